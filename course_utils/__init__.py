@@ -1,0 +1,60 @@
+"""Scaling TensorFlow: the course's support package.
+
+Notebooks import it as ``import course_utils as cu``. Importing the package is cheap: it does
+not import TensorFlow. Submodules load on first use (``cu.devices``, ``cu.data``, ...), and the
+most used functions are re-exported here (``cu.setup``, ``cu.doctor``, ``cu.make_strategy``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+#: GitHub repository of the course, used for Colab badges and the Colab install cell.
+COURSE_REPO = "scaling-tensorflow/scaling-tensorflow"
+#: Branch the Colab badges point at.
+COURSE_BRANCH = "main"
+
+_SUBMODULES = (
+    "bench",
+    "cluster",
+    "data",
+    "devices",
+    "environment",
+    "grading",
+    "models",
+    "parallel",
+    "plots",
+    "strategies",
+    "training",
+    "widgets",
+)
+
+# Public name -> submodule that defines it.
+_EXPORTS = {
+    "setup": "environment",
+    "quiet_tensorflow": "environment",
+    "seed_everything": "environment",
+    "doctor": "devices",
+    "configure_logical_devices": "devices",
+    "hardware": "devices",
+    "describe_machine": "devices",
+    "make_strategy": "strategies",
+    "Trainer": "training",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load submodules and re-exported functions lazily (PEP 562)."""
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _EXPORTS:
+        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'course_utils' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES, *_EXPORTS})

@@ -1,0 +1,181 @@
+"""One place to build any ``tf.distribute`` strategy by name, with a clear fallback.
+
+Strategies are cached per device set: every new ``MirroredStrategy`` in one process restarts its
+collective keys, and a later strategy that issues other all-reduces than an earlier one aborts
+TensorFlow ("Shape mismatch in the collective instance 100"). Asking twice for the same strategy
+therefore returns the same object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+STRATEGY_NAMES = (
+    "default",
+    "one_device",
+    "mirrored",
+    "multi_worker",
+    "parameter_server",
+    "tpu",
+    "auto",
+)
+
+_CACHE: dict[tuple, Any] = {}
+
+
+def _tf() -> Any:
+    from course_utils.environment import import_tensorflow
+
+    return import_tensorflow()
+
+
+def _say(message: str, verbose: bool) -> None:
+    if verbose:
+        print(message)
+
+
+def replica_devices(num_replicas: int | None = None) -> list[str]:
+    """The devices a data-parallel strategy should use here: every GPU, else every logical CPU.
+
+    With ``num_replicas``, the first that many; asking for more than exist raises ValueError.
+    """
+    tf = _tf()
+    devices = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if not devices:
+        devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if num_replicas is None:
+        return devices
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
+    if num_replicas > len(devices):
+        raise ValueError(
+            f"asked for {num_replicas} replicas but only {len(devices)} device(s) exist here "
+            f"({', '.join(devices)}). Create more logical devices with "
+            f"cu.setup(logical_devices={num_replicas}) in a fresh kernel."
+        )
+    return devices[:num_replicas]
+
+
+def _mirrored(num_replicas: int | None, verbose: bool) -> Any:
+    tf = _tf()
+    devices = tuple(replica_devices(num_replicas))
+    key = ("mirrored", devices)
+    if key not in _CACHE:
+        _CACHE[key] = tf.distribute.MirroredStrategy(devices=list(devices))
+    _say(f"MirroredStrategy over {len(devices)} device(s): {', '.join(devices)}", verbose)
+    return _CACHE[key]
+
+
+def _tpu(verbose: bool, fallback: str) -> Any:
+    """A TPUStrategy when a TPU is attached; otherwise the ``fallback`` strategy, said plainly."""
+    from course_utils.devices import tpu_address
+
+    tf = _tf()
+    address = tpu_address()
+    if address is None:
+        _say(f"No TPU on this machine: falling back to the '{fallback}' strategy.", verbose)
+        return make_strategy(fallback, verbose=verbose)
+    key = ("tpu", address)
+    if key in _CACHE:
+        return _CACHE[key]
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        strategy = tf.distribute.TPUStrategy(resolver)
+    except (ValueError, tf.errors.NotFoundError, tf.errors.UnavailableError) as error:
+        _say(
+            f"A TPU was expected at {address!r} but could not be initialized "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+            f"falling back to the '{fallback}' strategy.",
+            verbose,
+        )
+        return make_strategy(fallback, verbose=verbose)
+    _CACHE[key] = strategy
+    _say(f"TPUStrategy with {strategy.num_replicas_in_sync} TPU cores at {address}", verbose)
+    return strategy
+
+
+def _multi_worker(verbose: bool, timeout_seconds: float | None) -> Any:
+    tf = _tf()
+    tf_config = os.environ.get("TF_CONFIG")
+    if not tf_config:
+        raise ValueError(
+            "the 'multi_worker' strategy needs TF_CONFIG, set before the strategy is created. "
+            "In a notebook, run the workers as subprocesses with cu.cluster (lesson 03)."
+        )
+    key = ("multi_worker", tf_config)
+    if key not in _CACHE:
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=timeout_seconds
+        )
+        _CACHE[key] = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    task = json.loads(tf_config).get("task", {})
+    _say(f"MultiWorkerMirroredStrategy as {task.get('type')}:{task.get('index')}", verbose)
+    return _CACHE[key]
+
+
+def _parameter_server(cluster_resolver: Any, verbose: bool) -> Any:
+    tf = _tf()
+    if cluster_resolver is None:
+        if not os.environ.get("TF_CONFIG"):
+            raise ValueError(
+                "the 'parameter_server' strategy needs a cluster: pass cluster_resolver= (for "
+                "example from cu.cluster, lesson 04) or set TF_CONFIG."
+            )
+        cluster_resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(cluster_resolver)
+    _say("ParameterServerStrategy: schedule steps with ClusterCoordinator", verbose)
+    return strategy
+
+
+def make_strategy(
+    name: str = "auto",
+    num_replicas: int | None = None,
+    *,
+    verbose: bool = True,
+    cluster_resolver: Any = None,
+    timeout_seconds: float | None = 60.0,
+) -> Any:
+    """Build a ``tf.distribute`` strategy by name and say in one line what it is.
+
+    Names: ``default`` (no distribution), ``one_device`` (the first GPU, else the CPU),
+    ``mirrored`` (every GPU, else every logical CPU, or the first ``num_replicas``),
+    ``multi_worker`` (needs ``TF_CONFIG``), ``parameter_server`` (needs ``cluster_resolver``
+    or ``TF_CONFIG``), ``tpu`` (falls back to ``mirrored`` in well under a second when no TPU is
+    attached) and ``auto`` (TPU, else several devices mirrored, else default).
+    """
+    if name not in STRATEGY_NAMES:
+        raise ValueError(
+            f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGY_NAMES)}"
+        )
+    tf = _tf()
+    if name == "default":
+        _say("Default strategy: one device, no distribution", verbose)
+        return tf.distribute.get_strategy()
+    if name == "one_device":
+        device = replica_devices()[0]
+        key = ("one_device", device)
+        if key not in _CACHE:
+            _CACHE[key] = tf.distribute.OneDeviceStrategy(device)
+        _say(f"OneDeviceStrategy on {device}", verbose)
+        return _CACHE[key]
+    if name == "mirrored":
+        return _mirrored(num_replicas, verbose)
+    if name == "multi_worker":
+        return _multi_worker(verbose, timeout_seconds)
+    if name == "parameter_server":
+        return _parameter_server(cluster_resolver, verbose)
+    if name == "tpu":
+        return _tpu(verbose, fallback="mirrored")
+    # auto
+    from course_utils.devices import tpu_available
+
+    if tpu_available():
+        return _tpu(verbose, fallback="mirrored")
+    if len(replica_devices()) > 1 or num_replicas:
+        return _mirrored(num_replicas, verbose)
+    _say("One device here: using the default strategy", verbose)
+    return tf.distribute.get_strategy()
