@@ -25,11 +25,9 @@ _SUBMODULES = (
     "environment",
     "grading",
     "models",
-    "parallel",
     "plots",
     "strategies",
     "training",
-    "widgets",
 )
 
 # Public name -> submodule that defines it.

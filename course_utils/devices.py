@@ -190,7 +190,7 @@ def lesson_hardware(hw: Hardware) -> list[tuple[str, str, str]]:
         "02": f"MirroredStrategy over {replicas} {device} device(s)",
         "03": "a 2-worker cluster of local processes" + (" on the GPUs" if hw.gpus else ""),
         "04": "in-process workers and parameter servers on localhost",
-        "05": "the TPU" if hw.tpu else "falls back to the CPU (no TPU here), TPU rules checked on CPU",
+        "05": "the TPU" if hw.tpu else "CPU fallback (no TPU here); TPU rules checked on CPU",
         "06": f"manual placement and pipelines over {replicas} {device} device(s)",
         "07": f"gradient accumulation on {device}s",
         "08": "real mixed-precision speed-ups on the GPU"
@@ -243,7 +243,8 @@ def doctor_main(argv: list[str]) -> int:
     """``python -m course_utils doctor [--logical-devices N]``: print the machine report."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m course_utils doctor", description=doctor.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m course_utils doctor",
+                                     description=doctor.__doc__)
     parser.add_argument("--logical-devices", type=int, default=None,
                         help="split the CPU into N logical devices first")
     args = parser.parse_args(argv)

@@ -1,0 +1,232 @@
+"""Timing helpers: steps, functions and pipelines, throughput, scaling, tables and JSON results.
+
+Lessons measure on the learner's own machine with these; benchmarks under ``benchmarks/`` use
+them to write JSON. Tests never assert on times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+
+@dataclasses.dataclass
+class Timer:
+    """A context manager that measures wall-clock seconds: ``with Timer() as t: ...; t.seconds``."""
+
+    seconds: float = 0.0
+    _start: float = 0.0
+
+    def __enter__(self) -> Timer:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._start
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Seconds per call of repeated measurements."""
+
+    times: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        """Mean seconds per call."""
+        return statistics.fmean(self.times)
+
+    @property
+    def best(self) -> float:
+        """Fastest call: the least disturbed by other work on the machine."""
+        return min(self.times)
+
+    @property
+    def median(self) -> float:
+        """Median seconds per call."""
+        return statistics.median(self.times)
+
+    @property
+    def stdev(self) -> float:
+        """Standard deviation (0 for a single measurement)."""
+        return statistics.stdev(self.times) if len(self.times) > 1 else 0.0
+
+    def __str__(self) -> str:
+        return f"{_human(self.median)} median ({_human(self.best)} best, n={len(self.times)})"
+
+
+def _human(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def _block(result: Any) -> None:
+    """Wait until TensorFlow has finished computing ``result`` (ops run asynchronously on GPUs)."""
+    numpy = getattr(result, "numpy", None)
+    if callable(numpy):
+        numpy()
+    elif isinstance(result, (list, tuple)):
+        for item in result:
+            _block(item)
+    elif isinstance(result, dict):
+        for item in result.values():
+            _block(item)
+
+
+def time_function(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> Timing:
+    """Time ``fn()`` ``repeats`` times after ``warmup`` untimed calls (tracing, caches).
+
+    Tensor results are waited for, so asynchronous GPU work is counted.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    for _ in range(max(warmup, 0)):
+        _block(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _block(fn())
+        times.append(time.perf_counter() - start)
+    return Timing(tuple(times))
+
+
+def time_steps(step_fn: Callable[[], Any], num_steps: int, warmup: int = 2) -> Timing:
+    """Seconds per step of ``step_fn()``, each step timed separately after ``warmup`` steps."""
+    return time_function(step_fn, repeats=num_steps, warmup=warmup)
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """How fast a dataset (or a training loop) delivers elements."""
+
+    elements: int
+    batches: int
+    seconds: float
+
+    @property
+    def elements_per_second(self) -> float:
+        """Elements (examples) per second."""
+        return self.elements / self.seconds if self.seconds else float("inf")
+
+    @property
+    def batches_per_second(self) -> float:
+        """Batches per second."""
+        return self.batches / self.seconds if self.seconds else float("inf")
+
+    def __str__(self) -> str:
+        return (f"{self.elements_per_second:,.0f} examples/s "
+                f"({self.batches} batches in {self.seconds:.2f} s)")
+
+
+def _batch_size(batch: Any) -> int:
+    first = batch
+    while isinstance(first, (tuple, list, dict)):
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+    shape = getattr(first, "shape", ())
+    return int(shape[0]) if len(shape) else 1
+
+
+def dataset_throughput(
+    dataset: Iterable[Any], num_batches: int | None = None, warmup_batches: int = 1,
+    consume: Callable[[Any], Any] | None = None,
+) -> Throughput:
+    """Iterate over ``dataset`` and measure examples per second (elements of batches).
+
+    The first ``warmup_batches`` are read untimed (pipeline start-up). ``consume`` is called on
+    each batch, e.g. to simulate a training step.
+    """
+    iterator = iter(dataset)
+    for _ in range(warmup_batches):
+        try:
+            next(iterator)
+        except StopIteration:
+            break
+    elements = batches = 0
+    start = time.perf_counter()
+    for batch in iterator:
+        if consume is not None:
+            _block(consume(batch))
+        elements += _batch_size(batch)
+        batches += 1
+        if num_batches is not None and batches >= num_batches:
+            break
+    seconds = time.perf_counter() - start
+    if batches == 0:
+        raise ValueError("the dataset produced no batch to time (after the warm-up batches)")
+    return Throughput(elements=elements, batches=batches, seconds=seconds)
+
+
+def speedups(values: Mapping[str, float], baseline: str) -> dict[str, float]:
+    """Each throughput divided by the baseline's (higher throughput is faster)."""
+    if baseline not in values:
+        raise KeyError(f"baseline {baseline!r} is not one of {list(values)}")
+    base = values[baseline]
+    return {name: value / base for name, value in values.items()}
+
+
+def scaling_efficiency(throughput_by_replicas: Mapping[int, float]) -> dict[int, float]:
+    """Throughput with N replicas divided by N times the throughput with the fewest replicas.
+
+    1.0 is perfect linear scaling; replicas that share the same cores stay well below it.
+    """
+    if not throughput_by_replicas:
+        raise ValueError("no measurements")
+    smallest = min(throughput_by_replicas)
+    per_replica = throughput_by_replicas[smallest] / smallest
+    return {n: value / (n * per_replica) for n, value in sorted(throughput_by_replicas.items())}
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
+                 floatfmt: str = ".3g") -> str:
+    """A plain-text table of ``rows`` (dicts), aligned for printing in a notebook."""
+    if not rows:
+        return "(no rows)"
+    columns = list(columns or rows[0].keys())
+
+    def cell(value: Any) -> str:
+        return format(value, floatfmt) if isinstance(value, float) else str(value)
+
+    body = [[cell(row.get(column, "")) for column in columns] for row in rows]
+    widths = [max(len(column), *(len(line[i]) for line in body)) for i, column in
+              enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in body]
+    return "\n".join(lines)
+
+
+def machine_info() -> dict[str, Any]:
+    """What a benchmark ran on: CPU count, platform, Python and TensorFlow versions."""
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    try:
+        import tensorflow as tf
+
+        info["tensorflow"] = tf.__version__
+        info["gpus"] = len(tf.config.list_physical_devices("GPU"))
+    except ImportError:  # pragma: no cover
+        pass
+    return info
+
+
+def write_results(results: Mapping[str, Any], path: str | os.PathLike) -> pathlib.Path:
+    """Write benchmark ``results`` as JSON with the machine's description; return the path."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"machine": machine_info(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+               "results": dict(results)}
+    path.write_text(json.dumps(payload, indent=2, default=float) + "\n")
+    return path

@@ -1,0 +1,246 @@
+"""The check framework: run cases against a learner's function, compare, explain, detect stubs.
+
+A check (see ``checks.py``) builds a few cases from fresh random inputs with their expected
+results from a reference, then calls :func:`run_check`. The framework:
+
+* calls the learner's function on every case and compares its result with the expected one
+  (numbers with a tolerance, sequences and mappings element by element, arrays by shape and
+  value), turning the learner's result into plain values first so that an object with a
+  doctored ``__eq__`` gains nothing;
+* on success prints one pass line; on a difference raises :class:`AssertionError` naming the
+  case, the expected and the received value, and a hint;
+* on a stub (the function raises ``NotImplementedError`` itself) prints "not attempted yet" and
+  returns, so an unsolved exercise notebook runs top to bottom; in strict mode (graders, tests)
+  it raises :class:`NotAttemptedError` instead, which the grader scores as "not attempted".
+
+Strict mode is on when :func:`set_strict` says so, else when the environment variable
+``COURSE_STRICT_CHECKS`` is ``1``/``true``/``yes``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Environment variable that turns strict mode on (``1``, ``true`` or ``yes``).
+STRICT_ENV = "COURSE_STRICT_CHECKS"
+#: Printed in front of a passed check, and in front of a not-attempted one.
+PASS_MARK = "✅"
+TODO_MARK = "⏳"
+
+_strict_override: bool | None = None
+
+
+class NotAttemptedError(AssertionError):
+    """Raised in strict mode by a check whose exercise still holds its stub."""
+
+
+def set_strict(value: bool | None) -> None:
+    """Force strict mode on or off for this process; ``None`` goes back to the environment."""
+    global _strict_override
+    _strict_override = value
+
+
+def strict_mode() -> bool:
+    """Whether a not-attempted exercise makes its check raise."""
+    if _strict_override is not None:
+        return _strict_override
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+@contextlib.contextmanager
+def strict_checks(value: bool = True) -> Iterator[None]:
+    """Context manager: strict mode on (or off) inside the block, restored after it."""
+    global _strict_override
+    saved = _strict_override
+    _strict_override = value
+    try:
+        yield
+    finally:
+        _strict_override = saved
+
+
+def fresh_rng() -> random.Random:
+    """A random generator seeded from the operating system, untouched by the notebook's seeds."""
+    return random.Random(int.from_bytes(os.urandom(8), "little"))
+
+
+@dataclass
+class Case:
+    """One call of the learner's function: its arguments, the expected result and a label.
+
+    ``verify``, when given, replaces the comparison: it receives the learner's result and
+    returns ``None`` when it is right, else a sentence saying what is wrong.
+    """
+
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    expected: Any = None
+    label: str = ""
+    verify: Callable[[Any], str | None] | None = None
+
+    def describe(self) -> str:
+        """The call as a learner would type it, e.g. ``(32, 4)`` or the label."""
+        if self.label:
+            return self.label
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return "(" + ", ".join(parts) + ")"
+
+
+def _is_stub_raise(fn: Callable[..., Any], error: BaseException) -> bool:
+    """True when ``NotImplementedError`` was raised by ``fn``'s own body (the exercise stub)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a class or callable object: trust the exception
+        return True
+    tb = error.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    return last is not None and last.tb_frame.f_code is code
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _plain(value: Any) -> Any:
+    """Tensors and NumPy scalars as plain Python/NumPy values (``.numpy()``, ``.item()``)."""
+    if hasattr(value, "numpy") and callable(value.numpy):
+        value = value.numpy()
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(
+        value, "shape", None
+    ) == ():
+        value = value.item()
+    return value
+
+
+def compare(expected: Any, got: Any, *, rtol: float = 1e-6, atol: float = 1e-9,
+            where: str = "result") -> str | None:
+    """``None`` when ``got`` matches ``expected``, else a sentence saying where they differ.
+
+    Integers must be integers (``True`` is not ``1``), floats match within ``rtol``/``atol``,
+    strings exactly, lists and tuples element by element, mappings key by key, NumPy arrays by
+    shape and values.
+    """
+    got = _plain(got)
+    if isinstance(expected, bool):
+        if type(got) is not bool and type(_plain(got)) is not bool:
+            return f"{where} should be a bool, got {type(got).__name__}"
+        return None if bool(got) == expected else f"{where} should be {expected}"
+    if isinstance(expected, int):
+        if isinstance(got, bool) or not isinstance(got, int):
+            if isinstance(got, float) and got.is_integer():
+                return f"{where} should be an int, got the float {got!r} (use // or int())"
+            return f"{where} should be an int, got {type(got).__name__}"
+        value = int.__int__(got)
+        return None if value == expected else f"{where} is off by {value - expected}"
+    if isinstance(expected, float):
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            return f"{where} should be a number, got {type(got).__name__}"
+        value = float.__float__(got) if isinstance(got, float) else float(int.__int__(got))
+        if math.isnan(expected) and math.isnan(value):
+            return None
+        if math.isclose(value, expected, rel_tol=rtol, abs_tol=atol):
+            return None
+        ratio = f" ({value / expected:.3g}× the expected value)" if expected else ""
+        return f"{where} differs{ratio}"
+    if isinstance(expected, str):
+        if not isinstance(got, str):
+            return f"{where} should be a str, got {type(got).__name__}"
+        return None if str.__str__(got) == expected else f"{where} differs"
+    if isinstance(expected, Mapping):
+        if not isinstance(got, Mapping):
+            return f"{where} should be a mapping, got {type(got).__name__}"
+        if set(got) != set(expected):
+            missing = sorted(map(str, set(expected) - set(got)))
+            extra = sorted(map(str, set(got) - set(expected)))
+            return f"{where} keys differ (missing {missing}, unexpected {extra})"
+        for key in expected:
+            reason = compare(expected[key], got[key], rtol=rtol, atol=atol,
+                             where=f"{where}[{key!r}]")
+            if reason:
+                return reason
+        return None
+    if isinstance(expected, (list, tuple)):
+        is_array = type(got).__module__ == "numpy" and hasattr(got, "shape")
+        if isinstance(got, (str, bytes)) or not (isinstance(got, Sequence) or is_array):
+            return f"{where} should be a list, got {type(got).__name__}"
+        got_items = list(got)
+        if len(got_items) != len(expected):
+            return f"{where} should have {len(expected)} items, got {len(got_items)}"
+        for index, (want, have) in enumerate(zip(expected, got_items, strict=True)):
+            reason = compare(want, have, rtol=rtol, atol=atol, where=f"{where}[{index}]")
+            if reason:
+                return reason
+        return None
+    if type(expected).__module__ == "numpy":
+        import numpy as np
+
+        have = np.asarray(got)
+        if have.shape != expected.shape:
+            return f"{where} should have shape {expected.shape}, got {have.shape}"
+        if not np.allclose(have, expected, rtol=rtol, atol=atol, equal_nan=True):
+            worst = np.unravel_index(np.argmax(np.abs(have - expected)), expected.shape)
+            return f"{where} differs most at index {tuple(int(i) for i in worst)}"
+        return None
+    if expected is None:
+        return None if got is None else f"{where} should be None, got {type(got).__name__}"
+    return None if got == expected else f"{where} differs"
+
+
+def not_attempted(name: str) -> None:
+    """Report an exercise that still holds its stub: print it, or raise in strict mode."""
+    if strict_mode():
+        raise NotAttemptedError(f"{name}: not attempted yet")
+    print(f"{TODO_MARK} {name}: not attempted yet. Replace `raise NotImplementedError()` "
+          "with your code, then run this cell again.")
+
+
+def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
+              rtol: float = 1e-6, atol: float = 1e-9) -> bool:
+    """Call ``fn`` on every case and compare with the expected results.
+
+    Returns ``True`` when every case passed (after printing one pass line) and ``False`` when
+    the exercise is not attempted yet (outside strict mode). Raises :class:`AssertionError`
+    at the first case that differs, with the case, expected and received values and ``hint``.
+    """
+    if isinstance(fn, types.ModuleType) or not callable(fn):
+        raise AssertionError(f"{name}: expected your function, got {_short(fn)}. "
+                             f"Pass the function itself, e.g. check_{name}({name}).")
+    cases = list(cases)
+    hint_text = f"\nHint: {hint}" if hint else ""
+    for number, case in enumerate(cases, start=1):
+        try:
+            got = fn(*case.args, **case.kwargs)
+        except NotImplementedError as error:
+            if _is_stub_raise(fn, error):
+                not_attempted(name)
+                return False
+            raise AssertionError(
+                f"{name}: case {number} {case.describe()} raised NotImplementedError from "
+                f"inside a library call: {error}{hint_text}") from error
+        except Exception as error:
+            raise AssertionError(
+                f"{name}: case {number} {case.describe()} raised "
+                f"{type(error).__name__}: {error}{hint_text}") from error
+        if case.verify is not None:
+            reason = case.verify(got)
+            if reason:
+                raise AssertionError(f"{name}: case {number} {case.describe()}: {reason}"
+                                     f"{hint_text}")
+            continue
+        reason = compare(case.expected, got, rtol=rtol, atol=atol)
+        if reason:
+            raise AssertionError(
+                f"{name}: case {number} {case.describe()}: {reason}.\n"
+                f"  expected: {_short(case.expected)}\n  got:      {_short(got)}{hint_text}")
+    print(f"{PASS_MARK} {name}: {len(cases)} case{'s' if len(cases) != 1 else ''} passed")
+    return True

@@ -1,0 +1,138 @@
+"""Small Keras 3 model builders shared by the lessons: MLP, CNN, RNN and a Transformer block.
+
+Every builder returns an uncompiled, already built ``keras.Model`` whose last layer produces
+float32 logits (``dtype="float32"``), so the models are safe under mixed precision: pair them
+with a loss that has ``from_logits=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def _keras() -> Any:
+    from course_utils.environment import import_tensorflow
+
+    import_tensorflow()
+    import keras
+
+    return keras
+
+
+def mlp(
+    input_dim: int,
+    num_classes: int,
+    hidden_units: Sequence[int] = (64, 64),
+    dropout: float = 0.0,
+    name: str = "mlp",
+) -> Any:
+    """A multilayer perceptron: Dense+ReLU layers, then float32 logits."""
+    keras = _keras()
+    if input_dim < 1 or num_classes < 1:
+        raise ValueError("input_dim and num_classes must be positive")
+    inputs = keras.Input(shape=(input_dim,), name="features")
+    x = inputs
+    for index, units in enumerate(hidden_units):
+        x = keras.layers.Dense(units, activation="relu", name=f"dense_{index}")(x)
+        if dropout:
+            x = keras.layers.Dropout(dropout, name=f"dropout_{index}")(x)
+    outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, outputs, name=name)
+
+
+def cnn(
+    input_shape: Sequence[int] = (8, 8, 1),
+    num_classes: int = 10,
+    filters: Sequence[int] = (16, 32),
+    rescale: bool = True,
+    name: str = "cnn",
+) -> Any:
+    """A small convolutional network for images (default: the course's 8x8 digits).
+
+    With ``rescale``, uint8 pixels in [0, 255] are scaled to [0, 1] inside the model.
+    """
+    keras = _keras()
+    inputs = keras.Input(shape=tuple(input_shape), name="image")
+    x = keras.layers.Rescaling(1.0 / 255.0, name="rescale")(inputs) if rescale else inputs
+    for index, count in enumerate(filters):
+        x = keras.layers.Conv2D(count, 3, padding="same", activation="relu",
+                                name=f"conv_{index}")(x)
+        if min(x.shape[1], x.shape[2]) >= 4:
+            x = keras.layers.MaxPooling2D(name=f"pool_{index}")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, outputs, name=name)
+
+
+def rnn(
+    sequence_length: int,
+    num_features: int,
+    num_classes: int = 2,
+    units: int = 32,
+    cell: str = "gru",
+    name: str = "rnn",
+) -> Any:
+    """A recurrent classifier over ``[sequence_length, num_features]`` inputs (GRU or LSTM)."""
+    keras = _keras()
+    layers = {"gru": keras.layers.GRU, "lstm": keras.layers.LSTM,
+              "simple": keras.layers.SimpleRNN}
+    if cell not in layers:
+        raise ValueError(f"unknown cell {cell!r}; choose one of {', '.join(layers)}")
+    inputs = keras.Input(shape=(sequence_length, num_features), name="sequence")
+    x = layers[cell](units, name=cell)(inputs)
+    outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, outputs, name=name)
+
+
+def transformer_block(
+    embed_dim: int, num_heads: int = 2, mlp_dim: int | None = None, dropout: float = 0.0,
+    name: str | None = None,
+) -> Any:
+    """A pre-norm Transformer encoder block as a Keras layer: attention, then an MLP."""
+    keras = _keras()
+
+    class TransformerBlock(keras.layers.Layer):
+        """Pre-norm self-attention and feed-forward block with residual connections."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.norm1 = keras.layers.LayerNormalization(epsilon=1e-6)
+            self.attention = keras.layers.MultiHeadAttention(
+                num_heads=num_heads, key_dim=embed_dim // num_heads, dropout=dropout)
+            self.norm2 = keras.layers.LayerNormalization(epsilon=1e-6)
+            self.mlp_in = keras.layers.Dense(mlp_dim or 2 * embed_dim, activation="gelu")
+            self.mlp_out = keras.layers.Dense(embed_dim)
+
+        def call(self, x: Any, training: bool | None = None) -> Any:
+            h = self.norm1(x)
+            x = x + self.attention(h, h, training=training)
+            h = self.norm2(x)
+            return x + self.mlp_out(self.mlp_in(h))
+
+    if embed_dim % num_heads:
+        raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+    return TransformerBlock(name=name)
+
+
+def transformer_classifier(
+    sequence_length: int,
+    num_features: int,
+    num_classes: int = 2,
+    embed_dim: int = 32,
+    num_heads: int = 2,
+    num_blocks: int = 1,
+    name: str = "transformer",
+) -> Any:
+    """A small Transformer encoder over ``[sequence_length, num_features]`` inputs."""
+    keras = _keras()
+    inputs = keras.Input(shape=(sequence_length, num_features), name="sequence")
+    x = keras.layers.Dense(embed_dim, name="embed")(inputs)
+    positions = keras.layers.Embedding(sequence_length, embed_dim, name="positions")(
+        keras.ops.arange(sequence_length))
+    x = x + positions
+    for index in range(num_blocks):
+        x = transformer_block(embed_dim, num_heads, name=f"block_{index}")(x)
+    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
+    outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+    return keras.Model(inputs, outputs, name=name)
