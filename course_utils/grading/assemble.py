@@ -1,0 +1,136 @@
+"""Build the notebook the grader runs: the submission with the instructor's cells put back.
+
+Check cells and locked cells (the set-up cell) come from the solution notebook, matched by
+nbgrader ``grade_id`` (or by cell id when a front end dropped the metadata). Whatever the
+submission holds under those ids (edited, moved, duplicated) is dropped; each instructor cell
+goes right after the nearest cell that precedes it in the solution notebook and is present in
+the submission, so moved or deleted cells still get their checks. Each check cell is prefixed
+with a guard that imports ``course_utils.grading`` afresh from the instructor's installation and
+turns strict mode on: rebinding ``cu``, patching the checks or changing the environment in an
+earlier cell gains nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from course_utils.grading.notebooks import (
+    grade_id,
+    is_check_cell,
+    is_locked_cell,
+    points,
+)
+
+GUARD = '''\
+# --- inserted by the course grader: fresh checks, strict mode ---
+import sys as _grader_sys
+for _grader_name in [_n for _n in list(_grader_sys.modules)
+                     if _n == "course_utils" or _n.startswith("course_utils.grading")]:
+    del _grader_sys.modules[_grader_name]
+_grader_sys.path.insert(0, {root!r})
+try:
+    import course_utils as cu
+    import course_utils.grading
+finally:
+    _grader_sys.path.remove({root!r})
+if not str(course_utils.grading.__file__).startswith({package!r}):
+    raise RuntimeError("grader: course_utils.grading was replaced by the submission")
+cu = _grader_sys.modules["course_utils"]
+cu.grading.set_strict(True)
+# --- instructor's check ---
+'''
+
+
+@dataclass
+class CheckSpec:
+    """One graded check of the prepared notebook."""
+
+    grade_id: str
+    points: float
+    cell_index: int
+    note: str = ""
+
+
+@dataclass
+class Prepared:
+    """The notebook to execute, its checks, and notes on what was restored."""
+
+    notebook: Any
+    checks: list[CheckSpec]
+    notes: list[str] = field(default_factory=list)
+
+
+def guard_source(package_dir: Path) -> str:
+    """The guard prepended to every check cell."""
+    package_dir = package_dir.resolve()
+    return GUARD.format(root=str(package_dir.parent), package=str(package_dir))
+
+
+def _key(cell: Any, ids_to_grade: dict[str, str]) -> str | None:
+    gid = grade_id(cell)
+    if gid:
+        return gid
+    cell_id = cell.get("id")
+    return ids_to_grade.get(cell_id) if isinstance(cell_id, str) else None
+
+
+def _clean(cell: Any) -> Any:
+    cell = copy.deepcopy(cell)
+    if cell.get("cell_type") == "code":
+        cell["outputs"] = []
+        cell["execution_count"] = None
+    return cell
+
+
+def prepare(submission: Any, solution: Any, package_dir: Path) -> Prepared:
+    """The notebook to grade for ``submission`` against the instructor's ``solution``."""
+    guard = guard_source(package_dir)
+    instructor = [cell for cell in solution.cells if grade_id(cell)]
+    ids_to_grade = {c.get("id"): grade_id(c) for c in instructor if isinstance(c.get("id"), str)}
+    restored = {grade_id(c): c for c in instructor if is_locked_cell(c)}
+    order = [grade_id(c) for c in instructor]
+
+    submitted: dict[str, Any] = {}
+    cells: list[tuple[str | None, Any]] = []
+    for cell in submission.cells:
+        key = _key(cell, ids_to_grade)
+        if key in restored:
+            submitted.setdefault(key, cell)
+            continue
+        if is_check_cell(cell):  # a check the solution does not have: not run
+            continue
+        cells.append((key if key in ids_to_grade.values() else None, _clean(cell)))
+
+    notes = []
+    for position, key in enumerate(order):
+        if key not in restored:
+            continue
+        original = restored[key]
+        if key not in submitted:
+            notes.append(f"cell {key!r} was missing: the instructor's copy was put back")
+        elif submitted[key].get("source", "") != original.source:
+            notes.append(f"cell {key!r} was edited: the instructor's copy was put back")
+        anchors = order[:position]
+        present = [i for i, (k, _) in enumerate(cells) if k in anchors]
+        where = 0
+        if present:  # after the last present cell among those preceding it in the solution
+            rank = {k: n for n, k in enumerate(anchors)}
+            best = max(present, key=lambda i: (rank[cells[i][0]], i))
+            where = best + 1
+        cells.insert(where, (key, _clean(original)))
+
+    nb = copy.deepcopy(submission)
+    nb.cells = [cell for _, cell in cells]
+    checks = []
+    for index, (key, cell) in enumerate(cells):
+        if key in restored and is_check_cell(restored[key]):
+            cell.source = guard + restored[key].source
+            checks.append(CheckSpec(key, points(restored[key]), index))
+    for key in order:
+        if key in restored or any(k == key for k, _ in cells):
+            continue
+        notes.append(f"cell {key!r} was missing from the submission")
+    return Prepared(nb, checks, notes)

@@ -1,0 +1,137 @@
+"""``python -m course_utils exercises|grade|check ...``: the grading commands.
+
+  exercises [--check]           generate exercises/ from solutions/ (--check: fail when out of sync)
+  grade SUBMISSIONS --out CSV   grade a folder of submitted notebooks into a CSV gradebook
+  check NOTEBOOK                run one notebook as the grader does and print its score
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+SOLUTIONS = Path("solutions")
+EXERCISES = Path("exercises")
+
+
+def _exercises(argv: list[str]) -> int:
+    from course_utils.grading.generate import SolutionFormatError, generate, out_of_sync
+
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils exercises",
+        description="Generate exercises/NN_name_exercises.ipynb from solutions/NN_name_solutions"
+                    ".ipynb: solution blocks become stubs raising NotImplementedError.")
+    parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="default: solutions/")
+    parser.add_argument("--exercises", type=Path, default=EXERCISES, help="default: exercises/")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 when the committed exercises differ")
+    args = parser.parse_args(argv)
+    try:
+        if args.check:
+            problems = out_of_sync(args.solutions, args.exercises)
+            for problem in problems:
+                print(problem, file=sys.stderr)
+            if problems:
+                print("exercises are out of sync with solutions: run `make exercises` "
+                      "(python -m course_utils exercises) and commit the result.",
+                      file=sys.stderr)
+                return 1
+            print(f"exercises in sync with {args.solutions}/")
+            return 0
+        changed = generate(args.solutions, args.exercises)
+    except SolutionFormatError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for path in changed:
+        print(f"wrote {path}")
+    print(f"{len(changed)} exercise notebook(s) changed")
+    return 0
+
+
+def _grade(argv: list[str]) -> int:
+    from course_utils.grading.batch import DEFAULT_TIMEOUT, grade_folder
+    from course_utils.grading.feedback import summary_table
+
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils grade",
+        description="Grade SUBMISSIONS/<student>/<notebook>.ipynb (or nbgrader's submitted/"
+                    "<student>/<assignment>/<notebook>.ipynb) into a CSV gradebook. Each "
+                    "notebook runs in a fresh kernel with the instructor's checks put back. "
+                    "Submitted code runs with your rights: use a container for untrusted classes.")
+    parser.add_argument("submissions", type=Path, help="folder with one sub-folder per student")
+    parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="default: solutions/")
+    parser.add_argument("--out", type=Path, default=Path("gradebook.csv"),
+                        help="CSV gradebook, appended to and resumed (default: gradebook.csv)")
+    parser.add_argument("--feedback", type=Path, default=None,
+                        help="folder for one Markdown feedback file per student")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds per notebook, kernel start included "
+                             f"(default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
+    parser.add_argument("--force", action="store_true",
+                        help="grade again what the gradebook already holds")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if not args.submissions.is_dir():
+        parser.error(f"{args.submissions} is not a folder")
+    if not args.solutions.is_dir():
+        parser.error(f"{args.solutions} is not a folder")
+    result = grade_folder(args.submissions, args.solutions, args.out,
+                          feedback_dir=args.feedback, timeout=args.timeout, jobs=args.jobs,
+                          force=args.force, progress=not args.quiet)
+    graded = len({r.key for r in result.rows})
+    print(f"graded {graded} submission(s) in {result.seconds:.1f} s; "
+          f"{result.skipped} already in {args.out} (use --force to grade them again)")
+    if result.rows:
+        print(summary_table(result.rows))
+    if args.feedback is not None:
+        print(f"feedback written to {args.feedback}/")
+    bad = result.ungradable
+    if bad:
+        print(f"\n{len({r.key for r in bad})} submission(s) could not be graded:", file=sys.stderr)
+        for row in bad:
+            print(f"  {row.student or '?'} / {row.notebook}: {row.status}: {row.feedback}",
+                  file=sys.stderr)
+        return 1
+    return 0
+
+
+def _check(argv: list[str]) -> int:
+    from course_utils.grading.batch import DEFAULT_TIMEOUT, grade_submission, load_solutions
+    from course_utils.grading.discover import Submission
+    from course_utils.grading.feedback import student_markdown
+    from course_utils.grading.gradebook import PASSED, UNGRADABLE
+    from course_utils.grading.notebooks import notebook_key
+
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils check",
+        description="Run one exercise notebook in a fresh kernel exactly as the grader does "
+                    "and print the points of each exercise.")
+    parser.add_argument("notebook", type=Path)
+    parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="default: solutions/")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    args = parser.parse_args(argv)
+    if not args.notebook.is_file():
+        parser.error(f"{args.notebook} is not a file")
+    start = time.monotonic()
+    sub = Submission("you", args.notebook, notebook_key(args.notebook.name))
+    rows = grade_submission(sub, load_solutions(args.solutions), args.timeout)
+    print(student_markdown(str(args.notebook), rows), end="")
+    print(f"({time.monotonic() - start:.1f} s)")
+    if any(r.status in UNGRADABLE for r in rows):
+        return 2
+    return 0 if rows and all(r.status == PASSED for r in rows) else 1
+
+
+COMMANDS = {"exercises": _exercises, "grade": _grade, "check": _check}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``argv[0]`` (exercises, grade or check) with the remaining arguments."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](argv[1:])
