@@ -25,6 +25,7 @@ _SUBMODULES = (
     "environment",
     "grading",
     "models",
+    "notebooks",
     "plots",
     "strategies",
     "training",

@@ -4,6 +4,7 @@ Commands:
   doctor      print a report of this machine and what each lesson can use here
   exercises   generate exercises/ from solutions/ (``--check`` fails when out of sync)
   grade       grade a folder of submitted exercise notebooks into a CSV gradebook
+  new         write a new notebook skeleton that follows the conventions: new PATH "Title"
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ def main(argv: list[str] | None = None) -> int:
         from course_utils.devices import doctor_main
 
         return doctor_main(rest)
+    if command == "new":
+        if len(rest) != 2:
+            print('usage: python -m course_utils new notebooks/NN_name.ipynb "Title"',
+                  file=sys.stderr)
+            return 2
+        from course_utils.notebooks import new_notebook
+
+        print(f"wrote {new_notebook(rest[0], rest[1])}")
+        return 0
     if command in _GRADING_COMMANDS:
         from course_utils.grading.cli import main as grading_main
 

@@ -147,6 +147,34 @@ def without_default_optimizations(dataset: Any) -> Any:
     return dataset.with_options(options)
 
 
+def add_latency(dataset: Any, seconds: float, num_parallel_calls: int | None = None) -> Any:
+    """Make every element of ``dataset`` cost ``seconds`` of waiting, like reading from disk.
+
+    The wait is a real ``time.sleep`` in a ``tf.py_function``: it occupies no core, just as an
+    I/O wait does not, so parallel reads (``num_parallel_calls``, e.g. ``tf.data.AUTOTUNE``)
+    and prefetching can hide it. As in ``Dataset.map``, ``None`` means one element at a time,
+    in order; note that even ``num_parallel_calls=1`` already runs one element ahead in the
+    background. Elements pass through unchanged.
+    """
+    import time
+
+    tf = _tf()
+    if seconds < 0:
+        raise ValueError(f"seconds must be non-negative, got {seconds}")
+
+    def wait(*element: Any) -> Any:
+        def sleep() -> Any:
+            time.sleep(seconds)
+            return np.int32(0)
+
+        done = tf.py_function(sleep, [], tf.int32)
+        with tf.control_dependencies([done]):
+            passed = tuple(tf.identity(part) for part in element)
+        return passed if len(passed) > 1 else passed[0]
+
+    return dataset.map(wait, num_parallel_calls=num_parallel_calls)
+
+
 # ----------------------------------------------------------------------------- TFRecord shards
 
 

@@ -213,20 +213,21 @@ def doctor_report() -> str:
     hw = hardware()
     tf = _tf()
     lines = ["Scaling TensorFlow · machine report", ""]
-    lines.append(f"Python      {platform.python_version()} ({sys.executable})")
-    lines.append(f"Platform    {platform.platform()}")
+    lines.append(f"Python               {platform.python_version()} ({sys.executable})")
+    lines.append(f"Platform             {platform.platform()}")
     for package in ("tensorflow", "keras", "tf-keras", "tensorflow-datasets", "numpy",
                     "jupyterlab", "ipywidgets", "course_utils"):
         name = "scaling-tensorflow-course" if package == "course_utils" else package
-        lines.append(f"{package:<12}{_version(name)}")
+        lines.append(f"{package:<21}{_version(name)}")
     lines.append("")
-    lines.append(f"CPU cores   {hw.cpu_cores}")
+    lines.append(f"CPU cores            {hw.cpu_cores}")
     logical = ", ".join(d.name for d in tf.config.list_logical_devices())
-    lines.append(f"GPUs        {len(hw.gpus)}" + (f" ({', '.join(hw.gpus)})" if hw.gpus else ""))
-    lines.append(f"Logical     {logical}")
-    lines.append(f"TPU         {'yes, at ' + str(tpu_address()) if hw.tpu else 'no'}")
-    lines.append(f"Colab       {'yes' if hw.colab else 'no'}")
-    lines.append(f"Built with  CUDA: {tf.test.is_built_with_cuda()}")
+    gpu_names = f" ({', '.join(hw.gpus)})" if hw.gpus else ""
+    lines.append(f"GPUs                 {len(hw.gpus)}{gpu_names}")
+    lines.append(f"Logical devices      {logical}")
+    lines.append(f"TPU                  {'yes, at ' + str(tpu_address()) if hw.tpu else 'no'}")
+    lines.append(f"Colab                {'yes' if hw.colab else 'no'}")
+    lines.append(f"Built with CUDA      {tf.test.is_built_with_cuda()}")
     lines.append("")
     lines.append("What each lesson will use here:")
     for number, title, use in lesson_hardware(hw):

@@ -59,8 +59,12 @@ def bar_chart(
 def time_breakdown(
     parts: Mapping[str, float], title: str = "Where a training step's time goes",
     unit: str = "ms", scale: float = 1e3, ax: Any = None,
+    measured_total: float | None = None,
 ) -> Any:
-    """One horizontal stacked bar: how a step's time splits into parts (seconds given)."""
+    """One horizontal stacked bar: how a step's time splits into parts (seconds given).
+
+    ``measured_total`` (seconds) draws a line where the whole step, timed as one, ends.
+    """
     if not parts:
         raise ValueError("nothing to plot")
     ax = _axes(ax, (8.0, 2.2))
@@ -71,6 +75,12 @@ def time_breakdown(
         ax.barh([0], [width], left=left, color=PALETTE[index % len(PALETTE)],
                 label=f"{name}: {width:.1f} {unit} ({seconds / total:.0%})" if total else name)
         left += width
+    if measured_total is not None:
+        ax.axvline(measured_total * scale, color="black", linestyle="--", linewidth=1.5)
+        ax.annotate(f"whole step, timed: {measured_total * scale:.1f} {unit}",
+                    (measured_total * scale, 0.42), ha="right", va="bottom", fontsize=8)
+        ax.set_xlim(0, max(left, measured_total * scale) * 1.05)
+        ax.set_ylim(-0.5, 0.7)
     ax.set_yticks([])
     ax.set_xlabel(unit)
     ax.set_title(title)

@@ -1,0 +1,84 @@
+# Scaling TensorFlow: the commands of the course. `make help` lists them.
+#   make lab     set everything up (first time) and open the course in JupyterLab
+#   make test    set everything up (first time) and run every check CI runs
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+KERNEL  = scaling-tensorflow
+JOBS   ?= 2
+PORT   ?= 8888
+NOTEBOOK_DIRS = notebooks solutions exercises
+NOTEBOOKS = $(wildcard $(addsuffix /*.ipynb,$(NOTEBOOK_DIRS)))
+
+# Grading: make grade SUBMISSIONS=path/to/submissions [OUT=gradebook.csv FEEDBACK=feedback]
+SUBMISSIONS ?= submissions
+OUT         ?= gradebook.csv
+FEEDBACK    ?= feedback
+TIMEOUT     ?= 300
+
+.PHONY: help install lab test lint stripped sync unit nbval notebooks html exercises grade \
+        bench doctor strip clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)  ## create .venv (when missing) and install the course into it
+
+lab: $(STAMP)  ## install, register the Jupyter kernel and open the course in JupyterLab
+	$(BIN)/python -m ipykernel install --user --name $(KERNEL) \
+		--display-name "Python (Scaling TensorFlow)" >/dev/null
+	$(BIN)/jupyter lab --port $(PORT) --ServerApp.root_dir="$(CURDIR)" \
+		notebooks/00_welcome.ipynb
+
+test: lint stripped sync unit nbval  ## everything CI runs: lint, notebook checks, unit tests, nbval
+	@echo "make test: all checks passed"
+
+lint: $(STAMP)  ## ruff over the package, tests, benchmarks and every notebook
+	$(BIN)/ruff check .
+
+stripped: $(STAMP)  ## notebooks are committed without outputs (nbstripout --verify)
+	$(BIN)/nbstripout --verify --keep-id $(NOTEBOOKS)
+
+sync: $(STAMP)  ## exercises/ is exactly what solutions/ generates
+	$(BIN)/python -m course_utils exercises --check
+
+unit: $(STAMP)  ## pytest: the package, layout and conventions, grader, trainer, clusters
+	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile
+
+nbval: $(STAMP)  ## execute every lesson, solution and exercise notebook (nbval, lax mode)
+	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile \
+		--nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120 \
+		$(NOTEBOOK_DIRS)
+
+notebooks html: $(STAMP)  ## render an executed HTML copy of the course into _build/html
+	$(BIN)/python -m jupyter nbconvert --to html --execute --output-dir _build/html \
+		--ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 \
+		$(NOTEBOOKS)
+	@echo "open _build/html/00_welcome.html"
+
+exercises: $(STAMP)  ## generate exercises/ from solutions/
+	$(BIN)/python -m course_utils exercises
+
+grade: $(STAMP)  ## grade a folder of submissions: make grade SUBMISSIONS=dir [OUT= FEEDBACK=]
+	$(BIN)/python -m course_utils grade "$(SUBMISSIONS)" --solutions solutions \
+		--out "$(OUT)" --feedback "$(FEEDBACK)" --timeout $(TIMEOUT) --jobs $(JOBS)
+
+bench: $(STAMP)  ## run the benchmarks; results as JSON in benchmarks/results/
+	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+doctor: $(STAMP)  ## report this machine's hardware and what each lesson can use
+	$(BIN)/python -m course_utils doctor
+
+strip: $(STAMP)  ## strip outputs from every notebook before committing
+	$(BIN)/nbstripout --keep-id $(NOTEBOOKS)
+
+clean:  ## remove build outputs (keeps .venv)
+	rm -rf _build .pytest_cache .ruff_cache benchmarks/results

@@ -1,0 +1,139 @@
+"""The course's notebook conventions: Colab badges, the set-up cell, a checker and a template.
+
+Every notebook in ``notebooks/``, ``solutions/`` and ``exercises/`` starts with a
+``# NN · Title`` heading and an Open-in-Colab badge whose path is the file's own, says what you
+will learn before any code, has the set-up cell as its first code cell and a ``parameters``
+cell, and is committed without outputs. ``convention_problems`` checks all of that;
+``new_notebook`` writes a skeleton that passes it (``python -m course_utils new PATH TITLE``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+from typing import Any
+
+from course_utils import COURSE_BRANCH, COURSE_REPO
+
+NOTEBOOK_FOLDERS = ("notebooks", "solutions", "exercises")
+TITLE_PATTERN = re.compile(r"^# (\d{2}) · \S.*")
+BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+LEARN_HEADING = re.compile(r"^#+ What you will learn", re.MULTILINE)
+
+
+def colab_url(relative_path: str | os.PathLike) -> str:
+    """The Open-in-Colab URL of a notebook, from its path inside the repository."""
+    path = pathlib.PurePosixPath(relative_path).as_posix()
+    return f"https://colab.research.google.com/github/{COURSE_REPO}/blob/{COURSE_BRANCH}/{path}"
+
+
+def colab_badge(relative_path: str | os.PathLike) -> str:
+    """The Markdown of the Open-in-Colab badge of a notebook."""
+    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(relative_path)})"
+
+
+def setup_cell_source(logical_devices: int | None = 2, seed: int = 42, **options: Any) -> str:
+    """The source of the first code cell of every notebook (Colab install, then ``cu.setup``)."""
+    arguments = [f"logical_devices={logical_devices}", f"seed={seed}"]
+    arguments += [f"{key}={value!r}" for key, value in options.items()]
+    return (
+        "import sys\n"
+        'if "google.colab" in sys.modules:  # Colab only: install the course package\n'
+        f'    %pip install -q "git+https://github.com/{COURSE_REPO}"\n'
+        "import course_utils as cu\n"
+        f"cu.setup({', '.join(arguments)})"
+    )
+
+
+def _source(cell: dict[str, Any]) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def convention_problems(path: str | os.PathLike, root: str | os.PathLike = ".") -> list[str]:
+    """Everything about the notebook at ``path`` that breaks the course's conventions.
+
+    ``root`` is the repository root, used to derive the path the Colab badge must point at.
+    An empty list means the notebook follows every convention.
+    """
+    path = pathlib.Path(path)
+    try:
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        return [f"cannot read the notebook as JSON: {error}"]
+    problems: list[str] = []
+    if notebook.get("nbformat") != 4:
+        problems.append(f"nbformat must be 4, got {notebook.get('nbformat')}")
+    kernel = notebook.get("metadata", {}).get("kernelspec", {}).get("name")
+    if kernel != "python3":
+        problems.append(f"kernelspec name must be 'python3', got {kernel!r}")
+    cells = notebook.get("cells", [])
+    if not cells:
+        return problems + ["the notebook has no cells"]
+    first = _source(cells[0]) if cells[0].get("cell_type") == "markdown" else ""
+    match = TITLE_PATTERN.match(first.splitlines()[0] if first else "")
+    if not match:
+        problems.append("the first cell must be Markdown starting with '# NN · Title'")
+    elif not path.name.startswith(match.group(1) + "_"):
+        problems.append(f"title number {match.group(1)} does not match the file name {path.name}")
+    relative = path.resolve().relative_to(pathlib.Path(root).resolve())
+    if colab_url(relative) not in first:
+        problems.append(f"the first cell must hold the Colab badge for {relative.as_posix()}")
+    code_indices = [i for i, cell in enumerate(cells) if cell.get("cell_type") == "code"]
+    if not code_indices:
+        return problems + ["the notebook has no code cell"]
+    before_code = "\n".join(_source(c) for c in cells[: code_indices[0]])
+    if not LEARN_HEADING.search(before_code):
+        problems.append("a 'What you will learn' heading must come before the first code cell")
+    setup = _source(cells[code_indices[0]])
+    if "import course_utils as cu" not in setup or "cu.setup(" not in setup:
+        problems.append("the first code cell must import course_utils as cu and call cu.setup(")
+    if '"google.colab" in sys.modules' not in setup:
+        problems.append("the set-up cell must install the package on Colab only")
+    if not any("parameters" in cells[i].get("metadata", {}).get("tags", [])
+               for i in code_indices):
+        problems.append("no code cell is tagged 'parameters'")
+    for i in code_indices:
+        if cells[i].get("outputs") or cells[i].get("execution_count") is not None:
+            problems.append(f"cell {i} has stored outputs: strip them (make strip)")
+            break
+    ids = [cell.get("id") for cell in cells]
+    if None in ids or len(set(ids)) != len(ids):
+        problems.append("every cell needs a unique id (nbformat 4.5)")
+    return problems
+
+
+def new_notebook(
+    path: str | os.PathLike, title: str, root: str | os.PathLike = ".",
+    logical_devices: int | None = 2,
+) -> pathlib.Path:
+    """Write a skeleton notebook at ``path`` that follows every convention; return its path."""
+    import nbformat
+
+    path = pathlib.Path(path)
+    number = path.name[:2]
+    if not number.isdigit():
+        raise ValueError(f"notebook names start with a two-digit number, got {path.name!r}")
+    relative = path.resolve().relative_to(pathlib.Path(root).resolve())
+    v4 = nbformat.v4
+    cells = [
+        v4.new_markdown_cell(f"# {number} · {title}\n\n{colab_badge(relative)}", id="title"),
+        v4.new_markdown_cell(
+            "## What you will learn\n\n- ...\n\n**Prerequisites:** ...  \n"
+            "**Time:** ... minutes; runs on a CPU-only laptop.", id="overview"),
+        v4.new_markdown_cell("## Setup", id="setup-heading"),
+        v4.new_code_cell(setup_cell_source(logical_devices), id="setup"),
+        v4.new_code_cell("# Sizes: scale them up on a bigger machine.\nNUM_STEPS = 10",
+                         id="parameters", metadata={"tags": ["parameters"]}),
+        v4.new_markdown_cell("## Summary\n\n- ...\n\n## Further reading\n\n- ...",
+                             id="summary"),
+    ]
+    notebook = v4.new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+    })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, str(path))
+    return path

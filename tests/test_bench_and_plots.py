@@ -1,0 +1,96 @@
+"""course_utils.bench and course_utils.plots."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import matplotlib
+import pytest
+import tensorflow as tf
+
+from course_utils import bench, plots
+
+matplotlib.use("Agg")
+
+
+def test_timer_measures_wall_clock():
+    with bench.Timer() as timer:
+        time.sleep(0.02)
+    assert 0.015 < timer.seconds < 1
+
+
+def test_time_function_repeats_after_warmup():
+    calls = []
+    timing = bench.time_function(lambda: calls.append(1), repeats=4, warmup=2)
+    assert len(calls) == 6 and len(timing.times) == 4
+    assert timing.best <= timing.median <= max(timing.times)
+    assert timing.stdev >= 0 and "median" in str(timing)
+    with pytest.raises(ValueError):
+        bench.time_function(lambda: None, repeats=0)
+
+
+def test_time_steps_waits_for_tensor_results():
+    timing = bench.time_steps(lambda: tf.reduce_sum(tf.ones((10, 10))), num_steps=3)
+    assert len(timing.times) == 3
+
+
+def test_dataset_throughput_counts_examples_of_batches():
+    dataset = tf.data.Dataset.range(100).batch(10)
+    result = bench.dataset_throughput(dataset, warmup_batches=1)
+    assert result.batches == 9 and result.elements == 90
+    assert result.elements_per_second > 0 and "examples/s" in str(result)
+    limited = bench.dataset_throughput(tf.data.Dataset.range(100).batch(10), num_batches=3)
+    assert limited.batches == 3
+
+
+def test_dataset_throughput_with_pairs_and_consume():
+    consumed = []
+    dataset = tf.data.Dataset.from_tensor_slices((tf.zeros((20, 2)), tf.zeros(20))).batch(5)
+    result = bench.dataset_throughput(dataset, warmup_batches=0, consume=consumed.append)
+    assert result.elements == 20 and len(consumed) == 4
+
+
+def test_dataset_throughput_of_an_empty_dataset_is_an_error():
+    with pytest.raises(ValueError, match="no batch"):
+        bench.dataset_throughput(tf.data.Dataset.range(1).batch(1), warmup_batches=1)
+
+
+def test_speedups_and_scaling_efficiency():
+    assert bench.speedups({"a": 10.0, "b": 25.0}, "a") == {"a": 1.0, "b": 2.5}
+    with pytest.raises(KeyError):
+        bench.speedups({"a": 1.0}, "z")
+    efficiency = bench.scaling_efficiency({1: 100.0, 2: 150.0, 4: 200.0})
+    assert efficiency == {1: 1.0, 2: 0.75, 4: 0.5}
+    with pytest.raises(ValueError):
+        bench.scaling_efficiency({})
+
+
+def test_format_table_aligns_columns():
+    table = bench.format_table([{"variant": "naive", "speed": 1.0},
+                                {"variant": "prefetch", "speed": 1.53}])
+    lines = table.splitlines()
+    assert lines[0].split() == ["variant", "speed"] and "1.53" in lines[3]
+    assert len({len(line.rstrip()) <= len(lines[1]) for line in lines}) == 1
+    assert bench.format_table([]) == "(no rows)"
+
+
+def test_write_results_records_the_machine(tmp_path):
+    path = bench.write_results({"ratio": 1.02}, tmp_path / "out" / "r.json")
+    payload = json.loads(path.read_text())
+    assert payload["results"] == {"ratio": 1.02}
+    assert payload["machine"]["cpu_count"] >= 1 and "tensorflow" in payload["machine"]
+
+
+def test_plots_draw_what_they_are_given():
+    ax = plots.bar_chart({"naive": 100.0, "fast": 250.0}, baseline="naive", title="t")
+    assert len(ax.patches) == 2 and any("×2.50" in t.get_text() for t in ax.texts)
+    ax = plots.time_breakdown({"input": 0.01, "compute": 0.02}, measured_total=0.035)
+    assert len(ax.patches) == 2 and len(ax.lines) == 1
+    ax = plots.scaling_curve({1: 10.0, 2: 15.0, 4: 18.0})
+    assert [line.get_label() for line in ax.lines] == ["ideal", "measured"]
+    ax = plots.line_chart({"loss": [3, 2, 1], "val": [3, 2.5, 2]})
+    assert len(ax.lines) == 2
+    for empty in (plots.bar_chart, plots.time_breakdown, plots.scaling_curve, plots.line_chart):
+        with pytest.raises(ValueError):
+            empty({})

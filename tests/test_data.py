@@ -1,0 +1,172 @@
+"""course_utils.data: synthetic tasks that learn, offline TFDS digits, pipelines, TFRecords."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from course_utils import data, models
+
+
+def test_teacher_task_is_deterministic_balanced_enough_and_learnable():
+    x, y = data.teacher_classification(2048, 16, 4, seed=3)
+    x2, y2 = data.teacher_classification(2048, 16, 4, seed=3)
+    assert x.shape == (2048, 16) and x.dtype == np.float32 and y.dtype == np.int32
+    np.testing.assert_array_equal(y, y2)
+    np.testing.assert_array_equal(x, x2)
+    assert np.bincount(y, minlength=4).min() > 2048 * 0.05
+    model = models.mlp(16, 4, (64,))
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    history = model.fit(x, y, epochs=5, batch_size=64, verbose=0)
+    assert history.history["accuracy"][-1] > 0.8
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_label_noise_changes_some_labels():
+    _, clean = data.teacher_classification(1000, 8, 3, seed=0)
+    _, noisy = data.teacher_classification(1000, 8, 3, seed=0, label_noise=0.5)
+    assert 0.2 < (clean != noisy).mean() < 0.5
+
+
+@pytest.mark.parametrize("kwargs", [{"num_classes": 1}, {"num_examples": 0},
+                                    {"label_noise": 1.5}])
+def test_teacher_task_rejects_bad_sizes(kwargs):
+    with pytest.raises(ValueError):
+        data.teacher_classification(**kwargs)
+
+
+def test_sequence_task_needs_memory_and_an_rnn_learns_it():
+    x, y = data.sequence_task(2048, sequence_length=10, num_features=3, seed=1)
+    assert x.shape == (2048, 10, 3) and set(np.unique(y)) == {0, 1}
+    half = x[:, :5, 0].sum(1) > x[:, 5:, 0].sum(1)
+    np.testing.assert_array_equal(y, half.astype(np.int32))
+    model = models.rnn(10, 3, units=16)
+    model.compile(tf.keras.optimizers.Adam(0.01),
+                  tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    history = model.fit(x, y, epochs=6, batch_size=64, verbose=0)
+    assert history.history["accuracy"][-1] > 0.8
+
+
+def test_sequence_task_rejects_too_short_sequences():
+    with pytest.raises(ValueError):
+        data.sequence_task(sequence_length=1)
+
+
+def test_train_test_split_partitions_the_examples():
+    x = np.arange(100)[:, None].astype(np.float32)
+    y = np.arange(100)
+    (x_train, y_train), (x_test, y_test) = data.train_test_split(x, y, 0.25, seed=1)
+    assert len(x_test) == 25 and len(x_train) == 75
+    assert sorted(np.concatenate([y_train, y_test]).tolist()) == list(range(100))
+    np.testing.assert_array_equal(x_train[:, 0], y_train)
+    with pytest.raises(ValueError):
+        data.train_test_split(x, y, 1.0)
+
+
+def test_make_pipeline_shuffles_elements_before_batching():
+    dataset = tf.data.Dataset.range(64)
+    batches = list(data.make_pipeline(dataset, 8, shuffle_buffer=64, seed=0).as_numpy_iterator())
+    first = batches[0]
+    assert len(batches) == 8 and sorted(np.concatenate(batches).tolist()) == list(range(64))
+    # Elements from far apart land in one batch: the examples were shuffled, not the batches.
+    assert first.max() - first.min() > 8
+
+
+def test_make_pipeline_applies_preprocess_once_and_augment_every_epoch():
+    calls = tf.Variable(0)
+
+    def preprocess(x):
+        calls.assign_add(1)
+        return x
+
+    def augment(x):
+        return x + tf.random.uniform([], 0, 1000, dtype=tf.int64)
+
+    dataset = data.make_pipeline(tf.data.Dataset.range(10), 10, preprocess=preprocess,
+                                 augment=augment, shuffle_buffer=None)
+    first = next(iter(dataset)).numpy()
+    second = next(iter(dataset)).numpy()
+    assert int(calls.numpy()) == 10  # cached after the deterministic preprocessing
+    assert not np.array_equal(first, second)  # augmentation runs after the cache
+
+
+def test_make_pipeline_drop_remainder_and_repeat():
+    dataset = data.make_pipeline(tf.data.Dataset.range(10), 4, drop_remainder=True,
+                                 repeat=True, shuffle_buffer=None, cache=False)
+    batches = list(dataset.take(5).as_numpy_iterator())
+    assert all(len(b) == 4 for b in batches)
+    with pytest.raises(ValueError):
+        data.make_pipeline(tf.data.Dataset.range(3), 0)
+
+
+def test_without_default_optimizations_sets_the_options():
+    dataset = data.without_default_optimizations(tf.data.Dataset.range(3))
+    assert dataset.options().experimental_optimization.apply_default_optimizations is False
+    assert list(dataset.as_numpy_iterator()) == [0, 1, 2]
+
+
+def test_add_latency_waits_and_passes_elements_through():
+    dataset = data.add_latency(tf.data.Dataset.from_tensor_slices(([1, 2, 3], [4, 5, 6])), 0.05)
+    start = time.perf_counter()
+    elements = list(dataset.as_numpy_iterator())
+    assert time.perf_counter() - start >= 0.14
+    assert [(int(a), int(b)) for a, b in elements] == [(1, 4), (2, 5), (3, 6)]
+    single = data.add_latency(tf.data.Dataset.range(2), 0.0)
+    assert list(single.as_numpy_iterator()) == [0, 1]
+    with pytest.raises(ValueError):
+        data.add_latency(tf.data.Dataset.range(2), -1)
+
+
+def test_parallel_latency_overlaps_waits():
+    base = tf.data.Dataset.range(8)
+    start = time.perf_counter()
+    list(data.add_latency(base, 0.05, num_parallel_calls=8).as_numpy_iterator())
+    assert time.perf_counter() - start < 0.35  # 8 sequential waits would take 0.4 s
+
+
+def test_tfrecord_shards_round_trip(tmp_path):
+    x, y = data.teacher_classification(103, 6, 3)
+    paths = data.write_tfrecord_shards(x.reshape(103, 2, 3), y, tmp_path, num_shards=4)
+    assert len(paths) == 4 and all(p.endswith(".tfrecord") for p in paths)
+    for interleave in (True, False):
+        records = list(data.read_tfrecord_shards(paths, (2, 3), interleave=interleave)
+                       .as_numpy_iterator())
+        assert len(records) == 103
+        got = {int(label): None for _, label in records}
+        assert set(got) <= {0, 1, 2}
+        features = np.stack([f for f, _ in records])
+        assert features.shape == (103, 2, 3)
+        np.testing.assert_allclose(np.sort(features.ravel()), np.sort(x.ravel()), rtol=1e-6)
+
+
+def test_tfrecord_writer_rejects_bad_input(tmp_path):
+    with pytest.raises(ValueError):
+        data.write_tfrecord_shards(np.zeros((3, 2)), np.zeros(2), tmp_path)
+    with pytest.raises(ValueError):
+        data.write_tfrecord_shards(np.zeros((3, 2)), np.zeros(3), tmp_path, num_shards=0)
+    with pytest.raises(ValueError):
+        data.read_tfrecord_shards([], (2,))
+
+
+def test_digits_load_offline_through_tfds(tmp_path):
+    import tensorflow_datasets as tfds
+
+    train = data.load_digits("train", data_dir=tmp_path)
+    images, labels = next(iter(train.batch(2000)))
+    assert images.shape == (1437, 8, 8, 1) and images.dtype == tf.uint8
+    assert set(np.unique(labels.numpy())) == set(range(10))
+    assert int(tfds.load("course_digits", split="test", data_dir=str(tmp_path))
+               .cardinality()) == 360
+    builder = data.digits_builder(tmp_path)
+    assert builder.info.features["label"].num_classes == 10
+    assert builder.info.splits["train"].num_examples == 1437
+
+
+def test_default_data_dir_respects_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
+    assert data.default_data_dir() == str(tmp_path)

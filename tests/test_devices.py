@@ -1,0 +1,157 @@
+"""course_utils.devices and course_utils.environment: hardware, logical devices, set-up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import course_utils as cu
+from course_utils import devices
+
+
+def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_importing_the_package_does_not_import_tensorflow():
+    result = run_python("import sys, course_utils as cu; cu.devices; cu.grading if False else 0;"
+                        "print('tensorflow' in sys.modules)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_unit_tests_see_four_logical_cpus():
+    import tensorflow as tf
+
+    assert len(tf.config.list_logical_devices("CPU")) == 4
+
+
+def test_hardware_reports_this_machine():
+    hw = devices.hardware()
+    assert hw.cpu_cores >= 1
+    assert hw.logical_cpus == 4
+    assert hw.accelerator in ("CPU", "GPU", "TPU")
+    assert hw.tpu is devices.tpu_available()
+
+
+def test_describe_machine_is_one_line_with_versions():
+    line = devices.describe_machine()
+    import tensorflow as tf
+
+    assert "\n" not in line
+    assert f"TensorFlow {tf.__version__}" in line
+    assert "4 logical CPU device(s)" in line
+
+
+def test_asking_again_for_the_same_layout_is_fine():
+    assert len(devices.configure_logical_devices(4)) == 4
+
+
+def test_changing_devices_after_start_says_restart_the_kernel():
+    with pytest.raises(devices.LogicalDevicesError, match="Restart the kernel"):
+        devices.configure_logical_devices(2)
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_configure_rejects_a_non_positive_count(bad):
+    with pytest.raises(ValueError, match="at least 1"):
+        devices.configure_logical_devices(bad)
+
+
+def test_configure_rejects_an_unknown_device_type():
+    with pytest.raises(ValueError, match="'CPU' or 'GPU'"):
+        devices.configure_logical_devices(2, device_type="TPU")
+
+
+def test_configure_gpu_without_a_gpu_is_a_clear_error():
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="no physical GPU"):
+        devices.configure_logical_devices(2, device_type="GPU")
+
+
+def test_tpu_detection_reads_only_the_environment(monkeypatch):
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    monkeypatch.delenv("COLAB_TPU_ADDR", raising=False)
+    monkeypatch.setattr(devices.os.path, "exists", lambda path: False)
+    assert devices.tpu_address() is None and not devices.tpu_available()
+    monkeypatch.setenv("COLAB_TPU_ADDR", "10.0.0.2:8470")
+    assert devices.tpu_address() == "grpc://10.0.0.2:8470"
+    monkeypatch.setenv("TPU_NAME", "my-tpu")
+    assert devices.tpu_address() == "my-tpu"
+
+
+def test_colab_detection(monkeypatch):
+    monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    assert not devices.is_colab()
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-2026")
+    assert devices.is_colab()
+
+
+def test_lesson_hardware_covers_every_lesson():
+    rows = devices.lesson_hardware(devices.hardware())
+    assert [number for number, _, _ in rows] == [f"{i:02d}" for i in range(10)]
+    assert "4 logical CPU" in dict((n, use) for n, _, use in rows)["02"]
+
+
+def test_doctor_prints_versions_devices_and_lessons(capsys):
+    cu.doctor()
+    report = capsys.readouterr().out
+    for expected in ("machine report", "tensorflow", "keras", "CPU cores", "/device:CPU:3",
+                     "TPU", "Colab", "02 MirroredStrategy"):
+        assert expected in report
+
+
+def test_doctor_command_line():
+    result = subprocess.run([sys.executable, "-m", "course_utils", "doctor",
+                             "--logical-devices", "3"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "/device:CPU:2" in result.stdout
+    assert "What each lesson will use here" in result.stdout
+
+
+def test_setup_in_a_fresh_process_is_quiet_and_safe_to_run_twice():
+    code = ("import course_utils as cu\n"
+            "cu.setup(logical_devices=3, seed=1)\n"
+            "hw = cu.setup(logical_devices=3, seed=1)\n"
+            "print('logical', hw.logical_cpus)\n")
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "logical 3"
+    assert lines[0].startswith("TensorFlow ") and "3 logical CPU device(s)" in lines[0]
+    assert "cuda" not in result.stderr.lower(), result.stderr
+
+
+def test_setup_with_another_layout_afterwards_says_restart():
+    code = ("import course_utils as cu\n"
+            "cu.setup(logical_devices=2)\n"
+            "try:\n"
+            "    cu.setup(logical_devices=3)\n"
+            "except cu.devices.LogicalDevicesError as e:\n"
+            "    print('RESTART' if 'Restart the kernel' in str(e) else 'OTHER')\n")
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "RESTART"
+
+
+def test_seed_everything_makes_keras_initialisation_repeatable():
+    cu.seed_everything(7)
+    first = cu.models.mlp(4, 2, (8,)).get_weights()
+    cu.seed_everything(7)
+    second = cu.models.mlp(4, 2, (8,)).get_weights()
+    assert all((a == b).all() for a, b in zip(first, second, strict=True))
+
+
+def test_quiet_tensorflow_lowers_python_loggers():
+    import logging
+
+    cu.quiet_tensorflow()
+    assert logging.getLogger("tensorflow").level == logging.ERROR
