@@ -90,3 +90,8 @@ def check_mirrored_strategy(fn: Any) -> bool:
              for subset in subsets]
     return run_check("mirrored_strategy", fn, cases,
                      hint="tf.distribute.MirroredStrategy(devices=...) takes the device names.")
+
+
+# --- later lessons: each lesson's checks live in a module of their own ----------------------
+from course_utils.grading.checks_01 import *  # noqa: E402,F403
+from course_utils.grading.checks_02 import *  # noqa: E402,F403
