@@ -10,6 +10,8 @@ KERNEL  = scaling-tensorflow
 JOBS   ?= 2
 PORT   ?= 8888
 NOTEBOOK_DIRS = notebooks solutions exercises
+# JupyterLab refuses to start as root (containers, some cloud machines) unless told it may.
+LAB_FLAGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 NOTEBOOKS = $(wildcard $(addsuffix /*.ipynb,$(NOTEBOOK_DIRS)))
 
 # Grading: make grade SUBMISSIONS=path/to/submissions [OUT=gradebook.csv FEEDBACK=feedback]
@@ -35,7 +37,7 @@ install: $(STAMP)  ## create .venv (when missing) and install the course into it
 lab: $(STAMP)  ## install, register the Jupyter kernel and open the course in JupyterLab
 	$(BIN)/python -m ipykernel install --user --name $(KERNEL) \
 		--display-name "Python (Scaling TensorFlow)" >/dev/null
-	$(BIN)/jupyter lab --port $(PORT) --ServerApp.root_dir="$(CURDIR)" \
+	$(BIN)/jupyter lab --port $(PORT) --ServerApp.root_dir="$(CURDIR)" $(LAB_FLAGS) \
 		notebooks/00_welcome.ipynb
 
 test: lint stripped sync unit nbval  ## everything CI runs: lint, notebook checks, unit tests, nbval
