@@ -519,13 +519,15 @@ class Trainer:
         data: DataLike,
         epochs: int = 1,
         steps_per_epoch: int | None = None,
+        on_epoch_end: Callable[[int, dict[str, float]], None] | None = None,
     ) -> dict[str, list[float]]:
         """Train for ``epochs`` epochs and return the history (``history["loss"]`` per epoch).
 
         ``data`` is a ``tf.data.Dataset`` of global batches ``(x, y)`` or a function of a
         ``tf.distribute.InputContext`` returning a dataset of per-replica batches. An epoch is
         ``steps_per_epoch`` batches (default: the dataset's length). With ``checkpoint_dir`` a
-        run interrupted earlier resumes at the step it last saved.
+        run interrupted earlier resumes at the step it last saved. ``on_epoch_end(epoch, logs)``
+        is called after each epoch's checkpoint.
         """
         if int(epochs) != epochs or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
@@ -560,6 +562,8 @@ class Trainer:
             for key, value in logs.items():
                 history.setdefault(key, []).append(value)
             self.save_checkpoint(completed=epoch == epochs - 1)
+            if on_epoch_end is not None:
+                on_epoch_end(epoch, logs)
         self._last_run_completed = True
         return history
 

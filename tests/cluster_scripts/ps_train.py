@@ -1,0 +1,85 @@
+"""Parameter-server training with the Trainer on an in-process cluster (run as a subprocess).
+
+Prints one line ``RESULT {json}`` with the loss and accuracy per epoch, the step count the
+trainer kept, the optimizer's own (unreliable) count, and the error for partitioned variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from course_utils.cluster import start_in_process_cluster  # noqa: E402
+from course_utils.training import Trainer  # noqa: E402
+
+EPOCHS, STEPS = 3, 20
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(1024, 8)).astype("float32")
+y = np.argmax(x @ rng.normal(size=(8, 3)), axis=1).astype("int32")
+
+
+def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+    batch = context.get_per_replica_batch_size(64)
+    return (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shard(context.num_input_pipelines, context.input_pipeline_id)
+        .shuffle(1024, seed=context.input_pipeline_id)
+        .batch(batch)
+        .repeat()
+    )
+
+
+def model_fn() -> keras.Model:
+    return keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(3)]
+    )
+
+
+def loss_fn(y_true, logits):
+    return keras.losses.sparse_categorical_crossentropy(y_true, logits, from_logits=True)
+
+
+cluster = start_in_process_cluster(num_workers=2, num_ps=1)
+strategy = cluster.strategy()
+trainer = Trainer(
+    model_fn,
+    lambda: keras.optimizers.Adam(1e-2),
+    loss_fn,
+    strategy=strategy,
+    metrics=[keras.metrics.SparseCategoricalAccuracy("accuracy")],
+    verbose=0,
+)
+history = trainer.fit(dataset_fn, epochs=EPOCHS, steps_per_epoch=STEPS)
+
+partitioned_error, partitioned_message = None, ""
+try:
+    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=64, max_shards=2
+    )
+    Trainer(model_fn, keras.optimizers.Adam, loss_fn, strategy=cluster.strategy(partitioner))
+except Exception as error:  # noqa: BLE001 - reported to the test
+    partitioned_error, partitioned_message = type(error).__name__, str(error)
+
+print(
+    "RESULT "
+    + json.dumps(
+        {
+            "loss": history["loss"],
+            "accuracy": history["accuracy"],
+            "steps": trainer.steps,
+            "planned_steps": EPOCHS * STEPS,
+            "optimizer_iterations": int(trainer.optimizer.iterations.numpy()),
+            "partitioned_error": partitioned_error,
+            "partitioned_message": partitioned_message,
+        }
+    ),
+    flush=True,
+)
