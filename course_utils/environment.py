@@ -113,15 +113,17 @@ def setup(
     if quiet:
         tf.get_logger().setLevel(logging.ERROR)
         tf.autograph.set_verbosity(0)
-    if logical_devices:
-        if gpu_memory_limit_mb and tf.config.list_physical_devices("GPU"):
-            devices.configure_logical_devices(logical_devices, "GPU", gpu_memory_limit_mb)
-        else:
-            devices.configure_logical_devices(logical_devices, "CPU")
+    # TensorFlow's C++ layer reports its platform probing ("failed call to cuInit" on a
+    # machine without a GPU) on the native stderr while it lists and creates devices.
+    with native_stderr_silenced() if quiet else contextlib.nullcontext():
+        if logical_devices:
+            if gpu_memory_limit_mb and tf.config.list_physical_devices("GPU"):
+                devices.configure_logical_devices(logical_devices, "GPU", gpu_memory_limit_mb)
+            else:
+                devices.configure_logical_devices(logical_devices, "CPU")
+        tf.config.list_logical_devices()  # TensorFlow creates its devices here
     if seed is not None:
         seed_everything(seed, deterministic=deterministic)
-    with native_stderr_silenced() if quiet else contextlib.nullcontext():
-        tf.config.list_logical_devices()  # TensorFlow creates its devices here
     hw = devices.hardware()
     print(devices.describe_machine(hw))
     return hw
