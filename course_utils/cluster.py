@@ -204,14 +204,25 @@ def _stop_all_clusters() -> None:
 atexit.register(_stop_all_clusters)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to SIGKILL the worker when the notebook kernel that started it dies."""
+def _death_signal_setter() -> Any:
+    """A function for ``preexec_fn`` that makes Linux SIGKILL a worker when its parent dies.
+
+    libc is loaded here, in the parent: the child, forked from a process with TensorFlow's
+    threads, must not import anything between fork and exec.
+    """
+    if sys.platform != "linux":
+        return None
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: atexit and stop() still clean up
-        pass
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_death_signal() -> None:  # pragma: no cover - runs in the child
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return set_death_signal
 
 
 def _describe_exit(returncode: int | None) -> str:
@@ -323,6 +334,7 @@ class LocalCluster:
         self._offsets = [0] * self.num_workers
         self.started_at = time.monotonic()
         _LIVE_CLUSTERS.add(self)
+        preexec = _death_signal_setter()
         try:
             for index in range(self.num_workers):
                 log = open(self.log_paths[index], "wb")  # noqa: SIM115 - closed in stop()
@@ -336,7 +348,7 @@ class LocalCluster:
                         env=self.worker_env(index),
                         cwd=os.getcwd(),
                         start_new_session=True,  # own process group: kill it with its children
-                        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                        preexec_fn=preexec,  # die with the notebook kernel
                     )
                 )
         except BaseException:

@@ -207,3 +207,30 @@ def test_twenty_start_stop_cycles_leave_no_process_or_port():
         local.cleanup()
     assert len(set(pids)) == 40
     assert_all_gone(pids, ports)
+
+
+@pytest.mark.parametrize("ending", ["exit", "sigkill"])
+def test_workers_die_with_the_process_that_started_them(ending):
+    # "exit": the notebook kernel shuts down (atexit stops the cluster); "sigkill": the kernel
+    # dies hard (Linux's parent-death signal kills the workers).
+    code = (
+        "import json, sys, time\n"
+        "from course_utils.cluster import LocalCluster\n"
+        f"c = LocalCluster({str(STAND_IN)!r}, num_workers=2, grace=0.2, stream=False)\n"
+        "for i in range(2): c.wait_for('listening', worker=i, timeout=20)\n"
+        "print(json.dumps([c.pids, c.ports]), flush=True)\n"
+        f"time.sleep(60 if {ending!r} == 'sigkill' else 0)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pids, ports = json.loads(parent.stdout.readline())
+        if ending == "sigkill":
+            parent.kill()
+        parent.wait(timeout=30)
+    finally:
+        parent.kill()
+        parent.stdout.close()
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert_all_gone(pids, ports)

@@ -107,6 +107,16 @@ def test_four_replicas_match_one_device():
     assert one.steps == four.steps == 12 and one.updates == 12
 
 
+def test_one_device_strategy_matches_the_default_strategy():
+    x, y = make_data(128)
+    default_trainer = make_trainer(default())
+    one_device = make_trainer(make_strategy("one_device", verbose=False))
+    default_trainer.fit(dataset(x, y, 32), epochs=1)
+    one_device.fit(dataset(x, y, 32), epochs=1)
+    assert max_abs_diff(default_trainer.model.get_weights(), one_device.model.get_weights()) < 1e-6
+    assert "OneDeviceStrategy" in repr(one_device)
+
+
 def test_adam_four_replicas_match_one_device():
     x, y = make_data(256)
     adam = lambda: keras.optimizers.Adam(learning_rate=1e-2)
