@@ -201,15 +201,19 @@ def score(prepared: Prepared, result: dict[str, Any], timeout: float,
             if first_error is not None:
                 feedback += (f" (first error in your cells: {_cell_label(nb, first_error['index'])}"
                              f" raised {first_error['ename']}: {first_error['evalue']})")
-        elif run_status == "timeout" or state == "timeout":
+        elif state == "timeout":
+            status = TIMEOUT
+            feedback = f"the time limit of {timeout:g} s was reached while this check ran " \
+                       "(an endless loop?)"
+        elif run_status == "timeout":
             status = TIMEOUT
             where = f" in {_cell_label(nb, stop['index'])}" if stop else ""
-            feedback = f"time limit of {timeout:g} s reached{where}; this check did not finish"
+            feedback = f"not run: the time limit of {timeout:g} s was reached earlier{where}"
         elif run_status == "dead" or state == "dead":
             status = KERNEL_DIED
             where = f" in {_cell_label(nb, stop['index'])}" if stop else ""
-            feedback = (f"the Python kernel died{where} (os._exit, a crash or out of memory); "
-                        "this check did not run")
+            feedback = (f"not run: the Python kernel died{where} (os._exit, a crash or out of "
+                        "memory)")
         else:
             status, feedback = GRADER_ERROR, f"not run: {run_status or 'unknown reason'}"
         note = notes.get(check.grade_id)

@@ -1,5 +1,224 @@
-"""Checks of lesson 01's exercises (re-exported by ``course_utils.grading.checks``)."""
+"""Checks of lesson 01's exercises (re-exported by ``course_utils.grading.checks``).
+
+* ``check_fast_pipeline(fast_pipeline)``: same elements as the slow reference pipeline (as a
+  multiset: a parallel pipeline may reorder them), batches of the right sizes, and a speed-up
+  over the slow reference measured here, on a pipeline whose reads wait on (simulated) storage.
+* ``check_shuffled_batches(shuffled_batches)``: examples shuffled before batching – every
+  example once per epoch, right batch sizes, batches that are not runs of neighbours, the same
+  order for the same seed and a new order every epoch.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from course_utils.grading.framework import Case, fresh_rng, run_check
+
+__all__ = ["check_fast_pipeline", "check_shuffled_batches", "FAST_PIPELINE_MIN_SPEEDUP",
+           "READ_LATENCY_S"]
+
+#: The speed-up over the slow reference that ``fast_pipeline`` must reach. The reads wait
+#: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads;
+#: reads limited to 2 at a time (``AUTOTUNE`` on a 2-core machine) reach at most 2×.
+FAST_PIPELINE_MIN_SPEEDUP = 3.0
+#: Seconds each read waits in ``check_fast_pipeline`` (a ``time.sleep`` that frees the core).
+READ_LATENCY_S = 0.01
+
+
+def _tf() -> Any:
+    from course_utils.environment import import_tensorflow
+
+    return import_tensorflow()
+
+
+def _is_dataset(value: Any) -> bool:
+    return isinstance(value, _tf().data.Dataset)
+
+
+def _batches(dataset: Any) -> list[np.ndarray]:
+    """One epoch of ``dataset`` as NumPy arrays, one per batch."""
+    return [np.asarray(batch) for batch in dataset.as_numpy_iterator()]
+
+
+def _expected_sizes(num_elements: int, batch_size: int) -> list[int]:
+    sizes = [batch_size] * (num_elements // batch_size)
+    return sizes + ([num_elements % batch_size] if num_elements % batch_size else [])
+
+
+def _size_problem(batches: list[np.ndarray], num_elements: int, batch_size: int) -> str | None:
+    if any(batch.ndim != 1 for batch in batches):
+        shapes = sorted({batch.shape for batch in batches})
+        return (f"expected batches of scalars (shape [batch]), got shapes {shapes[:3]}: "
+                "batch the elements once, with .batch(batch_size)")
+    sizes = [len(batch) for batch in batches]
+    expected = _expected_sizes(num_elements, batch_size)
+    if sorted(sizes) != sorted(expected):
+        return (f"batch sizes differ: expected {len(expected)} batches of {batch_size}"
+                f"{f' and one of {num_elements % batch_size}' if num_elements % batch_size else ''}"
+                f", got sizes {sizes[:12]}{' ...' if len(sizes) > 12 else ''}")
+    return None
+
+
+def _multiset_problem(got: np.ndarray, expected: np.ndarray) -> str | None:
+    if len(got) != len(expected):
+        return f"expected {len(expected)} elements in one epoch, got {len(got)}"
+    got_sorted, want_sorted = np.sort(got), np.sort(expected)
+    if not np.allclose(got_sorted, want_sorted):
+        missing = sorted(set(want_sorted.tolist()) - set(got_sorted.tolist()))[:5]
+        extra = sorted(set(got_sorted.tolist()) - set(want_sorted.tolist()))[:5]
+        return (f"the elements differ from the slow pipeline's (as a multiset): missing e.g. "
+                f"{missing}, unexpected e.g. {extra}")
+    return None
+
+
+def _epoch_seconds(dataset: Any) -> float:
+    start = time.perf_counter()
+    for _ in dataset:
+        pass
+    return time.perf_counter() - start
+
+
+# --- Exercise 1 · make a slow pipeline fast --------------------------------------------------
+
+
+def _slow_pipeline(source: Any, read: Callable[[Any], Any], decode: Callable[[Any], Any],
+                   batch_size: int) -> Any:
+    """The reference: one element at a time, tf.data's automatic optimizations off."""
+    from course_utils.data import without_default_optimizations
+
+    return without_default_optimizations(source.map(read).map(decode).batch(batch_size))
+
+
+def _storage(seconds: float) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """``read`` (waits ``seconds``, then returns ``3x + 1``) and ``decode`` (``x / 2``)."""
+    tf = _tf()
+
+    def wait_and_read(value: Any) -> Any:
+        time.sleep(seconds)
+        return np.int64(3 * int(value) + 1)
+
+    def read(index: Any) -> Any:
+        record = tf.py_function(wait_and_read, [index], tf.int64)
+        record.set_shape([])
+        return record
+
+    def decode(record: Any) -> Any:
+        return tf.cast(record, tf.float32) / 2.0
+
+    return read, decode
+
+
+def check_fast_pipeline(fn: Any) -> bool:
+    """Check ``fast_pipeline(source, read, decode, batch_size)``: same elements, much faster."""
+    tf = _tf()
+    rng = fresh_rng()
+    num_elements = rng.randint(60, 72)
+    batch_size = rng.choice([4, 6, 8])
+    first = rng.randint(0, 1000)
+    read, decode = _storage(READ_LATENCY_S)
+    expected = (3 * np.arange(first, first + num_elements) + 1) / 2.0
+
+    def source() -> Any:
+        return tf.data.Dataset.range(first, first + num_elements)
+
+    call = f"(source=range({first}, {first + num_elements}), read, decode, {batch_size})"
+
+    def correct(dataset: Any) -> str | None:
+        if not _is_dataset(dataset):
+            return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
+        batches = _batches(dataset)
+        problem = _size_problem(batches, num_elements, batch_size)
+        if problem:
+            return problem
+        return _multiset_problem(np.concatenate(batches), expected)
+
+    def fast(dataset: Any) -> str | None:
+        if not _is_dataset(dataset):
+            return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
+        slow_seconds = _epoch_seconds(_slow_pipeline(source(), read, decode, batch_size))
+        # The best of two fresh pipelines' first epochs: the least disturbed by other programs.
+        fast_seconds = min(_epoch_seconds(dataset),
+                           _epoch_seconds(fn(source(), read, decode, batch_size)))
+        speedup = slow_seconds / fast_seconds
+        if speedup < FAST_PIPELINE_MIN_SPEEDUP:
+            return (f"expected at least ×{FAST_PIPELINE_MIN_SPEEDUP:g} over the slow pipeline, "
+                    f"got ×{speedup:.2f} (slow: {slow_seconds:.2f} s, yours: "
+                    f"{fast_seconds:.2f} s per epoch)")
+        print(f"   speed-up over the slow pipeline: ×{speedup:.1f} "
+              f"(at least ×{FAST_PIPELINE_MIN_SPEEDUP:g} needed)")
+        return None
+
+    cases = [
+        Case(args=(source(), read, decode, batch_size), label=f"{call}: elements",
+             verify=correct),
+        Case(args=(source(), read, decode, batch_size), label=f"{call}: speed", verify=fast),
+    ]
+    return run_check(
+        "fast_pipeline", fn, cases,
+        hint="keep read -> decode -> batch, but run read with num_parallel_calls and end with "
+             "prefetch(tf.data.AUTOTUNE). Reads only wait, so many can overlap: on a machine "
+             "with few cores give tf.data more threads (tf.data.Options().threading."
+             "private_threadpool_size, e.g. 16) and use at least 8 parallel calls.")
+
+
+# --- Exercise 2 · shuffle examples, not batches ----------------------------------------------
+
+
+def _consecutive_fraction(batches: list[np.ndarray]) -> float:
+    """Fraction of batches that are runs of consecutive numbers (in any order)."""
+    runs = [np.array_equal(np.sort(b), np.arange(b.min(), b.min() + len(b))) for b in batches]
+    return float(np.mean(runs)) if runs else 0.0
+
+
+def check_shuffled_batches(fn: Any) -> bool:
+    """Check ``shuffled_batches(dataset, batch_size, buffer, seed)``: shuffle, then batch."""
+    tf = _tf()
+    rng = fresh_rng()
+    checks = []
+    for _ in range(2):
+        num_elements = rng.randint(150, 300)
+        batch_size = rng.choice([8, 10, 16, 32])
+        seed = rng.randint(0, 2**31 - 1)
+        checks.append((num_elements, batch_size, seed))
+
+    def verifier(num_elements: int, batch_size: int, seed: int) -> Callable[[Any], str | None]:
+        def verify(dataset: Any) -> str | None:
+            if not _is_dataset(dataset):
+                return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
+            epoch_one, epoch_two = _batches(dataset), _batches(dataset)
+            problem = _size_problem(epoch_one, num_elements, batch_size)
+            if problem:
+                return problem
+            elements = np.concatenate(epoch_one)
+            if sorted(elements.tolist()) != list(range(num_elements)):
+                return ("every example must appear exactly once per epoch; got "
+                        f"{len(set(elements.tolist()))} distinct of {num_elements}")
+            consecutive = _consecutive_fraction(epoch_one)
+            if consecutive > 0.25:
+                return (f"{consecutive:.0%} of the batches are runs of consecutive examples "
+                        "(expected almost none): the batches were shuffled, not the examples")
+            spreads = [int(b.max() - b.min()) for b in epoch_one if len(b) > 1]
+            if np.median(spreads) <= 2 * batch_size:
+                return (f"examples in a batch are near neighbours (median distance between the "
+                        f"first and last example of a batch: {np.median(spreads):.0f}; expected "
+                        f"most of the dataset): use the whole buffer given")
+            if np.array_equal(np.concatenate(epoch_two), elements):
+                return "two epochs came in the same order: reshuffle every epoch"
+            again = fn(tf.data.Dataset.range(num_elements), batch_size, num_elements, seed)
+            if not np.array_equal(np.concatenate(_batches(again)), elements):
+                return "the same seed gave another order: pass seed=seed to shuffle"
+            return None
+
+        return verify
+
+    cases = [Case(args=(tf.data.Dataset.range(n), b, n, s),
+                  label=f"(range({n}), batch_size={b}, buffer={n}, seed={s})",
+                  verify=verifier(n, b, s)) for n, b, s in checks]
+    return run_check(
+        "shuffled_batches", fn, cases,
+        hint="shuffle the examples first – dataset.shuffle(buffer, seed=seed) – then "
+             "batch(batch_size); keep the last, shorter batch.")

@@ -91,9 +91,8 @@ def _grade(argv: list[str]) -> int:
     bad = result.ungradable
     if bad:
         print(f"\n{len({r.key for r in bad})} submission(s) could not be graded:", file=sys.stderr)
-        for row in bad:
-            print(f"  {row.student or '?'} / {row.notebook}: {row.status}: {row.feedback}",
-                  file=sys.stderr)
+        for key, row in {r.key: r for r in bad}.items():
+            print(f"  {key[0] or '?'} / {key[1]}: {row.status}: {row.feedback}", file=sys.stderr)
         return 1
     return 0
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-from jupyter_client.manager import KernelManager
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -103,7 +103,8 @@ def execute_notebook(nb: Any, *, cwd: Path, env: dict[str, str], timeout: float,
     ``not run``), ``dead`` (the kernel died) or ``kernel failed`` (it never started).
     """
     deadline = time.monotonic() + timeout
-    km = KernelManager(kernel_name="python3", kernel_spec_manager=CurrentPythonKernelSpecs())
+    km = AsyncKernelManager(kernel_name="python3",
+                            kernel_spec_manager=CurrentPythonKernelSpecs())
     client = GradingClient(
         nb, km=km, timeout=max(1, int(timeout)), startup_timeout=int(startup_timeout),
         allow_errors=True, interrupt_on_timeout=False, shutdown_kernel="immediate",

@@ -1,0 +1,177 @@
+"""The check framework and the 00 checks, run in this process (fast, no kernels)."""
+
+from __future__ import annotations
+
+import re
+
+import nbformat
+import pytest
+
+import course_utils as cu
+from course_utils.grading import framework
+from course_utils.grading.framework import Case, NotAttemptedError, compare, run_check
+from course_utils.grading.notebooks import check_cells
+
+
+def stub(*args):
+    raise NotImplementedError()
+
+
+@pytest.fixture(autouse=True)
+def _normal_mode(monkeypatch):
+    monkeypatch.delenv(framework.STRICT_ENV, raising=False)
+    framework.set_strict(None)
+    yield
+    framework.set_strict(None)
+
+
+def test_importing_grading_does_not_import_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys, course_utils as cu; cu.grading.check_global_batch_size; "
+            "import course_utils.grading.batch, course_utils.grading.cli; "
+            "print('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_correct_function_prints_one_pass_line(capsys):
+    assert cu.grading.check_global_batch_size(lambda batch, replicas: batch * replicas)
+    assert capsys.readouterr().out == "✅ global_batch_size: 6 cases passed\n"
+
+
+def test_wrong_function_raises_with_case_expected_got_and_hint():
+    with pytest.raises(AssertionError) as info:
+        cu.grading.check_global_batch_size(lambda batch, replicas: batch + replicas)
+    message = str(info.value)
+    assert "case 1 (1, 1)" in message
+    assert "expected: 1" in message and "got:      2" in message
+    assert "Hint:" in message
+
+
+def test_float_where_int_expected_is_explained():
+    with pytest.raises(AssertionError, match="should be an int, got the float"):
+        cu.grading.check_global_batch_size(lambda batch, replicas: float(batch * replicas))
+
+
+def test_floor_division_in_learning_rate_fails():
+    with pytest.raises(AssertionError, match="scaled_learning_rate"):
+        cu.grading.check_scaled_learning_rate(lambda lr, base, batch: lr * (batch // base))
+    assert cu.grading.check_scaled_learning_rate(lambda lr, base, batch: lr * batch / base)
+
+
+def test_stub_is_not_attempted_and_does_not_raise_in_normal_mode(capsys):
+    assert cu.grading.check_global_batch_size(stub) is False
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+def test_stub_raises_not_attempted_in_strict_mode_by_switch_and_by_environment(monkeypatch):
+    with framework.strict_checks(), pytest.raises(NotAttemptedError, match="not attempted"):
+        cu.grading.check_scaled_learning_rate(stub)
+    monkeypatch.setenv(framework.STRICT_ENV, "1")
+    assert framework.strict_mode()
+    with pytest.raises(NotAttemptedError):
+        cu.grading.check_global_batch_size(stub)
+    framework.set_strict(False)  # the switch wins over the environment
+    assert cu.grading.check_global_batch_size(stub) is False
+
+
+def test_not_implemented_from_inside_a_library_is_an_error_not_a_stub():
+    def calls_library(batch, replicas):
+        return stub(batch, replicas)
+
+    with pytest.raises(AssertionError, match="from inside a library call"):
+        cu.grading.check_global_batch_size(calls_library)
+
+
+def test_exception_in_learner_code_becomes_assertion_with_its_type():
+    with pytest.raises(AssertionError, match="ZeroDivisionError"):
+        cu.grading.check_global_batch_size(lambda batch, replicas: 1 / 0)
+
+
+def test_passing_something_not_callable_is_explained():
+    with pytest.raises(AssertionError, match="expected your function"):
+        cu.grading.check_global_batch_size(12)
+
+
+def test_object_claiming_equality_does_not_pass():
+    class Liar(int):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = int.__hash__
+
+    with pytest.raises(AssertionError):
+        cu.grading.check_global_batch_size(lambda batch, replicas: Liar(-1))
+
+
+@pytest.mark.parametrize(("expected", "got", "ok"), [
+    (3, 3, True), (3, True, False), (3, 3.0, False), (0.3, 0.1 + 0.2, True), (0.3, 0.31, False),
+    ("a", "a", True), ([1, 2], (1, 2), True), ([1, 2], [1], False), ({"a": 1.0}, {"a": 1}, True),
+    ({"a": 1}, {"b": 1}, False), (True, True, True), (None, None, True), ([1], "1", False),
+])
+def test_compare(expected, got, ok):
+    assert (compare(expected, got) is None) is ok
+
+
+def test_compare_numpy_arrays_by_shape_and_value():
+    np = pytest.importorskip("numpy")
+    assert compare(np.ones((2, 3)), np.ones((2, 3)) + 1e-9) is None
+    assert "shape" in compare(np.ones((2, 3)), np.ones((3, 2)))
+    assert "index (1, 2)" in compare(np.zeros((2, 3)), np.eye(2, 3) * 0 + np.pad([[5]], ((1, 0),
+                                                                                   (2, 0))))
+
+
+def test_run_check_with_custom_verify():
+    cases = [Case(args=(2,), verify=lambda got: None if got % 2 == 0 else "should be even")]
+    assert run_check("double", lambda x: 2 * x, cases)
+    with pytest.raises(AssertionError, match="should be even"):
+        run_check("double", lambda x: 2 * x + 1, cases)
+
+
+def test_fresh_inputs_differ_between_runs():
+    seen = []
+    run_check_cases = []
+
+    def spy(batch, replicas):
+        seen.append((batch, replicas))
+        return batch * replicas
+
+    cu.grading.check_global_batch_size(spy)
+    run_check_cases.append(list(seen))
+    seen.clear()
+    cu.grading.check_global_batch_size(spy)
+    assert seen != run_check_cases[0]
+
+
+def test_logical_cpu_names_check_uses_this_process_devices():
+    import tensorflow as tf
+
+    names = [d.name for d in tf.config.list_logical_devices("CPU")]
+    assert cu.grading.check_logical_cpu_names(lambda: list(names))
+    with pytest.raises(AssertionError, match="items"):
+        cu.grading.check_logical_cpu_names(lambda: names[:1])
+
+
+def test_mirrored_strategy_check_accepts_a_right_strategy_and_rejects_the_default():
+    import tensorflow as tf
+
+    assert cu.grading.check_mirrored_strategy(
+        lambda names: tf.distribute.MirroredStrategy(devices=names))
+    with pytest.raises(AssertionError, match="replica"):
+        cu.grading.check_mirrored_strategy(lambda names: tf.distribute.MirroredStrategy())
+    with pytest.raises(AssertionError, match="MirroredStrategy"):
+        cu.grading.check_mirrored_strategy(lambda names: tf.distribute.get_strategy())
+
+
+def test_every_check_cell_of_every_solution_calls_an_existing_check(repo):
+    calls = 0
+    for path in sorted((repo / "solutions").glob("*_solutions.ipynb")):
+        nb = nbformat.read(str(path), as_version=4)
+        assert check_cells(nb), f"{path.name} has no check cells"
+        for cell in check_cells(nb):
+            for name in re.findall(r"cu\.grading\.(check_\w+)\(", cell.source):
+                assert callable(getattr(cu.grading, name, None)), f"{path.name}: {name}"
+                calls += 1
+    assert calls
