@@ -110,8 +110,19 @@ def _unpack(batch: Any) -> tuple[Any, Any, Any]:
     raise ValueError(f"each batch must be (x, y) or (x, y, sample_weight), got {len(batch)} parts")
 
 
+def _auto_accuracy(y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
+    """Accuracy that picks binary, sparse or one-hot categorical from the shapes (as compile())."""
+    if y_pred.shape[-1] == 1:
+        return keras.metrics.binary_accuracy(y_true, y_pred)
+    if y_true.shape.rank == y_pred.shape.rank - 1 or y_true.shape[-1] == 1:
+        return keras.metrics.sparse_categorical_accuracy(y_true, y_pred)
+    return keras.metrics.categorical_accuracy(y_true, y_pred)
+
+
 def _copy_metric(metric: Any) -> keras.metrics.Metric:
     """A fresh metric of the same kind (its variables are created where this is called)."""
+    if metric in ("accuracy", "acc"):
+        return keras.metrics.MeanMetricWrapper(_auto_accuracy, name=metric)
     if isinstance(metric, str) or (
         callable(metric) and not isinstance(metric, keras.metrics.Metric)
     ):
@@ -140,10 +151,14 @@ class Trainer:
         strategy: any ``tf.distribute.Strategy``; ``None`` means the current (default) strategy.
         accumulation_steps: one optimizer update per ``k`` batches.
         mixed_precision: ``None``/``"float32"``, ``"mixed_float16"`` or ``"mixed_bfloat16"``.
-        metrics: Keras metrics (objects or names), reported per epoch in the history.
+        metrics: Keras metrics (objects or names; ``"accuracy"`` picks binary, sparse or
+            categorical accuracy from the shapes), reported per epoch in the history.
         checkpoint_dir: when set, a checkpoint is written at each epoch end (and every
             ``checkpoint_every_steps`` batches), and a restarted run resumes from the last one.
         steps_per_execution: optimizer updates per ``tf.function`` call.
+
+    An epoch of ``n`` batches makes ``n // k`` updates; a last group of fewer than ``k`` batches
+    makes one more update from the examples it has (averaged over those examples).
         checkpoint_every_steps: also save every this many batches (rounded to whole executions).
         max_checkpoints: how many checkpoints to keep.
         verbose: ``"auto"`` (a progress bar only in a notebook), 0 (quiet), 1 (progress bar) or
