@@ -1,0 +1,297 @@
+"""The batch grader: discovery, restoring checks, the gradebook, and one real batch of bad and
+good submissions executed in fresh kernels (about a minute on 2 cores with --jobs 2)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from course_utils.grading import cli
+from course_utils.grading.assemble import prepare
+from course_utils.grading.batch import PACKAGE_DIR, grade_folder
+from course_utils.grading.discover import find_submissions, pick_latest, safe_name
+from course_utils.grading.gradebook import COLUMNS, Gradebook, Row, read_rows
+from course_utils.grading.notebooks import grade_id, notebook_key
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = "00_setup_exercises.ipynb"
+CHECKS = ["check_global_batch_size", "check_scaled_learning_rate", "check_logical_cpu_names",
+          "check_mirrored_strategy"]
+MAX = {"check_global_batch_size": 1, "check_scaled_learning_rate": 1,
+       "check_logical_cpu_names": 1, "check_mirrored_strategy": 2}
+TIMEOUT = 60  # per notebook: the endless loop costs this much of one job slot
+
+
+def _load_builder():
+    path = REPO / "tests" / "fixtures" / "grading" / "make_submissions.py"
+    spec = importlib.util.spec_from_file_location("grading_make_submissions", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ms = _load_builder()
+
+
+def _solution():
+    return nbformat.read(str(REPO / "solutions" / "00_setup_solutions.ipynb"), as_version=4)
+
+
+# --- fast unit tests ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    ("00_setup_exercises.ipynb", "00_setup"), ("00_setup_solutions.ipynb", "00_setup"),
+    ("00_setup_exercises (1).ipynb", "00_setup"), ("00_setup_exercises-Copy1.ipynb", "00_setup"),
+    ("00_Setup_Exercises.ipynb", "00_setup"), ("homework.ipynb", None), ("0_setup.ipynb", None),
+])
+def test_notebook_names_map_to_course_notebooks(name, key):
+    assert notebook_key(name) == key
+
+
+def test_safe_names_are_ascii_distinct_and_stable():
+    names = ["José Müller", "Jose Muller", "a b", "a_b", "../../etc", "李雷", "O'Brien; rm -rf /"]
+    safe = [safe_name(n) for n in names]
+    assert len(set(safe)) == len(names)
+    assert all(s.isascii() and "/" not in s and " " not in s and not s.startswith(".")
+               for s in safe)
+    assert safe_name("José Müller") == safe[0]
+
+
+def test_both_layouts_are_found_and_the_newest_duplicate_is_kept(tmp_path):
+    old = ms.write(tmp_path, "alice", "good", name="00_setup_exercises (1).ipynb")
+    ms.age(old, 3600)
+    new = ms.write(tmp_path, "alice", "good")
+    nbg = ms.write(tmp_path, "bob", "good", assignment="00_setup")
+    (tmp_path / "stray.ipynb").write_text("{}")
+    (tmp_path / "bob" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "bob" / ".ipynb_checkpoints" / NOTEBOOK).write_text("{}")
+    found, stray = find_submissions(tmp_path)
+    assert stray == [tmp_path / "stray.ipynb"]
+    kept, dropped = pick_latest(found)
+    assert [(s.student, s.path) for s in kept] == [("alice", new), ("bob", nbg)]
+    assert [(d.path, k.path) for d, k in dropped] == [(old, new)]
+
+
+def test_edited_deleted_and_moved_checks_are_restored_after_their_exercise():
+    solution = _solution()
+    tampered = nbformat.reads(ms.tampered(solution), as_version=4)
+    prepared = prepare(tampered, solution, PACKAGE_DIR)
+    assert [c.grade_id for c in prepared.checks] == CHECKS
+    for check in prepared.checks:
+        source = prepared.notebook.cells[check.cell_index].source
+        assert source.endswith(f"cu.grading.{check.grade_id}({check.grade_id[6:]})")
+        assert "set_strict(True)" in source and 'print("✅ passed")' not in source
+        assert grade_id(prepared.notebook.cells[check.cell_index - 1]) == check.grade_id[6:]
+    assert sum("was edited" in note for note in prepared.notes) == len(CHECKS)
+
+    moved = nbformat.reads(ms.deleted_and_reordered(solution), as_version=4)
+    prepared = prepare(moved, solution, PACKAGE_DIR)
+    assert sorted(c.grade_id for c in prepared.checks) == sorted(CHECKS)
+    for check in prepared.checks:  # each check right after its own exercise
+        assert grade_id(prepared.notebook.cells[check.cell_index - 1]) == check.grade_id[6:]
+    assert sum("was missing" in note for note in prepared.notes) == len(CHECKS)
+    assert prepared.notebook.cells[0].source == next(
+        c.source for c in solution.cells if grade_id(c) == "setup")
+
+
+def test_gradebook_appends_drops_a_half_written_line_and_forces(tmp_path):
+    out = tmp_path / "gradebook.csv"
+    book = Gradebook(out)
+    book.add([Row("Zoë, \"Z\"", NOTEBOOK, "check_a", 1, 1, "passed", "line one\nline two")])
+    with out.open("a", encoding="utf-8") as handle:
+        handle.write('bob,00_setup_exercises.ipynb,check_a,0')  # killed mid-write
+    rows = read_rows(out)
+    assert [(r.student, r.points, r.feedback) for r in rows] == [
+        ("Zoë, \"Z\"", 1.0, "line one\nline two")]
+    Gradebook(out).add([Row("bob", NOTEBOOK, "check_a", 0, 1, "failed")])
+    assert [r.student for r in read_rows(out)] == ["Zoë, \"Z\"", "bob"]
+    Gradebook(out, drop_keys={("bob", NOTEBOOK)})
+    assert [r.student for r in read_rows(out)] == ["Zoë, \"Z\""]
+    assert out.read_text(encoding="utf-8").splitlines()[0] == ",".join(COLUMNS)
+
+
+def test_unreadable_and_unknown_submissions_get_rows_without_a_kernel(tmp_path):
+    subs = tmp_path / "subs"
+    ms.write(subs, "ivan", "invalid_json")
+    ms.write(subs, "judy", "not_a_notebook")
+    ms.write(subs, "peggy", "good", name="99_unknown_exercises.ipynb")
+    (subs / "kim").mkdir()
+    (subs / "kim" / NOTEBOOK).write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    out = tmp_path / "gradebook.csv"
+    argv = ["grade", str(subs), "--solutions", str(REPO / "solutions"), "--out", str(out),
+            "--quiet"]
+    start = time.monotonic()
+    assert cli.main(argv) == 1  # some submissions could not be graded
+    assert time.monotonic() - start < 20
+    rows = read_rows(out)
+    status = {(r.student, r.exercise): r.status for r in rows}
+    assert {status[("ivan", c)] for c in CHECKS} == {"invalid notebook"}
+    assert {status[("judy", c)] for c in CHECKS} == {"invalid notebook"}
+    assert {status[("kim", c)] for c in CHECKS} == {"invalid notebook"}
+    assert status[("peggy", "")] == "unknown notebook"
+    assert "not valid JSON" in next(r.feedback for r in rows if r.student == "ivan")
+    assert sum(r.max_points for r in rows if r.student == "ivan") == 5
+    # --force grades again and replaces the rows instead of adding more
+    assert cli.main([*argv, "--force"]) == 1
+    assert len(read_rows(out)) == len(rows)
+
+
+# --- one real batch -----------------------------------------------------------------------
+
+CLASS = {  # student folder -> scenario of make_submissions.py
+    "alice": "good",
+    "carol": "partial",
+    "dave": "tampered",
+    "grace": "exits_kernel",
+    "Zoë O'Brien-Łukasz (2nd try)": "wrong_types_and_misbehaves",
+    "ivan": "invalid_json",
+}
+ODD = "Zoë O'Brien-Łukasz (2nd try)"
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grading")
+    subs = root / "submitted"
+    for student, scenario in CLASS.items():
+        ms.write(subs, student, scenario)
+    # bob hands in the committed exercise notebook untouched
+    (subs / "bob").mkdir()
+    shutil.copy(REPO / "exercises" / NOTEBOOK, subs / "bob" / NOTEBOOK)
+    # eve uses nbgrader's layout, deleted her checks, reordered her exercises, and her front
+    # end dropped the cell metadata
+    ms.write(subs, "eve", "moved_and_stripped", assignment="00_setup")
+    # alice also handed in an older copy
+    ms.age(ms.write(subs, "alice", "unsolved", name="00_setup_exercises (1).ipynb"), 3600)
+    out, feedback = root / "gradebook.csv", root / "feedback"
+    seen: list[list[Row]] = []
+    start = time.monotonic()
+    result = grade_folder(subs, REPO / "solutions", out, feedback_dir=feedback,
+                          timeout=TIMEOUT, jobs=2, progress=False, on_rows=seen.append)
+    return {"root": root, "subs": subs, "out": out, "feedback": feedback, "result": result,
+            "seen": seen, "seconds": time.monotonic() - start}
+
+
+def _rows(batch, student):
+    return {r.exercise: r for r in read_rows(batch["out"]) if r.student == student}
+
+
+def test_solution_gets_full_marks(batch):
+    rows = _rows(batch, "alice")
+    assert {e: (r.points, r.status) for e, r in rows.items() if e} == {
+        c: (MAX[c], "passed") for c in CHECKS}
+
+
+def test_committed_exercises_score_zero_not_attempted(batch):
+    rows = _rows(batch, "bob")
+    assert {e: (r.points, r.status) for e, r in rows.items()} == {
+        c: (0, "not attempted") for c in CHECKS}
+
+
+def test_partial_submission_gets_partial_credit_and_feedback(batch):
+    rows = _rows(batch, "carol")
+    assert [rows[c].status for c in CHECKS] == ["passed", "passed", "failed", "not attempted"]
+    assert "expected" in rows["check_logical_cpu_names"].feedback
+    assert sum(r.points for r in rows.values()) == 2
+
+
+def test_tampered_checks_are_restored_and_monkeypatching_gains_nothing(batch):
+    rows = _rows(batch, "dave")
+    assert {r.status for r in rows.values()} == {"not attempted"}
+    assert all("was edited" in r.feedback for r in rows.values())
+
+
+def test_deleted_reordered_and_stripped_checks_are_put_back_in_nbgrader_layout(batch):
+    rows = _rows(batch, "eve")
+    assert {r.status for r in rows.values()} == {"passed"}
+    assert sum(r.points for r in rows.values()) == 5
+
+
+def test_endless_loop_times_out_and_the_worker_is_killed(tmp_path):
+    subs = tmp_path / "subs"
+    ms.write(subs, "frank", "endless_loop")
+    out = tmp_path / "gradebook.csv"
+    start = time.monotonic()
+    grade_folder(subs, REPO / "solutions", out, timeout=20, progress=False)
+    assert time.monotonic() - start < 20 + 15
+    rows = {r.exercise: r for r in read_rows(out)}
+    assert [rows[c].status for c in CHECKS[2:]] == ["timeout", "timeout"]
+    assert {rows[c].status for c in CHECKS[:2]} <= {"passed", "timeout"}  # a slow start
+    assert "time limit of 20 s" in rows["check_mirrored_strategy"].feedback
+
+
+def test_kernel_death_keeps_earlier_results(batch):
+    rows = _rows(batch, "grace")
+    assert [rows[c].status for c in CHECKS] == ["passed", "passed", "kernel died", "kernel died"]
+
+
+def test_odd_name_exit_output_flood_files_chdir_and_fake_package_change_nothing(batch):
+    rows = _rows(batch, ODD)
+    assert [rows[c].status for c in CHECKS] == ["failed", "failed", "passed", "passed"]
+    assert "should be an int" in rows["check_global_batch_size"].feedback
+    assert not (REPO / "junk.bin").exists() and not (Path.cwd() / "junk.bin").exists()
+    assert len(batch["out"].read_bytes()) < 50_000  # the 5 MB print was not kept
+    page = batch["feedback"] / f"{safe_name(ODD)}.md"
+    assert page.read_text(encoding="utf-8").startswith(f"# Feedback for {ODD}")
+
+
+def test_invalid_notebook_and_duplicate_get_rows_and_the_batch_goes_on(batch):
+    assert {r.status for r in _rows(batch, "ivan").values()} == {"invalid notebook"}
+    duplicate = [r for r in read_rows(batch["out"]) if r.status == "duplicate"]
+    assert [r.student for r in duplicate] == ["alice"]
+    assert "00_setup_exercises (1).ipynb" in duplicate[0].feedback
+    assert {r.student for r in batch["result"].ungradable} == {"ivan"}
+
+
+def test_rows_are_written_as_soon_as_each_submission_is_graded(batch):
+    sizes = [len({r.key for r in rows}) for rows in batch["seen"]]
+    assert sizes and all(size == 1 for size in sizes)
+    with batch["out"].open(encoding="utf-8", newline="") as handle:
+        assert tuple(next(csv.reader(handle))) == COLUMNS
+    students = {r.student for r in read_rows(batch["out"])}
+    assert students == {*CLASS, "bob", "eve"}
+
+
+def test_no_worker_or_temporary_folder_is_left_behind(batch):
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if any("cu-grade-" in part for part in (p.info["cmdline"] or []))]
+    assert leftovers == []
+
+
+def test_resumed_run_grades_nothing_twice(batch):
+    before = batch["out"].read_bytes()
+    result = grade_folder(batch["subs"], REPO / "solutions", batch["out"], timeout=TIMEOUT,
+                          jobs=2, progress=False)
+    assert result.rows == [] and result.skipped == len(CLASS) + 2
+    assert batch["out"].read_bytes() == before
+
+
+def test_interrupted_run_resumes_only_what_is_missing(batch, tmp_path):
+    out = tmp_path / "gradebook.csv"
+    rows = [r for r in read_rows(batch["out"]) if r.student != "ivan"]
+    Gradebook(out).add(rows)
+    with out.open("a", encoding="utf-8") as handle:
+        handle.write("ivan,00_setup_exercises.ipynb,check_glo")  # killed mid-row
+    start = time.monotonic()
+    result = grade_folder(batch["subs"], REPO / "solutions", out, timeout=TIMEOUT, jobs=2,
+                          progress=False)
+    assert time.monotonic() - start < 20  # nothing was executed again
+    assert {r.student for r in result.rows} == {"ivan"}
+    assert len(read_rows(out)) == len(read_rows(batch["out"]))
+
+
+def test_batch_time_is_reported(batch, capsys):
+    with capsys.disabled():
+        print(f"\n[grader] {len(CLASS) + 2} submissions graded in {batch['seconds']:.1f} s "
+              "with --jobs 2")
+    assert batch["seconds"] > 0
