@@ -323,9 +323,15 @@ class LocalCluster:
         return env
 
     def start(self) -> LocalCluster:
-        """Pick ports, write ``TF_CONFIG`` per worker and start every worker process."""
-        if self.processes:
-            raise RuntimeError("the cluster is already started; stop() it first")
+        """Pick ports, write ``TF_CONFIG`` per worker and start every worker process.
+
+        A stopped cluster can be started again (new ports, logs overwritten): that is how a job
+        restarts after a failure and resumes from its checkpoint directory.
+        """
+        if self.processes and self.running:
+            raise RuntimeError("the cluster is running; stop() it before starting it again")
+        self.stop()  # a restart: close what the previous start left
+        self.processes, self._logs = [], []
         if self.log_dir is None:
             self.log_dir = Path(tempfile.mkdtemp(prefix="cu_cluster_"))
         self.log_dir.mkdir(parents=True, exist_ok=True)

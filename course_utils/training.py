@@ -155,6 +155,8 @@ class Trainer:
             categorical accuracy from the shapes), reported per epoch in the history.
         checkpoint_dir: when set, a checkpoint is written at each epoch end (and every
             ``checkpoint_every_steps`` batches), and a restarted run resumes from the last one.
+            With several workers the chief writes it and every worker reads it back, so it must
+            be visible to all of them (one machine, a shared file system or a bucket).
         steps_per_execution: optimizer updates per ``tf.function`` call.
 
     An epoch of ``n`` batches makes ``n // k`` updates; a last group of fewer than ``k`` batches

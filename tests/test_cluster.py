@@ -196,6 +196,19 @@ def test_logs_are_streamed_with_the_worker_prefix(capsys):
     assert "[worker 0] listening on" in out and "[worker 1] listening on" in out
 
 
+def test_a_stopped_cluster_can_be_started_again():
+    local = LocalCluster(STAND_IN, num_workers=2, timeout=20, grace=0.1, stream=False)
+    with pytest.raises(RuntimeError, match="running"):
+        local.start()
+    first_pids = local.pids
+    local.stop()
+    local.start()
+    local.wait_for("listening", worker=1, timeout=20)
+    assert set(local.pids).isdisjoint(first_pids) and local.running
+    local.cleanup()
+    assert_all_gone(first_pids + local.pids, local.ports)
+
+
 def test_twenty_start_stop_cycles_leave_no_process_or_port():
     pids, ports = [], []
     for _ in range(20):
