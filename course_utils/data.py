@@ -162,6 +162,7 @@ def add_latency(dataset: Any, seconds: float, num_parallel_calls: int | None = N
     if seconds < 0:
         raise ValueError(f"seconds must be non-negative, got {seconds}")
 
+    @tf.autograph.experimental.do_not_convert  # nothing to convert; saves seconds in interleave
     def wait(*element: Any) -> Any:
         def sleep() -> Any:
             time.sleep(seconds)
