@@ -24,6 +24,8 @@ from course_utils.grading.notebooks import (
     points,
 )
 
+#: The guard's last line: what follows it in a check cell is the instructor's check.
+CHECK_MARKER = "# --- instructor's check ---"
 GUARD = '''\
 # --- inserted by the course grader: fresh checks, strict mode ---
 import sys as _grader_sys

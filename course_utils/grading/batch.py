@@ -30,7 +30,7 @@ import nbformat
 import psutil
 
 import course_utils
-from course_utils.grading.assemble import Prepared, prepare
+from course_utils.grading.assemble import CHECK_MARKER, Prepared, prepare
 from course_utils.grading.discover import Submission, find_submissions, pick_latest
 from course_utils.grading.framework import STRICT_ENV
 from course_utils.grading.gradebook import (
@@ -166,9 +166,10 @@ def run_prepared(prepared: Prepared, timeout: float) -> dict[str, Any]:
 
 def _cell_label(nb: Any, index: int) -> str:
     source = nb.cells[index].get("source", "")
+    source = source.split(CHECK_MARKER, 1)[-1]  # a check cell: name the check, not the guard
     first = next((line.strip() for line in source.splitlines()
                   if line.strip() and not line.startswith("#")), "")
-    return f"cell {index + 1} ({first[:60]!r})" if first else f"cell {index + 1}"
+    return f"the cell {first[:60]!r}" if first else f"code cell {index + 1}"
 
 
 def score(prepared: Prepared, result: dict[str, Any], timeout: float,
@@ -238,7 +239,7 @@ def _read_submission(path: Path) -> tuple[Any | None, str]:
     except UnicodeDecodeError:
         return None, "not a text file (not UTF-8), so not a notebook"
     except json.JSONDecodeError as error:
-        return None, f"not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
+        return None, f"not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
     if not isinstance(data, dict) or not isinstance(data.get("cells", None), list) \
             and data.get("nbformat") != 3:
         return None, "valid JSON but not a Jupyter notebook (no list of cells)"

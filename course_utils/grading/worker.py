@@ -36,7 +36,8 @@ def main(argv: list[str]) -> int:
     nb = nbformat.from_dict(job["notebook"])
     try:
         outcomes, status = execute_notebook(nb, cwd=Path(job["cwd"]), env=job["env"],
-                                            timeout=float(job["timeout"]))
+                                            timeout=float(job["timeout"]),
+                                            ipc_dir=job_path.parent / "ipc")
     finally:
         _kill_descendants()
     tmp = result_path.with_suffix(".tmp")
