@@ -252,6 +252,9 @@ class LocalCluster:
         stream: print new log lines, prefixed ``[worker i]``, while waiting.
         start: start the workers at once (else call :meth:`start`).
         grace: seconds between SIGTERM and SIGKILL when stopping.
+        start_timeout: when set, :meth:`wait` and :meth:`wait_for` raise
+            :class:`ClusterTimeoutError` if some worker's server is not listening on its port
+            this many seconds after the start (a worker that never came up).
     """
 
     def __init__(
@@ -268,6 +271,7 @@ class LocalCluster:
         start: bool = True,
         grace: float = 3.0,
         host: str = "localhost",
+        start_timeout: float | None = None,
     ) -> None:
         self.script = Path(script)
         if not self.script.is_file():
@@ -284,6 +288,8 @@ class LocalCluster:
         self.stream = stream
         self.grace = grace
         self.host = host
+        self.start_timeout = start_timeout
+        self._serving = False
         self.cluster: dict[str, list[str]] = {}
         self.processes: list[subprocess.Popen] = []
         self.killed: set[int] = set()
@@ -337,6 +343,7 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.cluster = cluster_spec(self.num_workers, host=self.host)
         self.killed = set()
+        self._serving = False
         self._offsets = [0] * self.num_workers
         self.started_at = time.monotonic()
         _LIVE_CLUSTERS.add(self)
@@ -475,6 +482,63 @@ class LocalCluster:
                     print(f"[worker {index}] {line}", flush=True)
 
     # -------------------------------------------------------------- waiting
+    def serving(self) -> list[bool]:
+        """For each worker, whether its server accepts connections on its port (or it is done)."""
+        import socket
+
+        states = []
+        for index, port in enumerate(self.ports):
+            if self.processes and self.processes[index].poll() is not None:
+                states.append(True)  # finished (or failed: reported elsewhere)
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.settimeout(0.2)
+                states.append(probe.connect_ex((self.host, port)) == 0)
+        return states
+
+    def wait_until_serving(self, timeout: float | None = None, poll_interval: float = 0.1) -> float:
+        """Wait until every worker's server listens; return the seconds since the start.
+
+        TensorFlow starts a worker's server when the script creates its strategy. Raises
+        :class:`ClusterTimeoutError` naming the workers that did not come up (and stops the
+        cluster), or :class:`WorkerError` if one fails first.
+        """
+        timeout = (self.start_timeout or self.timeout) if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                self._stream_new_lines()
+                error = self._failure()
+                if error is not None:
+                    self.stop()
+                    raise error
+                if all(self.serving()):
+                    self._serving = True
+                    return self.elapsed
+                if time.monotonic() > deadline:
+                    raise self._not_serving_error(timeout)
+                time.sleep(poll_interval)
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+
+    def _not_serving_error(self, timeout: float) -> ClusterTimeoutError:
+        missing = [i for i, up in enumerate(self.serving()) if not up]
+        error = self._timeout_error(
+            f"worker(s) {', '.join(map(str, missing))} did not start a server on their port",
+            timeout,
+        )
+        self.stop()
+        return error
+
+    def _check_started(self) -> None:
+        if self.start_timeout is None or self._serving or self.elapsed < self.start_timeout:
+            return
+        if all(self.serving()):
+            self._serving = True
+            return
+        raise self._not_serving_error(self.start_timeout)
+
     def _failure(self) -> WorkerError | None:
         failed = [
             (i, code) for i, code in enumerate(self.poll()) if code is not None and code != 0
@@ -523,6 +587,7 @@ class LocalCluster:
                     self.stop()
                     self._stream_new_lines()
                     raise error
+                self._check_started()
                 codes = self.poll()
                 if all(code == 0 for code in codes):
                     self._stream_new_lines()
@@ -563,6 +628,7 @@ class LocalCluster:
                 if error is not None:
                     self.stop()
                     raise error
+                self._check_started()
                 if time.monotonic() > deadline:
                     error = self._timeout_error(f"no log line matched {pattern!r}", timeout)
                     self.stop()

@@ -158,13 +158,14 @@ class Trainer:
             With several workers the chief writes it and every worker reads it back, so it must
             be visible to all of them (one machine, a shared file system or a bucket).
         steps_per_execution: optimizer updates per ``tf.function`` call.
-
-    An epoch of ``n`` batches makes ``n // k`` updates; a last group of fewer than ``k`` batches
-    makes one more update from the examples it has (averaged over those examples).
         checkpoint_every_steps: also save every this many batches (rounded to whole executions).
         max_checkpoints: how many checkpoints to keep.
         verbose: ``"auto"`` (a progress bar only in a notebook), 0 (quiet), 1 (progress bar) or
             2 (one line per epoch).
+
+    With ``accumulation_steps=k`` an epoch of ``n`` batches makes ``n // k`` updates; a last group
+    of fewer than ``k`` batches makes one more update from the examples it has. A step is one
+    batch, as in Keras: ``trainer.steps`` counts batches, ``trainer.updates`` optimizer updates.
     """
 
     def __init__(
@@ -334,7 +335,9 @@ class Trainer:
         elif all(s is not None for s in static):
             n_global = tf.constant(sum(static) * self.strategy.num_replicas_in_sync, tf.int64)
         else:
-            n_global = context.all_reduce(tf.distribute.ReduceOp.SUM, n_local)
+            # float32 all-reduce: TPUs have no int64 collectives (exact up to 2**24 examples).
+            summed = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(n_local, tf.float32))
+            n_global = tf.cast(summed, tf.int64)
         variables = self.model.trainable_variables
         total_grads: list[Any] = [None] * len(variables)
         total_loss = tf.constant(0.0)

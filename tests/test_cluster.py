@@ -174,6 +174,20 @@ def test_a_hung_cluster_times_out_and_is_killed():
     assert_all_gone(local.pids, local.ports)
 
 
+def test_start_timeout_names_a_worker_that_never_serves(tmp_path):
+    up = LocalCluster(STAND_IN, num_workers=2, timeout=20, grace=0.1, stream=False)
+    assert up.wait_until_serving() < 20
+    up.stop()
+    silent = tmp_path / "silent.py"
+    silent.write_text("import time\nprint('starting', flush=True)\ntime.sleep(60)\n")
+    down = LocalCluster(silent, num_workers=2, timeout=30, start_timeout=1.5, grace=0.1,
+                        stream=False)
+    with pytest.raises(ClusterTimeoutError, match="did not start a server") as failure:
+        down.wait()
+    assert "worker(s) 0, 1" in str(failure.value) and "starting" in str(failure.value)
+    assert_all_gone(up.pids + down.pids, up.ports + down.ports)
+
+
 def test_interrupt_while_waiting_stops_the_workers(monkeypatch):
     local = LocalCluster(STAND_IN, num_workers=2, timeout=30, grace=0.2, stream=False)
     local.wait_for("listening", worker=0, timeout=20)
