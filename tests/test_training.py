@@ -323,6 +323,8 @@ def test_parameter_server_training_in_a_subprocess():
     assert report["steps"] == report["planned_steps"] == 60
     assert report["loss"][-1] < report["loss"][0]
     assert all(0.0 <= a <= 1.0 for a in report["accuracy"])
+    assert report["accumulating_steps"] == 10 and report["accumulating_updates"] == 5
+    assert np.isfinite(report["accumulating_loss"][0])
     assert report["partitioned_error"] == "UnsupportedByKeras3Error"
     assert "tf_keras" in report["partitioned_message"]
 

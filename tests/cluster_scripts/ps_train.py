@@ -59,6 +59,14 @@ trainer = Trainer(
 )
 history = trainer.fit(dataset_fn, epochs=EPOCHS, steps_per_epoch=STEPS)
 
+# A plain dataset (not a function), accumulation and several steps per closure.
+accumulating = Trainer(
+    model_fn, lambda: keras.optimizers.SGD(0.1), loss_fn, strategy=strategy,
+    accumulation_steps=2, steps_per_execution=2, verbose=0,
+)
+plain = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
+accumulating_history = accumulating.fit(plain, epochs=1, steps_per_epoch=10)
+
 partitioned_error, partitioned_message = None, ""
 try:
     partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
@@ -77,6 +85,9 @@ print(
             "steps": trainer.steps,
             "planned_steps": EPOCHS * STEPS,
             "optimizer_iterations": int(trainer.optimizer.iterations.numpy()),
+            "accumulating_steps": accumulating.steps,
+            "accumulating_updates": accumulating.updates,
+            "accumulating_loss": accumulating_history["loss"],
             "partitioned_error": partitioned_error,
             "partitioned_message": partitioned_message,
         }
