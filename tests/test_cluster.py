@@ -131,7 +131,9 @@ def test_killed_worker_is_reported_and_a_restart_resumes(tmp_path):
     local = LocalCluster(TRAIN, num_workers=2, args=[*args, "--epoch-delay", "1"], timeout=120,
                          collective_timeout=20, stream=False)
     with local:
-        local.wait_for(r"^epoch 2 ", worker=1, timeout=90)
+        # Both have saved the epoch-2 checkpoint (printed after saving); worker 1 now sleeps.
+        local.wait_for(r"^epoch 2 ", worker=0, timeout=90)
+        local.wait_for(r"^epoch 2 ", worker=1, timeout=30)
         killed_at = int(re.findall(r"step (\d+)", local.log(1))[-1])
         killed_time = local.kill_worker(1)
         started = time.monotonic()
