@@ -25,6 +25,7 @@ _SUBMODULES = (
     "environment",
     "grading",
     "models",
+    "monitor",
     "notebooks",
     "plots",
     "strategies",

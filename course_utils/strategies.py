@@ -3,7 +3,8 @@
 Strategies are cached per device set: every new ``MirroredStrategy`` in one process restarts its
 collective keys, and a later strategy that issues other all-reduces than an earlier one aborts
 TensorFlow ("Shape mismatch in the collective instance 100"). Asking twice for the same strategy
-therefore returns the same object.
+therefore returns the same object, and strategies over different device sets (1, 2 and 4
+replicas in one notebook) get collective keys of their own, so they can all train.
 """
 
 from __future__ import annotations
@@ -58,12 +59,26 @@ def replica_devices(num_replicas: int | None = None) -> list[str]:
     return devices[:num_replicas]
 
 
+#: Collective group keys reserved for each device set (TensorFlow's own tests use this step).
+_COLLECTIVE_KEY_STEP = 100_000
+
+
 def _mirrored(num_replicas: int | None, verbose: bool) -> Any:
     tf = _tf()
     devices = tuple(replica_devices(num_replicas))
     key = ("mirrored", devices)
     if key not in _CACHE:
-        _CACHE[key] = tf.distribute.MirroredStrategy(devices=list(devices))
+        # Every MirroredStrategy numbers its collective groups from the same start, so a
+        # strategy over 2 devices and one over 4 would both use group 1 and abort ("joining a
+        # group with size 2, but that group has size 4"). Give each device set its own range.
+        strategy_class = tf.distribute.MirroredStrategy
+        previous = strategy_class._collective_key_base  # noqa: SLF001
+        strategy_class._collective_key_base = _COLLECTIVE_KEY_STEP * sum(  # noqa: SLF001
+            1 for cached in _CACHE if cached[0] == "mirrored")
+        try:
+            _CACHE[key] = strategy_class(devices=list(devices))
+        finally:
+            strategy_class._collective_key_base = previous  # noqa: SLF001
     _say(f"MirroredStrategy over {len(devices)} device(s): {', '.join(devices)}", verbose)
     return _CACHE[key]
 

@@ -86,3 +86,53 @@ def test_parameter_server_without_a_cluster_explains(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(ValueError, match="cluster_resolver"):
         strategies.make_strategy("parameter_server")
+
+
+def _train_steps(strategy, steps: int = 2) -> float:
+    """A few real all-reducing training steps under ``strategy``; returns the last loss."""
+    import keras
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        optimizer = keras.optimizers.SGD(0.1)
+        optimizer.build(model.trainable_variables)
+    global_batch = 8 * strategy.num_replicas_in_sync
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (tf.ones((global_batch * steps, 4)), tf.zeros((global_batch * steps, 2)))
+    ).batch(global_batch)
+
+    @tf.function
+    def step(x, y):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                per_example = tf.reduce_sum(tf.square(model(x) - y), axis=1)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None)
+
+    for x, y in strategy.experimental_distribute_dataset(dataset):
+        loss = step(x, y)
+    return float(loss)
+
+
+def test_strategies_over_different_device_sets_train_in_one_process():
+    code = (
+        "import course_utils as cu\n"
+        "cu.setup(logical_devices=4, seed=0)\n"
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "from test_strategies import _train_steps\n"
+        "for n in (4, 2, 1, 4, 2):\n"
+        "    s = cu.make_strategy('mirrored', num_replicas=n, verbose=False)\n"
+        "    print(n, s.num_replicas_in_sync, round(_train_steps(s), 4))\n"
+    )
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, cwd=strategies.__file__.rsplit("/course_utils", 1)[0])
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()[-5:]
+    assert [line.split()[:2] for line in lines] == [[str(n), str(n)] for n in (4, 2, 1, 4, 2)]
