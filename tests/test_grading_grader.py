@@ -146,6 +146,18 @@ def test_unreadable_and_unknown_submissions_get_rows_without_a_kernel(tmp_path):
     assert len(read_rows(out)) == len(rows)
 
 
+def test_rows_of_a_grader_error_are_graded_again_on_resume(tmp_path):
+    subs = tmp_path / "subs"
+    ms.write(subs, "ivan", "invalid_json")
+    out = tmp_path / "gradebook.csv"
+    Gradebook(out).add([Row("ivan", NOTEBOOK, c, 0, MAX[c], "grader error", "boom")
+                        for c in CHECKS])
+    result = grade_folder(subs, REPO / "solutions", out, progress=False)
+    assert result.skipped == 0
+    assert {r.status for r in read_rows(out)} == {"invalid notebook"}
+    assert len(read_rows(out)) == len(CHECKS)
+
+
 # --- one real batch -----------------------------------------------------------------------
 
 CLASS = {  # student folder -> scenario of make_submissions.py

@@ -141,6 +141,7 @@ def run_prepared(prepared: Prepared, timeout: float) -> dict[str, Any]:
                                    "env": kernel_env(tmp), "timeout": timeout}),
                        encoding="utf-8")
         env = dict(os.environ)
+        env["JUPYTER_RUNTIME_DIR"] = str(tmp / "runtime")  # connection files: private, writable
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PACKAGE_DIR.parent), env.get("PYTHONPATH", "")) if p)
         with (tmp / "worker.log").open("wb") as log:
@@ -304,8 +305,10 @@ def grade_folder(submissions: Path, solutions_dir: Path, out: Path, *,
     found, stray = find_submissions(submissions)
     kept, dropped = pick_latest(found)
     todo_keys = {(s.student, s.notebook) for s in kept}
-    done = set() if force else {row.key for row in read_rows(out)}
-    book = Gradebook(out, drop_keys=todo_keys if force else None)
+    existing = [] if force else read_rows(out)
+    retry = {row.key for row in existing if row.status == GRADER_ERROR}  # our fault: try again
+    done = {row.key for row in existing} - retry
+    book = Gradebook(out, drop_keys=(todo_keys if force else retry & todo_keys) or None)
 
     written: list[Row] = []
 
