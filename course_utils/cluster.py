@@ -251,8 +251,8 @@ class LocalCluster:
         log_dir: where ``worker-<i>.log`` files go (default: a new temporary directory).
         stream: print new log lines, prefixed ``[worker i]``, while waiting.
         start: start the workers at once (else call :meth:`start`).
-        grace: seconds between SIGTERM and SIGKILL when stopping (TensorFlow multi-worker
-            processes catch SIGTERM for preemption handling and do not exit on it).
+        grace: seconds between SIGTERM and SIGKILL when stopping (measured: a TensorFlow
+            multi-worker process did not exit on SIGTERM, so waiting longer buys nothing).
         start_timeout: when set, :meth:`wait` and :meth:`wait_for` raise
             :class:`ClusterTimeoutError` if some worker's server is not listening on its port
             this many seconds after the start (a worker that never came up).
