@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -68,6 +69,9 @@ DEFAULT_TIMEOUT = 180.0
 WORKER_GRACE = 60.0
 FEEDBACK_LIMIT = 600
 PACKAGE_DIR = Path(course_utils.__file__).resolve().parent
+_ACTIVE: set[subprocess.Popen[bytes]] = set()  # running workers, killed on Ctrl-C
+_ACTIVE_LOCK = threading.Lock()
+_STOP = threading.Event()  # set on Ctrl-C: start no new worker
 
 
 @dataclass
@@ -144,18 +148,22 @@ def run_prepared(prepared: Prepared, timeout: float) -> dict[str, Any]:
         env["JUPYTER_RUNTIME_DIR"] = str(tmp / "runtime")  # connection files: private, writable
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PACKAGE_DIR.parent), env.get("PYTHONPATH", "")) if p)
-        with (tmp / "worker.log").open("wb") as log:
+        with (tmp / "worker.log").open("wb") as log, _ACTIVE_LOCK:
+            if _STOP.is_set():
+                return {"status": "interrupted", "cells": []}
             process = subprocess.Popen(
                 [sys.executable, "-m", "course_utils.grading.worker", str(job), str(result)],
                 cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
-            try:
-                process.wait(timeout=timeout + WORKER_GRACE)
-            except subprocess.TimeoutExpired:
-                _kill_tree(process)
-                return {"status": "timeout", "cells": []}
-            finally:
-                _kill_tree(process)
+            _ACTIVE.add(process)
+        try:
+            process.wait(timeout=timeout + WORKER_GRACE)
+        except subprocess.TimeoutExpired:
+            return {"status": "timeout", "cells": []}
+        finally:
+            _kill_tree(process)
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(process)
         if not result.exists():
             log_text = (tmp / "worker.log").read_text(encoding="utf-8", errors="replace")
             return {"status": f"worker failed (exit {process.returncode}): {log_text[-400:]}",
@@ -332,10 +340,12 @@ def grade_folder(submissions: Path, solutions_dir: Path, out: Path, *,
         emit(extra)
     bar = tqdm(total=len(pending), unit="notebook", desc="grading", disable=not progress,
                dynamic_ncols=True, file=sys.stderr)
+    _STOP.clear()
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = {pool.submit(grade_submission, sub, solutions, timeout): sub
-                       for sub in pending}
+        futures = {pool.submit(grade_submission, sub, solutions, timeout): sub
+                   for sub in pending}
+        try:
             for future in as_completed(futures):
                 sub = futures[future]
                 try:
@@ -348,7 +358,16 @@ def grade_folder(submissions: Path, solutions_dir: Path, out: Path, *,
                                     f"{sum(r.points for r in rows):g}/"
                                     f"{sum(r.max_points for r in rows):g}")
                 bar.update(1)
+        except BaseException:  # Ctrl-C: drop what is queued, kill what runs, keep the gradebook
+            pool.shutdown(wait=False, cancel_futures=True)
+            with _ACTIVE_LOCK:
+                _STOP.set()
+                running = list(_ACTIVE)
+            for process in running:
+                _kill_tree(process)
+            raise
     finally:
+        pool.shutdown(wait=True)
         bar.close()
     if feedback_dir is not None:
         from course_utils.grading.feedback import write_feedback

@@ -78,9 +78,14 @@ def _grade(argv: list[str]) -> int:
         parser.error(f"{args.submissions} is not a folder")
     if not args.solutions.is_dir():
         parser.error(f"{args.solutions} is not a folder")
-    result = grade_folder(args.submissions, args.solutions, args.out,
-                          feedback_dir=args.feedback, timeout=args.timeout, jobs=args.jobs,
-                          force=args.force, progress=not args.quiet)
+    try:
+        result = grade_folder(args.submissions, args.solutions, args.out,
+                              feedback_dir=args.feedback, timeout=args.timeout, jobs=args.jobs,
+                              force=args.force, progress=not args.quiet)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: what was graded is in {args.out}; run the same command again "
+              "to grade the rest", file=sys.stderr)
+        return 130
     graded = len({r.key for r in result.rows})
     print(f"graded {graded} submission(s) in {result.seconds:.1f} s; "
           f"{result.skipped} already in {args.out} (use --force to grade them again)")
