@@ -33,8 +33,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import keras
-import tensorflow as tf
+from course_utils.environment import import_tensorflow
+
+tf = import_tensorflow()  # quietly: TensorFlow's start-up noise stays out of notebooks
+
+import keras  # noqa: E402  (after TensorFlow, which must be imported quietly first)
 
 __all__ = [
     "PRECISION_POLICIES",
