@@ -90,3 +90,15 @@ def test_run_time_files_are_ignored():
     ignored = (REPO / ".gitignore").read_text()
     for pattern in (".venv/", "_build/", "checkpoints/", "logs/", "runs/", "gradebook*.csv"):
         assert pattern in ignored
+
+
+def test_readme_links_point_at_files_that_exist():
+    readme = (REPO / "README.md").read_text()
+    for target in re.findall(r"\]\(((?:notebooks|exercises|solutions)/[^)]+)\)", readme):
+        assert (REPO / target).exists(), f"README links to missing {target}"
+
+
+def test_every_lesson_is_linked_from_the_readme():
+    readme = (REPO / "README.md").read_text()
+    for lesson in (REPO / "notebooks").glob("*.ipynb"):
+        assert f"(notebooks/{lesson.name})" in readme, f"{lesson.name} is not in the course map"
