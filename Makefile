@@ -55,10 +55,12 @@ sync: $(STAMP)  ## exercises/ is exactly what solutions/ generates
 unit: $(STAMP)  ## pytest: the package, layout and conventions, grader, trainer, clusters
 	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile
 
-nbval: $(STAMP)  ## execute every lesson, solution and exercise notebook (nbval, lax mode)
-	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile \
-		--nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120 \
-		$(NOTEBOOK_DIRS)
+NBVAL = $(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile \
+	--nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
+
+nbval: $(STAMP)  ## execute every notebook (nbval, lax mode); solutions with strict checks
+	COURSE_STRICT_CHECKS=1 $(NBVAL) solutions
+	$(NBVAL) notebooks exercises
 
 notebooks html: $(STAMP)  ## render an executed HTML copy of the course into _build/html
 	$(BIN)/python -m jupyter nbconvert --to html --execute --output-dir _build/html \
