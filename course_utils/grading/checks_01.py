@@ -116,8 +116,9 @@ def check_fast_pipeline(fn: Any) -> bool:
     """Check ``fast_pipeline(source, read, decode, batch_size)``: same elements, much faster."""
     tf = _tf()
     rng = fresh_rng()
-    num_elements = rng.randint(60, 72)
     batch_size = rng.choice([4, 6, 8])
+    # Always a short last batch, so a pipeline that drops or pads it cannot pass by luck.
+    num_elements = rng.randint(60, 72) // batch_size * batch_size + rng.randint(1, batch_size - 1)
     first = rng.randint(0, 1000)
     read, decode = _storage(READ_LATENCY_S)
     expected = (3 * np.arange(first, first + num_elements) + 1) / 2.0
@@ -180,8 +181,10 @@ def check_shuffled_batches(fn: Any) -> bool:
     rng = fresh_rng()
     checks = []
     for _ in range(2):
-        num_elements = rng.randint(150, 300)
         batch_size = rng.choice([8, 10, 16, 32])
+        # A short last batch in every case (a batch size that divides evenly hides mistakes).
+        num_elements = rng.randint(150, 300) // batch_size * batch_size + rng.randint(
+            1, batch_size - 1)
         seed = rng.randint(0, 2**31 - 1)
         checks.append((num_elements, batch_size, seed))
 
