@@ -170,3 +170,12 @@ def test_digits_load_offline_through_tfds(tmp_path):
 def test_default_data_dir_respects_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
     assert data.default_data_dir() == str(tmp_path)
+
+
+def test_parse_tfrecord_fn_reads_one_written_example(tmp_path):
+    x = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    (path,) = data.write_tfrecord_shards(x, np.array([7]), tmp_path, num_shards=1)
+    record = next(iter(tf.data.TFRecordDataset(path)))
+    features, label = data.parse_tfrecord_fn((2, 3))(record)
+    np.testing.assert_array_equal(features.numpy(), x[0])
+    assert int(label) == 7 and label.dtype == tf.int32

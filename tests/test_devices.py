@@ -155,3 +155,46 @@ def test_quiet_tensorflow_lowers_python_loggers():
 
     cu.quiet_tensorflow()
     assert logging.getLogger("tensorflow").level == logging.ERROR
+
+
+def test_native_stderr_is_silenced_inside_the_block_only():
+    code = ("import os\n"
+            "from course_utils.environment import native_stderr_silenced\n"
+            "with native_stderr_silenced():\n"
+            "    os.write(2, b'hidden\\n')\n"
+            "os.write(2, b'shown\\n')\n")
+    result = run_python(code)
+    assert result.returncode == 0
+    assert "hidden" not in result.stderr and "shown" in result.stderr
+
+
+def test_native_stderr_is_restored_after_an_exception():
+    code = ("import os\n"
+            "from course_utils.environment import native_stderr_silenced\n"
+            "try:\n"
+            "    with native_stderr_silenced():\n"
+            "        raise KeyError('boom')\n"
+            "except KeyError:\n"
+            "    os.write(2, b'after\\n')\n")
+    assert "after" in run_python(code).stderr
+
+
+def test_import_tensorflow_is_quiet_and_returns_the_module():
+    code = ("import sys\n"
+            "from course_utils.environment import import_tensorflow\n"
+            "tf = import_tensorflow()\n"
+            "print(tf is sys.modules['tensorflow'], import_tensorflow() is tf)\n")
+    result = run_python(code)
+    assert result.stdout.strip() == "True True", result.stderr
+    assert "cuda" not in result.stderr.lower()
+
+
+def test_devices_initialized_before_and_after_the_first_op():
+    assert devices.devices_initialized()  # conftest created this process's devices
+    code = ("from course_utils import devices\n"
+            "before = devices.devices_initialized()\n"
+            "import tensorflow as tf\n"
+            "imported = devices.devices_initialized()\n"
+            "tf.constant(1.0) + 1\n"
+            "print(before, imported, devices.devices_initialized())\n")
+    assert run_python(code).stdout.strip() == "False False True"
