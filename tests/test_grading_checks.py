@@ -17,12 +17,7 @@ def stub(*args):
     raise NotImplementedError()
 
 
-@pytest.fixture(autouse=True)
-def _normal_mode(monkeypatch):
-    monkeypatch.delenv(framework.STRICT_ENV, raising=False)
-    framework.set_strict(None)
-    yield
-    framework.set_strict(None)
+pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
 def test_importing_grading_does_not_import_tensorflow():

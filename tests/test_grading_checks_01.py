@@ -8,13 +8,7 @@ import course_utils as cu
 from course_utils.grading import checks_01, framework
 from course_utils.grading.framework import NotAttemptedError
 
-
-@pytest.fixture(autouse=True)
-def _normal_mode(monkeypatch):
-    monkeypatch.delenv(framework.STRICT_ENV, raising=False)
-    framework.set_strict(None)
-    yield
-    framework.set_strict(None)
+pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
 @pytest.fixture(scope="module")
