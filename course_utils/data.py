@@ -14,13 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+
 DIGITS_NAME = "course_digits"
-
-
-def _tf() -> Any:
-    from course_utils.environment import import_tensorflow
-
-    return import_tensorflow()
 
 
 # ----------------------------------------------------------------------------- synthetic tasks

@@ -7,7 +7,8 @@ import importlib.metadata
 import os
 import platform
 import sys
-from typing import Any
+
+from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
 
 #: Lessons and the hardware each one can use. Used by ``doctor()``.
 LESSONS: tuple[tuple[str, str], ...] = (
@@ -52,12 +53,6 @@ class Hardware:
         if self.tpu:
             return "TPU"
         return "GPU" if self.gpus else "CPU"
-
-
-def _tf() -> Any:
-    from course_utils.environment import import_tensorflow
-
-    return import_tensorflow()
 
 
 def is_colab() -> bool:

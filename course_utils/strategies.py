@@ -13,6 +13,8 @@ import json
 import os
 from typing import Any
 
+from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+
 STRATEGY_NAMES = (
     "default",
     "one_device",
@@ -24,12 +26,6 @@ STRATEGY_NAMES = (
 )
 
 _CACHE: dict[tuple, Any] = {}
-
-
-def _tf() -> Any:
-    from course_utils.environment import import_tensorflow
-
-    return import_tensorflow()
 
 
 def _say(message: str, verbose: bool) -> None:

@@ -10,14 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
 from course_utils.grading.framework import Case, fresh_rng, run_check
-
-
-def _tf() -> Any:
-    from course_utils.environment import import_tensorflow
-
-    return import_tensorflow()
-
 
 # --- 00 · set-up --------------------------------------------------------------------------
 

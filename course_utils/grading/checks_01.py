@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
 __all__ = ["check_fast_pipeline", "check_shuffled_batches", "FAST_PIPELINE_MIN_SPEEDUP",
@@ -27,12 +28,6 @@ __all__ = ["check_fast_pipeline", "check_shuffled_batches", "FAST_PIPELINE_MIN_S
 FAST_PIPELINE_MIN_SPEEDUP = 3.0
 #: Seconds each read waits in ``check_fast_pipeline`` (a ``time.sleep`` that frees the core).
 READ_LATENCY_S = 0.01
-
-
-def _tf() -> Any:
-    from course_utils.environment import import_tensorflow
-
-    return import_tensorflow()
 
 
 def _is_dataset(value: Any) -> bool:

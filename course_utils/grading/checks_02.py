@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
 from course_utils.grading.framework import Case, fresh_rng, not_attempted, run_check
 
 __all__ = [
@@ -17,12 +18,6 @@ __all__ = [
     "check_distributed_train_step",
     "check_warmup_learning_rate",
 ]
-
-
-def _tf() -> Any:
-    from course_utils.environment import import_tensorflow
-
-    return import_tensorflow()
 
 
 def _strategy() -> Any:
