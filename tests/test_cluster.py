@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -20,9 +21,11 @@ import psutil
 import pytest
 
 import course_utils.cluster as cluster
-from course_utils.cluster import ClusterTimeoutError, LocalCluster, WorkerError
+from course_utils.cluster import ClusterTimeoutError, LocalCluster, WorkerError, errors, processes
+from course_utils.cluster.logs import WorkerLogs, indent
 
-SCRIPTS = Path(__file__).resolve().parent / "cluster_scripts"
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "cluster_scripts"
 TRAIN = SCRIPTS / "mwms_train.py"
 STAND_IN = SCRIPTS / "bind_port.py"
 
@@ -73,30 +76,132 @@ def test_tf_config_helpers():
     assert len(set(ports)) == 3
 
 
-def test_tfjob_manifest_is_valid_yaml_for_the_training_operator():
-    import yaml  # a dev dependency: the manifest must parse as real YAML
-    manifest = cluster.tfjob_manifest(
-        "mnist-mwms", "tensorflow/tensorflow:2.21.0", ["python", "worker.py", "--epochs", "3"],
-        num_workers=4, num_ps=1, gpus_per_worker=1, env={"TF_CPP_MIN_LOG_LEVEL": "3"},
+def test_worker_strategy_explains_a_missing_tf_config(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="TF_CONFIG is not set"):
+        cluster.worker_strategy()
+
+
+def test_cluster_spec_refuses_an_empty_cluster_and_wrong_port_counts():
+    with pytest.raises(ValueError, match="at least one task"):
+        cluster.cluster_spec(0)
+    with pytest.raises(ValueError, match="need 2 ports, got 1"):
+        cluster.cluster_spec(2, ports=[1])
+    assert cluster.cluster_spec(0, 1, ports=[7]) == {"ps": ["localhost:7"]}
+
+
+def test_describe_exit_names_codes_and_signals():
+    assert processes.describe_exit(None) == "still running"
+    assert processes.describe_exit(3) == "exit code 3"
+    assert processes.describe_exit(-9) == "killed by SIGKILL"
+    assert processes.describe_exit(-200) == "killed by signal 200"
+
+
+def test_stop_processes_escalates_to_sigkill_and_reaps_every_worker(tmp_path):
+    ignore_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
+                  "print('up', flush=True); time.sleep(60)"
+    setter = processes.death_signal_setter()
+    assert setter is None or callable(setter)
+    started = [
+        processes.start_worker([sys.executable, "-c", code], os.environ, tmp_path / f"{i}.log",
+                               setter)
+        for i, code in enumerate([ignore_term, "print('done')"])
+    ]
+    (stubborn, stubborn_log), (quick, quick_log) = started
+    deadline = time.monotonic() + 20
+    while "up" not in (tmp_path / "0.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.getpgid(stubborn.pid) == stubborn.pid  # its own process group
+    assert quick.wait(timeout=30) == 0
+    processes.signal_group(stubborn, 0)  # signal 0: the group exists
+    codes = processes.stop_processes([stubborn, quick], grace=0.2)
+    assert codes == [-signal.SIGKILL, 0]
+    processes.signal_group(stubborn, signal.SIGKILL)  # a group already gone is no error
+    for log in (stubborn_log, quick_log):
+        log.close()
+    assert (tmp_path / "1.log").read_text() == "done\n"
+    assert_all_gone([stubborn.pid, quick.pid], [])
+
+
+def test_stop_at_exit_stops_what_is_left_and_forget_at_exit_undoes_it():
+    code = (
+        "from course_utils.cluster import processes\n"
+        "class Owner:\n"
+        "    def __init__(self, name): self.name = name\n"
+        "    def stop(self): print('stopped', self.name, flush=True)\n"
+        "kept, forgotten = Owner('kept'), Owner('forgotten')\n"
+        "processes.stop_at_exit(kept); processes.stop_at_exit(forgotten)\n"
+        "processes.forget_at_exit(forgotten)\n"
     )
-    assert manifest["kind"] == "TFJob" and manifest["apiVersion"] == "kubeflow.org/v1"
-    specs = manifest["spec"]["tfReplicaSpecs"]
-    assert specs["Worker"]["replicas"] == 4 and specs["PS"]["replicas"] == 1
-    container = specs["Worker"]["template"]["spec"]["containers"][0]
-    assert container["name"] == "tensorflow"
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert "resources" not in specs["PS"]["template"]["spec"]["containers"][0]
-    assert yaml.safe_load(cluster.to_yaml(manifest)) == manifest
-    local = LocalCluster(STAND_IN, num_workers=3, args=["--x"], start=False)
-    job = local.tfjob_manifest("local-job", "my/image:1")
-    assert job["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] == 3
-    assert job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
-        "command"
-    ] == ["python", "bind_port.py", "--x"]
-    with pytest.raises(ValueError, match="Kubernetes name"):
-        cluster.tfjob_manifest("Bad_Name", "img", ["python"])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "stopped kept\n"
 
 
+def test_worker_logs_read_tail_and_stream_whole_lines_once(tmp_path, capsys):
+    logs = WorkerLogs(tmp_path, 2)
+    assert logs.paths == [tmp_path / "worker-0.log", tmp_path / "worker-1.log"]
+    logs.paths[0].write_text("a\nb\nc\npartial")
+    logs.stream_new_lines()  # worker 1 has no file yet: skipped
+    assert capsys.readouterr().out == "[worker 0] a\n[worker 0] b\n[worker 0] c\n"
+    logs.paths[1].write_text("x\n")
+    with open(logs.paths[0], "a") as handle:
+        handle.write(" line\n")
+    logs.stream_new_lines()
+    assert capsys.readouterr().out == "[worker 0] partial line\n[worker 1] x\n"
+    assert logs.read(0) == "a\nb\nc\npartial line\n" and logs.tail(0, 2) == "c\npartial line"
+    logs.stream_new_lines()
+    assert capsys.readouterr().out == ""  # nothing new
+    assert indent("p\nq") == "    p\n    q" and indent("") == "    (empty)"
+
+
+def test_worker_failure_and_timeout_error_carry_states_and_log_tails(tmp_path):
+    logs = WorkerLogs(tmp_path, 3)
+    for index, path in enumerate(logs.paths):
+        path.write_text("".join(f"w{index} line {n}\n" for n in range(30)))
+    assert errors.worker_failure([0, None, None], set(), logs, 1.0) is None
+    failure = errors.worker_failure([1, -9, None], {1}, logs, 2.5)
+    assert isinstance(failure, WorkerError)
+    assert (failure.worker, failure.returncode, failure.elapsed) == (1, -9, 2.5)
+    message = str(failure)
+    assert message.startswith("worker 1 was killed on purpose (killed by SIGKILL)")
+    assert "worker 0 (exit code 1), last lines:" in message
+    assert "worker 2 (still running), last lines:" in message
+    assert failure.log_tail == logs.tail(1) and f"Full logs: {tmp_path}" in message
+    first = errors.worker_failure([None, 2, 3], set(), logs, 0.0)
+    assert first.worker == 1 and "worker 1 failed (exit code 2)" in str(first)
+    timeout = errors.timeout_error("the workers did not finish", 30, [None, 0, None], logs)
+    assert isinstance(timeout, ClusterTimeoutError)
+    assert str(timeout).startswith("the workers did not finish within 30 s; stopping the cluster.")
+    assert "w2 line 29" in str(timeout) and "w2 line 19" not in str(timeout)
+
+
+@pytest.mark.slow
+def test_in_process_cluster_starts_once_per_size_and_reuses_its_strategy():
+    code = (
+        "import json\n"
+        "from course_utils.cluster import start_in_process_cluster\n"
+        "c = start_in_process_cluster(2, 1)\n"
+        "again = start_in_process_cluster(2, 1)\n"
+        "s = c.strategy()\n"
+        "print(json.dumps({'same': again is c, 'spec': c.cluster, 'servers': len(c.servers),\n"
+        "    'reused': c.strategy() is s, 'kind': type(s).__name__}))\n"
+        "try:\n    start_in_process_cluster(0, 1)\nexcept ValueError as e:\n    print(e)\n"
+    )
+    env = dict(os.environ, **cluster.WORKER_ENV, PYTHONPATH=str(REPO))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    report = json.loads(lines[-2])
+    assert report["same"] and report["reused"] and report["servers"] == 3
+    assert report["kind"] == "ParameterServerStrategyV2"
+    assert sorted(report["spec"]) == ["ps", "worker"] and len(report["spec"]["worker"]) == 2
+    assert "at least one worker and one ps" in lines[-1]
+
+
+@pytest.mark.slow
 def test_two_workers_train_and_match_two_replica_mirrored(tmp_path):
     args = ["--out", str(tmp_path), "--epochs", "2", "--steps", "4", "--accumulation-steps", "2"]
     with LocalCluster(TRAIN, num_workers=2, args=args, timeout=120, stream=False) as local:
@@ -124,6 +229,7 @@ def test_two_workers_train_and_match_two_replica_mirrored(tmp_path):
     assert all(np.array_equal(worker0[k], worker1[k]) for k in worker0.files)
 
 
+@pytest.mark.slow
 def test_killed_worker_is_reported_and_a_restart_resumes(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     args = ["--out", str(tmp_path), "--checkpoint-dir", str(checkpoints), "--epochs", "6",
@@ -225,6 +331,7 @@ def test_a_stopped_cluster_can_be_started_again():
     assert_all_gone(first_pids + local.pids, local.ports)
 
 
+@pytest.mark.slow
 def test_twenty_start_stop_cycles_leave_no_process_or_port():
     pids, ports = [], []
     for _ in range(20):

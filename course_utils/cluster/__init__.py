@@ -1,0 +1,62 @@
+"""Real TensorFlow clusters on one machine: multi-worker subprocesses, in-process parameter servers.
+
+One job per module:
+
+* ``tf_config`` -- :func:`tf_config`, :func:`cluster_spec`, :func:`pick_ports`; in the worker
+  script, :func:`worker_strategy` builds the MultiWorkerMirroredStrategy with collective
+  time-outs, and :func:`task` / :func:`is_chief` say who this process is.
+* ``local`` -- :class:`LocalCluster` starts one subprocess per worker, each running your script
+  with its own ``TF_CONFIG``, streams their logs and always cleans up; ``processes`` (start,
+  signal, stop), ``logs`` (one file per worker) and ``errors`` (:class:`WorkerError`,
+  :class:`ClusterTimeoutError`, carrying the last log lines) are its parts.
+* ``in_process`` -- :func:`start_in_process_cluster` starts workers and parameter servers as
+  ``tf.distribute.Server`` objects in this process, for ``ParameterServerStrategy``.
+* ``kubernetes`` -- :func:`tfjob_manifest` describes the same job for a real cluster (a Kubeflow
+  ``TFJob``), refusing what the operator would refuse; :func:`to_yaml` writes it.
+
+Example (a notebook)::
+
+    %%writefile worker.py
+    import course_utils as cu
+    strategy = cu.cluster.worker_strategy()
+    ...
+
+    with cu.cluster.LocalCluster("worker.py", num_workers=2, timeout=60) as cluster:
+        cluster.wait()
+"""
+
+from __future__ import annotations
+
+from .errors import ClusterTimeoutError, WorkerError
+from .in_process import InProcessCluster, start_in_process_cluster
+from .kubernetes import RESTART_POLICIES, tfjob_manifest, to_yaml
+from .local import LocalCluster
+from .tf_config import (
+    COLLECTIVE_TIMEOUT_ENV,
+    WORKER_ENV,
+    cluster_spec,
+    is_chief,
+    pick_ports,
+    task,
+    tf_config,
+    worker_strategy,
+)
+
+__all__ = [
+    "COLLECTIVE_TIMEOUT_ENV",
+    "RESTART_POLICIES",
+    "WORKER_ENV",
+    "ClusterTimeoutError",
+    "InProcessCluster",
+    "LocalCluster",
+    "WorkerError",
+    "cluster_spec",
+    "is_chief",
+    "pick_ports",
+    "start_in_process_cluster",
+    "task",
+    "tf_config",
+    "tfjob_manifest",
+    "to_yaml",
+    "worker_strategy",
+]
