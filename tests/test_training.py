@@ -212,6 +212,7 @@ def test_repeated_dataset_with_steps_per_epoch_and_function_data():
         trainer.fit(dataset(x, y, 32).repeat(), epochs=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision_trains_and_leaves_global_policy_alone(policy):
     before = keras.config.dtype_policy().name
@@ -308,6 +309,7 @@ def test_checkpoint_resumes_an_interrupted_run(tmp_path):
     assert third.resumed_from_step is None and third.run_step == 2
 
 
+@pytest.mark.slow
 def test_parameter_server_training_in_a_subprocess():
     env = dict(os.environ, GRPC_FAIL_FAST="use_caller")
     result = subprocess.run(
