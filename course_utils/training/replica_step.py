@@ -3,20 +3,16 @@
 Read this file next to lesson 02's hand-written loop (``notebooks/02_mirrored_strategy.ipynb``,
 section 3, ``make_distributed_train_step``). It is the same loop, written once for the Trainer:
 
-===============================================  ==============================================
-lesson 02                                        this file
-===============================================  ==============================================
-``replica_step(features, labels)``               ``replica_step(*micro_batches)`` made by
-                                                 :func:`make_replica_step`
-``loss_object(labels, logits)``, per example     :func:`per_example_loss`
-``tf.nn.compute_average_loss(per_example_losses, the same call, with the global batch counted
-global_batch_size=global_batch_size)``           by :func:`count_examples`
-``optimizer.apply_gradients(...)``               ``optimizer.apply(gradients, variables)``
-``distributed_train_step``: ``strategy.run``     :func:`make_train_function`: ``strategy.run``,
-                                                 several updates per ``tf.function`` call
-``strategy.reduce(SUM, per_replica_losses)``     ``totals.add(...)``: summed on every replica,
-                                                 read once per epoch (``metrics.LossTotals``)
-===============================================  ==============================================
+* the lesson's ``replica_step(features, labels)`` is ``replica_step(*micro_batches)`` here,
+  made by :func:`make_replica_step`;
+* its ``loss_object(labels, logits)`` (per example) is :func:`per_example_loss`;
+* its ``tf.nn.compute_average_loss(per_example_losses, global_batch_size=global_batch_size)``
+  is the same call, with the global batch counted by :func:`count_examples`;
+* its ``optimizer.apply_gradients(...)`` is ``optimizer.apply(gradients, variables)``;
+* its ``distributed_train_step`` (``strategy.run``) is :func:`make_train_function`, which makes
+  several updates per ``tf.function`` call;
+* its ``strategy.reduce(SUM, per_replica_losses)`` is ``totals.add(...)``: the loss is summed
+  on every replica and read once per epoch (``metrics.LossTotals``).
 
 Where the two differ, a comment in the code says why. In short:
 
@@ -80,6 +76,7 @@ def make_replica_step(
     """Return ``replica_step(*micro_batches)``: one optimizer update, run by ``strategy.run``."""
 
     def replica_step(*micro_batches: Any) -> Any:
+        """One update from ``micro_batches`` on this replica (the lesson's ``replica_step``)."""
         batches = [unpack_batch(batch) for batch in micro_batches]
         # The lesson divides by a fixed global_batch_size. Counting the examples instead keeps
         # the mean right on a short last batch, where some replicas get fewer (or none).
@@ -145,6 +142,7 @@ def make_train_function(
 
     @tf.function
     def train_function(iterator: Any, num_updates: tf.Tensor) -> None:
+        """Make ``num_updates`` updates on every replica (the lesson's train step)."""
         # The lesson calls its step once per batch from Python; looping inside the tf.function
         # makes several updates per call (steps_per_execution) with less Python overhead.
         for _ in tf.range(num_updates):

@@ -118,8 +118,8 @@ class Trainer:
             if not isinstance(self.model, keras.Model):
                 raise ValueError(f"model_fn must return a keras.Model, got {self.model!r}")
             self.optimizer = with_loss_scaling(optimizer_fn(), self.mixed_precision)
-            self._check_created_in_scope(self.model.variables, "model_fn")
-            self._check_created_in_scope(self.optimizer.variables, "optimizer_fn")
+            _check_created_in_scope(self.strategy, self.model.variables, "model_fn")
+            _check_created_in_scope(self.strategy, self.optimizer.variables, "optimizer_fn")
             if self.is_parameter_server:
                 self._totals = None
             else:
@@ -147,17 +147,6 @@ class Trainer:
             self._build(None)
 
     # ------------------------------------------------------------------ building
-    def _check_created_in_scope(self, variables: Sequence[Any], where: str) -> None:
-        for variable in variables:
-            tf_variable = getattr(variable, "value", variable)
-            tf_variable = getattr(variable, "_value", tf_variable)  # Keras 3 keeps it private
-            if not self.strategy.extended.variable_created_in_scope(tf_variable):
-                raise ValueError(
-                    f"{where} returned an object built outside strategy.scope() (variable "
-                    f"{getattr(variable, 'path', variable.name)!r}). Create the model and the "
-                    f"optimizer inside {where} instead of returning one made earlier."
-                )
-
     def _build(self, spec: Any) -> None:
         """Build the model and the optimizer inside the scope before the first step."""
         if self._built:
@@ -172,7 +161,7 @@ class Trainer:
                     self.model.build(shapes)
             if not self.optimizer.built:
                 self.optimizer.build(self.model.trainable_variables)
-        self._check_created_in_scope(self.model.variables, "model_fn")
+        _check_created_in_scope(self.strategy, self.model.variables, "model_fn")
         self._built = True
 
     # ------------------------------------------------------------------ checkpoints
@@ -334,3 +323,18 @@ def _at_least_one(name: str, value: int) -> int:
     if int(value) != value or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return int(value)
+
+
+def _check_created_in_scope(
+    strategy: tf.distribute.Strategy, variables: Sequence[Any], where: str
+) -> None:
+    """Raise a ValueError naming ``where`` for a variable made outside ``strategy.scope()``."""
+    for variable in variables:
+        tf_variable = getattr(variable, "value", variable)
+        tf_variable = getattr(variable, "_value", tf_variable)  # Keras 3 keeps it private
+        if not strategy.extended.variable_created_in_scope(tf_variable):
+            raise ValueError(
+                f"{where} returned an object built outside strategy.scope() (variable "
+                f"{getattr(variable, 'path', variable.name)!r}). Create the model and the "
+                f"optimizer inside {where} instead of returning one made earlier."
+            )
