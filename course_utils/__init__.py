@@ -24,6 +24,7 @@ _SUBMODULES = (
     "devices",
     "environment",
     "grading",
+    "memory",
     "models",
     "monitor",
     "notebooks",

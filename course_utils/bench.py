@@ -230,3 +230,13 @@ def write_results(results: Mapping[str, Any], path: str | os.PathLike) -> pathli
                "results": dict(results)}
     path.write_text(json.dumps(payload, indent=2, default=float) + "\n")
     return path
+
+
+def largest_difference(arrays_a: Sequence[Any], arrays_b: Sequence[Any]) -> float:
+    """The largest absolute element difference between two lists of arrays (e.g. two weights)."""
+    import numpy as np
+
+    if len(arrays_a) != len(arrays_b):
+        raise ValueError(f"{len(arrays_a)} arrays against {len(arrays_b)}: compare like with like")
+    return max((float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
+                for a, b in zip(arrays_a, arrays_b, strict=True)), default=0.0)

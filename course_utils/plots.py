@@ -130,3 +130,43 @@ def line_chart(
         ax.legend(frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     return ax
+
+
+def draw_gradient_accumulation(accumulation_steps: int = 4, ax: Any = None) -> Any:
+    """Diagram: k micro-batches, one at a time -> k gradients, summed -> one optimizer update."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    if accumulation_steps < 1:
+        raise ValueError(f"accumulation_steps must be at least 1, got {accumulation_steps}")
+    k = accumulation_steps
+    ax = _axes(ax, (8.0, 0.9 + 0.7 * k))
+    height = 0.7 * k
+
+    def box(x: float, y: float, width: float, text: str, color: str) -> None:
+        ax.add_patch(FancyBboxPatch((x, y - 0.22), width, 0.44, boxstyle="round,pad=0.02",
+                                    facecolor=color, edgecolor="black", linewidth=0.8,
+                                    alpha=0.9))
+        ax.text(x + width / 2, y, text, ha="center", va="center", fontsize=8)
+
+    def arrow(start: tuple[float, float], end: tuple[float, float]) -> None:
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=10,
+                                     color="black", linewidth=0.8))
+
+    middle = (height - 0.7) / 2
+    for index in range(k):
+        y = height - 0.7 * (index + 1)
+        box(0.0, y, 1.7, f"micro-batch {index + 1}", PALETTE[5])
+        arrow((1.75, y), (2.35, y))
+        box(2.4, y, 2.0, f"loss / {k} → gradients", PALETTE[1])
+        arrow((4.45, y), (5.15, middle))
+        ax.text(-0.1, y, f"t{index + 1}", ha="right", va="center", fontsize=7, color="grey")
+    box(5.2, middle, 1.3, "sum", PALETTE[2])
+    arrow((6.55, middle), (7.05, middle))
+    box(7.1, middle, 1.9, "one optimizer\nupdate", PALETTE[0])
+    ax.text(4.6, height + 0.05, f"one update from {k} micro-batches = one batch {k}× larger;"
+            " one micro-batch's activations in memory at a time", ha="center", fontsize=8)
+    ax.set_xlim(-0.5, 9.2)
+    ax.set_ylim(-0.5, height + 0.35)
+    ax.set_axis_off()
+    ax.set_title("Gradient accumulation", fontsize=10)
+    return ax

@@ -1,0 +1,261 @@
+"""Checks of lesson 07's exercises (registered by name with ``@register``).
+
+* ``check_train_with_accumulation(train_with_accumulation)``: on a fresh random model and data,
+  behind a layer that refuses batches over the micro-batch size (a simulated memory limit), the
+  weights equal plain SGD on batches ``k`` times larger; the two popular wrong loops are named
+  when the weights match theirs instead.
+* ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
+  (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
+  models and budgets, compared with a count made here from the layers' shapes.
+* ``check_diagnose_accumulation(diagnose_accumulation)``: given an accumulation loop, name what
+  it does (right, applies every micro-batch, or sums without dividing), for loops written here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.grading.checks.registry import register
+from course_utils.grading.framework import Case, fresh_rng, run_check
+
+__all__ = [
+    "ACCUMULATION_TOLERANCE",
+    "DIAGNOSES",
+    "check_diagnose_accumulation",
+    "check_largest_batch_that_fits",
+    "check_train_with_accumulation",
+    "suspect_loop",
+]
+
+#: Largest weight difference from the large-batch reference that counts as equal (float32).
+ACCUMULATION_TOLERANCE = 1e-5
+#: The answers ``diagnose_accumulation`` may give.
+DIAGNOSES = ("correct", "applies every micro-batch", "sums without dividing")
+
+
+def _keras() -> Any:
+    _tf()
+    import keras
+
+    return keras
+
+
+def _largest_difference(a: list[Any], b: list[Any]) -> float:
+    from course_utils.bench import largest_difference
+
+    return largest_difference(a, b)
+
+
+# --- the references: large batches, and the two wrong loops ----------------------------------
+
+
+def _problem(rng: Any) -> dict[str, Any]:
+    """A fresh random classification problem and model sizes, with their micro-batching."""
+    micro, steps = rng.choice([4, 6, 8]), rng.choice([2, 3, 4])
+    groups = rng.randint(3, 5)
+    features_n, classes = rng.randint(5, 12), rng.randint(2, 5)
+    data = np.random.default_rng(rng.randint(0, 2**31 - 1))
+    n = micro * steps * groups
+    return {
+        "features": data.normal(size=(n, features_n)).astype("float32"),
+        "labels": data.integers(0, classes, size=n).astype("int32"),
+        "hidden": rng.randint(8, 24), "classes": classes, "micro": micro, "steps": steps,
+        "learning_rate": rng.choice([0.05, 0.1, 0.2]), "seed": rng.randint(0, 2**31 - 1),
+    }
+
+
+def _model(problem: dict[str, Any]) -> Any:
+    """The problem's model, its initial weights drawn from the problem's seed (no global seed)."""
+    keras = _keras()
+    inputs = keras.Input(shape=(problem["features"].shape[1],))
+    hidden = keras.layers.Dense(problem["hidden"], activation="tanh")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(problem["classes"])(hidden))
+    weights = np.random.default_rng(problem["seed"])
+    model.set_weights([weights.normal(scale=0.5, size=w.shape).astype("float32")
+                       for w in model.get_weights()])
+    return model
+
+
+def _loss_fn() -> Any:
+    return _keras().losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _train(model: Any, optimizer: Any, loss_fn: Any, features: Any, labels: Any,
+           batch_size: int, steps: int, divisor: float) -> None:
+    """Sum the gradients of ``steps`` batches of ``batch_size`` (each loss / ``divisor``) and
+    apply them once: the reference (``steps=1``), the right loop and the two wrong ones."""
+    tf = _tf()
+    data = tf.data.Dataset.from_tensor_slices((features, labels))
+    sums = None
+    for index, (x, y) in enumerate(data.batch(batch_size), start=1):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True)) / divisor
+        grads = tape.gradient(loss, model.trainable_variables)
+        sums = grads if sums is None else [s + g for s, g in zip(sums, grads, strict=True)]
+        if index % steps == 0:
+            optimizer.apply_gradients(zip(sums, model.trainable_variables, strict=True))
+            sums = None
+
+
+def _sgd_loop(problem: dict[str, Any], batch_size: int, steps: int, divisor: float,
+              learning_rate: float) -> list[np.ndarray]:
+    """The problem's model trained by :func:`_train`; its weights."""
+    model = _model(problem)
+    optimizer = _keras().optimizers.SGD(learning_rate=learning_rate)
+    _train(model, optimizer, _loss_fn(), problem["features"], problem["labels"], batch_size,
+           steps, divisor)
+    return [np.asarray(w) for w in model.get_weights()]
+
+
+def _references(problem: dict[str, Any]) -> dict[str, list[np.ndarray]]:
+    micro, steps, rate = problem["micro"], problem["steps"], problem["learning_rate"]
+    return {
+        "correct": _sgd_loop(problem, micro * steps, 1, 1.0, rate),
+        "applies every micro-batch": _sgd_loop(problem, micro, 1, 1.0, rate),
+        "sums without dividing": _sgd_loop(problem, micro, steps, 1.0, rate),
+    }
+
+
+def _closest(weights: list[np.ndarray], references: dict[str, list[np.ndarray]]) -> str:
+    return min(references, key=lambda name: _largest_difference(weights, references[name]))
+
+
+# --- Exercise 1 · accumulate under a memory limit --------------------------------------------
+
+
+@register
+def check_train_with_accumulation(fn: Any) -> bool:
+    """Check ``train_with_accumulation(model, optimizer, loss_fn, features, labels,
+    micro_batch_size, accumulation_steps)``: weights equal to batches k times larger."""
+    from course_utils.memory import limit_batch_size
+
+    keras = _keras()
+    rng = fresh_rng()
+    problems = [_problem(rng) for _ in range(2)]
+
+    def case(problem: dict[str, Any]) -> Case:
+        model = _model(problem)
+        limited = limit_batch_size(model, problem["micro"])  # shares model's weights
+        optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
+        references = _references(problem)
+        updates = len(problem["labels"]) // (problem["micro"] * problem["steps"])
+
+        def verify(_: Any) -> str | None:
+            weights = [np.asarray(w) for w in model.get_weights()]
+            error = _largest_difference(weights, references["correct"])
+            if error <= ACCUMULATION_TOLERANCE:
+                if int(optimizer.iterations) != updates:
+                    return (f"the weights are right, but the optimizer counted "
+                            f"{int(optimizer.iterations)} updates instead of {updates}: call "
+                            "apply_gradients once per group")
+                return None
+            closest = _closest(weights, references)
+            reason = {
+                "applies every micro-batch": "your weights match applying every micro-batch: "
+                "the loop updates after each micro-batch instead of once per group of "
+                "accumulation_steps",
+                "sums without dividing": "your weights match summing the micro-batches' "
+                "gradients without dividing by accumulation_steps: the update is "
+                f"{problem['steps']}× too large",
+            }.get(closest, "the weights differ from the large-batch reference")
+            return f"{reason} (max |Δw| = {error:.2e}, at most {ACCUMULATION_TOLERANCE:g} allowed)"
+
+        n = len(problem["labels"])
+        return Case(args=(limited, optimizer, _loss_fn(), problem["features"], problem["labels"],
+                          problem["micro"], problem["steps"]), verify=verify,
+                    label=f"({n} examples, micro_batch_size={problem['micro']}, "
+                          f"accumulation_steps={problem['steps']})")
+
+    return run_check(
+        "train_with_accumulation", fn, [case(p) for p in problems],
+        hint="split the data into micro-batches of micro_batch_size; for each, compute "
+             "loss_fn(labels, model(x, training=True)) / accumulation_steps and add its "
+             "gradients to running sums; every accumulation_steps micro-batches, apply the sums "
+             "once and reset them (lesson 07, section 2).")
+
+
+# --- Exercise 2 · the largest batch that fits -------------------------------------------------
+
+
+def _count(shape: Any) -> int:
+    return math.prod(int(d) for d in shape)
+
+
+def _largest_batch(model: Any, budget_bytes: int, optimizer_slots: int) -> int:
+    """The reference: (budget - weights - gradients - slots) // activation bytes per example."""
+    from course_utils.memory import activation_bytes_per_example, variable_bytes
+
+    trainable = sum(_count(v.shape) * 4 for v in model.trainable_weights)
+    fixed = variable_bytes(model) + trainable * (1 + optimizer_slots)
+    return max(0, (int(budget_bytes) - fixed) // activation_bytes_per_example(model))
+
+
+@register
+def check_largest_batch_that_fits(fn: Any) -> bool:
+    """Check ``largest_batch_that_fits(model, budget_bytes, optimizer_slots)`` on fresh models."""
+    from course_utils.memory import activation_bytes_per_example, variable_bytes
+    from course_utils.models import cnn, mlp
+
+    rng = fresh_rng()
+    models = [
+        mlp(rng.randint(8, 64), rng.randint(2, 10), hidden_units=(rng.randint(16, 256),) * 2),
+        cnn((rng.choice([8, 12, 16]),) * 2 + (1,), rng.randint(2, 10),
+            filters=(rng.randint(4, 16), rng.randint(8, 32))),
+    ]
+    cases = []
+    for model in models:
+        per_example = activation_bytes_per_example(model)
+        for slots in (0, 2):
+            fixed = variable_bytes(model) * (2 + slots)
+            batch = rng.randint(5, 3000)
+            budget = fixed + batch * per_example + rng.randint(0, per_example - 1)
+            cases.append(Case(args=(model, budget, slots), expected=_largest_batch(
+                model, budget, slots), label=f"({model.name} with {model.count_params():,} "
+                f"weights, budget_bytes={budget:,}, optimizer_slots={slots})"))
+        tiny = variable_bytes(model)  # not even the weights and gradients fit
+        cases.append(Case(args=(model, tiny, 0), expected=0,
+                          label=f"({model.name}, budget_bytes={tiny:,}: only the weights)"))
+    return run_check(
+        "largest_batch_that_fits", fn, cases,
+        hint="the fixed part is the weights + one gradient per trainable weight + "
+             "optimizer_slots copies of the trainable weights; each example adds every layer's "
+             "output (all but the input; float32 = 4 bytes). Return an int, 0 when nothing fits "
+             "(lesson 07, section 1).")
+
+
+# --- Exercise 3 · diagnose an accumulation loop ------------------------------------------------
+
+
+def suspect_loop(kind: str) -> Callable[..., None]:
+    """A loop with exercise 1's signature that is right or makes one of the two mistakes."""
+    if kind not in DIAGNOSES:
+        raise ValueError(f"kind must be one of {DIAGNOSES}, got {kind!r}")
+
+    def loop(model: Any, optimizer: Any, loss_fn: Any, features: Any, labels: Any,
+             micro_batch_size: int, accumulation_steps: int) -> None:
+        steps = 1 if kind == "applies every micro-batch" else accumulation_steps
+        divisor = accumulation_steps if kind == "correct" else 1
+        _train(model, optimizer, loss_fn, features, labels, micro_batch_size, steps, divisor)
+
+    return loop
+
+
+@register
+def check_diagnose_accumulation(fn: Any) -> bool:
+    """Check ``diagnose_accumulation(loop)``: names what each loop written here does."""
+    rng = fresh_rng()
+    kinds = list(DIAGNOSES)
+    rng.shuffle(kinds)
+    cases = [Case(args=(suspect_loop(kind),), expected=kind, label=f"(suspect loop {i})")
+             for i, kind in enumerate(kinds, start=1)]
+    return run_check(
+        "diagnose_accumulation", fn, cases,
+        hint="run the loop on a small random problem from known initial weights, then compare "
+             "its weights with plain SGD on batches k times larger, on micro-batches, and on "
+             "batches k times larger with a k times larger learning rate; the closest names the "
+             f"loop. Return one of {', '.join(map(repr, DIAGNOSES))} (lesson 07, section 3).")

@@ -1,0 +1,172 @@
+"""Lesson 07's checks: the reference solutions pass, wrong ones fail usefully, stubs are skipped."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import course_utils as cu
+from course_utils.grading import framework
+from course_utils.grading.checks import lesson_07 as checks_07
+from course_utils.grading.framework import NotAttemptedError
+
+pytestmark = pytest.mark.usefixtures("normal_check_mode")
+
+
+def stub(*args):
+    raise NotImplementedError()
+
+
+def _tf():
+    return cu.environment.import_tensorflow()
+
+
+def right_loop(model, optimizer, loss_fn, features, labels, micro_batch_size,
+               accumulation_steps):
+    tf = _tf()
+    micro_batches = tf.data.Dataset.from_tensor_slices((features, labels)).batch(micro_batch_size)
+    totals = [tf.zeros_like(v) for v in model.trainable_variables]
+    for number, (x, y) in enumerate(micro_batches, start=1):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True)) / accumulation_steps
+        totals = [t + g for t, g in zip(totals, tape.gradient(loss, model.trainable_variables),
+                                        strict=True)]
+        if number % accumulation_steps == 0:
+            optimizer.apply_gradients(zip(totals, model.trainable_variables, strict=True))
+            totals = [tf.zeros_like(v) for v in model.trainable_variables]
+
+
+every_micro_batch = checks_07.suspect_loop("applies every micro-batch")
+without_dividing = checks_07.suspect_loop("sums without dividing")
+
+
+# --- train_with_accumulation -----------------------------------------------------------------
+
+
+def test_reference_accumulation_passes(capsys):
+    assert cu.grading.check_train_with_accumulation(right_loop)
+    assert "✅ train_with_accumulation: 2 cases passed" in capsys.readouterr().out
+
+
+def test_applying_every_micro_batch_is_named():
+    with pytest.raises(AssertionError) as info:
+        cu.grading.check_train_with_accumulation(every_micro_batch)
+    message = str(info.value)
+    assert "match applying every micro-batch" in message and "Hint:" in message
+
+
+def test_summing_without_dividing_is_named():
+    with pytest.raises(AssertionError, match=r"without dividing .*× too large"):
+        cu.grading.check_train_with_accumulation(without_dividing)
+
+
+def test_a_batch_over_the_memory_limit_fails_like_out_of_memory():
+    def whole_groups(model, optimizer, loss_fn, features, labels, micro, steps):
+        right_loop(model, optimizer, loss_fn, features, labels, micro * steps, 1)
+
+    with pytest.raises(AssertionError, match="out of memory"):
+        cu.grading.check_train_with_accumulation(whole_groups)
+
+
+def test_accumulation_stub_is_not_attempted(capsys):
+    assert cu.grading.check_train_with_accumulation(stub) is False
+    assert "not attempted yet" in capsys.readouterr().out
+    with framework.strict_checks(), pytest.raises(NotAttemptedError):
+        cu.grading.check_train_with_accumulation(stub)
+
+
+# --- largest_batch_that_fits -----------------------------------------------------------------
+
+
+def largest_batch_that_fits(model, budget_bytes, optimizer_slots):
+    trainable = sum(math.prod(v.shape) * 4 for v in model.trainable_weights)
+    fixed = sum(math.prod(v.shape) * 4 for v in model.weights) + trainable * (1 + optimizer_slots)
+    per_example = sum(math.prod(layer.output.shape[1:]) * 4 for layer in model.layers[1:])
+    return max(0, (budget_bytes - fixed) // per_example)
+
+
+def test_reference_largest_batch_passes(capsys):
+    assert cu.grading.check_largest_batch_that_fits(largest_batch_that_fits)
+    assert "✅ largest_batch_that_fits: 6 cases passed" in capsys.readouterr().out
+
+
+def test_forgetting_the_optimizer_slots_is_caught():
+    def no_slots(model, budget_bytes, optimizer_slots):
+        return largest_batch_that_fits(model, budget_bytes, 0)
+
+    with pytest.raises(AssertionError, match=r"optimizer_slots=2.*off by"):
+        cu.grading.check_largest_batch_that_fits(no_slots)
+
+
+def test_a_float_answer_or_a_negative_one_is_caught():
+    def as_float(model, budget_bytes, optimizer_slots):
+        return float(largest_batch_that_fits(model, budget_bytes, optimizer_slots))
+
+    with pytest.raises(AssertionError, match="should be an int"):
+        cu.grading.check_largest_batch_that_fits(as_float)
+
+    def negative(model, budget_bytes, optimizer_slots):
+        trainable = sum(math.prod(v.shape) * 4 for v in model.trainable_weights)
+        fixed = sum(math.prod(v.shape) * 4 for v in model.weights) + trainable * (
+            1 + optimizer_slots)
+        per_example = sum(math.prod(layer.output.shape[1:]) * 4 for layer in model.layers[1:])
+        return (budget_bytes - fixed) // per_example
+
+    with pytest.raises(AssertionError, match="only the weights"):
+        cu.grading.check_largest_batch_that_fits(negative)
+
+
+def test_largest_batch_stub_is_not_attempted():
+    with framework.strict_checks(), pytest.raises(NotAttemptedError):
+        cu.grading.check_largest_batch_that_fits(stub)
+
+
+# --- diagnose_accumulation -------------------------------------------------------------------
+
+
+def diagnose_accumulation(loop):
+    import keras
+    import numpy as np
+
+    data = np.random.default_rng(0)
+    features = data.normal(size=(48, 6)).astype("float32")
+    labels = data.integers(0, 3, size=48)
+    micro, steps, rate = 4, 3, 0.2
+    start = cu.models.mlp(6, 3, hidden_units=(8,)).get_weights()
+
+    def run(train, learning_rate):
+        model = cu.models.mlp(6, 3, hidden_units=(8,))
+        model.set_weights(start)
+        train(model, keras.optimizers.SGD(learning_rate=learning_rate),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True), features, labels,
+              micro, steps)
+        return model.get_weights()
+
+    suspect = run(loop, rate)
+    candidates = {
+        "correct": run(right_loop, rate),
+        "applies every micro-batch": run(every_micro_batch, rate),
+        "sums without dividing": run(right_loop, steps * rate),
+    }
+    return min(candidates,
+               key=lambda name: cu.bench.largest_difference(suspect, candidates[name]))
+
+
+def test_reference_diagnosis_passes(capsys):
+    assert cu.grading.check_diagnose_accumulation(diagnose_accumulation)
+    assert "✅ diagnose_accumulation: 3 cases passed" in capsys.readouterr().out
+
+
+def test_a_wrong_diagnosis_is_caught():
+    with pytest.raises(AssertionError, match="differs"):
+        cu.grading.check_diagnose_accumulation(lambda loop: "correct")
+    assert set(checks_07.DIAGNOSES) == {"correct", "applies every micro-batch",
+                                        "sums without dividing"}
+    with pytest.raises(ValueError, match="kind must be one of"):
+        checks_07.suspect_loop("off by one")
+
+
+def test_diagnosis_stub_is_not_attempted(capsys):
+    assert cu.grading.check_diagnose_accumulation(stub) is False
+    assert "not attempted yet" in capsys.readouterr().out
