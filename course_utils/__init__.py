@@ -24,6 +24,7 @@ _SUBMODULES = (
     "devices",
     "environment",
     "grading",
+    "mixed_precision",
     "models",
     "monitor",
     "notebooks",

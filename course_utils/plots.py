@@ -130,3 +130,92 @@ def line_chart(
         ax.legend(frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     return ax
+
+
+def draw_number_formats(formats: Sequence[str] = ("float32", "float16", "bfloat16")) -> Any:
+    """Lesson 08: each format's bits (sign, exponent, mantissa) and its range on a log2 scale.
+
+    Left: one bar per format, one box per bit. Right: the magnitudes each format holds, from its
+    smallest subnormal (light) through its normal range (dark) to its largest value.
+    """
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from course_utils.mixed_precision import number_format
+
+    specs = [number_format(name) for name in formats]
+    fig, (bits_ax, range_ax) = plt.subplots(
+        1, 2, figsize=(11, 0.9 + 0.7 * len(specs)), gridspec_kw={"width_ratios": [1.2, 1]})
+    parts = (("sign", PALETTE[3]), ("exponent", PALETTE[0]), ("mantissa", PALETTE[2]))
+    for row, spec in enumerate(specs):
+        y = len(specs) - 1 - row
+        left = 0
+        for (part, color), width in zip(parts, (1, spec.exponent_bits, spec.mantissa_bits),
+                                        strict=True):
+            bits_ax.barh(y, width, left=left, color=color, edgecolor="white", height=0.6,
+                         label=part if row == 0 else None)
+            if width >= 3:
+                bits_ax.annotate(f"{width}", (left + width / 2, y), ha="center", va="center",
+                                 color="white", fontsize=8)
+            left += width
+        low = math.log2(spec.smallest_subnormal)
+        normal = math.log2(spec.smallest_normal)
+        high = math.log2(spec.max)
+        range_ax.barh(y, normal - low, left=low, color=PALETTE[5], height=0.5,
+                      label="subnormal" if row == 0 else None)
+        range_ax.barh(y, high - normal, left=normal, color=PALETTE[0], height=0.5,
+                      label="normal" if row == 0 else None)
+        range_ax.annotate(f"max {spec.max:.3g}, eps 2^{math.log2(spec.epsilon):.0f}",
+                          (high, y + 0.32), ha="right", fontsize=8)
+    for ax in (bits_ax, range_ax):
+        ax.set_yticks(range(len(specs)), [s.name for s in reversed(specs)])
+        ax.spines[["top", "right", "left"]].set_visible(False)
+    bits_ax.set_xlabel("bits")
+    bits_ax.set_title("Bits: sign, exponent (range), mantissa (precision)")
+    bits_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, frameon=False,
+                   fontsize=8)
+    range_ax.axvline(0, color="grey", linewidth=0.8, linestyle=":")
+    range_ax.set_xlabel("log2 of the magnitude")
+    range_ax.set_title("Range: what each format can hold")
+    range_ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2, frameon=False,
+                    fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def draw_loss_scaling(magnitudes: Sequence[float], scale: float, ax: Any = None) -> Any:
+    """Lesson 08: gradient magnitudes on a log2 axis, before and after loss scaling.
+
+    The float16 limits are drawn: values left of its smallest subnormal become 0, values
+    between it and the smallest normal keep only a few bits. Zeros in ``magnitudes`` are left out.
+    """
+    import numpy as np
+
+    from course_utils.mixed_precision import number_format
+
+    values = np.abs(np.asarray(magnitudes, dtype=np.float64).ravel())
+    values = values[values > 0]
+    if values.size == 0 or scale <= 0:
+        raise ValueError("need some non-zero magnitudes and a positive scale")
+    ax = _axes(ax, (8.0, 3.0))
+    logs = np.log2(values)
+    shift = np.log2(scale)
+    low, high = min(logs.min(), -25.0), max(logs.max() + shift, 17.0)
+    bins = np.arange(np.floor(low), np.ceil(high) + 1)
+    ax.hist(logs, bins=bins, color=PALETTE[0], alpha=0.7, label="gradients")
+    ax.hist(logs + shift, bins=bins, color=PALETTE[1], alpha=0.7,
+            label=f"gradients × loss scale 2^{shift:.0f}")
+    half = number_format("float16")
+    for value, text in ((half.smallest_subnormal, "float16: below this, 0"),
+                        (half.smallest_normal, "float16: smallest normal"),
+                        (half.max, "float16: above this, inf")):
+        ax.axvline(np.log2(value), color=PALETTE[3], linestyle="--", linewidth=1)
+        ax.annotate(text, (np.log2(value), ax.get_ylim()[1] * 0.92), rotation=90,
+                    ha="right", va="top", fontsize=8, color=PALETTE[3])
+    ax.set_xlabel("log2 of the gradient's magnitude")
+    ax.set_ylabel("count")
+    ax.set_title("Loss scaling shifts small gradients into float16's range")
+    ax.legend(frameon=False, fontsize=8, loc="upper right")
+    ax.spines[["top", "right"]].set_visible(False)
+    return ax
