@@ -87,87 +87,51 @@ def test_missing_timing_is_reported(keras):
         cu.grading.check_train_with_policy(no_timing)
 
 
-def test_train_with_policy_stub_is_not_attempted(capsys):
-    assert cu.grading.check_train_with_policy(stub) is False
-    assert "not attempted" in capsys.readouterr().out
-    with strict_checks(), pytest.raises(NotAttemptedError):
-        cu.grading.check_train_with_policy(stub)
-
-
 # --- loss_scaled_train_step ------------------------------------------------------------------
 
 
-def test_reference_loss_scaled_step_passes(tf, capsys):
-    def loss_scaled_train_step(model, optimizer, loss_fn, x, y):
+def step_with(tf, *, scale=True, return_scaled=False, zero_non_finite=False, inner=False):
+    """A loss-scaled step, right by default; each flag makes one popular mistake."""
+
+    def step(model, optimizer, loss_fn, x, y):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-            scaled_loss = optimizer.scale_loss(loss)
+            scaled_loss = optimizer.scale_loss(loss) if scale else loss
         gradients = tape.gradient(scaled_loss, model.trainable_variables)
-        optimizer.apply(gradients, model.trainable_variables)
-        return loss
+        if zero_non_finite:  # inf/nan replaced by zeros: the optimizer sees finite gradients
+            gradients = [tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)) for g in gradients]
+        if inner:  # unscaled by hand and applied by the inner optimizer, which never skips
+            gradients = [g / optimizer.dynamic_scale for g in gradients]
+            optimizer.inner_optimizer.apply(gradients, model.trainable_variables)
+        else:
+            optimizer.apply(gradients, model.trainable_variables)
+        return scaled_loss if return_scaled else loss
 
-    assert cu.grading.check_loss_scaled_train_step(loss_scaled_train_step)
+    return step
+
+
+def test_reference_loss_scaled_step_passes(tf, capsys):
+    assert cu.grading.check_loss_scaled_train_step(step_with(tf))
     out = capsys.readouterr().out
     assert "✅ loss_scaled_train_step: 1 case passed" in out and "was skipped" in out
 
 
-def test_step_without_scaling_fails(tf):
-    def unscaled(model, optimizer, loss_fn, x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(gradients, model.trainable_variables)  # divides unscaled gradients
-        return loss
-
-    expected = r"(?s)step 1: the weights differ .*Hint: .*scale_loss"
-    with pytest.raises(AssertionError, match=expected):
-        cu.grading.check_loss_scaled_train_step(unscaled)
-
-
-def test_returning_the_scaled_loss_fails(tf):
-    def scaled_returned(model, optimizer, loss_fn, x, y):
-        with tf.GradientTape() as tape:
-            loss = optimizer.scale_loss(tf.reduce_mean(loss_fn(y, model(x, training=True))))
-        optimizer.apply(tape.gradient(loss, model.trainable_variables),
-                        model.trainable_variables)
-        return loss
-
-    with pytest.raises(AssertionError, match="expected the unscaled"):
-        cu.grading.check_loss_scaled_train_step(scaled_returned)
+@pytest.mark.parametrize("mistake, message", [
+    ({"scale": False}, r"(?s)step 1: the weights differ .*Hint: .*scale_loss"),
+    ({"return_scaled": True}, "expected the unscaled"),
+    ({"inner": True},
+     "LossScaleOptimizer itself apply|the planted overflow, (was not seen|changed)"),
+    ({"zero_non_finite": True}, "the planted overflow, (was not seen|changed the)"),
+], ids=["without scaling", "scaled loss returned", "inner optimizer", "overflow applied"])
+def test_wrong_loss_scaled_step_fails_usefully(tf, mistake, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_loss_scaled_train_step(step_with(tf, **mistake))
 
 
-def test_bypassing_the_loss_scale_optimizer_fails(tf):
-    def inner_only(model, optimizer, loss_fn, x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-            scaled_loss = optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled_loss, model.trainable_variables)
-        gradients = [g / optimizer.dynamic_scale for g in gradients]  # unscaled by hand ...
-        optimizer.inner_optimizer.apply(gradients, model.trainable_variables)  # ... never skips
-        return loss
-
-    expected = "LossScaleOptimizer itself apply|the planted overflow, (was not seen|changed)"
-    with pytest.raises(AssertionError, match=expected):
-        cu.grading.check_loss_scaled_train_step(inner_only)
-
-
-def test_applying_the_planted_overflow_is_reported(tf):
-    def never_skips(model, optimizer, loss_fn, x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-            scaled_loss = optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled_loss, model.trainable_variables)
-        # inf/nan replaced by zeros: the LossScaleOptimizer sees finite gradients and applies
-        gradients = [tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)) for g in gradients]
-        optimizer.apply(gradients, model.trainable_variables)
-        return loss
-
-    with pytest.raises(AssertionError, match="the planted overflow, (was not seen|changed the)"):
-        cu.grading.check_loss_scaled_train_step(never_skips)
-
-
-def test_loss_scaled_step_stub_is_not_attempted(capsys):
-    assert cu.grading.check_loss_scaled_train_step(stub) is False
+@pytest.mark.parametrize("name", ["check_train_with_policy", "check_loss_scaled_train_step"])
+def test_stub_is_not_attempted(name, capsys):
+    check = getattr(cu.grading, name)
+    assert check(stub) is False
     assert "not attempted" in capsys.readouterr().out
     with strict_checks(), pytest.raises(NotAttemptedError):
-        cu.grading.check_loss_scaled_train_step(stub)
+        check(stub)
