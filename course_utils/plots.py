@@ -219,3 +219,42 @@ def draw_loss_scaling(magnitudes: Sequence[float], scale: float, ax: Any = None)
     ax.legend(frameon=False, fontsize=8, loc="upper right")
     ax.spines[["top", "right"]].set_visible(False)
     return ax
+
+
+def draw_mixed_precision_step(ax: Any = None) -> Any:
+    """Lesson 08: one mixed-precision training step with loss scaling, as a flow of boxes.
+
+    float32 weights are cast to float16 for the forward and backward passes; the loss is
+    computed in float32 and multiplied by the scale; the gradients are divided by it in float32
+    and, when finite, update the float32 weights – otherwise the step is skipped.
+    """
+    ax = _axes(ax, (11.0, 3.2))
+    boxes = [  # (x, y, text, colour): float32 in blue, float16 in orange
+        (0.07, 0.72, "weights\nfloat32", PALETTE[0]),
+        (0.27, 0.72, "cast\nto float16", PALETTE[1]),
+        (0.47, 0.72, "forward\nfloat16", PALETTE[1]),
+        (0.67, 0.72, "logits, loss\nfloat32", PALETTE[0]),
+        (0.88, 0.72, "loss × scale\nfloat32", PALETTE[0]),
+        (0.88, 0.22, "backward\nfloat16", PALETTE[1]),
+        (0.65, 0.22, "gradients ÷ scale\nfloat32", PALETTE[0]),
+        (0.40, 0.22, "all finite?", PALETTE[7]),
+        (0.13, 0.22, "yes: update weights\nno: skip, scale ÷ 2", PALETTE[2]),
+    ]
+    for x, y, text, color in boxes:
+        ax.annotate(text, (x, y), ha="center", va="center", fontsize=9,
+                    color="white" if color != PALETTE[6] else "black",
+                    bbox={"boxstyle": "round,pad=0.5", "facecolor": color, "edgecolor": color})
+    arrow = {"arrowstyle": "->", "color": "grey", "lw": 1.5}
+    for (x0, y0, *_), (x1, y1, *_) in zip(boxes[:-1], boxes[1:], strict=True):
+        if y0 == y1:
+            x0, x1 = (x0 + 0.07, x1 - 0.07) if x1 > x0 else (x0 - 0.08, x1 + 0.08)
+        else:
+            y0, y1 = y0 - 0.12, y1 + 0.12
+        ax.annotate("", (x1, y1), (x0, y0), arrowprops=arrow)
+    ax.annotate("", (0.07, 0.60), (0.07, 0.34), arrowprops=arrow)  # the update, back to weights
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.axis("off")
+    ax.set_title("A mixed-precision step: float16 where it is fast, float32 where it must be exact"
+                 " (blue float32, orange float16)", fontsize=10)
+    return ax

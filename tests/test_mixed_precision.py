@@ -80,6 +80,13 @@ def test_draw_loss_scaling_marks_the_float16_limits():
         cu.plots.draw_loss_scaling(np.zeros(3), 2.0)
 
 
+def test_draw_mixed_precision_step_labels_each_dtype():
+    ax = cu.plots.draw_mixed_precision_step()
+    texts = [t.get_text() for t in ax.texts]
+    assert "backward\nfloat16" in texts and "gradients ÷ scale\nfloat32" in texts
+    assert any("skip" in text for text in texts)
+
+
 def test_time_interleaved_times_every_function_in_rounds():
     calls = []
     timings = cu.bench.time_interleaved({"a": lambda: calls.append("a"),
