@@ -25,6 +25,7 @@ _SUBMODULES = (
     "environment",
     "grading",
     "memory",
+    "mixed_precision",
     "models",
     "monitor",
     "notebooks",

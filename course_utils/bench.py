@@ -240,3 +240,29 @@ def largest_difference(arrays_a: Sequence[Any], arrays_b: Sequence[Any]) -> floa
         raise ValueError(f"{len(arrays_a)} arrays against {len(arrays_b)}: compare like with like")
     return max((float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
                 for a, b in zip(arrays_a, arrays_b, strict=True)), default=0.0)
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int = 5,
+                     calls_per_round: int = 3, warmup: int = 2) -> dict[str, Timing]:
+    """Seconds per call of each function, timed in interleaved rounds (A B C, B C A, ...).
+
+    A busy machine slows whatever runs at that moment; interleaving spreads the disturbance
+    over every function, and each round starts with the next function so that none always goes
+    first: compare the medians. Each function is called ``warmup`` times first.
+    """
+    if rounds < 1 or calls_per_round < 1:
+        raise ValueError("rounds and calls_per_round must be at least 1")
+    for fn in fns.values():
+        for _ in range(max(warmup, 0)):
+            _block(fn())
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for round_number in range(rounds):
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name]
+            start = time.perf_counter()
+            for _ in range(calls_per_round):
+                _block(fn())
+            times[name].append((time.perf_counter() - start) / calls_per_round)
+    return {name: Timing(tuple(values)) for name, values in times.items()}

@@ -1,0 +1,98 @@
+"""course_utils.mixed_precision, the lesson 08 pictures and bench.time_interleaved."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import course_utils as cu  # noqa: E402
+from course_utils import mixed_precision as mp  # noqa: E402
+
+
+def test_number_formats_have_the_textbook_bits_and_limits():
+    half, brain, single = (mp.number_format(n) for n in ("float16", "bfloat16", "float32"))
+    assert (half.bits, half.exponent_bits, half.mantissa_bits) == (16, 5, 10)
+    assert (brain.bits, brain.exponent_bits, brain.mantissa_bits) == (16, 8, 7)
+    assert (single.bits, single.exponent_bits, single.mantissa_bits) == (32, 8, 23)
+    assert half.max == 65504 and half.smallest_subnormal == 2.0**-24
+    assert half.smallest_normal == 2.0**-14 and brain.epsilon == 2.0**-7
+    assert brain.smallest_normal == single.smallest_normal
+
+
+def test_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="unknown format"):
+        mp.number_format("float8")
+
+
+def test_dtype_bytes_accepts_names_and_dtypes():
+    assert mp.dtype_bytes("float32") == 4 and mp.dtype_bytes("bfloat16") == 2
+    assert mp.dtype_bytes(np.dtype("float16")) == 2
+
+
+def test_count_new_zeros_counts_only_values_that_vanished():
+    reference = [np.array([1.0, 0.0, 1e-9]), np.array([[2.0, 3.0]])]
+    values = [np.array([1.0, 0.0, 0.0]), np.array([[0.0, 3.0]])]
+    assert mp.count_new_zeros(reference, values) == 2
+    with pytest.raises(ValueError, match="shapes differ"):
+        mp.count_new_zeros([np.zeros(2)], [np.zeros(3)])
+
+
+def test_cpu_precision_features_reads_the_flags_line():
+    found = mp.cpu_precision_features("processor : 0\nflags : fpu avx512f avx512_bf16 sse\n")
+    assert found["avx512_bf16"] and not found["avx512_fp16"]
+    assert set(found) == set(mp.PRECISION_CPU_FLAGS)
+    assert not any(mp.cpu_precision_features("").values())
+
+
+def test_layer_dtypes_and_memory_follow_the_policy():
+    from course_utils.training.precision import policy_scope
+
+    with policy_scope("mixed_float16"):
+        mixed = cu.models.mlp(8, 3, hidden_units=(16,))
+    single = cu.models.mlp(8, 3, hidden_units=(16,))
+    rows = {row["layer"]: row for row in mp.layer_dtypes(mixed)}
+    assert rows["dense_0"]["compute dtype"] == "float16"
+    assert rows["dense_0"]["variable dtypes"] == "float32"
+    assert rows["logits"]["compute dtype"] == "float32"
+    mixed_memory, single_memory = mp.model_memory(mixed, 10), mp.model_memory(single, 10)
+    assert mixed_memory["weights"] == single_memory["weights"] == (8 * 16 + 16 + 16 * 3 + 3) * 4
+    # inputs 10x8 and logits 10x3 stay float32; the hidden 10x16 halves
+    assert single_memory["activations"] == (80 + 160 + 30) * 4
+    assert mixed_memory["activations"] == (80 + 30) * 4 + 160 * 2
+
+
+def test_draw_number_formats_draws_one_row_per_format():
+    figure = cu.plots.draw_number_formats()
+    bits_axes, range_axes = figure.axes
+    assert [t.get_text() for t in bits_axes.get_yticklabels()] == ["bfloat16", "float16",
+                                                                   "float32"]
+    assert len(range_axes.patches) == 6  # subnormal and normal bars of three formats
+
+
+def test_draw_loss_scaling_marks_the_float16_limits():
+    ax = cu.plots.draw_loss_scaling(np.array([1e-9, 1e-6, 0.0, 1e-3]), 2.0**15)
+    assert len(ax.lines) == 3
+    with pytest.raises(ValueError):
+        cu.plots.draw_loss_scaling(np.zeros(3), 2.0)
+
+
+def test_draw_mixed_precision_step_labels_each_dtype():
+    ax = cu.plots.draw_mixed_precision_step()
+    texts = [t.get_text() for t in ax.texts]
+    assert "backward\nfloat16" in texts and "gradients ÷ scale\nfloat32" in texts
+    assert any("skip" in text for text in texts)
+
+
+def test_time_interleaved_times_every_function_in_rounds():
+    calls = []
+    timings = cu.bench.time_interleaved({"a": lambda: calls.append("a"),
+                                         "b": lambda: calls.append("b")},
+                                        rounds=3, calls_per_round=2, warmup=1)
+    assert set(timings) == {"a", "b"} and all(len(t.times) == 3 for t in timings.values())
+    assert calls == ["a", "b"] + ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
+    with pytest.raises(ValueError):
+        cu.bench.time_interleaved({"a": lambda: None}, rounds=0)
