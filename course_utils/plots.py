@@ -169,6 +169,7 @@ def draw_gradient_accumulation(accumulation_steps: int = 4, ax: Any = None) -> A
     ax.set_ylim(-0.5, height + 0.35)
     ax.set_axis_off()
     ax.set_title("Gradient accumulation", fontsize=10)
+    return ax
 
 
 def draw_number_formats(formats: Sequence[str] = ("float32", "float16", "bfloat16")) -> Any:
