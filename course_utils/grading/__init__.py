@@ -2,7 +2,8 @@
 
 Importing this package is cheap (no TensorFlow): checks import TensorFlow when they run.
 
-* ``cu.grading.check_<exercise>(fn)``: the check cells of the exercise notebooks (``checks``).
+* ``cu.grading.check_<exercise>(fn)``: the check cells of the exercise notebooks; each lesson's
+  checks live in ``checks/lesson_NN.py`` and register themselves by name.
 * ``run_check``, ``Case``, ``compare``: the small framework the checks are built on.
 * ``python -m course_utils exercises [--check]``: exercises from solutions (``generate``).
 * ``python -m course_utils grade SUBMISSIONS ...``: the batch grader (``batch``).
@@ -43,11 +44,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``cu.grading.check_<exercise>``: every check defined in ``checks``, without a list here."""
-    if name.startswith("check_") and callable(getattr(checks, name, None)):
-        return getattr(checks, name)
-    raise AttributeError(f"module 'course_utils.grading' has no attribute {name!r}")
+    """``cu.grading.check_<exercise>``: every registered check, without a list here."""
+    fn = checks.registry.get(name)
+    if fn is None:
+        raise AttributeError(f"module 'course_utils.grading' has no attribute {name!r}")
+    return fn
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *(n for n in vars(checks) if n.startswith("check_"))})
+    return sorted({*globals(), *checks.registry.names()})

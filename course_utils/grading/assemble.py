@@ -24,6 +24,8 @@ from course_utils.grading.notebooks import (
     points,
 )
 
+__all__ = ["CHECK_MARKER", "GUARD", "CheckSpec", "Prepared", "guard_source", "prepare"]
+
 #: The guard's last line: what follows it in a check cell is the instructor's check.
 CHECK_MARKER = "# --- instructor's check ---"
 GUARD = '''\

@@ -1,7 +1,7 @@
 """The check framework: run cases against a learner's function, compare, explain, detect stubs.
 
-A check (see ``checks.py``) builds a few cases from fresh random inputs with their expected
-results from a reference, then calls :func:`run_check`. The framework:
+A check (see ``checks/lesson_NN.py``) builds a few cases from fresh random inputs with their
+expected results from a reference, then calls :func:`run_check`. The framework:
 
 * calls the learner's function on every case and compares its result with the expected one
   (numbers with a tolerance, sequences and mappings element by element, arrays by shape and
@@ -27,6 +27,9 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+__all__ = ["PASS_MARK", "STRICT_ENV", "TODO_MARK", "Case", "NotAttemptedError", "compare",
+           "fresh_rng", "not_attempted", "run_check", "set_strict", "strict_checks", "strict_mode"]
 
 #: Environment variable that turns strict mode on (``1``, ``true`` or ``yes``).
 STRICT_ENV = "COURSE_STRICT_CHECKS"

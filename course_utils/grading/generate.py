@@ -31,6 +31,10 @@ from course_utils.grading.notebooks import (
     read_notebook,
 )
 
+__all__ = ["BEGIN", "CODE_STUB", "END", "MARKDOWN_STUB", "TOLERANT_TAG", "SolutionFormatError",
+           "exercise_from_solution", "exercise_path_for", "generate", "out_of_sync",
+           "render_exercise", "solution_notebooks", "strip_solution"]
+
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
