@@ -4,6 +4,8 @@ Importing this package is cheap (no TensorFlow): checks import TensorFlow when t
 
 * ``cu.grading.check_<exercise>(fn)``: the check cells of the exercise notebooks; each lesson's
   checks live in ``checks/lesson_NN.py`` and register themselves by name.
+* ``cu.grading.require_passed("check_<exercise>")``: the hidden test of a check cell, which
+  fails an unsolved exercise when nbgrader (or our grader) grades it.
 * ``run_check``, ``Case``, ``compare``: the small framework the checks are built on.
 * ``python -m course_utils exercises [--check]``: exercises from solutions (``generate``).
 * ``python -m course_utils grade SUBMISSIONS ...``: the batch grader (``batch``).
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.grading import checks
+from course_utils.grading.checks.registry import require_passed
 from course_utils.grading.framework import (
     STRICT_ENV,
     Case,
@@ -24,6 +27,7 @@ from course_utils.grading.framework import (
     not_attempted,
     run_check,
     set_strict,
+    stderr_to_stdout,
     strict_checks,
     strict_mode,
 )
@@ -36,8 +40,10 @@ __all__ = [
     "compare",
     "fresh_rng",
     "not_attempted",
+    "require_passed",
     "run_check",
     "set_strict",
+    "stderr_to_stdout",
     "strict_checks",
     "strict_mode",
 ]
