@@ -7,9 +7,7 @@ from __future__ import annotations
 import pytest
 
 import course_utils as cu
-from course_utils.grading import framework
 from course_utils.grading.checks import lesson_00
-from course_utils.grading.framework import NotAttemptedError
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
@@ -47,12 +45,8 @@ def test_diagnose_step_passes_the_reference_and_fails_the_largest_part_alone(cap
         cu.grading.check_diagnose_step(lambda parts, whole: max(parts, key=parts.get))
 
 
-def test_diagnose_step_stub_is_not_attempted(capsys):
-    assert cu.grading.check_diagnose_step(stub) is False
-    assert "not attempted" in capsys.readouterr().out
-    framework.set_strict(True)
-    with pytest.raises(NotAttemptedError):
-        cu.grading.check_diagnose_step(stub)
+def test_diagnose_step_stub_is_not_attempted(assert_not_attempted):
+    assert_not_attempted(cu.grading.check_diagnose_step, stub)
 
 
 # --- split_cpu (run in a fresh process) -------------------------------------------------------
@@ -84,12 +78,8 @@ def test_split_cpu_runs_the_fix_in_a_fresh_process_and_rejects_the_broken_code(c
     assert "PHYSICAL" in str(info.value)  # the hint names the fix
 
 
-def test_split_cpu_stub_is_not_attempted_without_starting_a_process(capsys):
-    assert cu.grading.check_split_cpu(split_cpu_stub) is False
-    assert "not attempted" in capsys.readouterr().out
-    framework.set_strict(True)
-    with pytest.raises(NotAttemptedError):
-        cu.grading.check_split_cpu(split_cpu_stub)
+def test_split_cpu_stub_is_not_attempted_without_starting_a_process(assert_not_attempted):
+    assert_not_attempted(cu.grading.check_split_cpu, split_cpu_stub)
 
 
 # --- step_breakdown ---------------------------------------------------------------------------

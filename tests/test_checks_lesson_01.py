@@ -178,9 +178,8 @@ def test_cache_after_augment_is_frozen_and_no_cache_decodes_again():
             lambda records, decode, augment, b: records.map(decode).map(augment).batch(b))
 
 
-def test_cached_pipeline_stub_is_not_attempted(capsys):
-    assert cu.grading.check_cached_pipeline(stub) is False
-    assert "not attempted" in capsys.readouterr().out
+def test_cached_pipeline_stub_is_not_attempted(assert_not_attempted):
+    assert_not_attempted(cu.grading.check_cached_pipeline, stub)
 
 
 # --- parse_record ----------------------------------------------------------------------------
@@ -223,12 +222,8 @@ def test_parse_record_without_a_default_weight_fails_with_feedback():
         cu.grading.check_parse_record(int64_label)
 
 
-def test_parse_record_stub_is_not_attempted_and_strict_mode_raises(capsys):
-    assert cu.grading.check_parse_record(stub) is False
-    assert "not attempted" in capsys.readouterr().out
-    framework.set_strict(True)
-    with pytest.raises(NotAttemptedError):
-        cu.grading.check_parse_record(stub)
+def test_parse_record_stub_is_not_attempted_and_strict_mode_raises(assert_not_attempted):
+    assert_not_attempted(cu.grading.check_parse_record, stub)
 
 
 def test_record_example_round_trips_through_parse_record():
