@@ -264,3 +264,23 @@ def draw_pipeline_timeline(
                    bbox_to_anchor=(1.0, 1.0), ncol=2)
     axes[-1].set_xlabel("time (units)")
     return axes
+
+
+def epoch_orders(orders: Mapping[str, Sequence[int]], axes: Sequence[Any] | None = None) -> Any:
+    """Where each example lands in an epoch: one scatter panel per named order (e.g. shuffling
+    examples vs shuffling batches). Returns the panels' ``Axes``."""
+    if not orders:
+        raise ValueError("nothing to plot")
+    if axes is None:
+        import matplotlib.pyplot as plt
+
+        _, axes = plt.subplots(1, len(orders), figsize=(4.5 * len(orders), 3.2), sharey=True,
+                               squeeze=False)
+        axes = axes[0]
+    for ax, (name, order) in zip(axes, orders.items(), strict=True):
+        values = list(order)
+        ax.scatter(range(len(values)), values, s=4, color=PALETTE[0])
+        ax.set(title=name, xlabel="position in the epoch")
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[0].set_ylabel("example number")
+    return axes

@@ -70,3 +70,14 @@ def test_pipeline_timeline_draws_exactly_the_computed_schedule():
         total = max(end for *_, end in schedule)
         title = ax.get_title(loc="left")
         assert title.startswith(mode) and f"{total:g} time units" in title
+
+
+def test_epoch_orders_draws_one_panel_per_order_with_every_example_where_it_landed():
+    orders = {"shuffled": [3, 0, 2, 1], "in order": [0, 1, 2, 3]}
+    axes = plots.epoch_orders(orders)
+    assert [ax.get_title() for ax in axes] == list(orders)
+    for ax, order in zip(axes, orders.values(), strict=True):
+        points = ax.collections[0].get_offsets().tolist()
+        assert points == [[position, value] for position, value in enumerate(order)]
+    with pytest.raises(ValueError):
+        plots.epoch_orders({})
