@@ -242,27 +242,52 @@ def largest_difference(arrays_a: Sequence[Any], arrays_b: Sequence[Any]) -> floa
                 for a, b in zip(arrays_a, arrays_b, strict=True)), default=0.0)
 
 
-def time_interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int = 5,
-                     calls_per_round: int = 3, warmup: int = 2) -> dict[str, Timing]:
-    """Seconds per call of each function, timed in interleaved rounds (A B C, B C A, ...).
+def time_interleaved(
+    fns: Mapping[str, Callable[[], Any]], repeats: int = 5, warmup: int = 1,
+    calls_per_repeat: int = 1,
+) -> dict[str, Timing]:
+    """Seconds per call of each function, timed in turns (a b c, b c a, c a b, ...).
 
-    A busy machine slows whatever runs at that moment; interleaving spreads the disturbance
-    over every function, and each round starts with the next function so that none always goes
-    first: compare the medians. Each function is called ``warmup`` times first.
+    A busy machine slows whatever runs at that moment; taking turns spreads the disturbance
+    over every function, and each turn starts with the next function so that none always goes
+    first: compare the medians. Each function is called ``warmup`` times first; each of the
+    ``repeats`` times is the mean of ``calls_per_repeat`` calls. Tensor results are waited for.
     """
-    if rounds < 1 or calls_per_round < 1:
-        raise ValueError("rounds and calls_per_round must be at least 1")
+    if repeats < 1 or calls_per_repeat < 1:
+        raise ValueError(f"repeats and calls_per_repeat must be at least 1, got {repeats} "
+                         f"and {calls_per_repeat}")
+    if not fns:
+        raise ValueError("nothing to time")
     for fn in fns.values():
-        for _ in range(max(warmup, 0)):
+        for _ in range(warmup):
             _block(fn())
     times: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
-    for round_number in range(rounds):
-        shift = round_number % len(names)
+    for turn in range(repeats):
+        shift = turn % len(names)
         for name in names[shift:] + names[:shift]:
-            fn = fns[name]
             start = time.perf_counter()
-            for _ in range(calls_per_round):
-                _block(fn())
-            times[name].append((time.perf_counter() - start) / calls_per_round)
+            for _ in range(calls_per_repeat):
+                _block(fns[name]())
+            times[name].append((time.perf_counter() - start) / calls_per_repeat)
     return {name: Timing(tuple(values)) for name, values in times.items()}
+
+
+def compare_throughput(
+    make_datasets: Mapping[str, Callable[[], Iterable[Any]]], repeats: int = 2,
+    consume: Callable[[Any], Any] | None = None, num_batches: int | None = None,
+) -> dict[str, float]:
+    """Best examples per second of each variant, over ``repeats`` runs taken in turns.
+
+    ``make_datasets`` maps a name to a function that builds a fresh dataset (one epoch); each
+    run iterates a new one, calling ``consume`` on every batch (see ``dataset_throughput``).
+    The best run is the one least disturbed by other programs.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    best: dict[str, float] = dict.fromkeys(make_datasets, 0.0)
+    for _ in range(repeats):
+        for name, make in make_datasets.items():
+            run = dataset_throughput(make(), num_batches=num_batches, consume=consume)
+            best[name] = max(best[name], run.elements_per_second)
+    return best

@@ -41,3 +41,21 @@ def normal_check_mode(monkeypatch: pytest.MonkeyPatch):
     framework.set_strict(None)
     yield
     framework.set_strict(None)
+
+
+@pytest.fixture
+def assert_not_attempted(capsys: pytest.CaptureFixture[str]):
+    """``assert_not_attempted(check, stub)``: the stub is reported "not attempted" in normal mode
+    and raises ``NotAttemptedError`` in strict mode."""
+    from course_utils.grading import framework
+
+    def verify(check, stub) -> None:
+        framework.set_strict(False)
+        assert check(stub) is False
+        assert "not attempted" in capsys.readouterr().out
+        framework.set_strict(True)
+        with pytest.raises(framework.NotAttemptedError):
+            check(stub)
+        framework.set_strict(None)
+
+    return verify

@@ -155,3 +155,81 @@ def test_lesson_01_registers_its_checks():
 
     assert checks.check_fast_pipeline is checks_01.check_fast_pipeline
     assert cu.grading.check_shuffled_batches is checks_01.check_shuffled_batches
+
+
+# --- cached_pipeline -------------------------------------------------------------------------
+
+
+def cached_pipeline(records, decode, augment, batch_size):
+    return records.map(decode).cache().map(augment).batch(batch_size)
+
+
+def test_reference_cached_pipeline_passes(capsys):
+    assert cu.grading.check_cached_pipeline(cached_pipeline)
+    assert "✅ cached_pipeline: 1 case passed" in capsys.readouterr().out
+
+
+def test_cache_after_augment_is_frozen_and_no_cache_decodes_again():
+    with pytest.raises(AssertionError, match="froze the augmentation"):
+        cu.grading.check_cached_pipeline(
+            lambda records, decode, augment, b: records.map(decode).map(augment).cache().batch(b))
+    with pytest.raises(AssertionError, match="times in epoch 2"):
+        cu.grading.check_cached_pipeline(
+            lambda records, decode, augment, b: records.map(decode).map(augment).batch(b))
+
+
+def test_cached_pipeline_stub_is_not_attempted(assert_not_attempted):
+    assert_not_attempted(cu.grading.check_cached_pipeline, stub)
+
+
+# --- parse_record ----------------------------------------------------------------------------
+
+
+def parse_record(record):
+    tf = cu.environment.import_tensorflow()
+    spec = {"pixels": tf.io.FixedLenFeature([12], tf.float32),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+            "weight": tf.io.FixedLenFeature([], tf.float32, default_value=1.0)}
+    example = tf.io.parse_single_example(record, spec)
+    return (tf.reshape(example["pixels"], [2, 2, 3]), tf.cast(example["label"], tf.int32),
+            example["weight"])
+
+
+def test_reference_parse_record_passes(capsys):
+    assert cu.grading.check_parse_record(parse_record)
+    assert "✅ parse_record: 1 case passed" in capsys.readouterr().out
+
+
+def test_parse_record_without_a_default_weight_fails_with_feedback():
+    tf = cu.environment.import_tensorflow()
+
+    def no_default(record):
+        spec = {"pixels": tf.io.FixedLenFeature([12], tf.float32),
+                "label": tf.io.FixedLenFeature([], tf.int64),
+                "weight": tf.io.FixedLenFeature([], tf.float32)}
+        example = tf.io.parse_single_example(record, spec)
+        return (tf.reshape(example["pixels"], [2, 2, 3]), tf.cast(example["label"], tf.int32),
+                example["weight"])
+
+    with pytest.raises(AssertionError, match="parse_record: case 1"):
+        cu.grading.check_parse_record(no_default)
+
+    def int64_label(record):
+        image, label, weight = parse_record(record)
+        return image, tf.cast(label, tf.int64), weight
+
+    with pytest.raises(AssertionError, match="as int32"):
+        cu.grading.check_parse_record(int64_label)
+
+
+def test_parse_record_stub_is_not_attempted_and_strict_mode_raises(assert_not_attempted):
+    assert_not_attempted(cu.grading.check_parse_record, stub)
+
+
+def test_record_example_round_trips_through_parse_record():
+    import numpy as np
+
+    record = checks_01.record_example(np.arange(12, dtype=np.float32), 5)
+    image, label, weight = parse_record(record)
+    assert image.shape == checks_01.RECORD_IMAGE_SHAPE and int(label) == 5
+    assert float(weight) == 1.0  # no weight stored: the default

@@ -9,6 +9,7 @@ import pytest
 
 import course_utils as cu
 from course_utils.grading import framework
+from course_utils.grading.checks import lesson_00
 from course_utils.grading.framework import Case, NotAttemptedError, compare, run_check
 from course_utils.grading.notebooks import check_cells
 
@@ -24,7 +25,7 @@ def test_importing_grading_does_not_import_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, course_utils as cu; cu.grading.check_global_batch_size; "
+    code = ("import sys, course_utils as cu; cu.grading.check_diagnose_step; "
             "import course_utils.grading.batch, course_utils.grading.cli; "
             "print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -32,19 +33,19 @@ def test_importing_grading_does_not_import_tensorflow():
 
 
 def test_stub_is_not_attempted_and_does_not_raise_in_normal_mode(capsys):
-    assert cu.grading.check_global_batch_size(stub) is False
+    assert cu.grading.check_diagnose_step(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
 
 
 def test_stub_raises_not_attempted_in_strict_mode_by_switch_and_by_environment(monkeypatch):
     with framework.strict_checks(), pytest.raises(NotAttemptedError, match="not attempted"):
-        cu.grading.check_scaled_learning_rate(stub)
+        cu.grading.check_diagnose_step(stub)
     monkeypatch.setenv(framework.STRICT_ENV, "1")
     assert framework.strict_mode()
     with pytest.raises(NotAttemptedError):
-        cu.grading.check_global_batch_size(stub)
+        cu.grading.check_diagnose_step(stub)
     framework.set_strict(False)  # the switch wins over the environment
-    assert cu.grading.check_global_batch_size(stub) is False
+    assert cu.grading.check_diagnose_step(stub) is False
 
 
 def test_not_implemented_from_inside_a_library_is_an_error_not_a_stub():
@@ -52,17 +53,17 @@ def test_not_implemented_from_inside_a_library_is_an_error_not_a_stub():
         return stub(batch, replicas)
 
     with pytest.raises(AssertionError, match="from inside a library call"):
-        cu.grading.check_global_batch_size(calls_library)
+        cu.grading.check_diagnose_step(calls_library)
 
 
 def test_exception_in_learner_code_becomes_assertion_with_its_type():
     with pytest.raises(AssertionError, match="ZeroDivisionError"):
-        cu.grading.check_global_batch_size(lambda batch, replicas: 1 / 0)
+        cu.grading.check_diagnose_step(lambda batch, replicas: 1 / 0)
 
 
 def test_passing_something_not_callable_is_explained():
     with pytest.raises(AssertionError, match="expected your function"):
-        cu.grading.check_global_batch_size(12)
+        cu.grading.check_diagnose_step(12)
 
 
 def test_object_claiming_equality_does_not_pass():
@@ -73,7 +74,7 @@ def test_object_claiming_equality_does_not_pass():
         __hash__ = int.__hash__
 
     with pytest.raises(AssertionError):
-        cu.grading.check_global_batch_size(lambda batch, replicas: Liar(-1))
+        cu.grading.check_diagnose_step(lambda batch, replicas: Liar(-1))
 
 
 @pytest.mark.parametrize(("expected", "got", "ok"), [
@@ -104,14 +105,14 @@ def test_fresh_inputs_differ_between_runs():
     seen = []
     run_check_cases = []
 
-    def spy(batch, replicas):
-        seen.append((batch, replicas))
-        return batch * replicas
+    def spy(parts, whole_step):
+        seen.append((sorted(parts.items()), whole_step))
+        return lesson_00.reference_diagnosis(parts, whole_step)
 
-    cu.grading.check_global_batch_size(spy)
+    cu.grading.check_diagnose_step(spy)
     run_check_cases.append(list(seen))
     seen.clear()
-    cu.grading.check_global_batch_size(spy)
+    cu.grading.check_diagnose_step(spy)
     assert seen != run_check_cases[0]
 
 

@@ -24,10 +24,10 @@ from course_utils.grading.notebooks import grade_id, notebook_key
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = "00_setup_exercises.ipynb"
-CHECKS = ["check_global_batch_size", "check_scaled_learning_rate", "check_logical_cpu_names",
-          "check_mirrored_strategy"]
-MAX = {"check_global_batch_size": 1, "check_scaled_learning_rate": 1,
-       "check_logical_cpu_names": 1, "check_mirrored_strategy": 2}
+CHECKS = ["check_diagnose_step", "check_split_cpu", "check_step_breakdown",
+          "check_overlapped_pipeline"]
+MAX = {"check_diagnose_step": 1, "check_split_cpu": 1, "check_step_breakdown": 1,
+       "check_overlapped_pipeline": 2}
 TIMEOUT = 60  # per notebook: the endless loop costs this much of one job slot
 
 
@@ -221,7 +221,7 @@ def test_committed_exercises_score_zero_not_attempted(batch):
 def test_partial_submission_gets_partial_credit_and_feedback(batch):
     rows = _rows(batch, "carol")
     assert [rows[c].status for c in CHECKS] == ["passed", "passed", "failed", "not attempted"]
-    assert "expected" in rows["check_logical_cpu_names"].feedback
+    assert "expected" in rows["check_step_breakdown"].feedback
     assert sum(r.points for r in rows.values()) == 2
 
 
@@ -247,7 +247,7 @@ def test_endless_loop_times_out_and_the_worker_is_killed(tmp_path):
     rows = {r.exercise: r for r in read_rows(out)}
     assert [rows[c].status for c in CHECKS[2:]] == ["timeout", "timeout"]
     assert {rows[c].status for c in CHECKS[:2]} <= {"passed", "timeout"}  # a slow start
-    assert "time limit of 20 s" in rows["check_mirrored_strategy"].feedback
+    assert "time limit of 20 s" in rows["check_overlapped_pipeline"].feedback
 
 
 def test_kernel_death_keeps_earlier_results(batch):
@@ -258,7 +258,8 @@ def test_kernel_death_keeps_earlier_results(batch):
 def test_odd_name_exit_output_flood_files_chdir_and_fake_package_change_nothing(batch):
     rows = _rows(batch, ODD)
     assert [rows[c].status for c in CHECKS] == ["failed", "failed", "passed", "passed"]
-    assert "should be an int" in rows["check_global_batch_size"].feedback
+    assert "expected: 'synchronisation'" in rows["check_diagnose_step"].feedback
+    assert "fresh process" in rows["check_split_cpu"].feedback
     assert not (REPO / "junk.bin").exists() and not (Path.cwd() / "junk.bin").exists()
     assert len(batch["out"].read_bytes()) < 50_000  # the 5 MB print was not kept
     page = batch["feedback"] / f"{safe_name(ODD)}.md"
@@ -303,7 +304,7 @@ def test_interrupted_run_resumes_only_what_is_missing(batch, tmp_path):
     rows = [r for r in read_rows(batch["out"]) if r.student != "ivan"]
     Gradebook(out).add(rows)
     with out.open("a", encoding="utf-8") as handle:
-        handle.write("ivan,00_setup_exercises.ipynb,check_glo")  # killed mid-row
+        handle.write("ivan,00_setup_exercises.ipynb,check_dia")  # killed mid-row
     start = time.monotonic()
     result = grade_folder(batch["subs"], REPO / "solutions", out, timeout=TIMEOUT, jobs=2,
                           progress=False)

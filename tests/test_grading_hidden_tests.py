@@ -11,7 +11,7 @@ import pytest
 
 import course_utils as cu
 from course_utils.grading.assemble import prepare
-from course_utils.grading.checks import registry
+from course_utils.grading.checks import lesson_00, registry
 from course_utils.grading.framework import NotAttemptedError, stderr_to_stdout
 from course_utils.grading.generate import exercise_from_solution
 from course_utils.grading.hidden_tests import (
@@ -100,15 +100,15 @@ def test_hidden_tests_outside_a_check_cell_are_rejected():
 
 
 def test_require_passed_fails_a_stub_and_passes_a_solution(capsys):
-    assert cu.grading.check_global_batch_size(stub) is False
-    with pytest.raises(NotAttemptedError, match="global_batch_size: not attempted"):
-        cu.grading.require_passed("check_global_batch_size")
-    assert cu.grading.check_global_batch_size(lambda batch, replicas: batch * replicas)
-    cu.grading.require_passed("check_global_batch_size")
+    assert cu.grading.check_diagnose_step(stub) is False
+    with pytest.raises(NotAttemptedError, match="diagnose_step: not attempted"):
+        cu.grading.require_passed("check_diagnose_step")
+    assert cu.grading.check_diagnose_step(lesson_00.reference_diagnosis)
+    cu.grading.require_passed("check_diagnose_step")
     with pytest.raises(AssertionError):
-        cu.grading.check_global_batch_size(lambda batch, replicas: 0)
+        cu.grading.check_diagnose_step(lambda parts, whole_step: "input")
     with pytest.raises(AssertionError, match="has not run"):  # a failed check leaves no pass
-        cu.grading.require_passed("check_global_batch_size")
+        cu.grading.require_passed("check_diagnose_step")
     with pytest.raises(KeyError):
         cu.grading.require_passed("check_no_such_exercise")
 

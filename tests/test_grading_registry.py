@@ -27,21 +27,21 @@ def test_every_lesson_module_is_found_and_registers_checks(repo):
 
 
 def test_checks_are_reached_by_name_from_the_package_and_from_cu_grading():
-    assert checks.check("check_global_batch_size") is cu.grading.check_global_batch_size
+    assert checks.check("check_diagnose_step") is cu.grading.check_diagnose_step
     assert "check_compute_loss" in checks.__all__ and "check_compute_loss" in dir(cu.grading)
-    with pytest.raises(KeyError, match="known: .*check_global_batch_size"):
+    with pytest.raises(KeyError, match="known: .*check_diagnose_step"):
         checks.check("check_no_such_exercise")
     with pytest.raises(AttributeError):
         cu.grading.check_no_such_exercise  # noqa: B018
 
 
 def test_a_duplicate_check_name_fails():
-    def check_global_batch_size(fn):
+    def check_diagnose_step(fn):
         return True
 
     with pytest.raises(registry.DuplicateCheckError, match="registered twice.*rename"):
-        registry.register(check_global_batch_size)
-    assert registry.get("check_global_batch_size") is checks.lesson_00.check_global_batch_size
+        registry.register(check_diagnose_step)
+    assert registry.get("check_diagnose_step") is checks.lesson_00.check_diagnose_step
 
 
 def test_a_duplicate_in_a_second_lesson_module_fails_at_import(tmp_path):
@@ -58,14 +58,14 @@ def test_a_duplicate_in_a_second_lesson_module_fails_at_import(tmp_path):
 
 
 def test_a_check_name_must_start_with_check():
-    def global_batch_size(fn):
+    def diagnose_step(fn):
         return True
 
     with pytest.raises(ValueError, match="starts with 'check_'"):
-        registry.register(global_batch_size)
+        registry.register(diagnose_step)
 
 
 def test_registering_the_same_check_again_is_not_a_duplicate():
-    same = checks.lesson_00.check_global_batch_size
+    same = checks.lesson_00.check_diagnose_step
     assert registry.register(same) is same
-    assert registry.get("check_global_batch_size") is same
+    assert registry.get("check_diagnose_step") is same

@@ -91,8 +91,8 @@ def test_time_interleaved_times_every_function_in_rounds():
     calls = []
     timings = cu.bench.time_interleaved({"a": lambda: calls.append("a"),
                                          "b": lambda: calls.append("b")},
-                                        rounds=3, calls_per_round=2, warmup=1)
+                                        repeats=3, calls_per_repeat=2, warmup=1)
     assert set(timings) == {"a", "b"} and all(len(t.times) == 3 for t in timings.values())
     assert calls == ["a", "b"] + ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
     with pytest.raises(ValueError):
-        cu.bench.time_interleaved({"a": lambda: None}, rounds=0)
+        cu.bench.time_interleaved({"a": lambda: None}, repeats=0)

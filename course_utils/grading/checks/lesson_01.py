@@ -6,6 +6,10 @@
 * ``check_shuffled_batches(shuffled_batches)``: examples shuffled before batching – every
   example once per epoch, right batch sizes, batches that are not runs of neighbours, the same
   order for the same seed and a new order every epoch.
+* ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted),
+  augmentation that changes every epoch, every record once per epoch.
+* ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
+  ``map`` – image, label and a weight that some records lack (default 1.0).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from course_utils.environment import import_tensorflow as _tf  # quiet, on first
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
-__all__ = ["check_fast_pipeline", "check_shuffled_batches", "FAST_PIPELINE_MIN_SPEEDUP",
-           "READ_LATENCY_S"]
+__all__ = ["check_cached_pipeline", "check_fast_pipeline", "check_parse_record",
+           "check_shuffled_batches", "FAST_PIPELINE_MIN_SPEEDUP", "READ_LATENCY_S",
+           "RECORD_IMAGE_SHAPE", "record_example"]
 
 #: The speed-up over the slow reference that ``fast_pipeline`` must reach. The reads wait
 #: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads;
@@ -223,3 +228,149 @@ def check_shuffled_batches(fn: Any) -> bool:
         "shuffled_batches", fn, cases,
         hint="shuffle the examples first – dataset.shuffle(buffer, seed=seed) – then "
              "batch(batch_size); keep the last, shorter batch.")
+
+
+# --- Exercise 3 · cache before augmenting -------------------------------------------------------
+
+
+def _counted_stages(calls: dict[str, int], seed: int) -> tuple[Callable[[Any], Any],
+                                                                Callable[[Any], Any]]:
+    """``decode`` (counts its calls in ``calls["decode"]``, returns ``10x``) and ``augment``
+    (adds a random offset in [0, 1) from a generator whose state moves on every call)."""
+    tf = _tf()
+    generator = tf.random.Generator.from_seed(seed)
+
+    def count_and_decode(value: Any) -> Any:
+        calls["decode"] += 1
+        return np.float32(10 * int(value))
+
+    def decode(record: Any) -> Any:
+        image = tf.py_function(count_and_decode, [record], tf.float32)
+        image.set_shape([])
+        return image
+
+    def augment(image: Any) -> Any:
+        return image + generator.uniform([], 0.0, 1.0)
+
+    return decode, augment
+
+
+@register
+def check_cached_pipeline(fn: Any) -> bool:
+    """Check ``cached_pipeline(records, decode, augment, batch_size)``: every record decoded once
+    over two epochs, augmentation that changes every epoch, right elements and batches."""
+    tf = _tf()
+    rng = fresh_rng()
+    batch_size = rng.choice([4, 5, 8])
+    count = rng.randint(5, 8) * batch_size + rng.randint(1, batch_size - 1)
+    calls = {"decode": 0}
+    decode, augment = _counted_stages(calls, rng.randint(0, 2**31 - 1))
+
+    def verify(dataset: Any) -> str | None:
+        if not _is_dataset(dataset):
+            return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
+        epochs, decoded = [], []
+        for _ in range(2):
+            before = calls["decode"]
+            batches = _batches(dataset)
+            decoded.append(calls["decode"] - before)
+            problem = _size_problem(batches, count, batch_size)
+            if problem:
+                return problem
+            epochs.append(np.concatenate(batches))
+        originals = sorted((epochs[0] // 10).astype(int).tolist())
+        if originals != list(range(count)):
+            return "every record must come once per epoch, decoded (decode gives 10 × record)"
+        if decoded != [count, 0]:
+            return (f"decode ran {decoded[0]} times in epoch 1 and {decoded[1]} times in "
+                    f"epoch 2; expected {count} and 0: cache the decoded elements")
+        if np.array_equal(epochs[0], epochs[1]):
+            return ("the two epochs are identical: the cache froze the augmentation; cache "
+                    "after decode and before augment")
+        if np.array_equal(np.floor(epochs[0]), epochs[0]):
+            return "the elements were not augmented: map augment after the cache"
+        return None
+
+    case = Case(args=(tf.data.Dataset.range(count), decode, augment, batch_size),
+                label=f"(range({count}), decode, augment, {batch_size})", verify=verify)
+    return run_check(
+        "cached_pipeline", fn, [case],
+        hint="records.map(decode).cache().map(augment).batch(batch_size): deterministic work "
+             "before the cache, random work after it. Lesson 01, section 5.")
+
+
+# --- Exercise 4 · parse TFRecords you did not write ---------------------------------------------
+
+#: The shape of the images in ``check_parse_record``'s records.
+RECORD_IMAGE_SHAPE = (2, 2, 3)
+
+
+def record_example(pixels: np.ndarray, label: int, weight: float | None = None) -> bytes:
+    """One serialized ``tf.train.Example`` as the exercise describes it: ``pixels`` (floats),
+    ``label`` (an integer) and, in some records only, ``weight`` (a float)."""
+    tf = _tf()
+    feature = {
+        "pixels": tf.train.Feature(float_list=tf.train.FloatList(value=np.ravel(pixels))),
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+    }
+    if weight is not None:
+        feature["weight"] = tf.train.Feature(float_list=tf.train.FloatList(value=[weight]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+@register
+def check_parse_record(fn: Any) -> bool:
+    """Check ``parse_record(record)`` on fresh records in a TFRecord file, inside ``map``."""
+    import os
+    import tempfile
+
+    tf = _tf()
+    rng = fresh_rng()
+    generator = np.random.default_rng(rng.randint(0, 2**31 - 1))
+    count = rng.randint(6, 10)
+    images = generator.random((count, *RECORD_IMAGE_SHAPE)).astype(np.float32)
+    labels = generator.integers(0, 100, count)
+    weights = [None if index % 3 == 0 else float(np.float32(generator.uniform(0.1, 5.0)))
+               for index in range(count)]
+    folder = tempfile.mkdtemp(prefix="check_parse_record_")
+    path = os.path.join(folder, "records.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for image, label, weight in zip(images, labels, weights, strict=True):
+            writer.write(record_example(image, label, weight))
+
+    def verify(_first: Any) -> str | None:  # fn ran eagerly on the first record; now in map
+        parsed = list(tf.data.TFRecordDataset(path).map(fn).as_numpy_iterator())
+        if len(parsed) != count:
+            return f"expected {count} parsed records, got {len(parsed)}"
+        for index, element in enumerate(parsed):
+            if not isinstance(element, tuple) or len(element) != 3:
+                return f"record {index}: expected (image, label, weight), got {element!r:.80}"
+            image, label, weight = (np.asarray(part) for part in element)
+            if image.shape != RECORD_IMAGE_SHAPE or image.dtype != np.float32:
+                return (f"record {index}: expected a float32 image of shape "
+                        f"{RECORD_IMAGE_SHAPE}, got {image.dtype} {image.shape}")
+            if not np.array_equal(image, images[index]):
+                return f"record {index}: the image's pixels differ from the record's"
+            if label.dtype != np.int32 or int(label) != int(labels[index]):
+                return (f"record {index}: expected the label {int(labels[index])} as int32, "
+                        f"got {label!r}")
+            want = 1.0 if weights[index] is None else weights[index]
+            if weight.shape != () or not np.isclose(float(weight), want):
+                return (f"record {index}{' (no weight stored)' if weights[index] is None else ''}"
+                        f": expected the weight {want}, got {weight!r}")
+        return None
+
+    try:
+        first_record = next(iter(tf.data.TFRecordDataset(path)))
+        return run_check(
+            "parse_record", fn,
+            [Case(args=(first_record,),
+                  label=f"TFRecordDataset(<{count} records>).map(parse_record)", verify=verify)],
+            hint="tf.io.parse_single_example(record, {'pixels': FixedLenFeature([12], "
+                 "tf.float32), 'label': FixedLenFeature([], tf.int64), 'weight': "
+                 "FixedLenFeature([], tf.float32, default_value=1.0)}), then reshape the "
+                 "pixels and cast the label. Lesson 01, section 6.")
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
