@@ -18,6 +18,7 @@ def test_teacher_task_is_deterministic_balanced_enough_and_learnable():
     np.testing.assert_array_equal(y, y2)
     np.testing.assert_array_equal(x, x2)
     assert np.bincount(y, minlength=4).min() > 2048 * 0.05
+    tf.keras.utils.set_random_seed(0)  # unseeded, 5 epochs ended anywhere in 0.79-0.83
     model = models.mlp(16, 4, (64,))
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
