@@ -65,8 +65,31 @@ def test_pip_installs_the_course_beside_colabs_stack_without_changing_it(tmp_pat
     colab = colab_pins()
     assert {name: installs.get(name) for name in colab} == colab
     assert not set(FORBIDDEN) & set(installs), "the course must not bring JupyterLab to Colab"
-    added = sorted(f"{name}=={version}" for name, version in installs.items() if name not in colab)
-    print(f"beside Colab's {len(colab)} packages pip would install {len(added)}: {added}")
+    others = len(set(installs) - set(colab))
+    print(f"Colab's {len(colab)} packages kept; {others} more resolved (their dependencies)")
+
+
+@pytest.mark.slow
+def test_the_lock_pins_every_package_the_course_environment_needs(tmp_path):
+    """Resolving the course with all extras under the lock installs exactly the lock's pins."""
+    pip = [sys.executable, "-m", "pip"]
+    if not _registry_reachable(pip):
+        pytest.skip("the package registry is unreachable: pip's resolver cannot run")
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+         "-c", str(REPO / "requirements" / "lock.txt"), f"{REPO}[lab,grading,dev]"],
+        capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    installs = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
+                for item in json.loads(report.read_text())["install"]}
+    installs.pop("scaling-tensorflow-course")
+    lock = {}
+    for line in (REPO / "requirements" / "lock.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            lock[canonicalize_name(name)] = version.strip()
+    assert installs == lock
 
 
 def test_this_environment_is_colabs_stack():
