@@ -14,6 +14,13 @@ NOTEBOOK_DIRS = notebooks solutions exercises
 LAB_FLAGS = $(if $(filter 0,$(shell id -u)),--allow-root)
 NOTEBOOKS = $(wildcard $(addsuffix /*.ipynb,$(NOTEBOOK_DIRS)))
 
+# Colab's stack (requirements/colab.txt) in a second environment: make test-colab-stack
+COLAB_VENV  ?= .venv-colab
+COLAB_BIN    = $(COLAB_VENV)/bin
+COLAB_STACK  = requirements/colab.txt
+# Exact pins of the course's own environment (pip constraints); see its header.
+LOCK         = requirements/lock.txt
+
 # Grading: make grade SUBMISSIONS=path/to/submissions [OUT=gradebook.csv FEEDBACK=feedback]
 SUBMISSIONS ?= submissions
 OUT         ?= gradebook.csv
@@ -21,15 +28,15 @@ FEEDBACK    ?= feedback
 TIMEOUT     ?= 300
 
 .PHONY: help install lab test lint stripped sync unit nbval notebooks html exercises grade \
-        bench doctor strip clean
+        bench doctor strip clean test-colab-stack
 
 help:  ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[lab,grading,dev]"
 	@touch $(STAMP)
 
 install: $(STAMP)  ## create .venv (when missing) and install the course into it
@@ -83,6 +90,28 @@ doctor: $(STAMP)  ## report this machine's hardware and what each lesson can use
 
 strip: $(STAMP)  ## strip outputs from every notebook before committing
 	$(BIN)/nbstripout --keep-id $(NOTEBOOKS)
+
+# Colab's packages first, then the course exactly as the Colab install cell does (no constraint:
+# the ranges must keep Colab's versions), then the test tools without moving Colab's packages.
+$(COLAB_VENV)/.installed: $(COLAB_STACK) pyproject.toml
+	@test -x $(COLAB_BIN)/python || $(PYTHON) -m venv $(COLAB_VENV)
+	$(COLAB_BIN)/python -m pip install --quiet --upgrade pip
+	$(COLAB_BIN)/python -m pip install --quiet -r $(COLAB_STACK)
+	$(COLAB_BIN)/python -m pip install --quiet -e .
+	$(COLAB_BIN)/python -m pip install --quiet -c $(COLAB_STACK) -e ".[grading]" \
+		pytest pytest-xdist pytest-timeout nbval
+	@touch $@
+
+COLAB_NBVAL = $(COLAB_BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) \
+	--dist loadfile --nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
+
+test-colab-stack: $(COLAB_VENV)/.installed  ## unit tests and lessons on Colab's versions (.venv-colab)
+	COURSE_COLAB_STACK=$(COLAB_STACK) $(COLAB_BIN)/python -m pytest -q \
+		tests/test_dependencies.py::test_this_environment_is_colabs_stack
+	$(COLAB_BIN)/python -m pytest tests -n $(JOBS) --dist loadfile
+	COURSE_STRICT_CHECKS=1 $(COLAB_NBVAL) solutions
+	$(COLAB_NBVAL) notebooks exercises
+	@echo "make test-colab-stack: the course passes on Colab's stack"
 
 clean:  ## remove build outputs (keeps .venv)
 	rm -rf _build .pytest_cache .ruff_cache benchmarks/results

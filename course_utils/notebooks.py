@@ -5,6 +5,8 @@ Every notebook in ``notebooks/``, ``solutions/`` and ``exercises/`` starts with 
 will learn before any code, has the set-up cell as its first code cell and a ``parameters``
 cell, and is committed without outputs. ``convention_problems`` checks all of that;
 ``new_notebook`` writes a skeleton that passes it (``python -m course_utils new PATH TITLE``).
+``python -m course_utils.notebooks`` rewrites the Colab-install lines of every set-up cell
+(``refresh_setup_cells``) after ``setup_cell_source`` changes.
 """
 
 from __future__ import annotations
@@ -34,17 +36,110 @@ def colab_badge(relative_path: str | os.PathLike) -> str:
     return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(relative_path)})"
 
 
+#: Where the Colab install cell asks pip to write its report (``pip install --report``).
+INSTALL_REPORT = "/tmp/course_install.json"
+#: Colab's packages the install must keep, by distribution name: the names the summary uses.
+COLAB_RUNTIME = {"tensorflow": "TensorFlow", "keras": "Keras", "ipywidgets": "ipywidgets",
+                 "ipykernel": "ipykernel"}
+_COLAB_IF = 'if "google.colab" in sys.modules:'
+
+
+def colab_install_lines() -> list[str]:
+    """The Colab-install lines of the set-up cell: on Colab only, pip keeps the runtime's stack."""
+    return [
+        "import sys",
+        f"{_COLAB_IF}  # Colab only: install the course, keep Colab's TensorFlow",
+        f"    %pip install -q --report {INSTALL_REPORT} git+https://github.com/{COURSE_REPO}",
+        "    from course_utils.notebooks import install_summary",
+        f'    print(install_summary("{INSTALL_REPORT}"))',
+    ]
+
+
 def setup_cell_source(logical_devices: int | None = 2, seed: int = 42, **options: Any) -> str:
     """The source of the first code cell of every notebook (Colab install, then ``cu.setup``)."""
     arguments = [f"logical_devices={logical_devices}", f"seed={seed}"]
     arguments += [f"{key}={value!r}" for key, value in options.items()]
-    return (
-        "import sys\n"
-        'if "google.colab" in sys.modules:  # Colab only: install the course package\n'
-        f'    %pip install -q "git+https://github.com/{COURSE_REPO}"\n'
-        "import course_utils as cu\n"
-        f"cu.setup({', '.join(arguments)})"
-    )
+    return "\n".join([*colab_install_lines(), "import course_utils as cu",
+                      f"cu.setup({', '.join(arguments)})"])
+
+
+def install_summary(report_path: str | os.PathLike = INSTALL_REPORT) -> str:
+    """One line on what ``pip install --report`` installed and which of Colab's packages it kept.
+
+    Asks for a restart only when pip replaced a package whose modules this kernel already
+    imported (the new version would load only in a new session).
+    """
+    import importlib.metadata
+    import sys
+
+    from packaging.utils import canonicalize_name
+
+    report = json.loads(pathlib.Path(report_path).read_text(encoding="utf-8"))
+    installed = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
+                 for item in report.get("install", [])}
+    course = installed.pop("scaling-tensorflow-course", None)
+    parts = [f"course_utils {course} installed" if course else "course_utils already installed"]
+    kept, replaced = [], []
+    for name, label in COLAB_RUNTIME.items():
+        if name in installed:
+            replaced.append(f"{label} {installed[name]}")
+        else:
+            try:
+                kept.append(f"{label} {importlib.metadata.version(name)}")
+            except importlib.metadata.PackageNotFoundError:
+                pass
+    if kept:
+        parts.append("kept Colab's " + ", ".join(kept))
+    if replaced:
+        parts.append("installed " + ", ".join(replaced))
+    others = [name for name in installed if name not in COLAB_RUNTIME]
+    if others:
+        parts.append(f"added {len(others)} other package{'s' * (len(others) != 1)}")
+    modules = importlib.metadata.packages_distributions()
+    stale = sorted({canonicalize_name(dist) for module, dists in modules.items()
+                    if module in sys.modules for dist in dists} & set(installed))
+    if stale:
+        parts.append("restart the session (Runtime > Restart session): pip replaced "
+                     + ", ".join(stale) + ", already imported")
+    return "; ".join(parts)
+
+
+def refresh_setup_cell(path: str | os.PathLike) -> bool:
+    """Rewrite the Colab-install lines of a notebook's set-up cell; True when the file changed.
+
+    Only the ``import sys`` + ``if "google.colab" in sys.modules:`` block (and its indented
+    body) of the first code cell is replaced by ``colab_install_lines()``; its other lines, its
+    id, metadata and every other cell stay as they are.
+    """
+    import nbformat
+
+    path = pathlib.Path(path)
+    notebook = nbformat.read(str(path), as_version=4)
+    cell = next((c for c in notebook.cells if c.cell_type == "code"), None)
+    if cell is None:
+        raise ValueError(f"{path} has no code cell")
+    lines = cell.source.split("\n")
+    start = next((i for i, line in enumerate(lines) if line.startswith(_COLAB_IF)), None)
+    if start is None:
+        raise ValueError(f"the first code cell of {path} has no Colab-install block")
+    end = start + 1
+    while end < len(lines) and lines[end].startswith((" ", "\t")):
+        end += 1
+    if start > 0 and lines[start - 1] == "import sys":
+        start -= 1
+    source = "\n".join(lines[:start] + colab_install_lines() + lines[end:])
+    if source == cell.source:
+        return False
+    cell.source = source
+    nbformat.write(notebook, str(path))
+    return True
+
+
+def refresh_setup_cells(root: str | os.PathLike = ".") -> list[pathlib.Path]:
+    """``refresh_setup_cell`` on every notebook of the course under ``root``; the changed ones."""
+    paths = sorted(path for folder in NOTEBOOK_FOLDERS
+                   for path in (pathlib.Path(root) / folder).glob("*.ipynb"))
+    return [path for path in paths if refresh_setup_cell(path)]
 
 
 def _source(cell: dict[str, Any]) -> str:
@@ -90,8 +185,9 @@ def convention_problems(path: str | os.PathLike, root: str | os.PathLike = ".") 
     setup = _source(cells[code_indices[0]])
     if "import course_utils as cu" not in setup or "cu.setup(" not in setup:
         problems.append("the first code cell must import course_utils as cu and call cu.setup(")
-    if '"google.colab" in sys.modules' not in setup:
-        problems.append("the set-up cell must install the package on Colab only")
+    if not all(line in setup.split("\n") for line in colab_install_lines()):
+        problems.append("the set-up cell must install the course on Colab only, as "
+                        "setup_cell_source() does (python -m course_utils.notebooks)")
     if not any("parameters" in cells[i].get("metadata", {}).get("tags", [])
                for i in code_indices):
         problems.append("no code cell is tagged 'parameters'")
@@ -137,3 +233,8 @@ def new_notebook(
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, str(path))
     return path
+
+
+if __name__ == "__main__":  # python -m course_utils.notebooks: new Colab install lines everywhere
+    for changed in refresh_setup_cells():
+        print(f"refreshed the set-up cell of {changed}")

@@ -21,7 +21,9 @@ def test_teacher_task_is_deterministic_balanced_enough_and_learnable():
     model = models.mlp(16, 4, (64,))
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
-    history = model.fit(x, y, epochs=5, batch_size=64, verbose=0)
+    # No global seed here (it would leak into later tests): 5 epochs ended anywhere in 0.79-0.83
+    # from one initialization to the next, 10 end near 0.87 on Keras 3.13 and 3.15 alike.
+    history = model.fit(x, y, epochs=10, batch_size=64, verbose=0)
     assert history.history["accuracy"][-1] > 0.8
     assert history.history["loss"][-1] < history.history["loss"][0]
 

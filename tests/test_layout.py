@@ -1,10 +1,13 @@
-"""The repository's promises: pinned dependencies in step, README commands, CI, Makefile."""
+"""The repository's promises: ranges, lock and environment.yml in step; README, CI, Makefile."""
 
 from __future__ import annotations
 
 import pathlib
 import re
 import tomllib
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -13,37 +16,98 @@ def _pyproject() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
+def _name(requirement: str) -> str:
+    return canonicalize_name(Requirement(requirement).name)
+
+
 def _pins(requirements: list[str]) -> dict[str, str]:
     pins = {}
     for requirement in requirements:
         name, _, version = requirement.partition("==")
         assert version, f"{requirement!r} is not pinned with =="
-        pins[re.sub(r"[-_.]+", "-", name.strip().lower())] = version.strip()
+        pins[canonicalize_name(name.strip())] = version.strip()
     return pins
 
 
-def _environment_pins() -> dict[str, str]:
+def _lock_pins() -> dict[str, str]:
+    lines = (REPO / "requirements" / "lock.txt").read_text().splitlines()
+    return _pins([line for line in lines if line.strip() and not line.startswith("#")])
+
+
+def _environment_lines() -> list[str]:
     lines = (REPO / "environment.yml").read_text().splitlines()
     start = lines.index("  - pip:")
-    requirements = [line.strip()[2:] for line in lines[start + 1:]
-                    if line.strip().startswith("- ")]
-    return _pins(requirements)
+    return [line.strip()[2:] for line in lines[start + 1:] if line.strip().startswith("- ")]
 
 
-def test_every_dependency_is_pinned_and_environment_yml_agrees():
+def _direct_requirements() -> list[Requirement]:
     project = _pyproject()["project"]
-    pinned = _pins(project["dependencies"] + project["optional-dependencies"]["dev"])
-    assert _environment_pins() == pinned
+    extras = [r for group in project["optional-dependencies"].values() for r in group]
+    return [Requirement(r) for r in project["dependencies"] + extras]
 
 
-def test_the_pins_are_the_course_stack():
-    pins = _pins(_pyproject()["project"]["dependencies"])
-    assert pins["tensorflow"].startswith("2.21.")
-    assert pins["tf-keras"].startswith("2.21.")  # tf-keras must match TensorFlow's minor
-    assert pins["keras"].startswith("3.")
+def test_runtime_dependencies_are_ranges_without_front_ends_or_test_tools():
+    project = _pyproject()["project"]
+    runtime = {_name(r): Requirement(r) for r in project["dependencies"]}
+    for requirement in runtime.values():
+        assert not any(spec.operator in ("==", "===") for spec in requirement.specifier), (
+            f"{requirement} is an exact pin: on Colab pip would replace the runtime's own")
+    for absent in ("jupyterlab", "notebook", "nbclient", "nbconvert", "pytest", "nbval", "ruff"):
+        assert absent not in runtime, f"{absent} is not a runtime dependency of course_utils"
+    assert set(project["optional-dependencies"]) == {"lab", "grading", "dev"}
+    assert "jupyterlab" in {_name(r) for r in project["optional-dependencies"]["lab"]}
+
+
+def test_ranges_include_colabs_versions():
+    runtime = {_name(r): Requirement(r) for r in _pyproject()["project"]["dependencies"]}
+    colab_lines = (REPO / "requirements" / "colab.txt").read_text().splitlines()
+    colab = _pins([line for line in colab_lines if line.strip() and not line.startswith("#")])
+    for name, version in {"tensorflow": "2.20.0", "keras": "3.13.2",
+                          "ipywidgets": "7.7.1"}.items():
+        assert colab[name] == version  # ../shared/STACK_FACTS.md
+    assert colab["tf-keras"].startswith("2.20.")  # tf-keras matches TensorFlow's minor version
+    for name, requirement in runtime.items():
+        if name in colab:
+            assert requirement.specifier.contains(colab[name]), (
+                f"Colab's {name} {colab[name]} is outside {requirement}: pip would replace it")
+    for name in ("ipywidgets", "ipykernel"):  # both major versions: Colab's and the course's
+        assert runtime[name].specifier.contains("8.1.0" if name == "ipywidgets" else "7.0.0")
+
+
+def test_every_dependency_is_locked_inside_its_range():
+    lock = _lock_pins()
+    for requirement in _direct_requirements():
+        name = canonicalize_name(requirement.name)
+        assert name in lock, f"{requirement} is not pinned in requirements/lock.txt"
+        assert requirement.specifier.contains(lock[name]), (
+            f"the lock pins {name}=={lock[name]}, outside pyproject's {requirement}")
+
+
+def test_environment_yml_pins_the_direct_dependencies_as_the_lock_does():
+    lines = _environment_lines()
+    assert "-c requirements/lock.txt" in lines  # the other packages come from the lock
+    pinned = _pins([line for line in lines if not line.startswith("-")])
+    lock = _lock_pins()
+    assert set(pinned) == {canonicalize_name(r.name) for r in _direct_requirements()}
+    assert pinned == {name: lock[name] for name in pinned}
+
+
+def test_the_lock_is_the_course_stack():
+    lock = _lock_pins()
+    assert lock["tensorflow"].startswith("2.21.")
+    assert lock["tf-keras"].startswith("2.21.")  # tf-keras must match TensorFlow's minor
+    assert lock["keras"].startswith("3.")
     for needed in ("tensorflow-datasets", "importlib-resources", "tensorboard", "jupyterlab",
-                   "ipywidgets", "nbclient", "portpicker", "psutil", "scikit-learn"):
-        assert needed in pins, needed
+                   "ipywidgets", "nbclient", "portpicker", "psutil", "scikit-learn", "pyyaml"):
+        assert needed in lock, needed
+
+
+def test_makefile_installs_with_the_lock():
+    makefile = (REPO / "Makefile").read_text()
+    assert "LOCK         = requirements/lock.txt" in makefile
+    stamp_rule = next(line for line in makefile.splitlines() if line.startswith("$(STAMP):"))
+    assert "$(LOCK)" in stamp_rule and "pyproject.toml" in stamp_rule
+    assert 'pip install --quiet -c $(LOCK) -e ".[lab,grading,dev]"' in makefile
 
 
 def test_environment_yml_uses_the_same_python_as_the_readme():

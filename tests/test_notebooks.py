@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import pathlib
 import subprocess
@@ -48,9 +49,94 @@ def test_colab_badge_points_at_the_file():
 
 def test_setup_cell_installs_on_colab_only_and_calls_setup():
     source = notebooks.setup_cell_source(logical_devices=4, seed=1, deterministic=True)
-    assert 'if "google.colab" in sys.modules' in source
-    assert "%pip install" in source.splitlines()[2] and source.splitlines()[2].startswith("    ")
-    assert source.endswith("cu.setup(logical_devices=4, seed=1, deterministic=True)")
+    lines = source.splitlines()
+    assert lines[:5] == notebooks.colab_install_lines()
+    assert lines[1].startswith('if "google.colab" in sys.modules:')
+    install = lines[2]
+    assert install.startswith("    %pip install -q --report ")
+    assert "git+https://github.com/" in install
+    for forbidden in ("--force-reinstall", "--upgrade ", "-U ", "==", "restart"):
+        assert forbidden not in install  # the ranges keep Colab's TensorFlow; no restart needed
+    assert all(line.startswith("    ") for line in lines[2:5])  # all of it on Colab only
+    assert source.endswith("import course_utils as cu\n"
+                           "cu.setup(logical_devices=4, seed=1, deterministic=True)")
+    assert len(lines) == 7
+
+
+def _report(tmp_path, *installed: tuple[str, str]) -> pathlib.Path:
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"version": "1", "install": [
+        {"metadata": {"name": name, "version": version}} for name, version in installed]}))
+    return path
+
+
+def test_install_summary_says_what_pip_did_in_one_line(tmp_path, monkeypatch):
+    versions = {"tensorflow": "2.20.0", "keras": "3.13.2", "ipywidgets": "7.7.1",
+                "ipykernel": "6.17.1"}
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: versions[name])
+    monkeypatch.setattr(importlib.metadata, "packages_distributions",
+                        lambda: {"yaml": ["PyYAML"], "never_imported_x": ["tensorflow"]})
+    monkeypatch.setitem(sys.modules, "yaml", sys.modules.get("yaml", object()))
+    report = _report(tmp_path, ("scaling-tensorflow-course", "0.1.0"), ("portpicker", "1.6.0"))
+    summary = notebooks.install_summary(report)
+    assert summary == ("course_utils 0.1.0 installed; kept Colab's TensorFlow 2.20.0, "
+                       "Keras 3.13.2, ipywidgets 7.7.1, ipykernel 6.17.1; added 1 other package")
+    assert "\n" not in summary
+    replaced = notebooks.install_summary(_report(
+        tmp_path, ("scaling-tensorflow-course", "0.1.0"), ("tensorflow", "2.21.0"),
+        ("PyYAML", "6.0.3")))
+    assert "kept Colab's Keras 3.13.2" in replaced and "installed TensorFlow 2.21.0" in replaced
+    assert replaced.endswith("restart the session (Runtime > Restart session): pip replaced "
+                             "pyyaml, already imported")
+    assert notebooks.install_summary(_report(tmp_path)).startswith("course_utils already installed")
+
+
+def _old_style_notebook(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = notebooks.new_notebook(tmp_path / "solutions" / "03_x_solutions.ipynb", "X",
+                                  root=tmp_path)
+    notebook = json.loads(path.read_text())
+    notebook["cells"][3]["source"] = [
+        "import os\n", "import sys\n",
+        'if "google.colab" in sys.modules:  # Colab only: install the course package\n',
+        '    %pip install -q "git+https://github.com/old/place"\n',
+        "import course_utils as cu\n", "cu.setup(logical_devices=None, seed=7)"]
+    notebook["cells"][3]["metadata"] = {"tags": ["keep-me"]}
+    path.write_text(json.dumps(notebook, indent=1))
+    return path
+
+
+def test_refresh_setup_cell_rewrites_only_the_colab_install_lines(tmp_path):
+    path = _old_style_notebook(tmp_path)
+    before = json.loads(path.read_text())
+    assert "must install the course on Colab only" in " ".join(
+        notebooks.convention_problems(path, tmp_path))
+    assert notebooks.refresh_setup_cell(path) is True
+    after = json.loads(path.read_text())
+    cell = after["cells"][3]
+    assert "".join(cell["source"]).split("\n") == [
+        "import os", *notebooks.colab_install_lines(), "import course_utils as cu",
+        "cu.setup(logical_devices=None, seed=7)"]
+    assert cell["id"] == before["cells"][3]["id"] and cell["metadata"] == {"tags": ["keep-me"]}
+    assert [c for i, c in enumerate(after["cells"]) if i != 3] == [
+        c for i, c in enumerate(before["cells"]) if i != 3]
+    assert notebooks.convention_problems(path, tmp_path) == []
+    text = path.read_text()
+    assert notebooks.refresh_setup_cell(path) is False and path.read_text() == text
+
+
+def test_refresh_setup_cells_walks_the_course_folders(tmp_path):
+    old = _old_style_notebook(tmp_path)
+    current = notebooks.new_notebook(tmp_path / "notebooks" / "03_x.ipynb", "X", root=tmp_path)
+    assert notebooks.refresh_setup_cells(tmp_path) == [old]
+    assert notebooks.refresh_setup_cells(tmp_path) == []
+    assert notebooks.convention_problems(current, tmp_path) == []
+    broken = tmp_path / "exercises" / "04_y_exercises.ipynb"
+    notebooks.new_notebook(broken, "Y", root=tmp_path)
+    notebook = json.loads(broken.read_text())
+    notebook["cells"][3]["source"] = "import course_utils as cu\ncu.setup()"
+    broken.write_text(json.dumps(notebook))
+    with pytest.raises(ValueError, match="no Colab-install block"):
+        notebooks.refresh_setup_cell(broken)
 
 
 def test_new_notebook_follows_the_conventions(tmp_path):
