@@ -28,6 +28,7 @@ _SUBMODULES = (
     "monitor",
     "notebooks",
     "plots",
+    "quiet",
     "strategies",
     "training",
 )
@@ -35,7 +36,7 @@ _SUBMODULES = (
 # Public name -> submodule that defines it.
 _EXPORTS = {
     "setup": "environment",
-    "quiet_tensorflow": "environment",
+    "quiet_tensorflow": "quiet",
     "seed_everything": "environment",
     "doctor": "devices",
     "configure_logical_devices": "devices",

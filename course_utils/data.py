@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 DIGITS_NAME = "course_digits"
 

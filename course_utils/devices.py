@@ -8,7 +8,7 @@ import os
 import platform
 import sys
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 #: Lessons and the hardware each one can use. Used by ``doctor()``.
 LESSONS: tuple[tuple[str, str], ...] = (

@@ -12,7 +12,7 @@ from typing import Any
 
 
 def _keras() -> Any:
-    from course_utils.environment import import_tensorflow
+    from course_utils.quiet import import_tensorflow
 
     import_tensorflow()
     import keras
