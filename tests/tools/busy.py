@@ -25,10 +25,12 @@ def spin(seconds: float) -> None:
             x = (x * 1103515245 + 12345) & 0x7FFFFFFF
 
 
-def run(seconds: float, max_on: float, max_off: float, seed: int | None) -> int:
-    """Alternate random bursts of spinning and sleeping until the time is up or the parent dies."""
+def run(seconds: float, max_on: float, max_off: float, seed: int | None,
+        parent: int | None = None) -> int:
+    """Alternate random bursts of spinning and sleeping until the time is up or ``parent`` is
+    gone (default: the process that started this one); return the number of bursts."""
     rng = random.Random(seed)
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     deadline = time.monotonic() + seconds
     bursts = 0
     while time.monotonic() < deadline and os.getppid() == parent:
@@ -46,10 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-on", type=float, default=0.6, help="longest burst of spinning")
     parser.add_argument("--max-off", type=float, default=0.6, help="longest pause")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--parent", type=int, default=None,
+                        help="stop as soon as this process is no longer our parent")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        run(args.seconds, args.max_on, args.max_off, args.seed)
+        run(args.seconds, args.max_on, args.max_off, args.seed, args.parent)
     except KeyboardInterrupt:
         pass
     return 0

@@ -9,9 +9,11 @@ python=$1
 shift
 here=$(dirname "$0")
 pids=""
+# KILL, not TERM: a spinner has nothing to clean up, and a TERM that arrives between the
+# shell's fork and Python's start is lost (the spinner would then run on until BUSY_SECONDS).
 stop() {
     if [ -n "$pids" ]; then
-        kill $pids 2>/dev/null
+        kill -KILL $pids 2>/dev/null
         wait $pids 2>/dev/null
         pids=""
     fi
@@ -21,7 +23,7 @@ trap 'stop; exit 130' INT
 trap 'stop; exit 143' TERM
 i=0
 while [ "$i" -lt "${BUSY_PROCESSES:-2}" ]; do
-    "$python" "$here/busy.py" --seconds "${BUSY_SECONDS:-3600}" --seed "$i" &
+    "$python" "$here/busy.py" --seconds "${BUSY_SECONDS:-3600}" --seed "$i" --parent $$ &
     pids="$pids $!"
     i=$((i + 1))
 done
