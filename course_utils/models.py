@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+__all__ = ["mlp", "cnn", "rnn", "transformer_block", "transformer_classifier"]
+
 
 def _keras() -> Any:
     from course_utils.quiet import import_tensorflow

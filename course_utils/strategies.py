@@ -15,6 +15,8 @@ from typing import Any
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
+__all__ = ["STRATEGY_NAMES", "replica_devices", "make_strategy"]
+
 STRATEGY_NAMES = (
     "default",
     "one_device",
