@@ -28,7 +28,7 @@ FEEDBACK    ?= feedback
 TIMEOUT     ?= 300
 
 .PHONY: help install lab test lint stripped sync unit nbval notebooks html exercises grade \
-        bench doctor strip clean test-colab-stack
+        bench doctor strip clean test-fast unit-fast test-busy test-colab-stack
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -62,12 +62,24 @@ sync: $(STAMP)  ## exercises/ is exactly what solutions/ generates
 unit: $(STAMP)  ## pytest: the package, layout and conventions, grader, trainer, clusters
 	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile
 
+test-fast: lint stripped sync unit-fast  ## between small changes: test without slow tests and nbval
+	@echo "make test-fast: all fast checks passed (make test runs everything)"
+
+unit-fast: $(STAMP)  ## pytest without the tests marked slow
+	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile -m "not slow"
+
 NBVAL = $(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile \
 	--nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
 
 nbval: $(STAMP)  ## execute every notebook (nbval, lax mode); solutions with strict checks
 	COURSE_STRICT_CHECKS=1 $(NBVAL) solutions
 	$(NBVAL) notebooks exercises
+
+# Two processes spin the cores in random bursts (tests/tools/busy.py) while nbval runs; the
+# script stops them however the run ends. BUSY_SECONDS bounds their life (default 3600 s).
+test-busy: $(STAMP)  ## lessons and solutions under nbval while 2 processes load the cores in bursts
+	tests/tools/with_busy_cores.sh $(BIN)/python sh -c \
+		'COURSE_STRICT_CHECKS=1 $(NBVAL) solutions && $(NBVAL) notebooks'
 
 notebooks html: $(STAMP)  ## render an executed HTML copy of the course into _build/html
 	$(BIN)/python -m jupyter nbconvert --to html --execute --output-dir _build/html \

@@ -30,6 +30,7 @@ _SUBMODULES = (
     "monitor",
     "notebooks",
     "plots",
+    "quiet",
     "strategies",
     "training",
 )
@@ -37,7 +38,7 @@ _SUBMODULES = (
 # Public name -> submodule that defines it.
 _EXPORTS = {
     "setup": "environment",
-    "quiet_tensorflow": "environment",
+    "quiet_tensorflow": "quiet",
     "seed_everything": "environment",
     "doctor": "devices",
     "configure_logical_devices": "devices",
@@ -46,6 +47,20 @@ _EXPORTS = {
     "make_strategy": "strategies",
     "Trainer": "training",
 }
+
+
+#: The public face: the submodules and re-exported names above (loaded on first use, so
+#: ``from course_utils import *`` imports them all) and the two constants. A test keeps the
+#: notebooks to these names and the names of each submodule's own ``__all__``.
+__all__ = [
+    "COURSE_BRANCH", "COURSE_REPO",
+    # submodules
+    "bench", "cluster", "data", "devices", "environment", "grading", "models", "monitor",
+    "notebooks", "plots", "quiet", "strategies", "training",
+    # re-exported
+    "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
+    "make_strategy", "quiet_tensorflow", "seed_everything", "setup",
+]
 
 
 def __getattr__(name: str) -> Any:

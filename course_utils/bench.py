@@ -16,6 +16,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+__all__ = [
+    "Timer", "Timing", "time_function", "time_steps", "Throughput", "dataset_throughput",
+    "speedups", "scaling_efficiency", "format_table", "machine_info", "write_results",
+]
+
 
 @dataclasses.dataclass
 class Timer:

@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = [
+    "DIGITS_NAME", "teacher_classification", "sequence_task", "train_test_split",
+    "make_pipeline", "without_default_optimizations", "add_latency", "write_tfrecord_shards",
+    "parse_tfrecord_fn", "read_tfrecord_shards", "default_data_dir", "digits_builder",
+    "load_digits",
+]
 
 DIGITS_NAME = "course_digits"
 

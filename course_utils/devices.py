@@ -8,7 +8,13 @@ import os
 import platform
 import sys
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = [
+    "LESSONS", "LogicalDevicesError", "Hardware", "is_colab", "tpu_address", "tpu_available",
+    "devices_initialized", "configure_logical_devices", "hardware", "describe_machine",
+    "lesson_hardware", "doctor_report", "doctor", "doctor_main",
+]
 
 #: Lessons and the hardware each one can use. Used by ``doctor()``.
 LESSONS: tuple[tuple[str, str], ...] = (

@@ -4,74 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
-import sys
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
-# Environment variables that must be set before TensorFlow is imported to silence its start-up.
-_QUIET_ENV = {
-    "TF_CPP_MIN_LOG_LEVEL": "3",  # C++ INFO/WARNING/ERROR logs
-    "TF_ENABLE_ONEDNN_OPTS": "0",  # else TensorFlow prints a oneDNN notice on stderr at import
-    "GRPC_VERBOSITY": "ERROR",
-    "ABSL_MIN_LOG_LEVEL": "3",
-    "KMP_WARNINGS": "0",
-}
+from course_utils import devices
 
+# Re-exported: modules that imported them from here keep working; their home is ``quiet``.
+from course_utils.quiet import import_tensorflow, native_stderr_silenced, quiet_tensorflow
 
-@contextlib.contextmanager
-def native_stderr_silenced() -> Iterator[None]:
-    """Send the process's native stderr (file descriptor 2) to /dev/null inside the block.
-
-    TensorFlow's C++ start-up lines ("Could not find cuda drivers ...") bypass Python and its
-    log levels; Jupyter would show them in red. Python exceptions are unaffected.
-    """
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # no real file descriptor 2 (some embedded consoles)
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def import_tensorflow() -> Any:
-    """Import TensorFlow quietly (see ``quiet_tensorflow``) and return the module."""
-    quiet_tensorflow()
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
-    with native_stderr_silenced():
-        import tensorflow as tf
-    return tf
-
-
-def quiet_tensorflow() -> None:
-    """Silence TensorFlow's start-up noise and Python-side info logs (changes global settings).
-
-    Sets environment variables for TensorFlow's C++ logs (effective when TensorFlow has not yet
-    been imported) and lowers the ``tensorflow`` and ``absl`` Python loggers to errors.
-    """
-    for key, value in _QUIET_ENV.items():
-        os.environ.setdefault(key, value)
-    logging.getLogger("tensorflow").setLevel(logging.ERROR)
-    logging.getLogger("absl").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module="tensorflow")
-    warnings.filterwarnings("ignore", message=".*np.object.*")
-    try:
-        import absl.logging
-
-        absl.logging.set_verbosity(absl.logging.ERROR)
-    except ImportError:  # pragma: no cover - absl comes with TensorFlow
-        pass
+__all__ = ["import_tensorflow", "native_stderr_silenced", "quiet_tensorflow", "seed_everything",
+           "setup"]
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
@@ -105,8 +47,6 @@ def setup(
     TensorFlow started raises a message that says to restart the kernel.
     Returns the ``course_utils.devices.Hardware`` summary.
     """
-    from course_utils import devices
-
     if quiet:
         quiet_tensorflow()
     tf = import_tensorflow()

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+__all__ = ["mlp", "cnn", "rnn", "transformer_block", "transformer_classifier"]
+
 
 def _keras() -> Any:
-    from course_utils.environment import import_tensorflow
+    from course_utils.quiet import import_tensorflow
 
     import_tensorflow()
     import keras

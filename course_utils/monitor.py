@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+__all__ = ["NVIDIA_SMI_QUERY", "Sample", "query_gpus", "UtilizationMonitor", "plot_utilization"]
+
 #: The query the monitor sends to ``nvidia-smi`` (one line per GPU: "util, memory MiB").
 NVIDIA_SMI_QUERY = ("--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits")
 

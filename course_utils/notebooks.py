@@ -19,6 +19,11 @@ from typing import Any
 
 from course_utils import COURSE_BRANCH, COURSE_REPO
 
+__all__ = [
+    "NOTEBOOK_FOLDERS", "TITLE_PATTERN", "BADGE_IMAGE", "LEARN_HEADING", "colab_url",
+    "colab_badge", "setup_cell_source", "convention_problems", "new_notebook",
+]
+
 NOTEBOOK_FOLDERS = ("notebooks", "solutions", "exercises")
 TITLE_PATTERN = re.compile(r"^# (\d{2}) · \S.*")
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+__all__ = ["PALETTE", "bar_chart", "time_breakdown", "scaling_curve", "line_chart"]
+
 #: A colour-blind-safe palette (Okabe-Ito), used in every picture of the course.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442",
            "#000000")

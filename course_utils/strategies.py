@@ -13,7 +13,9 @@ import json
 import os
 from typing import Any
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = ["STRATEGY_NAMES", "replica_devices", "make_strategy"]
 
 STRATEGY_NAMES = (
     "default",

@@ -108,6 +108,7 @@ def test_doctor_prints_versions_devices_and_lessons(capsys):
         assert expected in report
 
 
+@pytest.mark.slow
 def test_doctor_command_line():
     result = subprocess.run([sys.executable, "-m", "course_utils", "doctor",
                              "--logical-devices", "3"], capture_output=True, text=True,
@@ -117,6 +118,7 @@ def test_doctor_command_line():
     assert "What each lesson will use here" in result.stdout
 
 
+@pytest.mark.slow
 def test_setup_in_a_fresh_process_is_quiet_and_safe_to_run_twice():
     code = ("import course_utils as cu\n"
             "cu.setup(logical_devices=3, seed=1)\n"
@@ -130,6 +132,7 @@ def test_setup_in_a_fresh_process_is_quiet_and_safe_to_run_twice():
     assert "cuda" not in result.stderr.lower(), result.stderr
 
 
+@pytest.mark.slow
 def test_setup_with_another_layout_afterwards_says_restart():
     code = ("import course_utils as cu\n"
             "cu.setup(logical_devices=2)\n"
@@ -179,6 +182,7 @@ def test_native_stderr_is_restored_after_an_exception():
     assert "after" in run_python(code).stderr
 
 
+@pytest.mark.slow
 def test_import_tensorflow_is_quiet_and_returns_the_module():
     code = ("import sys\n"
             "from course_utils.environment import import_tensorflow\n"
@@ -189,6 +193,7 @@ def test_import_tensorflow_is_quiet_and_returns_the_module():
     assert "cuda" not in result.stderr.lower()
 
 
+@pytest.mark.slow
 def test_devices_initialized_before_and_after_the_first_op():
     assert devices.devices_initialized()  # conftest created this process's devices
     code = ("from course_utils import devices\n"

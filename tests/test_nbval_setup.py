@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import nbformat
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -32,6 +33,7 @@ def _nbval(*paths: pathlib.Path) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=folder)
 
 
+@pytest.mark.slow
 def test_broken_notebook_fails_naming_the_cell_and_error_while_good_one_passes(tmp_path):
     good = _notebook(tmp_path / "good.ipynb", "import sys\nprint('hi', file=sys.stderr)",
                      "x = 41 + 1\nassert x == 42")
@@ -45,6 +47,7 @@ def test_broken_notebook_fails_naming_the_cell_and_error_while_good_one_passes(t
     assert "AssertionError: x should be two" in traceback
 
 
+@pytest.mark.slow
 def test_stderr_is_not_compared_even_where_outputs_are(tmp_path):
     notebook = nbformat.v4.new_notebook(metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})

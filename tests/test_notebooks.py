@@ -147,6 +147,7 @@ def test_new_notebook_follows_the_conventions(tmp_path):
         notebooks.new_notebook(tmp_path / "notebooks" / "intro.ipynb", "Intro", root=tmp_path)
 
 
+@pytest.mark.slow
 def test_new_command_line_writes_a_skeleton(tmp_path):
     result = subprocess.run([sys.executable, "-m", "course_utils", "new",
                              "notebooks/05_tpus.ipynb", "TPUs"], cwd=tmp_path,

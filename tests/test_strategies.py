@@ -63,6 +63,7 @@ def test_tpu_without_a_tpu_falls_back_quickly_and_says_so(capsys, monkeypatch):
     assert "No TPU on this machine" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_tpu_that_cannot_be_reached_falls_back(capsys, monkeypatch):
     monkeypatch.setenv("TPU_NAME", "local")
     strategy = strategies.make_strategy("tpu")
@@ -118,6 +119,7 @@ def _train_steps(strategy, steps: int = 2) -> float:
     return float(loss)
 
 
+@pytest.mark.slow
 def test_strategies_over_different_device_sets_train_in_one_process():
     code = (
         "import course_utils as cu\n"

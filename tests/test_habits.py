@@ -1,0 +1,73 @@
+"""Habits: test tiers in the Makefile, the pre-commit hooks, and CONTRIBUTING.md."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import pathlib
+import re
+import tomllib
+
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+#: Tiers CONTRIBUTING.md names that other work adds to the Makefile.
+TIERS_BUILT_ELSEWHERE = {"test-colab-stack", "test-browser"}
+
+
+def _makefile_targets() -> dict[str, str]:
+    """Target -> its prerequisites line and recipe."""
+    text = (REPO / "Makefile").read_text()
+    targets = {}
+    for match in re.finditer(r"^([a-z][a-z -]*):(?!=)(.*(?:\n\t.*)*)", text, re.MULTILINE):
+        for name in match.group(1).split():
+            targets[name] = match.group(2)
+    return targets
+
+
+def test_slow_marker_is_registered():
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]
+    assert any(marker.startswith("slow:") for marker in config["ini_options"]["markers"])
+
+
+def test_test_fast_runs_the_conventions_checks_and_the_fast_unit_tests():
+    targets = _makefile_targets()
+    assert targets["test-fast"].split("##")[0].split() == ["lint", "stripped", "sync",
+                                                           "unit-fast"]
+    assert '-m "not slow"' in targets["unit-fast"]
+
+
+def test_make_test_still_runs_the_slow_tests():
+    targets = _makefile_targets()
+    for step in ("lint", "stripped", "sync", "unit", "nbval"):
+        assert step in targets["test"].split("##")[0].split()
+    recipe = targets["unit"].split("\n", 1)[1]
+    assert "-m pytest tests" in recipe and "slow" not in recipe and '-m "' not in recipe
+
+
+def test_pre_commit_hooks_are_the_versions_make_test_runs():
+    config = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())
+    repos = {repo["repo"].rsplit("/", 1)[-1]: repo for repo in config["repos"]}
+    assert repos["ruff-pre-commit"]["rev"] == "v" + importlib.metadata.version("ruff")
+    assert repos["nbstripout"]["rev"] == importlib.metadata.version("nbstripout")
+    assert [hook["id"] for hook in repos["ruff-pre-commit"]["hooks"]] == ["ruff-check"]
+    assert repos["nbstripout"]["hooks"][0]["args"] == ["--keep-id"]  # as `make strip`
+    local = repos["local"]["hooks"][0]
+    assert local["entry"].endswith("-m course_utils exercises --check")  # as `make sync`
+    assert "-m course_utils exercises --check" in _makefile_targets()["sync"]
+
+
+def test_contributing_is_linked_and_names_only_real_targets():
+    contributing = (REPO / "CONTRIBUTING.md").read_text()
+    assert "(CONTRIBUTING.md)" in (REPO / "README.md").read_text()
+    named = set(re.findall(r"`make ([a-z-]+)", contributing))
+    assert {"test-fast", "test", "test-busy"} <= named
+    missing = named - set(_makefile_targets()) - TIERS_BUILT_ELSEWHERE
+    assert not missing, f"CONTRIBUTING.md names make targets that do not exist: {missing}"
+
+
+def test_contributing_describes_every_module_of_the_package():
+    layout = (REPO / "CONTRIBUTING.md").read_text().split("```")[1]
+    for path in sorted((REPO / "course_utils").iterdir()):
+        if path.name.startswith("__pycache__") or path.suffix not in (".py", ""):
+            continue
+        assert re.search(rf"\b{path.stem}(\.py|/)", layout), f"{path.name} is not in the layout"
