@@ -55,8 +55,9 @@ _EXPORTS = {
 __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
-    "bench", "cluster", "data", "devices", "environment", "grading", "models", "monitor",
-    "notebooks", "plots", "quiet", "strategies", "training",
+    "bench", "cluster", "data", "devices", "environment", "grading", "memory",
+    "mixed_precision", "models", "monitor", "notebooks", "plots", "quiet", "strategies",
+    "training",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
     "make_strategy", "quiet_tensorflow", "seed_everything", "setup",

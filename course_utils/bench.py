@@ -17,8 +17,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "Timer", "Timing", "time_function", "time_steps", "Throughput", "dataset_throughput",
-    "speedups", "scaling_efficiency", "format_table", "machine_info", "write_results",
+    "compare_throughput",
+    "dataset_throughput",
+    "format_table",
+    "largest_difference",
+    "machine_info",
+    "scaling_efficiency",
+    "speedups",
+    "Throughput",
+    "time_function",
+    "time_interleaved",
+    "time_steps",
+    "Timer",
+    "Timing",
+    "write_results",
 ]
 
 

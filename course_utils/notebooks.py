@@ -20,8 +20,21 @@ from typing import Any
 from course_utils import COURSE_BRANCH, COURSE_REPO
 
 __all__ = [
-    "NOTEBOOK_FOLDERS", "TITLE_PATTERN", "BADGE_IMAGE", "LEARN_HEADING", "colab_url",
-    "colab_badge", "setup_cell_source", "convention_problems", "new_notebook",
+    "BADGE_IMAGE",
+    "colab_badge",
+    "colab_install_lines",
+    "COLAB_RUNTIME",
+    "colab_url",
+    "convention_problems",
+    "INSTALL_REPORT",
+    "install_summary",
+    "LEARN_HEADING",
+    "new_notebook",
+    "NOTEBOOK_FOLDERS",
+    "refresh_setup_cell",
+    "refresh_setup_cells",
+    "setup_cell_source",
+    "TITLE_PATTERN",
 ]
 
 NOTEBOOK_FOLDERS = ("notebooks", "solutions", "exercises")

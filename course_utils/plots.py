@@ -9,7 +9,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PALETTE", "bar_chart", "time_breakdown", "scaling_curve", "line_chart"]
+__all__ = [
+    "bar_chart",
+    "draw_gradient_accumulation",
+    "draw_loss_scaling",
+    "draw_mixed_precision_step",
+    "draw_number_formats",
+    "draw_pipeline_timeline",
+    "draw_training_step",
+    "epoch_orders",
+    "line_chart",
+    "PALETTE",
+    "PIPELINE_MODES",
+    "pipeline_schedule",
+    "scaling_curve",
+    "STEP_PARTS",
+    "time_breakdown",
+]
 
 #: A colour-blind-safe palette (Okabe-Ito), used in every picture of the course.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442",

@@ -45,7 +45,7 @@ def _fit(model, x, y, epochs, keras):
 
 def test_reference_train_with_policy_passes_and_reports_timings(keras, capsys):
     def train_with_policy(make_model, policy, x, y, epochs):
-        with cu.training.precision.policy_scope(policy):
+        with cu.training.policy_scope(policy):
             model = make_model()
             model.compile(optimizer=keras.optimizers.Adam(0.01),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -77,7 +77,7 @@ def test_policy_left_set_is_reported(keras):
 
 def test_missing_timing_is_reported(keras):
     def no_timing(make_model, policy, x, y, epochs):
-        with cu.training.precision.policy_scope(policy):
+        with cu.training.policy_scope(policy):
             model = make_model()
         result = _fit(model, x, y, epochs, keras)
         result["seconds_per_step"] = None

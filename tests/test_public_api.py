@@ -218,7 +218,7 @@ def test_a_synthetic_notebook_with_a_private_use_fails(tmp_path, source, problem
 
 def test_a_synthetic_notebook_with_public_uses_passes(tmp_path):
     sources = ["import course_utils as cu\nimport numpy as np\nhw = cu.setup(logical_devices=2)",
-               "cu.data.teacher_classification(8, 4)\ncu.grading.check_global_batch_size\n"
+               "cu.data.teacher_classification(8, 4)\ncu.grading.check_diagnose_step\n"
                "from course_utils.data import make_pipeline\nfrom course_utils import plots\n"
                "plots.PALETTE\ncu.Trainer.fit\ncu.__version__\nnp._private_is_not_ours",
                "!ls\n%time x = 1"]

@@ -92,7 +92,7 @@ def check_train_with_policy(fn: Any) -> bool:
                 name = keras.mixed_precision.global_policy().name
                 keras.mixed_precision.set_global_policy("float32")
                 return (f"the global policy was left at {name!r}: restore 'float32' after "
-                        "building (a try/finally, or cu.training.precision.policy_scope)")
+                        "building (a try/finally, or cu.training.policy_scope)")
             if not isinstance(result, dict) or set(result) != {"model", "losses",
                                                                 "seconds_per_step"}:
                 return ("expected a dict with the keys 'model', 'losses' and "
@@ -120,7 +120,7 @@ def check_train_with_policy(fn: Any) -> bool:
              for policy in ("float32", "mixed_float16")]
     passed = run_check(
         "train_with_policy", fn, cases,
-        hint="build the model inside cu.training.precision.policy_scope(policy), compile it "
+        hint="build the model inside cu.training.policy_scope(policy), compile it "
              "there with Adam and SparseCategoricalCrossentropy(from_logits=True), fit, and "
              "divide the time of the epochs after the first by their steps (lesson 08, "
              "sections 3 and 4).")
