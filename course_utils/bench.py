@@ -230,3 +230,47 @@ def write_results(results: Mapping[str, Any], path: str | os.PathLike) -> pathli
                "results": dict(results)}
     path.write_text(json.dumps(payload, indent=2, default=float) + "\n")
     return path
+
+
+def time_interleaved(
+    fns: Mapping[str, Callable[[], Any]], repeats: int = 5, warmup: int = 1,
+) -> dict[str, Timing]:
+    """Time several functions in turns (a, b, c, a, b, c, ...), each after ``warmup`` calls.
+
+    Taking turns spreads any disturbance by other programs over all of them alike, so their
+    medians and bests can be compared. Tensor results are waited for.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if not fns:
+        raise ValueError("nothing to time")
+    for fn in fns.values():
+        for _ in range(max(warmup, 0)):
+            _block(fn())
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            _block(fn())
+            times[name].append(time.perf_counter() - start)
+    return {name: Timing(tuple(values)) for name, values in times.items()}
+
+
+def compare_throughput(
+    make_datasets: Mapping[str, Callable[[], Iterable[Any]]], repeats: int = 2,
+    consume: Callable[[Any], Any] | None = None, num_batches: int | None = None,
+) -> dict[str, float]:
+    """Best examples per second of each variant, over ``repeats`` runs taken in turns.
+
+    ``make_datasets`` maps a name to a function that builds a fresh dataset (one epoch); each
+    run iterates a new one, calling ``consume`` on every batch (see ``dataset_throughput``).
+    The best run is the one least disturbed by other programs.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    best: dict[str, float] = dict.fromkeys(make_datasets, 0.0)
+    for _ in range(repeats):
+        for name, make in make_datasets.items():
+            run = dataset_throughput(make(), num_batches=num_batches, consume=consume)
+            best[name] = max(best[name], run.elements_per_second)
+    return best

@@ -107,7 +107,10 @@ def test_make_pipeline_drop_remainder_and_repeat():
 def test_without_default_optimizations_sets_the_options():
     dataset = data.without_default_optimizations(tf.data.Dataset.range(3))
     assert dataset.options().experimental_optimization.apply_default_optimizations is False
+    assert dataset.options().autotune.enabled is True  # AUTOTUNE still tunes
     assert list(dataset.as_numpy_iterator()) == [0, 1, 2]
+    fixed = data.without_default_optimizations(tf.data.Dataset.range(3), autotune=False)
+    assert fixed.options().autotune.enabled is False
 
 
 def test_add_latency_waits_and_passes_elements_through():

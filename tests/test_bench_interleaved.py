@@ -1,0 +1,50 @@
+"""course_utils.bench.time_interleaved and compare_throughput (used by lessons 00 and 01)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import tensorflow as tf
+
+from course_utils import bench
+
+
+def test_time_interleaved_takes_turns_after_the_warmup():
+    calls = []
+    timings = bench.time_interleaved({"a": lambda: calls.append("a"),
+                                      "b": lambda: calls.append("b")}, repeats=3, warmup=1)
+    assert calls == ["a", "b"] + ["a", "b"] * 3
+    assert set(timings) == {"a", "b"} and all(len(t.times) == 3 for t in timings.values())
+
+
+def test_time_interleaved_tells_a_slow_function_from_a_fast_one():
+    timings = bench.time_interleaved({"slow": lambda: time.sleep(0.03), "fast": lambda: None},
+                                     repeats=2)
+    assert timings["slow"].best >= 0.025 > timings["fast"].best
+
+
+def test_time_interleaved_rejects_nothing_to_time():
+    with pytest.raises(ValueError):
+        bench.time_interleaved({}, repeats=2)
+    with pytest.raises(ValueError):
+        bench.time_interleaved({"a": lambda: None}, repeats=0)
+
+
+def test_compare_throughput_builds_a_fresh_dataset_for_every_run():
+    built = []
+
+    def make(name):
+        def build():
+            built.append(name)
+            return tf.data.Dataset.range(40).batch(10)
+        return build
+
+    consumed = []
+    result = bench.compare_throughput({"x": make("x"), "y": make("y")}, repeats=2,
+                                      consume=consumed.append)
+    assert built == ["x", "y", "x", "y"]
+    assert len(consumed) == 4 * 3  # one warm-up batch of four is not timed
+    assert set(result) == {"x", "y"} and all(value > 0 for value in result.values())
+    with pytest.raises(ValueError):
+        bench.compare_throughput({"x": make("x")}, repeats=0)
