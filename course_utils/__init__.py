@@ -28,7 +28,9 @@ _SUBMODULES = (
     "monitor",
     "notebooks",
     "plots",
+    "reductions",
     "strategies",
+    "tflogs",
     "training",
 )
 
