@@ -28,8 +28,12 @@ def test_each_snippet_gets_the_lines_it_caused_and_verbose_logs_need_vmodule():
         "from_function": "next(iter(strategy.distribute_datasets_from_function(\n"
                          "    lambda context: tf.data.Dataset.range(16).batch(2))))",
     }
-    verbose = tflogs.tensorflow_log_lines(snippets, setup=_SETUP, vmodule="auto_shard=2")
+    logs = tflogs.tensorflow_log_lines(snippets, setup=_SETUP, vmodules=(None, "auto_shard=2"))
+    assert set(logs) == {None, "auto_shard=2"}
+    verbose = logs["auto_shard=2"]
     assert set(verbose) == set(snippets)
+    # the default level never shows the verbose line
+    assert not any("auto_shard.cc" in line for lines in logs[None].values() for line in lines)
     shard = {name: [line for line in lines if "auto_shard.cc" in line]
              for name, lines in verbose.items()}
     assert len(shard["distribute"]) == 1 and shard["distribute"][0].startswith("I")
