@@ -4,7 +4,10 @@ Commands:
   doctor      print a report of this machine and what each lesson can use here
   exercises   generate exercises/ from solutions/ (``--check`` fails when out of sync)
   grade       grade a folder of submitted exercise notebooks into a CSV gradebook
-  new         write a new notebook skeleton that follows the conventions: new PATH "Title"
+  new         scaffold a lesson: new NN name "Title" writes notebooks/NN_name.ipynb, its
+              solutions and exercises notebooks, course_utils/grading/checks/lesson_NN.py and
+              tests/test_checks_lesson_NN.py (never overwrites); new PATH.ipynb "Title" writes
+              one notebook skeleton
 """
 
 from __future__ import annotations
@@ -12,6 +15,33 @@ from __future__ import annotations
 import sys
 
 _GRADING_COMMANDS = ("exercises", "grade", "check")
+
+
+def _new(rest: list[str]) -> int:
+    """``new NN name "Title"`` (a whole lesson) or ``new PATH.ipynb "Title"`` (one notebook)."""
+    if len(rest) == 2 and rest[0].endswith(".ipynb"):
+        from course_utils.notebooks import new_notebook
+
+        print(f"wrote {new_notebook(rest[0], rest[1])}")
+        return 0
+    if len(rest) != 3:
+        print('usage: python -m course_utils new NN name "Title"   (e.g. new 03 multi_worker '
+              '"Multi-worker training")\n'
+              '       python -m course_utils new notebooks/NN_name.ipynb "Title"',
+              file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    from course_utils.grading.scaffold import scaffold_lesson
+
+    try:
+        files = scaffold_lesson(Path.cwd(), *rest)
+    except (FileExistsError, ValueError) as error:
+        print(f"new: {error}", file=sys.stderr)
+        return 1
+    for path in files.values():
+        print(f"wrote {path.relative_to(Path.cwd())}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,14 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return doctor_main(rest)
     if command == "new":
-        if len(rest) != 2:
-            print('usage: python -m course_utils new notebooks/NN_name.ipynb "Title"',
-                  file=sys.stderr)
-            return 2
-        from course_utils.notebooks import new_notebook
-
-        print(f"wrote {new_notebook(rest[0], rest[1])}")
-        return 0
+        return _new(rest)
     if command in _GRADING_COMMANDS:
         from course_utils.grading.cli import main as grading_main
 

@@ -2,7 +2,10 @@
 
 Importing this package is cheap (no TensorFlow): checks import TensorFlow when they run.
 
-* ``cu.grading.check_<exercise>(fn)``: the check cells of the exercise notebooks (``checks``).
+* ``cu.grading.check_<exercise>(fn)``: the check cells of the exercise notebooks; each lesson's
+  checks live in ``checks/lesson_NN.py`` and register themselves by name.
+* ``cu.grading.require_passed("check_<exercise>")``: the hidden test of a check cell, which
+  fails an unsolved exercise when nbgrader (or our grader) grades it.
 * ``run_check``, ``Case``, ``compare``: the small framework the checks are built on.
 * ``python -m course_utils exercises [--check]``: exercises from solutions (``generate``).
 * ``python -m course_utils grade SUBMISSIONS ...``: the batch grader (``batch``).
@@ -14,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.grading import checks
+from course_utils.grading.checks.registry import require_passed
 from course_utils.grading.framework import (
     STRICT_ENV,
     Case,
@@ -23,6 +27,7 @@ from course_utils.grading.framework import (
     not_attempted,
     run_check,
     set_strict,
+    stderr_to_stdout,
     strict_checks,
     strict_mode,
 )
@@ -35,19 +40,22 @@ __all__ = [
     "compare",
     "fresh_rng",
     "not_attempted",
+    "require_passed",
     "run_check",
     "set_strict",
+    "stderr_to_stdout",
     "strict_checks",
     "strict_mode",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """``cu.grading.check_<exercise>``: every check defined in ``checks``, without a list here."""
-    if name.startswith("check_") and callable(getattr(checks, name, None)):
-        return getattr(checks, name)
-    raise AttributeError(f"module 'course_utils.grading' has no attribute {name!r}")
+    """``cu.grading.check_<exercise>``: every registered check, without a list here."""
+    fn = checks.registry.get(name)
+    if fn is None:
+        raise AttributeError(f"module 'course_utils.grading' has no attribute {name!r}")
+    return fn
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *(n for n in vars(checks) if n.startswith("check_"))})
+    return sorted({*globals(), *checks.registry.names()})

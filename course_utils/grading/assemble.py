@@ -4,10 +4,11 @@ Check cells and locked cells (the set-up cell) come from the solution notebook, 
 nbgrader ``grade_id`` (or by cell id when a front end dropped the metadata). Whatever the
 submission holds under those ids (edited, moved, duplicated) is dropped; each instructor cell
 goes right after the nearest cell that precedes it in the solution notebook and is present in
-the submission, so moved or deleted cells still get their checks. Each check cell is prefixed
-with a guard that imports ``course_utils.grading`` afresh from the instructor's installation and
-turns strict mode on: rebinding ``cu``, patching the checks or changing the environment in an
-earlier cell gains nothing.
+the submission, so moved or deleted cells still get their checks. A check cell comes back with
+its hidden tests (nbgrader's ``### BEGIN HIDDEN TESTS``), which the learner's copy lacks. Each
+check cell is prefixed with a guard that imports ``course_utils.grading`` afresh from the
+instructor's installation and turns strict mode on: rebinding ``cu``, patching the checks or
+changing the environment in an earlier cell gains nothing.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from course_utils.grading.hidden_tests import strip_hidden_tests
 from course_utils.grading.notebooks import (
     grade_id,
     is_check_cell,
     is_locked_cell,
     points,
 )
+
+__all__ = ["CHECK_MARKER", "GUARD", "CheckSpec", "Prepared", "guard_source", "prepare"]
 
 #: The guard's last line: what follows it in a check cell is the instructor's check.
 CHECK_MARKER = "# --- instructor's check ---"
@@ -113,7 +117,8 @@ def prepare(submission: Any, solution: Any, package_dir: Path) -> Prepared:
         original = restored[key]
         if key not in submitted:
             notes.append(f"cell {key!r} was missing: the instructor's copy was put back")
-        elif submitted[key].get("source", "") != original.source:
+        elif submitted[key].get("source", "") not in (original.source,
+                                                       strip_hidden_tests(original.source)):
             notes.append(f"cell {key!r} was edited: the instructor's copy was put back")
         anchors = order[:position]
         present = [i for i, (k, _) in enumerate(cells) if k in anchors]

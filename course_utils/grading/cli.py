@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+__all__ = ["COMMANDS", "EXERCISES", "SOLUTIONS", "main"]
+
 SOLUTIONS = Path("solutions")
 EXERCISES = Path("exercises")
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from course_utils.grading.notebooks import exercise_name, notebook_key
 
+__all__ = ["Submission", "find_submissions", "pick_latest", "safe_name"]
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 

@@ -19,6 +19,9 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+__all__ = ["OUTPUT_CAP", "TRUNCATED_NOTE", "CellOutcome", "CurrentPythonKernelSpecs",
+           "GradingClient", "execute_notebook"]
+
 #: Characters of output kept per cell; the rest is dropped with a note.
 OUTPUT_CAP = 20_000
 TRUNCATED_NOTE = "\n[... output truncated by the grader ...]\n"

@@ -8,6 +8,8 @@ from pathlib import Path
 from course_utils.grading.discover import safe_name
 from course_utils.grading.gradebook import PASSED, Row, _format
 
+__all__ = ["student_markdown", "summary_table", "write_feedback"]
+
 _ICONS = {PASSED: "✅", "not attempted": "⏳"}
 
 

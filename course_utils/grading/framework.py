@@ -1,7 +1,7 @@
 """The check framework: run cases against a learner's function, compare, explain, detect stubs.
 
-A check (see ``checks.py``) builds a few cases from fresh random inputs with their expected
-results from a reference, then calls :func:`run_check`. The framework:
+A check (see ``checks/lesson_NN.py``) builds a few cases from fresh random inputs with their
+expected results from a reference, then calls :func:`run_check`. The framework:
 
 * calls the learner's function on every case and compares its result with the expected one
   (numbers with a tolerance, sequences and mappings element by element, arrays by shape and
@@ -15,6 +15,9 @@ results from a reference, then calls :func:`run_check`. The framework:
 
 Strict mode is on when :func:`set_strict` says so, else when the environment variable
 ``COURSE_STRICT_CHECKS`` is ``1``/``true``/``yes``.
+
+A check writes nothing to stderr (:func:`stderr_to_stdout`): nbgrader scores a test cell 0
+when it does, and TensorFlow's warnings go there.
 """
 
 from __future__ import annotations
@@ -23,10 +26,17 @@ import contextlib
 import math
 import os
 import random
+import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from course_utils.environment import native_stderr_silenced
+
+__all__ = ["PASS_MARK", "STRICT_ENV", "TODO_MARK", "Case", "NotAttemptedError", "compare",
+           "fresh_rng", "not_attempted", "run_check", "set_strict", "stderr_to_stdout",
+           "strict_checks", "strict_mode"]
 
 #: Environment variable that turns strict mode on (``1``, ``true`` or ``yes``).
 STRICT_ENV = "COURSE_STRICT_CHECKS"
@@ -64,6 +74,17 @@ def strict_checks(value: bool = True) -> Iterator[None]:
         yield
     finally:
         _strict_override = saved
+
+
+@contextlib.contextmanager
+def stderr_to_stdout() -> Iterator[None]:
+    """Inside the block, Python's stderr (warnings, logs) goes to stdout and native stderr nowhere.
+
+    nbgrader gives a test cell 0 points when it writes to stderr; TensorFlow writes its C++
+    notices to file descriptor 2 and Keras its warnings to ``sys.stderr``.
+    """
+    with native_stderr_silenced(), contextlib.redirect_stderr(sys.stdout):
+        yield
 
 
 def fresh_rng() -> random.Random:

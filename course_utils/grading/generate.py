@@ -8,6 +8,8 @@
   a markdown solution cell's block becomes ``YOUR ANSWER HERE``;
 * the title's "Solutions" turned into "Exercises" and links to the solution notebook (the Colab
   badge) pointing at the exercise notebook;
+* nbgrader's hidden tests (``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS``) removed
+  from check cells, exactly as nbgrader's ``generate_assignment`` removes them;
 * check cells, and code cells that use a name a solution cell defines, tagged
   ``raises-exception`` so nbval accepts a learner's half-done attempt;
 * no outputs, no execution counts; cell ids and nbgrader metadata unchanged.
@@ -22,6 +24,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+from course_utils.grading.hidden_tests import (
+    HiddenTestsFormatError,
+    has_hidden_tests,
+    strip_hidden_tests,
+)
 from course_utils.grading.notebooks import (
     EXERCISE_SUFFIX,
     SOLUTION_SUFFIX,
@@ -30,6 +37,10 @@ from course_utils.grading.notebooks import (
     is_solution_cell,
     read_notebook,
 )
+
+__all__ = ["BEGIN", "CODE_STUB", "END", "MARKDOWN_STUB", "TOLERANT_TAG", "SolutionFormatError",
+           "exercise_from_solution", "exercise_path_for", "generate", "out_of_sync",
+           "render_exercise", "solution_notebooks", "strip_solution"]
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -80,6 +91,59 @@ def _defined_names(source: str) -> set[str]:
     return {a or b for a, b in _DEFINED.findall(source)}
 
 
+def _relink(cell: Any, solution_link: str, exercise_link: str, title: bool) -> None:
+    """Markdown: links to the solution point at the exercise; the title says "Exercises"."""
+    source = cell.source.replace(solution_link, exercise_link)
+    if title:
+        lines = source.split("\n")
+        lines[0] = re.sub(r"\bSolutions\b", "Exercises", lines[0])
+        source = "\n".join(lines)
+    cell.source = source
+
+
+def _clear_solution(cell: Any) -> set[str]:
+    """A solution cell's blocks become stubs; returns the names its solution defines."""
+    if is_solution_cell(cell):
+        if BEGIN not in cell.source:
+            raise SolutionFormatError(f"solution cell {cell.get('id')} has no {BEGIN!r}")
+        if cell.cell_type != "code":
+            cell.source = strip_solution(cell.source, MARKDOWN_STUB)
+            return set()
+        names = _defined_names(cell.source)
+        cell.source = strip_solution(cell.source)
+        return names
+    if BEGIN in cell.source or END in cell.source:
+        raise SolutionFormatError(f"cell {cell.get('id')} has solution markers but is not "
+                                  "marked as a solution cell (nbgrader solution: true)")
+    return set()
+
+
+def _clear_hidden_tests(cell: Any) -> None:
+    """A check cell loses its hidden tests, as nbgrader's ``ClearHiddenTests`` does."""
+    if is_check_cell(cell):
+        cell.source = strip_hidden_tests(cell.source)
+    elif has_hidden_tests(cell.source):
+        raise HiddenTestsFormatError(f"cell {cell.get('id')} has hidden tests but is not a "
+                                     "check cell (nbgrader grade: true, solution: false)")
+
+
+def _tag_tolerant(cell: Any, answer_names: set[str]) -> None:
+    """Check cells and cells using an answer may raise while the learner works: tag them."""
+    if cell.cell_type != "code" or is_solution_cell(cell) or not (is_check_cell(cell) or any(
+            re.search(rf"\b{re.escape(name)}\b", cell.source) for name in answer_names)):
+        return
+    tags = list(cell.metadata.get("tags", []))
+    if TOLERANT_TAG not in tags:
+        cell.metadata["tags"] = [*tags, TOLERANT_TAG]
+
+
+def _clear_outputs(cell: Any) -> None:
+    if cell.cell_type == "code":
+        cell.outputs = []
+        cell.execution_count = None
+    cell.metadata.pop("execution", None)
+
+
 def exercise_from_solution(solution_nb: Any, solution_link: str, exercise_link: str) -> Any:
     """The exercise notebook for ``solution_nb`` (a new object; the input is not changed).
 
@@ -88,37 +152,14 @@ def exercise_from_solution(solution_nb: Any, solution_link: str, exercise_link: 
     """
     nb = copy.deepcopy(solution_nb)
     answer_names: set[str] = set()
-    title_done = False
+    markdown = [cell for cell in nb.cells if cell.cell_type == "markdown"]
     for cell in nb.cells:
-        source = cell.source
         if cell.cell_type == "markdown":
-            source = source.replace(solution_link, exercise_link)
-            if not title_done:
-                lines = source.split("\n")
-                lines[0] = re.sub(r"\bSolutions\b", "Exercises", lines[0])
-                source = "\n".join(lines)
-                title_done = True
-        if is_solution_cell(cell):
-            if BEGIN not in source:
-                raise SolutionFormatError(f"solution cell {cell.get('id')} has no {BEGIN!r}")
-            if cell.cell_type == "code":
-                answer_names |= _defined_names(source)
-                source = strip_solution(source)
-            else:
-                source = strip_solution(source, MARKDOWN_STUB)
-        elif BEGIN in source or END in source:
-            raise SolutionFormatError(f"cell {cell.get('id')} has solution markers but is not "
-                                      "marked as a solution cell (nbgrader solution: true)")
-        elif cell.cell_type == "code" and (is_check_cell(cell) or any(
-                re.search(rf"\b{re.escape(name)}\b", source) for name in answer_names)):
-            tags = list(cell.metadata.get("tags", []))
-            if TOLERANT_TAG not in tags:
-                cell.metadata["tags"] = [*tags, TOLERANT_TAG]
-        cell.source = source
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
-        cell.metadata.pop("execution", None)
+            _relink(cell, solution_link, exercise_link, title=cell is markdown[0])
+        answer_names |= _clear_solution(cell)
+        _clear_hidden_tests(cell)
+        _tag_tolerant(cell, answer_names)
+        _clear_outputs(cell)
     return nb
 
 

@@ -8,6 +8,10 @@ import os
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
+__all__ = ["COLUMNS", "DUPLICATE", "ERROR", "FAILED", "GRADER_ERROR", "INVALID", "KERNEL_DIED",
+           "NOT_ATTEMPTED", "PASSED", "STRAY", "TAMPERED", "TIMEOUT", "UNGRADABLE", "UNKNOWN",
+           "Gradebook", "Row", "read_rows"]
+
 COLUMNS = ("student", "notebook", "exercise", "points", "max_points", "status", "feedback")
 
 PASSED = "passed"

@@ -14,6 +14,10 @@ from typing import Any
 
 import nbformat
 
+__all__ = ["EXERCISE_SUFFIX", "NBGRADER_SCHEMA", "SOLUTION_SUFFIX", "check_cells", "dumps",
+           "exercise_name", "grade_id", "is_check_cell", "is_locked_cell", "is_solution_cell",
+           "nbgrader_meta", "notebook_key", "points", "read_notebook"]
+
 NBGRADER_SCHEMA = 3
 SOLUTION_SUFFIX = "_solutions"
 EXERCISE_SUFFIX = "_exercises"

@@ -18,6 +18,8 @@ import psutil
 
 from course_utils.grading.execute import execute_notebook
 
+__all__ = ["main"]
+
 
 def _kill_descendants() -> None:
     """Kill every process this worker started (the kernel and whatever it spawned)."""

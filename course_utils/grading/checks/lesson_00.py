@@ -1,9 +1,9 @@
-"""One check per exercise, called from the exercise notebooks' check cells.
+"""Checks of lesson 00's exercises (set-up): batch sizes, learning-rate scaling, devices.
 
 Each check takes the learner's function, builds cases from fresh random inputs, computes the
-expected results with a reference and hands both to :func:`run_check`. To add an exercise,
-add a ``check_<function name>(fn)`` here (TensorFlow imported inside the function, never at
-module level) and call it from a check cell: ``cu.grading.check_<function name>(<function>)``.
+expected results with a reference and hands both to :func:`run_check`. A check is registered by
+name with ``@register`` (TensorFlow imported inside the function, never at module level) and
+called from a check cell as ``cu.grading.check_<function name>(<function>)``.
 """
 
 from __future__ import annotations
@@ -11,11 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
+
+__all__ = ["check_global_batch_size", "check_logical_cpu_names", "check_mirrored_strategy",
+           "check_scaled_learning_rate"]
 
 # --- 00 · set-up --------------------------------------------------------------------------
 
 
+@register
 def check_global_batch_size(fn: Any) -> bool:
     """Check ``global_batch_size(per_replica_batch_size, num_replicas)``."""
     rng = fresh_rng()
@@ -26,6 +31,7 @@ def check_global_batch_size(fn: Any) -> bool:
                      hint="every replica takes its own per-replica batch in each step.")
 
 
+@register
 def check_scaled_learning_rate(fn: Any) -> bool:
     """Check ``scaled_learning_rate(base_learning_rate, base_batch_size, global_batch_size)``."""
     rng = fresh_rng()
@@ -41,6 +47,7 @@ def check_scaled_learning_rate(fn: Any) -> bool:
                           "global_batch_size / base_batch_size (use true division).")
 
 
+@register
 def check_logical_cpu_names(fn: Any) -> bool:
     """Check ``logical_cpu_names()`` against TensorFlow's list of logical CPU devices."""
     tf = _tf()
@@ -50,6 +57,7 @@ def check_logical_cpu_names(fn: Any) -> bool:
                           "return each device's .name, in order.")
 
 
+@register
 def check_mirrored_strategy(fn: Any) -> bool:
     """Check ``mirrored_strategy(device_names)``: a MirroredStrategy over exactly those devices."""
     tf = _tf()
@@ -85,7 +93,3 @@ def check_mirrored_strategy(fn: Any) -> bool:
     return run_check("mirrored_strategy", fn, cases,
                      hint="tf.distribute.MirroredStrategy(devices=...) takes the device names.")
 
-
-# --- later lessons: each lesson's checks live in a module of their own ----------------------
-from course_utils.grading.checks_01 import *  # noqa: E402,F403
-from course_utils.grading.checks_02 import *  # noqa: E402,F403

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import course_utils as cu
-from course_utils.grading import checks_01, framework
+from course_utils.grading import framework
+from course_utils.grading.checks import lesson_01 as checks_01
 from course_utils.grading.framework import NotAttemptedError
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
@@ -149,8 +150,8 @@ def test_shuffled_batches_stub_is_not_attempted(capsys):
     assert "not attempted yet" in capsys.readouterr().out
 
 
-def test_checks_are_exported_by_the_checks_module():
+def test_lesson_01_registers_its_checks():
     from course_utils.grading import checks
 
     assert checks.check_fast_pipeline is checks_01.check_fast_pipeline
-    assert checks.check_shuffled_batches is checks_01.check_shuffled_batches
+    assert cu.grading.check_shuffled_batches is checks_01.check_shuffled_batches

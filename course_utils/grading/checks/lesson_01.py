@@ -1,4 +1,4 @@
-"""Checks of lesson 01's exercises (re-exported by ``course_utils.grading.checks``).
+"""Checks of lesson 01's exercises (registered by name with ``@register``).
 
 * ``check_fast_pipeline(fast_pipeline)``: same elements as the slow reference pipeline (as a
   multiset: a parallel pipeline may reorder them), batches of the right sizes, and a speed-up
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
 __all__ = ["check_fast_pipeline", "check_shuffled_batches", "FAST_PIPELINE_MIN_SPEEDUP",
@@ -107,6 +108,7 @@ def _storage(seconds: float) -> tuple[Callable[[Any], Any], Callable[[Any], Any]
     return read, decode
 
 
+@register
 def check_fast_pipeline(fn: Any) -> bool:
     """Check ``fast_pipeline(source, read, decode, batch_size)``: same elements, much faster."""
     tf = _tf()
@@ -170,6 +172,7 @@ def _consecutive_fraction(batches: list[np.ndarray]) -> float:
     return float(np.mean(runs)) if runs else 0.0
 
 
+@register
 def check_shuffled_batches(fn: Any) -> bool:
     """Check ``shuffled_batches(dataset, batch_size, buffer, seed)``: shuffle, then batch."""
     tf = _tf()

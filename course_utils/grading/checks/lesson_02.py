@@ -1,4 +1,4 @@
-"""Checks of lesson 02's exercises (re-exported by ``course_utils.grading.checks``).
+"""Checks of lesson 02's exercises (registered by name with ``@register``).
 
 Strategies come from ``cu.make_strategy("mirrored")`` (every logical device of the kernel), the
 same object the learner's notebook uses: a second MirroredStrategy over other devices in one
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, not_attempted, run_check
 
 __all__ = [
@@ -39,6 +40,7 @@ def _device_key(tf: Any, device: str) -> tuple[str, int]:
 # --- Exercise 1 · build and compile under the strategy --------------------------------------
 
 
+@register
 def check_build_and_compile(fn: Any) -> bool:
     """Check ``build_and_compile(strategy, num_features, num_classes)``.
 
@@ -115,6 +117,7 @@ def _reference_loss(labels: Any, logits: Any, global_batch_size: int) -> float:
     return float(per_example.astype(np.float64).sum() / global_batch_size)
 
 
+@register
 def check_compute_loss(fn: Any) -> bool:
     """Check ``compute_loss(labels, logits, global_batch_size)``: per-example cross-entropy
     summed over this replica's examples, divided by the global batch size."""
@@ -143,6 +146,7 @@ def check_compute_loss(fn: Any) -> bool:
                           "per replica and makes the summed gradient N× too large.")
 
 
+@register
 def check_distributed_train_step(fn: Any, num_steps: int = 3) -> bool:
     """Check ``distributed_train_step(strategy, model, optimizer, batch, global_batch_size)``.
 
@@ -273,6 +277,7 @@ def _reference_warmup(step: int, base_learning_rate: float, base_batch_size: int
     return base_learning_rate + (target - base_learning_rate) * step / warmup_steps
 
 
+@register
 def check_warmup_learning_rate(fn: Any) -> bool:
     """Check ``warmup_learning_rate(step, base_learning_rate, base_batch_size,
     per_replica_batch_size, num_replicas, warmup_steps)``."""

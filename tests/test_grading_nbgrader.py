@@ -1,0 +1,202 @@
+"""Real nbgrader 0.9 on our solutions: blank 0, good full, partial between, and our grader agrees.
+
+nbgrader lives in its own environment (created once, cached under pytest's cache folder); it
+executes the notebooks with a kernel of the course's own Python (TensorFlow, ``course_utils``
+from this checkout). For every ``solutions/NN_name_solutions.ipynb`` (later lessons included
+automatically) it builds an nbgrader course, runs ``generate_assignment`` and ``autograde`` for
+three students, and compares the scores with those of ``python -m course_utils grade``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils.grading.batch import grade_folder
+from course_utils.grading.framework import STRICT_ENV
+from course_utils.grading.generate import exercise_path_for, solution_notebooks
+from course_utils.grading.gradebook import read_rows
+from course_utils.grading.notebooks import grade_id, is_check_cell, is_solution_cell
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+REPO = Path(__file__).resolve().parents[1]
+NBGRADER = "nbgrader==0.9.*"
+CELL_TIMEOUT = 600  # nbgrader's default is 30 s a cell; the README tells instructors the same
+NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name",
+                  "Network is unreachable", "No matching distribution found",
+                  "Could not find a version")
+SCORES = """
+import json, sys
+from nbgrader.api import Gradebook
+scores = {}
+with Gradebook(sys.argv[1]) as gb:
+    for assignment in gb.assignments:
+        for sub in gb.assignment_submissions(assignment.name):
+            for nb in sub.notebooks:
+                scores.setdefault(assignment.name, {})[sub.student.id] = {
+                    "score": nb.score, "max": nb.max_score,
+                    "cells": {g.name: g.score for g in nb.grades}}
+print(json.dumps(scores))
+"""
+
+
+def _nbgrader_env(cache_dir: Path) -> Path:
+    """A virtual environment with nbgrader 0.9 (reused when the cached one works)."""
+    python = cache_dir / "bin" / "python"
+    probe = [str(python), "-c", "import nbgrader; assert nbgrader.__version__.startswith('0.9')"]
+    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return cache_dir
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    subprocess.run(["python3", "-m", "venv", str(cache_dir)], check=True)
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", NBGRADER],
+                             capture_output=True, text=True)
+    if install.returncode != 0:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        if any(error in install.stderr for error in NETWORK_ERRORS):
+            pytest.skip(f"the package registry cannot be reached to install {NBGRADER}: "
+                        f"{install.stderr.strip().splitlines()[-1]}")
+        raise RuntimeError(f"pip install {NBGRADER} failed:\n{install.stderr}")
+    return cache_dir
+
+
+def _course_kernel(jupyter_path: Path) -> None:
+    """Kernel ``python3`` = the course's Python with this checkout's ``course_utils``."""
+    spec = jupyter_path / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (course)", "language": "python",
+        "env": {"PYTHONPATH": str(REPO)}}))
+
+
+def _student_copy(release: nbformat.NotebookNode, solution: nbformat.NotebookNode,
+                  solve: set[str]) -> nbformat.NotebookNode:
+    """The released notebook with the solution cells whose grade_id is in ``solve`` answered."""
+    answers = {grade_id(c): c.source for c in solution.cells if is_solution_cell(c)}
+    nb = nbformat.from_dict(json.loads(json.dumps(release)))
+    for cell in nb.cells:
+        if is_solution_cell(cell) and grade_id(cell) in solve:
+            cell.source = answers[grade_id(cell)]
+    return nb
+
+
+def _first_exercise(solution: nbformat.NotebookNode) -> set[str]:
+    """The solution cells before the first check cell: solving them passes one check."""
+    first = []
+    for cell in solution.cells:
+        if is_check_cell(cell):
+            return set(first)
+        if is_solution_cell(cell):
+            first.append(grade_id(cell))
+    raise AssertionError("no check cell")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, request):
+    """Every solution notebook graded by nbgrader and by our grader, three students each."""
+    started = time.monotonic()
+    env_dir = _nbgrader_env(Path(request.config.cache.mkdir("nbgrader-0.9-env")))
+    root = tmp_path_factory.mktemp("nbgrader")
+    course, jupyter = root / "course", root / "jupyter"
+    _course_kernel(jupyter)
+    env = {k: v for k, v in os.environ.items() if k not in (STRICT_ENV, "PYTHONPATH")}
+    env.update(JUPYTER_PATH=str(jupyter), JUPYTER_CONFIG_DIR=str(root / "config"),
+               JUPYTER_DATA_DIR=str(root / "data"), PATH=f"{env_dir / 'bin'}:{env['PATH']}")
+    course.mkdir()
+    (course / "nbgrader_config.py").write_text(
+        f"c = get_config()\nc.CourseDirectory.root = {str(course)!r}\n"
+        f"c.Execute.timeout = {CELL_TIMEOUT}\n")
+
+    def nbgrader(*args: str) -> None:
+        run = subprocess.run([str(env_dir / "bin" / "nbgrader"), *args], cwd=course, env=env,
+                             capture_output=True, text=True)
+        assert run.returncode == 0, f"nbgrader {' '.join(args)}:\n{run.stdout}\n{run.stderr}"
+
+    notebooks = {}
+    for path in solution_notebooks(REPO / "solutions"):
+        name = exercise_path_for(path, Path()).name  # 00_setup_exercises.ipynb
+        assignment = name.removesuffix("_exercises.ipynb")
+        (course / "source" / assignment).mkdir(parents=True)
+        shutil.copy(path, course / "source" / assignment / name)
+        nbgrader("generate_assignment", assignment, "--force")
+        release = nbformat.read(course / "release" / assignment / name, as_version=4)
+        solution = nbformat.read(path, as_version=4)
+        everything = {grade_id(c) for c in solution.cells if is_solution_cell(c)}
+        for student, solve in (("blank", set()), ("partial", _first_exercise(solution)),
+                               ("good", everything)):
+            folder = course / "submitted" / student / assignment
+            folder.mkdir(parents=True)
+            nbformat.write(_student_copy(release, solution, solve), folder / name)
+        notebooks[assignment] = (name, release)
+    setup_s = time.monotonic() - started
+    nbgrader_start = time.monotonic()
+    for assignment in notebooks:
+        nbgrader("autograde", assignment, "--force")
+    nbgrader_s = time.monotonic() - nbgrader_start
+    scores = subprocess.run([str(env_dir / "bin" / "python"), "-c", SCORES,
+                             f"sqlite:///{course / 'gradebook.db'}"], check=True, env=env,
+                            capture_output=True, text=True)
+    ours_start = time.monotonic()
+    grade_folder(course / "submitted", REPO / "solutions", root / "ours.csv", timeout=900,
+                 jobs=2, progress=False)
+    ours_s = time.monotonic() - ours_start
+    ours: dict[str, dict[str, float]] = {}
+    for row in read_rows(root / "ours.csv"):
+        assignment = row.notebook.removesuffix("_exercises.ipynb")
+        ours.setdefault(assignment, {}).setdefault(row.student, 0.0)
+        ours[assignment][row.student] += row.points
+    result = {"notebooks": notebooks, "nbgrader": json.loads(scores.stdout), "ours": ours,
+              "seconds": {"setup": setup_s, "nbgrader": nbgrader_s, "ours": ours_s}}
+    _report(result, request.config.cache)
+    return result
+
+
+def _report(result: dict, cache: pytest.Cache) -> None:
+    """Print the table of scores and times (and keep it in pytest's cache for the record)."""
+    lines = ["notebook                        blank  partial  good  / max   (nbgrader | ours)"]
+    for assignment in result["notebooks"]:
+        nb, ours = result["nbgrader"][assignment], result["ours"].get(assignment, {})
+        cells = "  ".join(f"{nb[s]['score']:g}|{ours.get(s, float('nan')):g}"
+                          for s in ("blank", "partial", "good"))
+        lines.append(f"{assignment:30s}  {cells}  / {nb['good']['max']:g}")
+    seconds = result["seconds"]
+    lines.append(f"time: set-up {seconds['setup']:.0f} s, nbgrader autograde "
+                 f"{seconds['nbgrader']:.0f} s, our grader {seconds['ours']:.0f} s")
+    cache.set("nbgrader/report", lines)
+    print("\n" + "\n".join(lines))
+
+
+def test_every_exercise_notebook_is_graded(graded):
+    keys = {p.name.removesuffix("_solutions.ipynb") for p in solution_notebooks(REPO / "solutions")}
+    assert set(graded["nbgrader"]) == keys == set(graded["notebooks"])
+    assert {"00_setup", "01_input_pipelines", "02_mirrored_strategy"} <= keys
+
+
+def test_nbgrader_release_code_equals_our_exercises(graded):
+    for assignment, (name, release) in graded["notebooks"].items():
+        ours = nbformat.read(REPO / "exercises" / name, as_version=4)
+        theirs = {c.id: c.source for c in release.cells if c.cell_type == "code"}
+        assert {c.id: c.source for c in ours.cells if c.cell_type == "code"} == theirs, assignment
+
+
+def test_nbgrader_scores_blank_zero_good_full_partial_between(graded):
+    for assignment, students in graded["nbgrader"].items():
+        blank, partial, good = (students[s] for s in ("blank", "partial", "good"))
+        assert blank["score"] == 0, (assignment, blank["cells"])
+        assert good["score"] == good["max"] > 0, (assignment, good["cells"])
+        assert 0 < partial["score"] < partial["max"], (assignment, partial["cells"])
+
+
+def test_our_grader_agrees_with_nbgrader(graded):
+    for assignment, students in graded["nbgrader"].items():
+        for student, theirs in students.items():
+            assert graded["ours"][assignment][student] == theirs["score"], (assignment, student)
