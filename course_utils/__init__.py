@@ -31,7 +31,9 @@ _SUBMODULES = (
     "notebooks",
     "plots",
     "quiet",
+    "reductions",
     "strategies",
+    "tflogs",
     "training",
 )
 
@@ -56,8 +58,8 @@ __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "memory",
-    "mixed_precision", "models", "monitor", "notebooks", "plots", "quiet", "strategies",
-    "training",
+    "mixed_precision", "models", "monitor", "notebooks", "plots", "quiet", "reductions",
+    "strategies", "tflogs", "training",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
     "make_strategy", "quiet_tensorflow", "seed_everything", "setup",

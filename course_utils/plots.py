@@ -11,6 +11,7 @@ from typing import Any
 
 __all__ = [
     "bar_chart",
+    "draw_data_parallelism",
     "draw_gradient_accumulation",
     "draw_loss_scaling",
     "draw_mixed_precision_step",
@@ -470,3 +471,69 @@ def epoch_orders(orders: Mapping[str, Sequence[int]], axes: Sequence[Any] | None
         ax.spines[["top", "right"]].set_visible(False)
     axes[0].set_ylabel("example number")
     return axes
+
+
+# ----------------------------------------------------------------------------- lesson 02 diagram
+
+
+def draw_data_parallelism(num_replicas: int = 4, ax: Any = None) -> Any:
+    """Draw one step of data parallelism: the global batch split over ``num_replicas`` replicas,
+    each computing its gradient, one all-reduce summing them, and the same update everywhere
+    (a diagram, not a measurement)."""
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
+    ax = _axes(ax, (10.0, 1.0 + 0.9 * num_replicas))
+    row_height, gap = 1.0, 0.25
+    height = num_replicas * row_height
+    columns = {"batch": (0.0, 1.6), "replica": (2.6, 2.6), "reduce": (6.1, 1.5),
+               "update": (8.5, 2.2)}
+
+    def box(column: str, y: float, h: float, text: str, color: str, **style: Any) -> None:
+        x, width = columns[column]
+        ax.add_patch(Rectangle((x, y), width, h, facecolor=style.get("facecolor", "white"),
+                               edgecolor=color, linewidth=style.get("linewidth", 1.5),
+                               label=column))
+        ax.text(x + width / 2, y + h / 2, text, ha="center", va="center",
+                fontsize=style.get("fontsize", 8), color=style.get("textcolor", "black"))
+
+    def arrow(start: str, end: str, y_start: float, y_end: float) -> None:
+        x0 = columns[start][0] + columns[start][1]
+        ax.add_patch(FancyArrowPatch((x0 + 0.05, y_start), (columns[end][0] - 0.05, y_end),
+                                     arrowstyle="-|>", mutation_scale=10, color="0.35"))
+
+    reduce_y = height / 2
+    for index in range(num_replicas):
+        color = PALETTE[index % len(PALETTE)]
+        y = height - (index + 1) * row_height
+        middle = y + row_height / 2
+        box("batch", y, row_height, f"slice {index}\n(per-replica\nbatch)", color,
+            facecolor=color, textcolor="white", linewidth=0.8)
+        box("replica", y + gap / 2, row_height - gap,
+            f"replica {index} (device {index})\nforward + backward\non its slice → g{index}",
+            color)
+        box("update", y + gap / 2, row_height - gap, "w ← w − η·g\n(the same update)", "0.2")
+        arrow("batch", "replica", middle, middle)
+        arrow("replica", "reduce", middle, reduce_y + (middle - reduce_y) * 0.8)
+        arrow("reduce", "update", reduce_y + (middle - reduce_y) * 0.8, middle)
+    terms = [f"g{index}" for index in range(num_replicas)]
+    if num_replicas > 4:
+        terms = [terms[0], "…", terms[-1]]
+    box("reduce", gap / 2, height - gap, "all-reduce\n(sum)\n\ng = " + "\n   + ".join(terms),
+        "black", fontsize=9)
+    titles = {"batch": "global batch", "replica": "replicas: one model copy each",
+              "reduce": "communication", "update": "optimizer, every replica"}
+    for column, title in titles.items():
+        x, width = columns[column]
+        ax.text(x + width / 2, height + 0.15, title, ha="center", va="bottom", fontsize=8,
+                fontweight="bold")
+    ax.text(0.0, -0.2, "gᵢ: gradient of slice i's summed loss ÷ the global batch size, so g "
+            "is the gradient of the mean loss over the global batch",
+            ha="left", va="top", fontsize=8, style="italic")
+    ax.set_xlim(-0.1, columns["update"][0] + columns["update"][1] + 0.1)
+    ax.set_ylim(-0.6, height + 0.6)
+    ax.set_axis_off()
+    ax.set_title(f"One step of data parallelism with {num_replicas} replica"
+                 f"{'s' if num_replicas > 1 else ''}", fontsize=10)
+    return ax

@@ -4,7 +4,8 @@ Strategies are cached per device set: every new ``MirroredStrategy`` in one proc
 collective keys, and a later strategy that issues other all-reduces than an earlier one aborts
 TensorFlow ("Shape mismatch in the collective instance 100"). Asking twice for the same strategy
 therefore returns the same object, and strategies over different device sets (1, 2 and 4
-replicas in one notebook) get collective keys of their own, so they can all train.
+replicas in one notebook) get collective keys of their own, so they can all train, beside one
+``tf.distribute.MirroredStrategy(...)`` built by hand (it keeps TensorFlow's own key range).
 """
 
 from __future__ import annotations
@@ -68,11 +69,12 @@ def _mirrored(num_replicas: int | None, verbose: bool) -> Any:
     if key not in _CACHE:
         # Every MirroredStrategy numbers its collective groups from the same start, so a
         # strategy over 2 devices and one over 4 would both use group 1 and abort ("joining a
-        # group with size 2, but that group has size 4"). Give each device set its own range.
+        # group with size 2, but that group has size 4"). Give each device set its own range;
+        # range 0 stays free for one strategy a lesson builds by hand with the raw API.
         strategy_class = tf.distribute.MirroredStrategy
         previous = strategy_class._collective_key_base  # noqa: SLF001
-        strategy_class._collective_key_base = _COLLECTIVE_KEY_STEP * sum(  # noqa: SLF001
-            1 for cached in _CACHE if cached[0] == "mirrored")
+        strategy_class._collective_key_base = _COLLECTIVE_KEY_STEP * (1 + sum(  # noqa: SLF001
+            1 for cached in _CACHE if cached[0] == "mirrored"))
         try:
             _CACHE[key] = strategy_class(devices=list(devices))
         finally:

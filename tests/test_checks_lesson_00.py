@@ -70,6 +70,7 @@ def split_cpu_stub(num_devices):
     raise NotImplementedError()
 
 
+@pytest.mark.slow
 def test_split_cpu_runs_the_fix_in_a_fresh_process_and_rejects_the_broken_code(capsys):
     assert cu.grading.check_split_cpu(split_cpu)
     assert "✅ split_cpu: 1 case passed" in capsys.readouterr().out

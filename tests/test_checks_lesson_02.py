@@ -24,16 +24,18 @@ def build_and_compile(strategy, num_features, num_classes):
     return model
 
 
-def compute_loss(labels, logits, global_batch_size):
+def compute_loss(labels, logits):
     per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-    return tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+    examples = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.shape(labels)[0])
+    return tf.nn.compute_average_loss(per_example, global_batch_size=examples)
 
 
 def _train_step(loss_fn, reduce_op=tf.distribute.ReduceOp.SUM):
-    def distributed_train_step(strategy, model, optimizer, batch, global_batch_size):
+    def distributed_train_step(strategy, model, optimizer, batch):
         def replica_step(features, labels):
             with tf.GradientTape() as tape:
-                loss = loss_fn(labels, model(features, training=True), global_batch_size)
+                loss = loss_fn(labels, model(features, training=True))
             gradients = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
             return loss
@@ -44,12 +46,21 @@ def _train_step(loss_fn, reduce_op=tf.distribute.ReduceOp.SUM):
     return distributed_train_step
 
 
-def warmup_learning_rate(step, base_learning_rate, base_batch_size, per_replica_batch_size,
-                         num_replicas, warmup_steps):
-    target = base_learning_rate * per_replica_batch_size * num_replicas / base_batch_size
-    if step >= warmup_steps:
-        return target
-    return base_learning_rate + (target - base_learning_rate) * step / warmup_steps
+def diagnose_reduction(gradient_ratio, loss_ratio, examples_per_replica, global_batch_size):
+    replicas, examples = len(examples_per_replica), sum(examples_per_replica)
+
+    def close(value, target):
+        return abs(value - target) <= 1e-3 * max(1.0, abs(target))
+
+    if close(gradient_ratio, 1):
+        return "right" if close(loss_ratio, 1) else "loss reported with ReduceOp.MEAN"
+    if close(gradient_ratio, replicas):
+        return "reduce_mean per replica"
+    if close(gradient_ratio, global_batch_size):
+        return "global_batch_size passed positionally"
+    if examples < global_batch_size and close(gradient_ratio, examples / global_batch_size):
+        return "constant global_batch_size on a short batch"
+    return "Keras loss object on an uneven split"
 
 
 # --- wrong solutions --------------------------------------------------------------------
@@ -67,19 +78,24 @@ def not_compiled(strategy, num_features, num_classes):
         return cu.models.mlp(num_features, num_classes, hidden_units=(8,))
 
 
-def mean_per_replica(labels, logits, global_batch_size):
+def mean_per_replica(labels, logits):
     return tf.reduce_mean(
         keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
 
 
-def positional_batch_size(labels, logits, global_batch_size):
+def keras_loss_object(labels, logits):  # right on even splits only
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
+
+
+def constant_global_batch(labels, logits):  # right on full batches only
     per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-    return tf.nn.compute_average_loss(per_example, global_batch_size)
+    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+    return tf.nn.compute_average_loss(per_example,
+                                      global_batch_size=tf.shape(labels)[0] * replicas)
 
 
-def no_warmup(step, base_learning_rate, base_batch_size, per_replica_batch_size, num_replicas,
-              warmup_steps):
-    return base_learning_rate * per_replica_batch_size * num_replicas / base_batch_size
+def always_right(gradient_ratio, loss_ratio, examples_per_replica, global_batch_size):
+    return "right"
 
 
 def stub(*args, **kwargs):
@@ -92,7 +108,7 @@ def stub(*args, **kwargs):
 
 def test_lesson_02_registers_its_checks():
     for name in ("check_build_and_compile", "check_compute_loss",
-                 "check_distributed_train_step", "check_warmup_learning_rate"):
+                 "check_distributed_train_step", "check_diagnose_reduction"):
         assert getattr(checks, name) is getattr(cu.grading, name) is getattr(lesson_02, name)
 
 
@@ -100,7 +116,7 @@ def test_the_reference_solutions_pass(capsys):
     assert checks.check_build_and_compile(build_and_compile) is True
     assert checks.check_compute_loss(compute_loss) is True
     assert checks.check_distributed_train_step(_train_step(compute_loss)) is True
-    assert checks.check_warmup_learning_rate(warmup_learning_rate) is True
+    assert checks.check_diagnose_reduction(diagnose_reduction) is True
     assert capsys.readouterr().out.count("✅") == 4
 
 
@@ -115,39 +131,52 @@ def test_an_uncompiled_model_fails():
         checks.check_build_and_compile(not_compiled)
 
 
-@pytest.mark.parametrize("wrong, ratio", [(mean_per_replica, "×"),
-                                          (positional_batch_size, "×")])
-def test_wrong_loss_reductions_fail_with_expected_and_got(wrong, ratio):
+def test_a_mean_per_replica_fails_with_the_measured_ratio():
     with pytest.raises(AssertionError) as caught:
-        checks.check_compute_loss(wrong)
-    message = str(caught.value)
-    assert "expected:" in message and "got:" in message and ratio in message
-    assert "global_batch_size=" in message  # the hint names the fix
-
-
-def test_a_step_averaged_per_replica_is_measured_against_one_device():
-    with pytest.raises(AssertionError) as caught:
-        checks.check_distributed_train_step(_train_step(mean_per_replica))
+        checks.check_compute_loss(mean_per_replica)
     message = str(caught.value)
     replicas = cu.make_strategy("mirrored", verbose=False).num_replicas_in_sync
-    assert "one-device reference" in message
-    assert f"{replicas:.3g}× the reference" in message, message
+    assert f"{replicas:.4g}× the one-device gradient" in message, message
+    assert "all_reduce" in message  # the hint names the fix
+
+
+@pytest.mark.parametrize("wrong", [keras_loss_object, constant_global_batch])
+def test_reductions_right_only_on_full_batches_fail_on_a_short_one(wrong):
+    with pytest.raises(AssertionError, match=r"global batch of \d+\): split over 4 replicas"):
+        checks.check_compute_loss(wrong)
+
+
+def test_a_step_with_a_constant_global_batch_fails_on_the_short_last_batch():
+    with pytest.raises(AssertionError, match="short last batch"):
+        checks.check_distributed_train_step(_train_step(constant_global_batch))
 
 
 def test_a_step_reporting_the_mean_over_replicas_fails_on_the_loss():
-    with pytest.raises(AssertionError, match="returned loss"):
+    with pytest.raises(AssertionError, match="ReduceOp.SUM"):
         checks.check_distributed_train_step(
             _train_step(compute_loss, tf.distribute.ReduceOp.MEAN))
 
 
-def test_no_warmup_fails_at_step_zero():
-    with pytest.raises(AssertionError, match="case 1 .*expected"):
-        checks.check_warmup_learning_rate(no_warmup)
+def test_a_step_waiting_for_compute_loss_says_so():
+    with pytest.raises(AssertionError, match="write compute_loss first"):
+        checks.check_distributed_train_step(_train_step(stub))
+
+
+def test_a_diagnosis_that_always_says_right_is_told_the_cause():
+    with pytest.raises(AssertionError, match="this is '.*', not 'right'"):
+        checks.check_diagnose_reduction(always_right)
+
+
+def test_every_diagnosis_is_reachable():
+    assert set(lesson_02.DIAGNOSES) == {
+        "right", "reduce_mean per replica", "global_batch_size passed positionally",
+        "loss reported with ReduceOp.MEAN", "constant global_batch_size on a short batch",
+        "Keras loss object on an uneven split"}
 
 
 @pytest.mark.parametrize("check", [checks.check_build_and_compile, checks.check_compute_loss,
                                    checks.check_distributed_train_step,
-                                   checks.check_warmup_learning_rate])
+                                   checks.check_diagnose_reduction])
 def test_stubs_are_not_attempted(check, capsys):
     with strict_checks(False):
         assert check(stub) is False

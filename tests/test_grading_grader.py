@@ -206,18 +206,21 @@ def _rows(batch, student):
     return {r.exercise: r for r in read_rows(batch["out"]) if r.student == student}
 
 
+@pytest.mark.slow
 def test_solution_gets_full_marks(batch):
     rows = _rows(batch, "alice")
     assert {e: (r.points, r.status) for e, r in rows.items() if e} == {
         c: (MAX[c], "passed") for c in CHECKS}
 
 
+@pytest.mark.slow
 def test_committed_exercises_score_zero_not_attempted(batch):
     rows = _rows(batch, "bob")
     assert {e: (r.points, r.status) for e, r in rows.items()} == {
         c: (0, "not attempted") for c in CHECKS}
 
 
+@pytest.mark.slow
 def test_partial_submission_gets_partial_credit_and_feedback(batch):
     rows = _rows(batch, "carol")
     assert [rows[c].status for c in CHECKS] == ["passed", "passed", "failed", "not attempted"]
@@ -225,18 +228,21 @@ def test_partial_submission_gets_partial_credit_and_feedback(batch):
     assert sum(r.points for r in rows.values()) == 2
 
 
+@pytest.mark.slow
 def test_tampered_checks_are_restored_and_monkeypatching_gains_nothing(batch):
     rows = _rows(batch, "dave")
     assert {r.status for r in rows.values()} == {"not attempted"}
     assert all("was edited" in r.feedback for r in rows.values())
 
 
+@pytest.mark.slow
 def test_deleted_reordered_and_stripped_checks_are_put_back_in_nbgrader_layout(batch):
     rows = _rows(batch, "eve")
     assert {r.status for r in rows.values()} == {"passed"}
     assert sum(r.points for r in rows.values()) == 5
 
 
+@pytest.mark.slow
 def test_endless_loop_times_out_and_the_worker_is_killed(tmp_path):
     subs = tmp_path / "subs"
     ms.write(subs, "frank", "endless_loop")
@@ -250,11 +256,13 @@ def test_endless_loop_times_out_and_the_worker_is_killed(tmp_path):
     assert "time limit of 20 s" in rows["check_overlapped_pipeline"].feedback
 
 
+@pytest.mark.slow
 def test_kernel_death_keeps_earlier_results(batch):
     rows = _rows(batch, "grace")
     assert [rows[c].status for c in CHECKS] == ["passed", "passed", "kernel died", "kernel died"]
 
 
+@pytest.mark.slow
 def test_odd_name_exit_output_flood_files_chdir_and_fake_package_change_nothing(batch):
     rows = _rows(batch, ODD)
     assert [rows[c].status for c in CHECKS] == ["failed", "failed", "passed", "passed"]
@@ -266,6 +274,7 @@ def test_odd_name_exit_output_flood_files_chdir_and_fake_package_change_nothing(
     assert page.read_text(encoding="utf-8").startswith(f"# Feedback for {ODD}")
 
 
+@pytest.mark.slow
 def test_invalid_notebook_and_duplicate_get_rows_and_the_batch_goes_on(batch):
     assert {r.status for r in _rows(batch, "ivan").values()} == {"invalid notebook"}
     duplicate = [r for r in read_rows(batch["out"]) if r.status == "duplicate"]
@@ -274,6 +283,7 @@ def test_invalid_notebook_and_duplicate_get_rows_and_the_batch_goes_on(batch):
     assert {r.student for r in batch["result"].ungradable} == {"ivan"}
 
 
+@pytest.mark.slow
 def test_rows_are_written_as_soon_as_each_submission_is_graded(batch):
     sizes = [len({r.key for r in rows}) for rows in batch["seen"]]
     assert sizes and all(size == 1 for size in sizes)
@@ -283,6 +293,7 @@ def test_rows_are_written_as_soon_as_each_submission_is_graded(batch):
     assert students == {*CLASS, "bob", "eve"}
 
 
+@pytest.mark.slow
 def test_no_worker_or_temporary_folder_is_left_behind(batch):
     mine = str(batch["tmp"])  # other tests may be grading in parallel: look at this batch only
     leftovers = [p for p in psutil.process_iter(["cmdline"])
@@ -291,6 +302,7 @@ def test_no_worker_or_temporary_folder_is_left_behind(batch):
     assert list(batch["tmp"].iterdir()) == []
 
 
+@pytest.mark.slow
 def test_resumed_run_grades_nothing_twice(batch):
     before = batch["out"].read_bytes()
     result = grade_folder(batch["subs"], REPO / "solutions", batch["out"], timeout=TIMEOUT,
@@ -299,6 +311,7 @@ def test_resumed_run_grades_nothing_twice(batch):
     assert batch["out"].read_bytes() == before
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_only_what_is_missing(batch, tmp_path):
     out = tmp_path / "gradebook.csv"
     rows = [r for r in read_rows(batch["out"]) if r.student != "ivan"]
@@ -313,6 +326,7 @@ def test_interrupted_run_resumes_only_what_is_missing(batch, tmp_path):
     assert len(read_rows(out)) == len(read_rows(batch["out"]))
 
 
+@pytest.mark.slow
 def test_batch_time_is_reported(batch, capsys):
     with capsys.disabled():
         print(f"\n[grader] {len(CLASS) + 2} submissions graded in {batch['seconds']:.1f} s "

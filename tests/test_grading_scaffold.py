@@ -60,6 +60,7 @@ def test_the_notebooks_follow_the_conventions_and_exercises_are_in_sync(course):
     assert len(cells) == 1 and check_cell_problems(cells[0].source) == []
 
 
+@pytest.mark.slow
 def test_the_checks_module_registers_and_its_tests_pass(course):
     code = ("import course_utils as cu; "
             "print(cu.grading.check_scaffold_demo_steps_per_epoch.__module__)")

@@ -89,17 +89,17 @@ def test_parameter_server_without_a_cluster_explains(monkeypatch):
         strategies.make_strategy("parameter_server")
 
 
-def _train_steps(strategy, steps: int = 2) -> float:
+def _train_steps(strategy, steps: int = 2, features: int = 4) -> float:
     """A few real all-reducing training steps under ``strategy``; returns the last loss."""
     import keras
 
     with strategy.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(2)])
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
     global_batch = 8 * strategy.num_replicas_in_sync
     dataset = tf.data.Dataset.from_tensor_slices(
-        (tf.ones((global_batch * steps, 4)), tf.zeros((global_batch * steps, 2)))
+        (tf.ones((global_batch * steps, features)), tf.zeros((global_batch * steps, 2)))
     ).batch(global_batch)
 
     @tf.function
@@ -119,22 +119,45 @@ def _train_steps(strategy, steps: int = 2) -> float:
     return float(loss)
 
 
-@pytest.mark.slow
-def test_strategies_over_different_device_sets_train_in_one_process():
-    code = (
-        "import course_utils as cu\n"
-        "cu.setup(logical_devices=4, seed=0)\n"
-        "import sys; sys.path.insert(0, 'tests')\n"
-        "from test_strategies import _train_steps\n"
-        "for n in (4, 2, 1, 4, 2):\n"
-        "    s = cu.make_strategy('mirrored', num_replicas=n, verbose=False)\n"
-        "    print(n, s.num_replicas_in_sync, round(_train_steps(s), 4))\n"
-    )
+_FRESH_KERNEL = (
+    "import course_utils as cu\n"
+    "cu.setup(logical_devices=4, seed=0)\n"
+    "import sys; sys.path.insert(0, 'tests')\n"
+    "import tensorflow as tf\n"
+    "from test_strategies import _train_steps\n"
+)
+
+
+def _last_lines_of_fresh_python(code: str, count: int) -> list[str]:
+    """Run ``code`` after a lesson-like set-up in a fresh Python; its last ``count`` lines."""
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=300, cwd=strategies.__file__.rsplit("/course_utils", 1)[0])
+    result = subprocess.run([sys.executable, "-c", _FRESH_KERNEL + code], capture_output=True,
+                            text=True, timeout=300,
+                            cwd=strategies.__file__.rsplit("/course_utils", 1)[0])
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.strip().splitlines()[-5:]
+    return result.stdout.strip().splitlines()[-count:]
+
+
+@pytest.mark.slow
+def test_strategies_over_different_device_sets_train_in_one_process():
+    lines = _last_lines_of_fresh_python(
+        "for n in (4, 2, 1, 4, 2):\n"
+        "    s = cu.make_strategy('mirrored', num_replicas=n, verbose=False)\n"
+        "    print(n, s.num_replicas_in_sync, round(_train_steps(s), 4))\n", 5)
     assert [line.split()[:2] for line in lines] == [[str(n), str(n)] for n in (4, 2, 1, 4, 2)]
+
+
+@pytest.mark.slow
+def test_a_hand_built_mirrored_strategy_trains_beside_the_helpers():
+    lines = _last_lines_of_fresh_python(
+        "devices = [d.name for d in tf.config.list_logical_devices('CPU')]\n"
+        "raw = tf.distribute.MirroredStrategy(devices=devices)\n"
+        "helper = cu.make_strategy('mirrored', verbose=False)\n"
+        "assert helper is not raw\n"
+        "assert helper.extended.worker_devices == raw.extended.worker_devices\n"
+        "two = cu.make_strategy('mirrored', num_replicas=2, verbose=False)\n"
+        "for index, s in enumerate((raw, helper, raw, two, raw)):  # other shapes every time\n"
+        "    print(s.num_replicas_in_sync, round(_train_steps(s, features=3 + index), 4))\n", 5)
+    assert [line.split()[0] for line in lines] == ["4", "4", "4", "2", "4"]

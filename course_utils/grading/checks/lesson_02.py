@@ -14,10 +14,11 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, not_attempted, run_check
 
 __all__ = [
+    "DIAGNOSES",
     "check_build_and_compile",
     "check_compute_loss",
+    "check_diagnose_reduction",
     "check_distributed_train_step",
-    "check_warmup_learning_rate",
 ]
 
 
@@ -105,7 +106,7 @@ def check_build_and_compile(fn: Any) -> bool:
                           "keras.losses.SparseCategoricalCrossentropy(from_logits=True).")
 
 
-# --- Exercise 2 · the loss and the distributed train step -----------------------------------
+# --- Exercise 2 · the loss, right on every batch, and the distributed train step ------------
 
 
 def _reference_loss(labels: Any, logits: Any, global_batch_size: int) -> float:
@@ -117,144 +118,15 @@ def _reference_loss(labels: Any, logits: Any, global_batch_size: int) -> float:
     return float(per_example.astype(np.float64).sum() / global_batch_size)
 
 
-@register
-def check_compute_loss(fn: Any) -> bool:
-    """Check ``compute_loss(labels, logits, global_batch_size)``: per-example cross-entropy
-    summed over this replica's examples, divided by the global batch size."""
-    import numpy as np
+def _raises_own_stub(fn: Any, *args: Any) -> bool:
+    """True when ``fn(*args)`` raises the NotImplementedError of its own stub.
 
-    tf = _tf()
-    rng = fresh_rng()
-    np_rng = np.random.default_rng(rng.randint(0, 2**31))
-    cases = []
-    for replicas in (1, 4, rng.choice([2, 8])):
-        local = rng.randint(3, 16)
-        classes = rng.randint(2, 6)
-        global_batch = local * replicas
-        labels = np_rng.integers(0, classes, size=local).astype(np.int32)
-        logits = np_rng.normal(size=(local, classes)).astype(np.float32)
-        cases.append(Case(
-            args=(tf.constant(labels), tf.constant(logits), global_batch),
-            expected=_reference_loss(labels, logits, global_batch),
-            label=f"({local} labels, logits of shape {logits.shape}, "
-                  f"global_batch_size={global_batch})"))
-    return run_check("compute_loss", fn, cases, rtol=1e-5, atol=1e-6,
-                     hint="divide by the global batch, not by this replica's batch: "
-                          "tf.nn.compute_average_loss(per_example_losses, "
-                          "global_batch_size=global_batch_size), with the keyword (passed "
-                          "positionally it becomes a sample weight). tf.reduce_mean averages "
-                          "per replica and makes the summed gradient N× too large.")
-
-
-@register
-def check_distributed_train_step(fn: Any, num_steps: int = 3) -> bool:
-    """Check ``distributed_train_step(strategy, model, optimizer, batch, global_batch_size)``.
-
-    A few steps under ``cu.make_strategy("mirrored")`` must give the same weights (within
-    1e-5) and losses as plain SGD on one device over the same global batches.
+    A real attempt may fail on the placeholder arguments in any other way, or not at all. The
+    checks run the learner's code inside ``tf.function``, where a stub could not be told from an
+    error, so they look first.
     """
-    import keras
-    import numpy as np
-
-    from course_utils.data import teacher_classification
-    from course_utils.models import mlp
-
-    tf = _tf()
-    strategy = _strategy()
-    replicas = strategy.num_replicas_in_sync
-    rng = fresh_rng()
-    per_replica = rng.choice([4, 8])
-    global_batch = per_replica * replicas
-    features, classes, learning_rate = 8, 3, 0.5
-    x, y = teacher_classification(global_batch * num_steps, features, classes,
-                                  seed=rng.randint(0, 999))
-    keras.utils.set_random_seed(rng.randint(0, 2**31 - 1))
-    initial = mlp(features, classes, hidden_units=(16,), name="reference").get_weights()
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
-
-    # The one-device reference: the mean loss over each global batch, plain SGD.
-    reference = mlp(features, classes, hidden_units=(16,), name="reference")
-    reference.set_weights(initial)
-    ref_optimizer = keras.optimizers.SGD(learning_rate)
-    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    ref_losses, ref_first = [], None
-    for xb, yb in dataset:
-        with tf.GradientTape() as tape:
-            loss = cross_entropy(yb, reference(xb, training=True))
-        grads = tape.gradient(loss, reference.trainable_variables)
-        ref_optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
-        ref_losses.append(float(loss))
-        ref_first = ref_first or reference.get_weights()
-    expected = reference.get_weights()
-
-    def verify(result: Any) -> str | None:
-        got, first, losses = result
-        if len(losses) != num_steps or any(v is None for v in losses):
-            return "distributed_train_step must return the loss of the step (a scalar)"
-        # The size of the first update against the reference's: exactly ×N for a loss
-        # averaged per replica (plain SGD is linear in the gradient).
-        moved = sum(float(np.sum((g - w0) ** 2)) for g, w0 in zip(first, initial, strict=True))
-        wanted = sum(float(np.sum((e - w0) ** 2)) for e, w0 in zip(ref_first, initial,
-                                                                  strict=True))
-        worst = max(float(np.max(np.abs(g - e))) for g, e in zip(got, expected, strict=True))
-        if worst > 1e-5:
-            if moved == 0.0:
-                return "the weights did not change: apply the gradients with the optimizer"
-            ratio = (moved / wanted) ** 0.5 if wanted else float("inf")
-            return (f"after {num_steps} steps on {replicas} replicas the weights differ from "
-                    f"the one-device reference by up to {worst:.3g}; your first update is "
-                    f"{ratio:.3g}× the reference's size (×{replicas} means the loss was "
-                    "averaged per replica)")
-        for step, (have, want) in enumerate(zip(losses, ref_losses, strict=True), start=1):
-            if not np.isclose(have, want, rtol=1e-4, atol=1e-5):
-                return (f"the returned loss of step {step} is {have:.6g}, expected the mean "
-                        f"loss of the global batch {want:.6g} ({have / want:.3g}×): sum the "
-                        "replicas' losses with strategy.reduce(ReduceOp.SUM, ...)")
-        return None
-
-    def run_learner(step_fn: Any) -> Any:
-        with strategy.scope():
-            model = mlp(features, classes, hidden_units=(16,), name="learner")
-            model.set_weights(initial)
-            optimizer = keras.optimizers.SGD(learning_rate)
-            optimizer.build(model.trainable_variables)
-
-        @tf.function
-        def step(batch: Any) -> Any:
-            return step_fn(strategy, model, optimizer, batch, global_batch)
-
-        losses, first = [], None
-        for batch in strategy.experimental_distribute_dataset(dataset):
-            loss = step(batch)
-            losses.append(None if loss is None else float(loss))
-            first = first or model.get_weights()
-        return model.get_weights(), first, losses
-
-    def wrapped(strategy_arg: Any, *_: Any) -> Any:
-        # Run the learner's function (stubs raise NotImplementedError from inside it).
-        return run_learner(fn)
-
-    if _is_stub(fn, strategy):
-        not_attempted("distributed_train_step")
-        return False
-    case = Case(args=(strategy,),
-                label=f"({num_steps} steps, {replicas} replicas, global batch {global_batch})",
-                verify=verify)
-    return run_check("distributed_train_step", wrapped, [case],
-                     hint="in a replica function: forward pass under a GradientTape, "
-                          "compute_loss(labels, logits, global_batch_size), gradients, "
-                          "optimizer.apply_gradients; then strategy.run(replica_fn, "
-                          "args=batch) and strategy.reduce(tf.distribute.ReduceOp.SUM, "
-                          "per_replica_losses, axis=None).")
-
-
-def _is_stub(fn: Any, strategy: Any) -> bool:
-    """True when ``fn`` still holds its stub: called with placeholders, it raises its own
-    NotImplementedError (a real attempt fails on the placeholders some other way, or not at
-    all). The check runs the function inside a tf.function, where a stub could not be told
-    from an error, so it looks first."""
     try:
-        fn(strategy, None, None, None, 0)
+        fn(*args)
     except NotImplementedError as error:
         tb = error.__traceback__
         while tb is not None and tb.tb_next is not None:
@@ -265,38 +137,266 @@ def _is_stub(fn: Any, strategy: Any) -> bool:
     return False
 
 
-# --- Exercise 3 · learning rate for N replicas, with warm-up --------------------------------
+def _small_model(strategy: Any, rng: Any, name: str) -> tuple[Any, Any, Any, int, int]:
+    """A small classifier built in the scope, data for it, and its sizes."""
+    import keras
+
+    from course_utils.data import teacher_classification
+    from course_utils.models import mlp
+
+    features, classes = rng.randint(4, 10), rng.randint(2, 5)
+    x, y = teacher_classification(256, features, classes, seed=rng.randint(0, 999))
+    keras.utils.set_random_seed(rng.randint(0, 2**31 - 1))
+    with strategy.scope():
+        model = mlp(features, classes, hidden_units=(8,), name=name)
+    return model, x, y, features, classes
 
 
-def _reference_warmup(step: int, base_learning_rate: float, base_batch_size: int,
-                      per_replica_batch_size: int, num_replicas: int,
-                      warmup_steps: int) -> float:
-    target = base_learning_rate * per_replica_batch_size * num_replicas / base_batch_size
-    if step >= warmup_steps:
-        return target
-    return base_learning_rate + (target - base_learning_rate) * step / warmup_steps
+def _per_example_loss() -> Any:
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
 
 @register
-def check_warmup_learning_rate(fn: Any) -> bool:
-    """Check ``warmup_learning_rate(step, base_learning_rate, base_batch_size,
-    per_replica_batch_size, num_replicas, warmup_steps)``."""
+def check_compute_loss(fn: Any) -> bool:
+    """Check ``compute_loss(labels, logits)``, called inside a replica.
+
+    It must be this replica's share of the mean loss over the examples the global batch really
+    has: outside any strategy, the plain mean; under the strategy, summed over the replicas,
+    the one-device mean and gradient, on a full global batch and on short ones split unevenly
+    (some replicas with fewer examples, or none).
+    """
+    import numpy as np
+
+    from course_utils.reductions import measure_reductions
+
+    tf = _tf()
+    if _raises_own_stub(fn, tf.constant([0, 1]), tf.zeros((2, 3))):
+        not_attempted("compute_loss")
+        return False
+    strategy = _strategy()
+    replicas = strategy.num_replicas_in_sync
+    rng = fresh_rng()
+    np_rng = np.random.default_rng(rng.randint(0, 2**31))
+    model, x, y, _, classes = _small_model(strategy, rng, "check_compute_loss")
+    global_batch = rng.choice([4, 8]) * replicas
+    local = rng.randint(3, 12)
+    plain_labels = np_rng.integers(0, classes, size=local).astype(np.int32)
+    plain_logits = np_rng.normal(size=(local, classes)).astype(np.float32)
+
+    def run(kind: str, *args: Any) -> Any:
+        if kind == "plain":
+            return fn(*args)
+        size = args[0]
+        return measure_reductions(strategy, model, {"yours": fn}, (x[:size], y[:size]),
+                                  _per_example_loss())["yours"]
+
+    def verify_split(size: int) -> Any:
+        def verify(measured: Any) -> str | None:
+            if measured.right:
+                return None
+            return (f"split over {replicas} replicas as {measured.examples_per_replica}, "
+                    f"the replicas' summed gradient is {measured.gradient_ratio:.4g}× the "
+                    f"one-device gradient of the mean loss over these {size} examples (and the "
+                    f"summed loss {measured.loss_sum_ratio:.4g}× the mean loss)")
+        return verify
+
+    cases = [Case(args=("plain", tf.constant(plain_labels), tf.constant(plain_logits)),
+                  expected=_reference_loss(plain_labels, plain_logits, local),
+                  label=f"(outside any strategy: {local} labels, logits {plain_logits.shape})")]
+    for size in (global_batch, replicas + 1, global_batch + 1 - replicas):
+        cases.append(Case(args=("strategy", size), verify=verify_split(size),
+                          label=f"(inside {replicas} replicas, a global batch of {size})"))
+    return run_check("compute_loss", run, cases, rtol=1e-5, atol=1e-6,
+                     hint="count the examples of the whole global batch inside the replica: "
+                          "tf.distribute.get_replica_context().all_reduce("
+                          "tf.distribute.ReduceOp.SUM, tf.shape(labels)[0]); then "
+                          "tf.nn.compute_average_loss(per_example_losses, "
+                          "global_batch_size=that count) – with the keyword (lesson 02, "
+                          "section 5: the last row of the table).")
+
+
+@register
+def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
+    """Check ``distributed_train_step(strategy, model, optimizer, batch)``.
+
+    An epoch of full global batches and a short, unevenly split last one under
+    ``cu.make_strategy("mirrored")`` must give the same weights (within 1e-5) and losses as
+    plain SGD on one device over the same batches.
+    """
+    import keras
+    import numpy as np
+
+    from course_utils.models import mlp
+
+    tf = _tf()
+    strategy = _strategy()
+    if _raises_own_stub(fn, strategy, None, None, None):
+        not_attempted("distributed_train_step")
+        return False
+    replicas = strategy.num_replicas_in_sync
+    rng = fresh_rng()
+    model, x, y, features, classes = _small_model(strategy, rng, "check_step_initial")
+    initial = model.get_weights()
+    global_batch = rng.choice([4, 8]) * replicas
+    size = global_batch * num_full_batches + replicas + 1  # a short, uneven last batch
+    dataset = tf.data.Dataset.from_tensor_slices((x[:size], y[:size])).batch(global_batch)
+    learning_rate = 0.5
+
+    # The one-device reference: the mean loss over each batch, plain SGD.
+    reference = mlp(features, classes, hidden_units=(8,), name="check_step_reference")
+    reference.set_weights(initial)
+    ref_optimizer = keras.optimizers.SGD(learning_rate)
+    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    ref_losses = []
+    for xb, yb in dataset:
+        with tf.GradientTape() as tape:
+            loss = cross_entropy(yb, reference(xb, training=True))
+        grads = tape.gradient(loss, reference.trainable_variables)
+        ref_optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
+        ref_losses.append(float(loss))
+    expected = reference.get_weights()
+    batch_sizes = [min(global_batch, size - i * global_batch) for i in range(len(ref_losses))]
+
+    def verify(result: Any) -> str | None:
+        got, losses = result
+        if len(losses) != len(ref_losses) or any(v is None for v in losses):
+            return "distributed_train_step must return the loss of the step (a scalar)"
+        for step, (have, want) in enumerate(zip(losses, ref_losses, strict=True), start=1):
+            if not np.isclose(have, want, rtol=1e-4, atol=1e-5):
+                last = " (the short last batch)" if step == len(ref_losses) else ""
+                return (f"the loss of step {step}{last}, a batch of {batch_sizes[step - 1]} "
+                        f"examples, is {have:.6g}; one device gives the mean loss {want:.6g} "
+                        f"({have / want:.3g}×). Sum the replicas' losses with "
+                        "strategy.reduce(tf.distribute.ReduceOp.SUM, ...) and let "
+                        "compute_loss count the examples")
+        worst = max(float(np.max(np.abs(g - e))) for g, e in zip(got, expected, strict=True))
+        if worst > 1e-5:
+            return (f"after {len(ref_losses)} steps (the last one short) the weights differ "
+                    f"from the one-device reference by up to {worst:.3g}: apply the gradients "
+                    "of compute_loss with the optimizer, once per step")
+        return None
+
+    def run_learner(strategy_arg: Any) -> Any:
+        with strategy.scope():
+            learner = mlp(features, classes, hidden_units=(8,), name="check_step_learner")
+            learner.set_weights(initial)
+            optimizer = keras.optimizers.SGD(learning_rate)
+            optimizer.build(learner.trainable_variables)
+
+        @tf.function
+        def step(batch: Any) -> Any:
+            return fn(strategy_arg, learner, optimizer, batch)
+
+        losses = []
+        try:
+            for batch in strategy.experimental_distribute_dataset(dataset):
+                loss = step(batch)
+                losses.append(None if loss is None else float(loss))
+        except NotImplementedError as error:
+            raise AssertionError("your step calls a function that is not written yet – "
+                                 "write compute_loss first") from error
+        return learner.get_weights(), losses
+
+    case = Case(args=(strategy,), verify=verify,
+                label=f"({len(batch_sizes)} steps on {replicas} replicas, batches of "
+                      f"{batch_sizes} examples)")
+    return run_check("distributed_train_step", run_learner, [case],
+                     hint="in a replica function: forward pass under a GradientTape, "
+                          "compute_loss(labels, logits), gradients, "
+                          "optimizer.apply_gradients; then strategy.run(replica_fn, "
+                          "args=batch) and strategy.reduce(tf.distribute.ReduceOp.SUM, "
+                          "per_replica_losses, axis=None) (lesson 02, section 4).")
+
+
+# --- Exercise 3 · diagnose a loss reduction from its symptom --------------------------------
+
+#: The answers ``diagnose_reduction`` may give, one per reduction of lesson 02's section 5.
+DIAGNOSES = (
+    "right",
+    "reduce_mean per replica",
+    "global_batch_size passed positionally",
+    "loss reported with ReduceOp.MEAN",
+    "constant global_batch_size on a short batch",
+    "Keras loss object on an uneven split",
+)
+
+
+def _symptoms(strategy: Any, rng: Any) -> list[tuple[tuple[float, float, tuple[int, ...], int],
+                                                     str]]:
+    """Real symptoms: each reduction measured on a full and a short batch, with its cause."""
+    from course_utils.reductions import measure_reductions
+
+    tf = _tf()
+    replicas = strategy.num_replicas_in_sync
+    model, x, y, _, _ = _small_model(strategy, rng, "check_diagnose")
+    global_batch = rng.choice([4, 8]) * replicas
+    per_example = _per_example_loss()
+    import keras
+
+    def constant(labels: Any, logits: Any) -> Any:
+        return tf.nn.compute_average_loss(per_example(labels, logits),
+                                          global_batch_size=global_batch)
+
+    def counted(labels: Any, logits: Any) -> Any:
+        examples = tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, tf.shape(labels)[0])
+        return tf.nn.compute_average_loss(per_example(labels, logits),
+                                          global_batch_size=examples)
+
+    losses = {
+        "constant": constant, "counted": counted,
+        "mean": lambda labels, logits: tf.reduce_mean(per_example(labels, logits)),
+        "positional": lambda labels, logits: tf.nn.compute_average_loss(
+            per_example(labels, logits), global_batch),
+        "keras": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    }
+    full = measure_reductions(strategy, model, losses, (x[:global_batch], y[:global_batch]),
+                              per_example)
+    short_size = replicas + 1
+    short = measure_reductions(strategy, model, losses, (x[:short_size], y[:short_size]),
+                               per_example)
+
+    def symptom(m: Any, loss_ratio: float | None = None) -> tuple[float, float, tuple, int]:
+        return (round(m.gradient_ratio, 6), round(m.loss_sum_ratio if loss_ratio is None
+                                                  else loss_ratio, 6),
+                m.examples_per_replica, global_batch)
+
+    cases = [(symptom(full["constant"]), "right"), (symptom(short["counted"]), "right"),
+             (symptom(full["positional"]), "global_batch_size passed positionally"),
+             (symptom(short["constant"]), "constant global_batch_size on a short batch")]
+    if replicas > 1:  # with one replica these look exactly like the right reduction
+        cases += [(symptom(full["mean"]), "reduce_mean per replica"),
+                  (symptom(full["counted"], full["counted"].loss_mean_ratio),
+                   "loss reported with ReduceOp.MEAN"),
+                  (symptom(short["keras"]), "Keras loss object on an uneven split")]
+    rng.shuffle(cases)
+    return cases
+
+
+@register
+def check_diagnose_reduction(fn: Any) -> bool:
+    """Check ``diagnose_reduction(gradient_ratio, loss_ratio, examples_per_replica,
+    global_batch_size)``: given what a training step measured against one device, it names the
+    reduction (one of ``DIAGNOSES``). The symptoms are measured for real, on fresh data."""
+    if _raises_own_stub(fn, 1.0, 1.0, (8, 8), 16):
+        not_attempted("diagnose_reduction")
+        return False
     rng = fresh_rng()
     cases = []
-    settings = [(0.1, 256, 64, 8, 100)]  # global batch 512: the target is 0.2
-    for _ in range(3):
-        settings.append((round(10 ** rng.uniform(-4, -1), 6), rng.choice([32, 64, 128, 256]),
-                         rng.choice([16, 32, 64, 128]), rng.choice([1, 2, 4, 8, 16]),
-                         rng.randint(5, 500)))
-    for base_lr, base_batch, per_replica, replicas, warmup in settings:
-        for step in (0, warmup // 3, warmup - 1, warmup, warmup + rng.randint(1, 1000)):
-            args = (step, base_lr, base_batch, per_replica, replicas, warmup)
-            cases.append(Case(args=args, expected=_reference_warmup(*args)))
-    no_warmup = (rng.randint(0, 50), 0.05, 128, 32, 8, 0)
-    cases.append(Case(args=no_warmup, expected=_reference_warmup(*no_warmup)))
-    return run_check("warmup_learning_rate", fn, cases, rtol=1e-6, atol=1e-12,
-                     hint="target = base_learning_rate × global_batch_size / base_batch_size, "
-                          "with global_batch_size = per_replica_batch_size × num_replicas; "
-                          "before warmup_steps, go linearly from base_learning_rate (step 0) "
-                          "to the target (step warmup_steps); from then on, the target. "
-                          "warmup_steps=0 means no warm-up.")
+    for (gradient_ratio, loss_ratio, split, global_batch), cause in _symptoms(_strategy(), rng):
+        def verify(answer: Any, cause: str = cause) -> str | None:
+            if not isinstance(answer, str) or answer not in DIAGNOSES:
+                return f"answer one of DIAGNOSES, got {answer!r}"
+            return None if answer == cause else f"this is {cause!r}, not {answer!r}"
+
+        cases.append(Case(args=(gradient_ratio, loss_ratio, split, global_batch), verify=verify,
+                          label=f"(gradient ×{gradient_ratio:.4g}, loss ×{loss_ratio:.4g}, "
+                                f"examples per replica {split}, global batch {global_batch})"))
+    return run_check("diagnose_reduction", fn, cases,
+                     hint="compare the ratios with 1, with the number of replicas "
+                          "(len(examples_per_replica)), with global_batch_size and with the "
+                          "examples the batch really has (sum(examples_per_replica)) / "
+                          "global_batch_size; a right gradient with a loss 1/N too small is a "
+                          "reporting mistake. Lesson 02, section 5: the table and what it says.")
