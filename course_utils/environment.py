@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from typing import Any
 
 from course_utils import devices
 
@@ -37,7 +36,7 @@ def setup(
     deterministic: bool = False,
     quiet: bool = True,
     gpu_memory_limit_mb: int | None = None,
-) -> Any:
+) -> None:
     """Prepare TensorFlow for a lesson and print one line describing the machine.
 
     Quiets TensorFlow (``quiet``), seeds everything (``seed``; op determinism when
@@ -45,7 +44,8 @@ def setup(
     the first GPU, with ``gpu_memory_limit_mb`` each, when a GPU is present and a limit is
     given). Safe to run twice with the same arguments; asking for another device layout after
     TensorFlow started raises a message that says to restart the kernel.
-    Returns the ``course_utils.devices.Hardware`` summary.
+    Returns nothing, so the set-up cell shows its one line and no value under it;
+    ``cu.hardware()`` gives the summary as an object.
     """
     if quiet:
         quiet_tensorflow()
@@ -64,6 +64,4 @@ def setup(
         tf.config.list_logical_devices()  # TensorFlow creates its devices here
     if seed is not None:
         seed_everything(seed, deterministic=deterministic)
-    hw = devices.hardware()
-    print(devices.describe_machine(hw))
-    return hw
+    print(devices.describe_machine(devices.hardware()))
