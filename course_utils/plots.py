@@ -15,6 +15,7 @@ __all__ = [
     "draw_gradient_accumulation",
     "draw_loss_scaling",
     "draw_mixed_precision_step",
+    "draw_multi_worker",
     "draw_number_formats",
     "draw_pipeline_timeline",
     "draw_training_step",
@@ -536,4 +537,43 @@ def draw_data_parallelism(num_replicas: int = 4, ax: Any = None) -> Any:
     ax.set_axis_off()
     ax.set_title(f"One step of data parallelism with {num_replicas} replica"
                  f"{'s' if num_replicas > 1 else ''}", fontsize=10)
+    return ax
+
+
+def draw_multi_worker(num_workers: int = 2, ax: Any = None) -> Any:
+    """Diagram: workers (one process each, own TF_CONFIG) on a ring all-reduce; the chief saves."""
+    import math
+
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    ax = _axes(ax, (7.5, 3.6))
+    radius = 1.5 if num_workers > 1 else 0.0
+    centres = [(radius * math.cos(math.pi / 2 + 2 * math.pi * i / num_workers),
+                radius * math.sin(math.pi / 2 + 2 * math.pi * i / num_workers))
+               for i in range(num_workers)]
+    for index, (x, y) in enumerate(centres):
+        color = PALETTE[0] if index == 0 else PALETTE[5]
+        ax.add_patch(FancyBboxPatch((x - 0.95, y - 0.38), 1.9, 0.76, boxstyle="round,pad=0.02",
+                                    facecolor=color, edgecolor="black", linewidth=0.8,
+                                    alpha=0.85))
+        role = "chief: saves checkpoints" if index == 0 else "writes to a scratch dir"
+        ax.text(x, y + 0.12, f"worker {index} (process)", ha="center", fontsize=8)
+        ax.text(x, y - 0.15, f'TF_CONFIG task {{"worker", {index}}}\n{role}', ha="center",
+                va="center", fontsize=6.5)
+    for index in range(num_workers if num_workers > 1 else 0):
+        start, end = centres[index], centres[(index + 1) % num_workers]
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12,
+                                     connectionstyle="arc3,rad=0.35", color=PALETTE[3],
+                                     linewidth=1.2, shrinkA=28, shrinkB=28))
+    ax.text(0, 0, "ring all-reduce\nof gradients\n(every step)", ha="center", va="center",
+            fontsize=8, color=PALETTE[3])
+    ax.text(0, -2.35, "every worker: same script, same model, its shard of each global batch",
+            ha="center", fontsize=8)
+    ax.set_xlim(-3.2, 3.2)
+    ax.set_ylim(-2.6, 2.3)
+    ax.set_aspect("equal")
+    ax.set_axis_off()
+    ax.set_title("MultiWorkerMirroredStrategy", fontsize=10)
     return ax

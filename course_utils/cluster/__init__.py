@@ -30,6 +30,7 @@ from __future__ import annotations
 from .errors import ClusterTimeoutError, WorkerError
 from .in_process import InProcessCluster, start_in_process_cluster
 from .kubernetes import RESTART_POLICIES, tfjob_manifest, to_yaml
+from .leftovers import leftovers
 from .local import LocalCluster
 from .tf_config import (
     COLLECTIVE_TIMEOUT_ENV,
@@ -52,6 +53,7 @@ __all__ = [
     "WorkerError",
     "cluster_spec",
     "is_chief",
+    "leftovers",
     "pick_ports",
     "start_in_process_cluster",
     "task",
