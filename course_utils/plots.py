@@ -17,6 +17,7 @@ __all__ = [
     "draw_mixed_precision_step",
     "draw_multi_worker",
     "draw_number_formats",
+    "draw_parameter_server",
     "draw_pipeline_timeline",
     "draw_training_step",
     "epoch_orders",
@@ -576,4 +577,43 @@ def draw_multi_worker(num_workers: int = 2, ax: Any = None) -> Any:
     ax.set_aspect("equal")
     ax.set_axis_off()
     ax.set_title("MultiWorkerMirroredStrategy", fontsize=10)
+    return ax
+
+
+def draw_parameter_server(num_workers: int = 3, num_ps: int = 2, ax: Any = None) -> Any:
+    """Lesson 04: a coordinator schedules steps on workers, which read and update parameter servers.
+
+    Every worker pulls the variables from the parameter servers, computes a gradient on its own
+    batches and pushes an update, on its own clock: the updates are asynchronous.
+    """
+    ax = _axes(ax, (10.0, 4.2))
+    style = {"ha": "center", "va": "center", "fontsize": 9, "color": "white"}
+
+    def box(x: float, y: float, text: str, color: str) -> None:
+        ax.annotate(text, (x, y), **style,
+                    bbox={"boxstyle": "round,pad=0.5", "facecolor": color, "edgecolor": color})
+
+    box(0.5, 0.88, "coordinator (this Python process)\nschedule · join · fetch", PALETTE[7])
+    workers = [(i + 0.5) / num_workers for i in range(num_workers)]
+    servers = [(i + 0.5) / num_ps for i in range(num_ps)]
+    for i, x in enumerate(workers):
+        box(x, 0.52, f"worker {i}\nforward, backward\non its own batches", PALETTE[0])
+        ax.annotate("", (x, 0.62), (0.5, 0.80),
+                    arrowprops={"arrowstyle": "->", "color": "grey", "lw": 1.2})
+        for xs in servers:
+            ax.annotate("", (xs - 0.02, 0.21), (x - 0.02, 0.42),
+                        arrowprops={"arrowstyle": "->", "color": PALETTE[3], "lw": 1.0})
+            ax.annotate("", (x + 0.02, 0.42), (xs + 0.02, 0.21),
+                        arrowprops={"arrowstyle": "->", "color": PALETTE[2], "lw": 1.0})
+    for i, x in enumerate(servers):
+        box(x, 0.12, f"parameter server {i}\nholds variables (or shards)", PALETTE[1])
+    ax.text(0.5, 0.70, "closures: each step runs on whichever worker is free", ha="center",
+            fontsize=8, color="grey")
+    ax.text(0.01, 0.30, "green: read variables\nred: push updates\n(no barrier: asynchronous)",
+            fontsize=8, va="center")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.axis("off")
+    ax.set_title("Parameter-server training: coordinator → workers ↔ parameter servers",
+                 fontsize=10)
     return ax
