@@ -31,6 +31,7 @@ _SUBMODULES = (
     "notebooks",
     "plots",
     "strategies",
+    "tpu",
     "training",
 )
 
