@@ -147,5 +147,6 @@ def check_tpu_settings(fn: Any) -> bool:
         hint="per replica: the largest multiple of 128 with per_replica × replicas ≤ "
              "max_global_batch, else the largest multiple of 8; steps_per_execution: the "
              "smallest n with host_overhead_ms / n ≤ max_overhead_fraction × step_ms, at most "
-             "the steps of one epoch (drop_remainder) and at least 1 (round the ratio to 6 decimals before math.ceil: floating point). Return a tuple "
+             "the steps of one epoch (drop_remainder) and at least 1 (round the ratio to 6 "
+             "decimals before math.ceil: floating point). Return a tuple "
              "(per_replica_batch, steps_per_execution) (lesson 05, sections 5 and 7).")
