@@ -34,6 +34,7 @@ _SUBMODULES = (
     "reductions",
     "strategies",
     "tflogs",
+    "tpu",
     "training",
 )
 
@@ -59,7 +60,7 @@ __all__ = [
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "memory",
     "mixed_precision", "models", "monitor", "notebooks", "plots", "quiet", "reductions",
-    "strategies", "tflogs", "training",
+    "strategies", "tflogs", "tpu", "training",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
     "make_strategy", "quiet_tensorflow", "seed_everything", "setup",

@@ -19,6 +19,7 @@ __all__ = [
     "draw_number_formats",
     "draw_parameter_server",
     "draw_pipeline_timeline",
+    "draw_tpu_host_loop",
     "draw_training_step",
     "epoch_orders",
     "line_chart",
@@ -617,3 +618,37 @@ def draw_parameter_server(num_workers: int = 3, num_ps: int = 2, ax: Any = None)
     ax.set_title("Parameter-server training: coordinator → workers ↔ parameter servers",
                  fontsize=10)
     return ax
+
+
+def draw_tpu_host_loop(steps: int = 8, steps_per_execution: int = 4) -> Any:
+    """Lesson 05: host ↔ TPU round-trips for ``steps`` steps, one step per call (top) and
+    ``steps_per_execution`` steps per call (bottom): each call is a launch and a wait."""
+    import matplotlib.pyplot as plt
+
+    if steps < 1 or steps_per_execution < 1:
+        raise ValueError("steps and steps_per_execution must be at least 1")
+    fig, axes = plt.subplots(2, 1, figsize=(11.0, 3.6), sharex=True)
+    overhead, step = 0.6, 1.0
+    for ax, per_call in zip(axes, (1, steps_per_execution), strict=True):
+        t, calls = 0.0, 0
+        for first in range(0, steps, per_call):
+            in_call = min(per_call, steps - first)
+            ax.broken_barh([(t, overhead)], (1.1, 0.8), color=PALETTE[1])  # host: launch, wait
+            t += overhead
+            for k in range(in_call):
+                ax.broken_barh([(t + k * step, step * 0.95)], (0.1, 0.8), color=PALETTE[0])
+                ax.text(t + k * step + step / 2, 0.5, str(first + k + 1), ha="center",
+                        va="center", color="white", fontsize=8)
+            ax.annotate("", (t, 0.9), (t - overhead / 2, 1.1),
+                        arrowprops={"arrowstyle": "->", "color": "grey"})
+            t += in_call * step
+            calls += 1
+        ax.set_yticks([0.5, 1.5], ["TPU", "host"])
+        ax.set_ylim(0, 2)
+        ax.set_title(f"steps_per_execution={per_call}: {calls} round-trips for {steps} steps, "
+                     f"{t:.1f} time units", fontsize=9)
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[-1].set_xlabel("time (orange: the host launches a call and waits for its result; "
+                        "blue: training steps on the TPU)")
+    fig.tight_layout()
+    return axes
