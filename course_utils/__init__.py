@@ -29,6 +29,7 @@ _SUBMODULES = (
     "models",
     "monitor",
     "notebooks",
+    "parallel",
     "plots",
     "strategies",
     "training",

@@ -298,3 +298,36 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
     ax.set_title("A mixed-precision step: float16 where it is fast, float32 where it must be exact"
                  " (blue float32, orange float16)", fontsize=10)
     return ax
+
+
+def draw_pipeline_schedule(num_stages: int = 4, num_micro_batches: int = 4,
+                           ax: Any = None) -> Any:
+    """Diagram: the GPipe schedule, one row per stage, F then B, bubbles grey."""
+    from matplotlib.patches import Rectangle
+
+    from course_utils.parallel.pipeline import bubble_fraction, gpipe_schedule
+
+    tasks = gpipe_schedule(num_stages, num_micro_batches)
+    slots = max(task.slot for task in tasks) + 1
+    ax = _axes(ax, (min(14.0, 1.5 + 0.45 * slots), 0.8 + 0.5 * num_stages))
+    busy = {(task.stage, task.slot) for task in tasks}
+    for stage in range(num_stages):
+        for slot in range(slots):
+            if (stage, slot) not in busy:
+                ax.add_patch(Rectangle((slot, stage), 1, 1, facecolor="#dddddd",
+                                       edgecolor="white"))
+    for task in tasks:
+        color = PALETTE[0] if task.phase == "F" else PALETTE[1]
+        ax.add_patch(Rectangle((task.slot, task.stage), 1, 1, facecolor=color,
+                               edgecolor="white"))
+        ax.text(task.slot + 0.5, task.stage + 0.5, f"{task.phase}{task.micro_batch + 1}",
+                ha="center", va="center", fontsize=7, color="white")
+    ax.set_xlim(0, slots)
+    ax.set_ylim(num_stages, 0)
+    ax.set_yticks([s + 0.5 for s in range(num_stages)],
+                  [f"stage {s} (device {s})" for s in range(num_stages)])
+    ax.set_xlabel("time slot")
+    ax.set_title(f"GPipe: {num_stages} stages × {num_micro_batches} micro-batches; grey = bubble "
+                 f"(K−1)/(M+K−1) = {bubble_fraction(num_stages, num_micro_batches):.0%}",
+                 fontsize=10)
+    return ax
