@@ -27,7 +27,7 @@ def variable_devices(model: Any) -> list[str]:
 
 
 def split_sequential(model: Any, cuts: Sequence[int], devices: Sequence[str]) -> list[Any]:
-    """Split a built Sequential ``model`` before the layer indices ``cuts``: one stage per device.
+    """Split a chain of layers (Sequential, ``cu.models.mlp``) before ``cuts``, a stage per device.
 
     Each stage is a new Sequential created under ``tf.device`` (so its weights live there) with
     the same layer configurations and a copy of the model's weights.
@@ -35,14 +35,15 @@ def split_sequential(model: Any, cuts: Sequence[int], devices: Sequence[str]) ->
     import keras
     import tensorflow as tf
 
-    bounds = [0, *cuts, len(model.layers)]
+    chain = [layer for layer in model.layers if type(layer).__name__ != "InputLayer"]
+    bounds = [0, *cuts, len(chain)]
     if len(bounds) - 1 != len(devices) or sorted(bounds) != bounds:
         raise ValueError(f"{len(bounds) - 1} stages from cuts {list(cuts)} but "
                          f"{len(devices)} devices")
     stages = []
     shape = model.inputs[0].shape[1:]
     for index, device in enumerate(devices):
-        layers = model.layers[bounds[index]:bounds[index + 1]]
+        layers = chain[bounds[index]:bounds[index + 1]]
         with tf.device(device):
             stage = keras.Sequential([keras.Input(shape)] + [
                 type(layer).from_config(layer.get_config()) for layer in layers],
