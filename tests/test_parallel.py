@@ -137,3 +137,16 @@ def test_sharded_dense_layouts_and_values(tf_devices, by):
                                           else ["unsharded", "unsharded"])
     with pytest.raises(ValueError):
         cu.parallel.dense_layouts(mesh, "diagonal")
+
+
+def test_draw_model_split_and_sharded_dense_return_axes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert "two devices" in cu.plots.draw_model_split(4, 2).get_title()
+    for by in ("columns", "rows"):
+        assert by in cu.plots.draw_sharded_dense(by).get_title()
+    with pytest.raises(ValueError):
+        cu.plots.draw_model_split(3, 3)
+    with pytest.raises(ValueError):
+        cu.plots.draw_sharded_dense("diagonal")
