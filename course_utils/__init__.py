@@ -29,6 +29,7 @@ _SUBMODULES = (
     "models",
     "monitor",
     "notebooks",
+    "parallel",
     "plots",
     "quiet",
     "reductions",
@@ -59,7 +60,7 @@ __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "memory",
-    "mixed_precision", "models", "monitor", "notebooks", "plots", "quiet", "reductions",
+    "mixed_precision", "models", "monitor", "notebooks", "parallel", "plots", "quiet", "reductions",
     "strategies", "tflogs", "tpu", "training",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",

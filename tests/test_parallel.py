@@ -1,0 +1,152 @@
+"""course_utils.parallel: placement, the GPipe schedule and run, DTensor layouts."""
+
+from __future__ import annotations
+
+import pytest
+
+import course_utils as cu
+from course_utils.parallel import pipeline
+
+
+def test_short_device():
+    assert cu.parallel.short_device("/job:localhost/replica:0/task:0/device:CPU:1") == "CPU:1"
+    assert cu.parallel.short_device("CPU:0") == "CPU:0"
+
+
+@pytest.mark.parametrize(("k", "m"), [(1, 1), (2, 1), (4, 4), (4, 8), (3, 5)])
+def test_gpipe_schedule_structure_and_bubble(k, m):
+    tasks = cu.parallel.gpipe_schedule(k, m)
+    assert len(tasks) == 2 * k * m
+    assert max(t.slot for t in tasks) + 1 == 2 * (m + k - 1)
+    for stage in range(k):  # each stage does each micro-batch once forward, once backward
+        mine = [t for t in tasks if t.stage == stage]
+        assert sorted((t.phase, t.micro_batch) for t in mine) == sorted(
+            [("F", b) for b in range(m)] + [("B", b) for b in range(m)])
+    slots = {(t.stage, t.slot) for t in tasks}
+    assert len(slots) == len(tasks)  # one task per stage per slot
+    forward = {(t.stage, t.micro_batch): t.slot for t in tasks if t.phase == "F"}
+    backward = {(t.stage, t.micro_batch): t.slot for t in tasks if t.phase == "B"}
+    for (stage, b), slot in forward.items():
+        if stage:
+            assert slot > forward[(stage - 1, b)]
+    for (stage, b), slot in backward.items():
+        assert slot > forward[(k - 1, b)]
+        if stage < k - 1:
+            assert slot > backward[(stage + 1, b)]
+    assert pipeline.schedule_bubble(tasks, k) == pytest.approx(cu.parallel.bubble_fraction(k, m))
+
+
+def test_bubble_fraction_values_and_errors():
+    assert cu.parallel.bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert cu.parallel.bubble_fraction(1, 3) == 0
+    with pytest.raises(ValueError):
+        cu.parallel.bubble_fraction(0, 2)
+
+
+def test_measured_bubble_from_events():
+    events = [cu.parallel.Event(0, 0, "F", 0.0, 1.0), cu.parallel.Event(1, 0, "F", 1.0, 2.0)]
+    assert cu.parallel.measured_bubble(events, 2) == pytest.approx(0.5)
+
+
+def test_draw_pipeline_schedule_returns_axes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = cu.plots.draw_pipeline_schedule(3, 2)
+    assert "33%" in ax.get_title() or "50%" in ax.get_title()
+    with pytest.raises(ValueError):
+        cu.plots.draw_pipeline_schedule(0, 2)
+
+
+@pytest.fixture(scope="module")
+def tf_devices():
+    cu.setup(logical_devices=4, seed=1)
+    import tensorflow as tf
+
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if len(devices) < 4:
+        pytest.skip("another test configured fewer logical devices in this process")
+    return tf, devices
+
+
+def _model():
+    import keras
+
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3)])
+
+
+def test_split_step_places_both_passes_and_matches_the_whole_model(tf_devices):
+    tf, devices = tf_devices
+    import keras
+
+    model = _model()
+    stages = cu.parallel.split_sequential(model, [1], devices[:2])
+    assert [set(cu.parallel.variable_devices(s)) for s in stages] == [{"CPU:0"}, {"CPU:1"}]
+    x, y = tf.random.normal((10, 6)), tf.random.uniform((10,), 0, 3, tf.int32)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    result = cu.parallel.split_step(stages, devices[:2], x, y, loss_fn)
+    assert result["placement"] == {"forward": ["CPU:0", "CPU:1"], "backward": ["CPU:0", "CPU:1"]}
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x))
+    grads = tape.gradient(loss, model.trainable_variables)
+    assert cu.bench.largest_difference(grads, result["grads"]) < 1e-5
+    rows = cu.parallel.memory_per_stage(stages, batch_size=10)
+    assert rows[0]["parameters"] == (6 * 8 + 8) * 4
+    assert rows[0]["optimizer_state"] == 2 * rows[0]["parameters"]
+    assert rows[1]["activations"] == 10 * (8 + 3) * 4
+    with pytest.raises(ValueError):
+        cu.parallel.split_sequential(model, [1], devices[:3])
+
+
+def test_run_gpipe_matches_the_whole_batch(tf_devices):
+    tf, devices = tf_devices
+    import keras
+
+    model = _model()
+    stages = cu.parallel.split_sequential(model, [1, 2], devices[:3])
+    x, y = tf.random.normal((12, 6)), tf.random.uniform((12,), 0, 3, tf.int32)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    run = cu.parallel.run_gpipe(stages, devices[:3], tf.split(x, 4), tf.split(y, 4), loss_fn)
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x))
+    grads = tape.gradient(loss, model.trainable_variables)
+    assert abs(float(run.loss) - float(loss)) < 1e-5
+    assert cu.bench.largest_difference(grads, run.grads) < 1e-5
+    assert cu.bench.largest_difference([model(x)], [run.outputs]) < 1e-5
+    assert len(run.events) == 2 * 3 * 4
+    last = {cu.parallel.short_device(d) for (s, _, _), d in run.devices.items() if s == 2}
+    assert last == {"CPU:2"}
+    assert 0 <= cu.parallel.measured_bubble(run.events, 3) < 1
+
+
+@pytest.mark.parametrize("by", ["columns", "rows"])
+def test_sharded_dense_layouts_and_values(tf_devices, by):
+    tf, devices = tf_devices
+    import numpy as np
+
+    mesh = cu.parallel.make_mesh(devices)
+    rng = np.random.default_rng(0)
+    x, kernel, bias = (rng.normal(size=s).astype("float32") for s in ((5, 8), (8, 12), (12,)))
+    y = cu.parallel.sharded_dense(x, kernel, bias, mesh, by)
+    assert np.allclose(cu.parallel.unshard(y), x @ kernel + bias, atol=1e-4)
+    layouts = cu.parallel.dense_layouts(mesh, by)
+    pieces = cu.parallel.shard_shapes(cu.parallel.shard(kernel, layouts["kernel"]))
+    assert pieces == ([(8, 3)] * 4 if by == "columns" else [(2, 12)] * 4)
+    assert cu.parallel.sharding_of(y) == (["unsharded", "model"] if by == "columns"
+                                          else ["unsharded", "unsharded"])
+    with pytest.raises(ValueError):
+        cu.parallel.dense_layouts(mesh, "diagonal")
+
+
+def test_draw_model_split_and_sharded_dense_return_axes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert "two devices" in cu.plots.draw_model_split(4, 2).get_title()
+    for by in ("columns", "rows"):
+        assert by in cu.plots.draw_sharded_dense(by).get_title()
+    with pytest.raises(ValueError):
+        cu.plots.draw_model_split(3, 3)
+    with pytest.raises(ValueError):
+        cu.plots.draw_sharded_dense("diagonal")
