@@ -7,6 +7,7 @@ import matplotlib
 import pytest
 
 from course_utils import plots
+from course_utils.plots.diagrams_basics import _TRAINING_STEP as TRAINING_STEP
 
 matplotlib.use("Agg")
 
@@ -20,10 +21,10 @@ def test_training_step_diagram_shows_the_five_parts_on_host_and_two_devices():
     assert [label.get_text() for label in ax.get_legend().get_texts()] == list(plots.STEP_PARTS)
     assert [tick.get_text() for tick in ax.get_yticklabels()] == [
         "device 1", "device 0", "host (CPU)"]
-    assert len(_bars(ax)) == len(plots._TRAINING_STEP)
+    assert len(_bars(ax)) == len(TRAINING_STEP)
     # Both devices compute, then all-reduce at the same time: the communication bars line up.
     communication = [(bar.get_x(), bar.get_width()) for bar, (_, part, *_) in
-                     zip(_bars(ax), plots._TRAINING_STEP, strict=True) if part == "communication"]
+                     zip(_bars(ax), TRAINING_STEP, strict=True) if part == "communication"]
     assert len(communication) == 2 and len(set(communication)) == 1
 
 

@@ -1,0 +1,73 @@
+"""The course's pictures: measurement charts and explanatory diagrams, drawn by code.
+
+Every function draws on a Matplotlib ``Axes`` (a new figure when none is given) and returns it,
+so a lesson can add to it or lay several side by side. One module per kind of picture:
+
+* ``style.py`` – the palette (Okabe-Ito) and ``axes_for``;
+* ``charts.py`` – measurements: throughput bars, time breakdowns, scaling curves;
+* ``diagrams_basics.py`` – lessons 00-02: a training step, a pipeline's timeline, data parallelism;
+* ``diagrams_clusters.py`` – lessons 03-05: workers, parameter servers, the TPU host loop;
+* ``diagrams_parallelism.py`` – 06-07: placement, pipeline schedules, sharding, accumulation;
+* ``diagrams_precision.py`` – lesson 08: number formats, loss scaling, a mixed-precision step.
+"""
+
+from __future__ import annotations
+
+from course_utils.plots.charts import (
+    bar_chart,
+    epoch_orders,
+    line_chart,
+    scaling_curve,
+    time_breakdown,
+)
+from course_utils.plots.diagrams_basics import (
+    PIPELINE_MODES,
+    STEP_PARTS,
+    draw_data_parallelism,
+    draw_pipeline_timeline,
+    draw_training_step,
+    pipeline_schedule,
+)
+from course_utils.plots.diagrams_clusters import (
+    draw_multi_worker,
+    draw_parameter_server,
+    draw_tpu_host_loop,
+)
+from course_utils.plots.diagrams_parallelism import (
+    draw_gradient_accumulation,
+    draw_model_split,
+    draw_pipeline_schedule,
+    draw_sharded_dense,
+)
+from course_utils.plots.diagrams_precision import (
+    draw_loss_scaling,
+    draw_mixed_precision_step,
+    draw_number_formats,
+)
+from course_utils.plots.style import PALETTE, axes_for
+
+__all__ = [
+    "axes_for",
+    "bar_chart",
+    "draw_data_parallelism",
+    "draw_gradient_accumulation",
+    "draw_loss_scaling",
+    "draw_mixed_precision_step",
+    "draw_model_split",
+    "draw_multi_worker",
+    "draw_number_formats",
+    "draw_parameter_server",
+    "draw_pipeline_schedule",
+    "draw_pipeline_timeline",
+    "draw_sharded_dense",
+    "draw_tpu_host_loop",
+    "draw_training_step",
+    "epoch_orders",
+    "line_chart",
+    "PALETTE",
+    "PIPELINE_MODES",
+    "pipeline_schedule",
+    "scaling_curve",
+    "STEP_PARTS",
+    "time_breakdown",
+]

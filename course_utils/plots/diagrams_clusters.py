@@ -1,0 +1,123 @@
+"""Diagrams of lessons 03-05: a multi-worker cluster, parameter servers, the TPU host loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from course_utils.plots.style import PALETTE, axes_for
+
+__all__ = [
+    "draw_multi_worker",
+    "draw_parameter_server",
+    "draw_tpu_host_loop",
+]
+
+
+def draw_multi_worker(num_workers: int = 2, ax: Any = None) -> Any:
+    """Diagram: workers (one process each, own TF_CONFIG) on a ring all-reduce; the chief saves."""
+    import math
+
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    ax = axes_for(ax, (7.5, 3.6))
+    radius = 1.5 if num_workers > 1 else 0.0
+    centres = [(radius * math.cos(math.pi / 2 + 2 * math.pi * i / num_workers),
+                radius * math.sin(math.pi / 2 + 2 * math.pi * i / num_workers))
+               for i in range(num_workers)]
+    for index, (x, y) in enumerate(centres):
+        color = PALETTE[0] if index == 0 else PALETTE[5]
+        ax.add_patch(FancyBboxPatch((x - 0.95, y - 0.38), 1.9, 0.76, boxstyle="round,pad=0.02",
+                                    facecolor=color, edgecolor="black", linewidth=0.8,
+                                    alpha=0.85))
+        role = "chief: saves checkpoints" if index == 0 else "writes to a scratch dir"
+        ax.text(x, y + 0.12, f"worker {index} (process)", ha="center", fontsize=8)
+        ax.text(x, y - 0.15, f'TF_CONFIG task {{"worker", {index}}}\n{role}', ha="center",
+                va="center", fontsize=6.5)
+    for index in range(num_workers if num_workers > 1 else 0):
+        start, end = centres[index], centres[(index + 1) % num_workers]
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12,
+                                     connectionstyle="arc3,rad=0.35", color=PALETTE[3],
+                                     linewidth=1.2, shrinkA=28, shrinkB=28))
+    ax.text(0, 0, "ring all-reduce\nof gradients\n(every step)", ha="center", va="center",
+            fontsize=8, color=PALETTE[3])
+    ax.text(0, -2.35, "every worker: same script, same model, its shard of each global batch",
+            ha="center", fontsize=8)
+    ax.set_xlim(-3.2, 3.2)
+    ax.set_ylim(-2.6, 2.3)
+    ax.set_aspect("equal")
+    ax.set_axis_off()
+    ax.set_title("MultiWorkerMirroredStrategy", fontsize=10)
+    return ax
+
+def draw_parameter_server(num_workers: int = 3, num_ps: int = 2, ax: Any = None) -> Any:
+    """Lesson 04: a coordinator schedules steps on workers, which read and update parameter servers.
+
+    Every worker pulls the variables from the parameter servers, computes a gradient on its own
+    batches and pushes an update, on its own clock: the updates are asynchronous.
+    """
+    ax = axes_for(ax, (10.0, 4.2))
+    style = {"ha": "center", "va": "center", "fontsize": 9, "color": "white"}
+
+    def box(x: float, y: float, text: str, color: str) -> None:
+        ax.annotate(text, (x, y), **style,
+                    bbox={"boxstyle": "round,pad=0.5", "facecolor": color, "edgecolor": color})
+
+    box(0.5, 0.88, "coordinator (this Python process)\nschedule · join · fetch", PALETTE[7])
+    workers = [(i + 0.5) / num_workers for i in range(num_workers)]
+    servers = [(i + 0.5) / num_ps for i in range(num_ps)]
+    for i, x in enumerate(workers):
+        box(x, 0.52, f"worker {i}\nforward, backward\non its own batches", PALETTE[0])
+        ax.annotate("", (x, 0.62), (0.5, 0.80),
+                    arrowprops={"arrowstyle": "->", "color": "grey", "lw": 1.2})
+        for xs in servers:
+            ax.annotate("", (xs - 0.02, 0.21), (x - 0.02, 0.42),
+                        arrowprops={"arrowstyle": "->", "color": PALETTE[3], "lw": 1.0})
+            ax.annotate("", (x + 0.02, 0.42), (xs + 0.02, 0.21),
+                        arrowprops={"arrowstyle": "->", "color": PALETTE[2], "lw": 1.0})
+    for i, x in enumerate(servers):
+        box(x, 0.12, f"parameter server {i}\nholds variables (or shards)", PALETTE[1])
+    ax.text(0.5, 0.70, "closures: each step runs on whichever worker is free", ha="center",
+            fontsize=8, color="grey")
+    ax.text(0.01, 0.30, "green: read variables\nred: push updates\n(no barrier: asynchronous)",
+            fontsize=8, va="center")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.axis("off")
+    ax.set_title("Parameter-server training: coordinator → workers ↔ parameter servers",
+                 fontsize=10)
+    return ax
+
+def draw_tpu_host_loop(steps: int = 8, steps_per_execution: int = 4) -> Any:
+    """Lesson 05: host ↔ TPU round-trips for ``steps`` steps, one step per call (top) and
+    ``steps_per_execution`` steps per call (bottom): each call is a launch and a wait."""
+    import matplotlib.pyplot as plt
+
+    if steps < 1 or steps_per_execution < 1:
+        raise ValueError("steps and steps_per_execution must be at least 1")
+    fig, axes = plt.subplots(2, 1, figsize=(11.0, 3.6), sharex=True)
+    overhead, step = 0.6, 1.0
+    for ax, per_call in zip(axes, (1, steps_per_execution), strict=True):
+        t, calls = 0.0, 0
+        for first in range(0, steps, per_call):
+            in_call = min(per_call, steps - first)
+            ax.broken_barh([(t, overhead)], (1.1, 0.8), color=PALETTE[1])  # host: launch, wait
+            t += overhead
+            for k in range(in_call):
+                ax.broken_barh([(t + k * step, step * 0.95)], (0.1, 0.8), color=PALETTE[0])
+                ax.text(t + k * step + step / 2, 0.5, str(first + k + 1), ha="center",
+                        va="center", color="white", fontsize=8)
+            ax.annotate("", (t, 0.9), (t - overhead / 2, 1.1),
+                        arrowprops={"arrowstyle": "->", "color": "grey"})
+            t += in_call * step
+            calls += 1
+        ax.set_yticks([0.5, 1.5], ["TPU", "host"])
+        ax.set_ylim(0, 2)
+        ax.set_title(f"steps_per_execution={per_call}: {calls} round-trips for {steps} steps, "
+                     f"{t:.1f} time units", fontsize=9)
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[-1].set_xlabel("time (orange: the host launches a call and waits for its result; "
+                        "blue: training steps on the TPU)")
+    fig.tight_layout()
+    return axes
