@@ -35,6 +35,7 @@ _SUBMODULES = (
     "strategies",
     "tflogs",
     "training",
+    "widgets",
 )
 
 # Public name -> submodule that defines it.
@@ -59,7 +60,7 @@ __all__ = [
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "memory",
     "mixed_precision", "models", "monitor", "notebooks", "plots", "quiet", "reductions",
-    "strategies", "tflogs", "training",
+    "strategies", "tflogs", "training", "widgets",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
     "make_strategy", "quiet_tensorflow", "seed_everything", "setup",
