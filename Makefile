@@ -81,11 +81,18 @@ test-busy: $(STAMP)  ## lessons and solutions under nbval while 2 processes load
 	tests/tools/with_busy_cores.sh $(BIN)/python sh -c \
 		'COURSE_STRICT_CHECKS=1 $(NBVAL) solutions && $(NBVAL) notebooks'
 
-notebooks html: $(STAMP)  ## render an executed HTML copy of the course into _build/html
-	$(BIN)/python -m jupyter nbconvert --to html --execute --output-dir _build/html \
-		--ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 \
-		$(NOTEBOOKS)
-	@echo "open _build/html/00_welcome.html"
+# make html HTML_NOTEBOOKS="notebooks/01_input_pipelines.ipynb" renders only those (index: all).
+HTML_DIR       ?= _build/html
+HTML_NOTEBOOKS ?= $(NOTEBOOKS)
+
+notebooks html: $(STAMP)  ## executed HTML copy of the course in _build/html, index.html in course order
+	@for nb in $(HTML_NOTEBOOKS); do \
+		$(BIN)/python -m jupyter nbconvert --to html --execute \
+			--output-dir "$(HTML_DIR)/$$(dirname $$nb)" --ExecutePreprocessor.timeout=600 \
+			--ExecutePreprocessor.kernel_name=python3 "$$nb" || exit 1; \
+	done
+	$(BIN)/python -m course_utils.site $(HTML_DIR)
+	@echo "open $(HTML_DIR)/index.html"
 
 exercises: $(STAMP)  ## generate exercises/ from solutions/
 	$(BIN)/python -m course_utils exercises

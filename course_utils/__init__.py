@@ -32,6 +32,7 @@ _SUBMODULES = (
     "plots",
     "quiet",
     "reductions",
+    "site",
     "strategies",
     "tflogs",
     "training",
@@ -59,7 +60,7 @@ __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "memory",
-    "mixed_precision", "models", "monitor", "notebooks", "plots", "quiet", "reductions",
+    "mixed_precision", "models", "monitor", "notebooks", "plots", "quiet", "reductions", "site",
     "strategies", "tflogs", "training", "widgets",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
