@@ -57,6 +57,7 @@ def _wire(controls: list[Any], output: Any, render: Any) -> Any:
         render(output)
 
     for control in controls:
+        control.style.description_width = "initial"  # whole labels, on 7.7 and 8
         control.observe(update, names="value")
     update()
     return ipywidgets.VBox([*controls, output])
