@@ -50,6 +50,19 @@ class Lab:
     process: subprocess.Popen
     folder: pathlib.Path
 
+    def shut_down_kernels(self) -> int:
+        """Stop every kernel session of this lab (one lesson's kernel before the next); count."""
+        def call(method: str, path: str) -> bytes:
+            request = urllib.request.Request(f"{self.url}{path}?token={self.token}",
+                                             method=method)
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.read()
+
+        sessions = json.loads(call("GET", "/api/sessions"))
+        for session in sessions:
+            call("DELETE", f"/api/sessions/{session['id']}")
+        return len(sessions)
+
     def notebook_url(self, relative: str) -> str:
         """The URL that opens ``relative`` (a path under the repository) in a fresh workspace."""
         return f"{self.url}/lab/tree/{relative}?reset&token={self.token}"

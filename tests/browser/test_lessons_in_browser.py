@@ -104,6 +104,7 @@ def test_lesson_runs_in_jupyterlab(session, relative):
         "if (w) { w.scrollIntoView({block: 'center'}); } return !!w;")
     time.sleep(0.5)
     driver.save_screenshot(str(SHOTS / (pathlib.Path(relative).stem + ".png")))
+    assert lab.shut_down_kernels() >= 1  # the lesson's kernel, stopped before the next lesson
     print(f"{relative}: {TIMES[relative]:.0f} s in the browser, "
           f"{len(state['images'])} images, {state['widgets']} widget elements")
 
