@@ -28,7 +28,7 @@ FEEDBACK    ?= feedback
 TIMEOUT     ?= 300
 
 .PHONY: help install lab test lint stripped sync unit nbval notebooks html exercises grade \
-        bench doctor strip clean test-fast unit-fast test-busy test-colab-stack
+        bench doctor strip clean test-fast unit-fast test-busy test-colab-stack test-browser
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -81,11 +81,37 @@ test-busy: $(STAMP)  ## lessons and solutions under nbval while 2 processes load
 	tests/tools/with_busy_cores.sh $(BIN)/python sh -c \
 		'COURSE_STRICT_CHECKS=1 $(NBVAL) solutions && $(NBVAL) notebooks'
 
-notebooks html: $(STAMP)  ## render an executed HTML copy of the course into _build/html
-	$(BIN)/python -m jupyter nbconvert --to html --execute --output-dir _build/html \
-		--ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 \
-		$(NOTEBOOKS)
-	@echo "open _build/html/00_welcome.html"
+# make html HTML_NOTEBOOKS="notebooks/01_input_pipelines.ipynb" renders only those (index: all).
+HTML_DIR       ?= _build/html
+HTML_NOTEBOOKS ?= $(NOTEBOOKS)
+
+notebooks html: $(STAMP)  ## executed HTML copy of the course in _build/html, index.html in course order
+	@for nb in $(HTML_NOTEBOOKS); do \
+		$(BIN)/python -m jupyter nbconvert --to html --execute \
+			--output-dir "$(HTML_DIR)/$$(dirname $$nb)" --ExecutePreprocessor.timeout=600 \
+			--ExecutePreprocessor.kernel_name=python3 "$$nb" || exit 1; \
+	done
+	$(BIN)/python -m course_utils.site $(HTML_DIR)
+	@echo "open $(HTML_DIR)/index.html"
+
+# make test-browser: each lesson in JupyterLab in headless Chromium (Debian's chromium and
+# chromium-driver, no browser download), driven by selenium from a small venv of its own.
+# BROWSER_NOTEBOOKS="notebooks/01_input_pipelines.ipynb ..." picks lessons; screenshots: _build/browser
+BROWSER_VENV      ?= .venv-browser
+BROWSER_NOTEBOOKS ?= $(wildcard notebooks/*.ipynb)
+SELENIUM           = selenium==4.51.0
+
+$(BROWSER_VENV)/.installed: $(LOCK)
+	@test -x $(BROWSER_VENV)/bin/python || $(PYTHON) -m venv $(BROWSER_VENV)
+	$(BROWSER_VENV)/bin/python -m pip install --quiet -c $(LOCK) pytest $(SELENIUM)
+	@touch $@
+
+test-browser: $(STAMP) $(BROWSER_VENV)/.installed  ## run every lesson in JupyterLab in headless Chromium
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { echo "test-browser needs \
+		Debian's browser: apt-get install -y chromium chromium-driver"; exit 1; }
+	COURSE_BROWSER_TESTS=1 COURSE_JUPYTER="$(CURDIR)/$(BIN)/jupyter" \
+		BROWSER_NOTEBOOKS="$(BROWSER_NOTEBOOKS)" $(BROWSER_VENV)/bin/python -m pytest \
+		tests/browser --confcutdir=tests/browser -p no:cacheprovider -v -s
 
 exercises: $(STAMP)  ## generate exercises/ from solutions/
 	$(BIN)/python -m course_utils exercises

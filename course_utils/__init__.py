@@ -33,10 +33,12 @@ _SUBMODULES = (
     "plots",
     "quiet",
     "reductions",
+    "site",
     "strategies",
     "tflogs",
     "tpu",
     "training",
+    "widgets",
 )
 
 # Public name -> submodule that defines it.
@@ -60,8 +62,8 @@ __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "memory",
-    "mixed_precision", "models", "monitor", "notebooks", "parallel", "plots", "quiet", "reductions",
-    "strategies", "tflogs", "tpu", "training",
+    "mixed_precision", "models", "monitor", "notebooks", "parallel", "plots", "quiet",
+    "reductions", "site", "strategies", "tflogs", "tpu", "training", "widgets",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
     "make_strategy", "quiet_tensorflow", "seed_everything", "setup",
