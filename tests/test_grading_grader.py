@@ -106,6 +106,18 @@ def test_edited_deleted_and_moved_checks_are_restored_after_their_exercise():
         c.source for c in solution.cells if grade_id(c) == "setup")
 
 
+def test_a_locked_cell_goes_back_after_the_ungraded_cells_it_follows():
+    # Lesson 04: the locked cell that starts the cluster reads the parameters cell above it.
+    solution = nbformat.read(REPO / "solutions" / "04_parameter_server_solutions.ipynb", 4)
+    exercises = nbformat.read(REPO / "exercises" / "04_parameter_server_exercises.ipynb", 4)
+    prepared = prepare(exercises, solution, PACKAGE_DIR)
+    ids = [cell.get("id") for cell in prepared.notebook.cells]
+    keys = [grade_id(cell) for cell in prepared.notebook.cells]
+    parameters = next(i for i, cell in enumerate(prepared.notebook.cells)
+                      if "parameters" in cell.get("metadata", {}).get("tags", []))
+    assert keys.index("setup") < parameters < keys.index("cluster"), ids
+
+
 def test_gradebook_appends_drops_a_half_written_line_and_forces(tmp_path):
     out = tmp_path / "gradebook.csv"
     book = Gradebook(out)

@@ -83,6 +83,17 @@ def _key(cell: Any, ids_to_grade: dict[str, str]) -> str | None:
     return ids_to_grade.get(cell_id) if isinstance(cell_id, str) else None
 
 
+def _anchor(cell: Any, ids_to_grade: dict[str, str]) -> tuple[str, Any] | None:
+    """Where a cell stands in the solution: its grade id, else a code cell's own id.
+
+    Markdown defines nothing, so it anchors nothing: a restored cell never waits for prose.
+    """
+    key = _key(cell, ids_to_grade)
+    if key:
+        return ("grade", key)
+    return ("cell", cell.get("id")) if cell.get("cell_type") == "code" else None
+
+
 def _clean(cell: Any) -> Any:
     cell = copy.deepcopy(cell)
     if cell.get("cell_type") == "code":
@@ -98,9 +109,14 @@ def prepare(submission: Any, solution: Any, package_dir: Path) -> Prepared:
     ids_to_grade = {c.get("id"): grade_id(c) for c in instructor if isinstance(c.get("id"), str)}
     restored = {grade_id(c): c for c in instructor if is_locked_cell(c)}
     order = [grade_id(c) for c in instructor]
+    # Every code cell of the solution, graded or not, in order: a locked cell goes back after
+    # the cells that precede it there (the set-up cell, then the parameters cell, then a locked
+    # cell that uses the parameters).
+    solution_order = [_anchor(c, ids_to_grade) for c in solution.cells]
 
     submitted: dict[str, Any] = {}
     cells: list[tuple[str | None, Any]] = []
+    anchors_of: list[tuple[str, Any]] = []  # beside ``cells``: each cell's place in the solution
     for cell in submission.cells:
         key = _key(cell, ids_to_grade)
         if key in restored:
@@ -109,9 +125,10 @@ def prepare(submission: Any, solution: Any, package_dir: Path) -> Prepared:
         if is_check_cell(cell):  # a check the solution does not have: not run
             continue
         cells.append((key if key in ids_to_grade.values() else None, _clean(cell)))
+        anchors_of.append(_anchor(cell, ids_to_grade))
 
     notes = []
-    for position, key in enumerate(order):
+    for key in order:
         if key not in restored:
             continue
         original = restored[key]
@@ -120,14 +137,15 @@ def prepare(submission: Any, solution: Any, package_dir: Path) -> Prepared:
         elif submitted[key].get("source", "") not in (original.source,
                                                        strip_hidden_tests(original.source)):
             notes.append(f"cell {key!r} was edited: the instructor's copy was put back")
-        anchors = order[:position]
-        present = [i for i, (k, _) in enumerate(cells) if k in anchors]
+        anchors = solution_order[:solution_order.index(("grade", key))]
+        rank = {anchor: n for n, anchor in enumerate(anchors) if anchor is not None}
+        present = [i for i, anchor in enumerate(anchors_of) if anchor in rank]
         where = 0
         if present:  # after the last present cell among those preceding it in the solution
-            rank = {k: n for n, k in enumerate(anchors)}
-            best = max(present, key=lambda i: (rank[cells[i][0]], i))
+            best = max(present, key=lambda i: (rank[anchors_of[i]], i))
             where = best + 1
         cells.insert(where, (key, _clean(original)))
+        anchors_of.insert(where, ("grade", key))
 
     nb = copy.deepcopy(submission)
     nb.cells = [cell for _, cell in cells]
