@@ -116,6 +116,10 @@ def make_pipeline(
     elements, before batching) -> ``repeat`` -> ``augment`` (random work, after the cache so it
     differs every epoch) -> ``batch`` -> ``prefetch``. ``num_parallel_calls`` defaults to
     ``tf.data.AUTOTUNE``.
+
+    Draw ``augment``'s randomness from a ``tf.random.Generator`` (or Keras random layers): with
+    a global seed set, ``tf.random.uniform`` and the other stateful ops restart with every new
+    iterator, so each epoch would get the same "random" augmentation.
     """
     tf = _tf()
     if batch_size < 1:

@@ -82,14 +82,16 @@ def test_make_pipeline_shuffles_elements_before_batching():
 
 
 def test_make_pipeline_applies_preprocess_once_and_augment_every_epoch():
+    tf.random.set_seed(0)  # as a learner's seeded notebook does (other tests in this worker too)
     calls = tf.Variable(0)
+    generator = tf.random.Generator.from_seed(1)
 
     def preprocess(x):
         calls.assign_add(1)
         return x
 
     def augment(x):
-        return x + tf.random.uniform([], 0, 1000, dtype=tf.int64)
+        return x + generator.uniform([], 0, 1000, dtype=tf.int64)
 
     dataset = data.make_pipeline(tf.data.Dataset.range(10), 10, preprocess=preprocess,
                                  augment=augment, shuffle_buffer=None)
@@ -97,6 +99,20 @@ def test_make_pipeline_applies_preprocess_once_and_augment_every_epoch():
     second = next(iter(dataset)).numpy()
     assert int(calls.numpy()) == 10  # cached after the deterministic preprocessing
     assert not np.array_equal(first, second)  # augmentation runs after the cache
+
+
+def test_seeded_stateful_random_ops_repeat_every_epoch_which_make_pipeline_documents():
+    """The pitfall the docstring warns of: under a global seed, ``tf.random.uniform`` in a map
+    restarts with every new iterator, so each epoch gets the same "random" augmentation."""
+    tf.random.set_seed(0)
+
+    def augment(x):
+        return x + tf.random.uniform([], 0, 1000, dtype=tf.int64)
+
+    dataset = data.make_pipeline(tf.data.Dataset.range(10), 10, augment=augment,
+                                 shuffle_buffer=None, num_parallel_calls=1)
+    assert np.array_equal(next(iter(dataset)).numpy(), next(iter(dataset)).numpy())
+    assert "tf.random.Generator" in data.make_pipeline.__doc__
 
 
 def test_make_pipeline_drop_remainder_and_repeat():
