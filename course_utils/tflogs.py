@@ -15,12 +15,15 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-__all__ = ["LOG_LINE", "tensorflow_log_lines"]
+__all__ = ["LOG_LINE", "tensorflow_log_lines", "writes_verbose_auto_shard_line"]
 
-#: TensorFlow's C++ log lines: a level letter (Info, Warning, Error, Fatal), then ``MMDD`` (or
-#: ``0000``), a time, a thread id and ``file.cc:line]``, e.g.
+#: TensorFlow's C++ log lines. TensorFlow 2.21 (absl's format): a level letter (Info, Warning,
+#: Error, Fatal), then ``MMDD`` (or ``0000``), a time, a thread id and ``file.cc:line]``, e.g.
 #: ``I0000 00:00:1795409551.025166   27254 auto_shard.cc:799] AUTO sharding policy ...``.
-LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.\-]+:\d+\] ")
+#: TensorFlow 2.20 (Colab's): a date and time, the level letter and the source path, e.g.
+#: ``2026-11-23 08:04:57.616056: I tensorflow/core/common_runtime/eager/execute.cc:1244] ...``.
+LOG_LINE = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+\s+\d+ [\w.\-]+:\d+\] "
+                      r"|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] [\w./\-]+:\d+\] )")
 
 _MARKER = "@@course_utils.tflogs@@"
 
@@ -81,3 +84,19 @@ def _split(stderr: str, snippets: Mapping[str, str]) -> dict[str, list[str]]:
         elif current is not None and LOG_LINE.match(line):
             by_snippet[current].append(line)
     return by_snippet
+
+
+def writes_verbose_auto_shard_line(version: str | None = None) -> bool:
+    """Whether this TensorFlow writes the auto-shard pass's ``AUTO sharding policy ...`` line.
+
+    TensorFlow 2.21 writes it (as information) when ``TF_CPP_VMODULE=auto_shard=2`` asks for the
+    verbose log; 2.20 (Colab's today) writes nothing about sharding at any log level, even with
+    ``TF_CPP_MAX_VLOG_LEVEL=2`` (measured), although it applies the policy all the same.
+    ``version`` defaults to the installed TensorFlow's.
+    """
+    if version is None:
+        import tensorflow as tf
+
+        version = tf.__version__
+    major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
+    return (major, minor) >= (2, 21)
