@@ -14,6 +14,7 @@ import numpy as np
 from course_utils.works_where.task import Task
 
 __all__ = [
+    "compiled_keras3",
     "fit_keras3",
     "fit_with_accumulation",
     "fit_steps_per_execution",
@@ -27,9 +28,9 @@ __all__ = [
 ]
 
 
-def fit_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
-               **compile_options: Any) -> list[Any]:
-    """Keras 3 ``compile`` + ``fit`` in the strategy's scope (micro-batches when accumulating);
+def compiled_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
+                    **compile_options: Any) -> Any:
+    """A Keras 3 model built and compiled in the strategy's scope (SGD, cross-entropy);
     ``compile_options`` such as ``steps_per_execution`` or ``jit_compile`` go to ``compile``."""
     import keras
 
@@ -39,6 +40,13 @@ def fit_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
                                            gradient_accumulation_steps=accumulation_steps),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       **compile_options)
+    return model
+
+
+def fit_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
+               **compile_options: Any) -> list[Any]:
+    """Keras 3 ``compile`` + ``fit`` in the strategy's scope (micro-batches when accumulating)."""
+    model = compiled_keras3(strategy, task, accumulation_steps, **compile_options)
     batch = task.global_batch // (accumulation_steps or 1)
     model.fit(task.dataset(batch), epochs=1, verbose=0, shuffle=False)
     return model.get_weights()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from course_utils.works_where.jobs import compiled_keras3
 from course_utils.works_where.task import Task
 
 __all__ = ["PS_STEPS", "ps_custom_loop", "ps_loss_scaled_loop", "ps_trainer", "ps_fit_tf_keras",
@@ -91,14 +92,7 @@ def ps_fit_tf_keras(strategy: Any, task: Task) -> tuple[list, int]:
 def ps_fit_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
                   **compile_options: Any) -> tuple[list, int]:
     """Keras 3 ``fit`` under the parameter-server strategy (``compile_options`` to compile)."""
-    import keras
-
-    with strategy.scope():
-        model = task.keras_model()
-        model.compile(keras.optimizers.SGD(task.learning_rate,
-                                           gradient_accumulation_steps=accumulation_steps),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      **compile_options)
+    model = compiled_keras3(strategy, task, accumulation_steps, **compile_options)
     batch = task.global_batch // (accumulation_steps or 1)
     model.fit(task.dataset(batch).repeat(), epochs=1, steps_per_epoch=PS_STEPS, verbose=0,
               shuffle=False)

@@ -53,19 +53,19 @@ class Task:
         """A Keras 3 model with the initial weights (call it inside the strategy's scope)."""
         import keras
 
-        model = keras.Sequential([keras.Input((self.num_features,)),
-                                  keras.layers.Dense(self.hidden, activation="relu"),
-                                  keras.layers.Dense(self.num_classes)])
-        model.set_weights(self.initial_weights)
-        return model
+        return self._model(keras)
 
     def tf_keras_model(self) -> Any:
         """The same model in tf_keras (Keras 2), with the same initial weights."""
         import tf_keras
 
-        model = tf_keras.Sequential([tf_keras.Input((self.num_features,)),
-                                     tf_keras.layers.Dense(self.hidden, activation="relu"),
-                                     tf_keras.layers.Dense(self.num_classes)])
+        return self._model(tf_keras)
+
+    def _model(self, keras_module: Any) -> Any:
+        layers = keras_module.layers
+        model = keras_module.Sequential([keras_module.Input((self.num_features,)),
+                                         layers.Dense(self.hidden, activation="relu"),
+                                         layers.Dense(self.num_classes)])
         model.set_weights(self.initial_weights)
         return model
 
