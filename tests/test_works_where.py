@@ -88,6 +88,8 @@ def test_async_and_distribution_checks():
         "works")
     lost = checks.check_async("trainer", "parameter_server", task, trained, 20, 24)
     assert lost.status == "wrong" and "20/24" in lost.detail
+    short = checks.check_async("custom_loop", "parameter_server", task, trained, 24, 24, 21)
+    assert short.status == "works" and "optimizer.iterations counted 21" in short.detail
     devices = ["cpu:0", "cpu:1"]
     one = checks.check_distributed("keras_distribution", "default", task, trained, {"CPU:0"},
                                    devices)

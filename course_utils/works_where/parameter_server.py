@@ -2,8 +2,12 @@
 
 Updates are asynchronous (each worker applies its own step to the variables on the parameter
 servers, in whatever order the workers finish), so no run can equal the one-device reference
-step for step. A job here returns the trained weights and how many steps were really applied;
-``checks.py`` asks that every scheduled step was applied and that the loss fell.
+step for step. A job here returns the trained weights, how many steps were really applied (a
+plain ``tf.Variable``'s atomic ``assign_add``) and what the optimizer's own ``iterations``
+counted. Keras 3 applies gradients with TensorFlow's atomic ``assign_sub``, but counts its
+iterations with ``KerasVariable.assign_add``, a read then an assign, which loses counts when two
+workers step at once (lesson 04). ``checks.py`` asks that every scheduled step was applied and
+that the loss fell, and reports a short count.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ __all__ = ["PS_STEPS", "ps_custom_loop", "ps_loss_scaled_loop", "ps_trainer", "p
 PS_STEPS = 24
 
 
-def ps_custom_loop(strategy: Any, task: Task, policy: str | None = None) -> tuple[list, int]:
+def ps_custom_loop(strategy: Any, task: Task, policy: str | None = None) -> tuple[list, int, int]:
     """``coordinator.schedule`` of a ``strategy.run`` step; counts applied steps on the ps."""
     import keras
     import tensorflow as tf
@@ -54,15 +58,15 @@ def ps_custom_loop(strategy: Any, task: Task, policy: str | None = None) -> tupl
     for _ in range(PS_STEPS):
         coordinator.schedule(worker_step, args=(iterator,))
     coordinator.join()
-    return model.get_weights(), int(applied.numpy())
+    return model.get_weights(), int(applied.numpy()), int(optimizer.iterations.numpy())
 
 
-def ps_loss_scaled_loop(strategy: Any, task: Task) -> tuple[list, int]:
+def ps_loss_scaled_loop(strategy: Any, task: Task) -> tuple[list, int, int]:
     """The scheduled loop under ``mixed_float16`` with a ``LossScaleOptimizer``."""
     return ps_custom_loop(strategy, task, policy="mixed_float16")
 
 
-def ps_trainer(strategy: Any, task: Task) -> tuple[list, int]:
+def ps_trainer(strategy: Any, task: Task) -> tuple[list, int, int]:
     """``cu.Trainer`` under the parameter-server strategy (it schedules the steps itself)."""
     import keras
 
@@ -73,10 +77,11 @@ def ps_trainer(strategy: Any, task: Task) -> tuple[list, int]:
                                                                  reduction=None),
                       strategy=strategy, verbose=0)
     trainer.fit(lambda context: task.dataset().repeat(), steps_per_epoch=PS_STEPS)
-    return trainer.model.get_weights(), trainer.steps
+    return (trainer.model.get_weights(), trainer.steps,
+            int(trainer.optimizer.iterations.numpy()))
 
 
-def ps_fit_tf_keras(strategy: Any, task: Task) -> tuple[list, int]:
+def ps_fit_tf_keras(strategy: Any, task: Task) -> tuple[list, int, int]:
     """tf_keras ``fit`` with a ``DatasetCreator`` and a legacy optimizer, as tf_keras asks."""
     import tf_keras
 
@@ -86,20 +91,22 @@ def ps_fit_tf_keras(strategy: Any, task: Task) -> tuple[list, int]:
                       tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     creator = tf_keras.utils.experimental.DatasetCreator(lambda context: task.dataset().repeat())
     model.fit(creator, epochs=1, steps_per_epoch=PS_STEPS, verbose=0)
-    return model.get_weights(), int(model.optimizer.iterations.numpy())
+    iterations = int(model.optimizer.iterations.numpy())
+    return model.get_weights(), iterations, iterations
 
 
 def ps_fit_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
-                  **compile_options: Any) -> tuple[list, int]:
+                  **compile_options: Any) -> tuple[list, int, int]:
     """Keras 3 ``fit`` under the parameter-server strategy (``compile_options`` to compile)."""
     model = compiled_keras3(strategy, task, accumulation_steps, **compile_options)
     batch = task.global_batch // (accumulation_steps or 1)
     model.fit(task.dataset(batch).repeat(), epochs=1, steps_per_epoch=PS_STEPS, verbose=0,
               shuffle=False)
-    return model.get_weights(), int(model.optimizer.iterations.numpy())
+    iterations = int(model.optimizer.iterations.numpy())
+    return model.get_weights(), iterations, iterations
 
 
-def ps_fit_with_accumulation(strategy: Any, task: Task) -> tuple[list, int]:
+def ps_fit_with_accumulation(strategy: Any, task: Task) -> tuple[list, int, int]:
     """Keras 3 ``fit`` with ``gradient_accumulation_steps=2`` under parameter servers."""
     return ps_fit_keras3(strategy, task, accumulation_steps=2)
 

@@ -20,8 +20,8 @@ def _run_job(row: str, column: str, strategy: Any, task: Task, expected_replicas
     if column == "parameter_server":
         from course_utils.works_where.parameter_server import PS_JOBS, PS_STEPS
 
-        weights, applied = PS_JOBS[row](strategy, task)
-        return check_async(row, column, task, weights, applied, PS_STEPS)
+        weights, applied, iterations = PS_JOBS[row](strategy, task)
+        return check_async(row, column, task, weights, applied, PS_STEPS, iterations)
     if row == "keras_distribution":
         from course_utils.strategies import replica_devices
         from course_utils.works_where.jobs import fit_keras_distribution
