@@ -38,7 +38,7 @@ APIS: dict[str, str] = {
 STRATEGIES: dict[str, str] = {
     "default": "default",
     "one_device": "OneDevice",
-    "mirrored": "Mirrored (2 CPUs)",
+    "mirrored": "Mirrored",
     "multi_worker": "MultiWorker (2 processes)",
     "parameter_server": "ParameterServer (in-process)",
     "tpu": "TPU or fallback",
@@ -77,7 +77,7 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
     ("keras_distribution", "one_device"): "keras.distribution replaces tf.distribute: "
     "it is tried alone, in the default column",
     ("keras_distribution", "mirrored"): "keras.distribution replaces tf.distribute: "
-    "it is tried alone, over the same 2 CPUs, in the default column",
+    "it is tried alone, over the same devices, in the default column",
     ("keras_distribution", "multi_worker"): "keras.distribution's multi-process set-up "
     "(keras.distribution.initialize) is for the JAX backend only",
     ("keras_distribution", "parameter_server"): "keras.distribution has no parameter servers",

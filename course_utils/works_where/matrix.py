@@ -58,9 +58,13 @@ def local_strategy(column: str) -> tuple[Any, int, str | None]:
             return strategy, strategy.num_replicas_in_sync, "a real TPU"
         return (strategy, strategy.num_replicas_in_sync,
                 f"no TPU here: `cu.make_strategy('tpu')` fell back to "
-                f"{type(strategy).__name__} over {strategy.num_replicas_in_sync} CPUs")
+                f"{type(strategy).__name__} over {strategy.num_replicas_in_sync} device(s)")
     strategy = make_strategy(column, verbose=False)
-    return strategy, strategy.num_replicas_in_sync if column == "mirrored" else 1, None
+    if column == "mirrored":
+        devices = strategy.extended.worker_devices
+        names = ", ".join(device.rsplit("/device:", 1)[-1] for device in devices)
+        return strategy, len(devices), f"MirroredStrategy over {len(devices)} device(s): {names}"
+    return strategy, 1, None
 
 
 def start_multi_worker(out_dir: str | Path, timeout: float = 150.0) -> Any:
