@@ -28,7 +28,8 @@ FEEDBACK    ?= feedback
 TIMEOUT     ?= 300
 
 .PHONY: help install lab test lint stripped sync unit nbval notebooks html exercises grade \
-        bench doctor strip clean test-fast unit-fast test-busy test-colab-stack test-browser
+        bench doctor strip clean test-fast unit-fast test-busy test-colab-stack test-browser \
+        works-where
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -122,6 +123,9 @@ grade: $(STAMP)  ## grade a folder of submissions: make grade SUBMISSIONS=dir [O
 
 bench: $(STAMP)  ## run the benchmarks; results as JSON in benchmarks/results/
 	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+works-where: $(STAMP)  ## rerun every API under every strategy; rewrite docs/what_works_where.md and the README's table
+	$(BIN)/python -m course_utils works-where --write
 
 doctor: $(STAMP)  ## report this machine's hardware and what each lesson can use
 	$(BIN)/python -m course_utils doctor

@@ -39,6 +39,7 @@ _SUBMODULES = (
     "tpu",
     "training",
     "widgets",
+    "works_where",
 )
 
 # Public name -> submodule that defines it.
@@ -63,7 +64,7 @@ __all__ = [
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "memory",
     "mixed_precision", "models", "monitor", "notebooks", "parallel", "plots", "quiet",
-    "reductions", "site", "strategies", "tflogs", "tpu", "training", "widgets",
+    "reductions", "site", "strategies", "tflogs", "tpu", "training", "widgets", "works_where",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
     "make_strategy", "quiet_tensorflow", "seed_everything", "setup",

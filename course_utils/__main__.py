@@ -8,6 +8,9 @@ Commands:
               solutions and exercises notebooks, course_utils/grading/checks/lesson_NN.py and
               tests/test_checks_lesson_NN.py (never overwrites); new PATH.ipynb "Title" writes
               one notebook skeleton
+  works-where run every training API under every strategy and print the table
+              (``--write`` updates docs/what_works_where.md and the README, ``--check`` fails
+              when a cell's status differs from the committed table)
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         return doctor_main(rest)
     if command == "new":
         return _new(rest)
+    if command == "works-where":
+        from course_utils.works_where.cli import main as works_where_main
+
+        return works_where_main(rest)
     if command in _GRADING_COMMANDS:
         from course_utils.grading.cli import main as grading_main
 

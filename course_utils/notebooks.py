@@ -1,7 +1,8 @@
 """The course's notebook conventions: Colab badges, the set-up cell, a checker and a template.
 
 Every notebook in ``notebooks/``, ``solutions/`` and ``exercises/`` starts with a
-``# NN · Title`` heading and an Open-in-Colab badge whose path is the file's own, says what you
+``# NN · Title`` heading (``# A · Title`` for an appendix, ``notebooks/A_name.ipynb``, which has
+no exercises) and an Open-in-Colab badge whose path is the file's own, says what you
 will learn before any code, has the set-up cell as its first code cell and a ``parameters``
 cell, and is committed without outputs. ``convention_problems`` checks all of that;
 ``new_notebook`` writes a skeleton that passes it (``python -m course_utils new PATH TITLE``).
@@ -28,6 +29,7 @@ __all__ = [
     "convention_problems",
     "INSTALL_REPORT",
     "install_summary",
+    "is_appendix",
     "LEARN_HEADING",
     "new_notebook",
     "NOTEBOOK_FOLDERS",
@@ -38,9 +40,16 @@ __all__ = [
 ]
 
 NOTEBOOK_FOLDERS = ("notebooks", "solutions", "exercises")
-TITLE_PATTERN = re.compile(r"^# (\d{2}) · \S.*")
+#: A lesson's title is ``# NN · Title``; an appendix's ``# A · Title`` (one capital letter).
+TITLE_PATTERN = re.compile(r"^# (\d{2}|[A-Z]) · \S.*")
+_PREFIX = re.compile(r"^(\d{2}|[A-Z])_")
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 LEARN_HEADING = re.compile(r"^#+ What you will learn", re.MULTILINE)
+
+
+def is_appendix(path: str | os.PathLike) -> bool:
+    """True for an appendix notebook (``A_name.ipynb``): a reference with no exercises."""
+    return re.match(r"^[A-Z]_", pathlib.PurePath(path).name) is not None
 
 
 def colab_url(relative_path: str | os.PathLike) -> str:
@@ -227,9 +236,11 @@ def new_notebook(
     import nbformat
 
     path = pathlib.Path(path)
-    number = path.name[:2]
-    if not number.isdigit():
-        raise ValueError(f"notebook names start with a two-digit number, got {path.name!r}")
+    prefix = _PREFIX.match(path.name)
+    if prefix is None:
+        raise ValueError("notebook names start with a two-digit number (a lesson) or a capital "
+                         f"letter (an appendix) and '_', got {path.name!r}")
+    number = prefix.group(1)
     relative = path.resolve().relative_to(pathlib.Path(root).resolve())
     v4 = nbformat.v4
     cells = [

@@ -4,7 +4,8 @@
 ``_build/html/<folder>/<name>.html`` (``notebooks/``, ``exercises/``, ``solutions/``); then
 ``python -m course_utils.site _build/html`` writes ``_build/html/index.html`` linking each one:
 every lesson, followed by its exercises and its solutions, titled as the notebooks title
-themselves (``# NN · Title``).
+themselves (``# NN · Title``); then the appendices (``A_name.ipynb``, ``# A · Title``), which
+have no exercises, in a list of their own.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ __all__ = ["FOLDERS", "course_order", "index_html", "notebook_title", "write_ind
 FOLDERS = ("notebooks", "exercises", "solutions")
 
 _NUMBER = re.compile(r"^(\d+)_")
+_APPENDIX = re.compile(r"^([A-Z])_")
+#: Appendices sort after every lesson, by letter.
+_APPENDIX_RANK = 1_000_000
 
 
 def notebook_title(path: str | os.PathLike) -> str:
@@ -41,20 +45,33 @@ def notebook_title(path: str | os.PathLike) -> str:
 
 def course_order(root: str | os.PathLike = ".") -> list[pathlib.Path]:
     """Every course notebook under ``root``, relative to it: by lesson number, then
-    lesson, exercises, solutions (the order of :data:`FOLDERS`)."""
+    lesson, exercises, solutions (the order of :data:`FOLDERS`); appendices last, by letter."""
     root = pathlib.Path(root)
     found = []
     for rank, folder in enumerate(FOLDERS):
         for path in (root / folder).glob("*.ipynb"):
-            match = _NUMBER.match(path.name)
-            number = int(match.group(1)) if match else sys.maxsize
+            match, appendix = _NUMBER.match(path.name), _APPENDIX.match(path.name)
+            if match:
+                number = int(match.group(1))
+            elif appendix:
+                number = _APPENDIX_RANK + ord(appendix.group(1))
+            else:
+                number = sys.maxsize
             found.append((number, rank, path.name, path.relative_to(root)))
     return [path for *_, path in sorted(found)]
 
 
+def _items(groups: list[list[str]]) -> str:
+    """One ``<li>`` per group: its first link, the others nested under it."""
+    return "\n".join(f"  <li>{links[0]}" + (
+        "<ul>" + "".join(f"<li>{link}</li>" for link in links[1:]) + "</ul>"
+        if len(links) > 1 else "") + "</li>" for links in groups)
+
+
 def index_html(root: str | os.PathLike = ".", title: str = "Scaling TensorFlow") -> str:
     """The index page: one list item per lesson, linking its rendered lesson, exercises and
-    solutions (``<folder>/<name>.html``) under the titles read from the notebooks."""
+    solutions (``<folder>/<name>.html``) under the titles read from the notebooks; then the
+    appendices, in a list headed "Appendices"."""
     root = pathlib.Path(root)
     lessons: dict[str, list[str]] = {}
     for relative in course_order(root):
@@ -62,12 +79,13 @@ def index_html(root: str | os.PathLike = ".", title: str = "Scaling TensorFlow")
         href = relative.with_suffix(".html").as_posix()
         label = html.escape(notebook_title(root / relative))
         lessons.setdefault(number, []).append(f'<a href="{html.escape(href)}">{label}</a>')
-    items = "\n".join(f"  <li>{links[0]}" + (
-        "<ul>" + "".join(f"<li>{link}</li>" for link in links[1:]) + "</ul>"
-        if len(links) > 1 else "") + "</li>" for links in lessons.values())
+    lesson_groups = [links for key, links in lessons.items() if not _APPENDIX.match(key + "_")]
+    appendix_groups = [links for key, links in lessons.items() if _APPENDIX.match(key + "_")]
+    appendices = (f"\n<h2>Appendices</h2>\n<ul>\n{_items(appendix_groups)}\n</ul>"
+                  if appendix_groups else "")
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}"
-            f"</title></head>\n<body><h1>{html.escape(title)}</h1>\n<ol>\n{items}\n</ol>\n"
-            "</body></html>\n")
+            f"</title></head>\n<body><h1>{html.escape(title)}</h1>\n<ol>\n"
+            f"{_items(lesson_groups)}\n</ol>{appendices}\n</body></html>\n")
 
 
 def write_index(out_dir: str | os.PathLike, root: str | os.PathLike = ".") -> pathlib.Path:

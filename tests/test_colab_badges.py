@@ -48,3 +48,4 @@ def test_the_colab_install_runs_first(relative):
 
 def test_all_notebooks_are_checked():
     assert len(PATHS) >= 15 and all(p.suffix == ".ipynb" for p in PATHS)
+    assert any(notebooks.is_appendix(p) for p in PATHS)  # appendices have badges too

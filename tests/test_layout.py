@@ -133,9 +133,9 @@ def test_ci_runs_the_readme_test_command():
 def test_makefile_has_the_targets_the_readme_names():
     makefile = (REPO / "Makefile").read_text()
     readme = (REPO / "README.md").read_text()
-    targets = {name for names in re.findall(r"^([a-z][a-z ]*):", makefile, re.MULTILINE)
+    targets = {name for names in re.findall(r"^([a-z][a-z -]*):", makefile, re.MULTILINE)
                for name in names.split()}
-    for target in set(re.findall(r"`make ([a-z]+)", readme)):
+    for target in set(re.findall(r"`make ([a-z][a-z-]*)", readme)):
         assert target in targets, f"README names make {target}, the Makefile lacks it"
     for target in ("lab", "test", "notebooks", "html", "exercises", "grade", "bench"):
         assert target in targets, target
@@ -164,5 +164,14 @@ def test_readme_links_point_at_files_that_exist():
 
 def test_every_lesson_is_linked_from_the_readme():
     readme = (REPO / "README.md").read_text()
-    for lesson in (REPO / "notebooks").glob("*.ipynb"):
+    for lesson in (REPO / "notebooks").glob("*.ipynb"):  # the appendices (A_name) too
         assert f"(notebooks/{lesson.name})" in readme, f"{lesson.name} is not in the course map"
+
+
+def test_appendix_rows_follow_the_lessons_and_link_no_exercises():
+    course_map = (REPO / "README.md").read_text().split("\n## The course\n")[1].split("\n#")[0]
+    rows = [line for line in course_map.splitlines() if re.match(r"^\| (\d\d|[A-Z]) \|", line)]
+    kinds = ["appendix" if row.split("|")[1].strip().isalpha() else "lesson" for row in rows]
+    assert "appendix" in kinds and kinds == sorted(kinds, key=["lesson", "appendix"].index)
+    assert all("exercises/" not in row for row, kind in zip(rows, kinds, strict=True)
+               if kind == "appendix")  # an appendix has no exercises

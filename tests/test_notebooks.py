@@ -156,6 +156,27 @@ def test_new_command_line_writes_a_skeleton(tmp_path):
     assert notebooks.convention_problems(tmp_path / "notebooks/05_tpus.ipynb", tmp_path) == []
 
 
+def test_an_appendix_is_a_first_class_notebook(tmp_path):
+    path = notebooks.new_notebook(tmp_path / "notebooks" / "A_where.ipynb", "Where",
+                                  root=tmp_path)
+    assert "".join(json.loads(path.read_text())["cells"][0]["source"]).startswith("# A · Where")
+    assert notebooks.convention_problems(path, tmp_path) == []
+    assert notebooks.is_appendix(path) and not notebooks.is_appendix("notebooks/01_x.ipynb")
+    wrong = _write(tmp_path / "notebooks" / "B_where.ipynb", json.loads(path.read_text()))
+    assert any("does not match the file name" in p
+               for p in notebooks.convention_problems(wrong, tmp_path))
+    with pytest.raises(ValueError, match="capital letter"):
+        notebooks.new_notebook(tmp_path / "notebooks" / "AB_where.ipynb", "X", root=tmp_path)
+
+
+def test_appendices_have_no_exercises():
+    appendices = [p for p in ALL_NOTEBOOKS if notebooks.is_appendix(p)]
+    assert [p.relative_to(REPO).as_posix() for p in appendices] == [
+        "notebooks/A_what_works_where.ipynb"]  # a reference: nothing to solve
+    for folder in ("solutions", "exercises"):
+        assert not [p for p in (REPO / folder).glob("*.ipynb") if notebooks.is_appendix(p)]
+
+
 def _write(path: pathlib.Path, notebook: dict) -> pathlib.Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(notebook))

@@ -50,3 +50,17 @@ def test_index_of_the_course_links_every_notebook():
                        for folder in site.FOLDERS for p in (REPO / folder).glob("*.ipynb"))
     links = re.findall(r'<a href="([^"]+)">', site.index_html(REPO))
     assert sorted(links) == notebooks and links[0] == "notebooks/00_welcome.html"
+
+
+def test_appendices_come_last_in_a_list_of_their_own(tmp_path):
+    for name, title in [("A_where", "# A · Where"), ("10_z", "# 10 · Z"), ("01_x", "# 01 · X")]:
+        _notebook(tmp_path / "notebooks" / f"{name}.ipynb", title)
+    _notebook(tmp_path / "exercises" / "01_x_exercises.ipynb", "# 01 · X: Exercises")
+    order = [p.as_posix() for p in site.course_order(tmp_path)]
+    assert order == ["notebooks/01_x.ipynb", "exercises/01_x_exercises.ipynb",
+                     "notebooks/10_z.ipynb", "notebooks/A_where.ipynb"]
+    page = site.index_html(tmp_path)
+    lessons, appendices = page.split("<h2>Appendices</h2>")
+    assert "notebooks/A_where.html" in appendices and "A_where" not in lessons
+    assert re.findall(r'<a href="([^"]+)">([^<]+)</a>', appendices) == [
+        ("notebooks/A_where.html", "A · Where")]

@@ -8,7 +8,8 @@ so a lesson can add to it or lay several side by side. One module per kind of pi
 * ``diagrams_basics.py`` – lessons 00-02: a training step, a pipeline's timeline, data parallelism;
 * ``diagrams_clusters.py`` – lessons 03-05: workers, parameter servers, the TPU host loop;
 * ``diagrams_parallelism.py`` – 06-07: placement, pipeline schedules, sharding, accumulation;
-* ``diagrams_precision.py`` – lesson 08: number formats, loss scaling, a mixed-precision step.
+* ``diagrams_precision.py`` – lesson 08: number formats, loss scaling, a mixed-precision step;
+* ``status_grid.py`` – appendix A: what works where, one coloured cell per API and strategy.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from course_utils.plots.diagrams_precision import (
     draw_mixed_precision_step,
     draw_number_formats,
 )
+from course_utils.plots.status_grid import STATUS_COLORS, draw_works_where
 from course_utils.plots.style import PALETTE, axes_for
 
 __all__ = [
@@ -62,12 +64,14 @@ __all__ = [
     "draw_sharded_dense",
     "draw_tpu_host_loop",
     "draw_training_step",
+    "draw_works_where",
     "epoch_orders",
     "line_chart",
     "PALETTE",
     "PIPELINE_MODES",
     "pipeline_schedule",
     "scaling_curve",
+    "STATUS_COLORS",
     "STEP_PARTS",
     "time_breakdown",
 ]

@@ -1,0 +1,67 @@
+"""What works where: every training API of the course under every strategy, each a real job.
+
+One job per module:
+
+* ``cells`` -- the rows (APIs), columns (strategies), :class:`Cell` results, upstream issues;
+* ``task`` -- the small job's data, initial weights and one-device reference;
+* ``jobs`` -- each API's job under a synchronous strategy (one device, mirrored, multi-worker);
+* ``parameter_server`` -- the jobs scheduled with a ``ClusterCoordinator``;
+* ``checks`` -- "works" only when a correctness check passes;
+* ``runner`` -- a column's cells, errors caught and reported;
+* ``worker`` -- the script each multi-worker process runs;
+* ``matrix`` -- the whole table (local columns here, multi-worker in subprocesses);
+* ``table`` -- the Markdown file and README section, read back to compare runs;
+* ``cli`` -- ``python -m course_utils works-where [--write | --check]``.
+
+Importing this package does not import TensorFlow; the jobs import it when they run.
+"""
+
+from __future__ import annotations
+
+from course_utils.works_where.cells import APIS, STATUSES, STRATEGIES, Cell, first_line
+from course_utils.works_where.checks import check_same_as_reference, largest_difference
+from course_utils.works_where.cli import TABLE_PATH, committed_table_path, table_document
+from course_utils.works_where.matrix import (
+    LOCAL_COLUMNS,
+    collect_multi_worker,
+    local_strategy,
+    run_matrix,
+    start_multi_worker,
+    versions,
+)
+from course_utils.works_where.runner import run_cell, run_column
+from course_utils.works_where.table import (
+    Matrix,
+    status_differences,
+    statuses_from_markdown,
+    to_markdown,
+)
+from course_utils.works_where.task import Task, make_task, task_loss
+
+__all__ = [
+    "APIS",
+    "LOCAL_COLUMNS",
+    "STATUSES",
+    "STRATEGIES",
+    "TABLE_PATH",
+    "Cell",
+    "Matrix",
+    "Task",
+    "check_same_as_reference",
+    "collect_multi_worker",
+    "committed_table_path",
+    "first_line",
+    "largest_difference",
+    "local_strategy",
+    "make_task",
+    "run_cell",
+    "run_column",
+    "run_matrix",
+    "start_multi_worker",
+    "status_differences",
+    "statuses_from_markdown",
+    "table_document",
+    "task_loss",
+    "to_markdown",
+    "versions",
+]

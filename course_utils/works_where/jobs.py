@@ -1,0 +1,163 @@
+"""One small training job per API, under a synchronous strategy; each returns the trained weights.
+
+Every job builds the model and optimizer inside ``strategy.scope()`` from the task's initial
+weights and trains one pass over the task's global batches, the way its lesson does. A correct
+data-parallel run must then hold the weights of the one-device reference (``checks.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from course_utils.works_where.task import Task
+
+__all__ = [
+    "compiled_keras3",
+    "fit_keras3",
+    "fit_with_accumulation",
+    "fit_steps_per_execution",
+    "fit_jit_compile",
+    "loss_scaled_loop",
+    "custom_loop",
+    "fit_trainer",
+    "fit_tf_keras",
+    "fit_keras_distribution",
+    "SYNC_JOBS",
+]
+
+
+def compiled_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
+                    **compile_options: Any) -> Any:
+    """A Keras 3 model built and compiled in the strategy's scope (SGD, cross-entropy);
+    ``compile_options`` such as ``steps_per_execution`` or ``jit_compile`` go to ``compile``."""
+    import keras
+
+    with strategy.scope():
+        model = task.keras_model()
+        model.compile(keras.optimizers.SGD(task.learning_rate,
+                                           gradient_accumulation_steps=accumulation_steps),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      **compile_options)
+    return model
+
+
+def fit_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
+               **compile_options: Any) -> list[Any]:
+    """Keras 3 ``compile`` + ``fit`` in the strategy's scope (micro-batches when accumulating)."""
+    model = compiled_keras3(strategy, task, accumulation_steps, **compile_options)
+    batch = task.global_batch // (accumulation_steps or 1)
+    model.fit(task.dataset(batch), epochs=1, verbose=0, shuffle=False)
+    return model.get_weights()
+
+
+def fit_with_accumulation(strategy: Any, task: Task) -> list[Any]:
+    """Keras's ``gradient_accumulation_steps=2`` over half-size batches: the same updates."""
+    return fit_keras3(strategy, task, accumulation_steps=2)
+
+
+def fit_steps_per_execution(strategy: Any, task: Task) -> list[Any]:
+    """Keras 3 ``fit`` with ``steps_per_execution=2``: two steps per call (what TPUs want)."""
+    return fit_keras3(strategy, task, steps_per_execution=2)
+
+
+def fit_jit_compile(strategy: Any, task: Task) -> list[Any]:
+    """Keras 3 ``fit`` with ``jit_compile=True``: the step compiled by XLA (always, on a TPU)."""
+    return fit_keras3(strategy, task, jit_compile=True)
+
+
+def custom_loop(strategy: Any, task: Task, policy: str | None = None) -> list[Any]:
+    """``strategy.run`` + ``GradientTape`` with ``compute_average_loss``; with ``policy``
+    ``"mixed_float16"``, a ``LossScaleOptimizer`` scales the loss and unscales the gradients."""
+    import keras
+    import tensorflow as tf
+
+    from course_utils.training.precision import policy_scope
+
+    with policy_scope(policy), strategy.scope():
+        model = task.keras_model()
+        optimizer = keras.optimizers.SGD(task.learning_rate)
+        if policy == "mixed_float16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)  # in scope, before the first step
+    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    def replica_step(x: Any, y: Any) -> None:
+        with tf.GradientTape() as tape:
+            per_example = loss_object(y, tf.cast(model(x, training=True), tf.float32))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=task.global_batch)
+            scaled = optimizer.scale_loss(loss)  # the loss itself without a LossScaleOptimizer
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+    @tf.function
+    def train_step(x: Any, y: Any) -> None:
+        strategy.run(replica_step, args=(x, y))
+
+    for x, y in strategy.experimental_distribute_dataset(task.dataset()):
+        train_step(x, y)
+    return model.get_weights()
+
+
+def loss_scaled_loop(strategy: Any, task: Task) -> list[Any]:
+    """The custom loop under ``mixed_float16`` with a ``LossScaleOptimizer``."""
+    return custom_loop(strategy, task, policy="mixed_float16")
+
+
+def fit_trainer(strategy: Any, task: Task) -> list[Any]:
+    """The course's ``cu.Trainer`` on the same global batches."""
+    import keras
+
+    from course_utils.training import Trainer
+
+    trainer = Trainer(task.keras_model, lambda: keras.optimizers.SGD(task.learning_rate),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                 reduction=None),
+                      strategy=strategy, verbose=0)
+    trainer.fit(task.dataset())
+    return trainer.model.get_weights()
+
+
+def fit_tf_keras(strategy: Any, task: Task) -> list[Any]:
+    """tf_keras (Keras 2) ``compile`` + ``fit`` in the strategy's scope."""
+    import tf_keras
+
+    with strategy.scope():
+        model = task.tf_keras_model()
+        model.compile(tf_keras.optimizers.SGD(task.learning_rate),
+                      tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(task.dataset(), epochs=1, verbose=0, shuffle=False)
+    return model.get_weights()
+
+
+def fit_keras_distribution(task: Task, devices: list[str]) -> tuple[list[Any], set[str]]:
+    """Keras 3 ``fit`` under ``keras.distribution.DataParallel(devices)``, no tf.distribute.
+
+    Returns the trained weights and the set of devices the variables were placed on.
+    """
+    import keras
+
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+    try:
+        model = task.keras_model()
+        placed = {str(v.value.device).rsplit("/device:", 1)[-1] for v in model.weights}
+        model.compile(keras.optimizers.SGD(task.learning_rate),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(task.dataset(), epochs=1, verbose=0, shuffle=False)
+    finally:
+        keras.distribution.set_distribution(None)
+    return [np.asarray(w) for w in model.get_weights()], placed
+
+
+#: Row -> the job that trains it under a synchronous strategy.
+SYNC_JOBS = {
+    "keras3_fit": fit_keras3,
+    "steps_per_execution": fit_steps_per_execution,
+    "jit_compile": fit_jit_compile,
+    "custom_loop": custom_loop,
+    "trainer": fit_trainer,
+    "tf_keras_fit": fit_tf_keras,
+    "gradient_accumulation": fit_with_accumulation,
+    "loss_scale_optimizer": loss_scaled_loop,
+}

@@ -1,0 +1,118 @@
+"""Run the whole table: the local strategies in this process, multi-worker in 2 subprocesses.
+
+The process needs 2 logical CPU devices (``cu.setup(logical_devices=2)`` before TensorFlow
+starts). The multi-worker cluster is started first and works while this process runs the other
+columns; :func:`collect_multi_worker` waits for it, reads its reports and checks that it left
+no process and no port behind.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from course_utils.works_where.cells import APIS, STRATEGIES, Cell
+from course_utils.works_where.runner import run_column
+from course_utils.works_where.table import Matrix
+from course_utils.works_where.task import Task, make_task
+
+__all__ = ["LOCAL_COLUMNS", "versions", "local_strategy", "start_multi_worker",
+           "collect_multi_worker", "run_matrix"]
+
+#: The columns this process runs itself (multi-worker runs in subprocesses). Parameter servers
+#: come last: their strategy connects this process to the cluster, and no MirroredStrategy can
+#: be created after that ("In-graph multi-worker training ... not supported in eager mode").
+LOCAL_COLUMNS = ("default", "one_device", "mirrored", "tpu", "parameter_server")
+
+
+def versions() -> dict[str, str]:
+    """The versions of TensorFlow, Keras and tf_keras the table was made with."""
+    from importlib.metadata import version
+
+    return {name: version(package) for name, package in
+            (("TensorFlow", "tensorflow"), ("Keras", "keras"), ("tf_keras", "tf-keras"))}
+
+
+def local_strategy(column: str) -> tuple[Any, int, str | None]:
+    """``(strategy, expected replicas, note)`` for a column this process runs."""
+    import tensorflow as tf
+
+    from course_utils.strategies import make_strategy
+
+    if column == "parameter_server":
+        import gc
+
+        from course_utils.cluster import start_in_process_cluster
+
+        # Free the earlier columns' functions first: freed after this process joins the
+        # cluster, each would be "removed" from every server, which logs one gRPC error each.
+        gc.collect()
+
+        cluster = start_in_process_cluster(num_workers=2, num_ps=1)
+        return cluster.strategy(), 0, "an in-process cluster of 2 workers and 1 parameter server"
+    if column == "tpu":
+        strategy = make_strategy("tpu", verbose=False)
+        if isinstance(strategy, tf.distribute.TPUStrategy):
+            return strategy, strategy.num_replicas_in_sync, "a real TPU"
+        return (strategy, strategy.num_replicas_in_sync,
+                f"no TPU here: `cu.make_strategy('tpu')` fell back to "
+                f"{type(strategy).__name__} over {strategy.num_replicas_in_sync} device(s)")
+    strategy = make_strategy(column, verbose=False)
+    if column == "mirrored":
+        devices = strategy.extended.worker_devices
+        names = ", ".join(device.rsplit("/device:", 1)[-1] for device in devices)
+        return strategy, len(devices), f"MirroredStrategy over {len(devices)} device(s): {names}"
+    return strategy, 1, None
+
+
+def start_multi_worker(out_dir: str | Path, timeout: float = 150.0) -> Any:
+    """Start 2 worker processes that run every API under MultiWorkerMirroredStrategy."""
+    from course_utils.cluster import LocalCluster
+    from course_utils.works_where import worker
+
+    return LocalCluster(worker.__file__, num_workers=2, args=["--out", str(out_dir)],
+                        timeout=timeout, stream=False)
+
+
+def collect_multi_worker(cluster: Any, out_dir: str | Path) -> dict[str, Cell]:
+    """Wait for the workers, stop the cluster, check nothing is left, return worker 0's cells.
+
+    Raises RuntimeError when the two workers disagree or a process or port is left behind.
+    """
+    from course_utils.cluster import leftovers
+
+    with cluster:
+        cluster.wait()
+    left = leftovers(cluster.pids, cluster.ports)
+    if left != {"processes": [], "ports": []}:
+        raise RuntimeError(f"the multi-worker cluster left {left} behind")
+    reports = [json.loads((Path(out_dir) / f"report-{i}.json").read_text()) for i in range(2)]
+    if [{row: cell["status"] for row, cell in r.items()} for r in reports].count(
+            {row: cell["status"] for row, cell in reports[0].items()}) != 2:
+        raise RuntimeError(f"the workers disagree: {reports}")
+    return {row: Cell(**cell) for row, cell in reports[0].items()}
+
+
+def run_matrix(task: Task | None = None) -> Matrix:
+    """Every API under every strategy, each cell a real job with its check (about a minute)."""
+    task = task or make_task()
+    cells: dict[str, dict[str, Cell]] = {row: {} for row in APIS}
+    notes: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as out_dir:
+        cluster = start_multi_worker(out_dir)
+        try:
+            for column in LOCAL_COLUMNS:
+                strategy, replicas, note = local_strategy(column)
+                if note:
+                    notes[column] = note
+                for row, cell in run_column(column, strategy, task, replicas).items():
+                    cells[row][column] = cell
+            for row, cell in collect_multi_worker(cluster, out_dir).items():
+                cells[row]["multi_worker"] = cell
+        finally:
+            cluster.cleanup()
+    notes["multi_worker"] = "2 worker processes on localhost (`cu.cluster.LocalCluster`)"
+    ordered = {row: {column: cells[row][column] for column in STRATEGIES} for row in APIS}
+    return Matrix(ordered, versions(), {c: notes[c] for c in STRATEGIES if c in notes})

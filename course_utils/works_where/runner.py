@@ -1,0 +1,54 @@
+"""Run the cells of one column (one strategy): each API's job, checked, errors caught."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from course_utils.works_where.cells import APIS, NOT_APPLICABLE, Cell, failed, not_applicable
+from course_utils.works_where.checks import (
+    TOLERANCES,
+    check_async,
+    check_distributed,
+    check_same_as_reference,
+)
+from course_utils.works_where.task import Task
+
+__all__ = ["run_cell", "run_column"]
+
+
+def _run_job(row: str, column: str, strategy: Any, task: Task, expected_replicas: int) -> Cell:
+    if column == "parameter_server":
+        from course_utils.works_where.parameter_server import PS_JOBS, PS_STEPS
+
+        weights, applied, iterations = PS_JOBS[row](strategy, task)
+        return check_async(row, column, task, weights, applied, PS_STEPS, iterations)
+    if row == "keras_distribution":
+        from course_utils.strategies import replica_devices
+        from course_utils.works_where.jobs import fit_keras_distribution
+
+        devices = [name.split("device:")[-1].lower() for name in replica_devices()]
+        weights, placed = fit_keras_distribution(task, devices)
+        return check_distributed(row, column, task, weights, placed, devices)
+    from course_utils.works_where.jobs import SYNC_JOBS
+
+    weights = SYNC_JOBS[row](strategy, task)
+    tolerance = TOLERANCES["mixed_float16" if row == "loss_scale_optimizer" else "float32"]
+    return check_same_as_reference(row, column, task, weights, strategy.num_replicas_in_sync,
+                                   expected_replicas, tolerance)
+
+
+def run_cell(row: str, column: str, strategy: Any, task: Task, expected_replicas: int) -> Cell:
+    """One combination: ``n/a`` with its reason, or the job run and checked, or its error."""
+    if (row, column) in NOT_APPLICABLE:
+        return not_applicable(row, column)
+    try:
+        return _run_job(row, column, strategy, task, expected_replicas)
+    except Exception as error:  # noqa: BLE001 - the error is the result
+        return failed(row, column, error)
+
+
+def run_column(column: str, strategy: Any, task: Task, expected_replicas: int,
+               rows: list[str] | None = None) -> dict[str, Cell]:
+    """Every row (API) under one strategy: ``{row: Cell}``."""
+    return {row: run_cell(row, column, strategy, task, expected_replicas)
+            for row in (rows or list(APIS))}

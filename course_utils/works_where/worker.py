@@ -1,0 +1,47 @@
+"""The worker script of the multi-worker column: ``python worker.py --out DIR``.
+
+Each worker of a :class:`course_utils.cluster.LocalCluster` runs it: it builds the
+MultiWorkerMirroredStrategy first (from ``TF_CONFIG``), runs every row of the table under it,
+and writes ``report-<index>.json`` (``{row: cell}``) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+__all__ = ["main"]
+
+# Run as a file, this folder comes first on sys.path; its modules belong to the package.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every API under MultiWorkerMirroredStrategy and write this worker's report."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    from course_utils.cluster import task, worker_strategy
+    from course_utils.quiet import quiet_tensorflow
+
+    quiet_tensorflow()
+    strategy = worker_strategy()  # first: collectives are configured at program start
+    from course_utils.works_where.runner import run_column
+    from course_utils.works_where.task import make_task
+
+    _, index = task()
+    cells = run_column("multi_worker", strategy, make_task(), expected_replicas=2)
+    for row, cell in cells.items():
+        print(f"{row}: {cell.status} {cell.detail}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"report-{index}.json"), "w") as file:
+        json.dump({row: cell.to_dict() for row, cell in cells.items()}, file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

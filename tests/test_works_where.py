@@ -1,0 +1,234 @@
+"""Appendix A's table: cells, checks, jobs, the Markdown file, the README copy, a fresh run."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from course_utils import works_where as ww
+from course_utils.works_where import cells, checks, cli, jobs, runner, table, worker
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ALL_CELLS = {(row, column) for row in ww.APIS for column in ww.STRATEGIES}
+
+
+# ------------------------------------------------------------------ cells
+def test_cell_refuses_an_unknown_status():
+    assert ww.Cell("works", "ok").to_dict() == {"status": "works", "detail": "ok", "issue": None}
+    with pytest.raises(ValueError, match="status must be one of"):
+        ww.Cell("maybe", "?")
+
+
+def test_first_line_names_the_cause_not_the_wrappers():
+    keras_wrapped = RuntimeError("Exception encountered when calling Cond.call().\n\n"
+                                 "\x1b[1m`merge_call` called while defining a new graph\x1b[0m")
+    assert ww.first_line(keras_wrapped) == ("RuntimeError: `merge_call` called while "
+                                            "defining a new graph")
+    graph = ValueError("Graph execution error:\n\nDetected at node x defined at:\n"
+                       '  File "/a/b.py", line 1, in f\n    code()\n2 root error(s) found.\n'
+                       "  (0) INVALID_ARGUMENT:  You must feed a value for placeholder\n")
+    assert ww.first_line(graph) == "ValueError: You must feed a value for placeholder"
+    value = ValueError("Attempt to convert a value (PerReplica:{\n  0: <tf.Tensor 1>,\n"
+                       "  1: <tf.Tensor 2>\n}) with an unsupported type")
+    assert ww.first_line(value) == ("ValueError: Attempt to convert a value (PerReplica:{…}) "
+                                    "with an unsupported type")
+    assert ww.first_line(KeyError()) == "KeyError"
+    assert len(ww.first_line(ValueError("x" * 500), limit=50)) <= len("ValueError: ") + 50
+
+
+def test_failed_cells_cite_their_issue_and_the_tpu_fallback_the_mirrored_one():
+    cell = cells.failed("gradient_accumulation", "tpu", RuntimeError("boom"))
+    assert (cell.status, cell.detail) == ("fails", "RuntimeError: boom")
+    assert cell.issue == cells.KNOWN_ISSUES[("gradient_accumulation", "mirrored")]
+    assert cells.failed("trainer", "default", RuntimeError("x")).issue is None
+
+
+def test_not_applicable_cells_say_why_and_every_key_is_a_real_cell():
+    cell = cells.not_applicable("keras_distribution", "mirrored")
+    assert cell.status == "n/a" and "default column" in cell.detail
+    assert set(cells.NOT_APPLICABLE) <= ALL_CELLS and set(cells.KNOWN_ISSUES) <= ALL_CELLS
+
+
+# ------------------------------------------------------------------ task and checks
+def test_task_reference_learns_and_task_loss_agrees_with_keras():
+    import keras
+
+    task = ww.make_task(steps=3, global_batch=8)
+    assert (task.steps, task.num_features, task.num_classes) == (3, 8, 3)
+    reference = task.reference_weights()
+    assert ww.task_loss(task, reference) < ww.task_loss(task, task.initial_weights)
+    model = task.keras_model()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(task.y, model(task.x))
+    assert ww.task_loss(task, task.initial_weights) == pytest.approx(float(loss), rel=1e-5)
+    assert [b[0].shape[0] for b in task.dataset(4)] == [4] * 6
+
+
+def test_checks_pass_only_the_right_weights_and_replica_count():
+    task = ww.make_task()
+    good = [w + 1e-7 for w in task.reference_weights()]
+    assert ww.check_same_as_reference("trainer", "mirrored", task, good, 2, 2).status == "works"
+    untrained = ww.check_same_as_reference("trainer", "mirrored", task, task.initial_weights, 2, 2)
+    assert untrained.status == "wrong" and "differ" in untrained.detail
+    one_replica = ww.check_same_as_reference("trainer", "mirrored", task, good, 1, 2)
+    assert one_replica.status == "wrong" and "expected 2" in one_replica.detail
+    assert ww.largest_difference([np.ones(2)], [np.zeros(2)]) == 1.0
+    with pytest.raises(ValueError):
+        ww.largest_difference([np.ones(2)], [])
+
+
+def test_async_and_distribution_checks():
+    task = ww.make_task()
+    trained = task.reference_weights()
+    assert checks.check_async("trainer", "parameter_server", task, trained, 24, 24).status == (
+        "works")
+    lost = checks.check_async("trainer", "parameter_server", task, trained, 20, 24)
+    assert lost.status == "wrong" and "20/24" in lost.detail
+    short = checks.check_async("custom_loop", "parameter_server", task, trained, 24, 24, 21)
+    assert short.status == "works" and "optimizer.iterations counted 21" in short.detail
+    devices = ["cpu:0", "cpu:1"]
+    one = checks.check_distributed("keras_distribution", "default", task, trained, {"CPU:0"},
+                                   devices)
+    assert one.status == "wrong" and "nothing distributed" in one.detail
+    both = checks.check_distributed("keras_distribution", "default", task, trained,
+                                    {"CPU:0", "CPU:1"}, devices)
+    assert both.status == "works"
+
+
+# ------------------------------------------------------------------ jobs and runner
+@pytest.mark.slow
+def test_every_synchronous_job_matches_one_device_under_the_default_strategy():
+    import tensorflow as tf
+
+    task = ww.make_task(steps=2, global_batch=8)
+    column = ww.run_column("default", tf.distribute.get_strategy(), task, expected_replicas=1)
+    assert set(column) == set(ww.APIS)
+    assert {row: cell.status for row, cell in column.items()} == {
+        **{row: "works" for row in jobs.SYNC_JOBS}, "keras_distribution": "wrong"}
+
+
+def test_keras_fit_under_mirrored_matches_and_accumulation_fails():
+    from course_utils.strategies import make_strategy
+
+    task = ww.make_task(steps=2, global_batch=8)
+    strategy = make_strategy("mirrored", num_replicas=2, verbose=False)
+    assert ww.run_cell("keras3_fit", "mirrored", strategy, task, 2).status == "works"
+    accumulation = ww.run_cell("gradient_accumulation", "mirrored", strategy, task, 2)
+    assert accumulation.status == "fails" and "merge_call" in accumulation.detail
+
+
+def test_run_cell_turns_an_error_into_a_cell_and_skips_what_makes_no_sense():
+    class Broken:
+        num_replicas_in_sync = 1
+
+        def scope(self):
+            raise RuntimeError("no scope here")
+
+    cell = runner.run_cell("keras3_fit", "default", Broken(), ww.make_task(), 1)
+    assert (cell.status, cell.detail) == ("fails", "RuntimeError: no scope here")
+    assert runner.run_cell("keras_distribution", "tpu", Broken(), ww.make_task(), 1).status == (
+        "n/a")
+
+
+def test_worker_script_needs_tf_config(monkeypatch, tmp_path):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ValueError, match="TF_CONFIG"):
+        worker.main(["--out", str(tmp_path)])
+
+
+# ------------------------------------------------------------------ the table
+def _matrix(status: str = "works") -> ww.Matrix:
+    grid = {row: {column: ww.Cell(status, "d|x", "https://github.com/k/keras/issues/1")
+                  for column in ww.STRATEGIES} for row in ww.APIS}
+    grid["keras_distribution"]["tpu"] = ww.Cell("n/a", "why")
+    return ww.Matrix(grid, {"TensorFlow": "2.21.0"}, {"tpu": "a fallback"})
+
+
+def test_markdown_round_trip_and_differences():
+    matrix = _matrix("fails")
+    text = ww.to_markdown(matrix)
+    assert "TensorFlow 2.21.0" in text and "[keras#1](" in text and "d\\|x" in text
+    assert ww.statuses_from_markdown(text) == matrix.statuses()
+    assert matrix.count("n/a") == 1 and matrix.count("fails") == len(ALL_CELLS) - 1
+    other = {**matrix.statuses(), ("trainer", "default"): "works"}
+    assert ww.status_differences(matrix.statuses(), other) == [
+        "`cu.Trainer` × default: fails → works"]
+    with pytest.raises(ValueError, match="no what-works-where table"):
+        ww.statuses_from_markdown("nothing")
+
+
+def test_short_links_name_the_issue_or_the_page():
+    assert table.short_link("https://github.com/keras-team/keras/issues/20585") == "keras#20585"
+    assert table.short_link(cells.KNOWN_ISSUES[("jit_compile", "mirrored")]) == "XLA known issue"
+    assert "prototype" in table.short_link(cells.KNOWN_ISSUES[("keras_distribution",
+                                                                "default")])
+
+
+def test_replace_between_markers(tmp_path):
+    path = tmp_path / "README.md"
+    start, end = table.README_MARKERS
+    path.write_text(f"intro\n{start}\nold\n{end}\noutro\n")
+    assert table.replace_between_markers(path, "new\n") is True
+    assert path.read_text() == f"intro\n{start}\nnew\n{end}\noutro\n"
+    assert table.replace_between_markers(path, "new") is False
+    path.write_text("no markers")
+    with pytest.raises(ValueError, match="lacks the markers"):
+        table.replace_between_markers(path, "x")
+
+
+def test_document_and_readme_section(tmp_path):
+    document = ww.table_document(ww.to_markdown(_matrix()))
+    assert document.startswith("# What works where\n")
+    assert cli.readme_section(document) in document
+    with pytest.raises(ValueError):
+        cli.readme_section("no title")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / cli.TABLE_PATH).write_text(document)
+    (tmp_path / "sub").mkdir()
+    assert ww.committed_table_path(tmp_path / "sub") == tmp_path / cli.TABLE_PATH
+    assert ww.committed_table_path("/") is None
+
+
+def test_the_readme_shows_the_committed_table_for_every_cell():
+    document = (REPO / cli.TABLE_PATH).read_text(encoding="utf-8")
+    start, end = table.README_MARKERS
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert readme.split(start)[1].split(end)[0].strip() == cli.readme_section(document)
+    assert set(ww.statuses_from_markdown(document)) == ALL_CELLS
+    assert "TensorFlow 2." in document and "Keras 3." in document
+
+
+def test_draw_works_where_colours_every_cell():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_utils import plots
+
+    statuses = {"a": {"x": "works", "y": "fails"}, "b": {"x": "wrong", "y": "n/a"}}
+    ax = plots.draw_works_where(statuses)
+    colours = [matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches]
+    assert colours == [plots.STATUS_COLORS[s].lower() for s in ("works", "fails", "wrong", "n/a")]
+    with pytest.raises(ValueError):
+        plots.draw_works_where({"a": {"x": "maybe"}})
+    with pytest.raises(ValueError):
+        plots.draw_works_where({})
+
+
+def test_command_line_refuses_unknown_options():
+    with pytest.raises(SystemExit):
+        cli.main(["--nope"])
+
+
+@pytest.mark.slow
+def test_a_fresh_run_agrees_with_the_committed_table():
+    """The whole table in a fresh process (2 worker processes included): about a minute."""
+    result = subprocess.run(
+        [sys.executable, "-m", "course_utils", "works-where", "--check"], cwd=REPO,
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "every cell's status agrees" in result.stdout
