@@ -24,12 +24,14 @@ _SUBMODULES = (
     "devices",
     "environment",
     "grading",
+    "grid",
     "memory",
     "mixed_precision",
     "models",
     "monitor",
     "notebooks",
     "parallel",
+    "planning",
     "plots",
     "quiet",
     "reductions",
@@ -61,8 +63,8 @@ _EXPORTS = {
 __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
-    "bench", "cluster", "data", "devices", "environment", "grading", "memory",
-    "mixed_precision", "models", "monitor", "notebooks", "parallel", "plots", "quiet",
+    "bench", "cluster", "data", "devices", "environment", "grading", "grid", "memory",
+    "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots", "quiet",
     "reductions", "site", "strategies", "tflogs", "tpu", "training", "widgets",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",

@@ -8,7 +8,8 @@ so a lesson can add to it or lay several side by side. One module per kind of pi
 * ``diagrams_basics.py`` – lessons 00-02: a training step, a pipeline's timeline, data parallelism;
 * ``diagrams_clusters.py`` – lessons 03-05: workers, parameter servers, the TPU host loop;
 * ``diagrams_parallelism.py`` – 06-07: placement, pipeline schedules, sharding, accumulation;
-* ``diagrams_precision.py`` – lesson 08: number formats, loss scaling, a mixed-precision step.
+* ``diagrams_precision.py`` – lesson 08: number formats, loss scaling, a mixed-precision step;
+* ``diagrams_capstone.py`` – lesson 09: the capstone job and its measure-then-fix loop.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from course_utils.plots.charts import (
     bar_chart,
     epoch_orders,
+    grouped_bars,
     line_chart,
     scaling_curve,
     time_breakdown,
@@ -28,6 +30,7 @@ from course_utils.plots.diagrams_basics import (
     draw_training_step,
     pipeline_schedule,
 )
+from course_utils.plots.diagrams_capstone import CAPSTONE_STAGES, draw_capstone_job
 from course_utils.plots.diagrams_clusters import (
     draw_multi_worker,
     draw_parameter_server,
@@ -49,6 +52,8 @@ from course_utils.plots.style import PALETTE, axes_for
 __all__ = [
     "axes_for",
     "bar_chart",
+    "CAPSTONE_STAGES",
+    "draw_capstone_job",
     "draw_data_parallelism",
     "draw_gradient_accumulation",
     "draw_loss_scaling",
@@ -63,6 +68,7 @@ __all__ = [
     "draw_tpu_host_loop",
     "draw_training_step",
     "epoch_orders",
+    "grouped_bars",
     "line_chart",
     "PALETTE",
     "PIPELINE_MODES",
