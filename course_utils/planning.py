@@ -31,6 +31,12 @@ DEFAULT_HEADROOM = 0.5
 _MIB = 2**20
 
 
+def _mib(num_bytes: float) -> str:
+    """Bytes as MiB, with the digits that matter: "5,120 MiB", "0.83 MiB"."""
+    value = num_bytes / _MIB
+    return f"{value:,.0f} MiB" if value >= 100 else f"{value:.3g} MiB"
+
+
 @dataclasses.dataclass(frozen=True)
 class Decision:
     """A choice (``choice``) and the reason the code found for it (``reason``)."""
@@ -106,22 +112,22 @@ def choose_accumulation(
                              optimizer_slots)
     if available_bytes is None:
         return Decision(1, f"the free memory is unknown here; a step needs about "
-                        f"{need / _MIB:,.1f} MiB per replica: accumulate only if it fails")
+                        f"{_mib(need)} per replica: accumulate only if it fails")
     budget = available_bytes * headroom
-    plan = (f"{budget / _MIB:,.0f} MiB per replica may be used ({headroom:.0%} of "
-            f"{available_bytes / _MIB:,.0f} MiB free)")
+    plan = (f"{_mib(budget)} per replica may be used ({headroom:.0%} of "
+            f"{_mib(available_bytes)} free)")
     for k in (k for k in range(1, per_replica + 1) if per_replica % k == 0):
         micro = per_replica // k
         need = step_memory_bytes(micro, activation_bytes_per_example, weight_bytes,
                                  optimizer_slots)
         if need <= budget:
             if k == 1:
-                return Decision(1, f"the whole batch fits: a step needs {need / _MIB:,.1f} MiB "
+                return Decision(1, f"the whole batch fits: a step needs {_mib(need)} "
                                 f"per replica, and {plan}: no accumulation")
             return Decision(k, f"{per_replica} examples per replica would not fit; "
-                            f"{k} micro-batches of {micro} need {need / _MIB:,.1f} MiB each, "
+                            f"{k} micro-batches of {micro} need {_mib(need)} each, "
                             f"and {plan}")
-    raise ValueError(f"even one example per replica needs {need / _MIB:,.1f} MiB and {plan}: "
+    raise ValueError(f"even one example per replica needs {_mib(need)} and {plan}: "
                      "use a smaller model, mixed precision or more devices")
 
 
