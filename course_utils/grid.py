@@ -169,14 +169,18 @@ def axis_effects(results: Sequence[GridResult], axis: str) -> dict[Any, list[flo
 
 
 def _noise(results: Sequence[GridResult]) -> float:
-    """The typical relative spread of a measurement (median of spread / median)."""
-    return statistics.median(result.spread_s / result.median_s for result in results)
+    """How far a run typically strays from its median, relative to it (the median over the
+    results of each one's median absolute deviation divided by its median)."""
+    return statistics.median(
+        statistics.median(abs(t - r.median_s) for t in r.timing.times) / r.median_s
+        for r in results)
 
 
 def write_report(results: Sequence[GridResult], machine: str = "this machine",
                  notes: Mapping[str, str] | None = None) -> str:
     """A short report written from the numbers: fastest, slowest, each option's effect (or
-    "within the noise"), the cost of the first call, and what would change on accelerators."""
+    "within the noise": every ratio within twice the typical deviation of a run from its
+    median), the cost of the first call, and what would change on accelerators."""
     if not results:
         raise ValueError("no results to report")
     notes = ACCELERATOR_NOTES if notes is None else notes
@@ -184,8 +188,8 @@ def write_report(results: Sequence[GridResult], machine: str = "this machine",
     best, worst = ranked[0], ranked[-1]
     noise = _noise(results)
     lines = [f"Fastest on {machine}: {best.label()} at {best.examples_per_s:,.0f} examples/s "
-             f"(median of {len(best.timing.times)} runs; runs spread by {noise:.0%} of the "
-             f"median, typically)."]
+             f"(median of {len(best.timing.times)} runs; a run typically strays {noise:.0%} from "
+             "its median)."]
     if len(ranked) > 1:
         lines.append(f"Slowest: {worst.label()}, ×{best.examples_per_s / worst.examples_per_s:.2f}"
                      " slower.")
@@ -193,7 +197,7 @@ def write_report(results: Sequence[GridResult], machine: str = "this machine",
         reference = results[0].options[axis]
         for value, ratios in axis_effects(results, axis).items():
             low, high, middle = min(ratios), max(ratios), statistics.median(ratios)
-            verdict = ("within the noise" if all(abs(r - 1) <= noise for r in ratios)
+            verdict = ("within the noise" if all(abs(r - 1) <= 2 * noise for r in ratios)
                        else "faster" if middle > 1 else "slower")
             lines.append(f"{axis} {value} vs {reference}: ×{middle:.2f} examples/s "
                          f"(×{low:.2f} to ×{high:.2f} over the other options): {verdict}.")
