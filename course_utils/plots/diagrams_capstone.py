@@ -52,9 +52,8 @@ def draw_capstone_job(choices: Mapping[str, str] | None = None, ax: Any = None) 
                 arrowprops={**arrow, "color": PALETTE[3], "linestyle": "--"})
     ax.annotate("the fix changes the job", ((places["pipeline"][0] + places["fix"][0]) / 2,
                                             0.50), ha="center", fontsize=8, color=PALETTE[3])
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.axis("off")
+    ax.set(xlim=(0, 1), ylim=(0, 1))
+    ax.set_axis_off()
     ax.set_title("The capstone: a real job (blue), and the loop that measures it (green)",
                  fontsize=10)
     return ax
