@@ -2,7 +2,8 @@
 
 Budgets (COURSE_DESIGN.md section 7, on a 2-core CPU): a lesson or solution notebook 90 s (the
 capstone and its solution 120 s), an unsolved exercise notebook 45 s, kernel start included.
-The issues ask for tighter goals (60 s and 30 s), reported beside them. Writes benchmarks/results/notebook_times.json.
+The issues ask for tighter goals (60 s and 30 s), reported beside them. Writes
+benchmarks/results/notebook_times.json.
 
     python benchmarks/notebook_times.py [NOTEBOOK ...]
 """
