@@ -31,6 +31,7 @@ _SUBMODULES = (
     "notebooks",
     "parallel",
     "plots",
+    "profiling",
     "quiet",
     "reductions",
     "site",
@@ -62,8 +63,8 @@ __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "memory",
-    "mixed_precision", "models", "monitor", "notebooks", "parallel", "plots", "quiet",
-    "reductions", "site", "strategies", "tflogs", "tpu", "training", "widgets",
+    "mixed_precision", "models", "monitor", "notebooks", "parallel", "plots", "profiling",
+    "quiet", "reductions", "site", "strategies", "tflogs", "tpu", "training", "widgets",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
     "make_strategy", "quiet_tensorflow", "seed_everything", "setup",
