@@ -33,6 +33,7 @@ _SUBMODULES = (
     "parallel",
     "planning",
     "plots",
+    "profiling",
     "quiet",
     "reductions",
     "site",
@@ -64,8 +65,9 @@ __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "grid", "memory",
-    "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots", "quiet",
-    "reductions", "site", "strategies", "tflogs", "tpu", "training", "widgets",
+    "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots",
+    "profiling", "quiet", "reductions", "site", "strategies", "tflogs", "tpu", "training",
+    "widgets",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
     "make_strategy", "quiet_tensorflow", "seed_everything", "setup",
