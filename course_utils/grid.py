@@ -40,8 +40,8 @@ ACCELERATOR_NOTES = {
                "other accelerators stay idle.",
     "one_device": "one device: on a GPU or TPU the same code runs on one accelerator, and the "
                   "other accelerators stay idle.",
-    "mirrored": "replicas that share one CPU's cores cannot be faster than one device; on N "
-                "GPUs each replica has its own chip, and the speed-up approaches N when the "
+    "mirrored": "replicas that share one CPU's cores gain little or nothing over one device; "
+                "on N GPUs each replica has its own chip, and the speed-up approaches N when the "
                 "all-reduce is small next to the compute (large batches, fast links).",
     "tpu": "a TPU's cores each run a replica; large, static batches keep its matrix units busy.",
     "mixed_float16": "slower on a CPU without float16 arithmetic; on GPUs with tensor cores "
@@ -178,9 +178,12 @@ def _noise(results: Sequence[GridResult]) -> float:
 
 def write_report(results: Sequence[GridResult], machine: str = "this machine",
                  notes: Mapping[str, str] | None = None) -> str:
-    """A short report written from the numbers: fastest, slowest, each option's effect (or
-    "within the noise": every ratio within twice the typical deviation of a run from its
-    median), the cost of the first call, and what would change on accelerators."""
+    """A short report written from the numbers: fastest, slowest, each option's effect, the
+    cost of the first call, and what would change on accelerators.
+
+    An effect is "faster" or "slower" when every ratio lies beyond twice the typical deviation
+    of a run from its median, "within the noise" when every one lies within it.
+    """
     if not results:
         raise ValueError("no results to report")
     notes = ACCELERATOR_NOTES if notes is None else notes
@@ -198,7 +201,9 @@ def write_report(results: Sequence[GridResult], machine: str = "this machine",
         for value, ratios in axis_effects(results, axis).items():
             low, high, middle = min(ratios), max(ratios), statistics.median(ratios)
             verdict = ("within the noise" if all(abs(r - 1) <= 2 * noise for r in ratios)
-                       else "faster" if middle > 1 else "slower")
+                       else "faster" if low > 1 + 2 * noise
+                       else "slower" if high < 1 - 2 * noise
+                       else "it depends on the other options")
             lines.append(f"{axis} {value} vs {reference}: ×{middle:.2f} examples/s "
                          f"(×{low:.2f} to ×{high:.2f} over the other options): {verdict}.")
     firsts = [r.first_call_s / r.median_s for r in results]

@@ -146,3 +146,10 @@ def test_the_capstone_diagram_draws_every_stage_and_the_choices_made():
         assert "the fix changes the job" in texts
     finally:
         plt.close(ax.figure)
+
+
+def test_the_report_says_it_depends_when_the_ratios_straddle_one():
+    results = [_result("default", 64, 10.0, spread=0.2), _result("default", 128, 10.0, spread=0.2),
+               _result("mirrored", 64, 8.0, spread=0.2), _result("mirrored", 128, 12.0, spread=0.2)]
+    assert ("strategy mirrored vs default: ×1.04 examples/s (×0.83 to ×1.25 over the other "
+            "options): it depends on the other options." in grid.write_report(results))
