@@ -9,6 +9,7 @@ so a lesson can add to it or lay several side by side. One module per kind of pi
 * ``diagrams_clusters.py`` – lessons 03-05: workers, parameter servers, the TPU host loop;
 * ``diagrams_parallelism.py`` – 06-07: placement, pipeline schedules, sharding, accumulation;
 * ``diagrams_precision.py`` – lesson 08: number formats, loss scaling, a mixed-precision step;
+* ``diagrams_capstone.py`` – lesson 09: the capstone job and its measure-then-fix loop.
 * ``status_grid.py`` – appendix A: what works where, one coloured cell per API and strategy.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 from course_utils.plots.charts import (
     bar_chart,
     epoch_orders,
+    grouped_bars,
     line_chart,
     scaling_curve,
     time_breakdown,
@@ -29,6 +31,7 @@ from course_utils.plots.diagrams_basics import (
     draw_training_step,
     pipeline_schedule,
 )
+from course_utils.plots.diagrams_capstone import CAPSTONE_STAGES, draw_capstone_job
 from course_utils.plots.diagrams_clusters import (
     draw_multi_worker,
     draw_parameter_server,
@@ -51,6 +54,8 @@ from course_utils.plots.style import PALETTE, axes_for
 __all__ = [
     "axes_for",
     "bar_chart",
+    "CAPSTONE_STAGES",
+    "draw_capstone_job",
     "draw_data_parallelism",
     "draw_gradient_accumulation",
     "draw_loss_scaling",
@@ -66,6 +71,7 @@ __all__ = [
     "draw_training_step",
     "draw_works_where",
     "epoch_orders",
+    "grouped_bars",
     "line_chart",
     "PALETTE",
     "PIPELINE_MODES",

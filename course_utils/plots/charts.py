@@ -13,6 +13,7 @@ __all__ = [
     "scaling_curve",
     "line_chart",
     "epoch_orders",
+    "grouped_bars",
 ]
 
 
@@ -139,3 +140,36 @@ def epoch_orders(orders: Mapping[str, Sequence[int]], axes: Sequence[Any] | None
         ax.spines[["top", "right"]].set_visible(False)
     axes[0].set_ylabel("example number")
     return axes
+
+
+def grouped_bars(
+    values: Mapping[str, Mapping[str, float]],
+    ranges: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
+    title: str = "", ylabel: str = "", xlabel: str = "", ax: Any = None,
+) -> Any:
+    """Bars in groups: ``values[group][bar]``, one colour per bar name, each labelled with its
+    value; ``ranges[group][bar] = (low, high)`` draws a line over a bar (e.g. the repetitions)."""
+    if not values:
+        raise ValueError("nothing to plot")
+    bars = list(dict.fromkeys(bar for group in values.values() for bar in group))
+    groups = list(values)
+    width = 0.8 / len(bars)
+    ax = axes_for(ax, (max(5.0, 1.2 * len(groups) * len(bars) ** 0.5 + 2), 3.4))
+    top = 0.0
+    for index, bar in enumerate(bars):
+        xs = [g + (index - (len(bars) - 1) / 2) * width for g in range(len(groups))]
+        heights = [values[group].get(bar, 0.0) for group in groups]
+        ax.bar(xs, heights, width=width * 0.95, color=PALETTE[index % len(PALETTE)], label=bar)
+        for x, group, height in zip(xs, groups, heights, strict=True):
+            low, high = (ranges or {}).get(group, {}).get(bar, (height, height))
+            if high > low:
+                ax.plot([x, x], [low, high], color="black", linewidth=1.2)
+            ax.annotate(f"{height:,.0f}", (x, max(height, high)), ha="center", va="bottom",
+                        fontsize=7)
+            top = max(top, height, high)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylim(0, top * 1.2 or 1.0)
+    ax.set(title=title, ylabel=ylabel, xlabel=xlabel)
+    ax.legend(frameon=False, fontsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
+    return ax

@@ -1,0 +1,235 @@
+"""A benchmark over a grid of options (strategy × precision × batch size, ...), done properly.
+
+Every combination is built once and its first call (tracing, warm-up) timed on its own; then
+all combinations are timed in interleaved turns (``cu.bench.time_interleaved``), so a busy
+moment slows them alike, and each keeps its median and spread. ``result_rows`` makes the table,
+``plot_grid`` the picture and ``write_report`` a short report written from the numbers (09).
+
+Example::
+
+    results = cu.grid.run_grid({"strategy": ["default", "mirrored"], "batch": [64, 128]},
+                               make_step, examples_per_call=lambda o: o["batch"])
+    print(cu.grid.write_report(results))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from course_utils.bench import Timing, time_function, time_interleaved
+
+__all__ = [
+    "ACCELERATOR_NOTES",
+    "GridResult",
+    "axis_effects",
+    "combinations",
+    "plot_grid",
+    "result_rows",
+    "run_grid",
+    "write_report",
+]
+
+#: What changes on accelerators, per option value: ``write_report`` adds the notes of the
+#: values it measured.
+ACCELERATOR_NOTES = {
+    "default": "one device: on a GPU or TPU the same code runs on one accelerator, and the "
+               "other accelerators stay idle.",
+    "one_device": "one device: on a GPU or TPU the same code runs on one accelerator, and the "
+                  "other accelerators stay idle.",
+    "mirrored": "replicas that share one CPU's cores gain little or nothing over one device; "
+                "on N GPUs each replica has its own chip, and the speed-up approaches N when the "
+                "all-reduce is small next to the compute (large batches, fast links).",
+    "tpu": "a TPU's cores each run a replica; large, static batches keep its matrix units busy.",
+    "mixed_float16": "slower on a CPU without float16 arithmetic; on GPUs with tensor cores "
+                     "(V100 and later) matrix products run several times faster and "
+                     "activations take half the memory.",
+    "mixed_bfloat16": "slower on a CPU without bfloat16 arithmetic; the native format of TPUs "
+                      "and of A100 and later GPUs, with no loss scaling.",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GridResult:
+    """One combination of options, measured: its first call, its steady calls, its output."""
+
+    options: Mapping[str, Any]
+    first_call_s: float
+    timing: Timing
+    examples_per_call: int
+    output: Any = None
+
+    @property
+    def median_s(self) -> float:
+        """Median seconds per call, first call excluded."""
+        return self.timing.median
+
+    @property
+    def spread_s(self) -> float:
+        """Slowest minus fastest repetition, in seconds."""
+        return max(self.timing.times) - min(self.timing.times)
+
+    @property
+    def examples_per_s(self) -> float:
+        """Examples per second at the median."""
+        return self.examples_per_call / self.median_s
+
+    def label(self, keys: Sequence[str] | None = None) -> str:
+        """The option values, joined: ``"mirrored · float32 · 64"``."""
+        keys = list(self.options) if keys is None else keys
+        return " · ".join(str(self.options[key]) for key in keys)
+
+
+def combinations(grid: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, the last key varying fastest."""
+    if not grid or any(len(values) == 0 for values in grid.values()):
+        raise ValueError(f"every option needs at least one value, got {dict(grid)}")
+    keys = list(grid)
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def _plain(value: Any) -> Any:
+    """Tensors (anything with ``.numpy()``) as NumPy values, inside dicts, lists and tuples."""
+    numpy = getattr(value, "numpy", None)
+    if callable(numpy):
+        result = numpy()
+        return result.item() if getattr(result, "shape", None) == () else result
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(item) for item in value)
+    return value
+
+
+def run_grid(
+    grid: Mapping[str, Sequence[Any]],
+    make_step: Callable[..., Callable[[], Any]],
+    examples_per_call: Callable[[Mapping[str, Any]], int],
+    *,
+    repeats: int = 5,
+    calls_per_repeat: int = 1,
+    warmup: int = 1,
+) -> list[GridResult]:
+    """Build ``make_step(**options)`` for every combination and time its calls.
+
+    The first call of each step is timed alone (it traces); ``warmup`` more calls follow
+    untimed; then ``repeats`` interleaved turns of ``calls_per_repeat`` calls each. The first
+    call's return value is kept (as NumPy) in ``output``, so that a caller can check what each
+    combination computed on, e.g. that every strategy saw the same global batch.
+    """
+    steps: dict[str, Callable[[], Any]] = {}
+    first: dict[str, tuple[float, Any]] = {}
+    options_by_key: dict[str, dict[str, Any]] = {}
+    for index, options in enumerate(combinations(grid)):
+        key = str(index)
+        step = make_step(**options)
+        outputs: list[Any] = []
+        first_timing = time_function(lambda step=step, outputs=outputs: outputs.append(step())
+                                     or outputs[-1], repeats=1, warmup=0)
+        steps[key], options_by_key[key] = step, options
+        first[key] = (first_timing.median, _plain(outputs[0]))
+    timings = time_interleaved(steps, repeats=repeats, warmup=warmup,
+                               calls_per_repeat=calls_per_repeat)
+    return [GridResult(options_by_key[key], first[key][0], timings[key],
+                       int(examples_per_call(options_by_key[key])), first[key][1])
+            for key in steps]
+
+
+def result_rows(results: Sequence[GridResult]) -> list[dict[str, Any]]:
+    """One table row per combination: its options, then median, spread, first call, examples/s."""
+    fastest = max(result.examples_per_s for result in results)
+    return [{**result.options,
+             "ms per step (median)": round(result.median_s * 1e3, 1),
+             "spread (ms)": round(result.spread_s * 1e3, 1),
+             "first call (s)": round(result.first_call_s, 2),
+             "examples/s": round(result.examples_per_s),
+             "vs fastest": f"×{result.examples_per_s / fastest:.2f}"}
+            for result in results]
+
+
+def axis_effects(results: Sequence[GridResult], axis: str) -> dict[Any, list[float]]:
+    """For each value of ``axis`` after the first: its examples/s divided by the first value's,
+    once for every combination of the other options (like compared with like)."""
+    values = list(dict.fromkeys(result.options[axis] for result in results))
+    if len(values) < 2:
+        return {}
+
+    def others(result: GridResult) -> tuple[Any, ...]:
+        return tuple((k, v) for k, v in result.options.items() if k != axis)
+
+    reference = {others(r): r for r in results if r.options[axis] == values[0]}
+    effects: dict[Any, list[float]] = {}
+    for value in values[1:]:
+        effects[value] = [r.examples_per_s / reference[others(r)].examples_per_s
+                          for r in results if r.options[axis] == value and others(r) in reference]
+    return effects
+
+
+def _noise(results: Sequence[GridResult]) -> float:
+    """How far a run typically strays from its median, relative to it (the median over the
+    results of each one's median absolute deviation divided by its median)."""
+    return statistics.median(
+        statistics.median(abs(t - r.median_s) for t in r.timing.times) / r.median_s
+        for r in results)
+
+
+def write_report(results: Sequence[GridResult], machine: str = "this machine",
+                 notes: Mapping[str, str] | None = None) -> str:
+    """A short report written from the numbers: fastest, slowest, each option's effect, the
+    cost of the first call, and what would change on accelerators.
+
+    An effect is "faster" or "slower" when every ratio lies beyond twice the typical deviation
+    of a run from its median, "within the noise" when every one lies within it.
+    """
+    if not results:
+        raise ValueError("no results to report")
+    notes = ACCELERATOR_NOTES if notes is None else notes
+    ranked = sorted(results, key=lambda result: result.examples_per_s, reverse=True)
+    best, worst = ranked[0], ranked[-1]
+    noise = _noise(results)
+    lines = [f"Fastest on {machine}: {best.label()} at {best.examples_per_s:,.0f} examples/s "
+             f"(median of {len(best.timing.times)} runs; a run typically strays {noise:.0%} from "
+             "its median)."]
+    if len(ranked) > 1:
+        lines.append(f"Slowest: {worst.label()}, ×{best.examples_per_s / worst.examples_per_s:.2f}"
+                     " slower.")
+    for axis in results[0].options:
+        reference = results[0].options[axis]
+        for value, ratios in axis_effects(results, axis).items():
+            low, high, middle = min(ratios), max(ratios), statistics.median(ratios)
+            verdict = ("within the noise" if all(abs(r - 1) <= 2 * noise for r in ratios)
+                       else "faster" if low > 1 + 2 * noise
+                       else "slower" if high < 1 - 2 * noise
+                       else "it depends on the other options")
+            lines.append(f"{axis} {value} vs {reference}: ×{middle:.2f} examples/s "
+                         f"(×{low:.2f} to ×{high:.2f} over the other options): {verdict}.")
+    firsts = [r.first_call_s / r.median_s for r in results]
+    lines.append(f"The first call (tracing) took {min(firsts):.0f} to {max(firsts):.0f} times "
+                 "as long as a steady step: it is left out of every number above.")
+    seen = [str(v) for v in dict.fromkeys(v for r in results for v in r.options.values())]
+    extra = [f"- {value}: {notes[value]}" for value in seen if value in notes]
+    if extra:
+        lines.append("What would change on a GPU or TPU:")
+        lines.extend(extra)
+    return "\n".join(lines)
+
+
+def plot_grid(results: Sequence[GridResult], hue: str, ax: Any = None,
+              title: str = "Examples per second (median; bars: fastest to slowest run)") -> Any:
+    """Grouped bars of examples/s: one group per combination of the other options, one bar per
+    value of ``hue``, with the range of the repetitions drawn on each bar."""
+    from course_utils.plots import grouped_bars
+
+    keys = [key for key in results[0].options if key != hue]
+    values: dict[str, dict[str, float]] = {}
+    ranges: dict[str, dict[str, tuple[float, float]]] = {}
+    for result in results:
+        group, bar = result.label(keys) or "all", str(result.options[hue])
+        values.setdefault(group, {})[bar] = result.examples_per_s
+        ranges.setdefault(group, {})[bar] = (result.examples_per_call / max(result.timing.times),
+                                             result.examples_per_call / min(result.timing.times))
+    return grouped_bars(values, ranges=ranges, title=title, ylabel="examples / s",
+                        xlabel=" · ".join(keys), ax=ax)

@@ -1,0 +1,155 @@
+"""cu.grid: a benchmark over a grid of options, its table, plot and written report (lesson 09)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from course_utils import grid, plots  # noqa: E402
+from course_utils.bench import Timing  # noqa: E402
+
+
+def _result(strategy, batch, median_ms, spread=0.0, first_s=1.0):
+    median = median_ms / 1e3
+    times = (median - spread / 2e3, median, median + spread / 2e3)
+    return grid.GridResult({"strategy": strategy, "batch": batch}, first_s, Timing(times), batch)
+
+
+def test_combinations_vary_the_last_option_fastest():
+    assert grid.combinations({"a": [1, 2], "b": ["x", "y"]}) == [
+        {"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"}, {"a": 2, "b": "y"}]
+    with pytest.raises(ValueError, match="at least one value"):
+        grid.combinations({"a": []})
+
+
+def test_run_grid_builds_each_step_once_times_its_first_call_apart_and_keeps_its_output():
+    built, calls = [], {}
+
+    def make_step(size, name):
+        built.append((size, name))
+        calls[(size, name)] = 0
+
+        def step():
+            calls[(size, name)] += 1
+            return {"examples": size, "name": name}
+        return step
+
+    results = grid.run_grid({"size": [2, 4], "name": ["a", "b"]}, make_step,
+                            examples_per_call=lambda options: options["size"], repeats=3,
+                            calls_per_repeat=2, warmup=1)
+    assert built == [(2, "a"), (2, "b"), (4, "a"), (4, "b")]
+    assert all(count == 1 + 1 + 3 * 2 for count in calls.values())  # first, warm-up, timed
+    assert [r.output for r in results] == [{"examples": s, "name": n} for s, n in built]
+    assert all(len(r.timing.times) == 3 and r.first_call_s > 0 for r in results)
+    assert [r.examples_per_call for r in results] == [2, 2, 4, 4]
+
+
+def test_tensor_outputs_are_kept_as_numpy_values():
+    class FakeTensor:
+        def __init__(self, value):
+            self.value = value
+
+        def numpy(self):
+            import numpy as np
+
+            return np.asarray(self.value)
+
+    results = grid.run_grid({"x": [1]}, lambda x: lambda: (FakeTensor(3), [FakeTensor([1, 2])]),
+                            examples_per_call=lambda o: 1, repeats=1)
+    scalar, (vector,) = results[0].output
+    assert scalar == 3 and isinstance(scalar, int) and list(vector) == [1, 2]
+
+
+def test_a_result_knows_its_median_spread_and_throughput():
+    result = _result("mirrored", 64, 20.0, spread=4.0)
+    assert result.median_s == pytest.approx(0.020)
+    assert result.spread_s == pytest.approx(0.004)
+    assert result.examples_per_s == pytest.approx(64 / 0.020)
+    assert result.label() == "mirrored · 64" and result.label(["batch"]) == "64"
+
+
+def test_rows_give_each_combination_its_numbers_and_its_ratio_to_the_fastest():
+    rows = grid.result_rows([_result("default", 64, 10.0), _result("mirrored", 64, 20.0)])
+    assert rows[0]["strategy"] == "default" and rows[0]["vs fastest"] == "×1.00"
+    assert rows[1]["vs fastest"] == "×0.50" and rows[1]["ms per step (median)"] == 20.0
+    assert rows[1]["examples/s"] == 3200
+
+
+def test_axis_effects_compare_like_with_like():
+    results = [_result("default", 64, 10.0), _result("default", 128, 16.0),
+               _result("mirrored", 64, 20.0), _result("mirrored", 128, 40.0)]
+    effects = grid.axis_effects(results, "strategy")
+    assert effects == {"mirrored": [pytest.approx(0.5), pytest.approx(0.4)]}
+    assert grid.axis_effects(results, "batch")[128] == [pytest.approx(64 / 16 / (64 / 10) * 2),
+                                                        pytest.approx(1.0)]
+    assert grid.axis_effects([_result("default", 64, 10.0)], "strategy") == {}
+
+
+def test_the_report_names_the_fastest_the_effects_the_noise_and_the_first_call():
+    results = [_result("default", 64, 10.0, spread=0.5, first_s=1.0),
+               _result("default", 128, 16.0, spread=0.5, first_s=1.2),
+               _result("mirrored", 64, 20.0, spread=0.5, first_s=2.0),
+               _result("mirrored", 128, 40.0, spread=0.5, first_s=2.0)]
+    report = grid.write_report(results, machine="a test machine")
+    assert report.startswith("Fastest on a test machine: default · 128 at 8,000 examples/s")
+    assert "strategy mirrored vs default: ×0.45 examples/s (×0.40 to ×0.50" in report
+    assert ": slower." in report and "batch 128 vs 64" in report
+    assert "first call (tracing) took 50 to 100 times" in report
+    assert "What would change on a GPU or TPU:" in report and "- mirrored:" in report
+    assert "- 64:" not in report  # only the values that have a note
+    with pytest.raises(ValueError, match="no results"):
+        grid.write_report([])
+
+
+def test_the_report_says_within_the_noise_when_the_runs_overlap():
+    results = [_result("default", 64, 10.0, spread=3.0), _result("mirrored", 64, 10.2, spread=3.0)]
+    assert "within the noise" in grid.write_report(results, notes={})
+    assert "What would change" not in grid.write_report(results, notes={})
+
+
+def test_plot_grid_draws_one_bar_per_combination_with_its_range():
+    results = [_result(s, b, 10.0 * (i + 1), spread=1.0)
+               for i, (s, b) in enumerate([("default", 64), ("default", 128),
+                                           ("mirrored", 64), ("mirrored", 128)])]
+    ax = grid.plot_grid(results, hue="strategy")
+    try:
+        assert len(ax.patches) == 4
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "128"]
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["default", "mirrored"]
+        assert len(ax.lines) == 4  # one range line per bar
+    finally:
+        plt.close(ax.figure)
+
+
+def test_grouped_bars_refuses_nothing_and_labels_every_bar():
+    with pytest.raises(ValueError, match="nothing"):
+        plots.grouped_bars({})
+    ax = plots.grouped_bars({"g1": {"a": 1.0, "b": 2.0}, "g2": {"a": 3.0}})
+    try:
+        assert len(ax.patches) == 4  # a missing bar is drawn with height 0
+        assert sorted(t.get_text() for t in ax.texts) == ["0", "1", "2", "3"]
+    finally:
+        plt.close(ax.figure)
+
+
+def test_the_capstone_diagram_draws_every_stage_and_the_choices_made():
+    ax = plots.draw_capstone_job({"choices": "MirroredStrategy\nfloat32 · k=1"})
+    try:
+        texts = [t.get_text() for t in ax.texts]
+        for _, name, _ in plots.CAPSTONE_STAGES:
+            assert any(text.startswith(f"{name}\n") for text in texts), name
+        assert "choices\nMirroredStrategy\nfloat32 · k=1" in texts
+        assert "the fix changes the job" in texts
+    finally:
+        plt.close(ax.figure)
+
+
+def test_the_report_says_it_depends_when_the_ratios_straddle_one():
+    results = [_result("default", 64, 10.0, spread=0.2), _result("default", 128, 10.0, spread=0.2),
+               _result("mirrored", 64, 8.0, spread=0.2), _result("mirrored", 128, 12.0, spread=0.2)]
+    assert ("strategy mirrored vs default: ×1.04 examples/s (×0.83 to ×1.25 over the other "
+            "options): it depends on the other options." in grid.write_report(results))
