@@ -107,8 +107,13 @@ def test_every_synchronous_job_matches_one_device_under_the_default_strategy():
     task = ww.make_task(steps=2, global_batch=8)
     column = ww.run_column("default", tf.distribute.get_strategy(), task, expected_replicas=1)
     assert set(column) == set(ww.APIS)
+    distribution = column.pop("keras_distribution")
     assert {row: cell.status for row, cell in column.items()} == {
-        **{row: "works" for row in jobs.SYNC_JOBS}, "keras_distribution": "wrong"}
+        row: "works" for row in jobs.SYNC_JOBS if row != "keras_distribution"}
+    if distribution.status == "fails":  # Keras 3.13 (Colab's): the TF backend cannot build it
+        assert "num_processes" in distribution.detail
+    else:  # Keras 3.15: it builds and trains, and distributes nothing
+        assert distribution.status == "wrong"
 
 
 def test_keras_fit_under_mirrored_matches_and_accumulation_fails():
@@ -226,6 +231,10 @@ def test_command_line_refuses_unknown_options():
 @pytest.mark.slow
 def test_a_fresh_run_agrees_with_the_committed_table():
     """The whole table in a fresh process (2 worker processes included): about a minute."""
+    ours = ", ".join(f"{name} {version}" for name, version in ww.versions().items())
+    committed = (REPO / "docs" / "what_works_where.md").read_text()
+    if f" on {ours}." not in committed:
+        pytest.skip(f"the committed table was made on other versions than {ours}")
     result = subprocess.run(
         [sys.executable, "-m", "course_utils", "works-where", "--check"], cwd=REPO,
         capture_output=True, text=True, timeout=300,
