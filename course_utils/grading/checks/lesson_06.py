@@ -6,9 +6,9 @@
 * ``check_gpipe_bubble(gpipe_bubble)``: the GPipe formula (K−1)/(M+K−1), exactly.
 * ``check_bubble_from_events(bubble_from_events)``: the idle fraction from timestamps. Exact on
   simulated schedules (a deterministic proxy: equal tasks in GPipe's slots give the formula),
-  equal to the course's count on a real run of the check's own stages, and that real run with
-  one micro-batch within ``BUBBLE_TOLERANCE`` of the formula (one micro-batch: one stage at a
-  time, so timing noise barely moves it).
+  and equal to the course's count on a real run of the check's own stages. The real run's
+  distance from the formula is not graded: on a busy machine it reached 0.15 with one
+  micro-batch (measured 0.651 against 0.500 during a loaded ``make test``).
 * ``check_shard_dense_rows(shard_dense_rows)``: a dense kernel sharded by rows on the check's
   mesh: the kernel's layout, the result's mesh and values against the unsharded layer.
 """
@@ -24,16 +24,11 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
 __all__ = [
-    "BUBBLE_TOLERANCE",
     "check_bubble_from_events",
     "check_gpipe_bubble",
     "check_place_two_towers",
     "check_shard_dense_rows",
 ]
-
-#: Largest distance, measured bubble to formula, accepted for the real one-micro-batch run.
-BUBBLE_TOLERANCE = 0.15
-
 
 def _devices() -> list[str]:
     tf = _tf()
@@ -168,9 +163,6 @@ def check_bubble_from_events(fn: Any) -> bool:
             return f"return a number, got {type(got).__name__}"
         if abs(value - reference) > 1e-9:
             return f"from these timestamps the idle fraction is {reference:.4f}, got {value:.4f}"
-        if abs(value - formula) > BUBBLE_TOLERANCE:
-            return (f"measured {value:.3f}, formula {formula:.3f}: further apart than "
-                    f"{BUBBLE_TOLERANCE} (a very busy machine? run the cell again)")
         return None
 
     cases.append(Case(args=(events, k), verify=verify,
