@@ -44,7 +44,8 @@ on another machine, a slow host) is "communication" though nothing was sent; an 
 pipeline produced in the background but too late still shows as input wait, which is the point,
 but *why* it was late (a slow map, I/O, too little parallelism) is in the ``tf_data_*`` threads,
 which this summary
-leaves out; on a GPU, kernels that overlap the host's input wait are not compute in this split. Python work inside a step (outside any op) is "other".
+leaves out; on a GPU, kernels that overlap the host's input wait are not compute in this split.
+Python work inside a step (outside any op) is "other".
 """
 
 from __future__ import annotations
