@@ -22,7 +22,8 @@ a ``tf.function`` step fed by a tf.data iterator, alone and under ``MirroredStra
   ``"train 3"``); ``step_s`` is the median over the steps.
 - **input**: the time the step waited for its next element: the spans of the iterator's
   get-next kernels (``IteratorGetNextOp::DoCompute`` and the other ``IteratorGetNext*``,
-  ``*GetNextFromShard*`` events) that fall inside the step. What the input pipeline did in the
+  ``*GetNextFromShard*`` events, and the ``Iterator::*`` pipeline stages they run on the step's
+  own thread) that fall inside the step. What the input pipeline did in the
   background while the step computed (its threads are named ``tf_data_*``) is not counted:
   a prefetched element costs the step nothing.
 - **communication**: the spans of collective ops (``CollectiveReduceV2``, ``NcclAllReduce``,
@@ -203,6 +204,8 @@ def _category(event: Mapping[str, Any], thread: str, process: str) -> str | None
         return "input"
     if thread.startswith(_INPUT_THREAD_PREFIX):
         return None  # the pipeline's own work in the background
+    if name.startswith("Iterator::"):
+        return "input"  # a pipeline stage run by the step's own thread: it waits for it
     is_op = "long_name" in args and ":" in str(args["long_name"])
     on_device = process.startswith("/device:") and not process.startswith("/device:CPU")
     if not (is_op or on_device):

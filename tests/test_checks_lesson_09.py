@@ -29,6 +29,8 @@ def find_bottleneck(events):
             totals["input"] += e["dur"]
         elif threads.get((e["pid"], e.get("tid")), "").startswith("tf_data") or ":" not in op:
             continue
+        elif e["name"].startswith("Iterator::"):
+            continue
         elif "Collective" in op or "Nccl" in op:
             totals["communication"] += e["dur"]
         else:
