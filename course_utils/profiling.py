@@ -22,25 +22,31 @@ a ``tf.function`` step fed by a tf.data iterator, alone and under ``MirroredStra
   ``"train 3"``); ``step_s`` is the median over the steps.
 - **input**: the time the step waited for its next element: the spans of the iterator's
   get-next kernels (``IteratorGetNextOp::DoCompute`` and the other ``IteratorGetNext*``,
-  ``*GetNextFromShard*`` events) that fall inside the step. What the input pipeline did in the
+  ``*GetNextFromShard*`` events, and the ``Iterator::*`` pipeline stages they run on the step's
+  own thread) that fall inside the step. What the input pipeline did in the
   background while the step computed (its threads are named ``tf_data_*``) is not counted:
   a prefetched element costs the step nothing.
 - **communication**: the spans of collective ops (``CollectiveReduceV2``, ``NcclAllReduce``,
-  ``CollectiveGather``, ``AllReduce``, ``AllToAll`` ... on any device) inside the step.
+  ``CollectiveGather``, ``AllReduce``, ``AllToAll`` ... on any device) inside the step, where
+  no op computes at the same time.
 - **compute**: the spans of every other TensorFlow op (an event whose args hold ``long_name``,
   ``"layer/MatMul:MatMul"``) and every device kernel, outside the tf.data threads.
 - **other**: the rest of the step: Python, dispatching the function, gaps between ops.
 
-Where spans overlap, an instant counts once, as the first of input, communication, compute
-that is running then. Seconds per step are the shares of the summed step time (all steps
-together) times the median step, so they add up to ``step_s`` exactly.
+Where spans overlap, an instant counts once, as the first of input, compute, communication that
+is running then: a step that waits for its element waits, whatever else runs; a collective that
+runs while another replica still computes is hidden behind that compute (it is mostly waiting
+for it), so only communication that nothing overlaps is "communication". Seconds per step are
+the shares of the summed step time (all steps together) times the median step, so they add up to
+``step_s`` exactly.
 
-What it cannot see: a collective's time includes waiting for the slowest replica (it is
-"communication" even when a replica was busy computing); an element the pipeline produced in
-the background but too late still shows as input wait, which is the point, but *why* it was
-late (a slow map, I/O, too little parallelism) is in the ``tf_data_*`` threads, which this
-summary leaves out; on a GPU, kernels that overlap the host's input wait are not compute in
-this split. Python work inside a step (outside any op) is "other".
+What it cannot see: a collective whose replicas all wait for something else (a straggler process
+on another machine, a slow host) is "communication" though nothing was sent; an element the
+pipeline produced in the background but too late still shows as input wait, which is the point,
+but *why* it was late (a slow map, I/O, too little parallelism) is in the ``tf_data_*`` threads,
+which this summary
+leaves out; on a GPU, kernels that overlap the host's input wait are not compute in this split.
+Python work inside a step (outside any op) is "other".
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ __all__ = [
 ]
 
 #: The parts of a step, in the order in which overlapping spans are attributed.
-CATEGORIES = ("input", "communication", "compute")
+CATEGORIES = ("input", "compute", "communication")
 
 _INPUT_EVENT = re.compile(r"^(IteratorGetNext|MultiDeviceIteratorGetNext)|GetNextFromShard")
 _COLLECTIVE = re.compile(r"collective|nccl|allreduce|all_reduce|allgather|all_gather|alltoall|"
@@ -198,6 +204,8 @@ def _category(event: Mapping[str, Any], thread: str, process: str) -> str | None
         return "input"
     if thread.startswith(_INPUT_THREAD_PREFIX):
         return None  # the pipeline's own work in the background
+    if name.startswith("Iterator::"):
+        return "input"  # a pipeline stage run by the step's own thread: it waits for it
     is_op = "long_name" in args and ":" in str(args["long_name"])
     on_device = process.startswith("/device:") and not process.startswith("/device:CPU")
     if not (is_op or on_device):
@@ -272,7 +280,7 @@ def step_breakdown(xplane_or_events: Any) -> StepBreakdown:
         durations.append((end - start) / 1e6)
     step_s = statistics.median(durations)
     share = {c: (totals[c] / step_total if step_total > 0 else 0.0) for c in CATEGORIES}
-    input_s, communication_s, compute_s = (share[c] * step_s for c in CATEGORIES)
+    input_s, compute_s, communication_s = (share[c] * step_s for c in CATEGORIES)
     return StepBreakdown(steps=len(steps), step_s=step_s, input_s=input_s, compute_s=compute_s,
                          communication_s=communication_s,
                          other_s=max(0.0, step_s - input_s - communication_s - compute_s))

@@ -1,4 +1,8 @@
-"""Lesson 09's checks: reference passes, wrong answer fails, stub waits."""
+"""Lesson 09's checks: reference passes, wrong answers fail with a useful message, stubs wait.
+
+The checks profile real distributed runs (MirroredStrategy over 2 of the tests' logical CPUs),
+a few steps each.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +10,88 @@ import pytest
 
 import course_utils as cu
 from course_utils.grading.checks import lesson_09
-from course_utils.grading.framework import NotAttemptedError, strict_checks
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
-def capstone_steps_per_epoch(num_examples, global_batch_size):
-    return -(-num_examples // global_batch_size)
+def find_bottleneck(events):
+    """The reference: time inside the steps per part, the largest part named."""
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("ph") == "X" and "step_num" in e.get("args", {})]
+    threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    totals = {"input": 0.0, "compute": 0.0, "communication": 0.0}
+    for e in events:
+        if e.get("ph") != "X" or not any(s <= e["ts"] < end for s, end in steps):
+            continue
+        op = e.get("args", {}).get("long_name", "")
+        if e["name"].startswith("IteratorGetNext"):
+            totals["input"] += e["dur"]
+        elif threads.get((e["pid"], e.get("tid")), "").startswith("tf_data") or ":" not in op:
+            continue
+        elif e["name"].startswith("Iterator::"):
+            continue
+        elif "Collective" in op or "Nccl" in op:
+            totals["communication"] += e["dur"]
+        else:
+            totals["compute"] += e["dur"]
+    return max(totals, key=totals.get)
 
 
-def stub(*args):
-    raise NotImplementedError()
+def remove_input_bottleneck(records, read, augment, batch_size):
+    import tensorflow as tf
+
+    return records.map(read).cache().map(augment).batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
 def test_lesson_09_registers_its_checks():
     for name in lesson_09.__all__:
-        assert getattr(cu.grading, name) is getattr(lesson_09, name)
+        if name.startswith("check_"):
+            assert getattr(cu.grading, name) is getattr(lesson_09, name)
 
 
-def test_the_reference_solution_passes():
-    assert cu.grading.check_capstone_steps_per_epoch(capstone_steps_per_epoch) is True
+def test_find_bottleneck_reference_passes():
+    assert cu.grading.check_find_bottleneck(find_bottleneck) is True
 
 
-def test_floor_division_fails_with_the_hint():
-    with pytest.raises(AssertionError, match="round up"):
-        cu.grading.check_capstone_steps_per_epoch(lambda examples, batch: examples // batch)
+def test_find_bottleneck_always_compute_fails_on_the_input_bound_trace():
+    with pytest.raises(AssertionError, match="this run is input-bound"):
+        cu.grading.check_find_bottleneck(lambda events: "compute")
 
 
-def test_a_stub_is_not_attempted_and_fails_in_strict_mode(capsys):
-    assert cu.grading.check_capstone_steps_per_epoch(stub) is False
-    assert "not attempted yet" in capsys.readouterr().out
-    with strict_checks(), pytest.raises(NotAttemptedError):
-        cu.grading.check_capstone_steps_per_epoch(stub)
+def test_find_bottleneck_may_not_call_the_course_helper():
+    with pytest.raises(AssertionError, match="must read the events itself"):
+        cu.grading.check_find_bottleneck(
+            lambda events: cu.profiling.step_breakdown(events).bottleneck())
+    assert cu.profiling.step_breakdown is not None  # put back after the check
+
+
+def test_remove_input_bottleneck_reference_passes(capsys):
+    assert cu.grading.check_remove_input_bottleneck(remove_input_bottleneck) is True
+    out = capsys.readouterr().out
+    assert "input share of the step" in out
+    print(out)  # the measured shares, for -s
+
+
+def test_the_slow_pipeline_fails_with_its_input_share():
+    with pytest.raises(AssertionError, match="still waits for input"):
+        cu.grading.check_remove_input_bottleneck(lesson_09.slow_pipeline)
+
+
+def test_caching_after_augmentation_is_named():
+    def cached_noise(records, read, augment, batch_size):
+        return records.map(read).map(augment).cache().batch(batch_size)
+
+    with pytest.raises(AssertionError, match="same augmentation"):
+        cu.grading.check_remove_input_bottleneck(cached_noise)
+
+
+def test_stubs_are_not_attempted_and_fail_in_strict_mode(assert_not_attempted):
+    def find_bottleneck(events):
+        raise NotImplementedError()
+
+    def remove_input_bottleneck(records, read, augment, batch_size):
+        raise NotImplementedError()
+
+    assert_not_attempted(cu.grading.check_find_bottleneck, find_bottleneck)
+    assert_not_attempted(cu.grading.check_remove_input_bottleneck, remove_input_bottleneck)

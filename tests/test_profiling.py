@@ -155,13 +155,13 @@ SYNTHETIC = [
 ]
 
 
-def test_each_instant_counts_once_input_first_then_communication_then_compute():
+def test_each_instant_counts_once_input_first_then_compute_then_communication():
     breakdown = profiling.step_breakdown(SYNTHETIC)
-    # summed over both steps (400 us): input 40, communication 20, compute 40 + 300, other 10
+    # summed over both steps (400 us): input 40, compute 40 + 300, communication 10, other 10
     shares = breakdown.shares()
     assert breakdown.steps == 2
     assert breakdown.step_s == pytest.approx(200e-6)  # median of 100 and 300 us
-    assert shares == pytest.approx({"input": 0.10, "communication": 0.05, "compute": 0.825,
+    assert shares == pytest.approx({"input": 0.10, "compute": 0.85, "communication": 0.025,
                                     "other": 0.025})
     assert breakdown.input_s == pytest.approx(0.10 * 200e-6)
     assert breakdown.bottleneck() == "compute"

@@ -1,26 +1,310 @@
-"""Checks of lesson 09's exercises, registered by name with ``@register``.
+"""Checks of lesson 09's exercises (registered by name with ``@register``).
 
-Lesson: Capstone: a real job, profiled.
+Both profile real distributed runs here: a ``tf.function`` step under ``MirroredStrategy``
+(over up to 2 devices), fed by a tf.data pipeline, captured with ``cu.profiling.capture``.
+
+* ``check_find_bottleneck(find_bottleneck)``: given the trace events of a fresh input-bound run
+  (its pipeline sleeps per batch, its step is cheap) and of a fresh compute-bound run (a cached,
+  prefetched pipeline, a heavy step), in a random order, the learner's function names "input"
+  and "compute"; ``cu.profiling.step_breakdown`` must agree with the truth first, and the
+  learner's function may not call it.
+* ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
+  every example once per epoch, in full batches, freshly augmented each epoch, and a profile
+  of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
+  time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share, not a time, so
+  a busy machine does not change the verdict.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
+from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
-__all__ = ["check_capstone_steps_per_epoch"]
+__all__ = [
+    "FAST_INPUT_SHARE",
+    "READ_SECONDS",
+    "SLOW_INPUT_SHARE",
+    "check_remove_input_bottleneck",
+    "check_find_bottleneck",
+    "slow_pipeline",
+]
+
+#: Seconds the check's "disk" takes to read one example (a sleep: it occupies no core).
+READ_SECONDS = 0.006
+#: Input share of the step time the fixed pipeline must stay under.
+FAST_INPUT_SHARE = 0.4
+#: Input share the slow pipeline shows (the check's own sanity test of its baseline).
+SLOW_INPUT_SHARE = 0.6
+_FEATURES = 32  # the check's examples: 32 features, and the example's index as its label
+_WIDEN = 64  # the heavy step's layers are 64 times wider than the examples
+_BOTTLENECKS = ("input", "compute", "communication")
+
+
+def slow_pipeline(records: Any, read: Callable[..., Any], augment: Callable[..., Any],
+                  batch_size: int) -> Any:
+    """The exercise's input-bound pipeline: read every example every epoch, augment, batch."""
+    return records.map(read).map(augment).batch(batch_size)
+
+
+# --- a profiled distributed run ----------------------------------------------------------------
+
+
+def _strategy() -> Any:
+    from course_utils.strategies import make_strategy, replica_devices
+
+    return make_strategy("mirrored", num_replicas=min(2, len(replica_devices())), verbose=False)
+
+
+def _profile(dataset: Any, *, heavy: int, steps: int, warmup: int) -> list[dict]:
+    """Trace events of ``steps`` distributed steps on ``dataset`` after ``warmup`` ones.
+
+    ``dataset`` must hold exactly ``warmup + steps`` batches: an iterator left with a sleeping
+    ``py_function`` in flight would hang the interpreter's exit.
+    """
+    import keras
+
+    from course_utils.profiling import capture, trace_events
+
+    tf = _tf()
+    strategy = _strategy()
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((_FEATURES,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD(0.01)
+    width = _FEATURES * _WIDEN  # each of ``heavy`` layers: 2 * width**2 FLOP per example
+    weights = tf.constant(np.random.default_rng(0).normal(size=(width, width))
+                          .astype(np.float32) / width**0.5)
+    distributed = strategy.experimental_distribute_dataset(dataset)
+
+    @tf.function
+    def train_step(batch: Any) -> Any:
+        def replica_step(x: Any, y: Any) -> Any:
+            with tf.GradientTape() as tape:
+                hidden = tf.tile(x, [1, _WIDEN])
+                for _ in range(heavy):
+                    hidden = tf.tanh(hidden @ weights)
+                loss = tf.reduce_mean((model(hidden[:, :_FEATURES]) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.run(replica_step, args=batch)
+
+    # Trace first, then start the iterator: else it prefetches while the function is traced
+    train_step.get_concrete_function(distributed.element_spec)
+    iterator = iter(distributed)
+    # next() outside the tf.function: a function that captured the iterator would keep it
+    # alive until the interpreter's exit, whose clean-up then waits for its threads
+    with tempfile.TemporaryDirectory() as logdir:
+        return trace_events(capture(lambda step: train_step(next(iterator)), steps, logdir,
+                                    warmup=warmup))
+
+
+def _examples(rng: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+    data = np.random.default_rng(rng.randint(0, 2**31 - 1))
+    return (data.normal(size=(n, _FEATURES)).astype(np.float32),
+            np.arange(n, dtype=np.float32).reshape(n, 1))
+
+
+def _bound_run(rng: Any, kind: str, steps: int = 3) -> list[dict]:
+    """A fresh input-bound (sleeping pipeline, cheap step) or compute-bound run's events."""
+    from course_utils.data import add_latency
+
+    tf = _tf()
+    if kind == "input":  # 30-50 ms of waiting per batch, almost nothing to compute
+        batch = rng.choice([16, 32])
+        data = tf.data.Dataset.from_tensor_slices(_examples(rng, batch * (steps + 1)))
+        return _profile(add_latency(data.batch(batch), rng.choice([0.03, 0.04, 0.05])),
+                        heavy=0, steps=steps, warmup=1)
+    batch = rng.choice([16, 32])  # tens of ms of matrix products per step, data in memory
+    data = tf.data.Dataset.from_tensor_slices(_examples(rng, batch))
+    return _profile(data.batch(batch).cache().repeat().prefetch(4), heavy=rng.randint(6, 10),
+                    steps=steps, warmup=1)
+
+
+# --- Exercise 1 · find the bottleneck in a trace -----------------------------------------------
+
+
+@contextlib.contextmanager
+def _without_step_breakdown() -> Iterator[None]:
+    """``cu.profiling.step_breakdown`` raises while the learner's function runs."""
+    from course_utils import profiling
+
+    original = profiling.step_breakdown
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("find_bottleneck must read the events itself: "
+                           "cu.profiling.step_breakdown is what the check compares it with")
+
+    profiling.step_breakdown = refuse
+    try:
+        yield
+    finally:
+        profiling.step_breakdown = original
 
 
 @register
-def check_capstone_steps_per_epoch(fn: Any) -> bool:
-    """Check ``capstone_steps_per_epoch``: the steps of one epoch, rounded up."""
+def check_find_bottleneck(fn: Any) -> bool:
+    """Check ``find_bottleneck(events)``: "input" for an input-bound trace, "compute" for a
+    compute-bound one, both profiled here."""
+    from course_utils.profiling import format_breakdown, step_breakdown
+
     rng = fresh_rng()
-    pairs = [(10, 5), (11, 5)]
-    pairs += [(rng.randint(1, 10_000), rng.randint(1, 512)) for _ in range(4)]
-    cases = [Case(args=(examples, batch), expected=math.ceil(examples / batch))
-             for examples, batch in pairs]
-    return run_check("capstone_steps_per_epoch", fn, cases,
-                     hint="a last, partial batch is a step too: round up.")
+    kinds = ["input", "compute"]
+    rng.shuffle(kinds)
+    cases = []
+    for number, kind in enumerate(kinds, start=1):
+        events = _bound_run(rng, kind)
+        breakdown = step_breakdown(events)
+        if breakdown.bottleneck() != kind:  # the check's own run came out wrong: once more
+            events = _bound_run(rng, kind)
+            breakdown = step_breakdown(events)
+        if breakdown.bottleneck() != kind:
+            raise RuntimeError(f"the check's {kind}-bound run did not come out {kind}-bound "
+                               f"here; run the cell again.\n{format_breakdown(breakdown)}")
+
+        def verify(got: Any, kind: str = kind,
+                   table: str = format_breakdown(breakdown)) -> str | None:
+            if got == kind:
+                return None
+            if got not in _BOTTLENECKS:
+                return f"returned {got!r}; return one of {', '.join(map(repr, _BOTTLENECKS))}"
+            return (f"returned {got!r}, but this run is {kind}-bound; cu.profiling reads its "
+                    f"trace as:\n{table}")
+
+        cases.append(Case(args=(events,), verify=verify,
+                          label=f"(trace {number}: {len(events)} events, a {kind}-bound run)"))
+    with _without_step_breakdown():
+        return run_check(
+            "find_bottleneck", fn, cases,
+            hint="the steps are the events with 'step_num' in their args; inside each step, add "
+                 "up the durations of the get-next events (names starting with 'IteratorGetNext': "
+                 "input), of collective ops (communication) and of the other "
+                 "ops (events whose args hold 'long_name', but not 'Iterator::' stages nor the "
+                 "'tf_data' threads: "
+                 "compute), and return the largest (lesson 09, section 6, Profile).")
+
+
+# --- Exercise 2 · remove the input bottleneck --------------------------------------------------
+
+
+def _counting_read(seconds: float, calls: list[int]) -> Callable[..., Any]:
+    """A "disk" read: waits ``seconds`` per example and counts its calls in ``calls``."""
+    import time
+
+    tf = _tf()
+
+    def read(features: Any, label: Any) -> tuple[Any, Any]:
+        def wait() -> np.int32:
+            calls.append(1)
+            time.sleep(seconds)
+            return np.int32(0)
+
+        done = tf.py_function(wait, [], tf.int32)
+        with tf.control_dependencies([done]):
+            return tf.identity(features), tf.identity(label)
+
+    return read
+
+
+def _augment(seed: int) -> Callable[..., Any]:
+    """Random noise on the features, new every epoch (a ``tf.random.Generator``)."""
+    tf = _tf()
+    generator = tf.random.Generator.from_seed(seed)
+
+    def augment(features: Any, label: Any) -> tuple[Any, Any]:
+        return features + generator.normal(tf.shape(features), stddev=0.1), label
+
+    return augment
+
+
+def _epoch(dataset: Any) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Batch sizes, labels and features of one pass over ``dataset``."""
+    sizes, labels, features = [], [], []
+    for x, y in dataset:
+        sizes.append(int(np.shape(y)[0]))
+        labels.append(np.asarray(y).reshape(-1))
+        features.append(np.asarray(x))
+    return sizes, np.concatenate(labels), np.concatenate(features)
+
+
+def _elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str | None:
+    """What is wrong with two epochs of ``dataset``, or None."""
+    n = len(features)
+    noise = []
+    for epoch in (1, 2):
+        sizes, labels, got = _epoch(dataset)
+        if sorted(labels.astype(int).tolist()) != list(range(n)):
+            return (f"epoch {epoch} does not hold each of the {n} examples once "
+                    f"({len(labels)} examples, {len(set(labels.tolist()))} different)")
+        if sizes[:-1] != [batch_size] * (len(sizes) - 1) or sizes[-1] > batch_size:
+            return f"epoch {epoch}'s batches have {sizes} examples; batch_size is {batch_size}"
+        noise.append(got - features[labels.astype(int)])
+    if max(np.abs(n_).max() for n_ in noise) == 0:
+        return "the features come out unchanged: apply augment to every example"
+    if np.allclose(noise[0], noise[1]):
+        return ("both epochs got the same augmentation: the augmented examples were cached. "
+                "Cache what is the same every epoch (the read), then augment")
+    return None
+
+
+@register
+def check_remove_input_bottleneck(fn: Any) -> bool:
+    """Check ``remove_input_bottleneck(records, read, augment, batch_size)``: the same examples,
+    fresh augmentation every epoch, and an input share under ``FAST_INPUT_SHARE``."""
+    from course_utils.profiling import format_breakdown, step_breakdown
+
+    tf = _tf()
+    rng = fresh_rng()
+    batch_size = rng.choice([8, 16])
+    batches = rng.choice([3, 4])
+    features, labels = _examples(rng, batch_size * batches)
+    records = tf.data.Dataset.from_tensor_slices((features, labels))
+    calls: list[int] = []
+    read, augment = _counting_read(READ_SECONDS, calls), _augment(rng.randint(0, 2**31 - 1))
+    label = (f"({len(features)} examples, read {READ_SECONDS * 1e3:g} ms each, "
+             f"batch_size={batch_size})")
+
+    def profile(dataset: Any) -> Any:  # the second epoch, after a first one that fills caches
+        return step_breakdown(_profile(dataset.repeat(2), heavy=3, steps=batches,
+                                       warmup=batches))
+
+    def verify(dataset: Any) -> str | None:
+        if not isinstance(dataset, tf.data.Dataset):
+            return f"returned {type(dataset).__name__}; return a tf.data.Dataset"
+        if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+            return "the dataset repeats forever; return one epoch (the check repeats it)"
+        del calls[:]
+        problem = _elements_problem(dataset, features, batch_size)
+        if problem:
+            return problem
+        reads = len(calls)
+        fast = profile(dataset)
+        slow = profile(slow_pipeline(records, read, augment, batch_size))
+        shares = fast.shares()["input"], slow.shares()["input"]
+        if shares[1] < SLOW_INPUT_SHARE:
+            raise RuntimeError(f"the check's slow pipeline waited only {shares[1]:.0%} for "
+                               "input here; run the cell again")
+        if shares[0] >= FAST_INPUT_SHARE:
+            return (f"the step still waits for input {shares[0]:.0%} of its time (the slow "
+                    f"pipeline {shares[1]:.0%}; under {FAST_INPUT_SHARE:.0%} passes); read ran "
+                    f"{reads} times in two epochs of {len(features)} examples.\n"
+                    f"{format_breakdown(fast)}")
+        print(f"input share of the step: {shares[1]:.0%} slow → {shares[0]:.0%} yours; "
+              f"step {slow.step_s * 1e3:.1f} → {fast.step_s * 1e3:.1f} ms")
+        return None
+
+    return run_check(
+        "remove_input_bottleneck", fn,
+        [Case(args=(records, read, augment, batch_size), verify=verify, label=label)],
+        hint="read gives the same example every epoch: cache its output (records.map(read)"
+             ".cache()), then augment, batch and prefetch(tf.data.AUTOTUNE); a cache after "
+             "augment would repeat the same noise every epoch (lesson 09, section 6, Profile; "
+             "lesson 01, the cache section).")
