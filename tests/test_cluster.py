@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -370,3 +371,27 @@ def test_workers_die_with_the_process_that_started_them(ending):
     while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert_all_gone(pids, ports)
+
+
+def test_own_log_dir_outlives_the_cluster_and_goes_with_the_interpreter():
+    # The logs stay readable after the with block; the temporary folder is deleted at exit,
+    # while a folder the caller named is never touched.
+    code = (
+        "import json, sys, tempfile\n"
+        "from course_utils.cluster import LocalCluster\n"
+        "named = tempfile.mkdtemp()\n"
+        f"with LocalCluster({str(STAND_IN)!r}, num_workers=2, grace=0.2, stream=False) as c:\n"
+        "    c.wait_for('listening', worker=1, timeout=20)\n"
+        "assert 'listening' in c.log(1), c.log(1)\n"
+        f"with LocalCluster({str(STAND_IN)!r}, num_workers=1, grace=0.2, stream=False,\n"
+        "                  log_dir=named) as d:\n"
+        "    d.wait_for('listening', worker=0, timeout=20)\n"
+        "print(json.dumps([str(c.log_dir), named]), flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    own, named = map(Path, json.loads(done.stdout.strip().splitlines()[-1]))
+    assert not own.exists()
+    assert (named / "worker-0.log").exists()
+    shutil.rmtree(named)

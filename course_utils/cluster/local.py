@@ -9,6 +9,7 @@ TensorFlow workers ignore SIGTERM. A failed or hung worker becomes a :class:`Wor
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -38,6 +39,18 @@ __all__ = ["LocalCluster"]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
+_OWN_LOG_DIRS: set[Path] = set()
+
+
+def _remove_own_log_dirs() -> None:
+    """Delete the temporary log directories clusters made, when the interpreter exits."""
+    for folder in list(_OWN_LOG_DIRS):
+        shutil.rmtree(folder, ignore_errors=True)
+    _OWN_LOG_DIRS.clear()
+
+
+atexit.register(_remove_own_log_dirs)
+
 
 class LocalCluster(WaitingMixin):
     """A multi-worker cluster on localhost: one subprocess per worker, each running ``script``.
@@ -51,7 +64,9 @@ class LocalCluster(WaitingMixin):
         collective_timeout: seconds passed to the workers' ``CommunicationOptions`` through
             ``COURSE_COLLECTIVE_TIMEOUT`` (read by ``worker_strategy``); default ``timeout``.
         env: extra environment variables for every worker.
-        log_dir: where ``worker-<i>.log`` files go (default: a new temporary directory).
+        log_dir: where ``worker-<i>.log`` files go (default: a new temporary directory, kept
+            while the interpreter runs so the logs can be read after the cluster stops, and
+            deleted when it exits or on :meth:`cleanup`).
         stream: print new log lines, prefixed ``[worker i]``, while waiting.
         start: start the workers at once (else call :meth:`start`).
         grace: seconds between SIGTERM and SIGKILL when stopping (measured: a TensorFlow
@@ -149,6 +164,7 @@ class LocalCluster(WaitingMixin):
         self.processes, self._log_files = [], []
         if self.log_dir is None:
             self.log_dir = Path(tempfile.mkdtemp(prefix="cu_cluster_"))
+            _OWN_LOG_DIRS.add(self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._logs = WorkerLogs(self.log_dir, self.num_workers)
         self.cluster = cluster_spec(self.num_workers, host=self.host)
@@ -232,6 +248,7 @@ class LocalCluster(WaitingMixin):
         self.stop()
         if self._own_log_dir and self.log_dir is not None:
             shutil.rmtree(self.log_dir, ignore_errors=True)
+            _OWN_LOG_DIRS.discard(self.log_dir)
 
     # -------------------------------------------------------------- logs
     def log(self, index: int) -> str:

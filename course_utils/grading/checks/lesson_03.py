@@ -198,11 +198,12 @@ def _trained_and_clean(num_workers: int) -> Any:
 @register
 def check_train_on_local_cluster(fn: Any) -> bool:
     """Check ``train_on_local_cluster(script, num_workers)`` on :data:`WORKER_SCRIPT`, 2 workers."""
-    folder = Path(tempfile.mkdtemp(prefix="lesson03_"))
-    script = folder / "worker.py"
-    script.write_text(WORKER_SCRIPT)
-    cases = [Case(args=(str(script), 2), verify=_trained_and_clean(2),
-                  label="(worker.py, 2)")]
-    return run_check("train_on_local_cluster", fn, cases,
-                     hint="start cu.cluster.LocalCluster(script, num_workers) in a with block, "
-                          "wait() inside it, read the logs before it ends. Sections 3-4.")
+    with tempfile.TemporaryDirectory(prefix="lesson03_") as folder:
+        script = Path(folder) / "worker.py"
+        script.write_text(WORKER_SCRIPT)
+        cases = [Case(args=(str(script), 2), verify=_trained_and_clean(2),
+                      label="(worker.py, 2)")]
+        return run_check("train_on_local_cluster", fn, cases,
+                         hint="start cu.cluster.LocalCluster(script, num_workers) in a with "
+                              "block, wait() inside it, read the logs before it ends. "
+                              "Sections 3-4.")
