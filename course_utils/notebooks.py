@@ -76,7 +76,10 @@ def colab_install_lines() -> list[str]:
     return [
         "import sys",
         f"{_COLAB_IF}  # Colab only: install the course, keep Colab's TensorFlow",
-        f"    %pip install -q --report {INSTALL_REPORT} git+https://github.com/{COURSE_REPO}",
+        # A shell escape, not %pip: IPython's %pip always adds "you may need to restart the
+        # kernel"; install_summary says when a restart is really needed.
+        f"    !{{sys.executable}} -m pip install -q --report {INSTALL_REPORT} "
+        f"git+https://github.com/{COURSE_REPO}@{COURSE_BRANCH}",
         "    from course_utils.notebooks import install_summary",
         f'    print(install_summary("{INSTALL_REPORT}"))',
     ]
@@ -101,7 +104,10 @@ def install_summary(report_path: str | os.PathLike = INSTALL_REPORT) -> str:
 
     from packaging.utils import canonicalize_name
 
-    report = json.loads(pathlib.Path(report_path).read_text(encoding="utf-8"))
+    path = pathlib.Path(report_path)
+    if not path.exists():
+        return "course_utils was not installed: pip failed (its message is above)"
+    report = json.loads(path.read_text(encoding="utf-8"))
     installed = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
                  for item in report.get("install", [])}
     course = installed.pop("scaling-tensorflow-course", None)

@@ -134,6 +134,7 @@ VALID = {
     "everything": dict(num_workers=4, num_ps=1, chief=True, num_evaluators=1, gpus_per_worker=1,
                        cpu=4, memory="16G", namespace="team-ml", env={"A": "y"},
                        restart_policy="ExitCode"),
+    "fractional cpu and memory as numbers": dict(num_workers=2, cpu=0.5, memory=1.5e9),
 }
 
 

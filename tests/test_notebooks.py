@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import course_utils as cu
 from course_utils import notebooks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -53,8 +54,10 @@ def test_setup_cell_installs_on_colab_only_and_calls_setup():
     assert lines[:5] == notebooks.colab_install_lines()
     assert lines[1].startswith('if "google.colab" in sys.modules:')
     install = lines[2]
-    assert install.startswith("    %pip install -q --report ")
-    assert "git+https://github.com/" in install
+    # a shell escape: IPython's %pip would print "you may need to restart the kernel" each time
+    assert install.startswith("    !{sys.executable} -m pip install -q --report ")
+    assert "%pip" not in source
+    assert install.endswith(f"git+https://github.com/{cu.COURSE_REPO}@{cu.COURSE_BRANCH}")
     for forbidden in ("--force-reinstall", "--upgrade ", "-U ", "==", "restart"):
         assert forbidden not in install  # the ranges keep Colab's TensorFlow; no restart needed
     assert all(line.startswith("    ") for line in lines[2:5])  # all of it on Colab only

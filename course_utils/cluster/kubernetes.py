@@ -115,7 +115,8 @@ def _limits(gpus: Any, cpu: Any, memory: Any) -> dict[str, Any]:
                 f"{what} {value!r} is not a Kubernetes quantity: a non-negative number with an "
                 "optional suffix, such as '500m', '2', '4Gi'"
             )
-        limits[what] = value
+        # The CRD allows an integer or a string here: 0.5 would be refused, '0.5' is a quantity.
+        limits[what] = value if isinstance(value, int) else str(value)
     return limits
 
 
