@@ -4,10 +4,11 @@ Commands:
   doctor      print a report of this machine and what each lesson can use here
   exercises   generate exercises/ from solutions/ (``--check`` fails when out of sync)
   grade       grade a folder of submitted exercise notebooks into a CSV gradebook
-  new         scaffold a lesson: new NN name "Title" writes notebooks/NN_name.ipynb, its
+  new         scaffold a lesson: new NN name ["Title"] writes notebooks/NN_name.ipynb, its
               solutions and exercises notebooks, course_utils/grading/checks/lesson_NN.py and
-              tests/test_checks_lesson_NN.py (never overwrites); new PATH.ipynb "Title" writes
-              one notebook skeleton
+              tests/test_checks_lesson_NN.py (never overwrites; the title defaults to the name,
+              "multi_worker" -> "Multi worker"); new PATH.ipynb "Title" writes one notebook
+              skeleton
   works-where run every training API under every strategy and print the table
               (``--write`` updates docs/what_works_where.md and the README, ``--check`` fails
               when a cell's status differs from the committed table)
@@ -20,15 +21,22 @@ import sys
 _GRADING_COMMANDS = ("exercises", "grade", "check")
 
 
+def _title_from_name(name: str) -> str:
+    """The default lesson title for a scaffold name: ``"multi_worker"`` -> ``"Multi worker"``."""
+    return name.replace("_", " ").strip().capitalize()
+
+
 def _new(rest: list[str]) -> int:
-    """``new NN name "Title"`` (a whole lesson) or ``new PATH.ipynb "Title"`` (one notebook)."""
+    """``new NN name ["Title"]`` (a whole lesson) or ``new PATH.ipynb "Title"`` (one notebook)."""
     if len(rest) == 2 and rest[0].endswith(".ipynb"):
         from course_utils.notebooks import new_notebook
 
         print(f"wrote {new_notebook(rest[0], rest[1])}")
         return 0
+    if len(rest) == 2 and not rest[0].endswith(".ipynb"):
+        rest = [*rest, _title_from_name(rest[1])]
     if len(rest) != 3:
-        print('usage: python -m course_utils new NN name "Title"   (e.g. new 03 multi_worker '
+        print('usage: python -m course_utils new NN name ["Title"]   (e.g. new 03 multi_worker '
               '"Multi-worker training")\n'
               '       python -m course_utils new notebooks/NN_name.ipynb "Title"',
               file=sys.stderr)

@@ -112,3 +112,12 @@ def test_the_old_one_notebook_form_still_works(tmp_path):
 def test_usage_is_printed_for_wrong_arguments(tmp_path):
     run = _run(tmp_path, "-m", "course_utils", "new", "03", package=REPO)
     assert run.returncode == 2 and "new NN name" in run.stderr
+
+
+def test_the_title_defaults_to_the_name(tmp_path):
+    run = _run(tmp_path, "-m", "course_utils", "new", "97", "two_args", package=REPO)
+    assert run.returncode == 0, run.stderr
+    files = lesson_files(tmp_path, "97", "two_args")
+    assert all(path.is_file() for path in files.values())
+    lesson = read_notebook(files["lesson"])
+    assert lesson.cells[0].source.startswith("# 97 · Two args")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 import tomllib
@@ -175,3 +176,21 @@ def test_appendix_rows_follow_the_lessons_and_link_no_exercises():
     assert "appendix" in kinds and kinds == sorted(kinds, key=["lesson", "appendix"].index)
     assert all("exercises/" not in row for row, kind in zip(rows, kinds, strict=True)
                if kind == "appendix")  # an appendix has no exercises
+
+
+def test_every_course_utils_module_is_small_and_declares_all():
+    # Issue 10's house rules, package-wide: no module over 450 lines, no class over 300, and an
+    # explicit public face (__all__) in every module (the command line's __main__ aside).
+    for path in sorted((REPO / "course_utils").rglob("*.py")):
+        name = path.relative_to(REPO).as_posix()
+        source = path.read_text(encoding="utf-8")
+        assert len(source.splitlines()) <= 450, f"{name}: {len(source.splitlines())} lines"
+        tree = ast.parse(source)
+        if path.name != "__main__.py":
+            assert any(isinstance(node, ast.Assign)
+                       and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+                       for node in tree.body), f"{name} has no __all__"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 300, f"{name}: class {node.name} has {length} lines"

@@ -1,11 +1,12 @@
 """The replica step: one optimizer update, run on every replica by ``strategy.run``.
 
 Read this file next to lesson 02's hand-written loop (``notebooks/02_mirrored_strategy.ipynb``,
-section 3, ``make_distributed_train_step``). It is the same loop, written once for the Trainer:
+section 4, ``make_distributed_train_step``). It is the same loop, written once for the Trainer:
 
 * the lesson's ``replica_step(features, labels)`` is ``replica_step(*micro_batches)`` here,
   made by :func:`make_replica_step`;
-* its ``loss_object(labels, logits)`` (per example) is :func:`per_example_loss`;
+* its ``per_example_loss(labels, logits)`` (a Keras loss with ``reduction=None``) is
+  :func:`per_example_loss`;
 * its ``tf.nn.compute_average_loss(per_example_losses, global_batch_size=global_batch_size)``
   is the same call, with the global batch counted by :func:`count_examples`;
 * its ``optimizer.apply_gradients(...)`` is ``optimizer.apply(gradients, variables)``;
