@@ -24,6 +24,7 @@ def test_log_line_pattern_matches_tensorflows_lines_only():
     assert not tflogs.LOG_LINE.match("Traceback (most recent call last):")
 
 
+@pytest.mark.slow  # a fresh TensorFlow process
 def test_each_snippet_gets_the_lines_it_caused_and_verbose_logs_need_vmodule():
     snippets = {
         "distribute": "next(iter(strategy.experimental_distribute_dataset(dataset)))",
@@ -49,6 +50,7 @@ def test_each_snippet_gets_the_lines_it_caused_and_verbose_logs_need_vmodule():
                    for lines in verbose.values() for line in lines)
 
 
+@pytest.mark.slow  # a fresh TensorFlow process
 def test_the_verbose_auto_shard_line_is_written_from_tensorflow_2_21():
     assert tflogs.writes_verbose_auto_shard_line("2.21.0")
     assert tflogs.writes_verbose_auto_shard_line("2.22.0rc1")
@@ -60,6 +62,7 @@ def test_the_verbose_auto_shard_line_is_written_from_tensorflow_2_21():
         tf.__version__)
 
 
+@pytest.mark.slow  # a fresh TensorFlow process
 def test_a_failing_snippet_raises_with_its_stderr():
     with pytest.raises(RuntimeError, match="exit code 3"):
         tflogs.tensorflow_log_lines({"fails": "raise SystemExit(3)"})
