@@ -82,7 +82,8 @@ test-busy: $(STAMP)  ## lessons and solutions under nbval while 2 processes load
 	tests/tools/with_busy_cores.sh $(BIN)/python sh -c \
 		'COURSE_STRICT_CHECKS=1 $(NBVAL) solutions && $(NBVAL) notebooks'
 
-# make html HTML_NOTEBOOKS="notebooks/01_input_pipelines.ipynb" renders only those (index: all).
+# make html HTML_NOTEBOOKS="notebooks/01_input_pipelines.ipynb" renders only those (the index
+# lists every notebook and links the rendered ones).
 HTML_DIR       ?= _build/html
 HTML_NOTEBOOKS ?= $(NOTEBOOKS)
 

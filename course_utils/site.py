@@ -68,17 +68,23 @@ def _items(groups: list[list[str]]) -> str:
         if len(links) > 1 else "") + "</li>" for links in groups)
 
 
-def index_html(root: str | os.PathLike = ".", title: str = "Scaling TensorFlow") -> str:
+def index_html(root: str | os.PathLike = ".", title: str = "Scaling TensorFlow",
+               rendered: str | os.PathLike | None = None) -> str:
     """The index page: one list item per lesson, linking its rendered lesson, exercises and
     solutions (``<folder>/<name>.html``) under the titles read from the notebooks; then the
-    appendices, in a list headed "Appendices"."""
+    appendices, in a list headed "Appendices". With ``rendered`` (the output folder), a page
+    that is not there is listed without a link, marked "not rendered"."""
     root = pathlib.Path(root)
     lessons: dict[str, list[str]] = {}
     for relative in course_order(root):
         number = relative.name.split("_", 1)[0]
         href = relative.with_suffix(".html").as_posix()
         label = html.escape(notebook_title(root / relative))
-        lessons.setdefault(number, []).append(f'<a href="{html.escape(href)}">{label}</a>')
+        if rendered is not None and not (pathlib.Path(rendered) / href).is_file():
+            item = f"{label} <em>(not rendered)</em>"
+        else:
+            item = f'<a href="{html.escape(href)}">{label}</a>'
+        lessons.setdefault(number, []).append(item)
     lesson_groups = [links for key, links in lessons.items() if not _APPENDIX.match(key + "_")]
     appendix_groups = [links for key, links in lessons.items() if _APPENDIX.match(key + "_")]
     appendices = (f"\n<h2>Appendices</h2>\n<ul>\n{_items(appendix_groups)}\n</ul>"
@@ -93,7 +99,7 @@ def write_index(out_dir: str | os.PathLike, root: str | os.PathLike = ".") -> pa
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "index.html"
-    path.write_text(index_html(root), encoding="utf-8")
+    path.write_text(index_html(root, rendered=out), encoding="utf-8")
     return path
 
 
