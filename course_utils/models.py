@@ -74,15 +74,28 @@ def rnn(
     units: int = 32,
     cell: str = "gru",
     name: str = "rnn",
+    embed_dim: int | None = None,
+    recurrent_layers: int = 1,
 ) -> Any:
-    """A recurrent classifier over ``[sequence_length, num_features]`` inputs (GRU or LSTM)."""
+    """A recurrent classifier over ``[sequence_length, num_features]`` inputs (GRU or LSTM).
+
+    With ``embed_dim``, a per-time-step Dense projection ("embed") comes first; with
+    ``recurrent_layers`` > 1, stacked recurrent layers (all but the last return sequences).
+    The defaults build one recurrent layer and the logits.
+    """
     keras = _keras()
     layers = {"gru": keras.layers.GRU, "lstm": keras.layers.LSTM,
               "simple": keras.layers.SimpleRNN}
     if cell not in layers:
         raise ValueError(f"unknown cell {cell!r}; choose one of {', '.join(layers)}")
+    if recurrent_layers < 1:
+        raise ValueError(f"recurrent_layers must be at least 1, got {recurrent_layers}")
     inputs = keras.Input(shape=(sequence_length, num_features), name="sequence")
-    x = layers[cell](units, name=cell)(inputs)
+    x = keras.layers.Dense(embed_dim, name="embed")(inputs) if embed_dim else inputs
+    for index in range(recurrent_layers):
+        last = index == recurrent_layers - 1
+        layer_name = cell if recurrent_layers == 1 else f"{cell}_{index}"
+        x = layers[cell](units, return_sequences=not last, name=layer_name)(x)
     outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
     return keras.Model(inputs, outputs, name=name)
 

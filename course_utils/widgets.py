@@ -4,7 +4,8 @@ Each ``*_widget`` function returns a ``VBox`` of sliders (or a number box) and a
 building it computes the default once and shows it, so a notebook run without a browser (nbval,
 ``make html``) executes the same code a learner's slider does. Turning a knob recomputes the
 pure function behind it (``pipeline_throughput``, ``data_parallel_numbers``,
-``accumulation_numbers``, ``precision_neighbours``) and replaces the Output's content.
+``gpipe_numbers``, ``accumulation_numbers``, ``precision_neighbours``) and replaces the Output's
+content.
 
 Only APIs that ipywidgets 7.7 (Colab) and 8 (the course's JupyterLab) share are used:
 ``IntSlider``, ``FloatLogSlider``, ``FloatText``, ``Checkbox``, ``Output``, ``VBox``/``HBox`` and
@@ -24,6 +25,8 @@ __all__ = [
     "accumulation_widget",
     "data_parallel_numbers",
     "data_parallel_widget",
+    "gpipe_numbers",
+    "gpipe_widget",
     "pipeline_throughput",
     "pipeline_widget",
     "precision_neighbours",
@@ -153,6 +156,59 @@ def data_parallel_widget(examples: int = 60_000, base_learning_rate: float = 1e-
         show_html(out, _table(rows), _text(rows))
 
     return _wire([replicas, batch, lr], output, render)
+
+
+# --- lesson 06: pipeline schedule and bubble -----------------------------------------------
+
+def gpipe_numbers(num_stages: int, num_micro_batches: int) -> dict[str, Any]:
+    """GPipe's schedule as a grid (stage × slot: "F3", "B0" or "") with its bubble, both ways.
+
+    ``bubble`` is the formula (K−1)/(M+K−1); ``counted_bubble`` the empty cells over all cells of
+    ``cu.parallel.gpipe_schedule``; ``activations_in_flight`` the micro-batches whose activations
+    stage 0 keeps at the turn from forward to backward (all ``M`` in GPipe).
+    """
+    from course_utils.parallel.pipeline import bubble_fraction, gpipe_schedule, schedule_bubble
+
+    tasks = gpipe_schedule(num_stages, num_micro_batches)
+    slots = max(task.slot for task in tasks) + 1
+    grid = [[""] * slots for _ in range(num_stages)]
+    for task in tasks:
+        grid[task.stage][task.slot] = f"{task.phase}{task.micro_batch}"
+    return {"slots": slots, "grid": grid, "busy_cells": len(tasks),
+            "bubble": bubble_fraction(num_stages, num_micro_batches),
+            "counted_bubble": schedule_bubble(tasks, num_stages),
+            "activations_in_flight": num_micro_batches}
+
+
+def gpipe_widget(num_stages: int = 4, num_micro_batches: int = 4) -> Any:
+    """Stages K and micro-batches M → the GPipe schedule (who works when) and its bubble."""
+    import ipywidgets
+
+    stages = ipywidgets.IntSlider(value=num_stages, min=1, max=8, description="stages K")
+    micro = ipywidgets.IntSlider(value=num_micro_batches, min=1, max=16,
+                                 description="micro-batches M")
+    output = ipywidgets.Output()
+    colours = {"F": "#4c72b0", "B": "#dd8452", "": "#dddddd"}
+
+    def render(out: Any) -> None:
+        k, m = stages.value, micro.value
+        n = gpipe_numbers(k, m)
+        rows = "".join(
+            f"<tr><td style='padding-right:0.5em'>stage {s}</td>" + "".join(
+                f"<td style='background:{colours[cell[:1]]};color:white;font-size:9px;"
+                f"text-align:center;width:22px;height:16px'>{cell}</td>" for cell in row)
+            + "</tr>" for s, row in enumerate(n["grid"]))
+        summary = [("slots", f"{n['slots']} = 2 × (M + K − 1)"),
+                   ("bubble (K−1)/(M+K−1)", f"{n['bubble']:.3f} = {k - 1}/{m + k - 1}"),
+                   ("idle cells counted", f"{n['counted_bubble']:.3f}"),
+                   ("micro-batches' activations kept (GPipe)", f"{n['activations_in_flight']}")]
+        text = "\n".join(f"stage {s}: " + " ".join(cell or "." for cell in row)
+                         for s, row in enumerate(n["grid"]))
+        note = "<i>F: forward, B: backward of micro-batch n; grey: the stage idles</i>"
+        show_html(out, f"<table style='border-spacing:1px'>{rows}</table>{note}"
+                  + _table(summary), text + "\n" + _text(summary))
+
+    return _wire([stages, micro], output, render)
 
 
 # --- lesson 07: gradient accumulation ------------------------------------------------------

@@ -88,6 +88,15 @@ def test_bubble_from_events_reference_passes_and_busy_fraction_fails():
         cu.grading.check_bubble_from_events(lambda e, k: 1 - bubble_from_events(e, k))
 
 
+def test_bubble_from_events_below_the_formula_on_the_real_run_fails():
+    def right_on_simulated_only(events, num_stages):  # simulated schedules start at 0.0
+        simulated = min(e.start for e in events) == 0.0
+        return bubble_from_events(events, num_stages) if simulated else 0.1
+
+    with pytest.raises(AssertionError, match="cannot be below the formula"):
+        cu.grading.check_bubble_from_events(right_on_simulated_only)
+
+
 def test_shard_dense_rows_reference_passes_columns_fail():
     assert cu.grading.check_shard_dense_rows(shard_dense_rows) is True
     with pytest.raises(AssertionError, match="rows split"):

@@ -99,6 +99,42 @@ def test_split_step_places_both_passes_and_matches_the_whole_model(tf_devices):
         cu.parallel.split_sequential(model, [1], devices[:3])
 
 
+def test_model_parallel_devices_prefers_gpus_and_falls_back_to_logical_cpus(tf_devices):
+    tf, devices = tf_devices
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    expected = gpus[:2] if len(gpus) >= 2 else devices[:2]
+    assert cu.parallel.model_parallel_devices(2) == expected
+    assert cu.parallel.model_parallel_devices(4) == (gpus[:4] if len(gpus) >= 4 else devices)
+    with pytest.raises(ValueError, match="logical_devices"):
+        cu.parallel.model_parallel_devices(len(devices) + len(gpus) + 1)
+    with pytest.raises(ValueError):
+        cu.parallel.model_parallel_devices(0)
+
+
+def test_rnn_split_after_its_first_recurrent_layer_runs_on_two_devices(tf_devices):
+    tf, _ = tf_devices
+    import keras
+
+    devices = cu.parallel.model_parallel_devices(2)
+    model = cu.models.rnn(6, 3, 2, units=8, embed_dim=5, recurrent_layers=2)
+    assert [layer.name for layer in model.layers] == ["sequence", "embed", "gru_0", "gru_1",
+                                                      "logits"]
+    stages = cu.parallel.split_sequential(model, [2], devices)
+    assert [[layer.name for layer in s.layers] for s in stages] == [["embed", "gru_0"],
+                                                                   ["gru_1", "logits"]]
+    short = [cu.parallel.short_device(d) for d in devices]
+    assert [set(cu.parallel.variable_devices(s)) for s in stages] == [{short[0]}, {short[1]}]
+    x, y = cu.data.sequence_task(16, 6, 3)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    result = cu.parallel.split_step(stages, devices, x, y, loss_fn)
+    assert result["placement"] == {"forward": short, "backward": short}
+    with tf.device(devices[0]), tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x))
+    grads = tape.gradient(loss, model.trainable_variables)
+    assert abs(float(result["loss"]) - float(loss)) < 1e-6
+    assert cu.bench.largest_difference(grads, result["grads"]) < 1e-5
+
+
 def test_run_gpipe_matches_the_whole_batch(tf_devices):
     tf, devices = tf_devices
     import keras
@@ -144,6 +180,12 @@ def test_draw_model_split_and_sharded_dense_return_axes():
 
     matplotlib.use("Agg")
     assert "two devices" in cu.plots.draw_model_split(4, 2).get_title()
+    ax = cu.plots.draw_model_split(3, 1, layer_names=["embed", "gru", "logits"],
+                                   device_names=["GPU:0", "GPU:1"])
+    texts = [t.get_text() for t in ax.texts]
+    assert "gru" in texts and any(t.startswith("GPU:1") for t in texts)
+    with pytest.raises(ValueError):
+        cu.plots.draw_model_split(3, 1, layer_names=["a", "b"])
     for by in ("columns", "rows"):
         assert by in cu.plots.draw_sharded_dense(by).get_title()
     with pytest.raises(ValueError):

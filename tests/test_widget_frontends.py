@@ -89,6 +89,30 @@ def test_data_parallel_widget_shows_the_new_product():
     assert "linear scaling: 8.00e-02" in _shown(box)
 
 
+def test_gpipe_numbers_match_the_schedule_and_the_formula():
+    n = widgets.gpipe_numbers(4, 4)
+    assert n["slots"] == 14 and n["busy_cells"] == 32
+    assert n["bubble"] == pytest.approx(3 / 7) and n["counted_bubble"] == pytest.approx(3 / 7)
+    assert n["grid"][0][:4] == ["F0", "F1", "F2", "F3"] and n["grid"][3][:3] == ["", "", ""]
+    assert n["grid"][3][3:8] == ["F0", "F1", "F2", "F3", "B0"]  # backward right after its forwards
+    assert widgets.gpipe_numbers(1, 3)["bubble"] == 0.0
+    with pytest.raises(ValueError):
+        widgets.gpipe_numbers(0, 2)
+
+
+def test_gpipe_widget_follows_its_knobs():
+    box = widgets.gpipe_widget()
+    controls = _controls(box)
+    first = _shown(box)
+    assert "stage 3: . . . F0" in first and "bubble (K−1)/(M+K−1): 0.429 = 3/7" in first
+    controls["micro-batches M"].value = 8
+    shown = _shown(box)
+    assert "bubble (K−1)/(M+K−1): 0.273 = 3/11" in shown and "slots: 22" in shown
+    controls["stages K"].value = 1
+    shown = _shown(box)
+    assert "bubble (K−1)/(M+K−1): 0.000 = 0/8" in shown and "stage 1:" not in shown
+
+
 def test_accumulation_numbers():
     n = widgets.accumulation_numbers(32, 4, activation_bytes_per_example=1000, examples=1000)
     assert n == {"effective_batch": 128, "activation_bytes": 32_000,

@@ -29,6 +29,7 @@ from course_utils.parallel.pipeline import (
 )
 from course_utils.parallel.placement import (
     memory_per_stage,
+    model_parallel_devices,
     short_device,
     split_sequential,
     split_step,
@@ -37,7 +38,8 @@ from course_utils.parallel.placement import (
 
 __all__ = [
     "Event", "PipelineRun", "Task", "bubble_fraction", "dense_layouts", "gpipe_schedule",
-    "make_mesh", "measured_bubble", "memory_per_stage", "mesh", "pipeline", "placement",
+    "make_mesh", "measured_bubble", "memory_per_stage", "mesh", "model_parallel_devices",
+    "pipeline", "placement",
     "run_gpipe", "schedule_bubble", "shard", "shard_shapes", "sharded_dense", "sharding_of",
     "short_device",
     "split_sequential", "split_step", "unshard", "variable_devices",

@@ -12,13 +12,30 @@ from typing import Any
 
 from course_utils.memory import activation_bytes_per_example, variable_bytes
 
-__all__ = ["memory_per_stage", "short_device", "split_sequential", "split_step",
-           "variable_devices"]
+__all__ = ["memory_per_stage", "model_parallel_devices", "short_device", "split_sequential",
+           "split_step", "variable_devices"]
 
 
 def short_device(name: str) -> str:
     """``'/job:localhost/replica:0/task:0/device:CPU:1'`` -> ``'CPU:1'``."""
     return name.rsplit("device:", 1)[-1] if "device:" in name else name
+
+
+def model_parallel_devices(count: int = 2) -> list[str]:
+    """``count`` devices to split a model across: GPUs when there are that many, else logical CPUs.
+
+    Raises ValueError, saying how to create logical devices, when neither kind has ``count``.
+    """
+    import tensorflow as tf
+
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    for kind in ("GPU", "CPU"):
+        devices = [d.name for d in tf.config.list_logical_devices(kind)]
+        if len(devices) >= count:
+            return devices[:count]
+    raise ValueError(f"{count} devices needed but only {len(devices)} logical CPU(s) exist: run "
+                     f"cu.setup(logical_devices={count}) first, in a fresh kernel")
 
 
 def variable_devices(model: Any) -> list[str]:

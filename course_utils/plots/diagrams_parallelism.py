@@ -3,6 +3,7 @@ layer, gradient accumulation."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from course_utils.plots.style import PALETTE, axes_for
@@ -15,22 +16,27 @@ __all__ = [
 ]
 
 
-def draw_model_split(num_layers: int = 4, cut: int = 2, ax: Any = None) -> Any:
+def draw_model_split(num_layers: int = 4, cut: int = 2, ax: Any = None,
+                     layer_names: Sequence[str] | None = None,
+                     device_names: Sequence[str] = ("CPU:0", "CPU:1")) -> Any:
     """Diagram: a chain of layers cut in two, each part on its device, activations crossing over."""
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
     if not 0 < cut < num_layers:
         raise ValueError(f"cut must be between 1 and num_layers - 1, got {cut}")
+    names = list(layer_names) if layer_names else [f"layer {i}" for i in range(num_layers)]
+    if len(names) != num_layers or len(device_names) != 2:
+        raise ValueError("give one name per layer and two device names")
     ax = axes_for(ax, (1.6 + 1.3 * num_layers, 2.4))
     for part, (first, last) in enumerate([(0, cut), (cut, num_layers)]):
         ax.add_patch(Rectangle((first * 1.3 - 0.1, -0.1), (last - first) * 1.3 - 0.1, 1.2,
                                facecolor=PALETTE[5 if part else 2], alpha=0.25, edgecolor="grey"))
-        ax.text((first + last) * 0.65 - 0.15, 1.2, f"CPU:{part}: its layers' weights,\n"
+        ax.text((first + last) * 0.65 - 0.15, 1.2, f"{device_names[part]}: its layers' weights,\n"
                 "gradients and optimizer slots", ha="center", fontsize=8)
     for index in range(num_layers):
         ax.add_patch(Rectangle((index * 1.3 + 0.1, 0.3), 0.9, 0.5, facecolor=PALETTE[0],
                                edgecolor="black", linewidth=0.8))
-        ax.text(index * 1.3 + 0.55, 0.55, f"layer {index}", ha="center", va="center",
+        ax.text(index * 1.3 + 0.55, 0.55, names[index], ha="center", va="center",
                 fontsize=8, color="white")
         if index < num_layers - 1:
             crossing = index == cut - 1
