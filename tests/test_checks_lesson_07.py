@@ -76,6 +76,13 @@ def test_accumulation_stub_is_not_attempted(capsys):
         cu.grading.check_train_with_accumulation(stub)
 
 
+def test_a_stub_trains_no_reference(monkeypatch):
+    built = []
+    monkeypatch.setattr(checks_07, "_references", lambda problem: built.append(problem) or {})
+    assert cu.grading.check_train_with_accumulation(stub) is False
+    assert built == []  # the references are trained only once a loop has run
+
+
 # --- largest_batch_that_fits -----------------------------------------------------------------
 
 
