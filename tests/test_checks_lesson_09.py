@@ -111,7 +111,7 @@ def test_a_low_first_baseline_is_profiled_again(monkeypatch):
 
     monkeypatch.setattr(lesson_09, "slow_pipeline", fast_first)
     assert cu.grading.check_remove_input_bottleneck(remove_input_bottleneck) is True
-    assert len(calls) == 2
+    assert 2 <= len(calls) <= lesson_09.BASELINE_ATTEMPTS  # the fast one, then the real ones
 
 
 def test_slow_baseline_gives_up_after_its_attempts_with_every_share():
