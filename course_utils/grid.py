@@ -26,6 +26,7 @@ __all__ = [
     "ACCELERATOR_NOTES",
     "GridResult",
     "axis_effects",
+    "axis_verdicts",
     "combinations",
     "plot_grid",
     "result_rows",
@@ -168,6 +169,21 @@ def axis_effects(results: Sequence[GridResult], axis: str) -> dict[Any, list[flo
     return effects
 
 
+def axis_verdicts(results: Sequence[GridResult], axis: str) -> dict[Any, str]:
+    """For each value of ``axis`` after the first, compared with the first like with like:
+    "faster" or "slower" when every ratio of ``axis_effects`` lies beyond twice the typical
+    deviation of a run from its median, "within the noise" when every one lies within it,
+    else "it depends on the other options"."""
+    noise = _noise(results)
+    verdicts = {}
+    for value, ratios in axis_effects(results, axis).items():
+        verdicts[value] = ("within the noise" if all(abs(r - 1) <= 2 * noise for r in ratios)
+                           else "faster" if min(ratios) > 1 + 2 * noise
+                           else "slower" if max(ratios) < 1 - 2 * noise
+                           else "it depends on the other options")
+    return verdicts
+
+
 def _noise(results: Sequence[GridResult]) -> float:
     """How far a run typically strays from its median, relative to it (the median over the
     results of each one's median absolute deviation divided by its median)."""
@@ -181,8 +197,7 @@ def write_report(results: Sequence[GridResult], machine: str = "this machine",
     """A short report written from the numbers: fastest, slowest, each option's effect, the
     cost of the first call, and what would change on accelerators.
 
-    An effect is "faster" or "slower" when every ratio lies beyond twice the typical deviation
-    of a run from its median, "within the noise" when every one lies within it.
+    Each option's verdict is ``axis_verdicts``'s.
     """
     if not results:
         raise ValueError("no results to report")
@@ -198,12 +213,10 @@ def write_report(results: Sequence[GridResult], machine: str = "this machine",
                      " slower.")
     for axis in results[0].options:
         reference = results[0].options[axis]
+        verdicts = axis_verdicts(results, axis)
         for value, ratios in axis_effects(results, axis).items():
             low, high, middle = min(ratios), max(ratios), statistics.median(ratios)
-            verdict = ("within the noise" if all(abs(r - 1) <= 2 * noise for r in ratios)
-                       else "faster" if low > 1 + 2 * noise
-                       else "slower" if high < 1 - 2 * noise
-                       else "it depends on the other options")
+            verdict = verdicts[value]
             lines.append(f"{axis} {value} vs {reference}: ×{middle:.2f} examples/s "
                          f"(×{low:.2f} to ×{high:.2f} over the other options): {verdict}.")
     firsts = [r.first_call_s / r.median_s for r in results]

@@ -156,6 +156,10 @@ class UtilizationMonitor:
         """How many CPU cores the samples cover."""
         return len(self.samples[0].cpu_percent) if self.samples else 0
 
+    def samples_between(self, start: float, end: float) -> list[Sample]:
+        """The samples taken from ``start`` to ``end`` (seconds, the clock of ``elapsed()``)."""
+        return [sample for sample in self.samples if start <= sample.time <= end]
+
     def mean_cpu_percent(self) -> list[float]:
         """Mean utilization of each core over the samples (0-100)."""
         return _column_means([s.cpu_percent for s in self.samples])

@@ -20,6 +20,8 @@ __all__ = [
     "available_memory_bytes",
     "choose_accumulation",
     "choose_precision",
+    "choose_strategy",
+    "sixteen_bit_candidate",
     "step_memory_bytes",
 ]
 
@@ -46,6 +48,59 @@ class Decision:
 
     def __str__(self) -> str:
         return f"{self.choice} – {self.reason}"
+
+
+def choose_strategy(tpu: bool = False, num_gpus: int = 0, num_cpu_devices: int = 1) -> Decision:
+    """The strategy ``cu.make_strategy("auto")`` picks here, by name, and why.
+
+    ``num_cpu_devices`` counts the logical CPU devices (``cu.setup(logical_devices=...)``); they
+    are replicas only when there is no GPU, as in ``cu.strategies.replica_devices``.
+    """
+    if num_gpus < 0 or num_cpu_devices < 0:
+        raise ValueError(f"device counts cannot be negative: {num_gpus} GPU(s), "
+                         f"{num_cpu_devices} CPU device(s)")
+    if tpu:
+        return Decision("tpu", "a TPU is attached: one replica per TPU core")
+    if num_gpus > 1:
+        return Decision("mirrored", f"no TPU; {num_gpus} GPUs: one replica on each, mirrored")
+    if num_gpus == 1:
+        return Decision("default", "no TPU; one GPU: nothing to mirror over, the default "
+                        "strategy runs on it")
+    if num_cpu_devices > 1:
+        return Decision("mirrored", f"no TPU, no GPU; {num_cpu_devices} logical CPU devices: "
+                        "mirrored over them (they share the same cores)")
+    return Decision("default", "no TPU, no GPU, one CPU device: nothing to mirror over")
+
+
+def sixteen_bit_candidate(
+    gpu_compute_capabilities: Sequence[tuple[int, int]] = (),
+    tpu: bool = False,
+    cpu_features: Mapping[str, bool] | None = None,
+) -> Decision:
+    """The mixed-precision policy worth measuring against float32 on this hardware, and why.
+
+    A TPU, and a CPU with bfloat16 instructions (``avx512_bf16``, ``amx_bf16``), compute in
+    bfloat16; GPUs and CPUs with float16 units (tensor cores, ``avx512_fp16``, ``amx_fp16``) in
+    float16. Elsewhere bfloat16: it needs no loss scaling, and a CPU converts it cheaply.
+    """
+    features = {flag for flag, present in (cpu_features or {}).items() if present}
+    if tpu:
+        return Decision("mixed_bfloat16", "a TPU's matrix units multiply bfloat16")
+    if gpu_compute_capabilities:
+        slowest = min(gpu_compute_capabilities)
+        cores = "tensor cores" if slowest >= TENSOR_CORES_FROM else "no tensor cores"
+        return Decision("mixed_float16", f"GPUs of compute capability "
+                        f"{slowest[0]}.{slowest[1]} ({cores}) compute in float16")
+    bf16 = sorted(features & {"avx512_bf16", "amx_bf16"})
+    if bf16:
+        return Decision("mixed_bfloat16", f"this CPU has {', '.join(bf16)}: bfloat16 has a fast "
+                        "path here")
+    fp16 = sorted(features & {"avx512_fp16", "amx_fp16"})
+    if fp16:
+        return Decision("mixed_float16", f"this CPU has {', '.join(fp16)}: float16 has a fast "
+                        "path here")
+    return Decision("mixed_bfloat16", "this CPU has no 16-bit arithmetic: bfloat16, the cheaper "
+                    "format to convert and free of loss scaling, shows what the casts cost")
 
 
 def choose_precision(

@@ -95,3 +95,35 @@ def test_stubs_are_not_attempted_and_fail_in_strict_mode(assert_not_attempted):
 
     assert_not_attempted(cu.grading.check_find_bottleneck, find_bottleneck)
     assert_not_attempted(cu.grading.check_remove_input_bottleneck, remove_input_bottleneck)
+
+
+def test_a_low_first_baseline_is_profiled_again(monkeypatch):
+    """A busy moment that hides the slow pipeline's wait in one profile does not fail a good
+    submission: the check profiles its baseline again."""
+    calls = []
+    real = lesson_09.slow_pipeline
+
+    def fast_first(records, read, augment, batch_size):  # the first baseline waits for nothing
+        calls.append(1)
+        if len(calls) == 1:
+            return remove_input_bottleneck(records, read, augment, batch_size)
+        return real(records, read, augment, batch_size)
+
+    monkeypatch.setattr(lesson_09, "slow_pipeline", fast_first)
+    assert cu.grading.check_remove_input_bottleneck(remove_input_bottleneck) is True
+    assert 2 <= len(calls) <= lesson_09.BASELINE_ATTEMPTS  # the fast one, then the real ones
+
+
+def test_slow_baseline_gives_up_after_its_attempts_with_every_share():
+    class Breakdown:
+        def __init__(self, share):
+            self.share = share
+
+        def shares(self):
+            return {"input": self.share}
+
+    profiles = iter([Breakdown(0.3), Breakdown(0.7)])
+    assert lesson_09.slow_baseline(lambda: next(profiles)).share == 0.7
+    low = iter([Breakdown(0.1), Breakdown(0.2), Breakdown(0.3)])
+    with pytest.raises(RuntimeError, match="10%, 20%, 30% for input in 3 profiles"):
+        lesson_09.slow_baseline(lambda: next(low))

@@ -153,3 +153,15 @@ def test_the_report_says_it_depends_when_the_ratios_straddle_one():
                _result("mirrored", 64, 8.0, spread=0.2), _result("mirrored", 128, 12.0, spread=0.2)]
     assert ("strategy mirrored vs default: ×1.04 examples/s (×0.83 to ×1.25 over the other "
             "options): it depends on the other options." in grid.write_report(results))
+
+
+def test_axis_verdicts_name_each_values_effect_from_the_noise():
+    slower = [_result("default", 64, 10.0, spread=0.5), _result("default", 128, 16.0, spread=0.5),
+              _result("mirrored", 64, 20.0, spread=0.5), _result("mirrored", 128, 40.0, spread=0.5)]
+    assert grid.axis_verdicts(slower, "strategy") == {"mirrored": "slower"}
+    assert grid.axis_verdicts(slower, "batch") == {128: "it depends on the other options"}
+    noisy = [_result("default", 64, 10.0, spread=3.0), _result("mirrored", 64, 10.2, spread=3.0)]
+    assert grid.axis_verdicts(noisy, "strategy") == {"mirrored": "within the noise"}
+    faster = [_result("default", 64, 20.0, spread=0.2), _result("mirrored", 64, 10.0, spread=0.2)]
+    assert grid.axis_verdicts(faster, "strategy") == {"mirrored": "faster"}
+    assert grid.axis_verdicts([_result("default", 64, 10.0)], "strategy") == {}

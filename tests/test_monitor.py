@@ -139,3 +139,10 @@ def test_elapsed_runs_on_the_samples_clock():
         mark = watch.elapsed()
     assert 0.15 < mark < 5.0
     assert watch.samples[0].time <= mark + 0.1
+
+
+def test_samples_between_keeps_the_samples_of_one_phase():
+    watch = monitor.UtilizationMonitor(nvidia_smi=None)
+    watch.samples = [monitor.Sample(t, (1.0,)) for t in (0.1, 0.5, 0.9, 1.3)]
+    assert [s.time for s in watch.samples_between(0.5, 0.9)] == [0.5, 0.9]
+    assert watch.samples_between(2.0, 3.0) == []

@@ -89,3 +89,32 @@ def test_gpu_memory_is_read_from_nvidia_smi(monkeypatch):
     monkeypatch.setattr(planning.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(planning.subprocess, "run", lambda *args, **kwargs: Result())
     assert planning.available_memory_bytes("GPU") == 4096 * MIB
+
+
+@pytest.mark.parametrize("tpu, gpus, cpus, choice, words", [
+    (True, 8, 2, "tpu", "TPU is attached"),
+    (False, 4, 2, "mirrored", "4 GPUs"),
+    (False, 1, 2, "default", "one GPU"),  # logical CPUs are not replicas beside a GPU
+    (False, 0, 2, "mirrored", "2 logical CPU devices"),
+    (False, 0, 1, "default", "one CPU device"),
+])
+def test_the_strategy_follows_the_devices_and_says_why(tpu, gpus, cpus, choice, words):
+    decision = planning.choose_strategy(tpu=tpu, num_gpus=gpus, num_cpu_devices=cpus)
+    assert decision.choice == choice and words in decision.reason
+    with pytest.raises(ValueError, match="negative"):
+        planning.choose_strategy(num_gpus=-1)
+
+
+@pytest.mark.parametrize("kwargs, choice, words", [
+    ({"tpu": True}, "mixed_bfloat16", "TPU"),
+    ({"gpu_compute_capabilities": [(8, 0)]}, "mixed_float16", "8.0 (tensor cores)"),
+    ({"gpu_compute_capabilities": [(6, 1)]}, "mixed_float16", "no tensor cores"),
+    ({"cpu_features": {"avx512_bf16": True, "avx512_fp16": True}}, "mixed_bfloat16",
+     "avx512_bf16"),
+    ({"cpu_features": {"avx512_bf16": False, "amx_fp16": True}}, "mixed_float16", "amx_fp16"),
+    ({"cpu_features": {"avx512_bf16": False}}, "mixed_bfloat16", "no 16-bit arithmetic"),
+    ({}, "mixed_bfloat16", "no 16-bit arithmetic"),
+])
+def test_the_sixteen_bit_candidate_is_the_format_the_hardware_computes_in(kwargs, choice, words):
+    decision = planning.sixteen_bit_candidate(**kwargs)
+    assert decision.choice == choice and words in decision.reason

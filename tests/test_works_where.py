@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from course_utils import works_where as ww
-from course_utils.works_where import cells, checks, cli, jobs, runner, table, worker
+from course_utils.works_where import cells, checks, cli, jobs, ps_process, runner, table, worker
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ALL_CELLS = {(row, column) for row in ww.APIS for column in ww.STRATEGIES}
@@ -143,6 +143,20 @@ def test_worker_script_needs_tf_config(monkeypatch, tmp_path):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(ValueError, match="TF_CONFIG"):
         worker.main(["--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_the_parameter_server_column_runs_in_a_process_that_leaves_nothing_behind(tmp_path):
+    from course_utils.cluster import leftovers
+
+    process = ww.start_parameter_server(tmp_path)
+    column, note, ports = ww.collect_parameter_server(process, tmp_path)
+    assert set(column) == set(ww.APIS) and len(ports) == 3  # 2 workers and 1 parameter server
+    assert {row for row, cell in column.items() if cell.status == "works"} == {
+        "custom_loop", "trainer", "tf_keras_fit", "loss_scale_optimizer"}
+    assert "in-process cluster" in note and (tmp_path / ps_process.REPORT_NAME).is_file()
+    assert leftovers(process.pids, ports) == {"processes": [], "ports": []}
+    assert "parameter_server" not in ww.LOCAL_COLUMNS  # it would bind this process for good
 
 
 # ------------------------------------------------------------------ the table

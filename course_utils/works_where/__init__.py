@@ -9,7 +9,8 @@ One job per module:
 * ``checks`` -- "works" only when a correctness check passes;
 * ``runner`` -- a column's cells, errors caught and reported;
 * ``worker`` -- the script each multi-worker process runs;
-* ``matrix`` -- the whole table (local columns here, multi-worker in subprocesses);
+* ``ps_process`` -- the script of the parameter-server column's process;
+* ``matrix`` -- the whole table (local columns here, the clusters in subprocesses);
 * ``table`` -- the Markdown file and README section, read back to compare runs;
 * ``cli`` -- ``python -m course_utils works-where [--write | --check]``.
 
@@ -24,9 +25,11 @@ from course_utils.works_where.cli import TABLE_PATH, committed_table_path, table
 from course_utils.works_where.matrix import (
     LOCAL_COLUMNS,
     collect_multi_worker,
+    collect_parameter_server,
     local_strategy,
     run_matrix,
     start_multi_worker,
+    start_parameter_server,
     versions,
 )
 from course_utils.works_where.runner import run_cell, run_column
@@ -49,6 +52,7 @@ __all__ = [
     "Task",
     "check_same_as_reference",
     "collect_multi_worker",
+    "collect_parameter_server",
     "committed_table_path",
     "first_line",
     "largest_difference",
@@ -58,6 +62,7 @@ __all__ = [
     "run_column",
     "run_matrix",
     "start_multi_worker",
+    "start_parameter_server",
     "status_differences",
     "statuses_from_markdown",
     "table_document",

@@ -67,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     document = table_document(to_markdown(run_matrix()))
-    _silence_exit_noise()
     if args.check:
         committed = (root / TABLE_PATH).read_text(encoding="utf-8")
         differences = status_differences(statuses_from_markdown(committed),
@@ -86,12 +85,3 @@ def main(argv: list[str] | None = None) -> int:
     print(document)
     return 0
 
-
-def _silence_exit_noise() -> None:
-    """Send native stderr to /dev/null: at exit TensorFlow's in-process parameter-server
-    cluster (which it cannot stop) logs one gRPC error per function it fails to remove."""
-    import os
-    import sys
-
-    sys.stderr.flush()
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)

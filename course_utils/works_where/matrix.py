@@ -1,9 +1,12 @@
-"""Run the whole table: the local strategies in this process, multi-worker in 2 subprocesses.
+"""Run the whole table: the local strategies in this process, multi-worker in 2 subprocesses,
+parameter servers in one more.
 
 The process needs 2 logical CPU devices (``cu.setup(logical_devices=2)`` before TensorFlow
-starts). The multi-worker cluster is started first and works while this process runs the other
+starts). The multi-worker cluster is started first and works while this process runs the local
 columns; :func:`collect_multi_worker` waits for it, reads its reports and checks that it left
-no process and no port behind.
+no process and no port behind. The parameter-server column's in-process cluster cannot be
+stopped, so it lives in a child process (``ps_process.py``) that takes it along when it exits;
+:func:`collect_parameter_server` checks the same.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from course_utils.works_where.table import Matrix
 from course_utils.works_where.task import Task, make_task
 
 __all__ = ["LOCAL_COLUMNS", "versions", "local_strategy", "start_multi_worker",
-           "collect_multi_worker", "run_matrix"]
+           "collect_multi_worker", "start_parameter_server", "collect_parameter_server",
+           "run_matrix"]
 
-#: The columns this process runs itself (multi-worker runs in subprocesses). Parameter servers
-#: come last: their strategy connects this process to the cluster, and no MirroredStrategy can
-#: be created after that ("In-graph multi-worker training ... not supported in eager mode").
-LOCAL_COLUMNS = ("default", "one_device", "mirrored", "tpu", "parameter_server")
+#: The columns this process runs itself. Multi-worker and parameter servers run in child
+#: processes: a ParameterServerStrategy connects its process to the cluster for good (no
+#: MirroredStrategy can be created after it, and its servers cannot be stopped).
+LOCAL_COLUMNS = ("default", "one_device", "mirrored", "tpu")
 
 
 def versions() -> dict[str, str]:
@@ -95,13 +99,45 @@ def collect_multi_worker(cluster: Any, out_dir: str | Path) -> dict[str, Cell]:
     return {row: Cell(**cell) for row, cell in reports[0].items()}
 
 
+def start_parameter_server(out_dir: str | Path, timeout: float = 150.0) -> Any:
+    """Start the child process that runs every API under ParameterServerStrategy (on an
+    in-process cluster of its own: 2 workers, 1 parameter server)."""
+    from course_utils.cluster import LocalCluster
+    from course_utils.works_where import ps_process
+
+    return LocalCluster(ps_process.__file__, num_workers=1, args=["--out", str(out_dir)],
+                        timeout=timeout, stream=False)
+
+
+def collect_parameter_server(process: Any, out_dir: str | Path
+                             ) -> tuple[dict[str, Cell], str, list[int]]:
+    """Wait for the child, check that it left no process and no port of its cluster behind;
+    return ``(cells, note, ports)``, ``ports`` those of its servers.
+
+    Raises RuntimeError when something is left behind.
+    """
+    from course_utils.cluster import leftovers
+    from course_utils.works_where.ps_process import REPORT_NAME
+
+    with process:
+        process.wait()
+    report = json.loads((Path(out_dir) / REPORT_NAME).read_text())
+    left = leftovers(process.pids, report["ports"])
+    if left != {"processes": [], "ports": []}:
+        raise RuntimeError(f"the parameter-server process left {left} behind")
+    cells = {row: Cell(**cell) for row, cell in report["cells"].items()}
+    return cells, report["note"], [int(port) for port in report["ports"]]
+
+
 def run_matrix(task: Task | None = None) -> Matrix:
-    """Every API under every strategy, each cell a real job with its check (about a minute)."""
+    """Every API under every strategy, each cell a real job with its check (about a minute);
+    the parameter-server column runs with the default task (its child makes its own)."""
     task = task or make_task()
     cells: dict[str, dict[str, Cell]] = {row: {} for row in APIS}
     notes: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as out_dir:
         cluster = start_multi_worker(out_dir)
+        servers = None
         try:
             for column in LOCAL_COLUMNS:
                 strategy, replicas, note = local_strategy(column)
@@ -109,10 +145,16 @@ def run_matrix(task: Task | None = None) -> Matrix:
                     notes[column] = note
                 for row, cell in run_column(column, strategy, task, replicas).items():
                     cells[row][column] = cell
+            servers = start_parameter_server(out_dir)
             for row, cell in collect_multi_worker(cluster, out_dir).items():
                 cells[row]["multi_worker"] = cell
+            ps_cells, notes["parameter_server"], _ = collect_parameter_server(servers, out_dir)
+            for row, cell in ps_cells.items():
+                cells[row]["parameter_server"] = cell
         finally:
             cluster.cleanup()
+            if servers is not None:
+                servers.cleanup()
     notes["multi_worker"] = "2 worker processes on localhost (`cu.cluster.LocalCluster`)"
     ordered = {row: {column: cells[row][column] for column in STRATEGIES} for row in APIS}
     return Matrix(ordered, versions(), {c: notes[c] for c in STRATEGIES if c in notes})

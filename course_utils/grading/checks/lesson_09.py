@@ -12,7 +12,8 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
   time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share, not a time, so
-  a busy machine does not change the verdict.
+  a busy machine does not change the verdict. The slow pipeline is profiled up to
+  ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
 __all__ = [
+    "BASELINE_ATTEMPTS",
     "FAST_INPUT_SHARE",
     "READ_SECONDS",
     "SLOW_INPUT_SHARE",
     "check_remove_input_bottleneck",
     "check_find_bottleneck",
+    "slow_baseline",
     "slow_pipeline",
 ]
 
@@ -43,6 +46,9 @@ READ_SECONDS = 0.006
 FAST_INPUT_SHARE = 0.4
 #: Input share the slow pipeline shows (the check's own sanity test of its baseline).
 SLOW_INPUT_SHARE = 0.6
+#: Profiles of the slow pipeline the check takes before it gives up on its own baseline: on a
+#: busy machine one profile can catch the step slowed by other programs, not by its input.
+BASELINE_ATTEMPTS = 3
 _FEATURES = 32  # the check's examples: 32 features, and the example's index as its label
 _WIDEN = 64  # the heavy step's layers are 64 times wider than the examples
 _BOTTLENECKS = ("input", "compute", "communication")
@@ -52,6 +58,21 @@ def slow_pipeline(records: Any, read: Callable[..., Any], augment: Callable[...,
                   batch_size: int) -> Any:
     """The exercise's input-bound pipeline: read every example every epoch, augment, batch."""
     return records.map(read).map(augment).batch(batch_size)
+
+
+def slow_baseline(profile: Callable[[], Any], attempts: int = BASELINE_ATTEMPTS) -> Any:
+    """The first of up to ``attempts`` profiles (``profile()``, a step breakdown) whose input
+    share reaches ``SLOW_INPUT_SHARE``; RuntimeError with every share when none does."""
+    shares = []
+    for _ in range(attempts):
+        breakdown = profile()
+        shares.append(breakdown.shares()["input"])
+        if shares[-1] >= SLOW_INPUT_SHARE:
+            return breakdown
+    raise RuntimeError(f"the check's slow pipeline waited only "
+                       f"{', '.join(f'{share:.0%}' for share in shares)} for input in "
+                       f"{attempts} profiles (it should wait over {SLOW_INPUT_SHARE:.0%}): "
+                       "this machine is too busy to grade this now; run the cell again")
 
 
 # --- a profiled distributed run ----------------------------------------------------------------
@@ -287,11 +308,9 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
             return problem
         reads = len(calls)
         fast = profile(dataset)
-        slow = profile(slow_pipeline(records, read, augment, batch_size))
+        slow = slow_baseline(lambda: profile(slow_pipeline(records, read, augment,
+                                                           batch_size)))
         shares = fast.shares()["input"], slow.shares()["input"]
-        if shares[1] < SLOW_INPUT_SHARE:
-            raise RuntimeError(f"the check's slow pipeline waited only {shares[1]:.0%} for "
-                               "input here; run the cell again")
         if shares[0] >= FAST_INPUT_SHARE:
             return (f"the step still waits for input {shares[0]:.0%} of its time (the slow "
                     f"pipeline {shares[1]:.0%}; under {FAST_INPUT_SHARE:.0%} passes); read ran "
