@@ -121,8 +121,10 @@ def choose_precision(
         version = f"{slowest[0]}.{slowest[1]}"
         if slowest >= TENSOR_CORES_FROM:
             return Decision("mixed_float16", f"every GPU has compute capability {version} "
-                            "(tensor cores): float16 matrix products run several times faster "
-                            "than float32 and activations take half the memory")
+                            "(tensor cores): float16 matrix products run on them, up to about "
+                            "twice float32's speed when layers are wide enough to keep them busy "
+                            "(a small model is launch-bound and gains little: the benchmark "
+                            "measures it), and activations take half the memory")
         return Decision("float32", f"a GPU of compute capability {version} has no tensor cores "
                         "(they start at 7.0): float16 saves memory but little or no time")
     flags = sorted(flag for flag, present in (cpu_features or {}).items() if present)
