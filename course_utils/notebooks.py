@@ -93,7 +93,7 @@ def colab_install_lines(tpu: bool = False) -> list[str]:
     if tpu:
         return [
             "import sys",
-            f"{_COLAB_IF}  # Colab only: on a TPU runtime tensorflow-tpu first, then the course",
+            f"{_COLAB_IF}  # Colab only: on a TPU runtime tensorflow-tpu, then the course",
             f"    !{{sys.executable}} -m pip install -q --no-deps "
             f"git+https://github.com/{COURSE_REPO}@{COURSE_BRANCH}",
             "    from course_utils.tpu import install_course_on_colab  # imports no TensorFlow",

@@ -74,7 +74,7 @@ def test_the_tpu_lesson_decides_about_tensorflow_tpu_before_installing_the_cours
     assert not notebooks.is_tpu_notebook("notebooks/A_what_works_where.ipynb")
     lines = notebooks.colab_install_lines(tpu=True)
     assert lines[:2] == ["import sys", 'if "google.colab" in sys.modules:  # Colab only: on a '
-                         "TPU runtime tensorflow-tpu first, then the course"]
+                         "TPU runtime tensorflow-tpu, then the course"]
     # the course alone first (no TensorFlow from its requirements), then course_utils.tpu decides
     assert lines[2] == ("    !{sys.executable} -m pip install -q --no-deps "
                         f"git+https://github.com/{cu.COURSE_REPO}@{cu.COURSE_BRANCH}")
