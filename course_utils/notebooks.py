@@ -7,7 +7,8 @@ will learn before any code, has the set-up cell as its first code cell and a ``p
 cell, and is committed without outputs. ``convention_problems`` checks all of that;
 ``new_notebook`` writes a skeleton that passes it (``python -m course_utils new PATH TITLE``).
 ``python -m course_utils.notebooks`` rewrites the Colab-install lines of every set-up cell
-(``refresh_setup_cells``) after ``setup_cell_source`` changes.
+(``refresh_setup_cells``) after ``setup_cell_source`` changes. The TPU lesson (``TPU_LESSONS``)
+gets a variant that installs ``tensorflow-tpu`` first on a Colab TPU runtime.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "INSTALL_REPORT",
     "install_summary",
     "is_appendix",
+    "is_tpu_notebook",
     "LEARN_HEADING",
     "new_notebook",
     "NOTEBOOK_FOLDERS",
@@ -37,6 +39,7 @@ __all__ = [
     "refresh_setup_cells",
     "setup_cell_source",
     "TITLE_PATTERN",
+    "TPU_LESSONS",
 ]
 
 NOTEBOOK_FOLDERS = ("notebooks", "solutions", "exercises")
@@ -69,10 +72,33 @@ INSTALL_REPORT = "/tmp/course_install.json"
 COLAB_RUNTIME = {"tensorflow": "TensorFlow", "keras": "Keras", "ipywidgets": "ipywidgets",
                  "ipykernel": "ipykernel"}
 _COLAB_IF = 'if "google.colab" in sys.modules:'
+#: Lessons whose set-up cell decides, before TensorFlow is imported, whether to install
+#: ``tensorflow-tpu`` (Colab's TPU runtime ships no TensorFlow; plain TensorFlow cannot drive it).
+TPU_LESSONS = ("05",)
 
 
-def colab_install_lines() -> list[str]:
-    """The Colab-install lines of the set-up cell: on Colab only, pip keeps the runtime's stack."""
+def is_tpu_notebook(path: str | os.PathLike) -> bool:
+    """True for the TPU lesson's notebooks (lesson, solutions, exercises): see ``TPU_LESSONS``."""
+    prefix = _PREFIX.match(pathlib.PurePath(path).name)
+    return prefix is not None and prefix.group(1) in TPU_LESSONS
+
+
+def colab_install_lines(tpu: bool = False) -> list[str]:
+    """The Colab-install lines of the set-up cell: on Colab only, pip keeps the runtime's stack.
+
+    With ``tpu`` (the TPU lesson), the course goes in without its requirements first, so that
+    ``course_utils.tpu`` (which imports no TensorFlow) can put ``tensorflow-tpu`` in on a TPU
+    runtime before the course's other requirements, which then leave plain TensorFlow out.
+    """
+    if tpu:
+        return [
+            "import sys",
+            f"{_COLAB_IF}  # Colab only: on a TPU runtime tensorflow-tpu, then the course",
+            f"    !{{sys.executable}} -m pip install -q --no-deps "
+            f"git+https://github.com/{COURSE_REPO}@{COURSE_BRANCH}",
+            "    from course_utils.tpu import install_course_on_colab  # imports no TensorFlow",
+            f'    install_course_on_colab("{INSTALL_REPORT}")',
+        ]
     return [
         "import sys",
         f"{_COLAB_IF}  # Colab only: install the course, keep Colab's TensorFlow",
@@ -85,11 +111,12 @@ def colab_install_lines() -> list[str]:
     ]
 
 
-def setup_cell_source(logical_devices: int | None = 2, seed: int = 42, **options: Any) -> str:
+def setup_cell_source(logical_devices: int | None = 2, seed: int = 42, *, tpu: bool = False,
+                      **options: Any) -> str:
     """The source of the first code cell of every notebook (Colab install, then ``cu.setup``)."""
     arguments = [f"logical_devices={logical_devices}", f"seed={seed}"]
     arguments += [f"{key}={value!r}" for key, value in options.items()]
-    return "\n".join([*colab_install_lines(), "import course_utils as cu",
+    return "\n".join([*colab_install_lines(tpu), "import course_utils as cu",
                       f"cu.setup({', '.join(arguments)})"])
 
 
@@ -141,8 +168,9 @@ def refresh_setup_cell(path: str | os.PathLike) -> bool:
     """Rewrite the Colab-install lines of a notebook's set-up cell; True when the file changed.
 
     Only the ``import sys`` + ``if "google.colab" in sys.modules:`` block (and its indented
-    body) of the first code cell is replaced by ``colab_install_lines()``; its other lines, its
-    id, metadata and every other cell stay as they are.
+    body) of the first code cell is replaced by ``colab_install_lines()`` (its TPU variant for
+    ``is_tpu_notebook(path)``); its other lines, its id, metadata and every other cell stay as
+    they are.
     """
     import nbformat
 
@@ -160,7 +188,7 @@ def refresh_setup_cell(path: str | os.PathLike) -> bool:
         end += 1
     if start > 0 and lines[start - 1] == "import sys":
         start -= 1
-    source = "\n".join(lines[:start] + colab_install_lines() + lines[end:])
+    source = "\n".join(lines[:start] + colab_install_lines(is_tpu_notebook(path)) + lines[end:])
     if source == cell.source:
         return False
     cell.source = source
@@ -218,7 +246,7 @@ def convention_problems(path: str | os.PathLike, root: str | os.PathLike = ".") 
     setup = _source(cells[code_indices[0]])
     if "import course_utils as cu" not in setup or "cu.setup(" not in setup:
         problems.append("the first code cell must import course_utils as cu and call cu.setup(")
-    if not all(line in setup.split("\n") for line in colab_install_lines()):
+    if not all(line in setup.split("\n") for line in colab_install_lines(is_tpu_notebook(path))):
         problems.append("the set-up cell must install the course on Colab only, as "
                         "setup_cell_source() does (python -m course_utils.notebooks)")
     if not any("parameters" in cells[i].get("metadata", {}).get("tags", [])
@@ -255,7 +283,8 @@ def new_notebook(
             "## What you will learn\n\n- ...\n\n**Prerequisites:** ...  \n"
             "**Time:** ... minutes; runs on a CPU-only laptop.", id="overview"),
         v4.new_markdown_cell("## Setup", id="setup-heading"),
-        v4.new_code_cell(setup_cell_source(logical_devices), id="setup"),
+        v4.new_code_cell(setup_cell_source(logical_devices, tpu=is_tpu_notebook(path)),
+                         id="setup"),
         v4.new_code_cell("# Sizes: scale them up on a bigger machine.\nNUM_STEPS = 10",
                          id="parameters", metadata={"tags": ["parameters"]}),
         v4.new_markdown_cell("## Summary\n\n- ...\n\n## Further reading\n\n- ...",

@@ -101,9 +101,12 @@ def _tpu(verbose: bool, fallback: str) -> Any:
         tf.tpu.experimental.initialize_tpu_system(resolver)
         strategy = tf.distribute.TPUStrategy(resolver)
     except (ValueError, tf.errors.NotFoundError, tf.errors.UnavailableError) as error:
+        from course_utils.tpu import tpu_failure_reason
+
+        reason = tpu_failure_reason(str(error), attached=True)  # the environment says one is
         _say(
-            f"A TPU was expected at {address!r} but could not be initialized "
-            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+            f"TPU at {address!r}: {reason} "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}); "
             f"falling back to the '{fallback}' strategy.",
             verbose,
         )

@@ -1,7 +1,10 @@
 """TPU runtimes: what to install on Colab's TPU runtime, and how TPUs pad shapes.
 
 Importing this module never imports TensorFlow: Colab's TPU runtime ships none, and the point of
-:func:`prepare_tpu_runtime` is to decide what to install before TensorFlow is imported.
+:func:`install_course_on_colab` (lesson 05's set-up cell) and :func:`prepare_tpu_runtime` is to
+decide what to install before TensorFlow is imported. Plain ``tensorflow`` cannot drive a TPU,
+and the course's own requirements ask for ``tensorflow``: on a TPU runtime, ``tensorflow-tpu``
+goes in first and the course's other requirements after it, without plain TensorFlow.
 """
 
 from __future__ import annotations
@@ -9,12 +12,18 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import math
+import pathlib
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
 __all__ = [
+    "COURSE_DISTRIBUTION",
+    "course_requirements",
+    "install_course_on_colab",
     "LIBTPU_INDEX",
+    "NEEDS_PLAIN_TENSORFLOW",
     "TENSORFLOW_TPU_PYTHONS",
     "TENSORFLOW_TPU_VERSION",
     "TpuRuntimePlan",
@@ -22,6 +31,7 @@ __all__ = [
     "padded_fraction",
     "plan_tpu_runtime",
     "prepare_tpu_runtime",
+    "tpu_failure_reason",
 ]
 
 #: The newest TensorFlow build for TPUs (there is none for 2.21).
@@ -31,6 +41,12 @@ TENSORFLOW_TPU_PYTHONS = ((3, 9), (3, 10), (3, 11), (3, 12), (3, 13))
 #: Where ``libtpu`` wheels are published (pip's ``-f``).
 LIBTPU_INDEX = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
 _PACKAGES = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu")
+#: The course's distribution (what ``pip install git+...`` of its repository installs).
+COURSE_DISTRIBUTION = "scaling-tensorflow-course"
+#: The course's requirements that would install plain ``tensorflow`` over the TPU build
+#: (``tf-keras`` requires the distribution named ``tensorflow``; lesson 05 does not use it).
+NEEDS_PLAIN_TENSORFLOW = ("tensorflow", "tf-keras")
+_INSTALL_TPU = ("install", "-q", f"tensorflow-tpu=={TENSORFLOW_TPU_VERSION}", "-f", LIBTPU_INDEX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +78,18 @@ def plan_tpu_runtime(*, colab: bool, tpu: bool, installed: Mapping[str, str | No
     if not tpu:
         return TpuRuntimePlan("nothing", "No TPU on this machine: nothing to install; the lesson "
                               "falls back to the best strategy here.")
+    restart = (" TensorFlow is already imported: restart the session (Runtime > Restart "
+               "session) afterwards." if tensorflow_imported else "")
+    if tpu_build and plain:  # both write the same `tensorflow` package: the last one won
+        broken = (f"tensorflow-tpu {tpu_build} and plain TensorFlow {plain} are both installed "
+                  "and share one `tensorflow` package, so which one imports is an accident")
+        uninstall = ("uninstall", "-y", "tensorflow", "tensorflow-cpu", "tensorflow-tpu")
+        if not colab:
+            return TpuRuntimePlan("explain", f"{broken}. Reinstall the TPU build alone: pip "
+                                  f"{' '.join(uninstall)} && pip {' '.join(_INSTALL_TPU)}")
+        return TpuRuntimePlan("install", f"{broken}: reinstalling tensorflow-tpu "
+                              f"{TENSORFLOW_TPU_VERSION} alone." + restart,
+                              (uninstall, _INSTALL_TPU))
     if tpu_build:
         return TpuRuntimePlan("nothing", f"TPU runtime with tensorflow-tpu {tpu_build}: ready.")
     python_text = f"{python[0]}.{python[1]}"
@@ -78,10 +106,7 @@ def plan_tpu_runtime(*, colab: bool, tpu: bool, installed: Mapping[str, str | No
     commands: list[tuple[str, ...]] = []
     if plain:
         commands.append(("uninstall", "-y", "tensorflow", "tensorflow-cpu"))
-    commands.append(("install", "-q", f"tensorflow-tpu=={TENSORFLOW_TPU_VERSION}",
-                     "-f", LIBTPU_INDEX))
-    restart = (" TensorFlow is already imported: restart the session (Runtime > Restart session)"
-               " afterwards." if tensorflow_imported or plain else "")
+    commands.append(_INSTALL_TPU)
     return TpuRuntimePlan("install", f"Colab TPU runtime, but {replace}: installing "
                           f"tensorflow-tpu {TENSORFLOW_TPU_VERSION} (the newest TPU build; if it "
                           "fails, choose a GPU runtime instead)." + restart, tuple(commands))
@@ -91,19 +116,92 @@ def _pip(arguments: Sequence[str]) -> int:
     return subprocess.call([sys.executable, "-m", "pip", *arguments])
 
 
+def _plan_here(colab: bool | None = None) -> TpuRuntimePlan:
+    from course_utils.devices import is_colab, tpu_available  # imports no TensorFlow
+
+    return plan_tpu_runtime(colab=is_colab() if colab is None else colab, tpu=tpu_available(),
+                            installed=installed_versions(), python=sys.version_info[:2],
+                            tensorflow_imported="tensorflow" in sys.modules)
+
+
 def prepare_tpu_runtime(run: Callable[[Sequence[str]], int] | None = None) -> TpuRuntimePlan:
     """Print what this runtime needs and, on a Colab TPU runtime only, install it with pip."""
-    from course_utils.devices import is_colab, tpu_available
-
-    plan = plan_tpu_runtime(colab=is_colab(), tpu=tpu_available(), installed=installed_versions(),
-                            python=sys.version_info[:2],
-                            tensorflow_imported="tensorflow" in sys.modules)
+    plan = _plan_here()
     print(plan.message)
     for command in plan.commands:
         if (run or _pip)(command) != 0:
             print("pip failed: choose a GPU runtime (Runtime > Change runtime type) instead.")
             return dataclasses.replace(plan, action="explain")
     return plan
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def course_requirements(tpu_build: bool = False, requires: Sequence[str] | None = None
+                        ) -> list[str]:
+    """The course's runtime requirements (no extras); with ``tpu_build``, only those that do not
+    install plain TensorFlow over the TPU build (``NEEDS_PLAIN_TENSORFLOW`` left out)."""
+    if requires is None:
+        requires = importlib.metadata.requires(COURSE_DISTRIBUTION) or []
+    kept = []
+    for requirement in requires:
+        if re.search(r"extra\s*==", requirement.partition(";")[2]):
+            continue
+        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+        if tpu_build and name and _canonical(name.group(1)) in NEEDS_PLAIN_TENSORFLOW:
+            continue
+        kept.append(requirement.strip())
+    return kept
+
+
+def install_course_on_colab(report_path: str | pathlib.Path = "/tmp/course_install.json",
+                            run: Callable[[Sequence[str]], int] | None = None) -> TpuRuntimePlan:
+    """Lesson 05's Colab install: on a TPU runtime ``tensorflow-tpu`` first, then the course's
+    requirements (without plain TensorFlow beside the TPU build); say what happened.
+
+    The set-up cell has already installed the course itself with ``--no-deps``; this decides,
+    before TensorFlow is imported, what else goes in. Elsewhere it installs the requirements as
+    ``pip install`` of the course would, keeping Colab's TensorFlow.
+    """
+    from course_utils.notebooks import install_summary  # imports no TensorFlow
+
+    run = run or _pip
+    plan = _plan_here(colab=True)
+    if plan.action != "nothing" or plan.message.startswith("TPU runtime"):
+        print(plan.message)
+    failed = next((command for command in plan.commands if run(command) != 0), None)
+    if failed is not None:
+        print("pip could not install tensorflow-tpu: this session runs on the host's CPU (the "
+              "lesson falls back); for a TPU, try again later, or choose a GPU runtime.")
+        plan = dataclasses.replace(plan, action="explain")
+    tpu_build = installed_versions(("tensorflow-tpu",))["tensorflow-tpu"] is not None
+    report = pathlib.Path(report_path)
+    report.unlink(missing_ok=True)  # a report left from an earlier run would say pip worked
+    run(("install", "-q", "--report", str(report), *course_requirements(tpu_build)))
+    if not report.exists():
+        print("pip could not install the course's requirements (its message is above)")
+        return dataclasses.replace(plan, action="explain")
+    # the course itself went in with --no-deps just before: name its version, not "already"
+    summary = install_summary(report).replace(
+        "course_utils already installed",
+        f"course_utils {installed_versions((COURSE_DISTRIBUTION,))[COURSE_DISTRIBUTION]} installed")
+    if tpu_build:
+        summary += "; left out tf-keras (it needs plain TensorFlow; lesson 05 does not use it)"
+    print(summary)
+    return plan
+
+
+def tpu_failure_reason(error_message: str, attached: bool) -> str:
+    """Why connecting to a TPU failed, in words, from the error's text and whether a TPU is
+    attached (``cu.devices.tpu_available()``): no TPU, plain TensorFlow, or another failure."""
+    if not attached:
+        return "no TPU is attached here"
+    if "ConfigureDistributedTPU" in error_message:
+        return ("plain TensorFlow cannot drive this TPU; install tensorflow-tpu "
+                "(cu.tpu.prepare_tpu_runtime(), then restart the session)")
+    return "a TPU is attached but could not be initialized"
 
 
 def padded_fraction(shape: Sequence[int], tile: tuple[int, int] = (8, 128)) -> float:

@@ -38,7 +38,7 @@ def test_every_badge_points_at_its_own_file(relative):
 def test_the_colab_install_runs_first(relative):
     code = [c for c in _cells(relative) if c["cell_type"] == "code"]
     lines = "".join(code[0]["source"]).split("\n")
-    install = notebooks.colab_install_lines()
+    install = notebooks.colab_install_lines(notebooks.is_tpu_notebook(relative))
     start = lines.index(install[0])
     assert lines[start:start + len(install)] == install
     assert all("course_utils" not in line and "tensorflow" not in line

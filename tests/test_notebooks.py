@@ -66,6 +66,72 @@ def test_setup_cell_installs_on_colab_only_and_calls_setup():
     assert len(lines) == 7
 
 
+def test_the_tpu_lesson_decides_about_tensorflow_tpu_before_installing_the_course():
+    assert notebooks.TPU_LESSONS == ("05",)
+    assert notebooks.is_tpu_notebook("notebooks/05_tpus.ipynb")
+    assert notebooks.is_tpu_notebook(REPO / "exercises" / "05_tpus_exercises.ipynb")
+    assert not notebooks.is_tpu_notebook("notebooks/06_model_parallelism.ipynb")
+    assert not notebooks.is_tpu_notebook("notebooks/A_what_works_where.ipynb")
+    lines = notebooks.colab_install_lines(tpu=True)
+    assert lines[:2] == ["import sys", 'if "google.colab" in sys.modules:  # Colab only: on a '
+                         "TPU runtime tensorflow-tpu, then the course"]
+    # the course alone first (no TensorFlow from its requirements), then course_utils.tpu decides
+    assert lines[2] == ("    !{sys.executable} -m pip install -q --no-deps "
+                        f"git+https://github.com/{cu.COURSE_REPO}@{cu.COURSE_BRANCH}")
+    assert lines[3:] == [
+        "    from course_utils.tpu import install_course_on_colab  # imports no TensorFlow",
+        f'    install_course_on_colab("{notebooks.INSTALL_REPORT}")']
+    source = notebooks.setup_cell_source(logical_devices=2, seed=42, tpu=True)
+    assert source.split("\n") == [*lines, "import course_utils as cu",
+                                  "cu.setup(logical_devices=2, seed=42)"]
+    assert notebooks.setup_cell_source().split("\n")[:5] == notebooks.colab_install_lines()
+
+
+def test_the_tpu_set_up_cell_runs_in_that_order_on_colab(monkeypatch):
+    import types
+
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    from course_utils import tpu
+
+    events = []
+
+    class Shell:  # what IPython's `!` calls
+        def system(self, command):
+            events.append(("shell", command))
+
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setattr(tpu, "install_course_on_colab", lambda path: events.append(("tpu", path)))
+    code = TransformerManager().transform_cell("\n".join(notebooks.colab_install_lines(True)))
+    exec(code, {"get_ipython": Shell})
+    assert events == [
+        ("shell", "{sys.executable} -m pip install -q --no-deps "
+                  f"git+https://github.com/{cu.COURSE_REPO}@{cu.COURSE_BRANCH}"),
+        ("tpu", notebooks.INSTALL_REPORT)]
+
+
+def test_refresh_keeps_the_tpu_variant_in_the_tpu_lesson_only(tmp_path):
+    tpu_path = notebooks.new_notebook(tmp_path / "solutions" / "05_tpus_solutions.ipynb", "TPUs",
+                                      root=tmp_path)
+    other = notebooks.new_notebook(tmp_path / "notebooks" / "06_x.ipynb", "X", root=tmp_path)
+    for path in (tpu_path, other):
+        assert notebooks.convention_problems(path, tmp_path) == []
+    assert notebooks.refresh_setup_cells(tmp_path) == []  # both already current
+    setup = json.loads(tpu_path.read_text())["cells"][3]["source"]
+    assert "install_course_on_colab" in "".join(setup)
+    # a TPU lesson with the ordinary block is refreshed to the TPU variant, and vice versa
+    for path, wrong in ((tpu_path, False), (other, True)):
+        notebook = json.loads(path.read_text())
+        notebook["cells"][3]["source"] = notebooks.setup_cell_source(tpu=wrong)
+        path.write_text(json.dumps(notebook))
+        assert notebooks.convention_problems(path, tmp_path) != []
+    assert notebooks.refresh_setup_cells(tmp_path) == [other, tpu_path]
+    for path in (tpu_path, other):
+        assert notebooks.convention_problems(path, tmp_path) == []
+    refreshed = json.loads(tpu_path.read_text())["cells"][3]["source"]
+    assert "install_course_on_colab" in "".join(refreshed)
+
+
 def _report(tmp_path, *installed: tuple[str, str]) -> pathlib.Path:
     path = tmp_path / "report.json"
     path.write_text(json.dumps({"version": "1", "install": [

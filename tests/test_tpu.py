@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 
 import pytest
@@ -32,11 +34,27 @@ def test_colab_tpu_without_tensorflow_installs_the_tpu_build_only():
     assert "restart" not in result.message.lower()
 
 
-def test_colab_tpu_with_plain_tensorflow_replaces_it_and_asks_for_a_restart():
+def test_colab_tpu_with_plain_tensorflow_replaces_it_and_asks_for_a_restart_if_imported():
     result = plan(installed={**NONE, "tensorflow": "2.21.0"})
     assert result.action == "install"
-    assert result.commands[0] == ("uninstall", "-y", "tensorflow", "tensorflow-cpu")
-    assert "ConfigureDistributedTPU" in result.message and "Restart" in result.message
+    assert result.commands == (("uninstall", "-y", "tensorflow", "tensorflow-cpu"),
+                               ("install", "-q", "tensorflow-tpu==2.20.0", "-f", tpu.LIBTPU_INDEX))
+    assert "ConfigureDistributedTPU" in result.message and "Restart" not in result.message
+    imported = plan(installed={**NONE, "tensorflow": "2.21.0"}, tensorflow_imported=True)
+    assert imported.commands == result.commands and "Restart session" in imported.message
+
+
+def test_tpu_build_and_plain_tensorflow_together_are_broken():
+    both = {**NONE, "tensorflow": "2.21.0", "tensorflow-tpu": "2.20.0"}
+    result = plan(installed=both)
+    assert result.action == "install" and "both installed" in result.message
+    assert result.commands == (
+        ("uninstall", "-y", "tensorflow", "tensorflow-cpu", "tensorflow-tpu"),
+        ("install", "-q", "tensorflow-tpu==2.20.0", "-f", tpu.LIBTPU_INDEX))
+    elsewhere = plan(colab=False, installed=both)
+    assert elsewhere.action == "explain" and elsewhere.commands == ()
+    assert "pip uninstall -y tensorflow tensorflow-cpu tensorflow-tpu && pip install" in (
+        elsewhere.message)
 
 
 def test_a_ready_tpu_runtime_needs_nothing():
@@ -83,6 +101,113 @@ def test_prepare_says_what_to_choose_when_pip_fails(monkeypatch, capsys):
     assert "choose a GPU runtime" in capsys.readouterr().out
 
 
+COURSE = ["tensorflow<3,>=2.20", "keras<4,>=3.13", "tf-keras<3,>=2.20", "numpy<3,>=2.0",
+          'pytest<10,>=9.2; extra == "dev"', 'tomli>=2; python_version < "3.11"']
+
+
+def test_course_requirements_leave_out_extras_and_on_tpu_plain_tensorflow():
+    assert tpu.course_requirements(requires=COURSE) == [
+        "tensorflow<3,>=2.20", "keras<4,>=3.13", "tf-keras<3,>=2.20", "numpy<3,>=2.0",
+        'tomli>=2; python_version < "3.11"']
+    assert tpu.course_requirements(tpu_build=True, requires=COURSE) == [
+        "keras<4,>=3.13", "numpy<3,>=2.0", 'tomli>=2; python_version < "3.11"']
+    def names(requirements):
+        return {re.match(r"[A-Za-z0-9._-]+", r).group(0).lower().replace("_", "-")
+                for r in requirements}
+
+    everything = names(tpu.course_requirements())  # the course's own metadata
+    assert {"tensorflow", "tf-keras", "tensorflow-datasets"} <= everything
+    assert everything - names(tpu.course_requirements(tpu_build=True)) == {"tensorflow",
+                                                                          "tf-keras"}
+
+
+class FakeColab:
+    """A Colab runtime for install_course_on_colab: pip calls recorded, packages tracked."""
+
+    def __init__(self, monkeypatch, tmp_path, tpu_attached, installed, fail=()):
+        from course_utils import devices
+
+        self.installed, self.calls, self.fail = dict(installed), [], fail
+        self.report = tmp_path / "report.json"
+        monkeypatch.setattr(devices, "tpu_available", lambda: tpu_attached)
+        monkeypatch.setattr(tpu, "installed_versions", lambda names=tpu._PACKAGES: {
+            name: self.installed.get(name) for name in names})
+        monkeypatch.setattr(tpu, "course_requirements", lambda tpu_build=False: [
+            r for r in ("tensorflow>=2.20", "tf-keras>=2.20", "numpy>=2")
+            if not (tpu_build and r.startswith(("tensorflow", "tf-keras")))])
+        monkeypatch.setattr(sys, "version_info", (3, 12, 0))
+
+    def pip(self, command):
+        self.calls.append(tuple(command))
+        if command[0] in self.fail:
+            return 1
+        if command[0] == "uninstall":
+            for name in command[2:]:
+                self.installed[name] = None
+        elif any(part.startswith("tensorflow-tpu==") for part in command):
+            self.installed["tensorflow-tpu"] = "2.20.0"
+        elif "--report" in command:
+            self.report.write_text(json.dumps({"install": [
+                {"metadata": {"name": "portpicker", "version": "1.6.0"}}]}))
+        return 0
+
+    def run(self):
+        return tpu.install_course_on_colab(self.report, run=self.pip)
+
+
+def test_colab_tpu_install_puts_the_tpu_build_in_before_the_course(monkeypatch, tmp_path, capsys):
+    colab = FakeColab(monkeypatch, tmp_path, True, {**NONE, "scaling-tensorflow-course": "0.1.0"})
+    assert colab.run().action == "install"
+    assert colab.calls == [
+        ("install", "-q", "tensorflow-tpu==2.20.0", "-f", tpu.LIBTPU_INDEX),
+        ("install", "-q", "--report", str(colab.report), "numpy>=2")]  # no plain TensorFlow
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Colab TPU runtime, but it ships no TensorFlow: installing")
+    assert out[1].startswith("course_utils 0.1.0 installed;") and "left out tf-keras" in out[1]
+    assert len(out) == 2
+
+    colab.calls.clear()  # run again (the set-up cell after a restart): no loop, nothing replaced
+    assert colab.run().action == "nothing"
+    assert colab.calls == [("install", "-q", "--report", str(colab.report), "numpy>=2")]
+    assert capsys.readouterr().out.startswith("TPU runtime with tensorflow-tpu 2.20.0: ready.")
+
+
+def test_colab_install_without_a_tpu_keeps_colabs_tensorflow(monkeypatch, tmp_path, capsys):
+    colab = FakeColab(monkeypatch, tmp_path, False, {**NONE, "tensorflow": "2.20.0"})
+    assert colab.run().action == "nothing"
+    assert colab.calls == [("install", "-q", "--report", str(colab.report), "tensorflow>=2.20",
+                            "tf-keras>=2.20", "numpy>=2")]
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and "No TPU" not in out[0] and "added 1 other package" in out[0]
+
+
+def test_colab_tpu_install_repairs_two_tensorflows(monkeypatch, tmp_path, capsys):
+    colab = FakeColab(monkeypatch, tmp_path, True,
+                      {**NONE, "tensorflow": "2.21.0", "tensorflow-tpu": "2.20.0"})
+    colab.run()
+    assert [call[0] for call in colab.calls] == ["uninstall", "install", "install"]
+    assert colab.installed["tensorflow"] is None and colab.installed["tensorflow-tpu"]
+    assert colab.calls[-1][-1] == "numpy>=2"
+
+
+def test_colab_tpu_install_that_fails_still_installs_the_course(monkeypatch, tmp_path, capsys):
+    colab = FakeColab(monkeypatch, tmp_path, True, dict(NONE), fail=("install",))
+    assert colab.run().action == "explain"
+    assert colab.calls[-1] == ("install", "-q", "--report", str(colab.report),
+                               "tensorflow>=2.20", "tf-keras>=2.20", "numpy>=2")
+    out = capsys.readouterr().out
+    assert "pip could not install tensorflow-tpu" in out and "GPU runtime" in out
+    assert "pip could not install the course's requirements" in out  # the report is missing
+
+
+def test_tpu_failure_reason_names_plain_tensorflow_only_when_a_tpu_is_attached():
+    message = "No OpKernel was registered to support Op 'ConfigureDistributedTPU' used by ..."
+    assert tpu.tpu_failure_reason(message, attached=False) == "no TPU is attached here"
+    assert tpu.tpu_failure_reason(message, attached=True).startswith(
+        "plain TensorFlow cannot drive this TPU; install tensorflow-tpu")
+    assert "could not be initialized" in tpu.tpu_failure_reason("Socket closed", attached=True)
+
+
 def test_installed_versions_reads_metadata():
     versions = tpu.installed_versions(("pytest", "surely-not-installed-package"))
     assert versions["pytest"] and versions["surely-not-installed-package"] is None
@@ -99,9 +224,10 @@ def test_the_tpu_module_does_not_import_tensorflow():
     import subprocess
 
     code = ("import sys, course_utils.tpu as t; t.plan_tpu_runtime(colab=False, tpu=False, "
-            "installed={}, python=(3, 12)); print('tensorflow' in sys.modules)")
+            "installed={}, python=(3, 12)); t.install_course_on_colab('/nonexistent/r.json', "
+            "run=lambda command: 0); print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip().splitlines()[-1] == "False"
 
 
 def test_draw_tpu_host_loop_counts_round_trips():
