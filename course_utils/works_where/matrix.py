@@ -21,9 +21,12 @@ from course_utils.works_where.runner import run_column
 from course_utils.works_where.table import Matrix
 from course_utils.works_where.task import Task, make_task
 
-__all__ = ["LOCAL_COLUMNS", "versions", "local_strategy", "start_multi_worker",
+__all__ = ["LOCAL_COLUMNS", "PS_REPORT_NAME", "versions", "local_strategy", "start_multi_worker",
            "collect_multi_worker", "start_parameter_server", "collect_parameter_server",
            "run_matrix"]
+
+#: The file the parameter-server child (``ps_process.py``) writes its cells to.
+PS_REPORT_NAME = "report-ps.json"
 
 #: The columns this process runs itself. Multi-worker and parameter servers run in child
 #: processes: a ParameterServerStrategy connects its process to the cluster for good (no
@@ -103,9 +106,9 @@ def start_parameter_server(out_dir: str | Path, timeout: float = 150.0) -> Any:
     """Start the child process that runs every API under ParameterServerStrategy (on an
     in-process cluster of its own: 2 workers, 1 parameter server)."""
     from course_utils.cluster import LocalCluster
-    from course_utils.works_where import ps_process
 
-    return LocalCluster(ps_process.__file__, num_workers=1, args=["--out", str(out_dir)],
+    script = Path(__file__).with_name("ps_process.py")  # the child imports this module
+    return LocalCluster(script, num_workers=1, args=["--out", str(out_dir)],
                         timeout=timeout, stream=False)
 
 
@@ -117,11 +120,10 @@ def collect_parameter_server(process: Any, out_dir: str | Path
     Raises RuntimeError when something is left behind.
     """
     from course_utils.cluster import leftovers
-    from course_utils.works_where.ps_process import REPORT_NAME
 
     with process:
         process.wait()
-    report = json.loads((Path(out_dir) / REPORT_NAME).read_text())
+    report = json.loads((Path(out_dir) / PS_REPORT_NAME).read_text())
     left = leftovers(process.pids, report["ports"])
     if left != {"processes": [], "ports": []}:
         raise RuntimeError(f"the parameter-server process left {left} behind")

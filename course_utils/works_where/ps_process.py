@@ -16,12 +16,12 @@ import sys
 
 __all__ = ["REPORT_NAME", "main"]
 
-#: The report this script writes into ``--out``.
-REPORT_NAME = "report-ps.json"
-
 # Run as a file, this folder comes first on sys.path; its modules belong to the package.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+#: The report this script writes into ``--out`` (named once, in ``matrix``).
+from course_utils.works_where.matrix import PS_REPORT_NAME as REPORT_NAME  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
