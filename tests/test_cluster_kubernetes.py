@@ -295,3 +295,14 @@ def test_a_local_cluster_describes_the_same_job_as_a_tfjob():
         "python", "bind_port.py", "--x", "no"]
     assert schema_errors(job) == [] and operator_errors(job) == []
     assert local.processes == []  # nothing was started
+
+
+def test_a_local_cluster_passes_its_extra_env_to_the_tfjob_but_no_tf_config():
+    local = LocalCluster(SCRIPTS / "bind_port.py", num_workers=2,
+                         env={"TF_USE_LEGACY_KERAS": "1"}, start=False)
+    container = local.tfjob_manifest("local-job", "my/image:1")["spec"]["tfReplicaSpecs"][
+        "Worker"]["template"]["spec"]["containers"][0]
+    assert container["env"] == [{"name": "TF_USE_LEGACY_KERAS", "value": "1"}]
+    overridden = local.tfjob_manifest("local-job", "my/image:1", env={})
+    assert "env" not in overridden["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"][
+        "containers"][0]

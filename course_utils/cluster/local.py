@@ -264,8 +264,13 @@ class LocalCluster(WaitingMixin):
             self._logs.stream_new_lines()
 
     def tfjob_manifest(self, name: str, image: str, **kwargs: Any) -> dict:
-        """The Kubeflow ``TFJob`` that runs this same script on a Kubernetes cluster."""
+        """The Kubeflow ``TFJob`` that runs this same script on a Kubernetes cluster.
+
+        Same script, arguments and extra ``env`` as the local workers (pass ``env`` to change
+        it); no ``TF_CONFIG``, which the training operator writes into every pod.
+        """
         command = ["python", self.script.name, *self.args]
+        kwargs.setdefault("env", self.extra_env)
         return tfjob_manifest(name, image, command, num_workers=self.num_workers, **kwargs)
 
     def __repr__(self) -> str:
