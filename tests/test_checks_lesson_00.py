@@ -79,6 +79,17 @@ def test_split_cpu_runs_the_fix_in_a_fresh_process_and_rejects_the_broken_code(c
     assert "PHYSICAL" in str(info.value)  # the hint names the fix
 
 
+@pytest.mark.slow
+def test_run_split_in_fresh_process_reports_the_broken_splits_value_error():
+    # TensorFlow checks the device before it checks whether the devices started, so the broken
+    # version (a logical device handed over) fails with a ValueError, not a RuntimeError.
+    broken = lesson_00.run_split_in_fresh_process(split_cpu_broken, 2)
+    assert broken["error"].startswith("ValueError: Unrecognized device: LogicalDevice("), broken
+    fixed = lesson_00.run_split_in_fresh_process(split_cpu, 3)
+    assert fixed["devices"] == [f"/device:CPU:{index}" for index in range(3)]
+    assert fixed["returned"] == fixed["devices"]
+
+
 def test_split_cpu_stub_is_not_attempted_without_starting_a_process(assert_not_attempted):
     assert_not_attempted(cu.grading.check_split_cpu, split_cpu_stub)
 

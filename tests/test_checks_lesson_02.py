@@ -98,6 +98,31 @@ def always_right(gradient_ratio, loss_ratio, examples_per_replica, global_batch_
     return "right"
 
 
+def distribute(strategy, examples, global_batch_size):
+    def dataset_fn(input_context):
+        per_replica = input_context.get_per_replica_batch_size(global_batch_size)
+        return examples.shard(input_context.num_input_pipelines,
+                              input_context.input_pipeline_id).batch(per_replica)
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def distribute_unsharded(strategy, examples, global_batch_size):
+    def dataset_fn(input_context):
+        return examples.batch(input_context.get_per_replica_batch_size(global_batch_size))
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def distribute_global_batches(strategy, examples, global_batch_size):
+    def dataset_fn(input_context):
+        return examples.shard(input_context.num_input_pipelines,
+                              input_context.input_pipeline_id).batch(global_batch_size)
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def distribute_auto_sharded(strategy, examples, global_batch_size):
+    return strategy.experimental_distribute_dataset(examples.batch(global_batch_size))
+
+
 def stub(*args, **kwargs):
     # YOUR CODE HERE
     raise NotImplementedError()
@@ -108,7 +133,8 @@ def stub(*args, **kwargs):
 
 def test_lesson_02_registers_its_checks():
     for name in ("check_build_and_compile", "check_compute_loss",
-                 "check_distributed_train_step", "check_diagnose_reduction"):
+                 "check_distributed_train_step", "check_diagnose_reduction",
+                 "check_distribute_dataset"):
         assert getattr(checks, name) is getattr(cu.grading, name) is getattr(lesson_02, name)
 
 
@@ -117,7 +143,8 @@ def test_the_reference_solutions_pass(capsys):
     assert checks.check_compute_loss(compute_loss) is True
     assert checks.check_distributed_train_step(_train_step(compute_loss)) is True
     assert checks.check_diagnose_reduction(diagnose_reduction) is True
-    assert capsys.readouterr().out.count("✅") == 4
+    assert checks.check_distribute_dataset(distribute) is True
+    assert capsys.readouterr().out.count("✅") == 5
 
 
 def test_a_model_built_outside_the_scope_is_named():
@@ -174,9 +201,20 @@ def test_every_diagnosis_is_reachable():
         "Keras loss object on an uneven split"}
 
 
+@pytest.mark.parametrize(("wrong", "says"), [
+    (distribute_unsharded, "both workers read the same examples"),
+    (distribute_global_batches, r"make \d+ steps, got \d+"),  # a global batch per replica
+    (distribute_auto_sharded, "distribute_datasets_from_function"),
+])
+def test_a_dataset_distributed_the_wrong_way_is_told_what_to_fix(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        checks.check_distribute_dataset(wrong)
+
+
 @pytest.mark.parametrize("check", [checks.check_build_and_compile, checks.check_compute_loss,
                                    checks.check_distributed_train_step,
-                                   checks.check_diagnose_reduction])
+                                   checks.check_diagnose_reduction,
+                                   checks.check_distribute_dataset])
 def test_stubs_are_not_attempted(check, capsys):
     with strict_checks(False):
         assert check(stub) is False

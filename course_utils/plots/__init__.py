@@ -4,7 +4,7 @@ Every function draws on a Matplotlib ``Axes`` (a new figure when none is given) 
 so a lesson can add to it or lay several side by side. One module per kind of picture:
 
 * ``style.py`` – the palette (Okabe-Ito) and ``axes_for``;
-* ``charts.py`` – measurements: throughput bars, time breakdowns, scaling curves;
+* ``charts.py`` – measurements: throughput bars, time breakdowns, scaling curves, lines;
 * ``diagrams_basics.py`` – lessons 00-02: a training step, a pipeline's timeline, data parallelism;
 * ``diagrams_clusters.py`` – lessons 03-05: workers, parameter servers, the TPU host loop;
 * ``diagrams_parallelism.py`` – 06-07: placement, pipeline schedules, sharding, accumulation;
@@ -20,6 +20,7 @@ from course_utils.plots.charts import (
     epoch_orders,
     grouped_bars,
     line_chart,
+    line_charts,
     scaling_curve,
     time_breakdown,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "epoch_orders",
     "grouped_bars",
     "line_chart",
+    "line_charts",
     "PALETTE",
     "PIPELINE_MODES",
     "pipeline_schedule",

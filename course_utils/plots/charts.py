@@ -12,6 +12,7 @@ __all__ = [
     "time_breakdown",
     "scaling_curve",
     "line_chart",
+    "line_charts",
     "epoch_orders",
     "grouped_bars",
 ]
@@ -121,6 +122,31 @@ def line_chart(
         ax.legend(frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     return ax
+
+def line_charts(
+    panels: Mapping[str, Mapping[str, Sequence[float]]], xlabel: str = "", ylabel: str = "",
+) -> Any:
+    """Line charts side by side, one per titled panel of named curves, sharing the y axis.
+
+    Returns the panels' ``Axes``; a curve keeps its colour in every panel it appears in.
+    """
+    if not panels or not all(panels.values()):
+        raise ValueError("nothing to plot")
+    import matplotlib.pyplot as plt
+
+    _, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.4), sharey=True,
+                           squeeze=False)
+    names = list(dict.fromkeys(name for series in panels.values() for name in series))
+    for ax, (title, series) in zip(axes[0], panels.items(), strict=True):
+        for name, values in series.items():
+            ax.plot(range(len(values)), list(values), label=name,
+                    color=PALETTE[names.index(name) % len(PALETTE)])
+        ax.set(title=title, xlabel=xlabel)
+        ax.legend(frameon=False, fontsize=8)
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[0][0].set_ylabel(ylabel)
+    return axes[0]
+
 
 def epoch_orders(orders: Mapping[str, Sequence[int]], axes: Sequence[Any] | None = None) -> Any:
     """Where each example lands in an epoch: one scatter panel per named order (e.g. shuffling

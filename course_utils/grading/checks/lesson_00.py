@@ -4,7 +4,8 @@
   fix first – the largest part, or ``"synchronisation"`` when the time the parts leave
   unexplained is larger than each of them.
 * ``check_split_cpu(split_cpu)``: the fixed version of a broken split into logical devices, run
-  in a fresh Python process (this kernel's devices are already fixed).
+  in a fresh Python process (this kernel's devices are already fixed) by
+  ``run_split_in_fresh_process``, which the exercise also uses to show the broken version's error.
 * ``check_step_breakdown(step_breakdown)``: a timed breakdown of a step (input, compute, whole
   step), checked on a fake pipeline and step whose waits are known.
 * ``check_overlapped_pipeline(overlapped_pipeline)``: the fixed version of a pipeline whose
@@ -34,7 +35,7 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
 __all__ = ["check_diagnose_step", "check_overlapped_pipeline", "check_split_cpu",
-           "check_step_breakdown", "reference_diagnosis"]
+           "check_step_breakdown", "reference_diagnosis", "run_split_in_fresh_process"]
 
 # --- Exercise 1 · diagnose a step from its numbers -------------------------------------------
 
@@ -97,8 +98,8 @@ def _holds_stub(fn: Any) -> bool:
         return False
 
 
-def _run_in_fresh_process(fn: Any, num_devices: int) -> dict[str, Any]:
-    """Run ``fn(num_devices)`` in a new Python process; its result and the devices it made."""
+def run_split_in_fresh_process(fn: Any, num_devices: int) -> dict[str, Any]:
+    """Run ``fn(num_devices)`` in a fresh process: what it returned and made, or its error line."""
     source = textwrap.dedent(inspect.getsource(fn))
     script = _SPLIT_SCRIPT.format(source=source, name=fn.__name__, num_devices=num_devices)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
@@ -123,7 +124,7 @@ def check_split_cpu(fn: Any) -> bool:
     expected = [f"/device:CPU:{index}" for index in range(num_devices)]
 
     def in_fresh_process(count: int) -> dict[str, Any]:
-        return _run_in_fresh_process(fn, count)
+        return run_split_in_fresh_process(fn, count)
 
     def verify(result: dict[str, Any]) -> str | None:
         if "error" in result:
