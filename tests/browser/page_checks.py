@@ -108,6 +108,16 @@ def wait_for(driver: Any, script: str, predicate: Callable[[dict], bool], timeou
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}: {state}")
 
 
+def console_errors(driver: Any) -> list[str]:
+    """The page's console errors since the last call (a widget that fails to draw logs why)."""
+    try:
+        entries = driver.get_log("browser")
+    except Exception:  # noqa: BLE001 (a driver without log support: nothing to add)
+        return []
+    return [e["message"][:300] for e in entries if e.get("level") == "SEVERE"
+            and "net::ERR_" not in e["message"]]  # offline: the Colab badge cannot load
+
+
 def prompts(state: dict) -> list[str]:
     """The code cells' prompts in a page state."""
     return [cell["prompt"] for cell in state["cells"]]

@@ -23,6 +23,7 @@ from page_checks import (
     LAB_STATE,
     all_ran,
     code_cells,
+    console_errors,
     finished,
     lesson_problems,
     prompts,
@@ -68,7 +69,7 @@ def test_lesson_runs_in_jupyterlab(session, relative):
     code = code_cells(REPO / relative)
     committed = (REPO / relative).read_bytes()
     start = time.monotonic()
-    stopped = 0
+    console_errors(driver)  # forget the previous lesson's
     try:
         driver.get(lab.notebook_url(relative))
         wait_for(driver, LAB_STATE, lambda s: len(s["cells"]) == len(code) and s["idle"], 180,
@@ -95,7 +96,8 @@ def test_lesson_runs_in_jupyterlab(session, relative):
     assert stopped >= 1 and lab.kernel_processes() == []
     assert (REPO / relative).read_bytes() == committed, "the run wrote into the notebook"
     problems = lesson_problems(code, state)
-    assert not problems, f"{relative}:\n" + "\n".join(problems)
+    assert not problems, f"{relative}:\n" + "\n".join(problems) + "\nconsole errors:\n" + (
+        "\n".join(console_errors(driver)[-5:]))
     assert all_ran(state)
 
 
