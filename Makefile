@@ -29,7 +29,7 @@ TIMEOUT     ?= 300
 
 .PHONY: help install lab test lint stripped sync unit nbval notebooks html exercises grade \
         bench doctor strip clean test-fast unit-fast test-busy test-colab-stack test-browser \
-        works-where
+        test-browser-classic works-where
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -108,12 +108,27 @@ $(BROWSER_VENV)/.installed: $(LOCK)
 	$(BROWSER_VENV)/bin/python -m pip install --quiet -c $(LOCK) pytest $(SELENIUM)
 	@touch $@
 
+CHROMIUM_CHECK = @test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { echo "$@ needs \
+	Debian's browser: apt-get install -y chromium chromium-driver"; exit 1; }
+
 test-browser: $(STAMP) $(BROWSER_VENV)/.installed  ## run every lesson in JupyterLab in headless Chromium
-	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { echo "test-browser needs \
-		Debian's browser: apt-get install -y chromium chromium-driver"; exit 1; }
+	$(CHROMIUM_CHECK)
 	COURSE_BROWSER_TESTS=1 COURSE_JUPYTER="$(CURDIR)/$(BIN)/jupyter" \
 		BROWSER_NOTEBOOKS="$(BROWSER_NOTEBOOKS)" $(BROWSER_VENV)/bin/python -m pytest \
-		tests/browser --confcutdir=tests/browser -p no:cacheprovider -v -s
+		tests/browser/test_browser_page_checks.py tests/browser/test_lessons_in_browser.py \
+		--confcutdir=tests/browser -p no:cacheprovider -v -s
+
+# make test-browser-classic: the widget lessons (those calling cu.widgets.*_widget) in Colab's
+# front end, the classic Notebook 6.5 of .venv-colab (ipywidgets 7.7); screenshots:
+# _build/browser/classic. BROWSER_CLASSIC_NOTEBOOKS="notebooks/01_input_pipelines.ipynb" picks.
+BROWSER_CLASSIC_NOTEBOOKS ?=
+
+test-browser-classic: $(COLAB_VENV)/.installed $(BROWSER_VENV)/.installed  ## the widget lessons in classic Notebook 6.5 (ipywidgets 7.7) in headless Chromium
+	$(CHROMIUM_CHECK)
+	COURSE_BROWSER_TESTS=1 COURSE_CLASSIC_JUPYTER="$(CURDIR)/$(COLAB_BIN)/jupyter" \
+		BROWSER_CLASSIC_NOTEBOOKS="$(BROWSER_CLASSIC_NOTEBOOKS)" $(BROWSER_VENV)/bin/python \
+		-m pytest tests/browser/test_widget_lessons_in_classic_notebook.py \
+		--confcutdir=tests/browser -p no:cacheprovider -v -s
 
 exercises: $(STAMP)  ## generate exercises/ from solutions/
 	$(BIN)/python -m course_utils exercises

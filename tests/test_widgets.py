@@ -1,9 +1,10 @@
-"""The course's widgets work on ipywidgets 7.7 (Colab) and 8 (the course's own JupyterLab).
+"""The ipywidgets the course relies on work on ipywidgets 7.7 (Colab) and 8 (its JupyterLab).
 
-The only widget the course shows today is the notebook progress bar of the training loop
-(``tqdm.auto`` picks ``tqdm.notebook`` inside Jupyter, which draws an ipywidgets
-``FloatProgress`` and two ``HTML`` labels in an ``HBox``). ``make test-colab-stack`` runs this file
-on ipywidgets 7.7.1, ``make test`` on ipywidgets 8.
+Here: the notebook progress bar of the training loop (``tqdm.auto`` picks ``tqdm.notebook`` inside
+Jupyter, which draws an ipywidgets ``FloatProgress`` and two ``HTML`` labels in an ``HBox``) and
+the building blocks of the lessons' own widgets. Those widgets (``course_utils.widgets``) are
+driven in ``test_widget_frontends.py``; ``test_widget_lessons.py`` checks the lessons show them.
+``make test-colab-stack`` runs this file on ipywidgets 7.7.1, ``make test`` on ipywidgets 8.
 """
 
 from __future__ import annotations

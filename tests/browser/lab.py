@@ -1,11 +1,14 @@
 """JupyterLab and headless Chromium for the browser tests, each stopped however a test ends.
 
 ``running_lab`` starts JupyterLab as ``make lab`` does (``jupyter lab --port ...``,
-``--ServerApp.root_dir``, ``--allow-root`` as root) plus what a test needs to own it: a free
-port, a token, no browser, and a runtime, settings and workspaces directory of its own in a
-temporary folder. ``running_browser``
-starts Debian's Chromium through Debian's chromedriver (no download: both paths are given).
-Both stop every process they started, and raise if one survives.
+``--ServerApp.root_dir``, ``--allow-root`` as root, the caller's environment: the course is
+installed in ``.venv``) plus what a test needs to own it: a free port, a token, no browser, and a
+runtime, settings and workspaces directory of its own in a temporary folder.
+``running_classic_notebook`` starts the classic Notebook 6.5 of ``.venv-colab`` (Colab's
+front end, ipywidgets 7.7) the same way. ``running_browser`` starts Debian's Chromium through
+Debian's chromedriver (no download: both paths are given). Each stops every process it started,
+kernels included (they run in sessions of their own, their command lines name the temporary
+folder: ``-f <folder>/runtime/kernel-*.json``), and raises if one survives.
 """
 
 from __future__ import annotations
@@ -43,28 +46,53 @@ LAB_SETTINGS = {
 
 @dataclass
 class Lab:
-    """A running JupyterLab: its URL with token, process and the folder it owns."""
+    """A running Jupyter server (JupyterLab or classic Notebook): URL, token, process, folder."""
 
     url: str
     token: str
     process: subprocess.Popen
     folder: pathlib.Path
+    classic: bool = False
 
-    def shut_down_kernels(self) -> int:
-        """Stop every kernel session of this lab (one lesson's kernel before the next); count."""
-        def call(method: str, path: str) -> bytes:
-            request = urllib.request.Request(f"{self.url}{path}?token={self.token}",
-                                             method=method)
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.read()
+    def call(self, method: str, path: str, body: dict | None = None) -> bytes:
+        """One request to the server's REST API, authenticated by the token."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.url}{path}?token={self.token}", data=data,
+                                         method=method)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.read()
 
-        sessions = json.loads(call("GET", "/api/sessions"))
+    def kernel_processes(self) -> list[int]:
+        """Live processes started for this server's kernels (they name its runtime folder)."""
+        return processes_mentioning(str(self.folder / "runtime"))
+
+    def start_kernel(self, relative: str, timeout_s: float = 60.0) -> list[int]:
+        """Open a kernel session for ``relative`` as a front end does; its process ids."""
+        self.call("POST", "/api/sessions", {"path": relative, "type": "notebook", "name": "",
+                                            "kernel": {"name": "python3"}})
+        deadline = time.monotonic() + timeout_s
+        while not self.kernel_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return self.kernel_processes()
+
+    def shut_down_kernels(self, wait_s: float = 30.0) -> int:
+        """Stop every kernel session (one lesson's kernel before the next); count; raise if one
+        kernel process is still alive ``wait_s`` later."""
+        sessions = json.loads(self.call("GET", "/api/sessions"))
         for session in sessions:
-            call("DELETE", f"/api/sessions/{session['id']}")
+            self.call("DELETE", f"/api/sessions/{session['id']}")
+        deadline = time.monotonic() + wait_s
+        while self.kernel_processes() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = self.kernel_processes()
+        if left:
+            raise RuntimeError(f"kernel processes survived their session's shutdown: {left}")
         return len(sessions)
 
     def notebook_url(self, relative: str) -> str:
         """The URL that opens ``relative`` (a path under the repository) in a fresh workspace."""
+        if self.classic:
+            return f"{self.url}/notebooks/{relative}?token={self.token}"
         return f"{self.url}/lab/tree/{relative}?reset&token={self.token}"
 
 
@@ -117,6 +145,17 @@ def _stop_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
         process.wait(timeout=5)
 
 
+def stop_processes_mentioning(text: str, wait_s: float = 15.0, grace_s: float = 5.0) -> None:
+    """Give processes naming ``text`` ``wait_s`` to end, SIGTERM them, SIGKILL after ``grace_s``."""
+    for sig, seconds in ((None, wait_s), (signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in processes_mentioning(text) if sig else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + seconds
+        while processes_mentioning(text) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def running_lab(jupyter: str | None = None, start_timeout_s: float = 120.0) -> Iterator[Lab]:
     """JupyterLab on a free port with its own token and folders; stopped (whole group) on exit."""
@@ -128,14 +167,37 @@ def running_lab(jupyter: str | None = None, start_timeout_s: float = 120.0) -> I
         path.write_text(json.dumps(values))
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(folder / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(folder / "settings"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(folder / "workspaces"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
-                                                       os.environ.get("PYTHONPATH")]))}
+           "JUPYTERLAB_WORKSPACES_DIR": str(folder / "workspaces")}
     port, token = free_port(), secrets.token_hex(16)
     command = [jupyter, "lab", "--port", str(port), f"--ServerApp.root_dir={REPO}",
                f"--ServerApp.token={token}", "--no-browser", "--ServerApp.ip=127.0.0.1"]
     if os.getuid() == 0:
         command.append("--allow-root")  # as make lab's LAB_FLAGS
+    with _serving(command, env, folder, port, token, start_timeout_s) as lab:
+        yield lab
+
+
+@contextlib.contextmanager
+def running_classic_notebook(jupyter: str | None = None,
+                             start_timeout_s: float = 120.0) -> Iterator[Lab]:
+    """Classic Notebook 6.5 (``.venv-colab``, ipywidgets 7.7) like ``running_lab``; stopped."""
+    jupyter = jupyter or os.environ.get("COURSE_CLASSIC_JUPYTER",
+                                        str(REPO / ".venv-colab/bin/jupyter"))
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="course-browser-classic-"))
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(folder / "runtime")}
+    port, token = free_port(), secrets.token_hex(16)
+    command = [jupyter, "notebook", "--port", str(port), f"--NotebookApp.notebook_dir={REPO}",
+               f"--NotebookApp.token={token}", "--no-browser", "--NotebookApp.ip=127.0.0.1"]
+    if os.getuid() == 0:
+        command.append("--allow-root")
+    with _serving(command, env, folder, port, token, start_timeout_s, classic=True) as lab:
+        yield lab
+
+
+@contextlib.contextmanager
+def _serving(command: list[str], env: dict[str, str], folder: pathlib.Path, port: int,
+             token: str, start_timeout_s: float, classic: bool = False) -> Iterator[Lab]:
+    """Run a Jupyter server ``command`` until it answers; on exit stop it, its kernels, folder."""
     log = open(folder / "lab.log", "wb")  # noqa: SIM115 (closed below)
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
@@ -148,17 +210,20 @@ def running_lab(jupyter: str | None = None, start_timeout_s: float = 120.0) -> I
                     break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("JupyterLab did not start:\n" + (
+                    raise RuntimeError("the Jupyter server did not start:\n" + (
                         folder / "lab.log").read_text(errors="replace")[-3000:]) from None
                 time.sleep(0.5)
-        yield Lab(url, token, process, folder)
+        yield Lab(url, token, process, folder, classic)
     finally:
         _stop_group(process)
         log.close()
+        # Kernels run in sessions of their own (not in the server's group): the server shuts
+        # them down on SIGTERM; whatever still names the folder is stopped here, then checked.
+        stop_processes_mentioning(str(folder))
+        left = processes_in_group(process.pid) + processes_mentioning(str(folder))
         shutil.rmtree(folder, ignore_errors=True)
-        left = processes_in_group(process.pid)
         if left:
-            raise RuntimeError(f"JupyterLab's processes survived: {left}")
+            raise RuntimeError(f"the Jupyter server's or its kernels' processes survived: {left}")
 
 
 @contextlib.contextmanager
