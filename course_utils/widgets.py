@@ -1,15 +1,17 @@
 """Knobs for the lessons' experiments: ipywidgets front ends on pure functions.
 
-Each ``*_widget`` function returns a ``VBox`` of sliders (or a number box) and an ``Output``;
+Each ``*_widget`` function returns a ``VBox`` of sliders (or a number box) and an ``HTML`` view;
 building it computes the default once and shows it, so a notebook run without a browser (nbval,
 ``make html``) executes the same code a learner's slider does. Turning a knob recomputes the
 pure function behind it (``pipeline_throughput``, ``data_parallel_numbers``,
-``gpipe_numbers``, ``accumulation_numbers``, ``precision_neighbours``) and replaces the Output's
+``gpipe_numbers``, ``accumulation_numbers``, ``precision_neighbours``) and replaces the view's
 content.
 
 Only APIs that ipywidgets 7.7 (Colab) and 8 (the course's JupyterLab) share are used:
-``IntSlider``, ``FloatLogSlider``, ``FloatText``, ``Checkbox``, ``Output``, ``VBox``/``HBox`` and
-``observe``; the Output's ``outputs`` are set directly (no ``with output:``, which needs a kernel).
+``IntSlider``, ``FloatLogSlider``, ``FloatText``, ``Checkbox``, ``HTML``, ``VBox``/``HBox`` and
+``observe``. The result is an ``HTML`` widget's value, not an ``Output``: classic Notebook's
+widgetsnbextension 3.6.7-3.6.10 (3.6.10 is Colab's pin) never draws an ``Output``
+("_deserialize_state is not a function"), and an ``HTML`` value needs no kernel to update.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ __all__ = [
 ]
 
 
-def show_html(output: Any, body: str, text: str) -> None:
-    """Replace everything an ``Output`` widget shows with one HTML block (``text``: plain form)."""
-    output.outputs = ({"output_type": "display_data",
-                       "data": {"text/html": body, "text/plain": text}, "metadata": {}},)
+def show_html(view: Any, body: str, text: str) -> None:
+    """Show one HTML block in an ``ipywidgets.HTML`` view, replacing what it showed; ``text``,
+    its plain form, is kept as ``view.plain_text`` (for tests and logs)."""
+    view.plain_text = text
+    view.value = body
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -102,7 +105,7 @@ def pipeline_widget(read_s: float = 0.04, step_s: float = 0.01) -> Any:
     calls = ipywidgets.IntSlider(value=1, min=1, max=8, description="parallel calls")
     prefetch = ipywidgets.Checkbox(value=False, description="prefetch")
     cache = ipywidgets.Checkbox(value=False, description="cache")
-    output = ipywidgets.Output()
+    output = ipywidgets.HTML()
 
     def render(out: Any) -> None:
         result = pipeline_throughput(calls.value, prefetch.value, cache.value,
@@ -145,7 +148,7 @@ def data_parallel_widget(examples: int = 60_000, base_learning_rate: float = 1e-
                                  description="batch/replica")
     lr = ipywidgets.FloatLogSlider(value=base_learning_rate, base=10, min=-5, max=-1,
                                    description="base LR")
-    output = ipywidgets.Output()
+    output = ipywidgets.HTML()
 
     def render(out: Any) -> None:
         n = data_parallel_numbers(replicas.value, batch.value, lr.value, examples)
@@ -187,7 +190,7 @@ def gpipe_widget(num_stages: int = 4, num_micro_batches: int = 4) -> Any:
     stages = ipywidgets.IntSlider(value=num_stages, min=1, max=8, description="stages K")
     micro = ipywidgets.IntSlider(value=num_micro_batches, min=1, max=16,
                                  description="micro-batches M")
-    output = ipywidgets.Output()
+    output = ipywidgets.HTML()
     colours = {"F": "#4c72b0", "B": "#dd8452", "": "#dddddd"}
 
     def render(out: Any) -> None:
@@ -250,7 +253,7 @@ def accumulation_widget(
     per_example = int(activation_bytes_per_example)
     micro = ipywidgets.IntSlider(value=64, min=8, max=1024, step=8, description="micro-batch")
     steps = ipywidgets.IntSlider(value=4, min=1, max=32, description="k (steps)")
-    output = ipywidgets.Output()
+    output = ipywidgets.HTML()
 
     def render(out: Any) -> None:
         n = accumulation_numbers(micro.value, steps.value, per_example, examples)
@@ -311,7 +314,7 @@ def precision_widget(value: float = 0.1) -> Any:
     import ipywidgets
 
     number = ipywidgets.FloatText(value=value, description="x")
-    output = ipywidgets.Output()
+    output = ipywidgets.HTML()
 
     def render(out: Any) -> None:
         table = precision_neighbours(number.value)
