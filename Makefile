@@ -118,8 +118,9 @@ test-browser: $(STAMP) $(BROWSER_VENV)/.installed  ## run every lesson in Jupyte
 		tests/browser/test_browser_page_checks.py tests/browser/test_lessons_in_browser.py \
 		--confcutdir=tests/browser -p no:cacheprovider -v -s
 
-# make test-browser-classic: the widget lessons (those calling cu.widgets.*_widget) in Colab's
-# front end, the classic Notebook 6.5 of .venv-colab (ipywidgets 7.7); screenshots:
+# make test-browser-classic: the widget lessons (those calling cu.widgets.*_widget) with Colab's
+# widget versions, in the classic Notebook 6.5 of .venv-colab (ipywidgets 7.7.1,
+# widgetsnbextension 3.6.10; Colab's own front end cannot run here); screenshots:
 # _build/browser/classic. BROWSER_CLASSIC_NOTEBOOKS="notebooks/01_input_pipelines.ipynb" picks.
 BROWSER_CLASSIC_NOTEBOOKS ?=
 
