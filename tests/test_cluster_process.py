@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,31 @@ def test_log_folders_left_at_exit_are_removed(tmp_path):
     process_cluster._remove_log_dirs()
     assert not folder.exists()
     process_cluster._OWN_LOG_DIRS.discard(folder)
+
+
+@pytest.mark.slow
+def test_tasks_die_with_the_coordinator_even_when_it_is_killed():
+    script = (
+        "import json\n"
+        "from course_utils.cluster import ProcessCluster\n"
+        "c = ProcessCluster(num_workers=1, num_ps=1)\n"
+        "c.wait_serving(timeout=180)\n"
+        "print(json.dumps([c.pids, c.ports]), flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    root = str(Path(process_cluster.__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get(
+        "PYTHONPATH", "")) if p))
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        assert parent.stdout is not None
+        pids, ports = json.loads(parent.stdout.readline())
+        assert cluster.leftovers(pids, ports) == {"processes": pids, "ports": ports}
+    finally:
+        parent.kill()  # SIGKILL: no atexit runs; the tasks' death signal (Linux) must do it
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while cluster.leftovers(pids, ports) != NOTHING and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cluster.leftovers(pids, ports) == NOTHING
