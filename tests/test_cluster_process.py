@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -95,7 +96,7 @@ def test_tasks_die_with_the_coordinator_even_when_it_is_killed():
         "from course_utils.cluster import ProcessCluster\n"
         "c = ProcessCluster(num_workers=1, num_ps=1)\n"
         "c.wait_serving(timeout=180)\n"
-        "print(json.dumps([c.pids, c.ports]), flush=True)\n"
+        "print(json.dumps([c.pids, c.ports, str(c.log_dir)]), flush=True)\n"
         "import time; time.sleep(600)\n"
     )
     root = str(Path(process_cluster.__file__).resolve().parents[2])
@@ -105,11 +106,12 @@ def test_tasks_die_with_the_coordinator_even_when_it_is_killed():
                               env=env)
     try:
         assert parent.stdout is not None
-        pids, ports = json.loads(parent.stdout.readline())
+        pids, ports, log_dir = json.loads(parent.stdout.readline())
         assert cluster.leftovers(pids, ports) == {"processes": pids, "ports": ports}
     finally:
         parent.kill()  # SIGKILL: no atexit runs; the tasks' death signal (Linux) must do it
         parent.wait()
+    shutil.rmtree(log_dir, ignore_errors=True)  # the killed parent's atexit never ran
     deadline = time.monotonic() + 30
     while cluster.leftovers(pids, ports) != NOTHING and time.monotonic() < deadline:
         time.sleep(0.1)
