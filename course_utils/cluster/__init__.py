@@ -11,6 +11,8 @@ One job per module:
   :class:`ClusterTimeoutError`, carrying the last log lines) are its parts.
 * ``in_process`` -- :func:`start_in_process_cluster` starts workers and parameter servers as
   ``tf.distribute.Server`` objects in this process, for ``ParameterServerStrategy``.
+* ``process_cluster`` -- :class:`ProcessCluster` starts every worker and parameter server as its
+  own process (``serve_task.py``), so that one can be killed; this process coordinates.
 * ``kubernetes`` -- :func:`tfjob_manifest` describes the same job for a real cluster (a Kubeflow
   ``TFJob``), refusing what the operator would refuse; :func:`to_yaml` writes it.
 
@@ -32,6 +34,7 @@ from .in_process import InProcessCluster, start_in_process_cluster
 from .kubernetes import RESTART_POLICIES, tfjob_manifest, to_yaml
 from .leftovers import leftovers
 from .local import LocalCluster
+from .process_cluster import ProcessCluster
 from .tf_config import (
     COLLECTIVE_TIMEOUT_ENV,
     WORKER_ENV,
@@ -50,6 +53,7 @@ __all__ = [
     "ClusterTimeoutError",
     "InProcessCluster",
     "LocalCluster",
+    "ProcessCluster",
     "WorkerError",
     "cluster_spec",
     "is_chief",

@@ -1,0 +1,118 @@
+"""cluster.ProcessCluster and serve_task: one process per task, killable, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from course_utils import cluster
+from course_utils.cluster import process_cluster, serve_task
+
+NOTHING = {"processes": [], "ports": []}
+
+
+def test_a_cluster_needs_a_worker_and_a_ps():
+    with pytest.raises(ValueError, match="at least one worker and one ps"):
+        cluster.ProcessCluster(num_workers=0, num_ps=1, start=False)
+    with pytest.raises(ValueError, match="at least one worker and one ps"):
+        cluster.ProcessCluster(num_workers=1, num_ps=0, start=False)
+
+
+def test_an_unstarted_cluster_lists_its_tasks_and_starts_nothing():
+    unstarted = cluster.ProcessCluster(num_workers=2, num_ps=1, start=False)
+    assert unstarted.tasks == [("ps", 0), ("worker", 0), ("worker", 1)]
+    assert unstarted.pids == [] and unstarted.processes == {}
+    assert "0 alive" in repr(unstarted)
+    assert unstarted.stop() == {}
+
+
+@pytest.mark.slow
+def test_serve_task_serves_the_task_its_tf_config_names():
+    port = cluster.pick_ports(1)[0]
+    config = {"cluster": {"worker": [f"localhost:{port}"]}, "task": {"type": "worker", "index": 0}}
+    env = dict(os.environ, **cluster.WORKER_ENV, TF_CONFIG=json.dumps(config))
+    process = subprocess.Popen([sys.executable, serve_task.__file__], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout is not None
+        line = next(line for line in process.stdout if line.startswith("serving"))
+        assert line.strip() == f"serving worker:0 at grpc://localhost:{port}"
+        assert process.poll() is None  # join(): it keeps serving
+    finally:
+        process.kill()
+        process.wait()
+    assert cluster.leftovers([process.pid], [port]) == NOTHING
+
+
+@pytest.mark.slow
+def test_every_task_serves_a_killed_one_is_gone_and_stop_leaves_nothing():
+    with cluster.ProcessCluster(num_workers=2, num_ps=1) as ps_cluster:
+        pids, ports, log_dir = ps_cluster.pids, ps_cluster.ports, ps_cluster.log_dir
+        assert len(pids) == len(set(ports)) == 3
+        assert ps_cluster.wait_serving(timeout=180) >= 0
+        for job, index in ps_cluster.tasks:
+            address = ps_cluster.cluster[job][index]
+            assert f"serving {job}:{index} at grpc://{address}" in ps_cluster.log(job, index)
+        assert ps_cluster.kill("worker", 1) == -9  # SIGKILL, as a machine failure
+        assert cluster.leftovers([pids[2]], [ports[2]]) == NOTHING
+        assert cluster.leftovers(pids[:2], ports[:2]) == {"processes": pids[:2],
+                                                          "ports": ports[:2]}
+    assert cluster.leftovers(pids, ports) == NOTHING
+    assert log_dir is not None and not Path(log_dir).exists()
+
+
+@pytest.mark.slow
+def test_a_task_that_dies_before_serving_stops_the_cluster_with_a_clear_error():
+    ps_cluster = cluster.ProcessCluster(num_workers=1, num_ps=1)
+    try:
+        ps_cluster.kill("ps", 0)
+        with pytest.raises(cluster.ClusterTimeoutError, match=r"task \('ps', 0\) ended"):
+            ps_cluster.wait_serving(timeout=180)
+        assert cluster.leftovers(ps_cluster.pids, ps_cluster.ports) == NOTHING
+    finally:
+        ps_cluster.cleanup()
+
+
+def test_log_folders_left_at_exit_are_removed(tmp_path):
+    folder = tmp_path / "cu_ps_cluster_x"
+    folder.mkdir()
+    process_cluster._OWN_LOG_DIRS.add(folder)
+    process_cluster._remove_log_dirs()
+    assert not folder.exists()
+    process_cluster._OWN_LOG_DIRS.discard(folder)
+
+
+@pytest.mark.slow
+def test_tasks_die_with_the_coordinator_even_when_it_is_killed():
+    script = (
+        "import json\n"
+        "from course_utils.cluster import ProcessCluster\n"
+        "c = ProcessCluster(num_workers=1, num_ps=1)\n"
+        "c.wait_serving(timeout=180)\n"
+        "print(json.dumps([c.pids, c.ports, str(c.log_dir)]), flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    root = str(Path(process_cluster.__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get(
+        "PYTHONPATH", "")) if p))
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        assert parent.stdout is not None
+        pids, ports, log_dir = json.loads(parent.stdout.readline())
+        assert cluster.leftovers(pids, ports) == {"processes": pids, "ports": ports}
+    finally:
+        parent.kill()  # SIGKILL: no atexit runs; the tasks' death signal (Linux) must do it
+        parent.wait()
+    shutil.rmtree(log_dir, ignore_errors=True)  # the killed parent's atexit never ran
+    deadline = time.monotonic() + 30
+    while cluster.leftovers(pids, ports) != NOTHING and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cluster.leftovers(pids, ports) == NOTHING
