@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+pytest.register_assert_rewrite("lesson_run")  # its asserts explain themselves like a test's
+
 BROWSER_FILES = ["test_lessons_in_browser.py", "test_widget_lessons_in_classic_notebook.py"]
 collect_ignore = [] if os.environ.get("COURSE_BROWSER_TESTS") == "1" else BROWSER_FILES
 

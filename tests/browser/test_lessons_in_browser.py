@@ -12,29 +12,16 @@ Run with ``make test-browser`` (BROWSER_NOTEBOOKS picks lessons).
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
-import time
 
 import pytest
 from lab import REPO, processes_in_group, processes_mentioning, running_browser, running_lab
-from page_checks import (
-    LAB_STATE,
-    all_ran,
-    code_cells,
-    console_errors,
-    finished,
-    lesson_problems,
-    prompts,
-    wait_for,
-    widget_summary,
-)
+from lesson_run import FrontEnd, check_lesson_run, run_lesson
+from page_checks import LAB_STATE
 
 pytestmark = pytest.mark.browser
 
-SHOTS = REPO / "_build" / "browser"
-LESSON_TIMEOUT_S = float(os.environ.get("COURSE_BROWSER_TIMEOUT", "900"))
 LESSONS = (os.environ.get("BROWSER_NOTEBOOKS", "").split()
            or sorted(p.relative_to(REPO).as_posix() for p in (REPO / "notebooks").glob("*.ipynb")))
 TIMES: dict[str, float] = {}
@@ -63,42 +50,16 @@ def session():
         yield lab, driver
 
 
+JUPYTERLAB = FrontEnd(state_js=LAB_STATE, run_all=_run_all, show_first_control=SHOW_FIRST_CONTROL,
+                     shots=REPO / "_build" / "browser", unstarted=("[ ]:", ""))
+
+
 @pytest.mark.parametrize("relative", LESSONS)
 def test_lesson_runs_in_jupyterlab(session, relative):
     lab, driver = session
-    code = code_cells(REPO / relative)
-    committed = (REPO / relative).read_bytes()
-    start = time.monotonic()
-    console_errors(driver)  # forget the previous lesson's
-    try:
-        driver.get(lab.notebook_url(relative))
-        wait_for(driver, LAB_STATE, lambda s: len(s["cells"]) == len(code) and s["idle"], 180,
-                 "the notebook and an idle kernel")
-        _run_all(driver)
-        wait_for(driver, LAB_STATE, lambda s: any(p not in ("[ ]:", "") for p in prompts(s)),
-                 60, "the first cell to start")
-        wait_for(driver, LAB_STATE, finished, LESSON_TIMEOUT_S, "every cell to run")
-        time.sleep(3)  # widgets and images finish drawing after the kernel is idle
-        state = driver.execute_script(LAB_STATE)
-        TIMES[relative] = time.monotonic() - start
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        (SHOTS / (pathlib.Path(relative).stem + ".json")).write_text(json.dumps(state, indent=1))
-        driver.execute_script(SHOW_FIRST_CONTROL)
-        time.sleep(0.5)
-        driver.save_screenshot(str(SHOTS / (pathlib.Path(relative).stem + ".png")))
-    finally:  # the lesson's kernel stops before the next lesson, whatever happened
-        stopped = lab.shut_down_kernels()
-    shown, drawn, controls = widget_summary(state)
-    images = sum(len(cell["images"]) for cell in state["cells"])
-    print(f"{relative}: {TIMES[relative]:.0f} s in the browser, {images} images, "
-          f"{drawn}/{shown} widget outputs drawn, {controls} controls")
-
-    assert stopped >= 1 and lab.kernel_processes() == []
-    assert (REPO / relative).read_bytes() == committed, "the run wrote into the notebook"
-    problems = lesson_problems(code, state)
-    assert not problems, f"{relative}:\n" + "\n".join(problems) + "\nconsole errors:\n" + (
-        "\n".join(console_errors(driver)[-5:]))
-    assert all_ran(state)
+    run = run_lesson(lab, driver, relative, JUPYTERLAB)
+    TIMES[relative] = run.seconds
+    check_lesson_run(lab, driver, run)
 
 
 def test_lab_and_browser_stop_every_process():
