@@ -395,3 +395,14 @@ def test_own_log_dir_outlives_the_cluster_and_goes_with_the_interpreter():
     assert not own.exists()
     assert (named / "worker-0.log").exists()
     shutil.rmtree(named)
+
+
+def test_temporary_log_dir_is_kept_until_removed():
+    from course_utils.cluster.logs import remove_log_dir, temporary_log_dir
+
+    folder = temporary_log_dir("cu_test_")
+    assert folder.is_dir() and folder.name.startswith("cu_test_")
+    (folder / "worker-0.log").write_text("x")
+    remove_log_dir(folder)
+    assert not folder.exists()
+    remove_log_dir(folder)  # twice is fine

@@ -80,13 +80,20 @@ def test_a_task_that_dies_before_serving_stops_the_cluster_with_a_clear_error():
         ps_cluster.cleanup()
 
 
-def test_log_folders_left_at_exit_are_removed(tmp_path):
-    folder = tmp_path / "cu_ps_cluster_x"
-    folder.mkdir()
-    process_cluster._OWN_LOG_DIRS.add(folder)
-    process_cluster._remove_log_dirs()
-    assert not folder.exists()
-    process_cluster._OWN_LOG_DIRS.discard(folder)
+def test_log_folders_left_at_exit_are_removed():
+    # A cluster's log folder (cluster.logs.temporary_log_dir) outlives the cluster and goes
+    # with the interpreter, even when nobody called stop() or cleaned up.
+    script = ("from course_utils.cluster.logs import temporary_log_dir\n"
+              "folder = temporary_log_dir('cu_ps_cluster_')\n"
+              "(folder / 'ps-0.log').write_text('x')\n"
+              "print(folder, flush=True)\n")
+    root = str(Path(process_cluster.__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=root)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    folder = Path(done.stdout.strip())
+    assert folder.name.startswith("cu_ps_cluster_") and not folder.exists()
 
 
 @pytest.mark.slow

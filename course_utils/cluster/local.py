@@ -9,14 +9,11 @@ TensorFlow workers ignore SIGTERM. A failed or hung worker becomes a :class:`Wor
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -24,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .kubernetes import tfjob_manifest
-from .logs import WorkerLogs
+from .logs import WorkerLogs, remove_log_dir, temporary_log_dir
 from .processes import (
     death_signal_setter,
     forget_at_exit,
@@ -39,17 +36,6 @@ __all__ = ["LocalCluster"]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
-_OWN_LOG_DIRS: set[Path] = set()
-
-
-def _remove_own_log_dirs() -> None:
-    """Delete the temporary log directories clusters made, when the interpreter exits."""
-    for folder in list(_OWN_LOG_DIRS):
-        shutil.rmtree(folder, ignore_errors=True)
-    _OWN_LOG_DIRS.clear()
-
-
-atexit.register(_remove_own_log_dirs)
 
 
 class LocalCluster(WaitingMixin):
@@ -163,8 +149,7 @@ class LocalCluster(WaitingMixin):
         self.stop()  # a restart: close what the previous start left
         self.processes, self._log_files = [], []
         if self.log_dir is None:
-            self.log_dir = Path(tempfile.mkdtemp(prefix="cu_cluster_"))
-            _OWN_LOG_DIRS.add(self.log_dir)
+            self.log_dir = temporary_log_dir("cu_cluster_")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._logs = WorkerLogs(self.log_dir, self.num_workers)
         self.cluster = cluster_spec(self.num_workers, host=self.host)
@@ -247,8 +232,7 @@ class LocalCluster(WaitingMixin):
         """Stop the workers and delete the log directory if the cluster created it."""
         self.stop()
         if self._own_log_dir and self.log_dir is not None:
-            shutil.rmtree(self.log_dir, ignore_errors=True)
-            _OWN_LOG_DIRS.discard(self.log_dir)
+            remove_log_dir(self.log_dir)
 
     # -------------------------------------------------------------- logs
     def log(self, index: int) -> str:

@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 
-__all__ = ["WorkerLogs", "indent"]
+__all__ = ["WorkerLogs", "indent", "remove_log_dir", "temporary_log_dir"]
+
+_TEMPORARY_LOG_DIRS: set[Path] = set()
+
+
+def temporary_log_dir(prefix: str) -> Path:
+    """A new temporary folder for a cluster's logs: kept while the interpreter runs (the logs
+    stay readable after the cluster stops), deleted when it exits or by :func:`remove_log_dir`."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    _TEMPORARY_LOG_DIRS.add(folder)
+    return folder
+
+
+def remove_log_dir(folder: Path) -> None:
+    """Delete a folder made by :func:`temporary_log_dir` now."""
+    shutil.rmtree(folder, ignore_errors=True)
+    _TEMPORARY_LOG_DIRS.discard(folder)
+
+
+@atexit.register
+def _remove_temporary_log_dirs() -> None:
+    for folder in list(_TEMPORARY_LOG_DIRS):
+        remove_log_dir(folder)
 
 
 def indent(text: str) -> str:

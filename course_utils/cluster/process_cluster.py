@@ -8,19 +8,17 @@ when the process that started them dies. This process is the coordinator.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from .errors import ClusterTimeoutError
+from .logs import remove_log_dir, temporary_log_dir
 from .processes import (
     death_signal_setter,
     describe_exit,
@@ -34,16 +32,6 @@ from .tf_config import WORKER_ENV, cluster_spec, tf_config
 __all__ = ["ProcessCluster"]
 
 _SERVE_TASK = str(Path(__file__).with_name("serve_task.py"))
-_OWN_LOG_DIRS: set[Path] = set()
-
-
-def _remove_log_dirs() -> None:
-    """Delete the log folders of clusters never cleaned up, when the interpreter exits."""
-    for folder in list(_OWN_LOG_DIRS):
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-atexit.register(_remove_log_dirs)
 
 
 class ProcessCluster:
@@ -89,8 +77,7 @@ class ProcessCluster:
             raise RuntimeError("the cluster is already started; stop() it first")
         spec = cluster_spec(self.num_workers, self.num_ps)
         self.cluster = {"ps": spec["ps"], "worker": spec["worker"]}
-        self.log_dir = Path(tempfile.mkdtemp(prefix="cu_ps_cluster_"))
-        _OWN_LOG_DIRS.add(self.log_dir)
+        self.log_dir = temporary_log_dir("cu_ps_cluster_")
         stop_at_exit(self)
         preexec = death_signal_setter()
         try:
@@ -173,8 +160,7 @@ class ProcessCluster:
         """Stop every task and delete the log folder."""
         self.stop()
         if self.log_dir is not None:
-            shutil.rmtree(self.log_dir, ignore_errors=True)
-            _OWN_LOG_DIRS.discard(self.log_dir)
+            remove_log_dir(self.log_dir)
 
     def __enter__(self) -> ProcessCluster:
         return self
