@@ -21,7 +21,7 @@ from nbclient import NotebookClient
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from course_utils import bench  # noqa: E402
+from course_utils import bench, tables  # noqa: E402
 
 BUDGET_S = {"notebooks": 90, "solutions": 90, "exercises": 45}
 GOAL_S = {"notebooks": 60, "solutions": 60, "exercises": 30}
@@ -59,8 +59,8 @@ def main(argv: list[str]) -> int:
         rows.append(row)
         print(f"{row['notebook']:<50}{row['seconds']:>7.1f} s  (budget {row['budget_s']} s)"
               + (f"  ERROR {row['error']}" if row["error"] else ""), flush=True)
-    print(bench.format_table(rows, ["notebook", "seconds", "budget_s", "goal_s",
-                                    "within_budget"]))
+    print(tables.result_table(rows, ["notebook", "seconds", "budget_s", "goal_s",
+                                     "within_budget"]))
     output = bench.write_results({"notebooks": rows}, REPO / "benchmarks/results/"
                                  "notebook_times.json")
     print(f"wrote {output.relative_to(REPO)}")

@@ -38,6 +38,7 @@ _SUBMODULES = (
     "reductions",
     "site",
     "strategies",
+    "tables",
     "tflogs",
     "tpu",
     "training",
@@ -55,6 +56,7 @@ _EXPORTS = {
     "hardware": "devices",
     "describe_machine": "devices",
     "make_strategy": "strategies",
+    "show_table": "tables",
     "Trainer": "training",
 }
 
@@ -67,11 +69,11 @@ __all__ = [
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "grid", "memory",
     "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots",
-    "profiling", "quiet", "reductions", "site", "strategies", "tflogs", "tpu", "training",
-    "widgets", "works_where",
+    "profiling", "quiet", "reductions", "site", "strategies", "tables", "tflogs", "tpu",
+    "training", "widgets", "works_where",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
-    "make_strategy", "quiet_tensorflow", "seed_everything", "setup",
+    "make_strategy", "quiet_tensorflow", "seed_everything", "setup", "show_table",
 ]
 
 

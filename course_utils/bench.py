@@ -1,4 +1,5 @@
-"""Timing helpers: steps, functions and pipelines, throughput, scaling, tables and JSON results.
+"""Timing helpers: steps, functions and pipelines, throughput, scaling and JSON results
+(result tables: :mod:`course_utils.tables`).
 
 Lessons measure on the learner's own machine with these; benchmarks under ``benchmarks/`` use
 them to write JSON. Tests never assert on times.
@@ -19,7 +20,6 @@ from typing import Any
 __all__ = [
     "compare_throughput",
     "dataset_throughput",
-    "format_table",
     "largest_difference",
     "machine_info",
     "scaling_efficiency",
@@ -201,25 +201,6 @@ def scaling_efficiency(throughput_by_replicas: Mapping[int, float]) -> dict[int,
     smallest = min(throughput_by_replicas)
     per_replica = throughput_by_replicas[smallest] / smallest
     return {n: value / (n * per_replica) for n, value in sorted(throughput_by_replicas.items())}
-
-
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
-                 floatfmt: str = ".3g") -> str:
-    """A plain-text table of ``rows`` (dicts), aligned for printing in a notebook."""
-    if not rows:
-        return "(no rows)"
-    columns = list(columns or rows[0].keys())
-
-    def cell(value: Any) -> str:
-        return format(value, floatfmt) if isinstance(value, float) else str(value)
-
-    body = [[cell(row.get(column, "")) for column in columns] for row in rows]
-    widths = [max(len(column), *(len(line[i]) for line in body)) for i, column in
-              enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in body]
-    return "\n".join(lines)
 
 
 def machine_info() -> dict[str, Any]:

@@ -66,15 +66,6 @@ def test_speedups_and_scaling_efficiency():
         bench.scaling_efficiency({})
 
 
-def test_format_table_aligns_columns():
-    table = bench.format_table([{"variant": "naive", "speed": 1.0},
-                                {"variant": "prefetch", "speed": 1.53}])
-    lines = table.splitlines()
-    assert lines[0].split() == ["variant", "speed"] and "1.53" in lines[3]
-    assert len({len(line.rstrip()) <= len(lines[1]) for line in lines}) == 1
-    assert bench.format_table([]) == "(no rows)"
-
-
 def test_write_results_records_the_machine(tmp_path):
     path = bench.write_results({"ratio": 1.02}, tmp_path / "out" / "r.json")
     payload = json.loads(path.read_text())
