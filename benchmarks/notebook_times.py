@@ -1,9 +1,8 @@
 """Execute every notebook in a fresh kernel and compare its wall time with its budget.
 
-Budgets (COURSE_DESIGN.md section 7, on a 2-core CPU): a lesson or solution notebook 90 s (the
-capstone and its solution 120 s, appendix A 180 s), an unsolved exercise notebook 45 s, kernel
-start included.
-The issues ask for tighter goals (60 s and 30 s), reported beside them. Writes
+Budgets (docs/course_design.md, section 5, on a 2-core CPU): a lesson or solution notebook 90 s
+(the capstone and its solution 120 s, appendix A 180 s), an unsolved exercise notebook 45 s,
+kernel start included. Tighter goals (60 s and 30 s) are reported beside them. Writes
 benchmarks/results/notebook_times.json.
 
     python benchmarks/notebook_times.py [NOTEBOOK ...]
@@ -25,7 +24,7 @@ from course_utils import bench, tables  # noqa: E402
 
 BUDGET_S = {"notebooks": 90, "solutions": 90, "exercises": 45}
 GOAL_S = {"notebooks": 60, "solutions": 60, "exercises": 30}
-#: Notebooks with a budget of their own (issue 15): the capstone, its solution and appendix A.
+#: Notebooks with a budget of their own: the capstone, its solution and appendix A.
 BUDGET_BY_NOTEBOOK_S = {"09_capstone": 120, "09_capstone_solutions": 120,
                         "A_what_works_where": 180}
 

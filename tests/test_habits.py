@@ -77,3 +77,41 @@ def test_contributing_describes_every_module_of_the_package():
         if path.name.startswith("__pycache__") or path.suffix not in (".py", ""):
             continue
         assert re.search(rf"\b{path.stem}(\.py|/)", layout), f"{path.name} is not in the layout"
+
+
+#: A path outside the repository, or a tracker's issue number ("issue 15", "Issue #10"); an
+#: upstream issue stays fine when it names its project ("keras-team/keras#20585").
+OUTSIDE_REFERENCE = re.compile(r"\.\./shared|(?<![\w/#-])[Ii]ssues? #?\d+\b")
+TEXT_SUFFIXES = {".py", ".md", ".ipynb", ".toml", ".yml", ".yaml", ".cfg", ".sh", ".txt", ""}
+
+
+def _tracked_text_files() -> list[pathlib.Path]:
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    return [REPO / name for name in listed.stdout.splitlines()
+            if pathlib.Path(name).suffix in TEXT_SUFFIXES and (REPO / name).is_file()]
+
+
+def test_the_repository_stands_alone():
+    """Nothing points at files outside the repository or at a tracker a reader cannot see."""
+    found = []
+    for path in _tracked_text_files():
+        if path == pathlib.Path(__file__).resolve():
+            continue  # this file plants examples of both
+        text = path.read_text(errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            match = OUTSIDE_REFERENCE.search(line)
+            if match:
+                found.append(f"{path.relative_to(REPO)}:{number}: {match.group(0)!r}")
+    assert not found, "references outside the repository:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(("line", "outside"), [
+    ("see ../shared/STYLE.md", True), ("Issue 16: four lessons", True),
+    ("(issue #15)", True), ("keras-team/keras#20585 is open", False),
+    ("tensorflow#48572", False), ("the upstream issue it cites", False)])
+def test_outside_references_are_recognised(line, outside):
+    assert bool(OUTSIDE_REFERENCE.search(line)) is outside

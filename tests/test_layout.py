@@ -65,7 +65,7 @@ def test_ranges_include_colabs_versions():
     colab = _pins([line for line in colab_lines if line.strip() and not line.startswith("#")])
     for name, version in {"tensorflow": "2.20.0", "keras": "3.13.2",
                           "ipywidgets": "7.7.1"}.items():
-        assert colab[name] == version  # ../shared/STACK_FACTS.md
+        assert colab[name] == version  # Colab's runtime versions, requirements/colab.txt
     assert colab["tf-keras"].startswith("2.20.")  # tf-keras matches TensorFlow's minor version
     for name, requirement in runtime.items():
         if name in colab:
@@ -179,7 +179,7 @@ def test_appendix_rows_follow_the_lessons_and_link_no_exercises():
 
 
 def test_every_course_utils_module_is_small_and_declares_all():
-    # Issue 10's house rules, package-wide: no module over 450 lines, no class over 300, and an
+    # The house rules, package-wide: no module over 450 lines, no class over 300, and an
     # explicit public face (__all__) in every module (the command line's __main__ aside).
     for path in sorted((REPO / "course_utils").rglob("*.py")):
         name = path.relative_to(REPO).as_posix()

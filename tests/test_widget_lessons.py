@@ -1,4 +1,4 @@
-"""Issue 16: at least four lessons let a learner turn a knob (call a ``cu.widgets.*_widget``)."""
+"""At least four lessons let a learner turn a knob (call a ``cu.widgets.*_widget``)."""
 
 from __future__ import annotations
 

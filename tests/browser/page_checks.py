@@ -26,6 +26,8 @@ from typing import Any
 WIDGET_CALL = re.compile(r"\bwidgets\.\w+_widget\(")
 # A lesson that draws: its page must show at least one loaded image.
 PLOT_CALL = re.compile(r"\bcu\.plots\.|\bplt\.")
+# A cell that shows a results table (cu.show_table(...)): the page must show an HTML table.
+TABLE_CALL = re.compile(r"\bshow_table\(")
 # Matplotlib's text stand-in for a figure that was not drawn as an image.
 FIGURE_TEXT = re.compile(r"<Figure size \d+x\d+ with \d+ Axes>")
 # A widget's text fallback (the front end had no widget manager): "VBox(children=(...".
@@ -34,7 +36,8 @@ BROKEN_WIDGET = ("Error displaying widget", "Loading widget", "could not be disp
                  "Error rendering Jupyter widget")
 
 # Per code cell: prompt "[n]:", "[*]:" or "[ ]:"; errors; texts of non-widget outputs; images;
-# widget outputs (text, hidden, drawn = holds a widget view, controls = inputs it shows).
+# the course's HTML result tables (cu.show_table); widget outputs (text, hidden, drawn = holds a
+# widget view, controls = inputs it shows).
 LAB_STATE = """
 const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
 if (!panel) { return null; }
@@ -52,6 +55,7 @@ const cells = [...panel.querySelectorAll('.jp-CodeCell')].map(cell => {
     texts: outputs.filter(o => !o.matches(WIDGET)).map(o => o.textContent.slice(0, 300)),
     images: [...cell.querySelectorAll('.jp-OutputArea-output img')]
         .map(i => ({complete: i.complete, width: i.naturalWidth})),
+    tables: cell.querySelectorAll('.jp-OutputArea-output table.course-table').length,
     widgets: [...cell.querySelectorAll(WIDGET)].map(o => ({
       text: o.textContent.slice(0, 200),
       hidden: o.classList.contains('lm-mod-hidden'),
@@ -77,6 +81,7 @@ const cells = Jupyter.notebook.get_cells().filter(c => c.cell_type === 'code').m
     texts: outputs.filter(o => !o.matches(WIDGET)).map(o => o.textContent.slice(0, 300)),
     images: [...el.querySelectorAll('.output_subarea img')]
         .map(i => ({complete: i.complete, width: i.naturalWidth})),
+    tables: el.querySelectorAll('.output_subarea table.course-table').length,
     widgets: [...el.querySelectorAll(WIDGET)].map(o => ({
       text: o.textContent.slice(0, 200),
       hidden: o.style.display === 'none',
@@ -161,6 +166,8 @@ def lesson_problems(code: list[str], state: dict) -> list[str]:
                 images += 1
             else:
                 problems.append(f"{where} has an image that did not load")
+        if TABLE_CALL.search(source) and not cell.get("tables"):
+            problems.append(f"{where} shows a results table, but not as an HTML <table>")
         shown = [w for w in cell["widgets"] if not w["hidden"]]
         for widget in shown:
             if not widget["drawn"] or any(b in widget["text"] for b in BROKEN_WIDGET):

@@ -9,9 +9,9 @@ from page_checks import lesson_problems, widget_summary
 CODE = ["import course_utils as cu", "cu.widgets.pipeline_widget()", "cu.plots.bars([1, 2])"]
 
 
-def _cell(prompt="[1]:", errors=(), texts=(), images=(), widgets=()):
+def _cell(prompt="[1]:", errors=(), texts=(), images=(), widgets=(), tables=0):
     return {"prompt": prompt, "errors": list(errors), "texts": list(texts),
-            "images": list(images), "widgets": list(widgets)}
+            "images": list(images), "widgets": list(widgets), "tables": tables}
 
 
 SLIDER = {"text": "parallel calls 1", "hidden": False, "drawn": True, "controls": 3}
@@ -63,3 +63,11 @@ def test_unrun_cells_a_busy_kernel_and_missing_cells_are_problems():
     busy = {**GOOD, "idle": False, "status": "Busy"}
     assert "not idle" in lesson_problems(CODE, busy)[0]
     assert "3 code cells" in lesson_problems([*CODE, "print(1)"], GOOD)[0]
+
+
+def test_a_results_table_must_arrive_as_an_html_table():
+    code = [*CODE, "cu.show_table(rows)"]
+    shown = {**GOOD, "cells": [*GOOD["cells"], _cell("[4]:", tables=1)]}
+    assert lesson_problems(code, shown) == []
+    as_text = {**GOOD, "cells": [*GOOD["cells"], _cell("[4]:", texts=["replicas  speed-up"])]}
+    assert "not as an HTML <table>" in lesson_problems(code, as_text)[0]
