@@ -27,7 +27,7 @@ OUT         ?= gradebook.csv
 FEEDBACK    ?= feedback
 TIMEOUT     ?= 300
 
-.PHONY: help install lab test lint stripped sync unit nbval notebooks html exercises grade \
+.PHONY: help install lab test lint stripped sync unit nbval book test-book exercises grade \
         bench doctor strip clean test-fast unit-fast test-busy test-colab-stack test-browser \
         test-browser-classic works-where
 
@@ -37,7 +37,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[lab,grading,dev]"
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[lab,grading,dev,book]"
 	@touch $(STAMP)
 
 install: $(STAMP)  ## create .venv (when missing) and install the course into it
@@ -82,19 +82,19 @@ test-busy: $(STAMP)  ## lessons and solutions under nbval while 2 processes load
 	tests/tools/with_busy_cores.sh $(BIN)/python sh -c \
 		'COURSE_STRICT_CHECKS=1 $(NBVAL) solutions && $(NBVAL) notebooks'
 
-# make html HTML_NOTEBOOKS="notebooks/01_input_pipelines.ipynb" renders only those (the index
-# lists every notebook and links the rendered ones).
-HTML_DIR       ?= _build/html
-HTML_NOTEBOOKS ?= $(NOTEBOOKS)
+# make book: the course as a book in _build/book (Sphinx, MyST-NB, sphinx-book-theme; builds
+# offline). Every notebook is executed once; results are cached in _build/book_cache, so a
+# rebuild re-runs only the notebooks that changed. Warnings are errors: a failing cell, a broken
+# cross-reference or a missing image fails the build. BOOK_SOLUTIONS=0 leaves the solutions out
+# (a public build); BOOK_EXECUTE=off builds without running anything (quick, outputs empty).
+BOOK_DIR      ?= _build/book
+BOOK_SOLUTIONS ?= 1
+BOOK_EXECUTE   ?= cache
 
-notebooks html: $(STAMP)  ## executed HTML copy of the course in _build/html, index.html in course order
-	@for nb in $(HTML_NOTEBOOKS); do \
-		$(BIN)/python -m jupyter nbconvert --to html --execute \
-			--output-dir "$(HTML_DIR)/$$(dirname $$nb)" --ExecutePreprocessor.timeout=600 \
-			--ExecutePreprocessor.kernel_name=python3 "$$nb" || exit 1; \
-	done
-	$(BIN)/python -m course_utils.site $(HTML_DIR)
-	@echo "open $(HTML_DIR)/index.html"
+book: $(STAMP)  ## the course as a searchable book in _build/book (executes every notebook once)
+	BOOK_SOLUTIONS=$(BOOK_SOLUTIONS) BOOK_EXECUTE=$(BOOK_EXECUTE) $(BIN)/sphinx-build -b html \
+		-c docs/book -W --keep-going -q . $(BOOK_DIR)
+	@echo "open $(BOOK_DIR)/index.html"
 
 # make test-browser: each lesson in JupyterLab in headless Chromium (Debian's chromium and
 # chromium-driver, no browser download), driven by selenium from a small venv of its own.
@@ -130,6 +130,14 @@ test-browser-classic: $(COLAB_VENV)/.installed $(BROWSER_VENV)/.installed  ## th
 		BROWSER_CLASSIC_NOTEBOOKS="$(BROWSER_CLASSIC_NOTEBOOKS)" $(BROWSER_VENV)/bin/python \
 		-m pytest tests/browser/test_widget_lessons_in_classic_notebook.py \
 		--confcutdir=tests/browser -p no:cacheprovider -v -s
+
+# make test-book: the built book in headless Chromium (as test-browser): landing page, every page
+# of the table of contents without console errors and with its images, next/previous in course
+# order, search, HTML result tables; screenshots in _build/browser/book.
+test-book: book $(BROWSER_VENV)/.installed  ## build the book, then check it in headless Chromium
+	$(CHROMIUM_CHECK)
+	COURSE_BROWSER_TESTS=1 BOOK_DIR="$(BOOK_DIR)" $(BROWSER_VENV)/bin/python -m pytest \
+		tests/browser/test_book_in_browser.py --confcutdir=tests/browser -p no:cacheprovider -v -s
 
 exercises: $(STAMP)  ## generate exercises/ from solutions/
 	$(BIN)/python -m course_utils exercises

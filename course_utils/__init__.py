@@ -19,6 +19,7 @@ COURSE_BRANCH = "main"
 
 _SUBMODULES = (
     "bench",
+    "book",
     "cluster",
     "data",
     "devices",
@@ -36,7 +37,6 @@ _SUBMODULES = (
     "profiling",
     "quiet",
     "reductions",
-    "site",
     "strategies",
     "tables",
     "tflogs",
@@ -67,9 +67,9 @@ _EXPORTS = {
 __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
-    "bench", "cluster", "data", "devices", "environment", "grading", "grid", "memory",
+    "bench", "book", "cluster", "data", "devices", "environment", "grading", "grid", "memory",
     "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots",
-    "profiling", "quiet", "reductions", "site", "strategies", "tables", "tflogs", "tpu",
+    "profiling", "quiet", "reductions", "strategies", "tables", "tflogs", "tpu",
     "training", "widgets", "works_where",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",

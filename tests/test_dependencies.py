@@ -78,7 +78,7 @@ def test_the_lock_pins_every_package_the_course_environment_needs(tmp_path):
     report = tmp_path / "report.json"
     result = subprocess.run(
         [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-         "-c", str(REPO / "requirements" / "lock.txt"), f"{REPO}[lab,grading,dev]"],
+         "-c", str(REPO / "requirements" / "lock.txt"), f"{REPO}[lab,grading,dev,book]"],
         capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     installs = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]

@@ -55,7 +55,7 @@ def test_runtime_dependencies_are_ranges_without_front_ends_or_test_tools():
             f"{requirement} is an exact pin: on Colab pip would replace the runtime's own")
     for absent in ("jupyterlab", "notebook", "nbclient", "nbconvert", "pytest", "nbval", "ruff"):
         assert absent not in runtime, f"{absent} is not a runtime dependency of course_utils"
-    assert set(project["optional-dependencies"]) == {"lab", "grading", "dev"}
+    assert set(project["optional-dependencies"]) == {"lab", "grading", "dev", "book"}
     assert "jupyterlab" in {_name(r) for r in project["optional-dependencies"]["lab"]}
 
 
@@ -108,7 +108,7 @@ def test_makefile_installs_with_the_lock():
     assert "LOCK         = requirements/lock.txt" in makefile
     stamp_rule = next(line for line in makefile.splitlines() if line.startswith("$(STAMP):"))
     assert "$(LOCK)" in stamp_rule and "pyproject.toml" in stamp_rule
-    assert 'pip install --quiet -c $(LOCK) -e ".[lab,grading,dev]"' in makefile
+    assert 'pip install --quiet -c $(LOCK) -e ".[lab,grading,dev,book]"' in makefile
 
 
 def test_environment_yml_uses_the_same_python_as_the_readme():
@@ -138,7 +138,7 @@ def test_makefile_has_the_targets_the_readme_names():
                for name in names.split()}
     for target in set(re.findall(r"`make ([a-z][a-z-]*)", readme)):
         assert target in targets, f"README names make {target}, the Makefile lacks it"
-    for target in ("lab", "test", "notebooks", "html", "exercises", "grade", "bench"):
+    for target in ("lab", "test", "book", "exercises", "grade", "bench"):
         assert target in targets, target
 
 
