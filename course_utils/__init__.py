@@ -26,6 +26,7 @@ _SUBMODULES = (
     "environment",
     "grading",
     "grid",
+    "instructor",
     "memory",
     "mixed_precision",
     "models",
@@ -67,7 +68,8 @@ _EXPORTS = {
 __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
-    "bench", "book", "cluster", "data", "devices", "environment", "grading", "grid", "memory",
+    "bench", "book", "cluster", "data", "devices", "environment", "grading", "grid", "instructor",
+    "memory",
     "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots",
     "profiling", "quiet", "reductions", "strategies", "tables", "tflogs", "tpu",
     "training", "widgets", "works_where",

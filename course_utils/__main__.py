@@ -4,6 +4,10 @@ Commands:
   doctor      print a report of this machine and what each lesson can use here
   exercises   generate exercises/ from solutions/ (``--check`` fails when out of sync)
   grade       grade a folder of submitted exercise notebooks into a CSV gradebook
+              (--format gradescope: one learner's submission into Gradescope's results.json)
+  check       run one exercise notebook as the grader does and print its points
+  gradescope  build: Gradescope's autograder zip (--lessons 03 04 ... --out autograder.zip)
+  canvas      a Canvas gradebook import of a CSV gradebook
   new         scaffold a lesson: new NN name ["Title"] writes notebooks/NN_name.ipynb, its
               solutions and exercises notebooks, course_utils/grading/checks/lesson_NN.py and
               tests/test_checks_lesson_NN.py (never overwrites; the title defaults to the name,
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import sys
 
-_GRADING_COMMANDS = ("exercises", "grade", "check")
+_GRADING_COMMANDS = ("exercises", "grade", "check", "gradescope", "canvas")
 
 
 def _title_from_name(name: str) -> str:
@@ -43,7 +47,7 @@ def _new(rest: list[str]) -> int:
         return 2
     from pathlib import Path
 
-    from course_utils.grading.scaffold import scaffold_lesson
+    from course_utils.instructor.scaffold import scaffold_lesson
 
     try:
         files = scaffold_lesson(Path.cwd(), *rest)
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return works_where_main(rest)
     if command in _GRADING_COMMANDS:
-        from course_utils.grading.cli import main as grading_main
+        from course_utils.instructor.cli import main as grading_main
 
         return grading_main(argv)
     print(f"unknown command {command!r}.\n{__doc__}", file=sys.stderr)

@@ -11,7 +11,7 @@ import course_utils as cu
 from course_utils.grading import framework
 from course_utils.grading.checks import lesson_00
 from course_utils.grading.framework import Case, NotAttemptedError, compare, run_check
-from course_utils.grading.notebooks import check_cells
+from course_utils.instructor.cells import check_cells
 
 
 def stub(*args):
@@ -26,7 +26,7 @@ def test_importing_grading_does_not_import_tensorflow():
     import sys
 
     code = ("import sys, course_utils as cu; cu.grading.check_diagnose_step; "
-            "import course_utils.grading.batch, course_utils.grading.cli; "
+            "import course_utils.instructor.batch, course_utils.instructor.cli; "
             "print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

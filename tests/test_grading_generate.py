@@ -7,20 +7,20 @@ import shutil
 import nbformat
 import pytest
 
-from course_utils.grading import cli
-from course_utils.grading.generate import (
-    SolutionFormatError,
-    exercise_from_solution,
-    generate,
-    out_of_sync,
-    strip_solution,
-)
-from course_utils.grading.notebooks import (
+from course_utils.instructor import cli
+from course_utils.instructor.cells import (
     check_cells,
     grade_id,
     is_solution_cell,
     nbgrader_meta,
     notebook_key,
+)
+from course_utils.instructor.generate import (
+    SolutionFormatError,
+    exercise_from_solution,
+    generate,
+    out_of_sync,
+    strip_solution,
 )
 
 SOLUTION = "solutions/00_setup_solutions.ipynb"

@@ -15,12 +15,13 @@ import nbformat
 import psutil
 import pytest
 
-from course_utils.grading import cli
-from course_utils.grading.assemble import prepare
-from course_utils.grading.batch import PACKAGE_DIR, grade_folder
-from course_utils.grading.discover import find_submissions, pick_latest, safe_name
-from course_utils.grading.gradebook import COLUMNS, Gradebook, Row, read_rows
-from course_utils.grading.notebooks import grade_id, notebook_key
+from course_utils.instructor import cli
+from course_utils.instructor.assemble import prepare
+from course_utils.instructor.batch import grade_folder
+from course_utils.instructor.cells import grade_id, notebook_key
+from course_utils.instructor.gradebook import COLUMNS, Gradebook, Row, read_rows
+from course_utils.instructor.sandbox import PACKAGE_DIR
+from course_utils.instructor.submissions import find_submissions, pick_latest, safe_name
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = "00_setup_exercises.ipynb"

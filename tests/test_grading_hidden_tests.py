@@ -10,18 +10,18 @@ import nbformat
 import pytest
 
 import course_utils as cu
-from course_utils.grading.assemble import prepare
 from course_utils.grading.checks import lesson_00, registry
 from course_utils.grading.framework import NotAttemptedError, stderr_to_stdout
-from course_utils.grading.generate import exercise_from_solution
-from course_utils.grading.hidden_tests import (
+from course_utils.instructor.assemble import prepare
+from course_utils.instructor.cells import check_cells
+from course_utils.instructor.generate import exercise_from_solution
+from course_utils.instructor.hidden_tests import (
     HiddenTestsFormatError,
     check_cell_problems,
     check_cell_source,
     has_hidden_tests,
     strip_hidden_tests,
 )
-from course_utils.grading.notebooks import check_cells
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 PACKAGE = Path(cu.__file__).resolve().parent

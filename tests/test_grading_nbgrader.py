@@ -20,11 +20,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils.grading.batch import grade_folder
 from course_utils.grading.framework import STRICT_ENV
-from course_utils.grading.generate import exercise_path_for, solution_notebooks
-from course_utils.grading.gradebook import read_rows
-from course_utils.grading.notebooks import grade_id, is_check_cell, is_solution_cell
+from course_utils.instructor.batch import grade_folder
+from course_utils.instructor.cells import grade_id, is_check_cell, is_solution_cell
+from course_utils.instructor.generate import exercise_path_for, solution_notebooks
+from course_utils.instructor.gradebook import read_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 

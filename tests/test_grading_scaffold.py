@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from course_utils import notebooks
-from course_utils.grading.generate import out_of_sync
-from course_utils.grading.hidden_tests import check_cell_problems
-from course_utils.grading.notebooks import check_cells, read_notebook
-from course_utils.grading.scaffold import lesson_files, scaffold_lesson
+from course_utils.instructor.cells import check_cells, read_notebook
+from course_utils.instructor.generate import out_of_sync
+from course_utils.instructor.hidden_tests import check_cell_problems
+from course_utils.instructor.scaffold import lesson_files, scaffold_lesson
 
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ("course_utils", "tests", "solutions", "exercises", "notebooks", "conftest.py",

@@ -1,8 +1,12 @@
-"""``python -m course_utils exercises|grade|check ...``: the grading commands.
+"""``python -m course_utils exercises|grade|check|gradescope|canvas ...``: the instructor's
+commands.
 
   exercises [--check]           generate exercises/ from solutions/ (--check: fail when out of sync)
   grade SUBMISSIONS --out CSV   grade a folder of submitted notebooks into a CSV gradebook
+                                (--format gradescope: one learner's folder into results.json)
   check NOTEBOOK                run one notebook as the grader does and print its score
+  gradescope build --out ZIP    Gradescope's autograder zip (--lessons 03 04 ...: only those)
+  canvas GRADEBOOK --out CSV    a Canvas gradebook import of a CSV gradebook
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ EXERCISES = Path("exercises")
 
 
 def _exercises(argv: list[str]) -> int:
-    from course_utils.grading.generate import SolutionFormatError, generate, out_of_sync
+    from course_utils.instructor.generate import SolutionFormatError, generate, out_of_sync
 
     parser = argparse.ArgumentParser(
         prog="python -m course_utils exercises",
@@ -53,8 +57,9 @@ def _exercises(argv: list[str]) -> int:
 
 
 def _grade(argv: list[str]) -> int:
-    from course_utils.grading.batch import DEFAULT_TIMEOUT, grade_folder
-    from course_utils.grading.feedback import summary_table
+    from course_utils.instructor.batch import DEFAULT_JOBS, DEFAULT_TIMEOUT, grade_folder
+    from course_utils.instructor.feedback import summary_table
+    from course_utils.instructor.gradescope import VISIBILITIES, grade_for_gradescope
 
     parser = argparse.ArgumentParser(
         prog="python -m course_utils grade",
@@ -64,14 +69,24 @@ def _grade(argv: list[str]) -> int:
                     "Submitted code runs with your rights: use a container for untrusted classes.")
     parser.add_argument("submissions", type=Path, help="folder with one sub-folder per student")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="default: solutions/")
-    parser.add_argument("--out", type=Path, default=Path("gradebook.csv"),
-                        help="CSV gradebook, appended to and resumed (default: gradebook.csv)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="CSV gradebook, appended to and resumed (default: gradebook.csv); "
+                             "with --format gradescope, results.json")
+    parser.add_argument("--format", choices=("csv", "gradescope"), default="csv",
+                        help="gradescope: SUBMISSIONS is one learner's folder (Gradescope's "
+                             "/autograder/submission), written as Gradescope's results.json")
+    parser.add_argument("--visibility", choices=VISIBILITIES, default="visible",
+                        help="--format gradescope: when learners see their results")
+    parser.add_argument("--hidden-visibility", choices=VISIBILITIES, default="after_published",
+                        help="--format gradescope: the same for checks tagged gradescope-hidden")
     parser.add_argument("--feedback", type=Path, default=None,
                         help="folder for one Markdown feedback file per student")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds per notebook, kernel start included "
                              f"(default {DEFAULT_TIMEOUT:g})")
-    parser.add_argument("--jobs", type=int, default=1, help="notebooks graded at once")
+    parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
+                        help=f"notebooks graded at once, each in its own kernel (default: one "
+                             f"per core, {DEFAULT_JOBS} here)")
     parser.add_argument("--force", action="store_true",
                         help="grade again what the gradebook already holds")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -80,6 +95,18 @@ def _grade(argv: list[str]) -> int:
         parser.error(f"{args.submissions} is not a folder")
     if not args.solutions.is_dir():
         parser.error(f"{args.solutions} is not a folder")
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: grade at least one notebook at a time")
+    if args.format == "gradescope":
+        out = args.out or Path("results.json")
+        result = grade_for_gradescope(args.submissions, args.solutions, out,
+                                      timeout=args.timeout, jobs=args.jobs,
+                                      visibility=args.visibility,
+                                      hidden_visibility=args.hidden_visibility)
+        print(result["output"])
+        print(f"score {result['score']:g}; wrote {out}")
+        return 0
+    args.out = args.out or Path("gradebook.csv")
     try:
         result = grade_folder(args.submissions, args.solutions, args.out,
                               feedback_dir=args.feedback, timeout=args.timeout, jobs=args.jobs,
@@ -105,11 +132,11 @@ def _grade(argv: list[str]) -> int:
 
 
 def _check(argv: list[str]) -> int:
-    from course_utils.grading.batch import DEFAULT_TIMEOUT, grade_submission, load_solutions
-    from course_utils.grading.discover import Submission
-    from course_utils.grading.feedback import student_markdown
-    from course_utils.grading.gradebook import PASSED, UNGRADABLE
-    from course_utils.grading.notebooks import notebook_key
+    from course_utils.instructor.batch import DEFAULT_TIMEOUT, grade_submission, load_solutions
+    from course_utils.instructor.cells import notebook_key
+    from course_utils.instructor.feedback import student_markdown
+    from course_utils.instructor.gradebook import PASSED, UNGRADABLE
+    from course_utils.instructor.submissions import Submission
 
     parser = argparse.ArgumentParser(
         prog="python -m course_utils check",
@@ -131,11 +158,57 @@ def _check(argv: list[str]) -> int:
     return 0 if rows and all(r.status == PASSED for r in rows) else 1
 
 
-COMMANDS = {"exercises": _exercises, "grade": _grade, "check": _check}
+def _gradescope(argv: list[str]) -> int:
+    from course_utils.instructor.gradescope import VISIBILITIES, build_autograder
+
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils gradescope",
+        description="build: Gradescope's autograder zip (setup.sh installs the course at this "
+                    "version; run_autograder grades /autograder/submission with our grader).")
+    parser.add_argument("action", choices=("build",))
+    parser.add_argument("--lessons", nargs="*", default=[],
+                        help="lesson numbers to grade, e.g. 03 04 (default: every lesson)")
+    parser.add_argument("--out", type=Path, default=Path("autograder.zip"))
+    parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="default: solutions/")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds per notebook on Gradescope (default 300)")
+    parser.add_argument("--jobs", type=int, default=2, help="notebooks graded at once (2)")
+    parser.add_argument("--visibility", choices=VISIBILITIES, default="visible")
+    parser.add_argument("--hidden-visibility", choices=VISIBILITIES, default="after_published")
+    args = parser.parse_args(argv)
+    try:
+        out = build_autograder(args.out, args.solutions, args.lessons, timeout=args.timeout,
+                               jobs=args.jobs, visibility=args.visibility,
+                               hidden_visibility=args.hidden_visibility)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"wrote {out}: upload it as the assignment's autograder (Ubuntu 22.04 or newer)")
+    return 0
+
+
+def _canvas(argv: list[str]) -> int:
+    from course_utils.instructor.canvas import write_canvas_csv
+
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils canvas",
+        description="A Canvas gradebook import (Grades → Import) of a CSV gradebook: one column "
+                    "per notebook. Student folders must be named by Canvas login ID.")
+    parser.add_argument("gradebook", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("canvas.csv"))
+    args = parser.parse_args(argv)
+    try:
+        print(f"wrote {write_canvas_csv(args.gradebook, args.out)}")
+    except FileNotFoundError as error:
+        parser.error(str(error))
+    return 0
+
+
+COMMANDS = {"exercises": _exercises, "grade": _grade, "check": _check,
+            "gradescope": _gradescope, "canvas": _canvas}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``argv[0]`` (exercises, grade or check) with the remaining arguments."""
+    """Run ``argv[0]`` (a command of :data:`COMMANDS`) with the remaining arguments."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The grader's worker: ``python -m course_utils.grading.worker JOB.json RESULT.json``.
+"""The grader's worker: ``python -m course_utils.instructor.check_runner JOB.json RESULT.json``.
 
 Runs one prepared notebook (``execute_notebook``) in its own process, so the batch grader can
 kill it, its kernel and everything they started when it overruns, and writes the outcome as
@@ -7,28 +7,17 @@ JSON. The parent process does the scoring; this process only executes.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 from pathlib import Path
 
 import nbformat
-import psutil
 
-from course_utils.grading.execute import execute_notebook
+from course_utils.instructor.execute import execute_notebook
+from course_utils.instructor.sandbox import kill_process_tree
 
 __all__ = ["main"]
-
-
-def _kill_descendants() -> None:
-    """Kill every process this worker started (the kernel and whatever it spawned)."""
-    with contextlib.suppress(psutil.Error):
-        children = psutil.Process().children(recursive=True)
-        for child in children:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        psutil.wait_procs(children, timeout=5)
 
 
 def main(argv: list[str]) -> int:
@@ -41,7 +30,7 @@ def main(argv: list[str]) -> int:
                                             timeout=float(job["timeout"]),
                                             ipc_dir=job_path.parent / "ipc")
     finally:
-        _kill_descendants()
+        kill_process_tree(os.getpid(), include_root=False)  # the kernel and its children
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"status": status, "cells": [o.to_dict() for o in outcomes]}),
                    encoding="utf-8")

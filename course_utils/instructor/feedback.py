@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from course_utils.grading.discover import safe_name
-from course_utils.grading.gradebook import PASSED, Row, _format
+from course_utils.instructor.gradebook import PASSED, Row, _format
+from course_utils.instructor.submissions import safe_name
 
 __all__ = ["student_markdown", "summary_table", "write_feedback"]
 

@@ -1,17 +1,31 @@
-"""Find submissions: ``SUBMISSIONS/<student>/<notebook>.ipynb`` or nbgrader's
-``submitted/<student>/<assignment>/<notebook>.ipynb``; safe file names for student names."""
+"""Reading what the grader grades: the submissions (``SUBMISSIONS/<student>/<notebook>.ipynb``
+or nbgrader's ``submitted/<student>/<assignment>/<notebook>.ipynb``), each one's notebook (or why
+it cannot be read), safe file names for student names, and the solution notebooks."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from course_utils.grading.notebooks import exercise_name, notebook_key
+import nbformat
 
-__all__ = ["Submission", "find_submissions", "pick_latest", "safe_name"]
+from course_utils.instructor.cells import (
+    SOLUTION_SUFFIX,
+    check_cells,
+    exercise_name,
+    grade_id,
+    notebook_key,
+    points,
+    read_notebook,
+)
+
+__all__ = ["Solution", "Submission", "find_submissions", "load_solutions", "pick_latest",
+           "read_submission", "safe_name"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -73,3 +87,52 @@ def pick_latest(submissions: list[Submission]) -> tuple[list[Submission], list[t
         dropped.extend((other, group[-1]) for other in group[:-1])
     kept.sort(key=lambda s: (s.student, s.notebook))
     return kept, dropped
+
+
+def read_submission(path: Path) -> tuple[Any | None, str]:
+    """The notebook, or None and why it cannot be read."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        return None, f"cannot read the file: {error}"
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        return None, "not a text file (not UTF-8), so not a notebook"
+    except json.JSONDecodeError as error:
+        return None, f"not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+    if not isinstance(data, dict) or not isinstance(data.get("cells", None), list) \
+            and data.get("nbformat") != 3:
+        return None, "valid JSON but not a Jupyter notebook (no list of cells)"
+    try:
+        nb = nbformat.reads(json.dumps(data), as_version=4)
+        for cell in nb.cells:
+            if cell.get("cell_type") not in ("code", "markdown", "raw") \
+                    or not isinstance(cell.get("source", ""), str):
+                raise ValueError(f"a cell of type {cell.get('cell_type')!r}")
+    except Exception as error:  # nbformat raises many types for malformed notebooks
+        return None, f"not a readable Jupyter notebook ({type(error).__name__}: {error})"
+    return nb, ""
+
+
+@dataclass
+class Solution:
+    """A solution notebook and its checks."""
+
+    key: str
+    path: Path
+    notebook: Any
+
+    @property
+    def checks(self) -> list[tuple[str, float]]:
+        """(grade_id, points) of every check, in order."""
+        return [(grade_id(c) or "", points(c)) for c in check_cells(self.notebook)]
+
+
+def load_solutions(directory: Path) -> dict[str, Solution]:
+    """Every ``NN_name_solutions.ipynb`` in ``directory``, by ``NN_name``."""
+    found = {}
+    for path in sorted(directory.glob(f"*{SOLUTION_SUFFIX}.ipynb")):
+        key = path.stem[: -len(SOLUTION_SUFFIX)]
+        found[key] = Solution(key, path, read_notebook(path))
+    return found

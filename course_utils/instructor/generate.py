@@ -24,18 +24,18 @@ import re
 from pathlib import Path
 from typing import Any
 
-from course_utils.grading.hidden_tests import (
-    HiddenTestsFormatError,
-    has_hidden_tests,
-    strip_hidden_tests,
-)
-from course_utils.grading.notebooks import (
+from course_utils.instructor.cells import (
     EXERCISE_SUFFIX,
     SOLUTION_SUFFIX,
     dumps,
     is_check_cell,
     is_solution_cell,
     read_notebook,
+)
+from course_utils.instructor.hidden_tests import (
+    HiddenTestsFormatError,
+    has_hidden_tests,
+    strip_hidden_tests,
 )
 
 __all__ = ["BEGIN", "CODE_STUB", "END", "MARKDOWN_STUB", "TOLERANT_TAG", "SolutionFormatError",

@@ -21,9 +21,9 @@ from pathlib import Path
 import nbformat
 
 from course_utils.grading.checks import LESSON_PREFIX
-from course_utils.grading.generate import render_exercise
-from course_utils.grading.hidden_tests import check_cell_source
-from course_utils.grading.notebooks import NBGRADER_SCHEMA, SOLUTION_SUFFIX
+from course_utils.instructor.cells import NBGRADER_SCHEMA, SOLUTION_SUFFIX
+from course_utils.instructor.generate import render_exercise
+from course_utils.instructor.hidden_tests import check_cell_source
 from course_utils.notebooks import colab_badge, new_notebook, setup_cell_source
 
 __all__ = ["lesson_files", "scaffold_lesson"]

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course_utils.grading.hidden_tests import strip_hidden_tests
-from course_utils.grading.notebooks import (
+from course_utils.instructor.cells import (
     grade_id,
     is_check_cell,
     is_locked_cell,
     points,
 )
+from course_utils.instructor.hidden_tests import strip_hidden_tests
 
 __all__ = ["CHECK_MARKER", "GUARD", "CheckSpec", "Prepared", "guard_source", "prepare"]
 

@@ -1,0 +1,202 @@
+"""Gradescope: the built autograder run as Gradescope runs it, and results.json checked against
+the documented format (a JSON Schema kept in tests/fixtures/gradescope).
+
+The autograder zip is unpacked into a temporary root laid out as Gradescope lays out
+``/autograder`` (``source/``, ``submission/``, ``results/``) and its ``run_autograder`` runs with
+``GRADESCOPE_ROOT`` pointing there and this Python as ``COURSE_PYTHON`` (``setup.sh``, which
+installs Python and the course on Gradescope's image, is checked for what it installs, not run).
+Every exercise notebook is submitted blank, partial (its first exercise solved) and good; then
+the hostile submissions the batch grader survives.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import nbformat
+import pytest
+
+from course_utils.instructor import gradescope
+from course_utils.instructor.canvas import canvas_rows, write_canvas_csv
+from course_utils.instructor.cells import grade_id, is_check_cell, is_solution_cell
+from course_utils.instructor.generate import exercise_from_solution, exercise_path_for
+from course_utils.instructor.gradebook import FAILED, PASSED, Gradebook, Row
+from course_utils.instructor.submissions import load_solutions
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((REPO / "tests/fixtures/gradescope/results.schema.json").read_text())
+TIMEOUT = 120  # seconds per notebook in the test's autograder (the endless loop costs this)
+sys.path.insert(0, str(REPO / "tests" / "fixtures" / "grading"))
+import make_submissions  # noqa: E402
+
+
+def _valid(results: dict) -> dict:
+    jsonschema.validate(results, SCHEMA)
+    return results
+
+
+# --- without a kernel -------------------------------------------------------------------------
+
+def test_results_json_has_a_test_per_check_and_zeros_for_missing_notebooks():
+    solutions = load_solutions(REPO / "solutions")
+    key = sorted(solutions)[0]
+    rows = [Row("s", f"{key}_exercises.ipynb", gid, pts if i == 0 else 0.0, pts,
+                PASSED if i == 0 else FAILED, "" if i == 0 else "x" * 20_000)
+            for i, (gid, pts) in enumerate(solutions[key].checks)]
+    result = _valid(gradescope.results_json({key: rows}, solutions, seconds=1.5))
+    assert len(result["tests"]) == sum(len(s.checks) for s in solutions.values())
+    ours = [t for t in result["tests"] if t["name"].startswith(key)]
+    assert ours[0]["status"] == "passed" and ours[0]["score"] == ours[0]["max_score"] > 0
+    assert len(ours[1]["output"]) <= gradescope.OUTPUT_LIMIT  # the kernel's output is capped
+    others = [t for t in result["tests"] if not t["name"].startswith(key)]
+    assert all(t["score"] == 0 and "not submitted" in t["output"] for t in others)
+    assert result["score"] == ours[0]["score"]
+
+
+def test_a_check_tagged_hidden_gets_the_hidden_visibility():
+    solutions = load_solutions(REPO / "solutions")
+    key = sorted(solutions)[0]
+    solution = copy.deepcopy(solutions[key])
+    check = next(c for c in solution.notebook.cells if is_check_cell(c))
+    check.metadata.setdefault("tags", []).append(gradescope.HIDDEN_TAG)
+    result = _valid(gradescope.results_json({}, {key: solution}, seconds=0,
+                                            hidden_visibility="hidden"))
+    visibility = {t["name"]: t["visibility"] for t in result["tests"]}
+    assert visibility[f"{key} · {grade_id(check)}"] == "hidden"
+    assert list(visibility.values()).count("visible") == len(visibility) - 1
+
+
+def test_the_autograder_zip_holds_the_scripts_the_course_and_the_chosen_solutions(tmp_path):
+    out = gradescope.build_autograder(tmp_path / "a.zip", REPO / "solutions", ["00", "01"])
+    with zipfile.ZipFile(out) as archive:
+        names = set(archive.namelist())
+        setup = archive.read("setup.sh").decode()
+        mode = archive.getinfo("run_autograder").external_attr >> 16
+    assert {"setup.sh", "run_autograder", "course/pyproject.toml",
+            "course/requirements/lock.txt", "course/course_utils/__init__.py"} <= names
+    assert sorted(n for n in names if n.startswith("solutions/")) == [
+        "solutions/00_setup_solutions.ipynb", "solutions/01_input_pipelines_solutions.ipynb"]
+    assert mode & 0o111, "run_autograder must be executable"
+    assert "requirements/lock.txt" in setup and "[grading]" in setup and "ipykernel" in setup
+    with pytest.raises(ValueError, match="99"):
+        gradescope.build_autograder(tmp_path / "b.zip", REPO / "solutions", ["99"])
+    with pytest.raises(ValueError, match="visibility"):
+        gradescope.build_autograder(tmp_path / "c.zip", REPO / "solutions", visibility="soon")
+
+
+def test_canvas_export_has_one_column_per_notebook_and_points_possible(tmp_path):
+    book = Gradebook(tmp_path / "gradebook.csv")
+    book.add([Row("ana", "00_setup_exercises.ipynb", "check_a", 2, 2, PASSED),
+              Row("ana", "00_setup_exercises.ipynb", "check_b", 0, 3, FAILED),
+              Row("bo", "01_input_pipelines_exercises.ipynb", "check_c", 4, 4, PASSED),
+              Row("", "stray.ipynb", "", 0, 0, "no student folder")])
+    rows = canvas_rows(tmp_path / "gradebook.csv")
+    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section",
+                       "00 setup", "01 input pipelines"]
+    assert rows[1][0] == "Points Possible" and rows[1][5:] == ["5", "4"]
+    assert rows[2] == ["ana", "", "", "ana", "", "2", ""]
+    assert rows[3] == ["bo", "", "", "bo", "", "", "4"]
+    assert write_canvas_csv(tmp_path / "gradebook.csv", tmp_path / "c.csv").is_file()
+    with pytest.raises(FileNotFoundError):
+        write_canvas_csv(tmp_path / "none.csv", tmp_path / "d.csv")
+
+
+# --- the autograder, run ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def autograder(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("gradescope_root")
+    zip_path = gradescope.build_autograder(root.parent / "autograder.zip", REPO / "solutions",
+                                           timeout=TIMEOUT, jobs=2)
+    gradescope.unpack_autograder(zip_path, root)
+    return root
+
+
+def _run(root: Path, files: dict[str, str]) -> dict:
+    """Submit ``files`` (name -> text), run ``run_autograder``, return the validated results."""
+    submission = root / "submission"
+    for old in submission.glob("*"):
+        old.unlink()
+    (root / "results" / "results.json").unlink(missing_ok=True)
+    for name, text in files.items():
+        (submission / name).write_text(text, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_")}
+    env.update(GRADESCOPE_ROOT=str(root), COURSE_PYTHON=sys.executable,
+               PYTHONPATH=str(root / "source" / "course"))
+    run = subprocess.run([str(root / "source" / "run_autograder")], env=env, cwd=root,
+                         capture_output=True, text=True, timeout=3600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    return _valid(json.loads((root / "results" / "results.json").read_text()))
+
+
+def _copies(level: str) -> dict[str, str]:
+    """Every exercise notebook as a learner submits it at ``level``: blank, partial, good."""
+    files = {}
+    for path in sorted((REPO / "solutions").glob("*_solutions.ipynb")):
+        solution = nbformat.read(path, as_version=4)
+        exercise = exercise_from_solution(copy.deepcopy(solution), "s", "e")
+        answers = {grade_id(c): c.source for c in solution.cells if is_solution_cell(c)}
+        first_check = next(i for i, c in enumerate(solution.cells) if is_check_cell(c))
+        solve = {"blank": set(), "good": set(answers),
+                 "partial": {grade_id(c) for c in solution.cells[:first_check]
+                             if is_solution_cell(c)}}[level]
+        for cell in exercise.cells:
+            if is_solution_cell(cell) and grade_id(cell) in solve:
+                cell.source = answers[grade_id(cell)]
+        files[exercise_path_for(path, Path()).name] = nbformat.writes(exercise)
+    return files
+
+
+def _by_notebook(results: dict) -> dict[str, tuple[float, float]]:
+    sums: dict[str, list[float]] = {}
+    for test in results["tests"]:
+        key = test["name"].split(" · ")[0]
+        got, top = sums.setdefault(key, [0.0, 0.0])
+        sums[key] = [got + test["score"], top + test["max_score"]]
+    return {key: (got, top) for key, (got, top) in sums.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", ["blank", "partial", "good"])
+def test_every_exercise_notebook_scores_blank_zero_partial_between_good_full(autograder, level):
+    results = _run(autograder, _copies(level))
+    scores = _by_notebook(results)
+    assert len(scores) == len(list((REPO / "solutions").glob("*_solutions.ipynb")))
+    for key, (got, top) in scores.items():
+        expected = {"blank": got == 0, "partial": 0 < got < top, "good": got == top}[level]
+        assert expected, f"{key}: {got:g} of {top:g} for a {level} submission\n{results['output']}"
+    print(f"gradescope {level}: " + ", ".join(f"{k} {g:g}/{t:g}" for k, (g, t) in scores.items()))
+
+
+HOSTILE = {  # scenario of make_submissions (lesson 00) -> the points it may get, of the total
+    "tampered": lambda got, top: got == 0,
+    "endless_loop": lambda got, top: 0 < got < top,
+    "segfault": lambda got, top: 0 < got < top,
+    "misbehaves": lambda got, top: got == top,
+    "invalid_json": lambda got, top: got == 0,
+    "not_a_notebook": lambda got, top: got == 0,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", HOSTILE)
+def test_hostile_submissions_never_break_the_results(autograder, scenario):
+    solution = nbformat.read(make_submissions.SOLUTION, as_version=4)
+    text = make_submissions.SCENARIOS[scenario](solution)
+    results = _run(autograder, {make_submissions.NOTEBOOK: text})
+    got, top = _by_notebook(results)[make_submissions.NOTEBOOK.split("_exercises")[0]]
+    assert HOSTILE[scenario](got, top), f"{scenario}: {got:g} of {top:g}\n{results['output']}"
+
+
+@pytest.mark.slow
+def test_an_empty_or_foreign_submission_gets_zero_and_says_why(autograder):
+    results = _run(autograder, {"notes.txt": "hello", "my_homework.ipynb": "{}"})
+    assert results["score"] == 0 and "not an exercise notebook" in results["output"]
+    assert all("not submitted" in test["output"] for test in results["tests"])
