@@ -163,16 +163,25 @@ def data_parallel_widget(examples: int = 60_000, base_learning_rate: float = 1e-
 
 # --- lesson 06: pipeline schedule and bubble -----------------------------------------------
 
-def gpipe_numbers(num_stages: int, num_micro_batches: int) -> dict[str, Any]:
-    """GPipe's schedule as a grid (stage × slot: "F3", "B0" or "") with its bubble, both ways.
+def gpipe_numbers(num_stages: int, num_micro_batches: int,
+                  schedule: str = "gpipe") -> dict[str, Any]:
+    """A pipeline schedule ("gpipe" or "1f1b") as a grid (stage × slot: "F3", "B0" or "").
 
     ``bubble`` is the formula (K−1)/(M+K−1); ``counted_bubble`` the empty cells over all cells of
-    ``cu.parallel.gpipe_schedule``; ``activations_in_flight`` the micro-batches whose activations
-    stage 0 keeps at the turn from forward to backward (all ``M`` in GPipe).
+    the schedule (``cu.parallel.schedules``); ``activations_in_flight`` the most micro-batches
+    whose activations stage 0 keeps at once, counted from the schedule (M for GPipe, at most K
+    for 1F1B).
     """
-    from course_utils.parallel.pipeline import bubble_fraction, gpipe_schedule, schedule_bubble
+    from course_utils.parallel.schedules import (
+        bubble_fraction,
+        gpipe_schedule,
+        one_f_one_b_schedule,
+        peak_in_flight,
+        schedule_bubble,
+    )
 
-    tasks = gpipe_schedule(num_stages, num_micro_batches)
+    build = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}[schedule]
+    tasks = build(num_stages, num_micro_batches)
     slots = max(task.slot for task in tasks) + 1
     grid = [[""] * slots for _ in range(num_stages)]
     for task in tasks:
@@ -180,22 +189,24 @@ def gpipe_numbers(num_stages: int, num_micro_batches: int) -> dict[str, Any]:
     return {"slots": slots, "grid": grid, "busy_cells": len(tasks),
             "bubble": bubble_fraction(num_stages, num_micro_batches),
             "counted_bubble": schedule_bubble(tasks, num_stages),
-            "activations_in_flight": num_micro_batches}
+            "activations_in_flight": peak_in_flight(tasks, num_stages)[0]}
 
 
 def gpipe_widget(num_stages: int = 4, num_micro_batches: int = 4) -> Any:
-    """Stages K and micro-batches M → the GPipe schedule (who works when) and its bubble."""
+    """Stages K, micro-batches M, GPipe or 1F1B → the schedule, its bubble, activations kept."""
     import ipywidgets
 
     stages = ipywidgets.IntSlider(value=num_stages, min=1, max=8, description="stages K")
     micro = ipywidgets.IntSlider(value=num_micro_batches, min=1, max=16,
                                  description="micro-batches M")
+    one_f_one_b = ipywidgets.Checkbox(value=False, description="1F1B (else GPipe)")
     output = ipywidgets.HTML()
     colours = {"F": "#4c72b0", "B": "#dd8452", "": "#dddddd"}
 
     def render(out: Any) -> None:
         k, m = stages.value, micro.value
-        n = gpipe_numbers(k, m)
+        name = "1F1B" if one_f_one_b.value else "GPipe"
+        n = gpipe_numbers(k, m, "1f1b" if one_f_one_b.value else "gpipe")
         rows = "".join(
             f"<tr><td style='padding-right:0.5em'>stage {s}</td>" + "".join(
                 f"<td style='background:{colours[cell[:1]]};color:white;font-size:9px;"
@@ -204,14 +215,15 @@ def gpipe_widget(num_stages: int = 4, num_micro_batches: int = 4) -> Any:
         summary = [("slots", f"{n['slots']} = 2 × (M + K − 1)"),
                    ("bubble (K−1)/(M+K−1)", f"{n['bubble']:.3f} = {k - 1}/{m + k - 1}"),
                    ("idle cells counted", f"{n['counted_bubble']:.3f}"),
-                   ("micro-batches' activations kept (GPipe)", f"{n['activations_in_flight']}")]
+                   (f"micro-batches' activations stage 0 keeps ({name})",
+                    f"{n['activations_in_flight']}")]
         text = "\n".join(f"stage {s}: " + " ".join(cell or "." for cell in row)
                          for s, row in enumerate(n["grid"]))
         note = "<i>F: forward, B: backward of micro-batch n; grey: the stage idles</i>"
         show_html(out, f"<table style='border-spacing:1px'>{rows}</table>{note}"
                   + _table(summary), text + "\n" + _text(summary))
 
-    return _wire([stages, micro], output, render)
+    return _wire([stages, micro, one_f_one_b], output, render)
 
 
 # --- lesson 07: gradient accumulation ------------------------------------------------------

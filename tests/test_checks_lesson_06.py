@@ -1,5 +1,5 @@
-"""Lesson 06's checks: reference solutions pass, wrong answers fail with a useful message, stubs
-are "not attempted". The unit-test process has 4 logical CPUs (tests/conftest.py)."""
+"""Lesson 06's checks: reference solutions pass, lazy and wrong answers fail with a useful
+message, stubs are "not attempted". The unit-test process has 4 logical CPUs (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,28 +12,84 @@ from course_utils.grading.framework import NotAttemptedError, strict_checks
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
-def place_two_towers(tower_a, tower_b, head, x_a, x_b, devices):
+def one_f_one_b_orders(num_stages, num_micro_batches):
+    orders = []
+    for stage in range(num_stages):
+        warm_up = min(num_stages - 1 - stage, num_micro_batches)
+        order = [("F", b) for b in range(warm_up)]
+        for b in range(warm_up, num_micro_batches):
+            order += [("F", b), ("B", b - warm_up)]
+        order += [("B", b) for b in range(num_micro_batches - warm_up, num_micro_batches)]
+        orders.append(order)
+    return orders
+
+
+def gpipe_orders(num_stages, num_micro_batches):
+    return [[("F", b) for b in range(num_micro_batches)]
+            + [("B", b) for b in range(num_micro_batches)] for _ in range(num_stages)]
+
+
+def same_warm_up_everywhere(num_stages, num_micro_batches):  # K − 1 warm-ups on every stage
+    orders = []
+    for _ in range(num_stages):
+        warm_up = min(num_stages - 1, num_micro_batches)
+        order = [("F", b) for b in range(warm_up)]
+        for b in range(warm_up, num_micro_batches):
+            order += [("F", b), ("B", b - warm_up)]
+        order += [("B", b) for b in range(num_micro_batches - warm_up, num_micro_batches)]
+        orders.append(order)
+    return orders
+
+
+def backward_first(num_stages, num_micro_batches):  # B before its own F: a deadlock
+    return [[("B", 0), ("F", 0)] + [(p, b) for b in range(1, num_micro_batches) for p in "FB"]
+            for _ in range(num_stages)]
+
+
+def one_forward_then_its_backward(num_stages, num_micro_batches):  # no warm-up: serial
+    return [[(p, b) for b in range(num_micro_batches) for p in "FB"] for _ in range(num_stages)]
+
+
+def the_lessons_helper(num_stages, num_micro_batches):
+    return cu.parallel.one_f_one_b_orders(num_stages, num_micro_batches)
+
+
+def split_gradients(part_a, part_b, x, y, loss_fn, devices):
     import tensorflow as tf
 
-    with tf.device(devices[0]):
-        embedding_a = tower_a(x_a)
+    with tf.device(devices[0]), tf.GradientTape() as tape_a:
+        hidden = part_a(x)
+    with tf.device(devices[1]), tf.GradientTape() as tape_b:
+        tape_b.watch(hidden)
+        loss = loss_fn(y, part_b(hidden))
     with tf.device(devices[1]):
-        embedding_b = tower_b(x_b)
-        output = head(tf.concat([embedding_a, embedding_b], axis=1))
-    return embedding_a, embedding_b, output
+        d_hidden, *grads_b = tape_b.gradient(loss, [hidden, *part_b.trainable_variables])
+    with tf.device(devices[0]):
+        grads_a = tape_a.gradient(hidden, part_a.trainable_variables, output_gradients=d_hidden)
+    return loss, grads_a + grads_b
 
 
-def place_all_on_first(tower_a, tower_b, head, x_a, x_b, devices):
-    return place_two_towers(tower_a, tower_b, head, x_a, x_b, [devices[0], devices[0]])
+def one_tape(part_a, part_b, x, y, loss_fn, devices):  # the broken code of the exercise
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        with tf.device(devices[0]):
+            hidden = part_a(x)
+        with tf.device(devices[1]):
+            loss = loss_fn(y, part_b(hidden))
+    return loss, tape.gradient(loss, part_a.trainable_variables + part_b.trainable_variables)
 
 
-def gpipe_bubble(num_stages, num_micro_batches):
-    return (num_stages - 1) / (num_micro_batches + num_stages - 1)
+def one_tape_on_the_second_device(part_a, part_b, x, y, loss_fn, devices):
+    import tensorflow as tf
 
-
-def bubble_from_events(events, num_stages):
-    span = max(e.end for e in events) - min(e.start for e in events)
-    return 1 - sum(e.end - e.start for e in events) / (num_stages * span)
+    with tf.GradientTape() as tape:
+        with tf.device(devices[0]):
+            hidden = part_a(x)
+        with tf.device(devices[1]):
+            loss = loss_fn(y, part_b(hidden))
+    with tf.device(devices[1]):
+        return loss, tape.gradient(loss, part_a.trainable_variables + part_b.trainable_variables)
 
 
 def shard_dense_rows(x, kernel, bias, mesh):
@@ -48,14 +104,23 @@ def shard_dense_rows(x, kernel, bias, mesh):
         return dtensor.relayout(dtensor.copy_to_mesh(value, replicated),
                                 dtensor.Layout(specs, mesh))
 
-    kernel_rows = put(kernel, [dim, dtensor.UNSHARDED])
-    y = tf.matmul(put(x, [dtensor.UNSHARDED, dim]), kernel_rows)
-    return kernel_rows, y + put(bias, [dtensor.UNSHARDED])
+    x_rows, kernel_rows = put(x, [dtensor.UNSHARDED, dim]), put(kernel, [dim, dtensor.UNSHARDED])
+    return x_rows, kernel_rows, tf.matmul(x_rows, kernel_rows) + put(bias, [dtensor.UNSHARDED])
 
 
-def shard_dense_columns(x, kernel, bias, mesh):
-    kernel_d = cu.parallel.shard(kernel, cu.parallel.dense_layouts(mesh, "columns")["kernel"])
-    return kernel_d, cu.parallel.sharded_dense(x, kernel, bias, mesh, "columns")
+def x_left_whole(x, kernel, bias, mesh):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    _, kernel_rows, y = shard_dense_rows(x, kernel, bias, mesh)
+    whole_x = dtensor.copy_to_mesh(tf.constant(x), dtensor.Layout.replicated(mesh, rank=2))
+    return whole_x, kernel_rows, y
+
+
+def with_course_helpers(x, kernel, bias, mesh):
+    layouts = cu.parallel.dense_layouts(mesh, "rows")
+    return (cu.parallel.shard(x, layouts["x"]), cu.parallel.shard(kernel, layouts["kernel"]),
+            cu.parallel.sharded_dense(x, kernel, bias, mesh, "rows"))
 
 
 def stub(*args):
@@ -64,47 +129,53 @@ def stub(*args):
 
 def test_lesson_06_registers_its_checks():
     for name in lesson_06.__all__:
-        if name.startswith("check_"):
-            assert getattr(cu.grading, name) is getattr(lesson_06, name)
+        assert getattr(cu.grading, name) is getattr(lesson_06, name)
 
 
-def test_two_towers_reference_passes_and_wrong_placement_fails():
-    assert cu.grading.check_place_two_towers(place_two_towers) is True
+def test_one_f_one_b_reference_passes():
+    assert cu.grading.check_one_f_one_b_orders(one_f_one_b_orders) is True
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (gpipe_orders, "activations"),
+    (same_warm_up_everywhere, "activations|time slots"),
+    (backward_first, "deadlock"),
+    (one_forward_then_its_backward, "more than GPipe"),
+    (the_lessons_helper, "build the orders yourself"),
+    (lambda k, m: [[("F", 0), ("B", 0)]] * k, "exactly once|once for every"),
+    (lambda k, m: None, "one order"),
+])
+def test_one_f_one_b_lazy_and_wrong_answers_fail(answer, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_one_f_one_b_orders(answer)
+
+
+def test_the_course_helper_is_back_after_the_check():
+    with pytest.raises(AssertionError):
+        cu.grading.check_one_f_one_b_orders(the_lessons_helper)
+    assert cu.parallel.one_f_one_b_orders(2, 2) == one_f_one_b_orders(2, 2)
+
+
+def test_split_gradients_reference_passes_and_one_device_backward_fails():
+    assert cu.grading.check_split_gradients(split_gradients) is True
     with pytest.raises(AssertionError, match="computed on CPU:0"):
-        cu.grading.check_place_two_towers(place_all_on_first)
-    with pytest.raises(AssertionError, match="three tensors"):
-        cu.grading.check_place_two_towers(lambda *args: None)
+        cu.grading.check_split_gradients(one_tape)
+    with pytest.raises(AssertionError, match="part_a was computed on"):
+        cu.grading.check_split_gradients(one_tape_on_the_second_device)
+    with pytest.raises(AssertionError, match="loss, grads"):
+        cu.grading.check_split_gradients(lambda *args: None)
 
 
-def test_gpipe_bubble_formula():
-    assert cu.grading.check_gpipe_bubble(gpipe_bubble) is True
-    with pytest.raises(AssertionError, match="M slots out of"):
-        cu.grading.check_gpipe_bubble(lambda k, m: (k - 1) / (m + k))
-
-
-def test_bubble_from_events_reference_passes_and_busy_fraction_fails():
-    assert cu.grading.check_bubble_from_events(bubble_from_events) is True
-    with pytest.raises(AssertionError, match="span"):
-        cu.grading.check_bubble_from_events(lambda e, k: 1 - bubble_from_events(e, k))
-
-
-def test_bubble_from_events_below_the_formula_on_the_real_run_fails():
-    def right_on_simulated_only(events, num_stages):  # simulated schedules start at 0.0
-        simulated = min(e.start for e in events) == 0.0
-        return bubble_from_events(events, num_stages) if simulated else 0.1
-
-    with pytest.raises(AssertionError, match="cannot be below the formula"):
-        cu.grading.check_bubble_from_events(right_on_simulated_only)
-
-
-def test_shard_dense_rows_reference_passes_columns_fail():
+def test_shard_dense_rows_reference_passes_and_wrong_layouts_fail():
     assert cu.grading.check_shard_dense_rows(shard_dense_rows) is True
-    with pytest.raises(AssertionError, match="rows split"):
-        cu.grading.check_shard_dense_rows(shard_dense_columns)
+    with pytest.raises(AssertionError, match="x's layout"):
+        cu.grading.check_shard_dense_rows(x_left_whole)
+    with pytest.raises(AssertionError, match="DTensor's own API"):
+        cu.grading.check_shard_dense_rows(with_course_helpers)
+    assert callable(cu.parallel.shard) and cu.parallel.shard.__name__ == "shard"
 
 
-@pytest.mark.parametrize("name", ["place_two_towers", "gpipe_bubble", "bubble_from_events",
-                                  "shard_dense_rows"])
+@pytest.mark.parametrize("name", ["one_f_one_b_orders", "split_gradients", "shard_dense_rows"])
 def test_a_stub_is_not_attempted_and_fails_in_strict_mode(capsys, name):
     check = getattr(cu.grading, f"check_{name}")
     assert check(stub) is False

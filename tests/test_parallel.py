@@ -1,4 +1,4 @@
-"""course_utils.parallel: placement, the GPipe schedule and run, DTensor layouts."""
+"""course_utils.parallel: placement, GPipe and 1F1B schedules and runs, DTensor layouts, ZeRO."""
 
 from __future__ import annotations
 
@@ -192,3 +192,108 @@ def test_draw_model_split_and_sharded_dense_return_axes():
         cu.plots.draw_model_split(3, 3)
     with pytest.raises(ValueError):
         cu.plots.draw_sharded_dense("diagonal")
+
+
+# --- schedules: 1F1B, in-flight activations, interleaving --------------------------------------
+
+
+@pytest.mark.parametrize(("k", "m"), [(1, 1), (2, 1), (4, 2), (4, 4), (4, 8), (3, 7)])
+def test_one_f_one_b_has_gpipes_slots_and_keeps_at_most_k_minus_s(k, m):
+    one_f_one_b = cu.parallel.one_f_one_b_schedule(k, m)
+    gpipe = cu.parallel.gpipe_schedule(k, m)
+    assert max(t.slot for t in one_f_one_b) == max(t.slot for t in gpipe) == 2 * (m + k - 1) - 1
+    assert cu.parallel.peak_in_flight(gpipe, k) == [m] * k
+    assert cu.parallel.peak_in_flight(one_f_one_b, k) == [min(m, k - s) for s in range(k)]
+    assert len({(t.stage, t.slot) for t in one_f_one_b}) == len(one_f_one_b) == 2 * k * m
+
+
+def test_one_f_one_b_orders_start_with_warm_up_forwards():
+    orders = cu.parallel.one_f_one_b_orders(4, 6)
+    assert orders[0][:5] == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0)]
+    assert orders[3][:4] == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+    assert cu.parallel.gpipe_orders(2, 2)[0] == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+def test_schedule_from_orders_names_deadlocks_and_bad_orders():
+    with pytest.raises(ValueError, match="deadlock"):
+        cu.parallel.schedule_from_orders([[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]])
+    with pytest.raises(ValueError, match="once for every"):
+        cu.parallel.check_orders([[("F", 0), ("F", 0)]], 1)
+    with pytest.raises(ValueError, match="pair"):
+        cu.parallel.check_orders([[("F",), ("B", 0)]], 1)
+    with pytest.raises(ValueError):
+        cu.parallel.schedule_from_orders([])
+
+
+def test_interleaved_bubble_fraction():
+    assert cu.parallel.interleaved_bubble_fraction(4, 8, 1) == cu.parallel.bubble_fraction(4, 8)
+    assert cu.parallel.interleaved_bubble_fraction(4, 8, 2) == pytest.approx(3 / 19)
+    with pytest.raises(ValueError):
+        cu.parallel.interleaved_bubble_fraction(4, 8, 0)
+
+
+def test_run_pipeline_1f1b_matches_gpipe_and_counts_tapes(tf_devices):
+    tf, devices = tf_devices
+    import keras
+
+    model = _model()
+    stages = cu.parallel.split_sequential(model, [1, 2], devices[:3])
+    x, y = tf.random.normal((12, 6)), tf.random.uniform((12,), 0, 3, tf.int32)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    runs = {s: cu.parallel.run_pipeline(stages, devices[:3], tf.split(x, 6), tf.split(y, 6),
+                                        loss_fn, schedule=s) for s in ("gpipe", "1f1b")}
+    assert cu.bench.largest_difference(runs["gpipe"].grads, runs["1f1b"].grads) < 1e-6
+    assert runs["gpipe"].peak_in_flight == [6, 6, 6]
+    assert runs["1f1b"].peak_in_flight == [3, 2, 1]
+    with pytest.raises(ValueError, match="schedule"):
+        cu.parallel.run_pipeline(stages, devices[:3], tf.split(x, 6), schedule="zigzag")
+
+
+def test_draw_pipeline_events_and_1f1b_schedule(tf_devices):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    events = [cu.parallel.Event(0, 0, "F", 1.0, 1.002), cu.parallel.Event(1, 0, "F", 1.002, 1.004)]
+    ax = cu.plots.draw_pipeline_events(events, 2)
+    assert len(ax.patches) == 2 and ax.get_xlim()[1] == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        cu.plots.draw_pipeline_events([], 2)
+    assert "1F1B" in cu.plots.draw_pipeline_schedule(4, 8, schedule="1f1b").get_title()
+    with pytest.raises(ValueError):
+        cu.plots.draw_pipeline_schedule(4, 8, schedule="zigzag")
+
+
+def test_gpipe_widget_numbers_for_1f1b():
+    numbers = cu.widgets.gpipe_numbers(4, 8, "1f1b")
+    assert numbers["activations_in_flight"] == 4 and numbers["slots"] == 22
+    assert cu.widgets.gpipe_numbers(4, 8)["activations_in_flight"] == 8
+
+
+# --- ZeRO ----------------------------------------------------------------------------------------
+
+
+def test_zero_shard_bounds_cover_the_vector_once():
+    assert cu.parallel.zero_shard_bounds(114, 4) == [(0, 29), (29, 58), (58, 87), (87, 114)]
+    assert cu.parallel.zero_shard_bounds(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
+    with pytest.raises(ValueError):
+        cu.parallel.zero_shard_bounds(0, 4)
+
+
+def test_zero_bytes_per_device_by_stage():
+    rows = [cu.parallel.zero_bytes_per_device(100, 4, stage) for stage in range(4)]
+    assert rows[0] == {"parameters": 400, "gradients": 400, "optimizer_state": 800,
+                       "total": 1600}
+    assert rows[1]["optimizer_state"] == 200 and rows[1]["gradients"] == 400
+    assert rows[2]["gradients"] == 100 and rows[2]["parameters"] == 400
+    assert rows[3]["total"] == 400
+    with pytest.raises(ValueError):
+        cu.parallel.zero_bytes_per_device(100, 4, 4)
+
+
+def test_draw_zero_stages_returns_axes():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert "1/N" in cu.plots.draw_zero_stages(4).get_title()
+    with pytest.raises(ValueError):
+        cu.plots.draw_zero_stages(0)

@@ -1,13 +1,14 @@
-"""Model parallelism: a model split across devices, a GPipe pipeline, DTensor meshes and layouts.
+"""Model parallelism: a model split across devices, pipelines, DTensor meshes, sharded optimizers.
 
 One job per module: ``placement`` (split a model, read where TensorFlow ran it, memory per
-device), ``pipeline`` (the GPipe schedule, running it with per-stage timestamps, the bubble),
-``mesh`` (DTensor meshes, layouts and a sharded dense layer).
+device), ``schedules`` (GPipe and 1F1B as data: slots, bubble, activations in flight),
+``pipeline`` (running a schedule with per-stage timestamps), ``mesh`` (DTensor meshes, layouts
+and a sharded dense layer), ``zero`` (optimizer state sharded over data-parallel replicas).
 """
 
 from __future__ import annotations
 
-from course_utils.parallel import mesh, pipeline, placement
+from course_utils.parallel import mesh, pipeline, placement, schedules, zero
 from course_utils.parallel.mesh import (
     dense_layouts,
     make_mesh,
@@ -20,12 +21,9 @@ from course_utils.parallel.mesh import (
 from course_utils.parallel.pipeline import (
     Event,
     PipelineRun,
-    Task,
-    bubble_fraction,
-    gpipe_schedule,
     measured_bubble,
     run_gpipe,
-    schedule_bubble,
+    run_pipeline,
 )
 from course_utils.parallel.placement import (
     memory_per_stage,
@@ -35,12 +33,28 @@ from course_utils.parallel.placement import (
     split_step,
     variable_devices,
 )
+from course_utils.parallel.schedules import (
+    Task,
+    bubble_fraction,
+    check_orders,
+    gpipe_orders,
+    gpipe_schedule,
+    interleaved_bubble_fraction,
+    one_f_one_b_orders,
+    one_f_one_b_schedule,
+    peak_in_flight,
+    schedule_bubble,
+    schedule_from_orders,
+)
+from course_utils.parallel.zero import zero_bytes_per_device, zero_shard_bounds
 
 __all__ = [
-    "Event", "PipelineRun", "Task", "bubble_fraction", "dense_layouts", "gpipe_schedule",
-    "make_mesh", "measured_bubble", "memory_per_stage", "mesh", "model_parallel_devices",
-    "pipeline", "placement",
-    "run_gpipe", "schedule_bubble", "shard", "shard_shapes", "sharded_dense", "sharding_of",
-    "short_device",
-    "split_sequential", "split_step", "unshard", "variable_devices",
+    "Event", "PipelineRun", "Task", "bubble_fraction", "check_orders", "dense_layouts",
+    "gpipe_orders", "gpipe_schedule", "interleaved_bubble_fraction", "make_mesh",
+    "measured_bubble", "memory_per_stage", "mesh", "model_parallel_devices",
+    "one_f_one_b_orders", "one_f_one_b_schedule", "peak_in_flight", "pipeline", "placement",
+    "run_gpipe", "run_pipeline", "schedule_bubble", "schedule_from_orders", "schedules", "shard",
+    "shard_shapes", "sharded_dense", "sharding_of", "short_device", "split_sequential",
+    "split_step", "unshard", "variable_devices", "zero", "zero_bytes_per_device",
+    "zero_shard_bounds",
 ]

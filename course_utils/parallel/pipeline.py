@@ -1,9 +1,10 @@
-"""Pipeline parallelism (GPipe): the schedule of K stages × M micro-batches, a run, the bubble.
+"""Pipeline parallelism run for real: K stages on K devices, a schedule's slots, timed events.
 
-GPipe runs every micro-batch forward through the stages, then every micro-batch backward: in
-time slot ``t`` stage ``s`` works on forward micro-batch ``t - s``. Each stage waits ``K - 1``
-slots to start and sits idle ``K - 1`` slots at the end, so a fraction (K−1)/(M+K−1) of its
-time is idle: the bubble.
+``run_pipeline`` runs a schedule (GPipe or 1F1B, from ``course_utils.parallel.schedules``) slot
+by slot: each slot's tasks in parallel threads, each stage under its own ``tf.device``; every
+task is stamped with its start and end (``Event``), and the activations each stage keeps (its
+forward tapes, freed by the backward pass) are counted as they come and go. ``measured_bubble``
+reads the idle fraction back from the events.
 """
 
 from __future__ import annotations
@@ -14,18 +15,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from course_utils.parallel.schedules import (
+    Task,
+    bubble_fraction,
+    gpipe_schedule,
+    one_f_one_b_schedule,
+    schedule_bubble,
+)
+
 __all__ = ["Event", "PipelineRun", "Task", "bubble_fraction", "gpipe_schedule",
-           "measured_bubble", "run_gpipe", "schedule_bubble"]
+           "measured_bubble", "run_gpipe", "run_pipeline", "schedule_bubble"]
 
-
-@dataclass(frozen=True)
-class Task:
-    """A schedule cell: in ``slot``, ``stage`` runs ``phase`` ("F"/"B") of ``micro_batch``."""
-
-    slot: int
-    stage: int
-    micro_batch: int
-    phase: str
+SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
 
 
 @dataclass(frozen=True)
@@ -48,30 +49,7 @@ class PipelineRun:
     loss: Any = None
     grads: list[Any] = field(default_factory=list)
     devices: dict[tuple[int, int, str], str] = field(default_factory=dict)
-
-
-def bubble_fraction(num_stages: int, num_micro_batches: int) -> float:
-    """GPipe's idle fraction of each stage: (K − 1) / (M + K − 1)."""
-    if num_stages < 1 or num_micro_batches < 1:
-        raise ValueError("num_stages and num_micro_batches must be at least 1")
-    return (num_stages - 1) / (num_micro_batches + num_stages - 1)
-
-
-def gpipe_schedule(num_stages: int, num_micro_batches: int, backward: bool = True) -> list[Task]:
-    """The GPipe schedule: all forwards (stage s, micro-batch m in slot s + m), then backwards."""
-    k, m = num_stages, num_micro_batches
-    bubble_fraction(k, m)  # validates
-    tasks = [Task(s + b, s, b, "F") for s in range(k) for b in range(m)]
-    if backward:
-        first = m + k - 1
-        tasks += [Task(first + (k - 1 - s) + b, s, b, "B") for s in range(k) for b in range(m)]
-    return sorted(tasks, key=lambda task: (task.slot, task.stage))
-
-
-def schedule_bubble(tasks: Sequence[Task], num_stages: int) -> float:
-    """Idle fraction of a schedule counted in slots: empty (stage, slot) cells over all cells."""
-    slots = max(task.slot for task in tasks) + 1
-    return 1 - len(tasks) / (num_stages * slots)
+    peak_in_flight: list[int] = field(default_factory=list)
 
 
 def measured_bubble(events: Sequence[Event], num_stages: int) -> float:
@@ -85,12 +63,27 @@ def run_gpipe(stages: Sequence[Any], devices: Sequence[str], micro_batches: Sequ
               targets: Sequence[Any] | None = None,
               loss_fn: Callable[[Any, Any], Any] | None = None,
               concurrent: bool = True) -> PipelineRun:
-    """Run the GPipe schedule: each stage on its device, each slot's tasks in parallel threads.
+    """``run_pipeline`` with the GPipe schedule (all forwards, then all backwards)."""
+    return run_pipeline(stages, devices, micro_batches, targets, loss_fn,
+                        schedule="gpipe", concurrent=concurrent)
+
+
+def run_pipeline(stages: Sequence[Any], devices: Sequence[str], micro_batches: Sequence[Any],
+                 targets: Sequence[Any] | None = None,
+                 loss_fn: Callable[[Any, Any], Any] | None = None, *,
+                 schedule: str = "gpipe", concurrent: bool = True) -> PipelineRun:
+    """Run a pipeline ``schedule`` ("gpipe" or "1f1b"): each stage on its device, slot by slot.
 
     Every task records its start and end (``Event``). With ``targets`` and ``loss_fn`` the
-    backward half runs too: each micro-batch's loss is weighted by its share of the examples,
-    so the summed loss and gradients equal those of the whole batch at once.
+    backward passes run too: each micro-batch's loss is weighted by its share of the examples,
+    so the summed loss and gradients equal those of the whole batch at once; each stage keeps a
+    micro-batch's tape (its activations) from its forward to its backward pass, and the most it
+    held at once is ``peak_in_flight``. Without targets only the forward passes run.
     """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+    if len(devices) != len(stages):
+        raise ValueError(f"{len(stages)} stages need as many devices, got {len(devices)}")
     import tensorflow as tf
 
     k, m = len(stages), len(micro_batches)
@@ -104,6 +97,7 @@ def run_gpipe(stages: Sequence[Any], devices: Sequence[str], micro_batches: Sequ
     grads: list[list[Any]] = [[tf.zeros_like(v) for v in s.trainable_variables] for s in stages]
     devices_used: dict[tuple[int, int, str], str] = {}
     events: list[Event] = []
+    alive, peaks = [0] * k, [0] * k  # tapes each stage holds now, and at most
 
     def forward(s: int, b: int) -> None:
         value = tf.convert_to_tensor(micro_batches[b]) if s == 0 else outputs[(s - 1, b)]
@@ -113,32 +107,39 @@ def run_gpipe(stages: Sequence[Any], devices: Sequence[str], micro_batches: Sequ
             if train and s == k - 1:
                 weight = int(micro_batches[b].shape[0]) / total
                 losses[b] = loss_fn(targets[b], out) * weight
-        inputs[(s, b)], outputs[(s, b)], tapes[(s, b)] = value, out, tape
+        inputs[(s, b)], outputs[(s, b)] = value, out
+        if train:
+            tapes[(s, b)] = tape
+            alive[s] += 1
+            peaks[s] = max(peaks[s], alive[s])
         devices_used[(s, b, "F")] = out.device
 
     def backward(s: int, b: int) -> None:
         with tf.device(devices[s]):
             target = losses[b] if s == k - 1 else outputs[(s, b)]
             sources = [inputs[(s, b)], *stages[s].trainable_variables]
-            result = tapes[(s, b)].gradient(target, sources,
-                                            output_gradients=upstream.get((s, b)))
+            result = tapes.pop((s, b)).gradient(target, sources,
+                                                output_gradients=upstream.pop((s, b), None))
             grads[s] = [acc + g for acc, g in zip(grads[s], result[1:], strict=False)]
         if s > 0:
             upstream[(s - 1, b)] = result[0]
         devices_used[(s, b, "B")] = result[1].device
+        alive[s] -= 1  # the tape and the activations it kept are gone
+        del inputs[(s, b)]
 
     def timed(task: Task) -> Event:
         start = time.perf_counter()
         (forward if task.phase == "F" else backward)(task.stage, task.micro_batch)
         return Event(task.stage, task.micro_batch, task.phase, start, time.perf_counter())
 
-    schedule = gpipe_schedule(k, m, backward=train)
+    tasks = SCHEDULES[schedule](k, m)
     slots: dict[int, list[Task]] = {}
-    for task in schedule:
+    for task in (t for t in tasks if train or t.phase == "F"):
         slots.setdefault(task.slot, []).append(task)
     with ThreadPoolExecutor(max_workers=k if concurrent else 1) as pool:
         for slot in sorted(slots):
             events += list(pool.map(timed, slots[slot]))
     result = tf.concat([outputs[(k - 1, b)] for b in range(m)], axis=0)
     loss = tf.add_n(losses) if train else None
-    return PipelineRun(result, events, loss, [g for stage in grads for g in stage], devices_used)
+    return PipelineRun(result, events, loss, [g for stage in grads for g in stage], devices_used,
+                       peaks)

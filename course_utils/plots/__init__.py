@@ -41,8 +41,10 @@ from course_utils.plots.diagrams_clusters import (
 from course_utils.plots.diagrams_parallelism import (
     draw_gradient_accumulation,
     draw_model_split,
+    draw_pipeline_events,
     draw_pipeline_schedule,
     draw_sharded_dense,
+    draw_zero_stages,
 )
 from course_utils.plots.diagrams_precision import (
     draw_loss_scaling,
@@ -65,12 +67,14 @@ __all__ = [
     "draw_multi_worker",
     "draw_number_formats",
     "draw_parameter_server",
+    "draw_pipeline_events",
     "draw_pipeline_schedule",
     "draw_pipeline_timeline",
     "draw_sharded_dense",
     "draw_tpu_host_loop",
     "draw_training_step",
     "draw_works_where",
+    "draw_zero_stages",
     "epoch_orders",
     "grouped_bars",
     "line_chart",

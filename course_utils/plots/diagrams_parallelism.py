@@ -1,5 +1,5 @@
-"""Diagrams of lessons 06-07: a model split over devices, a pipeline schedule, a sharded
-layer, gradient accumulation."""
+"""Diagrams of lessons 06-07: a model split over devices, pipeline schedules (planned and as
+measured), a sharded layer, ZeRO's sharded state, gradient accumulation."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from course_utils.plots.style import PALETTE, axes_for
 
 __all__ = [
     "draw_model_split",
+    "draw_pipeline_events",
     "draw_pipeline_schedule",
+    "draw_zero_stages",
     "draw_sharded_dense",
     "draw_gradient_accumulation",
 ]
@@ -55,15 +57,28 @@ def draw_model_split(num_layers: int = 4, cut: int = 2, ax: Any = None,
     return ax
 
 def draw_pipeline_schedule(num_stages: int = 4, num_micro_batches: int = 4,
-                           ax: Any = None) -> Any:
-    """Diagram: the GPipe schedule, one row per stage, F then B, bubbles grey."""
+                           ax: Any = None, schedule: str = "gpipe") -> Any:
+    """Diagram: a pipeline schedule ("gpipe" or "1f1b"), one row per stage, F and B, bubbles grey.
+
+    Each row is labelled with the most micro-batches whose activations that stage keeps at once.
+    """
     from matplotlib.patches import Rectangle
 
-    from course_utils.parallel.pipeline import bubble_fraction, gpipe_schedule
+    from course_utils.parallel.schedules import (
+        gpipe_schedule,
+        one_f_one_b_schedule,
+        peak_in_flight,
+        schedule_bubble,
+    )
 
-    tasks = gpipe_schedule(num_stages, num_micro_batches)
+    builders = {"gpipe": ("GPipe", gpipe_schedule), "1f1b": ("1F1B", one_f_one_b_schedule)}
+    if schedule not in builders:
+        raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {schedule!r}")
+    name, build = builders[schedule]
+    tasks = build(num_stages, num_micro_batches)
+    peaks = peak_in_flight(tasks, num_stages)
     slots = max(task.slot for task in tasks) + 1
-    ax = axes_for(ax, (min(14.0, 1.5 + 0.45 * slots), 0.8 + 0.5 * num_stages))
+    ax = axes_for(ax, (min(14.0, 2.5 + 0.45 * slots), 0.8 + 0.5 * num_stages))
     busy = {(task.stage, task.slot) for task in tasks}
     for stage in range(num_stages):
         for slot in range(slots):
@@ -74,17 +89,95 @@ def draw_pipeline_schedule(num_stages: int = 4, num_micro_batches: int = 4,
         color = PALETTE[0] if task.phase == "F" else PALETTE[1]
         ax.add_patch(Rectangle((task.slot, task.stage), 1, 1, facecolor=color,
                                edgecolor="white"))
-        ax.text(task.slot + 0.5, task.stage + 0.5, f"{task.phase}{task.micro_batch + 1}",
+        ax.text(task.slot + 0.5, task.stage + 0.5, f"{task.phase}{task.micro_batch}",
                 ha="center", va="center", fontsize=7, color="white")
     ax.set_xlim(0, slots)
     ax.set_ylim(num_stages, 0)
     ax.set_yticks([s + 0.5 for s in range(num_stages)],
-                  [f"stage {s} (device {s})" for s in range(num_stages)])
+                  [f"stage {s}: keeps ≤ {peaks[s]}" for s in range(num_stages)])
     ax.set_xlabel("time slot")
-    ax.set_title(f"GPipe: {num_stages} stages × {num_micro_batches} micro-batches; grey = bubble "
-                 f"(K−1)/(M+K−1) = {bubble_fraction(num_stages, num_micro_batches):.0%}",
-                 fontsize=10)
+    ax.set_title(f"{name}: {num_stages} stages × {num_micro_batches} micro-batches; grey = "
+                 f"bubble, {schedule_bubble(tasks, num_stages):.0%} of the cells", fontsize=10)
     return ax
+
+
+def draw_pipeline_events(events: Sequence[Any], num_stages: int, ax: Any = None,
+                         title: str = "") -> Any:
+    """Timeline of a measured pipeline run: one row per stage, a bar per task from its events.
+
+    ``events`` are ``cu.parallel.Event``s (stage, micro_batch, phase, start, end in seconds);
+    time is drawn in milliseconds from the first start. Gaps in a row are that stage's idle time.
+    """
+    if not events:
+        raise ValueError("no events to draw")
+    origin = min(e.start for e in events)
+    span_ms = (max(e.end for e in events) - origin) * 1e3
+    ax = axes_for(ax, (10.0, 0.8 + 0.5 * num_stages))
+    for event in events:
+        start, width = (event.start - origin) * 1e3, (event.end - event.start) * 1e3
+        color = PALETTE[0] if event.phase == "F" else PALETTE[1]
+        ax.barh(event.stage + 0.5, width, left=start, height=0.8, color=color,
+                edgecolor="white", linewidth=0.5)
+        if width > span_ms / 40:
+            ax.text(start + width / 2, event.stage + 0.5, f"{event.phase}{event.micro_batch}",
+                    ha="center", va="center", fontsize=6, color="white")
+    ax.set_xlim(0, span_ms)
+    ax.set_ylim(num_stages, 0)
+    ax.set_yticks([s + 0.5 for s in range(num_stages)],
+                  [f"stage {s}" for s in range(num_stages)])
+    ax.set_xlabel("milliseconds since the first task started (measured)")
+    ax.set_title(title or "The run as measured: blue forward, orange backward, gaps idle",
+                 fontsize=10)
+    ax.spines[["top", "right"]].set_visible(False)
+    return ax
+
+
+def draw_zero_stages(num_replicas: int = 4, ax: Any = None) -> Any:
+    """Diagram: what each replica keeps under ZeRO 0-3 (parameters, gradients, optimizer state).
+
+    One block per stage, one column per replica; a full bar is a whole copy, a short coloured bar
+    the replica's 1/N shard.
+    """
+    from matplotlib.patches import Rectangle
+
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
+    n = num_replicas
+    parts = [("parameters", 1.0, PALETTE[0]), ("gradients", 1.0, PALETTE[1]),
+             ("optimizer state", 2.0, PALETTE[2])]
+    ax = axes_for(ax, (11.0, 3.0))
+    width = 0.7
+    for stage in range(4):
+        x0 = stage * (n + 1.2)
+        for replica in range(n):
+            y = 0.0
+            for index, (_name, height, color) in enumerate(parts):
+                sharded = {0: stage >= 3, 1: stage >= 2, 2: stage >= 1}[index]
+                ax.add_patch(Rectangle((x0 + replica, y), width, height, facecolor="white",
+                                       edgecolor=color, linewidth=0.8))
+                if sharded:
+                    ax.add_patch(Rectangle((x0 + replica, y + replica * height / n), width,
+                                           height / n, facecolor=color, edgecolor=color))
+                else:
+                    ax.add_patch(Rectangle((x0 + replica, y), width, height, facecolor=color,
+                                           alpha=0.8, edgecolor=color))
+                y += height + 0.1
+            ax.text(x0 + replica + width / 2, -0.25, f"r{replica}", ha="center", fontsize=7)
+        ax.text(x0 + n / 2 - 0.15, 4.55, f"ZeRO-{stage}", ha="center", fontsize=9,
+                fontweight="bold")
+        ax.text(x0 + n / 2 - 0.15, 4.3, ["shards nothing", "shards optimizer state",
+                                         "+ gradients", "+ parameters"][stage],
+                ha="center", fontsize=7)
+    for index, (name, _height, color) in enumerate(parts):
+        ax.text(4 * (n + 1.2) - 0.3, [0.5, 1.6, 3.2][index], name, color=color, fontsize=8,
+                va="center")
+    ax.set_xlim(-0.3, 4 * (n + 1.2) + 1.6)
+    ax.set_ylim(-0.5, 4.8)
+    ax.set_axis_off()
+    ax.set_title(f"What each of {n} data-parallel replicas keeps: full bars are copies, short "
+                 "bars its 1/N shard", fontsize=10)
+    return ax
+
 
 def draw_sharded_dense(by: str = "columns", num_devices: int = 4, ax: Any = None) -> Any:
     """Diagram: y = x·W with W split by columns or rows across devices, and the communication."""

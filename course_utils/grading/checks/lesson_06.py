@@ -1,22 +1,25 @@
 """Checks of lesson 06's exercises (registered by name with ``@register``).
 
-* ``check_place_two_towers(place_two_towers)``: two fresh towers and a head, run with the
-  towers on two devices the check chooses; placement read from the returned tensors' devices,
-  the output compared with the unplaced model.
-* ``check_gpipe_bubble(gpipe_bubble)``: the GPipe formula (K−1)/(M+K−1), exactly.
-* ``check_bubble_from_events(bubble_from_events)``: the idle fraction from timestamps. Exact on
-  simulated schedules (a deterministic proxy: equal tasks in GPipe's slots give the formula),
-  and on a real run of the check's own 2 stages with one micro-batch: equal to the course's
-  count from the same timestamps (1e-9), and never below the formula (a one-sided, structural
-  tolerance: with one micro-batch at most one stage works at a time, so the idle fraction is at
-  least (K−1)/K whatever the load). How far above the formula it lands is not graded: on a
-  busy machine it measured 0.651 against 0.500 during a loaded ``make test``.
-* ``check_shard_dense_rows(shard_dense_rows)``: a dense kernel sharded by rows on the check's
-  mesh: the kernel's layout, the result's mesh and values against the unsharded layer.
+* ``check_one_f_one_b_orders(one_f_one_b_orders)``: the learner's 1F1B order per stage, for
+  fresh ``(K, M)`` (``M`` below, at and above ``K``). Each stage must run every micro-batch's
+  forward and backward once; the orders are turned into time slots by the course's simulator,
+  which fails on a deadlock (a pass waiting for an input that never comes); the schedule must
+  take no more slots than GPipe's, 2(M + K − 1) (the same bubble), and stage ``s`` must never
+  keep more than ``K − s`` micro-batches' activations (GPipe's order keeps ``M``). The course's
+  own ``cu.parallel.one_f_one_b_orders`` is switched off while the check runs.
+* ``check_split_gradients(split_gradients)``: a split model's loss and gradients, with each
+  part's gradients computed on its own device (read from the returned tensors' ``.device``),
+  on devices the check chooses (never the default device), equal to the unsplit reference.
+* ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows with DTensor's own
+  API: ``x``'s layout (split by features) and the kernel's (split by rows) on the check's mesh,
+  whose dimension name varies, and ``y`` against the unsharded layer. The course's
+  ``cu.parallel`` sharding helpers are switched off while the check runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -25,18 +28,14 @@ from course_utils.environment import import_tensorflow as _tf  # quiet, on first
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
-__all__ = [
-    "check_bubble_from_events",
-    "check_gpipe_bubble",
-    "check_place_two_towers",
-    "check_shard_dense_rows",
-]
+__all__ = ["check_one_f_one_b_orders", "check_shard_dense_rows", "check_split_gradients"]
+
 
 def _devices() -> list[str]:
     tf = _tf()
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    if len(devices) < 2:
-        raise AssertionError("this check needs at least 2 logical devices: run the set-up cell "
+    if len(devices) < 3:
+        raise AssertionError("this check needs at least 3 logical devices: run the set-up cell "
                              "(cu.setup(logical_devices=4, ...)) first, in a fresh kernel")
     return devices
 
@@ -45,137 +44,140 @@ def _short(name: str) -> str:
     return name.rsplit("device:", 1)[-1]
 
 
-# --- Exercise 1 · two towers on two devices ----------------------------------------------------
+@contextlib.contextmanager
+def _helpers_switched_off(module_names: list[str], names: list[str], why: str) -> Iterator[None]:
+    """Replace course helpers by functions that fail with ``why`` while the block runs."""
+    import importlib
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(why)
+
+    saved = []
+    for module_name in module_names:
+        module = importlib.import_module(module_name)
+        for name in names:
+            if hasattr(module, name):
+                saved.append((module, name, getattr(module, name)))
+                setattr(module, name, refuse)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
 
 
-def _tower_problem(rng: Any) -> dict[str, Any]:
+# --- Exercise 1 · a 1F1B schedule ---------------------------------------------------------------
+
+
+def _verify_orders(got: Any, k: int, m: int) -> str | None:
+    from course_utils.parallel.schedules import (
+        check_orders,
+        peak_in_flight,
+        schedule_from_orders,
+    )
+
+    if not isinstance(got, (list, tuple)) or len(got) != k:
+        return f"return one order (a list) per stage: {k} lists, got {type(got).__name__}"
+    try:
+        orders = [[(str(phase), int(b)) for phase, b in order] for order in got]
+        check_orders(orders, m)
+        tasks = schedule_from_orders(orders)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    slots = max(task.slot for task in tasks) + 1
+    if slots > 2 * (m + k - 1):
+        return (f"the orders take {slots} time slots, more than GPipe's 2(M+K−1) = "
+                f"{2 * (m + k - 1)}: a stage waits where it could work")
+    peaks = peak_in_flight(tasks, k)
+    for stage, peak in enumerate(peaks):
+        if peak > k - stage:
+            return (f"stage {stage} keeps up to {peak} micro-batches' activations at once "
+                    f"(forwarded, not yet backwarded); 1F1B keeps at most K − s = {k - stage}. "
+                    f"Per stage: {peaks}")
+    return None
+
+
+@register
+def check_one_f_one_b_orders(fn: Any) -> bool:
+    """Check ``one_f_one_b_orders(num_stages, num_micro_batches)``: orders, slots, activations."""
+    rng = fresh_rng()
+    pairs = [(4, 8), (3, 3), (4, 2), (1, 3), (rng.randint(2, 6), rng.randint(7, 12))]
+    cases = [Case(args=(k, m), verify=lambda got, k=k, m=m: _verify_orders(got, k, m),
+                  label=f"(num_stages={k}, num_micro_batches={m})") for k, m in pairs]
+    why = ("build the orders yourself: cu.parallel.one_f_one_b_orders is the lesson's answer, "
+           "switched off during this check")
+    with _helpers_switched_off(["course_utils.parallel", "course_utils.parallel.schedules"],
+                               ["one_f_one_b_orders", "one_f_one_b_schedule"], why):
+        return run_check(
+            "one_f_one_b_orders", fn, cases,
+            hint="stage s first runs K − 1 − s forwards (never more than M), then alternates "
+                 "one forward and one backward, then runs the backwards left; micro-batches "
+                 "in order 0, 1, 2 … in each phase (lesson 06, section 3, 1F1B).")
+
+
+# --- Exercise 2 · fix a split model's backward pass ------------------------------------------
+
+
+def _split_problem(rng: Any) -> dict[str, Any]:
     import keras
 
     data = np.random.default_rng(rng.randint(0, 2**31 - 1))
-    n, a_in, b_in = rng.randint(3, 9), rng.randint(3, 8), rng.randint(3, 8)
-    units = rng.randint(4, 10)
-    tower_a = keras.Sequential([keras.Input((a_in,)), keras.layers.Dense(units, "relu")])
-    tower_b = keras.Sequential([keras.Input((b_in,)), keras.layers.Dense(units, "tanh")])
-    head = keras.Sequential([keras.Input((2 * units,)), keras.layers.Dense(rng.randint(1, 4))])
-    x_a = data.normal(size=(n, a_in)).astype("float32")
-    x_b = data.normal(size=(n, b_in)).astype("float32")
-    return {"towers": (tower_a, tower_b, head), "x": (x_a, x_b)}
+    n, features, units = rng.randint(4, 9), rng.randint(3, 7), rng.randint(4, 10)
+    classes = rng.randint(2, 4)
+    part_a = keras.Sequential([keras.Input((features,)), keras.layers.Dense(units, "tanh")])
+    part_b = keras.Sequential([keras.Input((units,)), keras.layers.Dense(classes)])
+    x = data.normal(size=(n, features)).astype("float32")
+    y = data.integers(0, classes, size=(n,)).astype("int32")
+    return {"parts": (part_a, part_b), "x": x, "y": y}
 
 
 @register
-def check_place_two_towers(fn: Any) -> bool:
-    """Check ``place_two_towers(tower_a, tower_b, head, x_a, x_b, devices)``"""
+def check_split_gradients(fn: Any) -> bool:
+    """Check ``split_gradients(part_a, part_b, x, y, loss_fn, devices)``: placement and values."""
+    import keras
+
     tf = _tf()
     rng = fresh_rng()
     devices = _devices()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def case(pair: tuple[str, str]) -> Case:
-        problem = _tower_problem(rng)
-        tower_a, tower_b, head = problem["towers"]
-        x_a, x_b = problem["x"]
-        expected = head(tf.concat([tower_a(x_a), tower_b(x_b)], axis=1)).numpy()
+        problem = _split_problem(rng)
+        part_a, part_b = problem["parts"]
+        variables = part_a.trainable_variables + part_b.trainable_variables
+        with tf.GradientTape() as tape:
+            expected_loss = loss_fn(problem["y"], part_b(part_a(problem["x"])))
+        expected = [g.numpy() for g in tape.gradient(expected_loss, variables)]
 
         def verify(got: Any) -> str | None:
-            if not isinstance(got, (tuple, list)) or len(got) != 3:
-                return "return the three tensors (embedding_a, embedding_b, output)"
-            wanted = [pair[0], pair[1], pair[1]]
-            names = ["embedding_a", "embedding_b", "output"]
-            for name, tensor, device in zip(names, got, wanted, strict=True):
-                where = _short(getattr(tensor, "device", "") or "")
+            if not isinstance(got, (tuple, list)) or len(got) != 2:
+                return "return (loss, grads): grads of part_a's variables, then part_b's"
+            loss, grads = got
+            if not isinstance(grads, (tuple, list)) or len(grads) != len(expected):
+                return f"grads must hold {len(expected)} gradients, one per trainable variable"
+            wanted = ([pair[0]] * len(part_a.trainable_variables)
+                      + [pair[1]] * len(part_b.trainable_variables))
+            for index, (grad, device) in enumerate(zip(grads, wanted, strict=True)):
+                where = _short(getattr(grad, "device", "") or "")
+                part = "part_a" if index < len(part_a.trainable_variables) else "part_b"
                 if where != _short(device):
-                    return (f"TensorFlow says {name} was computed on {where or 'no device'}, "
-                            f"expected {_short(device)} (tensor.device of an eager tensor)")
-            error = float(np.abs(np.asarray(got[2]) - expected).max())
-            if error > 1e-5:
-                return f"the output differs from head(concat(tower_a, tower_b)) by {error:.2e}"
+                    return (f"a gradient of {part} was computed on {where or 'no device'}, "
+                            f"expected {_short(device)}, where its weights live")
+            error = max(float(np.abs(np.asarray(g) - e).max()) for g, e in zip(grads, expected,
+                                                                                strict=True))
+            if error > 1e-5 or abs(float(loss) - float(expected_loss)) > 1e-5:
+                return f"loss or gradients differ from the unsplit model's (max |Δ| {error:.1e})"
             return None
 
-        return Case(args=(tower_a, tower_b, head, x_a, x_b, list(pair)), verify=verify,
-                    label=f"(devices={[_short(d) for d in pair]})")
+        return Case(args=(part_a, part_b, problem["x"], problem["y"], loss_fn, list(pair)),
+                    verify=verify, label=f"(devices={[_short(d) for d in pair]})")
 
-    pairs = [(devices[0], devices[1]), (devices[-1], devices[0])]
+    pairs = [(devices[2], devices[1]), (devices[-1], devices[-2])]  # never the default CPU:0 pair
     return run_check(
-        "place_two_towers", fn, [case(p) for p in pairs],
-        hint="run tower_a under `with tf.device(devices[0])`, tower_b and the head (on the "
-             "concatenated embeddings, axis 1) under `with tf.device(devices[1])` "
-             "(lesson 06, section 2).")
-
-
-# --- Exercise 2 · the bubble: formula and measurement -----------------------------------------
-
-
-@register
-def check_gpipe_bubble(fn: Any) -> bool:
-    """Check ``gpipe_bubble(num_stages, num_micro_batches)``: (K−1)/(M+K−1) exactly."""
-    rng = fresh_rng()
-    pairs = [(4, 4), (1, 5), (2, 1)] + [(rng.randint(2, 16), rng.randint(1, 64)) for _ in range(4)]
-    cases = [Case(args=(k, m), expected=(k - 1) / (m + k - 1)) for k, m in pairs]
-    return run_check("gpipe_bubble", fn, cases, rtol=1e-12,
-                     hint="a stage works M slots out of M + K − 1 (lesson 06, section 3).")
-
-
-def _simulated_events(k: int, m: int, duration: float, gap: float) -> list[Any]:
-    """GPipe's schedule as events: every task ``duration`` long, slots ``duration + gap`` apart."""
-    from course_utils.parallel.pipeline import Event, gpipe_schedule
-
-    return [Event(t.stage, t.micro_batch, t.phase, t.slot * (duration + gap),
-                  t.slot * (duration + gap) + duration) for t in gpipe_schedule(k, m)]
-
-
-def _real_run(k: int, m: int) -> list[Any]:
-    """Events of a real GPipe run of fresh dense stages on the first ``k`` logical devices."""
-    import keras
-
-    from course_utils.parallel.pipeline import run_gpipe
-
-    tf = _tf()
-    devices = _devices()[:k]
-    stages = []
-    for device in devices:
-        with tf.device(device):
-            stages.append(keras.Sequential([keras.Input((256,)), keras.layers.Dense(256, "relu")]))
-    batches = tf.split(tf.random.normal((256 * m, 256)), m)
-    run_gpipe(stages, devices, batches)  # warm-up
-    return run_gpipe(stages, devices, batches).events
-
-
-@register
-def check_bubble_from_events(fn: Any) -> bool:
-    """Check ``bubble_from_events(events, num_stages)``: idle fraction from per-stage timestamps."""
-    from course_utils.parallel.pipeline import bubble_fraction, measured_bubble
-
-    rng = fresh_rng()
-    cases = []
-    for _ in range(3):  # deterministic proxy: simulated schedules, exact answers
-        k, m = rng.randint(2, 6), rng.randint(1, 9)
-        duration = rng.choice([0.5, 1.0, 2.0])
-        gap = rng.choice([0.0, 0.0, 0.25])
-        events = _simulated_events(k, m, duration, gap)
-        cases.append(Case(args=(events, k), expected=measured_bubble(events, k),
-                          label=f"(a simulated GPipe run, K={k}, M={m}, gap {gap})"))
-    k = min(2, len(_devices()))
-    events = _real_run(k, 1)
-    reference = measured_bubble(events, k)
-    formula = bubble_fraction(k, 1)
-
-    def verify(got: Any) -> str | None:
-        try:
-            value = float(got)
-        except (TypeError, ValueError):
-            return f"return a number, got {type(got).__name__}"
-        if value < formula - 1e-9:
-            return (f"with one micro-batch at most one stage works at a time, so the idle "
-                    f"fraction cannot be below the formula {formula:.2f}; got {value:.4f}")
-        if abs(value - reference) > 1e-9:
-            return f"from these timestamps the idle fraction is {reference:.4f}, got {value:.4f}"
-        return None
-
-    cases.append(Case(args=(events, k), verify=verify,
-                      label=f"(a real run of {k} stages, 1 micro-batch, formula {formula:.2f})"))
-    return run_check(
-        "bubble_from_events", fn, cases, rtol=1e-9,
-        hint="span = last end − first start; busy = sum of (end − start) over the events; "
-             "bubble = 1 − busy / (num_stages × span) (lesson 06, section 3).")
+        "split_gradients", fn, [case(p) for p in pairs],
+        hint="one tape per part; part_b's backward under tf.device(devices[1]) gives the gradient "
+             "of its input too, which part_a's tape takes as output_gradients= under "
+             "tf.device(devices[0]) (lesson 06, section 2).")
 
 
 # --- Exercise 3 · a dense layer sharded by rows with DTensor ----------------------------------
@@ -183,10 +185,8 @@ def check_bubble_from_events(fn: Any) -> bool:
 
 @register
 def check_shard_dense_rows(fn: Any) -> bool:
-    """Check ``shard_dense_rows(x, kernel, bias, mesh)``: kernel layout by rows, equal result."""
+    """Check ``shard_dense_rows(x, kernel, bias, mesh)``: x's and the kernel's layouts, y."""
     from tensorflow.experimental import dtensor
-
-    from course_utils.parallel.mesh import make_mesh, unshard
 
     rng = fresh_rng()
     devices = _devices()
@@ -194,7 +194,7 @@ def check_shard_dense_rows(fn: Any) -> bool:
     def case() -> Case:
         dim = rng.choice(["model", "tp", "shards"])
         count = rng.choice([n for n in (2, 4) if n <= len(devices)])
-        mesh = make_mesh(devices[:count], dim=dim)
+        mesh = dtensor.create_mesh([(dim, count)], devices=devices[:count])
         data = np.random.default_rng(rng.randint(0, 2**31 - 1))
         n, d_in, d_out = rng.randint(2, 6), count * rng.randint(2, 5), count * rng.randint(1, 3)
         x = data.normal(size=(n, d_in)).astype("float32")
@@ -203,19 +203,23 @@ def check_shard_dense_rows(fn: Any) -> bool:
         expected = x @ kernel + bias
 
         def verify(got: Any) -> str | None:
-            if not isinstance(got, (tuple, list)) or len(got) != 2:
-                return "return (sharded_kernel, y), both DTensors"
+            if not isinstance(got, (tuple, list)) or len(got) != 3:
+                return "return (sharded_x, sharded_kernel, y), all three DTensors"
             try:
-                kernel_specs = list(dtensor.fetch_layout(got[0]).sharding_specs)
-                y_layout = dtensor.fetch_layout(got[1])
+                layouts = [dtensor.fetch_layout(value) for value in got]
             except Exception as error:  # a plain tensor has no layout
-                return f"both results must be DTensors on the mesh ({type(error).__name__})"
-            if kernel_specs != [dim, dtensor.UNSHARDED]:
-                return (f"the kernel's layout is {kernel_specs}, expected [{dim!r}, "
-                        "'unsharded'] (rows split along the mesh dimension)")
-            if y_layout.mesh != mesh:
+                return f"all three results must be DTensors on the mesh ({type(error).__name__})"
+            wanted = {"x": [dtensor.UNSHARDED, dim], "kernel": [dim, dtensor.UNSHARDED]}
+            for name, layout in zip(("x", "kernel"), layouts, strict=False):
+                specs = list(layout.sharding_specs)
+                if specs != wanted[name]:
+                    return (f"{name}'s layout is {specs}, expected {wanted[name]} (the mesh's "
+                            f"dimension is {dim!r})")
+            if layouts[2].mesh != mesh:
                 return "y is not on the given mesh"
-            error = float(np.abs(unshard(got[1]) - expected).max())
+            replicated = dtensor.Layout.replicated(mesh, rank=2)
+            values = dtensor.relayout(got[2], replicated).numpy()
+            error = float(np.abs(values - expected).max())
             if error > 1e-4:
                 return f"y differs from x @ kernel + bias by {error:.2e}"
             return None
@@ -223,8 +227,12 @@ def check_shard_dense_rows(fn: Any) -> bool:
         return Case(args=(x, kernel, bias, mesh), verify=verify,
                     label=f"(a {count}-device mesh named {dim!r}, kernel {d_in}×{d_out})")
 
-    return run_check(
-        "shard_dense_rows", fn, [case(), case()],
-        hint="use the mesh's own dimension name (mesh.dim_names[0]); the kernel's layout is "
-             "[dim, UNSHARDED] and x's is [UNSHARDED, dim]; copy_to_mesh with a replicated "
-             "layout, then relayout (lesson 06, section 4).")
+    why = ("use DTensor's own API (dtensor.copy_to_mesh, dtensor.relayout, dtensor.Layout): "
+           "the course's cu.parallel sharding helpers are switched off during this check")
+    with _helpers_switched_off(["course_utils.parallel", "course_utils.parallel.mesh"],
+                               ["shard", "sharded_dense", "dense_layouts", "make_mesh"], why):
+        return run_check(
+            "shard_dense_rows", fn, [case(), case()],
+            hint="use the mesh's own dimension name (mesh.dim_names[0]); the kernel's layout "
+                 "is [dim, UNSHARDED], x's [UNSHARDED, dim]; copy_to_mesh with a replicated "
+                 "layout, then relayout (lesson 06, section 4).")
