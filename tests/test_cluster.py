@@ -304,7 +304,7 @@ def test_interrupt_while_waiting_stops_the_workers(monkeypatch):
     def interrupt():  # as if Ctrl-C arrived while the notebook waits
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(local, "_stream_new_lines", interrupt)
+    monkeypatch.setattr(local.waiter, "poll", interrupt)
     with pytest.raises(KeyboardInterrupt):
         local.wait()
     assert_all_gone(local.pids, local.ports)
@@ -319,15 +319,25 @@ def test_logs_are_streamed_with_the_worker_prefix(capsys):
     assert "[worker 0] listening on" in out and "[worker 1] listening on" in out
 
 
+def test_waiting_on_a_cluster_that_was_never_started_says_so():
+    local = LocalCluster(STAND_IN, num_workers=2, start=False)
+    for wait in (local.wait, local.wait_until_serving, lambda: local.wait_for("x")):
+        with pytest.raises(RuntimeError, match="has not been started; call start"):
+            wait()
+
+
 def test_a_stopped_cluster_can_be_started_again():
     local = LocalCluster(STAND_IN, num_workers=2, timeout=20, grace=0.1, stream=False)
     with pytest.raises(RuntimeError, match="running"):
         local.start()
-    first_pids = local.pids
+    first_pids, first_waiter = local.pids, local.waiter
     local.stop()
     local.start()
     local.wait_for("listening", worker=1, timeout=20)
     assert set(local.pids).isdisjoint(first_pids) and local.running
+    # Each start has its own waiter, holding that start's processes, ports and kill list.
+    assert local.waiter is not first_waiter and local.waiter.processes == local.processes
+    assert local.waiter.ports == local.ports and local.waiter.killed is local.killed
     local.cleanup()
     assert_all_gone(first_pids + local.pids, local.ports)
 

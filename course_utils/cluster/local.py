@@ -4,7 +4,8 @@
 ``TF_CONFIG`` (free ports picked with portpicker), keeps a log file per worker and streams it,
 and always cleans up (context manager, ``atexit``, Ctrl-C): SIGTERM, then SIGKILL, because hung
 TensorFlow workers ignore SIGTERM. A failed or hung worker becomes a :class:`WorkerError` or
-:class:`ClusterTimeoutError` carrying its last log lines, never a hung notebook.
+:class:`ClusterTimeoutError` carrying its last log lines, never a hung notebook. Each start makes
+the :class:`~course_utils.cluster.waiting.WorkerWaiter` that its ``wait*`` methods hand over to.
 """
 
 from __future__ import annotations
@@ -30,15 +31,14 @@ from .processes import (
     stop_processes,
 )
 from .tf_config import COLLECTIVE_TIMEOUT_ENV, WORKER_ENV, cluster_spec, tf_config
-from .waiting import WaitingMixin
+from .waiting import WorkerWaiter
 
 __all__ = ["LocalCluster"]
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-
-class LocalCluster(WaitingMixin):
+class LocalCluster:
     """A multi-worker cluster on localhost: one subprocess per worker, each running ``script``.
 
     Args:
@@ -94,13 +94,13 @@ class LocalCluster(WaitingMixin):
         self.grace = grace
         self.host = host
         self.start_timeout = start_timeout
-        self._serving = False
         self.cluster: dict[str, list[str]] = {}
         self.processes: list[subprocess.Popen] = []
         self.killed: set[int] = set()
         self.started_at: float | None = None
         self._log_files: list[IO[bytes]] = []
         self._logs = WorkerLogs(self.log_dir, num_workers) if self.log_dir is not None else None
+        self._waiter: WorkerWaiter | None = None  # made by each start()
         self._lock = threading.Lock()
         if start:
             self.start()
@@ -154,7 +154,6 @@ class LocalCluster(WaitingMixin):
         self._logs = WorkerLogs(self.log_dir, self.num_workers)
         self.cluster = cluster_spec(self.num_workers, host=self.host)
         self.killed = set()
-        self._serving = False
         self.started_at = time.monotonic()
         stop_at_exit(self)
         preexec = death_signal_setter()
@@ -167,6 +166,11 @@ class LocalCluster(WaitingMixin):
         except BaseException:
             self.stop()
             raise
+        self._waiter = WorkerWaiter(
+            self.processes, self._logs, self.ports, self.stop, host=self.host,
+            timeout=self.timeout, start_timeout=self.start_timeout, killed=self.killed,
+            started_at=self.started_at, stream=self.stream,
+        )
         return self
 
     def __enter__(self) -> LocalCluster:
@@ -234,6 +238,51 @@ class LocalCluster(WaitingMixin):
         if self._own_log_dir and self.log_dir is not None:
             remove_log_dir(self.log_dir)
 
+    # -------------------------------------------------------------- waiting (a WorkerWaiter's)
+    @property
+    def waiter(self) -> WorkerWaiter:
+        """What waits on the workers of the current start (see :class:`WorkerWaiter`)."""
+        if self._waiter is None:
+            raise RuntimeError("the cluster has not been started; call start() first")
+        return self._waiter
+
+    def serving(self) -> list[bool]:
+        """For each worker, whether its server accepts connections on its port (or it is done)."""
+        return self.waiter.serving()
+
+    def wait_until_serving(self, timeout: float | None = None, poll_interval: float = 0.1) -> float:
+        """Wait until every worker's server listens; return the seconds since the start.
+
+        TensorFlow starts a worker's server when the script creates its strategy. Raises
+        :class:`ClusterTimeoutError` naming the workers that did not come up (and stops the
+        cluster), or :class:`WorkerError` if one fails first.
+        """
+        return self.waiter.wait_until_serving(timeout, poll_interval)
+
+    def wait(self, timeout: float | None = None, poll_interval: float = 0.1) -> list[int]:
+        """Wait until every worker exits; return their exit codes (all 0).
+
+        Raises :class:`WorkerError` as soon as one worker fails (naming it, with its last log
+        lines) and :class:`ClusterTimeoutError` after ``timeout`` seconds (default: the
+        cluster's ``timeout``); either way, and on Ctrl-C, every worker is stopped first.
+        """
+        return self.waiter.wait(timeout, poll_interval)
+
+    def wait_for(
+        self,
+        pattern: str,
+        worker: int | None = None,
+        timeout: float | None = None,
+        poll_interval: float = 0.05,
+    ) -> float:
+        """Wait until a worker's log (any, or ``worker``) matches ``pattern`` (a regex).
+
+        Returns the seconds since the cluster started. Raises :class:`WorkerError` if a worker
+        fails first and :class:`ClusterTimeoutError` after ``timeout`` (the cluster is stopped
+        in both cases).
+        """
+        return self.waiter.wait_for(pattern, worker, timeout, poll_interval)
+
     # -------------------------------------------------------------- logs
     def log(self, index: int) -> str:
         """Everything worker ``index`` has written so far."""
@@ -242,10 +291,6 @@ class LocalCluster(WaitingMixin):
     def tail(self, index: int, lines: int = 20) -> str:
         """The last ``lines`` lines of worker ``index``'s log."""
         return self.logs.tail(index, lines)
-
-    def _stream_new_lines(self) -> None:
-        if self.stream and self._logs is not None:
-            self._logs.stream_new_lines()
 
     def tfjob_manifest(self, name: str, image: str, **kwargs: Any) -> dict:
         """The Kubeflow ``TFJob`` that runs this same script on a Kubernetes cluster.

@@ -28,6 +28,7 @@ from .processes import (
     stop_processes,
 )
 from .tf_config import WORKER_ENV, cluster_spec, tf_config
+from .waiting import poll_until
 
 __all__ = ["ProcessCluster"]
 
@@ -103,28 +104,32 @@ class ProcessCluster:
         """Wait until every task prints that it serves; the seconds waited.
 
         Raises :class:`ClusterTimeoutError` (and stops the cluster) when a task exits or
-        ``timeout`` passes first.
+        ``timeout`` passes first; Ctrl-C stops the cluster too.
         """
         start = time.monotonic()
-        while True:
-            waiting = [t for t in self.tasks if "serving" not in self.log(*t)]
-            if not waiting:
+
+        def waiting() -> list[tuple[str, int]]:
+            return [t for t in self.tasks if "serving" not in self.log(*t)]
+
+        def step() -> float | None:
+            left = waiting()
+            if not left:
                 return time.monotonic() - start
-            dead = [
-                (t, self.processes[t].poll())
-                for t in waiting
-                if self.processes[t].poll() is not None
-            ]
-            if dead or time.monotonic() - start > timeout:
-                what = (
-                    f"task {dead[0][0]} ended ({describe_exit(dead[0][1])})"
-                    if dead
-                    else f"tasks {waiting} did not serve within {timeout:.0f} s"
-                )
-                tails = "\n".join(f"{job}:{i}: {self.log(job, i)[-500:]}" for job, i in waiting)
-                self.stop()
-                raise ClusterTimeoutError(f"{what}; cluster stopped. Last lines:\n{tails}")
-            time.sleep(0.05)
+            for t in left:
+                code = self.processes[t].poll()
+                if code is not None:
+                    raise self._not_serving(f"task {t} ended ({describe_exit(code)})", left)
+            return None
+
+        def timed_out() -> ClusterTimeoutError:
+            left = waiting()
+            return self._not_serving(f"tasks {left} did not serve within {timeout:.0f} s", left)
+
+        return poll_until(step, timeout, timed_out, self.stop, poll_interval=0.05)
+
+    def _not_serving(self, what: str, tasks: list[tuple[str, int]]) -> ClusterTimeoutError:
+        tails = "\n".join(f"{job}:{i}: {self.log(job, i)[-500:]}" for job, i in tasks)
+        return ClusterTimeoutError(f"{what}; cluster stopped. Last lines:\n{tails}")
 
     def strategy(self) -> Any:
         """The ``ParameterServerStrategy`` of this cluster (made once); this process coordinates."""
