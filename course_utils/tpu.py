@@ -171,8 +171,6 @@ def install_course_on_colab(report_path: str | pathlib.Path = "/tmp/course_insta
     before TensorFlow is imported, what else goes in. Elsewhere it installs the requirements as
     ``pip install`` of the course would, keeping Colab's TensorFlow.
     """
-    from course_utils.notebooks import install_summary  # imports no TensorFlow
-
     run = run or _pip
     plan = _plan_here(colab=True)
     if plan.action != "nothing" or plan.message.startswith("TPU runtime"):
@@ -189,14 +187,21 @@ def install_course_on_colab(report_path: str | pathlib.Path = "/tmp/course_insta
     if not report.exists():
         print("pip could not install the course's requirements (its message is above)")
         return dataclasses.replace(plan, action="explain")
+    print(_colab_install_summary(report, tpu_build))
+    return plan
+
+
+def _colab_install_summary(report: pathlib.Path, tpu_build: bool) -> str:
+    """What lesson 05's Colab install did, from pip's report, in one line."""
+    from course_utils.notebooks import install_summary  # imports no TensorFlow
+
     # the course itself went in with --no-deps just before: name its version, not "already"
     summary = install_summary(report).replace(
         "course_utils already installed",
         f"course_utils {installed_versions((COURSE_DISTRIBUTION,))[COURSE_DISTRIBUTION]} installed")
     if tpu_build:
         summary += "; left out tf-keras (it needs plain TensorFlow; lesson 05 does not use it)"
-    print(summary)
-    return plan
+    return summary
 
 
 def tpu_failure_reason(error_message: str, attached: bool) -> str:
@@ -283,9 +288,8 @@ def runtime_rows(report_path: str | pathlib.Path = "/tmp/course_install.json"
     if not colab:
         installed = "nothing: the set-up cell installs only on Colab"
     elif pathlib.Path(report_path).exists():
-        from course_utils.notebooks import install_summary  # imports no TensorFlow
-
-        installed = install_summary(report_path)
+        installed = _colab_install_summary(pathlib.Path(report_path),
+                                           tpu_build=bool(versions.get("tensorflow-tpu")))
     else:
         installed = "the course's requirements could not be installed (pip's message is above)"
     return [{"": "runtime", "here": ("Colab" if colab else "this machine")

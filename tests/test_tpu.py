@@ -301,8 +301,9 @@ def test_runtime_rows_say_what_runs_here_and_what_was_installed(monkeypatch, tmp
     assert rows["set-up cell installed"].startswith("nothing")
     monkeypatch.setattr("course_utils.devices.is_colab", lambda: True)
     monkeypatch.setattr("course_utils.devices.tpu_available", lambda: True)
-    monkeypatch.setattr(tpu, "installed_versions",
-                        lambda names=None: {"tensorflow": None, "tensorflow-tpu": "2.20.0"})
+    versions = {"tensorflow-tpu": "2.20.0", tpu.COURSE_DISTRIBUTION: "0.9"}
+    monkeypatch.setattr(tpu, "installed_versions", lambda names=("tensorflow", "tensorflow-tpu"):
+                        {name: versions.get(name) for name in names})
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"install": [{"metadata": {
         "name": "scaling-tensorflow-course", "version": "0.9"}}]}))
@@ -310,6 +311,7 @@ def test_runtime_rows_say_what_runs_here_and_what_was_installed(monkeypatch, tmp
     assert rows["runtime"] == "Colab, TPU attached"
     assert rows["TensorFlow build"] == "tensorflow-tpu 2.20.0"
     assert "course_utils 0.9 installed" in rows["set-up cell installed"]
+    assert "left out tf-keras" in rows["set-up cell installed"]
     rows = {row[""]: row["here"] for row in tpu.runtime_rows(tmp_path / "missing.json")}
     assert "could not be installed" in rows["set-up cell installed"]
 
