@@ -330,6 +330,14 @@ def _lesson_cell(cell_id):
     return next(c.source for c in nbformat.read(path, 4).cells if c.get("id") == cell_id)
 
 
+def _exec_visible_to_autograph(source, filename, namespace):
+    """exec a cell so that AutoGraph can read its source (it converts `for ... in tf.range`)."""
+    import linecache
+
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - the lesson's own cell
+
+
 def _run_connect_to_tpu(monkeypatch, initialize, attached):
     """Run lesson 05's connect_to_tpu cell with the TPU calls mocked; its namespace."""
     import tensorflow as tf
@@ -399,3 +407,28 @@ def test_draw_tile_padding_shows_the_padded_share():
     assert ax.get_xlim() == (0, 256) and ax.get_ylim() == (0, 104)
     with pytest.raises(ValueError, match="two positive sizes"):
         plots.draw_tile_padding((0, 128))
+
+
+def test_lesson_training_cells_run_unchanged_under_a_mocked_tpu_strategy(capsys):
+    """Section 9's cells under a strategy that reads as a TPUStrategy (a OneDeviceStrategy
+    underneath): the same code trains, traces once and takes the TPU branch's tolerance."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import course_utils as cu
+
+    class TPUStrategy(tf.distribute.OneDeviceStrategy):  # the name is what the lesson reads
+        pass
+
+    mocked = TPUStrategy("/cpu:0")
+    namespace = {"tf": tf, "keras": keras, "np": np, "cu": cu, "NUM_EXAMPLES": 256,
+                 "BATCH_SIZE": 16, "TRAIN_STEPS": 3, "strategy": mocked}
+    namespace["branch"], _ = tpu.strategy_branch(mocked)
+    for cell_id in ("3dc7cfaf", "training-function", "a59f7acf"):
+        _exec_visible_to_autograph(_lesson_cell(cell_id), f"<lesson 05 cell {cell_id}>",
+                                   namespace)
+    assert namespace["branch"] == "TPU" and namespace["tolerance"] == 1e-4
+    assert namespace["runs"]["this strategy"][2] == 1
+    assert namespace["difference"] < namespace["tolerance"]
+    assert tf.config.experimental.tensor_float_32_execution_enabled()  # restored
