@@ -1,4 +1,5 @@
-"""TPU runtimes: what to install on Colab's TPU runtime, and how TPUs pad shapes.
+"""TPU runtimes: what to install on Colab's TPU runtime, which branch a lesson runs on, the
+chips' published sizes, and how TPUs pad shapes.
 
 Importing this module never imports TensorFlow: Colab's TPU runtime ships none, and the point of
 :func:`install_course_on_colab` (lesson 05's set-up cell) and :func:`prepare_tpu_runtime` is to
@@ -19,6 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 __all__ = [
+    "comparison_tolerance",
     "COURSE_DISTRIBUTION",
     "course_requirements",
     "install_course_on_colab",
@@ -31,6 +33,10 @@ __all__ = [
     "padded_fraction",
     "plan_tpu_runtime",
     "prepare_tpu_runtime",
+    "runtime_rows",
+    "strategy_branch",
+    "TPU_CHIPS",
+    "TpuChip",
     "tpu_failure_reason",
 ]
 
@@ -165,8 +171,6 @@ def install_course_on_colab(report_path: str | pathlib.Path = "/tmp/course_insta
     before TensorFlow is imported, what else goes in. Elsewhere it installs the requirements as
     ``pip install`` of the course would, keeping Colab's TensorFlow.
     """
-    from course_utils.notebooks import install_summary  # imports no TensorFlow
-
     run = run or _pip
     plan = _plan_here(colab=True)
     if plan.action != "nothing" or plan.message.startswith("TPU runtime"):
@@ -183,14 +187,21 @@ def install_course_on_colab(report_path: str | pathlib.Path = "/tmp/course_insta
     if not report.exists():
         print("pip could not install the course's requirements (its message is above)")
         return dataclasses.replace(plan, action="explain")
+    print(_colab_install_summary(report, tpu_build))
+    return plan
+
+
+def _colab_install_summary(report: pathlib.Path, tpu_build: bool) -> str:
+    """What lesson 05's Colab install did, from pip's report, in one line."""
+    from course_utils.notebooks import install_summary  # imports no TensorFlow
+
     # the course itself went in with --no-deps just before: name its version, not "already"
     summary = install_summary(report).replace(
         "course_utils already installed",
         f"course_utils {installed_versions((COURSE_DISTRIBUTION,))[COURSE_DISTRIBUTION]} installed")
     if tpu_build:
         summary += "; left out tf-keras (it needs plain TensorFlow; lesson 05 does not use it)"
-    print(summary)
-    return plan
+    return summary
 
 
 def tpu_failure_reason(error_message: str, attached: bool) -> str:
@@ -212,3 +223,76 @@ def padded_fraction(shape: Sequence[int], tile: tuple[int, int] = (8, 128)) -> f
     rows, cols = shape[-2], shape[-1]
     padded = math.ceil(rows / tile[0]) * tile[0] * math.ceil(cols / tile[1]) * tile[1]
     return 1 - rows * cols / padded
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuChip:
+    """One TPU generation's chip, as Google's Cloud TPU system-architecture pages describe it."""
+
+    name: str
+    tensor_cores: int  # TensorCores per chip (a TPUStrategy replica is one core)
+    mxus_per_core: int  # matrix-multiply units per TensorCore
+    mxu_size: int  # an MXU is mxu_size × mxu_size multiply-accumulate cells
+    hbm_gib: int  # high-bandwidth memory per chip
+
+
+#: Published chip sizes (cloud.google.com/tpu/docs/v4, /v5e, /v6e): not measured by the course.
+TPU_CHIPS = {
+    "v4": TpuChip("v4", tensor_cores=2, mxus_per_core=4, mxu_size=128, hbm_gib=32),
+    "v5e": TpuChip("v5e", tensor_cores=1, mxus_per_core=4, mxu_size=128, hbm_gib=16),
+    "v6e": TpuChip("v6e", tensor_cores=1, mxus_per_core=2, mxu_size=256, hbm_gib=32),
+}
+
+_BRANCH_EFFECTS = {
+    "TPU": "every step compiled by XLA for the TPU; float32 matmuls in bfloat16 passes unless "
+           "TensorFloat-32 is off; ops without an XLA kernel moved to the host",
+    "GPU": "steps run op by op on the GPU(s) unless jit_compile=True; float32 matmuls use "
+           "TensorFloat-32 on Ampere or newer unless it is off",
+    "CPU fallback": "no TPU here: the TPU's rules are checked with XLA on this CPU "
+                    "(jit_compile=True), and its speed cannot be shown",
+}
+
+
+def strategy_branch(strategy: object) -> tuple[str, str]:
+    """Which branch of lesson 05 runs under ``strategy`` (``"TPU"``, ``"GPU"`` or ``"CPU
+    fallback"``) and what that changes, read from the strategy's type and its replica devices."""
+    if any(cls.__name__.startswith("TPUStrategy") for cls in type(strategy).__mro__):
+        return "TPU", _BRANCH_EFFECTS["TPU"]
+    try:
+        devices = tuple(strategy.extended.worker_devices)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):  # the default strategy has no worker devices
+        devices = ()
+    if any("GPU" in str(device).upper() for device in devices):
+        return "GPU", _BRANCH_EFFECTS["GPU"]
+    return "CPU fallback", _BRANCH_EFFECTS["CPU fallback"]
+
+
+def comparison_tolerance(branch: str) -> float:
+    """The largest weight difference lesson 05 accepts between a strategy and one device after
+    the same training, with TensorFloat-32 off (float32 matmuls): float32 rounding, ten times
+    that on a TPU, whose float32 matmuls are then several bfloat16 passes (never run here)."""
+    if branch not in _BRANCH_EFFECTS:
+        raise ValueError(f"branch must be one of {sorted(_BRANCH_EFFECTS)}, got {branch!r}")
+    return 1e-4 if branch == "TPU" else 1e-5
+
+
+def runtime_rows(report_path: str | pathlib.Path = "/tmp/course_install.json"
+                 ) -> list[dict[str, str]]:
+    """Rows for ``cu.show_table``: which runtime this is (Colab or not, TPU attached), which
+    TensorFlow build is installed, and what lesson 05's set-up cell installed here."""
+    from course_utils.devices import is_colab, tpu_available  # imports no TensorFlow
+
+    colab, tpu = is_colab(), tpu_available()
+    versions = installed_versions()
+    builds = ", ".join(f"{name} {version}" for name, version in versions.items() if version)
+    if not colab:
+        installed = "nothing: the set-up cell installs only on Colab"
+    elif pathlib.Path(report_path).exists():
+        installed = _colab_install_summary(pathlib.Path(report_path),
+                                           tpu_build=bool(versions.get("tensorflow-tpu")))
+    else:
+        installed = "the course's requirements could not be installed (pip's message is above)"
+    return [{"": "runtime", "here": ("Colab" if colab else "this machine")
+             + (", TPU attached" if tpu else ", no TPU")},
+            {"": "TensorFlow build", "here": builds or "none installed"},
+            {"": "set-up cell installed", "here": installed}]

@@ -27,10 +27,34 @@ def make_tpu_ready(dataset, batch_size, sequence_length):
 def tpu_settings(replicas, max_global_batch, host_overhead_ms, step_ms, max_overhead_fraction,
                  num_examples):
     largest = max_global_batch // replicas
-    per_replica = largest // 128 * 128 if largest >= 128 else largest // 8 * 8
+    if largest < 1:
+        raise ValueError("not one example a replica")
+    per_replica = next(largest // tile * tile for tile in (128, 8, 1) if largest >= tile)
     steps = num_examples // (per_replica * replicas)
-    n = math.ceil(round(host_overhead_ms / max_overhead_fraction / step_ms, 6))
+    n = 1  # a learner's loop: the fewest steps a call that share the round-trip enough
+    while host_overhead_ms / n > max_overhead_fraction * step_ms:
+        n += 1
     return per_replica, max(1, min(n, steps))
+
+
+def make_train_steps(strategy, model, optimizer, global_batch_size):
+    import keras
+    import tensorflow as tf
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                y, model(x, training=True), from_logits=True)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+    @tf.function
+    def train_steps(iterator, steps):
+        for _ in tf.range(steps):
+            strategy.run(replica_step, args=next(iterator))
+
+    return train_steps
 
 
 def stub(*args):
@@ -38,7 +62,7 @@ def stub(*args):
 
 
 def test_lesson_05_registers_its_checks():
-    for name in ("check_make_tpu_ready", "check_tpu_settings"):
+    for name in ("check_make_tpu_ready", "check_tpu_settings", "check_train_steps"):
         assert getattr(cu.grading, name) is getattr(lesson_05, name)
 
 
@@ -100,11 +124,97 @@ def test_settings_without_the_epoch_cap_fail():
 
 
 def test_reference_settings_examples():
-    assert lesson_05.reference_tpu_settings(8, 4096, 2.0, 0.5, 0.1, 1_000_000) == (512, 40)
-    assert lesson_05.reference_tpu_settings(1, 100, 1.0, 4.0, 0.05, 10_000) == (96, 5)
+    assert lesson_05.reference_tpu_settings(8, 4096, 2.0, 0.5, 0.15, 1_000_000) == (512, 27)
+    assert lesson_05.reference_tpu_settings(1, 100, 1.0, 3.0, 0.05, 10_000) == (96, 7)
+    assert lesson_05.reference_tpu_settings(8, 40, 1.0, 2.0, 0.3, 10_000) == (5, 2)  # below 8
+    with pytest.raises(ValueError, match="one example each"):
+        lesson_05.reference_tpu_settings(16, 8, 1.0, 1.0, 0.1, 1_000)
 
 
-@pytest.mark.parametrize("name", ["check_make_tpu_ready", "check_tpu_settings"])
+def test_settings_that_divide_by_zero_below_eight_examples_a_replica_fail():
+    def tiles_only(replicas, max_global_batch, *rest):
+        largest = max_global_batch // replicas
+        per_replica = largest // 128 * 128 or largest // 8 * 8
+        if per_replica == 0:
+            raise ZeroDivisionError("integer division or modulo by zero")
+        return tpu_settings(replicas, max_global_batch, *rest)
+
+    with pytest.raises(AssertionError, match="ZeroDivisionError"):
+        cu.grading.check_tpu_settings(tiles_only)
+
+
+def test_settings_that_never_refuse_fail():
+    def returns_zero(replicas, max_global_batch, *rest):
+        if max_global_batch < replicas:
+            return 0, 1
+        return tpu_settings(replicas, max_global_batch, *rest)
+
+    with pytest.raises(AssertionError, match="expected ValueError"):
+        cu.grading.check_tpu_settings(returns_zero)
+
+
+def test_constant_settings_fail():
+    with pytest.raises(AssertionError):
+        cu.grading.check_tpu_settings(lambda *args: (128, 1))
+
+
+def test_the_reference_training_function_passes():
+    assert cu.grading.check_train_steps(make_train_steps) is True
+
+
+def test_dividing_by_the_per_replica_batch_fails():
+    def per_replica_mean(strategy, model, optimizer, global_batch_size):
+        replicas = strategy.num_replicas_in_sync
+        return make_train_steps(strategy, model, optimizer, global_batch_size // replicas)
+
+    with pytest.raises(AssertionError, match="global batch"):
+        cu.grading.check_train_steps(per_replica_mean)
+
+
+def test_a_function_that_traces_per_step_count_fails():
+    class TracesEachCount:  # a planted function that traced once for each of the two calls
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __call__(self, iterator, steps):
+            return self.inner(iterator, steps)
+
+        def experimental_get_tracing_count(self):
+            return 2
+
+    def retraces(strategy, model, optimizer, global_batch_size):
+        return TracesEachCount(make_train_steps(strategy, model, optimizer, global_batch_size))
+
+    with pytest.raises(AssertionError, match="traced 2 times"):
+        cu.grading.check_train_steps(retraces)
+
+
+def test_a_plain_python_function_is_told_to_use_tf_function():
+    def not_compiled(strategy, model, optimizer, global_batch_size):
+        return make_train_steps(strategy, model, optimizer, global_batch_size).python_function
+
+    with pytest.raises(AssertionError, match="expected a tf.function"):
+        cu.grading.check_train_steps(not_compiled)
+
+
+def test_one_step_a_call_fails():
+    import tensorflow as tf
+
+    def one_step(strategy, model, optimizer, global_batch_size):
+        inner = make_train_steps(strategy, model, optimizer, global_batch_size)
+
+        @tf.function
+        def train_steps(iterator, steps):
+            return inner(iterator, tf.constant(1))
+
+        return train_steps
+
+    with pytest.raises(AssertionError, match="differ from one device"):
+        cu.grading.check_train_steps(one_step)
+
+
+@pytest.mark.parametrize("name", ["check_make_tpu_ready", "check_tpu_settings",
+                                  "check_train_steps"])
 def test_a_stub_is_not_attempted_and_fails_in_strict_mode(name, capsys):
     check = getattr(cu.grading, name)
     assert check(stub) is False

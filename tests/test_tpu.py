@@ -240,3 +240,195 @@ def test_draw_tpu_host_loop_counts_round_trips():
     assert "8 round-trips" in axes[0].get_title() and "2 round-trips" in axes[1].get_title()
     with pytest.raises(ValueError):
         plots.draw_tpu_host_loop(steps_per_execution=0)
+
+
+# --- lesson 05's branch, tolerance, runtime table and drawings (the TPU only mocked) ---------
+
+
+class TPUStrategy:  # stands in for tf.distribute.TPUStrategy: the name is what is read
+    num_replicas_in_sync = 1
+
+
+class _Extended:
+    def __init__(self, devices):
+        self._devices = devices
+
+    @property
+    def worker_devices(self):
+        if self._devices is None:
+            raise RuntimeError("worker_devices() method unsupported by default strategy")
+        return self._devices
+
+
+class _Strategy:
+    def __init__(self, devices):
+        self.extended = _Extended(devices)
+
+
+class TPUStrategyV2(TPUStrategy):
+    pass
+
+
+def test_strategy_branch_tells_tpu_gpu_and_cpu_fallback_apart():
+    assert tpu.strategy_branch(TPUStrategy())[0] == "TPU"
+    assert tpu.strategy_branch(TPUStrategyV2())[0] == "TPU"  # read from the type's ancestry
+    gpus = _Strategy(("/job:localhost/replica:0/task:0/device:GPU:0",))
+    assert tpu.strategy_branch(gpus)[0] == "GPU"
+    assert tpu.strategy_branch(_Strategy(("/device:CPU:0", "/device:CPU:1")))[0] == "CPU fallback"
+    assert tpu.strategy_branch(_Strategy(None))[0] == "CPU fallback"  # the default strategy
+    assert "bfloat16" in tpu.strategy_branch(TPUStrategy())[1]
+
+
+def test_strategy_branch_of_real_strategies_here_is_the_cpu_fallback():
+    import tensorflow as tf
+
+    assert tpu.strategy_branch(tf.distribute.get_strategy())[0] == "CPU fallback"
+    assert tpu.strategy_branch(tf.distribute.OneDeviceStrategy("/cpu:0"))[0] == "CPU fallback"
+
+
+def test_comparison_tolerance_is_float32_rounding_and_looser_on_a_tpu():
+    assert tpu.comparison_tolerance("CPU fallback") == tpu.comparison_tolerance("GPU") == 1e-5
+    assert tpu.comparison_tolerance("TPU") == 1e-4
+    with pytest.raises(ValueError, match="branch must be one of"):
+        tpu.comparison_tolerance("tpu")
+
+
+def test_runtime_rows_say_what_runs_here_and_what_was_installed(monkeypatch, tmp_path):
+    monkeypatch.setattr("course_utils.devices.is_colab", lambda: False)
+    monkeypatch.setattr("course_utils.devices.tpu_available", lambda: False)
+    rows = {row[""]: row["here"] for row in tpu.runtime_rows(tmp_path / "none.json")}
+    assert rows["runtime"] == "this machine, no TPU"
+    assert rows["set-up cell installed"].startswith("nothing")
+    monkeypatch.setattr("course_utils.devices.is_colab", lambda: True)
+    monkeypatch.setattr("course_utils.devices.tpu_available", lambda: True)
+    versions = {"tensorflow-tpu": "2.20.0", tpu.COURSE_DISTRIBUTION: "0.9"}
+    monkeypatch.setattr(tpu, "installed_versions", lambda names=("tensorflow", "tensorflow-tpu"):
+                        {name: versions.get(name) for name in names})
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"install": [{"metadata": {
+        "name": "scaling-tensorflow-course", "version": "0.9"}}]}))
+    rows = {row[""]: row["here"] for row in tpu.runtime_rows(report)}
+    assert rows["runtime"] == "Colab, TPU attached"
+    assert rows["TensorFlow build"] == "tensorflow-tpu 2.20.0"
+    assert "course_utils 0.9 installed" in rows["set-up cell installed"]
+    assert "left out tf-keras" in rows["set-up cell installed"]
+    rows = {row[""]: row["here"] for row in tpu.runtime_rows(tmp_path / "missing.json")}
+    assert "could not be installed" in rows["set-up cell installed"]
+
+
+def test_published_chips_have_one_replica_per_tensor_core():
+    assert tpu.TPU_CHIPS["v5e"].tensor_cores == 1  # Colab's v5e-1: one replica
+    assert all(chip.mxu_size in (128, 256) for chip in tpu.TPU_CHIPS.values())
+
+
+def _lesson_cell(cell_id):
+    import pathlib
+
+    import nbformat
+
+    path = pathlib.Path(__file__).parents[1] / "notebooks" / "05_tpus.ipynb"
+    return next(c.source for c in nbformat.read(path, 4).cells if c.get("id") == cell_id)
+
+
+def _exec_visible_to_autograph(source, filename, namespace):
+    """exec a cell so that AutoGraph can read its source (it converts `for ... in tf.range`)."""
+    import linecache
+
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - the lesson's own cell
+
+
+def _run_connect_to_tpu(monkeypatch, initialize, attached):
+    """Run lesson 05's connect_to_tpu cell with the TPU calls mocked; its namespace."""
+    import tensorflow as tf
+
+    import course_utils as cu
+
+    class Resolver:
+        def __init__(self, tpu):
+            assert tpu == "local"  # the lesson asks for the TPU attached to this VM
+
+    class FakeTPUStrategy:
+        def __init__(self, resolver):
+            self.num_replicas_in_sync = 1
+
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", Resolver)
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda resolver: None)
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", initialize)
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", FakeTPUStrategy)
+    monkeypatch.setattr("course_utils.devices.tpu_available", lambda: attached)
+    namespace = {"tf": tf, "cu": cu, "time": __import__("time")}
+    exec(_lesson_cell("4e910dea"), namespace)  # noqa: S102 - the lesson's own cell
+    return namespace
+
+
+def test_lesson_connects_to_a_mocked_tpu(monkeypatch, capsys):
+    namespace = _run_connect_to_tpu(monkeypatch, lambda resolver: None, attached=True)
+    assert namespace["raw_tpu_strategy"].num_replicas_in_sync == 1
+    assert "TPU with 1 replica(s)." in capsys.readouterr().out
+
+
+def test_lesson_says_plain_tensorflow_cannot_drive_a_mocked_tpu(monkeypatch, capsys):
+    import tensorflow as tf
+
+    def plain_tensorflow(resolver):
+        raise tf.errors.NotFoundError(None, None, "No OpKernel was registered to support Op "
+                                      "'ConfigureDistributedTPU'")
+
+    namespace = _run_connect_to_tpu(monkeypatch, plain_tensorflow, attached=True)
+    assert namespace["raw_tpu_strategy"] is None
+    assert "install tensorflow-tpu" in capsys.readouterr().out
+
+
+def test_draw_tpu_system_draws_every_mxu_of_each_core():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_utils import plots
+
+    for name, chip in tpu.TPU_CHIPS.items():
+        ax = plots.draw_tpu_system(name)
+        labels = [text.get_text() for text in ax.texts]
+        assert sum(label.startswith("MXU") for label in labels) == (
+            chip.tensor_cores * chip.mxus_per_core)
+        assert sum(label.startswith("TensorCore") for label in labels) == chip.tensor_cores
+    with pytest.raises(ValueError, match="chip must be one of"):
+        plots.draw_tpu_system("v2")
+
+
+def test_draw_tile_padding_shows_the_padded_share():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_utils import plots
+
+    ax = plots.draw_tile_padding((100, 200))
+    assert f"{tpu.padded_fraction((100, 200)):.0%} of the work is padding" in ax.get_title()
+    assert ax.get_xlim() == (0, 256) and ax.get_ylim() == (0, 104)
+    with pytest.raises(ValueError, match="two positive sizes"):
+        plots.draw_tile_padding((0, 128))
+
+
+def test_lesson_training_cells_run_unchanged_under_a_mocked_tpu_strategy(capsys):
+    """Section 9's cells under a strategy that reads as a TPUStrategy (a OneDeviceStrategy
+    underneath): the same code trains, traces once and takes the TPU branch's tolerance."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import course_utils as cu
+
+    class TPUStrategy(tf.distribute.OneDeviceStrategy):  # the name is what the lesson reads
+        pass
+
+    mocked = TPUStrategy("/cpu:0")
+    namespace = {"tf": tf, "keras": keras, "np": np, "cu": cu, "NUM_EXAMPLES": 256,
+                 "BATCH_SIZE": 16, "TRAIN_STEPS": 3, "strategy": mocked}
+    namespace["branch"], _ = tpu.strategy_branch(mocked)
+    for cell_id in ("3dc7cfaf", "training-function", "a59f7acf"):
+        _exec_visible_to_autograph(_lesson_cell(cell_id), f"<lesson 05 cell {cell_id}>",
+                                   namespace)
+    assert namespace["branch"] == "TPU" and namespace["tolerance"] == 1e-4
+    assert namespace["runs"]["this strategy"][2] == 1
+    assert namespace["difference"] < namespace["tolerance"]
+    assert tf.config.experimental.tensor_float_32_execution_enabled()  # restored

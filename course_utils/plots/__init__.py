@@ -8,6 +8,7 @@ so a lesson can add to it or lay several side by side. One module per kind of pi
 * ``diagrams_basics.py`` – lessons 00-02: a training step, a pipeline's timeline, data parallelism;
 * ``diagrams_clusters.py`` – lessons 03-05: workers, parameter servers, the TPU host loop;
 * ``diagrams_parallelism.py`` – 06-07: placement, pipeline schedules, sharding, accumulation;
+* ``diagrams_tpu.py`` – lesson 05: a TPU host and chip, padding to 8×128 tiles;
 * ``diagrams_precision.py`` – lesson 08: number formats, loss scaling, a mixed-precision step;
 * ``diagrams_capstone.py`` – lesson 09: the capstone job and its measure-then-fix loop.
 * ``status_grid.py`` – appendix A: what works where, one coloured cell per API and strategy.
@@ -51,6 +52,7 @@ from course_utils.plots.diagrams_precision import (
     draw_mixed_precision_step,
     draw_number_formats,
 )
+from course_utils.plots.diagrams_tpu import draw_tile_padding, draw_tpu_system
 from course_utils.plots.status_grid import STATUS_COLORS, draw_works_where
 from course_utils.plots.style import PALETTE, axes_for
 
@@ -71,7 +73,9 @@ __all__ = [
     "draw_pipeline_schedule",
     "draw_pipeline_timeline",
     "draw_sharded_dense",
+    "draw_tile_padding",
     "draw_tpu_host_loop",
+    "draw_tpu_system",
     "draw_training_step",
     "draw_works_where",
     "draw_zero_stages",

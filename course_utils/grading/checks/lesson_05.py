@@ -5,7 +5,11 @@
   epoch has ``n // batch_size`` batches, and the batches hold the sequences cut or padded with
   zeros at the end to ``sequence_length``.
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
-  fresh described TPUs, compared with the rules stated in the exercise.
+  fresh described TPUs (small per-replica batches included), compared with the rules stated in
+  the exercise; a global batch that cannot give each replica one example must raise ValueError.
+* ``check_train_steps(make_train_steps)``: the learner's portable training function, run under
+  the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
+  must match one device's reference training, trace once, and divide by the global batch.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from course_utils.environment import import_tensorflow as _tf  # quiet, on first
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
-__all__ = ["check_make_tpu_ready", "check_tpu_settings", "reference_tpu_settings"]
+__all__ = ["check_make_tpu_ready", "check_tpu_settings", "check_train_steps",
+           "reference_tpu_settings", "reference_train_steps"]
 
 
 # --- Exercise 1 · a TPU-ready pipeline ---------------------------------------------------------
@@ -120,33 +125,174 @@ def reference_tpu_settings(replicas: int, max_global_batch: int, host_overhead_m
                            num_examples: int) -> tuple[int, int]:
     """The exercise's rules: the per-replica batch and steps_per_execution."""
     largest = max_global_batch // replicas
-    per_replica = largest // 128 * 128 or largest // 8 * 8
+    if largest < 1:
+        raise ValueError(f"a global batch of {max_global_batch} cannot give {replicas} "
+                         "replicas one example each")
+    tile = next(size for size in (128, 8, 1) if largest >= size)
+    per_replica = largest // tile * tile
     steps_per_epoch = num_examples // (per_replica * replicas)
-    needed = math.ceil(round(host_overhead_ms / (max_overhead_fraction * step_ms), 6))
+    needed = math.ceil(host_overhead_ms / (max_overhead_fraction * step_ms))
     return per_replica, max(1, min(needed, steps_per_epoch))
+
+
+def _on_a_boundary(host_overhead_ms: float, step_ms: float, fraction: float) -> bool:
+    """True when the overhead rule lands on a whole number of steps, where float rounding
+    decides between two answers: the check avoids such cases."""
+    ratio = host_overhead_ms / (fraction * step_ms)
+    return abs(ratio - round(ratio)) < 1e-6
+
+
+def _settings_cases(rng: Any) -> list[Case]:
+    cases = [Case(args=(8, 4096, 2.0, 0.5, 0.15, 1_000_000)),  # a v5e-8, small fast steps
+             Case(args=(1, 100, 1.0, 3.0, 0.05, 10_000)),  # Colab's v5e-1, a small batch
+             Case(args=(8, 40, 1.0, 2.0, 0.3, 10_000)),  # fewer than 8 examples a replica
+             Case(args=(4, 4 * 256, 5.0, 0.1, 0.03, 4 * 256 * 3))]  # capped at the epoch
+    while len(cases) < 8:
+        replicas = rng.choice([1, 4, 8, 16])
+        args = (replicas, replicas * rng.choice([rng.randint(2, 7), rng.randint(9, 127),
+                                                 rng.randint(129, 1200)]),
+                rng.choice([0.5, 1.0, 2.0, 5.0]), rng.choice([0.2, 1.0, 3.0, 20.0]),
+                rng.choice([0.02, 0.05, 0.1]), rng.randint(20_000, 2_000_000))
+        if not _on_a_boundary(*args[2:5]):
+            cases.append(Case(args=args))
+    for case in cases:
+        case.expected = reference_tpu_settings(*case.args)
+    return cases
+
+
+def _refuses_an_impossible_batch(fn: Any, hint: str) -> None:
+    args = (16, 8, 1.0, 1.0, 0.1, 1_000)
+    try:
+        got = fn(*args)
+    except ValueError:
+        return
+    except NotImplementedError:
+        return  # the stub: run_check reports it as not attempted
+    except Exception as error:
+        raise AssertionError(f"tpu_settings{args} raised {type(error).__name__}: {error}; "
+                             f"expected ValueError\nHint: {hint}") from error
+    raise AssertionError(f"tpu_settings{args} returned {got!r}: 16 replicas cannot share a "
+                         f"global batch of 8, expected ValueError\nHint: {hint}")
 
 
 @register
 def check_tpu_settings(fn: Any) -> bool:
     """Check ``tpu_settings(replicas, max_global_batch, host_overhead_ms, step_ms,
     max_overhead_fraction, num_examples)`` on fresh described TPUs."""
-    rng = fresh_rng()
-    cases = [Case(args=(8, 4096, 2.0, 0.5, 0.1, 1_000_000)),  # a v5e-8, small fast steps
-             Case(args=(1, 100, 1.0, 4.0, 0.05, 10_000))]  # Colab's v5e-1, a small batch
-    for _ in range(4):
-        replicas = rng.choice([1, 4, 8, 16])
-        args = (replicas, replicas * rng.randint(16, 1200), rng.choice([0.5, 1.0, 2.0, 5.0]),
-                rng.choice([0.2, 1.0, 3.0, 20.0]), rng.choice([0.02, 0.05, 0.1]),
-                rng.randint(20_000, 2_000_000))
-        cases.append(Case(args=args))
-    cases.append(Case(args=(4, 4 * 256, 5.0, 0.1, 0.01, 4 * 256 * 3)))  # capped at the epoch
-    for case in cases:
-        case.expected = reference_tpu_settings(*case.args)
+    hint = ("per replica: as many examples as the global batch allows, in whole tiles: a "
+            "multiple of 128 when one fits, else of 8 when one fits, else what fits (ValueError "
+            "when not one example a replica fits); steps_per_execution: the fewest steps a call "
+            "that share the round-trip down to the accepted overhead, at most the steps of one "
+            "epoch (drop_remainder), at least 1 (lesson 05, sections 5 and 7).")
+    _refuses_an_impossible_batch(fn, hint)
+    return run_check("tpu_settings", fn, _settings_cases(fresh_rng()), hint=hint)
+
+
+# --- Exercise 3 · one training function for any strategy -------------------------------------
+
+
+def _mirrored_strategy() -> Any:
+    from course_utils.strategies import make_strategy
+
+    return make_strategy("mirrored", verbose=False)  # the notebook's own, cached: one per set
+
+
+def _model_and_optimizer(strategy: Any, seed: int, features: int, classes: int) -> Any:
+    import keras
+
+    with strategy.scope():
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential([keras.Input((features,)),
+                                  keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(classes)])
+        optimizer = keras.optimizers.SGD(0.2)
+        optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
+                          global_batch_size: int) -> Any:
+    """The exercise's answer: a tf.function running ``steps`` replica steps in one call."""
+    import keras
+
+    tf = _tf()
+
+    def replica_step(x: Any, y: Any) -> None:
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                y, model(x, training=True), from_logits=True)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+    @tf.function
+    def train_steps(iterator: Any, steps: Any) -> None:
+        for _ in tf.range(steps):
+            strategy.run(replica_step, args=next(iterator))
+
+    return train_steps
+
+
+def _train(train_steps: Any, strategy: Any, dataset: Any, calls: tuple[int, ...]) -> None:
+    tf = _tf()
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    for steps in calls:
+        train_steps(iterator, tf.constant(steps))
+
+
+def _train_case(rng: Any) -> Case:
+    tf = _tf()
+    features, classes = rng.choice([6, 8]), rng.choice([3, 4])
+    global_batch = 2 * rng.choice([4, 8, 12])
+    calls = (rng.randint(3, 6), rng.randint(7, 10))
+    seed = rng.randint(0, 10_000)
+    data = np.random.default_rng(seed)
+    x = data.normal(size=(global_batch * 8, features)).astype("float32")
+    y = data.integers(0, classes, size=len(x)).astype("int32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch,
+                                                               drop_remainder=True).repeat()
+    one_device = tf.distribute.get_strategy()
+    model, optimizer = _model_and_optimizer(one_device, seed, features, classes)
+    initial = model.get_weights()
+    _train(reference_train_steps(one_device, model, optimizer, global_batch), one_device,
+           dataset, calls)
+    expected = model.get_weights()
+    strategy = _mirrored_strategy()
+    model, optimizer = _model_and_optimizer(strategy, seed, features, classes)
+
+    def verify(train_steps: Any) -> str | None:
+        if not hasattr(train_steps, "experimental_get_tracing_count"):
+            return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
+                    "tf.function (decorate train_steps with @tf.function)")
+        _train(train_steps, strategy, dataset, calls)
+        got = model.get_weights()
+        if max(float(np.max(np.abs(a - b))) for a, b in zip(got, initial, strict=True)) < 1e-6:
+            return "the weights did not change: apply the gradients in the replica step"
+        difference = max(float(np.max(np.abs(a - b))) for a, b in zip(got, expected, strict=True))
+        if difference > 1e-5:
+            return (f"after {sum(calls)} steps on {strategy.num_replicas_in_sync} replicas the "
+                    f"weights differ from one device's by {difference:.2e} (more than 1e-05): "
+                    "divide the per-example losses by the global batch "
+                    "(tf.nn.compute_average_loss), run exactly `steps` steps a call")
+        traces = train_steps.experimental_get_tracing_count()
+        if traces != 1:
+            return (f"train_steps traced {traces} times for {len(calls)} step counts: loop over "
+                    "tf.range(steps) so that the count is a tensor, not a new trace")
+        return None
+
+    return Case(args=(strategy, model, optimizer, global_batch), verify=verify,
+                label=f"(MirroredStrategy, global_batch_size={global_batch}, calls of "
+                      f"{calls[0]} then {calls[1]} steps)")
+
+
+@register
+def check_train_steps(fn: Any) -> bool:
+    """Check ``make_train_steps(strategy, model, optimizer, global_batch_size)`` under the
+    notebook's MirroredStrategy against one device's training from the same start."""
     return run_check(
-        "tpu_settings", fn, cases,
-        hint="per replica: the largest multiple of 128 with per_replica × replicas ≤ "
-             "max_global_batch, else the largest multiple of 8; steps_per_execution: the "
-             "smallest n with host_overhead_ms / n ≤ max_overhead_fraction × step_ms, at most "
-             "the steps of one epoch (drop_remainder) and at least 1 (round the ratio to 6 "
-             "decimals before math.ceil: floating point). Return a tuple "
-             "(per_replica_batch, steps_per_execution) (lesson 05, sections 5 and 7).")
+        "make_train_steps", fn, [_train_case(fresh_rng())],
+        hint="inside a @tf.function train_steps(iterator, steps), loop `for _ in "
+             "tf.range(steps)` and call strategy.run(replica_step, args=next(iterator)); in "
+             "replica_step, compute the per-example losses, divide by the global batch with "
+             "tf.nn.compute_average_loss(..., global_batch_size=...), take the gradients and "
+             "optimizer.apply_gradients (lesson 05, section 9).")
