@@ -7,6 +7,7 @@ so a lesson can add to it or lay several side by side. One module per kind of pi
 * ``charts.py`` – measurements: throughput bars, time breakdowns, scaling curves, lines;
 * ``diagrams_basics.py`` – lessons 00-02: a training step, a pipeline's timeline, data parallelism;
 * ``diagrams_clusters.py`` – lessons 03-05: workers, parameter servers, the TPU host loop;
+* ``diagrams_parameter_server.py`` – lesson 04: each step on its worker's time line, measured;
 * ``diagrams_parallelism.py`` – 06-07: placement, pipeline schedules, sharding, accumulation;
 * ``diagrams_precision.py`` – lesson 08: number formats, loss scaling, a mixed-precision step;
 * ``diagrams_capstone.py`` – lesson 09: the capstone job and its measure-then-fix loop.
@@ -44,6 +45,7 @@ from course_utils.plots.diagrams_parallelism import (
     draw_pipeline_schedule,
     draw_sharded_dense,
 )
+from course_utils.plots.diagrams_parameter_server import draw_step_timeline
 from course_utils.plots.diagrams_precision import (
     draw_loss_scaling,
     draw_mixed_precision_step,
@@ -68,6 +70,7 @@ __all__ = [
     "draw_pipeline_schedule",
     "draw_pipeline_timeline",
     "draw_sharded_dense",
+    "draw_step_timeline",
     "draw_tpu_host_loop",
     "draw_training_step",
     "draw_works_where",
