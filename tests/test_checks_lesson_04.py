@@ -1,4 +1,5 @@
-"""Lesson 04's checks: reference passes, wrong answer fails, stub waits."""
+"""Lesson 04's checks on a real in-process cluster: the solutions pass; blank, lazy and wrong
+answers (each a mistake a learner makes) fail with a message that says what differed."""
 
 from __future__ import annotations
 
@@ -11,28 +12,9 @@ import pytest
 
 import course_utils as cu
 from course_utils.grading.checks import lesson_04
-from course_utils.grading.framework import NotAttemptedError, strict_checks
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 REPO = Path(__file__).resolve().parents[1]
-
-
-def embedding_partitioner(num_ps):
-    import tensorflow as tf
-
-    return tf.distribute.experimental.partitioners.MinSizePartitioner(
-        min_shard_bytes=256 << 10, max_shards=num_ps)
-
-
-def build_cluster_spec(ps_hosts, worker_hosts, port):
-    import tensorflow as tf
-
-    return tf.train.ClusterSpec({"ps": [f"{h}:{port}" for h in ps_hosts],
-                                 "worker": [f"{h}:{port}" for h in worker_hosts]})
-
-
-def stub(*args):
-    raise NotImplementedError()
 
 
 def test_lesson_04_registers_its_checks():
@@ -41,78 +23,123 @@ def test_lesson_04_registers_its_checks():
             assert getattr(cu.grading, name) is getattr(lesson_04, name)
 
 
-def test_shard_rows_splits_like_a_sharded_variable():
-    assert lesson_04.shard_rows(10, 3) == [4, 3, 3]
-    assert sum(lesson_04.shard_rows(20_001, 4)) == 20_001
-
-
-def test_the_partitioner_reference_passes_and_fixed_shards_fail():
-    import tensorflow as tf
-
-    assert cu.grading.check_embedding_partitioner(embedding_partitioner) is True
-    fixed = tf.distribute.experimental.partitioners.FixedShardsPartitioner
-    with pytest.raises(AssertionError, match="MinSizePartitioner"):
-        cu.grading.check_embedding_partitioner(lambda num_ps: fixed(num_ps))
-
-
-def test_the_cluster_spec_reference_passes_and_a_dict_fails():
-    assert cu.grading.check_build_cluster_spec(build_cluster_spec) is True
-    with pytest.raises(AssertionError, match="ClusterSpec"):
-        cu.grading.check_build_cluster_spec(
-            lambda ps, workers, port: {"ps": ps, "worker": workers})
-    with pytest.raises(AssertionError, match="expected the jobs"):
-        cu.grading.check_build_cluster_spec(
-            lambda ps, workers, port: build_cluster_spec(workers, ps, port))
-
-
-def test_stubs_are_not_attempted_and_fail_in_strict_mode(capsys):
-    assert cu.grading.check_build_cluster_spec(stub) is False
-    assert cu.grading.check_embedding_partitioner(stub) is False
-    assert "not attempted yet" in capsys.readouterr().out
-    with strict_checks(), pytest.raises(NotAttemptedError):
-        cu.grading.check_build_cluster_spec(stub)
-
-
-RUN_STEPS_SCRIPT = """
+SCRIPT = r'''
 import course_utils as cu
-from course_utils.grading.framework import strict_checks
+import tensorflow as tf
+
 cluster = cu.cluster.start_in_process_cluster(2, 1)
 strategy = cluster.strategy()
 
-def right(coordinator, step_fn, iterator, num_steps):
+def verdict(check, fn):
+    try:
+        return "PASS" if check(fn, strategy) else "BLANK"
+    except AssertionError as error:
+        return "FAIL " + str(error).replace(chr(10), " ")
+
+def stub(*args):
+    raise NotImplementedError()
+
+# exercise 1: the coordinator loop
+def right(coordinator, dataset_fn, step_fn, num_steps):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(num_steps)]
     coordinator.join()
     return [r.fetch() for r in remotes]
 
-def one_short(coordinator, step_fn, iterator, num_steps):
-    return right(coordinator, step_fn, iterator, num_steps - 1)
-
-def remote_values(coordinator, step_fn, iterator, num_steps):
+def captured(coordinator, dataset_fn, step_fn, num_steps):
+    iterator = iter(dataset_fn())
     remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(num_steps)]
+    coordinator.join()
+    return [r.fetch() for r in remotes]
+
+def ones_after_join(coordinator, dataset_fn, step_fn, num_steps):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    for _ in range(num_steps):
+        coordinator.schedule(step_fn, args=(iterator,))
+    coordinator.join()
+    return [1.0] * num_steps
+
+def no_join(coordinator, dataset_fn, step_fn, num_steps):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    return [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(num_steps)]
+
+def remote_values(coordinator, dataset_fn, step_fn, num_steps):
+    remotes = no_join(coordinator, dataset_fn, step_fn, num_steps)
     coordinator.join()
     return remotes
 
-def stub(coordinator, step_fn, iterator, num_steps):
-    raise NotImplementedError()
+for fn in (right, stub, captured, ones_after_join, no_join, remote_values):
+    print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
-print("RIGHT", cu.grading.check_run_steps(right, strategy))
-for wrong in (one_short, remote_values):
-    try:
-        cu.grading.check_run_steps(wrong, strategy)
-    except AssertionError as error:
-        print("WRONG", wrong.__name__, str(error).replace(chr(10), " "))
-print("STUB", cu.grading.check_run_steps(stub, strategy))
-"""
+# exercise 2: the dataset_fn
+def make(shard=True, shuffle=True, repeat=True, batch_size=None):
+    def make_dataset_fn(features, labels, size, num_workers):
+        def dataset_fn():
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+            data = tf.data.Dataset.from_tensor_slices((features, labels))
+            if shard:
+                data = data.shard(num_workers, worker)
+            if shuffle:
+                data = data.shuffle(1000, seed=tf.cast(worker, tf.int64) + 1)
+            data = data.batch(batch_size or size)
+            return data.repeat() if repeat else data
+        return dataset_fn
+    return make_dataset_fn
+
+for name, fn in [("right", make()), ("stub", stub), ("no_repeat", make(repeat=False)),
+                 ("no_shard", make(shard=False)), ("no_shuffle", make(shuffle=False)),
+                 ("wrong_batch", make(batch_size=3))]:
+    print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
+
+# exercise 3: the counter
+def atomic(counter, labels):
+    return counter.assign_add(tf.cast(tf.size(labels), counter.dtype))
+
+def read_then_write(counter, labels):
+    return counter.assign(counter + tf.cast(tf.size(labels), counter.dtype))
+
+def steps_not_examples(counter, labels):
+    return counter.assign_add(1)
+
+for fn in (atomic, stub, read_then_write, steps_not_examples):
+    print("COUNT", fn.__name__, verdict(cu.grading.check_count_examples, fn))
+'''
 
 
-def test_the_coordinator_loop_check_on_a_real_cluster():
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "-c", RUN_STEPS_SCRIPT], capture_output=True,
-                            text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    lines = [line for line in result.stdout.splitlines()
-             if line.startswith(("RIGHT", "WRONG", "STUB"))]
-    assert lines[0] == "RIGHT True"
-    assert lines[1].startswith("WRONG one_short") and "steps were applied" in lines[1]
-    assert lines[2].startswith("WRONG remote_values") and "fetch" in lines[2]
-    assert lines[3] == "STUB False"
+@pytest.mark.slow
+def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3",
+               GRPC_FAIL_FAST="use_caller")
+    env.pop("COURSE_STRICT_CHECKS", None)
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                            timeout=600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    verdicts = {}
+    for line in result.stdout.splitlines():
+        if line.startswith(("RUN_STEPS", "DATASET", "COUNT")):
+            kind, name, rest = line.split(" ", 2)
+            verdicts[(kind, name)] = rest
+    expected = {
+        ("RUN_STEPS", "right"): "PASS",
+        ("RUN_STEPS", "stub"): "BLANK",
+        ("RUN_STEPS", "captured"): "worker index",
+        ("RUN_STEPS", "ones_after_join"): "you returned",
+        ("RUN_STEPS", "no_join"): "join",
+        ("RUN_STEPS", "remote_values"): "fetch",
+        ("DATASET", "right"): "PASS",
+        ("DATASET", "stub"): "BLANK",
+        ("DATASET", "no_repeat"): "repeat()",
+        ("DATASET", "no_shard"): "same examples",
+        ("DATASET", "no_shuffle"): "shuffle",
+        ("DATASET", "wrong_batch"): "asked for",
+        ("COUNT", "atomic"): "PASS",
+        ("COUNT", "stub"): "BLANK",
+        ("COUNT", "read_then_write"): "lost",
+        ("COUNT", "steps_not_examples"): "the counter reads",
+    }
+    for key, words in expected.items():
+        got = verdicts.get(key, "missing")
+        if words in ("PASS", "BLANK"):
+            assert got == words, (key, got)
+        else:
+            assert got.startswith("FAIL") and words in got, (key, got)

@@ -5,7 +5,9 @@ itself, it schedules functions on the workers (``coordinator.schedule``), waits 
 (``join``) and fetches what they returned. Keras 3 ``fit`` cannot do this
 (keras-team/keras#18624), and Keras 3's own counters (``optimizer.iterations``, metric variables)
 lose concurrent updates from several workers, so the steps, the loss and the metrics are counted
-here, on the coordinator, from the values each scheduled function returns.
+here, on the coordinator, from the values each scheduled function returns. The optimizer's own
+``iterations`` still counts with Keras 3's read-then-write and can fall short of the steps run
+(lesson 04 measures it): a learning-rate schedule or Adam's bias correction reads that count.
 """
 
 from __future__ import annotations
