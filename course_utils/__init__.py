@@ -24,6 +24,7 @@ _SUBMODULES = (
     "data",
     "devices",
     "environment",
+    "equality",
     "grading",
     "grid",
     "instructor",
@@ -68,7 +69,7 @@ _EXPORTS = {
 __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
-    "bench", "book", "cluster", "data", "devices", "environment", "grading", "grid", "instructor",
+    "bench", "book", "cluster", "data", "devices", "environment", "equality", "grading", "grid", "instructor",
     "memory",
     "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots",
     "profiling", "quiet", "reductions", "strategies", "tables", "tflogs", "tpu",
