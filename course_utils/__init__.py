@@ -69,9 +69,8 @@ _EXPORTS = {
 __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
-    "bench", "book", "cluster", "data", "devices", "environment", "equality", "grading", "grid", "instructor",
-    "memory",
-    "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots",
+    "bench", "book", "cluster", "data", "devices", "environment", "equality", "grading", "grid",
+    "instructor", "memory", "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots",
     "profiling", "quiet", "reductions", "strategies", "tables", "tflogs", "tpu",
     "training", "widgets", "works_where",
     # re-exported
