@@ -70,9 +70,9 @@ __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
     "bench", "book", "cluster", "data", "devices", "environment", "equality", "grading", "grid",
-    "instructor", "memory", "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots",
-    "profiling", "quiet", "reductions", "strategies", "tables", "tflogs", "tpu",
-    "training", "widgets", "works_where",
+    "instructor", "memory", "mixed_precision", "models", "monitor", "notebooks", "parallel",
+    "planning", "plots", "profiling", "quiet", "reductions", "strategies", "tables", "tflogs",
+    "tpu", "training", "widgets", "works_where",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
     "make_strategy", "quiet_tensorflow", "seed_everything", "setup", "show_table",
