@@ -238,3 +238,18 @@ def test_poll_until_returns_the_first_value_and_stops_on_every_other_way_out():
     with pytest.raises(ValueError, match="step failed"):
         poll_until(broken, HANG, timed_out, lambda: events.append("stop"), 0.01)
     assert events[-1] == "stop"
+
+
+def test_a_cluster_runs_a_script_or_a_module_never_both_or_neither(tmp_path):
+    from course_utils.cluster import LocalCluster
+
+    script = tmp_path / "w.py"
+    script.write_text("print('hi')\n")
+    with pytest.raises(ValueError, match="script or a module"):
+        LocalCluster(script, module="course_utils.works_where.worker", start=False)
+    with pytest.raises(ValueError, match="script or a module"):
+        LocalCluster(start=False)
+    with pytest.raises(ModuleNotFoundError, match="no_such_module"):
+        LocalCluster(module="course_utils.no_such_module", start=False)
+    cluster = LocalCluster(module="course_utils.works_where.worker", start=False)
+    assert cluster.module == "course_utils.works_where.worker" and cluster.script is None

@@ -10,6 +10,7 @@ the :class:`~course_utils.cluster.waiting.WorkerWaiter` that its ``wait*`` metho
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -43,6 +44,8 @@ class LocalCluster:
 
     Args:
         script: the Python file every worker runs (``sys.executable script *args``).
+        module: instead of ``script``, a module every worker runs as ``python -m module *args``
+            (a script of the package runs as a module, so it needs no ``sys.path`` set-up).
         num_workers: number of workers (task type ``worker``, index 0 is the chief).
         args: extra command-line arguments for the script.
         timeout: seconds :meth:`wait` waits for all workers before raising
@@ -64,9 +67,10 @@ class LocalCluster:
 
     def __init__(
         self,
-        script: str | os.PathLike,
+        script: str | os.PathLike | None = None,
         num_workers: int = 2,
         *,
+        module: str | None = None,
         args: Sequence[str] = (),
         timeout: float = 120.0,
         collective_timeout: float | None = None,
@@ -78,9 +82,14 @@ class LocalCluster:
         host: str = "localhost",
         start_timeout: float | None = None,
     ) -> None:
-        self.script = Path(script)
-        if not self.script.is_file():
+        if (script is None) == (module is None):
+            raise ValueError("give the workers a script or a module to run, not both or neither")
+        self.script = Path(script) if script is not None else None
+        self.module = module
+        if self.script is not None and not self.script.is_file():
             raise FileNotFoundError(f"worker script {self.script} does not exist")
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"worker module {module} cannot be found")
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self.num_workers = num_workers
@@ -157,7 +166,8 @@ class LocalCluster:
         self.started_at = time.monotonic()
         stop_at_exit(self)
         preexec = death_signal_setter()
-        command = [sys.executable, str(self.script), *self.args]
+        command = [sys.executable, *(["-m", self.module] if self.module else [str(self.script)]),
+                   *self.args]
         try:
             for index, path in enumerate(self.log_paths):
                 process, log = start_worker(command, self.worker_env(index), path, preexec)

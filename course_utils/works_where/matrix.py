@@ -77,10 +77,9 @@ def local_strategy(column: str) -> tuple[Any, int, str | None]:
 def start_multi_worker(out_dir: str | Path, timeout: float = 150.0) -> Any:
     """Start 2 worker processes that run every API under MultiWorkerMirroredStrategy."""
     from course_utils.cluster import LocalCluster
-    from course_utils.works_where import worker
 
-    return LocalCluster(worker.__file__, num_workers=2, args=["--out", str(out_dir)],
-                        timeout=timeout, stream=False)
+    return LocalCluster(module="course_utils.works_where.worker", num_workers=2,
+                        args=["--out", str(out_dir)], timeout=timeout, stream=False)
 
 
 def collect_multi_worker(cluster: Any, out_dir: str | Path) -> dict[str, Cell]:
@@ -107,9 +106,8 @@ def start_parameter_server(out_dir: str | Path, timeout: float = 150.0) -> Any:
     in-process cluster of its own: 2 workers, 1 parameter server)."""
     from course_utils.cluster import LocalCluster
 
-    script = Path(__file__).with_name("ps_process.py")  # the child imports this module
-    return LocalCluster(script, num_workers=1, args=["--out", str(out_dir)],
-                        timeout=timeout, stream=False)
+    return LocalCluster(module="course_utils.works_where.ps_process", num_workers=1,
+                        args=["--out", str(out_dir)], timeout=timeout, stream=False)
 
 
 def collect_parameter_server(process: Any, out_dir: str | Path

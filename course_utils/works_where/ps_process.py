@@ -1,4 +1,4 @@
-"""The script of the parameter-server column: ``python ps_process.py --out DIR``.
+"""The ps column's child process: ``python -m course_utils.works_where.ps_process --out DIR``.
 
 TensorFlow cannot stop an in-process ``tf.distribute.Server``, so the column's cluster (2
 workers and 1 parameter server on localhost) runs in a process of its own, started by
@@ -16,9 +16,6 @@ import sys
 
 __all__ = ["REPORT_NAME", "main"]
 
-# Run as a file, this folder comes first on sys.path; its modules belong to the package.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 #: The report this script writes into ``--out`` (named once, in ``matrix``).
 from course_utils.works_where.matrix import PS_REPORT_NAME as REPORT_NAME  # noqa: E402

@@ -1,4 +1,4 @@
-"""The worker script of the multi-worker column: ``python worker.py --out DIR``.
+"""The multi-worker column's worker, run as ``python -m course_utils.works_where.worker --out DIR``.
 
 Each worker of a :class:`course_utils.cluster.LocalCluster` runs it: it builds the
 MultiWorkerMirroredStrategy first (from ``TF_CONFIG``), runs every row of the table under it,
@@ -14,9 +14,6 @@ import sys
 
 __all__ = ["main"]
 
-# Run as a file, this folder comes first on sys.path; its modules belong to the package.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 
 
 def main(argv: list[str] | None = None) -> int:
