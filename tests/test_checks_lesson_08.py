@@ -65,6 +65,7 @@ def trainer_with(keras, *, policy_applied=True, restore_policy=True, set_start=T
     return train_with_policy
 
 
+@pytest.mark.slow
 def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys):
     assert cu.grading.check_train_with_policy(trainer_with(keras))
     out = capsys.readouterr().out
@@ -72,6 +73,7 @@ def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys)
     assert "ms per step" in out and "mixed_float16: final loss" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mistake, message", [
     ({"policy_applied": False}, r"case 2 .*should compute in float16"),
     ({"restore_policy": False}, "global policy was left at"),
@@ -144,7 +146,45 @@ def test_wrong_loss_scaled_step_fails_usefully(tf, mistake, message):
         cu.grading.check_loss_scaled_train_step(step_with(tf, **mistake))
 
 
-@pytest.mark.parametrize("name", ["check_train_with_policy", "check_loss_scaled_train_step"])
+# --- first_overflowing_layer -----------------------------------------------------------------
+
+
+def first_overflowing_layer(model, x, keras, tf):
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    every_output = keras.Model(model.input, [layer.output for layer in layers])
+    for layer, output in zip(layers, every_output(x), strict=True):
+        if not bool(tf.reduce_all(tf.math.is_finite(tf.cast(output, tf.float32)))):
+            return layer.name
+    return None
+
+
+def test_reference_first_overflowing_layer_passes(keras, tf, capsys):
+    assert cu.grading.check_first_overflowing_layer(
+        lambda model, x: first_overflowing_layer(model, x, keras, tf))
+    assert "✅ first_overflowing_layer: 3 cases passed" in capsys.readouterr().out
+
+
+def test_lazy_first_overflowing_layer_fails_usefully(keras, tf):
+    def output_only(model, x):  # looks at the logits alone
+        return None if np.all(np.isfinite(model(x).numpy())) else model.layers[-1].name
+
+    def last_overflowing(model, x):  # walks the layers backwards
+        layers = [layer for layer in model.layers if layer.weights][::-1]
+        for layer in layers:
+            sub = keras.Model(model.input, layer.output)
+            if not np.all(np.isfinite(np.asarray(sub(x), dtype=np.float32))):
+                return layer.name
+        return None
+
+    for lazy in (output_only, last_overflowing, lambda model, x: None,
+                 lambda model, x: "dense_0"):
+        with pytest.raises(AssertionError, match="first layer whose output is not finite|"
+                                                 "nothing overflows"):
+            cu.grading.check_first_overflowing_layer(lazy)
+
+
+@pytest.mark.parametrize("name", ["check_train_with_policy", "check_loss_scaled_train_step",
+                                  "check_first_overflowing_layer"])
 def test_stub_is_not_attempted(name, capsys):
     check = getattr(cu.grading, name)
     assert check(stub) is False

@@ -11,6 +11,9 @@
 * ``check_loss_scaled_train_step(loss_scaled_train_step)``: steps of a mixed_float16 model with
   a ``LossScaleOptimizer`` on fresh inputs equal a reference step (weights, loss, loss scale),
   and a batch planted to overflow is skipped (weights unchanged, scale halved).
+* ``check_first_overflowing_layer(first_overflowing_layer)``: on fresh mixed_float16 MLPs whose
+  hidden layer k has a kernel made huge, the name of the first layer with a non-finite output
+  (two different k), and None for a model where nothing overflows.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
 __all__ = ["ACCURACY_TOLERANCE", "BATCH_SIZE", "EPOCHS", "LOSS_TOLERANCE", "OVERFLOW_FACTOR",
+           "PLANTED_KERNEL_FACTOR", "check_first_overflowing_layer",
            "check_loss_scaled_train_step", "check_train_with_policy"]
 
 #: The planted batch is the inputs times this: float16 activations overflow (max 65504).
@@ -378,3 +382,56 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
              "optimizer.scale_loss(loss); take the gradients of `scaled`, call "
              "optimizer.apply(gradients, model.trainable_variables) and return the unscaled "
              "loss (lesson 08, section 5).")
+
+
+# --- Exercise 3 · where does float16 overflow first? -----------------------------------------
+
+#: The planted layer's kernel is multiplied by this: its float16 output overflows.
+PLANTED_KERNEL_FACTOR = 1e6
+
+
+@register
+def check_first_overflowing_layer(fn: Any) -> bool:
+    """Check ``first_overflowing_layer(model, x)`` on mixed_float16 MLPs with a planted layer."""
+    from course_utils.training.precision import policy_scope
+
+    rng = fresh_rng()
+    x, _, num_features, num_classes = _task(rng, 32)
+    depth = rng.choice([3, 4])
+    units = rng.choice([16, 24, 32])
+    planted = rng.sample(range(depth), 2) + [None]
+    cases = []
+    for where in planted:
+        with policy_scope("mixed_float16"):
+            model = _deep_mlp(num_features, num_classes, units, depth)
+        hidden = [layer for layer in model.layers if layer.weights][:-1]
+        if where is not None:
+            kernel = hidden[where].kernel
+            kernel.assign(kernel * PLANTED_KERNEL_FACTOR)
+        expected = None if where is None else hidden[where].name
+
+        def verify(got: Any, expected: str | None = expected) -> str | None:
+            if got == expected:
+                return None
+            if expected is None:
+                return (f"nothing overflows in this model (every layer's output is finite), "
+                        f"you answered {got!r}: return None then")
+            return (f"the first layer whose output is not finite is {expected!r} (its kernel "
+                    f"was multiplied by {PLANTED_KERNEL_FACTOR:g}); you answered {got!r}. Look at "
+                    "every layer's output in order, not only the model's")
+
+        label = (f"(mixed_float16 MLP with {depth} hidden layers, "
+                 f"{'no layer planted' if where is None else f'layer {where + 1} planted'}, x)")
+        cases.append(Case(args=(model, x), verify=verify, label=label))
+    return run_check(
+        "first_overflowing_layer", fn, cases,
+        hint="build keras.Model(model.input, [layer.output for layer in the layers after the "
+             "input]) – a model that returns every layer's output, as backward_signal in "
+             "lesson 08, section 3 returns one – call it on x and return the name of the first "
+             "layer whose output holds an inf or a nan (tf.math.is_finite), else None.")
+
+
+def _deep_mlp(num_features: int, num_classes: int, units: int, depth: int) -> Any:
+    from course_utils.models import mlp
+
+    return mlp(num_features, num_classes, hidden_units=(units,) * depth)
