@@ -47,7 +47,7 @@ def hardware() -> dict:
     from course_utils import mixed_precision
 
     gpus = tf.config.list_physical_devices("GPU")
-    gpu_names = [tf.config.experimental.get_device_details(g).get("device_name", g.name)
+    gpu_names = [tf.config.experimental.get_device_details(g).get("device_name", "GPU")
                  for g in gpus]
     cpu = mixed_precision.cpu_model_name()
     flags = [f for f, found in mixed_precision.cpu_precision_features().items() if found]

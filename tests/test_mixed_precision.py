@@ -142,3 +142,16 @@ def test_committed_reference_results_name_their_hardware_and_baseline():
             baseline = [r for r in results if r["policy"] == "float32" and not r["jit_compile"]
                         and not r["tf32"]]
             assert len(baseline) == 1 and baseline[0]["speedup"] == 1.0
+
+
+def test_benchmark_script_names_its_file_after_the_hardware():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "mixed_precision.py"
+    spec = importlib.util.spec_from_file_location("mixed_precision_benchmark", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
+    assert script.slug("AMD EPYC") == "amd_epyc"
+    assert "float32" in script.POLICIES and len(script.MODELS) >= 2
