@@ -19,6 +19,7 @@ __all__ = [
     "PRECISION_CPU_FLAGS",
     "NumberFormat",
     "REFERENCE_DIR",
+    "TENSOR_FLOAT_32",
     "benchmark_rows",
     "count_new_zeros",
     "cpu_model_name",
@@ -34,6 +35,10 @@ __all__ = [
 #: Where ``benchmarks/mixed_precision.py`` writes its committed results (absent when the course
 #: is installed from a package, as on Colab).
 REFERENCE_DIR = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "reference"
+
+#: NVIDIA's tensor-core format for float32 matrix products (Ampere and later): float32's
+#: 8 exponent bits with float16's 10 mantissa bits, 19 bits held in a float32.
+TENSOR_FLOAT_32 = "tensorfloat32"
 
 #: The three floating-point formats of deep learning, widest first.
 FORMATS = ("float32", "float16", "bfloat16")
@@ -63,11 +68,18 @@ def _numpy_dtype(name: str) -> Any:
 
 
 def number_format(name: str) -> NumberFormat:
-    """The :class:`NumberFormat` of ``"float32"``, ``"float16"`` or ``"bfloat16"``."""
+    """The :class:`NumberFormat` of ``"float32"``, ``"float16"``, ``"bfloat16"`` or TF32."""
     import ml_dtypes
 
+    if name == TENSOR_FLOAT_32:  # no NumPy dtype: IEEE rules with 8 exponent, 10 mantissa bits
+        return NumberFormat(
+            name=name, bits=19, exponent_bits=8, mantissa_bits=10,
+            max=float((2 - 2.0**-10) * 2.0**127), smallest_normal=2.0**-126,
+            smallest_subnormal=2.0**-136, epsilon=2.0**-10,
+        )
     if name not in FORMATS:
-        raise ValueError(f"unknown format {name!r}; use one of {', '.join(FORMATS)}")
+        raise ValueError(f"unknown format {name!r}; use one of {', '.join(FORMATS)} or "
+                         f"{TENSOR_FLOAT_32!r}")
     info = ml_dtypes.finfo(_numpy_dtype(name))
     return NumberFormat(
         name=name, bits=int(info.bits), exponent_bits=int(info.nexp),

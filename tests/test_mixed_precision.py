@@ -23,6 +23,13 @@ def test_number_formats_have_the_textbook_bits_and_limits():
     assert brain.smallest_normal == single.smallest_normal
 
 
+def test_tensor_float_32_has_float32_range_and_float16_precision():
+    tf32, single, half = (mp.number_format(n) for n in (mp.TENSOR_FLOAT_32, "float32", "float16"))
+    assert (tf32.bits, tf32.exponent_bits, tf32.mantissa_bits) == (19, 8, 10)
+    assert tf32.smallest_normal == single.smallest_normal and tf32.epsilon == half.epsilon
+    assert single.max * (1 - 2**-10) < tf32.max <= single.max
+
+
 def test_unknown_format_is_refused():
     with pytest.raises(ValueError, match="unknown format"):
         mp.number_format("float8")
