@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 import course_utils as cu
+from course_utils.grading.checks import lesson_08
 from course_utils.grading.framework import NotAttemptedError, strict_checks
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
@@ -33,58 +35,74 @@ def stub(*args):
 # --- train_with_policy -----------------------------------------------------------------------
 
 
-def _fit(model, x, y, epochs, keras):
-    model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    start = time.perf_counter()
-    history = model.fit(x, y, batch_size=64, epochs=epochs, verbose=0)
-    steps = epochs * -(-len(x) // 64)
-    return {"model": model, "losses": history.history["loss"],
-            "seconds_per_step": (time.perf_counter() - start) / steps}
+def trainer_with(keras, *, policy_applied=True, restore_policy=True, set_start=True,
+                 time_first_epoch=False, seconds=None, accuracy=None):
+    """``train_with_policy``, right by default; each argument makes one popular mistake."""
 
-
-def test_reference_train_with_policy_passes_and_reports_timings(keras, capsys):
-    def train_with_policy(make_model, policy, x, y, epochs):
-        with cu.training.policy_scope(policy):
+    def train_with_policy(make_model, policy, x, y, epochs, initial_weights):
+        if not restore_policy:
+            keras.mixed_precision.set_global_policy(policy)
             model = make_model()
-            model.compile(optimizer=keras.optimizers.Adam(0.01),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return _fit(model, x, y, epochs, keras)
+        else:
+            with cu.training.policy_scope(policy if policy_applied else "float32"):
+                model = make_model()
+        if set_start:
+            model.set_weights(initial_weights)
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        start = time.perf_counter()
+        first = model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+        if not time_first_epoch:
+            start = time.perf_counter()
+        rest = model.fit(x, y, batch_size=64, epochs=epochs - 1, shuffle=False, verbose=0)
+        steps = (epochs - (0 if time_first_epoch else 1)) * -(-len(x) // 64)
+        predicted = np.argmax(model.predict(x, verbose=0), axis=-1)
+        return {"model": model, "losses": first.history["loss"] + rest.history["loss"],
+                "accuracy": float(np.mean(predicted == y)) if accuracy is None else accuracy,
+                "seconds_per_step": ((time.perf_counter() - start) / steps if seconds is None
+                                     else seconds)}
 
-    assert cu.grading.check_train_with_policy(train_with_policy)
+    return train_with_policy
+
+
+@pytest.mark.slow
+def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys):
+    assert cu.grading.check_train_with_policy(trainer_with(keras))
     out = capsys.readouterr().out
     assert "✅ train_with_policy: 2 cases passed" in out
-    assert "ms/step" in out and "mixed_float16" in out
+    assert "ms per step" in out and "mixed_float16: final loss" in out
 
 
-def test_policy_ignored_is_reported(keras):
-    def float32_always(make_model, policy, x, y, epochs):
-        return _fit(make_model(), x, y, epochs, keras)
-
-    with pytest.raises(AssertionError, match=r"case 2 .*should compute in float16"):
-        cu.grading.check_train_with_policy(float32_always)
-
-
-def test_policy_left_set_is_reported(keras):
-    def leaves_policy(make_model, policy, x, y, epochs):
-        keras.mixed_precision.set_global_policy(policy)
-        return _fit(make_model(), x, y, epochs, keras)
-
-    with pytest.raises(AssertionError, match="global policy was left at 'mixed_float16'"):
-        cu.grading.check_train_with_policy(leaves_policy)
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake, message", [
+    ({"policy_applied": False}, r"case 2 .*should compute in float16"),
+    ({"restore_policy": False}, "global policy was left at"),
+    ({"set_start": False}, "starts from initial_weights"),
+    ({"time_first_epoch": True}, r"ms per training step once traced"),
+    ({"seconds": 0.05}, r"once traced|seconds_per_step must be a timing of the run"),
+    ({"accuracy": 0.9}, "measure it after training"),
+], ids=["policy ignored", "policy left set", "start ignored", "first epoch timed",
+        "constant time", "constant accuracy"])
+def test_wrong_train_with_policy_fails_usefully(keras, mistake, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_train_with_policy(trainer_with(keras, **mistake))
     assert keras.mixed_precision.global_policy().name == "float32"
 
 
-def test_missing_timing_is_reported(keras):
-    def no_timing(make_model, policy, x, y, epochs):
-        with cu.training.policy_scope(policy):
-            model = make_model()
-        result = _fit(model, x, y, epochs, keras)
-        result["seconds_per_step"] = None
-        return result
+def test_equal_timings_fail_the_difference_test():
+    runs = {"float32": {"ms": 40.0, "delay_ms": 10.0}, "mixed_float16": {"ms": 40.0,
+                                                                           "delay_ms": 160.0}}
+    assert "must be a timing of the run" in lesson_08._difference_problem(runs)
+    runs["mixed_float16"]["ms"] = 180.0
+    assert lesson_08._difference_problem(runs) is None
 
-    with pytest.raises(AssertionError, match="seconds_per_step should be a positive number"):
-        cu.grading.check_train_with_policy(no_timing)
+
+def test_quality_gap_beyond_the_tolerance_is_reported():
+    runs = {"float32": {"loss": 0.5, "accuracy": 0.90},
+            "mixed_float16": {"loss": 0.5, "accuracy": 0.80}}
+    assert "more apart than the tolerances" in lesson_08._quality_problem(runs)
+    runs["mixed_float16"]["accuracy"] = 0.89
+    assert lesson_08._quality_problem(runs) is None
 
 
 # --- loss_scaled_train_step ------------------------------------------------------------------
@@ -128,7 +146,45 @@ def test_wrong_loss_scaled_step_fails_usefully(tf, mistake, message):
         cu.grading.check_loss_scaled_train_step(step_with(tf, **mistake))
 
 
-@pytest.mark.parametrize("name", ["check_train_with_policy", "check_loss_scaled_train_step"])
+# --- first_overflowing_layer -----------------------------------------------------------------
+
+
+def first_overflowing_layer(model, x, keras, tf):
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    every_output = keras.Model(model.input, [layer.output for layer in layers])
+    for layer, output in zip(layers, every_output(x), strict=True):
+        if not bool(tf.reduce_all(tf.math.is_finite(tf.cast(output, tf.float32)))):
+            return layer.name
+    return None
+
+
+def test_reference_first_overflowing_layer_passes(keras, tf, capsys):
+    assert cu.grading.check_first_overflowing_layer(
+        lambda model, x: first_overflowing_layer(model, x, keras, tf))
+    assert "✅ first_overflowing_layer: 3 cases passed" in capsys.readouterr().out
+
+
+def test_lazy_first_overflowing_layer_fails_usefully(keras, tf):
+    def output_only(model, x):  # looks at the logits alone
+        return None if np.all(np.isfinite(model(x).numpy())) else model.layers[-1].name
+
+    def last_overflowing(model, x):  # walks the layers backwards
+        layers = [layer for layer in model.layers if layer.weights][::-1]
+        for layer in layers:
+            sub = keras.Model(model.input, layer.output)
+            if not np.all(np.isfinite(np.asarray(sub(x), dtype=np.float32))):
+                return layer.name
+        return None
+
+    for lazy in (output_only, last_overflowing, lambda model, x: None,
+                 lambda model, x: "dense_0"):
+        with pytest.raises(AssertionError, match="first layer whose output is not finite|"
+                                                 "nothing overflows"):
+            cu.grading.check_first_overflowing_layer(lazy)
+
+
+@pytest.mark.parametrize("name", ["check_train_with_policy", "check_loss_scaled_train_step",
+                                  "check_first_overflowing_layer"])
 def test_stub_is_not_attempted(name, capsys):
     check = getattr(cu.grading, name)
     assert check(stub) is False

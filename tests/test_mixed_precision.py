@@ -23,6 +23,13 @@ def test_number_formats_have_the_textbook_bits_and_limits():
     assert brain.smallest_normal == single.smallest_normal
 
 
+def test_tensor_float_32_has_float32_range_and_float16_precision():
+    tf32, single, half = (mp.number_format(n) for n in (mp.TENSOR_FLOAT_32, "float32", "float16"))
+    assert (tf32.bits, tf32.exponent_bits, tf32.mantissa_bits) == (19, 8, 10)
+    assert tf32.smallest_normal == single.smallest_normal and tf32.epsilon == half.epsilon
+    assert single.max * (1 - 2**-10) < tf32.max <= single.max
+
+
 def test_unknown_format_is_refused():
     with pytest.raises(ValueError, match="unknown format"):
         mp.number_format("float8")
@@ -96,3 +103,62 @@ def test_time_interleaved_times_every_function_in_rounds():
     assert calls == ["a", "b"] + ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
     with pytest.raises(ValueError):
         cu.bench.time_interleaved({"a": lambda: None}, repeats=0)
+
+
+def test_cpu_model_name_reads_the_model_name_line():
+    assert mp.cpu_model_name("processor : 0\nmodel name\t: AMD EPYC 9B14\nflags : fpu\n") == (
+        "AMD EPYC 9B14")
+    assert mp.cpu_model_name("processor : 0\n")  # falls back to the platform's name
+
+
+def _payload(hardware, gpus=()):
+    return {"machine": {"hardware": hardware, "gpus": list(gpus)}, "results": {
+        "MLP": [{"policy": "float32", "jit_compile": False, "tf32": None, "ms_per_step": 2.0,
+                 "speedup": 1.0},
+                {"policy": "mixed_float16", "jit_compile": True, "tf32": None,
+                 "ms_per_step": 4.0, "speedup": 0.5}]}}
+
+
+def test_reference_benchmarks_are_read_and_matched_by_hardware(tmp_path):
+    import json
+
+    assert mp.reference_benchmarks(tmp_path / "absent") == []
+    payloads = {"a": _payload("AMD EPYC"), "b": _payload("NVIDIA H100", ["H100"])}
+    for name, payload in payloads.items():
+        (tmp_path / f"mixed_precision_{name}.json").write_text(json.dumps(payload))
+    (tmp_path / "other.json").write_text("{}")  # not a result of this benchmark
+    found = mp.reference_benchmarks(tmp_path)
+    assert [p["machine"]["hardware"] for p in found] == ["AMD EPYC", "NVIDIA H100"]
+    assert mp.matching_benchmark(found, "NVIDIA H100")["machine"]["gpus"] == ["H100"]
+    assert mp.matching_benchmark(found, "Intel Xeon") is None
+
+
+def test_benchmark_rows_give_one_row_per_model_and_variant():
+    rows = mp.benchmark_rows(_payload("AMD EPYC"))
+    assert [(r["policy"], r["XLA (jit_compile)"], r["TF32"], r["speed-up"]) for r in rows] == [
+        ("float32", False, "-", 1.0), ("mixed_float16", True, "-", 0.5)]
+
+
+def test_committed_reference_results_name_their_hardware_and_baseline():
+    committed = mp.reference_benchmarks()
+    assert committed, "benchmarks/reference/ holds at least this course's CPU result"
+    for payload in committed:
+        machine = payload["machine"]
+        assert machine["hardware"] and machine["tensorflow"] and machine["cpu_count"]
+        for results in payload["results"].values():
+            baseline = [r for r in results if r["policy"] == "float32" and not r["jit_compile"]
+                        and not r["tf32"]]
+            assert len(baseline) == 1 and baseline[0]["speedup"] == 1.0
+
+
+def test_benchmark_script_names_its_file_after_the_hardware():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "mixed_precision.py"
+    spec = importlib.util.spec_from_file_location("mixed_precision_benchmark", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
+    assert script.slug("AMD EPYC") == "amd_epyc"
+    assert "float32" in script.POLICIES and len(script.MODELS) >= 2

@@ -1,12 +1,19 @@
 """Checks of lesson 08's exercises (registered by name with ``@register``).
 
 * ``check_train_with_policy(train_with_policy)``: the same model trained under ``"float32"``
-  and ``"mixed_float16"`` on fresh data; both trained (the loss fell), the policy really applied
-  (16-bit compute in the hidden layers, float32 variables and outputs, a LossScaleOptimizer for
-  float16), the global policy restored, and a time per step reported. It prints the comparison.
+  and ``"mixed_float16"`` from the same initial weights on fresh data; each run trained, really
+  applied its policy (16-bit compute in the hidden layers, float32 variables and outputs, a
+  LossScaleOptimizer for float16), started from the given weights (equal to a reference run),
+  reports its accuracy, restored the global policy, and reports a steady-state time per step
+  that is a timing of its own steps: the check's model sleeps in every training step (a few ms
+  in one case, about 160 ms in the other) and longer while tracing, and the check times further
+  steps itself. Then the two runs' final loss and accuracy must agree within tolerances.
 * ``check_loss_scaled_train_step(loss_scaled_train_step)``: steps of a mixed_float16 model with
   a ``LossScaleOptimizer`` on fresh inputs equal a reference step (weights, loss, loss scale),
   and a batch planted to overflow is skipped (weights unchanged, scale halved).
+* ``check_first_overflowing_layer(first_overflowing_layer)``: on fresh mixed_float16 MLPs whose
+  hidden layer k has a kernel made huge, the name of the first layer with a non-finite output
+  (two different k), and None for a model where nothing overflows.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from course_utils.environment import import_tensorflow as _tf  # quiet, on first
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 
-__all__ = ["OVERFLOW_FACTOR", "check_loss_scaled_train_step", "check_train_with_policy"]
+__all__ = ["ACCURACY_TOLERANCE", "BATCH_SIZE", "EPOCHS", "LOSS_TOLERANCE", "OVERFLOW_FACTOR",
+           "PLANTED_KERNEL_FACTOR", "check_first_overflowing_layer",
+           "check_loss_scaled_train_step", "check_train_with_policy"]
 
 #: The planted batch is the inputs times this: float16 activations overflow (max 65504).
 OVERFLOW_FACTOR = 1e6
@@ -50,7 +59,51 @@ def _model_builder(num_features: int, num_classes: int, units: int) -> Callable[
     return lambda: mlp(num_features, num_classes, hidden_units=(units, units))
 
 
-# --- Exercise 1 · regular versus mixed-precision training ------------------------------------
+# --- Exercise 1 · regular versus mixed-precision training, from the same start ----------------
+
+#: Exercise 1's batch size, epochs and tolerances of the quality comparison.
+BATCH_SIZE, EPOCHS = 64, 3
+ACCURACY_TOLERANCE, LOSS_TOLERANCE = 0.05, 0.05
+#: A training step of the check's model waits this long (one case short, one long), so that a
+#: timing of the learner's own steps can be told from a number typed in.
+SHORT_DELAY_S, LONG_DELAY_S = (0.008, 0.012), (0.15, 0.18)
+#: Extra seconds of Python when a training step is traced: the first epoch is visibly slower.
+TRACE_DELAY_S = 1.0
+
+
+def _delayed_model_builder(num_features: int, num_classes: int, units: int,
+                           delay_s: float) -> Callable[[], Any]:
+    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer)."""
+    import time
+
+    tf, keras = _tf(), _keras()
+    from course_utils.models import mlp
+
+    class StepDelay(keras.layers.Layer):
+        """Adds 0 to the logits, after sleeping in every training step."""
+
+        def __init__(self, seconds: float, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.seconds, self.supports_jit = seconds, False
+
+        def call(self, inputs: Any, training: bool | None = None) -> Any:
+            if not training or not self.seconds:
+                return inputs
+            if not tf.executing_eagerly():
+                time.sleep(TRACE_DELAY_S)  # Python runs once, while the step is traced
+
+            def wait() -> np.ndarray:
+                time.sleep(self.seconds)
+                return np.float32(0.0)
+
+            zero = tf.reshape(tf.stop_gradient(tf.py_function(wait, [], tf.float32)), [])
+            return inputs + tf.cast(zero, inputs.dtype)
+
+    def make_model() -> Any:
+        base = mlp(num_features, num_classes, hidden_units=(units, units))
+        return keras.Model(base.input, StepDelay(delay_s, dtype="float32")(base.output))
+
+    return make_model
 
 
 def _policy_problem(model: Any, policy: str, x: np.ndarray) -> str | None:
@@ -76,59 +129,158 @@ def _policy_problem(model: Any, policy: str, x: np.ndarray) -> str | None:
     return None
 
 
+def _reference_run(make_model: Callable[[], Any], policy: str, weights: list[np.ndarray],
+                   x: np.ndarray, y: np.ndarray) -> Any:
+    """The exercise done right (without timing): the model after EPOCHS epochs."""
+    from course_utils.training.precision import policy_scope
+
+    keras = _keras()
+    with policy_scope(policy):
+        model = make_model()
+    model.set_weights(weights)
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=BATCH_SIZE, epochs=EPOCHS, shuffle=False, verbose=0)
+    return model
+
+
+def _seconds_per_step_now(model: Any, x: np.ndarray, y: np.ndarray) -> float:
+    """The check's own steady-state time of one step of an already trained (traced) model."""
+    import time
+
+    steps = 2 * -(-len(x) // BATCH_SIZE)
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=BATCH_SIZE, epochs=2, shuffle=False, verbose=0)
+    return (time.perf_counter() - start) / steps
+
+
+def _accuracy(model: Any, x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean(np.argmax(model.predict(x, verbose=0), axis=-1) == y))
+
+
+def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
+                 reference: Any) -> str | None:
+    """What is wrong with one run's result (None if nothing), timing aside."""
+    keras = _keras()
+    if keras.mixed_precision.global_policy().name != "float32":
+        name = keras.mixed_precision.global_policy().name
+        keras.mixed_precision.set_global_policy("float32")
+        return (f"the global policy was left at {name!r}: restore 'float32' after building "
+                "(a try/finally, or cu.training.policy_scope)")
+    keys = {"model", "losses", "accuracy", "seconds_per_step"}
+    if not isinstance(result, dict) or set(result) != keys:
+        return (f"expected a dict with the keys {sorted(keys)}, got {type(result).__name__} "
+                f"{sorted(result) if isinstance(result, dict) else ''}")
+    losses = [float(v) for v in result["losses"]]
+    if len(losses) != EPOCHS:
+        return f"expected one loss per epoch ({EPOCHS}), got {len(losses)}"
+    if not all(math.isfinite(v) for v in losses) or not losses[-1] < losses[0]:
+        return f"the model did not train: losses per epoch {losses}"
+    problem = _policy_problem(result["model"], policy, x)
+    if problem:
+        return problem
+    error = max(float(np.max(np.abs(a - b))) for a, b in
+                zip(result["model"].get_weights(), reference.get_weights(), strict=True))
+    if not error < (1e-3 if policy == "float32" else 2e-2):
+        return (f"after training, the weights differ from a run that starts from "
+                f"initial_weights by up to {error:.3g}: set the initial weights after building, "
+                f"and train {EPOCHS} epochs of batches of {BATCH_SIZE} with shuffle=False")
+    accuracy = _accuracy(result["model"], x, y)
+    if not isinstance(result["accuracy"], (int, float, np.floating)) or not math.isclose(
+            float(result["accuracy"]), accuracy, abs_tol=1.5 / len(x)):
+        return (f"'accuracy' is {result['accuracy']!r}, but the trained model classifies "
+                f"{accuracy:.1%} of x correctly: measure it after training")
+    return None
+
+
+def _timing_problem(step: Any, measured: float) -> str | None:
+    """Whether the learner's seconds per step is a timing of this model's steady steps."""
+    if isinstance(step, bool) or not isinstance(step, (int, float, np.floating)):
+        return f"seconds_per_step should be a number of seconds, got {step!r}"
+    if not measured / 3 <= float(step) <= 3 * measured:
+        return (f"seconds_per_step is {float(step) * 1e3:.1f} ms, but this check's model takes "
+                f"about {measured * 1e3:.1f} ms per training step once traced (timed by the "
+                "check; up to 3 times more or less is allowed): time your own fit, excluding the "
+                "first epoch (tracing), and divide by the steps you timed")
+    return None
+
+
 @register
 def check_train_with_policy(fn: Any) -> bool:
-    """Check ``train_with_policy(make_model, policy, x, y, epochs)``: trained, policy applied."""
-    keras = _keras()
+    """Check ``train_with_policy(make_model, policy, x, y, epochs, initial_weights)``."""
     rng = fresh_rng()
-    x, y, num_features, num_classes = _task(rng, 512)
-    make_model = _model_builder(num_features, num_classes, rng.choice([32, 48]))
-    epochs = 3
-    seconds: dict[str, float] = {}
+    x, y, num_features, num_classes = _task(rng, 4 * BATCH_SIZE)
+    units = rng.choice([32, 48])
+    delays = [rng.uniform(*SHORT_DELAY_S), rng.uniform(*LONG_DELAY_S)]
+    rng.shuffle(delays)
+    policies = ("float32", "mixed_float16")
+    delay_by_policy = dict(zip(policies, delays, strict=True))
+    builders = {p: _delayed_model_builder(num_features, num_classes, units, d)
+                for p, d in delay_by_policy.items()}
+    initial_weights = _model_builder(num_features, num_classes, units)().get_weights()
+    runs: dict[str, dict[str, Any]] = {}
 
     def verifier(policy: str) -> Callable[[Any], str | None]:
         def verify(result: Any) -> str | None:
-            if keras.mixed_precision.global_policy().name != "float32":
-                name = keras.mixed_precision.global_policy().name
-                keras.mixed_precision.set_global_policy("float32")
-                return (f"the global policy was left at {name!r}: restore 'float32' after "
-                        "building (a try/finally, or cu.training.policy_scope)")
-            if not isinstance(result, dict) or set(result) != {"model", "losses",
-                                                                "seconds_per_step"}:
-                return ("expected a dict with the keys 'model', 'losses' and "
-                        f"'seconds_per_step', got {type(result).__name__} "
-                        f"{sorted(result) if isinstance(result, dict) else ''}")
-            losses = [float(v) for v in result["losses"]]
-            if len(losses) != epochs:
-                return f"expected one loss per epoch ({epochs}), got {len(losses)}"
-            if not all(math.isfinite(v) for v in losses) or not losses[-1] < losses[0]:
-                return f"the model did not train: losses per epoch {losses}"
-            problem = _policy_problem(result["model"], policy, x)
+            reference = _reference_run(_model_builder(num_features, num_classes, units), policy,
+                                       initial_weights, x, y)
+            problem = _run_problem(result, policy, x, y, reference)
             if problem:
                 return problem
-            step = result["seconds_per_step"]
-            if isinstance(step, bool) or not isinstance(step, (int, float)) or not (
-                    0 < step < 60):
-                return f"seconds_per_step should be a positive number of seconds, got {step!r}"
-            seconds[policy] = float(step)
-            return None
+            measured = _seconds_per_step_now(result["model"], x, y)
+            problem = _timing_problem(result["seconds_per_step"], measured)
+            if problem:
+                return problem
+            runs[policy] = {"loss": float(result["losses"][-1]),
+                            "accuracy": float(result["accuracy"]),
+                            "ms": float(result["seconds_per_step"]) * 1e3,
+                            "delay_ms": delay_by_policy[policy] * 1e3}
+            if len(runs) < len(policies):
+                return None
+            return _difference_problem(runs) or _quality_problem(runs)
 
         return verify
 
-    cases = [Case(args=(make_model, policy, x, y, epochs), verify=verifier(policy),
-                  label=f"(make_model, {policy!r}, x, y, epochs={epochs})")
-             for policy in ("float32", "mixed_float16")]
+    cases = [Case(args=(builders[policy], policy, x, y, EPOCHS, initial_weights),
+                  verify=verifier(policy),
+                  label=f"(make_model, {policy!r}, x, y, epochs={EPOCHS}, initial_weights)")
+             for policy in policies]
     passed = run_check(
         "train_with_policy", fn, cases,
-        hint="build the model inside cu.training.policy_scope(policy), compile it "
-             "there with Adam and SparseCategoricalCrossentropy(from_logits=True), fit, and "
-             "divide the time of the epochs after the first by their steps (lesson 08, "
-             "sections 3 and 4).")
+        hint="build make_model() inside cu.training.policy_scope(policy), set_weights("
+             "initial_weights), compile with Adam(0.01) and SparseCategoricalCrossentropy("
+             "from_logits=True), fit the first epoch, time the other epochs (shuffle=False, "
+             "batch 64) and divide by their steps; then measure the accuracy on x "
+             "(lesson 08, sections 2, 4 and 8).")
     if passed:
-        ratio = seconds["mixed_float16"] / seconds["float32"]
-        print(f"   your timings: float32 {seconds['float32'] * 1e3:.1f} ms/step, mixed_float16 "
-              f"{seconds['mixed_float16'] * 1e3:.1f} ms/step (×{ratio:.2f})")
+        for policy, run in runs.items():
+            print(f"   {policy}: final loss {run['loss']:.4f}, accuracy {run['accuracy']:.1%}, "
+                  f"{run['ms']:.1f} ms per step (this check's model waits on purpose)")
     return passed
+
+
+def _difference_problem(runs: dict[str, dict[str, Any]]) -> str | None:
+    """Whether the two timings differ as the check's two models do (the machine's load cancels)."""
+    slow, fast = sorted(runs.values(), key=lambda run: -run["delay_ms"])
+    expected = slow["delay_ms"] - fast["delay_ms"]
+    if not slow["ms"] - fast["ms"] >= 0.4 * expected:
+        return (f"this check's two models differ by about {expected:.0f} ms per step (one waits "
+                f"longer on purpose), your two timings by {slow['ms'] - fast['ms']:.1f} ms: "
+                "seconds_per_step must be a timing of the run you just made")
+    return None
+
+
+def _quality_problem(runs: dict[str, dict[str, Any]]) -> str | None:
+    """Whether mixed precision matched float32's final loss and accuracy, same start."""
+    float32, mixed = runs["float32"], runs["mixed_float16"]
+    accuracy_gap = abs(mixed["accuracy"] - float32["accuracy"])
+    loss_gap = abs(mixed["loss"] / float32["loss"] - 1)
+    if accuracy_gap > ACCURACY_TOLERANCE or loss_gap > LOSS_TOLERANCE:
+        return (f"from the same start, mixed_float16 ended at loss {mixed['loss']:.4f} and "
+                f"accuracy {mixed['accuracy']:.1%}, float32 at {float32['loss']:.4f} and "
+                f"{float32['accuracy']:.1%}: more apart than the tolerances "
+                f"({ACCURACY_TOLERANCE:.0%} accuracy, {LOSS_TOLERANCE:.0%} loss)")
+    return None
 
 
 # --- Exercise 2 · the loss-scaled custom train step ------------------------------------------
@@ -230,3 +382,56 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
              "optimizer.scale_loss(loss); take the gradients of `scaled`, call "
              "optimizer.apply(gradients, model.trainable_variables) and return the unscaled "
              "loss (lesson 08, section 5).")
+
+
+# --- Exercise 3 · where does float16 overflow first? -----------------------------------------
+
+#: The planted layer's kernel is multiplied by this: its float16 output overflows.
+PLANTED_KERNEL_FACTOR = 1e6
+
+
+@register
+def check_first_overflowing_layer(fn: Any) -> bool:
+    """Check ``first_overflowing_layer(model, x)`` on mixed_float16 MLPs with a planted layer."""
+    from course_utils.training.precision import policy_scope
+
+    rng = fresh_rng()
+    x, _, num_features, num_classes = _task(rng, 32)
+    depth = rng.choice([3, 4])
+    units = rng.choice([16, 24, 32])
+    planted = rng.sample(range(depth), 2) + [None]
+    cases = []
+    for where in planted:
+        with policy_scope("mixed_float16"):
+            model = _deep_mlp(num_features, num_classes, units, depth)
+        hidden = [layer for layer in model.layers if layer.weights][:-1]
+        if where is not None:
+            kernel = hidden[where].kernel
+            kernel.assign(kernel * PLANTED_KERNEL_FACTOR)
+        expected = None if where is None else hidden[where].name
+
+        def verify(got: Any, expected: str | None = expected) -> str | None:
+            if got == expected:
+                return None
+            if expected is None:
+                return (f"nothing overflows in this model (every layer's output is finite), "
+                        f"you answered {got!r}: return None then")
+            return (f"the first layer whose output is not finite is {expected!r} (its kernel "
+                    f"was multiplied by {PLANTED_KERNEL_FACTOR:g}); you answered {got!r}. Look at "
+                    "every layer's output in order, not only the model's")
+
+        label = (f"(mixed_float16 MLP with {depth} hidden layers, "
+                 f"{'no layer planted' if where is None else f'layer {where + 1} planted'}, x)")
+        cases.append(Case(args=(model, x), verify=verify, label=label))
+    return run_check(
+        "first_overflowing_layer", fn, cases,
+        hint="build keras.Model(model.input, [layer.output for layer in the layers after the "
+             "input]) – a model that returns every layer's output, as backward_signal in "
+             "lesson 08, section 3 returns one – call it on x and return the name of the first "
+             "layer whose output holds an inf or a nan (tf.math.is_finite), else None.")
+
+
+def _deep_mlp(num_features: int, num_classes: int, units: int, depth: int) -> Any:
+    from course_utils.models import mlp
+
+    return mlp(num_features, num_classes, hidden_units=(units,) * depth)
