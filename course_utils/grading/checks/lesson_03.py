@@ -140,7 +140,7 @@ def check_train_worker(fn: Any) -> bool:
     if is_stub(fn):
         not_attempted(name)
         return False
-    source = function_source(fn)
+    source = function_source(fn, "train_worker")
     rng = fresh_rng()
     with tempfile.TemporaryDirectory(prefix="lesson03_train_") as root:
         folder = Path(root)
@@ -258,7 +258,8 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
         return False
     if any(stubs):
         raise AssertionError(f"{name}: write both functions, restore_latest and make_dataset_fn")
-    sources = [function_source(fn) for fn in (restore_latest, make_dataset_fn)]
+    sources = [function_source(restore_latest, "restore_latest"),
+               function_source(make_dataset_fn, "make_dataset_fn")]
     rng = fresh_rng()
     with tempfile.TemporaryDirectory(prefix="lesson03_resume_") as root:
         folder = Path(root)

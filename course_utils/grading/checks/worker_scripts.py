@@ -130,14 +130,19 @@ print("done", flush=True)
 '''
 
 
-def function_source(fn: Any) -> str:
-    """The source of the learner's function, dedented, to copy into a worker script."""
+def function_source(fn: Any, name: str | None = None) -> str:
+    """The source of the learner's function, dedented, to copy into a worker script; with
+    ``name``, followed by ``name = <its own name>`` so the script can call it by that name."""
+    own = getattr(fn, "__name__", "")
+    if not own.isidentifier():
+        raise AssertionError(f"pass a function defined with def, got {fn!r}")
     try:
-        return textwrap.dedent(inspect.getsource(fn))
+        source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError) as error:
         raise AssertionError(
-            f"cannot read the source of {getattr(fn, '__name__', fn)!r} ({error}): define it "
-            "with def in a notebook cell; it runs in a fresh worker process") from error
+            f"cannot read the source of {own!r} ({error}): define it with def in a notebook "
+            "cell; it runs in a fresh worker process") from error
+    return source if name in (None, own) else f"{source}\n{name} = {own}\n"
 
 
 def is_stub(fn: Any) -> bool:
