@@ -65,7 +65,7 @@ def draw_replication(num_devices: int = 2, ax: Any = None) -> Any:
         raise ValueError(f"num_devices must be at least 1, got {num_devices}")
     ax = axes_for(ax, (10.0, 3.8))
     style = {"ha": "center", "va": "center", "fontsize": 8}
-    width = 0.42 / num_devices
+    slot = 0.44 / num_devices                     # each worker's share of the right half
 
     def frame(x: float, w: float, label: str, color: str) -> None:
         from matplotlib.patches import FancyBboxPatch
@@ -83,7 +83,7 @@ def draw_replication(num_devices: int = 2, ax: Any = None) -> Any:
     for i in range(num_devices):
         replica(0.02 + (i + 0.5) * 0.44 / num_devices, f"replica {i}\ndevice {i}")
     for i in range(num_devices):
-        x = 0.54 + i * (0.44 / num_devices)
+        x, width = 0.54 + i * slot + 0.02, slot - 0.04   # a gap: separate processes
         frame(x, width, f"worker {i}: 1 process,\nits own graph", PALETTE[2])
         replica(x + width / 2, f"replica {i}\nits devices")
     for x0, x1 in ((0.02, 0.46), (0.54, 0.98)):
