@@ -52,10 +52,11 @@ __all__ = [
 CLUSTER_TIMEOUT = 240.0
 
 
-def _fresh_job(rng: Any, folder: Path) -> dict[str, Any]:
-    """Fresh data and sizes for one job, the data written where the workers read it."""
+def _fresh_job(rng: Any, folder: Path, batches: int | None = None) -> dict[str, Any]:
+    """Fresh data and sizes for one job (``batches`` global batches of data, else 3-5), the
+    data written where the workers read it."""
     global_batch = rng.choice([16, 24, 32])
-    num_examples = global_batch * rng.randint(3, 5)
+    num_examples = global_batch * (batches or rng.randint(3, 5))
     features, classes = rng.randint(4, 7), rng.randint(3, 4)
     data = np.random.default_rng(rng.randint(0, 2**31))
     x = data.normal(size=(num_examples, features)).astype("float32")
@@ -264,7 +265,7 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
     with tempfile.TemporaryDirectory(prefix="lesson03_resume_") as root:
         folder = Path(root)
         (folder / "tmp").mkdir()
-        job = _fresh_job(rng, folder)
+        job = _fresh_job(rng, folder, batches=9)   # no batch twice: a missing skip shows
         job["steps"] = 2 * job["save_every"] + 2
         kill_after = job["save_every"] + 1              # just after the first checkpoint
         script = folder / "worker.py"
