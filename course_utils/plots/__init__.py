@@ -36,8 +36,10 @@ from course_utils.plots.diagrams_basics import (
 )
 from course_utils.plots.diagrams_capstone import CAPSTONE_STAGES, draw_capstone_job
 from course_utils.plots.diagrams_clusters import (
+    allreduce_cost_chart,
     draw_multi_worker,
     draw_parameter_server,
+    draw_replication,
     draw_tpu_host_loop,
 )
 from course_utils.plots.diagrams_parallelism import (
@@ -60,6 +62,7 @@ from course_utils.plots.style import PALETTE, axes_for
 
 __all__ = [
     "axes_for",
+    "allreduce_cost_chart",
     "bar_chart",
     "CAPSTONE_STAGES",
     "draw_capstone_job",
@@ -74,6 +77,7 @@ __all__ = [
     "draw_pipeline_events",
     "draw_pipeline_schedule",
     "draw_pipeline_timeline",
+    "draw_replication",
     "draw_sharded_dense",
     "draw_step_timeline",
     "draw_tile_padding",

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from course_utils.plots.style import PALETTE, axes_for
 
 __all__ = [
+    "allreduce_cost_chart",
     "draw_multi_worker",
+    "draw_replication",
     "draw_parameter_server",
     "draw_tpu_host_loop",
 ]
@@ -50,6 +53,80 @@ def draw_multi_worker(num_workers: int = 2, ax: Any = None) -> Any:
     ax.set_axis_off()
     ax.set_title("MultiWorkerMirroredStrategy", fontsize=10)
     return ax
+
+
+def draw_replication(num_devices: int = 2, ax: Any = None) -> Any:
+    """Lesson 03: in-graph replication (one process, one graph with a copy per device: Mirrored)
+    beside between-graph replication (one process and one graph per worker: MultiWorkerMirrored).
+
+    Both are synchronous data parallelism: every step all-reduces the gradients.
+    """
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be at least 1, got {num_devices}")
+    ax = axes_for(ax, (10.0, 3.8))
+    style = {"ha": "center", "va": "center", "fontsize": 8}
+    slot = 0.44 / num_devices                     # each worker's share of the right half
+
+    def frame(x: float, w: float, label: str, color: str) -> None:
+        from matplotlib.patches import FancyBboxPatch
+
+        ax.add_patch(FancyBboxPatch((x, 0.18), w, 0.62, boxstyle="round,pad=0.01",
+                                    facecolor=color, alpha=0.25, edgecolor=color))
+        ax.text(x + w / 2, 0.74, label, **style)
+
+    def replica(x: float, label: str) -> None:
+        ax.annotate(label, (x, 0.42), **style, color="white",
+                    bbox={"boxstyle": "round,pad=0.4", "facecolor": PALETTE[0],
+                          "edgecolor": PALETTE[0]})
+
+    frame(0.02, 0.44, "in-graph: 1 process, 1 graph\n(MirroredStrategy)", PALETTE[5])
+    for i in range(num_devices):
+        replica(0.02 + (i + 0.5) * 0.44 / num_devices, f"replica {i}\ndevice {i}")
+    for i in range(num_devices):
+        x, width = 0.54 + i * slot + 0.02, slot - 0.04   # a gap: separate processes
+        frame(x, width, f"worker {i}: 1 process,\nits own graph", PALETTE[2])
+        replica(x + width / 2, f"replica {i}\nits devices")
+    for x0, x1 in ((0.02, 0.46), (0.54, 0.98)):
+        ax.annotate("", (x1 - 0.02, 0.27), (x0 + 0.02, 0.27),
+                    arrowprops={"arrowstyle": "<->", "color": PALETTE[3], "lw": 1.2})
+        ax.text((x0 + x1) / 2, 0.22, "all-reduce of gradients, every step", color=PALETTE[3],
+                **{**style, "va": "top"})
+    ax.text(0.76, 0.08, "between-graph: one process per worker, same script, TF_CONFIG says who",
+            **style)
+    ax.text(0.24, 0.08, "one Python program drives every device", **style)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 0.9)
+    ax.axis("off")
+    ax.set_title("Two ways to replicate one synchronous data-parallel step", fontsize=10)
+    return ax
+
+
+def allreduce_cost_chart(
+    message_bytes: Sequence[float], seconds: Sequence[float], latency: float,
+    seconds_per_byte: float, ax: Any = None,
+) -> Any:
+    """Lesson 03: measured all-reduce times against message size on log-log axes, with the
+    fitted model ``latency + bytes * seconds_per_byte`` and its two terms."""
+    import numpy as np
+
+    if len(message_bytes) != len(seconds) or not len(seconds):
+        raise ValueError("need one time per message size, and at least one")
+    ax = axes_for(ax, (6.0, 3.6))
+    sizes = np.asarray(message_bytes, dtype=float)
+    grid = np.geomspace(sizes.min(), sizes.max(), 100)
+    ax.loglog(sizes, 1e3 * np.asarray(seconds), "o", color=PALETTE[0], label="measured (median)")
+    ax.loglog(grid, 1e3 * (latency + grid * seconds_per_byte), color=PALETTE[3],
+              label="fit: α + n·β")
+    ax.loglog(grid, np.full_like(grid, 1e3 * latency), ":", color="grey", label="α (latency)")
+    ax.loglog(grid, 1e3 * grid * seconds_per_byte, "--", color="grey", label="n·β (bandwidth)")
+    ax.set_ylim(bottom=0.3 * 1e3 * min(min(seconds), latency))
+    ax.set_xlabel("bytes all-reduced (n)")
+    ax.set_ylabel("ms")
+    ax.set_title("one all-reduce between 2 workers on this machine", fontsize=10)
+    ax.legend(frameon=False, fontsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
+    return ax
+
 
 def draw_parameter_server(num_workers: int = 3, num_ps: int = 2, ax: Any = None) -> Any:
     """Lesson 04: a coordinator schedules steps on workers, which read and update parameter servers.

@@ -1,11 +1,19 @@
 """Checks of lesson 03's exercises (multi-worker training), registered by name with ``@register``.
 
-* ``check_tf_config_for(tf_config_for)``: the ``TF_CONFIG`` of worker ``index`` on fresh random
-  hosts and ports, read back by a real ``TFConfigClusterResolver`` and compared field by field.
-* ``check_shard_for_worker(shard_for_worker)``: for fresh random datasets and worker counts, the
-  workers' element sets are disjoint and together complete.
-* ``check_train_on_local_cluster(train_on_local_cluster)``: runs the learner's function on
-  :data:`WORKER_SCRIPT` with 2 workers: both finished, the loss fell, no process or port left.
+* ``check_train_worker(train_worker)``: runs the learner's worker function on a real 2-worker
+  localhost cluster (fresh data, steps and batch): both workers finish, their weights equal a
+  one-device reference on the same global batches, the chief alone wrote into the checkpoint
+  folder (the other worker saved into a temporary folder it deleted), and the newest checkpoint
+  holds the final weights.
+* ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed,
+  stalled or never started; a job whose workers each trained alone); the learner's function
+  names the cause and the worker at fault.
+* ``check_resume(restore_latest, make_dataset_fn)``: the course's worker script with the
+  learner's two functions, killed after a checkpoint and restarted: the second run starts at the
+  step of the chief's newest checkpoint, trains every step left exactly once, and ends with the
+  weights of an uninterrupted one-device run.
+
+The worker scripts are written by :mod:`course_utils.grading.checks.worker_scripts`.
 """
 
 from __future__ import annotations
@@ -17,193 +25,268 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from course_utils.environment import import_tensorflow as _tf
 from course_utils.grading.checks.registry import register
-from course_utils.grading.framework import Case, fresh_rng, run_check
+from course_utils.grading.checks.worker_logs import CAUSES, failure_logs
+from course_utils.grading.checks.worker_scripts import (
+    function_source,
+    is_stub,
+    reference_weights,
+    resume_script,
+    train_worker_script,
+)
+from course_utils.grading.framework import Case, fresh_rng, not_attempted, run_check
 
 __all__ = [
-    "WORKER_SCRIPT",
-    "check_shard_for_worker",
-    "check_tf_config_for",
-    "check_train_on_local_cluster",
+    "CAUSES",
+    "check_diagnose",
+    "check_resume",
+    "check_train_worker",
+    "failure_logs",
+    "resume_script",
 ]
 
-#: The worker script ``check_train_on_local_cluster`` runs: the Trainer under MWMS, 3 epochs.
-WORKER_SCRIPT = '''"""Exercise 3's worker: a small model trained with the Trainer under MWMS."""
-import course_utils.cluster as cluster
-
-strategy = cluster.worker_strategy()        # reads TF_CONFIG, before any other TF work
-import keras, tensorflow as tf
-import course_utils as cu
-
-x, y = cu.data.teacher_classification(128, 8, 3, seed=0)
-options = tf.data.Options()
-options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat().with_options(options)
-
-def model_fn():
-    keras.utils.set_random_seed(1)
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
-
-def loss_fn(y_true, logits):
-    return keras.losses.sparse_categorical_crossentropy(y_true, logits, from_logits=True)
-
-trainer = cu.Trainer(model_fn, lambda: keras.optimizers.SGD(0.2), loss_fn, strategy=strategy,
-                     verbose=0)
-trainer.fit(data, epochs=3, steps_per_epoch=4, on_epoch_end=lambda epoch, logs: print(
-    f"epoch {epoch + 1} loss {logs['loss']:.4f}", flush=True))
-print("done", flush=True)
-'''
+#: Seconds a check waits for its cluster: generous, so that it holds with both cores busy.
+CLUSTER_TIMEOUT = 240.0
 
 
-# --- exercise 1: TF_CONFIG ---------------------------------------------------------------------
+def _fresh_job(rng: Any, folder: Path, batches: int | None = None) -> dict[str, Any]:
+    """Fresh data and sizes for one job (``batches`` global batches of data, else 3-5), the
+    data written where the workers read it."""
+    global_batch = rng.choice([16, 24, 32])
+    num_examples = global_batch * (batches or rng.randint(3, 5))
+    features, classes = rng.randint(4, 7), rng.randint(3, 4)
+    data = np.random.default_rng(rng.randint(0, 2**31))
+    x = data.normal(size=(num_examples, features)).astype("float32")
+    y = data.integers(0, classes, size=num_examples).astype("int32")
+    np.savez(folder / "data.npz", x=x, y=y)
+    return {"x": x, "y": y, "global_batch": global_batch, "classes": classes,
+            "steps": rng.randint(5, 7), "save_every": rng.choice([2, 3]),
+            "seed": rng.randint(0, 10_000)}
 
 
-def _resolved(config: Any) -> dict[str, Any]:
-    """What a real TFConfigClusterResolver reads from ``config`` (set as TF_CONFIG for a moment)."""
+def _script_args(job: dict[str, Any], folder: Path) -> list[str]:
+    return ["--data", str(folder / "data.npz"), "--checkpoint-dir", str(folder / "checkpoints"),
+            "--out", str(folder / "out"), "--steps", str(job["steps"]),
+            "--global-batch", str(job["global_batch"]), "--save-every", str(job["save_every"]),
+            "--seed", str(job["seed"]), "--classes", str(job["classes"])]
+
+
+def _run(script: Path, args: list[str], folder: Path, **kwargs: Any) -> tuple[Any, list[str]]:
+    """Run ``script`` on 2 workers until they finish; return (cluster, logs). Raises on failure."""
+    from course_utils.cluster import LocalCluster
+
+    with LocalCluster(script, 2, args=args, timeout=CLUSTER_TIMEOUT, stream=False,
+                      collective_timeout=60, env={"TMPDIR": str(folder / "tmp")},
+                      **kwargs) as cluster:
+        cluster.wait()
+    return cluster, [cluster.log(i) for i in range(2)]
+
+
+def _max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    if len(a) != len(b) or any(u.shape != v.shape for u, v in zip(a, b, strict=True)):
+        return float("inf")
+    return max(float(np.abs(u - v).max()) for u, v in zip(a, b, strict=True))
+
+
+def _load(path: Path) -> list[np.ndarray]:
+    with np.load(path) as weights:
+        return [weights[name] for name in weights.files]
+
+
+# --- exercise 1: the worker's training part -----------------------------------------------------
+
+
+def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
+    """What is wrong with the finished job in ``folder`` (None when it is right)."""
     tf = _tf()
-    saved = os.environ.get("TF_CONFIG")
-    os.environ["TF_CONFIG"] = json.dumps(config)
-    try:
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        return {"task type": resolver.task_type, "task index": resolver.task_id,
-                "cluster": resolver.cluster_spec().as_dict()}
-    finally:
-        if saved is None:
-            del os.environ["TF_CONFIG"]
-        else:
-            os.environ["TF_CONFIG"] = saved
-
-
-def _same_config(hosts: list[str], port: int, index: int) -> Any:
-    expected = {"task type": "worker", "task index": index,
-                "cluster": {"worker": [f"{host}:{port}" for host in hosts]}}
-
-    def verify(got: Any) -> str | None:
-        if not isinstance(got, dict):
-            return f"return a dict (json.dumps makes it TF_CONFIG), got {type(got).__name__}"
-        try:
-            seen = _resolved(got)
-        except (TypeError, ValueError, KeyError, AttributeError) as error:
-            return f"TFConfigClusterResolver refused it: {type(error).__name__}: {error}"
-        for field, value in expected.items():
-            if seen[field] != value:
-                return f"the resolver read {field} {seen[field]!r}, expected {value!r}"
-        return None
-
-    return verify
+    out = folder / "out"
+    weights = [_load(out / f"weights-{i}.npz") for i in range(2)]
+    expected = reference_weights(job, job["steps"], initial=_load(out / "initial-0.npz"))
+    error = _max_difference(weights[0], expected)
+    if _max_difference(weights[0], weights[1]) > 1e-6:
+        return "the two workers ended with different weights: were the variables mirrored?"
+    if error > 1e-4:
+        return (f"the weights differ from one device trained on the same global batches (max "
+                f"|difference| {error:.2g}): does every worker read its own part of each global "
+                "batch (InputContext), and is the loss divided by the global batch?")
+    audits = [json.loads((out / f"audit-{i}.json").read_text()) for i in range(2)]
+    shared = os.path.realpath(folder / "checkpoints")
+    chief, other = audits[0]["saves"], audits[1]["saves"]
+    if not chief or any(os.path.realpath(d) != shared for d in chief):
+        return ("the chief should save into checkpoint_dir with a CheckpointManager; it saved "
+                f"into {chief}")
+    if len(other) != len(chief):
+        return (f"every worker must call save (the chief saved {len(chief)} times, worker 1 "
+                f"{len(other)} times); the others save into a temporary folder")
+    if any(os.path.realpath(d).startswith(shared) for d in other):
+        return "worker 1 wrote into checkpoint_dir: only the chief may write there"
+    if any(os.path.exists(d) for d in other):
+        return "worker 1 left its temporary checkpoint folder behind: delete it after each save"
+    latest = tf.train.latest_checkpoint(str(folder / "checkpoints"))
+    if latest is None:
+        return "no checkpoint in checkpoint_dir: save at the end of training too"
+    restored = reference_weights(job, 0, checkpoint=latest)
+    if _max_difference(restored, weights[0]) > 1e-6:
+        return "the newest checkpoint does not hold the final weights: save after the last step"
+    return None
 
 
 @register
-def check_tf_config_for(fn: Any) -> bool:
-    """Check ``tf_config_for(hosts, port, index)``: the TF_CONFIG of worker ``index``."""
-    rng = fresh_rng()
-    cases = []
-    for _ in range(3):
-        hosts = [f"node-{rng.randint(0, 999)}.train.svc" for _ in range(rng.randint(2, 5))]
-        hosts = list(dict.fromkeys(hosts))
-        port, index = rng.randint(2000, 60000), rng.randrange(len(hosts))
-        cases.append(Case(args=(hosts, port, index), verify=_same_config(hosts, port, index)))
-    return run_check("tf_config_for", fn, cases,
-                     hint='two keys: "cluster" ({"worker": ["host:port", ...]}, the same for '
-                          'every worker) and "task" ({"type": "worker", "index": i}). Section 1.')
-
-
-# --- exercise 2: sharding ----------------------------------------------------------------------
-
-
-class _AllWorkers:
-    """Calls the learner's function once per worker and returns the element sets (a list)."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def __call__(self, size: int, num_workers: int) -> list[list[int]]:
-        tf = _tf()
-        return [sorted(int(v) for v in self.fn(tf.data.Dataset.range(size), num_workers, i)
-                       .as_numpy_iterator()) for i in range(num_workers)]
-
-
-def _disjoint_and_complete(size: int) -> Any:
-    def verify(parts: list[list[int]]) -> str | None:
-        seen: dict[int, int] = {}
-        for worker, part in enumerate(parts):
-            for value in part:
-                if value in seen:
-                    return f"element {value} is read by workers {seen[value]} and {worker}"
-                seen[value] = worker
-        missing = sorted(set(range(size)) - set(seen))
-        if missing:
-            return f"no worker reads the elements {missing[:10]}"
-        return None
-
-    return verify
-
-
-@register
-def check_shard_for_worker(fn: Any) -> bool:
-    """Check ``shard_for_worker(dataset, num_workers, index)``: disjoint, complete parts."""
-    tf = _tf()
-    rng = fresh_rng()
-
-    def is_dataset(got: Any) -> str | None:
-        if not isinstance(got, tf.data.Dataset):
-            return f"return a tf.data.Dataset, got {type(got).__name__}"
-        return None
-
-    cases = [Case(args=(tf.data.Dataset.range(10), 2, 0), verify=is_dataset,
-                  label="(Dataset.range(10), 2, 0)")]
-    everyone = _AllWorkers(fn)
-    for _ in range(3):
-        size, workers = rng.randint(5, 60), rng.randint(2, 5)
-        cases.append(Case(args=(size, workers), verify=_disjoint_and_complete(size),
-                          label=f"Dataset.range({size}) for {workers} workers"))
-    hint = "each worker keeps every num_workers-th element, starting at its index. Section 6."
-    first = run_check("shard_for_worker", fn, cases[:1], hint=hint)
-    if not first:
+def check_train_worker(fn: Any) -> bool:
+    """Check ``train_worker(...)`` on a real 2-worker cluster (see the module docstring)."""
+    name = "train_worker"
+    if is_stub(fn):
+        not_attempted(name)
         return False
-    return run_check("shard_for_worker", everyone, cases[1:], hint=hint)
+    source = function_source(fn, "train_worker")
+    rng = fresh_rng()
+    with tempfile.TemporaryDirectory(prefix="lesson03_train_") as root:
+        folder = Path(root)
+        (folder / "tmp").mkdir()
+        job = _fresh_job(rng, folder)
+        script = folder / "worker.py"
+        script.write_text(train_worker_script(source))
+
+        def run_and_verify(_: Any) -> str | None:
+            try:
+                _run(script, _script_args(job, folder), folder)
+            except Exception as error:  # noqa: BLE001 - the learner's code failed in a worker
+                return f"the job failed: {error}"
+            return _verify_train_worker(folder, job)
+
+        case = Case(args=(None,), verify=lambda reason: reason,
+                    label=f"2 workers, {job['steps']} steps of {job['global_batch']} examples")
+        return run_check(name, run_and_verify, [case],
+                         hint="the lesson's worker script, parts 1-5: MWMS, a dataset_fn "
+                              "sharded by its InputContext, the model built in the scope, "
+                              "the step, a CheckpointManager writing to checkpoint_dir on the "
+                              "chief only. Section 2.")
 
 
-# --- exercise 3: a local cluster ---------------------------------------------------------------
+# --- exercise 2: diagnose a failed job ---------------------------------------------------------
 
 
-def _trained_and_clean(num_workers: int) -> Any:
-    from course_utils.cluster import LocalCluster, leftovers
+def _diagnosis_cases(rng: Any) -> list[Case]:
+    causes = list(CAUSES) + [rng.choice(CAUSES[:4]) for _ in range(3)]
+    rng.shuffle(causes)
+    cases = []
+    for cause in causes:
+        workers = rng.randint(2, 4)
+        culprit = None if cause == "not_in_cluster" else rng.randrange(workers)
+        logs = failure_logs(cause, workers, culprit, rng)
+        cases.append(Case(args=(logs,), expected=(cause, culprit),
+                          label=f"the logs of a {workers}-worker job"))
+    return cases
 
+
+def _diagnosis_verify(expected: tuple[str, int | None]) -> Any:
     def verify(got: Any) -> str | None:
-        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], LocalCluster)):
-            return "return (cluster, logs): the LocalCluster and the list of its workers' logs"
-        cluster, logs = got
-        if cluster.num_workers != num_workers or len(logs) != num_workers:
-            return (f"expected {num_workers} workers and logs, got {cluster.num_workers} "
-                    f"workers and {len(logs)} logs")
-        codes = cluster.poll()
-        if codes != [0] * num_workers:
-            return f"every worker should have finished with exit code 0, got {codes}"
-        for worker, log in enumerate(logs):
-            losses = [float(v) for v in re.findall(r"^epoch \d+ loss ([\d.]+)", log, re.M)]
-            if len(losses) < 2 or "done" not in log:
-                return f"worker {worker}'s log does not show the training: {log[-300:]!r}"
-            if not losses[-1] < losses[0]:
-                return f"worker {worker}'s loss did not fall: {losses}"
-        left = leftovers(cluster.pids, cluster.ports)
-        if left["processes"] or left["ports"]:
-            return f"left behind after the function returned: {left} (use a with block)"
+        if not (isinstance(got, tuple) and len(got) == 2):
+            return f"return (cause, worker), got {got!r}"
+        cause, worker = got
+        if cause not in CAUSES:
+            return f"the cause must be one of {CAUSES}, got {cause!r}"
+        if cause != expected[0]:
+            return f"the cause is {expected[0]!r}, you said {cause!r}"
+        if worker != expected[1]:
+            return f"the worker at fault is {expected[1]!r}, you said {worker!r}"
         return None
 
     return verify
 
 
 @register
-def check_train_on_local_cluster(fn: Any) -> bool:
-    """Check ``train_on_local_cluster(script, num_workers)`` on :data:`WORKER_SCRIPT`, 2 workers."""
-    with tempfile.TemporaryDirectory(prefix="lesson03_") as folder:
-        script = Path(folder) / "worker.py"
-        script.write_text(WORKER_SCRIPT)
-        cases = [Case(args=(str(script), 2), verify=_trained_and_clean(2),
-                      label="(worker.py, 2)")]
-        return run_check("train_on_local_cluster", fn, cases,
-                         hint="start cu.cluster.LocalCluster(script, num_workers) in a with "
-                              "block, wait() inside it, read the logs before it ends. "
-                              "Sections 3-4.")
+def check_diagnose(fn: Any) -> bool:
+    """Check ``diagnose(logs) -> (cause, worker)`` on fresh logs of failed jobs."""
+    cases = _diagnosis_cases(fresh_rng())
+    for case in cases:
+        case.verify = _diagnosis_verify(case.expected)
+    return run_check("diagnose", fn, cases,
+                     hint="read each worker's last lines: a traceback of its own (crashed), an "
+                          "empty log (never started), peers failing with UnavailableError "
+                          "'Connection refused' (that worker is gone: killed) or "
+                          "DeadlineExceededError (alive but silent: stalled), every worker "
+                          "'1 replicas in sync' (TF_CONFIG too late). Sections 3 and 8.")
+
+
+# --- exercise 3: resume with nothing lost ------------------------------------------------------
+
+
+def _steps_logged(log: str) -> list[int]:
+    return [int(step) for step in re.findall(r"^step (\d+) ", log, re.MULTILINE)]
+
+
+def _run_killed(script: Path, args: list[str], folder: Path, kill_after: int) -> None:
+    """Run the job, kill worker 1 once it logged step ``kill_after``, stop the rest."""
+    from course_utils.cluster import LocalCluster
+
+    with LocalCluster(script, 2, args=[*args, "--step-delay", "1.0"], timeout=CLUSTER_TIMEOUT,
+                      stream=False, collective_timeout=60,
+                      env={"TMPDIR": str(folder / "tmp")}) as cluster:
+        cluster.wait_for(rf"^step {kill_after} ", worker=1)
+        cluster.kill_worker(1)
+
+
+def _verify_resume(folder: Path, job: dict[str, Any], logs: list[str], saved: int) -> str | None:
+    started = re.search(r"^resumed at step (\d+)$", logs[0], re.MULTILINE)
+    if started is None or int(started.group(1)) != saved:
+        seen = started.group(1) if started else "?"
+        return (f"the restarted job began at step {seen}, but the chief's newest checkpoint is "
+                f"of step {saved}: restore it and return the steps it had trained")
+    steps = _steps_logged(logs[0])
+    if steps != list(range(saved + 1, job["steps"] + 1)):
+        return f"the restarted job trained steps {steps}, expected {saved + 1}-{job['steps']}"
+    weights = _load(folder / "out" / "weights-0.npz")
+    initial = _load(folder / "out" / "initial-0.npz")
+    error = _max_difference(weights, reference_weights(job, job["steps"], initial=initial))
+    if error > 1e-4:
+        return (f"after the restart the weights differ from an uninterrupted run (max |difference|"
+                f" {error:.2g}): the resumed pipeline must start at the first global batch not "
+                "trained yet")
+    return None
+
+
+@register
+def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
+    """Check ``restore_latest`` and ``make_dataset_fn`` by killing and restarting a real job."""
+    name = "resume"
+    stubs = [is_stub(fn) for fn in (restore_latest, make_dataset_fn)]
+    if all(stubs):
+        not_attempted(name)
+        return False
+    if any(stubs):
+        raise AssertionError(f"{name}: write both functions, restore_latest and make_dataset_fn")
+    sources = [function_source(restore_latest, "restore_latest"),
+               function_source(make_dataset_fn, "make_dataset_fn")]
+    rng = fresh_rng()
+    with tempfile.TemporaryDirectory(prefix="lesson03_resume_") as root:
+        folder = Path(root)
+        (folder / "tmp").mkdir()
+        job = _fresh_job(rng, folder, batches=9)   # no batch twice: a missing skip shows
+        job["steps"] = 2 * job["save_every"] + 2
+        kill_after = job["save_every"] + 1              # just after the first checkpoint
+        script = folder / "worker.py"
+        script.write_text(resume_script(*sources))
+        args = _script_args(job, folder)
+
+        def kill_restart_verify(_: Any) -> str | None:
+            try:
+                _run_killed(script, args, folder, kill_after)
+                latest = _tf().train.latest_checkpoint(str(folder / "checkpoints"))
+                if latest is None:
+                    return "after the kill the checkpoint folder is empty: the job never saved"
+                saved = int(latest.rsplit("-", 1)[1])   # the script numbers them by step
+                _, logs = _run(script, args, folder)
+            except Exception as error:  # noqa: BLE001 - the learner's code failed in a worker
+                return f"the job failed: {error}"
+            return _verify_resume(folder, job, logs, saved)
+
+        case = Case(args=(None,), verify=lambda reason: reason,
+                    label=f"killed after step {kill_after} of {job['steps']}, restarted")
+        return run_check(name, kill_restart_verify, [case],
+                         hint="restore tf.train.latest_checkpoint(checkpoint_dir) and return "
+                              "optimizer.iterations; skip start_step per-replica batches of "
+                              "this worker's shard before batching. Sections 2-3.")

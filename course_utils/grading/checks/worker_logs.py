@@ -1,0 +1,110 @@
+"""Fresh logs of failed multi-worker jobs, for lesson 03's diagnosis exercise.
+
+:func:`failure_logs` writes the logs every worker of a job would leave after one of
+:data:`CAUSES`, with fresh ports, step counts, losses, process ids and start-up noise. The
+error lines are TensorFlow 2.21's own, as the lesson's workers printed them (a killed peer:
+``UnavailableError ... Connection refused``; a stalled peer: ``DeadlineExceededError ...
+Collective has timed out waiting for other workers``).
+"""
+
+from __future__ import annotations
+
+import random
+
+__all__ = ["CAUSES", "failure_logs"]
+
+#: What went wrong, as :func:`failure_logs` and the learner's ``diagnose`` name it.
+CAUSES = ("killed", "crashed", "never_started", "stalled", "not_in_cluster")
+
+_CRASHES = [
+    ("FileNotFoundError", "[Errno 2] No such file or directory: '/data/train-{n}.npz'",
+     "with np.load(args.data) as data:"),
+    ("KeyError", "'labels'", 'x, y = data["features"], data["labels"]'),
+    ("ValueError", "Input 0 of layer \"dense\" is incompatible with the layer: expected axis -1 "
+     "of input shape to have value {n}, but received input with shape (16, {m})",
+     "logits = model(features, training=True)"),
+    ("MemoryError", "Unable to allocate {n}.0 GiB for an array with shape ({m}, 4096)",
+     "x = np.repeat(x, 4096, axis=1)"),
+]
+
+
+def _noise(rng: random.Random) -> list[str]:
+    stamp = f"{rng.randint(1_700_000_000, 1_900_000_000)}.{rng.randint(0, 999_999):06d}"
+    pid = rng.randint(1000, 60000)
+    lines = ["WARNING: All log messages before absl::InitializeLog() is called are written to "
+             "STDERR",
+             f"I0000 00:00:{stamp} {pid} cudart_stub.cc:31] Could not find cuda drivers on your "
+             "machine, GPU will not be used."]
+    return lines[: rng.randint(0, 2)]
+
+
+def _steps(rng: random.Random, first: int, last: int) -> list[str]:
+    loss = rng.uniform(0.9, 1.4)
+    lines = []
+    for step in range(first, last + 1):
+        loss *= rng.uniform(0.9, 1.02)
+        lines.append(f"step {step} loss {loss:.4f}")
+    return lines
+
+
+def _collective_error(kind: str, port: int, step_line: int) -> list[str]:
+    head = ["Traceback (most recent call last):",
+            f'  File "/job/worker.py", line {step_line}, in <module>',
+            "    losses.append(float(train_step(iterator)))",
+            f"tensorflow.python.framework.errors_impl.{kind}: Graph execution error:", "",
+            "Detected at node sgd/CollectiveReduceV2 defined at (most recent call last):"]
+    if kind == "UnavailableError":
+        cause = ("Collective ops is aborted by: failed to connect to all addresses; last error: "
+                 f"UNKNOWN: ipv4:127.0.0.1:{port}: Failed to connect to remote host: "
+                 "Connection refused")
+    else:
+        cause = ("Collective ops is aborted by: Collective has timed out waiting for other "
+                 "workers.")
+    return [*head, cause, "The error could be from a previous operation. Restart your program "
+            "to reset.", "\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_train_step_296]"]
+
+
+def _crash(rng: random.Random) -> list[str]:
+    name, message, line = rng.choice(_CRASHES)
+    message = message.format(n=rng.randint(2, 9), m=rng.randint(10, 99))
+    return ["Traceback (most recent call last):",
+            f'  File "/job/worker.py", line {rng.randint(20, 60)}, in <module>',
+            f"    {line}", f"{name}: {message}"]
+
+
+def failure_logs(cause: str, num_workers: int, culprit: int | None,
+                 rng: random.Random) -> list[str]:
+    """The logs of ``num_workers`` workers after ``cause``, started by worker ``culprit``.
+
+    ``culprit`` is the worker at fault (None for ``"not_in_cluster"``, where every worker is).
+    """
+    if cause not in CAUSES:
+        raise ValueError(f"cause must be one of {CAUSES}, got {cause!r}")
+    if num_workers < 2:
+        raise ValueError("a multi-worker job has at least 2 workers")
+    if (culprit is None) != (cause == "not_in_cluster") or (
+            culprit is not None and not 0 <= culprit < num_workers):
+        raise ValueError(f"culprit {culprit!r} does not fit {cause!r} with {num_workers} workers")
+    ports = rng.sample(range(20000, 60000), num_workers)
+    last = rng.randint(3, 12)
+    early = cause == "crashed" and rng.random() < 0.5   # crashed before joining: the rest wait
+    logs = []
+    for worker in range(num_workers):
+        lines = [*_noise(rng), "joining the cluster"]
+        if cause == "not_in_cluster":
+            lines += [f"worker {worker}: 1 replicas in sync", "starting at step 0",
+                      *_steps(rng, 1, last), "done"]
+        elif cause == "never_started":
+            lines = [] if worker == culprit else lines
+        elif cause == "crashed" and worker == culprit:
+            lines = [*_noise(rng), *_crash(rng)] if early else [
+                *lines, f"worker {worker}: {num_workers} replicas in sync",
+                *_steps(rng, 1, last), *_crash(rng)]
+        elif not early:
+            lines += [f"worker {worker}: {num_workers} replicas in sync",
+                      *_steps(rng, 1, last)]
+            if worker != culprit:
+                kind = "DeadlineExceededError" if cause == "stalled" else "UnavailableError"
+                lines += _collective_error(kind, ports[culprit], rng.randint(60, 80))
+        logs.append(lines)
+    return ["\n".join(lines) + ("\n" if lines else "") for lines in logs]

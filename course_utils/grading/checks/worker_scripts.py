@@ -1,0 +1,207 @@
+"""The worker scripts lesson 03's checks run, built around the learner's own functions.
+
+A learner writes a function in a notebook; the check copies its source into a worker script
+(after a set-up that parses the flags and defines ``build_model``), runs the script on a real
+localhost cluster, and compares what the workers wrote with :func:`reference_weights`, the same
+training on one device in this process.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "LEARNING_RATE",
+    "SETUP",
+    "function_source",
+    "is_stub",
+    "reference_weights",
+    "resume_script",
+    "train_worker_script",
+]
+
+#: The learning rate of every exercise job (plain SGD), as ``SETUP`` writes it.
+LEARNING_RATE = 0.1
+
+#: What every exercise worker runs before the learner's code: its flags, ``build_model`` and an
+#: audit of ``CheckpointManager.save`` (where each worker saved), read back by the check.
+SETUP = '''"""An exercise worker of lesson 03: the check's set-up, then your code."""
+import argparse, json, os, tempfile, time
+import keras
+import numpy as np
+import tensorflow as tf
+
+_parser = argparse.ArgumentParser()
+for _flag in ("--data", "--checkpoint-dir", "--out"):
+    _parser.add_argument(_flag, required=True)
+for _flag in ("--steps", "--global-batch", "--save-every", "--seed", "--classes"):
+    _parser.add_argument(_flag, type=int, required=True)
+_parser.add_argument("--step-delay", type=float, default=0.0)
+_args = _parser.parse_args()
+_task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+os.makedirs(_args.out, exist_ok=True)
+LEARNING_RATE = 0.1
+
+
+def build_model():
+    """The exercise's model (call it inside strategy.scope())."""
+    with np.load(_args.data) as data:
+        features = data["x"].shape[1]
+    keras.utils.set_random_seed(_args.seed)
+    model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(_args.classes)])
+    np.savez(os.path.join(_args.out, f"initial-{_task}.npz"), *model.get_weights())
+    return model
+
+
+_saves = []
+_manager_save = tf.train.CheckpointManager.save
+
+
+def _audited_save(self, *args, **kwargs):
+    _saves.append(os.path.abspath(str(self.directory)))
+    return _manager_save(self, *args, **kwargs)
+
+
+tf.train.CheckpointManager.save = _audited_save
+'''
+
+_TRAIN_WORKER_CALL = '''
+
+_weights = train_worker(build_model, LEARNING_RATE, _args.data, _args.checkpoint_dir,
+                        _args.steps, _args.global_batch, _args.save_every)
+np.savez(os.path.join(_args.out, f"weights-{_task}.npz"), *_weights)
+with open(os.path.join(_args.out, f"audit-{_task}.json"), "w") as _file:
+    json.dump({"saves": _saves}, _file)
+print("done", flush=True)
+'''
+
+_RESUME_JOB = '''
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy(
+    communication_options=tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=float(os.environ.get("COURSE_COLLECTIVE_TIMEOUT", "60"))))
+is_chief = strategy.cluster_resolver.task_id == 0
+with np.load(_args.data) as data:
+    x, y = data["x"], data["y"]
+with strategy.scope():
+    model = build_model()
+    optimizer = keras.optimizers.SGD(LEARNING_RATE)
+    optimizer.build(model.trainable_variables)
+checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+start_step = int(restore_latest(checkpoint, _args.checkpoint_dir, optimizer))   # yours
+print(f"resumed at step {start_step}", flush=True)
+dataset_fn = make_dataset_fn(x, y, _args.global_batch, start_step)              # yours
+iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+def replica_step(features, labels):
+    with tf.GradientTape() as tape:
+        loss = tf.nn.compute_average_loss(per_example_loss(labels, model(features)),
+                                          global_batch_size=_args.global_batch)
+    gradients = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    return loss
+
+
+@tf.function
+def train_step(iterator):
+    losses = strategy.run(replica_step, args=next(iterator))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+
+write_dir = _args.checkpoint_dir if is_chief else tempfile.mkdtemp(prefix="worker_ckpt_")
+manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=2)
+for step in range(start_step + 1, _args.steps + 1):
+    print(f"step {step} loss {float(train_step(iterator)):.4f}", flush=True)
+    if step % _args.save_every == 0:
+        manager.save(checkpoint_number=step)
+        if not is_chief:
+            tf.io.gfile.rmtree(write_dir)
+    time.sleep(_args.step_delay)
+np.savez(os.path.join(_args.out, f"weights-{_task}.npz"), *model.get_weights())
+print("done", flush=True)
+'''
+
+
+def function_source(fn: Any, name: str | None = None) -> str:
+    """The source of the learner's function, dedented, to copy into a worker script; with
+    ``name``, followed by ``name = <its own name>`` so the script can call it by that name."""
+    own = getattr(fn, "__name__", "")
+    if not own.isidentifier():
+        raise AssertionError(f"pass a function defined with def, got {fn!r}")
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError) as error:
+        raise AssertionError(
+            f"cannot read the source of {own!r} ({error}): define it with def in a notebook "
+            "cell; it runs in a fresh worker process") from error
+    return source if name in (None, own) else f"{source}\n{name} = {own}\n"
+
+
+def is_stub(fn: Any) -> bool:
+    """True when ``fn``'s body only raises ``NotImplementedError`` (the exercise's stub)."""
+    try:
+        tree = ast.parse(function_source(fn))
+    except (AssertionError, SyntaxError):
+        return False
+    function = next((node for node in tree.body
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if function is None:
+        return False
+    body = [statement for statement in function.body
+            if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant))]
+    def raises_not_implemented(statement: ast.stmt) -> bool:
+        if not isinstance(statement, ast.Raise) or statement.exc is None:
+            return False
+        exc = statement.exc.func if isinstance(statement.exc, ast.Call) else statement.exc
+        return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+    return bool(body) and all(raises_not_implemented(statement) for statement in body)
+
+
+def train_worker_script(train_worker_source: str) -> str:
+    """Exercise 1's worker: the set-up, the learner's ``train_worker``, its call and report."""
+    return SETUP + "\n\n" + train_worker_source + _TRAIN_WORKER_CALL
+
+
+def resume_script(restore_latest_source: str, make_dataset_fn_source: str) -> str:
+    """Exercise 3's worker: the set-up, the learner's two functions, then the whole job."""
+    return (SETUP + "\n\n" + restore_latest_source + "\n\n" + make_dataset_fn_source
+            + _RESUME_JOB)
+
+
+def reference_weights(job: dict[str, Any], steps: int, *, checkpoint: str | None = None,
+                      initial: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """One device: ``steps`` SGD steps on global batch k = examples [k·B, (k+1)·B) of the data
+    repeated, from ``initial`` weights; or, with ``checkpoint``, the model it holds."""
+    from course_utils.environment import import_tensorflow
+
+    tf = import_tensorflow()
+    import keras
+
+    x, y = job["x"], job["y"]
+    model = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(job["classes"])])
+    if checkpoint is not None:
+        tf.train.Checkpoint(model=model).read(checkpoint).expect_partial()
+        return model.get_weights()
+    if initial is None:
+        raise ValueError("pass the initial weights (or a checkpoint)")
+    model.set_weights(initial)
+    optimizer = keras.optimizers.SGD(LEARNING_RATE)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    batch = job["global_batch"]
+    for step in range(steps):
+        rows = (step * batch + np.arange(batch)) % len(x)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y[rows], model(x[rows]))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+    return model.get_weights()
