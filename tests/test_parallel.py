@@ -232,6 +232,40 @@ def test_interleaved_bubble_fraction():
         cu.parallel.interleaved_bubble_fraction(4, 8, 0)
 
 
+@pytest.mark.parametrize(("stages", "micro_batches", "chunks"),
+                         [(2, 2, 2), (2, 4, 3), (3, 6, 2), (4, 8, 2), (4, 4, 3)])
+def test_interleaved_schedule_counts_its_bubble(stages, micro_batches, chunks):
+    tasks = cu.parallel.interleaved_schedule(stages, micro_batches, chunks)
+    assert len(tasks) == 2 * stages * micro_batches * chunks
+    assert max(t.slot for t in tasks) + 1 == 2 * (chunks * micro_batches + stages - 1)
+    assert cu.parallel.schedule_bubble(tasks, stages) == pytest.approx(
+        cu.parallel.interleaved_bubble_fraction(stages, micro_batches, chunks))
+    done = {(t.phase, t.chunk * stages + t.stage, t.micro_batch): t.slot for t in tasks}
+    last = stages * chunks - 1
+    for (phase, virtual, b), slot in done.items():  # every dependency finished earlier
+        needs = ([("F", virtual - 1, b)] if virtual else []) if phase == "F" else (
+            [("F", virtual, b)] + ([("B", virtual + 1, b)] if virtual < last else []))
+        assert all(done[need] < slot for need in needs)
+    assert len({(t.stage, t.slot) for t in tasks}) == len(tasks)  # one pass per stage per slot
+
+
+def test_interleaved_orders_follow_megatron():
+    orders = cu.parallel.interleaved_orders(2, 2, 2)
+    # stage 0 warms up with 2·(K − 1) + (v − 1)·K = 4 forwards: both chunks of both micro-batches
+    assert orders[0][:4] == [("F", 0, 0), ("F", 1, 0), ("F", 0, 1), ("F", 1, 1)]
+    assert orders[0][4] == ("B", 0, 1)  # backwards start from the last chunk
+    assert cu.parallel.peak_in_flight(cu.parallel.interleaved_schedule(4, 8, 2), 4) == [
+        11, 9, 7, 5]
+    for bad in ((4, 6, 2), (4, 8, 1)):  # M not a multiple of K; v = 1 is plain 1F1B
+        with pytest.raises(ValueError):
+            cu.parallel.interleaved_orders(*bad)
+    with pytest.raises(ValueError, match="chunk"):
+        cu.parallel.schedule_from_orders(orders, chunks=3)
+    early = [("B", 0, 0)] + [p for p in orders[0] if p != ("B", 0, 0)]  # backward first
+    with pytest.raises(ValueError, match="deadlock"):
+        cu.parallel.schedule_from_orders([early, orders[1]], chunks=2)
+
+
 def test_run_pipeline_1f1b_matches_gpipe_and_counts_tapes(tf_devices):
     tf, devices = tf_devices
     import keras
@@ -259,6 +293,13 @@ def test_draw_pipeline_events_and_1f1b_schedule(tf_devices):
     with pytest.raises(ValueError):
         cu.plots.draw_pipeline_events([], 2)
     assert "1F1B" in cu.plots.draw_pipeline_schedule(4, 8, schedule="1f1b").get_title()
+    ax = cu.plots.draw_pipeline_schedule(2, 2, schedule="interleaved", chunks=2)
+    assert "v = 2" in ax.get_title() and ax.get_xlim()[1] == pytest.approx(5.0)
+    mine = cu.parallel.schedule_from_orders(cu.parallel.gpipe_orders(2, 3))
+    ax = cu.plots.draw_pipeline_schedule(2, 3, schedule="yours", tasks=mine)
+    assert ax.get_title().startswith("yours") and ax.get_xlim()[1] == 8
+    with pytest.raises(ValueError, match="empty"):
+        cu.plots.draw_pipeline_schedule(2, 3, schedule="yours", tasks=[])
     with pytest.raises(ValueError):
         cu.plots.draw_pipeline_schedule(4, 8, schedule="zigzag")
 

@@ -1,9 +1,10 @@
 """Model parallelism: a model split across devices, pipelines, DTensor meshes, sharded optimizers.
 
 One job per module: ``placement`` (split a model, read where TensorFlow ran it, memory per
-device), ``schedules`` (GPipe and 1F1B as data: slots, bubble, activations in flight),
-``pipeline`` (running a schedule with per-stage timestamps), ``mesh`` (DTensor meshes, layouts
-and a sharded dense layer), ``zero`` (optimizer state sharded over data-parallel replicas).
+device), ``schedules`` (GPipe, 1F1B and interleaved 1F1B as data: slots, bubble, activations
+in flight), ``pipeline`` (running a schedule with per-stage timestamps), ``mesh`` (DTensor
+meshes, layouts and a sharded dense layer), ``zero`` (optimizer state sharded over
+data-parallel replicas).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from course_utils.parallel.schedules import (
     gpipe_orders,
     gpipe_schedule,
     interleaved_bubble_fraction,
+    interleaved_orders,
+    interleaved_schedule,
     one_f_one_b_orders,
     one_f_one_b_schedule,
     peak_in_flight,
@@ -50,7 +53,8 @@ from course_utils.parallel.zero import zero_bytes_per_device, zero_shard_bounds
 
 __all__ = [
     "Event", "PipelineRun", "Task", "bubble_fraction", "check_orders", "dense_layouts",
-    "gpipe_orders", "gpipe_schedule", "interleaved_bubble_fraction", "make_mesh",
+    "gpipe_orders", "gpipe_schedule", "interleaved_bubble_fraction", "interleaved_orders",
+    "interleaved_schedule", "make_mesh",
     "measured_bubble", "memory_per_stage", "mesh", "model_parallel_devices",
     "one_f_one_b_orders", "one_f_one_b_schedule", "peak_in_flight", "pipeline", "placement",
     "run_gpipe", "run_pipeline", "schedule_bubble", "schedule_from_orders", "schedules", "shard",

@@ -1,4 +1,4 @@
-"""Pipeline schedules as data: GPipe and 1F1B, their time slots, bubble and in-flight activations.
+"""Pipeline schedules as data: GPipe, 1F1B and interleaved 1F1B, their slots, bubble and memory.
 
 A schedule is first an **order** per stage: the forward ("F") and backward ("B") passes of the
 micro-batches in the order that stage runs them. ``schedule_from_orders`` turns orders into time
@@ -12,6 +12,9 @@ micro-batches forwarded but not yet backwarded, whose activations the stage must
 - 1F1B (PipeDream-Flush, Narayanan et al., 2021): stage ``s`` runs ``K − 1 − s`` warm-up
   forwards, then alternates one forward and one backward, then drains. Same slots, at most
   ``K − s`` micro-batches in flight on stage ``s``.
+- Interleaved 1F1B (Megatron-LM; Narayanan et al., 2021): each device holds ``v`` chunks of the
+  model (device ``s`` holds virtual stages ``s, s + K, …``); a pass of one chunk takes one slot,
+  ``1/v`` of a whole stage's pass. Bubble (K − 1) / (v·M + K − 1), counted, not assumed.
 
 Pure Python (no TensorFlow): the lesson, the widget and the exercise checks share it.
 """
@@ -22,20 +25,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["Task", "bubble_fraction", "check_orders", "gpipe_orders", "gpipe_schedule",
-           "interleaved_bubble_fraction", "one_f_one_b_orders", "one_f_one_b_schedule",
+           "interleaved_bubble_fraction", "interleaved_orders", "interleaved_schedule",
+           "one_f_one_b_orders", "one_f_one_b_schedule",
            "peak_in_flight", "schedule_bubble", "schedule_from_orders"]
 
-Pass = tuple[str, int]  # ("F", micro_batch) or ("B", micro_batch)
+Pass = tuple  # ("F", micro_batch) or ("B", micro_batch); with chunks ("F", micro_batch, chunk)
 
 
 @dataclass(frozen=True)
 class Task:
-    """A schedule cell: in ``slot``, ``stage`` runs ``phase`` ("F"/"B") of ``micro_batch``."""
+    """A schedule cell: in ``slot``, ``stage`` runs ``phase`` ("F"/"B") of ``micro_batch``.
+
+    ``chunk`` is the model chunk the stage (device) runs, 0 unless the schedule is interleaved.
+    """
 
     slot: int
     stage: int
     micro_batch: int
     phase: str
+    chunk: int = 0
 
 
 def _validate(num_stages: int, num_micro_batches: int) -> None:
@@ -86,52 +94,75 @@ def one_f_one_b_orders(num_stages: int, num_micro_batches: int) -> list[list[Pas
     return orders
 
 
-def check_orders(orders: Sequence[Sequence[Pass]], num_micro_batches: int) -> None:
-    """Raise ValueError unless every stage runs each micro-batch's F and B exactly once."""
-    wanted = sorted((phase, b) for phase in "FB" for b in range(num_micro_batches))
+def check_orders(orders: Sequence[Sequence[Pass]], num_micro_batches: int,
+                 chunks: int = 1) -> None:
+    """Raise ValueError unless every stage runs each micro-batch's F and B exactly once.
+
+    With ``chunks`` > 1, entries are ``(phase, micro_batch, chunk)`` and every chunk counts.
+    """
+    wanted = sorted((phase, b, c) for phase in "FB" for b in range(num_micro_batches)
+                    for c in range(chunks))
+    shape = "a pair like ('F', 0)" if chunks == 1 else "a triple like ('F', 0, 0)"
     for stage, order in enumerate(orders):
         try:
-            got = sorted((str(phase), int(b)) for phase, b in order)
+            got = sorted(_entry(item, chunks) for item in order)
         except (TypeError, ValueError) as error:
-            raise ValueError(f"stage {stage}: every entry must be a pair like ('F', 0), "
+            raise ValueError(f"stage {stage}: every entry must be {shape} "
                              f"({error})") from None
         if got != wanted:
+            each = "" if chunks == 1 else f" and chunk c in 0..{chunks - 1}"
             raise ValueError(f"stage {stage} must run ('F', b) and ('B', b) once for every "
-                             f"micro-batch b in 0..{num_micro_batches - 1}; got {list(order)}")
+                             f"micro-batch b in 0..{num_micro_batches - 1}{each}; "
+                             f"got {list(order)}")
 
 
-def schedule_from_orders(orders: Sequence[Sequence[Pass]]) -> list[Task]:
+def _entry(item: Pass, chunks: int) -> tuple[str, int, int]:
+    """``(phase, micro_batch, chunk)`` of an order entry; the chunk is 0 in a plain schedule."""
+    if chunks == 1:
+        phase, b = item
+        return str(phase), int(b), 0
+    phase, b, chunk = item
+    return str(phase), int(b), int(chunk)
+
+
+def schedule_from_orders(orders: Sequence[Sequence[Pass]], chunks: int = 1) -> list[Task]:
     """Time slots of per-stage orders: each pass as early as its stage and its inputs allow.
 
     F(s, b) needs F(s − 1, b); B(s, b) needs F(s, b) and B(s + 1, b) (the last stage only its
-    forward). Raises ValueError when an order waits for something that can never come (a
-    deadlock, e.g. a backward before its own forward).
+    forward). With ``chunks`` = v > 1 the pipeline has K·v virtual stages: chunk ``c`` of stage
+    ``s`` is virtual stage ``c·K + s``, and the same rule holds between virtual stages. Raises
+    ValueError when an order waits for something that can never come (a deadlock, e.g. a
+    backward before its own forward).
     """
     num_stages = len(orders)
     if num_stages < 1:
         raise ValueError("give one order per stage")
-    num_micro_batches = len(orders[0]) // 2
-    check_orders(orders, num_micro_batches)
-    finished: dict[tuple[str, int, int], int] = {}  # (phase, stage, b) -> its slot
+    if chunks < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks}")
+    num_micro_batches = len(orders[0]) // (2 * chunks)
+    check_orders(orders, num_micro_batches, chunks)
+    entries = [[_entry(item, chunks) for item in order] for order in orders]
+    last = num_stages * chunks - 1  # the last virtual stage
+    finished: dict[tuple[str, int, int], int] = {}  # (phase, virtual stage, b) -> its slot
     position = [0] * num_stages
     tasks: list[Task] = []
     slot = 0
-    while any(position[s] < len(orders[s]) for s in range(num_stages)):
+    while any(position[s] < len(entries[s]) for s in range(num_stages)):
         started: list[Task] = []
         for stage in range(num_stages):
-            if position[stage] == len(orders[stage]):
+            if position[stage] == len(entries[stage]):
                 continue
-            phase, b = orders[stage][position[stage]]
+            phase, b, chunk = entries[stage][position[stage]]
+            virtual = chunk * num_stages + stage
             if phase == "F":
-                needs = [("F", stage - 1, b)] if stage > 0 else []
+                needs = [("F", virtual - 1, b)] if virtual > 0 else []
             else:
-                needs = [("F", stage, b)] + ([("B", stage + 1, b)]
-                                            if stage < num_stages - 1 else [])
+                needs = [("F", virtual, b)] + ([("B", virtual + 1, b)] if virtual < last else [])
             if all(finished.get(need, slot) < slot for need in needs):
-                started.append(Task(slot, stage, int(b), phase))
+                started.append(Task(slot, stage, b, phase, chunk))
                 position[stage] += 1
         for task in started:
-            finished[(task.phase, task.stage, task.micro_batch)] = slot
+            finished[(task.phase, task.chunk * num_stages + task.stage, task.micro_batch)] = slot
         tasks += started
         if not started:
             stuck = {s: orders[s][position[s]] for s in range(num_stages)
@@ -153,6 +184,42 @@ def one_f_one_b_schedule(num_stages: int, num_micro_batches: int) -> list[Task]:
     return schedule_from_orders(one_f_one_b_orders(num_stages, num_micro_batches))
 
 
+def interleaved_orders(num_stages: int, num_micro_batches: int, chunks: int) -> list[list[Pass]]:
+    """Megatron-LM's interleaved 1F1B order: entries ``(phase, micro_batch, chunk)``.
+
+    Forwards go in groups of K micro-batches, chunk 0 first, then chunk 1, …; backwards in the
+    same groups, last chunk first. Stage ``s`` warms up with 2·(K − 1 − s) + (v − 1)·K forwards,
+    then alternates one forward and one backward, then drains. Needs v ≥ 2 (v = 1 is plain
+    1F1B) and M a multiple of K, as Megatron-LM does.
+    """
+    _validate(num_stages, num_micro_batches)
+    if chunks < 2:
+        raise ValueError(f"interleaving needs chunks >= 2 (1 is one_f_one_b_orders), got {chunks}")
+    if num_micro_batches % num_stages:
+        raise ValueError(f"num_micro_batches ({num_micro_batches}) must be a multiple of "
+                         f"num_stages ({num_stages})")
+    group, total = num_stages * chunks, num_micro_batches * chunks
+
+    def nth(k: int, phase: str) -> Pass:
+        chunk = (k % group) // num_stages
+        b = (k // group) * num_stages + k % num_stages
+        return phase, b, chunk if phase == "F" else chunks - 1 - chunk
+
+    orders = []
+    for stage in range(num_stages):
+        warm_up = min(total, 2 * (num_stages - 1 - stage) + (chunks - 1) * num_stages)
+        order = [nth(k, "F") for k in range(warm_up)]
+        for k in range(total - warm_up):
+            order += [nth(warm_up + k, "F"), nth(k, "B")]
+        orders.append(order + [nth(k, "B") for k in range(total - warm_up, total)])
+    return orders
+
+
+def interleaved_schedule(num_stages: int, num_micro_batches: int, chunks: int) -> list[Task]:
+    """Interleaved 1F1B in slots of one chunk's pass (1/``chunks`` of a whole stage's pass)."""
+    return schedule_from_orders(interleaved_orders(num_stages, num_micro_batches, chunks), chunks)
+
+
 def schedule_bubble(tasks: Sequence[Task], num_stages: int) -> float:
     """Idle fraction of a schedule counted in slots: empty (stage, slot) cells over all cells."""
     slots = max(task.slot for task in tasks) + 1
@@ -160,7 +227,10 @@ def schedule_bubble(tasks: Sequence[Task], num_stages: int) -> float:
 
 
 def peak_in_flight(tasks: Sequence[Task], num_stages: int) -> list[int]:
-    """Per stage, the most micro-batches forwarded and not yet backwarded at any slot."""
+    """Per stage, the most micro-batches forwarded and not yet backwarded at any slot.
+
+    In an interleaved schedule each count is one chunk's activations (1/v of a stage's).
+    """
     peaks = []
     for stage in range(num_stages):
         alive = peak = 0

@@ -57,47 +57,65 @@ def draw_model_split(num_layers: int = 4, cut: int = 2, ax: Any = None,
     return ax
 
 def draw_pipeline_schedule(num_stages: int = 4, num_micro_batches: int = 4,
-                           ax: Any = None, schedule: str = "gpipe") -> Any:
-    """Diagram: a pipeline schedule ("gpipe" or "1f1b"), one row per stage, F and B, bubbles grey.
+                           ax: Any = None, schedule: str = "gpipe", chunks: int = 2,
+                           tasks: Sequence[Any] | None = None) -> Any:
+    """Diagram: a pipeline schedule, one row per stage, F and B, bubbles grey.
 
-    Each row is labelled with the most micro-batches whose activations that stage keeps at once.
+    ``schedule`` is "gpipe", "1f1b" or "interleaved" (1F1B with ``chunks`` model chunks per
+    stage: each cell is one chunk's pass, 1/``chunks`` as long, the later chunks paler). Time is
+    in whole-stage passes, so schedules drawn one above the other compare. Each row is labelled
+    with the most micro-batches whose activations that stage keeps at once. ``tasks`` draws a
+    schedule of your own (e.g. ``schedule_from_orders`` of your orders), titled ``schedule``.
     """
     from matplotlib.patches import Rectangle
 
     from course_utils.parallel.schedules import (
         gpipe_schedule,
+        interleaved_schedule,
         one_f_one_b_schedule,
         peak_in_flight,
         schedule_bubble,
     )
 
-    builders = {"gpipe": ("GPipe", gpipe_schedule), "1f1b": ("1F1B", one_f_one_b_schedule)}
-    if schedule not in builders:
-        raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {schedule!r}")
-    name, build = builders[schedule]
-    tasks = build(num_stages, num_micro_batches)
+    builders = {"gpipe": ("GPipe", gpipe_schedule), "1f1b": ("1F1B", one_f_one_b_schedule),
+                "interleaved": (f"Interleaved 1F1B, v = {chunks}",
+                                lambda k, m: interleaved_schedule(k, m, chunks))}
+    if tasks is not None:
+        tasks, name = list(tasks), schedule
+        if not tasks:
+            raise ValueError("tasks is empty: nothing to draw")
+    elif schedule not in builders:
+        raise ValueError(f"schedule must be one of {sorted(builders)}, got {schedule!r}")
+    else:
+        name, build = builders[schedule]
+        tasks = build(num_stages, num_micro_batches)
+    chunks = max(task.chunk for task in tasks) + 1
+    width = 1 / chunks  # a chunk's pass is 1/chunks of a whole stage's pass
     peaks = peak_in_flight(tasks, num_stages)
     slots = max(task.slot for task in tasks) + 1
-    ax = axes_for(ax, (min(14.0, 2.5 + 0.45 * slots), 0.8 + 0.5 * num_stages))
+    ax = axes_for(ax, (min(14.0, 2.5 + 0.45 * slots * width), 0.8 + 0.5 * num_stages))
     busy = {(task.stage, task.slot) for task in tasks}
     for stage in range(num_stages):
         for slot in range(slots):
             if (stage, slot) not in busy:
-                ax.add_patch(Rectangle((slot, stage), 1, 1, facecolor="#dddddd",
+                ax.add_patch(Rectangle((slot * width, stage), width, 1, facecolor="#dddddd",
                                        edgecolor="white"))
     for task in tasks:
         color = PALETTE[0] if task.phase == "F" else PALETTE[1]
-        ax.add_patch(Rectangle((task.slot, task.stage), 1, 1, facecolor=color,
+        ax.add_patch(Rectangle((task.slot * width, task.stage), width, 1, facecolor=color,
+                               alpha=1.0 - 0.45 * task.chunk / max(chunks - 1, 1),
                                edgecolor="white"))
-        ax.text(task.slot + 0.5, task.stage + 0.5, f"{task.phase}{task.micro_batch}",
-                ha="center", va="center", fontsize=7, color="white")
-    ax.set_xlim(0, slots)
+        ax.text((task.slot + 0.5) * width, task.stage + 0.5, f"{task.phase}{task.micro_batch}",
+                ha="center", va="center", fontsize=7 if width == 1 else 5, color="white")
+    unit = "chunk" if width < 1 else "micro-batch"
+    ax.set_xlim(0, slots * width)
     ax.set_ylim(num_stages, 0)
     ax.set_yticks([s + 0.5 for s in range(num_stages)],
                   [f"stage {s}: keeps ≤ {peaks[s]}" for s in range(num_stages)])
-    ax.set_xlabel("time slot")
+    ax.set_xlabel("time (one stage's pass of a micro-batch = 1)")
     ax.set_title(f"{name}: {num_stages} stages × {num_micro_batches} micro-batches; grey = "
-                 f"bubble, {schedule_bubble(tasks, num_stages):.0%} of the cells", fontsize=10)
+                 f"bubble, {schedule_bubble(tasks, num_stages):.0%} of the cells; "
+                 f"keeps = {unit} activations", fontsize=10)
     return ax
 
 
