@@ -31,7 +31,6 @@ _SUBMODULES = (
     "monitor",
     "notebooks",
     "parallel",
-    "planning",
     "plots",
     "profiling",
     "quiet",
@@ -68,7 +67,7 @@ __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
     "bench", "cluster", "data", "devices", "environment", "grading", "grid", "memory",
-    "mixed_precision", "models", "monitor", "notebooks", "parallel", "planning", "plots",
+    "mixed_precision", "models", "monitor", "notebooks", "parallel", "plots",
     "profiling", "quiet", "reductions", "site", "strategies", "tables", "tflogs", "tpu",
     "training", "widgets", "works_where",
     # re-exported
