@@ -266,9 +266,10 @@ def test_the_overview_page_reads_capture_step_roots_on_a_cpu(input_bound, comput
     verdict = profiling.overview_verdict(input_bound[0])
     assert set(verdict) == set(profiling.OVERVIEW_FIELDS)
     assert verdict["hardware_type"] == "CPU_ONLY"
-    assert "input-bound" in verdict["input_conclusion"]
-    assert "NOT input-bound" not in verdict["input_conclusion"]
-    assert "NOT input-bound" in profiling.overview_verdict(compute_bound[0])["input_conclusion"]
+    assert "HIGHLY input-bound" in verdict["input_conclusion"]
+    # a compute-bound run is never "HIGHLY" input-bound (on a busy machine it can read
+    # "POTENTIALLY", from Python time it calls 'All Others')
+    assert "HIGHLY" not in profiling.overview_verdict(compute_bound[0])["input_conclusion"]
 
 
 def test_the_timeline_draws_the_busiest_threads_of_the_first_steps():

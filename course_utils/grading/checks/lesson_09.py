@@ -344,7 +344,7 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
         [Case(args=(records, read, augment, batch_size), verify=verify, label=label)],
         hint="read gives the same example every epoch: cache its output (records.map(read)"
              ".cache()), then augment, batch and prefetch(tf.data.AUTOTUNE); a cache after "
-             "augment would repeat the same noise every epoch (lesson 09, section 6, Profile; "
+             "augment would repeat the same noise every epoch (lesson 09, section 7, the ablation; "
              "lesson 01, the cache section).")
 
 
