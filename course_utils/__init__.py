@@ -34,7 +34,6 @@ _SUBMODULES = (
     "monitor",
     "notebooks",
     "parallel",
-    "planning",
     "plots",
     "profiling",
     "quiet",
@@ -71,7 +70,7 @@ __all__ = [
     # submodules
     "bench", "book", "cluster", "data", "devices", "environment", "equality", "grading", "grid",
     "instructor", "memory", "mixed_precision", "models", "monitor", "notebooks", "parallel",
-    "planning", "plots", "profiling", "quiet", "reductions", "strategies", "tables", "tflogs",
+    "plots", "profiling", "quiet", "reductions", "strategies", "tables", "tflogs",
     "tpu", "training", "widgets", "works_where",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",

@@ -3,13 +3,14 @@
 Every combination is built once and its first call (tracing, warm-up) timed on its own; then
 all combinations are timed in interleaved turns (``cu.bench.time_interleaved``), so a busy
 moment slows them alike, and each keeps its median and spread. ``result_rows`` makes the table,
-``plot_grid`` the picture and ``write_report`` a short report written from the numbers (09).
+``plot_grid`` the picture, ``axis_verdicts`` which differences stand out of the noise. The
+helpers measure and draw; choosing an option and writing the report are the learner's (09).
 
 Example::
 
     results = cu.grid.run_grid({"strategy": ["default", "mirrored"], "batch": [64, 128]},
                                make_step, examples_per_call=lambda o: o["batch"])
-    print(cu.grid.write_report(results))
+    cu.show_table(cu.grid.result_rows(results))
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from typing import Any
 from course_utils.bench import Timing, time_function, time_interleaved
 
 __all__ = [
-    "ACCELERATOR_NOTES",
     "GridResult",
     "axis_effects",
     "axis_verdicts",
@@ -31,27 +31,7 @@ __all__ = [
     "plot_grid",
     "result_rows",
     "run_grid",
-    "write_report",
 ]
-
-#: What changes on accelerators, per option value: ``write_report`` adds the notes of the
-#: values it measured.
-ACCELERATOR_NOTES = {
-    "default": "one device: on a GPU or TPU the same code runs on one accelerator, and the "
-               "other accelerators stay idle.",
-    "one_device": "one device: on a GPU or TPU the same code runs on one accelerator, and the "
-                  "other accelerators stay idle.",
-    "mirrored": "replicas that share one CPU's cores gain little or nothing over one device; "
-                "on N GPUs each replica has its own chip, and the speed-up approaches N when the "
-                "all-reduce is small next to the compute (large batches, fast links).",
-    "tpu": "a TPU's cores each run a replica; large, static batches keep its matrix units busy.",
-    "mixed_float16": "slower on a CPU without float16 arithmetic; on GPUs with tensor cores "
-                     "(V100 and later) matrix products run several times faster and "
-                     "activations take half the memory.",
-    "mixed_bfloat16": "slower on a CPU without bfloat16 arithmetic; the native format of TPUs "
-                      "and of A100 and later GPUs, with no loss scaling.",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class GridResult:
@@ -190,44 +170,6 @@ def _noise(results: Sequence[GridResult]) -> float:
     return statistics.median(
         statistics.median(abs(t - r.median_s) for t in r.timing.times) / r.median_s
         for r in results)
-
-
-def write_report(results: Sequence[GridResult], machine: str = "this machine",
-                 notes: Mapping[str, str] | None = None) -> str:
-    """A short report written from the numbers: fastest, slowest, each option's effect, the
-    cost of the first call, and what would change on accelerators.
-
-    Each option's verdict is ``axis_verdicts``'s.
-    """
-    if not results:
-        raise ValueError("no results to report")
-    notes = ACCELERATOR_NOTES if notes is None else notes
-    ranked = sorted(results, key=lambda result: result.examples_per_s, reverse=True)
-    best, worst = ranked[0], ranked[-1]
-    noise = _noise(results)
-    lines = [f"Fastest on {machine}: {best.label()} at {best.examples_per_s:,.0f} examples/s "
-             f"(median of {len(best.timing.times)} runs; a run typically strays {noise:.0%} from "
-             "its median)."]
-    if len(ranked) > 1:
-        lines.append(f"Slowest: {worst.label()}, ×{best.examples_per_s / worst.examples_per_s:.2f}"
-                     " slower.")
-    for axis in results[0].options:
-        reference = results[0].options[axis]
-        verdicts = axis_verdicts(results, axis)
-        for value, ratios in axis_effects(results, axis).items():
-            low, high, middle = min(ratios), max(ratios), statistics.median(ratios)
-            verdict = verdicts[value]
-            lines.append(f"{axis} {value} vs {reference}: ×{middle:.2f} examples/s "
-                         f"(×{low:.2f} to ×{high:.2f} over the other options): {verdict}.")
-    firsts = [r.first_call_s / r.median_s for r in results]
-    lines.append(f"The first call (tracing) took {min(firsts):.0f} to {max(firsts):.0f} times "
-                 "as long as a steady step: it is left out of every number above.")
-    seen = [str(v) for v in dict.fromkeys(v for r in results for v in r.options.values())]
-    extra = [f"- {value}: {notes[value]}" for value in seen if value in notes]
-    if extra:
-        lines.append("What would change on a GPU or TPU:")
-        lines.extend(extra)
-    return "\n".join(lines)
 
 
 def plot_grid(results: Sequence[GridResult], hue: str, ax: Any = None,

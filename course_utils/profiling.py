@@ -62,10 +62,16 @@ from typing import Any
 
 __all__ = [
     "CATEGORIES",
+    "OVERVIEW_FIELDS",
+    "Span",
     "StepBreakdown",
+    "breakdown_rows",
     "capture",
     "format_breakdown",
+    "overview_verdict",
+    "spans",
     "step_breakdown",
+    "step_windows",
     "trace_events",
 ]
 
@@ -180,6 +186,34 @@ def trace_events(xplane: str | os.PathLike[str]) -> list[dict]:
     return list(json.loads(data).get("traceEvents", []))
 
 
+# ----------------------------------------------------------------------------- the Overview page
+
+
+#: The Overview page's fields ``overview_verdict`` returns (xprof's ``overview_page`` tool).
+OVERVIEW_FIELDS = ("hardware_type", "steptime_ms_average", "input_conclusion",
+                   "summary_nextstep")
+
+
+def overview_verdict(xplane: str | os.PathLike[str]) -> dict[str, str]:
+    """The Profile tab's Overview page verdict on a trace: hardware type, average step time,
+    its input-bound conclusion and next step, read with the installed plugin's converter
+    (``xprof``, from ``tensorboard-plugin-profile``). On a CPU-only trace the page finds no
+    device steps and says so in ``input_conclusion``."""
+    from course_utils.quiet import quiet_tensorflow
+
+    quiet_tensorflow()
+    from xprof.convert import raw_to_tool_data
+
+    data = raw_to_tool_data.xspace_to_tool_data([str(_find_xplane(xplane))], "overview_page", {})
+    if isinstance(data, tuple):
+        data = data[0]
+    tables = json.loads(data.decode() if isinstance(data, bytes) else data)
+    properties: dict[str, Any] = {}
+    for table in tables if isinstance(tables, list) else [tables]:
+        properties.update(table.get("p", {}))
+    return {field: str(properties.get(field, "")) for field in OVERVIEW_FIELDS}
+
+
 # ----------------------------------------------------------------------------- attribution
 
 
@@ -238,6 +272,45 @@ def _attribute(window: tuple[float, float],
     return covered
 
 
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """One op's span in a trace: its thread, start and end (µs), category and name."""
+
+    thread: str
+    start: float
+    end: float
+    category: str
+    name: str
+
+
+def spans(events: Sequence[Mapping[str, Any]]) -> list[Span]:
+    """Every span ``step_breakdown`` counts (input, compute, communication), by start time."""
+    threads, processes = _thread_names(events), _process_names(events)
+    found = []
+    for event in events:
+        if event.get("ph") != "X" or "dur" not in event or "ts" not in event:
+            continue
+        thread = threads.get((event.get("pid"), event.get("tid")), "")
+        category = _category(event, thread, processes.get(event.get("pid"), ""))
+        if category is not None:
+            start = float(event["ts"])
+            found.append(Span(thread or str(event.get("tid")), start,
+                              start + float(event["dur"]), category, str(event.get("name"))))
+    return sorted(found, key=lambda span: span.start)
+
+
+def step_windows(events: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """(start, end) in µs of each profiled step: the spans with ``step_num`` in their args."""
+    steps: dict[Any, tuple[float, float]] = {}
+    for event in events:
+        args = event.get("args") or {}
+        if (event.get("ph") == "X" and "step_num" in args and "ts" in event
+                and args["step_num"] not in steps):
+            start = float(event["ts"])
+            steps[args["step_num"]] = (start, start + float(event.get("dur", 0)))
+    return sorted(steps.values())
+
+
 def _events_of(source: Any) -> list[dict]:
     if isinstance(source, Mapping):
         return list(source.get("traceEvents", []))
@@ -249,30 +322,17 @@ def _events_of(source: Any) -> list[dict]:
 def step_breakdown(xplane_or_events: Any) -> StepBreakdown:
     """Split each profiled step's wall time into input, compute, communication and other."""
     events = _events_of(xplane_or_events)
-    threads, processes = _thread_names(events), _process_names(events)
-    spans = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
-    steps: dict[Any, tuple[float, float]] = {}
-    for event in spans:
-        args = event.get("args") or {}
-        if "step_num" in args and args["step_num"] not in steps:
-            steps[args["step_num"]] = (float(event["ts"]), float(event["ts"]) + float(event["dur"]))
-    if not steps:
+    windows = step_windows(events)
+    if not windows:
         raise ValueError(
             "no training steps in this trace: wrap each step in "
             "tf.profiler.experimental.Trace('train', step_num=step, _r=1) "
             "(cu.profiling.capture does)")
-    categorized = []
-    for event in spans:
-        key = (event.get("pid"), event.get("tid"))
-        category = _category(event, threads.get(key, ""), processes.get(event.get("pid"), ""))
-        if category is not None:
-            begin = float(event["ts"])
-            categorized.append((begin, begin + float(event["dur"]), category))
-    categorized.sort()
+    categorized = [(span.start, span.end, span.category) for span in spans(events)]
     totals = dict.fromkeys(CATEGORIES, 0.0)
     step_total = 0.0
     durations = []
-    for start, end in steps.values():
+    for start, end in windows:
         inside = [span for span in categorized if span[0] < end and span[1] > start]
         for category, micros in _attribute((start, end), inside).items():
             totals[category] += micros
@@ -281,9 +341,22 @@ def step_breakdown(xplane_or_events: Any) -> StepBreakdown:
     step_s = statistics.median(durations)
     share = {c: (totals[c] / step_total if step_total > 0 else 0.0) for c in CATEGORIES}
     input_s, compute_s, communication_s = (share[c] * step_s for c in CATEGORIES)
-    return StepBreakdown(steps=len(steps), step_s=step_s, input_s=input_s, compute_s=compute_s,
+    return StepBreakdown(steps=len(windows), step_s=step_s, input_s=input_s, compute_s=compute_s,
                          communication_s=communication_s,
                          other_s=max(0.0, step_s - input_s - communication_s - compute_s))
+
+
+def breakdown_rows(breakdowns: Mapping[str, StepBreakdown]) -> list[dict[str, Any]]:
+    """One table row per named breakdown (for ``cu.show_table``): ms per step of each part,
+    the input share and the bottleneck."""
+    rows = []
+    for name, breakdown in breakdowns.items():
+        parts = {f"{part} (ms)": getattr(breakdown, f"{part}_s") * 1e3
+                 for part in ("input", "compute", "communication", "other")}
+        rows.append({"run": name, "step (ms)": breakdown.step_s * 1e3, **parts,
+                     "input share": breakdown.shares()["input"],
+                     "bottleneck": breakdown.bottleneck(), "steps": breakdown.steps})
+    return rows
 
 
 def format_breakdown(breakdown: StepBreakdown) -> str:

@@ -89,28 +89,6 @@ def test_axis_effects_compare_like_with_like():
     assert grid.axis_effects([_result("default", 64, 10.0)], "strategy") == {}
 
 
-def test_the_report_names_the_fastest_the_effects_the_noise_and_the_first_call():
-    results = [_result("default", 64, 10.0, spread=0.5, first_s=1.0),
-               _result("default", 128, 16.0, spread=0.5, first_s=1.2),
-               _result("mirrored", 64, 20.0, spread=0.5, first_s=2.0),
-               _result("mirrored", 128, 40.0, spread=0.5, first_s=2.0)]
-    report = grid.write_report(results, machine="a test machine")
-    assert report.startswith("Fastest on a test machine: default · 128 at 8,000 examples/s")
-    assert "strategy mirrored vs default: ×0.45 examples/s (×0.40 to ×0.50" in report
-    assert ": slower." in report and "batch 128 vs 64" in report
-    assert "first call (tracing) took 50 to 100 times" in report
-    assert "What would change on a GPU or TPU:" in report and "- mirrored:" in report
-    assert "- 64:" not in report  # only the values that have a note
-    with pytest.raises(ValueError, match="no results"):
-        grid.write_report([])
-
-
-def test_the_report_says_within_the_noise_when_the_runs_overlap():
-    results = [_result("default", 64, 10.0, spread=3.0), _result("mirrored", 64, 10.2, spread=3.0)]
-    assert "within the noise" in grid.write_report(results, notes={})
-    assert "What would change" not in grid.write_report(results, notes={})
-
-
 def test_plot_grid_draws_one_bar_per_combination_with_its_range():
     results = [_result(s, b, 10.0 * (i + 1), spread=1.0)
                for i, (s, b) in enumerate([("default", 64), ("default", 128),
@@ -146,13 +124,6 @@ def test_the_capstone_diagram_draws_every_stage_and_the_choices_made():
         assert "the fix changes the job" in texts
     finally:
         plt.close(ax.figure)
-
-
-def test_the_report_says_it_depends_when_the_ratios_straddle_one():
-    results = [_result("default", 64, 10.0, spread=0.2), _result("default", 128, 10.0, spread=0.2),
-               _result("mirrored", 64, 8.0, spread=0.2), _result("mirrored", 128, 12.0, spread=0.2)]
-    assert ("strategy mirrored vs default: ×1.04 examples/s (×0.83 to ×1.25 over the other "
-            "options): it depends on the other options." in grid.write_report(results))
 
 
 def test_axis_verdicts_name_each_values_effect_from_the_noise():

@@ -238,3 +238,52 @@ def test_capture_needs_a_step_and_stops_the_profiler_after_an_error(tmp_path):
     # the profiler was stopped: a new capture can start
     path = profiling.capture(lambda step: None, 1, tmp_path / "again", warmup=0)
     assert json.dumps(profiling.trace_events(path))  # a readable trace
+
+
+def test_spans_and_step_windows_are_what_the_breakdown_counts():
+    windows = profiling.step_windows(SYNTHETIC)
+    assert windows == [(0.0, 100.0), (200.0, 500.0)]
+    spans = profiling.spans(SYNTHETIC)
+    assert [(s.name, s.category) for s in spans] == [
+        ("IteratorGetNextOp::DoCompute", "input"), ("MatMul", "compute"),
+        ("CollectiveReduceV2", "communication"), ("Tanh", "compute"), ("MatMul", "compute")]
+    assert spans[0].thread == "tf_data_iterator_get_next/8" and spans[0].end == 40.0
+
+
+def test_breakdown_rows_make_one_table_row_per_run():
+    breakdown = profiling.step_breakdown(SYNTHETIC)
+    rows = profiling.breakdown_rows({"a": breakdown, "b": breakdown})
+    assert [row["run"] for row in rows] == ["a", "b"]
+    assert rows[0]["bottleneck"] == breakdown.bottleneck() and rows[0]["steps"] == 2
+    parts = sum(rows[0][f"{part} (ms)"] for part in ("input", "compute", "communication", "other"))
+    assert parts == pytest.approx(rows[0]["step (ms)"])
+    assert rows[0]["input share"] == pytest.approx(breakdown.shares()["input"])
+
+
+@pytest.mark.slow
+def test_the_overview_page_reads_capture_step_roots_on_a_cpu(input_bound, compute_bound):
+    """capture marks steps with _r=1 (step roots): the Overview page finds them on a CPU."""
+    verdict = profiling.overview_verdict(input_bound[0])
+    assert set(verdict) == set(profiling.OVERVIEW_FIELDS)
+    assert verdict["hardware_type"] == "CPU_ONLY"
+    assert "HIGHLY input-bound" in verdict["input_conclusion"]
+    # a compute-bound run is never "HIGHLY" input-bound (on a busy machine it can read
+    # "POTENTIALLY", from Python time it calls 'All Others')
+    assert "HIGHLY" not in profiling.overview_verdict(compute_bound[0])["input_conclusion"]
+
+
+def test_the_timeline_draws_the_busiest_threads_of_the_first_steps():
+    import matplotlib.pyplot as plt
+
+    from course_utils import plots
+
+    ax = plots.trace_timeline(SYNTHETIC, steps=1)
+    try:
+        labels = [label.get_text() for label in ax.get_yticklabels()]
+        assert set(labels) == {"tf_data_iterator_get_next/8", "tf_Compute/7",
+                               "collective_ops/10"}
+        assert ax.get_xlim() == (0.0, 0.1)  # one step of 100 us, in ms
+    finally:
+        plt.close(ax.figure)
+    with pytest.raises(ValueError, match="no profiled steps"):
+        plots.trace_timeline([])

@@ -34,7 +34,11 @@ from course_utils.plots.diagrams_basics import (
     draw_training_step,
     pipeline_schedule,
 )
-from course_utils.plots.diagrams_capstone import CAPSTONE_STAGES, draw_capstone_job
+from course_utils.plots.diagrams_capstone import (
+    CAPSTONE_STAGES,
+    draw_capstone_job,
+    trace_timeline,
+)
 from course_utils.plots.diagrams_clusters import (
     allreduce_cost_chart,
     draw_multi_worker,
@@ -97,4 +101,5 @@ __all__ = [
     "STATUS_COLORS",
     "STEP_PARTS",
     "time_breakdown",
+    "trace_timeline",
 ]

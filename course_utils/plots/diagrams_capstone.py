@@ -3,25 +3,25 @@ measure-then-fix loop."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from course_utils.plots.style import PALETTE, axes_for
 
-__all__ = ["CAPSTONE_STAGES", "draw_capstone_job"]
+__all__ = ["CAPSTONE_STAGES", "draw_capstone_job", "trace_timeline"]
 
 #: The stages of the capstone job (top row) and of its measurement loop (bottom row), in order.
 CAPSTONE_STAGES = (
     ("job", "dataset", "tfds.load"),
     ("job", "pipeline", "map · cache · shuffle\nbatch · prefetch"),
     ("job", "pre-train", "a small CNN\non part of the task"),
-    ("job", "choices", "strategy · precision\naccumulation"),
-    ("job", "fine-tune", "the whole network,\nwarm-up + decay"),
+    ("job", "choices", "yours, from\nmeasured numbers"),
+    ("job", "fine-tune", "frozen, then low rate;\nBatchNorm frozen"),
     ("measure", "profile", "trace a few steps"),
     ("measure", "bottleneck", "input, compute or\ncommunication?"),
     ("measure", "fix", "remove the largest\nshare"),
     ("measure", "benchmark", "every option, same\nbatches, medians"),
-    ("measure", "report", "written from\nthe numbers"),
+    ("measure", "report", "yours, from\nthe table"),
 )
 
 
@@ -56,4 +56,46 @@ def draw_capstone_job(choices: Mapping[str, str] | None = None, ax: Any = None) 
     ax.set_axis_off()
     ax.set_title("The capstone: a real job (blue), and the loop that measures it (green)",
                  fontsize=10)
+    return ax
+
+
+#: Colours of the timeline's span categories.
+_TIMELINE_COLORS = {"input": PALETTE[3], "compute": PALETTE[0], "communication": PALETTE[2]}
+
+
+def trace_timeline(events: Sequence[Mapping[str, Any]], steps: int = 2, max_threads: int = 8,
+                   ax: Any = None) -> Any:
+    """The first ``steps`` profiled steps of a trace as a timeline, like TensorBoard's trace
+    viewer: one row per busy thread, each op's span coloured as input, compute or
+    communication (``cu.profiling.spans``), the steps shaded behind them."""
+    from matplotlib.patches import Patch
+
+    from course_utils.profiling import spans, step_windows
+
+    windows = step_windows(events)[:steps]
+    if not windows:
+        raise ValueError("no profiled steps in these events: trace steps with "
+                         "tf.profiler.experimental.Trace('train', step_num=..., _r=1)")
+    start, end = windows[0][0], windows[-1][1]
+    shown = [span for span in spans(events) if span.end > start and span.start < end]
+    busy: dict[str, float] = {}
+    for span in shown:
+        busy[span.thread] = busy.get(span.thread, 0.0) + span.end - span.start
+    threads = sorted(busy, key=lambda thread: -busy[thread])[:max_threads]
+    ax = axes_for(ax, (10.0, 0.45 * len(threads) + 1.4))
+    for number, (left, right) in enumerate(windows):
+        ax.axvspan((left - start) / 1e3, (right - start) / 1e3, color="grey",
+                   alpha=0.12 if number % 2 == 0 else 0.06)
+    for row, thread in enumerate(threads):
+        for category, color in _TIMELINE_COLORS.items():
+            bars = [((span.start - start) / 1e3, (span.end - span.start) / 1e3)
+                    for span in shown if span.thread == thread and span.category == category]
+            if bars:
+                ax.broken_barh(bars, (row - 0.4, 0.8), color=color)
+    handles = [Patch(color=color, label=name) for name, color in _TIMELINE_COLORS.items()]
+    ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=3)
+    ax.set_yticks(range(len(threads)), [thread[:28] for thread in threads], fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlim=(0, (end - start) / 1e3), xlabel="ms from the first profiled step",
+           title=f"The trace: {len(windows)} profiled step(s) (shaded), busiest threads")
     return ax

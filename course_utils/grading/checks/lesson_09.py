@@ -3,11 +3,18 @@
 Both profile real distributed runs here: a ``tf.function`` step under ``MirroredStrategy``
 (over up to 2 devices), fed by a tf.data pipeline, captured with ``cu.profiling.capture``.
 
-* ``check_find_bottleneck(find_bottleneck)``: given the trace events of a fresh input-bound run
-  (its pipeline sleeps per batch, its step is cheap) and of a fresh compute-bound run (a cached,
-  prefetched pipeline, a heavy step), in a random order, the learner's function names "input"
-  and "compute"; ``cu.profiling.step_breakdown`` must agree with the truth first, and the
-  learner's function may not call it.
+* ``check_find_bottleneck(find_bottleneck)``: the learner's function names the bottleneck of
+  the trace events of one fresh real run (input-bound: its pipeline sleeps per batch, its step
+  is cheap; or compute-bound: cached data, a heavy step) and of four traces built to order
+  (``profile_traces``): input the largest part but under half the step with the pipeline busy
+  in the background, compute the largest with input at a third, a communication-bound step,
+  and input-bound steps after a warm-up of compute outside them – in a random order.
+  ``cu.profiling.step_breakdown`` must agree with the truth first, and the learner's function
+  may not call it. A threshold on the input share, a reading that ignores the step windows,
+  the ``tf_data`` threads or the collectives, each fails a case.
+* ``check_choose_accumulation_steps(choose_accumulation_steps)``: the fewest micro-batches
+  ``k`` (a divisor of the per-replica batch) whose step fits a memory budget, on fresh sizes;
+  ValueError when not even one example per replica fits.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
@@ -34,8 +41,9 @@ __all__ = [
     "FAST_INPUT_SHARE",
     "READ_SECONDS",
     "SLOW_INPUT_SHARE",
-    "check_remove_input_bottleneck",
+    "check_choose_accumulation_steps",
     "check_find_bottleneck",
+    "check_remove_input_bottleneck",
     "slow_baseline",
     "slow_pipeline",
 ]
@@ -171,46 +179,57 @@ def _without_step_breakdown() -> Iterator[None]:
         profiling.step_breakdown = original
 
 
+def _verifier(kind: str, table: str) -> Callable[[Any], str | None]:
+    def verify(got: Any) -> str | None:
+        if got == kind:
+            return None
+        if got not in _BOTTLENECKS:
+            return f"returned {got!r}; return one of {', '.join(map(repr, _BOTTLENECKS))}"
+        return (f"returned {got!r}, but this trace is {kind}-bound; cu.profiling reads it as:"
+                f"\n{table}")
+    return verify
+
+
+def _real_case(rng: Any) -> Case:
+    """A fresh real run, input- or compute-bound, checked against ``step_breakdown`` first."""
+    from course_utils.profiling import format_breakdown, step_breakdown
+
+    kind = rng.choice(["input", "compute"])
+    for _attempt in range(2):  # the check's own run can come out wrong on a busy machine
+        events = _bound_run(rng, kind)
+        breakdown = step_breakdown(events)
+        if breakdown.bottleneck() == kind:
+            return Case(args=(events,), verify=_verifier(kind, format_breakdown(breakdown)),
+                        label=f"(a real {kind}-bound run: {len(events)} events)")
+    raise RuntimeError(f"the check's {kind}-bound run did not come out {kind}-bound "
+                       f"here; run the cell again.\n{format_breakdown(breakdown)}")
+
+
 @register
 def check_find_bottleneck(fn: Any) -> bool:
-    """Check ``find_bottleneck(events)``: "input" for an input-bound trace, "compute" for a
-    compute-bound one, both profiled here."""
+    """Check ``find_bottleneck(events)`` on one real run profiled here and four traces built
+    to order (mid-range input shares, a communication-bound step, distractors)."""
+    from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES, trace_case
     from course_utils.profiling import format_breakdown, step_breakdown
 
     rng = fresh_rng()
-    kinds = ["input", "compute"]
-    rng.shuffle(kinds)
-    cases = []
-    for number, kind in enumerate(kinds, start=1):
-        events = _bound_run(rng, kind)
+    cases = [_real_case(rng)]
+    for description in BOTTLENECK_CASES:
+        kind, events = trace_case(rng, description)
         breakdown = step_breakdown(events)
-        if breakdown.bottleneck() != kind:  # the check's own run came out wrong: once more
-            events = _bound_run(rng, kind)
-            breakdown = step_breakdown(events)
-        if breakdown.bottleneck() != kind:
-            raise RuntimeError(f"the check's {kind}-bound run did not come out {kind}-bound "
-                               f"here; run the cell again.\n{format_breakdown(breakdown)}")
-
-        def verify(got: Any, kind: str = kind,
-                   table: str = format_breakdown(breakdown)) -> str | None:
-            if got == kind:
-                return None
-            if got not in _BOTTLENECKS:
-                return f"returned {got!r}; return one of {', '.join(map(repr, _BOTTLENECKS))}"
-            return (f"returned {got!r}, but this run is {kind}-bound; cu.profiling reads its "
-                    f"trace as:\n{table}")
-
-        cases.append(Case(args=(events,), verify=verify,
-                          label=f"(trace {number}: {len(events)} events, a {kind}-bound run)"))
+        assert breakdown.bottleneck() == kind, (description, breakdown)  # the check's own
+        cases.append(Case(args=(events,), verify=_verifier(kind, format_breakdown(breakdown)),
+                          label=f"(a trace where {description})"))
+    rng.shuffle(cases)
     with _without_step_breakdown():
         return run_check(
             "find_bottleneck", fn, cases,
-            hint="the steps are the events with 'step_num' in their args; inside each step, add "
-                 "up the durations of the get-next events (names starting with 'IteratorGetNext': "
-                 "input), of collective ops (communication) and of the other "
-                 "ops (events whose args hold 'long_name', but not 'Iterator::' stages nor the "
-                 "'tf_data' threads: "
-                 "compute), and return the largest (lesson 09, section 6, Profile).")
+            hint="the steps are the events with 'step_num' in their args; count only what "
+                 "starts inside a step; there, add up the durations of the get-next events "
+                 "(names starting with 'IteratorGetNext': input), of collective ops "
+                 "(communication) and of the other ops (events whose args hold 'long_name', "
+                 "but not 'Iterator::' stages nor the 'tf_data' threads: compute), and return "
+                 "the largest – not whichever passes a threshold (lesson 09, section 6).")
 
 
 # --- Exercise 2 · remove the input bottleneck --------------------------------------------------
@@ -325,5 +344,55 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
         [Case(args=(records, read, augment, batch_size), verify=verify, label=label)],
         hint="read gives the same example every epoch: cache its output (records.map(read)"
              ".cache()), then augment, batch and prefetch(tf.data.AUTOTUNE); a cache after "
-             "augment would repeat the same noise every epoch (lesson 09, section 6, Profile; "
+             "augment would repeat the same noise every epoch (lesson 09, section 7, the ablation; "
              "lesson 01, the cache section).")
+
+
+# --- Exercise 3 · how many micro-batches ------------------------------------------------------
+
+
+def _step_bytes(per_replica: int, k: int, weight_bytes: int, per_example: int) -> int:
+    """One replica's step with Adam: weights, gradients, two slots, a micro-batch's activations."""
+    return 4 * weight_bytes + per_replica // k * per_example
+
+
+def _accumulation_case(rng: Any, per_replica: int, replicas: int, position: int) -> Case:
+    """A budget whose fewest fitting micro-batch count is the ``position``-th divisor."""
+    divisors = [k for k in range(1, per_replica + 1) if per_replica % k == 0]
+    k = divisors[position]
+    weight_bytes, per_example = rng.randint(20_000, 60_000), rng.randint(2_000, 9_000)
+    need = _step_bytes(per_replica, k, weight_bytes, per_example)
+    above = (_step_bytes(per_replica, divisors[position - 1], weight_bytes, per_example)
+             if position else need + per_example)
+    budget = need + int(rng.uniform(0.0, 0.9) * (above - need))
+    return Case(args=(per_replica * replicas, replicas, weight_bytes, per_example, budget),
+                expected=k)
+
+
+@register
+def check_choose_accumulation_steps(fn: Any) -> bool:
+    """Check ``choose_accumulation_steps(global_batch, num_replicas, weight_bytes,
+    activation_bytes_per_example, budget_bytes)`` on fresh sizes, and its ValueError."""
+    rng = fresh_rng()
+    weight_bytes = rng.randint(20_000, 60_000)
+    try:  # not even one example per replica fits this budget
+        got = fn(64, 2, weight_bytes, 5_000, 4 * weight_bytes + 4_000)
+    except (ValueError, NotImplementedError):  # right, or a stub (run_check reports it)
+        pass
+    else:
+        raise AssertionError(
+            f"choose_accumulation_steps(64, 2, {weight_bytes}, 5000, {4 * weight_bytes + 4000}):"
+            f" not even one example per replica fits that budget, but it returned {got!r}; "
+            "raise ValueError instead")
+    cases = [_accumulation_case(rng, 24 * rng.choice([1, 2]), rng.choice([2, 4]), 2),  # k = 3
+             _accumulation_case(rng, 32, rng.choice([2, 4, 8]), rng.choice([2, 3])),
+             _accumulation_case(rng, 60, 1, rng.choice([3, 4])),  # k = 4 or 5
+             _accumulation_case(rng, 16, 2, 0)]  # the whole batch fits: k = 1
+    rng.shuffle(cases)
+    return run_check(
+        "choose_accumulation_steps", fn, cases,
+        hint="the per-replica batch is global_batch // num_replicas; try its divisors k in "
+             "increasing order; a step needs 4 × weight_bytes (weights, gradients, Adam's two "
+             "slots) plus (per-replica batch // k) × activation_bytes_per_example; return the "
+             "first k that fits the budget, and raise ValueError when none does (lesson 09, "
+             "section 4).")

@@ -1,0 +1,118 @@
+"""Profiler traces built to order, for lesson 09's bottleneck check.
+
+A real profile on a busy laptop lands where the machine puts it: an input-bound run and a
+compute-bound run are easy to make, a step that waits 40 % of its time for input or one that is
+communication-bound on two logical CPUs is not. ``synthetic_trace`` writes the Chrome-trace
+events of such steps in the shape ``cu.profiling.trace_events`` returns for real ones (step
+markers with ``step_num``, ``IteratorGetNext`` waits with their ``Iterator::`` stages, ops with
+``long_name``, ``CollectiveReduceV2`` ops, ``tf_data`` threads, ``M`` events naming the threads),
+so that a reading which works on real traces works on these, and shortcuts do not:
+
+* ``background``: spans of the input pipeline's own threads inside the steps (not step time);
+* ``outside``: compute spans outside every step (the warm-up's), as a share of the steps' time.
+
+Within a step the spans do not overlap, so the shares are exact: ``cu.profiling.step_breakdown``
+reads back ``parts`` (tests/test_checks_lesson_09.py proves it).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["BOTTLENECK_CASES", "synthetic_trace", "trace_case"]
+
+_PID = 1
+_STEP_THREAD, _OP_THREAD, _DATA_THREAD = 11, 12, 13
+_THREADS = {_STEP_THREAD: "python3", _OP_THREAD: "tf_Compute/4711",
+            _DATA_THREAD: "tf_data_private_threadpool/815"}
+_OPS = ("conv/Conv2D:Conv2D", "dense/MatMul:MatMul", "dense/BiasAdd:BiasAdd", "relu/Relu:Relu",
+        "Adam/AssignSubVariableOp:AssignSubVariableOp", "grad/Conv2DBackpropFilter:"
+        "Conv2DBackpropFilter")
+_COLLECTIVES = ("CollectiveReduceV2:CollectiveReduceV2", "allreduce/CollectiveReduceV2_1:"
+                "CollectiveReduceV2")
+_DATA_OPS = ("map/Cast:Cast", "ParallelMapV2/py_function:EagerPyFunc")
+
+
+def _pieces(rng: random.Random, total: float, count: int) -> list[float]:
+    cuts = sorted(rng.uniform(0, total) for _ in range(count - 1))
+    return [b - a for a, b in zip([0.0, *cuts], [*cuts, total], strict=True)]
+
+
+def _span(name: str, ts: float, dur: float, tid: int, long_name: str | None = None,
+          **args: Any) -> dict[str, Any]:
+    if long_name is not None:
+        args["long_name"] = long_name
+    return {"ph": "X", "name": name, "ts": round(ts, 3), "dur": round(dur, 3), "pid": _PID,
+            "tid": tid, "args": args}
+
+
+def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: int = 3,
+                    background: float = 0.0, outside: float = 0.0) -> list[dict[str, Any]]:
+    """Events of ``steps`` profiled steps whose time splits into ``parts`` (shares of input,
+    compute, communication; the rest is "other"), plus the distractors described above."""
+    if sum(parts.values()) > 1 or min(parts.values(), default=0) < 0:
+        raise ValueError(f"parts must be non-negative shares summing to at most 1: {parts}")
+    events: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": _PID,
+                                     "args": {"name": "/host:CPU"}}]
+    events += [{"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": name}}
+               for tid, name in _THREADS.items()]
+    clock = 1_000.0
+    step_lengths = [rng.uniform(20_000, 60_000) for _ in range(steps)]
+    if outside:  # the warm-up: compute before the first profiled step
+        for piece in _pieces(rng, outside * sum(step_lengths), 6):
+            events.append(_span(rng.choice(_OPS).split(":")[0], clock, piece, _OP_THREAD,
+                                rng.choice(_OPS)))
+            clock += piece
+        clock += 500.0
+    for number, length in enumerate(step_lengths):
+        start = clock
+        events.append(_span(f"train {number}", start, length, _STEP_THREAD, step_num=number, _r=1))
+        blocks = [(kind, share * length) for kind, share in parts.items() if share > 0]
+        gap = (1 - sum(parts.values())) * length
+        rng.shuffle(blocks)
+        gaps = _pieces(rng, gap, len(blocks) + 1)
+        clock = start + gaps[0]
+        for (kind, block), after in zip(blocks, gaps[1:], strict=True):
+            for piece in _pieces(rng, block, 3):
+                if kind == "input":
+                    events.append(_span("IteratorGetNextOp::DoCompute", clock, piece,
+                                        _STEP_THREAD))
+                    events.append(_span("Iterator::Root::Prefetch", clock + 0.1 * piece,
+                                        0.8 * piece, _STEP_THREAD))
+                else:
+                    long_name = rng.choice(_COLLECTIVES if kind == "communication" else _OPS)
+                    events.append(_span(long_name.split(":")[0], clock, piece, _OP_THREAD,
+                                        long_name))
+                clock += piece
+            clock += after
+        if background:  # the pipeline works ahead on its own thread: no step time
+            moment = start
+            for piece in _pieces(rng, background * length, 4):
+                events.append(_span(rng.choice(_DATA_OPS).split(":")[0], moment, piece,
+                                    _DATA_THREAD, rng.choice(_DATA_OPS)))
+                moment += piece
+        clock = start + length + rng.uniform(200, 800)
+    return events
+
+
+#: The check's built cases: (what they test, the answer, how to draw the parts, options).
+BOTTLENECK_CASES = {
+    "input is the largest part but under half the step, the pipeline busy in the background": (
+        "input", lambda r: (r.uniform(0.38, 0.45), 0.25, r.uniform(0.04, 0.08)), {
+            "background": 0.35}),
+    "compute is the largest part, input waits a third of the step": (
+        "compute", lambda r: (r.uniform(0.3, 0.36), r.uniform(0.46, 0.52), 0.05), {}),
+    "communication-bound: the all-reduce takes most of the step": (
+        "communication", lambda r: (r.uniform(0.08, 0.15), 0.2, r.uniform(0.45, 0.6)), {}),
+    "input-bound steps after a long warm-up of compute outside them": (
+        "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"outside": 3.0}),
+}
+
+
+def trace_case(rng: random.Random, description: str) -> tuple[str, list[dict[str, Any]]]:
+    """The answer and the events of one of ``BOTTLENECK_CASES``, drawn afresh."""
+    answer, draw, options = BOTTLENECK_CASES[description]
+    shares = dict(zip(("input", "compute", "communication"), draw(rng), strict=True))
+    return answer, synthetic_trace(rng, shares, steps=rng.choice([3, 4, 5]), **options)
