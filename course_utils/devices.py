@@ -200,7 +200,8 @@ def describe_machine(hw: Hardware | None = None) -> str:
 def lesson_hardware(hw: Hardware) -> list[tuple[str, str, str]]:
     """For each lesson: (number, title, what it will use on this machine)."""
     replicas = max(hw.logical_gpus, len(hw.gpus)) or hw.logical_cpus
-    device = "GPU" if hw.gpus else "logical CPU"
+    device = ("logical GPU" if hw.logical_gpus > len(hw.gpus) else "GPU") if hw.gpus else (
+        "logical CPU")
     uses = {
         "00": f"{device} devices for the baseline",
         "01": f"{hw.cpu_cores} cores for parallel map and prefetch",

@@ -239,3 +239,10 @@ def test_setup_on_a_mocked_one_gpu_machine_gives_several_gpu_replicas(monkeypatc
         logical_gpus if kind == "GPU" else real_logical(kind)))
     assert strategies.replica_devices() == [device.name for device in logical_gpus]
     assert len(strategies.replica_devices(2)) == 2
+
+
+def test_lesson_hardware_names_logical_gpus_on_a_split_gpu():
+    one_gpu_split = devices.Hardware(cpu_cores=2, physical_cpus=1, gpus=("Tesla T4",),
+                                     logical_cpus=4, logical_gpus=4, tpu=False, colab=True)
+    uses = {number: use for number, _, use in devices.lesson_hardware(one_gpu_split)}
+    assert uses["02"] == "MirroredStrategy over 4 logical GPU device(s)"
