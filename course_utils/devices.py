@@ -12,7 +12,8 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = [
     "LESSONS", "LogicalDevicesError", "Hardware", "is_colab", "tpu_address", "tpu_available",
-    "devices_initialized", "configure_logical_devices", "hardware", "describe_machine",
+    "devices_initialized", "configure_logical_devices", "logical_device_plan", "hardware",
+    "describe_machine",
     "lesson_hardware", "doctor_report", "doctor", "doctor_main",
 ]
 
@@ -142,6 +143,21 @@ def configure_logical_devices(
     return [d.name for d in tf.config.list_logical_devices(device_type)]
 
 
+def logical_device_plan(logical_devices: int | None, physical_gpus: int) -> dict[str, int]:
+    """How many logical devices of each type ``cu.setup(logical_devices=...)`` creates.
+
+    The CPU is always split. A machine with exactly one GPU (Colab's usual runtime) gets its GPU
+    split too, into as many logical GPUs, so that a strategy over the GPUs has several replicas
+    there as well; several physical GPUs are left whole (each is a replica already).
+    """
+    if not logical_devices:
+        return {}
+    plan = {"CPU": logical_devices}
+    if physical_gpus == 1 and logical_devices > 1:
+        plan["GPU"] = logical_devices
+    return plan
+
+
 def hardware() -> Hardware:
     """Inspect this machine: CPU cores, GPUs, logical devices, TPU and Colab."""
     tf = _tf()
@@ -184,7 +200,8 @@ def describe_machine(hw: Hardware | None = None) -> str:
 def lesson_hardware(hw: Hardware) -> list[tuple[str, str, str]]:
     """For each lesson: (number, title, what it will use on this machine)."""
     replicas = max(hw.logical_gpus, len(hw.gpus)) or hw.logical_cpus
-    device = "GPU" if hw.gpus else "logical CPU"
+    device = ("logical GPU" if hw.logical_gpus > len(hw.gpus) else "GPU") if hw.gpus else (
+        "logical CPU")
     uses = {
         "00": f"{device} devices for the baseline",
         "01": f"{hw.cpu_cores} cores for parallel map and prefetch",

@@ -40,9 +40,10 @@ def setup(
     """Prepare TensorFlow for a lesson and print one line describing the machine.
 
     Quiets TensorFlow (``quiet``), seeds everything (``seed``; op determinism when
-    ``deterministic``), and splits the first CPU into ``logical_devices`` logical devices (or
-    the first GPU, with ``gpu_memory_limit_mb`` each, when a GPU is present and a limit is
-    given). Safe to run twice with the same arguments; asking for another device layout after
+    ``deterministic``), and splits the first CPU into ``logical_devices`` logical devices; on a
+    machine with exactly one GPU it splits the GPU too, ``gpu_memory_limit_mb`` each (default
+    1024), so that the GPU strategies have several replicas (``devices.logical_device_plan``).
+    Safe to run twice with the same arguments; asking for another device layout after
     TensorFlow started raises a message that says to restart the kernel.
     Returns nothing, so the set-up cell shows its one line and no value under it;
     ``cu.hardware()`` gives the summary as an object.
@@ -56,11 +57,10 @@ def setup(
     # TensorFlow's C++ layer reports its platform probing ("failed call to cuInit" on a
     # machine without a GPU) on the native stderr while it lists and creates devices.
     with native_stderr_silenced() if quiet else contextlib.nullcontext():
-        if logical_devices:
-            if gpu_memory_limit_mb and tf.config.list_physical_devices("GPU"):
-                devices.configure_logical_devices(logical_devices, "GPU", gpu_memory_limit_mb)
-            else:
-                devices.configure_logical_devices(logical_devices, "CPU")
+        plan = devices.logical_device_plan(logical_devices,
+                                           len(tf.config.list_physical_devices("GPU")))
+        for device_type, count in plan.items():
+            devices.configure_logical_devices(count, device_type, gpu_memory_limit_mb)
         tf.config.list_logical_devices()  # TensorFlow creates its devices here
     if seed is not None:
         seed_everything(seed, deterministic=deterministic)

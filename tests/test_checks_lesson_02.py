@@ -4,7 +4,10 @@ strategy has 4 replicas here."""
 
 from __future__ import annotations
 
+import os
+
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -16,12 +19,12 @@ from course_utils.grading.framework import NotAttemptedError, strict_checks
 # --- reference solutions (as in solutions/02_mirrored_strategy_solutions.ipynb) -------------
 
 
-def build_and_compile(strategy, num_features, num_classes):
-    with strategy.scope():
-        model = cu.models.mlp(num_features, num_classes, hidden_units=(32,))
-        model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.01),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+def save_and_restore(model, optimizer, directory, build_fresh):
+    path = tf.train.Checkpoint(model=model, optimizer=optimizer).write(
+        os.path.join(directory, "ckpt"))
+    fresh_model, fresh_optimizer = build_fresh()
+    tf.train.Checkpoint(model=fresh_model, optimizer=fresh_optimizer).read(path)
+    return fresh_model, fresh_optimizer
 
 
 def compute_loss(labels, logits):
@@ -46,19 +49,46 @@ def _train_step(loss_fn, reduce_op=tf.distribute.ReduceOp.SUM):
     return distributed_train_step
 
 
-def diagnose_reduction(gradient_ratio, loss_ratio, examples_per_replica, global_batch_size):
-    replicas, examples = len(examples_per_replica), sum(examples_per_replica)
+def diagnose_loop(strategy, make_train_step, build_model, features, labels, global_batch_size):
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    replicas = strategy.num_replicas_in_sync
+
+    def measure(size):
+        x, y = features[:size], labels[:size]
+        with strategy.scope():
+            model = build_model()
+            optimizer = keras.optimizers.SGD(learning_rate=1.0)
+            optimizer.build(model.trainable_variables)
+        before = model.get_weights()
+        one_device = build_model()
+        one_device.set_weights(before)
+        with tf.GradientTape() as tape:
+            true_loss = tf.reduce_mean(per_example(y, one_device(x)))
+        true_gradients = [g.numpy() for g in
+                          tape.gradient(true_loss, one_device.trainable_variables)]
+        batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size)
+        reported = float(make_train_step(model, optimizer)(
+            next(iter(strategy.experimental_distribute_dataset(batches)))))
+        applied = [b - a for a, b in zip(model.get_weights(), before, strict=True)]
+        ratio = (sum(np.vdot(a, g) for a, g in zip(applied, true_gradients, strict=True))
+                 / sum(np.vdot(g, g) for g in true_gradients))
+        return ratio, reported / float(true_loss)
 
     def close(value, target):
         return abs(value - target) <= 1e-3 * max(1.0, abs(target))
 
-    if close(gradient_ratio, 1):
-        return "right" if close(loss_ratio, 1) else "loss reported with ReduceOp.MEAN"
-    if close(gradient_ratio, replicas):
+    gradient, loss = measure(global_batch_size)
+    if close(gradient, replicas) and replicas > 1:
         return "reduce_mean per replica"
-    if close(gradient_ratio, global_batch_size):
+    if close(gradient, global_batch_size):
         return "global_batch_size passed positionally"
-    if examples < global_batch_size and close(gradient_ratio, examples / global_batch_size):
+    if not close(loss, 1):
+        return "loss reported with ReduceOp.MEAN"
+    short = replicas + 1
+    short_gradient, _ = measure(short)
+    if close(short_gradient, 1):
+        return "right"
+    if close(short_gradient, short / global_batch_size):
         return "constant global_batch_size on a short batch"
     return "Keras loss object on an uneven split"
 
@@ -66,16 +96,23 @@ def diagnose_reduction(gradient_ratio, loss_ratio, examples_per_replica, global_
 # --- wrong solutions --------------------------------------------------------------------
 
 
-def built_outside_the_scope(strategy, num_features, num_classes):
-    model = cu.models.mlp(num_features, num_classes, hidden_units=(8,))
-    model.compile(optimizer="adam",
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+def copy_weights_only(model, optimizer, directory, build_fresh):
+    fresh_model, fresh_optimizer = build_fresh()
+    fresh_model.set_weights(model.get_weights())
+    return fresh_model, fresh_optimizer
 
 
-def not_compiled(strategy, num_features, num_classes):
-    with strategy.scope():
-        return cu.models.mlp(num_features, num_classes, hidden_units=(8,))
+def checkpoint_without_optimizer(model, optimizer, directory, build_fresh):
+    path = tf.train.Checkpoint(model=model).write(os.path.join(directory, "ckpt"))
+    fresh_model, fresh_optimizer = build_fresh()
+    tf.train.Checkpoint(model=fresh_model).read(path)
+    return fresh_model, fresh_optimizer
+
+
+def return_the_originals(model, optimizer, directory, build_fresh):
+    tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(directory, "c"))
+    build_fresh()
+    return model, optimizer
 
 
 def mean_per_replica(labels, logits):
@@ -94,8 +131,17 @@ def constant_global_batch(labels, logits):  # right on full batches only
                                       global_batch_size=tf.shape(labels)[0] * replicas)
 
 
-def always_right(gradient_ratio, loss_ratio, examples_per_replica, global_batch_size):
+def always_right(strategy, make_train_step, build_model, features, labels, global_batch_size):
     return "right"
+
+
+def full_batch_only(strategy, make_train_step, build_model, features, labels,
+                    global_batch_size):
+    """Measures only a full batch: cannot tell the short-batch mistakes from right."""
+    diagnosis = diagnose_loop(strategy, make_train_step, build_model, features, labels,
+                              global_batch_size)
+    return "right" if diagnosis in ("constant global_batch_size on a short batch",
+                                    "Keras loss object on an uneven split") else diagnosis
 
 
 def distribute(strategy, examples, global_batch_size):
@@ -132,30 +178,30 @@ def stub(*args, **kwargs):
 
 
 def test_lesson_02_registers_its_checks():
-    for name in ("check_build_and_compile", "check_compute_loss",
-                 "check_distributed_train_step", "check_diagnose_reduction",
+    for name in ("check_save_and_restore", "check_compute_loss",
+                 "check_distributed_train_step", "check_diagnose_loop",
                  "check_distribute_dataset"):
         assert getattr(checks, name) is getattr(cu.grading, name) is getattr(lesson_02, name)
 
 
 def test_the_reference_solutions_pass(capsys):
-    assert checks.check_build_and_compile(build_and_compile) is True
+    assert checks.check_save_and_restore(save_and_restore) is True
     assert checks.check_compute_loss(compute_loss) is True
     assert checks.check_distributed_train_step(_train_step(compute_loss)) is True
-    assert checks.check_diagnose_reduction(diagnose_reduction) is True
+    assert checks.check_diagnose_loop(diagnose_loop) is True
     assert checks.check_distribute_dataset(distribute) is True
     assert capsys.readouterr().out.count("✅") == 5
 
 
-def test_a_model_built_outside_the_scope_is_named():
-    with pytest.raises(AssertionError, match="outside strategy.scope") as caught:
-        checks.check_build_and_compile(built_outside_the_scope)
+@pytest.mark.parametrize(("wrong", "says"), [
+    (copy_weights_only, "no TensorFlow checkpoint"),
+    (checkpoint_without_optimizer, "restored optimizer state differ"),
+    (return_the_originals, r"that build_fresh\(\) gave you"),
+])
+def test_a_checkpoint_that_misses_a_part_is_told_which(wrong, says):
+    with pytest.raises(AssertionError, match=says) as caught:
+        checks.check_save_and_restore(wrong)
     assert "Hint:" in str(caught.value)
-
-
-def test_an_uncompiled_model_fails():
-    with pytest.raises(AssertionError, match="not compiled"):
-        checks.check_build_and_compile(not_compiled)
 
 
 def test_a_mean_per_replica_fails_with_the_measured_ratio():
@@ -190,8 +236,13 @@ def test_a_step_waiting_for_compute_loss_says_so():
 
 
 def test_a_diagnosis_that_always_says_right_is_told_the_cause():
-    with pytest.raises(AssertionError, match="this is '.*', not 'right'"):
-        checks.check_diagnose_reduction(always_right)
+    with pytest.raises(AssertionError, match="this loop is '.*', not 'right'"):
+        checks.check_diagnose_loop(always_right)
+
+
+def test_a_diagnosis_that_never_tries_a_short_batch_fails():
+    with pytest.raises(AssertionError, match="on a short batch'|on an uneven split'"):
+        checks.check_diagnose_loop(full_batch_only)
 
 
 def test_every_diagnosis_is_reachable():
@@ -211,9 +262,9 @@ def test_a_dataset_distributed_the_wrong_way_is_told_what_to_fix(wrong, says):
         checks.check_distribute_dataset(wrong)
 
 
-@pytest.mark.parametrize("check", [checks.check_build_and_compile, checks.check_compute_loss,
+@pytest.mark.parametrize("check", [checks.check_save_and_restore, checks.check_compute_loss,
                                    checks.check_distributed_train_step,
-                                   checks.check_diagnose_reduction,
+                                   checks.check_diagnose_loop,
                                    checks.check_distribute_dataset])
 def test_stubs_are_not_attempted(check, capsys):
     with strict_checks(False):

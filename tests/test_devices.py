@@ -203,3 +203,46 @@ def test_devices_initialized_before_and_after_the_first_op():
             "tf.constant(1.0) + 1\n"
             "print(before, imported, devices.devices_initialized())\n")
     assert run_python(code).stdout.strip() == "False False True"
+
+
+def test_logical_device_plan_splits_a_single_gpu_too():
+    assert devices.logical_device_plan(None, 1) == {}
+    assert devices.logical_device_plan(4, 0) == {"CPU": 4}
+    assert devices.logical_device_plan(4, 1) == {"CPU": 4, "GPU": 4}  # Colab's T4
+    assert devices.logical_device_plan(1, 1) == {"CPU": 1}
+    assert devices.logical_device_plan(4, 2) == {"CPU": 4}  # real GPUs are replicas already
+
+
+def test_setup_on_a_mocked_one_gpu_machine_gives_several_gpu_replicas(monkeypatch):
+    """On one GPU, cu.setup splits the GPU as well, and the strategies then take every logical
+    GPU: lesson 02 runs 4 replicas on a T4, not 1."""
+    import tensorflow as tf
+
+    from course_utils import environment, strategies
+
+    fake_gpu = tf.config.PhysicalDevice(name="/physical_device:GPU:0", device_type="GPU")
+    real_list = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: (
+        [fake_gpu] if kind == "GPU" else real_list(kind)))
+    calls = []
+    monkeypatch.setattr(devices, "configure_logical_devices",
+                        lambda count, kind="CPU", limit=None: calls.append((kind, count, limit)))
+    monkeypatch.setattr(devices, "describe_machine", lambda hw=None: "a mocked one-GPU machine")
+    monkeypatch.setattr(devices, "hardware", lambda: None)
+    environment.setup(logical_devices=4, seed=None, gpu_memory_limit_mb=2048)
+    assert calls == [("CPU", 4, 2048), ("GPU", 4, 2048)]
+
+    logical_gpus = [tf.config.LogicalDevice(name=f"/job:localhost/replica:0/task:0/device:GPU:{i}",
+                                            device_type="GPU") for i in range(4)]
+    real_logical = tf.config.list_logical_devices
+    monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: (
+        logical_gpus if kind == "GPU" else real_logical(kind)))
+    assert strategies.replica_devices() == [device.name for device in logical_gpus]
+    assert len(strategies.replica_devices(2)) == 2
+
+
+def test_lesson_hardware_names_logical_gpus_on_a_split_gpu():
+    one_gpu_split = devices.Hardware(cpu_cores=2, physical_cpus=1, gpus=("Tesla T4",),
+                                     logical_cpus=4, logical_gpus=4, tpu=False, colab=True)
+    uses = {number: use for number, _, use in devices.lesson_hardware(one_gpu_split)}
+    assert uses["02"] == "MirroredStrategy over 4 logical GPU device(s)"

@@ -1,7 +1,8 @@
 """Checks of lesson 01's exercises (registered by name with ``@register``).
 
 * ``check_fast_pipeline(fast_pipeline)``: same elements as the slow reference pipeline (as a
-  multiset: a parallel pipeline may reorder them), batches of the right sizes, and a speed-up
+  multiset: a parallel pipeline may reorder them), batches of the right sizes, every record
+  read exactly once per epoch (counted: an answer that skips ``read`` fails), and a speed-up
   over the slow reference measured here, on a pipeline whose reads wait on (simulated) storage.
 * ``check_shuffled_batches(shuffled_batches)``: examples shuffled before batching – every
   example once per epoch, right batch sizes, batches that are not runs of neighbours, the same
@@ -14,6 +15,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -94,12 +96,18 @@ def _slow_pipeline(source: Any, read: Callable[[Any], Any], decode: Callable[[An
     return without_default_optimizations(source.map(read).map(decode).batch(batch_size))
 
 
-def _storage(seconds: float) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
-    """``read`` (waits ``seconds``, then returns ``3x + 1``) and ``decode`` (``x / 2``)."""
+def _storage(seconds: float, reads: dict[str, int] | None = None
+             ) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+    """``read`` (waits ``seconds``, then returns ``3x + 1``) and ``decode`` (``x / 2``);
+    every read adds one to ``reads["count"]``."""
     tf = _tf()
+    reads = reads if reads is not None else {"count": 0}
+    lock = threading.Lock()  # parallel reads run in several tf.data threads
 
     def wait_and_read(value: Any) -> Any:
         time.sleep(seconds)
+        with lock:
+            reads["count"] += 1
         return np.int64(3 * int(value) + 1)
 
     def read(index: Any) -> Any:
@@ -122,7 +130,8 @@ def check_fast_pipeline(fn: Any) -> bool:
     # Always a short last batch, so a pipeline that drops or pads it cannot pass by luck.
     num_elements = rng.randint(60, 72) // batch_size * batch_size + rng.randint(1, batch_size - 1)
     first = rng.randint(0, 1000)
-    read, decode = _storage(READ_LATENCY_S)
+    reads = {"count": 0}
+    read, decode = _storage(READ_LATENCY_S, reads)
     expected = (3 * np.arange(first, first + num_elements) + 1) / 2.0
 
     def source() -> Any:
@@ -133,7 +142,12 @@ def check_fast_pipeline(fn: Any) -> bool:
     def correct(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
+        reads["count"] = 0
         batches = _batches(dataset)
+        if reads["count"] != num_elements:
+            return (f"an epoch of {num_elements} records called read {reads['count']} times: "
+                    "every record must be read from storage exactly once (map read over the "
+                    "source, as slow_pipeline does)")
         problem = _size_problem(batches, num_elements, batch_size)
         if problem:
             return problem

@@ -1,4 +1,6 @@
-"""Checks of lesson 02's exercises (registered by name with ``@register``).
+"""Checks of lesson 02's exercises (registered by name with ``@register``): a checkpoint
+saved under one strategy and restored under another, the loss and the distributed step, a
+training loop diagnosed from what it does, a dataset distributed by hand.
 
 Strategies come from ``cu.make_strategy("mirrored")`` (every logical device of the kernel), the
 same object the learner's notebook uses: a second MirroredStrategy over other devices in one
@@ -11,12 +13,12 @@ from typing import Any
 
 from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
 from course_utils.grading.checks import sharding
+from course_utils.grading.checks.loops import DIAGNOSES, loop_with
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, not_attempted, run_check
 
-__all__ = ["DIAGNOSES", "check_build_and_compile", "check_compute_loss",
-           "check_diagnose_reduction", "check_distribute_dataset",
-           "check_distributed_train_step"]
+__all__ = ["DIAGNOSES", "check_compute_loss", "check_diagnose_loop", "check_distribute_dataset",
+           "check_distributed_train_step", "check_save_and_restore"]
 
 
 def _strategy() -> Any:
@@ -35,72 +37,111 @@ def _device_key(tf: Any, device: str) -> tuple[str, int]:
     return (spec.device_type or "", spec.device_index or 0)
 
 
-# --- Exercise 1 · build and compile under the strategy --------------------------------------
+# --- Exercise 1 · a checkpoint that outlives the strategy --------------------------------------
+
+
+def _trained_pair(strategy: Any, rng: Any, under_strategy: bool, name: str) -> tuple[Any, ...]:
+    """A small model and its Adam, trained 3 steps (under ``strategy`` or on one device)."""
+    import keras
+
+    tf = _tf()
+    context = strategy if under_strategy else tf.distribute.get_strategy()
+    model, x, y, features, classes = _small_model(context, rng, name)
+    with context.scope():
+        optimizer = keras.optimizers.Adam(learning_rate=0.01)
+        optimizer.build(model.trainable_variables)
+    per_example = _per_example_loss()
+    global_batch = 8 * context.num_replicas_in_sync
+
+    def replica_step(xb: Any, yb: Any) -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(per_example(yb, model(xb, training=True)),
+                                              global_batch_size=global_batch)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+    step = tf.function(lambda batch: context.run(replica_step, args=batch))
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True)
+    for batch in context.experimental_distribute_dataset(dataset.take(3)):
+        step(batch)
+    return model, optimizer, features, classes
 
 
 @register
-def check_build_and_compile(fn: Any) -> bool:
-    """Check ``build_and_compile(strategy, num_features, num_classes)``.
+def check_save_and_restore(fn: Any) -> bool:
+    """Check ``save_and_restore(model, optimizer, directory, build_fresh)``.
 
-    The model must be a compiled ``keras.Model`` whose variables are MirroredVariables with one
-    copy on each of the strategy's devices, take ``num_features`` inputs, give ``num_classes``
-    logits, and learn: a short ``fit`` on integer labels lowers its loss.
+    A model and its Adam trained under the strategy must come back, through a TensorFlow
+    checkpoint written into ``directory``, into the fresh one-device pair ``build_fresh()``
+    returns – and the other way round: trained on one device, restored under the strategy.
+    Weights, Adam's moments and its step count must be equal.
     """
+    import glob
+    import tempfile
+
     import keras
     import numpy as np
 
-    from course_utils.data import teacher_classification
+    from course_utils.models import mlp
 
     tf = _tf()
     strategy = _strategy()
+    if _raises_own_stub(fn, None, None, None, None):
+        not_attempted("save_and_restore")
+        return False
     rng = fresh_rng()
-    num_features, num_classes = rng.randint(6, 16), rng.randint(3, 5)
-    devices = sorted(_device_key(tf, d) for d in strategy.extended.worker_devices)
 
-    def verify(model: Any) -> str | None:
-        if not isinstance(model, keras.Model):
-            return f"expected a keras.Model, got {type(model).__name__}"
-        if not getattr(model, "compiled", False) or model.optimizer is None:
-            return "the model is not compiled: call model.compile(optimizer=..., loss=...)"
-        if not model.trainable_variables:
-            return "the model has no trainable variables: is it built (keras.Input(...))?"
-        for variable in model.trainable_variables + list(model.optimizer.variables):
-            inner = _tf_variable(variable)
-            name = getattr(variable, "path", getattr(variable, "name", "?"))
-            if not isinstance(inner, tf.distribute.DistributedValues):
-                return (f"variable {name!r} is a {type(inner).__name__} on one device, not a "
-                        "MirroredVariable: it was created outside strategy.scope()")
-            got = sorted(_device_key(tf, v.device) for v in inner.values)
-            if got != devices:
-                return (f"variable {name!r} has copies on {got}, expected one on each of the "
-                        f"strategy's devices {devices}")
-        x, y = teacher_classification(512, num_features, num_classes, seed=rng.randint(0, 999))
-        try:
-            logits = model(x[:4], training=False)
-        except Exception as error:  # noqa: BLE001 - a wrong input size is the learner's bug
-            return (f"calling the model on inputs of shape (4, {num_features}) failed: "
-                    f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
-        if tuple(logits.shape) != (4, num_classes):
-            return (f"the model's output for 4 examples has shape {tuple(logits.shape)}, "
-                    f"expected (4, {num_classes}) (one logit per class)")
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64, drop_remainder=True)
-        history = model.fit(dataset, epochs=4, verbose=0, shuffle=False)
-        losses = [float(v) for v in history.history["loss"]]
-        if not np.all(np.isfinite(losses)):
-            return f"the loss is not finite during fit: {losses}"
-        if not losses[-1] < losses[0]:
-            return (f"the loss did not fall in 4 epochs of fit ({losses[0]:.4f} -> "
-                    f"{losses[-1]:.4f}): check the loss (integer labels, logits) and the "
-                    "learning rate")
+    def run(trained_under_strategy: bool) -> Any:
+        model, optimizer, features, classes = _trained_pair(
+            strategy, rng, trained_under_strategy, "check_saved")
+        fresh: list[Any] = []
+
+        def build_fresh() -> tuple[Any, Any]:
+            context = tf.distribute.get_strategy() if trained_under_strategy else strategy
+            with context.scope():
+                fresh_model = mlp(features, classes, hidden_units=(8,), name="check_restored")
+                fresh_optimizer = keras.optimizers.Adam(learning_rate=0.01)
+                fresh_optimizer.build(fresh_model.trainable_variables)
+            fresh[:] = [fresh_model, fresh_optimizer]
+            return fresh_model, fresh_optimizer
+
+        with tempfile.TemporaryDirectory(prefix="check_02_") as directory:
+            returned = fn(model, optimizer, directory, build_fresh)
+            written = glob.glob(f"{directory}/**/*.index", recursive=True)
+        return returned, fresh, written, model, optimizer
+
+    def verify(result: Any) -> str | None:
+        returned, fresh, written, model, optimizer = result
+        if not written:
+            return ("no TensorFlow checkpoint (an .index file) was written into directory: "
+                    "tf.train.Checkpoint(model=..., optimizer=...).write(path inside directory)")
+        if not fresh:
+            return "build_fresh() was never called: restore into the pair it returns"
+        if not (isinstance(returned, (tuple, list)) and len(returned) == 2
+                and returned[0] is fresh[0] and returned[1] is fresh[1]):
+            return "return the (model, optimizer) that build_fresh() gave you, restored"
+        states = {"weights": (model.get_weights(), fresh[0].get_weights()),
+                  "optimizer state": ([np.asarray(v) for v in optimizer.variables],
+                                      [np.asarray(v) for v in fresh[1].variables])}
+        for name, (saved, restored) in states.items():
+            if len(saved) != len(restored) or any(
+                    not np.array_equal(a, b) for a, b in zip(saved, restored, strict=True)):
+                return (f"the restored {name} differ from the saved ones: save the model and "
+                        "the optimizer in one tf.train.Checkpoint and read it into the fresh "
+                        "pair (Adam's step count and moments are part of the state)")
         return None
 
-    case = Case(args=(strategy, num_features, num_classes),
-                label=f"(strategy, num_features={num_features}, num_classes={num_classes})",
-                verify=verify)
-    return run_check("build_and_compile", fn, [case],
-                     hint="create and compile the model inside `with strategy.scope():`; the "
-                          "labels are integers and the last layer gives logits, so use "
-                          "keras.losses.SparseCategoricalCrossentropy(from_logits=True).")
+    cases = [Case(args=(True,), verify=verify,
+                  label=f"(trained on {strategy.num_replicas_in_sync} replicas, restored on one "
+                        "device)"),
+             Case(args=(False,), verify=verify,
+                  label=f"(trained on one device, restored under {strategy.num_replicas_in_sync} "
+                        "replicas)")]
+    return run_check("save_and_restore", run, cases,
+                     hint="path = tf.train.Checkpoint(model=model, optimizer=optimizer).write("
+                          "os.path.join(directory, 'ckpt')); then fresh_model, fresh_optimizer = "
+                          "build_fresh(); tf.train.Checkpoint(model=fresh_model, optimizer="
+                          "fresh_optimizer).read(path) (lesson 02, section 4: the checkpoint).")
 
 
 # --- Exercise 2 · the loss, right on every batch, and the distributed train step ------------
@@ -307,96 +348,54 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
                           "per_replica_losses, axis=None) (lesson 02, section 4).")
 
 
-# --- Exercise 3 · diagnose a loss reduction from its symptom --------------------------------
-
-#: The answers ``diagnose_reduction`` may give, one per reduction of lesson 02's section 5.
-DIAGNOSES = (
-    "right",
-    "reduce_mean per replica",
-    "global_batch_size passed positionally",
-    "loss reported with ReduceOp.MEAN",
-    "constant global_batch_size on a short batch",
-    "Keras loss object on an uneven split",
-)
-
-
-def _symptoms(strategy: Any, rng: Any) -> list[tuple[tuple[float, float, tuple[int, ...], int],
-                                                     str]]:
-    """Real symptoms: each reduction measured on a full and a short batch, with its cause."""
-    from course_utils.reductions import measure_reductions
-
-    tf = _tf()
-    replicas = strategy.num_replicas_in_sync
-    model, x, y, _, _ = _small_model(strategy, rng, "check_diagnose")
-    global_batch = rng.choice([4, 8]) * replicas
-    per_example = _per_example_loss()
-    import keras
-
-    def constant(labels: Any, logits: Any) -> Any:
-        return tf.nn.compute_average_loss(per_example(labels, logits),
-                                          global_batch_size=global_batch)
-
-    def counted(labels: Any, logits: Any) -> Any:
-        examples = tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, tf.shape(labels)[0])
-        return tf.nn.compute_average_loss(per_example(labels, logits),
-                                          global_batch_size=examples)
-
-    losses = {
-        "constant": constant, "counted": counted,
-        "mean": lambda labels, logits: tf.reduce_mean(per_example(labels, logits)),
-        "positional": lambda labels, logits: tf.nn.compute_average_loss(
-            per_example(labels, logits), global_batch),
-        "keras": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    }
-    full = measure_reductions(strategy, model, losses, (x[:global_batch], y[:global_batch]),
-                              per_example)
-    short_size = replicas + 1
-    short = measure_reductions(strategy, model, losses, (x[:short_size], y[:short_size]),
-                               per_example)
-
-    def symptom(m: Any, loss_ratio: float | None = None) -> tuple[float, float, tuple, int]:
-        return (round(m.gradient_ratio, 6), round(m.loss_sum_ratio if loss_ratio is None
-                                                  else loss_ratio, 6),
-                m.examples_per_replica, global_batch)
-
-    cases = [(symptom(full["constant"]), "right"), (symptom(short["counted"]), "right"),
-             (symptom(full["positional"]), "global_batch_size passed positionally"),
-             (symptom(short["constant"]), "constant global_batch_size on a short batch")]
-    if replicas > 1:  # with one replica these look exactly like the right reduction
-        cases += [(symptom(full["mean"]), "reduce_mean per replica"),
-                  (symptom(full["counted"], full["counted"].loss_mean_ratio),
-                   "loss reported with ReduceOp.MEAN"),
-                  (symptom(short["keras"]), "Keras loss object on an uneven split")]
-    rng.shuffle(cases)
-    return cases
+# --- Exercise 3 · diagnose a training loop from its symptoms -----------------------------------
 
 
 @register
-def check_diagnose_reduction(fn: Any) -> bool:
-    """Check ``diagnose_reduction(gradient_ratio, loss_ratio, examples_per_replica,
-    global_batch_size)``: given what a training step measured against one device, it names the
-    reduction (one of ``DIAGNOSES``). The symptoms are measured for real, on fresh data."""
-    if _raises_own_stub(fn, 1.0, 1.0, (8, 8), 16):
-        not_attempted("diagnose_reduction")
+def check_diagnose_loop(fn: Any) -> bool:
+    """Check ``diagnose_loop(strategy, make_train_step, build_model, features, labels,
+    global_batch_size)``: given a training step as a black box, it runs it and names its loss
+    reduction (one of ``DIAGNOSES``). Every mistake of lesson 02's section 5 is asked about,
+    each a real loop, on fresh data."""
+    from course_utils.data import teacher_classification
+    from course_utils.models import mlp
+
+    strategy = _strategy()
+    if _raises_own_stub(fn, strategy, None, None, None, None, 8):
+        not_attempted("diagnose_loop")
         return False
+    replicas = strategy.num_replicas_in_sync
     rng = fresh_rng()
+    kinds = list(DIAGNOSES) if replicas > 1 else [  # one replica: these look right
+        "right", "global_batch_size passed positionally",
+        "constant global_batch_size on a short batch"]
+    rng.shuffle(kinds)
     cases = []
-    for (gradient_ratio, loss_ratio, split, global_batch), cause in _symptoms(_strategy(), rng):
-        def verify(answer: Any, cause: str = cause) -> str | None:
+    for kind in kinds:
+        num_features, classes = rng.randint(4, 8), rng.randint(2, 4)
+        x, y = teacher_classification(64, num_features, classes, seed=rng.randint(0, 999))
+        global_batch = rng.choice([4, 8]) * replicas
+
+        def build_model(num_features: int = num_features, classes: int = classes) -> Any:
+            return mlp(num_features, classes, hidden_units=(8,), name="check_diagnose")
+
+        def verify(answer: Any, kind: str = kind) -> str | None:
             if not isinstance(answer, str) or answer not in DIAGNOSES:
                 return f"answer one of DIAGNOSES, got {answer!r}"
-            return None if answer == cause else f"this is {cause!r}, not {answer!r}"
+            return None if answer == kind else f"this loop is {kind!r}, not {answer!r}"
 
-        cases.append(Case(args=(gradient_ratio, loss_ratio, split, global_batch), verify=verify,
-                          label=f"(gradient ×{gradient_ratio:.4g}, loss ×{loss_ratio:.4g}, "
-                                f"examples per replica {split}, global batch {global_batch})"))
-    return run_check("diagnose_reduction", fn, cases,
-                     hint="compare the ratios with 1, with the number of replicas "
-                          "(len(examples_per_replica)), with global_batch_size and with the "
-                          "examples the batch really has (sum(examples_per_replica)) / "
-                          "global_batch_size; a right gradient with a loss 1/N too small is a "
-                          "reporting mistake. Lesson 02, section 5: the table and what it says.")
+        cases.append(Case(args=(strategy, loop_with(strategy, kind, global_batch), build_model,
+                                x, y, global_batch), verify=verify,
+                          label=f"(a loop written for a global batch of {global_batch}, "
+                                f"{replicas} replicas, {num_features} features, {classes} "
+                                "classes)"))
+    return run_check("diagnose_loop", fn, cases,
+                     hint="build the model and a plain SGD(learning_rate=1.0) in the scope, run "
+                          "one step on a full global batch and one on a short batch of "
+                          "replicas + 1 examples; the weights move by minus the gradient the "
+                          "loop applied. Divide it by the one-device gradient of the mean loss "
+                          "(same initial weights), and the reported loss by the true mean "
+                          "loss. Lesson 02, section 5: the table says which ratio means what.")
 
 
 # --- Exercise 4 · distribute a dataset, one pipeline per worker ------------------------------
