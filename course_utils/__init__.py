@@ -40,7 +40,6 @@ _SUBMODULES = (
     "reductions",
     "strategies",
     "tables",
-    "tflogs",
     "tpu",
     "training",
     "widgets",
@@ -70,7 +69,7 @@ __all__ = [
     # submodules
     "bench", "book", "cluster", "data", "devices", "environment", "equality", "grading", "grid",
     "instructor", "memory", "mixed_precision", "models", "monitor", "notebooks", "parallel",
-    "plots", "profiling", "quiet", "reductions", "strategies", "tables", "tflogs",
+    "plots", "profiling", "quiet", "reductions", "strategies", "tables",
     "tpu", "training", "widgets", "works_where",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",
