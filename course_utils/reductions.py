@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["ReductionMeasurement", "measure_reductions"]
 

@@ -90,7 +90,7 @@ def test_split_step_places_both_passes_and_matches_the_whole_model(tf_devices):
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x))
     grads = tape.gradient(loss, model.trainable_variables)
-    assert cu.bench.largest_difference(grads, result["grads"]) < 1e-5
+    assert cu.equality.largest_difference(grads, result["grads"]) < 1e-5
     rows = cu.parallel.memory_per_stage(stages, batch_size=10)
     assert rows[0]["parameters"] == (6 * 8 + 8) * 4
     assert rows[0]["optimizer_state"] == 2 * rows[0]["parameters"]
@@ -132,7 +132,7 @@ def test_rnn_split_after_its_first_recurrent_layer_runs_on_two_devices(tf_device
         loss = loss_fn(y, model(x))
     grads = tape.gradient(loss, model.trainable_variables)
     assert abs(float(result["loss"]) - float(loss)) < 1e-6
-    assert cu.bench.largest_difference(grads, result["grads"]) < 1e-5
+    assert cu.equality.largest_difference(grads, result["grads"]) < 1e-5
 
 
 def test_run_gpipe_matches_the_whole_batch(tf_devices):
@@ -148,8 +148,8 @@ def test_run_gpipe_matches_the_whole_batch(tf_devices):
         loss = loss_fn(y, model(x))
     grads = tape.gradient(loss, model.trainable_variables)
     assert abs(float(run.loss) - float(loss)) < 1e-5
-    assert cu.bench.largest_difference(grads, run.grads) < 1e-5
-    assert cu.bench.largest_difference([model(x)], [run.outputs]) < 1e-5
+    assert cu.equality.largest_difference(grads, run.grads) < 1e-5
+    assert cu.equality.largest_difference([model(x)], [run.outputs]) < 1e-5
     assert len(run.events) == 2 * 3 * 4
     last = {cu.parallel.short_device(d) for (s, _, _), d in run.devices.items() if s == 2}
     assert last == {"CPU:2"}
@@ -276,7 +276,7 @@ def test_run_pipeline_1f1b_matches_gpipe_and_counts_tapes(tf_devices):
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     runs = {s: cu.parallel.run_pipeline(stages, devices[:3], tf.split(x, 6), tf.split(y, 6),
                                         loss_fn, schedule=s) for s in ("gpipe", "1f1b")}
-    assert cu.bench.largest_difference(runs["gpipe"].grads, runs["1f1b"].grads) < 1e-6
+    assert cu.equality.largest_difference(runs["gpipe"].grads, runs["1f1b"].grads) < 1e-6
     assert runs["gpipe"].peak_in_flight == [6, 6, 6]
     assert runs["1f1b"].peak_in_flight == [3, 2, 1]
     with pytest.raises(ValueError, match="schedule"):

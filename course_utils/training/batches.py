@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from course_utils.environment import import_tensorflow
+from course_utils.quiet import import_tensorflow
 
 tf = import_tensorflow()
 

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from course_utils.environment import import_tensorflow
+from course_utils.quiet import import_tensorflow
 from course_utils.training.parameter_server import is_parameter_server
 
 tf = import_tensorflow()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from course_utils.environment import import_tensorflow
+from course_utils.quiet import import_tensorflow
 from course_utils.training.batches import batch_size, unpack_batch
 from course_utils.training.metrics import LossTotals
 from course_utils.training.precision import to_float32

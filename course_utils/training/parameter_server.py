@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from course_utils.environment import import_tensorflow
+from course_utils.quiet import import_tensorflow
 from course_utils.training.batches import DataLike, concat_batches
 
 tf = import_tensorflow()

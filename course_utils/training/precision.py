@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from course_utils.environment import import_tensorflow
+from course_utils.quiet import import_tensorflow
 
 tf = import_tensorflow()
 

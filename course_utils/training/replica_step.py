@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from course_utils.environment import import_tensorflow
+from course_utils.quiet import import_tensorflow
 from course_utils.training.accumulation import add_gradients
 from course_utils.training.batches import (
     batch_size,

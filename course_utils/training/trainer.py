@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from course_utils.environment import import_tensorflow
+from course_utils.quiet import import_tensorflow
 from course_utils.training.accumulation import split_into_calls
 from course_utils.training.batches import (
     DataLike,

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
+from course_utils.equality import largest_difference
 from course_utils.works_where.cells import KNOWN_ISSUES, Cell
 from course_utils.works_where.task import Task, task_loss
 
@@ -20,14 +19,6 @@ TOLERANCES = {"float32": 1e-5, "mixed_float16": 2e-3}
 
 def _issue(row: str, column: str) -> str | None:
     return KNOWN_ISSUES.get((row, "mirrored" if column == "tpu" else column))
-
-
-def largest_difference(a: Sequence[Any], b: Sequence[Any]) -> float:
-    """The largest absolute element-wise difference between two lists of arrays."""
-    if len(a) != len(b):
-        raise ValueError(f"{len(a)} arrays against {len(b)}")
-    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-               for x, y in zip(a, b, strict=True))
 
 
 def check_same_as_reference(row: str, column: str, task: Task, weights: Sequence[Any],

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_diagnose_step", "check_overlapped_pipeline", "check_split_cpu",
            "check_step_breakdown", "reference_diagnosis", "run_split_in_fresh_process"]

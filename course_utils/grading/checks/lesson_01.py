@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_cached_pipeline", "check_fast_pipeline", "check_parse_record",
            "check_shuffled_batches", "FAST_PIPELINE_MIN_SPEEDUP", "READ_LATENCY_S",

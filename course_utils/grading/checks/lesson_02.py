@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.equality import largest_difference
 from course_utils.grading.checks import sharding
 from course_utils.grading.checks.loops import DIAGNOSES, loop_with
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, not_attempted, run_check
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["DIAGNOSES", "check_compute_loss", "check_diagnose_loop", "check_distribute_dataset",
            "check_distributed_train_step", "check_save_and_restore"]
@@ -309,7 +310,7 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
                         f"({have / want:.3g}×). Sum the replicas' losses with "
                         "strategy.reduce(tf.distribute.ReduceOp.SUM, ...) and let "
                         "compute_loss count the examples")
-        worst = max(float(np.max(np.abs(g - e))) for g, e in zip(got, expected, strict=True))
+        worst = largest_difference(got, expected)
         if worst > 1e-5:
             return (f"after {len(ref_losses)} steps (the last one short) the weights differ "
                     f"from the one-device reference by up to {worst:.3g}: apply the gradients "

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.environment import import_tensorflow as _tf
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_logs import CAUSES, failure_logs
 from course_utils.grading.checks.worker_scripts import (
@@ -38,6 +37,7 @@ from course_utils.grading.checks.worker_scripts import (
     train_worker_script,
 )
 from course_utils.grading.framework import Case, fresh_rng, not_attempted, run_check
+from course_utils.quiet import import_tensorflow as _tf
 
 __all__ = [
     "CAUSES",

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = [
     "BARRIER_TIMEOUT_S",

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.equality import largest_difference
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_make_tpu_ready", "check_tpu_settings", "check_train_steps",
            "reference_tpu_settings", "reference_train_steps"]
@@ -266,9 +267,9 @@ def _train_case(rng: Any) -> Case:
                     "tf.function (decorate train_steps with @tf.function)")
         _train(train_steps, strategy, dataset, calls)
         got = model.get_weights()
-        if max(float(np.max(np.abs(a - b))) for a, b in zip(got, initial, strict=True)) < 1e-6:
+        if largest_difference(got, initial) < 1e-6:
             return "the weights did not change: apply the gradients in the replica step"
-        difference = max(float(np.max(np.abs(a - b))) for a, b in zip(got, expected, strict=True))
+        difference = largest_difference(got, expected)
         if difference > 1e-5:
             return (f"after {sum(calls)} steps on {strategy.num_replicas_in_sync} replicas the "
                     f"weights differ from one device's by {difference:.2e} (more than 1e-05): "

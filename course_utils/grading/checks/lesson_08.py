@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.equality import largest_difference
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["ACCURACY_TOLERANCE", "BATCH_SIZE", "EPOCHS", "LOSS_TOLERANCE", "OVERFLOW_FACTOR",
            "PLANTED_KERNEL_FACTOR", "check_first_overflowing_layer",
@@ -179,8 +180,7 @@ def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
     problem = _policy_problem(result["model"], policy, x)
     if problem:
         return problem
-    error = max(float(np.max(np.abs(a - b))) for a, b in
-                zip(result["model"].get_weights(), reference.get_weights(), strict=True))
+    error = largest_difference(result["model"].get_weights(), reference.get_weights())
     if not error < (1e-3 if policy == "float32" else 2e-2):
         return (f"after training, the weights differ from a run that starts from "
                 f"initial_weights by up to {error:.3g}: set the initial weights after building, "
@@ -296,10 +296,6 @@ def _reference_step(model: Any, optimizer: Any, loss_fn: Any, x: Any, y: Any) ->
     return loss
 
 
-def _largest_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return max(float(np.max(np.abs(p - q))) for p, q in zip(a, b, strict=True))
-
-
 @register
 def check_loss_scaled_train_step(fn: Any) -> bool:
     """Check ``loss_scaled_train_step(model, optimizer, loss_fn, x, y)`` against a reference."""
@@ -338,7 +334,7 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
         if i != planted and not math.isclose(got, expected, rel_tol=1e-3, abs_tol=1e-5):
             ratio = f" ({got / expected:.3g}× the expected)" if expected else ""
             return f"{where}: returned loss {got:.6g}, expected the unscaled {expected:.6g}{ratio}"
-        error = _largest_difference(model.get_weights(), reference.get_weights())
+        error = largest_difference(model.get_weights(), reference.get_weights())
         if not error < 1e-4:
             return (f"{where}: the weights differ from the reference step's by up to {error:.3g} "
                     "(gradients of the scaled loss, applied by the LossScaleOptimizer)")
@@ -355,7 +351,7 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
                 return problem
             before, scale_before = model.get_weights(), float(opt.dynamic_scale)
             loss = fn(model, opt, loss_fn, *batches[i])
-            if i == planted and _largest_difference(before, model.get_weights()) != 0:
+            if i == planted and largest_difference(before, model.get_weights()) != 0:
                 return (f"step {i + 1}, the planted overflow, changed the weights: a step with "
                         "non-finite gradients must be skipped (optimizer.apply does it)")
             if i == planted and float(opt.dynamic_scale) != scale_before / 2:

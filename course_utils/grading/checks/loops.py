@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["DIAGNOSES", "loop_with"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["TwoWorkers", "batches", "coverage_problem", "epoch_verifier", "steps_on",
            "workers_verifier"]

@@ -181,7 +181,7 @@ def reference_weights(job: dict[str, Any], steps: int, *, checkpoint: str | None
                       initial: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """One device: ``steps`` SGD steps on global batch k = examples [k·B, (k+1)·B) of the data
     repeated, from ``initial`` weights; or, with ``checkpoint``, the model it holds."""
-    from course_utils.environment import import_tensorflow
+    from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
     import keras
