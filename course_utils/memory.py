@@ -8,10 +8,14 @@ grow with the batch, the weights, gradients and optimizer slots do not.
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from typing import Any
 
-__all__ = ["activation_bytes_per_example", "limit_batch_size", "variable_bytes"]
+__all__ = ["activation_bytes_per_example", "gradient_step_peak_rise", "limit_batch_size",
+           "variable_bytes"]
 
 
 def _dtype_bytes(dtype: Any) -> int:
@@ -91,3 +95,64 @@ def limit_batch_size(model: Any, max_batch_size: int) -> Any:
     inputs = keras.Input(shape=model.input_shape[1:], name="features")
     limited = _batch_size_limit_class()(max_batch_size, name="batch_size_limit")(inputs)
     return keras.Model(inputs, model(limited), name=f"{model.name}_limited")
+
+
+# --- measured: the rise of a fresh process's peak memory over one gradient step ----------------
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux: KiB
+
+
+def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> int:
+    """In this (fresh) process: trace the step, then run it once; the peak's rise in bytes."""
+    from course_utils.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+    import keras
+
+    stack = [keras.Sequential([keras.layers.Dense(width, activation="relu")
+                               for _ in range(depth)]) for _ in range(blocks)]
+    for block in stack:
+        block.build((None, width))
+    variables = [v.value for block in stack for v in block.trainable_variables]
+    features = tf.random.normal([batch, width])
+
+    @tf.function
+    def gradients(x: Any) -> Any:
+        with tf.GradientTape() as tape:
+            for block in stack:
+                x = tf.recompute_grad(block)(x) if recompute else block(x)
+            loss = tf.reduce_mean(x)
+        return tape.gradient(loss, variables)
+
+    gradients.get_concrete_function(features)  # tracing is not the step
+    before = _peak_rss_bytes()
+    gradients(features)
+    return _peak_rss_bytes() - before
+
+
+def gradient_step_peak_rise(width: int, depth: int, blocks: int, batch: int,
+                            recompute: bool, timeout: float = 240.0) -> int:
+    """Bytes by which one gradient step raises a **fresh** process's peak resident memory.
+
+    The model is ``blocks`` blocks of ``depth`` Dense layers of ``width`` units, wrapped in
+    ``tf.recompute_grad`` when ``recompute``. A process's peak only grows, so each measurement
+    gets a process of its own. Works on any machine (CPU memory), where TensorFlow's
+    ``get_memory_info`` reports GPUs only.
+    """
+    if min(width, depth, blocks, batch) < 1:
+        raise ValueError("width, depth, blocks and batch must all be at least 1")
+    args = json.dumps([width, depth, blocks, batch, bool(recompute)])
+    result = subprocess.run([sys.executable, "-m", "course_utils.memory", args],
+                            capture_output=True, text=True, timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"the memory probe failed: {result.stderr.strip()[-1500:]}")
+    return int(result.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":  # the probe's child process: python -m course_utils.memory '[...]'
+    print(_probe(*json.loads(sys.argv[1])))

@@ -8,6 +8,7 @@ so a lesson can add to it or lay several side by side. One module per kind of pi
 * ``diagrams_basics.py`` – lessons 00-02: a training step, a pipeline's timeline, data parallelism;
 * ``diagrams_clusters.py`` – lessons 03-05: workers, parameter servers, the TPU host loop;
 * ``diagrams_parallelism.py`` – 06-07: placement, pipeline schedules, sharding, accumulation;
+* ``diagrams_memory.py`` – lesson 07: accumulation on replicas, a step's memory budget;
 * ``diagrams_precision.py`` – lesson 08: number formats, loss scaling, a mixed-precision step;
 * ``diagrams_capstone.py`` – lesson 09: the capstone job and its measure-then-fix loop.
 * ``status_grid.py`` – appendix A: what works where, one coloured cell per API and strategy.
@@ -38,6 +39,10 @@ from course_utils.plots.diagrams_clusters import (
     draw_parameter_server,
     draw_tpu_host_loop,
 )
+from course_utils.plots.diagrams_memory import (
+    draw_accumulation_on_replicas,
+    draw_memory_budget,
+)
 from course_utils.plots.diagrams_parallelism import (
     draw_gradient_accumulation,
     draw_model_split,
@@ -55,6 +60,8 @@ from course_utils.plots.style import PALETTE, axes_for
 __all__ = [
     "axes_for",
     "bar_chart",
+    "draw_accumulation_on_replicas",
+    "draw_memory_budget",
     "CAPSTONE_STAGES",
     "draw_capstone_job",
     "draw_data_parallelism",
