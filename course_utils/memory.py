@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from typing import Any
@@ -109,9 +110,7 @@ def _peak_rss_bytes() -> int:
 
 def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> int:
     """In this (fresh) process: trace the step, then run it once; the peak's rise in bytes."""
-    from course_utils.quiet import import_tensorflow
-
-    tf = import_tensorflow()
+    import tensorflow as tf  # stderr is the parent's to read; oneDNN as TensorFlow ships it
     import keras
 
     stack = [keras.Sequential([keras.layers.Dense(width, activation="relu")
@@ -142,12 +141,15 @@ def gradient_step_peak_rise(width: int, depth: int, blocks: int, batch: int,
     The model is ``blocks`` blocks of ``depth`` Dense layers of ``width`` units, wrapped in
     ``tf.recompute_grad`` when ``recompute``. A process's peak only grows, so each measurement
     gets a process of its own. Works on any machine (CPU memory), where TensorFlow's
-    ``get_memory_info`` reports GPUs only.
+    ``get_memory_info`` reports GPUs only. The child runs TensorFlow's default kernels (oneDNN
+    on, which the course's quiet import turns off): without them the CPU executor's peak varies
+    from run to run by more than recomputation saves.
     """
     if min(width, depth, blocks, batch) < 1:
         raise ValueError("width, depth, blocks and batch must all be at least 1")
     args = json.dumps([width, depth, blocks, batch, bool(recompute)])
-    result = subprocess.run([sys.executable, "-m", "course_utils.memory", args],
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-m", "course_utils.memory", args], env=env,
                             capture_output=True, text=True, timeout=timeout, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"the memory probe failed: {result.stderr.strip()[-1500:]}")
