@@ -110,8 +110,8 @@ def _peak_rss_bytes() -> int:
 
 def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> int:
     """In this (fresh) process: trace the step, then run it once; the peak's rise in bytes."""
-    import tensorflow as tf  # stderr is the parent's to read; oneDNN as TensorFlow ships it
     import keras
+    import tensorflow as tf  # stderr is the parent's to read; oneDNN as TensorFlow ships it
 
     stack = [keras.Sequential([keras.layers.Dense(width, activation="relu")
                                for _ in range(depth)]) for _ in range(blocks)]
