@@ -46,6 +46,10 @@ def short_link(url: str) -> str:
         return "XLA known issue"
     if url.endswith("distribution_lib.py"):
         return "TF backend: a prototype"
+    if url.endswith("loss_scale_optimizer.py"):
+        return "first replica only"
+    if url.endswith("tf/custom_gradient"):
+        return "tf.custom_gradient"
     return "upstream"
 
 
