@@ -273,3 +273,18 @@ def test_a_fresh_run_agrees_with_the_committed_table():
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "every cell's status agrees" in result.stdout
+
+
+def test_status_and_detail_rows_for_show_table():
+    matrix = _matrix("works")
+    matrix.cells["trainer"]["default"] = ww.Cell("fails", "boom")
+    rows = ww.status_rows(matrix)
+    assert [r["API"] for r in rows] == list(ww.APIS.values())
+    assert rows[0][ww.STRATEGIES["default"]] == "✅ works (keras#1)"
+    details = ww.detail_rows(matrix)  # every cell here has an issue, so all but none are kept
+    assert {"API": ww.APIS["trainer"], "strategy": "default", "status": "fails",
+            "detail": "boom", "issue": ""} in details
+    plain = ww.Matrix({row: {c: ww.Cell("works", "ok") for c in ww.STRATEGIES}
+                       for row in ww.APIS})
+    assert ww.detail_rows(plain) == [] and len(ww.detail_rows(plain, everything=True)) == len(
+        ALL_CELLS)
