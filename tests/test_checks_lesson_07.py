@@ -261,7 +261,7 @@ def test_training_outside_the_replicas_is_caught():
         right_loop(model, optimizer, lambda y, p: tf.reduce_mean(loss_object(y, p)),
                    tf.concat(features, 0), tf.concat(labels, 0), batch, steps)
 
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="no gradient crossed the replicas"):
         cu.grading.check_train_mirrored_with_accumulation(outside)
 
 
