@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["activation_bytes_per_example", "gradient_step_peak_rise", "limit_batch_size",
+__all__ = ["activation_bytes_per_example", "gradient_step_peak_rises", "limit_batch_size",
            "variable_bytes"]
 
 
@@ -134,26 +134,40 @@ def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> 
     return _peak_rss_bytes() - before
 
 
-def gradient_step_peak_rise(width: int, depth: int, blocks: int, batch: int,
-                            recompute: bool, timeout: float = 240.0) -> int:
-    """Bytes by which one gradient step raises a **fresh** process's peak resident memory.
+def gradient_step_peak_rises(width: int, depth: int, blocks: int, batch: int,
+                             timeout: float = 240.0) -> dict[str, int]:
+    """``{"plain": bytes, "recomputed": bytes}``: how far one gradient step raises the peak
+    resident memory of a **fresh** process, without and with ``tf.recompute_grad``.
 
-    The model is ``blocks`` blocks of ``depth`` Dense layers of ``width`` units, wrapped in
-    ``tf.recompute_grad`` when ``recompute``. A process's peak only grows, so each measurement
-    gets a process of its own. Works on any machine (CPU memory), where TensorFlow's
-    ``get_memory_info`` reports GPUs only. The child runs TensorFlow's default kernels (oneDNN
-    on, which the course's quiet import turns off): without them the CPU executor's peak varies
-    from run to run by more than recomputation saves.
+    The model is ``blocks`` blocks of ``depth`` Dense layers of ``width`` units, each block
+    wrapped in ``tf.recompute_grad`` for the second number. A process's peak only grows, so
+    each measurement gets a process of its own; the two run side by side. Works on any machine
+    (CPU memory), where TensorFlow's ``get_memory_info`` reports GPUs only. The children run
+    TensorFlow's default kernels (oneDNN on, which the course's quiet import turns off):
+    without them the CPU executor's peak varies from run to run by more than recomputation
+    saves.
     """
     if min(width, depth, blocks, batch) < 1:
         raise ValueError("width, depth, blocks and batch must all be at least 1")
-    args = json.dumps([width, depth, blocks, batch, bool(recompute)])
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    result = subprocess.run([sys.executable, "-m", "course_utils.memory", args], env=env,
-                            capture_output=True, text=True, timeout=timeout, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"the memory probe failed: {result.stderr.strip()[-1500:]}")
-    return int(result.stdout.strip().splitlines()[-1])
+    children = {name: subprocess.Popen(
+        [sys.executable, "-m", "course_utils.memory",
+         json.dumps([width, depth, blocks, batch, recompute])],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, recompute in (("plain", False), ("recomputed", True))}
+    rises = {}
+    try:
+        for name, child in children.items():
+            out, err = child.communicate(timeout=timeout)
+            if child.returncode != 0:
+                raise RuntimeError(f"the memory probe ({name}) failed: {err.strip()[-1500:]}")
+            rises[name] = int(out.strip().splitlines()[-1])
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    return rises
 
 
 if __name__ == "__main__":  # the probe's child process: python -m course_utils.memory '[...]'

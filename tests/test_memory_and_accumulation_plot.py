@@ -86,11 +86,9 @@ def test_memory_budget_stacks_one_bar_segment_per_term():
 
 @pytest.mark.slow
 def test_recomputation_lowers_the_measured_peak_of_a_gradient_step():
-    sizes = dict(width=512, depth=4, blocks=6, batch=8192)
-    layer = 8192 * 512 * 4  # one layer's output, bytes (16 MiB)
-    plain = memory.gradient_step_peak_rise(**sizes, recompute=False)
-    recomputed = memory.gradient_step_peak_rise(**sizes, recompute=True)
-    assert plain > 20 * layer  # the 24 layers' outputs are alive at once
-    assert recomputed < plain - 10 * layer  # 14 of them are not kept (6 + 4 are)
+    layer = 4096 * 512 * 4  # one layer's output, bytes (8 MiB)
+    rises = memory.gradient_step_peak_rises(width=512, depth=4, blocks=6, batch=4096)
+    assert rises["plain"] > 20 * layer  # the 24 layers' outputs are alive at once
+    assert rises["recomputed"] < rises["plain"] - 10 * layer  # 14 are not kept (6 + 4 are)
     with pytest.raises(ValueError, match="at least 1"):
-        memory.gradient_step_peak_rise(0, 1, 1, 1, recompute=False)
+        memory.gradient_step_peak_rises(0, 1, 1, 1)
