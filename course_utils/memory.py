@@ -8,10 +8,15 @@ grow with the batch, the weights, gradients and optimizer slots do not.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 from typing import Any
 
-__all__ = ["activation_bytes_per_example", "limit_batch_size", "variable_bytes"]
+__all__ = ["activation_bytes_per_example", "gradient_step_peak_rises", "limit_batch_size",
+           "variable_bytes"]
 
 
 def _dtype_bytes(dtype: Any) -> int:
@@ -91,3 +96,79 @@ def limit_batch_size(model: Any, max_batch_size: int) -> Any:
     inputs = keras.Input(shape=model.input_shape[1:], name="features")
     limited = _batch_size_limit_class()(max_batch_size, name="batch_size_limit")(inputs)
     return keras.Model(inputs, model(limited), name=f"{model.name}_limited")
+
+
+# --- measured: the rise of a fresh process's peak memory over one gradient step ----------------
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux: KiB
+
+
+def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> int:
+    """In this (fresh) process: trace the step, then run it once; the peak's rise in bytes."""
+    import keras
+    import tensorflow as tf  # stderr is the parent's to read; oneDNN as TensorFlow ships it
+
+    stack = [keras.Sequential([keras.layers.Dense(width, activation="relu")
+                               for _ in range(depth)]) for _ in range(blocks)]
+    for block in stack:
+        block.build((None, width))
+    variables = [v.value for block in stack for v in block.trainable_variables]
+    features = tf.random.normal([batch, width])
+
+    @tf.function
+    def gradients(x: Any) -> Any:
+        with tf.GradientTape() as tape:
+            for block in stack:
+                x = tf.recompute_grad(block)(x) if recompute else block(x)
+            loss = tf.reduce_mean(x)
+        return tape.gradient(loss, variables)
+
+    gradients.get_concrete_function(features)  # tracing is not the step
+    before = _peak_rss_bytes()
+    gradients(features)
+    return _peak_rss_bytes() - before
+
+
+def gradient_step_peak_rises(width: int, depth: int, blocks: int, batch: int,
+                             timeout: float = 240.0) -> dict[str, int]:
+    """``{"plain": bytes, "recomputed": bytes}``: how far one gradient step raises the peak
+    resident memory of a **fresh** process, without and with ``tf.recompute_grad``.
+
+    The model is ``blocks`` blocks of ``depth`` Dense layers of ``width`` units, each block
+    wrapped in ``tf.recompute_grad`` for the second number. A process's peak only grows, so
+    each measurement gets a process of its own; the two run side by side. Works on any machine
+    (CPU memory), where TensorFlow's ``get_memory_info`` reports GPUs only. The children run
+    TensorFlow's default kernels (oneDNN on, which the course's quiet import turns off):
+    without them the CPU executor's peak varies from run to run by more than recomputation
+    saves.
+    """
+    if min(width, depth, blocks, batch) < 1:
+        raise ValueError("width, depth, blocks and batch must all be at least 1")
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    children = {name: subprocess.Popen(
+        [sys.executable, "-m", "course_utils.memory",
+         json.dumps([width, depth, blocks, batch, recompute])],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, recompute in (("plain", False), ("recomputed", True))}
+    rises = {}
+    try:
+        for name, child in children.items():
+            out, err = child.communicate(timeout=timeout)
+            if child.returncode != 0:
+                raise RuntimeError(f"the memory probe ({name}) failed: {err.strip()[-1500:]}")
+            rises[name] = int(out.strip().splitlines()[-1])
+    finally:
+        for child in children.values():
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    return rises
+
+
+if __name__ == "__main__":  # the probe's child process: python -m course_utils.memory '[...]'
+    print(_probe(*json.loads(sys.argv[1])))

@@ -177,3 +177,118 @@ def test_a_wrong_diagnosis_is_caught():
 def test_diagnosis_stub_is_not_attempted(capsys):
     assert cu.grading.check_diagnose_accumulation(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
+
+
+# --- train_mirrored_with_accumulation ---------------------------------------------------------
+
+
+def mirrored_accumulation(strategy, model, optimizer, loss_object, micro_batches,
+                          accumulation_steps, global_batch_size, divide_by_group=True):
+    tf = _tf()
+
+    def replica_step(*group):
+        examples = (len(group) if divide_by_group else accumulation_steps) * global_batch_size
+        sums = None
+        for x, y in group:
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_object(y, model(x, training=True)),
+                                                  global_batch_size=examples)
+            grads = tape.gradient(loss, model.trainable_variables)
+            sums = grads if sums is None else [s + g for s, g in zip(sums, grads, strict=True)]
+        optimizer.apply_gradients(zip(sums, model.trainable_variables, strict=True))
+
+    @tf.function
+    def step(group):
+        strategy.run(replica_step, args=group)
+
+    total = int(micro_batches.cardinality())
+    iterator = iter(strategy.experimental_distribute_dataset(micro_batches))
+    for start in range(0, total, accumulation_steps):
+        step(tuple(next(iterator) for _ in range(min(accumulation_steps, total - start))))
+
+
+def test_reference_mirrored_accumulation_passes(capsys):
+    assert cu.grading.check_train_mirrored_with_accumulation(mirrored_accumulation)
+    assert "✅ train_mirrored_with_accumulation: 2 cases passed" in capsys.readouterr().out
+
+
+def test_applying_every_micro_batch_under_the_strategy_is_named():
+    def every(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        mirrored_accumulation(strategy, model, optimizer, loss_object, micro_batches, 1, batch)
+
+    with pytest.raises(AssertionError, match="applying every micro-batch"):
+        cu.grading.check_train_mirrored_with_accumulation(every)
+
+
+def test_a_short_last_group_divided_by_a_full_group_is_caught():
+    def full_divisor(*args):
+        mirrored_accumulation(*args, divide_by_group=False)
+
+    with pytest.raises(AssertionError, match="short last group"):
+        cu.grading.check_train_mirrored_with_accumulation(full_divisor)
+
+
+def test_all_reducing_every_micro_batch_is_counted():
+    def reduce_each(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        tf = _tf()
+        total = int(micro_batches.cardinality())
+        iterator = iter(strategy.experimental_distribute_dataset(micro_batches))
+
+        def replica_step(*group):
+            context, sums = tf.distribute.get_replica_context(), None
+            for x, y in group:
+                with tf.GradientTape() as tape:
+                    loss = tf.nn.compute_average_loss(loss_object(y, model(x, training=True)),
+                                                      global_batch_size=len(group) * batch)
+                grads = context.all_reduce("sum", tape.gradient(loss,
+                                                                model.trainable_variables))
+                sums = grads if sums is None else [s + g for s, g in zip(sums, grads, strict=True)]
+            optimizer.apply_gradients(zip([s / strategy.num_replicas_in_sync for s in sums],
+                                          model.trainable_variables, strict=True))
+
+        for start in range(0, total, steps):
+            group = tuple(next(iterator) for _ in range(min(steps, total - start)))
+            tf.function(lambda g: strategy.run(replica_step, args=g))(group)
+
+    with pytest.raises(AssertionError, match=r"all-reduced \d.* times the gradients per update"):
+        cu.grading.check_train_mirrored_with_accumulation(reduce_each)
+
+
+def test_training_outside_the_replicas_is_caught():
+    def outside(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        tf = _tf()
+        features, labels = zip(*micro_batches, strict=True)
+        right_loop(model, optimizer, lambda y, p: tf.reduce_mean(loss_object(y, p)),
+                   tf.concat(features, 0), tf.concat(labels, 0), batch, steps)
+
+    with pytest.raises(AssertionError, match="no gradient crossed the replicas"):
+        cu.grading.check_train_mirrored_with_accumulation(outside)
+
+
+def test_mirrored_stub_is_not_attempted(capsys):
+    assert cu.grading.check_train_mirrored_with_accumulation(stub) is False
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+def test_the_counting_strategy_counts_one_tensor_per_variable_per_update():
+    import keras
+
+    tf = _tf()
+    strategy, counter = checks_07.counting_mirrored_strategy(2)
+    with strategy.scope():
+        model = cu.models.mlp(3, 2, hidden_units=(4,))
+        optimizer = keras.optimizers.SGD(0.1)
+        optimizer.build(model.trainable_variables)
+
+    def replica_step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(x))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables, strict=True))
+
+    step = tf.function(lambda x: strategy.run(replica_step, args=(x,)))
+    data = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices(
+        tf.ones((8, 3))).batch(4))
+    for x in data:
+        step(x)
+    assert int(counter.numpy()) == 2 * len(model.trainable_variables)

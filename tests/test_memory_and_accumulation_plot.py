@@ -61,3 +61,34 @@ def test_accumulation_diagram_draws_one_box_row_per_micro_batch():
     assert "one optimizer\nupdate" in texts and "sum" in texts
     with pytest.raises(ValueError, match="at least 1"):
         plots.draw_gradient_accumulation(0)
+
+
+def test_accumulation_on_replicas_draws_k_boxes_per_replica_and_one_all_reduce():
+    ax = plots.draw_accumulation_on_replicas(3, 4)
+    texts = [t.get_text() for t in ax.texts]
+    assert sum(t.startswith("μ") for t in texts) == 12
+    assert sum(t.startswith("replica") for t in texts) == 3
+    assert sum("all-\nreduce" in t for t in texts) == 1
+    with pytest.raises(ValueError, match="at least 1"):
+        plots.draw_accumulation_on_replicas(0, 4)
+
+
+def test_memory_budget_stacks_one_bar_segment_per_term():
+    terms = {"plain": {"parameters": 1.0, "activations": 8.0},
+             "accumulated": {"parameters": 1.0, "activations": 2.0}}
+    ax = plots.draw_memory_budget(terms)
+    widths = [patch.get_width() for patch in ax.patches]
+    assert sorted(widths) == [1.0, 1.0, 2.0, 8.0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["accumulated", "plain"]
+    with pytest.raises(ValueError, match="empty"):
+        plots.draw_memory_budget({})
+
+
+@pytest.mark.slow
+def test_recomputation_lowers_the_measured_peak_of_a_gradient_step():
+    layer = 4096 * 512 * 4  # one layer's output, bytes (8 MiB)
+    rises = memory.gradient_step_peak_rises(width=512, depth=4, blocks=6, batch=4096)
+    assert rises["plain"] > 20 * layer  # the 24 layers' outputs are alive at once
+    assert rises["recomputed"] < rises["plain"] - 10 * layer  # 14 are not kept (6 + 4 are)
+    with pytest.raises(ValueError, match="at least 1"):
+        memory.gradient_step_peak_rises(0, 1, 1, 1)

@@ -108,8 +108,11 @@ def test_every_synchronous_job_matches_one_device_under_the_default_strategy():
     column = ww.run_column("default", tf.distribute.get_strategy(), task, expected_replicas=1)
     assert set(column) == set(ww.APIS)
     distribution = column.pop("keras_distribution")
+    remat = column.pop("remat_scope")  # fit traces, and custom_gradient wants eager mode
+    assert remat.status == "fails" and "custom_gradient" in remat.detail
     assert {row: cell.status for row, cell in column.items()} == {
-        row: "works" for row in jobs.SYNC_JOBS if row != "keras_distribution"}
+        row: "works" for row in jobs.SYNC_JOBS if row != "remat_scope"}
+    assert "overflow on the last replica was skipped" in column["loss_scale_optimizer"].detail
     if distribution.status == "fails":  # Keras 3.13 (Colab's): the TF backend cannot build it
         assert "num_processes" in distribution.detail
     else:  # Keras 3.15: it builds and trains, and distributes nothing
@@ -124,6 +127,18 @@ def test_keras_fit_under_mirrored_matches_and_accumulation_fails():
     assert ww.run_cell("keras3_fit", "mirrored", strategy, task, 2).status == "works"
     accumulation = ww.run_cell("gradient_accumulation", "mirrored", strategy, task, 2)
     assert accumulation.status == "fails" and "merge_call" in accumulation.detail
+    assert ww.run_cell("recompute_grad", "mirrored", strategy, task, 2).status == "works"
+
+
+def test_loss_scale_optimizer_applies_an_overflow_of_the_second_replica():
+    from course_utils.strategies import make_strategy
+
+    task = ww.make_task(steps=2, global_batch=8)
+    strategy = make_strategy("mirrored", num_replicas=2, verbose=False)
+    assert jobs.overflow_on_last_replica_applied(strategy, task)
+    cell = ww.run_cell("loss_scale_optimizer", "mirrored", strategy, task, 2)
+    assert cell.status == "works" and "first replica only" in cell.detail
+    assert cell.issue == cells.FIRST_REPLICA_ONLY
 
 
 def test_run_cell_turns_an_error_into_a_cell_and_skips_what_makes_no_sense():
@@ -153,7 +168,7 @@ def test_the_parameter_server_column_runs_in_a_process_that_leaves_nothing_behin
     column, note, ports = ww.collect_parameter_server(process, tmp_path)
     assert set(column) == set(ww.APIS) and len(ports) == 3  # 2 workers and 1 parameter server
     assert {row for row, cell in column.items() if cell.status == "works"} == {
-        "custom_loop", "trainer", "tf_keras_fit", "loss_scale_optimizer"}
+        "custom_loop", "trainer", "tf_keras_fit", "loss_scale_optimizer", "recompute_grad"}
     assert "in-process cluster" in note and (tmp_path / ps_process.REPORT_NAME).is_file()
     assert leftovers(process.pids, ports) == {"processes": [], "ports": []}
     assert "parameter_server" not in ww.LOCAL_COLUMNS  # it would bind this process for good
@@ -185,6 +200,9 @@ def test_short_links_name_the_issue_or_the_page():
     assert table.short_link(cells.KNOWN_ISSUES[("jit_compile", "mirrored")]) == "XLA known issue"
     assert "prototype" in table.short_link(cells.KNOWN_ISSUES[("keras_distribution",
                                                                 "default")])
+    assert table.short_link(cells.FIRST_REPLICA_ONLY) == "first replica only"
+    assert table.short_link(cells.KNOWN_ISSUES[("remat_scope", "mirrored")]) == (
+        "tf.custom_gradient")
 
 
 def test_replace_between_markers(tmp_path):
@@ -255,3 +273,18 @@ def test_a_fresh_run_agrees_with_the_committed_table():
         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "every cell's status agrees" in result.stdout
+
+
+def test_status_and_detail_rows_for_show_table():
+    matrix = _matrix("works")
+    matrix.cells["trainer"]["default"] = ww.Cell("fails", "boom")
+    rows = ww.status_rows(matrix)
+    assert [r["API"] for r in rows] == list(ww.APIS.values())
+    assert rows[0][ww.STRATEGIES["default"]] == "✅ works (keras#1)"
+    details = ww.detail_rows(matrix)  # every cell here has an issue, so all but none are kept
+    assert {"API": ww.APIS["trainer"], "strategy": "default", "status": "fails",
+            "detail": "boom", "issue": ""} in details
+    plain = ww.Matrix({row: {c: ww.Cell("works", "ok") for c in ww.STRATEGIES}
+                       for row in ww.APIS})
+    assert ww.detail_rows(plain) == [] and len(ww.detail_rows(plain, everything=True)) == len(
+        ALL_CELLS)

@@ -35,7 +35,9 @@ from course_utils.works_where.matrix import (
 from course_utils.works_where.runner import run_cell, run_column
 from course_utils.works_where.table import (
     Matrix,
+    detail_rows,
     status_differences,
+    status_rows,
     statuses_from_markdown,
     to_markdown,
 )
@@ -54,6 +56,7 @@ __all__ = [
     "collect_multi_worker",
     "collect_parameter_server",
     "committed_table_path",
+    "detail_rows",
     "first_line",
     "largest_difference",
     "local_strategy",
@@ -64,6 +67,7 @@ __all__ = [
     "start_multi_worker",
     "start_parameter_server",
     "status_differences",
+    "status_rows",
     "statuses_from_markdown",
     "table_document",
     "task_loss",

@@ -15,6 +15,7 @@ __all__ = [
     "STATUSES",
     "KNOWN_ISSUES",
     "NOT_APPLICABLE",
+    "FIRST_REPLICA_ONLY",
     "Cell",
     "first_line",
     "failed",
@@ -31,6 +32,8 @@ APIS: dict[str, str] = {
     "tf_keras_fit": "tf_keras `fit`",
     "gradient_accumulation": "Keras `gradient_accumulation_steps` (in `fit`)",
     "loss_scale_optimizer": "`LossScaleOptimizer` + `mixed_float16` (custom loop)",
+    "recompute_grad": "`tf.recompute_grad` around the model (custom loop)",
+    "remat_scope": "`keras.RematScope(mode=\"full\")` (in `fit`)",
     "keras_distribution": "`keras.distribution.DataParallel`",
 }
 
@@ -50,6 +53,7 @@ STATUSES = ("works", "wrong", "fails", "n/a")
 
 _KERAS = "https://github.com/keras-team/keras/issues/"
 _XLA_VARIABLES = "https://www.tensorflow.org/xla/known_issues#tfvariable_on_a_different_device"
+_CUSTOM_GRADIENT = "https://www.tensorflow.org/api_docs/python/tf/custom_gradient"
 
 #: (row, column) -> the upstream issue a failing or wrong cell cites (the TPU fallback column
 #: cites the mirrored one's).
@@ -70,7 +74,18 @@ KNOWN_ISSUES: dict[tuple[str, str], str] = {
     ("jit_compile", "parameter_server"): _KERAS + "18624",
     ("keras_distribution", "default"): "https://github.com/keras-team/keras/blob/master/"
     "keras/src/backend/tensorflow/distribution_lib.py",
+    ("recompute_grad", "parameter_server"): _KERAS + "18624",
+    ("remat_scope", "default"): _CUSTOM_GRADIENT,
+    ("remat_scope", "one_device"): _CUSTOM_GRADIENT,
+    ("remat_scope", "mirrored"): _CUSTOM_GRADIENT,
+    ("remat_scope", "multi_worker"): _KERAS + "20585",
+    ("remat_scope", "parameter_server"): _KERAS + "18624",
 }
+
+#: The caveat a "works" cell of LossScaleOptimizer cites when an overflow on a replica other
+#: than the first was applied: the optimizer checks finiteness on the first replica only.
+FIRST_REPLICA_ONLY = ("https://github.com/keras-team/keras/blob/master/keras/src/optimizers/"
+                      "loss_scale_optimizer.py")
 
 #: (row, column) -> why the combination makes no sense.
 NOT_APPLICABLE: dict[tuple[str, str], str] = {

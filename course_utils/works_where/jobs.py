@@ -20,6 +20,9 @@ __all__ = [
     "fit_steps_per_execution",
     "fit_jit_compile",
     "loss_scaled_loop",
+    "overflow_on_last_replica_applied",
+    "recomputed_loop",
+    "fit_remat_scope",
     "custom_loop",
     "fit_trainer",
     "fit_tf_keras",
@@ -29,13 +32,18 @@ __all__ = [
 
 
 def compiled_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
-                    **compile_options: Any) -> Any:
-    """A Keras 3 model built and compiled in the strategy's scope (SGD, cross-entropy);
-    ``compile_options`` such as ``steps_per_execution`` or ``jit_compile`` go to ``compile``."""
+                    remat: bool = False, **compile_options: Any) -> Any:
+    """A Keras 3 model built and compiled in the strategy's scope (SGD, cross-entropy), its
+    layers made in ``keras.RematScope(mode="full")`` when ``remat``; ``compile_options`` such
+    as ``steps_per_execution`` or ``jit_compile`` go to ``compile``."""
+    import contextlib
+
     import keras
 
+    remat_scope = keras.RematScope(mode="full") if remat else contextlib.nullcontext()
     with strategy.scope():
-        model = task.keras_model()
+        with remat_scope:
+            model = task.keras_model()
         model.compile(keras.optimizers.SGD(task.learning_rate,
                                            gradient_accumulation_steps=accumulation_steps),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -44,9 +52,9 @@ def compiled_keras3(strategy: Any, task: Task, accumulation_steps: int | None = 
 
 
 def fit_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
-               **compile_options: Any) -> list[Any]:
+               remat: bool = False, **compile_options: Any) -> list[Any]:
     """Keras 3 ``compile`` + ``fit`` in the strategy's scope (micro-batches when accumulating)."""
-    model = compiled_keras3(strategy, task, accumulation_steps, **compile_options)
+    model = compiled_keras3(strategy, task, accumulation_steps, remat, **compile_options)
     batch = task.global_batch // (accumulation_steps or 1)
     model.fit(task.dataset(batch), epochs=1, verbose=0, shuffle=False)
     return model.get_weights()
@@ -67,9 +75,11 @@ def fit_jit_compile(strategy: Any, task: Task) -> list[Any]:
     return fit_keras3(strategy, task, jit_compile=True)
 
 
-def custom_loop(strategy: Any, task: Task, policy: str | None = None) -> list[Any]:
+def custom_loop(strategy: Any, task: Task, policy: str | None = None,
+                recompute: bool = False) -> list[Any]:
     """``strategy.run`` + ``GradientTape`` with ``compute_average_loss``; with ``policy``
-    ``"mixed_float16"``, a ``LossScaleOptimizer`` scales the loss and unscales the gradients."""
+    ``"mixed_float16"``, a ``LossScaleOptimizer`` scales the loss and unscales the gradients;
+    with ``recompute``, the model runs inside ``tf.recompute_grad``."""
     import keras
     import tensorflow as tf
 
@@ -83,9 +93,13 @@ def custom_loop(strategy: Any, task: Task, policy: str | None = None) -> list[An
         optimizer.build(model.trainable_variables)  # in scope, before the first step
     loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
+    def forward(x: Any) -> Any:
+        return model(x, training=True)
+
     def replica_step(x: Any, y: Any) -> None:
         with tf.GradientTape() as tape:
-            per_example = loss_object(y, tf.cast(model(x, training=True), tf.float32))
+            logits = tf.recompute_grad(forward)(x) if recompute else forward(x)
+            per_example = loss_object(y, tf.cast(logits, tf.float32))
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=task.global_batch)
             scaled = optimizer.scale_loss(loss)  # the loss itself without a LossScaleOptimizer
         gradients = tape.gradient(scaled, model.trainable_variables)
@@ -100,9 +114,48 @@ def custom_loop(strategy: Any, task: Task, policy: str | None = None) -> list[An
     return model.get_weights()
 
 
+def overflow_on_last_replica_applied(strategy: Any, task: Task) -> bool:
+    """One ``LossScaleOptimizer`` step in which only the last replica's loss is infinite: True
+    when the step was applied anyway (the weights became non-finite), False when it was
+    skipped, as a loss scale must."""
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = task.keras_model()
+        optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(task.learning_rate))
+        optimizer.build(model.trainable_variables)
+    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    last = strategy.num_replicas_in_sync - 1
+
+    def replica_step(x: Any, y: Any) -> None:
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        with tf.GradientTape() as tape:
+            per_example = loss_object(y, model(x, training=True))
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=task.global_batch)
+            loss = loss * tf.where(tf.equal(replica, last), float("inf"), 1.0)
+            scaled = optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+    x, y = next(iter(strategy.experimental_distribute_dataset(task.dataset())))
+    tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))(x, y)
+    return not all(np.isfinite(w).all() for w in model.get_weights())
+
+
 def loss_scaled_loop(strategy: Any, task: Task) -> list[Any]:
     """The custom loop under ``mixed_float16`` with a ``LossScaleOptimizer``."""
     return custom_loop(strategy, task, policy="mixed_float16")
+
+
+def recomputed_loop(strategy: Any, task: Task) -> list[Any]:
+    """The custom loop with the model's forward pass inside ``tf.recompute_grad``."""
+    return custom_loop(strategy, task, recompute=True)
+
+
+def fit_remat_scope(strategy: Any, task: Task) -> list[Any]:
+    """Keras 3 ``fit`` of a model whose layers were made in ``keras.RematScope(mode="full")``."""
+    return fit_keras3(strategy, task, remat=True)
 
 
 def fit_trainer(strategy: Any, task: Task) -> list[Any]:
@@ -160,4 +213,6 @@ SYNC_JOBS = {
     "tf_keras_fit": fit_tf_keras,
     "gradient_accumulation": fit_with_accumulation,
     "loss_scale_optimizer": loss_scaled_loop,
+    "recompute_grad": recomputed_loop,
+    "remat_scope": fit_remat_scope,
 }

@@ -129,14 +129,15 @@ def collect_parameter_server(process: Any, out_dir: str | Path
     return cells, report["note"], [int(port) for port in report["ports"]]
 
 
-def run_matrix(task: Task | None = None) -> Matrix:
+def run_matrix(task: Task | None = None, timeout: float = 150.0) -> Matrix:
     """Every API under every strategy, each cell a real job with its check (about a minute);
-    the parameter-server column runs with the default task (its child makes its own)."""
+    the parameter-server column runs with the default task (its child makes its own), each
+    cluster stopped after ``timeout`` seconds at most and checked to leave nothing behind."""
     task = task or make_task()
     cells: dict[str, dict[str, Cell]] = {row: {} for row in APIS}
     notes: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as out_dir:
-        cluster = start_multi_worker(out_dir)
+        cluster = start_multi_worker(out_dir, timeout=timeout)
         servers = None
         try:
             for column in LOCAL_COLUMNS:
@@ -145,7 +146,7 @@ def run_matrix(task: Task | None = None) -> Matrix:
                     notes[column] = note
                 for row, cell in run_column(column, strategy, task, replicas).items():
                     cells[row][column] = cell
-            servers = start_parameter_server(out_dir)
+            servers = start_parameter_server(out_dir, timeout=timeout)
             for row, cell in collect_multi_worker(cluster, out_dir).items():
                 cells[row]["multi_worker"] = cell
             ps_cells, notes["parameter_server"], _ = collect_parameter_server(servers, out_dir)

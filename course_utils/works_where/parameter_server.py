@@ -24,7 +24,8 @@ __all__ = ["PS_STEPS", "ps_custom_loop", "ps_loss_scaled_loop", "ps_trainer", "p
 PS_STEPS = 24
 
 
-def ps_custom_loop(strategy: Any, task: Task, policy: str | None = None) -> tuple[list, int, int]:
+def ps_custom_loop(strategy: Any, task: Task, policy: str | None = None,
+                   recompute: bool = False) -> tuple[list, int, int]:
     """``coordinator.schedule`` of a ``strategy.run`` step; counts applied steps on the ps."""
     import keras
     import tensorflow as tf
@@ -41,9 +42,13 @@ def ps_custom_loop(strategy: Any, task: Task, policy: str | None = None) -> tupl
         applied = tf.Variable(0, dtype=tf.int64)  # a plain variable: atomic assign_add
     loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
+    def forward(x: Any) -> Any:
+        return model(x, training=True)
+
     def replica_step(x: Any, y: Any) -> None:
         with tf.GradientTape() as tape:
-            per_example = loss_object(y, tf.cast(model(x, training=True), tf.float32))
+            logits = tf.recompute_grad(forward)(x) if recompute else forward(x)
+            per_example = loss_object(y, tf.cast(logits, tf.float32))
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=task.global_batch)
             scaled = optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, model.trainable_variables)
@@ -96,9 +101,9 @@ def ps_fit_tf_keras(strategy: Any, task: Task) -> tuple[list, int, int]:
 
 
 def ps_fit_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
-                  **compile_options: Any) -> tuple[list, int, int]:
+                  remat: bool = False, **compile_options: Any) -> tuple[list, int, int]:
     """Keras 3 ``fit`` under the parameter-server strategy (``compile_options`` to compile)."""
-    model = compiled_keras3(strategy, task, accumulation_steps, **compile_options)
+    model = compiled_keras3(strategy, task, accumulation_steps, remat, **compile_options)
     batch = task.global_batch // (accumulation_steps or 1)
     model.fit(task.dataset(batch).repeat(), epochs=1, steps_per_epoch=PS_STEPS, verbose=0,
               shuffle=False)
@@ -122,4 +127,6 @@ PS_JOBS = {
     "tf_keras_fit": ps_fit_tf_keras,
     "gradient_accumulation": ps_fit_with_accumulation,
     "loss_scale_optimizer": ps_loss_scaled_loop,
+    "recompute_grad": lambda strategy, task: ps_custom_loop(strategy, task, recompute=True),
+    "remat_scope": lambda strategy, task: ps_fit_keras3(strategy, task, remat=True),
 }

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_utils.works_where.cells import APIS, NOT_APPLICABLE, Cell, failed, not_applicable
+from course_utils.works_where.cells import (
+    APIS,
+    FIRST_REPLICA_ONLY,
+    NOT_APPLICABLE,
+    Cell,
+    failed,
+    not_applicable,
+)
 from course_utils.works_where.checks import (
     TOLERANCES,
     check_async,
@@ -33,8 +40,27 @@ def _run_job(row: str, column: str, strategy: Any, task: Task, expected_replicas
 
     weights = SYNC_JOBS[row](strategy, task)
     tolerance = TOLERANCES["mixed_float16" if row == "loss_scale_optimizer" else "float32"]
-    return check_same_as_reference(row, column, task, weights, strategy.num_replicas_in_sync,
+    cell = check_same_as_reference(row, column, task, weights, strategy.num_replicas_in_sync,
                                    expected_replicas, tolerance)
+    if row == "loss_scale_optimizer" and cell.status == "works" and column != "multi_worker":
+        cell = _overflow_caveat(cell, strategy, task)
+    return cell
+
+
+def _overflow_caveat(cell: Cell, strategy: Any, task: Task) -> Cell:
+    """Probe a "works" LossScaleOptimizer cell with an overflow on the last replica only.
+
+    Not under multi-worker: there each worker checks its own gradients, and a worker that
+    skips while the other applies would leave the other waiting in its all-reduce.
+    """
+    from course_utils.works_where.jobs import overflow_on_last_replica_applied
+
+    if not overflow_on_last_replica_applied(strategy, task):
+        return Cell(cell.status, cell.detail + "; an overflow on the last replica was skipped",
+                    cell.issue)
+    return Cell(cell.status, cell.detail + "; but an overflow on the last replica alone was "
+                "applied (weights non-finite): finiteness is checked on the first replica only",
+                FIRST_REPLICA_ONLY)
 
 
 def run_cell(row: str, column: str, strategy: Any, task: Task, expected_replicas: int) -> Cell:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from course_utils.works_where.cells import APIS, STRATEGIES, Cell
 
-__all__ = ["Matrix", "SYMBOLS", "README_MARKERS", "short_link", "to_markdown",
-           "statuses_from_markdown", "status_differences", "replace_between_markers"]
+__all__ = ["Matrix", "SYMBOLS", "README_MARKERS", "short_link", "to_markdown", "status_rows",
+           "detail_rows", "statuses_from_markdown", "status_differences",
+           "replace_between_markers"]
 
 #: How each status shows in the table.
 SYMBOLS = {"works": "✅ works", "wrong": "⚠️ wrong", "fails": "❌ fails", "n/a": "➖ n/a"}
@@ -46,6 +47,10 @@ def short_link(url: str) -> str:
         return "XLA known issue"
     if url.endswith("distribution_lib.py"):
         return "TF backend: a prototype"
+    if url.endswith("loss_scale_optimizer.py"):
+        return "first replica only"
+    if url.endswith("tf/custom_gradient"):
+        return "tf.custom_gradient"
     return "upstream"
 
 
@@ -54,6 +59,28 @@ def _cell_text(cell: Cell) -> str:
     if cell.issue:  # on a "works" cell: a caveat (e.g. unsupported upstream), see the details
         text += f" [{short_link(cell.issue)}]({cell.issue})"
     return text
+
+
+def status_rows(matrix: Matrix) -> list[dict[str, str]]:
+    """One row per API for ``cu.show_table``: its label, then each column's status and the
+    short name of its issue or caveat."""
+    rows = []
+    for row, label in APIS.items():
+        cells = matrix.cells[row]
+        rows.append({"API": label, **{
+            column_label: SYMBOLS[cells[column].status] + (
+                f" ({short_link(cells[column].issue)})" if cells[column].issue else "")
+            for column, column_label in STRATEGIES.items()}})
+    return rows
+
+
+def detail_rows(matrix: Matrix, everything: bool = False) -> list[dict[str, str]]:
+    """What each cell measured or raised, for ``cu.show_table``: only the cells that did not
+    simply work (failed, wrong, n/a, or works with a caveat) unless ``everything``."""
+    return [{"API": label, "strategy": STRATEGIES[column], "status": cell.status,
+             "detail": cell.detail, "issue": cell.issue or ""}
+            for row, label in APIS.items() for column, cell in matrix.cells[row].items()
+            if everything or cell.status != "works" or cell.issue]
 
 
 def to_markdown(matrix: Matrix,

@@ -9,6 +9,10 @@
   models and budgets, compared with a count made here from the layers' shapes.
 * ``check_diagnose_accumulation(diagnose_accumulation)``: given an accumulation loop, name what
   it does (right, applies every micro-batch, or sums without dividing), for loops written here.
+* ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
+  MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, the
+  weights equal plain SGD on batches ``k`` times larger (a short last group included), with
+  exactly one all-reduce of the gradients per update.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ __all__ = [
     "DIAGNOSES",
     "check_diagnose_accumulation",
     "check_largest_batch_that_fits",
+    "check_train_mirrored_with_accumulation",
     "check_train_with_accumulation",
+    "counting_mirrored_strategy",
     "suspect_loop",
 ]
 
@@ -261,3 +267,113 @@ def check_diagnose_accumulation(fn: Any) -> bool:
              "its weights with plain SGD on batches k times larger, on micro-batches, and on "
              "batches k times larger with a k times larger learning rate; the closest names the "
              f"loop. Return one of {', '.join(map(repr, DIAGNOSES))} (lesson 07, section 3).")
+
+
+# --- Exercise 4 · accumulation under MirroredStrategy, one all-reduce per update ---------------
+
+
+def counting_mirrored_strategy(num_replicas: int = 2) -> tuple[Any, Any]:
+    """``(strategy, counter)``: a MirroredStrategy over the first ``num_replicas`` replica
+    devices whose cross-device ops add to ``counter`` (a ``tf.Variable``) the number of tensors
+    each all-reduce carries, when it runs (in a ``tf.function`` too)."""
+    from course_utils.strategies import replica_devices
+
+    tf = _tf()
+    counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    class CountingAllReduce(tf.distribute.ReductionToOneDevice):
+        """Reduce to one device and broadcast back, counting the tensors of each call."""
+
+        nested = False
+
+        def batch_reduce_implementation(self, reduce_op: Any, pairs: Any, options: Any) -> Any:
+            counter.assign_add(len(pairs))
+            self.nested = True  # the parent reduces the batch one tensor at a time
+            try:
+                return super().batch_reduce_implementation(reduce_op, pairs, options)
+            finally:
+                self.nested = False
+
+        def reduce_implementation(self, reduce_op: Any, value: Any, destinations: Any,
+                                  options: Any) -> Any:
+            if not self.nested:
+                counter.assign_add(1)
+            return super().reduce_implementation(reduce_op, value, destinations, options)
+
+    devices = replica_devices(num_replicas)
+    return tf.distribute.MirroredStrategy(devices, cross_device_ops=CountingAllReduce()), counter
+
+
+def _large_batch_weights(problem: dict[str, Any], group: int) -> list[np.ndarray]:
+    """Plain SGD on batches of ``group`` micro-batches, a short last batch averaged over its
+    own examples."""
+    return _sgd_loop(problem, problem["micro"] * group, 1, 1.0, problem["learning_rate"])
+
+
+@register
+def check_train_mirrored_with_accumulation(fn: Any) -> bool:
+    """Check ``train_mirrored_with_accumulation(strategy, model, optimizer, loss_object,
+    micro_batches, accumulation_steps, global_batch_size)`` under 2 counting replicas."""
+    keras, tf = _keras(), _tf()
+    rng = fresh_rng()
+    try:
+        counting_mirrored_strategy(2)
+    except ValueError as error:
+        raise AssertionError(f"train_mirrored_with_accumulation needs 2 devices: {error}. Run "
+                             "the set-up cell with cu.setup(logical_devices=2) first, in a "
+                             "fresh kernel.") from error
+
+    def case(short_group: bool) -> Case:
+        problem = _problem(rng)  # micro-batches of 4, 6 or 8: split over 2 replicas
+        extra = rng.randint(1, problem["steps"] - 1) if short_group else 0
+        strategy, counter = counting_mirrored_strategy(2)  # its own count, from 0
+        n = problem["micro"] * (problem["steps"] * 3 + extra)
+        data = np.random.default_rng(problem["seed"])
+        problem["features"] = data.normal(size=(n, problem["features"].shape[1])).astype(
+            "float32")
+        problem["labels"] = data.integers(0, problem["classes"], size=n).astype("int32")
+        with strategy.scope():
+            model = _model(problem)
+            optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
+            optimizer.build(model.trainable_variables)
+        updates = 3 + (1 if extra else 0)
+        per_update = len(model.trainable_variables)
+        micro_batches = tf.data.Dataset.from_tensor_slices(
+            (problem["features"], problem["labels"])).batch(problem["micro"])
+        loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                 reduction=None)
+
+        def verify(_: Any) -> str | None:
+            all_reduced = int(counter.numpy())
+            weights = [np.asarray(w) for w in model.get_weights()]
+            error = _largest_difference(weights, _large_batch_weights(problem, problem["steps"]))
+            if error > ACCUMULATION_TOLERANCE:
+                every = _largest_difference(weights, _large_batch_weights(problem, 1))
+                why = ("they match applying every micro-batch: one update per group, not per "
+                       "micro-batch" if every <= ACCUMULATION_TOLERANCE else
+                       "divide each micro-batch's summed loss by the examples of its whole "
+                       "group (a short last group has fewer), not by the micro-batch")
+                return (f"the weights differ from plain SGD on batches {problem['steps']}× "
+                        f"larger by {error:.2e}: {why}")
+            if all_reduced == 0:
+                return ("the weights are right but no gradient crossed the replicas: compute "
+                        "each micro-batch inside strategy.run and apply the sum there")
+            if all_reduced != updates * per_update:
+                return (f"the weights are right, but the replicas all-reduced "
+                        f"{all_reduced / (updates * per_update):.3g} times the gradients per "
+                        f"update ({all_reduced} tensors for {updates} updates of {per_update} "
+                        "variables): sum the micro-batches inside the replica, all-reduce once")
+            return None
+
+        return Case(args=(strategy, model, optimizer, loss_object, micro_batches,
+                          problem["steps"], problem["micro"]), verify=verify,
+                    label=f"({n // problem['micro']} micro-batches of {problem['micro']}, "
+                          f"accumulation_steps={problem['steps']}, 2 replicas)")
+
+    return run_check(
+        "train_mirrored_with_accumulation", fn, [case(False), case(True)],
+        hint="iterate strategy.experimental_distribute_dataset(micro_batches) and hand a group "
+             "of up to accumulation_steps micro-batches to one strategy.run; inside it, add "
+             "up the micro-batches' gradients of compute_average_loss(..., global_batch_size="
+             "the group's examples) and call apply_gradients once (lesson 07, section 5; the "
+             "short last group: section 7).")
