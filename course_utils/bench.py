@@ -14,39 +14,20 @@ import pathlib
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = [
     "compare_throughput",
     "dataset_throughput",
-    "largest_difference",
     "machine_info",
     "scaling_efficiency",
-    "speedups",
     "Throughput",
     "time_function",
     "time_interleaved",
-    "time_steps",
-    "Timer",
     "Timing",
     "write_results",
 ]
-
-
-@dataclasses.dataclass
-class Timer:
-    """A context manager that measures wall-clock seconds: ``with Timer() as t: ...; t.seconds``."""
-
-    seconds: float = 0.0
-    _start: float = 0.0
-
-    def __enter__(self) -> Timer:
-        self._start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self._start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,11 +98,6 @@ def time_function(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> T
     return Timing(tuple(times))
 
 
-def time_steps(step_fn: Callable[[], Any], num_steps: int, warmup: int = 2) -> Timing:
-    """Seconds per step of ``step_fn()``, each step timed separately after ``warmup`` steps."""
-    return time_function(step_fn, repeats=num_steps, warmup=warmup)
-
-
 @dataclasses.dataclass(frozen=True)
 class Throughput:
     """How fast a dataset (or a training loop) delivers elements."""
@@ -183,14 +159,6 @@ def dataset_throughput(
     return Throughput(elements=elements, batches=batches, seconds=seconds)
 
 
-def speedups(values: Mapping[str, float], baseline: str) -> dict[str, float]:
-    """Each throughput divided by the baseline's (higher throughput is faster)."""
-    if baseline not in values:
-        raise KeyError(f"baseline {baseline!r} is not one of {list(values)}")
-    base = values[baseline]
-    return {name: value / base for name, value in values.items()}
-
-
 def scaling_efficiency(throughput_by_replicas: Mapping[int, float]) -> dict[int, float]:
     """Throughput with N replicas divided by N times the throughput with the fewest replicas.
 
@@ -228,16 +196,6 @@ def write_results(results: Mapping[str, Any], path: str | os.PathLike) -> pathli
                "results": dict(results)}
     path.write_text(json.dumps(payload, indent=2, default=float) + "\n")
     return path
-
-
-def largest_difference(arrays_a: Sequence[Any], arrays_b: Sequence[Any]) -> float:
-    """The largest absolute element difference between two lists of arrays (e.g. two weights)."""
-    import numpy as np
-
-    if len(arrays_a) != len(arrays_b):
-        raise ValueError(f"{len(arrays_a)} arrays against {len(arrays_b)}: compare like with like")
-    return max((float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0.0))
-                for a, b in zip(arrays_a, arrays_b, strict=True)), default=0.0)
 
 
 def time_interleaved(

@@ -17,7 +17,7 @@ import numpy as np
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = [
-    "DIGITS_NAME", "teacher_classification", "sequence_task", "train_test_split",
+    "DIGITS_NAME", "teacher_classification", "sequence_task",
     "make_pipeline", "without_default_optimizations", "add_latency", "write_tfrecord_shards",
     "parse_tfrecord_fn", "read_tfrecord_shards", "default_data_dir", "digits_builder",
     "load_digits",
@@ -79,18 +79,6 @@ def sequence_task(
     half = sequence_length // 2
     y = (x[:, :half, 0].sum(axis=1) > x[:, half:, 0].sum(axis=1)).astype(np.int32)
     return x, y
-
-
-def train_test_split(
-    x: np.ndarray, y: np.ndarray, test_fraction: float = 0.2, seed: int = 0
-) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """Shuffle and split arrays into ``(x_train, y_train), (x_test, y_test)``."""
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    order = np.random.default_rng(seed).permutation(len(x))
-    cut = int(round(len(x) * (1 - test_fraction)))
-    train, test = order[:cut], order[cut:]
-    return (x[train], y[train]), (x[test], y[test])
 
 
 # ----------------------------------------------------------------------------- pipelines

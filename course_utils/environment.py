@@ -7,12 +7,9 @@ import logging
 import random
 
 from course_utils import devices
-
-# Re-exported: modules that imported them from here keep working; their home is ``quiet``.
 from course_utils.quiet import import_tensorflow, native_stderr_silenced, quiet_tensorflow
 
-__all__ = ["import_tensorflow", "native_stderr_silenced", "quiet_tensorflow", "seed_everything",
-           "setup"]
+__all__ = ["seed_everything", "setup"]
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:

@@ -20,7 +20,7 @@ __all__ = ["activation_bytes_per_example", "gradient_step_peak_rises", "limit_ba
 
 
 def _dtype_bytes(dtype: Any) -> int:
-    from course_utils.environment import import_tensorflow
+    from course_utils.quiet import import_tensorflow
 
     return import_tensorflow().as_dtype(dtype).size
 
@@ -48,7 +48,7 @@ def variable_bytes(model: Any) -> int:
 
 
 def _keras() -> Any:
-    from course_utils.environment import import_tensorflow
+    from course_utils.quiet import import_tensorflow
 
     import_tensorflow()
     import keras
@@ -64,7 +64,7 @@ def _batch_size_limit_class() -> type:
     if _LIMIT_CLASS:
         return _LIMIT_CLASS[0]
     keras = _keras()
-    from course_utils.environment import import_tensorflow
+    from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
 

@@ -1,4 +1,4 @@
-"""Small Keras 3 model builders shared by the lessons: MLP, CNN, RNN and a Transformer block.
+"""Small Keras 3 model builders shared by the lessons: MLP, CNN and RNN.
 
 Every builder returns an uncompiled, already built ``keras.Model`` whose last layer produces
 float32 logits (``dtype="float32"``), so the models are safe under mixed precision: pair them
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["mlp", "cnn", "rnn", "transformer_block", "transformer_classifier"]
+__all__ = ["mlp", "cnn", "rnn"]
 
 
 def _keras() -> Any:
@@ -100,54 +100,3 @@ def rnn(
     return keras.Model(inputs, outputs, name=name)
 
 
-def transformer_block(
-    embed_dim: int, num_heads: int = 2, mlp_dim: int | None = None, dropout: float = 0.0,
-    name: str | None = None,
-) -> Any:
-    """A pre-norm Transformer encoder block as a Keras layer: attention, then an MLP."""
-    keras = _keras()
-
-    class TransformerBlock(keras.layers.Layer):
-        """Pre-norm self-attention and feed-forward block with residual connections."""
-
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.norm1 = keras.layers.LayerNormalization(epsilon=1e-6)
-            self.attention = keras.layers.MultiHeadAttention(
-                num_heads=num_heads, key_dim=embed_dim // num_heads, dropout=dropout)
-            self.norm2 = keras.layers.LayerNormalization(epsilon=1e-6)
-            self.mlp_in = keras.layers.Dense(mlp_dim or 2 * embed_dim, activation="gelu")
-            self.mlp_out = keras.layers.Dense(embed_dim)
-
-        def call(self, x: Any, training: bool | None = None) -> Any:
-            h = self.norm1(x)
-            x = x + self.attention(h, h, training=training)
-            h = self.norm2(x)
-            return x + self.mlp_out(self.mlp_in(h))
-
-    if embed_dim % num_heads:
-        raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-    return TransformerBlock(name=name)
-
-
-def transformer_classifier(
-    sequence_length: int,
-    num_features: int,
-    num_classes: int = 2,
-    embed_dim: int = 32,
-    num_heads: int = 2,
-    num_blocks: int = 1,
-    name: str = "transformer",
-) -> Any:
-    """A small Transformer encoder over ``[sequence_length, num_features]`` inputs."""
-    keras = _keras()
-    inputs = keras.Input(shape=(sequence_length, num_features), name="sequence")
-    x = keras.layers.Dense(embed_dim, name="embed")(inputs)
-    positions = keras.layers.Embedding(sequence_length, embed_dim, name="positions")(
-        keras.ops.arange(sequence_length))
-    x = x + positions
-    for index in range(num_blocks):
-        x = transformer_block(embed_dim, num_heads, name=f"block_{index}")(x)
-    x = keras.layers.GlobalAveragePooling1D(name="pool")(x)
-    outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
-    return keras.Model(inputs, outputs, name=name)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 @pytest.fixture(scope="module")
 def tf():
-    from course_utils.environment import import_tensorflow
+    from course_utils.quiet import import_tensorflow
 
     return import_tensorflow()
 
@@ -27,7 +27,7 @@ def stub(*args):
 
 
 def fast_pipeline(source, read, decode, batch_size):
-    tf = cu.environment.import_tensorflow()
+    tf = cu.quiet.import_tensorflow()
     dataset = source.map(read, num_parallel_calls=16, deterministic=False)
     dataset = dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
@@ -57,7 +57,7 @@ def test_unchanged_slow_pipeline_is_too_slow():
 
 def test_skipping_the_read_is_caught():
     def no_read(source, read, decode, batch_size):
-        tf = cu.environment.import_tensorflow()
+        tf = cu.quiet.import_tensorflow()
         return source.map(lambda x: decode(x)).batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
     with pytest.raises(AssertionError, match=r"case 1 .*called read 0 times"):
@@ -67,7 +67,7 @@ def test_skipping_the_read_is_caught():
 def test_computing_the_records_instead_of_reading_them_is_caught():
     """The right elements and fast, but no record read: the read count gives it away."""
     def never_reads(source, read, decode, batch_size):
-        tf = cu.environment.import_tensorflow()
+        tf = cu.quiet.import_tensorflow()
         computed = source.map(lambda index: decode(3 * index + 1))  # what read would return
         return computed.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
@@ -207,7 +207,7 @@ def test_cached_pipeline_stub_is_not_attempted(assert_not_attempted):
 
 
 def parse_record(record):
-    tf = cu.environment.import_tensorflow()
+    tf = cu.quiet.import_tensorflow()
     spec = {"pixels": tf.io.FixedLenFeature([12], tf.float32),
             "label": tf.io.FixedLenFeature([], tf.int64),
             "weight": tf.io.FixedLenFeature([], tf.float32, default_value=1.0)}
@@ -222,7 +222,7 @@ def test_reference_parse_record_passes(capsys):
 
 
 def test_parse_record_without_a_default_weight_fails_with_feedback():
-    tf = cu.environment.import_tensorflow()
+    tf = cu.quiet.import_tensorflow()
 
     def no_default(record):
         spec = {"pixels": tf.io.FixedLenFeature([12], tf.float32),

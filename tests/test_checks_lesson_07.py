@@ -19,7 +19,7 @@ def stub(*args):
 
 
 def _tf():
-    return cu.environment.import_tensorflow()
+    return cu.quiet.import_tensorflow()
 
 
 def right_loop(model, optimizer, loss_fn, features, labels, micro_batch_size,
@@ -157,7 +157,7 @@ def diagnose_accumulation(loop):
         "sums without dividing": run(right_loop, steps * rate),
     }
     return min(candidates,
-               key=lambda name: cu.bench.largest_difference(suspect, candidates[name]))
+               key=lambda name: cu.equality.largest_difference(suspect, candidates[name]))
 
 
 def test_reference_diagnosis_passes(capsys):

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 @pytest.fixture(scope="module")
 def tf():
-    from course_utils.environment import import_tensorflow
+    from course_utils.quiet import import_tensorflow
 
     return import_tensorflow()
 

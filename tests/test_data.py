@@ -61,17 +61,6 @@ def test_sequence_task_rejects_too_short_sequences():
         data.sequence_task(sequence_length=1)
 
 
-def test_train_test_split_partitions_the_examples():
-    x = np.arange(100)[:, None].astype(np.float32)
-    y = np.arange(100)
-    (x_train, y_train), (x_test, y_test) = data.train_test_split(x, y, 0.25, seed=1)
-    assert len(x_test) == 25 and len(x_train) == 75
-    assert sorted(np.concatenate([y_train, y_test]).tolist()) == list(range(100))
-    np.testing.assert_array_equal(x_train[:, 0], y_train)
-    with pytest.raises(ValueError):
-        data.train_test_split(x, y, 1.0)
-
-
 def test_make_pipeline_shuffles_elements_before_batching():
     dataset = tf.data.Dataset.range(64)
     batches = list(data.make_pipeline(dataset, 8, shuffle_buffer=64, seed=0).as_numpy_iterator())

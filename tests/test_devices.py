@@ -162,7 +162,7 @@ def test_quiet_tensorflow_lowers_python_loggers():
 
 def test_native_stderr_is_silenced_inside_the_block_only():
     code = ("import os\n"
-            "from course_utils.environment import native_stderr_silenced\n"
+            "from course_utils.quiet import native_stderr_silenced\n"
             "with native_stderr_silenced():\n"
             "    os.write(2, b'hidden\\n')\n"
             "os.write(2, b'shown\\n')\n")
@@ -173,7 +173,7 @@ def test_native_stderr_is_silenced_inside_the_block_only():
 
 def test_native_stderr_is_restored_after_an_exception():
     code = ("import os\n"
-            "from course_utils.environment import native_stderr_silenced\n"
+            "from course_utils.quiet import native_stderr_silenced\n"
             "try:\n"
             "    with native_stderr_silenced():\n"
             "        raise KeyError('boom')\n"
@@ -185,7 +185,7 @@ def test_native_stderr_is_restored_after_an_exception():
 @pytest.mark.slow
 def test_import_tensorflow_is_quiet_and_returns_the_module():
     code = ("import sys\n"
-            "from course_utils.environment import import_tensorflow\n"
+            "from course_utils.quiet import import_tensorflow\n"
             "tf = import_tensorflow()\n"
             "print(tf is sys.modules['tensorflow'], import_tensorflow() is tf)\n")
     result = run_python(code)

@@ -1,4 +1,4 @@
-"""course_utils.memory (counted step memory, a simulated batch limit), bench.largest_difference
+"""course_utils.memory (counted step memory, a simulated batch limit), equality.largest_difference
 and plots.draw_gradient_accumulation."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from course_utils import bench, memory, models, plots  # noqa: E402
+from course_utils import equality, memory, models, plots  # noqa: E402
 
 
 def test_activation_bytes_count_every_layer_output_but_the_input():
@@ -31,7 +31,7 @@ def test_variable_bytes_are_four_per_float32_weight():
 
 
 def test_a_limited_model_refuses_large_batches_and_shares_weights():
-    from course_utils.environment import import_tensorflow
+    from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
     inner = models.mlp(4, 2, hidden_units=(5,))
@@ -47,10 +47,10 @@ def test_a_limited_model_refuses_large_batches_and_shares_weights():
 def test_largest_difference_is_the_largest_absolute_element_difference():
     a = [np.zeros((2, 2)), np.array([1.0, 2.0])]
     b = [np.full((2, 2), 0.5), np.array([1.0, -1.0])]
-    assert bench.largest_difference(a, b) == 3.0
-    assert bench.largest_difference(a, a) == 0.0
+    assert equality.largest_difference(a, b) == 3.0
+    assert equality.largest_difference(a, a) == 0.0
     with pytest.raises(ValueError, match="compare like with like"):
-        bench.largest_difference(a, b[:1])
+        equality.largest_difference(a, b[:1])
 
 
 def test_accumulation_diagram_draws_one_box_row_per_micro_batch():

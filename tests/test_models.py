@@ -17,8 +17,6 @@ from course_utils import models
         (lambda: models.cnn((32, 32, 3), 5, rescale=False), np.zeros((2, 32, 32, 3), "float32")),
         (lambda: models.rnn(7, 3, 4, cell="lstm"), np.zeros((2, 7, 3), "float32")),
         (lambda: models.rnn(7, 3, 2, cell="simple"), np.zeros((2, 7, 3), "float32")),
-        (lambda: models.transformer_classifier(6, 3, 2, embed_dim=8, num_blocks=2),
-         np.zeros((2, 6, 3), "float32")),
     ],
 )
 def test_builders_produce_float32_logits(model, batch):
@@ -37,14 +35,6 @@ def test_logits_stay_float32_under_mixed_precision():
         assert model(np.ones((1, 4), "float32")).dtype.name == "float32"
     finally:
         keras.mixed_precision.set_dtype_policy(previous)
-
-
-def test_transformer_block_keeps_the_shape():
-    block = models.transformer_block(8, num_heads=2)
-    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
-    assert block(x).shape == (2, 5, 8)
-    with pytest.raises(ValueError, match="divisible"):
-        models.transformer_block(7, num_heads=2)
 
 
 def test_bad_arguments_are_rejected():

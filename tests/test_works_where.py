@@ -10,8 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+from course_utils import equality as cu_equality
 from course_utils import works_where as ww
-from course_utils.works_where import cells, checks, cli, jobs, ps_process, runner, table, worker
+from course_utils.works_where import cells, cli, jobs, ps_process, runner, table, verdicts, worker
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ALL_CELLS = {(row, column) for row in ww.APIS for column in ww.STRATEGIES}
@@ -76,25 +77,25 @@ def test_checks_pass_only_the_right_weights_and_replica_count():
     assert untrained.status == "wrong" and "differ" in untrained.detail
     one_replica = ww.check_same_as_reference("trainer", "mirrored", task, good, 1, 2)
     assert one_replica.status == "wrong" and "expected 2" in one_replica.detail
-    assert ww.largest_difference([np.ones(2)], [np.zeros(2)]) == 1.0
+    assert cu_equality.largest_difference([np.ones(2)], [np.zeros(2)]) == 1.0
     with pytest.raises(ValueError):
-        ww.largest_difference([np.ones(2)], [])
+        cu_equality.largest_difference([np.ones(2)], [])
 
 
 def test_async_and_distribution_checks():
     task = ww.make_task()
     trained = task.reference_weights()
-    assert checks.check_async("trainer", "parameter_server", task, trained, 24, 24).status == (
+    assert verdicts.check_async("trainer", "parameter_server", task, trained, 24, 24).status == (
         "works")
-    lost = checks.check_async("trainer", "parameter_server", task, trained, 20, 24)
+    lost = verdicts.check_async("trainer", "parameter_server", task, trained, 20, 24)
     assert lost.status == "wrong" and "20/24" in lost.detail
-    short = checks.check_async("custom_loop", "parameter_server", task, trained, 24, 24, 21)
+    short = verdicts.check_async("custom_loop", "parameter_server", task, trained, 24, 24, 21)
     assert short.status == "works" and "optimizer.iterations counted 21" in short.detail
     devices = ["cpu:0", "cpu:1"]
-    one = checks.check_distributed("keras_distribution", "default", task, trained, {"CPU:0"},
+    one = verdicts.check_distributed("keras_distribution", "default", task, trained, {"CPU:0"},
                                    devices)
     assert one.status == "wrong" and "nothing distributed" in one.detail
-    both = checks.check_distributed("keras_distribution", "default", task, trained,
+    both = verdicts.check_distributed("keras_distribution", "default", task, trained,
                                     {"CPU:0", "CPU:1"}, devices)
     assert both.status == "works"
 

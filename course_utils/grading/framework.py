@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from course_utils.environment import native_stderr_silenced
+from course_utils.quiet import native_stderr_silenced
 
 __all__ = ["PASS_MARK", "STRICT_ENV", "TODO_MARK", "Case", "NotAttemptedError", "compare",
            "fresh_rng", "not_attempted", "run_check", "set_strict", "stderr_to_stdout",

@@ -5,8 +5,8 @@ One job per module:
 * ``cells`` -- the rows (APIs), columns (strategies), :class:`Cell` results, upstream issues;
 * ``task`` -- the small job's data, initial weights and one-device reference;
 * ``jobs`` -- each API's job under a synchronous strategy (one device, mirrored, multi-worker);
-* ``parameter_server`` -- the jobs scheduled with a ``ClusterCoordinator``;
-* ``checks`` -- "works" only when a correctness check passes;
+* ``coordinator_jobs`` -- the jobs scheduled with a ``ClusterCoordinator``;
+* ``verdicts`` -- "works" only when a correctness check passes;
 * ``runner`` -- a column's cells, errors caught and reported;
 * ``worker`` -- the script each multi-worker process runs;
 * ``ps_process`` -- the script of the parameter-server column's process;
@@ -20,7 +20,6 @@ Importing this package does not import TensorFlow; the jobs import it when they 
 from __future__ import annotations
 
 from course_utils.works_where.cells import APIS, STATUSES, STRATEGIES, Cell, first_line
-from course_utils.works_where.checks import check_same_as_reference, largest_difference
 from course_utils.works_where.cli import TABLE_PATH, committed_table_path, table_document
 from course_utils.works_where.matrix import (
     LOCAL_COLUMNS,
@@ -42,6 +41,7 @@ from course_utils.works_where.table import (
     to_markdown,
 )
 from course_utils.works_where.task import Task, make_task, task_loss
+from course_utils.works_where.verdicts import check_same_as_reference
 
 __all__ = [
     "APIS",
@@ -58,7 +58,6 @@ __all__ = [
     "committed_table_path",
     "detail_rows",
     "first_line",
-    "largest_difference",
     "local_strategy",
     "make_task",
     "run_cell",

@@ -7,6 +7,7 @@ data-parallel run must then hold the weights of the one-device reference (``chec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from course_utils.works_where.task import Task
 
 __all__ = [
     "compiled_keras3",
+    "replica_training",
     "fit_keras3",
     "fit_with_accumulation",
     "fit_steps_per_execution",
@@ -75,11 +77,12 @@ def fit_jit_compile(strategy: Any, task: Task) -> list[Any]:
     return fit_keras3(strategy, task, jit_compile=True)
 
 
-def custom_loop(strategy: Any, task: Task, policy: str | None = None,
-                recompute: bool = False) -> list[Any]:
-    """``strategy.run`` + ``GradientTape`` with ``compute_average_loss``; with ``policy``
-    ``"mixed_float16"``, a ``LossScaleOptimizer`` scales the loss and unscales the gradients;
-    with ``recompute``, the model runs inside ``tf.recompute_grad``."""
+def replica_training(strategy: Any, task: Task, policy: str | None = None,
+                     recompute: bool = False) -> tuple[Any, Any, Callable[[Any, Any], None]]:
+    """The task's model and SGD optimizer built in the strategy's scope (a ``LossScaleOptimizer``
+    under ``"mixed_float16"``) and one replica's step: ``GradientTape`` with
+    ``compute_average_loss`` over the global batch, the model inside ``tf.recompute_grad`` with
+    ``recompute``. The custom-loop jobs of every column share it."""
     import keras
     import tensorflow as tf
 
@@ -104,6 +107,18 @@ def custom_loop(strategy: Any, task: Task, policy: str | None = None,
             scaled = optimizer.scale_loss(loss)  # the loss itself without a LossScaleOptimizer
         gradients = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+    return model, optimizer, replica_step
+
+
+def custom_loop(strategy: Any, task: Task, policy: str | None = None,
+                recompute: bool = False) -> list[Any]:
+    """``strategy.run`` + ``GradientTape`` with ``compute_average_loss``; with ``policy``
+    ``"mixed_float16"``, a ``LossScaleOptimizer`` scales the loss and unscales the gradients;
+    with ``recompute``, the model runs inside ``tf.recompute_grad``."""
+    import tensorflow as tf
+
+    model, optimizer, replica_step = replica_training(strategy, task, policy, recompute)
 
     @tf.function
     def train_step(x: Any, y: Any) -> None:

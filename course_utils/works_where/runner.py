@@ -12,20 +12,20 @@ from course_utils.works_where.cells import (
     failed,
     not_applicable,
 )
-from course_utils.works_where.checks import (
+from course_utils.works_where.task import Task
+from course_utils.works_where.verdicts import (
     TOLERANCES,
     check_async,
     check_distributed,
     check_same_as_reference,
 )
-from course_utils.works_where.task import Task
 
 __all__ = ["run_cell", "run_column"]
 
 
 def _run_job(row: str, column: str, strategy: Any, task: Task, expected_replicas: int) -> Cell:
     if column == "parameter_server":
-        from course_utils.works_where.parameter_server import PS_JOBS, PS_STEPS
+        from course_utils.works_where.coordinator_jobs import PS_JOBS, PS_STEPS
 
         weights, applied, iterations = PS_JOBS[row](strategy, task)
         return check_async(row, column, task, weights, applied, PS_STEPS, iterations)

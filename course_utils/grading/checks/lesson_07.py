@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.environment import import_tensorflow as _tf  # quiet, on first use
+from course_utils.equality import largest_difference
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = [
     "ACCUMULATION_TOLERANCE",
@@ -49,12 +50,6 @@ def _keras() -> Any:
     import keras
 
     return keras
-
-
-def _largest_difference(a: list[Any], b: list[Any]) -> float:
-    from course_utils.bench import largest_difference
-
-    return largest_difference(a, b)
 
 
 # --- the references: large batches, and the two wrong loops ----------------------------------
@@ -128,7 +123,7 @@ def _references(problem: dict[str, Any]) -> dict[str, list[np.ndarray]]:
 
 
 def _closest(weights: list[np.ndarray], references: dict[str, list[np.ndarray]]) -> str:
-    return min(references, key=lambda name: _largest_difference(weights, references[name]))
+    return min(references, key=lambda name: largest_difference(weights, references[name]))
 
 
 # --- Exercise 1 · accumulate under a memory limit --------------------------------------------
@@ -155,7 +150,7 @@ def check_train_with_accumulation(fn: Any) -> bool:
             if not references:
                 references.update(_references(problem))
             weights = [np.asarray(w) for w in model.get_weights()]
-            error = _largest_difference(weights, references["correct"])
+            error = largest_difference(weights, references["correct"])
             if error <= ACCUMULATION_TOLERANCE:
                 if int(optimizer.iterations) != updates:
                     return (f"the weights are right, but the optimizer counted "
@@ -346,9 +341,9 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
         def verify(_: Any) -> str | None:
             all_reduced = int(counter.numpy())
             weights = [np.asarray(w) for w in model.get_weights()]
-            error = _largest_difference(weights, _large_batch_weights(problem, problem["steps"]))
+            error = largest_difference(weights, _large_batch_weights(problem, problem["steps"]))
             if error > ACCUMULATION_TOLERANCE:
-                every = _largest_difference(weights, _large_batch_weights(problem, 1))
+                every = largest_difference(weights, _large_batch_weights(problem, 1))
                 why = ("they match applying every micro-batch: one update per group, not per "
                        "micro-batch" if every <= ACCUMULATION_TOLERANCE else
                        "divide each micro-batch's summed loss by the examples of its whole "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_utils.works_where.jobs import compiled_keras3
+from course_utils.works_where.jobs import compiled_keras3, replica_training
 from course_utils.works_where.task import Task
 
 __all__ = ["PS_STEPS", "ps_custom_loop", "ps_loss_scaled_loop", "ps_trainer", "ps_fit_tf_keras",
@@ -27,32 +27,15 @@ PS_STEPS = 24
 def ps_custom_loop(strategy: Any, task: Task, policy: str | None = None,
                    recompute: bool = False) -> tuple[list, int, int]:
     """``coordinator.schedule`` of a ``strategy.run`` step; counts applied steps on the ps."""
-    import keras
     import tensorflow as tf
 
-    from course_utils.training.precision import policy_scope
-
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    with policy_scope(policy), strategy.scope():
-        model = task.keras_model()
-        optimizer = keras.optimizers.SGD(task.learning_rate)
-        if policy == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)
+    model, optimizer, train_replica = replica_training(strategy, task, policy, recompute)
+    with strategy.scope():
         applied = tf.Variable(0, dtype=tf.int64)  # a plain variable: atomic assign_add
-    loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-
-    def forward(x: Any) -> Any:
-        return model(x, training=True)
 
     def replica_step(x: Any, y: Any) -> None:
-        with tf.GradientTape() as tape:
-            logits = tf.recompute_grad(forward)(x) if recompute else forward(x)
-            per_example = loss_object(y, tf.cast(logits, tf.float32))
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=task.global_batch)
-            scaled = optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        train_replica(x, y)
         applied.assign_add(1)
 
     @tf.function
