@@ -101,7 +101,26 @@ def limit_batch_size(model: Any, max_batch_size: int) -> Any:
 # --- measured: the rise of a fresh process's peak memory over one gradient step ----------------
 
 
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak resident memory to its current size (Linux: ``5`` written to
+    ``/proc/self/clear_refs`` resets ``VmHWM``); False where that cannot be done."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _peak_rss_bytes() -> int:
+    """This process's peak resident memory: ``VmHWM`` on Linux (resettable), else rusage."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -129,6 +148,7 @@ def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> 
         return tape.gradient(loss, variables)
 
     gradients.get_concrete_function(features)  # tracing is not the step
+    _reset_peak_rss()  # else tracing's own peak may hide the step's (then the rise reads 0)
     before = _peak_rss_bytes()
     gradients(features)
     return _peak_rss_bytes() - before
