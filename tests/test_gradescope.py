@@ -32,7 +32,8 @@ from course_utils.instructor.submissions import load_solutions
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((REPO / "tests/fixtures/gradescope/results.schema.json").read_text())
-TIMEOUT = 120  # seconds per notebook in the test's autograder (the endless loop costs this)
+TIMEOUT = 300  # seconds per notebook in the test's autograder for the whole course
+HOSTILE_TIMEOUT = 30  # lesson 00's autograder for hostile submissions (the endless loop's cost)
 sys.path.insert(0, str(REPO / "tests" / "fixtures" / "grading"))
 import make_submissions  # noqa: E402
 
@@ -110,13 +111,23 @@ def test_canvas_export_has_one_column_per_notebook_and_points_possible(tmp_path)
 
 # --- the autograder, run ----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def autograder(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("gradescope_root")
-    zip_path = gradescope.build_autograder(root.parent / "autograder.zip", REPO / "solutions",
-                                           timeout=TIMEOUT, jobs=2)
+def _autograder(root: Path, lessons: list[str], timeout: float) -> Path:
+    zip_path = gradescope.build_autograder(root.parent / f"{root.name}.zip", REPO / "solutions",
+                                           lessons, timeout=timeout, jobs=2)
     gradescope.unpack_autograder(zip_path, root)
     return root
+
+
+@pytest.fixture(scope="module")
+def autograder(tmp_path_factory) -> Path:
+    """The whole course's autograder."""
+    return _autograder(tmp_path_factory.mktemp("gradescope_root"), [], TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def lesson_00_autograder(tmp_path_factory) -> Path:
+    """Lesson 00's autograder with a short time limit, for the hostile submissions."""
+    return _autograder(tmp_path_factory.mktemp("gradescope_00"), ["00"], HOSTILE_TIMEOUT)
 
 
 def _run(root: Path, files: dict[str, str]) -> dict:
@@ -187,16 +198,16 @@ HOSTILE = {  # scenario of make_submissions (lesson 00) -> the points it may get
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", HOSTILE)
-def test_hostile_submissions_never_break_the_results(autograder, scenario):
+def test_hostile_submissions_never_break_the_results(lesson_00_autograder, scenario):
     solution = nbformat.read(make_submissions.SOLUTION, as_version=4)
     text = make_submissions.SCENARIOS[scenario](solution)
-    results = _run(autograder, {make_submissions.NOTEBOOK: text})
+    results = _run(lesson_00_autograder, {make_submissions.NOTEBOOK: text})
     got, top = _by_notebook(results)[make_submissions.NOTEBOOK.split("_exercises")[0]]
     assert HOSTILE[scenario](got, top), f"{scenario}: {got:g} of {top:g}\n{results['output']}"
 
 
 @pytest.mark.slow
-def test_an_empty_or_foreign_submission_gets_zero_and_says_why(autograder):
-    results = _run(autograder, {"notes.txt": "hello", "my_homework.ipynb": "{}"})
+def test_an_empty_or_foreign_submission_gets_zero_and_says_why(lesson_00_autograder):
+    results = _run(lesson_00_autograder, {"notes.txt": "hello", "my_homework.ipynb": "{}"})
     assert results["score"] == 0 and "not an exercise notebook" in results["output"]
     assert all("not submitted" in test["output"] for test in results["tests"])
