@@ -37,8 +37,9 @@ _toc.write_text(json.dumps(book.table_of_contents(ROOT, solutions=WITH_SOLUTIONS
 external_toc_path = str(_toc)  # YAML is a superset of JSON
 external_toc_exclude_missing = True  # only what the table of contents lists is built
 
-exclude_patterns = ["_build", ".venv*", "**/.ipynb_checkpoints", "tests", "benchmarks",
-                    "course_utils", "requirements", "docs/book"]
+# Only the course's own pages: no hidden or generated folder (caches, environments, run output).
+exclude_patterns = ["_build", ".*", "**/.*", "**/runs", "tests", "benchmarks", "course_utils",
+                    "requirements", "docs/book", "submissions", "feedback"]
 if not WITH_SOLUTIONS:
     exclude_patterns.append("solutions")
 
