@@ -52,6 +52,11 @@ def time_notebook(path: pathlib.Path) -> dict[str, object]:
 def main(argv: list[str]) -> int:
     paths = [pathlib.Path(p).resolve() for p in argv] or sorted(
         p for folder in BUDGET_S for p in (REPO / folder).glob("*.ipynb"))
+    missing = [str(p) for p in paths if not p.is_file() or p.parent.name not in BUDGET_S]
+    if missing:
+        print("not a notebook of notebooks/, solutions/ or exercises/: " + ", ".join(missing),
+              file=sys.stderr)
+        return 2
     rows = []
     for path in paths:
         row = time_notebook(path)

@@ -99,7 +99,7 @@ def shard_dense_rows(x, kernel, bias, mesh):
     dim = mesh.dim_names[0]
 
     def put(value, specs):
-        value = tf.constant(value)
+        value = tf.convert_to_tensor(value)
         replicated = dtensor.Layout.replicated(mesh, rank=len(value.shape))
         return dtensor.relayout(dtensor.copy_to_mesh(value, replicated),
                                 dtensor.Layout(specs, mesh))
@@ -115,6 +115,21 @@ def x_left_whole(x, kernel, bias, mesh):
     _, kernel_rows, y = shard_dense_rows(x, kernel, bias, mesh)
     whole_x = dtensor.copy_to_mesh(tf.constant(x), dtensor.Layout.replicated(mesh, rank=2))
     return whole_x, kernel_rows, y
+
+
+def computed_whole(x, kernel, bias, mesh):  # right layouts and values, but nothing sharded
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    x_rows, kernel_rows, _ = shard_dense_rows(x, kernel, bias, mesh)
+    y = tf.matmul(x, kernel) + bias
+    return x_rows, kernel_rows, dtensor.copy_to_mesh(y, dtensor.Layout.replicated(mesh, rank=2))
+
+
+def with_constant(x, kernel, bias, mesh):  # right eagerly; tf.constant cannot take a traced x
+    import tensorflow as tf
+
+    return shard_dense_rows(tf.constant(x), kernel, bias, mesh)
 
 
 def with_course_helpers(x, kernel, bias, mesh):
@@ -172,6 +187,10 @@ def test_shard_dense_rows_reference_passes_and_wrong_layouts_fail():
         cu.grading.check_shard_dense_rows(x_left_whole)
     with pytest.raises(AssertionError, match="DTensor's own API"):
         cu.grading.check_shard_dense_rows(with_course_helpers)
+    with pytest.raises(AssertionError, match="not the matmul of the sharded x and kernel"):
+        cu.grading.check_shard_dense_rows(computed_whole)
+    with pytest.raises(AssertionError, match="tracing failed.*tf.convert_to_tensor"):
+        cu.grading.check_shard_dense_rows(with_constant)
     assert callable(cu.parallel.shard) and cu.parallel.shard.__name__ == "shard"
 
 

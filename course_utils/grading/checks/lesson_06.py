@@ -12,8 +12,10 @@
   on devices the check chooses (never the default device), equal to the unsplit reference.
 * ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows with DTensor's own
   API: ``x``'s layout (split by features) and the kernel's (split by rows) on the check's mesh,
-  whose dimension name varies, and ``y`` against the unsharded layer. The course's
-  ``cu.parallel`` sharding helpers are switched off while the check runs.
+  whose dimension name varies, ``y`` against the unsharded layer, and, traced in a
+  ``tf.function``, that ``y``'s matmul multiplies the returned sharded ``x`` and kernel (a ``y``
+  computed whole and copied onto the mesh fails). The course's ``cu.parallel`` sharding helpers
+  are switched off while the check runs.
 """
 
 from __future__ import annotations
@@ -183,6 +185,54 @@ def check_split_gradients(fn: Any) -> bool:
 # --- Exercise 3 · a dense layer sharded by rows with DTensor ----------------------------------
 
 
+_MATMUL_OPS = frozenset({"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
+
+
+def _ancestors(tensor: Any) -> set[Any]:
+    """References to every graph tensor ``tensor`` is computed from, itself included."""
+    seen: set[Any] = set()
+    stack = [tensor]
+    while stack:
+        current = stack.pop()
+        if current.ref() not in seen:
+            seen.add(current.ref())
+            stack.extend(current.op.inputs)
+    return seen
+
+
+def _matmul_of_the_shards(fn: Any, arrays: tuple[Any, ...], mesh: Any) -> str | None:
+    """None when, traced in a tf.function, y's matmul consumes the returned sharded x and kernel.
+
+    Right values prove nothing here: ``x @ kernel`` computed whole and copied onto the mesh
+    has them too. The traced graph shows what the matmul actually multiplies.
+    """
+    tf = _tf()
+    found: dict[str, Any] = {}
+
+    def traced(x: Any, kernel: Any, bias: Any) -> Any:
+        x_sharded, kernel_sharded, y = fn(x, kernel, bias, mesh)
+        found["ok"] = any(
+            len(op.inputs) >= 2
+            and x_sharded.ref() in _ancestors(op.inputs[0])
+            and kernel_sharded.ref() in _ancestors(op.inputs[1])
+            for op in {ref.deref().op for ref in _ancestors(y)} if op.type in _MATMUL_OPS)
+        return y
+
+    specs = [tf.TensorSpec(array.shape, tf.float32) for array in arrays]
+    try:
+        tf.function(traced).get_concrete_function(*specs)
+    except Exception as error:  # noqa: BLE001 - any failure is the learner's to see
+        return ("the check traces shard_dense_rows in a tf.function to see what the matmul "
+                "multiplies, and tracing failed: "
+                f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]} "
+                "(keep to TensorFlow ops: tf.convert_to_tensor, not tf.constant or .numpy())")
+    if not found.get("ok"):
+        return ("y is not the matmul of the sharded x and kernel you returned: compute "
+                "y from them (a y computed whole and copied onto the mesh has the right "
+                "values but shards nothing)")
+    return None
+
+
 @register
 def check_shard_dense_rows(fn: Any) -> bool:
     """Check ``shard_dense_rows(x, kernel, bias, mesh)``: x's and the kernel's layouts, y."""
@@ -222,7 +272,7 @@ def check_shard_dense_rows(fn: Any) -> bool:
             error = float(np.abs(values - expected).max())
             if error > 1e-4:
                 return f"y differs from x @ kernel + bias by {error:.2e}"
-            return None
+            return _matmul_of_the_shards(fn, (x, kernel, bias), mesh)
 
         return Case(args=(x, kernel, bias, mesh), verify=verify,
                     label=f"(a {count}-device mesh named {dim!r}, kernel {d_in}×{d_out})")
