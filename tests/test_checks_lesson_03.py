@@ -192,7 +192,8 @@ def test_failure_logs_refuse_a_culprit_that_does_not_fit():
 
 def test_the_reference_diagnosis_passes_and_lazy_ones_fail():
     assert cu.grading.check_diagnose(diagnose) is True
-    with pytest.raises(AssertionError, match="the cause is"):
+    # The cases are drawn fresh: a constant fails on whichever it gets wrong first.
+    with pytest.raises(AssertionError, match="the cause is|the worker at fault"):
         cu.grading.check_diagnose(lambda logs: ("killed", 0))
     with pytest.raises(AssertionError, match="worker at fault"):
         cu.grading.check_diagnose(lambda logs: (diagnose(logs)[0], 0 if diagnose(logs)[1]
