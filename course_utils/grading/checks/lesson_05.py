@@ -9,7 +9,8 @@
   the exercise; a global batch that cannot give each replica one example must raise ValueError.
 * ``check_train_steps(make_train_steps)``: the learner's portable training function, run under
   the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
-  must match one device's reference training, trace once, and divide by the global batch.
+  for a model with L2 penalties (``model.losses``), must match one device's reference training
+  (mean loss over the global batch plus the penalty once), trace once, and change the weights.
 """
 
 from __future__ import annotations

@@ -6,16 +6,21 @@
   which fails on a deadlock (a pass waiting for an input that never comes); the schedule must
   take no more slots than GPipe's, 2(M + K − 1) (the same bubble), and stage ``s`` must never
   keep more than ``K − s`` micro-batches' activations (GPipe's order keeps ``M``). The course's
-  own ``cu.parallel.one_f_one_b_orders`` is switched off while the check runs.
-* ``check_split_gradients(split_gradients)``: a split model's loss and gradients, with each
-  part's gradients computed on its own device (read from the returned tensors' ``.device``),
-  on devices the check chooses (never the default device), equal to the unsplit reference.
-* ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows with DTensor's own
-  API: ``x``'s layout (split by features) and the kernel's (split by rows) on the check's mesh,
-  whose dimension name varies, ``y`` against the unsharded layer, and, traced in a
-  ``tf.function``, that ``y``'s matmul multiplies the returned sharded ``x`` and kernel (a ``y``
-  computed whole and copied onto the mesh fails). The course's ``cu.parallel`` sharding helpers
-  are switched off while the check runs.
+  own schedule helpers are refused by the identity of their code objects, entered while the
+  answer runs (an alias bound before the check, a wrapper or a lambda are all caught).
+* ``check_split_gradients(split_gradients)``: a model split into two and three parts on
+  devices the check chooses (never the default first); loss and gradients equal to the unsplit
+  model's; then the answer is traced in a ``tf.function`` and the placement of what it built is
+  read: every op that makes a gradient of part ``i``'s weights (looked for through Identity
+  copies) and every gradient op that reads part ``i``'s weights must ask for ``devices[i]``.
+  ``cu.parallel.split_step`` is refused by code identity.
+* ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows, never whole on
+  a device: the kernel made by the check's ``init_kernel`` inside ``dtensor.call_with_layout``
+  with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
+  features in the mesh's device order, no matrix sent to the mesh replicated
+  (``dtensor.pack``/``copy_to_mesh`` watched by code identity), the layouts, the gathered
+  values and ``y`` against the unsharded layer; the course's sharding helpers refused by code
+  identity.
 """
 
 from __future__ import annotations
