@@ -13,7 +13,6 @@ backward pass, and prints the placement log; :func:`collectives_in_fresh_process
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 
 __all__ = ["collectives_in_fresh_process"]
@@ -26,10 +25,10 @@ _LINE = re.compile(r"^(?P<name>\S+): \((?P<type>\w+)\): \S*device:(?P<device>\w+
 def collectives_in_fresh_process(batch: int, features: int, hidden: int,
                                  timeout_s: float = 300.0) -> dict[str, list[dict[str, object]]]:
     """The all-reduces of the step, x not watched and watched: the op each follows, its devices."""
-    command = [sys.executable, "-m", "course_utils.parallel.collectives",
-               str(batch), str(features), str(hidden)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                          check=False)
+    from course_utils.child import run_cpu_only
+
+    done = run_cpu_only(["-m", "course_utils.parallel.collectives", str(batch), str(features),
+                         str(hidden)], timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"the fresh process failed: {done.stderr.strip()[-800:]}")
     runs: dict[str, dict[str, list[str]]] = {}
