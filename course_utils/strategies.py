@@ -83,6 +83,20 @@ def _mirrored(num_replicas: int | None, verbose: bool) -> Any:
     return _CACHE[key]
 
 
+def _tpu_system_initialized() -> bool:
+    """Whether this process already initialized a TPU system (lesson 05's raw cell does).
+
+    ``initialize_tpu_system`` run twice reinitializes the TPU ("Reinitializing the TPU can cause
+    previously created variables on TPU to be lost", ``tensorflow/python/tpu/
+    tpu_strategy_util.py``), which keeps the systems it initialized in the table read here.
+    """
+    try:
+        from tensorflow.python.tpu.tpu_strategy_util import get_initialized_tpu_systems
+    except ImportError:  # a TensorFlow without it: initialize, as before
+        return False
+    return bool(get_initialized_tpu_systems())
+
+
 def _tpu(verbose: bool, fallback: str) -> Any:
     """A TPUStrategy when a TPU is attached; otherwise the ``fallback`` strategy, said plainly."""
     from course_utils.devices import tpu_address
@@ -98,7 +112,8 @@ def _tpu(verbose: bool, fallback: str) -> Any:
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
         tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
+        if not _tpu_system_initialized():  # once per process: again would reset the TPU
+            tf.tpu.experimental.initialize_tpu_system(resolver)
         strategy = tf.distribute.TPUStrategy(resolver)
     except (ValueError, tf.errors.NotFoundError, tf.errors.UnavailableError) as error:
         from course_utils.tpu import tpu_failure_reason

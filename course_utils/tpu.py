@@ -37,6 +37,8 @@ __all__ = [
     "strategy_branch",
     "TPU_CHIPS",
     "TpuChip",
+    "critical_batch",
+    "slice_replicas",
     "tpu_failure_reason",
 ]
 
@@ -227,21 +229,60 @@ def padded_fraction(shape: Sequence[int], tile: tuple[int, int] = (8, 128)) -> f
 
 @dataclasses.dataclass(frozen=True)
 class TpuChip:
-    """One TPU generation's chip, as Google's Cloud TPU system-architecture pages describe it."""
+    """One TPU generation's chip, as Google's Cloud TPU pages describe it (``source``)."""
 
     name: str
-    tensor_cores: int  # TensorCores per chip (a TPUStrategy replica is one core)
+    tensor_cores: int  # TensorCores per chip
+    devices_per_chip: int  # TPU devices (TPUStrategy replicas) per chip: 1 with megacore
     mxus_per_core: int  # matrix-multiply units per TensorCore
     mxu_size: int  # an MXU is mxu_size × mxu_size multiply-accumulate cells
-    hbm_gib: int  # high-bandwidth memory per chip
+    hbm_gb: int  # high-bandwidth memory per chip (as the page gives it: GiB for v4, GB else)
+    peak_bf16_tflops: float  # peak bfloat16 compute per chip
+    hbm_gbps: float  # HBM bandwidth per chip, GB/s
+    source: str  # the Cloud TPU page the figures come from
+    cores_in_name: bool  # the slice name counts TensorCores ("v4-8": 8 cores), not chips
 
 
-#: Published chip sizes (cloud.google.com/tpu/docs/v4, /v5e, /v6e): not measured by the course.
+#: Published chip figures, not measured by the course. Megacore (v4, v5p): the chip's two
+#: TensorCores form one device, so one replica per chip (JAX's ``pallas.tpu.ChipVersion``
+#: table, "Megacore support"; jax-ml/jax discussion #36155). A slice name counts TensorCores
+#: for v4 and v5p (v5p's topology table: 2x2x1 = 8 cores, 4 chips) and chips for v5e and v6e.
 TPU_CHIPS = {
-    "v4": TpuChip("v4", tensor_cores=2, mxus_per_core=4, mxu_size=128, hbm_gib=32),
-    "v5e": TpuChip("v5e", tensor_cores=1, mxus_per_core=4, mxu_size=128, hbm_gib=16),
-    "v6e": TpuChip("v6e", tensor_cores=1, mxus_per_core=2, mxu_size=256, hbm_gib=32),
+    "v4": TpuChip("v4", tensor_cores=2, devices_per_chip=1, mxus_per_core=4, mxu_size=128,
+                  hbm_gb=32, peak_bf16_tflops=275, hbm_gbps=1200,
+                  source="https://cloud.google.com/tpu/docs/v4", cores_in_name=True),
+    "v5e": TpuChip("v5e", tensor_cores=1, devices_per_chip=1, mxus_per_core=4, mxu_size=128,
+                   hbm_gb=16, peak_bf16_tflops=197, hbm_gbps=819,
+                   source="https://cloud.google.com/tpu/docs/v5e", cores_in_name=False),
+    "v5p": TpuChip("v5p", tensor_cores=2, devices_per_chip=1, mxus_per_core=4, mxu_size=128,
+                   hbm_gb=95, peak_bf16_tflops=459, hbm_gbps=2765,
+                   source="https://cloud.google.com/tpu/docs/v5p", cores_in_name=True),
+    "v6e": TpuChip("v6e", tensor_cores=1, devices_per_chip=1, mxus_per_core=2, mxu_size=256,
+                   hbm_gb=32, peak_bf16_tflops=918, hbm_gbps=1638,
+                   source="https://cloud.google.com/tpu/docs/v6e", cores_in_name=False),
 }
+
+
+def slice_replicas(accelerator_type: str) -> int:
+    """``TPUStrategy.num_replicas_in_sync`` on a one-host slice such as "v4-8" or "v5e-8"."""
+    generation, _, size = accelerator_type.partition("-")
+    chip = TPU_CHIPS.get(generation)
+    if chip is None or not size.isdigit():
+        raise ValueError(f"expected a slice like 'v4-8', one of {sorted(TPU_CHIPS)}, "
+                         f"got {accelerator_type!r}")
+    chips = int(size) // chip.tensor_cores if chip.cores_in_name else int(size)
+    return chips * chip.devices_per_chip
+
+
+def critical_batch(chip: TpuChip) -> float:
+    """Rows of a bfloat16 matmul above which the chip is compute-bound: peak FLOP/s / HBM B/s.
+
+    ``x (B×D) @ W (D×F)`` does 2·B·D·F FLOPs and moves at least 2·(B·D + D·F + B·F) bytes;
+    with ``D, F`` much larger than ``B`` that is B FLOPs per byte, so compute outpaces memory
+    once B exceeds peak / bandwidth (the roofline's ridge point).
+    """
+    return chip.peak_bf16_tflops * 1e12 / (chip.hbm_gbps * 1e9)
+
 
 _BRANCH_EFFECTS = {
     "TPU": "every step compiled by XLA for the TPU; float32 matmuls in bfloat16 passes unless "

@@ -37,7 +37,7 @@ def tpu_settings(replicas, max_global_batch, host_overhead_ms, step_ms, max_over
     return per_replica, max(1, min(n, steps))
 
 
-def make_train_steps(strategy, model, optimizer, global_batch_size):
+def make_train_steps(strategy, model, optimizer, global_batch_size, penalty="scaled"):
     import keras
     import tensorflow as tf
 
@@ -46,6 +46,10 @@ def make_train_steps(strategy, model, optimizer, global_batch_size):
             per_example = keras.losses.sparse_categorical_crossentropy(
                 y, model(x, training=True), from_logits=True)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+            if penalty == "scaled":
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            elif penalty == "whole on every replica":
+                loss += tf.add_n(model.losses)
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
 
@@ -162,6 +166,33 @@ def test_the_reference_training_function_passes():
     assert cu.grading.check_train_steps(make_train_steps) is True
 
 
+def test_the_lessons_cell_without_the_penalty_fails():
+    def lesson_cell(strategy, model, optimizer, global_batch_size):
+        return make_train_steps(strategy, model, optimizer, global_batch_size, penalty=None)
+
+    with pytest.raises(AssertionError, match="scale_regularization_loss"):
+        cu.grading.check_train_steps(lesson_cell)
+
+
+def test_a_penalty_added_whole_on_every_replica_fails():
+    def unscaled(strategy, model, optimizer, global_batch_size):
+        return make_train_steps(strategy, model, optimizer, global_batch_size,
+                                penalty="whole on every replica")
+
+    with pytest.raises(AssertionError, match="differ from one device"):
+        cu.grading.check_train_steps(unscaled)
+
+
+def test_a_constant_function_that_trains_nothing_fails():
+    import tensorflow as tf
+
+    def does_nothing(strategy, model, optimizer, global_batch_size):
+        return tf.function(lambda iterator, steps: None)
+
+    with pytest.raises(AssertionError, match="did not change"):
+        cu.grading.check_train_steps(does_nothing)
+
+
 def test_dividing_by_the_per_replica_batch_fails():
     def per_replica_mean(strategy, model, optimizer, global_batch_size):
         replicas = strategy.num_replicas_in_sync
@@ -221,3 +252,51 @@ def test_a_stub_is_not_attempted_and_fails_in_strict_mode(name, capsys):
     assert "not attempted yet" in capsys.readouterr().out
     with strict_checks(), pytest.raises(NotAttemptedError):
         check(stub)
+
+
+def _keeps_the_last_tokens(dataset, batch_size, sequence_length):
+    import tensorflow as tf
+
+    def fix(tokens, label):
+        tokens = tokens[-sequence_length:]
+        tokens = tf.pad(tokens, [[0, sequence_length - tf.shape(tokens)[0]]])
+        return tf.ensure_shape(tokens, [sequence_length]), label
+
+    return dataset.map(fix).batch(batch_size, drop_remainder=True)
+
+
+def _keeps_the_partial_batch(dataset, batch_size, sequence_length):
+    return make_tpu_ready(dataset.repeat(1), batch_size, sequence_length).unbatch().batch(
+        batch_size)
+
+
+def _padded_to_the_longest(dataset, batch_size, sequence_length):
+    return dataset.padded_batch(batch_size, drop_remainder=True)
+
+
+def _a_constant_dataset(dataset, batch_size, sequence_length):
+    import tensorflow as tf
+
+    zeros = tf.zeros((batch_size, sequence_length), tf.int32)
+    return tf.data.Dataset.from_tensors((zeros, tf.zeros((batch_size,), tf.int32))).repeat(3)
+
+
+def _the_lessons_cell_only(dataset, batch_size, sequence_length):  # drop_remainder, no length
+    return dataset.padded_batch(batch_size, padded_shapes=([None], []), drop_remainder=True)
+
+
+@pytest.mark.parametrize("answer", [_keeps_the_last_tokens, _keeps_the_partial_batch,
+                                    _padded_to_the_longest, _a_constant_dataset,
+                                    _the_lessons_cell_only])
+def test_make_tpu_ready_catalogue_of_wrong_answers_fails(answer):
+    with pytest.raises(AssertionError, match=r"make_tpu_ready: case \d"):
+        cu.grading.check_make_tpu_ready(answer)
+
+
+def test_settings_with_the_global_batch_per_replica_fail():
+    def global_is_per_replica(replicas, max_global_batch, *rest):
+        per_replica, steps = tpu_settings(1, max_global_batch, *rest)
+        return per_replica, steps
+
+    with pytest.raises(AssertionError):
+        cu.grading.check_tpu_settings(global_is_per_replica)

@@ -54,88 +54,235 @@ def the_lessons_helper(num_stages, num_micro_batches):
     return cu.parallel.one_f_one_b_orders(num_stages, num_micro_batches)
 
 
-def split_gradients(part_a, part_b, x, y, loss_fn, devices):
+def split_gradients(parts, x, y, loss_fn, devices):
     import tensorflow as tf
 
+    tapes, inputs, outputs, value = [], [], [], tf.convert_to_tensor(x)
+    for i, (part, device) in enumerate(zip(parts, devices, strict=True)):
+        with tf.device(device), tf.GradientTape() as tape:
+            tape.watch(value)
+            inputs.append(value)
+            value = part(value)
+            if i == len(parts) - 1:
+                value = loss = loss_fn(y, value)
+        tapes.append(tape)
+        outputs.append(value)
+    grads, upstream = [], None
+    for i in reversed(range(len(parts))):
+        wanted = [inputs[i]] * (i > 0) + parts[i].trainable_variables
+        with tf.device(devices[i]):
+            found = tapes[i].gradient(outputs[i], wanted, output_gradients=upstream)
+        upstream = found[0] if i > 0 else None
+        grads = found[i > 0:] + grads
+    return loss, grads
+
+
+def _one_tape(parts, x, y, loss_fn, devices, backward_device=None, copy=False):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        value = x
+        for part, device in zip(parts, devices, strict=True):
+            with tf.device(device):
+                value = part(value)
+        loss = loss_fn(y, value)
+    variables = [v for part in parts for v in part.trainable_variables]
+    if backward_device is None:
+        grads = tape.gradient(loss, variables)
+    else:
+        with tf.device(backward_device):
+            grads = tape.gradient(loss, variables)
+    if copy:  # each gradient copied onto "its" device afterwards
+        owner = [d for part, d in zip(parts, devices, strict=True)
+                 for _ in part.trainable_variables]
+        copied = []
+        for grad, device in zip(grads, owner, strict=True):
+            with tf.device(device):
+                copied.append(tf.identity(grad))
+        grads = copied
+    return loss, grads
+
+
+def one_tape(parts, x, y, loss_fn, devices):  # the broken code of the exercise
+    return _one_tape(parts, x, y, loss_fn, devices)
+
+
+def one_tape_copied_with_identity(parts, x, y, loss_fn, devices):
+    return _one_tape(parts, x, y, loss_fn, devices, backward_device=devices[0], copy=True)
+
+
+def one_tape_on_the_last_device(parts, x, y, loss_fn, devices):
+    return _one_tape(parts, x, y, loss_fn, devices, backward_device=devices[-1])
+
+
+def the_lessons_two_part_fix(parts, x, y, loss_fn, devices):  # ignores parts beyond two
+    import tensorflow as tf
+
+    part_a, part_b = parts[0], parts[-1]
     with tf.device(devices[0]), tf.GradientTape() as tape_a:
         hidden = part_a(x)
-    with tf.device(devices[1]), tf.GradientTape() as tape_b:
+    with tf.device(devices[-1]), tf.GradientTape() as tape_b:
         tape_b.watch(hidden)
         loss = loss_fn(y, part_b(hidden))
-    with tf.device(devices[1]):
+    with tf.device(devices[-1]):
         d_hidden, *grads_b = tape_b.gradient(loss, [hidden, *part_b.trainable_variables])
     with tf.device(devices[0]):
         grads_a = tape_a.gradient(hidden, part_a.trainable_variables, output_gradients=d_hidden)
     return loss, grads_a + grads_b
 
 
-def one_tape(part_a, part_b, x, y, loss_fn, devices):  # the broken code of the exercise
+def each_part_recomputes_from_the_loss(parts, x, y, loss_fn, devices):
+    """Right devices for the last op of each gradient, but later parts' backward redone there."""
     import tensorflow as tf
 
-    with tf.GradientTape() as tape:
-        with tf.device(devices[0]):
-            hidden = part_a(x)
-        with tf.device(devices[1]):
-            loss = loss_fn(y, part_b(hidden))
-    return loss, tape.gradient(loss, part_a.trainable_variables + part_b.trainable_variables)
+    with tf.GradientTape(persistent=True) as tape:
+        value = x
+        for part, device in zip(parts, devices, strict=True):
+            with tf.device(device):
+                value = part(value)
+        loss = loss_fn(y, value)
+    grads = []
+    for part, device in zip(parts, devices, strict=True):
+        with tf.device(device):
+            grads += tape.gradient(loss, part.trainable_variables)
+    return loss, grads
 
 
-def one_tape_on_the_second_device(part_a, part_b, x, y, loss_fn, devices):
+def forgets_output_gradients(parts, x, y, loss_fn, devices):  # each part: d(sum of output)
     import tensorflow as tf
 
-    with tf.GradientTape() as tape:
-        with tf.device(devices[0]):
-            hidden = part_a(x)
-        with tf.device(devices[1]):
-            loss = loss_fn(y, part_b(hidden))
-    with tf.device(devices[1]):
-        return loss, tape.gradient(loss, part_a.trainable_variables + part_b.trainable_variables)
+    tapes, outputs, value = [], [], tf.convert_to_tensor(x)
+    for i, (part, device) in enumerate(zip(parts, devices, strict=True)):
+        with tf.device(device), tf.GradientTape() as tape:
+            value = part(value)
+            if i == len(parts) - 1:
+                value = loss = loss_fn(y, value)
+        tapes.append(tape)
+        outputs.append(value)
+    grads = []
+    for i, part in enumerate(parts):
+        with tf.device(devices[i]):
+            grads += tapes[i].gradient(outputs[i], part.trainable_variables)
+    return loss, grads
 
 
-def shard_dense_rows(x, kernel, bias, mesh):
-    import tensorflow as tf
-    from tensorflow.experimental import dtensor
-
-    dim = mesh.dim_names[0]
-
-    def put(value, specs):
-        value = tf.convert_to_tensor(value)
-        replicated = dtensor.Layout.replicated(mesh, rank=len(value.shape))
-        return dtensor.relayout(dtensor.copy_to_mesh(value, replicated),
-                                dtensor.Layout(specs, mesh))
-
-    x_rows, kernel_rows = put(x, [dtensor.UNSHARDED, dim]), put(kernel, [dim, dtensor.UNSHARDED])
-    return x_rows, kernel_rows, tf.matmul(x_rows, kernel_rows) + put(bias, [dtensor.UNSHARDED])
+def with_the_course_helper(parts, x, y, loss_fn, devices):
+    step = cu.parallel.split_step(parts, devices, x, y, loss_fn)
+    return step["loss"], step["grads"]
 
 
-def x_left_whole(x, kernel, bias, mesh):
-    import tensorflow as tf
-    from tensorflow.experimental import dtensor
-
-    _, kernel_rows, y = shard_dense_rows(x, kernel, bias, mesh)
-    whole_x = dtensor.copy_to_mesh(tf.constant(x), dtensor.Layout.replicated(mesh, rank=2))
-    return whole_x, kernel_rows, y
-
-
-def computed_whole(x, kernel, bias, mesh):  # right layouts and values, but nothing sharded
+def shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh):
+    import numpy as np
     import tensorflow as tf
     from tensorflow.experimental import dtensor
 
-    x_rows, kernel_rows, _ = shard_dense_rows(x, kernel, bias, mesh)
-    y = tf.matmul(x, kernel) + bias
-    return x_rows, kernel_rows, dtensor.copy_to_mesh(y, dtensor.Layout.replicated(mesh, rank=2))
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    kernel = dtensor.call_with_layout(tf.function(init_kernel), dtensor.Layout([dim, free], mesh),
+                                      shape=kernel_shape)
+    columns = np.split(x, mesh.dim_size(dim), axis=1)
+    x_sharded = dtensor.pack([columns[w[dim]] for w in mesh.local_device_locations()],
+                             dtensor.Layout([free, dim], mesh))
+    bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout([free], mesh))
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
 
 
-def with_constant(x, kernel, bias, mesh):  # right eagerly; tf.constant cannot take a traced x
+def _whole_then_relayout(value, layout):
     import tensorflow as tf
+    from tensorflow.experimental import dtensor
 
-    return shard_dense_rows(tf.constant(x), kernel, bias, mesh)
+    replicated = dtensor.Layout.replicated(layout.mesh, rank=layout.rank)
+    return dtensor.relayout(dtensor.copy_to_mesh(tf.convert_to_tensor(value), replicated), layout)
 
 
-def with_course_helpers(x, kernel, bias, mesh):
+def kernel_made_whole_then_relaid(x, init_kernel, kernel_shape, bias, mesh):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    x_sharded, _, _ = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    kernel = _whole_then_relayout(init_kernel(kernel_shape), dtensor.Layout([dim, free], mesh))
+    bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout([free], mesh))
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
+
+
+def kernel_drawn_on_the_host_then_packed(x, init_kernel, kernel_shape, bias, mesh):
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    x_sharded, _, _ = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    rows = np.split(init_kernel(kernel_shape).numpy(), mesh.dim_size(dim))
+    kernel = dtensor.pack(rows, dtensor.Layout([dim, free], mesh))
+    bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout([free], mesh))
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
+
+
+def x_left_whole(x, init_kernel, kernel_shape, bias, mesh):
+    from tensorflow.experimental import dtensor
+
+    _, kernel, y = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    return dtensor.pack([x] * mesh.size, dtensor.Layout.replicated(mesh, rank=2)), kernel, y
+
+
+def x_pieces_in_the_wrong_order(x, init_kernel, kernel_shape, bias, mesh):
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    _, kernel, _ = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    pieces = np.split(x, mesh.dim_size(dim), axis=1)[::-1]
+    x_sharded = dtensor.pack(pieces, dtensor.Layout([free, dim], mesh))
+    bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout([free], mesh))
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
+
+
+def y_computed_whole_and_copied(x, init_kernel, kernel_shape, bias, mesh):
+    from tensorflow.experimental import dtensor
+
+    x_sharded, kernel, _ = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    whole = x @ cu.parallel.unshard(kernel) + bias
+    return x_sharded, kernel, dtensor.pack([whole] * mesh.size,
+                                           dtensor.Layout.replicated(mesh, rank=2))
+
+
+def kernel_by_columns(x, init_kernel, kernel_shape, bias, mesh):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    x_sharded, _, y = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    kernel = dtensor.call_with_layout(tf.function(init_kernel), dtensor.Layout([free, dim], mesh),
+                                      shape=kernel_shape)
+    return x_sharded, kernel, y
+
+
+def zeros_kernel_without_the_initializer(x, init_kernel, kernel_shape, bias, mesh):
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    kernel = dtensor.call_with_layout(tf.function(tf.zeros), dtensor.Layout([dim, free], mesh),
+                                      shape=kernel_shape)
+    columns = np.split(x, mesh.dim_size(dim), axis=1)
+    x_sharded = dtensor.pack([columns[w[dim]] for w in mesh.local_device_locations()],
+                             dtensor.Layout([free, dim], mesh))
+    bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout([free], mesh))
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
+
+
+def with_course_helpers(x, init_kernel, kernel_shape, bias, mesh):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
     layouts = cu.parallel.dense_layouts(mesh, "rows")
-    return (cu.parallel.shard(x, layouts["x"]), cu.parallel.shard(kernel, layouts["kernel"]),
-            cu.parallel.sharded_dense(x, kernel, bias, mesh, "rows"))
+    kernel = dtensor.call_with_layout(tf.function(init_kernel), layouts["kernel"],
+                                      shape=kernel_shape)
+    x_sharded = cu.parallel.shard(x, layouts["x"])
+    bias_everywhere = cu.parallel.shard(bias, dtensor.Layout([dtensor.UNSHARDED], mesh))
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
 
 
 def stub(*args):
@@ -151,12 +298,24 @@ def test_one_f_one_b_reference_passes():
     assert cu.grading.check_one_f_one_b_orders(one_f_one_b_orders) is True
 
 
+one_f_one_b_alias = cu.parallel.one_f_one_b_orders  # bound before the check, as in a notebook
+
+
+def orders_read_from_the_course_schedule(num_stages, num_micro_batches):
+    tasks = sorted(cu.parallel.one_f_one_b_schedule(num_stages, num_micro_batches),
+                   key=lambda task: task.slot)
+    return [[(t.phase, t.micro_batch) for t in tasks if t.stage == s] for s in range(num_stages)]
+
+
 @pytest.mark.parametrize(("answer", "message"), [
     (gpipe_orders, "activations"),
     (same_warm_up_everywhere, "activations|time slots"),
     (backward_first, "deadlock"),
     (one_forward_then_its_backward, "more than GPipe"),
-    (the_lessons_helper, "build the orders yourself"),
+    (the_lessons_helper, "ran the course's one_f_one_b_orders"),
+    (one_f_one_b_alias, "ran the course's one_f_one_b_orders"),
+    (lambda k, m: [list(o) for o in cu.parallel.one_f_one_b_orders(k, m)], "ran the course's"),
+    (orders_read_from_the_course_schedule, "ran the course's one_f_one_b_schedule"),
     (lambda k, m: [[("F", 0), ("B", 0)]] * k, "exactly once|once for every"),
     (lambda k, m: None, "one order"),
 ])
@@ -165,33 +324,49 @@ def test_one_f_one_b_lazy_and_wrong_answers_fail(answer, message):
         cu.grading.check_one_f_one_b_orders(answer)
 
 
-def test_the_course_helper_is_back_after_the_check():
+def test_the_course_helper_still_works_after_the_check():
     with pytest.raises(AssertionError):
         cu.grading.check_one_f_one_b_orders(the_lessons_helper)
     assert cu.parallel.one_f_one_b_orders(2, 2) == one_f_one_b_orders(2, 2)
 
 
-def test_split_gradients_reference_passes_and_one_device_backward_fails():
+def test_split_gradients_reference_passes():
     assert cu.grading.check_split_gradients(split_gradients) is True
-    with pytest.raises(AssertionError, match="computed on CPU:0"):
-        cu.grading.check_split_gradients(one_tape)
-    with pytest.raises(AssertionError, match="part_a was computed on"):
-        cu.grading.check_split_gradients(one_tape_on_the_second_device)
-    with pytest.raises(AssertionError, match="loss, grads"):
-        cu.grading.check_split_gradients(lambda *args: None)
 
 
-def test_shard_dense_rows_reference_passes_and_wrong_layouts_fail():
+@pytest.mark.parametrize(("answer", "message"), [
+    (one_tape, "computed on no device"),
+    (one_tape_copied_with_identity, "part 1's weights was computed on CPU:"),
+    (one_tape_on_the_last_device, "part 0's weights was computed on"),
+    (the_lessons_two_part_fix, r"case 2 \(3 parts"),
+    (each_part_recomputes_from_the_loss, "backward pass .* ran on"),
+    (forgets_output_gradients, "differ from the unsplit"),
+    (with_the_course_helper, "ran the course's split_step"),
+    (lambda *args: None, "loss, grads"),
+])
+def test_split_gradients_wrong_answers_fail(answer, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_split_gradients(answer)
+
+
+def test_shard_dense_rows_reference_passes():
     assert cu.grading.check_shard_dense_rows(shard_dense_rows) is True
-    with pytest.raises(AssertionError, match="x's layout"):
-        cu.grading.check_shard_dense_rows(x_left_whole)
-    with pytest.raises(AssertionError, match="DTensor's own API"):
-        cu.grading.check_shard_dense_rows(with_course_helpers)
-    with pytest.raises(AssertionError, match="not the matmul of the sharded x and kernel"):
-        cu.grading.check_shard_dense_rows(computed_whole)
-    with pytest.raises(AssertionError, match="tracing failed.*tf.convert_to_tensor"):
-        cu.grading.check_shard_dense_rows(with_constant)
-    assert callable(cu.parallel.shard) and cu.parallel.shard.__name__ == "shard"
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (kernel_made_whole_then_relaid, "whole on every device"),
+    (kernel_drawn_on_the_host_then_packed, "ran outside dtensor.call_with_layout"),
+    (x_left_whole, "whole on every device"),
+    (x_pieces_in_the_wrong_order, "the sharded x, gathered, differs"),
+    (y_computed_whole_and_copied, "whole on every device"),
+    (kernel_by_columns, "sharded by rows"),
+    (zeros_kernel_without_the_initializer, "never called"),
+    (with_course_helpers, "ran the course's"),
+    (lambda *args: None, "return \\(sharded_x"),
+])
+def test_shard_dense_rows_wrong_answers_fail(answer, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_shard_dense_rows(answer)
 
 
 @pytest.mark.parametrize("name", ["one_f_one_b_orders", "split_gradients", "shard_dense_rows"])

@@ -338,3 +338,17 @@ def test_draw_zero_stages_returns_axes():
     assert "1/N" in cu.plots.draw_zero_stages(4).get_title()
     with pytest.raises(ValueError):
         cu.plots.draw_zero_stages(0)
+
+
+@pytest.mark.slow
+def test_megatron_step_all_reduces_once_more_when_its_input_needs_a_gradient():
+    from course_utils.parallel import collectives_in_fresh_process
+
+    found = collectives_in_fresh_process(8, 6, 16)
+    assert {step: len(rows) for step, rows in found.items()} == {"x not watched": 2,
+                                                                  "x watched": 3}
+    watched = found["x watched"]
+    assert sum(row["all-reduce after"] == "layer_2" for row in watched) == 1  # forward
+    assert [row["of a result shaped"] for row in watched
+            if row["all-reduce after"].startswith("gradient_tape")].count("[8, 6]") == 1
+    assert all(len(row["devices"]) == 4 for row in watched)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 import tensorflow as tf
@@ -82,6 +83,25 @@ def test_tpu_with_plain_tensorflow_says_to_install_tensorflow_tpu(capsys, monkey
     assert out.startswith("TPU at 'local': plain TensorFlow cannot drive this TPU; install "
                           "tensorflow-tpu")
     assert "NotFoundError" in out and "falling back to the 'mirrored' strategy" in out
+
+
+def test_tpu_system_initialized_by_the_lesson_is_not_initialized_again(monkeypatch):
+    from tensorflow.python.tpu import tpu_strategy_util
+
+    calls = []
+    monkeypatch.setattr("course_utils.devices.tpu_address", lambda: "local")
+    monkeypatch.setattr(tf.config, "experimental_connect_to_cluster", lambda resolver: None)
+    monkeypatch.setattr(tf.tpu.experimental, "initialize_tpu_system", calls.append)
+    tpu_strategy = types.SimpleNamespace(num_replicas_in_sync=4)
+    monkeypatch.setattr(tf.distribute, "TPUStrategy", lambda resolver: tpu_strategy)
+    monkeypatch.setattr(tpu_strategy_util, "_INITIALIZED_TPU_SYSTEMS", {"local": "topology"})
+    monkeypatch.setattr(strategies, "_CACHE", {})
+    assert strategies.make_strategy("tpu", verbose=False) is tpu_strategy
+    assert calls == []  # the lesson's raw cell had initialized it: not again
+    monkeypatch.setattr(tpu_strategy_util, "_INITIALIZED_TPU_SYSTEMS", {})
+    monkeypatch.setattr(strategies, "_CACHE", {})
+    strategies.make_strategy("tpu", verbose=False)
+    assert len(calls) == 1
 
 
 @pytest.mark.slow

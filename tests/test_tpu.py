@@ -316,9 +316,20 @@ def test_runtime_rows_say_what_runs_here_and_what_was_installed(monkeypatch, tmp
     assert "could not be installed" in rows["set-up cell installed"]
 
 
-def test_published_chips_have_one_replica_per_tensor_core():
-    assert tpu.TPU_CHIPS["v5e"].tensor_cores == 1  # Colab's v5e-1: one replica
+def test_replicas_per_slice_follow_megacore():
+    assert tpu.slice_replicas("v5e-1") == 1  # Colab's free TPU
+    assert tpu.slice_replicas("v4-8") == 4  # 8 TensorCores, 4 chips, one device each
+    assert tpu.slice_replicas("v5p-8") == 4
+    assert tpu.slice_replicas("v5e-8") == tpu.slice_replicas("v6e-8") == 8
     assert all(chip.mxu_size in (128, 256) for chip in tpu.TPU_CHIPS.values())
+    with pytest.raises(ValueError, match="v4-8"):
+        tpu.slice_replicas("v9-8")
+
+
+def test_critical_batch_is_peak_over_bandwidth():
+    v5e = tpu.TPU_CHIPS["v5e"]
+    assert tpu.critical_batch(v5e) == pytest.approx(197e12 / 819e9)
+    assert all(100 < tpu.critical_batch(chip) < 1000 for chip in tpu.TPU_CHIPS.values())
 
 
 def _lesson_cell(cell_id):

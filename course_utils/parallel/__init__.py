@@ -3,13 +3,15 @@
 One job per module: ``placement`` (split a model, read where TensorFlow ran it, memory per
 device), ``schedules`` (GPipe, 1F1B and interleaved 1F1B as data: slots, bubble, activations
 in flight), ``pipeline`` (running a schedule with per-stage timestamps), ``mesh`` (DTensor
-meshes, layouts and a sharded dense layer), ``zero`` (optimizer state sharded over
+meshes, layouts and a sharded dense layer), ``collectives`` (the all-reduces DTensor ran,
+from a fresh process's placement log), ``zero`` (optimizer state sharded over
 data-parallel replicas).
 """
 
 from __future__ import annotations
 
-from course_utils.parallel import mesh, pipeline, placement, schedules, zero
+from course_utils.parallel import collectives, mesh, pipeline, placement, schedules, zero
+from course_utils.parallel.collectives import collectives_in_fresh_process
 from course_utils.parallel.mesh import (
     dense_layouts,
     make_mesh,
@@ -52,7 +54,8 @@ from course_utils.parallel.schedules import (
 from course_utils.parallel.zero import zero_bytes_per_device, zero_shard_bounds
 
 __all__ = [
-    "Event", "PipelineRun", "Task", "bubble_fraction", "check_orders", "dense_layouts",
+    "Event", "PipelineRun", "Task", "bubble_fraction", "check_orders", "collectives",
+    "collectives_in_fresh_process", "dense_layouts",
     "gpipe_orders", "gpipe_schedule", "interleaved_bubble_fraction", "interleaved_orders",
     "interleaved_schedule", "make_mesh",
     "measured_bubble", "memory_per_stage", "mesh", "model_parallel_devices",

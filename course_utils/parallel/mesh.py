@@ -40,13 +40,25 @@ def dense_layouts(mesh: Any, by: str) -> dict[str, Any]:
 
 
 def shard(value: Any, layout: Any) -> Any:
-    """Put ``value`` on ``layout``'s mesh with that layout (copied replicated, then relaid out)."""
-    import tensorflow as tf
+    """Put host ``value`` on ``layout``'s mesh: each device gets only its piece (``dtensor.pack``).
+
+    Never a whole copy on every device first: ``copy_to_mesh`` with a replicated layout, then
+    ``relayout``, needs the whole value on each device, which a model too big for one device
+    does not allow.
+    """
+    import numpy as np
     from tensorflow.experimental import dtensor
 
-    value = tf.convert_to_tensor(value)
-    replicated = dtensor.Layout.replicated(layout.mesh, rank=len(value.shape))
-    return dtensor.relayout(dtensor.copy_to_mesh(value, replicated), layout)
+    value = np.asarray(value)
+    mesh = layout.mesh
+    pieces = []
+    for where in mesh.local_device_locations():
+        piece = value
+        for axis, spec in enumerate(layout.sharding_specs):
+            if spec != dtensor.UNSHARDED:
+                piece = np.split(piece, mesh.dim_size(spec), axis=axis)[where[spec]]
+        pieces.append(piece)
+    return dtensor.pack(pieces, layout)
 
 
 def sharding_of(value: Any) -> list[str]:

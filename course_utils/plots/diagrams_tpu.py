@@ -44,7 +44,7 @@ def draw_tpu_system(chip: str = "v5e", ax: Any = None) -> Any:
     _box(ax, chip_left, 0.02, chip_width, 0.96, "#DDDDDD", "")
     ax.text(chip_left + 0.01, 0.92, f"TPU {spec.name} chip", fontsize=9, va="center")
     _box(ax, chip_left + 0.02, 0.06, chip_width - 0.04, 0.12, PALETTE[5],
-         f"HBM: {spec.hbm_gib} GiB (weights, activations, the batch)", fontsize=8)
+         f"HBM: {spec.hbm_gb} GB (weights, activations, the batch)", fontsize=8)
     core_width = (chip_width - 0.04 - 0.02 * (spec.tensor_cores - 1)) / spec.tensor_cores
     for core in range(spec.tensor_cores):
         left = chip_left + 0.02 + core * (core_width + 0.02)

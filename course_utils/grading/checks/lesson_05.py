@@ -9,7 +9,8 @@
   the exercise; a global batch that cannot give each replica one example must raise ValueError.
 * ``check_train_steps(make_train_steps)``: the learner's portable training function, run under
   the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
-  must match one device's reference training, trace once, and divide by the global batch.
+  for a model with L2 penalties (``model.losses``), must match one device's reference training
+  (mean loss over the global batch plus the penalty once), trace once, and change the weights.
 """
 
 from __future__ import annotations
@@ -198,14 +199,17 @@ def _mirrored_strategy() -> Any:
     return make_strategy("mirrored", verbose=False)  # the notebook's own, cached: one per set
 
 
-def _model_and_optimizer(strategy: Any, seed: int, features: int, classes: int) -> Any:
+def _model_and_optimizer(strategy: Any, seed: int, features: int, classes: int,
+                         l2: float = 0.0) -> Any:
     import keras
 
     with strategy.scope():
         keras.utils.set_random_seed(seed)
+        regularizer = keras.regularizers.L2(l2) if l2 else None
         model = keras.Sequential([keras.Input((features,)),
-                                  keras.layers.Dense(16, activation="relu"),
-                                  keras.layers.Dense(classes)])
+                                  keras.layers.Dense(16, activation="relu",
+                                                     kernel_regularizer=regularizer),
+                                  keras.layers.Dense(classes, kernel_regularizer=regularizer)])
         optimizer = keras.optimizers.SGD(0.2)
         optimizer.build(model.trainable_variables)
     return model, optimizer
@@ -213,7 +217,8 @@ def _model_and_optimizer(strategy: Any, seed: int, features: int, classes: int) 
 
 def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
                           global_batch_size: int) -> Any:
-    """The exercise's answer: a tf.function running ``steps`` replica steps in one call."""
+    """The exercise's answer: a tf.function running ``steps`` replica steps in one call, the
+    model's regularization losses included (scaled by the replicas, summed back by them)."""
     import keras
 
     tf = _tf()
@@ -223,6 +228,8 @@ def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
             per_example = keras.losses.sparse_categorical_crossentropy(
                 y, model(x, training=True), from_logits=True)
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
 
@@ -247,19 +254,20 @@ def _train_case(rng: Any) -> Case:
     global_batch = 2 * rng.choice([4, 8, 12])
     calls = (rng.randint(3, 6), rng.randint(7, 10))
     seed = rng.randint(0, 10_000)
+    l2 = rng.choice([0.02, 0.03, 0.05])
     data = np.random.default_rng(seed)
     x = data.normal(size=(global_batch * 8, features)).astype("float32")
     y = data.integers(0, classes, size=len(x)).astype("int32")
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch,
                                                                drop_remainder=True).repeat()
     one_device = tf.distribute.get_strategy()
-    model, optimizer = _model_and_optimizer(one_device, seed, features, classes)
+    model, optimizer = _model_and_optimizer(one_device, seed, features, classes, l2)
     initial = model.get_weights()
     _train(reference_train_steps(one_device, model, optimizer, global_batch), one_device,
            dataset, calls)
     expected = model.get_weights()
     strategy = _mirrored_strategy()
-    model, optimizer = _model_and_optimizer(strategy, seed, features, classes)
+    model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2)
 
     def verify(train_steps: Any) -> str | None:
         if not hasattr(train_steps, "experimental_get_tracing_count"):
@@ -274,7 +282,9 @@ def _train_case(rng: Any) -> Case:
             return (f"after {sum(calls)} steps on {strategy.num_replicas_in_sync} replicas the "
                     f"weights differ from one device's by {difference:.2e} (more than 1e-05): "
                     "divide the per-example losses by the global batch "
-                    "(tf.nn.compute_average_loss), run exactly `steps` steps a call")
+                    "(tf.nn.compute_average_loss), add the model's regularization losses "
+                    "scaled by the replicas (tf.nn.scale_regularization_loss), run exactly "
+                    "`steps` steps a call")
         traces = train_steps.experimental_get_tracing_count()
         if traces != 1:
             return (f"train_steps traced {traces} times for {len(calls)} step counts: loop over "
@@ -282,7 +292,7 @@ def _train_case(rng: Any) -> Case:
         return None
 
     return Case(args=(strategy, model, optimizer, global_batch), verify=verify,
-                label=f"(MirroredStrategy, global_batch_size={global_batch}, calls of "
+                label=f"(MirroredStrategy, L2 {l2}, global_batch_size={global_batch}, calls of "
                       f"{calls[0]} then {calls[1]} steps)")
 
 
@@ -294,6 +304,7 @@ def check_train_steps(fn: Any) -> bool:
         "make_train_steps", fn, [_train_case(fresh_rng())],
         hint="inside a @tf.function train_steps(iterator, steps), loop `for _ in "
              "tf.range(steps)` and call strategy.run(replica_step, args=next(iterator)); in "
-             "replica_step, compute the per-example losses, divide by the global batch with "
-             "tf.nn.compute_average_loss(..., global_batch_size=...), take the gradients and "
-             "optimizer.apply_gradients (lesson 05, section 9).")
+             "replica_step, divide the per-example losses by the global batch "
+             "(tf.nn.compute_average_loss(..., global_batch_size=...)) and add "
+             "tf.nn.scale_regularization_loss(tf.add_n(model.losses)), so that the replicas' "
+             "summed gradients count the penalty once (lesson 05, section 9).")

@@ -6,22 +6,25 @@
   which fails on a deadlock (a pass waiting for an input that never comes); the schedule must
   take no more slots than GPipe's, 2(M + K − 1) (the same bubble), and stage ``s`` must never
   keep more than ``K − s`` micro-batches' activations (GPipe's order keeps ``M``). The course's
-  own ``cu.parallel.one_f_one_b_orders`` is switched off while the check runs.
-* ``check_split_gradients(split_gradients)``: a split model's loss and gradients, with each
-  part's gradients computed on its own device (read from the returned tensors' ``.device``),
-  on devices the check chooses (never the default device), equal to the unsplit reference.
-* ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows with DTensor's own
-  API: ``x``'s layout (split by features) and the kernel's (split by rows) on the check's mesh,
-  whose dimension name varies, ``y`` against the unsharded layer, and, traced in a
-  ``tf.function``, that ``y``'s matmul multiplies the returned sharded ``x`` and kernel (a ``y``
-  computed whole and copied onto the mesh fails). The course's ``cu.parallel`` sharding helpers
-  are switched off while the check runs.
+  own schedule helpers are refused by the identity of their code objects, entered while the
+  answer runs (an alias bound before the check, a wrapper or a lambda are all caught).
+* ``check_split_gradients(split_gradients)``: a model split into two and three parts on
+  devices the check chooses (never the default first); loss and gradients equal to the unsplit
+  model's; then the answer is traced in a ``tf.function`` and the placement of what it built is
+  read: every op that makes a gradient of part ``i``'s weights (looked for through Identity
+  copies) and every gradient op that reads part ``i``'s weights must ask for ``devices[i]``.
+  ``cu.parallel.split_step`` is refused by code identity.
+* ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows, never whole on
+  a device: the kernel made by the check's ``init_kernel`` inside ``dtensor.call_with_layout``
+  with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
+  features in the mesh's device order, no matrix sent to the mesh replicated
+  (``dtensor.pack``/``copy_to_mesh`` watched by code identity), the layouts, the gathered
+  values and ``y`` against the unsharded layer; the course's sharding helpers refused by code
+  identity.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -46,26 +49,78 @@ def _short(name: str) -> str:
     return name.rsplit("device:", 1)[-1]
 
 
-@contextlib.contextmanager
-def _helpers_switched_off(module_names: list[str], names: list[str], why: str) -> Iterator[None]:
-    """Replace course helpers by functions that fail with ``why`` while the block runs."""
-    import importlib
+def _helper_codes(helpers: list[Any]) -> dict[Any, str]:
+    """The code objects of ``helpers`` (and of the functions defined inside them), by identity.
 
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError(why)
+    Identity, not equal bytecode: a learner who writes the same loop as the helper wrote it
+    themselves; a learner who calls the helper, by any name, runs these very code objects.
+    """
+    found: dict[Any, str] = {}
+    for helper in helpers:
+        stack = [helper.__code__]
+        while stack:
+            code = stack.pop()
+            found[code] = helper.__name__
+            stack.extend(c for c in code.co_consts if hasattr(c, "co_code"))
+    return found
 
-    saved = []
-    for module_name in module_names:
-        module = importlib.import_module(module_name)
-        for name in names:
-            if hasattr(module, name):
-                saved.append((module, name, getattr(module, name)))
-                setattr(module, name, refuse)
-    try:
-        yield
-    finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
+
+def _raised_by(fn: Any, error: BaseException) -> bool:
+    """True when ``error`` was raised by ``fn``'s own body (the exercise stub)."""
+    tb, last = error.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    code = getattr(fn, "__code__", None)
+    return code is None or (last is not None and last.tb_frame.f_code is code)
+
+
+def _guarded(fn: Any, helpers: list[Any], why: str, also: Any = None) -> Any:
+    """``fn`` refusing the helpers' code (see :class:`_Refusing`); non-functions as they are."""
+    return _Refusing(fn, helpers, why, also) if callable(fn) else fn
+
+
+class _Refusing:
+    """``fn``, run so that it fails with ``why`` if it runs the code of one of ``helpers``.
+
+    A guard by identity of what runs: whatever name the helper is bound to (an alias made
+    before the check, a wrapper, a lambda), its code object is recognised when entered.
+    Has no ``__code__``, so the framework trusts its NotImplementedError: only the learner's
+    own stub raise is let through as one.
+    """
+
+    def __init__(self, fn: Any, helpers: list[Any], why: str,
+                 also: Any = None) -> None:
+        self.fn, self.codes, self.why, self.also = fn, _helper_codes(helpers), why, also
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import sys
+
+        entered: list[str] = []
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            if event != "call":
+                return
+            if self.also is not None:
+                self.also(frame)
+            if not entered:
+                name = self.codes.get(frame.f_code)
+                if name:
+                    entered.append(name)
+
+        previous = sys.getprofile()
+        sys.setprofile(profile)
+        try:
+            result = self.fn(*args, **kwargs)
+        except NotImplementedError as error:
+            if _raised_by(self.fn, error):
+                raise
+            raise RuntimeError(f"NotImplementedError from inside a library call: {error}"
+                               ) from error
+        finally:
+            sys.setprofile(previous)
+        if entered:
+            raise AssertionError(f"your function ran the course's {entered[0]}: {self.why}")
+        return result
 
 
 # --- Exercise 1 · a 1F1B schedule ---------------------------------------------------------------
@@ -106,36 +161,103 @@ def check_one_f_one_b_orders(fn: Any) -> bool:
     pairs = [(4, 8), (3, 3), (4, 2), (1, 3), (rng.randint(2, 6), rng.randint(7, 12))]
     cases = [Case(args=(k, m), verify=lambda got, k=k, m=m: _verify_orders(got, k, m),
                   label=f"(num_stages={k}, num_micro_batches={m})") for k, m in pairs]
-    why = ("build the orders yourself: cu.parallel.one_f_one_b_orders is the lesson's answer, "
-           "switched off during this check")
-    with _helpers_switched_off(["course_utils.parallel", "course_utils.parallel.schedules"],
-                               ["one_f_one_b_orders", "one_f_one_b_schedule"], why):
-        return run_check(
-            "one_f_one_b_orders", fn, cases,
-            hint="stage s first runs K − 1 − s forwards (never more than M), then alternates "
-                 "one forward and one backward, then runs the backwards left; micro-batches "
-                 "in order 0, 1, 2 … in each phase (lesson 06, section 3, 1F1B).")
+    from course_utils.parallel import schedules
+
+    helpers = [schedules.one_f_one_b_orders, schedules.one_f_one_b_schedule,
+               schedules.interleaved_orders, schedules.interleaved_schedule]
+    why = "build the orders yourself (the lesson's helpers already hold the answer)"
+    return run_check(
+        "one_f_one_b_orders", _guarded(fn, helpers, why), cases,
+        hint="stage s first runs K − 1 − s forwards (never more than M), then alternates "
+             "one forward and one backward, then runs the backwards left; micro-batches "
+             "in order 0, 1, 2 … in each phase (lesson 06, section 3, 1F1B).")
 
 
-# --- Exercise 2 · fix a split model's backward pass ------------------------------------------
+# --- Exercise 2 · a split model's backward pass, part by part ---------------------------------
 
 
-def _split_problem(rng: Any) -> dict[str, Any]:
+def _split_problem(rng: Any, num_parts: int) -> dict[str, Any]:
     import keras
 
     data = np.random.default_rng(rng.randint(0, 2**31 - 1))
-    n, features, units = rng.randint(4, 9), rng.randint(3, 7), rng.randint(4, 10)
-    classes = rng.randint(2, 4)
-    part_a = keras.Sequential([keras.Input((features,)), keras.layers.Dense(units, "tanh")])
-    part_b = keras.Sequential([keras.Input((units,)), keras.layers.Dense(classes)])
-    x = data.normal(size=(n, features)).astype("float32")
+    n, width, classes = rng.randint(4, 9), rng.randint(3, 7), rng.randint(2, 4)
+    widths = [width] + [rng.randint(4, 10) for _ in range(num_parts - 1)] + [classes]
+    parts = [keras.Sequential([keras.Input((widths[i],)),
+                               keras.layers.Dense(widths[i + 1],
+                                                  "tanh" if i < num_parts - 1 else None)])
+             for i in range(num_parts)]
+    x = data.normal(size=(n, width)).astype("float32")
     y = data.integers(0, classes, size=(n,)).astype("int32")
-    return {"parts": (part_a, part_b), "x": x, "y": y}
+    return {"parts": parts, "x": x, "y": y}
+
+
+def _through_identities(tensor: Any) -> Any:
+    """The op that made ``tensor``, looking through Identity copies."""
+    op = tensor.op
+    while op.type == "Identity" and op.inputs:
+        op = op.inputs[0].op
+    return op
+
+
+def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
+                               devices: list[str]) -> str | None:
+    """None when, traced, each part's gradient ops ask for that part's device.
+
+    A gradient op belongs to part ``i`` when it reads one of part ``i``'s weights (the
+    gradient of the part's input, ``dy · Wᵀ``) or is where a gradient of part ``i``'s weights
+    is made (looked for through Identity copies: a gradient computed elsewhere and copied with
+    ``tf.identity`` is found where it was computed).
+    """
+    tf = _tf()
+    parts = problem["parts"]
+
+    def traced(x: Any, y: Any) -> Any:
+        return fn(parts, x, y, loss_fn, devices)
+
+    specs = (tf.TensorSpec(problem["x"].shape, tf.float32),
+             tf.TensorSpec(problem["y"].shape, tf.int32))
+    try:
+        concrete = tf.function(traced).get_concrete_function(*specs)
+    except Exception as error:  # noqa: BLE001 - the learner's to see
+        return ("the check traces split_gradients in a tf.function to read where each "
+                f"gradient op was placed, and tracing failed: {type(error).__name__}: "
+                f"{str(error).strip().splitlines()[0][:160]}")
+    graph = concrete.graph
+    owner = {}  # the traced graph's handle of each weight -> its part
+    for external, internal in graph.captures:
+        for index, part in enumerate(parts):
+            if any(external is v.handle for v in part.trainable_variables):
+                owner[internal.ref()] = index
+    outputs = tf.nest.flatten(graph.structured_outputs)[1:]  # after the loss: the gradients
+    expected_part = [i for i, part in enumerate(parts) for _ in part.trainable_variables]
+    if len(outputs) != len(expected_part):
+        return "return (loss, grads): one gradient per trainable variable, parts in order"
+    for output, index in zip(outputs, expected_part, strict=True):
+        op = _through_identities(output)
+        if not op.name.startswith("gradient_tape"):
+            return (f"a gradient of part {index} was not made by tape.gradient (its last op is "
+                    f"{op.type})")
+        if _short(op.device) != _short(devices[index]):
+            return (f"a gradient of part {index}'s weights was computed on "
+                    f"{_short(op.device) or 'no device (the default one)'}, expected "
+                    f"{_short(devices[index])}, where its weights live")
+    for op in graph.get_operations():
+        if not op.name.startswith("gradient_tape"):
+            continue
+        for tensor in op.inputs:
+            read = _through_identities(tensor)
+            if read.type == "ReadVariableOp" and read.inputs[0].ref() in owner:
+                index = owner[read.inputs[0].ref()]
+                if _short(op.device) != _short(devices[index]):
+                    return (f"part {index}'s backward pass ({op.type} reading its weights) "
+                            f"ran on {_short(op.device) or 'no device (the default one)'}, "
+                            f"expected {_short(devices[index])}")
+    return None
 
 
 @register
 def check_split_gradients(fn: Any) -> bool:
-    """Check ``split_gradients(part_a, part_b, x, y, loss_fn, devices)``: placement and values."""
+    """Check ``split_gradients(parts, x, y, loss_fn, devices)``: placement traced, values."""
     import keras
 
     tf = _tf()
@@ -143,103 +265,108 @@ def check_split_gradients(fn: Any) -> bool:
     devices = _devices()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    def case(pair: tuple[str, str]) -> Case:
-        problem = _split_problem(rng)
-        part_a, part_b = problem["parts"]
-        variables = part_a.trainable_variables + part_b.trainable_variables
+    def case(chosen: list[str]) -> Case:
+        problem = _split_problem(rng, len(chosen))
+        parts = problem["parts"]
+        variables = [v for part in parts for v in part.trainable_variables]
         with tf.GradientTape() as tape:
-            expected_loss = loss_fn(problem["y"], part_b(part_a(problem["x"])))
+            value = problem["x"]
+            for part in parts:
+                value = part(value)
+            expected_loss = loss_fn(problem["y"], value)
         expected = [g.numpy() for g in tape.gradient(expected_loss, variables)]
 
         def verify(got: Any) -> str | None:
             if not isinstance(got, (tuple, list)) or len(got) != 2:
-                return "return (loss, grads): grads of part_a's variables, then part_b's"
+                return "return (loss, grads): the gradients of every part's weights, in order"
             loss, grads = got
             if not isinstance(grads, (tuple, list)) or len(grads) != len(expected):
                 return f"grads must hold {len(expected)} gradients, one per trainable variable"
-            wanted = ([pair[0]] * len(part_a.trainable_variables)
-                      + [pair[1]] * len(part_b.trainable_variables))
-            for index, (grad, device) in enumerate(zip(grads, wanted, strict=True)):
-                where = _short(getattr(grad, "device", "") or "")
-                part = "part_a" if index < len(part_a.trainable_variables) else "part_b"
-                if where != _short(device):
-                    return (f"a gradient of {part} was computed on {where or 'no device'}, "
-                            f"expected {_short(device)}, where its weights live")
             error = max(float(np.abs(np.asarray(g) - e).max()) for g, e in zip(grads, expected,
                                                                                 strict=True))
             if error > 1e-5 or abs(float(loss) - float(expected_loss)) > 1e-5:
                 return f"loss or gradients differ from the unsplit model's (max |Δ| {error:.1e})"
-            return None
+            return _placement_of_the_backward(fn, problem, loss_fn, chosen)
 
-        return Case(args=(part_a, part_b, problem["x"], problem["y"], loss_fn, list(pair)),
-                    verify=verify, label=f"(devices={[_short(d) for d in pair]})")
+        return Case(args=(parts, problem["x"], problem["y"], loss_fn, list(chosen)),
+                    verify=verify,
+                    label=f"({len(chosen)} parts on {[_short(d) for d in chosen]})")
 
-    pairs = [(devices[2], devices[1]), (devices[-1], devices[-2])]  # never the default CPU:0 pair
+    from course_utils.parallel import placement
+
+    chosen = [[devices[2], devices[1]], [devices[-1], devices[1], devices[2]]]  # never CPU:0 first
+    guarded = _guarded(fn, [placement.split_step], "write the backward pass yourself")
     return run_check(
-        "split_gradients", fn, [case(p) for p in pairs],
-        hint="one tape per part; part_b's backward under tf.device(devices[1]) gives the gradient "
-             "of its input too, which part_a's tape takes as output_gradients= under "
-             "tf.device(devices[0]) (lesson 06, section 2).")
+        "split_gradients", guarded, [case(c) for c in chosen],
+        hint="one tape per part; walk the parts backwards, each part's tape.gradient under "
+             "its own tf.device, asking also for the gradient of the part's input and passing "
+             "it to the part before as output_gradients= (lesson 06, section 2, for two).")
 
 
-# --- Exercise 3 · a dense layer sharded by rows with DTensor ----------------------------------
+# --- Exercise 3 · a dense layer sharded by rows, never whole on a device ----------------------
 
 
-_MATMUL_OPS = frozenset({"MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"})
+def _whole_copy_watch(whole: list[str]) -> Any:
+    """A profile callback that notes each matrix sent to the mesh whole on every device.
 
-
-def _ancestors(tensor: Any) -> set[Any]:
-    """References to every graph tensor ``tensor`` is computed from, itself included."""
-    seen: set[Any] = set()
-    stack = [tensor]
-    while stack:
-        current = stack.pop()
-        if current.ref() not in seen:
-            seen.add(current.ref())
-            stack.extend(current.op.inputs)
-    return seen
-
-
-def _matmul_of_the_shards(fn: Any, arrays: tuple[Any, ...], mesh: Any) -> str | None:
-    """None when, traced in a tf.function, y's matmul consumes the returned sharded x and kernel.
-
-    Right values prove nothing here: ``x @ kernel`` computed whole and copied onto the mesh
-    has them too. The traced graph shows what the matmul actually multiplies.
+    Watched by identity of code: a call of ``dtensor.pack`` or ``dtensor.copy_to_mesh`` with a
+    fully replicated layout of rank 2 or more, whatever name it was reached by.
     """
+    from tensorflow.dtensor.python import api
+
+    watched = {api.pack.__code__: "dtensor.pack",
+               api.copy_to_mesh.__code__: "dtensor.copy_to_mesh"}
+
+    def watch(frame: Any) -> None:
+        name = watched.get(frame.f_code)
+        layout = frame.f_locals.get("layout") if name else None
+        if layout is not None and layout.rank >= 2 and layout.is_fully_replicated():
+            whole.append(f"{name} with a replicated rank-{layout.rank} layout")
+
+    return watch
+
+
+def _kernel_initializer(seed: tuple[int, int]) -> tuple[Any, list[Any]]:
+    """An initializer ``init_kernel(shape)``, and the layouts it was called under.
+
+    Each call records the layout of the ``dtensor.call_with_layout`` it runs inside (found on
+    the call stack by code identity), or None when it ran outside one (whole, on one device).
+    """
+    import sys
+
+    from tensorflow.dtensor.python import api
+
     tf = _tf()
-    found: dict[str, Any] = {}
+    calls: list[Any] = []
 
-    def traced(x: Any, kernel: Any, bias: Any) -> Any:
-        x_sharded, kernel_sharded, y = fn(x, kernel, bias, mesh)
-        found["ok"] = any(
-            len(op.inputs) >= 2
-            and x_sharded.ref() in _ancestors(op.inputs[0])
-            and kernel_sharded.ref() in _ancestors(op.inputs[1])
-            for op in {ref.deref().op for ref in _ancestors(y)} if op.type in _MATMUL_OPS)
-        return y
+    def init_kernel(shape: Any) -> Any:
+        frame, layout = sys._getframe(1), None
+        while frame is not None:
+            if frame.f_code is api.call_with_layout.__code__:
+                layout = frame.f_locals.get("layout")
+                break
+            frame = frame.f_back
+        calls.append(layout)
+        return tf.random.stateless_normal(shape, seed=seed)
 
-    specs = [tf.TensorSpec(array.shape, tf.float32) for array in arrays]
-    try:
-        tf.function(traced).get_concrete_function(*specs)
-    except Exception as error:  # noqa: BLE001 - any failure is the learner's to see
-        return ("the check traces shard_dense_rows in a tf.function to see what the matmul "
-                "multiplies, and tracing failed: "
-                f"{type(error).__name__}: {str(error).strip().splitlines()[0][:160]} "
-                "(keep to TensorFlow ops: tf.convert_to_tensor, not tf.constant or .numpy())")
-    if not found.get("ok"):
-        return ("y is not the matmul of the sharded x and kernel you returned: compute "
-                "y from them (a y computed whole and copied onto the mesh has the right "
-                "values but shards nothing)")
-    return None
+    return init_kernel, calls
 
 
 @register
 def check_shard_dense_rows(fn: Any) -> bool:
-    """Check ``shard_dense_rows(x, kernel, bias, mesh)``: x's and the kernel's layouts, y."""
+    """Check ``shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)``: made sharded."""
     from tensorflow.experimental import dtensor
 
+    from course_utils.parallel import mesh as course_mesh
+
+    tf = _tf()
     rng = fresh_rng()
     devices = _devices()
+    helpers = [course_mesh.shard, course_mesh.sharded_dense, course_mesh.dense_layouts,
+               course_mesh.make_mesh]
+    whole: list[str] = []
+    guarded = _guarded(fn, helpers, "use DTensor's own API (dtensor.call_with_layout, "
+                       "dtensor.pack, dtensor.Layout)", _whole_copy_watch(whole))
 
     def case() -> Case:
         dim = rng.choice(["model", "tp", "shards"])
@@ -248,13 +375,33 @@ def check_shard_dense_rows(fn: Any) -> bool:
         data = np.random.default_rng(rng.randint(0, 2**31 - 1))
         n, d_in, d_out = rng.randint(2, 6), count * rng.randint(2, 5), count * rng.randint(1, 3)
         x = data.normal(size=(n, d_in)).astype("float32")
-        kernel = data.normal(size=(d_in, d_out)).astype("float32")
         bias = data.normal(size=(d_out,)).astype("float32")
+        seed = (rng.randint(0, 1000), rng.randint(0, 1000))
+        init_kernel, calls = _kernel_initializer(seed)
+        whole.clear()
+        rows = dtensor.Layout([dim, dtensor.UNSHARDED], mesh)
+        replicated = dtensor.Layout.replicated(mesh, rank=2)
+        made = dtensor.call_with_layout(tf.function(_kernel_initializer(seed)[0]), rows,
+                                        shape=(d_in, d_out))
+        kernel = dtensor.relayout(made, replicated).numpy()  # DTensor's own sharded draw
         expected = x @ kernel + bias
 
         def verify(got: Any) -> str | None:
+            if whole:
+                return (f"a matrix was put on the mesh whole on every device ({whole[0]}): "
+                        "create the kernel with dtensor.call_with_layout and send x's pieces "
+                        "with dtensor.pack, each device only its own")
             if not isinstance(got, (tuple, list)) or len(got) != 3:
                 return "return (sharded_x, sharded_kernel, y), all three DTensors"
+            if not calls:
+                return "init_kernel was never called: create the kernel with it"
+            if any(layout is None for layout in calls):
+                return ("init_kernel ran outside dtensor.call_with_layout: the whole kernel "
+                        "was made on one device; run it under call_with_layout")
+            if any(list(layout.sharding_specs) != [dim, dtensor.UNSHARDED] for layout in calls):
+                return ("init_kernel ran under call_with_layout with layout "
+                        f"{list(calls[-1].sharding_specs)}: make it sharded by rows, "
+                        f"[{dim!r}, UNSHARDED], on the given mesh")
             try:
                 layouts = [dtensor.fetch_layout(value) for value in got]
             except Exception as error:  # a plain tensor has no layout
@@ -265,24 +412,29 @@ def check_shard_dense_rows(fn: Any) -> bool:
                 if specs != wanted[name]:
                     return (f"{name}'s layout is {specs}, expected {wanted[name]} (the mesh's "
                             f"dimension is {dim!r})")
-            if layouts[2].mesh != mesh:
-                return "y is not on the given mesh"
-            replicated = dtensor.Layout.replicated(mesh, rank=2)
-            values = dtensor.relayout(got[2], replicated).numpy()
+            if any(layout.mesh != mesh for layout in layouts):
+                return "a result is not on the given mesh"
+            for name, value, want in (("x", got[0], x), ("kernel", got[1], kernel)):
+                error = float(np.abs(dtensor.relayout(value, replicated).numpy() - want).max())
+                if error > 1e-6:
+                    return (f"the sharded {name}, gathered, differs from "
+                            f"{'x' if name == 'x' else 'what init_kernel makes sharded'} "
+                            f"by {error:.2e}: each device must get its own piece, in the "
+                            "mesh's device order")
+            values = dtensor.relayout(got[2], dtensor.Layout.replicated(
+                mesh, rank=len(layouts[2].sharding_specs))).numpy()
             error = float(np.abs(values - expected).max())
             if error > 1e-4:
                 return f"y differs from x @ kernel + bias by {error:.2e}"
-            return _matmul_of_the_shards(fn, (x, kernel, bias), mesh)
+            return None
 
-        return Case(args=(x, kernel, bias, mesh), verify=verify,
+        return Case(args=(x, init_kernel, (d_in, d_out), bias, mesh), verify=verify,
                     label=f"(a {count}-device mesh named {dim!r}, kernel {d_in}×{d_out})")
 
-    why = ("use DTensor's own API (dtensor.copy_to_mesh, dtensor.relayout, dtensor.Layout): "
-           "the course's cu.parallel sharding helpers are switched off during this check")
-    with _helpers_switched_off(["course_utils.parallel", "course_utils.parallel.mesh"],
-                               ["shard", "sharded_dense", "dense_layouts", "make_mesh"], why):
-        return run_check(
-            "shard_dense_rows", fn, [case(), case()],
-            hint="use the mesh's own dimension name (mesh.dim_names[0]); the kernel's layout "
-                 "is [dim, UNSHARDED], x's [UNSHARDED, dim]; copy_to_mesh with a replicated "
-                 "layout, then relayout (lesson 06, section 4).")
+    return run_check(
+        "shard_dense_rows", guarded, [case(), case()],
+        hint="the mesh's dimension is mesh.dim_names[0]; the kernel comes from "
+             "dtensor.call_with_layout(tf.function(init_kernel), Layout([dim, UNSHARDED], "
+             "mesh), shape=kernel_shape); x's pieces (its columns, split in order) go to the "
+             "devices with dtensor.pack(pieces, Layout([UNSHARDED, dim], mesh)) "
+             "(lesson 06, section 4).")
