@@ -184,6 +184,7 @@ def _check(argv: list[str]) -> int:
 
 def _gradescope(argv: list[str]) -> int:
     from course_utils.instructor.gradescope import VISIBILITIES, build_autograder
+    from course_utils.instructor.limits import Limits
 
     parser = argparse.ArgumentParser(
         prog="python -m course_utils gradescope",
@@ -199,11 +200,13 @@ def _gradescope(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="notebooks graded at once (2)")
     parser.add_argument("--visibility", choices=VISIBILITIES, default="visible")
     parser.add_argument("--hidden-visibility", choices=VISIBILITIES, default="after_published")
+    _limit_options(parser)
     args = parser.parse_args(argv)
     try:
         out = build_autograder(args.out, args.solutions, args.lessons, timeout=args.timeout,
                                jobs=args.jobs, visibility=args.visibility,
-                               hidden_visibility=args.hidden_visibility)
+                               hidden_visibility=args.hidden_visibility,
+                               limits=Limits(args.memory_gb, args.max_processes))
     except ValueError as error:
         parser.error(str(error))
     print(f"wrote {out}: upload it as the assignment's autograder (Ubuntu 22.04 or newer)")

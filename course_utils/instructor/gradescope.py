@@ -67,6 +67,10 @@ fi
 "$ROOT/venv/bin/python" -m pip install --quiet -c "$ROOT/source/course/requirements/lock.txt" \\
     "$ROOT/source/course[grading]"
 "$ROOT/venv/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
+# The grader runs each notebook as an unprivileged sandbox user (a user id with no account, so
+# nothing to create here): the course and Python must be readable but not writable by it.
+chmod -R go-w "$ROOT/venv" "$ROOT/source"
+chmod -R go+rX "$ROOT/venv" "$ROOT/source/course"
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
@@ -80,7 +84,8 @@ cd "$ROOT"
 exec "$PYTHON" -m course_utils grade "$ROOT/submission" --format gradescope \\
     --solutions "$ROOT/source/solutions" --out "$ROOT/results/results.json" \\
     --timeout {timeout:g} --jobs {jobs} --visibility {visibility} \\
-    --hidden-visibility {hidden_visibility}
+    --hidden-visibility {hidden_visibility} --memory-gb {memory_gb:g} \\
+    --max-processes {processes}
 """
 
 #: What the zip carries of the repository, besides the chosen solutions.
@@ -103,9 +108,12 @@ def _course_revision(root: Path) -> str:
 
 def build_autograder(out: Path, solutions_dir: Path, lessons: Sequence[str] = (), *,
                      timeout: float = 300.0, jobs: int = 2, visibility: str = "visible",
-                     hidden_visibility: str = "after_published") -> Path:
+                     hidden_visibility: str = "after_published",
+                     limits: Limits | None = None) -> Path:
     """Write Gradescope's autograder zip to ``out``: the course, the solutions of ``lessons``
-    (numbers such as ``"03"``; all when empty), ``setup.sh`` and ``run_autograder``."""
+    (numbers such as ``"03"``; all when empty), ``setup.sh`` and ``run_autograder`` (which
+    grades under ``limits``)."""
+    limits = limits or Limits()
     for value in (visibility, hidden_visibility):
         if value not in VISIBILITIES:
             raise ValueError(f"visibility {value!r}: use one of {', '.join(VISIBILITIES)}")
@@ -122,7 +130,9 @@ def build_autograder(out: Path, solutions_dir: Path, lessons: Sequence[str] = ()
         "setup.sh": SETUP_SH.format(version=_course_revision(root)),
         "run_autograder": RUN_AUTOGRADER.format(timeout=timeout, jobs=jobs,
                                                 visibility=visibility,
-                                                hidden_visibility=hidden_visibility)}
+                                                hidden_visibility=hidden_visibility,
+                                                memory_gb=limits.memory_gb,
+                                                processes=limits.processes)}
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, text in scripts.items():
             info = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
