@@ -36,7 +36,7 @@ CHECKS = ["check_diagnose_step", "check_split_cpu", "check_step_breakdown",
           "check_overlapped_pipeline"]
 MAX = {"check_diagnose_step": 1, "check_split_cpu": 1, "check_step_breakdown": 1,
        "check_overlapped_pipeline": 2}
-TIMEOUT = 60  # per notebook: the endless loop costs this much of one job slot
+TIMEOUT = 180  # per notebook: generous, so that a loaded machine does not time passes out
 
 
 def _load_builder():

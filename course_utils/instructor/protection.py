@@ -72,8 +72,8 @@ def jail_spec(protection: Protection, uid: int | None, stage: Path) -> dict:
 def make_private(paths: list[Path]) -> None:
     """Take group and other permissions off each existing path (a folder: its whole content
     becomes unreachable to other users)."""
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
+    for path in paths:  # a read-only mount stays as it is: the probe then tells
+        with contextlib.suppress(OSError):
             mode = path.stat().st_mode
             if mode & 0o077:
                 path.chmod(stat.S_IMODE(mode) & 0o700)
