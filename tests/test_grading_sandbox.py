@@ -32,9 +32,9 @@ root_only = pytest.mark.skipif(not can_switch_user(), reason="switching users ne
 
 def test_the_process_limit_applies_only_to_a_user_of_its_own():
     limits = Limits(memory_gb=2, processes=99)
-    assert limits.rlimits(own_user=True)["RLIMIT_NPROC"] == 99
-    assert "RLIMIT_NPROC" not in limits.rlimits(own_user=False)
-    assert limits.rlimits(own_user=False)["RLIMIT_DATA"] == 2 * 1024 ** 3
+    assert limits.rlimits(own_user=True)["nproc"] == 99
+    assert "nproc" not in limits.rlimits(own_user=False)
+    assert limits.rlimits(own_user=False)["data"] == 2 * 1024 ** 3
 
 
 def test_each_limit_hit_becomes_one_feedback_line():

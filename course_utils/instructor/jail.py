@@ -67,8 +67,8 @@ def main(argv: list[str]) -> None:
     command = argv[argv.index("--") + 1:]
     if spec.get("hidden"):
         reveal_only([(f, list(k)) for f, k in spec["hidden"]], spec["stage"])
-    for name, value in spec.get("rlimits", {}).items():
-        which = getattr(resource, name)
+    for name, value in spec.get("rlimits", {}).items():  # "data": RLIMIT_DATA, ...
+        which = getattr(resource, name if name.startswith("RLIMIT_") else f"RLIMIT_{name.upper()}")
         hard = resource.getrlimit(which)[1]
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))

@@ -28,12 +28,12 @@ class Limits:
     open_files: int = 4096
 
     def rlimits(self, own_user: bool) -> dict[str, int]:
-        """``resource`` limit names and values (the number of processes only for ``own_user``:
-        otherwise it would count every process of the grader's user)."""
-        values = {"RLIMIT_DATA": int(self.memory_gb * _GB), "RLIMIT_FSIZE": int(self.file_gb * _GB),
-                  "RLIMIT_NOFILE": self.open_files, "RLIMIT_CORE": 0}
+        """``resource`` limits by name (``data`` for ``RLIMIT_DATA``, ...) and value (the number
+        of processes only for ``own_user``: otherwise it would count all the grader's)."""
+        values = {"data": int(self.memory_gb * _GB), "fsize": int(self.file_gb * _GB),
+                  "nofile": self.open_files, "core": 0}
         if own_user:
-            values["RLIMIT_NPROC"] = self.processes
+            values["nproc"] = self.processes
         return values
 
     def to_dict(self) -> dict[str, Any]:
