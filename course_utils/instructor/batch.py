@@ -77,7 +77,7 @@ def grade_submission(sub: Submission, solutions: dict[str, Solution],
         rows = score(prepared, result, timeout, sub.student, sub.notebook)
         hits = limits_hit(result, protection.limits if protection else Limits())
         for row in rows:  # every row of the notebook says which limit it ran into
-            row.feedback = one_line(". ".join([*hits, row.feedback]) if hits else row.feedback)
+            row.feedback = one_line(". ".join(p for p in [*hits, row.feedback] if p))
         return rows
     except Exception as error:  # a bug in the grader must not abort the batch
         return [Row(sub.student, sub.notebook, gid, 0, pts, GRADER_ERROR,
