@@ -17,6 +17,8 @@ import os
 import resource
 import sys
 
+__all__ = ["main", "reveal_only"]
+
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 4096, 16384, 1 << 18, 2, 4
