@@ -6,21 +6,27 @@ The autograder zip is unpacked into a temporary root laid out as Gradescope lays
 ``GRADESCOPE_ROOT`` pointing there and this Python as ``COURSE_PYTHON`` (``setup.sh``, which
 installs Python and the course on Gradescope's image, is checked for what it installs, not run).
 Every exercise notebook is submitted blank, partial (its first exercise solved) and good; then
-the hostile submissions the batch grader survives.
+the hostile submissions the batch grader survives, and (as root, where each notebook runs as a
+sandbox user) those that attack the results: a detached process rewriting ``results.json``, a
+notebook reading the solutions and writing into the course, one past the memory limit.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
 import jsonschema
 import nbformat
+import psutil
 import pytest
 
 from course_utils.instructor import gradescope
@@ -28,6 +34,8 @@ from course_utils.instructor.canvas import canvas_rows, write_canvas_csv
 from course_utils.instructor.cells import grade_id, is_check_cell, is_solution_cell
 from course_utils.instructor.generate import exercise_from_solution, exercise_path_for
 from course_utils.instructor.gradebook import FAILED, PASSED, Gradebook, Row
+from course_utils.instructor.limits import Limits
+from course_utils.instructor.sandbox_user import can_switch_user
 from course_utils.instructor.submissions import load_solutions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,23 +119,32 @@ def test_canvas_export_has_one_column_per_notebook_and_points_possible(tmp_path)
 
 # --- the autograder, run ----------------------------------------------------------------------
 
-def _autograder(root: Path, lessons: list[str], timeout: float) -> Path:
-    zip_path = gradescope.build_autograder(root.parent / f"{root.name}.zip", REPO / "solutions",
-                                           lessons, timeout=timeout, jobs=2)
-    gradescope.unpack_autograder(zip_path, root)
-    return root
+LIMITS = Limits(memory_gb=2, processes=128)  # lesson 00's autograder
+
+
+def _autograder(lessons: list[str], timeout: float, limits: Limits | None = None):
+    """An unpacked autograder in a folder other users may enter, as ``/autograder`` is."""
+    root = Path(tempfile.mkdtemp(prefix="cu-gradescope-test-"))
+    root.chmod(0o755)
+    try:
+        zip_path = gradescope.build_autograder(root / "autograder.zip", REPO / "solutions",
+                                               lessons, timeout=timeout, jobs=2, limits=limits)
+        gradescope.unpack_autograder(zip_path, root)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def autograder(tmp_path_factory) -> Path:
+def autograder() -> Path:
     """The whole course's autograder."""
-    return _autograder(tmp_path_factory.mktemp("gradescope_root"), [], TIMEOUT)
+    yield from _autograder([], TIMEOUT)
 
 
 @pytest.fixture(scope="module")
-def lesson_00_autograder(tmp_path_factory) -> Path:
+def lesson_00_autograder() -> Path:
     """Lesson 00's autograder with a short time limit, for the hostile submissions."""
-    return _autograder(tmp_path_factory.mktemp("gradescope_00"), ["00"], HOSTILE_TIMEOUT)
+    yield from _autograder(["00"], HOSTILE_TIMEOUT, LIMITS)
 
 
 def _run(root: Path, files: dict[str, str]) -> dict:
@@ -211,3 +228,34 @@ def test_an_empty_or_foreign_submission_gets_zero_and_says_why(lesson_00_autogra
     results = _run(lesson_00_autograder, {"notes.txt": "hello", "my_homework.ipynb": "{}"})
     assert results["score"] == 0 and "not an exercise notebook" in results["output"]
     assert all("not submitted" in test["output"] for test in results["tests"])
+
+
+def _alive(tag: str) -> list[str]:
+    return [p.info["name"] for p in psutil.process_iter(["name"])
+            if (p.info["name"] or "").startswith(f"cuh-{tag}")]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_switch_user(), reason="the sandbox needs root (CI runs as root)")
+@pytest.mark.parametrize("scenario", ["rewrites_grades", "snoops", "hogs"])
+def test_attacks_on_the_results_fail_and_leave_no_process(lesson_00_autograder, scenario):
+    root = lesson_00_autograder
+    package = root / "source" / "course" / "course_utils"
+    checks = package / "grading" / "checks" / "lesson_00.py"
+    before = hashlib.sha256(checks.read_bytes()).hexdigest()
+    make = {"rewrites_grades": lambda: make_submissions.rewrites_grades(
+                "gs", (str(root / "results" / "results.json"),)),
+            "snoops": lambda: make_submissions.snoops(
+                "gs", (str(root / "submission"), str(root / "source" / "solutions"))),
+            "hogs": lambda: make_submissions.hogs("gs", LIMITS.memory_gb, LIMITS.processes)}
+    text = make[scenario]()(nbformat.read(make_submissions.SOLUTION, as_version=4))
+    results = _run(root, {make_submissions.NOTEBOOK: text})  # valid: not the attacker's file
+    got, top = _by_notebook(results)[make_submissions.NOTEBOOK.split("_exercises")[0]]
+    assert results["score"] == sum(t["score"] for t in results["tests"]) == got
+    assert _alive("gs") == [], "a process of the submission outlived the autograder"
+    assert hashlib.sha256(checks.read_bytes()).hexdigest() == before
+    assert list(package.glob("cuh_*.py")) == []
+    if scenario == "hogs":  # 1 and 2 pass within the short time limit; the limit is named
+        assert got >= 2 and "more than 2 GB of memory" in json.dumps(results), results["output"]
+    else:
+        assert got == 0, results["output"]

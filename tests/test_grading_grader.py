@@ -1,9 +1,14 @@
 """The batch grader: discovery, restoring checks, the gradebook, and one real batch of bad and
-good submissions executed in fresh kernels (about a minute on 2 cores with --jobs 2)."""
+good submissions executed in fresh kernels (about a minute on 2 cores with --jobs 2). As root,
+the batch also holds three hostile submissions (a detached process that rewrites the
+gradebook; one that reads the solutions and the other submissions and writes into the course
+package; one that allocates past the memory limit and starts a flood of processes): each fails
+harmlessly, every other row stays exact and no process of theirs survives."""
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import importlib.util
 import shutil
 import sys
@@ -20,7 +25,9 @@ from course_utils.instructor.assemble import prepare
 from course_utils.instructor.batch import grade_folder
 from course_utils.instructor.cells import grade_id, notebook_key
 from course_utils.instructor.gradebook import COLUMNS, Gradebook, Row, read_rows
+from course_utils.instructor.limits import Limits
 from course_utils.instructor.sandbox import PACKAGE_DIR
+from course_utils.instructor.sandbox_user import can_switch_user
 from course_utils.instructor.submissions import find_submissions, pick_latest, safe_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +36,7 @@ CHECKS = ["check_diagnose_step", "check_split_cpu", "check_step_breakdown",
           "check_overlapped_pipeline"]
 MAX = {"check_diagnose_step": 1, "check_split_cpu": 1, "check_step_breakdown": 1,
        "check_overlapped_pipeline": 2}
-TIMEOUT = 60  # per notebook: the endless loop costs this much of one job slot
+TIMEOUT = 180  # per notebook: generous, so that a loaded machine does not time passes out
 
 
 def _load_builder():
@@ -184,14 +191,49 @@ CLASS = {  # student folder -> scenario of make_submissions.py
     "ivan": "invalid_json",
 }
 ODD = "Zoë O'Brien-Łukasz (2nd try)"
+#: Hostile submissions, graded as root only (they would do harm without the sandbox).
+HOSTILE = ["mallory", "oscar", "peggy"] if can_switch_user() else []
+LIMITS = Limits(memory_gb=2, processes=128)
+CHECKS_FILE = PACKAGE_DIR / "grading" / "checks" / "lesson_00.py"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _hostile_alive(tag: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        if (proc.info["name"] or "").startswith(f"cuh-{tag}"):
+            found.append(proc)
+    return found
 
 
 @pytest.fixture(scope="module")
-def batch(tmp_path_factory):
-    root = tmp_path_factory.mktemp("grading")
+def batch():
+    # A folder other users may enter, as an instructor's usually is: the grader must make the
+    # submissions, solutions, gradebook and feedback private itself.
+    root = Path(tempfile.mkdtemp(prefix="cu-grading-test-"))
+    root.chmod(0o755)
+    try:
+        yield _grade_batch(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _grade_batch(root: Path) -> dict:
     subs = root / "submitted"
     for student, scenario in CLASS.items():
         ms.write(subs, student, scenario)
+    out, feedback = root / "gradebook.csv", root / "feedback"
+    solution = nbformat.read(str(ms.SOLUTION), as_version=4)
+    hostile = {"mallory": ms.rewrites_grades("gr", (str(out),)),
+               "oscar": ms.snoops("gr", (str(subs), str(REPO / "solutions"))),
+               "peggy": ms.hogs("gr", LIMITS.memory_gb, LIMITS.processes)}
+    for student in HOSTILE:
+        (subs / student).mkdir(parents=True)
+        (subs / student / NOTEBOOK).write_text(hostile[student](solution), encoding="utf-8")
+    package_before = _digest(CHECKS_FILE)
     # bob hands in the committed exercise notebook untouched
     (subs / "bob").mkdir()
     shutil.copy(REPO / "exercises" / NOTEBOOK, subs / "bob" / NOTEBOOK)
@@ -200,7 +242,6 @@ def batch(tmp_path_factory):
     ms.write(subs, "eve", "moved_and_stripped", assignment="00_setup")
     # alice also handed in an older copy
     ms.age(ms.write(subs, "alice", "unsolved", name="00_setup_exercises (1).ipynb"), 3600)
-    out, feedback = root / "gradebook.csv", root / "feedback"
     seen: list[list[Row]] = []
     start = time.monotonic()
     private_tmp, saved_tmp = root / "tmp", tempfile.tempdir  # this batch's folders only
@@ -208,11 +249,15 @@ def batch(tmp_path_factory):
     tempfile.tempdir = str(private_tmp)
     try:
         result = grade_folder(subs, REPO / "solutions", out, feedback_dir=feedback,
-                              timeout=TIMEOUT, jobs=2, progress=False, on_rows=seen.append)
+                              timeout=TIMEOUT, jobs=2, progress=False, on_rows=seen.append,
+                              limits=LIMITS)
     finally:
         tempfile.tempdir = saved_tmp
     return {"root": root, "subs": subs, "out": out, "feedback": feedback, "result": result,
-            "seen": seen, "seconds": time.monotonic() - start, "tmp": private_tmp}
+            "seen": seen, "seconds": time.monotonic() - start, "tmp": private_tmp,
+            "alive": _hostile_alive("gr"),
+            "package_changed": _digest(CHECKS_FILE) != package_before,
+            "planted": list(PACKAGE_DIR.glob("cuh_*.py"))}
 
 
 def _rows(batch, student):
@@ -303,7 +348,7 @@ def test_rows_are_written_as_soon_as_each_submission_is_graded(batch):
     with batch["out"].open(encoding="utf-8", newline="") as handle:
         assert tuple(next(csv.reader(handle))) == COLUMNS
     students = {r.student for r in read_rows(batch["out"])}
-    assert students == {*CLASS, "bob", "eve"}
+    assert students == {*CLASS, *HOSTILE, "bob", "eve"}
 
 
 @pytest.mark.slow
@@ -315,12 +360,59 @@ def test_no_worker_or_temporary_folder_is_left_behind(batch):
     assert list(batch["tmp"].iterdir()) == []
 
 
+# --- hostile submissions (root: each notebook runs as its own sandbox user) -----------------
+
+needs_root = pytest.mark.skipif(not HOSTILE, reason="the sandbox needs root (CI runs as root)")
+
+
+@pytest.mark.slow
+@needs_root
+def test_the_batch_was_sandboxed_and_no_hostile_process_survives(batch):
+    assert batch["result"].protection.sandboxed, batch["result"].protection.note
+    assert batch["alive"] == [], "a process a submission started outlived the batch"
+    assert _hostile_alive("gr") == []
+
+
+@pytest.mark.slow
+@needs_root
+def test_a_detached_process_cannot_rewrite_the_gradebook(batch):
+    rows = _rows(batch, "mallory")
+    assert {e: (r.points, r.status) for e, r in rows.items()} == {
+        c: (0, "not attempted") for c in CHECKS}
+    assert batch["result"].tampered == []
+    text = batch["out"].read_text(encoding="utf-8")
+    assert text.count("mallory,") == len(CHECKS) and text.startswith(",".join(COLUMNS))
+    assert batch["out"].stat().st_mode & 0o077 == 0  # the gradebook is the grader's only
+
+
+@pytest.mark.slow
+@needs_root
+def test_other_submissions_the_solutions_and_the_course_package_are_out_of_reach(batch):
+    rows = _rows(batch, "oscar")
+    assert {e: (r.points, r.status) for e, r in rows.items()} == {
+        c: (0, "not attempted") for c in CHECKS}
+    assert not batch["package_changed"] and batch["planted"] == []
+    for private in (batch["subs"], REPO / "solutions", batch["feedback"]):
+        assert private.stat().st_mode & 0o077 == 0, private
+
+
+@pytest.mark.slow
+@needs_root
+def test_memory_and_process_limits_are_named_and_cost_nothing_else(batch):
+    rows = _rows(batch, "peggy")
+    assert {e: (r.points, r.status) for e, r in rows.items()} == {
+        c: (MAX[c], "passed") for c in CHECKS}
+    feedback = rows["check_diagnose_step"].feedback
+    assert "more than 2 GB of memory" in feedback, feedback
+    assert "more than 128 processes" in feedback, feedback
+
+
 @pytest.mark.slow
 def test_resumed_run_grades_nothing_twice(batch):
     before = batch["out"].read_bytes()
     result = grade_folder(batch["subs"], REPO / "solutions", batch["out"], timeout=TIMEOUT,
                           jobs=2, progress=False)
-    assert result.rows == [] and result.skipped == len(CLASS) + 2
+    assert result.rows == [] and result.skipped == len(CLASS) + len(HOSTILE) + 2
     assert batch["out"].read_bytes() == before
 
 
@@ -342,6 +434,6 @@ def test_interrupted_run_resumes_only_what_is_missing(batch, tmp_path):
 @pytest.mark.slow
 def test_batch_time_is_reported(batch, capsys):
     with capsys.disabled():
-        print(f"\n[grader] {len(CLASS) + 2} submissions graded in {batch['seconds']:.1f} s "
-              "with --jobs 2")
+        print(f"\n[grader] {len(CLASS) + len(HOSTILE) + 2} submissions graded in "
+              f"{batch['seconds']:.1f} s with --jobs 2")
     assert batch["seconds"] > 0

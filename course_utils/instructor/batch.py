@@ -6,8 +6,10 @@ limit (``sandbox``), score each check (``scoring``) and append its rows to the g
 Nothing a submission does aborts the batch: it becomes a row with a status and a reason.
 Notebooks are graded ``jobs`` at a time (default: one per core), each in its own kernel.
 
-Security: the submission's code runs with the rights of the user running the grader. Run
-untrusted classes inside a container (see the README's instructors' section).
+Security (``protection``): as root, each notebook runs as its own sandbox user under limits,
+the submissions, solutions, gradebook and feedback are made private, every process of the
+notebook is gone before its rows are written, and a gradebook changed by anyone else while the
+batch runs is put back and reported. Not as root, the notebooks run with the grader's rights.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_utils.instructor.assemble import prepare
@@ -33,6 +35,8 @@ from course_utils.instructor.gradebook import (
     Row,
     read_rows,
 )
+from course_utils.instructor.limits import Limits, limits_hit
+from course_utils.instructor.protection import Protection, protect
 from course_utils.instructor.sandbox import PACKAGE_DIR, allow_runs, run_prepared, stop_all
 from course_utils.instructor.scoring import one_line, score
 from course_utils.instructor.submissions import (
@@ -53,8 +57,10 @@ DEFAULT_JOBS = max(1, os.cpu_count() or 1)
 
 
 def grade_submission(sub: Submission, solutions: dict[str, Solution],
-                     timeout: float = DEFAULT_TIMEOUT) -> list[Row]:
-    """Grade one submission into gradebook rows (never raises for a bad submission)."""
+                     timeout: float = DEFAULT_TIMEOUT,
+                     protection: Protection | None = None) -> list[Row]:
+    """Grade one submission into gradebook rows (never raises for a bad submission); with
+    ``protection``, run it as it says (a sandbox user, limits)."""
     solution = solutions.get(sub.key or "")
     if solution is None:
         known = ", ".join(f"{k}_exercises.ipynb" for k in sorted(solutions)) or "none"
@@ -67,8 +73,12 @@ def grade_submission(sub: Submission, solutions: dict[str, Solution],
             return [Row(sub.student, sub.notebook, gid, 0, pts, INVALID, one_line(problem))
                     for gid, pts in checks]
         prepared = prepare(nb, solution.notebook, PACKAGE_DIR)
-        result = run_prepared(prepared, timeout)
-        return score(prepared, result, timeout, sub.student, sub.notebook)
+        result = run_prepared(prepared, timeout, protection)
+        rows = score(prepared, result, timeout, sub.student, sub.notebook)
+        hits = limits_hit(result, protection.limits if protection else Limits())
+        for row in rows:  # every row of the notebook says which limit it ran into
+            row.feedback = one_line(". ".join(p for p in [*hits, row.feedback] if p))
+        return rows
     except Exception as error:  # a bug in the grader must not abort the batch
         return [Row(sub.student, sub.notebook, gid, 0, pts, GRADER_ERROR,
                     one_line(f"{type(error).__name__}: {error}")) for gid, pts in checks]
@@ -81,6 +91,8 @@ class BatchResult:
     rows: list[Row]  # rows written by this run
     skipped: int  # submissions already in the gradebook
     seconds: float
+    protection: Protection | None = None
+    tampered: list[str] = field(default_factory=list)  # the gradebook changed behind our back
 
     @property
     def ungradable(self) -> list[Row]:
@@ -91,7 +103,8 @@ class BatchResult:
 def grade_folder(submissions: Path, solutions_dir: Path, out: Path, *,
                  feedback_dir: Path | None = None, timeout: float = DEFAULT_TIMEOUT,
                  jobs: int = DEFAULT_JOBS, force: bool = False, progress: bool = True,
-                 on_rows: Callable[[list[Row]], None] | None = None) -> BatchResult:
+                 on_rows: Callable[[list[Row]], None] | None = None,
+                 limits: Limits | None = None) -> BatchResult:
     """Grade every submission under ``submissions`` into the CSV gradebook ``out``."""
     from tqdm import tqdm
 
@@ -99,6 +112,9 @@ def grade_folder(submissions: Path, solutions_dir: Path, out: Path, *,
     solutions = load_solutions(solutions_dir)
     if not solutions:
         raise FileNotFoundError(f"no *{SOLUTION_SUFFIX}.ipynb in {solutions_dir}")
+    if feedback_dir is not None:
+        feedback_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    protection = protect([submissions, solutions_dir, out, feedback_dir or out], limits)
     found, stray = find_submissions(submissions)
     kept, dropped = pick_latest(found)
     todo_keys = {(s.student, s.notebook) for s in kept}
@@ -108,8 +124,16 @@ def grade_folder(submissions: Path, solutions_dir: Path, out: Path, *,
     book = Gradebook(out, drop_keys=(todo_keys if force else retry & todo_keys) or None)
 
     written: list[Row] = []
+    tampered: list[str] = []
+
+    def check_book() -> None:
+        if book.changed():
+            book.restore()
+            tampered.append(f"{out} was changed by someone other than the grader while it "
+                            "graded; the grader's own copy was put back")
 
     def emit(rows: list[Row]) -> None:
+        check_book()
         book.add(rows)
         written.extend(rows)
         if on_rows is not None:
@@ -132,7 +156,7 @@ def grade_folder(submissions: Path, solutions_dir: Path, out: Path, *,
     allow_runs()
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        futures = {pool.submit(grade_submission, sub, solutions, timeout): sub
+        futures = {pool.submit(grade_submission, sub, solutions, timeout, protection): sub
                    for sub in pending}
         try:
             for future in as_completed(futures):
@@ -154,8 +178,9 @@ def grade_folder(submissions: Path, solutions_dir: Path, out: Path, *,
     finally:
         pool.shutdown(wait=True)
         bar.close()
+    check_book()
     if feedback_dir is not None:
         from course_utils.instructor.feedback import write_feedback
 
         write_feedback([r for r in read_rows(out) if r.student], feedback_dir)
-    return BatchResult(written, skipped, time.monotonic() - start)
+    return BatchResult(written, skipped, time.monotonic() - start, protection, tampered)

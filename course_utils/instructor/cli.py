@@ -60,13 +60,16 @@ def _grade(argv: list[str]) -> int:
     from course_utils.instructor.batch import DEFAULT_JOBS, DEFAULT_TIMEOUT, grade_folder
     from course_utils.instructor.feedback import summary_table
     from course_utils.instructor.gradescope import VISIBILITIES, grade_for_gradescope
+    from course_utils.instructor.limits import Limits
+    from course_utils.instructor.protection import SandboxError
 
     parser = argparse.ArgumentParser(
         prog="python -m course_utils grade",
         description="Grade SUBMISSIONS/<student>/<notebook>.ipynb (or nbgrader's submitted/"
                     "<student>/<assignment>/<notebook>.ipynb) into a CSV gradebook. Each "
                     "notebook runs in a fresh kernel with the instructor's checks put back. "
-                    "Submitted code runs with your rights: use a container for untrusted classes.")
+                    "As root, each notebook runs as its own unprivileged sandbox user under "
+                    "limits; otherwise submitted code runs with your rights.")
     parser.add_argument("submissions", type=Path, help="folder with one sub-folder per student")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="default: solutions/")
     parser.add_argument("--out", type=Path, default=None,
@@ -90,6 +93,7 @@ def _grade(argv: list[str]) -> int:
     parser.add_argument("--force", action="store_true",
                         help="grade again what the gradebook already holds")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    _limit_options(parser)
     args = parser.parse_args(argv)
     if not args.submissions.is_dir():
         parser.error(f"{args.submissions} is not a folder")
@@ -97,12 +101,13 @@ def _grade(argv: list[str]) -> int:
         parser.error(f"{args.solutions} is not a folder")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: grade at least one notebook at a time")
+    limits = Limits(memory_gb=args.memory_gb, processes=args.max_processes)
     if args.format == "gradescope":
         out = args.out or Path("results.json")
         result = grade_for_gradescope(args.submissions, args.solutions, out,
                                       timeout=args.timeout, jobs=args.jobs,
                                       visibility=args.visibility,
-                                      hidden_visibility=args.hidden_visibility)
+                                      hidden_visibility=args.hidden_visibility, limits=limits)
         print(result["output"])
         print(f"score {result['score']:g}; wrote {out}")
         return 0
@@ -110,11 +115,18 @@ def _grade(argv: list[str]) -> int:
     try:
         result = grade_folder(args.submissions, args.solutions, args.out,
                               feedback_dir=args.feedback, timeout=args.timeout, jobs=args.jobs,
-                              force=args.force, progress=not args.quiet)
+                              force=args.force, progress=not args.quiet, limits=limits)
     except KeyboardInterrupt:
         print(f"\ninterrupted: what was graded is in {args.out}; run the same command again "
               "to grade the rest", file=sys.stderr)
         return 130
+    except SandboxError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if result.protection is not None and result.protection.note:
+        print(f"warning: {result.protection.note}", file=sys.stderr)
+    for line in result.tampered:
+        print(f"WARNING: {line}", file=sys.stderr)
     graded = len({r.key for r in result.rows})
     print(f"graded {graded} submission(s) in {result.seconds:.1f} s; "
           f"{result.skipped} already in {args.out} (use --force to grade them again)")
@@ -128,7 +140,19 @@ def _grade(argv: list[str]) -> int:
         for key, row in {r.key: r for r in bad}.items():
             print(f"  {key[0] or '?'} / {key[1]}: {row.status}: {row.feedback}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if result.tampered else 0
+
+
+def _limit_options(parser: argparse.ArgumentParser) -> None:
+    """--memory-gb and --max-processes: what one notebook may use."""
+    from course_utils.instructor.limits import DEFAULT_MEMORY_GB, DEFAULT_PROCESSES
+
+    parser.add_argument("--memory-gb", type=float, default=DEFAULT_MEMORY_GB,
+                        help=f"memory of each process of a notebook, in GB (default "
+                             f"{DEFAULT_MEMORY_GB:g})")
+    parser.add_argument("--max-processes", type=int, default=DEFAULT_PROCESSES,
+                        help=f"processes and threads of a notebook, as root (default "
+                             f"{DEFAULT_PROCESSES})")
 
 
 def _check(argv: list[str]) -> int:
@@ -160,6 +184,7 @@ def _check(argv: list[str]) -> int:
 
 def _gradescope(argv: list[str]) -> int:
     from course_utils.instructor.gradescope import VISIBILITIES, build_autograder
+    from course_utils.instructor.limits import Limits
 
     parser = argparse.ArgumentParser(
         prog="python -m course_utils gradescope",
@@ -175,11 +200,13 @@ def _gradescope(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="notebooks graded at once (2)")
     parser.add_argument("--visibility", choices=VISIBILITIES, default="visible")
     parser.add_argument("--hidden-visibility", choices=VISIBILITIES, default="after_published")
+    _limit_options(parser)
     args = parser.parse_args(argv)
     try:
         out = build_autograder(args.out, args.solutions, args.lessons, timeout=args.timeout,
                                jobs=args.jobs, visibility=args.visibility,
-                               hidden_visibility=args.hidden_visibility)
+                               hidden_visibility=args.hidden_visibility,
+                               limits=Limits(args.memory_gb, args.max_processes))
     except ValueError as error:
         parser.error(str(error))
     print(f"wrote {out}: upload it as the assignment's autograder (Ubuntu 22.04 or newer)")

@@ -8,6 +8,8 @@ Outputs are capped per cell so that a notebook printing megabytes cannot exhaust
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -19,8 +21,10 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+from course_utils.instructor.protection import JAIL
+
 __all__ = ["OUTPUT_CAP", "TRUNCATED_NOTE", "CellOutcome", "CurrentPythonKernelSpecs",
-           "GradingClient", "execute_notebook"]
+           "GradingClient", "SandboxKernelManager", "execute_notebook"]
 
 #: Characters of output kept per cell; the rest is dropped with a note.
 OUTPUT_CAP = 20_000
@@ -43,15 +47,31 @@ class CellOutcome:
 
 
 class CurrentPythonKernelSpecs(KernelSpecManager):
-    """Every kernel name resolves to an IPython kernel of the running interpreter."""
+    """Every kernel name resolves to an IPython kernel of the running interpreter, started
+    through ``jail.py`` with ``jail`` (its user, limits and hidden folders) when given."""
+
+    jail: dict[str, Any] | None = None
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:  # noqa: D102
+        prefix = [] if self.jail is None else [
+            sys.executable, "-I", str(JAIL), json.dumps(self.jail), "--"]
         return KernelSpec(
-            argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            argv=[*prefix, sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             display_name="Python 3 (course grader)",
             language="python",
             env={},
         )
+
+
+class SandboxKernelManager(AsyncKernelManager):
+    """A kernel manager that hands the connection file to the kernel's user (``owner``)."""
+
+    owner: int | None = None
+
+    def write_connection_file(self, **kwargs: Any) -> None:  # noqa: D102
+        super().write_connection_file(**kwargs)
+        if self.owner is not None:
+            os.chown(self.connection_file, self.owner, self.owner)
 
 
 class GradingClient(NotebookClient):
@@ -100,18 +120,21 @@ def _cell_text(cell: Any) -> str:
 
 def execute_notebook(nb: Any, *, cwd: Path, env: dict[str, str], timeout: float,
                      startup_timeout: float = 60, ipc_dir: Path | None = None,
-                     attempts: int = 2) -> tuple[list[CellOutcome], str]:
+                     attempts: int = 2, jail: dict[str, Any] | None = None,
+                     ) -> tuple[list[CellOutcome], str]:
     """Execute every code cell of ``nb`` in place; return each cell's outcome and the run's.
 
     The run's status is ``ok``, ``timeout`` (the time limit hit, the remaining cells are
     ``not run``), ``dead`` (the kernel died) or ``kernel failed: ...`` (it never started, also
     after ``attempts`` tries). With ``ipc_dir`` the kernel talks over Unix sockets there instead
-    of TCP ports, which parallel graders could race for.
+    of TCP ports, which parallel graders could race for. ``jail``: the spec ``jail.py`` applies
+    to the kernel (its sandbox user, limits and hidden folders).
     """
     deadline = time.monotonic() + timeout
     for attempt in range(1, attempts + 1):
         outcomes, status = _execute_once(nb, cwd=cwd, env=env, deadline=deadline,
-                                         startup_timeout=startup_timeout, ipc_dir=ipc_dir)
+                                         startup_timeout=startup_timeout, ipc_dir=ipc_dir,
+                                         jail=jail)
         if not status.startswith("kernel failed") or attempt == attempts \
                 or time.monotonic() >= deadline:
             return outcomes, status
@@ -119,14 +142,18 @@ def execute_notebook(nb: Any, *, cwd: Path, env: dict[str, str], timeout: float,
 
 
 def _execute_once(nb: Any, *, cwd: Path, env: dict[str, str], deadline: float,
-                  startup_timeout: float, ipc_dir: Path | None) -> tuple[list[CellOutcome], str]:
+                  startup_timeout: float, ipc_dir: Path | None,
+                  jail: dict[str, Any] | None) -> tuple[list[CellOutcome], str]:
     timeout = max(1.0, deadline - time.monotonic())
-    transport = {}
+    transport: dict[str, Any] = {}
     if ipc_dir is not None:
         ipc_dir.mkdir(parents=True, exist_ok=True)
-        transport = {"transport": "ipc", "ip": str(ipc_dir / "kernel")}
-    km = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentPythonKernelSpecs(),
-                            **transport)
+        transport = {"transport": "ipc", "ip": str(ipc_dir / "kernel"),
+                     "connection_file": str(ipc_dir / f"kernel-{time.monotonic_ns()}.json")}
+    specs = CurrentPythonKernelSpecs()
+    specs.jail = jail
+    km = SandboxKernelManager(kernel_name="python3", kernel_spec_manager=specs, **transport)
+    km.owner = (jail or {}).get("uid")
     client = GradingClient(
         nb, km=km, timeout=max(1, int(timeout)), startup_timeout=int(startup_timeout),
         allow_errors=True, interrupt_on_timeout=False, shutdown_kernel="immediate",

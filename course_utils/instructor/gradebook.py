@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
@@ -77,10 +78,13 @@ def read_rows(path: Path) -> list[Row]:
 
 
 class Gradebook:
-    """Append-only CSV writer: each ``add`` is written, flushed and synced at once."""
+    """Append-only CSV writer: each ``add`` is written, flushed and synced at once. The file is
+    readable by its owner only, and the writer keeps a copy of what it wrote: ``changed()``
+    tells when someone else changed the file, ``restore()`` puts the writer's copy back."""
 
     def __init__(self, path: Path, drop_keys: set[tuple[str, str]] | None = None) -> None:
         self.path = path
+        self._written = b""
         path.parent.mkdir(parents=True, exist_ok=True)
         if drop_keys:  # --force: rewrite without the rows about to be graded again
             keep = [row for row in read_rows(path) if row.key not in drop_keys]
@@ -92,14 +96,40 @@ class Gradebook:
                 self._rewrite(rows)
         else:
             self._rewrite([])
+        if not self._written:
+            self._written = self.path.read_bytes()
+        if self.path.stat().st_mode & 0o077:
+            self.path.chmod(0o600)
 
     def _rewrite(self, rows: list[Row]) -> None:
+        buffer = io.StringIO(newline="")
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        writer.writerows(self._record(row) for row in rows)
+        self._replace(buffer.getvalue().encode("utf-8"))
+
+    def _replace(self, data: bytes) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("w", encoding="utf-8", newline="") as handle:
-            writer = csv.writer(handle, lineterminator="\n")
-            writer.writerow(COLUMNS)
-            writer.writerows(self._record(row) for row in rows)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(tmp, self.path)
+        self._written = data
+
+    def changed(self) -> bool:
+        """True when the file no longer holds exactly what this writer wrote."""
+        try:
+            return self.path.read_bytes() != self._written
+        except OSError:
+            return True
+
+    def restore(self) -> None:
+        """Write this writer's copy back over whatever the file holds now."""
+        self._replace(self._written)
 
     @staticmethod
     def _record(row: Row) -> tuple[str, ...]:
@@ -111,7 +141,9 @@ class Gradebook:
         """Append ``rows`` in one write, then flush and fsync."""
         buffer = io.StringIO(newline="")
         csv.writer(buffer, lineterminator="\n").writerows(self._record(row) for row in rows)
-        with self.path.open("a", encoding="utf-8", newline="") as handle:
-            handle.write(buffer.getvalue())
+        data = buffer.getvalue().encode("utf-8")
+        with self.path.open("ab") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        self._written += data

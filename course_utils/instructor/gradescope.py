@@ -15,11 +15,13 @@ move both scripts elsewhere, which is how the tests run them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import stat
 import subprocess
+import sys
 import time
 import zipfile
 from collections.abc import Sequence
@@ -30,6 +32,8 @@ from typing import Any
 import course_utils
 from course_utils.instructor.cells import SOLUTION_SUFFIX, check_cells, grade_id, notebook_key
 from course_utils.instructor.gradebook import PASSED, UNGRADABLE, Row
+from course_utils.instructor.limits import Limits
+from course_utils.instructor.protection import protect
 from course_utils.instructor.submissions import Solution, Submission, load_solutions
 
 __all__ = ["HIDDEN_TAG", "OUTPUT_LIMIT", "VISIBILITIES", "build_autograder",
@@ -63,6 +67,10 @@ fi
 "$ROOT/venv/bin/python" -m pip install --quiet -c "$ROOT/source/course/requirements/lock.txt" \\
     "$ROOT/source/course[grading]"
 "$ROOT/venv/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
+# The grader runs each notebook as an unprivileged sandbox user (a user id with no account, so
+# nothing to create here): the course and Python must be readable but not writable by it.
+chmod -R go-w "$ROOT/venv" "$ROOT/source"
+chmod -R go+rX "$ROOT/venv" "$ROOT/source/course"
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
@@ -76,7 +84,8 @@ cd "$ROOT"
 exec "$PYTHON" -m course_utils grade "$ROOT/submission" --format gradescope \\
     --solutions "$ROOT/source/solutions" --out "$ROOT/results/results.json" \\
     --timeout {timeout:g} --jobs {jobs} --visibility {visibility} \\
-    --hidden-visibility {hidden_visibility}
+    --hidden-visibility {hidden_visibility} --memory-gb {memory_gb:g} \\
+    --max-processes {processes}
 """
 
 #: What the zip carries of the repository, besides the chosen solutions.
@@ -99,9 +108,12 @@ def _course_revision(root: Path) -> str:
 
 def build_autograder(out: Path, solutions_dir: Path, lessons: Sequence[str] = (), *,
                      timeout: float = 300.0, jobs: int = 2, visibility: str = "visible",
-                     hidden_visibility: str = "after_published") -> Path:
+                     hidden_visibility: str = "after_published",
+                     limits: Limits | None = None) -> Path:
     """Write Gradescope's autograder zip to ``out``: the course, the solutions of ``lessons``
-    (numbers such as ``"03"``; all when empty), ``setup.sh`` and ``run_autograder``."""
+    (numbers such as ``"03"``; all when empty), ``setup.sh`` and ``run_autograder`` (which
+    grades under ``limits``)."""
+    limits = limits or Limits()
     for value in (visibility, hidden_visibility):
         if value not in VISIBILITIES:
             raise ValueError(f"visibility {value!r}: use one of {', '.join(VISIBILITIES)}")
@@ -118,7 +130,9 @@ def build_autograder(out: Path, solutions_dir: Path, lessons: Sequence[str] = ()
         "setup.sh": SETUP_SH.format(version=_course_revision(root)),
         "run_autograder": RUN_AUTOGRADER.format(timeout=timeout, jobs=jobs,
                                                 visibility=visibility,
-                                                hidden_visibility=hidden_visibility)}
+                                                hidden_visibility=hidden_visibility,
+                                                memory_gb=limits.memory_gb,
+                                                processes=limits.processes)}
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, text in scripts.items():
             info = zipfile.ZipInfo(name, date_time=time.localtime()[:6])
@@ -188,26 +202,32 @@ def _submitted(folder: Path) -> tuple[dict[str, Path], list[str]]:
 
 def grade_for_gradescope(submission: Path, solutions_dir: Path, out: Path, *,
                          timeout: float = 300.0, jobs: int = 1, visibility: str = "visible",
-                         hidden_visibility: str = "after_published") -> dict[str, Any]:
+                         hidden_visibility: str = "after_published",
+                         limits: Limits | None = None) -> dict[str, Any]:
     """Grade one learner's Gradescope submission folder and write ``results.json`` to ``out``.
-    Always writes a valid file: a grader failure becomes a zero with the reason."""
+    Always writes a valid file: a grader failure becomes a zero with the reason. As root (on
+    Gradescope), the notebooks run as sandbox users; the file is written after every one of
+    their processes is gone, and read back to make sure it holds what the grader wrote."""
     from course_utils.instructor.batch import grade_submission
 
     start = time.monotonic()
     solutions = load_solutions(solutions_dir)
     try:
+        protection = protect([submission, solutions_dir, out], limits)
         found, notes = _submitted(submission)
         unknown = sorted(set(found) - set(solutions))
         notes += [f"{found[k].name}: this autograder does not grade lesson {k}" for k in unknown]
         todo = [Submission("submission", found[k], k) for k in sorted(found) if k in solutions]
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            graded = list(pool.map(lambda s: (s.key, grade_submission(s, solutions, timeout)),
-                                   todo))
+            graded = list(pool.map(
+                lambda s: (s.key, grade_submission(s, solutions, timeout, protection)), todo))
         rows = dict(graded)
         if not found:
             notes.append("no notebook was submitted: upload the exercise notebooks (.ipynb)")
         if any(r.status in UNGRADABLE for group in rows.values() for r in group):
             notes.append("a notebook could not be graded: see its tests for the reason")
+        if protection.note:
+            print(f"warning: {protection.note}", file=sys.stderr)
         result = results_json(rows, solutions, seconds=time.monotonic() - start, notes=notes,
                               visibility=visibility, hidden_visibility=hidden_visibility)
     except Exception as error:  # the grader's own failure: say so, never leave no results
@@ -216,10 +236,27 @@ def grade_for_gradescope(submission: Path, solutions_dir: Path, out: Path, *,
                                     "Your instructor can see the details; resubmit later."),
                   "visibility": visibility, "stdout_visibility": "hidden", "tests": []}
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, out)
+    data = json.dumps(result, indent=1, ensure_ascii=False).encode("utf-8")
+    for _ in range(3):  # written by the grader only: read back, written again if changed
+        _write_private(out, data)
+        if out.read_bytes() == data:
+            break
+        print(f"WARNING: {out} was changed by someone other than the grader right after it "
+              "was written; writing it again", file=sys.stderr)
     return result
+
+
+def _write_private(out: Path, data: bytes) -> None:
+    """Write ``data`` to ``out`` atomically, readable by the grader's user only."""
+    tmp = out.with_name(out.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(handle, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, out)
 
 
 def unpack_autograder(zip_path: Path, root: Path) -> Path:

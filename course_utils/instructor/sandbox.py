@@ -1,6 +1,8 @@
-"""Running one prepared submission under limits: a fresh kernel in a check-runner process, in
-a private temporary folder, with the grader's environment, killed with everything it started
-when the time limit (plus a grace) is over or the batch is interrupted."""
+"""Running one prepared submission under limits: a check-runner process of the grader starts a
+fresh kernel (as a sandbox user when the grader is root, see ``protection``) with its own home
+and temporary folder; the check runner, its kernel and everything they started are killed when
+the notebook is done, the time limit (plus a grace) is over or the batch is interrupted. The
+result is read from the grader's private folder only after that."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import psutil
 import course_utils
 from course_utils.grading.framework import STRICT_ENV
 from course_utils.instructor.assemble import Prepared
+from course_utils.instructor.protection import Protection, jail_spec
+from course_utils.instructor.sandbox_user import kill_user, reserve_user
 
 __all__ = ["PACKAGE_DIR", "WORKER_GRACE", "kernel_env", "kill_process_tree", "run_prepared",
            "stop_all", "allow_runs"]
@@ -44,15 +48,19 @@ def kill_process_tree(pid: int, include_root: bool = True, wait_s: float = 5.0) 
         psutil.wait_procs(procs, timeout=wait_s)
 
 
-def kernel_env(workdir: Path) -> dict[str, str]:
-    """The environment of a grading kernel: strict checks, quiet TensorFlow, no user config."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "COURSE_"))}
+def kernel_env(home: Path) -> dict[str, str]:
+    """The environment of a grading kernel: strict checks, quiet TensorFlow, no user config,
+    ``home`` as its home and working folder, ``home/tmp`` as its temporary folder."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JPY_", "COURSE_", "JUPYTER_", "XDG_"))}
     root = str(PACKAGE_DIR.parent)
     env.update({
         STRICT_ENV: "1",
         "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
-        "IPYTHONDIR": str(workdir / ".ipython"),
-        "MPLCONFIGDIR": str(workdir / ".matplotlib"),
+        "HOME": str(home),
+        "TMPDIR": str(home / "tmp"), "TEMP": str(home / "tmp"), "TMP": str(home / "tmp"),
+        "IPYTHONDIR": str(home / ".ipython"),
+        "MPLCONFIGDIR": str(home / ".matplotlib"),
         "MPLBACKEND": "Agg",
         "TF_CPP_MIN_LOG_LEVEL": "3",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
@@ -61,27 +69,58 @@ def kernel_env(workdir: Path) -> dict[str, str]:
     return env
 
 
-def run_prepared(prepared: Prepared, timeout: float) -> dict[str, Any]:
-    """Execute a prepared notebook in a worker process; return the worker's result."""
-    tmp = Path(tempfile.mkdtemp(prefix="cu-grade-"))
+def _home(job: Path, uid: int | None) -> Path:
+    """The kernel's home: inside the private job folder, or (for a sandbox user) its own
+    folder in /tmp that only it can enter, with ``tmp`` and ``ipc`` (the kernel's sockets)."""
+    if uid is None:
+        home = job / "home"
+        home.mkdir()
+    else:
+        home = Path(tempfile.mkdtemp(prefix="cu-box-", dir="/tmp"))
+    for sub in (home / "tmp", home / "ipc"):
+        sub.mkdir(mode=0o700)
+    if uid is not None:
+        for path in (home, home / "tmp", home / "ipc"):
+            os.chown(path, uid, uid)
+    return home
+
+
+def run_prepared(prepared: Prepared, timeout: float,
+                 protection: Protection | None = None) -> dict[str, Any]:
+    """Execute a prepared notebook in a check-runner process; return its result. With a
+    sandboxed ``protection`` the kernel runs as a sandbox user reserved for this notebook,
+    and every process of that user is gone before this returns."""
+    protection = protection or Protection(False)
+    if not protection.sandboxed:
+        return _run(prepared, timeout, protection, None)
+    with reserve_user() as user:
+        return _run(prepared, timeout, protection, user.uid)
+
+
+def _run(prepared: Prepared, timeout: float, protection: Protection,
+         uid: int | None) -> dict[str, Any]:
+    job = Path(tempfile.mkdtemp(prefix="cu-grade-"))  # the grader's only: job, result, log
+    home = None
     try:
-        work = tmp / "work"
-        work.mkdir()
-        job, result = tmp / "job.json", tmp / "result.json"
-        job.write_text(json.dumps({"notebook": prepared.notebook, "cwd": str(work),
-                                   "env": kernel_env(tmp), "timeout": timeout}),
-                       encoding="utf-8")
+        home = _home(job, uid)
+        (job / "stage").mkdir()
+        result = job / "result.json"
+        job_file = job / "job.json"
+        job_file.write_text(json.dumps({
+            "notebook": prepared.notebook, "cwd": str(home), "env": kernel_env(home),
+            "timeout": timeout, "ipc_dir": str(home / "ipc"), "uid": uid,
+            "jail": jail_spec(protection, uid, job / "stage")}), encoding="utf-8")
         env = dict(os.environ)
-        env["JUPYTER_RUNTIME_DIR"] = str(tmp / "runtime")  # connection files: private, writable
+        env["JUPYTER_RUNTIME_DIR"] = str(job / "runtime")  # the grader's own, private
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PACKAGE_DIR.parent), env.get("PYTHONPATH", "")) if p)
-        with (tmp / "worker.log").open("wb") as log, _ACTIVE_LOCK:
+        with (job / "worker.log").open("wb") as log, _ACTIVE_LOCK:
             if _STOP.is_set():
                 return {"status": "interrupted", "cells": []}
             process = subprocess.Popen(
-                [sys.executable, "-m", "course_utils.instructor.check_runner", str(job),
+                [sys.executable, "-m", "course_utils.instructor.check_runner", str(job_file),
                  str(result)],
-                cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+                cwd=job, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
             _ACTIVE.add(process)
         try:
@@ -90,17 +129,19 @@ def run_prepared(prepared: Prepared, timeout: float) -> dict[str, Any]:
             return {"status": "timeout", "cells": []}
         finally:
             kill_process_tree(process.pid)
+            if uid is not None:
+                kill_user(uid)
             with _ACTIVE_LOCK:
                 _ACTIVE.discard(process)
         if not result.exists():
-            log_text = (tmp / "worker.log").read_text(encoding="utf-8", errors="replace")
+            log_text = (job / "worker.log").read_text(encoding="utf-8", errors="replace")
             return {"status": f"worker failed (exit {process.returncode}): {log_text[-400:]}",
                     "cells": []}
         return json.loads(result.read_text(encoding="utf-8"))
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
+        if home is not None and uid is not None:
+            shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(job, ignore_errors=True)
 
 
 def stop_all() -> None:
