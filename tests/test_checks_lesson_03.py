@@ -23,12 +23,13 @@ from course_utils.grading.framework import NotAttemptedError, strict_checks
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
-def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps, global_batch,
+def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps, replica_batch,
                  save_every):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     resolver = strategy.cluster_resolver
     is_chief = resolver.task_type == "chief" or (
         resolver.task_type == "worker" and resolver.task_id == 0)
+    global_batch = replica_batch * strategy.num_replicas_in_sync
     with np.load(data_path) as data:
         x, y = data["x"], data["y"]
 
@@ -84,35 +85,36 @@ def diagnose(logs):
     return "killed", silent[0]
 
 
-def restore_latest(checkpoint, checkpoint_dir, optimizer):
+def restore_latest(checkpoint, checkpoint_dir, examples_done):
     latest = tf.train.latest_checkpoint(checkpoint_dir)
     if latest:
         checkpoint.restore(latest)
-    return int(optimizer.iterations.numpy())
+    return int(examples_done.numpy())
 
 
-def make_dataset_fn(x, y, global_batch, start_step):
+def make_dataset_fn(x, y, global_batch, examples_done):
     def dataset_fn(context):
         batch = context.get_per_replica_batch_size(global_batch)
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
         dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
-        return dataset.skip(start_step * batch).batch(batch, drop_remainder=True)
+        return dataset.batch(batch, drop_remainder=True)
 
     return dataset_fn
 
 
-def restarts_from_zero(checkpoint, checkpoint_dir, optimizer):
-    return 0
+def pipeline_fn(skip):
+    """A make_dataset_fn that shards first, then skips ``skip(examples_done, context, B)``."""
+    def make(x, y, global_batch, examples_done):
+        def dataset_fn(context):
+            batch = context.get_per_replica_batch_size(global_batch)
+            dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+            dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+            dataset = dataset.skip(skip(examples_done, context, global_batch))
+            return dataset.batch(batch, drop_remainder=True)
 
+        return dataset_fn
 
-def never_skips(x, y, global_batch, start_step):
-    def dataset_fn(context):
-        batch = context.get_per_replica_batch_size(global_batch)
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
-        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
-        return dataset.batch(batch, drop_remainder=True)      # starts again at the first batch
-
-    return dataset_fn
+    return make
 
 
 def stub(*args):
@@ -190,16 +192,78 @@ def test_failure_logs_refuse_a_culprit_that_does_not_fit():
         worker_logs.failure_logs("killed", 1, 0, random.Random(0))
 
 
-def test_the_reference_diagnosis_passes_and_lazy_ones_fail():
+def test_the_reference_diagnosis_passes():
     assert cu.grading.check_diagnose(diagnose) is True
-    # The cases are drawn fresh: a constant fails on whichever it gets wrong first.
-    with pytest.raises(AssertionError, match="the cause is|the worker at fault"):
-        cu.grading.check_diagnose(lambda logs: ("killed", 0))
-    with pytest.raises(AssertionError, match="worker at fault"):
-        cu.grading.check_diagnose(lambda logs: (diagnose(logs)[0], 0 if diagnose(logs)[1]
-                                                else None))
-    with pytest.raises(AssertionError, match="return \\(cause, worker\\)"):
-        cu.grading.check_diagnose(lambda logs: "killed")
+
+
+def _refused_only(logs):
+    """The old rule: a killed peer's port refuses; anything else unavailable is 'stalled'."""
+    cause, worker = diagnose(logs)
+    if cause == "killed" and not any("Connection refused" in log for log in logs):
+        return "stalled", worker
+    return cause, worker
+
+
+def _first_with_an_error(logs):
+    """Blames the first worker whose log holds an error, i.e. a survivor."""
+    cause, worker = diagnose(logs)
+    if cause in ("killed", "stalled"):
+        return cause, next(w for w, log in enumerate(logs) if "Error" in log)
+    return cause, worker
+
+
+def _unavailable_means_stalled(logs):
+    cause, worker = diagnose(logs)
+    return {"killed": "stalled", "stalled": "killed"}.get(cause, cause), worker
+
+
+def _empty_log_is_killed(logs):
+    cause, worker = diagnose(logs)
+    return ("killed" if cause == "never_started" else cause), worker
+
+
+def _never_not_in_cluster(logs):
+    cause, worker = diagnose(logs)
+    return ("killed", 0) if cause == "not_in_cluster" else (cause, worker)
+
+
+def _heartbeats_are_a_crash(logs):
+    """Reads 'The tasks have crashed' in the heartbeat message as the cause."""
+    cause, worker = diagnose(logs)
+    if cause == "killed" and any("stopped sending heartbeats" in log for log in logs):
+        return "crashed", worker
+    return cause, worker
+
+
+DIAGNOSIS_CATALOGUE = {
+    "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
+    "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
+    "a cause outside the list": (lambda logs: ("preempted", 1), "must be one of"),
+    "connection refused as the only sign of a kill": (_refused_only, "the cause is 'killed'"),
+    "blames a survivor": (_first_with_an_error, "worker at fault"),
+    "unavailable read as stalled": (_unavailable_means_stalled, "the cause is"),
+    "an empty log read as killed": (_empty_log_is_killed, "the cause is 'never_started'"),
+    "ignores a late TF_CONFIG": (_never_not_in_cluster, "the cause is 'not_in_cluster'"),
+    "'The tasks have crashed' read as a crash": (_heartbeats_are_a_crash,
+                                                 "the cause is 'killed'"),
+}
+
+
+@pytest.mark.parametrize("answer, message", DIAGNOSIS_CATALOGUE.values(),
+                         ids=DIAGNOSIS_CATALOGUE.keys())
+def test_a_wrong_diagnosis_is_rejected_naming_what_differed(answer, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_diagnose(answer)
+
+
+def test_every_check_of_diagnose_meets_each_reason_a_killed_peer_gives():
+    seen = set()
+    for case in lesson_03._diagnosis_cases(random.Random(5)):
+        seen |= {reason for reason, text in (("refused", "Connection refused"),
+                                              ("socket_closed", "Socket closed"),
+                                              ("heartbeats", "stopped sending heartbeats"))
+                 if case.expected[0] == "killed" and any(text in log for log in case.args[0])}
+    assert seen == set(worker_logs.KILLED_REASONS)
 
 
 @pytest.mark.parametrize("check, args", [("train_worker", (stub,)), ("diagnose", (stub,)),
@@ -252,10 +316,71 @@ def test_the_reference_resume_passes_on_a_killed_cluster():
     assert cu.grading.check_resume(restore_latest, make_dataset_fn) is True
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("restore, dataset, message", [
-    (restarts_from_zero, make_dataset_fn, "began at step 0"),
-    (restore_latest, never_skips, "differ from an uninterrupted run")])
-def test_a_resume_that_loses_or_repeats_work_fails(restore, dataset, message):
+def test_the_reference_resume_functions_pass_the_in_process_cases():
+    rng = random.Random(11)
+    assert lesson_03._restore_problem(restore_latest, rng) is None
+    assert lesson_03._dataset_fn_problem(make_dataset_fn, rng) is None
+
+
+def restarts_from_zero(checkpoint, checkpoint_dir, examples_done):
+    return 0
+
+
+def restores_nothing(checkpoint, checkpoint_dir, examples_done):
+    return int(examples_done.numpy())
+
+
+def reads_the_file_name(checkpoint, checkpoint_dir, examples_done):
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    return int(latest.rsplit("-", 1)[1]) if latest else 0      # the count, nothing restored
+
+
+def restores_a_constant(checkpoint, checkpoint_dir, examples_done):
+    checkpoint.restore(tf.train.latest_checkpoint(checkpoint_dir))
+    return 96
+
+
+def never_skips(x, y, global_batch, examples_done):
+    return pipeline_fn(lambda done, context, batch: 0)(x, y, global_batch, examples_done)
+
+
+def reads_everything(x, y, global_batch, examples_done):
+    def dataset_fn(context):                                    # no shard
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+RESUME_CATALOGUE = {
+    "restarts from zero": (restarts_from_zero, make_dataset_fn, "returned 0"),
+    "returns the count without restoring": (restores_nothing, make_dataset_fn, "returned 0"),
+    "reads the count from the file name": (reads_the_file_name, make_dataset_fn,
+                                           "did not restore"),
+    "a constant count": (restores_a_constant, make_dataset_fn, "got 96|returned 96"),
+    "never skips": (restore_latest, never_skips, "trained examples it should not"),
+    "the lesson's skip, examples for steps": (
+        restore_latest, pipeline_fn(lambda done, c, b: done * b // c.num_input_pipelines),
+        "trained examples it should not"),
+    "the lesson's skip, shards first": (
+        restore_latest, pipeline_fn(lambda done, c, b: done // c.num_input_pipelines),
+        "trained examples it should not"),
+    "one per-replica batch a step": (
+        restore_latest, pipeline_fn(lambda done, c, b: done // b * c.get_per_replica_batch_size(b)),
+        "trained examples it should not"),
+    "every pipeline reads everything": (restore_latest, reads_everything,
+                                        "trained examples it should not"),
+}
+
+
+@pytest.mark.parametrize("restore, dataset, message", RESUME_CATALOGUE.values(),
+                         ids=RESUME_CATALOGUE.keys())
+def test_a_wrong_resume_is_rejected_before_any_cluster_starts(restore, dataset, message,
+                                                              monkeypatch):
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a wrong resume reached the cluster")
+
+    monkeypatch.setattr(lesson_03, "_run_killed", no_cluster)
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_resume(restore, dataset)
