@@ -125,7 +125,7 @@ def variant(tmp_path, old, new):
     """``train_worker`` with ``old`` replaced by ``new``, loaded from a file (inspect reads it)."""
     source = worker_scripts.function_source(train_worker)
     assert old in source
-    path = tmp_path / f"variant_{abs(hash(new))}.py"
+    path = tmp_path / f"variant_{abs(hash(old + new))}.py"
     path.write_text("import tempfile\nimport keras\nimport numpy as np\nimport tensorflow as tf"
                     "\n\n\n" + source.replace(old, new))
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -298,17 +298,92 @@ def test_the_reference_worker_passes_on_a_real_cluster():
     assert cu.grading.check_train_worker(train_worker) is True
 
 
+def no_strategy_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
+                       replica_batch, save_every):
+    """Trains alone on every global batch: right on one device, no strategy at all."""
+    with np.load(data_path) as data:
+        x, y = data["x"], data["y"]
+    global_batch = 2 * replica_batch
+    model = build_model()
+    optimizer = keras.optimizers.SGD(learning_rate)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), checkpoint_dir, 2)
+    for step in range(steps):
+        rows = (step * global_batch + np.arange(global_batch)) % len(x)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y[rows], model(x[rows]))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+    manager.save()
+    return model.get_weights()
+
+
+def broken_worker(tmp_path):
+    path = tmp_path / "broken_worker.py"
+    path.write_text("import keras\nimport numpy as np\nimport tensorflow as tf\n\n\n"
+                    + worker_scripts.BROKEN_TRAIN_WORKER)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.train_worker
+
+
+#: Exercise 1's wrong answers: (the text replaced in the reference, its replacement, the
+#: message the check must give); None: a whole function of its own.
+TRAIN_WORKER_CATALOGUE = {
+    "the broken worker as given": (None, "broken", "differ from one device"),
+    "no strategy at all": (None, "no_strategy", "not in the scope of a tf.distribute.Multi"),
+    "MirroredStrategy in every worker": (
+        "strategy = tf.distribute.MultiWorkerMirroredStrategy()",
+        "strategy = tf.distribute.MirroredStrategy()",
+        "not in the scope of a tf.distribute.Multi|the job failed"),
+    "the lesson's batch: replica_batch taken as global": (
+        "global_batch = replica_batch * strategy.num_replicas_in_sync",
+        "global_batch = replica_batch", "differ from one device"),
+    "the loss averaged per replica": (
+        "loss = tf.nn.compute_average_loss(per_example(labels, model(features)),\n"
+        "                                              global_batch_size=global_batch)",
+        "loss = tf.reduce_mean(per_example(labels, model(features)))",
+        "differ from one device"),
+    "every worker reads everything": (
+        "dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)",
+        "pass", "differ from one device"),
+    "every worker writes into checkpoint_dir": (
+        "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
+        "worker 1 wrote into checkpoint_dir|the job failed"),
+    "the temporary folder left behind": (
+        "                tf.io.gfile.rmtree(write_dir)", "                pass",
+        "left its temporary checkpoint folder"),
+    "no save after the last step": (
+        "if step % save_every == 0 or step == steps:", "if step % save_every == 0:",
+        "does not hold the final weights"),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("old, new, message", [
-    ("checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
-     "worker 1 wrote into checkpoint_dir|the job failed"),   # the two writers may collide
-    ("dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)", "pass",
-     "differ from one device"),
-    ("                tf.io.gfile.rmtree(write_dir)", "                pass",
-     "left its temporary checkpoint folder")])
-def test_a_worker_that_writes_everywhere_or_reads_everything_fails(tmp_path, old, new, message):
-    with pytest.raises(AssertionError, match=message):
-        cu.grading.check_train_worker(variant(tmp_path, old, new))
+def test_wrong_train_workers_are_rejected_naming_what_differed(tmp_path):
+    """Every wrong answer on its own 2-worker cluster, four clusters at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def answer(name):
+        old, new, _ = TRAIN_WORKER_CATALOGUE[name]
+        if old is None:
+            return broken_worker(tmp_path) if new == "broken" else no_strategy_worker
+        return variant(tmp_path, old, new)
+
+    def verdict(name):
+        try:
+            cu.grading.check_train_worker(answer(name))
+        except AssertionError as error:
+            return str(error)
+        return "passed"
+
+    with ThreadPoolExecutor(4) as pool:
+        verdicts = dict(zip(TRAIN_WORKER_CATALOGUE,
+                            pool.map(verdict, TRAIN_WORKER_CATALOGUE), strict=True))
+    wrong = {name: verdicts[name] for name, (_, _, message) in TRAIN_WORKER_CATALOGUE.items()
+             if not re.search(message, verdicts[name])}
+    assert wrong == {}
 
 
 @pytest.mark.slow

@@ -161,6 +161,8 @@ def check_train_worker(fn: Any) -> bool:
         folder = Path(root)
         (folder / "tmp").mkdir()
         job = _fresh_job(rng, folder)
+        if job["steps"] % job["save_every"] == 0:      # a last step that is no regular save
+            job["steps"] += 1
         script = folder / "worker.py"
         script.write_text(train_worker_script(source))
 

@@ -144,8 +144,8 @@ print("done", flush=True)
 #: Exercise 1's starting point: a colleague's worker that runs to the end without an error and
 #: is wrong in five ways (the lesson's script, written from memory, for a per-replica batch).
 BROKEN_TRAIN_WORKER = '''\
-def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps, replica_batch,
-                 save_every):
+def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
+                 replica_batch, save_every):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     is_chief = strategy.cluster_resolver.task_id == 0
     with np.load(data_path) as data:
@@ -160,7 +160,8 @@ def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps, r
         model = build_model()
         optimizer = keras.optimizers.SGD(learning_rate)
         optimizer.build(model.trainable_variables)
-    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                             reduction=None)
 
     def replica_step(features, labels):
         with tf.GradientTape() as tape:
