@@ -261,6 +261,7 @@ def test_every_check_of_diagnose_meets_each_reason_a_killed_peer_gives():
     for case in lesson_03._diagnosis_cases(random.Random(5)):
         seen |= {reason for reason, text in (("refused", "Connection refused"),
                                               ("socket_closed", "Socket closed"),
+                                              ("reset", "Connection reset by peer"),
                                               ("heartbeats", "stopped sending heartbeats"))
                  if case.expected[0] == "killed" and any(text in log for log in case.args[0])}
     assert seen == set(worker_logs.KILLED_REASONS)

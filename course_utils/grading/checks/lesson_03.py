@@ -187,7 +187,7 @@ def check_train_worker(fn: Any) -> bool:
 
 
 def _diagnosis_cases(rng: Any) -> list[Case]:
-    """8 fresh jobs: every cause, and a killed worker once with each reason its peers give."""
+    """Fresh jobs: every cause, and a killed worker once with each reason its peers give."""
     jobs = [(cause, None) for cause in CAUSES if cause != "killed"]
     jobs += [("killed", reason) for reason in KILLED_REASONS]
     rng.shuffle(jobs)
@@ -226,8 +226,8 @@ def check_diagnose(fn: Any) -> bool:
     return run_check("diagnose", fn, cases,
                      hint="read each worker's last lines: a traceback of its own (crashed), an "
                           "empty log (never started), peers failing with UnavailableError "
-                          "(refused, socket closed or no heartbeats: that worker is gone, "
-                          "killed) or DeadlineExceededError (the collective time-out: alive "
+                          "(refused, socket closed, reset or no heartbeats: that worker is "
+                          "gone, killed) or DeadlineExceededError (the collective time-out: alive "
                           "but silent, stalled), every worker '1 replicas in sync' (TF_CONFIG "
                           "too late). Sections 3 and 8.")
 

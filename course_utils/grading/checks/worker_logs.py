@@ -4,8 +4,8 @@
 :data:`CAUSES`, with fresh ports, step counts, losses, process ids and start-up noise. The
 error lines are TensorFlow 2.21's own, as lesson 03's workers printed them under TensorFlow's
 defaults (no ``GRPC_FAIL_FAST``). A killed peer: ``UnavailableError`` with whichever reason came
-first in that survivor (``Connection refused`` from the dead port, ``Socket closed`` when a call
-was in flight, or the coordination service's ``The following tasks are unhealthy (stopped
+first in that survivor (``Connection refused`` from the dead port, ``Socket closed`` or
+``Connection reset by peer`` when a call was in flight, or the coordination service's ``The following tasks are unhealthy (stopped
 sending heartbeats)`` naming the task). A stalled peer, in a job whose collectives have a
 ``timeout_seconds`` shorter than the heartbeat time-out: ``DeadlineExceededError ... Collective
 has timed out during execution``.
@@ -53,8 +53,9 @@ def _steps(rng: random.Random, first: int, last: int) -> list[str]:
 
 #: Why a survivor's all-reduce failed after a peer was killed, as TensorFlow 2.21 words it
 #: (measured on 2-worker localhost jobs, lesson 03): the survivor's own call to the dead port,
-#: a call in flight when the connection dropped, or the coordination service's heartbeat check.
-KILLED_REASONS = ("refused", "socket_closed", "heartbeats")
+#: a call in flight when the connection dropped (two wordings), or the coordination
+#: service's heartbeat check.
+KILLED_REASONS = ("refused", "socket_closed", "reset", "heartbeats")
 
 
 def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
@@ -65,6 +66,8 @@ def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
                "Failed to connect to remote host: Connection refused")
         return [f"Collective ops is aborted by: {why}", target,
                 f':UNKNOWN:Error received from peer  {{grpc_message:"{why}", grpc_status:14}}']
+    if reason == "reset":
+        return ["Collective ops is aborted by: recvmsg:Connection reset by peer"]
     if reason == "socket_closed":
         return ["Collective ops is aborted by: Socket closed", target,
                 ':UNKNOWN:Error received from peer  {grpc_message:"Socket closed", '
