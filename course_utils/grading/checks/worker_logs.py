@@ -6,8 +6,8 @@ error lines are TensorFlow 2.21's own, as lesson 03's workers printed them under
 defaults (no ``GRPC_FAIL_FAST``). A killed peer: ``UnavailableError`` with whichever reason came
 first in that survivor (``Connection refused`` from the dead port, ``Socket closed`` or
 ``Connection reset by peer`` when a call was in flight, or the coordination service's ``The
-following tasks are unhealthy (stopped sending heartbeats)`` naming the task). A stalled peer, in a job whose collectives have a
-``timeout_seconds`` shorter than the heartbeat time-out: ``DeadlineExceededError ... Collective
+following tasks are unhealthy (stopped sending heartbeats)`` naming the task). A stalled peer,
+in a job whose collectives have a ``timeout_seconds`` shorter than the heartbeat time-out: ``DeadlineExceededError ... Collective
 has timed out during execution``.
 """
 
