@@ -7,8 +7,8 @@ defaults (no ``GRPC_FAIL_FAST``). A killed peer: ``UnavailableError`` with which
 first in that survivor (``Connection refused`` from the dead port, ``Socket closed`` or
 ``Connection reset by peer`` when a call was in flight, or the coordination service's ``The
 following tasks are unhealthy (stopped sending heartbeats)`` naming the task). A stalled peer,
-in a job whose collectives have a ``timeout_seconds`` shorter than the heartbeat time-out: ``DeadlineExceededError ... Collective
-has timed out during execution``.
+in a job whose collectives have a ``timeout_seconds`` shorter than the heartbeat time-out:
+``DeadlineExceededError ... Collective has timed out during execution``.
 """
 
 from __future__ import annotations
