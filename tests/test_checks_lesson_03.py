@@ -23,12 +23,13 @@ from course_utils.grading.framework import NotAttemptedError, strict_checks
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
-def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps, global_batch,
+def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps, replica_batch,
                  save_every):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     resolver = strategy.cluster_resolver
     is_chief = resolver.task_type == "chief" or (
         resolver.task_type == "worker" and resolver.task_id == 0)
+    global_batch = replica_batch * strategy.num_replicas_in_sync
     with np.load(data_path) as data:
         x, y = data["x"], data["y"]
 
@@ -84,35 +85,36 @@ def diagnose(logs):
     return "killed", silent[0]
 
 
-def restore_latest(checkpoint, checkpoint_dir, optimizer):
+def restore_latest(checkpoint, checkpoint_dir, examples_done):
     latest = tf.train.latest_checkpoint(checkpoint_dir)
     if latest:
         checkpoint.restore(latest)
-    return int(optimizer.iterations.numpy())
+    return int(examples_done.numpy())
 
 
-def make_dataset_fn(x, y, global_batch, start_step):
+def make_dataset_fn(x, y, global_batch, examples_done):
     def dataset_fn(context):
         batch = context.get_per_replica_batch_size(global_batch)
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
         dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
-        return dataset.skip(start_step * batch).batch(batch, drop_remainder=True)
+        return dataset.batch(batch, drop_remainder=True)
 
     return dataset_fn
 
 
-def restarts_from_zero(checkpoint, checkpoint_dir, optimizer):
-    return 0
+def pipeline_fn(skip):
+    """A make_dataset_fn that shards first, then skips ``skip(examples_done, context, B)``."""
+    def make(x, y, global_batch, examples_done):
+        def dataset_fn(context):
+            batch = context.get_per_replica_batch_size(global_batch)
+            dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+            dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+            dataset = dataset.skip(skip(examples_done, context, global_batch))
+            return dataset.batch(batch, drop_remainder=True)
 
+        return dataset_fn
 
-def never_skips(x, y, global_batch, start_step):
-    def dataset_fn(context):
-        batch = context.get_per_replica_batch_size(global_batch)
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
-        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
-        return dataset.batch(batch, drop_remainder=True)      # starts again at the first batch
-
-    return dataset_fn
+    return make
 
 
 def stub(*args):
@@ -123,7 +125,7 @@ def variant(tmp_path, old, new):
     """``train_worker`` with ``old`` replaced by ``new``, loaded from a file (inspect reads it)."""
     source = worker_scripts.function_source(train_worker)
     assert old in source
-    path = tmp_path / f"variant_{abs(hash(new))}.py"
+    path = tmp_path / f"variant_{abs(hash(old + new))}.py"
     path.write_text("import tempfile\nimport keras\nimport numpy as np\nimport tensorflow as tf"
                     "\n\n\n" + source.replace(old, new))
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -190,16 +192,79 @@ def test_failure_logs_refuse_a_culprit_that_does_not_fit():
         worker_logs.failure_logs("killed", 1, 0, random.Random(0))
 
 
-def test_the_reference_diagnosis_passes_and_lazy_ones_fail():
+def test_the_reference_diagnosis_passes():
     assert cu.grading.check_diagnose(diagnose) is True
-    # The cases are drawn fresh: a constant fails on whichever it gets wrong first.
-    with pytest.raises(AssertionError, match="the cause is|the worker at fault"):
-        cu.grading.check_diagnose(lambda logs: ("killed", 0))
-    with pytest.raises(AssertionError, match="worker at fault"):
-        cu.grading.check_diagnose(lambda logs: (diagnose(logs)[0], 0 if diagnose(logs)[1]
-                                                else None))
-    with pytest.raises(AssertionError, match="return \\(cause, worker\\)"):
-        cu.grading.check_diagnose(lambda logs: "killed")
+
+
+def _refused_only(logs):
+    """The old rule: a killed peer's port refuses; anything else unavailable is 'stalled'."""
+    cause, worker = diagnose(logs)
+    if cause == "killed" and not any("Connection refused" in log for log in logs):
+        return "stalled", worker
+    return cause, worker
+
+
+def _first_with_an_error(logs):
+    """Blames the first worker whose log holds an error, i.e. a survivor."""
+    cause, worker = diagnose(logs)
+    if cause in ("killed", "stalled"):
+        return cause, next(w for w, log in enumerate(logs) if "Error" in log)
+    return cause, worker
+
+
+def _unavailable_means_stalled(logs):
+    cause, worker = diagnose(logs)
+    return {"killed": "stalled", "stalled": "killed"}.get(cause, cause), worker
+
+
+def _empty_log_is_killed(logs):
+    cause, worker = diagnose(logs)
+    return ("killed" if cause == "never_started" else cause), worker
+
+
+def _never_not_in_cluster(logs):
+    cause, worker = diagnose(logs)
+    return ("killed", 0) if cause == "not_in_cluster" else (cause, worker)
+
+
+def _heartbeats_are_a_crash(logs):
+    """Reads 'The tasks have crashed' in the heartbeat message as the cause."""
+    cause, worker = diagnose(logs)
+    if cause == "killed" and any("stopped sending heartbeats" in log for log in logs):
+        return "crashed", worker
+    return cause, worker
+
+
+DIAGNOSIS_CATALOGUE = {
+    "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
+    "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
+    "a cause outside the list": (lambda logs: ("preempted", 1), "must be one of"),
+    "connection refused as the only sign of a kill": (_refused_only, "the cause is 'killed'"),
+    "blames a survivor": (_first_with_an_error, "worker at fault"),
+    "unavailable read as stalled": (_unavailable_means_stalled, "the cause is"),
+    "an empty log read as killed": (_empty_log_is_killed, "the cause is 'never_started'"),
+    "ignores a late TF_CONFIG": (_never_not_in_cluster, "the cause is 'not_in_cluster'"),
+    "'The tasks have crashed' read as a crash": (_heartbeats_are_a_crash,
+                                                 "the cause is 'killed'"),
+}
+
+
+@pytest.mark.parametrize("answer, message", DIAGNOSIS_CATALOGUE.values(),
+                         ids=DIAGNOSIS_CATALOGUE.keys())
+def test_a_wrong_diagnosis_is_rejected_naming_what_differed(answer, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_diagnose(answer)
+
+
+def test_every_check_of_diagnose_meets_each_reason_a_killed_peer_gives():
+    seen = set()
+    for case in lesson_03._diagnosis_cases(random.Random(5)):
+        seen |= {reason for reason, text in (("refused", "Connection refused"),
+                                              ("socket_closed", "Socket closed"),
+                                              ("reset", "Connection reset by peer"),
+                                              ("heartbeats", "stopped sending heartbeats"))
+                 if case.expected[0] == "killed" and any(text in log for log in case.args[0])}
+    assert seen == set(worker_logs.KILLED_REASONS)
 
 
 @pytest.mark.parametrize("check, args", [("train_worker", (stub,)), ("diagnose", (stub,)),
@@ -234,17 +299,92 @@ def test_the_reference_worker_passes_on_a_real_cluster():
     assert cu.grading.check_train_worker(train_worker) is True
 
 
+def no_strategy_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
+                       replica_batch, save_every):
+    """Trains alone on every global batch: right on one device, no strategy at all."""
+    with np.load(data_path) as data:
+        x, y = data["x"], data["y"]
+    global_batch = 2 * replica_batch
+    model = build_model()
+    optimizer = keras.optimizers.SGD(learning_rate)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), checkpoint_dir, 2)
+    for step in range(steps):
+        rows = (step * global_batch + np.arange(global_batch)) % len(x)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y[rows], model(x[rows]))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+    manager.save()
+    return model.get_weights()
+
+
+def broken_worker(tmp_path):
+    path = tmp_path / "broken_worker.py"
+    path.write_text("import keras\nimport numpy as np\nimport tensorflow as tf\n\n\n"
+                    + worker_scripts.BROKEN_TRAIN_WORKER)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.train_worker
+
+
+#: Exercise 1's wrong answers: (the text replaced in the reference, its replacement, the
+#: message the check must give); None: a whole function of its own.
+TRAIN_WORKER_CATALOGUE = {
+    "the broken worker as given": (None, "broken", "differ from one device"),
+    "no strategy at all": (None, "no_strategy", "not in the scope of a tf.distribute.Multi"),
+    "MirroredStrategy in every worker": (
+        "strategy = tf.distribute.MultiWorkerMirroredStrategy()",
+        "strategy = tf.distribute.MirroredStrategy()",
+        "not in the scope of a tf.distribute.Multi|the job failed"),
+    "the lesson's batch: replica_batch taken as global": (
+        "global_batch = replica_batch * strategy.num_replicas_in_sync",
+        "global_batch = replica_batch", "differ from one device"),
+    "the loss averaged per replica": (
+        "loss = tf.nn.compute_average_loss(per_example(labels, model(features)),\n"
+        "                                              global_batch_size=global_batch)",
+        "loss = tf.reduce_mean(per_example(labels, model(features)))",
+        "differ from one device"),
+    "every worker reads everything": (
+        "dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)",
+        "pass", "differ from one device"),
+    "every worker writes into checkpoint_dir": (
+        "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
+        "worker 1 wrote into checkpoint_dir|the job failed"),
+    "the temporary folder left behind": (
+        "                tf.io.gfile.rmtree(write_dir)", "                pass",
+        "left its temporary checkpoint folder"),
+    "no save after the last step": (
+        "if step % save_every == 0 or step == steps:", "if step % save_every == 0:",
+        "does not hold the final weights"),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("old, new, message", [
-    ("checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
-     "worker 1 wrote into checkpoint_dir|the job failed"),   # the two writers may collide
-    ("dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)", "pass",
-     "differ from one device"),
-    ("                tf.io.gfile.rmtree(write_dir)", "                pass",
-     "left its temporary checkpoint folder")])
-def test_a_worker_that_writes_everywhere_or_reads_everything_fails(tmp_path, old, new, message):
-    with pytest.raises(AssertionError, match=message):
-        cu.grading.check_train_worker(variant(tmp_path, old, new))
+def test_wrong_train_workers_are_rejected_naming_what_differed(tmp_path):
+    """Every wrong answer on its own 2-worker cluster, four clusters at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def answer(name):
+        old, new, _ = TRAIN_WORKER_CATALOGUE[name]
+        if old is None:
+            return broken_worker(tmp_path) if new == "broken" else no_strategy_worker
+        return variant(tmp_path, old, new)
+
+    def verdict(name):
+        try:
+            cu.grading.check_train_worker(answer(name))
+        except AssertionError as error:
+            return str(error)
+        return "passed"
+
+    with ThreadPoolExecutor(4) as pool:
+        verdicts = dict(zip(TRAIN_WORKER_CATALOGUE,
+                            pool.map(verdict, TRAIN_WORKER_CATALOGUE), strict=True))
+    wrong = {name: verdicts[name] for name, (_, _, message) in TRAIN_WORKER_CATALOGUE.items()
+             if not re.search(message, verdicts[name])}
+    assert wrong == {}
 
 
 @pytest.mark.slow
@@ -252,10 +392,71 @@ def test_the_reference_resume_passes_on_a_killed_cluster():
     assert cu.grading.check_resume(restore_latest, make_dataset_fn) is True
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("restore, dataset, message", [
-    (restarts_from_zero, make_dataset_fn, "began at step 0"),
-    (restore_latest, never_skips, "differ from an uninterrupted run")])
-def test_a_resume_that_loses_or_repeats_work_fails(restore, dataset, message):
+def test_the_reference_resume_functions_pass_the_in_process_cases():
+    rng = random.Random(11)
+    assert lesson_03._restore_problem(restore_latest, rng) is None
+    assert lesson_03._dataset_fn_problem(make_dataset_fn, rng) is None
+
+
+def restarts_from_zero(checkpoint, checkpoint_dir, examples_done):
+    return 0
+
+
+def restores_nothing(checkpoint, checkpoint_dir, examples_done):
+    return int(examples_done.numpy())
+
+
+def reads_the_file_name(checkpoint, checkpoint_dir, examples_done):
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    return int(latest.rsplit("-", 1)[1]) if latest else 0      # the count, nothing restored
+
+
+def restores_a_constant(checkpoint, checkpoint_dir, examples_done):
+    checkpoint.restore(tf.train.latest_checkpoint(checkpoint_dir))
+    return 96
+
+
+def never_skips(x, y, global_batch, examples_done):
+    return pipeline_fn(lambda done, context, batch: 0)(x, y, global_batch, examples_done)
+
+
+def reads_everything(x, y, global_batch, examples_done):
+    def dataset_fn(context):                                    # no shard
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+RESUME_CATALOGUE = {
+    "restarts from zero": (restarts_from_zero, make_dataset_fn, "returned 0"),
+    "returns the count without restoring": (restores_nothing, make_dataset_fn, "returned 0"),
+    "reads the count from the file name": (reads_the_file_name, make_dataset_fn,
+                                           "did not restore"),
+    "a constant count": (restores_a_constant, make_dataset_fn, "got 96|returned 96"),
+    "never skips": (restore_latest, never_skips, "trained examples it should not"),
+    "the lesson's skip, examples for steps": (
+        restore_latest, pipeline_fn(lambda done, c, b: done * b // c.num_input_pipelines),
+        "trained examples it should not"),
+    "the lesson's skip, shards first": (
+        restore_latest, pipeline_fn(lambda done, c, b: done // c.num_input_pipelines),
+        "trained examples it should not"),
+    "one per-replica batch a step": (
+        restore_latest, pipeline_fn(lambda done, c, b: done // b * c.get_per_replica_batch_size(b)),
+        "trained examples it should not"),
+    "every pipeline reads everything": (restore_latest, reads_everything,
+                                        "trained examples it should not"),
+}
+
+
+@pytest.mark.parametrize("restore, dataset, message", RESUME_CATALOGUE.values(),
+                         ids=RESUME_CATALOGUE.keys())
+def test_a_wrong_resume_is_rejected_before_any_cluster_starts(restore, dataset, message,
+                                                              monkeypatch):
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a wrong resume reached the cluster")
+
+    monkeypatch.setattr(lesson_03, "_run_killed", no_cluster)
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_resume(restore, dataset)

@@ -135,6 +135,7 @@ VALID = {
                        cpu=4, memory="16G", namespace="team-ml", env={"A": "y"},
                        restart_policy="ExitCode"),
     "fractional cpu and memory as numbers": dict(num_workers=2, cpu=0.5, memory=1.5e9),
+    "a shared volume": dict(num_workers=2, chief=True, shared_volume=("training-data", "/data")),
 }
 
 
@@ -306,3 +307,27 @@ def test_a_local_cluster_passes_its_extra_env_to_the_tfjob_but_no_tf_config():
     overridden = local.tfjob_manifest("local-job", "my/image:1", env={})
     assert "env" not in overridden["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"][
         "containers"][0]
+
+
+def test_a_shared_volume_is_mounted_in_every_pod_from_one_claim():
+    manifest = cluster.tfjob_manifest("job", IMAGE, COMMAND, num_workers=2, num_ps=1,
+                                      shared_volume=("training-data", "/data"))
+    assert schema_errors(manifest) == [] and operator_errors(manifest) == []
+    for spec in manifest["spec"]["tfReplicaSpecs"].values():
+        pod = spec["template"]["spec"]
+        assert pod["volumes"] == [{"name": "shared",
+                                   "persistentVolumeClaim": {"claimName": "training-data"}}]
+        assert pod["containers"][0]["volumeMounts"] == [{"name": "shared", "mountPath": "/data"}]
+    claim = cluster.persistent_volume_claim("training-data", "10Gi", storage_class="nfs")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert yaml.safe_load(cluster.to_yaml(claim)) == claim
+
+
+@pytest.mark.parametrize("volume, match", [
+    ("training-data", "claim name, mount path"), (("Training_Data", "/data"), "DNS-1123"),
+    (("data", "data"), "absolute path")])
+def test_a_bad_shared_volume_is_refused_naming_the_rule(volume, match):
+    with pytest.raises(ValueError, match=match):
+        cluster.tfjob_manifest("job", IMAGE, COMMAND, shared_volume=volume)
+    with pytest.raises(ValueError, match="quantity"):
+        cluster.persistent_volume_claim("data", "ten gigs")

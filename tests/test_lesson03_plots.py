@@ -53,3 +53,12 @@ def test_allreduce_cost_chart_draws_the_points_the_fit_and_its_two_terms():
 def test_allreduce_cost_chart_refuses_mismatched_lengths():
     with pytest.raises(ValueError, match="one time per message size"):
         plots.allreduce_cost_chart([1, 2], [1.0], latency=0.1, seconds_per_byte=0.1)
+
+
+def test_draw_failure_paths_names_each_error_a_survivor_can_raise():
+    ax = plots.draw_failure_paths()
+    text = " ".join(t.get_text() for t in ax.texts)
+    for phrase in ("UnavailableError", "DeadlineExceededError", "tasks are unhealthy",
+                   "PreemptionCheckpointHandler", "coordination service"):
+        assert phrase in text
+    assert sum(type(p).__name__ == "FancyArrowPatch" for p in ax.patches) == 3

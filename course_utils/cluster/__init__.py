@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from .errors import ClusterTimeoutError, WorkerError
 from .in_process import InProcessCluster, start_in_process_cluster
-from .kubernetes import RESTART_POLICIES, tfjob_manifest, to_yaml
+from .kubernetes import RESTART_POLICIES, persistent_volume_claim, tfjob_manifest, to_yaml
 from .leftovers import leftovers
 from .local import LocalCluster
 from .process_cluster import ProcessCluster
@@ -58,6 +58,7 @@ __all__ = [
     "cluster_spec",
     "is_chief",
     "leftovers",
+    "persistent_volume_claim",
     "pick_ports",
     "start_in_process_cluster",
     "task",

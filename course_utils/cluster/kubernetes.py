@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["RESTART_POLICIES", "tfjob_manifest", "to_yaml"]
+__all__ = ["RESTART_POLICIES", "SHARED_VOLUME", "persistent_volume_claim", "tfjob_manifest",
+           "to_yaml"]
 
 #: Restart policies the training operator knows (``kubeflow.org/v1`` ``RestartPolicy``).
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
@@ -23,6 +24,9 @@ _MAX_LABEL = 63
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+#: The name of the pod volume :func:`tfjob_manifest` mounts for ``shared_volume``.
+SHARED_VOLUME = "shared"
 # A non-negative Kubernetes quantity ("500m", "2", "4Gi", "1e3"), as the CRD's pattern has it.
 _QUANTITY = re.compile(
     r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))?"
@@ -120,6 +124,49 @@ def _limits(gpus: Any, cpu: Any, memory: Any) -> dict[str, Any]:
     return limits
 
 
+def _shared_volume(shared_volume: Any) -> tuple[str, str] | None:
+    """(claim name, mount path) of a PersistentVolumeClaim every pod mounts, checked."""
+    if shared_volume is None:
+        return None
+    if (not isinstance(shared_volume, (tuple, list)) or len(shared_volume) != 2):
+        raise ValueError(
+            "shared_volume is (claim name, mount path), such as ('training-data', '/data'), "
+            f"got {shared_volume!r}"
+        )
+    claim, path = shared_volume
+    if not (isinstance(claim, str) and len(claim) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(claim)):
+        raise ValueError(
+            f"claim name {claim!r} is not a DNS-1123 subdomain: lower-case letters, digits, '-' "
+            "and '.', a letter or digit first and last, at most 253 characters"
+        )
+    if not (isinstance(path, str) and path.startswith("/") and ":" not in path):
+        raise ValueError(f"mount path {path!r} must be an absolute path without ':'")
+    return claim, path
+
+
+def persistent_volume_claim(
+    name: str, size: str, *, namespace: str | None = None, storage_class: str | None = None
+) -> dict:
+    """A ``PersistentVolumeClaim`` (v1) that every pod of a job can mount read-write.
+
+    ``ReadWriteMany``: the chief writes checkpoints that a restarted pod, on any node, reads;
+    the storage class must support it (an NFS or a cloud file store, not a node's disk).
+    """
+    if not (isinstance(name, str) and len(name) <= 253 and _DNS1123_SUBDOMAIN.fullmatch(name)):
+        raise ValueError(f"claim name {name!r} is not a DNS-1123 subdomain")
+    if isinstance(size, bool) or not _QUANTITY.fullmatch(str(size)):
+        raise ValueError(f"size {size!r} is not a Kubernetes quantity such as '10Gi'")
+    metadata: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteMany"],
+                            "resources": {"requests": {"storage": str(size)}}}
+    if storage_class is not None:
+        spec["storageClassName"] = storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata,
+            "spec": spec}
+
+
 def tfjob_manifest(
     name: str,
     image: str,
@@ -135,6 +182,7 @@ def tfjob_manifest(
     memory: str | None = None,
     env: Mapping[str, str] | None = None,
     restart_policy: str = "OnFailure",
+    shared_volume: tuple[str, str] | None = None,
 ) -> dict:
     """A Kubeflow training-operator ``TFJob`` (kubeflow.org/v1) for the same job.
 
@@ -142,7 +190,9 @@ def tfjob_manifest(
     unchanged. Write it with :func:`to_yaml` and apply it with ``kubectl apply -f``. GPUs, CPU
     and memory limits go to the chief, the workers and the evaluators, not to parameter servers.
     Raises ``ValueError`` (naming the rule and the value) for input the operator or the API
-    server would refuse.
+    server would refuse. ``shared_volume=(claim, path)`` mounts the PersistentVolumeClaim
+    ``claim`` (see :func:`persistent_volume_claim`) at ``path`` in every pod: the storage the
+    chief checkpoints into and every restarted pod reads.
     """
     counts = _replica_counts(num_workers, num_ps, chief, num_evaluators)
     _check_names(name, namespace, counts)
@@ -159,6 +209,7 @@ def tfjob_manifest(
     arguments = _command(command)
     variables = _env(env)
     limits = _limits(gpus_per_worker, cpu, memory)
+    volume = _shared_volume(shared_volume)
 
     def replica(count: int, with_limits: bool) -> dict:
         container: dict[str, Any] = {
@@ -170,10 +221,15 @@ def tfjob_manifest(
             container["env"] = [dict(variable) for variable in variables]
         if limits and with_limits:
             container["resources"] = {"limits": dict(limits)}
+        pod: dict[str, Any] = {"containers": [container]}
+        if volume is not None:
+            container["volumeMounts"] = [{"name": SHARED_VOLUME, "mountPath": volume[1]}]
+            pod["volumes"] = [{"name": SHARED_VOLUME,
+                               "persistentVolumeClaim": {"claimName": volume[0]}}]
         return {
             "replicas": count,
             "restartPolicy": restart_policy,
-            "template": {"spec": {"containers": [container]}},
+            "template": {"spec": pod},
         }
 
     specs = {kind: replica(count, kind != "PS") for kind, count in counts.items()}

@@ -42,6 +42,7 @@ from course_utils.plots.diagrams_capstone import (
 )
 from course_utils.plots.diagrams_clusters import (
     allreduce_cost_chart,
+    draw_failure_paths,
     draw_multi_worker,
     draw_parameter_server,
     draw_replication,
@@ -82,6 +83,7 @@ __all__ = [
     "draw_loss_scaling",
     "draw_mixed_precision_step",
     "draw_model_split",
+    "draw_failure_paths",
     "draw_multi_worker",
     "draw_number_formats",
     "draw_parameter_server",

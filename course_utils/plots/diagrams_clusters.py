@@ -9,6 +9,7 @@ from course_utils.plots.style import PALETTE, axes_for
 
 __all__ = [
     "allreduce_cost_chart",
+    "draw_failure_paths",
     "draw_multi_worker",
     "draw_replication",
     "draw_parameter_server",
@@ -198,3 +199,38 @@ def draw_tpu_host_loop(steps: int = 8, steps_per_execution: int = 4) -> Any:
                         "blue: training steps on the TPU)")
     fig.tight_layout()
     return axes
+
+
+def draw_failure_paths(ax: Any = None) -> Any:
+    """Lesson 03: how a survivor learns that worker 1 failed, and what it raises each way."""
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    ax = axes_for(ax, (8.5, 3.8))
+    boxes = {"worker 0": (-2.6, 0.9, PALETTE[0], "worker 0 (survivor)\nin an all-reduce"),
+             "worker 1": (2.6, 0.9, PALETTE[5], "worker 1\nkilled, stalled or SIGTERM"),
+             "service": (0.0, -1.3, PALETTE[2], "coordination service\n(heartbeats of every task)")}
+    for x, y, color, label in boxes.values():
+        ax.add_patch(FancyBboxPatch((x - 1.25, y - 0.42), 2.5, 0.84, boxstyle="round,pad=0.02",
+                                    facecolor=color, edgecolor="black", linewidth=0.8,
+                                    alpha=0.85))
+        ax.text(x, y, label, ha="center", va="center", fontsize=8)
+    paths = [((-1.35, 1.1), (1.35, 1.1), "its call to the peer: Connection refused,\n"
+              "Socket closed -> UnavailableError", (0, 1.75)),
+             ((1.9, 0.45), (0.6, -0.85), "no heartbeat: 'tasks are unhealthy'\n"
+              "-> UnavailableError in every worker", (2.9, -0.55)),
+             ((-0.6, -0.85), (-1.9, 0.45), "", (0, 0))]
+    for start, end, label, where in paths:
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12,
+                                     color=PALETTE[3], linewidth=1.2))
+        if label:
+            ax.text(*where, label, ha="center", va="center", fontsize=7.5, color=PALETTE[3])
+    ax.text(-2.6, 2.0, "timeout_seconds runs out first:\nDeadlineExceededError", ha="center",
+            fontsize=7.5)
+    ax.text(-2.9, -0.55, "SIGTERM with a\nPreemptionCheckpointHandler:\nthrough the service, "
+            "all\nsave at one step and exit",
+            ha="center", va="center", fontsize=7.5)
+    ax.set_xlim(-4.3, 4.3)
+    ax.set_ylim(-2.0, 2.5)
+    ax.set_axis_off()
+    ax.set_title("How a survivor learns that a peer failed", fontsize=10)
+    return ax

@@ -1,10 +1,12 @@
 """Checks of lesson 03's exercises (multi-worker training), registered by name with ``@register``.
 
-* ``check_train_worker(train_worker)``: runs the learner's worker function on a real 2-worker
-  localhost cluster (fresh data, steps and batch): both workers finish, their weights equal a
-  one-device reference on the same global batches, the chief alone wrote into the checkpoint
-  folder (the other worker saved into a temporary folder it deleted), and the newest checkpoint
-  holds the final weights.
+* ``check_train_worker(train_worker)``: runs the learner's worker function (exercise 1 fixes a
+  broken one, given a per-replica batch) on a real 2-worker localhost cluster (fresh data,
+  steps and batch; ``build_model`` seeded differently on each worker): each worker built the
+  model once in the scope of a ``MultiWorkerMirroredStrategy`` of 2 replicas, both finish with
+  equal weights, equal to a one-device reference on the same global batches from the chief's
+  initial weights, the chief alone wrote into the checkpoint folder (the other worker saved
+  into a temporary folder it deleted), and the newest checkpoint holds the final weights.
 * ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed,
   stalled or never started; a job whose workers each trained alone); the learner's function
   names the cause and the worker at fault.
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.worker_logs import CAUSES, failure_logs
+from course_utils.grading.checks.worker_logs import CAUSES, KILLED_REASONS, failure_logs
 from course_utils.grading.checks.worker_scripts import (
     function_source,
     is_stub,
@@ -103,16 +105,28 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     """What is wrong with the finished job in ``folder`` (None when it is right)."""
     tf = _tf()
     out = folder / "out"
+    audits = [json.loads((out / f"audit-{i}.json").read_text()) for i in range(2)]
+    for worker, audit in enumerate(audits):
+        built = audit["built"]
+        if len(built) != 1:
+            return (f"worker {worker} called build_model {len(built)} times: build the model "
+                    "once, inside the strategy's scope")
+        if not built[0]["multi_worker"]:
+            return (f"worker {worker} built the model under {built[0]['strategy']}, not in the "
+                    "scope of a tf.distribute.MultiWorkerMirroredStrategy")
+        if built[0]["replicas"] != 2:
+            return (f"worker {worker}'s strategy had {built[0]['replicas']} replicas in sync, "
+                    "not 2: was TF_CONFIG read (the strategy built first)?")
     weights = [_load(out / f"weights-{i}.npz") for i in range(2)]
     expected = reference_weights(job, job["steps"], initial=_load(out / "initial-0.npz"))
     error = _max_difference(weights[0], expected)
     if _max_difference(weights[0], weights[1]) > 1e-6:
         return "the two workers ended with different weights: were the variables mirrored?"
     if error > 1e-4:
-        return (f"the weights differ from one device trained on the same global batches (max "
-                f"|difference| {error:.2g}): does every worker read its own part of each global "
-                "batch (InputContext), and is the loss divided by the global batch?")
-    audits = [json.loads((out / f"audit-{i}.json").read_text()) for i in range(2)]
+        return (f"the weights differ from one device trained on the same global batches of "
+                f"{job['global_batch']} examples (max |difference| {error:.2g}): does every "
+                "worker read its own part of each global batch (InputContext), is the global "
+                "batch replica_batch × num_replicas_in_sync, and is the loss divided by it?")
     shared = os.path.realpath(folder / "checkpoints")
     chief, other = audits[0]["saves"], audits[1]["saves"]
     if not chief or any(os.path.realpath(d) != shared for d in chief):
@@ -147,6 +161,8 @@ def check_train_worker(fn: Any) -> bool:
         folder = Path(root)
         (folder / "tmp").mkdir()
         job = _fresh_job(rng, folder)
+        if job["steps"] % job["save_every"] == 0:      # a last step that is no regular save
+            job["steps"] += 1
         script = folder / "worker.py"
         script.write_text(train_worker_script(source))
 
@@ -160,23 +176,26 @@ def check_train_worker(fn: Any) -> bool:
         case = Case(args=(None,), verify=lambda reason: reason,
                     label=f"2 workers, {job['steps']} steps of {job['global_batch']} examples")
         return run_check(name, run_and_verify, [case],
-                         hint="the lesson's worker script, parts 1-5: MWMS, a dataset_fn "
-                              "sharded by its InputContext, the model built in the scope, "
-                              "the step, a CheckpointManager writing to checkpoint_dir on the "
-                              "chief only. Section 2.")
+                         hint="compare the broken worker with the lesson's script, parts 1-5: "
+                              "a dataset_fn sharded by its InputContext, the global batch of "
+                              "all replicas, the loss divided by it, a CheckpointManager "
+                              "writing to checkpoint_dir on the chief only, a save after the "
+                              "last step. Section 2.")
 
 
 # --- exercise 2: diagnose a failed job ---------------------------------------------------------
 
 
 def _diagnosis_cases(rng: Any) -> list[Case]:
-    causes = list(CAUSES) + [rng.choice(CAUSES[:4]) for _ in range(3)]
-    rng.shuffle(causes)
+    """Fresh jobs: every cause, and a killed worker once with each reason its peers give."""
+    jobs = [(cause, None) for cause in CAUSES if cause != "killed"]
+    jobs += [("killed", reason) for reason in KILLED_REASONS]
+    rng.shuffle(jobs)
     cases = []
-    for cause in causes:
+    for cause, reason in jobs:
         workers = rng.randint(2, 4)
         culprit = None if cause == "not_in_cluster" else rng.randrange(workers)
-        logs = failure_logs(cause, workers, culprit, rng)
+        logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason)
         cases.append(Case(args=(logs,), expected=(cause, culprit),
                           label=f"the logs of a {workers}-worker job"))
     return cases
@@ -207,16 +226,96 @@ def check_diagnose(fn: Any) -> bool:
     return run_check("diagnose", fn, cases,
                      hint="read each worker's last lines: a traceback of its own (crashed), an "
                           "empty log (never started), peers failing with UnavailableError "
-                          "'Connection refused' (that worker is gone: killed) or "
-                          "DeadlineExceededError (alive but silent: stalled), every worker "
-                          "'1 replicas in sync' (TF_CONFIG too late). Sections 3 and 8.")
+                          "(refused, socket closed, reset or no heartbeats: that worker is "
+                          "gone, killed) or DeadlineExceededError (the collective time-out: alive "
+                          "but silent, stalled), every worker '1 replicas in sync' (TF_CONFIG "
+                          "too late). Sections 3 and 8.")
 
 
-# --- exercise 3: resume with nothing lost ------------------------------------------------------
+# --- exercise 3: resume after the job changed shape -------------------------------------------
 
 
 def _steps_logged(log: str) -> list[int]:
     return [int(step) for step in re.findall(r"^step (\d+) ", log, re.MULTILINE)]
+
+
+def _restore_problem(restore_latest: Any, rng: Any) -> str | None:
+    """Run ``restore_latest`` here on a fresh folder of checkpoints (and on an empty one)."""
+    tf = _tf()
+    import keras
+
+    features, units = rng.randint(3, 6), rng.randint(2, 5)
+
+    def fresh() -> tuple[Any, Any, Any]:
+        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(units)])
+        done = tf.Variable(0, dtype=tf.int64)
+        return model, done, tf.train.Checkpoint(model=model, examples_done=done)
+
+    with tempfile.TemporaryDirectory(prefix="lesson03_restore_") as root:
+        empty = Path(root) / "empty"
+        empty.mkdir()
+        model, done, checkpoint = fresh()
+        before = model.get_weights()
+        got = restore_latest(checkpoint, str(empty), done)
+        if got != 0 or _max_difference(model.get_weights(), before) > 0:
+            return ("with no checkpoint in checkpoint_dir, return 0 and restore nothing (got "
+                    f"{got!r})")
+        saved = fresh()
+        manager = tf.train.CheckpointManager(saved[2], root, max_to_keep=3)
+        for _ in range(2):                                 # the newest one must win
+            for variable in saved[0].weights:
+                variable.assign(np.random.default_rng(rng.randint(0, 2**31)).normal(
+                    size=variable.shape).astype("float32"))
+            saved[1].assign(int(saved[1].numpy()) + rng.randint(50, 5000))
+            manager.save(checkpoint_number=int(saved[1].numpy()))
+        model, done, checkpoint = fresh()
+        got = restore_latest(checkpoint, root, done)
+        expected = int(saved[1].numpy())
+        if not isinstance(got, (int, np.integer)) or int(got) != expected:
+            return (f"the newest checkpoint holds examples_done = {expected}; restore_latest "
+                    f"returned {got!r}: restore it, then return examples_done")
+        if _max_difference(model.get_weights(), saved[0].get_weights()) > 1e-7:
+            return "restore_latest returned the count but did not restore the newest model"
+    return None
+
+
+def _dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
+    """Call the learner's ``dataset_fn`` for fresh input contexts; check two steps of data."""
+    tf = _tf()
+    for _ in range(3):
+        pipelines, per = rng.choice([2, 3, 4]), rng.choice([1, 2])
+        replicas = pipelines * per
+        replica_batch = rng.randint(2, 4)
+        global_batch = replicas * replica_batch
+        size = global_batch * rng.randint(4, 7) + rng.randint(1, global_batch - 1)
+        done = rng.choice([e for e in range(size, 3 * size) if e % pipelines])
+        ids = np.arange(size)
+        x = np.random.default_rng(rng.randint(0, 2**31)).normal(size=(size, 3)).astype("float32")
+        dataset_fn = make_dataset_fn(x, ids, global_batch, done)
+        trained: list[list[int]] = [[], []]
+        for pipeline in range(pipelines):
+            context = tf.distribute.InputContext(num_input_pipelines=pipelines,
+                                                 input_pipeline_id=pipeline,
+                                                 num_replicas_in_sync=replicas)
+            batches = list(dataset_fn(context).take(2 * per).as_numpy_iterator())
+            where = (f"{pipelines} input pipelines feeding {per} replica(s) each, global batch "
+                     f"{global_batch}, resumed at example {done}")
+            if len(batches) != 2 * per or any(len(b[1]) != replica_batch for b in batches):
+                return (f"{where}: pipeline {pipeline} must give per-replica batches of "
+                        f"{replica_batch}, got sizes {[len(b[1]) for b in batches]}")
+            for index, (features, labels) in enumerate(batches):
+                if not np.array_equal(features, x[labels]):
+                    return f"{where}: the features no longer match their labels"
+                trained[index // per] += [int(label) for label in labels]
+        for step, got in enumerate(trained):
+            due = sorted(((done + step * global_batch + np.arange(global_batch)) % size).tolist())
+            if sorted(got) != due:
+                extra = sorted(set(got) - set(due))[:4]
+                missing = sorted(set(due) - set(got))[:4]
+                return (f"{where}: step {step + 1} after the restart trained examples it should "
+                        f"not ({extra}) or missed some ({missing}); {len(due)} were due from "
+                        f"example {(done + step * global_batch) % size}")
+    return None
 
 
 def _run_killed(script: Path, args: list[str], folder: Path, kill_after: int) -> None:
@@ -230,28 +329,35 @@ def _run_killed(script: Path, args: list[str], folder: Path, kill_after: int) ->
         cluster.kill_worker(1)
 
 
-def _verify_resume(folder: Path, job: dict[str, Any], logs: list[str], saved: int) -> str | None:
-    started = re.search(r"^resumed at step (\d+)$", logs[0], re.MULTILINE)
+def _verify_resume(folder: Path, job: dict[str, Any], logs: list[str], saved: int,
+                   first_batch: int) -> str | None:
+    started = re.search(r"^resumed at example (\d+)$", logs[0], re.MULTILINE)
     if started is None or int(started.group(1)) != saved:
         seen = started.group(1) if started else "?"
-        return (f"the restarted job began at step {seen}, but the chief's newest checkpoint is "
-                f"of step {saved}: restore it and return the steps it had trained")
+        return (f"the restarted job began at example {seen}, but the chief's newest checkpoint "
+                f"holds {saved}: restore it and return examples_done")
     steps = _steps_logged(logs[0])
-    if steps != list(range(saved + 1, job["steps"] + 1)):
-        return f"the restarted job trained steps {steps}, expected {saved + 1}-{job['steps']}"
+    if steps != list(range(1, job["steps"] + 1)):
+        return f"the restarted job trained steps {steps}, expected 1-{job['steps']}"
+    batch = job["global_batch"]
+    batches = [(k * first_batch, first_batch) for k in range(saved // first_batch)]
+    batches += [(saved + k * batch, batch) for k in range(job["steps"])]
     weights = _load(folder / "out" / "weights-0.npz")
     initial = _load(folder / "out" / "initial-0.npz")
-    error = _max_difference(weights, reference_weights(job, job["steps"], initial=initial))
+    error = _max_difference(weights, reference_weights(job, 0, initial=initial, batches=batches))
     if error > 1e-4:
-        return (f"after the restart the weights differ from an uninterrupted run (max |difference|"
-                f" {error:.2g}): the resumed pipeline must start at the first global batch not "
-                "trained yet")
+        return (f"after the restart the weights differ from one device trained on the same "
+                f"examples (max |difference| {error:.2g}): the resumed pipeline must start at "
+                "the first example not trained yet")
     return None
 
 
 @register
 def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
-    """Check ``restore_latest`` and ``make_dataset_fn`` by killing and restarting a real job."""
+    """Check ``restore_latest`` and ``make_dataset_fn``: in this process on fresh checkpoints
+    and input contexts (several pipelines, several replicas each, a count of examples done
+    that no number of pipelines divides), then by killing a real job and restarting it with
+    another global batch."""
     name = "resume"
     stubs = [is_stub(fn) for fn in (restore_latest, make_dataset_fn)]
     if all(stubs):
@@ -259,34 +365,46 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
         return False
     if any(stubs):
         raise AssertionError(f"{name}: write both functions, restore_latest and make_dataset_fn")
-    sources = [function_source(restore_latest, "restore_latest"),
-               function_source(make_dataset_fn, "make_dataset_fn")]
     rng = fresh_rng()
+    hint = ("restore tf.train.latest_checkpoint(checkpoint_dir) and return examples_done; "
+            "skip the examples done in the whole data before it is cut into the pipelines' "
+            "shards, so that any number of pipelines and replicas resumes at that example. "
+            "Lesson sections 2-3 and 5.")
     with tempfile.TemporaryDirectory(prefix="lesson03_resume_") as root:
         folder = Path(root)
         (folder / "tmp").mkdir()
         job = _fresh_job(rng, folder, batches=9)   # no batch twice: a missing skip shows
-        job["steps"] = 2 * job["save_every"] + 2
+        first_batch = job["global_batch"]
+        job["steps"] = job["save_every"] + 1
         kill_after = job["save_every"] + 1              # just after the first checkpoint
         script = folder / "worker.py"
-        script.write_text(resume_script(*sources))
+        first_args = _script_args({**job, "steps": 4 * job["save_every"]}, folder)
+        job["global_batch"] = rng.choice([b for b in (16, 24, 32) if b != first_batch])
         args = _script_args(job, folder)
 
         def kill_restart_verify(_: Any) -> str | None:
+            script.write_text(resume_script(function_source(restore_latest, "restore_latest"),
+                                            function_source(make_dataset_fn, "make_dataset_fn")))
             try:
-                _run_killed(script, args, folder, kill_after)
+                _run_killed(script, first_args, folder, kill_after)
                 latest = _tf().train.latest_checkpoint(str(folder / "checkpoints"))
                 if latest is None:
                     return "after the kill the checkpoint folder is empty: the job never saved"
-                saved = int(latest.rsplit("-", 1)[1])   # the script numbers them by step
+                saved = int(latest.rsplit("-", 1)[1])   # the script numbers them by examples
                 _, logs = _run(script, args, folder)
             except Exception as error:  # noqa: BLE001 - the learner's code failed in a worker
                 return f"the job failed: {error}"
-            return _verify_resume(folder, job, logs, saved)
+            return _verify_resume(folder, job, logs, saved, first_batch)
 
-        case = Case(args=(None,), verify=lambda reason: reason,
-                    label=f"killed after step {kill_after} of {job['steps']}, restarted")
-        return run_check(name, kill_restart_verify, [case],
-                         hint="restore tf.train.latest_checkpoint(checkpoint_dir) and return "
-                              "optimizer.iterations; skip start_step per-replica batches of "
-                              "this worker's shard before batching. Sections 2-3.")
+        parts = {"restore": lambda: _restore_problem(restore_latest, rng),
+                 "dataset": lambda: _dataset_fn_problem(make_dataset_fn, rng),
+                 "cluster": lambda: kill_restart_verify(None)}
+        cases = [Case(args=("restore",), verify=lambda reason: reason,
+                      label="restore_latest on fresh checkpoints, in this process"),
+                 Case(args=("dataset",), verify=lambda reason: reason,
+                      label="make_dataset_fn on fresh input contexts, in this process"),
+                 Case(args=("cluster",), verify=lambda reason: reason,
+                      label=f"a 2-worker job killed after step {kill_after} (global batch "
+                            f"{first_batch}), restarted with global batch "
+                            f"{job['global_batch']}")]
+        return run_check(name, lambda part: parts[part](), cases, hint=hint)

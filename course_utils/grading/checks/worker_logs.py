@@ -2,16 +2,20 @@
 
 :func:`failure_logs` writes the logs every worker of a job would leave after one of
 :data:`CAUSES`, with fresh ports, step counts, losses, process ids and start-up noise. The
-error lines are TensorFlow 2.21's own, as the lesson's workers printed them (a killed peer:
-``UnavailableError ... Connection refused``; a stalled peer: ``DeadlineExceededError ...
-Collective has timed out waiting for other workers``).
+error lines are TensorFlow 2.21's own, as lesson 03's workers printed them under TensorFlow's
+defaults (no ``GRPC_FAIL_FAST``). A killed peer: ``UnavailableError`` with whichever reason came
+first in that survivor (``Connection refused`` from the dead port, ``Socket closed`` or
+``Connection reset by peer`` when a call was in flight, or the coordination service's ``The
+following tasks are unhealthy (stopped sending heartbeats)`` naming the task). A stalled peer,
+in a job whose collectives have a ``timeout_seconds`` shorter than the heartbeat time-out:
+``DeadlineExceededError ... Collective has timed out during execution``.
 """
 
 from __future__ import annotations
 
 import random
 
-__all__ = ["CAUSES", "failure_logs"]
+__all__ = ["CAUSES", "KILLED_REASONS", "failure_logs"]
 
 #: What went wrong, as :func:`failure_logs` and the learner's ``diagnose`` name it.
 CAUSES = ("killed", "crashed", "never_started", "stalled", "not_in_cluster")
@@ -47,21 +51,43 @@ def _steps(rng: random.Random, first: int, last: int) -> list[str]:
     return lines
 
 
-def _collective_error(kind: str, port: int, step_line: int) -> list[str]:
+#: Why a survivor's all-reduce failed after a peer was killed, as TensorFlow 2.21 words it
+#: (measured on 2-worker localhost jobs, lesson 03): the survivor's own call to the dead port,
+#: a call in flight when the connection dropped (two wordings), or the coordination
+#: service's heartbeat check.
+KILLED_REASONS = ("refused", "socket_closed", "reset", "heartbeats")
+
+
+def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
+    target = (f"Additional GRPC error information from remote target /job:worker/replica:0/"
+              f"task:{culprit} while calling /tensorflow.WorkerService/RecvBuf:")
+    if reason == "refused":
+        why = (f"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:{port}: "
+               "Failed to connect to remote host: Connection refused")
+        return [f"Collective ops is aborted by: {why}", target,
+                f':UNKNOWN:Error received from peer  {{grpc_message:"{why}", grpc_status:14}}']
+    if reason == "reset":
+        return ["Collective ops is aborted by: recvmsg:Connection reset by peer"]
+    if reason == "socket_closed":
+        return ["Collective ops is aborted by: Socket closed", target,
+                ':UNKNOWN:Error received from peer  {grpc_message:"Socket closed", '
+                "grpc_status:14}"]
+    return [f"Collective ops is aborted by: Error reported from /job:worker/task:{culprit}: The "
+            "following tasks are unhealthy (stopped sending heartbeats):",
+            f"/job:worker/replica:0/task:{culprit}",
+            "The tasks have crashed. Check the task logs for an earlier error, or scheduler "
+            "events (e.g. preemption, eviction) to debug further."]
+
+
+def _collective_error(kind: str, reason: list[str], step_line: int) -> list[str]:
     head = ["Traceback (most recent call last):",
             f'  File "/job/worker.py", line {step_line}, in <module>',
             "    losses.append(float(train_step(iterator)))",
             f"tensorflow.python.framework.errors_impl.{kind}: Graph execution error:", "",
             "Detected at node sgd/CollectiveReduceV2 defined at (most recent call last):"]
-    if kind == "UnavailableError":
-        cause = ("Collective ops is aborted by: failed to connect to all addresses; last error: "
-                 f"UNKNOWN: ipv4:127.0.0.1:{port}: Failed to connect to remote host: "
-                 "Connection refused")
-    else:
-        cause = ("Collective ops is aborted by: Collective has timed out waiting for other "
-                 "workers.")
-    return [*head, cause, "The error could be from a previous operation. Restart your program "
-            "to reset.", "\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_train_step_296]"]
+    return [*head, *reason, "The error could be from a previous operation. Restart your "
+            "program to reset.",
+            "\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_train_step_296]"]
 
 
 def _crash(rng: random.Random) -> list[str]:
@@ -73,11 +99,15 @@ def _crash(rng: random.Random) -> list[str]:
 
 
 def failure_logs(cause: str, num_workers: int, culprit: int | None,
-                 rng: random.Random) -> list[str]:
+                 rng: random.Random, killed_reason: str | None = None) -> list[str]:
     """The logs of ``num_workers`` workers after ``cause``, started by worker ``culprit``.
 
     ``culprit`` is the worker at fault (None for ``"not_in_cluster"``, where every worker is).
+    ``killed_reason`` (one of :data:`KILLED_REASONS`) gives every survivor of a killed or
+    crashed peer that reason; by default each survivor draws its own.
     """
+    if killed_reason is not None and killed_reason not in KILLED_REASONS:
+        raise ValueError(f"killed_reason must be one of {KILLED_REASONS}, got {killed_reason!r}")
     if cause not in CAUSES:
         raise ValueError(f"cause must be one of {CAUSES}, got {cause!r}")
     if num_workers < 2:
@@ -104,7 +134,13 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
             lines += [f"worker {worker}: {num_workers} replicas in sync",
                       *_steps(rng, 1, last)]
             if worker != culprit:
-                kind = "DeadlineExceededError" if cause == "stalled" else "UnavailableError"
-                lines += _collective_error(kind, ports[culprit], rng.randint(60, 80))
+                if cause == "stalled":
+                    kind, reason = "DeadlineExceededError", [
+                        "Collective has timed out during execution."]
+                else:
+                    kind = "UnavailableError"
+                    reason = _killed_reason(killed_reason or rng.choice(KILLED_REASONS),
+                                            ports[culprit], culprit)
+                lines += _collective_error(kind, reason, rng.randint(60, 80))
         logs.append(lines)
     return ["\n".join(lines) + ("\n" if lines else "") for lines in logs]

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "BROKEN_TRAIN_WORKER",
     "LEARNING_RATE",
     "SETUP",
     "function_source",
@@ -28,8 +29,10 @@ __all__ = [
 #: The learning rate of every exercise job (plain SGD), as ``SETUP`` writes it.
 LEARNING_RATE = 0.1
 
-#: What every exercise worker runs before the learner's code: its flags, ``build_model`` and an
-#: audit of ``CheckpointManager.save`` (where each worker saved), read back by the check.
+#: What every exercise worker runs before the learner's code: its flags, ``build_model`` (seeded
+#: differently on every worker, so that only the strategy's broadcast makes the initial weights
+#: equal; it records the strategy it was built under and its replica count) and an audit of
+#: ``CheckpointManager.save`` (where each worker saved), read back by the check.
 SETUP = '''"""An exercise worker of lesson 03: the check's set-up, then your code."""
 import argparse, json, os, tempfile, time
 import keras
@@ -44,6 +47,7 @@ for _flag in ("--steps", "--global-batch", "--save-every", "--seed", "--classes"
 _parser.add_argument("--step-delay", type=float, default=0.0)
 _args = _parser.parse_args()
 _task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+_workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
 os.makedirs(_args.out, exist_ok=True)
 LEARNING_RATE = 0.1
 
@@ -52,14 +56,18 @@ def build_model():
     """The exercise's model (call it inside strategy.scope())."""
     with np.load(_args.data) as data:
         features = data["x"].shape[1]
-    keras.utils.set_random_seed(_args.seed)
+    keras.utils.set_random_seed(_args.seed + _task)   # every worker draws its own weights
     model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, activation="relu"),
                               keras.layers.Dense(_args.classes)])
+    strategy = tf.distribute.get_strategy()
+    _built.append({"multi_worker": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
+                   "strategy": type(strategy).__name__,
+                   "replicas": strategy.num_replicas_in_sync})
     np.savez(os.path.join(_args.out, f"initial-{_task}.npz"), *model.get_weights())
     return model
 
 
-_saves = []
+_built, _saves = [], []
 _manager_save = tf.train.CheckpointManager.save
 
 
@@ -74,10 +82,10 @@ tf.train.CheckpointManager.save = _audited_save
 _TRAIN_WORKER_CALL = '''
 
 _weights = train_worker(build_model, LEARNING_RATE, _args.data, _args.checkpoint_dir,
-                        _args.steps, _args.global_batch, _args.save_every)
+                        _args.steps, _args.global_batch // _workers, _args.save_every)
 np.savez(os.path.join(_args.out, f"weights-{_task}.npz"), *_weights)
 with open(os.path.join(_args.out, f"audit-{_task}.json"), "w") as _file:
-    json.dump({"saves": _saves}, _file)
+    json.dump({"saves": _saves, "built": _built}, _file)
 print("done", flush=True)
 '''
 
@@ -93,10 +101,11 @@ with strategy.scope():
     model = build_model()
     optimizer = keras.optimizers.SGD(LEARNING_RATE)
     optimizer.build(model.trainable_variables)
-checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-start_step = int(restore_latest(checkpoint, _args.checkpoint_dir, optimizer))   # yours
-print(f"resumed at step {start_step}", flush=True)
-dataset_fn = make_dataset_fn(x, y, _args.global_batch, start_step)              # yours
+examples_done = tf.Variable(0, dtype=tf.int64)           # examples the whole job has trained
+checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, examples_done=examples_done)
+start = int(restore_latest(checkpoint, _args.checkpoint_dir, examples_done))     # yours
+print(f"resumed at example {start}", flush=True)
+dataset_fn = make_dataset_fn(x, y, _args.global_batch, start)                   # yours
 iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
@@ -118,15 +127,61 @@ def train_step(iterator):
 
 write_dir = _args.checkpoint_dir if is_chief else tempfile.mkdtemp(prefix="worker_ckpt_")
 manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=2)
-for step in range(start_step + 1, _args.steps + 1):
-    print(f"step {step} loss {float(train_step(iterator)):.4f}", flush=True)
+for step in range(1, _args.steps + 1):                       # the steps of this run
+    loss = float(train_step(iterator))
+    examples_done.assign_add(_args.global_batch)
+    print(f"step {step} loss {loss:.4f} examples {int(examples_done.numpy())}", flush=True)
     if step % _args.save_every == 0:
-        manager.save(checkpoint_number=step)
+        manager.save(checkpoint_number=int(examples_done.numpy()))
         if not is_chief:
             tf.io.gfile.rmtree(write_dir)
     time.sleep(_args.step_delay)
 np.savez(os.path.join(_args.out, f"weights-{_task}.npz"), *model.get_weights())
 print("done", flush=True)
+'''
+
+
+#: Exercise 1's starting point: a colleague's worker that runs to the end without an error and
+#: is wrong in five ways (the lesson's script, written from memory, for a per-replica batch).
+BROKEN_TRAIN_WORKER = '''\
+def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
+                 replica_batch, save_every):
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    is_chief = strategy.cluster_resolver.task_id == 0
+    with np.load(data_path) as data:
+        x, y = data["x"], data["y"]
+
+    def dataset_fn(context):
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        return dataset.batch(context.get_per_replica_batch_size(replica_batch))
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    with strategy.scope():
+        model = build_model()
+        optimizer = keras.optimizers.SGD(learning_rate)
+        optimizer.build(model.trainable_variables)
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                             reduction=None)
+
+    def replica_step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(per_example(labels, model(features)))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step(iterator):
+        return strategy.reduce("SUM", strategy.run(replica_step, args=next(iterator)),
+                               axis=None)
+
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir, max_to_keep=2)
+    for step in range(1, steps + 1):
+        train_step(iterator)
+        if step % save_every == 0:
+            manager.save(checkpoint_number=step)
+    return model.get_weights()
 '''
 
 
@@ -178,9 +233,11 @@ def resume_script(restore_latest_source: str, make_dataset_fn_source: str) -> st
 
 
 def reference_weights(job: dict[str, Any], steps: int, *, checkpoint: str | None = None,
-                      initial: list[np.ndarray] | None = None) -> list[np.ndarray]:
+                      initial: list[np.ndarray] | None = None,
+                      batches: list[tuple[int, int]] | None = None) -> list[np.ndarray]:
     """One device: ``steps`` SGD steps on global batch k = examples [k·B, (k+1)·B) of the data
-    repeated, from ``initial`` weights; or, with ``checkpoint``, the model it holds."""
+    repeated, from ``initial`` weights (or the steps ``batches`` lists, each (first example,
+    size)); or, with ``checkpoint``, the model it holds."""
     from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
@@ -197,9 +254,10 @@ def reference_weights(job: dict[str, Any], steps: int, *, checkpoint: str | None
     model.set_weights(initial)
     optimizer = keras.optimizers.SGD(LEARNING_RATE)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    batch = job["global_batch"]
-    for step in range(steps):
-        rows = (step * batch + np.arange(batch)) % len(x)
+    if batches is None:
+        batches = [(step * job["global_batch"], job["global_batch"]) for step in range(steps)]
+    for first, batch in batches:
+        rows = (first + np.arange(batch)) % len(x)
         with tf.GradientTape() as tape:
             loss = loss_fn(y[rows], model(x[rows]))
         gradients = tape.gradient(loss, model.trainable_variables)
