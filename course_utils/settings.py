@@ -21,6 +21,7 @@ __all__ = [
     "OUTPUT_ONLY",
     "Setting",
     "course_settings",
+    "cpu_flags",
     "gpu_visibility",
     "onednn_state",
     "settings_line",
@@ -102,20 +103,56 @@ _OFF = {"0", "false", "off", "no"}
 
 
 def onednn_state(environ: dict[str, str] | None = None, machine: str | None = None) -> str:
-    """Whether TensorFlow's CPU kernels use oneDNN here, and why, e.g. ``"on (default)"``.
+    """Whether TensorFlow's CPU kernels use oneDNN here, and why, e.g. ``"on (default here)"``.
 
-    TensorFlow 2.9 and later turn oneDNN on by default on x86-64 Linux and Windows; the
-    environment variable ``TF_ENABLE_ONEDNN_OPTS`` switches it off (``0``) or on (``1``).
+    ``TF_ENABLE_ONEDNN_OPTS`` decides when set (``0`` off, ``1`` on). Unset, TensorFlow 2.9 and
+    later decide by the CPU: on for x86 CPUs with neural-network instructions (AVX512_VNNI,
+    AVX512_BF16, AMX), off elsewhere (TensorFlow 2.9's release notes). When TensorFlow is
+    already imported its own answer is read (``IsMklEnabled``, what its kernels use).
     """
     environ = os.environ if environ is None else environ
-    machine = (machine or platform.machine()).lower()
     value = environ.get("TF_ENABLE_ONEDNN_OPTS")
-    if value is not None and value.strip().lower() in _OFF:
-        return f"off (TF_ENABLE_ONEDNN_OPTS={value})"
-    if value is not None and value.strip():
-        return f"on (TF_ENABLE_ONEDNN_OPTS={value})"
-    x86 = machine in ("x86_64", "amd64", "x64", "i686", "i386")
-    return "on (TensorFlow's default on x86)" if x86 else "off (TensorFlow's default here)"
+    source = f"TF_ENABLE_ONEDNN_OPTS={value}" if value and value.strip() else None
+    enabled = _tensorflow_uses_onednn() if environ is os.environ else None
+    if enabled is None:
+        if source:
+            enabled = value.strip().lower() not in _OFF
+        else:
+            flags = cpu_flags()
+            x86 = (machine or platform.machine()).lower() in ("x86_64", "amd64", "x64")
+            enabled = x86 and bool(flags & _ONEDNN_DEFAULT_FLAGS)
+    why = source or ("TensorFlow's default on this CPU")
+    return f"{'on' if enabled else 'off'} ({why})"
+
+
+def _tensorflow_uses_onednn() -> bool | None:
+    """TensorFlow's own answer, when TensorFlow is imported (else ``None``)."""
+    import sys
+
+    if "tensorflow" not in sys.modules:
+        return None
+    try:
+        from tensorflow.python.util import _pywrap_util_port  # no public getter exists
+    except ImportError:  # pragma: no cover - a TensorFlow without it
+        return None
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+#: CPU flags (as Linux names them) for which TensorFlow turns oneDNN on by default.
+_ONEDNN_DEFAULT_FLAGS = frozenset({"avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile",
+                                   "avx512_fp16"})
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def gpu_visibility(index: int, num_processes: int, num_gpus: int) -> str:
@@ -133,7 +170,7 @@ def course_settings(logical_cpus: int | None = None, logical_gpus: int | None = 
                     seed: int | None = None) -> list[dict[str, str]]:
     """The settings in force in this process, as rows for ``cu.show_table``."""
     rows = [{"setting": "oneDNN (CPU math)", "value": onednn_state(),
-             "why": "TensorFlow's default, left alone"}]
+             "why": "TensorFlow decides; the course leaves it alone"}]
     if logical_cpus:
         rows.append({"setting": "logical CPU devices", "value": str(logical_cpus),
                      "why": "replicas on one machine (cu.setup)"})
