@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import textwrap
 import time
 from collections.abc import Callable, Mapping
