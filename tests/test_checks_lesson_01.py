@@ -239,8 +239,9 @@ def test_lesson_01_registers_its_checks():
 # --- cached_pipeline -------------------------------------------------------------------------
 
 
-def cached_pipeline(records, decode, augment, batch_size):
-    return records.map(decode).cache().map(augment).batch(batch_size)
+def cached_pipeline(records, decode, augment, batch_size, shuffle_buffer):
+    decoded = records.map(decode).cache()
+    return decoded.shuffle(shuffle_buffer).map(augment).batch(batch_size)
 
 
 def test_reference_cached_pipeline_passes(capsys):
@@ -248,13 +249,53 @@ def test_reference_cached_pipeline_passes(capsys):
     assert "✅ cached_pipeline: 1 case passed" in capsys.readouterr().out
 
 
-def test_cache_after_augment_is_frozen_and_no_cache_decodes_again():
-    with pytest.raises(AssertionError, match="froze the augmentation"):
-        cu.grading.check_cached_pipeline(
-            lambda records, decode, augment, b: records.map(decode).map(augment).cache().batch(b))
-    with pytest.raises(AssertionError, match="times in epoch 2"):
-        cu.grading.check_cached_pipeline(
-            lambda records, decode, augment, b: records.map(decode).map(augment).batch(b))
+def _given(records, decode, augment, b, buffer):  # the broken version: cached at the end
+    return records.map(decode).shuffle(buffer).map(augment).cache().batch(b)
+
+
+def _lesson_cell_copied(records, decode, augment, b, buffer):  # the shuffle before the cache
+    return records.map(decode).shuffle(buffer).cache().map(augment).batch(b)
+
+
+def _shuffled_records_then_cached(records, decode, augment, b, buffer):
+    return records.shuffle(buffer).map(decode).cache().map(augment).batch(b)
+
+
+def _not_cached(records, decode, augment, b, buffer):
+    return records.map(decode).shuffle(buffer).map(augment).batch(b)
+
+
+def _records_cached(records, decode, augment, b, buffer):  # before the slow work
+    return records.cache().map(decode).shuffle(buffer).map(augment).batch(b)
+
+
+def _not_shuffled(records, decode, augment, b, buffer):
+    return records.map(decode).cache().map(augment).batch(b)
+
+
+def _shuffled_once(records, decode, augment, b, buffer):
+    decoded = records.map(decode).cache()
+    return decoded.shuffle(buffer, reshuffle_each_iteration=False).map(augment).batch(b)
+
+
+def _last_batch_dropped(records, decode, augment, b, buffer):
+    decoded = records.map(decode).cache().shuffle(buffer).map(augment)
+    return decoded.batch(b, drop_remainder=True)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (_given, "froze the augmentation"),
+    (_lesson_cell_copied, "froze the shuffle"),
+    (_shuffled_records_then_cached, "froze the shuffle"),
+    (_not_cached, "times in epoch 2"),
+    (_records_cached, "times in epoch 2"),
+    (_not_shuffled, "stored order"),
+    (_shuffled_once, "froze the shuffle"),
+    (_last_batch_dropped, "batch sizes differ"),
+])
+def test_cached_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_cached_pipeline(wrong)
 
 
 def test_cached_pipeline_stub_is_not_attempted(assert_not_attempted):

@@ -11,7 +11,8 @@
   block inside a batch, examples from far apart, the same order for the same seed and a new
   order every epoch.
 * ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted),
-  augmentation that changes every epoch, every record once per epoch.
+  augmentation and order that change every epoch (a cache after the shuffle freezes it), every
+  record once per epoch.
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
   ``map`` – image, label and a weight that some records lack (default 1.0).
 """
@@ -311,8 +312,9 @@ def _counted_stages(calls: dict[str, int], seed: int) -> tuple[Callable[[Any], A
 
 @register
 def check_cached_pipeline(fn: Any) -> bool:
-    """Check ``cached_pipeline(records, decode, augment, batch_size)``: every record decoded once
-    over two epochs, augmentation that changes every epoch, right elements and batches."""
+    """Check ``cached_pipeline(records, decode, augment, batch_size, shuffle_buffer)``: every
+    record decoded once over two epochs, augmentation and order that change every epoch (the
+    cache freezes neither the augmentation nor the shuffle), right elements and batches."""
     tf = _tf()
     rng = fresh_rng()
     batch_size = rng.choice([4, 5, 8])
@@ -332,8 +334,8 @@ def check_cached_pipeline(fn: Any) -> bool:
             if problem:
                 return problem
             epochs.append(np.concatenate(batches))
-        originals = sorted((epochs[0] // 10).astype(int).tolist())
-        if originals != list(range(count)):
+        orders = [(epoch // 10).astype(int).tolist() for epoch in epochs]
+        if sorted(orders[0]) != list(range(count)):
             return "every record must come once per epoch, decoded (decode gives 10 × record)"
         if decoded != [count, 0]:
             return (f"decode ran {decoded[0]} times in epoch 1 and {decoded[1]} times in "
@@ -343,14 +345,20 @@ def check_cached_pipeline(fn: Any) -> bool:
                     "after decode and before augment")
         if np.array_equal(np.floor(epochs[0]), epochs[0]):
             return "the elements were not augmented: map augment after the cache"
+        if orders[0] == list(range(count)):
+            return "the records came in their stored order: shuffle them"
+        if orders[0] == orders[1]:
+            return ("the two epochs came in the same order: the cache froze the shuffle; "
+                    "a shuffle is random work too, so it belongs after the cache")
         return None
 
-    case = Case(args=(tf.data.Dataset.range(count), decode, augment, batch_size),
-                label=f"(range({count}), decode, augment, {batch_size})", verify=verify)
+    case = Case(args=(tf.data.Dataset.range(count), decode, augment, batch_size, count),
+                label=f"(range({count}), decode, augment, {batch_size}, "
+                      f"shuffle_buffer={count})", verify=verify)
     return run_check(
         "cached_pipeline", fn, [case],
-        hint="records.map(decode).cache().map(augment).batch(batch_size): deterministic work "
-             "before the cache, random work after it. Lesson 01, section 5.")
+        hint="every random step – the shuffle and the augmentation – after the cache, every "
+             "deterministic one before it; batch last. Lesson 01, section 5.")
 
 
 # --- Exercise 4 · parse TFRecords you did not write ---------------------------------------------
