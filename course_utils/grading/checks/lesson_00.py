@@ -135,7 +135,7 @@ def run_split_in_fresh_process(fn: Any, num_devices: int) -> dict[str, Any]:
     """Run ``fn(num_devices)`` in a fresh process: what it returned and made, or its error line."""
     source = textwrap.dedent(inspect.getsource(fn))
     script = _SPLIT_SCRIPT.format(source=source, name=fn.__name__, num_devices=num_devices)
-    done = run_cpu_only(["-c", script], timeout=120)
+    done = run_cpu_only(["-c", script], timeout=300)  # TensorFlow starts slowly when busy
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -187,7 +187,7 @@ def check_split_cpu(fn: Any) -> bool:
 
 #: Every ``DISTURBED_EVERY``-th call of the fake pipeline waits ``DISTURBANCE_S`` longer: other
 #: programs on the machine. A median ignores them; a mean or a total does not.
-DISTURBED_EVERY, DISTURBANCE_S = 5, 0.2
+DISTURBED_EVERY, DISTURBANCE_S = 5, 1.0
 
 
 def _helper_codes() -> set[Any]:
@@ -226,8 +226,8 @@ def check_step_breakdown(fn: Any) -> bool:
     """Check ``step_breakdown(next_batch, train_step, batch, repeats)`` on fresh known waits,
     with disturbed calls, written by hand (no course helper), timed in turns."""
     rng = fresh_rng()
-    input_s, compute_s = rng.uniform(0.010, 0.020), rng.uniform(0.005, 0.008)
-    repeats = rng.randint(8, 12)
+    input_s, compute_s = rng.uniform(0.010, 0.025), rng.uniform(0.006, 0.015)
+    repeats = rng.randint(6, 8)
     batch = np.full(4, -1)
     calls: list[str] = []  # "i": next_batch, "c": train_step(batch), "w": on a fresh batch
 
@@ -265,8 +265,10 @@ def check_step_breakdown(fn: Any) -> bool:
                     "hit one of them only")
         ms = {name: float(value) * 1e3 for name, value in result.items()}
         wanted = {"input": input_s, "compute": compute_s, "whole step": input_s + compute_s}
-        for name, seconds in wanted.items():  # sleeps overshoot on a busy machine, never less
-            low, high = 0.9 * seconds * 1e3, 2 * seconds * 1e3 + 5
+        # Sleeps overshoot on a busy machine (×3 seen with the cores oversubscribed), never
+        # less; one disturbed call moves a mean by more than a second / repeats.
+        for name, seconds in wanted.items():
+            low, high = 0.9 * seconds * 1e3, 4 * seconds * 1e3 + 20
             if not low <= ms[name] <= high:
                 return (f"'{name}' should take about {seconds * 1e3:.1f} ms (in seconds: "
                         f"{seconds:.4f}), you measured {ms[name]:.1f} ms; every "
