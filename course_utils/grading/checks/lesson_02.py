@@ -2,9 +2,8 @@
 saved under one strategy and restored under another, the loss and the distributed step, a
 training loop diagnosed from what it does, a dataset distributed by hand.
 
-Strategies come from ``cu.make_strategy("mirrored")`` (every logical device of the kernel), the
-same object the learner's notebook uses: a second MirroredStrategy over other devices in one
-process would clash with the first one's collective all-reduces.
+Strategies come from ``cu.make_strategy("mirrored")``, the learner's own object: a second
+MirroredStrategy over other devices would clash with its collective all-reduces.
 """
 
 from __future__ import annotations
@@ -75,9 +74,8 @@ def check_save_and_restore(fn: Any) -> bool:
     A model and its Adam trained under the strategy must come back, through a TensorFlow
     checkpoint written into ``directory``, into the fresh one-device pair ``build_fresh()``
     returns – and the other way round: trained on one device, restored under the strategy.
-    Weights, Adam's moments and its step count must be equal to the trained pair's before the
-    call; ``build_fresh()`` zeroes the trained pair (another machine), so values copied from it
-    instead of read from the checkpoint come back as zeros.
+    Weights, Adam's moments and step must equal the trained pair's; ``build_fresh()`` zeroes
+    that pair (another machine), so values copied from it come back as zeros.
     """
     import glob
     import tempfile
@@ -98,12 +96,11 @@ def check_save_and_restore(fn: Any) -> bool:
         model, optimizer, features, classes = _trained_pair(
             strategy, rng, trained_under_strategy, "check_saved")
         fresh: list[Any] = []
-        saved = {"weights": model.get_weights(),
-                 "optimizer state": [np.asarray(v) for v in optimizer.variables]}
+        saved = {"weights": model.get_weights(), "optimizer state": [
+            np.asarray(v) for v in optimizer.variables]}
 
         def build_fresh() -> tuple[Any, Any]:
-            # Another machine: the trained pair is gone once the fresh one is built, so only
-            # what the checkpoint holds can come back.
+            # Another machine: only what the checkpoint holds can come back.
             for variable in [*model.variables, *optimizer.variables]:
                 variable.assign(np.zeros(variable.shape, variable.dtype))
             context = tf.distribute.get_strategy() if trained_under_strategy else strategy
@@ -132,9 +129,8 @@ def check_save_and_restore(fn: Any) -> bool:
         states = {"weights": fresh[0].get_weights(),
                   "optimizer state": [np.asarray(v) for v in fresh[1].variables]}
         for name, restored in states.items():
-            if len(saved[name]) != len(restored) or any(
-                    not np.array_equal(a, b)
-                    for a, b in zip(saved[name], restored, strict=True)):
+            if len(saved[name]) != len(restored) or any(not np.array_equal(a, b) for a, b in
+                                                        zip(saved[name], restored, strict=True)):
                 return (f"the restored {name} differ from the saved ones: save the model and "
                         "the optimizer in one tf.train.Checkpoint and read it into the fresh "
                         "pair (Adam's step count and moments are part of the state)")
