@@ -100,7 +100,6 @@ def check_save_and_restore(fn: Any) -> bool:
             np.asarray(v) for v in optimizer.variables]}
 
         def build_fresh() -> tuple[Any, Any]:
-            # Another machine: only what the checkpoint holds can come back.
             for variable in [*model.variables, *optimizer.variables]:
                 variable.assign(np.zeros(variable.shape, variable.dtype))
             context = tf.distribute.get_strategy() if trained_under_strategy else strategy
