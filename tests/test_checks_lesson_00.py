@@ -329,3 +329,28 @@ def split_cpu_names_only(num_devices):  # the names made up, nothing split
 def test_split_cpu_catalogue_is_rejected_in_a_fresh_process(wrong, says):
     with pytest.raises(AssertionError, match=says):
         cu.grading.check_split_cpu(wrong)
+
+
+def split_cpu_after_an_op(num_devices):  # a harmless-looking op first: too late
+    tf.constant(0)  # noqa: F821
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    tf.config.set_logical_device_configuration(  # noqa: F821
+        physical_cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)  # noqa: F821
+    return [device.name for device in tf.config.list_logical_devices("CPU")]  # noqa: F821
+
+
+def split_cpu_physical_names(num_devices):  # split right, the wrong names returned
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    tf.config.set_logical_device_configuration(  # noqa: F821
+        physical_cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)  # noqa: F821
+    return [device.name for device in tf.config.list_physical_devices("CPU")]  # noqa: F821
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("wrong", "says"), [
+    (split_cpu_after_an_op, "raised: RuntimeError"),
+    (split_cpu_physical_names, "expected it to return"),
+])
+def test_split_cpu_catalogue_order_and_names(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_split_cpu(wrong)

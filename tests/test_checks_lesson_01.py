@@ -353,3 +353,49 @@ def test_record_example_round_trips_through_parse_record():
     image, label, weight = parse_record(record)
     assert image.shape == checks_01.RECORD_IMAGE_SHAPE and int(label) == 5
     assert float(weight) == 1.0  # no weight stored: the default
+
+
+def _parsed(record, weight_default=1.0):
+    tf = cu.quiet.import_tensorflow()
+    spec = {"pixels": tf.io.FixedLenFeature([12], tf.float32),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+            "weight": tf.io.FixedLenFeature([], tf.float32, default_value=weight_default)}
+    return tf.io.parse_single_example(record, spec)
+
+
+def _not_reshaped(record):  # the pixels as they are stored
+    tf = cu.quiet.import_tensorflow()
+    example = _parsed(record)
+    return example["pixels"], tf.cast(example["label"], tf.int32), example["weight"]
+
+
+def _columns_first(record):  # a [3, 2, 2] image: channels first
+    tf = cu.quiet.import_tensorflow()
+    example = _parsed(record)
+    return (tf.reshape(example["pixels"], [3, 2, 2]), tf.cast(example["label"], tf.int32),
+            example["weight"])
+
+
+def _default_weight_zero(record):  # a missing weight counted as 0
+    tf = cu.quiet.import_tensorflow()
+    example = _parsed(record, weight_default=0.0)
+    return (tf.reshape(example["pixels"], [2, 2, 3]), tf.cast(example["label"], tf.int32),
+            example["weight"])
+
+
+def _weight_always_one(record):  # the weight never read
+    tf = cu.quiet.import_tensorflow()
+    image, label, _ = parse_record(record)
+    return image, label, tf.constant(1.0)
+
+
+def _constant_example(record):
+    tf = cu.quiet.import_tensorflow()
+    return tf.zeros([2, 2, 3]), tf.constant(0, tf.int32), tf.constant(1.0)
+
+
+@pytest.mark.parametrize("wrong", [_not_reshaped, _columns_first, _default_weight_zero,
+                                   _weight_always_one, _constant_example])
+def test_parse_record_catalogue_is_rejected(wrong):
+    with pytest.raises(AssertionError, match="parse_record: case 1"):
+        cu.grading.check_parse_record(wrong)
