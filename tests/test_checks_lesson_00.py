@@ -4,6 +4,9 @@ the broken code of each exercise fails with feedback that says what differed, st
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 import pytest
 
 import course_utils as cu
@@ -25,24 +28,62 @@ def test_lesson_00_registers_its_checks():
 # --- diagnose_step ---------------------------------------------------------------------------
 
 
-def diagnose_step(parts, whole_step):
-    synchronisation = whole_step - sum(parts.values())
+def diagnose_step(timings, whole_step):
+    parts = {part: float(np.median(calls)) for part, calls in timings.items()}
+    synchronisation = float(np.median(whole_step)) - sum(parts.values())
     largest = max(parts, key=parts.get)
     return "synchronisation" if synchronisation > parts[largest] else largest
 
 
-def test_reference_diagnosis_names_the_largest_part_or_synchronisation():
-    parts = {"input": 10.0, "compute": 2.0}
-    assert lesson_00.reference_diagnosis(parts, 12.5) == "input"
-    assert lesson_00.reference_diagnosis(parts, 25.0) == "synchronisation"
-    assert lesson_00.reference_diagnosis(parts, 8.0) == "input"  # overlapped: still the input
+def test_reference_diagnosis_names_the_largest_median_or_synchronisation():
+    timings = {"input": [10.0, 10.0, 90.0], "compute": [2.0, 50.0, 2.0]}
+    assert lesson_00.reference_diagnosis(timings, [12.5, 12.5, 99.0]) == "input"
+    assert lesson_00.reference_diagnosis(timings, [25.0, 25.0, 1.0]) == "synchronisation"
+    assert lesson_00.reference_diagnosis(timings, [8.0]) == "input"  # overlapped: the input
+    assert lesson_00.reference_diagnosis({"input": 10.0, "compute": 2.0}, 12.5) == "input"
 
 
-def test_diagnose_step_passes_the_reference_and_fails_the_largest_part_alone(capsys):
+def test_diagnose_step_passes_the_reference(capsys):
     assert cu.grading.check_diagnose_step(diagnose_step)
     assert "✅ diagnose_step: 6 cases passed" in capsys.readouterr().out
-    with pytest.raises(AssertionError, match="expected: 'synchronisation'"):
-        cu.grading.check_diagnose_step(lambda parts, whole: max(parts, key=parts.get))
+
+
+def _by(summary):  # the lesson's rule, on each part summarised by ``summary``
+    def diagnose(timings, whole_step):
+        parts = {part: summary(calls) for part, calls in timings.items()}
+        unexplained = summary(whole_step) - sum(parts.values())
+        largest = max(parts, key=parts.get)
+        return "synchronisation" if unexplained > parts[largest] else largest
+    return diagnose
+
+
+def _largest_median_only(timings, whole_step):  # synchronisation forgotten
+    return max(timings, key=lambda part: np.median(timings[part]))
+
+
+def _any_rest_is_synchronisation(timings, whole_step):  # compares with 0, not with the parts
+    medians = {part: np.median(calls) for part, calls in timings.items()}
+    if np.median(whole_step) > sum(medians.values()):
+        return "synchronisation"
+    return max(medians, key=medians.get)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (lambda timings, whole_step: "input", "expected: '(?!input)"),  # a constant
+    (_by(np.mean), "expected: "),  # the disturbed calls decide
+    (_by(max), "expected: "),  # the slowest call decides
+    (_by(lambda calls: calls[0]), "expected: "),  # the first call: compute's tracing
+    (_largest_median_only, "expected: 'synchronisation'"),
+    (_any_rest_is_synchronisation, "got: +'synchronisation'"),
+    (lambda timings, whole_step: next(iter(timings)), "expected: "),  # read from the input
+])
+def test_diagnose_step_catalogue_is_rejected(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_diagnose_step(wrong)
+
+
+def test_the_best_call_is_as_robust_as_the_median(capsys):
+    assert cu.grading.check_diagnose_step(_by(min))
 
 
 def test_diagnose_step_stub_is_not_attempted(assert_not_attempted):
@@ -98,10 +139,15 @@ def test_split_cpu_stub_is_not_attempted_without_starting_a_process(assert_not_a
 
 
 def step_breakdown(next_batch, train_step, batch, repeats):
-    timings = cu.bench.time_interleaved({
-        "input": next_batch, "compute": lambda: train_step(batch),
-        "whole step": lambda: train_step(next_batch())}, repeats=repeats)
-    return {name: timing.median for name, timing in timings.items()}
+    parts = {"input": next_batch, "compute": lambda: train_step(batch),
+             "whole step": lambda: train_step(next_batch())}
+    seconds = {name: [] for name in parts}
+    for _ in range(repeats):
+        for name, call in parts.items():
+            start = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: float(np.median(values)) for name, values in seconds.items()}
 
 
 def test_step_breakdown_passes_the_reference(capsys):
@@ -109,20 +155,88 @@ def test_step_breakdown_passes_the_reference(capsys):
     assert "✅ step_breakdown" in capsys.readouterr().out
 
 
-def test_step_breakdown_in_milliseconds_or_without_the_input_fails():
-    def in_milliseconds(next_batch, train_step, batch, repeats):
-        return {k: v * 1e3 for k, v in step_breakdown(next_batch, train_step, batch,
-                                                       repeats).items()}
+def _lesson_cell_copied(next_batch, train_step, batch, repeats):  # the course's helper
+    timings = cu.bench.time_interleaved({
+        "input": next_batch, "compute": lambda: train_step(batch),
+        "whole step": lambda: train_step(next_batch())}, repeats=repeats)
+    return {name: timing.median for name, timing in timings.items()}
 
-    with pytest.raises(AssertionError, match="should take about"):
-        cu.grading.check_step_breakdown(in_milliseconds)
 
-    def compute_only(next_batch, train_step, batch, repeats):
-        timings = cu.bench.time_interleaved({"compute": lambda: train_step(batch)}, repeats)
-        return {"input": 0.0, "compute": timings["compute"].median, "whole step": 0.0}
+_helper_under_another_name = cu.bench.time_interleaved
 
-    with pytest.raises(AssertionError, match="timed calls"):
-        cu.grading.check_step_breakdown(compute_only)
+
+def _helper_renamed(next_batch, train_step, batch, repeats):
+    timings = _helper_under_another_name({
+        "input": next_batch, "compute": lambda: train_step(batch),
+        "whole step": lambda: train_step(next_batch())}, repeats=repeats)
+    return {name: timing.median for name, timing in timings.items()}
+
+
+def _in_blocks(next_batch, train_step, batch, repeats):  # all of one part, then the next
+    parts = {"input": next_batch, "compute": lambda: train_step(batch),
+             "whole step": lambda: train_step(next_batch())}
+    result = {}
+    for name, call in parts.items():
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            seconds.append(time.perf_counter() - start)
+        result[name] = float(np.median(seconds))
+    return result
+
+
+def _means(next_batch, train_step, batch, repeats):  # a disturbed call sways a mean
+    parts = {"input": next_batch, "compute": lambda: train_step(batch),
+             "whole step": lambda: train_step(next_batch())}
+    total = dict.fromkeys(parts, 0.0)
+    for _ in range(repeats):
+        for name, call in parts.items():
+            start = time.perf_counter()
+            call()
+            total[name] += time.perf_counter() - start
+    return {name: seconds / repeats for name, seconds in total.items()}
+
+
+def _constants(next_batch, train_step, batch, repeats):  # the waits guessed, calls made
+    for _ in range(repeats):
+        next_batch(), train_step(batch), train_step(next_batch())
+    return {"input": 0.015, "compute": 0.005, "whole step": 0.020}
+
+
+def _in_milliseconds(next_batch, train_step, batch, repeats):
+    return {k: v * 1e3 for k, v in step_breakdown(next_batch, train_step, batch,
+                                                   repeats).items()}
+
+
+def _compute_only(next_batch, train_step, batch, repeats):  # skips the input's timing
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        train_step(batch)
+        seconds.append(time.perf_counter() - start)
+    return {"input": 0.0, "compute": float(np.median(seconds)), "whole step": 0.0}
+
+
+def _whole_step_on_the_given_batch(next_batch, train_step, batch, repeats):
+    return step_breakdown(next_batch, train_step, batch, repeats) | {
+        "whole step": step_breakdown(next_batch, lambda b: train_step(batch), batch,
+                                     repeats)["compute"]}
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (_lesson_cell_copied, "it called cu.bench.time_interleaved"),
+    (_helper_renamed, "it called cu.bench.time_interleaved"),
+    (_in_blocks, "not timed in turns"),
+    (_means, "a median ignores it"),
+    (_constants, "should take about"),
+    (_in_milliseconds, "should take about"),
+    (_compute_only, "timed calls"),
+    (_whole_step_on_the_given_batch, "timed calls|should take about"),
+])
+def test_step_breakdown_catalogue_is_rejected_with_its_reason(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_step_breakdown(wrong)
 
 
 # --- overlapped_pipeline ----------------------------------------------------------------------
@@ -155,3 +269,88 @@ def test_overlapped_pipeline_must_keep_the_order_and_the_short_batch():
     with pytest.raises(AssertionError, match="another order"):
         cu.grading.check_overlapped_pipeline(
             lambda records, read, batch_size: records.map(read).shuffle(64).batch(batch_size))
+
+
+def _no_prefetch(records, read, batch_size):  # the prefetch taken out instead of moved
+    return records.map(read).batch(batch_size)
+
+
+def _read_ahead_in_python(records, read, batch_size):  # every read before the first step
+    import tensorflow as tf
+
+    values = [int(read(record)) for record in records]
+    return tf.data.Dataset.from_tensor_slices(values).batch(batch_size).prefetch(2)
+
+
+def _read_twice(records, read, batch_size):  # read's output read again
+    import tensorflow as tf
+
+    return records.map(read).map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def _prefetch_before_and_after(records, read, batch_size):  # the broken line, with an extra
+    import tensorflow as tf  # prefetch that overlaps batching only: reads still in the step
+
+    return records.prefetch(tf.data.AUTOTUNE).map(read).batch(batch_size).take(-1)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (_no_prefetch, "does not overlap"),
+    (_read_ahead_in_python, "does not overlap"),
+    (_read_twice, "elements differ"),
+    (_prefetch_before_and_after, "does not overlap"),
+])
+def test_overlapped_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_overlapped_pipeline(wrong)
+
+
+def test_split_cpu_refuses_the_course_helper_under_the_answers_name():
+    with pytest.raises(AssertionError, match="cu.configure_logical_devices"):
+        cu.grading.check_split_cpu(cu.configure_logical_devices)
+
+
+def split_cpu_in_two(num_devices):  # the lesson's set-up cell, num_devices ignored
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    tf.config.set_logical_device_configuration(  # noqa: F821
+        physical_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)  # noqa: F821
+    return [device.name for device in tf.config.list_logical_devices("CPU")]  # noqa: F821
+
+
+def split_cpu_names_only(num_devices):  # the names made up, nothing split
+    return [f"/device:CPU:{index}" for index in range(num_devices)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("wrong", "says"), [
+    (split_cpu_in_two, "expected the logical CPUs"),
+    (split_cpu_names_only, "expected the logical CPUs"),
+])
+def test_split_cpu_catalogue_is_rejected_in_a_fresh_process(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_split_cpu(wrong)
+
+
+def split_cpu_after_an_op(num_devices):  # a harmless-looking op first: too late
+    tf.constant(0)  # noqa: F821
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    tf.config.set_logical_device_configuration(  # noqa: F821
+        physical_cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)  # noqa: F821
+    return [device.name for device in tf.config.list_logical_devices("CPU")]  # noqa: F821
+
+
+def split_cpu_physical_names(num_devices):  # split right, the wrong names returned
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    tf.config.set_logical_device_configuration(  # noqa: F821
+        physical_cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)  # noqa: F821
+    return [device.name for device in tf.config.list_physical_devices("CPU")]  # noqa: F821
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("wrong", "says"), [
+    (split_cpu_after_an_op, "raised: RuntimeError"),
+    (split_cpu_physical_names, "expected it to return"),
+])
+def test_split_cpu_catalogue_order_and_names(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_split_cpu(wrong)

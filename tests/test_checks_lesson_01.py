@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import pytest
 
 import course_utils as cu
@@ -51,7 +54,7 @@ def test_unchanged_slow_pipeline_is_too_slow():
         cu.grading.check_fast_pipeline(slow)
     message = str(info.value)
     assert "case 2" in message and "speed" in message
-    assert f"at least ×{checks_01.FAST_PIPELINE_MIN_SPEEDUP:g}" in message
+    assert "at most 1 read(s) waited at the same time" in message
     assert "Hint:" in message and "private_threadpool_size" in message
 
 
@@ -105,6 +108,44 @@ def test_not_a_dataset_is_reported():
         cu.grading.check_fast_pipeline(lambda source, read, decode, batch_size: [])
 
 
+def _two_threads(source, read, decode, batch_size):  # a pool of two: a 2-core default
+    tf = cu.quiet.import_tensorflow()
+    dataset = source.map(read, num_parallel_calls=16).map(decode).batch(batch_size)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 2
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def _prefetch_only(source, read, decode, batch_size):  # overlaps input with nothing to overlap
+    tf = cu.quiet.import_tensorflow()
+    return source.map(read).map(decode).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def _read_ahead_of_time(source, read, decode, batch_size):  # the answer read from the inputs
+    tf = cu.quiet.import_tensorflow()
+    values = np.concatenate(list(source.map(read).map(decode).batch(batch_size)))
+    return tf.data.Dataset.from_tensor_slices(values).batch(batch_size)
+
+
+def _autotune_default_pool(source, read, decode, batch_size):  # the lesson: not enough
+    tf = cu.quiet.import_tensorflow()
+    dataset = source.map(read, num_parallel_calls=tf.data.AUTOTUNE).map(decode)
+    return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (_two_threads, r"at most 2 read\(s\) waited at the same time"),
+    (_prefetch_only, r"at most 1 read\(s\) waited at the same time"),
+    (_read_ahead_of_time, r"called read 0 times"),
+    pytest.param(_autotune_default_pool, r"read\(s\) waited at the same time",
+                 marks=pytest.mark.skipif((os.cpu_count() or 1) >= 8,
+                                          reason="AUTOTUNE's default pool has 8+ threads")),
+])
+def test_fast_pipeline_catalogue_counts_the_overlapping_reads(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_fast_pipeline(wrong)
+
+
 def test_fast_pipeline_stub_is_not_attempted(capsys):
     assert cu.grading.check_fast_pipeline(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
@@ -115,8 +156,8 @@ def test_fast_pipeline_stub_is_not_attempted(capsys):
 # --- shuffled_batches ------------------------------------------------------------------------
 
 
-def shuffled_batches(dataset, batch_size, buffer, seed):
-    return dataset.shuffle(buffer, seed=seed).batch(batch_size)
+def shuffled_batches(blocks, batch_size, buffer, seed):
+    return blocks.unbatch().shuffle(buffer, seed=seed).batch(batch_size)
 
 
 def test_reference_shuffled_batches_passes(capsys):
@@ -124,45 +165,62 @@ def test_reference_shuffled_batches_passes(capsys):
     assert "✅ shuffled_batches: 2 cases passed" in capsys.readouterr().out
 
 
-def test_shuffling_batches_is_caught_with_its_reason():
-    def batch_then_shuffle(dataset, batch_size, buffer, seed):
-        return dataset.batch(batch_size).shuffle(buffer, seed=seed)
-
-    with pytest.raises(AssertionError) as info:
-        cu.grading.check_shuffled_batches(batch_then_shuffle)
-    message = str(info.value)
-    assert "case 1" in message and "runs of consecutive examples" in message
-    assert "batches were shuffled, not the examples" in message and "Hint:" in message
+def _blocks_shuffled(blocks, batch_size, buffer, seed):  # the broken version, as given
+    return blocks.shuffle(buffer, seed=seed).unbatch().batch(batch_size)
 
 
-def test_a_small_buffer_is_caught():
-    def tiny_buffer(dataset, batch_size, buffer, seed):
-        return dataset.shuffle(4, seed=seed).batch(batch_size)
-
-    with pytest.raises(AssertionError, match="consecutive|near neighbours"):
-        cu.grading.check_shuffled_batches(tiny_buffer)
+def _lesson_cell_copied(blocks, batch_size, buffer, seed):  # batches of blocks
+    return blocks.shuffle(buffer, seed=seed).batch(batch_size)
 
 
-def test_seed_and_reshuffling_are_checked():
-    def no_seed(dataset, batch_size, buffer, seed):
-        return dataset.shuffle(buffer).batch(batch_size)
-
-    with pytest.raises(AssertionError, match="same seed gave another order"):
-        cu.grading.check_shuffled_batches(no_seed)
-
-    def frozen(dataset, batch_size, buffer, seed):
-        return dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=False).batch(
-            batch_size)
-
-    with pytest.raises(AssertionError, match="two epochs came in the same order"):
-        cu.grading.check_shuffled_batches(frozen)
+def _unshuffled(blocks, batch_size, buffer, seed):
+    return blocks.unbatch().batch(batch_size)
 
 
-def test_lost_or_repeated_examples_are_caught(tf):
-    def repeated(dataset, batch_size, buffer, seed):
-        return dataset.map(lambda x: x // 2 * 2).shuffle(buffer, seed=seed).batch(batch_size)
+def _small_buffer(blocks, batch_size, buffer, seed):  # a buffer of one batch
+    return blocks.unbatch().shuffle(batch_size, seed=seed).batch(batch_size)
 
-    with pytest.raises(AssertionError, match="exactly once per epoch"):
+
+def _no_seed(blocks, batch_size, buffer, seed):
+    return blocks.unbatch().shuffle(buffer).batch(batch_size)
+
+
+def _same_order_every_epoch(blocks, batch_size, buffer, seed):
+    return blocks.unbatch().shuffle(buffer, seed=seed, reshuffle_each_iteration=False).batch(
+        batch_size)
+
+
+def _dropped_last_batch(blocks, batch_size, buffer, seed):
+    return blocks.unbatch().shuffle(buffer, seed=seed).batch(batch_size, drop_remainder=True)
+
+
+def _shuffled_once_in_numpy(blocks, batch_size, buffer, seed):  # read from the input, once
+    tf = cu.quiet.import_tensorflow()
+    examples = np.concatenate(list(blocks.as_numpy_iterator()))
+    np.random.default_rng(seed).shuffle(examples)
+    return tf.data.Dataset.from_tensor_slices(examples).batch(batch_size)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (_blocks_shuffled, "the blocks were shuffled, not the examples"),
+    (_lesson_cell_copied, "batches of scalars"),
+    (_unshuffled, "the blocks were shuffled, not the examples"),
+    (_small_buffer, "near neighbours|same block"),
+    (_no_seed, "the same seed gave another order"),
+    (_same_order_every_epoch, "two epochs came in the same order"),
+    (_dropped_last_batch, "batch sizes differ"),
+    (_shuffled_once_in_numpy, "two epochs came in the same order"),
+])
+def test_shuffled_batches_catalogue_is_rejected_with_its_reason(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_shuffled_batches(wrong)
+
+
+def test_lost_or_repeated_examples_are_caught():
+    def repeated(blocks, batch_size, buffer, seed):
+        return shuffled_batches(blocks.take(1).concatenate(blocks), batch_size, buffer, seed)
+
+    with pytest.raises(AssertionError, match="batch sizes differ|exactly once"):
         cu.grading.check_shuffled_batches(repeated)
 
 
@@ -181,8 +239,9 @@ def test_lesson_01_registers_its_checks():
 # --- cached_pipeline -------------------------------------------------------------------------
 
 
-def cached_pipeline(records, decode, augment, batch_size):
-    return records.map(decode).cache().map(augment).batch(batch_size)
+def cached_pipeline(records, decode, augment, batch_size, shuffle_buffer):
+    decoded = records.map(decode).cache()
+    return decoded.shuffle(shuffle_buffer).map(augment).batch(batch_size)
 
 
 def test_reference_cached_pipeline_passes(capsys):
@@ -190,13 +249,53 @@ def test_reference_cached_pipeline_passes(capsys):
     assert "✅ cached_pipeline: 1 case passed" in capsys.readouterr().out
 
 
-def test_cache_after_augment_is_frozen_and_no_cache_decodes_again():
-    with pytest.raises(AssertionError, match="froze the augmentation"):
-        cu.grading.check_cached_pipeline(
-            lambda records, decode, augment, b: records.map(decode).map(augment).cache().batch(b))
-    with pytest.raises(AssertionError, match="times in epoch 2"):
-        cu.grading.check_cached_pipeline(
-            lambda records, decode, augment, b: records.map(decode).map(augment).batch(b))
+def _given(records, decode, augment, b, buffer):  # the broken version: cached at the end
+    return records.map(decode).shuffle(buffer).map(augment).cache().batch(b)
+
+
+def _lesson_cell_copied(records, decode, augment, b, buffer):  # the shuffle before the cache
+    return records.map(decode).shuffle(buffer).cache().map(augment).batch(b)
+
+
+def _shuffled_records_then_cached(records, decode, augment, b, buffer):
+    return records.shuffle(buffer).map(decode).cache().map(augment).batch(b)
+
+
+def _not_cached(records, decode, augment, b, buffer):
+    return records.map(decode).shuffle(buffer).map(augment).batch(b)
+
+
+def _records_cached(records, decode, augment, b, buffer):  # before the slow work
+    return records.cache().map(decode).shuffle(buffer).map(augment).batch(b)
+
+
+def _not_shuffled(records, decode, augment, b, buffer):
+    return records.map(decode).cache().map(augment).batch(b)
+
+
+def _shuffled_once(records, decode, augment, b, buffer):
+    decoded = records.map(decode).cache()
+    return decoded.shuffle(buffer, reshuffle_each_iteration=False).map(augment).batch(b)
+
+
+def _last_batch_dropped(records, decode, augment, b, buffer):
+    decoded = records.map(decode).cache().shuffle(buffer).map(augment)
+    return decoded.batch(b, drop_remainder=True)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (_given, "froze the augmentation"),
+    (_lesson_cell_copied, "froze the shuffle"),
+    (_shuffled_records_then_cached, "froze the shuffle"),
+    (_not_cached, "times in epoch 2"),
+    (_records_cached, "times in epoch 2"),
+    (_not_shuffled, "stored order"),
+    (_shuffled_once, "froze the shuffle"),
+    (_last_batch_dropped, "batch sizes differ"),
+])
+def test_cached_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_cached_pipeline(wrong)
 
 
 def test_cached_pipeline_stub_is_not_attempted(assert_not_attempted):
@@ -254,3 +353,49 @@ def test_record_example_round_trips_through_parse_record():
     image, label, weight = parse_record(record)
     assert image.shape == checks_01.RECORD_IMAGE_SHAPE and int(label) == 5
     assert float(weight) == 1.0  # no weight stored: the default
+
+
+def _parsed(record, weight_default=1.0):
+    tf = cu.quiet.import_tensorflow()
+    spec = {"pixels": tf.io.FixedLenFeature([12], tf.float32),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+            "weight": tf.io.FixedLenFeature([], tf.float32, default_value=weight_default)}
+    return tf.io.parse_single_example(record, spec)
+
+
+def _not_reshaped(record):  # the pixels as they are stored
+    tf = cu.quiet.import_tensorflow()
+    example = _parsed(record)
+    return example["pixels"], tf.cast(example["label"], tf.int32), example["weight"]
+
+
+def _columns_first(record):  # a [3, 2, 2] image: channels first
+    tf = cu.quiet.import_tensorflow()
+    example = _parsed(record)
+    return (tf.reshape(example["pixels"], [3, 2, 2]), tf.cast(example["label"], tf.int32),
+            example["weight"])
+
+
+def _default_weight_zero(record):  # a missing weight counted as 0
+    tf = cu.quiet.import_tensorflow()
+    example = _parsed(record, weight_default=0.0)
+    return (tf.reshape(example["pixels"], [2, 2, 3]), tf.cast(example["label"], tf.int32),
+            example["weight"])
+
+
+def _weight_always_one(record):  # the weight never read
+    tf = cu.quiet.import_tensorflow()
+    image, label, _ = parse_record(record)
+    return image, label, tf.constant(1.0)
+
+
+def _constant_example(record):
+    tf = cu.quiet.import_tensorflow()
+    return tf.zeros([2, 2, 3]), tf.constant(0, tf.int32), tf.constant(1.0)
+
+
+@pytest.mark.parametrize("wrong", [_not_reshaped, _columns_first, _default_weight_zero,
+                                   _weight_always_one, _constant_example])
+def test_parse_record_catalogue_is_rejected(wrong):
+    with pytest.raises(AssertionError, match="parse_record: case 1"):
+        cu.grading.check_parse_record(wrong)

@@ -272,3 +272,126 @@ def test_stubs_are_not_attempted(check, capsys):
     assert "not attempted yet" in capsys.readouterr().out
     with strict_checks(True), pytest.raises(NotAttemptedError):
         check(stub)
+
+
+# --- the rest of the adversarial catalogue (issue 30): every exercise, six or more ----------
+
+
+def restored_never(model, optimizer, directory, build_fresh):  # written, never read
+    tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(directory, "c"))
+    return build_fresh()
+
+
+def copied_by_hand(model, optimizer, directory, build_fresh):  # a checkpoint for show
+    tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(directory, "c"))
+    fresh_model, fresh_optimizer = build_fresh()
+    for target, source in zip(fresh_optimizer.variables, optimizer.variables, strict=True):
+        target.assign(source)
+    fresh_model.set_weights(model.get_weights())
+    return fresh_model, fresh_optimizer
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (restored_never, "restored weights differ"),
+    (copied_by_hand, "restored weights differ"),  # the originals are gone by then
+])
+def test_save_and_restore_catalogue_is_rejected(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        checks.check_save_and_restore(wrong)
+
+
+def positional_count(labels, logits):  # the count passed as sample_weight
+    per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    examples = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.shape(labels)[0])
+    return tf.nn.compute_average_loss(per_example, tf.cast(examples, tf.float32))
+
+
+def summed_only(labels, logits):  # never divided
+    return tf.reduce_sum(
+        keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+
+
+def constant_loss(labels, logits):
+    return tf.constant(1.0)
+
+
+@pytest.mark.parametrize("wrong", [positional_count, summed_only, constant_loss])
+def test_compute_loss_catalogue_is_rejected(wrong):
+    with pytest.raises(AssertionError, match="compute_loss: case"):
+        checks.check_compute_loss(wrong)
+
+
+def _step_without_update(strategy, model, optimizer, batch):  # the loss, no training
+    def replica_step(features, labels):
+        return compute_loss(labels, model(features, training=True))
+    losses = strategy.run(replica_step, args=batch)
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+
+def _first_replica_reported(strategy, model, optimizer, batch):  # one replica's share
+    def replica_step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = compute_loss(labels, model(features, training=True))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+    return strategy.experimental_local_results(strategy.run(replica_step, args=batch))[0]
+
+
+@pytest.mark.parametrize("wrong", [_step_without_update, _first_replica_reported,
+                                   _train_step(mean_per_replica)])
+def test_distributed_train_step_catalogue_is_rejected(wrong):
+    with pytest.raises(AssertionError, match="distributed_train_step: case"):
+        checks.check_distributed_train_step(wrong)
+
+
+@pytest.mark.parametrize("constant", ["reduce_mean per replica",
+                                      "Keras loss object on an uneven split",
+                                      "global_batch_size passed positionally"])
+def test_diagnose_loop_constants_are_rejected(constant):
+    def always(strategy, make_train_step, build_model, features, labels, global_batch_size):
+        return constant
+
+    with pytest.raises(AssertionError, match="diagnose_loop: case"):
+        checks.check_diagnose_loop(always)
+
+
+def distribute_dropping_the_remainder(strategy, examples, global_batch_size):
+    def dataset_fn(input_context):
+        per_replica = input_context.get_per_replica_batch_size(global_batch_size)
+        shard = examples.shard(input_context.num_input_pipelines,
+                               input_context.input_pipeline_id)
+        return shard.batch(per_replica, drop_remainder=True)
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def distribute_unbatched(strategy, examples, global_batch_size):
+    def dataset_fn(input_context):
+        return examples.shard(input_context.num_input_pipelines,
+                              input_context.input_pipeline_id)
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def distribute_pipeline_zero_only(strategy, examples, global_batch_size):  # index ignored
+    def dataset_fn(input_context):
+        per_replica = input_context.get_per_replica_batch_size(global_batch_size)
+        return examples.shard(input_context.num_input_pipelines, 0).batch(per_replica)
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+@pytest.mark.parametrize("wrong", [distribute_dropping_the_remainder, distribute_unbatched,
+                                   distribute_pipeline_zero_only])
+def test_distribute_catalogue_is_rejected(wrong):
+    with pytest.raises(AssertionError, match="distribute: case|distribute_dataset"):
+        checks.check_distribute_dataset(wrong)
+
+
+def test_more_diagnoses_and_steps_are_rejected():
+    def says_mean(strategy, make_train_step, build_model, features, labels, global_batch_size):
+        return "loss reported with ReduceOp.MEAN"
+
+    with pytest.raises(AssertionError, match="diagnose_loop: case"):
+        checks.check_diagnose_loop(says_mean)
+    with pytest.raises(AssertionError, match="distributed_train_step: case"):
+        checks.check_distributed_train_step(_train_step(keras_loss_object))

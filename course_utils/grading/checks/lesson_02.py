@@ -2,9 +2,8 @@
 saved under one strategy and restored under another, the loss and the distributed step, a
 training loop diagnosed from what it does, a dataset distributed by hand.
 
-Strategies come from ``cu.make_strategy("mirrored")`` (every logical device of the kernel), the
-same object the learner's notebook uses: a second MirroredStrategy over other devices in one
-process would clash with the first one's collective all-reduces.
+Strategies come from ``cu.make_strategy("mirrored")``, the learner's own object: a second
+MirroredStrategy over other devices would clash with its collective all-reduces.
 """
 
 from __future__ import annotations
@@ -75,7 +74,8 @@ def check_save_and_restore(fn: Any) -> bool:
     A model and its Adam trained under the strategy must come back, through a TensorFlow
     checkpoint written into ``directory``, into the fresh one-device pair ``build_fresh()``
     returns – and the other way round: trained on one device, restored under the strategy.
-    Weights, Adam's moments and its step count must be equal.
+    Weights, Adam's moments and step must equal the trained pair's; ``build_fresh()`` zeroes
+    that pair (another machine), so values copied from it come back as zeros.
     """
     import glob
     import tempfile
@@ -96,8 +96,12 @@ def check_save_and_restore(fn: Any) -> bool:
         model, optimizer, features, classes = _trained_pair(
             strategy, rng, trained_under_strategy, "check_saved")
         fresh: list[Any] = []
+        saved = {"weights": model.get_weights(), "optimizer state": [
+            np.asarray(v) for v in optimizer.variables]}
 
         def build_fresh() -> tuple[Any, Any]:
+            for variable in [*model.variables, *optimizer.variables]:
+                variable.assign(np.zeros(variable.shape, variable.dtype))
             context = tf.distribute.get_strategy() if trained_under_strategy else strategy
             with context.scope():
                 fresh_model = mlp(features, classes, hidden_units=(8,), name="check_restored")
@@ -109,10 +113,10 @@ def check_save_and_restore(fn: Any) -> bool:
         with tempfile.TemporaryDirectory(prefix="check_02_") as directory:
             returned = fn(model, optimizer, directory, build_fresh)
             written = glob.glob(f"{directory}/**/*.index", recursive=True)
-        return returned, fresh, written, model, optimizer
+        return returned, fresh, written, saved
 
     def verify(result: Any) -> str | None:
-        returned, fresh, written, model, optimizer = result
+        returned, fresh, written, saved = result
         if not written:
             return ("no TensorFlow checkpoint (an .index file) was written into directory: "
                     "tf.train.Checkpoint(model=..., optimizer=...).write(path inside directory)")
@@ -121,12 +125,11 @@ def check_save_and_restore(fn: Any) -> bool:
         if not (isinstance(returned, (tuple, list)) and len(returned) == 2
                 and returned[0] is fresh[0] and returned[1] is fresh[1]):
             return "return the (model, optimizer) that build_fresh() gave you, restored"
-        states = {"weights": (model.get_weights(), fresh[0].get_weights()),
-                  "optimizer state": ([np.asarray(v) for v in optimizer.variables],
-                                      [np.asarray(v) for v in fresh[1].variables])}
-        for name, (saved, restored) in states.items():
-            if len(saved) != len(restored) or any(
-                    not np.array_equal(a, b) for a, b in zip(saved, restored, strict=True)):
+        states = {"weights": fresh[0].get_weights(),
+                  "optimizer state": [np.asarray(v) for v in fresh[1].variables]}
+        for name, restored in states.items():
+            if len(saved[name]) != len(restored) or any(not np.array_equal(a, b) for a, b in
+                                                        zip(saved[name], restored, strict=True)):
                 return (f"the restored {name} differ from the saved ones: save the model and "
                         "the optimizer in one tf.train.Checkpoint and read it into the fresh "
                         "pair (Adam's step count and moments are part of the state)")
