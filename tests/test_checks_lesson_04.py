@@ -39,69 +39,133 @@ def verdict(check, fn):
 def stub(*args):
     raise NotImplementedError()
 
-# exercise 1: the coordinator loop
-def right(coordinator, dataset_fn, step_fn, num_steps):
+# exercise 1: the coordinator loop, at most max_in_flight steps queued
+def right(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(num_steps)]
-    coordinator.join()
-    return [r.fetch() for r in remotes]
-
-def captured(coordinator, dataset_fn, step_fn, num_steps):
-    iterator = iter(dataset_fn())
-    remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(num_steps)]
-    coordinator.join()
-    return [r.fetch() for r in remotes]
-
-def ones_after_join(coordinator, dataset_fn, step_fn, num_steps):
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    results, pending = [], []
     for _ in range(num_steps):
-        coordinator.schedule(step_fn, args=(iterator,))
-    coordinator.join()
-    return [1.0] * num_steps
+        if len(pending) == max_in_flight:
+            results.append(pending.pop(0).fetch())
+        pending.append(coordinator.schedule(step_fn, args=(iterator,)))
+    return results + [r.fetch() for r in pending]
 
-def no_join(coordinator, dataset_fn, step_fn, num_steps):
+def right_in_rounds(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    return [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(num_steps)]
+    results = []
+    for start in range(0, num_steps, max_in_flight):
+        remotes = [coordinator.schedule(step_fn, args=(iterator,))
+                   for _ in range(min(max_in_flight, num_steps - start))]
+        coordinator.join()
+        results += [r.fetch() for r in remotes]
+    return results
 
-def remote_values(coordinator, dataset_fn, step_fn, num_steps):
-    remotes = no_join(coordinator, dataset_fn, step_fn, num_steps)
+def captured(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    iterator = iter(dataset_fn())
+    return [coordinator.schedule(step_fn, args=(iterator,)).fetch() for _ in range(num_steps)]
+
+def lesson_copy(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(num_steps)]
+    coordinator.join()
+    return [r.fetch() for r in remotes]
+
+def sorted_results(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    return sorted(int(v) for v in right(coordinator, dataset_fn, step_fn, num_steps,
+                                        max_in_flight))
+
+def ones_after_join(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    right(coordinator, dataset_fn, step_fn, num_steps, max_in_flight)
+    return [1] * num_steps
+
+def remote_values(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = []
+    for _ in range(num_steps):
+        if len(remotes) % max_in_flight == 0:
+            coordinator.join()
+        remotes.append(coordinator.schedule(step_fn, args=(iterator,)))
     coordinator.join()
     return remotes
 
-for fn in (right, stub, captured, ones_after_join, no_join, remote_values):
+def returns_early(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    results, pending = [], []
+    for _ in range(num_steps):
+        if len(pending) == max_in_flight:
+            results.append(pending.pop(0).fetch())
+        pending.append(coordinator.schedule(step_fn, args=(iterator,)))
+    return results + [0] * len(pending)  # the last steps not waited for
+
+def real_coordinator(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    real = tf.distribute.coordinator.ClusterCoordinator(coordinator.strategy)
+    return right(real, dataset_fn, step_fn, num_steps, max_in_flight)
+
+for fn in (right, right_in_rounds, stub, captured, lesson_copy, sorted_results,
+           ones_after_join, remote_values, returns_early, real_coordinator):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
-def make(shard=True, shuffle=True, repeat=True, batch_size=None):
+def make(shard=True, shuffle=True, repeat=(), order="shuffle repeat batch", reshuffle=True,
+         drop=False):
     def make_dataset_fn(features, labels, size, num_workers):
         def dataset_fn():
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             data = tf.data.Dataset.from_tensor_slices((features, labels))
             if shard:
                 data = data.shard(num_workers, worker)
-            if shuffle:
-                data = data.shuffle(1000, seed=tf.cast(worker, tf.int64) + 1)
-            data = data.batch(batch_size or size)
-            return data.repeat() if repeat else data
+            for part in order.split():
+                if part == "shuffle" and shuffle:
+                    data = data.shuffle(1000, seed=tf.cast(worker, tf.int64) + 1,
+                                        reshuffle_each_iteration=reshuffle)
+                elif part == "repeat" and repeat is not None:
+                    data = data.repeat(*repeat)
+                elif part == "batch":
+                    data = data.batch(size, drop_remainder=drop)
+            return data
         return dataset_fn
     return make_dataset_fn
 
-for name, fn in [("right", make()), ("stub", stub), ("no_repeat", make(repeat=False)),
+for name, fn in [("right", make()), ("stub", stub),
+                 ("lesson_order", make(order="shuffle batch repeat")),
+                 ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
                  ("no_shard", make(shard=False)), ("no_shuffle", make(shuffle=False)),
-                 ("wrong_batch", make(batch_size=3))]:
+                 ("no_reshuffle", make(reshuffle=False)),
+                 ("repeat_then_shuffle", make(order="repeat shuffle batch")),
+                 ("drop_remainder", make(order="shuffle batch repeat", drop=True))]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
-# exercise 3: the counter
-def atomic(counter, labels):
-    return counter.assign_add(tf.cast(tf.size(labels), counter.dtype))
+# exercise 3: the per-class counter
+def bincount(counter, labels):
+    n = counter.shape[0]
+    return counter.assign_add(tf.math.bincount(labels, minlength=n, maxlength=n,
+                                               dtype=counter.dtype))
+
+def scatter(counter, labels):
+    ones = tf.ones_like(labels, counter.dtype)
+    return counter.scatter_nd_add(tf.expand_dims(labels, 1), ones)
 
 def read_then_write(counter, labels):
-    return counter.assign(counter + tf.cast(tf.size(labels), counter.dtype))
+    one_hot = tf.one_hot(labels, counter.shape[0], dtype=counter.dtype)
+    return counter.assign(counter + tf.reduce_sum(one_hot, axis=0))
+
+def size_in_every_class(counter, labels):
+    return counter.assign_add(tf.fill(counter.shape, tf.cast(tf.size(labels), counter.dtype)))
 
 def steps_not_examples(counter, labels):
-    return counter.assign_add(1)
+    present = tf.math.bincount(labels, minlength=counter.shape[0], maxlength=counter.shape[0])
+    return counter.assign_add(tf.cast(present > 0, counter.dtype))
 
-for fn in (atomic, stub, read_then_write, steps_not_examples):
+def no_minlength(counter, labels):
+    return counter.assign_add(tf.math.bincount(labels, dtype=counter.dtype))
+
+def all_in_class_0(counter, labels):
+    return counter.scatter_nd_add([[0]], [tf.cast(tf.size(labels), counter.dtype)])
+
+def constant(counter, labels):
+    return counter
+
+for fn in (bincount, scatter, stub, read_then_write, size_in_every_class, steps_not_examples,
+           no_minlength, all_in_class_0, constant):
     print("COUNT", fn.__name__, verdict(cu.grading.check_count_examples, fn))
 '''
 
@@ -121,25 +185,40 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
             verdicts[(kind, name)] = rest
     expected = {
         ("RUN_STEPS", "right"): "PASS",
+        ("RUN_STEPS", "right_in_rounds"): "PASS",
         ("RUN_STEPS", "stub"): "BLANK",
         ("RUN_STEPS", "captured"): "worker index",
+        ("RUN_STEPS", "lesson_copy"): "max_in_flight",
+        ("RUN_STEPS", "sorted_results"): "order",
         ("RUN_STEPS", "ones_after_join"): "you returned",
-        ("RUN_STEPS", "no_join"): "join",
         ("RUN_STEPS", "remote_values"): "fetch",
+        # the last steps may or may not have landed when it returns: either way it fails
+        ("RUN_STEPS", "returns_early"): "applied when run_steps returned|you returned",
+        ("RUN_STEPS", "real_coordinator"): "coordinator passed",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
-        ("DATASET", "no_repeat"): "repeat()",
+        ("DATASET", "lesson_order"): "repeat before batch",
+        ("DATASET", "no_repeat"): "never run dry",
+        ("DATASET", "repeat_10"): "repeat() with no count",
         ("DATASET", "no_shard"): "same examples",
-        ("DATASET", "no_shuffle"): "shuffle",
-        ("DATASET", "wrong_batch"): "asked for",
-        ("COUNT", "atomic"): "PASS",
+        ("DATASET", "no_shuffle"): "stored order",
+        ("DATASET", "no_reshuffle"): "same order in every pass",
+        ("DATASET", "repeat_then_shuffle"): "once each|never read",
+        ("DATASET", "drop_remainder"): "once each",
+        ("COUNT", "bincount"): "PASS",
+        ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",
         ("COUNT", "read_then_write"): "lost",
+        ("COUNT", "size_in_every_class"): "too many",
         ("COUNT", "steps_not_examples"): "the counter reads",
+        ("COUNT", "no_minlength"): "count_examples",
+        ("COUNT", "all_in_class_0"): "the counter reads",
+        ("COUNT", "constant"): "lost",
     }
     for key, words in expected.items():
         got = verdicts.get(key, "missing")
         if words in ("PASS", "BLANK"):
             assert got == words, (key, got)
         else:
-            assert got.startswith("FAIL") and words in got, (key, got)
+            assert got.startswith("FAIL") and any(w in got for w in words.split("|")), (
+                key, got)

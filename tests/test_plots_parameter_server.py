@@ -36,3 +36,10 @@ def test_step_timeline_names_what_a_step_lacks():
 
     with pytest.raises(ValueError, match="stale_by"):
         cu.plots.draw_step_timeline([{"worker": 0, "began": 0, "ended": 1, "applied": 1}])
+
+
+def test_failure_recovery_names_both_failures_and_the_checkpoint():
+    ax = cu.plots.draw_failure_recovery()
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "worker 1 ✗" in texts and "parameter server 1 ✗" in texts
+    assert "checkpoint" in texts and "UnavailableError" in texts

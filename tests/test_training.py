@@ -329,6 +329,12 @@ def test_parameter_server_training_in_a_subprocess():
     assert np.isfinite(report["accumulating_loss"][0])
     assert report["partitioned_error"] == "UnsupportedByKeras3Error"
     assert "tf_keras" in report["partitioned_message"]
+    # each worker's dataset function got its own index, so the two shuffled differently
+    firsts = report["first_batches"]
+    assert sorted(firsts) == ["0", "1"], firsts
+    assert [firsts[w]["pipeline"] for w in ("0", "1")] == [0, 1]
+    assert {firsts[w]["of"] for w in ("0", "1")} == {2}
+    assert firsts["0"]["batch"] != firsts["1"]["batch"], firsts
 
 
 def test_unsupported_error_is_a_not_implemented_error():

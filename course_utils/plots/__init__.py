@@ -8,6 +8,7 @@ so a lesson can add to it or lay several side by side. One module per kind of pi
 * ``diagrams_basics.py`` – lessons 00-02: a training step, a pipeline's timeline, data parallelism;
 * ``diagrams_clusters.py`` – lessons 03-05: workers, parameter servers, the TPU host loop;
 * ``diagrams_parameter_server.py`` – lesson 04: each step on its worker's time line, measured;
+  what a lost worker and a lost parameter server cost;
 * ``diagrams_parallelism.py`` – 06-07: placement, pipeline schedules, sharding, accumulation;
 * ``diagrams_tpu.py`` – lesson 05: a TPU host and chip, padding to 8×128 tiles;
 * ``diagrams_memory.py`` – lesson 07: accumulation on replicas, a step's memory budget;
@@ -60,7 +61,10 @@ from course_utils.plots.diagrams_parallelism import (
     draw_sharded_dense,
     draw_zero_stages,
 )
-from course_utils.plots.diagrams_parameter_server import draw_step_timeline
+from course_utils.plots.diagrams_parameter_server import (
+    draw_failure_recovery,
+    draw_step_timeline,
+)
 from course_utils.plots.diagrams_precision import (
     draw_loss_scaling,
     draw_mixed_precision_step,
@@ -92,6 +96,7 @@ __all__ = [
     "draw_pipeline_timeline",
     "draw_replication",
     "draw_sharded_dense",
+    "draw_failure_recovery",
     "draw_step_timeline",
     "draw_tile_padding",
     "draw_tpu_host_loop",

@@ -7,7 +7,7 @@ from typing import Any
 
 from course_utils.plots.style import PALETTE, axes_for
 
-__all__ = ["draw_step_timeline"]
+__all__ = ["draw_failure_recovery", "draw_step_timeline"]
 
 _NEEDED = ("worker", "began", "ended", "applied", "stale_by")
 
@@ -46,4 +46,44 @@ def draw_step_timeline(steps: Sequence[Mapping[str, Any]], ax: Any = None,
               loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=2, fontsize=8,
               frameon=False)
     ax.invert_yaxis()
+    return ax
+
+
+def draw_failure_recovery(ax: Any = None) -> Any:
+    """Lesson 04: what a lost worker costs (its step, re-run elsewhere) against what a lost
+    parameter server costs (the job, restarted from the coordinator's checkpoint)."""
+    ax = axes_for(ax, (10.0, 3.6))
+    style = {"ha": "center", "va": "center", "fontsize": 8, "color": "white"}
+
+    def box(x: float, y: float, text: str, color: str) -> None:
+        ax.annotate(text, (x, y), **style,
+                    bbox={"boxstyle": "round,pad=0.4", "facecolor": color, "edgecolor": color})
+
+    def arrow(start: tuple[float, float], end: tuple[float, float], color: str) -> None:
+        ax.annotate("", end, start, arrowprops={"arrowstyle": "->", "color": color, "lw": 1.2})
+
+    # left: a worker lost
+    box(0.25, 0.85, "coordinator", PALETTE[7])
+    box(0.12, 0.50, "worker 0", PALETTE[0])
+    box(0.38, 0.50, "worker 1 ✗\n(killed mid-step)", PALETTE[3])
+    box(0.25, 0.13, "parameter servers\n(variables intact)", PALETTE[1])
+    arrow((0.33, 0.78), (0.37, 0.58), PALETTE[3])
+    arrow((0.22, 0.78), (0.13, 0.58), PALETTE[2])
+    ax.text(0.25, 0.68, "its step re-queued,\nrun again on worker 0", ha="center", fontsize=7)
+    ax.text(0.25, 0.32, "join carries on: the job loses one step's work", ha="center",
+            fontsize=7)
+    # right: a parameter server lost
+    box(0.75, 0.85, "coordinator: join raises\nUnavailableError", PALETTE[7])
+    box(0.62, 0.50, "parameter server 0", PALETTE[1])
+    box(0.88, 0.50, "parameter server 1 ✗\n(its variables gone)", PALETTE[3])
+    box(0.75, 0.13, "checkpoint written by the coordinator\n→ new coordinator restores it",
+        PALETTE[2])
+    arrow((0.75, 0.77), (0.75, 0.22), PALETTE[2])
+    ax.text(0.75, 0.32, "restart ps 1 and the coordinator", ha="center", fontsize=7)
+    ax.axvline(0.5, color="grey", lw=0.6, ls=":")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.axis("off")
+    ax.set_title("A lost worker costs a step; a lost parameter server costs a restart",
+                 fontsize=10)
     return ax

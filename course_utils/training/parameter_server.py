@@ -98,17 +98,43 @@ class CoordinatorLoop:
             )
         return self._coordinator
 
+    def num_workers(self) -> int:
+        """The number of workers in the strategy's cluster.
+
+        The strategy keeps its cluster resolver private (its public ``cluster_resolver`` is
+        None); once connected, each worker's devices are this process's remote devices.
+        """
+        names = [device.name for device in tf.config.list_logical_devices()]
+        return len({name.split("/device:")[0] for name in names if "/job:worker/" in name})
+
     def per_worker_iterator(self, data: DataLike) -> Any:
-        """An iterator over a per-worker dataset made from ``data`` (a dataset or function)."""
+        """An iterator over a per-worker dataset made from ``data`` (a dataset or function).
+
+        A dataset function runs on each worker with an ``InputContext`` whose
+        ``input_pipeline_id`` is that worker's index (a tensor) and ``num_input_pipelines`` the
+        number of workers, so it can shard or seed its shuffle per worker. (TensorFlow's own
+        ``distribute_datasets_from_function`` passes every worker ``input_pipeline_id=0``:
+        ``parameter_server_strategy_v2.py``, ``_distribute_datasets_from_function``.)
+        """
         if isinstance(data, tf.data.Dataset):
-            per_worker = self.coordinator.create_per_worker_dataset(data)
-        else:
+            return iter(self.coordinator.create_per_worker_dataset(data))
+        num_workers = self.num_workers()
 
-            def per_worker_dataset_fn() -> Any:
-                return self.strategy.distribute_datasets_from_function(data)
+        def per_worker_dataset_fn() -> Any:
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
 
-            per_worker = self.coordinator.create_per_worker_dataset(per_worker_dataset_fn)
-        return iter(per_worker)
+            def on_this_worker(context: tf.distribute.InputContext) -> Any:
+                return data(
+                    tf.distribute.InputContext(
+                        num_input_pipelines=num_workers,
+                        input_pipeline_id=worker,
+                        num_replicas_in_sync=context.num_replicas_in_sync,
+                    )
+                )
+
+            return self.strategy.distribute_datasets_from_function(on_this_worker)
+
+        return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset_fn))
 
     def worker_function(self, num_micro_batches: int, num_updates: int) -> Any:
         """The (cached) worker function making ``num_updates`` updates."""

@@ -17,7 +17,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from course_utils.cluster import start_in_process_cluster  # noqa: E402
+from course_utils.grading.checks.lesson_04 import barrier_fn  # noqa: E402
 from course_utils.training import Trainer  # noqa: E402
+from course_utils.training.parameter_server import CoordinatorLoop  # noqa: E402
 
 EPOCHS, STEPS = 3, 20
 
@@ -67,6 +69,40 @@ accumulating = Trainer(
 plain = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).repeat()
 accumulating_history = accumulating.fit(plain, epochs=1, steps_per_epoch=10)
 
+
+# Each worker's dataset function sees its own input_pipeline_id: one step per worker (a
+# barrier holds each until both arrived), each returning its index and its first batch.
+def order_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+    pipeline = tf.cast(context.input_pipeline_id, tf.int64)
+    pipelines = tf.cast(context.num_input_pipelines, tf.int64)
+    return (
+        tf.data.Dataset.range(64)
+        .shuffle(64, seed=pipeline + 7)
+        .batch(8)
+        .map(lambda batch: (batch, pipeline, pipelines))
+    )
+
+
+barrier = barrier_fn(strategy)
+loop = CoordinatorLoop(strategy, replica_step=None)
+order_iterator = loop.per_worker_iterator(order_fn)
+
+
+@tf.function
+def first_batch(iterator):
+    with tf.control_dependencies([barrier()]):
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        batch, pipeline, pipelines = next(iterator)
+        return worker, batch, pipeline, pipelines
+
+
+firsts = [loop.coordinator.schedule(first_batch, args=(order_iterator,)) for _ in range(2)]
+loop.coordinator.join()
+first_batches = {
+    int(worker): {"batch": batch.tolist(), "pipeline": int(pipeline), "of": int(pipelines)}
+    for worker, batch, pipeline, pipelines in (remote.fetch() for remote in firsts)
+}
+
 partitioned_error, partitioned_message = None, ""
 try:
     partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
@@ -90,6 +126,7 @@ print(
             "accumulating_loss": accumulating_history["loss"],
             "partitioned_error": partitioned_error,
             "partitioned_message": partitioned_message,
+            "first_batches": first_batches,
         }
     ),
     flush=True,

@@ -4,12 +4,15 @@ Each check runs the learner's code on the notebook's own ``ParameterServerStrate
 cannot start a second in-process cluster) and verifies what the parameter servers recorded:
 
 * ``check_run_steps(run_steps, strategy)``: a coordinator loop that gives every worker its own
-  dataset (``create_per_worker_dataset``), schedules every step, joins, and returns the values
-  the steps computed (checked against a record the steps keep on a parameter server);
-* ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` that lasts as long as
-  the job (``repeat``), gives each worker its own examples, shuffled, in batches of the size asked;
-* ``check_count_examples(count_examples, strategy)``: a counter update that loses nothing when
-  the workers update at the same moment (they are made to, with a barrier).
+  dataset (``create_per_worker_dataset``), keeps at most ``max_in_flight`` steps scheduled and
+  unfinished (watched through a :class:`WatchedCoordinator` passed in the coordinator's place),
+  and returns the values the steps computed, in the order scheduled (checked against a record
+  the steps keep on a parameter server);
+* ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` of infinite
+  cardinality (read on each worker), each worker its own examples, each pass reshuffled, and
+  every batch full although a worker's share does not fill its last batch;
+* ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
+  counter, nothing lost when the workers update at the same moment (made certain by a barrier).
 
 The workers are put in step by :func:`barrier_fn`, a counter on a parameter server: that makes
 the races of the exercises certain instead of likely, on a quiet or a busy machine.
@@ -25,6 +28,8 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = [
     "BARRIER_TIMEOUT_S",
+    "WatchedCoordinator",
+    "WatchedRemoteValue",
     "barrier_fn",
     "check_count_examples",
     "check_make_dataset_fn",
@@ -74,185 +79,334 @@ def barrier_fn(strategy: Any, timeout_s: float = BARRIER_TIMEOUT_S) -> Any:
 
 @register
 def check_run_steps(fn: Any, strategy: Any) -> bool:
-    """Check ``run_steps(coordinator, dataset_fn, step_fn, num_steps)`` on the notebook cluster."""
+    """Check ``run_steps(coordinator, dataset_fn, step_fn, num_steps, max_in_flight)``."""
     tf = _tf()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # the notebook's own
     rng = fresh_rng()
-    secret = rng.randint(3, 97)
+    workers = num_workers_of(strategy)
+    # each worker's dataset: its own random numbers, so results carry no order of their own
+    table = tf.constant([[rng.randint(1, 10**9) for _ in range(64)] for _ in range(workers)],
+                        tf.int64)
     with strategy.scope():
         applied = tf.Variable(0, dtype=tf.int64, name="check_applied_steps")
         record = tf.Variable(tf.zeros([64], tf.int64), name="check_step_results")
 
     def dataset_fn() -> Any:
-        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
-                         tf.int64)
-        return tf.data.Dataset.range(1_000_000).map(lambda i: worker * _WORKER_OFFSET + i)
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        return tf.data.Dataset.from_tensor_slices(tf.gather(table, worker)).repeat()
 
     @tf.function
     def step_fn(iterator: Any) -> Any:
-        result = next(iterator) * secret  # what only a step run on a worker can compute
+        result = next(iterator)  # what only a step run on a worker can compute
         slot = applied.assign_add(1) - 1
         record.scatter_nd_update(tf.reshape(slot, [1, 1]), tf.reshape(result, [1]))
         return result
 
-    def case(num_steps: int) -> Case:
+    def case(num_steps: int, max_in_flight: int) -> Case:
+        watched = WatchedCoordinator(coordinator)
+
         def verify(got: Any) -> str | None:
             done = int(applied.numpy())  # read at once: a loop without join is still running
             recorded = sorted(int(v) for v in record.numpy()[:min(done, 64)])
             applied.assign(0)
             record.assign(tf.zeros([64], tf.int64))
+            if len(watched.scheduled) != num_steps:
+                return (f"{len(watched.scheduled)} steps were scheduled on the coordinator "
+                        f"passed to run_steps, {num_steps} asked for: schedule every step "
+                        "with coordinator.schedule")
             if done != num_steps:
                 return (f"{done} steps were applied when run_steps returned, {num_steps} "
-                        "asked for: schedule every step, then coordinator.join() before "
-                        "returning")
+                        "asked for: wait for every step (join, or fetch) before returning")
+            if watched.max_in_flight > max_in_flight:
+                return (f"{watched.max_in_flight} steps were scheduled and not yet finished "
+                        f"at once; at most max_in_flight={max_in_flight} may be: wait for "
+                        "earlier steps (join, or fetch the oldest) before scheduling more")
             if not isinstance(got, (list, tuple)) or len(got) != num_steps:
                 return f"return a list of one result per step ({num_steps}), got {got!r:.80}"
             if any(hasattr(value, "fetch") for value in got):
                 return "return the fetched results (remote_value.fetch()), not the RemoteValues"
             try:
-                values = sorted(int(value) for value in got)
+                values = [int(value) for value in got]
             except (TypeError, ValueError):
                 return f"return numbers (what each step returned), got {got!r:.80}"
-            if values != recorded:
-                return (f"the steps computed {recorded[:6]}..., you returned {values[:6]}...: "
+            if sorted(values) != recorded:
+                return (f"the steps computed {recorded[:4]}..., you returned {values[:4]}...: "
                         "return what step_fn returned on the workers, fetched")
+            in_order = [int(remote.fetch()) for remote in watched.scheduled]
+            if values != in_order:
+                return ("the right values in the wrong order: return each step's result in "
+                        "the order the steps were scheduled (not sorted, not as they "
+                        "finished)")
             return None
 
-        return Case(args=(coordinator, dataset_fn, step_fn, num_steps), verify=verify,
-                    label=f"(coordinator, dataset_fn, step_fn, num_steps={num_steps})")
+        return Case(args=(watched, dataset_fn, step_fn, num_steps, max_in_flight),
+                    verify=verify, label=f"(coordinator, dataset_fn, step_fn, num_steps="
+                                         f"{num_steps}, max_in_flight={max_in_flight})")
 
-    cases = [case(rng.randint(4, 12)) for _ in range(2)]
+    cases = [case(rng.randint(7, 12), rng.randint(2, 3)) for _ in range(2)]
     return run_check("run_steps", fn, cases,
                      hint="lesson 04, sections 2 and 3: the dataset_fn must run on each worker "
-                          "(coordinator.create_per_worker_dataset), every step must be "
-                          "scheduled and joined, and each RemoteValue fetched.")
+                          "(coordinator.create_per_worker_dataset); schedule at most "
+                          "max_in_flight steps before waiting for the earlier ones; fetch "
+                          "each RemoteValue and keep the order scheduled.")
+
+
+class WatchedRemoteValue:
+    """A ``RemoteValue`` that tells its :class:`WatchedCoordinator` when it was fetched."""
+
+    def __init__(self, remote: Any) -> None:
+        self.remote = remote
+        self.finished = False
+
+    def fetch(self) -> Any:
+        """The step's result (waits for it)."""
+        value = self.remote.fetch()
+        self.finished = True
+        return value
+
+    def get(self) -> Any:
+        """The step's result as tensors (waits for it)."""
+        value = self.remote.get()
+        self.finished = True
+        return value
+
+
+class WatchedCoordinator:
+    """A ``ClusterCoordinator`` that counts the steps scheduled and not yet known finished.
+
+    A step is known finished once ``join`` returned after it was scheduled, or once its
+    ``RemoteValue`` was fetched. ``max_in_flight`` is the most steps scheduled and not known
+    finished at any ``schedule`` call.
+    """
+
+    def __init__(self, coordinator: Any) -> None:
+        self.coordinator = coordinator
+        self.strategy = coordinator.strategy
+        self.scheduled: list[WatchedRemoteValue] = []
+        self.max_in_flight = 0
+
+    def create_per_worker_dataset(self, dataset_fn: Any) -> Any:
+        """As ``ClusterCoordinator.create_per_worker_dataset``."""
+        return self.coordinator.create_per_worker_dataset(dataset_fn)
+
+    def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> WatchedRemoteValue:
+        """As ``ClusterCoordinator.schedule``, counting the steps in flight."""
+        in_flight = 1 + sum(not remote.finished for remote in self.scheduled)
+        self.max_in_flight = max(self.max_in_flight, in_flight)
+        watched = WatchedRemoteValue(self.coordinator.schedule(fn, args=args, kwargs=kwargs))
+        self.scheduled.append(watched)
+        return watched
+
+    def join(self) -> None:
+        """As ``ClusterCoordinator.join``: every step scheduled so far has finished."""
+        self.coordinator.join()
+        for remote in self.scheduled:
+            remote.finished = True
+
+    def done(self) -> bool:
+        """As ``ClusterCoordinator.done``."""
+        finished = self.coordinator.done()
+        if finished:
+            for remote in self.scheduled:
+                remote.finished = True
+        return finished
+
+    def fetch(self, values: Any) -> Any:
+        """As ``ClusterCoordinator.fetch`` (of watched values too)."""
+        tf = _tf()
+
+        def one(value: Any) -> Any:
+            if isinstance(value, WatchedRemoteValue):
+                return value.fetch()
+            return self.coordinator.fetch(value)
+
+        return tf.nest.map_structure(one, values)
 
 
 def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int) -> Any:
     """Run ``num_steps`` steps in rounds of one per worker; each worker's batches, in order.
 
-    Returns ``(batches, error)``: ``batches[w]`` lists worker ``w``'s batches of example ids,
-    ``error`` is the exception that ended the job early (or None).
+    Returns ``(batches, cardinality, error)``: ``batches[w]`` lists worker ``w``'s batches of
+    example ids, ``cardinality`` the cardinality of each worker's dataset as made on it, and
+    ``error`` the exception that ended the job early (or None).
     """
     tf = _tf()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     barrier = barrier_fn(strategy)
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    def probed_fn() -> Any:
+        dataset = dataset_fn()
+        cardinality = dataset.cardinality()  # on the worker, as made there
+        return dataset.map(lambda features, labels: (features, labels, cardinality))
+
+    iterator = iter(coordinator.create_per_worker_dataset(probed_fn))
 
     @tf.function
     def step(iterator: Any) -> Any:
         with tf.control_dependencies([barrier()]):
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            features, _ = next(iterator)
-            return worker, tf.cast(features[:, 0], tf.int64), tf.timestamp()
+            features, _, cardinality = next(iterator)
+            return worker, tf.cast(features[:, 0], tf.int64), cardinality, tf.timestamp()
 
     remotes = [coordinator.schedule(step, args=(iterator,)) for _ in range(num_steps)]
     try:
         coordinator.join()
     except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as error:
-        return None, error
-    results = sorted((float(when), int(worker), ids.tolist())
-                     for worker, ids, when in (remote.fetch() for remote in remotes))
+        return None, None, error
+    results = sorted((float(when), int(worker), ids.tolist(), int(cardinality))
+                     for worker, ids, cardinality, when in (r.fetch() for r in remotes))
     batches: dict[int, list[list[int]]] = {}
-    for _, worker, ids in results:
+    for _, worker, ids, _ in results:
         batches.setdefault(worker, []).append(ids)
-    return batches, None
+    return batches, {result[3] for result in results}, None
+
+
+def _passes_message(worker: int, stream: list[int], own: set[int], order: list[int]) -> Any:
+    """What is wrong with worker ``worker``'s first two passes over its ``own`` examples."""
+    size = len(own)
+    first, second = stream[:size], stream[size:2 * size]
+    if set(first) != own or set(second) != own or len(second) < size:
+        return (f"worker {worker}'s first {size} examples are not its {size} examples once "
+                "each: every pass reads each example once (shuffle, then repeat, then "
+                "batch: repeat before shuffle mixes passes, drop_remainder drops some)")
+    if first == [i for i in order if i in own]:
+        return f"worker {worker} reads its examples in their stored order: shuffle them"
+    if first == second:
+        return (f"worker {worker} reads its examples in the same order in every pass: let the "
+                "shuffle reshuffle each pass (its default)")
+    return None
 
 
 @register
 def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
-    """Check ``make_dataset_fn(features, labels, batch_size, num_workers)``: a repeating,
-    per-worker, shuffled ``dataset_fn`` for parameter-server training."""
+    """Check ``make_dataset_fn(features, labels, batch_size, num_workers)``: a never-ending,
+    per-worker, reshuffled ``dataset_fn`` whose batches are all full."""
     tf = _tf()
     rng = fresh_rng()
     workers = num_workers_of(strategy)
 
     def case() -> Case:
-        examples = workers * rng.randint(6, 10) * 4
-        batch_size = rng.choice([2, 4])
+        batch_size = rng.choice([3, 4])
+        per_worker = batch_size * rng.randint(2, 4) + rng.randint(1, batch_size - 1)
+        examples = workers * per_worker  # a worker's share does not fill its last batch
         order = list(range(examples))
         rng.shuffle(order)
         features = tf.constant([[float(i), rng.random()] for i in order])  # column 0: the id
         labels = tf.constant([i % 3 for i in order])
-        # enough steps for every worker to pass over its own examples more than once
-        num_steps = workers * (examples // workers // batch_size + 3)
+        # every worker passes over its share about three times
+        num_steps = workers * (3 * per_worker // batch_size + 1)
 
         def verify(dataset_fn: Any) -> str | None:
             if not callable(dataset_fn):
                 return f"return a dataset_fn (a function), got {dataset_fn!r:.80}"
-            batches, error = _batches_per_worker(strategy, dataset_fn, num_steps)
+            try:
+                batches, cardinalities, error = _batches_per_worker(
+                    strategy, dataset_fn, num_steps)
+            except (TypeError, ValueError) as failure:
+                return ("the dataset must yield (features, labels) batches: "
+                        f"{type(failure).__name__}: {str(failure)[:160]}")
             if error is not None:
-                return (f"the job ended early with {type(error).__name__}: a worker's dataset ran "
-                        f"out before {num_steps} steps; a parameter-server dataset must "
-                        "repeat()")
+                return (f"the job ended early with {type(error).__name__}: a worker's dataset "
+                        f"ran out before {num_steps} steps; a parameter-server dataset must "
+                        "never run dry (repeat())")
+            infinite = int(tf.data.INFINITE_CARDINALITY)
+            if cardinalities != {infinite}:
+                return (f"each worker's dataset has {sorted(cardinalities)} batches: it must "
+                        "never run dry, whatever the number of steps (repeat() with no count)")
             if len(batches) != workers:
                 return f"only workers {sorted(batches)} ran steps; expected {workers}"
-            sizes = {len(b) for per_worker in batches.values() for b in per_worker}
+            sizes = {len(b) for per in batches.values() for b in per}
             if sizes != {batch_size}:
-                return f"batches of {sorted(sizes)} examples, {batch_size} asked for"
-            seen = {w: {i for b in per_worker for i in b} for w, per_worker in batches.items()}
+                return (f"batches of {sorted(sizes)} examples, every one must hold "
+                        f"{batch_size}: a worker's {per_worker} examples do not fill its "
+                        "last batch (repeat before batch)")
+            seen = {w: {i for b in per for i in b} for w, per in batches.items()}
             shared = set.intersection(*seen.values())
             if shared:
                 return (f"the workers read the same examples (e.g. {sorted(shared)[:5]}): give "
-                        "each worker its own shard (its index: experimental_get_current_worker_"
-                        "index)")
+                        "each worker its own share (shard by its index)")
             if set.union(*seen.values()) != set(range(examples)):
                 missing = sorted(set(range(examples)) - set.union(*seen.values()))
                 return f"examples {missing[:5]}... were never read by any worker"
-            for w, per_worker in batches.items():
-                first_pass = [i for b in per_worker for i in b][:len(seen[w])]
-                if first_pass == [i for i in order if i in seen[w]]:
-                    return f"worker {w} reads its examples in their stored order: shuffle them"
+            for w, per in batches.items():
+                stream = [i for b in per for i in b]
+                message = _passes_message(w, stream, seen[w], order)
+                if message:
+                    return message
             return None
 
         return Case(args=(features, labels, batch_size, workers), verify=verify,
                     label=f"({examples} examples, batch_size={batch_size}, num_workers={workers})")
 
     return run_check("make_dataset_fn", fn, [case(), case()],
-                     hint="lesson 04, sections 2 and 3: shard by the worker index, shuffle, "
-                          "batch, and repeat() so that no worker runs dry.")
+                     hint="lesson 04, sections 2 and 3, and lesson 01: shard by the worker "
+                          "index, shuffle each pass, repeat with no count, and batch so that "
+                          "every batch is full.")
 
 
 @register
 def check_count_examples(fn: Any, strategy: Any) -> bool:
-    """Check ``count_examples(counter, labels)``: no update lost when workers add at once."""
+    """Check ``count_examples(counter, labels)``: examples per class, none lost when workers
+    add at once."""
     tf = _tf()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     rng = fresh_rng()
     workers = num_workers_of(strategy)
     barrier = barrier_fn(strategy)
+    num_classes = rng.randint(5, 8)
     with strategy.scope():
-        counter = tf.Variable(0, dtype=tf.int64, name="check_examples_counter")
-    sizes = [rng.randint(2, 9) for _ in range(workers * rng.randint(4, 7))]
+        counter = tf.Variable(tf.zeros([num_classes], tf.int64), name="check_class_counter")
+    # each step's labels: 2-9 of them; every other batch lacks the last class, so a count of
+    # the classes present in one batch is not the counter's length
+    steps = workers * rng.randint(4, 6)
+    batches = []
+    for number in range(steps):
+        top = num_classes - 1
+        batch = [rng.randrange(top) for _ in range(rng.randint(2, 8))]
+        batches.append(batch + [top] if number % 2 else batch)
+    padded = [batch + [-1] * (9 - len(batch)) for batch in batches]
 
-    def sizes_fn() -> Any:
-        return tf.data.Dataset.from_tensor_slices(sizes).repeat()
+    def labels_fn() -> Any:
+        return tf.data.Dataset.from_tensor_slices(
+            (tf.constant(padded, tf.int32), [len(b) for b in batches])).repeat()
 
     @tf.function
     def step(iterator: Any) -> Any:
-        size = next(iterator)
-        labels = tf.zeros([size], tf.int32) + tf.cast(barrier() * 0, tf.int32)
+        row, size = next(iterator)
+        labels = row[:size] + tf.cast(barrier() * 0, tf.int32)  # the workers in step
         fn(counter, labels)
-        return size
+        return labels
 
     def verify(_: Any) -> str | None:
-        counter.assign(0)
-        iterator = iter(coordinator.create_per_worker_dataset(sizes_fn))
-        remotes = [coordinator.schedule(step, args=(iterator,)) for _ in range(len(sizes))]
-        coordinator.join()
-        expected = sum(int(remote.fetch()) for remote in remotes)
-        got = int(counter.numpy())
+        counter.assign(tf.zeros([num_classes], tf.int64))
+        iterator = iter(coordinator.create_per_worker_dataset(labels_fn))
+        remotes = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]
+        try:
+            coordinator.join()
+        except tf.errors.OpError as error:
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            said = next((line for line in lines if "shape" in line.lower()), lines[-1])
+            return (f"count_examples failed in a step on a worker: {type(error).__name__}: "
+                    f"{said[:200]} (count every class, even one absent from the batch)")
+        expected = [0] * num_classes
+        for remote in remotes:
+            for label in remote.fetch().tolist():
+                expected[label] += 1
+        got = counter.numpy().tolist()
         if got != expected:
-            lost = "lost" if got < expected else "added"
-            return (f"{len(sizes)} steps with {expected} examples, {workers} workers adding at "
-                    f"the same moment: the counter reads {got} ({abs(expected - got)} {lost}). "
-                    "Add the batch's size in one atomic operation on the variable")
+            lost = sum(expected) - sum(got)
+            more = (f" ({lost} lost)" if lost > 0 else f" ({-lost} too many)") if lost else ""
+            return (f"{steps} steps, {workers} workers adding at the same moment: the counter "
+                    f"reads {got}, the examples per class were {expected}{more}. Add each "
+                    "class's count in one atomic operation on the variable")
         return None
 
-    first = tf.zeros([rng.randint(2, 9)], tf.int32)
+    first = tf.constant([rng.randrange(num_classes) for _ in range(rng.randint(2, 9))])
     cases = [Case(args=(counter, first), verify=verify,
-                  label=f"({len(sizes)} steps of 2-9 examples, workers in step)")]
+                  label=f"({num_classes} classes, {steps} steps of 2-9 labels, workers in "
+                        "step)")]
     return run_check("count_examples", fn, cases,
-                     hint="lesson 04, section 6: a tf.Variable's assign_add is one operation on "
-                          "the parameter server; counter.assign(counter + n) is a read and a "
-                          "write. Cast the size to the counter's dtype.")
+                     hint="lesson 04, section 6: a tf.Variable's assign_add (or scatter_nd_add) "
+                          "is one operation on the parameter server; counter.assign(counter + "
+                          "n) is a read and a write. Count each class of labels (every class, "
+                          "even one absent from this batch) in the counter's dtype.")
