@@ -84,13 +84,13 @@ def _keras() -> Any:
     return keras
 
 
-_LIMIT_CLASS: list[type] = []
+_LIMIT_CLASSES: dict[str, type] = {}
 
 
-def _batch_size_limit_class() -> type:
-    """The layer class (made on first use, so that importing this module stays cheap)."""
-    if _LIMIT_CLASS:
-        return _LIMIT_CLASS[0]
+def _limit_classes() -> dict[str, type]:
+    """The two layer classes (made on first use, so that importing this module stays cheap)."""
+    if _LIMIT_CLASSES:
+        return _LIMIT_CLASSES
     keras = _keras()
     from course_utils.quiet import import_tensorflow
 
@@ -114,17 +114,80 @@ def _batch_size_limit_class() -> type:
         def get_config(self) -> dict[str, Any]:
             return {**super().get_config(), "max_batch_size": self.max_batch_size}
 
-    _LIMIT_CLASS.append(BatchSizeLimit)
-    return BatchSizeLimit
+    class ActivationsOnTape(keras.layers.Layer):
+        """Counts the examples whose activations a gradient tape keeps: a forward pass in
+        training mode adds its batch, the backward pass through it takes the batch away; more
+        than ``max_examples`` alive at once fails like an out-of-memory error."""
+
+        def __init__(self, max_examples: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.max_examples = int(max_examples)
+            self._counts = {name: tf.Variable(0, dtype=tf.int64, trainable=False)
+                            for name in ("alive", "trained", "peak")}
+
+        @property
+        def examples_alive(self) -> int:
+            """Examples whose forward pass (in training mode) has not been back-propagated."""
+            return int(self._counts["alive"].numpy())
+
+        @property
+        def examples_trained(self) -> int:
+            """Examples that went forward through the model in training mode, in total."""
+            return int(self._counts["trained"].numpy())
+
+        @property
+        def peak_examples_alive(self) -> int:
+            """The most examples alive on the tapes at once, so far."""
+            return int(self._counts["peak"].numpy())
+
+        def call(self, inputs: Any, training: Any = None) -> Any:
+            if not training:  # inference keeps no activations for a backward pass
+                return inputs
+            counts, size = self._counts, tf.cast(tf.shape(inputs)[0], tf.int64)
+
+            @tf.custom_gradient
+            def on_tape(x: Any) -> Any:
+                alive = counts["alive"].assign_add(size)
+                updates = [counts["trained"].assign_add(size),
+                           counts["peak"].assign(tf.maximum(counts["peak"], alive))]
+                check = tf.debugging.assert_less_equal(
+                    alive, tf.constant(self.max_examples, tf.int64),
+                    message=f"out of memory (simulated): more than {self.max_examples} "
+                            "examples' activations alive on the gradient tapes at once (each "
+                            "forward pass keeps them until its tape.gradient)")
+                with tf.control_dependencies([check, *updates]):
+                    y = tf.identity(x)
+
+                def backward(upstream: Any) -> Any:
+                    freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
+                    with tf.control_dependencies([freed]):
+                        return tf.identity(upstream)
+
+                return y, backward
+
+            return on_tape(inputs)
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "max_examples": self.max_examples}
+
+    _LIMIT_CLASSES.update(BatchSizeLimit=BatchSizeLimit, ActivationsOnTape=ActivationsOnTape)
+    return _LIMIT_CLASSES
 
 
 def limit_batch_size(model: Any, max_batch_size: int) -> Any:
-    """``model`` behind a layer that fails on batches over ``max_batch_size`` (shared weights)."""
-    keras = _keras()
-    inputs = keras.Input(shape=model.input_shape[1:], name="features")
-    limited = _batch_size_limit_class()(max_batch_size, name="batch_size_limit")(inputs)
-    return keras.Model(inputs, model(limited), name=f"{model.name}_limited")
+    """``model`` behind a simulated memory of ``max_batch_size`` examples (shared weights).
 
+    A layer before ``model`` (``batch_size_limit``) refuses a larger batch; a layer after it
+    (``activations_on_tape``) refuses a forward pass in training mode while more than
+    ``max_batch_size`` examples' activations are alive on gradient tapes (one tape over several
+    micro-batches keeps them all), and counts the examples trained through it.
+    """
+    keras, classes = _keras(), _limit_classes()
+    inputs = keras.Input(shape=model.input_shape[1:], name="features")
+    limited = classes["BatchSizeLimit"](max_batch_size, name="batch_size_limit")(inputs)
+    outputs = classes["ActivationsOnTape"](max_batch_size, name="activations_on_tape")(
+        model(limited))
+    return keras.Model(inputs, outputs, name=f"{model.name}_limited")
 
 # --- one optimizer update's memory, per replica: the course's one budget ----------------------
 
@@ -250,7 +313,10 @@ def _peak_rss_bytes() -> int:
 def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> int:
     """In this (fresh) process: trace the step, then run it once; the peak's rise in bytes."""
     import keras
-    import tensorflow as tf  # stderr is the parent's to read; oneDNN as TensorFlow ships it
+    import tensorflow as tf  # stderr is the parent's to read; TensorFlow's defaults
+
+    if tf.config.list_physical_devices("GPU"):
+        raise RuntimeError("the memory probe must run in a CPU-only process")
 
     stack = [keras.Sequential([keras.layers.Dense(width, activation="relu")
                                for _ in range(depth)]) for _ in range(blocks)]
@@ -274,22 +340,29 @@ def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> 
     return _peak_rss_bytes() - before
 
 
+def _cpu_only_environment() -> dict[str, str]:
+    """A child's environment: this one with every GPU hidden, TensorFlow's defaults otherwise
+    (a ``TF_ENABLE_ONEDNN_OPTS`` inherited from the parent is dropped), C++ logs filtered."""
+    env = {key: value for key, value in os.environ.items() if key != "TF_ENABLE_ONEDNN_OPTS"}
+    return {**env, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
 def gradient_step_peak_rises(width: int, depth: int, blocks: int, batch: int,
                              timeout: float = 240.0) -> dict[str, int]:
     """``{"plain": bytes, "recomputed": bytes}``: how far one gradient step raises the peak
-    resident memory of a **fresh** process, without and with ``tf.recompute_grad``.
+    resident memory of a **fresh CPU-only** TensorFlow process, without and with
+    ``tf.recompute_grad``.
 
     The model is ``blocks`` blocks of ``depth`` Dense layers of ``width`` units, each block
     wrapped in ``tf.recompute_grad`` for the second number. A process's peak only grows, so
-    each measurement gets a process of its own; the two run side by side. Works on any machine
-    (CPU memory), where TensorFlow's ``get_memory_info`` reports GPUs only. The children run
-    TensorFlow's default kernels (oneDNN on, which the course's quiet import turns off):
-    without them the CPU executor's peak varies from run to run by more than recomputation
-    saves.
+    each measurement gets a process of its own; the two run side by side. The children hide
+    every GPU (``CUDA_VISIBLE_DEVICES=""``) and otherwise run TensorFlow with its defaults
+    (oneDNN as shipped), so what they measure is host memory of a step that runs on the CPU,
+    on any machine; on a GPU, read ``tf.config.experimental.get_memory_info`` instead.
     """
     if min(width, depth, blocks, batch) < 1:
         raise ValueError("width, depth, blocks and batch must all be at least 1")
-    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = _cpu_only_environment()
     children = {name: subprocess.Popen(
         [sys.executable, "-m", "course_utils.memory",
          json.dumps([width, depth, blocks, batch, recompute])],

@@ -173,3 +173,41 @@ def test_recomputation_lowers_the_measured_peak_of_a_gradient_step():
     assert rises["recomputed"] < rises["plain"] - 10 * layer  # 14 are not kept (6 + 4 are)
     with pytest.raises(ValueError, match="at least 1"):
         memory.gradient_step_peak_rises(0, 1, 1, 1)
+
+
+def test_recomputation_diagram_keeps_block_inputs_and_redoes_one_block():
+    ax = plots.draw_recomputation(3, 4)
+    hatched = [p for p in ax.patches if p.get_hatch() == "//"]
+    assert len(hatched) == 3 + 1  # the last block's 3 inner outputs, and the legend's box
+    assert sum(t.get_text().startswith("block") for t in ax.texts) == 3
+    with pytest.raises(ValueError, match="at least 1"):
+        plots.draw_recomputation(0, 4)
+
+
+def test_probe_children_hide_the_gpu_and_keep_tensorflows_defaults(monkeypatch):
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    env = memory._cpu_only_environment()
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and "TF_ENABLE_ONEDNN_OPTS" not in env
+
+
+def test_the_limit_counts_examples_alive_on_the_tape():
+    from course_utils.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+    limited = memory.limit_batch_size(models.mlp(4, 2, hidden_units=(5,)), max_batch_size=3)
+    on_tape = limited.get_layer("activations_on_tape")
+    x = np.ones((3, 4), "float32")
+    for _ in range(2):  # one tape per micro-batch: its activations are freed by the gradient
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(limited(x, training=True))
+        tape.gradient(loss, limited.trainable_variables)
+    assert (on_tape.examples_alive, on_tape.examples_trained, on_tape.peak_examples_alive) == (
+        0, 6, 3)
+    limited(x)  # inference keeps nothing
+    assert on_tape.examples_trained == 6
+    with pytest.raises(tf.errors.InvalidArgumentError, match="alive on the gradient tapes"):
+        with tf.GradientTape() as tape:  # one tape over two micro-batches keeps both
+            loss = tf.reduce_sum(limited(x, training=True)) + tf.reduce_sum(
+                limited(x, training=True))
+    assert on_tape.get_config()["max_examples"] == 3
