@@ -1,18 +1,24 @@
 """Checks of lesson 07's exercises (registered by name with ``@register``).
 
 * ``check_train_with_accumulation(train_with_accumulation)``: on a fresh random model and data,
-  behind a layer that refuses batches over the micro-batch size (a simulated memory limit), the
-  weights equal plain SGD on batches ``k`` times larger; the two popular wrong loops are named
-  when the weights match theirs instead.
+  behind a simulated memory of one micro-batch (``cu.memory.limit_batch_size``: a larger batch,
+  or a second micro-batch's activations alive on a gradient tape, fails like out of memory), the
+  weights equal plain SGD on batches ``k`` times larger and every example went through the
+  limited model once in training mode; the two popular wrong loops are named when the weights
+  match theirs instead.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes.
 * ``check_diagnose_accumulation(diagnose_accumulation)``: given an accumulation loop, name what
-  it does (right, applies every micro-batch, or sums without dividing), for loops written here.
+  it does (right, applies every micro-batch, or sums without dividing), for loops written here
+  whose names, code, defaults and closures are the same for every kind (a random token).
 * ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
   MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, the
   weights equal plain SGD on batches ``k`` times larger (a short last group included), with
   exactly one all-reduce of the gradients per update.
+* ``check_segment_gradients(segment_gradients)``: on a fresh flat stack of Dense layers, the
+  plain stack's gradients, made with one ``tf.recompute_grad`` per segment of ``segment_size``
+  layers (counted in the traced step) and every layer's forward run again.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ __all__ = [
     "DIAGNOSES",
     "check_diagnose_accumulation",
     "check_largest_batch_that_fits",
+    "check_segment_gradients",
     "check_train_mirrored_with_accumulation",
     "check_train_with_accumulation",
     "counting_mirrored_strategy",
@@ -147,6 +154,12 @@ def check_train_with_accumulation(fn: Any) -> bool:
         updates = len(problem["labels"]) // (problem["micro"] * problem["steps"])
 
         def verify(_: Any) -> str | None:
+            on_tape = limited.get_layer("activations_on_tape")
+            if on_tape.examples_trained != len(problem["labels"]):
+                return (f"{on_tape.examples_trained} examples went forward through the model "
+                        f"you were given in training mode, not {len(problem['labels'])} (each "
+                        "once): train that model, call it with training=True, and do not "
+                        "reach around its memory limit to the layers inside")
             if not references:
                 references.update(_references(problem))
             weights = [np.asarray(w) for w in model.get_weights()]
@@ -190,12 +203,24 @@ def _count(shape: Any) -> int:
 
 
 def _largest_batch(model: Any, budget_bytes: int, optimizer_slots: int) -> int:
-    """The reference: (budget - weights - gradients - slots) // activation bytes per example."""
-    from course_utils.memory import activation_bytes_per_example, variable_bytes
+    """The reference, from the course's one budget (``cu.memory.step_budget``): the fixed terms
+    of a one-example step without accumulation, then whole examples of activations."""
+    from course_utils.memory import activation_bytes_per_example, step_budget
 
-    trainable = sum(_count(v.shape) * 4 for v in model.trainable_weights)
-    fixed = variable_bytes(model) + trainable * (1 + optimizer_slots)
-    return max(0, (int(budget_bytes) - fixed) // activation_bytes_per_example(model))
+    per_example = activation_bytes_per_example(model)
+    fixed = step_budget(model, global_batch=1, optimizer_slots=optimizer_slots).total - per_example
+    return max(0, (int(budget_bytes) - fixed) // per_example)
+
+
+def _normalized_mlp(rng: Any) -> Any:
+    """An MLP with batch normalization: its moving mean and variance are weights without
+    gradients."""
+    keras = _keras()
+    inputs = keras.Input(shape=(rng.randint(8, 48),), name="features")
+    hidden = keras.layers.Dense(rng.randint(16, 128), activation="relu")(inputs)
+    hidden = keras.layers.BatchNormalization()(hidden)
+    outputs = keras.layers.Dense(rng.randint(2, 10))(hidden)
+    return keras.Model(inputs, outputs, name="normalized_mlp")
 
 
 @register
@@ -209,14 +234,16 @@ def check_largest_batch_that_fits(fn: Any) -> bool:
         mlp(rng.randint(8, 64), rng.randint(2, 10), hidden_units=(rng.randint(16, 256),) * 2),
         cnn((rng.choice([8, 12, 16]),) * 2 + (1,), rng.randint(2, 10),
             filters=(rng.randint(4, 16), rng.randint(8, 32))),
+        _normalized_mlp(rng),
     ]
     cases = []
     for model in models:
         per_example = activation_bytes_per_example(model)
         for slots in (0, 2):
-            fixed = variable_bytes(model) * (2 + slots)
-            batch = rng.randint(5, 3000)
-            budget = fixed + batch * per_example + rng.randint(0, per_example - 1)
+            expected = rng.randint(5, 3000)
+            fixed = variable_bytes(model) + (1 + slots) * sum(
+                _count(v.shape) * 4 for v in model.trainable_weights)
+            budget = fixed + expected * per_example + rng.randint(0, per_example - 1)
             cases.append(Case(args=(model, budget, slots), expected=_largest_batch(
                 model, budget, slots), label=f"({model.name} with {model.count_params():,} "
                 f"weights, budget_bytes={budget:,}, optimizer_slots={slots})"))
@@ -225,34 +252,56 @@ def check_largest_batch_that_fits(fn: Any) -> bool:
                           label=f"({model.name}, budget_bytes={tiny:,}: only the weights)"))
     return run_check(
         "largest_batch_that_fits", fn, cases,
-        hint="the fixed part is the weights + one gradient per trainable weight + "
-             "optimizer_slots copies of the trainable weights; each example adds every layer's "
-             "output (all but the input; float32 = 4 bytes). Return an int, 0 when nothing fits "
-             "(lesson 07, section 1).")
+        hint="the fixed part is every weight + one gradient per trainable weight + "
+             "optimizer_slots copies of the trainable weights; each example adds the input "
+             "and every layer's output (model.layers, the input layer included; float32 = 4 "
+             "bytes). Return an int, 0 when nothing fits (lesson 07, sections 1 and 9).")
 
 
 # --- Exercise 3 · diagnose an accumulation loop ------------------------------------------------
 
 
-def suspect_loop(kind: str) -> Callable[..., None]:
-    """A loop with exercise 1's signature that is right or makes one of the two mistakes."""
-    if kind not in DIAGNOSES:
-        raise ValueError(f"kind must be one of {DIAGNOSES}, got {kind!r}")
+#: What each suspect loop does, by an opaque token: (applies every micro-batch, divides by k).
+_SUSPECT_PLANS: dict[str, tuple[bool, bool]] = {}
+_PLANS = {"correct": (False, True), "applies every micro-batch": (True, False),
+          "sums without dividing": (False, False)}
 
-    def loop(model: Any, optimizer: Any, loss_fn: Any, features: Any, labels: Any,
-             micro_batch_size: int, accumulation_steps: int) -> None:
-        steps = 1 if kind == "applies every micro-batch" else accumulation_steps
-        divisor = accumulation_steps if kind == "correct" else 1
-        _train(model, optimizer, loss_fn, features, labels, micro_batch_size, steps, divisor)
+
+def _run_suspect(token: str, model: Any, optimizer: Any, loss_fn: Any, features: Any,
+                 labels: Any, micro_batch_size: int, accumulation_steps: int) -> None:
+    every, divide = _SUSPECT_PLANS[token]
+    _train(model, optimizer, loss_fn, features, labels, micro_batch_size,
+           1 if every else accumulation_steps, accumulation_steps if divide else 1)
+
+
+def _suspect(token: str) -> Callable[..., None]:
+    def loop(model, optimizer, loss_fn, features, labels, micro_batch_size,  # type: ignore
+             accumulation_steps):
+        _run_suspect(token, model, optimizer, loss_fn, features, labels, micro_batch_size,
+                     accumulation_steps)
 
     return loop
+
+
+def suspect_loop(kind: str) -> Callable[..., None]:
+    """A loop with exercise 1's signature that is right or makes one of the two mistakes.
+
+    Every loop is a fresh function with the same name, code and no defaults; its closure holds
+    only a random token, so what it does shows only in what it does to the weights."""
+    if kind not in DIAGNOSES:
+        raise ValueError(f"kind must be one of {DIAGNOSES}, got {kind!r}")
+    import secrets
+
+    token = secrets.token_hex(8)
+    _SUSPECT_PLANS[token] = _PLANS[kind]
+    return _suspect(token)
 
 
 @register
 def check_diagnose_accumulation(fn: Any) -> bool:
     """Check ``diagnose_accumulation(loop)``: names what each loop written here does."""
     rng = fresh_rng()
-    kinds = list(DIAGNOSES)
+    kinds = list(DIAGNOSES) + [rng.choice(DIAGNOSES)]
     rng.shuffle(kinds)
     cases = [Case(args=(suspect_loop(kind),), expected=kind, label=f"(suspect loop {i})")
              for i, kind in enumerate(kinds, start=1)]
@@ -372,3 +421,99 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
              "up the micro-batches' gradients of compute_average_loss(..., global_batch_size="
              "the group's examples) and call apply_gradients once (lesson 07, section 5; the "
              "short last group: section 7).")
+
+
+# --- Exercise 5 · recompute in segments of a flat stack of layers ---------------------------
+
+
+def _segment_stack(rng: Any) -> tuple[list[Any], Any]:
+    """A fresh flat stack of Dense layers (random width and depth) and a batch for it."""
+    keras, tf = _keras(), _tf()
+    width, depth = rng.randint(6, 16), rng.randint(5, 8)
+    seed = rng.randint(0, 2**31 - 1)
+    layers = [keras.layers.Dense(width, activation=rng.choice(["relu", "tanh"]),
+                                 kernel_initializer=keras.initializers.GlorotNormal(seed + i))
+              for i in range(depth)]
+    for layer in layers:
+        layer.build((None, width))
+    x = tf.random.stateless_normal([rng.randint(3, 9), width], seed=[seed, 1])
+    return layers, x
+
+
+def _plain_segment_gradients(layers: list[Any], x: Any) -> list[Any]:
+    tf = _tf()
+    with tf.GradientTape() as tape:
+        for layer in layers:
+            x = layer(x)
+        loss = tf.reduce_mean(tf.square(x))
+    return tape.gradient(loss, [v for layer in layers for v in layer.trainable_variables])
+
+
+def _traced_ops(fn: Any, layers: list[Any], x: Any, segment_size: int) -> dict[str, int]:
+    """The op types of ``fn(layers, x, segment_size)`` traced into one ``tf.function`` graph."""
+    from collections import Counter
+
+    tf = _tf()
+    traced = tf.function(lambda t: fn(layers, t, segment_size)).get_concrete_function(
+        tf.TensorSpec(x.shape, x.dtype))
+    return dict(Counter(op.type for op in traced.graph.get_operations()))
+
+
+@register
+def check_segment_gradients(fn: Any) -> bool:
+    """Check ``segment_gradients(layers, x, segment_size)``: the plain gradients, made with one
+    ``tf.recompute_grad`` per segment of ``segment_size`` consecutive layers (the traced step
+    holds one recompute per segment and runs every layer's forward again)."""
+    rng = fresh_rng()
+    cases = []
+    for _ in range(2):
+        layers, x = _segment_stack(rng)
+        segment_size = rng.randint(2, len(layers) - 2)
+        segments = math.ceil(len(layers) / segment_size)
+
+        def verify(got: Any, layers: list[Any] = layers, x: Any = x,
+                   segment_size: int = segment_size, segments: int = segments) -> str | None:
+            expected = _plain_segment_gradients(layers, x)
+            if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+                return (f"expected a list of {len(expected)} gradients (kernel and bias of "
+                        f"each of the {len(layers)} layers, in order), got {type(got).__name__}"
+                        + (f" of {len(got)}" if isinstance(got, (list, tuple)) else ""))
+            if any(g is None for g in got):
+                return "a gradient is None: every layer must be on the tape's path"
+            for index, (g, e) in enumerate(zip(got, expected, strict=True)):
+                if tuple(np.shape(g)) != tuple(e.shape):
+                    return (f"gradient {index} has shape {tuple(np.shape(g))}, expected "
+                            f"{tuple(e.shape)}: the gradients differ from the plain stack's "
+                            "order (kernel and bias of each layer, first layer first)")
+            error = largest_difference([np.asarray(g) for g in got],
+                                       [np.asarray(g) for g in expected])
+            if error > 1e-5:
+                return (f"the gradients differ from the plain stack's by {error:.2e}: run "
+                        "every layer once, in order, and take the gradient of "
+                        "tf.reduce_mean(tf.square(output)) for every layer's variables, in order")
+            ops = _traced_ops(fn, layers, x, segment_size)
+            recomputes = ops.get("IdentityN", 0) // 2  # tf.recompute_grad: 2 per call
+            if recomputes != segments:
+                return (f"the traced step holds {recomputes} tf.recompute_grad call(s), not "
+                        f"{segments}: {len(layers)} layers in segments of {segment_size} "
+                        f"(the last may be shorter), one tf.recompute_grad per segment")
+            plain = _traced_ops(lambda ls, t, _: _plain_segment_gradients(ls, t), layers, x,
+                                segment_size).get("MatMul", 0)
+            if ops.get("MatMul", 0) < plain + len(layers):
+                return (f"the traced step has {ops.get('MatMul', 0)} matrix products, plain "
+                        f"{plain}: every layer's forward must run again in the backward pass "
+                        "(wrap each whole segment, its layers called inside the wrapped "
+                        "function)")
+            return None
+
+        cases.append(Case(args=(layers, x, segment_size), verify=verify,
+                          label=f"({len(layers)} Dense layers of {x.shape[1]}, x of shape "
+                                f"{tuple(x.shape)}, segment_size={segment_size})"))
+    return run_check(
+        "segment_gradients", fn, cases,
+        hint="for start in range(0, len(layers), segment_size): take layers[start:start + "
+             "segment_size], write a function of one tensor that runs them in order, and call "
+             "tf.recompute_grad(that function)(x) inside one GradientTape; the loss is "
+             "tf.reduce_mean(tf.square(x)); return tape.gradient for every layer's "
+             "trainable_variables, in order. Mind Python's late binding in a loop "
+             "(lesson 07, section 8).")
