@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -340,13 +338,6 @@ def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> 
     return _peak_rss_bytes() - before
 
 
-def _cpu_only_environment() -> dict[str, str]:
-    """A child's environment: this one with every GPU hidden, TensorFlow's defaults otherwise
-    (a ``TF_ENABLE_ONEDNN_OPTS`` inherited from the parent is dropped), C++ logs filtered."""
-    env = {key: value for key, value in os.environ.items() if key != "TF_ENABLE_ONEDNN_OPTS"}
-    return {**env, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
-
-
 def gradient_step_peak_rises(width: int, depth: int, blocks: int, batch: int,
                              timeout: float = 240.0) -> dict[str, int]:
     """``{"plain": bytes, "recomputed": bytes}``: how far one gradient step raises the peak
@@ -355,18 +346,17 @@ def gradient_step_peak_rises(width: int, depth: int, blocks: int, batch: int,
 
     The model is ``blocks`` blocks of ``depth`` Dense layers of ``width`` units, each block
     wrapped in ``tf.recompute_grad`` for the second number. A process's peak only grows, so
-    each measurement gets a process of its own; the two run side by side. The children hide
-    every GPU (``CUDA_VISIBLE_DEVICES=""``) and otherwise run TensorFlow with its defaults
-    (oneDNN as shipped), so what they measure is host memory of a step that runs on the CPU,
-    on any machine; on a GPU, read ``tf.config.experimental.get_memory_info`` instead.
+    each measurement gets a process of its own (``course_utils.child.start_cpu_only``: every
+    GPU hidden, TensorFlow's defaults otherwise); the two run side by side. What they measure
+    is host memory of a step that runs on the CPU, on any machine; on a GPU, read
+    ``tf.config.experimental.get_memory_info`` instead.
     """
     if min(width, depth, blocks, batch) < 1:
         raise ValueError("width, depth, blocks and batch must all be at least 1")
-    env = _cpu_only_environment()
-    children = {name: subprocess.Popen(
-        [sys.executable, "-m", "course_utils.memory",
-         json.dumps([width, depth, blocks, batch, recompute])],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from course_utils.child import start_cpu_only
+
+    children = {name: start_cpu_only(
+        ["-m", "course_utils.memory", json.dumps([width, depth, blocks, batch, recompute])])
         for name, recompute in (("plain", False), ("recomputed", True))}
     rises = {}
     try:

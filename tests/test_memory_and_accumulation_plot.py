@@ -185,11 +185,19 @@ def test_recomputation_diagram_keeps_block_inputs_and_redoes_one_block():
         plots.draw_recomputation(0, 4)
 
 
-def test_probe_children_hide_the_gpu_and_keep_tensorflows_defaults(monkeypatch):
-    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    env = memory._cpu_only_environment()
-    assert env["CUDA_VISIBLE_DEVICES"] == "" and "TF_ENABLE_ONEDNN_OPTS" not in env
+def test_the_probe_starts_its_children_with_the_course_cpu_only_helper(monkeypatch):
+    import course_utils.child
+
+    started = []
+
+    def fake_start(arguments):
+        started.append(arguments)
+        raise RuntimeError("not started")
+
+    monkeypatch.setattr(course_utils.child, "start_cpu_only", fake_start)
+    with pytest.raises(RuntimeError, match="not started"):
+        memory.gradient_step_peak_rises(8, 1, 1, 4)
+    assert started[0][:2] == ["-m", "course_utils.memory"]
 
 
 def test_the_limit_counts_examples_alive_on_the_tape():
