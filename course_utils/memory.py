@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["activation_bytes_per_example", "gradient_step_peak_rises", "limit_batch_size",
+__all__ = ["StepBudget", "activation_bytes_per_example", "gradient_step_peak_rises",
+           "limit_batch_size", "smallest_accumulation", "step_budget", "trainable_bytes",
            "variable_bytes"]
 
 
@@ -25,20 +25,46 @@ def _dtype_bytes(dtype: Any) -> int:
     return import_tensorflow().as_dtype(dtype).size
 
 
-def activation_bytes_per_example(model: Any) -> int:
-    """Bytes of every layer's output for one example: what the backward pass keeps, per example.
+def _tensor_bytes(tensor: Any) -> int:
+    return math.prod(int(d) for d in tensor.shape[1:]) * _dtype_bytes(tensor.dtype)
 
-    Input layers are left out (the batch itself is not an activation). A lower bound: some
-    layers also keep intermediate values (e.g. a Dense layer's pre-activation).
-    """
+
+def _layer_output_bytes(model: Any) -> int:
+    """Bytes of the outputs of ``model``'s layers, one example; nested models counted by their
+    own layers (a nested model's output is its last layer's), input layers left out."""
     total = 0
     for layer in model.layers:
         if type(layer).__name__ == "InputLayer":
             continue
+        if hasattr(layer, "layers") and hasattr(layer, "inputs"):  # a nested model
+            total += _layer_output_bytes(layer)
+            continue
         outputs = layer.output if isinstance(layer.output, (list, tuple)) else [layer.output]
-        for output in outputs:
-            total += math.prod(int(d) for d in output.shape[1:]) * _dtype_bytes(output.dtype)
+        total += sum(_tensor_bytes(output) for output in outputs)
     return total
+
+
+def activation_bytes_per_example(model: Any, *, include_input: bool = True) -> int:
+    """Bytes the backward pass keeps for one example: the input batch and every layer's output.
+
+    A Dense layer's weight gradient needs its input (the previous layer's output, or for the
+    first layer the input batch); TensorFlow's ReLU, tanh and sigmoid gradients use the
+    layer's output (``tensorflow/python/ops/nn_grad.py``: ``_ReluGrad`` reads
+    ``op.outputs[0]``), so for such a chain this count is what is kept. A lower bound where a
+    layer keeps more: an activation whose gradient needs its input (GELU, swish) also keeps
+    the pre-activation; dropout keeps its mask. ``include_input=False`` leaves the input out
+    (a pipeline stage whose input is the previous stage's output, counted there).
+    """
+    total = _layer_output_bytes(model)
+    if include_input:
+        total += sum(_tensor_bytes(tensor) for tensor in model.inputs)
+    return total
+
+
+def trainable_bytes(model: Any) -> int:
+    """Bytes of the trainable weights: the size of one gradient (or one optimizer slot)."""
+    return sum(math.prod(int(d) for d in v.shape) * _dtype_bytes(v.dtype)
+               for v in model.trainable_weights)
 
 
 def variable_bytes(model: Any) -> int:
@@ -56,13 +82,13 @@ def _keras() -> Any:
     return keras
 
 
-_LIMIT_CLASS: list[type] = []
+_LIMIT_CLASSES: dict[str, type] = {}
 
 
-def _batch_size_limit_class() -> type:
-    """The layer class (made on first use, so that importing this module stays cheap)."""
-    if _LIMIT_CLASS:
-        return _LIMIT_CLASS[0]
+def _limit_classes() -> dict[str, type]:
+    """The two layer classes (made on first use, so that importing this module stays cheap)."""
+    if _LIMIT_CLASSES:
+        return _LIMIT_CLASSES
     keras = _keras()
     from course_utils.quiet import import_tensorflow
 
@@ -86,16 +112,171 @@ def _batch_size_limit_class() -> type:
         def get_config(self) -> dict[str, Any]:
             return {**super().get_config(), "max_batch_size": self.max_batch_size}
 
-    _LIMIT_CLASS.append(BatchSizeLimit)
-    return BatchSizeLimit
+    class ActivationsOnTape(keras.layers.Layer):
+        """Counts the examples whose activations a gradient tape keeps: a forward pass in
+        training mode adds its batch, the backward pass through it takes the batch away; more
+        than ``max_examples`` alive at once fails like an out-of-memory error."""
+
+        def __init__(self, max_examples: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.max_examples = int(max_examples)
+            self._counts = {name: tf.Variable(0, dtype=tf.int64, trainable=False)
+                            for name in ("alive", "trained", "peak")}
+
+        @property
+        def examples_alive(self) -> int:
+            """Examples whose forward pass (in training mode) has not been back-propagated."""
+            return int(self._counts["alive"].numpy())
+
+        @property
+        def examples_trained(self) -> int:
+            """Examples that went forward through the model in training mode, in total."""
+            return int(self._counts["trained"].numpy())
+
+        @property
+        def peak_examples_alive(self) -> int:
+            """The most examples alive on the tapes at once, so far."""
+            return int(self._counts["peak"].numpy())
+
+        def call(self, inputs: Any, training: Any = None) -> Any:
+            if not training:  # inference keeps no activations for a backward pass
+                return inputs
+            counts, size = self._counts, tf.cast(tf.shape(inputs)[0], tf.int64)
+
+            @tf.custom_gradient
+            def on_tape(x: Any) -> Any:
+                alive = counts["alive"].assign_add(size)
+                updates = [counts["trained"].assign_add(size),
+                           counts["peak"].assign(tf.maximum(counts["peak"], alive))]
+                check = tf.debugging.assert_less_equal(
+                    alive, tf.constant(self.max_examples, tf.int64),
+                    message=f"out of memory (simulated): more than {self.max_examples} "
+                            "examples' activations alive on the gradient tapes at once (each "
+                            "forward pass keeps them until its tape.gradient)")
+                with tf.control_dependencies([check, *updates]):
+                    y = tf.identity(x)
+
+                def backward(upstream: Any) -> Any:
+                    freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
+                    with tf.control_dependencies([freed]):
+                        return tf.identity(upstream)
+
+                return y, backward
+
+            return on_tape(inputs)
+
+        def get_config(self) -> dict[str, Any]:
+            return {**super().get_config(), "max_examples": self.max_examples}
+
+    _LIMIT_CLASSES.update(BatchSizeLimit=BatchSizeLimit, ActivationsOnTape=ActivationsOnTape)
+    return _LIMIT_CLASSES
 
 
 def limit_batch_size(model: Any, max_batch_size: int) -> Any:
-    """``model`` behind a layer that fails on batches over ``max_batch_size`` (shared weights)."""
-    keras = _keras()
+    """``model`` behind a simulated memory of ``max_batch_size`` examples (shared weights).
+
+    A layer before ``model`` (``batch_size_limit``) refuses a larger batch; a layer after it
+    (``activations_on_tape``) refuses a forward pass in training mode while more than
+    ``max_batch_size`` examples' activations are alive on gradient tapes (one tape over several
+    micro-batches keeps them all), and counts the examples trained through it.
+    """
+    keras, classes = _keras(), _limit_classes()
     inputs = keras.Input(shape=model.input_shape[1:], name="features")
-    limited = _batch_size_limit_class()(max_batch_size, name="batch_size_limit")(inputs)
-    return keras.Model(inputs, model(limited), name=f"{model.name}_limited")
+    limited = classes["BatchSizeLimit"](max_batch_size, name="batch_size_limit")(inputs)
+    outputs = classes["ActivationsOnTape"](max_batch_size, name="activations_on_tape")(
+        model(limited))
+    return keras.Model(inputs, outputs, name=f"{model.name}_limited")
+
+# --- one optimizer update's memory, per replica: the course's one budget ----------------------
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """Bytes **per replica** for one optimizer update, term by term (see ``step_budget``)."""
+
+    parameters: int
+    gradients: int
+    accumulation: int
+    optimizer_slots: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return (self.parameters + self.gradients + self.accumulation + self.optimizer_slots
+                + self.activations)
+
+    def rows(self) -> list[dict]:
+        """``[{"term": ..., "bytes": ...}, ...]``, the five terms in order (for cu.show_table);
+        ``total`` is their sum."""
+        return [{"term": term, "bytes": getattr(self, term)}
+                for term in ("parameters", "gradients", "accumulation", "optimizer_slots",
+                             "activations")]
+
+
+def step_budget(model: Any, *, global_batch: int, replicas: int = 1,
+                accumulation_steps: int = 1, optimizer_slots: int = 2,
+                zero_stage: int = 0) -> StepBudget:
+    """The memory one replica needs for one optimizer update of ``model``, counted from shapes.
+
+    - parameters: every weight (``variable_bytes``);
+    - gradients: one gradient per trainable weight (``trainable_bytes``);
+    - accumulation: with ``accumulation_steps`` > 1 a gradient-sized running sum, kept across
+      the micro-batches (Keras's optimizers add one ``gradient_accumulator`` per weight:
+      ``keras/src/optimizers/base_optimizer.py``); 0 without accumulation;
+    - optimizer_slots: ``optimizer_slots`` gradient-sized slots (Adam 2, momentum 1, SGD 0);
+    - activations: ``activation_bytes_per_example(model)`` x the micro-batch one replica
+      runs at once, ``global_batch / replicas / accumulation_steps``.
+
+    ``zero_stage`` 1, 2, 3 divide the slots, then also the gradients, then also the parameters
+    by ``replicas`` (rounded up), as ZeRO partitions them. The accumulation buffer stays whole:
+    each replica sums its own micro-batches' gradients before the one reduction per update.
+    """
+    for name, value in (("global_batch", global_batch), ("replicas", replicas),
+                        ("accumulation_steps", accumulation_steps)):
+        if int(value) < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    if optimizer_slots < 0:
+        raise ValueError(f"optimizer_slots must be at least 0, got {optimizer_slots}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if global_batch % replicas:
+        raise ValueError(f"global_batch {global_batch} does not split over {replicas} replicas")
+    per_replica = global_batch // replicas
+    if per_replica % accumulation_steps:
+        raise ValueError(f"the per-replica batch {per_replica} does not split into "
+                         f"{accumulation_steps} equal micro-batches")
+    micro = per_replica // accumulation_steps
+    weights, gradient = variable_bytes(model), trainable_bytes(model)
+
+    def share(size: int, from_stage: int) -> int:
+        return -(-size // replicas) if zero_stage >= from_stage else size
+
+    return StepBudget(parameters=share(weights, 3), gradients=share(gradient, 2),
+                      accumulation=gradient if accumulation_steps > 1 else 0,
+                      optimizer_slots=share(optimizer_slots * gradient, 1),
+                      activations=activation_bytes_per_example(model) * micro)
+
+
+def smallest_accumulation(model: Any, *, global_batch: int, budget_bytes: int,
+                          replicas: int = 1, optimizer_slots: int = 2,
+                          max_steps: int = 64) -> int | None:
+    """The fewest micro-batches ``k`` (1 to ``max_steps``, dividing the per-replica batch) whose
+    ``step_budget(...).total`` fits in ``budget_bytes``; None if none does.
+
+    Going from k = 1 to k = 2 adds the accumulation buffer: where the fixed terms nearly fill
+    the budget, splitting the batch may save less than the buffer costs, and no k fits.
+    """
+    if global_batch % replicas:
+        raise ValueError(f"global_batch {global_batch} does not split over {replicas} replicas")
+    per_replica = global_batch // replicas
+    for steps in range(1, int(max_steps) + 1):
+        if per_replica % steps:
+            continue
+        budget = step_budget(model, global_batch=global_batch, replicas=replicas,
+                             accumulation_steps=steps, optimizer_slots=optimizer_slots)
+        if budget.total <= budget_bytes:
+            return steps
+    return None
 
 
 # --- measured: the rise of a fresh process's peak memory over one gradient step ----------------
@@ -130,7 +311,10 @@ def _peak_rss_bytes() -> int:
 def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> int:
     """In this (fresh) process: trace the step, then run it once; the peak's rise in bytes."""
     import keras
-    import tensorflow as tf  # stderr is the parent's to read; oneDNN as TensorFlow ships it
+    import tensorflow as tf  # stderr is the parent's to read; TensorFlow's defaults
+
+    if tf.config.list_physical_devices("GPU"):
+        raise RuntimeError("the memory probe must run in a CPU-only process")
 
     stack = [keras.Sequential([keras.layers.Dense(width, activation="relu")
                                for _ in range(depth)]) for _ in range(blocks)]
@@ -157,23 +341,22 @@ def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> 
 def gradient_step_peak_rises(width: int, depth: int, blocks: int, batch: int,
                              timeout: float = 240.0) -> dict[str, int]:
     """``{"plain": bytes, "recomputed": bytes}``: how far one gradient step raises the peak
-    resident memory of a **fresh** process, without and with ``tf.recompute_grad``.
+    resident memory of a **fresh CPU-only** TensorFlow process, without and with
+    ``tf.recompute_grad``.
 
     The model is ``blocks`` blocks of ``depth`` Dense layers of ``width`` units, each block
     wrapped in ``tf.recompute_grad`` for the second number. A process's peak only grows, so
-    each measurement gets a process of its own; the two run side by side. Works on any machine
-    (CPU memory), where TensorFlow's ``get_memory_info`` reports GPUs only. The children run
-    TensorFlow's default kernels (oneDNN on, which the course's quiet import turns off):
-    without them the CPU executor's peak varies from run to run by more than recomputation
-    saves.
+    each measurement gets a process of its own (``course_utils.child.start_cpu_only``: every
+    GPU hidden, TensorFlow's defaults otherwise); the two run side by side. What they measure
+    is host memory of a step that runs on the CPU, on any machine; on a GPU, read
+    ``tf.config.experimental.get_memory_info`` instead.
     """
     if min(width, depth, blocks, batch) < 1:
         raise ValueError("width, depth, blocks and batch must all be at least 1")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-    children = {name: subprocess.Popen(
-        [sys.executable, "-m", "course_utils.memory",
-         json.dumps([width, depth, blocks, batch, recompute])],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from course_utils.child import start_cpu_only
+
+    children = {name: start_cpu_only(
+        ["-m", "course_utils.memory", json.dumps([width, depth, blocks, batch, recompute])])
         for name, recompute in (("plain", False), ("recomputed", True))}
     rises = {}
     try:

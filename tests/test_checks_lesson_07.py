@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 import course_utils as cu
@@ -69,6 +70,64 @@ def test_a_batch_over_the_memory_limit_fails_like_out_of_memory():
         cu.grading.check_train_with_accumulation(whole_groups)
 
 
+def test_one_tape_over_all_micro_batches_runs_out_of_memory():
+    def one_tape(model, optimizer, loss_fn, features, labels, micro, steps):
+        tf = _tf()
+        for start in range(0, len(labels), micro * steps):
+            with tf.GradientTape() as tape:  # every micro-batch's activations kept at once
+                loss = sum(loss_fn(labels[i:i + micro], model(features[i:i + micro],
+                                                              training=True)) / steps
+                           for i in range(start, start + micro * steps, micro))
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables, strict=True))
+
+    with pytest.raises(AssertionError, match="alive on the gradient tapes"):
+        cu.grading.check_train_with_accumulation(one_tape)
+
+
+def test_training_the_model_inside_the_limit_on_whole_batches_is_caught():
+    def around_the_limit(model, optimizer, loss_fn, features, labels, micro, steps):
+        inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
+        right_loop(inner, optimizer, loss_fn, features, labels, micro * steps, 1)
+
+    with pytest.raises(AssertionError, match=r"0 examples went forward.*memory limit"):
+        cu.grading.check_train_with_accumulation(around_the_limit)
+
+
+def test_skipping_the_work_or_training_mode_is_caught():
+    def nothing(*args):
+        return None
+
+    with pytest.raises(AssertionError, match="0 examples went forward"):
+        cu.grading.check_train_with_accumulation(nothing)
+
+    with pytest.raises(AssertionError, match="training=True"):
+        cu.grading.check_train_with_accumulation(_not_training)
+
+
+def _not_training(model, optimizer, loss_fn, features, labels, micro, steps):
+    tf = _tf()
+    sums = None
+    for index, start in enumerate(range(0, len(labels), micro), start=1):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels[start:start + micro], model(features[start:start + micro]))
+        grads = tape.gradient(loss / steps, model.trainable_variables)
+        sums = grads if sums is None else [a + b for a, b in zip(sums, grads, strict=True)]
+        if index % steps == 0:
+            optimizer.apply_gradients(zip(sums, model.trainable_variables, strict=True))
+            sums = None
+
+
+def test_dividing_by_the_wrong_count_is_caught():
+    def by_groups(model, optimizer, loss_fn, features, labels, micro, steps):
+        groups = len(labels) // (micro * steps)  # the number of updates, not k
+        right_loop(model, optimizer, lambda y, p: loss_fn(y, p) * steps / groups / steps,
+                   features, labels, micro, steps)
+
+    with pytest.raises(AssertionError, match="large-batch reference|without dividing"):
+        cu.grading.check_train_with_accumulation(by_groups)
+
+
 def test_accumulation_stub_is_not_attempted(capsys):
     assert cu.grading.check_train_with_accumulation(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
@@ -86,16 +145,55 @@ def test_a_stub_trains_no_reference(monkeypatch):
 # --- largest_batch_that_fits -----------------------------------------------------------------
 
 
-def largest_batch_that_fits(model, budget_bytes, optimizer_slots):
-    trainable = sum(math.prod(v.shape) * 4 for v in model.trainable_weights)
+def largest_batch_that_fits(model, budget_bytes, optimizer_slots, *, layers_from=0,
+                            gradients_of=None):
+    gradients_of = model.trainable_weights if gradients_of is None else gradients_of
+    trainable = sum(math.prod(v.shape) * 4 for v in gradients_of)
     fixed = sum(math.prod(v.shape) * 4 for v in model.weights) + trainable * (1 + optimizer_slots)
-    per_example = sum(math.prod(layer.output.shape[1:]) * 4 for layer in model.layers[1:])
+    per_example = sum(math.prod(layer.output.shape[1:]) * 4
+                      for layer in model.layers[layers_from:])
     return max(0, (budget_bytes - fixed) // per_example)
 
 
 def test_reference_largest_batch_passes(capsys):
     assert cu.grading.check_largest_batch_that_fits(largest_batch_that_fits)
-    assert "✅ largest_batch_that_fits: 6 cases passed" in capsys.readouterr().out
+    assert "✅ largest_batch_that_fits: 9 cases passed" in capsys.readouterr().out
+
+
+def test_the_reference_is_the_course_budget():
+    model = cu.models.mlp(8, 3, hidden_units=(16,))
+    batch = checks_07._largest_batch(model, 10**6, 2)
+    fits = cu.memory.step_budget(model, global_batch=batch, optimizer_slots=2).total
+    assert fits <= 10**6 < cu.memory.step_budget(model, global_batch=batch + 1,
+                                                 optimizer_slots=2).total
+
+
+def test_leaving_out_the_input_batch_is_caught():
+    def no_input(model, budget_bytes, optimizer_slots):  # the old count: model.layers[1:]
+        return largest_batch_that_fits(model, budget_bytes, optimizer_slots, layers_from=1)
+
+    with pytest.raises(AssertionError, match="off by|expected"):
+        cu.grading.check_largest_batch_that_fits(no_input)
+
+
+def test_gradients_for_weights_without_gradients_are_caught():
+    def every_weight(model, budget_bytes, optimizer_slots):
+        return largest_batch_that_fits(model, budget_bytes, optimizer_slots,
+                                       gradients_of=model.weights)
+
+    with pytest.raises(AssertionError, match="normalized_mlp"):
+        cu.grading.check_largest_batch_that_fits(every_weight)
+
+
+def test_a_constant_or_the_activations_alone_are_caught():
+    with pytest.raises(AssertionError, match="expected"):
+        cu.grading.check_largest_batch_that_fits(lambda model, budget, slots: 64)
+
+    def activations_only(model, budget_bytes, optimizer_slots):
+        return budget_bytes // cu.memory.activation_bytes_per_example(model)
+
+    with pytest.raises(AssertionError, match="expected"):
+        cu.grading.check_largest_batch_that_fits(activations_only)
 
 
 def test_forgetting_the_optimizer_slots_is_caught():
@@ -117,7 +215,7 @@ def test_a_float_answer_or_a_negative_one_is_caught():
         trainable = sum(math.prod(v.shape) * 4 for v in model.trainable_weights)
         fixed = sum(math.prod(v.shape) * 4 for v in model.weights) + trainable * (
             1 + optimizer_slots)
-        per_example = sum(math.prod(layer.output.shape[1:]) * 4 for layer in model.layers[1:])
+        per_example = sum(math.prod(layer.output.shape[1:]) * 4 for layer in model.layers)
         return (budget_bytes - fixed) // per_example
 
     with pytest.raises(AssertionError, match="only the weights"):
@@ -162,7 +260,7 @@ def diagnose_accumulation(loop):
 
 def test_reference_diagnosis_passes(capsys):
     assert cu.grading.check_diagnose_accumulation(diagnose_accumulation)
-    assert "✅ diagnose_accumulation: 3 cases passed" in capsys.readouterr().out
+    assert "✅ diagnose_accumulation: 4 cases passed" in capsys.readouterr().out
 
 
 def test_a_wrong_diagnosis_is_caught():
@@ -172,6 +270,54 @@ def test_a_wrong_diagnosis_is_caught():
                                         "sums without dividing"}
     with pytest.raises(ValueError, match="kind must be one of"):
         checks_07.suspect_loop("off by one")
+
+
+def test_reading_the_loop_instead_of_running_it_is_caught():
+    import inspect
+
+    def from_closure(loop):
+        text = repr(inspect.getclosurevars(loop)) + repr(loop.__defaults__)
+        return next((kind for kind in checks_07.DIAGNOSES if kind in text), "correct")
+
+    def from_name(loop):
+        name = loop.__qualname__
+        return "applies every micro-batch" if "every" in name else (
+            "sums without dividing" if "divid" in name else "correct")
+
+    loops = [checks_07.suspect_loop(kind) for kind in checks_07.DIAGNOSES]
+    assert len({loop.__code__ for loop in loops}) == 1  # one code, one name, no defaults
+    assert {loop.__defaults__ for loop in loops} == {None}
+    for reader in (from_closure, from_name):
+        with pytest.raises(AssertionError, match="differs"):
+            cu.grading.check_diagnose_accumulation(reader)
+
+
+def test_a_diagnosis_that_cannot_tell_the_mistakes_apart_is_caught():
+    def with_one_micro_batch_per_group(loop):  # k = 1: every loop is the same loop
+        import keras
+
+        model = cu.models.mlp(4, 2, hidden_units=(4,))
+        start = model.get_weights()
+        loop(model, keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(),
+             np.ones((8, 4), "float32"), np.zeros(8, "int32"), 4, 1)
+        return "correct" if cu.equality.largest_difference(model.get_weights(), start) else "?"
+
+    def counting_updates(loop):  # right and "without dividing" both apply once per group
+        import keras
+
+        optimizer = keras.optimizers.SGD(0.1)
+        loop(cu.models.mlp(4, 2, hidden_units=(4,)), optimizer,
+             keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+             np.ones((16, 4), "float32"), np.zeros(16, "int32"), 2, 4)
+        return "correct" if int(optimizer.iterations) == 2 else "applies every micro-batch"
+
+    def two_candidates(loop):  # never considers "sums without dividing"
+        answer = diagnose_accumulation(loop)
+        return "correct" if answer == "sums without dividing" else answer
+
+    for wrong in (with_one_micro_batch_per_group, counting_updates, two_candidates):
+        with pytest.raises(AssertionError, match="differs"):
+            cu.grading.check_diagnose_accumulation(wrong)
 
 
 def test_diagnosis_stub_is_not_attempted(capsys):
@@ -265,6 +411,42 @@ def test_training_outside_the_replicas_is_caught():
         cu.grading.check_train_mirrored_with_accumulation(outside)
 
 
+def test_doing_nothing_or_dropping_the_short_group_is_caught():
+    def nothing(*args):
+        return None
+
+    with pytest.raises(AssertionError, match="differ from plain SGD"):
+        cu.grading.check_train_mirrored_with_accumulation(nothing)
+
+    def whole_groups_only(strategy, model, optimizer, loss_object, micro_batches, steps,
+                          batch):  # section 5's step: always k micro-batches, the rest dropped
+        total = int(micro_batches.cardinality())
+        mirrored_accumulation(strategy, model, optimizer, loss_object,
+                              micro_batches.take(total - total % steps), steps, batch)
+
+    with pytest.raises(AssertionError, match=r"case 2 .*differ from plain SGD"):
+        cu.grading.check_train_mirrored_with_accumulation(whole_groups_only)
+
+
+def test_the_colleagues_loop_is_named():
+    tf = _tf()
+
+    def colleagues_loop(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_object(y, model(x, training=True)),
+                                                  global_batch_size=batch)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables, strict=True))
+
+        step = tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))
+        for x, y in strategy.experimental_distribute_dataset(micro_batches):
+            step(x, y)
+
+    with pytest.raises(AssertionError, match="applying every micro-batch"):
+        cu.grading.check_train_mirrored_with_accumulation(colleagues_loop)
+
+
 def test_mirrored_stub_is_not_attempted(capsys):
     assert cu.grading.check_train_mirrored_with_accumulation(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
@@ -292,3 +474,71 @@ def test_the_counting_strategy_counts_one_tensor_per_variable_per_update():
     for x in data:
         step(x)
     assert int(counter.numpy()) == 2 * len(model.trainable_variables)
+
+
+# --- segment_gradients ----------------------------------------------------------------------
+
+
+def segment_gradients(layers, x, segment_size, *, wrap=True, loss="mean", order=1,
+                      size_of=None, bind_late=False):
+    tf = _tf()
+    size = segment_size if size_of is None else size_of(layers, segment_size)
+    variables = [v for layer in layers for v in layer.trainable_variables][::order]
+    with tf.GradientTape() as tape:
+        for start in range(0, len(layers), size):
+            segment = layers[start:start + size]
+
+            def block(t, segment=segment):
+                for layer in segment:
+                    t = layer(t)
+                return t
+
+            if bind_late:  # the loop variable read when the backward pass runs
+                def block(t):  # noqa: F811
+                    for layer in segment:  # noqa: B023
+                        t = layer(t)
+                    return t
+            x = tf.recompute_grad(block)(x) if wrap else block(x)
+        value = tf.reduce_mean(tf.square(x)) if loss == "mean" else tf.reduce_sum(tf.square(x))
+    return tape.gradient(value, variables)
+
+
+def test_reference_segment_gradients_passes(capsys):
+    assert cu.grading.check_segment_gradients(segment_gradients)
+    assert "✅ segment_gradients: 2 cases passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    ({"wrap": False}, "0 tf.recompute_grad call"),
+    ({"size_of": lambda layers, size: len(layers)}, "1 tf.recompute_grad call"),
+    ({"size_of": lambda layers, size: 1}, r"tf.recompute_grad call\(s\), not"),
+    ({"loss": "sum"}, "differ from the plain stack"),
+    ({"order": -1}, "differ from the plain stack"),
+    ({"bind_late": True}, "differ from the plain stack|is None"),
+])
+def test_segments_made_the_wrong_way_are_caught(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_segment_gradients(lambda *args: segment_gradients(*args, **wrong))
+
+
+def test_segment_gradients_constant_short_list_and_stub_are_caught(capsys):
+    tf = _tf()
+    with pytest.raises(AssertionError, match="expected a list"):
+        cu.grading.check_segment_gradients(lambda layers, x, size: tf.zeros(()))
+
+    def zeros(layers, x, size):
+        return [tf.zeros_like(v) for layer in layers for v in layer.trainable_variables]
+
+    with pytest.raises(AssertionError, match="differ from the plain stack"):
+        cu.grading.check_segment_gradients(zeros)
+
+    def drops_the_short_segment(layers, x, size):  # range stops before a shorter last one
+        kept = layers[:len(layers) - len(layers) % size] if len(layers) % size else layers
+        grads = segment_gradients(kept, x, size)
+        return grads + [tf.zeros_like(v) for layer in layers[len(kept):]
+                        for v in layer.trainable_variables]
+
+    with pytest.raises(AssertionError, match="differ from the plain stack|recompute_grad"):
+        cu.grading.check_segment_gradients(drops_the_short_segment)
+    assert cu.grading.check_segment_gradients(stub) is False
+    assert "not attempted yet" in capsys.readouterr().out

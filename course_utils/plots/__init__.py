@@ -11,7 +11,8 @@ so a lesson can add to it or lay several side by side. One module per kind of pi
   what a lost worker and a lost parameter server cost;
 * ``diagrams_parallelism.py`` – 06-07: placement, pipeline schedules, sharding, accumulation;
 * ``diagrams_tpu.py`` – lesson 05: a TPU host and chip, padding to 8×128 tiles;
-* ``diagrams_memory.py`` – lesson 07: accumulation on replicas, a step's memory budget;
+* ``diagrams_memory.py`` – lesson 07: accumulation on replicas, a step's memory budget,
+  recomputation;
 * ``diagrams_precision.py`` – lesson 08: number formats, loss scaling, a mixed-precision step;
 * ``diagrams_capstone.py`` – lesson 09: the capstone job and its measure-then-fix loop.
 * ``status_grid.py`` – appendix A: what works where, one coloured cell per API and strategy.
@@ -52,6 +53,7 @@ from course_utils.plots.diagrams_clusters import (
 from course_utils.plots.diagrams_memory import (
     draw_accumulation_on_replicas,
     draw_memory_budget,
+    draw_recomputation,
 )
 from course_utils.plots.diagrams_parallelism import (
     draw_gradient_accumulation,
@@ -80,6 +82,7 @@ __all__ = [
     "bar_chart",
     "draw_accumulation_on_replicas",
     "draw_memory_budget",
+    "draw_recomputation",
     "CAPSTONE_STAGES",
     "draw_capstone_job",
     "draw_data_parallelism",

@@ -1,5 +1,5 @@
-"""Lesson 07's drawings: accumulation on every replica with one all-reduce per update, and the
-memory budget of one training step split into its four terms."""
+"""Lesson 07's drawings: accumulation on every replica with one all-reduce per update, the
+memory budget of one training step split into its terms, and what recomputation keeps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from course_utils.plots.style import PALETTE, axes_for
 
-__all__ = ["draw_accumulation_on_replicas", "draw_memory_budget"]
+__all__ = ["draw_accumulation_on_replicas", "draw_memory_budget", "draw_recomputation"]
 
 
 def draw_accumulation_on_replicas(num_replicas: int = 2, accumulation_steps: int = 4,
@@ -65,4 +65,50 @@ def draw_memory_budget(terms: Mapping[str, Mapping[str, float]], unit: str = "Mi
     ax.legend(fontsize=8, ncols=len(kinds), loc="lower center", bbox_to_anchor=(0.5, 1.0),
               frameon=False)
     ax.set_title("Memory of one training step, term by term", fontsize=10, pad=22)
+    return ax
+
+
+def draw_recomputation(blocks: int = 3, depth: int = 4, ax: Any = None) -> Any:
+    """Diagram: one box per layer output, ``blocks`` blocks of ``depth`` layers, in three rows.
+
+    Row 1, plain: the forward pass keeps every output. Row 2, ``tf.recompute_grad`` per block:
+    the forward pass keeps only each block's input (dark), the rest is dropped (white). Row 3,
+    the backward pass at the last block: it runs that block's forward again from the kept input
+    (hatched), so at most one block's inside is alive beside the kept inputs.
+    """
+    from matplotlib.patches import Rectangle
+
+    if blocks < 1 or depth < 1:
+        raise ValueError(f"blocks and depth must be at least 1, got {blocks} and {depth}")
+    width = blocks * depth
+    ax = axes_for(ax, (1.8 + 0.45 * width, 2.9))
+    kept, dropped, again = PALETTE[0], "white", PALETTE[1]
+    rows = [("plain forward:\nkeeps every output", lambda b, i: (kept, "")),
+            ("recomputed forward:\nkeeps block inputs",
+             lambda b, i: (kept if i == 0 else dropped, "")),
+            (f"backward at block {blocks}:\nits forward again",
+             lambda b, i: (kept if i == 0 else (again if b == blocks - 1 else dropped),
+                           "//" if b == blocks - 1 and i else ""))]
+    for row, (label, style) in enumerate(rows):
+        y = 2 - row
+        ax.text(-0.3, y, label, ha="right", va="center", fontsize=8)
+        for b in range(blocks):
+            for i in range(depth):
+                colour, hatch = style(b, i)
+                x = b * (depth + 0.5) + i
+                ax.add_patch(Rectangle((x, y - 0.3), 0.85, 0.6, facecolor=colour, hatch=hatch,
+                                       edgecolor="black", linewidth=0.6))
+    for b in range(blocks):
+        ax.text(b * (depth + 0.5) + depth / 2 - 0.1, 2.45, f"block {b + 1}", ha="center",
+                va="bottom", fontsize=8)
+    right = blocks * (depth + 0.5)
+    ax.add_patch(Rectangle((0, -0.95), 0.5, 0.3, facecolor=kept, edgecolor="black"))
+    ax.text(0.6, -0.8, "kept for the backward pass", va="center", fontsize=8)
+    ax.add_patch(Rectangle((right / 2, -0.95), 0.5, 0.3, facecolor=again, hatch="//",
+                           edgecolor="black"))
+    ax.text(right / 2 + 0.6, -0.8, "computed again, then freed", va="center", fontsize=8)
+    ax.set_xlim(-4.2, right)
+    ax.set_ylim(-1.1, 2.9)
+    ax.set_axis_off()
+    ax.set_title("Recomputation: keep block inputs, run each block's forward again", fontsize=10)
     return ax

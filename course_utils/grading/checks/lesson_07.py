@@ -1,18 +1,24 @@
 """Checks of lesson 07's exercises (registered by name with ``@register``).
 
 * ``check_train_with_accumulation(train_with_accumulation)``: on a fresh random model and data,
-  behind a layer that refuses batches over the micro-batch size (a simulated memory limit), the
-  weights equal plain SGD on batches ``k`` times larger; the two popular wrong loops are named
-  when the weights match theirs instead.
+  behind a simulated memory of one micro-batch (``cu.memory.limit_batch_size``: a larger batch,
+  or a second micro-batch's activations alive on a gradient tape, fails like out of memory), the
+  weights equal plain SGD on batches ``k`` times larger and every example went through the
+  limited model once in training mode; the two popular wrong loops are named when the weights
+  match theirs instead.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes.
 * ``check_diagnose_accumulation(diagnose_accumulation)``: given an accumulation loop, name what
-  it does (right, applies every micro-batch, or sums without dividing), for loops written here.
+  it does (right, applies every micro-batch, or sums without dividing), for loops written here
+  whose names, code, defaults and closures are the same for every kind (a random token).
 * ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
   MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, the
   weights equal plain SGD on batches ``k`` times larger (a short last group included), with
   exactly one all-reduce of the gradients per update.
+* ``check_segment_gradients(segment_gradients)``: on a fresh flat stack of Dense layers, the
+  plain stack's gradients, made with one ``tf.recompute_grad`` per segment of ``segment_size``
+  layers (counted in the traced step) and every layer's forward run again.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.equality import largest_difference
+from course_utils.grading.checks.recompute import check_segment_gradients
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -33,6 +40,7 @@ __all__ = [
     "DIAGNOSES",
     "check_diagnose_accumulation",
     "check_largest_batch_that_fits",
+    "check_segment_gradients",
     "check_train_mirrored_with_accumulation",
     "check_train_with_accumulation",
     "counting_mirrored_strategy",
@@ -147,6 +155,12 @@ def check_train_with_accumulation(fn: Any) -> bool:
         updates = len(problem["labels"]) // (problem["micro"] * problem["steps"])
 
         def verify(_: Any) -> str | None:
+            on_tape = limited.get_layer("activations_on_tape")
+            if on_tape.examples_trained != len(problem["labels"]):
+                return (f"{on_tape.examples_trained} examples went forward through the model "
+                        f"you were given in training mode, not {len(problem['labels'])} (each "
+                        "once): train that model, call it with training=True, and do not "
+                        "reach around its memory limit to the layers inside")
             if not references:
                 references.update(_references(problem))
             weights = [np.asarray(w) for w in model.get_weights()]
@@ -190,12 +204,24 @@ def _count(shape: Any) -> int:
 
 
 def _largest_batch(model: Any, budget_bytes: int, optimizer_slots: int) -> int:
-    """The reference: (budget - weights - gradients - slots) // activation bytes per example."""
-    from course_utils.memory import activation_bytes_per_example, variable_bytes
+    """The reference, from the course's one budget (``cu.memory.step_budget``): the fixed terms
+    of a one-example step without accumulation, then whole examples of activations."""
+    from course_utils.memory import activation_bytes_per_example, step_budget
 
-    trainable = sum(_count(v.shape) * 4 for v in model.trainable_weights)
-    fixed = variable_bytes(model) + trainable * (1 + optimizer_slots)
-    return max(0, (int(budget_bytes) - fixed) // activation_bytes_per_example(model))
+    per_example = activation_bytes_per_example(model)
+    fixed = step_budget(model, global_batch=1, optimizer_slots=optimizer_slots).total - per_example
+    return max(0, (int(budget_bytes) - fixed) // per_example)
+
+
+def _normalized_mlp(rng: Any) -> Any:
+    """An MLP with batch normalization: its moving mean and variance are weights without
+    gradients."""
+    keras = _keras()
+    inputs = keras.Input(shape=(rng.randint(8, 48),), name="features")
+    hidden = keras.layers.Dense(rng.randint(16, 128), activation="relu")(inputs)
+    hidden = keras.layers.BatchNormalization()(hidden)
+    outputs = keras.layers.Dense(rng.randint(2, 10))(hidden)
+    return keras.Model(inputs, outputs, name="normalized_mlp")
 
 
 @register
@@ -209,14 +235,16 @@ def check_largest_batch_that_fits(fn: Any) -> bool:
         mlp(rng.randint(8, 64), rng.randint(2, 10), hidden_units=(rng.randint(16, 256),) * 2),
         cnn((rng.choice([8, 12, 16]),) * 2 + (1,), rng.randint(2, 10),
             filters=(rng.randint(4, 16), rng.randint(8, 32))),
+        _normalized_mlp(rng),
     ]
     cases = []
     for model in models:
         per_example = activation_bytes_per_example(model)
         for slots in (0, 2):
-            fixed = variable_bytes(model) * (2 + slots)
-            batch = rng.randint(5, 3000)
-            budget = fixed + batch * per_example + rng.randint(0, per_example - 1)
+            expected = rng.randint(5, 3000)
+            fixed = variable_bytes(model) + (1 + slots) * sum(
+                _count(v.shape) * 4 for v in model.trainable_weights)
+            budget = fixed + expected * per_example + rng.randint(0, per_example - 1)
             cases.append(Case(args=(model, budget, slots), expected=_largest_batch(
                 model, budget, slots), label=f"({model.name} with {model.count_params():,} "
                 f"weights, budget_bytes={budget:,}, optimizer_slots={slots})"))
@@ -225,34 +253,56 @@ def check_largest_batch_that_fits(fn: Any) -> bool:
                           label=f"({model.name}, budget_bytes={tiny:,}: only the weights)"))
     return run_check(
         "largest_batch_that_fits", fn, cases,
-        hint="the fixed part is the weights + one gradient per trainable weight + "
-             "optimizer_slots copies of the trainable weights; each example adds every layer's "
-             "output (all but the input; float32 = 4 bytes). Return an int, 0 when nothing fits "
-             "(lesson 07, section 1).")
+        hint="the fixed part is every weight + one gradient per trainable weight + "
+             "optimizer_slots copies of the trainable weights; each example adds the input "
+             "and every layer's output (model.layers, the input layer included; float32 = 4 "
+             "bytes). Return an int, 0 when nothing fits (lesson 07, sections 1 and 9).")
 
 
 # --- Exercise 3 · diagnose an accumulation loop ------------------------------------------------
 
 
-def suspect_loop(kind: str) -> Callable[..., None]:
-    """A loop with exercise 1's signature that is right or makes one of the two mistakes."""
-    if kind not in DIAGNOSES:
-        raise ValueError(f"kind must be one of {DIAGNOSES}, got {kind!r}")
+#: What each suspect loop does, by an opaque token: (applies every micro-batch, divides by k).
+_SUSPECT_PLANS: dict[str, tuple[bool, bool]] = {}
+_PLANS = {"correct": (False, True), "applies every micro-batch": (True, False),
+          "sums without dividing": (False, False)}
 
-    def loop(model: Any, optimizer: Any, loss_fn: Any, features: Any, labels: Any,
-             micro_batch_size: int, accumulation_steps: int) -> None:
-        steps = 1 if kind == "applies every micro-batch" else accumulation_steps
-        divisor = accumulation_steps if kind == "correct" else 1
-        _train(model, optimizer, loss_fn, features, labels, micro_batch_size, steps, divisor)
+
+def _run_suspect(token: str, model: Any, optimizer: Any, loss_fn: Any, features: Any,
+                 labels: Any, micro_batch_size: int, accumulation_steps: int) -> None:
+    every, divide = _SUSPECT_PLANS[token]
+    _train(model, optimizer, loss_fn, features, labels, micro_batch_size,
+           1 if every else accumulation_steps, accumulation_steps if divide else 1)
+
+
+def _suspect(token: str) -> Callable[..., None]:
+    def loop(model, optimizer, loss_fn, features, labels, micro_batch_size,  # type: ignore
+             accumulation_steps):
+        _run_suspect(token, model, optimizer, loss_fn, features, labels, micro_batch_size,
+                     accumulation_steps)
 
     return loop
+
+
+def suspect_loop(kind: str) -> Callable[..., None]:
+    """A loop with exercise 1's signature that is right or makes one of the two mistakes.
+
+    Every loop is a fresh function with the same name, code and no defaults; its closure holds
+    only a random token, so what it does shows only in what it does to the weights."""
+    if kind not in DIAGNOSES:
+        raise ValueError(f"kind must be one of {DIAGNOSES}, got {kind!r}")
+    import secrets
+
+    token = secrets.token_hex(8)
+    _SUSPECT_PLANS[token] = _PLANS[kind]
+    return _suspect(token)
 
 
 @register
 def check_diagnose_accumulation(fn: Any) -> bool:
     """Check ``diagnose_accumulation(loop)``: names what each loop written here does."""
     rng = fresh_rng()
-    kinds = list(DIAGNOSES)
+    kinds = list(DIAGNOSES) + [rng.choice(DIAGNOSES)]
     rng.shuffle(kinds)
     cases = [Case(args=(suspect_loop(kind),), expected=kind, label=f"(suspect loop {i})")
              for i, kind in enumerate(kinds, start=1)]

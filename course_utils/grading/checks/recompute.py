@@ -1,0 +1,123 @@
+"""Lesson 07, exercise 5: recompute a flat stack of layers in segments (``tf.recompute_grad``).
+
+The check, registered by name (``lesson_07`` imports it): on a fresh flat stack of Dense layers,
+the plain stack's gradients, made with one ``tf.recompute_grad`` per segment of
+``segment_size`` layers (counted in the traced step), every layer's forward run again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from course_utils.equality import largest_difference
+from course_utils.grading.checks.registry import register
+from course_utils.grading.framework import Case, fresh_rng, run_check
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = ["check_segment_gradients"]
+
+
+def _keras() -> Any:
+    _tf()
+    import keras
+
+    return keras
+
+
+# --- Exercise 5 · recompute in segments of a flat stack of layers ---------------------------
+
+
+def _segment_stack(rng: Any) -> tuple[list[Any], Any]:
+    """A fresh flat stack of Dense layers (random width and depth) and a batch for it."""
+    keras, tf = _keras(), _tf()
+    width, depth = rng.randint(6, 16), rng.randint(5, 8)
+    seed = rng.randint(0, 2**31 - 1)
+    layers = [keras.layers.Dense(width, activation=rng.choice(["relu", "tanh"]),
+                                 kernel_initializer=keras.initializers.GlorotNormal(seed + i))
+              for i in range(depth)]
+    for layer in layers:
+        layer.build((None, width))
+    x = tf.random.stateless_normal([rng.randint(3, 9), width], seed=[seed, 1])
+    return layers, x
+
+
+def _plain_segment_gradients(layers: list[Any], x: Any) -> list[Any]:
+    tf = _tf()
+    with tf.GradientTape() as tape:
+        for layer in layers:
+            x = layer(x)
+        loss = tf.reduce_mean(tf.square(x))
+    return tape.gradient(loss, [v for layer in layers for v in layer.trainable_variables])
+
+
+def _traced_ops(fn: Any, layers: list[Any], x: Any, segment_size: int) -> dict[str, int]:
+    """The op types of ``fn(layers, x, segment_size)`` traced into one ``tf.function`` graph."""
+    from collections import Counter
+
+    tf = _tf()
+    traced = tf.function(lambda t: fn(layers, t, segment_size)).get_concrete_function(
+        tf.TensorSpec(x.shape, x.dtype))
+    return dict(Counter(op.type for op in traced.graph.get_operations()))
+
+
+@register
+def check_segment_gradients(fn: Any) -> bool:
+    """Check ``segment_gradients(layers, x, segment_size)``: the plain gradients, made with one
+    ``tf.recompute_grad`` per segment of ``segment_size`` consecutive layers (the traced step
+    holds one recompute per segment and runs every layer's forward again)."""
+    rng = fresh_rng()
+    cases = []
+    for _ in range(2):
+        layers, x = _segment_stack(rng)
+        segment_size = rng.randint(2, len(layers) - 2)
+        segments = math.ceil(len(layers) / segment_size)
+
+        def verify(got: Any, layers: list[Any] = layers, x: Any = x,
+                   segment_size: int = segment_size, segments: int = segments) -> str | None:
+            expected = _plain_segment_gradients(layers, x)
+            if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+                return (f"expected a list of {len(expected)} gradients (kernel and bias of "
+                        f"each of the {len(layers)} layers, in order), got {type(got).__name__}"
+                        + (f" of {len(got)}" if isinstance(got, (list, tuple)) else ""))
+            if any(g is None for g in got):
+                return "a gradient is None: every layer must be on the tape's path"
+            for index, (g, e) in enumerate(zip(got, expected, strict=True)):
+                if tuple(np.shape(g)) != tuple(e.shape):
+                    return (f"gradient {index} has shape {tuple(np.shape(g))}, expected "
+                            f"{tuple(e.shape)}: the gradients differ from the plain stack's "
+                            "order (kernel and bias of each layer, first layer first)")
+            error = largest_difference([np.asarray(g) for g in got],
+                                       [np.asarray(g) for g in expected])
+            if error > 1e-5:
+                return (f"the gradients differ from the plain stack's by {error:.2e}: run "
+                        "every layer once, in order, and take the gradient of "
+                        "tf.reduce_mean(tf.square(output)) for every layer's variables, in order")
+            ops = _traced_ops(fn, layers, x, segment_size)
+            recomputes = ops.get("IdentityN", 0) // 2  # tf.recompute_grad: 2 per call
+            if recomputes != segments:
+                return (f"the traced step holds {recomputes} tf.recompute_grad call(s), not "
+                        f"{segments}: {len(layers)} layers in segments of {segment_size} "
+                        f"(the last may be shorter), one tf.recompute_grad per segment")
+            plain = _traced_ops(lambda ls, t, _: _plain_segment_gradients(ls, t), layers, x,
+                                segment_size).get("MatMul", 0)
+            if ops.get("MatMul", 0) < plain + len(layers):
+                return (f"the traced step has {ops.get('MatMul', 0)} matrix products, plain "
+                        f"{plain}: every layer's forward must run again in the backward pass "
+                        "(wrap each whole segment, its layers called inside the wrapped "
+                        "function)")
+            return None
+
+        cases.append(Case(args=(layers, x, segment_size), verify=verify,
+                          label=f"({len(layers)} Dense layers of {x.shape[1]}, x of shape "
+                                f"{tuple(x.shape)}, segment_size={segment_size})"))
+    return run_check(
+        "segment_gradients", fn, cases,
+        hint="for start in range(0, len(layers), segment_size): take layers[start:start + "
+             "segment_size], write a function of one tensor that runs them in order, and call "
+             "tf.recompute_grad(that function)(x) inside one GradientTape; the loss is "
+             "tf.reduce_mean(tf.square(x)); return tape.gradient for every layer's "
+             "trainable_variables, in order. Mind Python's late binding in a loop "
+             "(lesson 07, section 8).")
