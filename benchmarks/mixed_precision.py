@@ -15,7 +15,9 @@ is never timed), then the variants are timed in interleaved rounds and the media
 
 The result is written to ``benchmarks/reference/mixed_precision_<hardware>.json`` (committed:
 lesson 08 shows the file that matches the learner's hardware) and names the machine: CPU model
-and 16-bit flags, GPU name, TensorFlow and Keras versions, and the load average while it ran.
+and 16-bit flags, whether TensorFlow used oneDNN (and why), GPU name, TensorFlow and Keras
+versions, and the load average while it ran. Run it with TensorFlow's defaults: leave
+``TF_ENABLE_ONEDNN_OPTS`` unset unless you mean to measure the other setting.
 """
 
 from __future__ import annotations
@@ -34,13 +36,27 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 #: name: (input features, hidden units, classes, batch size)
 MODELS = {
-    "MLP 64-256-256-4, batch 256 (lesson 08)": (64, (256, 256), 4, 256),
+    "MLP 256-1024-1024-4, batch 512 (lesson 08)": (256, (1024, 1024), 4, 512),
     "MLP 512-2048-2048-10, batch 1024": (512, (2048, 2048), 10, 1024),
 }
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
-def hardware() -> dict:
+def onednn_as_tensorflow_reports_it() -> dict:
+    """Whether TensorFlow uses oneDNN in this process, read before the course sets anything.
+
+    ``IsMklEnabled`` reads ``TF_ENABLE_ONEDNN_OPTS`` once and keeps its answer, so asking it
+    first, before ``course_utils`` is imported, fixes the process on TensorFlow's own choice.
+    """
+    setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    import tensorflow  # noqa: F401
+    from tensorflow.python.util import _pywrap_util_port  # private, so not in a lesson
+
+    return {"enabled": bool(_pywrap_util_port.IsMklEnabled()),
+            "TF_ENABLE_ONEDNN_OPTS": setting}
+
+
+def hardware(onednn: dict) -> dict:
     """The machine the figures belong to: GPU name, or CPU model with its 16-bit flags."""
     import tensorflow as tf
 
@@ -51,8 +67,14 @@ def hardware() -> dict:
                  for g in gpus]
     cpu = mixed_precision.cpu_model_name()
     flags = [f for f, found in mixed_precision.cpu_precision_features().items() if found]
+    environ = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    if onednn["TF_ENABLE_ONEDNN_OPTS"] is not None:
+        environ["TF_ENABLE_ONEDNN_OPTS"] = onednn["TF_ENABLE_ONEDNN_OPTS"]
+    rule = mixed_precision.onednn_state(environ=environ)
+    assert rule["enabled"] in (None, onednn["enabled"]), (rule, onednn)  # the rule holds
+    onednn = {**onednn, "why": rule["reason"]}
     return {"hardware": gpu_names[0] if gpu_names else cpu, "gpus": gpu_names, "cpu": cpu,
-            "cpu_16bit_flags": flags, "cpu_count": os.cpu_count(),
+            "cpu_16bit_flags": flags, "onednn": onednn, "cpu_count": os.cpu_count(),
             "tensorflow": tf.__version__, "keras": __import__("keras").__version__}
 
 
@@ -123,6 +145,15 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
+def result_name(machine: dict) -> str:
+    """The result's file stem: the hardware, and on a CPU its 16-bit flags and oneDNN state."""
+    if machine["gpus"]:
+        return slug(machine["hardware"])
+    flags = "_".join(machine["cpu_16bit_flags"]) or "no_16bit"
+    onednn = "onednn_on" if machine["onednn"]["enabled"] else "onednn_off"
+    return slug(f"{machine['hardware']} {flags} {onednn}")
+
+
 def main(argv: list[str] | None = None) -> pathlib.Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the small MLP only, fewer rounds")
@@ -130,10 +161,11 @@ def main(argv: list[str] | None = None) -> pathlib.Path:
                         help="output file (default benchmarks/reference/mixed_precision_<hw>.json)")
     args = parser.parse_args(argv)
 
+    onednn = onednn_as_tensorflow_reports_it()
     from course_utils.environment import import_tensorflow
 
     tf = import_tensorflow()
-    machine = hardware()
+    machine = hardware(onednn)
     gpu = bool(machine["gpus"])
     models = dict(list(MODELS.items())[:1]) if args.quick else MODELS
     rounds, calls, warmup = (5, 3, 2) if args.quick else (7, 5, 3)
@@ -150,7 +182,7 @@ def main(argv: list[str] | None = None) -> pathlib.Path:
                "baseline": "float32, no XLA" + (", TF32 off" if gpu else ""),
                "results": results}
     out = args.out or REPO / "benchmarks" / "reference" / (
-        f"mixed_precision_{slug(machine['hardware'])}.json")
+        f"mixed_precision_{result_name(machine)}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {out}")

@@ -18,12 +18,18 @@ __all__ = [
     "FORMATS",
     "PRECISION_CPU_FLAGS",
     "NumberFormat",
+    "ONEDNN_DEFAULT_FLAGS",
+    "ONEDNN_VARIABLE",
+    "PRECISION_CASES",
     "REFERENCE_DIR",
     "TENSOR_FLOAT_32",
     "benchmark_rows",
     "count_new_zeros",
+    "cpu_flags",
     "cpu_model_name",
     "cpu_precision_features",
+    "onednn_state",
+    "precision_case",
     "matching_benchmark",
     "reference_benchmarks",
     "dtype_bytes",
@@ -44,7 +50,65 @@ TENSOR_FLOAT_32 = "tensorfloat32"
 FORMATS = ("float32", "float16", "bfloat16")
 
 #: x86 CPU flags that give 16-bit floats a fast path (Linux ``/proc/cpuinfo`` names).
-PRECISION_CPU_FLAGS = ("avx512_fp16", "avx512_bf16", "amx_bf16", "amx_fp16", "amx_tile")
+PRECISION_CPU_FLAGS = ("avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
+
+#: The environment variable TensorFlow reads to switch oneDNN (this module only reads it;
+#: spelled in parts so that tests/test_settings.py's scan for code that sets it stays simple).
+ONEDNN_VARIABLE = "_".join(("TF", "ENABLE", "ONEDNN", "OPTS"))
+
+#: The x86 flags for which TensorFlow turns oneDNN on by default on Linux: any one of them
+#: (``tensorflow/core/util/util.cc``, ``DefaultOneDnnPolicy`` and ``IsMklEnabled``);
+#: TensorFlow's oneDNN environment variable (``ONEDNN_VARIABLE``), 0 or 1, overrides it.
+ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
+                        "amx_bf16")
+
+_TF_BLOG_BF16 = ("TensorFlow blog (Intel), 'Accelerating AI performance on 3rd Gen Intel Xeon "
+                 "Scalable processors with TensorFlow and Bfloat16', 2020: "
+                 "https://blog.tensorflow.org/2020/06/accelerating-ai-performance-on-3rd-gen-"
+                 "processors-with-tensorflow-bfloat16.html")
+_INTEL_AMX = ("Intel, 'Accelerate TensorFlow Machine Learning Performance using Intel AMX': "
+              "https://www.intel.com/content/www/us/en/developer/articles/technical/"
+              "accelerate-tensorflow-ml-performance-amx.html")
+_NVIDIA = ("NVIDIA, 'Train With Mixed Precision' (Tensor Cores: 8x the float32 math "
+           "throughput on Volta): https://docs.nvidia.com/deeplearning/performance/"
+           "mixed-precision-training/index.html; TensorFlow guide 'Mixed precision' "
+           "(more than 3x on modern GPUs): https://www.tensorflow.org/guide/mixed_precision")
+_ONEDNN = ("oneDNN developer guide, 'Data Types' (low-precision support depends on the "
+           "instruction set): https://oneapi-src.github.io/oneDNN/dev_guide_data_types.html; "
+           "tensorflow/core/util/util.cc (DefaultOneDnnPolicy)")
+
+#: The four hardware cases of lesson 08, section 9: what runs the 16-bit matrix products,
+#: what to expect, and the source of that expectation.
+PRECISION_CASES: dict[str, dict[str, str]] = {
+    "no 16-bit path": {
+        "hardware": "x86 CPU without AVX512-BF16 or AMX (AVX2 laptops, many cloud VMs), "
+                    "or oneDNN switched off",
+        "16-bit matrix products": "converted to float32 and back: the same arithmetic "
+                                  "plus the casts",
+        "expect": "mixed_bfloat16 and mixed_float16 no faster than float32",
+        "source": _ONEDNN,
+    },
+    "AVX512-BF16": {
+        "hardware": "x86 CPU with avx512_bf16 (Intel Cooper Lake, AMD Zen 4), oneDNN on",
+        "16-bit matrix products": "bfloat16 dot products in AVX-512 (VDPBF16PS); "
+                                  "float16 only with avx512_fp16",
+        "expect": "mixed_bfloat16 faster than float32 for matrix-heavy steps",
+        "source": _TF_BLOG_BF16,
+    },
+    "AMX": {
+        "hardware": "x86 CPU with AMX tiles (Intel Sapphire Rapids and later), oneDNN on",
+        "16-bit matrix products": "bfloat16 (and with amx_fp16, float16) on tile "
+                                  "matrix units",
+        "expect": "mixed_bfloat16 several times faster for large layers",
+        "source": _INTEL_AMX,
+    },
+    "GPU tensor cores": {
+        "hardware": "NVIDIA GPU with tensor cores (V100 and later; bfloat16 from A100)",
+        "16-bit matrix products": "on the tensor cores; activations move half the bytes",
+        "expect": "mixed_float16 / mixed_bfloat16 faster once layers keep the GPU busy",
+        "source": _NVIDIA,
+    },
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,13 +195,73 @@ def model_memory(model: Any, batch_size: int) -> dict[str, int]:
     return {"weights": weights, "activations": activations}
 
 
-def cpu_precision_features(cpuinfo: str | None = None) -> dict[str, bool]:
-    """Which 16-bit fast paths this x86 CPU has (``PRECISION_CPU_FLAGS``); all False elsewhere."""
+def cpu_flags(cpuinfo: str | None = None) -> set[str] | None:
+    """The CPU's flags from ``/proc/cpuinfo`` (Linux), or None where they cannot be read."""
+    text = _cpuinfo(cpuinfo)
+    lines = [line for line in text.splitlines() if line.startswith(("flags", "Features"))]
+    if not lines:
+        return None
     flags: set[str] = set()
-    for line in _cpuinfo(cpuinfo).splitlines():
-        if line.startswith("flags"):
-            flags.update(line.partition(":")[2].split())
-    return {flag: flag in flags for flag in PRECISION_CPU_FLAGS}
+    for line in lines:
+        flags.update(line.partition(":")[2].split())
+    return flags
+
+
+def cpu_precision_features(cpuinfo: str | None = None) -> dict[str, bool | None]:
+    """Which 16-bit fast paths this x86 CPU has (``PRECISION_CPU_FLAGS``); None: unknown."""
+    flags = cpu_flags(cpuinfo)
+    return {flag: None if flags is None else flag in flags for flag in PRECISION_CPU_FLAGS}
+
+
+def onednn_state(
+    cpuinfo: str | None = None, environ: dict[str, str] | None = None,
+    system: str | None = None, machine: str | None = None,
+) -> dict[str, Any]:
+    """Whether TensorFlow uses oneDNN here (``enabled``: True, False or None) and why.
+
+    TensorFlow's rule (``tensorflow/core/util/util.cc``): ``ONEDNN_VARIABLE`` (0/1,
+    false/true) decides when set; otherwise, on Linux x86, oneDNN is on when the CPU has one
+    of ``ONEDNN_DEFAULT_FLAGS``. Elsewhere this says "unknown" (None).
+    """
+    import os
+    import platform
+
+    environ = os.environ if environ is None else environ
+    system = platform.system() if system is None else system
+    machine = (platform.machine() if machine is None else machine).lower()
+    setting = environ.get(ONEDNN_VARIABLE)
+    if setting is not None and setting.strip().lower() in ("0", "false", "1", "true"):
+        enabled = setting.strip().lower() in ("1", "true")
+        return {"enabled": enabled, "reason": f"{ONEDNN_VARIABLE}={setting}"}
+    if system != "Linux" or machine not in ("x86_64", "amd64"):
+        return {"enabled": None, "reason": f"unknown: TensorFlow's default on {system} "
+                                           f"{machine} is not read here"}
+    flags = cpu_flags(cpuinfo)
+    if flags is None:
+        return {"enabled": None, "reason": "unknown: /proc/cpuinfo has no flags"}
+    found = [flag for flag in ONEDNN_DEFAULT_FLAGS if flag in flags]
+    if found:
+        return {"enabled": True, "reason": f"TensorFlow's default on Linux x86 with "
+                                           f"{', '.join(found)}"}
+    return {"enabled": False, "reason": "TensorFlow's default on Linux x86 without "
+                                        + "/".join(ONEDNN_DEFAULT_FLAGS)}
+
+
+def precision_case(
+    features: dict[str, bool | None], onednn_enabled: bool | None, gpus: int = 0
+) -> str:
+    """Which of ``PRECISION_CASES`` this machine is (or ``"unknown"``)."""
+    if gpus:
+        return "GPU tensor cores"
+    if onednn_enabled is None or None in features.values():
+        return "unknown"
+    if not onednn_enabled:
+        return "no 16-bit path"
+    if features.get("amx_bf16") or features.get("amx_tile"):
+        return "AMX"
+    if features.get("avx512_bf16"):
+        return "AVX512-BF16"
+    return "no 16-bit path"
 
 
 def _cpuinfo(cpuinfo: str | None) -> str:
@@ -165,12 +289,25 @@ def reference_benchmarks(directory: str | pathlib.Path | None = None) -> list[di
 
 
 def matching_benchmark(
-    benchmarks: Iterable[dict[str, Any]], hardware: str
+    benchmarks: Iterable[dict[str, Any]], hardware: str,
+    cpu_16bit_flags: Iterable[str] | None = None, onednn_enabled: bool | None = None,
 ) -> dict[str, Any] | None:
-    """The benchmark measured on ``hardware`` (a GPU or CPU model name), or None."""
+    """The benchmark measured on ``hardware`` (a GPU or CPU model name), or None.
+
+    A CPU name such as "AMD EPYC" covers several generations: give the CPU's 16-bit flags
+    and oneDNN state too, and only a result with the same ones matches.
+    """
     for payload in benchmarks:
-        if payload["machine"]["hardware"] == hardware:
-            return payload
+        machine = payload["machine"]
+        if machine["hardware"] != hardware:
+            continue
+        if cpu_16bit_flags is not None and set(machine.get("cpu_16bit_flags", ())) != set(
+                cpu_16bit_flags):
+            continue
+        if onednn_enabled is not None and machine.get("onednn", {}).get(
+                "enabled") != onednn_enabled:
+            continue
+        return payload
     return None
 
 

@@ -161,26 +161,75 @@ def first_overflowing_layer(model, x, keras, tf):
 def test_reference_first_overflowing_layer_passes(keras, tf, capsys):
     assert cu.grading.check_first_overflowing_layer(
         lambda model, x: first_overflowing_layer(model, x, keras, tf))
-    assert "✅ first_overflowing_layer: 3 cases passed" in capsys.readouterr().out
+    assert "✅ first_overflowing_layer:" in capsys.readouterr().out
 
 
-def test_lazy_first_overflowing_layer_fails_usefully(keras, tf):
+def _hidden(model):
+    return [layer for layer in model.layers if layer.weights][:-1]
+
+
+def _numpy_forward(model, x, dtype):
+    """Every Dense layer's output, computed in NumPy in ``dtype``: (name, output) pairs."""
+    outputs, h = [], np.asarray(x, dtype)
+    for layer in [layer for layer in model.layers if layer.weights]:
+        kernel, bias = (np.asarray(w, dtype) for w in layer.get_weights())
+        h = h @ kernel + bias
+        if layer is not model.layers[-1]:
+            h = np.maximum(h, 0)
+        outputs.append((layer.name, h))
+    return outputs
+
+
+def _lazy_overflow_answers(keras, tf):
+    """Wrong ``first_overflowing_layer`` answers, as a learner would write them."""
+    def largest_weights(model, x):  # reads the weights, computes nothing
+        return max(_hidden(model), key=lambda layer: float(np.max(np.abs(layer.kernel))))
+
     def output_only(model, x):  # looks at the logits alone
         return None if np.all(np.isfinite(model(x).numpy())) else model.layers[-1].name
 
     def last_overflowing(model, x):  # walks the layers backwards
-        layers = [layer for layer in model.layers if layer.weights][::-1]
-        for layer in layers:
+        for layer in [layer for layer in model.layers if layer.weights][::-1]:
             sub = keras.Model(model.input, layer.output)
             if not np.all(np.isfinite(np.asarray(sub(x), dtype=np.float32))):
                 return layer.name
         return None
 
-    for lazy in (output_only, last_overflowing, lambda model, x: None,
-                 lambda model, x: "dense_0"):
-        with pytest.raises(AssertionError, match="first layer whose output is not finite|"
-                                                 "nothing overflows"):
-            cu.grading.check_first_overflowing_layer(lazy)
+    def first_example_only(model, x):  # skips most of the batch
+        return first_overflowing_layer(model, x[:1], keras, tf)
+
+    def in_float32(model, x):  # ignores the float16 this task is about
+        for name, output in _numpy_forward(model, x, np.float32):
+            if not np.all(np.isfinite(output)):
+                return name
+        return None
+
+    def lesson_cell(model, x):  # lesson 08's backward_signal body: the last hidden layer only
+        body = keras.Model(model.input, model.layers[-2].output)
+        return None if np.all(np.isfinite(np.asarray(body(x), np.float32))) else (
+            model.layers[-2].name)
+
+    def index_not_name(model, x):  # the position instead of the name
+        name = first_overflowing_layer(model, x, keras, tf)
+        return None if name is None else [layer.name for layer in model.layers].index(name)
+
+    return {"constant None": lambda model, x: None,
+            "constant first layer": lambda model, x: "dense_0",
+            "largest weights": lambda model, x: largest_weights(model, x).name,
+            "logits only": output_only, "last, not first": last_overflowing,
+            "first example only": first_example_only, "computed in float32": in_float32,
+            "lesson cell: last hidden layer": lesson_cell, "index, not name": index_not_name}
+
+
+@pytest.mark.parametrize("mistake", ["constant None", "constant first layer", "largest weights",
+                                     "logits only", "last, not first", "first example only",
+                                     "computed in float32", "lesson cell: last hidden layer",
+                                     "index, not name"])
+def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
+    lazy = _lazy_overflow_answers(keras, tf)[mistake]
+    with pytest.raises(AssertionError, match="finite|not finite|return a layer's name|"
+                                             "largest weights|before it already"):
+        cu.grading.check_first_overflowing_layer(lazy)
 
 
 @pytest.mark.parametrize("name", ["check_train_with_policy", "check_loss_scaled_train_step",

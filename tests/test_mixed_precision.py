@@ -52,7 +52,56 @@ def test_cpu_precision_features_reads_the_flags_line():
     found = mp.cpu_precision_features("processor : 0\nflags : fpu avx512f avx512_bf16 sse\n")
     assert found["avx512_bf16"] and not found["avx512_fp16"]
     assert set(found) == set(mp.PRECISION_CPU_FLAGS)
-    assert not any(mp.cpu_precision_features("").values())
+    assert all(v is None for v in mp.cpu_precision_features("").values())  # unknown
+
+
+AVX2_ONLY = "processor : 0\nflags : fpu sse avx avx2 f16c\n"
+COOPER_LAKE = "processor : 0\nflags : fpu avx2 avx512f avx512_vnni avx512_bf16\n"
+SAPPHIRE_RAPIDS = ("processor : 0\nflags : avx2 avx512f avx512_vnni avx512_bf16 avx512_fp16 "
+                   "amx_bf16 amx_tile amx_int8\n")
+
+
+@pytest.mark.parametrize(("cpuinfo", "environ", "enabled", "case"), [
+    (AVX2_ONLY, {}, False, "no 16-bit path"),
+    (COOPER_LAKE, {}, True, "AVX512-BF16"),
+    (SAPPHIRE_RAPIDS, {}, True, "AMX"),
+    (COOPER_LAKE, {"TF_ENABLE_ONEDNN_OPTS": "0"}, False, "no 16-bit path"),
+    (AVX2_ONLY, {"TF_ENABLE_ONEDNN_OPTS": "1"}, True, "no 16-bit path"),
+    ("", {}, None, "unknown"),
+])
+def test_onednn_state_and_case_follow_tensorflows_rule(cpuinfo, environ, enabled, case):
+    state = mp.onednn_state(cpuinfo, environ, system="Linux", machine="x86_64")
+    assert state["enabled"] is enabled and state["reason"]
+    assert mp.precision_case(mp.cpu_precision_features(cpuinfo), state["enabled"]) == case
+    assert set(mp.PRECISION_CASES) >= {case} - {"unknown"}
+
+
+def test_onednn_state_is_unknown_off_linux_x86_and_cases_cite_a_source():
+    assert mp.onednn_state(COOPER_LAKE, {}, system="Darwin", machine="arm64")["enabled"] is None
+    assert mp.onednn_state(COOPER_LAKE, {}, system="Linux", machine="aarch64")["enabled"] is None
+    assert mp.precision_case({}, None, gpus=1) == "GPU tensor cores"
+    assert len(mp.PRECISION_CASES) == 4
+    assert all("http" in row["source"] for row in mp.PRECISION_CASES.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", [None, "1"])
+def test_onednn_state_agrees_with_tensorflow_here(setting):
+    """The rule against TensorFlow's own answer (a fresh process: it reads the variable once)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    if setting is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = setting
+    code = ("from tensorflow.python.util import _pywrap_util_port as p; "
+            "print(p.IsMklEnabled())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout.split()[-1]
+    expected = mp.onednn_state(environ={} if setting is None else {
+        "TF_ENABLE_ONEDNN_OPTS": setting})["enabled"]
+    assert expected is None or out == str(expected)
 
 
 def test_layer_dtypes_and_memory_follow_the_policy():
@@ -131,6 +180,7 @@ def test_reference_benchmarks_are_read_and_matched_by_hardware(tmp_path):
     assert [p["machine"]["hardware"] for p in found] == ["AMD EPYC", "NVIDIA H100"]
     assert mp.matching_benchmark(found, "NVIDIA H100")["machine"]["gpus"] == ["H100"]
     assert mp.matching_benchmark(found, "Intel Xeon") is None
+    assert mp.matching_benchmark(found, "AMD EPYC", cpu_16bit_flags=["avx512_bf16"]) is None
 
 
 def test_benchmark_rows_give_one_row_per_model_and_variant():
@@ -145,6 +195,8 @@ def test_committed_reference_results_name_their_hardware_and_baseline():
     for payload in committed:
         machine = payload["machine"]
         assert machine["hardware"] and machine["tensorflow"] and machine["cpu_count"]
+        assert machine["onednn"]["enabled"] in (True, False) and machine["onednn"]["why"]
+        assert isinstance(machine["cpu_16bit_flags"], list)
         for results in payload["results"].values():
             baseline = [r for r in results if r["policy"] == "float32" and not r["jit_compile"]
                         and not r["tf32"]]
@@ -161,4 +213,7 @@ def test_benchmark_script_names_its_file_after_the_hardware():
     spec.loader.exec_module(script)
     assert script.slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
     assert script.slug("AMD EPYC") == "amd_epyc"
+    machine = {"hardware": "AMD EPYC", "gpus": [], "cpu_16bit_flags": ["avx512_bf16"],
+               "onednn": {"enabled": True}}
+    assert script.result_name(machine) == "amd_epyc_avx512_bf16_onednn_on"
     assert "float32" in script.POLICIES and len(script.MODELS) >= 2
