@@ -56,11 +56,8 @@ PRECISION_CPU_FLAGS = ("avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "am
 #: spelled in parts so that tests/test_settings.py's scan for code that sets it stays simple).
 ONEDNN_VARIABLE = "_".join(("TF", "ENABLE", "ONEDNN", "OPTS"))
 
-#: The x86 flags for which TensorFlow turns oneDNN on by default on Linux: any one of them
-#: (``tensorflow/core/util/util.cc``, ``DefaultOneDnnPolicy`` and ``IsMklEnabled``);
-#: TensorFlow's oneDNN environment variable (``ONEDNN_VARIABLE``), 0 or 1, overrides it.
-ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
-                        "amx_bf16")
+#: The x86 flags for which TensorFlow turns oneDNN on by default on Linux: one home, in
+#: ``course_utils.settings`` (which lists every setting of the course and reads oneDNN's state).
 
 _TF_BLOG_BF16 = ("TensorFlow blog (Intel), 'Accelerating AI performance on 3rd Gen Intel Xeon "
                  "Scalable processors with TensorFlow and Bfloat16', 2020: "

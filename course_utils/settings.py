@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ENVIRONMENT",
+    "ONEDNN_DEFAULT_FLAGS",
     "OUTPUT_ONLY",
     "Setting",
     "course_settings",
@@ -106,8 +107,8 @@ def onednn_state(environ: dict[str, str] | None = None, machine: str | None = No
     """Whether TensorFlow's CPU kernels use oneDNN here, and why, e.g. ``"on (default here)"``.
 
     ``TF_ENABLE_ONEDNN_OPTS`` decides when set (``0`` off, ``1`` on). Unset, TensorFlow 2.9 and
-    later decide by the CPU: on for x86 CPUs with neural-network instructions (AVX512_VNNI,
-    AVX512_BF16, AMX), off elsewhere (TensorFlow 2.9's release notes). When TensorFlow is
+    later decide by the CPU: on for Linux x86 CPUs with one of ``ONEDNN_DEFAULT_FLAGS`` (AVX512
+    VNNI or BF16, AVX-VNNI, AMX), off elsewhere (``tensorflow/core/util/util.cc``). When TensorFlow is
     already imported its own answer is read (``IsMklEnabled``, what its kernels use).
     """
     environ = os.environ if environ is None else environ
@@ -138,9 +139,11 @@ def _tensorflow_uses_onednn() -> bool | None:
     return bool(_pywrap_util_port.IsMklEnabled())
 
 
-#: CPU flags (as Linux names them) for which TensorFlow turns oneDNN on by default.
-_ONEDNN_DEFAULT_FLAGS = frozenset({"avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile",
-                                   "avx512_fp16"})
+#: The x86 flags (as Linux names them) for which TensorFlow turns oneDNN on by default: any one
+#: of them (``tensorflow/core/util/util.cc``, ``DefaultOneDnnPolicy`` and ``IsMklEnabled``).
+ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
+                        "amx_bf16")
+_ONEDNN_DEFAULT_FLAGS = frozenset(ONEDNN_DEFAULT_FLAGS)
 
 
 def cpu_flags() -> frozenset[str]:

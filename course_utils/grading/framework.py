@@ -225,6 +225,27 @@ def not_attempted(name: str) -> None:
           "with your code, then run this cell again.")
 
 
+#: Names by which code reads its callers' frames or every live object: an answer that uses them
+#: can read the expected results out of the check instead of computing them.
+INTROSPECTION_NAMES = frozenset({
+    "currentframe", "_getframe", "f_back", "f_locals", "f_globals", "tb_frame",
+    "getouterframes", "getframeinfo", "get_objects", "get_referrers", "get_referents",
+    "getclosurevars", "settrace", "setprofile", "_current_frames"})
+
+
+def grader_introspection(fn: Any) -> list[str]:
+    """The frame- and object-walking names ``fn``'s code uses (its nested functions included)."""
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__",
+                                                     None)
+    found: set[str] = set()
+    stack = [code] if isinstance(code, types.CodeType) else []
+    while stack:
+        current = stack.pop()
+        found |= INTROSPECTION_NAMES & set(current.co_names)
+        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return sorted(found)
+
+
 def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
               rtol: float = 1e-6, atol: float = 1e-9) -> bool:
     """Call ``fn`` on every case and compare with the expected results.
@@ -236,6 +257,12 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
     if isinstance(fn, types.ModuleType) or not callable(fn):
         raise AssertionError(f"{name}: expected your function, got {_short(fn)}. "
                              f"Pass the function itself, e.g. check_{name}({name}).")
+    peeks = grader_introspection(fn)
+    if peeks:
+        raise AssertionError(
+            f"{name}: your function uses {', '.join(peeks)}, which reads the checker's own "
+            "frames or objects (where the expected answers are) instead of computing the "
+            "answer. Compute it from the arguments you are given.")
     cases = list(cases)
     hint_text = f"\nHint: {hint}" if hint else ""
     for number, case in enumerate(cases, start=1):
