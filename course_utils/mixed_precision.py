@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.settings import ONEDNN_DEFAULT_FLAGS
+
 __all__ = [
     "FORMATS",
     "PRECISION_CPU_FLAGS",

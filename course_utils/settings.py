@@ -107,9 +107,9 @@ def onednn_state(environ: dict[str, str] | None = None, machine: str | None = No
     """Whether TensorFlow's CPU kernels use oneDNN here, and why, e.g. ``"on (default here)"``.
 
     ``TF_ENABLE_ONEDNN_OPTS`` decides when set (``0`` off, ``1`` on). Unset, TensorFlow 2.9 and
-    later decide by the CPU: on for Linux x86 CPUs with one of ``ONEDNN_DEFAULT_FLAGS`` (AVX512
-    VNNI or BF16, AVX-VNNI, AMX), off elsewhere (``tensorflow/core/util/util.cc``). When TensorFlow is
-    already imported its own answer is read (``IsMklEnabled``, what its kernels use).
+    later decide by the CPU: on for Linux x86 CPUs with one of ``ONEDNN_DEFAULT_FLAGS``
+    (AVX512 VNNI or BF16, AVX-VNNI, AMX), off elsewhere (``tensorflow/core/util/util.cc``).
+    When TensorFlow is already imported its own answer is read (``IsMklEnabled``).
     """
     environ = os.environ if environ is None else environ
     value = environ.get("TF_ENABLE_ONEDNN_OPTS")

@@ -235,8 +235,7 @@ INTROSPECTION_NAMES = frozenset({
 
 def grader_introspection(fn: Any) -> list[str]:
     """The frame- and object-walking names ``fn``'s code uses (its nested functions included)."""
-    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__",
-                                                     None)
+    code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
     found: set[str] = set()
     stack = [code] if isinstance(code, types.CodeType) else []
     while stack:
