@@ -287,8 +287,9 @@ def test_reading_the_loop_instead_of_running_it_is_caught():
     loops = [checks_07.suspect_loop(kind) for kind in checks_07.DIAGNOSES]
     assert len({loop.__code__ for loop in loops}) == 1  # one code, one name, no defaults
     assert {loop.__defaults__ for loop in loops} == {None}
-    for reader in (from_closure, from_name):
-        with pytest.raises(AssertionError, match="differs"):
+    for reader, says in ((from_closure, "reads the checker's own frames"),
+                         (from_name, "differs")):
+        with pytest.raises(AssertionError, match=says):
             cu.grading.check_diagnose_accumulation(reader)
 
 

@@ -126,3 +126,28 @@ def test_every_check_cell_of_every_solution_calls_an_existing_check(repo):
                 assert callable(getattr(cu.grading, name, None)), f"{path.name}: {name}"
                 calls += 1
     assert calls
+
+
+def test_a_course_function_or_a_frame_walk_passed_as_the_answer_is_refused():
+    import functools
+    import inspect
+
+    from course_utils.grading.checks import lesson_00
+    from course_utils.parallel import schedules
+
+    cases = [framework.Case((1,), expected=2)]
+    for course_code in (schedules.one_f_one_b_orders, lesson_00.reference_diagnosis,
+                        functools.partial(schedules.one_f_one_b_orders)):
+        with pytest.raises(AssertionError, match="the course's own code"):
+            framework.run_check("t", course_code, cases)
+
+    def read_the_expected(x):
+        return inspect.currentframe().f_back.f_locals["case"].expected
+
+    with pytest.raises(AssertionError, match="reads the checker's own frames"):
+        framework.run_check("t", read_the_expected, cases)
+
+    def wrapped(x):  # a check's own wrapper around a learner's function is fine
+        return schedules.one_f_one_b_orders and 2 * x
+
+    assert framework.run_check("t", wrapped, cases)

@@ -103,7 +103,10 @@ def test_require_passed_fails_a_stub_and_passes_a_solution(capsys):
     assert cu.grading.check_diagnose_step(stub) is False
     with pytest.raises(NotAttemptedError, match="diagnose_step: not attempted"):
         cu.grading.require_passed("check_diagnose_step")
-    assert cu.grading.check_diagnose_step(lesson_00.reference_diagnosis)
+    def diagnose_step(*args, **kwargs):  # the learner's own function (as a solution is)
+        return lesson_00.reference_diagnosis(*args, **kwargs)
+
+    assert cu.grading.check_diagnose_step(diagnose_step)
     cu.grading.require_passed("check_diagnose_step")
     with pytest.raises(AssertionError):
         cu.grading.check_diagnose_step(lambda parts, whole_step: "input")

@@ -30,6 +30,7 @@ import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from course_utils.quiet import native_stderr_silenced
@@ -233,15 +234,52 @@ INTROSPECTION_NAMES = frozenset({
     "getclosurevars", "settrace", "setprofile", "_current_frames"})
 
 
+def _course_home(fn: Any) -> str:
+    """``module.name`` when ``fn`` (or what a ``functools.partial`` wraps) is a function that
+    the course's package defines under that name (a helper or a reference answer); a check's
+    own wrappers around the learner's function are not module attributes and pass."""
+    while hasattr(fn, "func") and callable(fn.func):  # functools.partial and friends
+        fn = fn.func
+    module = str(getattr(fn, "__module__", "") or "")
+    if module != "course_utils" and not module.startswith("course_utils."):
+        return ""
+    owner: Any = sys.modules.get(module)
+    for part in str(getattr(fn, "__qualname__", "")).split("."):
+        owner = getattr(owner, part, None)
+    return f"{module}.{fn.__qualname__}" if owner is fn else ""
+
+
 def grader_introspection(fn: Any) -> list[str]:
-    """The frame- and object-walking names ``fn``'s code uses (its nested functions included)."""
-    code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
+    """The frame- and object-walking names the learner's code in ``fn`` uses: its nested
+    functions and the functions its closure holds, not the course's own (a check's wrapper)."""
+    package = str(Path(__file__).resolve().parent.parent)
     found: set[str] = set()
-    stack = [code] if isinstance(code, types.CodeType) else []
-    while stack:
-        current = stack.pop()
-        found |= INTROSPECTION_NAMES & set(current.co_names)
-        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    functions, seen = [fn], set()
+    while functions:
+        current = functions.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        code = getattr(current, "__code__", None) or getattr(type(current).__call__,
+                                                             "__code__", None)
+        if not isinstance(code, types.CodeType):
+            continue
+        if not str(code.co_filename).startswith(package):
+            codes = [code]
+            while codes:
+                each = codes.pop()
+                found |= INTROSPECTION_NAMES & set(each.co_names)
+                codes.extend(c for c in each.co_consts if isinstance(c, types.CodeType))
+        for cell in getattr(current, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(value):
+                functions.append(value)
+        wrapped = getattr(current, "__wrapped__", None) or getattr(current, "func", None)
+        if callable(wrapped):
+            functions.append(wrapped)
     return sorted(found)
 
 
@@ -256,6 +294,12 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
     if isinstance(fn, types.ModuleType) or not callable(fn):
         raise AssertionError(f"{name}: expected your function, got {_short(fn)}. "
                              f"Pass the function itself, e.g. check_{name}({name}).")
+    home = _course_home(fn)
+    if home:
+        raise AssertionError(
+            f"{name}: the function you passed is {home}, the course's own code, not yours. "
+            "Write the function yourself (the course's helpers may be called inside it only "
+            "where the exercise says so).")
     peeks = grader_introspection(fn)
     if peeks:
         raise AssertionError(
