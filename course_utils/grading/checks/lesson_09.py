@@ -10,17 +10,24 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   in the background, compute the largest with input at a third, a communication-bound step,
   and input-bound steps after a warm-up of compute outside them – in a random order.
   ``cu.profiling.step_breakdown`` must agree with the truth first, and the learner's function
-  may not call it. A threshold on the input share, a reading that ignores the step windows,
-  the ``tf_data`` threads or the collectives, each fails a case.
-* ``check_choose_accumulation_steps(choose_accumulation_steps)``: the fewest micro-batches
-  ``k`` (a divisor of the per-replica batch) whose step fits a memory budget, on fresh sizes;
-  ValueError when not even one example per replica fits.
+  may not call into ``cu.profiling`` (see the guard below). A threshold on the input share,
+  a reading that ignores the step windows, the ``tf_data`` threads or the collectives, each
+  fails a case.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
   time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share, not a time, so
   a busy machine does not change the verdict. The slow pipeline is profiled up to
-  ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``).
+  ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``). Before any
+  profile, ``read`` must have run exactly once per example over two epochs (it decodes the
+  stored record, so a pipeline that never reads gets the wrong features).
+* ``check_write_report(write_report, my_results)``: the learner's report, on their own
+  benchmark and on four fresh ones (fresh models and budgets): the noise, each choice (the
+  second value only beyond ``1 + 2 × noise``, like for like, precision at the chosen strategy)
+  and its ratio, and ``k`` with its ``cu.memory.step_budget`` total (``report_reference``).
+
+Exercise 1's guard compares code objects' files: any call into ``course_utils/profiling.py``
+while the learner's function runs is caught, under whatever name it was bound.
 """
 
 from __future__ import annotations
