@@ -13,9 +13,11 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["activation_bytes_per_example", "gradient_step_peak_rises", "limit_batch_size",
+__all__ = ["StepBudget", "activation_bytes_per_example", "gradient_step_peak_rises",
+           "limit_batch_size", "smallest_accumulation", "step_budget", "trainable_bytes",
            "variable_bytes"]
 
 
@@ -25,20 +27,46 @@ def _dtype_bytes(dtype: Any) -> int:
     return import_tensorflow().as_dtype(dtype).size
 
 
-def activation_bytes_per_example(model: Any) -> int:
-    """Bytes of every layer's output for one example: what the backward pass keeps, per example.
+def _tensor_bytes(tensor: Any) -> int:
+    return math.prod(int(d) for d in tensor.shape[1:]) * _dtype_bytes(tensor.dtype)
 
-    Input layers are left out (the batch itself is not an activation). A lower bound: some
-    layers also keep intermediate values (e.g. a Dense layer's pre-activation).
-    """
+
+def _layer_output_bytes(model: Any) -> int:
+    """Bytes of the outputs of ``model``'s layers, one example; nested models counted by their
+    own layers (a nested model's output is its last layer's), input layers left out."""
     total = 0
     for layer in model.layers:
         if type(layer).__name__ == "InputLayer":
             continue
+        if hasattr(layer, "layers") and hasattr(layer, "inputs"):  # a nested model
+            total += _layer_output_bytes(layer)
+            continue
         outputs = layer.output if isinstance(layer.output, (list, tuple)) else [layer.output]
-        for output in outputs:
-            total += math.prod(int(d) for d in output.shape[1:]) * _dtype_bytes(output.dtype)
+        total += sum(_tensor_bytes(output) for output in outputs)
     return total
+
+
+def activation_bytes_per_example(model: Any, *, include_input: bool = True) -> int:
+    """Bytes the backward pass keeps for one example: the input batch and every layer's output.
+
+    A Dense layer's weight gradient needs its input (the previous layer's output, or for the
+    first layer the input batch); TensorFlow's ReLU, tanh and sigmoid gradients use the
+    layer's output (``tensorflow/python/ops/nn_grad.py``: ``_ReluGrad`` reads
+    ``op.outputs[0]``), so for such a chain this count is what is kept. A lower bound where a
+    layer keeps more: an activation whose gradient needs its input (GELU, swish) also keeps
+    the pre-activation; dropout keeps its mask. ``include_input=False`` leaves the input out
+    (a pipeline stage whose input is the previous stage's output, counted there).
+    """
+    total = _layer_output_bytes(model)
+    if include_input:
+        total += sum(_tensor_bytes(tensor) for tensor in model.inputs)
+    return total
+
+
+def trainable_bytes(model: Any) -> int:
+    """Bytes of the trainable weights: the size of one gradient (or one optimizer slot)."""
+    return sum(math.prod(int(d) for d in v.shape) * _dtype_bytes(v.dtype)
+               for v in model.trainable_weights)
 
 
 def variable_bytes(model: Any) -> int:
@@ -96,6 +124,98 @@ def limit_batch_size(model: Any, max_batch_size: int) -> Any:
     inputs = keras.Input(shape=model.input_shape[1:], name="features")
     limited = _batch_size_limit_class()(max_batch_size, name="batch_size_limit")(inputs)
     return keras.Model(inputs, model(limited), name=f"{model.name}_limited")
+
+
+# --- one optimizer update's memory, per replica: the course's one budget ----------------------
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """Bytes **per replica** for one optimizer update, term by term (see ``step_budget``)."""
+
+    parameters: int
+    gradients: int
+    accumulation: int
+    optimizer_slots: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return (self.parameters + self.gradients + self.accumulation + self.optimizer_slots
+                + self.activations)
+
+    def rows(self) -> list[dict]:
+        """``[{"term": ..., "bytes": ...}, ...]``, the five terms in order (for cu.show_table);
+        ``total`` is their sum."""
+        return [{"term": term, "bytes": getattr(self, term)}
+                for term in ("parameters", "gradients", "accumulation", "optimizer_slots",
+                             "activations")]
+
+
+def step_budget(model: Any, *, global_batch: int, replicas: int = 1,
+                accumulation_steps: int = 1, optimizer_slots: int = 2,
+                zero_stage: int = 0) -> StepBudget:
+    """The memory one replica needs for one optimizer update of ``model``, counted from shapes.
+
+    - parameters: every weight (``variable_bytes``);
+    - gradients: one gradient per trainable weight (``trainable_bytes``);
+    - accumulation: with ``accumulation_steps`` > 1 a gradient-sized running sum, kept across
+      the micro-batches (Keras's optimizers add one ``gradient_accumulator`` per weight:
+      ``keras/src/optimizers/base_optimizer.py``); 0 without accumulation;
+    - optimizer_slots: ``optimizer_slots`` gradient-sized slots (Adam 2, momentum 1, SGD 0);
+    - activations: ``activation_bytes_per_example(model)`` x the micro-batch one replica
+      runs at once, ``global_batch / replicas / accumulation_steps``.
+
+    ``zero_stage`` 1, 2, 3 divide the slots, then also the gradients, then also the parameters
+    by ``replicas`` (rounded up), as ZeRO partitions them. The accumulation buffer stays whole:
+    each replica sums its own micro-batches' gradients before the one reduction per update.
+    """
+    for name, value in (("global_batch", global_batch), ("replicas", replicas),
+                        ("accumulation_steps", accumulation_steps)):
+        if int(value) < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    if optimizer_slots < 0:
+        raise ValueError(f"optimizer_slots must be at least 0, got {optimizer_slots}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if global_batch % replicas:
+        raise ValueError(f"global_batch {global_batch} does not split over {replicas} replicas")
+    per_replica = global_batch // replicas
+    if per_replica % accumulation_steps:
+        raise ValueError(f"the per-replica batch {per_replica} does not split into "
+                         f"{accumulation_steps} equal micro-batches")
+    micro = per_replica // accumulation_steps
+    weights, gradient = variable_bytes(model), trainable_bytes(model)
+
+    def share(size: int, from_stage: int) -> int:
+        return -(-size // replicas) if zero_stage >= from_stage else size
+
+    return StepBudget(parameters=share(weights, 3), gradients=share(gradient, 2),
+                      accumulation=gradient if accumulation_steps > 1 else 0,
+                      optimizer_slots=share(optimizer_slots * gradient, 1),
+                      activations=activation_bytes_per_example(model) * micro)
+
+
+def smallest_accumulation(model: Any, *, global_batch: int, budget_bytes: int,
+                          replicas: int = 1, optimizer_slots: int = 2,
+                          max_steps: int = 64) -> int | None:
+    """The fewest micro-batches ``k`` (1 to ``max_steps``, dividing the per-replica batch) whose
+    ``step_budget(...).total`` fits in ``budget_bytes``; None if none does.
+
+    Going from k = 1 to k = 2 adds the accumulation buffer: where the fixed terms nearly fill
+    the budget, splitting the batch may save less than the buffer costs, and no k fits.
+    """
+    if global_batch % replicas:
+        raise ValueError(f"global_batch {global_batch} does not split over {replicas} replicas")
+    per_replica = global_batch // replicas
+    for steps in range(1, int(max_steps) + 1):
+        if per_replica % steps:
+            continue
+        budget = step_budget(model, global_batch=global_batch, replicas=replicas,
+                             accumulation_steps=steps, optimizer_slots=optimizer_slots)
+        if budget.total <= budget_bytes:
+            return steps
+    return None
 
 
 # --- measured: the rise of a fresh process's peak memory over one gradient step ----------------

@@ -7,21 +7,102 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import dataclasses  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from course_utils import equality, memory, models, plots  # noqa: E402
 
 
-def test_activation_bytes_count_every_layer_output_but_the_input():
+def test_activation_bytes_count_the_input_batch_and_every_layer_output():
     model = models.mlp(8, 3, hidden_units=(16, 4))
-    assert memory.activation_bytes_per_example(model) == (16 + 4 + 3) * 4
+    assert memory.activation_bytes_per_example(model) == (8 + 16 + 4 + 3) * 4
+    assert memory.activation_bytes_per_example(model, include_input=False) == (16 + 4 + 3) * 4
 
 
 def test_activation_bytes_of_a_cnn_follow_its_shapes():
     model = models.cnn((8, 8, 1), 10, filters=(2, 3))
-    expected = sum(int(np.prod(layer.output.shape[1:])) * 4 for layer in model.layers[1:])
-    assert memory.activation_bytes_per_example(model) == expected > 0
+    expected = sum(int(np.prod(layer.output.shape[1:])) * 4 for layer in model.layers)
+    assert memory.activation_bytes_per_example(model) == expected > 8 * 8 * 4
+
+
+def test_activation_bytes_of_a_nested_model_count_its_layers_once():
+    from course_utils.quiet import import_tensorflow
+
+    import_tensorflow()
+    import keras
+
+    inner = models.mlp(8, 5, hidden_units=(16,), name="inner")
+    inputs = keras.Input((8,))
+    outer = keras.Model(inputs, keras.layers.Dense(2)(inner(inputs)))
+    assert memory.activation_bytes_per_example(outer) == (8 + 16 + 5 + 2) * 4
+
+
+def _budget_model():  # 8 -> 16 -> 3: 195 float32 weights, all trainable
+    return models.mlp(8, 3, hidden_units=(16,))
+
+
+def test_step_budget_counts_each_term_per_replica():
+    model, weights = _budget_model(), 195 * 4
+    per_example = (8 + 16 + 3) * 4
+    budget = memory.step_budget(model, global_batch=64)
+    assert budget == memory.StepBudget(weights, weights, 0, 2 * weights, 64 * per_example)
+    assert budget.total == 4 * weights + 64 * per_example
+    assert [row["term"] for row in budget.rows()] == [
+        "parameters", "gradients", "accumulation", "optimizer_slots", "activations"]
+    assert sum(row["bytes"] for row in budget.rows()) == budget.total
+    split = memory.step_budget(model, global_batch=64, replicas=2, accumulation_steps=4,
+                               optimizer_slots=1)
+    assert split.accumulation == weights  # one gradient-sized running sum
+    assert split.optimizer_slots == weights
+    assert split.activations == 64 // 2 // 4 * per_example  # per replica, per micro-batch
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        split.activations = 0
+
+
+def test_step_budget_zero_stages_divide_slots_then_gradients_then_parameters():
+    model, weights = _budget_model(), 195 * 4
+    terms = ("parameters", "gradients", "optimizer_slots")
+    got = [tuple(getattr(memory.step_budget(model, global_batch=8, replicas=4,
+                                            zero_stage=stage), term) for term in terms)
+           for stage in range(4)]
+    assert got == [(weights, weights, 2 * weights), (weights, weights, 2 * weights // 4),
+                   (weights, weights // 4, 2 * weights // 4),
+                   (weights // 4, weights // 4, 2 * weights // 4)]
+    with_sum = memory.step_budget(model, global_batch=8, replicas=4, accumulation_steps=2,
+                                  zero_stage=3)
+    assert with_sum.accumulation == weights  # summed locally before the one reduction
+
+
+def test_step_budget_refuses_batches_that_do_not_split():
+    model = _budget_model()
+    for kwargs, message in (({"replicas": 3}, "replicas"),
+                            ({"accumulation_steps": 3}, "micro-batches"),
+                            ({"zero_stage": 4}, "zero_stage"),
+                            ({"optimizer_slots": -1}, "optimizer_slots"),
+                            ({"replicas": 0}, "replicas")):
+        with pytest.raises(ValueError, match=message):
+            memory.step_budget(model, global_batch=8, **kwargs)
+
+
+def test_smallest_accumulation_counts_the_buffer_it_adds():
+    model, weights = _budget_model(), 195 * 4
+    per_example = (8 + 16 + 3) * 4
+    fixed = 4 * weights
+
+    def smallest(budget, **kwargs):
+        return memory.smallest_accumulation(model, global_batch=64, budget_bytes=budget,
+                                            **kwargs)
+
+    assert smallest(fixed + 64 * per_example) == 1
+    assert smallest(fixed + 64 * per_example - 1) == 2 == smallest(
+        fixed + weights + 32 * per_example)
+    assert smallest(fixed + weights + 16 * per_example) == 4  # 3 does not divide 64
+    assert smallest(fixed + 16 * per_example) == 8  # the activations alone would say 4
+    assert smallest(fixed + weights + per_example) == 64
+    assert smallest(fixed + weights + per_example, max_steps=32) is None
+    assert smallest(fixed + weights + 4 * per_example, replicas=2) == 8
 
 
 def test_variable_bytes_are_four_per_float32_weight():

@@ -115,15 +115,17 @@ def memory_per_stage(stages: Sequence[Any], batch_size: int,
     """Bytes each stage needs on its device: parameters, gradients, optimizer state, activations.
 
     Gradients are as large as the parameters; ``optimizer_slots`` copies of them for the
-    optimizer (Adam: 2, SGD with momentum: 1); activations from the stage's layer outputs for
-    ``batch_size`` examples (``course_utils.memory.activation_bytes_per_example``).
+    optimizer (Adam: 2, SGD with momentum: 1); activations from the stage's layer outputs (and
+    the first stage's input batch) for ``batch_size`` examples
+    (``course_utils.memory.activation_bytes_per_example``), so the stages add up to the whole.
     """
     rows = []
     for index, stage in enumerate(stages):
         params = variable_bytes(stage)
         row = {"stage": index, "parameters": params, "gradients": params,
                "optimizer_state": optimizer_slots * params,
-               "activations": batch_size * activation_bytes_per_example(stage)}
+               "activations": batch_size * activation_bytes_per_example(
+                   stage, include_input=index == 0)}  # later inputs: counted one stage up
         row["total"] = sum(v for k, v in row.items() if k != "stage")
         rows.append(row)
     return rows
