@@ -20,6 +20,7 @@ COURSE_BRANCH = "main"
 _SUBMODULES = (
     "bench",
     "book",
+    "child",
     "cluster",
     "data",
     "devices",
@@ -38,6 +39,7 @@ _SUBMODULES = (
     "profiling",
     "quiet",
     "reductions",
+    "settings",
     "strategies",
     "tables",
     "tpu",
@@ -67,9 +69,10 @@ _EXPORTS = {
 __all__ = [
     "COURSE_BRANCH", "COURSE_REPO",
     # submodules
-    "bench", "book", "cluster", "data", "devices", "environment", "equality", "grading", "grid",
+    "bench", "book", "child", "cluster", "data", "devices", "environment", "equality", "grading",
+    "grid",
     "instructor", "memory", "mixed_precision", "models", "monitor", "notebooks", "parallel",
-    "plots", "profiling", "quiet", "reductions", "strategies", "tables",
+    "plots", "profiling", "quiet", "reductions", "settings", "strategies", "tables",
     "tpu", "training", "widgets", "works_where",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",

@@ -9,6 +9,7 @@ import platform
 import sys
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+from course_utils.settings import ENVIRONMENT, onednn_state
 
 __all__ = [
     "LESSONS", "LogicalDevicesError", "Hardware", "is_colab", "tpu_address", "tpu_available",
@@ -206,14 +207,14 @@ def lesson_hardware(hw: Hardware) -> list[tuple[str, str, str]]:
         "00": f"{device} devices for the baseline",
         "01": f"{hw.cpu_cores} cores for parallel map and prefetch",
         "02": f"MirroredStrategy over {replicas} {device} device(s)",
-        "03": "a 2-worker cluster of local processes" + (" on the GPUs" if hw.gpus else ""),
+        "03": "a 2-worker cluster of local processes, "
+        + ("a GPU each" if len(hw.gpus) >= 2 else "on the CPU"),
         "04": "in-process workers and parameter servers on localhost",
         "05": "the TPU" if hw.tpu else "CPU fallback (no TPU here); TPU rules checked on CPU",
         "06": f"manual placement and pipelines over {replicas} {device} device(s)",
         "07": f"gradient accumulation on {device}s",
-        "08": "real mixed-precision speed-ups on the GPU"
-        if hw.gpus
-        else "mixed precision runs; a CPU shows no speed-up (measured honestly)",
+        "08": "mixed precision on the GPU" if hw.gpus
+        else "mixed precision on the CPU: faster only with a 16-bit path (measured)",
         "09": f"the best strategy for {hw.accelerator}",
     }
     return [(number, title, uses[number]) for number, title in LESSONS]
@@ -246,6 +247,15 @@ def doctor_report() -> str:
     lines.append(f"TPU                  {'yes, at ' + str(tpu_address()) if hw.tpu else 'no'}")
     lines.append(f"Colab                {'yes' if hw.colab else 'no'}")
     lines.append(f"Built with CUDA      {tf.test.is_built_with_cuda()}")
+    lines.append("")
+    lines.append("Settings (TensorFlow's defaults unless listed; course_utils/settings.py):")
+    lines.append(f"  oneDNN (CPU math)  {onednn_state()}")
+    if hw.logical_gpus > len(hw.gpus) == 1:
+        lines.append(f"  one GPU split into {hw.logical_gpus} logical GPUs (memory growth is "
+                     "then ignored)")
+    for name in sorted(ENVIRONMENT):
+        if name in os.environ and ENVIRONMENT[name].where.startswith("every lesson"):
+            lines.append(f"  {name}={os.environ[name]}  ({ENVIRONMENT[name].reason})")
     lines.append("")
     lines.append("What each lesson will use here:")
     for number, title, use in lesson_hardware(hw):

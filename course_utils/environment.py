@@ -8,6 +8,7 @@ import random
 
 from course_utils import devices
 from course_utils.quiet import import_tensorflow, native_stderr_silenced, quiet_tensorflow
+from course_utils.settings import settings_line
 
 __all__ = ["seed_everything", "setup"]
 
@@ -42,7 +43,9 @@ def setup(
     1024), so that the GPU strategies have several replicas (``devices.logical_device_plan``).
     Safe to run twice with the same arguments; asking for another device layout after
     TensorFlow started raises a message that says to restart the kernel.
-    Returns nothing, so the set-up cell shows its one line and no value under it;
+    It prints a second line saying which settings the course made (``cu.settings``): the
+    logical devices, the seed and log filters; TensorFlow's math (oneDNN) keeps its defaults.
+    Returns nothing, so the set-up cell shows its lines and no value under it;
     ``cu.hardware()`` gives the summary as an object.
     """
     if quiet:
@@ -62,3 +65,4 @@ def setup(
     if seed is not None:
         seed_everything(seed, deterministic=deterministic)
     print(devices.describe_machine(devices.hardware()))
+    print(settings_line(seed, split=bool(plan)))

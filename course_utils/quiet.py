@@ -16,10 +16,12 @@ from typing import Any
 
 __all__ = ["import_tensorflow", "native_stderr_silenced", "quiet_tensorflow"]
 
-# Environment variables that must be set before TensorFlow is imported to silence its start-up.
+# Log filters that must be set before TensorFlow is imported to silence its start-up. Filters
+# only: nothing here changes what TensorFlow computes (course_utils/settings.py lists every
+# setting of the course, with its reason). oneDNN, TensorFlow's default CPU math, stays on; its
+# start-up notice goes to the native stderr, which ``import_tensorflow`` silences.
 _QUIET_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "3",  # C++ INFO/WARNING/ERROR logs
-    "TF_ENABLE_ONEDNN_OPTS": "0",  # else TensorFlow prints a oneDNN notice on stderr at import
     "GRPC_VERBOSITY": "ERROR",
     "ABSL_MIN_LOG_LEVEL": "3",
     "KMP_WARNINGS": "0",

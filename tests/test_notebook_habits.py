@@ -158,3 +158,26 @@ def test_a_planted_private_api_fails(tmp_path, source):
 ])
 def test_public_apis_and_own_classes_pass(tmp_path, source):
     assert private_api_problems(_notebook(tmp_path, source)) == []
+
+
+#: The longest code line the book shows without a horizontal scroll bar (sphinx-book-theme's
+#: article column at its default font size); a learner's narrow JupyterLab pane agrees.
+MAX_CODE_LINE = 88
+
+
+def long_code_lines(sources: list[str]) -> list[str]:
+    """Each code line longer than ``MAX_CODE_LINE`` characters, with its cell and line."""
+    return [f"cell {cell} line {number}: {len(line)} characters"
+            for cell, source in enumerate(sources)
+            for number, line in enumerate(source.splitlines(), 1) if len(line) > MAX_CODE_LINE]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
+def test_notebook_code_lines_fit_the_book_without_scrolling(path):
+    problems = long_code_lines(notebook_sources(path))
+    assert not problems, f"{_ids(path)}: shorten these lines to {MAX_CODE_LINE}: {problems}"
+
+
+def test_a_planted_long_line_fails():
+    assert long_code_lines(["x = 1\n" + "y = " + "1 + " * 30 + "1"]) == [
+        "cell 0 line 2: 125 characters"]

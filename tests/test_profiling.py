@@ -21,12 +21,12 @@ from course_utils import profiling
 INPUT_WAIT_S = 0.04
 
 
-def _run(tmp_path, *, slow_input: bool, heavy: int, steps: int = 3) -> tuple:
+def _run(tmp_path, *, slow_input: bool, heavy: int, steps: int = 3, replicas: int = 2) -> tuple:
     """Profile ``steps`` distributed steps; returns (xplane path, calls made to the step)."""
     import keras
     import tensorflow as tf
 
-    strategy = cu.make_strategy("mirrored", num_replicas=2, verbose=False)
+    strategy = cu.make_strategy("mirrored", num_replicas=replicas, verbose=False)
     rng = np.random.default_rng(0)
     data = tf.data.Dataset.from_tensor_slices(
         (rng.random((128, 32), np.float32), rng.random((128, 1), np.float32)))
@@ -71,7 +71,9 @@ def input_bound(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def compute_bound(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("compute"), slow_input=False, heavy=60)
+    # One replica: with two on busy cores, the replica that runs first waits for the other in
+    # the all-reduce, and that wait (communication) could outgrow the compute it waits for.
+    return _run(tmp_path_factory.mktemp("compute"), slow_input=False, heavy=60, replicas=1)
 
 
 # ----------------------------------------------------------------------------- real traces
@@ -100,8 +102,9 @@ def test_an_input_bound_run_is_input_bound(input_bound):
     breakdown = profiling.step_breakdown(input_bound[0])
     assert breakdown.steps == 3
     assert breakdown.bottleneck() == "input", profiling.format_breakdown(breakdown)
-    assert breakdown.shares()["input"] > 0.6, profiling.format_breakdown(breakdown)
-    assert breakdown.input_s > 0.5 * INPUT_WAIT_S  # most of the sleep is waited for
+    # most of each step's sleep is waited for; on a loaded machine the Python thread's own gaps
+    # ("other") may grow, so no share of the step is asserted, only what the sleep caused
+    assert breakdown.input_s > 0.5 * INPUT_WAIT_S, profiling.format_breakdown(breakdown)
 
 
 def test_a_compute_bound_run_is_compute_bound(compute_bound):
@@ -110,10 +113,10 @@ def test_a_compute_bound_run_is_compute_bound(compute_bound):
     assert breakdown.shares()["input"] < 0.2, profiling.format_breakdown(breakdown)
 
 
-def test_collectives_of_a_mirrored_step_count_as_communication(compute_bound):
-    breakdown = profiling.step_breakdown(compute_bound[0])
+def test_collectives_of_a_mirrored_step_count_as_communication(input_bound):
+    breakdown = profiling.step_breakdown(input_bound[0])
     assert breakdown.communication_s > 0
-    events = profiling.trace_events(compute_bound[0])
+    events = profiling.trace_events(input_bound[0])
     assert any(e.get("name") == "CollectiveReduceV2" for e in events)
 
 

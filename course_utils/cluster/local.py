@@ -31,7 +31,14 @@ from .processes import (
     stop_at_exit,
     stop_processes,
 )
-from .tf_config import COLLECTIVE_TIMEOUT_ENV, WORKER_ENV, cluster_spec, tf_config
+from .tf_config import (
+    COLLECTIVE_TIMEOUT_ENV,
+    WORKER_ENV,
+    cluster_spec,
+    tf_config,
+    visible_gpus,
+    worker_gpus,
+)
 from .waiting import WorkerWaiter
 
 __all__ = ["LocalCluster"]
@@ -136,9 +143,14 @@ class LocalCluster:
         return tf_config(self.cluster, "worker", index)
 
     def worker_env(self, index: int) -> dict[str, str]:
-        """The full environment worker ``index`` runs with."""
+        """The full environment worker ``index`` runs with.
+
+        TensorFlow's defaults, quiet logs, and a GPU of its own when the machine has one per
+        worker, else no GPU (``settings.gpu_visibility``; ``devices_note`` says which).
+        """
         env = dict(os.environ)
         env.update(WORKER_ENV)
+        env["CUDA_VISIBLE_DEVICES"] = worker_gpus(index, self.num_workers)
         env["TF_CONFIG"] = json.dumps(self.tf_config(index))
         env[COLLECTIVE_TIMEOUT_ENV] = str(self.collective_timeout)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -146,6 +158,18 @@ class LocalCluster:
         )
         env.update(self.extra_env)
         return env
+
+    @property
+    def devices_note(self) -> str:
+        """Which devices the workers compute on: a GPU each, or the CPU (and why)."""
+        gpus = len(visible_gpus())
+        if gpus >= self.num_workers:
+            return f"each of the {self.num_workers} workers computes on a GPU of its own"
+        if gpus:
+            return (f"the {self.num_workers} workers compute on the CPU: {gpus} GPU(s) for "
+                    f"{self.num_workers} workers, and processes sharing a GPU would each "
+                    "reserve nearly all of its memory")
+        return f"the {self.num_workers} workers compute on the CPU (no GPU here)"
 
     def start(self) -> LocalCluster:
         """Pick ports, write ``TF_CONFIG`` per worker and start every worker process.
@@ -176,6 +200,8 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+        if self.stream and visible_gpus():
+            print(self.devices_note)
         self._waiter = WorkerWaiter(
             self.processes, self._logs, self.ports, self.stop, host=self.host,
             timeout=self.timeout, start_timeout=self.start_timeout, killed=self.killed,

@@ -84,6 +84,7 @@ class ProcessCluster:
         try:
             for job, index in self.tasks:
                 env = dict(os.environ, **WORKER_ENV)
+                env["CUDA_VISIBLE_DEVICES"] = ""  # servers of variables and CPU workers (04)
                 env["TF_CONFIG"] = json.dumps(tf_config(self.cluster, job, index))
                 path = self.log_dir / f"{job}-{index}.log"
                 process, log = start_worker([sys.executable, _SERVE_TASK], env, path, preexec)

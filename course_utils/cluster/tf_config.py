@@ -19,17 +19,41 @@ __all__ = [
     "pick_ports",
     "task",
     "tf_config",
+    "visible_gpus",
+    "worker_gpus",
     "worker_strategy",
 ]
 
-#: Environment every worker gets: no GPUs (co-located CPU workers), quiet TensorFlow logs.
+#: Environment every local worker gets: quiet logs and unbuffered prints, nothing that changes
+#: what TensorFlow computes or how it fails (GPUs: ``settings.gpu_visibility``, per worker).
 WORKER_ENV = {
-    "CUDA_VISIBLE_DEVICES": "",
     "TF_CPP_MIN_LOG_LEVEL": "3",
-    "TF_ENABLE_ONEDNN_OPTS": "0",
     "PYTHONUNBUFFERED": "1",
-    "GRPC_FAIL_FAST": "use_caller",
 }
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA ids of the GPUs this process sees (none when TensorFlow was not imported)."""
+    import sys
+
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return []
+    count = len(tf.config.list_physical_devices("GPU"))
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    ids = [i.strip() for i in inherited.split(",") if i.strip()] if inherited else []
+    return ids[:count] if len(ids) >= count else [str(i) for i in range(count)]
+
+
+def worker_gpus(index: int, num_workers: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for local worker ``index``: a GPU of its own, or none."""
+    from course_utils.settings import gpu_visibility
+
+    gpus = visible_gpus()
+    slot = gpu_visibility(index, num_workers, len(gpus))
+    return gpus[int(slot)] if slot else ""
+
+
 #: Environment variable that passes the collective time-out (seconds) to worker scripts.
 COLLECTIVE_TIMEOUT_ENV = "COURSE_COLLECTIVE_TIMEOUT"
 

@@ -55,7 +55,6 @@ def kernel_env(workdir: Path) -> dict[str, str]:
         "MPLCONFIGDIR": str(workdir / ".matplotlib"),
         "MPLBACKEND": "Agg",
         "TF_CPP_MIN_LOG_LEVEL": "3",
-        "TF_ENABLE_ONEDNN_OPTS": "0",
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     })

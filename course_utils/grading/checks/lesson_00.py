@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable, Mapping
@@ -30,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.child import run_cpu_only
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -102,9 +100,7 @@ def run_split_in_fresh_process(fn: Any, num_devices: int) -> dict[str, Any]:
     """Run ``fn(num_devices)`` in a fresh process: what it returned and made, or its error line."""
     source = textwrap.dedent(inspect.getsource(fn))
     script = _SPLIT_SCRIPT.format(source=source, name=fn.__name__, num_devices=num_devices)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = run_cpu_only(["-c", script], timeout=120)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])

@@ -1,0 +1,159 @@
+"""Every setting the course makes to TensorFlow's processes, in one place, with its reason.
+
+The course measures TensorFlow as its users run it: its math libraries (oneDNN on x86), its
+threading, XLA and gRPC behave as TensorFlow's defaults say. What the course does change is
+listed here, and nowhere else: log filters that hide messages without changing any
+computation, the logical devices and seeds a lesson needs, and the few process settings that
+clusters and sandboxes need to run at all. ``tests/test_settings.py`` fails when a module of the
+course sets an environment variable that this list does not name.
+
+This module imports neither TensorFlow nor anything else from ``course_utils``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+__all__ = [
+    "ENVIRONMENT",
+    "OUTPUT_ONLY",
+    "Setting",
+    "course_settings",
+    "gpu_visibility",
+    "onednn_state",
+    "settings_line",
+]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One thing the course sets: where, whether it changes computation, and why."""
+
+    name: str
+    value: str
+    where: str
+    changes_computation: bool
+    reason: str
+
+
+#: Environment variables a module of the course may set, with the reason for each.
+ENVIRONMENT: dict[str, Setting] = {s.name: s for s in (
+    Setting("TF_CPP_MIN_LOG_LEVEL", "3", "every lesson (cu.setup), workers, grader", False,
+            "hides TensorFlow's C++ start-up and info logs; a log filter"),
+    Setting("GRPC_VERBOSITY", "ERROR", "every lesson (cu.setup)", False,
+            "hides gRPC's info logs; a log filter"),
+    Setting("ABSL_MIN_LOG_LEVEL", "3", "every lesson (cu.setup)", False,
+            "hides absl's C++ logs; a log filter"),
+    Setting("KMP_WARNINGS", "0", "every lesson (cu.setup)", False,
+            "hides OpenMP runtime warnings; a log filter"),
+    Setting("PYTHONUNBUFFERED", "1", "local cluster workers", False,
+            "workers' prints reach their log files at once, so the notebook can follow them"),
+    Setting("CUDA_VISIBLE_DEVICES", "one GPU per worker, or none",
+            "local cluster workers and fresh probe processes", True,
+            "several processes on one machine must not all take every GPU: each local worker "
+            "gets a GPU of its own when there is one per worker, else none (CPU workers, said "
+            "so when the cluster starts); a fresh probe process (cu.child) sees no GPU"),
+    Setting("GRPC_FAIL_FAST", "use_caller", "in-process parameter-server clusters (lesson 04)",
+            True, "TensorFlow's parameter-server guide sets it on the coordinator, so that a "
+            "lost worker fails its RPCs at once and the coordinator reschedules its functions "
+            "instead of waiting; lesson 04 sets it in view"),
+    Setting("TF_CONFIG", "the task's cluster spec", "local cluster workers", False,
+            "who each worker is: the variable TensorFlow's cluster resolver reads"),
+    Setting("COURSE_COLLECTIVE_TIMEOUT", "seconds", "local cluster workers", False,
+            "the course's own variable: the worker scripts pass it to CommunicationOptions"),
+    Setting("PYTHONPATH", "the course's folder first", "workers, probes, grader", False,
+            "child processes import the same course_utils as the notebook"),
+    Setting("MPLBACKEND", "Agg", "tests and the grader", False,
+            "plots render without a display; no effect on TensorFlow"),
+    Setting("MPLCONFIGDIR", "a private folder", "the grader", False,
+            "matplotlib's cache in a folder the grading kernel may write"),
+    Setting("IPYTHONDIR", "a private folder", "the grader", False,
+            "IPython's profile in a folder the grading kernel may write"),
+    Setting("JUPYTER_RUNTIME_DIR", "a private folder", "the grader", False,
+            "kernel connection files in a private, writable folder"),
+    Setting("PYDEVD_DISABLE_FILE_VALIDATION", "1", "the grader", False,
+            "hides a debugger warning printed by frozen modules"),
+    Setting("PYTHONDONTWRITEBYTECODE", "1", "the grader", False,
+            "graded code leaves no .pyc files behind"),
+    Setting("COURSE_STRICT_CHECKS", "1", "the grader and the solutions' tests", False,
+            "the course's own variable: a check that does not pass raises"),
+)}
+
+#: Settings made through TensorFlow's API rather than the environment, each shown where made.
+API_SETTINGS: tuple[Setting, ...] = (
+    Setting("logical devices", "cu.setup(logical_devices=N)", "every lesson's set-up cell", True,
+            "N replicas on one machine: the CPU is split into N logical CPUs; a machine with "
+            "exactly one GPU also gets N logical GPUs of 1024 MB each, and TensorFlow then "
+            "ignores memory growth (tensorflow/python/eager/context.py)"),
+    Setting("seeds", "cu.setup(seed=42)", "every lesson's set-up cell", True,
+            "Python, NumPy, Keras and TensorFlow seeded, so a lesson's numbers repeat"),
+    Setting("inter-op threads", "workers + 1, only when the CPU has fewer cores",
+            "in-process parameter-server clusters", True,
+            "in-process servers share one process: with fewer inter-op threads than "
+            "workers + 1, a blocked worker can starve the others"),
+)
+
+#: The environment variables above that only filter output.
+OUTPUT_ONLY = frozenset(name for name, s in ENVIRONMENT.items() if not s.changes_computation)
+
+_OFF = {"0", "false", "off", "no"}
+
+
+def onednn_state(environ: dict[str, str] | None = None, machine: str | None = None) -> str:
+    """Whether TensorFlow's CPU kernels use oneDNN here, and why, e.g. ``"on (default)"``.
+
+    TensorFlow 2.9 and later turn oneDNN on by default on x86-64 Linux and Windows; the
+    environment variable ``TF_ENABLE_ONEDNN_OPTS`` switches it off (``0``) or on (``1``).
+    """
+    environ = os.environ if environ is None else environ
+    machine = (machine or platform.machine()).lower()
+    value = environ.get("TF_ENABLE_ONEDNN_OPTS")
+    if value is not None and value.strip().lower() in _OFF:
+        return f"off (TF_ENABLE_ONEDNN_OPTS={value})"
+    if value is not None and value.strip():
+        return f"on (TF_ENABLE_ONEDNN_OPTS={value})"
+    x86 = machine in ("x86_64", "amd64", "x64", "i686", "i386")
+    return "on (TensorFlow's default on x86)" if x86 else "off (TensorFlow's default here)"
+
+
+def gpu_visibility(index: int, num_processes: int, num_gpus: int) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for local process ``index`` of ``num_processes``.
+
+    One GPU each when there are at least as many GPUs as processes, none otherwise: processes
+    that share a GPU would each reserve nearly all of its memory.
+    """
+    if num_gpus >= num_processes > index >= 0:
+        return str(index)
+    return ""
+
+
+def course_settings(logical_cpus: int | None = None, logical_gpus: int | None = None,
+                    seed: int | None = None) -> list[dict[str, str]]:
+    """The settings in force in this process, as rows for ``cu.show_table``."""
+    rows = [{"setting": "oneDNN (CPU math)", "value": onednn_state(),
+             "why": "TensorFlow's default, left alone"}]
+    if logical_cpus:
+        rows.append({"setting": "logical CPU devices", "value": str(logical_cpus),
+                     "why": "replicas on one machine (cu.setup)"})
+    if logical_gpus:
+        rows.append({"setting": "logical GPU devices", "value": f"{logical_gpus}",
+                     "why": "one GPU split so that strategies have several replicas; "
+                            "memory growth is then ignored"})
+    if seed is not None:
+        rows.append({"setting": "seed", "value": str(seed),
+                     "why": "repeatable numbers (cu.setup)"})
+    for name, setting in ENVIRONMENT.items():
+        if name in os.environ and setting.where.startswith("every lesson"):
+            rows.append({"setting": name, "value": os.environ[name],
+                         "why": setting.reason})
+    return rows
+
+
+def settings_line(seed: int | None = None, split: bool = True) -> str:
+    """The set-up cell's second line: what the course changed and what it left alone."""
+    made = [*(["logical devices"] if split else []),
+            *([f"seed {seed}"] if seed is not None else []), "log filters"]
+    return (f"oneDNN {onednn_state()} · the course set: {', '.join(made)}; "
+            "nothing else (cu.settings.course_settings())")
