@@ -3,8 +3,9 @@
 Every combination is built once and its first call (tracing, warm-up) timed on its own; then
 all combinations are timed in interleaved turns (``cu.bench.time_interleaved``), so a busy
 moment slows them alike, and each keeps its median and spread. ``result_rows`` makes the table,
-``plot_grid`` the picture, ``axis_verdicts`` which differences stand out of the noise. The
-helpers measure and draw; choosing an option and writing the report are the learner's (09).
+``plot_grid`` the picture, ``axis_evidence`` the ratios and the noise a verdict rests on, and
+``contradictions`` the measurements a choice goes against. The helpers measure, draw and
+flag; choosing an option and writing the verdicts are the learner's (09).
 
 Example::
 
@@ -26,8 +27,10 @@ from course_utils.bench import Timing, time_function, time_interleaved
 __all__ = [
     "GridResult",
     "axis_effects",
-    "axis_verdicts",
+    "axis_evidence",
     "combinations",
+    "contradictions",
+    "noise",
     "plot_grid",
     "result_rows",
     "run_grid",
@@ -149,27 +152,51 @@ def axis_effects(results: Sequence[GridResult], axis: str) -> dict[Any, list[flo
     return effects
 
 
-def axis_verdicts(results: Sequence[GridResult], axis: str) -> dict[Any, str]:
-    """For each value of ``axis`` after the first, compared with the first like with like:
-    "faster" or "slower" when every ratio of ``axis_effects`` lies beyond twice the typical
-    deviation of a run from its median, "within the noise" when every one lies within it,
-    else "it depends on the other options"."""
-    noise = _noise(results)
-    verdicts = {}
-    for value, ratios in axis_effects(results, axis).items():
-        verdicts[value] = ("within the noise" if all(abs(r - 1) <= 2 * noise for r in ratios)
-                           else "faster" if min(ratios) > 1 + 2 * noise
-                           else "slower" if max(ratios) < 1 - 2 * noise
-                           else "it depends on the other options")
-    return verdicts
-
-
-def _noise(results: Sequence[GridResult]) -> float:
-    """How far a run typically strays from its median, relative to it (the median over the
-    results of each one's median absolute deviation divided by its median)."""
+def noise(results: Sequence[GridResult]) -> float:
+    """How far a run typically strays from its median, relative to it: the median over the
+    results of each one's median absolute deviation divided by its median."""
     return statistics.median(
         statistics.median(abs(t - r.median_s) for t in r.timing.times) / r.median_s
         for r in results)
+
+
+def axis_evidence(results: Sequence[GridResult], axis: str) -> list[dict[str, Any]]:
+    """The numbers a verdict on ``axis`` rests on, one row per value after the first: its
+    examples/s divided by the first value's, like with like (the smallest and the largest
+    ratio over the other options' combinations), and the noise (``noise``) beside them.
+    It states no verdict: reading the numbers is the learner's (lesson 09)."""
+    values = list(dict.fromkeys(result.options[axis] for result in results))
+    band = noise(results)
+    return [{"option": f"{axis} = {value}", "against": f"{axis} = {values[0]}",
+             "ratios, like for like": f"×{min(ratios):.2f} to ×{max(ratios):.2f}",
+             "comparisons": len(ratios), "noise (±)": f"{band:.1%}"}
+            for value, ratios in axis_effects(results, axis).items()]
+
+
+def contradictions(results: Sequence[GridResult], choice: Mapping[str, Any],
+                   axes: Sequence[str]) -> list[dict[str, Any]]:
+    """Where the measurements contradict ``choice`` (one value per option of the grid): for
+    each of ``axes``, every other value that was faster like with like (the other options
+    as chosen) by more than twice the ``noise``. One row each, with both numbers; [] when
+    nothing contradicts it. A choice that was not measured is a row too."""
+    by_options = {tuple(r.options.items()): r for r in results}
+    chosen = by_options.get(tuple(choice.items()))
+    if chosen is None:
+        return [{"option": "all", "yours": str(dict(choice)), "examples/s (yours)": None,
+                 "faster": "not measured: add it to GRID", "examples/s (faster)": None,
+                 "ratio": None}]
+    band, rows = noise(results), []
+    for axis in axes:
+        for result in results:
+            others_same = all(result.options[k] == v for k, v in choice.items() if k != axis)
+            ratio = result.examples_per_s / chosen.examples_per_s
+            if others_same and result.options[axis] != choice[axis] and ratio > 1 + 2 * band:
+                rows.append({"option": axis, "yours": choice[axis],
+                             "examples/s (yours)": round(chosen.examples_per_s),
+                             "faster": result.options[axis],
+                             "examples/s (faster)": round(result.examples_per_s),
+                             "ratio": f"×{ratio:.2f} (noise ±{band:.1%})"})
+    return rows
 
 
 def plot_grid(results: Sequence[GridResult], hue: str, ax: Any = None,

@@ -47,11 +47,33 @@ def find_bottleneck(events):
     return max(totals, key=totals.get)
 
 
-def choose_accumulation_steps(global_batch, num_replicas, weight_bytes, per_example, budget):
-    per_replica = global_batch // num_replicas
-    for k in range(1, per_replica + 1):
-        if per_replica % k == 0 and 4 * weight_bytes + per_replica // k * per_example <= budget:
-            return k
+def write_report(results, model, global_batch, replicas, budget_bytes, *, noise_band=True,
+                 like_for_like=True, precision_at_choice=True, buffer=True, use_replicas=True):
+    """The reference, as a learner writes it; each keyword switched off is a wrong answer."""
+    speed = {(r.options["strategy"], r.options["precision"]): r.examples_per_s
+             for r in results}
+    strategies = list(dict.fromkeys(r.options["strategy"] for r in results))
+    precisions = list(dict.fromkeys(r.options["precision"] for r in results))
+    noise = cu.grid.noise(results)
+    band = 1 + 2 * noise if noise_band else 1
+    at = precisions[0] if like_for_like else max(precisions,
+                                                 key=lambda p: speed[strategies[1], p])
+    ratio_s = speed[strategies[1], at] / speed[strategies[0], at]
+    strategy = strategies[1] if ratio_s > band else strategies[0]
+    base = strategy if precision_at_choice else strategies[0]
+    ratio_p = speed[base, precisions[1]] / speed[base, precisions[0]]
+    precision = precisions[1] if ratio_p > band else precisions[0]
+    n = replicas[strategy] if use_replicas else 1
+    for k in range(1, global_batch // n + 1):
+        if (global_batch // n) % k:
+            continue
+        budget = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                       accumulation_steps=k)
+        need = budget.total - (0 if buffer else budget.accumulation)
+        if need <= budget_bytes:
+            return {"noise": noise, "strategy": {"choice": strategy, "ratio": ratio_s},
+                    "precision": {"choice": precision, "ratio": ratio_p},
+                    "accumulation_steps": {"choice": k, "step_bytes": budget.total}}
     raise ValueError("nothing fits")
 
 
@@ -116,40 +138,68 @@ def test_the_built_traces_read_back_as_built_by_the_course_and_the_reference():
         profile_traces.synthetic_trace(rng, {"input": 0.8, "compute": 0.4})
 
 
-def test_choose_accumulation_steps_reference_passes():
-    assert cu.grading.check_choose_accumulation_steps(choose_accumulation_steps) is True
+@pytest.fixture(scope="module")
+def my_results():
+    """A learner's own benchmark, as the exercise notebook runs it (small and quick)."""
+    def make_step(strategy, precision):
+        return lambda: None
+
+    return cu.grid.run_grid({"strategy": ["default", "mirrored"],
+                             "precision": ["float32", "mixed_bfloat16"]}, make_step,
+                            examples_per_call=lambda options: 32, repeats=3)
 
 
-@pytest.mark.parametrize("lazy", [
-    lambda g, r, w, a, b: 1,
-    lambda g, r, w, a, b: g // r,
-    lambda g, r, w, a, b: choose_accumulation_steps(g, 1, w, a, b),  # ignores the replicas
-    lambda g, r, w, a, b: choose_accumulation_steps(g, r, w / 4, a, b),  # forgets grads, slots
-    lambda g, r, w, a, b: next(k for k in (1, 2, 4, 8, 16, 32, 64)  # powers of two only
-                               if 4 * w + g // r // k * a <= b),
-])
-def test_choose_accumulation_steps_lazy_answers_fail(lazy):
-    with pytest.raises(AssertionError, match="choose_accumulation_steps"):
-        cu.grading.check_choose_accumulation_steps(lazy)
+def test_write_report_reference_passes(my_results):
+    assert cu.grading.check_write_report(write_report, my_results) is True
+    assert cu.grading.check_write_report(write_report) is True  # fresh benchmarks only
 
 
-def test_choose_accumulation_steps_must_raise_when_nothing_fits():
-    def never_raises(global_batch, num_replicas, weight_bytes, per_example, budget):
-        try:
-            return choose_accumulation_steps(global_batch, num_replicas, weight_bytes,
-                                             per_example, budget)
-        except ValueError:
-            return global_batch // num_replicas
+def _constant_report(*args):
+    return {"noise": 0.02, "strategy": {"choice": "mirrored", "ratio": 1.5},
+            "precision": {"choice": "float32", "ratio": 1.0},
+            "accumulation_steps": {"choice": 2, "step_bytes": 400_000}}
 
-    with pytest.raises(AssertionError, match="raise ValueError"):
-        cu.grading.check_choose_accumulation_steps(never_raises)
+
+def _own_run_copied(results, model, global_batch, replicas, budget_bytes):
+    return write_report(_own_run_copied.results, model, global_batch, replicas,
+                        budget_bytes)
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    (_constant_report, "noise: 0.02"),
+    (lambda *a: write_report(*a, noise_band=False), "choice"),
+    (lambda *a: write_report(*a, like_for_like=False), "strategy"),
+    (lambda *a: write_report(*a, precision_at_choice=False), "precision"),
+    (lambda *a: write_report(*a, buffer=False), "accumulation_steps choice"),
+    (lambda *a: write_report(*a, use_replicas=False), "accumulation_steps"),
+    (lambda *a: {**write_report(*a), "strategy": {
+        "choice": write_report(*a)["strategy"]["choice"],
+        "ratio": 1 / write_report(*a)["strategy"]["ratio"]}}, "strategy ratio"),
+    (_own_run_copied, "but this run.s is"),
+], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
+        "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded"])
+def test_write_report_wrong_answers_fail(my_results, wrong, message):
+    _own_run_copied.results = my_results
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_write_report(wrong, my_results)
 
 
 def test_find_bottleneck_may_not_call_the_course_helper():
     with pytest.raises(AssertionError, match="must read the events itself"):
         cu.grading.check_find_bottleneck(
             lambda events: cu.profiling.step_breakdown(events).bottleneck())
-    assert cu.profiling.step_breakdown is not None  # put back after the check
+
+
+def test_find_bottleneck_may_not_call_the_helper_bound_earlier_under_another_name():
+    from course_utils.profiling import step_breakdown as read_steps  # before the check
+
+    def find_bottleneck(events):
+        return read_steps(events).bottleneck()
+
+    with pytest.raises(AssertionError, match=r"called cu.profiling \(step_breakdown"):
+        cu.grading.check_find_bottleneck(find_bottleneck)
+    import sys
+    assert sys.getprofile() is None  # the guard is gone after the check
 
 
 def test_remove_input_bottleneck_reference_passes(capsys):
@@ -159,8 +209,8 @@ def test_remove_input_bottleneck_reference_passes(capsys):
     print(out)  # the measured shares, for -s
 
 
-def test_the_slow_pipeline_fails_with_its_input_share():
-    with pytest.raises(AssertionError, match="still waits for input"):
+def test_the_slow_pipeline_fails_on_its_reads_before_any_profile():
+    with pytest.raises(AssertionError, match=r"read ran \d+ times in two epochs of \d+ ex"):
         cu.grading.check_remove_input_bottleneck(
             lambda *args, **kwargs: lesson_09.slow_pipeline(*args, **kwargs))
 
@@ -173,6 +223,26 @@ def test_caching_after_augmentation_is_named():
         cu.grading.check_remove_input_bottleneck(cached_noise)
 
 
+@pytest.mark.parametrize(("wrong", "message"), [
+    (lambda r, read, augment, b: r.cache().map(read).map(augment).batch(b),
+     "read each example once"),
+    (lambda r, read, augment, b: r.map(augment).batch(b).prefetch(2), "not the ones read"),
+    (lambda r, read, augment, b: r.map(read, num_parallel_calls=8).map(augment).batch(b)
+     .prefetch(8), "read each example once"),
+    (lambda r, read, augment, b: r.map(read).cache().batch(b), "features come out unchanged"),
+    (lambda r, read, augment, b: r.map(read).cache().map(augment).batch(b).repeat(),
+     "repeats forever"),
+    (lambda r, read, augment, b: r.map(read).cache().map(augment).batch(2 * b),
+     "batches have"),
+    (lambda r, read, augment, b: r.take(4).map(read).cache().map(augment).batch(b),
+     "does not hold each"),
+], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
+        "wrong-batch", "drops-examples"])
+def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_remove_input_bottleneck(wrong)
+
+
 def test_stubs_are_not_attempted_and_fail_in_strict_mode(assert_not_attempted):
     def find_bottleneck(events):
         raise NotImplementedError()
@@ -180,10 +250,10 @@ def test_stubs_are_not_attempted_and_fail_in_strict_mode(assert_not_attempted):
     def remove_input_bottleneck(records, read, augment, batch_size):
         raise NotImplementedError()
 
-    def choose_accumulation_steps(global_batch, num_replicas, weight_bytes, per_example, budget):
+    def write_report(results, model, global_batch, replicas, budget_bytes):
         raise NotImplementedError()
 
-    assert_not_attempted(cu.grading.check_choose_accumulation_steps, choose_accumulation_steps)
+    assert_not_attempted(cu.grading.check_write_report, write_report)
     assert_not_attempted(cu.grading.check_find_bottleneck, find_bottleneck)
     assert_not_attempted(cu.grading.check_remove_input_bottleneck, remove_input_bottleneck)
 

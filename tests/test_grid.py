@@ -126,13 +126,24 @@ def test_the_capstone_diagram_draws_every_stage_and_the_choices_made():
         plt.close(ax.figure)
 
 
-def test_axis_verdicts_name_each_values_effect_from_the_noise():
+def test_axis_evidence_gives_the_ratios_and_the_noise_and_no_verdict():
     slower = [_result("default", 64, 10.0, spread=0.5), _result("default", 128, 16.0, spread=0.5),
               _result("mirrored", 64, 20.0, spread=0.5), _result("mirrored", 128, 40.0, spread=0.5)]
-    assert grid.axis_verdicts(slower, "strategy") == {"mirrored": "slower"}
-    assert grid.axis_verdicts(slower, "batch") == {128: "it depends on the other options"}
-    noisy = [_result("default", 64, 10.0, spread=3.0), _result("mirrored", 64, 10.2, spread=3.0)]
-    assert grid.axis_verdicts(noisy, "strategy") == {"mirrored": "within the noise"}
-    faster = [_result("default", 64, 20.0, spread=0.2), _result("mirrored", 64, 10.0, spread=0.2)]
-    assert grid.axis_verdicts(faster, "strategy") == {"mirrored": "faster"}
-    assert grid.axis_verdicts([_result("default", 64, 10.0)], "strategy") == {}
+    (row,) = grid.axis_evidence(slower, "strategy")
+    assert row["option"] == "strategy = mirrored" and row["against"] == "strategy = default"
+    assert row["ratios, like for like"] == "×0.40 to ×0.50" and row["comparisons"] == 2
+    assert row["noise (±)"] == f"{grid.noise(slower):.1%}"
+    assert not any(word in str(row) for word in ("faster", "slower", "within"))
+    assert grid.axis_evidence([_result("default", 64, 10.0)], "strategy") == []
+
+
+def test_contradictions_flag_a_slower_choice_with_both_numbers():
+    results = [_result("default", 64, 20.0, spread=0.2), _result("mirrored", 64, 10.0, spread=0.2)]
+    (row,) = grid.contradictions(results, {"strategy": "default", "batch": 64}, ["strategy"])
+    assert row["faster"] == "mirrored" and row["examples/s (yours)"] == 3200
+    assert row["examples/s (faster)"] == 6400 and row["ratio"].startswith("×2.00")
+    assert grid.contradictions(results, {"strategy": "mirrored", "batch": 64}, ["strategy"]) == []
+    noisy = [_result("default", 64, 10.0, spread=3.0), _result("mirrored", 64, 9.8, spread=3.0)]
+    assert grid.contradictions(noisy, {"strategy": "default", "batch": 64}, ["strategy"]) == []
+    (missing,) = grid.contradictions(results, {"strategy": "default", "batch": 32}, ["strategy"])
+    assert "not measured" in missing["faster"]

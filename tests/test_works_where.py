@@ -109,10 +109,12 @@ def test_every_synchronous_job_matches_one_device_under_the_default_strategy():
     column = ww.run_column("default", tf.distribute.get_strategy(), task, expected_replicas=1)
     assert set(column) == set(ww.APIS)
     distribution = column.pop("keras_distribution")
-    remat = column.pop("remat_scope")  # fit traces, and custom_gradient wants eager mode
-    assert remat.status == "fails" and "custom_gradient" in remat.detail
-    assert {row: cell.status for row, cell in column.items()} == {
-        row: "works" for row in jobs.SYNC_JOBS if row != "remat_scope"}
+    failing = ("remat_scope", "remat_larger_than", "remat_list_of_layers")
+    for row in failing:  # fit traces, and custom_gradient takes keywords in eager mode only
+        remat = column.pop(row)
+        assert remat.status == "fails" and "custom_gradient" in remat.detail, row
+    assert {row: cell.status for row, cell in column.items()} == {  # remat_activations too
+        row: "works" for row in jobs.SYNC_JOBS if row not in failing}
     assert "overflow on the last replica was skipped" in column["loss_scale_optimizer"].detail
     if distribution.status == "fails":  # Keras 3.13 (Colab's): the TF backend cannot build it
         assert "num_processes" in distribution.detail
@@ -138,7 +140,7 @@ def test_loss_scale_optimizer_applies_an_overflow_of_the_second_replica():
     strategy = make_strategy("mirrored", num_replicas=2, verbose=False)
     assert jobs.overflow_on_last_replica_applied(strategy, task)
     cell = ww.run_cell("loss_scale_optimizer", "mirrored", strategy, task, 2)
-    assert cell.status == "works" and "first replica only" in cell.detail
+    assert cell.status == "wrong" and "first replica only" in cell.detail  # ⚠️
     assert cell.issue == cells.FIRST_REPLICA_ONLY
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from course_utils.works_where.cells import APIS, STATUSES, STRATEGIES, Cell, first_line
 from course_utils.works_where.cli import TABLE_PATH, committed_table_path, table_document
+from course_utils.works_where.jobs import keras_distribution_source
 from course_utils.works_where.matrix import (
     LOCAL_COLUMNS,
     collect_multi_worker,
@@ -58,6 +59,7 @@ __all__ = [
     "committed_table_path",
     "detail_rows",
     "first_line",
+    "keras_distribution_source",
     "local_strategy",
     "make_task",
     "run_cell",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from course_utils.works_where.cells import REMAT_ROWS
 from course_utils.works_where.jobs import compiled_keras3, replica_training
 from course_utils.works_where.task import Task
 
@@ -84,7 +85,7 @@ def ps_fit_tf_keras(strategy: Any, task: Task) -> tuple[list, int, int]:
 
 
 def ps_fit_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
-                  remat: bool = False, **compile_options: Any) -> tuple[list, int, int]:
+                  remat: str | None = None, **compile_options: Any) -> tuple[list, int, int]:
     """Keras 3 ``fit`` under the parameter-server strategy (``compile_options`` to compile)."""
     model = compiled_keras3(strategy, task, accumulation_steps, remat, **compile_options)
     batch = task.global_batch // (accumulation_steps or 1)
@@ -111,5 +112,6 @@ PS_JOBS = {
     "gradient_accumulation": ps_fit_with_accumulation,
     "loss_scale_optimizer": ps_loss_scaled_loop,
     "recompute_grad": lambda strategy, task: ps_custom_loop(strategy, task, recompute=True),
-    "remat_scope": lambda strategy, task: ps_fit_keras3(strategy, task, remat=True),
+    **{row: (lambda strategy, task, row=row: ps_fit_keras3(strategy, task, remat=row))
+       for row in REMAT_ROWS},
 }

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.works_where.cells import REMAT_ROWS
 from course_utils.works_where.task import Task
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "fit_steps_per_execution",
     "fit_jit_compile",
     "loss_scaled_loop",
+    "keras_distribution_source",
     "overflow_on_last_replica_applied",
     "recomputed_loop",
     "fit_remat_scope",
@@ -34,15 +36,18 @@ __all__ = [
 
 
 def compiled_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
-                    remat: bool = False, **compile_options: Any) -> Any:
+                    remat: str | None = None, **compile_options: Any) -> Any:
     """A Keras 3 model built and compiled in the strategy's scope (SGD, cross-entropy), its
-    layers made in ``keras.RematScope(mode="full")`` when ``remat``; ``compile_options`` such
-    as ``steps_per_execution`` or ``jit_compile`` go to ``compile``."""
+    layers made in ``keras.RematScope(**REMAT_MODES[remat])`` when ``remat`` names a row;
+    ``compile_options`` such as ``steps_per_execution`` or ``jit_compile`` go to ``compile``."""
     import contextlib
 
     import keras
 
-    remat_scope = keras.RematScope(mode="full") if remat else contextlib.nullcontext()
+    from course_utils.works_where.cells import REMAT_MODES
+
+    remat_scope = (keras.RematScope(**REMAT_MODES[remat]) if remat
+                   else contextlib.nullcontext())
     with strategy.scope():
         with remat_scope:
             model = task.keras_model()
@@ -54,7 +59,7 @@ def compiled_keras3(strategy: Any, task: Task, accumulation_steps: int | None = 
 
 
 def fit_keras3(strategy: Any, task: Task, accumulation_steps: int | None = None,
-               remat: bool = False, **compile_options: Any) -> list[Any]:
+               remat: str | None = None, **compile_options: Any) -> list[Any]:
     """Keras 3 ``compile`` + ``fit`` in the strategy's scope (micro-batches when accumulating)."""
     model = compiled_keras3(strategy, task, accumulation_steps, remat, **compile_options)
     batch = task.global_batch // (accumulation_steps or 1)
@@ -168,9 +173,12 @@ def recomputed_loop(strategy: Any, task: Task) -> list[Any]:
     return custom_loop(strategy, task, recompute=True)
 
 
-def fit_remat_scope(strategy: Any, task: Task) -> list[Any]:
-    """Keras 3 ``fit`` of a model whose layers were made in ``keras.RematScope(mode="full")``."""
-    return fit_keras3(strategy, task, remat=True)
+def fit_remat_scope(row: str) -> Any:
+    """The job of one RematScope row: Keras 3 ``fit`` of a model whose layers were made in
+    ``keras.RematScope`` with the row's mode (``cells.REMAT_MODES``)."""
+    def job(strategy: Any, task: Task) -> list[Any]:
+        return fit_keras3(strategy, task, remat=row)
+    return job
 
 
 def fit_trainer(strategy: Any, task: Task) -> list[Any]:
@@ -229,5 +237,26 @@ SYNC_JOBS = {
     "gradient_accumulation": fit_with_accumulation,
     "loss_scale_optimizer": loss_scaled_loop,
     "recompute_grad": recomputed_loop,
-    "remat_scope": fit_remat_scope,
+    **{row: fit_remat_scope(row) for row in REMAT_ROWS},
 }
+
+
+def keras_distribution_source() -> dict[str, bool]:
+    """What the installed Keras's source says about ``keras.distribution`` on TensorFlow.
+
+    ``backend_num_processes``: whether the TensorFlow backend's ``distribution_lib`` defines
+    ``num_processes`` (``keras/src/backend/tensorflow/distribution_lib.py``);
+    ``guarded``: whether ``Distribution.__init__`` asks ``hasattr(distribution_lib,
+    "num_processes")`` before calling it (``keras/src/distribution/distribution_lib.py``).
+    Without the function and without the guard, building any distribution raises
+    ``AttributeError`` on TensorFlow: the case of the Keras 3.13.2 the course ran on Colab in
+    August 2026 (the traceback in keras-team/keras#18983 shows the same unguarded call).
+    """
+    import importlib
+    import inspect
+
+    backend = importlib.import_module("keras.src.backend.tensorflow.distribution_lib")
+    front = importlib.import_module("keras.src.distribution.distribution_lib")
+    source = inspect.getsource(front.Distribution.__init__)
+    return {"backend_num_processes": hasattr(backend, "num_processes"),
+            "guarded": 'hasattr(distribution_lib, "num_processes")' in source}

@@ -64,7 +64,8 @@ class Task:
     def _model(self, keras_module: Any) -> Any:
         layers = keras_module.layers
         model = keras_module.Sequential([keras_module.Input((self.num_features,)),
-                                         layers.Dense(self.hidden, activation="relu"),
+                                         layers.Dense(self.hidden, activation="relu",
+                                                      name="hidden"),
                                          layers.Dense(self.num_classes)])
         model.set_weights(self.initial_weights)
         return model

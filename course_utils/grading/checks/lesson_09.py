@@ -10,24 +10,30 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   in the background, compute the largest with input at a third, a communication-bound step,
   and input-bound steps after a warm-up of compute outside them – in a random order.
   ``cu.profiling.step_breakdown`` must agree with the truth first, and the learner's function
-  may not call it. A threshold on the input share, a reading that ignores the step windows,
-  the ``tf_data`` threads or the collectives, each fails a case.
-* ``check_choose_accumulation_steps(choose_accumulation_steps)``: the fewest micro-batches
-  ``k`` (a divisor of the per-replica batch) whose step fits a memory budget, on fresh sizes;
-  ValueError when not even one example per replica fits.
+  may not call into ``cu.profiling`` (see the guard below). A threshold on the input share,
+  a reading that ignores the step windows, the ``tf_data`` threads or the collectives, each
+  fails a case.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
   time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share, not a time, so
   a busy machine does not change the verdict. The slow pipeline is profiled up to
-  ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``).
+  ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``). Before any
+  profile, ``read`` must have run exactly once per example over two epochs (it decodes the
+  stored record, so a pipeline that never reads gets the wrong features).
+* ``check_write_report(write_report, my_results)``: the learner's report, on their own
+  benchmark and on four fresh ones (fresh models and budgets): the noise, each choice (the
+  second value only beyond ``1 + 2 × noise``, like for like, precision at the chosen strategy)
+  and its ratio, and ``k`` with its ``cu.memory.step_budget`` total (``report_cases``).
+
+Exercise 1's guard compares code objects' files: any call into ``course_utils/profiling.py``
+while the learner's function runs is caught, under whatever name it was bound.
 """
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,9 +47,9 @@ __all__ = [
     "FAST_INPUT_SHARE",
     "READ_SECONDS",
     "SLOW_INPUT_SHARE",
-    "check_choose_accumulation_steps",
     "check_find_bottleneck",
     "check_remove_input_bottleneck",
+    "check_write_report",
     "slow_baseline",
     "slow_pipeline",
 ]
@@ -161,26 +167,55 @@ def _bound_run(rng: Any, kind: str, steps: int = 3) -> list[dict]:
 # --- Exercise 1 · find the bottleneck in a trace -----------------------------------------------
 
 
-@contextlib.contextmanager
-def _without_step_breakdown() -> Iterator[None]:
-    """``cu.profiling.step_breakdown`` raises while the learner's function runs."""
+class _CallsInto:
+    """Record every call, made while it is active (any thread), into a function whose code
+    lives in one of ``files``: the guard compares code objects' files, so a helper bound
+    earlier under another name (``from course_utils.profiling import step_breakdown``) is
+    caught as surely as ``cu.profiling.step_breakdown``; no module attribute is replaced."""
+
+    def __init__(self, *files: str) -> None:
+        self.files = set(files)
+        self.names: list[str] = []
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename in self.files:
+            self.names.append(frame.f_code.co_name)
+
+    def __enter__(self) -> _CallsInto:
+        import sys
+        import threading
+
+        self._previous = sys.getprofile(), threading.getprofile()
+        sys.setprofile(self._profile)
+        threading.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import sys
+        import threading
+
+        sys.setprofile(self._previous[0])
+        threading.setprofile(self._previous[1])
+
+    def take(self) -> list[str]:
+        names, self.names = list(dict.fromkeys(self.names)), []
+        return names
+
+
+def _course_profiling_file() -> str:
     from course_utils import profiling
 
-    original = profiling.step_breakdown
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("find_bottleneck must read the events itself: "
-                           "cu.profiling.step_breakdown is what the check compares it with")
-
-    profiling.step_breakdown = refuse
-    try:
-        yield
-    finally:
-        profiling.step_breakdown = original
+    return profiling.step_breakdown.__code__.co_filename
 
 
-def _verifier(kind: str, table: str) -> Callable[[Any], str | None]:
+def _verifier(kind: str, table: str,
+              guard: _CallsInto | None = None) -> Callable[[Any], str | None]:
     def verify(got: Any) -> str | None:
+        called = guard.take() if guard is not None else []
+        if called:
+            return (f"find_bottleneck called cu.profiling ({', '.join(called)}): it must read "
+                    "the events itself; cu.profiling.step_breakdown is what the check "
+                    "compares it with")
         if got == kind:
             return None
         if got not in _BOTTLENECKS:
@@ -190,7 +225,7 @@ def _verifier(kind: str, table: str) -> Callable[[Any], str | None]:
     return verify
 
 
-def _real_case(rng: Any) -> Case:
+def _real_case(rng: Any, guard: _CallsInto) -> Case:
     """A fresh real run, input- or compute-bound, checked against ``step_breakdown`` first."""
     from course_utils.profiling import format_breakdown, step_breakdown
 
@@ -199,7 +234,8 @@ def _real_case(rng: Any) -> Case:
         events = _bound_run(rng, kind)
         breakdown = step_breakdown(events)
         if breakdown.bottleneck() == kind:
-            return Case(args=(events,), verify=_verifier(kind, format_breakdown(breakdown)),
+            return Case(args=(events,),
+                        verify=_verifier(kind, format_breakdown(breakdown), guard),
                         label=f"(a real {kind}-bound run: {len(events)} events)")
     raise RuntimeError(f"the check's {kind}-bound run did not come out {kind}-bound "
                        f"here; run the cell again.\n{format_breakdown(breakdown)}")
@@ -213,15 +249,17 @@ def check_find_bottleneck(fn: Any) -> bool:
     from course_utils.profiling import format_breakdown, step_breakdown
 
     rng = fresh_rng()
-    cases = [_real_case(rng)]
+    guard = _CallsInto(_course_profiling_file())
+    cases = [_real_case(rng, guard)]
     for description in BOTTLENECK_CASES:
         kind, events = trace_case(rng, description)
         breakdown = step_breakdown(events)
         assert breakdown.bottleneck() == kind, (description, breakdown)  # the check's own
-        cases.append(Case(args=(events,), verify=_verifier(kind, format_breakdown(breakdown)),
+        cases.append(Case(args=(events,),
+                          verify=_verifier(kind, format_breakdown(breakdown), guard),
                           label=f"(a trace where {description})"))
     rng.shuffle(cases)
-    with _without_step_breakdown():
+    with guard:
         return run_check(
             "find_bottleneck", fn, cases,
             hint="the steps are the events with 'step_num' in their args; count only what "
@@ -235,8 +273,14 @@ def check_find_bottleneck(fn: Any) -> bool:
 # --- Exercise 2 · remove the input bottleneck --------------------------------------------------
 
 
+#: What the check's "disk" stores: the features minus this offset, which ``read`` adds back,
+#: so that a pipeline that never reads gets features far from the real ones.
+_STORED_OFFSET = 10.0
+
+
 def _counting_read(seconds: float, calls: list[int]) -> Callable[..., Any]:
-    """A "disk" read: waits ``seconds`` per example and counts its calls in ``calls``."""
+    """A "disk" read: waits ``seconds`` per example, counts its calls in ``calls``, and
+    decodes the stored record (adds ``_STORED_OFFSET`` back)."""
     import time
 
     tf = _tf()
@@ -249,7 +293,7 @@ def _counting_read(seconds: float, calls: list[int]) -> Callable[..., Any]:
 
         done = tf.py_function(wait, [], tf.int32)
         with tf.control_dependencies([done]):
-            return tf.identity(features), tf.identity(label)
+            return tf.identity(features) + _STORED_OFFSET, tf.identity(label)
 
     return read
 
@@ -287,7 +331,10 @@ def _elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> st
         if sizes[:-1] != [batch_size] * (len(sizes) - 1) or sizes[-1] > batch_size:
             return f"epoch {epoch}'s batches have {sizes} examples; batch_size is {batch_size}"
         noise.append(got - features[labels.astype(int)])
-    if max(np.abs(n_).max() for n_ in noise) == 0:
+    if max(np.abs(n_).max() for n_ in noise) > 1:  # augment's noise has a deviation of 0.1
+        return ("the features are not the ones read returns: every example must go through "
+                "read (the records hold what is stored on the disk, not the examples)")
+    if max(np.abs(n_).max() for n_ in noise) < 1e-4:  # read's decoding rounds, no more
         return "the features come out unchanged: apply augment to every example"
     if np.allclose(noise[0], noise[1]):
         return ("both epochs got the same augmentation: the augmented examples were cached. "
@@ -306,7 +353,7 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
     batch_size = rng.choice([8, 16])
     batches = rng.choice([3, 4])
     features, labels = _examples(rng, batch_size * batches)
-    records = tf.data.Dataset.from_tensor_slices((features, labels))
+    records = tf.data.Dataset.from_tensor_slices((features - _STORED_OFFSET, labels))
     calls: list[int] = []
     read, augment = _counting_read(READ_SECONDS, calls), _augment(rng.randint(0, 2**31 - 1))
     label = (f"({len(features)} examples, read {READ_SECONDS * 1e3:g} ms each, "
@@ -326,6 +373,12 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
         if problem:
             return problem
         reads = len(calls)
+        if reads != len(features):
+            return (f"read ran {reads} times in two epochs of {len(features)} examples: "
+                    + ("it never ran; read every example, once" if reads == 0 else
+                       "read each example once, in the first epoch, and keep what it "
+                       "returned" if reads > len(features) else
+                       "some examples were never read"))
         fast = profile(dataset)
         slow = slow_baseline(lambda: profile(slow_pipeline(records, read, augment,
                                                            batch_size)))
@@ -348,51 +401,37 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
              "lesson 01, the cache section).")
 
 
-# --- Exercise 3 · how many micro-batches ------------------------------------------------------
-
-
-def _step_bytes(per_replica: int, k: int, weight_bytes: int, per_example: int) -> int:
-    """One replica's step with Adam: weights, gradients, two slots, a micro-batch's activations."""
-    return 4 * weight_bytes + per_replica // k * per_example
-
-
-def _accumulation_case(rng: Any, per_replica: int, replicas: int, position: int) -> Case:
-    """A budget whose fewest fitting micro-batch count is the ``position``-th divisor."""
-    divisors = [k for k in range(1, per_replica + 1) if per_replica % k == 0]
-    k = divisors[position]
-    weight_bytes, per_example = rng.randint(20_000, 60_000), rng.randint(2_000, 9_000)
-    need = _step_bytes(per_replica, k, weight_bytes, per_example)
-    above = (_step_bytes(per_replica, divisors[position - 1], weight_bytes, per_example)
-             if position else need + per_example)
-    budget = need + int(rng.uniform(0.0, 0.9) * (above - need))
-    return Case(args=(per_replica * replicas, replicas, weight_bytes, per_example, budget),
-                expected=k)
+# --- Exercise 3 · your report, from your run ----------------------------------------------
 
 
 @register
-def check_choose_accumulation_steps(fn: Any) -> bool:
-    """Check ``choose_accumulation_steps(global_batch, num_replicas, weight_bytes,
-    activation_bytes_per_example, budget_bytes)`` on fresh sizes, and its ValueError."""
+def check_write_report(fn: Any, my_results: Any = None) -> bool:
+    """Check ``write_report(results, model, global_batch, replicas, budget_bytes)``: on the
+    learner's own benchmark ``my_results`` and on four fresh ones, each choice and each
+    figure it cites as the measurements give them (``report_reference``)."""
+    from course_utils.grading.checks.report_cases import SCENARIOS, report_case, synthetic_results
+    from course_utils.grid import GridResult
+
     rng = fresh_rng()
-    weight_bytes = rng.randint(20_000, 60_000)
-    try:  # not even one example per replica fits this budget
-        got = fn(64, 2, weight_bytes, 5_000, 4 * weight_bytes + 4_000)
-    except (ValueError, NotImplementedError):  # right, or a stub (run_check reports it)
-        pass
-    else:
-        raise AssertionError(
-            f"choose_accumulation_steps(64, 2, {weight_bytes}, 5000, {4 * weight_bytes + 4000}):"
-            f" not even one example per replica fits that budget, but it returned {got!r}; "
-            "raise ValueError instead")
-    cases = [_accumulation_case(rng, 24 * rng.choice([1, 2]), rng.choice([2, 4]), 2),  # k = 3
-             _accumulation_case(rng, 32, rng.choice([2, 4, 8]), rng.choice([2, 3])),
-             _accumulation_case(rng, 60, 1, rng.choice([3, 4])),  # k = 4 or 5
-             _accumulation_case(rng, 16, 2, 0)]  # the whole batch fits: k = 1
-    rng.shuffle(cases)
+    cases = []
+    if my_results is not None:
+        if not (isinstance(my_results, list) and my_results
+                and all(isinstance(r, GridResult) for r in my_results)):
+            raise AssertionError("check_write_report(write_report, my_results): my_results "
+                                 "must be the list cu.grid.run_grid returned above")
+        cases.append(report_case(rng, my_results, "your own benchmark"))
+    for description, speeds in rng.sample(SCENARIOS, len(SCENARIOS)):
+        scale = rng.uniform(500, 5000)
+        keys = [("default", "float32"), ("default", "mixed_bfloat16"),
+                ("mirrored", "float32"), ("mirrored", "mixed_bfloat16")]
+        results = synthetic_results(rng, {key: scale * speed for key, speed
+                                          in zip(keys, speeds, strict=True)}, spread=0.02)
+        cases.append(report_case(rng, results, f"a fresh benchmark: {description}"))
     return run_check(
-        "choose_accumulation_steps", fn, cases,
-        hint="the per-replica batch is global_batch // num_replicas; try its divisors k in "
-             "increasing order; a step needs 4 × weight_bytes (weights, gradients, Adam's two "
-             "slots) plus (per-replica batch // k) × activation_bytes_per_example; return the "
-             "first k that fits the budget, and raise ValueError when none does (lesson 09, "
-             "section 4).")
+        "write_report", fn, cases,
+        hint="noise = cu.grid.noise(results); the strategy ratio compares the second "
+             "strategy with the first at the first precision; choose the second only when "
+             "the ratio exceeds 1 + 2 × noise; the precision ratio compares at the strategy "
+             "you chose; k is the fewest divisor of the per-replica batch whose "
+             "cu.memory.step_budget(...).total fits (the accumulation buffer counts) "
+             "(lesson 09, section 4).")

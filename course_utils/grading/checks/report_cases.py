@@ -1,0 +1,131 @@
+"""Lesson 09's exercise 3, the report: the reference report and the cases its check runs.
+
+``report_reference(results, model, global_batch, replicas, budget_bytes)`` is the report the
+exercise asks for: the benchmark's noise (``cu.grid.noise``); the strategy, the second value
+only when its examples/s over the first's, like for like at the first precision, exceeds
+``1 + 2 × noise``; the precision by the same rule at the chosen strategy; and the fewest
+micro-batches ``k`` whose ``cu.memory.step_budget`` total fits the budget, with that total.
+``synthetic_results`` makes fresh benchmarks (``SCENARIOS``), ``report_case`` one case with a
+fresh model and a budget that the count without the accumulation buffer gets wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from course_utils.grading.framework import Case
+
+__all__ = ["SCENARIOS", "report_case", "report_problem", "report_reference",
+           "synthetic_results"]
+
+
+def report_reference(results: Any, model: Any, global_batch: int,
+                     replicas: dict[str, int], budget_bytes: int) -> dict[str, Any]:
+    """The report the exercise asks for (the check's reference): see ``check_write_report``."""
+    from course_utils.grid import noise as grid_noise
+    from course_utils.memory import step_budget
+
+    speed = {(r.options["strategy"], r.options["precision"]): r.examples_per_s
+             for r in results}
+    strategies = list(dict.fromkeys(r.options["strategy"] for r in results))
+    precisions = list(dict.fromkeys(r.options["precision"] for r in results))
+    band = grid_noise(results)
+    ratio_s = speed[strategies[1], precisions[0]] / speed[strategies[0], precisions[0]]
+    strategy = strategies[1] if ratio_s > 1 + 2 * band else strategies[0]
+    ratio_p = speed[strategy, precisions[1]] / speed[strategy, precisions[0]]
+    precision = precisions[1] if ratio_p > 1 + 2 * band else precisions[0]
+    per_replica = global_batch // replicas[strategy]
+    for k in range(1, per_replica + 1):
+        if per_replica % k:
+            continue
+        need = step_budget(model, global_batch=global_batch, replicas=replicas[strategy],
+                           accumulation_steps=k).total
+        if need <= budget_bytes:
+            return {"noise": band,
+                    "strategy": {"choice": strategy, "ratio": ratio_s},
+                    "precision": {"choice": precision, "ratio": ratio_p},
+                    "accumulation_steps": {"choice": k, "step_bytes": need}}
+    raise ValueError(f"not even one example per replica fits {budget_bytes} bytes")
+
+
+def synthetic_results(rng: Any, speeds: dict[tuple[str, str], float],
+                       spread: float) -> list[Any]:
+    """Grid results with the given examples/s, each repetition within ``spread`` of it."""
+    from course_utils.bench import Timing
+    from course_utils.grid import GridResult
+
+    batch = rng.choice([32, 64])
+    results = []
+    for (strategy, precision), per_s in speeds.items():
+        median = batch / per_s
+        jitter = [rng.uniform(-spread, spread) for _ in range(4)]
+        times = tuple(median * (1 + j) for j in [*jitter, 0.0])
+        results.append(GridResult({"strategy": strategy, "precision": precision},
+                                  rng.uniform(0.5, 2.0), Timing(times), batch))
+    return results
+
+
+#: Fresh benchmarks, each as (what it tests, examples/s of default·f32, default·b16,
+#: mirrored·f32, mirrored·b16): speeds are multiplied by a fresh scale.
+SCENARIOS = [
+    ("mirrored far faster; bfloat16 within the noise", (1.0, 1.01, 1.8, 1.81)),
+    ("mirrored within the noise; bfloat16 faster on one device only", (1.0, 1.6, 1.01, 1.0)),
+    ("mirrored slower; bfloat16 faster", (1.0, 1.7, 0.6, 1.0)),
+    ("mirrored faster only under bfloat16", (1.0, 1.2, 1.0, 2.0)),
+]
+
+
+def report_problem(got: Any, want: dict[str, Any]) -> str | None:
+    if not isinstance(got, dict):
+        return f"returned {type(got).__name__}; return a dict like the one described"
+    for key in want:
+        if key not in got:
+            return f"the report has no {key!r} entry (it has {sorted(got)})"
+    if not np.isclose(float(got["noise"]), want["noise"], rtol=1e-6):
+        return f"noise: {got['noise']!r}, but this run's is {want['noise']:.6f}"
+    for axis in ("strategy", "precision", "accumulation_steps"):
+        entry = got[axis]
+        if not isinstance(entry, dict):
+            return f"{axis}: expected a dict with its choice and figure, got {entry!r}"
+        for field, value in want[axis].items():
+            mine = entry.get(field)
+            same = (mine == value if isinstance(value, (str, int)) and field != "ratio"
+                    else mine is not None and np.isclose(float(mine), value, rtol=1e-6))
+            if not same:
+                return (f"{axis} {field}: {mine!r}, but the measurements say {value!r} "
+                        f"(the whole expected entry: {want[axis]})")
+    return None
+
+
+def report_case(rng: Any, results: Any, label: str) -> Case:
+    """A case on ``results`` with a fresh model and a budget whose answer is a k > 1 that the
+    count without the accumulation buffer would get wrong, or k = 1."""
+    import keras
+
+    from course_utils.memory import step_budget
+
+    width, classes = rng.choice([16, 24, 32]), rng.choice([5, 10])
+    model = keras.Sequential([keras.Input((rng.choice([32, 48]),)),
+                              keras.layers.Dense(width, activation="relu"),
+                              keras.layers.Dense(width, activation="relu"),
+                              keras.layers.Dense(classes)])
+    global_batch, replicas = rng.choice([128, 256]), {"default": 1, "mirrored": 2}
+    want_k = rng.choice([1, 2, 4])
+    strategy = report_reference(results, model, global_batch, replicas, 2**40)
+    count = {k: step_budget(model, global_batch=global_batch,
+                            replicas=replicas[strategy["strategy"]["choice"]],
+                            accumulation_steps=k) for k in (1, 2, 4)}
+    if want_k == 1:
+        budget = count[1].total + rng.randint(0, 1000)
+    else:  # fits k, not the k before it; the count without the buffer would pick that one
+        before = count[want_k // 2]
+        budget = max(count[want_k].total,
+                     before.total - before.accumulation + rng.randint(0, 200))
+        budget = min(budget, before.total - 1)
+    args = (results, model, global_batch, replicas, budget)
+    want = report_reference(*args)
+    assert want["accumulation_steps"]["choice"] == want_k, (want, budget)  # the check's own
+    return Case(args=args, verify=lambda got: report_problem(got, want),
+                label=f"({label}; global batch {global_batch}, a budget of {budget} bytes)")
