@@ -93,19 +93,19 @@ def colab_install_lines(tpu: bool = False) -> list[str]:
     if tpu:
         return [
             "import sys",
-            f"{_COLAB_IF}  # Colab only: on a TPU runtime tensorflow-tpu, then the course",
-            f"    !{{sys.executable}} -m pip install -q --no-deps "
-            f"git+https://github.com/{COURSE_REPO}@{COURSE_BRANCH}",
+            f"{_COLAB_IF}  # Colab: tensorflow-tpu on a TPU, then the course",
+            f'    course = "git+https://github.com/{COURSE_REPO}@{COURSE_BRANCH}"',
+            "    !{sys.executable} -m pip install -q --no-deps {course}",
             "    from course_utils.tpu import install_course_on_colab  # imports no TensorFlow",
             f'    install_course_on_colab("{INSTALL_REPORT}")',
         ]
     return [
         "import sys",
-        f"{_COLAB_IF}  # Colab only: install the course, keep Colab's TensorFlow",
+        f"{_COLAB_IF}  # Colab only; keeps Colab's TensorFlow",
         # A shell escape, not %pip: IPython's %pip always adds "you may need to restart the
         # kernel"; install_summary says when a restart is really needed.
-        f"    !{{sys.executable}} -m pip install -q --report {INSTALL_REPORT} "
-        f"git+https://github.com/{COURSE_REPO}@{COURSE_BRANCH}",
+        f'    course = "git+https://github.com/{COURSE_REPO}@{COURSE_BRANCH}"',
+        f"    !{{sys.executable}} -m pip install -q --report {INSTALL_REPORT} {{course}}",
         "    from course_utils.notebooks import install_summary",
         f'    print(install_summary("{INSTALL_REPORT}"))',
     ]

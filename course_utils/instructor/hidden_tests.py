@@ -67,7 +67,8 @@ def strip_hidden_tests(source: str) -> str:
 def check_cell_source(check: str, function: str) -> str:
     """The source of a check cell: the learner's visible check, then its hidden test."""
     return (f"cu.grading.{check}({function})\n### {BEGIN_HIDDEN}\n"
-            f'cu.grading.require_passed("{check}")  # graded: an unsolved exercise scores 0\n'
+            "# graded: an unsolved exercise scores 0\n"
+            f'cu.grading.require_passed("{check}")\n'
             f"### {END_HIDDEN}")
 
 
