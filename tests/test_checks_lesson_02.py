@@ -274,7 +274,7 @@ def test_stubs_are_not_attempted(check, capsys):
         check(stub)
 
 
-# --- the rest of the adversarial catalogue (issue 30): every exercise, six or more ----------
+# --- the rest of the adversarial catalogue: every exercise, six or more wrong answers -------
 
 
 def restored_never(model, optimizer, directory, build_fresh):  # written, never read

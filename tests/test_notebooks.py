@@ -51,19 +51,20 @@ def test_colab_badge_points_at_the_file():
 def test_setup_cell_installs_on_colab_only_and_calls_setup():
     source = notebooks.setup_cell_source(logical_devices=4, seed=1, deterministic=True)
     lines = source.splitlines()
-    assert lines[:5] == notebooks.colab_install_lines()
+    assert lines[:6] == notebooks.colab_install_lines()
     assert lines[1].startswith('if "google.colab" in sys.modules:')
-    install = lines[2]
+    assert lines[2] == f'    course = "git+https://github.com/{cu.COURSE_REPO}@{cu.COURSE_BRANCH}"'
+    install = lines[3]
     # a shell escape: IPython's %pip would print "you may need to restart the kernel" each time
     assert install.startswith("    !{sys.executable} -m pip install -q --report ")
     assert "%pip" not in source
-    assert install.endswith(f"git+https://github.com/{cu.COURSE_REPO}@{cu.COURSE_BRANCH}")
+    assert install.endswith(" {course}")
     for forbidden in ("--force-reinstall", "--upgrade ", "-U ", "==", "restart"):
         assert forbidden not in install  # the ranges keep Colab's TensorFlow; no restart needed
-    assert all(line.startswith("    ") for line in lines[2:5])  # all of it on Colab only
+    assert all(line.startswith("    ") for line in lines[2:6])  # all of it on Colab only
     assert source.endswith("import course_utils as cu\n"
                            "cu.setup(logical_devices=4, seed=1, deterministic=True)")
-    assert len(lines) == 7
+    assert len(lines) == 8
 
 
 def test_the_tpu_lesson_decides_about_tensorflow_tpu_before_installing_the_course():
@@ -73,18 +74,18 @@ def test_the_tpu_lesson_decides_about_tensorflow_tpu_before_installing_the_cours
     assert not notebooks.is_tpu_notebook("notebooks/06_model_parallelism.ipynb")
     assert not notebooks.is_tpu_notebook("notebooks/A_what_works_where.ipynb")
     lines = notebooks.colab_install_lines(tpu=True)
-    assert lines[:2] == ["import sys", 'if "google.colab" in sys.modules:  # Colab only: on a '
-                         "TPU runtime tensorflow-tpu, then the course"]
+    assert lines[:2] == ["import sys", 'if "google.colab" in sys.modules:  # Colab: '
+                         "tensorflow-tpu on a TPU, then the course"]
     # the course alone first (no TensorFlow from its requirements), then course_utils.tpu decides
-    assert lines[2] == ("    !{sys.executable} -m pip install -q --no-deps "
-                        f"git+https://github.com/{cu.COURSE_REPO}@{cu.COURSE_BRANCH}")
-    assert lines[3:] == [
+    assert lines[2] == f'    course = "git+https://github.com/{cu.COURSE_REPO}@{cu.COURSE_BRANCH}"'
+    assert lines[3] == "    !{sys.executable} -m pip install -q --no-deps {course}"
+    assert lines[4:] == [
         "    from course_utils.tpu import install_course_on_colab  # imports no TensorFlow",
         f'    install_course_on_colab("{notebooks.INSTALL_REPORT}")']
     source = notebooks.setup_cell_source(logical_devices=2, seed=42, tpu=True)
     assert source.split("\n") == [*lines, "import course_utils as cu",
                                   "cu.setup(logical_devices=2, seed=42)"]
-    assert notebooks.setup_cell_source().split("\n")[:5] == notebooks.colab_install_lines()
+    assert notebooks.setup_cell_source().split("\n")[:6] == notebooks.colab_install_lines()
 
 
 def test_the_tpu_set_up_cell_runs_in_that_order_on_colab(monkeypatch):
@@ -103,10 +104,11 @@ def test_the_tpu_set_up_cell_runs_in_that_order_on_colab(monkeypatch):
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     monkeypatch.setattr(tpu, "install_course_on_colab", lambda path: events.append(("tpu", path)))
     code = TransformerManager().transform_cell("\n".join(notebooks.colab_install_lines(True)))
-    exec(code, {"get_ipython": Shell})
+    namespace = {"get_ipython": Shell}
+    exec(code, namespace)
+    assert namespace["course"] == f"git+https://github.com/{cu.COURSE_REPO}@{cu.COURSE_BRANCH}"
     assert events == [
-        ("shell", "{sys.executable} -m pip install -q --no-deps "
-                  f"git+https://github.com/{cu.COURSE_REPO}@{cu.COURSE_BRANCH}"),
+        ("shell", "{sys.executable} -m pip install -q --no-deps {course}"),
         ("tpu", notebooks.INSTALL_REPORT)]
 
 

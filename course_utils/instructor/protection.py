@@ -55,7 +55,7 @@ class Protection:
 
 def python_paths() -> list[Path]:
     """What a kernel must reach: this Python, its installation and environment, the course."""
-    from course_utils.instructor.sandbox import PACKAGE_DIR
+    from course_utils.instructor.kernel_env import PACKAGE_DIR
 
     return [Path(sys.executable), Path(sys.base_prefix), Path(sys.prefix), PACKAGE_DIR]
 
@@ -80,7 +80,7 @@ def make_private(paths: list[Path]) -> None:
 
 
 def _probe(protection: Protection, private: list[Path]) -> dict:
-    from course_utils.instructor.sandbox import PACKAGE_DIR, kernel_env
+    from course_utils.instructor.kernel_env import PACKAGE_DIR, kernel_env
 
     site = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
     args = {"private": [str(p) for p in private if p.exists()], "package": [str(PACKAGE_DIR)],
@@ -126,7 +126,7 @@ def protect(private: list[Path], limits: Limits | None = None) -> Protection:
         return Protection(False, limits, f"root, but a sandbox user cannot run this Python and "
                           f"the course ({error}); submissions run as root, unprotected: install "
                           "them where other users can read them")
-    from course_utils.instructor.sandbox import PACKAGE_DIR
+    from course_utils.instructor.kernel_env import PACKAGE_DIR
 
     if found["package"] != str(PACKAGE_DIR.resolve()):
         raise SandboxError(f"the sandbox imports course_utils from {found['package']}, not "

@@ -19,9 +19,8 @@ from typing import Any
 
 import psutil
 
-import course_utils
-from course_utils.grading.framework import STRICT_ENV
 from course_utils.instructor.assemble import Prepared
+from course_utils.instructor.kernel_env import PACKAGE_DIR, kernel_env
 from course_utils.instructor.protection import Protection, jail_spec
 from course_utils.instructor.sandbox_user import kill_user, reserve_user
 
@@ -30,7 +29,6 @@ __all__ = ["PACKAGE_DIR", "WORKER_GRACE", "kernel_env", "kill_process_tree", "ru
 
 #: Extra seconds the check-runner process gets beyond the time limit before it is killed.
 WORKER_GRACE = 60.0
-PACKAGE_DIR = Path(course_utils.__file__).resolve().parent
 _ACTIVE: set[subprocess.Popen[bytes]] = set()  # running check runners, killed on Ctrl-C
 _ACTIVE_LOCK = threading.Lock()
 _STOP = threading.Event()  # set on Ctrl-C: start no new check runner
@@ -46,27 +44,6 @@ def kill_process_tree(pid: int, include_root: bool = True, wait_s: float = 5.0) 
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         psutil.wait_procs(procs, timeout=wait_s)
-
-
-def kernel_env(home: Path) -> dict[str, str]:
-    """The environment of a grading kernel: strict checks, quiet TensorFlow, no user config,
-    ``home`` as its home and working folder, ``home/tmp`` as its temporary folder."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("JPY_", "COURSE_", "JUPYTER_", "XDG_"))}
-    root = str(PACKAGE_DIR.parent)
-    env.update({
-        STRICT_ENV: "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p),
-        "HOME": str(home),
-        "TMPDIR": str(home / "tmp"), "TEMP": str(home / "tmp"), "TMP": str(home / "tmp"),
-        "IPYTHONDIR": str(home / ".ipython"),
-        "MPLCONFIGDIR": str(home / ".matplotlib"),
-        "MPLBACKEND": "Agg",
-        "TF_CPP_MIN_LOG_LEVEL": "3",
-        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    })
-    return env
 
 
 def _home(job: Path, uid: int | None) -> Path:

@@ -47,7 +47,8 @@ load_lessons()
 # The lesson modules are public too (a notebook may read a lesson's constants, e.g. the
 # diagnoses of lesson 02), found like the checks: no list to edit.
 __all__ = ["LESSON_PREFIX", "DuplicateCheckError", "check", "lesson_module_names",
-           "load_lessons", "register", "registry", *lesson_module_names(), *registry.names()]
+           "load_lessons", "register", "registry", "worker_scripts", *lesson_module_names(),
+           *registry.names()]
 
 
 def __getattr__(name: str) -> Any:

@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 from course_utils.equality import largest_difference
+from course_utils.grading.checks.overflow import check_first_overflowing_layer  # noqa: F401
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["ACCURACY_TOLERANCE", "BATCH_SIZE", "EPOCHS", "LOSS_TOLERANCE", "OVERFLOW_FACTOR",
-           "DECOY_FACTOR", "GROWTH", "check_first_overflowing_layer",
+           "check_first_overflowing_layer",
            "check_loss_scaled_train_step", "check_train_with_policy"]
 
 #: The planted batch is the inputs times this: float16 activations overflow (max 65504).
@@ -381,119 +382,3 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
              "optimizer.apply(gradients, model.trainable_variables) and return the unscaled "
              "loss (lesson 08, section 5).")
 
-
-# --- Exercise 3 · where does float16 overflow first? -----------------------------------------
-
-#: Every hidden kernel of the check's models is multiplied by this: activations grow layer by
-#: layer, so how far a batch gets before float16 overflows (65504) depends on its inputs.
-GROWTH = 8.0
-
-#: The decoy layer's kernel is made negative and this much larger: its pre-activations
-#: overflow to -inf, and ReLU turns them into 0, a finite output.
-DECOY_FACTOR = 1e6
-
-#: The input scales the check tries (outlier rows of the batch multiplied by each).
-_SCALES = tuple(10.0 ** (i / 4) for i in range(-8, 29))
-
-
-def _every_output(model: Any) -> tuple[list[Any], Any]:
-    keras = _keras()
-    layers = [layer for layer in model.layers
-              if not isinstance(layer, keras.layers.InputLayer)]
-    return layers, keras.Model(model.input, [layer.output for layer in layers])
-
-
-def _overflow_cases(model: Any, x: np.ndarray, rows: list[int], rng: Any,
-                    decoy: str | None) -> list[tuple[np.ndarray, str | None, float]]:
-    """Batches whose first overflowing layer differs: (x, the answer, the scale), computed.
-
-    Examples do not interact in an MLP, so every scale's batch runs in one call.
-    """
-    layers, every_output = _every_output(model)
-    batches = []
-    for scale in _SCALES:
-        batch = x.copy()
-        batch[rows] *= scale
-        batches.append(batch)
-    finite = [np.all(np.isfinite(np.asarray(output, np.float32)).reshape(
-        len(_SCALES), len(x), -1), axis=(1, 2)) for output in every_output(np.concatenate(
-            batches))]
-    by_answer: dict[str | None, tuple[np.ndarray, float]] = {}
-    for index, (batch, scale) in enumerate(zip(batches, _SCALES, strict=True)):
-        first = next((layer.name for layer, ok in zip(layers, finite, strict=True)
-                      if not ok[index]), None)
-        by_answer.setdefault(first, (batch, scale))
-    named = [name for name in by_answer if name is not None]
-    chosen = [None] + rng.sample(named, min(len(named), 1 if decoy else 2))
-    return [(by_answer[name][0], name, by_answer[name][1]) for name in chosen
-            if name in by_answer]
-
-
-def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None,
-                       scale: float) -> Callable[[Any], str | None]:
-    def verify(got: Any) -> str | None:
-        if got == expected:
-            return None
-        if got is not None and not isinstance(got, str):
-            return f"return a layer's name (a str) or None, not {type(got).__name__} {got!r}"
-        if got is not None and got not in order:
-            return f"{got!r} is not a layer of this model (its layers: {order})"
-        if got is not None and got == decoy:
-            return (f"{got!r} has by far the largest weights, yet its output on this x is "
-                    "finite: its pre-activations overflow to -inf and ReLU makes them 0. "
-                    "Compute every layer's output on x; the weights do not tell")
-        if expected is None:
-            return (f"on this x (outlier rows times {scale:.3g}) every layer's output is "
-                    f"finite in float16, you answered {got!r}: return None then")
-        if got is None:
-            return (f"on this x (outlier rows times {scale:.3g}) {expected!r} outputs inf or "
-                    "nan in float16 and you answered None: look at every example of the batch, "
-                    "in the model's own (mixed_float16) dtypes")
-        if order.index(got) > order.index(expected):
-            return (f"{got!r} is not finite, but {expected!r} before it already is on this x "
-                    f"(outlier rows times {scale:.3g}): return the first")
-        return (f"{got!r}'s output is finite on this x (outlier rows times {scale:.3g}); the "
-                f"first layer whose output is not finite is {expected!r}. The same model "
-                "overflows at different layers on different inputs")
-    return verify
-
-
-@register
-def check_first_overflowing_layer(fn: Any) -> bool:
-    """Check ``first_overflowing_layer(model, x)`` on fresh models and batches (answers differ)."""
-    from course_utils.training.precision import policy_scope
-
-    rng = fresh_rng()
-    x, _, num_features, num_classes = _task(rng, 32)
-    depth, units = rng.choice([4, 5]), rng.choice([16, 24, 32])
-    rows = rng.sample(range(1, len(x)), 2)  # outliers: never the first example
-    cases = []
-    for with_decoy in (False, True):
-        with policy_scope("mixed_float16"):
-            model = _deep_mlp(num_features, num_classes, units, depth)
-        hidden = [layer for layer in model.layers if layer.weights][:-1]
-        for layer in hidden:
-            layer.kernel.assign(layer.kernel * GROWTH)
-        decoy = None
-        if with_decoy:  # the last hidden layer: huge, negative weights, a finite output
-            decoy = hidden[-1].name
-            hidden[-1].kernel.assign(-np.abs(hidden[-1].kernel.numpy()) * DECOY_FACTOR)
-        order = [layer.name for layer in _every_output(model)[0]]
-        for batch, expected, scale in _overflow_cases(model, x, rows, rng, decoy):
-            label = (f"(mixed_float16 MLP, {depth} hidden layers"
-                     f"{', one with huge negative weights' if decoy else ''}; x with 2 "
-                     f"outlier rows times {scale:.3g})")
-            cases.append(Case(args=(model, batch), label=label,
-                              verify=_overflow_verifier(expected, order, decoy, scale)))
-    return run_check(
-        "first_overflowing_layer", fn, cases,
-        hint="compute every layer's output on x in the model's own dtypes – a "
-             "keras.Model(model.input, [layer.output for each layer after the input]) "
-             "returns them all – and return the name of the first layer whose output holds "
-             "an inf or a nan anywhere in the batch (tf.math.is_finite), else None.")
-
-
-def _deep_mlp(num_features: int, num_classes: int, units: int, depth: int) -> Any:
-    from course_utils.models import mlp
-
-    return mlp(num_features, num_classes, hidden_units=(units,) * depth)
