@@ -3,16 +3,20 @@
 * ``check_train_worker(train_worker)``: runs the learner's worker function (exercise 1 fixes a
   broken one, given a per-replica batch) on a real 2-worker localhost cluster (fresh data,
   steps and batch; ``build_model`` seeded differently on each worker): each worker built the
-  model once in the scope of a ``MultiWorkerMirroredStrategy`` of 2 replicas, both finish with
+  model once in the scope of a ``MultiWorkerMirroredStrategy`` of 2 replicas, ran every backward
+  pass in its 2-replica context on its half of the global batch (an audit layer of the model
+  counts them), saved after every ``save_every`` steps and the last, both finish with
   equal weights, equal to a one-device reference on the same global batches from the chief's
   initial weights, the chief alone wrote into the checkpoint folder (the other worker saved
-  into a temporary folder it deleted), and the newest checkpoint holds the final weights.
+  into a temporary folder it deleted), and the newest checkpoint holds the optimizer's step
+  count and the final weights.
 * ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed,
   stalled or never started; a job whose workers each trained alone); the learner's function
   names the cause and the worker at fault.
 * ``check_resume(restore_latest, make_dataset_fn)``: the course's worker script with the
   learner's two functions, killed after a checkpoint and restarted: the second run starts at the
-  step of the chief's newest checkpoint, trains every step left exactly once, and ends with the
+  ``examples_done`` of the chief's newest checkpoint (its name holds only the save count),
+  trains every step left exactly once, and ends with the
   weights of an uninterrupted one-device run.
 
 The worker scripts are written by :mod:`course_utils.grading.checks.worker_scripts`.
@@ -200,9 +204,10 @@ def check_train_worker(fn: Any) -> bool:
         return run_check(name, run_and_verify, [case],
                          hint="compare the broken worker with the lesson's script, parts 1-5: "
                               "a dataset_fn sharded by its InputContext, the global batch of "
-                              "all replicas, the loss divided by it, a CheckpointManager "
-                              "writing to checkpoint_dir on the chief only, a save after the "
-                              "last step. Section 2.")
+                              "all replicas, the step inside strategy.run, the loss divided "
+                              "by it, a CheckpointManager of the model and optimizer writing "
+                              "to checkpoint_dir on the chief only, every save_every steps "
+                              "and after the last step. Section 2.")
 
 
 # --- exercise 2: diagnose a failed job ---------------------------------------------------------
