@@ -319,6 +319,36 @@ def no_strategy_worker(build_model, learning_rate, data_path, checkpoint_dir, st
     return model.get_weights()
 
 
+def whole_batch_clone_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
+                             replica_batch, save_every):
+    """Builds in the scope, trains a clone outside it on the whole global batch in every
+    worker (no shard, no all-reduce), copies the weights back, saves once without the
+    optimizer: the right weights, made the wrong way."""
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with np.load(data_path) as data:
+        x, y = data["x"], data["y"]
+    global_batch = replica_batch * strategy.num_replicas_in_sync
+    with strategy.scope():
+        model = build_model()
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    optimizer = keras.optimizers.SGD(learning_rate)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for step in range(steps):
+        rows = (step * global_batch + np.arange(global_batch)) % len(x)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y[rows], clone(x[rows]))
+        gradients = tape.gradient(loss, clone.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, clone.trainable_variables, strict=True))
+    model.set_weights(clone.get_weights())
+    is_chief = strategy.cluster_resolver.task_id == 0
+    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=model), write_dir, 2).save()
+    if not is_chief:
+        tf.io.gfile.rmtree(write_dir)
+    return model.get_weights()
+
+
 def broken_worker(tmp_path):
     path = tmp_path / "broken_worker.py"
     path.write_text("import keras\nimport numpy as np\nimport tensorflow as tf\n\n\n"
@@ -332,7 +362,9 @@ def broken_worker(tmp_path):
 #: Exercise 1's wrong answers: (the text replaced in the reference, its replacement, the
 #: message the check must give); None: a whole function of its own.
 TRAIN_WORKER_CATALOGUE = {
-    "the broken worker as given": (None, "broken", "differ from one device"),
+    "the broken worker as given": (None, "broken", "backward passes carried"),
+    "a clone trained outside the strategy on every global batch": (
+        None, "whole_batch_clone", "replica context of \\[1\\] replicas"),
     "no strategy at all": (None, "no_strategy", "not in the scope of a tf.distribute.Multi"),
     "MirroredStrategy in every worker": (
         "strategy = tf.distribute.MultiWorkerMirroredStrategy()",
@@ -340,7 +372,7 @@ TRAIN_WORKER_CATALOGUE = {
         "not in the scope of a tf.distribute.Multi|the job failed"),
     "the lesson's batch: replica_batch taken as global": (
         "global_batch = replica_batch * strategy.num_replicas_in_sync",
-        "global_batch = replica_batch", "differ from one device"),
+        "global_batch = replica_batch", "backward passes carried"),
     "the loss averaged per replica": (
         "loss = tf.nn.compute_average_loss(per_example(labels, model(features)),\n"
         "                                              global_batch_size=global_batch)",
@@ -357,7 +389,13 @@ TRAIN_WORKER_CATALOGUE = {
         "left its temporary checkpoint folder"),
     "no save after the last step": (
         "if step % save_every == 0 or step == steps:", "if step % save_every == 0:",
-        "does not hold the final weights"),
+        "saved after steps"),
+    "one save at the end": (
+        "if step % save_every == 0 or step == steps:", "if step == steps:",
+        "saved after steps"),
+    "the model alone in the checkpoint": (
+        "tf.train.Checkpoint(model=model, optimizer=optimizer)",
+        "tf.train.Checkpoint(model=model)", "no optimizer"),
 }
 
 
@@ -369,7 +407,8 @@ def test_wrong_train_workers_are_rejected_naming_what_differed(tmp_path):
     def answer(name):
         old, new, _ = TRAIN_WORKER_CATALOGUE[name]
         if old is None:
-            return broken_worker(tmp_path) if new == "broken" else no_strategy_worker
+            return {"broken": broken_worker(tmp_path), "no_strategy": no_strategy_worker,
+                    "whole_batch_clone": whole_batch_clone_worker}[new]
         return variant(tmp_path, old, new)
 
     def verdict(name):
@@ -411,6 +450,13 @@ def reads_the_file_name(checkpoint, checkpoint_dir, examples_done):
     return int(latest.rsplit("-", 1)[1]) if latest else 0      # the count, nothing restored
 
 
+def restores_and_reads_the_file_name(checkpoint, checkpoint_dir, examples_done):
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    if latest:
+        checkpoint.restore(latest)
+    return int(latest.rsplit("-", 1)[1]) if latest else 0      # the name, not examples_done
+
+
 def restores_a_constant(checkpoint, checkpoint_dir, examples_done):
     checkpoint.restore(tf.train.latest_checkpoint(checkpoint_dir))
     return 96
@@ -433,7 +479,9 @@ RESUME_CATALOGUE = {
     "restarts from zero": (restarts_from_zero, make_dataset_fn, "returned 0"),
     "returns the count without restoring": (restores_nothing, make_dataset_fn, "returned 0"),
     "reads the count from the file name": (reads_the_file_name, make_dataset_fn,
-                                           "did not restore"),
+                                           "restore_latest returned [12]\\b"),
+    "restores, then reads the count from the file name": (
+        restores_and_reads_the_file_name, make_dataset_fn, "restore_latest returned [12]\\b"),
     "a constant count": (restores_a_constant, make_dataset_fn, "got 96|returned 96"),
     "never skips": (restore_latest, never_skips, "trained examples it should not"),
     "the lesson's skip, examples for steps": (
@@ -460,3 +508,13 @@ def test_a_wrong_resume_is_rejected_before_any_cluster_starts(restore, dataset, 
     monkeypatch.setattr(lesson_03, "_run_killed", no_cluster)
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_resume(restore, dataset)
+
+
+def test_no_log_reports_the_missing_heartbeats_of_the_coordination_leader():
+    """Worker 0 leads the coordination service: its peers see a dropped connection instead."""
+    with pytest.raises(ValueError, match="leads the coordination service"):
+        worker_logs.failure_logs("killed", 3, 0, random.Random(0), killed_reason="heartbeats")
+    rng = random.Random(3)
+    for _ in range(40):
+        logs = worker_logs.failure_logs("killed", rng.randint(2, 4), 0, rng)
+        assert not any("stopped sending heartbeats" in log for log in logs)

@@ -3,16 +3,20 @@
 * ``check_train_worker(train_worker)``: runs the learner's worker function (exercise 1 fixes a
   broken one, given a per-replica batch) on a real 2-worker localhost cluster (fresh data,
   steps and batch; ``build_model`` seeded differently on each worker): each worker built the
-  model once in the scope of a ``MultiWorkerMirroredStrategy`` of 2 replicas, both finish with
+  model once in the scope of a ``MultiWorkerMirroredStrategy`` of 2 replicas, ran every backward
+  pass in its 2-replica context on its half of the global batch (an audit layer of the model
+  counts them), saved after every ``save_every`` steps and the last, both finish with
   equal weights, equal to a one-device reference on the same global batches from the chief's
   initial weights, the chief alone wrote into the checkpoint folder (the other worker saved
-  into a temporary folder it deleted), and the newest checkpoint holds the final weights.
+  into a temporary folder it deleted), and the newest checkpoint holds the optimizer's step
+  count and the final weights.
 * ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed,
   stalled or never started; a job whose workers each trained alone); the learner's function
   names the cause and the worker at fault.
 * ``check_resume(restore_latest, make_dataset_fn)``: the course's worker script with the
   learner's two functions, killed after a checkpoint and restarted: the second run starts at the
-  step of the chief's newest checkpoint, trains every step left exactly once, and ends with the
+  ``examples_done`` of the chief's newest checkpoint (its name holds only the save count),
+  trains every step left exactly once, and ends with the
   weights of an uninterrupted one-device run.
 
 The worker scripts are written by :mod:`course_utils.grading.checks.worker_scripts`.
@@ -117,6 +121,22 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
         if built[0]["replicas"] != 2:
             return (f"worker {worker}'s strategy had {built[0]['replicas']} replicas in sync, "
                     "not 2: was TF_CONFIG read (the strategy built first)?")
+    half = job["global_batch"] // 2
+    for worker, audit in enumerate(audits):
+        if not audit["contexts"] or set(audit["contexts"]) != {2}:
+            return (f"worker {worker} ran the backward pass in a replica context of "
+                    f"{sorted(set(audit['contexts']))} replicas, not 2: train the model built "
+                    "in the scope, inside strategy.run, so that its gradients are all-reduced")
+        if audit["rows"] != [half] * job["steps"]:
+            return (f"worker {worker}'s {len(audit['rows'])} backward passes carried "
+                    f"{audit['rows'][:8]} examples; each of the {job['steps']} steps should "
+                    f"train this worker on its own {half} of the {job['global_batch']} "
+                    "examples of the global batch (InputContext)")
+    due = [*range(job["save_every"], job["steps"] + 1, job["save_every"]), job["steps"]]
+    for worker, audit in enumerate(audits):
+        if audit["saved_after"] != due:
+            return (f"worker {worker} saved after steps {audit['saved_after']}, expected "
+                    f"{due}: every save_every steps and after the last one")
     weights = [_load(out / f"weights-{i}.npz") for i in range(2)]
     expected = reference_weights(job, job["steps"], initial=_load(out / "initial-0.npz"))
     error = _max_difference(weights[0], expected)
@@ -142,6 +162,12 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     latest = tf.train.latest_checkpoint(str(folder / "checkpoints"))
     if latest is None:
         return "no checkpoint in checkpoint_dir: save at the end of training too"
+    iterations = [name for name, _ in tf.train.list_variables(latest)
+                  if name.endswith("iterations/.ATTRIBUTES/VARIABLE_VALUE")]
+    reader = tf.train.load_checkpoint(latest)
+    if [int(reader.get_tensor(name)) for name in iterations] != [job["steps"]]:
+        return ("the newest checkpoint holds no optimizer that applied every step: put the "
+                "optimizer in the tf.train.Checkpoint with the model, so a restart resumes it")
     restored = reference_weights(job, 0, checkpoint=latest)
     if _max_difference(restored, weights[0]) > 1e-6:
         return "the newest checkpoint does not hold the final weights: save after the last step"
@@ -178,9 +204,10 @@ def check_train_worker(fn: Any) -> bool:
         return run_check(name, run_and_verify, [case],
                          hint="compare the broken worker with the lesson's script, parts 1-5: "
                               "a dataset_fn sharded by its InputContext, the global batch of "
-                              "all replicas, the loss divided by it, a CheckpointManager "
-                              "writing to checkpoint_dir on the chief only, a save after the "
-                              "last step. Section 2.")
+                              "all replicas, the step inside strategy.run, the loss divided "
+                              "by it, a CheckpointManager of the model and optimizer writing "
+                              "to checkpoint_dir on the chief only, every save_every steps "
+                              "and after the last step. Section 2.")
 
 
 # --- exercise 2: diagnose a failed job ---------------------------------------------------------
@@ -194,7 +221,8 @@ def _diagnosis_cases(rng: Any) -> list[Case]:
     cases = []
     for cause, reason in jobs:
         workers = rng.randint(2, 4)
-        culprit = None if cause == "not_in_cluster" else rng.randrange(workers)
+        first = 1 if reason == "heartbeats" else 0   # worker 0 leads the coordination service
+        culprit = None if cause == "not_in_cluster" else rng.randrange(first, workers)
         logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason)
         cases.append(Case(args=(logs,), expected=(cause, culprit),
                           label=f"the logs of a {workers}-worker job"))
@@ -267,7 +295,7 @@ def _restore_problem(restore_latest: Any, rng: Any) -> str | None:
                 variable.assign(np.random.default_rng(rng.randint(0, 2**31)).normal(
                     size=variable.shape).astype("float32"))
             saved[1].assign(int(saved[1].numpy()) + rng.randint(50, 5000))
-            manager.save(checkpoint_number=int(saved[1].numpy()))
+            manager.save()             # numbered 1, 2: the name does not say examples_done
         model, done, checkpoint = fresh()
         got = restore_latest(checkpoint, root, done)
         expected = int(saved[1].numpy())
@@ -390,7 +418,8 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
                 latest = _tf().train.latest_checkpoint(str(folder / "checkpoints"))
                 if latest is None:
                     return "after the kill the checkpoint folder is empty: the job never saved"
-                saved = int(latest.rsplit("-", 1)[1])   # the script numbers them by examples
+                saved = int(_tf().train.load_checkpoint(latest).get_tensor(
+                    "examples_done/.ATTRIBUTES/VARIABLE_VALUE"))   # not in the file name
                 _, logs = _run(script, args, folder)
             except Exception as error:  # noqa: BLE001 - the learner's code failed in a worker
                 return f"the job failed: {error}"

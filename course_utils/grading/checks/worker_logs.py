@@ -6,7 +6,10 @@ error lines are TensorFlow 2.21's own, as lesson 03's workers printed them under
 defaults (no ``GRPC_FAIL_FAST``). A killed peer: ``UnavailableError`` with whichever reason came
 first in that survivor (``Connection refused`` from the dead port, ``Socket closed`` or
 ``Connection reset by peer`` when a call was in flight, or the coordination service's ``The
-following tasks are unhealthy (stopped sending heartbeats)`` naming the task). A stalled peer,
+following tasks are unhealthy (stopped sending heartbeats)`` naming the task; only for a task
+other than worker 0, the coordination service's leader, ``multi_worker_util.coordination_leader``:
+a killed worker 0 takes the service with it, and its peers see the dropped connection instead).
+A stalled peer,
 in a job whose collectives have a ``timeout_seconds`` shorter than the heartbeat time-out:
 ``DeadlineExceededError ... Collective has timed out during execution``.
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["CAUSES", "KILLED_REASONS", "failure_logs"]
+__all__ = ["CAUSES", "KILLED_REASONS", "failure_logs", "possible_reasons"]
 
 #: What went wrong, as :func:`failure_logs` and the learner's ``diagnose`` name it.
 CAUSES = ("killed", "crashed", "never_started", "stalled", "not_in_cluster")
@@ -54,8 +57,14 @@ def _steps(rng: random.Random, first: int, last: int) -> list[str]:
 #: Why a survivor's all-reduce failed after a peer was killed, as TensorFlow 2.21 words it
 #: (measured on 2-worker localhost jobs, lesson 03): the survivor's own call to the dead port,
 #: a call in flight when the connection dropped (two wordings), or the coordination
-#: service's heartbeat check.
+#: service's heartbeat check. The service runs in worker 0
+#: (``multi_worker_util.coordination_leader``), so no one reports worker 0's heartbeats.
 KILLED_REASONS = ("refused", "socket_closed", "reset", "heartbeats")
+
+
+def possible_reasons(culprit: int) -> tuple[str, ...]:
+    """The reasons a survivor can give when worker ``culprit`` is killed."""
+    return KILLED_REASONS if culprit != 0 else KILLED_REASONS[:-1]
 
 
 def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
@@ -110,6 +119,10 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
         raise ValueError(f"killed_reason must be one of {KILLED_REASONS}, got {killed_reason!r}")
     if cause not in CAUSES:
         raise ValueError(f"cause must be one of {CAUSES}, got {cause!r}")
+    if killed_reason is not None and culprit is not None and (
+            killed_reason not in possible_reasons(culprit)):
+        raise ValueError(f"worker {culprit} leads the coordination service: its peers cannot "
+                         f"report its missing heartbeats")
     if num_workers < 2:
         raise ValueError("a multi-worker job has at least 2 workers")
     if (culprit is None) != (cause == "not_in_cluster") or (
@@ -139,7 +152,8 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
                         "Collective has timed out during execution."]
                 else:
                     kind = "UnavailableError"
-                    reason = _killed_reason(killed_reason or rng.choice(KILLED_REASONS),
+                    reason = _killed_reason(
+                        killed_reason or rng.choice(possible_reasons(culprit)),
                                             ports[culprit], culprit)
                 lines += _collective_error(kind, reason, rng.randint(60, 80))
         logs.append(lines)

@@ -31,8 +31,10 @@ LEARNING_RATE = 0.1
 
 #: What every exercise worker runs before the learner's code: its flags, ``build_model`` (seeded
 #: differently on every worker, so that only the strategy's broadcast makes the initial weights
-#: equal; it records the strategy it was built under and its replica count) and an audit of
-#: ``CheckpointManager.save`` (where each worker saved), read back by the check.
+#: equal; it records the strategy it was built under and its replica count; a weightless layer
+#: records, in each backward pass, the examples it carried and the replica context it ran in)
+#: and an audit of ``CheckpointManager.save`` (where each worker saved, after how many backward
+#: passes), read back by the check.
 SETUP = '''"""An exercise worker of lesson 03: the check's set-up, then your code."""
 import argparse, json, os, tempfile, time
 import keras
@@ -52,13 +54,41 @@ os.makedirs(_args.out, exist_ok=True)
 LEARNING_RATE = 0.1
 
 
+def _count_rows(rows):
+    _rows.append(int(rows))
+    return rows
+
+
+@tf.custom_gradient
+def _audited(inputs):
+    """Identity; its backward pass records the examples it carried and the replica context."""
+    def backward(upstream):
+        context = tf.distribute.get_replica_context()       # at trace time
+        _contexts.append(context.num_replicas_in_sync if context is not None else 0)
+        rows = tf.py_function(_count_rows, [tf.shape(upstream)[0]], Tout=tf.int32)
+        with tf.control_dependencies([rows]):
+            return tf.identity(upstream)
+
+    return tf.identity(inputs), backward
+
+
+class _Audit(keras.layers.Layer):
+    """No weights: an audit of the backward passes through the model (the check reads it)."""
+
+    def call(self, inputs):
+        return _audited(inputs)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
 def build_model():
     """The exercise's model (call it inside strategy.scope())."""
     with np.load(_args.data) as data:
         features = data["x"].shape[1]
     keras.utils.set_random_seed(_args.seed + _task)   # every worker draws its own weights
     model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dense(_args.classes)])
+                              _Audit(), keras.layers.Dense(_args.classes)])
     strategy = tf.distribute.get_strategy()
     _built.append({"multi_worker": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
                    "strategy": type(strategy).__name__,
@@ -67,12 +97,13 @@ def build_model():
     return model
 
 
-_built, _saves = [], []
+_built, _saves, _saved_after, _rows, _contexts = [], [], [], [], []
 _manager_save = tf.train.CheckpointManager.save
 
 
 def _audited_save(self, *args, **kwargs):
     _saves.append(os.path.abspath(str(self.directory)))
+    _saved_after.append(len(_rows))                          # backward passes so far
     return _manager_save(self, *args, **kwargs)
 
 
@@ -85,7 +116,8 @@ _weights = train_worker(build_model, LEARNING_RATE, _args.data, _args.checkpoint
                         _args.steps, _args.global_batch // _workers, _args.save_every)
 np.savez(os.path.join(_args.out, f"weights-{_task}.npz"), *_weights)
 with open(os.path.join(_args.out, f"audit-{_task}.json"), "w") as _file:
-    json.dump({"saves": _saves, "built": _built}, _file)
+    json.dump({"saves": _saves, "built": _built, "saved_after": _saved_after,
+               "rows": _rows, "contexts": _contexts}, _file)
 print("done", flush=True)
 '''
 
@@ -132,7 +164,7 @@ for step in range(1, _args.steps + 1):                       # the steps of this
     examples_done.assign_add(_args.global_batch)
     print(f"step {step} loss {loss:.4f} examples {int(examples_done.numpy())}", flush=True)
     if step % _args.save_every == 0:
-        manager.save(checkpoint_number=int(examples_done.numpy()))
+        manager.save()            # numbered by its save counter, not by examples_done
         if not is_chief:
             tf.io.gfile.rmtree(write_dir)
     time.sleep(_args.step_delay)
@@ -245,6 +277,7 @@ def reference_weights(job: dict[str, Any], steps: int, *, checkpoint: str | None
 
     x, y = job["x"], job["y"]
     model = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Identity(),      # where SETUP's audit layer is
                               keras.layers.Dense(job["classes"])])
     if checkpoint is not None:
         tf.train.Checkpoint(model=model).read(checkpoint).expect_partial()
