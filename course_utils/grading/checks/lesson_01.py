@@ -237,7 +237,7 @@ def check_shuffled_batches(fn: Any) -> bool:
     for _ in range(2):
         batch_size = rng.choice([8, 10, 12, 16])
         block_size = rng.choice([4, 5, 6, 7])
-        num_blocks = rng.randint(30, 50)
+        num_blocks = rng.randint(80, 120)  # n well above any buffer of one batch
         if num_blocks * block_size % batch_size == 0:  # always a short last batch
             num_blocks += 1
         seed = rng.randint(0, 2**31 - 1)
@@ -261,11 +261,14 @@ def check_shuffled_batches(fn: Any) -> bool:
                 return (f"{same_block:.0%} of the neighbours inside your batches come from the "
                         "same block (expected a few per cent): the blocks were shuffled, not "
                         "the examples")
-            spreads = [int(b.max() - b.min()) for b in epoch_one if len(b) > 1]
-            if np.median(spreads) <= 2 * batch_size + block_size:
-                return (f"examples in a batch are near neighbours (median distance between the "
-                        f"first and last example of a batch: {np.median(spreads):.0f}; expected "
-                        f"most of the dataset): use the whole buffer given, in examples")
+            # how far each example moved: about n/3 for a shuffle over the whole dataset, about
+            # the buffer for a small one (n is at least 20 times any batch here)
+            moved = float(np.mean(np.abs(elements - np.arange(num_elements))))
+            if moved < num_elements / 6:
+                return (f"examples in a batch are near neighbours (they moved {moved:.0f} "
+                        f"places on average; a shuffle over all {num_elements} examples moves "
+                        f"them about {num_elements / 3:.0f}): use the whole buffer given, in "
+                        "examples")
             if np.array_equal(np.concatenate(epoch_two), elements):
                 return "two epochs came in the same order: reshuffle every epoch"
             again = fn(_blocks(tf, num_elements, block_size), batch_size, num_elements, seed)
