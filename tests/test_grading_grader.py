@@ -324,7 +324,7 @@ def test_kernel_death_keeps_earlier_results(batch):
 def test_odd_name_exit_output_flood_files_chdir_and_fake_package_change_nothing(batch):
     rows = _rows(batch, ODD)
     assert [rows[c].status for c in CHECKS] == ["failed", "failed", "passed", "passed"]
-    assert "expected: 'synchronisation'" in rows["check_diagnose_step"].feedback
+    assert "diagnose_step: case" in rows["check_diagnose_step"].feedback
     assert "fresh process" in rows["check_split_cpu"].feedback
     assert not (REPO / "junk.bin").exists() and not (Path.cwd() / "junk.bin").exists()
     assert len(batch["out"].read_bytes()) < 50_000  # the 5 MB print was not kept

@@ -138,8 +138,8 @@ def test_accumulation_widget_counts_a_models_activations():
     keras = pytest.importorskip("keras")
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
                               keras.layers.Dense(4)])
-    box = widgets.accumulation_widget(model)  # (16 + 4) float32 values per example
-    assert f"activations alive at once: {64 * 80 / 2**20:.2f} MiB" in _shown(box)
+    box = widgets.accumulation_widget(model)  # (8 + 16 + 4) float32 values per example
+    assert f"activations alive at once: {64 * 112 / 2**20:.2f} MiB" in _shown(box)
 
 
 @pytest.mark.parametrize("x", [0.1, -3.0, 1e-6, 12345.678, 0.0, 1e-30])

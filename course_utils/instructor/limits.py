@@ -14,7 +14,7 @@ __all__ = ["DEFAULT_MEMORY_GB", "DEFAULT_PROCESSES", "Limits", "limits_hit"]
 DEFAULT_MEMORY_GB = 8.0
 #: Processes and threads of one notebook together (RLIMIT_NPROC of its own sandbox user):
 #: TensorFlow starts a few threads per core, so the default grows with the cores.
-DEFAULT_PROCESSES = max(256, 16 * (os.cpu_count() or 1))
+DEFAULT_PROCESSES = max(1024, 64 * (os.cpu_count() or 1))  # a local cluster: ~300 threads
 _GB = 1024 ** 3
 
 
