@@ -350,6 +350,7 @@ def whole_batch_clone_worker(build_model, learning_rate, data_path, checkpoint_d
 
 
 def broken_worker(tmp_path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "broken_worker.py"
     path.write_text("import keras\nimport numpy as np\nimport tensorflow as tf\n\n\n"
                     + worker_scripts.BROKEN_TRAIN_WORKER)
@@ -407,7 +408,9 @@ def test_wrong_train_workers_are_rejected_naming_what_differed(tmp_path):
     def answer(name):
         old, new, _ = TRAIN_WORKER_CATALOGUE[name]
         if old is None:
-            return {"broken": broken_worker(tmp_path), "no_strategy": no_strategy_worker,
+            if new == "broken":  # one file per call: the answers are built in threads
+                return broken_worker(tmp_path / name.replace(" ", "_"))
+            return {"no_strategy": no_strategy_worker,
                     "whole_batch_clone": whole_batch_clone_worker}[new]
         return variant(tmp_path, old, new)
 
