@@ -58,21 +58,30 @@ def num_workers_of(strategy: Any) -> int:
 def barrier_fn(strategy: Any, timeout_s: float = BARRIER_TIMEOUT_S) -> Any:
     """A function for worker steps: wait until every worker has arrived in this round.
 
-    Returns a tensor that is ready once the round is full (or ``timeout_s`` passed). The
-    counter lives on a parameter server; a worker blocked here takes no other step, so each
-    round holds one step of every worker.
+    ``barrier(present=True)`` returns a tensor that is ready once the round is full (or
+    ``timeout_s`` passed). The counter lives on a parameter server; a worker blocked here takes
+    no other step, so each round holds one step of every worker. A step that cannot take part
+    (its worker's data ran out) calls ``barrier(present=False)``: that opens this barrier for
+    good, so the other workers do not wait out ``timeout_s`` for a step that never comes.
     """
     tf = _tf()
     workers = num_workers_of(strategy)
     with strategy.scope():
         arrived = tf.Variable(0, dtype=tf.int64, name="check_barrier")
+        opened = tf.Variable(0, dtype=tf.int64, name="check_barrier_opened")
 
-    def barrier() -> Any:
+    def barrier(present: Any = True) -> Any:
+        if present is not True:
+            opened.assign_add(1 - tf.cast(present, tf.int64))
         ticket = arrived.assign_add(1)
         round_end = ((ticket - 1) // workers + 1) * workers
         deadline = tf.timestamp() + timeout_s
-        return tf.while_loop(lambda seen: (seen < round_end) & (tf.timestamp() < deadline),
-                             lambda seen: [arrived.read_value()], [ticket])[0]
+
+        def waiting(seen: Any) -> Any:
+            return ((seen < round_end) & (opened.read_value() == 0)
+                    & (tf.timestamp() < deadline))
+
+        return tf.while_loop(waiting, lambda seen: [arrived.read_value()], [ticket])[0]
 
     return barrier
 
@@ -243,18 +252,25 @@ def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int) -> Any:
 
     @tf.function
     def step(iterator: Any) -> Any:
-        with tf.control_dependencies([barrier()]):
+        batch = iterator.get_next_as_optional()  # a worker whose data ran out opens the barrier
+        with tf.control_dependencies([barrier(batch.has_value())]):
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            features, _, cardinality = next(iterator)
-            return worker, tf.cast(features[:, 0], tf.int64), cardinality, tf.timestamp()
+            ids, cardinality = tf.cond(
+                batch.has_value(),
+                lambda: (tf.cast(batch.get_value()[0][:, 0], tf.int64), batch.get_value()[2]),
+                lambda: (tf.zeros([0], tf.int64), tf.constant(-1, tf.int64)))
+            return worker, ids, cardinality, batch.has_value(), tf.timestamp()
 
     remotes = [coordinator.schedule(step, args=(iterator,)) for _ in range(num_steps)]
     try:
         coordinator.join()
     except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as error:
         return None, None, error
+    fetched = [remote.fetch() for remote in remotes]
+    if not all(bool(has_value) for _, _, _, has_value, _ in fetched):
+        return None, None, tf.errors.OutOfRangeError(None, None, "End of sequence")
     results = sorted((float(when), int(worker), ids.tolist(), int(cardinality))
-                     for worker, ids, cardinality, when in (r.fetch() for r in remotes))
+                     for worker, ids, cardinality, _, when in fetched)
     batches: dict[int, list[list[int]]] = {}
     for _, worker, ids, _ in results:
         batches.setdefault(worker, []).append(ids)
