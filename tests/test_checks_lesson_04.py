@@ -167,6 +167,19 @@ def constant(counter, labels):
 for fn in (bincount, scatter, stub, read_then_write, size_in_every_class, steps_not_examples,
            no_minlength, all_in_class_0, constant):
     print("COUNT", fn.__name__, verdict(cu.grading.check_count_examples, fn))
+
+# the checks' barrier: a wait that ran out is counted (the checks then say the machine was too
+# busy); a step without data opens it, and no later wait runs out
+from course_utils.grading.checks import lesson_04
+barrier = lesson_04.barrier_fn(strategy, timeout_s=0.3)
+coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+coordinator.schedule(tf.function(lambda: barrier()))  # one worker of two arrives
+coordinator.join()
+alone = int(barrier.timeouts.numpy())
+coordinator.schedule(tf.function(lambda: barrier(tf.constant(False))))
+coordinator.schedule(tf.function(lambda: barrier()))
+coordinator.join()
+print("BARRIER timeouts", alone, int(barrier.timeouts.numpy()))
 '''
 
 
@@ -178,6 +191,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
     result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                             timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "BARRIER timeouts 1 1" in result.stdout.splitlines()
     verdicts = {}
     for line in result.stdout.splitlines():
         if line.startswith(("RUN_STEPS", "DATASET", "COUNT")):

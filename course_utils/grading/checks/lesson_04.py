@@ -63,12 +63,15 @@ def barrier_fn(strategy: Any, timeout_s: float = BARRIER_TIMEOUT_S) -> Any:
     no other step, so each round holds one step of every worker. A step that cannot take part
     (its worker's data ran out) calls ``barrier(present=False)``: that opens this barrier for
     good, so the other workers do not wait out ``timeout_s`` for a step that never comes.
+    ``barrier.timeouts`` (a variable) counts the waits that ended at ``timeout_s`` instead: a
+    worker starved that long by a busy machine, which the checks report instead of a verdict.
     """
     tf = _tf()
     workers = num_workers_of(strategy)
     with strategy.scope():
         arrived = tf.Variable(0, dtype=tf.int64, name="check_barrier")
         opened = tf.Variable(0, dtype=tf.int64, name="check_barrier_opened")
+        timeouts = tf.Variable(0, dtype=tf.int64, name="check_barrier_timeouts")
 
     def barrier(present: Any = True) -> Any:
         if present is not True:
@@ -81,9 +84,20 @@ def barrier_fn(strategy: Any, timeout_s: float = BARRIER_TIMEOUT_S) -> Any:
             return ((seen < round_end) & (opened.read_value() == 0)
                     & (tf.timestamp() < deadline))
 
-        return tf.while_loop(waiting, lambda seen: [arrived.read_value()], [ticket])[0]
+        seen = tf.while_loop(waiting, lambda seen: [arrived.read_value()], [ticket])[0]
+        late = (seen < round_end) & (opened.read_value() == 0)
+        with tf.control_dependencies([timeouts.assign_add(tf.cast(late, tf.int64))]):
+            return tf.identity(seen)
 
+    barrier.timeouts = timeouts  # type: ignore[attr-defined]
     return barrier
+
+
+def _overloaded(barrier: Any) -> str:
+    """The message of a check whose workers never met at ``barrier`` (a starved worker)."""
+    return (f"the check's workers did not meet at its barrier within {BARRIER_TIMEOUT_S:g} s "
+            f"({int(barrier.timeouts.numpy())} times, twice in a row): the machine is too busy "
+            "to judge this answer; run the check again when it is quieter")
 
 
 @register
@@ -232,16 +246,17 @@ class WatchedCoordinator:
         return tf.nest.map_structure(one, values)
 
 
-def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int) -> Any:
+def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any) -> Any:
     """Run ``num_steps`` steps in rounds of one per worker; each worker's batches, in order.
 
     Returns ``(batches, cardinality, error)``: ``batches[w]`` lists worker ``w``'s batches of
     example ids, ``cardinality`` the cardinality of each worker's dataset as made on it, and
-    ``error`` the exception that ended the job early (or None).
+    ``error`` the exception that ended the job early (or None; a ``TimeoutError`` where a
+    worker waited out ``barrier``'s timeout: the rounds were not kept).
     """
     tf = _tf()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    barrier = barrier_fn(strategy)
+    timeouts_before = int(barrier.timeouts.numpy())
 
     def probed_fn() -> Any:
         dataset = dataset_fn()
@@ -269,6 +284,8 @@ def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int) -> Any:
     fetched = [remote.fetch() for remote in remotes]
     if not all(bool(has_value) for _, _, _, has_value, _ in fetched):
         return None, None, tf.errors.OutOfRangeError(None, None, "End of sequence")
+    if int(barrier.timeouts.numpy()) > timeouts_before:
+        return None, None, TimeoutError("a worker waited out the barrier")
     results = sorted((float(when), int(worker), ids.tolist(), int(cardinality))
                      for worker, ids, cardinality, _, when in fetched)
     batches: dict[int, list[list[int]]] = {}
@@ -300,6 +317,7 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
     tf = _tf()
     rng = fresh_rng()
     workers = num_workers_of(strategy)
+    barrier = barrier_fn(strategy)
 
     def case() -> Case:
         batch_size = rng.choice([3, 4])
@@ -315,12 +333,17 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
         def verify(dataset_fn: Any) -> str | None:
             if not callable(dataset_fn):
                 return f"return a dataset_fn (a function), got {dataset_fn!r:.80}"
-            try:
-                batches, cardinalities, error = _batches_per_worker(
-                    strategy, dataset_fn, num_steps)
-            except (TypeError, ValueError) as failure:
-                return ("the dataset must yield (features, labels) batches: "
-                        f"{type(failure).__name__}: {str(failure)[:160]}")
+            for _ in range(2):  # again if a busy machine starved a worker past the barrier
+                try:
+                    batches, cardinalities, error = _batches_per_worker(
+                        strategy, dataset_fn, num_steps, barrier)
+                except (TypeError, ValueError) as failure:
+                    return ("the dataset must yield (features, labels) batches: "
+                            f"{type(failure).__name__}: {str(failure)[:160]}")
+                if not isinstance(error, TimeoutError):
+                    break
+            else:
+                return _overloaded(barrier)
             if error is not None:
                 return (f"the job ended early with {type(error).__name__}: a worker's dataset "
                         f"ran out before {num_steps} steps; a parameter-server dataset must "
@@ -394,6 +417,14 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
         return labels
 
     def verify(_: Any) -> str | None:
+        for _ in range(2):  # again if a busy machine starved a worker past the barrier
+            timeouts_before = int(barrier.timeouts.numpy())
+            message = count_once()
+            if message or int(barrier.timeouts.numpy()) == timeouts_before:
+                return message  # a loss is real even out of step; a pass only in step
+        return _overloaded(barrier)
+
+    def count_once() -> str | None:
         counter.assign(tf.zeros([num_classes], tf.int64))
         iterator = iter(coordinator.create_per_worker_dataset(labels_fn))
         remotes = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]
