@@ -436,7 +436,8 @@ def test_lesson_training_cells_run_unchanged_under_a_mocked_tpu_strategy(capsys)
     namespace = {"tf": tf, "keras": keras, "np": np, "cu": cu, "NUM_EXAMPLES": 256,
                  "BATCH_SIZE": 16, "TRAIN_STEPS": 3, "strategy": mocked}
     namespace["branch"], _ = tpu.strategy_branch(mocked)
-    for cell_id in ("3dc7cfaf", "training-function", "a59f7acf", "fd280aaa"):
+    for cell_id in ("3dc7cfaf", "training-function", "training-steps", "a59f7acf",
+                    "fd280aaa"):
         _exec_visible_to_autograph(_lesson_cell(cell_id), f"<lesson 05 cell {cell_id}>",
                                    namespace)
     assert namespace["branch"] == "TPU" and namespace["tolerance"] == 1e-4
