@@ -326,6 +326,15 @@ def test_replicas_per_slice_follow_megacore():
         tpu.slice_replicas("v9-8")
 
 
+def test_each_chip_figure_is_quoted_from_its_own_page():
+    for chip in tpu.TPU_CHIPS.values():
+        assert chip.source.endswith(f"/tpu/docs/{chip.name}")
+        assert f"{chip.hbm_gbps:g} GBps" in chip.quoted or (
+            f"(GBps): {chip.hbm_gbps:g}" in chip.quoted)
+        assert f"{chip.peak_bf16_tflops:g}" in chip.quoted
+    assert tpu.TPU_CHIPS["v5e"].hbm_gbps == 819  # the v5e page, not the v6e page's 800
+
+
 def test_critical_batch_is_peak_over_bandwidth():
     v5e = tpu.TPU_CHIPS["v5e"]
     assert tpu.critical_batch(v5e) == pytest.approx(197e12 / 819e9)

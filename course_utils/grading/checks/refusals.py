@@ -20,13 +20,19 @@ from __future__ import annotations
 
 import dis
 import sys
+import sysconfig
 import types
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 __all__ = ["code_fingerprint", "refusing"]
 
 _ANONYMOUS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>", "<lambda>")
+#: Where installed code lives: a learner's copy is never there, so it is not fingerprinted
+#: (TensorFlow runs thousands of functions while a step is traced).
+_LIBRARIES = tuple({sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib")}
+                   | {str(Path(__file__).resolve().parents[2])})
 
 
 def _instruction(instruction: dis.Instruction) -> tuple[str, Any]:
@@ -97,7 +103,7 @@ class _Refusing:
         name = self.by_identity.get(code)
         if name:
             found: str | None = name
-        elif code.co_name in _ANONYMOUS:
+        elif code.co_name in _ANONYMOUS or code.co_filename.startswith(_LIBRARIES):
             found = None
         else:
             copied = self.by_content.get(code_fingerprint(code))
