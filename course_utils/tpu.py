@@ -218,8 +218,9 @@ def tpu_failure_reason(error_message: str, attached: bool) -> str:
 
 
 def padded_fraction(shape: Sequence[int], tile: tuple[int, int] = (8, 128)) -> float:
-    """The share of a TPU tile layout that is padding when ``shape``'s last two dims are padded
-    up to multiples of ``tile`` (8 sublanes by 128 lanes)."""
+    """The share of work that is padding when ``shape``'s last two dims are padded up to
+    multiples of ``tile``: the Cloud TPU performance guide's rule ("8 X 128 vector registers",
+    data "tiled into 128x8 chunks"), a model of XLA's layouts, not read from a TPU."""
     if len(shape) < 2:
         shape = (1, *shape)
     rows, cols = shape[-2], shape[-1]
@@ -241,25 +242,36 @@ class TpuChip:
     hbm_gbps: float  # HBM bandwidth per chip, GB/s
     source: str  # the Cloud TPU page the figures come from
     cores_in_name: bool  # the slice name counts TensorCores ("v4-8": 8 cores), not chips
+    quoted: str = ""  # the rows of ``source``'s chip table the figures are copied from
 
 
-#: Published chip figures, not measured by the course. Megacore (v4, v5p): the chip's two
-#: TensorCores form one device, so one replica per chip (JAX's ``pallas.tpu.ChipVersion``
-#: table, "Megacore support"; jax-ml/jax discussion #36155). A slice name counts TensorCores
-#: for v4 and v5p (v5p's topology table: 2x2x1 = 8 cores, 4 chips) and chips for v5e and v6e.
+#: Published chip figures, not measured by the course; ``quoted`` holds the page's own rows.
+#: Pages change: the v6e page's comparison column gives v5e "800 GBps" where the v5e page
+#: itself says "819 GBps"; each chip's figures come from its own page. Megacore (v4, v5p): the
+#: chip's two TensorCores form one device, so one replica per chip (JAX's
+#: ``pallas.tpu.ChipVersion`` table, "Megacore support"). A slice name counts TensorCores for
+#: v4 and v5p (v5p's topology table: 2x2x1 = 8 cores, 4 chips) and chips for v5e and v6e.
 TPU_CHIPS = {
     "v4": TpuChip("v4", tensor_cores=2, devices_per_chip=1, mxus_per_core=4, mxu_size=128,
                   hbm_gb=32, peak_bf16_tflops=275, hbm_gbps=1200,
-                  source="https://cloud.google.com/tpu/docs/v4", cores_in_name=True),
+                  source="https://cloud.google.com/tpu/docs/v4", cores_in_name=True,
+                  quoted="Peak compute per chip (bf16): 275 TFLOPs; "
+                         "HBM2 capacity and bandwidth: 32 GiB, 1200 GBps"),
     "v5e": TpuChip("v5e", tensor_cores=1, devices_per_chip=1, mxus_per_core=4, mxu_size=128,
                    hbm_gb=16, peak_bf16_tflops=197, hbm_gbps=819,
-                   source="https://cloud.google.com/tpu/docs/v5e", cores_in_name=False),
+                   source="https://cloud.google.com/tpu/docs/v5e", cores_in_name=False,
+                   quoted="Peak compute per chip (bf16): 197 TFLOPs; "
+                          "HBM2 capacity and bandwidth: 16 GB, 819 GBps"),
     "v5p": TpuChip("v5p", tensor_cores=2, devices_per_chip=1, mxus_per_core=4, mxu_size=128,
                    hbm_gb=95, peak_bf16_tflops=459, hbm_gbps=2765,
-                   source="https://cloud.google.com/tpu/docs/v5p", cores_in_name=True),
+                   source="https://cloud.google.com/tpu/docs/v5p", cores_in_name=True,
+                   quoted="Peak compute per chip (BF16) (TFLOPs): 459; HBM capacity per chip "
+                          "(GiB): 95; HBM bandwidth per chip (GBps): 2765"),
     "v6e": TpuChip("v6e", tensor_cores=1, devices_per_chip=1, mxus_per_core=2, mxu_size=256,
-                   hbm_gb=32, peak_bf16_tflops=918, hbm_gbps=1638,
-                   source="https://cloud.google.com/tpu/docs/v6e", cores_in_name=False),
+                   hbm_gb=32, peak_bf16_tflops=918, hbm_gbps=1600,
+                   source="https://cloud.google.com/tpu/docs/v6e", cores_in_name=False,
+                   quoted="Peak compute per chip (bf16): 918 TFLOPs; HBM capacity per chip: "
+                          "32 GB; HBM bandwidth per chip: 1600 GBps"),
 }
 
 

@@ -300,3 +300,30 @@ def test_settings_with_the_global_batch_per_replica_fail():
 
     with pytest.raises(AssertionError):
         cu.grading.check_tpu_settings(global_is_per_replica)
+
+
+def _exec_copy_of_the_reference():
+    """The reference answer's source run again, as a learner could: a new code object."""
+    import inspect
+
+    namespace = {"__name__": "__main__", "math": math}
+    source = inspect.getsource(lesson_05.reference_tpu_settings)
+    exec(compile(source, "<pasted>", "exec"), namespace)  # noqa: S102
+    return namespace["reference_tpu_settings"]
+
+
+@pytest.mark.parametrize("answer", [
+    lambda *args: lesson_05.reference_tpu_settings(*args),  # imported from the check module
+    lambda *args: _exec_copy_of_the_reference()(*args),
+])
+def test_the_reference_settings_reached_from_the_check_module_fail(answer):
+    with pytest.raises(AssertionError, match="ran the course's reference_tpu_settings"):
+        cu.grading.check_tpu_settings(answer)
+
+
+def test_the_reference_training_function_imported_from_the_check_module_fails():
+    def imported(strategy, model, optimizer, global_batch_size):
+        return lesson_05.reference_train_steps(strategy, model, optimizer, global_batch_size)
+
+    with pytest.raises(AssertionError, match="ran the course's reference_train_steps"):
+        cu.grading.check_train_steps(imported)

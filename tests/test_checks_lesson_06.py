@@ -12,10 +12,10 @@ from course_utils.grading.framework import NotAttemptedError, strict_checks
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
-def one_f_one_b_orders(num_stages, num_micro_batches):
+def one_f_one_b_orders(num_stages, num_micro_batches, max_in_flight):
     orders = []
     for stage in range(num_stages):
-        warm_up = min(num_stages - 1 - stage, num_micro_batches)
+        warm_up = min(num_stages - 1 - stage, max_in_flight - 1, num_micro_batches)
         order = [("F", b) for b in range(warm_up)]
         for b in range(warm_up, num_micro_batches):
             order += [("F", b), ("B", b - warm_up)]
@@ -24,37 +24,48 @@ def one_f_one_b_orders(num_stages, num_micro_batches):
     return orders
 
 
-def gpipe_orders(num_stages, num_micro_batches):
+def gpipe_orders(num_stages, num_micro_batches, max_in_flight):
     return [[("F", b) for b in range(num_micro_batches)]
             + [("B", b) for b in range(num_micro_batches)] for _ in range(num_stages)]
 
 
-def same_warm_up_everywhere(num_stages, num_micro_batches):  # K − 1 warm-ups on every stage
-    orders = []
-    for _ in range(num_stages):
-        warm_up = min(num_stages - 1, num_micro_batches)
-        order = [("F", b) for b in range(warm_up)]
-        for b in range(warm_up, num_micro_batches):
-            order += [("F", b), ("B", b - warm_up)]
-        order += [("B", b) for b in range(num_micro_batches - warm_up, num_micro_batches)]
-        orders.append(order)
-    return orders
+def budget_ignored(num_stages, num_micro_batches, max_in_flight):  # the lesson's 1F1B, rewritten
+    return one_f_one_b_orders(num_stages, num_micro_batches, num_stages)
 
 
-def backward_first(num_stages, num_micro_batches):  # B before its own F: a deadlock
+def same_warm_up_everywhere(num_stages, num_micro_batches, max_in_flight):
+    return [one_f_one_b_orders(num_stages, num_micro_batches, max_in_flight)[0]] * num_stages
+
+
+def backward_first(num_stages, num_micro_batches, max_in_flight):  # B before its F: a deadlock
     return [[("B", 0), ("F", 0)] + [(p, b) for b in range(1, num_micro_batches) for p in "FB"]
             for _ in range(num_stages)]
 
 
-def one_forward_then_its_backward(num_stages, num_micro_batches):  # no warm-up: serial
+def one_forward_then_its_backward(num_stages, num_micro_batches, max_in_flight):  # serial
     return [[(p, b) for b in range(num_micro_batches) for p in "FB"] for _ in range(num_stages)]
 
 
-def the_lessons_helper(num_stages, num_micro_batches):
+def the_lessons_helper(num_stages, num_micro_batches, max_in_flight):
     return cu.parallel.one_f_one_b_orders(num_stages, num_micro_batches)
 
 
-def split_gradients(parts, x, y, loss_fn, devices):
+def _copy_of_the_schedules_module():
+    """The course's schedules module run again from its source: new code objects, same code."""
+    import inspect
+
+    from course_utils.parallel import schedules
+
+    namespace = {"__name__": "__main__"}  # as in a notebook
+    exec(compile(inspect.getsource(schedules), "<pasted>", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def exec_copy_of_the_helper(num_stages, num_micro_batches, max_in_flight):
+    return _copy_of_the_schedules_module()["one_f_one_b_orders"](num_stages, num_micro_batches)
+
+
+def _split_once(parts, x, y, loss_fn, devices):  # one micro-batch, each part's backward at home
     import tensorflow as tf
 
     tapes, inputs, outputs, value = [], [], [], tf.convert_to_tensor(x)
@@ -75,6 +86,38 @@ def split_gradients(parts, x, y, loss_fn, devices):
         upstream = found[0] if i > 0 else None
         grads = found[i > 0:] + grads
     return loss, grads
+
+
+def accumulated(single, at_home=True, mean=True):
+    """A micro-batch answer from a one-batch one: the gradients summed per part, where asked."""
+    import contextlib
+
+    def answer(parts, micro_batches, loss_fn, devices):
+        import tensorflow as tf
+
+        owner = [d for part, d in zip(parts, devices, strict=True)
+                 for _ in part.trainable_variables]
+        losses, sums = [], None
+        for x, y in micro_batches:
+            loss, grads = single(parts, x, y, loss_fn, devices)
+            losses.append(loss)
+            if sums is None:
+                sums = list(grads)
+                continue
+            for index, (grad, device) in enumerate(zip(grads, owner, strict=True)):
+                with tf.device(device) if at_home else contextlib.nullcontext():
+                    sums[index] = sums[index] + grad
+        scale = len(micro_batches) if mean else 1
+        out = []
+        for grad, device in zip(sums, owner, strict=True):
+            with tf.device(device) if at_home else contextlib.nullcontext():
+                out.append(grad / scale)
+        return tf.add_n(losses) / len(losses), out
+
+    return answer
+
+
+split_gradients = accumulated(_split_once)
 
 
 def _one_tape(parts, x, y, loss_fn, devices, backward_device=None, copy=False):
@@ -103,19 +146,34 @@ def _one_tape(parts, x, y, loss_fn, devices, backward_device=None, copy=False):
     return loss, grads
 
 
-def one_tape(parts, x, y, loss_fn, devices):  # the broken code of the exercise
-    return _one_tape(parts, x, y, loss_fn, devices)
+def one_tape(parts, micro_batches, loss_fn, devices):  # the broken code of the exercise
+    import tensorflow as tf
+
+    variables = [v for part in parts for v in part.trainable_variables]
+    with tf.GradientTape() as tape:
+        losses = []
+        for x, y in micro_batches:
+            value = x
+            for part, device in zip(parts, devices, strict=True):
+                with tf.device(device):
+                    value = part(value)
+            losses.append(loss_fn(y, value))
+        loss = tf.add_n(losses) / len(losses)
+    return loss, tape.gradient(loss, variables)
 
 
-def one_tape_copied_with_identity(parts, x, y, loss_fn, devices):
-    return _one_tape(parts, x, y, loss_fn, devices, backward_device=devices[0], copy=True)
+one_tape_copied_with_identity = accumulated(
+    lambda *a: _one_tape(*a, backward_device=a[-1][0], copy=True))
+one_tape_on_the_last_device = accumulated(lambda *a: _one_tape(*a, backward_device=a[-1][-1]))
+summed_on_the_default_device = accumulated(_split_once, at_home=False)
+summed_not_averaged = accumulated(_split_once, mean=False)
 
 
-def one_tape_on_the_last_device(parts, x, y, loss_fn, devices):
-    return _one_tape(parts, x, y, loss_fn, devices, backward_device=devices[-1])
+def first_micro_batch_only(parts, micro_batches, loss_fn, devices):
+    return _split_once(parts, *micro_batches[0], loss_fn, devices)
 
 
-def the_lessons_two_part_fix(parts, x, y, loss_fn, devices):  # ignores parts beyond two
+def _the_lessons_two_part_fix(parts, x, y, loss_fn, devices):  # ignores parts beyond two
     import tensorflow as tf
 
     part_a, part_b = parts[0], parts[-1]
@@ -131,7 +189,10 @@ def the_lessons_two_part_fix(parts, x, y, loss_fn, devices):  # ignores parts be
     return loss, grads_a + grads_b
 
 
-def each_part_recomputes_from_the_loss(parts, x, y, loss_fn, devices):
+the_lessons_two_part_fix = accumulated(_the_lessons_two_part_fix)
+
+
+def _each_part_recomputes_from_the_loss(parts, x, y, loss_fn, devices):
     """Right devices for the last op of each gradient, but later parts' backward redone there."""
     import tensorflow as tf
 
@@ -148,7 +209,10 @@ def each_part_recomputes_from_the_loss(parts, x, y, loss_fn, devices):
     return loss, grads
 
 
-def forgets_output_gradients(parts, x, y, loss_fn, devices):  # each part: d(sum of output)
+each_part_recomputes_from_the_loss = accumulated(_each_part_recomputes_from_the_loss)
+
+
+def _forgets_output_gradients(parts, x, y, loss_fn, devices):  # each part: d(sum of output)
     import tensorflow as tf
 
     tapes, outputs, value = [], [], tf.convert_to_tensor(x)
@@ -166,9 +230,29 @@ def forgets_output_gradients(parts, x, y, loss_fn, devices):  # each part: d(sum
     return loss, grads
 
 
-def with_the_course_helper(parts, x, y, loss_fn, devices):
+forgets_output_gradients = accumulated(_forgets_output_gradients)
+
+
+def _with_the_course_helper(parts, x, y, loss_fn, devices):
     step = cu.parallel.split_step(parts, devices, x, y, loss_fn)
     return step["loss"], step["grads"]
+
+
+with_the_course_helper = accumulated(_with_the_course_helper)
+
+
+def _with_an_exec_copy_of_the_helper(parts, x, y, loss_fn, devices):
+    import inspect
+
+    from course_utils.parallel import placement
+
+    namespace = {"__name__": "__main__"}  # as in a notebook
+    exec(compile(inspect.getsource(placement), "<pasted>", "exec"), namespace)  # noqa: S102
+    step = namespace["split_step"](parts, devices, x, y, loss_fn)
+    return step["loss"], step["grads"]
+
+
+with_an_exec_copy_of_the_helper = accumulated(_with_an_exec_copy_of_the_helper)
 
 
 def shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh):
@@ -273,6 +357,41 @@ def zeros_kernel_without_the_initializer(x, init_kernel, kernel_shape, bias, mes
     return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
 
 
+def x_copied_to_the_mesh_sharded(x, init_kernel, kernel_shape, bias, mesh):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    _, kernel, _ = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    x_sharded = dtensor.copy_to_mesh(tf.constant(x), dtensor.Layout([free, dim], mesh))
+    bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout([free], mesh))
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
+
+
+def x_made_replicated_then_relaid(x, init_kernel, kernel_shape, bias, mesh):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    _, kernel, _ = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    whole = dtensor.call_with_layout(tf.function(lambda: tf.constant(x)),
+                                     dtensor.Layout.replicated(mesh, rank=2))
+    x_sharded = dtensor.relayout(whole, dtensor.Layout([free, dim], mesh))
+    bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout([free], mesh))
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
+
+
+def y_computed_on_the_host_and_packed_sharded(x, init_kernel, kernel_shape, bias, mesh):
+    import numpy as np
+    from tensorflow.experimental import dtensor
+
+    dim = mesh.dim_names[0]
+    x_sharded, kernel, _ = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    whole = x @ np.concatenate([r.numpy() for r in dtensor.unpack(kernel)]) + bias
+    pieces = np.split(whole, mesh.dim_size(dim), axis=1)  # y sent back sharded by columns
+    return x_sharded, kernel, dtensor.pack(pieces, dtensor.Layout([dtensor.UNSHARDED, dim], mesh))
+
+
 def with_course_helpers(x, init_kernel, kernel_shape, bias, mesh):
     import tensorflow as tf
     from tensorflow.experimental import dtensor
@@ -301,7 +420,7 @@ def test_one_f_one_b_reference_passes():
 one_f_one_b_alias = cu.parallel.one_f_one_b_orders  # bound before the check, as in a notebook
 
 
-def orders_read_from_the_course_schedule(num_stages, num_micro_batches):
+def orders_read_from_the_course_schedule(num_stages, num_micro_batches, max_in_flight):
     tasks = sorted(cu.parallel.one_f_one_b_schedule(num_stages, num_micro_batches),
                    key=lambda task: task.slot)
     return [[(t.phase, t.micro_batch) for t in tasks if t.stage == s] for s in range(num_stages)]
@@ -309,15 +428,16 @@ def orders_read_from_the_course_schedule(num_stages, num_micro_batches):
 
 @pytest.mark.parametrize(("answer", "message"), [
     (gpipe_orders, "activations"),
-    (same_warm_up_everywhere, "activations|time slots"),
+    (budget_ignored, r"activations .* allowed: min\(K − s, max_in_flight\)"),
+    (same_warm_up_everywhere, "activations|time slots|deadlock"),
     (backward_first, "deadlock"),
-    (one_forward_then_its_backward, "more than GPipe"),
+    (one_forward_then_its_backward, "time slots; within the same memory"),
     (the_lessons_helper, "ran the course's one_f_one_b_orders"),
-    (one_f_one_b_alias, "ran the course's one_f_one_b_orders"),
-    (lambda k, m: [list(o) for o in cu.parallel.one_f_one_b_orders(k, m)], "ran the course's"),
+    (lambda k, m, cap: one_f_one_b_alias(k, m), "ran the course's one_f_one_b_orders"),
+    (exec_copy_of_the_helper, "ran the course's one_f_one_b_orders"),
     (orders_read_from_the_course_schedule, "ran the course's one_f_one_b_schedule"),
-    (lambda k, m: [[("F", 0), ("B", 0)]] * k, "exactly once|once for every"),
-    (lambda k, m: None, "one order"),
+    (lambda k, m, cap: [[("F", 0), ("B", 0)]] * k, "exactly once|once for every"),
+    (lambda k, m, cap: None, "one order"),
 ])
 def test_one_f_one_b_lazy_and_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):
@@ -327,7 +447,7 @@ def test_one_f_one_b_lazy_and_wrong_answers_fail(answer, message):
 def test_the_course_helper_still_works_after_the_check():
     with pytest.raises(AssertionError):
         cu.grading.check_one_f_one_b_orders(the_lessons_helper)
-    assert cu.parallel.one_f_one_b_orders(2, 2) == one_f_one_b_orders(2, 2)
+    assert cu.parallel.one_f_one_b_orders(2, 2) == one_f_one_b_orders(2, 2, 2)
 
 
 def test_split_gradients_reference_passes():
@@ -335,13 +455,17 @@ def test_split_gradients_reference_passes():
 
 
 @pytest.mark.parametrize(("answer", "message"), [
-    (one_tape, "computed on no device"),
-    (one_tape_copied_with_identity, "part 1's weights was computed on CPU:"),
-    (one_tape_on_the_last_device, "part 0's weights was computed on"),
+    (one_tape, "part 0.s weights was (made by tape.gradient|added up) .* on no device"),
+    (one_tape_copied_with_identity, "part 1's weights was made by tape.gradient .* on CPU:"),
+    (one_tape_on_the_last_device, "part 0's weights was made by tape.gradient .* on"),
+    (summed_on_the_default_device, r"added up \(\w+\) on no device"),
+    (summed_not_averaged, "differ from the unsplit"),
+    (first_micro_batch_only, "differ from the unsplit"),
     (the_lessons_two_part_fix, r"case 2 \(3 parts"),
     (each_part_recomputes_from_the_loss, "backward pass .* ran on"),
     (forgets_output_gradients, "differ from the unsplit"),
     (with_the_course_helper, "ran the course's split_step"),
+    (with_an_exec_copy_of_the_helper, "ran the course's split_step"),
     (lambda *args: None, "loss, grads"),
 ])
 def test_split_gradients_wrong_answers_fail(answer, message):
@@ -362,6 +486,9 @@ def test_shard_dense_rows_reference_passes():
     (kernel_by_columns, "sharded by rows"),
     (zeros_kernel_without_the_initializer, "never called"),
     (with_course_helpers, "ran the course's"),
+    (x_copied_to_the_mesh_sharded, "copy_to_mesh of a whole matrix"),
+    (x_made_replicated_then_relaid, "call_with_layout with a replicated rank-2"),
+    (y_computed_on_the_host_and_packed_sharded, "unpack of a matrix"),
     (lambda *args: None, "return \\(sharded_x"),
 ])
 def test_shard_dense_rows_wrong_answers_fail(answer, message):

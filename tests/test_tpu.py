@@ -326,6 +326,15 @@ def test_replicas_per_slice_follow_megacore():
         tpu.slice_replicas("v9-8")
 
 
+def test_each_chip_figure_is_quoted_from_its_own_page():
+    for chip in tpu.TPU_CHIPS.values():
+        assert chip.source.endswith(f"/tpu/docs/{chip.name}")
+        assert f"{chip.hbm_gbps:g} GBps" in chip.quoted or (
+            f"(GBps): {chip.hbm_gbps:g}" in chip.quoted)
+        assert f"{chip.peak_bf16_tflops:g}" in chip.quoted
+    assert tpu.TPU_CHIPS["v5e"].hbm_gbps == 819  # the v5e page, not the v6e page's 800
+
+
 def test_critical_batch_is_peak_over_bandwidth():
     v5e = tpu.TPU_CHIPS["v5e"]
     assert tpu.critical_batch(v5e) == pytest.approx(197e12 / 819e9)
@@ -436,7 +445,8 @@ def test_lesson_training_cells_run_unchanged_under_a_mocked_tpu_strategy(capsys)
     namespace = {"tf": tf, "keras": keras, "np": np, "cu": cu, "NUM_EXAMPLES": 256,
                  "BATCH_SIZE": 16, "TRAIN_STEPS": 3, "strategy": mocked}
     namespace["branch"], _ = tpu.strategy_branch(mocked)
-    for cell_id in ("3dc7cfaf", "training-function", "a59f7acf", "fd280aaa"):
+    for cell_id in ("3dc7cfaf", "training-function", "training-steps", "a59f7acf",
+                    "fd280aaa"):
         _exec_visible_to_autograph(_lesson_cell(cell_id), f"<lesson 05 cell {cell_id}>",
                                    namespace)
     assert namespace["branch"] == "TPU" and namespace["tolerance"] == 1e-4

@@ -11,6 +11,10 @@
   the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
   for a model with L2 penalties (``model.losses``), must match one device's reference training
   (mean loss over the global batch plus the penalty once), trace once, and change the weights.
+
+The reference answers (``reference_tpu_settings``, ``reference_train_steps``) are importable, so
+the checks refuse them while the learner's function runs: by the identity of their code and by
+content (a copy made with ``exec``), see ``refusals``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.equality import largest_difference
+from course_utils.grading.checks.refusals import refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -186,6 +191,7 @@ def check_tpu_settings(fn: Any) -> bool:
             "when not one example a replica fits); steps_per_execution: the fewest steps a call "
             "that share the round-trip down to the accepted overhead, at most the steps of one "
             "epoch (drop_remainder), at least 1 (lesson 05, sections 5 and 7).")
+    fn = refusing(fn, [reference_tpu_settings], "apply the rules yourself")
     _refuses_an_impossible_batch(fn, hint)
     return run_check("tpu_settings", fn, _settings_cases(fresh_rng()), hint=hint)
 
@@ -300,11 +306,12 @@ def _train_case(rng: Any) -> Case:
 def check_train_steps(fn: Any) -> bool:
     """Check ``make_train_steps(strategy, model, optimizer, global_batch_size)`` under the
     notebook's MirroredStrategy against one device's training from the same start."""
+    guarded = refusing(fn, [reference_train_steps], "write the training function yourself")
     return run_check(
-        "make_train_steps", fn, [_train_case(fresh_rng())],
-        hint="inside a @tf.function train_steps(iterator, steps), loop `for _ in "
-             "tf.range(steps)` and call strategy.run(replica_step, args=next(iterator)); in "
-             "replica_step, divide the per-example losses by the global batch "
+        "make_train_steps", guarded, [_train_case(fresh_rng())],
+        hint="the loop is not the bug (AutoGraph runs `range` over a tensor as a "
+             "tf.while_loop, like tf.range); the loss is. In replica_step, divide the "
+             "per-example losses by the global batch "
              "(tf.nn.compute_average_loss(..., global_batch_size=...)) and add "
              "tf.nn.scale_regularization_loss(tf.add_n(model.losses)), so that the replicas' "
              "summed gradients count the penalty once (lesson 05, section 9).")

@@ -1,26 +1,28 @@
 """Checks of lesson 06's exercises (registered by name with ``@register``).
 
-* ``check_one_f_one_b_orders(one_f_one_b_orders)``: the learner's 1F1B order per stage, for
-  fresh ``(K, M)`` (``M`` below, at and above ``K``). Each stage must run every micro-batch's
-  forward and backward once; the orders are turned into time slots by the course's simulator,
-  which fails on a deadlock (a pass waiting for an input that never comes); the schedule must
-  take no more slots than GPipe's, 2(M + K − 1) (the same bubble), and stage ``s`` must never
-  keep more than ``K − s`` micro-batches' activations (GPipe's order keeps ``M``). The course's
-  own schedule helpers are refused by the identity of their code objects, entered while the
-  answer runs (an alias bound before the check, a wrapper or a lambda are all caught).
+* ``check_one_f_one_b_orders(one_f_one_b_orders)``: the learner's 1F1B order per stage under
+  a memory cap, for fresh ``(K, M, max_in_flight)`` (``M`` below, at and above ``K``; caps
+  below, at and above ``K``). Each stage must run every micro-batch's forward and backward
+  once; the orders are turned into time slots by the course's simulator, which fails on a
+  deadlock; stage ``s`` must never keep more than ``min(K − s, max_in_flight)`` micro-batches'
+  activations, and the schedule must take no more slots than the check's own capped 1F1B.
+  The lesson's helpers have no cap, and are refused by code identity and content (``refusals``).
 * ``check_split_gradients(split_gradients)``: a model split into two and three parts on
-  devices the check chooses (never the default first); loss and gradients equal to the unsplit
-  model's; then the answer is traced in a ``tf.function`` and the placement of what it built is
-  read: every op that makes a gradient of part ``i``'s weights (looked for through Identity
-  copies) and every gradient op that reads part ``i``'s weights must ask for ``devices[i]``.
-  ``cu.parallel.split_step`` is refused by code identity.
+  devices the check chooses (never the default first), trained on a few micro-batches; loss
+  and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
+  is traced in a ``tf.function`` and the placement of what it built is read: every add that
+  sums a gradient of part ``i``'s weights over the micro-batches, every op of ``tape.gradient``
+  it was summed from (through Identity copies), and every gradient op that reads part ``i``'s
+  weights must ask for ``devices[i]``. The lesson's ``split_step`` does one batch, so a copy of
+  it still leaves the accumulation to write.
+  ``cu.parallel.split_step`` is refused by code identity and content (``refusals``).
 * ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows, never whole on
   a device: the kernel made by the check's ``init_kernel`` inside ``dtensor.call_with_layout``
   with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
-  features in the mesh's device order, no matrix sent to the mesh replicated
-  (``dtensor.pack``/``copy_to_mesh`` watched by code identity), the layouts, the gathered
-  values and ``y`` against the unsharded layer; the course's sharding helpers refused by code
-  identity.
+  features in the mesh's device order, no matrix whole on every device or gathered to the
+  host on the way (``dtensor.pack``, ``call_with_layout``, ``copy_to_mesh``, ``relayout`` and
+  ``unpack`` watched by code identity, see ``_whole_copy_watch``), the layouts, the gathered
+  values and ``y`` against the unsharded layer; the course's sharding helpers refused.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.refusals import refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -49,84 +52,22 @@ def _short(name: str) -> str:
     return name.rsplit("device:", 1)[-1]
 
 
-def _helper_codes(helpers: list[Any]) -> dict[Any, str]:
-    """The code objects of ``helpers`` (and of the functions defined inside them), by identity.
-
-    Identity, not equal bytecode: a learner who writes the same loop as the helper wrote it
-    themselves; a learner who calls the helper, by any name, runs these very code objects.
-    """
-    found: dict[Any, str] = {}
-    for helper in helpers:
-        stack = [helper.__code__]
-        while stack:
-            code = stack.pop()
-            found[code] = helper.__name__
-            stack.extend(c for c in code.co_consts if hasattr(c, "co_code"))
-    return found
-
-
-def _raised_by(fn: Any, error: BaseException) -> bool:
-    """True when ``error`` was raised by ``fn``'s own body (the exercise stub)."""
-    tb, last = error.__traceback__, None
-    while tb is not None:
-        last, tb = tb, tb.tb_next
-    code = getattr(fn, "__code__", None)
-    return code is None or (last is not None and last.tb_frame.f_code is code)
-
-
-def _guarded(fn: Any, helpers: list[Any], why: str, also: Any = None) -> Any:
-    """``fn`` refusing the helpers' code (see :class:`_Refusing`); non-functions as they are."""
-    return _Refusing(fn, helpers, why, also) if callable(fn) else fn
-
-
-class _Refusing:
-    """``fn``, run so that it fails with ``why`` if it runs the code of one of ``helpers``.
-
-    A guard by identity of what runs: whatever name the helper is bound to (an alias made
-    before the check, a wrapper, a lambda), its code object is recognised when entered.
-    Has no ``__code__``, so the framework trusts its NotImplementedError: only the learner's
-    own stub raise is let through as one.
-    """
-
-    def __init__(self, fn: Any, helpers: list[Any], why: str,
-                 also: Any = None) -> None:
-        self.fn, self.codes, self.why, self.also = fn, _helper_codes(helpers), why, also
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import sys
-
-        entered: list[str] = []
-
-        def profile(frame: Any, event: str, arg: Any) -> None:
-            if event != "call":
-                return
-            if self.also is not None:
-                self.also(frame)
-            if not entered:
-                name = self.codes.get(frame.f_code)
-                if name:
-                    entered.append(name)
-
-        previous = sys.getprofile()
-        sys.setprofile(profile)
-        try:
-            result = self.fn(*args, **kwargs)
-        except NotImplementedError as error:
-            if _raised_by(self.fn, error):
-                raise
-            raise RuntimeError(f"NotImplementedError from inside a library call: {error}"
-                               ) from error
-        finally:
-            sys.setprofile(previous)
-        if entered:
-            raise AssertionError(f"your function ran the course's {entered[0]}: {self.why}")
-        return result
-
-
 # --- Exercise 1 · a 1F1B schedule ---------------------------------------------------------------
 
 
-def _verify_orders(got: Any, k: int, m: int) -> str | None:
+def _capped_orders(k: int, m: int, cap: int) -> list[list[tuple[str, int]]]:
+    """The check's own memory-capped 1F1B: ``min(K − 1 − s, cap − 1, M)`` warm-up forwards."""
+    orders = []
+    for stage in range(k):
+        warm = min(k - 1 - stage, cap - 1, m)
+        order = [("F", b) for b in range(warm)]
+        for b in range(warm, m):
+            order += [("F", b), ("B", b - warm)]
+        orders.append(order + [("B", b) for b in range(m - warm, m)])
+    return orders
+
+
+def _verify_orders(got: Any, k: int, m: int, cap: int) -> str | None:
     from course_utils.parallel.schedules import (
         check_orders,
         peak_in_flight,
@@ -141,36 +82,44 @@ def _verify_orders(got: Any, k: int, m: int) -> str | None:
         tasks = schedule_from_orders(orders)
     except (TypeError, ValueError) as error:
         return str(error)
-    slots = max(task.slot for task in tasks) + 1
-    if slots > 2 * (m + k - 1):
-        return (f"the orders take {slots} time slots, more than GPipe's 2(M+K−1) = "
-                f"{2 * (m + k - 1)}: a stage waits where it could work")
     peaks = peak_in_flight(tasks, k)
     for stage, peak in enumerate(peaks):
-        if peak > k - stage:
+        allowed = min(k - stage, cap)
+        if peak > allowed:
             return (f"stage {stage} keeps up to {peak} micro-batches' activations at once "
-                    f"(forwarded, not yet backwarded); 1F1B keeps at most K − s = {k - stage}. "
-                    f"Per stage: {peaks}")
+                    f"(forwarded, not yet backwarded); allowed: min(K − s, max_in_flight) = "
+                    f"{allowed}. Per stage: {peaks}")
+    slots = max(task.slot for task in tasks) + 1
+    best = max(t.slot for t in schedule_from_orders(_capped_orders(k, m, cap))) + 1
+    if slots > best:
+        return (f"the orders take {slots} time slots; within the same memory "
+                f"(max_in_flight={cap}) {best} are enough: a stage waits where it could work")
     return None
 
 
 @register
 def check_one_f_one_b_orders(fn: Any) -> bool:
-    """Check ``one_f_one_b_orders(num_stages, num_micro_batches)``: orders, slots, activations."""
+    """Check ``one_f_one_b_orders(num_stages, num_micro_batches, max_in_flight)``: orders, slots
+    and activations, for caps below, at and above the number of stages."""
     rng = fresh_rng()
-    pairs = [(4, 8), (3, 3), (4, 2), (1, 3), (rng.randint(2, 6), rng.randint(7, 12))]
-    cases = [Case(args=(k, m), verify=lambda got, k=k, m=m: _verify_orders(got, k, m),
-                  label=f"(num_stages={k}, num_micro_batches={m})") for k, m in pairs]
+    k_random = rng.randint(3, 6)
+    triples = [(4, 8, 4), (4, 8, 2), (3, 3, 1), (4, 2, 5), (1, 3, 1),
+               (k_random, rng.randint(7, 12), rng.randint(2, k_random - 1))]
+    cases = [Case(args=(k, m, cap),
+                  verify=lambda got, k=k, m=m, cap=cap: _verify_orders(got, k, m, cap),
+                  label=f"(num_stages={k}, num_micro_batches={m}, max_in_flight={cap})")
+             for k, m, cap in triples]
     from course_utils.parallel import schedules
 
     helpers = [schedules.one_f_one_b_orders, schedules.one_f_one_b_schedule,
                schedules.interleaved_orders, schedules.interleaved_schedule]
     why = "build the orders yourself (the lesson's helpers already hold the answer)"
     return run_check(
-        "one_f_one_b_orders", _guarded(fn, helpers, why), cases,
-        hint="stage s first runs K − 1 − s forwards (never more than M), then alternates "
-             "one forward and one backward, then runs the backwards left; micro-batches "
-             "in order 0, 1, 2 … in each phase (lesson 06, section 3, 1F1B).")
+        "one_f_one_b_orders", refusing(fn, helpers, why), cases,
+        hint="1F1B's warm-up is what a stage keeps: stage s runs min(K − 1 − s, "
+             "max_in_flight − 1) forwards first (never more than M), then alternates one "
+             "forward and one backward, then runs the backwards left; micro-batches in order "
+             "0, 1, 2 … in each phase (lesson 06, section 3, 1F1B).")
 
 
 # --- Exercise 2 · a split model's backward pass, part by part ---------------------------------
@@ -180,15 +129,16 @@ def _split_problem(rng: Any, num_parts: int) -> dict[str, Any]:
     import keras
 
     data = np.random.default_rng(rng.randint(0, 2**31 - 1))
-    n, width, classes = rng.randint(4, 9), rng.randint(3, 7), rng.randint(2, 4)
+    n, width, classes = rng.randint(3, 6), rng.randint(3, 7), rng.randint(2, 4)
     widths = [width] + [rng.randint(4, 10) for _ in range(num_parts - 1)] + [classes]
     parts = [keras.Sequential([keras.Input((widths[i],)),
                                keras.layers.Dense(widths[i + 1],
                                                   "tanh" if i < num_parts - 1 else None)])
              for i in range(num_parts)]
-    x = data.normal(size=(n, width)).astype("float32")
-    y = data.integers(0, classes, size=(n,)).astype("int32")
-    return {"parts": parts, "x": x, "y": y}
+    micro_batches = [(data.normal(size=(n, width)).astype("float32"),
+                      data.integers(0, classes, size=(n,)).astype("int32"))
+                     for _ in range(rng.randint(2, 4))]
+    return {"parts": parts, "micro_batches": micro_batches}
 
 
 def _through_identities(tensor: Any) -> Any:
@@ -199,25 +149,59 @@ def _through_identities(tensor: Any) -> Any:
     return op
 
 
+_ACCUMULATING = {"AddV2", "AddN", "Add", "Mul", "RealDiv", "Identity", "Cast"}  # sums, copies
+
+
+def _accumulation_misplaced(output: Any, device: str, index: int) -> str | None:
+    """None when the gradient ``output`` of part ``index``, and every add and every
+    ``tape.gradient`` op it was summed from, asked for ``device``."""
+    stack, seen, from_tape = [output.op], set(), False
+    while stack:
+        op = stack.pop()
+        if op.name in seen or op.type == "Const":
+            continue
+        seen.add(op.name)
+        is_tape = op.name.startswith("gradient_tape")
+        if not is_tape and op.type not in _ACCUMULATING:
+            continue
+        if op.type == "Identity" and not is_tape:  # a copy: found where it was computed
+            stack.extend(t.op for t in op.inputs)
+            continue
+        if _short(op.device) != _short(device):
+            what = f"made by tape.gradient ({op.type})" if is_tape else f"added up ({op.type})"
+            return (f"a gradient of part {index}'s weights was {what} on "
+                    f"{_short(op.device) or 'no device (the default one)'}, expected "
+                    f"{_short(device)}, where its weights live")
+        if is_tape:
+            from_tape = True
+        else:
+            stack.extend(t.op for t in op.inputs)
+    if not from_tape:
+        return f"a gradient of part {index} was not made by tape.gradient"
+    return None
+
+
 def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
                                devices: list[str]) -> str | None:
-    """None when, traced, each part's gradient ops ask for that part's device.
+    """None when, traced, each part's gradient ops, and the sums over micro-batches, ask for
+    that part's device.
 
     A gradient op belongs to part ``i`` when it reads one of part ``i``'s weights (the
-    gradient of the part's input, ``dy · Wᵀ``) or is where a gradient of part ``i``'s weights
-    is made (looked for through Identity copies: a gradient computed elsewhere and copied with
-    ``tf.identity`` is found where it was computed).
+    gradient of the part's input, ``dy · Wᵀ``) or when a returned gradient of part ``i``'s
+    weights is summed from it (through adds, scalings and Identity copies: a gradient computed
+    elsewhere and copied with ``tf.identity`` is found where it was computed).
     """
     tf = _tf()
     parts = problem["parts"]
+    micro_batches = problem["micro_batches"]
 
-    def traced(x: Any, y: Any) -> Any:
-        return fn(parts, x, y, loss_fn, devices)
+    def traced(pairs: Any) -> Any:
+        return fn(parts, [tuple(pair) for pair in pairs], loss_fn, devices)
 
-    specs = (tf.TensorSpec(problem["x"].shape, tf.float32),
-             tf.TensorSpec(problem["y"].shape, tf.int32))
+    specs = [(tf.TensorSpec(x.shape, tf.float32), tf.TensorSpec(y.shape, tf.int32))
+             for x, y in micro_batches]
     try:
-        concrete = tf.function(traced).get_concrete_function(*specs)
+        concrete = tf.function(traced).get_concrete_function(specs)
     except Exception as error:  # noqa: BLE001 - the learner's to see
         return ("the check traces split_gradients in a tf.function to read where each "
                 f"gradient op was placed, and tracing failed: {type(error).__name__}: "
@@ -233,14 +217,9 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
     if len(outputs) != len(expected_part):
         return "return (loss, grads): one gradient per trainable variable, parts in order"
     for output, index in zip(outputs, expected_part, strict=True):
-        op = _through_identities(output)
-        if not op.name.startswith("gradient_tape"):
-            return (f"a gradient of part {index} was not made by tape.gradient (its last op is "
-                    f"{op.type})")
-        if _short(op.device) != _short(devices[index]):
-            return (f"a gradient of part {index}'s weights was computed on "
-                    f"{_short(op.device) or 'no device (the default one)'}, expected "
-                    f"{_short(devices[index])}, where its weights live")
+        reason = _accumulation_misplaced(output, devices[index], index)
+        if reason:
+            return reason
     for op in graph.get_operations():
         if not op.name.startswith("gradient_tape"):
             continue
@@ -257,7 +236,7 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
 
 @register
 def check_split_gradients(fn: Any) -> bool:
-    """Check ``split_gradients(parts, x, y, loss_fn, devices)``: placement traced, values."""
+    """Check ``split_gradients(parts, micro_batches, loss_fn, devices)``: values, placement."""
     import keras
 
     tf = _tf()
@@ -267,13 +246,16 @@ def check_split_gradients(fn: Any) -> bool:
 
     def case(chosen: list[str]) -> Case:
         problem = _split_problem(rng, len(chosen))
-        parts = problem["parts"]
+        parts, micro_batches = problem["parts"], problem["micro_batches"]
         variables = [v for part in parts for v in part.trainable_variables]
         with tf.GradientTape() as tape:
-            value = problem["x"]
-            for part in parts:
-                value = part(value)
-            expected_loss = loss_fn(problem["y"], value)
+            losses = []
+            for x, y in micro_batches:
+                value = x
+                for part in parts:
+                    value = part(value)
+                losses.append(loss_fn(y, value))
+            expected_loss = tf.add_n(losses) / len(losses)
         expected = [g.numpy() for g in tape.gradient(expected_loss, variables)]
 
         def verify(got: Any) -> str | None:
@@ -285,43 +267,70 @@ def check_split_gradients(fn: Any) -> bool:
             error = max(float(np.abs(np.asarray(g) - e).max()) for g, e in zip(grads, expected,
                                                                                 strict=True))
             if error > 1e-5 or abs(float(loss) - float(expected_loss)) > 1e-5:
-                return f"loss or gradients differ from the unsplit model's (max |Δ| {error:.1e})"
+                return ("loss or gradients differ from the unsplit model's on the mean of the "
+                        f"micro-batches' losses (max |Δ| {error:.1e})")
             return _placement_of_the_backward(fn, problem, loss_fn, chosen)
 
-        return Case(args=(parts, problem["x"], problem["y"], loss_fn, list(chosen)),
-                    verify=verify,
-                    label=f"({len(chosen)} parts on {[_short(d) for d in chosen]})")
+        return Case(args=(parts, micro_batches, loss_fn, list(chosen)), verify=verify,
+                    label=f"({len(chosen)} parts on {[_short(d) for d in chosen]}, "
+                          f"{len(micro_batches)} micro-batches)")
 
     from course_utils.parallel import placement
 
     chosen = [[devices[2], devices[1]], [devices[-1], devices[1], devices[2]]]  # never CPU:0 first
-    guarded = _guarded(fn, [placement.split_step], "write the backward pass yourself")
+    guarded = refusing(fn, [placement.split_step], "write the backward pass yourself")
     return run_check(
         "split_gradients", guarded, [case(c) for c in chosen],
-        hint="one tape per part; walk the parts backwards, each part's tape.gradient under "
-             "its own tf.device, asking also for the gradient of the part's input and passing "
-             "it to the part before as output_gradients= (lesson 06, section 2, for two).")
+        hint="for each micro-batch: one tape per part; walk the parts backwards, each part's "
+             "tape.gradient under its own tf.device, asking also for the gradient of the "
+             "part's input and passing it to the part before as output_gradients= (lesson "
+             "06, section 2, for two). Add each part's gradients over the micro-batches, and "
+             "divide by their number, under that part's tf.device too.")
 
 
 # --- Exercise 3 · a dense layer sharded by rows, never whole on a device ----------------------
 
 
 def _whole_copy_watch(whole: list[str]) -> Any:
-    """A profile callback that notes each matrix sent to the mesh whole on every device.
+    """A profile callback that notes each matrix put on the mesh whole, or gathered from it.
 
-    Watched by identity of code: a call of ``dtensor.pack`` or ``dtensor.copy_to_mesh`` with a
-    fully replicated layout of rank 2 or more, whatever name it was reached by.
+    Watched by identity of code, whatever name it was reached by: ``dtensor.pack`` or
+    ``dtensor.call_with_layout`` with a replicated layout of rank 2 or more (a whole copy on
+    every device); ``dtensor.copy_to_mesh`` or ``dtensor.relayout`` of a host tensor of rank 2
+    or more (the whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a
+    DTensor laid out replicated (it was whole on every device before); ``dtensor.unpack`` of a
+    matrix (its pieces brought back to the host, e.g. to compute ``y`` there).
     """
     from tensorflow.dtensor.python import api
 
-    watched = {api.pack.__code__: "dtensor.pack",
-               api.copy_to_mesh.__code__: "dtensor.copy_to_mesh"}
+    tf = _tf()
+
+    def rank(tensor: Any) -> int:
+        shape = getattr(tensor, "shape", None)
+        return len(shape) if shape is not None else np.ndim(tensor)
+
+    def replicated_matrix(layout: Any) -> bool:
+        return layout is not None and layout.rank >= 2 and layout.is_fully_replicated()
+
+    def on_mesh(tensor: Any) -> bool:
+        return isinstance(tensor, tf.Tensor) and api.is_dtensor(tensor)
 
     def watch(frame: Any) -> None:
-        name = watched.get(frame.f_code)
-        layout = frame.f_locals.get("layout") if name else None
-        if layout is not None and layout.rank >= 2 and layout.is_fully_replicated():
-            whole.append(f"{name} with a replicated rank-{layout.rank} layout")
+        code, local = frame.f_code, frame.f_locals
+        if code is api.pack.__code__ and replicated_matrix(local.get("layout")):
+            whole.append("dtensor.pack with a replicated rank-2 layout")
+        elif code is api.call_with_layout.__code__ and replicated_matrix(local.get("layout")):
+            whole.append("dtensor.call_with_layout with a replicated rank-2 layout")
+        elif code is api.copy_to_mesh.__code__ and rank(local.get("tensor")) >= 2:
+            whole.append("dtensor.copy_to_mesh of a whole matrix, sliced on the mesh")
+        elif code is api.relayout.__code__:
+            tensor = local.get("tensor")
+            if not on_mesh(tensor) and rank(tensor) >= 2:
+                whole.append("dtensor.relayout of a whole host matrix")
+            elif on_mesh(tensor) and replicated_matrix(api.fetch_layout(tensor)):
+                whole.append("dtensor.relayout of a matrix laid out whole on every device")
+        elif code is api.unpack.__code__ and rank(local.get("tensor")) >= 2:
+            whole.append("dtensor.unpack of a matrix: its pieces brought back to the host")
 
     return watch
 
@@ -365,7 +374,7 @@ def check_shard_dense_rows(fn: Any) -> bool:
     helpers = [course_mesh.shard, course_mesh.sharded_dense, course_mesh.dense_layouts,
                course_mesh.make_mesh]
     whole: list[str] = []
-    guarded = _guarded(fn, helpers, "use DTensor's own API (dtensor.call_with_layout, "
+    guarded = refusing(fn, helpers, "use DTensor's own API (dtensor.call_with_layout, "
                        "dtensor.pack, dtensor.Layout)", _whole_copy_watch(whole))
 
     def case() -> Case:
@@ -388,9 +397,10 @@ def check_shard_dense_rows(fn: Any) -> bool:
 
         def verify(got: Any) -> str | None:
             if whole:
-                return (f"a matrix was put on the mesh whole on every device ({whole[0]}): "
-                        "create the kernel with dtensor.call_with_layout and send x's pieces "
-                        "with dtensor.pack, each device only its own")
+                return (f"a matrix was whole on every device, or gathered ({whole[0]}): "
+                        "create the kernel with dtensor.call_with_layout and a rows layout, "
+                        "send x's pieces with dtensor.pack, each device only its own, and "
+                        "compute y on the mesh from those")
             if not isinstance(got, (tuple, list)) or len(got) != 3:
                 return "return (sharded_x, sharded_kernel, y), all three DTensors"
             if not calls:
