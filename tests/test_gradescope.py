@@ -5,10 +5,11 @@ The autograder zip is unpacked into a temporary root laid out as Gradescope lays
 ``/autograder`` (``source/``, ``submission/``, ``results/``) and its ``run_autograder`` runs with
 ``GRADESCOPE_ROOT`` pointing there and this Python as ``COURSE_PYTHON`` (``setup.sh``, which
 installs Python and the course on Gradescope's image, is checked for what it installs, not run).
-Every exercise notebook is submitted blank, partial (its first exercise solved) and good; then
-the hostile submissions the batch grader survives, and (as root, where each notebook runs as a
-sandbox user) those that attack the results: a detached process rewriting ``results.json``, a
-notebook reading the solutions and writing into the course, one past the memory limit.
+Lesson 00's autograder gets the hostile submissions the batch grader survives, and (as root,
+where each notebook runs as a sandbox user) those that attack the results: a detached process
+rewriting ``results.json``, a notebook reading the solutions and writing into the course, one
+past the memory limit. The whole course's autograder, blank, partial and good, runs in
+``test_grading_nbgrader.py``.
 """
 
 from __future__ import annotations
@@ -16,40 +17,27 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
-import jsonschema
 import nbformat
 import psutil
 import pytest
 
 from course_utils.instructor import gradescope
 from course_utils.instructor.canvas import canvas_rows, write_canvas_csv
-from course_utils.instructor.cells import grade_id, is_check_cell, is_solution_cell
-from course_utils.instructor.generate import exercise_from_solution, exercise_path_for
+from course_utils.instructor.cells import grade_id, is_check_cell
 from course_utils.instructor.gradebook import FAILED, PASSED, Gradebook, Row
 from course_utils.instructor.limits import Limits
 from course_utils.instructor.sandbox_user import can_switch_user
 from course_utils.instructor.submissions import load_solutions
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((REPO / "tests/fixtures/gradescope/results.schema.json").read_text())
-TIMEOUT = 300  # seconds per notebook in the test's autograder for the whole course
 HOSTILE_TIMEOUT = 30  # lesson 00's autograder for hostile submissions (the endless loop's cost)
 sys.path.insert(0, str(REPO / "tests" / "fixtures" / "grading"))
 import make_submissions  # noqa: E402
-
-
-def _valid(results: dict) -> dict:
-    jsonschema.validate(results, SCHEMA)
-    return results
-
+from gradescope_run import autograder_root, by_notebook, run_autograder, valid  # noqa: E402
 
 # --- without a kernel -------------------------------------------------------------------------
 
@@ -59,7 +47,7 @@ def test_results_json_has_a_test_per_check_and_zeros_for_missing_notebooks():
     rows = [Row("s", f"{key}_exercises.ipynb", gid, pts if i == 0 else 0.0, pts,
                 PASSED if i == 0 else FAILED, "" if i == 0 else "x" * 20_000)
             for i, (gid, pts) in enumerate(solutions[key].checks)]
-    result = _valid(gradescope.results_json({key: rows}, solutions, seconds=1.5))
+    result = valid(gradescope.results_json({key: rows}, solutions, seconds=1.5))
     assert len(result["tests"]) == sum(len(s.checks) for s in solutions.values())
     ours = [t for t in result["tests"] if t["name"].startswith(key)]
     assert ours[0]["status"] == "passed" and ours[0]["score"] == ours[0]["max_score"] > 0
@@ -75,7 +63,7 @@ def test_a_check_tagged_hidden_gets_the_hidden_visibility():
     solution = copy.deepcopy(solutions[key])
     check = next(c for c in solution.notebook.cells if is_check_cell(c))
     check.metadata.setdefault("tags", []).append(gradescope.HIDDEN_TAG)
-    result = _valid(gradescope.results_json({}, {key: solution}, seconds=0,
+    result = valid(gradescope.results_json({}, {key: solution}, seconds=0,
                                             hidden_visibility="hidden"))
     visibility = {t["name"]: t["visibility"] for t in result["tests"]}
     assert visibility[f"{key} · {grade_id(check)}"] == "hidden"
@@ -118,89 +106,16 @@ def test_canvas_export_has_one_column_per_notebook_and_points_possible(tmp_path)
 
 
 # --- the autograder, run ----------------------------------------------------------------------
+# The whole course's autograder runs blank, partial and good submissions of every exercise
+# notebook in test_grading_nbgrader.py, beside nbgrader on the same notebooks.
 
 LIMITS = Limits(memory_gb=2, processes=128)  # lesson 00's autograder
-
-
-def _autograder(lessons: list[str], timeout: float, limits: Limits | None = None):
-    """An unpacked autograder in a folder other users may enter, as ``/autograder`` is."""
-    root = Path(tempfile.mkdtemp(prefix="cu-gradescope-test-"))
-    root.chmod(0o755)
-    try:
-        zip_path = gradescope.build_autograder(root / "autograder.zip", REPO / "solutions",
-                                               lessons, timeout=timeout, jobs=2, limits=limits)
-        gradescope.unpack_autograder(zip_path, root)
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def autograder() -> Path:
-    """The whole course's autograder."""
-    yield from _autograder([], TIMEOUT)
 
 
 @pytest.fixture(scope="module")
 def lesson_00_autograder() -> Path:
     """Lesson 00's autograder with a short time limit, for the hostile submissions."""
-    yield from _autograder(["00"], HOSTILE_TIMEOUT, LIMITS)
-
-
-def _run(root: Path, files: dict[str, str]) -> dict:
-    """Submit ``files`` (name -> text), run ``run_autograder``, return the validated results."""
-    submission = root / "submission"
-    for old in submission.glob("*"):
-        old.unlink()
-    (root / "results" / "results.json").unlink(missing_ok=True)
-    for name, text in files.items():
-        (submission / name).write_text(text, encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COURSE_")}
-    env.update(GRADESCOPE_ROOT=str(root), COURSE_PYTHON=sys.executable,
-               PYTHONPATH=str(root / "source" / "course"))
-    run = subprocess.run([str(root / "source" / "run_autograder")], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=3600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    return _valid(json.loads((root / "results" / "results.json").read_text()))
-
-
-def _copies(level: str) -> dict[str, str]:
-    """Every exercise notebook as a learner submits it at ``level``: blank, partial, good."""
-    files = {}
-    for path in sorted((REPO / "solutions").glob("*_solutions.ipynb")):
-        solution = nbformat.read(path, as_version=4)
-        exercise = exercise_from_solution(copy.deepcopy(solution), "s", "e")
-        answers = {grade_id(c): c.source for c in solution.cells if is_solution_cell(c)}
-        first_check = next(i for i, c in enumerate(solution.cells) if is_check_cell(c))
-        solve = {"blank": set(), "good": set(answers),
-                 "partial": {grade_id(c) for c in solution.cells[:first_check]
-                             if is_solution_cell(c)}}[level]
-        for cell in exercise.cells:
-            if is_solution_cell(cell) and grade_id(cell) in solve:
-                cell.source = answers[grade_id(cell)]
-        files[exercise_path_for(path, Path()).name] = nbformat.writes(exercise)
-    return files
-
-
-def _by_notebook(results: dict) -> dict[str, tuple[float, float]]:
-    sums: dict[str, list[float]] = {}
-    for test in results["tests"]:
-        key = test["name"].split(" · ")[0]
-        got, top = sums.setdefault(key, [0.0, 0.0])
-        sums[key] = [got + test["score"], top + test["max_score"]]
-    return {key: (got, top) for key, (got, top) in sums.items()}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("level", ["blank", "partial", "good"])
-def test_every_exercise_notebook_scores_blank_zero_partial_between_good_full(autograder, level):
-    results = _run(autograder, _copies(level))
-    scores = _by_notebook(results)
-    assert len(scores) == len(list((REPO / "solutions").glob("*_solutions.ipynb")))
-    for key, (got, top) in scores.items():
-        expected = {"blank": got == 0, "partial": 0 < got < top, "good": got == top}[level]
-        assert expected, f"{key}: {got:g} of {top:g} for a {level} submission\n{results['output']}"
-    print(f"gradescope {level}: " + ", ".join(f"{k} {g:g}/{t:g}" for k, (g, t) in scores.items()))
+    yield from autograder_root(["00"], HOSTILE_TIMEOUT, LIMITS)
 
 
 HOSTILE = {  # scenario of make_submissions (lesson 00) -> the points it may get, of the total
@@ -218,14 +133,15 @@ HOSTILE = {  # scenario of make_submissions (lesson 00) -> the points it may get
 def test_hostile_submissions_never_break_the_results(lesson_00_autograder, scenario):
     solution = nbformat.read(make_submissions.SOLUTION, as_version=4)
     text = make_submissions.SCENARIOS[scenario](solution)
-    results = _run(lesson_00_autograder, {make_submissions.NOTEBOOK: text})
-    got, top = _by_notebook(results)[make_submissions.NOTEBOOK.split("_exercises")[0]]
+    results = run_autograder(lesson_00_autograder, {make_submissions.NOTEBOOK: text})
+    got, top = by_notebook(results)[make_submissions.NOTEBOOK.split("_exercises")[0]]
     assert HOSTILE[scenario](got, top), f"{scenario}: {got:g} of {top:g}\n{results['output']}"
 
 
 @pytest.mark.slow
 def test_an_empty_or_foreign_submission_gets_zero_and_says_why(lesson_00_autograder):
-    results = _run(lesson_00_autograder, {"notes.txt": "hello", "my_homework.ipynb": "{}"})
+    results = run_autograder(lesson_00_autograder,
+                             {"notes.txt": "hello", "my_homework.ipynb": "{}"})
     assert results["score"] == 0 and "not an exercise notebook" in results["output"]
     assert all("not submitted" in test["output"] for test in results["tests"])
 
@@ -249,8 +165,9 @@ def test_attacks_on_the_results_fail_and_leave_no_process(lesson_00_autograder, 
                 "gs", (str(root / "submission"), str(root / "source" / "solutions"))),
             "hogs": lambda: make_submissions.hogs("gs", LIMITS.memory_gb, LIMITS.processes)}
     text = make[scenario]()(nbformat.read(make_submissions.SOLUTION, as_version=4))
-    results = _run(root, {make_submissions.NOTEBOOK: text})  # valid: not the attacker's file
-    got, top = _by_notebook(results)[make_submissions.NOTEBOOK.split("_exercises")[0]]
+    # valid: the grader's own results, not the attacker's file
+    results = run_autograder(root, {make_submissions.NOTEBOOK: text})
+    got, top = by_notebook(results)[make_submissions.NOTEBOOK.split("_exercises")[0]]
     assert results["score"] == sum(t["score"] for t in results["tests"]) == got
     assert _alive("gs") == [], "a process of the submission outlived the autograder"
     assert hashlib.sha256(checks.read_bytes()).hexdigest() == before

@@ -1,10 +1,15 @@
-"""Real nbgrader 0.9 on our solutions: blank 0, good full, partial between, and our grader agrees.
+"""Real nbgrader 0.9 and our Gradescope autograder on every exercise notebook: blank 0, good
+full, partial between, and the two agree point for point.
 
 nbgrader lives in its own environment (created once, cached under pytest's cache folder); it
 executes the notebooks with a kernel of the course's own Python (TensorFlow, ``course_utils``
 from this checkout). For every ``solutions/NN_name_solutions.ipynb`` (later lessons included
 automatically) it builds an nbgrader course, runs ``generate_assignment`` and ``autograde`` for
-three students, and compares the scores with those of ``python -m course_utils grade``.
+three students. The same three students' notebooks are then submitted to the autograder that
+``python -m course_utils gradescope build`` makes (its ``run_autograder`` runs our grader, as
+root with the sandbox user, as on Gradescope), whose ``results.json`` is checked against
+Gradescope's documented format. One run of each grader per notebook and student: our batch
+grader's own scenarios run on lesson 00 in ``test_grading_grader.py``.
 """
 
 from __future__ import annotations
@@ -15,20 +20,24 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from course_utils.grading.framework import STRICT_ENV
-from course_utils.instructor.batch import grade_folder
 from course_utils.instructor.cells import grade_id, is_check_cell, is_solution_cell
 from course_utils.instructor.generate import exercise_path_for, solution_notebooks
-from course_utils.instructor.gradebook import read_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "fixtures" / "grading"))
+from gradescope_run import autograder_root, by_notebook, run_autograder  # noqa: E402
+
+STUDENTS = ("blank", "partial", "good")
+GRADESCOPE_TIMEOUT = 300  # seconds per notebook in the whole course's autograder
 NBGRADER = "nbgrader==0.9.*"
 CELL_TIMEOUT = 600  # nbgrader's default is 30 s a cell; the README tells instructors the same
 NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name",
@@ -102,7 +111,8 @@ def _first_exercise(solution: nbformat.NotebookNode) -> set[str]:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory, request):
-    """Every solution notebook graded by nbgrader and by our grader, three students each."""
+    """Every exercise notebook graded by nbgrader and by our Gradescope autograder, three
+    students each."""
     started = time.monotonic()
     env_dir = _nbgrader_env(Path(request.config.cache.mkdir("nbgrader-0.9-env")))
     root = tmp_path_factory.mktemp("nbgrader")
@@ -131,11 +141,11 @@ def graded(tmp_path_factory, request):
         release = nbformat.read(course / "release" / assignment / name, as_version=4)
         solution = nbformat.read(path, as_version=4)
         everything = {grade_id(c) for c in solution.cells if is_solution_cell(c)}
-        for student, solve in (("blank", set()), ("partial", _first_exercise(solution)),
-                               ("good", everything)):
+        solves = {"blank": set(), "partial": _first_exercise(solution), "good": everything}
+        for student in STUDENTS:
             folder = course / "submitted" / student / assignment
             folder.mkdir(parents=True)
-            nbformat.write(_student_copy(release, solution, solve), folder / name)
+            nbformat.write(_student_copy(release, solution, solves[student]), folder / name)
         notebooks[assignment] = (name, release)
     setup_s = time.monotonic() - started
     nbgrader_start = time.monotonic()
@@ -146,15 +156,19 @@ def graded(tmp_path_factory, request):
                              f"sqlite:///{course / 'gradebook.db'}"], check=True, env=env,
                             capture_output=True, text=True)
     ours_start = time.monotonic()
-    grade_folder(course / "submitted", REPO / "solutions", root / "ours.csv", timeout=900,
-                 jobs=2, progress=False)
-    ours_s = time.monotonic() - ours_start
     ours: dict[str, dict[str, float]] = {}
-    for row in read_rows(root / "ours.csv"):
-        assignment = row.notebook.removesuffix("_exercises.ipynb")
-        ours.setdefault(assignment, {}).setdefault(row.student, 0.0)
-        ours[assignment][row.student] += row.points
+    gradescope_output = {}
+    with contextmanager(autograder_root)([], GRADESCOPE_TIMEOUT) as autograder:
+        for student in STUDENTS:
+            files = {name: (course / "submitted" / student / assignment / name).read_text()
+                     for assignment, (name, _) in notebooks.items()}
+            results = run_autograder(autograder, files)
+            gradescope_output[student] = results["output"]
+            for assignment, (got, _) in by_notebook(results).items():
+                ours.setdefault(assignment, {})[student] = got
+    ours_s = time.monotonic() - ours_start
     result = {"notebooks": notebooks, "nbgrader": json.loads(scores.stdout), "ours": ours,
+              "gradescope_output": gradescope_output, "course": course,
               "seconds": {"setup": setup_s, "nbgrader": nbgrader_s, "ours": ours_s}}
     _report(result, request.config.cache)
     return result
@@ -162,22 +176,22 @@ def graded(tmp_path_factory, request):
 
 def _report(result: dict, cache: pytest.Cache) -> None:
     """Print the table of scores and times (and keep it in pytest's cache for the record)."""
-    lines = ["notebook                        blank  partial  good  / max   (nbgrader | ours)"]
+    lines = ["notebook                     blank  partial  good  / max   (nbgrader | gradescope)"]
     for assignment in result["notebooks"]:
         nb, ours = result["nbgrader"][assignment], result["ours"].get(assignment, {})
         cells = "  ".join(f"{nb[s]['score']:g}|{ours.get(s, float('nan')):g}"
-                          for s in ("blank", "partial", "good"))
+                          for s in STUDENTS)
         lines.append(f"{assignment:30s}  {cells}  / {nb['good']['max']:g}")
     seconds = result["seconds"]
     lines.append(f"time: set-up {seconds['setup']:.0f} s, nbgrader autograde "
-                 f"{seconds['nbgrader']:.0f} s, our grader {seconds['ours']:.0f} s")
+                 f"{seconds['nbgrader']:.0f} s, Gradescope autograder {seconds['ours']:.0f} s")
     cache.set("nbgrader/report", lines)
     print("\n" + "\n".join(lines))
 
 
 def test_every_exercise_notebook_is_graded(graded):
     keys = {p.name.removesuffix("_solutions.ipynb") for p in solution_notebooks(REPO / "solutions")}
-    assert set(graded["nbgrader"]) == keys == set(graded["notebooks"])
+    assert set(graded["nbgrader"]) == keys == set(graded["notebooks"]) == set(graded["ours"])
     assert {"00_setup", "01_input_pipelines", "02_mirrored_strategy"} <= keys
 
 
@@ -196,7 +210,30 @@ def test_nbgrader_scores_blank_zero_good_full_partial_between(graded):
         assert 0 < partial["score"] < partial["max"], (assignment, partial["cells"])
 
 
+def test_the_executed_notebooks_raise_only_in_check_cells_and_never_when_solved(graded):
+    """What ``nbval`` of the solutions and exercises would catch, read off nbgrader's executed
+    copies: a solved notebook raises nowhere, a blank one only in its check cells and the cells
+    tagged ``raises-exception`` (those that call an unanswered function)."""
+    course = graded["course"]
+    for assignment, (name, _) in graded["notebooks"].items():
+        for student in ("blank", "good"):
+            executed = nbformat.read(course / "autograded" / student / assignment / name,
+                                     as_version=4)
+            for index, cell in enumerate(executed.cells):
+                errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+                allowed = is_check_cell(cell) or "raises-exception" in cell.metadata.get(
+                    "tags", [])
+                if errors and (student == "good" or not allowed):
+                    raise AssertionError(
+                        f"{assignment}, {student}: cell {index} ({grade_id(cell) or cell.id}) "
+                        f"raised {errors[0].ename}: {errors[0].evalue}")
+
+
 def test_our_grader_agrees_with_nbgrader(graded):
     for assignment, students in graded["nbgrader"].items():
         for student, theirs in students.items():
-            assert graded["ours"][assignment][student] == theirs["score"], (assignment, student)
+            ours = graded["ours"][assignment][student]
+            assert ours == theirs["score"], (
+                f"{assignment}, {student}: Gradescope {ours:g}, nbgrader {theirs['score']:g} "
+                f"(nbgrader's cells: {theirs['cells']})\n"
+                f"{graded['gradescope_output'][student][-3000:]}")
