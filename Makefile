@@ -28,7 +28,7 @@ FEEDBACK    ?= feedback
 TIMEOUT     ?= 300
 
 .PHONY: help install lab test lint stripped sync unit nbval book test-book exercises grade \
-        bench doctor strip clean test-fast nbval-all unit-fast test-busy test-colab-stack test-browser \
+        bench doctor strip clean test-fast nbval-all test-grading unit-fast test-busy test-colab-stack test-browser \
         test-browser-classic works-where
 
 help:  ## list the targets
@@ -72,11 +72,15 @@ unit-fast: $(STAMP)  ## pytest without the tests marked slow
 NBVAL = $(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile \
 	--nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
 
-# make test executes every solution and exercise notebook too, once under nbgrader and once under
-# the Gradescope autograder (tests/test_grading_nbgrader.py: blank, first exercise, all solved;
-# a solved notebook must raise nowhere); nbval-all runs them under nbval as well.
+# make test executes every solution and exercise notebook too, under the Gradescope autograder
+# and (blank, or all three ways for two lessons) nbgrader: tests/test_grading_nbgrader.py, which
+# also fails when a solved notebook raises anywhere. nbval-all runs them under nbval as well.
 nbval: $(STAMP)  ## execute every lesson (nbval, lax mode)
 	$(NBVAL) notebooks
+
+test-grading: $(STAMP)  ## the grading tests with nbgrader grading every lesson solved too (long)
+	COURSE_NBGRADER_LESSONS=all $(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
+		tests/test_grading_nbgrader.py tests/test_gradescope.py tests/test_grading_grader.py
 
 nbval-all: $(STAMP)  ## execute every notebook under nbval; solutions with strict checks
 	COURSE_STRICT_CHECKS=1 $(NBVAL) solutions

@@ -4,11 +4,13 @@ full, partial between, and the two agree point for point.
 nbgrader lives in its own environment (created once, cached under pytest's cache folder); it
 executes the notebooks with a kernel of the course's own Python (TensorFlow, ``course_utils``
 from this checkout). For every ``solutions/NN_name_solutions.ipynb`` (later lessons included
-automatically) it builds an nbgrader course, runs ``generate_assignment`` and ``autograde`` for
-three students. The same three students' notebooks are then submitted to the autograder that
-``python -m course_utils gradescope build`` makes (its ``run_autograder`` runs our grader, as
-root with the sandbox user, as on Gradescope), whose ``results.json`` is checked against
-Gradescope's documented format. One run of each grader per notebook and student: our batch
+automatically) it builds an nbgrader course and runs ``generate_assignment``; three students'
+copies are made (blank, the first exercise solved, all solved). ``nbgrader autograde`` grades
+every lesson's blank copy and all three copies of the lessons in ``NBGRADER_SOLVED``; the
+autograder that ``python -m course_utils gradescope build`` makes (its ``run_autograder`` runs
+our grader, as root with the sandbox user, as on Gradescope) grades all three of every lesson,
+and its ``results.json`` is checked against Gradescope's documented format. The executed copies
+stand in for nbval of the solutions and exercises (``make nbval-all`` runs that too). Our batch
 grader's own scenarios run on lesson 00 in ``test_grading_grader.py``.
 """
 
@@ -38,6 +40,16 @@ from gradescope_run import autograder_root, by_notebook, run_autograder  # noqa:
 
 STUDENTS = ("blank", "partial", "good")
 GRADESCOPE_TIMEOUT = 300  # seconds per notebook in the whole course's autograder
+#: The lessons nbgrader also grades half and fully solved. nbgrader grades every lesson blank
+#: (its checks must raise when nothing was tried) and the Gradescope autograder every lesson all
+#: three ways; ``COURSE_NBGRADER_LESSONS=all`` (``make test-grading``) or a list ("01 04")
+#: widens it.
+NBGRADER_SOLVED = os.environ.get("COURSE_NBGRADER_LESSONS", "00 05").split()
+
+
+def _nbgrader_students(assignment: str) -> tuple[str, ...]:
+    """The students whose copy of ``assignment`` nbgrader grades."""
+    return STUDENTS if {"all", assignment[:2]} & set(NBGRADER_SOLVED) else ("blank",)
 NBGRADER = "nbgrader==0.9.*"
 CELL_TIMEOUT = 600  # nbgrader's default is 30 s a cell; the README tells instructors the same
 NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name",
@@ -143,9 +155,12 @@ def graded(tmp_path_factory, request):
         everything = {grade_id(c) for c in solution.cells if is_solution_cell(c)}
         solves = {"blank": set(), "partial": _first_exercise(solution), "good": everything}
         for student in STUDENTS:
-            folder = course / "submitted" / student / assignment
-            folder.mkdir(parents=True)
+            folder = root / "copies" / student
+            folder.mkdir(parents=True, exist_ok=True)
             nbformat.write(_student_copy(release, solution, solves[student]), folder / name)
+            if student in _nbgrader_students(assignment):
+                (course / "submitted" / student / assignment).mkdir(parents=True)
+                shutil.copy(folder / name, course / "submitted" / student / assignment / name)
         notebooks[assignment] = (name, release)
     setup_s = time.monotonic() - started
     nbgrader_start = time.monotonic()
@@ -160,8 +175,8 @@ def graded(tmp_path_factory, request):
     gradescope_output = {}
     with contextmanager(autograder_root)([], GRADESCOPE_TIMEOUT) as autograder:
         for student in STUDENTS:
-            files = {name: (course / "submitted" / student / assignment / name).read_text()
-                     for assignment, (name, _) in notebooks.items()}
+            files = {name: (root / "copies" / student / name).read_text()
+                     for name, _ in notebooks.values()}
             results = run_autograder(autograder, files)
             gradescope_output[student] = results["output"]
             for assignment, (got, _) in by_notebook(results).items():
@@ -179,9 +194,9 @@ def _report(result: dict, cache: pytest.Cache) -> None:
     lines = ["notebook                     blank  partial  good  / max   (nbgrader | gradescope)"]
     for assignment in result["notebooks"]:
         nb, ours = result["nbgrader"][assignment], result["ours"].get(assignment, {})
-        cells = "  ".join(f"{nb[s]['score']:g}|{ours.get(s, float('nan')):g}"
-                          for s in STUDENTS)
-        lines.append(f"{assignment:30s}  {cells}  / {nb['good']['max']:g}")
+        cells = "  ".join(f"{nb[s]['score']:g}|{ours.get(s, float('nan')):g}" if s in nb
+                          else f"-|{ours.get(s, float('nan')):g}" for s in STUDENTS)
+        lines.append(f"{assignment:30s}  {cells}  / {nb['blank']['max']:g}")
     seconds = result["seconds"]
     lines.append(f"time: set-up {seconds['setup']:.0f} s, nbgrader autograde "
                  f"{seconds['nbgrader']:.0f} s, Gradescope autograder {seconds['ours']:.0f} s")
@@ -204,19 +219,36 @@ def test_nbgrader_release_code_equals_our_exercises(graded):
 
 def test_nbgrader_scores_blank_zero_good_full_partial_between(graded):
     for assignment, students in graded["nbgrader"].items():
-        blank, partial, good = (students[s] for s in ("blank", "partial", "good"))
-        assert blank["score"] == 0, (assignment, blank["cells"])
-        assert good["score"] == good["max"] > 0, (assignment, good["cells"])
-        assert 0 < partial["score"] < partial["max"], (assignment, partial["cells"])
+        assert set(students) == set(_nbgrader_students(assignment)), assignment
+        blank = students["blank"]
+        assert blank["score"] == 0 < blank["max"], (assignment, blank["cells"])
+        if "good" in students:
+            good, partial = students["good"], students["partial"]
+            assert good["score"] == good["max"] > 0, (assignment, good["cells"])
+            assert 0 < partial["score"] < partial["max"], (assignment, partial["cells"])
+    assert any(len(students) == len(STUDENTS) for students in graded["nbgrader"].values())
+
+
+def test_the_gradescope_autograder_scores_blank_zero_partial_between_good_full(graded):
+    tops = {assignment: students["blank"]["max"]
+            for assignment, students in graded["nbgrader"].items()}
+    for assignment, students in graded["ours"].items():
+        top = tops[assignment]
+        expected = {"blank": students["blank"] == 0, "good": students["good"] == top,
+                    "partial": 0 < students["partial"] < top}
+        for student, right in expected.items():
+            assert right, (f"{assignment}: {students[student]:g} of {top:g} for a {student} "
+                           f"submission\n{graded['gradescope_output'][student][-3000:]}")
 
 
 def test_the_executed_notebooks_raise_only_in_check_cells_and_never_when_solved(graded):
     """What ``nbval`` of the solutions and exercises would catch, read off nbgrader's executed
-    copies: a solved notebook raises nowhere, a blank one only in its check cells and the cells
-    tagged ``raises-exception`` (those that call an unanswered function)."""
+    copies (every lesson blank, the lessons of ``NBGRADER_SOLVED`` solved): a solved notebook
+    raises nowhere, a blank one only in its check cells and the cells tagged
+    ``raises-exception`` (those that call an unanswered function)."""
     course = graded["course"]
     for assignment, (name, _) in graded["notebooks"].items():
-        for student in ("blank", "good"):
+        for student in sorted({"blank", "good"} & set(_nbgrader_students(assignment))):
             executed = nbformat.read(course / "autograded" / student / assignment / name,
                                      as_version=4)
             for index, cell in enumerate(executed.cells):
