@@ -14,8 +14,8 @@ cannot start a second in-process cluster) and verifies what the parameter server
 * ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
   counter, nothing lost when the workers update at the same moment (made certain by a barrier).
 
-The workers are put in step by :func:`barrier_fn`, a counter on a parameter server: that makes
-the races of the exercises certain instead of likely, on a quiet or a busy machine.
+:func:`barrier_fn` (a counter on a parameter server) puts the workers in step: the races are
+certain, not likely, on a quiet or a busy machine.
 """
 
 from __future__ import annotations
@@ -44,13 +44,9 @@ _WORKER_OFFSET = 1_000_000  # the check's dataset: worker w yields w * offset + 
 
 
 def num_workers_of(strategy: Any) -> int:
-    """The number of workers of the cluster ``strategy`` (a ``ParameterServerStrategy``) joined.
-
-    Connecting to a cluster makes its remote devices visible to this process; the strategy
-    keeps its resolver private.
-    """
+    """The workers of the cluster ``strategy`` joined, from the remote devices it made visible."""
     tf = _tf()
-    del strategy  # connected when it was made: its devices are this process's remote devices
+    del strategy  # connected when it was made: its devices are this process's remote ones
     names = [device.name for device in tf.config.list_logical_devices()]
     return len({name.split("/device:")[0] for name in names if "/job:worker/" in name})
 
@@ -58,13 +54,10 @@ def num_workers_of(strategy: Any) -> int:
 def barrier_fn(strategy: Any, timeout_s: float = BARRIER_TIMEOUT_S) -> Any:
     """A function for worker steps: wait until every worker has arrived in this round.
 
-    ``barrier(present=True)`` returns a tensor that is ready once the round is full (or
-    ``timeout_s`` passed). The counter lives on a parameter server; a worker blocked here takes
-    no other step, so each round holds one step of every worker. A step that cannot take part
-    (its worker's data ran out) calls ``barrier(present=False)``: that opens this barrier for
-    good, so the other workers do not wait out ``timeout_s`` for a step that never comes.
-    ``barrier.timeouts`` (a variable) counts the waits that ended at ``timeout_s`` instead: a
-    worker starved that long by a busy machine, which the checks report instead of a verdict.
+    ``barrier(present=True)`` is ready once the round is full (or ``timeout_s`` passed); the
+    counter lives on a parameter server, so each round holds one step of every worker. A step
+    whose data ran out calls ``barrier(present=False)``, which opens it for good.
+    ``barrier.timeouts`` counts waits that ran out (a worker starved by a busy machine).
     """
     tf = _tf()
     workers = num_workers_of(strategy)
@@ -93,8 +86,7 @@ def barrier_fn(strategy: Any, timeout_s: float = BARRIER_TIMEOUT_S) -> Any:
     return barrier
 
 
-def _overloaded(barrier: Any) -> str:
-    """The message of a check whose workers never met at ``barrier`` (a starved worker)."""
+def _overloaded(barrier: Any) -> str:  # the workers never met: a worker starved
     return (f"the check's workers did not meet at its barrier within {BARRIER_TIMEOUT_S:g} s "
             f"({int(barrier.timeouts.numpy())} times, twice in a row): the machine is too busy "
             "to judge this answer; run the check again when it is quieter")
@@ -442,17 +434,16 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
         got = counter.numpy().tolist()
         if got != expected:
             lost = sum(expected) - sum(got)
-            more = (f" ({lost} lost)" if lost > 0 else f" ({-lost} too many)") if lost else ""
+            more = "" if not lost else f" ({lost} lost)" if lost > 0 else f" ({-lost} too many)"
             return (f"{steps} steps, {workers} workers adding at the same moment: the counter "
                     f"reads {got}, the examples per class were {expected}{more}. Add each "
                     "class's count in one atomic operation on the variable")
         return None
 
     first = tf.constant([rng.randrange(num_classes) for _ in range(rng.randint(2, 9))])
-    cases = [Case(args=(counter, first), verify=verify,
-                  label=f"({num_classes} classes, {steps} steps of 2-9 labels, workers in "
-                        "step)")]
-    return run_check("count_examples", fn, cases,
+    label = f"({num_classes} classes, {steps} steps of 2-9 labels, workers in step)"
+    return run_check("count_examples", fn, [Case(args=(counter, first), verify=verify,
+                                                 label=label)],
                      hint="lesson 04, section 6: a tf.Variable's assign_add (or scatter_nd_add) "
                           "is one operation on the parameter server; counter.assign(counter + "
                           "n) is a read and a write. Count each class of labels (every class, "
