@@ -190,10 +190,23 @@ def test_a_constant_or_the_activations_alone_are_caught():
         cu.grading.check_largest_batch_that_fits(lambda model, budget, slots: 64)
 
     def activations_only(model, budget_bytes, optimizer_slots):
-        return budget_bytes // cu.memory.activation_bytes_per_example(model)
+        per_example = sum(math.prod(layer.output.shape[1:]) * 4 for layer in model.layers)
+        return budget_bytes // per_example
 
     with pytest.raises(AssertionError, match="expected"):
         cu.grading.check_largest_batch_that_fits(activations_only)
+
+
+def test_the_course_budget_under_the_answer_name_is_refused():
+    budget = cu.memory.step_budget  # bound before the check: the guard is by code identity
+
+    def course_counts(model, budget_bytes, optimizer_slots):  # section 9's helper does it all
+        per_example = cu.memory.activation_bytes_per_example(model)
+        fixed = budget(model, global_batch=1, optimizer_slots=optimizer_slots).total
+        return max(0, (budget_bytes - fixed + per_example) // per_example)
+
+    with pytest.raises(AssertionError, match=r"ran the course's course_utils\.memory\."):
+        cu.grading.check_largest_batch_that_fits(course_counts)
 
 
 def test_forgetting_the_optimizer_slots_is_caught():
