@@ -24,18 +24,23 @@ def _tf():
 
 
 def right_loop(model, optimizer, loss_fn, features, labels, micro_batch_size,
-               accumulation_steps):
+               accumulation_steps, *, short_group="averaged"):
+    """Right by default; ``short_group`` "dropped" (section 2's loop) or "divided by k"."""
     tf = _tf()
-    micro_batches = tf.data.Dataset.from_tensor_slices((features, labels)).batch(micro_batch_size)
-    totals = [tf.zeros_like(v) for v in model.trainable_variables]
-    for number, (x, y) in enumerate(micro_batches, start=1):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True)) / accumulation_steps
-        totals = [t + g for t, g in zip(totals, tape.gradient(loss, model.trainable_variables),
-                                        strict=True)]
-        if number % accumulation_steps == 0:
-            optimizer.apply_gradients(zip(totals, model.trainable_variables, strict=True))
-            totals = [tf.zeros_like(v) for v in model.trainable_variables]
+    micro_batches = list(tf.data.Dataset.from_tensor_slices((features, labels)).batch(
+        micro_batch_size))
+    for start in range(0, len(micro_batches), accumulation_steps):
+        group = micro_batches[start:start + accumulation_steps]
+        if len(group) < accumulation_steps and short_group == "dropped":
+            return
+        divisor = accumulation_steps if short_group == "divided by k" else len(group)
+        totals = [tf.zeros_like(v) for v in model.trainable_variables]
+        for x, y in group:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True)) / divisor
+            totals = [t + g for t, g in zip(totals, tape.gradient(
+                loss, model.trainable_variables), strict=True)]
+        optimizer.apply_gradients(zip(totals, model.trainable_variables, strict=True))
 
 
 every_micro_batch = checks_07.suspect_loop("applies every micro-batch")
@@ -48,6 +53,22 @@ without_dividing = checks_07.suspect_loop("sums without dividing")
 def test_reference_accumulation_passes(capsys):
     assert cu.grading.check_train_with_accumulation(right_loop)
     assert "✅ train_with_accumulation: 2 cases passed" in capsys.readouterr().out
+
+
+def test_the_lesson_loop_that_drops_the_short_group_is_named():
+    def lesson_loop(*args):
+        right_loop(*args, short_group="dropped")
+
+    with pytest.raises(AssertionError, match=r"case 2 .*short group, were never applied"):
+        cu.grading.check_train_with_accumulation(lesson_loop)
+
+
+def test_a_short_group_divided_by_k_is_caught():
+    def by_k(*args):
+        right_loop(*args, short_group="divided by k")
+
+    with pytest.raises(AssertionError, match=r"case 2 .*divide its losses by the micro-batches"):
+        cu.grading.check_train_with_accumulation(by_k)
 
 
 def test_applying_every_micro_batch_is_named():
@@ -297,10 +318,15 @@ def test_reading_the_loop_instead_of_running_it_is_caught():
         return "applies every micro-batch" if "every" in name else (
             "sums without dividing" if "divid" in name else "correct")
 
+    def from_token(loop):  # the closure's token, looked up in the check's own plans
+        every, divide = checks_07._SUSPECT_PLANS[loop.__closure__[0].cell_contents]
+        return {plan: kind for kind, plan in checks_07._PLANS.items()}[(every, divide)]
+
     loops = [checks_07.suspect_loop(kind) for kind in checks_07.DIAGNOSES]
     assert len({loop.__code__ for loop in loops}) == 1  # one code, one name, no defaults
     assert {loop.__defaults__ for loop in loops} == {None}
-    for reader, says in ((from_closure, "reads the checker's own frames"),
+    for reader, says in ((from_closure, "reads how the check built the loop"),
+                         (from_token, r"__closure__.*reads how the check built the loop"),
                          (from_name, "differs")):
         with pytest.raises(AssertionError, match=says):
             cu.grading.check_diagnose_accumulation(reader)
