@@ -10,6 +10,7 @@ import pytest
 import course_utils as cu
 from course_utils.grading import framework
 from course_utils.grading.checks import lesson_07 as checks_07
+from course_utils.grading.checks import memory_budget
 from course_utils.grading.framework import NotAttemptedError
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
@@ -183,7 +184,7 @@ def test_reference_largest_batch_passes(capsys):
 
 def test_the_reference_is_the_course_budget():
     model = cu.models.mlp(8, 3, hidden_units=(16,))
-    batch = checks_07._largest_batch(model, 10**6, 2)
+    batch = memory_budget._largest_batch(model, 10**6, 2)
     fits = cu.memory.step_budget(model, global_batch=batch, optimizer_slots=2).total
     assert fits <= 10**6 < cu.memory.step_budget(model, global_batch=batch + 1,
                                                  optimizer_slots=2).total
