@@ -74,7 +74,7 @@ _NVIDIA = ("NVIDIA, 'Train With Mixed Precision' (Tensor Cores: 8x the float32 m
            "(more than 3x on modern GPUs): https://www.tensorflow.org/guide/mixed_precision")
 _ONEDNN = ("oneDNN developer guide, 'Data Types' (low-precision support depends on the "
            "instruction set): https://oneapi-src.github.io/oneDNN/dev_guide_data_types.html; "
-           "tensorflow/core/util/util.cc (DefaultOneDnnPolicy)")
+           "tensorflow/core/util/port.cc (DefaultOneDnnPolicy)")
 
 #: The four hardware cases of lesson 08, section 9: what runs the 16-bit matrix products,
 #: what to expect, and the source of that expectation.
@@ -218,7 +218,7 @@ def onednn_state(
 ) -> dict[str, Any]:
     """Whether TensorFlow uses oneDNN here (``enabled``: True, False or None) and why.
 
-    TensorFlow's rule (``tensorflow/core/util/util.cc``): ``ONEDNN_VARIABLE`` (0/1,
+    TensorFlow's rule (``tensorflow/core/util/port.cc``): ``ONEDNN_VARIABLE`` (0/1,
     false/true) decides when set; otherwise, on Linux x86, oneDNN is on when the CPU has one
     of ``ONEDNN_DEFAULT_FLAGS``. Elsewhere this says "unknown" (None).
     """

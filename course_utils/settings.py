@@ -108,7 +108,7 @@ def onednn_state(environ: dict[str, str] | None = None, machine: str | None = No
 
     ``TF_ENABLE_ONEDNN_OPTS`` decides when set (``0`` off, ``1`` on). Unset, TensorFlow 2.9 and
     later decide by the CPU: on for Linux x86 CPUs with one of ``ONEDNN_DEFAULT_FLAGS``
-    (AVX512 VNNI or BF16, AVX-VNNI, AMX), off elsewhere (``tensorflow/core/util/util.cc``).
+    (AVX512 VNNI or BF16, AVX-VNNI, AMX), off elsewhere (``tensorflow/core/util/port.cc``).
     When TensorFlow is already imported its own answer is read (``IsMklEnabled``).
     """
     environ = os.environ if environ is None else environ
@@ -140,7 +140,7 @@ def _tensorflow_uses_onednn() -> bool | None:
 
 
 #: The x86 flags (as Linux names them) for which TensorFlow turns oneDNN on by default: any one
-#: of them (``tensorflow/core/util/util.cc``, ``DefaultOneDnnPolicy`` and ``IsMklEnabled``).
+#: of them (``tensorflow/core/util/port.cc``, ``DefaultOneDnnPolicy`` and ``IsMklEnabled``).
 ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
                         "amx_bf16")
 _ONEDNN_DEFAULT_FLAGS = frozenset(ONEDNN_DEFAULT_FLAGS)

@@ -10,6 +10,7 @@ import pytest
 import course_utils as cu
 from course_utils.grading import framework
 from course_utils.grading.checks import lesson_07 as checks_07
+from course_utils.grading.checks import memory_budget
 from course_utils.grading.framework import NotAttemptedError
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
@@ -24,18 +25,23 @@ def _tf():
 
 
 def right_loop(model, optimizer, loss_fn, features, labels, micro_batch_size,
-               accumulation_steps):
+               accumulation_steps, *, short_group="averaged"):
+    """Right by default; ``short_group`` "dropped" (section 2's loop) or "divided by k"."""
     tf = _tf()
-    micro_batches = tf.data.Dataset.from_tensor_slices((features, labels)).batch(micro_batch_size)
-    totals = [tf.zeros_like(v) for v in model.trainable_variables]
-    for number, (x, y) in enumerate(micro_batches, start=1):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True)) / accumulation_steps
-        totals = [t + g for t, g in zip(totals, tape.gradient(loss, model.trainable_variables),
-                                        strict=True)]
-        if number % accumulation_steps == 0:
-            optimizer.apply_gradients(zip(totals, model.trainable_variables, strict=True))
-            totals = [tf.zeros_like(v) for v in model.trainable_variables]
+    micro_batches = list(tf.data.Dataset.from_tensor_slices((features, labels)).batch(
+        micro_batch_size))
+    for start in range(0, len(micro_batches), accumulation_steps):
+        group = micro_batches[start:start + accumulation_steps]
+        if len(group) < accumulation_steps and short_group == "dropped":
+            return
+        divisor = accumulation_steps if short_group == "divided by k" else len(group)
+        totals = [tf.zeros_like(v) for v in model.trainable_variables]
+        for x, y in group:
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True)) / divisor
+            totals = [t + g for t, g in zip(totals, tape.gradient(
+                loss, model.trainable_variables), strict=True)]
+        optimizer.apply_gradients(zip(totals, model.trainable_variables, strict=True))
 
 
 every_micro_batch = checks_07.suspect_loop("applies every micro-batch")
@@ -48,6 +54,22 @@ without_dividing = checks_07.suspect_loop("sums without dividing")
 def test_reference_accumulation_passes(capsys):
     assert cu.grading.check_train_with_accumulation(right_loop)
     assert "✅ train_with_accumulation: 2 cases passed" in capsys.readouterr().out
+
+
+def test_the_lesson_loop_that_drops_the_short_group_is_named():
+    def lesson_loop(*args):
+        right_loop(*args, short_group="dropped")
+
+    with pytest.raises(AssertionError, match=r"case 2 .*short group, were never applied"):
+        cu.grading.check_train_with_accumulation(lesson_loop)
+
+
+def test_a_short_group_divided_by_k_is_caught():
+    def by_k(*args):
+        right_loop(*args, short_group="divided by k")
+
+    with pytest.raises(AssertionError, match=r"case 2 .*divide its losses by the micro-batches"):
+        cu.grading.check_train_with_accumulation(by_k)
 
 
 def test_applying_every_micro_batch_is_named():
@@ -162,7 +184,7 @@ def test_reference_largest_batch_passes(capsys):
 
 def test_the_reference_is_the_course_budget():
     model = cu.models.mlp(8, 3, hidden_units=(16,))
-    batch = checks_07._largest_batch(model, 10**6, 2)
+    batch = memory_budget._largest_batch(model, 10**6, 2)
     fits = cu.memory.step_budget(model, global_batch=batch, optimizer_slots=2).total
     assert fits <= 10**6 < cu.memory.step_budget(model, global_batch=batch + 1,
                                                  optimizer_slots=2).total
@@ -190,10 +212,23 @@ def test_a_constant_or_the_activations_alone_are_caught():
         cu.grading.check_largest_batch_that_fits(lambda model, budget, slots: 64)
 
     def activations_only(model, budget_bytes, optimizer_slots):
-        return budget_bytes // cu.memory.activation_bytes_per_example(model)
+        per_example = sum(math.prod(layer.output.shape[1:]) * 4 for layer in model.layers)
+        return budget_bytes // per_example
 
     with pytest.raises(AssertionError, match="expected"):
         cu.grading.check_largest_batch_that_fits(activations_only)
+
+
+def test_the_course_budget_under_the_answer_name_is_refused():
+    budget = cu.memory.step_budget  # bound before the check: the guard is by code identity
+
+    def course_counts(model, budget_bytes, optimizer_slots):  # section 9's helper does it all
+        per_example = cu.memory.activation_bytes_per_example(model)
+        fixed = budget(model, global_batch=1, optimizer_slots=optimizer_slots).total
+        return max(0, (budget_bytes - fixed + per_example) // per_example)
+
+    with pytest.raises(AssertionError, match=r"ran the course's course_utils\.memory\."):
+        cu.grading.check_largest_batch_that_fits(course_counts)
 
 
 def test_forgetting_the_optimizer_slots_is_caught():
@@ -284,10 +319,15 @@ def test_reading_the_loop_instead_of_running_it_is_caught():
         return "applies every micro-batch" if "every" in name else (
             "sums without dividing" if "divid" in name else "correct")
 
+    def from_token(loop):  # the closure's token, looked up in the check's own plans
+        every, divide = checks_07._SUSPECT_PLANS[loop.__closure__[0].cell_contents]
+        return {plan: kind for kind, plan in checks_07._PLANS.items()}[(every, divide)]
+
     loops = [checks_07.suspect_loop(kind) for kind in checks_07.DIAGNOSES]
     assert len({loop.__code__ for loop in loops}) == 1  # one code, one name, no defaults
     assert {loop.__defaults__ for loop in loops} == {None}
-    for reader, says in ((from_closure, "reads the checker's own frames"),
+    for reader, says in ((from_closure, "reads how the check built the loop"),
+                         (from_token, r"__closure__.*reads how the check built the loop"),
                          (from_name, "differs")):
         with pytest.raises(AssertionError, match=says):
             cu.grading.check_diagnose_accumulation(reader)

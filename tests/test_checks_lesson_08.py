@@ -56,11 +56,11 @@ def trainer_with(keras, *, policy_applied=True, restore_policy=True, set_start=T
             start = time.perf_counter()
         rest = model.fit(x, y, batch_size=64, epochs=epochs - 1, shuffle=False, verbose=0)
         steps = (epochs - (0 if time_first_epoch else 1)) * -(-len(x) // 64)
+        timed = (time.perf_counter() - start) / steps  # the clock stops when fit returns
         predicted = np.argmax(model.predict(x, verbose=0), axis=-1)
         return {"model": model, "losses": first.history["loss"] + rest.history["loss"],
                 "accuracy": float(np.mean(predicted == y)) if accuracy is None else accuracy,
-                "seconds_per_step": ((time.perf_counter() - start) / steps if seconds is None
-                                     else seconds)}
+                "seconds_per_step": timed if seconds is None else seconds}
 
     return train_with_policy
 
@@ -78,8 +78,8 @@ def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys)
     ({"policy_applied": False}, r"case 2 .*should compute in float16"),
     ({"restore_policy": False}, "global policy was left at"),
     ({"set_start": False}, "starts from initial_weights"),
-    ({"time_first_epoch": True}, r"ms per training step once traced"),
-    ({"seconds": 0.05}, r"once traced|seconds_per_step must be a timing of the run"),
+    ({"time_first_epoch": True}, r"steps after the first epoch took"),
+    ({"seconds": 0.05}, r"steps after the first epoch took"),
     ({"accuracy": 0.9}, "measure it after training"),
 ], ids=["policy ignored", "policy left set", "start ignored", "first epoch timed",
         "constant time", "constant accuracy"])
@@ -89,12 +89,18 @@ def test_wrong_train_with_policy_fails_usefully(keras, mistake, message):
     assert keras.mixed_precision.global_policy().name == "float32"
 
 
-def test_equal_timings_fail_the_difference_test():
-    runs = {"float32": {"ms": 40.0, "delay_ms": 10.0}, "mixed_float16": {"ms": 40.0,
-                                                                           "delay_ms": 160.0}}
-    assert "must be a timing of the run" in lesson_08._difference_problem(runs)
-    runs["mixed_float16"]["ms"] = 180.0
-    assert lesson_08._difference_problem(runs) is None
+def test_timing_bounds_come_from_the_run_itself():
+    # 2 epochs of 2 steps: waits of 0.1 s, the first epoch ends at 1.3, fit returns at 1.9
+    log = {"steps": [(1.0, 1.1), (1.2, 1.3), (1.5, 1.6), (1.7, 1.8)], "fit_ends": [1.35, 1.9]}
+    lower, upper = lesson_08._timing_bounds(log, steps_per_epoch=2, epochs=2)
+    assert (round(lower, 6), round(upper, 6)) == (0.15, 0.3)
+    assert lesson_08._timing_problem(0.2, (lower, upper)) is None
+    for typed in (0.1, 0.4, 0.05):  # constants outside what this run took
+        assert "this run's steps after the first epoch took" in lesson_08._timing_problem(
+            typed, (lower, upper))
+    assert "ran 3 training steps" in lesson_08._timing_bounds(
+        {"steps": log["steps"][:3], "fit_ends": [1.9]}, 2, 2)
+    assert "own fit" in lesson_08._timing_bounds({**log, "fit_ends": [1.35]}, 2, 2)
 
 
 def test_quality_gap_beyond_the_tolerance_is_reported():
@@ -108,22 +114,54 @@ def test_quality_gap_beyond_the_tolerance_is_reported():
 # --- loss_scaled_train_step ------------------------------------------------------------------
 
 
-def step_with(tf, *, scale=True, return_scaled=False, zero_non_finite=False, inner=False):
-    """A loss-scaled step, right by default; each flag makes one popular mistake."""
+def step_with(tf, *, scale=True, return_scaled=False, zero_non_finite=False, inner=False,
+              clip="unscaled", rescale=True, norm_after=False, keras_clip=False):
+    """A loss-scaled, clipped step, right by default; each flag makes one popular mistake."""
 
-    def step(model, optimizer, loss_fn, x, y):
+    def step(model, optimizer, loss_fn, x, y, clip_norm):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
             scaled_loss = optimizer.scale_loss(loss) if scale else loss
         gradients = tape.gradient(scaled_loss, model.trainable_variables)
         if zero_non_finite:  # inf/nan replaced by zeros: the optimizer sees finite gradients
             gradients = [tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)) for g in gradients]
-        if inner:  # unscaled by hand and applied by the inner optimizer, which never skips
-            gradients = [g / optimizer.dynamic_scale for g in gradients]
-            optimizer.inner_optimizer.apply(gradients, model.trainable_variables)
-        else:
+        unscaled = [g / optimizer.dynamic_scale for g in gradients]
+        norm = tf.linalg.global_norm(unscaled)
+        if keras_clip:  # Keras clips after the LossScaleOptimizer unscaled: also right
+            optimizer.inner_optimizer.global_clipnorm = clip_norm
             optimizer.apply(gradients, model.trainable_variables)
-        return scaled_loss if return_scaled else loss
+            return loss, norm
+        if clip == "unscaled":
+            applied, _ = tf.clip_by_global_norm(unscaled, clip_norm)
+        elif clip == "scaled":  # the pitfall: clips the gradients while they are scaled
+            clipped, _ = tf.clip_by_global_norm(gradients, clip_norm)
+            applied = [g / optimizer.dynamic_scale for g in clipped]
+        elif clip == "per tensor":
+            applied = [tf.clip_by_norm(g, clip_norm) for g in unscaled]
+        else:  # the lesson's step: no clipping
+            applied = unscaled
+        if norm_after:
+            norm = tf.linalg.global_norm(applied)
+        if inner:  # applied by the inner optimizer, which never skips
+            optimizer.inner_optimizer.apply(applied, model.trainable_variables)
+        else:
+            optimizer.apply([g * optimizer.dynamic_scale for g in applied] if rescale
+                            else applied, model.trainable_variables)
+        return (scaled_loss if return_scaled else loss), norm
+
+    return step
+
+
+def lesson_cell_step(tf):
+    """Lesson 08's make_loss_scaled_step, copied: no clipping, the loss alone returned."""
+
+    def step(model, optimizer, loss_fn, x, y, clip_norm):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+            scaled_loss = optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled_loss, model.trainable_variables)
+        optimizer.apply(gradients, model.trainable_variables)
+        return loss
 
     return step
 
@@ -132,15 +170,32 @@ def test_reference_loss_scaled_step_passes(tf, capsys):
     assert cu.grading.check_loss_scaled_train_step(step_with(tf))
     out = capsys.readouterr().out
     assert "✅ loss_scaled_train_step: 1 case passed" in out and "was skipped" in out
+    assert "0 steps clipped" not in out
+
+
+def test_keras_own_clipping_after_unscaling_passes(tf):
+    assert cu.grading.check_loss_scaled_train_step(step_with(tf, keras_clip=True))
+
+
+def test_the_lesson_cell_copied_fails(tf):
+    with pytest.raises(AssertionError, match=r"return \(loss, norm\)"):
+        cu.grading.check_loss_scaled_train_step(lesson_cell_step(tf))
 
 
 @pytest.mark.parametrize("mistake, message", [
-    ({"scale": False}, r"(?s)step 1: the weights differ .*Hint: .*scale_loss"),
+    ({"scale": False}, r"step 1: (returned norm|the weights differ)"),
     ({"return_scaled": True}, "expected the unscaled"),
     ({"inner": True},
      "LossScaleOptimizer itself apply|the planted overflow, (was not seen|changed)"),
     ({"zero_non_finite": True}, "the planted overflow, (was not seen|changed the)"),
-], ids=["without scaling", "scaled loss returned", "inner optimizer", "overflow applied"])
+    ({"clip": None}, r"step 1: the weights differ .*clip the unscaled"),
+    ({"clip": "scaled"}, r"step 1: the weights differ"),
+    ({"clip": "per tensor"}, r"step \d: the weights differ"),
+    ({"rescale": False}, r"step 1: the weights differ"),
+    ({"norm_after": True}, r"step 1: returned norm .*before clipping"),
+], ids=["without scaling", "scaled loss returned", "inner optimizer", "overflow applied",
+        "no clipping", "scaled gradients clipped", "per-tensor clipping",
+        "clipped gradients not rescaled", "norm after clipping"])
 def test_wrong_loss_scaled_step_fails_usefully(tf, mistake, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_loss_scaled_train_step(step_with(tf, **mistake))

@@ -1,7 +1,8 @@
 """Gradient accumulation: one optimizer update from several micro-batches.
 
 With ``accumulation_steps=k`` a replica step takes ``k`` batches, adds up their gradients and
-applies the sum once: one update on a batch ``k`` times larger, in ``k`` times less memory.
+applies the sum once: one update on a batch ``k`` times larger, with ``1/k`` of its
+activations alive at once (and one gradient-sized running sum more).
 Keras 3's own ``gradient_accumulation_steps`` fails under MirroredStrategy (keras-team/keras#20582),
 so the sum is made inside one replica step, where no cross-replica ``merge_call`` is needed.
 """

@@ -3,15 +3,18 @@
 * ``check_train_with_accumulation(train_with_accumulation)``: on a fresh random model and data,
   behind a simulated memory of one micro-batch (``cu.memory.limit_batch_size``: a larger batch,
   or a second micro-batch's activations alive on a gradient tape, fails like out of memory), the
-  weights equal plain SGD on batches ``k`` times larger and every example went through the
-  limited model once in training mode; the two popular wrong loops are named when the weights
-  match theirs instead.
+  weights equal plain SGD on batches ``k`` times larger (one case ends with a short group, which
+  must make one more update averaged over its own examples) and every example went through the
+  limited model once in training mode; the two popular wrong loops, and a loop that drops the
+  short group, are named when the weights match theirs instead.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
-  models and budgets, compared with a count made here from the layers' shapes.
+  models and budgets, compared with a count made here from the layers' shapes; counted by the
+  learner, not by the course's memory counters (refused by code identity while it runs).
 * ``check_diagnose_accumulation(diagnose_accumulation)``: given an accumulation loop, name what
   it does (right, applies every micro-batch, or sums without dividing), for loops written here
-  whose names, code, defaults and closures are the same for every kind (a random token).
+  whose names, code, defaults and closures are the same for every kind (a random token); an
+  answer whose code reads a loop's closure or the check's plans is refused.
 * ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
   MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, the
   weights equal plain SGD on batches ``k`` times larger (a short last group included), with
@@ -23,13 +26,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from course_utils.equality import largest_difference
+from course_utils.grading.checks.memory_budget import check_largest_batch_that_fits
 from course_utils.grading.checks.recompute import check_segment_gradients
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
@@ -146,16 +149,29 @@ def check_train_with_accumulation(fn: Any) -> bool:
     keras = _keras()
     rng = fresh_rng()
     problems = [_problem(rng) for _ in range(2)]
+    short = problems[1]  # its data ends with a short group of 1 .. k-1 micro-batches
+    short["extra"] = rng.randint(1, short["steps"] - 1)
+    n = short["micro"] * (short["steps"] * (len(short["labels"]) // (
+        short["micro"] * short["steps"])) + short["extra"])
+    data = np.random.default_rng(short["seed"])
+    short["features"] = data.normal(size=(n, short["features"].shape[1])).astype("float32")
+    short["labels"] = data.integers(0, short["classes"], size=n).astype("int32")
 
     def case(problem: dict[str, Any]) -> Case:
         model = _model(problem)
         limited = limit_batch_size(model, problem["micro"])  # shares model's weights
         optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
         references: dict[str, list[np.ndarray]] = {}  # built on first use: a stub costs nothing
-        updates = len(problem["labels"]) // (problem["micro"] * problem["steps"])
+        extra = problem.get("extra", 0)
+        updates = len(problem["labels"]) // (problem["micro"] * problem["steps"]) + bool(extra)
 
         def verify(_: Any) -> str | None:
             on_tape = limited.get_layer("activations_on_tape")
+            if extra and on_tape.examples_trained == len(problem["labels"]) - extra * problem[
+                    "micro"]:
+                return (f"the last {extra} micro-batch(es), a short group, were never applied "
+                        "(nor run): apply them as one more update, averaged over the examples "
+                        "they have")
             if on_tape.examples_trained != len(problem["labels"]):
                 return (f"{on_tape.examples_trained} examples went forward through the model "
                         f"you were given in training mode, not {len(problem['labels'])} (each "
@@ -171,6 +187,16 @@ def check_train_with_accumulation(fn: Any) -> bool:
                             f"{int(optimizer.iterations)} updates instead of {updates}: call "
                             "apply_gradients once per group")
                 return None
+            if extra:
+                full = len(problem["labels"]) - extra * problem["micro"]
+                dropped = _sgd_loop({**problem, "features": problem["features"][:full],
+                                     "labels": problem["labels"][:full]},
+                                    problem["micro"] * problem["steps"], 1, 1.0,
+                                    problem["learning_rate"])
+                if largest_difference(weights, dropped) <= ACCUMULATION_TOLERANCE:
+                    return (f"your weights match the full groups alone: the last {extra} "
+                            "micro-batch(es), a short group, were never applied: apply them "
+                            "as one more update, averaged over the examples they have")
             closest = _closest(weights, references)
             reason = {
                 "applies every micro-batch": "your weights match applying every micro-batch: "
@@ -179,84 +205,26 @@ def check_train_with_accumulation(fn: Any) -> bool:
                 "sums without dividing": "your weights match summing the micro-batches' "
                 "gradients without dividing by accumulation_steps: the update is "
                 f"{problem['steps']}× too large",
-            }.get(closest, "the weights differ from the large-batch reference")
+            }.get(closest, "the weights differ from the large-batch reference" + (
+                f" (the data ends with a short group of {extra} micro-batch(es): divide its "
+                "losses by the micro-batches it has, not by accumulation_steps)"
+                if extra else ""))
             return f"{reason} (max |Δw| = {error:.2e}, at most {ACCUMULATION_TOLERANCE:g} allowed)"
 
         n = len(problem["labels"])
         return Case(args=(limited, optimizer, _loss_fn(), problem["features"], problem["labels"],
                           problem["micro"], problem["steps"]), verify=verify,
                     label=f"({n} examples, micro_batch_size={problem['micro']}, "
-                          f"accumulation_steps={problem['steps']})")
+                          f"accumulation_steps={problem['steps']}"
+                          + (f", a short last group of {extra}" if extra else "") + ")")
 
     return run_check(
         "train_with_accumulation", fn, [case(p) for p in problems],
-        hint="split the data into micro-batches of micro_batch_size; for each, compute "
-             "loss_fn(labels, model(x, training=True)) / accumulation_steps and add its "
-             "gradients to running sums; every accumulation_steps micro-batches, apply the sums "
-             "once and reset them (lesson 07, section 2).")
-
-
-# --- Exercise 2 · the largest batch that fits -------------------------------------------------
-
-
-def _count(shape: Any) -> int:
-    return math.prod(int(d) for d in shape)
-
-
-def _largest_batch(model: Any, budget_bytes: int, optimizer_slots: int) -> int:
-    """The reference, from the course's one budget (``cu.memory.step_budget``): the fixed terms
-    of a one-example step without accumulation, then whole examples of activations."""
-    from course_utils.memory import activation_bytes_per_example, step_budget
-
-    per_example = activation_bytes_per_example(model)
-    fixed = step_budget(model, global_batch=1, optimizer_slots=optimizer_slots).total - per_example
-    return max(0, (int(budget_bytes) - fixed) // per_example)
-
-
-def _normalized_mlp(rng: Any) -> Any:
-    """An MLP with batch normalization: its moving mean and variance are weights without
-    gradients."""
-    keras = _keras()
-    inputs = keras.Input(shape=(rng.randint(8, 48),), name="features")
-    hidden = keras.layers.Dense(rng.randint(16, 128), activation="relu")(inputs)
-    hidden = keras.layers.BatchNormalization()(hidden)
-    outputs = keras.layers.Dense(rng.randint(2, 10))(hidden)
-    return keras.Model(inputs, outputs, name="normalized_mlp")
-
-
-@register
-def check_largest_batch_that_fits(fn: Any) -> bool:
-    """Check ``largest_batch_that_fits(model, budget_bytes, optimizer_slots)`` on fresh models."""
-    from course_utils.memory import activation_bytes_per_example, variable_bytes
-    from course_utils.models import cnn, mlp
-
-    rng = fresh_rng()
-    models = [
-        mlp(rng.randint(8, 64), rng.randint(2, 10), hidden_units=(rng.randint(16, 256),) * 2),
-        cnn((rng.choice([8, 12, 16]),) * 2 + (1,), rng.randint(2, 10),
-            filters=(rng.randint(4, 16), rng.randint(8, 32))),
-        _normalized_mlp(rng),
-    ]
-    cases = []
-    for model in models:
-        per_example = activation_bytes_per_example(model)
-        for slots in (0, 2):
-            expected = rng.randint(5, 3000)
-            fixed = variable_bytes(model) + (1 + slots) * sum(
-                _count(v.shape) * 4 for v in model.trainable_weights)
-            budget = fixed + expected * per_example + rng.randint(0, per_example - 1)
-            cases.append(Case(args=(model, budget, slots), expected=_largest_batch(
-                model, budget, slots), label=f"({model.name} with {model.count_params():,} "
-                f"weights, budget_bytes={budget:,}, optimizer_slots={slots})"))
-        tiny = variable_bytes(model)  # not even the weights and gradients fit
-        cases.append(Case(args=(model, tiny, 0), expected=0,
-                          label=f"({model.name}, budget_bytes={tiny:,}: only the weights)"))
-    return run_check(
-        "largest_batch_that_fits", fn, cases,
-        hint="the fixed part is every weight + one gradient per trainable weight + "
-             "optimizer_slots copies of the trainable weights; each example adds the input "
-             "and every layer's output (model.layers, the input layer included; float32 = 4 "
-             "bytes). Return an int, 0 when nothing fits (lesson 07, sections 1 and 9).")
+        hint="split the data into micro-batches of micro_batch_size and those into groups of "
+             "accumulation_steps (the last may be shorter); for each micro-batch of a group, "
+             "compute loss_fn(labels, model(x, training=True)) / (the group's micro-batches) "
+             "and add its gradients to running sums; apply the sums once per group and reset "
+             "them (lesson 07, sections 2 and 7).")
 
 
 # --- Exercise 3 · diagnose an accumulation loop ------------------------------------------------
@@ -298,9 +266,50 @@ def suspect_loop(kind: str) -> Callable[..., None]:
     return _suspect(token)
 
 
+#: Names by which an answer would read a suspect loop's plan instead of running the loop.
+_PLAN_READERS = frozenset({"__closure__", "cell_contents", "__globals__", "_SUSPECT_PLANS",
+                           "_PLANS", "_run_suspect", "getclosurevars"})
+
+
+def _plan_readers(fn: Any) -> list[str]:
+    """The plan-reading names (attributes, globals or strings) in the learner's code: ``fn``'s
+    own code, the functions defined in it, and the functions its closure holds."""
+    import types
+
+    found: set[str] = set()
+    functions, seen = [fn], set()
+    while functions:
+        current = functions.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        codes = [getattr(current, "__code__", None)]
+        while codes:
+            code = codes.pop()
+            if not isinstance(code, types.CodeType):
+                continue
+            found |= _PLAN_READERS & (set(code.co_names) | {
+                c for c in code.co_consts if isinstance(c, str)})
+            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        for cell in getattr(current, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(value, types.FunctionType):
+                functions.append(value)
+    return sorted(found)
+
+
 @register
 def check_diagnose_accumulation(fn: Any) -> bool:
     """Check ``diagnose_accumulation(loop)``: names what each loop written here does."""
+    readers = _plan_readers(fn) if callable(fn) else []
+    if readers:
+        raise AssertionError(
+            f"diagnose_accumulation: your function uses {', '.join(readers)}, which reads how "
+            "the check built the loop instead of what the loop does. Run the loop on a problem "
+            "of your own and compare its weights (lesson 07, section 3).")
     rng = fresh_rng()
     kinds = list(DIAGNOSES) + [rng.choice(DIAGNOSES)]
     rng.shuffle(kinds)

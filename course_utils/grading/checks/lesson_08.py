@@ -5,12 +5,17 @@
   applied its policy (16-bit compute in the hidden layers, float32 variables and outputs, a
   LossScaleOptimizer for float16), started from the given weights (equal to a reference run),
   reports its accuracy, restored the global policy, and reports a steady-state time per step
-  that is a timing of its own steps: the check's model sleeps in every training step (a few ms
-  in one case, about 160 ms in the other) and longer while tracing, and the check times further
-  steps itself. Then the two runs' final loss and accuracy must agree within tolerances.
+  that is a timing of its own steps: the check's model sleeps in every training step (a time
+  drawn per run, 60 to 400 ms) and longer while tracing, and logs when its steps ran and when
+  its ``fit`` returned, so the learner's figure must lie between the span of the timed steps
+  and the time from the first epoch's end to the last ``fit``'s return – bounds taken from the
+  same run, which the machine's load moves together with the learner's timing. Then the two
+  runs' final loss and accuracy must agree within tolerances.
 * ``check_loss_scaled_train_step(loss_scaled_train_step)``: steps of a mixed_float16 model with
-  a ``LossScaleOptimizer`` on fresh inputs equal a reference step (weights, loss, loss scale),
-  and a batch planted to overflow is skipped (weights unchanged, scale halved).
+  a ``LossScaleOptimizer`` and a global-norm clip (below the gradients' norm, so that it
+  changes the updates) on fresh inputs equal a reference step that clips the UNSCALED
+  gradients (weights, loss, norm, loss scale), and a batch planted to overflow is skipped
+  (weights unchanged, scale halved).
 * ``check_first_overflowing_layer(first_overflowing_layer)``: fresh mixed_float16 MLPs whose
   activations grow layer by layer, on batches with two outlier rows scaled so that the same
   model overflows at different layers (or nowhere): the answer depends on the outputs, not on
@@ -68,16 +73,18 @@ def _model_builder(num_features: int, num_classes: int, units: int) -> Callable[
 #: Exercise 1's batch size, epochs and tolerances of the quality comparison.
 BATCH_SIZE, EPOCHS = 64, 3
 ACCURACY_TOLERANCE, LOSS_TOLERANCE = 0.05, 0.05
-#: A training step of the check's model waits this long (one case short, one long), so that a
-#: timing of the learner's own steps can be told from a number typed in.
-SHORT_DELAY_S, LONG_DELAY_S = (0.008, 0.012), (0.15, 0.18)
+#: Each run's model waits a time drawn log-uniformly from this range in every training step
+#: (one draw per run, unknown to the learner), so that only a timing of that run matches.
+DELAY_RANGE_S = (0.06, 0.4)
 #: Extra seconds of Python when a training step is traced: the first epoch is visibly slower.
 TRACE_DELAY_S = 1.0
 
 
-def _delayed_model_builder(num_features: int, num_classes: int, units: int,
-                           delay_s: float) -> Callable[[], Any]:
-    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer)."""
+def _delayed_model_builder(num_features: int, num_classes: int, units: int, delay_s: float,
+                           log: dict[str, list[Any]]) -> Callable[[], Any]:
+    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), logging
+    into ``log`` when each step's wait began and ended (``"steps"``) and when each call of the
+    model's ``fit`` returned (``"fit_ends"``): the bounds of any timing of its own run."""
     import time
 
     tf, keras = _tf(), _keras()
@@ -97,7 +104,9 @@ def _delayed_model_builder(num_features: int, num_classes: int, units: int,
                 time.sleep(TRACE_DELAY_S)  # Python runs once, while the step is traced
 
             def wait() -> np.ndarray:
+                start = time.perf_counter()
                 time.sleep(self.seconds)
+                log["steps"].append((start, time.perf_counter()))
                 return np.float32(0.0)
 
             zero = tf.reshape(tf.stop_gradient(tf.py_function(wait, [], tf.float32)), [])
@@ -105,7 +114,17 @@ def _delayed_model_builder(num_features: int, num_classes: int, units: int,
 
     def make_model() -> Any:
         base = mlp(num_features, num_classes, hidden_units=(units, units))
-        return keras.Model(base.input, StepDelay(delay_s, dtype="float32")(base.output))
+        model = keras.Model(base.input, StepDelay(delay_s, dtype="float32")(base.output))
+        fit = model.fit
+
+        def logged_fit(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fit(*args, **kwargs)
+            finally:
+                log["fit_ends"].append(time.perf_counter())
+
+        model.fit = logged_fit
+        return model
 
     return make_model
 
@@ -148,16 +167,6 @@ def _reference_run(make_model: Callable[[], Any], policy: str, weights: list[np.
     return model
 
 
-def _seconds_per_step_now(model: Any, x: np.ndarray, y: np.ndarray) -> float:
-    """The check's own steady-state time of one step of an already trained (traced) model."""
-    import time
-
-    steps = 2 * -(-len(x) // BATCH_SIZE)
-    start = time.perf_counter()
-    model.fit(x, y, batch_size=BATCH_SIZE, epochs=2, shuffle=False, verbose=0)
-    return (time.perf_counter() - start) / steps
-
-
 def _accuracy(model: Any, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.argmax(model.predict(x, verbose=0), axis=-1) == y))
 
@@ -196,15 +205,38 @@ def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
     return None
 
 
-def _timing_problem(step: Any, measured: float) -> str | None:
-    """Whether the learner's seconds per step is a timing of this model's steady steps."""
+def _timing_bounds(log: dict[str, list[Any]], steps_per_epoch: int,
+                   epochs: int) -> tuple[float, float] | str:
+    """The seconds per step that a timing of this run's epochs after the first can give:
+    at least the span of those steps' waits, at most from the end of the first epoch's last
+    wait to the return of the ``fit`` that ran the last step (both per timed step). A message
+    instead when the run did not make ``epochs`` epochs of training steps."""
+    steps, timed = log["steps"], (epochs - 1) * steps_per_epoch
+    if len(steps) != epochs * steps_per_epoch:
+        return (f"the model you were given ran {len(steps)} training steps, not {epochs} epochs "
+                f"of {steps_per_epoch}: train it exactly {epochs} epochs")
+    last_end = steps[-1][1]
+    fit_end = min((t for t in log["fit_ends"] if t >= last_end), default=None)
+    if fit_end is None:
+        return "train with the model's own fit, as the exercise says"
+    lower = (last_end - steps[steps_per_epoch][0]) / timed
+    upper = (fit_end - steps[steps_per_epoch - 1][1]) / timed
+    return lower, upper
+
+
+def _timing_problem(step: Any, bounds: tuple[float, float] | str) -> str | None:
+    """Whether the learner's seconds per step is a timing of this run's steady steps."""
+    if isinstance(bounds, str):
+        return bounds
     if isinstance(step, bool) or not isinstance(step, (int, float, np.floating)):
         return f"seconds_per_step should be a number of seconds, got {step!r}"
-    if not measured / 3 <= float(step) <= 3 * measured:
-        return (f"seconds_per_step is {float(step) * 1e3:.1f} ms, but this check's model takes "
-                f"about {measured * 1e3:.1f} ms per training step once traced (timed by the "
-                "check; up to 3 times more or less is allowed): time your own fit, excluding the "
-                "first epoch (tracing), and divide by the steps you timed")
+    lower, upper = bounds
+    if not 0.98 * lower <= float(step) <= 1.02 * upper + 0.001:
+        return (f"seconds_per_step is {float(step) * 1e3:.1f} ms, but this run's steps after the "
+                f"first epoch took between {lower * 1e3:.1f} and {upper * 1e3:.1f} ms each "
+                "(the check's model logs when its steps ran; it waits a different, unknown "
+                "time in every run): time your own fit, excluding the first epoch (tracing), "
+                "and divide by the steps you timed")
     return None
 
 
@@ -214,12 +246,13 @@ def check_train_with_policy(fn: Any) -> bool:
     rng = fresh_rng()
     x, y, num_features, num_classes = _task(rng, 4 * BATCH_SIZE)
     units = rng.choice([32, 48])
-    delays = [rng.uniform(*SHORT_DELAY_S), rng.uniform(*LONG_DELAY_S)]
-    rng.shuffle(delays)
     policies = ("float32", "mixed_float16")
-    delay_by_policy = dict(zip(policies, delays, strict=True))
-    builders = {p: _delayed_model_builder(num_features, num_classes, units, d)
-                for p, d in delay_by_policy.items()}
+    low, high = (math.log(s) for s in DELAY_RANGE_S)
+    logs: dict[str, dict[str, list[Any]]] = {p: {"steps": [], "fit_ends": []} for p in policies}
+    builders = {p: _delayed_model_builder(num_features, num_classes, units,
+                                          math.exp(rng.uniform(low, high)), logs[p])
+                for p in policies}
+    steps_per_epoch = -(-len(x) // BATCH_SIZE)
     initial_weights = _model_builder(num_features, num_classes, units)().get_weights()
     runs: dict[str, dict[str, Any]] = {}
 
@@ -230,17 +263,16 @@ def check_train_with_policy(fn: Any) -> bool:
             problem = _run_problem(result, policy, x, y, reference)
             if problem:
                 return problem
-            measured = _seconds_per_step_now(result["model"], x, y)
-            problem = _timing_problem(result["seconds_per_step"], measured)
+            bounds = _timing_bounds(logs[policy], steps_per_epoch, EPOCHS)
+            problem = _timing_problem(result["seconds_per_step"], bounds)
             if problem:
                 return problem
             runs[policy] = {"loss": float(result["losses"][-1]),
                             "accuracy": float(result["accuracy"]),
-                            "ms": float(result["seconds_per_step"]) * 1e3,
-                            "delay_ms": delay_by_policy[policy] * 1e3}
+                            "ms": float(result["seconds_per_step"]) * 1e3}
             if len(runs) < len(policies):
                 return None
-            return _difference_problem(runs) or _quality_problem(runs)
+            return _quality_problem(runs)
 
         return verify
 
@@ -262,17 +294,6 @@ def check_train_with_policy(fn: Any) -> bool:
     return passed
 
 
-def _difference_problem(runs: dict[str, dict[str, Any]]) -> str | None:
-    """Whether the two timings differ as the check's two models do (the machine's load cancels)."""
-    slow, fast = sorted(runs.values(), key=lambda run: -run["delay_ms"])
-    expected = slow["delay_ms"] - fast["delay_ms"]
-    if not slow["ms"] - fast["ms"] >= 0.4 * expected:
-        return (f"this check's two models differ by about {expected:.0f} ms per step (one waits "
-                f"longer on purpose), your two timings by {slow['ms'] - fast['ms']:.1f} ms: "
-                "seconds_per_step must be a timing of the run you just made")
-    return None
-
-
 def _quality_problem(runs: dict[str, dict[str, Any]]) -> str | None:
     """Whether mixed precision matched float32's final loss and accuracy, same start."""
     float32, mixed = runs["float32"], runs["mixed_float16"]
@@ -286,22 +307,36 @@ def _quality_problem(runs: dict[str, dict[str, Any]]) -> str | None:
     return None
 
 
-# --- Exercise 2 · the loss-scaled custom train step ------------------------------------------
+# --- Exercise 2 · the loss-scaled custom train step, with gradient clipping ------------------
 
 
-def _reference_step(model: Any, optimizer: Any, loss_fn: Any, x: Any, y: Any) -> Any:
+def _reference_step(model: Any, optimizer: Any, loss_fn: Any, x: Any, y: Any,
+                    clip_norm: float) -> tuple[Any, Any]:
+    """The step done right: unscale, clip the global norm, scale again, let the optimizer apply
+    (it divides by the scale and skips non-finite gradients: clipping an inf norm gives nan)."""
     tf = _tf()
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
         scaled_loss = optimizer.scale_loss(loss)
-    gradients = tape.gradient(scaled_loss, model.trainable_variables)
-    optimizer.apply(gradients, model.trainable_variables)
-    return loss
+    scaled = tape.gradient(scaled_loss, model.trainable_variables)
+    unscaled = [g / optimizer.dynamic_scale for g in scaled]
+    clipped, norm = tf.clip_by_global_norm(unscaled, clip_norm)
+    optimizer.apply([g * optimizer.dynamic_scale for g in clipped], model.trainable_variables)
+    return loss, norm
+
+
+def _first_norm(model: Any, loss_fn: Any, x: Any, y: Any) -> float:
+    """The global gradient norm of the mean loss on one batch (no update)."""
+    tf = _tf()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+    return float(tf.linalg.global_norm(tape.gradient(loss, model.trainable_variables)))
 
 
 @register
 def check_loss_scaled_train_step(fn: Any) -> bool:
-    """Check ``loss_scaled_train_step(model, optimizer, loss_fn, x, y)`` against a reference."""
+    """Check ``loss_scaled_train_step(model, optimizer, loss_fn, x, y, clip_norm)`` against a
+    reference: weights, loss, the unscaled gradients' global norm and the loss scale."""
     tf = _tf()
     keras = _keras()
     from course_utils.training.precision import policy_scope
@@ -326,59 +361,80 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
     planted = rng.randint(2, 5)
     batches = [(tf.constant(x[i * 32:(i + 1) * 32] * (OVERFLOW_FACTOR if i == planted else 1)),
                 tf.constant(y[i * 32:(i + 1) * 32])) for i in range(8)]
+    # a bound below the first batch's norm: the clipping changes most steps' updates
+    clip_norm = round(rng.uniform(0.3, 0.6) * _first_norm(reference, loss_fn, *batches[0]), 4)
+    clipped_steps: list[int] = []
 
-    def compare_step(i: int, loss: Any) -> str | None:
-        expected = float(_reference_step(reference, reference_opt, loss_fn, *batches[i]))
+    def compare_step(i: int, returned: Any) -> str | None:
+        expected_loss, expected_norm = (float(v) for v in _reference_step(
+            reference, reference_opt, loss_fn, *batches[i], clip_norm))
         where = f"step {i + 1}{' (the planted overflow)' if i == planted else ''}"
         try:
-            got = float(loss)
+            loss, norm = returned
+            got, got_norm = float(loss), float(norm)
         except (TypeError, ValueError):
-            return f"{where}: return the loss (a scalar tensor), got {type(loss).__name__}"
-        if i != planted and not math.isclose(got, expected, rel_tol=1e-3, abs_tol=1e-5):
-            ratio = f" ({got / expected:.3g}× the expected)" if expected else ""
-            return f"{where}: returned loss {got:.6g}, expected the unscaled {expected:.6g}{ratio}"
+            return (f"{where}: return (loss, norm), two scalars, got "
+                    f"{type(returned).__name__}")
+        if i != planted and not math.isclose(got, expected_loss, rel_tol=1e-3, abs_tol=1e-5):
+            ratio = f" ({got / expected_loss:.3g}× the expected)" if expected_loss else ""
+            return (f"{where}: returned loss {got:.6g}, expected the unscaled "
+                    f"{expected_loss:.6g}{ratio}")
+        if i != planted and not math.isclose(got_norm, expected_norm, rel_tol=1e-3):
+            ratio = f", {got_norm / expected_norm:.3g}× the expected" if expected_norm else ""
+            return (f"{where}: returned norm {got_norm:.6g}, expected {expected_norm:.6g}, the "
+                    f"global norm of the unscaled gradients before clipping{ratio}")
+        if i == planted and math.isfinite(got_norm):
+            return (f"{where}: returned a finite norm {got_norm:.6g} for gradients that "
+                    "overflowed: measure the gradients as they are (inf or nan here)")
+        if i != planted and expected_norm > clip_norm:
+            clipped_steps.append(i)
         error = largest_difference(model.get_weights(), reference.get_weights())
         if not error < 1e-4:
             return (f"{where}: the weights differ from the reference step's by up to {error:.3g} "
-                    "(gradients of the scaled loss, applied by the LossScaleOptimizer)")
+                    f"(gradient norm {expected_norm:.4g}, clip_norm {clip_norm:g}): clip the "
+                    "unscaled gradients' global norm, and hand optimizer.apply gradients "
+                    "at the loss scale it divides by")
         if float(opt.dynamic_scale) != float(reference_opt.dynamic_scale):
             return (f"{where}: loss scale {float(opt.dynamic_scale):g}, expected "
                     f"{float(reference_opt.dynamic_scale):g}: let the LossScaleOptimizer itself "
                     "apply the gradients (it grows and halves the scale, and skips bad steps)")
         return None
 
-    def verify(first_loss: Any) -> str | None:
-        problem = compare_step(0, first_loss)
+    def verify(first: Any) -> str | None:
+        problem = compare_step(0, first)
         for i in range(1, len(batches)):
             if problem:
                 return problem
             before, scale_before = model.get_weights(), float(opt.dynamic_scale)
-            loss = fn(model, opt, loss_fn, *batches[i])
+            returned = fn(model, opt, loss_fn, *batches[i], clip_norm)
             if i == planted and largest_difference(before, model.get_weights()) != 0:
                 return (f"step {i + 1}, the planted overflow, changed the weights: a step with "
                         "non-finite gradients must be skipped (optimizer.apply does it)")
             if i == planted and float(opt.dynamic_scale) != scale_before / 2:
                 return (f"step {i + 1}, the planted overflow, was not seen as one: the loss scale "
                         f"should have halved from {scale_before:g}, it is "
-                        f"{float(opt.dynamic_scale):g}; pass the gradients unchanged to "
-                        "optimizer.apply, which checks them")
-            problem = compare_step(i, loss)
+                        f"{float(opt.dynamic_scale):g}; give optimizer.apply the gradients "
+                        "with their inf or nan, it checks them")
+            problem = compare_step(i, returned)
         if problem:
             return problem
         skipped = len(batches) - int(opt.iterations)
         if skipped != 1:
             return f"expected exactly 1 skipped step (the planted overflow), got {skipped}"
         print(f"   {len(batches)} steps equal to the reference (scale 2^{math.log2(scale):.0f} "
-              f"at the start); the planted overflow at step {planted + 1} was skipped")
+              f"at the start, clip_norm {clip_norm:g}, {len(clipped_steps)} steps clipped); "
+              f"the planted overflow at step {planted + 1} was skipped")
         return None
 
-    cases = [Case(args=(model, opt, loss_fn, *batches[0]), verify=verify,
+    cases = [Case(args=(model, opt, loss_fn, *batches[0], clip_norm), verify=verify,
                   label=f"(mixed_float16 MLP, LossScaleOptimizer(initial_scale={scale:g}), "
-                        f"loss_fn, 8 batches of 32; batch {planted + 1} overflows)")]
+                        f"loss_fn, 8 batches of 32, clip_norm={clip_norm:g}; batch "
+                        f"{planted + 1} overflows)")]
     return run_check(
         "loss_scaled_train_step", fn, cases,
-        hint="inside a tf.GradientTape compute the mean loss, then scaled = "
-             "optimizer.scale_loss(loss); take the gradients of `scaled`, call "
-             "optimizer.apply(gradients, model.trainable_variables) and return the unscaled "
-             "loss (lesson 08, section 5).")
-
+        hint="inside a tf.GradientTape compute the mean loss and scaled = "
+             "optimizer.scale_loss(loss); the gradients of `scaled` are the true ones times "
+             "optimizer.dynamic_scale: divide by it, tf.clip_by_global_norm(..., clip_norm), "
+             "multiply the clipped gradients by the scale again and call optimizer.apply, which "
+             "divides and skips non-finite steps; return the unscaled loss and the norm "
+             "(lesson 08, section 5).")
