@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 #: Seconds the check's "disk" takes to read one example (a sleep: it occupies no core).
-READ_SECONDS = 0.006
+READ_SECONDS = 0.01
 #: Input share of the step time the fixed pipeline must stay under.
 FAST_INPUT_SHARE = 0.4
 #: Input share the slow pipeline shows (the check's own sanity test of its baseline).
