@@ -5,39 +5,46 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 
 * ``check_find_bottleneck(find_bottleneck)``: the learner's function names the bottleneck of
   the trace events of one fresh real run (input-bound: its pipeline sleeps per batch, its step
-  is cheap; or compute-bound: cached data, a heavy step) and of four traces built to order
+  is cheap; or compute-bound: cached data, a heavy step) and of five traces built to order
   (``profile_traces``): input the largest part but under half the step with the pipeline busy
   in the background, compute the largest with input at a third, a communication-bound step,
-  and input-bound steps after a warm-up of compute outside them – in a random order.
+  input-bound steps after a warm-up of compute outside them, and steps that differ (one
+  long input-bound step between compute-bound ones) – in a random order.
   ``cu.profiling.step_breakdown`` must agree with the truth first, and the learner's function
   may not call into ``cu.profiling`` (see the guard below). A threshold on the input share,
-  a reading that ignores the step windows, the ``tf_data`` threads or the collectives, each
-  fails a case.
+  a reading that ignores the step windows, the ``tf_data`` threads or the collectives, or
+  that reads one step (or a vote of the steps) instead of their total, each fails a case.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
   time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share, not a time, so
   a busy machine does not change the verdict. The slow pipeline is profiled up to
   ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``). Before any
-  profile, ``read`` must have run exactly once per example over two epochs (it decodes the
-  stored record, so a pipeline that never reads gets the wrong features).
+  profile, ``read`` must have run exactly once per example, counted from the call of the
+  learner's function through two epochs (it decodes the stored record, so a pipeline that
+  never reads gets the wrong features), and the ``augment`` given must have made the noise
+  (its generator's state moved).
 * ``check_write_report(write_report, my_results)``: the learner's report, on their own
-  benchmark and on four fresh ones (fresh models and budgets): the noise, each choice (the
+  benchmark and on four fresh ones (fresh models, budgets and replica counts; the second
+  strategy and precision named differently from case to case): the noise, each choice (the
   second value only beyond ``1 + 2 × noise``, like for like, precision at the chosen strategy)
   and its ratio, and ``k`` with its ``cu.memory.step_budget`` total (``report_cases``).
 
 Exercise 1's guard compares code objects' files: any call into ``course_utils/profiling.py``
-while the learner's function runs is caught, under whatever name it was bound.
+while the learner's function runs is caught, under whatever name it was bound. Exercise 3's
+guard does the same for the check's own reference, ``report_cases.report_reference``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.call_guard import CallsInto
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -55,7 +62,7 @@ __all__ = [
 ]
 
 #: Seconds the check's "disk" takes to read one example (a sleep: it occupies no core).
-READ_SECONDS = 0.006
+READ_SECONDS = 0.01
 #: Input share of the step time the fixed pipeline must stay under.
 FAST_INPUT_SHARE = 0.4
 #: Input share the slow pipeline shows (the check's own sanity test of its baseline).
@@ -167,41 +174,6 @@ def _bound_run(rng: Any, kind: str, steps: int = 3) -> list[dict]:
 # --- Exercise 1 · find the bottleneck in a trace -----------------------------------------------
 
 
-class _CallsInto:
-    """Record every call, made while it is active (any thread), into a function whose code
-    lives in one of ``files``: the guard compares code objects' files, so a helper bound
-    earlier under another name (``from course_utils.profiling import step_breakdown``) is
-    caught as surely as ``cu.profiling.step_breakdown``; no module attribute is replaced."""
-
-    def __init__(self, *files: str) -> None:
-        self.files = set(files)
-        self.names: list[str] = []
-
-    def _profile(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_filename in self.files:
-            self.names.append(frame.f_code.co_name)
-
-    def __enter__(self) -> _CallsInto:
-        import sys
-        import threading
-
-        self._previous = sys.getprofile(), threading.getprofile()
-        sys.setprofile(self._profile)
-        threading.setprofile(self._profile)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        import sys
-        import threading
-
-        sys.setprofile(self._previous[0])
-        threading.setprofile(self._previous[1])
-
-    def take(self) -> list[str]:
-        names, self.names = list(dict.fromkeys(self.names)), []
-        return names
-
-
 def _course_profiling_file() -> str:
     from course_utils import profiling
 
@@ -209,7 +181,7 @@ def _course_profiling_file() -> str:
 
 
 def _verifier(kind: str, table: str,
-              guard: _CallsInto | None = None) -> Callable[[Any], str | None]:
+              guard: CallsInto | None = None) -> Callable[[Any], str | None]:
     def verify(got: Any) -> str | None:
         called = guard.take() if guard is not None else []
         if called:
@@ -225,7 +197,7 @@ def _verifier(kind: str, table: str,
     return verify
 
 
-def _real_case(rng: Any, guard: _CallsInto) -> Case:
+def _real_case(rng: Any, guard: CallsInto) -> Case:
     """A fresh real run, input- or compute-bound, checked against ``step_breakdown`` first."""
     from course_utils.profiling import format_breakdown, step_breakdown
 
@@ -243,13 +215,13 @@ def _real_case(rng: Any, guard: _CallsInto) -> Case:
 
 @register
 def check_find_bottleneck(fn: Any) -> bool:
-    """Check ``find_bottleneck(events)`` on one real run profiled here and four traces built
+    """Check ``find_bottleneck(events)`` on one real run profiled here and five traces built
     to order (mid-range input shares, a communication-bound step, distractors)."""
     from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES, trace_case
     from course_utils.profiling import format_breakdown, step_breakdown
 
     rng = fresh_rng()
-    guard = _CallsInto(_course_profiling_file())
+    guard = CallsInto(_course_profiling_file())
     cases = [_real_case(rng, guard)]
     for description in BOTTLENECK_CASES:
         kind, events = trace_case(rng, description)
@@ -306,6 +278,7 @@ def _augment(seed: int) -> Callable[..., Any]:
     def augment(features: Any, label: Any) -> tuple[Any, Any]:
         return features + generator.normal(tf.shape(features), stddev=0.1), label
 
+    augment.generator = generator  # type: ignore[attr-defined]  # the check reads its state
     return augment
 
 
@@ -368,13 +341,19 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
             return f"returned {type(dataset).__name__}; return a tf.data.Dataset"
         if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
             return "the dataset repeats forever; return one epoch (the check repeats it)"
-        del calls[:]
+        # reads counted from the call of the learner's function: a cache filled while the
+        # pipeline is built reads once too
+        state = augment.generator.state.numpy().copy()
         problem = _elements_problem(dataset, features, batch_size)
         if problem:
             return problem
+        if np.array_equal(state, augment.generator.state.numpy()):
+            return ("augment never ran, yet the features carry noise: apply the augment you "
+                    "are given (the job's own augmentation), not noise of your own")
         reads = len(calls)
         if reads != len(features):
-            return (f"read ran {reads} times in two epochs of {len(features)} examples: "
+            return (f"read ran {reads} times for {len(features)} examples (building the "
+                    "pipeline and two epochs): "
                     + ("it never ran; read every example, once" if reads == 0 else
                        "read each example once, in the first epoch, and keep what it "
                        "returned" if reads > len(features) else
@@ -409,7 +388,12 @@ def check_write_report(fn: Any, my_results: Any = None) -> bool:
     """Check ``write_report(results, model, global_batch, replicas, budget_bytes)``: on the
     learner's own benchmark ``my_results`` and on four fresh ones, each choice and each
     figure it cites as the measurements give them (``report_reference``)."""
-    from course_utils.grading.checks.report_cases import SCENARIOS, report_case, synthetic_results
+    from course_utils.grading.checks.report_cases import (
+        SCENARIOS,
+        report_case,
+        report_reference,
+        synthetic_results,
+    )
     from course_utils.grid import GridResult
 
     rng = fresh_rng()
@@ -422,17 +406,36 @@ def check_write_report(fn: Any, my_results: Any = None) -> bool:
         cases.append(report_case(rng, my_results, "your own benchmark"))
     for number, (description, speeds) in enumerate(rng.sample(SCENARIOS, len(SCENARIOS))):
         scale = rng.uniform(500, 5000)
-        keys = [("default", "float32"), ("default", "mixed_bfloat16"),
-                ("mirrored", "float32"), ("mirrored", "mixed_bfloat16")]
+        # the second value of each axis differs between cases: names are read, not assumed
+        second = (("mirrored", "multi_worker")[number % 2],
+                  ("mixed_bfloat16", "mixed_float16")[number // 2 % 2])
+        keys = [("default", "float32"), ("default", second[1]),
+                (second[0], "float32"), second]
         results = synthetic_results(rng, {key: scale * speed for key, speed
                                           in zip(keys, speeds, strict=True)}, spread=0.02)
         cases.append(report_case(rng, results, f"a fresh benchmark: {description}",
-                                 want_k=4 if number == 0 else None))
-    return run_check(
-        "write_report", fn, cases,
-        hint="noise = cu.grid.noise(results); the strategy ratio compares the second "
-             "strategy with the first at the first precision; choose the second only when "
-             "the ratio exceeds 1 + 2 × noise; the precision ratio compares at the strategy "
-             "you chose; k is the fewest divisor of the per-replica batch whose "
-             "cu.memory.step_budget(...).total fits (the accumulation buffer counts) "
-             "(lesson 09, section 4).")
+                                 want_k=4 if number == 0 else None,
+                                 # where the second strategy wins: 4 replicas, not 2
+                                 second_replicas=4 if speeds[2] > 1.5 else None))
+    # the check's own reference, under whatever name it was bound, may not answer
+    guard = CallsInto(report_reference.__code__)
+
+    def guarded(verify: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+        def check(got: Any) -> str | None:
+            if guard.take():
+                return ("write_report called the check's own reference (report_reference): "
+                        "compute the report from the benchmark yourself")
+            return verify(got)
+        return check
+
+    cases = [dataclasses.replace(case, verify=guarded(case.verify)) for case in cases]
+    with guard:
+        return run_check(
+            "write_report", fn, cases,
+            hint="noise = cu.grid.noise(results); the strategy ratio compares the second "
+                 "strategy with the first at the first precision; choose the second only when "
+                 "the ratio exceeds 1 + 2 × noise; the precision ratio compares at the strategy "
+                 "you chose; k is the fewest divisor of the per-replica batch whose "
+                 "cu.memory.step_budget(...).total fits (the accumulation buffer counts); read "
+                 "the option names from results and the replica counts from replicas "
+                 "(lesson 09, section 4).")

@@ -9,7 +9,8 @@ markers with ``step_num``, ``IteratorGetNext`` waits with their ``Iterator::`` s
 so that a reading which works on real traces works on these, and shortcuts do not:
 
 * ``background``: spans of the input pipeline's own threads inside the steps (not step time);
-* ``outside``: compute spans outside every step (the warm-up's), as a share of the steps' time.
+* ``outside``: compute spans outside every step (the warm-up's), as a share of the steps' time;
+* ``uneven``: one long step in the middle split otherwise than the rest.
 
 Within a step the spans do not overlap, so the shares are exact: ``cu.profiling.step_breakdown``
 reads back ``parts`` (tests/test_checks_lesson_09.py proves it).
@@ -49,28 +50,42 @@ def _span(name: str, ts: float, dur: float, tid: int, long_name: str | None = No
 
 
 def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: int = 3,
-                    background: float = 0.0, outside: float = 0.0) -> list[dict[str, Any]]:
+                    background: float = 0.0, outside: float = 0.0,
+                    uneven: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """Events of ``steps`` profiled steps whose time splits into ``parts`` (shares of input,
-    compute, communication; the rest is "other"), plus the distractors described above."""
-    if sum(parts.values()) > 1 or min(parts.values(), default=0) < 0:
-        raise ValueError(f"parts must be non-negative shares summing to at most 1: {parts}")
+    compute, communication; the rest is "other"), plus the distractors described above.
+
+    ``uneven``: one step, neither the first nor the last, as long as all the others together
+    and split into these shares instead, so that the steps' total and a single step (or a vote
+    of the steps) can name different parts."""
+    for shares in (parts, uneven or {}):
+        if sum(shares.values()) > 1 or min(shares.values(), default=0) < 0:
+            raise ValueError(f"parts must be non-negative shares summing to at most 1: "
+                             f"{shares}")
     events: list[dict[str, Any]] = [{"ph": "M", "name": "process_name", "pid": _PID,
                                      "args": {"name": "/host:CPU"}}]
     events += [{"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": name}}
                for tid, name in _THREADS.items()]
     clock = 1_000.0
     step_lengths = [rng.uniform(20_000, 60_000) for _ in range(steps)]
+    step_parts = [parts] * steps
+    if uneven:
+        if steps < 3:
+            raise ValueError("an uneven trace needs 3 steps or more")
+        big = rng.randint(1, steps - 2)
+        step_lengths[big] = sum(step_lengths) - step_lengths[big]
+        step_parts[big] = uneven
     if outside:  # the warm-up: compute before the first profiled step
         for piece in _pieces(rng, outside * sum(step_lengths), 6):
             events.append(_span(rng.choice(_OPS).split(":")[0], clock, piece, _OP_THREAD,
                                 rng.choice(_OPS)))
             clock += piece
         clock += 500.0
-    for number, length in enumerate(step_lengths):
+    for number, (length, shares) in enumerate(zip(step_lengths, step_parts, strict=True)):
         start = clock
         events.append(_span(f"train {number}", start, length, _STEP_THREAD, step_num=number, _r=1))
-        blocks = [(kind, share * length) for kind, share in parts.items() if share > 0]
-        gap = (1 - sum(parts.values())) * length
+        blocks = [(kind, share * length) for kind, share in shares.items() if share > 0]
+        gap = (1 - sum(shares.values())) * length
         rng.shuffle(blocks)
         gaps = _pieces(rng, gap, len(blocks) + 1)
         clock = start + gaps[0]
@@ -108,6 +123,9 @@ BOTTLENECK_CASES = {
         "communication", lambda r: (r.uniform(0.08, 0.15), 0.2, r.uniform(0.45, 0.6)), {}),
     "input-bound steps after a long warm-up of compute outside them": (
         "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"outside": 3.0}),
+    "input-bound in total, though most steps (the first and the last too) are compute-bound": (
+        "input", lambda r: (0.1, r.uniform(0.55, 0.65), 0.05), {
+            "uneven": {"input": 0.8, "compute": 0.1, "communication": 0.02}}),
 }
 
 
