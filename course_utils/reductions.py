@@ -17,8 +17,9 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["ReductionMeasurement", "measure_reductions"]
 
-#: ``replica_loss(labels, logits) -> scalar``: a replica's loss on its slice of the batch.
-ReplicaLoss = Callable[[Any, Any], Any]
+#: ``replica_loss(labels, logits) -> scalar``: a replica's loss on its slice of the batch
+#: (``replica_loss(labels, logits, weights)`` when the batch carries per-example weights).
+ReplicaLoss = Callable[..., Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +43,7 @@ def measure_reductions(
     strategy: Any,
     model: Any,
     replica_losses: Mapping[str, ReplicaLoss],
-    global_batch: tuple[Any, Any],
+    global_batch: tuple[Any, ...],
     per_example_loss: Callable[[Any, Any], Any],
 ) -> dict[str, ReductionMeasurement]:
     """Run each ``replica_loss`` in the replicas on ``global_batch`` and compare with one device.
@@ -51,19 +52,21 @@ def measure_reductions(
     ``strategy.experimental_distribute_dataset`` splits a global batch (a short one too, so that
     some replicas get fewer examples, or none). The truth is the mean of
     ``per_example_loss(labels, logits)`` over the whole batch, and its gradient, computed by
-    ``model`` outside the replicas. The model's weights are not changed.
+    ``model`` outside the replicas. The model's weights are not changed. A batch of
+    ``(features, labels, weights)`` is weighted: each replica loss is called with its slice of
+    the weights too, and the truth is the weighted mean, ``sum(w * loss) / sum(w)``.
     """
     tf = _tf()
-    features, labels = global_batch
-    dataset = tf.data.Dataset.from_tensors((features, labels))
+    features, labels, *weights = global_batch
+    dataset = tf.data.Dataset.from_tensors(tuple(global_batch))
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     names = list(replica_losses)
 
-    def replica_fn(features: Any, labels: Any) -> Any:
+    def replica_fn(features: Any, labels: Any, *weights: Any) -> Any:
         results = []
         for name in names:
             with tf.GradientTape() as tape:
-                loss = replica_losses[name](labels, model(features, training=True))
+                loss = replica_losses[name](labels, model(features, training=True), *weights)
             gradients = tape.gradient(loss, model.trainable_variables)
             results.append((loss, gradients, tf.shape(labels)[0]))
         return results
@@ -79,7 +82,12 @@ def measure_reductions(
                 for loss, gradients, count in per_replica]
 
     with tf.GradientTape() as tape:
-        true_loss = tf.reduce_mean(per_example_loss(labels, model(features, training=True)))
+        losses = per_example_loss(labels, model(features, training=True))
+        if weights:
+            weight = tf.cast(weights[0], losses.dtype)
+            true_loss = tf.reduce_sum(weight * losses) / tf.reduce_sum(weight)
+        else:
+            true_loss = tf.reduce_mean(losses)
     true_gradients = tape.gradient(true_loss, model.trainable_variables)
     true_norm = float(tf.linalg.global_norm(true_gradients))
     measured = {}

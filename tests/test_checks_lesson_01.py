@@ -278,6 +278,10 @@ def _shuffled_once(records, decode, augment, b, buffer):
     return decoded.shuffle(buffer, reshuffle_each_iteration=False).map(augment).batch(b)
 
 
+def _small_buffer(records, decode, augment, b, buffer):  # the buffer given ignored
+    return records.map(decode).cache().shuffle(2).map(augment).batch(b)
+
+
 def _last_batch_dropped(records, decode, augment, b, buffer):
     decoded = records.map(decode).cache().shuffle(buffer).map(augment)
     return decoded.batch(b, drop_remainder=True)
@@ -292,6 +296,7 @@ def _last_batch_dropped(records, decode, augment, b, buffer):
     (_not_shuffled, "stored order"),
     (_shuffled_once, "froze the shuffle"),
     (_last_batch_dropped, "batch sizes differ"),
+    (_small_buffer, "only mixes neighbours"),
 ])
 def test_cached_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):

@@ -1,9 +1,11 @@
 """Lesson 02's checks: the reference solutions pass, wrong ones fail saying why, stubs are
 "not attempted". The unit-test process has 4 logical CPUs (tests/conftest.py), so the checks'
-strategy has 4 replicas here."""
+strategy has 4 replicas here. Each exercise has an adversarial catalogue of six or more wrong
+answers as a learner would write them."""
 
 from __future__ import annotations
 
+import glob
 import os
 
 import keras
@@ -16,29 +18,34 @@ from course_utils.grading import checks
 from course_utils.grading.checks import lesson_02
 from course_utils.grading.framework import NotAttemptedError, strict_checks
 
+SUM = tf.distribute.ReduceOp.SUM
+
 # --- reference solutions (as in solutions/02_mirrored_strategy_solutions.ipynb) -------------
 
 
-def save_and_restore(model, optimizer, directory, build_fresh):
-    path = tf.train.Checkpoint(model=model, optimizer=optimizer).write(
-        os.path.join(directory, "ckpt"))
-    fresh_model, fresh_optimizer = build_fresh()
-    tf.train.Checkpoint(model=fresh_model, optimizer=fresh_optimizer).read(path)
-    return fresh_model, fresh_optimizer
+def resume_latest(directory, build_fresh):
+    model, optimizer = build_fresh()
+    latest = tf.train.latest_checkpoint(directory)
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
+        latest).assert_existing_objects_matched()
+    return model, optimizer, int(optimizer.iterations.numpy())
 
 
-def compute_loss(labels, logits):
-    per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-    examples = tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, tf.shape(labels)[0])
-    return tf.nn.compute_average_loss(per_example, global_batch_size=examples)
+def _per_example(labels, logits):
+    return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
-def _train_step(loss_fn, reduce_op=tf.distribute.ReduceOp.SUM):
+def compute_loss(labels, logits, weights):
+    weights = tf.cast(weights, tf.float32)
+    total = tf.distribute.get_replica_context().all_reduce(SUM, tf.reduce_sum(weights))
+    return tf.reduce_sum(weights * _per_example(labels, logits)) / total
+
+
+def _train_step(loss_fn, reduce_op=SUM):
     def distributed_train_step(strategy, model, optimizer, batch):
-        def replica_step(features, labels):
+        def replica_step(features, labels, weights):
             with tf.GradientTape() as tape:
-                loss = loss_fn(labels, model(features, training=True))
+                loss = loss_fn(labels, model(features, training=True), weights)
             gradients = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
             return loss
@@ -93,42 +100,6 @@ def diagnose_loop(strategy, make_train_step, build_model, features, labels, glob
     return "Keras loss object on an uneven split"
 
 
-# --- wrong solutions --------------------------------------------------------------------
-
-
-def copy_weights_only(model, optimizer, directory, build_fresh):
-    fresh_model, fresh_optimizer = build_fresh()
-    fresh_model.set_weights(model.get_weights())
-    return fresh_model, fresh_optimizer
-
-
-def checkpoint_without_optimizer(model, optimizer, directory, build_fresh):
-    path = tf.train.Checkpoint(model=model).write(os.path.join(directory, "ckpt"))
-    fresh_model, fresh_optimizer = build_fresh()
-    tf.train.Checkpoint(model=fresh_model).read(path)
-    return fresh_model, fresh_optimizer
-
-
-def return_the_originals(model, optimizer, directory, build_fresh):
-    tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(directory, "c"))
-    build_fresh()
-    return model, optimizer
-
-
-def mean_per_replica(labels, logits):
-    return tf.reduce_mean(
-        keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-
-
-def keras_loss_object(labels, logits):  # right on even splits only
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
-
-
-def constant_global_batch(labels, logits):  # right on full batches only
-    per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-    return tf.nn.compute_average_loss(per_example,
-                                      global_batch_size=tf.shape(labels)[0] * replicas)
 
 
 def always_right(strategy, make_train_step, build_model, features, labels, global_batch_size):
@@ -144,29 +115,24 @@ def full_batch_only(strategy, make_train_step, build_model, features, labels,
                                     "Keras loss object on an uneven split") else diagnosis
 
 
-def distribute(strategy, examples, global_batch_size):
-    def dataset_fn(input_context):
-        per_replica = input_context.get_per_replica_batch_size(global_batch_size)
-        return examples.shard(input_context.num_input_pipelines,
-                              input_context.input_pipeline_id).batch(per_replica)
-    return strategy.distribute_datasets_from_function(dataset_fn)
+def _distribute_with(make_pipeline):
+    def distribute(strategy, examples, global_batch_size):
+        def dataset_fn(input_context):
+            per_replica = input_context.get_per_replica_batch_size(global_batch_size)
+            return make_pipeline(examples, input_context, per_replica)
+        return strategy.distribute_datasets_from_function(dataset_fn)
+    distribute.__name__ = make_pipeline.__name__
+    return distribute
 
 
-def distribute_unsharded(strategy, examples, global_batch_size):
-    def dataset_fn(input_context):
-        return examples.batch(input_context.get_per_replica_batch_size(global_batch_size))
-    return strategy.distribute_datasets_from_function(dataset_fn)
+def _shard(examples, context):
+    return examples.shard(context.num_input_pipelines, context.input_pipeline_id)
 
 
-def distribute_global_batches(strategy, examples, global_batch_size):
-    def dataset_fn(input_context):
-        return examples.shard(input_context.num_input_pipelines,
-                              input_context.input_pipeline_id).batch(global_batch_size)
-    return strategy.distribute_datasets_from_function(dataset_fn)
-
-
-def distribute_auto_sharded(strategy, examples, global_batch_size):
-    return strategy.experimental_distribute_dataset(examples.batch(global_batch_size))
+@_distribute_with
+def distribute(examples, context, per_replica):
+    shard = _shard(examples, context)
+    return shard.shuffle(int(shard.cardinality())).batch(per_replica)
 
 
 def stub(*args, **kwargs):
@@ -178,14 +144,14 @@ def stub(*args, **kwargs):
 
 
 def test_lesson_02_registers_its_checks():
-    for name in ("check_save_and_restore", "check_compute_loss",
+    for name in ("check_resume_latest", "check_compute_loss",
                  "check_distributed_train_step", "check_diagnose_loop",
                  "check_distribute_dataset"):
         assert getattr(checks, name) is getattr(cu.grading, name) is getattr(lesson_02, name)
 
 
 def test_the_reference_solutions_pass(capsys):
-    assert checks.check_save_and_restore(save_and_restore) is True
+    assert checks.check_resume_latest(resume_latest) is True
     assert checks.check_compute_loss(compute_loss) is True
     assert checks.check_distributed_train_step(_train_step(compute_loss)) is True
     assert checks.check_diagnose_loop(diagnose_loop) is True
@@ -193,46 +159,173 @@ def test_the_reference_solutions_pass(capsys):
     assert capsys.readouterr().out.count("✅") == 5
 
 
+@pytest.mark.parametrize("check", [checks.check_resume_latest, checks.check_compute_loss,
+                                   checks.check_distributed_train_step,
+                                   checks.check_diagnose_loop,
+                                   checks.check_distribute_dataset])
+def test_stubs_are_not_attempted(check, capsys):
+    with strict_checks(False):
+        assert check(stub) is False
+    assert "not attempted yet" in capsys.readouterr().out
+    with strict_checks(True), pytest.raises(NotAttemptedError):
+        check(stub)
+
+
+# --- exercise 1: resume_latest ------------------------------------------------------------
+
+
+def _restore(path, build_fresh, **keys):
+    model, optimizer = build_fresh()
+    parts = {"model": model, "optimizer": optimizer}
+    tf.train.Checkpoint(**{key: parts[key] for key in keys or parts}).restore(
+        path).expect_partial()
+    return model, optimizer
+
+
+def sorted_by_name(directory, build_fresh):  # ckpt-9 sorts after ckpt-12
+    last = sorted(glob.glob(os.path.join(directory, "ckpt-*.index")))[-1]
+    model, optimizer = _restore(last[:-len(".index")], build_fresh)
+    return model, optimizer, int(optimizer.iterations.numpy())
+
+
+def first_checkpoint(directory, build_fresh):
+    model, optimizer = _restore(os.path.join(directory, "ckpt-1"), build_fresh)
+    return model, optimizer, int(optimizer.iterations.numpy())
+
+
+def model_only(directory, build_fresh):  # Adam's state left behind
+    latest = tf.train.latest_checkpoint(directory)
+    model, optimizer = _restore(latest, build_fresh, model=True)
+    return model, optimizer, int(latest.rsplit("-", 1)[-1])
+
+
+def never_restored(directory, build_fresh):  # the count of files, nothing read
+    model, optimizer = build_fresh()
+    return model, optimizer, len(glob.glob(os.path.join(directory, "ckpt-*.index")))
+
+
+def steps_before_restoring(directory, build_fresh):  # counted before the restore
+    model, optimizer = build_fresh()
+    done = int(optimizer.iterations.numpy())
+    tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
+        tf.train.latest_checkpoint(directory))
+    return model, optimizer, done
+
+
+def steps_as_a_tensor(directory, build_fresh):  # the count left a tf.Variable
+    model, optimizer = _restore(tf.train.latest_checkpoint(directory), build_fresh)
+    return model, optimizer, optimizer.iterations
+
+
+def pair_only(directory, build_fresh):  # the steps not returned
+    return _restore(tf.train.latest_checkpoint(directory), build_fresh)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
-    (copy_weights_only, "no TensorFlow checkpoint"),
-    (checkpoint_without_optimizer, "restored optimizer state differ"),
-    (return_the_originals, r"that build_fresh\(\) gave you"),
+    (sorted_by_name, "checkpoint of step 9; the latest checkpoint is step 1[0-2]"),
+    (first_checkpoint, "checkpoint of step 1; the latest"),
+    (model_only, "optimizer's state did not"),
+    (never_restored, "weights that no checkpoint holds"),
+    (steps_before_restoring, "steps_done is 0"),
+    (steps_as_a_tensor, "steps_done is <"),  # a variable, not an int
+    (pair_only, r"return \(model, optimizer, steps_done\)"),
 ])
-def test_a_checkpoint_that_misses_a_part_is_told_which(wrong, says):
+def test_resume_latest_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says) as caught:
-        checks.check_save_and_restore(wrong)
+        checks.check_resume_latest(wrong)
     assert "Hint:" in str(caught.value)
 
 
-def test_a_mean_per_replica_fails_with_the_measured_ratio():
-    with pytest.raises(AssertionError) as caught:
-        checks.check_compute_loss(mean_per_replica)
-    message = str(caught.value)
-    replicas = cu.make_strategy("mirrored", verbose=False).num_replicas_in_sync
-    assert f"{replicas:.4g}× the one-device gradient" in message, message
-    assert "all_reduce" in message  # the hint names the fix
+# --- exercise 2: compute_loss (weighted) and distributed_train_step --------------------------
 
 
-@pytest.mark.parametrize("wrong", [keras_loss_object, constant_global_batch])
-def test_reductions_right_only_on_full_batches_fail_on_a_short_one(wrong):
-    with pytest.raises(AssertionError, match=r"global batch of \d+\): split over 4 replicas"):
+def counted_examples(labels, logits, weights):  # the lesson's reduction, weights ignored
+    examples = tf.distribute.get_replica_context().all_reduce(SUM, tf.shape(labels)[0])
+    return tf.nn.compute_average_loss(_per_example(labels, logits), global_batch_size=examples)
+
+
+def weighted_over_count(labels, logits, weights):  # weights applied, divided by the count
+    examples = tf.distribute.get_replica_context().all_reduce(SUM, tf.shape(labels)[0])
+    return tf.nn.compute_average_loss(_per_example(labels, logits), sample_weight=weights,
+                                      global_batch_size=examples)
+
+
+def local_weights(labels, logits, weights):  # this replica's weights only
+    return tf.reduce_sum(weights * _per_example(labels, logits)) / tf.reduce_sum(weights)
+
+
+def keras_object_weighted(labels, logits, weights):
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
+        labels, logits, sample_weight=weights)
+
+
+def weighted_mean_per_replica(labels, logits, weights):
+    return tf.reduce_mean(weights * _per_example(labels, logits))
+
+
+def mean_all_reduce(labels, logits, weights):  # ReduceOp.MEAN: the replicas' average weight
+    total = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.MEAN, tf.reduce_sum(weights))
+    return tf.reduce_sum(weights * _per_example(labels, logits)) / total
+
+
+def weight_total_positional(labels, logits, weights):  # the total as a sample weight
+    total = tf.distribute.get_replica_context().all_reduce(SUM, tf.reduce_sum(weights))
+    return tf.nn.compute_average_loss(weights * _per_example(labels, logits), total)
+
+
+def constant_loss(labels, logits, weights):
+    return tf.constant(1.0)
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (counted_examples, "compute_loss: case 1 .*differs"),  # outside a strategy already
+    (weighted_over_count, "compute_loss: case 1 .*differs"),
+    (local_weights, r"global batch of \d+\): split over 4 replicas .*weights average"),
+    (keras_object_weighted, "compute_loss: case 1 .*differs"),
+    (weighted_mean_per_replica, "compute_loss: case 1 .*differs"),
+    (mean_all_reduce, r"global batch of \d+\): split over 4 replicas"),
+    (weight_total_positional, "compute_loss: case"),
+    (constant_loss, "compute_loss: case 1"),
+])
+def test_compute_loss_catalogue_is_rejected(wrong, says):
+    with pytest.raises(AssertionError, match=says):
         checks.check_compute_loss(wrong)
 
 
-def test_a_step_with_a_constant_global_batch_fails_on_the_short_last_batch():
-    with pytest.raises(AssertionError, match="short last batch"):
-        checks.check_distributed_train_step(_train_step(constant_global_batch))
+_unweighted_step = _train_step(counted_examples)  # the lesson's loop, weights dropped
 
 
-def test_a_step_reporting_the_mean_over_replicas_fails_on_the_loss():
-    with pytest.raises(AssertionError, match="ReduceOp.SUM"):
-        checks.check_distributed_train_step(
-            _train_step(compute_loss, tf.distribute.ReduceOp.MEAN))
+def _step_without_update(strategy, model, optimizer, batch):  # the loss, no training
+    def replica_step(features, labels, weights):
+        return compute_loss(labels, model(features, training=True), weights)
+    return strategy.reduce(SUM, strategy.run(replica_step, args=batch), axis=None)
 
 
-def test_a_step_waiting_for_compute_loss_says_so():
-    with pytest.raises(AssertionError, match="write compute_loss first"):
-        checks.check_distributed_train_step(_train_step(stub))
+def _first_replica_reported(strategy, model, optimizer, batch):  # one replica's share
+    def replica_step(features, labels, weights):
+        with tf.GradientTape() as tape:
+            loss = compute_loss(labels, model(features, training=True), weights)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return loss
+    return strategy.experimental_local_results(strategy.run(replica_step, args=batch))[0]
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (_train_step(compute_loss, tf.distribute.ReduceOp.MEAN), "ReduceOp.SUM"),
+    (_unweighted_step, "distributed_train_step: case"),
+    (_step_without_update, "the loss of step 2|weights differ"),
+    (_first_replica_reported, "the loss of step 1"),
+    (_train_step(local_weights), "distributed_train_step: case"),
+    (_train_step(stub), "write compute_loss first"),
+])
+def test_distributed_train_step_catalogue_is_rejected(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        checks.check_distributed_train_step(wrong)
+
+
+# --- exercise 3: diagnose_loop -------------------------------------------------------------
 
 
 def test_a_diagnosis_that_always_says_right_is_told_the_cause():
@@ -252,103 +345,10 @@ def test_every_diagnosis_is_reachable():
         "Keras loss object on an uneven split"}
 
 
-@pytest.mark.parametrize(("wrong", "says"), [
-    (distribute_unsharded, "both workers read the same examples"),
-    (distribute_global_batches, r"make \d+ steps, got \d+"),  # a global batch per replica
-    (distribute_auto_sharded, "distribute_datasets_from_function"),
-])
-def test_a_dataset_distributed_the_wrong_way_is_told_what_to_fix(wrong, says):
-    with pytest.raises(AssertionError, match=says):
-        checks.check_distribute_dataset(wrong)
-
-
-@pytest.mark.parametrize("check", [checks.check_save_and_restore, checks.check_compute_loss,
-                                   checks.check_distributed_train_step,
-                                   checks.check_diagnose_loop,
-                                   checks.check_distribute_dataset])
-def test_stubs_are_not_attempted(check, capsys):
-    with strict_checks(False):
-        assert check(stub) is False
-    assert "not attempted yet" in capsys.readouterr().out
-    with strict_checks(True), pytest.raises(NotAttemptedError):
-        check(stub)
-
-
-# --- the rest of the adversarial catalogue: every exercise, six or more wrong answers -------
-
-
-def restored_never(model, optimizer, directory, build_fresh):  # written, never read
-    tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(directory, "c"))
-    return build_fresh()
-
-
-def copied_by_hand(model, optimizer, directory, build_fresh):  # a checkpoint for show
-    tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(directory, "c"))
-    fresh_model, fresh_optimizer = build_fresh()
-    for target, source in zip(fresh_optimizer.variables, optimizer.variables, strict=True):
-        target.assign(source)
-    fresh_model.set_weights(model.get_weights())
-    return fresh_model, fresh_optimizer
-
-
-@pytest.mark.parametrize(("wrong", "says"), [
-    (restored_never, "restored weights differ"),
-    (copied_by_hand, "restored weights differ"),  # the originals are gone by then
-])
-def test_save_and_restore_catalogue_is_rejected(wrong, says):
-    with pytest.raises(AssertionError, match=says):
-        checks.check_save_and_restore(wrong)
-
-
-def positional_count(labels, logits):  # the count passed as sample_weight
-    per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-    examples = tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.SUM, tf.shape(labels)[0])
-    return tf.nn.compute_average_loss(per_example, tf.cast(examples, tf.float32))
-
-
-def summed_only(labels, logits):  # never divided
-    return tf.reduce_sum(
-        keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-
-
-def constant_loss(labels, logits):
-    return tf.constant(1.0)
-
-
-@pytest.mark.parametrize("wrong", [positional_count, summed_only, constant_loss])
-def test_compute_loss_catalogue_is_rejected(wrong):
-    with pytest.raises(AssertionError, match="compute_loss: case"):
-        checks.check_compute_loss(wrong)
-
-
-def _step_without_update(strategy, model, optimizer, batch):  # the loss, no training
-    def replica_step(features, labels):
-        return compute_loss(labels, model(features, training=True))
-    losses = strategy.run(replica_step, args=batch)
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
-
-
-def _first_replica_reported(strategy, model, optimizer, batch):  # one replica's share
-    def replica_step(features, labels):
-        with tf.GradientTape() as tape:
-            loss = compute_loss(labels, model(features, training=True))
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return loss
-    return strategy.experimental_local_results(strategy.run(replica_step, args=batch))[0]
-
-
-@pytest.mark.parametrize("wrong", [_step_without_update, _first_replica_reported,
-                                   _train_step(mean_per_replica)])
-def test_distributed_train_step_catalogue_is_rejected(wrong):
-    with pytest.raises(AssertionError, match="distributed_train_step: case"):
-        checks.check_distributed_train_step(wrong)
-
-
 @pytest.mark.parametrize("constant", ["reduce_mean per replica",
                                       "Keras loss object on an uneven split",
-                                      "global_batch_size passed positionally"])
+                                      "global_batch_size passed positionally",
+                                      "loss reported with ReduceOp.MEAN"])
 def test_diagnose_loop_constants_are_rejected(constant):
     def always(strategy, make_train_step, build_model, features, labels, global_batch_size):
         return constant
@@ -357,41 +357,73 @@ def test_diagnose_loop_constants_are_rejected(constant):
         checks.check_diagnose_loop(always)
 
 
-def distribute_dropping_the_remainder(strategy, examples, global_batch_size):
-    def dataset_fn(input_context):
-        per_replica = input_context.get_per_replica_batch_size(global_batch_size)
-        shard = examples.shard(input_context.num_input_pipelines,
-                               input_context.input_pipeline_id)
-        return shard.batch(per_replica, drop_remainder=True)
-    return strategy.distribute_datasets_from_function(dataset_fn)
+# --- exercise 4: distribute (sharded, shuffled, per-replica batches) ------------------------
 
 
-def distribute_unbatched(strategy, examples, global_batch_size):
-    def dataset_fn(input_context):
-        return examples.shard(input_context.num_input_pipelines,
-                              input_context.input_pipeline_id)
-    return strategy.distribute_datasets_from_function(dataset_fn)
+@_distribute_with
+def lesson_cell(examples, context, per_replica):  # the lesson's dataset_fn: no shuffle
+    return _shard(examples, context).batch(per_replica)
 
 
-def distribute_pipeline_zero_only(strategy, examples, global_batch_size):  # index ignored
-    def dataset_fn(input_context):
-        per_replica = input_context.get_per_replica_batch_size(global_batch_size)
-        return examples.shard(input_context.num_input_pipelines, 0).batch(per_replica)
-    return strategy.distribute_datasets_from_function(dataset_fn)
+@_distribute_with
+def shuffled_then_sharded(examples, context, per_replica):  # each worker its own order
+    return _shard(examples.shuffle(1000), context).batch(per_replica)
 
 
-@pytest.mark.parametrize("wrong", [distribute_dropping_the_remainder, distribute_unbatched,
-                                   distribute_pipeline_zero_only])
-def test_distribute_catalogue_is_rejected(wrong):
-    with pytest.raises(AssertionError, match="distribute: case|distribute_dataset"):
+@_distribute_with
+def seeded_then_sharded(examples, context, per_replica):  # an op seed: global seeds differ
+    return _shard(examples.shuffle(1000, seed=7), context).batch(per_replica)
+
+
+@_distribute_with
+def small_buffer(examples, context, per_replica):
+    return _shard(examples, context).shuffle(8).batch(per_replica)
+
+
+@_distribute_with
+def batches_shuffled(examples, context, per_replica):  # lesson 01's bug
+    return _shard(examples, context).batch(per_replica).shuffle(1000)
+
+
+@_distribute_with
+def same_order_each_epoch(examples, context, per_replica):
+    return _shard(examples, context).shuffle(
+        1000, reshuffle_each_iteration=False).batch(per_replica)
+
+
+@_distribute_with
+def unsharded(examples, context, per_replica):
+    return examples.shuffle(1000).batch(per_replica)
+
+
+@_distribute_with
+def global_batches(examples, context, per_replica):  # a global batch per replica
+    return _shard(examples, context).shuffle(1000).batch(
+        per_replica * context.num_replicas_in_sync)
+
+
+@_distribute_with
+def remainder_dropped(examples, context, per_replica):
+    return _shard(examples, context).shuffle(1000).batch(per_replica, drop_remainder=True)
+
+
+def auto_sharded(strategy, examples, global_batch_size):
+    return strategy.experimental_distribute_dataset(
+        examples.shuffle(1000).batch(global_batch_size))
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (lesson_cell, "moved 0.0 places"),
+    (shuffled_then_sharded, "shards share|both workers read"),
+    (seeded_then_sharded, "shards share|both workers read"),
+    (small_buffer, "a buffer as large as the shard"),
+    (batches_shuffled, r"gave the replicas|runs of neighbouring|batches held"),
+    (same_order_each_epoch, "same order in both epochs"),
+    (unsharded, "both workers read the same examples"),
+    (global_batches, r"make \d+ steps, got \d+"),
+    (remainder_dropped, "missing"),
+    (auto_sharded, "distribute_datasets_from_function"),
+])
+def test_distribute_catalogue_is_rejected(wrong, says):
+    with pytest.raises(AssertionError, match=says):
         checks.check_distribute_dataset(wrong)
-
-
-def test_more_diagnoses_and_steps_are_rejected():
-    def says_mean(strategy, make_train_step, build_model, features, labels, global_batch_size):
-        return "loss reported with ReduceOp.MEAN"
-
-    with pytest.raises(AssertionError, match="diagnose_loop: case"):
-        checks.check_diagnose_loop(says_mean)
-    with pytest.raises(AssertionError, match="distributed_train_step: case"):
-        checks.check_distributed_train_step(_train_step(keras_loss_object))

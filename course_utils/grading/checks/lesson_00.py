@@ -4,9 +4,11 @@
   (noisy: some calls disturbed, compute's first call a tracing), name what to fix first – the
   part with the largest median, or ``"synchronisation"`` when the time the medians leave
   unexplained is larger than each of them.
-* ``check_split_cpu(split_cpu)``: the fixed version of a broken split into logical devices, run
-  in a fresh Python process (this kernel's devices are already fixed) by
-  ``run_split_in_fresh_process``, which the exercise also uses to show the broken version's error.
+* ``check_split_cpu(split_cpu)``: a split into logical devices that survives a re-run, called
+  four times in one fresh Python process (this kernel's devices are already fixed) by
+  ``run_splits_in_fresh_process``: the split, the same split again (returns the devices), another
+  number (a RuntimeError that says to restart), the first number again; the course package
+  cannot be imported there.
 * ``check_step_breakdown(step_breakdown)``: a timed breakdown of a step (input, compute, whole
   step) written by hand (the course's ``time_interleaved`` is recognised by its code object),
   timed in turns (the order of the calls is recorded), on a fake pipeline and step whose waits
@@ -22,22 +24,26 @@ both to :func:`run_check`; TensorFlow is imported inside the checks, never at mo
 from __future__ import annotations
 
 import inspect
-import json
 import sys
-import textwrap
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from course_utils.child import run_cpu_only
 from course_utils.grading.checks.registry import register
+from course_utils.grading.checks.splits import (
+    run_split_answers,
+    run_split_in_fresh_process,
+    run_splits_in_fresh_process,
+    split_verdict,
+)
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_diagnose_step", "check_overlapped_pipeline", "check_split_cpu",
-           "check_step_breakdown", "reference_diagnosis", "run_split_in_fresh_process"]
+           "check_step_breakdown", "reference_diagnosis", "run_split_in_fresh_process",
+           "run_split_answers", "run_splits_in_fresh_process", "split_verdict"]
 
 # --- Exercise 1 · diagnose a step from its numbers -------------------------------------------
 
@@ -112,17 +118,7 @@ def check_diagnose_step(fn: Any) -> bool:
              "the unexplained time (whole step minus the parts) against every part.")
 
 
-# --- Exercise 2 · fix a broken split into logical devices ------------------------------------
-
-_SPLIT_SCRIPT = """
-import json, sys
-import tensorflow as tf
-{source}
-names = {name}({num_devices})
-print("RESULT " + json.dumps({{"returned": [str(n) for n in names],
-      "devices": [d.name for d in tf.config.list_logical_devices("CPU")]}}))
-"""
-
+# --- Exercise 2 · a split into logical devices that survives a re-run -------------------------
 
 def _holds_stub(fn: Any) -> bool:
     try:
@@ -131,21 +127,9 @@ def _holds_stub(fn: Any) -> bool:
         return False
 
 
-def run_split_in_fresh_process(fn: Any, num_devices: int) -> dict[str, Any]:
-    """Run ``fn(num_devices)`` in a fresh process: what it returned and made, or its error line."""
-    source = textwrap.dedent(inspect.getsource(fn))
-    script = _SPLIT_SCRIPT.format(source=source, name=fn.__name__, num_devices=num_devices)
-    done = run_cpu_only(["-c", script], timeout=300)  # TensorFlow starts slowly when busy
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    error = done.stderr.strip().splitlines()
-    return {"error": error[-1] if error else f"the process ended with code {done.returncode}"}
-
-
 @register
 def check_split_cpu(fn: Any) -> bool:
-    """Check ``split_cpu(num_devices)`` in a fresh process: it must create the logical CPUs."""
+    """Check ``split_cpu(num_devices)`` in a fresh process: split, re-run, refuse another split."""
     if _holds_stub(fn):
         from course_utils.grading.framework import not_attempted
 
@@ -159,28 +143,20 @@ def check_split_cpu(fn: Any) -> bool:
             "split_cpu: that is the course's cu.configure_logical_devices under another name; "
             "write the split with tf.config yourself")
     num_devices = fresh_rng().randint(3, 5)  # never the 2 of the lesson's set-up cell
-    expected = [f"/device:CPU:{index}" for index in range(num_devices)]
+    counts = [num_devices, num_devices, num_devices + 1, num_devices]
 
-    def in_fresh_process(count: int) -> dict[str, Any]:
-        return run_split_in_fresh_process(fn, count)
-
-    def verify(result: dict[str, Any]) -> str | None:
-        if "error" in result:
-            return f"in a fresh process it raised: {result['error']}"
-        if result["devices"] != expected:
-            return (f"expected the logical CPUs {expected}, the process had "
-                    f"{result['devices']}")
-        if result["returned"] != expected:
-            return f"expected it to return {expected}, it returned {result['returned']}"
-        return None
-
-    case = Case(args=(num_devices,), label=f"({num_devices}) in a fresh Python process",
-                verify=verify)
+    case = Case(args=(counts,),
+                label=f"split_cpu({num_devices}) twice, then ({num_devices + 1}), then "
+                      f"({num_devices}) again, in a fresh Python process",
+                verify=lambda results: split_verdict(results, num_devices))
     return run_check(
-        "split_cpu", in_fresh_process, [case],
-        hint="list the PHYSICAL devices (tf.config.list_physical_devices('CPU')) – listing "
-             "logical ones starts TensorFlow's devices – and split the first physical CPU "
-             "before anything else runs. Lesson 00, section 2, the cell run in a fresh process.")
+        "split_cpu", lambda calls: run_splits_in_fresh_process(fn, calls), [case],
+        hint="split the first PHYSICAL CPU (tf.config.list_physical_devices('CPU')) – listing "
+             "logical ones starts TensorFlow's devices. TensorFlow accepts the same split "
+             "again; when a split fails because the devices exist, compare how many logical "
+             "CPUs there are with what was asked: hand those back, or raise a RuntimeError "
+             "that says to restart the kernel. Lesson 00, section 2. The course package cannot "
+             "be imported in the fresh process.")
 
 
 # --- Exercise 3 · a timed breakdown of a step -------------------------------------------------

@@ -12,7 +12,7 @@
   order every epoch.
 * ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted),
   augmentation and order that change every epoch (a cache after the shuffle freezes it), every
-  record once per epoch.
+  record once per epoch, and a shuffle as wide as the buffer given (how far records jump).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
   ``map`` – image, label and a weight that some records lack (default 1.0).
 """
@@ -353,6 +353,14 @@ def check_cached_pipeline(fn: Any) -> bool:
         if orders[0] == orders[1]:
             return ("the two epochs came in the same order: the cache froze the shuffle; "
                     "a shuffle is random work too, so it belongs after the cache")
+        # A buffer of b lets a record come at most b - 1 places early; a shuffle of the whole
+        # set (buffer = count) brings some record count/4 or more places early in an epoch,
+        # all but surely (both epochs falling short: far below one in a million).
+        jumps = [max(record - place for place, record in enumerate(order)) for order in orders]
+        if max(jumps) < count // 4:
+            return (f"no record came more than {max(jumps)} places before its stored place "
+                    f"in either epoch: a shuffle buffer that small only mixes neighbours; "
+                    f"shuffle with the buffer given (shuffle_buffer={count})")
         return None
 
     case = Case(args=(tf.data.Dataset.range(count), decode, augment, batch_size, count),

@@ -1,6 +1,7 @@
-"""Checks of lesson 02's exercises (registered by name with ``@register``): a checkpoint
-saved under one strategy and restored under another, the loss and the distributed step, a
-training loop diagnosed from what it does, a dataset distributed by hand.
+"""Checks of lesson 02's exercises (registered by name with ``@register``): the latest of a
+run's checkpoints restored under another strategy, a weighted loss and the distributed step, a
+training loop diagnosed from what it does, a dataset sharded and shuffled by hand for workers
+that do not share a seed.
 
 Strategies come from ``cu.make_strategy("mirrored")``, the learner's own object: a second
 MirroredStrategy over other devices would clash with its collective all-reduces.
@@ -14,258 +15,120 @@ from course_utils.equality import largest_difference
 from course_utils.grading.checks import sharding
 from course_utils.grading.checks.loops import DIAGNOSES, loop_with
 from course_utils.grading.checks.registry import register
+from course_utils.grading.checks.replicas import (
+    mirrored_strategy,
+    per_example_loss,
+    raises_own_stub,
+    small_model,
+)
+from course_utils.grading.checks.resume import check_resume_latest
 from course_utils.grading.framework import Case, fresh_rng, not_attempted, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["DIAGNOSES", "check_compute_loss", "check_diagnose_loop", "check_distribute_dataset",
-           "check_distributed_train_step", "check_save_and_restore"]
+           "check_distributed_train_step", "check_resume_latest"]
 
 
-def _strategy() -> Any:
-    from course_utils.strategies import make_strategy
-
-    return make_strategy("mirrored", verbose=False)
+# --- Exercise 2 · a weighted loss, right on every batch, and the distributed train step -----
 
 
-def _tf_variable(variable: Any) -> Any:
-    """The TensorFlow variable behind a Keras 3 variable (a MirroredVariable under a strategy)."""
-    return getattr(variable, "value", variable)
-
-
-def _device_key(tf: Any, device: str) -> tuple[str, int]:
-    spec = tf.DeviceSpec.from_string(device)
-    return (spec.device_type or "", spec.device_index or 0)
-
-
-# --- Exercise 1 · a checkpoint that outlives the strategy --------------------------------------
-
-
-def _trained_pair(strategy: Any, rng: Any, under_strategy: bool, name: str) -> tuple[Any, ...]:
-    """A small model and its Adam, trained 3 steps (under ``strategy`` or on one device)."""
-    import keras
-
-    tf = _tf()
-    context = strategy if under_strategy else tf.distribute.get_strategy()
-    model, x, y, features, classes = _small_model(context, rng, name)
-    with context.scope():
-        optimizer = keras.optimizers.Adam(learning_rate=0.01)
-        optimizer.build(model.trainable_variables)
-    per_example = _per_example_loss()
-    global_batch = 8 * context.num_replicas_in_sync
-
-    def replica_step(xb: Any, yb: Any) -> None:
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(per_example(yb, model(xb, training=True)),
-                                              global_batch_size=global_batch)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-
-    step = tf.function(lambda batch: context.run(replica_step, args=batch))
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True)
-    for batch in context.experimental_distribute_dataset(dataset.take(3)):
-        step(batch)
-    return model, optimizer, features, classes
-
-
-@register
-def check_save_and_restore(fn: Any) -> bool:
-    """Check ``save_and_restore(model, optimizer, directory, build_fresh)``.
-
-    A model and its Adam trained under the strategy must come back, through a TensorFlow
-    checkpoint written into ``directory``, into the fresh one-device pair ``build_fresh()``
-    returns – and the other way round: trained on one device, restored under the strategy.
-    Weights, Adam's moments and step must equal the trained pair's; ``build_fresh()`` zeroes
-    that pair (another machine), so values copied from it come back as zeros.
-    """
-    import glob
-    import tempfile
-
-    import keras
-    import numpy as np
-
-    from course_utils.models import mlp
-
-    tf = _tf()
-    strategy = _strategy()
-    if _raises_own_stub(fn, None, None, None, None):
-        not_attempted("save_and_restore")
-        return False
-    rng = fresh_rng()
-
-    def run(trained_under_strategy: bool) -> Any:
-        model, optimizer, features, classes = _trained_pair(
-            strategy, rng, trained_under_strategy, "check_saved")
-        fresh: list[Any] = []
-        saved = {"weights": model.get_weights(), "optimizer state": [
-            np.asarray(v) for v in optimizer.variables]}
-
-        def build_fresh() -> tuple[Any, Any]:
-            for variable in [*model.variables, *optimizer.variables]:
-                variable.assign(np.zeros(variable.shape, variable.dtype))
-            context = tf.distribute.get_strategy() if trained_under_strategy else strategy
-            with context.scope():
-                fresh_model = mlp(features, classes, hidden_units=(8,), name="check_restored")
-                fresh_optimizer = keras.optimizers.Adam(learning_rate=0.01)
-                fresh_optimizer.build(fresh_model.trainable_variables)
-            fresh[:] = [fresh_model, fresh_optimizer]
-            return fresh_model, fresh_optimizer
-
-        with tempfile.TemporaryDirectory(prefix="check_02_") as directory:
-            returned = fn(model, optimizer, directory, build_fresh)
-            written = glob.glob(f"{directory}/**/*.index", recursive=True)
-        return returned, fresh, written, saved
-
-    def verify(result: Any) -> str | None:
-        returned, fresh, written, saved = result
-        if not written:
-            return ("no TensorFlow checkpoint (an .index file) was written into directory: "
-                    "tf.train.Checkpoint(model=..., optimizer=...).write(path inside directory)")
-        if not fresh:
-            return "build_fresh() was never called: restore into the pair it returns"
-        if not (isinstance(returned, (tuple, list)) and len(returned) == 2
-                and returned[0] is fresh[0] and returned[1] is fresh[1]):
-            return "return the (model, optimizer) that build_fresh() gave you, restored"
-        states = {"weights": fresh[0].get_weights(),
-                  "optimizer state": [np.asarray(v) for v in fresh[1].variables]}
-        for name, restored in states.items():
-            if len(saved[name]) != len(restored) or any(not np.array_equal(a, b) for a, b in
-                                                        zip(saved[name], restored, strict=True)):
-                return (f"the restored {name} differ from the saved ones: save the model and "
-                        "the optimizer in one tf.train.Checkpoint and read it into the fresh "
-                        "pair (Adam's step count and moments are part of the state)")
-        return None
-
-    cases = [Case(args=(True,), verify=verify,
-                  label=f"(trained on {strategy.num_replicas_in_sync} replicas, restored on one "
-                        "device)"),
-             Case(args=(False,), verify=verify,
-                  label=f"(trained on one device, restored under {strategy.num_replicas_in_sync} "
-                        "replicas)")]
-    return run_check("save_and_restore", run, cases,
-                     hint="path = tf.train.Checkpoint(model=model, optimizer=optimizer).write("
-                          "os.path.join(directory, 'ckpt')); then fresh_model, fresh_optimizer = "
-                          "build_fresh(); tf.train.Checkpoint(model=fresh_model, optimizer="
-                          "fresh_optimizer).read(path) (lesson 02, section 4: the checkpoint).")
-
-
-# --- Exercise 2 · the loss, right on every batch, and the distributed train step ------------
-
-
-def _reference_loss(labels: Any, logits: Any, global_batch_size: int) -> float:
+def _reference_loss(labels: Any, logits: Any, weights: Any) -> float:
+    """The weighted mean cross-entropy, ``sum(w * loss) / sum(w)``, in float64."""
     import numpy as np
 
     shifted = logits - logits.max(axis=1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    per_example = -log_probs[np.arange(len(labels)), labels]
-    return float(per_example.astype(np.float64).sum() / global_batch_size)
+    per_example = -log_probs[np.arange(len(labels)), labels].astype(np.float64)
+    return float((weights * per_example).sum() / weights.sum())
 
 
-def _raises_own_stub(fn: Any, *args: Any) -> bool:
-    """True when ``fn(*args)`` raises the NotImplementedError of its own stub.
+def _weights(np_rng: Any, size: int, replicas: int) -> Any:
+    """Per-example weights (padding zeros among them) whose mean is far from 1 on every split."""
+    import numpy as np
 
-    A real attempt may fail on the placeholder arguments in any other way, or not at all. The
-    checks run the learner's code inside ``tf.function``, where a stub could not be told from an
-    error, so they look first.
-    """
-    try:
-        fn(*args)
-    except NotImplementedError as error:
-        tb = error.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        return tb is not None and tb.tb_frame.f_code is getattr(fn, "__code__", None)
-    except Exception:  # noqa: BLE001 - a real attempt fails on the placeholders: fine
-        return False
-    return False
-
-
-def _small_model(strategy: Any, rng: Any, name: str) -> tuple[Any, Any, Any, int, int]:
-    """A small classifier built in the scope, data for it, and its sizes."""
-    import keras
-
-    from course_utils.data import teacher_classification
-    from course_utils.models import mlp
-
-    features, classes = rng.randint(4, 10), rng.randint(2, 5)
-    x, y = teacher_classification(256, features, classes, seed=rng.randint(0, 999))
-    keras.utils.set_random_seed(rng.randint(0, 2**31 - 1))
-    with strategy.scope():
-        model = mlp(features, classes, hidden_units=(8,), name=name)
-    return model, x, y, features, classes
-
-
-def _per_example_loss() -> Any:
-    import keras
-
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    while True:
+        weights = np_rng.choice([0.0, 0.5, 1.0, 3.0], size=size).astype(np.float32)
+        if weights.sum() > 0 and abs(weights.mean() - 1) > 0.15 and (
+                replicas == 1 or len(set(np.array_split(weights, replicas)[0].tolist())) > 1):
+            return weights
 
 
 @register
 def check_compute_loss(fn: Any) -> bool:
-    """Check ``compute_loss(labels, logits)``, called inside a replica.
+    """Check ``compute_loss(labels, logits, weights)``, called inside a replica.
 
-    It must be this replica's share of the mean loss over the examples the global batch really
-    has: outside any strategy, the plain mean; under the strategy, summed over the replicas,
-    the one-device mean and gradient, on a full global batch and on short ones split unevenly
-    (some replicas with fewer examples, or none).
+    It must be this replica's share of the weighted mean loss over the whole global batch,
+    ``sum(w * loss) / sum(w)`` with both sums over every replica's examples: outside any
+    strategy, the plain weighted mean; under the strategy, summed over the replicas, the
+    one-device weighted mean and its gradient, on a full global batch and on short ones split
+    unevenly. The weights hold zeros (padding) and their mean is far from 1, so that dividing
+    by the number of examples, or by this replica's weights alone, is told apart.
     """
     import numpy as np
 
     from course_utils.reductions import measure_reductions
 
     tf = _tf()
-    if _raises_own_stub(fn, tf.constant([0, 1]), tf.zeros((2, 3))):
+    if raises_own_stub(fn, tf.constant([0, 1]), tf.zeros((2, 3)), tf.ones(2)):
         not_attempted("compute_loss")
         return False
-    strategy = _strategy()
+    strategy = mirrored_strategy()
     replicas = strategy.num_replicas_in_sync
     rng = fresh_rng()
     np_rng = np.random.default_rng(rng.randint(0, 2**31))
-    model, x, y, _, classes = _small_model(strategy, rng, "check_compute_loss")
+    model, x, y, _, classes = small_model(strategy, rng, "check_compute_loss")
     global_batch = rng.choice([4, 8]) * replicas
-    local = rng.randint(3, 12)
+    local = rng.randint(4, 12)
     plain_labels = np_rng.integers(0, classes, size=local).astype(np.int32)
     plain_logits = np_rng.normal(size=(local, classes)).astype(np.float32)
+    plain_weights = _weights(np_rng, local, 1)
+    weights = _weights(np_rng, len(x), replicas)
 
     def run(kind: str, *args: Any) -> Any:
         if kind == "plain":
             return fn(*args)
         size = args[0]
-        return measure_reductions(strategy, model, {"yours": fn}, (x[:size], y[:size]),
-                                  _per_example_loss())["yours"]
+        return measure_reductions(strategy, model, {"yours": fn},
+                                  (x[:size], y[:size], weights[:size]),
+                                  per_example_loss())["yours"]
 
     def verify_split(size: int) -> Any:
         def verify(measured: Any) -> str | None:
             if measured.right:
                 return None
+            counted = float(weights[:size].sum()) / size
             return (f"split over {replicas} replicas as {measured.examples_per_replica}, "
                     f"the replicas' summed gradient is {measured.gradient_ratio:.4g}× the "
-                    f"one-device gradient of the mean loss over these {size} examples (and the "
-                    f"summed loss {measured.loss_sum_ratio:.4g}× the mean loss)")
+                    f"one-device gradient of the weighted mean loss over these {size} "
+                    f"examples (and the summed loss {measured.loss_sum_ratio:.4g}×). Their "
+                    f"weights average {counted:.3g}, not 1: divide by the sum of the weights "
+                    "of the whole global batch")
         return verify
 
-    cases = [Case(args=("plain", tf.constant(plain_labels), tf.constant(plain_logits)),
-                  expected=_reference_loss(plain_labels, plain_logits, local),
-                  label=f"(outside any strategy: {local} labels, logits {plain_logits.shape})")]
+    cases = [Case(args=("plain", tf.constant(plain_labels), tf.constant(plain_logits),
+                        tf.constant(plain_weights)),
+                  expected=_reference_loss(plain_labels, plain_logits, plain_weights),
+                  label=f"(outside any strategy: {local} labels, logits "
+                        f"{plain_logits.shape}, weights {plain_weights.tolist()})")]
     for size in (global_batch, replicas + 1, global_batch + 1 - replicas):
         cases.append(Case(args=("strategy", size), verify=verify_split(size),
                           label=f"(inside {replicas} replicas, a global batch of {size})"))
     return run_check("compute_loss", run, cases, rtol=1e-5, atol=1e-6,
-                     hint="count the examples of the whole global batch inside the replica: "
-                          "tf.distribute.get_replica_context().all_reduce("
-                          "tf.distribute.ReduceOp.SUM, tf.shape(labels)[0]); then "
-                          "tf.nn.compute_average_loss(per_example_losses, "
-                          "global_batch_size=that count) – with the keyword (lesson 02, "
-                          "section 5: the last row of the table).")
+                     hint="the denominator is the weights' sum over the whole global batch: "
+                          "add this replica's weights up, then all-reduce that sum with "
+                          "tf.distribute.get_replica_context().all_reduce(SUM, ...), as the "
+                          "lesson counted examples (section 5, the last row of the table); "
+                          "the numerator is this replica's sum of weight × loss.")
 
 
 @register
 def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
-    """Check ``distributed_train_step(strategy, model, optimizer, batch)``.
+    """Check ``distributed_train_step(strategy, model, optimizer, batch)`` on weighted batches.
 
-    An epoch of full global batches and a short, unevenly split last one under
-    ``cu.make_strategy("mirrored")`` must give the same weights (within 1e-5) and losses as
-    plain SGD on one device over the same batches.
+    An epoch of full global batches ``(features, labels, weights)`` and a short, unevenly
+    split last one under ``cu.make_strategy("mirrored")`` must give the same weights (within
+    1e-5) and losses as plain SGD on one device on the weighted mean loss of each batch. The
+    replica function must run in the replicas: the model is called once per replica per step.
     """
     import keras
     import numpy as np
@@ -273,28 +136,31 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
     from course_utils.models import mlp
 
     tf = _tf()
-    strategy = _strategy()
-    if _raises_own_stub(fn, strategy, None, None, None):
+    strategy = mirrored_strategy()
+    if raises_own_stub(fn, strategy, None, None, None):
         not_attempted("distributed_train_step")
         return False
     replicas = strategy.num_replicas_in_sync
     rng = fresh_rng()
-    model, x, y, features, classes = _small_model(strategy, rng, "check_step_initial")
+    np_rng = np.random.default_rng(rng.randint(0, 2**31))
+    model, x, y, features, classes = small_model(strategy, rng, "check_step_initial")
     initial = model.get_weights()
     global_batch = rng.choice([4, 8]) * replicas
     size = global_batch * num_full_batches + replicas + 1  # a short, uneven last batch
-    dataset = tf.data.Dataset.from_tensor_slices((x[:size], y[:size])).batch(global_batch)
+    w = _weights(np_rng, size, replicas)
+    dataset = tf.data.Dataset.from_tensor_slices((x[:size], y[:size], w)).batch(global_batch)
     learning_rate = 0.5
 
-    # The one-device reference: the mean loss over each batch, plain SGD.
+    # The one-device reference: the weighted mean loss over each batch, plain SGD.
     reference = mlp(features, classes, hidden_units=(8,), name="check_step_reference")
     reference.set_weights(initial)
     ref_optimizer = keras.optimizers.SGD(learning_rate)
-    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    per_example = per_example_loss()
     ref_losses = []
-    for xb, yb in dataset:
+    for xb, yb, wb in dataset:
         with tf.GradientTape() as tape:
-            loss = cross_entropy(yb, reference(xb, training=True))
+            losses = per_example(yb, reference(xb, training=True))
+            loss = tf.reduce_sum(wb * losses) / tf.reduce_sum(wb)
         grads = tape.gradient(loss, reference.trainable_variables)
         ref_optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
         ref_losses.append(float(loss))
@@ -302,17 +168,20 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
     batch_sizes = [min(global_batch, size - i * global_batch) for i in range(len(ref_losses))]
 
     def verify(result: Any) -> str | None:
-        got, losses = result
+        got, losses, contexts = result
         if len(losses) != len(ref_losses) or any(v is None for v in losses):
             return "distributed_train_step must return the loss of the step (a scalar)"
+        if replicas > 1 and not any(contexts):
+            return ("the model was never called inside a replica: run the forward pass, "
+                    "the loss and the update in a replica function with strategy.run")
         for step, (have, want) in enumerate(zip(losses, ref_losses, strict=True), start=1):
             if not np.isclose(have, want, rtol=1e-4, atol=1e-5):
                 last = " (the short last batch)" if step == len(ref_losses) else ""
                 return (f"the loss of step {step}{last}, a batch of {batch_sizes[step - 1]} "
-                        f"examples, is {have:.6g}; one device gives the mean loss {want:.6g} "
-                        f"({have / want:.3g}×). Sum the replicas' losses with "
-                        "strategy.reduce(tf.distribute.ReduceOp.SUM, ...) and let "
-                        "compute_loss count the examples")
+                        f"examples, is {have:.6g}; one device gives the weighted mean loss "
+                        f"{want:.6g} ({have / want:.3g}×). Sum the replicas' losses with "
+                        "strategy.reduce(tf.distribute.ReduceOp.SUM, ...) and pass the "
+                        "weights to compute_loss")
         worst = largest_difference(got, expected)
         if worst > 1e-5:
             return (f"after {len(ref_losses)} steps (the last one short) the weights differ "
@@ -326,6 +195,15 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
             learner.set_weights(initial)
             optimizer = keras.optimizers.SGD(learning_rate)
             optimizer.build(learner.trainable_variables)
+        contexts: list[bool] = []  # per trace: was the model called in a replica?
+        call = learner.call
+
+        def recording_call(*args: Any, **kwargs: Any) -> Any:
+            contexts.append(tf.distribute.in_cross_replica_context() is False
+                            and tf.distribute.has_strategy())
+            return call(*args, **kwargs)
+
+        learner.call = recording_call
 
         @tf.function
         def step(batch: Any) -> Any:
@@ -339,15 +217,15 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
         except NotImplementedError as error:
             raise AssertionError("your step calls a function that is not written yet – "
                                  "write compute_loss first") from error
-        return learner.get_weights(), losses
+        return learner.get_weights(), losses, contexts
 
     case = Case(args=(strategy,), verify=verify,
-                label=f"({len(batch_sizes)} steps on {replicas} replicas, batches of "
-                      f"{batch_sizes} examples)")
+                label=f"({len(batch_sizes)} steps on {replicas} replicas, weighted batches "
+                      f"of {batch_sizes} examples)")
     return run_check("distributed_train_step", run_learner, [case],
-                     hint="in a replica function: forward pass under a GradientTape, "
-                          "compute_loss(labels, logits), gradients, "
-                          "optimizer.apply_gradients; then strategy.run(replica_fn, "
+                     hint="in a replica function of (features, labels, weights): forward pass "
+                          "under a GradientTape, compute_loss(labels, logits, weights), "
+                          "gradients, optimizer.apply_gradients; then strategy.run(replica_fn, "
                           "args=batch) and strategy.reduce(tf.distribute.ReduceOp.SUM, "
                           "per_replica_losses, axis=None) (lesson 02, section 4).")
 
@@ -364,8 +242,8 @@ def check_diagnose_loop(fn: Any) -> bool:
     from course_utils.data import teacher_classification
     from course_utils.models import mlp
 
-    strategy = _strategy()
-    if _raises_own_stub(fn, strategy, None, None, None, None, 8):
+    strategy = mirrored_strategy()
+    if raises_own_stub(fn, strategy, None, None, None, None, 8):
         not_attempted("diagnose_loop")
         return False
     replicas = strategy.num_replicas_in_sync
@@ -405,18 +283,65 @@ def check_diagnose_loop(fn: Any) -> bool:
 # --- Exercise 4 · distribute a dataset, one pipeline per worker ------------------------------
 
 
+class _WorkerProcesses(sharding.TwoWorkers):
+    """Two workers as two processes would build them: each seeds TensorFlow its own way.
+
+    A worker script seeds its process (or leaves it unseeded); processes seeded alike give the
+    same shuffle, but nothing makes the workers agree. So each call of ``dataset_fn`` runs after
+    ``tf.random.set_seed`` with a seed of its own, and each pipeline is read for two epochs.
+    """
+
+    def __init__(self, replicas_per_worker: int, seeds: tuple[int, int]) -> None:
+        super().__init__(replicas_per_worker)
+        self.seeds = seeds
+
+    def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
+        tf = _tf()
+        pipelines = []
+        for worker, seed in zip((0, 1), self.seeds, strict=True):
+            tf.random.set_seed(seed)
+            pipelines.append(dataset_fn(tf.distribute.InputContext(
+                2, worker, self.num_replicas_in_sync)))
+        return pipelines
+
+
+def _order_problem(epochs: list[list[list[int]]], worker: int) -> str | None:
+    """What is wrong with one worker's two epochs of batches as a shuffle, or None."""
+    import numpy as np
+
+    first, second = ([v for batch in epoch for v in batch] for epoch in epochs)
+    ranks = {value: rank for rank, value in enumerate(sorted(first))}
+    moved = float(np.mean([abs(position - ranks[v]) for position, v in enumerate(first)]))
+    if moved < len(first) / 5:  # a whole shuffle: about n/3, give or take n/35
+        return (f"worker {worker}'s {len(first)} examples moved {moved:.1f} places on average "
+                f"from their order; a shuffle of the whole shard moves them about "
+                f"{len(first) / 3:.0f}: shuffle the shard with a buffer as large as the shard")
+    whole = sum(sorted(ranks[v] for v in batch) == list(
+        range(min(ranks[v] for v in batch), min(ranks[v] for v in batch) + len(batch)))
+        for batch in epochs[0] if len(batch) > 1)
+    if whole > len(epochs[0]) / 2:
+        return (f"{whole} of worker {worker}'s {len(epochs[0])} batches are runs of "
+                "neighbouring examples: you shuffled whole batches (lesson 01); shuffle the "
+                "examples, then batch")
+    if first == second:
+        return (f"worker {worker} gave its examples in the same order in both epochs: "
+                "reshuffle every epoch")
+    return None
+
+
 @register
 def check_distribute_dataset(fn: Any) -> bool:
-    """Check ``distribute(strategy, examples, global_batch_size)``.
+    """Check ``distribute(strategy, examples, global_batch_size)``: sharded, shuffled, batched.
 
     Under ``cu.make_strategy("mirrored")`` an epoch whose last global batch is short must give
-    every example exactly once, ``global_batch_size / replicas`` per replica on every full step;
-    under a stand-in two-worker strategy each worker's pipeline must read its own shard, in
-    per-replica batches.
+    every example exactly once, ``global_batch_size / replicas`` per replica on every full step.
+    Under a stand-in of two workers whose processes seed TensorFlow differently, each worker's
+    pipeline must read its own examples (together: each once), in per-replica batches, shuffled
+    as a whole (examples, not batches) and in a new order each epoch.
     """
     tf = _tf()
-    strategy = _strategy()
-    if _raises_own_stub(fn, strategy, tf.data.Dataset.range(4), 4):
+    strategy = mirrored_strategy()
+    if raises_own_stub(fn, strategy, tf.data.Dataset.range(4), 4):
         not_attempted("distribute_dataset")
         return False
     replicas = strategy.num_replicas_in_sync
@@ -424,27 +349,52 @@ def check_distribute_dataset(fn: Any) -> bool:
     per_replica = rng.choice([3, 4, 5])
     global_batch = per_replica * replicas
     size = global_batch * rng.randint(2, 4) + rng.randint(1, global_batch - 1)
+    workers_size = rng.randint(150, 220)  # a shard long enough to tell a shuffle apart
+    seeds = (rng.randint(0, 2**20), rng.randint(2**20, 2**21))
 
     def run(kind: str, replicas_per_worker: int = 0) -> Any:
-        examples = tf.data.Dataset.range(size)
         if kind == "strategy":
+            examples = tf.data.Dataset.range(size)
             return sharding.steps_on(strategy, fn(strategy, examples, global_batch))
-        workers = sharding.TwoWorkers(replicas_per_worker)
-        pipelines = fn(workers, examples, per_replica * workers.num_replicas_in_sync)
-        return [sharding.batches(pipeline) for pipeline in pipelines]
+        workers = _WorkerProcesses(replicas_per_worker, seeds)
+        pipelines = fn(workers, tf.data.Dataset.range(workers_size),
+                       per_replica * workers.num_replicas_in_sync)
+        if not isinstance(pipelines, list):
+            return pipelines
+        return [[sharding.batches(pipeline) for _ in range(2)] for pipeline in pipelines]
 
     verify_strategy = sharding.epoch_verifier(size, global_batch, per_replica, replicas)
-    verify_workers = sharding.workers_verifier(size, per_replica)
+    verify_shards = sharding.workers_verifier(workers_size, per_replica)
+
+    def verify_workers(pipelines: Any) -> str | None:
+        if not isinstance(pipelines, list) or len(pipelines) != 2:
+            return verify_shards(pipelines)
+        for epoch in (0, 1):
+            shards = [{v for batch in epochs[epoch] for v in batch} for epochs in pipelines]
+            if shards[0] & shards[1] and shards[0] != shards[1]:
+                return (f"epoch {epoch + 1}: the workers' shards share "
+                        f"{len(shards[0] & shards[1])} examples: each worker shuffled in its "
+                        "own order before taking its shard – shard first, then shuffle")
+            problem = verify_shards([epochs[epoch] for epochs in pipelines])
+            if problem:
+                return f"epoch {epoch + 1}: {problem}"
+        for worker, epochs in enumerate(pipelines):
+            problem = _order_problem(epochs, worker)
+            if problem:
+                return problem
+        return None
 
     cases = [Case(args=("strategy",), verify=verify_strategy,
                   label=f"({size} examples, global batch {global_batch}, {replicas} "
                         "replicas: the last batch short)"),
              Case(args=("workers", 2), verify=verify_workers,
-                  label=f"(2 workers × 2 replicas, {size} examples, per-replica batch "
-                        f"{per_replica})")]
+                  label=f"(2 workers × 2 replicas, seeded {seeds[0]} and {seeds[1]}, "
+                        f"{workers_size} examples, per-replica batch {per_replica}, two "
+                        "epochs)")]
     return run_check("distribute_dataset", run, cases,
-                     hint="strategy.distribute_datasets_from_function(dataset_fn), where "
-                          "dataset_fn(input_context) takes examples.shard("
-                          "input_context.num_input_pipelines, input_context.input_pipeline_id)"
-                          " and batches it by input_context.get_per_replica_batch_size("
-                          "global_batch_size) (lesson 02, section 9: auto-sharding).")
+                     hint="the workers do not share a random seed, so a shuffle before the "
+                          "shard gives each worker another order and their shards overlap. "
+                          "Shard first (input_context.num_input_pipelines, "
+                          "input_pipeline_id), then shuffle the shard, then batch by "
+                          "input_context.get_per_replica_batch_size(global_batch_size) "
+                          "(lesson 02, section 9; lesson 01: shuffle before batch).")
