@@ -39,7 +39,11 @@ One job per module (the loop of lesson 02 is in ``replica_step.py``):
 from __future__ import annotations
 
 from course_utils.training.parameter_server import UnsupportedByKeras3Error
-from course_utils.training.precision import PRECISION_POLICIES, policy_scope
+from course_utils.training.precision import (
+    PRECISION_POLICIES,
+    policy_scope,
+    skip_everywhere_if_not_finite,
+)
 from course_utils.training.progress import in_notebook
 from course_utils.training.trainer import Trainer
 
@@ -49,4 +53,5 @@ __all__ = [
     "UnsupportedByKeras3Error",
     "in_notebook",
     "policy_scope",
+    "skip_everywhere_if_not_finite",
 ]
