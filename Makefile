@@ -72,11 +72,11 @@ unit-fast: $(STAMP)  ## pytest without the tests marked slow
 NBVAL = $(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile \
 	--nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
 
-# make test executes every solution and exercise notebook too, under the Gradescope autograder
-# and (blank, or all three ways for two lessons) nbgrader: tests/test_grading_nbgrader.py, which
-# also fails when a solved notebook raises anywhere. nbval-all runs them under nbval as well.
-nbval: $(STAMP)  ## execute every lesson (nbval, lax mode)
-	$(NBVAL) notebooks
+# make test executes every solution notebook too, blank, half and fully solved, under the
+# Gradescope autograder, and two lessons' under nbgrader as well (tests/test_grading_nbgrader.py,
+# which also fails when a solved notebook raises); nbval-all runs the solutions under nbval too.
+nbval: $(STAMP)  ## execute every lesson and every exercise notebook (nbval, lax mode)
+	$(NBVAL) notebooks exercises
 
 test-grading: $(STAMP)  ## the grading tests with nbgrader grading every lesson solved too (long)
 	COURSE_NBGRADER_LESSONS=all $(BIN)/python -m pytest -n $(JOBS) --dist loadfile \

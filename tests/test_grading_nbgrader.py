@@ -4,14 +4,15 @@ full, partial between, and the two agree point for point.
 nbgrader lives in its own environment (created once, cached under pytest's cache folder); it
 executes the notebooks with a kernel of the course's own Python (TensorFlow, ``course_utils``
 from this checkout). For every ``solutions/NN_name_solutions.ipynb`` (later lessons included
-automatically) it builds an nbgrader course and runs ``generate_assignment``; three students'
-copies are made (blank, the first exercise solved, all solved). ``nbgrader autograde`` grades
-every lesson's blank copy and all three copies of the lessons in ``NBGRADER_SOLVED``; the
-autograder that ``python -m course_utils gradescope build`` makes (its ``run_autograder`` runs
-our grader, as root with the sandbox user, as on Gradescope) grades all three of every lesson,
-and its ``results.json`` is checked against Gradescope's documented format. The executed copies
-stand in for nbval of the solutions and exercises (``make nbval-all`` runs that too). Our batch
-grader's own scenarios run on lesson 00 in ``test_grading_grader.py``.
+automatically) it builds an nbgrader course and runs ``generate_assignment`` (whose release
+must equal our exercise notebook); three students' copies are made (blank, the first exercise
+solved, all solved). The autograder that ``python -m course_utils gradescope build`` makes (its
+``run_autograder`` runs our grader, as root with the sandbox user, as on Gradescope) grades all
+three of every lesson, and its ``results.json`` is checked against Gradescope's documented
+format; ``nbgrader autograde`` grades all three of the lessons in ``NBGRADER_SOLVED`` (every
+lesson with ``make test-grading``), and the two must agree point for point. The executed copies
+stand in for nbval of the solutions (``make nbval-all`` runs that too). Our batch grader's own
+scenarios run on lesson 00 in ``test_grading_grader.py``.
 """
 
 from __future__ import annotations
@@ -40,16 +41,16 @@ from gradescope_run import autograder_root, by_notebook, run_autograder  # noqa:
 
 STUDENTS = ("blank", "partial", "good")
 GRADESCOPE_TIMEOUT = 300  # seconds per notebook in the whole course's autograder
-#: The lessons nbgrader also grades half and fully solved. nbgrader grades every lesson blank
-#: (its checks must raise when nothing was tried) and the Gradescope autograder every lesson all
-#: three ways; ``COURSE_NBGRADER_LESSONS=all`` (``make test-grading``) or a list ("01 04")
-#: widens it.
+#: The lessons nbgrader grades blank, half and fully solved; the Gradescope autograder grades
+#: every lesson all three ways, and nbgrader's release of every lesson is compared with our
+#: exercise notebook. ``COURSE_NBGRADER_LESSONS=all`` (``make test-grading``) or a list
+#: ("01 04") widens it.
 NBGRADER_SOLVED = os.environ.get("COURSE_NBGRADER_LESSONS", "00 05").split()
 
 
 def _nbgrader_students(assignment: str) -> tuple[str, ...]:
-    """The students whose copy of ``assignment`` nbgrader grades."""
-    return STUDENTS if {"all", assignment[:2]} & set(NBGRADER_SOLVED) else ("blank",)
+    """The students whose copy of ``assignment`` nbgrader grades (none: nbgrader skips it)."""
+    return STUDENTS if {"all", assignment[:2]} & set(NBGRADER_SOLVED) else ()
 NBGRADER = "nbgrader==0.9.*"
 CELL_TIMEOUT = 600  # nbgrader's default is 30 s a cell; the README tells instructors the same
 NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name",
@@ -165,13 +166,15 @@ def graded(tmp_path_factory, request):
     setup_s = time.monotonic() - started
     nbgrader_start = time.monotonic()
     for assignment in notebooks:
-        nbgrader("autograde", assignment, "--force")
+        if _nbgrader_students(assignment):
+            nbgrader("autograde", assignment, "--force")
     nbgrader_s = time.monotonic() - nbgrader_start
     scores = subprocess.run([str(env_dir / "bin" / "python"), "-c", SCORES,
                              f"sqlite:///{course / 'gradebook.db'}"], check=True, env=env,
                             capture_output=True, text=True)
     ours_start = time.monotonic()
     ours: dict[str, dict[str, float]] = {}
+    tops: dict[str, float] = {}
     gradescope_output = {}
     with contextmanager(autograder_root)([], GRADESCOPE_TIMEOUT) as autograder:
         for student in STUDENTS:
@@ -179,11 +182,12 @@ def graded(tmp_path_factory, request):
                      for name, _ in notebooks.values()}
             results = run_autograder(autograder, files)
             gradescope_output[student] = results["output"]
-            for assignment, (got, _) in by_notebook(results).items():
+            for assignment, (got, top) in by_notebook(results).items():
                 ours.setdefault(assignment, {})[student] = got
+                tops[assignment] = top
     ours_s = time.monotonic() - ours_start
     result = {"notebooks": notebooks, "nbgrader": json.loads(scores.stdout), "ours": ours,
-              "gradescope_output": gradescope_output, "course": course,
+              "gradescope_output": gradescope_output, "course": course, "tops": tops,
               "seconds": {"setup": setup_s, "nbgrader": nbgrader_s, "ours": ours_s}}
     _report(result, request.config.cache)
     return result
@@ -193,10 +197,10 @@ def _report(result: dict, cache: pytest.Cache) -> None:
     """Print the table of scores and times (and keep it in pytest's cache for the record)."""
     lines = ["notebook                     blank  partial  good  / max   (nbgrader | gradescope)"]
     for assignment in result["notebooks"]:
-        nb, ours = result["nbgrader"][assignment], result["ours"].get(assignment, {})
+        nb, ours = result["nbgrader"].get(assignment, {}), result["ours"].get(assignment, {})
         cells = "  ".join(f"{nb[s]['score']:g}|{ours.get(s, float('nan')):g}" if s in nb
                           else f"-|{ours.get(s, float('nan')):g}" for s in STUDENTS)
-        lines.append(f"{assignment:30s}  {cells}  / {nb['blank']['max']:g}")
+        lines.append(f"{assignment:30s}  {cells}  / {result['tops'].get(assignment, 0):g}")
     seconds = result["seconds"]
     lines.append(f"time: set-up {seconds['setup']:.0f} s, nbgrader autograde "
                  f"{seconds['nbgrader']:.0f} s, Gradescope autograder {seconds['ours']:.0f} s")
@@ -206,7 +210,8 @@ def _report(result: dict, cache: pytest.Cache) -> None:
 
 def test_every_exercise_notebook_is_graded(graded):
     keys = {p.name.removesuffix("_solutions.ipynb") for p in solution_notebooks(REPO / "solutions")}
-    assert set(graded["nbgrader"]) == keys == set(graded["notebooks"]) == set(graded["ours"])
+    assert keys == set(graded["notebooks"]) == set(graded["ours"])
+    assert set(graded["nbgrader"]) == {key for key in keys if _nbgrader_students(key)}
     assert {"00_setup", "01_input_pipelines", "02_mirrored_strategy"} <= keys
 
 
@@ -218,20 +223,18 @@ def test_nbgrader_release_code_equals_our_exercises(graded):
 
 
 def test_nbgrader_scores_blank_zero_good_full_partial_between(graded):
+    assert graded["nbgrader"], "nbgrader graded no lesson"
     for assignment, students in graded["nbgrader"].items():
-        assert set(students) == set(_nbgrader_students(assignment)), assignment
-        blank = students["blank"]
-        assert blank["score"] == 0 < blank["max"], (assignment, blank["cells"])
-        if "good" in students:
-            good, partial = students["good"], students["partial"]
-            assert good["score"] == good["max"] > 0, (assignment, good["cells"])
-            assert 0 < partial["score"] < partial["max"], (assignment, partial["cells"])
-    assert any(len(students) == len(STUDENTS) for students in graded["nbgrader"].values())
+        assert set(students) == set(STUDENTS), assignment
+        blank, partial, good = (students[s] for s in STUDENTS)
+        assert blank["score"] == 0 < blank["max"] == graded["tops"][assignment], (
+            assignment, blank["cells"])
+        assert good["score"] == good["max"] > 0, (assignment, good["cells"])
+        assert 0 < partial["score"] < partial["max"], (assignment, partial["cells"])
 
 
 def test_the_gradescope_autograder_scores_blank_zero_partial_between_good_full(graded):
-    tops = {assignment: students["blank"]["max"]
-            for assignment, students in graded["nbgrader"].items()}
+    tops = graded["tops"]
     for assignment, students in graded["ours"].items():
         top = tops[assignment]
         expected = {"blank": students["blank"] == 0, "good": students["good"] == top,
@@ -242,10 +245,11 @@ def test_the_gradescope_autograder_scores_blank_zero_partial_between_good_full(g
 
 
 def test_the_executed_notebooks_raise_only_in_check_cells_and_never_when_solved(graded):
-    """What ``nbval`` of the solutions and exercises would catch, read off nbgrader's executed
-    copies (every lesson blank, the lessons of ``NBGRADER_SOLVED`` solved): a solved notebook
-    raises nowhere, a blank one only in its check cells and the cells tagged
-    ``raises-exception`` (those that call an unanswered function)."""
+    """What ``nbval`` of the solutions would catch, read off nbgrader's executed copies of the
+    lessons of ``NBGRADER_SOLVED``: a solved notebook raises nowhere, a blank one only in its
+    check cells and the cells tagged ``raises-exception`` (those that call an unanswered
+    function). ``make nbval`` runs every blank exercise notebook; ``make nbval-all`` every
+    solution too."""
     course = graded["course"]
     for assignment, (name, _) in graded["notebooks"].items():
         for student in sorted({"blank", "good"} & set(_nbgrader_students(assignment))):
