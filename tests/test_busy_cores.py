@@ -44,9 +44,17 @@ def _wait_for_child(pid: int, name: str) -> None:
         time.sleep(0.05)
 
 
+#: Runs the wrapper with Ctrl-C's default action, as a terminal gives it: a process that starts
+#: with SIGINT ignored (this test's worker can have it so) hands that on, and a non-interactive
+#: shell can then neither trap nor reset it (POSIX, "trap").
+AS_FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 def _start(*command: str) -> tuple[subprocess.Popen, list[int]]:
     """Start the wrapper around ``command`` in a session of its own; return it and its spinners."""
-    process = subprocess.Popen([str(WRAPPER), sys.executable, *command], stderr=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, str(WRAPPER),
+                                sys.executable, *command], stderr=subprocess.PIPE,
                                text=True, start_new_session=True,
                                env={**os.environ, "BUSY_SECONDS": "60"})
     line = process.stderr.readline()

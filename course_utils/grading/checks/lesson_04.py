@@ -22,6 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from course_utils.grading.checks.coordinator_watch import (
+    WatchedCoordinator,
+    WatchedRemoteValue,
+    taken_in_order,
+)
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -102,9 +107,9 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
     # each worker's dataset: its own random numbers, so results carry no order of their own
     table = tf.constant([[rng.randint(1, 10**9) for _ in range(64)] for _ in range(workers)],
                         tf.int64)
+    rows = table.numpy().tolist()
     with strategy.scope():
         applied = tf.Variable(0, dtype=tf.int64, name="check_applied_steps")
-        record = tf.Variable(tf.zeros([64], tf.int64), name="check_step_results")
 
     def dataset_fn() -> Any:
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -113,8 +118,7 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
     @tf.function
     def step_fn(iterator: Any) -> Any:
         result = next(iterator)  # what only a step run on a worker can compute
-        slot = applied.assign_add(1) - 1
-        record.scatter_nd_update(tf.reshape(slot, [1, 1]), tf.reshape(result, [1]))
+        applied.assign_add(1)
         return result
 
     def case(num_steps: int, max_in_flight: int) -> Case:
@@ -122,9 +126,7 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
 
         def verify(got: Any) -> str | None:
             done = int(applied.numpy())  # read at once: a loop without join is still running
-            recorded = sorted(int(v) for v in record.numpy()[:min(done, 64)])
             applied.assign(0)
-            record.assign(tf.zeros([64], tf.int64))
             if len(watched.scheduled) != num_steps:
                 return (f"{len(watched.scheduled)} steps were scheduled on the coordinator "
                         f"passed to run_steps, {num_steps} asked for: schedule every step "
@@ -144,9 +146,9 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
                 values = [int(value) for value in got]
             except (TypeError, ValueError):
                 return f"return numbers (what each step returned), got {got!r:.80}"
-            if sorted(values) != recorded:
-                return (f"the steps computed {recorded[:4]}..., you returned {values[:4]}...: "
-                        "return what step_fn returned on the workers, fetched")
+            if not taken_in_order(values, rows):  # worker w's steps: the start of rows[w]
+                return (f"you returned {values[:4]}..., not the numbers the steps read on the "
+                        "workers: return what step_fn returned on the workers, fetched")
             in_order = [int(remote.fetch()) for remote in watched.scheduled]
             if values != in_order:
                 return ("the right values in the wrong order: return each step's result in "
@@ -164,78 +166,6 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
                           "(coordinator.create_per_worker_dataset); schedule at most "
                           "max_in_flight steps before waiting for the earlier ones; fetch "
                           "each RemoteValue and keep the order scheduled.")
-
-
-class WatchedRemoteValue:
-    """A ``RemoteValue`` that tells its :class:`WatchedCoordinator` when it was fetched."""
-
-    def __init__(self, remote: Any) -> None:
-        self.remote = remote
-        self.finished = False
-
-    def fetch(self) -> Any:
-        """The step's result (waits for it)."""
-        value = self.remote.fetch()
-        self.finished = True
-        return value
-
-    def get(self) -> Any:
-        """The step's result as tensors (waits for it)."""
-        value = self.remote.get()
-        self.finished = True
-        return value
-
-
-class WatchedCoordinator:
-    """A ``ClusterCoordinator`` that counts the steps scheduled and not yet known finished.
-
-    A step is known finished once ``join`` returned after it was scheduled, or once its
-    ``RemoteValue`` was fetched. ``max_in_flight`` is the most steps scheduled and not known
-    finished at any ``schedule`` call.
-    """
-
-    def __init__(self, coordinator: Any) -> None:
-        self.coordinator = coordinator
-        self.strategy = coordinator.strategy
-        self.scheduled: list[WatchedRemoteValue] = []
-        self.max_in_flight = 0
-
-    def create_per_worker_dataset(self, dataset_fn: Any) -> Any:
-        """As ``ClusterCoordinator.create_per_worker_dataset``."""
-        return self.coordinator.create_per_worker_dataset(dataset_fn)
-
-    def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> WatchedRemoteValue:
-        """As ``ClusterCoordinator.schedule``, counting the steps in flight."""
-        in_flight = 1 + sum(not remote.finished for remote in self.scheduled)
-        self.max_in_flight = max(self.max_in_flight, in_flight)
-        watched = WatchedRemoteValue(self.coordinator.schedule(fn, args=args, kwargs=kwargs))
-        self.scheduled.append(watched)
-        return watched
-
-    def join(self) -> None:
-        """As ``ClusterCoordinator.join``: every step scheduled so far has finished."""
-        self.coordinator.join()
-        for remote in self.scheduled:
-            remote.finished = True
-
-    def done(self) -> bool:
-        """As ``ClusterCoordinator.done``."""
-        finished = self.coordinator.done()
-        if finished:
-            for remote in self.scheduled:
-                remote.finished = True
-        return finished
-
-    def fetch(self, values: Any) -> Any:
-        """As ``ClusterCoordinator.fetch`` (of watched values too)."""
-        tf = _tf()
-
-        def one(value: Any) -> Any:
-            if isinstance(value, WatchedRemoteValue):
-                return value.fetch()
-            return self.coordinator.fetch(value)
-
-        return tf.nest.map_structure(one, values)
 
 
 def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any) -> Any:

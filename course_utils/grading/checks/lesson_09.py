@@ -345,11 +345,12 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
         # pipeline is built reads once too
         state = augment.generator.state.numpy().copy()
         problem = _elements_problem(dataset, features, batch_size)
-        if problem:
-            return problem
-        if np.array_equal(state, augment.generator.state.numpy()):
+        untouched = np.array_equal(state, augment.generator.state.numpy())
+        if untouched and (problem is None or problem.startswith("both epochs")):
             return ("augment never ran, yet the features carry noise: apply the augment you "
                     "are given (the job's own augmentation), not noise of your own")
+        if problem:
+            return problem
         reads = len(calls)
         if reads != len(features):
             return (f"read ran {reads} times for {len(features)} examples (building the "
