@@ -18,7 +18,7 @@ __all__ = ["import_tensorflow", "native_stderr_silenced", "quiet_tensorflow"]
 
 # Log filters that must be set before TensorFlow is imported to silence its start-up. Filters
 # only: nothing here changes what TensorFlow computes (course_utils/settings.py lists every
-# setting of the course, with its reason). oneDNN, TensorFlow's default CPU math, stays on; its
+# setting of the course, with its reason). oneDNN keeps TensorFlow's default for the CPU; its
 # start-up notice goes to the native stderr, which ``import_tensorflow`` silences.
 _QUIET_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "3",  # C++ INFO/WARNING/ERROR logs
