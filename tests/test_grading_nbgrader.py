@@ -175,19 +175,22 @@ def graded(tmp_path_factory, request):
     ours_start = time.monotonic()
     ours: dict[str, dict[str, float]] = {}
     tops: dict[str, float] = {}
-    gradescope_output = {}
+    gradescope_output: dict[str, str] = {}
+    gradescope_tests: dict[str, list[dict]] = {}
     with contextmanager(autograder_root)([], GRADESCOPE_TIMEOUT) as autograder:
         for student in STUDENTS:
             files = {name: (root / "copies" / student / name).read_text()
                      for name, _ in notebooks.values()}
             results = run_autograder(autograder, files)
             gradescope_output[student] = results["output"]
+            gradescope_tests[student] = results["tests"]
             for assignment, (got, top) in by_notebook(results).items():
                 ours.setdefault(assignment, {})[student] = got
                 tops[assignment] = top
     ours_s = time.monotonic() - ours_start
     result = {"notebooks": notebooks, "nbgrader": json.loads(scores.stdout), "ours": ours,
-              "gradescope_output": gradescope_output, "course": course, "tops": tops,
+              "gradescope_output": gradescope_output,
+              "gradescope_tests": gradescope_tests, "course": course, "tops": tops,
               "seconds": {"setup": setup_s, "nbgrader": nbgrader_s, "ours": ours_s}}
     _report(result, request.config.cache)
     return result
@@ -241,7 +244,18 @@ def test_the_gradescope_autograder_scores_blank_zero_partial_between_good_full(g
                     "partial": 0 < students["partial"] < top}
         for student, right in expected.items():
             assert right, (f"{assignment}: {students[student]:g} of {top:g} for a {student} "
-                           f"submission\n{graded['gradescope_output'][student][-3000:]}")
+                           f"submission\n{_short_of_full(graded, student, assignment)}"
+                           f"{graded['gradescope_output'][student][-2000:]}")
+
+
+def _short_of_full(graded: dict, student: str, assignment: str) -> str:
+    """What each of ``assignment``'s Gradescope tests said where it got less than full marks
+    (a solved notebook that loses a point names the check and its message)."""
+    return "".join(f"{test['name']}: {test['score']:g} of {test['max_score']:g}\n"
+                   f"{test.get('output', '')[-1500:]}\n"
+                   for test in graded["gradescope_tests"][student]
+                   if test["name"].split(" · ")[0] == assignment
+                   and test["score"] < test["max_score"])
 
 
 def test_the_executed_notebooks_raise_only_in_check_cells_and_never_when_solved(graded):
