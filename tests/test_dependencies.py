@@ -38,8 +38,46 @@ def _registry_reachable(pip: list[str]) -> bool:
     return result.returncode == 0 and colab_pins()["keras"] in result.stdout
 
 
+#: The two questions for pip's resolver (``pip install --dry-run --report``): the course beside
+#: Colab's exact versions; the course with all extras under the lock.
+DRY_RUNS = {
+    "colab": [str(REPO), "-r", str(COLAB_STACK)],
+    "lock": ["-c", str(REPO / "requirements" / "lock.txt"), f"{REPO}[lab,grading,dev,book]"],
+}
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory) -> dict[str, tuple[subprocess.Popen, pathlib.Path]]:
+    """Both resolver runs, started at once (each mostly waits on the registry: together they
+    take the time of one)."""
+    pip = [sys.executable, "-m", "pip"]
+    if not _registry_reachable(pip):
+        pytest.skip("the package registry is unreachable: pip's resolver cannot run")
+    folder = tmp_path_factory.mktemp("dry-runs")
+    started = {}
+    for name, args in DRY_RUNS.items():
+        report = folder / f"{name}.json"
+        started[name] = (subprocess.Popen(
+            [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report",
+             str(report), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+            report)
+    yield started
+    for process, _ in started.values():
+        process.kill()
+        process.communicate()
+
+
+def _resolved(dry_runs: dict, name: str) -> dict[str, str]:
+    """What pip would install for the dry run ``name``: package -> version."""
+    process, report = dry_runs[name]
+    _, stderr = process.communicate(timeout=900)
+    assert process.returncode == 0, stderr[-3000:]
+    return {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
+            for item in json.loads(report.read_text())["install"]}
+
+
 @pytest.mark.slow
-def test_pip_installs_the_course_beside_colabs_stack_without_changing_it(tmp_path):
+def test_pip_installs_the_course_beside_colabs_stack_without_changing_it(dry_runs):
     """pip's resolver, asked for the course together with Colab's exact versions, keeps them all.
 
     Colab's packages are given as exact requirements beside the course (``--ignore-installed``:
@@ -50,17 +88,7 @@ def test_pip_installs_the_course_beside_colabs_stack_without_changing_it(tmp_pat
     test-colab-stack`` shows: it installs the course unconstrained into an environment that holds
     Colab's stack and checks that nothing moved (test_this_environment_is_colabs_stack).
     """
-    pip = [sys.executable, "-m", "pip"]
-    if not _registry_reachable(pip):
-        pytest.skip("the package registry is unreachable: pip's resolver cannot run")
-    report = tmp_path / "report.json"
-    result = subprocess.run(
-        [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-         str(REPO), "-r", str(COLAB_STACK)],
-        capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    installs = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
-                for item in json.loads(report.read_text())["install"]}
+    installs = _resolved(dry_runs, "colab")
     assert installs.pop("scaling-tensorflow-course") == "0.1.0"
     colab = colab_pins()
     assert {name: installs.get(name) for name in colab} == colab
@@ -70,19 +98,9 @@ def test_pip_installs_the_course_beside_colabs_stack_without_changing_it(tmp_pat
 
 
 @pytest.mark.slow
-def test_the_lock_pins_every_package_the_course_environment_needs(tmp_path):
+def test_the_lock_pins_every_package_the_course_environment_needs(dry_runs):
     """Resolving the course with all extras under the lock installs exactly the lock's pins."""
-    pip = [sys.executable, "-m", "pip"]
-    if not _registry_reachable(pip):
-        pytest.skip("the package registry is unreachable: pip's resolver cannot run")
-    report = tmp_path / "report.json"
-    result = subprocess.run(
-        [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-         "-c", str(REPO / "requirements" / "lock.txt"), f"{REPO}[lab,grading,dev,book]"],
-        capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    installs = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
-                for item in json.loads(report.read_text())["install"]}
+    installs = _resolved(dry_runs, "lock")
     installs.pop("scaling-tensorflow-course")
     lock = {}
     for line in (REPO / "requirements" / "lock.txt").read_text().splitlines():

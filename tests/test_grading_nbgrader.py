@@ -56,20 +56,37 @@ CELL_TIMEOUT = 600  # nbgrader's default is 30 s a cell; the README tells instru
 NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name",
                   "Network is unreachable", "No matching distribution found",
                   "Could not find a version")
-SCORES = """
+#: nbgrader's own API (``NbGraderAPI``, what its command line runs), one process for each
+#: step: ``generate`` releases every assignment; ``autograde`` grades every submission and
+#: prints the gradebook's scores. A process per call cost about 8 s of imports each.
+NBGRADER_STEP = """
 import json, sys
+from traitlets.config import Config
 from nbgrader.api import Gradebook
+from nbgrader.apps import NbGraderAPI
+step, root, students = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+config = Config()
+config.CourseDirectory.root = root
+config.Execute.timeout = int(sys.argv[4])
+api = NbGraderAPI(config=config)
+for assignment, names in students.items():
+    for student in names or [None]:
+        result = (api.generate_assignment(assignment, force=True) if step == "generate"
+                  else api.autograde(assignment, student, force=True))
+        if not result["success"]:
+            sys.exit(f"nbgrader {step} {assignment} {student or ''}: {result['error']}"
+                     f"\\n{result['log']}")
 scores = {}
-with Gradebook(sys.argv[1]) as gb:
-    for assignment in gb.assignments:
-        for sub in gb.assignment_submissions(assignment.name):
-            for nb in sub.notebooks:
-                scores.setdefault(assignment.name, {})[sub.student.id] = {
-                    "score": nb.score, "max": nb.max_score,
-                    "cells": {g.name: g.score for g in nb.grades}}
+if step == "autograde":
+    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
+        for assignment in gb.assignments:
+            for sub in gb.assignment_submissions(assignment.name):
+                for nb in sub.notebooks:
+                    scores.setdefault(assignment.name, {})[sub.student.id] = {
+                        "score": nb.score, "max": nb.max_score,
+                        "cells": {g.name: g.score for g in nb.grades}}
 print(json.dumps(scores))
 """
-
 
 def _nbgrader_env(cache_dir: Path) -> Path:
     """A virtual environment with nbgrader 0.9 (reused when the cached one works)."""
@@ -135,22 +152,24 @@ def graded(tmp_path_factory, request):
     env.update(JUPYTER_PATH=str(jupyter), JUPYTER_CONFIG_DIR=str(root / "config"),
                JUPYTER_DATA_DIR=str(root / "data"), PATH=f"{env_dir / 'bin'}:{env['PATH']}")
     course.mkdir()
-    (course / "nbgrader_config.py").write_text(
-        f"c = get_config()\nc.CourseDirectory.root = {str(course)!r}\n"
-        f"c.Execute.timeout = {CELL_TIMEOUT}\n")
 
-    def nbgrader(*args: str) -> None:
-        run = subprocess.run([str(env_dir / "bin" / "nbgrader"), *args], cwd=course, env=env,
-                             capture_output=True, text=True)
-        assert run.returncode == 0, f"nbgrader {' '.join(args)}:\n{run.stdout}\n{run.stderr}"
+    def nbgrader(step: str, students: dict[str, list[str]]) -> dict:
+        run = subprocess.run([str(env_dir / "bin" / "python"), "-c", NBGRADER_STEP, step,
+                              str(course), json.dumps(students), str(CELL_TIMEOUT)],
+                             cwd=course, env=env, capture_output=True, text=True)
+        assert run.returncode == 0, f"nbgrader {step}:\n{run.stdout}\n{run.stderr}"
+        return json.loads(run.stdout.strip().splitlines()[-1])
 
-    notebooks = {}
+    names = {}
     for path in solution_notebooks(REPO / "solutions"):
         name = exercise_path_for(path, Path()).name  # 00_setup_exercises.ipynb
         assignment = name.removesuffix("_exercises.ipynb")
         (course / "source" / assignment).mkdir(parents=True)
         shutil.copy(path, course / "source" / assignment / name)
-        nbgrader("generate_assignment", assignment, "--force")
+        names[assignment] = (name, path)
+    nbgrader("generate", {assignment: [] for assignment in names})
+    notebooks = {}
+    for assignment, (name, path) in names.items():
         release = nbformat.read(course / "release" / assignment / name, as_version=4)
         solution = nbformat.read(path, as_version=4)
         everything = {grade_id(c) for c in solution.cells if is_solution_cell(c)}
@@ -165,13 +184,9 @@ def graded(tmp_path_factory, request):
         notebooks[assignment] = (name, release)
     setup_s = time.monotonic() - started
     nbgrader_start = time.monotonic()
-    for assignment in notebooks:
-        if _nbgrader_students(assignment):
-            nbgrader("autograde", assignment, "--force")
+    nbgrader_scores = nbgrader("autograde", {a: list(_nbgrader_students(a)) for a in notebooks
+                                             if _nbgrader_students(a)})
     nbgrader_s = time.monotonic() - nbgrader_start
-    scores = subprocess.run([str(env_dir / "bin" / "python"), "-c", SCORES,
-                             f"sqlite:///{course / 'gradebook.db'}"], check=True, env=env,
-                            capture_output=True, text=True)
     ours_start = time.monotonic()
     ours: dict[str, dict[str, float]] = {}
     tops: dict[str, float] = {}
@@ -188,7 +203,7 @@ def graded(tmp_path_factory, request):
                 ours.setdefault(assignment, {})[student] = got
                 tops[assignment] = top
     ours_s = time.monotonic() - ours_start
-    result = {"notebooks": notebooks, "nbgrader": json.loads(scores.stdout), "ours": ours,
+    result = {"notebooks": notebooks, "nbgrader": nbgrader_scores, "ours": ours,
               "gradescope_output": gradescope_output,
               "gradescope_tests": gradescope_tests, "course": course, "tops": tops,
               "seconds": {"setup": setup_s, "nbgrader": nbgrader_s, "ours": ours_s}}
