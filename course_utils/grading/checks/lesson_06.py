@@ -27,11 +27,12 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.refusals import refusing
+from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -46,6 +47,12 @@ def _devices() -> list[str]:
         raise AssertionError("this check needs at least 3 logical devices: run the set-up cell "
                              "(cu.setup(logical_devices=4, ...)) first, in a fresh kernel")
     return devices
+
+
+def _the_checks_own() -> list[Any]:
+    """Every function of this module (its expected answers among them) but the initializer
+    it hands the learner: refused while the learner's function runs."""
+    return own_functions(sys.modules[__name__], but=["_kernel_initializer"])
 
 
 def _short(name: str) -> str:
@@ -112,7 +119,8 @@ def check_one_f_one_b_orders(fn: Any) -> bool:
     from course_utils.parallel import schedules
 
     helpers = [schedules.one_f_one_b_orders, schedules.one_f_one_b_schedule,
-               schedules.interleaved_orders, schedules.interleaved_schedule]
+               schedules.interleaved_orders, schedules.interleaved_schedule,
+               *_the_checks_own()]
     why = "build the orders yourself (the lesson's helpers already hold the answer)"
     return run_check(
         "one_f_one_b_orders", refusing(fn, helpers, why), cases,
@@ -129,7 +137,8 @@ def _split_problem(rng: Any, num_parts: int) -> dict[str, Any]:
     import keras
 
     data = np.random.default_rng(rng.randint(0, 2**31 - 1))
-    n, width, classes = rng.randint(3, 6), rng.randint(3, 7), rng.randint(2, 4)
+    width, classes = rng.randint(3, 7), rng.randint(2, 4)
+    sizes = rng.sample(range(2, 8), rng.randint(2, 3))  # unequal: not one big batch
     widths = [width] + [rng.randint(4, 10) for _ in range(num_parts - 1)] + [classes]
     parts = [keras.Sequential([keras.Input((widths[i],)),
                                keras.layers.Dense(widths[i + 1],
@@ -137,7 +146,7 @@ def _split_problem(rng: Any, num_parts: int) -> dict[str, Any]:
              for i in range(num_parts)]
     micro_batches = [(data.normal(size=(n, width)).astype("float32"),
                       data.integers(0, classes, size=(n,)).astype("int32"))
-                     for _ in range(rng.randint(2, 4))]
+                     for n in sizes]
     return {"parts": parts, "micro_batches": micro_batches}
 
 
@@ -149,13 +158,18 @@ def _through_identities(tensor: Any) -> Any:
     return op
 
 
-_ACCUMULATING = {"AddV2", "AddN", "Add", "Mul", "RealDiv", "Identity", "Cast"}  # sums, copies
+# sums, means, scalings, copies
+_ACCUMULATING = {"AddV2", "AddN", "Add", "Mul", "RealDiv", "Identity", "Cast", "Pack", "Mean",
+                 "Sum", "Reshape"}
+_TAPE_SUMS = {"AddV2", "AddN", "Identity"}  # a tape's own sum of a weight's uses
 
 
-def _accumulation_misplaced(output: Any, device: str, index: int) -> str | None:
+def _accumulation_misplaced(output: Any, device: str, index: int,
+                            micro_batches: int) -> str | None:
     """None when the gradient ``output`` of part ``index``, and every add and every
-    ``tape.gradient`` op it was summed from, asked for ``device``."""
-    stack, seen, from_tape = [output.op], set(), False
+    ``tape.gradient`` op it was summed from, asked for ``device``, and it was summed from one
+    backward op per micro-batch (at least)."""
+    stack, seen, from_tape = [output.op], set(), 0
     while stack:
         op = stack.pop()
         if op.name in seen or op.type == "Const":
@@ -172,12 +186,16 @@ def _accumulation_misplaced(output: Any, device: str, index: int) -> str | None:
             return (f"a gradient of part {index}'s weights was {what} on "
                     f"{_short(op.device) or 'no device (the default one)'}, expected "
                     f"{_short(device)}, where its weights live")
-        if is_tape:
-            from_tape = True
+        if is_tape and op.type not in _TAPE_SUMS:
+            from_tape += 1  # one backward op that makes (a share of) the gradient
         else:
             stack.extend(t.op for t in op.inputs)
     if not from_tape:
         return f"a gradient of part {index} was not made by tape.gradient"
+    if from_tape < micro_batches:
+        return (f"a gradient of part {index}'s weights was made by {from_tape} backward "
+                f"op(s) for {micro_batches} micro-batches: run each micro-batch forward and "
+                "backward on its own (not one batch made of them all) and add the gradients")
     return None
 
 
@@ -217,7 +235,7 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
     if len(outputs) != len(expected_part):
         return "return (loss, grads): one gradient per trainable variable, parts in order"
     for output, index in zip(outputs, expected_part, strict=True):
-        reason = _accumulation_misplaced(output, devices[index], index)
+        reason = _accumulation_misplaced(output, devices[index], index, len(micro_batches))
         if reason:
             return reason
     for op in graph.get_operations():
@@ -278,7 +296,8 @@ def check_split_gradients(fn: Any) -> bool:
     from course_utils.parallel import placement
 
     chosen = [[devices[2], devices[1]], [devices[-1], devices[1], devices[2]]]  # never CPU:0 first
-    guarded = refusing(fn, [placement.split_step], "write the backward pass yourself")
+    guarded = refusing(fn, [placement.split_step, *_the_checks_own()],
+                       "write the backward pass yourself")
     return run_check(
         "split_gradients", guarded, [case(c) for c in chosen],
         hint="for each micro-batch: one tape per part; walk the parts backwards, each part's "
@@ -325,7 +344,9 @@ def _whole_copy_watch(whole: list[str]) -> Any:
             whole.append("dtensor.copy_to_mesh of a whole matrix, sliced on the mesh")
         elif code is api.relayout.__code__:
             tensor = local.get("tensor")
-            if not on_mesh(tensor) and rank(tensor) >= 2:
+            if rank(tensor) >= 2 and replicated_matrix(local.get("layout")):
+                whole.append("dtensor.relayout of a matrix to a replicated layout")
+            elif not on_mesh(tensor) and rank(tensor) >= 2:
                 whole.append("dtensor.relayout of a whole host matrix")
             elif on_mesh(tensor) and replicated_matrix(api.fetch_layout(tensor)):
                 whole.append("dtensor.relayout of a matrix laid out whole on every device")
@@ -372,7 +393,7 @@ def check_shard_dense_rows(fn: Any) -> bool:
     rng = fresh_rng()
     devices = _devices()
     helpers = [course_mesh.shard, course_mesh.sharded_dense, course_mesh.dense_layouts,
-               course_mesh.make_mesh]
+               course_mesh.make_mesh, *_the_checks_own()]
     whole: list[str] = []
     guarded = refusing(fn, helpers, "use DTensor's own API (dtensor.call_with_layout, "
                        "dtensor.pack, dtensor.Layout)", _whole_copy_watch(whole))
