@@ -21,7 +21,7 @@
   with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
   features in the mesh's device order, no matrix whole on every device or gathered to the
   host on the way (``dtensor.pack``, ``call_with_layout``, ``copy_to_mesh``, ``relayout`` and
-  ``unpack`` watched by code identity, see ``_whole_copy_watch``), the layouts, the gathered
+  ``unpack`` watched by code identity, see ``dtensor_watch``), the layouts, the gathered
   values and ``y`` against the unsharded layer; the course's sharding helpers refused.
 """
 
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.dtensor_watch import kernel_initializer, whole_copy_watch
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
@@ -50,9 +51,9 @@ def _devices() -> list[str]:
 
 
 def _the_checks_own() -> list[Any]:
-    """Every function of this module (its expected answers among them) but the initializer
-    it hands the learner: refused while the learner's function runs."""
-    return own_functions(sys.modules[__name__], but=["_kernel_initializer"])
+    """Every function of this module (its expected answers among them), refused while the
+    learner's function runs (the initializer it hands the learner lives in ``dtensor_watch``)."""
+    return own_functions(sys.modules[__name__])
 
 
 def _short(name: str) -> str:
@@ -310,78 +311,6 @@ def check_split_gradients(fn: Any) -> bool:
 # --- Exercise 3 · a dense layer sharded by rows, never whole on a device ----------------------
 
 
-def _whole_copy_watch(whole: list[str]) -> Any:
-    """A profile callback that notes each matrix put on the mesh whole, or gathered from it.
-
-    Watched by identity of code, whatever name it was reached by: ``dtensor.pack`` or
-    ``dtensor.call_with_layout`` with a replicated layout of rank 2 or more (a whole copy on
-    every device); ``dtensor.copy_to_mesh`` or ``dtensor.relayout`` of a host tensor of rank 2
-    or more (the whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a
-    DTensor laid out replicated (it was whole on every device before); ``dtensor.unpack`` of a
-    matrix (its pieces brought back to the host, e.g. to compute ``y`` there).
-    """
-    from tensorflow.dtensor.python import api
-
-    tf = _tf()
-
-    def rank(tensor: Any) -> int:
-        shape = getattr(tensor, "shape", None)
-        return len(shape) if shape is not None else np.ndim(tensor)
-
-    def replicated_matrix(layout: Any) -> bool:
-        return layout is not None and layout.rank >= 2 and layout.is_fully_replicated()
-
-    def on_mesh(tensor: Any) -> bool:
-        return isinstance(tensor, tf.Tensor) and api.is_dtensor(tensor)
-
-    def watch(frame: Any) -> None:
-        code, local = frame.f_code, frame.f_locals
-        if code is api.pack.__code__ and replicated_matrix(local.get("layout")):
-            whole.append("dtensor.pack with a replicated rank-2 layout")
-        elif code is api.call_with_layout.__code__ and replicated_matrix(local.get("layout")):
-            whole.append("dtensor.call_with_layout with a replicated rank-2 layout")
-        elif code is api.copy_to_mesh.__code__ and rank(local.get("tensor")) >= 2:
-            whole.append("dtensor.copy_to_mesh of a whole matrix, sliced on the mesh")
-        elif code is api.relayout.__code__:
-            tensor = local.get("tensor")
-            if rank(tensor) >= 2 and replicated_matrix(local.get("layout")):
-                whole.append("dtensor.relayout of a matrix to a replicated layout")
-            elif not on_mesh(tensor) and rank(tensor) >= 2:
-                whole.append("dtensor.relayout of a whole host matrix")
-            elif on_mesh(tensor) and replicated_matrix(api.fetch_layout(tensor)):
-                whole.append("dtensor.relayout of a matrix laid out whole on every device")
-        elif code is api.unpack.__code__ and rank(local.get("tensor")) >= 2:
-            whole.append("dtensor.unpack of a matrix: its pieces brought back to the host")
-
-    return watch
-
-
-def _kernel_initializer(seed: tuple[int, int]) -> tuple[Any, list[Any]]:
-    """An initializer ``init_kernel(shape)``, and the layouts it was called under.
-
-    Each call records the layout of the ``dtensor.call_with_layout`` it runs inside (found on
-    the call stack by code identity), or None when it ran outside one (whole, on one device).
-    """
-    import sys
-
-    from tensorflow.dtensor.python import api
-
-    tf = _tf()
-    calls: list[Any] = []
-
-    def init_kernel(shape: Any) -> Any:
-        frame, layout = sys._getframe(1), None
-        while frame is not None:
-            if frame.f_code is api.call_with_layout.__code__:
-                layout = frame.f_locals.get("layout")
-                break
-            frame = frame.f_back
-        calls.append(layout)
-        return tf.random.stateless_normal(shape, seed=seed)
-
-    return init_kernel, calls
-
-
 @register
 def check_shard_dense_rows(fn: Any) -> bool:
     """Check ``shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)``: made sharded."""
@@ -396,7 +325,7 @@ def check_shard_dense_rows(fn: Any) -> bool:
                course_mesh.make_mesh, *_the_checks_own()]
     whole: list[str] = []
     guarded = refusing(fn, helpers, "use DTensor's own API (dtensor.call_with_layout, "
-                       "dtensor.pack, dtensor.Layout)", _whole_copy_watch(whole))
+                       "dtensor.pack, dtensor.Layout)", whole_copy_watch(whole))
 
     def case() -> Case:
         dim = rng.choice(["model", "tp", "shards"])
@@ -407,11 +336,11 @@ def check_shard_dense_rows(fn: Any) -> bool:
         x = data.normal(size=(n, d_in)).astype("float32")
         bias = data.normal(size=(d_out,)).astype("float32")
         seed = (rng.randint(0, 1000), rng.randint(0, 1000))
-        init_kernel, calls = _kernel_initializer(seed)
+        init_kernel, calls = kernel_initializer(seed)
         whole.clear()
         rows = dtensor.Layout([dim, dtensor.UNSHARDED], mesh)
         replicated = dtensor.Layout.replicated(mesh, rank=2)
-        made = dtensor.call_with_layout(tf.function(_kernel_initializer(seed)[0]), rows,
+        made = dtensor.call_with_layout(tf.function(kernel_initializer(seed)[0]), rows,
                                         shape=(d_in, d_out))
         kernel = dtensor.relayout(made, replicated).numpy()  # DTensor's own sharded draw
         expected = x @ kernel + bias
