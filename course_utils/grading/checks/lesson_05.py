@@ -3,18 +3,21 @@
 * ``check_make_tpu_ready(make_tpu_ready)``: on fresh variable-length sequences, the pipeline's
   ``element_spec`` has every dimension known, a compiled step traces once over an epoch, the
   epoch has ``n // batch_size`` batches, and the batches hold the sequences cut or padded with
-  zeros at the end to ``sequence_length``.
+  zeros at the end to ``sequence_length``; the function may not read the dataset when called
+  (a copy made in memory is not a pipeline: the dataset counts what it hands out).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches included), compared with the rules stated in
   the exercise; a global batch that cannot give each replica one example must raise ValueError.
 * ``check_train_steps(make_train_steps)``: the learner's portable training function, run under
   the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
   for a model with L2 penalties (``model.losses``), must match one device's reference training
-  (mean loss over the global batch plus the penalty once), trace once, and change the weights.
+  (mean loss over the global batch plus the penalty once), trace once, change the weights, and
+  run the model in a replica context on each replica's rows (``strategy.run``): a weightless
+  layer of the check's own model notes the context and rows each time it is traced.
 
-The reference answers (``reference_tpu_settings``, ``reference_train_steps``) are importable, so
-the checks refuse them while the learner's function runs: by the identity of their code and by
-content (a copy made with ``exec``), see ``refusals``.
+Every function of this module (the reference answers, ``_expected_batches``) is importable, so
+the checks refuse them all while the learner's function runs: by the identity of their code and
+by content (a copy made with ``exec``), see ``refusals`` and ``call_guard``.
 """
 
 from __future__ import annotations

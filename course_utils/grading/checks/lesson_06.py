@@ -6,15 +6,18 @@
   once; the orders are turned into time slots by the course's simulator, which fails on a
   deadlock; stage ``s`` must never keep more than ``min(K − s, max_in_flight)`` micro-batches'
   activations, and the schedule must take no more slots than the check's own capped 1F1B.
-  The lesson's helpers have no cap, and are refused by code identity and content (``refusals``).
+  The lesson's helpers have no cap, and are refused by code identity and content
+  (``refusals``), as is every function of this module (``_capped_orders`` among them).
 * ``check_split_gradients(split_gradients)``: a model split into two and three parts on
   devices the check chooses (never the default first), trained on a few micro-batches; loss
   and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
   is traced in a ``tf.function`` and the placement of what it built is read: every add that
   sums a gradient of part ``i``'s weights over the micro-batches, every op of ``tape.gradient``
   it was summed from (through Identity copies), and every gradient op that reads part ``i``'s
-  weights must ask for ``devices[i]``. The lesson's ``split_step`` does one batch, so a copy of
-  it still leaves the accumulation to write.
+  weights must ask for ``devices[i]``; each gradient must be summed from at least one backward
+  op per micro-batch (the micro-batches differ in size, so one big batch made of them fails on
+  values, and weighted to match, on that count). The lesson's ``split_step`` does one batch,
+  so a copy of it still leaves the accumulation to write.
   ``cu.parallel.split_step`` is refused by code identity and content (``refusals``).
 * ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows, never whole on
   a device: the kernel made by the check's ``init_kernel`` inside ``dtensor.call_with_layout``
