@@ -312,9 +312,18 @@ def _exec_copy_of_the_reference():
     return namespace["reference_tpu_settings"]
 
 
+def _in_a_thread(*args):
+    """The reference run in a thread the answer starts: the guard follows new threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lesson_05.reference_tpu_settings, *args).result()
+
+
 @pytest.mark.parametrize("answer", [
     lambda *args: lesson_05.reference_tpu_settings(*args),  # imported from the check module
     lambda *args: _exec_copy_of_the_reference()(*args),
+    _in_a_thread,
 ])
 def test_the_reference_settings_reached_from_the_check_module_fail(answer):
     with pytest.raises(AssertionError, match="ran the course's reference_tpu_settings"):

@@ -288,6 +288,14 @@ def capped_orders_from_the_check(num_stages, num_micro_batches, max_in_flight):
     return lesson_06._capped_orders(num_stages, num_micro_batches, max_in_flight)
 
 
+def helper_in_a_thread(num_stages, num_micro_batches, max_in_flight):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:  # started inside the answer: the guard follows it
+        return pool.submit(cu.parallel.one_f_one_b_orders, num_stages,
+                           num_micro_batches).result()
+
+
 def profiler_removed(num_stages, num_micro_batches, max_in_flight):
     import sys
 
@@ -493,6 +501,7 @@ def orders_read_from_the_course_schedule(num_stages, num_micro_batches, max_in_f
     (lambda k, m, cap: None, "one order"),
     (capped_orders_from_the_check, "ran the course's _capped_orders"),
     (profiler_removed, "removed the check's profiler"),
+    (helper_in_a_thread, "ran the course's one_f_one_b_orders"),
 ])
 def test_one_f_one_b_lazy_and_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):
