@@ -312,9 +312,18 @@ def _exec_copy_of_the_reference():
     return namespace["reference_tpu_settings"]
 
 
+def _in_a_thread(*args):
+    """The reference run in a thread the answer starts: the guard follows new threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lesson_05.reference_tpu_settings, *args).result()
+
+
 @pytest.mark.parametrize("answer", [
     lambda *args: lesson_05.reference_tpu_settings(*args),  # imported from the check module
     lambda *args: _exec_copy_of_the_reference()(*args),
+    _in_a_thread,
 ])
 def test_the_reference_settings_reached_from_the_check_module_fail(answer):
     with pytest.raises(AssertionError, match="ran the course's reference_tpu_settings"):
@@ -327,3 +336,82 @@ def test_the_reference_training_function_imported_from_the_check_module_fails():
 
     with pytest.raises(AssertionError, match="ran the course's reference_train_steps"):
         cu.grading.check_train_steps(imported)
+
+
+def _without_strategy_run(strategy, model, optimizer, global_batch_size, noop_run=False):
+    """The replicas' batches gathered and trained on as one device would: no strategy.run
+    (or a strategy.run that does nothing), the right weights made the wrong way."""
+    import keras
+    import tensorflow as tf
+
+    @tf.function
+    def train_steps(iterator, steps):
+        for _ in tf.range(steps):
+            x, y = next(iterator)
+            if noop_run:
+                strategy.run(lambda: None)
+            x = tf.concat(strategy.experimental_local_results(x), 0)
+            y = tf.concat(strategy.experimental_local_results(y), 0)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                    y, model(x, training=True), from_logits=True)) + tf.add_n(model.losses)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    return train_steps
+
+
+@pytest.mark.parametrize("noop_run", [False, True])
+def test_training_without_strategy_run_fails(noop_run):
+    def answer(strategy, model, optimizer, global_batch_size):
+        return _without_strategy_run(strategy, model, optimizer, global_batch_size, noop_run)
+
+    with pytest.raises(AssertionError, match="(never ran|context).*strategy.run"):
+        cu.grading.check_train_steps(answer)
+
+
+def test_expected_batches_imported_from_the_check_module_fail():
+    def imported(dataset, batch_size, sequence_length):
+        import numpy as np
+        import tensorflow as tf
+
+        pairs = list(dataset.as_numpy_iterator())
+        batches = lesson_05._expected_batches([t for t, _ in pairs],
+                                              np.array([y for _, y in pairs]),
+                                              batch_size, sequence_length)
+        return tf.data.Dataset.from_tensor_slices(
+            (np.concatenate([x for x, _ in batches]), np.concatenate([y for _, y in batches]))
+        ).batch(batch_size, drop_remainder=True)
+
+    with pytest.raises(AssertionError, match="ran the course's _expected_batches"):
+        cu.grading.check_make_tpu_ready(imported)
+
+
+def test_a_pipeline_copied_into_memory_fails():
+    def in_memory(dataset, batch_size, sequence_length):
+        import numpy as np
+        import tensorflow as tf
+
+        rows, labels = [], []
+        for tokens, label in dataset.as_numpy_iterator():
+            row = np.zeros(sequence_length, "int32")
+            row[:len(tokens[:sequence_length])] = tokens[:sequence_length]
+            rows.append(row)
+            labels.append(label)
+        return tf.data.Dataset.from_tensor_slices((np.stack(rows), np.array(labels))).batch(
+            batch_size, drop_remainder=True)
+
+    with pytest.raises(AssertionError, match="read .* examples of the dataset when called"):
+        cu.grading.check_make_tpu_ready(in_memory)
+
+
+def test_a_removed_profiler_fails_the_settings():
+    def removes(*args):
+        import sys
+
+        getattr(sys, "set" + "profile")(None)  # a name the source scan cannot read
+        return lesson_05.reference_tpu_settings(*args)
+
+    with pytest.raises(AssertionError, match="removed the check's profiler"):
+        cu.grading.check_tpu_settings(removes)
+

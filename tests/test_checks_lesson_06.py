@@ -255,6 +255,67 @@ def _with_an_exec_copy_of_the_helper(parts, x, y, loss_fn, devices):
 with_an_exec_copy_of_the_helper = accumulated(_with_an_exec_copy_of_the_helper)
 
 
+def mean_of_stacked(parts, micro_batches, loss_fn, devices):  # a right answer, other ops
+    import tensorflow as tf
+
+    owner = [d for part, d in zip(parts, devices, strict=True) for _ in part.trainable_variables]
+    runs = [_split_once(parts, x, y, loss_fn, devices) for x, y in micro_batches]
+    grads = []
+    for index, device in enumerate(owner):
+        with tf.device(device):
+            grads.append(tf.reduce_mean(tf.stack([g[index] for _, g in runs]), axis=0))
+    return tf.reduce_mean(tf.stack([loss for loss, _ in runs])), grads
+
+
+def one_big_batch(parts, micro_batches, loss_fn, devices, weighted=True):
+    """The micro-batches concatenated and run once, each example weighted so that the loss is
+    the mean of the micro-batches' means: right values, no micro-batch run on its own."""
+    import tensorflow as tf
+
+    x = tf.concat([x for x, _ in micro_batches], 0)
+    y = tf.concat([y for _, y in micro_batches], 0)
+    total, count = x.shape[0], len(micro_batches)
+    weights = tf.concat([tf.fill([b.shape[0]], total / (count * b.shape[0]))
+                         for b, _ in micro_batches], 0) if weighted else None
+
+    def weighted_loss(labels, logits):
+        return loss_fn(labels, logits, sample_weight=weights)
+
+    return _split_once(parts, x, y, weighted_loss, devices)
+
+
+def capped_orders_from_the_check(num_stages, num_micro_batches, max_in_flight):
+    return lesson_06._capped_orders(num_stages, num_micro_batches, max_in_flight)
+
+
+def helper_in_a_thread(num_stages, num_micro_batches, max_in_flight):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:  # started inside the answer: the guard follows it
+        return pool.submit(cu.parallel.one_f_one_b_orders, num_stages,
+                           num_micro_batches).result()
+
+
+def profiler_removed(num_stages, num_micro_batches, max_in_flight):
+    import sys
+
+    getattr(sys, "set" + "profile")(None)
+    return cu.parallel.one_f_one_b_orders(num_stages, num_micro_batches)
+
+
+def relaid_to_replicated_to_compute(x, init_kernel, kernel_shape, bias, mesh):
+    """The right pieces made and returned, but y computed from whole copies on every device."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    x_sharded, kernel, _ = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    everywhere = dtensor.Layout.replicated(mesh, rank=2)
+    bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout.replicated(mesh, rank=1))
+    y = tf.matmul(dtensor.relayout(x_sharded, everywhere),
+                  dtensor.relayout(kernel, everywhere)) + bias_everywhere
+    return x_sharded, kernel, y
+
+
 def shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh):
     import numpy as np
     import tensorflow as tf
@@ -438,6 +499,9 @@ def orders_read_from_the_course_schedule(num_stages, num_micro_batches, max_in_f
     (orders_read_from_the_course_schedule, "ran the course's one_f_one_b_schedule"),
     (lambda k, m, cap: [[("F", 0), ("B", 0)]] * k, "exactly once|once for every"),
     (lambda k, m, cap: None, "one order"),
+    (capped_orders_from_the_check, "ran the course's _capped_orders"),
+    (profiler_removed, "removed the check's profiler"),
+    (helper_in_a_thread, "ran the course's one_f_one_b_orders"),
 ])
 def test_one_f_one_b_lazy_and_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):
@@ -454,6 +518,10 @@ def test_split_gradients_reference_passes():
     assert cu.grading.check_split_gradients(split_gradients) is True
 
 
+def test_split_gradients_as_a_mean_of_stacked_gradients_passes():
+    assert cu.grading.check_split_gradients(mean_of_stacked) is True
+
+
 @pytest.mark.parametrize(("answer", "message"), [
     (one_tape, "part 0.s weights was (made by tape.gradient|added up) .* on no device"),
     (one_tape_copied_with_identity, "part 1's weights was made by tape.gradient .* on CPU:"),
@@ -467,6 +535,8 @@ def test_split_gradients_reference_passes():
     (with_the_course_helper, "ran the course's split_step"),
     (with_an_exec_copy_of_the_helper, "ran the course's split_step"),
     (lambda *args: None, "loss, grads"),
+    (one_big_batch, r"made by 1 backward op\(s\) for \d micro-batches"),
+    (lambda *args: one_big_batch(*args, weighted=False), "differ from the unsplit"),
 ])
 def test_split_gradients_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):
@@ -490,6 +560,7 @@ def test_shard_dense_rows_reference_passes():
     (x_made_replicated_then_relaid, "call_with_layout with a replicated rank-2"),
     (y_computed_on_the_host_and_packed_sharded, "unpack of a matrix"),
     (lambda *args: None, "return \\(sharded_x"),
+    (relaid_to_replicated_to_compute, "relayout of a matrix to a replicated layout"),
 ])
 def test_shard_dense_rows_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):

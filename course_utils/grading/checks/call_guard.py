@@ -1,51 +1,193 @@
-"""A guard for lesson 09's checks: which functions of the course a learner's answer called.
+"""The checks' one guard: which functions a learner's answer ran, however it reached them.
 
-``CallsInto(*targets)`` records, while it is active, every call (from any thread) into a
-function whose code lives in one of the target files or is one of the target code objects. It
-compares code objects, so a helper bound earlier under another name is caught as surely as the
-helper called by its module path, and no module attribute is replaced.
+``CallsInto(*targets)`` records, while it is active, every Python call into a target: a file
+(every function whose code lives there), a function or a code object (its nested functions
+too). A call matches two ways:
+
+* by identity: the target's code object is entered, whatever name it was reached by (an alias
+  bound before the check, a wrapper, a lambda), or code from a target file;
+* by content: a function whose bytecode, names and constants equal a target's (its docstring
+  and line numbers aside, see ``code_fingerprint``). That is what ``exec`` of a helper's
+  source makes, under any file name and at any line, and what pasting it under another name
+  with its locals renamed makes. Comprehensions and lambdas match by identity only: a one-line
+  ``[("F", b) for b in range(n)]`` is the same bytecode whoever writes it.
+
+It watches the calling thread (``sys.setprofile``) and every thread started while it is active
+(``threading.setprofile``). Threads already running when it starts are out of its reach
+(Python 3.11 has no ``threading.setprofile_all_threads``), and so is code run in another
+process. It notices tampering: a ``sys.setprofile`` by anyone else while it is active (an audit
+hook sees it, however the call was made, even a save-and-restore), a call of
+``threading.setprofile``, or a profiler that is no longer its own when it is read. Then
+``tampered`` holds why, and ``take()`` names it.
 """
 
 from __future__ import annotations
 
+import dis
+import sys
+import threading
+import types
+from pathlib import Path
 from typing import Any
 
-__all__ = ["CallsInto"]
+__all__ = ["REMOVED", "CallsInto", "code_fingerprint"]
+
+REMOVED = "your function removed the check's profiler"
+_ANONYMOUS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>", "<lambda>")
+_ACTIVE: list[CallsInto] = []  # the guards now installed
+_OURS = threading.local()  # set while a guard installs or removes its own profiler
+_THREAD_START = threading.Thread._bootstrap_inner.__code__  # installs threading's hook
+_THREADING_SETPROFILE = threading.setprofile.__code__
+
+
+def _instruction(instruction: dis.Instruction) -> tuple[str, Any]:
+    """One instruction, the same however the compiler chose to spell a call: a method load is
+    an attribute load, a global by its name (not its index, nor the "push NULL" bit); locals
+    and jumps by index, so renamed locals look the same."""
+    name = "LOAD_ATTR" if instruction.opname == "LOAD_METHOD" else instruction.opname
+    if name in ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_NAME"):
+        return name, instruction.argval
+    return name, instruction.arg
+
+
+def code_fingerprint(code: types.CodeType) -> tuple[Any, ...]:
+    """What a function does, without its names: its instructions (no line numbers, no inline
+    caches, locals by index), global and attribute names, constants (the docstring left out,
+    nested functions by their own fingerprint)."""
+    consts = list(code.co_consts)
+    if consts and isinstance(consts[0], str):  # the docstring, or the first string constant
+        consts = consts[1:]
+    instructions = tuple(_instruction(i) for i in dis.get_instructions(code)
+                         if i.opname != "CACHE")
+    return (instructions, code.co_names, code.co_argcount, code.co_kwonlyargcount,
+            tuple(code_fingerprint(c) if isinstance(c, types.CodeType) else repr(c)
+                  for c in consts))
+
+
+def _quick_key(code: types.CodeType) -> tuple[Any, ...]:
+    """A cheap part of the fingerprint: only codes that share it are fingerprinted."""
+    return code.co_argcount, code.co_kwonlyargcount, code.co_names
+
+
+def _target_codes(target: Any) -> list[types.CodeType]:
+    """The code objects of a target: a file's (compiled from its source), a function's or a
+    code object's, nested ones included."""
+    if isinstance(target, (str, Path)):
+        path = Path(target)
+        stack = [compile(path.read_text(encoding="utf-8"), str(path), "exec")]
+    else:
+        stack = [getattr(target, "__code__", target)]
+    codes = []
+    while stack:
+        code = stack.pop()
+        codes.append(code)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return codes
+
+
+def _audit(event: str, args: Any) -> None:
+    """Notes, in every active guard, a profiler set by someone else (the audit hook cannot be
+    removed, and sees ``sys.setprofile`` however it is called)."""
+    if event != "sys.setprofile" or not _ACTIVE or getattr(_OURS, "installing", False):
+        return
+    if sys._getframe(1).f_code is _THREAD_START:  # a new thread installs threading's hook
+        return
+    for guard in _ACTIVE:
+        guard.tampered = f"{REMOVED} (sys.setprofile was called while it ran)"
+
+
+sys.addaudithook(_audit)
 
 
 class CallsInto:
-    """Record every call, made while it is active (any thread), into a function whose code
-    lives in one of the ``targets`` files or is one of the ``targets`` code objects: the guard
-    compares code objects, so a helper bound earlier under another name (``from
-    course_utils.profiling import step_breakdown``) is caught as surely as
-    ``cu.profiling.step_breakdown``; no module attribute is replaced."""
+    """Record every call, made while it is active (this thread and threads it starts), into
+    one of the ``targets`` (files, functions or code objects), by identity or by content: a
+    helper bound earlier under another name (``from course_utils.profiling import
+    step_breakdown``) or an ``exec``'d copy of it is caught as surely as
+    ``cu.profiling.step_breakdown``; no module attribute is replaced. ``also(frame)``, when
+    given, is called on every Python call while it is active."""
 
-    def __init__(self, *targets: Any) -> None:  # files (str) or code objects
-        self.files = {t for t in targets if isinstance(t, str)}
-        self.codes = {t for t in targets if not isinstance(t, str)}
+    def __init__(self, *targets: Any, also: Any = None) -> None:
+        self.files: set[str] = set()
+        self.by_identity: dict[types.CodeType, str] = {}
+        self.by_content: dict[tuple[Any, ...], str] = {}
+        self.quick: set[tuple[Any, ...]] = set()
+        for target in targets:
+            if isinstance(target, (str, Path)):
+                self.files.add(str(target))
+            codes = _target_codes(target)
+            top = getattr(target, "__name__", None) or codes[0].co_name
+            for code in codes:
+                name = code.co_name if code.co_name != "<module>" else top
+                self.by_identity.setdefault(code, name)
+                if code.co_name not in _ANONYMOUS + ("<module>",):
+                    self.by_content.setdefault(code_fingerprint(code), name)
+                    self.quick.add(_quick_key(code))
+        self.also = also
         self.names: list[str] = []
+        self.tampered: str | None = None
+        self._seen: dict[types.CodeType, str | None] = {}
+        self._hook = self._profile  # one bound method, compared by identity
+
+    def match(self, code: types.CodeType) -> str | None:
+        """The target ``code`` is (its name), a copy of (``name (a copy of it)``), or None."""
+        if code in self._seen:
+            return self._seen[code]
+        found = self.by_identity.get(code)
+        if found is None and code.co_filename in self.files:
+            found = code.co_name
+        if (found is None and code.co_name not in _ANONYMOUS
+                and _quick_key(code) in self.quick):
+            copied = self.by_content.get(code_fingerprint(code))
+            found = f"{copied} (a copy of it)" if copied else None
+        self._seen[code] = found
+        return found
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and (frame.f_code.co_filename in self.files
-                                or frame.f_code in self.codes):
-            self.names.append(frame.f_code.co_name)
+        if event != "call":
+            return
+        code = frame.f_code
+        if code is _THREADING_SETPROFILE and not getattr(_OURS, "installing", False):
+            self.tampered = f"{REMOVED} (threading.setprofile was called while it ran)"
+        if self.also is not None:
+            self.also(frame)
+        found = self.match(code)
+        if found:
+            self.names.append(found)
+
+    def intact(self) -> bool:
+        """False (and ``tampered`` set) once the profiler is not this guard's any more."""
+        if self.tampered is None and (sys.getprofile() is not self._hook
+                                      or threading.getprofile() is not self._hook):
+            self.tampered = f"{REMOVED} (the profiler in place is not the check's)"
+        return self.tampered is None
+
+    def _install(self, profile: Any, thread_profile: Any) -> None:
+        _OURS.installing = True
+        try:
+            threading.setprofile(thread_profile)
+            sys.setprofile(profile)
+        finally:
+            _OURS.installing = False
 
     def __enter__(self) -> CallsInto:
-        import sys
-        import threading
-
         self._previous = sys.getprofile(), threading.getprofile()
-        sys.setprofile(self._profile)
-        threading.setprofile(self._profile)
+        self.tampered = None
+        _ACTIVE.append(self)
+        self._install(self._hook, self._hook)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        import sys
-        import threading
-
-        sys.setprofile(self._previous[0])
-        threading.setprofile(self._previous[1])
+        self.intact()
+        self._install(*self._previous)
+        _ACTIVE.remove(self)
 
     def take(self) -> list[str]:
+        """The targets called since the last ``take`` (each once), with the tampering first
+        when the profiler was removed (it is put back while the guard is active)."""
         names, self.names = list(dict.fromkeys(self.names)), []
+        if self in _ACTIVE and not self.intact():
+            names.insert(0, self.tampered)
+            self.tampered = None
+            self._install(self._hook, self._hook)
         return names

@@ -3,35 +3,45 @@
 * ``check_make_tpu_ready(make_tpu_ready)``: on fresh variable-length sequences, the pipeline's
   ``element_spec`` has every dimension known, a compiled step traces once over an epoch, the
   epoch has ``n // batch_size`` batches, and the batches hold the sequences cut or padded with
-  zeros at the end to ``sequence_length``.
+  zeros at the end to ``sequence_length``; the function may not read the dataset when called
+  (a copy made in memory is not a pipeline: the dataset counts what it hands out).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches included), compared with the rules stated in
   the exercise; a global batch that cannot give each replica one example must raise ValueError.
 * ``check_train_steps(make_train_steps)``: the learner's portable training function, run under
   the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
   for a model with L2 penalties (``model.losses``), must match one device's reference training
-  (mean loss over the global batch plus the penalty once), trace once, and change the weights.
+  (mean loss over the global batch plus the penalty once), trace once, change the weights, and
+  run the model in a replica context on each replica's rows (``strategy.run``): a weightless
+  layer of the check's own model notes the context and rows each time it is traced.
 
-The reference answers (``reference_tpu_settings``, ``reference_train_steps``) are importable, so
-the checks refuse them while the learner's function runs: by the identity of their code and by
-content (a copy made with ``exec``), see ``refusals``.
+Every function of this module (the reference answers, ``_expected_batches``) is importable, so
+the checks refuse them all while the learner's function runs: by the identity of their code and
+by content (a copy made with ``exec``), see ``refusals`` and ``call_guard``.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
 
 from course_utils.equality import largest_difference
-from course_utils.grading.checks.refusals import refusing
+from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_make_tpu_ready", "check_tpu_settings", "check_train_steps",
            "reference_tpu_settings", "reference_train_steps"]
+
+
+def _refusing_the_check(fn: Any, why: str) -> Any:
+    """``fn`` refusing every function of this module (the expected answers are computed by
+    them) while it runs, by identity and by content."""
+    return refusing(fn, own_functions(sys.modules[__name__], but=["_raw_dataset"]), why)
 
 
 # --- Exercise 1 · a TPU-ready pipeline ---------------------------------------------------------
@@ -44,10 +54,18 @@ def _sequences(rng: Any, n: int, longest: int) -> tuple[list[np.ndarray], np.nda
     return tokens, data.integers(0, 2, size=n).astype("int32")
 
 
-def _raw_dataset(tokens: list[np.ndarray], labels: np.ndarray) -> Any:
+def _raw_dataset(tokens: list[np.ndarray], labels: np.ndarray,
+                 read: list[int]) -> Any:
+    """The sequences as a dataset; ``read[0]`` counts the examples it has handed out."""
     tf = _tf()
+
+    def examples() -> Any:
+        for pair in zip(tokens, labels, strict=True):
+            read[0] += 1
+            yield pair
+
     return tf.data.Dataset.from_generator(
-        lambda: zip(tokens, labels, strict=True),
+        examples,
         output_signature=(tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)))
 
 
@@ -93,6 +111,10 @@ def _verify_pipeline(dataset: Any, tokens: list[np.ndarray], labels: np.ndarray,
             return f"batch {number}'s labels differ: keep the examples in order (no shuffle)"
         if not np.array_equal(x, ex):
             row = int(np.argmax(np.any(x != ex, axis=1)))
+            if any(np.array_equal(x[row], other) for batch_x, _ in expected
+                   for other in batch_x):
+                return (f"batch {number}, row {row} holds another example than expected: "
+                        "keep the examples in order (no shuffle)")
             return (f"batch {number}, row {row}: got {x[row].tolist()}, expected "
                     f"{ex[row].tolist()} (keep the first sequence_length tokens, pad with zeros "
                     "at the end)")
@@ -109,15 +131,22 @@ def check_make_tpu_ready(fn: Any) -> bool:
         n = batch * rng.randint(3, 6) + rng.randint(1, batch - 1)  # a partial last batch
         tokens, labels = _sequences(rng, n, 2 * length)
 
+        read = [0]
+
         def verify(got: Any, tokens: Any = tokens, labels: Any = labels, batch: int = batch,
-                   length: int = length) -> str | None:
+                   length: int = length, read: list[int] = read) -> str | None:
+            if read[0]:
+                return (f"your function read {read[0]} examples of the dataset when called: "
+                        "return a pipeline that transforms the examples as they stream "
+                        "(map, batch), not a copy of the data made in memory")
             return _verify_pipeline(got, tokens, labels, batch, length)
 
-        cases.append(Case(args=(_raw_dataset(tokens, labels), batch, length), verify=verify,
+        cases.append(Case(args=(_raw_dataset(tokens, labels, read), batch, length),
+                          verify=verify,
                           label=f"({n} sequences of 1 to {2 * length} tokens, batch_size={batch}, "
                                 f"sequence_length={length})"))
     return run_check(
-        "make_tpu_ready", fn, cases,
+        "make_tpu_ready", _refusing_the_check(fn, "build the pipeline yourself"), cases,
         hint="map each (tokens, label) to (tokens[:sequence_length] padded with zeros at the end "
              "to sequence_length, label), then batch(batch_size, drop_remainder=True); "
              "tf.ensure_shape or padded_batch(padded_shapes=...) make the length static "
@@ -191,7 +220,7 @@ def check_tpu_settings(fn: Any) -> bool:
             "when not one example a replica fits); steps_per_execution: the fewest steps a call "
             "that share the round-trip down to the accepted overhead, at most the steps of one "
             "epoch (drop_remainder), at least 1 (lesson 05, sections 5 and 7).")
-    fn = refusing(fn, [reference_tpu_settings], "apply the rules yourself")
+    fn = _refusing_the_check(fn, "apply the rules yourself")
     _refuses_an_impossible_batch(fn, hint)
     return run_check("tpu_settings", fn, _settings_cases(fresh_rng()), hint=hint)
 
@@ -205,14 +234,32 @@ def _mirrored_strategy() -> Any:
     return make_strategy("mirrored", verbose=False)  # the notebook's own, cached: one per set
 
 
+def _context_watch(seen: list[tuple[str, int]]) -> Any:
+    """A layer without weights that passes its input on and notes, each time it is traced,
+    the distribution context it runs in and its batch's rows (the check's own model: nothing
+    of the learner's is replaced)."""
+    import keras
+
+    tf = _tf()
+
+    class ContextWatch(keras.layers.Layer):
+        def call(self, inputs: Any) -> Any:
+            seen.append(("cross-replica" if tf.distribute.in_cross_replica_context()
+                         else "replica", inputs.shape[0]))
+            return inputs
+
+    return ContextWatch()
+
+
 def _model_and_optimizer(strategy: Any, seed: int, features: int, classes: int,
-                         l2: float = 0.0) -> Any:
+                         l2: float = 0.0, seen: list[tuple[str, int]] | None = None) -> Any:
     import keras
 
     with strategy.scope():
         keras.utils.set_random_seed(seed)
         regularizer = keras.regularizers.L2(l2) if l2 else None
-        model = keras.Sequential([keras.Input((features,)),
+        model = keras.Sequential([keras.Input((features,)), _context_watch(
+                                      [] if seen is None else seen),
                                   keras.layers.Dense(16, activation="relu",
                                                      kernel_regularizer=regularizer),
                                   keras.layers.Dense(classes, kernel_regularizer=regularizer)])
@@ -273,16 +320,28 @@ def _train_case(rng: Any) -> Case:
            dataset, calls)
     expected = model.get_weights()
     strategy = _mirrored_strategy()
-    model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2)
+    seen: list[tuple[str, int]] = []
+    model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
 
     def verify(train_steps: Any) -> str | None:
         if not hasattr(train_steps, "experimental_get_tracing_count"):
             return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
                     "tf.function (decorate train_steps with @tf.function)")
+        seen.clear()
         _train(train_steps, strategy, dataset, calls)
-        got = model.get_weights()
-        if largest_difference(got, initial) < 1e-6:
+        if largest_difference(model.get_weights(), initial) < 1e-6:
             return "the weights did not change: apply the gradients in the replica step"
+        replica_batch = global_batch // strategy.num_replicas_in_sync
+        if not seen:
+            return ("the model never ran while train_steps was traced: call it in the "
+                    "replica step, run on every replica with strategy.run")
+        wrong = [(c, r) for c, r in seen if c != "replica" or r != replica_batch]
+        if wrong:
+            context, rows = wrong[0]
+            return (f"the model ran in {context} context on batches of {rows} examples "
+                    f"(of a global {global_batch}): run the step on every replica with "
+                    f"strategy.run, each on its own {replica_batch} examples")
+        got = model.get_weights()
         difference = largest_difference(got, expected)
         if difference > 1e-5:
             return (f"after {sum(calls)} steps on {strategy.num_replicas_in_sync} replicas the "
@@ -306,7 +365,7 @@ def _train_case(rng: Any) -> Case:
 def check_train_steps(fn: Any) -> bool:
     """Check ``make_train_steps(strategy, model, optimizer, global_batch_size)`` under the
     notebook's MirroredStrategy against one device's training from the same start."""
-    guarded = refusing(fn, [reference_train_steps], "write the training function yourself")
+    guarded = _refusing_the_check(fn, "write the training function yourself")
     return run_check(
         "make_train_steps", guarded, [_train_case(fresh_rng())],
         hint="the loop is not the bug (AutoGraph runs `range` over a tensor as a "

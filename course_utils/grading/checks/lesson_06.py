@@ -6,32 +6,37 @@
   once; the orders are turned into time slots by the course's simulator, which fails on a
   deadlock; stage ``s`` must never keep more than ``min(K − s, max_in_flight)`` micro-batches'
   activations, and the schedule must take no more slots than the check's own capped 1F1B.
-  The lesson's helpers have no cap, and are refused by code identity and content (``refusals``).
+  The lesson's helpers have no cap, and are refused by code identity and content
+  (``refusals``), as is every function of this module (``_capped_orders`` among them).
 * ``check_split_gradients(split_gradients)``: a model split into two and three parts on
   devices the check chooses (never the default first), trained on a few micro-batches; loss
   and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
   is traced in a ``tf.function`` and the placement of what it built is read: every add that
   sums a gradient of part ``i``'s weights over the micro-batches, every op of ``tape.gradient``
   it was summed from (through Identity copies), and every gradient op that reads part ``i``'s
-  weights must ask for ``devices[i]``. The lesson's ``split_step`` does one batch, so a copy of
-  it still leaves the accumulation to write.
+  weights must ask for ``devices[i]``; each gradient must be summed from at least one backward
+  op per micro-batch (the micro-batches differ in size, so one big batch made of them fails on
+  values, and weighted to match, on that count). The lesson's ``split_step`` does one batch,
+  so a copy of it still leaves the accumulation to write.
   ``cu.parallel.split_step`` is refused by code identity and content (``refusals``).
 * ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows, never whole on
   a device: the kernel made by the check's ``init_kernel`` inside ``dtensor.call_with_layout``
   with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
   features in the mesh's device order, no matrix whole on every device or gathered to the
   host on the way (``dtensor.pack``, ``call_with_layout``, ``copy_to_mesh``, ``relayout`` and
-  ``unpack`` watched by code identity, see ``_whole_copy_watch``), the layouts, the gathered
+  ``unpack`` watched by code identity, see ``dtensor_watch``), the layouts, the gathered
   values and ``y`` against the unsharded layer; the course's sharding helpers refused.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.refusals import refusing
+from course_utils.grading.checks.dtensor_watch import kernel_initializer, whole_copy_watch
+from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -46,6 +51,12 @@ def _devices() -> list[str]:
         raise AssertionError("this check needs at least 3 logical devices: run the set-up cell "
                              "(cu.setup(logical_devices=4, ...)) first, in a fresh kernel")
     return devices
+
+
+def _the_checks_own() -> list[Any]:
+    """Every function of this module (its expected answers among them), refused while the
+    learner's function runs (the initializer it hands the learner lives in ``dtensor_watch``)."""
+    return own_functions(sys.modules[__name__])
 
 
 def _short(name: str) -> str:
@@ -112,7 +123,8 @@ def check_one_f_one_b_orders(fn: Any) -> bool:
     from course_utils.parallel import schedules
 
     helpers = [schedules.one_f_one_b_orders, schedules.one_f_one_b_schedule,
-               schedules.interleaved_orders, schedules.interleaved_schedule]
+               schedules.interleaved_orders, schedules.interleaved_schedule,
+               *_the_checks_own()]
     why = "build the orders yourself (the lesson's helpers already hold the answer)"
     return run_check(
         "one_f_one_b_orders", refusing(fn, helpers, why), cases,
@@ -129,7 +141,8 @@ def _split_problem(rng: Any, num_parts: int) -> dict[str, Any]:
     import keras
 
     data = np.random.default_rng(rng.randint(0, 2**31 - 1))
-    n, width, classes = rng.randint(3, 6), rng.randint(3, 7), rng.randint(2, 4)
+    width, classes = rng.randint(3, 7), rng.randint(2, 4)
+    sizes = rng.sample(range(2, 8), rng.randint(2, 3))  # unequal: not one big batch
     widths = [width] + [rng.randint(4, 10) for _ in range(num_parts - 1)] + [classes]
     parts = [keras.Sequential([keras.Input((widths[i],)),
                                keras.layers.Dense(widths[i + 1],
@@ -137,7 +150,7 @@ def _split_problem(rng: Any, num_parts: int) -> dict[str, Any]:
              for i in range(num_parts)]
     micro_batches = [(data.normal(size=(n, width)).astype("float32"),
                       data.integers(0, classes, size=(n,)).astype("int32"))
-                     for _ in range(rng.randint(2, 4))]
+                     for n in sizes]
     return {"parts": parts, "micro_batches": micro_batches}
 
 
@@ -149,13 +162,18 @@ def _through_identities(tensor: Any) -> Any:
     return op
 
 
-_ACCUMULATING = {"AddV2", "AddN", "Add", "Mul", "RealDiv", "Identity", "Cast"}  # sums, copies
+# sums, means, scalings, copies
+_ACCUMULATING = {"AddV2", "AddN", "Add", "Mul", "RealDiv", "Identity", "Cast", "Pack", "Mean",
+                 "Sum", "Reshape"}
+_TAPE_SUMS = {"AddV2", "AddN", "Identity"}  # a tape's own sum of a weight's uses
 
 
-def _accumulation_misplaced(output: Any, device: str, index: int) -> str | None:
+def _accumulation_misplaced(output: Any, device: str, index: int,
+                            micro_batches: int) -> str | None:
     """None when the gradient ``output`` of part ``index``, and every add and every
-    ``tape.gradient`` op it was summed from, asked for ``device``."""
-    stack, seen, from_tape = [output.op], set(), False
+    ``tape.gradient`` op it was summed from, asked for ``device``, and it was summed from one
+    backward op per micro-batch (at least)."""
+    stack, seen, from_tape = [output.op], set(), 0
     while stack:
         op = stack.pop()
         if op.name in seen or op.type == "Const":
@@ -172,12 +190,16 @@ def _accumulation_misplaced(output: Any, device: str, index: int) -> str | None:
             return (f"a gradient of part {index}'s weights was {what} on "
                     f"{_short(op.device) or 'no device (the default one)'}, expected "
                     f"{_short(device)}, where its weights live")
-        if is_tape:
-            from_tape = True
+        if is_tape and op.type not in _TAPE_SUMS:
+            from_tape += 1  # one backward op that makes (a share of) the gradient
         else:
             stack.extend(t.op for t in op.inputs)
     if not from_tape:
         return f"a gradient of part {index} was not made by tape.gradient"
+    if from_tape < micro_batches:
+        return (f"a gradient of part {index}'s weights was made by {from_tape} backward "
+                f"op(s) for {micro_batches} micro-batches: run each micro-batch forward and "
+                "backward on its own (not one batch made of them all) and add the gradients")
     return None
 
 
@@ -217,7 +239,7 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
     if len(outputs) != len(expected_part):
         return "return (loss, grads): one gradient per trainable variable, parts in order"
     for output, index in zip(outputs, expected_part, strict=True):
-        reason = _accumulation_misplaced(output, devices[index], index)
+        reason = _accumulation_misplaced(output, devices[index], index, len(micro_batches))
         if reason:
             return reason
     for op in graph.get_operations():
@@ -278,7 +300,8 @@ def check_split_gradients(fn: Any) -> bool:
     from course_utils.parallel import placement
 
     chosen = [[devices[2], devices[1]], [devices[-1], devices[1], devices[2]]]  # never CPU:0 first
-    guarded = refusing(fn, [placement.split_step], "write the backward pass yourself")
+    guarded = refusing(fn, [placement.split_step, *_the_checks_own()],
+                       "write the backward pass yourself")
     return run_check(
         "split_gradients", guarded, [case(c) for c in chosen],
         hint="for each micro-batch: one tape per part; walk the parts backwards, each part's "
@@ -289,76 +312,6 @@ def check_split_gradients(fn: Any) -> bool:
 
 
 # --- Exercise 3 · a dense layer sharded by rows, never whole on a device ----------------------
-
-
-def _whole_copy_watch(whole: list[str]) -> Any:
-    """A profile callback that notes each matrix put on the mesh whole, or gathered from it.
-
-    Watched by identity of code, whatever name it was reached by: ``dtensor.pack`` or
-    ``dtensor.call_with_layout`` with a replicated layout of rank 2 or more (a whole copy on
-    every device); ``dtensor.copy_to_mesh`` or ``dtensor.relayout`` of a host tensor of rank 2
-    or more (the whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a
-    DTensor laid out replicated (it was whole on every device before); ``dtensor.unpack`` of a
-    matrix (its pieces brought back to the host, e.g. to compute ``y`` there).
-    """
-    from tensorflow.dtensor.python import api
-
-    tf = _tf()
-
-    def rank(tensor: Any) -> int:
-        shape = getattr(tensor, "shape", None)
-        return len(shape) if shape is not None else np.ndim(tensor)
-
-    def replicated_matrix(layout: Any) -> bool:
-        return layout is not None and layout.rank >= 2 and layout.is_fully_replicated()
-
-    def on_mesh(tensor: Any) -> bool:
-        return isinstance(tensor, tf.Tensor) and api.is_dtensor(tensor)
-
-    def watch(frame: Any) -> None:
-        code, local = frame.f_code, frame.f_locals
-        if code is api.pack.__code__ and replicated_matrix(local.get("layout")):
-            whole.append("dtensor.pack with a replicated rank-2 layout")
-        elif code is api.call_with_layout.__code__ and replicated_matrix(local.get("layout")):
-            whole.append("dtensor.call_with_layout with a replicated rank-2 layout")
-        elif code is api.copy_to_mesh.__code__ and rank(local.get("tensor")) >= 2:
-            whole.append("dtensor.copy_to_mesh of a whole matrix, sliced on the mesh")
-        elif code is api.relayout.__code__:
-            tensor = local.get("tensor")
-            if not on_mesh(tensor) and rank(tensor) >= 2:
-                whole.append("dtensor.relayout of a whole host matrix")
-            elif on_mesh(tensor) and replicated_matrix(api.fetch_layout(tensor)):
-                whole.append("dtensor.relayout of a matrix laid out whole on every device")
-        elif code is api.unpack.__code__ and rank(local.get("tensor")) >= 2:
-            whole.append("dtensor.unpack of a matrix: its pieces brought back to the host")
-
-    return watch
-
-
-def _kernel_initializer(seed: tuple[int, int]) -> tuple[Any, list[Any]]:
-    """An initializer ``init_kernel(shape)``, and the layouts it was called under.
-
-    Each call records the layout of the ``dtensor.call_with_layout`` it runs inside (found on
-    the call stack by code identity), or None when it ran outside one (whole, on one device).
-    """
-    import sys
-
-    from tensorflow.dtensor.python import api
-
-    tf = _tf()
-    calls: list[Any] = []
-
-    def init_kernel(shape: Any) -> Any:
-        frame, layout = sys._getframe(1), None
-        while frame is not None:
-            if frame.f_code is api.call_with_layout.__code__:
-                layout = frame.f_locals.get("layout")
-                break
-            frame = frame.f_back
-        calls.append(layout)
-        return tf.random.stateless_normal(shape, seed=seed)
-
-    return init_kernel, calls
 
 
 @register
@@ -372,10 +325,10 @@ def check_shard_dense_rows(fn: Any) -> bool:
     rng = fresh_rng()
     devices = _devices()
     helpers = [course_mesh.shard, course_mesh.sharded_dense, course_mesh.dense_layouts,
-               course_mesh.make_mesh]
+               course_mesh.make_mesh, *_the_checks_own()]
     whole: list[str] = []
     guarded = refusing(fn, helpers, "use DTensor's own API (dtensor.call_with_layout, "
-                       "dtensor.pack, dtensor.Layout)", _whole_copy_watch(whole))
+                       "dtensor.pack, dtensor.Layout)", whole_copy_watch(whole))
 
     def case() -> Case:
         dim = rng.choice(["model", "tp", "shards"])
@@ -386,11 +339,11 @@ def check_shard_dense_rows(fn: Any) -> bool:
         x = data.normal(size=(n, d_in)).astype("float32")
         bias = data.normal(size=(d_out,)).astype("float32")
         seed = (rng.randint(0, 1000), rng.randint(0, 1000))
-        init_kernel, calls = _kernel_initializer(seed)
+        init_kernel, calls = kernel_initializer(seed)
         whole.clear()
         rows = dtensor.Layout([dim, dtensor.UNSHARDED], mesh)
         replicated = dtensor.Layout.replicated(mesh, rank=2)
-        made = dtensor.call_with_layout(tf.function(_kernel_initializer(seed)[0]), rows,
+        made = dtensor.call_with_layout(tf.function(kernel_initializer(seed)[0]), rows,
                                         shape=(d_in, d_out))
         kernel = dtensor.relayout(made, replicated).numpy()  # DTensor's own sharded draw
         expected = x @ kernel + bias

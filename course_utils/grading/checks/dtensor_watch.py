@@ -1,0 +1,84 @@
+"""What lesson 06's DTensor exercise watches: matrices made whole on the way to the mesh, and
+the layout each call of the initializer it hands the learner ran under."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = ["kernel_initializer", "whole_copy_watch"]
+
+
+def whole_copy_watch(whole: list[str]) -> Any:
+    """A profile callback that notes each matrix put on the mesh whole, or gathered from it.
+
+    Watched by identity of code, whatever name it was reached by: ``dtensor.pack`` or
+    ``dtensor.call_with_layout`` with a replicated layout of rank 2 or more (a whole copy on
+    every device); ``dtensor.copy_to_mesh`` or ``dtensor.relayout`` of a host tensor of rank 2
+    or more (the whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a
+    DTensor laid out replicated (it was whole on every device before); ``dtensor.unpack`` of a
+    matrix (its pieces brought back to the host, e.g. to compute ``y`` there).
+    """
+    from tensorflow.dtensor.python import api
+
+    tf = _tf()
+
+    def rank(tensor: Any) -> int:
+        shape = getattr(tensor, "shape", None)
+        return len(shape) if shape is not None else np.ndim(tensor)
+
+    def replicated_matrix(layout: Any) -> bool:
+        return layout is not None and layout.rank >= 2 and layout.is_fully_replicated()
+
+    def on_mesh(tensor: Any) -> bool:
+        return isinstance(tensor, tf.Tensor) and api.is_dtensor(tensor)
+
+    def watch(frame: Any) -> None:
+        code, local = frame.f_code, frame.f_locals
+        if code is api.pack.__code__ and replicated_matrix(local.get("layout")):
+            whole.append("dtensor.pack with a replicated rank-2 layout")
+        elif code is api.call_with_layout.__code__ and replicated_matrix(local.get("layout")):
+            whole.append("dtensor.call_with_layout with a replicated rank-2 layout")
+        elif code is api.copy_to_mesh.__code__ and rank(local.get("tensor")) >= 2:
+            whole.append("dtensor.copy_to_mesh of a whole matrix, sliced on the mesh")
+        elif code is api.relayout.__code__:
+            tensor = local.get("tensor")
+            if rank(tensor) >= 2 and replicated_matrix(local.get("layout")):
+                whole.append("dtensor.relayout of a matrix to a replicated layout")
+            elif not on_mesh(tensor) and rank(tensor) >= 2:
+                whole.append("dtensor.relayout of a whole host matrix")
+            elif on_mesh(tensor) and replicated_matrix(api.fetch_layout(tensor)):
+                whole.append("dtensor.relayout of a matrix laid out whole on every device")
+        elif code is api.unpack.__code__ and rank(local.get("tensor")) >= 2:
+            whole.append("dtensor.unpack of a matrix: its pieces brought back to the host")
+
+    return watch
+
+
+def kernel_initializer(seed: tuple[int, int]) -> tuple[Any, list[Any]]:
+    """An initializer ``init_kernel(shape)``, and the layouts it was called under.
+
+    Each call records the layout of the ``dtensor.call_with_layout`` it runs inside (found on
+    the call stack by code identity), or None when it ran outside one (whole, on one device).
+    """
+    import sys
+
+    from tensorflow.dtensor.python import api
+
+    tf = _tf()
+    calls: list[Any] = []
+
+    def init_kernel(shape: Any) -> Any:
+        frame, layout = sys._getframe(1), None
+        while frame is not None:
+            if frame.f_code is api.call_with_layout.__code__:
+                layout = frame.f_locals.get("layout")
+                break
+            frame = frame.f_back
+        calls.append(layout)
+        return tf.random.stateless_normal(shape, seed=seed)
+
+    return init_kernel, calls

@@ -1,0 +1,134 @@
+"""The checks' one guard (call_guard.CallsInto, refusals.refusing): aliases, exec'd copies,
+threads and a removed profiler are all caught; an honest function passes."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from course_utils.grading.checks.call_guard import REMOVED, CallsInto
+from course_utils.grading.checks.refusals import own_functions, refusing
+
+
+def helper(n):
+    """The course's answer."""
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def honest(n):
+    return sum(i * i for i in range(n))
+
+
+def exec_copy(function, filename="<learner>", shift=7):
+    """``function`` pasted elsewhere: another file name, other line numbers, another name."""
+    source = "\n" * shift + textwrap.dedent(inspect.getsource(function))
+    source = source.replace(f"def {function.__name__}(", "def mine(")
+    namespace: dict = {}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace["mine"]
+
+
+def test_an_alias_and_an_execd_copy_are_caught_by_identity_and_content():
+    alias, copy = helper, exec_copy(helper)
+    assert copy.__code__ is not helper.__code__
+    for target in (helper, helper.__code__, __file__):
+        with CallsInto(target) as guard:
+            alias(3)
+            copy(4)
+            names = guard.take()
+        assert names[0] == "helper"
+        assert names[-1] in ("helper (a copy of it)", "mine"), (target, names)
+        assert not guard.tampered
+
+
+def test_an_execd_copy_named_after_the_helpers_file_is_caught():
+    copy = exec_copy(helper, filename="/somewhere/else.py", shift=40)
+    with CallsInto(helper) as guard:
+        copy(2)
+        assert guard.take() == ["helper (a copy of it)"]
+
+
+def test_an_honest_function_passes_and_the_previous_profiler_comes_back():
+    before = sys.getprofile(), threading.getprofile()
+    with CallsInto(helper) as guard:
+        honest(5)
+        assert guard.take() == []
+    assert (sys.getprofile(), threading.getprofile()) == before
+
+
+def test_a_helper_called_in_a_new_thread_is_caught():
+    with CallsInto(helper) as guard:
+        worker = threading.Thread(target=helper, args=(3,))
+        worker.start()
+        worker.join()
+        assert guard.take() == ["helper"]
+        assert not guard.tampered
+
+
+def test_a_removed_profiler_is_named_even_when_put_back():
+    def removes():
+        sys.setprofile(None)
+        helper(3)
+
+    def puts_back():
+        mine = sys.getprofile()
+        sys.setprofile(None)
+        helper(3)
+        sys.setprofile(mine)
+
+    def through_c():  # no Python frame calls sys.setprofile: the audit hook still sees it
+        mine = sys.getprofile()
+        list(map(sys.setprofile, [None]))
+        helper(3)
+        list(map(sys.setprofile, [mine]))
+
+    def threads_unwatched():
+        threading.setprofile(None)
+        worker = threading.Thread(target=helper, args=(3,))
+        worker.start()
+        worker.join()
+
+    for answer in (removes, puts_back, through_c, threads_unwatched):
+        with CallsInto(helper) as guard:
+            answer()
+            names = guard.take()
+        assert names and names[0].startswith(REMOVED), (answer.__name__, names)
+
+
+@pytest.mark.parametrize("answer", ["alias", "copy", "thread", "setprofile(None)"])
+def test_refusing_fails_each_way_round_with_its_reason(answer):
+    def learner(n):
+        if answer == "alias":
+            return helper(n)
+        if answer == "copy":
+            return exec_copy(helper)(n)
+        if answer == "thread":
+            out = []
+            worker = threading.Thread(target=lambda: out.append(helper(n)))
+            worker.start()
+            worker.join()
+            return out[0]
+        sys.setprofile(None)
+        return helper(n)
+
+    guarded = refusing(learner, [helper], "write it yourself")
+    with pytest.raises(AssertionError) as error:
+        guarded(4)
+    expected = REMOVED if answer == "setprofile(None)" else "your function ran the course's"
+    assert expected in str(error.value)
+    assert refusing(honest, [helper], "write it yourself")(4) == helper(4)
+
+
+def test_own_functions_lists_a_check_modules_functions_but_the_named():
+    from course_utils.grading.checks import lesson_05
+
+    names = {f.__name__ for f in own_functions(lesson_05, but=["_raw_dataset"])}
+    assert "_expected_batches" in names and "reference_tpu_settings" in names
+    assert "_raw_dataset" not in names and "run_check" not in names
