@@ -495,6 +495,18 @@ def restores_a_constant(checkpoint, checkpoint_dir, examples_done):
     return 96
 
 
+def copies_the_checkers_model(checkpoint, checkpoint_dir, examples_done):
+    """Looks in the checker's frames for the model and count it saved, restores nothing."""
+    frame = getattr(sys, "_get" + "frame")(1)
+    while frame is not None:
+        for value in getattr(frame, "f_" + "locals").values():
+            if isinstance(value, tuple) and len(value) == 3 and hasattr(value[1], "numpy"):
+                checkpoint.model.set_weights(value[0].get_weights())
+                return int(value[1].numpy())              # the old check's `saved`
+        frame = getattr(frame, "f_" + "back")
+    return 0
+
+
 def never_skips(x, y, global_batch, examples_done):
     return pipeline_fn(lambda done, context, batch: 0)(x, y, global_batch, examples_done)
 
@@ -516,6 +528,8 @@ RESUME_CATALOGUE = {
     "restores, then reads the count from the file name": (
         restores_and_reads_the_file_name, make_dataset_fn, "restore_latest returned [12]\\b"),
     "a constant count": (restores_a_constant, make_dataset_fn, "got 96|returned 96"),
+    "the count and model read from the checker's frames": (
+        copies_the_checkers_model, make_dataset_fn, "returned 0"),
     "never skips": (restore_latest, never_skips, "trained examples it should not"),
     "the lesson's skip, examples for steps": (
         restore_latest, pipeline_fn(lambda done, c, b: done * b // c.num_input_pipelines),
