@@ -6,9 +6,11 @@ source handling run without a cluster.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import random
 import re
+import sys
 import tempfile
 
 import keras
@@ -17,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import course_utils as cu
-from course_utils.grading.checks import lesson_03, worker_logs, worker_scripts
+from course_utils.grading.checks import lesson_03, resume_inputs, worker_logs, worker_scripts
 from course_utils.grading.framework import NotAttemptedError, strict_checks
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
@@ -235,6 +237,26 @@ def _heartbeats_are_a_crash(logs):
     return cause, worker
 
 
+def _from_the_frames(logs):
+    """Reads the expected answer from the checker's frames, the names built at run time."""
+    frame = getattr(sys, "_get" + "frame")(1)
+    while frame is not None:
+        for value in getattr(frame, "f_" + "locals").values():
+            for case in value if isinstance(value, list) else [value]:
+                if getattr(case, "args", None) == (logs,):
+                    return case.expected
+        frame = getattr(frame, "f_" + "back")
+    return "killed", 0
+
+
+def _from_the_heap(logs):
+    """Finds the checker's case among every object of the process."""
+    for thing in getattr(gc, "get_" + "objects")():
+        if type(thing).__name__ == "Case" and thing.args == (logs,):
+            return thing.expected
+    return "killed", 0
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -246,6 +268,8 @@ DIAGNOSIS_CATALOGUE = {
     "ignores a late TF_CONFIG": (_never_not_in_cluster, "the cause is 'not_in_cluster'"),
     "'The tasks have crashed' read as a crash": (_heartbeats_are_a_crash,
                                                  "the cause is 'killed'"),
+    "the answer read from the checker's frames": (_from_the_frames, "the cause is|at fault"),
+    "the answer found on the heap (gc)": (_from_the_heap, "the cause is|at fault"),
 }
 
 
@@ -374,6 +398,12 @@ TRAIN_WORKER_CATALOGUE = {
     "the lesson's batch: replica_batch taken as global": (
         "global_batch = replica_batch * strategy.num_replicas_in_sync",
         "global_batch = replica_batch", "backward passes carried"),
+    "two workers assumed: the global batch": (
+        "global_batch = replica_batch * strategy.num_replicas_in_sync",
+        "global_batch = replica_batch * 2", "worker 0 of 3|the job failed"),
+    "two workers assumed: the shards": (
+        "dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)",
+        "dataset = dataset.shard(2, context.input_pipeline_id)", "the job failed"),
     "the loss averaged per replica": (
         "loss = tf.nn.compute_average_loss(per_example(labels, model(features)),\n"
         "                                              global_batch_size=global_batch)",
@@ -436,8 +466,8 @@ def test_the_reference_resume_passes_on_a_killed_cluster():
 
 def test_the_reference_resume_functions_pass_the_in_process_cases():
     rng = random.Random(11)
-    assert lesson_03._restore_problem(restore_latest, rng) is None
-    assert lesson_03._dataset_fn_problem(make_dataset_fn, rng) is None
+    assert resume_inputs.restore_problem(restore_latest, rng) is None
+    assert resume_inputs.dataset_fn_problem(make_dataset_fn, rng) is None
 
 
 def restarts_from_zero(checkpoint, checkpoint_dir, examples_done):
@@ -465,6 +495,18 @@ def restores_a_constant(checkpoint, checkpoint_dir, examples_done):
     return 96
 
 
+def copies_the_checkers_model(checkpoint, checkpoint_dir, examples_done):
+    """Looks in the checker's frames for the model and count it saved, restores nothing."""
+    frame = getattr(sys, "_get" + "frame")(1)
+    while frame is not None:
+        for value in getattr(frame, "f_" + "locals").values():
+            if isinstance(value, tuple) and len(value) == 3 and hasattr(value[1], "numpy"):
+                checkpoint.model.set_weights(value[0].get_weights())
+                return int(value[1].numpy())              # the old check's `saved`
+        frame = getattr(frame, "f_" + "back")
+    return 0
+
+
 def never_skips(x, y, global_batch, examples_done):
     return pipeline_fn(lambda done, context, batch: 0)(x, y, global_batch, examples_done)
 
@@ -486,6 +528,8 @@ RESUME_CATALOGUE = {
     "restores, then reads the count from the file name": (
         restores_and_reads_the_file_name, make_dataset_fn, "restore_latest returned [12]\\b"),
     "a constant count": (restores_a_constant, make_dataset_fn, "got 96|returned 96"),
+    "the count and model read from the checker's frames": (
+        copies_the_checkers_model, make_dataset_fn, "returned 0"),
     "never skips": (restore_latest, never_skips, "trained examples it should not"),
     "the lesson's skip, examples for steps": (
         restore_latest, pipeline_fn(lambda done, c, b: done * b // c.num_input_pipelines),

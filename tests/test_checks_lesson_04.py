@@ -100,13 +100,46 @@ def real_coordinator(coordinator, dataset_fn, step_fn, num_steps, max_in_flight)
     real = tf.distribute.coordinator.ClusterCoordinator(coordinator.strategy)
     return right(real, dataset_fn, step_fn, num_steps, max_in_flight)
 
-for fn in (right, right_in_rounds, stub, captured, lesson_copy, sorted_results,
-           ones_after_join, remote_values, returns_early, real_coordinator):
+def serial(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    return [coordinator.schedule(step_fn, args=(iterator,)).fetch() for _ in range(num_steps)]
+
+def right_with_get(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    results, pending = [], []
+    for _ in range(num_steps):
+        if len(pending) >= max_in_flight:
+            results.append(coordinator.fetch(pending.pop(0)))
+        pending.append(coordinator.schedule(step_fn, args=(iterator,)))
+    coordinator.join()
+    return results + [r.get().numpy() for r in pending]
+
+def overwrites_the_watch(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    for name, value in (("max_in_flight", 1), ("scheduled", []), ("in_flight", [])):
+        try:
+            setattr(coordinator, name, value)  # the old watcher's record, set from here
+        except AttributeError:
+            pass
+    return lesson_copy(coordinator, dataset_fn, step_fn, num_steps, max_in_flight)
+
+def patches_the_watch(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    watched = type(coordinator)
+    schedule = watched.schedule
+    def schedule_and_forget(self, fn, args=None, kwargs=None):
+        remote = schedule(self, fn, args=args, kwargs=kwargs)
+        watched.join(self)   # tells the watch every step finished, waits for none... almost
+        return remote
+    watched.schedule = schedule_and_forget
+    return lesson_copy(coordinator, dataset_fn, step_fn, num_steps, max_in_flight)
+
+for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
+           sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
+           serial, overwrites_the_watch, patches_the_watch):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
 def make(shard=True, shuffle=True, repeat=(), order="shuffle repeat batch", reshuffle=True,
-         drop=False):
+         drop=False, buffer=1000):
     def make_dataset_fn(features, labels, size, num_workers):
         def dataset_fn():
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -115,7 +148,8 @@ def make(shard=True, shuffle=True, repeat=(), order="shuffle repeat batch", resh
                 data = data.shard(num_workers, worker)
             for part in order.split():
                 if part == "shuffle" and shuffle:
-                    data = data.shuffle(1000, seed=tf.cast(worker, tf.int64) + 1,
+                    size_ = size if buffer == "batch" else buffer
+                    data = data.shuffle(size_, seed=tf.cast(worker, tf.int64) + 1,
                                         reshuffle_each_iteration=reshuffle)
                 elif part == "repeat" and repeat is not None:
                     data = data.repeat(*repeat)
@@ -131,7 +165,8 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("no_shard", make(shard=False)), ("no_shuffle", make(shuffle=False)),
                  ("no_reshuffle", make(reshuffle=False)),
                  ("repeat_then_shuffle", make(order="repeat shuffle batch")),
-                 ("drop_remainder", make(order="shuffle batch repeat", drop=True))]:
+                 ("drop_remainder", make(order="shuffle batch repeat", drop=True)),
+                 ("shuffle_2", make(buffer=2)), ("shuffle_a_batch", make(buffer="batch"))]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -199,7 +234,11 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
             verdicts[(kind, name)] = rest
     expected = {
         ("RUN_STEPS", "right"): "PASS",
-        ("RUN_STEPS", "right_in_rounds"): "PASS",
+        ("RUN_STEPS", "right_with_get"): "PASS",
+        ("RUN_STEPS", "right_in_rounds"): "fewer",
+        ("RUN_STEPS", "serial"): "fewer",
+        ("RUN_STEPS", "overwrites_the_watch"): "there were more",
+        ("RUN_STEPS", "patches_the_watch"): "were replaced",
         ("RUN_STEPS", "stub"): "BLANK",
         ("RUN_STEPS", "captured"): "worker index",
         ("RUN_STEPS", "lesson_copy"): "max_in_flight",
@@ -207,7 +246,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "ones_after_join"): "you returned",
         ("RUN_STEPS", "remote_values"): "fetch",
         # the last steps may or may not have landed when it returns: either way it fails
-        ("RUN_STEPS", "returns_early"): "applied when run_steps returned|you returned",
+        ("RUN_STEPS", "returns_early"): "applied when it returned|you returned",
         ("RUN_STEPS", "real_coordinator"): "coordinator passed",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
@@ -219,6 +258,8 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "no_reshuffle"): "same order in every pass",
         ("DATASET", "repeat_then_shuffle"): "once each|never read",
         ("DATASET", "drop_remainder"): "once each",
+        ("DATASET", "shuffle_2"): "too small",
+        ("DATASET", "shuffle_a_batch"): "too small",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",

@@ -1,6 +1,13 @@
-"""What a coordinator loop did, watched: lesson 04's ``check_run_steps`` passes a
-:class:`WatchedCoordinator` in the ``ClusterCoordinator``'s place and reads which steps were
-scheduled, and how many were in flight at once."""
+"""What a coordinator loop did, watched: lesson 04's ``check_run_steps`` passes a watched
+coordinator in the ``ClusterCoordinator``'s place and reads, from a record the learner's code is
+not handed, which steps were scheduled and how many were in flight at each ``schedule``.
+
+:func:`watch` makes the classes afresh for every call, without instance attributes
+(``__slots__ = ()``): the coordinator and the record live in the methods' closures, so neither
+an attribute set on the watched object nor a method replaced on a class imported from this
+module changes what is recorded, and :meth:`WatchRecord.tampered` names a class whose methods
+or an object whose class were changed during the call.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ from typing import Any
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["WatchedCoordinator", "WatchedRemoteValue", "taken_in_order"]
+__all__ = ["WatchRecord", "taken_in_order", "watch"]
 
 
 def taken_in_order(values: list[int], rows: list[list[int]]) -> bool:
@@ -23,73 +30,113 @@ def taken_in_order(values: list[int], rows: list[list[int]]) -> bool:
     return not +left
 
 
-class WatchedRemoteValue:
-    """A ``RemoteValue`` that tells its :class:`WatchedCoordinator` when it was fetched."""
+class WatchRecord:
+    """What the watched coordinator saw: each step's real ``RemoteValue``, in the order
+    scheduled, and the steps in flight (scheduled, not known finished) at each ``schedule``.
 
-    def __init__(self, remote: Any) -> None:
-        self.remote = remote
-        self.finished = False
-
-    def fetch(self) -> Any:
-        """The step's result (waits for it)."""
-        value = self.remote.fetch()
-        self.finished = True
-        return value
-
-    def get(self) -> Any:
-        """The step's result as tensors (waits for it)."""
-        value = self.remote.get()
-        self.finished = True
-        return value
-
-
-class WatchedCoordinator:
-    """A ``ClusterCoordinator`` that counts the steps scheduled and not yet known finished.
-
-    A step is known finished once ``join`` returned after it was scheduled, or once its
-    ``RemoteValue`` was fetched. ``max_in_flight`` is the most steps scheduled and not known
-    finished at any ``schedule`` call.
+    A step is known finished once ``join`` (or a ``done`` that said so) returned after it was
+    scheduled, or once its watched value was fetched.
     """
 
-    def __init__(self, coordinator: Any) -> None:
-        self.coordinator = coordinator
-        self.strategy = coordinator.strategy
-        self.scheduled: list[WatchedRemoteValue] = []
-        self.max_in_flight = 0
+    def __init__(self) -> None:
+        self.scheduled: list[Any] = []
+        self.finished: list[bool] = []
+        self.in_flight: list[int] = []
+        self.handed: list[Any] = []               # the watched values given to the learner
+        self.classes: dict[type, dict[str, Any]] = {}
 
-    def create_per_worker_dataset(self, dataset_fn: Any) -> Any:
-        """As ``ClusterCoordinator.create_per_worker_dataset``."""
-        return self.coordinator.create_per_worker_dataset(dataset_fn)
+    @property
+    def max_in_flight(self) -> int:
+        """The most steps in flight at any ``schedule``."""
+        return max(self.in_flight, default=0)
 
-    def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> WatchedRemoteValue:
-        """As ``ClusterCoordinator.schedule``, counting the steps in flight."""
-        in_flight = 1 + sum(not remote.finished for remote in self.scheduled)
-        self.max_in_flight = max(self.max_in_flight, in_flight)
-        watched = WatchedRemoteValue(self.coordinator.schedule(fn, args=args, kwargs=kwargs))
-        self.scheduled.append(watched)
-        return watched
+    def tampered(self, watched: Any) -> str | None:
+        """What the learner's code changed in the watched objects, or None."""
+        for cls, methods in self.classes.items():
+            if dict(vars(cls)) != methods:
+                return (f"the methods of the check's {cls.__name__} were replaced: call them, "
+                        "do not change them")
+        kinds = list(self.classes)
+        if type(watched) is not kinds[0] or any(type(v) is not kinds[1] for v in self.handed):
+            return "the class of the check's coordinator or of its RemoteValues was changed"
+        return None
 
-    def join(self) -> None:
-        """As ``ClusterCoordinator.join``: every step scheduled so far has finished."""
-        self.coordinator.join()
-        for remote in self.scheduled:
-            remote.finished = True
 
-    def done(self) -> bool:
-        """As ``ClusterCoordinator.done``."""
-        finished = self.coordinator.done()
-        if finished:
-            for remote in self.scheduled:
-                remote.finished = True
-        return finished
+def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
+    """A watched stand-in for ``coordinator`` to hand to the learner, and its record."""
+    tf = _tf()
+    record = WatchRecord()
+    index_of: dict[int, int] = {}
 
-    def fetch(self, values: Any) -> Any:
-        """As ``ClusterCoordinator.fetch`` (of watched values too)."""
-        tf = _tf()
+    def known_finished(index: int) -> None:
+        record.finished[index] = True
 
-        def one(value: Any) -> Any:
-            if isinstance(value, WatchedRemoteValue):
-                return value.fetch()
-            return self.coordinator.fetch(value)
+    class WatchedRemoteValue:
+        """A ``RemoteValue`` whose fetch tells the watch that its step finished."""
 
-        return tf.nest.map_structure(one, values)
+        __slots__ = ()
+
+        def fetch(self) -> Any:
+            """The step's result (waits for it)."""
+            index = index_of[id(self)]
+            value = record.scheduled[index].fetch()
+            known_finished(index)
+            return value
+
+        def get(self) -> Any:
+            """The step's result as tensors (waits for it)."""
+            index = index_of[id(self)]
+            value = record.scheduled[index].get()
+            known_finished(index)
+            return value
+
+    class WatchedCoordinator:
+        """A ``ClusterCoordinator`` whose steps in flight are recorded."""
+
+        __slots__ = ()
+
+        @property
+        def strategy(self) -> Any:
+            """As ``ClusterCoordinator.strategy``."""
+            return coordinator.strategy
+
+        def create_per_worker_dataset(self, dataset_fn: Any) -> Any:
+            """As ``ClusterCoordinator.create_per_worker_dataset``."""
+            return coordinator.create_per_worker_dataset(dataset_fn)
+
+        def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> Any:
+            """As ``ClusterCoordinator.schedule``, recording the steps in flight."""
+            record.in_flight.append(1 + record.finished.count(False))
+            remote = coordinator.schedule(fn, args=args, kwargs=kwargs)
+            watched = WatchedRemoteValue()
+            index_of[id(watched)] = len(record.scheduled)
+            record.scheduled.append(remote)
+            record.finished.append(False)
+            record.handed.append(watched)
+            return watched
+
+        def join(self) -> None:
+            """As ``ClusterCoordinator.join``: every step scheduled so far has finished."""
+            coordinator.join()
+            record.finished[:] = [True] * len(record.finished)
+
+        def done(self) -> bool:
+            """As ``ClusterCoordinator.done``."""
+            finished = coordinator.done()
+            if finished:
+                record.finished[:] = [True] * len(record.finished)
+            return finished
+
+        def fetch(self, values: Any) -> Any:
+            """As ``ClusterCoordinator.fetch`` (of watched values too)."""
+
+            def one(value: Any) -> Any:
+                if type(value) is WatchedRemoteValue:
+                    return value.fetch()
+                return coordinator.fetch(value)
+
+            return tf.nest.map_structure(one, values)
+
+    for cls in (WatchedCoordinator, WatchedRemoteValue):
+        record.classes[cls] = dict(vars(cls))
+    return WatchedCoordinator(), record

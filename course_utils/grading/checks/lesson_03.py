@@ -1,18 +1,19 @@
 """Checks of lesson 03's exercises (multi-worker training), registered by name with ``@register``.
 
 * ``check_train_worker(train_worker)``: runs the learner's worker function (exercise 1 fixes a
-  broken one, given a per-replica batch) on a real 2-worker localhost cluster (fresh data,
-  steps and batch; ``build_model`` seeded differently on each worker): each worker built the
-  model once in the scope of a ``MultiWorkerMirroredStrategy`` of 2 replicas, ran every backward
-  pass in its 2-replica context on its half of the global batch (an audit layer of the model
-  counts them), saved after every ``save_every`` steps and the last, both finish with
-  equal weights, equal to a one-device reference on the same global batches from the chief's
-  initial weights, the chief alone wrote into the checkpoint folder (the other worker saved
-  into a temporary folder it deleted), and the newest checkpoint holds the optimizer's step
-  count and the final weights.
+  broken one, given a per-replica batch) on a real localhost cluster of 2 workers, then on
+  one of 3 (fresh data, steps and batch each time; ``build_model`` seeded differently on each
+  worker): each worker built the model once in the scope of a ``MultiWorkerMirroredStrategy``
+  of one replica per worker, ran every backward pass in that replica context on its share of
+  the global batch (an audit layer of the model counts them), saved after every
+  ``save_every`` steps and the last; all finish with equal weights, equal to a one-device
+  reference on the same global batches from the chief's initial weights; the chief alone
+  wrote into the checkpoint folder (the other workers saved into temporary folders they
+  deleted), and the newest checkpoint holds the optimizer's step count and the final weights.
 * ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed,
-  stalled or never started; a job whose workers each trained alone); the learner's function
-  names the cause and the worker at fault.
+  stalled or never started; a job whose workers each trained alone); the learner's function,
+  called in a copy of this process forked before the logs are drawn, names the cause and the
+  worker at fault.
 * ``check_resume(restore_latest, make_dataset_fn)``: the course's worker script with the
   learner's two functions, killed after a checkpoint and restarted: the second run starts at the
   ``examples_done`` of the chief's newest checkpoint (its name holds only the save count),
@@ -33,7 +34,13 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.forked_call import ForkedCall
 from course_utils.grading.checks.registry import register
+from course_utils.grading.checks.resume_inputs import (
+    dataset_fn_problem,
+    max_difference,
+    restore_problem,
+)
 from course_utils.grading.checks.worker_logs import CAUSES, KILLED_REASONS, failure_logs
 from course_utils.grading.checks.worker_scripts import (
     function_source,
@@ -58,10 +65,11 @@ __all__ = [
 CLUSTER_TIMEOUT = 240.0
 
 
-def _fresh_job(rng: Any, folder: Path, batches: int | None = None) -> dict[str, Any]:
-    """Fresh data and sizes for one job (``batches`` global batches of data, else 3-5), the
-    data written where the workers read it."""
-    global_batch = rng.choice([16, 24, 32])
+def _fresh_job(rng: Any, folder: Path, batches: int | None = None,
+               workers: int = 2) -> dict[str, Any]:
+    """Fresh data and sizes for one job of ``workers`` workers (``batches`` global batches of
+    data, else 3-5), the data written where the workers read it."""
+    global_batch = workers * rng.choice([8, 12, 16])
     num_examples = global_batch * (batches or rng.randint(3, 5))
     features, classes = rng.randint(4, 7), rng.randint(3, 4)
     data = np.random.default_rng(rng.randint(0, 2**31))
@@ -70,7 +78,7 @@ def _fresh_job(rng: Any, folder: Path, batches: int | None = None) -> dict[str, 
     np.savez(folder / "data.npz", x=x, y=y)
     return {"x": x, "y": y, "global_batch": global_batch, "classes": classes,
             "steps": rng.randint(5, 7), "save_every": rng.choice([2, 3]),
-            "seed": rng.randint(0, 10_000)}
+            "seed": rng.randint(0, 10_000), "workers": workers}
 
 
 def _script_args(job: dict[str, Any], folder: Path) -> list[str]:
@@ -80,21 +88,17 @@ def _script_args(job: dict[str, Any], folder: Path) -> list[str]:
             "--seed", str(job["seed"]), "--classes", str(job["classes"])]
 
 
-def _run(script: Path, args: list[str], folder: Path, **kwargs: Any) -> tuple[Any, list[str]]:
-    """Run ``script`` on 2 workers until they finish; return (cluster, logs). Raises on failure."""
+def _run(script: Path, args: list[str], folder: Path, workers: int = 2,
+         **kwargs: Any) -> tuple[Any, list[str]]:
+    """Run ``script`` on ``workers`` workers until they finish; return (cluster, logs). Raises
+    on failure."""
     from course_utils.cluster import LocalCluster
 
-    with LocalCluster(script, 2, args=args, timeout=CLUSTER_TIMEOUT, stream=False,
+    with LocalCluster(script, workers, args=args, timeout=CLUSTER_TIMEOUT, stream=False,
                       collective_timeout=60, env={"TMPDIR": str(folder / "tmp")},
                       **kwargs) as cluster:
         cluster.wait()
-    return cluster, [cluster.log(i) for i in range(2)]
-
-
-def _max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    if len(a) != len(b) or any(u.shape != v.shape for u, v in zip(a, b, strict=True)):
-        return float("inf")
-    return max(float(np.abs(u - v).max()) for u, v in zip(a, b, strict=True))
+    return cluster, [cluster.log(i) for i in range(workers)]
 
 
 def _load(path: Path) -> list[np.ndarray]:
@@ -109,7 +113,8 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     """What is wrong with the finished job in ``folder`` (None when it is right)."""
     tf = _tf()
     out = folder / "out"
-    audits = [json.loads((out / f"audit-{i}.json").read_text()) for i in range(2)]
+    workers = job["workers"]
+    audits = [json.loads((out / f"audit-{i}.json").read_text()) for i in range(workers)]
     for worker, audit in enumerate(audits):
         built = audit["built"]
         if len(built) != 1:
@@ -118,47 +123,52 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
         if not built[0]["multi_worker"]:
             return (f"worker {worker} built the model under {built[0]['strategy']}, not in the "
                     "scope of a tf.distribute.MultiWorkerMirroredStrategy")
-        if built[0]["replicas"] != 2:
+        if built[0]["replicas"] != workers:
             return (f"worker {worker}'s strategy had {built[0]['replicas']} replicas in sync, "
-                    "not 2: was TF_CONFIG read (the strategy built first)?")
-    half = job["global_batch"] // 2
+                    f"not {workers}: was TF_CONFIG read (the strategy built first)?")
+    share = job["global_batch"] // workers
     for worker, audit in enumerate(audits):
-        if not audit["contexts"] or set(audit["contexts"]) != {2}:
+        if not audit["contexts"] or set(audit["contexts"]) != {workers}:
             return (f"worker {worker} ran the backward pass in a replica context of "
-                    f"{sorted(set(audit['contexts']))} replicas, not 2: train the model built "
-                    "in the scope, inside strategy.run, so that its gradients are all-reduced")
-        if audit["rows"] != [half] * job["steps"]:
-            return (f"worker {worker}'s {len(audit['rows'])} backward passes carried "
-                    f"{audit['rows'][:8]} examples; each of the {job['steps']} steps should "
-                    f"train this worker on its own {half} of the {job['global_batch']} "
-                    "examples of the global batch (InputContext)")
+                    f"{sorted(set(audit['contexts']))} replicas, not {workers}: train the "
+                    "model built in the scope, inside strategy.run, so that its gradients "
+                    "are all-reduced")
+        if audit["rows"] != [share] * job["steps"]:
+            return (f"worker {worker} of {workers}: its {len(audit['rows'])} backward passes "
+                    f"carried {audit['rows'][:8]} examples; each of the {job['steps']} steps "
+                    f"should train this worker on its own {share} of the "
+                    f"{job['global_batch']} examples of the global batch (InputContext; the "
+                    "replicas in sync, not a number of workers you assume)")
     due = [*range(job["save_every"], job["steps"] + 1, job["save_every"]), job["steps"]]
     for worker, audit in enumerate(audits):
         if audit["saved_after"] != due:
             return (f"worker {worker} saved after steps {audit['saved_after']}, expected "
                     f"{due}: every save_every steps and after the last one")
-    weights = [_load(out / f"weights-{i}.npz") for i in range(2)]
+    weights = [_load(out / f"weights-{i}.npz") for i in range(workers)]
     expected = reference_weights(job, job["steps"], initial=_load(out / "initial-0.npz"))
-    error = _max_difference(weights[0], expected)
-    if _max_difference(weights[0], weights[1]) > 1e-6:
-        return "the two workers ended with different weights: were the variables mirrored?"
+    error = max_difference(weights[0], expected)
+    if max(max_difference(weights[0], other) for other in weights[1:]) > 1e-6:
+        return "the workers ended with different weights: were the variables mirrored?"
     if error > 1e-4:
         return (f"the weights differ from one device trained on the same global batches of "
                 f"{job['global_batch']} examples (max |difference| {error:.2g}): does every "
                 "worker read its own part of each global batch (InputContext), is the global "
                 "batch replica_batch × num_replicas_in_sync, and is the loss divided by it?")
     shared = os.path.realpath(folder / "checkpoints")
-    chief, other = audits[0]["saves"], audits[1]["saves"]
+    chief = audits[0]["saves"]
     if not chief or any(os.path.realpath(d) != shared for d in chief):
         return ("the chief should save into checkpoint_dir with a CheckpointManager; it saved "
                 f"into {chief}")
-    if len(other) != len(chief):
-        return (f"every worker must call save (the chief saved {len(chief)} times, worker 1 "
-                f"{len(other)} times); the others save into a temporary folder")
-    if any(os.path.realpath(d).startswith(shared) for d in other):
-        return "worker 1 wrote into checkpoint_dir: only the chief may write there"
-    if any(os.path.exists(d) for d in other):
-        return "worker 1 left its temporary checkpoint folder behind: delete it after each save"
+    for worker, audit in enumerate(audits[1:], start=1):
+        other = audit["saves"]
+        if len(other) != len(chief):
+            return (f"every worker must call save (the chief saved {len(chief)} times, worker "
+                    f"{worker} {len(other)} times); the others save into a temporary folder")
+        if any(os.path.realpath(d).startswith(shared) for d in other):
+            return f"worker {worker} wrote into checkpoint_dir: only the chief may write there"
+        if any(os.path.exists(d) for d in other):
+            return (f"worker {worker} left its temporary checkpoint folder behind: delete it "
+                    "after each save")
     latest = tf.train.latest_checkpoint(str(folder / "checkpoints"))
     if latest is None:
         return "no checkpoint in checkpoint_dir: save at the end of training too"
@@ -169,7 +179,7 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
         return ("the newest checkpoint holds no optimizer that applied every step: put the "
                 "optimizer in the tf.train.Checkpoint with the model, so a restart resumes it")
     restored = reference_weights(job, 0, checkpoint=latest)
-    if _max_difference(restored, weights[0]) > 1e-6:
+    if max_difference(restored, weights[0]) > 1e-6:
         return "the newest checkpoint does not hold the final weights: save after the last step"
     return None
 
@@ -183,31 +193,35 @@ def check_train_worker(fn: Any) -> bool:
         return False
     source = function_source(fn, "train_worker")
     rng = fresh_rng()
-    with tempfile.TemporaryDirectory(prefix="lesson03_train_") as root:
-        folder = Path(root)
-        (folder / "tmp").mkdir()
-        job = _fresh_job(rng, folder)
-        if job["steps"] % job["save_every"] == 0:      # a last step that is no regular save
-            job["steps"] += 1
-        script = folder / "worker.py"
-        script.write_text(train_worker_script(source))
 
-        def run_and_verify(_: Any) -> str | None:
+    def run_and_verify(workers: int) -> str | None:
+        """A fresh job on a fresh cluster of ``workers`` workers: what went wrong, or None."""
+        with tempfile.TemporaryDirectory(prefix="lesson03_train_") as root:
+            folder = Path(root)
+            (folder / "tmp").mkdir()
+            job = _fresh_job(rng, folder, workers=workers)
+            if job["steps"] % job["save_every"] == 0:   # a last step that is no regular save
+                job["steps"] += 1
+            script = folder / "worker.py"
+            script.write_text(train_worker_script(source))
             try:
-                _run(script, _script_args(job, folder), folder)
+                _run(script, _script_args(job, folder), folder, workers=workers)
             except Exception as error:  # noqa: BLE001 - the learner's code failed in a worker
                 return f"the job failed: {error}"
             return _verify_train_worker(folder, job)
 
-        case = Case(args=(None,), verify=lambda reason: reason,
-                    label=f"2 workers, {job['steps']} steps of {job['global_batch']} examples")
-        return run_check(name, run_and_verify, [case],
-                         hint="compare the broken worker with the lesson's script, parts 1-5: "
-                              "a dataset_fn sharded by its InputContext, the global batch of "
-                              "all replicas, the step inside strategy.run, the loss divided "
-                              "by it, a CheckpointManager of the model and optimizer writing "
-                              "to checkpoint_dir on the chief only, every save_every steps "
-                              "and after the last step. Section 2.")
+    # two sizes of cluster, so that no number of workers can be assumed; the second only
+    # once the first passed
+    cases = [Case(args=(workers,), verify=lambda reason: reason,
+                  label=f"a fresh job on {workers} workers") for workers in (2, 3)]
+    return run_check(name, run_and_verify, cases,
+                     hint="compare the broken worker with the lesson's script, parts 1-5: "
+                          "a dataset_fn sharded by its InputContext, the global batch of "
+                          "all replicas (num_replicas_in_sync: the check runs 2 and 3 "
+                          "workers), the step inside strategy.run, the loss divided by it, a "
+                          "CheckpointManager of the model and optimizer writing to "
+                          "checkpoint_dir on the chief only, every save_every steps and after "
+                          "the last step. Section 2.")
 
 
 # --- exercise 2: diagnose a failed job ---------------------------------------------------------
@@ -247,17 +261,25 @@ def _diagnosis_verify(expected: tuple[str, int | None]) -> Any:
 
 @register
 def check_diagnose(fn: Any) -> bool:
-    """Check ``diagnose(logs) -> (cause, worker)`` on fresh logs of failed jobs."""
-    cases = _diagnosis_cases(fresh_rng())
-    for case in cases:
-        case.verify = _diagnosis_verify(case.expected)
-    return run_check("diagnose", fn, cases,
-                     hint="read each worker's last lines: a traceback of its own (crashed), an "
-                          "empty log (never started), peers failing with UnavailableError "
-                          "(refused, socket closed, reset or no heartbeats: that worker is "
-                          "gone, killed) or DeadlineExceededError (the collective time-out: alive "
-                          "but silent, stalled), every worker '1 replicas in sync' (TF_CONFIG "
-                          "too late). Sections 3 and 8.")
+    """Check ``diagnose(logs) -> (cause, worker)`` on fresh logs of failed jobs, calling it in a
+    copy of this process forked before the logs and their answers are drawn (nothing it can
+    reach holds them)."""
+    name = "diagnose"
+    if is_stub(fn):
+        not_attempted(name)
+        return False
+    with ForkedCall(fn) as in_a_copy:
+        cases = _diagnosis_cases(fresh_rng())
+        for case in cases:
+            case.verify = _diagnosis_verify(case.expected)
+        return run_check(name, in_a_copy, cases,
+                         hint="read each worker's last lines: a traceback of its own (crashed), "
+                              "an empty log (never started), peers failing with "
+                              "UnavailableError (refused, socket closed, reset or no "
+                              "heartbeats: that worker is gone, killed) or "
+                              "DeadlineExceededError (the collective time-out: alive but "
+                              "silent, stalled), every worker '1 replicas in sync' (TF_CONFIG "
+                              "too late). Sections 3 and 8.")
 
 
 # --- exercise 3: resume after the job changed shape -------------------------------------------
@@ -265,85 +287,6 @@ def check_diagnose(fn: Any) -> bool:
 
 def _steps_logged(log: str) -> list[int]:
     return [int(step) for step in re.findall(r"^step (\d+) ", log, re.MULTILINE)]
-
-
-def _restore_problem(restore_latest: Any, rng: Any) -> str | None:
-    """Run ``restore_latest`` here on a fresh folder of checkpoints (and on an empty one)."""
-    tf = _tf()
-    import keras
-
-    features, units = rng.randint(3, 6), rng.randint(2, 5)
-
-    def fresh() -> tuple[Any, Any, Any]:
-        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(units)])
-        done = tf.Variable(0, dtype=tf.int64)
-        return model, done, tf.train.Checkpoint(model=model, examples_done=done)
-
-    with tempfile.TemporaryDirectory(prefix="lesson03_restore_") as root:
-        empty = Path(root) / "empty"
-        empty.mkdir()
-        model, done, checkpoint = fresh()
-        before = model.get_weights()
-        got = restore_latest(checkpoint, str(empty), done)
-        if got != 0 or _max_difference(model.get_weights(), before) > 0:
-            return ("with no checkpoint in checkpoint_dir, return 0 and restore nothing (got "
-                    f"{got!r})")
-        saved = fresh()
-        manager = tf.train.CheckpointManager(saved[2], root, max_to_keep=3)
-        for _ in range(2):                                 # the newest one must win
-            for variable in saved[0].weights:
-                variable.assign(np.random.default_rng(rng.randint(0, 2**31)).normal(
-                    size=variable.shape).astype("float32"))
-            saved[1].assign(int(saved[1].numpy()) + rng.randint(50, 5000))
-            manager.save()             # numbered 1, 2: the name does not say examples_done
-        model, done, checkpoint = fresh()
-        got = restore_latest(checkpoint, root, done)
-        expected = int(saved[1].numpy())
-        if not isinstance(got, (int, np.integer)) or int(got) != expected:
-            return (f"the newest checkpoint holds examples_done = {expected}; restore_latest "
-                    f"returned {got!r}: restore it, then return examples_done")
-        if _max_difference(model.get_weights(), saved[0].get_weights()) > 1e-7:
-            return "restore_latest returned the count but did not restore the newest model"
-    return None
-
-
-def _dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
-    """Call the learner's ``dataset_fn`` for fresh input contexts; check two steps of data."""
-    tf = _tf()
-    for _ in range(3):
-        pipelines, per = rng.choice([2, 3, 4]), rng.choice([1, 2])
-        replicas = pipelines * per
-        replica_batch = rng.randint(2, 4)
-        global_batch = replicas * replica_batch
-        size = global_batch * rng.randint(4, 7) + rng.randint(1, global_batch - 1)
-        done = rng.choice([e for e in range(size, 3 * size) if e % pipelines])
-        ids = np.arange(size)
-        x = np.random.default_rng(rng.randint(0, 2**31)).normal(size=(size, 3)).astype("float32")
-        dataset_fn = make_dataset_fn(x, ids, global_batch, done)
-        trained: list[list[int]] = [[], []]
-        for pipeline in range(pipelines):
-            context = tf.distribute.InputContext(num_input_pipelines=pipelines,
-                                                 input_pipeline_id=pipeline,
-                                                 num_replicas_in_sync=replicas)
-            batches = list(dataset_fn(context).take(2 * per).as_numpy_iterator())
-            where = (f"{pipelines} input pipelines feeding {per} replica(s) each, global batch "
-                     f"{global_batch}, resumed at example {done}")
-            if len(batches) != 2 * per or any(len(b[1]) != replica_batch for b in batches):
-                return (f"{where}: pipeline {pipeline} must give per-replica batches of "
-                        f"{replica_batch}, got sizes {[len(b[1]) for b in batches]}")
-            for index, (features, labels) in enumerate(batches):
-                if not np.array_equal(features, x[labels]):
-                    return f"{where}: the features no longer match their labels"
-                trained[index // per] += [int(label) for label in labels]
-        for step, got in enumerate(trained):
-            due = sorted(((done + step * global_batch + np.arange(global_batch)) % size).tolist())
-            if sorted(got) != due:
-                extra = sorted(set(got) - set(due))[:4]
-                missing = sorted(set(due) - set(got))[:4]
-                return (f"{where}: step {step + 1} after the restart trained examples it should "
-                        f"not ({extra}) or missed some ({missing}); {len(due)} were due from "
-                        f"example {(done + step * global_batch) % size}")
-    return None
 
 
 def _run_killed(script: Path, args: list[str], folder: Path, kill_after: int) -> None:
@@ -372,7 +315,7 @@ def _verify_resume(folder: Path, job: dict[str, Any], logs: list[str], saved: in
     batches += [(saved + k * batch, batch) for k in range(job["steps"])]
     weights = _load(folder / "out" / "weights-0.npz")
     initial = _load(folder / "out" / "initial-0.npz")
-    error = _max_difference(weights, reference_weights(job, 0, initial=initial, batches=batches))
+    error = max_difference(weights, reference_weights(job, 0, initial=initial, batches=batches))
     if error > 1e-4:
         return (f"after the restart the weights differ from one device trained on the same "
                 f"examples (max |difference| {error:.2g}): the resumed pipeline must start at "
@@ -425,8 +368,8 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
                 return f"the job failed: {error}"
             return _verify_resume(folder, job, logs, saved, first_batch)
 
-        parts = {"restore": lambda: _restore_problem(restore_latest, rng),
-                 "dataset": lambda: _dataset_fn_problem(make_dataset_fn, rng),
+        parts = {"restore": lambda: restore_problem(restore_latest, rng),
+                 "dataset": lambda: dataset_fn_problem(make_dataset_fn, rng),
                  "cluster": lambda: kill_restart_verify(None)}
         cases = [Case(args=("restore",), verify=lambda reason: reason,
                       label="restore_latest on fresh checkpoints, in this process"),

@@ -4,10 +4,11 @@ Each check runs the learner's code on the notebook's own ``ParameterServerStrate
 cannot start a second in-process cluster) and verifies what the parameter servers recorded:
 
 * ``check_run_steps(run_steps, strategy)``: a coordinator loop that gives every worker its own
-  dataset (``create_per_worker_dataset``), keeps at most ``max_in_flight`` steps scheduled and
-  unfinished (watched through a :class:`WatchedCoordinator` passed in the coordinator's place),
-  and returns the values the steps computed, in the order scheduled (checked against a record
-  the steps keep on a parameter server);
+  dataset (``create_per_worker_dataset``), keeps ``max_in_flight`` steps scheduled and
+  unfinished while steps remain and never more (watched through a stand-in from
+  :func:`~course_utils.grading.checks.coordinator_watch.watch` passed in the coordinator's
+  place, its record kept by the check), and returns the values the steps computed, in the
+  order scheduled;
 * ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` of infinite
   cardinality (read on each worker), each worker its own examples, each pass reshuffled, and
   every batch full although a worker's share does not fill its last batch;
@@ -22,19 +23,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_utils.grading.checks.coordinator_watch import (
-    WatchedCoordinator,
-    WatchedRemoteValue,
-    taken_in_order,
-)
+from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = [
     "BARRIER_TIMEOUT_S",
-    "WatchedCoordinator",
-    "WatchedRemoteValue",
     "barrier_fn",
     "check_count_examples",
     "check_make_dataset_fn",
@@ -122,22 +117,30 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
         return result
 
     def case(num_steps: int, max_in_flight: int) -> Case:
-        watched = WatchedCoordinator(coordinator)
+        watched, record = watch(coordinator)
 
         def verify(got: Any) -> str | None:
             done = int(applied.numpy())  # read at once: a loop without join is still running
             applied.assign(0)
-            if len(watched.scheduled) != num_steps:
-                return (f"{len(watched.scheduled)} steps were scheduled on the coordinator "
-                        f"passed to run_steps, {num_steps} asked for: schedule every step "
-                        "with coordinator.schedule")
-            if done != num_steps:
-                return (f"{done} steps were applied when run_steps returned, {num_steps} "
-                        "asked for: wait for every step (join, or fetch) before returning")
-            if watched.max_in_flight > max_in_flight:
-                return (f"{watched.max_in_flight} steps were scheduled and not yet finished "
-                        f"at once; at most max_in_flight={max_in_flight} may be: wait for "
-                        "earlier steps (join, or fetch the oldest) before scheduling more")
+            tampered = record.tampered(watched)
+            if tampered:
+                return tampered
+            if len(record.scheduled) != num_steps or done != len(record.scheduled):
+                return (f"{len(record.scheduled)} steps were scheduled on the coordinator "
+                        f"passed to run_steps and {done} applied when it returned, "
+                        f"{num_steps} asked for: schedule every step with that coordinator's "
+                        "schedule, and wait for every one (join, or fetch) before returning")
+            window = [min(number, max_in_flight) for number in range(1, num_steps + 1)]
+            if record.in_flight != window:
+                steps = next(i for i, (a, b) in enumerate(
+                    zip(record.in_flight, window, strict=True)) if a != b)
+                said = ("more: wait for the oldest step (fetch it) before scheduling one more"
+                        if record.in_flight[steps] > window[steps] else
+                        "fewer: schedule the next step as soon as the oldest has finished, "
+                        "not after each step or a whole round (the workers sit idle)")
+                return (f"steps in flight (scheduled, not yet finished) at each schedule: "
+                        f"{record.in_flight}; with max_in_flight={max_in_flight} expected "
+                        f"{window}. At schedule {steps + 1} there were {said}")
             if not isinstance(got, (list, tuple)) or len(got) != num_steps:
                 return f"return a list of one result per step ({num_steps}), got {got!r:.80}"
             if any(hasattr(value, "fetch") for value in got):
@@ -149,7 +152,7 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
             if not taken_in_order(values, rows):  # worker w's steps: the start of rows[w]
                 return (f"you returned {values[:4]}..., not the numbers the steps read on the "
                         "workers: return what step_fn returned on the workers, fetched")
-            in_order = [int(remote.fetch()) for remote in watched.scheduled]
+            in_order = [int(remote.fetch()) for remote in record.scheduled]
             if values != in_order:
                 return ("the right values in the wrong order: return each step's result in "
                         "the order the steps were scheduled (not sorted, not as they "
@@ -163,9 +166,9 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
     cases = [case(rng.randint(7, 12), rng.randint(2, 3)) for _ in range(2)]
     return run_check("run_steps", fn, cases,
                      hint="lesson 04, sections 2 and 3: the dataset_fn must run on each worker "
-                          "(coordinator.create_per_worker_dataset); schedule at most "
-                          "max_in_flight steps before waiting for the earlier ones; fetch "
-                          "each RemoteValue and keep the order scheduled.")
+                          "(coordinator.create_per_worker_dataset); keep max_in_flight steps "
+                          "scheduled: before each further one, wait for the oldest (fetch "
+                          "it); fetch each RemoteValue and keep the order scheduled.")
 
 
 def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any) -> Any:
@@ -216,6 +219,13 @@ def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier:
     return batches, {result[3] for result in results}, None
 
 
+def _reach(before: list[int], after: list[int]) -> int:
+    """How far ahead of its place in ``before`` an example came in ``after`` (at most): a
+    shuffle buffer of B examples never brings one more than B - 1 places forward."""
+    place = {example: index for index, example in enumerate(before)}
+    return max(place[example] - index for index, example in enumerate(after))
+
+
 def _passes_message(worker: int, stream: list[int], own: set[int], order: list[int]) -> Any:
     """What is wrong with worker ``worker``'s first two passes over its ``own`` examples."""
     size = len(own)
@@ -224,11 +234,19 @@ def _passes_message(worker: int, stream: list[int], own: set[int], order: list[i
         return (f"worker {worker}'s first {size} examples are not its {size} examples once "
                 "each: every pass reads each example once (shuffle, then repeat, then "
                 "batch: repeat before shuffle mixes passes, drop_remainder drops some)")
-    if first == [i for i in order if i in own]:
+    stored = [i for i in order if i in own]
+    if first == stored:
         return f"worker {worker} reads its examples in their stored order: shuffle them"
     if first == second:
         return (f"worker {worker} reads its examples in the same order in every pass: let the "
                 "shuffle reshuffle each pass (its default)")
+    # a uniform shuffle brings some example at least a third of the way forward, but for a
+    # chance below 1e-6 at these sizes; a buffer of a third of the share or less never does
+    reach = min(_reach(stored, first), _reach(first, second))
+    if 3 * reach < size:
+        return (f"worker {worker}'s {size} examples came at most {reach} place(s) earlier "
+                "than where they were: the shuffle buffer is too small to shuffle its share "
+                "(give it the whole share, e.g. shuffle(len(features)))")
     return None
 
 
@@ -242,8 +260,8 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
     barrier = barrier_fn(strategy)
 
     def case() -> Case:
-        batch_size = rng.choice([3, 4])
-        per_worker = batch_size * rng.randint(2, 4) + rng.randint(1, batch_size - 1)
+        batch_size = rng.choice([8, 12])  # shares of 33-71 examples: a shuffle can be told
+        per_worker = batch_size * rng.randint(4, 5) + rng.randint(1, batch_size - 1)
         examples = workers * per_worker  # a worker's share does not fill its last batch
         order = list(range(examples))
         rng.shuffle(order)

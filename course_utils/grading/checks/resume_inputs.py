@@ -1,0 +1,112 @@
+"""Lesson 03's exercise 3 in this process: the learner's ``restore_latest`` on fresh folders of
+checkpoints, and the ``dataset_fn`` of its ``make_dataset_fn`` for fresh input contexts.
+
+What the checkpoints hold is written by a function that returns nothing and read back only
+after the learner's call, so no frame of the check holds it while the learner's code runs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from course_utils.quiet import import_tensorflow as _tf
+
+__all__ = ["dataset_fn_problem", "max_difference", "restore_problem"]
+
+
+def max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    """The largest absolute difference of two lists of arrays (inf when their shapes differ)."""
+    if len(a) != len(b) or any(u.shape != v.shape for u, v in zip(a, b, strict=True)):
+        return float("inf")
+    return max(float(np.abs(u - v).max()) for u, v in zip(a, b, strict=True))
+
+
+def _write_checkpoints(saved: tuple[Any, Any, Any], root: str, rng: Any) -> None:
+    """Two checkpoints of fresh weights and counts in ``root``; the newest must win."""
+    tf = _tf()
+    model, done, checkpoint = saved
+    manager = tf.train.CheckpointManager(checkpoint, root, max_to_keep=3)
+    for _ in range(2):
+        for variable in model.weights:
+            variable.assign(np.random.default_rng(rng.randint(0, 2**31)).normal(
+                size=variable.shape).astype("float32"))
+        done.assign(int(done.numpy()) + rng.randint(50, 5000))
+        manager.save()             # numbered 1, 2: the name does not say examples_done
+
+
+def restore_problem(restore_latest: Any, rng: Any) -> str | None:
+    """Run ``restore_latest`` here on a fresh folder of checkpoints (and on an empty one)."""
+    tf = _tf()
+    import keras
+
+    features, units = rng.randint(3, 6), rng.randint(2, 5)
+
+    def fresh() -> tuple[Any, Any, Any]:
+        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(units)])
+        done = tf.Variable(0, dtype=tf.int64)
+        return model, done, tf.train.Checkpoint(model=model, examples_done=done)
+
+    with tempfile.TemporaryDirectory(prefix="lesson03_restore_") as root:
+        empty = Path(root) / "empty"
+        empty.mkdir()
+        model, done, checkpoint = fresh()
+        before = model.get_weights()
+        got = restore_latest(checkpoint, str(empty), done)
+        if got != 0 or max_difference(model.get_weights(), before) > 0:
+            return ("with no checkpoint in checkpoint_dir, return 0 and restore nothing (got "
+                    f"{got!r})")
+        _write_checkpoints(fresh(), root, rng)
+        model, done, checkpoint = fresh()
+        got = restore_latest(checkpoint, root, done)
+        newest = fresh()                       # read back only now: never in reach before
+        newest[2].restore(tf.train.latest_checkpoint(root)).expect_partial()
+        expected = int(newest[1].numpy())
+        if not isinstance(got, (int, np.integer)) or int(got) != expected:
+            return (f"the newest checkpoint holds examples_done = {expected}; restore_latest "
+                    f"returned {got!r}: restore it, then return examples_done")
+        if max_difference(model.get_weights(), newest[0].get_weights()) > 1e-7:
+            return "restore_latest returned the count but did not restore the newest model"
+    return None
+
+
+def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
+    """Call the learner's ``dataset_fn`` for fresh input contexts; check two steps of data."""
+    tf = _tf()
+    for _ in range(3):
+        pipelines, per = rng.choice([2, 3, 4]), rng.choice([1, 2])
+        replicas = pipelines * per
+        replica_batch = rng.randint(2, 4)
+        global_batch = replicas * replica_batch
+        size = global_batch * rng.randint(4, 7) + rng.randint(1, global_batch - 1)
+        done = rng.choice([e for e in range(size, 3 * size) if e % pipelines])
+        ids = np.arange(size)
+        x = np.random.default_rng(rng.randint(0, 2**31)).normal(size=(size, 3)).astype("float32")
+        dataset_fn = make_dataset_fn(x, ids, global_batch, done)
+        trained: list[list[int]] = [[], []]
+        for pipeline in range(pipelines):
+            context = tf.distribute.InputContext(num_input_pipelines=pipelines,
+                                                 input_pipeline_id=pipeline,
+                                                 num_replicas_in_sync=replicas)
+            batches = list(dataset_fn(context).take(2 * per).as_numpy_iterator())
+            where = (f"{pipelines} input pipelines feeding {per} replica(s) each, global batch "
+                     f"{global_batch}, resumed at example {done}")
+            if len(batches) != 2 * per or any(len(b[1]) != replica_batch for b in batches):
+                return (f"{where}: pipeline {pipeline} must give per-replica batches of "
+                        f"{replica_batch}, got sizes {[len(b[1]) for b in batches]}")
+            for index, (features, labels) in enumerate(batches):
+                if not np.array_equal(features, x[labels]):
+                    return f"{where}: the features no longer match their labels"
+                trained[index // per] += [int(label) for label in labels]
+        for step, got in enumerate(trained):
+            due = sorted(((done + step * global_batch + np.arange(global_batch)) % size).tolist())
+            if sorted(got) != due:
+                extra = sorted(set(got) - set(due))[:4]
+                missing = sorted(set(due) - set(got))[:4]
+                return (f"{where}: step {step + 1} after the restart trained examples it should "
+                        f"not ({extra}) or missed some ({missing}); {len(due)} were due from "
+                        f"example {(done + step * global_batch) % size}")
+    return None
