@@ -16,9 +16,11 @@
   whose names, code, defaults and closures are the same for every kind (a random token); an
   answer whose code reads a loop's closure or the check's plans is refused.
 * ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
-  MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, the
-  weights equal plain SGD on batches ``k`` times larger (a short last group included), with
-  exactly one all-reduce of the gradients per update.
+  MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, and
+  behind a per-replica memory of one micro-batch's share (a larger batch, or one tape over
+  several micro-batches, fails like out of memory: no accumulation at all cannot pass), the
+  weights equal plain SGD on batches ``k`` times larger (a short last group included), every
+  example trained once, with exactly one all-reduce of the gradients per update.
 * ``check_segment_gradients(segment_gradients)``: on a fresh flat stack of Dense layers, the
   plain stack's gradients, made with one ``tf.recompute_grad`` per segment of ``segment_size``
   layers (counted in the traced step) and every layer's forward run again.
@@ -358,6 +360,58 @@ def counting_mirrored_strategy(num_replicas: int = 2) -> tuple[Any, Any]:
     return tf.distribute.MirroredStrategy(devices, cross_device_ops=CountingAllReduce()), counter
 
 
+def _replica_limit(model: Any, max_examples: int) -> tuple[Any, Any]:
+    """``(limited, counts)``: ``model`` (shared weights) behind a layer that, on each replica,
+    refuses a forward pass in training mode while more than ``max_examples`` examples'
+    activations are alive on the gradient tapes (a batch larger than a micro-batch's share, or
+    one tape over several micro-batches), and counts the examples trained. Build it under the
+    strategy's scope: its counters are per replica (``ON_READ``), summed when read."""
+    keras, tf = _keras(), _tf()
+
+    def counter() -> Any:
+        return tf.Variable(0, dtype=tf.int64, trainable=False,
+                           synchronization=tf.VariableSynchronization.ON_READ,
+                           aggregation=tf.VariableAggregation.SUM)
+
+    counts = {"alive": counter(), "trained": counter()}
+
+    class ReplicaMemory(keras.layers.Layer):
+        def call(self, inputs: Any, training: Any = None) -> Any:
+            if not training:
+                return inputs
+            if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+                raise ValueError("the model was trained outside the replicas: no gradient "
+                                 "crossed the replicas; compute each micro-batch inside "
+                                 "strategy.run")
+            size = tf.cast(tf.shape(inputs)[0], tf.int64)
+
+            @tf.custom_gradient
+            def on_tape(x: Any) -> Any:
+                alive = counts["alive"].assign_add(size)
+                trained = counts["trained"].assign_add(size)
+                check = tf.debugging.assert_less_equal(
+                    alive, tf.constant(max_examples, tf.int64),
+                    message=f"out of memory (simulated): more than {max_examples} examples' "
+                            "activations alive on one replica's gradient tapes at once (a "
+                            "replica holds one micro-batch's share: run the micro-batches one "
+                            "at a time, each with its own tape)")
+                with tf.control_dependencies([check, trained]):
+                    y = tf.identity(x)
+
+                def backward(upstream: Any) -> Any:
+                    freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
+                    with tf.control_dependencies([freed]):
+                        return tf.identity(upstream)
+
+                return y, backward
+
+            return on_tape(inputs)
+
+    inputs = keras.Input(shape=model.input_shape[1:], name="features")
+    outputs = ReplicaMemory(name="replica_memory")(model(inputs))
+    return keras.Model(inputs, outputs, name=f"{model.name}_limited"), counts
+
+
 def _large_batch_weights(problem: dict[str, Any], group: int) -> list[np.ndarray]:
     """Plain SGD on batches of ``group`` micro-batches, a short last batch averaged over its
     own examples."""
@@ -388,6 +442,8 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
         problem["labels"] = data.integers(0, problem["classes"], size=n).astype("int32")
         with strategy.scope():
             model = _model(problem)
+            # each replica's memory holds one micro-batch's share: accumulating is necessary
+            limited, counts = _replica_limit(model, problem["micro"] // 2)
             optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
             optimizer.build(model.trainable_variables)
         updates = 3 + (1 if extra else 0)
@@ -399,6 +455,12 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
 
         def verify(_: Any) -> str | None:
             all_reduced = int(counter.numpy())
+            trained = int(counts["trained"].numpy())
+            if trained != n:
+                return (f"{trained} examples went forward through the model you were given in "
+                        f"training mode, not {n} (each once): call it with training=True on "
+                        "each micro-batch, and do not reach around its memory limit to the "
+                        "layers inside")
             weights = [np.asarray(w) for w in model.get_weights()]
             error = largest_difference(weights, _large_batch_weights(problem, problem["steps"]))
             if error > ACCUMULATION_TOLERANCE:
@@ -419,7 +481,7 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
                         "variables): sum the micro-batches inside the replica, all-reduce once")
             return None
 
-        return Case(args=(strategy, model, optimizer, loss_object, micro_batches,
+        return Case(args=(strategy, limited, optimizer, loss_object, micro_batches,
                           problem["steps"], problem["micro"]), verify=verify,
                     label=f"({n // problem['micro']} micro-batches of {problem['micro']}, "
                           f"accumulation_steps={problem['steps']}, 2 replicas)")

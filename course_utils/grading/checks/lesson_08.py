@@ -7,8 +7,9 @@
   reports its accuracy, restored the global policy, and reports a steady-state time per step
   that is a timing of its own steps: the check's model sleeps in every training step (a time
   drawn per run, 60 to 400 ms) and longer while tracing, and logs when its steps ran and when
-  its ``fit`` returned, so the learner's figure must lie between the span of the timed steps
-  and the time from the first epoch's end to the last ``fit``'s return – bounds taken from the
+  its ``fit`` returned (into an OS pipe whose read end only the check holds: nothing the
+  learner's function receives can read the log), so the learner's figure must lie between
+  the span of the timed steps and the time from the first epoch's end to the last ``fit``'s return – bounds taken from the
   same run, which the machine's load moves together with the learner's timing. Then the two
   runs' final loss and accuracy must agree within tolerances.
 * ``check_loss_scaled_train_step(loss_scaled_train_step)``: steps of a mixed_float16 model with
@@ -80,11 +81,71 @@ DELAY_RANGE_S = (0.06, 0.4)
 TRACE_DELAY_S = 1.0
 
 
+class _PipeLog:
+    """A write-only log: records go into an OS pipe whose read end only the check holds.
+
+    The check's model writes when its steps waited and when its ``fit`` returned; the learner's
+    function receives the model (and so this object), never the records: reading them back
+    needs the read end, which no closure, attribute or default of the model holds."""
+
+    _RECORD = "<cdd"  # kind (b"s" a step's wait, b"f" a fit's return), start, end
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def write(self, kind: bytes, start: float, end: float = 0.0) -> None:
+        import os
+        import struct
+
+        os.write(self._fd, struct.pack(self._RECORD, kind, start, end))
+
+
+def _pipe_log() -> tuple[_PipeLog, Callable[[], dict[str, list[Any]]], Callable[[], None]]:
+    """``(log, read, close)``: the model's write-only log, the check's reader of every record
+    written so far (``{"steps": [(start, end)], "fit_ends": [t]}``), and a closer of both ends."""
+    import os
+    import struct
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    size = struct.calcsize(_PipeLog._RECORD)
+    records: dict[str, list[Any]] = {"steps": [], "fit_ends": []}
+    pending = bytearray()
+
+    def read() -> dict[str, list[Any]]:
+        while True:
+            try:
+                chunk = os.read(read_fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            pending.extend(chunk)
+        while len(pending) >= size:
+            kind, start, end = struct.unpack(_PipeLog._RECORD, bytes(pending[:size]))
+            del pending[:size]
+            if kind == b"s":
+                records["steps"].append((start, end))
+            else:
+                records["fit_ends"].append(start)
+        return {name: list(values) for name, values in records.items()}
+
+    def close() -> None:
+        for fd in (read_fd, write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    return _PipeLog(write_fd), read, close
+
+
 def _delayed_model_builder(num_features: int, num_classes: int, units: int, delay_s: float,
-                           log: dict[str, list[Any]]) -> Callable[[], Any]:
-    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), logging
-    into ``log`` when each step's wait began and ended (``"steps"``) and when each call of the
-    model's ``fit`` returned (``"fit_ends"``): the bounds of any timing of its own run."""
+                           log: _PipeLog) -> Callable[[], Any]:
+    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), writing
+    into ``log`` when each step's wait began and ended and when each call of the model's
+    ``fit`` returned: the bounds of any timing of its own run. ``log`` is write-only (an OS
+    pipe, see ``_PipeLog``): nothing the learner's function can reach holds the records."""
     import time
 
     tf, keras = _tf(), _keras()
@@ -106,7 +167,7 @@ def _delayed_model_builder(num_features: int, num_classes: int, units: int, dela
             def wait() -> np.ndarray:
                 start = time.perf_counter()
                 time.sleep(self.seconds)
-                log["steps"].append((start, time.perf_counter()))
+                log.write(b"s", start, time.perf_counter())
                 return np.float32(0.0)
 
             zero = tf.reshape(tf.stop_gradient(tf.py_function(wait, [], tf.float32)), [])
@@ -121,7 +182,7 @@ def _delayed_model_builder(num_features: int, num_classes: int, units: int, dela
             try:
                 return fit(*args, **kwargs)
             finally:
-                log["fit_ends"].append(time.perf_counter())
+                log.write(b"f", time.perf_counter())
 
         model.fit = logged_fit
         return model
@@ -248,9 +309,9 @@ def check_train_with_policy(fn: Any) -> bool:
     units = rng.choice([32, 48])
     policies = ("float32", "mixed_float16")
     low, high = (math.log(s) for s in DELAY_RANGE_S)
-    logs: dict[str, dict[str, list[Any]]] = {p: {"steps": [], "fit_ends": []} for p in policies}
+    pipes = {p: _pipe_log() for p in policies}  # (write-only log, reader, closer) per run
     builders = {p: _delayed_model_builder(num_features, num_classes, units,
-                                          math.exp(rng.uniform(low, high)), logs[p])
+                                          math.exp(rng.uniform(low, high)), pipes[p][0])
                 for p in policies}
     steps_per_epoch = -(-len(x) // BATCH_SIZE)
     initial_weights = _model_builder(num_features, num_classes, units)().get_weights()
@@ -263,7 +324,7 @@ def check_train_with_policy(fn: Any) -> bool:
             problem = _run_problem(result, policy, x, y, reference)
             if problem:
                 return problem
-            bounds = _timing_bounds(logs[policy], steps_per_epoch, EPOCHS)
+            bounds = _timing_bounds(pipes[policy][1](), steps_per_epoch, EPOCHS)
             problem = _timing_problem(result["seconds_per_step"], bounds)
             if problem:
                 return problem
@@ -280,13 +341,17 @@ def check_train_with_policy(fn: Any) -> bool:
                   verify=verifier(policy),
                   label=f"(make_model, {policy!r}, x, y, epochs={EPOCHS}, initial_weights)")
              for policy in policies]
-    passed = run_check(
-        "train_with_policy", fn, cases,
-        hint="build make_model() inside cu.training.policy_scope(policy), set_weights("
-             "initial_weights), compile with Adam(0.01) and SparseCategoricalCrossentropy("
-             "from_logits=True), fit the first epoch, time the other epochs (shuffle=False, "
-             "batch 64) and divide by their steps; then measure the accuracy on x "
-             "(lesson 08, sections 2, 4 and 8).")
+    try:
+        passed = run_check(
+            "train_with_policy", fn, cases,
+            hint="build make_model() inside cu.training.policy_scope(policy), set_weights("
+                 "initial_weights), compile with Adam(0.01) and SparseCategoricalCrossentropy("
+                 "from_logits=True), fit the first epoch, time the other epochs (shuffle="
+                 "False, batch 64) and divide by their steps; then measure the accuracy on x "
+                 "(lesson 08, sections 2, 4 and 8).")
+    finally:
+        for _log, _read, close in pipes.values():
+            close()
     if passed:
         for policy, run in runs.items():
             print(f"   {policy}: final loss {run['loss']:.4f}, accuracy {run['accuracy']:.1%}, "
