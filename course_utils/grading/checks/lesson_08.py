@@ -10,8 +10,8 @@
   its ``fit`` returned (into an OS pipe whose read end only the check holds: nothing the
   learner's function receives can read the log), so the learner's figure must lie between
   the span of the timed steps and the time from the first epoch's end to the last ``fit``'s
-  return – bounds taken from the same run, which the machine's load moves together with the learner's timing. Then the two
-  runs' final loss and accuracy must agree within tolerances.
+  return – bounds taken from the same run, which the machine's load moves together with the
+  learner's timing. Then the two runs' final loss and accuracy must agree within tolerances.
 * ``check_loss_scaled_train_step(loss_scaled_train_step)``: steps of a mixed_float16 model with
   a ``LossScaleOptimizer`` and a global-norm clip (below the gradients' norm, so that it
   changes the updates) on fresh inputs equal a reference step that clips the UNSCALED
