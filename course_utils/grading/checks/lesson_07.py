@@ -37,6 +37,7 @@ from course_utils.equality import largest_difference
 from course_utils.grading.checks.memory_budget import check_largest_batch_that_fits
 from course_utils.grading.checks.recompute import check_segment_gradients
 from course_utils.grading.checks.registry import register
+from course_utils.grading.checks.replica_memory import replica_limit
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -360,58 +361,6 @@ def counting_mirrored_strategy(num_replicas: int = 2) -> tuple[Any, Any]:
     return tf.distribute.MirroredStrategy(devices, cross_device_ops=CountingAllReduce()), counter
 
 
-def _replica_limit(model: Any, max_examples: int) -> tuple[Any, Any]:
-    """``(limited, counts)``: ``model`` (shared weights) behind a layer that, on each replica,
-    refuses a forward pass in training mode while more than ``max_examples`` examples'
-    activations are alive on the gradient tapes (a batch larger than a micro-batch's share, or
-    one tape over several micro-batches), and counts the examples trained. Build it under the
-    strategy's scope: its counters are per replica (``ON_READ``), summed when read."""
-    keras, tf = _keras(), _tf()
-
-    def counter() -> Any:
-        return tf.Variable(0, dtype=tf.int64, trainable=False,
-                           synchronization=tf.VariableSynchronization.ON_READ,
-                           aggregation=tf.VariableAggregation.SUM)
-
-    counts = {"alive": counter(), "trained": counter()}
-
-    class ReplicaMemory(keras.layers.Layer):
-        def call(self, inputs: Any, training: Any = None) -> Any:
-            if not training:
-                return inputs
-            if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
-                raise ValueError("the model was trained outside the replicas: no gradient "
-                                 "crossed the replicas; compute each micro-batch inside "
-                                 "strategy.run")
-            size = tf.cast(tf.shape(inputs)[0], tf.int64)
-
-            @tf.custom_gradient
-            def on_tape(x: Any) -> Any:
-                alive = counts["alive"].assign_add(size)
-                trained = counts["trained"].assign_add(size)
-                check = tf.debugging.assert_less_equal(
-                    alive, tf.constant(max_examples, tf.int64),
-                    message=f"out of memory (simulated): more than {max_examples} examples' "
-                            "activations alive on one replica's gradient tapes at once (a "
-                            "replica holds one micro-batch's share: run the micro-batches one "
-                            "at a time, each with its own tape)")
-                with tf.control_dependencies([check, trained]):
-                    y = tf.identity(x)
-
-                def backward(upstream: Any) -> Any:
-                    freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
-                    with tf.control_dependencies([freed]):
-                        return tf.identity(upstream)
-
-                return y, backward
-
-            return on_tape(inputs)
-
-    inputs = keras.Input(shape=model.input_shape[1:], name="features")
-    outputs = ReplicaMemory(name="replica_memory")(model(inputs))
-    return keras.Model(inputs, outputs, name=f"{model.name}_limited"), counts
-
-
 def _large_batch_weights(problem: dict[str, Any], group: int) -> list[np.ndarray]:
     """Plain SGD on batches of ``group`` micro-batches, a short last batch averaged over its
     own examples."""
@@ -443,7 +392,7 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
         with strategy.scope():
             model = _model(problem)
             # each replica's memory holds one micro-batch's share: accumulating is necessary
-            limited, counts = _replica_limit(model, problem["micro"] // 2)
+            limited, counts = replica_limit(model, problem["micro"] // 2)
             optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
             optimizer.build(model.trainable_variables)
         updates = 3 + (1 if extra else 0)
@@ -455,12 +404,6 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
 
         def verify(_: Any) -> str | None:
             all_reduced = int(counter.numpy())
-            trained = int(counts["trained"].numpy())
-            if trained != n:
-                return (f"{trained} examples went forward through the model you were given in "
-                        f"training mode, not {n} (each once): call it with training=True on "
-                        "each micro-batch, and do not reach around its memory limit to the "
-                        "layers inside")
             weights = [np.asarray(w) for w in model.get_weights()]
             error = largest_difference(weights, _large_batch_weights(problem, problem["steps"]))
             if error > ACCUMULATION_TOLERANCE:
@@ -471,6 +414,12 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
                        "group (a short last group has fewer), not by the micro-batch")
                 return (f"the weights differ from plain SGD on batches {problem['steps']}× "
                         f"larger by {error:.2e}: {why}")
+            trained = int(counts["trained"].numpy())
+            if trained != n:
+                return (f"{trained} examples went forward through the model you were given in "
+                        f"training mode, not {n} (each once): call it with training=True on "
+                        "each micro-batch, and do not reach around its memory limit to the "
+                        "layers inside")
             if all_reduced == 0:
                 return ("the weights are right but no gradient crossed the replicas: compute "
                         "each micro-batch inside strategy.run and apply the sum there")

@@ -34,6 +34,7 @@ import numpy as np
 
 from course_utils.equality import largest_difference
 from course_utils.grading.checks.overflow import check_first_overflowing_layer  # noqa: F401
+from course_utils.grading.checks.pipe_log import PipeLog, pipe_log
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -81,71 +82,12 @@ DELAY_RANGE_S = (0.06, 0.4)
 TRACE_DELAY_S = 1.0
 
 
-class _PipeLog:
-    """A write-only log: records go into an OS pipe whose read end only the check holds.
-
-    The check's model writes when its steps waited and when its ``fit`` returned; the learner's
-    function receives the model (and so this object), never the records: reading them back
-    needs the read end, which no closure, attribute or default of the model holds."""
-
-    _RECORD = "<cdd"  # kind (b"s" a step's wait, b"f" a fit's return), start, end
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def write(self, kind: bytes, start: float, end: float = 0.0) -> None:
-        import os
-        import struct
-
-        os.write(self._fd, struct.pack(self._RECORD, kind, start, end))
-
-
-def _pipe_log() -> tuple[_PipeLog, Callable[[], dict[str, list[Any]]], Callable[[], None]]:
-    """``(log, read, close)``: the model's write-only log, the check's reader of every record
-    written so far (``{"steps": [(start, end)], "fit_ends": [t]}``), and a closer of both ends."""
-    import os
-    import struct
-
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(read_fd, False)
-    size = struct.calcsize(_PipeLog._RECORD)
-    records: dict[str, list[Any]] = {"steps": [], "fit_ends": []}
-    pending = bytearray()
-
-    def read() -> dict[str, list[Any]]:
-        while True:
-            try:
-                chunk = os.read(read_fd, 65536)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            pending.extend(chunk)
-        while len(pending) >= size:
-            kind, start, end = struct.unpack(_PipeLog._RECORD, bytes(pending[:size]))
-            del pending[:size]
-            if kind == b"s":
-                records["steps"].append((start, end))
-            else:
-                records["fit_ends"].append(start)
-        return {name: list(values) for name, values in records.items()}
-
-    def close() -> None:
-        for fd in (read_fd, write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    return _PipeLog(write_fd), read, close
-
-
 def _delayed_model_builder(num_features: int, num_classes: int, units: int, delay_s: float,
-                           log: _PipeLog) -> Callable[[], Any]:
+                           log: PipeLog) -> Callable[[], Any]:
     """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), writing
     into ``log`` when each step's wait began and ended and when each call of the model's
     ``fit`` returned: the bounds of any timing of its own run. ``log`` is write-only (an OS
-    pipe, see ``_PipeLog``): nothing the learner's function can reach holds the records."""
+    pipe, see ``pipe_log.PipeLog``): nothing the learner's function can reach holds the records."""
     import time
 
     tf, keras = _tf(), _keras()
@@ -309,7 +251,7 @@ def check_train_with_policy(fn: Any) -> bool:
     units = rng.choice([32, 48])
     policies = ("float32", "mixed_float16")
     low, high = (math.log(s) for s in DELAY_RANGE_S)
-    pipes = {p: _pipe_log() for p in policies}  # (write-only log, reader, closer) per run
+    pipes = {p: pipe_log() for p in policies}  # (write-only log, reader, closer) per run
     builders = {p: _delayed_model_builder(num_features, num_classes, units,
                                           math.exp(rng.uniform(low, high)), pipes[p][0])
                 for p in policies}
