@@ -19,7 +19,9 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
   time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share, not a time, so
   a busy machine does not change the verdict. The slow pipeline is profiled up to
-  ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``). Before any
+  ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``), each retry with
+  the disk's wait doubled. Both are profiled with the pipeline read on the step's own thread
+  (the distributed iterator's generator thread can hide a wait as "other"). Before any
   profile, ``read`` must have run exactly once per example, counted from the call of the
   learner's function through two epochs (it decodes the stored record, so a pipeline that
   never reads gets the wrong features), the ``augment`` given must have made the noise
@@ -275,14 +277,27 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
         (features - pipeline_probe.STORED_OFFSET, labels))
     calls: list[int] = []
     augmented: list[int] = []
-    read = pipeline_probe.counting_read(READ_SECONDS, calls)
+    delay = [READ_SECONDS]  # the disk's wait; the slow baseline's retries make it longer
+    read = pipeline_probe.counting_read(delay, calls)
     augment = pipeline_probe.augment(rng.randint(0, 2**31 - 1), augmented)
     label = (f"({len(features)} examples, read {READ_SECONDS * 1e3:g} ms each, "
              f"batch_size={batch_size})")
 
     def profile(dataset: Any) -> Any:  # the second epoch, after a first one that fills caches
+        # read on the step's own thread (distribute=False): the distributed iterator's
+        # generator thread would make the step's wait "other", not input (seen under load)
         return step_breakdown(_profile(dataset.repeat(2), heavy=3, steps=batches,
-                                       warmup=batches))
+                                       warmup=batches, distribute=False))
+
+    tries: list[int] = []
+
+    def slow_profile() -> Any:  # each retry doubles the disk's wait: a busy machine's
+        delay[0] = READ_SECONDS * 2 ** len(tries)  # slower compute cannot hide it
+        tries.append(1)
+        try:
+            return profile(slow_pipeline(records, read, augment, batch_size))
+        finally:
+            delay[0] = READ_SECONDS
 
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, tf.data.Dataset):
@@ -314,8 +329,7 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
                     "switches off tf.data's injected prefetch and the distributed iterator's "
                     "buffer, which would hide the omission here but are not yours to rely on)")
         fast = profile(dataset)
-        slow = slow_baseline(lambda: profile(slow_pipeline(records, read, augment,
-                                                           batch_size)))
+        slow = slow_baseline(slow_profile)
         shares = fast.shares()["input"], slow.shares()["input"]
         if shares[0] >= FAST_INPUT_SHARE:
             return (f"the step still waits for input {shares[0]:.0%} of its time (the slow "

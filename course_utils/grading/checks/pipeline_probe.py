@@ -20,9 +20,10 @@ __all__ = ["STORED_OFFSET", "augment", "counting_read", "elements_problem", "one
 STORED_OFFSET = 10.0
 
 
-def counting_read(seconds: float, calls: list[int]) -> Callable[..., Any]:
-    """A "disk" read: waits ``seconds`` per example, counts its calls in ``calls``, and
-    decodes the stored record (adds ``STORED_OFFSET`` back)."""
+def counting_read(seconds: list[float], calls: list[int]) -> Callable[..., Any]:
+    """A "disk" read: waits ``seconds[0]`` per example (read when it runs: the check can make
+    its own baseline's disk slower), counts its calls in ``calls``, and decodes the stored
+    record (adds ``STORED_OFFSET`` back)."""
     import time
 
     tf = _tf()
@@ -30,7 +31,7 @@ def counting_read(seconds: float, calls: list[int]) -> Callable[..., Any]:
     def read(features: Any, label: Any) -> tuple[Any, Any]:
         def wait() -> np.int32:
             calls.append(1)
-            time.sleep(seconds)
+            time.sleep(seconds[0])
             return np.int32(0)
 
         done = tf.py_function(wait, [], tf.int32)
