@@ -90,7 +90,7 @@ PRECISION_CASES: dict[str, dict[str, str]] = {
     "AVX512-BF16": {
         "hardware": "x86 CPU with avx512_bf16 (Intel Cooper Lake, AMD Zen 4), oneDNN on",
         "16-bit matrix products": "bfloat16 dot products in AVX-512 (VDPBF16PS); "
-                                  "float16 only with avx512_fp16",
+                                  "float16 converted to float32 (native only with amx_fp16)",
         "expect": "mixed_bfloat16 faster than float32 for matrix-heavy steps",
         "source": _TF_BLOG_BF16,
     },

@@ -451,6 +451,12 @@ def test_training_outside_the_replicas_is_caught():
     with pytest.raises(AssertionError, match="no gradient crossed the replicas"):
         cu.grading.check_train_mirrored_with_accumulation(outside)
 
+    def reaches_around(strategy, model, optimizer, *rest):  # the layers inside the limit
+        mirrored_accumulation(strategy, model.layers[1], optimizer, *rest)
+
+    with pytest.raises(AssertionError, match="went forward through the model you were given"):
+        cu.grading.check_train_mirrored_with_accumulation(reaches_around)
+
 
 def test_doing_nothing_or_dropping_the_short_group_is_caught():
     def nothing(*args):
@@ -488,6 +494,36 @@ def test_the_colleagues_loop_is_named():
         cu.grading.check_train_mirrored_with_accumulation(colleagues_loop)
 
 
+def test_no_accumulation_or_one_tape_over_the_group_runs_out_of_memory():
+    tf = _tf()
+
+    def whole_group(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        # no accumulation: the group as one batch, one gradient (the weights would match)
+        features, labels = (tf.concat(part, 0) for part in zip(*micro_batches, strict=True))
+        groups = tf.data.Dataset.from_tensor_slices((features, labels)).batch(batch * steps)
+        mirrored_accumulation(strategy, model, optimizer, loss_object, groups, 1,
+                              batch * steps)
+
+    def one_tape(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        def replica_step(*group):
+            with tf.GradientTape() as tape:  # every micro-batch's activations kept at once
+                loss = sum(tf.nn.compute_average_loss(loss_object(y, model(x, training=True)),
+                                                      global_batch_size=len(group) * batch)
+                           for x, y in group)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables, strict=True))
+
+        total = int(micro_batches.cardinality())
+        iterator = iter(strategy.experimental_distribute_dataset(micro_batches))
+        step = tf.function(lambda g: strategy.run(replica_step, args=g))
+        for start in range(0, total, steps):
+            step(tuple(next(iterator) for _ in range(min(steps, total - start))))
+
+    for wrong in (whole_group, one_tape):
+        with pytest.raises(AssertionError, match="out of memory"):
+            cu.grading.check_train_mirrored_with_accumulation(wrong)
+
+
 def test_mirrored_stub_is_not_attempted(capsys):
     assert cu.grading.check_train_mirrored_with_accumulation(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
@@ -521,13 +557,15 @@ def test_the_counting_strategy_counts_one_tensor_per_variable_per_update():
 
 
 def segment_gradients(layers, x, segment_size, *, wrap=True, loss="mean", order=1,
-                      size_of=None, bind_late=False):
+                      size_of=None, bind_late=False, bounds=None):
     tf = _tf()
     size = segment_size if size_of is None else size_of(layers, segment_size)
+    if bounds is None:
+        bounds = [*range(0, len(layers), size), len(layers)]
     variables = [v for layer in layers for v in layer.trainable_variables][::order]
     with tf.GradientTape() as tape:
-        for start in range(0, len(layers), size):
-            segment = layers[start:start + size]
+        for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+            segment = layers[start:stop]
 
             def block(t, segment=segment):
                 for layer in segment:
@@ -551,8 +589,8 @@ def test_reference_segment_gradients_passes(capsys):
 
 @pytest.mark.parametrize(("wrong", "message"), [
     ({"wrap": False}, "0 tf.recompute_grad call"),
-    ({"size_of": lambda layers, size: len(layers)}, "1 tf.recompute_grad call"),
-    ({"size_of": lambda layers, size: 1}, r"tf.recompute_grad call\(s\), not"),
+    ({"size_of": lambda layers, size: len(layers)}, r"recomputed segments of \[\d\] "),
+    ({"size_of": lambda layers, size: 1}, r"recomputed segments of \[1, 1, "),
     ({"loss": "sum"}, "differ from the plain stack"),
     ({"order": -1}, "differ from the plain stack"),
     ({"bind_late": True}, "differ from the plain stack|is None"),
@@ -583,3 +621,14 @@ def test_segment_gradients_constant_short_list_and_stub_are_caught(capsys):
         cu.grading.check_segment_gradients(drops_the_short_segment)
     assert cu.grading.check_segment_gradients(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
+
+
+def test_near_equal_segments_of_the_same_count_are_caught():
+    def near_equal(layers, x, size):  # as many segments, but balanced: not the split asked
+        count = -(-len(layers) // size)
+        bounds = [round(i * len(layers) / count) for i in range(count + 1)]
+        return segment_gradients(layers, x, size,
+                                 size_of=lambda ls, s: None, bounds=bounds)
+
+    with pytest.raises(AssertionError, match="recomputed segments of"):
+        cu.grading.check_segment_gradients(near_equal)

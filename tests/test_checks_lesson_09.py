@@ -293,8 +293,10 @@ def _noise_of_my_own(features, label):
      "does not hold each"),
     (lambda r, read, augment, b: r.map(read).cache().map(_noise_of_my_own).batch(b),
      "augment never ran"),
+    (lambda r, read, augment, b: r.map(read).cache().map(augment).batch(b),
+     "works ahead of the step"),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
-        "wrong-batch", "drops-examples", "own-noise"])
+        "wrong-batch", "drops-examples", "own-noise", "no-prefetch"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)

@@ -16,9 +16,11 @@
   whose names, code, defaults and closures are the same for every kind (a random token); an
   answer whose code reads a loop's closure or the check's plans is refused.
 * ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
-  MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, the
-  weights equal plain SGD on batches ``k`` times larger (a short last group included), with
-  exactly one all-reduce of the gradients per update.
+  MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, and
+  behind a per-replica memory of one micro-batch's share (a larger batch, or one tape over
+  several micro-batches, fails like out of memory: no accumulation at all cannot pass), the
+  weights equal plain SGD on batches ``k`` times larger (a short last group included), every
+  example trained once, with exactly one all-reduce of the gradients per update.
 * ``check_segment_gradients(segment_gradients)``: on a fresh flat stack of Dense layers, the
   plain stack's gradients, made with one ``tf.recompute_grad`` per segment of ``segment_size``
   layers (counted in the traced step) and every layer's forward run again.
@@ -35,6 +37,7 @@ from course_utils.equality import largest_difference
 from course_utils.grading.checks.memory_budget import check_largest_batch_that_fits
 from course_utils.grading.checks.recompute import check_segment_gradients
 from course_utils.grading.checks.registry import register
+from course_utils.grading.checks.replica_memory import replica_limit
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -388,6 +391,8 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
         problem["labels"] = data.integers(0, problem["classes"], size=n).astype("int32")
         with strategy.scope():
             model = _model(problem)
+            # each replica's memory holds one micro-batch's share: accumulating is necessary
+            limited, counts = replica_limit(model, problem["micro"] // 2)
             optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
             optimizer.build(model.trainable_variables)
         updates = 3 + (1 if extra else 0)
@@ -409,6 +414,12 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
                        "group (a short last group has fewer), not by the micro-batch")
                 return (f"the weights differ from plain SGD on batches {problem['steps']}× "
                         f"larger by {error:.2e}: {why}")
+            trained = int(counts["trained"].numpy())
+            if trained != n:
+                return (f"{trained} examples went forward through the model you were given in "
+                        f"training mode, not {n} (each once): call it with training=True on "
+                        "each micro-batch, and do not reach around its memory limit to the "
+                        "layers inside")
             if all_reduced == 0:
                 return ("the weights are right but no gradient crossed the replicas: compute "
                         "each micro-batch inside strategy.run and apply the sum there")
@@ -419,7 +430,7 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
                         "variables): sum the micro-batches inside the replica, all-reduce once")
             return None
 
-        return Case(args=(strategy, model, optimizer, loss_object, micro_batches,
+        return Case(args=(strategy, limited, optimizer, loss_object, micro_batches,
                           problem["steps"], problem["micro"]), verify=verify,
                     label=f"({n // problem['micro']} micro-batches of {problem['micro']}, "
                           f"accumulation_steps={problem['steps']}, 2 replicas)")

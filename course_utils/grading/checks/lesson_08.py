@@ -7,10 +7,11 @@
   reports its accuracy, restored the global policy, and reports a steady-state time per step
   that is a timing of its own steps: the check's model sleeps in every training step (a time
   drawn per run, 60 to 400 ms) and longer while tracing, and logs when its steps ran and when
-  its ``fit`` returned, so the learner's figure must lie between the span of the timed steps
-  and the time from the first epoch's end to the last ``fit``'s return – bounds taken from the
-  same run, which the machine's load moves together with the learner's timing. Then the two
-  runs' final loss and accuracy must agree within tolerances.
+  its ``fit`` returned (into an OS pipe whose read end only the check holds: nothing the
+  learner's function receives can read the log), so the learner's figure must lie between
+  the span of the timed steps and the time from the first epoch's end to the last ``fit``'s
+  return – bounds taken from the same run, which the machine's load moves together with the
+  learner's timing. Then the two runs' final loss and accuracy must agree within tolerances.
 * ``check_loss_scaled_train_step(loss_scaled_train_step)``: steps of a mixed_float16 model with
   a ``LossScaleOptimizer`` and a global-norm clip (below the gradients' norm, so that it
   changes the updates) on fresh inputs equal a reference step that clips the UNSCALED
@@ -33,6 +34,7 @@ import numpy as np
 
 from course_utils.equality import largest_difference
 from course_utils.grading.checks.overflow import check_first_overflowing_layer  # noqa: F401
+from course_utils.grading.checks.pipe_log import PipeLog, pipe_log
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -81,10 +83,11 @@ TRACE_DELAY_S = 1.0
 
 
 def _delayed_model_builder(num_features: int, num_classes: int, units: int, delay_s: float,
-                           log: dict[str, list[Any]]) -> Callable[[], Any]:
-    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), logging
-    into ``log`` when each step's wait began and ended (``"steps"``) and when each call of the
-    model's ``fit`` returned (``"fit_ends"``): the bounds of any timing of its own run."""
+                           log: PipeLog) -> Callable[[], Any]:
+    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), writing
+    into ``log`` when each step's wait began and ended and when each call of the model's
+    ``fit`` returned: the bounds of any timing of its own run. ``log`` is write-only (an OS
+    pipe, see ``pipe_log.PipeLog``): nothing the learner's function can reach holds the records."""
     import time
 
     tf, keras = _tf(), _keras()
@@ -106,7 +109,7 @@ def _delayed_model_builder(num_features: int, num_classes: int, units: int, dela
             def wait() -> np.ndarray:
                 start = time.perf_counter()
                 time.sleep(self.seconds)
-                log["steps"].append((start, time.perf_counter()))
+                log.write(b"s", start, time.perf_counter())
                 return np.float32(0.0)
 
             zero = tf.reshape(tf.stop_gradient(tf.py_function(wait, [], tf.float32)), [])
@@ -121,7 +124,7 @@ def _delayed_model_builder(num_features: int, num_classes: int, units: int, dela
             try:
                 return fit(*args, **kwargs)
             finally:
-                log["fit_ends"].append(time.perf_counter())
+                log.write(b"f", time.perf_counter())
 
         model.fit = logged_fit
         return model
@@ -248,9 +251,9 @@ def check_train_with_policy(fn: Any) -> bool:
     units = rng.choice([32, 48])
     policies = ("float32", "mixed_float16")
     low, high = (math.log(s) for s in DELAY_RANGE_S)
-    logs: dict[str, dict[str, list[Any]]] = {p: {"steps": [], "fit_ends": []} for p in policies}
+    pipes = {p: pipe_log() for p in policies}  # (write-only log, reader, closer) per run
     builders = {p: _delayed_model_builder(num_features, num_classes, units,
-                                          math.exp(rng.uniform(low, high)), logs[p])
+                                          math.exp(rng.uniform(low, high)), pipes[p][0])
                 for p in policies}
     steps_per_epoch = -(-len(x) // BATCH_SIZE)
     initial_weights = _model_builder(num_features, num_classes, units)().get_weights()
@@ -263,7 +266,7 @@ def check_train_with_policy(fn: Any) -> bool:
             problem = _run_problem(result, policy, x, y, reference)
             if problem:
                 return problem
-            bounds = _timing_bounds(logs[policy], steps_per_epoch, EPOCHS)
+            bounds = _timing_bounds(pipes[policy][1](), steps_per_epoch, EPOCHS)
             problem = _timing_problem(result["seconds_per_step"], bounds)
             if problem:
                 return problem
@@ -280,13 +283,17 @@ def check_train_with_policy(fn: Any) -> bool:
                   verify=verifier(policy),
                   label=f"(make_model, {policy!r}, x, y, epochs={EPOCHS}, initial_weights)")
              for policy in policies]
-    passed = run_check(
-        "train_with_policy", fn, cases,
-        hint="build make_model() inside cu.training.policy_scope(policy), set_weights("
-             "initial_weights), compile with Adam(0.01) and SparseCategoricalCrossentropy("
-             "from_logits=True), fit the first epoch, time the other epochs (shuffle=False, "
-             "batch 64) and divide by their steps; then measure the accuracy on x "
-             "(lesson 08, sections 2, 4 and 8).")
+    try:
+        passed = run_check(
+            "train_with_policy", fn, cases,
+            hint="build make_model() inside cu.training.policy_scope(policy), set_weights("
+                 "initial_weights), compile with Adam(0.01) and SparseCategoricalCrossentropy("
+                 "from_logits=True), fit the first epoch, time the other epochs (shuffle="
+                 "False, batch 64) and divide by their steps; then measure the accuracy on x "
+                 "(lesson 08, sections 2, 4 and 8).")
+    finally:
+        for _log, _read, close in pipes.values():
+            close()
     if passed:
         for policy, run in runs.items():
             print(f"   {policy}: final loss {run['loss']:.4f}, accuracy {run['accuracy']:.1%}, "

@@ -2,7 +2,9 @@
 
 The check, registered by name (``lesson_07`` imports it): on a fresh flat stack of Dense layers,
 the plain stack's gradients, made with one ``tf.recompute_grad`` per segment of
-``segment_size`` layers (counted in the traced step), every layer's forward run again; every
+``segment_size`` layers (counted in the traced step), every layer's forward run again, and the
+segments the backward pass recomputes exactly ``segment_size`` consecutive layers from the first
+(read from the order in which the layers ran: a near-equal split of the same count fails); every
 case's last segment is shorter.
 """
 
@@ -31,18 +33,42 @@ def _keras() -> Any:
 # --- Exercise 5 · recompute in segments of a flat stack of layers ---------------------------
 
 
-def _segment_stack(rng: Any) -> tuple[list[Any], Any]:
-    """A fresh flat stack of Dense layers (random width and depth) and a batch for it."""
+def _segment_stack(rng: Any) -> tuple[list[Any], Any, list[int]]:
+    """A fresh flat stack of Dense layers (random width and depth), a batch for it, and the
+    order in which the layers' forward passes ran (each call appends the layer's position)."""
     keras, tf = _keras(), _tf()
     width, depth = rng.randint(6, 16), rng.randint(5, 8)
     seed = rng.randint(0, 2**31 - 1)
-    layers = [keras.layers.Dense(width, activation=rng.choice(["relu", "tanh"]),
-                                 kernel_initializer=keras.initializers.GlorotNormal(seed + i))
+    calls: list[int] = []
+
+    class Dense(keras.layers.Dense):
+        def call(self, inputs: Any) -> Any:
+            calls.append(self.position)
+            return super().call(inputs)
+
+    layers = [Dense(width, activation=rng.choice(["relu", "tanh"]),
+                    kernel_initializer=keras.initializers.GlorotNormal(seed + i))
               for i in range(depth)]
-    for layer in layers:
+    for position, layer in enumerate(layers):
+        layer.position = position
         layer.build((None, width))
     x = tf.random.stateless_normal([rng.randint(3, 9), width], seed=[seed, 1])
-    return layers, x
+    return layers, x, calls
+
+
+def _recomputed_segments(calls: list[int], depth: int) -> list[int] | None:
+    """The sizes of the segments the backward pass ran again, first segment first, from the
+    layers' call order (a forward of 0 .. depth-1, then each segment again, last first); None
+    when the calls are not one forward pass followed by ascending runs."""
+    if calls[:depth] != list(range(depth)):
+        return None
+    runs: list[list[int]] = []
+    for position in calls[depth:]:
+        if runs and position == runs[-1][-1] + 1:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
+    return [len(run) for run in sorted(runs)]
 
 
 def _plain_segment_gradients(layers: list[Any], x: Any) -> list[Any]:
@@ -72,14 +98,16 @@ def check_segment_gradients(fn: Any) -> bool:
     rng = fresh_rng()
     cases = []
     for _ in range(2):
-        layers, x = _segment_stack(rng)
+        layers, x, calls = _segment_stack(rng)
         # a size that leaves a shorter last segment: an answer that drops it cannot pass
         segment_size = rng.choice([size for size in range(2, len(layers) - 1)
                                    if len(layers) % size])
         segments = math.ceil(len(layers) / segment_size)
 
         def verify(got: Any, layers: list[Any] = layers, x: Any = x,
-                   segment_size: int = segment_size, segments: int = segments) -> str | None:
+                   segment_size: int = segment_size, segments: int = segments,
+                   calls: list[int] = calls) -> str | None:
+            ran = list(calls)  # the learner's call alone, before the check's own runs
             expected = _plain_segment_gradients(layers, x)
             if not isinstance(got, (list, tuple)) or len(got) != len(expected):
                 return (f"expected a list of {len(expected)} gradients (kernel and bias of "
@@ -98,6 +126,17 @@ def check_segment_gradients(fn: Any) -> bool:
                 return (f"the gradients differ from the plain stack's by {error:.2e}: run "
                         "every layer once, in order, and take the gradient of "
                         "tf.reduce_mean(tf.square(output)) for every layer's variables, in order")
+            depth = len(layers)
+            want = [segment_size] * (depth // segment_size) + (
+                [depth % segment_size] if depth % segment_size else [])
+            found = _recomputed_segments(ran, depth)
+            if found is None:
+                return (f"the layers ran in the order {ran}: the forward pass runs each "
+                        "layer once, first to last, and the backward pass each segment again")
+            if found and found != want:
+                return (f"the backward pass recomputed segments of {found} layers; "
+                        f"segment_size={segment_size} asks for {want}: consecutive segments "
+                        f"of {segment_size} from the first layer, only the last shorter")
             ops = _traced_ops(fn, layers, x, segment_size)
             recomputes = ops.get("IdentityN", 0) // 2  # tf.recompute_grad: 2 per call
             if recomputes != segments:

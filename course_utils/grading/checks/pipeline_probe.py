@@ -1,0 +1,121 @@
+"""Lesson 09, exercise 2's pieces: the check's "disk" (a counting ``read``), its ``augment``
+(counting its calls), a probe of whether a pipeline works ahead by itself, and what is wrong with
+two epochs of a pipeline (``lesson_09`` uses them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = ["STORED_OFFSET", "augment", "counting_read", "elements_problem", "one_epoch",
+           "runs_ahead"]
+
+
+#: What the check's "disk" stores: the features minus this offset, which ``read`` adds back,
+#: so that a pipeline that never reads gets features far from the real ones.
+STORED_OFFSET = 10.0
+
+
+def counting_read(seconds: list[float], calls: list[int]) -> Callable[..., Any]:
+    """A "disk" read: waits ``seconds[0]`` per example (read when it runs: the check can make
+    its own baseline's disk slower), counts its calls in ``calls``, and decodes the stored
+    record (adds ``STORED_OFFSET`` back)."""
+    import time
+
+    tf = _tf()
+
+    def read(features: Any, label: Any) -> tuple[Any, Any]:
+        def wait() -> np.int32:
+            calls.append(1)
+            time.sleep(seconds[0])
+            return np.int32(0)
+
+        done = tf.py_function(wait, [], tf.int32)
+        with tf.control_dependencies([done]):
+            return tf.identity(features) + STORED_OFFSET, tf.identity(label)
+
+    return read
+
+
+def augment(seed: int, calls: list[int] | None = None) -> Callable[..., Any]:
+    """Random noise on the features, new every epoch (a ``tf.random.Generator``); each call
+    (one example) appends to ``calls`` when given."""
+    tf = _tf()
+    generator = tf.random.Generator.from_seed(seed)
+
+    def count() -> np.int32:
+        if calls is not None:
+            calls.append(1)
+        return np.int32(0)
+
+    def augment(features: Any, label: Any) -> tuple[Any, Any]:
+        done = tf.py_function(count, [], tf.int32)
+        with tf.control_dependencies([done]):
+            noisy = features + generator.normal(tf.shape(features), stddev=0.1)
+        return noisy, label
+
+    augment.generator = generator  # type: ignore[attr-defined]  # the check reads its state
+    return augment
+
+
+def one_epoch(dataset: Any) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Batch sizes, labels and features of one pass over ``dataset``."""
+    sizes, labels, features = [], [], []
+    for x, y in dataset:
+        sizes.append(int(np.shape(y)[0]))
+        labels.append(np.asarray(y).reshape(-1))
+        features.append(np.asarray(x))
+    return sizes, np.concatenate(labels), np.concatenate(features)
+
+
+def runs_ahead(dataset: Any, augmented: list[int], batch_size: int,
+                wait_s: float = 5.0) -> bool:
+    """Whether ``dataset`` augments beyond the batch the step took, by itself: a prefetch (or a
+    parallel map) works in the background. tf.data's own additions are switched off for this
+    probe (``inject_prefetch`` would add a prefetch to any pipeline; the distributed iterator
+    buffers too): what runs ahead here is what the learner wrote. A count, not a time: the
+    background thread is given up to ``wait_s`` seconds to run."""
+    import time
+
+    tf = _tf()
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    options.experimental_optimization.apply_default_optimizations = False
+    options.autotune.enabled = False
+    iterator = iter(dataset.with_options(options))
+    start = len(augmented)
+    next(iterator)
+    deadline = time.monotonic() + wait_s
+    while len(augmented) - start <= batch_size and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ahead = len(augmented) - start > batch_size
+    for _ in iterator:  # finish the epoch: no element left in flight
+        pass
+    return ahead
+
+
+def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str | None:
+    """What is wrong with two epochs of ``dataset``, or None."""
+    n = len(features)
+    noise = []
+    for epoch in (1, 2):
+        sizes, labels, got = one_epoch(dataset)
+        if sorted(labels.astype(int).tolist()) != list(range(n)):
+            return (f"epoch {epoch} does not hold each of the {n} examples once "
+                    f"({len(labels)} examples, {len(set(labels.tolist()))} different)")
+        if sizes[:-1] != [batch_size] * (len(sizes) - 1) or sizes[-1] > batch_size:
+            return f"epoch {epoch}'s batches have {sizes} examples; batch_size is {batch_size}"
+        noise.append(got - features[labels.astype(int)])
+    if max(np.abs(n_).max() for n_ in noise) > 1:  # augment's noise has a deviation of 0.1
+        return ("the features are not the ones read returns: every example must go through "
+                "read (the records hold what is stored on the disk, not the examples)")
+    if max(np.abs(n_).max() for n_ in noise) < 1e-4:  # read's decoding rounds, no more
+        return "the features come out unchanged: apply augment to every example"
+    if np.allclose(noise[0], noise[1]):
+        return ("both epochs got the same augmentation: the augmented examples were cached. "
+                "Cache what is the same every epoch (the read), then augment")
+    return None

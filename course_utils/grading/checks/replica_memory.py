@@ -1,0 +1,64 @@
+"""Lesson 07, exercise 4's memory limit per replica: a model behind a layer that, on each
+replica of a ``tf.distribute`` strategy, refuses more than a micro-batch's share of examples'
+activations alive on the gradient tapes (``lesson_07`` uses it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = ["replica_limit"]
+
+
+def replica_limit(model: Any, max_examples: int) -> tuple[Any, Any]:
+    """``(limited, counts)``: ``model`` (shared weights) behind a layer that, on each replica,
+    refuses a forward pass in training mode while more than ``max_examples`` examples'
+    activations are alive on the gradient tapes (a batch larger than a micro-batch's share, or
+    one tape over several micro-batches), and counts the examples trained. Build it under the
+    strategy's scope: its counters are per replica (``ON_READ``), summed when read."""
+    tf = _tf()
+    import keras
+
+    def counter() -> Any:
+        return tf.Variable(0, dtype=tf.int64, trainable=False,
+                           synchronization=tf.VariableSynchronization.ON_READ,
+                           aggregation=tf.VariableAggregation.SUM)
+
+    counts = {"alive": counter(), "trained": counter()}
+
+    class ReplicaMemory(keras.layers.Layer):
+        def call(self, inputs: Any, training: Any = None) -> Any:
+            if not training:
+                return inputs
+            if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+                raise ValueError("the model was trained outside the replicas: no gradient "
+                                 "crossed the replicas; compute each micro-batch inside "
+                                 "strategy.run")
+            size = tf.cast(tf.shape(inputs)[0], tf.int64)
+
+            @tf.custom_gradient
+            def on_tape(x: Any) -> Any:
+                alive = counts["alive"].assign_add(size)
+                trained = counts["trained"].assign_add(size)
+                check = tf.debugging.assert_less_equal(
+                    alive, tf.constant(max_examples, tf.int64),
+                    message=f"out of memory (simulated): more than {max_examples} examples' "
+                            "activations alive on one replica's gradient tapes at once (a "
+                            "replica holds one micro-batch's share: run the micro-batches one "
+                            "at a time, each with its own tape)")
+                with tf.control_dependencies([check, trained]):
+                    y = tf.identity(x)
+
+                def backward(upstream: Any) -> Any:
+                    freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
+                    with tf.control_dependencies([freed]):
+                        return tf.identity(upstream)
+
+                return y, backward
+
+            return on_tape(inputs)
+
+    inputs = keras.Input(shape=model.input_shape[1:], name="features")
+    outputs = ReplicaMemory(name="replica_memory")(model(inputs))
+    return keras.Model(inputs, outputs, name=f"{model.name}_limited"), counts
