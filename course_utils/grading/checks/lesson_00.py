@@ -275,13 +275,14 @@ READ_WAIT_S, BATCH_SIZE, STEP_WAIT_S = 0.004, 4, 0.016
 MIN_READ_AHEAD_SHARE = 0.5
 
 
-def _counting_reader(seconds: float, reads: dict[str, int]) -> Callable[[Any], Any]:
-    """``read``: waits ``seconds``, counts itself in ``reads["done"]``, returns ``7x + 3``."""
+def _counting_reader(seconds: float, reads: dict[str, set[int]]) -> Callable[[Any], Any]:
+    """``read``: waits ``seconds``, records its element in ``reads["done"]`` (a set: an element
+    read twice counts once), returns ``7x + 3``."""
     tf = _tf()
 
     def wait_and_read(value: Any) -> Any:
         time.sleep(seconds)
-        reads["done"] += 1
+        reads["done"].add(int(value))
         return np.int64(7 * int(value) + 3)
 
     def read(index: Any) -> Any:
@@ -292,19 +293,22 @@ def _counting_reader(seconds: float, reads: dict[str, int]) -> Callable[[Any], A
     return read
 
 
-def _train(dataset: Any, reads: dict[str, int]) -> tuple[float, float]:
-    """One epoch with a ``STEP_WAIT_S`` step per batch: (share of steps after which reads of
-    later elements had already run, seconds)."""
-    reads["done"] = 0
-    consumed, ahead, steps = 0, 0, 0
+def _train(dataset: Any, reads: dict[str, set[int]], count: int) -> tuple[float, float]:
+    """One epoch of ``count`` elements with a ``STEP_WAIT_S`` step per batch: (the share, in
+    [0, 1], of the steps before the last after which reads of later elements had already run,
+    seconds). After the last step there is nothing left to read, so it is not counted."""
+    reads["done"] = set()
+    consumed, read_ahead = 0, []
     start = time.perf_counter()
     for batch in dataset:
         consumed += len(batch)
         time.sleep(STEP_WAIT_S)  # the training step
-        steps += 1
-        ahead += reads["done"] > consumed  # the input read on while the step ran
+        if consumed < count:  # later elements exist: were they read while the step ran?
+            read_ahead.append(len(reads["done"]) > consumed)
     seconds = time.perf_counter() - start
-    return ahead / max(steps - 1, 1), seconds  # after the last step there is nothing to read
+    share = sum(read_ahead) / max(len(read_ahead), 1)
+    assert 0.0 <= share <= 1.0, share
+    return share, seconds
 
 
 @register
@@ -316,7 +320,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
 
     rng = fresh_rng()
     first, count = rng.randint(0, 1000), rng.randint(7, 9) * BATCH_SIZE + rng.randint(1, 3)
-    reads = {"done": 0}
+    reads: dict[str, set[int]] = {"done": set()}
     read = _counting_reader(READ_WAIT_S, reads)
     expected = 7 * np.arange(first, first + count) + 3
 
@@ -337,8 +341,8 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         if not np.array_equal(np.concatenate(batches), expected):
             return "the elements differ from the broken pipeline's, or came in another order"
         share, seconds = _train(without_default_optimizations(fn(records(), read, BATCH_SIZE)),
-                                reads)
-        _, broken_seconds = _train(without_default_optimizations(broken()), reads)
+                                reads, count)
+        _, broken_seconds = _train(without_default_optimizations(broken()), reads, count)
         if share < MIN_READ_AHEAD_SHARE:
             return (f"reading does not overlap the step: the next reads had run during only "
                     f"{share:.0%} of the training steps (at least {MIN_READ_AHEAD_SHARE:.0%} "

@@ -42,15 +42,26 @@ def _reference_loss(labels: Any, logits: Any, weights: Any) -> float:
     return float((weights * per_example).sum() / weights.sum())
 
 
-def _weights(np_rng: Any, size: int, replicas: int) -> Any:
-    """Per-example weights (padding zeros among them) whose mean is far from 1 on every split."""
+def _weights(np_rng: Any, size: int, replicas: int, batches: list[tuple[int, int]]) -> Any:
+    """Per-example weights (padding zeros among them) that tell the reductions apart on every
+    batch the check feeds: each ``weights[start:stop]`` has a positive sum (else the weighted
+    mean itself is 0 / 0 and a right answer fails: it happened in CI, a short batch of three
+    zeros), a mean far from 1, and unequal weights in the first replica's slice."""
     import numpy as np
 
     while True:
         weights = np_rng.choice([0.0, 0.5, 1.0, 3.0], size=size).astype(np.float32)
-        if weights.sum() > 0 and abs(weights.mean() - 1) > 0.15 and (
-                replicas == 1 or len(set(np.array_split(weights, replicas)[0].tolist())) > 1):
+        if all(_tells_apart(weights[start:stop], replicas) for start, stop in batches):
             return weights
+
+
+def _tells_apart(batch: Any, replicas: int) -> bool:
+    """True when a batch's weights have a positive sum, a mean far from 1 and (with several
+    replicas) unequal weights in the first replica's slice."""
+    import numpy as np
+
+    return bool(batch.sum() > 0 and abs(batch.mean() - 1) > 0.15 and (
+        replicas == 1 or len(set(np.array_split(batch, replicas)[0].tolist())) > 1))
 
 
 @register
@@ -81,8 +92,9 @@ def check_compute_loss(fn: Any) -> bool:
     local = rng.randint(4, 12)
     plain_labels = np_rng.integers(0, classes, size=local).astype(np.int32)
     plain_logits = np_rng.normal(size=(local, classes)).astype(np.float32)
-    plain_weights = _weights(np_rng, local, 1)
-    weights = _weights(np_rng, len(x), replicas)
+    plain_weights = _weights(np_rng, local, 1, [(0, local)])
+    sizes = (global_batch, replicas + 1, global_batch + 1 - replicas)
+    weights = _weights(np_rng, len(x), replicas, [(0, size) for size in sizes])
 
     def run(kind: str, *args: Any) -> Any:
         if kind == "plain":
@@ -110,7 +122,7 @@ def check_compute_loss(fn: Any) -> bool:
                   expected=_reference_loss(plain_labels, plain_logits, plain_weights),
                   label=f"(outside any strategy: {local} labels, logits "
                         f"{plain_logits.shape}, weights {plain_weights.tolist()})")]
-    for size in (global_batch, replicas + 1, global_batch + 1 - replicas):
+    for size in sizes:
         cases.append(Case(args=("strategy", size), verify=verify_split(size),
                           label=f"(inside {replicas} replicas, a global batch of {size})"))
     return run_check("compute_loss", run, cases, rtol=1e-5, atol=1e-6,
@@ -147,7 +159,8 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
     initial = model.get_weights()
     global_batch = rng.choice([4, 8]) * replicas
     size = global_batch * num_full_batches + replicas + 1  # a short, uneven last batch
-    w = _weights(np_rng, size, replicas)
+    w = _weights(np_rng, size, replicas, [(start, min(start + global_batch, size))
+                                          for start in range(0, size, global_batch)])
     dataset = tf.data.Dataset.from_tensor_slices((x[:size], y[:size], w)).batch(global_batch)
     learning_rate = 0.5
 
