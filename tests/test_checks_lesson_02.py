@@ -430,6 +430,35 @@ def remainder_dropped(examples, context, per_replica):
     return _shard(examples, context).shuffle(1000).batch(per_replica, drop_remainder=True)
 
 
+@_distribute_with
+def buffer_of_48(examples, context, per_replica):  # a fixed buffer that fit last year's shard
+    return _shard(examples, context).shuffle(48).batch(per_replica)
+
+
+@_distribute_with
+def buffer_of_200(examples, context, per_replica):  # a larger guess, still below the shard
+    return _shard(examples, context).shuffle(200).batch(per_replica)
+
+
+@_distribute_with
+def global_seed_then_sharded(examples, context, per_replica):  # the workers made to agree
+    tf.random.set_seed(1234)
+    return _shard(examples.shuffle(10_000), context).batch(per_replica)
+
+
+@_distribute_with
+def global_seed_sharded_first(examples, context, per_replica):  # right order, seed clobbered
+    tf.random.set_seed(1234)
+    shard = _shard(examples, context)
+    return shard.shuffle(int(shard.cardinality())).batch(per_replica)
+
+
+@_distribute_with
+def no_global_seed_op_seed(examples, context, per_replica):  # seed None: TF's default one
+    tf.random.set_seed(None)
+    return _shard(examples.shuffle(10_000, seed=7), context).batch(per_replica)
+
+
 def auto_sharded(strategy, examples, global_batch_size):
     return strategy.experimental_distribute_dataset(
         examples.shuffle(1000).batch(global_batch_size))
@@ -446,6 +475,11 @@ def auto_sharded(strategy, examples, global_batch_size):
     (global_batches, r"make \d+ steps, got \d+"),
     (remainder_dropped, "missing"),
     (auto_sharded, "distribute_datasets_from_function"),
+    (buffer_of_48, r"more than 4[0-7] places before|a buffer as large as the shard"),
+    (buffer_of_200, r"more than 1\d\d places before|a buffer as large as the shard"),
+    (global_seed_then_sharded, "same order in a process seeded"),
+    (global_seed_sharded_first, "same order in a process seeded"),
+    (no_global_seed_op_seed, "same order in a process seeded"),
 ])
 def test_distribute_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):
