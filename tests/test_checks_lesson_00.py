@@ -380,7 +380,33 @@ def _prefetch_before_and_after(records, read, batch_size):  # the broken line, w
     return records.prefetch(tf.data.AUTOTUNE).map(read).batch(batch_size).take(-1)
 
 
+def _read_all_on_the_first_batch(records, read, batch_size):  # every read before step 1,
+    import tensorflow as tf  # inside tf.data: later steps find them done, none overlapped
+
+    everything = records.map(read).batch(1_000_000)
+    return everything.unbatch().batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def _read_in_a_python_generator(records, read, batch_size):  # the fix, as a generator: the
+    import tensorflow as tf  # reads run when the step asks for a batch
+
+    def batches():
+        batch = []
+        for record in records:
+            batch.append(int(read(record)))
+            if len(batch) == batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    return tf.data.Dataset.from_generator(
+        batches, output_signature=tf.TensorSpec([None], tf.int64))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_read_all_on_the_first_batch, "does not overlap"),
+    (_read_in_a_python_generator, "does not overlap"),
     (_no_prefetch, "does not overlap"),
     (_read_ahead_in_python, "does not overlap"),
     (_read_twice, "elements differ"),

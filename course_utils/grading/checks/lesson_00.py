@@ -295,16 +295,18 @@ def _counting_reader(seconds: float, reads: dict[str, set[int]]) -> Callable[[An
 
 def _train(dataset: Any, reads: dict[str, set[int]], count: int) -> tuple[float, float]:
     """One epoch of ``count`` elements with a ``STEP_WAIT_S`` step per batch: (the share, in
-    [0, 1], of the steps before the last after which reads of later elements had already run,
-    seconds). After the last step there is nothing left to read, so it is not counted."""
+    [0, 1], of the steps before the last while which later elements were read, seconds).
+    After the last step there is nothing left to read, so it is not counted; reads that all
+    ran before the first step (a pipeline that reads everything up front) overlap no step."""
     reads["done"] = set()
     consumed, read_ahead = 0, []
     start = time.perf_counter()
     for batch in dataset:
         consumed += len(batch)
+        before = len(reads["done"])
         time.sleep(STEP_WAIT_S)  # the training step
         if consumed < count:  # later elements exist: were they read while the step ran?
-            read_ahead.append(len(reads["done"]) > consumed)
+            read_ahead.append(len(reads["done"]) > max(before, consumed))
     seconds = time.perf_counter() - start
     share = sum(read_ahead) / max(len(read_ahead), 1)
     assert 0.0 <= share <= 1.0, share
