@@ -173,11 +173,21 @@ def _helper_codes() -> set[Any]:
     return {bench.time_interleaved.__code__}
 
 
+def _signature(code: Any) -> tuple[Any, ...]:
+    """What a copy of a function keeps whatever its file, line, name or local names: the
+    globals and attributes it uses, in order, and its number of arguments (an ``exec``'d or
+    pasted copy of a helper has the helper's; its bytecode can differ, e.g. without the
+    module's ``from __future__ import annotations``)."""
+    return code.co_names, code.co_argcount, code.co_kwonlyargcount
+
+
 class _CodesRun:
-    """Records the code object of every Python function called while it is on."""
+    """Records the code object of every Python function called while it is on, in every
+    thread, and whether the recording was switched off before the check stopped it."""
 
     def __init__(self) -> None:
         self.seen: set[Any] = set()
+        self.switched_off = False
         self._previous: Any = None
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
@@ -185,13 +195,27 @@ class _CodesRun:
             self.seen.add(frame.f_code)
 
     def __enter__(self) -> _CodesRun:
-        self._previous = sys.getprofile()
+        import threading
+
+        self._previous = sys.getprofile(), threading.getprofile()
         sys.setprofile(self._profile)
+        threading.setprofile(self._profile)
         return self
 
     def stop(self) -> None:
+        import threading
+
         if sys.getprofile() == self._profile:
-            sys.setprofile(self._previous)
+            sys.setprofile(self._previous[0])
+            threading.setprofile(self._previous[1])
+        elif self._previous is not None and not self.switched_off:
+            self.switched_off = True  # the answer changed the profiler: nothing recorded
+            threading.setprofile(self._previous[1])
+
+    def called_a_helper(self) -> bool:
+        """True when a helper, or a copy of one (same bytecode and names), was called."""
+        helpers = {_signature(code) for code in _helper_codes()}
+        return any(_signature(code) in helpers for code in self.seen)
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
@@ -222,9 +246,12 @@ def check_step_breakdown(fn: Any) -> bool:
 
     def verify(result: Any) -> str | None:
         codes_run.stop()
-        if codes_run.seen & _helper_codes():
-            return ("it called cu.bench.time_interleaved: write the timing loop yourself "
-                    "(time.perf_counter around each call, in turns)")
+        if codes_run.switched_off:
+            return ("it switched the check's call recorder off (sys.setprofile): leave the "
+                    "profiler alone and time the calls yourself")
+        if codes_run.called_a_helper():
+            return ("it called cu.bench.time_interleaved (or a copy of it): write the timing "
+                    "loop yourself (time.perf_counter around each call, in turns)")
         if not isinstance(result, Mapping) or set(result) != {"input", "compute", "whole step"}:
             keys = sorted(result) if isinstance(result, Mapping) else type(result).__name__
             return f"expected a dict with keys 'input', 'compute', 'whole step', got {keys}"
