@@ -246,6 +246,22 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
 # --- Exercise 3 · diagnose a training loop from its symptoms -----------------------------------
 
 
+def _counting(make_train_step: Any, steps_run: list[int]) -> Any:
+    """``make_train_step`` whose train steps add one to ``steps_run`` each time they run."""
+
+    def counted_make_train_step(model: Any, optimizer: Any) -> Any:
+        train_step = make_train_step(model, optimizer)
+
+        def counted_train_step(batch: Any) -> Any:
+            result = train_step(batch)
+            steps_run.append(1)
+            return result
+
+        return counted_train_step
+
+    return counted_make_train_step
+
+
 @register
 def check_diagnose_loop(fn: Any) -> bool:
     """Check ``diagnose_loop(strategy, make_train_step, build_model, features, labels,
@@ -274,12 +290,20 @@ def check_diagnose_loop(fn: Any) -> bool:
         def build_model(num_features: int = num_features, classes: int = classes) -> Any:
             return mlp(num_features, classes, hidden_units=(8,), name="check_diagnose")
 
-        def verify(answer: Any, kind: str = kind) -> str | None:
+        steps_run: list[int] = []  # the steps the answer ran: a diagnosis runs the loop
+        make_train_step = _counting(loop_with(strategy, kind, global_batch), steps_run)
+
+        def verify(answer: Any, kind: str = kind, steps_run: list[int] = steps_run
+                   ) -> str | None:
             if not isinstance(answer, str) or answer not in DIAGNOSES:
                 return f"answer one of DIAGNOSES, got {answer!r}"
+            if not steps_run:
+                return (f"you answered {answer!r} without running a single step of the loop: "
+                        "diagnose it by running it (build the model, call "
+                        "make_train_step(model, optimizer)(batch)), not by reading it")
             return None if answer == kind else f"this loop is {kind!r}, not {answer!r}"
 
-        cases.append(Case(args=(strategy, loop_with(strategy, kind, global_batch), build_model,
+        cases.append(Case(args=(strategy, make_train_step, build_model,
                                 x, y, global_batch), verify=verify,
                           label=f"(a loop written for a global batch of {global_batch}, "
                                 f"{replicas} replicas, {num_features} features, {classes} "
