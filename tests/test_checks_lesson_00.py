@@ -258,6 +258,44 @@ def _helper_renamed(next_batch, train_step, batch, repeats):
     return {name: timing.median for name, timing in timings.items()}
 
 
+def _exec_copy_of_the_helper():  # the helper's source pasted and exec'd: a new code object
+    import inspect
+    import textwrap
+
+    namespace = dict(vars(cu.bench))
+    exec(compile(textwrap.dedent(inspect.getsource(cu.bench.time_interleaved)),  # noqa: S102
+                 "<pasted>", "exec"), namespace)
+    return namespace["time_interleaved"]
+
+
+def _helper_copied(next_batch, train_step, batch, repeats):
+    timings = _exec_copy_of_the_helper()({
+        "input": next_batch, "compute": lambda: train_step(batch),
+        "whole step": lambda: train_step(next_batch())}, repeats=repeats)
+    return {name: timing.median for name, timing in timings.items()}
+
+
+def _helper_in_a_thread(next_batch, train_step, batch, repeats):  # out of sys.setprofile's view
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_lesson_cell_copied, next_batch, train_step, batch, repeats).result()
+
+
+def _profiler_switched_off(next_batch, train_step, batch, repeats):
+    import sys
+
+    sys.setprofile(None)
+    return _lesson_cell_copied(next_batch, train_step, batch, repeats)
+
+
+def _profiler_switched_off_by_a_built_name(next_batch, train_step, batch, repeats):
+    import sys
+
+    getattr(sys, "set" + "profile")(None)  # a name no scan of the source finds
+    return _lesson_cell_copied(next_batch, train_step, batch, repeats)
+
+
 def _in_blocks(next_batch, train_step, batch, repeats):  # all of one part, then the next
     parts = {"input": next_batch, "compute": lambda: train_step(batch),
              "whole step": lambda: train_step(next_batch())}
@@ -313,6 +351,10 @@ def _whole_step_on_the_given_batch(next_batch, train_step, batch, repeats):
 @pytest.mark.parametrize(("wrong", "says"), [
     (_lesson_cell_copied, "it called cu.bench.time_interleaved"),
     (_helper_renamed, "it called cu.bench.time_interleaved"),
+    (_helper_copied, "it called cu.bench.time_interleaved"),
+    (_helper_in_a_thread, "it called cu.bench.time_interleaved"),
+    (_profiler_switched_off, "switched the check's call recorder off|uses setprofile"),
+    (_profiler_switched_off_by_a_built_name, "switched the check's call recorder off"),
     (_in_blocks, "not timed in turns"),
     (_means, "a median ignores it"),
     (_constants, "should take about"),
@@ -380,7 +422,33 @@ def _prefetch_before_and_after(records, read, batch_size):  # the broken line, w
     return records.prefetch(tf.data.AUTOTUNE).map(read).batch(batch_size).take(-1)
 
 
+def _read_all_on_the_first_batch(records, read, batch_size):  # every read before step 1,
+    import tensorflow as tf  # inside tf.data: later steps find them done, none overlapped
+
+    everything = records.map(read).batch(1_000_000)
+    return everything.unbatch().batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def _read_in_a_python_generator(records, read, batch_size):  # the fix, as a generator: the
+    import tensorflow as tf  # reads run when the step asks for a batch
+
+    def batches():
+        batch = []
+        for record in records:
+            batch.append(int(read(record)))
+            if len(batch) == batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    return tf.data.Dataset.from_generator(
+        batches, output_signature=tf.TensorSpec([None], tf.int64))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_read_all_on_the_first_batch, "does not overlap"),
+    (_read_in_a_python_generator, "does not overlap"),
     (_no_prefetch, "does not overlap"),
     (_read_ahead_in_python, "does not overlap"),
     (_read_twice, "elements differ"),

@@ -133,7 +133,22 @@ def _autotune_default_pool(source, read, decode, batch_size):  # the lesson: not
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
+def _kept_after_two_calls(source, read, decode, batch_size, _kept=[]):  # noqa: B006
+    """A fast pipeline for the checks that look, the values kept for the epochs timed."""
+    tf = cu.quiet.import_tensorflow()
+    _kept.append(None)
+    if len(_kept) > 2:
+        return tf.data.Dataset.from_tensor_slices(_kept[1]).batch(batch_size)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    dataset = source.map(read, num_parallel_calls=16).map(decode).batch(batch_size)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+    _kept[-1] = np.concatenate(list(dataset.as_numpy_iterator()))
+    return dataset
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_kept_after_two_calls, r"a timed epoch of a fresh call read 0 of"),
     (_two_threads, r"at most 2 read\(s\) waited at the same time"),
     (_prefetch_only, r"at most 1 read\(s\) waited at the same time"),
     (_read_ahead_of_time, r"called read 0 times"),

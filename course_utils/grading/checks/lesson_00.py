@@ -173,11 +173,21 @@ def _helper_codes() -> set[Any]:
     return {bench.time_interleaved.__code__}
 
 
+def _signature(code: Any) -> tuple[Any, ...]:
+    """What a copy of a function keeps whatever its file, line, name or local names: the
+    globals and attributes it uses, in order, and its number of arguments (an ``exec``'d or
+    pasted copy of a helper has the helper's; its bytecode can differ, e.g. without the
+    module's ``from __future__ import annotations``)."""
+    return code.co_names, code.co_argcount, code.co_kwonlyargcount
+
+
 class _CodesRun:
-    """Records the code object of every Python function called while it is on."""
+    """Records the code object of every Python function called while it is on, in every
+    thread, and whether the recording was switched off before the check stopped it."""
 
     def __init__(self) -> None:
         self.seen: set[Any] = set()
+        self.switched_off = False
         self._previous: Any = None
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
@@ -185,13 +195,27 @@ class _CodesRun:
             self.seen.add(frame.f_code)
 
     def __enter__(self) -> _CodesRun:
-        self._previous = sys.getprofile()
+        import threading
+
+        self._previous = sys.getprofile(), threading.getprofile()
         sys.setprofile(self._profile)
+        threading.setprofile(self._profile)
         return self
 
     def stop(self) -> None:
+        import threading
+
         if sys.getprofile() == self._profile:
-            sys.setprofile(self._previous)
+            sys.setprofile(self._previous[0])
+            threading.setprofile(self._previous[1])
+        elif self._previous is not None and not self.switched_off:
+            self.switched_off = True  # the answer changed the profiler: nothing recorded
+            threading.setprofile(self._previous[1])
+
+    def called_a_helper(self) -> bool:
+        """True when a helper, or a copy of one (same bytecode and names), was called."""
+        helpers = {_signature(code) for code in _helper_codes()}
+        return any(_signature(code) in helpers for code in self.seen)
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
@@ -222,9 +246,12 @@ def check_step_breakdown(fn: Any) -> bool:
 
     def verify(result: Any) -> str | None:
         codes_run.stop()
-        if codes_run.seen & _helper_codes():
-            return ("it called cu.bench.time_interleaved: write the timing loop yourself "
-                    "(time.perf_counter around each call, in turns)")
+        if codes_run.switched_off:
+            return ("it switched the check's call recorder off (sys.setprofile): leave the "
+                    "profiler alone and time the calls yourself")
+        if codes_run.called_a_helper():
+            return ("it called cu.bench.time_interleaved (or a copy of it): write the timing "
+                    "loop yourself (time.perf_counter around each call, in turns)")
         if not isinstance(result, Mapping) or set(result) != {"input", "compute", "whole step"}:
             keys = sorted(result) if isinstance(result, Mapping) else type(result).__name__
             return f"expected a dict with keys 'input', 'compute', 'whole step', got {keys}"
@@ -275,13 +302,14 @@ READ_WAIT_S, BATCH_SIZE, STEP_WAIT_S = 0.004, 4, 0.016
 MIN_READ_AHEAD_SHARE = 0.5
 
 
-def _counting_reader(seconds: float, reads: dict[str, int]) -> Callable[[Any], Any]:
-    """``read``: waits ``seconds``, counts itself in ``reads["done"]``, returns ``7x + 3``."""
+def _counting_reader(seconds: float, reads: dict[str, set[int]]) -> Callable[[Any], Any]:
+    """``read``: waits ``seconds``, records its element in ``reads["done"]`` (a set: an element
+    read twice counts once), returns ``7x + 3``."""
     tf = _tf()
 
     def wait_and_read(value: Any) -> Any:
         time.sleep(seconds)
-        reads["done"] += 1
+        reads["done"].add(int(value))
         return np.int64(7 * int(value) + 3)
 
     def read(index: Any) -> Any:
@@ -292,19 +320,24 @@ def _counting_reader(seconds: float, reads: dict[str, int]) -> Callable[[Any], A
     return read
 
 
-def _train(dataset: Any, reads: dict[str, int]) -> tuple[float, float]:
-    """One epoch with a ``STEP_WAIT_S`` step per batch: (share of steps after which reads of
-    later elements had already run, seconds)."""
-    reads["done"] = 0
-    consumed, ahead, steps = 0, 0, 0
+def _train(dataset: Any, reads: dict[str, set[int]], count: int) -> tuple[float, float]:
+    """One epoch of ``count`` elements with a ``STEP_WAIT_S`` step per batch: (the share, in
+    [0, 1], of the steps before the last while which later elements were read, seconds).
+    After the last step there is nothing left to read, so it is not counted; reads that all
+    ran before the first step (a pipeline that reads everything up front) overlap no step."""
+    reads["done"] = set()
+    consumed, read_ahead = 0, []
     start = time.perf_counter()
     for batch in dataset:
         consumed += len(batch)
+        before = len(reads["done"])
         time.sleep(STEP_WAIT_S)  # the training step
-        steps += 1
-        ahead += reads["done"] > consumed  # the input read on while the step ran
+        if consumed < count:  # later elements exist: were they read while the step ran?
+            read_ahead.append(len(reads["done"]) > max(before, consumed))
     seconds = time.perf_counter() - start
-    return ahead / max(steps - 1, 1), seconds  # after the last step there is nothing to read
+    share = sum(read_ahead) / max(len(read_ahead), 1)
+    assert 0.0 <= share <= 1.0, share
+    return share, seconds
 
 
 @register
@@ -316,7 +349,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
 
     rng = fresh_rng()
     first, count = rng.randint(0, 1000), rng.randint(7, 9) * BATCH_SIZE + rng.randint(1, 3)
-    reads = {"done": 0}
+    reads: dict[str, set[int]] = {"done": set()}
     read = _counting_reader(READ_WAIT_S, reads)
     expected = 7 * np.arange(first, first + count) + 3
 
@@ -337,8 +370,8 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         if not np.array_equal(np.concatenate(batches), expected):
             return "the elements differ from the broken pipeline's, or came in another order"
         share, seconds = _train(without_default_optimizations(fn(records(), read, BATCH_SIZE)),
-                                reads)
-        _, broken_seconds = _train(without_default_optimizations(broken()), reads)
+                                reads, count)
+        _, broken_seconds = _train(without_default_optimizations(broken()), reads, count)
         if share < MIN_READ_AHEAD_SHARE:
             return (f"reading does not overlap the step: the next reads had run during only "
                     f"{share:.0%} of the training steps (at least {MIN_READ_AHEAD_SHARE:.0%} "

@@ -42,15 +42,26 @@ def _reference_loss(labels: Any, logits: Any, weights: Any) -> float:
     return float((weights * per_example).sum() / weights.sum())
 
 
-def _weights(np_rng: Any, size: int, replicas: int) -> Any:
-    """Per-example weights (padding zeros among them) whose mean is far from 1 on every split."""
+def _weights(np_rng: Any, size: int, replicas: int, batches: list[tuple[int, int]]) -> Any:
+    """Per-example weights (padding zeros among them) that tell the reductions apart on every
+    batch the check feeds: each ``weights[start:stop]`` has a positive sum (else the weighted
+    mean itself is 0 / 0 and a right answer fails: it happened in CI, a short batch of three
+    zeros), a mean far from 1, and unequal weights in the first replica's slice."""
     import numpy as np
 
     while True:
         weights = np_rng.choice([0.0, 0.5, 1.0, 3.0], size=size).astype(np.float32)
-        if weights.sum() > 0 and abs(weights.mean() - 1) > 0.15 and (
-                replicas == 1 or len(set(np.array_split(weights, replicas)[0].tolist())) > 1):
+        if all(_tells_apart(weights[start:stop], replicas) for start, stop in batches):
             return weights
+
+
+def _tells_apart(batch: Any, replicas: int) -> bool:
+    """True when a batch's weights have a positive sum, a mean far from 1 and (with several
+    replicas) unequal weights in the first replica's slice."""
+    import numpy as np
+
+    return bool(batch.sum() > 0 and abs(batch.mean() - 1) > 0.15 and (
+        replicas == 1 or len(set(np.array_split(batch, replicas)[0].tolist())) > 1))
 
 
 @register
@@ -81,8 +92,9 @@ def check_compute_loss(fn: Any) -> bool:
     local = rng.randint(4, 12)
     plain_labels = np_rng.integers(0, classes, size=local).astype(np.int32)
     plain_logits = np_rng.normal(size=(local, classes)).astype(np.float32)
-    plain_weights = _weights(np_rng, local, 1)
-    weights = _weights(np_rng, len(x), replicas)
+    plain_weights = _weights(np_rng, local, 1, [(0, local)])
+    sizes = (global_batch, replicas + 1, global_batch + 1 - replicas)
+    weights = _weights(np_rng, len(x), replicas, [(0, size) for size in sizes])
 
     def run(kind: str, *args: Any) -> Any:
         if kind == "plain":
@@ -110,7 +122,7 @@ def check_compute_loss(fn: Any) -> bool:
                   expected=_reference_loss(plain_labels, plain_logits, plain_weights),
                   label=f"(outside any strategy: {local} labels, logits "
                         f"{plain_logits.shape}, weights {plain_weights.tolist()})")]
-    for size in (global_batch, replicas + 1, global_batch + 1 - replicas):
+    for size in sizes:
         cases.append(Case(args=("strategy", size), verify=verify_split(size),
                           label=f"(inside {replicas} replicas, a global batch of {size})"))
     return run_check("compute_loss", run, cases, rtol=1e-5, atol=1e-6,
@@ -147,7 +159,8 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
     initial = model.get_weights()
     global_batch = rng.choice([4, 8]) * replicas
     size = global_batch * num_full_batches + replicas + 1  # a short, uneven last batch
-    w = _weights(np_rng, size, replicas)
+    w = _weights(np_rng, size, replicas, [(start, min(start + global_batch, size))
+                                          for start in range(0, size, global_batch)])
     dataset = tf.data.Dataset.from_tensor_slices((x[:size], y[:size], w)).batch(global_batch)
     learning_rate = 0.5
 
@@ -233,6 +246,22 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
 # --- Exercise 3 · diagnose a training loop from its symptoms -----------------------------------
 
 
+def _counting(make_train_step: Any, steps_run: list[int]) -> Any:
+    """``make_train_step`` whose train steps add one to ``steps_run`` each time they run."""
+
+    def counted_make_train_step(model: Any, optimizer: Any) -> Any:
+        train_step = make_train_step(model, optimizer)
+
+        def counted_train_step(batch: Any) -> Any:
+            result = train_step(batch)
+            steps_run.append(1)
+            return result
+
+        return counted_train_step
+
+    return counted_make_train_step
+
+
 @register
 def check_diagnose_loop(fn: Any) -> bool:
     """Check ``diagnose_loop(strategy, make_train_step, build_model, features, labels,
@@ -261,12 +290,20 @@ def check_diagnose_loop(fn: Any) -> bool:
         def build_model(num_features: int = num_features, classes: int = classes) -> Any:
             return mlp(num_features, classes, hidden_units=(8,), name="check_diagnose")
 
-        def verify(answer: Any, kind: str = kind) -> str | None:
+        steps_run: list[int] = []  # the steps the answer ran: a diagnosis runs the loop
+        make_train_step = _counting(loop_with(strategy, kind, global_batch), steps_run)
+
+        def verify(answer: Any, kind: str = kind, steps_run: list[int] = steps_run
+                   ) -> str | None:
             if not isinstance(answer, str) or answer not in DIAGNOSES:
                 return f"answer one of DIAGNOSES, got {answer!r}"
+            if not steps_run:
+                return (f"you answered {answer!r} without running a single step of the loop: "
+                        "diagnose it by running it (build the model, call "
+                        "make_train_step(model, optimizer)(batch)), not by reading it")
             return None if answer == kind else f"this loop is {kind!r}, not {answer!r}"
 
-        cases.append(Case(args=(strategy, loop_with(strategy, kind, global_batch), build_model,
+        cases.append(Case(args=(strategy, make_train_step, build_model,
                                 x, y, global_batch), verify=verify,
                           label=f"(a loop written for a global batch of {global_batch}, "
                                 f"{replicas} replicas, {num_features} features, {classes} "
@@ -289,20 +326,31 @@ class _WorkerProcesses(sharding.TwoWorkers):
     A worker script seeds its process (or leaves it unseeded); processes seeded alike give the
     same shuffle, but nothing makes the workers agree. So each call of ``dataset_fn`` runs after
     ``tf.random.set_seed`` with a seed of its own, and each pipeline is read for two epochs.
+    Worker 0's pipeline is built once more, in a "process" seeded with the third seed: a
+    pipeline that seeds TensorFlow itself (and so makes the workers agree where real processes
+    would not be made to) gives the same order there.
     """
 
-    def __init__(self, replicas_per_worker: int, seeds: tuple[int, int]) -> None:
+    def __init__(self, replicas_per_worker: int, seeds: tuple[int, int, int]) -> None:
         super().__init__(replicas_per_worker)
         self.seeds = seeds
+        self.reseeded: Any = None
 
     def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
         tf = _tf()
         pipelines = []
-        for worker, seed in zip((0, 1), self.seeds, strict=True):
+        for worker, seed in zip((0, 1, 0), self.seeds, strict=True):
             tf.random.set_seed(seed)
             pipelines.append(dataset_fn(tf.distribute.InputContext(
                 2, worker, self.num_replicas_in_sync)))
+        self.reseeded = pipelines.pop()
         return pipelines
+
+
+def _most_places_early(order: list[int]) -> int:
+    """The most places any example came out before its place in sorted order."""
+    ranks = {value: rank for rank, value in enumerate(sorted(order))}
+    return max(ranks[value] - position for position, value in enumerate(order))
 
 
 def _order_problem(epochs: list[list[list[int]]], worker: int) -> str | None:
@@ -316,6 +364,15 @@ def _order_problem(epochs: list[list[list[int]]], worker: int) -> str | None:
         return (f"worker {worker}'s {len(first)} examples moved {moved:.1f} places on average "
                 f"from their order; a shuffle of the whole shard moves them about "
                 f"{len(first) / 3:.0f}: shuffle the shard with a buffer as large as the shard")
+    # A buffer of b holds the next b examples: none comes out more than b - 1 places early.
+    # A whole shuffle sends some example of the shard's last 40 % to its first places: of
+    # 20,000 permutations of 320 drawn here, none brought an example less than 0.76 n early.
+    early = max(_most_places_early([v for batch in epoch for v in batch]) for epoch in epochs)
+    if early < 0.6 * len(first):
+        return (f"no example of worker {worker}'s shard of {len(first)} came out more than "
+                f"{early} places before its place in the shard, in either epoch; a shuffle "
+                f"of the whole shard brings some of its last 40 % to the front: a buffer "
+                f"smaller than the shard ({early + 1} or so) – use the shard's size")
     whole = sum(sorted(ranks[v] for v in batch) == list(
         range(min(ranks[v] for v in batch), min(ranks[v] for v in batch) + len(batch)))
         for batch in epochs[0] if len(batch) > 1)
@@ -349,8 +406,8 @@ def check_distribute_dataset(fn: Any) -> bool:
     per_replica = rng.choice([3, 4, 5])
     global_batch = per_replica * replicas
     size = global_batch * rng.randint(2, 4) + rng.randint(1, global_batch - 1)
-    workers_size = rng.randint(150, 220)  # a shard long enough to tell a shuffle apart
-    seeds = (rng.randint(0, 2**20), rng.randint(2**20, 2**21))
+    workers_size = rng.randint(800, 1600)  # shards long enough to tell a fixed buffer apart
+    seeds = (rng.randint(0, 2**20), rng.randint(2**20, 2**21), rng.randint(2**21, 2**22))
 
     def run(kind: str, replicas_per_worker: int = 0) -> Any:
         if kind == "strategy":
@@ -359,14 +416,16 @@ def check_distribute_dataset(fn: Any) -> bool:
         workers = _WorkerProcesses(replicas_per_worker, seeds)
         pipelines = fn(workers, tf.data.Dataset.range(workers_size),
                        per_replica * workers.num_replicas_in_sync)
-        if not isinstance(pipelines, list):
+        if not isinstance(pipelines, list) or workers.reseeded is None:
             return pipelines
-        return [[sharding.batches(pipeline) for _ in range(2)] for pipeline in pipelines]
+        return ([[sharding.batches(pipeline) for _ in range(2)] for pipeline in pipelines],
+                sharding.batches(workers.reseeded))
 
     verify_strategy = sharding.epoch_verifier(size, global_batch, per_replica, replicas)
     verify_shards = sharding.workers_verifier(workers_size, per_replica)
 
-    def verify_workers(pipelines: Any) -> str | None:
+    def verify_workers(result: Any) -> str | None:
+        pipelines, reseeded = result if isinstance(result, tuple) else (result, None)
         if not isinstance(pipelines, list) or len(pipelines) != 2:
             return verify_shards(pipelines)
         for epoch in (0, 1):
@@ -382,13 +441,19 @@ def check_distribute_dataset(fn: Any) -> bool:
             problem = _order_problem(epochs, worker)
             if problem:
                 return problem
+        if reseeded == pipelines[0][0]:
+            return (f"worker 0 gave the same order in a process seeded {seeds[0]} and in one "
+                    f"seeded {seeds[2]}: your pipeline sets TensorFlow's seed itself (or "
+                    "shuffles with a seed no process's seed changes). The global seed is the "
+                    "worker's: leave it alone, shard first, then shuffle the shard")
         return None
 
     cases = [Case(args=("strategy",), verify=verify_strategy,
                   label=f"({size} examples, global batch {global_batch}, {replicas} "
                         "replicas: the last batch short)"),
              Case(args=("workers", 2), verify=verify_workers,
-                  label=f"(2 workers × 2 replicas, seeded {seeds[0]} and {seeds[1]}, "
+                  label=f"(2 workers × 2 replicas, seeded {seeds[0]} and {seeds[1]}, worker 0 "
+                        f"also seeded {seeds[2]}, "
                         f"{workers_size} examples, per-replica batch {per_replica}, two "
                         "epochs)")]
     return run_check("distribute_dataset", run, cases,

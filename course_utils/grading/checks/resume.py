@@ -25,13 +25,15 @@ __all__ = ["check_resume_latest"]
 # --- Exercise 1 · resume from the latest checkpoint, under another strategy --------------------
 
 
-def _checkpointed_run(context: Any, rng: Any, steps: int, directory: str
+def _checkpointed_run(context: Any, rng: Any, steps: int, directory: str, saved_after: set[int]
                       ) -> tuple[list[dict[str, Any]], int, int]:
-    """Train a small model with Adam ``steps`` steps under ``context``, saving every step.
+    """Train a small model with Adam ``steps`` steps under ``context``, saving a checkpoint
+    after each step in ``saved_after`` (0: before the first step).
 
     The checkpoints are written by ``tf.train.CheckpointManager`` into ``directory`` (keys
-    ``model`` and ``optimizer``, every one kept). Returns each step's state (weights, optimizer
-    variables), and the model's sizes.
+    ``model`` and ``optimizer``, every one kept), numbered 1, 2, … as they are saved: a
+    checkpoint's number is not its step. Returns each checkpoint's state (its step, weights,
+    optimizer variables), and the model's sizes.
     """
     import keras
     import numpy as np
@@ -56,11 +58,18 @@ def _checkpointed_run(context: Any, rng: Any, steps: int, directory: str
     manager = tf.train.CheckpointManager(
         tf.train.Checkpoint(model=model, optimizer=optimizer), directory, max_to_keep=None)
     states = []
-    for batch in context.experimental_distribute_dataset(dataset.repeat().take(steps)):
+
+    def save(done: int) -> None:
+        if done in saved_after:
+            manager.save()
+            states.append({"step": done, "weights": model.get_weights(),
+                           "optimizer state": [np.asarray(v) for v in optimizer.variables]})
+
+    save(0)
+    batches = context.experimental_distribute_dataset(dataset.repeat().take(steps))
+    for done, batch in enumerate(batches, start=1):
         step(batch)
-        manager.save()
-        states.append({"weights": model.get_weights(),
-                       "optimizer state": [np.asarray(v) for v in optimizer.variables]})
+        save(done)
     return states, features, classes
 
 
@@ -68,12 +77,14 @@ def _checkpointed_run(context: Any, rng: Any, steps: int, directory: str
 def check_resume_latest(fn: Any) -> bool:
     """Check ``resume_latest(directory, build_fresh)``: the latest checkpoint, restored.
 
-    A run saved a checkpoint every step with ``tf.train.CheckpointManager`` and stopped; the
-    latest one (``ckpt-12``, not ``ckpt-9``, which sorts last as text) must come back into the
-    fresh pair ``build_fresh()`` returns, built under the other strategy: weights, Adam's
-    moments and step count equal to the last step's, and the number of steps done returned.
-    Trained under the strategy and resumed on one device, then the other way round, with
-    step counts drawn afresh.
+    A run saved checkpoints with ``tf.train.CheckpointManager`` and stopped; the latest one
+    (``ckpt-12``, not ``ckpt-9``, which sorts last as text) must come back into the fresh pair
+    ``build_fresh()`` returns, built under the other strategy: weights, Adam's moments and
+    step count equal to the last step's, and the number of steps done returned. Trained under
+    the strategy (a checkpoint before the first step and after every step) and resumed on one
+    device, then the other way round (a checkpoint every second step and the last), with step
+    counts drawn afresh: a checkpoint's number is never the steps it holds, so the steps come
+    from the restored state, not from a file name or a count of files.
     """
     import tempfile
 
@@ -89,13 +100,14 @@ def check_resume_latest(fn: Any) -> bool:
         return False
     rng = fresh_rng()
 
-    def run(trained_under_strategy: bool, steps: int) -> Any:
+    def run(trained_under_strategy: bool, steps: int, saved_after: set[int]) -> Any:
         one_device = tf.distribute.get_strategy()
         trained_in = strategy if trained_under_strategy else one_device
         resumed_in = one_device if trained_under_strategy else strategy
         fresh: list[Any] = []
         with tempfile.TemporaryDirectory(prefix="check_02_") as directory:
-            states, features, classes = _checkpointed_run(trained_in, rng, steps, directory)
+            states, features, classes = _checkpointed_run(trained_in, rng, steps, directory,
+                                                          saved_after)
 
             def build_fresh() -> tuple[Any, Any]:
                 with resumed_in.scope():
@@ -121,13 +133,14 @@ def check_resume_latest(fn: Any) -> bool:
                     "restored, and the number of steps already trained")
         restored = {"weights": fresh[0].get_weights(),
                     "optimizer state": [np.asarray(v) for v in fresh[1].variables]}
-        last = len(states)
+        last = states[-1]["step"]
         if not same(restored["weights"], states[-1]["weights"]):
             found = [number for number, state in enumerate(states, start=1)
                      if same(restored["weights"], state["weights"])]
-            which = (f"the checkpoint of step {found[0]}" if found
+            which = (f"ckpt-{found[0]} (step {states[found[0] - 1]['step']})" if found
                      else "weights that no checkpoint holds")
-            return (f"the restored model holds {which}; the latest checkpoint is step {last}: "
+            return (f"the restored model holds {which}; the latest checkpoint is "
+                    f"ckpt-{len(states)} (step {last}): "
                     "ask TensorFlow which is the latest (the directory's 'checkpoint' file "
                     "records it), do not sort file names")
         if not same(restored["optimizer state"], states[-1]["optimizer state"]):
@@ -136,18 +149,23 @@ def check_resume_latest(fn: Any) -> bool:
                     "checkpoint, under the keys 'model' and 'optimizer'")
         done = returned[2]
         if not isinstance(done, (int, np.integer)) or isinstance(done, bool) or done != last:
-            return (f"steps_done is {done!r}; the run had trained {last} steps: return it as "
-                    "an int, read from the restored state")
+            named = (f" – the latest checkpoint's file name, ckpt-{len(states)}, and the "
+                     "count of checkpoints are not the steps" if done == len(states) else "")
+            return (f"steps_done is {done!r}; the run had trained {last} steps{named}: return "
+                    "it as an int, read from the restored state")
         return None
 
     replicas = strategy.num_replicas_in_sync
     long_run, short_run = rng.randint(10, 13), rng.randint(3, 6)
-    cases = [Case(args=(True, long_run), verify=verify,
-                  label=f"({long_run} checkpoints written on {replicas} replicas, resumed on "
-                        "one device)"),
-             Case(args=(False, short_run), verify=verify,
-                  label=f"({short_run} checkpoints written on one device, resumed on "
-                        f"{replicas} replicas)")]
+    every_other = {step for step in range(2, short_run, 2)} | {short_run}
+    cases = [Case(args=(True, long_run, set(range(long_run + 1))), verify=verify,
+                  label=f"({long_run} steps on {replicas} replicas, a checkpoint before the "
+                        f"first and after each: ckpt-1 to ckpt-{long_run + 1}; resumed on one "
+                        "device)"),
+             Case(args=(False, short_run, every_other), verify=verify,
+                  label=f"({short_run} steps on one device, a checkpoint after steps "
+                        f"{sorted(every_other)}: ckpt-1 to ckpt-{len(every_other)}; resumed "
+                        f"on {replicas} replicas)")]
     return run_check("resume_latest", run, cases,
                      hint="tf.train.latest_checkpoint(directory) names the latest checkpoint; "
                           "restore tf.train.Checkpoint(model=..., optimizer=...) of the fresh "
