@@ -147,6 +147,21 @@ def test_a_course_function_or_a_frame_walk_passed_as_the_answer_is_refused():
     with pytest.raises(AssertionError, match="reads the checker's own frames"):
         framework.run_check("t", read_the_expected, cases)
 
+    def make_answer():  # a function handed to the answer keeps the expected result in a cell
+        expected = 2
+
+        def given():
+            return expected
+        return given
+
+    given = make_answer()
+
+    def read_the_closure(x):
+        return given.__closure__[0].cell_contents
+
+    with pytest.raises(AssertionError, match="reads the checker's own frames"):
+        framework.run_check("t", read_the_closure, cases)
+
     def wrapped(x):  # a check's own wrapper around a learner's function is fine
         return schedules.one_f_one_b_orders and 2 * x
 

@@ -226,12 +226,15 @@ def not_attempted(name: str) -> None:
           "with your code, then run this cell again.")
 
 
-#: Names by which code reads its callers' frames or every live object: an answer that uses them
-#: can read the expected results out of the check instead of computing them.
+#: Names by which code reads its callers' frames, the cells of a function's closure or every
+#: live object: an answer that uses them can read the expected results out of the check (or a
+#: function the check hands it) instead of computing them. A name built at run time escapes
+#: this scan; the checks that matter also keep their answers out of reach.
 INTROSPECTION_NAMES = frozenset({
     "currentframe", "_getframe", "f_back", "f_locals", "f_globals", "tb_frame",
     "getouterframes", "getframeinfo", "get_objects", "get_referrers", "get_referents",
-    "getclosurevars", "settrace", "setprofile", "_current_frames"})
+    "getclosurevars", "settrace", "setprofile", "_current_frames", "__closure__",
+    "cell_contents"})
 
 
 def _course_home(fn: Any) -> str:
