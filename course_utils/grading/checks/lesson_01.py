@@ -26,6 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.batch_shapes import batches as _batches
+from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
+from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -50,42 +53,6 @@ READ_LATENCY_S = 0.01
 
 def _is_dataset(value: Any) -> bool:
     return isinstance(value, _tf().data.Dataset)
-
-
-def _batches(dataset: Any) -> list[np.ndarray]:
-    """One epoch of ``dataset`` as NumPy arrays, one per batch."""
-    return [np.asarray(batch) for batch in dataset.as_numpy_iterator()]
-
-
-def _expected_sizes(num_elements: int, batch_size: int) -> list[int]:
-    sizes = [batch_size] * (num_elements // batch_size)
-    return sizes + ([num_elements % batch_size] if num_elements % batch_size else [])
-
-
-def _size_problem(batches: list[np.ndarray], num_elements: int, batch_size: int) -> str | None:
-    if any(batch.ndim != 1 for batch in batches):
-        shapes = sorted({batch.shape for batch in batches})
-        return (f"expected batches of scalars (shape [batch]), got shapes {shapes[:3]}: "
-                "batch the elements once, with .batch(batch_size)")
-    sizes = [len(batch) for batch in batches]
-    expected = _expected_sizes(num_elements, batch_size)
-    if sorted(sizes) != sorted(expected):
-        return (f"batch sizes differ: expected {len(expected)} batches of {batch_size}"
-                f"{f' and one of {num_elements % batch_size}' if num_elements % batch_size else ''}"
-                f", got sizes {sizes[:12]}{' ...' if len(sizes) > 12 else ''}")
-    return None
-
-
-def _multiset_problem(got: np.ndarray, expected: np.ndarray) -> str | None:
-    if len(got) != len(expected):
-        return f"expected {len(expected)} elements in one epoch, got {len(got)}"
-    got_sorted, want_sorted = np.sort(got), np.sort(expected)
-    if not np.allclose(got_sorted, want_sorted):
-        missing = sorted(set(want_sorted.tolist()) - set(got_sorted.tolist()))[:5]
-        extra = sorted(set(got_sorted.tolist()) - set(want_sorted.tolist()))[:5]
-        return (f"the elements differ from the slow pipeline's (as a multiset): missing e.g. "
-                f"{missing}, unexpected e.g. {extra}")
-    return None
 
 
 def _epoch_seconds(dataset: Any) -> float:

@@ -320,72 +320,6 @@ def check_diagnose_loop(fn: Any) -> bool:
 # --- Exercise 4 · distribute a dataset, one pipeline per worker ------------------------------
 
 
-class _WorkerProcesses(sharding.TwoWorkers):
-    """Two workers as two processes would build them: each seeds TensorFlow its own way.
-
-    A worker script seeds its process (or leaves it unseeded); processes seeded alike give the
-    same shuffle, but nothing makes the workers agree. So each call of ``dataset_fn`` runs after
-    ``tf.random.set_seed`` with a seed of its own, and each pipeline is read for two epochs.
-    Worker 0's pipeline is built once more, in a "process" seeded with the third seed: a
-    pipeline that seeds TensorFlow itself (and so makes the workers agree where real processes
-    would not be made to) gives the same order there.
-    """
-
-    def __init__(self, replicas_per_worker: int, seeds: tuple[int, int, int]) -> None:
-        super().__init__(replicas_per_worker)
-        self.seeds = seeds
-        self.reseeded: Any = None
-
-    def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
-        tf = _tf()
-        pipelines = []
-        for worker, seed in zip((0, 1, 0), self.seeds, strict=True):
-            tf.random.set_seed(seed)
-            pipelines.append(dataset_fn(tf.distribute.InputContext(
-                2, worker, self.num_replicas_in_sync)))
-        self.reseeded = pipelines.pop()
-        return pipelines
-
-
-def _most_places_early(order: list[int]) -> int:
-    """The most places any example came out before its place in sorted order."""
-    ranks = {value: rank for rank, value in enumerate(sorted(order))}
-    return max(ranks[value] - position for position, value in enumerate(order))
-
-
-def _order_problem(epochs: list[list[list[int]]], worker: int) -> str | None:
-    """What is wrong with one worker's two epochs of batches as a shuffle, or None."""
-    import numpy as np
-
-    first, second = ([v for batch in epoch for v in batch] for epoch in epochs)
-    ranks = {value: rank for rank, value in enumerate(sorted(first))}
-    moved = float(np.mean([abs(position - ranks[v]) for position, v in enumerate(first)]))
-    if moved < len(first) / 5:  # a whole shuffle: about n/3, give or take n/35
-        return (f"worker {worker}'s {len(first)} examples moved {moved:.1f} places on average "
-                f"from their order; a shuffle of the whole shard moves them about "
-                f"{len(first) / 3:.0f}: shuffle the shard with a buffer as large as the shard")
-    # A buffer of b holds the next b examples: none comes out more than b - 1 places early.
-    # A whole shuffle sends some example of the shard's last 40 % to its first places: of
-    # 20,000 permutations of 320 drawn here, none brought an example less than 0.76 n early.
-    early = max(_most_places_early([v for batch in epoch for v in batch]) for epoch in epochs)
-    if early < 0.6 * len(first):
-        return (f"no example of worker {worker}'s shard of {len(first)} came out more than "
-                f"{early} places before its place in the shard, in either epoch; a shuffle "
-                f"of the whole shard brings some of its last 40 % to the front: a buffer "
-                f"smaller than the shard ({early + 1} or so) – use the shard's size")
-    whole = sum(sorted(ranks[v] for v in batch) == list(
-        range(min(ranks[v] for v in batch), min(ranks[v] for v in batch) + len(batch)))
-        for batch in epochs[0] if len(batch) > 1)
-    if whole > len(epochs[0]) / 2:
-        return (f"{whole} of worker {worker}'s {len(epochs[0])} batches are runs of "
-                "neighbouring examples: you shuffled whole batches (lesson 01); shuffle the "
-                "examples, then batch")
-    if first == second:
-        return (f"worker {worker} gave its examples in the same order in both epochs: "
-                "reshuffle every epoch")
-    return None
-
-
 @register
 def check_distribute_dataset(fn: Any) -> bool:
     """Check ``distribute(strategy, examples, global_batch_size)``: sharded, shuffled, batched.
@@ -413,7 +347,7 @@ def check_distribute_dataset(fn: Any) -> bool:
         if kind == "strategy":
             examples = tf.data.Dataset.range(size)
             return sharding.steps_on(strategy, fn(strategy, examples, global_batch))
-        workers = _WorkerProcesses(replicas_per_worker, seeds)
+        workers = sharding.WorkerProcesses(replicas_per_worker, seeds)
         pipelines = fn(workers, tf.data.Dataset.range(workers_size),
                        per_replica * workers.num_replicas_in_sync)
         if not isinstance(pipelines, list) or workers.reseeded is None:
@@ -438,7 +372,7 @@ def check_distribute_dataset(fn: Any) -> bool:
             if problem:
                 return f"epoch {epoch + 1}: {problem}"
         for worker, epochs in enumerate(pipelines):
-            problem = _order_problem(epochs, worker)
+            problem = sharding.order_problem(epochs, worker)
             if problem:
                 return problem
         if reseeded == pipelines[0][0]:
