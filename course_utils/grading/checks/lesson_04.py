@@ -13,10 +13,11 @@ cannot start a second in-process cluster) and verifies what the parameter server
   cardinality (read on each worker), each worker its own examples, each pass reshuffled, and
   every batch full although a worker's share does not fill its last batch;
 * ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
-  counter, nothing lost when the workers update at the same moment (made certain by a barrier).
+  counter, nothing lost when the workers update at the same moment (made likely by a barrier).
 
-:func:`barrier_fn` (a counter on a parameter server) puts the workers in step: the races are
-certain, not likely, on a quiet or a busy machine.
+:func:`barrier_fn` (a counter on a parameter server) puts the workers in step, so that they
+update at the same moment: the races are likely, not certain (a worker may still read after
+the other wrote), on a quiet or a busy machine.
 """
 
 from __future__ import annotations
