@@ -284,7 +284,6 @@ def test_every_check_of_diagnose_meets_each_reason_a_killed_peer_gives():
     seen = set()
     for case in lesson_03._diagnosis_cases(random.Random(5)):
         seen |= {reason for reason, text in (("refused", "Connection refused"),
-                                              ("socket_closed", "Socket closed"),
                                               ("reset", "Connection reset by peer"),
                                               ("heartbeats", "stopped sending heartbeats"))
                  if case.expected[0] == "killed" and any(text in log for log in case.args[0])}
@@ -561,6 +560,13 @@ def test_no_log_reports_the_missing_heartbeats_of_the_coordination_leader():
     """Worker 0 leads the coordination service: its peers see a dropped connection instead."""
     with pytest.raises(ValueError, match="leads the coordination service"):
         worker_logs.failure_logs("killed", 3, 0, random.Random(0), killed_reason="heartbeats")
+    with pytest.raises(ValueError, match="gives its peers"):   # a killed worker 1: heartbeats
+        worker_logs.failure_logs("killed", 3, 1, random.Random(0), killed_reason="reset")
+    for culprit in (1, 2):
+        logs = worker_logs.failure_logs("killed", 3, culprit, random.Random(culprit))
+        survivors = [log for worker, log in enumerate(logs) if worker != culprit]
+        assert all(f"heartbeats):\n/job:worker/replica:0/task:{culprit}\n" in log
+                   for log in survivors)
     rng = random.Random(3)
     for _ in range(40):
         logs = worker_logs.failure_logs("killed", rng.randint(2, 4), 0, rng)

@@ -3,12 +3,13 @@
 :func:`failure_logs` writes the logs every worker of a job would leave after one of
 :data:`CAUSES`, with fresh ports, step counts, losses, process ids and start-up noise. The
 error lines are TensorFlow 2.21's own, as lesson 03's workers printed them under TensorFlow's
-defaults (no ``GRPC_FAIL_FAST``). A killed peer: ``UnavailableError`` with whichever reason came
-first in that survivor (``Connection refused`` from the dead port, ``Socket closed`` or
-``Connection reset by peer`` when a call was in flight, or the coordination service's ``The
-following tasks are unhealthy (stopped sending heartbeats)`` naming the task; only for a task
-other than worker 0, the coordination service's leader, ``multi_worker_util.coordination_leader``:
-a killed worker 0 takes the service with it, and its peers see the dropped connection instead).
+defaults (no ``GRPC_FAIL_FAST``). A killed peer: ``UnavailableError``, whose reason depends
+on who died. A killed worker other than worker 0 is reported by the coordination service's
+heartbeat check (``The following tasks are unhealthy (stopped sending heartbeats)``, naming
+the task), the only reason lesson 03's runs showed for it. Worker 0 leads the coordination
+service (``multi_worker_util.coordination_leader``): a killed worker 0 takes the service with
+it, and its peers see the dropped connection instead (``Connection reset by peer``, or
+``Connection refused`` from the dead port), in a line naming ``task:0``.
 A stalled peer,
 in a job whose collectives have a ``timeout_seconds`` shorter than the heartbeat time-out:
 ``DeadlineExceededError ... Collective has timed out during execution``.
@@ -55,16 +56,16 @@ def _steps(rng: random.Random, first: int, last: int) -> list[str]:
 
 
 #: Why a survivor's all-reduce failed after a peer was killed, as TensorFlow 2.21 words it
-#: (measured on 2-worker localhost jobs, lesson 03): the survivor's own call to the dead port,
-#: a call in flight when the connection dropped (two wordings), or the coordination
-#: service's heartbeat check. The service runs in worker 0
-#: (``multi_worker_util.coordination_leader``), so no one reports worker 0's heartbeats.
-KILLED_REASONS = ("refused", "socket_closed", "reset", "heartbeats")
+#: (measured on 2-worker localhost jobs, lesson 03): the coordination service's heartbeat check
+#: for any worker but worker 0; for worker 0, which runs the service
+#: (``multi_worker_util.coordination_leader``), the dropped connection (reset) or the dead port
+#: (refused).
+KILLED_REASONS = ("refused", "reset", "heartbeats")
 
 
 def possible_reasons(culprit: int) -> tuple[str, ...]:
     """The reasons a survivor can give when worker ``culprit`` is killed."""
-    return KILLED_REASONS if culprit != 0 else KILLED_REASONS[:-1]
+    return ("heartbeats",) if culprit != 0 else ("refused", "reset")
 
 
 def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
@@ -76,11 +77,10 @@ def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
         return [f"Collective ops is aborted by: {why}", target,
                 f':UNKNOWN:Error received from peer  {{grpc_message:"{why}", grpc_status:14}}']
     if reason == "reset":
-        return ["Collective ops is aborted by: recvmsg:Connection reset by peer"]
-    if reason == "socket_closed":
-        return ["Collective ops is aborted by: Socket closed", target,
-                ':UNKNOWN:Error received from peer  {grpc_message:"Socket closed", '
-                "grpc_status:14}"]
+        why = "recvmsg:Connection reset by peer"
+        return [f"Collective ops is aborted by: {why}",
+                target.replace("RecvBuf", "CompleteInstance"),
+                f':UNKNOWN:Error received from peer  {{grpc_message:"{why}", grpc_status:14}}']
     return [f"Collective ops is aborted by: Error reported from /job:worker/task:{culprit}: The "
             "following tasks are unhealthy (stopped sending heartbeats):",
             f"/job:worker/replica:0/task:{culprit}",
@@ -121,8 +121,9 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
         raise ValueError(f"cause must be one of {CAUSES}, got {cause!r}")
     if killed_reason is not None and culprit is not None and (
             killed_reason not in possible_reasons(culprit)):
-        raise ValueError(f"worker {culprit} leads the coordination service: its peers cannot "
-                         f"report its missing heartbeats")
+        raise ValueError(f"a killed worker {culprit} gives its peers "
+                         f"{possible_reasons(culprit)}, not {killed_reason!r}: worker 0 leads "
+                         f"the coordination service, no one reports its missing heartbeats")
     if num_workers < 2:
         raise ValueError("a multi-worker job has at least 2 workers")
     if (culprit is None) != (cause == "not_in_cluster") or (
