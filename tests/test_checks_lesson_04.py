@@ -132,9 +132,18 @@ def patches_the_watch(coordinator, dataset_fn, step_fn, num_steps, max_in_flight
     watched.schedule = schedule_and_forget
     return lesson_copy(coordinator, dataset_fn, step_fn, num_steps, max_in_flight)
 
+def waits_for_the_newest(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = []
+    for _ in range(num_steps):
+        if len(remotes) >= max_in_flight:
+            remotes[-1].fetch()   # the oldest never waited for: the workers drain
+        remotes.append(coordinator.schedule(step_fn, args=(iterator,)))
+    return [r.fetch() for r in remotes]
+
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
-           serial, overwrites_the_watch, patches_the_watch):
+           serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -148,7 +157,8 @@ def make(shard=True, shuffle=True, repeat=(), order="shuffle repeat batch", resh
                 data = data.shard(num_workers, worker)
             for part in order.split():
                 if part == "shuffle" and shuffle:
-                    size_ = size if buffer == "batch" else buffer
+                    share = features.shape[0] // num_workers
+                    size_ = {"batch": size, "half": share // 2}.get(buffer, buffer)
                     data = data.shuffle(size_, seed=tf.cast(worker, tf.int64) + 1,
                                         reshuffle_each_iteration=reshuffle)
                 elif part == "repeat" and repeat is not None:
@@ -166,7 +176,8 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("no_reshuffle", make(reshuffle=False)),
                  ("repeat_then_shuffle", make(order="repeat shuffle batch")),
                  ("drop_remainder", make(order="shuffle batch repeat", drop=True)),
-                 ("shuffle_2", make(buffer=2)), ("shuffle_a_batch", make(buffer="batch"))]:
+                 ("shuffle_2", make(buffer=2)), ("shuffle_a_batch", make(buffer="batch")),
+                 ("shuffle_half_a_share", make(buffer="half"))]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -248,6 +259,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         # the last steps may or may not have landed when it returns: either way it fails
         ("RUN_STEPS", "returns_early"): "applied when it returned|you returned",
         ("RUN_STEPS", "real_coordinator"): "coordinator passed",
+        ("RUN_STEPS", "waits_for_the_newest"): "wait for the oldest",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
         ("DATASET", "lesson_order"): "repeat before batch",
@@ -260,6 +272,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "drop_remainder"): "once each",
         ("DATASET", "shuffle_2"): "too small",
         ("DATASET", "shuffle_a_batch"): "too small",
+        ("DATASET", "shuffle_half_a_share"): "too small",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",

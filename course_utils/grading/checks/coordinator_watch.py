@@ -32,10 +32,14 @@ def taken_in_order(values: list[int], rows: list[list[int]]) -> bool:
 
 class WatchRecord:
     """What the watched coordinator saw: each step's real ``RemoteValue``, in the order
-    scheduled, and the steps in flight (scheduled, not known finished) at each ``schedule``.
+    scheduled, and the steps in flight at each ``schedule``: the oldest step not known finished
+    and every step scheduled after it.
 
     A step is known finished once ``join`` (or a ``done`` that said so) returned after it was
-    scheduled, or once its watched value was fetched.
+    scheduled, or once its watched value was fetched. A step whose result was never waited for
+    stays in flight, and so do the steps after it however many of them were fetched: the loop
+    must wait for the oldest (waiting for the newest alone drains the workers while the record
+    would count the oldest, never fetched, as one still busy).
     """
 
     def __init__(self) -> None:
@@ -106,7 +110,9 @@ def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
 
         def schedule(self, fn: Any, args: Any = None, kwargs: Any = None) -> Any:
             """As ``ClusterCoordinator.schedule``, recording the steps in flight."""
-            record.in_flight.append(1 + record.finished.count(False))
+            oldest = next((index for index, finished in enumerate(record.finished)
+                           if not finished), len(record.finished))
+            record.in_flight.append(1 + len(record.finished) - oldest)
             remote = coordinator.schedule(fn, args=args, kwargs=kwargs)
             watched = WatchedRemoteValue()
             index_of[id(watched)] = len(record.scheduled)

@@ -139,7 +139,7 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
                         if record.in_flight[steps] > window[steps] else
                         "fewer: schedule the next step as soon as the oldest has finished, "
                         "not after each step or a whole round (the workers sit idle)")
-                return (f"steps in flight (scheduled, not yet finished) at each schedule: "
+                return (f"steps in flight (from the oldest not yet waited for) at each schedule: "
                         f"{record.in_flight}; with max_in_flight={max_in_flight} expected "
                         f"{window}. At schedule {steps + 1} there were {said}")
             if not isinstance(got, (list, tuple)) or len(got) != num_steps:
@@ -241,13 +241,17 @@ def _passes_message(worker: int, stream: list[int], own: set[int], order: list[i
     if first == second:
         return (f"worker {worker} reads its examples in the same order in every pass: let the "
                 "shuffle reshuffle each pass (its default)")
-    # a uniform shuffle brings some example at least a third of the way forward, but for a
-    # chance below 1e-6 at these sizes; a buffer of a third of the share or less never does
-    reach = min(_reach(stored, first), _reach(first, second))
-    if 3 * reach < size:
+    # Each pass shuffles the stored order anew, and a buffer of B never brings an example
+    # more than B - 1 places forward: a buffer of half the share or less never reaches
+    # size // 2 in any pass. A uniform shuffle of n examples stays below k places in a pass
+    # with chance k**(n - k + 1) * (k - 1)! / n!: for k = n // 2, at most 1.0e-3 at these
+    # sizes (33-71), so in every one of three passes below 1e-9.
+    passes = [stream[k * size:(k + 1) * size] for k in range(3)]
+    reach = max(_reach(stored, one) for one in passes if set(one) == own)
+    if reach < size // 2:
         return (f"worker {worker}'s {size} examples came at most {reach} place(s) earlier "
-                "than where they were: the shuffle buffer is too small to shuffle its share "
-                "(give it the whole share, e.g. shuffle(len(features)))")
+                f"than where they were stored, in every pass: the shuffle buffer is too small "
+                "to shuffle its share (give it the whole share, e.g. shuffle(len(features)))")
     return None
 
 
