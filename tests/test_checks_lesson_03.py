@@ -562,11 +562,9 @@ def test_no_log_reports_the_missing_heartbeats_of_the_coordination_leader():
         worker_logs.failure_logs("killed", 3, 0, random.Random(0), killed_reason="heartbeats")
     with pytest.raises(ValueError, match="gives its peers"):   # a killed worker 1: heartbeats
         worker_logs.failure_logs("killed", 3, 1, random.Random(0), killed_reason="reset")
-    for culprit in (1, 2):
-        logs = worker_logs.failure_logs("killed", 3, culprit, random.Random(culprit))
-        survivors = [log for worker, log in enumerate(logs) if worker != culprit]
-        assert all(f"heartbeats):\n/job:worker/replica:0/task:{culprit}\n" in log
-                   for log in survivors)
+    for seed in range(20):   # a dropped connection only when the leader dies
+        logs = worker_logs.failure_logs("killed", 3, 1 + seed % 2, random.Random(seed))
+        assert not any("reset by peer" in log for log in logs)
     rng = random.Random(3)
     for _ in range(40):
         logs = worker_logs.failure_logs("killed", rng.randint(2, 4), 0, rng)

@@ -236,8 +236,10 @@ def _diagnosis_cases(rng: Any) -> list[Case]:
     for cause, reason in jobs:
         workers = rng.randint(2, 4)
         culprit = None if cause == "not_in_cluster" else rng.randrange(workers)
-        if reason is not None:   # worker 0 leads the coordination service: only its peers
-            culprit = rng.randrange(1, workers) if reason == "heartbeats" else 0   # see a drop
+        if reason == "heartbeats":   # worker 0 leads the coordination service: its peers
+            culprit = rng.randrange(1, workers)   # report the others' missing heartbeats,
+        elif reason == "reset":                   # and see a dropped connection when it dies
+            culprit = 0
         logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason)
         cases.append(Case(args=(logs,), expected=(cause, culprit),
                           label=f"the logs of a {workers}-worker job"))
@@ -276,8 +278,8 @@ def check_diagnose(fn: Any) -> bool:
         return run_check(name, in_a_copy, cases,
                          hint="read each worker's last lines: a traceback of its own (crashed), "
                               "an empty log (never started), peers failing with "
-                              "UnavailableError (no heartbeats from worker k, or worker 0's "
-                              "connection reset or refused: that worker is gone, killed) or "
+                              "UnavailableError (its port refused, no heartbeats from it, or "
+                              "worker 0's connection reset: that worker is gone, killed) or "
                               "DeadlineExceededError (the collective time-out: alive but "
                               "silent, stalled), every worker '1 replicas in sync' (TF_CONFIG "
                               "too late). Sections 3 and 8.")

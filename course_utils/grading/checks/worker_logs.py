@@ -3,13 +3,13 @@
 :func:`failure_logs` writes the logs every worker of a job would leave after one of
 :data:`CAUSES`, with fresh ports, step counts, losses, process ids and start-up noise. The
 error lines are TensorFlow 2.21's own, as lesson 03's workers printed them under TensorFlow's
-defaults (no ``GRPC_FAIL_FAST``). A killed peer: ``UnavailableError``, whose reason depends
-on who died. A killed worker other than worker 0 is reported by the coordination service's
-heartbeat check (``The following tasks are unhealthy (stopped sending heartbeats)``, naming
-the task), the only reason lesson 03's runs showed for it. Worker 0 leads the coordination
-service (``multi_worker_util.coordination_leader``): a killed worker 0 takes the service with
-it, and its peers see the dropped connection instead (``Connection reset by peer``, or
-``Connection refused`` from the dead port), in a line naming ``task:0``.
+defaults (no ``GRPC_FAIL_FAST``). A killed peer: ``UnavailableError``, with whichever reason
+came first in that survivor. For a killed worker other than worker 0: the survivor's own call to
+the dead port (``Connection refused``) or the coordination service's heartbeat check (``The
+following tasks are unhealthy (stopped sending heartbeats)``, naming the task). Worker 0 leads
+the coordination service (``multi_worker_util.coordination_leader``): a killed worker 0 takes
+the service with it, and its peers see the dropped connection instead (``Connection reset by
+peer``, in a line naming ``task:0`` and ``CompleteInstance``, or ``Connection refused``).
 A stalled peer,
 in a job whose collectives have a ``timeout_seconds`` shorter than the heartbeat time-out:
 ``DeadlineExceededError ... Collective has timed out during execution``.
@@ -56,16 +56,16 @@ def _steps(rng: random.Random, first: int, last: int) -> list[str]:
 
 
 #: Why a survivor's all-reduce failed after a peer was killed, as TensorFlow 2.21 words it
-#: (measured on 2-worker localhost jobs, lesson 03): the coordination service's heartbeat check
-#: for any worker but worker 0; for worker 0, which runs the service
-#: (``multi_worker_util.coordination_leader``), the dropped connection (reset) or the dead port
-#: (refused).
+#: (measured on 2-worker localhost jobs, lesson 03): the dead port refused a call, or the
+#: coordination service's heartbeat check, for any worker but worker 0; for worker 0, which
+#: runs the service (``multi_worker_util.coordination_leader``), a refused call or the dropped
+#: connection (reset).
 KILLED_REASONS = ("refused", "reset", "heartbeats")
 
 
 def possible_reasons(culprit: int) -> tuple[str, ...]:
     """The reasons a survivor can give when worker ``culprit`` is killed."""
-    return ("heartbeats",) if culprit != 0 else ("refused", "reset")
+    return ("refused", "heartbeats") if culprit != 0 else ("refused", "reset")
 
 
 def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
@@ -123,7 +123,8 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
             killed_reason not in possible_reasons(culprit)):
         raise ValueError(f"a killed worker {culprit} gives its peers "
                          f"{possible_reasons(culprit)}, not {killed_reason!r}: worker 0 leads "
-                         f"the coordination service, no one reports its missing heartbeats")
+                         f"the coordination service, no one reports its missing heartbeats, "
+                         f"and only its loss drops the service's connections")
     if num_workers < 2:
         raise ValueError("a multi-worker job has at least 2 workers")
     if (culprit is None) != (cause == "not_in_cluster") or (
