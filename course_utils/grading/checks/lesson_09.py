@@ -27,7 +27,7 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   never reads gets the wrong features), the ``augment`` given must have made the noise
   (its generator's state moved), and the pipeline must work ahead by itself: with tf.data's
   injected prefetch and autotuning switched off, taking one batch must set ``augment`` running
-  on the next (a prefetch, or a parallel map), counted in ``augment``'s calls, not timed.
+  on the next (a prefetch, or a parallel map), counted in examples augmented, not timed.
 * ``check_write_report(write_report, my_results)``: the learner's report, on their own
   benchmark and on four fresh ones (fresh models, budgets and replica counts; the second
   strategy and precision named differently from case to case): the noise, each choice (the
