@@ -233,6 +233,14 @@ def test_write_report_wrong_answers_fail(my_results, wrong, message):
         cu.grading.check_write_report(wrong, my_results)
 
 
+@pytest.mark.parametrize("own", [None, [], [{"strategy": "default"}]],
+                         ids=["none", "empty", "not-grid-results"])
+def test_write_report_without_the_learners_own_benchmark_fails(own):
+    """my_results replaced by None (or anything but run_grid's list) does not skip the case."""
+    with pytest.raises(AssertionError, match="my_results must be the list"):
+        cu.grading.check_write_report(write_report, own)
+
+
 def test_find_bottleneck_may_not_call_the_course_helper():
     with pytest.raises(AssertionError, match="must read the events itself"):
         cu.grading.check_find_bottleneck(

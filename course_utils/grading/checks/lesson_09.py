@@ -352,11 +352,17 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
 # --- Exercise 3 · your report, from your run ----------------------------------------------
 
 
+#: ``check_write_report``'s default: no benchmark of the learner's given (the unit tests); any
+#: value passed, ``None`` included, must be the learner's own benchmark.
+_FRESH_ONLY = object()
+
+
 @register
-def check_write_report(fn: Any, my_results: Any = None) -> bool:
+def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     """Check ``write_report(results, model, global_batch, replicas, budget_bytes)``: on the
     learner's own benchmark ``my_results`` and on four fresh ones, each choice and each
-    figure it cites as the measurements give them (``report_reference``)."""
+    figure it cites as the measurements give them (``report_reference``). ``my_results``
+    given but not a non-empty list of ``GridResult`` (``None`` too) fails the check."""
     from course_utils.grading.checks.report_cases import (
         SCENARIOS,
         report_case,
@@ -367,11 +373,12 @@ def check_write_report(fn: Any, my_results: Any = None) -> bool:
 
     rng = fresh_rng()
     cases = []
-    if my_results is not None:
+    if my_results is not _FRESH_ONLY:
         if not (isinstance(my_results, list) and my_results
                 and all(isinstance(r, GridResult) for r in my_results)):
             raise AssertionError("check_write_report(write_report, my_results): my_results "
-                                 "must be the list cu.grid.run_grid returned above")
+                                 "must be the list cu.grid.run_grid returned above, got "
+                                 f"{type(my_results).__name__}")
         cases.append(report_case(rng, my_results, "your own benchmark"))
     for number, (description, speeds) in enumerate(rng.sample(SCENARIOS, len(SCENARIOS))):
         scale = rng.uniform(500, 5000)
