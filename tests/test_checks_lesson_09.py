@@ -15,17 +15,20 @@ pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
 def part_totals(events, *, inside_steps=True, skip_tf_data=True, ops_only=True,
-                durations=True, one_step=None):
+                durations=True, one_step=None, from_first_step=False):
     """Microseconds of input, compute and communication (the reference's reading); each
     keyword changed is a learner's shortcut: ``ops_only=False`` counts every span but the
     step markers (the ``Iterator::`` stages too) as compute, ``one_step`` (an index) reads
-    that step alone, ``durations=False`` counts spans instead of adding their durations."""
+    that step alone, ``durations=False`` counts spans instead of adding their durations,
+    ``from_first_step`` drops only what starts before the first step (no step windows)."""
     steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                    if e.get("ph") == "X" and "step_num" in e.get("args", {}))
     if one_step is not None:
         steps = [steps[one_step]]
     if not inside_steps:
         steps = [(float("-inf"), float("inf"))]
+    if from_first_step:
+        steps = [(steps[0][0], float("inf"))]
     threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
                if e.get("ph") == "M" and e.get("name") == "thread_name"}
     totals = {"input": 0.0, "compute": 0.0, "communication": 0.0}
@@ -125,9 +128,10 @@ def _vote_of_the_steps(events):
 
 @pytest.mark.parametrize("shortcut", [
     {"inside_steps": False}, {"skip_tf_data": False}, {"ops_only": False},
-    {"durations": False}, {"one_step": 0}, {"one_step": -1}, "vote"],
+    {"durations": False}, {"one_step": 0}, {"one_step": -1}, "vote",
+    {"from_first_step": True}],
     ids=["all-events", "tf-data-threads-counted", "every-span-as-compute", "span-counts",
-         "first-step-only", "last-step-only", "vote-of-the-steps"])
+         "first-step-only", "last-step-only", "vote-of-the-steps", "from-the-first-step-on"])
 def test_find_bottleneck_shortcuts_fail(shortcut):
     def reading(events):
         if shortcut == "vote":

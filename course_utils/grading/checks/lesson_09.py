@@ -5,10 +5,11 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 
 * ``check_find_bottleneck(find_bottleneck)``: the learner's function names the bottleneck of
   the trace events of one fresh real run (input-bound: its pipeline sleeps per batch, its step
-  is cheap; or compute-bound: cached data, a heavy step) and of five traces built to order
+  is cheap; or compute-bound: cached data, a heavy step) and of six traces built to order
   (``profile_traces``): input the largest part but under half the step with the pipeline busy
   in the background, compute the largest with input at a third, a communication-bound step,
-  input-bound steps after a warm-up of compute outside them, and steps that differ (one
+  input-bound steps after a warm-up of compute outside them, input-bound steps followed by
+  compute after the last of them, and steps that differ (one
   long input-bound step between compute-bound ones) – in a random order.
   ``cu.profiling.step_breakdown`` must agree with the truth first, and the learner's function
   may not call into ``cu.profiling`` (see the guard below). A threshold on the input share,
@@ -231,7 +232,7 @@ def _real_case(rng: Any, guard: CallsInto) -> Case | None:
 
 @register
 def check_find_bottleneck(fn: Any) -> bool:
-    """Check ``find_bottleneck(events)`` on one real run profiled here and five traces built
+    """Check ``find_bottleneck(events)`` on one real run profiled here and six traces built
     to order (mid-range input shares, a communication-bound step, distractors)."""
     from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES, trace_case
     from course_utils.profiling import format_breakdown, step_breakdown

@@ -1,6 +1,6 @@
 """Lesson 09, exercise 2's pieces: the check's "disk" (a counting ``read``), its ``augment``
-(counting the examples it augmented), a probe of whether a pipeline works ahead by itself, and what is wrong with
-two epochs of a pipeline (``lesson_09`` uses them)."""
+(counting the examples it augmented), a probe of whether a pipeline works ahead by itself,
+and what is wrong with two epochs of a pipeline (``lesson_09`` uses them)."""
 
 from __future__ import annotations
 
@@ -79,10 +79,11 @@ def runs_ahead(dataset: Any, augmented: list[int], batch_size: int,
                 wait_s: float = 5.0) -> bool:
     """Whether ``dataset`` augments beyond the batch the step took, by itself: a prefetch (or a
     parallel map) works in the background. ``augmented`` counts examples, not calls, so a
-    vectorised ``augment`` (mapped over batches) counts as much as one mapped per example. tf.data's own additions are switched off for this
-    probe (``inject_prefetch`` would add a prefetch to any pipeline; the distributed iterator
-    buffers too): what runs ahead here is what the learner wrote. A count, not a time: the
-    background thread is given up to ``wait_s`` seconds to run."""
+    vectorised ``augment`` (mapped over batches) counts as much as one mapped per example.
+    tf.data's own additions are switched off for this probe (``inject_prefetch`` would add a
+    prefetch to any pipeline; the distributed iterator buffers too): what runs ahead here is
+    what the learner wrote. A count, not a time: the background thread is given up to
+    ``wait_s`` seconds to run."""
     import time
 
     tf = _tf()
