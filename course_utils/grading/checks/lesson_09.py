@@ -18,8 +18,8 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
-  time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share, not a time, so
-  a busy machine does not change the verdict. The slow pipeline is profiled up to
+  time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share of the same
+  profiled step, not a time compared with one measured apart. The slow pipeline is profiled up to
   ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``), each retry with
   the disk's wait doubled. Both are profiled with the pipeline read on the step's own thread
   (the distributed iterator's generator thread can hide a wait as "other"). Before any
