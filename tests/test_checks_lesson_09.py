@@ -15,17 +15,20 @@ pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
 def part_totals(events, *, inside_steps=True, skip_tf_data=True, ops_only=True,
-                durations=True, one_step=None):
+                durations=True, one_step=None, from_first_step=False):
     """Microseconds of input, compute and communication (the reference's reading); each
     keyword changed is a learner's shortcut: ``ops_only=False`` counts every span but the
     step markers (the ``Iterator::`` stages too) as compute, ``one_step`` (an index) reads
-    that step alone, ``durations=False`` counts spans instead of adding their durations."""
+    that step alone, ``durations=False`` counts spans instead of adding their durations,
+    ``from_first_step`` drops only what starts before the first step (no step windows)."""
     steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                    if e.get("ph") == "X" and "step_num" in e.get("args", {}))
     if one_step is not None:
         steps = [steps[one_step]]
     if not inside_steps:
         steps = [(float("-inf"), float("inf"))]
+    if from_first_step:
+        steps = [(steps[0][0], float("inf"))]
     threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
                if e.get("ph") == "M" and e.get("name") == "thread_name"}
     totals = {"input": 0.0, "compute": 0.0, "communication": 0.0}
@@ -125,9 +128,10 @@ def _vote_of_the_steps(events):
 
 @pytest.mark.parametrize("shortcut", [
     {"inside_steps": False}, {"skip_tf_data": False}, {"ops_only": False},
-    {"durations": False}, {"one_step": 0}, {"one_step": -1}, "vote"],
+    {"durations": False}, {"one_step": 0}, {"one_step": -1}, "vote",
+    {"from_first_step": True}],
     ids=["all-events", "tf-data-threads-counted", "every-span-as-compute", "span-counts",
-         "first-step-only", "last-step-only", "vote-of-the-steps"])
+         "first-step-only", "last-step-only", "vote-of-the-steps", "from-the-first-step-on"])
 def test_find_bottleneck_shortcuts_fail(shortcut):
     def reading(events):
         if shortcut == "vote":
@@ -233,6 +237,14 @@ def test_write_report_wrong_answers_fail(my_results, wrong, message):
         cu.grading.check_write_report(wrong, my_results)
 
 
+@pytest.mark.parametrize("own", [None, [], [{"strategy": "default"}]],
+                         ids=["none", "empty", "not-grid-results"])
+def test_write_report_without_the_learners_own_benchmark_fails(own):
+    """my_results replaced by None (or anything but run_grid's list) does not skip the case."""
+    with pytest.raises(AssertionError, match="my_results must be the list"):
+        cu.grading.check_write_report(write_report, own)
+
+
 def test_find_bottleneck_may_not_call_the_course_helper():
     with pytest.raises(AssertionError, match="must read the events itself"):
         cu.grading.check_find_bottleneck(
@@ -256,6 +268,18 @@ def test_remove_input_bottleneck_reference_passes(capsys):
     out = capsys.readouterr().out
     assert "input share of the step" in out
     print(out)  # the measured shares, for -s
+
+
+def test_a_vectorised_augment_after_batch_passes():
+    """augment mapped over whole batches (tf.data guide, "Vectorizing mapping"): the probe
+    counts examples augmented, not calls, so its prefetched batch counts in full."""
+    def vectorised(records, read, augment, batch_size):
+        import tensorflow as tf
+
+        return (records.map(read).cache().batch(batch_size).map(augment)
+                .prefetch(tf.data.AUTOTUNE))
+
+    assert cu.grading.check_remove_input_bottleneck(vectorised) is True
 
 
 def test_the_slow_pipeline_fails_on_its_reads_before_any_profile():
@@ -295,8 +319,10 @@ def _noise_of_my_own(features, label):
      "augment never ran"),
     (lambda r, read, augment, b: r.map(read).cache().map(augment).batch(b),
      "works ahead of the step"),
+    (lambda r, read, augment, b: r.map(read).cache().batch(b).map(augment),
+     "works ahead of the step"),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
-        "wrong-batch", "drops-examples", "own-noise", "no-prefetch"])
+        "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)

@@ -113,7 +113,7 @@ def test_every_synchronous_job_matches_one_device_under_the_default_strategy():
     assert {row: cell.status for row, cell in column.items()} == {  # remat_activations too
         row: "works" for row in jobs.SYNC_JOBS if row not in failing}
     assert "overflow on the last replica was skipped" in column["loss_scale_optimizer"].detail
-    if distribution.status == "fails":  # Keras 3.13 (Colab's): the TF backend cannot build it
+    if distribution.status == "fails":  # a Keras without the guard (keras#18983): no build
         assert "num_processes" in distribution.detail
     else:  # Keras 3.15: it builds and trains, and distributes nothing
         assert distribution.status == "wrong"
@@ -139,6 +139,10 @@ def test_loss_scale_optimizer_applies_an_overflow_of_the_second_replica():
     cell = ww.run_cell("loss_scale_optimizer", "mirrored", strategy, task, 2)
     assert cell.status == "wrong" and "first replica only" in cell.detail  # ⚠️
     assert cell.issue == cells.FIRST_REPLICA_ONLY
+    # under multi-worker the probe is not run: the ✅ carries a caveat that says so
+    unprobed = ww.run_cell("loss_scale_optimizer", "multi_worker", strategy, task, 2)
+    assert unprobed.status == "works" and "overflow probe was not run" in unprobed.detail
+    assert unprobed.issue == cells.OVERFLOW_NOT_PROBED
 
 
 def test_run_cell_turns_an_error_into_a_cell_and_skips_what_makes_no_sense():
@@ -201,6 +205,7 @@ def test_short_links_name_the_issue_or_the_page():
     assert "prototype" in table.short_link(cells.KNOWN_ISSUES[("keras_distribution",
                                                                 "default")])
     assert table.short_link(cells.FIRST_REPLICA_ONLY) == "first replica only"
+    assert table.short_link(cells.OVERFLOW_NOT_PROBED) == "overflow not probed"
     assert table.short_link(cells.KNOWN_ISSUES[("remat_scope", "mirrored")]) == (
         "tf.custom_gradient")
 

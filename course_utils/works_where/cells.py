@@ -16,6 +16,7 @@ __all__ = [
     "KNOWN_ISSUES",
     "NOT_APPLICABLE",
     "FIRST_REPLICA_ONLY",
+    "OVERFLOW_NOT_PROBED",
     "REMAT_MODES",
     "REMAT_ROWS",
     "Cell",
@@ -100,6 +101,11 @@ KNOWN_ISSUES: dict[tuple[str, str], str] = {
 #: than the first was applied: the optimizer checks finiteness on the first replica only.
 FIRST_REPLICA_ONLY = ("https://github.com/keras-team/keras/blob/master/keras/src/optimizers/"
                       "loss_scale_optimizer.py")
+
+#: The caveat of a "works" LossScaleOptimizer cell whose overflow probe was not run (under
+#: multi-worker): only finite steps were checked there. Links to the runner that skips it.
+OVERFLOW_NOT_PROBED = ("https://github.com/scaling-tensorflow/scaling-tensorflow/blob/main/"
+                       "course_utils/works_where/runner.py")
 
 #: (row, column) -> why the combination makes no sense.
 NOT_APPLICABLE: dict[tuple[str, str], str] = {

@@ -249,8 +249,8 @@ def keras_distribution_source() -> dict[str, bool]:
     ``guarded``: whether ``Distribution.__init__`` asks ``hasattr(distribution_lib,
     "num_processes")`` before calling it (``keras/src/distribution/distribution_lib.py``).
     Without the function and without the guard, building any distribution raises
-    ``AttributeError`` on TensorFlow: the case of the Keras 3.13.2 the course ran on Colab in
-    August 2026 (the traceback in keras-team/keras#18983 shows the same unguarded call).
+    ``AttributeError`` on TensorFlow: the traceback in keras-team/keras#18983 shows that call
+    failing in ``ModelParallel.__init__``.
     """
     import importlib
     import inspect

@@ -5,10 +5,11 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 
 * ``check_find_bottleneck(find_bottleneck)``: the learner's function names the bottleneck of
   the trace events of one fresh real run (input-bound: its pipeline sleeps per batch, its step
-  is cheap; or compute-bound: cached data, a heavy step) and of five traces built to order
+  is cheap; or compute-bound: cached data, a heavy step) and of six traces built to order
   (``profile_traces``): input the largest part but under half the step with the pipeline busy
   in the background, compute the largest with input at a third, a communication-bound step,
-  input-bound steps after a warm-up of compute outside them, and steps that differ (one
+  input-bound steps after a warm-up of compute outside them, input-bound steps followed by
+  compute after the last of them, and steps that differ (one
   long input-bound step between compute-bound ones) – in a random order.
   ``cu.profiling.step_breakdown`` must agree with the truth first, and the learner's function
   may not call into ``cu.profiling`` (see the guard below). A threshold on the input share,
@@ -17,8 +18,8 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
-  time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share, not a time, so
-  a busy machine does not change the verdict. The slow pipeline is profiled up to
+  time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share of the same
+  profiled step, not a time compared with one measured apart. The slow pipeline is profiled up to
   ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``), each retry with
   the disk's wait doubled. Both are profiled with the pipeline read on the step's own thread
   (the distributed iterator's generator thread can hide a wait as "other"). Before any
@@ -27,7 +28,7 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   never reads gets the wrong features), the ``augment`` given must have made the noise
   (its generator's state moved), and the pipeline must work ahead by itself: with tf.data's
   injected prefetch and autotuning switched off, taking one batch must set ``augment`` running
-  on the next (a prefetch, or a parallel map), counted in ``augment``'s calls, not timed.
+  on the next (a prefetch, or a parallel map), counted in examples augmented, not timed.
 * ``check_write_report(write_report, my_results)``: the learner's report, on their own
   benchmark and on four fresh ones (fresh models, budgets and replica counts; the second
   strategy and precision named differently from case to case): the noise, each choice (the
@@ -231,7 +232,7 @@ def _real_case(rng: Any, guard: CallsInto) -> Case | None:
 
 @register
 def check_find_bottleneck(fn: Any) -> bool:
-    """Check ``find_bottleneck(events)`` on one real run profiled here and five traces built
+    """Check ``find_bottleneck(events)`` on one real run profiled here and six traces built
     to order (mid-range input shares, a communication-bound step, distractors)."""
     from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES, trace_case
     from course_utils.profiling import format_breakdown, step_breakdown
@@ -352,11 +353,17 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
 # --- Exercise 3 · your report, from your run ----------------------------------------------
 
 
+#: ``check_write_report``'s default: no benchmark of the learner's given (the unit tests); any
+#: value passed, ``None`` included, must be the learner's own benchmark.
+_FRESH_ONLY = object()
+
+
 @register
-def check_write_report(fn: Any, my_results: Any = None) -> bool:
+def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     """Check ``write_report(results, model, global_batch, replicas, budget_bytes)``: on the
     learner's own benchmark ``my_results`` and on four fresh ones, each choice and each
-    figure it cites as the measurements give them (``report_reference``)."""
+    figure it cites as the measurements give them (``report_reference``). ``my_results``
+    given but not a non-empty list of ``GridResult`` (``None`` too) fails the check."""
     from course_utils.grading.checks.report_cases import (
         SCENARIOS,
         report_case,
@@ -367,11 +374,12 @@ def check_write_report(fn: Any, my_results: Any = None) -> bool:
 
     rng = fresh_rng()
     cases = []
-    if my_results is not None:
+    if my_results is not _FRESH_ONLY:
         if not (isinstance(my_results, list) and my_results
                 and all(isinstance(r, GridResult) for r in my_results)):
             raise AssertionError("check_write_report(write_report, my_results): my_results "
-                                 "must be the list cu.grid.run_grid returned above")
+                                 "must be the list cu.grid.run_grid returned above, got "
+                                 f"{type(my_results).__name__}")
         cases.append(report_case(rng, my_results, "your own benchmark"))
     for number, (description, speeds) in enumerate(rng.sample(SCENARIOS, len(SCENARIOS))):
         scale = rng.uniform(500, 5000)

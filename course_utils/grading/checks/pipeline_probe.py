@@ -1,6 +1,6 @@
 """Lesson 09, exercise 2's pieces: the check's "disk" (a counting ``read``), its ``augment``
-(counting its calls), a probe of whether a pipeline works ahead by itself, and what is wrong with
-two epochs of a pipeline (``lesson_09`` uses them)."""
+(counting the examples it augmented), a probe of whether a pipeline works ahead by itself,
+and what is wrong with two epochs of a pipeline (``lesson_09`` uses them)."""
 
 from __future__ import annotations
 
@@ -41,19 +41,22 @@ def counting_read(seconds: list[float], calls: list[int]) -> Callable[..., Any]:
     return read
 
 
-def augment(seed: int, calls: list[int] | None = None) -> Callable[..., Any]:
-    """Random noise on the features, new every epoch (a ``tf.random.Generator``); each call
-    (one example) appends to ``calls`` when given."""
+def augment(seed: int, calls: list[int] | None = None,
+            example_rank: int = 1) -> Callable[..., Any]:
+    """Random noise on the features, new every epoch (a ``tf.random.Generator``); appends one
+    to ``calls`` (when given) per example augmented: one for an example's features (rank
+    ``example_rank``), a batch's size for a batch (a vectorised map after ``batch``)."""
     tf = _tf()
     generator = tf.random.Generator.from_seed(seed)
 
-    def count() -> np.int32:
+    def count(shape: Any) -> np.int32:
+        shape = np.asarray(shape)
         if calls is not None:
-            calls.append(1)
+            calls.extend([1] * (int(shape[0]) if len(shape) > example_rank else 1))
         return np.int32(0)
 
     def augment(features: Any, label: Any) -> tuple[Any, Any]:
-        done = tf.py_function(count, [], tf.int32)
+        done = tf.py_function(count, [tf.shape(features)], tf.int32)
         with tf.control_dependencies([done]):
             noisy = features + generator.normal(tf.shape(features), stddev=0.1)
         return noisy, label
@@ -75,10 +78,12 @@ def one_epoch(dataset: Any) -> tuple[list[int], np.ndarray, np.ndarray]:
 def runs_ahead(dataset: Any, augmented: list[int], batch_size: int,
                 wait_s: float = 5.0) -> bool:
     """Whether ``dataset`` augments beyond the batch the step took, by itself: a prefetch (or a
-    parallel map) works in the background. tf.data's own additions are switched off for this
-    probe (``inject_prefetch`` would add a prefetch to any pipeline; the distributed iterator
-    buffers too): what runs ahead here is what the learner wrote. A count, not a time: the
-    background thread is given up to ``wait_s`` seconds to run."""
+    parallel map) works in the background. ``augmented`` counts examples, not calls, so a
+    vectorised ``augment`` (mapped over batches) counts as much as one mapped per example.
+    tf.data's own additions are switched off for this probe (``inject_prefetch`` would add a
+    prefetch to any pipeline; the distributed iterator buffers too): what runs ahead here is
+    what the learner wrote. A count, not a time: the background thread is given up to
+    ``wait_s`` seconds to run."""
     import time
 
     tf = _tf()

@@ -10,6 +10,9 @@ so that a reading which works on real traces works on these, and shortcuts do no
 
 * ``background``: spans of the input pipeline's own threads inside the steps (not step time);
 * ``outside``: compute spans outside every step (the warm-up's), as a share of the steps' time;
+* ``trailing``: compute spans after the last step (what the program does once the profiled steps
+  are done), as a share of the steps' time: a reading that drops only what precedes the first
+  step counts them;
 * ``uneven``: one long step in the middle split otherwise than the rest.
 
 Within a step the spans do not overlap, so the shares are exact: ``cu.profiling.step_breakdown``
@@ -50,7 +53,7 @@ def _span(name: str, ts: float, dur: float, tid: int, long_name: str | None = No
 
 
 def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: int = 3,
-                    background: float = 0.0, outside: float = 0.0,
+                    background: float = 0.0, outside: float = 0.0, trailing: float = 0.0,
                     uneven: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """Events of ``steps`` profiled steps whose time splits into ``parts`` (shares of input,
     compute, communication; the rest is "other"), plus the distractors described above.
@@ -109,6 +112,10 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                                     _DATA_THREAD, rng.choice(_DATA_OPS)))
                 moment += piece
         clock = start + length + rng.uniform(200, 800)
+    for piece in _pieces(rng, trailing * sum(step_lengths), 6) if trailing else []:
+        events.append(_span(rng.choice(_OPS).split(":")[0], clock, piece, _OP_THREAD,
+                            rng.choice(_OPS)))  # after the last step: no step's time
+        clock += piece
     return events
 
 
@@ -123,6 +130,8 @@ BOTTLENECK_CASES = {
         "communication", lambda r: (r.uniform(0.08, 0.15), 0.2, r.uniform(0.45, 0.6)), {}),
     "input-bound steps after a long warm-up of compute outside them": (
         "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"outside": 3.0}),
+    "input-bound steps, then a long stretch of compute after the last of them": (
+        "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"trailing": 3.0}),
     "input-bound in total, though most steps (the first and the last too) are compute-bound": (
         "input", lambda r: (0.1, r.uniform(0.55, 0.65), 0.05), {
             "uneven": {"input": 0.8, "compute": 0.1, "communication": 0.02}}),
