@@ -172,3 +172,12 @@ def test_content_matching_catches_exact_copies_only():
         exec_copy(helper)(3)
         namespace["helper"](3)  # an edited copy: other bytecode, not matched (documented)
         assert guard.take() == ["helper (a copy of it)"]
+
+
+def test_autographs_converted_copy_is_matched_through_its_original():
+    source = "def tf__helper(n):\n    return -n\n"  # as AutoGraph names and files its copy
+    namespace = dict(globals())  # AutoGraph runs its copy with the original's globals
+    exec(compile(source, "/tmp/__autograph_generated_file1a2b.py", "exec"), namespace)
+    with CallsInto(helper) as guard:
+        namespace["tf__helper"](3)
+        assert guard.take() == ["helper (converted by AutoGraph)"]

@@ -14,6 +14,9 @@ too). A call matches two ways:
   Comprehensions and lambdas match by identity only: a one-line
   ``[("F", b) for b in range(n)]`` is the same bytecode whoever writes it.
 
+Code that ``tf.function`` traces runs as AutoGraph's converted copy: that copy is matched
+through the original it was made from (``_converted``).
+
 It watches the calling thread (``sys.setprofile``) and every thread started through
 ``threading`` while it is active (``threading.setprofile``). A thread started with
 ``_thread.start_new_thread`` gets no profiler: a direct call of it from Python code fails the
@@ -49,6 +52,7 @@ _ACTIVE: list[CallsInto] = []  # the guards now installed
 _THREAD_START = threading.Thread._bootstrap_inner.__code__  # installs threading's hook
 _THREAD_STARTER = threading.Thread.start.__code__  # the one caller of _thread allowed
 _THREADING_SETPROFILE = threading.setprofile.__code__
+_AUTOGRAPH = "__autograph_generated_file"  # tensorflow/python/autograph/pyct/loader.py
 
 
 def _instruction(instruction: dis.Instruction) -> tuple[str, Any]:
@@ -183,8 +187,19 @@ class CallsInto:
         if self.also is not None:
             self.also(frame)
         found = self.match(code)
+        if found is None and code.co_name.startswith("tf__") and _AUTOGRAPH in code.co_filename:
+            found = self._converted(frame)
         if found:
             self.names.append(found)
+
+    def _converted(self, frame: Any) -> str | None:
+        """A function AutoGraph converted (``tf.function`` tracing), matched through the
+        original: AutoGraph names its copy ``tf__<name>`` and runs it with the original's
+        globals, where ``<name>`` is the original (a function nested in another is matched
+        through the outer one, converted with it)."""
+        original = getattr(frame.f_globals.get(frame.f_code.co_name[4:]), "__code__", None)
+        found = self.match(original) if isinstance(original, types.CodeType) else None
+        return f"{found} (converted by AutoGraph)" if found else None
 
     def intact(self) -> bool:
         """False (and ``tampered`` set) once the profiler is not this guard's any more."""

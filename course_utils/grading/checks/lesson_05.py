@@ -294,6 +294,9 @@ def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
     return train_steps
 
 
+_RUN_BY_TRAINING = ("_raw_dataset", "_train", "_train_case", "_context_watch")
+
+
 def _train(train_steps: Any, strategy: Any, dataset: Any, calls: tuple[int, ...]) -> None:
     tf = _tf()
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
@@ -328,7 +331,12 @@ def _train_case(rng: Any) -> Case:
             return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
                     "tf.function (decorate train_steps with @tf.function)")
         seen.clear()
-        _train(train_steps, strategy, dataset, calls)
+        run = refusing(_train, own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
+                       "write the training function yourself")
+        try:  # traced here, not in make_train_steps: refused while it is traced and run too
+            run(train_steps, strategy, dataset, calls)
+        except AssertionError as error:
+            return f"while train_steps was traced and run: {error}"
         if largest_difference(model.get_weights(), initial) < 1e-6:
             return "the weights did not change: apply the gradients in the replica step"
         replica_batch = global_batch // strategy.num_replicas_in_sync
