@@ -4,7 +4,10 @@
   ``element_spec`` has every dimension known, a compiled step traces once over an epoch, the
   epoch has ``n // batch_size`` batches, and the batches hold the sequences cut or padded with
   zeros at the end to ``sequence_length``; the function may not read the dataset when called
-  (a copy made in memory is not a pipeline: the dataset counts what it hands out).
+  (a copy made in memory then is not a pipeline: the dataset counts what it hands out). What
+  this enforces is only that: a copy put off until the first batch is asked for (a generator
+  that reads everything, then yields) is not told apart from a pipeline reading ahead
+  (``prefetch``), and passes.
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches included), compared with the rules stated in
   the exercise; a global batch that cannot give each replica one example must raise ValueError.
