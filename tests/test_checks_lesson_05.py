@@ -250,7 +250,7 @@ def test_the_reference_reached_only_when_traced_fails():
 
         inner = make_train_steps(strategy, model, optimizer, global_batch_size)
 
-        @tf.function
+        @tf.function(autograph=False)  # AutoGraph's copies: tests/test_call_guard.py
         def train_steps(iterator, steps):  # make_train_steps itself runs nothing of the check's
             lesson_05.reference_train_steps(strategy, model, optimizer, global_batch_size)
             inner(iterator, steps)
