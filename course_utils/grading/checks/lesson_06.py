@@ -11,7 +11,8 @@
 * ``check_split_gradients(split_gradients)``: a model split into two and three parts on
   devices the check chooses (never the default first), trained on a few micro-batches; loss
   and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
-  is traced in a ``tf.function`` and the placement of what it built is read: every add that
+  is traced in a ``tf.function`` (under the same guard, its traced results checked like the
+  eager ones) and the placement of what it built is read: every add that
   sums a gradient of part ``i``'s weights over the micro-batches, every op of ``tape.gradient``
   it was summed from (through Identity copies), and every gradient op that reads part ``i``'s
   weights must ask for ``devices[i]``; each gradient must be summed from at least one backward
