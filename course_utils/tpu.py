@@ -246,8 +246,9 @@ class TpuChip:
 
 
 #: Published chip figures, not measured by the course; ``quoted`` holds the page's own rows.
-#: Pages change: the v6e page's comparison column gives v5e "800 GBps" where the v5e page
-#: itself says "819 GBps"; each chip's figures come from its own page. Megacore (v4, v5p): the
+#: Pages read on 2026-11-26. Pages change and disagree: the v6e page's comparison gives v5e
+#: 800 GiBps where the v5e page says "819 GBps"; another version of the v6e page gives 1640
+#: GBps for v6e, this one 1600; each chip's figures come from its own page. Megacore (v4, v5p): the
 #: chip's two TensorCores form one device, so one replica per chip (JAX's
 #: ``pallas.tpu.ChipVersion`` table, "Megacore support"). A slice name counts TensorCores for
 #: v4 and v5p (v5p's topology table: 2x2x1 = 8 cores, 4 chips) and chips for v5e and v6e.

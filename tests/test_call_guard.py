@@ -3,6 +3,7 @@ threads and a removed profiler are all caught; an honest function passes."""
 
 from __future__ import annotations
 
+import _thread
 import inspect
 import sys
 import textwrap
@@ -10,7 +11,7 @@ import threading
 
 import pytest
 
-from course_utils.grading.checks.call_guard import REMOVED, CallsInto
+from course_utils.grading.checks.call_guard import RAW_THREAD, REMOVED, CallsInto
 from course_utils.grading.checks.refusals import own_functions, refusing
 
 
@@ -132,3 +133,51 @@ def test_own_functions_lists_a_check_modules_functions_but_the_named():
     names = {f.__name__ for f in own_functions(lesson_05, but=["_raw_dataset"])}
     assert "_expected_batches" in names and "reference_tpu_settings" in names
     assert "_raw_dataset" not in names and "run_check" not in names
+
+
+def test_a_raw_thread_started_from_python_fails_the_guard():
+    def raw():
+        done = _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(lambda: (helper(3), done.release()), ())
+        done.acquire()
+
+    with CallsInto(helper) as guard:
+        raw()
+        assert guard.take()[0] == RAW_THREAD
+
+
+def test_the_guards_own_installs_are_known_by_their_call_chain_not_a_flag():
+    def reinstalls(guard):  # the guard's own method, called by the answer
+        guard._install(None, None)
+        helper(3)
+        guard._install(guard._hook, guard._hook)
+
+    def exits_and_enters(guard):
+        guard.__exit__(None, None, None)
+        helper(3)
+        guard.__enter__()
+
+    for answer in (reinstalls, exits_and_enters):
+        with CallsInto(helper) as guard:
+            answer(guard)
+        assert guard.tampered and guard.tampered.startswith(REMOVED), answer.__name__
+
+
+def test_content_matching_catches_exact_copies_only():
+    source = textwrap.dedent(inspect.getsource(helper)).replace("i * i", "i * i + 0")
+    namespace: dict = {}
+    exec(source, namespace)
+    with CallsInto(helper) as guard:
+        exec_copy(helper)(3)
+        namespace["helper"](3)  # an edited copy: other bytecode, not matched (documented)
+        assert guard.take() == ["helper (a copy of it)"]
+
+
+def test_autographs_converted_copy_is_matched_through_its_original():
+    source = "def tf__helper(n):\n    return -n\n"  # as AutoGraph names and files its copy
+    namespace = dict(globals())  # AutoGraph runs its copy with the original's globals
+    exec(compile(source, "/tmp/__autograph_generated_file1a2b.py", "exec"), namespace)
+    with CallsInto(helper) as guard:
+        namespace["tf__helper"](3)
+        assert guard.take() == ["helper (converted by AutoGraph)"]

@@ -244,6 +244,23 @@ def test_one_step_a_call_fails():
         cu.grading.check_train_steps(one_step)
 
 
+def test_the_reference_reached_only_when_traced_fails():
+    def reference_when_traced(strategy, model, optimizer, global_batch_size):
+        import tensorflow as tf
+
+        inner = make_train_steps(strategy, model, optimizer, global_batch_size)
+
+        @tf.function(autograph=False)  # AutoGraph's copies: tests/test_call_guard.py
+        def train_steps(iterator, steps):  # make_train_steps itself runs nothing of the check's
+            lesson_05.reference_train_steps(strategy, model, optimizer, global_batch_size)
+            inner(iterator, steps)
+
+        return train_steps
+
+    with pytest.raises(AssertionError, match="traced and run: .*reference_train_steps"):
+        cu.grading.check_train_steps(reference_when_traced)
+
+
 @pytest.mark.parametrize("name", ["check_make_tpu_ready", "check_tpu_settings",
                                   "check_train_steps"])
 def test_a_stub_is_not_attempted_and_fails_in_strict_mode(name, capsys):

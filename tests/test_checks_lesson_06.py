@@ -241,6 +241,21 @@ def _with_the_course_helper(parts, x, y, loss_fn, devices):
 with_the_course_helper = accumulated(_with_the_course_helper)
 
 
+def helper_only_when_traced(parts, micro_batches, loss_fn, devices):
+    """Right values eagerly (placed wrong), the course's helper in a graph: both are read."""
+    import tensorflow as tf
+
+    answer = one_tape if tf.executing_eagerly() else with_the_course_helper
+    return answer(parts, micro_batches, loss_fn, devices)
+
+
+def wrong_only_when_traced(parts, micro_batches, loss_fn, devices):
+    import tensorflow as tf
+
+    answer = split_gradients if tf.executing_eagerly() else summed_not_averaged
+    return answer(parts, micro_batches, loss_fn, devices)
+
+
 def _with_an_exec_copy_of_the_helper(parts, x, y, loss_fn, devices):
     import inspect
 
@@ -534,6 +549,8 @@ def test_split_gradients_as_a_mean_of_stacked_gradients_passes():
     (forgets_output_gradients, "differ from the unsplit"),
     (with_the_course_helper, "ran the course's split_step"),
     (with_an_exec_copy_of_the_helper, "ran the course's split_step"),
+    (helper_only_when_traced, "traced in a tf.function: .*ran the course's split_step"),
+    (wrong_only_when_traced, "traced in a tf.function: loss or gradients differ"),
     (lambda *args: None, "loss, grads"),
     (one_big_batch, r"made by 1 backward op\(s\) for \d micro-batches"),
     (lambda *args: one_big_batch(*args, weighted=False), "differ from the unsplit"),

@@ -4,7 +4,10 @@
   ``element_spec`` has every dimension known, a compiled step traces once over an epoch, the
   epoch has ``n // batch_size`` batches, and the batches hold the sequences cut or padded with
   zeros at the end to ``sequence_length``; the function may not read the dataset when called
-  (a copy made in memory is not a pipeline: the dataset counts what it hands out).
+  (a copy made in memory then is not a pipeline: the dataset counts what it hands out). What
+  this enforces is only that: a copy put off until the first batch is asked for (a generator
+  that reads everything, then yields) is not told apart from a pipeline reading ahead
+  (``prefetch``), and passes.
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches included), compared with the rules stated in
   the exercise; a global batch that cannot give each replica one example must raise ValueError.
@@ -294,6 +297,9 @@ def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
     return train_steps
 
 
+_RUN_BY_TRAINING = ("_raw_dataset", "_train", "_train_case", "_context_watch")
+
+
 def _train(train_steps: Any, strategy: Any, dataset: Any, calls: tuple[int, ...]) -> None:
     tf = _tf()
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
@@ -328,7 +334,12 @@ def _train_case(rng: Any) -> Case:
             return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
                     "tf.function (decorate train_steps with @tf.function)")
         seen.clear()
-        _train(train_steps, strategy, dataset, calls)
+        run = refusing(_train, own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
+                       "write the training function yourself")
+        try:  # traced here, not in make_train_steps: refused while it is traced and run too
+            run(train_steps, strategy, dataset, calls)
+        except AssertionError as error:
+            return f"while train_steps was traced and run: {error}"
         if largest_difference(model.get_weights(), initial) < 1e-6:
             return "the weights did not change: apply the gradients in the replica step"
         replica_batch = global_batch // strategy.num_replicas_in_sync

@@ -11,7 +11,8 @@
 * ``check_split_gradients(split_gradients)``: a model split into two and three parts on
   devices the check chooses (never the default first), trained on a few micro-batches; loss
   and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
-  is traced in a ``tf.function`` and the placement of what it built is read: every add that
+  is traced in a ``tf.function`` (under the same guard, its traced results checked like the
+  eager ones) and the placement of what it built is read: every add that
   sums a gradient of part ``i``'s weights over the micro-batches, every op of ``tape.gradient``
   it was summed from (through Identity copies), and every gradient op that reads part ``i``'s
   weights must ask for ``devices[i]``; each gradient must be summed from at least one backward
@@ -204,9 +205,11 @@ def _accumulation_misplaced(output: Any, device: str, index: int,
 
 
 def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
-                               devices: list[str]) -> str | None:
-    """None when, traced, each part's gradient ops, and the sums over micro-batches, ask for
-    that part's device.
+                               devices: list[str], values: Any) -> str | None:
+    """None when, traced (``fn`` is the guarded answer: the helpers are refused while it is
+    traced too), each part's gradient ops, and the sums over micro-batches, ask for that
+    part's device, and the traced function's own results pass ``values`` (an answer that
+    computes its values one way eagerly and another way in a graph fails either).
 
     A gradient op belongs to part ``i`` when it reads one of part ``i``'s weights (the
     gradient of the part's input, ``dy · Wᵀ``) or when a returned gradient of part ``i``'s
@@ -224,10 +227,15 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
              for x, y in micro_batches]
     try:
         concrete = tf.function(traced).get_concrete_function(specs)
+    except AssertionError as error:  # the guard: a helper was run while it was traced
+        return f"traced in a tf.function: {str(error).strip().splitlines()[-1].strip()[:300]}"
     except Exception as error:  # noqa: BLE001 - the learner's to see
         return ("the check traces split_gradients in a tf.function to read where each "
                 f"gradient op was placed, and tracing failed: {type(error).__name__}: "
                 f"{str(error).strip().splitlines()[0][:160]}")
+    reason = values(concrete([tuple(pair) for pair in micro_batches]))
+    if reason:
+        return f"traced in a tf.function: {reason}"
     graph = concrete.graph
     owner = {}  # the traced graph's handle of each weight -> its part
     for external, internal in graph.captures:
@@ -280,7 +288,7 @@ def check_split_gradients(fn: Any) -> bool:
             expected_loss = tf.add_n(losses) / len(losses)
         expected = [g.numpy() for g in tape.gradient(expected_loss, variables)]
 
-        def verify(got: Any) -> str | None:
+        def values(got: Any) -> str | None:
             if not isinstance(got, (tuple, list)) or len(got) != 2:
                 return "return (loss, grads): the gradients of every part's weights, in order"
             loss, grads = got
@@ -291,7 +299,11 @@ def check_split_gradients(fn: Any) -> bool:
             if error > 1e-5 or abs(float(loss) - float(expected_loss)) > 1e-5:
                 return ("loss or gradients differ from the unsplit model's on the mean of the "
                         f"micro-batches' losses (max |Δ| {error:.1e})")
-            return _placement_of_the_backward(fn, problem, loss_fn, chosen)
+            return None
+
+        def verify(got: Any) -> str | None:
+            return values(got) or _placement_of_the_backward(guarded, problem, loss_fn,
+                                                             chosen, values)
 
         return Case(args=(parts, micro_batches, loss_fn, list(chosen)), verify=verify,
                     label=f"({len(chosen)} parts on {[_short(d) for d in chosen]}, "

@@ -5,10 +5,12 @@ A check wraps the learner's function in :func:`refusing`: while it runs, the sha
 threads it starts, with the course's helpers and reference answers, by identity and by content
 (an ``exec``'d or line-shifted copy, a paste with renamed locals); see ``call_guard``. A
 learner's function that removes the guard's profiler (``sys.setprofile(None)``, even put back
-before it returns) fails too.
+before it returns) or calls ``_thread.start_new_thread`` itself fails too.
 
-A learner who writes the function themselves produces other bytecode; a copy edited until its
-bytecode differs is a rewrite, which the exercises' task variants are there to demand.
+Content matching catches exact copies only: a copy edited without changing what it computes
+(a ``+ 0``) is other bytecode and passes this guard. What makes a transcribed copy fail is the
+exercise: each asks for something the course's code does not do (a task variant), which the
+check's fresh cases test.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class _Refusing:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         guard = self.guard
         guard.names.clear()
+        guard.tampered = None
         try:
             with guard:
                 result = self.fn(*args, **kwargs)
@@ -68,7 +71,8 @@ class _Refusing:
                                ) from error
         if guard.tampered:
             raise AssertionError(f"{guard.tampered}: the check watches which functions it "
-                                 "runs; leave sys.setprofile and threading.setprofile alone")
+                                 "runs; leave sys.setprofile and threading.setprofile alone "
+                                 "and start threads with threading")
         entered = guard.names
         if entered:
             raise AssertionError(f"your function ran the course's {entered[0]}: {self.why}")
