@@ -233,7 +233,7 @@ def not_attempted(name: str) -> None:
 INTROSPECTION_NAMES = frozenset({
     "currentframe", "_getframe", "f_back", "f_locals", "f_globals", "tb_frame",
     "getouterframes", "getframeinfo", "get_objects", "get_referrers", "get_referents",
-    "getclosurevars", "settrace", "setprofile", "_current_frames", "__closure__",
+    "getclosurevars", "settrace", "setprofile", "getprofile", "_current_frames", "__closure__",
     "cell_contents"})
 
 
