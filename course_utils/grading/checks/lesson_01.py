@@ -40,10 +40,11 @@ __all__ = ["check_cached_pipeline", "check_fast_pipeline", "check_parse_record",
 
 #: The speed-up over the slow reference that ``fast_pipeline`` must reach. The reads wait
 #: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads;
-#: reads limited to 2 at a time (``AUTOTUNE`` on 2 logical CPUs) reach at most 2×.
+#: reads limited to 2 at a time (``AUTOTUNE`` on 2 usable logical CPUs) reach at most 2×.
 FAST_PIPELINE_MIN_SPEEDUP = 3.0
 #: The reads that must be waiting at the same time at least once in an epoch: the mechanism,
-#: counted. ``AUTOTUNE`` on tf.data's default pool overlaps one read per logical CPU.
+#: counted. ``AUTOTUNE`` on tf.data's default pool overlaps one read per logical CPU this process
+#: may use (its CPU affinity, ``os.sched_getaffinity(0)``, not ``os.cpu_count()``).
 FAST_PIPELINE_MIN_READS_AT_ONCE = 8
 #: Epochs of the slow reference and of the answer, timed in turns; their medians are compared.
 FAST_PIPELINE_ROUNDS = 3
@@ -148,7 +149,7 @@ def check_fast_pipeline(fn: Any) -> bool:
             return (f"at most {overlapped} read(s) waited at the same time during an epoch; "
                     f"at least {FAST_PIPELINE_MIN_READS_AT_ONCE} must overlap (a parallel map "
                     "over read, with enough tf.data threads: AUTOTUNE alone stops at one "
-                    "thread per logical CPU)")
+                    "thread per logical CPU this process may use)")
         # Slow and fast timed the same way: fresh pipelines, one epoch each, in turns; every
         # timed epoch of yours must read every record (a pipeline kept from an earlier call
         # that reads nothing is not faster, it skips the work).
@@ -183,7 +184,7 @@ def check_fast_pipeline(fn: Any) -> bool:
         "fast_pipeline", fn, cases,
         hint="keep read -> decode -> batch, but run read with num_parallel_calls and end with "
              "prefetch(tf.data.AUTOTUNE). Reads only wait, so many can overlap: on a machine "
-             "with few logical CPUs give tf.data more threads (tf.data.Options().threading."
+             "with few usable logical CPUs give tf.data more threads (tf.data.Options().threading."
              "private_threadpool_size, e.g. 16) and use at least 8 parallel calls.")
 
 
