@@ -79,6 +79,10 @@ def _any_rest_is_synchronisation(timings, whole_step):  # compares with 0, not w
     (_largest_median_only, "expected: 'synchronisation'"),
     (_any_rest_is_synchronisation, "got: +'synchronisation'"),
     (lambda timings, whole_step: next(iter(timings)), "expected: "),  # read from the input
+    # the check's reference answer, called, or bound under the answer's name:
+    (lambda timings, whole_step: lesson_00.reference_diagnosis(timings, whole_step),
+     "ran the course's .*reference_diagnosis"),
+    (lesson_00.reference_diagnosis, "ran the course's .*reference_diagnosis"),
 ])
 def test_diagnose_step_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.splits import (
     run_split_answers,
@@ -110,8 +111,12 @@ def check_diagnose_step(fn: Any) -> bool:
                                 f"{np.median(whole) * 1e3:.1f} ms (median); a quarter of the "
                                 f"'{decoy}' calls disturbed, compute's first call traced)"))
     rng.shuffle(cases)
+    # the check's own functions (the reference answer among them) are not the learner's to
+    # call: a lambda or a name bound to reference_diagnosis runs it, and fails
+    guarded = refusing(fn, own_functions(sys.modules[__name__]),
+                       "compute the medians and compare them yourself")
     return run_check(
-        "diagnose_step", fn, cases,
+        "diagnose_step", guarded, cases,
         hint="a few calls of a part were disturbed by other programs, and compute's first call "
              "traced the function: summarise each part by a number those calls cannot sway "
              "(lesson 00, section 3: the table of medians), then compare as the lesson does: "
