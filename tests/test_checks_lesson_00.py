@@ -191,6 +191,16 @@ def split_cpu_after_an_op(num_devices):  # a harmless-looking op first: too late
     return split_cpu(num_devices)
 
 
+def split_cpu_restarts_on_every_error(num_devices):  # the devices exist: always "restart"
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    try:
+        tf.config.set_logical_device_configuration(  # noqa: F821
+            physical_cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)  # noqa: F821
+    except RuntimeError:
+        raise RuntimeError("restart the kernel to change the split") from None
+    return [device.name for device in tf.config.list_logical_devices("CPU")]  # noqa: F821
+
+
 def split_cpu_physical_names(num_devices):  # split right, the wrong names returned
     split_cpu(num_devices)
     return [device.name for device in tf.config.list_physical_devices("CPU")]  # noqa: F821
@@ -206,6 +216,7 @@ SPLIT_CATALOGUE = [
     (split_cpu_with_the_helper, "first call .* raised: ModuleNotFoundError"),
     (split_cpu_after_an_op, "first call .* raised: RuntimeError"),
     (split_cpu_physical_names, "should return"),
+    (split_cpu_restarts_on_every_error, "after TensorFlow had run an op.*there is 1, as asked"),
     (split_cpu_broken, "first call .* raised: ValueError"),
 ]
 
@@ -218,7 +229,7 @@ def test_split_cpu_catalogue_is_rejected_each_in_a_fresh_tensorflow():
                        for f in (split_cpu, split_cpu_lesson))
     answers = [(wrong.__name__, shared + "\n" + textwrap.dedent(inspect.getsource(wrong)))
                for wrong, _ in SPLIT_CATALOGUE] + [("split_cpu", shared)]
-    *wrong_results, right = lesson_00.run_split_answers(answers, [3, 3, 4, 3])
+    *wrong_results, right = lesson_00.run_split_answers(answers, [3, 3, 4, 3], after_an_op=1)
     assert lesson_00.split_verdict(right, 3) is None, right
     for (wrong, says), results in zip(SPLIT_CATALOGUE, wrong_results, strict=True):
         verdict = lesson_00.split_verdict(results, 3)

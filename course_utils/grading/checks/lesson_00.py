@@ -7,8 +7,9 @@
 * ``check_split_cpu(split_cpu)``: a split into logical devices that survives a re-run, called
   four times in one fresh Python process (this kernel's devices are already fixed) by
   ``run_splits_in_fresh_process``: the split, the same split again (returns the devices), another
-  number (a RuntimeError that says to restart), the first number again; the course package
-  cannot be imported there.
+  number (a RuntimeError that says to restart), the first number again; then, in another
+  fresh process, an op first and ``split_cpu(1)`` (the one CPU device exists, as asked: its
+  name); the course package cannot be imported there.
 * ``check_step_breakdown(step_breakdown)``: a timed breakdown of a step (input, compute, whole
   step) written by hand (the course's ``time_interleaved`` is recognised by its code object),
   timed in turns (the order of the calls is recorded), on a fake pipeline and step whose waits
@@ -152,10 +153,12 @@ def check_split_cpu(fn: Any) -> bool:
 
     case = Case(args=(counts,),
                 label=f"split_cpu({num_devices}) twice, then ({num_devices + 1}), then "
-                      f"({num_devices}) again, in a fresh Python process",
+                      f"({num_devices}) again, in a fresh Python process; in another, an op "
+                      "first, then split_cpu(1)",
                 verify=lambda results: split_verdict(results, num_devices))
     return run_check(
-        "split_cpu", lambda calls: run_splits_in_fresh_process(fn, calls), [case],
+        "split_cpu", lambda calls: run_splits_in_fresh_process(fn, calls, after_an_op=1),
+        [case],
         hint="split the first PHYSICAL CPU (tf.config.list_physical_devices('CPU')) – listing "
              "logical ones starts TensorFlow's devices. TensorFlow accepts the same split "
              "again; when a split fails because the devices exist, compare how many logical "
