@@ -177,7 +177,7 @@ def shuffled_batches(blocks, batch_size, buffer, seed):
 
 def test_reference_shuffled_batches_passes(capsys):
     assert cu.grading.check_shuffled_batches(shuffled_batches)
-    assert "✅ shuffled_batches: 2 cases passed" in capsys.readouterr().out
+    assert "✅ shuffled_batches: 3 cases passed" in capsys.readouterr().out
 
 
 def _blocks_shuffled(blocks, batch_size, buffer, seed):  # the broken version, as given
@@ -198,6 +198,14 @@ def _small_buffer(blocks, batch_size, buffer, seed):  # a buffer of one batch
 
 def _no_seed(blocks, batch_size, buffer, seed):
     return blocks.unbatch().shuffle(buffer).batch(batch_size)
+
+
+def _fixed_seed(blocks, batch_size, buffer, seed):  # one seed for every call
+    return blocks.unbatch().shuffle(buffer, seed=42).batch(batch_size)
+
+
+def _buffer_ignored(blocks, batch_size, buffer, seed):  # "big enough" for any data
+    return blocks.unbatch().shuffle(10_000, seed=seed).batch(batch_size)
 
 
 def _same_order_every_epoch(blocks, batch_size, buffer, seed):
@@ -223,6 +231,8 @@ def _shuffled_once_in_numpy(blocks, batch_size, buffer, seed):  # read from the 
     (_small_buffer, "near neighbours|same block"),
     (_no_seed, "the same seed gave another order"),
     (_same_order_every_epoch, "two epochs came in the same order"),
+    (_fixed_seed, r"seed=\d+ gave the same order as seed="),
+    (_buffer_ignored, "reaches at most"),
     (_dropped_last_batch, "batch sizes differ"),
     (_shuffled_once_in_numpy, "two epochs came in the same order"),
 ])

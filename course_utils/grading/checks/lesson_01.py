@@ -210,17 +210,18 @@ def check_shuffled_batches(fn: Any) -> bool:
     tf = _tf()
     rng = fresh_rng()
     checks = []
-    for _ in range(2):
+    for small in (False, False, True):  # the buffer: every example, then a small one
         batch_size = rng.choice([8, 10, 12, 16])
         block_size = rng.choice([4, 5, 6, 7])
         num_blocks = rng.randint(80, 120)  # n well above any buffer of one batch
         if num_blocks * block_size % batch_size == 0:  # always a short last batch
             num_blocks += 1
         seed = rng.randint(0, 2**31 - 1)
-        checks.append((num_blocks * block_size, block_size, batch_size, seed))
+        n = num_blocks * block_size
+        checks.append((n, block_size, batch_size, seed, rng.randint(40, 60) if small else n))
 
     def verifier(num_elements: int, block_size: int, batch_size: int,
-                 seed: int) -> Callable[[Any], str | None]:
+                 seed: int, buffer: int) -> Callable[[Any], str | None]:
         def verify(dataset: Any) -> str | None:
             if not _is_dataset(dataset):
                 return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
@@ -240,23 +241,39 @@ def check_shuffled_batches(fn: Any) -> bool:
             # how far each example moved: about n/3 for a shuffle over the whole dataset, about
             # the buffer for a small one (n is at least 20 times any batch here)
             moved = float(np.mean(np.abs(elements - np.arange(num_elements))))
-            if moved < num_elements / 6:
+            # a buffer of b examples: the i-th out has read at most i + b examples, so it is
+            # one of 0 .. i + b - 1 (a bound, not a timing); about 0.65 b moved on average
+            ahead = int(np.max(elements - np.arange(num_elements)))
+            if buffer < num_elements and ahead > buffer - 1:
+                return (f"an example came out {ahead} places ahead of its place in the data; "
+                        f"a shuffle buffer of {buffer} examples reaches at most {buffer - 1} "
+                        "ahead: shuffle with the buffer given")
+            if buffer < num_elements and moved < buffer / 4:
+                return (f"examples moved {moved:.1f} places on average, with a buffer of "
+                        f"{buffer} examples about {0.65 * buffer:.0f}: use the whole buffer "
+                        "given, in examples")
+            if buffer == num_elements and moved < num_elements / 6:
                 return (f"examples in a batch are near neighbours (they moved {moved:.0f} "
                         f"places on average; a shuffle over all {num_elements} examples moves "
                         f"them about {num_elements / 3:.0f}): use the whole buffer given, in "
                         "examples")
             if np.array_equal(np.concatenate(epoch_two), elements):
                 return "two epochs came in the same order: reshuffle every epoch"
-            again = fn(_blocks(tf, num_elements, block_size), batch_size, num_elements, seed)
+            again = fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed)
             if not np.array_equal(np.concatenate(_batches(again)), elements):
                 return "the same seed gave another order: pass seed=seed to shuffle"
+            other = fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed + 1)
+            if np.array_equal(np.concatenate(_batches(other)), elements):
+                return (f"seed={seed + 1} gave the same order as seed={seed}: shuffle with the "
+                        "seed given, not a fixed one")
             return None
 
         return verify
 
-    cases = [Case(args=(_blocks(tf, n, k), b, n, s),
-                  label=f"(range({n}) in blocks of {k}, batch_size={b}, buffer={n}, seed={s})",
-                  verify=verifier(n, k, b, s)) for n, k, b, s in checks]
+    cases = [Case(args=(_blocks(tf, n, k), b, buffer, s),
+                  label=f"(range({n}) in blocks of {k}, batch_size={b}, buffer={buffer}, "
+                        f"seed={s})",
+                  verify=verifier(n, k, b, s, buffer)) for n, k, b, s, buffer in checks]
     return run_check(
         "shuffled_batches", fn, cases,
         hint="the examples must be single elements before they are shuffled: unbatch the "
