@@ -343,6 +343,26 @@ def _constants(next_batch, train_step, batch, repeats):  # the waits guessed, ca
     return {"input": 0.015, "compute": 0.005, "whole step": 0.020}
 
 
+def _constants_of_the_fast_case(next_batch, train_step, batch, repeats):  # fit case 1 only
+    for _ in range(repeats):
+        next_batch(), train_step(batch), train_step(next_batch())
+    return {"input": 0.020, "compute": 0.012, "whole step": 0.032}
+
+
+def _constants_of_the_slow_case(next_batch, train_step, batch, repeats):  # fit case 2 only
+    for _ in range(repeats):
+        next_batch(), train_step(batch), train_step(next_batch())
+    return {"input": 0.080, "compute": 0.060, "whole step": 0.140}
+
+
+def test_step_cases_accept_no_common_answer():
+    (fast_in, fast_step), (slow_in, slow_step) = lesson_00.STEP_CASES
+    for fast, slow in [(fast_in, slow_in), (fast_step, slow_step),
+                       ((fast_in[0] + fast_step[0], fast_in[1] + fast_step[1]),
+                        (slow_in[0] + slow_step[0], slow_in[1] + slow_step[1]))]:
+        assert lesson_00._accepted(fast[1])[1] < lesson_00._accepted(slow[0])[0], (fast, slow)
+
+
 def _in_milliseconds(next_batch, train_step, batch, repeats):
     return {k: v * 1e3 for k, v in step_breakdown(next_batch, train_step, batch,
                                                    repeats).items()}
@@ -373,6 +393,8 @@ def _whole_step_on_the_given_batch(next_batch, train_step, batch, repeats):
     (_in_blocks, "not timed in turns"),
     (_means, "a median ignores it"),
     (_constants, "should take about"),
+    (_constants_of_the_fast_case, "case 2 .*should take about"),
+    (_constants_of_the_slow_case, "case 1 .*should take about"),
     (_in_milliseconds, "should take about"),
     (_compute_only, "timed calls"),
     (_whole_step_on_the_given_batch, "timed calls|should take about"),
