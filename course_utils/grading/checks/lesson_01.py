@@ -39,9 +39,11 @@ __all__ = ["check_cached_pipeline", "check_fast_pipeline", "check_parse_record",
            "RECORD_IMAGE_SHAPE", "record_example"]
 
 #: The speed-up over the slow reference that ``fast_pipeline`` must reach. The reads wait
-#: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads;
-#: reads limited to 2 at a time (``AUTOTUNE`` on 2 usable logical CPUs) reach at most 2×.
-FAST_PIPELINE_MIN_SPEEDUP = 3.0
+#: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads, but
+#: with both cores busy a right answer came close to a bar of ×3: the bar stays well below,
+#: and the mechanism is held by the count (``FAST_PIPELINE_MIN_READS_AT_ONCE``), which load
+#: cannot sway; reads limited to 2 at a time (2 usable logical CPUs) fail that count.
+FAST_PIPELINE_MIN_SPEEDUP = 2.0
 #: The reads that must be waiting at the same time at least once in an epoch: the mechanism,
 #: counted. ``AUTOTUNE`` on tf.data's default pool overlaps one read per logical CPU this process
 #: may use (its CPU affinity, ``os.sched_getaffinity(0)``, not ``os.cpu_count()``).
