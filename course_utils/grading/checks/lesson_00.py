@@ -13,7 +13,8 @@
 * ``check_step_breakdown(step_breakdown)``: a timed breakdown of a step (input, compute, whole
   step) written by hand (the course's ``time_interleaved`` is recognised by its code object),
   timed in turns (the order of the calls is recorded), on a fake pipeline and step whose waits
-  are fresh and whose disturbed calls a median ignores.
+  are fresh and whose disturbed calls a median ignores: two cases, with waits so far apart
+  that no fixed answer fits both.
 * ``check_overlapped_pipeline(overlapped_pipeline)``: the fixed version of a pipeline whose
   ``prefetch`` overlaps nothing: same batches, in order, and reads that run while the training
   step works (counted, not timed; the speed-up is shown).
