@@ -69,7 +69,11 @@ def _human(seconds: float) -> str:
 
 
 def _block(result: Any) -> None:
-    """Wait until TensorFlow has finished computing ``result`` (ops run asynchronously on GPUs)."""
+    """Wait until TensorFlow has finished computing ``result`` (ops run asynchronously on GPUs).
+
+    It waits by reading each tensor into host memory (``.numpy()``): on a GPU every timed call
+    therefore includes a device→host copy of its result.
+    """
     numpy = getattr(result, "numpy", None)
     if callable(numpy):
         numpy()

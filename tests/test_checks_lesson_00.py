@@ -79,6 +79,10 @@ def _any_rest_is_synchronisation(timings, whole_step):  # compares with 0, not w
     (_largest_median_only, "expected: 'synchronisation'"),
     (_any_rest_is_synchronisation, "got: +'synchronisation'"),
     (lambda timings, whole_step: next(iter(timings)), "expected: "),  # read from the input
+    # the check's reference answer, called, or bound under the answer's name:
+    (lambda timings, whole_step: lesson_00.reference_diagnosis(timings, whole_step),
+     "ran the course's .*reference_diagnosis"),
+    (lesson_00.reference_diagnosis, "ran the course's .*reference_diagnosis"),
 ])
 def test_diagnose_step_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):
@@ -187,6 +191,16 @@ def split_cpu_after_an_op(num_devices):  # a harmless-looking op first: too late
     return split_cpu(num_devices)
 
 
+def split_cpu_restarts_on_every_error(num_devices):  # the devices exist: always "restart"
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    try:
+        tf.config.set_logical_device_configuration(  # noqa: F821
+            physical_cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)  # noqa: F821
+    except RuntimeError:
+        raise RuntimeError("restart the kernel to change the split") from None
+    return [device.name for device in tf.config.list_logical_devices("CPU")]  # noqa: F821
+
+
 def split_cpu_physical_names(num_devices):  # split right, the wrong names returned
     split_cpu(num_devices)
     return [device.name for device in tf.config.list_physical_devices("CPU")]  # noqa: F821
@@ -202,6 +216,7 @@ SPLIT_CATALOGUE = [
     (split_cpu_with_the_helper, "first call .* raised: ModuleNotFoundError"),
     (split_cpu_after_an_op, "first call .* raised: RuntimeError"),
     (split_cpu_physical_names, "should return"),
+    (split_cpu_restarts_on_every_error, "after TensorFlow had run an op.*there is 1, as asked"),
     (split_cpu_broken, "first call .* raised: ValueError"),
 ]
 
@@ -214,7 +229,7 @@ def test_split_cpu_catalogue_is_rejected_each_in_a_fresh_tensorflow():
                        for f in (split_cpu, split_cpu_lesson))
     answers = [(wrong.__name__, shared + "\n" + textwrap.dedent(inspect.getsource(wrong)))
                for wrong, _ in SPLIT_CATALOGUE] + [("split_cpu", shared)]
-    *wrong_results, right = lesson_00.run_split_answers(answers, [3, 3, 4, 3])
+    *wrong_results, right = lesson_00.run_split_answers(answers, [3, 3, 4, 3], after_an_op=1)
     assert lesson_00.split_verdict(right, 3) is None, right
     for (wrong, says), results in zip(SPLIT_CATALOGUE, wrong_results, strict=True):
         verdict = lesson_00.split_verdict(results, 3)
@@ -328,6 +343,26 @@ def _constants(next_batch, train_step, batch, repeats):  # the waits guessed, ca
     return {"input": 0.015, "compute": 0.005, "whole step": 0.020}
 
 
+def _constants_of_the_fast_case(next_batch, train_step, batch, repeats):  # fit case 1 only
+    for _ in range(repeats):
+        next_batch(), train_step(batch), train_step(next_batch())
+    return {"input": 0.020, "compute": 0.012, "whole step": 0.032}
+
+
+def _constants_of_the_slow_case(next_batch, train_step, batch, repeats):  # fit case 2 only
+    for _ in range(repeats):
+        next_batch(), train_step(batch), train_step(next_batch())
+    return {"input": 0.080, "compute": 0.060, "whole step": 0.140}
+
+
+def test_step_cases_accept_no_common_answer():
+    (fast_in, fast_step), (slow_in, slow_step) = lesson_00.STEP_CASES
+    for fast, slow in [(fast_in, slow_in), (fast_step, slow_step),
+                       ((fast_in[0] + fast_step[0], fast_in[1] + fast_step[1]),
+                        (slow_in[0] + slow_step[0], slow_in[1] + slow_step[1]))]:
+        assert lesson_00._accepted(fast[1])[1] < lesson_00._accepted(slow[0])[0], (fast, slow)
+
+
 def _in_milliseconds(next_batch, train_step, batch, repeats):
     return {k: v * 1e3 for k, v in step_breakdown(next_batch, train_step, batch,
                                                    repeats).items()}
@@ -358,6 +393,8 @@ def _whole_step_on_the_given_batch(next_batch, train_step, batch, repeats):
     (_in_blocks, "not timed in turns"),
     (_means, "a median ignores it"),
     (_constants, "should take about"),
+    (_constants_of_the_fast_case, "case 2 .*should take about"),
+    (_constants_of_the_slow_case, "case 1 .*should take about"),
     (_in_milliseconds, "should take about"),
     (_compute_only, "timed calls"),
     (_whole_step_on_the_given_batch, "timed calls|should take about"),

@@ -108,6 +108,10 @@ def test_not_a_dataset_is_reported():
         cu.grading.check_fast_pipeline(lambda source, read, decode, batch_size: [])
 
 
+def _usable_cpus():  # tf.data's default pool: the logical CPUs this process may use
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def _two_threads(source, read, decode, batch_size):  # a pool of two: a 2-core default
     tf = cu.quiet.import_tensorflow()
     dataset = source.map(read, num_parallel_calls=16).map(decode).batch(batch_size)
@@ -153,7 +157,7 @@ def _kept_after_two_calls(source, read, decode, batch_size, _kept=[]):  # noqa: 
     (_prefetch_only, r"at most 1 read\(s\) waited at the same time"),
     (_read_ahead_of_time, r"called read 0 times"),
     pytest.param(_autotune_default_pool, r"read\(s\) waited at the same time",
-                 marks=pytest.mark.skipif((os.cpu_count() or 1) >= 8,
+                 marks=pytest.mark.skipif(_usable_cpus() >= 8,
                                           reason="AUTOTUNE's default pool has 8+ threads")),
 ])
 def test_fast_pipeline_catalogue_counts_the_overlapping_reads(wrong, says):
@@ -177,7 +181,7 @@ def shuffled_batches(blocks, batch_size, buffer, seed):
 
 def test_reference_shuffled_batches_passes(capsys):
     assert cu.grading.check_shuffled_batches(shuffled_batches)
-    assert "✅ shuffled_batches: 2 cases passed" in capsys.readouterr().out
+    assert "✅ shuffled_batches: 3 cases passed" in capsys.readouterr().out
 
 
 def _blocks_shuffled(blocks, batch_size, buffer, seed):  # the broken version, as given
@@ -198,6 +202,14 @@ def _small_buffer(blocks, batch_size, buffer, seed):  # a buffer of one batch
 
 def _no_seed(blocks, batch_size, buffer, seed):
     return blocks.unbatch().shuffle(buffer).batch(batch_size)
+
+
+def _fixed_seed(blocks, batch_size, buffer, seed):  # one seed for every call
+    return blocks.unbatch().shuffle(buffer, seed=42).batch(batch_size)
+
+
+def _buffer_ignored(blocks, batch_size, buffer, seed):  # "big enough" for any data
+    return blocks.unbatch().shuffle(10_000, seed=seed).batch(batch_size)
 
 
 def _same_order_every_epoch(blocks, batch_size, buffer, seed):
@@ -223,6 +235,8 @@ def _shuffled_once_in_numpy(blocks, batch_size, buffer, seed):  # read from the 
     (_small_buffer, "near neighbours|same block"),
     (_no_seed, "the same seed gave another order"),
     (_same_order_every_epoch, "two epochs came in the same order"),
+    (_fixed_seed, r"seed=\d+ gave the same order as seed="),
+    (_buffer_ignored, "reaches at most"),
     (_dropped_last_batch, "batch sizes differ"),
     (_shuffled_once_in_numpy, "two epochs came in the same order"),
 ])

@@ -39,11 +39,14 @@ __all__ = ["check_cached_pipeline", "check_fast_pipeline", "check_parse_record",
            "RECORD_IMAGE_SHAPE", "record_example"]
 
 #: The speed-up over the slow reference that ``fast_pipeline`` must reach. The reads wait
-#: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads;
-#: reads limited to 2 at a time (``AUTOTUNE`` on 2 logical CPUs) reach at most 2×.
-FAST_PIPELINE_MIN_SPEEDUP = 3.0
+#: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads, but
+#: with both cores busy a right answer came close to a bar of ×3: the bar stays well below,
+#: and the mechanism is held by the count (``FAST_PIPELINE_MIN_READS_AT_ONCE``), which load
+#: cannot sway; reads limited to 2 at a time (2 usable logical CPUs) fail that count.
+FAST_PIPELINE_MIN_SPEEDUP = 2.0
 #: The reads that must be waiting at the same time at least once in an epoch: the mechanism,
-#: counted. ``AUTOTUNE`` on tf.data's default pool overlaps one read per logical CPU.
+#: counted. ``AUTOTUNE`` on tf.data's default pool overlaps one read per logical CPU this process
+#: may use (its CPU affinity, ``os.sched_getaffinity(0)``, not ``os.cpu_count()``).
 FAST_PIPELINE_MIN_READS_AT_ONCE = 8
 #: Epochs of the slow reference and of the answer, timed in turns; their medians are compared.
 FAST_PIPELINE_ROUNDS = 3
@@ -148,7 +151,7 @@ def check_fast_pipeline(fn: Any) -> bool:
             return (f"at most {overlapped} read(s) waited at the same time during an epoch; "
                     f"at least {FAST_PIPELINE_MIN_READS_AT_ONCE} must overlap (a parallel map "
                     "over read, with enough tf.data threads: AUTOTUNE alone stops at one "
-                    "thread per logical CPU)")
+                    "thread per logical CPU this process may use)")
         # Slow and fast timed the same way: fresh pipelines, one epoch each, in turns; every
         # timed epoch of yours must read every record (a pipeline kept from an earlier call
         # that reads nothing is not faster, it skips the work).
@@ -183,7 +186,7 @@ def check_fast_pipeline(fn: Any) -> bool:
         "fast_pipeline", fn, cases,
         hint="keep read -> decode -> batch, but run read with num_parallel_calls and end with "
              "prefetch(tf.data.AUTOTUNE). Reads only wait, so many can overlap: on a machine "
-             "with few logical CPUs give tf.data more threads (tf.data.Options().threading."
+             "with few usable logical CPUs give tf.data more threads (tf.data.Options().threading."
              "private_threadpool_size, e.g. 16) and use at least 8 parallel calls.")
 
 
@@ -209,17 +212,18 @@ def check_shuffled_batches(fn: Any) -> bool:
     tf = _tf()
     rng = fresh_rng()
     checks = []
-    for _ in range(2):
+    for small in (False, False, True):  # the buffer: every example, then a small one
         batch_size = rng.choice([8, 10, 12, 16])
         block_size = rng.choice([4, 5, 6, 7])
         num_blocks = rng.randint(80, 120)  # n well above any buffer of one batch
         if num_blocks * block_size % batch_size == 0:  # always a short last batch
             num_blocks += 1
         seed = rng.randint(0, 2**31 - 1)
-        checks.append((num_blocks * block_size, block_size, batch_size, seed))
+        n = num_blocks * block_size
+        checks.append((n, block_size, batch_size, seed, rng.randint(40, 60) if small else n))
 
     def verifier(num_elements: int, block_size: int, batch_size: int,
-                 seed: int) -> Callable[[Any], str | None]:
+                 seed: int, buffer: int) -> Callable[[Any], str | None]:
         def verify(dataset: Any) -> str | None:
             if not _is_dataset(dataset):
                 return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
@@ -239,23 +243,39 @@ def check_shuffled_batches(fn: Any) -> bool:
             # how far each example moved: about n/3 for a shuffle over the whole dataset, about
             # the buffer for a small one (n is at least 20 times any batch here)
             moved = float(np.mean(np.abs(elements - np.arange(num_elements))))
-            if moved < num_elements / 6:
+            # a buffer of b examples: the i-th out has read at most i + b examples, so it is
+            # one of 0 .. i + b - 1 (a bound, not a timing); about 0.65 b moved on average
+            ahead = int(np.max(elements - np.arange(num_elements)))
+            if buffer < num_elements and ahead > buffer - 1:
+                return (f"an example came out {ahead} places ahead of its place in the data; "
+                        f"a shuffle buffer of {buffer} examples reaches at most {buffer - 1} "
+                        "ahead: shuffle with the buffer given")
+            if buffer < num_elements and moved < buffer / 4:
+                return (f"examples moved {moved:.1f} places on average, with a buffer of "
+                        f"{buffer} examples about {0.65 * buffer:.0f}: use the whole buffer "
+                        "given, in examples")
+            if buffer == num_elements and moved < num_elements / 6:
                 return (f"examples in a batch are near neighbours (they moved {moved:.0f} "
                         f"places on average; a shuffle over all {num_elements} examples moves "
                         f"them about {num_elements / 3:.0f}): use the whole buffer given, in "
                         "examples")
             if np.array_equal(np.concatenate(epoch_two), elements):
                 return "two epochs came in the same order: reshuffle every epoch"
-            again = fn(_blocks(tf, num_elements, block_size), batch_size, num_elements, seed)
+            again = fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed)
             if not np.array_equal(np.concatenate(_batches(again)), elements):
                 return "the same seed gave another order: pass seed=seed to shuffle"
+            other = fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed + 1)
+            if np.array_equal(np.concatenate(_batches(other)), elements):
+                return (f"seed={seed + 1} gave the same order as seed={seed}: shuffle with the "
+                        "seed given, not a fixed one")
             return None
 
         return verify
 
-    cases = [Case(args=(_blocks(tf, n, k), b, n, s),
-                  label=f"(range({n}) in blocks of {k}, batch_size={b}, buffer={n}, seed={s})",
-                  verify=verifier(n, k, b, s)) for n, k, b, s in checks]
+    cases = [Case(args=(_blocks(tf, n, k), b, buffer, s),
+                  label=f"(range({n}) in blocks of {k}, batch_size={b}, buffer={buffer}, "
+                        f"seed={s})",
+                  verify=verifier(n, k, b, s, buffer)) for n, k, b, s, buffer in checks]
     return run_check(
         "shuffled_batches", fn, cases,
         hint="the examples must be single elements before they are shuffled: unbatch the "
