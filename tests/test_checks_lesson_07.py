@@ -588,7 +588,7 @@ def test_reference_segment_gradients_passes(capsys):
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
-    ({"wrap": False}, "0 tf.recompute_grad call"),
+    ({"wrap": False}, "no layer ran again"),
     ({"size_of": lambda layers, size: len(layers)}, r"recomputed segments of \[\d\] "),
     ({"size_of": lambda layers, size: 1}, r"recomputed segments of \[1, 1, "),
     ({"loss": "sum"}, "differ from the plain stack"),
@@ -621,6 +621,41 @@ def test_segment_gradients_constant_short_list_and_stub_are_caught(capsys):
         cu.grading.check_segment_gradients(drops_the_short_segment)
     assert cu.grading.check_segment_gradients(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
+
+
+def _plain_gradients_with_decoys(layers, x, size, *, rerun=False):
+    """No recomputation: a plain tape, then decoys of what the check counts (two
+    tf.identity_n per segment, one matrix product per layer) and, with ``rerun``, each
+    segment's layers called again outside the tape, last segment first (as a backward
+    pass recomputes them)."""
+    tf = _tf()
+    variables = [v for layer in layers for v in layer.trainable_variables]
+    with tf.GradientTape() as tape:
+        h = x
+        for layer in layers:
+            h = layer(h)
+        loss = tf.reduce_mean(tf.square(h))
+    grads = tape.gradient(loss, variables)
+    for start in reversed(range(0, len(layers), size)):
+        tf.identity_n([x])
+        tf.identity_n([x])
+        if rerun:
+            t = x
+            for layer in layers[start:start + size]:
+                t = layer(t)
+    for layer in layers:
+        tf.matmul(x, layer.kernel)
+    return grads
+
+
+@pytest.mark.parametrize(("rerun", "message"), [
+    (False, "no layer ran again"),
+    (True, "tf.recompute_grad call"),
+])
+def test_decoy_ops_off_the_gradients_path_are_caught(rerun, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_segment_gradients(
+            lambda *args: _plain_gradients_with_decoys(*args, rerun=rerun))
 
 
 def test_near_equal_segments_of_the_same_count_are_caught():
