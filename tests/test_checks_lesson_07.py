@@ -227,8 +227,29 @@ def test_the_course_budget_under_the_answer_name_is_refused():
         fixed = budget(model, global_batch=1, optimizer_slots=optimizer_slots).total
         return max(0, (budget_bytes - fixed + per_example) // per_example)
 
-    with pytest.raises(AssertionError, match=r"ran the course's course_utils\.memory\."):
+    with pytest.raises(AssertionError, match=r"ran the course's (step_budget|activation_)"):
         cu.grading.check_largest_batch_that_fits(course_counts)
+
+
+def test_an_execd_copy_of_the_course_counters_is_refused(monkeypatch):
+    import pathlib
+    import sys
+    import types
+
+    module = types.ModuleType("my_memory")  # dataclasses look their module up
+    monkeypatch.setitem(sys.modules, "my_memory", module)
+    source = pathlib.Path(cu.memory.__file__).read_text()
+    exec(compile("\n" + source, "my_memory.py", "exec"), module.__dict__)  # a line lower
+    copied = module.__dict__
+
+    def from_a_copy(model, budget_bytes, optimizer_slots):
+        per_example = copied["activation_bytes_per_example"](model)
+        fixed = copied["step_budget"](model, global_batch=1,
+                                      optimizer_slots=optimizer_slots).total
+        return max(0, (budget_bytes - fixed + per_example) // per_example)
+
+    with pytest.raises(AssertionError, match=r"ran the course's \w+ \(a copy of it\)"):
+        cu.grading.check_largest_batch_that_fits(from_a_copy)
 
 
 def test_forgetting_the_optimizer_slots_is_caught():
