@@ -100,13 +100,20 @@ def _limit_classes() -> dict[str, type]:
         def __init__(self, max_batch_size: int, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.max_batch_size = int(max_batch_size)
+            self._seen = {"examples": tf.Variable(0, dtype=tf.int64, trainable=False)}
+
+        @property
+        def examples_seen(self) -> int:
+            """Examples that went through the limit in any mode, in total."""
+            return int(self._seen["examples"].numpy())
 
         def call(self, inputs: Any) -> Any:
             check = tf.debugging.assert_less_equal(
                 tf.shape(inputs)[0], self.max_batch_size,
                 message=f"out of memory (simulated): a batch larger than {self.max_batch_size} "
                         "examples does not fit")
-            with tf.control_dependencies([check]):
+            seen = self._seen["examples"].assign_add(tf.cast(tf.shape(inputs)[0], tf.int64))
+            with tf.control_dependencies([check, seen]):
                 return tf.identity(inputs)
 
         def get_config(self) -> dict[str, Any]:

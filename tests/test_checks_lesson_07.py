@@ -112,8 +112,28 @@ def test_training_the_model_inside_the_limit_on_whole_batches_is_caught():
         inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
         right_loop(inner, optimizer, loss_fn, features, labels, micro * steps, 1)
 
-    with pytest.raises(AssertionError, match=r"0 examples went forward.*memory limit"):
+    with pytest.raises(AssertionError, match=r"only 0 went through the memory limit"):
         cu.grading.check_train_with_accumulation(around_the_limit)
+
+
+@pytest.mark.parametrize("reach", ["model", "layers"])
+def test_training_around_the_limit_then_padding_its_count_is_caught(reach):
+    def padded(model, optimizer, loss_fn, features, labels, micro, steps):
+        tf = _tf()
+        inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
+        if reach == "model":  # the whole group at once, through the model inside
+            right_loop(inner, optimizer, loss_fn, features, labels, micro * steps, 1)
+        else:  # the model's own layers, called one by one on the whole data
+            x = features
+            for layer in inner.layers[1:]:
+                x = layer(x)
+        for start in range(0, len(labels), micro):  # then dummy passes pad the counters
+            with tf.GradientTape() as tape:
+                out = model(features[start:start + micro], training=True)
+            tape.gradient(out, model.trainable_variables)
+
+    with pytest.raises(AssertionError, match=r"ran on \d+ examples, but only \d+ went"):
+        cu.grading.check_train_with_accumulation(padded)
 
 
 def test_skipping_the_work_or_training_mode_is_caught():
