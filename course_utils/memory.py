@@ -235,8 +235,9 @@ def step_budget(model: Any, *, global_batch: int, replicas: int = 1,
       runs at once, ``global_batch / replicas / accumulation_steps``.
 
     ``zero_stage`` 1, 2, 3 divide the slots, then also the gradients, then also the parameters
-    by ``replicas`` (rounded up), as ZeRO partitions them. The accumulation buffer stays whole:
-    each replica sums its own micro-batches' gradients before the one reduction per update.
+    by ``replicas`` (rounded up), as ZeRO partitions them. The accumulation buffer stays whole, a
+    choice: each replica sums its own micro-batches' gradients before the one reduction per
+    update. (DeepSpeed's ZeRO-2/3 reduce-scatter every micro-batch and keep a shard of it.)
     """
     for name, value in (("global_batch", global_batch), ("replicas", replicas),
                         ("accumulation_steps", accumulation_steps)):
