@@ -15,7 +15,7 @@ is never timed), then the variants are timed in interleaved rounds and the media
 
 The result is written to ``benchmarks/reference/mixed_precision_<hardware>.json`` (committed:
 lesson 08 shows the file that matches the learner's hardware) and names the machine: CPU model
-and 16-bit flags, whether TensorFlow used oneDNN (and why), GPU name, TensorFlow and Keras
+and 16-bit flags, whether TensorFlow's oneDNN ops were on (and why), GPU name, TensorFlow and Keras
 versions, and the load average while it ran. Run it with TensorFlow's defaults: leave
 ``TF_ENABLE_ONEDNN_OPTS`` unset unless you mean to measure the other setting.
 """
@@ -43,7 +43,7 @@ POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 
 
 def onednn_as_tensorflow_reports_it() -> dict:
-    """Whether TensorFlow uses oneDNN in this process, read before the course sets anything.
+    """Whether TensorFlow's oneDNN ops are on in this process, read before the course sets any.
 
     ``IsMklEnabled`` reads ``TF_ENABLE_ONEDNN_OPTS`` once and keeps its answer, so asking it
     first, before ``course_utils`` is imported, fixes the process on TensorFlow's own choice.
@@ -150,7 +150,7 @@ def result_name(machine: dict) -> str:
     if machine["gpus"]:
         return slug(machine["hardware"])
     flags = "_".join(machine["cpu_16bit_flags"]) or "no_16bit"
-    onednn = "onednn_on" if machine["onednn"]["enabled"] else "onednn_off"
+    onednn = "onednn_ops_on" if machine["onednn"]["enabled"] else "onednn_ops_off"
     return slug(f"{machine['hardware']} {flags} {onednn}")
 
 

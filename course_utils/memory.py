@@ -100,13 +100,20 @@ def _limit_classes() -> dict[str, type]:
         def __init__(self, max_batch_size: int, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.max_batch_size = int(max_batch_size)
+            self._seen = {"examples": tf.Variable(0, dtype=tf.int64, trainable=False)}
+
+        @property
+        def examples_seen(self) -> int:
+            """Examples that went through the limit in any mode, in total."""
+            return int(self._seen["examples"].numpy())
 
         def call(self, inputs: Any) -> Any:
             check = tf.debugging.assert_less_equal(
                 tf.shape(inputs)[0], self.max_batch_size,
                 message=f"out of memory (simulated): a batch larger than {self.max_batch_size} "
                         "examples does not fit")
-            with tf.control_dependencies([check]):
+            seen = self._seen["examples"].assign_add(tf.cast(tf.shape(inputs)[0], tf.int64))
+            with tf.control_dependencies([check, seen]):
                 return tf.identity(inputs)
 
         def get_config(self) -> dict[str, Any]:
@@ -228,8 +235,9 @@ def step_budget(model: Any, *, global_batch: int, replicas: int = 1,
       runs at once, ``global_batch / replicas / accumulation_steps``.
 
     ``zero_stage`` 1, 2, 3 divide the slots, then also the gradients, then also the parameters
-    by ``replicas`` (rounded up), as ZeRO partitions them. The accumulation buffer stays whole:
-    each replica sums its own micro-batches' gradients before the one reduction per update.
+    by ``replicas`` (rounded up), as ZeRO partitions them. The accumulation buffer stays whole, a
+    choice: each replica sums its own micro-batches' gradients before the one reduction per
+    update. (DeepSpeed's ZeRO-2/3 reduce-scatter every micro-batch and keep a shard of it.)
     """
     for name, value in (("global_batch", global_batch), ("replicas", replicas),
                         ("accumulation_steps", accumulation_steps)):

@@ -58,7 +58,7 @@ PRECISION_CPU_FLAGS = ("avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "am
 #: spelled in parts so that tests/test_settings.py's scan for code that sets it stays simple).
 ONEDNN_VARIABLE = "_".join(("TF", "ENABLE", "ONEDNN", "OPTS"))
 
-#: The x86 flags for which TensorFlow turns oneDNN on by default on Linux: one home, in
+#: The x86 flags for which TensorFlow turns the oneDNN ops on by default on Linux: one home, in
 #: ``course_utils.settings`` (which lists every setting of the course and reads oneDNN's state).
 
 _TF_BLOG_BF16 = ("TensorFlow blog (Intel), 'Accelerating AI performance on 3rd Gen Intel Xeon "
@@ -72,30 +72,44 @@ _NVIDIA = ("NVIDIA, 'Train With Mixed Precision' (Tensor Cores: 8x the float32 m
            "throughput on Volta): https://docs.nvidia.com/deeplearning/performance/"
            "mixed-precision-training/index.html; TensorFlow guide 'Mixed precision' "
            "(more than 3x on modern GPUs): https://www.tensorflow.org/guide/mixed_precision")
-_ONEDNN = ("oneDNN developer guide, 'Data Types' (low-precision support depends on the "
-           "instruction set): https://oneapi-src.github.io/oneDNN/dev_guide_data_types.html; "
-           "tensorflow/core/util/port.cc (DefaultOneDnnPolicy)")
+_ONEDNN = ("oneDNN developer guide, 'Data Types', Hardware Limitations (low-precision support "
+           "depends on the instruction set): https://oneapi-src.github.io/oneDNN/"
+           "dev_guide_data_types.html; tensorflow/core/util/port.cc (DefaultOneDnnPolicy)")
+_ONEDNN_EMULATED = ("oneDNN developer guide, 'Data Types', Hardware Limitations and its "
+                    "footnote: bf16 on AVX-512 without avx512_bf16 is functional support for "
+                    "validation, slower than f32: https://oneapi-src.github.io/oneDNN/"
+                    "dev_guide_data_types.html; tensorflow/core/util/port.cc "
+                    "(DefaultOneDnnPolicy turns the oneDNN ops on with avx512_vnni)")
 
-#: The four hardware cases of lesson 08, section 9: what runs the 16-bit matrix products,
+#: The hardware cases of lesson 08, section 9: what runs the 16-bit matrix products,
 #: what to expect, and the source of that expectation.
 PRECISION_CASES: dict[str, dict[str, str]] = {
     "no 16-bit path": {
-        "hardware": "x86 CPU without AVX512-BF16 or AMX (AVX2 laptops, many cloud VMs), "
-                    "or oneDNN switched off",
+        "hardware": "x86 CPU where the oneDNN ops stay off (none of avx512_vnni, "
+                    "avx512_bf16, avx_vnni, AMX: AVX2 laptops, many cloud VMs), or "
+                    "TF_ENABLE_ONEDNN_OPTS=0",
         "16-bit matrix products": "converted to float32 and back: the same arithmetic "
                                   "plus the casts",
         "expect": "mixed_bfloat16 and mixed_float16 no faster than float32",
         "source": _ONEDNN,
     },
+    "oneDNN ops, bfloat16 emulated": {
+        "hardware": "x86 CPU that turns the oneDNN ops on without avx512_bf16 or AMX "
+                    "(avx512_vnni: Intel Cascade Lake, Ice Lake; or avx_vnni)",
+        "16-bit matrix products": "oneDNN's bfloat16 kernels without bfloat16 "
+                                  "instructions (on AVX-512: emulated, for validation)",
+        "expect": "mixed_bfloat16 slower than float32, possibly several times",
+        "source": _ONEDNN_EMULATED,
+    },
     "AVX512-BF16": {
-        "hardware": "x86 CPU with avx512_bf16 (Intel Cooper Lake, AMD Zen 4), oneDNN on",
+        "hardware": "x86 CPU with avx512_bf16 (Intel Cooper Lake, AMD Zen 4), oneDNN ops on",
         "16-bit matrix products": "bfloat16 dot products in AVX-512 (VDPBF16PS); "
                                   "float16 converted to float32 (native only with amx_fp16)",
         "expect": "mixed_bfloat16 faster than float32 for matrix-heavy steps",
         "source": _TF_BLOG_BF16,
     },
     "AMX": {
-        "hardware": "x86 CPU with AMX tiles (Intel Sapphire Rapids and later), oneDNN on",
+        "hardware": "x86 CPU with AMX tiles (Intel Sapphire Rapids and later), oneDNN ops on",
         "16-bit matrix products": "bfloat16 (and with amx_fp16, float16) on tile "
                                   "matrix units",
         "expect": "mixed_bfloat16 several times faster for large layers",
@@ -216,10 +230,12 @@ def onednn_state(
     cpuinfo: str | None = None, environ: dict[str, str] | None = None,
     system: str | None = None, machine: str | None = None,
 ) -> dict[str, Any]:
-    """Whether TensorFlow uses oneDNN here (``enabled``: True, False or None) and why.
+    """Whether TensorFlow's oneDNN ops are on here (``enabled``: True, False or None) and why.
 
+    These are the graph rewrite to oneDNN's own (fused, bfloat16) kernels; float32 matrix
+    products reach oneDNN's sgemm either way (Eigen's contraction kernel calls it).
     TensorFlow's rule (``tensorflow/core/util/port.cc``): ``ONEDNN_VARIABLE`` (0/1,
-    false/true) decides when set; otherwise, on Linux x86, oneDNN is on when the CPU has one
+    false/true) decides when set; otherwise, on Linux x86, the ops are on when the CPU has one
     of ``ONEDNN_DEFAULT_FLAGS``. Elsewhere this says "unknown" (None).
     """
     import os
@@ -260,7 +276,7 @@ def precision_case(
         return "AMX"
     if features.get("avx512_bf16"):
         return "AVX512-BF16"
-    return "no 16-bit path"
+    return "oneDNN ops, bfloat16 emulated"
 
 
 def _cpuinfo(cpuinfo: str | None) -> str:

@@ -112,8 +112,28 @@ def test_training_the_model_inside_the_limit_on_whole_batches_is_caught():
         inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
         right_loop(inner, optimizer, loss_fn, features, labels, micro * steps, 1)
 
-    with pytest.raises(AssertionError, match=r"0 examples went forward.*memory limit"):
+    with pytest.raises(AssertionError, match=r"only 0 went through the memory limit"):
         cu.grading.check_train_with_accumulation(around_the_limit)
+
+
+@pytest.mark.parametrize("reach", ["model", "layers"])
+def test_training_around_the_limit_then_padding_its_count_is_caught(reach):
+    def padded(model, optimizer, loss_fn, features, labels, micro, steps):
+        tf = _tf()
+        inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
+        if reach == "model":  # the whole group at once, through the model inside
+            right_loop(inner, optimizer, loss_fn, features, labels, micro * steps, 1)
+        else:  # the model's own layers, called one by one on the whole data
+            x = features
+            for layer in inner.layers[1:]:
+                x = layer(x)
+        for start in range(0, len(labels), micro):  # then dummy passes pad the counters
+            with tf.GradientTape() as tape:
+                out = model(features[start:start + micro], training=True)
+            tape.gradient(out, model.trainable_variables)
+
+    with pytest.raises(AssertionError, match=r"ran on \d+ examples, but only \d+ went"):
+        cu.grading.check_train_with_accumulation(padded)
 
 
 def test_skipping_the_work_or_training_mode_is_caught():
@@ -227,8 +247,29 @@ def test_the_course_budget_under_the_answer_name_is_refused():
         fixed = budget(model, global_batch=1, optimizer_slots=optimizer_slots).total
         return max(0, (budget_bytes - fixed + per_example) // per_example)
 
-    with pytest.raises(AssertionError, match=r"ran the course's course_utils\.memory\."):
+    with pytest.raises(AssertionError, match=r"ran the course's (step_budget|activation_)"):
         cu.grading.check_largest_batch_that_fits(course_counts)
+
+
+def test_an_execd_copy_of_the_course_counters_is_refused(monkeypatch):
+    import pathlib
+    import sys
+    import types
+
+    module = types.ModuleType("my_memory")  # dataclasses look their module up
+    monkeypatch.setitem(sys.modules, "my_memory", module)
+    source = pathlib.Path(cu.memory.__file__).read_text()
+    exec(compile("\n" + source, "my_memory.py", "exec"), module.__dict__)  # a line lower
+    copied = module.__dict__
+
+    def from_a_copy(model, budget_bytes, optimizer_slots):
+        per_example = copied["activation_bytes_per_example"](model)
+        fixed = copied["step_budget"](model, global_batch=1,
+                                      optimizer_slots=optimizer_slots).total
+        return max(0, (budget_bytes - fixed + per_example) // per_example)
+
+    with pytest.raises(AssertionError, match=r"ran the course's \w+ \(a copy of it\)"):
+        cu.grading.check_largest_batch_that_fits(from_a_copy)
 
 
 def test_forgetting_the_optimizer_slots_is_caught():
@@ -588,7 +629,7 @@ def test_reference_segment_gradients_passes(capsys):
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
-    ({"wrap": False}, "0 tf.recompute_grad call"),
+    ({"wrap": False}, "no layer ran again"),
     ({"size_of": lambda layers, size: len(layers)}, r"recomputed segments of \[\d\] "),
     ({"size_of": lambda layers, size: 1}, r"recomputed segments of \[1, 1, "),
     ({"loss": "sum"}, "differ from the plain stack"),
@@ -621,6 +662,41 @@ def test_segment_gradients_constant_short_list_and_stub_are_caught(capsys):
         cu.grading.check_segment_gradients(drops_the_short_segment)
     assert cu.grading.check_segment_gradients(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
+
+
+def _plain_gradients_with_decoys(layers, x, size, *, rerun=False):
+    """No recomputation: a plain tape, then decoys of what the check counts (two
+    tf.identity_n per segment, one matrix product per layer) and, with ``rerun``, each
+    segment's layers called again outside the tape, last segment first (as a backward
+    pass recomputes them)."""
+    tf = _tf()
+    variables = [v for layer in layers for v in layer.trainable_variables]
+    with tf.GradientTape() as tape:
+        h = x
+        for layer in layers:
+            h = layer(h)
+        loss = tf.reduce_mean(tf.square(h))
+    grads = tape.gradient(loss, variables)
+    for start in reversed(range(0, len(layers), size)):
+        tf.identity_n([x])
+        tf.identity_n([x])
+        if rerun:
+            t = x
+            for layer in layers[start:start + size]:
+                t = layer(t)
+    for layer in layers:
+        tf.matmul(x, layer.kernel)
+    return grads
+
+
+@pytest.mark.parametrize(("rerun", "message"), [
+    (False, "no layer ran again"),
+    (True, "tf.recompute_grad call"),
+])
+def test_decoy_ops_off_the_gradients_path_are_caught(rerun, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_segment_gradients(
+            lambda *args: _plain_gradients_with_decoys(*args, rerun=rerun))
 
 
 def test_near_equal_segments_of_the_same_count_are_caught():

@@ -56,6 +56,7 @@ def test_cpu_precision_features_reads_the_flags_line():
 
 
 AVX2_ONLY = "processor : 0\nflags : fpu sse avx avx2 f16c\n"
+CASCADE_LAKE = "processor : 0\nflags : fpu avx2 avx512f avx512_vnni\n"
 COOPER_LAKE = "processor : 0\nflags : fpu avx2 avx512f avx512_vnni avx512_bf16\n"
 SAPPHIRE_RAPIDS = ("processor : 0\nflags : avx2 avx512f avx512_vnni avx512_bf16 avx512_fp16 "
                    "amx_bf16 amx_tile amx_int8\n")
@@ -66,7 +67,8 @@ SAPPHIRE_RAPIDS = ("processor : 0\nflags : avx2 avx512f avx512_vnni avx512_bf16 
     (COOPER_LAKE, {}, True, "AVX512-BF16"),
     (SAPPHIRE_RAPIDS, {}, True, "AMX"),
     (COOPER_LAKE, {"TF_ENABLE_ONEDNN_OPTS": "0"}, False, "no 16-bit path"),
-    (AVX2_ONLY, {"TF_ENABLE_ONEDNN_OPTS": "1"}, True, "no 16-bit path"),
+    (AVX2_ONLY, {"TF_ENABLE_ONEDNN_OPTS": "1"}, True, "oneDNN ops, bfloat16 emulated"),
+    (CASCADE_LAKE, {}, True, "oneDNN ops, bfloat16 emulated"),
     ("", {}, None, "unknown"),
 ])
 def test_onednn_state_and_case_follow_tensorflows_rule(cpuinfo, environ, enabled, case):
@@ -80,7 +82,7 @@ def test_onednn_state_is_unknown_off_linux_x86_and_cases_cite_a_source():
     assert mp.onednn_state(COOPER_LAKE, {}, system="Darwin", machine="arm64")["enabled"] is None
     assert mp.onednn_state(COOPER_LAKE, {}, system="Linux", machine="aarch64")["enabled"] is None
     assert mp.precision_case({}, None, gpus=1) == "GPU tensor cores"
-    assert len(mp.PRECISION_CASES) == 4
+    assert len(mp.PRECISION_CASES) == 5
     assert all("http" in row["source"] for row in mp.PRECISION_CASES.values())
 
 
@@ -215,5 +217,5 @@ def test_benchmark_script_names_its_file_after_the_hardware():
     assert script.slug("AMD EPYC") == "amd_epyc"
     machine = {"hardware": "AMD EPYC", "gpus": [], "cpu_16bit_flags": ["avx512_bf16"],
                "onednn": {"enabled": True}}
-    assert script.result_name(machine) == "amd_epyc_avx512_bf16_onednn_on"
+    assert script.result_name(machine) == "amd_epyc_avx512_bf16_onednn_ops_on"
     assert "float32" in script.POLICIES and len(script.MODELS) >= 2

@@ -35,6 +35,7 @@ import numpy as np
 
 from course_utils.equality import largest_difference
 from course_utils.grading.checks.memory_budget import check_largest_batch_that_fits
+from course_utils.grading.checks.reach_around import counted_dense, reached_around
 from course_utils.grading.checks.recompute import check_segment_gradients
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.replica_memory import replica_limit
@@ -84,12 +85,14 @@ def _problem(rng: Any) -> dict[str, Any]:
     }
 
 
-def _model(problem: dict[str, Any]) -> Any:
-    """The problem's model, its initial weights drawn from the problem's seed (no global seed)."""
+def _model(problem: dict[str, Any], counted: bool = False) -> Any:
+    """The problem's model, its initial weights drawn from the problem's seed (no global seed);
+    ``counted``: its layers count the examples they run on (``reach_around``)."""
     keras = _keras()
+    dense = counted_dense if counted else keras.layers.Dense
     inputs = keras.Input(shape=(problem["features"].shape[1],))
-    hidden = keras.layers.Dense(problem["hidden"], activation="tanh")(inputs)
-    model = keras.Model(inputs, keras.layers.Dense(problem["classes"])(hidden))
+    model = keras.Model(inputs, dense(problem["classes"])(dense(problem["hidden"],
+                                                                  activation="tanh")(inputs)))
     weights = np.random.default_rng(problem["seed"])
     model.set_weights([weights.normal(scale=0.5, size=w.shape).astype("float32")
                        for w in model.get_weights()])
@@ -161,7 +164,7 @@ def check_train_with_accumulation(fn: Any) -> bool:
     short["labels"] = data.integers(0, short["classes"], size=n).astype("int32")
 
     def case(problem: dict[str, Any]) -> Case:
-        model = _model(problem)
+        model = _model(problem, counted=True)
         limited = limit_batch_size(model, problem["micro"])  # shares model's weights
         optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
         references: dict[str, list[np.ndarray]] = {}  # built on first use: a stub costs nothing
@@ -169,6 +172,8 @@ def check_train_with_accumulation(fn: Any) -> bool:
         updates = len(problem["labels"]) // (problem["micro"] * problem["steps"]) + bool(extra)
 
         def verify(_: Any) -> str | None:
+            if (around := reached_around(model, limited)) is not None:
+                return around
             on_tape = limited.get_layer("activations_on_tape")
             if extra and on_tape.examples_trained == len(problem["labels"]) - extra * problem[
                     "micro"]:

@@ -3,7 +3,8 @@
 The check, registered by name (``lesson_07`` imports it): on fresh random models (one with
 weights that have no gradients) and budgets, the learner's batch equals a count made here from
 the layers' shapes with the course's one budget (``cu.memory.step_budget``); the learner counts
-by hand: an answer that runs the course's memory counters is refused (by code identity).
+by hand: an answer that runs the course's memory counters, or a copy of them, is refused
+(``refusals.refusing``: by code identity and by content).
 """
 
 from __future__ import annotations
@@ -53,59 +54,18 @@ def _normalized_mlp(rng: Any) -> Any:
     return keras.Model(inputs, outputs, name="normalized_mlp")
 
 
-class _CountedByHand:
-    """``fn``, failing when it runs the course's memory counters: this exercise is the count.
+def _counted_by_hand(fn: Any) -> Any:
+    """``fn``, failing when it runs the course's memory counters (this exercise is the count):
+    ``refusing`` matches them by identity (an alias, a wrapper, a lambda) and by content (an
+    ``exec``'d copy of ``course_utils/memory.py``, shifted by any number of lines)."""
+    from course_utils import memory, mixed_precision
+    from course_utils.grading.checks.refusals import refusing
 
-    A guard by identity of what runs (``sys.setprofile``): whatever name a counter is bound to
-    (an alias made before the check, a wrapper, a lambda), its code object is seen when it is
-    entered. Has no ``__code__`` (the framework then trusts a ``NotImplementedError``, so only
-    the learner's own stub raise is let through as one) and names ``fn`` as ``__wrapped__``.
-    """
-
-    def __init__(self, fn: Any) -> None:
-        from course_utils import memory, mixed_precision
-
-        self.__wrapped__ = fn
-        helpers = [memory.activation_bytes_per_example, memory.trainable_bytes,
-                   memory.variable_bytes, memory.step_budget, memory.smallest_accumulation,
-                   mixed_precision.model_memory]
-        self.codes: dict[Any, str] = {}
-        for helper in helpers:
-            stack = [helper.__code__]
-            while stack:
-                code = stack.pop()
-                self.codes[code] = f"{helper.__module__}.{helper.__name__}"
-                stack.extend(c for c in code.co_consts if hasattr(c, "co_code"))
-
-    def __call__(self, *args: Any) -> Any:
-        import sys
-
-        entered: list[str] = []
-
-        def profile(frame: Any, event: str, arg: Any) -> None:
-            if event == "call" and not entered and frame.f_code in self.codes:
-                entered.append(self.codes[frame.f_code])
-
-        previous = sys.getprofile()
-        sys.setprofile(profile)
-        try:
-            result = self.__wrapped__(*args)
-        except NotImplementedError as error:
-            tb, last = error.__traceback__, None
-            while tb is not None:
-                last, tb = tb, tb.tb_next
-            if last is not None and last.tb_frame.f_code is getattr(self.__wrapped__,
-                                                                     "__code__", None):
-                raise
-            raise RuntimeError(f"NotImplementedError from inside a library call: {error}"
-                               ) from error
-        finally:
-            sys.setprofile(previous)
-        if entered:
-            raise AssertionError(
-                f"your function ran the course's {entered[0]}: count the bytes yourself from "
-                "model.weights, model.trainable_weights and the layers' output shapes")
-        return result
+    helpers = [memory.activation_bytes_per_example, memory.trainable_bytes,
+               memory.variable_bytes, memory.step_budget, memory.smallest_accumulation,
+               mixed_precision.model_memory]
+    return refusing(fn, helpers, "count the bytes yourself from model.weights, "
+                    "model.trainable_weights and the layers' output shapes")
 
 
 @register
@@ -136,7 +96,7 @@ def check_largest_batch_that_fits(fn: Any) -> bool:
         cases.append(Case(args=(model, tiny, 0), expected=0,
                           label=f"({model.name}, budget_bytes={tiny:,}: only the weights)"))
     return run_check(
-        "largest_batch_that_fits", _CountedByHand(fn) if callable(fn) else fn, cases,
+        "largest_batch_that_fits", _counted_by_hand(fn), cases,
         hint="the fixed part is every weight + one gradient per trainable weight + "
              "optimizer_slots copies of the trainable weights; each example adds the input "
              "and every layer's output (model.layers, the input layer included; float32 = 4 "

@@ -2,10 +2,11 @@
 
 The check, registered by name (``lesson_07`` imports it): on a fresh flat stack of Dense layers,
 the plain stack's gradients, made with one ``tf.recompute_grad`` per segment of
-``segment_size`` layers (counted in the traced step), every layer's forward run again, and the
-segments the backward pass recomputes exactly ``segment_size`` consecutive layers from the first
-(read from the order in which the layers ran: a near-equal split of the same count fails); every
-case's last segment is shorter.
+``segment_size`` layers (counted on the gradients' path of the traced step), every layer's
+forward run again, and the segments the backward pass recomputes exactly ``segment_size``
+consecutive layers from the first (read from the order in which the layers ran: a near-equal
+split of the same count fails, and so does no recomputation); every case's last segment is
+shorter.
 """
 
 from __future__ import annotations
@@ -81,13 +82,24 @@ def _plain_segment_gradients(layers: list[Any], x: Any) -> list[Any]:
 
 
 def _traced_ops(fn: Any, layers: list[Any], x: Any, segment_size: int) -> dict[str, int]:
-    """The op types of ``fn(layers, x, segment_size)`` traced into one ``tf.function`` graph."""
+    """The op types on the gradients' path of ``fn(layers, x, segment_size)`` traced into one
+    ``tf.function`` graph: the ops its outputs depend on (through inputs and control inputs),
+    so that an op made and left unused counts for nothing."""
     from collections import Counter
 
     tf = _tf()
     traced = tf.function(lambda t: fn(layers, t, segment_size)).get_concrete_function(
         tf.TensorSpec(x.shape, x.dtype))
-    return dict(Counter(op.type for op in traced.graph.get_operations()))
+    pending = [tensor.op for tensor in traced.outputs]
+    seen: set[Any] = set()
+    while pending:
+        op = pending.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        pending.extend(tensor.op for tensor in op.inputs)
+        pending.extend(op.control_inputs)
+    return dict(Counter(op.type for op in seen))
 
 
 @register
@@ -133,12 +145,16 @@ def check_segment_gradients(fn: Any) -> bool:
             if found is None:
                 return (f"the layers ran in the order {ran}: the forward pass runs each "
                         "layer once, first to last, and the backward pass each segment again")
-            if found and found != want:
+            if not found:
+                return ("no layer ran again in the backward pass: wrap each segment's "
+                        "layers in a function and call tf.recompute_grad(that function), "
+                        "so that the backward pass runs them again")
+            if found != want:
                 return (f"the backward pass recomputed segments of {found} layers; "
                         f"segment_size={segment_size} asks for {want}: consecutive segments "
                         f"of {segment_size} from the first layer, only the last shorter")
             ops = _traced_ops(fn, layers, x, segment_size)
-            recomputes = ops.get("IdentityN", 0) // 2  # tf.recompute_grad: 2 per call
+            recomputes = ops.get("IdentityN", 0) // 2  # tf.recompute_grad: 2 per call, used
             if recomputes != segments:
                 return (f"the traced step holds {recomputes} tf.recompute_grad call(s), not "
                         f"{segments}: {len(layers)} layers in segments of {segment_size} "
