@@ -172,7 +172,7 @@ def gpu_visibility(index: int, num_processes: int, num_gpus: int) -> str:
 def course_settings(logical_cpus: int | None = None, logical_gpus: int | None = None,
                     seed: int | None = None) -> list[dict[str, str]]:
     """The settings in force in this process, as rows for ``cu.show_table``."""
-    rows = [{"setting": "oneDNN (CPU math)", "value": onednn_state(),
+    rows = [{"setting": "oneDNN ops (TF_ENABLE_ONEDNN_OPTS)", "value": onednn_state(),
              "why": "TensorFlow decides; the course leaves it alone"}]
     if logical_cpus:
         rows.append({"setting": "logical CPU devices", "value": str(logical_cpus),
@@ -195,5 +195,5 @@ def settings_line(seed: int | None = None, split: bool = True) -> str:
     """The set-up cell's second line: what the course changed and what it left alone."""
     made = [*(["logical devices"] if split else []),
             *([f"seed {seed}"] if seed is not None else []), "log filters"]
-    return (f"oneDNN {onednn_state()} · the course set: {', '.join(made)}; "
+    return (f"oneDNN ops {onednn_state()} · the course set: {', '.join(made)}; "
             "nothing else (cu.settings.course_settings())")
