@@ -104,7 +104,9 @@ _OFF = {"0", "false", "off", "no"}
 
 
 def onednn_state(environ: dict[str, str] | None = None, machine: str | None = None) -> str:
-    """Whether TensorFlow's CPU kernels use oneDNN here, and why, e.g. ``"on (default here)"``.
+    """Whether TensorFlow's oneDNN ops are on here (its graph rewrite to oneDNN's fused and
+    16-bit kernels; float32 matrix products reach oneDNN's sgemm either way), and why, e.g.
+    ``"on (default here)"``.
 
     ``TF_ENABLE_ONEDNN_OPTS`` decides when set (``0`` off, ``1`` on). Unset, TensorFlow 2.9 and
     later decide by the CPU: on for Linux x86 CPUs with one of ``ONEDNN_DEFAULT_FLAGS``
