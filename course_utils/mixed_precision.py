@@ -87,7 +87,7 @@ PRECISION_CASES: dict[str, dict[str, str]] = {
     "no 16-bit path": {
         "hardware": "x86 CPU where the oneDNN ops stay off (none of avx512_vnni, "
                     "avx512_bf16, avx_vnni, AMX: AVX2 laptops, many cloud VMs), or "
-                    "TF_ENABLE_ONEDNN_OPTS=0",
+                    "oneDNN's ops switched off in the user's environment",
         "16-bit matrix products": "converted to float32 and back: the same arithmetic "
                                   "plus the casts",
         "expect": "mixed_bfloat16 and mixed_float16 no faster than float32",

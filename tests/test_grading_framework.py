@@ -9,7 +9,6 @@ import pytest
 
 import course_utils as cu
 from course_utils.grading import framework
-from course_utils.grading.checks import lesson_00
 from course_utils.grading.framework import Case, NotAttemptedError, compare, run_check
 from course_utils.instructor.cells import check_cells
 
@@ -101,13 +100,13 @@ def test_run_check_with_custom_verify():
         run_check("double", lambda x: 2 * x + 1, cases)
 
 
-def test_fresh_inputs_differ_between_runs():
+def test_fresh_inputs_differ_between_runs(learner_diagnosis):
     seen = []
     run_check_cases = []
 
     def spy(parts, whole_step):
         seen.append((sorted(parts.items()), whole_step))
-        return lesson_00.reference_diagnosis(parts, whole_step)
+        return learner_diagnosis(parts, whole_step)
 
     cu.grading.check_diagnose_step(spy)
     run_check_cases.append(list(seen))

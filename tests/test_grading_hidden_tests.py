@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 import course_utils as cu
-from course_utils.grading.checks import lesson_00, registry
+from course_utils.grading.checks import registry
 from course_utils.grading.framework import NotAttemptedError, stderr_to_stdout
 from course_utils.instructor.assemble import prepare
 from course_utils.instructor.cells import check_cells
@@ -99,12 +99,12 @@ def test_hidden_tests_outside_a_check_cell_are_rejected():
         exercise_from_solution(nb, "a", "b")
 
 
-def test_require_passed_fails_a_stub_and_passes_a_solution(capsys):
+def test_require_passed_fails_a_stub_and_passes_a_solution(capsys, learner_diagnosis):
     assert cu.grading.check_diagnose_step(stub) is False
     with pytest.raises(NotAttemptedError, match="diagnose_step: not attempted"):
         cu.grading.require_passed("check_diagnose_step")
     def diagnose_step(*args, **kwargs):  # the learner's own function (as a solution is)
-        return lesson_00.reference_diagnosis(*args, **kwargs)
+        return learner_diagnosis(*args, **kwargs)
 
     assert cu.grading.check_diagnose_step(diagnose_step)
     cu.grading.require_passed("check_diagnose_step")
