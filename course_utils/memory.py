@@ -14,9 +14,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StepBudget", "activation_bytes_per_example", "gradient_step_peak_rises",
-           "limit_batch_size", "smallest_accumulation", "step_budget", "trainable_bytes",
-           "variable_bytes"]
+__all__ = ["StepBudget", "activation_bytes_per_example", "count_on_tape",
+           "gradient_step_peak_rises", "limit_batch_size", "smallest_accumulation", "step_budget",
+           "trainable_bytes", "variable_bytes"]
 
 
 def _dtype_bytes(dtype: Any) -> int:
@@ -85,6 +85,35 @@ def _keras() -> Any:
 _LIMIT_CLASSES: dict[str, type] = {}
 
 
+def count_on_tape(x: Any, counts: dict[str, Any], size: Any, max_examples: int, message: str,
+                  also: Any = lambda alive: []) -> Any:
+    """``x`` unchanged, its ``size`` examples counted while a gradient tape keeps them: added to
+    ``counts["alive"]`` and ``counts["trained"]`` going forward, taken from ``"alive"`` by the
+    backward pass; more than ``max_examples`` alive fails with ``message`` (a simulated
+    out-of-memory error). ``also(alive)`` gives more updates to run with the forward pass."""
+    from course_utils.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+
+    @tf.custom_gradient
+    def on_tape(inputs: Any) -> Any:
+        alive = counts["alive"].assign_add(size)
+        updates = [counts["trained"].assign_add(size), *also(alive)]
+        check = tf.debugging.assert_less_equal(alive, tf.constant(max_examples, tf.int64),
+                                               message=message)
+        with tf.control_dependencies([check, *updates]):
+            y = tf.identity(inputs)
+
+        def backward(upstream: Any) -> Any:
+            freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
+            with tf.control_dependencies([freed]):
+                return tf.identity(upstream)
+
+        return y, backward
+
+    return on_tape(x)
+
+
 def _limit_classes() -> dict[str, type]:
     """The two layer classes (made on first use, so that importing this module stays cheap)."""
     if _LIMIT_CLASSES:
@@ -150,27 +179,12 @@ def _limit_classes() -> dict[str, type]:
                 return inputs
             counts, size = self._counts, tf.cast(tf.shape(inputs)[0], tf.int64)
 
-            @tf.custom_gradient
-            def on_tape(x: Any) -> Any:
-                alive = counts["alive"].assign_add(size)
-                updates = [counts["trained"].assign_add(size),
-                           counts["peak"].assign(tf.maximum(counts["peak"], alive))]
-                check = tf.debugging.assert_less_equal(
-                    alive, tf.constant(self.max_examples, tf.int64),
-                    message=f"out of memory (simulated): more than {self.max_examples} "
-                            "examples' activations alive on the gradient tapes at once (each "
-                            "forward pass keeps them until its tape.gradient)")
-                with tf.control_dependencies([check, *updates]):
-                    y = tf.identity(x)
-
-                def backward(upstream: Any) -> Any:
-                    freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
-                    with tf.control_dependencies([freed]):
-                        return tf.identity(upstream)
-
-                return y, backward
-
-            return on_tape(inputs)
+            message = (f"out of memory (simulated): more than {self.max_examples} examples' "
+                       "activations alive on the gradient tapes at once (each forward pass "
+                       "keeps them until its tape.gradient)")
+            return count_on_tape(inputs, counts, size, self.max_examples, message,
+                                 also=lambda alive: [counts["peak"].assign(
+                                     tf.maximum(counts["peak"], alive))])
 
         def get_config(self) -> dict[str, Any]:
             return {**super().get_config(), "max_examples": self.max_examples}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from course_utils.memory import count_on_tape
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["replica_limit"]
@@ -37,27 +38,12 @@ def replica_limit(model: Any, max_examples: int) -> tuple[Any, Any]:
                                  "strategy.run")
             size = tf.cast(tf.shape(inputs)[0], tf.int64)
 
-            @tf.custom_gradient
-            def on_tape(x: Any) -> Any:
-                alive = counts["alive"].assign_add(size)
-                trained = counts["trained"].assign_add(size)
-                check = tf.debugging.assert_less_equal(
-                    alive, tf.constant(max_examples, tf.int64),
-                    message=f"out of memory (simulated): more than {max_examples} examples' "
-                            "activations alive on one replica's gradient tapes at once (a "
-                            "replica holds one micro-batch's share: run the micro-batches one "
-                            "at a time, each with its own tape)")
-                with tf.control_dependencies([check, trained]):
-                    y = tf.identity(x)
-
-                def backward(upstream: Any) -> Any:
-                    freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
-                    with tf.control_dependencies([freed]):
-                        return tf.identity(upstream)
-
-                return y, backward
-
-            return on_tape(inputs)
+            return count_on_tape(
+                inputs, counts, size, max_examples,
+                f"out of memory (simulated): more than {max_examples} examples' "
+                "activations alive on one replica's gradient tapes at once (a "
+                "replica holds one micro-batch's share: run the micro-batches one "
+                "at a time, each with its own tape)")
 
     inputs = keras.Input(shape=model.input_shape[1:], name="features")
     outputs = ReplicaMemory(name="replica_memory")(model(inputs))
