@@ -5,11 +5,14 @@ The autograder zip is unpacked into a temporary root laid out as Gradescope lays
 ``/autograder`` (``source/``, ``submission/``, ``results/``) and its ``run_autograder`` runs with
 ``GRADESCOPE_ROOT`` pointing there and this Python as ``COURSE_PYTHON`` (``setup.sh``, which
 installs Python and the course on Gradescope's image, is checked for what it installs, not run).
-Lesson 00's autograder gets the hostile submissions the batch grader survives, and (as root,
+Lesson 00's autograder gets the hostile submissions whose outcome Gradescope reports its own
+way (a crashed kernel, a file that is no notebook, an empty upload), and (as root,
 where each notebook runs as a sandbox user) those that attack the results: a detached process
 rewriting ``results.json``, a notebook reading the solutions and writing into the course, one
 past the memory limit. The whole course's autograder, blank, partial and good, runs in
-``test_grading_nbgrader.py``.
+``test_grading_nbgrader.py``. Gradescope grades each notebook with the batch grader's own
+``grade_submission``: the submissions that only exercise it (edited checks, an endless loop, a
+fake course package) run once, in ``test_grading_grader.py``.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from course_utils.instructor.sandbox_user import can_switch_user
 from course_utils.instructor.submissions import load_solutions
 
 REPO = Path(__file__).resolve().parents[1]
-#: Seconds per notebook in lesson 00's autograder for hostile submissions (what the endless loop
-#: costs); 30 s timed lesson 00's own checks out on a busy machine.
+#: Seconds per notebook in lesson 00's autograder for hostile submissions; 30 s timed lesson
+#: 00's own checks out on a busy machine.
 HOSTILE_TIMEOUT = 60
 sys.path.insert(0, str(REPO / "tests" / "fixtures" / "grading"))
 import make_submissions  # noqa: E402
@@ -120,11 +123,11 @@ def lesson_00_autograder() -> Path:
     yield from autograder_root(["00"], HOSTILE_TIMEOUT, LIMITS)
 
 
-HOSTILE = {  # scenario of make_submissions (lesson 00) -> the points it may get, of the total
-    "tampered": lambda got, top: got == 0,
-    "endless_loop": lambda got, top: 0 < got < top,
+#: Scenario of make_submissions (lesson 00) -> the points it may get, of the total. Edited
+#: checks, an endless loop and a fake course package are graded by the same grade_submission in
+#: test_grading_grader.py (dave, test_endless_loop_..., the wrong_types_and_misbehaves student).
+HOSTILE = {
     "segfault": lambda got, top: 0 < got < top,
-    "misbehaves": lambda got, top: got == top,
     "invalid_json": lambda got, top: got == 0,
     "not_a_notebook": lambda got, top: got == 0,
 }

@@ -178,7 +178,9 @@ def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier:
     Returns ``(batches, cardinality, error)``: ``batches[w]`` lists worker ``w``'s batches of
     example ids, ``cardinality`` the cardinality of each worker's dataset as made on it, and
     ``error`` the exception that ended the job early (or None; a ``TimeoutError`` where a
-    worker waited out ``barrier``'s timeout: the rounds were not kept).
+    worker waited out ``barrier``'s timeout, or where gRPC itself failed between the check's
+    in-process tasks – "Unable to parse request", seen now and then on 2 busy cores – so that
+    the caller runs the job again).
     """
     tf = _tf()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
@@ -207,6 +209,10 @@ def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier:
         coordinator.join()
     except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as error:
         return None, None, error
+    except tf.errors.OpError as error:
+        if "GRPC error" not in str(error):
+            raise
+        return None, None, TimeoutError(f"gRPC failed between the check's tasks: {error}")
     fetched = [remote.fetch() for remote in remotes]
     if not all(bool(has_value) for _, _, _, has_value, _ in fetched):
         return None, None, tf.errors.OutOfRangeError(None, None, "End of sequence")
@@ -288,6 +294,9 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 if not isinstance(error, TimeoutError):
                     break
             else:
+                if "gRPC" in str(error):
+                    return (f"{str(error)[:300]} (twice: a failure of the check's cluster, "
+                            "not of your answer; run the check again)")
                 return _overloaded(barrier)
             if error is not None:
                 return (f"the job ended early with {type(error).__name__}: a worker's dataset "
