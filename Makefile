@@ -72,11 +72,12 @@ unit-fast: $(STAMP)  ## pytest without the tests marked slow
 NBVAL = $(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile \
 	--nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
 
-# make test executes every solution notebook too, blank, half and fully solved, under the
-# Gradescope autograder, and two lessons' under nbgrader as well (tests/test_grading_nbgrader.py,
-# which also fails when a solved notebook raises); nbval-all runs the solutions under nbval too.
-nbval: $(STAMP)  ## execute every lesson and every exercise notebook (nbval, lax mode)
-	$(NBVAL) notebooks exercises
+# make test executes every exercise notebook blank (as committed), half and fully solved under
+# the Gradescope autograder, and two lessons' under nbgrader as well; tests/test_grading_nbgrader.py
+# fails where any of those runs raised outside a check cell or a cell tagged raises-exception,
+# which is what nbval asserts. So nbval runs the lessons here; nbval-all runs every notebook.
+nbval: $(STAMP)  ## execute every lesson notebook (nbval, lax mode); exercises: see above
+	$(NBVAL) notebooks
 
 test-grading: $(STAMP)  ## the grading tests with nbgrader grading every lesson solved too (long)
 	COURSE_NBGRADER_LESSONS=all $(BIN)/python -m pytest -n $(JOBS) --dist loadfile \

@@ -126,6 +126,29 @@ def test_a_locked_cell_goes_back_after_the_ungraded_cells_it_follows():
     assert keys.index("setup") < parameters < keys.index("cluster"), ids
 
 
+def test_cells_that_raised_outside_the_checks_are_named_on_the_first_row():
+    from course_utils.instructor.assemble import CheckSpec, Prepared
+    from course_utils.instructor.scoring import RAISED_OUTSIDE, score
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("x = 1 / 0"),
+        nbformat.v4.new_code_cell("answer()", metadata={"tags": ["raises-exception"]}),
+        nbformat.v4.new_code_cell("check_a(answer)"),
+        nbformat.v4.new_code_cell("check_b(answer)")])
+    prepared = Prepared(nb, [CheckSpec("a", 1, 2), CheckSpec("b", 1, 3)])
+    error = {"status": "error", "ename": "NotImplementedError", "evalue": ""}
+    result = {"status": "ok", "cells": [
+        {"index": 0, "status": "error", "ename": "ZeroDivisionError", "evalue": "division by zero"},
+        {"index": 1, **error}, {"index": 2, **error, "ename": "NotAttemptedError"},
+        {"index": 3, "status": "ok"}]}
+    first, second = score(prepared, result, 10, "ana", "00_setup_exercises.ipynb")
+    assert first.feedback.startswith(f"{RAISED_OUTSIDE} the cell 'x = 1 / 0' raised "
+                                     "ZeroDivisionError: division by zero. not attempted")
+    assert "answer()" not in first.feedback and RAISED_OUTSIDE not in second.feedback
+    result["cells"][0] = {"index": 0, "status": "ok"}
+    assert RAISED_OUTSIDE not in score(prepared, result, 10, "ana", "x")[0].feedback
+
+
 def test_gradebook_appends_drops_a_half_written_line_and_forces(tmp_path):
     out = tmp_path / "gradebook.csv"
     book = Gradebook(out)

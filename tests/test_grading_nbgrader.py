@@ -8,11 +8,13 @@ automatically) it builds an nbgrader course and runs ``generate_assignment`` (wh
 must equal our exercise notebook); three students' copies are made (blank, the first exercise
 solved, all solved). The autograder that ``python -m course_utils gradescope build`` makes (its
 ``run_autograder`` runs our grader, as root with the sandbox user, as on Gradescope) grades all
-three of every lesson, and its ``results.json`` is checked against Gradescope's documented
+three of every lesson (no cell of them may raise outside the checks and the cells tagged
+``raises-exception``: nbval's assertion, so that ``make nbval`` need not run the exercise
+notebooks again), and its ``results.json`` is checked against Gradescope's documented
 format; ``nbgrader autograde`` grades all three of the lessons in ``NBGRADER_SOLVED`` (every
 lesson with ``make test-grading``), and the two must agree point for point. The executed copies
-stand in for nbval of the solutions (``make nbval-all`` runs that too). Our batch grader's own
-scenarios run on lesson 00 in ``test_grading_grader.py``.
+stand in for nbval of the solutions and the exercises (``make nbval-all`` runs both too). Our
+batch grader's own scenarios run on lesson 00 in ``test_grading_grader.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import pytest
 from course_utils.grading.framework import STRICT_ENV
 from course_utils.instructor.cells import grade_id, is_check_cell, is_solution_cell
 from course_utils.instructor.generate import exercise_path_for, solution_notebooks
+from course_utils.instructor.scoring import RAISED_OUTSIDE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -277,8 +280,9 @@ def test_the_executed_notebooks_raise_only_in_check_cells_and_never_when_solved(
     """What ``nbval`` of the solutions would catch, read off nbgrader's executed copies of the
     lessons of ``NBGRADER_SOLVED``: a solved notebook raises nowhere, a blank one only in its
     check cells and the cells tagged ``raises-exception`` (those that call an unanswered
-    function). ``make nbval`` runs every blank exercise notebook; ``make nbval-all`` every
-    solution too."""
+    function). The Gradescope runs assert the same of every lesson
+    (``test_no_gradescope_run_raised_outside_its_checks``); ``make nbval-all`` runs every
+    exercise and solution notebook under nbval."""
     course = graded["course"]
     for assignment, (name, _) in graded["notebooks"].items():
         for student in sorted({"blank", "good"} & set(_nbgrader_students(assignment))):
@@ -292,6 +296,19 @@ def test_the_executed_notebooks_raise_only_in_check_cells_and_never_when_solved(
                     raise AssertionError(
                         f"{assignment}, {student}: cell {index} ({grade_id(cell) or cell.id}) "
                         f"raised {errors[0].ename}: {errors[0].evalue}")
+
+
+def test_no_gradescope_run_raised_outside_its_checks(graded):
+    """nbval's assertion, on the Gradescope autograder's own runs: in every lesson's blank
+    (the exercise notebook as committed), half and fully solved notebook, no cell raised but
+    the check cells and the cells tagged ``raises-exception`` (the grader names any other in
+    the first test's output). ``make nbval`` therefore runs only the lessons."""
+    raised = [f"{student}: {test['name']}: {test.get('output', '')[:600]}"
+              for student, tests in graded["gradescope_tests"].items() for test in tests
+              if RAISED_OUTSIDE in test.get("output", "")]
+    assert raised == [], "\n".join(raised)
+    assert all(len(tests) >= len(graded["notebooks"]) for tests in
+               graded["gradescope_tests"].values())  # every notebook graded, each time
 
 
 def test_our_grader_agrees_with_nbgrader(graded):

@@ -173,7 +173,8 @@ def results_json(rows_by_notebook: dict[str, list[Row]], solutions: dict[str, So
                 "name": f"{key} · {row.exercise}" if row.exercise else f"{key} · {notebook}",
                 "score": row.points, "max_score": row.max_points,
                 "status": "passed" if row.status == PASSED else "failed",
-                "output": _capped(f"{row.status}: {row.feedback}".rstrip(": ")),
+                "output": _capped(row.feedback if row.feedback.startswith(row.status)
+                                  else f"{row.status}: {row.feedback}".rstrip(": ")),
                 "visibility": hidden_visibility if row.exercise in hidden else visibility})
         got, top = sum(r.points for r in rows), sum(r.max_points for r in rows)
         lines.append(f"{notebook}: {got:g} of {top:g} points")

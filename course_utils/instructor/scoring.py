@@ -20,7 +20,7 @@ from course_utils.instructor.gradebook import (
     Row,
 )
 
-__all__ = ["FEEDBACK_LIMIT", "one_line", "score"]
+__all__ = ["FEEDBACK_LIMIT", "RAISED_OUTSIDE", "one_line", "raised_outside_checks", "score"]
 
 FEEDBACK_LIMIT = 600
 
@@ -40,9 +40,31 @@ def _cell_label(nb: Any, index: int) -> str:
     return f"the cell {first[:60]!r}" if first else f"code cell {index + 1}"
 
 
+#: The tag of a cell that raises by design (it calls an exercise's function before it is
+#: answered); nbval lets it raise, and so does the grader's report.
+RAISES_TAG = "raises-exception"
+#: The sentence that starts the list of cells that raised outside the checks.
+RAISED_OUTSIDE = "cells that raised outside the checks:"
+
+
+def raised_outside_checks(prepared: Prepared, result: dict[str, Any]) -> str:
+    """``RAISED_OUTSIDE`` and up to three cells (not checks, not tagged ``raises-exception``)
+    that raised, each with its error; "" where none did: what nbval would have failed."""
+    checks = {check.cell_index for check in prepared.checks}
+    cells = prepared.notebook.cells
+    raised = [o for o in result.get("cells", []) if o["status"] == "error"
+              and o["index"] not in checks
+              and RAISES_TAG not in cells[o["index"]].get("metadata", {}).get("tags", [])]
+    named = "; ".join(f"{_cell_label(prepared.notebook, o['index'])} raised {o['ename']}: "
+                      f"{o['evalue'][:120]}" for o in raised[:3])
+    more = f" (and {len(raised) - 3} more)" if len(raised) > 3 else ""
+    return f"{RAISED_OUTSIDE} {named}{more}" if raised else ""
+
+
 def score(prepared: Prepared, result: dict[str, Any], timeout: float,
           student: str, notebook: str) -> list[Row]:
-    """Gradebook rows for one executed submission."""
+    """Gradebook rows for one executed submission; the first row also names the cells that
+    raised outside the checks (``raised_outside_checks``)."""
     outcomes = {cell["index"]: cell for cell in result.get("cells", [])}
     run_status = str(result.get("status", ""))
     nb = prepared.notebook
@@ -88,7 +110,8 @@ def score(prepared: Prepared, result: dict[str, Any], timeout: float,
         note = notes.get(check.grade_id)
         if not rows:  # notes on restored cells that are not checks (the set-up cell)
             others = [n for k, n in notes.items() if k not in {c.grade_id for c in prepared.checks}]
-            note = ". ".join([*others, note] if note else others)
+            raised = raised_outside_checks(prepared, result)
+            note = ". ".join([*others, *([raised] if raised else []), *([note] if note else [])])
         if note:
             feedback = f"{note}. {feedback}".strip()
         rows.append(Row(student, notebook, check.grade_id, got, check.points, status,
