@@ -110,8 +110,9 @@ def score(prepared: Prepared, result: dict[str, Any], timeout: float,
         note = notes.get(check.grade_id)
         if not rows:  # notes on restored cells that are not checks (the set-up cell)
             others = [n for k, n in notes.items() if k not in {c.grade_id for c in prepared.checks}]
-            raised = raised_outside_checks(prepared, result)
-            note = ". ".join([*others, *([raised] if raised else []), *([note] if note else [])])
+            note = ". ".join([*others, note] if note else others)
+            raised = raised_outside_checks(prepared, result)  # last: the first to be cut
+            feedback = f"{feedback}. {raised}" if raised and feedback else feedback or raised
         if note:
             feedback = f"{note}. {feedback}".strip()
         rows.append(Row(student, notebook, check.grade_id, got, check.points, status,
