@@ -165,3 +165,24 @@ def test_a_course_function_or_a_frame_walk_passed_as_the_answer_is_refused():
         return schedules.one_f_one_b_orders and 2 * x
 
     assert framework.run_check("t", wrapped, cases)
+
+
+def test_a_frame_walk_in_a_helper_the_answer_calls_is_refused():
+    """The walk hidden in a learner's helper, called by a global name or from a module of
+    the learner's own: the helper is scanned as the answer is."""
+    import types
+
+    cases = [framework.Case((1,), expected=2)]
+    peek = "import sys\ndef peek():\n    return sys._getframe(3).f_locals['case'].expected\n"
+    cell: dict = {}
+    exec(peek + "def answer(x):\n    return peek()\n", cell)  # noqa: S102 - a notebook cell
+    helpers = types.ModuleType("my_helpers")
+    exec(peek, helpers.__dict__)  # noqa: S102 - the learner's own module
+    other_cell: dict = {"my_helpers": helpers}
+    exec("def answer(x):\n    return my_helpers.peek()\n", other_cell)  # noqa: S102
+    for answer in (cell["answer"], other_cell["answer"]):
+        with pytest.raises(AssertionError, match="reads the checker's own frames"):
+            framework.run_check("t", answer, cases)
+    plain: dict = {}
+    exec("def double(x):\n    return 2 * x\ndef answer(x):\n    return double(x)\n", plain)  # noqa: S102
+    assert framework.run_check("t", plain["answer"], cases)

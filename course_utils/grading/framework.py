@@ -252,9 +252,38 @@ def _course_home(fn: Any) -> str:
     return f"{module}.{fn.__qualname__}" if owner is fn else ""
 
 
+def _installed(filename: str) -> bool:
+    """Whether code from ``filename`` is Python's own or an installed package's (not the
+    learner's: a notebook cell or a module of their own)."""
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return any(filename.startswith(str(Path(prefix).resolve())) or filename.startswith(prefix)
+               for prefix in prefixes)
+
+
+def _called_globals(current: Any, code: types.CodeType) -> list[Any]:
+    """The learner's own functions (and the functions of the learner's own modules) that
+    ``code`` names in ``current``'s globals: a helper defined beside the answer is scanned as
+    the answer is."""
+    namespace = getattr(current, "__globals__", None)
+    if not isinstance(namespace, dict):
+        return []
+    reached = []
+    for name in code.co_names:
+        value = namespace.get(name)
+        values = [value]
+        if isinstance(value, types.ModuleType):  # helper_module.peek(): the module's functions
+            values = [getattr(value, attr, None) for attr in code.co_names]
+        for each in values:
+            each_code = getattr(each, "__code__", None)
+            if isinstance(each_code, types.CodeType) and not _installed(each_code.co_filename):
+                reached.append(each)
+    return reached
+
+
 def grader_introspection(fn: Any) -> list[str]:
     """The frame- and object-walking names the learner's code in ``fn`` uses: its nested
-    functions and the functions its closure holds, not the course's own (a check's wrapper)."""
+    functions, the functions its closure holds and the learner's own functions it calls by a
+    global name, not the course's own (a check's wrapper)."""
     package = str(Path(__file__).resolve().parent.parent)
     found: set[str] = set()
     functions, seen = [fn], set()
@@ -273,6 +302,7 @@ def grader_introspection(fn: Any) -> list[str]:
                 each = codes.pop()
                 found |= INTROSPECTION_NAMES & set(each.co_names)
                 codes.extend(c for c in each.co_consts if isinstance(c, types.CodeType))
+                functions.extend(_called_globals(current, each))
         for cell in getattr(current, "__closure__", None) or ():
             try:
                 value = cell.cell_contents
