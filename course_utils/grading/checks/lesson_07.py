@@ -314,8 +314,8 @@ def check_diagnose_accumulation(fn: Any) -> bool:
     if readers:
         raise AssertionError(
             f"diagnose_accumulation: your function uses {', '.join(readers)}, which reads how "
-            "the check built the loop instead of what the loop does. Run the loop on a problem "
-            "of your own and compare its weights (lesson 07, section 3).")
+            "the check built the loop instead of what the loop does: what does it do to "
+            "weights you know? (lesson 07, section 3)")
     rng = fresh_rng()
     kinds = list(DIAGNOSES) + [rng.choice(DIAGNOSES)]
     rng.shuffle(kinds)
