@@ -143,9 +143,9 @@ def check_first_overflowing_layer(fn: Any) -> bool:
                               verify=_overflow_verifier(expected, order, decoy, scale)))
     return run_check(
         "first_overflowing_layer", fn, cases,
-        hint="lesson 08, section 1 (three formats: float16's range): where in a forward pass "
-             "can a value pass float16's largest, in which dtype does each layer compute, "
-             "and which examples of the batch did your answer look at?")
+        hint="lesson 08, section 1 (float16's range) and section 3 (a hidden layer's output, "
+             "read): in which dtype does each layer compute, which layers' outputs did your "
+             "answer look at, and which examples of the batch?")
 
 
 def _deep_mlp(num_features: int, num_classes: int, units: int, depth: int) -> Any:
