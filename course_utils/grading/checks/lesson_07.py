@@ -230,7 +230,8 @@ def check_train_with_accumulation(fn: Any) -> bool:
         "train_with_accumulation", fn, [case(p) for p in problems],
         hint="lesson 07, section 2 (accumulate, then apply once) and section 7 (a partial "
              "last group): which large-batch step should each update equal, and how much "
-             "of the batch may be alive on the tapes at once under the memory limit?")
+             "of the batch may be alive on the tapes at once under the memory limit? (The "
+             "model you are given counts what it trains on in training mode, training=True.)")
 
 
 # --- Exercise 3 · diagnose an accumulation loop ------------------------------------------------
