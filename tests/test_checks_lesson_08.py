@@ -225,9 +225,9 @@ def test_the_lesson_cell_copied_fails(tf):
     ({"scale": False}, r"step 1: (returned norm|the weights differ)"),
     ({"return_scaled": True}, "expected the unscaled"),
     ({"inner": True},
-     "LossScaleOptimizer itself apply|the planted overflow, (was not seen|changed)"),
+     "LossScaleOptimizer itself|the planted overflow, (was not seen|changed)"),
     ({"zero_non_finite": True}, "the planted overflow, (was not seen|changed the)"),
-    ({"clip": None}, r"step 1: the weights differ .*clip the unscaled"),
+    ({"clip": None}, r"step 1: the weights differ .*which scale did you clip"),
     ({"clip": "scaled"}, r"step 1: the weights differ"),
     ({"clip": "per tensor"}, r"step \d: the weights differ"),
     ({"rescale": False}, r"step 1: the weights differ"),
@@ -321,7 +321,7 @@ def _lazy_overflow_answers(keras, tf):
                                      "index, not name"])
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
     lazy = _lazy_overflow_answers(keras, tf)[mistake]
-    with pytest.raises(AssertionError, match="finite|not finite|return a layer's name|"
+    with pytest.raises(AssertionError, match="finite|you answered None|return a layer's name|"
                                              "largest weights|before it already"):
         cu.grading.check_first_overflowing_layer(lazy)
 

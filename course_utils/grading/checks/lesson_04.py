@@ -129,35 +129,35 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
             if len(record.scheduled) != num_steps or done != len(record.scheduled):
                 return (f"{len(record.scheduled)} steps were scheduled on the coordinator "
                         f"passed to run_steps and {done} applied when it returned, "
-                        f"{num_steps} asked for: schedule every step with that coordinator's "
-                        "schedule, and wait for every one (join, or fetch) before returning")
+                        f"{num_steps} asked for: a step scheduled is not yet a step run "
+                        "(section 2); did every step go through that coordinator and end?")
             window = [min(number, max_in_flight) for number in range(1, num_steps + 1)]
             if record.in_flight != window:
                 steps = next(i for i, (a, b) in enumerate(
                     zip(record.in_flight, window, strict=True)) if a != b)
-                said = ("more: wait for the oldest step (fetch it) before scheduling one more"
+                said = ("more: which step's end does your loop wait for?"
                         if record.in_flight[steps] > window[steps] else
-                        "fewer: schedule the next step as soon as the oldest has finished, "
-                        "not after each step or a whole round (the workers sit idle)")
+                        "fewer, while steps remained: the workers sat idle. What does your "
+                        "loop wait for before scheduling more?")
                 return (f"steps in flight (from the oldest not yet waited for) at each schedule: "
                         f"{record.in_flight}; with max_in_flight={max_in_flight} expected "
                         f"{window}. At schedule {steps + 1} there were {said}")
             if not isinstance(got, (list, tuple)) or len(got) != num_steps:
                 return f"return a list of one result per step ({num_steps}), got {got!r:.80}"
             if any(hasattr(value, "fetch") for value in got):
-                return "return the fetched results (remote_value.fetch()), not the RemoteValues"
+                return "you returned RemoteValues, promises of results, not the values (section 2)"
             try:
                 values = [int(value) for value in got]
             except (TypeError, ValueError):
                 return f"return numbers (what each step returned), got {got!r:.80}"
             if not taken_in_order(values, rows):  # worker w's steps: the start of rows[w]
-                return (f"you returned {values[:4]}..., not the numbers the steps read on the "
-                        "workers: return what step_fn returned on the workers, fetched")
+                return (f"you returned {values[:4]}..., not the numbers step_fn read on the "
+                        "workers (each worker's dataset holds its own numbers; section 3)")
             in_order = [int(remote.fetch()) for remote in record.scheduled]
             if values != in_order:
-                return ("the right values in the wrong order: return each step's result in "
-                        "the order the steps were scheduled (not sorted, not as they "
-                        "finished)")
+                return ("the right values, in another order than the steps were scheduled "
+                        f"(got {values[:4]}..., scheduled {in_order[:4]}...): sorted, or as "
+                        "they finished?")
             return None
 
         return Case(args=(watched, dataset_fn, step_fn, num_steps, max_in_flight),
@@ -166,10 +166,10 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
 
     cases = [case(rng.randint(7, 12), rng.randint(2, 3)) for _ in range(2)]
     return run_check("run_steps", fn, cases,
-                     hint="lesson 04, sections 2 and 3: the dataset_fn must run on each worker "
-                          "(coordinator.create_per_worker_dataset); keep max_in_flight steps "
-                          "scheduled: before each further one, wait for the oldest (fetch "
-                          "it); fetch each RemoteValue and keep the order scheduled.")
+                     hint="lesson 04, section 2 (schedule returns at once; a RemoteValue is a "
+                          "promise) and section 3 (each worker its own data). After each "
+                          "schedule, how many of your steps are unfinished, and which one "
+                          "does your loop wait for next?")
 
 
 def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any) -> Any:
@@ -239,14 +239,14 @@ def _passes_message(worker: int, stream: list[int], own: set[int], order: list[i
     first, second = stream[:size], stream[size:2 * size]
     if set(first) != own or set(second) != own or len(second) < size:
         return (f"worker {worker}'s first {size} examples are not its {size} examples once "
-                "each: every pass reads each example once (shuffle, then repeat, then "
-                "batch: repeat before shuffle mixes passes, drop_remainder drops some)")
+                "each: a pass reads each example once. Which step of yours mixes passes or "
+                "drops examples? (lesson 01, section 7)")
     stored = [i for i in order if i in own]
     if first == stored:
-        return f"worker {worker} reads its examples in their stored order: shuffle them"
+        return f"worker {worker} reads its examples in their stored order: nothing shuffles"
     if first == second:
-        return (f"worker {worker} reads its examples in the same order in every pass: let the "
-                "shuffle reshuffle each pass (its default)")
+        return (f"worker {worker} reads its examples in the same order in every pass: what "
+                "does your shuffle do at a new pass? (lesson 01, section 7)")
     # Each pass shuffles the stored order anew, and a buffer of B never brings an example
     # more than B - 1 places forward: a buffer of half the share or less never reaches
     # size // 2 in any pass. A uniform shuffle of n examples stays below k places in a pass
@@ -257,7 +257,7 @@ def _passes_message(worker: int, stream: list[int], own: set[int], order: list[i
     if reach < size // 2:
         return (f"worker {worker}'s {size} examples came at most {reach} place(s) earlier "
                 f"than where they were stored, in every pass: the shuffle buffer is too small "
-                "to shuffle its share (give it the whole share, e.g. shuffle(len(features)))")
+                "to shuffle its share (lesson 01, section 7: how far can a buffer move one?)")
     return None
 
 
@@ -301,23 +301,23 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
             if error is not None:
                 return (f"the job ended early with {type(error).__name__}: a worker's dataset "
                         f"ran out before {num_steps} steps; a parameter-server dataset must "
-                        "never run dry (repeat())")
+                        "never run dry (section 2)")
             infinite = int(tf.data.INFINITE_CARDINALITY)
             if cardinalities != {infinite}:
                 return (f"each worker's dataset has {sorted(cardinalities)} batches: it must "
-                        "never run dry, whatever the number of steps (repeat() with no count)")
+                        "never run dry, whatever the number of steps the coordinator runs")
             if len(batches) != workers:
                 return f"only workers {sorted(batches)} ran steps; expected {workers}"
             sizes = {len(b) for per in batches.values() for b in per}
             if sizes != {batch_size}:
                 return (f"batches of {sorted(sizes)} examples, every one must hold "
                         f"{batch_size}: a worker's {per_worker} examples do not fill its "
-                        "last batch (repeat before batch)")
+                        "last batch. Can a batch of yours span two passes?")
             seen = {w: {i for b in per for i in b} for w, per in batches.items()}
             shared = set.intersection(*seen.values())
             if shared:
-                return (f"the workers read the same examples (e.g. {sorted(shared)[:5]}): give "
-                        "each worker its own share (shard by its index)")
+                return (f"the workers read the same examples (e.g. {sorted(shared)[:5]}): "
+                        "each must read its own share (section 3: which worker runs it?)")
             if set.union(*seen.values()) != set(range(examples)):
                 missing = sorted(set(range(examples)) - set.union(*seen.values()))
                 return f"examples {missing[:5]}... were never read by any worker"
@@ -332,9 +332,10 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                     label=f"({examples} examples, batch_size={batch_size}, num_workers={workers})")
 
     return run_check("make_dataset_fn", fn, [case(), case()],
-                     hint="lesson 04, sections 2 and 3, and lesson 01: shard by the worker "
-                          "index, shuffle each pass, repeat with no count, and batch so that "
-                          "every batch is full.")
+                     hint="lesson 04, sections 2 and 3 (data for as many steps as the "
+                          "coordinator runs; each worker its own) and lesson 01, section 7 "
+                          "(the order of tf.data's steps): what does each of yours do to a "
+                          "pass?")
 
 
 @register
@@ -388,7 +389,7 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
             lines = [line.strip() for line in str(error).splitlines() if line.strip()]
             said = next((line for line in lines if "shape" in line.lower()), lines[-1])
             return (f"count_examples failed in a step on a worker: {type(error).__name__}: "
-                    f"{said[:200]} (count every class, even one absent from the batch)")
+                    f"{said[:200]} (a batch may lack some classes; the counter has them all)")
         expected = [0] * num_classes
         for remote in remotes:
             for label in remote.fetch().tolist():
@@ -398,15 +399,13 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
             lost = sum(expected) - sum(got)
             more = "" if not lost else f" ({lost} lost)" if lost > 0 else f" ({-lost} too many)"
             return (f"{steps} steps, {workers} workers adding at the same moment: the counter "
-                    f"reads {got}, the examples per class were {expected}{more}. Add each "
-                    "class's count in one atomic operation on the variable")
+                    f"reads {got}, the examples per class were {expected}{more}. Is your "
+                    "update one operation, or a read then a write?")
         return None
 
     first = tf.constant([rng.randrange(num_classes) for _ in range(rng.randint(2, 9))])
     label = f"({num_classes} classes, {steps} steps of 2-9 labels, workers in step)"
     return run_check("count_examples", fn, [Case(args=(counter, first), verify=verify,
                                                  label=label)],
-                     hint="lesson 04, section 6: a tf.Variable's assign_add (or scatter_nd_add) "
-                          "is one operation on the parameter server; counter.assign(counter + "
-                          "n) is a read and a write. Count each class of labels (every class, "
-                          "even one absent from this batch) in the counter's dtype.")
+                     hint="lesson 04, section 6 (Keras 3's counters lose updates): what can "
+                          "happen between a read and a write when two workers update at once?")

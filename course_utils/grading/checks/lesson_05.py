@@ -90,8 +90,8 @@ def _verify_pipeline(dataset: Any, tokens: list[np.ndarray], labels: np.ndarray,
     specs = tf.nest.flatten(dataset.element_spec)
     shapes = [tuple(spec.shape.as_list()) for spec in specs]
     if any(dim is None for shape in shapes for dim in shape):
-        return (f"element_spec has unknown dimensions {shapes}: a TPU needs every dimension "
-                "known (drop_remainder=True for the batch, a fixed length for the sequences)")
+        return (f"element_spec has unknown dimensions {shapes}: a TPU compiles one program "
+                "for one shape (section 3). Which of your steps leaves a size unknown?")
     if shapes != [(batch, length), (batch,)]:
         return f"element shapes are {shapes}, expected [({batch}, {length}), ({batch},)]"
 
@@ -140,8 +140,8 @@ def check_make_tpu_ready(fn: Any) -> bool:
                    length: int = length, read: list[int] = read) -> str | None:
             if read[0]:
                 return (f"your function read {read[0]} examples of the dataset when called: "
-                        "return a pipeline that transforms the examples as they stream "
-                        "(map, batch), not a copy of the data made in memory")
+                        "a copy of the data made in memory, not a pipeline that transforms "
+                        "the examples as they stream")
             return _verify_pipeline(got, tokens, labels, batch, length)
 
         cases.append(Case(args=(_raw_dataset(tokens, labels, read), batch, length),
@@ -150,10 +150,9 @@ def check_make_tpu_ready(fn: Any) -> bool:
                                 f"sequence_length={length})"))
     return run_check(
         "make_tpu_ready", _refusing_the_check(fn, "build the pipeline yourself"), cases,
-        hint="map each (tokens, label) to (tokens[:sequence_length] padded with zeros at the end "
-             "to sequence_length, label), then batch(batch_size, drop_remainder=True); "
-             "tf.ensure_shape or padded_batch(padded_shapes=...) make the length static "
-             "(lesson 05, section 3).")
+        hint="lesson 05, section 3 (static shapes: one program, compiled once): what shape "
+             "does each of your batches have, the last included, and what becomes of a "
+             "sequence longer or shorter than sequence_length?")
 
 
 # --- Exercise 2 · settings for a described TPU --------------------------------------------------
@@ -332,7 +331,7 @@ def _train_case(rng: Any) -> Case:
     def verify(train_steps: Any) -> str | None:
         if not hasattr(train_steps, "experimental_get_tracing_count"):
             return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
-                    "tf.function (decorate train_steps with @tf.function)")
+                    "tf.function (a compiled function: lesson 05, section 5)")
         seen.clear()
         run = refusing(_train, own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
                        "write the training function yourself")
@@ -341,30 +340,29 @@ def _train_case(rng: Any) -> Case:
         except AssertionError as error:
             return f"while train_steps was traced and run: {error}"
         if largest_difference(model.get_weights(), initial) < 1e-6:
-            return "the weights did not change: apply the gradients in the replica step"
+            return "the weights did not change: were any gradients applied?"
         replica_batch = global_batch // strategy.num_replicas_in_sync
         if not seen:
-            return ("the model never ran while train_steps was traced: call it in the "
-                    "replica step, run on every replica with strategy.run")
+            return ("the model never ran while train_steps was traced: does your step run "
+                    "it in every replica, through strategy.run (section 9)?")
         wrong = [(c, r) for c, r in seen if c != "replica" or r != replica_batch]
         if wrong:
             context, rows = wrong[0]
             return (f"the model ran in {context} context on batches of {rows} examples "
-                    f"(of a global {global_batch}): run the step on every replica with "
-                    f"strategy.run, each on its own {replica_batch} examples")
+                    f"(of a global {global_batch}), not in each replica on its own "
+                    f"{replica_batch} through strategy.run (section 9)")
         got = model.get_weights()
         difference = largest_difference(got, expected)
         if difference > 1e-5:
             return (f"after {sum(calls)} steps on {strategy.num_replicas_in_sync} replicas the "
-                    f"weights differ from one device's by {difference:.2e} (more than 1e-05): "
-                    "divide the per-example losses by the global batch "
-                    "(tf.nn.compute_average_loss), add the model's regularization losses "
-                    "scaled by the replicas (tf.nn.scale_regularization_loss), run exactly "
-                    "`steps` steps a call")
+                    f"weights differ from one device's by {difference:.2e} (more than 1e-05) "
+                    "on the same global batches. The replicas' gradients are summed: how "
+                    "often does each term of your loss count, and did each call run its "
+                    "`steps` steps?")
         traces = train_steps.experimental_get_tracing_count()
         if traces != 1:
-            return (f"train_steps traced {traces} times for {len(calls)} step counts: loop over "
-                    "tf.range(steps) so that the count is a tensor, not a new trace")
+            return (f"train_steps traced {traces} times for {len(calls)} step counts, "
+                    "expected once: what makes a tf.function trace again? (section 5)")
         return None
 
     return Case(args=(strategy, model, optimizer, global_batch), verify=verify,
@@ -379,9 +377,7 @@ def check_train_steps(fn: Any) -> bool:
     guarded = _refusing_the_check(fn, "write the training function yourself")
     return run_check(
         "make_train_steps", guarded, [_train_case(fresh_rng())],
-        hint="the loop is not the bug (AutoGraph runs `range` over a tensor as a "
-             "tf.while_loop, like tf.range); the loss is. In replica_step, divide the "
-             "per-example losses by the global batch "
-             "(tf.nn.compute_average_loss(..., global_batch_size=...)) and add "
-             "tf.nn.scale_regularization_loss(tf.add_n(model.losses)), so that the replicas' "
-             "summed gradients count the penalty once (lesson 05, section 9).")
+        hint="lesson 05, section 9 (one training function, any strategy): with R replicas "
+             "the gradients of R replica losses are summed. Write your replica loss for R "
+             "replicas and compare it with one device's loss on the global batch, term by "
+             "term: the examples' mean and the penalty.")

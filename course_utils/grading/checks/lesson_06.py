@@ -129,10 +129,9 @@ def check_one_f_one_b_orders(fn: Any) -> bool:
     why = "build the orders yourself (the lesson's helpers already hold the answer)"
     return run_check(
         "one_f_one_b_orders", refusing(fn, helpers, why), cases,
-        hint="1F1B's warm-up is what a stage keeps: stage s runs min(K − 1 − s, "
-             "max_in_flight − 1) forwards first (never more than M), then alternates one "
-             "forward and one backward, then runs the backwards left; micro-batches in order "
-             "0, 1, 2 … in each phase (lesson 06, section 3, 1F1B).")
+        hint="lesson 06, section 3 (1F1B): a stage's warm-up forwards are what it keeps "
+             "before its first backward comes back. With a budget of max_in_flight, how "
+             "many can stage s afford, and what keeps it busy after that? Draw the slots.")
 
 
 # --- Exercise 2 · a split model's backward pass, part by part ---------------------------------
@@ -199,8 +198,8 @@ def _accumulation_misplaced(output: Any, device: str, index: int,
         return f"a gradient of part {index} was not made by tape.gradient"
     if from_tape < micro_batches:
         return (f"a gradient of part {index}'s weights was made by {from_tape} backward "
-                f"op(s) for {micro_batches} micro-batches: run each micro-batch forward and "
-                "backward on its own (not one batch made of them all) and add the gradients")
+                f"op(s) for {micro_batches} micro-batches: one backward served several "
+                "micro-batches (one batch made of them all?), not one per micro-batch")
     return None
 
 
@@ -316,11 +315,10 @@ def check_split_gradients(fn: Any) -> bool:
                        "write the backward pass yourself")
     return run_check(
         "split_gradients", guarded, [case(c) for c in chosen],
-        hint="for each micro-batch: one tape per part; walk the parts backwards, each part's "
-             "tape.gradient under its own tf.device, asking also for the gradient of the "
-             "part's input and passing it to the part before as output_gradients= (lesson "
-             "06, section 2, for two). Add each part's gradients over the micro-batches, and "
-             "divide by their number, under that part's tf.device too.")
+        hint="lesson 06, section 2 (manual placement: two parts, each backward on its own "
+             "device): what must each part's backward receive from the part after it, and "
+             "where is each part's gradient summed over the micro-batches? The message "
+             "above names the op that ran elsewhere.")
 
 
 # --- Exercise 3 · a dense layer sharded by rows, never whole on a device ----------------------
@@ -339,8 +337,8 @@ def check_shard_dense_rows(fn: Any) -> bool:
     helpers = [course_mesh.shard, course_mesh.sharded_dense, course_mesh.dense_layouts,
                course_mesh.make_mesh, *_the_checks_own()]
     whole: list[str] = []
-    guarded = refusing(fn, helpers, "use DTensor's own API (dtensor.call_with_layout, "
-                       "dtensor.pack, dtensor.Layout)", whole_copy_watch(whole))
+    guarded = refusing(fn, helpers, "use DTensor's own API, as lesson 06, section 4 does",
+                       whole_copy_watch(whole))
 
     def case() -> Case:
         dim = rng.choice(["model", "tp", "shards"])
@@ -363,20 +361,19 @@ def check_shard_dense_rows(fn: Any) -> bool:
         def verify(got: Any) -> str | None:
             if whole:
                 return (f"a matrix was whole on every device, or gathered ({whole[0]}): "
-                        "create the kernel with dtensor.call_with_layout and a rows layout, "
-                        "send x's pieces with dtensor.pack, each device only its own, and "
-                        "compute y on the mesh from those")
+                        "x, the kernel and y must reach and stay on the devices in pieces, "
+                        "each device only its own (section 4)")
             if not isinstance(got, (tuple, list)) or len(got) != 3:
                 return "return (sharded_x, sharded_kernel, y), all three DTensors"
             if not calls:
-                return "init_kernel was never called: create the kernel with it"
+                return "init_kernel was never called: the kernel must be what it makes"
             if any(layout is None for layout in calls):
                 return ("init_kernel ran outside dtensor.call_with_layout: the whole kernel "
-                        "was made on one device; run it under call_with_layout")
+                        "was made on one device (section 4: a tensor created sharded)")
             if any(list(layout.sharding_specs) != [dim, dtensor.UNSHARDED] for layout in calls):
                 return ("init_kernel ran under call_with_layout with layout "
-                        f"{list(calls[-1].sharding_specs)}: make it sharded by rows, "
-                        f"[{dim!r}, UNSHARDED], on the given mesh")
+                        f"{list(calls[-1].sharding_specs)}: not sharded by rows over the "
+                        f"mesh's dimension {dim!r}")
             try:
                 layouts = [dtensor.fetch_layout(value) for value in got]
             except Exception as error:  # a plain tensor has no layout
@@ -408,8 +405,6 @@ def check_shard_dense_rows(fn: Any) -> bool:
 
     return run_check(
         "shard_dense_rows", guarded, [case(), case()],
-        hint="the mesh's dimension is mesh.dim_names[0]; the kernel comes from "
-             "dtensor.call_with_layout(tf.function(init_kernel), Layout([dim, UNSHARDED], "
-             "mesh), shape=kernel_shape); x's pieces (its columns, split in order) go to the "
-             "devices with dtensor.pack(pieces, Layout([UNSHARDED, dim], mesh)) "
-             "(lesson 06, section 4).")
+        hint="lesson 06, section 4: how the lesson created its column-sharded kernel and "
+             "packed its batch. Which dimension of the kernel, and of x, does a rows split "
+             "of the kernel cut, and how does a tensor come into being already in pieces?")

@@ -178,13 +178,13 @@ def check_train_with_accumulation(fn: Any) -> bool:
             if extra and on_tape.examples_trained == len(problem["labels"]) - extra * problem[
                     "micro"]:
                 return (f"the last {extra} micro-batch(es), a short group, were never applied "
-                        "(nor run): apply them as one more update, averaged over the examples "
-                        "they have")
+                        "(nor run): the exercise trains on every example (section 7, a "
+                        "partial last group)")
             if on_tape.examples_trained != len(problem["labels"]):
                 return (f"{on_tape.examples_trained} examples went forward through the model "
-                        f"you were given in training mode, not {len(problem['labels'])} (each "
-                        "once): train that model, call it with training=True, and do not "
-                        "reach around its memory limit to the layers inside")
+                        f"you were given in training mode (training=True), not "
+                        f"{len(problem['labels'])} (each once): was it that model, through its "
+                        "memory limit, that saw every example?")
             if not references:
                 references.update(_references(problem))
             weights = [np.asarray(w) for w in model.get_weights()]
@@ -192,8 +192,8 @@ def check_train_with_accumulation(fn: Any) -> bool:
             if error <= ACCUMULATION_TOLERANCE:
                 if int(optimizer.iterations) != updates:
                     return (f"the weights are right, but the optimizer counted "
-                            f"{int(optimizer.iterations)} updates instead of {updates}: call "
-                            "apply_gradients once per group")
+                            f"{int(optimizer.iterations)} updates instead of {updates}, one "
+                            "per group (section 2)")
                 return None
             if extra:
                 full = len(problem["labels"]) - extra * problem["micro"]
@@ -203,8 +203,8 @@ def check_train_with_accumulation(fn: Any) -> bool:
                                     problem["learning_rate"])
                 if largest_difference(weights, dropped) <= ACCUMULATION_TOLERANCE:
                     return (f"your weights match the full groups alone: the last {extra} "
-                            "micro-batch(es), a short group, were never applied: apply them "
-                            "as one more update, averaged over the examples they have")
+                            "micro-batch(es), a short group, were never applied (section 7, "
+                            "a partial last group)")
             closest = _closest(weights, references)
             reason = {
                 "applies every micro-batch": "your weights match applying every micro-batch: "
@@ -214,8 +214,8 @@ def check_train_with_accumulation(fn: Any) -> bool:
                 "gradients without dividing by accumulation_steps: the update is "
                 f"{problem['steps']}× too large",
             }.get(closest, "the weights differ from the large-batch reference" + (
-                f" (the data ends with a short group of {extra} micro-batch(es): divide its "
-                "losses by the micro-batches it has, not by accumulation_steps)"
+                f" (the data ends with a short group of {extra} micro-batch(es): over how "
+                "many micro-batches is its update averaged?)"
                 if extra else ""))
             return f"{reason} (max |Δw| = {error:.2e}, at most {ACCUMULATION_TOLERANCE:g} allowed)"
 
@@ -228,11 +228,10 @@ def check_train_with_accumulation(fn: Any) -> bool:
 
     return run_check(
         "train_with_accumulation", fn, [case(p) for p in problems],
-        hint="split the data into micro-batches of micro_batch_size and those into groups of "
-             "accumulation_steps (the last may be shorter); for each micro-batch of a group, "
-             "compute loss_fn(labels, model(x, training=True)) / (the group's micro-batches) "
-             "and add its gradients to running sums; apply the sums once per group and reset "
-             "them (lesson 07, sections 2 and 7).")
+        hint="lesson 07, section 2 (accumulate, then apply once) and section 7 (a partial "
+             "last group): which large-batch step should each update equal, and how much "
+             "of the batch may be alive on the tapes at once under the memory limit? (The "
+             "model you are given counts what it trains on in training mode, training=True.)")
 
 
 # --- Exercise 3 · diagnose an accumulation loop ------------------------------------------------
@@ -316,8 +315,8 @@ def check_diagnose_accumulation(fn: Any) -> bool:
     if readers:
         raise AssertionError(
             f"diagnose_accumulation: your function uses {', '.join(readers)}, which reads how "
-            "the check built the loop instead of what the loop does. Run the loop on a problem "
-            "of your own and compare its weights (lesson 07, section 3).")
+            "the check built the loop instead of what the loop does: what does it do to "
+            "weights you know? (lesson 07, section 3)")
     rng = fresh_rng()
     kinds = list(DIAGNOSES) + [rng.choice(DIAGNOSES)]
     rng.shuffle(kinds)
@@ -325,10 +324,9 @@ def check_diagnose_accumulation(fn: Any) -> bool:
              for i, kind in enumerate(kinds, start=1)]
     return run_check(
         "diagnose_accumulation", fn, cases,
-        hint="run the loop on a small random problem from known initial weights, then compare "
-             "its weights with plain SGD on batches k times larger, on micro-batches, and on "
-             "batches k times larger with a k times larger learning rate; the closest names the "
-             f"loop. Return one of {', '.join(map(repr, DIAGNOSES))} (lesson 07, section 3).")
+        hint="lesson 07, section 3 (the popular wrong versions, measured): what would each "
+             "kind of loop do to weights you know, on data you chose, and which one does "
+             f"this loop match? Return one of {', '.join(map(repr, DIAGNOSES))}.")
 
 
 # --- Exercise 4 · accumulation under MirroredStrategy, one all-reduce per update ---------------
@@ -413,26 +411,25 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
             error = largest_difference(weights, _large_batch_weights(problem, problem["steps"]))
             if error > ACCUMULATION_TOLERANCE:
                 every = largest_difference(weights, _large_batch_weights(problem, 1))
-                why = ("they match applying every micro-batch: one update per group, not per "
-                       "micro-batch" if every <= ACCUMULATION_TOLERANCE else
-                       "divide each micro-batch's summed loss by the examples of its whole "
-                       "group (a short last group has fewer), not by the micro-batch")
+                why = ("they match applying every micro-batch, not one update per group"
+                       if every <= ACCUMULATION_TOLERANCE else
+                       "each update is the mean over its whole group's examples (a short "
+                       "last group has fewer): what does your loss divide by?")
                 return (f"the weights differ from plain SGD on batches {problem['steps']}× "
                         f"larger by {error:.2e}: {why}")
             trained = int(counts["trained"].numpy())
             if trained != n:
                 return (f"{trained} examples went forward through the model you were given in "
-                        f"training mode, not {n} (each once): call it with training=True on "
-                        "each micro-batch, and do not reach around its memory limit to the "
-                        "layers inside")
+                        f"training mode, not {n} (each once): was it that model, through its "
+                        "memory limit, that saw every micro-batch?")
             if all_reduced == 0:
-                return ("the weights are right but no gradient crossed the replicas: compute "
-                        "each micro-batch inside strategy.run and apply the sum there")
+                return ("the weights are right but no gradient crossed the replicas: where "
+                        "did your micro-batches run? (section 5)")
             if all_reduced != updates * per_update:
                 return (f"the weights are right, but the replicas all-reduced "
                         f"{all_reduced / (updates * per_update):.3g} times the gradients per "
                         f"update ({all_reduced} tensors for {updates} updates of {per_update} "
-                        "variables): sum the micro-batches inside the replica, all-reduce once")
+                        "variables): when do your gradients cross the replicas? (section 5)")
             return None
 
         return Case(args=(strategy, limited, optimizer, loss_object, micro_batches,
@@ -442,8 +439,6 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
 
     return run_check(
         "train_mirrored_with_accumulation", fn, [case(False), case(True)],
-        hint="iterate strategy.experimental_distribute_dataset(micro_batches) and hand a group "
-             "of up to accumulation_steps micro-batches to one strategy.run; inside it, add "
-             "up the micro-batches' gradients of compute_average_loss(..., global_batch_size="
-             "the group's examples) and call apply_gradients once (lesson 07, section 5; the "
-             "short last group: section 7).")
+        hint="lesson 07, section 5 (accumulation under MirroredStrategy, the way that "
+             "works) and section 7 (a partial last group): where does each micro-batch's "
+             "gradient wait until the update, and how often must it cross the replicas?")

@@ -141,7 +141,7 @@ def _policy_problem(model: Any, policy: str, x: np.ndarray) -> str | None:
              if layer.compute_dtype != compute]
     if wrong:
         return (f"under {policy!r} the hidden layers should compute in {compute}, got "
-                f"{', '.join(wrong)}: build the model inside the policy (policy_scope)")
+                f"{', '.join(wrong)} (section 2: when does a layer take its policy?)")
     not_float32 = [v.path for v in model.weights if v.dtype != "float32"]
     if not_float32:
         return f"every variable should stay float32, got other dtypes for {not_float32[:3]}"
@@ -181,8 +181,8 @@ def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
     if keras.mixed_precision.global_policy().name != "float32":
         name = keras.mixed_precision.global_policy().name
         keras.mixed_precision.set_global_policy("float32")
-        return (f"the global policy was left at {name!r}: restore 'float32' after building "
-                "(a try/finally, or cu.training.policy_scope)")
+        return (f"the global policy was left at {name!r}, not as your function found it "
+                "('float32'), even where building fails")
     keys = {"model", "losses", "accuracy", "seconds_per_step"}
     if not isinstance(result, dict) or set(result) != keys:
         return (f"expected a dict with the keys {sorted(keys)}, got {type(result).__name__} "
@@ -198,8 +198,8 @@ def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
     error = largest_difference(result["model"].get_weights(), reference.get_weights())
     if not error < (1e-3 if policy == "float32" else 2e-2):
         return (f"after training, the weights differ from a run that starts from "
-                f"initial_weights by up to {error:.3g}: set the initial weights after building, "
-                f"and train {EPOCHS} epochs of batches of {BATCH_SIZE} with shuffle=False")
+                f"initial_weights by up to {error:.3g} ({EPOCHS} epochs of batches of "
+                f"{BATCH_SIZE}, unshuffled): which of these did your run change?")
     accuracy = _accuracy(result["model"], x, y)
     if not isinstance(result["accuracy"], (int, float, np.floating)) or not math.isclose(
             float(result["accuracy"]), accuracy, abs_tol=1.5 / len(x)):
@@ -238,8 +238,8 @@ def _timing_problem(step: Any, bounds: tuple[float, float] | str) -> str | None:
         return (f"seconds_per_step is {float(step) * 1e3:.1f} ms, but this run's steps after the "
                 f"first epoch took between {lower * 1e3:.1f} and {upper * 1e3:.1f} ms each "
                 "(the check's model logs when its steps ran; it waits a different, unknown "
-                "time in every run): time your own fit, excluding the first epoch (tracing), "
-                "and divide by the steps you timed")
+                "time in every run). Which steps did your timing include, and what did you "
+                "divide by? (section 9)")
     return None
 
 
@@ -286,11 +286,9 @@ def check_train_with_policy(fn: Any) -> bool:
     try:
         passed = run_check(
             "train_with_policy", fn, cases,
-            hint="build make_model() inside cu.training.policy_scope(policy), set_weights("
-                 "initial_weights), compile with Adam(0.01) and SparseCategoricalCrossentropy("
-                 "from_logits=True), fit the first epoch, time the other epochs (shuffle="
-                 "False, batch 64) and divide by their steps; then measure the accuracy on x "
-                 "(lesson 08, sections 2, 4 and 8).")
+                hint="lesson 08, section 2 (dtype policies), section 4 (LossScaleOptimizer in "
+                 "fit) and section 8 (same start, same quality): the message above says where "
+                 "your run first differed from the exercise's.")
     finally:
         for _log, _read, close in pipes.values():
             close()
@@ -392,19 +390,18 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
                     f"global norm of the unscaled gradients before clipping{ratio}")
         if i == planted and math.isfinite(got_norm):
             return (f"{where}: returned a finite norm {got_norm:.6g} for gradients that "
-                    "overflowed: measure the gradients as they are (inf or nan here)")
+                    "overflowed (inf or nan): what changed them before you measured?")
         if i != planted and expected_norm > clip_norm:
             clipped_steps.append(i)
         error = largest_difference(model.get_weights(), reference.get_weights())
         if not error < 1e-4:
             return (f"{where}: the weights differ from the reference step's by up to {error:.3g} "
-                    f"(gradient norm {expected_norm:.4g}, clip_norm {clip_norm:g}): clip the "
-                    "unscaled gradients' global norm, and hand optimizer.apply gradients "
-                    "at the loss scale it divides by")
+                    f"(unscaled gradient norm {expected_norm:.4g}, clip_norm {clip_norm:g}): "
+                    "at which scale did you clip, and at which did optimizer.apply get them?")
         if float(opt.dynamic_scale) != float(reference_opt.dynamic_scale):
             return (f"{where}: loss scale {float(opt.dynamic_scale):g}, expected "
-                    f"{float(reference_opt.dynamic_scale):g}: let the LossScaleOptimizer itself "
-                    "apply the gradients (it grows and halves the scale, and skips bad steps)")
+                    f"{float(reference_opt.dynamic_scale):g}: the LossScaleOptimizer itself "
+                    "grows and halves it when it applies: which optimizer applied yours?")
         return None
 
     def verify(first: Any) -> str | None:
@@ -416,12 +413,12 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
             returned = fn(model, opt, loss_fn, *batches[i], clip_norm)
             if i == planted and largest_difference(before, model.get_weights()) != 0:
                 return (f"step {i + 1}, the planted overflow, changed the weights: a step with "
-                        "non-finite gradients must be skipped (optimizer.apply does it)")
+                        "non-finite gradients is skipped (section 5)")
             if i == planted and float(opt.dynamic_scale) != scale_before / 2:
                 return (f"step {i + 1}, the planted overflow, was not seen as one: the loss scale "
                         f"should have halved from {scale_before:g}, it is "
-                        f"{float(opt.dynamic_scale):g}; give optimizer.apply the gradients "
-                        "with their inf or nan, it checks them")
+                        f"{float(opt.dynamic_scale):g}. What did optimizer.apply receive "
+                        "for this step?")
             problem = compare_step(i, returned)
         if problem:
             return problem
@@ -439,9 +436,6 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
                         f"{planted + 1} overflows)")]
     return run_check(
         "loss_scaled_train_step", fn, cases,
-        hint="inside a tf.GradientTape compute the mean loss and scaled = "
-             "optimizer.scale_loss(loss); the gradients of `scaled` are the true ones times "
-             "optimizer.dynamic_scale: divide by it, tf.clip_by_global_norm(..., clip_norm), "
-             "multiply the clipped gradients by the scale again and call optimizer.apply, which "
-             "divides and skips non-finite steps; return the unscaled loss and the norm "
-             "(lesson 08, section 5).")
+        hint="lesson 08, section 5 (loss scaling in a custom loop): at which scale are the "
+             "gradients your tape returns, at which must the clip measure them, and at "
+             "which does optimizer.apply expect them?")

@@ -252,12 +252,9 @@ def check_find_bottleneck(fn: Any) -> bool:
     with guard:
         return run_check(
             "find_bottleneck", fn, cases,
-            hint="the steps are the events with 'step_num' in their args; count only what "
-                 "starts inside a step; there, add up the durations of the get-next events "
-                 "(names starting with 'IteratorGetNext': input), of collective ops "
-                 "(communication) and of the other ops (events whose args hold 'long_name', "
-                 "but not 'Iterator::' stages nor the 'tf_data' threads: compute), and return "
-                 "the largest – not whichever passes a threshold (lesson 09, section 6).")
+            hint="lesson 09, section 6 (Profile): the table above is how cu.profiling splits "
+                 "this trace's steps. Which spans did your reading give to the wrong part, "
+                 "or count outside a step? The exercise's rules say which spans count where.")
 
 
 # --- Exercise 2 · remove the input bottleneck --------------------------------------------------
@@ -320,15 +317,15 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
             return (f"read ran {reads} times for {len(features)} examples (building the "
                     "pipeline and two epochs): "
                     + ("it never ran; read every example, once" if reads == 0 else
-                       "read each example once, in the first epoch, and keep what it "
-                       "returned" if reads > len(features) else
+                       "read each example once, as the exercise asks: what keeps what it "
+                       "returned?" if reads > len(features) else
                        "some examples were never read"))
         if not pipeline_probe.runs_ahead(dataset, augmented, batch_size):
             return ("nothing in your pipeline works ahead of the step: after the step takes a "
                     "batch, the next one is not being prepared, so every epoch's augmentation "
-                    "waits for the step. End it with .prefetch(tf.data.AUTOTUNE) (the check "
-                    "switches off tf.data's injected prefetch and the distributed iterator's "
-                    "buffer, which would hide the omission here but are not yours to rely on)")
+                    "waits for the step (the check switches off tf.data's injected prefetch "
+                    "and the distributed iterator's buffer: not yours to rely on). Which "
+                    "tf.data step overlaps preparing with consuming? (lesson 01, section 4)")
         fast = profile(dataset)
         slow = slow_baseline(slow_profile)
         shares = fast.shares()["input"], slow.shares()["input"]
@@ -344,10 +341,9 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
     return run_check(
         "remove_input_bottleneck", fn,
         [Case(args=(records, read, augment, batch_size), verify=verify, label=label)],
-        hint="read gives the same example every epoch: cache its output (records.map(read)"
-             ".cache()), then augment, batch and prefetch(tf.data.AUTOTUNE); a cache after "
-             "augment would repeat the same noise every epoch (lesson 09, section 7, the ablation; "
-             "lesson 01, the cache section).")
+        hint="lesson 09, section 7 (the ablation) and lesson 01, sections 4 and 5: which of "
+             "your steps gives the same result every epoch, which must differ, and what "
+             "does the step wait for in the second epoch?")
 
 
 # --- Exercise 3 · your report, from your run ----------------------------------------------
@@ -409,10 +405,6 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     with guard:
         return run_check(
             "write_report", fn, cases,
-            hint="noise = cu.grid.noise(results); the strategy ratio compares the second "
-                 "strategy with the first at the first precision; choose the second only when "
-                 "the ratio exceeds 1 + 2 × noise; the precision ratio compares at the strategy "
-                 "you chose; k is the fewest divisor of the per-replica batch whose "
-                 "cu.memory.step_budget(...).total fits (the accumulation buffer counts); read "
-                 "the option names from results and the replica counts from replicas "
-                 "(lesson 09, section 4).")
+            hint="lesson 09, section 4 (your choices): the message above names the field "
+                 "that differs and what the measurements say; the exercise's rules say "
+                 "which results each figure compares. Did yours compare like with like?")

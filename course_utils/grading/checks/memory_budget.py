@@ -97,7 +97,6 @@ def check_largest_batch_that_fits(fn: Any) -> bool:
                           label=f"({model.name}, budget_bytes={tiny:,}: only the weights)"))
     return run_check(
         "largest_batch_that_fits", _counted_by_hand(fn), cases,
-        hint="the fixed part is every weight + one gradient per trainable weight + "
-             "optimizer_slots copies of the trainable weights; each example adds the input "
-             "and every layer's output (model.layers, the input layer included; float32 = 4 "
-             "bytes). Return an int, 0 when nothing fits (lesson 07, sections 1 and 9).")
+        hint="lesson 07, sections 1 and 9 (the memory budget of a step): which terms are "
+             "fixed, which grow with every example, and did your count miss one, or one "
+             "layer's output? Return an int, 0 when nothing fits.")

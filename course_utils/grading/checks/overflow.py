@@ -97,14 +97,14 @@ def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None
         if got is not None and got == decoy:
             return (f"{got!r} has by far the largest weights, yet its output on this x is "
                     "finite: its pre-activations overflow to -inf and ReLU makes them 0. "
-                    "Compute every layer's output on x; the weights do not tell")
+                    "The weights alone do not tell where an output overflows")
         if expected is None:
             return (f"on this x (outlier rows times {scale:.3g}) every layer's output is "
                     f"finite in float16, you answered {got!r}: return None then")
         if got is None:
             return (f"on this x (outlier rows times {scale:.3g}) {expected!r} outputs inf or "
-                    "nan in float16 and you answered None: look at every example of the batch, "
-                    "in the model's own (mixed_float16) dtypes")
+                    "nan in float16 and you answered None: did you look at every example, in "
+                    "the model's own (mixed_float16) dtypes?")
         if order.index(got) > order.index(expected):
             return (f"{got!r} is not finite, but {expected!r} before it already is on this x "
                     f"(outlier rows times {scale:.3g}): return the first")
@@ -143,10 +143,9 @@ def check_first_overflowing_layer(fn: Any) -> bool:
                               verify=_overflow_verifier(expected, order, decoy, scale)))
     return run_check(
         "first_overflowing_layer", fn, cases,
-        hint="compute every layer's output on x in the model's own dtypes – a "
-             "keras.Model(model.input, [layer.output for each layer after the input]) "
-             "returns them all – and return the name of the first layer whose output holds "
-             "an inf or a nan anywhere in the batch (tf.math.is_finite), else None.")
+        hint="lesson 08, section 1 (float16's range) and section 3 (a hidden layer's output, "
+             "read): in which dtype does each layer compute, which layers' outputs did your "
+             "answer look at, and which examples of the batch?")
 
 
 def _deep_mlp(num_features: int, num_classes: int, units: int, depth: int) -> Any:

@@ -121,6 +121,6 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
     if max(np.abs(n_).max() for n_ in noise) < 1e-4:  # read's decoding rounds, no more
         return "the features come out unchanged: apply augment to every example"
     if np.allclose(noise[0], noise[1]):
-        return ("both epochs got the same augmentation: the augmented examples were cached. "
-                "Cache what is the same every epoch (the read), then augment")
+        return ("both epochs got the same augmentation: the augmented examples were kept. "
+                "Which of your steps must give a new result every epoch?")
     return None

@@ -135,9 +135,9 @@ def check_segment_gradients(fn: Any) -> bool:
             error = largest_difference([np.asarray(g) for g in got],
                                        [np.asarray(g) for g in expected])
             if error > 1e-5:
-                return (f"the gradients differ from the plain stack's by {error:.2e}: run "
-                        "every layer once, in order, and take the gradient of "
-                        "tf.reduce_mean(tf.square(output)) for every layer's variables, in order")
+                return (f"the gradients differ from the plain stack's by {error:.2e}: "
+                        "recomputing changes memory, never gradients. Which layer saw another "
+                        "input, or which loss differs from the exercise's?")
             depth = len(layers)
             want = [segment_size] * (depth // segment_size) + (
                 [depth % segment_size] if depth % segment_size else [])
@@ -146,9 +146,8 @@ def check_segment_gradients(fn: Any) -> bool:
                 return (f"the layers ran in the order {ran}: the forward pass runs each "
                         "layer once, first to last, and the backward pass each segment again")
             if not found:
-                return ("no layer ran again in the backward pass: wrap each segment's "
-                        "layers in a function and call tf.recompute_grad(that function), "
-                        "so that the backward pass runs them again")
+                return ("no layer ran again in the backward pass: nothing was recomputed "
+                        "(section 8: what does tf.recompute_grad run again, and when?)")
             if found != want:
                 return (f"the backward pass recomputed segments of {found} layers; "
                         f"segment_size={segment_size} asks for {want}: consecutive segments "
@@ -164,8 +163,7 @@ def check_segment_gradients(fn: Any) -> bool:
             if ops.get("MatMul", 0) < plain + len(layers):
                 return (f"the traced step has {ops.get('MatMul', 0)} matrix products, plain "
                         f"{plain}: every layer's forward must run again in the backward pass "
-                        "(wrap each whole segment, its layers called inside the wrapped "
-                        "function)")
+                        "(is each layer called inside what is recomputed?)")
             return None
 
         cases.append(Case(args=(layers, x, segment_size), verify=verify,
@@ -173,9 +171,6 @@ def check_segment_gradients(fn: Any) -> bool:
                                 f"{tuple(x.shape)}, segment_size={segment_size})"))
     return run_check(
         "segment_gradients", fn, cases,
-        hint="for start in range(0, len(layers), segment_size): take layers[start:start + "
-             "segment_size], write a function of one tensor that runs them in order, and call "
-             "tf.recompute_grad(that function)(x) inside one GradientTape; the loss is "
-             "tf.reduce_mean(tf.square(x)); return tape.gradient for every layer's "
-             "trainable_variables, in order. Mind Python's late binding in a loop "
-             "(lesson 07, section 8).")
+        hint="lesson 07, section 8 (activation recomputation): which layers form each "
+             "segment, what runs again in the backward pass, and which layers does each "
+             "function made in your loop call when it finally runs (late binding)?")

@@ -34,16 +34,16 @@ def replica_limit(model: Any, max_examples: int) -> tuple[Any, Any]:
                 return inputs
             if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
                 raise ValueError("the model was trained outside the replicas: no gradient "
-                                 "crossed the replicas; compute each micro-batch inside "
-                                 "strategy.run")
+                                 "crossed the replicas (lesson 07, section 5: where must "
+                                 "each micro-batch run?)")
             size = tf.cast(tf.shape(inputs)[0], tf.int64)
 
             return count_on_tape(
                 inputs, counts, size, max_examples,
                 f"out of memory (simulated): more than {max_examples} examples' "
                 "activations alive on one replica's gradient tapes at once (a "
-                "replica holds one micro-batch's share: run the micro-batches one "
-                "at a time, each with its own tape)")
+                "replica holds one micro-batch's share: how many of your "
+                "micro-batches were alive on tapes at once?)")
 
     inputs = keras.Input(shape=model.input_shape[1:], name="features")
     outputs = ReplicaMemory(name="replica_memory")(model(inputs))
