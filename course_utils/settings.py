@@ -149,16 +149,16 @@ def onednn_rule(value: str | None, system: str, machine: str,
         return None, f"{ignored}unknown: /proc/cpuinfo has no flags"
     found = [flag for flag in ONEDNN_DEFAULT_FLAGS if flag in flags]
     if found:
-        return True, f"{ignored}TensorFlow's default on this CPU ({', '.join(found)})"
-    return False, f"{ignored}TensorFlow's default on this CPU (none of " \
-                  f"{'/'.join(ONEDNN_DEFAULT_FLAGS)})"
+        return True, f"{ignored}TensorFlow's default: this CPU has {', '.join(found)}"
+    return False, f"{ignored}TensorFlow's default: this CPU has no AVX512-VNNI/BF16, " \
+                  "AVX-VNNI or AMX"
 
 
 def onednn_state(environ: dict[str, str] | None = None, machine: str | None = None,
                  system: str | None = None) -> str:
     """Whether TensorFlow's oneDNN ops are on here (its graph rewrite to oneDNN's fused and
     16-bit kernels; float32 matrix products reach oneDNN's sgemm either way), and why, e.g.
-    ``"on (TensorFlow's default on this CPU (avx512_vnni))"``: :func:`onednn_rule` in words.
+    ``"on (TensorFlow's default: this CPU has avx512_vnni)"``: :func:`onednn_rule` in words.
     When TensorFlow is already imported, its own answer is read (``IsMklEnabled``).
     """
     environ = os.environ if environ is None else environ
@@ -255,7 +255,7 @@ def settings_line(seed: int | None = None, split: bool = True,
     """The set-up cell's second line: what the course changed and what it left alone."""
     made = [*(["logical devices"] if split else []),
             *([f"seed {seed}"] if seed is not None else []),
-            *(["op determinism (Keras's automatic XLA off)"] if deterministic else []),
+            *(["op determinism (Keras keeps XLA off)"] if deterministic else []),
             "log filters"]
     return (f"oneDNN ops {onednn_state()} · the course set: {', '.join(made)}; "
             "nothing else (cu.settings.course_settings())")

@@ -214,19 +214,19 @@ def test_every_listed_setting_gives_its_reason():
     assert "TF_ENABLE_ONEDNN_OPTS" not in settings.ENVIRONMENT
 
 
-DEFAULT = "TensorFlow's default on this CPU"
+DEFAULT = "TensorFlow's default: this CPU has"
 
 
 @pytest.mark.parametrize(("environ", "machine", "flags", "expected"), [
-    ({}, "x86_64", {"avx2", "avx512_bf16"}, f"on ({DEFAULT} (avx512_bf16))"),
-    ({}, "x86_64", {"avx", "avx2"}, f"off ({DEFAULT} (none of "),
+    ({}, "x86_64", {"avx2", "avx512_bf16"}, f"on ({DEFAULT} avx512_bf16)"),
+    ({}, "x86_64", {"avx", "avx2"}, f"off ({DEFAULT} no AVX512"),
     ({"TF_ENABLE_ONEDNN_OPTS": "0"}, "x86_64", {"amx_tile"}, "off (TF_ENABLE_ONEDNN_OPTS=0)"),
     ({"TF_ENABLE_ONEDNN_OPTS": "True"}, "x86_64", set(), "on (TF_ENABLE_ONEDNN_OPTS=True)"),
     # TensorFlow ignores other values with a warning ("Using the default setting: false"):
     ({"TF_ENABLE_ONEDNN_OPTS": "yes"}, "x86_64", {"avx2"},
-     f"off (TF_ENABLE_ONEDNN_OPTS='yes' ignored: not 0/1/false/true; {DEFAULT} (none of "),
+     f"off (TF_ENABLE_ONEDNN_OPTS='yes' ignored: not 0/1/false/true; {DEFAULT} no AVX512"),
     ({"TF_ENABLE_ONEDNN_OPTS": "off"}, "x86_64", {"avx_vnni"},
-     f"on (TF_ENABLE_ONEDNN_OPTS='off' ignored: not 0/1/false/true; {DEFAULT} (avx_vnni))"),
+     f"on (TF_ENABLE_ONEDNN_OPTS='off' ignored: not 0/1/false/true; {DEFAULT} avx_vnni)"),
     ({"TF_ENABLE_ONEDNN_OPTS": "1"}, "aarch64", set(), "on (TF_ENABLE_ONEDNN_OPTS=1)"),
     ({}, "aarch64", {"asimd"}, "unknown (unknown: TensorFlow's default on Linux aarch64 "),
 ])
