@@ -62,10 +62,10 @@ ENVIRONMENT: dict[str, Setting] = {s.name: s for s in (
             "gets a GPU of its own when there is one per worker, else none (CPU workers, said "
             "so when the cluster starts); a fresh probe process (cu.child) sees no GPU"),
     Setting("GRPC_FAIL_FAST", "use_caller", "lesson 04 and its tasks, in view", False,
-            "TensorFlow's parameter-server guide sets it on the coordinator; since TensorFlow "
-            "2.5 'use_caller' is also gRPC's default in TensorFlow (xla/tsl/distributed_"
-            "runtime/rpc/grpc_state.h, RFC 355), so setting it changes nothing: lesson 04 "
-            "sets it where the learner sees it and no module of the course sets it"),
+            "TensorFlow's parameter-server guide sets it on the coordinator; 'use_caller' is "
+            "already TensorFlow's default when it is unset (xla/tsl/distributed_runtime/rpc/"
+            "grpc_state.h, RFC 355), so it changes nothing: lesson 04 sets it where the "
+            "learner sees it, and no module of the course sets it"),
     Setting("TF_CONFIG", "the task's cluster spec", "local cluster workers", False,
             "who each worker is: the variable TensorFlow's cluster resolver reads"),
     Setting("COURSE_COLLECTIVE_TIMEOUT", "seconds", "local cluster workers", False,
