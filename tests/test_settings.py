@@ -154,6 +154,8 @@ env = dict(os.environ, XLA_FLAGS="--xla")
 env.update({"OMP_NUM_THREADS": "1", "HOME": "/tmp"})
 env["TMPDIR"] = "/tmp"
 os.putenv("TF_XLA_FLAGS", "x")
+os.environ |= {"MKL_NUM_THREADS": "1"}
+child_env = {**os.environ, "TZ": "UTC"}
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3"}
 for name, value in QUIET.items():
     os.environ.setdefault(name, value)
@@ -163,7 +165,7 @@ plan["GPU"] = 1
     assert environment_names_set(source) == {
         "TF_ENABLE_ONEDNN_OPTS", "OMP_NUM_THREADS", "KMP_AFFINITY", "<name_from_somewhere>",
         "TF_NUM_INTEROP_THREADS", "GRPC_FAIL_FAST", "XLA_FLAGS", "HOME", "TMPDIR",
-        "TF_XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL"}
+        "TF_XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL", "MKL_NUM_THREADS", "TZ"}
 
 
 def test_the_scanner_finds_tf_config_settings():
