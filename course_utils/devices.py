@@ -249,7 +249,7 @@ def doctor_report() -> str:
     lines.append(f"Built with CUDA      {tf.test.is_built_with_cuda()}")
     lines.append("")
     lines.append("Settings (TensorFlow's defaults unless listed; course_utils/settings.py):")
-    lines.append(f"  oneDNN (CPU math)  {onednn_state()}")
+    lines.append(f"  oneDNN ops (graph rewrite)  {onednn_state()}")
     if hw.logical_gpus > len(hw.gpus) == 1:
         lines.append(f"  one GPU split into {hw.logical_gpus} logical GPUs (memory growth is "
                      "then ignored)")

@@ -44,7 +44,8 @@ def setup(
     Safe to run twice with the same arguments; asking for another device layout after
     TensorFlow started raises a message that says to restart the kernel.
     It prints a second line saying which settings the course made (``cu.settings``): the
-    logical devices, the seed and log filters; TensorFlow's math (oneDNN) keeps its defaults.
+    logical devices, the seed, op determinism when asked (Keras then turns its automatic XLA
+    off) and log filters; TensorFlow's math (oneDNN) keeps its defaults.
     Returns nothing, so the set-up cell shows its lines and no value under it;
     ``cu.hardware()`` gives the summary as an object.
     """
@@ -65,4 +66,4 @@ def setup(
     if seed is not None:
         seed_everything(seed, deterministic=deterministic)
     print(devices.describe_machine(devices.hardware()))
-    print(settings_line(seed, split=bool(plan)))
+    print(settings_line(seed, split=bool(plan), deterministic=deterministic))

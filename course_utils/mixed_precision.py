@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.settings import ONEDNN_DEFAULT_FLAGS
+from course_utils.settings import ONEDNN_DEFAULT_FLAGS, onednn_rule
 
 __all__ = [
     "FORMATS",
@@ -30,6 +30,7 @@ __all__ = [
     "cpu_flags",
     "cpu_model_name",
     "cpu_precision_features",
+    "onednn_16bit_dtypes",
     "onednn_state",
     "precision_case",
     "matching_benchmark",
@@ -51,8 +52,12 @@ TENSOR_FLOAT_32 = "tensorfloat32"
 #: The three floating-point formats of deep learning, widest first.
 FORMATS = ("float32", "float16", "bfloat16")
 
-#: x86 CPU flags that give 16-bit floats a fast path (Linux ``/proc/cpuinfo`` names).
-PRECISION_CPU_FLAGS = ("avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
+#: x86 CPU flags that decide the 16-bit path (Linux ``/proc/cpuinfo`` names): TensorFlow sends
+#: bfloat16 to oneDNN only with avx512f or avx_ne_convert, float16 only with avx512bw and one of
+#: avx512_fp16/amx_fp16/avx_ne_convert (``tensorflow/core/util/util.cc``,
+#: ``IsDataTypeSupportedByOneDNNOnThisCPU``); the others are 16-bit dot products and tiles.
+PRECISION_CPU_FLAGS = ("avx512f", "avx512bw", "avx_ne_convert", "avx512_bf16", "avx512_fp16",
+                       "amx_tile", "amx_bf16", "amx_fp16")
 
 #: The environment variable TensorFlow reads to switch oneDNN (this module only reads it;
 #: spelled in parts so that tests/test_settings.py's scan for code that sets it stays simple).
@@ -74,7 +79,9 @@ _NVIDIA = ("NVIDIA, 'Train With Mixed Precision' (Tensor Cores: 8x the float32 m
            "(more than 3x on modern GPUs): https://www.tensorflow.org/guide/mixed_precision")
 _ONEDNN = ("oneDNN developer guide, 'Data Types', Hardware Limitations (low-precision support "
            "depends on the instruction set): https://oneapi-src.github.io/oneDNN/"
-           "dev_guide_data_types.html; tensorflow/core/util/port.cc (DefaultOneDnnPolicy)")
+           "dev_guide_data_types.html; tensorflow/core/util/port.cc (DefaultOneDnnPolicy) and "
+           "util.cc (IsDataTypeSupportedByOneDNNOnThisCPU: bfloat16 to oneDNN only with "
+           "avx512f or avx_ne_convert, else Eigen)")
 _ONEDNN_EMULATED = ("oneDNN developer guide, 'Data Types', Hardware Limitations and its "
                     "footnote: bf16 on AVX-512 without avx512_bf16 is functional support for "
                     "validation, slower than f32: https://oneapi-src.github.io/oneDNN/"
@@ -86,18 +93,19 @@ _ONEDNN_EMULATED = ("oneDNN developer guide, 'Data Types', Hardware Limitations 
 PRECISION_CASES: dict[str, dict[str, str]] = {
     "no 16-bit path": {
         "hardware": "x86 CPU where the oneDNN ops stay off (none of avx512_vnni, "
-                    "avx512_bf16, avx_vnni, AMX: AVX2 laptops, many cloud VMs), or "
-                    "oneDNN's ops switched off in the user's environment",
+                    "avx512_bf16, avx_vnni, AMX: AVX2 laptops, many cloud VMs; or switched "
+                    "off in the user's environment), or on without avx512f and "
+                    "avx_ne_convert (an avx_vnni CPU: TensorFlow keeps bfloat16 in Eigen)",
         "16-bit matrix products": "converted to float32 and back: the same arithmetic "
                                   "plus the casts",
         "expect": "mixed_bfloat16 and mixed_float16 no faster than float32",
         "source": _ONEDNN,
     },
     "oneDNN ops, bfloat16 emulated": {
-        "hardware": "x86 CPU that turns the oneDNN ops on without avx512_bf16 or AMX "
-                    "(avx512_vnni: Intel Cascade Lake, Ice Lake; or avx_vnni)",
-        "16-bit matrix products": "oneDNN's bfloat16 kernels without bfloat16 "
-                                  "instructions (on AVX-512: emulated, for validation)",
+        "hardware": "x86 CPU with the oneDNN ops on and avx512f (or avx_ne_convert) but "
+                    "neither avx512_bf16 nor AMX (avx512_vnni: Intel Cascade Lake, Ice Lake)",
+        "16-bit matrix products": "oneDNN's bfloat16 kernels without bfloat16 dot "
+                                  "products (on AVX-512: emulated, for validation)",
         "expect": "mixed_bfloat16 slower than float32, possibly several times",
         "source": _ONEDNN_EMULATED,
     },
@@ -234,32 +242,42 @@ def onednn_state(
 
     These are the graph rewrite to oneDNN's own (fused, bfloat16) kernels; float32 matrix
     products reach oneDNN's sgemm either way (Eigen's contraction kernel calls it).
-    TensorFlow's rule (``tensorflow/core/util/port.cc``): ``ONEDNN_VARIABLE`` (0/1,
-    false/true) decides when set; otherwise, on Linux x86, the ops are on when the CPU has one
-    of ``ONEDNN_DEFAULT_FLAGS``. Elsewhere this says "unknown" (None).
+    TensorFlow's rule, from its one home ``course_utils.settings.onednn_rule``:
+    ``ONEDNN_VARIABLE`` decides when it is 0/1/false/true (another value is ignored); else, on
+    Linux x86, the ops are on when the CPU has one of ``ONEDNN_DEFAULT_FLAGS``; elsewhere
+    "unknown" (None).
     """
     import os
     import platform
 
     environ = os.environ if environ is None else environ
-    system = platform.system() if system is None else system
-    machine = (platform.machine() if machine is None else machine).lower()
-    setting = environ.get(ONEDNN_VARIABLE)
-    if setting is not None and setting.strip().lower() in ("0", "false", "1", "true"):
-        enabled = setting.strip().lower() in ("1", "true")
-        return {"enabled": enabled, "reason": f"{ONEDNN_VARIABLE}={setting}"}
-    if system != "Linux" or machine not in ("x86_64", "amd64"):
-        return {"enabled": None, "reason": f"unknown: TensorFlow's default on {system} "
-                                           f"{machine} is not read here"}
     flags = cpu_flags(cpuinfo)
-    if flags is None:
-        return {"enabled": None, "reason": "unknown: /proc/cpuinfo has no flags"}
-    found = [flag for flag in ONEDNN_DEFAULT_FLAGS if flag in flags]
-    if found:
-        return {"enabled": True, "reason": f"TensorFlow's default on Linux x86 with "
-                                           f"{', '.join(found)}"}
-    return {"enabled": False, "reason": "TensorFlow's default on Linux x86 without "
-                                        + "/".join(ONEDNN_DEFAULT_FLAGS)}
+    enabled, reason = onednn_rule(
+        environ.get(ONEDNN_VARIABLE), platform.system() if system is None else system,
+        platform.machine() if machine is None else machine, flags)
+    return {"enabled": enabled, "reason": reason}
+
+
+def onednn_16bit_dtypes(
+    features: dict[str, bool | None], onednn_enabled: bool | None
+) -> set[str] | None:
+    """The 16-bit dtypes TensorFlow hands to oneDNN on this CPU (None: unknown).
+
+    With the oneDNN ops on: bfloat16 with avx512f or avx_ne_convert, float16 with avx512bw and
+    one of avx512_fp16, amx_fp16, avx_ne_convert; the others fall back to Eigen
+    (``tensorflow/core/util/util.cc``, ``IsDataTypeSupportedByOneDNNOnThisCPU``).
+    """
+    if onednn_enabled is None or None in features.values():
+        return None
+    if not onednn_enabled:
+        return set()
+    has = {flag for flag, found in features.items() if found}
+    dtypes = set()
+    if has & {"avx512f", "avx_ne_convert"}:
+        dtypes.add("bfloat16")
+    if "avx512bw" in has and has & {"avx512_fp16", "amx_fp16", "avx_ne_convert"}:
+        dtypes.add("float16")
+    return dtypes
 
 
 def precision_case(
@@ -268,9 +286,10 @@ def precision_case(
     """Which of ``PRECISION_CASES`` this machine is (or ``"unknown"``)."""
     if gpus:
         return "GPU tensor cores"
-    if onednn_enabled is None or None in features.values():
+    dtypes = onednn_16bit_dtypes(features, onednn_enabled)
+    if dtypes is None:
         return "unknown"
-    if not onednn_enabled:
+    if "bfloat16" not in dtypes:
         return "no 16-bit path"
     if features.get("amx_bf16") or features.get("amx_tile"):
         return "AMX"

@@ -3,9 +3,10 @@
 The course measures TensorFlow as its users run it: its math libraries (oneDNN on x86), its
 threading, XLA and gRPC behave as TensorFlow's defaults say. What the course does change is
 listed here, and nowhere else: log filters that hide messages without changing any
-computation, the logical devices and seeds a lesson needs, and the few process settings that
-clusters and sandboxes need to run at all. ``tests/test_settings.py`` fails when a module of the
-course sets an environment variable that this list does not name.
+computation, the logical devices, seeds and (lesson 07) op determinism a lesson needs, and the
+few process settings that clusters and sandboxes need to run at all. ``tests/test_settings.py``
+fails when a module of the course sets an environment variable this list does not name, or
+makes a ``tf.config`` setting ``API_SETTINGS`` does not name.
 
 This module imports neither TensorFlow nor anything else from ``course_utils``.
 """
@@ -17,6 +18,8 @@ import platform
 from dataclasses import dataclass
 
 __all__ = [
+    "API_CALLS",
+    "API_SETTINGS",
     "ENVIRONMENT",
     "ONEDNN_DEFAULT_FLAGS",
     "OUTPUT_ONLY",
@@ -24,6 +27,7 @@ __all__ = [
     "course_settings",
     "cpu_flags",
     "gpu_visibility",
+    "onednn_rule",
     "onednn_state",
     "settings_line",
 ]
@@ -57,10 +61,11 @@ ENVIRONMENT: dict[str, Setting] = {s.name: s for s in (
             "several processes on one machine must not all take every GPU: each local worker "
             "gets a GPU of its own when there is one per worker, else none (CPU workers, said "
             "so when the cluster starts); a fresh probe process (cu.child) sees no GPU"),
-    Setting("GRPC_FAIL_FAST", "use_caller", "in-process parameter-server clusters (lesson 04)",
-            True, "TensorFlow's parameter-server guide sets it on the coordinator, so that a "
-            "lost worker fails its RPCs at once and the coordinator reschedules its functions "
-            "instead of waiting; lesson 04 sets it in view"),
+    Setting("GRPC_FAIL_FAST", "use_caller", "lesson 04 and its tasks, in view", False,
+            "TensorFlow's parameter-server guide sets it on the coordinator; 'use_caller' is "
+            "already TensorFlow's default when it is unset (xla/tsl/distributed_runtime/rpc/"
+            "grpc_state.h, RFC 355), so it changes nothing: lesson 04 sets it where the "
+            "learner sees it, and no module of the course sets it"),
     Setting("TF_CONFIG", "the task's cluster spec", "local cluster workers", False,
             "who each worker is: the variable TensorFlow's cluster resolver reads"),
     Setting("COURSE_COLLECTIVE_TIMEOUT", "seconds", "local cluster workers", False,
@@ -77,6 +82,11 @@ ENVIRONMENT: dict[str, Setting] = {s.name: s for s in (
             "kernel connection files in a private, writable folder"),
     Setting("PYDEVD_DISABLE_FILE_VALIDATION", "1", "the grader", False,
             "hides a debugger warning printed by frozen modules"),
+    Setting("HOME", "the grading folder", "the grader", False,
+            "a graded notebook reads no user configuration and writes only in its folder"),
+    *(Setting(name, "the grading folder's tmp", "the grader", False,
+              "temporary files stay in the graded notebook's own folder")
+      for name in ("TMPDIR", "TEMP", "TMP")),
     Setting("PYTHONDONTWRITEBYTECODE", "1", "the grader", False,
             "graded code leaves no .pyc files behind"),
     Setting("COURSE_STRICT_CHECKS", "1", "the grader and the solutions' tests", False,
@@ -95,37 +105,81 @@ API_SETTINGS: tuple[Setting, ...] = (
             "in-process parameter-server clusters", True,
             "in-process servers share one process: with fewer inter-op threads than "
             "workers + 1, a blocked worker can starve the others"),
+    Setting("op determinism", "cu.setup(deterministic=True)", "lesson 07's set-up cell", True,
+            "tf.config.experimental.enable_op_determinism(): ops that have no deterministic "
+            "kernel raise, and Keras's jit_compile='auto' turns XLA off "
+            "even when asked for (keras/src/trainers/trainer.py, model_supports_jit)"),
 )
+
+#: The ``tf.config`` calls (and ConfigProto fields) that make the ``API_SETTINGS`` above:
+#: ``tests/test_settings.py`` fails when a module makes any other ``tf.config`` setting.
+API_CALLS: dict[str, str] = {
+    "set_logical_device_configuration": "logical devices",
+    "inter_op_parallelism_threads": "inter-op threads",
+    "enable_op_determinism": "op determinism",
+}
 
 #: The environment variables above that only filter output.
 OUTPUT_ONLY = frozenset(name for name, s in ENVIRONMENT.items() if not s.changes_computation)
 
-_OFF = {"0", "false", "off", "no"}
+#: The values TensorFlow accepts for ``TF_ENABLE_ONEDNN_OPTS`` (``ReadBoolFromEnvVar`` lowers
+#: the case and strips nothing); any other value is ignored with a warning.
+_ONEDNN_VALUES = {"0": False, "false": False, "1": True, "true": True}
+_ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
 
 
-def onednn_state(environ: dict[str, str] | None = None, machine: str | None = None) -> str:
+def onednn_rule(value: str | None, system: str, machine: str,
+                flags: frozenset[str] | set[str] | None) -> tuple[bool | None, str]:
+    """TensorFlow's rule for its oneDNN ops: ``(enabled, why)``; ``enabled`` is None where this
+    rule cannot tell (not Linux x86, or no CPU flags). The one home of the rule
+    (``tensorflow/core/util/port.cc``: ``IsMklEnabled``, ``DefaultOneDnnPolicy``).
+
+    ``value`` (the variable) decides when it is 0/1/false/true in any case; any other value,
+    even ``"yes"``, TensorFlow ignores with a warning and uses its default. The default, on
+    Linux x86: on when the CPU has one of ``ONEDNN_DEFAULT_FLAGS``.
+    """
+    if value is not None and value.lower() in _ONEDNN_VALUES:
+        return _ONEDNN_VALUES[value.lower()], f"{_ONEDNN_VARIABLE}={value}"
+    ignored = (f"{_ONEDNN_VARIABLE}={value!r} ignored: not 0/1/false/true; "
+               if value is not None else "")
+    if system != "Linux" or machine.lower() not in ("x86_64", "amd64", "x64"):
+        return None, f"{ignored}unknown: TensorFlow's default on {system} {machine} is not " \
+                     "read here"
+    if flags is None:
+        return None, f"{ignored}unknown: /proc/cpuinfo has no flags"
+    found = [flag for flag in ONEDNN_DEFAULT_FLAGS if flag in flags]
+    if found:
+        return True, f"{ignored}TensorFlow's default: this CPU has {', '.join(found)}"
+    return False, f"{ignored}TensorFlow's default: this CPU has no AVX512-VNNI/BF16, " \
+                  "AVX-VNNI or AMX"
+
+
+def onednn_state(environ: dict[str, str] | None = None, machine: str | None = None,
+                 system: str | None = None) -> str:
     """Whether TensorFlow's oneDNN ops are on here (its graph rewrite to oneDNN's fused and
     16-bit kernels; float32 matrix products reach oneDNN's sgemm either way), and why, e.g.
-    ``"on (default here)"``.
-
-    ``TF_ENABLE_ONEDNN_OPTS`` decides when set (``0`` off, ``1`` on). Unset, TensorFlow 2.9 and
-    later decide by the CPU: on for Linux x86 CPUs with one of ``ONEDNN_DEFAULT_FLAGS``
-    (AVX512 VNNI or BF16, AVX-VNNI, AMX), off elsewhere (``tensorflow/core/util/port.cc``).
-    When TensorFlow is already imported its own answer is read (``IsMklEnabled``).
+    ``"on (TensorFlow's default: this CPU has avx512_vnni)"``: :func:`onednn_rule` in words.
+    When TensorFlow is already imported, its own answer is read (``IsMklEnabled``).
     """
     environ = os.environ if environ is None else environ
-    value = environ.get("TF_ENABLE_ONEDNN_OPTS")
-    source = f"TF_ENABLE_ONEDNN_OPTS={value}" if value and value.strip() else None
-    enabled = _tensorflow_uses_onednn() if environ is os.environ else None
-    if enabled is None:
-        if source:
-            enabled = value.strip().lower() not in _OFF
-        else:
-            flags = cpu_flags()
-            x86 = (machine or platform.machine()).lower() in ("x86_64", "amd64", "x64")
-            enabled = x86 and bool(flags & _ONEDNN_DEFAULT_FLAGS)
-    why = source or ("TensorFlow's default on this CPU")
-    return f"{'on' if enabled else 'off'} ({why})"
+    enabled, why = onednn_rule(environ.get(_ONEDNN_VARIABLE),
+                               system or platform.system(), machine or platform.machine(),
+                               cpu_flags() or None)
+    imported = _tensorflow_uses_onednn() if environ is os.environ else None
+    if imported is not None:
+        enabled = imported
+    return f"{'unknown' if enabled is None else 'on' if enabled else 'off'} ({why})"
+
+
+def _determinism_enabled() -> bool:
+    """Whether op determinism is on (False while TensorFlow is not imported)."""
+    import sys
+
+    if "tensorflow" not in sys.modules:
+        return False
+    from tensorflow.python.framework.config import is_op_determinism_enabled  # no public one
+
+    return bool(is_op_determinism_enabled())
 
 
 def _tensorflow_uses_onednn() -> bool | None:
@@ -186,6 +240,9 @@ def course_settings(logical_cpus: int | None = None, logical_gpus: int | None = 
     if seed is not None:
         rows.append({"setting": "seed", "value": str(seed),
                      "why": "repeatable numbers (cu.setup)"})
+    if _determinism_enabled():
+        rows.append({"setting": "op determinism", "value": "on",
+                     "why": API_SETTINGS[-1].reason})
     for name, setting in ENVIRONMENT.items():
         if name in os.environ and setting.where.startswith("every lesson"):
             rows.append({"setting": name, "value": os.environ[name],
@@ -193,9 +250,12 @@ def course_settings(logical_cpus: int | None = None, logical_gpus: int | None = 
     return rows
 
 
-def settings_line(seed: int | None = None, split: bool = True) -> str:
+def settings_line(seed: int | None = None, split: bool = True,
+                  deterministic: bool = False) -> str:
     """The set-up cell's second line: what the course changed and what it left alone."""
     made = [*(["logical devices"] if split else []),
-            *([f"seed {seed}"] if seed is not None else []), "log filters"]
+            *([f"seed {seed}"] if seed is not None else []),
+            *(["op determinism (Keras keeps XLA off)"] if deterministic else []),
+            "log filters"]
     return (f"oneDNN ops {onednn_state()} · the course set: {', '.join(made)}; "
             "nothing else (cu.settings.course_settings())")

@@ -45,12 +45,13 @@ def start_in_process_cluster(num_workers: int = 2, num_ps: int = 1) -> InProcess
 
     The servers live as long as the process: TensorFlow cannot stop an in-process server, so the
     same cluster is returned when a notebook cell runs again. This process is the coordinator.
+    gRPC keeps TensorFlow's default, ``GRPC_FAIL_FAST=use_caller`` (``grpc_state.h``): the
+    environment of this process, and of the children it starts later, is left as it was.
     """
     if (num_workers, num_ps) in _IN_PROCESS:
         return _IN_PROCESS[(num_workers, num_ps)]
     if num_workers < 1 or num_ps < 1:
         raise ValueError("a parameter-server cluster needs at least one worker and one ps")
-    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     import tensorflow as tf
 
     spec = cluster_spec(num_workers, num_ps)
