@@ -5,11 +5,13 @@
   part with the largest median, or ``"synchronisation"`` when the time the medians leave
   unexplained is larger than each of them.
 * ``check_split_cpu(split_cpu)``: a split into logical devices that survives a re-run, called
-  four times in one fresh Python process (this kernel's devices are already fixed) by
+  four times in one fresh TensorFlow (this kernel's devices are already fixed) by
   ``run_splits_in_fresh_process``: the split, the same split again (returns the devices), another
-  number (a RuntimeError that says to restart), the first number again; then, in another
-  fresh process, an op first and ``split_cpu(1)`` (the one CPU device exists, as asked: its
-  name); the course package cannot be imported there.
+  number (a RuntimeError that says to restart), the first number again; then, where those were
+  right, in another fresh TensorFlow, an op first and ``split_cpu(1)`` (the one CPU device
+  exists, as asked: its name); the course package cannot be imported there. Both are children
+  forked from one kept process that imported TensorFlow and made no device
+  (``checks/splits.py``): one TensorFlow import per kernel, however often the check runs.
 * ``check_step_breakdown(step_breakdown)``: a timed breakdown of a step (input, compute, whole
   step) written by hand (the course's ``time_interleaved`` is recognised by its code object),
   timed in turns (the order of the calls is recorded), on a fake pipeline and step whose waits
@@ -158,7 +160,9 @@ def check_split_cpu(fn: Any) -> bool:
                       "first, then split_cpu(1)",
                 verify=lambda results: split_verdict(results, num_devices))
     return run_check(
-        "split_cpu", lambda calls: run_splits_in_fresh_process(fn, calls, after_an_op=1),
+        "split_cpu", lambda calls: run_splits_in_fresh_process(
+            fn, calls, after_an_op=1,  # needed only where the first four calls were right
+            only_where=lambda first: split_verdict(first, num_devices) is None),
         [case],
         hint="split the first PHYSICAL CPU (tf.config.list_physical_devices('CPU')) – listing "
              "logical ones starts TensorFlow's devices. TensorFlow accepts the same split "
