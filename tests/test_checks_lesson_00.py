@@ -411,27 +411,25 @@ def overlapped_pipeline(records, read, batch_size):
     return records.map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-def test_overlapped_pipeline_passes_the_fix_and_fails_the_broken_code(capsys):
-    import tensorflow as tf
-
+def test_overlapped_pipeline_passes_the_fix(capsys):
     assert cu.grading.check_overlapped_pipeline(overlapped_pipeline)
     assert "reads ran during" in capsys.readouterr().out
-    with pytest.raises(AssertionError, match="does not overlap"):
-        cu.grading.check_overlapped_pipeline(
-            lambda records, read, batch_size: records.prefetch(tf.data.AUTOTUNE).map(read)
-            .batch(batch_size))
 
 
-def test_overlapped_pipeline_must_keep_the_order_and_the_short_batch():
+def _broken(records, read, batch_size):  # the exercise's broken code, unchanged
     import tensorflow as tf
 
-    with pytest.raises(AssertionError, match="sizes"):
-        cu.grading.check_overlapped_pipeline(
-            lambda records, read, batch_size: records.map(read).batch(
-                batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
-    with pytest.raises(AssertionError, match="another order"):
-        cu.grading.check_overlapped_pipeline(
-            lambda records, read, batch_size: records.map(read).shuffle(64).batch(batch_size))
+    return records.prefetch(tf.data.AUTOTUNE).map(read).batch(batch_size)
+
+
+def _short_batch_dropped(records, read, batch_size):
+    import tensorflow as tf
+
+    return records.map(read).batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def _shuffled(records, read, batch_size):
+    return records.map(read).shuffle(64).batch(batch_size)
 
 
 def _no_prefetch(records, read, batch_size):  # the prefetch taken out instead of moved
@@ -482,6 +480,9 @@ def _read_in_a_python_generator(records, read, batch_size):  # the fix, as a gen
 
 
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_broken, "does not overlap"),
+    (_short_batch_dropped, "sizes"),
+    (_shuffled, "another order"),
     (_read_all_on_the_first_batch, "does not overlap"),
     (_read_in_a_python_generator, "does not overlap"),
     (_no_prefetch, "does not overlap"),
