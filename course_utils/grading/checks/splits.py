@@ -1,8 +1,9 @@
 """Lesson 00's exercise 2, run where it must run: a split into logical devices, in a fresh
 TensorFlow.
 
-``run_split_answers`` calls each answer's function several times in one process that has
-imported TensorFlow and nothing else (the course package cannot be imported there);
+``run_split_answers`` calls each answer's function several times in a child forked from one
+kept process that has imported TensorFlow and nothing else (the course package cannot be
+imported there), a fresh child per run;
 ``split_verdict`` says what a run of the calls ``n, n, n + 1, n`` did wrong, and, where a
 second fresh TensorFlow ran an op before calling ``fn(1)`` (``after_an_op``), what that did.
 """
@@ -10,12 +11,12 @@ second fresh TensorFlow ran an op before calling ``fn(1)`` (``after_an_op``), wh
 from __future__ import annotations
 
 import atexit
+import collections
 import inspect
 import json
 import os
 import select
 import subprocess
-import tempfile
 import textwrap
 import threading
 import time
@@ -96,18 +97,22 @@ JOB_TIMEOUT_S, START_TIMEOUT_S = 120.0, 300.0
 
 class _FreshTensorFlow:
     """A process that imported TensorFlow and made no device; each job runs in a child forked
-    from it, which meets TensorFlow as a fresh process does. Started on first use and kept
-    (one TensorFlow import for every split the check, the lesson's demonstration and the
-    tests run); it ends when this process closes its stdin, or ends."""
+    from it, which meets TensorFlow as a fresh process does. Started on first use and kept:
+    one TensorFlow import (about 8 CPU-seconds) for every run of the check in this kernel and
+    for every answer of the tests' catalogue. It ends when this process closes its stdin, or
+    ends; what the answers print goes to its stderr, whose last lines are kept."""
 
     _shared: _FreshTensorFlow | None = None
     _lock = threading.Lock()
 
     def __init__(self) -> None:
         self.owner = os.getpid()
-        self.log = tempfile.TemporaryFile(mode="w+")
         self.process = start_cpu_only(["-c", _SPLIT_SCRIPT, "serve", str(JOB_TIMEOUT_S)],
-                                      stdin=subprocess.PIPE, stderr=self.log, bufsize=1)
+                                      stdin=subprocess.PIPE, bufsize=1)
+        self.log: collections.deque[str] = collections.deque(maxlen=20)  # stderr's last lines
+        self.reader = threading.Thread(target=self.log.extend, args=(self.process.stderr,),
+                                       daemon=True)
+        self.reader.start()
         self.started, self.pending = False, b""
 
     @classmethod
@@ -151,9 +156,8 @@ class _FreshTensorFlow:
 
     def _last_error(self) -> str:
         self.process.wait()
-        self.log.seek(0)
-        lines = self.log.read().strip().splitlines()
-        return lines[-1] if lines else f"the process ended with code {self.process.returncode}"
+        self.reader.join(timeout=10)
+        return _error_line(list(self.log), self.process.returncode)
 
     def close(self) -> None:
         if self.owner != os.getpid():
@@ -186,9 +190,15 @@ def _run_once(job: tuple[str, str, list[Any]]) -> list[dict[str, Any]]:
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    error = done.stderr.strip().splitlines()
-    line = error[-1] if error else f"the process ended with code {done.returncode}"
-    return [{"error": line, "runtime_error": False}]
+    return [{"error": _error_line(done.stderr.splitlines(), done.returncode),
+             "runtime_error": False}]
+
+
+def _error_line(stderr: list[str], code: int | None) -> str:
+    """The last line of ``stderr`` that names an error, else the process's exit code (the
+    last line may be one of TensorFlow's start-up notices)."""
+    errors = [line.strip() for line in stderr if "Error" in line or "Exception" in line]
+    return errors[-1] if errors else f"the process ended with code {code}"
 
 
 def run_split_answers(answers: list[tuple[str, str]], counts: list[int],
