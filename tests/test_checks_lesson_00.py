@@ -200,7 +200,21 @@ def split_cpu_physical_names(num_devices):  # split right, the wrong names retur
     return [device.name for device in tf.config.list_physical_devices("CPU")]  # noqa: F821
 
 
+def split_cpu_forges_the_report(num_devices):  # prints what the check reads, then ends
+    import json
+    import os
+
+    names = [f"/device:CPU:{index}" for index in range(num_devices)]
+    right = {"returned": names, "devices": names}
+    refused = {"error": "RuntimeError: restart the kernel", "runtime_error": True}
+    one = {"returned": ["/device:CPU:0"], "devices": ["/device:CPU:0"]}
+    print("RESULT " + json.dumps([right, right, refused, right]))
+    print("RESULT " + json.dumps([{"op": 2}, one]), flush=True)
+    os._exit(0)
+
+
 SPLIT_CATALOGUE = [
+    (split_cpu_forges_the_report, "raised: the call ended the process"),
     (split_cpu_lesson, "must say what to do"),
     (split_cpu_in_two, "expected the logical CPUs"),
     (split_cpu_names_only, "expected the logical CPUs"),
