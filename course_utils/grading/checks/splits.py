@@ -1,120 +1,240 @@
 """Lesson 00's exercise 2, run where it must run: a split into logical devices, in a fresh
 TensorFlow.
 
-``run_split_answers`` calls each answer's function several times in one process that has
-imported TensorFlow and nothing else (the course package cannot be imported there);
+``run_split_answers`` calls each answer's function several times in a child forked from one
+kept process that has imported TensorFlow and nothing else (the course package cannot be
+imported there), a fresh child per run;
 ``split_verdict`` says what a run of the calls ``n, n, n + 1, n`` did wrong, and, where a
 second fresh TensorFlow ran an op before calling ``fn(1)`` (``after_an_op``), what that did.
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
 import inspect
 import json
 import os
+import select
+import subprocess
 import textwrap
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
-from course_utils.child import run_cpu_only
+from course_utils.child import run_cpu_only, start_cpu_only
 
 __all__ = ["run_split_answers", "run_split_in_fresh_process", "run_splits_in_fresh_process",
            "split_verdict"]
 
 _SPLIT_SCRIPT = """
-import json, os, sys
+import json, os, select, signal, sys, time
 sys.modules["course_utils"] = None  # the course's helpers cannot be reached here
 import tensorflow as tf
 
 def calls(name, source, counts):  # before TensorFlow made its devices
-    namespace = {{"tf": tf}}
+    namespace = {"tf": tf}
     exec(source, namespace)
     results = []
     for count in counts:
         if count == "op":  # TensorFlow runs an op: it makes its devices (one CPU)
-            results.append({{"op": int((tf.constant(1) + 1).numpy())}})
+            results.append({"op": int((tf.constant(1) + 1).numpy())})
             continue
         try:
             names = namespace[name](count)
             devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-            results.append({{"returned": [str(n) for n in names], "devices": devices}})
+            results.append({"returned": [str(n) for n in names], "devices": devices})
         except Exception as error:
-            results.append({{"error": f"{{type(error).__name__}}: {{error}}",
-                             "runtime_error": isinstance(error, RuntimeError)}})
+            results.append({"error": f"{type(error).__name__}: {error}",
+                            "runtime_error": isinstance(error, RuntimeError)})
     return results
 
-jobs = [(name, source, counts) for name, source in {answers!r} for counts in {sequences!r}]
-if len(jobs) == 1:  # this process is fresh: no fork (Windows has none)
-    print("RESULT " + json.dumps(calls(*jobs[0])))
-for name, source, counts in jobs if len(jobs) > 1 else []:
+def failed(message):
+    return json.dumps([{"error": message, "runtime_error": False}])
+
+def forked(job, timeout):  # one job in a child forked before any device exists
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:
         os.close(read_end)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # the jobs' pipe is not the answer's
+        os.dup2(2, 1)  # what the answer prints stays out of the results
         try:
-            line = json.dumps(calls(name, source, counts))
+            line = json.dumps(calls(*job))
         except BaseException as error:
-            line = json.dumps([{{"error": f"{{type(error).__name__}}: {{error}}",
-                                 "runtime_error": False}}])
-        os.write(write_end, line.encode())
+            line = failed(f"{type(error).__name__}: {error}")
+        data = line.encode()
+        while data:
+            data = data[os.write(write_end, data):]
         os._exit(0)
     os.close(write_end)
-    data = b""
-    while chunk := os.read(read_end, 1 << 16):
+    data, deadline = b"", time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([read_end], [], [], left)[0]:
+            os.kill(child, signal.SIGKILL)
+            data = failed(f"the calls did not end within {timeout:.0f} s").encode()
+            break
+        chunk = os.read(read_end, 1 << 16)
+        if not chunk:
+            break
         data += chunk
     os.close(read_end)
     os.waitpid(child, 0)
-    print("RESULT " + (data.decode() or json.dumps([{{"error": "the call ended the process",
-                                                       "runtime_error": False}}])))
+    return data.decode() or failed("the call ended the process")
+
+if sys.argv[1] == "once":  # this process is fresh: no fork (Windows has none)
+    print("RESULT " + json.dumps(calls(*json.loads(sys.argv[2]))), flush=True)
+else:  # one job a line on stdin, each in a fork; ends when stdin closes
+    for line in sys.stdin:
+        print("RESULT " + forked(json.loads(line), float(sys.argv[2])), flush=True)
 """
+#: Seconds one job's calls may take in its fork; TensorFlow starts slowly when the cores are
+#: busy, so the process that imports it gets longer.
+JOB_TIMEOUT_S, START_TIMEOUT_S = 120.0, 300.0
 
 
-def _run_jobs(answers: list[tuple[str, str]], sequences: list[list[Any]]
+class _FreshTensorFlow:
+    """A process that imported TensorFlow and made no device; each job runs in a child forked
+    from it, which meets TensorFlow as a fresh process does. Started on first use and kept:
+    one TensorFlow import (about 8 CPU-seconds) for every run of the check in this kernel and
+    for every answer of the tests' catalogue. It ends when this process closes its stdin, or
+    ends; what the answers print goes to its stderr, whose last lines are kept."""
+
+    _shared: _FreshTensorFlow | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.process = start_cpu_only(["-c", _SPLIT_SCRIPT, "serve", str(JOB_TIMEOUT_S)],
+                                      stdin=subprocess.PIPE, bufsize=1)
+        self.log: collections.deque[str] = collections.deque(maxlen=20)  # stderr's last lines
+        self.reader = threading.Thread(target=self.log.extend, args=(self.process.stderr,),
+                                       daemon=True)
+        self.reader.start()
+        self.started, self.pending = False, b""
+
+    @classmethod
+    def shared(cls) -> _FreshTensorFlow:
+        server = cls._shared
+        if server is None or server.owner != os.getpid() or server.process.poll() is not None:
+            server = cls._shared = cls()  # (a forked copy of this process starts its own)
+            atexit.register(server.close)
+        return server
+
+    def run(self, job: tuple[str, str, list[Any]]) -> list[dict[str, Any]]:
+        timeout = JOB_TIMEOUT_S + (60 if self.started else START_TIMEOUT_S)
+        try:
+            self.process.stdin.write(json.dumps(job) + "\n")
+            self.process.stdin.flush()
+            line = self._line(time.monotonic() + timeout)
+        except (OSError, TimeoutError):
+            self.close()
+            raise
+        if line is None:
+            return [{"error": self._last_error(), "runtime_error": False}]
+        self.started = True
+        return json.loads(line)
+
+    def _line(self, deadline: float) -> str | None:
+        """The next result line (read unbuffered from the pipe), or None when it ended."""
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self.pending or not self.pending.startswith(b"RESULT "):
+            if b"\n" in self.pending:  # a line that is no result (a notice): skip it
+                self.pending = self.pending.split(b"\n", 1)[1]
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError("no fresh TensorFlow answered in time")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line[len(b"RESULT "):].decode()
+
+    def _last_error(self) -> str:
+        self.process.wait()
+        self.reader.join(timeout=10)
+        return _error_line(list(self.log), self.process.returncode)
+
+    def close(self) -> None:
+        if self.owner != os.getpid():
+            return
+        try:
+            self.process.stdin.close()
+            self.process.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
+        if _FreshTensorFlow._shared is self:
+            _FreshTensorFlow._shared = None
+
+
+def _run_jobs(answers: list[tuple[str, str]], counts: list[Any]
               ) -> list[list[dict[str, Any]]]:
-    """One process: each answer's calls per sequence, each (answer, sequence) in a fresh
-    TensorFlow (a child forked before any device exists, unless there is only one)."""
-    script = _SPLIT_SCRIPT.format(answers=list(answers), sequences=sequences)
-    done = run_cpu_only(["-c", script], timeout=300)  # TensorFlow starts slowly when busy
-    results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines()
-               if line.startswith("RESULT ")]
-    jobs = len(answers) * len(sequences)
-    if len(results) < jobs:
-        error = done.stderr.strip().splitlines()
-        line = error[-1] if error else f"the process ended with code {done.returncode}"
-        results += [[{"error": line, "runtime_error": False}]] * (jobs - len(results))
-    return results
+    """Each answer's calls of ``counts``, each in a fresh TensorFlow: a child of the shared
+    process (POSIX), or a process of its own where there is no fork."""
+    jobs = [(name, source, counts) for name, source in answers]
+    if not hasattr(os, "fork"):
+        return [_run_once(job) for job in jobs]
+    with _FreshTensorFlow._lock:
+        server = _FreshTensorFlow.shared()
+        return [server.run(job) for job in jobs]
+
+
+def _run_once(job: tuple[str, str, list[Any]]) -> list[dict[str, Any]]:
+    done = run_cpu_only(["-c", _SPLIT_SCRIPT, "once", json.dumps(job)],
+                        timeout=START_TIMEOUT_S)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return [{"error": _error_line(done.stderr.splitlines(), done.returncode),
+             "runtime_error": False}]
+
+
+def _error_line(stderr: list[str], code: int | None) -> str:
+    """The last line of ``stderr`` that names an error, else the process's exit code (the
+    last line may be one of TensorFlow's start-up notices)."""
+    errors = [line.strip() for line in stderr if "Error" in line or "Exception" in line]
+    return errors[-1] if errors else f"the process ended with code {code}"
 
 
 def run_split_answers(answers: list[tuple[str, str]], counts: list[int],
-                      after_an_op: int | None = None) -> list[list[dict[str, Any]]]:
+                      after_an_op: int | None = None,
+                      only_where: Callable[[list[dict[str, Any]]], bool] | None = None,
+                      ) -> list[list[dict[str, Any]]]:
     """For each ``(name, source)``, call ``name(count)`` per count, in a fresh TensorFlow;
     with ``after_an_op``, then in another fresh TensorFlow run an op and call
-    ``name(after_an_op)`` (its results follow: ``{"op": 2}``, then the call's).
+    ``name(after_an_op)`` (its results follow: ``{"op": 2}``, then the call's) – for every
+    answer, or, with ``only_where``, for those whose first results it accepts (a verdict
+    decided by the first calls needs no second TensorFlow).
 
-    One process imports TensorFlow (the course package cannot be imported there); a single
-    run goes in it, several each in a child forked before any device exists (POSIX only; where
-    there is no fork, one process per run): each meets TensorFlow as a fresh process does.
-    Each call's result holds ``returned`` (the names) and ``devices`` (the logical CPUs after
-    the call), or ``error`` (its type and message) and ``runtime_error``.
+    One process imports TensorFlow (the course package cannot be imported there) and is kept;
+    each run goes in a child forked from it before any device exists (POSIX; where there is no
+    fork, one process per run): each meets TensorFlow as a fresh process does. Each call's
+    result holds ``returned`` (the names) and ``devices`` (the logical CPUs after the call), or
+    ``error`` (its type and message) and ``runtime_error``.
     """
-    sequences: list[list[Any]] = [list(counts)]
-    if after_an_op is not None:
-        sequences.append(["op", after_an_op])
-    if len(answers) * len(sequences) > 1 and not hasattr(os, "fork"):
-        runs = [_run_jobs([answer], [sequence]) for answer in answers
-                for sequence in sequences]
-        results = [run[0] for run in runs]
-    else:
-        results = _run_jobs(list(answers), sequences)
-    return [sum(results[index:index + len(sequences)], [])
-            for index in range(0, len(results), len(sequences))]
+    results = _run_jobs(list(answers), list(counts))
+    if after_an_op is None:
+        return results
+    again = [index for index, first in enumerate(results) if only_where is None
+             or only_where(first)]
+    after = _run_jobs([answers[index] for index in again], ["op", after_an_op])
+    for index, run in zip(again, after, strict=True):
+        results[index] = results[index] + run
+    return results
 
 
-def run_splits_in_fresh_process(fn: Any, counts: list[int],
-                                after_an_op: int | None = None) -> list[dict[str, Any]]:
+def run_splits_in_fresh_process(fn: Any, counts: list[int], after_an_op: int | None = None,
+                                only_where: Callable[[list[dict[str, Any]]], bool] | None
+                                = None) -> list[dict[str, Any]]:
     """Call ``fn(count)`` for each count in turn, in one fresh TensorFlow: what each did (and
-    ``after_an_op``: see :func:`run_split_answers`)."""
+    ``after_an_op``, ``only_where``: see :func:`run_split_answers`)."""
     source = textwrap.dedent(inspect.getsource(fn))
-    return run_split_answers([(fn.__name__, source)], counts, after_an_op)[0]
+    return run_split_answers([(fn.__name__, source)], counts, after_an_op, only_where)[0]
 
 
 def run_split_in_fresh_process(fn: Any, num_devices: int) -> dict[str, Any]:
