@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.forked_call import ForkedCall
+from course_utils.grading.checks.lesson_03_workers import ForkedCluster
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.resume_inputs import (
     dataset_fn_problem,
@@ -92,9 +93,7 @@ def _run(script: Path, args: list[str], folder: Path, workers: int = 2,
          **kwargs: Any) -> tuple[Any, list[str]]:
     """Run ``script`` on ``workers`` workers until they finish; return (cluster, logs). Raises
     on failure."""
-    from course_utils.cluster import LocalCluster
-
-    with LocalCluster(script, workers, args=args, timeout=CLUSTER_TIMEOUT, stream=False,
+    with ForkedCluster(script, workers, args=args, timeout=CLUSTER_TIMEOUT, stream=False,
                       collective_timeout=60, env={"TMPDIR": str(folder / "tmp")},
                       **kwargs) as cluster:
         cluster.wait()
@@ -294,9 +293,7 @@ def _steps_logged(log: str) -> list[int]:
 
 def _run_killed(script: Path, args: list[str], folder: Path, kill_after: int) -> None:
     """Run the job, kill worker 1 once it logged step ``kill_after``, stop the rest."""
-    from course_utils.cluster import LocalCluster
-
-    with LocalCluster(script, 2, args=[*args, "--step-delay", "1.0"], timeout=CLUSTER_TIMEOUT,
+    with ForkedCluster(script, 2, args=[*args, "--step-delay", "1.0"], timeout=CLUSTER_TIMEOUT,
                       stream=False, collective_timeout=60,
                       env={"TMPDIR": str(folder / "tmp")}) as cluster:
         cluster.wait_for(rf"^step {kill_after} ", worker=1)
