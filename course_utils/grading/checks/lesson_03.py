@@ -20,7 +20,10 @@
   trains every step left exactly once, and ends with the
   weights of an uninterrupted one-device run.
 
-The worker scripts are written by :mod:`course_utils.grading.checks.worker_scripts`.
+The worker scripts are written by :mod:`course_utils.grading.checks.worker_scripts`; every
+worker is forked from one process that imported TensorFlow once
+(:mod:`course_utils.grading.checks.lesson_03_workers`), so that a check pays that import once
+per interpreter, not once per worker.
 """
 
 from __future__ import annotations
