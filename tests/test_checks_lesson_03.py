@@ -628,3 +628,42 @@ def test_forked_workers_run_the_script_as_fresh_ones_and_fail_stop_and_die_like_
         assert all(code is not None and code < 0 for code in local.poll())
         assert not [p for p in local.pids if psutil.pid_exists(p)
                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_the_zygote_and_its_workers_die_with_the_process_that_started_them(tmp_path):
+    """Killed hard, the checker leaves no zygote and no worker behind (a notebook kernel)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    script = tmp_path / "worker.py"
+    script.write_text(FORKED_SCRIPT)
+    code = (
+        "import json, sys, time\n"
+        "from course_utils.grading.checks import lesson_03_workers as w\n"
+        f"c = w.ForkedCluster({str(script)!r}, 2, args=['hang'], stream=False)\n"
+        "for i in range(2): c.wait_for('pgid', worker=i, timeout=200)\n"
+        "print(json.dumps([w._zygote['process'].pid, *c.pids]), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    checker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    try:
+        pids = json.loads(checker.stdout.readline())
+        os.kill(checker.pid, signal.SIGKILL)
+        checker.wait(timeout=30)
+    finally:
+        checker.kill()
+        checker.stdout.close()
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in pids if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"left running: {alive} of zygote and workers {pids}"

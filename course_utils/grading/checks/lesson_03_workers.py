@@ -8,7 +8,8 @@ runs nothing (no op, no device, no context), and forks a worker on request. A fo
 starts its own process group, gets its log file as stdout and stderr, its own environment
 (``TF_CONFIG`` included) and its script's arguments, and runs the script as ``__main__``: its
 TensorFlow runtime, devices, collectives and servers are made in the worker, after the fork,
-as in a worker started from scratch. It dies with the zygote, and the zygote with this process.
+as in a worker started from scratch. It dies with the zygote (a parent-death signal), and the
+zygote stops when this process goes (its stdin, a pipe from here, closes; a kill included).
 
 :class:`ForkedCluster` is a :class:`~course_utils.cluster.LocalCluster` whose ``start`` forks
 its workers this way (ports, ``TF_CONFIG``, environment, logs, waiting, killing and stopping
@@ -32,7 +33,7 @@ from typing import Any
 
 from course_utils.cluster import LocalCluster
 from course_utils.cluster.logs import WorkerLogs, temporary_log_dir
-from course_utils.cluster.processes import death_signal_setter, stop_at_exit
+from course_utils.cluster.processes import stop_at_exit
 from course_utils.cluster.tf_config import cluster_spec
 from course_utils.cluster.waiting import WorkerWaiter
 
@@ -154,7 +155,8 @@ def _zygote_address(env: dict[str, str]) -> str | None:
         process = subprocess.Popen(
             [sys.executable, "-c", _ZYGOTE, address], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=os.getcwd(),
-            start_new_session=True, preexec_fn=death_signal_setter())
+            start_new_session=True)   # no parent-death signal: that follows the thread that
+        # started it (a check may run in a pool's thread); it stops when its stdin closes
         _zygote.update(process=process, folder=folder, address=address)
         if _first_line(process, ZYGOTE_START_TIMEOUT) != b"ready\n":
             _stop_zygote()
