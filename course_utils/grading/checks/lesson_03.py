@@ -296,7 +296,7 @@ def _steps_logged(log: str) -> list[int]:
 
 def _run_killed(script: Path, args: list[str], folder: Path, kill_after: int) -> None:
     """Run the job, kill worker 1 once it logged step ``kill_after``, stop the rest."""
-    with ForkedCluster(script, 2, args=[*args, "--step-delay", "1.0"], timeout=CLUSTER_TIMEOUT,
+    with ForkedCluster(script, 2, args=[*args, "--step-delay", "0.5"], timeout=CLUSTER_TIMEOUT,
                       stream=False, collective_timeout=60,
                       env={"TMPDIR": str(folder / "tmp")}) as cluster:
         cluster.wait_for(rf"^step {kill_after} ", worker=1)
