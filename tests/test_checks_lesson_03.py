@@ -667,3 +667,21 @@ def test_the_zygote_and_its_workers_die_with_the_process_that_started_them(tmp_p
         alive = [p for p in pids if psutil.pid_exists(p)
                  and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"left running: {alive} of zygote and workers {pids}"
+
+
+def test_a_failed_job_names_a_model_built_outside_the_strategy(tmp_path):
+    """Workers that each train alone race for checkpoint_dir and may crash: the check names
+    the cause their builds recorded (worker by worker), not the crash."""
+    import json
+
+    alone = {"multi_worker": False, "strategy": "_DefaultDistributionStrategy", "replicas": 1}
+    right = {"multi_worker": True, "strategy": "MultiWorkerMirroredStrategy", "replicas": 3}
+    (tmp_path / "built-0.json").write_text(json.dumps([right]))
+    assert lesson_03._failed_build(tmp_path, 3) is None       # worker 1 never built, 2 half
+    (tmp_path / "built-2.json").write_text('[{"multi_wor')
+    assert lesson_03._failed_build(tmp_path, 3) is None
+    (tmp_path / "built-2.json").write_text(json.dumps([alone]))
+    assert re.match("worker 2 built the model under _DefaultDistributionStrategy, not in the "
+                    "scope", lesson_03._failed_build(tmp_path, 3))
+    (tmp_path / "built-1.json").write_text(json.dumps([right, right]))
+    assert "worker 1 called build_model 2 times" in lesson_03._failed_build(tmp_path, 3)
