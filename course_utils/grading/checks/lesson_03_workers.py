@@ -43,7 +43,7 @@ __all__ = ["ForkedCluster"]
 #: request, with the log file's descriptor) and answers its pid, later its exit code.
 _ZYGOTE = r'''
 import ctypes, json, os, runpy, select, signal, socket, sys, tempfile, traceback
-import numpy, tensorflow, keras   # every worker forked from here skips these imports
+import {imports}   # every worker forked from here skips these imports
 prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
 server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 server.bind(sys.argv[1])
@@ -128,6 +128,9 @@ for pid in children:
         pass
 '''
 
+#: What the zygote imports before it forks a worker.
+ZYGOTE_IMPORTS = "numpy, tensorflow, keras"
+
 #: Seconds the zygote may take to import TensorFlow (generous: both cores may be busy).
 ZYGOTE_START_TIMEOUT = 300.0
 
@@ -165,8 +168,9 @@ def _zygote_address(env: dict[str, str]) -> str | None:
             folder = tempfile.mkdtemp(prefix="l03z_", dir="/tmp")
         address = os.path.join(folder, "zygote.sock")
         env = {name: value for name, value in env.items() if name != "TF_CONFIG"}
+        code = _ZYGOTE.replace("{imports}", ZYGOTE_IMPORTS)
         process = subprocess.Popen(
-            [sys.executable, "-c", _ZYGOTE, address], stdin=subprocess.PIPE,
+            [sys.executable, "-c", code, address], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=os.getcwd(),
             start_new_session=True)   # no parent-death signal: that follows the thread that
         # started it (a check may run in a pool's thread); it stops when its stdin closes
