@@ -572,3 +572,117 @@ def test_no_log_reports_the_missing_heartbeats_of_the_coordination_leader():
     for _ in range(40):
         logs = worker_logs.failure_logs("killed", rng.randint(2, 4), 0, rng)
         assert not any("stopped sending heartbeats" in log for log in logs)
+
+
+FORKED_SCRIPT = """\
+import json, os, sys, tempfile
+imported = "tensorflow" in sys.modules                      # before this script imports it
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+print(json.dumps({"task": task, "argv": sys.argv[1:], "imported": imported,
+                  "tmp": tempfile.gettempdir(), "pid": os.getpid(), "pgid": os.getpgid(0)}))
+if sys.argv[1] == "fail" and task == 1:
+    raise ValueError("worker 1 broke on purpose")
+if sys.argv[1] == "hang":
+    import time
+    time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_forked_workers_run_the_script_as_fresh_ones_and_fail_stop_and_die_like_them(tmp_path):
+    """The check's workers: forked from one zygote (TensorFlow imported there, once), each with
+    its own TF_CONFIG, arguments, environment, log and process group; a failure, a kill and a
+    time-out are reported as LocalCluster reports them, and nothing is left running."""
+    import json
+    import os
+
+    import psutil
+
+    from course_utils.cluster import ClusterTimeoutError, WorkerError
+    from course_utils.grading.checks.lesson_03_workers import ForkedCluster
+
+    script = tmp_path / "worker.py"
+    script.write_text(FORKED_SCRIPT)
+    (tmp_path / "tmp").mkdir()
+    with ForkedCluster(script, 3, args=["ok", "--x"], timeout=60, stream=False,
+                       env={"TMPDIR": str(tmp_path / "tmp")}) as local:
+        assert local.wait() == [0, 0, 0]
+    reports = [json.loads(local.log(i).splitlines()[0]) for i in range(3)]
+    assert [r["task"] for r in reports] == [0, 1, 2]
+    assert all(r["argv"] == ["ok", "--x"] and r["imported"] for r in reports)
+    assert all(r["tmp"] == str(tmp_path / "tmp") and r["pid"] == r["pgid"] for r in reports)
+    assert len({r["pid"] for r in reports} | {os.getpid()}) == 4
+    with ForkedCluster(script, 2, args=["fail"], timeout=60, stream=False) as local:
+        with pytest.raises(WorkerError, match="worker 1 failed \\(exit code 1\\)") as failure:
+            local.wait()
+    assert "worker 1 broke on purpose" in failure.value.log_tail
+    killed = ForkedCluster(script, 2, args=["hang"], timeout=60, grace=0.1, stream=False)
+    killed.wait_for("pgid", worker=1, timeout=60)
+    assert killed.kill_worker(1) > 0 and killed.poll()[1] == -9
+    with pytest.raises(WorkerError, match="worker 1 was killed on purpose"):
+        killed.wait()
+    hung = ForkedCluster(script, 2, args=["hang"], timeout=1, grace=0.1, stream=False)
+    with pytest.raises(ClusterTimeoutError, match="did not finish"):
+        hung.wait()
+    for local in (killed, hung):
+        assert all(code is not None and code < 0 for code in local.poll())
+        assert not [p for p in local.pids if psutil.pid_exists(p)
+                    and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_the_zygote_and_its_workers_die_with_the_process_that_started_them(tmp_path):
+    """Killed hard, the checker leaves no zygote and no worker behind (a notebook kernel)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    script = tmp_path / "worker.py"
+    script.write_text(FORKED_SCRIPT)
+    code = (
+        "import json, sys, time\n"
+        "from course_utils.grading.checks import lesson_03_workers as w\n"
+        "w.ZYGOTE_IMPORTS = 'json'\n"                       # its death, not TensorFlow's import
+        f"c = w.ForkedCluster({str(script)!r}, 2, args=['hang'], stream=False)\n"
+        "for i in range(2): c.wait_for('pgid', worker=i, timeout=200)\n"
+        "print(json.dumps([w._zygote['process'].pid, *c.pids]), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    checker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    try:
+        pids = json.loads(checker.stdout.readline())
+        os.kill(checker.pid, signal.SIGKILL)
+        checker.wait(timeout=30)
+    finally:
+        checker.kill()
+        checker.stdout.close()
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in pids if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"left running: {alive} of zygote and workers {pids}"
+
+
+def test_a_failed_job_names_a_model_built_outside_the_strategy(tmp_path):
+    """Workers that each train alone race for checkpoint_dir and may crash: the check names
+    the cause their builds recorded (worker by worker), not the crash."""
+    import json
+
+    alone = {"multi_worker": False, "strategy": "_DefaultDistributionStrategy", "replicas": 1}
+    right = {"multi_worker": True, "strategy": "MultiWorkerMirroredStrategy", "replicas": 3}
+    (tmp_path / "built-0.json").write_text(json.dumps([right]))
+    assert lesson_03._failed_build(tmp_path, 3) is None       # worker 1 never built, 2 half
+    (tmp_path / "built-2.json").write_text('[{"multi_wor')
+    assert lesson_03._failed_build(tmp_path, 3) is None
+    (tmp_path / "built-2.json").write_text(json.dumps([alone]))
+    assert re.match("worker 2 built the model under _DefaultDistributionStrategy, not in the "
+                    "scope", lesson_03._failed_build(tmp_path, 3))
+    (tmp_path / "built-1.json").write_text(json.dumps([right, right]))
+    assert "worker 1 called build_model 2 times" in lesson_03._failed_build(tmp_path, 3)

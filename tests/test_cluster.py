@@ -205,19 +205,20 @@ def test_in_process_cluster_starts_once_per_size_and_reuses_its_strategy():
 @pytest.mark.slow
 def test_two_workers_train_and_match_two_replica_mirrored(tmp_path):
     args = ["--out", str(tmp_path), "--epochs", "2", "--steps", "4", "--accumulation-steps", "2"]
-    with LocalCluster(TRAIN, num_workers=2, args=args, timeout=120, stream=False) as local:
-        first_step = local.wait_for(r"^epoch 1 ", timeout=90)
-        local.wait()
-        reports = [done_report(local.log(i)) for i in range(2)]
+    env = dict(os.environ, **cluster.WORKER_ENV)
+    # The reference runs beside the cluster (its workers wait on each other at times).
+    with subprocess.Popen([sys.executable, str(TRAIN), "--mode", "mirrored", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env) as reference:
+        with LocalCluster(TRAIN, num_workers=2, args=args, timeout=120, stream=False) as local:
+            first_step = local.wait_for(r"^epoch 1 ", timeout=90)
+            local.wait()
+            reports = [done_report(local.log(i)) for i in range(2)]
+        out, err = reference.communicate(timeout=120)
     print(f"2-worker cluster: start to first epoch {first_step:.1f} s")
     assert_all_gone(local.pids, local.ports)
-    env = dict(os.environ, **cluster.WORKER_ENV)
-    reference = subprocess.run(
-        [sys.executable, str(TRAIN), "--mode", "mirrored", *args],
-        capture_output=True, text=True, timeout=120, env=env,
-    )
-    assert reference.returncode == 0, reference.stdout[-2000:] + reference.stderr[-2000:]
-    mirrored = done_report(reference.stdout)
+    assert reference.returncode == 0, out[-2000:] + err[-2000:]
+    mirrored = done_report(out)
     assert reports[0]["history"]["loss"][-1] < reports[0]["history"]["loss"][0]
     np.testing.assert_allclose(reports[0]["history"]["loss"], mirrored["history"]["loss"],
                                rtol=1e-5)

@@ -20,7 +20,10 @@
   trains every step left exactly once, and ends with the
   weights of an uninterrupted one-device run.
 
-The worker scripts are written by :mod:`course_utils.grading.checks.worker_scripts`.
+The worker scripts are written by :mod:`course_utils.grading.checks.worker_scripts`; every
+worker is forked from one process that imported TensorFlow once
+(:mod:`course_utils.grading.checks.lesson_03_workers`), so that a check pays that import once
+per interpreter, not once per worker.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.forked_call import ForkedCall
+from course_utils.grading.checks.lesson_03_workers import ForkedCluster
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.resume_inputs import (
     dataset_fn_problem,
@@ -92,9 +96,7 @@ def _run(script: Path, args: list[str], folder: Path, workers: int = 2,
          **kwargs: Any) -> tuple[Any, list[str]]:
     """Run ``script`` on ``workers`` workers until they finish; return (cluster, logs). Raises
     on failure."""
-    from course_utils.cluster import LocalCluster
-
-    with LocalCluster(script, workers, args=args, timeout=CLUSTER_TIMEOUT, stream=False,
+    with ForkedCluster(script, workers, args=args, timeout=CLUSTER_TIMEOUT, stream=False,
                       collective_timeout=60, env={"TMPDIR": str(folder / "tmp")},
                       **kwargs) as cluster:
         cluster.wait()
@@ -109,14 +111,10 @@ def _load(path: Path) -> list[np.ndarray]:
 # --- exercise 1: the worker's training part -----------------------------------------------------
 
 
-def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
-    """What is wrong with the finished job in ``folder`` (None when it is right)."""
-    tf = _tf()
-    out = folder / "out"
-    workers = job["workers"]
-    audits = [json.loads((out / f"audit-{i}.json").read_text()) for i in range(workers)]
-    for worker, audit in enumerate(audits):
-        built = audit["built"]
+def _build_problem(builds: dict[int, list[dict[str, Any]]], workers: int) -> str | None:
+    """What is wrong with how the workers built their models (``builds[i]``: worker i's calls
+    of ``build_model``, as it recorded them), or None."""
+    for worker, built in sorted(builds.items()):
         if len(built) != 1:
             return (f"worker {worker} called build_model {len(built)} times: build the model "
                     "once, inside the strategy's scope")
@@ -126,6 +124,29 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
         if built[0]["replicas"] != workers:
             return (f"worker {worker}'s strategy had {built[0]['replicas']} replicas in sync, "
                     f"not {workers}: was TF_CONFIG read (the strategy built first)?")
+    return None
+
+
+def _failed_build(out: Path, workers: int) -> str | None:
+    """In a job that failed: what the builds its workers recorded already show, or None."""
+    builds = {}
+    for worker in range(workers):
+        try:
+            builds[worker] = json.loads((out / f"built-{worker}.json").read_text())
+        except (OSError, ValueError):    # it failed before building, or while writing
+            pass
+    return _build_problem(builds, workers)
+
+
+def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
+    """What is wrong with the finished job in ``folder`` (None when it is right)."""
+    tf = _tf()
+    out = folder / "out"
+    workers = job["workers"]
+    audits = [json.loads((out / f"audit-{i}.json").read_text()) for i in range(workers)]
+    problem = _build_problem(dict(enumerate(audit["built"] for audit in audits)), workers)
+    if problem:
+        return problem
     share = job["global_batch"] // workers
     for worker, audit in enumerate(audits):
         if not audit["contexts"] or set(audit["contexts"]) != {workers}:
@@ -207,7 +228,10 @@ def check_train_worker(fn: Any) -> bool:
             try:
                 _run(script, _script_args(job, folder), folder, workers=workers)
             except Exception as error:  # noqa: BLE001 - the learner's code failed in a worker
-                return f"the job failed: {error}"
+                # the model built outside the strategy makes the workers race for
+                # checkpoint_dir: name that cause, not the crash it led to
+                return (_failed_build(folder / "out", workers)
+                        or f"the job failed: {error}")
             return _verify_train_worker(folder, job)
 
     # two sizes of cluster, so that no number of workers can be assumed; the second only
@@ -294,9 +318,7 @@ def _steps_logged(log: str) -> list[int]:
 
 def _run_killed(script: Path, args: list[str], folder: Path, kill_after: int) -> None:
     """Run the job, kill worker 1 once it logged step ``kill_after``, stop the rest."""
-    from course_utils.cluster import LocalCluster
-
-    with LocalCluster(script, 2, args=[*args, "--step-delay", "1.0"], timeout=CLUSTER_TIMEOUT,
+    with ForkedCluster(script, 2, args=[*args, "--step-delay", "0.5"], timeout=CLUSTER_TIMEOUT,
                       stream=False, collective_timeout=60,
                       env={"TMPDIR": str(folder / "tmp")}) as cluster:
         cluster.wait_for(rf"^step {kill_after} ", worker=1)

@@ -94,6 +94,8 @@ def build_model():
                    "strategy": type(strategy).__name__,
                    "replicas": strategy.num_replicas_in_sync})
     np.savez(os.path.join(_args.out, f"initial-{_task}.npz"), *model.get_weights())
+    with open(os.path.join(_args.out, f"built-{_task}.json"), "w") as _file:
+        json.dump(_built, _file)                  # read even when the job fails later
     return model
 
 
