@@ -37,7 +37,9 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 
 Exercise 1's guard compares code objects' files: any call into ``course_utils/profiling.py``
 while the learner's function runs is caught, under whatever name it was bound. Exercise 3's
-guard does the same for the check's own reference, ``report_cases.report_reference``.
+guard does the same for the check's own reference, ``report_cases.report_reference``, and for
+the lesson's helpers that would make the report's decisions (``cu.grid.contradictions``,
+``cu.grid.axis_effects``, ``cu.memory.smallest_accumulation``), by identity or as a copy.
 """
 
 from __future__ import annotations
