@@ -214,6 +214,64 @@ def _own_run_copied(results, model, global_batch, replicas, budget_bytes):
                         budget_bytes)
 
 
+def _helpers_decide(results, model, global_batch, replicas, budget_bytes, *,
+                    use=("contradictions", "axis_effects", "smallest_accumulation"),
+                    grid=cu.grid, smallest=cu.memory.smallest_accumulation):
+    """The report with the lesson's helpers making the decisions (a fresh reader's answer
+    that passed before the guard): the choices from ``contradictions``, the strategy ratio
+    from ``axis_effects``, k from ``smallest_accumulation``; the rest written out."""
+    report = write_report(results, model, global_batch, replicas, budget_bytes)
+    strategies = list(dict.fromkeys(r.options["strategy"] for r in results))
+    precisions = list(dict.fromkeys(r.options["precision"] for r in results))
+    strategy = report["strategy"]["choice"]
+    if "contradictions" in use:
+        first = {"strategy": strategies[0], "precision": precisions[0]}
+        faster = grid.contradictions(results, first, axes=["strategy"])
+        strategy = strategies[1] if faster else strategies[0]
+        report["strategy"]["choice"] = strategy
+    if "axis_effects" in use:
+        report["strategy"]["ratio"] = grid.axis_effects(results, "strategy")[strategies[1]][0]
+    if "axis_evidence" in use:
+        report["evidence"] = grid.axis_evidence(results, "precision")
+    if "smallest_accumulation" in use:
+        k = smallest(model, global_batch=global_batch, budget_bytes=budget_bytes,
+                     replicas=replicas[strategy])
+        report["accumulation_steps"]["choice"] = k
+    return report
+
+
+def _copied_contradictions():
+    """``cu.grid.contradictions``' source pasted under another name (its own module)."""
+    import inspect
+    import types
+
+    module = types.ModuleType("my_helpers")
+    module.__dict__.update(vars(cu.grid))
+    source = inspect.getsource(cu.grid.contradictions).replace("def contradictions",
+                                                               "def flags")
+    exec(compile(source, "my_helpers.py", "exec"), module.__dict__)
+    return types.SimpleNamespace(contradictions=module.flags)
+
+
+pick_k = cu.memory.smallest_accumulation  # bound before the check, under another name
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    (_helpers_decide, "called the lesson's contradictions, axis_effects, smallest_acc"),
+    (lambda *a: _helpers_decide(*a, use=("contradictions",)), "lesson's contradictions:"),
+    (lambda *a: _helpers_decide(*a, use=("axis_effects",)), "lesson's axis_effects:"),
+    (lambda *a: _helpers_decide(*a, use=("axis_evidence",)), "lesson's axis_effects:"),
+    (lambda *a: _helpers_decide(*a, use=("smallest_accumulation",), smallest=pick_k),
+     "lesson's smallest_accumulation:"),
+    (lambda *a: _helpers_decide(*a, use=("contradictions",), grid=_copied_contradictions()),
+     r"lesson's contradictions \(a copy"),
+], ids=["all-three", "contradictions", "axis-effects", "axis-evidence", "k-aliased",
+        "contradictions-copied"])
+def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_write_report(wrong, my_results)
+
+
 @pytest.mark.parametrize(("wrong", "message"), [
     (_constant_report, "noise: 0.02"),
     (lambda *a: write_report(*a, noise_band=False), "choice"),

@@ -37,7 +37,9 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 
 Exercise 1's guard compares code objects' files: any call into ``course_utils/profiling.py``
 while the learner's function runs is caught, under whatever name it was bound. Exercise 3's
-guard does the same for the check's own reference, ``report_cases.report_reference``.
+guard does the same for the check's own reference, ``report_cases.report_reference``, and for
+the lesson's helpers that would make the report's decisions (``cu.grid.contradictions``,
+``cu.grid.axis_effects``, ``cu.memory.smallest_accumulation``), by identity or as a copy.
 """
 
 from __future__ import annotations
@@ -349,6 +351,16 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
 # --- Exercise 3 · your report, from your run ----------------------------------------------
 
 
+#: The lesson's helpers that decide what ``write_report`` must decide itself (finding 10).
+_DECIDER_NAMES = {"contradictions", "axis_effects", "smallest_accumulation", "others"}
+
+
+def _decided_by_helpers(called: list[str]) -> str:
+    named = ", ".join(name for name in called if not name.startswith("others"))  # nested
+    return (f"write_report called the lesson's {named}: decide the choices, the "
+            "ratios and k from the benchmark and cu.memory.step_budget yourself")
+
+
 #: ``check_write_report``'s default: no benchmark of the learner's given (the unit tests); any
 #: value passed, ``None`` included, must be the learner's own benchmark.
 _FRESH_ONLY = object()
@@ -390,12 +402,23 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
                                  want_k=4 if number == 0 else None,
                                  # where the second strategy wins: 4 replicas, not 2
                                  second_replicas=4 if speeds[2] > 1.5 else None))
-    # the check's own reference, under whatever name it was bound, may not answer
-    guard = CallsInto(report_reference.__code__)
+    # the check's own reference, under whatever name it was bound, may not answer; nor may
+    # the lesson's helpers that make a decision the report asks for (the choices, the
+    # ratios, k): cu.grid.noise and cu.memory.step_budget are the inputs it may use
+    from course_utils.grid import axis_effects, contradictions
+    from course_utils.memory import smallest_accumulation
+
+    deciders = (contradictions, axis_effects, smallest_accumulation)
+    guard = CallsInto(report_reference.__code__, *deciders)
 
     def guarded(verify: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
         def check(got: Any) -> str | None:
-            if guard.take():
+            called = guard.take()
+            named = [name for name in called if not name.startswith("<")]  # no genexpr
+            helpers = [name for name in named if name.split(" ")[0] in _DECIDER_NAMES]
+            if helpers and len(helpers) == len(named):
+                return _decided_by_helpers(helpers)
+            if called:
                 return ("write_report called the check's own reference (report_reference): "
                         "compute the report from the benchmark yourself")
             return verify(got)
