@@ -29,7 +29,7 @@ DIAGNOSES = (
 
 
 #: Every kind is one replica loss, sum(per-example losses) · a / (b · n + c · N + e) over the
-#: replica's n examples (N: the step's, all-reduced), reported with strategy.reduce(SUM) · f:
+#: replica's n examples (N: the step's), reported with strategy.reduce(SUM) · f:
 #: a loop's closure holds numbers, never the name of its mistake. Per kind (G: the global
 #: batch size written in the loop, R: replicas): (a, b, c, e, f).
 def _reduction(kind: str, global_batch_size: int, replicas: int) -> tuple[float, ...]:
@@ -64,9 +64,8 @@ def loop_with(strategy: Any, kind: str, global_batch_size: int) -> Callable[[Any
     f_num, f_den = tf.constant(report_scale * f), tf.constant(report_scale)
 
     def make_train_step(model: Any, optimizer: Any) -> Callable[[Any], Any]:
-        def replica_step(features: Any, labels: Any) -> Any:
+        def replica_step(features: Any, labels: Any, total: Any) -> Any:
             n = tf.cast(tf.shape(labels)[0], tf.float32)
-            total = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, n)
             with tf.GradientTape() as tape:
                 losses = per_example(labels, model(features, training=True))
                 loss = tf.math.divide_no_nan(tf.reduce_sum(losses) * a, b * n + c * total + e)
@@ -76,7 +75,11 @@ def loop_with(strategy: Any, kind: str, global_batch_size: int) -> Callable[[Any
 
         @tf.function
         def train_step(batch: Any) -> Any:
-            per_replica = strategy.run(replica_step, args=batch)
+            # the step's examples, counted from the replicas' shapes (no collective needed)
+            total = tf.cast(tf.add_n([tf.shape(local)[0] for local in
+                                      strategy.experimental_local_results(batch[1])]),
+                            tf.float32)
+            per_replica = strategy.run(replica_step, args=(*batch, total))
             reported = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
             return reported * f_num / f_den
 
