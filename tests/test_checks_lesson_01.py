@@ -204,6 +204,14 @@ def _no_seed(blocks, batch_size, buffer, seed):
     return blocks.unbatch().shuffle(buffer).batch(batch_size)
 
 
+def _half_buffer(blocks, batch_size, buffer, seed):  # "half is plenty"
+    return blocks.unbatch().shuffle(buffer // 2, seed=seed).batch(batch_size)
+
+
+def _most_of_the_buffer(blocks, batch_size, buffer, seed):  # 70 % of it
+    return blocks.unbatch().shuffle(buffer * 7 // 10, seed=seed).batch(batch_size)
+
+
 def _fixed_seed(blocks, batch_size, buffer, seed):  # one seed for every call
     return blocks.unbatch().shuffle(buffer, seed=42).batch(batch_size)
 
@@ -237,6 +245,8 @@ def _shuffled_once_in_numpy(blocks, batch_size, buffer, seed):  # read from the 
     (_same_order_every_epoch, "two epochs came in the same order"),
     (_fixed_seed, r"seed=\d+ gave the same order as seed="),
     (_buffer_ignored, "reaches at most"),
+    (_half_buffer, r"no example came more than \d+ places ahead"),
+    (_most_of_the_buffer, r"no example came more than \d+ places ahead"),
     (_dropped_last_batch, "batch sizes differ"),
     (_shuffled_once_in_numpy, "two epochs came in the same order"),
 ])
@@ -311,6 +321,10 @@ def _small_buffer(records, decode, augment, b, buffer):  # the buffer given igno
     return records.map(decode).cache().shuffle(2).map(augment).batch(b)
 
 
+def _half_buffer(records, decode, augment, b, buffer):  # "half is plenty"
+    return records.map(decode).cache().shuffle(buffer // 2).map(augment).batch(b)
+
+
 def _last_batch_dropped(records, decode, augment, b, buffer):
     decoded = records.map(decode).cache().shuffle(buffer).map(augment)
     return decoded.batch(b, drop_remainder=True)
@@ -325,7 +339,8 @@ def _last_batch_dropped(records, decode, augment, b, buffer):
     (_not_shuffled, "stored order"),
     (_shuffled_once, "froze the shuffle"),
     (_last_batch_dropped, "batch sizes differ"),
-    (_small_buffer, "only mixes neighbours"),
+    (_small_buffer, r"no record came more than \d+ places .* in 4 epochs"),
+    (_half_buffer, r"brings some \d+ or more: shuffle with the buffer given"),
 ])
 def test_cached_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):

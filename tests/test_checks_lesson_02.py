@@ -401,6 +401,66 @@ def test_a_diagnosis_read_from_the_loops_closure_is_rejected():
         checks.check_diagnose_loop(read_from_the_closure)
 
 
+def _one_frozen_step(strategy, make_train_step, build_model, features, labels, size):
+    """One step with SGD(0.0) on ``size`` examples: it runs, and moves nothing."""
+    with strategy.scope():
+        model, optimizer = build_model(), keras.optimizers.SGD(learning_rate=0.0)
+        optimizer.build(model.trainable_variables)
+    batches = tf.data.Dataset.from_tensor_slices((features[:size], labels[:size])).batch(size)
+    make_train_step(model, optimizer)(next(iter(strategy.experimental_distribute_dataset(
+        batches))))
+
+
+def ran_one_step_then_read_the_closure(strategy, make_train_step, build_model, features,
+                                       labels, global_batch_size):  # finding 11 of the read
+    _one_frozen_step(strategy, make_train_step, build_model, features, labels,
+                     global_batch_size)
+    return read_from_the_closure(strategy, make_train_step, build_model, features, labels,
+                                 global_batch_size)
+
+
+def ran_one_step_then_decoded_the_numbers(strategy, make_train_step, build_model, features,
+                                          labels, global_batch_size):
+    """Runs one frozen full step, then decodes the loop's constants (a, b, c, e, f)."""
+    _one_frozen_step(strategy, make_train_step, build_model, features, labels,
+                     global_batch_size)
+    values = {name: float(value) for name, value in _closure_values(make_train_step).items()
+              if isinstance(value, tf.Tensor)}
+    if not np.isclose(values["f_num"], values["f_den"]):
+        return "loss reported with ReduceOp.MEAN"
+    if values["c"]:
+        return "right"
+    if values["e"]:
+        return "constant global_batch_size on a short batch"
+    replicas = strategy.num_replicas_in_sync
+    if np.isclose(values["a"] / values["b"], global_batch_size / replicas):
+        return "global_batch_size passed positionally"
+    if np.isclose(values["b"] / values["a"], 1.0):
+        return "reduce_mean per replica"
+    return "Keras loss object on an uneven split"
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (ran_one_step_then_read_the_closure, "full batches only|this loop is"),
+    (ran_one_step_then_decoded_the_numbers, "after steps on full batches only"),
+])
+def test_a_diagnosis_that_runs_a_frozen_step_and_reads_the_loop_is_rejected(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        checks.check_diagnose_loop(wrong)
+
+
+def test_every_kind_of_loop_runs_one_code_whose_closure_names_no_mistake():
+    from course_utils.grading.checks.loops import loop_with
+
+    strategy = lesson_02.mirrored_strategy()
+    loops = [loop_with(strategy, kind, 8) for kind in lesson_02.DIAGNOSES]
+    assert len({loop.__code__ for loop in loops}) == 1
+    for loop in loops:
+        values = _closure_values(loop).values()
+        assert not any(isinstance(value, str) for value in values)
+        assert not any(getattr(value, "__name__", "") == "counted" for value in values)
+
+
 @pytest.mark.parametrize("constant", ["reduce_mean per replica",
                                       "Keras loss object on an uneven split",
                                       "global_batch_size passed positionally",

@@ -8,17 +8,18 @@
   the slow and the fast pipeline are timed the same way, in turns, over several epochs.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – every example once per epoch, right batch sizes, few neighbours from one
-  block inside a batch, examples from far apart, the same order for the same seed and a new
-  order every epoch.
+  block inside a batch, one example as far ahead as the buffer given brings one (0.8 of it),
+  the same order for the same seed and a new order every epoch.
 * ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted),
   augmentation and order that change every epoch (a cache after the shuffle freezes it), every
-  record once per epoch, and a shuffle as wide as the buffer given (how far records jump).
+  record once per epoch, and a shuffle as wide as the buffer given (a record count/2 early).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
   ``map`` – image, label and a weight that some records lack (default 1.0).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -35,8 +36,7 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_cached_pipeline", "check_fast_pipeline", "check_parse_record",
            "check_shuffled_batches", "FAST_PIPELINE_MIN_READS_AT_ONCE", "FAST_PIPELINE_MIN_SPEEDUP",
-           "FAST_PIPELINE_ROUNDS", "READ_LATENCY_S",
-           "RECORD_IMAGE_SHAPE", "record_example"]
+           "FAST_PIPELINE_ROUNDS", "READ_LATENCY_S", "RECORD_IMAGE_SHAPE", "record_example"]
 
 #: The speed-up over the slow reference that ``fast_pipeline`` must reach. The reads wait
 #: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads, but
@@ -240,11 +240,9 @@ def check_shuffled_batches(fn: Any) -> bool:
                 return (f"{same_block:.0%} of the neighbours inside your batches come from the "
                         "same block (expected a few per cent): the blocks were shuffled, not "
                         "the examples")
-            # how far each example moved: about n/3 for a shuffle over the whole dataset, about
-            # the buffer for a small one (n is at least 20 times any batch here)
+            # a buffer of b: the i-th out is one of 0 .. i + b - 1 (a bound, not a timing); on
+            # average examples move about 0.65 b, or n/3 for the whole set (n >= 20 batches)
             moved = float(np.mean(np.abs(elements - np.arange(num_elements))))
-            # a buffer of b examples: the i-th out has read at most i + b examples, so it is
-            # one of 0 .. i + b - 1 (a bound, not a timing); about 0.65 b moved on average
             ahead = int(np.max(elements - np.arange(num_elements)))
             if buffer < num_elements and ahead > buffer - 1:
                 return (f"an example came out {ahead} places ahead of its place in the data; "
@@ -259,6 +257,13 @@ def check_shuffled_batches(fn: Any) -> bool:
                         f"places on average; a shuffle over all {num_elements} examples moves "
                         f"them about {num_elements / 3:.0f}): use the whole buffer given, in "
                         "examples")
+            # b < n brings one 0.8 (b - 1) ahead, b = n one n/2 ahead (n >= 320), both failing
+            # far below one in a million; a buffer under 0.8 b, or n/2, never can
+            reach = math.ceil(0.8 * (buffer - 1)) if buffer < num_elements else buffer // 2
+            if ahead < reach:
+                return (f"no example came more than {ahead} places ahead of its place in the "
+                        f"data; a shuffle buffer of {buffer} examples brings some {reach} or "
+                        "more ahead: use the whole buffer given, in examples")
             if np.array_equal(np.concatenate(epoch_two), elements):
                 return "two epochs came in the same order: reshuffle every epoch"
             again = fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed)
@@ -348,14 +353,14 @@ def check_cached_pipeline(fn: Any) -> bool:
         if orders[0] == orders[1]:
             return ("the two epochs came in the same order: the cache froze the shuffle; "
                     "a shuffle is random work too, so it belongs after the cache")
-        # A buffer of b lets a record come at most b - 1 places early; a shuffle of the whole
-        # set (buffer = count) brings some record count/4 or more places early in an epoch,
-        # all but surely (both epochs falling short: far below one in a million).
+        # A buffer of b brings no record b places early; the whole set's none k = count // 2
+        # early with P = k^(count-k) k!/count! < 0.8 % (count >= 21); in 4 epochs: < 1e-8.
+        orders += [(np.concatenate(_batches(dataset)) // 10).astype(int).tolist() for _ in range(2)]
         jumps = [max(record - place for place, record in enumerate(order)) for order in orders]
-        if max(jumps) < count // 4:
+        if max(jumps) < count // 2:
             return (f"no record came more than {max(jumps)} places before its stored place "
-                    f"in either epoch: a shuffle buffer that small only mixes neighbours; "
-                    f"shuffle with the buffer given (shuffle_buffer={count})")
+                    f"in {len(orders)} epochs; a shuffle over all {count} records brings some "
+                    f"{count // 2} or more: shuffle with the buffer given ({count})")
         return None
 
     case = Case(args=(tf.data.Dataset.range(count), decode, augment, batch_size, count),

@@ -246,15 +246,22 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
 # --- Exercise 3 · diagnose a training loop from its symptoms -----------------------------------
 
 
-def _counting(make_train_step: Any, steps_run: list[int]) -> Any:
-    """``make_train_step`` whose train steps add one to ``steps_run`` each time they run."""
+#: The answers a full global batch cannot tell apart: each needs a step on a short batch.
+SHORT_BATCH_DIAGNOSES = ("right", "constant global_batch_size on a short batch",
+                         "Keras loss object on an uneven split")
+
+
+def _counting(strategy: Any, make_train_step: Any, steps_run: list[int]) -> Any:
+    """``make_train_step`` whose train steps add their batch's examples to ``steps_run``."""
 
     def counted_make_train_step(model: Any, optimizer: Any) -> Any:
         train_step = make_train_step(model, optimizer)
 
         def counted_train_step(batch: Any) -> Any:
             result = train_step(batch)
-            steps_run.append(1)
+            labels = batch[-1] if isinstance(batch, tuple | list) else batch
+            steps_run.append(sum(int(_tf().shape(local)[0])
+                                 for local in strategy.experimental_local_results(labels)))
             return result
 
         return counted_train_step
@@ -291,16 +298,21 @@ def check_diagnose_loop(fn: Any) -> bool:
             return mlp(num_features, classes, hidden_units=(8,), name="check_diagnose")
 
         steps_run: list[int] = []  # the steps the answer ran: a diagnosis runs the loop
-        make_train_step = _counting(loop_with(strategy, kind, global_batch), steps_run)
+        make_train_step = _counting(strategy, loop_with(strategy, kind, global_batch),
+                                    steps_run)
 
-        def verify(answer: Any, kind: str = kind, steps_run: list[int] = steps_run
-                   ) -> str | None:
+        def verify(answer: Any, kind: str = kind, steps_run: list[int] = steps_run,
+                   global_batch: int = global_batch) -> str | None:
             if not isinstance(answer, str) or answer not in DIAGNOSES:
                 return f"answer one of DIAGNOSES, got {answer!r}"
             if not steps_run:
                 return (f"you answered {answer!r} without running a single step of the loop: "
                         "diagnose it by running it (build the model, call "
                         "make_train_step(model, optimizer)(batch)), not by reading it")
+            if answer in SHORT_BATCH_DIAGNOSES and min(steps_run) >= global_batch:
+                return (f"you answered {answer!r} after steps on full batches only "
+                        f"({steps_run} examples): on a full batch {SHORT_BATCH_DIAGNOSES} look "
+                        "the same; run a step on a short batch, split unevenly")
             return None if answer == kind else f"this loop is {kind!r}, not {answer!r}"
 
         cases.append(Case(args=(strategy, make_train_step, build_model,
