@@ -599,7 +599,7 @@ def test_forked_workers_run_the_script_as_fresh_ones_and_fail_stop_and_die_like_
     import psutil
 
     from course_utils.cluster import ClusterTimeoutError, WorkerError
-    from course_utils.grading.checks.lesson_03_workers import ForkedCluster
+    from course_utils.grading.checks.forked_workers import ForkedCluster
 
     script = tmp_path / "worker.py"
     script.write_text(FORKED_SCRIPT)
@@ -645,7 +645,7 @@ def test_the_zygote_and_its_workers_die_with_the_process_that_started_them(tmp_p
     script.write_text(FORKED_SCRIPT)
     code = (
         "import json, sys, time\n"
-        "from course_utils.grading.checks import lesson_03_workers as w\n"
+        "from course_utils.grading.checks import forked_workers as w\n"
         "w.ZYGOTE_IMPORTS = 'json'\n"                       # its death, not TensorFlow's import
         f"c = w.ForkedCluster({str(script)!r}, 2, args=['hang'], stream=False)\n"
         "for i in range(2): c.wait_for('pgid', worker=i, timeout=200)\n"

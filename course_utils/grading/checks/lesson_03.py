@@ -22,7 +22,7 @@
 
 The worker scripts are written by :mod:`course_utils.grading.checks.worker_scripts`; every
 worker is forked from one process that imported TensorFlow once
-(:mod:`course_utils.grading.checks.lesson_03_workers`), so that a check pays that import once
+(:mod:`course_utils.grading.checks.forked_workers`), so that a check pays that import once
 per interpreter, not once per worker.
 """
 
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.forked_call import ForkedCall
-from course_utils.grading.checks.lesson_03_workers import ForkedCluster
+from course_utils.grading.checks.forked_workers import ForkedCluster
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.resume_inputs import (
     dataset_fn_problem,
