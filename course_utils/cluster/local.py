@@ -171,12 +171,9 @@ class LocalCluster:
                     "reserve nearly all of its memory")
         return f"the {self.num_workers} workers compute on the CPU (no GPU here)"
 
-    def start(self) -> LocalCluster:
-        """Pick ports, write ``TF_CONFIG`` per worker and start every worker process.
-
-        A stopped cluster can be started again (new ports, logs overwritten): that is how a job
-        restarts after a failure and resumes from its checkpoint directory.
-        """
+    def _prepare_start(self) -> None:
+        """What every start does before its workers run: refuse a running cluster, close what a
+        previous start left, fresh logs, cluster spec and clock, and a stop at exit."""
         if self.processes and self.running:
             raise RuntimeError("the cluster is running; stop() it before starting it again")
         self.stop()  # a restart: close what the previous start left
@@ -189,6 +186,14 @@ class LocalCluster:
         self.killed = set()
         self.started_at = time.monotonic()
         stop_at_exit(self)
+
+    def start(self) -> LocalCluster:
+        """Pick ports, write ``TF_CONFIG`` per worker and start every worker process.
+
+        A stopped cluster can be started again (new ports, logs overwritten): that is how a job
+        restarts after a failure and resumes from its checkpoint directory.
+        """
+        self._prepare_start()
         preexec = death_signal_setter()
         command = [sys.executable, *(["-m", self.module] if self.module else [str(self.script)]),
                    *self.args]

@@ -32,8 +32,6 @@ import time
 from typing import Any
 
 from course_utils.cluster import LocalCluster
-from course_utils.cluster.logs import WorkerLogs, temporary_log_dir
-from course_utils.cluster.processes import stop_at_exit
 from course_utils.cluster.tf_config import cluster_spec
 from course_utils.cluster.waiting import WorkerWaiter
 
@@ -238,18 +236,7 @@ class ForkedCluster(LocalCluster):
         address = _zygote_address(self._zygote_env())
         if address is None or self.script is None:
             return super().start()
-        if self.processes and self.running:
-            raise RuntimeError("the cluster is running; stop() it before starting it again")
-        self.stop()
-        self.processes, self._log_files = [], []
-        if self.log_dir is None:
-            self.log_dir = temporary_log_dir("cu_cluster_")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._logs = WorkerLogs(self.log_dir, self.num_workers)
-        self.cluster = cluster_spec(self.num_workers, host=self.host)
-        self.killed = set()
-        self.started_at = time.monotonic()
-        stop_at_exit(self)
+        self._prepare_start()
         try:
             for index, path in enumerate(self.log_paths):
                 log = open(path, "wb")  # noqa: SIM115 - closed by stop()
