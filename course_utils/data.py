@@ -1,8 +1,9 @@
 """Offline datasets and input-pipeline builders.
 
 Nothing here downloads anything. The synthetic tasks are made so that models really learn
-(labels come from a fixed random "teacher"), and scikit-learn's handwritten digits, which ship
-inside scikit-learn, are exposed as a real TFDS builder so ``tfds.load`` works with no network.
+(labels come from a fixed random "teacher"), and the UCI handwritten digits, which ship inside
+this package (``datasets/``), are exposed as a real TFDS builder so ``tfds.load`` works with no
+network.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 __all__ = [
     "DIGITS_NAME", "teacher_classification", "sequence_task",
     "make_pipeline", "without_default_optimizations", "add_latency", "write_tfrecord_shards",
-    "parse_tfrecord_fn", "read_tfrecord_shards", "default_data_dir", "digits_builder",
-    "load_digits",
+    "parse_tfrecord_fn", "read_tfrecord_shards", "default_data_dir", "digits_arrays",
+    "digits_builder", "load_digits",
 ]
 
 DIGITS_NAME = "course_digits"
@@ -265,42 +266,53 @@ def default_data_dir() -> str:
     return path
 
 
+DIGITS_FILE = pathlib.Path(__file__).parent / "datasets" / "optdigits_test.csv.gz"
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The shipped digits as (images 1797x8x8 of 0..16 as float64, labels 1797 of int64).
+
+    The same arrays as ``sklearn.datasets.load_digits()``'s ``images`` and ``target``: the
+    file is the one scikit-learn ships (see ``datasets/README.md``).
+    """
+    table = np.loadtxt(DIGITS_FILE, delimiter=",")
+    return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+
+
 def _digits_builder_class() -> type:
-    """Define (once) the TFDS builder of scikit-learn's handwritten digits."""
+    """Define (once) the TFDS builder of the UCI handwritten digits shipped with the course."""
     global _DIGITS_BUILDER
     if _DIGITS_BUILDER is not None:
         return _DIGITS_BUILDER
     import tensorflow_datasets as tfds
 
     class CourseDigits(tfds.core.GeneratorBasedBuilder):
-        """scikit-learn's 8x8 handwritten digits (1,797 images, 10 classes), offline."""
+        """The UCI 8x8 handwritten digits (1,797 images, 10 classes), offline."""
 
         VERSION = tfds.core.Version("1.0.0")
-        RELEASE_NOTES = {"1.0.0": "First release: from sklearn.datasets.load_digits."}
+        RELEASE_NOTES = {"1.0.0": "First release: the UCI test set as scikit-learn ships it."}
 
         def _info(self) -> Any:
             return self.dataset_info_from_configs(
-                description="UCI ML handwritten digits as shipped with scikit-learn: 8x8 "
+                description="UCI ML handwritten digits (the test set scikit-learn ships): 8x8 "
                 "grey images scaled to 0-255.",
                 features=tfds.features.FeaturesDict({
                     "image": tfds.features.Image(shape=(8, 8, 1)),
                     "label": tfds.features.ClassLabel(num_classes=10),
                 }),
                 supervised_keys=("image", "label"),
-                homepage="https://scikit-learn.org/stable/datasets/toy_dataset.html",
+                homepage="https://doi.org/10.24432/C50P49",
             )
 
         def _split_generators(self, dl_manager: Any) -> dict[str, Any]:
-            del dl_manager  # nothing to download: the data ships with scikit-learn
-            from sklearn.datasets import load_digits
-
-            digits = load_digits()
-            images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+            del dl_manager  # nothing to download: the data ships with the course
+            pixels, labels = digits_arrays()
+            images = np.round(pixels * (255.0 / 16.0)).astype(np.uint8)[..., None]
             order = np.random.default_rng(0).permutation(len(images))
             cut = int(len(images) * 0.8)
             return {
-                "train": self._generate_examples(images, digits.target, order[:cut]),
-                "test": self._generate_examples(images, digits.target, order[cut:]),
+                "train": self._generate_examples(images, labels, order[:cut]),
+                "test": self._generate_examples(images, labels, order[cut:]),
             }
 
         def _generate_examples(self, images: np.ndarray, labels: np.ndarray,

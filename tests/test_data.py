@@ -183,6 +183,14 @@ def test_digits_load_offline_through_tfds(tmp_path):
     assert builder.info.splits["train"].num_examples == 1437
 
 
+def test_the_shipped_digits_are_the_uci_test_set():
+    images, labels = data.digits_arrays()
+    assert images.shape == (1797, 8, 8) and labels.shape == (1797,)
+    assert images.min() == 0 and images.max() == 16 and np.all(images == np.round(images))
+    # The UCI test set's class counts (optdigits.tes): 178, 182, 177, 183, 181, ...
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+
+
 def test_default_data_dir_respects_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
     assert data.default_data_dir() == str(tmp_path)

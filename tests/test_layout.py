@@ -99,8 +99,11 @@ def test_the_lock_is_the_course_stack():
     assert lock["tf-keras"].startswith("2.21.")  # tf-keras must match TensorFlow's minor
     assert lock["keras"].startswith("3.")
     for needed in ("tensorflow-datasets", "importlib-resources", "tensorboard", "jupyterlab",
-                   "ipywidgets", "nbclient", "portpicker", "psutil", "scikit-learn", "pyyaml"):
+                   "ipywidgets", "nbclient", "portpicker", "psutil", "pyyaml"):
         assert needed in lock, needed
+    # Keras imports scikit-learn (and SciPy) on every `import tensorflow` when it is installed,
+    # about a CPU-second per process: the course ships its digits instead of depending on it.
+    assert "scikit-learn" not in lock and "scipy" not in lock
 
 
 def test_makefile_installs_with_the_lock():
