@@ -61,15 +61,15 @@ sync: $(STAMP)  ## exercises/ is exactly what solutions/ generates
 	$(BIN)/python -m course_utils exercises --check
 
 unit: $(STAMP)  ## pytest: the package, layout and conventions, grader, trainer, clusters
-	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile
+	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile --no-loadscope-reorder
 
 test-fast: lint stripped sync unit-fast  ## between small changes: test without slow tests and nbval
 	@echo "make test-fast: all fast checks passed (make test runs everything)"
 
 unit-fast: $(STAMP)  ## pytest without the tests marked slow
-	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
-NBVAL = $(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile \
+NBVAL = $(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile --no-loadscope-reorder \
 	--nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
 
 # make test executes every exercise notebook blank (as committed), half and fully solved under
@@ -80,7 +80,7 @@ nbval: $(STAMP)  ## execute every lesson notebook (nbval, lax mode); exercises: 
 	$(NBVAL) notebooks
 
 test-grading: $(STAMP)  ## the grading tests with nbgrader grading every lesson solved too (long)
-	COURSE_NBGRADER_LESSONS=all $(BIN)/python -m pytest -n $(JOBS) --dist loadfile \
+	COURSE_NBGRADER_LESSONS=all $(BIN)/python -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder \
 		tests/test_grading_nbgrader.py tests/test_gradescope.py tests/test_grading_grader.py
 
 nbval-all: $(STAMP)  ## execute every notebook under nbval; solutions with strict checks
@@ -181,12 +181,12 @@ $(COLAB_VENV)/.installed: $(COLAB_STACK) pyproject.toml
 	@touch $@
 
 COLAB_NBVAL = $(COLAB_BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) \
-	--dist loadfile --nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
+	--dist loadfile --no-loadscope-reorder --nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
 
 test-colab-stack: $(COLAB_VENV)/.installed  ## unit tests and lessons on Colab's versions (.venv-colab)
 	COURSE_COLAB_STACK=$(COLAB_STACK) $(COLAB_BIN)/python -m pytest -q \
 		tests/test_dependencies.py::test_this_environment_is_colabs_stack
-	$(COLAB_BIN)/python -m pytest tests -n $(JOBS) --dist loadfile
+	$(COLAB_BIN)/python -m pytest tests -n $(JOBS) --dist loadfile --no-loadscope-reorder
 	COURSE_STRICT_CHECKS=1 $(COLAB_NBVAL) solutions
 	$(COLAB_NBVAL) notebooks exercises
 	@echo "make test-colab-stack: the course passes on Colab's stack"

@@ -16,6 +16,25 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+#: The longest lessons first (quiet 2-core timings): pytest-xdist (``--dist loadfile``) hands each
+#: worker whole notebooks in collection order, so a long one collected last would run alone
+#: at the end. The Makefile passes ``--no-loadscope-reorder``, without which pytest-xdist
+#: orders files by their number of items instead.
+LONGEST_LESSONS_FIRST = ("03_", "09_", "04_", "A_", "07_", "02_", "08_", "01_", "06_", "00_",
+                         "05_")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Notebooks: the longest lessons first (a stable sort; test files: tests/conftest.py)."""
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        if item.path.suffix != ".ipynb":
+            return 0
+        return next((index for index, prefix in enumerate(LONGEST_LESSONS_FIRST)
+                     if name.startswith(prefix)), len(LONGEST_LESSONS_FIRST))
+    items.sort(key=rank)
+
+
 def pytest_collectstart(collector: pytest.Collector) -> None:
     """nbval: never compare stderr, HTML, JavaScript or widget views."""
     path = getattr(collector, "path", None)
