@@ -20,7 +20,7 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 __all__ = [
     "DIGITS_NAME", "teacher_classification", "sequence_task",
     "make_pipeline", "without_default_optimizations", "add_latency", "write_tfrecord_shards",
-    "parse_tfrecord_fn", "read_tfrecord_shards", "default_data_dir", "digits_arrays",
+    "parse_tfrecord_fn", "read_tfrecord_shards", "default_data_dir", "DIGITS_FILE", "digits_arrays",
     "digits_builder", "load_digits",
 ]
 
