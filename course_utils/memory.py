@@ -249,9 +249,12 @@ def step_budget(model: Any, *, global_batch: int, replicas: int = 1,
       runs at once, ``global_batch / replicas / accumulation_steps``.
 
     ``zero_stage`` 1, 2, 3 divide the slots, then also the gradients, then also the parameters
-    by ``replicas`` (rounded up), as ZeRO partitions them. The accumulation buffer stays whole, a
-    choice: each replica sums its own micro-batches' gradients before the one reduction per
-    update. (DeepSpeed's ZeRO-2/3 reduce-scatter every micro-batch and keep a shard of it.)
+    by ``replicas`` (rounded up), as ZeRO partitions them. With ``accumulation_steps`` > 1 the
+    gradients and the accumulation buffer stay whole under every stage, a choice: each replica
+    sums its own micro-batches' whole gradients and reduces once per update, so nothing is
+    sharded before the last micro-batch. (DeepSpeed's ZeRO-2/3 reduce-scatter after every
+    micro-batch instead and keep a shard: ``deepspeed/runtime/engine.py``,
+    ``allreduce_gradients``.)
     """
     for name, value in (("global_batch", global_batch), ("replicas", replicas),
                         ("accumulation_steps", accumulation_steps)):
@@ -273,8 +276,10 @@ def step_budget(model: Any, *, global_batch: int, replicas: int = 1,
     def share(size: int, from_stage: int) -> int:
         return -(-size // replicas) if zero_stage >= from_stage else size
 
-    return StepBudget(parameters=share(weights, 3), gradients=share(gradient, 2),
-                      accumulation=gradient if accumulation_steps > 1 else 0,
+    accumulating = accumulation_steps > 1  # one reduction per update: whole gradients
+    return StepBudget(parameters=share(weights, 3),
+                      gradients=gradient if accumulating else share(gradient, 2),
+                      accumulation=gradient if accumulating else 0,
                       optimizer_slots=share(optimizer_slots * gradient, 1),
                       activations=activation_bytes_per_example(model) * micro)
 
