@@ -249,9 +249,12 @@ def step_budget(model: Any, *, global_batch: int, replicas: int = 1,
       runs at once, ``global_batch / replicas / accumulation_steps``.
 
     ``zero_stage`` 1, 2, 3 divide the slots, then also the gradients, then also the parameters
-    by ``replicas`` (rounded up), as ZeRO partitions them. The accumulation buffer stays whole, a
-    choice: each replica sums its own micro-batches' gradients before the one reduction per
-    update. (DeepSpeed's ZeRO-2/3 reduce-scatter every micro-batch and keep a shard of it.)
+    by ``replicas`` (rounded up), as ZeRO partitions them. With ``accumulation_steps`` > 1 the
+    gradients and the accumulation buffer stay whole under every stage, a choice: each replica
+    sums its own micro-batches' whole gradients and reduces once per update, so nothing is
+    sharded before the last micro-batch. (DeepSpeed's ZeRO-2/3 reduce-scatter after every
+    micro-batch instead and keep a shard: ``deepspeed/runtime/engine.py``,
+    ``allreduce_gradients``.)
     """
     for name, value in (("global_batch", global_batch), ("replicas", replicas),
                         ("accumulation_steps", accumulation_steps)):
@@ -273,8 +276,10 @@ def step_budget(model: Any, *, global_batch: int, replicas: int = 1,
     def share(size: int, from_stage: int) -> int:
         return -(-size // replicas) if zero_stage >= from_stage else size
 
-    return StepBudget(parameters=share(weights, 3), gradients=share(gradient, 2),
-                      accumulation=gradient if accumulation_steps > 1 else 0,
+    accumulating = accumulation_steps > 1  # one reduction per update: whole gradients
+    return StepBudget(parameters=share(weights, 3),
+                      gradients=gradient if accumulating else share(gradient, 2),
+                      accumulation=gradient if accumulating else 0,
                       optimizer_slots=share(optimizer_slots * gradient, 1),
                       activations=activation_bytes_per_example(model) * micro)
 
@@ -360,6 +365,41 @@ def _probe(width: int, depth: int, blocks: int, batch: int, recompute: bool) -> 
     return _peak_rss_bytes() - before
 
 
+def _forked_probes(width: int, depth: int, blocks: int, batch: int) -> dict[str, int]:
+    """In this (fresh) process: import TensorFlow once, run nothing, then fork one child per
+    version, side by side; each child measures its own step (``_probe``)."""
+    import os
+    import traceback
+
+    import keras  # noqa: F401  imported before the fork: the children skip the import
+    import tensorflow  # noqa: F401  no op, device or context made before the fork
+
+    children = {}
+    for name, recompute in (("plain", False), ("recomputed", True)):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its own TensorFlow runtime, made after the fork
+            os.close(read)
+            code = 1
+            try:
+                os.write(write, str(_probe(width, depth, blocks, batch, recompute)).encode())
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(write)
+        children[name] = (pid, read)
+    rises = {}
+    for name, (pid, read) in children.items():
+        with os.fdopen(read, "rb") as pipe:
+            answer = pipe.read()
+        if os.waitpid(pid, 0)[1] != 0 or not answer:
+            raise RuntimeError(f"the memory probe ({name}) failed")
+        rises[name] = int(answer)
+    return rises
+
+
 def gradient_step_peak_rises(width: int, depth: int, blocks: int, batch: int,
                              timeout: float = 240.0) -> dict[str, int]:
     """``{"plain": bytes, "recomputed": bytes}``: how far one gradient step raises the peak
@@ -368,25 +408,32 @@ def gradient_step_peak_rises(width: int, depth: int, blocks: int, batch: int,
 
     The model is ``blocks`` blocks of ``depth`` Dense layers of ``width`` units, each block
     wrapped in ``tf.recompute_grad`` for the second number. A process's peak only grows, so
-    each measurement gets a process of its own (``course_utils.child.start_cpu_only``: every
-    GPU hidden, TensorFlow's defaults otherwise); the two run side by side. What they measure
-    is host memory of a step that runs on the CPU, on any machine; on a GPU, read
+    each measurement gets a process of its own, the two side by side: on Linux one fresh
+    process (``course_utils.child.start_cpu_only``: every GPU hidden, TensorFlow's defaults
+    otherwise) imports TensorFlow once and forks one child per version before it runs
+    anything, as lesson 03's check workers are forked; elsewhere two fresh processes. What they
+    measure is host memory of a step that runs on the CPU, on any machine; on a GPU, read
     ``tf.config.experimental.get_memory_info`` instead.
     """
     if min(width, depth, blocks, batch) < 1:
         raise ValueError("width, depth, blocks and batch must all be at least 1")
     from course_utils.child import start_cpu_only
 
-    children = {name: start_cpu_only(
-        ["-m", "course_utils.memory", json.dumps([width, depth, blocks, batch, recompute])])
-        for name, recompute in (("plain", False), ("recomputed", True))}
-    rises = {}
+    sizes = [width, depth, blocks, batch]
+    if sys.platform == "linux":  # one import, two forked children
+        jobs = {"both": [*sizes, None]}
+    else:
+        jobs = {"plain": [*sizes, False], "recomputed": [*sizes, True]}
+    children = {name: start_cpu_only(["-m", "course_utils.memory", json.dumps(arguments)])
+                for name, arguments in jobs.items()}
+    rises: dict[str, int] = {}
     try:
         for name, child in children.items():
             out, err = child.communicate(timeout=timeout)
             if child.returncode != 0:
                 raise RuntimeError(f"the memory probe ({name}) failed: {err.strip()[-1500:]}")
-            rises[name] = int(out.strip().splitlines()[-1])
+            answer = json.loads(out.strip().splitlines()[-1])
+            rises.update(answer if isinstance(answer, dict) else {name: int(answer)})
     finally:
         for child in children.values():
             if child.poll() is None:
@@ -395,5 +442,9 @@ def gradient_step_peak_rises(width: int, depth: int, blocks: int, batch: int,
     return rises
 
 
-if __name__ == "__main__":  # the probe's child process: python -m course_utils.memory '[...]'
-    print(_probe(*json.loads(sys.argv[1])))
+if __name__ == "__main__":  # the probe's process: python -m course_utils.memory '[...]'
+    _width, _depth, _blocks, _batch, _recompute = json.loads(sys.argv[1])
+    if _recompute is None:  # both versions, forked from this process
+        print(json.dumps(_forked_probes(_width, _depth, _blocks, _batch)))
+    else:
+        print(json.dumps(_probe(_width, _depth, _blocks, _batch, _recompute)))

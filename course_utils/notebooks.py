@@ -28,6 +28,7 @@ __all__ = [
     "COLAB_RUNTIME",
     "colab_url",
     "convention_problems",
+    "error_line",
     "INSTALL_REPORT",
     "install_summary",
     "is_appendix",
@@ -299,6 +300,17 @@ def new_notebook(
     return path
 
 
+_TERMINAL_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_line(error: BaseException, containing: str) -> str:
+    """The first line of ``error``'s message that contains ``containing``, with the terminal
+    colour codes that Keras and TensorFlow put in some messages removed; "" if no line does."""
+    text = _TERMINAL_COLOURS.sub("", str(error))
+    return next((line.strip() for line in text.splitlines() if containing in line), "")
+
+
 if __name__ == "__main__":  # python -m course_utils.notebooks: new Colab install lines everywhere
     for changed in refresh_setup_cells():
         print(f"refreshed the set-up cell of {changed}")
+

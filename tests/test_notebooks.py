@@ -284,3 +284,9 @@ def test_convention_checker_reports_unreadable_files(tmp_path):
     path.parent.mkdir()
     path.write_text("{not json")
     assert "cannot read" in notebooks.convention_problems(path, tmp_path)[0]
+
+
+def test_error_line_finds_the_line_and_drops_terminal_colours():
+    error = ValueError("first\n\x1b[1mTried to call merge_call\x1b[0m in a cond\nlast")
+    assert notebooks.error_line(error, "merge_call") == "Tried to call merge_call in a cond"
+    assert notebooks.error_line(error, "absent") == ""
