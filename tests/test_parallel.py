@@ -99,16 +99,33 @@ def test_split_step_places_both_passes_and_matches_the_whole_model(tf_devices):
         cu.parallel.split_sequential(model, [1], devices[:3])
 
 
-def test_model_parallel_devices_prefers_gpus_and_falls_back_to_logical_cpus(tf_devices):
+def test_model_parallel_devices_prefers_whole_gpus_and_falls_back_to_logical_cpus(tf_devices):
     tf, devices = tf_devices
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
-    expected = gpus[:2] if len(gpus) >= 2 else devices[:2]
+    whole = len(gpus) == len(tf.config.list_physical_devices("GPU"))  # no GPU split
+    expected = gpus[:2] if whole and len(gpus) >= 2 else devices[:2]
     assert cu.parallel.model_parallel_devices(2) == expected
-    assert cu.parallel.model_parallel_devices(4) == (gpus[:4] if len(gpus) >= 4 else devices)
+    assert cu.parallel.model_parallel_devices(4) == (
+        gpus[:4] if whole and len(gpus) >= 4 else devices)
     with pytest.raises(ValueError, match="logical_devices"):
         cu.parallel.model_parallel_devices(len(devices) + len(gpus) + 1)
     with pytest.raises(ValueError):
         cu.parallel.model_parallel_devices(0)
+
+
+def test_model_parallel_devices_does_not_split_a_model_over_one_split_gpu(monkeypatch,
+                                                                          tf_devices):
+    """One GPU split into four logical GPUs (what cu.setup does to a lone GPU) is one chip."""
+    import types
+
+    tf, devices = tf_devices
+    logical = tf.config.list_logical_devices
+    split_gpu = [types.SimpleNamespace(name=f"/device:GPU:{i}") for i in range(4)]
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["GPU:0"] if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config, "list_logical_devices",
+                        lambda kind=None: split_gpu if kind == "GPU" else logical(kind))
+    assert cu.parallel.model_parallel_devices(2) == devices[:2]
 
 
 def test_rnn_split_after_its_first_recurrent_layer_runs_on_two_devices(tf_devices):

@@ -385,6 +385,7 @@ def _run_connect_to_tpu(monkeypatch, initialize, attached):
 def test_lesson_connects_to_a_mocked_tpu(monkeypatch, capsys):
     namespace = _run_connect_to_tpu(monkeypatch, lambda resolver: None, attached=True)
     assert namespace["raw_tpu_strategy"].num_replicas_in_sync == 1
+    assert namespace["connect_error"] is None
     assert "TPU with 1 replica(s)." in capsys.readouterr().out
 
 
@@ -397,7 +398,9 @@ def test_lesson_says_plain_tensorflow_cannot_drive_a_mocked_tpu(monkeypatch, cap
 
     namespace = _run_connect_to_tpu(monkeypatch, plain_tensorflow, attached=True)
     assert namespace["raw_tpu_strategy"] is None
-    assert "install tensorflow-tpu" in capsys.readouterr().out
+    assert "NotFoundError" in capsys.readouterr().out  # the raw error, as it came
+    reason = tpu.tpu_failure_reason(str(namespace["connect_error"]), attached=True)
+    assert "install tensorflow-tpu" in reason  # what the next cell prints
 
 
 def test_draw_tpu_system_draws_every_mxu_of_each_core():
@@ -412,6 +415,9 @@ def test_draw_tpu_system_draws_every_mxu_of_each_core():
         assert sum(label.startswith("MXU") for label in labels) == (
             chip.tensor_cores * chip.mxus_per_core)
         assert sum(label.startswith("TensorCore") for label in labels) == chip.tensor_cores
+        megacore = chip.tensor_cores > chip.devices_per_chip  # v4, v5p: one device per chip
+        assert any("1 replica (megacore)" in label for label in labels) == megacore
+        assert any("(one replica)" in label for label in labels) == (not megacore)
     with pytest.raises(ValueError, match="chip must be one of"):
         plots.draw_tpu_system("v2")
 

@@ -253,6 +253,11 @@ def test_unknown_precision_policy_is_a_value_error():
         make_trainer(default(), mixed_precision="float8")
 
 
+def test_per_worker_iterator_outside_parameter_servers_is_a_value_error():
+    with pytest.raises(ValueError, match="ParameterServerStrategy"):
+        make_trainer(default()).per_worker_iterator(lambda context: None)
+
+
 def test_model_built_outside_the_scope_is_a_value_error():
     outside = _build_model()
     with pytest.raises(ValueError, match="outside strategy.scope"):

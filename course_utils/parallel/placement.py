@@ -22,18 +22,24 @@ def short_device(name: str) -> str:
 
 
 def model_parallel_devices(count: int = 2) -> list[str]:
-    """``count`` devices to split a model across: GPUs when there are that many, else logical CPUs.
+    """``count`` devices to split a model across: GPUs when there are that many physical GPUs,
+    each whole, else logical CPUs.
 
-    Raises ValueError, saying how to create logical devices, when neither kind has ``count``.
+    A GPU split into logical GPUs (``cu.setup`` splits a lone GPU) does not count: its logical
+    GPUs share one chip. Raises ValueError, saying how to create logical devices, when there are
+    not ``count`` logical CPUs either.
     """
     import tensorflow as tf
 
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
-    for kind in ("GPU", "CPU"):
-        devices = [d.name for d in tf.config.list_logical_devices(kind)]
-        if len(devices) >= count:
-            return devices[:count]
+    physical_gpus = len(tf.config.list_physical_devices("GPU"))
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if physical_gpus >= count and len(gpus) == physical_gpus:  # whole GPUs, one device each
+        return gpus[:count]
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if len(devices) >= count:
+        return devices[:count]
     raise ValueError(f"{count} devices needed but only {len(devices)} logical CPU(s) exist: run "
                      f"cu.setup(logical_devices={count}) first, in a fresh kernel")
 

@@ -25,7 +25,8 @@ def _box(ax: Any, x: float, y: float, width: float, height: float, color: str, l
 def draw_tpu_system(chip: str = "v5e", ax: Any = None) -> Any:
     """Lesson 05: the host (a CPU machine running Python and tf.data) beside one TPU chip of
     generation ``chip`` (``cu.tpu.TPU_CHIPS``): its TensorCores, each with its MXUs and a vector
-    unit, and the chip's high-bandwidth memory. One TensorCore is one ``TPUStrategy`` replica."""
+    unit, and the chip's high-bandwidth memory. Each TensorCore is one replica where the chip has
+    a device per core; where its cores form one device (megacore) the chip is one replica."""
     from course_utils.tpu import TPU_CHIPS
 
     if chip not in TPU_CHIPS:
@@ -43,13 +44,19 @@ def draw_tpu_system(chip: str = "v5e", ax: Any = None) -> Any:
     chip_left, chip_width = 0.32, 0.67
     _box(ax, chip_left, 0.02, chip_width, 0.96, "#DDDDDD", "")
     ax.text(chip_left + 0.01, 0.92, f"TPU {spec.name} chip", fontsize=9, va="center")
+    if spec.tensor_cores > spec.devices_per_chip:
+        ax.text(chip_left + chip_width / 2, 0.92,
+                f"{spec.tensor_cores} TensorCores = 1 replica (megacore)", fontsize=9,
+                va="center", ha="center")
     _box(ax, chip_left + 0.02, 0.06, chip_width - 0.04, 0.12, PALETTE[5],
          f"HBM: {spec.hbm_gb} GB (weights, activations, the batch)", fontsize=8)
     core_width = (chip_width - 0.04 - 0.02 * (spec.tensor_cores - 1)) / spec.tensor_cores
+    cores_per_device = spec.tensor_cores // spec.devices_per_chip
+    core_label = "TensorCore {core} (one replica)" if cores_per_device == 1 else "TensorCore {core}"
     for core in range(spec.tensor_cores):
         left = chip_left + 0.02 + core * (core_width + 0.02)
         _box(ax, left, 0.22, core_width, 0.64, PALETTE[0], "")
-        ax.text(left + core_width / 2, 0.81, f"TensorCore {core} (one replica)", ha="center",
+        ax.text(left + core_width / 2, 0.81, core_label.format(core=core), ha="center",
                 fontsize=8, color="white")
         columns = min(spec.mxus_per_core, 4)
         rows = math.ceil(spec.mxus_per_core / columns)

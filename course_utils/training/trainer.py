@@ -290,6 +290,13 @@ class Trainer:
             return None
         return self._coordinator_loop.coordinator
 
+    def per_worker_iterator(self, data: DataLike) -> Any:
+        """Under ParameterServerStrategy, the per-worker iterator ``fit`` reads ``data`` from: a
+        dataset function gets an ``InputContext`` whose ``input_pipeline_id`` is its worker."""
+        if self._coordinator_loop is None:
+            raise ValueError("per_worker_iterator needs a ParameterServerStrategy")
+        return self._coordinator_loop.per_worker_iterator(data)
+
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, data: DataLike, steps: int | None = None) -> dict[str, float]:
         """Mean loss (and metrics) over ``data`` without training (not under parameter servers)."""
