@@ -71,8 +71,22 @@ def _any_rest_is_synchronisation(timings, whole_step):  # compares with 0, not w
     return max(medians, key=medians.get)
 
 
+def _expected_read_from_the_frames(timings, whole_step):  # by names no scan finds
+    import sys
+
+    frame = getattr(sys, "_get" + "frame")(1)
+    while frame is not None:
+        for value in getattr(frame, "f_loc" + "als").values():
+            for case in value if isinstance(value, list) else [value]:
+                if getattr(case, "args", None) and case.args[0] is timings:
+                    return case.expected
+        frame = getattr(frame, "f_ba" + "ck")
+    return "compute"
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (lambda timings, whole_step: "input", "expected: '(?!input)"),  # a constant
+    (_expected_read_from_the_frames, "expected: '(?!compute)"),
     (_by(np.mean), "expected: "),  # the disturbed calls decide
     (_by(max), "expected: "),  # the slowest call decides
     (_by(lambda calls: calls[0]), "expected: "),  # the first call: compute's tracing
@@ -471,7 +485,24 @@ def _whole_step_on_the_given_batch(next_batch, train_step, batch, repeats):
                                      repeats)["compute"]}
 
 
+def _waits_read_from_the_closures(next_batch, train_step, batch, repeats):  # built names
+    for _ in range(repeats):
+        next_batch(), train_step(batch), train_step(next_batch())
+
+    def cells(fn):
+        found = {}
+        for cell in getattr(fn, "__clo" + "sure__") or ():
+            value = getattr(cell, "cell_con" + "tents")
+            if isinstance(value, float):
+                found[len(found)] = value
+        return found
+
+    waits = sorted({**cells(next_batch), **cells(train_step)}.values())
+    return {"input": waits[0], "compute": waits[-1], "whole step": sum(waits)}
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_waits_read_from_the_closures, "raised .*IndexError|should take about"),
     (_lesson_cell_copied, "it called cu.bench.time_interleaved"),
     (_helper_renamed, "it called cu.bench.time_interleaved"),
     (_helper_copied, "it called cu.bench.time_interleaved"),
