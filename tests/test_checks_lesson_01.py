@@ -167,7 +167,17 @@ def _both_maps_in_parallel_few_calls(source, read, decode, batch_size):  # 4 rea
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
+def _a_burst_then_one_at_a_time(source, read, decode, batch_size):  # overlaps 16 reads once
+    tf = cu.quiet.import_tensorflow()
+    burst = source.take(16).map(read, num_parallel_calls=16)
+    dataset = burst.concatenate(source.skip(16).map(read)).map(decode)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_a_burst_then_one_at_a_time, r"overlapped for part of the epoch only"),
     (_broken_given, r"at most 1 read\(s\) waited at the same time"),
     (_both_maps_in_parallel_few_calls, r"at most [1-4] read\(s\) waited at the same time"),
     (_kept_after_two_calls, r"a timed epoch of a fresh call read 0 of"),

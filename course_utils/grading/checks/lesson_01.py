@@ -4,8 +4,8 @@
   multiset: a parallel pipeline may reorder them), batches of the right sizes, every record
   read exactly once per epoch (counted: an answer that skips ``read`` fails), and a speed-up
   over the slow reference, on a pipeline whose reads wait on (simulated) storage: the reads
-  that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE``), and
-  the slow and the fast pipeline are timed the same way, in turns, over several epochs.
+  that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE``; most
+  reads start while others wait), slow and fast timed the same way, in turns, several epochs.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – every example once per epoch, right batch sizes, few neighbours from one
   block inside a batch, one example as far ahead as the buffer given brings one (0.8 of it),
@@ -38,15 +38,22 @@ from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_cached_pipeline", "check_fast_pipeline", "check_parse_record",
-           "check_shuffled_batches", "FAST_PIPELINE_MIN_READS_AT_ONCE", "FAST_PIPELINE_MIN_SPEEDUP",
+           "check_shuffled_batches", "FAST_PIPELINE_MIN_OVERLAPPED_SHARE",
+           "FAST_PIPELINE_MIN_READS_AT_ONCE", "FAST_PIPELINE_MIN_SPEEDUP",
            "FAST_PIPELINE_ROUNDS", "READ_LATENCY_S", "RECORD_IMAGE_SHAPE", "record_example"]
 
 #: The speed-up over the slow reference that ``fast_pipeline`` must reach. The reads wait
-#: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads, but
-#: with both cores busy a right answer came close to a bar of ×3: the bar stays well below,
-#: and the mechanism is held by the count (``FAST_PIPELINE_MIN_READS_AT_ONCE``), which load
-#: cannot sway; reads limited to 2 at a time (2 usable logical CPUs) fail that count.
-FAST_PIPELINE_MIN_SPEEDUP = 2.0
+#: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads; but
+#: the slow epoch is its waits plus tf.data's CPU work, the fast one about the CPU work alone,
+#: and with the cores oversubscribed a right answer measured ×1.67 (slow 1.38 s, fast 0.83 s,
+#: 16 reads at once). The bar stays below that; the mechanism is held by the counts
+#: (``FAST_PIPELINE_MIN_READS_AT_ONCE``, ``FAST_PIPELINE_MIN_OVERLAPPED_SHARE``), which load
+#: cannot sway; reads limited to 2 at a time (2 usable logical CPUs) fail them.
+FAST_PIPELINE_MIN_SPEEDUP = 1.3
+#: The share of an epoch's reads that must start while at least half of
+#: ``FAST_PIPELINE_MIN_READS_AT_ONCE`` reads wait: a pipeline that overlaps a burst of reads
+#: once and reads the rest one at a time fails it.
+FAST_PIPELINE_MIN_OVERLAPPED_SHARE = 0.5
 #: The reads that must be waiting at the same time at least once in an epoch: the mechanism,
 #: counted. ``AUTOTUNE`` on tf.data's default pool overlaps one read per logical CPU this process
 #: may use (its CPU affinity, ``os.sched_getaffinity(0)``, not ``os.cpu_count()``).
@@ -88,6 +95,7 @@ def _storage(seconds: float, reads: dict[str, int] | None = None
     reads = reads if reads is not None else {}
     reads.setdefault("count", 0)
     reads.setdefault("most_at_once", 0)
+    reads.setdefault("overlapped", 0)  # reads that started with half the minimum waiting
     in_flight = {"now": 0}
     lock = threading.Lock()  # parallel reads run in several tf.data threads
 
@@ -95,6 +103,7 @@ def _storage(seconds: float, reads: dict[str, int] | None = None
         with lock:
             in_flight["now"] += 1
             reads["most_at_once"] = max(reads["most_at_once"], in_flight["now"])
+            reads["overlapped"] += in_flight["now"] >= FAST_PIPELINE_MIN_READS_AT_ONCE // 2
         time.sleep(seconds)
         with lock:
             in_flight["now"] -= 1
@@ -146,14 +155,20 @@ def check_fast_pipeline(fn: Any) -> bool:
     def fast(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        reads["most_at_once"] = 0
+        reads["most_at_once"] = reads["overlapped"] = reads["count"] = 0
         _epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
         overlapped = reads["most_at_once"]
+        share = reads["overlapped"] / max(reads["count"], 1)
         if overlapped < FAST_PIPELINE_MIN_READS_AT_ONCE:
             return (f"at most {overlapped} read(s) waited at the same time during an epoch; "
                     f"at least {FAST_PIPELINE_MIN_READS_AT_ONCE} must overlap (AUTOTUNE alone "
                     "stops at one thread per logical CPU this process may use: how many "
                     "threads does tf.data have for the reads?)")
+        if share < FAST_PIPELINE_MIN_OVERLAPPED_SHARE:
+            least = FAST_PIPELINE_MIN_READS_AT_ONCE // 2
+            return (f"{share:.0%} of the epoch's reads started while {least} or more waited "
+                    f"(at least {FAST_PIPELINE_MIN_OVERLAPPED_SHARE:.0%} needed; {overlapped} "
+                    "at once at most): the reads overlapped for part of the epoch only")
         # Slow and fast timed the same way: fresh pipelines, one epoch each, in turns; every
         # timed epoch of yours must read every record (a pipeline kept from an earlier call
         # that reads nothing is not faster, it skips the work).
