@@ -71,8 +71,22 @@ def _any_rest_is_synchronisation(timings, whole_step):  # compares with 0, not w
     return max(medians, key=medians.get)
 
 
+def _expected_read_from_the_frames(timings, whole_step):  # by names no scan finds
+    import sys
+
+    frame = getattr(sys, "_get" + "frame")(1)
+    while frame is not None:
+        for value in getattr(frame, "f_loc" + "als").values():
+            for case in value if isinstance(value, list) else [value]:
+                if getattr(case, "args", None) and case.args[0] is timings:
+                    return case.expected
+        frame = getattr(frame, "f_ba" + "ck")
+    return "compute"
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (lambda timings, whole_step: "input", "expected: '(?!input)"),  # a constant
+    (_expected_read_from_the_frames, "expected: '(?!compute)"),
     (_by(np.mean), "expected: "),  # the disturbed calls decide
     (_by(max), "expected: "),  # the slowest call decides
     (_by(lambda calls: calls[0]), "expected: "),  # the first call: compute's tracing
@@ -213,16 +227,76 @@ def split_cpu_forges_the_report(num_devices):  # prints what the check reads, th
     os._exit(0)
 
 
+def split_cpu_writes_the_pipe(num_devices):  # the report written into its pipe, then ends
+    import json
+    import os
+    import stat
+
+    names = [f"/device:CPU:{index}" for index in range(num_devices)]
+    right = {"returned": names, "devices": names}
+    refused = {"error": "RuntimeError: restart the kernel", "runtime_error": True}
+    report = [right, right, refused, right] if num_devices > 1 else [{"op": 2}, right]
+    for fd in range(3, 64):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, json.dumps(report).encode())
+        except OSError:
+            pass
+    os._exit(0)
+
+
+def split_cpu_replaces_the_reader(num_devices):  # tf.config's answer replaced, nothing split
+    class Device:
+        def __init__(self, name):
+            self.name = name
+
+    devices = [Device(f"/device:CPU:{index}") for index in range(num_devices)]
+    tf.config.list_logical_devices = lambda *kind: devices  # noqa: F821
+    return [device.name for device in devices]
+
+
+def split_cpu_writes_through_tf_io(num_devices):  # the pipe reached as a file, by TensorFlow
+    names = [f"/device:CPU:{index}" for index in range(num_devices)]
+    with tf.io.gfile.GFile("/proc/self/fd/5", "w") as pipe:  # noqa: F821
+        pipe.write(str(names))
+    return names
+
+
+def split_cpu_built_names(num_devices):  # a module reached by a name built at run time
+    os = getattr(tf, "sys" + "config")  # noqa: F821
+    return [f"/device:CPU:{index}" for index in range(num_devices)] + [os]
+
+
+def split_cpu_through_a_frame(num_devices):  # a generator's frame leads to the script's globals
+    def frame():
+        yield
+
+    running = frame()
+    globals_ = running.gi_frame.f_globals
+    return [f"/device:CPU:{index}" for index in range(num_devices)] + [globals_]
+
+
+def split_cpu_tf_handed_on(num_devices):  # tensorflow itself under another name
+    everything = tf  # noqa: F821
+    return everything.config.list_logical_devices("CPU")
+
+
 SPLIT_CATALOGUE = [
-    (split_cpu_forges_the_report, "raised: the call ended the process"),
+    (split_cpu_forges_the_report, "not run in the fresh process: line \\d+ imports json"),
+    (split_cpu_writes_the_pipe, "not run .*imports json"),
+    (split_cpu_replaces_the_reader, "not run .*sets the attribute list_logical_devices"),
+    (split_cpu_writes_through_tf_io, "not run .*uses tf.io: only tf.config and tf.errors"),
+    (split_cpu_built_names, "not run .*uses getattr with a name built at run time"),
+    (split_cpu_through_a_frame, "not run .*reads the attribute (gi_frame|f_globals)"),
+    (split_cpu_tf_handed_on, "not run .*uses tf itself"),
     (split_cpu_lesson, "must say what to do"),
     (split_cpu_in_two, "expected the logical CPUs"),
     (split_cpu_names_only, "expected the logical CPUs"),
     (split_cpu_swallows, "without an error"),
     (split_cpu_value_error, "raise a RuntimeError"),
     (split_cpu_only_once, "second call .* raised"),
-    (split_cpu_with_the_helper, "first call .* raised: ModuleNotFoundError"),
-    (split_cpu_after_an_op, "first call .* raised: RuntimeError"),
+    (split_cpu_with_the_helper, "not run .*imports course_utils: only tensorflow"),
+    (split_cpu_after_an_op, "not run .*uses tf.constant: only tf.config and tf.errors"),
     (split_cpu_physical_names, "should return"),
     (split_cpu_restarts_on_every_error, "after TensorFlow had run an op.*there is 1, as asked"),
     (split_cpu_broken, "first call .* raised: ValueError"),
@@ -247,6 +321,22 @@ def test_split_cpu_passes_the_fix_and_rejects_the_catalogue_each_in_a_fresh_tens
         verdict = lesson_00.split_verdict(results, 3)
         assert verdict is not None and re.search(says, verdict), (wrong.__name__, verdict)
 
+
+
+@pytest.mark.slow
+def test_split_cpu_limits_hold_in_the_fresh_process_too():
+    # the source scan is the first guard; the process itself refuses the same (the forks of
+    # the kept TensorFlow above, no new import)
+    from course_utils.grading.checks import splits
+
+    with splits._FreshTensorFlow._lock:
+        server = splits._FreshTensorFlow.shared()
+        piped = server.run(("split_cpu_writes_the_pipe",
+                            textwrap.dedent(inspect.getsource(split_cpu_writes_the_pipe)), [3]))
+        replaced = server.run(("split_cpu_replaces_the_reader", textwrap.dedent(
+            inspect.getsource(split_cpu_replaces_the_reader)), [3]))
+    assert "ImportError: only tensorflow can be imported here, not 'json'" in piped[0]["error"]
+    assert "tf.config.list_logical_devices was replaced" in replaced[0]["error"]
 
 # --- step_breakdown ---------------------------------------------------------------------------
 
@@ -395,7 +485,24 @@ def _whole_step_on_the_given_batch(next_batch, train_step, batch, repeats):
                                      repeats)["compute"]}
 
 
+def _waits_read_from_the_closures(next_batch, train_step, batch, repeats):  # built names
+    for _ in range(repeats):
+        next_batch(), train_step(batch), train_step(next_batch())
+
+    def cells(fn):
+        found = {}
+        for cell in getattr(fn, "__clo" + "sure__") or ():
+            value = getattr(cell, "cell_con" + "tents")
+            if isinstance(value, float):
+                found[len(found)] = value
+        return found
+
+    waits = sorted({**cells(next_batch), **cells(train_step)}.values())
+    return {"input": waits[0], "compute": waits[-1], "whole step": sum(waits)}
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_waits_read_from_the_closures, "raised .*IndexError|should take about"),
     (_lesson_cell_copied, "it called cu.bench.time_interleaved"),
     (_helper_renamed, "it called cu.bench.time_interleaved"),
     (_helper_copied, "it called cu.bench.time_interleaved"),

@@ -3,7 +3,8 @@
 * ``check_diagnose_step(diagnose_step)``: from each part's timed calls and the whole step's
   (noisy: some calls disturbed, compute's first call a tracing), name what to fix first – the
   part with the largest median, or ``"synchronisation"`` when the time the medians leave
-  unexplained is larger than each of them.
+  unexplained is larger than each of them; the answer runs in a copy of the process forked
+  before the cases exist.
 * ``check_split_cpu(split_cpu)``: a split into logical devices that survives a re-run, called
   four times in one fresh TensorFlow (this kernel's devices are already fixed) by
   ``run_splits_in_fresh_process``: the split, the same split again (returns the devices), another
@@ -16,7 +17,10 @@
   step) written by hand (the course's ``time_interleaved`` is recognised by its code object),
   timed in turns (the order of the calls is recorded), on a fake pipeline and step whose waits
   are fresh: two cases, with waits so far apart that no fixed answer fits both; the first
-  disturbs some calls (a median ignores them, a mean does not).
+  disturbs some calls (a median ignores them, a mean does not). The waits happen in a thread of
+  the checking process; the answer runs in a copy forked before they are drawn, and its
+  ``next_batch``/``train_step`` only ask that thread (``checks/step_waits.py``): no closure
+  or frame of the answer's process holds a wait.
 * ``check_overlapped_pipeline(overlapped_pipeline)``: the fixed version of a pipeline whose
   ``prefetch`` overlaps nothing: same batches, in order, and reads that run while the training
   step works (counted, not timed; the speed-up is shown).
@@ -35,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.forked_call import ForkedCall
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.splits import (
@@ -43,6 +48,7 @@ from course_utils.grading.checks.splits import (
     run_splits_in_fresh_process,
     split_verdict,
 )
+from course_utils.grading.checks.step_waits import WaitServer
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -84,7 +90,24 @@ def _disturb(rng: Any, calls: list[float], slow_s: float) -> None:
 def check_diagnose_step(fn: Any) -> bool:
     """Check ``diagnose_step(timings, whole_step)`` on fresh noisy timings of every kind: each
     case has a part whose disturbed calls make its mean (and its slowest call) the largest, and
-    a compute part whose first call (the tracing) is the slowest of all."""
+    a compute part whose first call (the tracing) is the slowest of all. The function runs in a
+    copy of this process forked before the cases (and their expected answers) exist: no frame,
+    closure or object there holds an answer (``checks/forked_call.py``)."""
+    if _holds_stub(fn):
+        from course_utils.grading.framework import not_attempted
+
+        not_attempted("diagnose_step")
+        return False
+    # the check's own functions (the reference answer among them) are not the learner's to
+    # call: a lambda or a name bound to reference_diagnosis runs it, and fails
+    guarded = refusing(fn, own_functions(sys.modules[__name__]),
+                       "compute the medians and compare them yourself")
+    with ForkedCall(guarded) as in_a_copy:
+        return _diagnose_in(in_a_copy)
+
+
+def _diagnose_in(in_a_copy: Any) -> bool:
+    """``check_diagnose_step``'s cases, drawn now, each answered by ``in_a_copy``."""
     rng = fresh_rng()
     cases = []
     for culprit in (*_PARTS, "synchronisation", "overlapped"):
@@ -115,12 +138,8 @@ def check_diagnose_step(fn: Any) -> bool:
                                 f"{np.median(whole) * 1e3:.1f} ms (median); a quarter of the "
                                 f"'{decoy}' calls disturbed, compute's first call traced)"))
     rng.shuffle(cases)
-    # the check's own functions (the reference answer among them) are not the learner's to
-    # call: a lambda or a name bound to reference_diagnosis runs it, and fails
-    guarded = refusing(fn, own_functions(sys.modules[__name__]),
-                       "compute the medians and compare them yourself")
     return run_check(
-        "diagnose_step", guarded, cases,
+        "diagnose_step", in_a_copy, cases,
         hint="a few calls of a part were disturbed by other programs, and compute's first call "
              "traced the function: summarise each part by a number those calls cannot sway "
              "(lesson 00, section 3: the table of medians), then compare as the lesson does: "
@@ -164,12 +183,10 @@ def check_split_cpu(fn: Any) -> bool:
             fn, calls, after_an_op=1,  # needed only where the first four calls were right
             only_where=lambda first: split_verdict(first, num_devices) is None),
         [case],
-        hint="split the first PHYSICAL CPU (tf.config.list_physical_devices('CPU')) – listing "
-             "logical ones starts TensorFlow's devices. TensorFlow accepts the same split "
-             "again; when a split fails because the devices exist, compare how many logical "
-             "CPUs there are with what was asked: hand those back, or raise a RuntimeError "
-             "that says to restart the kernel. Lesson 00, section 2. The course package cannot "
-             "be imported in the fresh process.")
+        hint="which device is split – and does anything before the split make TensorFlow "
+             "create its devices (listing logical ones does)? When the split fails because "
+             "the devices exist, how many are there, and what was asked? Lesson 00, section "
+             "2. The fresh process has tf.config, tf.errors and Python's built-ins only.")
 
 
 # --- Exercise 3 · a timed breakdown of a step -------------------------------------------------
@@ -177,61 +194,6 @@ def check_split_cpu(fn: Any) -> bool:
 #: Every ``DISTURBED_EVERY``-th call of the fake pipeline waits ``DISTURBANCE_S`` longer: other
 #: programs on the machine. A median ignores them; a mean or a total does not.
 DISTURBED_EVERY, DISTURBANCE_S = 5, 0.5
-
-
-def _helper_codes() -> set[Any]:
-    """The code objects of the course's timing helpers, which this exercise writes by hand."""
-    from course_utils import bench
-
-    return {bench.time_interleaved.__code__}
-
-
-def _signature(code: Any) -> tuple[Any, ...]:
-    """What a copy of a function keeps whatever its file, line, name or local names: the
-    globals and attributes it uses, in order, and its number of arguments (an ``exec``'d or
-    pasted copy of a helper has the helper's; its bytecode can differ, e.g. without the
-    module's ``from __future__ import annotations``)."""
-    return code.co_names, code.co_argcount, code.co_kwonlyargcount
-
-
-class _CodesRun:
-    """Records the code object of every Python function called while it is on, in every
-    thread, and whether the recording was switched off before the check stopped it."""
-
-    def __init__(self) -> None:
-        self.seen: set[Any] = set()
-        self.switched_off = False
-        self._previous: Any = None
-
-    def _profile(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            self.seen.add(frame.f_code)
-
-    def __enter__(self) -> _CodesRun:
-        import threading
-
-        self._previous = sys.getprofile(), threading.getprofile()
-        sys.setprofile(self._profile)
-        threading.setprofile(self._profile)
-        return self
-
-    def stop(self) -> None:
-        import threading
-
-        if sys.getprofile() == self._profile:
-            sys.setprofile(self._previous[0])
-            threading.setprofile(self._previous[1])
-        elif self._previous is not None and not self.switched_off:
-            self.switched_off = True  # the answer changed the profiler: nothing recorded
-            threading.setprofile(self._previous[1])
-
-    def called_a_helper(self) -> bool:
-        """True when a helper, or a copy of one (same bytecode and names), was called."""
-        helpers = {_signature(code) for code in _helper_codes()}
-        return any(_signature(code) in helpers for code in self.seen)
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 #: The waits (seconds) of ``check_step_breakdown``'s two cases, drawn per case: (input, step).
@@ -256,62 +218,69 @@ def check_step_breakdown(fn: Any) -> bool:
     """Check ``step_breakdown(next_batch, train_step, batch, repeats)`` on fresh known waits,
     with disturbed calls, written by hand (no course helper), timed in turns: two cases whose
     waits differ by far more than the measurement may, so that no constants fit both."""
+    if _holds_stub(fn):
+        from course_utils.grading.framework import not_attempted
+
+        not_attempted("step_breakdown")
+        return False
+    server = WaitServer(DISTURBED_EVERY, DISTURBANCE_S)
+    try:
+        with ForkedCall(server.answer(fn), timeout_s=120) as in_a_copy:
+            return _step_breakdown_in(in_a_copy, server)
+    finally:
+        server.close()
+
+
+def _step_breakdown_in(in_a_copy: Any, server: WaitServer) -> bool:
+    """``check_step_breakdown``'s two cases, drawn now, each timed by ``in_a_copy``."""
     rng = fresh_rng()
-    codes_run = _CodesRun()
 
     def case(input_s: float, compute_s: float, repeats: int, disturb: bool) -> Case:
-        batch = np.full(4, -1)
-        calls: list[str] = []  # "i": next_batch, "c": train_step(batch), "w": a fresh batch
+        calls: list[str] = []
 
-        def next_batch() -> np.ndarray:
-            calls.append("i")
-            disturbed = disturb and calls.count("i") % DISTURBED_EVERY == 0
-            time.sleep(input_s + (DISTURBANCE_S if disturbed else 0.0))
-            return np.full(4, calls.count("i"))
+        def verify(answered: Any) -> str | None:
+            result, switched_off, called_helper = answered
+            return _breakdown_problem(result, calls, (switched_off, called_helper), repeats, {
+                "input": input_s, "compute": compute_s, "whole step": input_s + compute_s},
+                disturbed=disturb)
 
-        def train_step(given: Any) -> float:
-            calls.append("c" if given is batch else "w")
-            time.sleep(compute_s)
-            return float(np.sum(given))
-
-        def verify(result: Any) -> str | None:
-            codes_run.stop()
-            try:
-                return _breakdown_problem(result, calls, codes_run, repeats, {
-                    "input": input_s, "compute": compute_s, "whole step": input_s + compute_s},
-                    disturbed=disturb)
-            finally:  # record the next case's calls afresh
-                codes_run.seen.clear()
-                codes_run.__enter__()
-
-        return Case(args=(next_batch, train_step, batch, repeats),
+        return Case(args=(repeats,),
                     label=f"(next_batch, train_step, batch, repeats={repeats}) with a "
                           f"{input_s * 1e3:.1f} ms input, a {compute_s * 1e3:.1f} ms step "
                           + (f"and every {DISTURBED_EVERY}th input call disturbed" if disturb
                              else "and no call disturbed"),
-                    verify=verify)
+                    verify=verify), (input_s, compute_s, disturb, calls)
 
-    cases = [case(rng.uniform(*inputs), rng.uniform(*steps), rng.randint(*repeats), disturb)
+    drawn = [case(rng.uniform(*inputs), rng.uniform(*steps), rng.randint(*repeats), disturb)
              for (inputs, steps), repeats, disturb
              in zip(STEP_CASES, STEP_REPEATS, STEP_DISTURBED, strict=True)]
-    with codes_run:
-        return run_check(
-            "step_breakdown", fn, cases,
-            hint="in each of `repeats` turns time next_batch(), train_step(batch) and "
-                 "train_step(next_batch()) once each with time.perf_counter(); return each "
-                 "list's median (statistics.median) in seconds. Lesson 00, section 3, the "
-                 "cell that times the parts in turns.")
+
+    def timed(repeats: int) -> Any:  # the case whose repeats these are: its waits served
+        for each, waits in drawn:
+            if each.args == (repeats,) and not waits[3]:
+                server.serve(*waits)
+                break
+        return in_a_copy(repeats)
+
+    return run_check(
+        "step_breakdown", timed, [each for each, _ in drawn],
+        hint="were the three timed in turns, each call on its own, and summarised by a "
+             "number a few disturbed calls cannot sway, in seconds? Lesson 00, section 3, "
+             "the cell that times the parts in turns.")
 
 
-def _breakdown_problem(result: Any, calls: list[str], codes_run: _CodesRun, repeats: int,
-                       wanted: Mapping[str, float], disturbed: bool = True) -> str | None:
-    """What is wrong with one case's ``result``, given the calls it made and the waits."""
-    if codes_run.switched_off:
-        return ("it switched the check's call recorder off (sys.setprofile): leave the "
-                "profiler alone and time the calls yourself")
-    if codes_run.called_a_helper():
-        return ("it called cu.bench.time_interleaved (or a copy of it): write the timing "
-                "loop yourself (time.perf_counter around each call, in turns)")
+def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool],
+                       repeats: int, wanted: Mapping[str, float], disturbed: bool = True
+                       ) -> str | None:
+    """What is wrong with one case's ``result``, given the calls it made, whether the recorder
+    was switched off or saw a timing helper called (``recorded``), and the waits."""
+    switched_off, called_helper = recorded
+    if switched_off:
+        return ("it switched the check's call recorder off (sys.setprofile): nothing it "
+                "called was recorded")
+    if called_helper:
+        return ("it called cu.bench.time_interleaved (or a copy of it): this exercise "
+                "writes that timing loop by hand")
     if not isinstance(result, Mapping) or set(result) != {"input", "compute", "whole step"}:
         keys = sorted(result) if isinstance(result, Mapping) else type(result).__name__
         return f"expected a dict with keys 'input', 'compute', 'whole step', got {keys}"
@@ -433,5 +402,5 @@ def check_overlapped_pipeline(fn: Any) -> bool:
                 label=f"(range({first}, {first + count}), read, {BATCH_SIZE})", verify=verify)
     return run_check(
         "overlapped_pipeline", fn, [case],
-        hint="a prefetch only overlaps what comes BEFORE it: read, batch, then "
-             "prefetch(tf.data.AUTOTUNE) as the last step. Lesson 00, section 4.")
+        hint="what does a prefetch overlap: the steps before it, or after it? Where are the "
+             "slow reads? Lesson 00, section 4.")

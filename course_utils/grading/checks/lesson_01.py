@@ -4,8 +4,8 @@
   multiset: a parallel pipeline may reorder them), batches of the right sizes, every record
   read exactly once per epoch (counted: an answer that skips ``read`` fails), and a speed-up
   over the slow reference, on a pipeline whose reads wait on (simulated) storage: the reads
-  that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE``), and
-  the slow and the fast pipeline are timed the same way, in turns, over several epochs.
+  that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE``; most
+  reads start while others wait), slow and fast timed the same way, in turns, several epochs.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – every example once per epoch, right batch sizes, few neighbours from one
   block inside a batch, one example as far ahead as the buffer given brings one (0.8 of it),
@@ -14,7 +14,8 @@
   augmentation and order that change every epoch (a cache after the shuffle freezes it), every
   record once per epoch, and a shuffle as wide as the buffer given (a record count/2 early).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
-  ``map`` – image, label and a weight that some records lack (default 1.0).
+  ``map`` – an image stored as its raw bytes (decoded, reshaped, scaled to [0, 1]: the lesson
+  parsed a float list), a label and a weight that some records lack (default 1.0).
 """
 
 from __future__ import annotations
@@ -30,20 +31,29 @@ import numpy as np
 from course_utils.grading.checks.batch_shapes import batches as _batches
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
+from course_utils.grading.checks.records import pixels_problem as _pixels_problem
+from course_utils.grading.checks.records import record_example
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_cached_pipeline", "check_fast_pipeline", "check_parse_record",
-           "check_shuffled_batches", "FAST_PIPELINE_MIN_READS_AT_ONCE", "FAST_PIPELINE_MIN_SPEEDUP",
+           "check_shuffled_batches", "FAST_PIPELINE_MIN_OVERLAPPED_SHARE",
+           "FAST_PIPELINE_MIN_READS_AT_ONCE", "FAST_PIPELINE_MIN_SPEEDUP",
            "FAST_PIPELINE_ROUNDS", "READ_LATENCY_S", "RECORD_IMAGE_SHAPE", "record_example"]
 
 #: The speed-up over the slow reference that ``fast_pipeline`` must reach. The reads wait
-#: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads, but
-#: with both cores busy a right answer came close to a bar of ×3: the bar stays well below,
-#: and the mechanism is held by the count (``FAST_PIPELINE_MIN_READS_AT_ONCE``), which load
-#: cannot sway; reads limited to 2 at a time (2 usable logical CPUs) fail that count.
-FAST_PIPELINE_MIN_SPEEDUP = 2.0
+#: ``READ_LATENCY_S`` each, so the ideal is ten times or more with enough parallel reads; but
+#: the slow epoch is its waits plus tf.data's CPU work, the fast one about the CPU work alone,
+#: and with the cores oversubscribed a right answer measured ×1.67 (slow 1.38 s, fast 0.83 s,
+#: 16 reads at once). The bar stays below that; the mechanism is held by the counts
+#: (``FAST_PIPELINE_MIN_READS_AT_ONCE``, ``FAST_PIPELINE_MIN_OVERLAPPED_SHARE``), which load
+#: cannot sway; reads limited to 2 at a time (2 usable logical CPUs) fail them.
+FAST_PIPELINE_MIN_SPEEDUP = 1.3
+#: The share of an epoch's reads that must start while at least half of
+#: ``FAST_PIPELINE_MIN_READS_AT_ONCE`` reads wait: a pipeline that overlaps a burst of reads
+#: once and reads the rest one at a time fails it.
+FAST_PIPELINE_MIN_OVERLAPPED_SHARE = 0.5
 #: The reads that must be waiting at the same time at least once in an epoch: the mechanism,
 #: counted. ``AUTOTUNE`` on tf.data's default pool overlaps one read per logical CPU this process
 #: may use (its CPU affinity, ``os.sched_getaffinity(0)``, not ``os.cpu_count()``).
@@ -85,6 +95,7 @@ def _storage(seconds: float, reads: dict[str, int] | None = None
     reads = reads if reads is not None else {}
     reads.setdefault("count", 0)
     reads.setdefault("most_at_once", 0)
+    reads.setdefault("overlapped", 0)  # reads that started with half the minimum waiting
     in_flight = {"now": 0}
     lock = threading.Lock()  # parallel reads run in several tf.data threads
 
@@ -92,6 +103,7 @@ def _storage(seconds: float, reads: dict[str, int] | None = None
         with lock:
             in_flight["now"] += 1
             reads["most_at_once"] = max(reads["most_at_once"], in_flight["now"])
+            reads["overlapped"] += in_flight["now"] >= FAST_PIPELINE_MIN_READS_AT_ONCE // 2
         time.sleep(seconds)
         with lock:
             in_flight["now"] -= 1
@@ -134,8 +146,7 @@ def check_fast_pipeline(fn: Any) -> bool:
         batches = _batches(dataset)
         if reads["count"] != num_elements:
             return (f"an epoch of {num_elements} records called read {reads['count']} times: "
-                    "every record must be read from storage exactly once (map read over the "
-                    "source, as slow_pipeline does)")
+                    "slow_pipeline reads every record from storage exactly once")
         problem = _size_problem(batches, num_elements, batch_size)
         if problem:
             return problem
@@ -144,14 +155,20 @@ def check_fast_pipeline(fn: Any) -> bool:
     def fast(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        reads["most_at_once"] = 0
+        reads["most_at_once"] = reads["overlapped"] = reads["count"] = 0
         _epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
         overlapped = reads["most_at_once"]
+        share = reads["overlapped"] / max(reads["count"], 1)
         if overlapped < FAST_PIPELINE_MIN_READS_AT_ONCE:
             return (f"at most {overlapped} read(s) waited at the same time during an epoch; "
-                    f"at least {FAST_PIPELINE_MIN_READS_AT_ONCE} must overlap (a parallel map "
-                    "over read, with enough tf.data threads: AUTOTUNE alone stops at one "
-                    "thread per logical CPU this process may use)")
+                    f"at least {FAST_PIPELINE_MIN_READS_AT_ONCE} must overlap (AUTOTUNE alone "
+                    "stops at one thread per logical CPU this process may use: how many "
+                    "threads does tf.data have for the reads?)")
+        if share < FAST_PIPELINE_MIN_OVERLAPPED_SHARE:
+            least = FAST_PIPELINE_MIN_READS_AT_ONCE // 2
+            return (f"{share:.0%} of the epoch's reads started while {least} or more waited "
+                    f"(at least {FAST_PIPELINE_MIN_OVERLAPPED_SHARE:.0%} needed; {overlapped} "
+                    "at once at most): the reads overlapped for part of the epoch only")
         # Slow and fast timed the same way: fresh pipelines, one epoch each, in turns; every
         # timed epoch of yours must read every record (a pipeline kept from an earlier call
         # that reads nothing is not faster, it skips the work).
@@ -162,8 +179,8 @@ def check_fast_pipeline(fn: Any) -> bool:
             rounds.append((slow, _epoch_seconds(fn(source(), read, decode, batch_size))))
             if reads["count"] != num_elements:
                 return (f"a timed epoch of a fresh call read {reads['count']} of "
-                        f"{num_elements} records: every epoch reads from storage; build "
-                        "the pipeline from the source you are given each call")
+                        f"{num_elements} records: every epoch reads from storage (did this "
+                        "call's pipeline read the source it was given?)")
         slow_seconds = float(np.median([slow for slow, _ in rounds]))
         fast_seconds = float(np.median([quick for _, quick in rounds]))
         speedup = slow_seconds / fast_seconds
@@ -184,10 +201,8 @@ def check_fast_pipeline(fn: Any) -> bool:
     ]
     return run_check(
         "fast_pipeline", fn, cases,
-        hint="keep read -> decode -> batch, but run read with num_parallel_calls and end with "
-             "prefetch(tf.data.AUTOTUNE). Reads only wait, so many can overlap: on a machine "
-             "with few usable logical CPUs give tf.data more threads (tf.data.Options().threading."
-             "private_threadpool_size, e.g. 16) and use at least 8 parallel calls.")
+        hint="which stage waits, how many of its calls may run at once, and on how many of "
+             "tf.data's threads? Lesson 01, sections 3 and 4.")
 
 
 # --- Exercise 2 · shuffle examples, not batches ----------------------------------------------
@@ -247,32 +262,32 @@ def check_shuffled_batches(fn: Any) -> bool:
             if buffer < num_elements and ahead > buffer - 1:
                 return (f"an example came out {ahead} places ahead of its place in the data; "
                         f"a shuffle buffer of {buffer} examples reaches at most {buffer - 1} "
-                        "ahead: shuffle with the buffer given")
+                        "ahead: is the buffer the one given?")
             if buffer < num_elements and moved < buffer / 4:
                 return (f"examples moved {moved:.1f} places on average, with a buffer of "
-                        f"{buffer} examples about {0.65 * buffer:.0f}: use the whole buffer "
-                        "given, in examples")
+                        f"{buffer} examples about {0.65 * buffer:.0f}: is the buffer counted "
+                        "in examples, and is it the one given?")
             if buffer == num_elements and moved < num_elements / 6:
                 return (f"examples in a batch are near neighbours (they moved {moved:.0f} "
                         f"places on average; a shuffle over all {num_elements} examples moves "
-                        f"them about {num_elements / 3:.0f}): use the whole buffer given, in "
-                        "examples")
+                        f"them about {num_elements / 3:.0f}): is the buffer counted in "
+                        "examples, and is it the one given?")
             # b < n brings one 0.8 (b - 1) ahead, b = n one n/2 ahead (n >= 320), both failing
             # far below one in a million; a buffer under 0.8 b, or n/2, never can
             reach = math.ceil(0.8 * (buffer - 1)) if buffer < num_elements else buffer // 2
             if ahead < reach:
                 return (f"no example came more than {ahead} places ahead of its place in the "
                         f"data; a shuffle buffer of {buffer} examples brings some {reach} or "
-                        "more ahead: use the whole buffer given, in examples")
+                        "more ahead: is the buffer counted in examples, and is it the one given?")
             if np.array_equal(np.concatenate(epoch_two), elements):
-                return "two epochs came in the same order: reshuffle every epoch"
+                return "two epochs came in the same order (expected a new order every epoch)"
             again = fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed)
             if not np.array_equal(np.concatenate(_batches(again)), elements):
-                return "the same seed gave another order: pass seed=seed to shuffle"
+                return "the same seed gave another order: where does the shuffle get its seed?"
             other = fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed + 1)
             if np.array_equal(np.concatenate(_batches(other)), elements):
-                return (f"seed={seed + 1} gave the same order as seed={seed}: shuffle with the "
-                        "seed given, not a fixed one")
+                return (f"seed={seed + 1} gave the same order as seed={seed}: which seed did the "
+                        "shuffle use?")
             return None
 
         return verify
@@ -283,9 +298,8 @@ def check_shuffled_batches(fn: Any) -> bool:
                   verify=verifier(n, k, b, s, buffer)) for n, k, b, s, buffer in checks]
     return run_check(
         "shuffled_batches", fn, cases,
-        hint="the examples must be single elements before they are shuffled: unbatch the "
-             "blocks, then shuffle(buffer, seed=seed), then batch(batch_size); keep the last, "
-             "shorter batch.")
+        hint="what are the elements the shuffle sees: examples, or blocks of them? Lesson "
+             "01, section 7.")
 
 
 # --- Exercise 3 · cache before augmenting -------------------------------------------------------
@@ -342,17 +356,16 @@ def check_cached_pipeline(fn: Any) -> bool:
             return "every record must come once per epoch, decoded (decode gives 10 × record)"
         if decoded != [count, 0]:
             return (f"decode ran {decoded[0]} times in epoch 1 and {decoded[1]} times in "
-                    f"epoch 2; expected {count} and 0: cache the decoded elements")
+                    f"epoch 2; expected {count} and 0: which elements does the cache keep?")
         if np.array_equal(epochs[0], epochs[1]):
-            return ("the two epochs are identical: the cache froze the augmentation; cache "
-                    "after decode and before augment")
+            return ("the two epochs are identical: the cache froze the augmentation")
         if np.array_equal(np.floor(epochs[0]), epochs[0]):
-            return "the elements were not augmented: map augment after the cache"
+            return "the elements were not augmented (each is 10 × its record exactly)"
         if orders[0] == list(range(count)):
             return "the records came in their stored order: shuffle them"
         if orders[0] == orders[1]:
-            return ("the two epochs came in the same order: the cache froze the shuffle; "
-                    "a shuffle is random work too, so it belongs after the cache")
+            return ("the two epochs came in the same order: the cache froze the shuffle "
+                    "(a shuffle is random work too)")
         # A buffer of b brings no record b places early; the whole set's none k = count // 2
         # early with P = k^(count-k) k!/count! < 0.8 % (count >= 21); in 4 epochs: < 1e-8.
         orders += [(np.concatenate(_batches(dataset)) // 10).astype(int).tolist() for _ in range(2)]
@@ -360,7 +373,7 @@ def check_cached_pipeline(fn: Any) -> bool:
         if max(jumps) < count // 2:
             return (f"no record came more than {max(jumps)} places before its stored place "
                     f"in {len(orders)} epochs; a shuffle over all {count} records brings some "
-                    f"{count // 2} or more: shuffle with the buffer given ({count})")
+                    f"{count // 2} or more; the buffer given was {count}")
         return None
 
     case = Case(args=(tf.data.Dataset.range(count), decode, augment, batch_size, count),
@@ -368,27 +381,14 @@ def check_cached_pipeline(fn: Any) -> bool:
                       f"shuffle_buffer={count})", verify=verify)
     return run_check(
         "cached_pipeline", fn, [case],
-        hint="every random step – the shuffle and the augmentation – after the cache, every "
-             "deterministic one before it; batch last. Lesson 01, section 5.")
+        hint="which steps give the same result every epoch, which are random, and where "
+             "does the cache sit between them? Lesson 01, section 5.")
 
 
 # --- Exercise 4 · parse TFRecords you did not write ---------------------------------------------
 
 #: The shape of the images in ``check_parse_record``'s records.
 RECORD_IMAGE_SHAPE = (2, 2, 3)
-
-
-def record_example(pixels: np.ndarray, label: int, weight: float | None = None) -> bytes:
-    """One serialized ``tf.train.Example`` as the exercise describes it: ``pixels`` (floats),
-    ``label`` (an integer) and, in some records only, ``weight`` (a float)."""
-    tf = _tf()
-    feature = {
-        "pixels": tf.train.Feature(float_list=tf.train.FloatList(value=np.ravel(pixels))),
-        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-    }
-    if weight is not None:
-        feature["weight"] = tf.train.Feature(float_list=tf.train.FloatList(value=[weight]))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
 @register
@@ -401,7 +401,7 @@ def check_parse_record(fn: Any) -> bool:
     rng = fresh_rng()
     generator = np.random.default_rng(rng.randint(0, 2**31 - 1))
     count = rng.randint(6, 10)
-    images = generator.random((count, *RECORD_IMAGE_SHAPE)).astype(np.float32)
+    images = generator.integers(0, 256, (count, *RECORD_IMAGE_SHAPE), dtype=np.uint8)
     labels = generator.integers(0, 100, count)
     weights = [None if index % 3 == 0 else float(np.float32(generator.uniform(0.1, 5.0)))
                for index in range(count)]
@@ -422,8 +422,9 @@ def check_parse_record(fn: Any) -> bool:
             if image.shape != RECORD_IMAGE_SHAPE or image.dtype != np.float32:
                 return (f"record {index}: expected a float32 image of shape "
                         f"{RECORD_IMAGE_SHAPE}, got {image.dtype} {image.shape}")
-            if not np.array_equal(image, images[index]):
-                return f"record {index}: the image's pixels differ from the record's"
+            problem = _pixels_problem(index, image, images[index])
+            if problem:
+                return problem
             if label.dtype != np.int32 or int(label) != int(labels[index]):
                 return (f"record {index}: expected the label {int(labels[index])} as int32, "
                         f"got {label!r}")
@@ -439,10 +440,9 @@ def check_parse_record(fn: Any) -> bool:
             "parse_record", fn,
             [Case(args=(first_record,),
                   label=f"TFRecordDataset(<{count} records>).map(parse_record)", verify=verify)],
-            hint="tf.io.parse_single_example(record, {'pixels': FixedLenFeature([12], "
-                 "tf.float32), 'label': FixedLenFeature([], tf.int64), 'weight': "
-                 "FixedLenFeature([], tf.float32, default_value=1.0)}), then reshape the "
-                 "pixels and cast the label. Lesson 01, section 6.")
+            hint="which feature holds the image, with which type, and what turns its bytes "
+                 "into 12 numbers in [0, 1]? What does a record without a weight give? "
+                 "Lesson 01, section 6 (parse), and the exercise's text.")
     finally:
         import shutil
 

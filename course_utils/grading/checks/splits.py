@@ -6,6 +6,15 @@ kept process that has imported TensorFlow and nothing else (the course package c
 imported there), a fresh child per run;
 ``split_verdict`` says what a run of the calls ``n, n, n + 1, n`` did wrong, and, where a
 second fresh TensorFlow ran an op before calling ``fn(1)`` (``after_an_op``), what that did.
+
+The answer runs in the process that writes the report the check reads, so what it can reach
+there is limited (``source_problem``, read from its source before it runs; the same limits
+hold in the process: built-ins taken out, only ``tensorflow`` importable, ``tf.config``'s
+functions compared by identity after every call): ``tf.config`` and ``tf.errors``, Python's
+built-ins but those that reach files, frames or modules, no ``_``-named or frame attribute,
+no attribute set but on its own functions. An answer that wrote the report itself (into its
+pipe, through a file) or replaced ``tf.config.list_logical_devices`` would report what
+TensorFlow did not do.
 """
 
 from __future__ import annotations
@@ -25,17 +34,28 @@ from typing import Any
 
 from course_utils.child import run_cpu_only, start_cpu_only
 
-__all__ = ["run_split_answers", "run_split_in_fresh_process", "run_splits_in_fresh_process",
-           "split_verdict"]
+__all__ = ["ALLOWED_TF", "DENIED_BUILTINS", "run_split_answers", "run_split_in_fresh_process",
+           "run_splits_in_fresh_process", "source_problem", "split_verdict"]
 
 _SPLIT_SCRIPT = """
 import json, os, select, signal, sys, time
 sys.modules["course_utils"] = None  # the course's helpers cannot be reached here
 import tensorflow as tf
 
+import builtins
+_DENIED = {DENIED}
+_SAFE = {k: v for k, v in vars(builtins).items() if k not in _DENIED}
+def _import(name, globals=None, locals=None, fromlist=(), level=0):  # tensorflow only
+    if name.split(".")[0] != "tensorflow" or level:
+        raise ImportError(f"only tensorflow can be imported here, not {name!r}")
+    return __import__(name, globals, locals, fromlist, level)
+_SAFE["__import__"] = _import
+_CONFIG = {n: getattr(tf.config, n) for n in dir(tf.config) if not n.startswith("_")}
+
 def calls(name, source, counts):  # before TensorFlow made its devices
-    namespace = {"tf": tf}
+    namespace = {"tf": tf, "__builtins__": _SAFE}
     exec(source, namespace)
+    list_logical = _CONFIG["list_logical_devices"]
     results = []
     for count in counts:
         if count == "op":  # TensorFlow runs an op: it makes its devices (one CPU)
@@ -43,7 +63,10 @@ def calls(name, source, counts):  # before TensorFlow made its devices
             continue
         try:
             names = namespace[name](count)
-            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+            changed = sorted(n for n, f in _CONFIG.items() if getattr(tf.config, n, None) is not f)
+            if changed:  # tf.config's functions replaced: its answers are not TensorFlow's
+                raise LookupError(f"tf.config.{changed[0]} was replaced")
+            devices = [d.name for d in list_logical("CPU")]
             results.append({"returned": [str(n) for n in names], "devices": devices})
         except Exception as error:
             results.append({"error": f"{type(error).__name__}: {error}",
@@ -85,7 +108,10 @@ def forked(job, timeout):  # one job in a child forked before any device exists
     return data.decode() or failed("the call ended the process")
 
 if sys.argv[1] == "once":  # this process is fresh: no fork (Windows has none)
-    print("RESULT " + json.dumps(calls(*json.loads(sys.argv[2]))), flush=True)
+    result = os.dup(1)  # the result's own copy of stdout; what the answer prints: stderr
+    os.dup2(2, 1)
+    line = "RESULT " + json.dumps(calls(*json.loads(sys.argv[2]))) + "\\n"
+    os.write(result, line.encode())
 else:  # one job a line on stdin, each in a fork; ends when stdin closes
     for line in sys.stdin:
         print("RESULT " + forked(json.loads(line), float(sys.argv[2])), flush=True)
@@ -93,6 +119,12 @@ else:  # one job a line on stdin, each in a fork; ends when stdin closes
 #: Seconds one job's calls may take in its fork; TensorFlow starts slowly when the cores are
 #: busy, so the process that imports it gets longer.
 JOB_TIMEOUT_S, START_TIMEOUT_S = 120.0, 300.0
+#: Built-ins the answer's code cannot reach in the fresh process: they read or write what
+#: is not the answer's (files, the result pipe, frames, modules) or run code built at run time.
+DENIED_BUILTINS = ("open", "exec", "eval", "compile", "globals", "locals", "vars", "dir",
+                   "setattr", "delattr", "breakpoint", "input", "help", "exit",
+                   "quit", "memoryview", "__loader__", "__spec__")
+_SPLIT_SCRIPT = _SPLIT_SCRIPT.replace("{DENIED}", repr(set(DENIED_BUILTINS)))
 
 
 class _FreshTensorFlow:
@@ -172,16 +204,102 @@ class _FreshTensorFlow:
             _FreshTensorFlow._shared = None
 
 
+#: Attributes that lead from the answer's objects to the frames (and so the modules) of the
+#: process's own code: a generator's frame, a frame's caller, its globals.
+FRAME_ATTRIBUTES = frozenset({"gi_frame", "cr_frame", "ag_frame", "gi_code", "f_back",
+                              "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame",
+                              "tb_next", "cell_contents"})
+#: What of TensorFlow the answer may use in the fresh process: the split's API and its errors.
+ALLOWED_TF = ("config", "errors")
+
+
+def source_problem(source: str) -> str | None:
+    """What in the answer's ``source`` reaches beyond a split (None when nothing does): the
+    fresh process gives it ``tf.config`` and ``tf.errors``, Python's built-ins but
+    ``DENIED_BUILTINS``, and no other module; it sets no attribute but on its own functions
+    (``f.calls = 1``), and reads no ``_``-named attribute. What it could otherwise reach
+    writes the process's report itself (its pipe, a file) or replaces what the report reads
+    (``tf.config.list_logical_devices``): that report would not be TensorFlow's."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as error:
+        return f"its source does not parse: {error}"
+    roots = {"tf", "tensorflow"}
+    own = {node.name for node in ast.walk(tree)
+           if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        where = f"line {getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name != "tensorflow":
+                    return f"{where} imports {alias.name}: only tensorflow is there"
+                roots.add(alias.asname or alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            module = (node.module or "").split(".")
+            if node.level or module[0] != "tensorflow" or not (
+                    module[1:2] and module[1] in ALLOWED_TF
+                    or all(alias.name in ALLOWED_TF for alias in node.names)):
+                names = ", ".join(alias.name for alias in node.names)
+                return (f"{where} imports {names} from {node.module}: only tf.config and "
+                        "tf.errors are there")
+        elif isinstance(node, ast.Attribute) and (node.attr.startswith("_")
+                                                  or node.attr in FRAME_ATTRIBUTES):
+            return f"{where} reads the attribute {node.attr}: it is not there"
+        elif isinstance(node, ast.Name) and node.id in DENIED_BUILTINS + ("__import__",):
+            return f"{where} uses {node.id}: that built-in is not there"
+        elif isinstance(node, ast.Name) and node.id in ("getattr", "hasattr") and not (
+                isinstance(parents.get(node), ast.Call) and parents[node].func is node
+                and len(parents[node].args) > 1
+                and isinstance(parents[node].args[1], ast.Constant)
+                and isinstance(parents[node].args[1].value, str)
+                and not parents[node].args[1].value.startswith("_")
+                and parents[node].args[1].value not in FRAME_ATTRIBUTES):
+            return (f"{where} uses {node.id} with a name built at run time or _-named: "
+                    "only a plain attribute name is there")
+    for node in ast.walk(tree):
+        where = f"line {getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                node.value.id in roots and node.attr not in ALLOWED_TF:
+            return (f"{where} uses {node.value.id}.{node.attr}: only tf.config and tf.errors "
+                    "are there")
+        targets = (node.targets if isinstance(node, ast.Assign | ast.Delete) else
+                   [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else [])
+        for target in targets:
+            for part in ast.walk(target):
+                if isinstance(part, ast.Attribute) and not (
+                        isinstance(part.value, ast.Name) and part.value.id in own):
+                    return (f"{where} sets the attribute {part.attr}: only attributes of "
+                            "your own functions may be set there")
+    for node in ast.walk(tree):  # tf handed on whole: its other modules reachable
+        if isinstance(node, ast.Name) and node.id in roots and not isinstance(
+                parents.get(node), ast.Attribute):
+            return (f"line {node.lineno} uses {node.id} itself: only tf.config and tf.errors "
+                    "are there")
+    return None
+
+
 def _run_jobs(answers: list[tuple[str, str]], counts: list[Any]
               ) -> list[list[dict[str, Any]]]:
     """Each answer's calls of ``counts``, each in a fresh TensorFlow: a child of the shared
     process (POSIX), or a process of its own where there is no fork."""
-    jobs = [(name, source, counts) for name, source in answers]
-    if not hasattr(os, "fork"):
-        return [_run_once(job) for job in jobs]
-    with _FreshTensorFlow._lock:
-        server = _FreshTensorFlow.shared()
-        return [server.run(job) for job in jobs]
+    refused = {index: source_problem(source) for index, (_, source) in enumerate(answers)}
+    jobs = [(name, source, counts) for index, (name, source) in enumerate(answers)
+            if refused[index] is None]
+    if not jobs:
+        ran = []
+    elif not hasattr(os, "fork"):
+        ran = [_run_once(job) for job in jobs]
+    else:
+        with _FreshTensorFlow._lock:
+            server = _FreshTensorFlow.shared()
+            ran = [server.run(job) for job in jobs]
+    done = iter(ran)
+    return [[{"error": f"not run in the fresh process: {refused[index]}",
+              "runtime_error": False, "refused": True}]
+            if refused[index] else next(done) for index in range(len(answers))]
 
 
 def _run_once(job: tuple[str, str, list[Any]]) -> list[dict[str, Any]]:
@@ -249,6 +367,8 @@ def split_verdict(results: list[dict[str, Any]], count: int) -> str | None:
               f"the second call split_cpu({count}) (the set-up cell run again)",
               f"then split_cpu({count + 1}) (another number, too late)",
               f"then split_cpu({count}) once more"]
+    if results and results[0].get("refused"):
+        return results[0]["error"]
     if len(results) < len(labels):
         return f"in a fresh process it raised: {results[-1]['error']}"
     for index in (0, 1, 3):
