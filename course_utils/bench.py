@@ -13,6 +13,7 @@ import os
 import pathlib
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -52,6 +53,14 @@ class Timing:
         return statistics.median(self.times)
 
     @property
+    def spread(self) -> float:
+        """The middle 80 % of the calls (10th to 90th percentile) as a share of the median."""
+        if len(self.times) < 2:
+            return 0.0
+        deciles = statistics.quantiles(self.times, n=10, method="inclusive")
+        return (deciles[-1] - deciles[0]) / self.median
+
+    @property
     def stdev(self) -> float:
         """Standard deviation (0 for a single measurement)."""
         return statistics.stdev(self.times) if len(self.times) > 1 else 0.0
@@ -71,8 +80,9 @@ def _human(seconds: float) -> str:
 def _block(result: Any) -> None:
     """Wait until TensorFlow has finished computing ``result`` (ops run asynchronously on GPUs).
 
-    It waits by reading each tensor into host memory (``.numpy()``): on a GPU every timed call
-    therefore includes a device→host copy of its result.
+    It waits by reading each tensor into host memory (``.numpy()``), also each replica's tensor
+    of a distributed value: on a GPU every timed call therefore includes a device→host copy
+    of its result.
     """
     numpy = getattr(result, "numpy", None)
     if callable(numpy):
@@ -83,6 +93,11 @@ def _block(result: Any) -> None:
     elif isinstance(result, dict):
         for item in result.values():
             _block(item)
+    elif "tensorflow" in sys.modules:  # a distributed value (PerReplica): its tensors
+        parts = sys.modules["tensorflow"].nest.flatten(result, expand_composites=True)
+        if len(parts) != 1 or parts[0] is not result:
+            for item in parts:
+                _block(item)
 
 
 def time_function(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> Timing:

@@ -23,6 +23,21 @@ def test_time_function_repeats_after_warmup():
         bench.time_function(lambda: None, repeats=0)
 
 
+def test_spread_is_the_middle_80_percent_over_the_median():
+    timing = bench.Timing(tuple(float(t) for t in range(1, 12)))  # 1 … 11 s
+    assert timing.spread == pytest.approx((10 - 2) / 6)  # numpy's percentile 10 and 90
+    assert bench.Timing((1.0,)).spread == 0.0
+
+
+def test_block_reaches_every_replica_of_a_distributed_value(monkeypatch):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    value = strategy.experimental_distribute_values_from_function(lambda _: tf.ones(2))
+    seen, real = [], bench._block
+    monkeypatch.setattr(bench, "_block", lambda result: (seen.append(result), real(result)))
+    bench._block(value)
+    assert any(isinstance(item, tf.Tensor) for item in seen[1:]), seen
+
+
 def test_dataset_throughput_counts_examples_of_batches():
     dataset = tf.data.Dataset.range(100).batch(10)
     result = bench.dataset_throughput(dataset, warmup_batches=1)

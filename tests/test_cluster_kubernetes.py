@@ -136,6 +136,7 @@ VALID = {
                        restart_policy="ExitCode"),
     "fractional cpu and memory as numbers": dict(num_workers=2, cpu=0.5, memory=1.5e9),
     "a shared volume": dict(num_workers=2, chief=True, shared_volume=("training-data", "/data")),
+    "a deadline": dict(num_workers=2, active_deadline_seconds=3600),
 }
 
 
@@ -148,6 +149,8 @@ def test_generated_manifests_pass_the_crd_schema_and_the_operator_rules(kwargs):
     assert operator_errors(from_yaml) == []
     specs = from_yaml["spec"]["tfReplicaSpecs"]
     assert specs["Worker"]["replicas"] == kwargs["num_workers"]
+    assert from_yaml["spec"]["runPolicy"].get("activeDeadlineSeconds") == kwargs.get(
+        "active_deadline_seconds")
     assert ("Chief" in specs) == kwargs.get("chief", False)
     assert specs.get("PS", {}).get("replicas", 0) == kwargs.get("num_ps", 0)
     for kind, spec in specs.items():
@@ -217,6 +220,8 @@ INVALID = {
     "empty namespace": (dict(namespace=""), "DNS-1123"),
     "cpu": (dict(cpu="two"), "cpu 'two' is not a Kubernetes quantity"),
     "negative memory": (dict(memory="-1Gi"), "memory '-1Gi' is not a Kubernetes quantity"),
+    "zero deadline": (dict(active_deadline_seconds=0), "active_deadline_seconds .* got 0"),
+    "fractional deadline": (dict(active_deadline_seconds=1.5), "active_deadline_seconds .* 1.5"),
     "command as one string": (dict(command="python train.py"), "list of arguments"),
     "command item": (dict(command=["python", None]), r"command\[1\] must be a string"),
 }

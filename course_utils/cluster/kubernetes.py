@@ -183,6 +183,7 @@ def tfjob_manifest(
     env: Mapping[str, str] | None = None,
     restart_policy: str = "OnFailure",
     shared_volume: tuple[str, str] | None = None,
+    active_deadline_seconds: int | None = None,
 ) -> dict:
     """A Kubeflow training-operator ``TFJob`` (kubeflow.org/v1) for the same job.
 
@@ -192,7 +193,9 @@ def tfjob_manifest(
     Raises ``ValueError`` (naming the rule and the value) for input the operator or the API
     server would refuse. ``shared_volume=(claim, path)`` mounts the PersistentVolumeClaim
     ``claim`` (see :func:`persistent_volume_claim`) at ``path`` in every pod: the storage the
-    chief checkpoints into and every restarted pod reads.
+    chief checkpoints into and every restarted pod reads. ``active_deadline_seconds`` is the
+    job's deadline from outside (``runPolicy.activeDeadlineSeconds``): the operator ends a job
+    still running then, a hung worker included.
     """
     counts = _replica_counts(num_workers, num_ps, chief, num_evaluators)
     _check_names(name, namespace, counts)
@@ -210,6 +213,10 @@ def tfjob_manifest(
     variables = _env(env)
     limits = _limits(gpus_per_worker, cpu, memory)
     volume = _shared_volume(shared_volume)
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "None"}
+    if active_deadline_seconds is not None:
+        run_policy["activeDeadlineSeconds"] = _count(
+            "active_deadline_seconds", active_deadline_seconds, 1)
 
     def replica(count: int, with_limits: bool) -> dict:
         container: dict[str, Any] = {
@@ -240,7 +247,7 @@ def tfjob_manifest(
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
         "metadata": metadata,
-        "spec": {"runPolicy": {"cleanPodPolicy": "None"}, "tfReplicaSpecs": specs},
+        "spec": {"runPolicy": run_policy, "tfReplicaSpecs": specs},
     }
 
 

@@ -132,11 +132,15 @@ def is_chief(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def worker_strategy(timeout_seconds: float | None = None) -> Any:
-    """In a worker script: a MultiWorkerMirroredStrategy from ``TF_CONFIG`` with time-outs.
+    """In a worker script: a MultiWorkerMirroredStrategy from ``TF_CONFIG``, collective time-out.
 
-    The collective time-out (default: what :class:`LocalCluster` passes in
-    ``COURSE_COLLECTIVE_TIMEOUT``, else none) turns a stalled peer into a ``DeadlineExceededError``
-    instead of a hang. Call it at the start of the script, before any other TensorFlow work.
+    The time-out (default: what :class:`LocalCluster` passes in ``COURSE_COLLECTIVE_TIMEOUT``,
+    else none; ``0`` switches it off) makes a collective that waits longer than it raise
+    ``DeadlineExceededError``. A dead or stalled peer is usually found first by the coordination
+    service's heartbeat check (about 10 s, an ``UnavailableError``); TensorFlow calls the option a
+    debugging aid that starts a thread for every collective (``CommunicationOptions`` in
+    ``collective_util.py``). The implementation is TensorFlow's default, ``AUTO``. Call it at the
+    start of the script, before any other TensorFlow work.
     """
     import tensorflow as tf
 
