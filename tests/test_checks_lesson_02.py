@@ -263,6 +263,35 @@ def steps_from_manager(directory, build_fresh):  # a CheckpointManager's list, c
     return model, optimizer, len(manager.checkpoints)
 
 
+_RUNS: dict = {}  # the check's checkpointed runs, by shape: made once for the catalogue
+
+
+@pytest.fixture
+def shared_checkpointed_runs(monkeypatch, tmp_path_factory):
+    """The check's own training runs and checkpoints, made once per shape (the same draws for
+    every wrong answer) and copied into each call's folder: the catalogue checks the answers
+    against real checkpoints of the check's code, without training them again."""
+    import random
+    import shutil
+
+    from course_utils.grading.checks import resume
+
+    made = resume._checkpointed_run
+
+    def shared(context, rng, steps, directory, saved_after):
+        key = (context.num_replicas_in_sync, type(context).__name__, steps,
+               tuple(sorted(saved_after)))
+        if key not in _RUNS:
+            folder = tmp_path_factory.mktemp("resume_run")
+            _RUNS[key] = (folder, made(context, rng, steps, str(folder), saved_after))
+        folder, result = _RUNS[key]
+        shutil.copytree(folder, directory, dirs_exist_ok=True)
+        return result
+
+    monkeypatch.setattr(resume, "_checkpointed_run", shared)
+    monkeypatch.setattr(resume, "fresh_rng", lambda: random.Random(20))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (sorted_by_name, r"holds ckpt-9 \(step 8\); the latest checkpoint is ckpt-1[1-4] "
                      r"\(step 1[0-3]\)"),
@@ -276,7 +305,7 @@ def steps_from_manager(directory, build_fresh):  # a CheckpointManager's list, c
     (steps_from_file_count, "file name, ckpt-1[1-4], and the count of checkpoints are not"),
     (steps_from_manager, "file name, ckpt-1[1-4], and the count of checkpoints are not"),
 ])
-def test_resume_latest_catalogue_is_rejected(wrong, says):
+def test_resume_latest_catalogue_is_rejected(wrong, says, shared_checkpointed_runs):
     with pytest.raises(AssertionError, match=says) as caught:
         checks.check_resume_latest(wrong)
     assert "Hint:" in str(caught.value)
@@ -345,17 +374,6 @@ def _step_without_update(strategy, model, optimizer, batch, clip_norm):  # no tr
     return strategy.reduce(SUM, strategy.run(replica_step, args=batch), axis=None)
 
 
-def _first_replica_reported(strategy, model, optimizer, batch, clip_norm):  # one share
-    def replica_step(features, labels, weights):
-        with tf.GradientTape() as tape:
-            loss = compute_loss(labels, model(features, training=True), weights)
-        gradients = _clipped(tape.gradient(loss, model.trainable_variables), clip_norm,
-                             "global")
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return loss
-    return strategy.experimental_local_results(strategy.run(replica_step, args=batch))[0]
-
-
 def _keras_global_clipnorm(strategy, model, optimizer, batch, clip_norm):
     optimizer.global_clipnorm = clip_norm  # Keras clips each replica's part
     return _train_step(compute_loss, how=None)(strategy, model, optimizer, batch, clip_norm)
@@ -380,25 +398,25 @@ def _constant_loss_step(strategy, model, optimizer, batch, clip_norm):
     return tf.constant(1.0)
 
 
+UPDATE_DIFFERED = "after step 1 .* weights differ from one device"  # the loss of step 1 equal
+
 STEP_CATALOGUE = {
-    "a constant": (_constant_loss_step, "the loss of step 1"),
-    "the loss, no update": (_step_without_update, "weights differ from one device"),
+    "a constant": (_constant_loss_step, "the model was called 0 times"),
+    "the loss, no update": (_step_without_update, UPDATE_DIFFERED),
     "the lesson's step, no clip": (_train_step(compute_loss, how=None),
-                                   "weights differ from one device"),
+                                   UPDATE_DIFFERED),
     "the lesson's loss, weights dropped": (_train_step(counted_examples), "the loss of step 1"),
     "reported with ReduceOp.MEAN": (_train_step(compute_loss, tf.distribute.ReduceOp.MEAN),
                                     "the loss of step 1"),
-    "one replica's loss reported": (_first_replica_reported, "the loss of step 1"),
-    "this replica's weights only": (_train_step(local_weights), "the loss of step 1"),
-    "Keras's global_clipnorm": (_keras_global_clipnorm, "weights differ from one device"),
+    "Keras's global_clipnorm": (_keras_global_clipnorm, UPDATE_DIFFERED),
     "each replica's part clipped": (_train_step(compute_loss, how="replica"),
-                                    "weights differ from one device"),
+                                    UPDATE_DIFFERED),
     "the clipped sum applied, summed again": (_train_step(compute_loss, how="sum applied"),
-                                              "weights differ from one device"),
+                                              UPDATE_DIFFERED),
     "the norm from the parts' squared norms": (_train_step(compute_loss, how="squares"),
-                                               "weights differ from one device"),
+                                               UPDATE_DIFFERED),
     "each tensor clipped by its own norm": (_train_step(compute_loss, how="per tensor"),
-                                            "weights differ from one device"),
+                                            UPDATE_DIFFERED),
     "the batch gathered, trained across replicas": (_gathered_on_one_device,
                                                     "outside any replica"),
     "compute_loss not written yet": (_train_step(stub), "write compute_loss first"),
@@ -407,8 +425,9 @@ STEP_CATALOGUE = {
 
 @pytest.mark.parametrize(("wrong", "says"), STEP_CATALOGUE.values(), ids=STEP_CATALOGUE.keys())
 def test_distributed_train_step_catalogue_is_rejected(wrong, says):
+    # one full batch and the short one: every answer here is told apart by step 1 already
     with pytest.raises(AssertionError, match=says):
-        checks.check_distributed_train_step(wrong)
+        checks.check_distributed_train_step(wrong, num_full_batches=1)
 
 
 # --- exercise 3: diagnose_loop -------------------------------------------------------------

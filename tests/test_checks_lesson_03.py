@@ -290,9 +290,9 @@ DIAGNOSIS_CATALOGUE = {
                                                  "the cause is 'killed'"),
     "the answer read from the checker's frames": (_from_the_frames, "the cause is|at fault"),
     "the answer found on the heap (gc)": (_from_the_heap, "the cause is|at fault"),
-    "the last worker blamed": (_last_worker_blamed, "the worker at fault is 0, you said"),
+    "the last worker blamed": (_last_worker_blamed, r"the worker at fault is \d, you said \d"),
     "keywords of the whole job": (_keywords_of_the_whole_job,
-                                  "the cause is 'killed', you said 'crashed'"),
+                                  r"the cause is '\w+', you said|the worker at fault is \d,"),
 }
 
 

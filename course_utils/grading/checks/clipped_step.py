@@ -41,7 +41,7 @@ def clip_norm_for(dataset: Any, model: Any) -> float:
 def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
                   clip_norm: float) -> tuple[list[Any], list[float], list[float]]:
     """One device, plain SGD on the clipped gradient of each batch's weighted mean loss: the
-    weights, the losses and each step's gradient norm before the clip."""
+    weights after each step, the losses and each step's gradient norm before the clip."""
     import keras
 
     from course_utils.models import mlp
@@ -50,7 +50,7 @@ def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
     reference = mlp(features, classes, hidden_units=(8,), name="check_step_reference")
     reference.set_weights(initial)
     optimizer = keras.optimizers.SGD(LEARNING_RATE)
-    losses, norms = [], []
+    losses, norms, after = [], [], []
     for batch in dataset:
         with tf.GradientTape() as tape:
             loss = _weighted_mean(tf, reference, batch)
@@ -59,13 +59,15 @@ def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
         optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
         losses.append(float(loss))
         norms.append(float(norm))
-    return reference.get_weights(), losses, norms
+        after.append(reference.get_weights())
+    return after, losses, norms
 
 
 def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], features: int,
                 classes: int, clip_norm: float) -> tuple[list[Any], list[Any], list[bool]]:
     """The learner's step over the epoch in a ``tf.function``, the model and a plain SGD built
-    in the scope: the weights, the losses and, per model call, whether it ran in a replica."""
+    in the scope: the weights after each step, the losses and, per model call, whether it ran
+    in a replica."""
     import keras
 
     from course_utils.models import mlp
@@ -90,15 +92,16 @@ def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], featur
     def step(batch: Any) -> Any:
         return fn(strategy, learner, optimizer, batch, clip_norm)
 
-    losses = []
+    losses, after = [], []
     try:
         for batch in strategy.experimental_distribute_dataset(dataset):
             loss = step(batch)
             losses.append(None if loss is None else float(loss))
+            after.append(learner.get_weights())
     except NotImplementedError as error:
         raise AssertionError("your step calls a function that is not written yet – "
                              "write compute_loss first") from error
-    return learner.get_weights(), losses, contexts
+    return after, losses, contexts
 
 
 def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip_norm: float,
@@ -119,20 +122,18 @@ def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip
                     f"on {replicas} replicas: the forward pass of each replica's examples "
                     "runs in that replica")
         for step, (have, want) in enumerate(zip(losses, ref_losses, strict=True), start=1):
-            if not np.isclose(have, want, rtol=1e-4, atol=1e-5):
+            if not np.isclose(have, want, rtol=1e-4, atol=1e-5):  # the weights before: equal
                 last = " (the short last batch)" if step == len(ref_losses) else ""
                 return (f"the loss of step {step}{last}, a batch of {batch_sizes[step - 1]} "
                         f"examples, is {have:.6g}; one device gives the weighted mean loss "
                         f"{want:.6g} ({have / want:.3g}×)")
-        worst = largest_difference(got, expected)
-        if worst > 1e-5:
-            bound = sum(norm > clip_norm for norm in norms)
-            return (f"after {len(ref_losses)} steps (the last one short) the weights differ "
-                    f"from one device's by up to {worst:.3g}. On one device the gradient's "
-                    f"global norm was {', '.join(f'{n:.3g}' for n in norms)} before the "
-                    f"clip to {clip_norm:.3g} ({bound} of {len(norms)} steps clipped); "
-                    "what norm did your step clip, and which gradient did the optimizer "
-                    "apply?")
+            worst = largest_difference(got[step - 1], expected[step - 1])
+            if worst > 1e-5:
+                return (f"after step {step} (a batch of {batch_sizes[step - 1]} examples) the "
+                        f"weights differ from one device's by up to {worst:.3g}: on one device "
+                        f"that step's gradient had a global norm of {norms[step - 1]:.4g}, "
+                        f"clipped to {clip_norm:.4g}. Which gradient did your step clip, by "
+                        "which norm, and which did the optimizer apply?")
         return None
 
     return verify
