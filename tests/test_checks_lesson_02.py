@@ -5,6 +5,7 @@ answers as a learner would write them."""
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 
@@ -41,12 +42,34 @@ def compute_loss(labels, logits, weights):
     return tf.reduce_sum(weights * _per_example(labels, logits)) / total
 
 
-def _train_step(loss_fn, reduce_op=SUM):
-    def distributed_train_step(strategy, model, optimizer, batch):
+def _clipped(gradients, clip_norm, how):
+    """The update each replica hands apply_gradients, clipped ``how`` (None: not at all)."""
+    context = tf.distribute.get_replica_context()
+    if how == "global":  # the right one: scale each part by the global gradient's norm
+        total = context.all_reduce(SUM, gradients)
+        return [g * tf.minimum(1.0, clip_norm / tf.linalg.global_norm(total))
+                for g in gradients]
+    if how == "replica":  # this replica's part clipped by its own norm
+        return tf.clip_by_global_norm(gradients, clip_norm)[0]
+    if how == "sum applied":  # the global gradient clipped, then summed again by the optimizer
+        return tf.clip_by_global_norm(context.all_reduce(SUM, gradients), clip_norm)[0]
+    if how == "squares":  # the norm from the parts' squared norms, summed
+        norm = tf.sqrt(context.all_reduce(SUM, tf.linalg.global_norm(gradients) ** 2))
+        return [g * tf.minimum(1.0, clip_norm / norm) for g in gradients]
+    if how == "per tensor":  # clip_by_norm of each variable's global gradient, divided back
+        total = context.all_reduce(SUM, gradients)
+        replicas = context.num_replicas_in_sync
+        return [tf.clip_by_norm(g, clip_norm) / replicas for g in total]
+    return gradients
+
+
+def _train_step(loss_fn, reduce_op=SUM, how="global"):
+    def distributed_train_step(strategy, model, optimizer, batch, clip_norm):
         def replica_step(features, labels, weights):
             with tf.GradientTape() as tape:
                 loss = loss_fn(labels, model(features, training=True), weights)
-            gradients = tape.gradient(loss, model.trainable_variables)
+            gradients = _clipped(tape.gradient(loss, model.trainable_variables), clip_norm,
+                                 how)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
             return loss
 
@@ -240,6 +263,35 @@ def steps_from_manager(directory, build_fresh):  # a CheckpointManager's list, c
     return model, optimizer, len(manager.checkpoints)
 
 
+_RUNS: dict = {}  # the check's checkpointed runs, by shape: made once for the catalogue
+
+
+@pytest.fixture
+def shared_checkpointed_runs(monkeypatch, tmp_path_factory):
+    """The check's own training runs and checkpoints, made once per shape (the same draws for
+    every wrong answer) and copied into each call's folder: the catalogue checks the answers
+    against real checkpoints of the check's code, without training them again."""
+    import random
+    import shutil
+
+    from course_utils.grading.checks import resume
+
+    made = resume._checkpointed_run
+
+    def shared(context, rng, steps, directory, saved_after):
+        key = (context.num_replicas_in_sync, type(context).__name__, steps,
+               tuple(sorted(saved_after)))
+        if key not in _RUNS:
+            folder = tmp_path_factory.mktemp("resume_run")
+            _RUNS[key] = (folder, made(context, rng, steps, str(folder), saved_after))
+        folder, result = _RUNS[key]
+        shutil.copytree(folder, directory, dirs_exist_ok=True)
+        return result
+
+    monkeypatch.setattr(resume, "_checkpointed_run", shared)
+    monkeypatch.setattr(resume, "fresh_rng", lambda: random.Random(20))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (sorted_by_name, r"holds ckpt-9 \(step 8\); the latest checkpoint is ckpt-1[1-4] "
                      r"\(step 1[0-3]\)"),
@@ -253,7 +305,7 @@ def steps_from_manager(directory, build_fresh):  # a CheckpointManager's list, c
     (steps_from_file_count, "file name, ckpt-1[1-4], and the count of checkpoints are not"),
     (steps_from_manager, "file name, ckpt-1[1-4], and the count of checkpoints are not"),
 ])
-def test_resume_latest_catalogue_is_rejected(wrong, says):
+def test_resume_latest_catalogue_is_rejected(wrong, says, shared_checkpointed_runs):
     with pytest.raises(AssertionError, match=says) as caught:
         checks.check_resume_latest(wrong)
     assert "Hint:" in str(caught.value)
@@ -316,36 +368,66 @@ def test_compute_loss_catalogue_is_rejected(wrong, says):
         checks.check_compute_loss(wrong)
 
 
-_unweighted_step = _train_step(counted_examples)  # the lesson's loop, weights dropped
-
-
-def _step_without_update(strategy, model, optimizer, batch):  # the loss, no training
+def _step_without_update(strategy, model, optimizer, batch, clip_norm):  # no training
     def replica_step(features, labels, weights):
         return compute_loss(labels, model(features, training=True), weights)
     return strategy.reduce(SUM, strategy.run(replica_step, args=batch), axis=None)
 
 
-def _first_replica_reported(strategy, model, optimizer, batch):  # one replica's share
-    def replica_step(features, labels, weights):
-        with tf.GradientTape() as tape:
-            loss = compute_loss(labels, model(features, training=True), weights)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        return loss
-    return strategy.experimental_local_results(strategy.run(replica_step, args=batch))[0]
+def _keras_global_clipnorm(strategy, model, optimizer, batch, clip_norm):
+    optimizer.global_clipnorm = clip_norm  # Keras clips each replica's part
+    return _train_step(compute_loss, how=None)(strategy, model, optimizer, batch, clip_norm)
 
 
-@pytest.mark.parametrize(("wrong", "says"), [
-    (_train_step(compute_loss, tf.distribute.ReduceOp.MEAN), "ReduceOp.SUM"),
-    (_unweighted_step, "distributed_train_step: case"),
-    (_step_without_update, "the loss of step 2|weights differ"),
-    (_first_replica_reported, "the loss of step 1"),
-    (_train_step(local_weights), "distributed_train_step: case"),
-    (_train_step(stub), "write compute_loss first"),
-])
+def _gathered_on_one_device(strategy, model, optimizer, batch, clip_norm):
+    """The right update made the wrong way: the global batch gathered and trained in the
+    cross-replica context (the model called once in the replicas, for show)."""
+    strategy.run(lambda features, labels, weights: model(features), args=batch)
+    features, labels, weights = (tf.concat(strategy.experimental_local_results(t), 0)
+                                 for t in batch)
+    with tf.GradientTape() as tape:
+        losses = _per_example(labels, model(features, training=True))
+        loss = tf.reduce_sum(weights * losses) / tf.reduce_sum(weights)
+    gradients, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
+                                          clip_norm)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+    return loss
+
+
+def _constant_loss_step(strategy, model, optimizer, batch, clip_norm):
+    return tf.constant(1.0)
+
+
+UPDATE_DIFFERED = "after step 1 .* weights differ from one device"  # the loss of step 1 equal
+
+STEP_CATALOGUE = {
+    "a constant": (_constant_loss_step, "the model was called 0 times"),
+    "the loss, no update": (_step_without_update, UPDATE_DIFFERED),
+    "the lesson's step, no clip": (_train_step(compute_loss, how=None),
+                                   UPDATE_DIFFERED),
+    "the lesson's loss, weights dropped": (_train_step(counted_examples), "the loss of step 1"),
+    "reported with ReduceOp.MEAN": (_train_step(compute_loss, tf.distribute.ReduceOp.MEAN),
+                                    "the loss of step 1"),
+    "Keras's global_clipnorm": (_keras_global_clipnorm, UPDATE_DIFFERED),
+    "each replica's part clipped": (_train_step(compute_loss, how="replica"),
+                                    UPDATE_DIFFERED),
+    "the clipped sum applied, summed again": (_train_step(compute_loss, how="sum applied"),
+                                              UPDATE_DIFFERED),
+    "the norm from the parts' squared norms": (_train_step(compute_loss, how="squares"),
+                                               UPDATE_DIFFERED),
+    "each tensor clipped by its own norm": (_train_step(compute_loss, how="per tensor"),
+                                            UPDATE_DIFFERED),
+    "the batch gathered, trained across replicas": (_gathered_on_one_device,
+                                                    "outside any replica"),
+    "compute_loss not written yet": (_train_step(stub), "write compute_loss first"),
+}
+
+
+@pytest.mark.parametrize(("wrong", "says"), STEP_CATALOGUE.values(), ids=STEP_CATALOGUE.keys())
 def test_distributed_train_step_catalogue_is_rejected(wrong, says):
+    # one full batch and the short one: every answer here is told apart by step 1 already
     with pytest.raises(AssertionError, match=says):
-        checks.check_distributed_train_step(wrong)
+        checks.check_distributed_train_step(wrong, num_full_batches=1)
 
 
 # --- exercise 3: diagnose_loop -------------------------------------------------------------
@@ -444,9 +526,52 @@ def ran_one_step_then_decoded_the_numbers(strategy, make_train_step, build_model
     return "Keras loss object on an uneven split"
 
 
+def short_step_too_then_decoded_the_numbers(strategy, make_train_step, build_model, features,
+                                            labels, global_batch_size):
+    """Runs a frozen full step and a frozen short one, then decodes the loop's constants."""
+    _one_frozen_step(strategy, make_train_step, build_model, features, labels,
+                     strategy.num_replicas_in_sync + 1)
+    return ran_one_step_then_decoded_the_numbers(strategy, make_train_step, build_model,
+                                                 features, labels, global_batch_size)
+
+
+def _checkers_verify(make_train_step):
+    """The check's verify function for this loop, found among the process's objects."""
+    for thing in getattr(gc, "get_" + "objects")():
+        if type(thing).__name__ == "Case" and len(thing.args) > 1 and (
+                thing.args[1] is make_train_step):
+            return thing.verify
+    raise LookupError("no case")
+
+
+def read_the_checkers_case(strategy, make_train_step, build_model, features, labels,
+                           global_batch_size):
+    """Runs a frozen full and short step, then reads the answer off the check's own case."""
+    for size in (global_batch_size, strategy.num_replicas_in_sync + 1):
+        _one_frozen_step(strategy, make_train_step, build_model, features, labels, size)
+    verify = _checkers_verify(make_train_step)
+    return next((v for v in (verify.__defaults__ or ()) if v in lesson_02.DIAGNOSES), "right")
+
+
+def asked_the_checkers_box(strategy, make_train_step, build_model, features, labels,
+                           global_batch_size):
+    """Runs a frozen full and short step, then asks the check's loop box for the verdict."""
+    for size in (global_batch_size, strategy.num_replicas_in_sync + 1):
+        _one_frozen_step(strategy, make_train_step, build_model, features, labels, size)
+    verify = _checkers_verify(make_train_step)
+    cells = dict(zip(verify.__code__.co_freevars,
+                     getattr(verify, "__clo" + "sure__"), strict=True))
+    box, number = getattr(cells["box"], "cell_" + "contents"), verify.__defaults__[0]
+    said = box.verdict(number, "right")
+    return "right" if said is None else said.split("'")[1]
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
-    (ran_one_step_then_read_the_closure, "full batches only|this loop is"),
-    (ran_one_step_then_decoded_the_numbers, "after steps on full batches only"),
+    (ran_one_step_then_read_the_closure, "full batches only|this loop is|raised"),
+    (ran_one_step_then_decoded_the_numbers, "after steps on full batches only|raised"),
+    (short_step_too_then_decoded_the_numbers, "raised KeyError"),
+    (read_the_checkers_case, "this loop is '"),
+    (asked_the_checkers_box, "verdict had been asked before the check asked"),
 ])
 def test_a_diagnosis_that_runs_a_frozen_step_and_reads_the_loop_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):
@@ -454,15 +579,18 @@ def test_a_diagnosis_that_runs_a_frozen_step_and_reads_the_loop_is_rejected(wron
 
 
 def test_every_kind_of_loop_runs_one_code_whose_closure_names_no_mistake():
-    from course_utils.grading.checks.loops import loop_with
+    from course_utils.grading.checks.loops import LoopBox
 
-    strategy = lesson_02.mirrored_strategy()
-    loops = [loop_with(strategy, kind, 8) for kind in lesson_02.DIAGNOSES]
-    assert len({loop.__code__ for loop in loops}) == 1
-    for loop in loops:
-        values = _closure_values(loop).values()
-        assert not any(isinstance(value, str) for value in values)
-        assert not any(getattr(value, "__name__", "") == "counted" for value in values)
+    box = LoopBox(lesson_02.mirrored_strategy())
+    try:
+        loops = [box.loop(8, kind=kind)[1] for kind in lesson_02.DIAGNOSES]
+        assert len({loop.__code__ for loop in loops}) == 1
+        for loop in loops:
+            values = _closure_values(loop).values()
+            assert not any(isinstance(value, str | float | tf.Tensor) for value in values)
+            assert not any(getattr(value, "__name__", "") == "counted" for value in values)
+    finally:
+        box.close()
 
 
 @pytest.mark.parametrize("constant", ["reduce_mean per replica",

@@ -257,6 +257,26 @@ def _from_the_heap(logs):
     return "killed", 0
 
 
+def _last_worker_blamed(logs):
+    """The right cause, the last worker blamed (the one a log read bottom-up meets first)."""
+    cause, _ = diagnose(logs)
+    return cause, (None if cause == "not_in_cluster" else len(logs) - 1)
+
+
+def _keywords_of_the_whole_job(logs):
+    """The cause from the first keyword found in all the logs together; the culprit: the
+    first log without an error."""
+    text = "\n".join(logs)
+    found = [cause for cause, word in (("not_in_cluster", ": 1 replicas"),
+                                       ("stalled", "DeadlineExceeded"),
+                                       ("crashed", "Traceback")) if word in text]
+    cause = found[0] if found else (
+        "never_started" if any(not log.strip() for log in logs) else "killed")
+    if cause == "not_in_cluster":
+        return cause, None
+    return cause, next((w for w, log in enumerate(logs) if "Error" not in log), 0)
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -270,6 +290,9 @@ DIAGNOSIS_CATALOGUE = {
                                                  "the cause is 'killed'"),
     "the answer read from the checker's frames": (_from_the_frames, "the cause is|at fault"),
     "the answer found on the heap (gc)": (_from_the_heap, "the cause is|at fault"),
+    "the last worker blamed": (_last_worker_blamed, r"the worker at fault is \d, you said \d"),
+    "keywords of the whole job": (_keywords_of_the_whole_job,
+                                  r"the cause is '\w+', you said|the worker at fault is \d,"),
 }
 
 
@@ -509,6 +532,16 @@ def copies_the_checkers_model(checkpoint, checkpoint_dir, examples_done):
     return 0
 
 
+def count_by_load_variable(checkpoint, checkpoint_dir, examples_done):
+    """The count read off the newest checkpoint with tf.train.load_variable: nothing restored."""
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    if not latest:
+        return 0
+    key = next(name for name, _ in tf.train.list_variables(latest)
+               if name.startswith("examples_done"))
+    return int(tf.train.load_variable(latest, key))
+
+
 def never_skips(x, y, global_batch, examples_done):
     return pipeline_fn(lambda done, context, batch: 0)(x, y, global_batch, examples_done)
 
@@ -532,6 +565,8 @@ RESUME_CATALOGUE = {
     "a constant count": (restores_a_constant, make_dataset_fn, "got 96|returned 96"),
     "the count and model read from the checker's frames": (
         copies_the_checkers_model, make_dataset_fn, "returned 0"),
+    "the count read with load_variable, nothing restored": (
+        count_by_load_variable, make_dataset_fn, "did not restore the newest model"),
     "never skips": (restore_latest, never_skips, "trained examples it should not"),
     "the lesson's skip, examples for steps": (
         restore_latest, pipeline_fn(lambda done, c, b: done * b // c.num_input_pipelines),

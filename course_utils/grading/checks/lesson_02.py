@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_utils.equality import largest_difference
-from course_utils.grading.checks import sharding
-from course_utils.grading.checks.loops import DIAGNOSES, loop_with
+from course_utils.grading.checks import clipped_step, sharding
+from course_utils.grading.checks.loops import DIAGNOSES, LoopBox
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.replicas import (
     mirrored_strategy,
@@ -135,21 +134,19 @@ def check_compute_loss(fn: Any) -> bool:
 
 @register
 def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
-    """Check ``distributed_train_step(strategy, model, optimizer, batch)`` on weighted batches.
+    """Check ``distributed_train_step(strategy, model, optimizer, batch, clip_norm)``.
 
-    An epoch of full global batches ``(features, labels, weights)`` and a short, unevenly
-    split last one under ``cu.make_strategy("mirrored")`` must give the same weights (within
-    1e-5) and losses as plain SGD on one device on the weighted mean loss of each batch. The
-    replica function must run in the replicas: the model is called once per replica per step.
+    An epoch of weighted global batches ``(features, labels, weights)``, the last one short and
+    split unevenly, under ``cu.make_strategy("mirrored")`` must give the weights (within 1e-5)
+    and losses of plain SGD on one device on each batch's weighted mean loss, its gradient
+    clipped to a global norm of ``clip_norm`` (half the first gradient's norm: the clip binds).
+    Every call of the model runs inside a replica. The reference is made after the step ran.
     """
-    import keras
     import numpy as np
-
-    from course_utils.models import mlp
 
     tf = _tf()
     strategy = mirrored_strategy()
-    if raises_own_stub(fn, strategy, None, None, None):
+    if raises_own_stub(fn, strategy, None, None, None, 1.0):
         not_attempted("distributed_train_step")
         return False
     replicas = strategy.num_replicas_in_sync
@@ -162,85 +159,22 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
     w = _weights(np_rng, size, replicas, [(start, min(start + global_batch, size))
                                           for start in range(0, size, global_batch)])
     dataset = tf.data.Dataset.from_tensor_slices((x[:size], y[:size], w)).batch(global_batch)
-    learning_rate = 0.5
-
-    # The one-device reference: the weighted mean loss over each batch, plain SGD.
-    reference = mlp(features, classes, hidden_units=(8,), name="check_step_reference")
-    reference.set_weights(initial)
-    ref_optimizer = keras.optimizers.SGD(learning_rate)
-    per_example = per_example_loss()
-    ref_losses = []
-    for xb, yb, wb in dataset:
-        with tf.GradientTape() as tape:
-            losses = per_example(yb, reference(xb, training=True))
-            loss = tf.reduce_sum(wb * losses) / tf.reduce_sum(wb)
-        grads = tape.gradient(loss, reference.trainable_variables)
-        ref_optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
-        ref_losses.append(float(loss))
-    expected = reference.get_weights()
-    batch_sizes = [min(global_batch, size - i * global_batch) for i in range(len(ref_losses))]
-
-    def verify(result: Any) -> str | None:
-        got, losses, contexts = result
-        if len(losses) != len(ref_losses) or any(v is None for v in losses):
-            return "distributed_train_step must return the loss of the step (a scalar)"
-        if replicas > 1 and not any(contexts):
-            return ("the model was never called inside a replica: run the forward pass, "
-                    "the loss and the update in a replica function with strategy.run")
-        for step, (have, want) in enumerate(zip(losses, ref_losses, strict=True), start=1):
-            if not np.isclose(have, want, rtol=1e-4, atol=1e-5):
-                last = " (the short last batch)" if step == len(ref_losses) else ""
-                return (f"the loss of step {step}{last}, a batch of {batch_sizes[step - 1]} "
-                        f"examples, is {have:.6g}; one device gives the weighted mean loss "
-                        f"{want:.6g} ({have / want:.3g}×). Sum the replicas' losses with "
-                        "strategy.reduce(tf.distribute.ReduceOp.SUM, ...) and pass the "
-                        "weights to compute_loss")
-        worst = largest_difference(got, expected)
-        if worst > 1e-5:
-            return (f"after {len(ref_losses)} steps (the last one short) the weights differ "
-                    f"from the one-device reference by up to {worst:.3g}: apply the gradients "
-                    "of compute_loss with the optimizer, once per step")
-        return None
+    clip_norm = clipped_step.clip_norm_for(dataset, model)
+    batch_sizes = [min(global_batch, size - start) for start in range(0, size, global_batch)]
+    verify = clipped_step.verifier(dataset, initial, features, classes, clip_norm, replicas,
+                                   batch_sizes)
 
     def run_learner(strategy_arg: Any) -> Any:
-        with strategy.scope():
-            learner = mlp(features, classes, hidden_units=(8,), name="check_step_learner")
-            learner.set_weights(initial)
-            optimizer = keras.optimizers.SGD(learning_rate)
-            optimizer.build(learner.trainable_variables)
-        contexts: list[bool] = []  # per trace: was the model called in a replica?
-        call = learner.call
-
-        def recording_call(*args: Any, **kwargs: Any) -> Any:
-            contexts.append(tf.distribute.in_cross_replica_context() is False
-                            and tf.distribute.has_strategy())
-            return call(*args, **kwargs)
-
-        learner.call = recording_call
-
-        @tf.function
-        def step(batch: Any) -> Any:
-            return fn(strategy_arg, learner, optimizer, batch)
-
-        losses = []
-        try:
-            for batch in strategy.experimental_distribute_dataset(dataset):
-                loss = step(batch)
-                losses.append(None if loss is None else float(loss))
-        except NotImplementedError as error:
-            raise AssertionError("your step calls a function that is not written yet – "
-                                 "write compute_loss first") from error
-        return learner.get_weights(), losses, contexts
+        return clipped_step.learner_run(fn, strategy_arg, dataset, initial, features, classes,
+                                        clip_norm)
 
     case = Case(args=(strategy,), verify=verify,
                 label=f"({len(batch_sizes)} steps on {replicas} replicas, weighted batches "
-                      f"of {batch_sizes} examples)")
+                      f"of {batch_sizes} examples, clip_norm={clip_norm:.3g})")
     return run_check("distributed_train_step", run_learner, [case],
-                     hint="in a replica function of (features, labels, weights): forward pass "
-                          "under a GradientTape, compute_loss(labels, logits, weights), "
-                          "gradients, optimizer.apply_gradients; then strategy.run(replica_fn, "
-                          "args=batch) and strategy.reduce(tf.distribute.ReduceOp.SUM, "
-                          "per_replica_losses, axis=None) (lesson 02, section 4).")
+                     hint="lesson 02, section 4 (which gradient each replica holds, and where "
+                          "apply_gradients sums them) and section 6 (the replicas' gradients "
+                          "all-reduced by hand). Which gradient's norm does one device clip?")
 
 
 # --- Exercise 3 · diagnose a training loop from its symptoms -----------------------------------
@@ -284,12 +218,12 @@ def check_diagnose_loop(fn: Any) -> bool:
         return False
     replicas = strategy.num_replicas_in_sync
     rng = fresh_rng()
-    kinds = list(DIAGNOSES) if replicas > 1 else [  # one replica: these look right
+    kinds = DIAGNOSES if replicas > 1 else (  # one replica: these look right
         "right", "global_batch_size passed positionally",
-        "constant global_batch_size on a short batch"]
-    rng.shuffle(kinds)
+        "constant global_batch_size on a short batch")
+    box = LoopBox(strategy)  # which loop makes which mistake: only its child process knows
     cases = []
-    for kind in kinds:
+    for _ in kinds:
         num_features, classes = rng.randint(4, 8), rng.randint(2, 4)
         x, y = teacher_classification(64, num_features, classes, seed=rng.randint(0, 999))
         global_batch = rng.choice([4, 8]) * replicas
@@ -298,10 +232,10 @@ def check_diagnose_loop(fn: Any) -> bool:
             return mlp(num_features, classes, hidden_units=(8,), name="check_diagnose")
 
         steps_run: list[int] = []  # the steps the answer ran: a diagnosis runs the loop
-        make_train_step = _counting(strategy, loop_with(strategy, kind, global_batch),
-                                    steps_run)
+        number, loop = box.loop(global_batch, kinds)
+        make_train_step = _counting(strategy, loop, steps_run)
 
-        def verify(answer: Any, kind: str = kind, steps_run: list[int] = steps_run,
+        def verify(answer: Any, number: int = number, steps_run: list[int] = steps_run,
                    global_batch: int = global_batch) -> str | None:
             if not isinstance(answer, str) or answer not in DIAGNOSES:
                 return f"answer one of DIAGNOSES, got {answer!r}"
@@ -313,20 +247,24 @@ def check_diagnose_loop(fn: Any) -> bool:
                 return (f"you answered {answer!r} after steps on full batches only "
                         f"({steps_run} examples): on a full batch {SHORT_BATCH_DIAGNOSES} look "
                         "the same; run a step on a short batch, split unevenly")
-            return None if answer == kind else f"this loop is {kind!r}, not {answer!r}"
+            return box.verdict(number, answer)
 
         cases.append(Case(args=(strategy, make_train_step, build_model,
                                 x, y, global_batch), verify=verify,
                           label=f"(a loop written for a global batch of {global_batch}, "
                                 f"{replicas} replicas, {num_features} features, {classes} "
                                 "classes)"))
-    return run_check("diagnose_loop", fn, cases,
-                     hint="build the model and a plain SGD(learning_rate=1.0) in the scope, run "
-                          "one step on a full global batch and one on a short batch of "
-                          "replicas + 1 examples; the weights move by minus the gradient the "
-                          "loop applied. Divide it by the one-device gradient of the mean loss "
-                          "(same initial weights), and the reported loss by the true mean "
-                          "loss. Lesson 02, section 5: the table says which ratio means what.")
+    try:
+        return run_check(
+            "diagnose_loop", fn, cases,
+            hint="build the model and a plain SGD(learning_rate=1.0) in the scope, run one step "
+                 "on a full global batch and one on a short batch of replicas + 1 examples; "
+                 "the weights move by minus the gradient the loop applied. Divide it by the "
+                 "one-device gradient of the mean loss (same initial weights), and the "
+                 "reported loss by the true mean loss. Lesson 02, section 5: the table says "
+                 "which ratio means what.")
+    finally:
+        box.close()
 
 
 # --- Exercise 4 · distribute a dataset, one pipeline per worker ------------------------------

@@ -1,21 +1,26 @@
 """Training loops with a known mistake in their loss reduction, for lesson 02's diagnosis.
 
-:func:`loop_with` builds ``make_train_step(model, optimizer)`` – a distributed training step of
+:class:`LoopBox` builds ``make_train_step(model, optimizer)`` – a distributed training step of
 the kind lesson 02 writes – whose replica loss or reported loss is wrong in one of the ways the
 lesson measures (or right). The learner's ``diagnose_loop`` receives it as a black box and must
-find out which it is by running it: every kind runs the same code, with other numbers (scaled
-by a random factor), so its closure names no mistake.
+find out which it is by running it. Which mistake each loop makes, and the numbers that make
+it, live in a small child process (plain Python, no TensorFlow): every loop runs the same code,
+and its closure holds a loop number and a pipe, never the mistake nor its numbers. The child
+draws the mistakes itself, and answers the check's question "was this the mistake?" once per
+loop: an answer that asks first leaves the check nothing to ask, and fails.
 """
 
 from __future__ import annotations
 
-import random
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["DIAGNOSES", "loop_with"]
+__all__ = ["DIAGNOSES", "LoopBox", "loop_with"]
 
 #: The answers ``diagnose_loop`` may give, one per reduction of lesson 02's section 5.
 DIAGNOSES = (
@@ -27,48 +32,119 @@ DIAGNOSES = (
     "Keras loss object on an uneven split",
 )
 
+#: The child: every kind is one replica loss, sum(per-example losses) · a / (b · n + c · N + e)
+#: over the replica's n examples (N: the step's), reported with strategy.reduce(SUM) · f.
+#: Per kind (G: the global batch size written in the loop, R: replicas): (a, b, c, e, f).
+#: "Keras loss object": the replica's mean, scaled by 1/R (scale_loss_for_distribution in
+#: keras/src/losses/loss.py); "positionally": G taken as sample_weight, divided by n · R.
+_CHILD = r"""
+import random, sys
+KINDS = %r
+def numbers(kind, g, r):
+    return {KINDS[0]: (1, 0, 1, 0, 1), KINDS[1]: (1, 1, 0, 0, 1), KINDS[2]: (g, r, 0, 0, 1),
+            KINDS[3]: (1, 0, 1, 0, 1 / r), KINDS[4]: (1, 0, 0, g, 1),
+            KINDS[5]: (1, r, 0, 0, 1)}[kind]
+loops, asked, deck = {}, set(), []
+for line in sys.stdin:
+    word, *rest = line.split("\t")
+    rest = [part.strip() for part in rest]
+    if word == "new":  # loop number, kind ("" = the next of the allowed, shuffled), G, R
+        if not rest[1] and not deck:
+            deck = rest[4].split("|")
+            random.SystemRandom().shuffle(deck)
+        kind = rest[1] or deck.pop()
+        loops[rest[0]] = (kind, numbers(kind, float(rest[2]), float(rest[3])))
+        out = "ok"
+    elif word == "scale":  # loop, n, N -> a / (b n + c N + e) (0 where that is 0 / 0)
+        a, b, c, e, f = loops[rest[0]][1]
+        den = b * float(rest[1]) + c * float(rest[2]) + e
+        out = repr(a / den if den else 0.0)
+    elif word == "report":
+        out = repr(loops[rest[0]][1][4])
+    elif word == "verdict":  # loop, answer -> "yes" / the kind; once per loop
+        if rest[0] in asked:
+            out = "asked"
+        else:
+            asked.add(rest[0])
+            kind = loops[rest[0]][0]
+            out = "yes" if rest[1] == kind else "no\t" + kind
+    else:
+        out = "?"
+    sys.stdout.write(out + "\n")
+    sys.stdout.flush()
+"""
 
-#: Every kind is one replica loss, sum(per-example losses) · a / (b · n + c · N + e) over the
-#: replica's n examples (N: the step's), reported with strategy.reduce(SUM) · f:
-#: a loop's closure holds numbers, never the name of its mistake. Per kind (G: the global
-#: batch size written in the loop, R: replicas): (a, b, c, e, f).
-def _reduction(kind: str, global_batch_size: int, replicas: int) -> tuple[float, ...]:
-    g, r = float(global_batch_size), float(replicas)
-    return {
-        "right": (1.0, 0.0, 1.0, 0.0, 1.0),  # compute_average_loss over the counted batch
-        "loss reported with ReduceOp.MEAN": (1.0, 0.0, 1.0, 0.0, 1.0 / r),
-        "reduce_mean per replica": (1.0, 1.0, 0.0, 0.0, 1.0),  # tf.reduce_mean in a replica
-        # compute_average_loss(losses, G): G taken as sample_weight, divided by n · R
-        "global_batch_size passed positionally": (g, r, 0.0, 0.0, 1.0),
-        "constant global_batch_size on a short batch": (1.0, 0.0, 0.0, g, 1.0),
-        # a Keras loss object: the replica's mean, scaled by 1/R (scale_loss_for_distribution
-        # in keras/src/losses/loss.py)
-        "Keras loss object on an uneven split": (1.0, r, 0.0, 0.0, 1.0),
-    }[kind]
+
+class LoopBox:
+    """A child process that holds the mistakes of a check's loops, and the loops it drives."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+        self._lock = threading.Lock()  # the replicas ask at once, from TensorFlow's threads
+        self._count = 0
+        self._child = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _CHILD % (DIAGNOSES,)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def _ask(self, *words: Any) -> str:
+        with self._lock:
+            assert self._child.stdin is not None and self._child.stdout is not None
+            self._child.stdin.write("\t".join(str(word) for word in words) + "\n")
+            self._child.stdin.flush()
+            return self._child.stdout.readline().rstrip("\n")
+
+    def close(self) -> None:
+        """End the child (it holds nothing worth keeping)."""
+        if self._child.poll() is None:
+            assert self._child.stdin is not None
+            self._child.stdin.close()
+            self._child.wait(timeout=10)
+
+    def loop(self, global_batch_size: int, kinds: tuple[str, ...] = DIAGNOSES,
+             kind: str = "") -> tuple[int, Callable[[Any, Any], Any]]:
+        """A new loop written for ``global_batch_size``: its number, and its
+        ``make_train_step``. Its mistake is ``kind``, or drawn by the child from ``kinds``."""
+        if kind and kind not in DIAGNOSES or not set(kinds) <= set(DIAGNOSES):
+            raise ValueError(f"kinds must be among {DIAGNOSES}")
+        self._count += 1
+        number = self._count
+        self._ask("new", number, kind, global_batch_size,
+                  self.strategy.num_replicas_in_sync, "|".join(kinds))
+        return number, _make_train_step_for(self, number)
+
+    def verdict(self, number: int, answer: str) -> str | None:
+        """None when ``answer`` is loop ``number``'s mistake, else a sentence; asked once."""
+        reply = self._ask("verdict", number, answer).split("\t")
+        if reply[0] == "yes":
+            return None
+        if reply[0] == "asked":
+            return ("this loop's verdict had been asked before the check asked for it: "
+                    "diagnose the loop by running it")
+        return f"this loop is {reply[1]!r}, not {answer!r}"
 
 
-def loop_with(strategy: Any, kind: str, global_batch_size: int) -> Callable[[Any, Any], Any]:
-    """``make_train_step(model, optimizer) -> train_step(distributed_batch) -> reported loss``,
-    written for ``global_batch_size`` and wrong in the way ``kind`` (one of DIAGNOSES) names."""
-    if kind not in DIAGNOSES:
-        raise ValueError(f"kind must be one of {DIAGNOSES}, got {kind!r}")
+def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]:
     import keras
+    import numpy as np
 
     tf = _tf()
+    strategy = box.strategy
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-    # one random factor through the fraction, another through the report: the same values,
-    # but no constant in the closure is 1, R or a batch size
-    scale, report_scale = (random.Random().uniform(0.5, 2.0) for _ in range(2))
-    a, b, c, e, f = _reduction(kind, global_batch_size, strategy.num_replicas_in_sync)
-    a, b, c, e = (tf.constant(scale * value) for value in (a, b, c, e))
-    f_num, f_den = tf.constant(report_scale * f), tf.constant(report_scale)
+
+    def scale_of(n: Any, total: Any) -> Any:
+        return np.float32(float(box._ask("scale", number, int(n), int(total))))
+
+    def report_of() -> Any:
+        return np.float32(float(box._ask("report", number)))
 
     def make_train_step(model: Any, optimizer: Any) -> Callable[[Any], Any]:
         def replica_step(features: Any, labels: Any, total: Any) -> Any:
-            n = tf.cast(tf.shape(labels)[0], tf.float32)
+            n = tf.shape(labels)[0]
+            scale = tf.numpy_function(scale_of, [n, total], tf.float32, stateful=True)
+            scale.set_shape([])
             with tf.GradientTape() as tape:
                 losses = per_example(labels, model(features, training=True))
-                loss = tf.math.divide_no_nan(tf.reduce_sum(losses) * a, b * n + c * total + e)
+                loss = tf.reduce_sum(losses) * scale
             gradients = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
             return loss
@@ -76,13 +152,22 @@ def loop_with(strategy: Any, kind: str, global_batch_size: int) -> Callable[[Any
         @tf.function
         def train_step(batch: Any) -> Any:
             # the step's examples, counted from the replicas' shapes (no collective needed)
-            total = tf.cast(tf.add_n([tf.shape(local)[0] for local in
-                                      strategy.experimental_local_results(batch[1])]),
-                            tf.float32)
+            total = tf.add_n([tf.shape(local)[0] for local in
+                              strategy.experimental_local_results(batch[1])])
             per_replica = strategy.run(replica_step, args=(*batch, total))
             reported = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-            return reported * f_num / f_den
+            factor = tf.numpy_function(report_of, [], tf.float32, stateful=True)
+            factor.set_shape([])
+            return reported * factor
 
         return train_step
 
     return make_train_step
+
+
+def loop_with(strategy: Any, kind: str, global_batch_size: int) -> Callable[[Any, Any], Any]:
+    """``make_train_step(model, optimizer) -> train_step(distributed_batch) -> reported loss``,
+    written for ``global_batch_size`` and wrong in the way ``kind`` (one of DIAGNOSES) names."""
+    if kind not in DIAGNOSES:
+        raise ValueError(f"kind must be one of {DIAGNOSES}, got {kind!r}")
+    return LoopBox(strategy).loop(global_batch_size, kind=kind)[1]

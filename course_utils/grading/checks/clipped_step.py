@@ -1,0 +1,139 @@
+"""Lesson 02's distributed step that clips by the global norm: the check's run and reference.
+
+The step's update must be the gradient of the global batch's weighted mean loss clipped to a
+global norm, as ``tf.clip_by_global_norm`` clips it on one device. Under a strategy each
+replica holds a part of that gradient until the optimizer sums the parts, so a clip inside the
+replica (or Keras's ``global_clipnorm``, which clips before its all-reduce:
+``_backend_apply_gradients`` in keras/src/optimizers/base_optimizer.py, then
+``_all_reduce_sum_gradients`` in keras/src/backend/tensorflow/optimizer.py) clips the part, not
+the gradient. The one-device reference is computed only after the learner's step has run: while
+it runs, nothing in the process holds the expected weights or losses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from course_utils.equality import largest_difference
+from course_utils.grading.checks.replicas import per_example_loss
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = ["clip_norm_for", "learner_run", "reference_run", "verifier"]
+
+LEARNING_RATE = 0.5
+
+
+def _weighted_mean(tf: Any, model: Any, batch: Any) -> Any:
+    xb, yb, wb = batch
+    losses = per_example_loss()(yb, model(xb, training=True))
+    return tf.reduce_sum(wb * losses) / tf.reduce_sum(wb)
+
+
+def clip_norm_for(dataset: Any, model: Any) -> float:
+    """Half the global norm of the first batch's one-device gradient: the clip binds."""
+    tf = _tf()
+    with tf.GradientTape() as tape:
+        loss = _weighted_mean(tf, model, next(iter(dataset)))
+    norm = float(tf.linalg.global_norm(tape.gradient(loss, model.trainable_variables)))
+    return float(f"{norm / 2:.3g}")
+
+
+def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
+                  clip_norm: float) -> tuple[list[Any], list[float], list[float]]:
+    """One device, plain SGD on the clipped gradient of each batch's weighted mean loss: the
+    weights after each step, the losses and each step's gradient norm before the clip."""
+    import keras
+
+    from course_utils.models import mlp
+
+    tf = _tf()
+    reference = mlp(features, classes, hidden_units=(8,), name="check_step_reference")
+    reference.set_weights(initial)
+    optimizer = keras.optimizers.SGD(LEARNING_RATE)
+    losses, norms, after = [], [], []
+    for batch in dataset:
+        with tf.GradientTape() as tape:
+            loss = _weighted_mean(tf, reference, batch)
+        grads, norm = tf.clip_by_global_norm(
+            tape.gradient(loss, reference.trainable_variables), clip_norm)
+        optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
+        losses.append(float(loss))
+        norms.append(float(norm))
+        after.append(reference.get_weights())
+    return after, losses, norms
+
+
+def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], features: int,
+                classes: int, clip_norm: float) -> tuple[list[Any], list[Any], list[bool]]:
+    """The learner's step over the epoch in a ``tf.function``, the model and a plain SGD built
+    in the scope: the weights after each step, the losses and, per model call, whether it ran
+    in a replica."""
+    import keras
+
+    from course_utils.models import mlp
+
+    tf = _tf()
+    with strategy.scope():
+        learner = mlp(features, classes, hidden_units=(8,), name="check_step_learner")
+        learner.set_weights(initial)
+        optimizer = keras.optimizers.SGD(LEARNING_RATE)
+        optimizer.build(learner.trainable_variables)
+    contexts: list[bool] = []  # per traced call of the model: was it inside a replica?
+    call = learner.call
+
+    def recording_call(*args: Any, **kwargs: Any) -> Any:
+        contexts.append(tf.distribute.in_cross_replica_context() is False
+                        and tf.distribute.has_strategy())
+        return call(*args, **kwargs)
+
+    learner.call = recording_call
+
+    @tf.function
+    def step(batch: Any) -> Any:
+        return fn(strategy, learner, optimizer, batch, clip_norm)
+
+    losses, after = [], []
+    try:
+        for batch in strategy.experimental_distribute_dataset(dataset):
+            loss = step(batch)
+            losses.append(None if loss is None else float(loss))
+            after.append(learner.get_weights())
+    except NotImplementedError as error:
+        raise AssertionError("your step calls a function that is not written yet – "
+                             "write compute_loss first") from error
+    return after, losses, contexts
+
+
+def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip_norm: float,
+             replicas: int, batch_sizes: list[int]) -> Any:
+    """``verify(result)``: the learner's run against the one-device reference, made now."""
+    import numpy as np
+
+    def verify(result: Any) -> str | None:
+        got, losses, contexts = result
+        expected, ref_losses, norms = reference_run(dataset, initial, features, classes,
+                                                    clip_norm)
+        if len(losses) != len(ref_losses) or any(v is None for v in losses):
+            return "distributed_train_step must return the loss of the step (a scalar)"
+        outside = contexts.count(False)
+        if replicas > 1 and (outside or len(contexts) < replicas):
+            return (f"the model was called {len(contexts)} times while the steps were traced, "
+                    f"{outside} of them outside any replica (the cross-replica context), "
+                    f"on {replicas} replicas: the forward pass of each replica's examples "
+                    "runs in that replica")
+        for step, (have, want) in enumerate(zip(losses, ref_losses, strict=True), start=1):
+            if not np.isclose(have, want, rtol=1e-4, atol=1e-5):  # the weights before: equal
+                last = " (the short last batch)" if step == len(ref_losses) else ""
+                return (f"the loss of step {step}{last}, a batch of {batch_sizes[step - 1]} "
+                        f"examples, is {have:.6g}; one device gives the weighted mean loss "
+                        f"{want:.6g} ({have / want:.3g}×)")
+            worst = largest_difference(got[step - 1], expected[step - 1])
+            if worst > 1e-5:
+                return (f"after step {step} (a batch of {batch_sizes[step - 1]} examples) the "
+                        f"weights differ from one device's by up to {worst:.3g}: on one device "
+                        f"that step's gradient had a global norm of {norms[step - 1]:.4g}, "
+                        f"clipped to {clip_norm:.4g}. Which gradient did your step clip, by "
+                        "which norm, and which did the optimizer apply?")
+        return None
+
+    return verify
