@@ -6,6 +6,7 @@ result is read from the grader's private folder only after that."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -23,6 +24,7 @@ from course_utils.instructor.assemble import Prepared
 from course_utils.instructor.kernel_env import PACKAGE_DIR, kernel_env
 from course_utils.instructor.protection import Protection, jail_spec
 from course_utils.instructor.sandbox_user import kill_user, reserve_user
+from course_utils.instructor.zygote import Zygote
 
 __all__ = ["PACKAGE_DIR", "WORKER_GRACE", "kernel_env", "kill_process_tree", "run_prepared",
            "stop_all", "allow_runs"]
@@ -32,6 +34,25 @@ WORKER_GRACE = 60.0
 _ACTIVE: set[subprocess.Popen[bytes]] = set()  # running check runners, killed on Ctrl-C
 _ACTIVE_LOCK = threading.Lock()
 _STOP = threading.Event()  # set on Ctrl-C: start no new check runner
+_ZYGOTE: list[Zygote | None] = []  # the sandboxed kernels' zygote, once started (or failed)
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote() -> str | None:
+    """The socket of the zygote that forks sandboxed kernels (started on first use, once; None
+    where it cannot start: kernels then start fresh). ``COURSE_GRADER_ZYGOTE=0`` turns it off."""
+    if os.environ.get("COURSE_GRADER_ZYGOTE", "1") == "0":
+        return None
+    with _ZYGOTE_LOCK:
+        if not _ZYGOTE or (_ZYGOTE[0] is not None and not _ZYGOTE[0].alive()):
+            _ZYGOTE.clear()
+            try:
+                folder = Path(tempfile.mkdtemp(prefix="cu-zygote-home-"))
+                _ZYGOTE.append(Zygote(kernel_env(folder)))
+                atexit.register(_ZYGOTE[0].stop)
+            except (OSError, RuntimeError):
+                _ZYGOTE.append(None)
+        return None if _ZYGOTE[0] is None else _ZYGOTE[0].socket
 
 
 def kill_process_tree(pid: int, include_root: bool = True, wait_s: float = 5.0) -> None:
@@ -86,7 +107,8 @@ def _run(prepared: Prepared, timeout: float, protection: Protection,
         job_file.write_text(json.dumps({
             "notebook": prepared.notebook, "cwd": str(home), "env": kernel_env(home),
             "timeout": timeout, "ipc_dir": str(home / "ipc"), "uid": uid,
-            "jail": jail_spec(protection, uid, job / "stage")}), encoding="utf-8")
+            "jail": jail_spec(protection, uid, job / "stage"),
+            "zygote": None if uid is None else _zygote()}), encoding="utf-8")
         env = dict(os.environ)
         env["JUPYTER_RUNTIME_DIR"] = str(job / "runtime")  # the grader's own, private
         env["PYTHONPATH"] = os.pathsep.join(
@@ -128,6 +150,11 @@ def stop_all() -> None:
         running = list(_ACTIVE)
     for process in running:
         kill_process_tree(process.pid)
+    with _ZYGOTE_LOCK:
+        for zygote in _ZYGOTE:
+            if zygote is not None:
+                zygote.stop()
+        _ZYGOTE.clear()
 
 
 def allow_runs() -> None:
