@@ -53,6 +53,7 @@ def _home(uid: int) -> Path:
 def zygote():
     folder = Path(tempfile.mkdtemp(prefix="cu-zygote-home-"))
     running = Zygote(kernel_env(folder))
+    running.ready()
     yield running
     running.stop()
     shutil.rmtree(folder, ignore_errors=True)
@@ -93,6 +94,20 @@ def test_a_zygote_that_does_not_answer_costs_a_fresh_kernel_not_a_grade(tmp_path
     seen, _ = _probe(tmp_path, str(tmp_path / "no-such.sock"))
     assert not seen["tensorflow"]  # a fresh kernel: nothing imported before its first cell
     assert seen["uid"] == seen["user"] and seen["nproc"] == "77" and seen["no_new_privs"]
+
+
+def test_a_batch_of_one_notebook_starts_no_zygote_and_a_batch_of_two_does(monkeypatch):
+    from course_utils.instructor import sandbox
+
+    started = []
+    monkeypatch.setattr(sandbox, "Zygote", lambda env: started.append(env) or Zygote(env))
+    with sandbox.kernel_zygote(1, Protection(True)):
+        assert started == []
+    with sandbox.kernel_zygote(2, Protection(False)):  # not sandboxed: kernels start fresh
+        assert started == []
+    with sandbox.kernel_zygote(2, Protection(True)):
+        assert len(started) == 1 and started[0]["HOME"].startswith(tempfile.gettempdir())
+    assert sandbox._ready_zygote() is None  # stopped with its batch
 
 
 def test_the_zygote_socket_is_root_s_alone(zygote):

@@ -6,7 +6,6 @@ result is read from the grader's private folder only after that."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
@@ -15,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,33 +26,66 @@ from course_utils.instructor.protection import Protection, jail_spec
 from course_utils.instructor.sandbox_user import kill_user, reserve_user
 from course_utils.instructor.zygote import Zygote
 
-__all__ = ["PACKAGE_DIR", "WORKER_GRACE", "kernel_env", "kill_process_tree", "run_prepared",
-           "stop_all", "allow_runs"]
+__all__ = ["PACKAGE_DIR", "WORKER_GRACE", "kernel_env", "kernel_zygote", "kill_process_tree",
+           "run_prepared", "stop_all", "allow_runs"]
 
 #: Extra seconds the check-runner process gets beyond the time limit before it is killed.
 WORKER_GRACE = 60.0
 _ACTIVE: set[subprocess.Popen[bytes]] = set()  # running check runners, killed on Ctrl-C
 _ACTIVE_LOCK = threading.Lock()
 _STOP = threading.Event()  # set on Ctrl-C: start no new check runner
-_ZYGOTE: list[Zygote | None] = []  # the sandboxed kernels' zygote, once started (or failed)
+_ZYGOTE: dict[str, Zygote | None] = {"running": None}  # the batch's kernel zygote, when ready
 _ZYGOTE_LOCK = threading.Lock()
 
 
-def _zygote() -> str | None:
-    """The socket of the zygote that forks sandboxed kernels (started on first use, once; None
-    where it cannot start: kernels then start fresh). ``COURSE_GRADER_ZYGOTE=0`` turns it off."""
-    if os.environ.get("COURSE_GRADER_ZYGOTE", "1") == "0":
-        return None
+@contextlib.contextmanager
+def kernel_zygote(notebooks: int, protection: Protection | None) -> Iterator[None]:
+    """For a batch of ``notebooks`` sandboxed notebooks (two or more), a zygote that forks
+    their kernels (``zygote.py``), started in the background: the notebooks graded before it
+    is ready start fresh kernels. Stopped when the batch ends. ``COURSE_GRADER_ZYGOTE=0``: none."""
+    wanted = (notebooks >= 2 and protection is not None and protection.sandboxed
+              and os.environ.get("COURSE_GRADER_ZYGOTE", "1") != "0")
+    if not wanted:
+        yield
+        return
+    folder = Path(tempfile.mkdtemp(prefix="cu-zygote-home-"))
+    try:
+        zygote = Zygote(kernel_env(folder))
+    except OSError:  # no zygote: every kernel starts fresh
+        shutil.rmtree(folder, ignore_errors=True)
+        yield
+        return
+
+    def wait_until_ready() -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            zygote.ready()
+            with _ZYGOTE_LOCK:
+                if zygote.alive() and not _STOP.is_set():
+                    _ZYGOTE["running"] = zygote
+
+    waiter = threading.Thread(target=wait_until_ready, daemon=True)
+    waiter.start()
+    try:
+        yield
+    finally:
+        zygote.stop()  # also ends the wait of a zygote still importing
+        waiter.join()
+        _stop_zygote()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ready_zygote() -> str | None:
+    """The socket of the batch's zygote when it runs, else None (a fresh kernel)."""
     with _ZYGOTE_LOCK:
-        if not _ZYGOTE or (_ZYGOTE[0] is not None and not _ZYGOTE[0].alive()):
-            _ZYGOTE.clear()
-            try:
-                folder = Path(tempfile.mkdtemp(prefix="cu-zygote-home-"))
-                _ZYGOTE.append(Zygote(kernel_env(folder)))
-                atexit.register(_ZYGOTE[0].stop)
-            except (OSError, RuntimeError):
-                _ZYGOTE.append(None)
-        return None if _ZYGOTE[0] is None else _ZYGOTE[0].socket
+        zygote = _ZYGOTE["running"]
+        return zygote.socket if zygote is not None and zygote.alive() else None
+
+
+def _stop_zygote() -> None:
+    with _ZYGOTE_LOCK:
+        zygote, _ZYGOTE["running"] = _ZYGOTE["running"], None
+    if zygote is not None:
+        zygote.stop()
 
 
 def kill_process_tree(pid: int, include_root: bool = True, wait_s: float = 5.0) -> None:
@@ -108,7 +141,7 @@ def _run(prepared: Prepared, timeout: float, protection: Protection,
             "notebook": prepared.notebook, "cwd": str(home), "env": kernel_env(home),
             "timeout": timeout, "ipc_dir": str(home / "ipc"), "uid": uid,
             "jail": jail_spec(protection, uid, job / "stage"),
-            "zygote": None if uid is None else _zygote()}), encoding="utf-8")
+            "zygote": None if uid is None else _ready_zygote()}), encoding="utf-8")
         env = dict(os.environ)
         env["JUPYTER_RUNTIME_DIR"] = str(job / "runtime")  # the grader's own, private
         env["PYTHONPATH"] = os.pathsep.join(
@@ -150,11 +183,7 @@ def stop_all() -> None:
         running = list(_ACTIVE)
     for process in running:
         kill_process_tree(process.pid)
-    with _ZYGOTE_LOCK:
-        for zygote in _ZYGOTE:
-            if zygote is not None:
-                zygote.stop()
-        _ZYGOTE.clear()
+    _stop_zygote()
 
 
 def allow_runs() -> None:

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,17 +37,21 @@ READY = "zygote ready"
 
 
 class Zygote:
-    """A running zygote: ``start`` it with the kernels' environment, ``fork`` kernels, ``stop``."""
+    """A zygote process, started with the kernels' environment: wait until it is ``ready``,
+    hand its ``socket`` to ``ZygoteProvisioner``, ``stop`` it."""
 
-    def __init__(self, env: dict[str, str], timeout_s: float = 120.0) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="cu-zygote-"))  # 0700: root's only
         self.socket = str(self.folder / "zygote.sock")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "course_utils.instructor.zygote", self.socket],
             env=env, cwd=self.folder, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
-        line = self.process.stdout.readline().strip() if ready else ""
+
+    def ready(self, timeout_s: float = 120.0) -> None:
+        """Wait until the zygote serves (RuntimeError, and the zygote stopped, if it does not)."""
+        answered, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+        line = self.process.stdout.readline().strip() if answered else ""
         if line != READY:
             self.stop()
             raise RuntimeError(f"the kernel zygote did not start ({line or 'no answer'})")
@@ -61,9 +66,7 @@ class Zygote:
             os.killpg(self.process.pid, signal.SIGKILL)
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
-        with contextlib.suppress(OSError):
-            os.unlink(self.socket)
-            self.folder.rmdir()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def fork_kernel(socket_path: str, request: dict[str, Any], timeout_s: float = 30.0) -> int:
@@ -164,6 +167,12 @@ def _become_kernel(request: dict[str, Any], server: socket.socket,
     kernelapp.launch_new_instance()
 
 
+def _reap(*_: Any) -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
 def main(argv: list[str]) -> None:
     """Serve kernels on the Unix socket ``argv[0]`` until killed."""
     import ipykernel.kernelapp  # noqa: F401  (what every kernel imports first)
@@ -173,7 +182,7 @@ def main(argv: list[str]) -> None:
     server.bind(argv[0])
     os.chmod(argv[0], 0o600)
     server.listen(16)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked kernels are reaped by the system
+    signal.signal(signal.SIGCHLD, _reap)  # forked kernels: their times count as the zygote's
     print(READY, flush=True)
     while True:
         connection, _ = server.accept()
