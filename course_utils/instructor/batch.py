@@ -37,7 +37,13 @@ from course_utils.instructor.gradebook import (
 )
 from course_utils.instructor.limits import Limits, limits_hit
 from course_utils.instructor.protection import Protection, protect
-from course_utils.instructor.sandbox import PACKAGE_DIR, allow_runs, run_prepared, stop_all
+from course_utils.instructor.sandbox import (
+    PACKAGE_DIR,
+    allow_runs,
+    kernel_zygote,
+    run_prepared,
+    stop_all,
+)
 from course_utils.instructor.scoring import one_line, score
 from course_utils.instructor.submissions import (
     Solution,
@@ -155,29 +161,30 @@ def grade_folder(submissions: Path, solutions_dir: Path, out: Path, *,
                dynamic_ncols=True, file=sys.stderr)
     allow_runs()
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
-    try:
-        futures = {pool.submit(grade_submission, sub, solutions, timeout, protection): sub
-                   for sub in pending}
+    with kernel_zygote(len(pending), protection):
         try:
-            for future in as_completed(futures):
-                sub = futures[future]
-                try:
-                    rows = future.result()
-                except Exception as error:  # pragma: no cover - grade_submission catches
-                    rows = [Row(sub.student, sub.notebook, "", 0, 0, GRADER_ERROR,
-                                one_line(repr(error)))]
-                emit(rows)
-                bar.set_postfix_str(f"{sub.student[:20]}: "
-                                    f"{sum(r.points for r in rows):g}/"
-                                    f"{sum(r.max_points for r in rows):g}")
-                bar.update(1)
-        except BaseException:  # Ctrl-C: drop what is queued, kill what runs, keep the gradebook
-            pool.shutdown(wait=False, cancel_futures=True)
-            stop_all()
-            raise
-    finally:
-        pool.shutdown(wait=True)
-        bar.close()
+            futures = {pool.submit(grade_submission, sub, solutions, timeout, protection): sub
+                       for sub in pending}
+            try:
+                for future in as_completed(futures):
+                    sub = futures[future]
+                    try:
+                        rows = future.result()
+                    except Exception as error:  # pragma: no cover - grade_submission catches
+                        rows = [Row(sub.student, sub.notebook, "", 0, 0, GRADER_ERROR,
+                                    one_line(repr(error)))]
+                    emit(rows)
+                    bar.set_postfix_str(f"{sub.student[:20]}: "
+                                        f"{sum(r.points for r in rows):g}/"
+                                        f"{sum(r.max_points for r in rows):g}")
+                    bar.update(1)
+            except BaseException:  # Ctrl-C: drop what is queued, kill what runs, keep the gradebook
+                pool.shutdown(wait=False, cancel_futures=True)
+                stop_all()
+                raise
+        finally:
+            pool.shutdown(wait=True)
+            bar.close()
     check_book()
     if feedback_dir is not None:
         from course_utils.instructor.feedback import write_feedback

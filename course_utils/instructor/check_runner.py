@@ -60,7 +60,8 @@ def main(argv: list[str]) -> int:
     try:
         outcomes, status = execute_notebook(nb, cwd=Path(job["cwd"]), env=job["env"],
                                             timeout=float(job["timeout"]),
-                                            ipc_dir=Path(job["ipc_dir"]), jail=job["jail"])
+                                            ipc_dir=Path(job["ipc_dir"]), jail=job["jail"],
+                                            zygote=job.get("zygote"))
     finally:
         kill_everything(job.get("uid"))  # the kernel, its children and anything detached
     tmp = result_path.with_suffix(".tmp")

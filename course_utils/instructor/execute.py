@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 from course_utils.instructor.protection import JAIL
+from course_utils.instructor.zygote import ZygoteProvisioner
 
 __all__ = ["OUTPUT_CAP", "TRUNCATED_NOTE", "CellOutcome", "CurrentPythonKernelSpecs",
            "GradingClient", "SandboxKernelManager", "execute_notebook"]
@@ -121,29 +123,33 @@ def _cell_text(cell: Any) -> str:
 def execute_notebook(nb: Any, *, cwd: Path, env: dict[str, str], timeout: float,
                      startup_timeout: float = 60, ipc_dir: Path | None = None,
                      attempts: int = 2, jail: dict[str, Any] | None = None,
-                     ) -> tuple[list[CellOutcome], str]:
+                     zygote: str | None = None) -> tuple[list[CellOutcome], str]:
     """Execute every code cell of ``nb`` in place; return each cell's outcome and the run's.
 
     The run's status is ``ok``, ``timeout`` (the time limit hit, the remaining cells are
     ``not run``), ``dead`` (the kernel died) or ``kernel failed: ...`` (it never started, also
     after ``attempts`` tries). With ``ipc_dir`` the kernel talks over Unix sockets there instead
     of TCP ports, which parallel graders could race for. ``jail``: the spec ``jail.py`` applies
-    to the kernel (its sandbox user, limits and hidden folders).
+    to the kernel (its sandbox user, limits and hidden folders). ``zygote``: the socket of a
+    kernel zygote (``zygote.py``) that forks the kernel, confined by ``jail``, instead of a
+    fresh process importing everything again; a kernel it failed to start is started fresh.
     """
     deadline = time.monotonic() + timeout
     for attempt in range(1, attempts + 1):
         outcomes, status = _execute_once(nb, cwd=cwd, env=env, deadline=deadline,
                                          startup_timeout=startup_timeout, ipc_dir=ipc_dir,
-                                         jail=jail)
+                                         jail=jail, zygote=zygote)
         if not status.startswith("kernel failed") or attempt == attempts \
                 or time.monotonic() >= deadline:
             return outcomes, status
+        zygote = None  # the next try starts a fresh kernel
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _execute_once(nb: Any, *, cwd: Path, env: dict[str, str], deadline: float,
                   startup_timeout: float, ipc_dir: Path | None,
-                  jail: dict[str, Any] | None) -> tuple[list[CellOutcome], str]:
+                  jail: dict[str, Any] | None,
+                  zygote: str | None = None) -> tuple[list[CellOutcome], str]:
     timeout = max(1.0, deadline - time.monotonic())
     transport: dict[str, Any] = {}
     if ipc_dir is not None:
@@ -154,6 +160,11 @@ def _execute_once(nb: Any, *, cwd: Path, env: dict[str, str], deadline: float,
     specs.jail = jail
     km = SandboxKernelManager(kernel_name="python3", kernel_spec_manager=specs, **transport)
     km.owner = (jail or {}).get("uid")
+    if zygote is not None and km.owner is not None:
+        km.kernel_id = str(uuid.uuid4())
+        km.provisioner = ZygoteProvisioner(kernel_id=km.kernel_id, kernel_spec=km.kernel_spec,
+                                           parent=km)
+        km.provisioner.socket_path, km.provisioner.jail = zygote, jail
     client = GradingClient(
         nb, km=km, timeout=max(1, int(timeout)), startup_timeout=int(startup_timeout),
         allow_errors=True, interrupt_on_timeout=False, shutdown_kernel="immediate",

@@ -210,6 +210,7 @@ def grade_for_gradescope(submission: Path, solutions_dir: Path, out: Path, *,
     Gradescope), the notebooks run as sandbox users; the file is written after every one of
     their processes is gone, and read back to make sure it holds what the grader wrote."""
     from course_utils.instructor.batch import grade_submission
+    from course_utils.instructor.sandbox import kernel_zygote
 
     start = time.monotonic()
     solutions = load_solutions(solutions_dir)
@@ -219,7 +220,8 @@ def grade_for_gradescope(submission: Path, solutions_dir: Path, out: Path, *,
         unknown = sorted(set(found) - set(solutions))
         notes += [f"{found[k].name}: this autograder does not grade lesson {k}" for k in unknown]
         todo = [Submission("submission", found[k], k) for k in sorted(found) if k in solutions]
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        with kernel_zygote(len(todo), protection), \
+                ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             graded = list(pool.map(
                 lambda s: (s.key, grade_submission(s, solutions, timeout, protection)), todo))
         rows = dict(graded)

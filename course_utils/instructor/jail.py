@@ -17,7 +17,7 @@ import os
 import resource
 import sys
 
-__all__ = ["main", "reveal_only"]
+__all__ = ["confine", "main", "reveal_only"]
 
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS = 0x00020000
@@ -63,10 +63,8 @@ def reveal_only(hidden: list[tuple[str, list[str]]], stage: str) -> None:
             _check(_libc.umount2(place.encode(), MNT_DETACH), f"umount {place}")
 
 
-def main(argv: list[str]) -> None:
-    """Apply the spec in ``argv[0]`` and exec the command after ``--``."""
-    spec = json.loads(argv[0])
-    command = argv[argv.index("--") + 1:]
+def confine(spec: dict) -> None:
+    """Apply ``spec`` to this process: hidden folders, limits, then the sandbox's user."""
     if spec.get("hidden"):
         reveal_only([(f, list(k)) for f, k in spec["hidden"]], spec["stage"])
     for name, value in spec.get("rlimits", {}).items():  # "data": RLIMIT_DATA, ...
@@ -80,6 +78,12 @@ def main(argv: list[str]) -> None:
         os.setuid(spec["uid"])
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
         os.umask(0o077)
+
+
+def main(argv: list[str]) -> None:
+    """Apply the spec in ``argv[0]`` and exec the command after ``--``."""
+    confine(json.loads(argv[0]))
+    command = argv[argv.index("--") + 1:]
     os.execv(command[0], command)
 
 

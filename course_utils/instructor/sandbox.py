@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +24,68 @@ from course_utils.instructor.assemble import Prepared
 from course_utils.instructor.kernel_env import PACKAGE_DIR, kernel_env
 from course_utils.instructor.protection import Protection, jail_spec
 from course_utils.instructor.sandbox_user import kill_user, reserve_user
+from course_utils.instructor.zygote import Zygote
 
-__all__ = ["PACKAGE_DIR", "WORKER_GRACE", "kernel_env", "kill_process_tree", "run_prepared",
-           "stop_all", "allow_runs"]
+__all__ = ["PACKAGE_DIR", "WORKER_GRACE", "kernel_env", "kernel_zygote", "kill_process_tree",
+           "run_prepared", "stop_all", "allow_runs"]
 
 #: Extra seconds the check-runner process gets beyond the time limit before it is killed.
 WORKER_GRACE = 60.0
 _ACTIVE: set[subprocess.Popen[bytes]] = set()  # running check runners, killed on Ctrl-C
 _ACTIVE_LOCK = threading.Lock()
 _STOP = threading.Event()  # set on Ctrl-C: start no new check runner
+_ZYGOTE: dict[str, Zygote | None] = {"running": None}  # the batch's kernel zygote, when ready
+_ZYGOTE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def kernel_zygote(notebooks: int, protection: Protection | None) -> Iterator[None]:
+    """For a batch of ``notebooks`` sandboxed notebooks (two or more), a zygote that forks
+    their kernels (``zygote.py``), started in the background: the notebooks graded before it
+    is ready start fresh kernels. Stopped when the batch ends. ``COURSE_GRADER_ZYGOTE=0``: none."""
+    wanted = (notebooks >= 2 and protection is not None and protection.sandboxed
+              and os.environ.get("COURSE_GRADER_ZYGOTE", "1") != "0")
+    if not wanted:
+        yield
+        return
+    folder = Path(tempfile.mkdtemp(prefix="cu-zygote-home-"))
+    try:
+        zygote = Zygote(kernel_env(folder))
+    except OSError:  # no zygote: every kernel starts fresh
+        shutil.rmtree(folder, ignore_errors=True)
+        yield
+        return
+
+    def wait_until_ready() -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            zygote.ready()
+            with _ZYGOTE_LOCK:
+                if zygote.alive() and not _STOP.is_set():
+                    _ZYGOTE["running"] = zygote
+
+    waiter = threading.Thread(target=wait_until_ready, daemon=True)
+    waiter.start()
+    try:
+        yield
+    finally:
+        zygote.stop()  # also ends the wait of a zygote still importing
+        waiter.join()
+        _stop_zygote()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ready_zygote() -> str | None:
+    """The socket of the batch's zygote when it runs, else None (a fresh kernel)."""
+    with _ZYGOTE_LOCK:
+        zygote = _ZYGOTE["running"]
+        return zygote.socket if zygote is not None and zygote.alive() else None
+
+
+def _stop_zygote() -> None:
+    with _ZYGOTE_LOCK:
+        zygote, _ZYGOTE["running"] = _ZYGOTE["running"], None
+    if zygote is not None:
+        zygote.stop()
 
 
 def kill_process_tree(pid: int, include_root: bool = True, wait_s: float = 5.0) -> None:
@@ -86,7 +140,8 @@ def _run(prepared: Prepared, timeout: float, protection: Protection,
         job_file.write_text(json.dumps({
             "notebook": prepared.notebook, "cwd": str(home), "env": kernel_env(home),
             "timeout": timeout, "ipc_dir": str(home / "ipc"), "uid": uid,
-            "jail": jail_spec(protection, uid, job / "stage")}), encoding="utf-8")
+            "jail": jail_spec(protection, uid, job / "stage"),
+            "zygote": None if uid is None else _ready_zygote()}), encoding="utf-8")
         env = dict(os.environ)
         env["JUPYTER_RUNTIME_DIR"] = str(job / "runtime")  # the grader's own, private
         env["PYTHONPATH"] = os.pathsep.join(
@@ -128,6 +183,7 @@ def stop_all() -> None:
         running = list(_ACTIVE)
     for process in running:
         kill_process_tree(process.pid)
+    _stop_zygote()
 
 
 def allow_runs() -> None:
