@@ -146,9 +146,19 @@ def waits_for_the_newest(coordinator, dataset_fn, step_fn, num_steps, max_in_fli
         remotes.append(coordinator.schedule(step_fn, args=(iterator,)))
     return [r.fetch() for r in remotes]
 
+def schedules_then_waits(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    results, pending = [], []
+    for _ in range(num_steps):
+        pending.append(coordinator.schedule(step_fn, args=(iterator,)))
+        if len(pending) > max_in_flight:   # one step too many already queued
+            results.append(pending.pop(0).fetch())
+    return results + [r.fetch() for r in pending]
+
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
-           serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest):
+           serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
+           schedules_then_waits):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -174,6 +184,13 @@ def make(shard=True, shuffle=True, repeat=(), order="shuffle repeat batch", resh
         return dataset_fn
     return make_dataset_fn
 
+def shuffle_then_shard(features, labels, size, num_workers):
+    def dataset_fn():  # the same seed on every worker: disjoint shares, but new ones each pass
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(10_000, seed=7)
+        return data.shard(num_workers, worker).repeat().batch(size)
+    return dataset_fn
+
 for name, fn in [("right", make()), ("stub", stub),
                  ("lesson_order", make(order="shuffle batch repeat")),
                  ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
@@ -182,7 +199,8 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("repeat_then_shuffle", make(order="repeat shuffle batch")),
                  ("drop_remainder", make(order="shuffle batch repeat", drop=True)),
                  ("shuffle_2", make(buffer=2)), ("shuffle_a_batch", make(buffer="batch")),
-                 ("shuffle_half_a_share", make(buffer="half"))]:
+                 ("shuffle_half_a_share", make(buffer="half")),
+                 ("shuffle_then_shard", shuffle_then_shard)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -268,6 +286,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "returns_early"): "applied when it returned|you returned",
         ("RUN_STEPS", "real_coordinator"): "coordinator passed",
         ("RUN_STEPS", "waits_for_the_newest"): "there were more",
+        ("RUN_STEPS", "schedules_then_waits"): "there were more",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
         ("DATASET", "lesson_order"): "do not fill its last batch",
@@ -281,6 +300,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "shuffle_2"): "too small",
         ("DATASET", "shuffle_a_batch"): "too small",
         ("DATASET", "shuffle_half_a_share"): "too small",
+        ("DATASET", "shuffle_then_shard"): "same examples",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",

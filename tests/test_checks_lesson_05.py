@@ -203,7 +203,10 @@ def test_dividing_by_the_per_replica_batch_fails():
 
 
 def test_a_function_that_traces_per_step_count_fails():
-    class TracesEachCount:  # a planted function that traced once for each of the two calls
+    import tensorflow as tf
+
+    # a planted function that traced once for each of the two calls
+    class TracesEachCount(tf.types.experimental.PolymorphicFunction):
         def __init__(self, inner):
             self.inner = inner
 
@@ -212,6 +215,8 @@ def test_a_function_that_traces_per_step_count_fails():
 
         def experimental_get_tracing_count(self):
             return 2
+
+        function_type = get_concrete_function = None
 
     def retraces(strategy, model, optimizer, global_batch_size):
         return TracesEachCount(make_train_steps(strategy, model, optimizer, global_batch_size))
@@ -226,6 +231,23 @@ def test_a_plain_python_function_is_told_to_use_tf_function():
 
     with pytest.raises(AssertionError, match="expected a tf.function"):
         cu.grading.check_train_steps(not_compiled)
+
+
+def test_one_call_a_step_in_python_fails():
+    import tensorflow as tf
+
+    def python_loop(strategy, model, optimizer, global_batch_size):
+        inner = make_train_steps(strategy, model, optimizer, global_batch_size)
+
+        def train_steps(iterator, steps):  # a host round-trip for every step
+            for _ in range(int(steps)):
+                inner(iterator, tf.constant(1))
+
+        train_steps.experimental_get_tracing_count = inner.experimental_get_tracing_count
+        return train_steps
+
+    with pytest.raises(AssertionError, match="returned function, expected a tf.function"):
+        cu.grading.check_train_steps(python_loop)
 
 
 def test_one_step_a_call_fails():
@@ -317,6 +339,46 @@ def test_settings_with_the_global_batch_per_replica_fail():
 
     with pytest.raises(AssertionError):
         cu.grading.check_tpu_settings(global_is_per_replica)
+
+
+def _steps_rule(host_overhead_ms, step_ms, fraction):
+    return math.ceil(host_overhead_ms / (fraction * step_ms))
+
+
+def _epoch_of_the_largest_batch(replicas, max_global_batch, host, step, fraction, n):
+    per_replica, _ = tpu_settings(replicas, max_global_batch, host, step, fraction, n)
+    return per_replica, max(1, min(_steps_rule(host, step, fraction), n // max_global_batch))
+
+
+def _tiles_of_the_global_batch(replicas, max_global_batch, host, step, fraction, n):
+    if max_global_batch < replicas:
+        raise ValueError("not one example a replica")
+    tile = next(size for size in (128, 8, 1) if max_global_batch >= size)
+    per_replica = max_global_batch // tile * tile // replicas
+    return per_replica, max(1, min(_steps_rule(host, step, fraction),
+                                   n // (per_replica * replicas)))
+
+
+def _zero_steps_when_the_epoch_is_short(replicas, max_global_batch, host, step, fraction, n):
+    per_replica, _ = tpu_settings(replicas, max_global_batch, host, step, fraction, n)
+    return per_replica, min(_steps_rule(host, step, fraction), n // (per_replica * replicas))
+
+
+def _fewest_steps_rounded_down(replicas, max_global_batch, host, step, fraction, n):
+    per_replica, _ = tpu_settings(replicas, max_global_batch, host, step, fraction, n)
+    steps = max(1, math.floor(host / (fraction * step)))
+    return per_replica, max(1, min(steps, n // (per_replica * replicas)))
+
+
+@pytest.mark.parametrize(("answer", "case"), [
+    (_epoch_of_the_largest_batch, r"\(4, 1200, 5.0, 0.1, 0.03, 5220\): result\[1\]"),
+    (_tiles_of_the_global_batch, r"\(8, 80, 1.0, 1.0, 0.3, 10000\): result\[0\]"),
+    (_zero_steps_when_the_epoch_is_short, r"\(8, 1024, 1.0, 1.0, 0.3, 500\): result\[1\]"),
+    (_fewest_steps_rounded_down, r"result\[1\] is off by -1"),
+])
+def test_settings_breaking_one_rule_each_fail_on_the_case_that_shows_it(answer, case):
+    with pytest.raises(AssertionError, match=case):
+        cu.grading.check_tpu_settings(answer)
 
 
 def _exec_copy_of_the_reference():
@@ -420,6 +482,37 @@ def test_a_pipeline_copied_into_memory_fails():
 
     with pytest.raises(AssertionError, match="read .* examples of the dataset when called"):
         cu.grading.check_make_tpu_ready(in_memory)
+
+
+def test_a_copy_put_off_to_the_first_batch_fails():
+    def copied_when_read(dataset, batch_size, sequence_length):
+        import numpy as np
+        import tensorflow as tf
+
+        def batches():  # the whole dataset read into memory, then batched
+            rows = list(dataset.as_numpy_iterator())
+            for start in range(0, len(rows) - batch_size + 1, batch_size):
+                tokens = np.zeros((batch_size, sequence_length), "int32")
+                for row, (sequence, _) in enumerate(rows[start:start + batch_size]):
+                    tokens[row, :len(sequence[:sequence_length])] = sequence[:sequence_length]
+                yield tokens, np.array([y for _, y in rows[start:start + batch_size]], "int32")
+
+        spec = (tf.TensorSpec([batch_size, sequence_length], tf.int32),
+                tf.TensorSpec([batch_size], tf.int32))
+        return tf.data.Dataset.from_generator(batches, output_signature=spec)
+
+    with pytest.raises(AssertionError, match="read 1000 of 1000 examples before it handed"):
+        cu.grading.check_make_tpu_ready(copied_when_read)
+
+
+def test_a_pipeline_that_fails_on_a_long_sequence_says_so():
+    def not_cut(dataset, batch_size, sequence_length):  # padded_batch cannot shorten one
+        return dataset.padded_batch(batch_size, padded_shapes=([sequence_length], []),
+                                    drop_remainder=True)
+
+    with pytest.raises(AssertionError, match=r"reading the pipeline failed at batch \d+: "
+                                             "DataLossError"):
+        cu.grading.check_make_tpu_ready(not_cut)
 
 
 def test_a_removed_profiler_fails_the_settings():

@@ -457,6 +457,30 @@ def x_made_replicated_then_relaid(x, init_kernel, kernel_shape, bias, mesh):
     return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
 
 
+def x_made_sharded_from_a_constant(x, init_kernel, kernel_shape, bias, mesh):
+    """x made "sharded" as the lesson made its kernel: the constant is whole in every
+    device's program, which keeps its slice. (The rest of the answer, the reference's, is
+    left out: the check names the whole x before it reads the results.)"""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    x_sharded = dtensor.call_with_layout(tf.function(lambda: tf.constant(x)),
+                                         dtensor.Layout([free, dim], mesh))
+    return x_sharded, None, None
+
+
+def x_made_sharded_from_a_flat_constant(x, init_kernel, kernel_shape, bias, mesh):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    flat, shape = x.ravel().tolist(), x.shape  # no matrix held: its numbers, one after another
+    x_sharded = dtensor.call_with_layout(tf.function(lambda: tf.reshape(flat, shape)),
+                                         dtensor.Layout([free, dim], mesh))
+    return x_sharded, None, None
+
+
 def y_computed_on_the_host_and_packed_sharded(x, init_kernel, kernel_shape, bias, mesh):
     import numpy as np
     from tensorflow.experimental import dtensor
@@ -575,6 +599,8 @@ def test_shard_dense_rows_reference_passes():
     (with_course_helpers, "ran the course's"),
     (x_copied_to_the_mesh_sharded, "copy_to_mesh of a whole matrix"),
     (x_made_replicated_then_relaid, "call_with_layout with a replicated rank-2"),
+    (x_made_sharded_from_a_constant, "call_with_layout of a function that holds a whole"),
+    (x_made_sharded_from_a_flat_constant, "call_with_layout of a function that holds a whole"),
     (y_computed_on_the_host_and_packed_sharded, "unpack of a matrix"),
     (lambda *args: None, "return \\(sharded_x"),
     (relaid_to_replicated_to_compute, "relayout of a matrix to a replicated layout"),

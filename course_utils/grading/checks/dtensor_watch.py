@@ -17,10 +17,13 @@ def whole_copy_watch(whole: list[str]) -> Any:
 
     Watched by identity of code, whatever name it was reached by: ``dtensor.pack`` or
     ``dtensor.call_with_layout`` with a replicated layout of rank 2 or more (a whole copy on
-    every device); ``dtensor.copy_to_mesh`` or ``dtensor.relayout`` of a host tensor of rank 2
-    or more (the whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a
-    DTensor laid out replicated (it was whole on every device before); ``dtensor.unpack`` of a
-    matrix (its pieces brought back to the host, e.g. to compute ``y`` there).
+    every device); ``dtensor.call_with_layout`` of a function given or holding a matrix's data,
+    whole or flattened, for a layout of rank 2 or more (``lambda: tf.constant(x)``: the
+    constant goes whole into every device's program, which keeps its slice);
+    ``dtensor.copy_to_mesh`` or ``dtensor.relayout`` of a host tensor of rank 2 or more (the
+    whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a DTensor laid
+    out replicated (it was whole on every device before); ``dtensor.unpack`` of a matrix (its
+    pieces brought back to the host, e.g. to compute ``y`` there).
     """
     from tensorflow.dtensor.python import api
 
@@ -33,6 +36,50 @@ def whole_copy_watch(whole: list[str]) -> Any:
     def replicated_matrix(layout: Any) -> bool:
         return layout is not None and layout.rank >= 2 and layout.is_fully_replicated()
 
+    def rank_of(layout: Any) -> int:
+        return getattr(layout, "rank", 0) if layout is not None else 0
+
+    def holds_data(fn: Any, args: Any, kwargs: Any) -> bool:
+        """Whether numbers that are data (4 or more, not a DTensor: a matrix, or one
+        flattened) are arguments of ``fn`` or held by it: a value in its closure, its
+        defaults, a ``functools.partial``'s arguments or a global it names, through the
+        functions it holds (``tf.function``'s Python function too). ``init_kernel`` holds
+        only a seed and the kernel's shape, two numbers each."""
+        values, functions, seen = [*args, *kwargs.values()], [fn], set()
+        while functions:
+            current = functions.pop()
+            if id(current) in seen or len(seen) > 50:
+                continue
+            seen.add(id(current))
+            inner = [getattr(current, name, None) for name in
+                     ("python_function", "__wrapped__", "func")]
+            functions += [f for f in inner if callable(f)]
+            values += [*getattr(current, "args", ()), *(getattr(current, "keywords", None)
+                                                        or {}).values()]
+            values += list(getattr(current, "__defaults__", None) or ())
+            for cell in getattr(current, "__closure__", None) or ():
+                try:
+                    values.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    pass
+            code_of = getattr(current, "__code__", None)
+            names = getattr(current, "__globals__", {})
+            if code_of is not None and isinstance(names, dict):
+                values += [names[n] for n in code_of.co_names if n in names]
+            functions += [v for v in values if callable(v) and not isinstance(v, type)]
+        return any(data(value) for value in values)
+
+    def data(value: Any) -> bool:
+        if isinstance(value, tf.Tensor):
+            return not api.is_dtensor(value) and (value.shape.num_elements() or 0) >= 4
+        if isinstance(value, (np.ndarray, list, tuple)):
+            try:
+                array = np.asarray(value)
+            except Exception:  # noqa: BLE001 - ragged or odd: not one array of numbers
+                return False
+            return array.dtype.kind in "biuf" and array.size >= 4
+        return False
+
     def on_mesh(tensor: Any) -> bool:
         return isinstance(tensor, tf.Tensor) and api.is_dtensor(tensor)
 
@@ -42,6 +89,10 @@ def whole_copy_watch(whole: list[str]) -> Any:
             whole.append("dtensor.pack with a replicated rank-2 layout")
         elif code is api.call_with_layout.__code__ and replicated_matrix(local.get("layout")):
             whole.append("dtensor.call_with_layout with a replicated rank-2 layout")
+        elif (code is api.call_with_layout.__code__ and rank_of(local.get("layout")) >= 2
+              and holds_data(local.get("fn"), local.get("args", ()), local.get("kwargs", {}))):
+            whole.append("dtensor.call_with_layout of a function that holds a whole "
+                         "matrix's numbers (they go to every device, each keeps its slice)")
         elif code is api.copy_to_mesh.__code__ and rank(local.get("tensor")) >= 2:
             whole.append("dtensor.copy_to_mesh of a whole matrix, sliced on the mesh")
         elif code is api.relayout.__code__:

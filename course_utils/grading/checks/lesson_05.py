@@ -4,10 +4,9 @@
   ``element_spec`` has every dimension known, a compiled step traces once over an epoch, the
   epoch has ``n // batch_size`` batches, and the batches hold the sequences cut or padded with
   zeros at the end to ``sequence_length``; the function may not read the dataset when called
-  (a copy made in memory then is not a pipeline: the dataset counts what it hands out). What
-  this enforces is only that: a copy put off until the first batch is asked for (a generator
-  that reads everything, then yields) is not told apart from a pipeline reading ahead
-  (``prefetch``), and passes.
+  (a copy made in memory then is not a pipeline: the dataset counts what it hands out), nor
+  read most of a long stream before it hands out its first batch (a copy put off until the
+  first batch is asked for: a generator that reads everything, then yields).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches included), compared with the rules stated in
   the exercise; a global batch that cannot give each replica one example must raise ValueError.
@@ -100,9 +99,15 @@ def _verify_pipeline(dataset: Any, tokens: list[np.ndarray], labels: np.ndarray,
         return tf.reduce_sum(tf.cast(x, tf.float32)) + tf.cast(tf.reduce_sum(y), tf.float32)
 
     got = []
-    for x, y in dataset:
-        step(x, y)
-        got.append((x.numpy(), y.numpy()))
+    try:
+        for x, y in dataset:
+            step(x, y)
+            got.append((x.numpy(), y.numpy()))
+    except (tf.errors.OpError, ValueError, TypeError) as error:
+        said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
+        return (f"reading the pipeline failed at batch {len(got) + 1}: {type(error).__name__}: "
+                f"{said} (sequences of up to twice sequence_length tokens; which step of "
+                "yours meets one longer than sequence_length?)")
     traces = step.experimental_get_tracing_count()
     if traces != 1:
         return f"a compiled step traced {traces} times over one epoch, expected once"
@@ -122,6 +127,46 @@ def _verify_pipeline(dataset: Any, tokens: list[np.ndarray], labels: np.ndarray,
                     f"{ex[row].tolist()} (keep the first sequence_length tokens, pad with zeros "
                     "at the end)")
     return None
+
+
+#: A stream longer than any read-ahead: a pipeline hands out its first batch after reading a
+#: few batches' worth (the reference answer's AUTOTUNE map and prefetch, batches of 16: 18
+#: examples, 64 half a second later); a copy of the data, even one put off to the first
+#: batch, reads them all.
+_STREAM = 1_000
+
+
+def _stream_case(rng: Any) -> Case:
+    """A long dataset of which only the first batch is read: what had been read by then?"""
+    tf = _tf()
+    batch, length = rng.choice([4, 8]), rng.choice([6, 10])
+    tokens, labels = _sequences(rng, _STREAM, 2 * length)
+    read = [0]
+
+    def verify(got: Any) -> str | None:
+        if read[0]:
+            return (f"your function read {read[0]} examples of the dataset when called: a copy "
+                    "of the data made in memory, not a pipeline")
+        if not isinstance(got, tf.data.Dataset):
+            return f"expected a tf.data.Dataset, got {type(got).__name__}"
+        try:
+            x, y = next(iter(got))
+        except Exception as error:  # noqa: BLE001 - the learner's to see
+            return f"reading the first batch failed: {type(error).__name__}: {str(error)[:160]}"
+        ahead = read[0]
+        (ex, ey), = _expected_batches(tokens[:batch], labels[:batch], batch, length)
+        if not (np.array_equal(np.asarray(x), ex) and np.array_equal(np.asarray(y), ey)):
+            return (f"the first batch of a {_STREAM}-sequence stream differs from its first "
+                    f"{batch} sequences cut or padded to {length}")
+        if ahead >= _STREAM // 2:
+            return (f"your pipeline read {ahead} of {_STREAM} examples before it handed out "
+                    f"its first batch of {batch}: it copies the data, not transforms the "
+                    "examples as they stream (section 3)")
+        return None
+
+    return Case(args=(_raw_dataset(tokens, labels, read), batch, length), verify=verify,
+                label=f"(a stream of {_STREAM} sequences, batch_size={batch}, "
+                      f"sequence_length={length}: its first batch)")
 
 
 @register
@@ -148,6 +193,7 @@ def check_make_tpu_ready(fn: Any) -> bool:
                           verify=verify,
                           label=f"({n} sequences of 1 to {2 * length} tokens, batch_size={batch}, "
                                 f"sequence_length={length})"))
+    cases.append(_stream_case(rng))
     return run_check(
         "make_tpu_ready", _refusing_the_check(fn, "build the pipeline yourself"), cases,
         hint="lesson 05, section 3 (static shapes: one program, compiled once): what shape "
@@ -184,8 +230,13 @@ def _settings_cases(rng: Any) -> list[Case]:
     cases = [Case(args=(8, 4096, 2.0, 0.5, 0.15, 1_000_000)),  # a v5e-8, small fast steps
              Case(args=(1, 100, 1.0, 3.0, 0.05, 10_000)),  # Colab's v5e-1, a small batch
              Case(args=(8, 40, 1.0, 2.0, 0.3, 10_000)),  # fewer than 8 examples a replica
-             Case(args=(4, 4 * 256, 5.0, 0.1, 0.03, 4 * 256 * 3))]  # capped at the epoch
-    while len(cases) < 8:
+             Case(args=(4, 4 * 256, 5.0, 0.1, 0.03, 4 * 256 * 3)),  # capped at the epoch
+             # tiles per replica (10 -> 8), not of the global batch (80 is a multiple of 8)
+             Case(args=(8, 80, 1.0, 1.0, 0.3, 10_000)),
+             # the epoch of the global batch used (4 x 256), not of the largest allowed
+             Case(args=(4, 4 * 300, 5.0, 0.1, 0.03, 5_220)),
+             Case(args=(8, 1024, 1.0, 1.0, 0.3, 500))]  # not one step an epoch: still 1
+    while len(cases) < 11:
         replicas = rng.choice([1, 4, 8, 16])
         args = (replicas, replicas * rng.choice([rng.randint(2, 7), rng.randint(9, 127),
                                                  rng.randint(129, 1200)]),
@@ -329,7 +380,7 @@ def _train_case(rng: Any) -> Case:
     model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
 
     def verify(train_steps: Any) -> str | None:
-        if not hasattr(train_steps, "experimental_get_tracing_count"):
+        if not isinstance(train_steps, tf.types.experimental.PolymorphicFunction):
             return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
                     "tf.function (a compiled function: lesson 05, section 5)")
         seen.clear()
