@@ -29,7 +29,7 @@ def pytest_configure(config: pytest.Config) -> None:
 #: The longest test files, handed out first: pytest-xdist (``--dist loadfile``) gives each worker
 #: whole files in collection order, so a long file collected last would run alone at the end.
 LONGEST_FIRST = ("test_grading_nbgrader.py", "test_grading_grader.py", "test_gradescope.py",
-                 "test_checks_lesson_02.py", "test_capstone_accumulation.py", "test_cluster.py",
+                 "test_checks_lesson_02.py", "test_cluster.py",
                  "test_checks_lesson_03.py", "test_checks_lesson_00.py", "test_dependencies.py",
                  "test_checks_lesson_04.py")
 
