@@ -114,6 +114,21 @@ def test_grouped_bars_refuses_nothing_and_labels_every_bar():
         plt.close(ax.figure)
 
 
+def test_the_micro_batch_order_draws_k_passes_side_by_side_then_chained():
+    with pytest.raises(ValueError, match="k >= 2"):
+        plots.draw_micro_batch_order(1)
+    ax = plots.draw_micro_batch_order(3)
+    try:
+        bars = [collection.get_paths()[0].get_extents() for collection in ax.collections]
+        assert len(bars) == 2 * (2 * 3 + 1)  # F and B per micro-batch, one apply, twice
+        starts = sorted(round(bar.x0, 3) for bar in bars)
+        assert starts.count(0.0) == 3 + 1  # three forwards side by side; one chained
+        texts = [text.get_text() for text in ax.texts]
+        assert texts.count("F2") == texts.count("B3") == 2 and texts.count("apply") == 2
+    finally:
+        plt.close(ax.figure)
+
+
 def test_the_capstone_diagram_draws_every_stage_and_the_choices_made():
     ax = plots.draw_capstone_job({"choices": "MirroredStrategy\nfloat32 · k=1"})
     try:

@@ -40,6 +40,7 @@ from course_utils.plots.diagrams_basics import (
 from course_utils.plots.diagrams_capstone import (
     CAPSTONE_STAGES,
     draw_capstone_job,
+    draw_micro_batch_order,
     trace_timeline,
 )
 from course_utils.plots.diagrams_clusters import (
@@ -85,6 +86,7 @@ __all__ = [
     "draw_recomputation",
     "CAPSTONE_STAGES",
     "draw_capstone_job",
+    "draw_micro_batch_order",
     "draw_data_parallelism",
     "draw_gradient_accumulation",
     "draw_loss_scaling",

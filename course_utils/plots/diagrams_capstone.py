@@ -8,7 +8,7 @@ from typing import Any
 
 from course_utils.plots.style import PALETTE, axes_for
 
-__all__ = ["CAPSTONE_STAGES", "draw_capstone_job", "trace_timeline"]
+__all__ = ["CAPSTONE_STAGES", "draw_capstone_job", "draw_micro_batch_order", "trace_timeline"]
 
 #: The stages of the capstone job (top row) and of its measurement loop (bottom row), in order.
 CAPSTONE_STAGES = (
@@ -56,6 +56,45 @@ def draw_capstone_job(choices: Mapping[str, str] | None = None, ax: Any = None) 
     ax.set_axis_off()
     ax.set_title("The capstone: a real job (blue), and the loop that measures it (green)",
                  fontsize=10)
+    return ax
+
+
+def draw_micro_batch_order(k: int = 3, ax: Any = None) -> Any:
+    """An accumulation step of ``k`` micro-batches on a timeline, twice: without an order
+    (inside a ``tf.function`` their forward passes may run side by side, each micro-batch's
+    activations kept until its backward pass), and chained by ``tf.control_dependencies``
+    (one after the other: one micro-batch's activations at a time). One update ends both."""
+    from matplotlib.patches import Patch
+
+    if k < 2:
+        raise ValueError(f"accumulation needs k >= 2 micro-batches, got {k}")
+    colors = {"forward": PALETTE[0], "backward": PALETTE[2], "apply": PALETTE[3]}
+    lanes = [(f"micro-batch {i + 1}", [(0.0, "forward", i), (1.0, "backward", i)])
+             for i in range(k)]
+    lanes[-1][1].append((2.0, "apply", None))
+    lanes.append(("one after the other", [(float(2 * i + j), kind, i) for i in range(k)
+                                          for j, kind in enumerate(("forward", "backward"))]
+                  + [(2.0 * k, "apply", None)]))
+    ax = axes_for(ax, (9.0, 0.45 * (k + 1) + 1.6))
+    for row, (_, bars) in enumerate(lanes):
+        y = row + (row == k) * 0.5  # a gap between the two ways
+        for start, kind, micro_batch in bars:
+            width = 0.5 if kind == "apply" else 1.0
+            ax.broken_barh([(start, width)], (y - 0.35, 0.7), color=colors[kind])
+            ax.text(start + width / 2, y, "apply" if micro_batch is None
+                    else f"{kind[0].upper()}{micro_batch + 1}",
+                    ha="center", va="center", fontsize=8, color="white")
+    ax.text(2.7, (k - 1) / 2, f"no order: {k} micro-batches' activations\nheld at once",
+            va="center", fontsize=8)
+    ax.text(2 * k + 0.7, k + 0.5, "chained: one micro-batch's\nactivations at a time",
+            va="center", fontsize=8)
+    ax.set_yticks([row + (row == k) * 0.5 for row in range(k + 1)],
+                  [name for name, _ in lanes], fontsize=8)
+    ax.invert_yaxis()
+    ax.legend(handles=[Patch(color=c, label=name) for name, c in colors.items()],
+              loc="upper right", fontsize=8, ncol=1)
+    ax.set(xlim=(0, 2 * k + 4), xlabel="time (one forward or backward pass = 1)",
+           title=f"One update from k = {k} micro-batches: no order (top), chained (bottom)")
     return ax
 
 
