@@ -156,8 +156,8 @@ def test_quality_gap_beyond_the_tolerance_is_reported():
 # --- loss_scaled_train_step ------------------------------------------------------------------
 
 
-def step_with(tf, *, scale=True, return_scaled=False, zero_non_finite=False, inner=False,
-              clip="unscaled", rescale=True, norm_after=False, keras_clip=False):
+def step_with(tf, *, scale=True, divide=True, return_scaled=False, zero_non_finite=False,
+              inner=False, clip="unscaled", rescale=True, norm_after=False, keras_clip=False):
     """A loss-scaled, clipped step, right by default; each flag makes one popular mistake."""
 
     def step(model, optimizer, loss_fn, x, y, clip_norm):
@@ -167,7 +167,7 @@ def step_with(tf, *, scale=True, return_scaled=False, zero_non_finite=False, inn
         gradients = tape.gradient(scaled_loss, model.trainable_variables)
         if zero_non_finite:  # inf/nan replaced by zeros: the optimizer sees finite gradients
             gradients = [tf.where(tf.math.is_finite(g), g, tf.zeros_like(g)) for g in gradients]
-        unscaled = [g / optimizer.dynamic_scale for g in gradients]
+        unscaled = [g / optimizer.dynamic_scale for g in gradients] if divide else gradients
         norm = tf.linalg.global_norm(unscaled)
         if keras_clip:  # Keras clips after the LossScaleOptimizer unscaled: also right
             optimizer.inner_optimizer.global_clipnorm = clip_norm
@@ -226,6 +226,8 @@ def test_the_lesson_cell_copied_fails(tf):
 
 @pytest.mark.parametrize("mistake, message", [
     ({"scale": False}, r"step 1: (returned norm|the weights differ)"),
+    ({"scale": False, "divide": False},
+     r"step 1: (returned norm .*before clipping|the weights differ)"),
     ({"return_scaled": True}, "expected the unscaled"),
     ({"inner": True},
      "LossScaleOptimizer itself|the planted overflow, (was not seen|changed)"),
@@ -235,7 +237,8 @@ def test_the_lesson_cell_copied_fails(tf):
     ({"clip": "per tensor"}, r"step \d: the weights differ"),
     ({"rescale": False}, r"step 1: the weights differ"),
     ({"norm_after": True}, r"step 1: returned norm .*before clipping"),
-], ids=["without scaling", "scaled loss returned", "inner optimizer", "overflow applied",
+], ids=["without scaling", "true gradients in float16, never scaled", "scaled loss returned",
+        "inner optimizer", "overflow applied",
         "no clipping", "scaled gradients clipped", "per-tensor clipping",
         "clipped gradients not rescaled", "norm after clipping"])
 def test_wrong_loss_scaled_step_fails_usefully(tf, mistake, message):

@@ -34,7 +34,7 @@ import numpy as np
 
 from course_utils.equality import largest_difference
 from course_utils.grading.checks.overflow import check_first_overflowing_layer  # noqa: F401
-from course_utils.grading.checks.pipe_log import PipeLog, pipe_log
+from course_utils.grading.checks.pipe_log import delayed_model_builder, pipe_log
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -83,60 +83,6 @@ ACCURACY_TOLERANCE, LOSS_TOLERANCE = 0.05, 0.05
 #: Each run's model waits a time drawn log-uniformly from this range in every training step
 #: (one draw per run, unknown to the learner), so that only a timing of that run matches.
 DELAY_RANGE_S = (0.06, 0.4)
-#: Extra seconds of Python when a training step is traced: the first epoch is visibly slower.
-TRACE_DELAY_S = 1.0
-
-
-def _delayed_model_builder(num_features: int, num_classes: int, units: int, delay_s: float,
-                           log: PipeLog) -> Callable[[], Any]:
-    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), writing
-    into ``log`` when each step's wait began and ended and when each call of the model's
-    ``fit`` returned: the bounds of any timing of its own run. ``log`` is write-only (an OS
-    pipe, see ``pipe_log.PipeLog``): nothing the learner's function can reach holds the records."""
-    import time
-
-    tf, keras = _tf(), _keras()
-    from course_utils.models import mlp
-
-    class StepDelay(keras.layers.Layer):
-        """Adds 0 to the logits, after sleeping in every training step."""
-
-        def __init__(self, seconds: float, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.seconds, self.supports_jit = seconds, False
-
-        def call(self, inputs: Any, training: bool | None = None) -> Any:
-            if not training or not self.seconds:
-                return inputs
-            if not tf.executing_eagerly():
-                time.sleep(TRACE_DELAY_S)  # Python runs once, while the step is traced
-
-            def wait() -> np.ndarray:
-                start = time.perf_counter()
-                time.sleep(self.seconds)
-                log.write(b"s", start, time.perf_counter())
-                return np.float32(0.0)
-
-            zero = tf.reshape(tf.stop_gradient(tf.py_function(wait, [], tf.float32)), [])
-            return inputs + tf.cast(zero, inputs.dtype)
-
-    def make_model() -> Any:
-        base = mlp(num_features, num_classes, hidden_units=(units, units))
-        model = keras.Model(base.input, StepDelay(delay_s, dtype="float32")(base.output))
-        fit = model.fit
-
-        def logged_fit(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fit(*args, **kwargs)
-            finally:
-                log.write(b"f", time.perf_counter())
-
-        model.fit = logged_fit
-        return model
-
-    return make_model
-
-
 def _policy_problem(model: Any, policy: str, x: np.ndarray) -> str | None:
     """What is wrong with the dtypes of a model trained under ``policy`` (None if nothing)."""
     keras = _keras()
@@ -257,8 +203,8 @@ def check_train_with_policy(fn: Any) -> bool:
     policies = ("float32", "mixed_float16")
     low, high = (math.log(s) for s in DELAY_RANGE_S)
     pipes = {p: pipe_log() for p in policies}  # (write-only log, reader, closer) per run
-    builders = {p: _delayed_model_builder(num_features, num_classes, units,
-                                          math.exp(rng.uniform(low, high)), pipes[p][0])
+    builders = {p: delayed_model_builder(num_features, num_classes, units,
+                                         math.exp(rng.uniform(low, high)), pipes[p][0])
                 for p in policies}
     steps_per_epoch = -(-len(x) // BATCH_SIZE)
     initial_weights = _model_builder(num_features, num_classes, units)().get_weights()
@@ -385,7 +331,8 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
     batches = [(tf.constant(x[i * 32:(i + 1) * 32] * (OVERFLOW_FACTOR if i == planted else 1)),
                 tf.constant(y[i * 32:(i + 1) * 32])) for i in range(8)]
     # a bound below the first batch's norm: the clipping changes most steps' updates
-    clip_norm = float(f"{rng.uniform(0.3, 0.6) * _first_norm(reference, loss_fn, *batches[0]):.4g}")
+    first_norm = _first_norm(reference, loss_fn, *batches[0])
+    clip_norm = float(f"{rng.uniform(0.3, 0.6) * first_norm:.4g}")
     clipped_steps: list[int] = []
 
     def compare_step(i: int, returned: Any) -> str | None:
@@ -451,8 +398,8 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
 
     cases = [Case(args=(model, opt, loss_fn, *batches[0], clip_norm), verify=verify,
                   label=f"(mixed_float16 MLP, LossScaleOptimizer(initial_scale={scale:g}), "
-                        f"loss_fn, 8 batches of 32, clip_norm={clip_norm:g}; batch "
-                        f"{planted + 1} overflows)")]
+                        f"loss_fn weighted 2^{math.log2(LOSS_WEIGHT):.0f}, 8 batches of 32, "
+                        f"clip_norm={clip_norm:g}; batch {planted + 1} overflows)")]
     return run_check(
         "loss_scaled_train_step", fn, cases,
         hint="lesson 08, section 5 (loss scaling in a custom loop): at which scale are the "
