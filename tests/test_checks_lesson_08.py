@@ -131,6 +131,27 @@ def test_wrong_train_with_policy_fails_usefully(keras, mistake, message):
     assert keras.mixed_precision.global_policy().name == "float32"
 
 
+@pytest.mark.slow
+def test_the_colleagues_comparison_fails(keras):
+    def colleagues_train_with_policy(make_model, policy, x, y, epochs, initial_weights):
+        keras.mixed_precision.set_global_policy(policy)  # left set, start ignored, shuffled
+        model = make_model()
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        start = time.perf_counter()
+        history = model.fit(x, y, batch_size=64, epochs=epochs, verbose=0)
+        seconds = (time.perf_counter() - start) / (epochs * -(-len(x) // 64))
+        predicted = np.argmax(model.predict(x, verbose=0), axis=-1)
+        return {"model": model, "losses": history.history["loss"],
+                "accuracy": float(np.mean(predicted == y)), "seconds_per_step": seconds}
+
+    try:
+        with pytest.raises(AssertionError, match="starts from initial_weights"):
+            cu.grading.check_train_with_policy(colleagues_train_with_policy)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 def test_timing_bounds_come_from_the_run_itself():
     # 2 epochs of 2 steps: waits of 0.1 s, the first epoch ends at 1.3, fit returns at 1.9
     log = {"steps": [(1.0, 1.1), (1.2, 1.3), (1.5, 1.6), (1.7, 1.8)], "fit_ends": [1.35, 1.9]}
