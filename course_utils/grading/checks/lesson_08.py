@@ -16,7 +16,8 @@
   a ``LossScaleOptimizer`` and a global-norm clip (below the gradients' norm, so that it
   changes the updates) on fresh inputs equal a reference step that clips the UNSCALED
   gradients (weights, loss, norm, loss scale), and a batch planted to overflow is skipped
-  (weights unchanged, scale halved).
+  (weights unchanged, scale halved). The loss is weighted by ``LOSS_WEIGHT`` (2^-16): its true
+  gradients underflow float16, so a step that never computes them at the loss scale differs.
 * ``check_first_overflowing_layer(first_overflowing_layer)``: fresh mixed_float16 MLPs whose
   activations grow layer by layer, on batches with two outlier rows scaled so that the same
   model overflows at different layers (or nowhere): the answer depends on the outputs, not on
