@@ -502,9 +502,9 @@ def test_all_reducing_every_micro_batch_is_counted():
             optimizer.apply_gradients(zip([s / strategy.num_replicas_in_sync for s in sums],
                                           model.trainable_variables, strict=True))
 
+        step = tf.function(lambda g: strategy.run(replica_step, args=g))  # one trace a size
         for start in range(0, total, steps):
-            group = tuple(next(iterator) for _ in range(min(steps, total - start)))
-            tf.function(lambda g: strategy.run(replica_step, args=g))(group)
+            step(tuple(next(iterator) for _ in range(min(steps, total - start))))
 
     with pytest.raises(AssertionError, match=r"all-reduced \d.* times the gradients per update"):
         cu.grading.check_train_mirrored_with_accumulation(reduce_each)
