@@ -125,31 +125,13 @@ def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys)
     ({"accuracy": 0.5}, "measure it after training"),
 ], ids=["policy ignored", "policy left set", "start ignored", "first epoch timed",
         "constant time", "constant accuracy"])
+# The exercise's colleague_train_with_policy makes three of these mistakes at once (policy left
+# set, start ignored, first epoch timed) and shuffles: each is a case here, so the colleague's
+# function itself is not run again (a train_with_policy check costs 25-60 s under load).
 def test_wrong_train_with_policy_fails_usefully(keras, mistake, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_train_with_policy(trainer_with(keras, **mistake))
     assert keras.mixed_precision.global_policy().name == "float32"
-
-
-@pytest.mark.slow
-def test_the_colleagues_comparison_fails(keras):
-    def colleagues_train_with_policy(make_model, policy, x, y, epochs, initial_weights):
-        keras.mixed_precision.set_global_policy(policy)  # left set, start ignored, shuffled
-        model = make_model()
-        model.compile(optimizer=keras.optimizers.Adam(0.01),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        start = time.perf_counter()
-        history = model.fit(x, y, batch_size=64, epochs=epochs, verbose=0)
-        seconds = (time.perf_counter() - start) / (epochs * -(-len(x) // 64))
-        predicted = np.argmax(model.predict(x, verbose=0), axis=-1)
-        return {"model": model, "losses": history.history["loss"],
-                "accuracy": float(np.mean(predicted == y)), "seconds_per_step": seconds}
-
-    try:
-        with pytest.raises(AssertionError, match="starts from initial_weights"):
-            cu.grading.check_train_with_policy(colleagues_train_with_policy)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
 
 
 def test_timing_bounds_come_from_the_run_itself():
