@@ -125,7 +125,7 @@ def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys)
     ({"accuracy": 0.5}, "measure it after training"),
 ], ids=["policy ignored", "policy left set", "start ignored", "first epoch timed",
         "constant time", "constant accuracy"])
-# The exercise's colleague_train_with_policy makes three of these mistakes at once (policy left
+# The exercise's colleagues_train_with_policy makes three of these mistakes at once (policy left
 # set, start ignored, first epoch timed) and shuffles: each is a case here, so the colleague's
 # function itself is not run again (a train_with_policy check costs 25-60 s under load).
 def test_wrong_train_with_policy_fails_usefully(keras, mistake, message):
