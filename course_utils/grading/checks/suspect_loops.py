@@ -41,7 +41,6 @@ def accumulate(model: Any, optimizer: Any, loss_fn: Any, features: Any, labels: 
             sums = None
 
 
-
 # --- Exercise 3 · diagnose an accumulation loop ------------------------------------------------
 
 
@@ -50,8 +49,9 @@ def accumulate(model: Any, optimizer: Any, loss_fn: Any, features: Any, labels: 
 _SUSPECT_PLANS: dict[str, tuple[bool, bool]] = {}
 _PLANS = {"correct": (False, True), "applies every micro-batch": (True, False),
           "sums without dividing": (False, False)}
-#: The check's undrawn loops, by token: the kinds the draw must still cover, shared by a check's
-#: loops ({"kinds": [...], "left": loops not yet drawn}); no kind is chosen before a call.
+#: The check's undrawn loops, by token, each pointing at its check's deck, shared by the check's
+#: loops ({"drawn": kinds drawn so far, "left": loops not yet drawn}); no kind is chosen before
+#: a call.
 _UNDRAWN: dict[str, dict[str, Any]] = {}
 
 
