@@ -16,7 +16,7 @@
   a ``LossScaleOptimizer`` and a global-norm clip (below the gradients' norm, so that it
   changes the updates) on fresh inputs equal a reference step that clips the UNSCALED
   gradients (weights, loss, norm, loss scale), and a batch planted to overflow is skipped
-  (weights unchanged, scale halved). The loss is weighted by ``LOSS_WEIGHT`` (2^-16): its true
+  (weights unchanged, scale halved). The loss is weighted by ``LOSS_WEIGHT`` (2^-18): its true
   gradients underflow float16, so a step that never computes them at the loss scale differs.
 * ``check_first_overflowing_layer(first_overflowing_layer)``: fresh mixed_float16 MLPs whose
   activations grow layer by layer, on batches with two outlier rows scaled so that the same
@@ -50,7 +50,7 @@ OVERFLOW_FACTOR = 1e6
 #: Exercise 2's loss is weighted by this (an auxiliary loss's small weight): its true gradients
 #: lie mostly below float16's smallest normal number, so only a step that computes them at the
 #: loss scale matches the reference; the learning rate is divided by it (updates of usual size).
-LOSS_WEIGHT = 2.0 ** -16
+LOSS_WEIGHT = 2.0 ** -18
 
 
 def _keras() -> Any:
@@ -317,7 +317,7 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
     with policy_scope("mixed_float16"):
         model, reference = make_model(), make_model()
     reference.set_weights(model.get_weights())
-    scale = 2.0 ** rng.randint(13, 16)
+    scale = 2.0 ** rng.randint(15, 18)
 
     def optimizer() -> Any:
         inner = keras.optimizers.SGD(0.05 / LOSS_WEIGHT)
