@@ -10,7 +10,7 @@ import pytest
 import course_utils as cu
 from course_utils.grading import framework
 from course_utils.grading.checks import lesson_07 as checks_07
-from course_utils.grading.checks import memory_budget
+from course_utils.grading.checks import memory_budget, suspect_loops
 from course_utils.grading.framework import NotAttemptedError
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
@@ -340,7 +340,7 @@ def test_reference_diagnosis_passes(capsys):
 
 
 def test_a_wrong_diagnosis_is_caught():
-    with pytest.raises(AssertionError, match="differs"):
+    with pytest.raises(AssertionError, match="returned 'correct' without running the loop"):
         cu.grading.check_diagnose_accumulation(lambda loop: "correct")
     assert set(checks_07.DIAGNOSES) == {"correct", "applies every micro-batch",
                                         "sums without dividing"}
@@ -361,16 +361,44 @@ def test_reading_the_loop_instead_of_running_it_is_caught():
             "sums without dividing" if "divid" in name else "correct")
 
     def from_token(loop):  # the closure's token, looked up in the check's own plans
-        every, divide = checks_07._SUSPECT_PLANS[loop.__closure__[0].cell_contents]
-        return {plan: kind for kind, plan in checks_07._PLANS.items()}[(every, divide)]
+        every, divide = suspect_loops._SUSPECT_PLANS[loop.__closure__[0].cell_contents]
+        return {plan: kind for kind, plan in suspect_loops._PLANS.items()}[(every, divide)]
 
     loops = [checks_07.suspect_loop(kind) for kind in checks_07.DIAGNOSES]
     assert len({loop.__code__ for loop in loops}) == 1  # one code, one name, no defaults
     assert {loop.__defaults__ for loop in loops} == {None}
     for reader, says in ((from_closure, "reads how the check built the loop"),
                          (from_token, r"__closure__.*reads how the check built the loop"),
-                         (from_name, "differs")):
+                         (from_name, "without running the loop")):
         with pytest.raises(AssertionError, match=says):
+            cu.grading.check_diagnose_accumulation(reader)
+
+
+def _plan_of(loop):
+    """The plan a loop's token maps to, every name built at run time (no guarded name in the
+    code): what a learner who hides the reading from the name guard would write."""
+    import sys
+
+    token = getattr(getattr(loop, "".join(["__clo", "sure__"]))[0],
+                    "".join(["cell_", "contents"]))
+    module = sys.modules[getattr(loop, "".join(["__mod", "ule__"]))]
+    for value in vars(module).values():
+        if isinstance(value, dict) and token in value and isinstance(value[token], tuple):
+            every, divide = value[token]
+            return ("applies every micro-batch" if every else
+                    "correct" if divide else "sums without dividing")
+    return None
+
+
+def test_a_loop_read_before_it_ran_tells_nothing():
+    def hidden_reader(loop):  # reads the check's plans under names built at run time
+        return _plan_of(loop) or "correct"
+
+    def never_runs(loop):  # guesses: the loop is never called
+        return "correct"
+
+    for reader in (hidden_reader, never_runs):
+        with pytest.raises(AssertionError, match="without running the loop"):
             cu.grading.check_diagnose_accumulation(reader)
 
 
@@ -398,7 +426,7 @@ def test_a_diagnosis_that_cannot_tell_the_mistakes_apart_is_caught():
         return "correct" if answer == "sums without dividing" else answer
 
     for wrong in (with_one_micro_batch_per_group, counting_updates, two_candidates):
-        with pytest.raises(AssertionError, match="differs"):
+        with pytest.raises(AssertionError, match="differs from what this loop does"):
             cu.grading.check_diagnose_accumulation(wrong)
 
 
@@ -474,9 +502,9 @@ def test_all_reducing_every_micro_batch_is_counted():
             optimizer.apply_gradients(zip([s / strategy.num_replicas_in_sync for s in sums],
                                           model.trainable_variables, strict=True))
 
+        step = tf.function(lambda g: strategy.run(replica_step, args=g))  # one trace a size
         for start in range(0, total, steps):
-            group = tuple(next(iterator) for _ in range(min(steps, total - start)))
-            tf.function(lambda g: strategy.run(replica_step, args=g))(group)
+            step(tuple(next(iterator) for _ in range(min(steps, total - start))))
 
     with pytest.raises(AssertionError, match=r"all-reduced \d.* times the gradients per update"):
         cu.grading.check_train_mirrored_with_accumulation(reduce_each)

@@ -379,8 +379,13 @@ def _noise_of_my_own(features, label):
      "works ahead of the step"),
     (lambda r, read, augment, b: r.map(read).cache().batch(b).map(augment),
      "works ahead of the step"),
+    (lambda r, read, augment, b: r.cache().map(read).map(augment).batch(b).prefetch(1),
+     r"read ran \d+ times for \d+ examples"),
+    (lambda r, read, augment, b: r.map(read).map(augment).cache().batch(b).prefetch(1),
+     "same augmentation"),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
-        "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch"])
+        "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
+        "the colleague's first try", "the colleague's second try"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)

@@ -11,9 +11,10 @@
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes; counted by the
   learner, not by the course's memory counters (refused by code identity while it runs).
-* ``check_diagnose_accumulation(diagnose_accumulation)``: given an accumulation loop, name what
-  it does (right, applies every micro-batch, or sums without dividing), for loops written here
-  whose names, code, defaults and closures are the same for every kind (a random token); an
+* ``check_diagnose_accumulation(diagnose_accumulation)`` (``suspect_loops``): given an
+  accumulation loop, name what it does (right, applies every micro-batch, or sums without
+  dividing), for loops written here whose names, code, defaults and closures are the same for
+  every kind; a loop's kind is drawn only when it is first called, so an answer must run it; an
   answer whose code reads a loop's closure or the check's plans is refused.
 * ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
   MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, and
@@ -28,7 +29,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,12 @@ from course_utils.grading.checks.reach_around import counted_dense, reached_arou
 from course_utils.grading.checks.recompute import check_segment_gradients
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.replica_memory import replica_limit
+from course_utils.grading.checks.suspect_loops import (
+    DIAGNOSES,
+    check_diagnose_accumulation,
+    suspect_loop,
+)
+from course_utils.grading.checks.suspect_loops import accumulate as _train
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -56,8 +62,6 @@ __all__ = [
 
 #: Largest weight difference from the large-batch reference that counts as equal (float32).
 ACCUMULATION_TOLERANCE = 1e-5
-#: The answers ``diagnose_accumulation`` may give.
-DIAGNOSES = ("correct", "applies every micro-batch", "sums without dividing")
 
 
 def _keras() -> Any:
@@ -101,23 +105,6 @@ def _model(problem: dict[str, Any], counted: bool = False) -> Any:
 
 def _loss_fn() -> Any:
     return _keras().losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def _train(model: Any, optimizer: Any, loss_fn: Any, features: Any, labels: Any,
-           batch_size: int, steps: int, divisor: float) -> None:
-    """Sum the gradients of ``steps`` batches of ``batch_size`` (each loss / ``divisor``) and
-    apply them once: the reference (``steps=1``), the right loop and the two wrong ones."""
-    tf = _tf()
-    data = tf.data.Dataset.from_tensor_slices((features, labels))
-    sums = None
-    for index, (x, y) in enumerate(data.batch(batch_size), start=1):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True)) / divisor
-        grads = tape.gradient(loss, model.trainable_variables)
-        sums = grads if sums is None else [s + g for s, g in zip(sums, grads, strict=True)]
-        if index % steps == 0:
-            optimizer.apply_gradients(zip(sums, model.trainable_variables, strict=True))
-            sums = None
 
 
 def _sgd_loop(problem: dict[str, Any], batch_size: int, steps: int, divisor: float,
@@ -232,101 +219,6 @@ def check_train_with_accumulation(fn: Any) -> bool:
              "last group): which large-batch step should each update equal, and how much "
              "of the batch may be alive on the tapes at once under the memory limit? (The "
              "model you are given counts what it trains on in training mode, training=True.)")
-
-
-# --- Exercise 3 · diagnose an accumulation loop ------------------------------------------------
-
-
-#: What each suspect loop does, by an opaque token: (applies every micro-batch, divides by k).
-_SUSPECT_PLANS: dict[str, tuple[bool, bool]] = {}
-_PLANS = {"correct": (False, True), "applies every micro-batch": (True, False),
-          "sums without dividing": (False, False)}
-
-
-def _run_suspect(token: str, model: Any, optimizer: Any, loss_fn: Any, features: Any,
-                 labels: Any, micro_batch_size: int, accumulation_steps: int) -> None:
-    every, divide = _SUSPECT_PLANS[token]
-    _train(model, optimizer, loss_fn, features, labels, micro_batch_size,
-           1 if every else accumulation_steps, accumulation_steps if divide else 1)
-
-
-def _suspect(token: str) -> Callable[..., None]:
-    def loop(model, optimizer, loss_fn, features, labels, micro_batch_size,  # type: ignore
-             accumulation_steps):
-        _run_suspect(token, model, optimizer, loss_fn, features, labels, micro_batch_size,
-                     accumulation_steps)
-
-    return loop
-
-
-def suspect_loop(kind: str) -> Callable[..., None]:
-    """A loop with exercise 1's signature that is right or makes one of the two mistakes.
-
-    Every loop is a fresh function with the same name, code and no defaults; its closure holds
-    only a random token, so what it does shows only in what it does to the weights."""
-    if kind not in DIAGNOSES:
-        raise ValueError(f"kind must be one of {DIAGNOSES}, got {kind!r}")
-    import secrets
-
-    token = secrets.token_hex(8)
-    _SUSPECT_PLANS[token] = _PLANS[kind]
-    return _suspect(token)
-
-
-#: Names by which an answer would read a suspect loop's plan instead of running the loop.
-_PLAN_READERS = frozenset({"__closure__", "cell_contents", "__globals__", "_SUSPECT_PLANS",
-                           "_PLANS", "_run_suspect", "getclosurevars"})
-
-
-def _plan_readers(fn: Any) -> list[str]:
-    """The plan-reading names (attributes, globals or strings) in the learner's code: ``fn``'s
-    own code, the functions defined in it, and the functions its closure holds."""
-    import types
-
-    found: set[str] = set()
-    functions, seen = [fn], set()
-    while functions:
-        current = functions.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        codes = [getattr(current, "__code__", None)]
-        while codes:
-            code = codes.pop()
-            if not isinstance(code, types.CodeType):
-                continue
-            found |= _PLAN_READERS & (set(code.co_names) | {
-                c for c in code.co_consts if isinstance(c, str)})
-            codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-        for cell in getattr(current, "__closure__", None) or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            if isinstance(value, types.FunctionType):
-                functions.append(value)
-    return sorted(found)
-
-
-@register
-def check_diagnose_accumulation(fn: Any) -> bool:
-    """Check ``diagnose_accumulation(loop)``: names what each loop written here does."""
-    readers = _plan_readers(fn) if callable(fn) else []
-    if readers:
-        raise AssertionError(
-            f"diagnose_accumulation: your function uses {', '.join(readers)}, which reads how "
-            "the check built the loop instead of what the loop does: what does it do to "
-            "weights you know? (lesson 07, section 3)")
-    rng = fresh_rng()
-    kinds = list(DIAGNOSES) + [rng.choice(DIAGNOSES)]
-    rng.shuffle(kinds)
-    cases = [Case(args=(suspect_loop(kind),), expected=kind, label=f"(suspect loop {i})")
-             for i, kind in enumerate(kinds, start=1)]
-    return run_check(
-        "diagnose_accumulation", fn, cases,
-        hint="lesson 07, section 3 (the popular wrong versions, measured): what would each "
-             "kind of loop do to weights you know, on data you chose, and which one does "
-             f"this loop match? Return one of {', '.join(map(repr, DIAGNOSES))}.")
 
 
 # --- Exercise 4 · accumulation under MirroredStrategy, one all-reduce per update ---------------

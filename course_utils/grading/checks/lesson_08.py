@@ -16,7 +16,8 @@
   a ``LossScaleOptimizer`` and a global-norm clip (below the gradients' norm, so that it
   changes the updates) on fresh inputs equal a reference step that clips the UNSCALED
   gradients (weights, loss, norm, loss scale), and a batch planted to overflow is skipped
-  (weights unchanged, scale halved).
+  (weights unchanged, scale halved). The loss is weighted by ``LOSS_WEIGHT`` (2^-18): its true
+  gradients underflow float16, so a step that never computes them at the loss scale differs.
 * ``check_first_overflowing_layer(first_overflowing_layer)``: fresh mixed_float16 MLPs whose
   activations grow layer by layer, on batches with two outlier rows scaled so that the same
   model overflows at different layers (or nowhere): the answer depends on the outputs, not on
@@ -34,17 +35,22 @@ import numpy as np
 
 from course_utils.equality import largest_difference
 from course_utils.grading.checks.overflow import check_first_overflowing_layer  # noqa: F401
-from course_utils.grading.checks.pipe_log import PipeLog, pipe_log
+from course_utils.grading.checks.pipe_log import delayed_model_builder, pipe_log
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["ACCURACY_TOLERANCE", "BATCH_SIZE", "EPOCHS", "LOSS_TOLERANCE", "OVERFLOW_FACTOR",
+__all__ = ["ACCURACY_TOLERANCE", "BATCH_SIZE", "EPOCHS", "LOSS_TOLERANCE", "LOSS_WEIGHT",
+           "OVERFLOW_FACTOR",
            "check_first_overflowing_layer",
            "check_loss_scaled_train_step", "check_train_with_policy"]
 
 #: The planted batch is the inputs times this: float16 activations overflow (max 65504).
 OVERFLOW_FACTOR = 1e6
+#: Exercise 2's loss is weighted by this (an auxiliary loss's small weight): its true gradients
+#: lie mostly below float16's smallest normal number, so only a step that computes them at the
+#: loss scale matches the reference; the learning rate is divided by it (updates of usual size).
+LOSS_WEIGHT = 2.0 ** -18
 
 
 def _keras() -> Any:
@@ -78,60 +84,6 @@ ACCURACY_TOLERANCE, LOSS_TOLERANCE = 0.05, 0.05
 #: Each run's model waits a time drawn log-uniformly from this range in every training step
 #: (one draw per run, unknown to the learner), so that only a timing of that run matches.
 DELAY_RANGE_S = (0.06, 0.4)
-#: Extra seconds of Python when a training step is traced: the first epoch is visibly slower.
-TRACE_DELAY_S = 1.0
-
-
-def _delayed_model_builder(num_features: int, num_classes: int, units: int, delay_s: float,
-                           log: PipeLog) -> Callable[[], Any]:
-    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), writing
-    into ``log`` when each step's wait began and ended and when each call of the model's
-    ``fit`` returned: the bounds of any timing of its own run. ``log`` is write-only (an OS
-    pipe, see ``pipe_log.PipeLog``): nothing the learner's function can reach holds the records."""
-    import time
-
-    tf, keras = _tf(), _keras()
-    from course_utils.models import mlp
-
-    class StepDelay(keras.layers.Layer):
-        """Adds 0 to the logits, after sleeping in every training step."""
-
-        def __init__(self, seconds: float, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.seconds, self.supports_jit = seconds, False
-
-        def call(self, inputs: Any, training: bool | None = None) -> Any:
-            if not training or not self.seconds:
-                return inputs
-            if not tf.executing_eagerly():
-                time.sleep(TRACE_DELAY_S)  # Python runs once, while the step is traced
-
-            def wait() -> np.ndarray:
-                start = time.perf_counter()
-                time.sleep(self.seconds)
-                log.write(b"s", start, time.perf_counter())
-                return np.float32(0.0)
-
-            zero = tf.reshape(tf.stop_gradient(tf.py_function(wait, [], tf.float32)), [])
-            return inputs + tf.cast(zero, inputs.dtype)
-
-    def make_model() -> Any:
-        base = mlp(num_features, num_classes, hidden_units=(units, units))
-        model = keras.Model(base.input, StepDelay(delay_s, dtype="float32")(base.output))
-        fit = model.fit
-
-        def logged_fit(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fit(*args, **kwargs)
-            finally:
-                log.write(b"f", time.perf_counter())
-
-        model.fit = logged_fit
-        return model
-
-    return make_model
-
-
 def _policy_problem(model: Any, policy: str, x: np.ndarray) -> str | None:
     """What is wrong with the dtypes of a model trained under ``policy`` (None if nothing)."""
     keras = _keras()
@@ -252,8 +204,8 @@ def check_train_with_policy(fn: Any) -> bool:
     policies = ("float32", "mixed_float16")
     low, high = (math.log(s) for s in DELAY_RANGE_S)
     pipes = {p: pipe_log() for p in policies}  # (write-only log, reader, closer) per run
-    builders = {p: _delayed_model_builder(num_features, num_classes, units,
-                                          math.exp(rng.uniform(low, high)), pipes[p][0])
+    builders = {p: delayed_model_builder(num_features, num_classes, units,
+                                         math.exp(rng.uniform(low, high)), pipes[p][0])
                 for p in policies}
     steps_per_epoch = -(-len(x) // BATCH_SIZE)
     initial_weights = _model_builder(num_features, num_classes, units)().get_weights()
@@ -331,11 +283,24 @@ def _reference_step(model: Any, optimizer: Any, loss_fn: Any, x: Any, y: Any,
 
 
 def _first_norm(model: Any, loss_fn: Any, x: Any, y: Any) -> float:
-    """The global gradient norm of the mean loss on one batch (no update)."""
+    """The global gradient norm of the mean loss on one batch (no update), computed at a loss
+    scale of 1 / LOSS_WEIGHT (unscaled, float16 would flush most of it to zero)."""
     tf = _tf()
     with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
-    return float(tf.linalg.global_norm(tape.gradient(loss, model.trainable_variables)))
+        loss = tf.reduce_mean(loss_fn(y, model(x, training=True))) / LOSS_WEIGHT
+    gradients = tape.gradient(loss, model.trainable_variables)
+    return float(tf.linalg.global_norm(gradients)) * LOSS_WEIGHT
+
+
+def _weighted_loss(keras: Any) -> Callable[[Any, Any], Any]:
+    """Per-example cross-entropy times LOSS_WEIGHT: a loss whose gradients need the scale."""
+    cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                               reduction=None)
+
+    def loss_fn(labels: Any, logits: Any) -> Any:
+        return cross_entropy(labels, logits) * LOSS_WEIGHT
+
+    return loss_fn
 
 
 @register
@@ -352,22 +317,23 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
     with policy_scope("mixed_float16"):
         model, reference = make_model(), make_model()
     reference.set_weights(model.get_weights())
-    scale = 2.0 ** rng.randint(10, 15)
+    scale = 2.0 ** rng.randint(15, 18)
 
     def optimizer() -> Any:
-        inner = keras.optimizers.SGD(0.05)
+        inner = keras.optimizers.SGD(0.05 / LOSS_WEIGHT)
         return keras.optimizers.LossScaleOptimizer(inner, initial_scale=scale,
                                                    dynamic_growth_steps=3)
 
     opt, reference_opt = optimizer(), optimizer()
     opt.build(model.trainable_variables)  # built before the first step, as in lesson 02
     reference_opt.build(reference.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    loss_fn = _weighted_loss(keras)
     planted = rng.randint(2, 5)
     batches = [(tf.constant(x[i * 32:(i + 1) * 32] * (OVERFLOW_FACTOR if i == planted else 1)),
                 tf.constant(y[i * 32:(i + 1) * 32])) for i in range(8)]
     # a bound below the first batch's norm: the clipping changes most steps' updates
-    clip_norm = round(rng.uniform(0.3, 0.6) * _first_norm(reference, loss_fn, *batches[0]), 4)
+    first_norm = _first_norm(reference, loss_fn, *batches[0])
+    clip_norm = float(f"{rng.uniform(0.3, 0.6) * first_norm:.4g}")
     clipped_steps: list[int] = []
 
     def compare_step(i: int, returned: Any) -> str | None:
@@ -380,7 +346,8 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
         except (TypeError, ValueError):
             return (f"{where}: return (loss, norm), two scalars, got "
                     f"{type(returned).__name__}")
-        if i != planted and not math.isclose(got, expected_loss, rel_tol=1e-3, abs_tol=1e-5):
+        if i != planted and not math.isclose(got, expected_loss, rel_tol=1e-3,
+                                          abs_tol=1e-5 * LOSS_WEIGHT):
             ratio = f" ({got / expected_loss:.3g}× the expected)" if expected_loss else ""
             return (f"{where}: returned loss {got:.6g}, expected the unscaled "
                     f"{expected_loss:.6g}{ratio}")
@@ -432,8 +399,8 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
 
     cases = [Case(args=(model, opt, loss_fn, *batches[0], clip_norm), verify=verify,
                   label=f"(mixed_float16 MLP, LossScaleOptimizer(initial_scale={scale:g}), "
-                        f"loss_fn, 8 batches of 32, clip_norm={clip_norm:g}; batch "
-                        f"{planted + 1} overflows)")]
+                        f"loss_fn weighted 2^{math.log2(LOSS_WEIGHT):.0f}, 8 batches of 32, "
+                        f"clip_norm={clip_norm:g}; batch {planted + 1} overflows)")]
     return run_check(
         "loss_scaled_train_step", fn, cases,
         hint="lesson 08, section 5 (loss scaling in a custom loop): at which scale are the "

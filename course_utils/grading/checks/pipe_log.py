@@ -1,12 +1,15 @@
 """A write-only log for lesson 08, exercise 1: records go into an OS pipe whose read end only
-the check holds, so the model the learner receives carries no readable record of its steps."""
+the check holds, so the model the learner receives carries no readable record of its steps; and
+that model, whose training steps wait and write into the log."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PipeLog", "pipe_log"]
+import numpy as np
+
+__all__ = ["TRACE_DELAY_S", "PipeLog", "delayed_model_builder", "pipe_log"]
 
 
 class PipeLog:
@@ -66,3 +69,61 @@ def pipe_log() -> tuple[PipeLog, Callable[[], dict[str, list[Any]]], Callable[[]
                 pass
 
     return PipeLog(write_fd), read, close
+
+
+#: Extra seconds of Python when a training step is traced: the first epoch is visibly slower.
+TRACE_DELAY_S = 1.0
+
+
+def delayed_model_builder(num_features: int, num_classes: int, units: int, delay_s: float,
+                          log: PipeLog) -> Callable[[], Any]:
+    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), writing
+    into ``log`` when each step's wait began and ended and when each call of the model's
+    ``fit`` returned: the bounds of any timing of its own run. ``log`` is write-only (an OS
+    pipe, see ``pipe_log.PipeLog``): nothing the learner's function can reach holds the records."""
+    import time
+
+    import keras
+
+    from course_utils.models import mlp
+    from course_utils.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+
+    class StepDelay(keras.layers.Layer):
+        """Adds 0 to the logits, after sleeping in every training step."""
+
+        def __init__(self, seconds: float, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.seconds, self.supports_jit = seconds, False
+
+        def call(self, inputs: Any, training: bool | None = None) -> Any:
+            if not training or not self.seconds:
+                return inputs
+            if not tf.executing_eagerly():
+                time.sleep(TRACE_DELAY_S)  # Python runs once, while the step is traced
+
+            def wait() -> np.ndarray:
+                start = time.perf_counter()
+                time.sleep(self.seconds)
+                log.write(b"s", start, time.perf_counter())
+                return np.float32(0.0)
+
+            zero = tf.reshape(tf.stop_gradient(tf.py_function(wait, [], tf.float32)), [])
+            return inputs + tf.cast(zero, inputs.dtype)
+
+    def make_model() -> Any:
+        base = mlp(num_features, num_classes, hidden_units=(units, units))
+        model = keras.Model(base.input, StepDelay(delay_s, dtype="float32")(base.output))
+        fit = model.fit
+
+        def logged_fit(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fit(*args, **kwargs)
+            finally:
+                log.write(b"f", time.perf_counter())
+
+        model.fit = logged_fit
+        return model
+
+    return make_model
