@@ -36,8 +36,8 @@ from typing import Any
 from course_utils.quiet import native_stderr_silenced
 
 __all__ = ["PASS_MARK", "STRICT_ENV", "TODO_MARK", "Case", "NotAttemptedError", "compare",
-           "fresh_rng", "not_attempted", "run_check", "set_strict", "stderr_to_stdout",
-           "strict_checks", "strict_mode"]
+           "expect_function", "fresh_rng", "not_attempted", "run_check", "set_strict",
+           "stderr_to_stdout", "strict_checks", "strict_mode"]
 
 #: Environment variable that turns strict mode on (``1``, ``true`` or ``yes``).
 STRICT_ENV = "COURSE_STRICT_CHECKS"
@@ -316,6 +316,13 @@ def grader_introspection(fn: Any) -> list[str]:
     return sorted(found)
 
 
+def expect_function(name: str, fn: Any) -> None:
+    """Raise an ``AssertionError`` that says so when ``fn`` is not the learner's function."""
+    if isinstance(fn, types.ModuleType) or not callable(fn):
+        raise AssertionError(f"{name}: expected your function, got {_short(fn)}. "
+                             f"Pass the function itself, e.g. check_{name}({name}).")
+
+
 def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
               rtol: float = 1e-6, atol: float = 1e-9) -> bool:
     """Call ``fn`` on every case and compare with the expected results.
@@ -324,9 +331,7 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
     the exercise is not attempted yet (outside strict mode). Raises :class:`AssertionError`
     at the first case that differs, with the case, expected and received values and ``hint``.
     """
-    if isinstance(fn, types.ModuleType) or not callable(fn):
-        raise AssertionError(f"{name}: expected your function, got {_short(fn)}. "
-                             f"Pass the function itself, e.g. check_{name}({name}).")
+    expect_function(name, fn)
     home = _course_home(fn)
     if home:
         raise AssertionError(

@@ -10,8 +10,6 @@ before the result is written.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
 import sys
@@ -22,20 +20,9 @@ import psutil
 
 from course_utils.instructor.execute import execute_notebook
 from course_utils.instructor.sandbox import kill_process_tree
-from course_utils.instructor.sandbox_user import kill_user, reap_children
+from course_utils.instructor.sandbox_user import become_subreaper, kill_user, reap_children
 
-__all__ = ["become_subreaper", "kill_everything", "main"]
-
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def become_subreaper() -> bool:
-    """Make orphaned descendants of this process its children (Linux); True when it worked."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    return False
-
+__all__ = ["kill_everything", "main"]
 
 def kill_everything(uid: int | None, rounds: int = 50) -> None:
     """Kill every descendant of this process (and every process of ``uid``) until none is

@@ -10,6 +10,7 @@ belongs to them before they run. Each has a group id of the same number and no o
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import pwd
@@ -23,8 +24,9 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["SANDBOX_UID_BASE", "SHARED_TMP", "SLOTS", "SandboxUser", "can_switch_user",
-           "clean_shared_tmp", "hidden_folders", "kill_user", "reap_children", "reserve_user"]
+__all__ = ["SANDBOX_UID_BASE", "SHARED_TMP", "SLOTS", "SandboxUser", "become_subreaper",
+           "can_switch_user", "clean_shared_tmp", "hidden_folders", "kill_user", "reap_children",
+           "reserve_user"]
 
 SANDBOX_UID_BASE = 64200
 SLOTS = 64
@@ -165,3 +167,14 @@ def hidden_folders(paths: list[Path]) -> list[tuple[str, list[str]]]:
                     needed.setdefault(str(parent), set()).add(child.name)
     return [(folder, sorted(keep)) for folder, keep in
             sorted(needed.items(), key=lambda item: item[0].count("/"))]
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants of this process its children (Linux); True when it worked."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return False

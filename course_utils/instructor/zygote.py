@@ -178,7 +178,7 @@ def main(argv: list[str]) -> None:
     import ipykernel.kernelapp  # noqa: F401  (what every kernel imports first)
     import tensorflow  # noqa: F401  (the import every graded notebook pays)
 
-    from course_utils.instructor.check_runner import become_subreaper
+    from course_utils.instructor.sandbox_user import become_subreaper
 
     become_subreaper()  # what a kernel detaches stays in reach (the grader kills its user's)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

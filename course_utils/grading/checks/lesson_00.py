@@ -49,7 +49,7 @@ from course_utils.grading.checks.splits import (
     split_verdict,
 )
 from course_utils.grading.checks.step_waits import WaitServer
-from course_utils.grading.framework import Case, fresh_rng, run_check
+from course_utils.grading.framework import Case, expect_function, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_diagnose_step", "check_overlapped_pipeline", "check_split_cpu",
@@ -93,6 +93,7 @@ def check_diagnose_step(fn: Any) -> bool:
     a compute part whose first call (the tracing) is the slowest of all. The function runs in a
     copy of this process forked before the cases (and their expected answers) exist: no frame,
     closure or object there holds an answer (``checks/forked_call.py``)."""
+    expect_function("diagnose_step", fn)
     if _holds_stub(fn):
         from course_utils.grading.framework import not_attempted
 
@@ -218,6 +219,7 @@ def check_step_breakdown(fn: Any) -> bool:
     """Check ``step_breakdown(next_batch, train_step, batch, repeats)`` on fresh known waits,
     with disturbed calls, written by hand (no course helper), timed in turns: two cases whose
     waits differ by far more than the measurement may, so that no constants fit both."""
+    expect_function("step_breakdown", fn)
     if _holds_stub(fn):
         from course_utils.grading.framework import not_attempted
 

@@ -53,7 +53,13 @@ from course_utils.grading.checks.worker_scripts import (
     resume_script,
     train_worker_script,
 )
-from course_utils.grading.framework import Case, fresh_rng, not_attempted, run_check
+from course_utils.grading.framework import (
+    Case,
+    expect_function,
+    fresh_rng,
+    not_attempted,
+    run_check,
+)
 from course_utils.quiet import import_tensorflow as _tf
 
 __all__ = [
@@ -292,6 +298,7 @@ def check_diagnose(fn: Any) -> bool:
     copy of this process forked before the logs and their answers are drawn (nothing it can
     reach holds them)."""
     name = "diagnose"
+    expect_function(name, fn)
     if is_stub(fn):
         not_attempted(name)
         return False
