@@ -101,9 +101,9 @@ def test_the_lock_is_the_course_stack():
     for needed in ("tensorflow-datasets", "importlib-resources", "tensorboard", "jupyterlab",
                    "ipywidgets", "nbclient", "portpicker", "psutil", "pyyaml"):
         assert needed in lock, needed
-    # Keras imports scikit-learn (and SciPy) on every `import tensorflow` when it is installed,
-    # about a CPU-second per process: the course ships its digits instead of depending on it.
-    assert "scikit-learn" not in lock and "scipy" not in lock
+    # Keras imports scikit-learn on every `import tensorflow` when it is installed, about a
+    # CPU-second per process: the course ships its digits instead of depending on it.
+    assert "scikit-learn" not in lock
 
 
 def test_makefile_installs_with_the_lock():
