@@ -22,7 +22,7 @@ __all__ = ["import_tensorflow", "native_stderr_silenced", "quiet_tensorflow"]
 # start-up notice goes to the native stderr, which ``import_tensorflow`` silences.
 _QUIET_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "3",  # C++ INFO/WARNING/ERROR logs
-    "GRPC_VERBOSITY": "ERROR",
+    "GRPC_VERBOSITY": "ERROR",  # gRPC's own log lines; failed calls still raise in TensorFlow
     "ABSL_MIN_LOG_LEVEL": "3",
     "KMP_WARNINGS": "0",
 }
