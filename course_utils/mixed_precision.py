@@ -25,6 +25,7 @@ __all__ = [
     "PRECISION_CASES",
     "REFERENCE_DIR",
     "TENSOR_FLOAT_32",
+    "benchmark_caption",
     "benchmark_rows",
     "count_new_zeros",
     "cpu_flags",
@@ -356,3 +357,15 @@ def benchmark_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
                          "ms per step": result["ms_per_step"],
                          "speed-up": result["speedup"]})
     return rows
+
+
+def benchmark_caption(payload: dict[str, Any], this_machine: bool) -> str:
+    """A caption for ``benchmark_rows(payload)``: whose hardware, its 16-bit flags, oneDNN ops,
+    cores, TensorFlow, date and load, and the baseline its speed-ups are over."""
+    machine = payload["machine"]
+    return (f"{'This hardware' if this_machine else 'Not this machine'}: "
+            f"{machine['hardware']}, 16-bit flags {machine['cpu_16bit_flags'] or 'none'}, "
+            f"oneDNN ops {'on' if machine['onednn']['enabled'] else 'off'}, "
+            f"{machine['cpu_count']} cores, TensorFlow {machine['tensorflow']}, "
+            f"{payload['date']}, load average {machine['load_average_1min']}; "
+            f"speed-up over {payload['baseline']}")

@@ -224,6 +224,17 @@ def test_benchmark_rows_give_one_row_per_model_and_variant():
         ("float32", False, "-", 1.0), ("mixed_float16", True, "-", 0.5)]
 
 
+def test_benchmark_caption_names_the_machine_and_the_baseline():
+    payload = _payload("AMD EPYC")
+    payload["machine"].update(cpu_16bit_flags=[], onednn={"enabled": False}, cpu_count=2,
+                              tensorflow="2.21.0", load_average_1min=3.5)
+    payload.update(date="2026-11-26", baseline="float32")
+    caption = mp.benchmark_caption(payload, this_machine=True)
+    assert caption.startswith("This hardware: AMD EPYC, 16-bit flags none, oneDNN ops off")
+    assert "2 cores" in caption and caption.endswith("speed-up over float32")
+    assert mp.benchmark_caption(payload, this_machine=False).startswith("Not this machine")
+
+
 def test_committed_reference_results_name_their_hardware_and_baseline():
     committed = mp.reference_benchmarks()
     assert committed, "benchmarks/reference/ holds at least this course's CPU result"
