@@ -237,12 +237,17 @@ class TpuChip:
     devices_per_chip: int  # TPU devices (TPUStrategy replicas) per chip: 1 with megacore
     mxus_per_core: int  # matrix-multiply units per TensorCore
     mxu_size: int  # an MXU is mxu_size × mxu_size multiply-accumulate cells
-    hbm_gb: int  # high-bandwidth memory per chip (as the page gives it: GiB for v4, GB else)
+    hbm_gb: int  # high-bandwidth memory per chip, in ``hbm_unit`` (GiB for v4 and v5p, GB else)
     peak_bf16_tflops: float  # peak bfloat16 compute per chip
     hbm_gbps: float  # HBM bandwidth per chip, GB/s
     source: str  # the Cloud TPU page the figures come from
     cores_in_name: bool  # the slice name counts TensorCores ("v4-8": 8 cores), not chips
     quoted: str = ""  # the rows of ``source``'s chip table the figures are copied from
+
+    @property
+    def hbm_unit(self) -> str:
+        """The unit of ``hbm_gb`` as the chip's page gives it: "GiB" (v4, v5p) or "GB"."""
+        return "GiB" if "GiB" in self.quoted else "GB"
 
 
 #: Published chip figures, not measured by the course; ``quoted`` holds the page's own rows.

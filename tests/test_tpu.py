@@ -333,6 +333,11 @@ def test_each_chip_figure_is_quoted_from_its_own_page():
             f"(GBps): {chip.hbm_gbps:g}" in chip.quoted)
         assert f"{chip.peak_bf16_tflops:g}" in chip.quoted
     assert tpu.TPU_CHIPS["v5e"].hbm_gbps == 819  # the v5e page, not the v6e page's 800
+    for chip in tpu.TPU_CHIPS.values():  # the capacity in the unit its page gives
+        assert f"{chip.hbm_gb} {chip.hbm_unit}" in chip.quoted or (
+            f"({chip.hbm_unit}): {chip.hbm_gb}" in chip.quoted)
+    assert {c.name: c.hbm_unit for c in tpu.TPU_CHIPS.values()} == {
+        "v4": "GiB", "v5e": "GB", "v5p": "GiB", "v6e": "GB"}
 
 
 def test_critical_batch_is_peak_over_bandwidth():

@@ -43,7 +43,8 @@ def zero_bytes_per_device(num_params: int, num_replicas: int, stage: int,
     """Bytes one replica keeps under ZeRO ``stage`` (0-3): parameters, gradients, optimizer state.
 
     A sharded term is one padded shard, ``ceil(num_params / num_replicas)`` values; a replicated
-    one is all ``num_params``. Activations are not included: ZeRO does not shard them.
+    one is all ``num_params``. Activations are not included: ZeRO-DP's stages do not shard them
+    (ZeRO-R's partitioned activation checkpointing does, Rajbhandari et al., section 6.1).
     """
     if stage not in ZERO_STAGES:
         raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")

@@ -49,7 +49,7 @@ def draw_tpu_system(chip: str = "v5e", ax: Any = None) -> Any:
                 f"{spec.tensor_cores} TensorCores = 1 replica (megacore)", fontsize=9,
                 va="center", ha="center")
     _box(ax, chip_left + 0.02, 0.06, chip_width - 0.04, 0.12, PALETTE[5],
-         f"HBM: {spec.hbm_gb} GB (weights, activations, the batch)", fontsize=8)
+         f"HBM: {spec.hbm_gb} {spec.hbm_unit} (weights, activations, the batch)", fontsize=8)
     core_width = (chip_width - 0.04 - 0.02 * (spec.tensor_cores - 1)) / spec.tensor_cores
     cores_per_device = spec.tensor_cores // spec.devices_per_chip
     core_label = "TensorCore {core} (one replica)" if cores_per_device == 1 else "TensorCore {core}"
