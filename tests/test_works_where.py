@@ -160,8 +160,10 @@ def test_run_cell_turns_an_error_into_a_cell_and_skips_what_makes_no_sense():
 
 def test_worker_script_needs_tf_config(monkeypatch, tmp_path):
     monkeypatch.delenv("TF_CONFIG", raising=False)
-    with pytest.raises(ValueError, match="TF_CONFIG"):
-        worker.main(["--out", str(tmp_path)])
+    sizes = ww.task_arguments(ww.make_task(steps=3, global_batch=8))
+    assert sizes == ["--steps", "3", "--global-batch", "8"]  # what run_matrix passes on
+    with pytest.raises(ValueError, match="TF_CONFIG"):  # after the sizes were parsed
+        worker.main(["--out", str(tmp_path), *sizes])
 
 
 @pytest.mark.slow

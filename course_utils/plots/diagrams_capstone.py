@@ -1,5 +1,5 @@
-"""Diagram of lesson 09: the capstone job, from the dataset to the report, and its
-measure-then-fix loop."""
+"""Diagrams of lesson 09: the capstone's stages in the lesson's order, the order of an
+accumulated step's micro-batches, and a profiler trace as a timeline."""
 
 from __future__ import annotations
 
@@ -10,52 +10,59 @@ from course_utils.plots.style import PALETTE, axes_for
 
 __all__ = ["CAPSTONE_STAGES", "draw_capstone_job", "draw_micro_batch_order", "trace_timeline"]
 
-#: The stages of the capstone job (top row) and of its measurement loop (bottom row), in order.
+#: The stages of the capstone, in the lesson's order: what the job does ("job") and what
+#: measures it ("measure"); the fix found by the profile changes the pipeline.
 CAPSTONE_STAGES = (
     ("job", "dataset", "tfds.load"),
-    ("job", "pipeline", "map · cache · shuffle\nbatch · prefetch"),
-    ("job", "pre-train", "a small CNN\non part of the task"),
+    ("job", "pipeline", "cache · shuffle\nbatch · prefetch"),
+    ("measure", "benchmark", "every option, same\nbatches, medians"),
     ("job", "choices", "yours, from\nmeasured numbers"),
-    ("job", "fine-tune", "frozen, then low rate;\nBatchNorm frozen"),
+    ("job", "pre-train", "a small CNN\non part of the task"),
+    ("job", "fine-tune", "head, then all at\na low rate; BN frozen"),
     ("measure", "profile", "trace a few steps"),
     ("measure", "bottleneck", "input, compute or\ncommunication?"),
-    ("measure", "fix", "remove the largest\nshare"),
-    ("measure", "benchmark", "every option, same\nbatches, medians"),
+    ("measure", "fix", "the largest share;\nan ablation"),
     ("measure", "report", "yours, from\nthe table"),
 )
 
 
 def draw_capstone_job(choices: Mapping[str, str] | None = None, ax: Any = None) -> Any:
-    """The capstone as two rows of boxes: the job (dataset to fine-tuning) and the loop that
-    measures it (profile, bottleneck, fix, benchmark, report), with the fix feeding back into
-    the pipeline. ``choices`` replaces a stage's second line (e.g. what this machine chose)."""
-    ax = axes_for(ax, (11.0, 3.4))
-    rows = {"job": 0.72, "measure": 0.24}
+    """The capstone's stages in the lesson's order, as a path in two rows: left to right from
+    the dataset to fine-tuning (the benchmark before the choices), then right to left from
+    the profile to the report; the job's stages in one colour, the measurements in another,
+    and the fix feeding back into the pipeline. ``choices`` replaces a stage's second line
+    (e.g. what this machine chose)."""
+    ax = axes_for(ax, (12.0, 3.4))
     colors = {"job": PALETTE[0], "measure": PALETTE[2]}
+    top, bottom = CAPSTONE_STAGES[:6], CAPSTONE_STAGES[6:]
+    width = 1 / len(top)
     places: dict[str, tuple[float, float]] = {}
-    for row in rows:
-        stages = [stage for stage in CAPSTONE_STAGES if stage[0] == row]
-        for index, (_, name, detail) in enumerate(stages):
-            x, y = (index + 0.5) / len(stages), rows[row]
-            places[name] = (x, y)
-            detail = (choices or {}).get(name, detail)
-            ax.annotate(f"{name}\n{detail}", (x, y), ha="center", va="center", fontsize=8,
-                        color="white", bbox={"boxstyle": "round,pad=0.5",
-                                             "facecolor": colors[row], "edgecolor": colors[row]})
-            if index:
-                ax.annotate("", (x - 0.095, y), (x - 0.2 + 0.095, y),
-                            arrowprops={"arrowstyle": "->", "color": "grey", "lw": 1.5})
-    arrow = {"arrowstyle": "->", "color": "grey", "lw": 1.5, "connectionstyle": "arc3,rad=0.0"}
-    ax.annotate("", (places["profile"][0], 0.36), (places["fine-tune"][0], 0.60),
-                arrowprops=arrow)
+    for index, stage in enumerate(top):
+        places[stage[1]] = ((index + 0.5) * width, 0.72)
+    for index, stage in enumerate(bottom):  # right to left, the profile under fine-tune
+        places[stage[1]] = ((len(top) - index - 0.5) * width, 0.24)
+    arrow = {"arrowstyle": "->", "color": "grey", "lw": 1.5}
+    for number, (kind, name, detail) in enumerate(CAPSTONE_STAGES):
+        x, y = places[name]
+        detail = (choices or {}).get(name, detail)
+        ax.annotate(f"{name}\n{detail}", (x, y), ha="center", va="center", fontsize=8,
+                    color="white", bbox={"boxstyle": "round,pad=0.5",
+                                         "facecolor": colors[kind], "edgecolor": colors[kind]})
+        if number:
+            (px, py), gap = places[CAPSTONE_STAGES[number - 1][1]], 0.42 * width
+            if py == y:  # along a row
+                step = gap if x > px else -gap
+                ax.annotate("", (x - step, y), (px + step, y), arrowprops=arrow)
+            else:  # down, from the end of the top row
+                ax.annotate("", (x, y + 0.12), (px, py - 0.12), arrowprops=arrow)
     ax.annotate("", (places["pipeline"][0] + 0.03, 0.60), (places["fix"][0] - 0.03, 0.36),
                 arrowprops={**arrow, "color": PALETTE[3], "linestyle": "--"})
     ax.annotate("the fix changes the job", ((places["pipeline"][0] + places["fix"][0]) / 2,
-                                            0.50), ha="center", fontsize=8, color=PALETTE[3])
+                                            0.40), ha="right", fontsize=8, color=PALETTE[3])
     ax.set(xlim=(0, 1), ylim=(0, 1))
     ax.set_axis_off()
-    ax.set_title("The capstone: a real job (blue), and the loop that measures it (green)",
-                 fontsize=10)
+    ax.set_title("The capstone in the lesson's order: the job (blue) and what measures it "
+                 "(green)", fontsize=10)
     return ax
 
 

@@ -30,6 +30,7 @@ from course_utils.works_where.matrix import (
     run_matrix,
     start_multi_worker,
     start_parameter_server,
+    task_arguments,
     versions,
 )
 from course_utils.works_where.runner import run_cell, run_column
@@ -71,6 +72,7 @@ __all__ = [
     "status_rows",
     "statuses_from_markdown",
     "table_document",
+    "task_arguments",
     "task_loss",
     "to_markdown",
     "versions",

@@ -21,9 +21,9 @@ from course_utils.works_where.runner import run_column
 from course_utils.works_where.table import Matrix
 from course_utils.works_where.task import Task, make_task
 
-__all__ = ["LOCAL_COLUMNS", "PS_REPORT_NAME", "versions", "local_strategy", "start_multi_worker",
-           "collect_multi_worker", "start_parameter_server", "collect_parameter_server",
-           "run_matrix"]
+__all__ = ["LOCAL_COLUMNS", "PS_REPORT_NAME", "versions", "local_strategy", "task_arguments",
+           "start_multi_worker", "collect_multi_worker", "start_parameter_server",
+           "collect_parameter_server", "run_matrix"]
 
 #: The file the parameter-server child (``ps_process.py``) writes its cells to.
 PS_REPORT_NAME = "report-ps.json"
@@ -74,12 +74,22 @@ def local_strategy(column: str) -> tuple[Any, int, str | None]:
     return strategy, 1, None
 
 
-def start_multi_worker(out_dir: str | Path, timeout: float = 150.0) -> Any:
-    """Start 2 worker processes that run every API under MultiWorkerMirroredStrategy."""
+def task_arguments(task: Task | None = None) -> list[str]:
+    """The command-line arguments that make a child process's ``make_task`` build ``task``
+    (its sizes; the seed is ``make_task``'s): ``--steps`` and ``--global-batch``."""
+    task = task or make_task()
+    return ["--steps", str(task.steps), "--global-batch", str(task.global_batch)]
+
+
+def start_multi_worker(out_dir: str | Path, timeout: float = 150.0,
+                       task: Task | None = None) -> Any:
+    """Start 2 worker processes that run every API under MultiWorkerMirroredStrategy, on a
+    task of ``task``'s sizes (default: ``make_task()``)."""
     from course_utils.cluster import LocalCluster
 
     return LocalCluster(module="course_utils.works_where.worker", num_workers=2,
-                        args=["--out", str(out_dir)], timeout=timeout, stream=False)
+                        args=["--out", str(out_dir), *task_arguments(task)],
+                        timeout=timeout, stream=False)
 
 
 def collect_multi_worker(cluster: Any, out_dir: str | Path) -> dict[str, Cell]:
@@ -101,13 +111,16 @@ def collect_multi_worker(cluster: Any, out_dir: str | Path) -> dict[str, Cell]:
     return {row: Cell(**cell) for row, cell in reports[0].items()}
 
 
-def start_parameter_server(out_dir: str | Path, timeout: float = 150.0) -> Any:
+def start_parameter_server(out_dir: str | Path, timeout: float = 150.0,
+                           task: Task | None = None) -> Any:
     """Start the child process that runs every API under ParameterServerStrategy (on an
-    in-process cluster of its own: 2 workers, 1 parameter server)."""
+    in-process cluster of its own: 2 workers, 1 parameter server), on a task of ``task``'s
+    sizes (default: ``make_task()``)."""
     from course_utils.cluster import LocalCluster
 
     return LocalCluster(module="course_utils.works_where.ps_process", num_workers=1,
-                        args=["--out", str(out_dir)], timeout=timeout, stream=False)
+                        args=["--out", str(out_dir), *task_arguments(task)],
+                        timeout=timeout, stream=False)
 
 
 def collect_parameter_server(process: Any, out_dir: str | Path
@@ -131,13 +144,13 @@ def collect_parameter_server(process: Any, out_dir: str | Path
 
 def run_matrix(task: Task | None = None, timeout: float = 150.0) -> Matrix:
     """Every API under every strategy, each cell a real job with its check (about a minute);
-    the parameter-server column runs with the default task (its child makes its own), each
-    cluster stopped after ``timeout`` seconds at most and checked to leave nothing behind."""
+    the clusters' processes make a task of the same sizes, each cluster stopped after
+    ``timeout`` seconds at most and checked to leave nothing behind."""
     task = task or make_task()
     cells: dict[str, dict[str, Cell]] = {row: {} for row in APIS}
     notes: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as out_dir:
-        cluster = start_multi_worker(out_dir, timeout=timeout)
+        cluster = start_multi_worker(out_dir, timeout=timeout, task=task)
         servers = None
         try:
             for column in LOCAL_COLUMNS:
@@ -146,7 +159,7 @@ def run_matrix(task: Task | None = None, timeout: float = 150.0) -> Matrix:
                     notes[column] = note
                 for row, cell in run_column(column, strategy, task, replicas).items():
                     cells[row][column] = cell
-            servers = start_parameter_server(out_dir, timeout=timeout)
+            servers = start_parameter_server(out_dir, timeout=timeout, task=task)
             for row, cell in collect_multi_worker(cluster, out_dir).items():
                 cells[row]["multi_worker"] = cell
             ps_cells, notes["parameter_server"], _ = collect_parameter_server(servers, out_dir)

@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run every API under ParameterServerStrategy and write the column's report."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=4, help="global batches of one pass")
+    parser.add_argument("--global-batch", type=int, default=16, help="examples per step")
     args = parser.parse_args(argv)
     os.environ.pop("TF_CONFIG", None)  # the cluster is this process's own, not a TF_CONFIG's
 
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     from course_utils.works_where.task import make_task
 
     strategy, replicas, note = local_strategy("parameter_server")
-    cells = run_column("parameter_server", strategy, make_task(), replicas)
+    job = make_task(steps=args.steps, global_batch=args.global_batch)  # the notebook's sizes
+    cells = run_column("parameter_server", strategy, job, replicas)
     for row, cell in cells.items():
         print(f"{row}: {cell.status} {cell.detail}", flush=True)
     addresses = [a for tasks in start_in_process_cluster(2, 1).cluster.values() for a in tasks]

@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run every API under MultiWorkerMirroredStrategy and write this worker's report."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=4, help="global batches of one pass")
+    parser.add_argument("--global-batch", type=int, default=16, help="examples per step")
     args = parser.parse_args(argv)
 
     from course_utils.cluster import task, worker_strategy
@@ -31,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     from course_utils.works_where.task import make_task
 
     _, index = task()
-    cells = run_column("multi_worker", strategy, make_task(), expected_replicas=2)
+    job = make_task(steps=args.steps, global_batch=args.global_batch)  # the notebook's sizes
+    cells = run_column("multi_worker", strategy, job, expected_replicas=2)
     for row, cell in cells.items():
         print(f"{row}: {cell.status} {cell.detail}", flush=True)
     os.makedirs(args.out, exist_ok=True)
