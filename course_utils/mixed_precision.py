@@ -363,9 +363,12 @@ def benchmark_caption(payload: dict[str, Any], this_machine: bool) -> str:
     """A caption for ``benchmark_rows(payload)``: whose hardware, its 16-bit flags, oneDNN ops,
     cores, TensorFlow, date and load, and the baseline its speed-ups are over."""
     machine = payload["machine"]
+    load = machine["load_average_1min"]  # [at the start, at the end] of the run, or one figure
+    load_text = (f"load average {load[0]} at the start, {load[-1]} at the end"
+                 if isinstance(load, list | tuple) else f"load average {load}")
     return (f"{'This hardware' if this_machine else 'Not this machine'}: "
             f"{machine['hardware']}, 16-bit flags {machine['cpu_16bit_flags'] or 'none'}, "
             f"oneDNN ops {'on' if machine['onednn']['enabled'] else 'off'}, "
             f"{machine['cpu_count']} cores, TensorFlow {machine['tensorflow']}, "
-            f"{payload['date']}, load average {machine['load_average_1min']}; "
+            f"{payload['date']}, {load_text}; "
             f"speed-up over {payload['baseline']}")
