@@ -370,7 +370,15 @@ def _fewest_steps_rounded_down(replicas, max_global_batch, host, step, fraction,
     return per_replica, max(1, min(steps, n // (per_replica * replicas)))
 
 
+def _one_step_too_many_on_the_boundary(replicas, max_global_batch, host, step, fraction, n):
+    per_replica, _ = tpu_settings(replicas, max_global_batch, host, step, fraction, n)
+    steps = int(host / (fraction * step)) + 1  # right between boundaries, one too many on one
+    return per_replica, max(1, min(steps, n // (per_replica * replicas)))
+
+
 @pytest.mark.parametrize(("answer", "case"), [
+    (_one_step_too_many_on_the_boundary,
+     r"\(8, 4096, 1.0, 0.5, 0.25, 1000000\): result\[1\] is off by 1"),
     (_epoch_of_the_largest_batch, r"\(4, 1200, 5.0, 0.1, 0.03, 5220\): result\[1\]"),
     (_tiles_of_the_global_batch, r"\(8, 80, 1.0, 1.0, 0.3, 10000\): result\[0\]"),
     (_zero_steps_when_the_epoch_is_short, r"\(8, 1024, 1.0, 1.0, 0.3, 500\): result\[1\]"),

@@ -8,8 +8,10 @@
   read most of a long stream before it hands out its first batch (a copy put off until the
   first batch is asked for: a generator that reads everything, then yields).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
-  fresh described TPUs (small per-replica batches included), compared with the rules stated in
-  the exercise; a global batch that cannot give each replica one example must raise ValueError.
+  fresh described TPUs (small per-replica batches included, and two where the overhead rule
+  lands exactly on a whole number of steps: the fewest that suffice, not one more), compared
+  with the rules stated in the exercise; a global batch that cannot give each replica one
+  example must raise ValueError.
 * ``check_train_steps(make_train_steps)``: the learner's portable training function, run under
   the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
   for a model with L2 penalties (``model.losses``), must match one device's reference training
@@ -221,7 +223,8 @@ def reference_tpu_settings(replicas: int, max_global_batch: int, host_overhead_m
 
 def _on_a_boundary(host_overhead_ms: float, step_ms: float, fraction: float) -> bool:
     """True when the overhead rule lands on a whole number of steps, where float rounding
-    decides between two answers: the check avoids such cases."""
+    can decide between two answers: the random cases avoid them (the fixed ones hold two
+    boundaries in exact binary fractions, where every way of writing the rule agrees)."""
     ratio = host_overhead_ms / (fraction * step_ms)
     return abs(ratio - round(ratio)) < 1e-6
 
@@ -235,8 +238,12 @@ def _settings_cases(rng: Any) -> list[Case]:
              Case(args=(8, 80, 1.0, 1.0, 0.3, 10_000)),
              # the epoch of the global batch used (4 x 256), not of the largest allowed
              Case(args=(4, 4 * 300, 5.0, 0.1, 0.03, 5_220)),
-             Case(args=(8, 1024, 1.0, 1.0, 0.3, 500))]  # not one step an epoch: still 1
-    while len(cases) < 11:
+             Case(args=(8, 1024, 1.0, 1.0, 0.3, 500)),  # not one step an epoch: still 1
+             # on the boundary, in exact binary fractions (float rounding cannot decide): 8
+             # steps cost exactly the accepted share, so 8 is the fewest, not 9
+             Case(args=(8, 4096, 1.0, 0.5, 0.25, 1_000_000)),
+             Case(args=(2, 200, 3.0, 0.75, 0.5, 100_000))]
+    while len(cases) < 13:
         replicas = rng.choice([1, 4, 8, 16])
         args = (replicas, replicas * rng.choice([rng.randint(2, 7), rng.randint(9, 127),
                                                  rng.randint(129, 1200)]),
