@@ -425,6 +425,25 @@ def test_the_reference_training_function_imported_from_the_check_module_fails():
         cu.grading.check_train_steps(imported)
 
 
+def _the_course_trainers_function(strategy, model, optimizer, global_batch_size):
+    """cu.Trainer's own training function: its replica step already scales the penalty."""
+    import keras
+
+    def per_example(y, logits):
+        return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+
+    trainer = cu.Trainer(lambda: model, lambda: optimizer, per_example, strategy=strategy,
+                         verbose=0)
+    return trainer._train_function(1)
+
+
+def test_the_course_trainers_function_under_the_answers_name_fails():
+    # refused while it is made (cheap: the one-device reference is never trained); the same
+    # files are refused while train_steps is traced and run (see the reference's test below)
+    with pytest.raises(AssertionError, match="ran the course's .*cu.Trainer's"):
+        cu.grading.check_train_steps(_the_course_trainers_function)
+
+
 def _without_strategy_run(strategy, model, optimizer, global_batch_size, noop_run=False):
     """The replicas' batches gathered and trained on as one device would: no strategy.run
     (or a strategy.run that does nothing), the right weights made the wrong way."""

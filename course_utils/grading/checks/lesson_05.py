@@ -18,6 +18,8 @@
   (mean loss over the global batch plus the penalty once), trace once, change the weights, and
   run the model in a replica context on each replica's rows (``strategy.run``): a weightless
   layer of the check's own model notes the context and rows each time it is traced.
+  ``cu.Trainer`` and its replica step (``course_utils/training/trainer.py``,
+  ``replica_step.py``) are refused while the function is made, traced and run.
 
 Every function of this module (the reference answers, ``_expected_batches``) is importable, so
 the checks refuse them all while the learner's function runs: by the identity of their code and
@@ -42,10 +44,19 @@ __all__ = ["check_make_tpu_ready", "check_tpu_settings", "check_train_steps",
            "reference_tpu_settings", "reference_train_steps"]
 
 
-def _refusing_the_check(fn: Any, why: str) -> Any:
+def _refusing_the_check(fn: Any, why: str, also_refused: tuple[Any, ...] = ()) -> Any:
     """``fn`` refusing every function of this module (the expected answers are computed by
-    them) while it runs, by identity and by content."""
-    return refusing(fn, own_functions(sys.modules[__name__], but=["_raw_dataset"]), why)
+    them), and ``also_refused``, while it runs, by identity and by content."""
+    return refusing(fn, [*own_functions(sys.modules[__name__], but=["_raw_dataset"]),
+                         *also_refused], why)
+
+
+def _course_training_files() -> tuple[str, ...]:
+    """The files of ``cu.Trainer`` and its replica step: a training function that already
+    scales the penalty by the replicas (exercise 3's answer), refused by file."""
+    from course_utils.training import replica_step, trainer
+
+    return trainer.__file__, replica_step.__file__
 
 
 # --- Exercise 1 · a TPU-ready pipeline ---------------------------------------------------------
@@ -354,6 +365,8 @@ def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
     return train_steps
 
 
+_YOURSELF = ("write the training function yourself (cu.Trainer's, and the replica step it "
+             "builds, are the course's answer: not yours to call)")
 _RUN_BY_TRAINING = ("_raw_dataset", "_train", "_train_case", "_context_watch")
 
 
@@ -377,22 +390,28 @@ def _train_case(rng: Any) -> Case:
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch,
                                                                drop_remainder=True).repeat()
     one_device = tf.distribute.get_strategy()
-    model, optimizer = _model_and_optimizer(one_device, seed, features, classes, l2)
-    initial = model.get_weights()
-    _train(reference_train_steps(one_device, model, optimizer, global_batch), one_device,
-           dataset, calls)
-    expected = model.get_weights()
     strategy = _mirrored_strategy()
     seen: list[tuple[str, int]] = []
     model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
+    initial = model.get_weights()
+    reference: list[Any] = []  # trained on first use: an answer refused early costs nothing
+
+    def expected_weights() -> Any:
+        if not reference:  # one device, the same seed, hence the same start
+            alone, alone_optimizer = _model_and_optimizer(one_device, seed, features, classes,
+                                                          l2)
+            _train(reference_train_steps(one_device, alone, alone_optimizer, global_batch),
+                   one_device, dataset, calls)
+            reference.append(alone.get_weights())
+        return reference[0]
 
     def verify(train_steps: Any) -> str | None:
         if not isinstance(train_steps, tf.types.experimental.PolymorphicFunction):
             return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
                     "tf.function (a compiled function: lesson 05, section 5)")
         seen.clear()
-        run = refusing(_train, own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
-                       "write the training function yourself")
+        run = refusing(_train, [*own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
+                                *_course_training_files()], _YOURSELF)
         try:  # traced here, not in make_train_steps: refused while it is traced and run too
             run(train_steps, strategy, dataset, calls)
         except AssertionError as error:
@@ -410,7 +429,7 @@ def _train_case(rng: Any) -> Case:
                     f"(of a global {global_batch}), not in each replica on its own "
                     f"{replica_batch} through strategy.run (section 9)")
         got = model.get_weights()
-        difference = largest_difference(got, expected)
+        difference = largest_difference(got, expected_weights())
         if difference > 1e-5:
             return (f"after {sum(calls)} steps on {strategy.num_replicas_in_sync} replicas the "
                     f"weights differ from one device's by {difference:.2e} (more than 1e-05) "
@@ -432,7 +451,7 @@ def _train_case(rng: Any) -> Case:
 def check_train_steps(fn: Any) -> bool:
     """Check ``make_train_steps(strategy, model, optimizer, global_batch_size)`` under the
     notebook's MirroredStrategy against one device's training from the same start."""
-    guarded = _refusing_the_check(fn, "write the training function yourself")
+    guarded = _refusing_the_check(fn, _YOURSELF, _course_training_files())
     return run_check(
         "make_train_steps", guarded, [_train_case(fresh_rng())],
         hint="lesson 05, section 9 (one training function, any strategy): with R replicas "
