@@ -8,18 +8,16 @@
   read most of a long stream before it hands out its first batch (a copy put off until the
   first batch is asked for: a generator that reads everything, then yields).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
-  fresh described TPUs (small per-replica batches included, and two where the overhead rule
-  lands exactly on a whole number of steps: the fewest that suffice, not one more), compared
-  with the rules stated in the exercise; a global batch that cannot give each replica one
-  example must raise ValueError.
+  fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
+  boundary), compared with the rules stated in the exercise; a global batch that cannot give
+  each replica one example must raise ValueError.
 * ``check_train_steps(make_train_steps)``: the learner's portable training function, run under
   the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
   for a model with L2 penalties (``model.losses``), must match one device's reference training
   (mean loss over the global batch plus the penalty once), trace once, change the weights, and
   run the model in a replica context on each replica's rows (``strategy.run``): a weightless
   layer of the check's own model notes the context and rows each time it is traced.
-  ``cu.Trainer`` and its replica step (``course_utils/training/trainer.py``,
-  ``replica_step.py``) are refused while the function is made, traced and run.
+  ``cu.Trainer`` and its replica step are refused, by file, while it is made, traced and run.
 
 Every function of this module (the reference answers, ``_expected_batches``) is importable, so
 the checks refuse them all while the learner's function runs: by the identity of their code and
@@ -45,15 +43,13 @@ __all__ = ["check_make_tpu_ready", "check_tpu_settings", "check_train_steps",
 
 
 def _refusing_the_check(fn: Any, why: str, also_refused: tuple[Any, ...] = ()) -> Any:
-    """``fn`` refusing every function of this module (the expected answers are computed by
-    them), and ``also_refused``, while it runs, by identity and by content."""
+    """``fn`` refusing this module's functions (the answers) and ``also_refused`` as it runs."""
     return refusing(fn, [*own_functions(sys.modules[__name__], but=["_raw_dataset"]),
                          *also_refused], why)
 
 
 def _course_training_files() -> tuple[str, ...]:
-    """The files of ``cu.Trainer`` and its replica step: a training function that already
-    scales the penalty by the replicas (exercise 3's answer), refused by file."""
+    """The files of ``cu.Trainer`` and its replica step, which scales the penalty already."""
     from course_utils.training import replica_step, trainer
 
     return trainer.__file__, replica_step.__file__
@@ -142,10 +138,9 @@ def _verify_pipeline(dataset: Any, tokens: list[np.ndarray], labels: np.ndarray,
     return None
 
 
-#: A stream longer than any read-ahead: a pipeline hands out its first batch after reading a
-#: few batches' worth (the reference answer's AUTOTUNE map and prefetch, batches of 16: 18
-#: examples, 64 half a second later); a copy of the data, even one put off to the first
-#: batch, reads them all.
+#: A stream longer than any read-ahead: a pipeline hands out its first batch after a few
+#: batches' worth (the reference's AUTOTUNE map and prefetch, batches of 16: 18 examples, 64
+#: half a second later); a copy of the data, even one put off to the first batch, reads all.
 _STREAM = 1_000
 
 
@@ -191,7 +186,6 @@ def check_make_tpu_ready(fn: Any) -> bool:
         batch, length = rng.choice([4, 8, 16]), rng.choice([6, 10, 16])
         n = batch * rng.randint(3, 6) + rng.randint(1, batch - 1)  # a partial last batch
         tokens, labels = _sequences(rng, n, 2 * length)
-
         read = [0]
 
         def verify(got: Any, tokens: Any = tokens, labels: Any = labels, batch: int = batch,
@@ -234,8 +228,7 @@ def reference_tpu_settings(replicas: int, max_global_batch: int, host_overhead_m
 
 def _on_a_boundary(host_overhead_ms: float, step_ms: float, fraction: float) -> bool:
     """True when the overhead rule lands on a whole number of steps, where float rounding
-    can decide between two answers: the random cases avoid them (the fixed ones hold two
-    boundaries in exact binary fractions, where every way of writing the rule agrees)."""
+    can decide between two answers: the random cases avoid them (two fixed ones do not)."""
     ratio = host_overhead_ms / (fraction * step_ms)
     return abs(ratio - round(ratio)) < 1e-6
 
@@ -250,8 +243,7 @@ def _settings_cases(rng: Any) -> list[Case]:
              # the epoch of the global batch used (4 x 256), not of the largest allowed
              Case(args=(4, 4 * 300, 5.0, 0.1, 0.03, 5_220)),
              Case(args=(8, 1024, 1.0, 1.0, 0.3, 500)),  # not one step an epoch: still 1
-             # on the boundary, in exact binary fractions (float rounding cannot decide): 8
-             # steps cost exactly the accepted share, so 8 is the fewest, not 9
+             # exactly on the boundary, in binary fractions: 8 steps suffice, not 9
              Case(args=(8, 4096, 1.0, 0.5, 0.25, 1_000_000)),
              Case(args=(2, 200, 3.0, 0.75, 0.5, 100_000))]
     while len(cases) < 13:
@@ -365,8 +357,7 @@ def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
     return train_steps
 
 
-_YOURSELF = ("write the training function yourself (cu.Trainer's, and the replica step it "
-             "builds, are the course's answer: not yours to call)")
+_YOURSELF = "write the training function yourself (cu.Trainer's is the course's answer)"
 _RUN_BY_TRAINING = ("_raw_dataset", "_train", "_train_case", "_context_watch")
 
 
@@ -398,9 +389,8 @@ def _train_case(rng: Any) -> Case:
 
     def expected_weights() -> Any:
         if not reference:  # one device, the same seed, hence the same start
-            alone, alone_optimizer = _model_and_optimizer(one_device, seed, features, classes,
-                                                          l2)
-            _train(reference_train_steps(one_device, alone, alone_optimizer, global_batch),
+            alone, opt = _model_and_optimizer(one_device, seed, features, classes, l2)
+            _train(reference_train_steps(one_device, alone, opt, global_batch),
                    one_device, dataset, calls)
             reference.append(alone.get_weights())
         return reference[0]
