@@ -370,7 +370,15 @@ def _fewest_steps_rounded_down(replicas, max_global_batch, host, step, fraction,
     return per_replica, max(1, min(steps, n // (per_replica * replicas)))
 
 
+def _one_step_too_many_on_the_boundary(replicas, max_global_batch, host, step, fraction, n):
+    per_replica, _ = tpu_settings(replicas, max_global_batch, host, step, fraction, n)
+    steps = int(host / (fraction * step)) + 1  # right between boundaries, one too many on one
+    return per_replica, max(1, min(steps, n // (per_replica * replicas)))
+
+
 @pytest.mark.parametrize(("answer", "case"), [
+    (_one_step_too_many_on_the_boundary,
+     r"\(8, 4096, 1.0, 0.5, 0.25, 1000000\): result\[1\] is off by 1"),
     (_epoch_of_the_largest_batch, r"\(4, 1200, 5.0, 0.1, 0.03, 5220\): result\[1\]"),
     (_tiles_of_the_global_batch, r"\(8, 80, 1.0, 1.0, 0.3, 10000\): result\[0\]"),
     (_zero_steps_when_the_epoch_is_short, r"\(8, 1024, 1.0, 1.0, 0.3, 500\): result\[1\]"),
@@ -415,6 +423,25 @@ def test_the_reference_training_function_imported_from_the_check_module_fails():
 
     with pytest.raises(AssertionError, match="ran the course's reference_train_steps"):
         cu.grading.check_train_steps(imported)
+
+
+def _the_course_trainers_function(strategy, model, optimizer, global_batch_size):
+    """cu.Trainer's own training function: its replica step already scales the penalty."""
+    import keras
+
+    def per_example(y, logits):
+        return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+
+    trainer = cu.Trainer(lambda: model, lambda: optimizer, per_example, strategy=strategy,
+                         verbose=0)
+    return trainer._train_function(1)
+
+
+def test_the_course_trainers_function_under_the_answers_name_fails():
+    # refused while it is made (cheap: the one-device reference is never trained); the same
+    # files are refused while train_steps is traced and run (see the reference's test below)
+    with pytest.raises(AssertionError, match="ran the course's .*cu.Trainer's"):
+        cu.grading.check_train_steps(_the_course_trainers_function)
 
 
 def _without_strategy_run(strategy, model, optimizer, global_batch_size, noop_run=False):

@@ -270,6 +270,19 @@ def _with_an_exec_copy_of_the_helper(parts, x, y, loss_fn, devices):
 with_an_exec_copy_of_the_helper = accumulated(_with_an_exec_copy_of_the_helper)
 
 
+def the_lessons_pipeline(parts, micro_batches, loss_fn, devices):
+    """The lesson's run_gpipe, its loss reweighted from the examples' mean to the micro-batches'
+    mean: each stage's backward and gradient sum on its own device already."""
+    total, count = sum(int(x.shape[0]) for x, _ in micro_batches), len(micro_batches)
+
+    def reweighted(y, logits):
+        return loss_fn(y, logits) * total / (count * int(y.shape[0]))
+
+    run = cu.parallel.run_gpipe(parts, devices, [x for x, _ in micro_batches],
+                                [y for _, y in micro_batches], reweighted, concurrent=False)
+    return run.loss, run.grads
+
+
 def mean_of_stacked(parts, micro_batches, loss_fn, devices):  # a right answer, other ops
     import tensorflow as tf
 
@@ -573,6 +586,7 @@ def test_split_gradients_as_a_mean_of_stacked_gradients_passes():
     (forgets_output_gradients, "differ from the unsplit"),
     (with_the_course_helper, "ran the course's split_step"),
     (with_an_exec_copy_of_the_helper, "ran the course's split_step"),
+    (the_lessons_pipeline, "ran the course's run_(gpipe|pipeline)"),
     (helper_only_when_traced, "traced in a tf.function: .*ran the course's split_step"),
     (wrong_only_when_traced, "traced in a tf.function: loss or gradients differ"),
     (lambda *args: None, "loss, grads"),

@@ -272,6 +272,19 @@ def test_an_execd_copy_of_the_course_counters_is_refused(monkeypatch):
         cu.grading.check_largest_batch_that_fits(from_a_copy)
 
 
+def test_the_course_counters_private_helpers_are_refused():
+    from course_utils.memory import _layer_output_bytes, _tensor_bytes
+
+    def private_counts(model, budget_bytes, optimizer_slots):  # the weights counted by hand
+        fixed = sum(int(np.prod(v.shape)) * 4 for v in model.weights) + (
+            1 + optimizer_slots) * sum(int(np.prod(v.shape)) * 4 for v in model.trainable_weights)
+        per_example = _layer_output_bytes(model) + sum(_tensor_bytes(t) for t in model.inputs)
+        return max(0, (budget_bytes - fixed) // per_example)
+
+    with pytest.raises(AssertionError, match=r"ran the course's _(layer_output|tensor)_bytes"):
+        cu.grading.check_largest_batch_that_fits(private_counts)
+
+
 def test_forgetting_the_optimizer_slots_is_caught():
     def no_slots(model, budget_bytes, optimizer_slots):
         return largest_batch_that_fits(model, budget_bytes, 0)
@@ -542,6 +555,33 @@ def test_doing_nothing_or_dropping_the_short_group_is_caught():
 
     with pytest.raises(AssertionError, match=r"case 2 .*differ from plain SGD"):
         cu.grading.check_train_mirrored_with_accumulation(whole_groups_only)
+
+
+def test_the_course_trainer_under_the_answers_name_is_refused():
+    # lesson 07, section 7 shows cu.Trainer applying a short last group: exercises 1 and 4
+    tf = _tf()
+
+    # Each answer is section 7's cell, built but not fit: the guard refuses the first call into
+    # the Trainer's code, so the fit changes nothing but the time (about 27 s under the
+    # check's profiler). Fit, exercise 1's answer passed the check before (the mean loss given
+    # once for every example: loss_fn(y, logits) * tf.ones_like(y)); exercise 4's failed only
+    # on the all-reduce count, because the Trainer also all-reduces its loss totals.
+    def trainer_loop(model, optimizer, loss_fn, features, labels, micro, steps):
+        def per_example(y, logits):  # the mean loss, once for every example of the batch
+            return loss_fn(y, logits) * tf.ones_like(tf.cast(y, tf.float32))
+
+        cu.Trainer(lambda: model, lambda: optimizer, per_example, accumulation_steps=steps,
+                   verbose=0)
+
+    def mirrored_trainer(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        cu.Trainer(lambda: model, lambda: optimizer, loss_object, strategy=strategy,
+                   accumulation_steps=steps, verbose=0)
+
+    refused = "ran the course's .*cu.Trainer's accumulation"
+    with pytest.raises(AssertionError, match=refused):
+        cu.grading.check_train_with_accumulation(trainer_loop)
+    with pytest.raises(AssertionError, match=refused):
+        cu.grading.check_train_mirrored_with_accumulation(mirrored_trainer)
 
 
 def test_the_colleagues_loop_is_named():

@@ -8,14 +8,16 @@
   read most of a long stream before it hands out its first batch (a copy put off until the
   first batch is asked for: a generator that reads everything, then yields).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
-  fresh described TPUs (small per-replica batches included), compared with the rules stated in
-  the exercise; a global batch that cannot give each replica one example must raise ValueError.
+  fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
+  boundary), compared with the rules stated in the exercise; a global batch that cannot give
+  each replica one example must raise ValueError.
 * ``check_train_steps(make_train_steps)``: the learner's portable training function, run under
   the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
   for a model with L2 penalties (``model.losses``), must match one device's reference training
   (mean loss over the global batch plus the penalty once), trace once, change the weights, and
   run the model in a replica context on each replica's rows (``strategy.run``): a weightless
   layer of the check's own model notes the context and rows each time it is traced.
+  ``cu.Trainer`` and its replica step are refused, by file, while it is made, traced and run.
 
 Every function of this module (the reference answers, ``_expected_batches``) is importable, so
 the checks refuse them all while the learner's function runs: by the identity of their code and
@@ -40,10 +42,17 @@ __all__ = ["check_make_tpu_ready", "check_tpu_settings", "check_train_steps",
            "reference_tpu_settings", "reference_train_steps"]
 
 
-def _refusing_the_check(fn: Any, why: str) -> Any:
-    """``fn`` refusing every function of this module (the expected answers are computed by
-    them) while it runs, by identity and by content."""
-    return refusing(fn, own_functions(sys.modules[__name__], but=["_raw_dataset"]), why)
+def _refusing_the_check(fn: Any, why: str, also_refused: tuple[Any, ...] = ()) -> Any:
+    """``fn`` refusing this module's functions (the answers) and ``also_refused`` as it runs."""
+    return refusing(fn, [*own_functions(sys.modules[__name__], but=["_raw_dataset"]),
+                         *also_refused], why)
+
+
+def _course_training_files() -> tuple[str, ...]:
+    """The files of ``cu.Trainer`` and its replica step, which scales the penalty already."""
+    from course_utils.training import replica_step, trainer
+
+    return trainer.__file__, replica_step.__file__
 
 
 # --- Exercise 1 · a TPU-ready pipeline ---------------------------------------------------------
@@ -129,10 +138,9 @@ def _verify_pipeline(dataset: Any, tokens: list[np.ndarray], labels: np.ndarray,
     return None
 
 
-#: A stream longer than any read-ahead: a pipeline hands out its first batch after reading a
-#: few batches' worth (the reference answer's AUTOTUNE map and prefetch, batches of 16: 18
-#: examples, 64 half a second later); a copy of the data, even one put off to the first
-#: batch, reads them all.
+#: A stream longer than any read-ahead: a pipeline hands out its first batch after a few
+#: batches' worth (the reference's AUTOTUNE map and prefetch, batches of 16: 18 examples, 64
+#: half a second later); a copy of the data, even one put off to the first batch, reads all.
 _STREAM = 1_000
 
 
@@ -178,7 +186,6 @@ def check_make_tpu_ready(fn: Any) -> bool:
         batch, length = rng.choice([4, 8, 16]), rng.choice([6, 10, 16])
         n = batch * rng.randint(3, 6) + rng.randint(1, batch - 1)  # a partial last batch
         tokens, labels = _sequences(rng, n, 2 * length)
-
         read = [0]
 
         def verify(got: Any, tokens: Any = tokens, labels: Any = labels, batch: int = batch,
@@ -221,7 +228,7 @@ def reference_tpu_settings(replicas: int, max_global_batch: int, host_overhead_m
 
 def _on_a_boundary(host_overhead_ms: float, step_ms: float, fraction: float) -> bool:
     """True when the overhead rule lands on a whole number of steps, where float rounding
-    decides between two answers: the check avoids such cases."""
+    can decide between two answers: the random cases avoid them (two fixed ones do not)."""
     ratio = host_overhead_ms / (fraction * step_ms)
     return abs(ratio - round(ratio)) < 1e-6
 
@@ -235,8 +242,11 @@ def _settings_cases(rng: Any) -> list[Case]:
              Case(args=(8, 80, 1.0, 1.0, 0.3, 10_000)),
              # the epoch of the global batch used (4 x 256), not of the largest allowed
              Case(args=(4, 4 * 300, 5.0, 0.1, 0.03, 5_220)),
-             Case(args=(8, 1024, 1.0, 1.0, 0.3, 500))]  # not one step an epoch: still 1
-    while len(cases) < 11:
+             Case(args=(8, 1024, 1.0, 1.0, 0.3, 500)),  # not one step an epoch: still 1
+             # exactly on the boundary, in binary fractions: 8 steps suffice, not 9
+             Case(args=(8, 4096, 1.0, 0.5, 0.25, 1_000_000)),
+             Case(args=(2, 200, 3.0, 0.75, 0.5, 100_000))]
+    while len(cases) < 13:
         replicas = rng.choice([1, 4, 8, 16])
         args = (replicas, replicas * rng.choice([rng.randint(2, 7), rng.randint(9, 127),
                                                  rng.randint(129, 1200)]),
@@ -347,6 +357,7 @@ def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
     return train_steps
 
 
+_YOURSELF = "write the training function yourself (cu.Trainer's is the course's answer)"
 _RUN_BY_TRAINING = ("_raw_dataset", "_train", "_train_case", "_context_watch")
 
 
@@ -370,22 +381,27 @@ def _train_case(rng: Any) -> Case:
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch,
                                                                drop_remainder=True).repeat()
     one_device = tf.distribute.get_strategy()
-    model, optimizer = _model_and_optimizer(one_device, seed, features, classes, l2)
-    initial = model.get_weights()
-    _train(reference_train_steps(one_device, model, optimizer, global_batch), one_device,
-           dataset, calls)
-    expected = model.get_weights()
     strategy = _mirrored_strategy()
     seen: list[tuple[str, int]] = []
     model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
+    initial = model.get_weights()
+    reference: list[Any] = []  # trained on first use: an answer refused early costs nothing
+
+    def expected_weights() -> Any:
+        if not reference:  # one device, the same seed, hence the same start
+            alone, opt = _model_and_optimizer(one_device, seed, features, classes, l2)
+            _train(reference_train_steps(one_device, alone, opt, global_batch),
+                   one_device, dataset, calls)
+            reference.append(alone.get_weights())
+        return reference[0]
 
     def verify(train_steps: Any) -> str | None:
         if not isinstance(train_steps, tf.types.experimental.PolymorphicFunction):
             return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
                     "tf.function (a compiled function: lesson 05, section 5)")
         seen.clear()
-        run = refusing(_train, own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
-                       "write the training function yourself")
+        run = refusing(_train, [*own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
+                                *_course_training_files()], _YOURSELF)
         try:  # traced here, not in make_train_steps: refused while it is traced and run too
             run(train_steps, strategy, dataset, calls)
         except AssertionError as error:
@@ -403,7 +419,7 @@ def _train_case(rng: Any) -> Case:
                     f"(of a global {global_batch}), not in each replica on its own "
                     f"{replica_batch} through strategy.run (section 9)")
         got = model.get_weights()
-        difference = largest_difference(got, expected)
+        difference = largest_difference(got, expected_weights())
         if difference > 1e-5:
             return (f"after {sum(calls)} steps on {strategy.num_replicas_in_sync} replicas the "
                     f"weights differ from one device's by {difference:.2e} (more than 1e-05) "
@@ -425,7 +441,7 @@ def _train_case(rng: Any) -> Case:
 def check_train_steps(fn: Any) -> bool:
     """Check ``make_train_steps(strategy, model, optimizer, global_batch_size)`` under the
     notebook's MirroredStrategy against one device's training from the same start."""
-    guarded = _refusing_the_check(fn, "write the training function yourself")
+    guarded = _refusing_the_check(fn, _YOURSELF, _course_training_files())
     return run_check(
         "make_train_steps", guarded, [_train_case(fresh_rng())],
         hint="lesson 05, section 9 (one training function, any strategy): with R replicas "

@@ -19,7 +19,9 @@
   op per micro-batch (the micro-batches differ in size, so one big batch made of them fails on
   values, and weighted to match, on that count). The lesson's ``split_step`` does one batch,
   so a copy of it still leaves the accumulation to write.
-  ``cu.parallel.split_step`` is refused by code identity and content (``refusals``).
+  ``cu.parallel.split_step`` and the lesson's pipeline (``run_pipeline``, ``run_gpipe``: each
+  stage's backward and gradient sum on its device) are refused by code identity and content
+  (``refusals``).
 * ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows, never whole on
   a device: the kernel made by the check's ``init_kernel`` inside ``dtensor.call_with_layout``
   with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
@@ -308,11 +310,15 @@ def check_split_gradients(fn: Any) -> bool:
                     label=f"({len(chosen)} parts on {[_short(d) for d in chosen]}, "
                           f"{len(micro_batches)} micro-batches)")
 
-    from course_utils.parallel import placement
+    from course_utils.parallel import pipeline, placement
 
     chosen = [[devices[2], devices[1]], [devices[-1], devices[1], devices[2]]]  # never CPU:0 first
-    guarded = refusing(fn, [placement.split_step, *_the_checks_own()],
-                       "write the backward pass yourself")
+    # the lesson's pipeline runs each stage's backward on its device and sums the gradients
+    # there too: the answer, whatever its loss is weighted by
+    guarded = refusing(fn, [placement.split_step, pipeline.run_pipeline, pipeline.run_gpipe,
+                            *_the_checks_own()],
+                       "write the backward pass yourself (the lesson's split_step and "
+                       "run_pipeline already hold it)")
     return run_check(
         "split_gradients", guarded, [case(c) for c in chosen],
         hint="lesson 06, section 2 (manual placement: two parts, each backward on its own "

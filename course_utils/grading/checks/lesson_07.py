@@ -6,7 +6,8 @@
   weights equal plain SGD on batches ``k`` times larger (one case ends with a short group, which
   must make one more update averaged over its own examples) and every example went through the
   limited model once in training mode; the two popular wrong loops, and a loop that drops the
-  short group, are named when the weights match theirs instead.
+  short group, are named when the weights match theirs instead. ``cu.Trainer`` (section 7
+  shows it applying a short group) is refused here and in exercise 4, by file.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes; counted by the
@@ -101,6 +102,18 @@ def _model(problem: dict[str, Any], counted: bool = False) -> Any:
     model.set_weights([weights.normal(scale=0.5, size=w.shape).astype("float32")
                        for w in model.get_weights()])
     return model
+
+
+def _without_the_trainer(fn: Any) -> Any:
+    """``fn`` refusing ``cu.Trainer`` and its replica step (by file: identity and content)
+    while it runs: lesson 07 shows the Trainer applying a short last group (section 7), the
+    answer of exercises 1 and 4, which ask for the loop itself."""
+    from course_utils.grading.checks.refusals import refusing
+    from course_utils.training import replica_step, trainer
+
+    return refusing(fn, [trainer.__file__, replica_step.__file__],
+                    "write the accumulation loop yourself (cu.Trainer's accumulation, shown in "
+                    "section 7, is the course's answer: not yours to call)")
 
 
 def _loss_fn() -> Any:
@@ -214,7 +227,7 @@ def check_train_with_accumulation(fn: Any) -> bool:
                           + (f", a short last group of {extra}" if extra else "") + ")")
 
     return run_check(
-        "train_with_accumulation", fn, [case(p) for p in problems],
+        "train_with_accumulation", _without_the_trainer(fn), [case(p) for p in problems],
         hint="lesson 07, section 2 (accumulate, then apply once) and section 7 (a partial "
              "last group): which large-batch step should each update equal, and how much "
              "of the batch may be alive on the tapes at once under the memory limit? (The "
@@ -330,7 +343,7 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
                           f"accumulation_steps={problem['steps']}, 2 replicas)")
 
     return run_check(
-        "train_mirrored_with_accumulation", fn, [case(False), case(True)],
+        "train_mirrored_with_accumulation", _without_the_trainer(fn), [case(False), case(True)],
         hint="lesson 07, section 5 (accumulation under MirroredStrategy, the way that "
              "works) and section 7 (a partial last group): where does each micro-batch's "
              "gradient wait until the update, and how often must it cross the replicas?")

@@ -1,17 +1,19 @@
 """Checks of lesson 08's exercises (registered by name with ``@register``).
 
-* ``check_train_with_policy(train_with_policy)``: the same model trained under ``"float32"``
-  and ``"mixed_float16"`` from the same initial weights on fresh data; each run trained, really
+* ``check_train_with_policy(train_with_policy)``: the same model trained under ``"float32"`` and
+  ``"mixed_float16"`` from the same initial weights on fresh data; each run trained, really
   applied its policy (16-bit compute in the hidden layers, float32 variables and outputs, a
   LossScaleOptimizer for float16), started from the given weights (equal to a reference run),
-  reports its accuracy, restored the global policy, and reports a steady-state time per step
-  that is a timing of its own steps: the check's model sleeps in every training step (a time
-  drawn per run, 60 to 400 ms) and longer while tracing, and logs when its steps ran and when
-  its ``fit`` returned (into an OS pipe whose read end only the check holds: nothing the
-  learner's function receives can read the log), so the learner's figure must lie between
-  the span of the timed steps and the time from the first epoch's end to the last ``fit``'s
-  return – bounds taken from the same run, which the machine's load moves together with the
-  learner's timing. Then the two runs' final loss and accuracy must agree within tolerances.
+  reports its accuracy, restored the global policy (the check calls it with ``FOUND_POLICY``,
+  "mixed_bfloat16", in force: a restore to a typed "float32" fails), and reports a steady-state
+  time per step that is a timing of its own steps: the check's model sleeps in every training
+  step (a time drawn per run, 60 to 400 ms) and longer while tracing, and logs when its steps
+  ran and when its ``fit`` returned (into an OS pipe whose read end only the check holds:
+  nothing the learner's function receives can read the log), so the learner's figure must lie
+  between the span of the timed steps and the time from the first epoch's end to the last
+  ``fit``'s return – bounds taken from the same run, which the machine's load moves together
+  with the learner's timing. Then the two runs' final loss and accuracy must agree within
+  tolerances.
 * ``check_loss_scaled_train_step(loss_scaled_train_step)``: steps of a mixed_float16 model with
   a ``LossScaleOptimizer`` and a global-norm clip (below the gradients' norm, so that it
   changes the updates) on fresh inputs equal a reference step that clips the UNSCALED
@@ -84,6 +86,10 @@ ACCURACY_TOLERANCE, LOSS_TOLERANCE = 0.05, 0.05
 #: Each run's model waits a time drawn log-uniformly from this range in every training step
 #: (one draw per run, unknown to the learner), so that only a timing of that run matches.
 DELAY_RANGE_S = (0.06, 0.4)
+#: The global policy in force when the learner's function is called (neither of the two it is
+#: asked to train under): it must find it there again, not a policy it typed ("float32").
+FOUND_POLICY = "mixed_bfloat16"
+
 def _policy_problem(model: Any, policy: str, x: np.ndarray) -> str | None:
     """What is wrong with the dtypes of a model trained under ``policy`` (None if nothing)."""
     keras = _keras()
@@ -130,11 +136,12 @@ def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
                  reference: Any) -> str | None:
     """What is wrong with one run's result (None if nothing), timing aside."""
     keras = _keras()
-    if keras.mixed_precision.global_policy().name != "float32":
+    if keras.mixed_precision.global_policy().name != FOUND_POLICY:
         name = keras.mixed_precision.global_policy().name
-        keras.mixed_precision.set_global_policy("float32")
+        keras.mixed_precision.set_global_policy(FOUND_POLICY)
         return (f"the global policy was left at {name!r}, not as your function found it "
-                "('float32'), even where building fails")
+                f"({FOUND_POLICY!r}: the check sets it before your function runs), even "
+                "where building fails")
     keys = {"model", "losses", "accuracy", "seconds_per_step"}
     if not isinstance(result, dict) or set(result) != keys:
         return (f"expected a dict with the keys {sorted(keys)}, got {type(result).__name__} "
@@ -235,6 +242,8 @@ def check_train_with_policy(fn: Any) -> bool:
                   verify=verifier(policy),
                   label=f"(make_model, {policy!r}, x, y, epochs={EPOCHS}, initial_weights)")
              for policy in policies]
+    found_before = _keras().mixed_precision.global_policy()
+    _keras().mixed_precision.set_global_policy(FOUND_POLICY)
     try:
         passed = run_check(
             "train_with_policy", fn, cases,
@@ -242,6 +251,7 @@ def check_train_with_policy(fn: Any) -> bool:
                  "fit) and section 8 (same start, same quality): the message above says where "
                  "your run first differed from the exercise's.")
     finally:
+        _keras().mixed_precision.set_global_policy(found_before)
         for _log, _read, close in pipes.values():
             close()
     if passed:

@@ -7,6 +7,11 @@ is drawn, from the OS's entropy, only when the loop is first called: before it r
 the process says what it does, so an answer must run it. An answer whose code names a loop's
 closure or the check's plans is refused before any call. ``suspect_loop(kind)`` makes a loop of a
 known kind (the lesson's tests and the catalogue use it).
+
+What it cannot stop: that refusal reads the names in the answer's code, so an answer that runs
+a loop once on anything (its kind is drawn then) and reads the plan from this process's memory
+by names built at run time is not refused. In one process the plan is always reachable; a loop
+run in a process of its own would close it, at the cost of a fresh TensorFlow per check.
 """
 
 from __future__ import annotations
