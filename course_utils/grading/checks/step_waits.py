@@ -127,10 +127,14 @@ class WaitServer:
 
         return answer
 
-    def serve(self, input_s: float, compute_s: float, disturb: bool, calls: list[str]) -> None:
-        """From now on answer with these waits, recording into ``calls``."""
+    def serve(self, input_s: float, compute_s: float, disturb: bool, calls: list[str],
+              transfer_s: float = 0.0, repeats: int = 0, first_last_s: float = 0.0) -> None:
+        """From now on answer with these waits, recording into ``calls``: a step on a fresh
+        batch waits ``transfer_s`` more (its copy to the device); where ``disturb``, the first
+        and the ``repeats``-th step on the batch given wait ``first_last_s`` more."""
         self._case = {"input": input_s, "compute": compute_s, "disturb": disturb,
-                      "calls": calls}
+                      "calls": calls, "transfer": transfer_s, "repeats": repeats,
+                      "first_last": first_last_s}
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
@@ -150,8 +154,12 @@ class WaitServer:
                 value = case["calls"].count("i")
                 disturbed = case["disturb"] and value % self._every == 0
                 time.sleep(case["input"] + (self._disturbance if disturbed else 0.0))
+            elif kind == "c":
+                given = case["calls"].count("c")
+                disturbed = case["disturb"] and given in (1, case["repeats"])
+                time.sleep(case["compute"] + (case["first_last"] if disturbed else 0.0))
             else:
-                time.sleep(case["compute"])
+                time.sleep(case["compute"] + case["transfer"])
             os.write(self._replies[1], value.to_bytes(4, "little"))
 
     def close(self) -> None:
