@@ -10,7 +10,8 @@
   before batching – every example once per epoch, right batch sizes, few neighbours from one
   block inside a batch, one example as far ahead as the buffer given brings one (0.8 of it),
   the same order for the same seed and a new order every epoch.
-* ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted),
+* ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted,
+  and a tf.data cache in the pipeline's graph: a decode memoised in Python is no cache),
   augmentation and order that change every epoch (a cache after the shuffle freezes it), every
   record once per epoch, and a shuffle as wide as the buffer given (a record count/2 early).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
@@ -327,6 +328,16 @@ def _counted_stages(calls: dict[str, int], seed: int) -> tuple[Callable[[Any], A
     return decode, augment
 
 
+def _dataset_ops(dataset: Any) -> set[str]:
+    """The kinds of tf.data steps in ``dataset``'s serialized graph ("CacheDatasetV2", ...);
+    stateful steps (a py_function, a random generator) are serialized, not refused."""
+    tf = _tf()
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
+        input_dataset=dataset._variant_tensor, external_state_policy=1).numpy())
+    return {node.op for node in graph.node}
+
+
 @register
 def check_cached_pipeline(fn: Any) -> bool:
     """Check ``cached_pipeline(records, decode, augment, batch_size, shuffle_buffer)``: every
@@ -357,6 +368,11 @@ def check_cached_pipeline(fn: Any) -> bool:
         if decoded != [count, 0]:
             return (f"decode ran {decoded[0]} times in epoch 1 and {decoded[1]} times in "
                     f"epoch 2; expected {count} and 0: which elements does the cache keep?")
+        steps = sorted(op for op in _dataset_ops(dataset) if "Dataset" in op)
+        if not any(step.startswith("CacheDataset") for step in steps):
+            return (f"decode ran once per record, but your pipeline holds no tf.data cache "
+                    f"(its steps: {', '.join(steps)}): which tf.data step keeps the decoded "
+                    "records for the next epoch?")
         if np.array_equal(epochs[0], epochs[1]):
             return ("the two epochs are identical: the cache froze the augmentation")
         if np.array_equal(np.floor(epochs[0]), epochs[0]):
