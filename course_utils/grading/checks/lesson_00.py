@@ -53,7 +53,7 @@ from course_utils.grading.checks.splits import (
     run_splits_in_fresh_process,
     split_verdict,
 )
-from course_utils.grading.checks.step_waits import WaitServer
+from course_utils.grading.checks.step_waits import WaitServer, parts_called
 from course_utils.grading.framework import Case, expect_function, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -299,20 +299,6 @@ def _step_breakdown_in(in_a_copy: Any, server: WaitServer) -> bool:
              "the cell that times the parts in turns.")
 
 
-def _parts_called(calls: list[str]) -> list[str]:
-    """The parts called, in order: "W" a whole step (next_batch, then train_step on its batch),
-    "I" next_batch alone, "C" train_step on the batch given."""
-    parts, index = [], 0
-    while index < len(calls):
-        if calls[index] == "i" and calls[index + 1:index + 2] == ["w"]:
-            parts.append("W")
-            index += 2
-            continue
-        parts.append({"i": "I", "c": "C"}.get(calls[index], "W"))
-        index += 1
-    return parts
-
-
 def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool],
                        repeats: int, wanted: Mapping[str, float], disturbed: bool = True
                        ) -> str | None:
@@ -334,7 +320,7 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool
         return (f"expected at least {repeats} timed calls of each (next_batch called "
                 f"{calls.count('i')} times, train_step {steps.count('c')} times on the "
                 f"batch given and {steps.count('w')} times on a fresh one)")
-    parts = _parts_called(calls)
+    parts = parts_called(calls)
     repeated = sum(a == b for a, b in zip(parts[:-1], parts[1:], strict=True))
     if repeated > (repeats - 1) // 2:
         return (f"the parts were not timed in turns: of {len(parts)} calls (input, compute, "

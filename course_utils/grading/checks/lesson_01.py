@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.batch_shapes import batches as _batches
+from course_utils.grading.checks.batch_shapes import dataset_steps, epoch_seconds
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.records import pixels_problem as _pixels_problem
@@ -67,13 +68,6 @@ READ_LATENCY_S = 0.01
 
 def _is_dataset(value: Any) -> bool:
     return isinstance(value, _tf().data.Dataset)
-
-
-def _epoch_seconds(dataset: Any) -> float:
-    start = time.perf_counter()
-    for _ in dataset:
-        pass
-    return time.perf_counter() - start
 
 
 # --- Exercise 1 · make a slow pipeline fast --------------------------------------------------
@@ -157,7 +151,7 @@ def check_fast_pipeline(fn: Any) -> bool:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
         reads["most_at_once"] = reads["overlapped"] = reads["count"] = 0
-        _epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
+        epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
         overlapped = reads["most_at_once"]
         share = reads["overlapped"] / max(reads["count"], 1)
         if overlapped < FAST_PIPELINE_MIN_READS_AT_ONCE:
@@ -175,9 +169,9 @@ def check_fast_pipeline(fn: Any) -> bool:
         # that reads nothing is not faster, it skips the work).
         rounds = []
         for _ in range(FAST_PIPELINE_ROUNDS):
-            slow = _epoch_seconds(_slow_pipeline(source(), read, decode, batch_size))
+            slow = epoch_seconds(_slow_pipeline(source(), read, decode, batch_size))
             reads["count"] = 0
-            rounds.append((slow, _epoch_seconds(fn(source(), read, decode, batch_size))))
+            rounds.append((slow, epoch_seconds(fn(source(), read, decode, batch_size))))
             if reads["count"] != num_elements:
                 return (f"a timed epoch of a fresh call read {reads['count']} of "
                         f"{num_elements} records: every epoch reads from storage (did this "
@@ -328,16 +322,6 @@ def _counted_stages(calls: dict[str, int], seed: int) -> tuple[Callable[[Any], A
     return decode, augment
 
 
-def _dataset_ops(dataset: Any) -> set[str]:
-    """The kinds of tf.data steps in ``dataset``'s serialized graph ("CacheDatasetV2", ...);
-    stateful steps (a py_function, a random generator) are serialized, not refused."""
-    tf = _tf()
-    graph = tf.compat.v1.GraphDef()
-    graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
-        input_dataset=dataset._variant_tensor, external_state_policy=1).numpy())
-    return {node.op for node in graph.node}
-
-
 @register
 def check_cached_pipeline(fn: Any) -> bool:
     """Check ``cached_pipeline(records, decode, augment, batch_size, shuffle_buffer)``: every
@@ -368,11 +352,10 @@ def check_cached_pipeline(fn: Any) -> bool:
         if decoded != [count, 0]:
             return (f"decode ran {decoded[0]} times in epoch 1 and {decoded[1]} times in "
                     f"epoch 2; expected {count} and 0: which elements does the cache keep?")
-        steps = sorted(op for op in _dataset_ops(dataset) if "Dataset" in op)
+        steps = dataset_steps(dataset)
         if not any(step.startswith("CacheDataset") for step in steps):
             return (f"decode ran once per record, but your pipeline holds no tf.data cache "
-                    f"(its steps: {', '.join(steps)}): which tf.data step keeps the decoded "
-                    "records for the next epoch?")
+                    f"(its steps: {', '.join(steps)}): which step keeps them for epoch 2?")
         if np.array_equal(epochs[0], epochs[1]):
             return ("the two epochs are identical: the cache froze the augmentation")
         if np.array_equal(np.floor(epochs[0]), epochs[0]):

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CodesRun", "WaitServer"]
+__all__ = ["CodesRun", "WaitServer", "parts_called"]
 
 
 def _helper_codes() -> set[Any]:
@@ -72,6 +72,20 @@ class CodesRun:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def parts_called(calls: list[str]) -> list[str]:
+    """The parts called, in order: "W" a whole step (next_batch, then train_step on its batch),
+    "I" next_batch alone, "C" train_step on the batch given."""
+    parts, index = [], 0
+    while index < len(calls):
+        if calls[index] == "i" and calls[index + 1:index + 2] == ["w"]:
+            parts.append("W")
+            index += 2
+            continue
+        parts.append({"i": "I", "c": "C"}.get(calls[index], "W"))
+        index += 1
+    return parts
 
 
 def _read(fd: int, size: int) -> bytes:
