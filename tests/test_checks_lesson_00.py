@@ -48,7 +48,7 @@ def test_reference_diagnosis_names_the_largest_median_or_synchronisation():
 
 def test_diagnose_step_passes_the_reference(capsys):
     assert cu.grading.check_diagnose_step(diagnose_step)
-    assert "✅ diagnose_step: 6 cases passed" in capsys.readouterr().out
+    assert "✅ diagnose_step: 8 cases passed" in capsys.readouterr().out
 
 
 def _by(summary):  # the lesson's rule, on each part summarised by ``summary``
@@ -69,6 +69,15 @@ def _any_rest_is_synchronisation(timings, whole_step):  # compares with 0, not w
     if np.median(whole_step) > sum(medians.values()):
         return "synchronisation"
     return max(medians, key=medians.get)
+
+
+def _rest_against(bar):  # the rest compared with ``bar`` of the parts, not with the largest
+    def diagnose(timings, whole_step):
+        medians = {part: float(np.median(calls)) for part, calls in timings.items()}
+        rest = float(np.median(whole_step)) - sum(medians.values())
+        largest = max(medians, key=medians.get)
+        return "synchronisation" if rest > bar(list(medians.values())) else largest
+    return diagnose
 
 
 def _expected_read_from_the_frames(timings, whole_step):  # by names no scan finds
@@ -92,6 +101,9 @@ def _expected_read_from_the_frames(timings, whole_step):  # by names no scan fin
     (_by(lambda calls: calls[0]), "expected: "),  # the first call: compute's tracing
     (_largest_median_only, "expected: 'synchronisation'"),
     (_any_rest_is_synchronisation, "got: +'synchronisation'"),
+    (_rest_against(sum), "expected: +'synchronisation'"),  # "larger than all the parts"
+    (_rest_against(np.mean), "got: +'synchronisation'"),  # "larger than a typical part"
+    (_rest_against(lambda parts: sorted(parts)[-2]), "got: +'synchronisation'"),
     (lambda timings, whole_step: next(iter(timings)), "expected: "),  # read from the input
     # the check's reference answer, called, or bound under the answer's name:
     (lambda timings, whole_step: lesson_00.reference_diagnosis(timings, whole_step),
@@ -448,7 +460,7 @@ def _constants(next_batch, train_step, batch, repeats):  # the waits guessed, ca
 def _constants_of_the_fast_case(next_batch, train_step, batch, repeats):  # fit case 1 only
     for _ in range(repeats):
         next_batch(), train_step(batch), train_step(next_batch())
-    return {"input": 0.020, "compute": 0.012, "whole step": 0.032}
+    return {"input": 0.020, "compute": 0.012, "whole step": 0.060}
 
 
 def _constants_of_the_slow_case(next_batch, train_step, batch, repeats):  # fit case 2 only
@@ -459,10 +471,17 @@ def _constants_of_the_slow_case(next_batch, train_step, batch, repeats):  # fit 
 
 def test_step_cases_accept_no_common_answer():
     (fast_in, fast_step), (slow_in, slow_step) = lesson_00.STEP_CASES
-    for fast, slow in [(fast_in, slow_in), (fast_step, slow_step),
-                       ((fast_in[0] + fast_step[0], fast_in[1] + fast_step[1]),
-                        (slow_in[0] + slow_step[0], slow_in[1] + slow_step[1]))]:
+    (fast_copy, slow_copy) = lesson_00.STEP_TRANSFER
+    fast_whole = ((fast_in[0] + fast_step[0]) * (1 + fast_copy[0]),
+                  (fast_in[1] + fast_step[1]) * (1 + fast_copy[1]))
+    slow_whole = ((slow_in[0] + slow_step[0]) * (1 + slow_copy[0]),
+                  (slow_in[1] + slow_step[1]) * (1 + slow_copy[1]))
+    for fast, slow in [(fast_in, slow_in), (fast_step, slow_step), (fast_whole, slow_whole)]:
         assert lesson_00._accepted(fast[1])[1] < lesson_00._accepted(slow[0])[0], (fast, slow)
+    # the whole step summed from the parts falls below the first case's accepted range by
+    # far more than the parts' late wake-ups (15 ms at the least)
+    assert min(lesson_00._accepted((i + c) * (1 + fast_copy[0]))[0] - (i + c) * 1e3
+               for i in fast_in for c in fast_step) > 15
 
 
 def _in_milliseconds(next_batch, train_step, batch, repeats):
@@ -483,6 +502,44 @@ def _whole_step_on_the_given_batch(next_batch, train_step, batch, repeats):
     return step_breakdown(next_batch, train_step, batch, repeats) | {
         "whole step": step_breakdown(next_batch, lambda b: train_step(batch), batch,
                                      repeats)["compute"]}
+
+
+def _timed_calls(next_batch, train_step, batch, repeats):  # each part's timed calls, in turns
+    parts = {"input": next_batch, "compute": lambda: train_step(batch),
+             "whole step": lambda: train_step(next_batch())}
+    seconds = {name: [] for name in parts}
+    for _ in range(repeats):
+        for name, call in parts.items():
+            start = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def _whole_step_summed(next_batch, train_step, batch, repeats):  # called, never timed
+    medians = {name: float(np.median(values)) for name, values in
+               _timed_calls(next_batch, train_step, batch, repeats).items()}
+    return medians | {"whole step": medians["input"] + medians["compute"]}
+
+
+def _first_call_only(next_batch, train_step, batch, repeats):  # "one call is enough"
+    return {name: values[0] for name, values in
+            _timed_calls(next_batch, train_step, batch, repeats).items()}
+
+
+def _input_in_a_block(next_batch, train_step, batch, repeats):  # then compute/whole in turns
+    seconds = {"input": [], "compute": [], "whole step": []}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        next_batch()
+        seconds["input"].append(time.perf_counter() - start)
+    for _ in range(repeats):
+        for name, call in (("compute", lambda: train_step(batch)),
+                           ("whole step", lambda: train_step(next_batch()))):
+            start = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: float(np.median(values)) for name, values in seconds.items()}
 
 
 def _waits_read_from_the_closures(next_batch, train_step, batch, repeats):  # built names
@@ -510,7 +567,10 @@ def _waits_read_from_the_closures(next_batch, train_step, batch, repeats):  # bu
     (_profiler_switched_off, "switched the check's call recorder off|uses setprofile"),
     (_profiler_switched_off_by_a_built_name, "switched the check's call recorder off"),
     (_in_blocks, "not timed in turns"),
-    (_means, "a median ignores it"),
+    (_means, "a median ignores them"),
+    (_whole_step_summed, "'whole step' should take about"),
+    (_first_call_only, "'compute' should take about"),
+    (_input_in_a_block, "not timed in turns"),
     (_constants, "should take about"),
     (_constants_of_the_fast_case, "case 2 .*should take about"),
     (_constants_of_the_slow_case, "case 1 .*should take about"),
@@ -600,8 +660,17 @@ def _read_in_a_python_generator(records, read, batch_size):  # the fix, as a gen
         batches, output_signature=tf.TensorSpec([None], tf.int64))
 
 
+def _read_on_the_side(records, read, batch_size):  # counted reads, in a thread of its own
+    import threading
+
+    threading.Thread(target=lambda: list(records.map(read).as_numpy_iterator()),
+                     daemon=True).start()
+    return records.map(read).batch(batch_size)  # the pipeline itself overlaps nothing
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_broken, "does not overlap"),
+    (_read_on_the_side, "read was called"),
     (_short_batch_dropped, "sizes"),
     (_shuffled, "another order"),
     (_read_all_on_the_first_batch, "does not overlap"),

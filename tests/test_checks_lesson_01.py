@@ -358,8 +358,24 @@ def _last_batch_dropped(records, decode, augment, b, buffer):
     return decoded.batch(b, drop_remainder=True)
 
 
+def _decoded_once_in_python(records, decode, augment, b, buffer):  # a memo, no cache
+    import tensorflow as tf
+
+    memo = {}
+
+    def remembered(record):
+        key = int(record.numpy())
+        if key not in memo:
+            memo[key] = decode(record)
+        return memo[key]
+
+    decoded = records.map(lambda record: tf.py_function(remembered, [record], tf.float32))
+    return decoded.shuffle(buffer).map(augment).batch(b)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_given, "froze the augmentation"),
+    (_decoded_once_in_python, "holds no tf.data cache"),
     (_lesson_cell_copied, "froze the shuffle"),
     (_shuffled_records_then_cached, "froze the shuffle"),
     (_not_cached, "times in epoch 2"),

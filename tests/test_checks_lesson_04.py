@@ -184,6 +184,16 @@ def make(shard=True, shuffle=True, repeat=(), order="shuffle repeat batch", resh
         return dataset_fn
     return make_dataset_fn
 
+NUM_WORKERS = 2  # the notebook's constant: this cluster's workers
+
+def notebook_num_workers(features, labels, size, num_workers):  # the argument ignored
+    def dataset_fn():
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, labels))
+        data = data.shard(NUM_WORKERS, worker).shuffle(1000, seed=tf.cast(worker, tf.int64))
+        return data.repeat().batch(size)
+    return dataset_fn
+
 def shuffle_then_shard(features, labels, size, num_workers):
     def dataset_fn():  # the same seed on every worker: disjoint shares, but new ones each pass
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -200,7 +210,8 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("drop_remainder", make(order="shuffle batch repeat", drop=True)),
                  ("shuffle_2", make(buffer=2)), ("shuffle_a_batch", make(buffer="batch")),
                  ("shuffle_half_a_share", make(buffer="half")),
-                 ("shuffle_then_shard", shuffle_then_shard)]:
+                 ("shuffle_then_shard", shuffle_then_shard),
+                 ("notebook_num_workers", notebook_num_workers)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -301,6 +312,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "shuffle_a_batch"): "too small",
         ("DATASET", "shuffle_half_a_share"): "too small",
         ("DATASET", "shuffle_then_shard"): "same examples",
+        ("DATASET", "notebook_num_workers"): "which number of workers",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",

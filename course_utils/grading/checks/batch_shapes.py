@@ -1,17 +1,40 @@
-"""Batches of one epoch, and what is wrong with their sizes or elements (lesson 01's checks)."""
+"""Batches of one epoch, what is wrong with their sizes or elements, an epoch timed, and the
+steps of a pipeline's graph (lesson 01's checks)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
-__all__ = ["batches", "expected_sizes", "multiset_problem", "size_problem"]
+__all__ = ["batches", "dataset_steps", "epoch_seconds", "expected_sizes", "multiset_problem",
+           "size_problem"]
 
 
 def batches(dataset: Any) -> list[np.ndarray]:
     """One epoch of ``dataset`` as NumPy arrays, one per batch."""
     return [np.asarray(batch) for batch in dataset.as_numpy_iterator()]
+
+
+def epoch_seconds(dataset: Any) -> float:
+    """Seconds one epoch of ``dataset`` takes to iterate."""
+    start = time.perf_counter()
+    for _ in dataset:
+        pass
+    return time.perf_counter() - start
+
+
+def dataset_steps(dataset: Any) -> list[str]:
+    """The kinds of tf.data steps in ``dataset``'s serialized graph ("CacheDatasetV2", ...),
+    sorted; stateful steps (a py_function, a random generator) are serialized, not refused."""
+    from course_utils.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
+        input_dataset=dataset._variant_tensor, external_state_policy=1).numpy())
+    return sorted({node.op for node in graph.node if "Dataset" in node.op})
 
 
 def expected_sizes(num_elements: int, batch_size: int) -> list[int]:

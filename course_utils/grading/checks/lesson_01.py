@@ -10,7 +10,8 @@
   before batching – every example once per epoch, right batch sizes, few neighbours from one
   block inside a batch, one example as far ahead as the buffer given brings one (0.8 of it),
   the same order for the same seed and a new order every epoch.
-* ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted),
+* ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted,
+  and a tf.data cache in the pipeline's graph: a decode memoised in Python is no cache),
   augmentation and order that change every epoch (a cache after the shuffle freezes it), every
   record once per epoch, and a shuffle as wide as the buffer given (a record count/2 early).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.batch_shapes import batches as _batches
+from course_utils.grading.checks.batch_shapes import dataset_steps, epoch_seconds
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.records import pixels_problem as _pixels_problem
@@ -66,13 +68,6 @@ READ_LATENCY_S = 0.01
 
 def _is_dataset(value: Any) -> bool:
     return isinstance(value, _tf().data.Dataset)
-
-
-def _epoch_seconds(dataset: Any) -> float:
-    start = time.perf_counter()
-    for _ in dataset:
-        pass
-    return time.perf_counter() - start
 
 
 # --- Exercise 1 · make a slow pipeline fast --------------------------------------------------
@@ -156,7 +151,7 @@ def check_fast_pipeline(fn: Any) -> bool:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
         reads["most_at_once"] = reads["overlapped"] = reads["count"] = 0
-        _epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
+        epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
         overlapped = reads["most_at_once"]
         share = reads["overlapped"] / max(reads["count"], 1)
         if overlapped < FAST_PIPELINE_MIN_READS_AT_ONCE:
@@ -174,9 +169,9 @@ def check_fast_pipeline(fn: Any) -> bool:
         # that reads nothing is not faster, it skips the work).
         rounds = []
         for _ in range(FAST_PIPELINE_ROUNDS):
-            slow = _epoch_seconds(_slow_pipeline(source(), read, decode, batch_size))
+            slow = epoch_seconds(_slow_pipeline(source(), read, decode, batch_size))
             reads["count"] = 0
-            rounds.append((slow, _epoch_seconds(fn(source(), read, decode, batch_size))))
+            rounds.append((slow, epoch_seconds(fn(source(), read, decode, batch_size))))
             if reads["count"] != num_elements:
                 return (f"a timed epoch of a fresh call read {reads['count']} of "
                         f"{num_elements} records: every epoch reads from storage (did this "
@@ -357,6 +352,10 @@ def check_cached_pipeline(fn: Any) -> bool:
         if decoded != [count, 0]:
             return (f"decode ran {decoded[0]} times in epoch 1 and {decoded[1]} times in "
                     f"epoch 2; expected {count} and 0: which elements does the cache keep?")
+        steps = dataset_steps(dataset)
+        if not any(step.startswith("CacheDataset") for step in steps):
+            return (f"decode ran once per record, but your pipeline holds no tf.data cache "
+                    f"(its steps: {', '.join(steps)}): which step keeps them for epoch 2?")
         if np.array_equal(epochs[0], epochs[1]):
             return ("the two epochs are identical: the cache froze the augmentation")
         if np.array_equal(np.floor(epochs[0]), epochs[0]):

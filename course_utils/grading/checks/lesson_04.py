@@ -11,7 +11,9 @@ cannot start a second in-process cluster) and verifies what the parameter server
   order scheduled;
 * ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` of infinite
   cardinality (read on each worker), each worker its own examples, each pass reshuffled, and
-  every batch full although a worker's share does not fill its last batch;
+  every batch full although a worker's share does not fill its last batch; the second case
+  is a job sized for one worker more than run (one joins later), so that shards cut by the
+  notebook's worker count instead of ``num_workers`` read too much;
 * ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
   counter, nothing lost when the workers update at the same moment (made likely by a barrier).
 
@@ -270,10 +272,12 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
     workers = num_workers_of(strategy)
     barrier = barrier_fn(strategy)
 
-    def case() -> Case:
+    def case(sized_for: int) -> Case:
+        """A job sized for ``sized_for`` workers: the running ones, or one more that has not
+        joined yet (its share stays unread), so that only ``num_workers`` tells the shares."""
         batch_size = rng.choice([8, 12])  # shares of 33-71 examples: a shuffle can be told
         per_worker = batch_size * rng.randint(4, 5) + rng.randint(1, batch_size - 1)
-        examples = workers * per_worker  # a worker's share does not fill its last batch
+        examples = sized_for * per_worker  # a worker's share does not fill its last batch
         order = list(range(examples))
         rng.shuffle(order)
         features = tf.constant([[float(i), rng.random()] for i in order])  # column 0: the id
@@ -318,7 +322,13 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
             if shared:
                 return (f"the workers read the same examples (e.g. {sorted(shared)[:5]}): "
                         "each must read its own share (section 3: which worker runs it?)")
-            if set.union(*seen.values()) != set(range(examples)):
+            read = {w: len(ids) for w, ids in seen.items()}
+            if sized_for != workers and set(read.values()) != {per_worker}:
+                return (f"the workers read {read} distinct examples of {examples}; with "
+                        f"num_workers={sized_for} (a job sized for {sized_for} workers, "
+                        f"{workers} of them running) each worker's share is {per_worker}: "
+                        "which number of workers did your shards use?")
+            if sized_for == workers and set.union(*seen.values()) != set(range(examples)):
                 missing = sorted(set(range(examples)) - set.union(*seen.values()))
                 return f"examples {missing[:5]}... were never read by any worker"
             for w, per in batches.items():
@@ -328,10 +338,13 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                     return message
             return None
 
-        return Case(args=(features, labels, batch_size, workers), verify=verify,
-                    label=f"({examples} examples, batch_size={batch_size}, num_workers={workers})")
+        late = ("" if sized_for == workers else
+                f": {workers} workers running, one more to join later")
+        return Case(args=(features, labels, batch_size, sized_for), verify=verify,
+                    label=f"({examples} examples, batch_size={batch_size}, "
+                          f"num_workers={sized_for}{late})")
 
-    return run_check("make_dataset_fn", fn, [case(), case()],
+    return run_check("make_dataset_fn", fn, [case(workers), case(workers + 1)],
                      hint="lesson 04, sections 2 and 3 (data for as many steps as the "
                           "coordinator runs; each worker its own) and lesson 01, section 7 "
                           "(the order of tf.data's steps): what does each of yours do to a "

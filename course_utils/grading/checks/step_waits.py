@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CodesRun", "WaitServer"]
+__all__ = ["CodesRun", "WaitServer", "parts_called"]
 
 
 def _helper_codes() -> set[Any]:
@@ -72,6 +72,20 @@ class CodesRun:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def parts_called(calls: list[str]) -> list[str]:
+    """The parts called, in order: "W" a whole step (next_batch, then train_step on its batch),
+    "I" next_batch alone, "C" train_step on the batch given."""
+    parts, index = [], 0
+    while index < len(calls):
+        if calls[index] == "i" and calls[index + 1:index + 2] == ["w"]:
+            parts.append("W")
+            index += 2
+            continue
+        parts.append({"i": "I", "c": "C"}.get(calls[index], "W"))
+        index += 1
+    return parts
 
 
 def _read(fd: int, size: int) -> bytes:
@@ -127,10 +141,14 @@ class WaitServer:
 
         return answer
 
-    def serve(self, input_s: float, compute_s: float, disturb: bool, calls: list[str]) -> None:
-        """From now on answer with these waits, recording into ``calls``."""
+    def serve(self, input_s: float, compute_s: float, disturb: bool, calls: list[str],
+              transfer_s: float = 0.0, repeats: int = 0, first_last_s: float = 0.0) -> None:
+        """From now on answer with these waits, recording into ``calls``: a step on a fresh
+        batch waits ``transfer_s`` more (its copy to the device); where ``disturb``, the first
+        and the ``repeats``-th step on the batch given wait ``first_last_s`` more."""
         self._case = {"input": input_s, "compute": compute_s, "disturb": disturb,
-                      "calls": calls}
+                      "calls": calls, "transfer": transfer_s, "repeats": repeats,
+                      "first_last": first_last_s}
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
@@ -150,8 +168,12 @@ class WaitServer:
                 value = case["calls"].count("i")
                 disturbed = case["disturb"] and value % self._every == 0
                 time.sleep(case["input"] + (self._disturbance if disturbed else 0.0))
+            elif kind == "c":
+                given = case["calls"].count("c")
+                disturbed = case["disturb"] and given in (1, case["repeats"])
+                time.sleep(case["compute"] + (case["first_last"] if disturbed else 0.0))
             else:
-                time.sleep(case["compute"])
+                time.sleep(case["compute"] + case["transfer"])
             os.write(self._replies[1], value.to_bytes(4, "little"))
 
     def close(self) -> None:
