@@ -166,6 +166,12 @@ def test_worker_script_needs_tf_config(monkeypatch, tmp_path):
         worker.main(["--out", str(tmp_path), *sizes])
 
 
+@pytest.mark.parametrize("other", [{"hidden": 8}, {"seed": 1}])
+def test_a_task_the_children_cannot_rebuild_is_refused(other):
+    with pytest.raises(ValueError, match="rebuild the task"):
+        ww.task_arguments(ww.make_task(steps=3, global_batch=8, **other))
+
+
 @pytest.mark.slow
 def test_the_parameter_server_column_runs_in_a_process_that_leaves_nothing_behind(tmp_path):
     from course_utils.cluster import leftovers

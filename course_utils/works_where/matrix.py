@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from course_utils.works_where.cells import APIS, STRATEGIES, Cell
 from course_utils.works_where.runner import run_column
 from course_utils.works_where.table import Matrix
@@ -75,9 +77,16 @@ def local_strategy(column: str) -> tuple[Any, int, str | None]:
 
 
 def task_arguments(task: Task | None = None) -> list[str]:
-    """The command-line arguments that make a child process's ``make_task`` build ``task``
-    (its sizes; the seed is ``make_task``'s): ``--steps`` and ``--global-batch``."""
+    """The command-line arguments that make a child process's ``make_task`` build ``task``:
+    ``--steps`` and ``--global-batch``. A task those two cannot rebuild (other layer sizes or
+    another seed) is refused: the child would train something else."""
     task = task or make_task()
+    rebuilt = make_task(steps=task.steps, global_batch=task.global_batch)
+    pairs = [(rebuilt.x, task.x), (rebuilt.y, task.y),
+             *zip(rebuilt.initial_weights, task.initial_weights, strict=True)]
+    if not all(a.shape == b.shape and np.array_equal(a, b) for a, b in pairs):
+        raise ValueError("the clusters' processes rebuild the task from its steps and global "
+                         "batch only: make it with make_task(steps=..., global_batch=...)")
     return ["--steps", str(task.steps), "--global-batch", str(task.global_batch)]
 
 
@@ -144,7 +153,7 @@ def collect_parameter_server(process: Any, out_dir: str | Path
 
 def run_matrix(task: Task | None = None, timeout: float = 150.0) -> Matrix:
     """Every API under every strategy, each cell a real job with its check (about a minute);
-    the clusters' processes make a task of the same sizes, each cluster stopped after
+    the clusters' processes rebuild the same task (``task_arguments``), each cluster stopped after
     ``timeout`` seconds at most and checked to leave nothing behind."""
     task = task or make_task()
     cells: dict[str, dict[str, Cell]] = {row: {} for row in APIS}
