@@ -684,6 +684,13 @@ def no_global_seed_op_seed(examples, context, per_replica):  # seed None: TF's d
     return _shard(examples.shuffle(10_000, seed=7), context).batch(per_replica)
 
 
+@_distribute_with
+def global_seed_drawn_from_the_process(examples, context, per_replica):  # still differs
+    tf.random.set_seed(int(tf.random.uniform([], maxval=2**30, dtype=tf.int32)))
+    shard = _shard(examples, context)
+    return shard.shuffle(int(shard.cardinality())).batch(per_replica)
+
+
 def auto_sharded(strategy, examples, global_batch_size):
     return strategy.experimental_distribute_dataset(
         examples.shuffle(1000).batch(global_batch_size))
@@ -705,6 +712,7 @@ def auto_sharded(strategy, examples, global_batch_size):
     (global_seed_then_sharded, "same order in a process seeded"),
     (global_seed_sharded_first, "same order in a process seeded"),
     (no_global_seed_op_seed, "same order in a process seeded"),
+    (global_seed_drawn_from_the_process, "changed TensorFlow's global seed"),
 ])
 def test_distribute_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):

@@ -303,13 +303,14 @@ def check_distribute_dataset(fn: Any) -> bool:
         if not isinstance(pipelines, list) or workers.reseeded is None:
             return pipelines
         return ([[sharding.batches(pipeline) for _ in range(2)] for pipeline in pipelines],
-                sharding.batches(workers.reseeded))
+                sharding.batches(workers.reseeded), workers.seed_changed)
 
     verify_strategy = sharding.epoch_verifier(size, global_batch, per_replica, replicas)
     verify_shards = sharding.workers_verifier(workers_size, per_replica)
 
     def verify_workers(result: Any) -> str | None:
-        pipelines, reseeded = result if isinstance(result, tuple) else (result, None)
+        pipelines, reseeded, seed_changed = (result if isinstance(result, tuple)
+                                             else (result, None, False))
         if not isinstance(pipelines, list) or len(pipelines) != 2:
             return verify_shards(pipelines)
         for epoch in (0, 1):
@@ -330,6 +331,9 @@ def check_distribute_dataset(fn: Any) -> bool:
                     f"seeded {seeds[2]}: your pipeline sets TensorFlow's seed itself (or "
                     "shuffles with a seed no process's seed changes). The global seed is the "
                     "worker's: leave it alone, shard first, then shuffle the shard")
+        if seed_changed:
+            return ("your dataset_fn changed TensorFlow's global seed (the check read it back "
+                    "after each call): the global seed is the worker process's, leave it alone")
         return None
 
     cases = [Case(args=("strategy",), verify=verify_strategy,

@@ -111,13 +111,15 @@ class WorkerProcesses(TwoWorkers):
     ``tf.random.set_seed`` with a seed of its own, and each pipeline is read for two epochs.
     Worker 0's pipeline is built once more, in a "process" seeded with the third seed: a
     pipeline that seeds TensorFlow itself (and so makes the workers agree where real processes
-    would not be made to) gives the same order there.
+    would not be made to) gives the same order there; and the global seed is read back after
+    each call, so a pipeline that sets any seed of its own is seen (``seed_changed``).
     """
 
     def __init__(self, replicas_per_worker: int, seeds: tuple[int, int, int]) -> None:
         super().__init__(replicas_per_worker)
         self.seeds = seeds
         self.reseeded: Any = None
+        self.seed_changed = False  # did a dataset_fn set TensorFlow's global seed itself?
 
     def distribute_datasets_from_function(self, dataset_fn: Any, options: Any = None) -> Any:
         tf = _tf()
@@ -126,6 +128,8 @@ class WorkerProcesses(TwoWorkers):
             tf.random.set_seed(seed)
             pipelines.append(dataset_fn(tf.distribute.InputContext(
                 2, worker, self.num_replicas_in_sync)))
+            if tf.compat.v1.random.get_seed(None)[0] != seed:  # the process's, not ours
+                self.seed_changed = True
         self.reseeded = pipelines.pop()
         return pipelines
 
