@@ -309,6 +309,12 @@ def _lazy_overflow_answers(keras, tf):
                 return name
         return None
 
+    def numpy_float16_range(model, x):  # float64 forward from the weights, float16's range
+        for name, output in _numpy_forward(model, x, np.float64):
+            if np.max(np.abs(output)) > 65504:
+                return name
+        return None
+
     def lesson_cell(model, x):  # lesson 08's backward_signal body: the last hidden layer only
         body = keras.Model(model.input, model.layers[-2].output)
         return None if np.all(np.isfinite(np.asarray(body(x), np.float32))) else (
@@ -323,13 +329,15 @@ def _lazy_overflow_answers(keras, tf):
             "largest weights": lambda model, x: largest_weights(model, x).name,
             "logits only": output_only, "last, not first": last_overflowing,
             "first example only": first_example_only, "computed in float32": in_float32,
-            "lesson cell: last hidden layer": lesson_cell, "index, not name": index_not_name}
+            "lesson cell: last hidden layer": lesson_cell, "index, not name": index_not_name,
+            "NumPy, every layer against float16's range": numpy_float16_range}
 
 
 @pytest.mark.parametrize("mistake", ["constant None", "constant first layer", "largest weights",
                                      "logits only", "last, not first", "first example only",
                                      "computed in float32", "lesson cell: last hidden layer",
-                                     "index, not name"])
+                                     "index, not name",
+                                     "NumPy, every layer against float16's range"])
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
     lazy = _lazy_overflow_answers(keras, tf)[mistake]
     with pytest.raises(AssertionError, match="finite|you answered None|return a layer's name|"

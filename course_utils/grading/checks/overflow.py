@@ -18,7 +18,7 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["DECOY_FACTOR", "GROWTH", "check_first_overflowing_layer"]
+__all__ = ["DECOY_FACTOR", "GROWTH", "LOUD_LOGITS", "check_first_overflowing_layer"]
 
 
 def _inputs(rng: Any, num_examples: int) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -47,6 +47,10 @@ GROWTH = 8.0
 #: The decoy layer's kernel is made negative and this much larger: its pre-activations
 #: overflow to -inf, and ReLU turns them into 0, a finite output.
 DECOY_FACTOR = 1e6
+
+#: A third model's float32 logits are scaled to this peak: far above float16's 65504, yet
+#: finite in the logits' own dtype (float32), so no layer of that model overflows.
+LOUD_LOGITS = 1e6
 
 #: The input scales the check tries (outlier rows of the batch multiplied by each).
 _SCALES = tuple(10.0 ** (i / 4) for i in range(-8, 29))
@@ -100,7 +104,8 @@ def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None
                     "The weights alone do not tell where an output overflows")
         if expected is None:
             return (f"on this x (outlier rows times {scale:.3g}) every layer's output is "
-                    f"finite in float16, you answered {got!r}: return None then")
+                    f"finite in its own dtype (float16, float32 for the logits), you answered "
+                    f"{got!r}: return None then")
         if got is None:
             return (f"on this x (outlier rows times {scale:.3g}) {expected!r} outputs inf or "
                     "nan in float16 and you answered None: did you look at every example, in "
@@ -141,11 +146,41 @@ def check_first_overflowing_layer(fn: Any) -> bool:
                      f"outlier rows times {scale:.3g})")
             cases.append(Case(args=(model, batch), label=label,
                               verify=_overflow_verifier(expected, order, decoy, scale)))
+    cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows, rng)
     return run_check(
         "first_overflowing_layer", fn, cases,
         hint="lesson 08, section 1 (float16's range) and section 3 (a hidden layer's output, "
              "read): in which dtype does each layer compute, which layers' outputs did your "
              "answer look at, and which examples of the batch?")
+
+
+def _loud_logits_case(num_features: int, num_classes: int, units: int, depth: int,
+                      x: np.ndarray, rows: list[int], rng: Any) -> list[Case]:
+    """One more model, whose float32 logits peak at ``LOUD_LOGITS`` on a batch where every
+    float16 layer is finite: the answer is None, which an answer that computes every layer in
+    float16 (or reads only how large the logits are) misses."""
+    from course_utils.training.precision import policy_scope
+
+    with policy_scope("mixed_float16"):
+        model = _deep_mlp(num_features, num_classes, units, depth)
+    dense = [layer for layer in model.layers if layer.weights]
+    for layer in dense[:-1]:
+        layer.kernel.assign(layer.kernel * GROWTH)
+    quiet = [case for case in _overflow_cases(model, x, rows, rng, None) if case[1] is None]
+    if not quiet:
+        return []
+    batch, _, scale = quiet[0]
+    peak = float(np.max(np.abs(model(batch).numpy())))
+    if not peak:
+        return []
+    dense[-1].kernel.assign(dense[-1].kernel * (LOUD_LOGITS / peak))  # bias: zeros
+    logits = model(batch).numpy()
+    if not (np.all(np.isfinite(logits)) and np.max(np.abs(logits)) > 65504):
+        return []
+    order = [layer.name for layer in _every_output(model)[0]]
+    return [Case(args=(model, batch), verify=_overflow_verifier(None, order, None, scale),
+                 label=f"(mixed_float16 MLP, {depth} hidden layers, float32 logits up to "
+                       f"{LOUD_LOGITS:.0e}; x with 2 outlier rows times {scale:.3g})")]
 
 
 def _deep_mlp(num_features: int, num_classes: int, units: int, depth: int) -> Any:
