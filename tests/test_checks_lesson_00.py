@@ -353,7 +353,7 @@ def test_split_cpu_limits_hold_in_the_fresh_process_too():
 # --- step_breakdown ---------------------------------------------------------------------------
 
 
-def step_breakdown(next_batch, train_step, batch, repeats):
+def _timed_calls(next_batch, train_step, batch, repeats):  # each part's timed calls, in turns
     parts = {"input": next_batch, "compute": lambda: train_step(batch),
              "whole step": lambda: train_step(next_batch())}
     seconds = {name: [] for name in parts}
@@ -362,6 +362,11 @@ def step_breakdown(next_batch, train_step, batch, repeats):
             start = time.perf_counter()
             call()
             seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def step_breakdown(next_batch, train_step, batch, repeats):
+    seconds = _timed_calls(next_batch, train_step, batch, repeats)
     return {name: float(np.median(values)) for name, values in seconds.items()}
 
 
@@ -502,18 +507,6 @@ def _whole_step_on_the_given_batch(next_batch, train_step, batch, repeats):
     return step_breakdown(next_batch, train_step, batch, repeats) | {
         "whole step": step_breakdown(next_batch, lambda b: train_step(batch), batch,
                                      repeats)["compute"]}
-
-
-def _timed_calls(next_batch, train_step, batch, repeats):  # each part's timed calls, in turns
-    parts = {"input": next_batch, "compute": lambda: train_step(batch),
-             "whole step": lambda: train_step(next_batch())}
-    seconds = {name: [] for name in parts}
-    for _ in range(repeats):
-        for name, call in parts.items():
-            start = time.perf_counter()
-            call()
-            seconds[name].append(time.perf_counter() - start)
-    return seconds
 
 
 def _whole_step_summed(next_batch, train_step, batch, repeats):  # called, never timed
