@@ -28,7 +28,7 @@ FEEDBACK    ?= feedback
 TIMEOUT     ?= 300
 
 .PHONY: help install lab test lint stripped sync unit nbval book test-book exercises grade \
-        bench doctor strip clean test-fast nbval-all test-grading unit-fast test-busy test-colab-stack test-browser \
+        bench doctor strip clean test-fast nbval-all test-grading unit-fast unit-and-nbval test-busy test-colab-stack test-browser \
         test-browser-classic works-where
 
 help:  ## list the targets
@@ -48,7 +48,7 @@ lab: $(STAMP)  ## install, register the Jupyter kernel and open the course in Ju
 	$(BIN)/jupyter lab --port $(PORT) --ServerApp.root_dir="$(CURDIR)" $(LAB_FLAGS) \
 		notebooks/00_welcome.ipynb
 
-test: lint stripped sync unit nbval  ## everything CI runs: lint, notebook checks, unit tests, nbval
+test: lint stripped sync unit-and-nbval  ## everything CI runs: lint, notebook checks, unit tests, nbval
 	@echo "make test: all checks passed"
 
 lint: $(STAMP)  ## ruff over the package, tests, benchmarks and every notebook
@@ -78,6 +78,11 @@ NBVAL = $(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dis
 # which is what nbval asserts. So nbval runs the lessons here; nbval-all runs every notebook.
 nbval: $(STAMP)  ## execute every lesson notebook (nbval, lax mode); exercises: see above
 	$(NBVAL) notebooks
+
+# One pytest run for both, so that neither core waits at the end of the unit tests while the
+# other finishes their longest file: conftest.py hands out the longest files and notebooks first.
+unit-and-nbval: $(STAMP)  ## make unit and make nbval in one pytest run (what make test runs)
+	$(NBVAL) tests notebooks
 
 test-grading: $(STAMP)  ## the grading tests with nbgrader grading every lesson solved too (long)
 	COURSE_NBGRADER_LESSONS=all $(BIN)/python -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder \

@@ -72,6 +72,9 @@ ENVIRONMENT: dict[str, Setting] = {s.name: s for s in (
             "the course's own variable: the worker scripts pass it to CommunicationOptions"),
     Setting("PYTHONPATH", "the course's folder first", "workers, probes, grader", False,
             "child processes import the same course_utils as the notebook"),
+    Setting("COURSE_TEST_RUN_GPUS", "the GPUs make test started with", "the tests (conftest.py)",
+            False, "the course's own variable: the unit tests hide the GPUs from their own "
+            "processes, and each lesson's kernel under make test gets these back"),
     Setting("MPLBACKEND", "Agg", "tests and the grader", False,
             "plots render without a display; no effect on TensorFlow"),
     Setting("MPLCONFIGDIR", "a private folder", "the grader", False,

@@ -26,23 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 
-#: The longest test files, handed out first: pytest-xdist (``--dist loadfile``) gives each worker
-#: whole files in collection order, so a long file collected last would run alone at the end
-#: (the Makefile passes ``--no-loadscope-reorder``: by default pytest-xdist orders files by
-#: their number of tests, which put a one-test 128-second file last).
-LONGEST_FIRST = ("test_grading_nbgrader.py", "test_grading_grader.py", "test_gradescope.py",
-                 "test_checks_lesson_02.py", "test_checks_lesson_06.py",
-                 "test_checks_lesson_05.py", "test_checks_lesson_03.py", "test_cluster.py",
-                 "test_checks_lesson_08.py", "test_checks_lesson_00.py",
-                 "test_checks_lesson_07.py", "test_dependencies.py", "test_checks_lesson_04.py",
-                 "test_checks_lesson_01.py", "test_memory_and_accumulation_plot.py",
-                 "test_works_where.py", "test_strategies.py", "test_training.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Collect the longest files first (a stable sort: every other order is kept)."""
-    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+# The order in which pytest-xdist hands out test files: the repository's conftest.py.
 
 
 @pytest.fixture(scope="session")
