@@ -12,4 +12,15 @@ their check cells call :mod:`course_utils.grading`.
 
 from __future__ import annotations
 
+import sys
+
+# The instructor's tools read and run notebooks (nbformat, nbclient), which import jsonschema,
+# which imports its optional checker of the "iri" string format, rfc3987_syntax, which builds
+# Earley parsers at import: about 2 CPU-seconds in every grading process (one per graded
+# notebook), for a format no notebook schema uses (python-jsonschema/jsonschema#1428). An
+# import found as None in sys.modules raises ImportError, which jsonschema expects of an
+# optional checker: it then validates everything else as before. Learners never import this.
+if "jsonschema" not in sys.modules:
+    sys.modules.setdefault("rfc3987_syntax", None)
+
 __all__ = []  # the modules are the interface: course_utils.instructor.<module>
