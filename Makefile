@@ -60,8 +60,12 @@ stripped: $(STAMP)  ## notebooks are committed without outputs (nbstripout --ver
 sync: $(STAMP)  ## exercises/ is exactly what solutions/ generates
 	$(BIN)/python -m course_utils exercises --check
 
+# A solution passing its own check (tests marked solution_passes) is asserted for every solution
+# by the Gradescope run of tests/test_grading_nbgrader.py, part of make unit and make test.
+ALSO_GRADED = -m "not solution_passes"
+
 unit: $(STAMP)  ## pytest: the package, layout and conventions, grader, trainer, clusters
-	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile --no-loadscope-reorder $(ALSO_GRADED)
 
 test-fast: lint stripped sync unit-fast  ## between small changes: test without slow tests and nbval
 	@echo "make test-fast: all fast checks passed (make test runs everything)"
@@ -82,7 +86,7 @@ nbval: $(STAMP)  ## execute every lesson notebook (nbval, lax mode); exercises: 
 # One pytest run for both, so that neither core waits at the end of the unit tests while the
 # other finishes their longest file: conftest.py hands out the longest files and notebooks first.
 unit-and-nbval: $(STAMP)  ## make unit and make nbval in one pytest run (what make test runs)
-	$(NBVAL) tests notebooks
+	$(NBVAL) $(ALSO_GRADED) tests notebooks
 
 test-grading: $(STAMP)  ## the grading tests with nbgrader grading every lesson solved too (long)
 	COURSE_NBGRADER_LESSONS=all $(BIN)/python -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder \

@@ -341,6 +341,7 @@ def test_the_reference_weights_follow_the_global_batches():
 
 
 @pytest.mark.slow
+@pytest.mark.solution_passes
 def test_the_reference_worker_passes_on_a_real_cluster():
     assert cu.grading.check_train_worker(train_worker) is True
 
@@ -485,6 +486,7 @@ def test_wrong_train_workers_are_rejected_naming_what_differed(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.solution_passes
 def test_the_reference_resume_passes_on_a_killed_cluster():
     assert cu.grading.check_resume(restore_latest, make_dataset_fn) is True
 

@@ -100,6 +100,7 @@ def test_lesson_09_registers_its_checks():
             assert getattr(cu.grading, name) is getattr(lesson_09, name)
 
 
+@pytest.mark.solution_passes
 def test_find_bottleneck_reference_passes():
     assert cu.grading.check_find_bottleneck(find_bottleneck) is True
 
@@ -321,6 +322,7 @@ def test_find_bottleneck_may_not_call_the_helper_bound_earlier_under_another_nam
     assert sys.getprofile() is None  # the guard is gone after the check
 
 
+@pytest.mark.solution_passes
 def test_remove_input_bottleneck_reference_passes(capsys):
     assert cu.grading.check_remove_input_bottleneck(remove_input_bottleneck) is True
     out = capsys.readouterr().out
