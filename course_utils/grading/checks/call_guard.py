@@ -10,49 +10,203 @@ too). A call matches two ways:
   and line numbers aside, see ``code_fingerprint``). That is what ``exec`` of a helper's
   source makes, under any file name and at any line, and what pasting it under another name
   with its locals renamed makes. It catches exact copies only: a copy edited without changing
-  what it computes (a ``+ 0``, two lines swapped) is other bytecode and is not matched.
-  Comprehensions and lambdas match by identity only: a one-line
+  what it computes (a ``+ 0``, two lines swapped, an ``ast``-edited copy) is other bytecode
+  and is not matched. Comprehensions and lambdas match by identity only: a one-line
   ``[("F", b) for b in range(n)]`` is the same bytecode whoever writes it.
 
 Code that ``tf.function`` traces runs as AutoGraph's converted copy: that copy is matched
 through the original it was made from (``_converted``).
 
-It watches the calling thread (``sys.setprofile``) and every thread started through
-``threading`` while it is active (``threading.setprofile``). A thread started with
-``_thread.start_new_thread`` gets no profiler: a direct call of it from Python code fails the
-guard (the profiler sees the call), but one made from C (``map(_thread.start_new_thread, ...)``,
-a ``functools.partial``) is not seen; Python 3.11 has neither the audit event
-``_thread.start_new_thread`` nor ``threading.setprofile_all_threads`` (both 3.12). Threads
-already running when it starts, and other processes, are out of its reach too. It notices
-tampering: a ``sys.setprofile`` by anyone but the guard itself (an audit hook sees it, however
-the call was made, even a save-and-restore; the guard's own calls are known by their call
-chain, code objects and the frame that entered it, not by a flag anyone could set), a call of
-``threading.setprofile``, or a profiler that is no longer its own when it is read. Then
-``tampered`` holds why, and ``take()`` names it. What it cannot see: writes to the guard's own
-attributes (it is reachable, e.g. as ``sys.getprofile().__self__``); a profiler sees calls,
-not attribute stores.
+**Threads.** The profiler (``sys.setprofile``) watches the calling thread, and every thread
+started through ``threading`` while it is active (``threading.setprofile``). Python 3.11 has
+no way to profile a thread started any other way (no ``threading.setprofile_all_threads``, no
+audit event ``_thread.start_new_thread``), so the guard counts instead: CPython gives every
+thread state it makes a serial number, and the guard reads the next one (it makes a thread
+state itself, ``_probe``) when it starts and at each verdict. A thread state made in between
+that is not a ``threading`` thread which installed the guard's profiler is Python run where
+the check cannot watch: a ``_thread`` thread started from C (``map(_thread.start_new_thread,
+...)``, a ``functools.partial``), or TensorFlow's own threads running a ``tf.py_function``,
+``tf.numpy_function`` or ``Dataset.from_generator``. The verdict names it (``RAW_THREAD``).
+A direct call of ``_thread.start_new_thread`` from Python is seen as it happens.
+
+**Processes.** A process started while a guard is active is named (``PROCESS``): the audit
+events ``os.fork``, ``os.forkpty``, ``os.posix_spawn``, ``os.system``, ``os.exec``,
+``os.spawn``, ``subprocess.Popen`` (``os.popen`` too), a ``fork``/``exec``/``spawn``/
+``system`` looked up through ``ctypes``; and, for what raises no event (``multiprocessing``'s
+``spawn`` and ``forkserver`` start their children through ``_posixsubprocess``), a child that
+ended (the process's ``RUSAGE_CHILDREN`` grew) or is still running (``/proc``) since the guard
+started.
+
+**Tampering.** A ``sys.setprofile`` by anyone but the guard itself (an audit hook sees it,
+however the call was made, even a save-and-restore; the guard's own calls are known by their
+call chain, code objects and the frame that entered it, not by a flag anyone could set), a
+call of ``threading.setprofile``, a profiler that is no longer the guard's when it is read,
+and a replaced ``__code__`` of any function (an audit event) are named (``REMOVED``).
+
+**The record.** What the guard saw is not kept on the guard: it is appended to one log per
+process (``_Log``) whose running SHA-256 digest cannot be rewound, and which the guard's
+functions reach through their own code constants (``_anchored``), not a name anyone can
+rebind. A log that was cleared, shortened or rewritten no longer matches its digest; a guard
+whose target tables were replaced, or whose list of names already logged was filled in by
+hand, no longer matches what it logged when it started. Each is named (``FORGED``): clearing
+``sys.getprofile().__self__``'s attributes, or anything reached from the refusal's frame,
+hides nothing.
+
+What it still cannot see: threads already running when it starts (an executor's workers
+made in an earlier cell) and code such a thread runs for the answer; a ``threading.Thread``
+subclass that rewrites threading's own start-up methods to run code before the profiler is
+installed; code that rewrites the check's own modules or classes (``CallsInto.take = ...``,
+``refusals.refusing = ...``) or writes memory through ``ctypes``; an edited copy of a helper
+(see above). An answer that does any of these is not a learner's mistake; the exercises make
+the helper unable to answer their task where they can.
 """
 
 from __future__ import annotations
 
 import _thread
+import ctypes
 import dis
+import hashlib
+import os
+import resource
 import sys
 import threading
 import types
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RAW_THREAD", "REMOVED", "CallsInto", "code_fingerprint"]
+__all__ = ["FORGED", "PROCESS", "RAW_THREAD", "REMOVED", "WATCHING", "CallsInto",
+           "code_fingerprint", "watching_problem"]
 
 REMOVED = "your function removed the check's profiler"
-RAW_THREAD = "your function started a thread with _thread, which the check cannot watch"
+RAW_THREAD = ("your function ran Python in a thread the check cannot watch (a thread started "
+              "with _thread, or TensorFlow's own threads running a tf.py_function or a "
+              "generator)")
+PROCESS = "your function started a process, which the check cannot watch"
+FORGED = "your function changed the check's record of what it called"
 _ANONYMOUS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>", "<lambda>")
-_ACTIVE: list[CallsInto] = []  # the guards now installed
+_ACTIVE: list[CallsInto] = []  # the guards now installed (used for their own installs only)
 _THREAD_START = threading.Thread._bootstrap_inner.__code__  # installs threading's hook
 _THREAD_STARTER = threading.Thread.start.__code__  # the one caller of _thread allowed
 _THREADING_SETPROFILE = threading.setprofile.__code__
 _AUTOGRAPH = "__autograph_generated_file"  # tensorflow/python/autograph/pyct/loader.py
+_PROCESS_EVENTS = frozenset(("os.fork", "os.forkpty", "os.posix_spawn", "os.system", "os.exec",
+                             "os.spawn", "subprocess.Popen", "os.startfile", "pty.spawn"))
+_PROCESS_SYMBOLS = ("fork", "vfork", "clone", "exec", "posix_spawn", "system", "popen",
+                    "spawn", "syscall")
+WATCHING = (REMOVED, RAW_THREAD, PROCESS, FORGED)  # what can go wrong with the watching
+_WATCHING = WATCHING
+_SEARCHES = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents"))
+_HERE = "<the check's log>"  # replaced, in the functions' constants, by the log itself
+
+
+class _Log(tuple):
+    """Append-only: ``(entries, digest)``, every entry also fed to a SHA-256 digest, which
+    cannot be rewound, so a list that was cleared, cut or rewritten no longer matches it
+    (``intact``). A tuple without attributes: neither part can be swapped for another. The
+    guard's functions reach it through their own code constants (``_anchored``), and reading
+    those (``__code__``), or searching the garbage collector's objects, is an audit event the
+    guard logs: the log is not reachable without leaving a trace in it."""
+
+    __slots__ = ()
+
+    # by identity: a code object that holds it as a constant is hashed and compared
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __new__(cls) -> _Log:
+        return super().__new__(cls, ([], hashlib.sha256()))
+
+    @staticmethod
+    def _key(entry: tuple[Any, ...]) -> bytes:
+        return repr(entry).encode() + b"\0"
+
+    @property
+    def entries(self) -> list[tuple[Any, ...]]:
+        return self[0]
+
+    def add(self, *entry: Any) -> None:
+        self[0].append(entry)
+        self[1].update(self._key(entry))
+
+    def intact(self) -> bool:
+        digest = hashlib.sha256()
+        for entry in self[0]:
+            digest.update(self._key(entry))
+        return digest.digest() == self[1].digest()
+
+
+_LOG = _Log()
+_ANCHORED: set[int] = set()  # the ids of the functions that hold the log
+
+
+def _anchored(function: Any, log: _Log) -> Any:
+    """``function`` with the constant ``_HERE`` replaced by the log: what it reads the log
+    through is its own code, which only an audited ``__code__`` assignment could replace,
+    and an audited ``__code__`` read could reach."""
+    code = function.__code__
+    function.__code__ = code.replace(co_consts=tuple(
+        log if isinstance(c, str) and c == _HERE else c for c in code.co_consts))
+    _ANCHORED.add(id(function))
+    return function
+
+
+def _api() -> Any:
+    """CPython's thread-state functions, through ``ctypes`` (None where they are missing)."""
+    try:
+        api = ctypes.pythonapi
+        api.PyInterpreterState_Get.restype = ctypes.c_void_p
+        api.PyThreadState_New.restype = ctypes.c_void_p
+        api.PyThreadState_New.argtypes = [ctypes.c_void_p]
+        api.PyThreadState_GetID.restype = ctypes.c_uint64
+        api.PyThreadState_GetID.argtypes = [ctypes.c_void_p]
+        api.PyThreadState_Clear.argtypes = [ctypes.c_void_p]
+        api.PyThreadState_Delete.argtypes = [ctypes.c_void_p]
+        return (api.PyInterpreterState_Get(), api.PyThreadState_New, api.PyThreadState_GetID,
+                api.PyThreadState_Clear, api.PyThreadState_Delete)
+    except (AttributeError, OSError):  # not CPython
+        return None
+
+
+_API = _api()
+
+
+def _probe() -> int:
+    """The serial number of a thread state made now (and deleted): the next one CPython gives
+    out. Every thread that runs Python gets one; -1 where it cannot be read."""
+    if _API is None:
+        return -1
+    interp, new, get_id, clear, delete = _API
+    state = new(interp)
+    serial = int(get_id(state))
+    clear(state)
+    delete(state)
+    return serial
+
+
+def _children() -> frozenset[str]:
+    """This process's running children (Linux ``/proc``; empty elsewhere)."""
+    found: set[str] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children", encoding="ascii") as handle:
+                found.update(handle.read().split())
+    except OSError:
+        pass
+    return frozenset(found)
+
+
+def _ended_children() -> int:
+    """A count that grows whenever a child of this process ends and is reaped."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_minflt + usage.ru_majflt + usage.ru_nvcsw + usage.ru_nivcsw
+
+
+def watching_problem(names: list[str]) -> str | None:
+    """The first of ``take()``'s names when it says what went wrong with the watching."""
+    return names[0] if names and names[0].startswith(WATCHING) else None
 
 
 def _instruction(instruction: dis.Instruction) -> tuple[str, Any]:
@@ -100,33 +254,73 @@ def _target_codes(target: Any) -> list[types.CodeType]:
     return codes
 
 
+def _start_of(guard: Any) -> tuple[Any, ...] | None:
+    """The guard's last start in the log (its ``mark`` entry), read from the log alone."""
+    log: Any = "<the check's log>"  # the log itself, put there by _anchored
+    entries = log.entries
+    return next((entries[i] for i in range(len(entries) - 1, -1, -1)
+                 if entries[i][0] == "mark" and entries[i][1] == id(guard)), None)
+
+
+def _owner_of(guard: Any) -> int:
+    """The ``id`` of the frame that entered ``guard``, as logged when it did (0: none)."""
+    start = _start_of(guard)
+    return start[7] if start is not None else 0
+
+
 def _by_a_guard(frame: Any) -> bool:
     """True when ``frame``, which sets a profiler, is a guard installing its own: its
-    ``_install`` called by its ``__enter__`` or ``__exit__`` from the frame that entered it,
-    or by its ``take``. Known by code objects and frames, not a flag anyone could set."""
+    ``_install`` called by its ``__enter__``, or by its ``__exit__`` or ``take`` called from
+    the frame that entered it (as logged). Known by code objects and frames, not a flag anyone
+    could set."""
     if frame is None or frame.f_code is not _INSTALL:
         return False
     method, guard = frame.f_back, frame.f_locals.get("self")
     if method is None or not isinstance(guard, CallsInto):
         return False
-    if method.f_code is _TAKE:
+    if method.f_code is _ENTER:
         return True
-    return method.f_code in _WITH and method.f_back is guard._owner
+    return method.f_code in _WITH and _from_the_check(method, guard)
+
+
+def _from_the_check(method: Any, guard: Any) -> bool:
+    """True when ``method`` (a frame of the guard's) was called by the frame that entered the
+    guard, or by the course's code that frame called: no frame between them runs code from
+    outside ``course_utils`` (the learner's answer)."""
+    owner = _owner_of(guard)
+    frame = method.f_back
+    while frame is not None and id(frame) != owner:  # the owner is alive: its id is its own
+        if not frame.f_code.co_filename.startswith(_PACKAGE):
+            return False
+        frame = frame.f_back
+    return frame is not None
 
 
 def _audit(event: str, args: Any) -> None:
-    """Notes, in every active guard, a profiler set by someone else (the audit hook cannot be
-    removed, and sees ``sys.setprofile`` however it is called)."""
-    if event != "sys.setprofile" or not _ACTIVE:
-        return
-    caller = sys._getframe(1)
-    if caller.f_code is _THREAD_START or _by_a_guard(caller):  # threading's hook, or ours
-        return
-    for guard in _ACTIVE:
-        guard.tampered = f"{REMOVED} (sys.setprofile was called while it ran)"
-
-
-sys.addaudithook(_audit)
+    """Logs what a guard must know of, from any thread: a profiler set by someone else
+    (``sys.setprofile``, however it is called), threading's own install of the profiler in a
+    thread it starts, a process started, a function's code replaced. The audit hook cannot be
+    removed; it reaches the log through its own constants."""
+    log: Any = "<the check's log>"  # the log itself, put there by _anchored
+    if event == "sys.setprofile":
+        caller = sys._getframe(1)
+        if caller.f_code is _THREAD_START:
+            log.add("thread", 0, threading.get_ident())
+        elif not _by_a_guard(caller):
+            log.add("tamper", 0, f"{REMOVED} (sys.setprofile was called while it ran)")
+    elif event in _PROCESS_EVENTS:
+        log.add("tamper", 0, f"{PROCESS} ({event})")
+    elif event == "ctypes.dlsym" and len(args) > 1 and isinstance(args[1], str) and any(
+            args[1].startswith(name) for name in _PROCESS_SYMBOLS):
+        log.add("tamper", 0, f"{PROCESS} (ctypes looked up {args[1]})")
+    elif event in _SEARCHES:
+        log.add("tamper", 0, f"{FORGED} (it searched the garbage collector's objects, "
+                             f"{event})")
+    elif (event in ("object.__setattr__", "object.__getattr__") and len(args) > 1
+          and args[1] == "__code__" and isinstance(args[0], types.FunctionType)
+          and (event == "object.__setattr__" or id(args[0]) in _ANCHORED)):
+        log.add("tamper", 0, f"{FORGED} (the code of {args[0].__qualname__} was "
+                             + ("replaced)" if event == "object.__setattr__" else "read)"))
 
 
 class CallsInto:
@@ -135,62 +329,87 @@ class CallsInto:
     helper bound earlier under another name (``from course_utils.profiling import
     step_breakdown``) or an ``exec``'d copy of it is caught as surely as
     ``cu.profiling.step_breakdown``; no module attribute is replaced. ``also(frame)``, when
-    given, is called on every Python call while it is active."""
+    given, is called on every Python call while it is active. ``take()`` is the verdict:
+    the targets called, after what went wrong with the watching itself (see the module)."""
+
+    # no instance dict: an attribute cannot hide a method; the tables are checked each verdict
+    __slots__ = ("_hook", "_logged", "_names", "_previous", "_seen", "also", "content",
+                 "files", "identity", "quick")
 
     def __init__(self, *targets: Any, also: Any = None) -> None:
-        self.files: set[str] = set()
-        self.by_identity: dict[types.CodeType, str] = {}
-        self.by_content: dict[tuple[Any, ...], str] = {}
-        self.quick: set[tuple[Any, ...]] = set()
+        files: set[str] = set()
+        names: dict[types.CodeType, str] = {}
+        content: dict[tuple[Any, ...], str] = {}
         for target in targets:
             if isinstance(target, (str, Path)):
-                self.files.add(str(target))
+                files.add(str(target))
             codes = _target_codes(target)
             top = getattr(target, "__name__", None) or codes[0].co_name
             for code in codes:
-                name = code.co_name if code.co_name != "<module>" else top
-                self.by_identity.setdefault(code, name)
+                names.setdefault(code, code.co_name if code.co_name != "<module>" else top)
                 if code.co_name not in _ANONYMOUS + ("<module>",):
-                    self.by_content.setdefault(code_fingerprint(code), name)
-                    self.quick.add(_quick_key(code))
+                    content.setdefault(code_fingerprint(code), names[code])
+        # immutable tables; what they were is logged at each start, so a table replaced by
+        # another is noticed
+        self.files = frozenset(files)
+        self.identity = frozenset(names)
+        self.content = frozenset(content.items())
+        self.quick = frozenset(_quick_key(code) for code in names
+                               if code.co_name not in _ANONYMOUS + ("<module>",))
+        self._names = names  # only to name what was found: membership is `identity`
         self.also = also
-        self.names: list[str] = []
-        self.tampered: str | None = None
-        self._seen: dict[types.CodeType, str | None] = {}
+        self._logged: set[str] = set()  # names logged since the last mark (checked against it)
+        self._seen: dict[types.CodeType, str | None] = {}  # content matches made
         self._hook = self._profile  # one bound method, compared by identity
-        self._owner: Any = None  # the frame that entered it, while it is active
+        self._previous: Any = (None, None)
+
+    def _tables(self) -> int:
+        return hash((self.files, self.identity, self.content, self.quick, id(self.also)))
+
+    def _copy_of(self, code: types.CodeType) -> str | None:
+        fingerprint = code_fingerprint(code)
+        copied = next((name for key, name in self.content if key == fingerprint), None)
+        return f"{copied} (a copy of it)" if copied else None
 
     def match(self, code: types.CodeType) -> str | None:
         """The target ``code`` is (its name), a copy of (``name (a copy of it)``), or None."""
-        if code in self._seen:
-            return self._seen[code]
-        found = self.by_identity.get(code)
-        if found is None and code.co_filename in self.files:
-            found = code.co_name
-        if (found is None and code.co_name not in _ANONYMOUS
-                and _quick_key(code) in self.quick):
-            copied = self.by_content.get(code_fingerprint(code))
-            found = f"{copied} (a copy of it)" if copied else None
-        self._seen[code] = found
-        return found
+        if code in self.identity:
+            return self._names.get(code) or code.co_name
+        if code.co_filename in self.files:
+            return code.co_name
+        if code.co_name in _ANONYMOUS or _quick_key(code) not in self.quick:
+            return None
+        if code not in self._seen:
+            self._seen[code] = self._copy_of(code)
+        return self._seen[code]
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         if event != "call":
             if (event == "c_call" and getattr(arg, "__self__", None) is _thread
                     and arg.__name__ in ("start_new_thread", "start_new")
                     and frame.f_code is not _THREAD_STARTER):
-                self.tampered = RAW_THREAD
+                self._note("tamper", RAW_THREAD)
             return
         code = frame.f_code
         if code is _THREADING_SETPROFILE and not _by_a_guard(frame.f_back):
-            self.tampered = f"{REMOVED} (threading.setprofile was called while it ran)"
+            self._note("tamper", f"{REMOVED} (threading.setprofile was called while it ran)")
         if self.also is not None:
             self.also(frame)
         found = self.match(code)
         if found is None and code.co_name.startswith("tf__") and _AUTOGRAPH in code.co_filename:
             found = self._converted(frame)
-        if found:
-            self.names.append(found)
+        if found and found not in self._logged:
+            self._logged.add(found)
+            self._note("call", found)
+
+    def _note(self, kind: str, what: str) -> None:
+        """Adds evidence (a call, or tampering) to the log; nothing else."""
+        log: Any = "<the check's log>"  # the log itself, put there by _anchored
+        if kind == "call" and what:
+            log.add("call", id(self), what)
+        else:
+            log.add("tamper", id(self), what if kind == "tamper" and what.startswith(
+                _WATCHING) else f"{FORGED} (a note was forged)")
 
     def _converted(self, frame: Any) -> str | None:
         """A function AutoGraph converted (``tf.function`` tracing), matched through the
@@ -201,42 +420,119 @@ class CallsInto:
         found = self.match(original) if isinstance(original, types.CodeType) else None
         return f"{found} (converted by AutoGraph)" if found else None
 
-    def intact(self) -> bool:
-        """False (and ``tampered`` set) once the profiler is not this guard's any more."""
-        if self.tampered is None and (sys.getprofile() is not self._hook
-                                      or threading.getprofile() is not self._hook):
-            self.tampered = f"{REMOVED} (the profiler in place is not the check's)"
-        return self.tampered is None
+    def _mark(self, hook: Any, owner: int) -> None:
+        """Log where this guard's record starts (again): its tables, its profiler, the frame
+        that entered it, and the counts the next verdict compares with (thread states made,
+        children)."""
+        log: Any = "<the check's log>"  # the log itself, put there by _anchored
+        if sys._getframe(1).f_code not in (_ENTER, _TAKE):
+            log.add("tamper", id(self), f"{FORGED} (its record was started again by hand)")
+            return
+        self._logged = set()
+        log.add("mark", id(self), id(hook) if hook is not None else 0, self._tables(),
+                _probe(), _ended_children(), _children(), owner)
+
+    def _active(self) -> bool:
+        """Entered and not exited since, as logged."""
+        log: Any = "<the check's log>"  # the log itself, put there by _anchored
+        for entry in reversed(log.entries):
+            if entry[1] == id(self) and entry[0] in ("mark", "exit"):
+                return entry[0] == "mark" and entry[2] != 0
+        return False
+
+    def _verdict(self) -> tuple[list[str], list[str]]:
+        """What went wrong with the watching since the last mark (the first reason of each
+        kind), and the targets called; read from the log alone."""
+        log: Any = "<the check's log>"  # the log itself, put there by _anchored
+        if not log.intact():
+            return [f"{FORGED} (its log was cleared or rewritten)"], []
+        entries = log.entries
+        start = next((i for i in range(len(entries) - 1, -1, -1)
+                      if entries[i][0] == "mark" and entries[i][1] == id(self)), None)
+        if start is None:
+            return [], []
+        _, _, hook, tables, serial, ended, children, _ = entries[start]
+        window = entries[start + 1:]
+        problems = [e[2] for e in window if e[0] == "tamper"]
+        called = [e[2] for e in window if e[0] == "call" and e[1] == id(self)]
+        seen = self._seen
+        if (tables != self._tables() or type(self._logged) is not set
+                or set(self._logged) != set(called) or type(seen) is not dict
+                or any(seen[code] != self._copy_of(code) for code in list(seen))):
+            problems.insert(0, f"{FORGED} (the guard's tables, or what it noted, were "
+                               "changed)")
+        exited = any(e[0] == "exit" and e[1] == id(self) for e in window)
+        if hook and not exited and (id(sys.getprofile()) != hook
+                                    or id(threading.getprofile()) != hook):
+            problems.append(f"{REMOVED} (the profiler in place is not the check's)")
+        if _ended_children() != ended or not _children() <= children:
+            problems.append(f"{PROCESS} (a child process ran while it was watched)")
+        now = _probe()
+        log.add("probe", 0, now)
+        if serial >= 0:
+            consumed = [e[2] if e[0] == "probe" else e[4] for e in window
+                        if e[0] in ("probe", "mark")]
+            made = now - serial - 1 - sum(1 for n in consumed if serial < n < now)
+            if made > sum(1 for e in window if e[0] == "thread"):
+                problems.append(RAW_THREAD)
+        return list(dict.fromkeys(problems)), list(dict.fromkeys(called))
+
+    @property
+    def tampered(self) -> str | None:
+        """The first thing that went wrong with the watching since the last ``take`` (None)."""
+        problems, _ = self._verdict()
+        return problems[0] if problems else None
 
     def _install(self, profile: Any, thread_profile: Any) -> None:
         threading.setprofile(thread_profile)
         sys.setprofile(profile)
 
     def __enter__(self) -> CallsInto:
-        self._owner = sys._getframe(1)  # the one frame whose `with` may exit it
+        if self._active():
+            self._note("tamper", f"{FORGED} (the guard was entered again while it ran)")
+            return self
         self._previous = sys.getprofile(), threading.getprofile()
-        self.tampered = None
         _ACTIVE.append(self)
         self._install(self._hook, self._hook)
+        self._mark(self._hook, id(sys._getframe(1)))  # the frame whose `with` may exit it
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.intact()
+        if not _from_the_check(sys._getframe(0), self):
+            self._note("tamper", f"{REMOVED} (the guard was exited by the function it "
+                                 "watches)")
+            return
+        if sys.getprofile() is not self._hook or threading.getprofile() is not self._hook:
+            self._note("tamper", f"{REMOVED} (the profiler in place is not the check's)")
         self._install(*self._previous)
-        _ACTIVE.remove(self)
-        self._owner = None
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        log: Any = "<the check's log>"  # the log itself, put there by _anchored
+        log.add("exit", id(self), "")
 
     def take(self) -> list[str]:
-        """The targets called since the last ``take`` (each once), with the tampering first
-        when the profiler was removed (it is put back while the guard is active)."""
-        names, self.names = list(dict.fromkeys(self.names)), []
-        if self in _ACTIVE and not self.intact():
-            names.insert(0, self.tampered)
-            self.tampered = None
+        """The targets called since the last ``take`` (each once), with what went wrong with
+        the watching first (the profiler is put back while the guard is active); starts the
+        record again. Called from the function it watches, it starts nothing again and is
+        named as a forgery."""
+        active = self._active()
+        if active and not _from_the_check(sys._getframe(0), self):
+            self._note("tamper", f"{FORGED} (the function it watches read its verdict)")
+            return []
+        problems, called = self._verdict()
+        if active and problems:
             self._install(self._hook, self._hook)
-        return names
+        self._mark(self._hook if active else None, _owner_of(self) if active else 0)
+        return [*problems[:1], *called]
 
 
 _INSTALL = CallsInto._install.__code__
+_ENTER = CallsInto.__enter__.__code__
 _TAKE = CallsInto.take.__code__
-_WITH = (CallsInto.__enter__.__code__, CallsInto.__exit__.__code__)
+for _function in (_start_of, _audit, CallsInto._note, CallsInto._mark, CallsInto._active,
+                  CallsInto._verdict, CallsInto.__exit__):
+    _anchored(_function, _LOG)
+del _function, _LOG  # from now on only the functions' constants hold the log
+_WITH = (CallsInto.__exit__.__code__, _TAKE)  # __exit__'s code as anchored
+_PACKAGE = (str(Path(__file__).parents[2]), str(Path(__file__).resolve().parents[2]))
+sys.addaudithook(_audit)
