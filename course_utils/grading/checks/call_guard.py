@@ -117,7 +117,8 @@ class _Log(tuple):
         return self is other
 
     def __new__(cls) -> _Log:
-        return super().__new__(cls, ([], hashlib.sha256()))
+        # the lock keeps the list and the digest in the same order when threads add at once
+        return super().__new__(cls, ([], hashlib.sha256(), [_thread.allocate_lock()]))
 
     @staticmethod
     def _key(entry: tuple[Any, ...]) -> bytes:
@@ -128,14 +129,20 @@ class _Log(tuple):
         return self[0]
 
     def add(self, *entry: Any) -> None:
-        self[0].append(entry)
-        self[1].update(self._key(entry))
+        with self[2][0]:
+            self[0].append(entry)
+            self[1].update(self._key(entry))
 
     def intact(self) -> bool:
-        digest = hashlib.sha256()
-        for entry in self[0]:
-            digest.update(self._key(entry))
-        return digest.digest() == self[1].digest()
+        with self[2][0]:
+            digest = hashlib.sha256()
+            for entry in self[0]:
+                digest.update(self._key(entry))
+            return digest.digest() == self[1].digest()
+
+    def after_fork(self) -> None:
+        """A child of ``fork`` gets a new lock (another thread may have held the old one)."""
+        self[2][0] = _thread.allocate_lock()
 
 
 _LOG = _Log()
@@ -532,6 +539,7 @@ _TAKE = CallsInto.take.__code__
 for _function in (_start_of, _audit, CallsInto._note, CallsInto._mark, CallsInto._active,
                   CallsInto._verdict, CallsInto.__exit__):
     _anchored(_function, _LOG)
+os.register_at_fork(after_in_child=_LOG.after_fork)
 del _function, _LOG  # from now on only the functions' constants hold the log
 _WITH = (CallsInto.__exit__.__code__, _TAKE)  # __exit__'s code as anchored
 _PACKAGE = (str(Path(__file__).parents[2]), str(Path(__file__).resolve().parents[2]))
