@@ -329,3 +329,14 @@ def test_the_guard_has_no_record_to_clear_and_no_method_to_hide():
         names = guard.take()
     assert names == ["helper"]
     assert not hasattr(guard, "names")
+
+
+def test_threads_running_before_it_are_watched_and_given_back_their_profiler():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(int).result()  # its worker runs before the guard starts
+        with CallsInto(helper) as guard:
+            pool.submit(helper, 3).result()
+            assert guard.take() == ["helper"]
+        assert pool.submit(sys.getprofile).result() is None

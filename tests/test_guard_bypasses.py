@@ -4,8 +4,9 @@ Exercises 00-1, 00-3, 05-2, 06-3, 07-1, 07-2, 09-1 and 09-3 forbid a course help
 learner's function runs. A fresh reader got the helper past the guard by calling it in a
 thread the profiler does not watch (``_thread.start_new_thread`` reached from C), in a forked
 child or a ``multiprocessing`` process that sends the result back, in a subprocess, and by
-clearing the guard's record. Each way is tried here on each exercise, the helper wired as its
-check wires it, and must be rejected with a message that names it.
+clearing the guard's record; and in a thread that was running before the check started. Each
+way is tried here on each exercise, the helper wired as its check wires it, and must be
+rejected with a message that names it.
 
 Cheap on purpose: no case trains or profiles anything. Each runs the answer through the same
 guard (or refusal) the check builds, with the same helpers, and reads the verdict the check
@@ -113,8 +114,25 @@ def record_cleared(helper: Callable[[], Any]) -> Callable[..., Any]:
     return answer
 
 
-WAYS = {raw_thread: RAW_THREAD, forked: PROCESS, with_multiprocessing: PROCESS,
-        in_a_subprocess: PROCESS, record_cleared: FORGED}
+_EARLIER: list[Any] = []  # an executor made "in an earlier cell": its worker already runs
+
+
+def earlier_executor(helper: Callable[[], Any]) -> Callable[..., Any]:
+    """The helper handed to a thread that was running before the check started (an
+    executor's worker, made earlier): watched since the guard profiles every thread."""
+    if not _EARLIER:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _EARLIER.append(ThreadPoolExecutor(1))
+        _EARLIER[0].submit(int).result()
+
+    def answer(*args: Any) -> Any:
+        return _EARLIER[0].submit(helper).result()
+    return answer
+
+
+WAYS = {earlier_executor: "ran the course's|called", raw_thread: RAW_THREAD, forked: PROCESS,
+        with_multiprocessing: PROCESS, in_a_subprocess: PROCESS, record_cleared: FORGED}
 
 
 # --- each exercise: its helper, and its answer run through its check's own guard ---------
@@ -214,7 +232,8 @@ def ex_09_3(way: Callable[..., Any]) -> str | None:
     answer = way(lambda: _call(report_reference, None, None, 0, {}, 0))
     with guard:
         answer()
-        return watching_problem(guard.take()) or "not named"
+        called = guard.take()  # as the check's verify reads it
+    return watching_problem(called) or (f"write_report called {called}" if called else None)
 
 
 EXERCISES = {"00-1": ex_00_1, "00-3": ex_00_3, "05-2": ex_05_2, "06-3": ex_06_3,
@@ -224,8 +243,11 @@ EXERCISES = {"00-1": ex_00_1, "00-3": ex_00_3, "05-2": ex_05_2, "06-3": ex_06_3,
 @pytest.mark.parametrize("exercise", EXERCISES)
 @pytest.mark.parametrize("way", WAYS, ids=lambda way: way.__name__)
 def test_each_way_round_the_guard_is_rejected_and_named(exercise, way):
+    if way is earlier_executor and exercise.startswith("00"):
+        pytest.skip("the answer runs in a forked copy, where an earlier thread does not exist")
     said = EXERCISES[exercise](way)
-    assert said is not None and WAYS[way] in said, (exercise, way.__name__, said)
+    assert said is not None and any(part in said for part in WAYS[way].split("|")), (
+        exercise, way.__name__, said)
 
 
 def _honest(*args: Any) -> Any:
@@ -235,4 +257,4 @@ def _honest(*args: Any) -> Any:
 @pytest.mark.parametrize("exercise", ["00-1", "05-2", "06-3", "09-1", "09-3"])
 def test_an_honest_answer_through_the_same_guard_is_not_refused(exercise):
     said = EXERCISES[exercise](lambda helper: _honest)
-    assert said in (None, "not named") or not said.startswith("your function"), said
+    assert said is None or not said.startswith(("your function", "write_report called")), said

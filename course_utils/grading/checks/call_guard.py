@@ -17,17 +17,20 @@ too). A call matches two ways:
 Code that ``tf.function`` traces runs as AutoGraph's converted copy: that copy is matched
 through the original it was made from (``_converted``).
 
-**Threads.** The profiler (``sys.setprofile``) watches the calling thread, and every thread
-started through ``threading`` while it is active (``threading.setprofile``). Python 3.11 has
-no way to profile a thread started any other way (no ``threading.setprofile_all_threads``, no
-audit event ``_thread.start_new_thread``), so the guard counts instead: CPython gives every
-thread state it makes a serial number, and the guard reads the next one (it makes a thread
-state itself, ``_probe``) when it starts and at each verdict. A thread state made in between
-that is not a ``threading`` thread which installed the guard's profiler is Python run where
-the check cannot watch: a ``_thread`` thread started from C (``map(_thread.start_new_thread,
-...)``, a ``functools.partial``), or TensorFlow's own threads running a ``tf.py_function``,
-``tf.numpy_function`` or ``Dataset.from_generator``. The verdict names it (``RAW_THREAD``).
-A direct call of ``_thread.start_new_thread`` from Python is seen as it happens.
+**Threads.** The profiler (``sys.setprofile``) watches the calling thread, every thread
+started through ``threading`` while it is active (``threading.setprofile``), and every thread
+already running when it starts (an executor's workers made in an earlier cell): on CPython
+3.11 it sets each one's profiler the way 3.12's ``threading.setprofile_all_threads`` does
+(``_PyEval_SetProfile`` per thread state, ``_watch_others``) and gives back what each had
+when it stops. A thread started any other way cannot be profiled on 3.11 (no audit event
+``_thread.start_new_thread`` either), so the guard counts: CPython numbers every thread state
+it makes, and the guard reads the next number (it makes one itself, ``_probe``) when it
+starts and at each verdict. A thread state made in between by anything but a ``threading``
+thread that installed the guard's profiler is Python run where the check cannot watch: a
+``_thread`` thread started from C (``map(_thread.start_new_thread, ...)``, a
+``functools.partial``), or TensorFlow's own threads running a ``tf.py_function``,
+``tf.numpy_function`` or ``Dataset.from_generator``. The verdict names it (``RAW_THREAD``);
+a call of ``_thread.start_new_thread`` from Python is seen as it happens.
 
 **Processes.** A process started while a guard is active is named (``PROCESS``): the audit
 events ``os.fork``, ``os.forkpty``, ``os.posix_spawn``, ``os.system``, ``os.exec``,
@@ -35,25 +38,27 @@ events ``os.fork``, ``os.forkpty``, ``os.posix_spawn``, ``os.system``, ``os.exec
 ``system`` looked up through ``ctypes``; and, for what raises no event (``multiprocessing``'s
 ``spawn`` and ``forkserver`` start their children through ``_posixsubprocess``), a child that
 ended (the process's ``RUSAGE_CHILDREN`` grew) or is still running (``/proc``) since the guard
-started.
+started. Python 3.11 raises these events before the child exists, in the parent.
 
 **Tampering.** A ``sys.setprofile`` by anyone but the guard itself (an audit hook sees it,
 however the call was made, even a save-and-restore; the guard's own calls are known by their
-call chain, code objects and the frame that entered it, not by a flag anyone could set), a
-call of ``threading.setprofile``, a profiler that is no longer the guard's when it is read,
-and a replaced ``__code__`` of any function (an audit event) are named (``REMOVED``).
+call chain, code objects and the frame that entered it, as logged, not by a flag anyone could
+set), a call of ``threading.setprofile``, a profiler that is no longer the guard's when it is
+read, and the guard exited by the function it watches are named (``REMOVED``).
 
 **The record.** What the guard saw is not kept on the guard: it is appended to one log per
-process (``_Log``) whose running SHA-256 digest cannot be rewound, and which the guard's
-functions reach through their own code constants (``_anchored``), not a name anyone can
-rebind. A log that was cleared, shortened or rewritten no longer matches its digest; a guard
-whose target tables were replaced, or whose list of names already logged was filled in by
-hand, no longer matches what it logged when it started. Each is named (``FORGED``): clearing
-``sys.getprofile().__self__``'s attributes, or anything reached from the refusal's frame,
-hides nothing.
+process (``_Log``), a tuple of the entries and a running SHA-256 digest, which cannot be
+rewound. The guard's functions reach it through their own code constants (``_anchored``), not
+a name anyone can rebind; reading those constants (``__code__``), replacing any function's
+code, or searching the garbage collector's objects are audit events the guard logs. A log
+that was cleared, cut or rewritten no longer matches its digest; a guard whose tables were
+replaced, whose notes were filled in by hand, that was started again, entered again, or whose
+verdict the watched function read, no longer matches its log. Each is named (``FORGED``): the
+guard has no instance dict (no attribute hides a method) and no list to clear. A log broken
+that way stays broken: every later check in that process says so (restart the kernel).
 
-What it still cannot see: threads already running when it starts (an executor's workers
-made in an earlier cell) and code such a thread runs for the answer; a ``threading.Thread``
+What it still cannot see: threads already running when it starts, on another Python than
+CPython 3.11 (their profilers are left alone there); a ``threading.Thread``
 subclass that rewrites threading's own start-up methods to run code before the profiler is
 installed; code that rewrites the check's own modules or classes (``CallsInto.take = ...``,
 ``refusals.refusing = ...``) or writes memory through ``ctypes``; an edited copy of a helper
@@ -193,6 +198,84 @@ def _probe() -> int:
     return serial
 
 
+def _others_api() -> Any:
+    """What profiling the threads already running needs (CPython 3.11 only, else None):
+    the thread states' list and ``_PyEval_SetProfile``, which CPython 3.12's
+    ``threading.setprofile_all_threads`` calls for each thread in the same way."""
+    if _API is None or sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 11):
+        return None
+    try:
+        api = ctypes.pythonapi
+        api.PyThreadState_Get.restype = ctypes.c_void_p
+        api.PyInterpreterState_ThreadHead.restype = ctypes.c_void_p
+        api.PyInterpreterState_ThreadHead.argtypes = [ctypes.c_void_p]
+        api.PyThreadState_Next.restype = ctypes.c_void_p
+        api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+        set_profile = api._PyEval_SetProfile
+        set_profile.restype = ctypes.c_int
+        set_profile.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    except AttributeError:
+        return None
+    return api, set_profile
+
+
+_OTHERS = _others_api()
+# where a thread state holds its profile function and object (3.11's ``struct _ts``: after
+# prev, next, interp, six ints and cframe, come c_profilefunc, c_tracefunc, c_profileobj);
+# checked on this thread's own state before any other thread's is touched
+_PROFILE_FUNC, _PROFILE_OBJ = 8, 10
+
+
+def _profile_words(state: int) -> Any:
+    return (ctypes.c_void_p * (_PROFILE_OBJ + 1)).from_address(state)
+
+
+def _other_threads() -> list[int]:
+    """The thread states of the interpreter's other threads."""
+    api, _ = _OTHERS
+    mine = api.PyThreadState_Get()
+    states, state = [], api.PyInterpreterState_ThreadHead(_API[0])
+    while state:
+        if state != mine:
+            states.append(state)
+        state = api.PyThreadState_Next(state)
+    return states
+
+
+def _watch_others(hook: Any, saved: dict[int, Any]) -> None:
+    """``hook`` (already this thread's profiler) made every other thread's too: threads that
+    were running before the guard started (an executor's workers made earlier). What each
+    had is kept in ``saved`` (by thread state) for ``_unwatch_others``."""
+    if _OTHERS is None:
+        return
+    api, set_profile = _OTHERS
+    words = _profile_words(api.PyThreadState_Get())
+    if words[_PROFILE_OBJ] != id(hook):  # not the layout expected: touch nothing
+        return
+    trampoline = words[_PROFILE_FUNC]
+    for state in _other_threads():
+        theirs = _profile_words(state)
+        if theirs[_PROFILE_OBJ] == id(hook) or state in saved:
+            continue
+        old = ctypes.cast(theirs[_PROFILE_OBJ], ctypes.py_object).value \
+            if theirs[_PROFILE_OBJ] else None  # kept alive here until it is put back
+        saved[state] = (theirs[_PROFILE_FUNC], old)
+        set_profile(state, trampoline, id(hook))  # it takes its own reference
+
+
+def _unwatch_others(hook: Any, saved: dict[int, Any]) -> None:
+    """Each other thread still profiled by ``hook`` gets back what it had."""
+    if _OTHERS is None or not saved:
+        return
+    _, set_profile = _OTHERS
+    for state in _other_threads():
+        if state in saved and _profile_words(state)[_PROFILE_OBJ] == id(hook):
+            function, old = saved[state]
+            set_profile(state, function if old is not None else None,
+                        id(old) if old is not None else None)
+    saved.clear()
+
+
 def _children() -> frozenset[str]:
     """This process's running children (Linux ``/proc``; empty elsewhere)."""
     found: set[str] = set()
@@ -280,6 +363,8 @@ def _by_a_guard(frame: Any) -> bool:
     ``_install`` called by its ``__enter__``, or by its ``__exit__`` or ``take`` called from
     the frame that entered it (as logged). Known by code objects and frames, not a flag anyone
     could set."""
+    if frame is not None and frame.f_code in _ON_OTHERS:  # other threads', from _install
+        frame = frame.f_back
     if frame is None or frame.f_code is not _INSTALL:
         return False
     method, guard = frame.f_back, frame.f_locals.get("self")
@@ -340,8 +425,8 @@ class CallsInto:
     the targets called, after what went wrong with the watching itself (see the module)."""
 
     # no instance dict: an attribute cannot hide a method; the tables are checked each verdict
-    __slots__ = ("_hook", "_logged", "_names", "_previous", "_seen", "also", "content",
-                 "files", "identity", "quick")
+    __slots__ = ("_hook", "_logged", "_names", "_others", "_previous", "_seen", "also",
+                 "content", "files", "identity", "quick")
 
     def __init__(self, *targets: Any, also: Any = None) -> None:
         files: set[str] = set()
@@ -369,6 +454,7 @@ class CallsInto:
         self._seen: dict[types.CodeType, str | None] = {}  # content matches made
         self._hook = self._profile  # one bound method, compared by identity
         self._previous: Any = (None, None)
+        self._others: dict[int, Any] = {}  # other threads' profilers, while it watches them
 
     def _tables(self) -> int:
         return hash((self.files, self.identity, self.content, self.quick, id(self.also)))
@@ -492,7 +578,11 @@ class CallsInto:
 
     def _install(self, profile: Any, thread_profile: Any) -> None:
         threading.setprofile(thread_profile)
+        if profile is not self._hook:
+            _unwatch_others(self._hook, self._others)
         sys.setprofile(profile)
+        if profile is self._hook:
+            _watch_others(self._hook, self._others)
 
     def __enter__(self) -> CallsInto:
         if self._active():
@@ -534,6 +624,7 @@ class CallsInto:
 
 
 _INSTALL = CallsInto._install.__code__
+_ON_OTHERS = (_watch_others.__code__, _unwatch_others.__code__)
 _ENTER = CallsInto.__enter__.__code__
 _TAKE = CallsInto.take.__code__
 for _function in (_start_of, _audit, CallsInto._note, CallsInto._mark, CallsInto._active,
