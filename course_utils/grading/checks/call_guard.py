@@ -54,8 +54,13 @@ code, or searching the garbage collector's objects are audit events the guard lo
 that was cleared, cut or rewritten no longer matches its digest; a guard whose tables were
 replaced, whose notes were filled in by hand, that was started again, entered again, or whose
 verdict the watched function read, no longer matches its log. Each is named (``FORGED``): the
-guard has no instance dict (no attribute hides a method) and no list to clear. A log broken
-that way stays broken: every later check in that process says so (restart the kernel).
+guard has no instance dict (no attribute hides a method) and no list to clear. Each verdict
+checks the log from its guard's start on (the digest as it was there is kept), so a later
+check is not failed by an earlier one's broken log. But
+an answer that reaches the log itself (through the garbage collector or the guard's code, each
+logged) and appends well-formed entries that agree with the digest, a false start of its
+guard, hides what came before that start: the log shows removal, not an appender who knows
+its format.
 
 What it still cannot see: threads already running when it starts, on another Python than
 CPython 3.11 (their profilers are left alone there); a ``threading.Thread``
@@ -95,6 +100,7 @@ _THREAD_START = threading.Thread._bootstrap_inner.__code__  # installs threading
 _THREAD_STARTER = threading.Thread.start.__code__  # the one caller of _thread allowed
 _THREADING_SETPROFILE = threading.setprofile.__code__
 _AUTOGRAPH = "__autograph_generated_file"  # tensorflow/python/autograph/pyct/loader.py
+_AUTOGRAPH_CALLS = f"{os.sep}tensorflow{os.sep}python{os.sep}autograph{os.sep}impl{os.sep}"
 _PROCESS_EVENTS = frozenset(("os.fork", "os.forkpty", "os.posix_spawn", "os.system", "os.exec",
                              "os.spawn", "subprocess.Popen", "os.startfile", "pty.spawn"))
 _PROCESS_SYMBOLS = ("fork", "vfork", "clone", "exec", "posix_spawn", "system", "popen",
@@ -122,8 +128,10 @@ class _Log(tuple):
         return self is other
 
     def __new__(cls) -> _Log:
-        # the lock keeps the list and the digest in the same order when threads add at once
-        return super().__new__(cls, ([], hashlib.sha256(), [_thread.allocate_lock()]))
+        # the lock keeps the list and the digest in the same order when threads add at once;
+        # the digest as it was after each start ("mark") lets a verdict check its own window
+        # without hashing the whole log again
+        return super().__new__(cls, ([], hashlib.sha256(), [_thread.allocate_lock(), {}]))
 
     @staticmethod
     def _key(entry: tuple[Any, ...]) -> bytes:
@@ -137,11 +145,16 @@ class _Log(tuple):
         with self[2][0]:
             self[0].append(entry)
             self[1].update(self._key(entry))
+            if entry[0] == "mark":
+                self[2][1][len(self[0]) - 1] = self[1].copy()
 
-    def intact(self) -> bool:
+    def intact(self, since: int = -1) -> bool:
+        """Whether the entries after ``since`` (a mark's place; -1: all) are those the digest
+        was fed."""
         with self[2][0]:
-            digest = hashlib.sha256()
-            for entry in self[0]:
+            start = self[2][1].get(since)
+            digest = start.copy() if start is not None else hashlib.sha256()
+            for entry in self[0][since + 1 if start is not None else 0:]:
                 digest.update(self._key(entry))
             return digest.digest() == self[1].digest()
 
@@ -378,11 +391,13 @@ def _by_a_guard(frame: Any) -> bool:
 def _from_the_check(method: Any, guard: Any) -> bool:
     """True when ``method`` (a frame of the guard's) was called by the frame that entered the
     guard, or by the course's code that frame called: no frame between them runs code from
-    outside ``course_utils`` (the learner's answer)."""
+    outside ``course_utils`` (the learner's answer) but AutoGraph's ``converted_call`` (a
+    refusal traced in a ``tf.function`` calls the guard through it)."""
     owner = _owner_of(guard)
     frame = method.f_back
     while frame is not None and id(frame) != owner:  # the owner is alive: its id is its own
-        if not frame.f_code.co_filename.startswith(_PACKAGE):
+        file = frame.f_code.co_filename
+        if not file.startswith(_PACKAGE) and _AUTOGRAPH_CALLS not in file:
             return False
         frame = frame.f_back
     return frame is not None
@@ -537,11 +552,11 @@ class CallsInto:
         """What went wrong with the watching since the last mark (the first reason of each
         kind), and the targets called; read from the log alone."""
         log: Any = "<the check's log>"  # the log itself, put there by _anchored
-        if not log.intact():
-            return [f"{FORGED} (its log was cleared or rewritten)"], []
         entries = log.entries
         start = next((i for i in range(len(entries) - 1, -1, -1)
                       if entries[i][0] == "mark" and entries[i][1] == id(self)), None)
+        if not log.intact(start if start is not None else -1):
+            return [f"{FORGED} (its log was cleared or rewritten: restart the kernel)"], []
         if start is None:
             return [], []
         _, _, hook, tables, serial, ended, children, _ = entries[start]
@@ -623,6 +638,12 @@ class CallsInto:
         return [*problems[:1], *called]
 
 
+# AutoGraph (a refusal traced in a tf.function) calls the guard's methods as they are: a
+# converted copy, made from their source, would lose the log held in their constants
+for _method in vars(CallsInto).values():
+    _method = getattr(_method, "fget", _method)
+    if isinstance(_method, types.FunctionType):
+        _method.autograph_info__ = {}  # tensorflow/python/autograph/impl/api.py
 _INSTALL = CallsInto._install.__code__
 _ON_OTHERS = (_watch_others.__code__, _unwatch_others.__code__)
 _ENTER = CallsInto.__enter__.__code__
@@ -631,7 +652,7 @@ for _function in (_start_of, _audit, CallsInto._note, CallsInto._mark, CallsInto
                   CallsInto._verdict, CallsInto.__exit__):
     _anchored(_function, _LOG)
 os.register_at_fork(after_in_child=_LOG.after_fork)
-del _function, _LOG  # from now on only the functions' constants hold the log
+del _function, _method, _LOG  # from now on only the functions' constants hold the log
 _WITH = (CallsInto.__exit__.__code__, _TAKE)  # __exit__'s code as anchored
 _PACKAGE = (str(Path(__file__).parents[2]), str(Path(__file__).resolve().parents[2]))
 sys.addaudithook(_audit)
