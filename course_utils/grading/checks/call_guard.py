@@ -108,6 +108,7 @@ _PROCESS_SYMBOLS = ("fork", "vfork", "clone", "exec", "posix_spawn", "system", "
 WATCHING = (REMOVED, RAW_THREAD, PROCESS, FORGED)  # what can go wrong with the watching
 _WATCHING = WATCHING
 _SEARCHES = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents"))
+_UNSEEN = object()
 _HERE = "<the check's log>"  # replaced, in the functions' constants, by the log itself
 
 
@@ -466,7 +467,7 @@ class CallsInto:
         self._names = names  # only to name what was found: membership is `identity`
         self.also = also
         self._logged: set[str] = set()  # names logged since the last mark (checked against it)
-        self._seen: dict[types.CodeType, str | None] = {}  # content matches made
+        self._seen: dict[types.CodeType, str | None] = {}  # each code's match, once
         self._hook = self._profile  # one bound method, compared by identity
         self._previous: Any = (None, None)
         self._others: dict[int, Any] = {}  # other threads' profilers, while it watches them
@@ -480,16 +481,21 @@ class CallsInto:
         return f"{copied} (a copy of it)" if copied else None
 
     def match(self, code: types.CodeType) -> str | None:
-        """The target ``code`` is (its name), a copy of (``name (a copy of it)``), or None."""
+        """The target ``code`` is (its name), a copy of (``name (a copy of it)``), or None:
+        worked out once per code object (each verdict checks what was kept)."""
+        found = self._seen.get(code, _UNSEEN)
+        if found is _UNSEEN:
+            found = self._seen[code] = self._match(code)
+        return found
+
+    def _match(self, code: types.CodeType) -> str | None:
         if code in self.identity:
             return self._names.get(code) or code.co_name
         if code.co_filename in self.files:
             return code.co_name
         if code.co_name in _ANONYMOUS or _quick_key(code) not in self.quick:
             return None
-        if code not in self._seen:
-            self._seen[code] = self._copy_of(code)
-        return self._seen[code]
+        return self._copy_of(code)
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         if event != "call":
@@ -566,7 +572,7 @@ class CallsInto:
         seen = self._seen
         if (tables != self._tables() or type(self._logged) is not set
                 or set(self._logged) != set(called) or type(seen) is not dict
-                or any(seen[code] != self._copy_of(code) for code in list(seen))):
+                or any(seen[code] != self._match(code) for code in list(seen))):
             problems.insert(0, f"{FORGED} (the guard's tables, or what it noted, were "
                                "changed)")
         exited = any(e[0] == "exit" and e[1] == id(self) for e in window)
