@@ -254,7 +254,7 @@ def _spawned():
     lambda: os.system("true"),  # noqa: S605, S607
     lambda: subprocess.run(["true"], check=True),  # noqa: S603, S607
     lambda: ctypes.CDLL(None).fork,  # looked up: a fork through ctypes raises no os.fork
-    _spawned,  # _posixsubprocess raises no audit event: the ended child is counted
+    _spawned,  # no audit event: the profiler sees _posixsubprocess.fork_exec called
 ], ids=["posix_spawn", "system", "subprocess", "ctypes", "multiprocessing spawn"])
 def test_a_process_started_while_it_watches_is_named(start):
     with CallsInto(helper) as guard:

@@ -35,10 +35,12 @@ a call of ``_thread.start_new_thread`` from Python is seen as it happens.
 **Processes.** A process started while a guard is active is named (``PROCESS``): the audit
 events ``os.fork``, ``os.forkpty``, ``os.posix_spawn``, ``os.system``, ``os.exec``,
 ``os.spawn``, ``subprocess.Popen`` (``os.popen`` too), a ``fork``/``exec``/``spawn``/
-``system`` looked up through ``ctypes``; and, for what raises no event (``multiprocessing``'s
-``spawn`` and ``forkserver`` start their children through ``_posixsubprocess``), a child that
-ended (the process's ``RUSAGE_CHILDREN`` grew) or is still running (``/proc``) since the guard
-started. Python 3.11 raises these events before the child exists, in the parent.
+``system`` looked up through ``ctypes``; what raises no event, ``multiprocessing``'s
+``spawn`` and ``forkserver`` starting their children with ``_posixsubprocess.fork_exec``, is
+seen as the profiler's ``c_call`` of it; and a child of this process still running at the
+verdict that was not there at the start (``/proc``). Python 3.11 raises these events in the
+parent, before the child exists. Children that TensorFlow's own C++ code starts and waits for
+(``ptxas`` on a GPU) are not counted: a child that ended is not a sign of the answer's.
 
 **Tampering.** A ``sys.setprofile`` by anyone but the guard itself (an audit hook sees it,
 however the call was made, even a save-and-restore; the guard's own calls are known by their
@@ -78,12 +80,16 @@ import ctypes
 import dis
 import hashlib
 import os
-import resource
 import sys
 import threading
 import types
 from pathlib import Path
 from typing import Any
+
+try:
+    import _posixsubprocess as _POSIXSUBPROCESS  # subprocess's and multiprocessing's
+except ImportError:  # not POSIX
+    _POSIXSUBPROCESS = None
 
 __all__ = ["FORGED", "PROCESS", "RAW_THREAD", "REMOVED", "WATCHING", "CallsInto",
            "code_fingerprint", "watching_problem"]
@@ -302,12 +308,6 @@ def _children() -> frozenset[str]:
     return frozenset(found)
 
 
-def _ended_children() -> int:
-    """A count that grows whenever a child of this process ends and is reaped."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_minflt + usage.ru_majflt + usage.ru_nvcsw + usage.ru_nivcsw
-
-
 def watching_problem(names: list[str]) -> str | None:
     """The first of ``take()``'s names when it says what went wrong with the watching."""
     return names[0] if names and names[0].startswith(WATCHING) else None
@@ -499,10 +499,13 @@ class CallsInto:
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         if event != "call":
-            if (event == "c_call" and getattr(arg, "__self__", None) is _thread
-                    and arg.__name__ in ("start_new_thread", "start_new")
-                    and frame.f_code is not _THREAD_STARTER):
-                self._note("tamper", RAW_THREAD)
+            if event == "c_call":
+                module = getattr(arg, "__self__", None)
+                if (module is _thread and arg.__name__ in ("start_new_thread", "start_new")
+                        and frame.f_code is not _THREAD_STARTER):
+                    self._note("tamper", RAW_THREAD)
+                elif module is not None and module is _POSIXSUBPROCESS:
+                    self._note("tamper", f"{PROCESS} (_posixsubprocess.{arg.__name__})")
             return
         code = frame.f_code
         if code is _THREADING_SETPROFILE and not _by_a_guard(frame.f_back):
@@ -544,7 +547,7 @@ class CallsInto:
             return
         self._logged = set()
         log.add("mark", id(self), id(hook) if hook is not None else 0, self._tables(),
-                _probe(), _ended_children(), _children(), owner)
+                _probe(), 0, _children(), owner)
 
     def _active(self) -> bool:
         """Entered and not exited since, as logged."""
@@ -565,7 +568,7 @@ class CallsInto:
             return [f"{FORGED} (its log was cleared or rewritten: restart the kernel)"], []
         if start is None:
             return [], []
-        _, _, hook, tables, serial, ended, children, _ = entries[start]
+        _, _, hook, tables, serial, _, children, _ = entries[start]
         window = entries[start + 1:]
         problems = [e[2] for e in window if e[0] == "tamper"]
         called = [e[2] for e in window if e[0] == "call" and e[1] == id(self)]
@@ -579,7 +582,7 @@ class CallsInto:
         if hook and not exited and (id(sys.getprofile()) != hook
                                     or id(threading.getprofile()) != hook):
             problems.append(f"{REMOVED} (the profiler in place is not the check's)")
-        if _ended_children() != ended or not _children() <= children:
+        if not _children() <= children:
             problems.append(f"{PROCESS} (a child process ran while it was watched)")
         now = _probe()
         log.add("probe", 0, now)
