@@ -1,8 +1,8 @@
-"""Refusing the course's own answers inside a learner's function (lessons 05 and 06).
+"""Refusing the course's own answers inside a learner's function (lessons 00, 05, 06, 07).
 
 A check wraps the learner's function in :func:`refusing`: while it runs, the shared guard
-(``call_guard.CallsInto``) compares every Python function it enters, in its thread and in the
-threads it starts, with the course's helpers and reference answers, by identity and by content
+(``call_guard.CallsInto``) compares every Python function it enters, in its thread, in the
+threads it starts and in the threads already running, with the course's helpers and reference answers, by identity and by content
 (an ``exec``'d or line-shifted copy, a paste with renamed locals); see ``call_guard``. A
 learner's function that removes the guard's profiler (``sys.setprofile(None)``, even put back
 before it returns), runs Python in a thread the guard cannot watch (``_thread``, even from C;
@@ -10,7 +10,7 @@ TensorFlow's threads), starts a process, or changes the guard's record fails too
 message naming which.
 
 Content matching catches exact copies only: a copy edited without changing what it computes
-(a ``+ 0``) is other bytecode and passes this guard. What makes a transcribed copy fail is the
+(a ``+ 0``, an ``ast``-edited copy) is other bytecode and passes this guard. What makes a transcribed copy fail is the
 exercise: each asks for something the course's code does not do (a task variant), which the
 check's fresh cases test.
 """
