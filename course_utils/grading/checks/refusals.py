@@ -2,17 +2,18 @@
 
 A check wraps the learner's function in :func:`refusing`: while it runs, the shared guard
 (``call_guard.CallsInto``) compares every Python function it enters, in its thread, in the
-threads it starts and in the threads already running, with the course's helpers and reference answers, by identity and by content
-(an ``exec``'d or line-shifted copy, a paste with renamed locals); see ``call_guard``. A
+threads it starts and in the threads already running, with the course's helpers and reference
+answers, by identity and by content (an ``exec``'d or line-shifted copy, a paste with renamed
+locals); see ``call_guard``. A
 learner's function that removes the guard's profiler (``sys.setprofile(None)``, even put back
 before it returns), runs Python in a thread the guard cannot watch (``_thread``, even from C;
 TensorFlow's threads), starts a process, or changes the guard's record fails too, with a
 message naming which.
 
 Content matching catches exact copies only: a copy edited without changing what it computes
-(a ``+ 0``, an ``ast``-edited copy) is other bytecode and passes this guard. What makes a transcribed copy fail is the
-exercise: each asks for something the course's code does not do (a task variant), which the
-check's fresh cases test.
+(a ``+ 0``, an ``ast``-edited copy) is other bytecode and passes this guard. What makes a
+transcribed copy fail is the exercise: each asks for something the course's code does not do
+(a task variant), which the check's fresh cases test.
 """
 
 from __future__ import annotations
