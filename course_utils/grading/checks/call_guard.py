@@ -438,13 +438,17 @@ class CallsInto:
     step_breakdown``) or an ``exec``'d copy of it is caught as surely as
     ``cu.profiling.step_breakdown``; no module attribute is replaced. ``also(frame)``, when
     given, is called on every Python call while it is active. ``take()`` is the verdict:
-    the targets called, after what went wrong with the watching itself (see the module)."""
+    the targets called, after what went wrong with the watching itself (see the module).
+    ``tensorflow_threads=True`` where the check hands the answer a dataset whose Python (a
+    generator) TensorFlow's threads run when it is read: thread states made while it watches
+    are then not counted (a ``_thread`` thread started from Python is still named)."""
 
     # no instance dict: an attribute cannot hide a method; the tables are checked each verdict
     __slots__ = ("_hook", "_logged", "_names", "_others", "_previous", "_seen", "also",
-                 "content", "files", "identity", "quick")
+                 "content", "files", "identity", "quick", "tensorflow_threads")
 
-    def __init__(self, *targets: Any, also: Any = None) -> None:
+    def __init__(self, *targets: Any, also: Any = None,
+                 tensorflow_threads: bool = False) -> None:
         files: set[str] = set()
         names: dict[types.CodeType, str] = {}
         content: dict[tuple[Any, ...], str] = {}
@@ -466,6 +470,7 @@ class CallsInto:
                                if code.co_name not in _ANONYMOUS + ("<module>",))
         self._names = names  # only to name what was found: membership is `identity`
         self.also = also
+        self.tensorflow_threads = bool(tensorflow_threads)
         self._logged: set[str] = set()  # names logged since the last mark (checked against it)
         self._seen: dict[types.CodeType, str | None] = {}  # each code's match, once
         self._hook = self._profile  # one bound method, compared by identity
@@ -473,7 +478,8 @@ class CallsInto:
         self._others: dict[int, Any] = {}  # other threads' profilers, while it watches them
 
     def _tables(self) -> int:
-        return hash((self.files, self.identity, self.content, self.quick, id(self.also)))
+        return hash((self.files, self.identity, self.content, self.quick, id(self.also),
+                     self.tensorflow_threads))
 
     def _copy_of(self, code: types.CodeType) -> str | None:
         fingerprint = code_fingerprint(code)
@@ -586,7 +592,7 @@ class CallsInto:
             problems.append(f"{PROCESS} (a child process ran while it was watched)")
         now = _probe()
         log.add("probe", 0, now)
-        if serial >= 0:
+        if serial >= 0 and not self.tensorflow_threads:
             consumed = [e[2] if e[0] == "probe" else e[4] for e in window
                         if e[0] in ("probe", "mark")]
             made = now - serial - 1 - sum(1 for n in consumed if serial < n < now)
@@ -633,8 +639,8 @@ class CallsInto:
 
     def take(self) -> list[str]:
         """The targets called since the last ``take`` (each once), with what went wrong with
-        the watching first (the profiler is put back while the guard is active); starts the
-        record again. Called from the function it watches, it starts nothing again and is
+        the watching first (the profiler is put back while the guard is active; a thread it
+        could not watch comes after the targets seen called); starts the record again. Called from the function it watches, it starts nothing again and is
         named as a forgery."""
         active = self._active()
         if active and not _from_the_check(sys._getframe(0), self):
@@ -644,6 +650,8 @@ class CallsInto:
         if active and problems:
             self._install(self._hook, self._hook)
         self._mark(self._hook if active else None, _owner_of(self) if active else 0)
+        if problems[:1] == [RAW_THREAD] and called:  # a helper seen is the plainer message
+            return [*called, RAW_THREAD]
         return [*problems[:1], *called]
 
 

@@ -71,9 +71,10 @@ class _Refusing:
     """
 
     def __init__(self, fn: Any, helpers: Iterable[Any], why: str,
-                 also: Callable[[Any], None] | None = None) -> None:
+                 also: Callable[[Any], None] | None = None,
+                 tensorflow_threads: bool = False) -> None:
         self.fn, self.why = fn, why
-        self.guard = CallsInto(*helpers, also=also)
+        self.guard = CallsInto(*helpers, also=also, tensorflow_threads=tensorflow_threads)
         self.__wrapped__ = fn  # the framework's introspection guard reads the learner's code
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -97,7 +98,10 @@ class _Refusing:
 
 
 def refusing(fn: Any, helpers: Iterable[Any], why: str,
-             also: Callable[[Any], None] | None = None) -> Any:
+             also: Callable[[Any], None] | None = None,
+             tensorflow_threads: bool = False) -> Any:
     """``fn`` refusing the helpers' code (see the module's docstring); ``also(frame)`` is called
-    on every Python call while it runs. Non-callables are returned as they are."""
-    return _Refusing(fn, helpers, why, also) if callable(fn) else fn
+    on every Python call while it runs; ``tensorflow_threads`` where the check hands it a
+    dataset whose generator TensorFlow's threads run (``call_guard.CallsInto``). Non-callables
+    are returned as they are."""
+    return _Refusing(fn, helpers, why, also, tensorflow_threads) if callable(fn) else fn
