@@ -640,8 +640,9 @@ class CallsInto:
     def take(self) -> list[str]:
         """The targets called since the last ``take`` (each once), with what went wrong with
         the watching first (the profiler is put back while the guard is active; a thread it
-        could not watch comes after the targets seen called); starts the record again. Called from the function it watches, it starts nothing again and is
-        named as a forgery."""
+        could not watch comes after the targets seen called); starts the record again.
+        Called from the function it watches, it starts nothing again and is named as a
+        forgery."""
         active = self._active()
         if active and not _from_the_check(sys._getframe(0), self):
             self._note("tamper", f"{FORGED} (the function it watches read its verdict)")
