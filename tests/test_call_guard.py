@@ -340,3 +340,12 @@ def test_threads_running_before_it_are_watched_and_given_back_their_profiler():
             pool.submit(helper, 3).result()
             assert guard.take() == ["helper"]
         assert pool.submit(sys.getprofile).result() is None
+
+
+def test_a_thread_still_starting_at_the_verdict_is_not_taken_for_an_unwatched_one():
+    for _ in range(20):  # start() returns a few instructions before the thread is profiled
+        with CallsInto(helper) as guard:
+            worker = threading.Thread(target=honest, args=(3,))
+            worker.start()
+            assert guard.take() == []
+        worker.join()
