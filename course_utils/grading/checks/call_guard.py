@@ -37,8 +37,8 @@ events ``os.fork``, ``os.forkpty``, ``os.posix_spawn``, ``os.system``, ``os.exec
 ``os.spawn``, ``subprocess.Popen`` (``os.popen`` too), a ``fork``/``exec``/``spawn``/
 ``system`` looked up through ``ctypes``; what raises no event, ``multiprocessing``'s
 ``spawn`` and ``forkserver`` starting their children with ``_posixsubprocess.fork_exec``, is
-seen as the profiler's ``c_call`` of it; and a child of this process still running at the
-verdict that was not there at the start (``/proc``). Python 3.11 raises these events in the
+seen as the profiler's ``c_call`` of it; and a child of the watched thread still running at
+the verdict that was not there at the start (``/proc``). Python 3.11 raises these events in the
 parent, before the child exists. Children that TensorFlow's own C++ code starts and waits for
 (``ptxas`` on a GPU) are not counted: a child that ended is not a sign of the answer's.
 
@@ -153,7 +153,7 @@ class _Log(tuple):
     def add(self, *entry: Any) -> None:
         with self[2][0]:
             self[0].append(entry)
-            self[1].update(self._key(entry))
+            self[1].update(repr(entry).encode() + b"\0")  # _key, inlined: no call
             if entry[0] == "mark":
                 self[2][1][len(self[0]) - 1] = self[1].copy()
 
@@ -164,7 +164,7 @@ class _Log(tuple):
             start = self[2][1].get(since)
             digest = start.copy() if start is not None else hashlib.sha256()
             for entry in self[0][since + 1 if start is not None else 0:]:
-                digest.update(self._key(entry))
+                digest.update(repr(entry).encode() + b"\0")  # _key, inlined
             return digest.digest() == self[1].digest()
 
     def after_fork(self) -> None:
@@ -299,15 +299,13 @@ def _unwatch_others(hook: Any, saved: dict[int, Any]) -> None:
 
 
 def _children() -> frozenset[str]:
-    """This process's running children (Linux ``/proc``; empty elsewhere)."""
-    found: set[str] = set()
+    """The running children of this thread (Linux ``/proc``; empty elsewhere): a process
+    started from C in the watched thread, which raised no event."""
     try:
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children", encoding="ascii") as handle:
-                found.update(handle.read().split())
+        with open("/proc/thread-self/children", encoding="ascii") as handle:
+            return frozenset(handle.read().split())
     except OSError:
-        pass
-    return frozenset(found)
+        return frozenset()
 
 
 def watching_problem(names: list[str]) -> str | None:
@@ -447,7 +445,8 @@ class CallsInto:
 
     # no instance dict: an attribute cannot hide a method; the tables are checked each verdict
     __slots__ = ("_hook", "_logged", "_names", "_others", "_previous", "_seen", "also",
-                 "content", "files", "identity", "quick", "tensorflow_threads")
+                 "content", "files", "identity", "quick", "target_names",
+                 "tensorflow_threads")
 
     def __init__(self, *targets: Any, also: Any = None,
                  tensorflow_threads: bool = False) -> None:
@@ -471,6 +470,7 @@ class CallsInto:
         self.quick = frozenset(_quick_key(code) for code in names
                                if code.co_name not in _ANONYMOUS + ("<module>",))
         self._names = names  # only to name what was found: membership is `identity`
+        self.target_names = frozenset(code.co_name for code in names)
         self.also = also
         self.tensorflow_threads = bool(tensorflow_threads)
         self._logged: set[str] = set()  # names logged since the last mark (checked against it)
@@ -480,8 +480,8 @@ class CallsInto:
         self._others: dict[int, Any] = {}  # other threads' profilers, while it watches them
 
     def _tables(self) -> int:
-        return hash((self.files, self.identity, self.content, self.quick, id(self.also),
-                     self.tensorflow_threads))
+        return hash((self.files, self.identity, self.content, self.quick, self.target_names,
+                     id(self.also), self.tensorflow_threads))
 
     def _copy_of(self, code: types.CodeType) -> str | None:
         fingerprint = code_fingerprint(code)
@@ -565,13 +565,17 @@ class CallsInto:
                 return entry[0] == "mark" and entry[2] != 0
         return False
 
-    def _verdict(self) -> tuple[list[str], list[str]]:
+    def _verdict(self, installed: Any = None) -> tuple[list[str], list[str]]:
         """What went wrong with the watching since the last mark (the first reason of each
-        kind), and the targets called; read from the log alone."""
+        kind), and the targets called; read from the log alone (and ``installed``, the
+        profilers in place when the verdict was asked for)."""
         log: Any = "<the check's log>"  # the log itself, put there by _anchored
         entries = log.entries
-        start = next((i for i in range(len(entries) - 1, -1, -1)
-                      if entries[i][0] == "mark" and entries[i][1] == id(self)), None)
+        start = None
+        for i in range(len(entries) - 1, -1, -1):  # loops, not generators: each resumed
+            if entries[i][0] == "mark" and entries[i][1] == id(self):  # generator is a call
+                start = i
+                break
         if not log.intact(start if start is not None else -1):
             return [f"{FORGED} (its log was cleared or rewritten: restart the kernel)"], []
         if start is None:
@@ -581,14 +585,21 @@ class CallsInto:
         problems = [e[2] for e in window if e[0] == "tamper"]
         called = [e[2] for e in window if e[0] == "call" and e[1] == id(self)]
         seen = self._seen
-        if (tables != self._tables() or type(self._logged) is not set
-                or set(self._logged) != set(called) or type(seen) is not dict
-                or any(seen[code] != self._match(code) for code in list(seen))):
+        changed = (tables != self._tables() or type(self._logged) is not set
+                   or set(self._logged) != set(called) or type(seen) is not dict)
+        for code, found in list(seen.items()) if not changed else ():
+            if found is None and code.co_name not in self.target_names and not (
+                    code.co_filename in self.files or _quick_key(code) in self.quick):
+                continue  # cannot be a target: nothing to check (cheaply)
+            if found != self._match(code):
+                changed = True
+                break
+        if changed:
             problems.insert(0, f"{FORGED} (the guard's tables, or what it noted, were "
                                "changed)")
-        exited = any(e[0] == "exit" and e[1] == id(self) for e in window)
-        if hook and not exited and (id(sys.getprofile()) != hook
-                                    or id(threading.getprofile()) != hook):
+        exited = [e for e in window if e[0] == "exit" and e[1] == id(self)]
+        profilers = installed or (sys.getprofile(), threading.getprofile())
+        if hook and not exited and (id(profilers[0]) != hook or id(profilers[1]) != hook):
             problems.append(f"{REMOVED} (the profiler in place is not the check's)")
         if not _children() <= children:
             problems.append(f"{PROCESS} (a child process ran while it was watched)")
@@ -597,9 +608,9 @@ class CallsInto:
         if serial >= 0 and not self.tensorflow_threads:
             consumed = [e[2] if e[0] == "probe" else e[4] for e in window
                         if e[0] in ("probe", "mark")]
-            made = now - serial - 1 - sum(1 for n in consumed if serial < n < now)
+            made = now - serial - 1 - len([n for n in consumed if serial < n < now])
             for _ in range(_SETTLE):  # a threading thread just started installs the
-                watched = sum(1 for e in entries[start + 1:] if e[0] == "thread")
+                watched = len([e for e in entries[start + 1:] if e[0] == "thread"])
                 if made <= watched:  # profiler a few instructions after start() returns
                     break
                 time.sleep(0.002)
@@ -613,12 +624,12 @@ class CallsInto:
         problems, _ = self._verdict()
         return problems[0] if problems else None
 
-    def _install(self, profile: Any, thread_profile: Any) -> None:
+    def _install(self, profile: Any, thread_profile: Any, others: bool = True) -> None:
         threading.setprofile(thread_profile)
-        if profile is not self._hook:
+        if others and profile is not self._hook:
             _unwatch_others(self._hook, self._others)
         sys.setprofile(profile)
-        if profile is self._hook:
+        if others and profile is self._hook:
             _watch_others(self._hook, self._others)
 
     def __enter__(self) -> CallsInto:
@@ -654,10 +665,16 @@ class CallsInto:
         if active and not _from_the_check(sys._getframe(0), self):
             self._note("tamper", f"{FORGED} (the function it watches read its verdict)")
             return []
-        problems, called = self._verdict()
-        if active and problems:
-            self._install(self._hook, self._hook)
-        self._mark(self._hook if active else None, _owner_of(self) if active else 0)
+        installed = sys.getprofile(), threading.getprofile()
+        if active:  # the verdict's own calls are not watched (this thread only)
+            self._install(None, installed[1], others=False)
+        problems: list[str] = []
+        try:
+            problems, called = self._verdict(installed)
+            self._mark(self._hook if active else None, _owner_of(self) if active else 0)
+        finally:
+            if active:  # put back; where it was removed, every thread's
+                self._install(self._hook, self._hook, others=bool(problems))
         if problems[:1] == [RAW_THREAD] and called:  # a helper seen is the plainer message
             return [*called, RAW_THREAD]
         return [*problems[:1], *called]
