@@ -102,7 +102,6 @@ RAW_THREAD = ("your function ran Python in a thread the check cannot watch (a th
 PROCESS = "your function started a process, which the check cannot watch"
 FORGED = "your function changed the check's record of what it called"
 _ANONYMOUS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>", "<lambda>")
-_ACTIVE: list[CallsInto] = []  # the guards now installed (used for their own installs only)
 _THREAD_START = threading.Thread._bootstrap_inner.__code__  # installs threading's hook
 _THREAD_STARTER = threading.Thread.start.__code__  # the one caller of _thread allowed
 _THREADING_SETPROFILE = threading.setprofile.__code__
@@ -121,12 +120,12 @@ _HERE = "<the check's log>"  # replaced, in the functions' constants, by the log
 
 
 class _Log(tuple):
-    """Append-only: ``(entries, digest)``, every entry also fed to a SHA-256 digest, which
-    cannot be rewound, so a list that was cleared, cut or rewritten no longer matches it
-    (``intact``). A tuple without attributes: neither part can be swapped for another. The
-    guard's functions reach it through their own code constants (``_anchored``), and reading
-    those (``__code__``), or searching the garbage collector's objects, is an audit event the
-    guard logs: the log is not reachable without leaving a trace in it."""
+    """Append-only: ``(entries, digest, [lock, digests at each start])``, every entry also fed
+    to a SHA-256 digest, which cannot be rewound, so a list that was cleared, cut or rewritten
+    no longer matches it (``intact``). A tuple without attributes: no part can be swapped for
+    another. The guard's functions reach it through their own code constants (``_anchored``),
+    and reading those (``__code__``), or searching the garbage collector's objects, is an audit
+    event the guard logs."""
 
     __slots__ = ()
 
@@ -637,7 +636,6 @@ class CallsInto:
             self._note("tamper", f"{FORGED} (the guard was entered again while it ran)")
             return self
         self._previous = sys.getprofile(), threading.getprofile()
-        _ACTIVE.append(self)
         self._install(self._hook, self._hook)
         self._mark(self._hook, id(sys._getframe(1)))  # the frame whose `with` may exit it
         return self
@@ -650,8 +648,6 @@ class CallsInto:
         if sys.getprofile() is not self._hook or threading.getprofile() is not self._hook:
             self._note("tamper", f"{REMOVED} (the profiler in place is not the check's)")
         self._install(*self._previous)
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
         log: Any = "<the check's log>"  # the log itself, put there by _anchored
         log.add("exit", id(self), "")
 
