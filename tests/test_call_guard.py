@@ -282,7 +282,7 @@ def _in_a_fork(answer):
 
 
 def _log_cleared_through_gc(guard):
-    from course_utils.grading.checks.call_guard import _Log
+    from course_utils.grading.checks.guard_code import Log as _Log
 
     helper(3)
     next(o for o in gc.get_objects() if isinstance(o, _Log))[0].clear()

@@ -2,83 +2,66 @@
 
 ``CallsInto(*targets)`` records, while it is active, every Python call into a target: a file
 (every function whose code lives there), a function or a code object (its nested functions
-too). A call matches two ways:
-
-* by identity: the target's code object is entered, whatever name it was reached by (an alias
-  bound before the check, a wrapper, a lambda), or code from a target file;
-* by content: a function whose bytecode, names and constants equal a target's (its docstring
-  and line numbers aside, see ``code_fingerprint``). That is what ``exec`` of a helper's
-  source makes, under any file name and at any line, and what pasting it under another name
-  with its locals renamed makes. It catches exact copies only: a copy edited without changing
-  what it computes (a ``+ 0``, two lines swapped, an ``ast``-edited copy) is other bytecode
-  and is not matched. Comprehensions and lambdas match by identity only: a one-line
-  ``[("F", b) for b in range(n)]`` is the same bytecode whoever writes it.
-
-Code that ``tf.function`` traces runs as AutoGraph's converted copy: that copy is matched
-through the original it was made from (``_converted``).
+too). A call matches by identity (the target's code object is entered, whatever name reached
+it: an alias bound before the check, a wrapper, a lambda; or code from a target file) or by
+content (a function whose bytecode, names and constants equal a target's, docstring and line
+numbers aside: an ``exec``'d or pasted copy, locals renamed; see ``code_fingerprint``). Only
+exact copies match: a copy edited without changing what it computes (a ``+ 0``, two lines
+swapped, an ``ast``-edited copy) is other bytecode. Comprehensions and lambdas match by
+identity only. AutoGraph's converted copy (``tf.function``) is matched through its original.
 
 **Threads.** The profiler (``sys.setprofile``) watches the calling thread, every thread
 started through ``threading`` while it is active (``threading.setprofile``), and every thread
 already running when it starts (an executor's workers made in an earlier cell): on CPython
-3.11 it sets each one's profiler the way 3.12's ``threading.setprofile_all_threads`` does
-(``_PyEval_SetProfile`` per thread state, ``_watch_others``) and gives back what each had
-when it stops. A thread started any other way cannot be profiled on 3.11 (no audit event
-``_thread.start_new_thread`` either), so the guard counts: CPython numbers every thread state
-it makes, and the guard reads the next number (it makes one itself, ``_probe``) when it
-starts and at each verdict. A thread state made in between by anything but a ``threading``
-thread that installed the guard's profiler is Python run where the check cannot watch: a
-``_thread`` thread started from C (``map(_thread.start_new_thread, ...)``, a
-``functools.partial``), or TensorFlow's own threads running a ``tf.py_function``,
-``tf.numpy_function`` or ``Dataset.from_generator``. The verdict names it (``RAW_THREAD``);
-a call of ``_thread.start_new_thread`` from Python is seen as it happens.
+3.11 it sets each one's profiler as 3.12's ``threading.setprofile_all_threads`` does
+(``guard_threads.watch_others``) and gives back what each had when it stops. A thread started
+any other way cannot be profiled on 3.11 (nor is there an audit event for it), so the guard
+counts: CPython numbers every thread state it makes, and the guard reads the next number
+(``guard_threads.probe``) when it starts and at each verdict. A thread state made in between
+by anything but a ``threading`` thread that installed the guard's profiler is Python run where
+the check cannot watch: a ``_thread`` thread started from C (``map(_thread.start_new_thread,
+...)``, a ``functools.partial``), or TensorFlow's threads running a ``tf.py_function`` or a
+generator (``RAW_THREAD``; ``tensorflow_threads=True`` where the answer is handed a dataset:
+``refusals``). A call of ``_thread.start_new_thread`` from Python is seen as it happens.
 
-**Processes.** A process started while a guard is active is named (``PROCESS``): the audit
-events ``os.fork``, ``os.forkpty``, ``os.posix_spawn``, ``os.system``, ``os.exec``,
-``os.spawn``, ``subprocess.Popen`` (``os.popen`` too), a ``fork``/``exec``/``spawn``/
-``system`` looked up through ``ctypes``; what raises no event, ``multiprocessing``'s
-``spawn`` and ``forkserver`` starting their children with ``_posixsubprocess.fork_exec``, is
-seen as the profiler's ``c_call`` of it; and a child of the watched thread still running at
-the verdict that was not there at the start (``/proc``). Python 3.11 raises these events in the
-parent, before the child exists. Children that TensorFlow's own C++ code starts and waits for
-(``ptxas`` on a GPU) are not counted: a child that ended is not a sign of the answer's.
+**Processes** started while it is active are named (``PROCESS``): the audit events ``os.fork``,
+``os.forkpty``, ``os.posix_spawn``, ``os.system``, ``os.exec``, ``os.spawn``,
+``subprocess.Popen``, a ``fork``/``exec``/``spawn``/``system`` looked up through ``ctypes``
+(3.11 raises them in the parent, before the child exists); ``_posixsubprocess.fork_exec``
+(``multiprocessing``'s spawn and forkserver: no event), seen as the profiler's ``c_call``; a
+child of the watched thread still running at the verdict (``/proc``). A child that ended is
+not counted: TensorFlow's C++ starts and waits for some (``ptxas`` on a GPU).
 
-**Tampering.** A ``sys.setprofile`` by anyone but the guard itself (an audit hook sees it,
-however the call was made, even a save-and-restore; the guard's own calls are known by their
-call chain, code objects and the frame that entered it, as logged, not by a flag anyone could
-set), a call of ``threading.setprofile``, a profiler that is no longer the guard's when it is
-read, and the guard exited by the function it watches are named (``REMOVED``).
+**Tampering** is named (``REMOVED``): a ``sys.setprofile`` by anyone but the guard (an audit
+hook sees it however it is called, even a save-and-restore; the guard's own calls are known by
+their call chain and the frame that entered it, as logged, not by a flag), a call of
+``threading.setprofile``, a profiler no longer the guard's when read, the guard exited by the
+function it watches.
 
-**The record.** What the guard saw is not kept on the guard: it is appended to one log per
-process (``_Log``), a tuple of the entries and a running SHA-256 digest, which cannot be
-rewound. The guard's functions reach it through their own code constants (``_anchored``), not
-a name anyone can rebind; reading those constants (``__code__``), replacing any function's
-code, or searching the garbage collector's objects are audit events the guard logs. A log
-that was cleared, cut or rewritten no longer matches its digest; a guard whose tables were
-replaced, whose notes were filled in by hand, that was started again, entered again, or whose
-verdict the watched function read, no longer matches its log. Each is named (``FORGED``): the
-guard has no instance dict (no attribute hides a method) and no list to clear. Each verdict
-checks the log from its guard's start on (the digest as it was there is kept), so a later
-check is not failed by an earlier one's broken log. But
-an answer that reaches the log itself (through the garbage collector or the guard's code, each
-logged) and appends well-formed entries that agree with the digest, a false start of its
-guard, hides what came before that start: the log shows removal, not an appender who knows
-its format.
+**The record** is not kept on the guard (no instance dict, no list to clear): it is appended
+to one log per process (``guard_code.Log``: the entries and a running SHA-256 digest, which
+cannot be rewound), reached through the guard's functions' own code constants
+(``guard_code.anchored``), not a name anyone can rebind; reading those constants, replacing
+any function's code, or searching the garbage collector's objects are logged. A log cleared,
+cut or rewritten no longer matches its digest; a guard whose tables were replaced, whose notes
+were filled in, that was started or entered again, or whose verdict the watched function read,
+no longer matches its log (``FORGED``). Each verdict checks the log from its guard's start
+(the digest there is kept): a later check is not failed by an earlier one's broken log. But an
+answer that reaches the log (each way logged) and appends entries that agree with the digest,
+a false start of its guard, hides what came before: the log shows removal, not an appender
+who knows its format.
 
-What it still cannot see: threads already running when it starts, on another Python than
-CPython 3.11 (their profilers are left alone there); a ``threading.Thread``
-subclass that rewrites threading's own start-up methods to run code before the profiler is
-installed; code that rewrites the check's own modules or classes (``CallsInto.take = ...``,
-``refusals.refusing = ...``) or writes memory through ``ctypes``; an edited copy of a helper
-(see above). An answer that does any of these is not a learner's mistake; the exercises make
-the helper unable to answer their task where they can.
+What it still cannot see: threads already running, on another Python than CPython 3.11; a
+``threading.Thread`` subclass that rewrites threading's own start-up methods to run code
+before the profiler is installed; code that rewrites the check's own modules or classes
+(``CallsInto.take = ...``, ``refusals.refusing = ...``) or memory through ``ctypes``; an
+edited copy of a helper. None of these is a learner's mistake; the exercises make the helper
+unable to answer their task where they can.
 """
 
 from __future__ import annotations
 
 import _thread
-import ctypes
-import dis
-import hashlib
 import os
 import sys
 import threading
@@ -86,6 +69,29 @@ import time
 import types
 from pathlib import Path
 from typing import Any
+
+from course_utils.grading.checks.guard_code import (  # the messages: re-exported here
+    ANCHORED,
+    ANONYMOUS,
+    FORGED,
+    PROCESS,
+    RAW_THREAD,
+    REMOVED,
+    WATCHING,
+    Log,
+    anchored,
+    autograph_original,
+    code_fingerprint,
+    quick_key,
+    target_codes,
+    watching_problem,
+)
+from course_utils.grading.checks.guard_threads import (
+    children,
+    probe,
+    unwatch_others,
+    watch_others,
+)
 
 try:
     import _posixsubprocess as _POSIXSUBPROCESS  # subprocess's and multiprocessing's
@@ -95,13 +101,6 @@ except ImportError:  # not POSIX
 __all__ = ["FORGED", "PROCESS", "RAW_THREAD", "REMOVED", "WATCHING", "CallsInto",
            "code_fingerprint", "watching_problem"]
 
-REMOVED = "your function removed the check's profiler"
-RAW_THREAD = ("your function ran Python in a thread the check cannot watch (a thread started "
-              "with _thread, or TensorFlow's own threads running a tf.py_function or a "
-              "generator)")
-PROCESS = "your function started a process, which the check cannot watch"
-FORGED = "your function changed the check's record of what it called"
-_ANONYMOUS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>", "<lambda>")
 _THREAD_START = threading.Thread._bootstrap_inner.__code__  # installs threading's hook
 _THREAD_STARTER = threading.Thread.start.__code__  # the one caller of _thread allowed
 _THREADING_SETPROFILE = threading.setprofile.__code__
@@ -111,250 +110,10 @@ _PROCESS_EVENTS = frozenset(("os.fork", "os.forkpty", "os.posix_spawn", "os.syst
                              "os.spawn", "subprocess.Popen", "os.startfile", "pty.spawn"))
 _PROCESS_SYMBOLS = ("fork", "vfork", "clone", "exec", "posix_spawn", "system", "popen",
                     "spawn", "syscall")
-WATCHING = (REMOVED, RAW_THREAD, PROCESS, FORGED)  # what can go wrong with the watching
 _WATCHING = WATCHING
 _SEARCHES = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents"))
 _UNSEEN = object()
 _SETTLE = 5  # waits of 2 ms for threads still starting, before a verdict counts them
-_HERE = "<the check's log>"  # replaced, in the functions' constants, by the log itself
-
-
-class _Log(tuple):
-    """Append-only: ``(entries, digest, [lock, digests at each start])``, every entry also fed
-    to a SHA-256 digest, which cannot be rewound, so a list that was cleared, cut or rewritten
-    no longer matches it (``intact``). A tuple without attributes: no part can be swapped for
-    another. The guard's functions reach it through their own code constants (``_anchored``),
-    and reading those (``__code__``), or searching the garbage collector's objects, is an audit
-    event the guard logs."""
-
-    __slots__ = ()
-
-    # by identity: a code object that holds it as a constant is hashed and compared
-    __hash__ = object.__hash__
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __new__(cls) -> _Log:
-        # the lock keeps the list and the digest in the same order when threads add at once;
-        # the digest as it was after each start ("mark") lets a verdict check its own window
-        # without hashing the whole log again
-        return super().__new__(cls, ([], hashlib.sha256(), [_thread.allocate_lock(), {}]))
-
-    @staticmethod
-    def _key(entry: tuple[Any, ...]) -> bytes:
-        return repr(entry).encode() + b"\0"
-
-    @property
-    def entries(self) -> list[tuple[Any, ...]]:
-        return self[0]
-
-    def add(self, *entry: Any) -> None:
-        with self[2][0]:
-            self[0].append(entry)
-            self[1].update(repr(entry).encode() + b"\0")  # _key, inlined: no call
-            if entry[0] == "mark":
-                self[2][1][len(self[0]) - 1] = self[1].copy()
-
-    def intact(self, since: int = -1) -> bool:
-        """Whether the entries after ``since`` (a mark's place; -1: all) are those the digest
-        was fed."""
-        with self[2][0]:
-            start = self[2][1].get(since)
-            digest = start.copy() if start is not None else hashlib.sha256()
-            for entry in self[0][since + 1 if start is not None else 0:]:
-                digest.update(repr(entry).encode() + b"\0")  # _key, inlined
-            return digest.digest() == self[1].digest()
-
-    def after_fork(self) -> None:
-        """A child of ``fork`` gets a new lock (another thread may have held the old one)."""
-        self[2][0] = _thread.allocate_lock()
-
-
-_LOG = _Log()
-_ANCHORED: set[int] = set()  # the ids of the functions that hold the log
-
-
-def _anchored(function: Any, log: _Log) -> Any:
-    """``function`` with the constant ``_HERE`` replaced by the log: what it reads the log
-    through is its own code, which only an audited ``__code__`` assignment could replace,
-    and an audited ``__code__`` read could reach."""
-    code = function.__code__
-    function.__code__ = code.replace(co_consts=tuple(
-        log if isinstance(c, str) and c == _HERE else c for c in code.co_consts))
-    _ANCHORED.add(id(function))
-    return function
-
-
-def _api() -> Any:
-    """CPython's thread-state functions, through ``ctypes`` (None where they are missing)."""
-    try:
-        api = ctypes.pythonapi
-        api.PyInterpreterState_Get.restype = ctypes.c_void_p
-        api.PyThreadState_New.restype = ctypes.c_void_p
-        api.PyThreadState_New.argtypes = [ctypes.c_void_p]
-        api.PyThreadState_GetID.restype = ctypes.c_uint64
-        api.PyThreadState_GetID.argtypes = [ctypes.c_void_p]
-        api.PyThreadState_Clear.argtypes = [ctypes.c_void_p]
-        api.PyThreadState_Delete.argtypes = [ctypes.c_void_p]
-        return (api.PyInterpreterState_Get(), api.PyThreadState_New, api.PyThreadState_GetID,
-                api.PyThreadState_Clear, api.PyThreadState_Delete)
-    except (AttributeError, OSError):  # not CPython
-        return None
-
-
-_API = _api()
-
-
-def _probe() -> int:
-    """The serial number of a thread state made now (and deleted): the next one CPython gives
-    out. Every thread that runs Python gets one; -1 where it cannot be read."""
-    if _API is None:
-        return -1
-    interp, new, get_id, clear, delete = _API
-    state = new(interp)
-    serial = int(get_id(state))
-    clear(state)
-    delete(state)
-    return serial
-
-
-def _others_api() -> Any:
-    """What profiling the threads already running needs (CPython 3.11 only, else None):
-    the thread states' list and ``_PyEval_SetProfile``, which CPython 3.12's
-    ``threading.setprofile_all_threads`` calls for each thread in the same way."""
-    if _API is None or sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 11):
-        return None
-    try:
-        api = ctypes.pythonapi
-        api.PyThreadState_Get.restype = ctypes.c_void_p
-        api.PyInterpreterState_ThreadHead.restype = ctypes.c_void_p
-        api.PyInterpreterState_ThreadHead.argtypes = [ctypes.c_void_p]
-        api.PyThreadState_Next.restype = ctypes.c_void_p
-        api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
-        set_profile = api._PyEval_SetProfile
-        set_profile.restype = ctypes.c_int
-        set_profile.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    except AttributeError:
-        return None
-    return api, set_profile
-
-
-_OTHERS = _others_api()
-# where a thread state holds its profile function and object (3.11's ``struct _ts``: after
-# prev, next, interp, six ints and cframe, come c_profilefunc, c_tracefunc, c_profileobj);
-# checked on this thread's own state before any other thread's is touched
-_PROFILE_FUNC, _PROFILE_OBJ = 8, 10
-
-
-def _profile_words(state: int) -> Any:
-    return (ctypes.c_void_p * (_PROFILE_OBJ + 1)).from_address(state)
-
-
-def _other_threads() -> list[int]:
-    """The thread states of the interpreter's other threads."""
-    api, _ = _OTHERS
-    mine = api.PyThreadState_Get()
-    states, state = [], api.PyInterpreterState_ThreadHead(_API[0])
-    while state:
-        if state != mine:
-            states.append(state)
-        state = api.PyThreadState_Next(state)
-    return states
-
-
-def _watch_others(hook: Any, saved: dict[int, Any]) -> None:
-    """``hook`` (already this thread's profiler) made every other thread's too: threads that
-    were running before the guard started (an executor's workers made earlier). What each
-    had is kept in ``saved`` (by thread state) for ``_unwatch_others``."""
-    if _OTHERS is None:
-        return
-    api, set_profile = _OTHERS
-    words = _profile_words(api.PyThreadState_Get())
-    if words[_PROFILE_OBJ] != id(hook):  # not the layout expected: touch nothing
-        return
-    trampoline = words[_PROFILE_FUNC]
-    for state in _other_threads():
-        theirs = _profile_words(state)
-        if theirs[_PROFILE_OBJ] == id(hook) or state in saved:
-            continue
-        old = ctypes.cast(theirs[_PROFILE_OBJ], ctypes.py_object).value \
-            if theirs[_PROFILE_OBJ] else None  # kept alive here until it is put back
-        saved[state] = (theirs[_PROFILE_FUNC], old)
-        set_profile(state, trampoline, id(hook))  # it takes its own reference
-
-
-def _unwatch_others(hook: Any, saved: dict[int, Any]) -> None:
-    """Each other thread still profiled by ``hook`` gets back what it had."""
-    if _OTHERS is None or not saved:
-        return
-    _, set_profile = _OTHERS
-    for state in _other_threads():
-        if state in saved and _profile_words(state)[_PROFILE_OBJ] == id(hook):
-            function, old = saved[state]
-            set_profile(state, function if old is not None else None,
-                        id(old) if old is not None else None)
-    saved.clear()
-
-
-def _children() -> frozenset[str]:
-    """The running children of this thread (Linux ``/proc``; empty elsewhere): a process
-    started from C in the watched thread, which raised no event."""
-    try:
-        with open("/proc/thread-self/children", encoding="ascii") as handle:
-            return frozenset(handle.read().split())
-    except OSError:
-        return frozenset()
-
-
-def watching_problem(names: list[str]) -> str | None:
-    """The first of ``take()``'s names when it says what went wrong with the watching."""
-    return names[0] if names and names[0].startswith(WATCHING) else None
-
-
-def _instruction(instruction: dis.Instruction) -> tuple[str, Any]:
-    """One instruction, the same however the compiler chose to spell a call: a method load is
-    an attribute load, a global by its name (not its index, nor the "push NULL" bit); locals
-    and jumps by index, so renamed locals look the same."""
-    name = "LOAD_ATTR" if instruction.opname == "LOAD_METHOD" else instruction.opname
-    if name in ("LOAD_GLOBAL", "LOAD_ATTR", "LOAD_NAME"):
-        return name, instruction.argval
-    return name, instruction.arg
-
-
-def code_fingerprint(code: types.CodeType) -> tuple[Any, ...]:
-    """What a function does, without its names: its instructions (no line numbers, no inline
-    caches, locals by index), global and attribute names, constants (the docstring left out,
-    nested functions by their own fingerprint)."""
-    consts = list(code.co_consts)
-    if consts and isinstance(consts[0], str):  # the docstring, or the first string constant
-        consts = consts[1:]
-    instructions = tuple(_instruction(i) for i in dis.get_instructions(code)
-                         if i.opname != "CACHE")
-    return (instructions, code.co_names, code.co_argcount, code.co_kwonlyargcount,
-            tuple(code_fingerprint(c) if isinstance(c, types.CodeType) else repr(c)
-                  for c in consts))
-
-
-def _quick_key(code: types.CodeType) -> tuple[Any, ...]:
-    """A cheap part of the fingerprint: only codes that share it are fingerprinted."""
-    return code.co_argcount, code.co_kwonlyargcount, code.co_names
-
-
-def _target_codes(target: Any) -> list[types.CodeType]:
-    """The code objects of a target: a file's (compiled from its source), a function's or a
-    code object's, nested ones included."""
-    if isinstance(target, (str, Path)):
-        path = Path(target)
-        stack = [compile(path.read_text(encoding="utf-8"), str(path), "exec")]
-    else:
-        stack = [getattr(target, "__code__", target)]
-    codes = []
-    while stack:
-        code = stack.pop()
-        codes.append(code)
-        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-    return codes
 
 
 def _start_of(guard: Any) -> tuple[Any, ...] | None:
@@ -404,10 +163,8 @@ def _from_the_check(method: Any, guard: Any) -> bool:
 
 
 def _audit(event: str, args: Any) -> None:
-    """Logs what a guard must know of, from any thread: a profiler set by someone else
-    (``sys.setprofile``, however it is called), threading's own install of the profiler in a
-    thread it starts, a process started, a function's code replaced. The audit hook cannot be
-    removed; it reaches the log through its own constants."""
+    """Logs, from any thread, a profiler set by someone else, threading's install of it in a
+    thread it starts, a process started, the log reached (an audit hook cannot be removed)."""
     log: Any = "<the check's log>"  # the log itself, put there by _anchored
     if event == "sys.setprofile":
         caller = sys._getframe(1)
@@ -425,7 +182,7 @@ def _audit(event: str, args: Any) -> None:
                              f"{event})")
     elif (event in ("object.__setattr__", "object.__getattr__") and len(args) > 1
           and args[1] == "__code__" and isinstance(args[0], types.FunctionType)
-          and (event == "object.__setattr__" or id(args[0]) in _ANCHORED)):
+          and (event == "object.__setattr__" or id(args[0]) in ANCHORED)):
         log.add("tamper", 0, f"{FORGED} (the code of {args[0].__qualname__} was "
                              + ("replaced)" if event == "object.__setattr__" else "read)"))
 
@@ -455,19 +212,19 @@ class CallsInto:
         for target in targets:
             if isinstance(target, (str, Path)):
                 files.add(str(target))
-            codes = _target_codes(target)
+            codes = target_codes(target)
             top = getattr(target, "__name__", None) or codes[0].co_name
             for code in codes:
                 names.setdefault(code, code.co_name if code.co_name != "<module>" else top)
-                if code.co_name not in _ANONYMOUS + ("<module>",):
+                if code.co_name not in ANONYMOUS + ("<module>",):
                     content.setdefault(code_fingerprint(code), names[code])
         # immutable tables; what they were is logged at each start, so a table replaced by
         # another is noticed
         self.files = frozenset(files)
         self.identity = frozenset(names)
         self.content = frozenset(content.items())
-        self.quick = frozenset(_quick_key(code) for code in names
-                               if code.co_name not in _ANONYMOUS + ("<module>",))
+        self.quick = frozenset(quick_key(code) for code in names
+                               if code.co_name not in ANONYMOUS + ("<module>",))
         self._names = names  # only to name what was found: membership is `identity`
         self.target_names = frozenset(code.co_name for code in names)
         self.also = also
@@ -500,7 +257,7 @@ class CallsInto:
             return self._names.get(code) or code.co_name
         if code.co_filename in self.files:
             return code.co_name
-        if code.co_name in _ANONYMOUS or _quick_key(code) not in self.quick:
+        if code.co_name in ANONYMOUS or quick_key(code) not in self.quick:
             return None
         return self._copy_of(code)
 
@@ -536,12 +293,9 @@ class CallsInto:
                 _WATCHING) else f"{FORGED} (a note was forged)")
 
     def _converted(self, frame: Any) -> str | None:
-        """A function AutoGraph converted (``tf.function`` tracing), matched through the
-        original: AutoGraph names its copy ``tf__<name>`` and runs it with the original's
-        globals, where ``<name>`` is the original (a function nested in another is matched
-        through the outer one, converted with it)."""
-        original = getattr(frame.f_globals.get(frame.f_code.co_name[4:]), "__code__", None)
-        found = self.match(original) if isinstance(original, types.CodeType) else None
+        """AutoGraph's copy, matched through its original (``guard_code.autograph_original``)."""
+        original = autograph_original(frame)
+        found = self.match(original) if original is not None else None
         return f"{found} (converted by AutoGraph)" if found else None
 
     def _mark(self, hook: Any, owner: int) -> None:
@@ -554,7 +308,7 @@ class CallsInto:
             return
         self._logged = set()
         log.add("mark", id(self), id(hook) if hook is not None else 0, self._tables(),
-                _probe(), 0, _children(), owner)
+                probe(), 0, children(), owner)
 
     def _active(self) -> bool:
         """Entered and not exited since, as logged."""
@@ -579,7 +333,7 @@ class CallsInto:
             return [f"{FORGED} (its log was cleared or rewritten: restart the kernel)"], []
         if start is None:
             return [], []
-        _, _, hook, tables, serial, _, children, _ = entries[start]
+        _, _, hook, tables, serial, _, started_with, _ = entries[start]
         window = entries[start + 1:]
         problems = [e[2] for e in window if e[0] == "tamper"]
         called = [e[2] for e in window if e[0] == "call" and e[1] == id(self)]
@@ -588,7 +342,7 @@ class CallsInto:
                    or set(self._logged) != set(called) or type(seen) is not dict)
         for code, found in list(seen.items()) if not changed else ():
             if found is None and code.co_name not in self.target_names and not (
-                    code.co_filename in self.files or _quick_key(code) in self.quick):
+                    code.co_filename in self.files or quick_key(code) in self.quick):
                 continue  # cannot be a target: nothing to check (cheaply)
             if found != self._match(code):
                 changed = True
@@ -600,9 +354,9 @@ class CallsInto:
         profilers = installed or (sys.getprofile(), threading.getprofile())
         if hook and not exited and (id(profilers[0]) != hook or id(profilers[1]) != hook):
             problems.append(f"{REMOVED} (the profiler in place is not the check's)")
-        if not _children() <= children:
+        if not children() <= started_with:
             problems.append(f"{PROCESS} (a child process ran while it was watched)")
-        now = _probe()
+        now = probe()
         log.add("probe", 0, now)
         if serial >= 0 and not self.tensorflow_threads:
             consumed = [e[2] if e[0] == "probe" else e[4] for e in window
@@ -626,10 +380,10 @@ class CallsInto:
     def _install(self, profile: Any, thread_profile: Any, others: bool = True) -> None:
         threading.setprofile(thread_profile)
         if others and profile is not self._hook:
-            _unwatch_others(self._hook, self._others)
+            unwatch_others(self._hook, self._others)
         sys.setprofile(profile)
         if others and profile is self._hook:
-            _watch_others(self._hook, self._others)
+            watch_others(self._hook, self._others)
 
     def __enter__(self) -> CallsInto:
         if self._active():
@@ -676,19 +430,19 @@ class CallsInto:
         return [*problems[:1], *called]
 
 
-# AutoGraph (a refusal traced in a tf.function) calls the guard's methods as they are: a
-# converted copy, made from their source, would lose the log held in their constants
+# AutoGraph calls the guard's methods as they are (a copy made from source lacks the log)
 for _method in vars(CallsInto).values():
     _method = getattr(_method, "fget", _method)
     if isinstance(_method, types.FunctionType):
         _method.autograph_info__ = {}  # tensorflow/python/autograph/impl/api.py
 _INSTALL = CallsInto._install.__code__
-_ON_OTHERS = (_watch_others.__code__, _unwatch_others.__code__)
+_ON_OTHERS = (watch_others.__code__, unwatch_others.__code__)
 _ENTER = CallsInto.__enter__.__code__
 _TAKE = CallsInto.take.__code__
+_LOG = Log()  # from here on held only in these functions' code constants
 for _function in (_start_of, _audit, CallsInto._note, CallsInto._mark, CallsInto._active,
                   CallsInto._verdict, CallsInto.__exit__):
-    _anchored(_function, _LOG)
+    anchored(_function, _LOG)
 os.register_at_fork(after_in_child=_LOG.after_fork)
 del _function, _method, _LOG  # from now on only the functions' constants hold the log
 _WITH = (CallsInto.__exit__.__code__, _TAKE)  # __exit__'s code as anchored

@@ -42,13 +42,10 @@ __all__ = ["check_make_tpu_ready", "check_tpu_settings", "check_train_steps",
            "reference_tpu_settings", "reference_train_steps"]
 
 
-def _refusing_the_check(fn: Any, why: str, also_refused: tuple[Any, ...] = (),
-                        tensorflow_threads: bool = False) -> Any:
-    """``fn`` refusing this module's functions (the answers) and ``also_refused`` as it runs;
-    ``tensorflow_threads`` where it is handed a dataset whose generator TensorFlow's threads
-    run (``call_guard``)."""
+def _refusing_the_check(fn: Any, why: str, also_refused: tuple[Any, ...] = ()) -> Any:
+    """``fn`` refusing this module's functions (the answers) and ``also_refused`` as it runs."""
     return refusing(fn, [*own_functions(sys.modules[__name__], but=["_raw_dataset"]),
-                         *also_refused], why, tensorflow_threads=tensorflow_threads)
+                         *also_refused], why)
 
 
 def _course_training_files() -> tuple[str, ...]:
@@ -205,8 +202,7 @@ def check_make_tpu_ready(fn: Any) -> bool:
                                 f"sequence_length={length})"))
     cases.append(_stream_case(rng))
     return run_check(
-        "make_tpu_ready",
-        _refusing_the_check(fn, "build the pipeline yourself", tensorflow_threads=True), cases,
+        "make_tpu_ready", _refusing_the_check(fn, "build the pipeline yourself"), cases,
         hint="lesson 05, section 3 (static shapes: one program, compiled once): what shape "
              "does each of your batches have, the last included, and what becomes of a "
              "sequence longer or shorter than sequence_length?")

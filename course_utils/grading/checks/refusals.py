@@ -34,6 +34,7 @@ from course_utils.grading.checks.call_guard import (
 
 __all__ = ["code_fingerprint", "own_functions", "refusing"]
 
+_TF_DATA = "tensorflow.python.data."  # where tf.data's dataset classes live
 _ADVICE = {  # what went wrong with the watching, and what to do instead
     REMOVED: "the check watches which functions it runs; leave sys.setprofile and "
              "threading.setprofile alone",
@@ -71,14 +72,17 @@ class _Refusing:
     """
 
     def __init__(self, fn: Any, helpers: Iterable[Any], why: str,
-                 also: Callable[[Any], None] | None = None,
-                 tensorflow_threads: bool = False) -> None:
+                 also: Callable[[Any], None] | None = None) -> None:
         self.fn, self.why = fn, why
-        self.guard = CallsInto(*helpers, also=also, tensorflow_threads=tensorflow_threads)
+        self.guard = CallsInto(*helpers, also=also)
         self.__wrapped__ = fn  # the framework's introspection guard reads the learner's code
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         guard = self.guard
+        # a tf.data dataset handed to the answer may run the check's generator in
+        # TensorFlow's threads when read: thread states are not counted then (call_guard)
+        guard.tensorflow_threads = any(type(value).__module__.startswith(_TF_DATA)
+                                       for value in (*args, *kwargs.values()))
         try:
             with guard:
                 result = self.fn(*args, **kwargs)
@@ -98,10 +102,7 @@ class _Refusing:
 
 
 def refusing(fn: Any, helpers: Iterable[Any], why: str,
-             also: Callable[[Any], None] | None = None,
-             tensorflow_threads: bool = False) -> Any:
+             also: Callable[[Any], None] | None = None) -> Any:
     """``fn`` refusing the helpers' code (see the module's docstring); ``also(frame)`` is called
-    on every Python call while it runs; ``tensorflow_threads`` where the check hands it a
-    dataset whose generator TensorFlow's threads run (``call_guard.CallsInto``). Non-callables
-    are returned as they are."""
-    return _Refusing(fn, helpers, why, also, tensorflow_threads) if callable(fn) else fn
+    on every Python call while it runs. Non-callables are returned as they are."""
+    return _Refusing(fn, helpers, why, also) if callable(fn) else fn
