@@ -349,3 +349,14 @@ def test_a_thread_still_starting_at_the_verdict_is_not_taken_for_an_unwatched_on
             worker.start()
             assert guard.take() == []
         worker.join()
+
+
+def test_an_answer_handed_a_dataset_may_read_it_where_tensorflows_threads_run_the_generator():
+    tf = pytest.importorskip("course_utils.quiet").import_tensorflow()
+    data = tf.data.Dataset.from_generator(lambda: iter(range(3)),
+                                          output_signature=tf.TensorSpec((), tf.int64))
+
+    def reads(dataset):
+        return [int(v) for v in dataset]
+
+    assert refusing(reads, [helper], "write it yourself")(data) == [0, 1, 2]
