@@ -1,17 +1,25 @@
 """The checks' one guard (call_guard.CallsInto, refusals.refusing): aliases, exec'd copies,
-threads and a removed profiler are all caught; an honest function passes."""
+threads (any route), processes, a removed profiler and a forged record are all caught; an
+honest function passes. Each exercise's catalogue of these: test_guard_bypasses.py."""
 
 from __future__ import annotations
 
 import _thread
+import ctypes
+import functools
+import gc
 import inspect
+import multiprocessing
+import os
+import subprocess
 import sys
 import textwrap
 import threading
 
+import numpy as np
 import pytest
 
-from course_utils.grading.checks.call_guard import RAW_THREAD, REMOVED, CallsInto
+from course_utils.grading.checks.call_guard import FORGED, PROCESS, RAW_THREAD, REMOVED, CallsInto
 from course_utils.grading.checks.refusals import own_functions, refusing
 
 
@@ -181,3 +189,174 @@ def test_autographs_converted_copy_is_matched_through_its_original():
     with CallsInto(helper) as guard:
         namespace["tf__helper"](3)
         assert guard.take() == ["helper (converted by AutoGraph)"]
+
+
+# --- threads the profiler cannot watch, processes, a forged record (issue 30) ---------------
+
+
+def _through_c_thread(start):
+    """``helper`` run in a ``_thread`` thread that ``start`` starts, waited for."""
+    done, out = _thread.allocate_lock(), []
+    done.acquire()
+
+    def run():
+        out.append(helper(3))
+        done.release()
+
+    start(run)
+    done.acquire()
+    return out[0]
+
+
+@pytest.mark.parametrize("start", [
+    lambda run: list(map(_thread.start_new_thread, [run], [()])),
+    lambda run: functools.partial(_thread.start_new_thread, run, ())(),
+], ids=["map", "partial"])
+def test_a_raw_thread_started_from_c_is_counted_and_named(start):
+    with CallsInto(helper) as guard:
+        _through_c_thread(start)
+        assert guard.take()[0] == RAW_THREAD
+        assert guard.take() == []  # named once; the count starts again
+
+
+def test_threads_started_with_threading_are_watched_not_counted_against_it():
+    with CallsInto(helper) as guard:
+        workers = [threading.Thread(target=honest, args=(3,)) for _ in range(3)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert guard.take() == []
+
+
+def test_python_run_by_tensorflows_own_threads_is_named():
+    tf = pytest.importorskip("course_utils.quiet").import_tensorflow()
+
+    def answer():
+        def in_tf(x):
+            return np.int64(helper(int(x)))
+        data = tf.data.Dataset.range(3).map(lambda x: tf.numpy_function(in_tf, [x], tf.int64))
+        return [int(v) for v in data]
+
+    with CallsInto(helper) as guard:
+        answer()
+        assert guard.take()[0] == RAW_THREAD
+
+
+def _spawned():
+    child = multiprocessing.get_context("spawn").Process(target=os.getpid)
+    child.start()
+    child.join()
+
+
+@pytest.mark.parametrize("start", [
+    lambda: os.waitpid(os.posix_spawn("/bin/true", ["true"], {}), 0),
+    lambda: os.system("true"),  # noqa: S605, S607
+    lambda: subprocess.run(["true"], check=True),  # noqa: S603, S607
+    lambda: ctypes.CDLL(None).fork,  # looked up: a fork through ctypes raises no os.fork
+    _spawned,  # no audit event: the profiler sees _posixsubprocess.fork_exec called
+], ids=["posix_spawn", "system", "subprocess", "ctypes", "multiprocessing spawn"])
+def test_a_process_started_while_it_watches_is_named(start):
+    with CallsInto(helper) as guard:
+        start()
+        assert guard.take()[0].startswith(PROCESS)
+        assert guard.take() == []
+
+
+def _in_a_fork(answer):
+    """``answer(guard)``'s verdict, in a forked child: a cleared log stays cleared."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with CallsInto(helper) as guard:
+                answer(guard)
+                names = guard.take()
+            os.write(write, repr(names).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        return pipe.read()
+
+
+def _log_cleared_through_gc(guard):
+    from course_utils.grading.checks.guard_code import Log as _Log
+
+    helper(3)
+    next(o for o in gc.get_objects() if isinstance(o, _Log))[0].clear()
+
+
+def _log_read_through_code(guard):
+    next(c for c in CallsInto._verdict.__code__.co_consts if isinstance(c, tuple))
+    helper(3)
+
+
+def _marked_again(guard):
+    helper(3)
+    guard._mark(guard._hook, 0)
+
+
+def _entered_again(guard):
+    helper(3)
+    guard.__enter__()
+
+
+def _verdict_taken(guard):
+    helper(3)
+    guard.take()
+
+
+def _tables_emptied(guard):
+    guard.identity = frozenset()
+    helper(3)
+
+
+@pytest.mark.parametrize("answer", [
+    _log_cleared_through_gc, _log_read_through_code, _marked_again, _entered_again,
+    _verdict_taken, _tables_emptied])
+def test_a_forged_record_is_named(answer):
+    said = _in_a_fork(answer)
+    assert FORGED in said, said
+
+
+def test_the_guard_has_no_record_to_clear_and_no_method_to_hide():
+    with CallsInto(helper) as guard:
+        with pytest.raises(AttributeError):
+            sys.getprofile().__self__.match = lambda code: None  # no instance dict
+        helper(3)
+        names = guard.take()
+    assert names == ["helper"]
+    assert not hasattr(guard, "names")
+
+
+def test_threads_running_before_it_are_watched_and_given_back_their_profiler():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(int).result()  # its worker runs before the guard starts
+        with CallsInto(helper) as guard:
+            pool.submit(helper, 3).result()
+            assert guard.take() == ["helper"]
+        assert pool.submit(sys.getprofile).result() is None
+
+
+def test_a_thread_still_starting_at_the_verdict_is_not_taken_for_an_unwatched_one():
+    for _ in range(20):  # start() returns a few instructions before the thread is profiled
+        with CallsInto(helper) as guard:
+            worker = threading.Thread(target=honest, args=(3,))
+            worker.start()
+            assert guard.take() == []
+        worker.join()
+
+
+def test_an_answer_handed_a_dataset_may_read_it_where_tensorflows_threads_run_the_generator():
+    tf = pytest.importorskip("course_utils.quiet").import_tensorflow()
+    data = tf.data.Dataset.from_generator(lambda: iter(range(3)),
+                                          output_signature=tf.TensorSpec((), tf.int64))
+
+    def reads(dataset):
+        return [int(v) for v in dataset]
+
+    assert refusing(reads, [helper], "write it yourself")(data) == [0, 1, 2]

@@ -9,6 +9,11 @@ globals, the learner's helpers, the modules imported) and none of the answers, w
 exist yet when it is made. Only plain Python runs in the copy (no TensorFlow: a forked
 TensorFlow runtime may hang), so it suits checks of pure functions (lesson 03's diagnosis).
 Where ``os.fork`` is missing (Windows) the function is called in this process.
+
+The copy is made before any guard starts; a function guarded there (``refusals.refusing``,
+``step_waits.CodesRun``) that forks again, or starts a process or a thread the guard cannot
+watch, to run a helper out of its sight, is named by that guard in the copy
+(``call_guard``), and the parent receives the message as a :class:`ForkedCallError`.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks import pipeline_probe
-from course_utils.grading.checks.call_guard import CallsInto
+from course_utils.grading.checks.call_guard import CallsInto, watching_problem
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -199,6 +199,8 @@ def _verifier(kind: str, table: str,
               guard: CallsInto | None = None) -> Callable[[Any], str | None]:
     def verify(got: Any) -> str | None:
         called = guard.take() if guard is not None else []
+        if watching_problem(called):
+            return watching_problem(called)
         if called:
             return (f"find_bottleneck called cu.profiling ({', '.join(called)}): it must read "
                     "the events itself; cu.profiling.step_breakdown is what the check "
@@ -414,6 +416,8 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     def guarded(verify: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
         def check(got: Any) -> str | None:
             called = guard.take()
+            if watching_problem(called):
+                return watching_problem(called)
             named = [name for name in called if not name.startswith("<")]  # no genexpr
             helpers = [name for name in named if name.split(" ")[0] in _DECIDER_NAMES]
             if helpers and len(helpers) == len(named):

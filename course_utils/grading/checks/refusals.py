@@ -1,16 +1,19 @@
-"""Refusing the course's own answers inside a learner's function (lessons 05 and 06).
+"""Refusing the course's own answers inside a learner's function (lessons 00, 05, 06, 07).
 
 A check wraps the learner's function in :func:`refusing`: while it runs, the shared guard
-(``call_guard.CallsInto``) compares every Python function it enters, in its thread and in the
-threads it starts, with the course's helpers and reference answers, by identity and by content
-(an ``exec``'d or line-shifted copy, a paste with renamed locals); see ``call_guard``. A
+(``call_guard.CallsInto``) compares every Python function it enters, in its thread, in the
+threads it starts and in the threads already running, with the course's helpers and reference
+answers, by identity and by content (an ``exec``'d or line-shifted copy, a paste with renamed
+locals); see ``call_guard``. A
 learner's function that removes the guard's profiler (``sys.setprofile(None)``, even put back
-before it returns) or calls ``_thread.start_new_thread`` itself fails too.
+before it returns), runs Python in a thread the guard cannot watch (``_thread``, even from C;
+TensorFlow's threads), starts a process, or changes the guard's record fails too, with a
+message naming which.
 
 Content matching catches exact copies only: a copy edited without changing what it computes
-(a ``+ 0``) is other bytecode and passes this guard. What makes a transcribed copy fail is the
-exercise: each asks for something the course's code does not do (a task variant), which the
-check's fresh cases test.
+(a ``+ 0``, an ``ast``-edited copy) is other bytecode and passes this guard. What makes a
+transcribed copy fail is the exercise: each asks for something the course's code does not do
+(a task variant), which the check's fresh cases test.
 """
 
 from __future__ import annotations
@@ -20,9 +23,26 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from course_utils.grading.checks.call_guard import CallsInto, code_fingerprint
+from course_utils.grading.checks.call_guard import (
+    FORGED,
+    PROCESS,
+    RAW_THREAD,
+    REMOVED,
+    CallsInto,
+    code_fingerprint,
+)
 
 __all__ = ["code_fingerprint", "own_functions", "refusing"]
+
+_TF_DATA = "tensorflow.python.data."  # where tf.data's dataset classes live
+_ADVICE = {  # what went wrong with the watching, and what to do instead
+    REMOVED: "the check watches which functions it runs; leave sys.setprofile and "
+             "threading.setprofile alone",
+    RAW_THREAD: "start threads with threading, and run Python in your function, not in "
+                "TensorFlow's threads",
+    PROCESS: "compute it in this process",
+    FORGED: "leave the check's objects alone",
+}
 
 
 def own_functions(module: types.ModuleType, but: Iterable[str] = ()) -> list[Any]:
@@ -59,21 +79,23 @@ class _Refusing:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         guard = self.guard
-        guard.names.clear()
-        guard.tampered = None
+        # a tf.data dataset handed to the answer may run the check's generator in
+        # TensorFlow's threads when read: thread states are not counted then (call_guard)
+        guard.tensorflow_threads = any(type(value).__module__.startswith(_TF_DATA)
+                                       for value in (*args, *kwargs.values()))
         try:
             with guard:
                 result = self.fn(*args, **kwargs)
+                entered = guard.take()  # while it is active: its profiler is checked too
         except NotImplementedError as error:
             if _raised_by(self.fn, error):
                 raise
             raise RuntimeError(f"NotImplementedError from inside a library call: {error}"
                                ) from error
-        if guard.tampered:
-            raise AssertionError(f"{guard.tampered}: the check watches which functions it "
-                                 "runs; leave sys.setprofile and threading.setprofile alone "
-                                 "and start threads with threading")
-        entered = guard.names
+        advice = [text for kind, text in _ADVICE.items() if entered[:1] and
+                  entered[0].startswith(kind)]
+        if advice:
+            raise AssertionError(f"{entered[0]}: {advice[0]}")
         if entered:
             raise AssertionError(f"your function ran the course's {entered[0]}: {self.why}")
         return result

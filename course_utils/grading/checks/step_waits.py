@@ -6,19 +6,21 @@ as long as the case says and answered. The answer runs in a copy of the process 
 the cases are drawn (``checks/forked_call.py``), so neither its arguments' closures nor any
 frame or object of that copy holds a wait or an expected value: it can only time the calls.
 :class:`CodesRun` records, in that copy, whether the answer called the course's timing helper
-(or a copy of it), or switched the recording off.
+(or a copy of it), or escaped the recording (the checks' one guard, ``call_guard``: its
+profiler removed, a thread or a process it cannot watch, its record changed).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from course_utils.grading.checks.call_guard import CallsInto, watching_problem
 
 __all__ = ["CodesRun", "WaitServer", "parts_called"]
 
@@ -39,39 +41,36 @@ def _signature(code: Any) -> tuple[Any, ...]:
 
 
 class CodesRun:
-    """Records the code object of every Python function called while it is on, in every
-    thread, and whether the recording was switched off before the check stopped it."""
+    """Records the code object of every Python function called while its ``guard`` (the
+    checks' one guard, ``call_guard.CallsInto``) is active, in every thread it watches, and
+    what went wrong with the watching (``problem``: the profiler removed, a thread it cannot
+    watch, a process started, its record changed; see ``call_guard``). Use ``with
+    codes_run.guard:`` in the frame that calls the answer, and ``finish()`` inside it."""
 
     def __init__(self) -> None:
         self.seen: set[Any] = set()
-        self.switched_off = False
-        self._previous: Any = None
+        self.problem: str | None = None
+        self.named: list[str] = []
+        self.guard = CallsInto(*_helper_codes(), also=self._saw)
 
-    def _profile(self, frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            self.seen.add(frame.f_code)
+    def _saw(self, frame: Any) -> None:
+        self.seen.add(frame.f_code)
 
-    def __enter__(self) -> CodesRun:
-        self._previous = sys.getprofile(), threading.getprofile()
-        sys.setprofile(self._profile)
-        threading.setprofile(self._profile)
-        return self
+    def finish(self) -> None:
+        """Reads the guard's verdict (while it is still active)."""
+        found = self.guard.take()
+        self.problem = watching_problem(found)
+        self.named = found[1:] if self.problem else found
 
-    def stop(self) -> None:
-        if sys.getprofile() == self._profile:
-            sys.setprofile(self._previous[0])
-            threading.setprofile(self._previous[1])
-        elif self._previous is not None and not self.switched_off:
-            self.switched_off = True  # the answer changed the profiler: nothing recorded
-            threading.setprofile(self._previous[1])
+    @property
+    def switched_off(self) -> str | bool:
+        """What went wrong with the watching (its message), or False."""
+        return self.problem or False
 
     def called_a_helper(self) -> bool:
         """True when a helper, or a copy of one (same bytecode and names), was called."""
         helpers = {_signature(code) for code in _helper_codes()}
-        return any(_signature(code) in helpers for code in self.seen)
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        return bool(self.named) or any(_signature(code) in helpers for code in self.seen)
 
 
 def parts_called(calls: list[str]) -> list[str]:
@@ -111,10 +110,11 @@ class WaitServer:
         self._case: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
 
-    def answer(self, fn: Callable[..., Any]) -> Callable[[int], tuple[Any, bool, bool]]:
+    def answer(self, fn: Callable[..., Any]
+               ) -> Callable[[int], tuple[Any, str | bool, bool]]:
         """``answer(repeats)``: ``fn(next_batch, train_step, batch, repeats)``'s result (floats
-        where it holds numbers), whether its recording was switched off, whether it called a
-        timing helper."""
+        where it holds numbers), what went wrong with its recording (a message, or False),
+        whether it called a timing helper."""
         requests, replies = self._requests[1], self._replies[0]
         batch = np.full(4, -1)
 
@@ -129,10 +129,11 @@ class WaitServer:
             ask(b"c" if given is batch else b"w")
             return float(np.sum(given))
 
-        def answer(repeats: int) -> tuple[Any, bool, bool]:
+        def answer(repeats: int) -> tuple[Any, str | bool, bool]:
             codes_run = CodesRun()
-            with codes_run:
+            with codes_run.guard:
                 result = fn(next_batch, train_step, batch, repeats)
+                codes_run.finish()
             try:
                 result = {key: float(value) for key, value in result.items()}
             except (AttributeError, TypeError, ValueError):
