@@ -661,9 +661,38 @@ def _read_on_the_side(records, read, batch_size):  # counted reads, in a thread 
     return records.map(read).batch(batch_size)  # the pipeline itself overlaps nothing
 
 
+def _reads_in_its_own_thread(records, read, batch_size):  # read ahead by a thread of its own,
+    import queue  # the batches handed on through a generator: reads overlap, tf.data's don't
+    import threading
+
+    import tensorflow as tf
+
+    ready = queue.Queue(maxsize=2)
+
+    def reader():
+        for batch in records.map(read).batch(batch_size):
+            ready.put(batch.numpy())
+        ready.put(None)
+
+    def batches():
+        threading.Thread(target=reader, daemon=True).start()
+        while (batch := ready.get()) is not None:
+            yield batch
+
+    return tf.data.Dataset.from_generator(
+        batches, output_signature=tf.TensorSpec([None], tf.int64))
+
+
+def _reads_in_its_own_thread_and_a_decoy(records, read, batch_size):  # read in the graph too,
+    return _reads_in_its_own_thread(records, read, batch_size).concatenate(  # on no records
+        records.take(0).map(read).batch(batch_size))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_broken, "does not overlap"),
     (_read_on_the_side, "read was called"),
+    (_reads_in_its_own_thread, "reads ran outside the dataset you returned"),
+    (_reads_in_its_own_thread_and_a_decoy, "reads ran outside the dataset you returned"),
     (_short_batch_dropped, "sizes"),
     (_shuffled, "another order"),
     (_read_all_on_the_first_batch, "does not overlap"),

@@ -27,7 +27,9 @@
 * ``check_overlapped_pipeline(overlapped_pipeline)``: the fixed version of a pipeline whose
   ``prefetch`` overlaps nothing: same batches, in order, and reads that run while the training
   step works (counted, not timed; the speed-up is shown), each record read once per epoch (a
-  thread that reads on the side, to be counted, reads more).
+  thread that reads on the side, to be counted, reads more), and every read made by the
+  returned dataset's own graph (its ``read`` ops found by their py_function tokens): reads in
+  a thread or a generator of the answer's own, handed on, fail.
 
 Each check builds fresh random inputs, computes the expected result with a reference and hands
 both to :func:`run_check`; TensorFlow is imported inside the checks, never at module level.
@@ -355,23 +357,46 @@ MIN_READ_AHEAD_SHARE = 0.5
 
 def _counting_reader(seconds: float, reads: dict[str, Any]) -> Callable[[Any], Any]:
     """``read``: waits ``seconds``, records its element in ``reads["done"]`` (a set: an element
-    read twice counts once) and every call in ``reads["calls"]``, returns ``7x + 3``."""
+    read twice counts once), every call in ``reads["calls"]`` and which ``read`` op made it in
+    ``reads["by"]`` (an index into ``reads["ops"]``, the py_function tokens of every
+    ``read`` traced, None for an eager call), returns ``7x + 3``."""
     tf = _tf()
     lock = threading.Lock()
+    reads.setdefault("ops", [])
 
-    def wait_and_read(value: Any) -> Any:
+    def wait_and_read(value: Any, op: int) -> Any:
         time.sleep(seconds)
         with lock:
             reads["done"].add(int(value))
             reads["calls"] += 1
+            reads.setdefault("by", []).append(op)
         return np.int64(7 * int(value) + 3)
 
     def read(index: Any) -> Any:
-        record = tf.py_function(wait_and_read, [index], tf.int64)
+        with lock:
+            op = len(reads["ops"])
+            reads["ops"].append(None)
+        record = tf.py_function(lambda value: wait_and_read(value, op), [index], tf.int64)
         record.set_shape([])
+        if not tf.executing_eagerly():  # traced into a pipeline: its op's token, public attr
+            reads["ops"][op] = record.op.get_attr("token").decode()
         return record
 
     return read
+
+
+def _pipeline_ops(dataset: Any) -> set[str]:
+    """The py_function tokens in ``dataset``'s own graph (its functions' too): the ``read``s
+    that iterating it runs, and no pipeline of the answer's own that it only consumes."""
+    tf = _tf()
+    serialized = tf.raw_ops.DatasetToGraphV2(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        external_state_policy=1)  # 1: ignore the py_function's state (it is the point here)
+    graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
+    nodes = [*graph.node, *(node for function in graph.library.function
+                            for node in function.node_def)]
+    return {node.attr["token"].s.decode() for node in nodes
+            if node.op in ("EagerPyFunc", "PyFunc")}
 
 
 def _train(dataset: Any, reads: dict[str, Any], count: int) -> tuple[float, float]:
@@ -379,7 +404,7 @@ def _train(dataset: Any, reads: dict[str, Any], count: int) -> tuple[float, floa
     [0, 1], of the steps before the last while which later elements were read, seconds).
     After the last step there is nothing left to read, so it is not counted; reads that all
     ran before the first step (a pipeline that reads everything up front) overlap no step."""
-    reads["done"], reads["calls"] = set(), 0
+    reads["done"], reads["calls"], reads["by"] = set(), 0, []
     consumed, read_ahead = 0, []
     start = time.perf_counter()
     for batch in dataset:
@@ -423,8 +448,8 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return f"expected batches of sizes {want}, got {sizes}"
         if not np.array_equal(np.concatenate(batches), expected):
             return "the elements differ from the broken pipeline's, or came in another order"
-        share, seconds = _train(without_default_optimizations(fn(records(), read, BATCH_SIZE)),
-                                reads, count)
+        trained = fn(records(), read, BATCH_SIZE)
+        share, seconds = _train(without_default_optimizations(trained), reads, count)
         if reads["calls"] > count:  # reads the epoch did not need (a thread of its own?)
             return (f"read was called {reads['calls']} times during an epoch of {count} "
                     "records: the pipeline reads each record once, as the broken one does")
@@ -432,6 +457,13 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return (f"reading does not overlap the step: the next reads had run during only "
                     f"{share:.0%} of the training steps (at least {MIN_READ_AHEAD_SHARE:.0%} "
                     "needed; tf.data's automatic rewrites off)")
+        inside = _pipeline_ops(trained) if isinstance(trained, tf.data.Dataset) else set()
+        outside = sum(reads["ops"][op] not in inside for op in reads["by"])
+        if outside:  # read ahead by a thread or a generator of the answer's own
+            return (f"{outside} of the epoch's {reads['calls']} reads ran outside the dataset "
+                    "you returned (its graph holds no read they came from): in a thread or a "
+                    "pipeline of your own that it only hands on? The exercise overlaps the "
+                    "reads with tf.data itself: where in the pipeline does the overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
         _, broken_seconds = _train(without_default_optimizations(broken()), reads, count)
         print(f"   reads ran during {share:.0%} of the steps; an epoch took "
