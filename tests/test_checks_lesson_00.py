@@ -551,7 +551,45 @@ def _waits_read_from_the_closures(next_batch, train_step, batch, repeats):  # bu
     return {"input": waits[0], "compute": waits[-1], "whole step": sum(waits)}
 
 
+def _whole_step_in_two_pieces(next_batch, train_step, batch, repeats):  # the input alone,
+    seconds = {"input": [], "compute": [], "step": []}  # plus a step on a fresh batch alone
+    for _ in range(repeats):
+        start = time.perf_counter()
+        next_batch()
+        seconds["input"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        train_step(batch)
+        seconds["compute"].append(time.perf_counter() - start)
+        fresh = next_batch()
+        start = time.perf_counter()
+        train_step(fresh)
+        seconds["step"].append(time.perf_counter() - start)
+    medians = {name: float(np.median(values)) for name, values in seconds.items()}
+    return {"input": medians["input"], "compute": medians["compute"],
+            "whole step": medians["input"] + medians["step"]}
+
+
+def _step_again_on_the_inputs_batch(next_batch, train_step, batch, repeats):  # the input's
+    seconds = {"input": [], "compute": [], "step": []}  # batch stepped on a second time
+    for _ in range(repeats):
+        next_batch()
+        start = time.perf_counter()
+        made = next_batch()
+        seconds["input"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        train_step(made)
+        seconds["step"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        train_step(batch)
+        seconds["compute"].append(time.perf_counter() - start)
+    medians = {name: float(np.median(values)) for name, values in seconds.items()}
+    return {"input": medians["input"], "compute": medians["compute"],
+            "whole step": medians["input"] + medians["step"]}
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_whole_step_in_two_pieces, "whole step was not timed as one"),
+    (_step_again_on_the_inputs_batch, "whole step was not timed as one"),
     (_waits_read_from_the_closures, "raised .*IndexError|should take about"),
     (_lesson_cell_copied, "it called cu.bench.time_interleaved"),
     (_helper_renamed, "it called cu.bench.time_interleaved"),

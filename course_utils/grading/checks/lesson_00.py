@@ -55,7 +55,7 @@ from course_utils.grading.checks.splits import (
     run_splits_in_fresh_process,
     split_verdict,
 )
-from course_utils.grading.checks.step_waits import WaitServer, parts_called
+from course_utils.grading.checks.step_waits import WaitServer, parts_called, whole_steps_timed
 from course_utils.grading.framework import Case, expect_function, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -268,10 +268,11 @@ def _step_breakdown_in(in_a_copy: Any, server: WaitServer) -> bool:
         transfer_s = transfer * (input_s + compute_s)
 
         def verify(answered: Any) -> str | None:
-            result, switched_off, called_helper = answered
+            result, switched_off, called_helper, events = answered
             return _breakdown_problem(result, calls, (switched_off, called_helper), repeats, {
                 "input": input_s, "compute": compute_s,
-                "whole step": input_s + compute_s + transfer_s}, disturbed=disturb)
+                "whole step": input_s + compute_s + transfer_s}, disturbed=disturb,
+                events=events)
 
         return Case(args=(repeats,),
                     label=f"(next_batch, train_step, batch, repeats={repeats}) with a "
@@ -302,10 +303,11 @@ def _step_breakdown_in(in_a_copy: Any, server: WaitServer) -> bool:
 
 
 def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool],
-                       repeats: int, wanted: Mapping[str, float], disturbed: bool = True
-                       ) -> str | None:
+                       repeats: int, wanted: Mapping[str, float], disturbed: bool = True,
+                       events: str | None = None) -> str | None:
     """What is wrong with one case's ``result``, given the calls it made, whether the recorder
-    was switched off or saw a timing helper called (``recorded``), and the waits."""
+    was switched off or saw a timing helper called (``recorded``), the waits, and the
+    answer's calls and clock reads in order (``events``, see ``step_waits``)."""
     switched_off, called_helper = recorded
     if switched_off:
         return ("it switched the check's call recorder off (sys.setprofile): nothing it "
@@ -329,6 +331,16 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool
                 f"whole step), {repeated} came right after a call of the same part "
                 f"(sequence {''.join(parts[:12])}..., I input, C compute, W whole step): a "
                 "disturbance would hit one part only")
+    if events is not None:
+        fresh, timed = whole_steps_timed(events)
+        if timed < repeats:
+            return (f"the whole step was not timed as one: of its {fresh} train_step calls on "
+                    f"a fresh batch, {timed} ran right after the next_batch that made their "
+                    "batch with no clock read in between (at least "
+                    f"{repeats} needed; sequence {_shown(events)}..., i next_batch, c and w "
+                    "train_step on the batch given and on a fresh one, x on an older batch, "
+                    "t a clock read): a sum of pieces timed apart is not what the real loop's "
+                    "step costs")
     ms = {name: float(value) * 1e3 for name, value in result.items()}
     # one disturbed input call (every order of the parts disturbs one in 5 turns or fewer)
     # moves a mean of at most 8 calls by 44 ms or more: outside the first case's input range
@@ -345,6 +357,11 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool
                        else "no call was disturbed; ")
                     + f"the parts measured: { {k: round(v, 1) for k, v in ms.items()} } ms")
     return None
+
+
+def _shown(events: str, limit: int = 24) -> str:
+    """The first ``limit`` events, untimed pairs of clock reads and all."""
+    return events[:limit]
 
 
 # --- Exercise 4 · fix a prefetch that overlaps nothing -----------------------------------------
