@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.batch_shapes import py_function_token, py_function_tokens
 from course_utils.grading.checks.forked_call import ForkedCall
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
@@ -395,25 +396,10 @@ def _counting_reader(seconds: float, reads: dict[str, Any]) -> Callable[[Any], A
             reads["ops"].append(None)
         record = tf.py_function(lambda value: wait_and_read(value, op), [index], tf.int64)
         record.set_shape([])
-        if not tf.executing_eagerly():  # traced into a pipeline: its op's token, public attr
-            reads["ops"][op] = record.op.get_attr("token").decode()
+        reads["ops"][op] = py_function_token(record)  # None for an eager call
         return record
 
     return read
-
-
-def _pipeline_ops(dataset: Any) -> set[str]:
-    """The py_function tokens in ``dataset``'s own graph (its functions' too): the ``read``s
-    that iterating it runs, and no pipeline of the answer's own that it only consumes."""
-    tf = _tf()
-    serialized = tf.raw_ops.DatasetToGraphV2(
-        input_dataset=tf.data.experimental.to_variant(dataset),
-        external_state_policy=1)  # 1: ignore the py_function's state (it is the point here)
-    graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
-    nodes = [*graph.node, *(node for function in graph.library.function
-                            for node in function.node_def)]
-    return {node.attr["token"].s.decode() for node in nodes
-            if node.op in ("EagerPyFunc", "PyFunc")}
 
 
 def _train(dataset: Any, reads: dict[str, Any], count: int) -> tuple[float, float]:
@@ -474,7 +460,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return (f"reading does not overlap the step: the next reads had run during only "
                     f"{share:.0%} of the training steps (at least {MIN_READ_AHEAD_SHARE:.0%} "
                     "needed; tf.data's automatic rewrites off)")
-        inside = _pipeline_ops(trained) if isinstance(trained, tf.data.Dataset) else set()
+        inside = py_function_tokens(trained) if isinstance(trained, tf.data.Dataset) else set()
         outside = sum(reads["ops"][op] not in inside for op in reads["by"])
         if outside:  # read ahead by a thread or a generator of the answer's own
             return (f"{outside} of the epoch's {reads['calls']} reads ran outside the dataset "
