@@ -415,6 +415,54 @@ def test_a_loop_read_before_it_ran_tells_nothing():
             cu.grading.check_diagnose_accumulation(reader)
 
 
+def _cell(loop, kind):  # a value of ``kind`` in the loop's closure, by names built at run time
+    for cell in getattr(loop, "".join(["__clo", "sure__"])):
+        value = getattr(cell, "".join(["cell_", "contents"]))
+        if isinstance(value, kind):
+            return value
+    return None
+
+
+def _run_once(loop):  # on one micro-batch of nothing much: the loop's kind is drawn
+    import keras
+
+    loop(cu.models.mlp(4, 2, hidden_units=(4,)), keras.optimizers.SGD(0.1),
+         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+         np.ones((2, 4), "float32"), np.zeros(2, "int32"), 2, 2)
+
+
+def test_a_plan_read_after_one_run_is_not_in_this_process():
+    def run_once_then_read(loop):  # x0509's lazy answer: the kind drawn, then looked up
+        _run_once(loop)
+        return _plan_of(loop) or "correct"
+
+    def run_once_then_search(loop):  # every dict of the check's module, for the loop's token
+        import sys
+
+        _run_once(loop)
+        token = _cell(loop, str)
+        module = sys.modules[getattr(loop, "".join(["__mod", "ule__"]))]
+        for value in vars(module).values():
+            if isinstance(value, dict) and token in value:
+                found = value[token]
+                return found.get("kind", "correct") if isinstance(found, dict) else "correct"
+        return "correct"
+
+    def asks_the_check(loop):  # the copy's reveal request, sent from the answer
+        ask, token = None, _cell(loop, str)
+        for cell in getattr(loop, "".join(["__clo", "sure__"])):
+            value = getattr(cell, "".join(["cell_", "contents"]))
+            ask = value if callable(value) else ask
+        _run_once(loop)
+        return ask("re" + "veal", token)[0]
+
+    for wrong, says in ((run_once_then_read, "differs from what this loop does"),
+                        (run_once_then_search, "differs from what this loop does"),
+                        (asks_the_check, "asked the check's process what this loop is")):
+        with pytest.raises(AssertionError, match=says):
+            cu.grading.check_diagnose_accumulation(wrong)
+
+
 def test_a_diagnosis_that_cannot_tell_the_mistakes_apart_is_caught():
     def with_one_micro_batch_per_group(loop):  # k = 1: every loop is the same loop
         import keras
