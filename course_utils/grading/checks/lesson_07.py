@@ -15,8 +15,9 @@
 * ``check_diagnose_accumulation(diagnose_accumulation)`` (``suspect_loops``): given an
   accumulation loop, name what it does (right, applies every micro-batch, or sums without
   dividing), for loops written here whose names, code, defaults and closures are the same for
-  every kind; a loop's kind is drawn only when it is first called, so an answer must run it; an
-  answer whose code reads a loop's closure or the check's plans is refused.
+  every kind; a loop's kind is drawn when it is first called and kept in a forked copy of the
+  process that decides each update (a black box), so an answer must run it; an answer whose
+  code reads a loop's closure or the check's plans is refused.
 * ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
   MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, and
   behind a per-replica memory of one micro-batch's share (a larger batch, or one tape over
