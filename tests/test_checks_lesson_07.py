@@ -499,17 +499,27 @@ def test_diagnosis_stub_is_not_attempted(capsys):
 # --- train_mirrored_with_accumulation ---------------------------------------------------------
 
 
+def _penalty(model, tf, scaled=True):  # the model's L2 penalty, this replica's share
+    total = tf.add_n(model.losses)
+    return tf.nn.scale_regularization_loss(total) if scaled else total
+
+
 def mirrored_accumulation(strategy, model, optimizer, loss_object, micro_batches,
-                          accumulation_steps, global_batch_size, divide_by_group=True):
+                          accumulation_steps, global_batch_size, divide_by_group=True,
+                          penalty="once"):
     tf = _tf()
 
     def replica_step(*group):
         examples = (len(group) if divide_by_group else accumulation_steps) * global_batch_size
         sums = None
-        for x, y in group:
+        for index, (x, y) in enumerate(group):
             with tf.GradientTape() as tape:
                 loss = tf.nn.compute_average_loss(loss_object(y, model(x, training=True)),
                                                   global_batch_size=examples)
+                if penalty == "once" and index == 0 or penalty == "every micro-batch":
+                    loss += _penalty(model, tf)
+                elif penalty == "unscaled" and index == 0:
+                    loss += _penalty(model, tf, scaled=False)
             grads = tape.gradient(loss, model.trainable_variables)
             sums = grads if sums is None else [s + g for s, g in zip(sums, grads, strict=True)]
         optimizer.apply_gradients(zip(sums, model.trainable_variables, strict=True))
@@ -527,6 +537,19 @@ def mirrored_accumulation(strategy, model, optimizer, loss_object, micro_batches
 def test_reference_mirrored_accumulation_passes(capsys):
     assert cu.grading.check_train_mirrored_with_accumulation(mirrored_accumulation)
     assert "✅ train_mirrored_with_accumulation: 2 cases passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("penalty", "says"), [
+    (None, "the model's L2 penalty .* never entered an update"),  # the lesson's step copied
+    ("every micro-batch", "once per micro-batch, not once per update"),
+    ("unscaled", "each replica added the whole penalty.*2× the penalty"),
+])
+def test_a_penalty_added_the_wrong_number_of_times_is_named(penalty, says):
+    def wrong(*args):
+        mirrored_accumulation(*args, penalty=penalty)
+
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_train_mirrored_with_accumulation(wrong)
 
 
 def test_applying_every_micro_batch_under_the_strategy_is_named():
@@ -557,6 +580,8 @@ def test_all_reducing_every_micro_batch_is_counted():
                 with tf.GradientTape() as tape:
                     loss = tf.nn.compute_average_loss(loss_object(y, model(x, training=True)),
                                                       global_batch_size=len(group) * batch)
+                    if x is group[0][0]:
+                        loss += _penalty(model, tf)
                 grads = context.all_reduce("sum", tape.gradient(loss,
                                                                 model.trainable_variables))
                 sums = grads if sums is None else [s + g for s, g in zip(sums, grads, strict=True)]
