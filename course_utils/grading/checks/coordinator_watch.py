@@ -59,6 +59,7 @@ class WatchRecord:
         self.classes: dict[type, dict[str, Any]] = {}
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)  # a full pipe loses events (then named), never hangs
         self._read_fd = read_fd
         self._closer = weakref.finalize(self, _close, read_fd, write_fd)
         self.log = _pipe_writer(write_fd, self._EVENT)
@@ -139,7 +140,7 @@ def _pipe_writer(fd: int, layout: str) -> Any:
     def log(kind: bytes, number: int = 0) -> None:
         try:
             os.write(fd, struct.pack(layout, kind, number))
-        except OSError:
+        except OSError:  # closed, or full (BlockingIOError): the replay then differs
             pass
 
     return log
@@ -153,8 +154,14 @@ def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
     index_of: dict[int, int] = {}
 
     def known_finished(index: int) -> None:
+        if not record.finished[index]:  # logged once: a value fetched again changes nothing
+            log(b"F", index)
         record.finished[index] = True
-        log(b"F", index)
+
+    def all_finished() -> None:
+        if not all(record.finished):  # logged where it changes something: polls log nothing
+            log(b"J")
+        record.finished[:] = [True] * len(record.finished)
 
     class WatchedRemoteValue:
         """A ``RemoteValue`` whose fetch tells the watch that its step finished."""
@@ -206,15 +213,13 @@ def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
         def join(self) -> None:
             """As ``ClusterCoordinator.join``: every step scheduled so far has finished."""
             coordinator.join()
-            record.finished[:] = [True] * len(record.finished)
-            log(b"J")
+            all_finished()
 
         def done(self) -> bool:
             """As ``ClusterCoordinator.done``."""
             finished = coordinator.done()
             if finished:
-                record.finished[:] = [True] * len(record.finished)
-                log(b"J")
+                all_finished()
             return finished
 
         def fetch(self, values: Any) -> Any:
