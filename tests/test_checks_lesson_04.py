@@ -362,3 +362,80 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         else:
             assert got.startswith("FAIL") and any(w in got for w in words.split("|")), (
                 key, got)
+
+
+# --- the watch's record against its pipe log, without a cluster (cheap) -----------------------
+
+
+class _Remote:
+    def __init__(self, value):
+        self.value = value
+
+    def fetch(self):
+        return self.value
+
+
+class _Coordinator:  # what the watch calls of a ClusterCoordinator, steps done at once
+    strategy = None
+
+    def __init__(self):
+        self.scheduled = 0
+
+    def schedule(self, fn, args=None, kwargs=None):
+        self.scheduled += 1
+        return _Remote(self.scheduled)
+
+    def join(self):
+        pass
+
+    def done(self):
+        return True
+
+
+def _record_of(watched):  # a learner's reach into the watched methods' closure
+    for cell in type(watched).schedule.__closure__:
+        if hasattr(cell.cell_contents, "in_flight"):
+            return cell.cell_contents
+    raise AssertionError("no record in the closure")
+
+
+def _windowed(watched, steps, window):
+    pending, results = [], []
+    for _ in range(steps):
+        if len(pending) == window:
+            results.append(pending.pop(0).fetch())
+        pending.append(watched.schedule(None))
+    return results + [remote.fetch() for remote in pending]
+
+
+def test_the_watch_judges_from_its_pipe_log_and_names_a_rewritten_record():
+    from course_utils.grading.checks.coordinator_watch import watch
+
+    watched, record = watch(_Coordinator())  # the right loop, with polls and fetches again
+    assert _windowed(watched, 6, 2) == [1, 2, 3, 4, 5, 6]
+    for _ in range(3):
+        watched.done(), watched.join(), record.handed[0].fetch()
+    assert record.changed() is None and record.in_flight == [1, 2, 2, 2, 2, 2]
+
+    watched, record = watch(_Coordinator())  # all at once, the record rewritten after
+    remotes = [watched.schedule(None) for _ in range(5)]
+    [remote.fetch() for remote in remotes]
+    _record_of(watched).in_flight[:] = [1, 2, 2, 2, 2]
+    assert "record of your steps was changed" in record.changed()
+    assert record.in_flight == [1, 2, 3, 4, 5]  # as it happened
+
+    watched, record = watch(_Coordinator())  # the oldest marked finished, never fetched
+    remotes = []
+    for _ in range(5):
+        if len(remotes) >= 2:
+            _record_of(watched).finished[len(remotes) - 2] = True
+        remotes.append(watched.schedule(None))
+    [remote.fetch() for remote in remotes]
+    assert record.in_flight == [1, 2, 2, 2, 2]  # what the record alone would say
+    assert "record of your steps was changed" in record.changed()
+    assert record.in_flight == [1, 2, 3, 4, 5]
+
+    watched, record = watch(_Coordinator())  # the steps reordered in the record
+    _windowed(watched, 4, 2)
+    _record_of(watched).scheduled.reverse()
+    assert "record of your steps was changed" in record.changed()
