@@ -57,6 +57,8 @@ def accumulate(model: Any, optimizer: Any, loss_fn: Any, features: Any, labels: 
 _SUSPECT_PLANS: dict[str, tuple[bool, bool]] = {}
 _PLANS = {"correct": (False, True), "applies every micro-batch": (True, False),
           "sums without dividing": (False, False)}
+
+
 def _draw(token: str) -> tuple[bool, bool]:
     """The plan of a loop :func:`suspect_loop` made."""
     return _SUSPECT_PLANS[token]
