@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -539,17 +540,36 @@ def test_reference_mirrored_accumulation_passes(capsys):
     assert "✅ train_mirrored_with_accumulation: 2 cases passed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("penalty", "says"), [
-    (None, "the model's L2 penalty .* never entered an update"),  # the lesson's step copied
-    ("every micro-batch", "once per micro-batch, not once per update"),
-    ("unscaled", "each replica added the whole penalty.*2× the penalty"),
-])
-def test_a_penalty_added_the_wrong_number_of_times_is_named(penalty, says):
-    def wrong(*args):
-        mirrored_accumulation(*args, penalty=penalty)
+def test_the_lessons_step_without_the_penalty_is_named():  # section 5's step, copied
+    def lessons_step(*args):
+        mirrored_accumulation(*args, penalty=None)
 
-    with pytest.raises(AssertionError, match=says):
-        cu.grading.check_train_mirrored_with_accumulation(wrong)
+    with pytest.raises(AssertionError, match="the model's L2 penalty .* never entered an update"):
+        cu.grading.check_train_mirrored_with_accumulation(lessons_step)
+
+
+@pytest.mark.parametrize(("mistake", "times", "says"), [
+    ("every micro-batch", lambda g: g, "once per micro-batch, not once per update"),
+    ("unscaled", lambda g: 2, "each replica added the whole penalty.*2× the penalty"),
+    ("both", lambda g: 2 * g, "once per micro-batch on every replica"),
+    ("ignored, every micro-batch applied", None, "match applying every micro-batch"),
+])
+def test_a_penalty_added_the_wrong_number_of_times_is_named(mistake, times, says):
+    # the weights such a loop reaches on 2 replicas (plain SGD with that penalty, cheap: no
+    # strategy); the end-to-end runs of these loops cost 10-18 s each under load
+    import random
+
+    problem = checks_07._problem(random.Random(7))
+    problem["penalty"], problem["steps"] = 0.02, 3
+    n = problem["micro"] * (3 * 3 + 1)  # three groups and a short one
+    data = np.random.default_rng(7)
+    problem["features"] = data.normal(size=(n, problem["features"].shape[1])).astype("float32")
+    problem["labels"] = data.integers(0, problem["classes"], size=n).astype("int32")
+    weights = (checks_07._large_batch_weights(problem, problem["steps"], times) if times else
+               checks_07._large_batch_weights(problem, 1, lambda g: 0.0))
+    assert re.search(says, checks_07._penalty_mistake(problem, weights, 2))
+    right = checks_07._large_batch_weights(problem, problem["steps"])
+    assert checks_07._penalty_mistake(problem, right, 2) is None
 
 
 def test_applying_every_micro_batch_under_the_strategy_is_named():
