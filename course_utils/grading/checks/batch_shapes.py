@@ -6,12 +6,16 @@ the exercise says)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["batches", "dataset_steps", "epoch_seconds", "expected_sizes", "multiset_problem",
+__all__ = ["batches", "counted_stages", "counting_reader", "dataset_steps", "epoch_seconds",
+           "expected_sizes",
+           "multiset_problem",
            "py_function_token", "py_function_tokens", "size_problem"]
 
 
@@ -140,3 +144,68 @@ def multiset_problem(got: np.ndarray, expected: np.ndarray) -> str | None:
         return (f"the elements differ from the slow pipeline's (as a multiset): missing e.g. "
                 f"{missing}, unexpected e.g. {extra}")
     return None
+
+
+def counting_reader(seconds: float, reads: dict[str, Any]) -> Callable[[Any], Any]:
+    """Lesson 00, exercise 4's ``read``: waits ``seconds``, records its element in
+    ``reads["done"]`` (a set: an element
+    read twice counts once), every call in ``reads["calls"]`` and which ``read`` op made it in
+    ``reads["by"]`` (an index into ``reads["ops"]``, the py_function tokens of every
+    ``read`` traced, None for an eager call), returns ``7x + 3``."""
+    from course_utils.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+    lock = threading.Lock()
+    reads.setdefault("ops", [])
+
+    def wait_and_read(value: Any, op: int) -> Any:
+        time.sleep(seconds)
+        with lock:
+            reads["done"].add(int(value))
+            reads["calls"] += 1
+            reads.setdefault("by", []).append(op)
+        return np.int64(7 * int(value) + 3)
+
+    def read(index: Any) -> Any:
+        with lock:
+            op = len(reads["ops"])
+            reads["ops"].append(None)
+        record = tf.py_function(lambda value: wait_and_read(value, op), [index], tf.int64)
+        record.set_shape([])
+        reads["ops"][op] = py_function_token(record)  # None for an eager call
+        return record
+
+    return read
+
+
+def counted_stages(calls: dict[str, Any], seed: int) -> tuple[Callable[[Any], Any],
+                                                                Callable[[Any], Any]]:
+    """Lesson 01, exercise 3's ``decode`` (counts its calls in ``calls["decode"]`` and, in
+    ``calls["by"]``, the token of the decode op that made each (None: an eager call), returns
+    ``10x``) and
+    ``augment`` (adds a random offset in [0, 1) from a generator whose state moves on every
+    call)."""
+    from course_utils.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+    generator = tf.random.Generator.from_seed(seed)
+    calls.setdefault("by", [])
+    made: list[str | None] = []  # the token of every decode op made, in order
+
+    def count_and_decode(value: Any, op: int) -> Any:
+        calls["decode"] += 1
+        calls["by"].append(made[op])
+        return np.float32(10 * int(value))
+
+    def decode(record: Any) -> Any:
+        op = len(made)
+        made.append(None)
+        image = tf.py_function(lambda value: count_and_decode(value, op), [record], tf.float32)
+        image.set_shape([])
+        made[op] = py_function_token(image)
+        return image
+
+    def augment(image: Any) -> Any:
+        return image + generator.uniform([], 0.0, 1.0)
+
+    return decode, augment

@@ -39,14 +39,14 @@ from __future__ import annotations
 
 import inspect
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.batch_shapes import py_function_token, py_function_tokens
+from course_utils.grading.checks.batch_shapes import counting_reader as _counting_reader
+from course_utils.grading.checks.batch_shapes import py_function_tokens
 from course_utils.grading.checks.forked_call import ForkedCall
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
@@ -338,7 +338,7 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool
             return (f"the whole step was not timed as one: of its {fresh} train_step calls on "
                     f"a fresh batch, {timed} ran right after the next_batch that made their "
                     "batch with no clock read in between (at least "
-                    f"{repeats} needed; sequence {_shown(events)}..., i next_batch, c and w "
+                    f"{repeats} needed; sequence {events[:24]}..., i next_batch, c and w "
                     "train_step on the batch given and on a fresh one, x on an older batch, "
                     "t a clock read): a sum of pieces timed apart is not what the real loop's "
                     "step costs")
@@ -360,46 +360,12 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool
     return None
 
 
-def _shown(events: str, limit: int = 24) -> str:
-    """The first ``limit`` events, untimed pairs of clock reads and all."""
-    return events[:limit]
-
-
 # --- Exercise 4 · fix a prefetch that overlaps nothing -----------------------------------------
 
 #: Per-element read and per-batch step waits in ``check_overlapped_pipeline`` (seconds).
 READ_WAIT_S, BATCH_SIZE, STEP_WAIT_S = 0.004, 4, 0.016
 #: The share of training steps during which the next reads must already have run.
 MIN_READ_AHEAD_SHARE = 0.5
-
-
-def _counting_reader(seconds: float, reads: dict[str, Any]) -> Callable[[Any], Any]:
-    """``read``: waits ``seconds``, records its element in ``reads["done"]`` (a set: an element
-    read twice counts once), every call in ``reads["calls"]`` and which ``read`` op made it in
-    ``reads["by"]`` (an index into ``reads["ops"]``, the py_function tokens of every
-    ``read`` traced, None for an eager call), returns ``7x + 3``."""
-    tf = _tf()
-    lock = threading.Lock()
-    reads.setdefault("ops", [])
-
-    def wait_and_read(value: Any, op: int) -> Any:
-        time.sleep(seconds)
-        with lock:
-            reads["done"].add(int(value))
-            reads["calls"] += 1
-            reads.setdefault("by", []).append(op)
-        return np.int64(7 * int(value) + 3)
-
-    def read(index: Any) -> Any:
-        with lock:
-            op = len(reads["ops"])
-            reads["ops"].append(None)
-        record = tf.py_function(lambda value: wait_and_read(value, op), [index], tf.int64)
-        record.set_shape([])
-        reads["ops"][op] = py_function_token(record)  # None for an eager call
-        return record
-
-    return read
 
 
 def _train(dataset: Any, reads: dict[str, Any], count: int) -> tuple[float, float]:

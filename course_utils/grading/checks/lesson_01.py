@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.batch_shapes import batches as _batches
+from course_utils.grading.checks.batch_shapes import counted_stages as _counted_stages
 from course_utils.grading.checks.batch_shapes import (
     dataset_steps,
     epoch_seconds,
-    py_function_token,
     py_function_tokens,
 )
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
@@ -303,36 +303,6 @@ def check_shuffled_batches(fn: Any) -> bool:
 
 
 # --- Exercise 3 · cache before augmenting -------------------------------------------------------
-
-
-def _counted_stages(calls: dict[str, Any], seed: int) -> tuple[Callable[[Any], Any],
-                                                                Callable[[Any], Any]]:
-    """``decode`` (counts its calls in ``calls["decode"]`` and, in ``calls["by"]``, the
-    token of the decode op that made each (None: an eager call), returns ``10x``) and
-    ``augment`` (adds a random offset in [0, 1) from a generator whose state moves on every
-    call)."""
-    tf = _tf()
-    generator = tf.random.Generator.from_seed(seed)
-    calls.setdefault("by", [])
-    made: list[str | None] = []  # the token of every decode op made, in order
-
-    def count_and_decode(value: Any, op: int) -> Any:
-        calls["decode"] += 1
-        calls["by"].append(made[op])
-        return np.float32(10 * int(value))
-
-    def decode(record: Any) -> Any:
-        op = len(made)
-        made.append(None)
-        image = tf.py_function(lambda value: count_and_decode(value, op), [record], tf.float32)
-        image.set_shape([])
-        made[op] = py_function_token(image)
-        return image
-
-    def augment(image: Any) -> Any:
-        return image + generator.uniform([], 0.0, 1.0)
-
-    return decode, augment
 
 
 @register
