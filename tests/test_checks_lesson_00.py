@@ -551,7 +551,45 @@ def _waits_read_from_the_closures(next_batch, train_step, batch, repeats):  # bu
     return {"input": waits[0], "compute": waits[-1], "whole step": sum(waits)}
 
 
+def _whole_step_in_two_pieces(next_batch, train_step, batch, repeats):  # the input alone,
+    seconds = {"input": [], "compute": [], "step": []}  # plus a step on a fresh batch alone
+    for _ in range(repeats):
+        start = time.perf_counter()
+        next_batch()
+        seconds["input"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        train_step(batch)
+        seconds["compute"].append(time.perf_counter() - start)
+        fresh = next_batch()
+        start = time.perf_counter()
+        train_step(fresh)
+        seconds["step"].append(time.perf_counter() - start)
+    medians = {name: float(np.median(values)) for name, values in seconds.items()}
+    return {"input": medians["input"], "compute": medians["compute"],
+            "whole step": medians["input"] + medians["step"]}
+
+
+def _step_again_on_the_inputs_batch(next_batch, train_step, batch, repeats):  # the input's
+    seconds = {"input": [], "compute": [], "step": []}  # batch stepped on a second time
+    for _ in range(repeats):
+        next_batch()
+        start = time.perf_counter()
+        made = next_batch()
+        seconds["input"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        train_step(made)
+        seconds["step"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        train_step(batch)
+        seconds["compute"].append(time.perf_counter() - start)
+    medians = {name: float(np.median(values)) for name, values in seconds.items()}
+    return {"input": medians["input"], "compute": medians["compute"],
+            "whole step": medians["input"] + medians["step"]}
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_whole_step_in_two_pieces, "whole step was not timed as one"),
+    (_step_again_on_the_inputs_batch, "whole step was not timed as one"),
     (_waits_read_from_the_closures, "raised .*IndexError|should take about"),
     (_lesson_cell_copied, "it called cu.bench.time_interleaved"),
     (_helper_renamed, "it called cu.bench.time_interleaved"),
@@ -661,9 +699,38 @@ def _read_on_the_side(records, read, batch_size):  # counted reads, in a thread 
     return records.map(read).batch(batch_size)  # the pipeline itself overlaps nothing
 
 
+def _reads_in_its_own_thread(records, read, batch_size):  # read ahead by a thread of its own,
+    import queue  # the batches handed on through a generator: reads overlap, tf.data's don't
+    import threading
+
+    import tensorflow as tf
+
+    ready = queue.Queue(maxsize=2)
+
+    def reader():
+        for batch in records.map(read).batch(batch_size):
+            ready.put(batch.numpy())
+        ready.put(None)
+
+    def batches():
+        threading.Thread(target=reader, daemon=True).start()
+        while (batch := ready.get()) is not None:
+            yield batch
+
+    return tf.data.Dataset.from_generator(
+        batches, output_signature=tf.TensorSpec([None], tf.int64))
+
+
+def _reads_in_its_own_thread_and_a_decoy(records, read, batch_size):  # read in the graph too,
+    return _reads_in_its_own_thread(records, read, batch_size).concatenate(  # on no records
+        records.take(0).map(read).batch(batch_size))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_broken, "does not overlap"),
     (_read_on_the_side, "read was called"),
+    (_reads_in_its_own_thread, "reads ran outside the dataset you returned"),
+    (_reads_in_its_own_thread_and_a_decoy, "reads ran outside the dataset you returned"),
     (_short_batch_dropped, "sizes"),
     (_shuffled, "another order"),
     (_read_all_on_the_first_batch, "does not overlap"),

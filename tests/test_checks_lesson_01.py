@@ -373,8 +373,22 @@ def _decoded_once_in_python(records, decode, augment, b, buffer):  # a memo, no 
     return decoded.shuffle(buffer).map(augment).batch(b)
 
 
+def _memo_behind_an_idle_cache(records, decode, augment, b, buffer):  # a cache of records,
+    memoised = _decoded_once_in_python(records.cache(), decode, augment, b, buffer)  # undecoded
+    return memoised
+
+
+def _memo_beside_a_decoy_cache(records, decode, augment, b, buffer):  # a cache after decode,
+    decoy = records.take(0).map(decode).cache()  # on no records: it never serves one
+    return _decoded_once_in_python(records, decode, augment, b, buffer).concatenate(
+        decoy.map(augment).batch(b))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_given, "froze the augmentation"),
+    (_memo_behind_an_idle_cache, "came from no decode op upstream of your pipeline's tf.data "
+                                 "cache"),
+    (_memo_beside_a_decoy_cache, "came from no decode op upstream"),
     (_decoded_once_in_python, "holds no tf.data cache"),
     (_lesson_cell_copied, "froze the shuffle"),
     (_shuffled_records_then_cached, "froze the shuffle"),

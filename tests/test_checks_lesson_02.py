@@ -263,6 +263,14 @@ def steps_from_manager(directory, build_fresh):  # a CheckpointManager's list, c
     return model, optimizer, len(manager.checkpoints)
 
 
+def course_checkpoints(directory, build_fresh):  # the course's helper, bound as an alias
+    from course_utils.training.checkpoints import Checkpoints as Resumer
+
+    model, optimizer = build_fresh()
+    Resumer(directory, model, optimizer, max_to_keep=None).restore()
+    return model, optimizer, int(optimizer.iterations.numpy())
+
+
 _RUNS: dict = {}  # the check's checkpointed runs, by shape: made once for the catalogue
 
 
@@ -304,6 +312,7 @@ def shared_checkpointed_runs(monkeypatch, tmp_path_factory):
     (steps_from_file_name, "file name, ckpt-1[1-4], and the count of checkpoints are not"),
     (steps_from_file_count, "file name, ckpt-1[1-4], and the count of checkpoints are not"),
     (steps_from_manager, "file name, ckpt-1[1-4], and the count of checkpoints are not"),
+    (course_checkpoints, "ran the course's .*restore with tf.train's own API"),
 ])
 def test_resume_latest_catalogue_is_rejected(wrong, says, shared_checkpointed_runs):
     with pytest.raises(AssertionError, match=says) as caught:

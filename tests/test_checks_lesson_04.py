@@ -155,10 +155,39 @@ def schedules_then_waits(coordinator, dataset_fn, step_fn, num_steps, max_in_fli
             results.append(pending.pop(0).fetch())
     return results + [r.fetch() for r in pending]
 
+def _watch_record(coordinator):  # found through the watched methods' closure, by built names
+    for cell in getattr(type(coordinator).schedule, "__clo" + "sure__"):
+        contents = getattr(cell, "cell_con" + "tents")
+        if hasattr(contents, "in_flight"):
+            return contents
+
+def rewrites_the_record(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    results = lesson_copy(coordinator, dataset_fn, step_fn, num_steps, max_in_flight)
+    _watch_record(coordinator).in_flight[:] = [min(n, max_in_flight)
+                                               for n in range(1, num_steps + 1)]
+    return results
+
+def marks_steps_finished(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    record = _watch_record(coordinator)
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = []
+    for _ in range(num_steps):
+        if len(remotes) >= max_in_flight:  # the oldest marked finished, never waited for
+            record.finished[len(remotes) - max_in_flight] = True
+        remotes.append(coordinator.schedule(step_fn, args=(iterator,)))
+    return [r.fetch() for r in remotes]
+
+def reorders_the_record(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    results = sorted_results(coordinator, dataset_fn, step_fn, num_steps, max_in_flight)
+    record = _watch_record(coordinator)  # its steps put in the order of the sorted values
+    record.scheduled.sort(key=lambda remote: int(remote.fetch()))
+    return results
+
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
            serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
-           schedules_then_waits):
+           schedules_then_waits, rewrites_the_record, marks_steps_finished,
+           reorders_the_record):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -298,6 +327,9 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "real_coordinator"): "coordinator passed",
         ("RUN_STEPS", "waits_for_the_newest"): "there were more",
         ("RUN_STEPS", "schedules_then_waits"): "there were more",
+        ("RUN_STEPS", "rewrites_the_record"): "record of your steps was changed",
+        ("RUN_STEPS", "marks_steps_finished"): "record of your steps was changed",
+        ("RUN_STEPS", "reorders_the_record"): "record of your steps was changed",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
         ("DATASET", "lesson_order"): "do not fill its last batch",
@@ -330,3 +362,80 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         else:
             assert got.startswith("FAIL") and any(w in got for w in words.split("|")), (
                 key, got)
+
+
+# --- the watch's record against its pipe log, without a cluster (cheap) -----------------------
+
+
+class _Remote:
+    def __init__(self, value):
+        self.value = value
+
+    def fetch(self):
+        return self.value
+
+
+class _Coordinator:  # what the watch calls of a ClusterCoordinator, steps done at once
+    strategy = None
+
+    def __init__(self):
+        self.scheduled = 0
+
+    def schedule(self, fn, args=None, kwargs=None):
+        self.scheduled += 1
+        return _Remote(self.scheduled)
+
+    def join(self):
+        pass
+
+    def done(self):
+        return True
+
+
+def _record_of(watched):  # a learner's reach into the watched methods' closure
+    for cell in type(watched).schedule.__closure__:
+        if hasattr(cell.cell_contents, "in_flight"):
+            return cell.cell_contents
+    raise AssertionError("no record in the closure")
+
+
+def _windowed(watched, steps, window):
+    pending, results = [], []
+    for _ in range(steps):
+        if len(pending) == window:
+            results.append(pending.pop(0).fetch())
+        pending.append(watched.schedule(None))
+    return results + [remote.fetch() for remote in pending]
+
+
+def test_the_watch_judges_from_its_pipe_log_and_names_a_rewritten_record():
+    from course_utils.grading.checks.coordinator_watch import watch
+
+    watched, record = watch(_Coordinator())  # the right loop, with polls and fetches again
+    assert _windowed(watched, 6, 2) == [1, 2, 3, 4, 5, 6]
+    for _ in range(3):
+        watched.done(), watched.join(), record.handed[0].fetch()
+    assert record.changed() is None and record.in_flight == [1, 2, 2, 2, 2, 2]
+
+    watched, record = watch(_Coordinator())  # all at once, the record rewritten after
+    remotes = [watched.schedule(None) for _ in range(5)]
+    [remote.fetch() for remote in remotes]
+    _record_of(watched).in_flight[:] = [1, 2, 2, 2, 2]
+    assert "record of your steps was changed" in record.changed()
+    assert record.in_flight == [1, 2, 3, 4, 5]  # as it happened
+
+    watched, record = watch(_Coordinator())  # the oldest marked finished, never fetched
+    remotes = []
+    for _ in range(5):
+        if len(remotes) >= 2:
+            _record_of(watched).finished[len(remotes) - 2] = True
+        remotes.append(watched.schedule(None))
+    [remote.fetch() for remote in remotes]
+    assert record.in_flight == [1, 2, 2, 2, 2]  # what the record alone would say
+    assert "record of your steps was changed" in record.changed()
+    assert record.in_flight == [1, 2, 3, 4, 5]
+
+    watched, record = watch(_Coordinator())  # the steps reordered in the record
+    _windowed(watched, 4, 2)
+    _record_of(watched).scheduled.reverse()
+    assert "record of your steps was changed" in record.changed()

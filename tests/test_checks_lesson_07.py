@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -415,6 +416,54 @@ def test_a_loop_read_before_it_ran_tells_nothing():
             cu.grading.check_diagnose_accumulation(reader)
 
 
+def _cell(loop, kind):  # a value of ``kind`` in the loop's closure, by names built at run time
+    for cell in getattr(loop, "".join(["__clo", "sure__"])):
+        value = getattr(cell, "".join(["cell_", "contents"]))
+        if isinstance(value, kind):
+            return value
+    return None
+
+
+def _run_once(loop):  # on one micro-batch of nothing much: the loop's kind is drawn
+    import keras
+
+    loop(cu.models.mlp(4, 2, hidden_units=(4,)), keras.optimizers.SGD(0.1),
+         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+         np.ones((2, 4), "float32"), np.zeros(2, "int32"), 2, 2)
+
+
+def test_a_plan_read_after_one_run_is_not_in_this_process():
+    def run_once_then_read(loop):  # x0509's lazy answer: the kind drawn, then looked up
+        _run_once(loop)
+        return _plan_of(loop) or "correct"
+
+    def run_once_then_search(loop):  # every dict of the check's module, for the loop's token
+        import sys
+
+        _run_once(loop)
+        token = _cell(loop, str)
+        module = sys.modules[getattr(loop, "".join(["__mod", "ule__"]))]
+        for value in vars(module).values():
+            if isinstance(value, dict) and token in value:
+                found = value[token]
+                return found.get("kind", "correct") if isinstance(found, dict) else "correct"
+        return "correct"
+
+    def asks_the_check(loop):  # the copy's reveal request, sent from the answer
+        ask, token = None, _cell(loop, str)
+        for cell in getattr(loop, "".join(["__clo", "sure__"])):
+            value = getattr(cell, "".join(["cell_", "contents"]))
+            ask = value if callable(value) else ask
+        _run_once(loop)
+        return ask("re" + "veal", token)[0]
+
+    for wrong, says in ((run_once_then_read, "differs from what this loop does"),
+                        (run_once_then_search, "differs from what this loop does"),
+                        (asks_the_check, "asked the check's process what this loop is")):
+        with pytest.raises(AssertionError, match=says):
+            cu.grading.check_diagnose_accumulation(wrong)
+
+
 def test_a_diagnosis_that_cannot_tell_the_mistakes_apart_is_caught():
     def with_one_micro_batch_per_group(loop):  # k = 1: every loop is the same loop
         import keras
@@ -451,17 +500,27 @@ def test_diagnosis_stub_is_not_attempted(capsys):
 # --- train_mirrored_with_accumulation ---------------------------------------------------------
 
 
+def _penalty(model, tf, scaled=True):  # the model's L2 penalty, this replica's share
+    total = tf.add_n(model.losses)
+    return tf.nn.scale_regularization_loss(total) if scaled else total
+
+
 def mirrored_accumulation(strategy, model, optimizer, loss_object, micro_batches,
-                          accumulation_steps, global_batch_size, divide_by_group=True):
+                          accumulation_steps, global_batch_size, divide_by_group=True,
+                          penalty="once"):
     tf = _tf()
 
     def replica_step(*group):
         examples = (len(group) if divide_by_group else accumulation_steps) * global_batch_size
         sums = None
-        for x, y in group:
+        for index, (x, y) in enumerate(group):
             with tf.GradientTape() as tape:
                 loss = tf.nn.compute_average_loss(loss_object(y, model(x, training=True)),
                                                   global_batch_size=examples)
+                if penalty == "once" and index == 0 or penalty == "every micro-batch":
+                    loss += _penalty(model, tf)
+                elif penalty == "unscaled" and index == 0:
+                    loss += _penalty(model, tf, scaled=False)
             grads = tape.gradient(loss, model.trainable_variables)
             sums = grads if sums is None else [s + g for s, g in zip(sums, grads, strict=True)]
         optimizer.apply_gradients(zip(sums, model.trainable_variables, strict=True))
@@ -479,6 +538,38 @@ def mirrored_accumulation(strategy, model, optimizer, loss_object, micro_batches
 def test_reference_mirrored_accumulation_passes(capsys):
     assert cu.grading.check_train_mirrored_with_accumulation(mirrored_accumulation)
     assert "✅ train_mirrored_with_accumulation: 2 cases passed" in capsys.readouterr().out
+
+
+def test_the_lessons_step_without_the_penalty_is_named():  # section 5's step, copied
+    def lessons_step(*args):
+        mirrored_accumulation(*args, penalty=None)
+
+    with pytest.raises(AssertionError, match="the model's L2 penalty .* never entered an update"):
+        cu.grading.check_train_mirrored_with_accumulation(lessons_step)
+
+
+@pytest.mark.parametrize(("mistake", "times", "says"), [
+    ("every micro-batch", lambda g: g, "once per micro-batch, not once per update"),
+    ("unscaled", lambda g: 2, "each replica added the whole penalty.*2× the penalty"),
+    ("both", lambda g: 2 * g, "once per micro-batch on every replica"),
+    ("ignored, every micro-batch applied", None, "match applying every micro-batch"),
+])
+def test_a_penalty_added_the_wrong_number_of_times_is_named(mistake, times, says):
+    # the weights such a loop reaches on 2 replicas (plain SGD with that penalty, cheap: no
+    # strategy); the end-to-end runs of these loops cost 10-18 s each under load
+    import random
+
+    problem = checks_07._problem(random.Random(7))
+    problem["penalty"], problem["steps"] = 0.02, 3
+    n = problem["micro"] * (3 * 3 + 1)  # three groups and a short one
+    data = np.random.default_rng(7)
+    problem["features"] = data.normal(size=(n, problem["features"].shape[1])).astype("float32")
+    problem["labels"] = data.integers(0, problem["classes"], size=n).astype("int32")
+    weights = (checks_07._large_batch_weights(problem, problem["steps"], times) if times else
+               checks_07._large_batch_weights(problem, 1, lambda g: 0.0))
+    assert re.search(says, checks_07._penalty_mistake(problem, weights, 2))
+    right = checks_07._large_batch_weights(problem, problem["steps"])
+    assert checks_07._penalty_mistake(problem, right, 2) is None
 
 
 def test_applying_every_micro_batch_under_the_strategy_is_named():
@@ -509,6 +600,8 @@ def test_all_reducing_every_micro_batch_is_counted():
                 with tf.GradientTape() as tape:
                     loss = tf.nn.compute_average_loss(loss_object(y, model(x, training=True)),
                                                       global_batch_size=len(group) * batch)
+                    if x is group[0][0]:
+                        loss += _penalty(model, tf)
                 grads = context.all_reduce("sum", tape.gradient(loss,
                                                                 model.trainable_variables))
                 sums = grads if sums is None else [s + g for s, g in zip(sums, grads, strict=True)]

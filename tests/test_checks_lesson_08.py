@@ -40,10 +40,10 @@ def trainer_with(keras, *, policy_applied=True, restore_policy=True, set_start=T
     """``train_with_policy``, right by default; each argument makes one popular mistake."""
 
     def train_with_policy(make_model, policy, x, y, epochs, initial_weights):
-        if not restore_policy:  # set, built, then a typed "float32", not the policy found
+        if restore_policy is not True:  # set, built, then a typed policy, not the one found
             keras.mixed_precision.set_global_policy(policy)
             model = make_model()
-            keras.mixed_precision.set_global_policy("float32")
+            keras.mixed_precision.set_global_policy(restore_policy or "float32")
         else:
             with cu.training.policy_scope(policy if policy_applied else "float32"):
                 model = make_model()
@@ -118,14 +118,15 @@ def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys)
 @pytest.mark.slow
 @pytest.mark.parametrize("mistake, message", [
     ({"policy_applied": False}, r"case 2 .*should compute in float16"),
-    ({"restore_policy": False}, "global policy was left at 'float32', not as your function "
-                                "found it \\('mixed_bfloat16'"),
+    # the policy the check used to set, typed: each run finds another, drawn afresh
+    ({"restore_policy": "mixed_bfloat16"}, "global policy was left at 'mixed_bfloat16', not "
+                                           "as your function found it \\('(bfloat16|float64)'"),
     ({"set_start": False}, "starts from initial_weights"),
     ({"time_first_epoch": True}, r"steps after the first epoch took"),
     ({"seconds": 0.05}, r"steps after the first epoch took"),
     # a guess far from what the model reaches (about 90 %: a guess of 0.9 can be right)
     ({"accuracy": 0.5}, "measure it after training"),
-], ids=["policy ignored", "float32 restored, not the policy found", "start ignored",
+], ids=["policy ignored", "a typed policy restored, not the one found", "start ignored",
         "first epoch timed", "constant time", "constant accuracy"])
 # The exercise's colleagues_train_with_policy makes three of these mistakes at once (policy left
 # set, start ignored, first epoch timed) and shuffles: each is a case here, so the colleague's

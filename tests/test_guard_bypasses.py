@@ -171,11 +171,11 @@ def ex_00_3(way: Callable[..., Any]) -> str | None:
     try:
         with ForkedCall(server.answer(answer), timeout_s=30) as in_a_copy:
             server.serve(0.0, 0.0, False, calls)
-            result, switched_off, called = in_a_copy(1)
+            result, switched_off, called, events = in_a_copy(1)
     finally:
         server.close()
     return lesson_00._breakdown_problem(result, calls, (switched_off, called), 1, {
-        "input": 0.0, "compute": 0.0, "whole step": 0.0}, disturbed=False)
+        "input": 0.0, "compute": 0.0, "whole step": 0.0}, disturbed=False, events=events)
 
 
 def ex_05_2(way: Callable[..., Any]) -> str | None:

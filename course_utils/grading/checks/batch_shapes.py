@@ -1,15 +1,22 @@
 """Batches of one epoch, what is wrong with their sizes or elements, an epoch timed, and the
-steps of a pipeline's graph (lesson 01's checks)."""
+steps of a pipeline's graph (lesson 01's checks): its kinds of steps, and which of the check's
+own ``tf.py_function`` ops (known by their tokens) the pipeline runs, and which of them feed a
+given step such as a cache (lessons 00 and 01: the work was done by the dataset returned, where
+the exercise says)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["batches", "dataset_steps", "epoch_seconds", "expected_sizes", "multiset_problem",
-           "size_problem"]
+__all__ = ["batches", "counted_stages", "counting_reader", "dataset_steps", "epoch_seconds",
+           "expected_sizes",
+           "multiset_problem",
+           "py_function_token", "py_function_tokens", "size_problem"]
 
 
 def batches(dataset: Any) -> list[np.ndarray]:
@@ -25,16 +32,84 @@ def epoch_seconds(dataset: Any) -> float:
     return time.perf_counter() - start
 
 
-def dataset_steps(dataset: Any) -> list[str]:
-    """The kinds of tf.data steps in ``dataset``'s serialized graph ("CacheDatasetV2", ...),
-    sorted; stateful steps (a py_function, a random generator) are serialized, not refused."""
+def _graph(dataset: Any) -> Any:
+    """``dataset``'s serialized graph (a GraphDef); stateful steps (a py_function, a random
+    generator) are serialized, not refused (external state policy 1: ignore)."""
     from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
     graph = tf.compat.v1.GraphDef()
     graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
-        input_dataset=dataset._variant_tensor, external_state_policy=1).numpy())
-    return sorted({node.op for node in graph.node if "Dataset" in node.op})
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        external_state_policy=1).numpy())
+    return graph
+
+
+def dataset_steps(dataset: Any) -> list[str]:
+    """The kinds of tf.data steps in ``dataset``'s serialized graph ("CacheDatasetV2", ...),
+    sorted."""
+    return sorted({node.op for node in _graph(dataset).node if "Dataset" in node.op})
+
+
+def py_function_token(tensor: Any) -> str | None:
+    """The token of the ``tf.py_function`` op that made ``tensor`` while a function or a
+    pipeline was traced (None for an eager call: no op in any graph)."""
+    op = getattr(tensor, "op", None)
+    try:
+        return op.get_attr("token").decode() if op is not None else None
+    except (AttributeError, ValueError):
+        return None
+
+
+def _functions_called(node: Any) -> list[str]:
+    """The library functions a node's attributes name (a map's ``f``, a filter's ...)."""
+    names = []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names += [func.name for func in value.list.func]
+    return names
+
+
+def py_function_tokens(dataset: Any, feeding: str | None = None) -> set[str]:
+    """The tokens of the py_function ops ``dataset``'s graph runs, its functions' too; with
+    ``feeding`` (a kind of step, e.g. ``"CacheDataset"``), only those of the steps upstream of
+    a step of that kind in the pipeline itself: the work whose results that step receives."""
+    graph = _graph(dataset)
+    library = {function.signature.name: function for function in graph.library.function}
+    found: dict[str, set[str]] = {}
+
+    def in_node(node: Any) -> set[str]:
+        tokens = {node.attr["token"].s.decode()} if node.op in ("EagerPyFunc", "PyFunc") else set()
+        for name in _functions_called(node):
+            tokens |= in_function(name)
+        return tokens
+
+    def in_function(name: str) -> set[str]:
+        if name not in found:
+            found[name] = set()  # a function that calls itself: no cycle
+            function = library.get(name)
+            for node in function.node_def if function is not None else ():
+                found[name] |= in_node(node)
+        return found[name]
+
+    nodes = {node.name: node for node in graph.node}
+    if feeding is None:
+        starts = list(nodes.values())
+    else:
+        starts, seen = [], set()
+        todo = [node for node in graph.node if node.op.startswith(feeding)]
+        while todo:  # every step upstream of one of the kind asked for
+            for name in todo.pop().input:
+                name = name.lstrip("^").split(":")[0]
+                if name in nodes and name not in seen:
+                    seen.add(name)
+                    starts.append(nodes[name])
+                    todo.append(nodes[name])
+    tokens: set[str] = set()
+    for node in starts:
+        tokens |= in_node(node)
+    return tokens
 
 
 def expected_sizes(num_elements: int, batch_size: int) -> list[int]:
@@ -69,3 +144,68 @@ def multiset_problem(got: np.ndarray, expected: np.ndarray) -> str | None:
         return (f"the elements differ from the slow pipeline's (as a multiset): missing e.g. "
                 f"{missing}, unexpected e.g. {extra}")
     return None
+
+
+def counting_reader(seconds: float, reads: dict[str, Any]) -> Callable[[Any], Any]:
+    """Lesson 00, exercise 4's ``read``: waits ``seconds``, records its element in
+    ``reads["done"]`` (a set: an element
+    read twice counts once), every call in ``reads["calls"]`` and which ``read`` op made it in
+    ``reads["by"]`` (an index into ``reads["ops"]``, the py_function tokens of every
+    ``read`` traced, None for an eager call), returns ``7x + 3``."""
+    from course_utils.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+    lock = threading.Lock()
+    reads.setdefault("ops", [])
+
+    def wait_and_read(value: Any, op: int) -> Any:
+        time.sleep(seconds)
+        with lock:
+            reads["done"].add(int(value))
+            reads["calls"] += 1
+            reads.setdefault("by", []).append(op)
+        return np.int64(7 * int(value) + 3)
+
+    def read(index: Any) -> Any:
+        with lock:
+            op = len(reads["ops"])
+            reads["ops"].append(None)
+        record = tf.py_function(lambda value: wait_and_read(value, op), [index], tf.int64)
+        record.set_shape([])
+        reads["ops"][op] = py_function_token(record)  # None for an eager call
+        return record
+
+    return read
+
+
+def counted_stages(calls: dict[str, Any], seed: int) -> tuple[Callable[[Any], Any],
+                                                                Callable[[Any], Any]]:
+    """Lesson 01, exercise 3's ``decode`` (counts its calls in ``calls["decode"]`` and, in
+    ``calls["by"]``, the token of the decode op that made each (None: an eager call), returns
+    ``10x``) and
+    ``augment`` (adds a random offset in [0, 1) from a generator whose state moves on every
+    call)."""
+    from course_utils.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+    generator = tf.random.Generator.from_seed(seed)
+    calls.setdefault("by", [])
+    made: list[str | None] = []  # the token of every decode op made, in order
+
+    def count_and_decode(value: Any, op: int) -> Any:
+        calls["decode"] += 1
+        calls["by"].append(made[op])
+        return np.float32(10 * int(value))
+
+    def decode(record: Any) -> Any:
+        op = len(made)
+        made.append(None)
+        image = tf.py_function(lambda value: count_and_decode(value, op), [record], tf.float32)
+        image.set_shape([])
+        made[op] = py_function_token(image)
+        return image
+
+    def augment(image: Any) -> Any:
+        return image + generator.uniform([], 0.0, 1.0)
+
+    return decode, augment

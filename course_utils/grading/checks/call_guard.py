@@ -86,12 +86,7 @@ from course_utils.grading.checks.guard_code import (  # the messages: re-exporte
     target_codes,
     watching_problem,
 )
-from course_utils.grading.checks.guard_threads import (
-    children,
-    probe,
-    unwatch_others,
-    watch_others,
-)
+from course_utils.grading.checks.guard_threads import children, probe, unwatch_others, watch_others
 
 try:
     import _posixsubprocess as _POSIXSUBPROCESS  # subprocess's and multiprocessing's
@@ -190,10 +185,9 @@ def _audit(event: str, args: Any) -> None:
 class CallsInto:
     """Record every call, made while it is active (this thread and threads it starts), into
     one of the ``targets`` (files, functions or code objects), by identity or by content: a
-    helper bound earlier under another name (``from course_utils.profiling import
-    step_breakdown``) or an ``exec``'d copy of it is caught as surely as
-    ``cu.profiling.step_breakdown``; no module attribute is replaced. ``also(frame)``, when
-    given, is called on every Python call while it is active. ``take()`` is the verdict:
+    helper bound earlier under another name or an ``exec``'d copy of it is caught as surely as
+    the helper; no module attribute is replaced. ``also(frame, c_fn)``, when given, is called
+    on every call while it is active (``c_fn`` None for Python's). ``take()`` is the verdict:
     the targets called, after what went wrong with the watching itself (see the module).
     ``tensorflow_threads=True`` where the check hands the answer a dataset whose Python (a
     generator) TensorFlow's threads run when it is read: thread states made while it watches
@@ -264,6 +258,8 @@ class CallsInto:
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         if event != "call":
             if event == "c_call":
+                if self.also is not None:
+                    self.also(frame, arg)
                 module = getattr(arg, "__self__", None)
                 if (module is _thread and arg.__name__ in ("start_new_thread", "start_new")
                         and frame.f_code is not _THREAD_STARTER):
@@ -275,7 +271,7 @@ class CallsInto:
         if code is _THREADING_SETPROFILE and not _by_a_guard(frame.f_back):
             self._note("tamper", f"{REMOVED} (threading.setprofile was called while it ran)")
         if self.also is not None:
-            self.also(frame)
+            self.also(frame, None)
         found = self.match(code)
         if found is None and code.co_name.startswith("tf__") and _AUTOGRAPH in code.co_filename:
             found = self._converted(frame)

@@ -6,11 +6,18 @@ not handed, which steps were scheduled and how many were in flight at each ``sch
 (``__slots__ = ()``): the coordinator and the record live in the methods' closures, so neither
 an attribute set on the watched object nor a method replaced on a class imported from this
 module changes what is recorded, and :meth:`WatchRecord.tampered` names a class whose methods
-or an object whose class were changed during the call.
+or an object whose class were changed during the call. The record is also where a learner's
+code could reach it (the methods' closures): so every event (a schedule and its RemoteValue's
+identity, a fetch, a join) is also written into an OS pipe whose read end only the check reads
+(:meth:`WatchRecord.replay`); the check judges the steps in flight from that log, and names a
+record that differs from it as changed.
 """
 
 from __future__ import annotations
 
+import os
+import struct
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -42,12 +49,65 @@ class WatchRecord:
     would count the oldest, never fetched, as one still busy).
     """
 
+    _EVENT = "<cq"  # kind (b"S" schedule, b"F" a step fetched, b"J" all finished), number
+
     def __init__(self) -> None:
         self.scheduled: list[Any] = []
         self.finished: list[bool] = []
         self.in_flight: list[int] = []
         self.handed: list[Any] = []               # the watched values given to the learner
         self.classes: dict[type, dict[str, Any]] = {}
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)  # a full pipe loses events (then named), never hangs
+        self._read_fd = read_fd
+        self._closer = weakref.finalize(self, _close, read_fd, write_fd)
+        self.log = _pipe_writer(write_fd, self._EVENT)
+
+    def replay(self) -> tuple[list[int], list[int]]:
+        """From the pipe's log (the events as they happened, whatever was done to this
+        object): the identity of each step's RemoteValue in the order scheduled, and the steps
+        in flight at each schedule."""
+        data = bytearray()
+        while True:
+            try:
+                chunk = os.read(self._read_fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data.extend(chunk)
+        size = struct.calcsize(self._EVENT)
+        identities: list[int] = []
+        finished: list[bool] = []
+        in_flight: list[int] = []
+        for start in range(0, len(data) - size + 1, size):
+            kind, number = struct.unpack(self._EVENT, bytes(data[start:start + size]))
+            if kind == b"S":
+                oldest = next((i for i, done in enumerate(finished) if not done), len(finished))
+                in_flight.append(1 + len(finished) - oldest)
+                identities.append(number)
+                finished.append(False)
+            elif kind == b"F" and 0 <= number < len(finished):
+                finished[number] = True
+            elif kind == b"J":
+                finished[:] = [True] * len(finished)
+        return identities, in_flight
+
+    def changed(self) -> str | None:
+        """How this record differs from the pipe's log (the learner's code rewrote it), or
+        None; the log's steps in flight then stand in ``in_flight``."""
+        identities, in_flight = self.replay()
+        mine = [id(remote) for remote in self.scheduled]
+        changed = None
+        if identities != mine or in_flight != self.in_flight:
+            changed = ("the watch's record of your steps was changed while your function ran "
+                       f"(its steps in flight {self.in_flight}, as they happened {in_flight}; "
+                       f"{len(mine)} steps recorded, {len(identities)} scheduled): schedule "
+                       "through the coordinator you are given, and leave its record alone")
+        self.in_flight = in_flight
+        self._closer()
+        return changed
 
     @property
     def max_in_flight(self) -> int:
@@ -66,14 +126,42 @@ class WatchRecord:
         return None
 
 
+def _close(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _pipe_writer(fd: int, layout: str) -> Any:
+    """``log(kind, number)``: one event into the pipe ``fd`` (ignored once it is closed)."""
+
+    def log(kind: bytes, number: int = 0) -> None:
+        try:
+            os.write(fd, struct.pack(layout, kind, number))
+        except OSError:  # closed, or full (BlockingIOError): the replay then differs
+            pass
+
+    return log
+
+
 def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
     """A watched stand-in for ``coordinator`` to hand to the learner, and its record."""
     tf = _tf()
     record = WatchRecord()
+    log = record.log
     index_of: dict[int, int] = {}
 
     def known_finished(index: int) -> None:
+        if not record.finished[index]:  # logged once: a value fetched again changes nothing
+            log(b"F", index)
         record.finished[index] = True
+
+    def all_finished() -> None:
+        if not all(record.finished):  # logged where it changes something: polls log nothing
+            log(b"J")
+        record.finished[:] = [True] * len(record.finished)
 
     class WatchedRemoteValue:
         """A ``RemoteValue`` whose fetch tells the watch that its step finished."""
@@ -114,6 +202,7 @@ def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
                            if not finished), len(record.finished))
             record.in_flight.append(1 + len(record.finished) - oldest)
             remote = coordinator.schedule(fn, args=args, kwargs=kwargs)
+            log(b"S", id(remote))
             watched = WatchedRemoteValue()
             index_of[id(watched)] = len(record.scheduled)
             record.scheduled.append(remote)
@@ -124,13 +213,13 @@ def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
         def join(self) -> None:
             """As ``ClusterCoordinator.join``: every step scheduled so far has finished."""
             coordinator.join()
-            record.finished[:] = [True] * len(record.finished)
+            all_finished()
 
         def done(self) -> bool:
             """As ``ClusterCoordinator.done``."""
             finished = coordinator.done()
             if finished:
-                record.finished[:] = [True] * len(record.finished)
+                all_finished()
             return finished
 
         def fetch(self, values: Any) -> Any:

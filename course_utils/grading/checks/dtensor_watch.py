@@ -83,7 +83,9 @@ def whole_copy_watch(whole: list[str]) -> Any:
     def on_mesh(tensor: Any) -> bool:
         return isinstance(tensor, tf.Tensor) and api.is_dtensor(tensor)
 
-    def watch(frame: Any) -> None:
+    def watch(frame: Any, c_function: Any) -> None:
+        if c_function is not None:  # a C function: none of DTensor's calls watched here
+            return
         code, local = frame.f_code, frame.f_locals
         if code is api.pack.__code__ and replicated_matrix(local.get("layout")):
             whole.append("dtensor.pack with a replicated rank-2 layout")

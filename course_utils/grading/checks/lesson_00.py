@@ -27,7 +27,9 @@
 * ``check_overlapped_pipeline(overlapped_pipeline)``: the fixed version of a pipeline whose
   ``prefetch`` overlaps nothing: same batches, in order, and reads that run while the training
   step works (counted, not timed; the speed-up is shown), each record read once per epoch (a
-  thread that reads on the side, to be counted, reads more).
+  thread that reads on the side, to be counted, reads more), and every read made by the
+  returned dataset's own graph (its ``read`` ops found by their py_function tokens): reads in
+  a thread or a generator of the answer's own, handed on, fail.
 
 Each check builds fresh random inputs, computes the expected result with a reference and hands
 both to :func:`run_check`; TensorFlow is imported inside the checks, never at module level.
@@ -37,13 +39,13 @@ from __future__ import annotations
 
 import inspect
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.batch_shapes import counting_reader, py_function_tokens
 from course_utils.grading.checks.call_guard import REMOVED
 from course_utils.grading.checks.forked_call import ForkedCall
 from course_utils.grading.checks.refusals import own_functions, refusing
@@ -54,7 +56,7 @@ from course_utils.grading.checks.splits import (
     run_splits_in_fresh_process,
     split_verdict,
 )
-from course_utils.grading.checks.step_waits import WaitServer, parts_called
+from course_utils.grading.checks.step_waits import WaitServer, parts_called, whole_steps_timed
 from course_utils.grading.framework import Case, expect_function, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -267,10 +269,11 @@ def _step_breakdown_in(in_a_copy: Any, server: WaitServer) -> bool:
         transfer_s = transfer * (input_s + compute_s)
 
         def verify(answered: Any) -> str | None:
-            result, switched_off, called_helper = answered
+            result, switched_off, called_helper, events = answered
             return _breakdown_problem(result, calls, (switched_off, called_helper), repeats, {
                 "input": input_s, "compute": compute_s,
-                "whole step": input_s + compute_s + transfer_s}, disturbed=disturb)
+                "whole step": input_s + compute_s + transfer_s}, disturbed=disturb,
+                events=events)
 
         return Case(args=(repeats,),
                     label=f"(next_batch, train_step, batch, repeats={repeats}) with a "
@@ -301,10 +304,11 @@ def _step_breakdown_in(in_a_copy: Any, server: WaitServer) -> bool:
 
 
 def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool],
-                       repeats: int, wanted: Mapping[str, float], disturbed: bool = True
-                       ) -> str | None:
+                       repeats: int, wanted: Mapping[str, float], disturbed: bool = True,
+                       events: str | None = None) -> str | None:
     """What is wrong with one case's ``result``, given the calls it made, whether the recorder
-    was switched off or saw a timing helper called (``recorded``), and the waits."""
+    was switched off or saw a timing helper called (``recorded``), the waits, and the
+    answer's calls and clock reads in order (``events``, see ``step_waits``)."""
     switched_off, called_helper = recorded
     if isinstance(switched_off, str) and not switched_off.startswith(REMOVED):
         return switched_off  # a thread or process the check cannot watch, its record changed
@@ -330,6 +334,16 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool
                 f"whole step), {repeated} came right after a call of the same part "
                 f"(sequence {''.join(parts[:12])}..., I input, C compute, W whole step): a "
                 "disturbance would hit one part only")
+    if events is not None:
+        fresh, timed = whole_steps_timed(events)
+        if timed < repeats:
+            return (f"the whole step was not timed as one: of its {fresh} train_step calls on "
+                    f"a fresh batch, {timed} ran right after the next_batch that made their "
+                    "batch with no clock read in between (at least "
+                    f"{repeats} needed; sequence {events[:24]}..., i next_batch, c and w "
+                    "train_step on the batch given and on a fresh one, x on an older batch, "
+                    "t a clock read): a sum of pieces timed apart is not what the real loop's "
+                    "step costs")
     ms = {name: float(value) * 1e3 for name, value in result.items()}
     # one disturbed input call (every order of the parts disturbs one in 5 turns or fewer)
     # moves a mean of at most 8 calls by 44 ms or more: outside the first case's input range
@@ -356,33 +370,12 @@ READ_WAIT_S, BATCH_SIZE, STEP_WAIT_S = 0.004, 4, 0.016
 MIN_READ_AHEAD_SHARE = 0.5
 
 
-def _counting_reader(seconds: float, reads: dict[str, Any]) -> Callable[[Any], Any]:
-    """``read``: waits ``seconds``, records its element in ``reads["done"]`` (a set: an element
-    read twice counts once) and every call in ``reads["calls"]``, returns ``7x + 3``."""
-    tf = _tf()
-    lock = threading.Lock()
-
-    def wait_and_read(value: Any) -> Any:
-        time.sleep(seconds)
-        with lock:
-            reads["done"].add(int(value))
-            reads["calls"] += 1
-        return np.int64(7 * int(value) + 3)
-
-    def read(index: Any) -> Any:
-        record = tf.py_function(wait_and_read, [index], tf.int64)
-        record.set_shape([])
-        return record
-
-    return read
-
-
 def _train(dataset: Any, reads: dict[str, Any], count: int) -> tuple[float, float]:
     """One epoch of ``count`` elements with a ``STEP_WAIT_S`` step per batch: (the share, in
     [0, 1], of the steps before the last while which later elements were read, seconds).
     After the last step there is nothing left to read, so it is not counted; reads that all
     ran before the first step (a pipeline that reads everything up front) overlap no step."""
-    reads["done"], reads["calls"] = set(), 0
+    reads["done"], reads["calls"], reads["by"] = set(), 0, []
     consumed, read_ahead = 0, []
     start = time.perf_counter()
     for batch in dataset:
@@ -407,7 +400,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
     rng = fresh_rng()
     first, count = rng.randint(0, 1000), rng.randint(7, 9) * BATCH_SIZE + rng.randint(1, 3)
     reads: dict[str, Any] = {"done": set(), "calls": 0}
-    read = _counting_reader(READ_WAIT_S, reads)
+    read = counting_reader(READ_WAIT_S, reads)
     expected = 7 * np.arange(first, first + count) + 3
 
     def records() -> Any:
@@ -426,8 +419,8 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return f"expected batches of sizes {want}, got {sizes}"
         if not np.array_equal(np.concatenate(batches), expected):
             return "the elements differ from the broken pipeline's, or came in another order"
-        share, seconds = _train(without_default_optimizations(fn(records(), read, BATCH_SIZE)),
-                                reads, count)
+        trained = fn(records(), read, BATCH_SIZE)
+        share, seconds = _train(without_default_optimizations(trained), reads, count)
         if reads["calls"] > count:  # reads the epoch did not need (a thread of its own?)
             return (f"read was called {reads['calls']} times during an epoch of {count} "
                     "records: the pipeline reads each record once, as the broken one does")
@@ -435,6 +428,13 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return (f"reading does not overlap the step: the next reads had run during only "
                     f"{share:.0%} of the training steps (at least {MIN_READ_AHEAD_SHARE:.0%} "
                     "needed; tf.data's automatic rewrites off)")
+        inside = py_function_tokens(trained) if isinstance(trained, tf.data.Dataset) else set()
+        outside = sum(reads["ops"][op] not in inside for op in reads["by"])
+        if outside:  # read ahead by a thread or a generator of the answer's own
+            return (f"{outside} of the epoch's {reads['calls']} reads ran outside the dataset "
+                    "you returned (its graph holds no read they came from): in a thread or a "
+                    "pipeline of your own that it only hands on? The exercise overlaps the "
+                    "reads with tf.data itself: where in the pipeline does the overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
         _, broken_seconds = _train(without_default_optimizations(broken()), reads, count)
         print(f"   reads ran during {share:.0%} of the steps; an epoch took "

@@ -30,7 +30,12 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.batch_shapes import batches as _batches
-from course_utils.grading.checks.batch_shapes import dataset_steps, epoch_seconds
+from course_utils.grading.checks.batch_shapes import counted_stages as _counted_stages
+from course_utils.grading.checks.batch_shapes import (
+    dataset_steps,
+    epoch_seconds,
+    py_function_tokens,
+)
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.records import pixels_problem as _pixels_problem
@@ -300,28 +305,6 @@ def check_shuffled_batches(fn: Any) -> bool:
 # --- Exercise 3 · cache before augmenting -------------------------------------------------------
 
 
-def _counted_stages(calls: dict[str, int], seed: int) -> tuple[Callable[[Any], Any],
-                                                                Callable[[Any], Any]]:
-    """``decode`` (counts its calls in ``calls["decode"]``, returns ``10x``) and ``augment``
-    (adds a random offset in [0, 1) from a generator whose state moves on every call)."""
-    tf = _tf()
-    generator = tf.random.Generator.from_seed(seed)
-
-    def count_and_decode(value: Any) -> Any:
-        calls["decode"] += 1
-        return np.float32(10 * int(value))
-
-    def decode(record: Any) -> Any:
-        image = tf.py_function(count_and_decode, [record], tf.float32)
-        image.set_shape([])
-        return image
-
-    def augment(image: Any) -> Any:
-        return image + generator.uniform([], 0.0, 1.0)
-
-    return decode, augment
-
-
 @register
 def check_cached_pipeline(fn: Any) -> bool:
     """Check ``cached_pipeline(records, decode, augment, batch_size, shuffle_buffer)``: every
@@ -331,7 +314,7 @@ def check_cached_pipeline(fn: Any) -> bool:
     rng = fresh_rng()
     batch_size = rng.choice([4, 5, 8])
     count = rng.randint(5, 8) * batch_size + rng.randint(1, batch_size - 1)
-    calls = {"decode": 0}
+    calls: dict[str, Any] = {"decode": 0}
     decode, augment = _counted_stages(calls, rng.randint(0, 2**31 - 1))
 
     def verify(dataset: Any) -> str | None:
@@ -356,6 +339,13 @@ def check_cached_pipeline(fn: Any) -> bool:
         if not any(step.startswith("CacheDataset") for step in steps):
             return (f"decode ran once per record, but your pipeline holds no tf.data cache "
                     f"(its steps: {', '.join(steps)}): which step keeps them for epoch 2?")
+        cached = py_function_tokens(dataset, feeding="CacheDataset")
+        uncached = sum(token not in cached for token in calls["by"])
+        if uncached:  # decoded in Python, memoised, or by a map the cache does not receive
+            return (f"{uncached} of decode's {len(calls['by'])} calls came from no decode op "
+                    "upstream of your pipeline's tf.data cache (called in Python, or by a map "
+                    "whose results the cache never receives): the cache holds no decoded "
+                    "record. Which step's output must it keep?")
         if np.array_equal(epochs[0], epochs[1]):
             return ("the two epochs are identical: the cache froze the augmentation")
         if np.array_equal(np.floor(epochs[0]), epochs[0]):

@@ -125,11 +125,10 @@ def check_compute_loss(fn: Any) -> bool:
         cases.append(Case(args=("strategy", size), verify=verify_split(size),
                           label=f"(inside {replicas} replicas, a global batch of {size})"))
     return run_check("compute_loss", run, cases, rtol=1e-5, atol=1e-6,
-                     hint="the denominator is the weights' sum over the whole global batch: "
-                          "add this replica's weights up, then all-reduce that sum with "
-                          "tf.distribute.get_replica_context().all_reduce(SUM, ...), as the "
-                          "lesson counted examples (section 5, the last row of the table); "
-                          "the numerator is this replica's sum of weight × loss.")
+                     hint="the weighted mean divides by the weights of the whole global "
+                          "batch: which of them can one replica see, and how did the lesson "
+                          "find a number that only all the replicas together know (section "
+                          "5, the last row of the table)?")
 
 
 @register
@@ -345,9 +344,8 @@ def check_distribute_dataset(fn: Any) -> bool:
                         f"{workers_size} examples, per-replica batch {per_replica}, two "
                         "epochs)")]
     return run_check("distribute_dataset", run, cases,
-                     hint="the workers do not share a random seed, so a shuffle before the "
-                          "shard gives each worker another order and their shards overlap. "
-                          "Shard first (input_context.num_input_pipelines, "
-                          "input_pipeline_id), then shuffle the shard, then batch by "
-                          "input_context.get_per_replica_batch_size(global_batch_size) "
-                          "(lesson 02, section 9; lesson 01: shuffle before batch).")
+                     hint="the workers do not share a random seed: what does a shuffle "
+                          "that runs before the shard do to the examples each worker keeps? "
+                          "Which of input_context's fields say how many pipelines there are, "
+                          "which one is yours, and how big one replica's batch is? (lesson "
+                          "02, section 9; lesson 01: where the shuffle goes).")

@@ -125,7 +125,7 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
         def verify(got: Any) -> str | None:
             done = int(applied.numpy())  # read at once: a loop without join is still running
             applied.assign(0)
-            tampered = record.tampered(watched)
+            tampered = record.tampered(watched) or record.changed()
             if tampered:
                 return tampered
             if len(record.scheduled) != num_steps or done != len(record.scheduled):

@@ -15,14 +15,17 @@
 * ``check_diagnose_accumulation(diagnose_accumulation)`` (``suspect_loops``): given an
   accumulation loop, name what it does (right, applies every micro-batch, or sums without
   dividing), for loops written here whose names, code, defaults and closures are the same for
-  every kind; a loop's kind is drawn only when it is first called, so an answer must run it; an
-  answer whose code reads a loop's closure or the check's plans is refused.
+  every kind; a loop's kind is drawn when it is first called and kept in a forked copy of the
+  process that decides each update (a black box), so an answer must run it; an answer whose
+  code reads a loop's closure or the check's plans is refused.
 * ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
   MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, and
   behind a per-replica memory of one micro-batch's share (a larger batch, or one tape over
   several micro-batches, fails like out of memory: no accumulation at all cannot pass), the
-  weights equal plain SGD on batches ``k`` times larger (a short last group included), every
-  example trained once, with exactly one all-reduce of the gradients per update.
+  weights equal plain SGD on batches ``k`` times larger (a short last group included) whose
+  loss adds the model's L2 penalty (``model.losses``, which the lesson's step had none of) once
+  per update, every example trained once, with exactly one all-reduce of the gradients per
+  update; a penalty ignored, added per micro-batch or on every replica whole is named.
 * ``check_segment_gradients(segment_gradients)``: on a fresh flat stack of Dense layers, the
   plain stack's gradients, made with one ``tf.recompute_grad`` per segment of ``segment_size``
   layers (counted in the traced step) and every layer's forward run again.
@@ -30,6 +33,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -55,6 +59,7 @@ __all__ = [
     "check_diagnose_accumulation",
     "check_largest_batch_that_fits",
     "check_segment_gradients",
+    "PENALTY_MISTAKES",
     "check_train_mirrored_with_accumulation",
     "check_train_with_accumulation",
     "counting_mirrored_strategy",
@@ -92,12 +97,15 @@ def _problem(rng: Any) -> dict[str, Any]:
 
 def _model(problem: dict[str, Any], counted: bool = False) -> Any:
     """The problem's model, its initial weights drawn from the problem's seed (no global seed);
-    ``counted``: its layers count the examples they run on (``reach_around``)."""
+    ``counted``: its layers count the examples they run on (``reach_around``); where the
+    problem has a ``"penalty"``, an L2 penalty of that weight on both kernels (``model.losses``)."""
     keras = _keras()
     dense = counted_dense if counted else keras.layers.Dense
+    penalty = problem.get("penalty")
+    extra = {"kernel_regularizer": keras.regularizers.L2(penalty)} if penalty else {}
     inputs = keras.Input(shape=(problem["features"].shape[1],))
-    model = keras.Model(inputs, dense(problem["classes"])(dense(problem["hidden"],
-                                                                  activation="tanh")(inputs)))
+    model = keras.Model(inputs, dense(problem["classes"], **extra)(dense(
+        problem["hidden"], activation="tanh", **extra)(inputs)))
     weights = np.random.default_rng(problem["seed"])
     model.set_weights([weights.normal(scale=0.5, size=w.shape).astype("float32")
                        for w in model.get_weights()])
@@ -269,10 +277,56 @@ def counting_mirrored_strategy(num_replicas: int = 2) -> tuple[Any, Any]:
     return tf.distribute.MirroredStrategy(devices, cross_device_ops=CountingAllReduce()), counter
 
 
-def _large_batch_weights(problem: dict[str, Any], group: int) -> list[np.ndarray]:
-    """Plain SGD on batches of ``group`` micro-batches, a short last batch averaged over its
-    own examples."""
-    return _sgd_loop(problem, problem["micro"] * group, 1, 1.0, problem["learning_rate"])
+#: How often each wrong penalty enters an update (the right one: once), as a function of the
+#: update's micro-batches ``g`` and the replicas ``r``, and what the message says of it.
+PENALTY_MISTAKES = {
+    "ignored": (lambda g, r: 0, "the weights match the data loss alone: the model's L2 penalty "
+                "(model.losses) never entered an update"),
+    "every micro-batch": (lambda g, r: g, "the penalty entered each update once per "
+                          "micro-batch, not once per update as in one large batch"),
+    "every replica": (lambda g, r: r, "each replica added the whole penalty, and the "
+                      "optimizer sums the replicas' gradients: {r}× the penalty"),
+    "every micro-batch and replica": (lambda g, r: g * r, "the penalty entered once per "
+                                      "micro-batch on every replica: {r}× per micro-batch"),
+}
+
+
+def _large_batch_weights(problem: dict[str, Any], group: int,
+                         penalty_times: Callable[[int], float] = lambda g: 1.0
+                         ) -> list[np.ndarray]:
+    """Plain SGD on batches of ``group`` micro-batches (a short last batch averaged over its
+    own examples) whose loss is the mean data loss plus the model's penalty
+    ``penalty_times(g)`` times, ``g`` the micro-batches in that batch."""
+    tf = _tf()
+    model = _model(problem)
+    optimizer = _keras().optimizers.SGD(learning_rate=problem["learning_rate"])
+    loss_fn, micro = _loss_fn(), problem["micro"]
+    data = tf.data.Dataset.from_tensor_slices((problem["features"], problem["labels"]))
+    for x, y in data.batch(micro * group):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+            if model.losses:
+                loss += penalty_times(-(-int(x.shape[0]) // micro)) * tf.add_n(model.losses)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables, strict=True))
+    return [np.asarray(w) for w in model.get_weights()]
+
+
+def _penalty_mistake(problem: dict[str, Any], weights: list[np.ndarray], replicas: int
+                     ) -> str | None:
+    """What the weights match: applying every micro-batch (with any penalty), or one of
+    ``PENALTY_MISTAKES`` with one update per group; None when neither."""
+    mistakes = {name: (lambda g, times=times: times(g, replicas), says)
+                for name, (times, says) in PENALTY_MISTAKES.items()}
+    for times, says in mistakes.values():  # one update per group, the penalty wrong
+        if largest_difference(weights, _large_batch_weights(problem, problem["steps"], times)
+                              ) <= ACCUMULATION_TOLERANCE:
+            return says.format(r=replicas)
+    for times in [lambda g: 1.0, mistakes["ignored"][0]]:  # every micro-batch applied
+        if largest_difference(weights, _large_batch_weights(problem, 1, times)
+                              ) <= ACCUMULATION_TOLERANCE:
+            return "they match applying every micro-batch, not one update per group"
+    return None
 
 
 @register
@@ -290,6 +344,8 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
 
     def case(short_group: bool) -> Case:
         problem = _problem(rng)  # micro-batches of 4, 6 or 8: split over 2 replicas
+        problem["penalty"] = rng.choice([0.01, 0.02, 0.04])  # model.losses: an L2 penalty
+        problem["steps"] = rng.choice([3, 4])  # k = 2 = replicas: two mistakes would agree
         extra = rng.randint(1, problem["steps"] - 1) if short_group else 0
         strategy, counter = counting_mirrored_strategy(2)  # its own count, from 0
         n = problem["micro"] * (problem["steps"] * 3 + extra)
@@ -315,13 +371,12 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
             weights = [np.asarray(w) for w in model.get_weights()]
             error = largest_difference(weights, _large_batch_weights(problem, problem["steps"]))
             if error > ACCUMULATION_TOLERANCE:
-                every = largest_difference(weights, _large_batch_weights(problem, 1))
-                why = ("they match applying every micro-batch, not one update per group"
-                       if every <= ACCUMULATION_TOLERANCE else
-                       "each update is the mean over its whole group's examples (a short "
-                       "last group has fewer): what does your loss divide by?")
+                why = _penalty_mistake(problem, weights, strategy.num_replicas_in_sync) or (
+                    "each update is the mean over its whole group's examples (a short "
+                    "last group has fewer): what does your loss divide by?")
                 return (f"the weights differ from plain SGD on batches {problem['steps']}× "
-                        f"larger by {error:.2e}: {why}")
+                        f"larger, its loss the mean plus the model's L2 penalty once, by "
+                        f"{error:.2e}: {why}")
             trained = int(counts["trained"].numpy())
             if trained != n:
                 return (f"{trained} examples went forward through the model you were given in "

@@ -72,7 +72,7 @@ class _Refusing:
     """
 
     def __init__(self, fn: Any, helpers: Iterable[Any], why: str,
-                 also: Callable[[Any], None] | None = None) -> None:
+                 also: Callable[[Any, Any], None] | None = None) -> None:
         self.fn, self.why = fn, why
         self.guard = CallsInto(*helpers, also=also)
         self.__wrapped__ = fn  # the framework's introspection guard reads the learner's code
@@ -102,7 +102,8 @@ class _Refusing:
 
 
 def refusing(fn: Any, helpers: Iterable[Any], why: str,
-             also: Callable[[Any], None] | None = None) -> Any:
-    """``fn`` refusing the helpers' code (see the module's docstring); ``also(frame)`` is called
-    on every Python call while it runs. Non-callables are returned as they are."""
+             also: Callable[[Any, Any], None] | None = None) -> Any:
+    """``fn`` refusing the helpers' code (see the module's docstring); ``also(frame, c_fn)`` is
+    called on every call while it runs (``c_fn`` None for Python's). Non-callables pass as
+    they are."""
     return _Refusing(fn, helpers, why, also) if callable(fn) else fn

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from course_utils.grading.checks.refusals import refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.replicas import (
     mirrored_strategy,
@@ -92,12 +93,17 @@ def check_resume_latest(fn: Any) -> bool:
     import numpy as np
 
     from course_utils.models import mlp
+    from course_utils.training import checkpoints
 
     tf = _tf()
     strategy = mirrored_strategy()
     if raises_own_stub(fn, None, None):
         not_attempted("resume_latest")
         return False
+    # the course's Checkpoints (cu.training) restores the latest for you: refused by its code,
+    # whatever name it was bound to before the check
+    fn = refusing(fn, [checkpoints.__file__],
+                  "restore with tf.train's own API, as lesson 02, section 4 does")
     rng = fresh_rng()
 
     def run(trained_under_strategy: bool, steps: int, saved_after: set[int]) -> Any:
@@ -167,7 +173,6 @@ def check_resume_latest(fn: Any) -> bool:
                         f"{sorted(every_other)}: ckpt-1 to ckpt-{len(every_other)}; resumed "
                         f"on {replicas} replicas)")]
     return run_check("resume_latest", run, cases,
-                     hint="tf.train.latest_checkpoint(directory) names the latest checkpoint; "
-                          "restore tf.train.Checkpoint(model=..., optimizer=...) of the fresh "
-                          "pair from it; the optimizer's iterations count the steps done "
-                          "(lesson 02, section 4: the checkpoint).")
+                     hint="which checkpoint does TensorFlow itself record as the latest, and "
+                          "which restored object counts the steps the run trained? (lesson "
+                          "02, section 4: the checkpoint).")

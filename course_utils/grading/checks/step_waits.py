@@ -7,11 +7,16 @@ the cases are drawn (``checks/forked_call.py``), so neither its arguments' closu
 frame or object of that copy holds a wait or an expected value: it can only time the calls.
 :class:`CodesRun` records, in that copy, whether the answer called the course's timing helper
 (or a copy of it), or escaped the recording (the checks' one guard, ``call_guard``: its
-profiler removed, a thread or a process it cannot watch, its record changed).
+profiler removed, a thread or a process it cannot watch, its record changed), and the order of
+its calls of the parts and of the clocks (``time.perf_counter`` and its kin, however reached): a
+whole step is timed as one only where no clock was read between the ``next_batch`` that made its
+batch and its ``train_step`` (``whole_steps_timed``), so a "whole step" added up from pieces
+timed apart fails.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 import time
@@ -22,7 +27,47 @@ import numpy as np
 
 from course_utils.grading.checks.call_guard import CallsInto, watching_problem
 
-__all__ = ["CodesRun", "WaitServer", "parts_called"]
+__all__ = ["CLOCK", "CodesRun", "WaitServer", "parts_called", "whole_steps_timed"]
+
+#: The event a clock read leaves in :attr:`CodesRun.events` ("i", "c", "w": the parts' calls).
+CLOCK = "t"
+
+
+def _clocks() -> set[Any]:
+    """Every clock of ``time`` a timing can read (``timeit.default_timer`` is one of them)."""
+    import time as clock_module
+
+    names = ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic",
+             "monotonic_ns", "process_time", "process_time_ns", "thread_time", "thread_time_ns")
+    return {getattr(clock_module, name) for name in names if hasattr(clock_module, name)}
+
+
+def _is_clock(function: Any, clocks: set[Any]) -> bool:
+    """True for a clock of ``time`` or ``datetime``'s ``now``/``utcnow``/``today``."""
+    try:
+        if function in clocks:
+            return True
+    except TypeError:  # an unhashable callable
+        return False
+    return (getattr(function, "__name__", "") in ("now", "utcnow", "today")
+            and getattr(function, "__self__", None) in (datetime.datetime, datetime.date))
+
+
+def whole_steps_timed(events: str) -> tuple[int, int]:
+    """(steps on a fresh batch, those timed as one whole step): a "w" whose batch came from
+    the "i" right before it (no other part called between) with no clock read ("t") between
+    that "i" and it."""
+    fresh = timed = 0
+    last_part, clock_since = "", False
+    for event in events:
+        if event == CLOCK:
+            clock_since = True
+            continue
+        if event == "w":
+            fresh += 1
+            timed += last_part == "i" and not clock_since
+        last_part, clock_since = event, False
+    return fresh, timed
 
 
 def _helper_codes() -> set[Any]:
@@ -51,10 +96,15 @@ class CodesRun:
         self.seen: set[Any] = set()
         self.problem: str | None = None
         self.named: list[str] = []
+        self.events: list[str] = []  # "i", "c", "w" (the parts, told by the stubs), CLOCK
+        self._clocks = _clocks()
         self.guard = CallsInto(*_helper_codes(), also=self._saw)
 
-    def _saw(self, frame: Any) -> None:
-        self.seen.add(frame.f_code)
+    def _saw(self, frame: Any, c_function: Any) -> None:
+        if c_function is None:
+            self.seen.add(frame.f_code)
+        elif _is_clock(c_function, self._clocks):
+            self.events.append(CLOCK)
 
     def finish(self) -> None:
         """Reads the guard's verdict (while it is still active)."""
@@ -114,31 +164,45 @@ class WaitServer:
                ) -> Callable[[int], tuple[Any, str | bool, bool]]:
         """``answer(repeats)``: ``fn(next_batch, train_step, batch, repeats)``'s result (floats
         where it holds numbers), what went wrong with its recording (a message, or False),
-        whether it called a timing helper."""
+        whether it called a timing helper, and its calls in order (``CodesRun.events``, a
+        string: "i" next_batch, "c" a step on the batch given, "w" on the batch the latest
+        next_batch made, "x" on another batch, ``CLOCK`` a clock read)."""
         requests, replies = self._requests[1], self._replies[0]
         batch = np.full(4, -1)
+        running: list[CodesRun] = []
+        made: list[Any] = [None]  # the batch the latest next_batch returned
 
         def ask(kind: bytes) -> int:
             os.write(requests, kind)
             return int.from_bytes(_read(replies, 4), "little")
 
+        def note(event: str) -> None:
+            if running:
+                running[0].events.append(event)
+
         def next_batch() -> np.ndarray:
-            return np.full(4, ask(b"i"))
+            note("i")
+            made[0] = np.full(4, ask(b"i"))
+            return made[0]
 
         def train_step(given: Any) -> float:
+            note("c" if given is batch else "w" if given is made[0] else "x")
             ask(b"c" if given is batch else b"w")
             return float(np.sum(given))
 
-        def answer(repeats: int) -> tuple[Any, str | bool, bool]:
+        def answer(repeats: int) -> tuple[Any, str | bool, bool, str]:
             codes_run = CodesRun()
+            running[:] = [codes_run]
             with codes_run.guard:
                 result = fn(next_batch, train_step, batch, repeats)
                 codes_run.finish()
+            running.clear()
             try:
                 result = {key: float(value) for key, value in result.items()}
             except (AttributeError, TypeError, ValueError):
                 pass
-            return result, codes_run.switched_off, codes_run.called_a_helper()
+            return (result, codes_run.switched_off, codes_run.called_a_helper(),
+                    "".join(codes_run.events))
 
         return answer
 

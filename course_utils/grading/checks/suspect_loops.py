@@ -2,16 +2,18 @@
 
 The check, registered by name (``lesson_07`` imports it), hands the learner's
 ``diagnose_accumulation(loop)`` fresh loops with one name, one code, no defaults and a random
-token in their closure. A loop's kind (right, applies every micro-batch, sums without dividing)
-is drawn, from the OS's entropy, only when the loop is first called: before it runs, nothing in
-the process says what it does, so an answer must run it. An answer whose code names a loop's
-closure or the check's plans is refused before any call. ``suspect_loop(kind)`` makes a loop of a
-known kind (the lesson's tests and the catalogue use it).
-
-What it cannot stop: that refusal reads the names in the answer's code, so an answer that runs
-a loop once on anything (its kind is drawn then) and reads the plan from this process's memory
-by names built at run time is not refused. In one process the plan is always reachable; a loop
-run in a process of its own would close it, at the cost of a fresh TensorFlow per check.
+token in their closure: black boxes. Each computes its micro-batches' gradients here, with the
+model, optimizer and loss it is given, and hands them to a copy of this process forked before
+any kind exists (``forked_call.ForkedCall``; plain Python and NumPy there, no TensorFlow),
+which draws the loop's kind (right, applies every micro-batch, sums without dividing) from the
+OS's entropy at its first call, keeps it, and answers each micro-batch with the update to
+apply, or none yet. The kind never exists in the learner's process: only the updates the loop
+applies show it, so an answer must run the loop (or send the copy gradients of its own: that
+is running it too). The check asks the copy for a loop's kind once, after the answer returned;
+an answer that asked first (the request is reachable through the loop's closure) is named. An
+answer whose code names a loop's closure or the check's plans is refused before any call.
+``suspect_loop(kind)`` makes a loop of a known kind in this process (the lesson's tests and the
+catalogue use it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from course_utils.grading.checks.forked_call import ForkedCall
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -49,29 +52,15 @@ def accumulate(model: Any, optimizer: Any, loss_fn: Any, features: Any, labels: 
 # --- Exercise 3 · diagnose an accumulation loop ------------------------------------------------
 
 
-#: What each suspect loop does, by an opaque token: (applies every micro-batch, divides by k).
-#: A loop made by the check has no entry until it is first called (drawn then, at random).
+#: What each loop ``suspect_loop`` made does, by an opaque token: (applies every micro-batch,
+#: divides by k). The check's own loops have no entry here: their kinds live in a forked copy.
 _SUSPECT_PLANS: dict[str, tuple[bool, bool]] = {}
 _PLANS = {"correct": (False, True), "applies every micro-batch": (True, False),
           "sums without dividing": (False, False)}
-#: The check's undrawn loops, by token, each pointing at its check's deck, shared by the check's
-#: loops ({"drawn": kinds drawn so far, "left": loops not yet drawn}); no kind is chosen before
-#: a call.
-_UNDRAWN: dict[str, dict[str, Any]] = {}
 
 
 def _draw(token: str) -> tuple[bool, bool]:
-    """The plan of a check's loop at its first call: drawn from the OS's entropy, among the
-    kinds its check must still show when there are as many loops left as kinds to show."""
-    import secrets
-
-    if token not in _SUSPECT_PLANS:
-        deck = _UNDRAWN.pop(token)
-        needed = [kind for kind in DIAGNOSES if kind not in deck["drawn"]]
-        kind = secrets.choice(needed if len(needed) >= deck["left"] else list(DIAGNOSES))
-        deck["drawn"].append(kind)
-        deck["left"] -= 1
-        _SUSPECT_PLANS[token] = _PLANS[kind]
+    """The plan of a loop :func:`suspect_loop` made."""
     return _SUSPECT_PLANS[token]
 
 
@@ -105,28 +94,78 @@ def suspect_loop(kind: str) -> Callable[..., None]:
     return _suspect(token)
 
 
-def _undrawn_loops(count: int) -> list[tuple[str, Callable[..., None]]]:
-    """``count`` loops like :func:`suspect_loop`'s whose kinds are drawn at their first call
-    (every kind among them): before a loop runs, nothing in the process says what it does."""
+#: In the forked copy only (empty here): each black-box loop's state, by token.
+_IN_THE_COPY: dict[str, dict[str, Any]] = {}
+
+
+def _black_box(deck: dict[str, Any], request: str, token: str, *args: Any) -> Any:
+    """The forked copy's side: ``"begin"`` a run of loop ``token`` (its kind drawn at the
+    first, from ``deck`` as :func:`_draw` does); ``"step"`` one micro-batch's gradients (NumPy
+    arrays) and the accumulation steps: the update to apply now, or None; ``"reveal"`` the
+    loop's kind (None: it never ran) and how often it was revealed before."""
     import secrets
 
-    deck: dict[str, Any] = {"drawn": [], "left": count}
-    loops = []
-    for _ in range(count):
-        token = secrets.token_hex(8)
-        _UNDRAWN[token] = deck
-        loops.append((token, _suspect(token)))
-    return loops
+    import numpy as np
+
+    state = _IN_THE_COPY.setdefault(token, {"kind": None, "sums": None, "count": 0,
+                                            "revealed": 0})
+    if request == "reveal":
+        state["revealed"] += 1
+        return state["kind"], state["revealed"] - 1
+    if state["kind"] is None:
+        needed = [kind for kind in DIAGNOSES if kind not in deck["drawn"]]
+        kind = secrets.choice(needed if len(needed) >= deck["left"] else list(DIAGNOSES))
+        deck["drawn"].append(kind)
+        deck["left"] -= 1
+        state["kind"] = kind
+    if request == "begin":
+        state["sums"], state["count"] = None, 0
+        return None
+    gradients, steps = args
+    every, divide = _PLANS[state["kind"]]
+    scaled = [np.asarray(g) / (steps if divide else 1) for g in gradients]
+    sums = state["sums"]
+    state["sums"] = scaled if sums is None else [a + b for a, b in zip(sums, scaled,
+                                                                          strict=True)]
+    state["count"] += 1
+    if state["count"] % (1 if every else steps) == 0:
+        update, state["sums"] = state["sums"], None
+        return update
+    return None
 
 
-def _kind_of(token: str) -> str | None:
-    plan = _SUSPECT_PLANS.get(token)
-    return None if plan is None else {p: k for k, p in _PLANS.items()}[plan]
+def _black_box_loop(ask: Any, token: str) -> Callable[..., None]:
+    """A loop with exercise 1's signature whose kind lives in the forked copy ``ask`` calls."""
+
+    def loop(model, optimizer, loss_fn, features, labels, micro_batch_size,  # type: ignore
+             accumulation_steps):
+        _run_black_box(ask, token, model, optimizer, loss_fn, features, labels,
+                       micro_batch_size, accumulation_steps)
+
+    return loop
+
+
+def _run_black_box(ask: Any, token: str, model: Any, optimizer: Any, loss_fn: Any,
+                   features: Any, labels: Any, micro_batch_size: int,
+                   accumulation_steps: int) -> None:
+    """Each micro-batch's gradients computed here, the updates decided by the copy."""
+    tf = _tf()
+    ask("begin", token)
+    data = tf.data.Dataset.from_tensor_slices((features, labels))
+    for x, y in data.batch(micro_batch_size):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        update = ask("step", token, [tf.convert_to_tensor(g).numpy() for g in gradients],
+                     int(accumulation_steps))
+        if update is not None:
+            optimizer.apply_gradients(zip([tf.constant(u) for u in update],
+                                          model.trainable_variables, strict=True))
 
 
 #: Names by which an answer would read a suspect loop's plan instead of running the loop.
 _PLAN_READERS = frozenset({"__closure__", "cell_contents", "__globals__", "_SUSPECT_PLANS",
-                           "_PLANS", "_UNDRAWN", "_run_suspect", "_draw", "getclosurevars",
+                           "_PLANS", "_IN_THE_COPY", "_run_suspect", "_draw", "getclosurevars",
                            "__module__", "get_referrers", "get_objects"})
 
 
@@ -169,12 +208,28 @@ def check_diagnose_accumulation(fn: Any) -> bool:
             f"diagnose_accumulation: your function uses {', '.join(readers)}, which reads how "
             "the check built the loop instead of what the loop does: what does it do to "
             "weights you know? (lesson 07, section 3)")
-    loops = _undrawn_loops(len(DIAGNOSES) + 1)
+    import functools
+    import secrets
+
+    count = len(DIAGNOSES) + 1
+    deck: dict[str, Any] = {"drawn": [], "left": count}  # drawn from in the copy only
+    with ForkedCall(functools.partial(_black_box, deck), timeout_s=60) as ask:
+        loops = [(token, _black_box_loop(ask, token))
+                 for token in (secrets.token_hex(8) for _ in range(count))]
+        return _diagnose_black_boxes(fn, ask, loops)
+
+
+def _diagnose_black_boxes(fn: Any, ask: Any, loops: list[tuple[str, Any]]) -> bool:
+    """``check_diagnose_accumulation``'s cases: one per black-box loop, its kind asked of the
+    copy once the answer returned."""
 
     def case(number: int, token: str, loop: Callable[..., None]) -> Case:
         def verify(answer: Any) -> str | None:
-            kind = _kind_of(token)
-            _UNDRAWN.pop(token, None)
+            kind, asked_before = ask("reveal", token)
+            if asked_before:
+                return ("your function asked the check's process what this loop is (a "
+                        "request only the check makes, reached through the loop's closure) "
+                        "instead of finding it: run the loop and compare what it does")
             if kind is None:
                 return (f"your function returned {answer!r} without running the loop: it "
                         "does nothing until it is called, so nothing else can tell what it "
