@@ -423,6 +423,7 @@ def parse_record(record):
             example["weight"])
 
 
+@pytest.mark.solution_passes
 def test_reference_parse_record_passes(capsys):
     assert cu.grading.check_parse_record(parse_record)
     assert "✅ parse_record: 1 case passed" in capsys.readouterr().out

@@ -52,6 +52,7 @@ without_dividing = checks_07.suspect_loop("sums without dividing")
 # --- train_with_accumulation -----------------------------------------------------------------
 
 
+@pytest.mark.solution_passes
 def test_reference_accumulation_passes(capsys):
     assert cu.grading.check_train_with_accumulation(right_loop)
     assert "✅ train_with_accumulation: 2 cases passed" in capsys.readouterr().out
@@ -348,6 +349,7 @@ def diagnose_accumulation(loop):
                key=lambda name: cu.equality.largest_difference(suspect, candidates[name]))
 
 
+@pytest.mark.solution_passes
 def test_reference_diagnosis_passes(capsys):
     assert cu.grading.check_diagnose_accumulation(diagnose_accumulation)
     assert "✅ diagnose_accumulation: 4 cases passed" in capsys.readouterr().out
@@ -535,6 +537,7 @@ def mirrored_accumulation(strategy, model, optimizer, loss_object, micro_batches
         step(tuple(next(iterator) for _ in range(min(accumulation_steps, total - start))))
 
 
+@pytest.mark.solution_passes
 def test_reference_mirrored_accumulation_passes(capsys):
     assert cu.grading.check_train_mirrored_with_accumulation(mirrored_accumulation)
     assert "✅ train_mirrored_with_accumulation: 2 cases passed" in capsys.readouterr().out
@@ -784,6 +787,7 @@ def segment_gradients(layers, x, segment_size, *, wrap=True, loss="mean", order=
     return tape.gradient(value, variables)
 
 
+@pytest.mark.solution_passes
 def test_reference_segment_gradients_passes(capsys):
     assert cu.grading.check_segment_gradients(segment_gradients)
     assert "✅ segment_gradients: 2 cases passed" in capsys.readouterr().out
