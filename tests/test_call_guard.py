@@ -191,7 +191,7 @@ def test_autographs_converted_copy_is_matched_through_its_original():
         assert guard.take() == ["helper (converted by AutoGraph)"]
 
 
-# --- threads the profiler cannot watch, processes, a forged record (issue 30) ---------------
+# --- threads the profiler cannot watch, processes, a forged record --------------------------
 
 
 def _through_c_thread(start):
