@@ -8,8 +8,8 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 KERNEL  = scaling-tensorflow
 JOBS   ?= 2
-# make test's pytest processes. 3 on 2 cores was no faster and took 7 % more CPU time:
-# TensorFlow's thread pools, one set per process, then compete for the cores.
+# make test's pytest processes. 3 on 2 cores was tried: no faster, and more CPU time in all
+# (TensorFlow's thread pools, one set per process, then compete for the cores).
 TEST_JOBS ?= $(JOBS)
 PORT   ?= 8888
 NOTEBOOK_DIRS = notebooks solutions exercises
