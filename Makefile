@@ -8,9 +8,6 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 KERNEL  = scaling-tensorflow
 JOBS   ?= 2
-# make test's pytest processes. 3 on 2 cores was tried: no faster, and more CPU time in all
-# (TensorFlow's thread pools, one set per process, then compete for the cores).
-TEST_JOBS ?= $(JOBS)
 PORT   ?= 8888
 NOTEBOOK_DIRS = notebooks solutions exercises
 # JupyterLab refuses to start as root (containers, some cloud machines) unless told it may.
@@ -76,9 +73,8 @@ test-fast: lint stripped sync unit-fast  ## between small changes: test without 
 unit-fast: $(STAMP)  ## pytest without the tests marked slow
 	$(BIN)/python -m pytest tests -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not slow"
 
-NBVAL_FLAGS = --nbval-lax --nbval-current-env --dist loadfile --no-loadscope-reorder \
+NBVAL = $(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile --no-loadscope-reorder \
 	--nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
-NBVAL = $(BIN)/python -m pytest -n $(JOBS) $(NBVAL_FLAGS)
 
 # make test executes every exercise notebook blank (as committed), half and fully solved under
 # the Gradescope autograder, and two lessons' under nbgrader as well; tests/test_grading_nbgrader.py
@@ -89,8 +85,10 @@ nbval: $(STAMP)  ## execute every lesson notebook (nbval, lax mode); exercises: 
 
 # One pytest run for both, so that neither core waits at the end of the unit tests while the
 # other finishes their longest file: conftest.py hands out the longest files and notebooks first.
+# JOBS=3 on 2 cores was tried: no faster, and more CPU time in all (TensorFlow's thread pools,
+# one set per process, then compete for the cores).
 unit-and-nbval: $(STAMP)  ## make unit and make nbval in one pytest run (what make test runs)
-	$(BIN)/python -m pytest -n $(TEST_JOBS) $(NBVAL_FLAGS) $(ALSO_GRADED) tests notebooks
+	$(NBVAL) $(ALSO_GRADED) tests notebooks
 
 test-grading: $(STAMP)  ## the grading tests with nbgrader grading every lesson solved too (long)
 	COURSE_NBGRADER_LESSONS=all $(BIN)/python -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder \
