@@ -127,7 +127,8 @@ def _tpu(verbose: bool, fallback: str) -> Any:
         )
         return make_strategy(fallback, verbose=verbose)
     _CACHE[key] = strategy
-    _say(f"TPUStrategy with {strategy.num_replicas_in_sync} TPU cores at {address}", verbose)
+    _say(f"TPUStrategy with {strategy.num_replicas_in_sync} replicas (TPU devices) at {address}",
+         verbose)
     return strategy
 
 
