@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,14 +36,18 @@ _ACTIVE: set[subprocess.Popen[bytes]] = set()  # running check runners, killed o
 _ACTIVE_LOCK = threading.Lock()
 _STOP = threading.Event()  # set on Ctrl-C: start no new check runner
 _ZYGOTE: dict[str, Zygote | None] = {"running": None}  # the batch's kernel zygote, when ready
+_SETTLED: dict[str, threading.Event | None] = {"starting": None}  # set once it serves or fails
 _ZYGOTE_LOCK = threading.Lock()
+ZYGOTE_WAIT_S = 120.0  # a kernel waits this long for a starting zygote, then starts fresh
 
 
 @contextlib.contextmanager
 def kernel_zygote(notebooks: int, protection: Protection | None) -> Iterator[None]:
     """For a batch of ``notebooks`` sandboxed notebooks (two or more), a zygote that forks
-    their kernels (``zygote.py``), started in the background: the notebooks graded before it
-    is ready start fresh kernels. Stopped when the batch ends. ``COURSE_GRADER_ZYGOTE=0``: none."""
+    their kernels (``zygote.py``), started in the background. A kernel asked for while it
+    imports waits for it (a fresh kernel would import the same modules in the same time, on
+    the same cores) and starts fresh only if the zygote fails. Stopped when the batch ends.
+    ``COURSE_GRADER_ZYGOTE=0``: none."""
     wanted = (notebooks >= 2 and protection is not None and protection.sandboxed
               and os.environ.get("COURSE_GRADER_ZYGOTE", "1") != "0")
     if not wanted:
@@ -56,13 +61,20 @@ def kernel_zygote(notebooks: int, protection: Protection | None) -> Iterator[Non
         yield
         return
 
-    def wait_until_ready() -> None:
-        with contextlib.suppress(OSError, RuntimeError):
-            zygote.ready()
-            with _ZYGOTE_LOCK:
-                if zygote.alive() and not _STOP.is_set():
-                    _ZYGOTE["running"] = zygote
+    settled = threading.Event()  # the zygote serves, or never will
 
+    def wait_until_ready() -> None:
+        try:
+            with contextlib.suppress(OSError, RuntimeError):
+                zygote.ready()
+                with _ZYGOTE_LOCK:
+                    if zygote.alive() and not _STOP.is_set():
+                        _ZYGOTE["running"] = zygote
+        finally:
+            settled.set()
+
+    with _ZYGOTE_LOCK:
+        _SETTLED["starting"] = settled
     waiter = threading.Thread(target=wait_until_ready, daemon=True)
     waiter.start()
     try:
@@ -70,12 +82,21 @@ def kernel_zygote(notebooks: int, protection: Protection | None) -> Iterator[Non
     finally:
         zygote.stop()  # also ends the wait of a zygote still importing
         waiter.join()
+        with _ZYGOTE_LOCK:
+            _SETTLED["starting"] = None
         _stop_zygote()
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def _ready_zygote() -> str | None:
-    """The socket of the batch's zygote when it runs, else None (a fresh kernel)."""
+    """The socket of the batch's zygote when it runs, else None (a fresh kernel); while it
+    starts, wait for it (at most ``ZYGOTE_WAIT_S``)."""
+    with _ZYGOTE_LOCK:
+        settled = _SETTLED["starting"]
+    deadline = time.monotonic() + ZYGOTE_WAIT_S
+    while settled is not None and not settled.wait(0.5):
+        if _STOP.is_set() or time.monotonic() > deadline:  # Ctrl-C, or a zygote that hangs
+            break
     with _ZYGOTE_LOCK:
         zygote = _ZYGOTE["running"]
         return zygote.socket if zygote is not None and zygote.alive() else None
