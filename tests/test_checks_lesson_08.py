@@ -132,15 +132,16 @@ def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys)
 # set, start ignored, first epoch timed) and shuffles: each is a case here, so the colleague's
 # function itself is not run again (a train_with_policy check costs 25-60 s under load).
 def test_wrong_train_with_policy_fails_usefully(keras, mistake, message, monkeypatch):
-    if not {"time_first_epoch", "seconds"} & set(mistake):
-        # A mistake that is not about the timing: the check's model waits 60-70 ms a step
-        # (the short end of the 60-400 ms it draws from) and 0.1 s, not 1 s, while traced (the
-        # trace wait only tells a timed first epoch), so the case does not sleep seconds per
-        # run for waits its message never looks at. A right run before it (case 1 of "policy
-        # ignored") is still timed against its own log, as the check does with a short draw.
-        from course_utils.grading.checks import pipe_log
+    # The check's model waits 60-70 ms a step here, the short end of the 60-400 ms it draws
+    # from (the reference test above keeps the check's own draws), so a case does not sleep
+    # seconds for waits its message never looks at. The timing mistakes still stand out: a
+    # constant 50 ms is below any run's 60 ms waits (a sleep never ends early), and a timed
+    # first epoch adds the 1 s trace wait over 12 steps, far above 60-70 ms a step. The trace
+    # wait only tells a timed first epoch: 0.1 s for the mistakes that are not about timing.
+    from course_utils.grading.checks import pipe_log
 
-        monkeypatch.setattr(lesson_08, "DELAY_RANGE_S", (0.06, 0.07))
+    monkeypatch.setattr(lesson_08, "DELAY_RANGE_S", (0.06, 0.07))
+    if not {"time_first_epoch", "seconds"} & set(mistake):
         monkeypatch.setattr(pipe_log, "TRACE_DELAY_S", 0.1)
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_train_with_policy(trainer_with(keras, **mistake))
