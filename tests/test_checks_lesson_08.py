@@ -131,7 +131,18 @@ def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys)
 # The exercise's colleagues_train_with_policy makes three of these mistakes at once (policy left
 # set, start ignored, first epoch timed) and shuffles: each is a case here, so the colleague's
 # function itself is not run again (a train_with_policy check costs 25-60 s under load).
-def test_wrong_train_with_policy_fails_usefully(keras, mistake, message):
+def test_wrong_train_with_policy_fails_usefully(keras, mistake, message, monkeypatch):
+    # The check's model waits 60-70 ms a step here, the short end of the 60-400 ms it draws
+    # from (the reference test above keeps the check's own draws), so a case does not sleep
+    # seconds for waits its message never looks at. The timing mistakes still stand out: a
+    # constant 50 ms is below any run's 60 ms waits (a sleep never ends early), and a timed
+    # first epoch adds the 1 s trace wait over 12 steps, far above 60-70 ms a step. The trace
+    # wait only tells a timed first epoch: 0.1 s for the mistakes that are not about timing.
+    from course_utils.grading.checks import pipe_log
+
+    monkeypatch.setattr(lesson_08, "DELAY_RANGE_S", (0.06, 0.07))
+    if not {"time_first_epoch", "seconds"} & set(mistake):
+        monkeypatch.setattr(pipe_log, "TRACE_DELAY_S", 0.1)
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_train_with_policy(trainer_with(keras, **mistake))
     assert keras.mixed_precision.global_policy().name == "float32"
