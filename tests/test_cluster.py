@@ -178,47 +178,58 @@ def test_worker_failure_and_timeout_error_carry_states_and_log_tails(tmp_path):
     assert "w2 line 29" in str(timeout) and "w2 line 19" not in str(timeout)
 
 
-@pytest.mark.slow
-def test_in_process_cluster_starts_once_per_size_and_reuses_its_strategy():
-    code = (
-        "import json\n"
-        "from course_utils.cluster import start_in_process_cluster\n"
-        "c = start_in_process_cluster(2, 1)\n"
-        "again = start_in_process_cluster(2, 1)\n"
-        "s = c.strategy()\n"
-        "print(json.dumps({'same': again is c, 'spec': c.cluster, 'servers': len(c.servers),\n"
-        "    'reused': c.strategy() is s, 'kind': type(s).__name__}))\n"
-        "try:\n    start_in_process_cluster(0, 1)\nexcept ValueError as e:\n    print(e)\n"
-    )
-    env = dict(os.environ, **cluster.WORKER_ENV, PYTHONPATH=str(REPO))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=300, env=env)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    lines = result.stdout.strip().splitlines()
-    report = json.loads(lines[-2])
-    assert report["same"] and report["reused"] and report["servers"] == 3
-    assert report["kind"] == "ParameterServerStrategyV2"
-    assert sorted(report["spec"]) == ["ps", "worker"] and len(report["spec"]["worker"]) == 2
-    assert "at least one worker and one ps" in lines[-1]
+@pytest.fixture(scope="module")
+def killed_and_restarted(tmp_path_factory) -> dict:
+    """One run of clusters for the two tests below (5 TensorFlow processes, not 7).
 
-
-@pytest.mark.slow
-def test_two_workers_train_and_match_two_replica_mirrored(tmp_path):
-    args = ["--out", str(tmp_path), "--epochs", "2", "--steps", "4", "--accumulation-steps", "2"]
+    A 2-worker cluster (accumulating 2 micro-batches per update, a checkpoint every epoch) is
+    killed after its epoch-2 checkpoint; a restarted cluster resumes from it and finishes, while
+    a 2-replica MirroredStrategy process resumes from a copy of the same checkpoint beside it.
+    """
+    tmp_path = tmp_path_factory.mktemp("killed_and_restarted")
+    checkpoints, copied = tmp_path / "checkpoints", tmp_path / "reference_checkpoints"
+    args = ["--out", str(tmp_path), "--epochs", "6", "--steps", "4",
+            "--accumulation-steps", "2"]
+    local = LocalCluster(TRAIN, num_workers=2,
+                         args=[*args, "--checkpoint-dir", str(checkpoints), "--epoch-delay", "1"],
+                         timeout=120, collective_timeout=20, stream=False)
+    with local:
+        # Both have saved the epoch-2 checkpoint (printed after saving); worker 1 now sleeps.
+        local.wait_for(r"^epoch 2 ", worker=0, timeout=90)
+        local.wait_for(r"^epoch 2 ", worker=1, timeout=30)
+        killed_at = int(re.findall(r"step (\d+)", local.log(1))[-1])
+        killed_time = local.kill_worker(1)
+        started = time.monotonic()
+        with pytest.raises(WorkerError) as failure:
+            local.wait(timeout=30)
+        reported_after = time.monotonic() - started
+    shutil.copytree(checkpoints, copied)  # the reference resumes from the same checkpoint
     env = dict(os.environ, **cluster.WORKER_ENV)
-    # The reference runs beside the cluster (its workers wait on each other at times).
-    with subprocess.Popen([sys.executable, str(TRAIN), "--mode", "mirrored", *args],
+    # The reference runs beside the restarted cluster (its workers wait on each other at times).
+    with subprocess.Popen([sys.executable, str(TRAIN), "--mode", "mirrored", *args,
+                           "--checkpoint-dir", str(copied)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=env) as reference:
-        with LocalCluster(TRAIN, num_workers=2, args=args, timeout=120, stream=False) as local:
-            first_step = local.wait_for(r"^epoch 1 ", timeout=90)
-            local.wait()
-            reports = [done_report(local.log(i)) for i in range(2)]
+        with LocalCluster(TRAIN, num_workers=2, args=[*args, "--checkpoint-dir", str(checkpoints)],
+                          timeout=120, stream=False) as restarted:
+            restarted.wait()
+            reports = [done_report(restarted.log(i)) for i in range(2)]
         out, err = reference.communicate(timeout=120)
-    print(f"2-worker cluster: start to first epoch {first_step:.1f} s")
-    assert_all_gone(local.pids, local.ports)
+    return {"tmp_path": tmp_path, "local": local, "failure": failure.value,
+            "killed_at": killed_at, "detected_after": failure.value.elapsed - killed_time,
+            "reported_after": reported_after, "restarted": restarted, "reports": reports,
+            "reference": reference, "reference_out": out, "reference_err": err}
+
+
+@pytest.mark.slow
+def test_two_workers_train_and_match_two_replica_mirrored(killed_and_restarted):
+    run = killed_and_restarted
+    reference, out, err = run["reference"], run["reference_out"], run["reference_err"]
     assert reference.returncode == 0, out[-2000:] + err[-2000:]
-    mirrored = done_report(out)
+    mirrored, reports, tmp_path = done_report(out), run["reports"], run["tmp_path"]
+    assert mirrored["resumed_from"] == reports[0]["resumed_from"], (
+        "the reference did not resume from the cluster's checkpoint", mirrored, reports[0])
+    assert mirrored["steps"] == reports[0]["steps"] > 0, (mirrored, reports[0])
     assert reports[0]["history"]["loss"][-1] < reports[0]["history"]["loss"][0]
     np.testing.assert_allclose(reports[0]["history"]["loss"], mirrored["history"]["loss"],
                                rtol=1e-5)
@@ -232,35 +243,19 @@ def test_two_workers_train_and_match_two_replica_mirrored(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_worker_is_reported_and_a_restart_resumes(tmp_path):
-    checkpoints = tmp_path / "checkpoints"
-    args = ["--out", str(tmp_path), "--checkpoint-dir", str(checkpoints), "--epochs", "6",
-            "--steps", "4"]
-    local = LocalCluster(TRAIN, num_workers=2, args=[*args, "--epoch-delay", "1"], timeout=120,
-                         collective_timeout=20, stream=False)
-    with local:
-        # Both have saved the epoch-2 checkpoint (printed after saving); worker 1 now sleeps.
-        local.wait_for(r"^epoch 2 ", worker=0, timeout=90)
-        local.wait_for(r"^epoch 2 ", worker=1, timeout=30)
-        killed_at = int(re.findall(r"step (\d+)", local.log(1))[-1])
-        killed_time = local.kill_worker(1)
-        started = time.monotonic()
-        with pytest.raises(WorkerError) as failure:
-            local.wait(timeout=30)
-        reported_after = time.monotonic() - started
-    detected_after = failure.value.elapsed - killed_time
-    assert failure.value.worker == 1 and "killed on purpose" in str(failure.value)
-    assert "epoch 2" in failure.value.log_tail
+def test_killed_worker_is_reported_and_a_restart_resumes(killed_and_restarted):
+    run = killed_and_restarted
+    failure, local, restarted = run["failure"], run["local"], run["restarted"]
+    reports, killed_at = run["reports"], run["killed_at"]
+    assert failure.worker == 1 and "killed on purpose" in str(failure)
+    assert "epoch 2" in failure.log_tail
     assert_all_gone(local.pids, local.ports)
-    with LocalCluster(TRAIN, num_workers=2, args=args, timeout=120, stream=False) as restarted:
-        restarted.wait()
-        reports = [done_report(restarted.log(i)) for i in range(2)]
     assert_all_gone(restarted.pids, restarted.ports)
     resumed = reports[0]["resumed_from"]
-    print(f"fault tolerance: killed after step {killed_at}, detected after {detected_after:.2f} s"
-          f" (raised after {reported_after:.2f} s, clean-up included), resumed from step {resumed}"
-          f" to {reports[0]['run_step']} steps")
-    assert reported_after < 30
+    print(f"fault tolerance: killed after step {killed_at}, detected after "
+          f"{run['detected_after']:.2f} s (raised after {run['reported_after']:.2f} s, clean-up "
+          f"included), resumed from step {resumed} to {reports[0]['run_step']} steps")
+    assert run["reported_after"] < 30
     assert resumed is not None and resumed >= killed_at and resumed % 4 == 0
     assert reports[0]["run_step"] == reports[1]["run_step"] == 24
     assert reports[0]["steps"] == 24 - resumed

@@ -34,32 +34,23 @@ def test_an_unstarted_cluster_lists_its_tasks_and_starts_nothing():
 
 
 @pytest.mark.slow
-def test_serve_task_serves_the_task_its_tf_config_names():
-    port = cluster.pick_ports(1)[0]
-    config = {"cluster": {"worker": [f"localhost:{port}"]}, "task": {"type": "worker", "index": 0}}
-    env = dict(os.environ, **cluster.WORKER_ENV, TF_CONFIG=json.dumps(config))
-    process = subprocess.Popen([sys.executable, serve_task.__file__], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert process.stdout is not None
-        line = next(line for line in process.stdout if line.startswith("serving"))
-        assert line.strip() == f"serving worker:0 at grpc://localhost:{port}"
-        assert process.poll() is None  # join(): it keeps serving
-    finally:
-        process.kill()
-        process.wait()
-    assert cluster.leftovers([process.pid], [port]) == NOTHING
-
-
-@pytest.mark.slow
 def test_every_task_serves_a_killed_one_is_gone_and_stop_leaves_nothing():
+    # Each task is serve_task.py run with its TF_CONFIG (process_cluster starts nothing else):
+    # this cluster's tasks also prove that serve_task serves the task TF_CONFIG names, prints
+    # exactly one "serving" line and keeps serving (join) - no separate TensorFlow process.
+    assert Path(process_cluster._SERVE_TASK).resolve() == Path(serve_task.__file__).resolve()
     with cluster.ProcessCluster(num_workers=2, num_ps=1) as ps_cluster:
         pids, ports, log_dir = ps_cluster.pids, ps_cluster.ports, ps_cluster.log_dir
         assert len(pids) == len(set(ports)) == 3
         assert ps_cluster.wait_serving(timeout=180) >= 0
         for job, index in ps_cluster.tasks:
             address = ps_cluster.cluster[job][index]
-            assert f"serving {job}:{index} at grpc://{address}" in ps_cluster.log(job, index)
+            serving = [line for line in ps_cluster.log(job, index).splitlines()
+                       if line.startswith("serving")]
+            assert serving == [f"serving {job}:{index} at grpc://{address}"], (
+                f"serve_task's line for {job}:{index}: {serving}")
+            assert ps_cluster.processes[(job, index)].poll() is None, (
+                f"serve_task {job}:{index} stopped serving (join() should keep it up)")
         assert ps_cluster.kill("worker", 1) == -9  # SIGKILL, as a machine failure
         assert cluster.leftovers([pids[2]], [ports[2]]) == NOTHING
         assert cluster.leftovers(pids[:2], ports[:2]) == {"processes": pids[:2],

@@ -119,30 +119,24 @@ def test_doctor_command_line():
 
 
 @pytest.mark.slow
-def test_setup_in_a_fresh_process_is_quiet_and_safe_to_run_twice():
+def test_setup_in_a_fresh_process_is_quiet_safe_to_run_twice_and_another_layout_says_restart():
+    # One fresh process for both properties: the same layout twice is fine, another after it
+    # asks for a restart.
     code = ("import course_utils as cu\n"
             "cu.setup(logical_devices=3, seed=1)\n"
             "assert cu.setup(logical_devices=3, seed=1) is None  # no value shown under the cell\n"
-            "print('logical', cu.hardware().logical_cpus)\n")
-    result = run_python(code)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
-    assert lines[-1] == "logical 3"
-    assert lines[0].startswith("TensorFlow ") and "3 logical CPU device(s)" in lines[0]
-    assert "cuda" not in result.stderr.lower(), result.stderr
-
-
-@pytest.mark.slow
-def test_setup_with_another_layout_afterwards_says_restart():
-    code = ("import course_utils as cu\n"
-            "cu.setup(logical_devices=2)\n"
+            "print('logical', cu.hardware().logical_cpus)\n"
             "try:\n"
-            "    cu.setup(logical_devices=3)\n"
+            "    cu.setup(logical_devices=2)\n"
             "except cu.devices.LogicalDevicesError as e:\n"
             "    print('RESTART' if 'Restart the kernel' in str(e) else 'OTHER')\n")
     result = run_python(code)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "RESTART"
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2] == "logical 3", f"setup twice with 3 devices: {lines}"
+    assert lines[0].startswith("TensorFlow ") and "3 logical CPU device(s)" in lines[0], lines
+    assert "cuda" not in result.stderr.lower(), result.stderr
+    assert lines[-1] == "RESTART", f"another layout afterwards should say restart: {lines}"
 
 
 def test_seed_everything_makes_keras_initialisation_repeatable():
@@ -183,26 +177,24 @@ def test_native_stderr_is_restored_after_an_exception():
 
 
 @pytest.mark.slow
-def test_import_tensorflow_is_quiet_and_returns_the_module():
-    code = ("import sys\n"
-            "from course_utils.quiet import import_tensorflow\n"
-            "tf = import_tensorflow()\n"
-            "print(tf is sys.modules['tensorflow'], import_tensorflow() is tf)\n")
-    result = run_python(code)
-    assert result.stdout.strip() == "True True", result.stderr
-    assert "cuda" not in result.stderr.lower()
-
-
-@pytest.mark.slow
-def test_devices_initialized_before_and_after_the_first_op():
+def test_import_tensorflow_is_quiet_and_devices_initialize_at_the_first_op():
+    # One fresh process: import_tensorflow returns the module quietly, and the devices exist
+    # neither before nor after the import, only after the first op.
     assert devices.devices_initialized()  # conftest created this process's devices
-    code = ("from course_utils import devices\n"
+    code = ("import sys\n"
+            "from course_utils import devices\n"
+            "from course_utils.quiet import import_tensorflow\n"
             "before = devices.devices_initialized()\n"
-            "import tensorflow as tf\n"
+            "tf = import_tensorflow()\n"
             "imported = devices.devices_initialized()\n"
+            "print(tf is sys.modules['tensorflow'], import_tensorflow() is tf)\n"
             "tf.constant(1.0) + 1\n"
             "print(before, imported, devices.devices_initialized())\n")
-    assert run_python(code).stdout.strip() == "False False True"
+    result = run_python(code)
+    lines = result.stdout.strip().splitlines()
+    assert lines[:1] == ["True True"], f"import_tensorflow: {lines}\n{result.stderr}"
+    assert "cuda" not in result.stderr.lower(), result.stderr
+    assert lines[1:] == ["False False True"], f"devices_initialized: {lines}\n{result.stderr}"
 
 
 def test_logical_device_plan_splits_a_single_gpu_too():

@@ -181,24 +181,40 @@ def _last_lines_of_fresh_python(code: str, count: int) -> list[str]:
     return result.stdout.strip().splitlines()[-count:]
 
 
-@pytest.mark.slow
-def test_strategies_over_different_device_sets_train_in_one_process():
-    lines = _last_lines_of_fresh_python(
-        "for n in (4, 2, 1, 4, 2):\n"
-        "    s = cu.make_strategy('mirrored', num_replicas=n, verbose=False)\n"
-        "    print(n, s.num_replicas_in_sync, round(_train_steps(s), 4))\n", 5)
-    assert [line.split()[:2] for line in lines] == [[str(n), str(n)] for n in (4, 2, 1, 4, 2)]
+_HAND_BUILT = (
+    "devices = [d.name for d in tf.config.list_logical_devices('CPU')]\n"
+    "raw = tf.distribute.MirroredStrategy(devices=devices)\n"
+    "helper = cu.make_strategy('mirrored', verbose=False)\n"
+    "assert helper is not raw\n"
+    "assert helper.extended.worker_devices == raw.extended.worker_devices\n"
+    "two = cu.make_strategy('mirrored', num_replicas=2, verbose=False)\n"
+    "for index, s in enumerate((raw, helper, raw, two, raw)):  # other shapes every time\n"
+    "    loss = round(_train_steps(s, features=3 + index), 4)\n"
+    "    print('hand-built', s.num_replicas_in_sync, loss)\n"
+)
+_DEVICE_SETS = (
+    "for n in (4, 2, 1, 4, 2):\n"
+    "    s = cu.make_strategy('mirrored', num_replicas=n, verbose=False)\n"
+    "    print('device-set', n, s.num_replicas_in_sync, round(_train_steps(s), 4))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def fresh_kernel_lines() -> list[str]:
+    """One fresh lesson-like process for both tests below (a TensorFlow start, not two): the
+    hand-built strategy first (created before any helper, as in a lesson), then the helpers
+    over other device sets in the same process."""
+    return _last_lines_of_fresh_python(_HAND_BUILT + _DEVICE_SETS, 10)
 
 
 @pytest.mark.slow
-def test_a_hand_built_mirrored_strategy_trains_beside_the_helpers():
-    lines = _last_lines_of_fresh_python(
-        "devices = [d.name for d in tf.config.list_logical_devices('CPU')]\n"
-        "raw = tf.distribute.MirroredStrategy(devices=devices)\n"
-        "helper = cu.make_strategy('mirrored', verbose=False)\n"
-        "assert helper is not raw\n"
-        "assert helper.extended.worker_devices == raw.extended.worker_devices\n"
-        "two = cu.make_strategy('mirrored', num_replicas=2, verbose=False)\n"
-        "for index, s in enumerate((raw, helper, raw, two, raw)):  # other shapes every time\n"
-        "    print(s.num_replicas_in_sync, round(_train_steps(s, features=3 + index), 4))\n", 5)
-    assert [line.split()[0] for line in lines] == ["4", "4", "4", "2", "4"]
+def test_strategies_over_different_device_sets_train_in_one_process(fresh_kernel_lines):
+    lines = [line.split()[1:] for line in fresh_kernel_lines if line.startswith("device-set ")]
+    assert [line[:2] for line in lines] == [[str(n), str(n)] for n in (4, 2, 1, 4, 2)], (
+        fresh_kernel_lines)
+
+
+@pytest.mark.slow
+def test_a_hand_built_mirrored_strategy_trains_beside_the_helpers(fresh_kernel_lines):
+    lines = [line.split()[1:] for line in fresh_kernel_lines if line.startswith("hand-built ")]
+    assert [line[0] for line in lines] == ["4", "4", "4", "2", "4"], fresh_kernel_lines

@@ -315,7 +315,7 @@ def test_checkpoint_resumes_an_interrupted_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_parameter_server_training_in_a_subprocess():
+def test_parameter_server_training_in_a_subprocess_and_the_in_process_cluster_is_reused():
     env = dict(os.environ, GRPC_FAIL_FAST="use_caller")
     result = subprocess.run(
         [sys.executable, str(HERE / "cluster_scripts" / "ps_train.py")],
@@ -340,6 +340,14 @@ def test_parameter_server_training_in_a_subprocess():
     assert [firsts[w]["pipeline"] for w in ("0", "1")] == [0, 1]
     assert {firsts[w]["of"] for w in ("0", "1")} == {2}
     assert firsts["0"]["batch"] != firsts["1"]["batch"], firsts
+    # The in-process cluster starts once per size and reuses its strategy (the same fresh
+    # process: one cluster start fewer than a separate test).
+    started = report["in_process"]
+    assert started["same"] and started["reused"] and started["servers"] == 3, started
+    assert started["kind"] == "ParameterServerStrategyV2", started
+    spec = started["spec"]
+    assert sorted(spec) == ["ps", "worker"] and len(spec["worker"]) == 2, started
+    assert "at least one worker and one ps" in started["refused"], started
 
 
 def test_unsupported_error_is_a_not_implemented_error():

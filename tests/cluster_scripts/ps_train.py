@@ -51,6 +51,15 @@ def loss_fn(y_true, logits):
 
 cluster = start_in_process_cluster(num_workers=2, num_ps=1)
 strategy = cluster.strategy()
+# start_in_process_cluster starts once per size and reuses its strategy (tests/test_training.py
+# asserts it from this run, which also holds tests/test_cluster.py's old separate process).
+in_process = {"same": start_in_process_cluster(2, 1) is cluster, "spec": cluster.cluster,
+              "servers": len(cluster.servers), "reused": cluster.strategy() is strategy,
+              "kind": type(strategy).__name__, "refused": ""}
+try:
+    start_in_process_cluster(0, 1)
+except ValueError as error:
+    in_process["refused"] = str(error)
 trainer = Trainer(
     model_fn,
     lambda: keras.optimizers.Adam(1e-2),
@@ -127,6 +136,7 @@ print(
             "partitioned_error": partitioned_error,
             "partitioned_message": partitioned_message,
             "first_batches": first_batches,
+            "in_process": in_process,
         }
     ),
     flush=True,
