@@ -12,7 +12,9 @@
   boundary), compared with the rules stated in the exercise; a global batch that cannot give
   each replica one example must raise ValueError.
 * ``check_train_steps(make_train_steps)``: the learner's portable training function, run under
-  the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
+  the notebook's ``MirroredStrategy`` (2 replicas), then again on one device (the default
+  strategy: a replica count typed into the loss fails there) for two calls of different step
+  counts,
   for a model with L2 penalties (``model.losses``), must match one device's reference training
   (mean loss over the global batch plus the penalty once), trace once, change the weights, and
   run the model in a replica context on each replica's rows (``strategy.run``): a weightless
@@ -358,7 +360,7 @@ def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
 
 
 _YOURSELF = "write the training function yourself (cu.Trainer's is the course's answer)"
-_RUN_BY_TRAINING = ("_raw_dataset", "_train", "_train_case", "_context_watch")
+_RUN_BY_TRAINING = ("_raw_dataset", "_train", "_train_cases", "_context_watch")
 
 
 def _train(train_steps: Any, strategy: Any, dataset: Any, calls: tuple[int, ...]) -> None:
@@ -368,7 +370,10 @@ def _train(train_steps: Any, strategy: Any, dataset: Any, calls: tuple[int, ...]
         train_steps(iterator, tf.constant(steps))
 
 
-def _train_case(rng: Any) -> Case:
+def _train_cases(rng: Any) -> list[Case]:
+    """The same fresh training under the notebook's MirroredStrategy (2 replicas), then on one
+    device (the default strategy, 1 replica): a loss written for one replica count (halved
+    by a typed 2) is wrong on the other. Both share the data and the one-device reference."""
     tf = _tf()
     features, classes = rng.choice([6, 8]), rng.choice([3, 4])
     global_batch = 2 * rng.choice([4, 8, 12])
@@ -381,10 +386,6 @@ def _train_case(rng: Any) -> Case:
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch,
                                                                drop_remainder=True).repeat()
     one_device = tf.distribute.get_strategy()
-    strategy = _mirrored_strategy()
-    seen: list[tuple[str, int]] = []
-    model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
-    initial = model.get_weights()
     reference: list[Any] = []  # trained on first use: an answer refused early costs nothing
 
     def expected_weights() -> Any:
@@ -395,55 +396,70 @@ def _train_case(rng: Any) -> Case:
             reference.append(alone.get_weights())
         return reference[0]
 
-    def verify(train_steps: Any) -> str | None:
-        if not isinstance(train_steps, tf.types.experimental.PolymorphicFunction):
-            return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
-                    "tf.function (a compiled function: lesson 05, section 5)")
-        seen.clear()
-        run = refusing(_train, [*own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
-                                *_course_training_files()], _YOURSELF)
-        try:  # traced here, not in make_train_steps: refused while it is traced and run too
-            run(train_steps, strategy, dataset, calls)
-        except AssertionError as error:
-            return f"while train_steps was traced and run: {error}"
-        if largest_difference(model.get_weights(), initial) < 1e-6:
-            return "the weights did not change: were any gradients applied?"
-        replica_batch = global_batch // strategy.num_replicas_in_sync
-        if not seen:
-            return ("the model never ran while train_steps was traced: does your step run "
-                    "it in every replica, through strategy.run (section 9)?")
-        wrong = [(c, r) for c, r in seen if c != "replica" or r != replica_batch]
-        if wrong:
-            context, rows = wrong[0]
-            return (f"the model ran in {context} context on batches of {rows} examples "
-                    f"(of a global {global_batch}), not in each replica on its own "
-                    f"{replica_batch} through strategy.run (section 9)")
-        got = model.get_weights()
-        difference = largest_difference(got, expected_weights())
-        if difference > 1e-5:
-            return (f"after {sum(calls)} steps on {strategy.num_replicas_in_sync} replicas the "
-                    f"weights differ from one device's by {difference:.2e} (more than 1e-05) "
-                    "on the same global batches. The replicas' gradients are summed: how "
-                    "often does each term of your loss count, and did each call run its "
-                    "`steps` steps?")
-        traces = train_steps.experimental_get_tracing_count()
-        if traces != 1:
-            return (f"train_steps traced {traces} times for {len(calls)} step counts, "
-                    "expected once: what makes a tf.function trace again? (section 5)")
-        return None
+    def case(strategy: Any, name: str) -> Case:
+        seen: list[tuple[str, int]] = []
+        model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
+        initial = model.get_weights()
+        replicas = strategy.num_replicas_in_sync
 
-    return Case(args=(strategy, model, optimizer, global_batch), verify=verify,
-                label=f"(MirroredStrategy, L2 {l2}, global_batch_size={global_batch}, calls of "
-                      f"{calls[0]} then {calls[1]} steps)")
+        def verify(train_steps: Any) -> str | None:
+            if not isinstance(train_steps, tf.types.experimental.PolymorphicFunction):
+                return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
+                        "tf.function (a compiled function: lesson 05, section 5)")
+            seen.clear()
+            run = refusing(_train, [*own_functions(sys.modules[__name__],
+                                                   but=_RUN_BY_TRAINING),
+                                    *_course_training_files()], _YOURSELF)
+            try:  # traced here, not in make_train_steps: refused while it is traced and run
+                run(train_steps, strategy, dataset, calls)
+            except AssertionError as error:
+                return f"while train_steps was traced and run: {error}"
+            if largest_difference(model.get_weights(), initial) < 1e-6:
+                return "the weights did not change: were any gradients applied?"
+            replica_batch = global_batch // replicas
+            if not seen:
+                return ("the model never ran while train_steps was traced: does your step "
+                        "run it in every replica, through strategy.run (section 9)?")
+            wrong = [(c, r) for c, r in seen if c != "replica" or r != replica_batch]
+            if wrong:
+                context, rows = wrong[0]
+                return (f"the model ran in {context} context on batches of {rows} examples "
+                        f"(of a global {global_batch}), not in each replica on its own "
+                        f"{replica_batch} through strategy.run (section 9)")
+            difference = largest_difference(model.get_weights(), expected_weights())
+            if difference > 1e-5:
+                return (f"after {sum(calls)} steps on {replicas} "
+                        f"replica{'s' if replicas != 1 else ''} the weights differ from one "
+                        f"device's by {difference:.2e} (more than 1e-05) on the same global "
+                        "batches. The replicas' gradients are summed: how often does each "
+                        "term of your loss count, for this strategy's replica count, and "
+                        "did each call run its `steps` steps?")
+            traces = train_steps.experimental_get_tracing_count()
+            if traces != 1:
+                return (f"train_steps traced {traces} times for {len(calls)} step counts, "
+                        "expected once: what makes a tf.function trace again? (section 5)")
+            return None
+
+        return Case(args=(strategy, model, optimizer, global_batch), verify=verify,
+                    label=f"({name}: {replicas} replica{'s' if replicas != 1 else ''}, L2 "
+                          f"{l2}, global_batch_size={global_batch}, calls of {calls[0]} "
+                          f"then {calls[1]} steps)")
+
+    return [case(_mirrored_strategy(), "MirroredStrategy"),
+            case(one_device, "one device, the default strategy")]
 
 
 @register
 def check_train_steps(fn: Any) -> bool:
     """Check ``make_train_steps(strategy, model, optimizer, global_batch_size)`` under the
-    notebook's MirroredStrategy against one device's training from the same start."""
+    notebook's MirroredStrategy (2 replicas) and on one device (the default strategy, 1
+    replica) against one device's training from the same start: a loss that types the
+    replica count (``/ 2``) instead of reading it from the strategy fails the second case.
+    It cannot see a count typed as a branch on ``num_replicas_in_sync`` for 1 and 2 only
+    (the process has 2 logical devices: no third replica count is cheap to run here)."""
     guarded = _refusing_the_check(fn, _YOURSELF, _course_training_files())
     return run_check(
-        "make_train_steps", guarded, [_train_case(fresh_rng())],
+        "make_train_steps", guarded, _train_cases(fresh_rng()),
         hint="lesson 05, section 9 (one training function, any strategy): with R replicas "
              "the gradients of R replica losses are summed. Write your replica loss for R "
              "replicas and compare it with one device's loss on the global batch, term by "
