@@ -203,6 +203,50 @@ def test_dividing_by_the_per_replica_batch_fails():
         cu.grading.check_train_steps(per_replica_mean)
 
 
+def _two_replicas_typed(strategy, model, optimizer, global_batch_size, typed, mean):
+    """The attacker's answers: the loss written for the notebook's 2 replicas, the count typed
+    (the examples' mean halved, or the global batch right and the penalty halved). Typed as
+    the MirroredStrategy's count in this process (4 logical devices here, 2 in the notebook),
+    it passes case 1 and must fail case 2, on one device."""
+    import keras
+    import tensorflow as tf
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                y, model(x, training=True), from_logits=True)
+            if mean:
+                loss = tf.reduce_mean(per_example) / typed + tf.add_n(model.losses) / typed
+            else:
+                loss = (tf.reduce_sum(per_example) / global_batch_size
+                        + tf.add_n(model.losses) / typed)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+    @tf.function
+    def train_steps(iterator, steps):
+        for _ in tf.range(steps):
+            strategy.run(replica_step, args=next(iterator))
+
+    return train_steps
+
+
+def test_a_loss_for_two_replicas_typed_fails_on_one_device():
+    """The penalty halved by a typed count (the global batch right): it passes case 1 and
+    fails case 2, as the attacker's ``reduce_mean / 2 + add_n / 2`` does (``mean=True``, the
+    same typed count, not run here: each such answer trains twice, about 5 s)."""
+    mean = False
+    replicas = lesson_05._mirrored_strategy().num_replicas_in_sync  # what the learner sees
+
+    def typed(strategy, model, optimizer, global_batch_size):
+        return _two_replicas_typed(strategy, model, optimizer, global_batch_size, replicas,
+                                   mean)
+
+    with pytest.raises(AssertionError, match=r"case 2 \(one device.*on 1 replica the "
+                                             "weights differ from one device"):
+        cu.grading.check_train_steps(typed)
+
+
 def test_a_function_that_traces_per_step_count_fails():
     import tensorflow as tf
 

@@ -59,14 +59,16 @@ def find_bottleneck(events):
 
 
 def write_report(results, model, global_batch, replicas, budget_bytes, *, noise_band=True,
-                 like_for_like=True, precision_at_choice=True, buffer=True, use_replicas=True):
+                 like_for_like=True, precision_at_choice=True, buffer=True, use_replicas=True,
+                 times_noise=2, fixed_band=None):
     """The reference, as a learner writes it; each keyword switched off is a wrong answer."""
     speed = {(r.options["strategy"], r.options["precision"]): r.examples_per_s
              for r in results}
     strategies = list(dict.fromkeys(r.options["strategy"] for r in results))
     precisions = list(dict.fromkeys(r.options["precision"] for r in results))
     noise = cu.grid.noise(results)
-    band = 1 + 2 * noise if noise_band else 1
+    band = 1 + times_noise * noise if noise_band else 1
+    band = fixed_band or band  # a threshold that ignores the noise
     at = precisions[0] if like_for_like else max(precisions,
                                                  key=lambda p: speed[strategies[1], p])
     ratio_s = speed[strategies[1], at] / speed[strategies[0], at]
@@ -294,6 +296,21 @@ def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_write_report(wrong, my_results)
+
+
+@pytest.mark.parametrize(("times_noise", "fixed_band"), [
+    (1, None), (1.5, None), (2.5, None), (3, None), (5, None), (10, None), (20, None),
+    (2, 1.1), (2, 1.05)],
+    ids=["1x", "1.5x", "2.5x", "3x", "5x", "10x", "20x", "fixed-1.1", "fixed-1.05"])
+def test_write_report_with_another_band_than_twice_the_noise_fails(times_noise, fixed_band):
+    """The attacker's answers: the band 1 + k × noise for another k than the stated 2, or a
+    fixed threshold ignoring the noise (fresh benchmarks only: pure Python, cheap)."""
+    def wrong(*args):
+        return write_report(*args, times_noise=times_noise, fixed_band=fixed_band)
+
+    with pytest.raises(AssertionError, match=r"(strategy|precision) choice: .*but the "
+                                             "measurements say"):
+        cu.grading.check_write_report(wrong)
 
 
 @pytest.mark.parametrize("own", [None, [], [{"strategy": "default"}]],

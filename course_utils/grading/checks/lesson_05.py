@@ -11,12 +11,11 @@
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
   boundary), compared with the rules stated in the exercise; a global batch that cannot give
   each replica one example must raise ValueError.
-* ``check_train_steps(make_train_steps)``: the learner's portable training function, run under
-  the notebook's ``MirroredStrategy`` and on one device for two calls of different step counts,
-  for a model with L2 penalties (``model.losses``), must match one device's reference training
-  (mean loss over the global batch plus the penalty once), trace once, change the weights, and
-  run the model in a replica context on each replica's rows (``strategy.run``): a weightless
-  layer of the check's own model notes the context and rows each time it is traced.
+* ``check_train_steps(make_train_steps)``: under the notebook's ``MirroredStrategy``, then on
+  one device (a replica count typed into the loss fails there), two calls of different step
+  counts for a model with L2 penalties must match one device's reference training, trace
+  once, change the weights, and run the model in a replica context on each replica's rows
+  (``strategy.run``: a weightless layer of the check's model notes both when traced).
   ``cu.Trainer`` and its replica step are refused, by file, while it is made, traced and run.
 
 Every function of this module (the reference answers, ``_expected_batches``) is importable, so
@@ -298,9 +297,7 @@ def _mirrored_strategy() -> Any:
 
 
 def _context_watch(seen: list[tuple[str, int]]) -> Any:
-    """A layer without weights that passes its input on and notes, each time it is traced,
-    the distribution context it runs in and its batch's rows (the check's own model: nothing
-    of the learner's is replaced)."""
+    """A weightless layer noting, each time it is traced, its context and batch rows."""
     import keras
 
     tf = _tf()
@@ -358,7 +355,7 @@ def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
 
 
 _YOURSELF = "write the training function yourself (cu.Trainer's is the course's answer)"
-_RUN_BY_TRAINING = ("_raw_dataset", "_train", "_train_case", "_context_watch")
+_RUN_BY_TRAINING = ("_raw_dataset", "_train", "_train_cases", "_context_watch")
 
 
 def _train(train_steps: Any, strategy: Any, dataset: Any, calls: tuple[int, ...]) -> None:
@@ -368,23 +365,18 @@ def _train(train_steps: Any, strategy: Any, dataset: Any, calls: tuple[int, ...]
         train_steps(iterator, tf.constant(steps))
 
 
-def _train_case(rng: Any) -> Case:
+def _train_cases(rng: Any) -> list[Case]:
+    """The same training under the notebook's MirroredStrategy, then on one device."""
     tf = _tf()
     features, classes = rng.choice([6, 8]), rng.choice([3, 4])
-    global_batch = 2 * rng.choice([4, 8, 12])
-    calls = (rng.randint(3, 6), rng.randint(7, 10))
-    seed = rng.randint(0, 10_000)
-    l2 = rng.choice([0.02, 0.03, 0.05])
+    global_batch, calls = 2 * rng.choice([4, 8, 12]), (rng.randint(3, 6), rng.randint(7, 10))
+    seed, l2 = rng.randint(0, 10_000), rng.choice([0.02, 0.03, 0.05])
     data = np.random.default_rng(seed)
     x = data.normal(size=(global_batch * 8, features)).astype("float32")
     y = data.integers(0, classes, size=len(x)).astype("int32")
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch,
                                                                drop_remainder=True).repeat()
     one_device = tf.distribute.get_strategy()
-    strategy = _mirrored_strategy()
-    seen: list[tuple[str, int]] = []
-    model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
-    initial = model.get_weights()
     reference: list[Any] = []  # trained on first use: an answer refused early costs nothing
 
     def expected_weights() -> Any:
@@ -395,55 +387,63 @@ def _train_case(rng: Any) -> Case:
             reference.append(alone.get_weights())
         return reference[0]
 
-    def verify(train_steps: Any) -> str | None:
-        if not isinstance(train_steps, tf.types.experimental.PolymorphicFunction):
-            return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
-                    "tf.function (a compiled function: lesson 05, section 5)")
-        seen.clear()
-        run = refusing(_train, [*own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
-                                *_course_training_files()], _YOURSELF)
-        try:  # traced here, not in make_train_steps: refused while it is traced and run too
-            run(train_steps, strategy, dataset, calls)
-        except AssertionError as error:
-            return f"while train_steps was traced and run: {error}"
-        if largest_difference(model.get_weights(), initial) < 1e-6:
-            return "the weights did not change: were any gradients applied?"
-        replica_batch = global_batch // strategy.num_replicas_in_sync
-        if not seen:
-            return ("the model never ran while train_steps was traced: does your step run "
-                    "it in every replica, through strategy.run (section 9)?")
-        wrong = [(c, r) for c, r in seen if c != "replica" or r != replica_batch]
-        if wrong:
-            context, rows = wrong[0]
-            return (f"the model ran in {context} context on batches of {rows} examples "
-                    f"(of a global {global_batch}), not in each replica on its own "
-                    f"{replica_batch} through strategy.run (section 9)")
-        got = model.get_weights()
-        difference = largest_difference(got, expected_weights())
-        if difference > 1e-5:
-            return (f"after {sum(calls)} steps on {strategy.num_replicas_in_sync} replicas the "
-                    f"weights differ from one device's by {difference:.2e} (more than 1e-05) "
-                    "on the same global batches. The replicas' gradients are summed: how "
-                    "often does each term of your loss count, and did each call run its "
-                    "`steps` steps?")
-        traces = train_steps.experimental_get_tracing_count()
-        if traces != 1:
-            return (f"train_steps traced {traces} times for {len(calls)} step counts, "
-                    "expected once: what makes a tf.function trace again? (section 5)")
-        return None
+    def case(strategy: Any, name: str) -> Case:
+        seen: list[tuple[str, int]] = []
+        model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
+        initial = model.get_weights()
+        replicas = strategy.num_replicas_in_sync
+        count = f"{replicas} replica{'s' * (replicas != 1)}"
 
-    return Case(args=(strategy, model, optimizer, global_batch), verify=verify,
-                label=f"(MirroredStrategy, L2 {l2}, global_batch_size={global_batch}, calls of "
-                      f"{calls[0]} then {calls[1]} steps)")
+        def verify(train_steps: Any) -> str | None:
+            if not isinstance(train_steps, tf.types.experimental.PolymorphicFunction):
+                return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
+                        "tf.function (a compiled function: lesson 05, section 5)")
+            seen.clear()
+            run = refusing(_train, [*own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
+                                    *_course_training_files()], _YOURSELF)
+            try:  # traced here, not in make_train_steps: refused while it is traced and run
+                run(train_steps, strategy, dataset, calls)
+            except AssertionError as error:
+                return f"while train_steps was traced and run: {error}"
+            if largest_difference(model.get_weights(), initial) < 1e-6:
+                return "the weights did not change: were any gradients applied?"
+            if not seen:
+                return ("the model never ran while train_steps was traced: does your step "
+                        "run it in every replica, through strategy.run (section 9)?")
+            wrong = [(c, r) for c, r in seen if c != "replica" or r != global_batch // replicas]
+            if wrong:
+                context, rows = wrong[0]
+                return (f"the model ran in {context} context on batches of {rows} examples "
+                        f"(of a global {global_batch}), not in each replica on its own "
+                        f"{global_batch // replicas} through strategy.run (section 9)")
+            difference = largest_difference(model.get_weights(), expected_weights())
+            if difference > 1e-5:
+                return (f"after {sum(calls)} steps on {count} the weights differ from one "
+                        f"device's by {difference:.2e} (more than 1e-05) on the same global "
+                        "batches. The replicas' gradients are summed: how often does each term "
+                        "of your loss count, for this replica count? Did each call run them?")
+            traces = train_steps.experimental_get_tracing_count()
+            if traces != 1:
+                return (f"train_steps traced {traces} times for {len(calls)} step counts, "
+                        "expected once: what makes a tf.function trace again? (section 5)")
+            return None
+
+        return Case(args=(strategy, model, optimizer, global_batch), verify=verify,
+                    label=f"({name}: {count}, L2 {l2}, global_batch_size={global_batch}, "
+                          f"calls of {calls[0]} then {calls[1]} steps)")
+
+    return [case(_mirrored_strategy(), "MirroredStrategy"),
+            case(one_device, "one device, the default strategy")]
 
 
 @register
 def check_train_steps(fn: Any) -> bool:
-    """Check ``make_train_steps(strategy, model, optimizer, global_batch_size)`` under the
-    notebook's MirroredStrategy against one device's training from the same start."""
+    """Check ``make_train_steps(...)`` under the notebook's MirroredStrategy, then on one
+    device, against one device's training: a replica count typed into the loss (``/ 2``)
+    fails on one device. Unseen: a branch on ``num_replicas_in_sync`` for 1 and 2 only."""
     guarded = _refusing_the_check(fn, _YOURSELF, _course_training_files())
     return run_check(
-        "make_train_steps", guarded, [_train_case(fresh_rng())],
+        "make_train_steps", guarded, _train_cases(fresh_rng()),
         hint="lesson 05, section 9 (one training function, any strategy): with R replicas "
              "the gradients of R replica losses are summed. Write your replica loss for R "
              "replicas and compare it with one device's loss on the global batch, term by "
