@@ -20,8 +20,8 @@
   ``devices[i]``; among them an op that reads part ``j``'s weight (``dy · Wⱼᵀ``, the gradient
   passed back) must ask for ``devices[j]``. Each gradient must be summed from at least one
   backward op per micro-batch (the micro-batches differ in size, so one big batch made of
-  them fails on values, and weighted to match, on that count). The lesson's ``split_step`` does one batch,
-  so a copy of it still leaves the accumulation to write.
+  them fails on values, and weighted to match, on that count). The lesson's
+  ``split_step`` does one batch, so a copy of it still leaves the accumulation to write.
   ``cu.parallel.split_step`` and the lesson's pipeline (``run_pipeline``, ``run_gpipe``: each
   stage's backward and gradient sum on its device) are refused by code identity and content
   (``refusals``).
