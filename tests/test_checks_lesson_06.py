@@ -517,6 +517,76 @@ def with_course_helpers(x, init_kernel, kernel_shape, bias, mesh):
     return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
 
 
+def backward_on_the_default_device_summed_in_a_tape_scope(parts, micro_batches, loss_fn,
+                                                          devices):
+    """One tape per micro-batch, its whole backward on the default device; the sums on each
+    part's device, named like the tape's ops (the placement is found by what ops compute)."""
+    import tensorflow as tf
+
+    variables = [v for part in parts for v in part.trainable_variables]
+    owner = [d for part, d in zip(parts, devices, strict=True) for _ in part.trainable_variables]
+    per_batch, losses = [], []
+    for x, y in micro_batches:
+        with tf.GradientTape() as tape:
+            value = tf.convert_to_tensor(x)
+            for part, device in zip(parts, devices, strict=True):
+                with tf.device(device):
+                    for layer in part.layers:  # weights read through "+ 0.0": no plain read
+                        kernel = tf.convert_to_tensor(layer.kernel) + 0.0
+                        value = layer.activation(tf.matmul(value, kernel) + layer.bias)
+            loss = loss_fn(y, value) / len(micro_batches)
+        losses.append(loss)
+        per_batch.append(tape.gradient(loss, variables))
+    out = []
+    for index, device in enumerate(owner):
+        with tf.device(device), tf.name_scope("gradient_tape"):
+            out.append(tf.add_n([grads[index] * 1.0 for grads in per_batch]))
+    return tf.add_n(losses), out
+
+
+def _kernel_and_bias(init_kernel, kernel_shape, bias, mesh):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    kernel = dtensor.call_with_layout(tf.function(init_kernel), dtensor.Layout([dim, free], mesh),
+                                      shape=kernel_shape)
+    return kernel, dtensor.pack([bias] * mesh.size, dtensor.Layout([free], mesh))
+
+
+def x_sent_whole_as_bytes(x, init_kernel, kernel_shape, bias, mesh):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    kernel, bias_everywhere = _kernel_and_bias(init_kernel, kernel_shape, bias, mesh)
+    blob, (rows, cols) = x.astype("float32").tobytes(), x.shape  # x's numbers as bytes
+    x_sharded = dtensor.call_with_layout(
+        tf.function(lambda: tf.reshape(tf.io.decode_raw(blob, tf.float32), [rows, cols])),
+        dtensor.Layout([dtensor.UNSHARDED, mesh.dim_names[0]], mesh))
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
+
+
+def x_copied_flat_then_reshaped_on_the_mesh(x, init_kernel, kernel_shape, bias, mesh):
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    kernel, bias_everywhere = _kernel_and_bias(init_kernel, kernel_shape, bias, mesh)
+    flat = dtensor.copy_to_mesh(tf.constant(x.reshape(-1)), dtensor.Layout.replicated(mesh, 1))
+    rows, cols = x.shape
+    x_sharded = dtensor.call_with_layout(
+        tf.function(lambda t: tf.reshape(t, [rows, cols])),
+        dtensor.Layout([dtensor.UNSHARDED, mesh.dim_names[0]], mesh), flat)
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
+
+
+def x_whole_in_each_devices_piece(x, init_kernel, kernel_shape, bias, mesh):
+    from tensorflow.experimental import dtensor
+
+    x_sharded, kernel, y = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    dtensor.pack([x.reshape(-1)] * mesh.size, dtensor.Layout([mesh.dim_names[0]], mesh))
+    return x_sharded, kernel, y
+
+
 def stub(*args):
     raise NotImplementedError()
 
@@ -575,11 +645,15 @@ def test_split_gradients_as_a_mean_of_stacked_gradients_passes():
     assert cu.grading.check_split_gradients(mean_of_stacked) is True
 
 
+BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) ran on "
+
+
 @pytest.mark.parametrize(("answer", "message"), [
-    (one_tape, "part 0.s weights was (made by tape.gradient|added up) .* on no device"),
-    (one_tape_copied_with_identity, "part 1's weights was made by tape.gradient .* on CPU:"),
-    (one_tape_on_the_last_device, "part 0's weights was made by tape.gradient .* on"),
-    (summed_on_the_default_device, r"added up \(\w+\) on no device"),
+    (one_tape, BACKWARD + "no device"),
+    (one_tape_copied_with_identity, BACKWARD + "CPU:"),
+    (one_tape_on_the_last_device, BACKWARD + "CPU:"),
+    (summed_on_the_default_device, r"\((AddV2|AddN|RealDiv), computing its weights' "
+                                   r"gradients\) ran on no device"),
     (summed_not_averaged, "differ from the unsplit"),
     (first_micro_batch_only, "differ from the unsplit"),
     (the_lessons_two_part_fix, r"case 2 \(3 parts"),
@@ -593,6 +667,8 @@ def test_split_gradients_as_a_mean_of_stacked_gradients_passes():
     (lambda *args: None, "loss, grads"),
     (one_big_batch, r"made by 1 backward op\(s\) for \d micro-batches"),
     (lambda *args: one_big_batch(*args, weighted=False), "differ from the unsplit"),
+    (backward_on_the_default_device_summed_in_a_tape_scope,
+     BACKWARD + "no device"),
 ])
 def test_split_gradients_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):
@@ -619,6 +695,10 @@ def test_shard_dense_rows_reference_passes():
     (y_computed_on_the_host_and_packed_sharded, "unpack of a matrix"),
     (lambda *args: None, "return \\(sharded_x"),
     (relaid_to_replicated_to_compute, "relayout of a matrix to a replicated layout"),
+    (x_sent_whole_as_bytes, "call_with_layout of a function that holds a whole"),
+    (x_copied_flat_then_reshaped_on_the_mesh,
+     "call_with_layout of a function that holds a whole"),
+    (x_whole_in_each_devices_piece, r"dtensor.pack gave one device \d+ numbers, more than"),
 ])
 def test_shard_dense_rows_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):

@@ -3,6 +3,7 @@ the layout each call of the initializer it hands the learner ran under."""
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import numpy as np
@@ -11,8 +12,11 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["kernel_initializer", "whole_copy_watch"]
 
+_LIBRARIES = {"tensorflow", "keras", "tf_keras", "numpy"}
 
-def whole_copy_watch(whole: list[str]) -> Any:
+
+def whole_copy_watch(whole: list[str],
+                     copied: list[tuple[str, int, bool, Any]] | None = None) -> Any:
     """A profile callback that notes each matrix put on the mesh whole, or gathered from it.
 
     Watched by identity of code, whatever name it was reached by: ``dtensor.pack`` or
@@ -24,6 +28,14 @@ def whole_copy_watch(whole: list[str]) -> Any:
     whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a DTensor laid
     out replicated (it was whole on every device before); ``dtensor.unpack`` of a matrix (its
     pieces brought back to the host, e.g. to compute ``y`` there).
+
+    ``copied`` (when given) receives ``(what, numbers, whole, content)`` for every copy of data onto
+    the mesh whatever its rank or dtype (bytes and strings counted a float32 per 4 bytes):
+    ``whole`` True where every device gets all of it (``copy_to_mesh`` and ``relayout`` of a
+    host value, a replicated ``pack``, the data a ``call_with_layout`` function holds or is
+    given, DTensors laid out whole on every device among it), False for one device's
+    component of a sharded ``pack`` (what that device holds). The check compares the sums
+    with what the task lets a device hold (the bias whole, its own piece of ``x``).
     """
     from tensorflow.dtensor.python import api
 
@@ -39,9 +51,10 @@ def whole_copy_watch(whole: list[str]) -> Any:
     def rank_of(layout: Any) -> int:
         return getattr(layout, "rank", 0) if layout is not None else 0
 
-    def holds_data(fn: Any, args: Any, kwargs: Any) -> bool:
-        """Whether numbers that are data (4 or more, not a DTensor: a matrix, or one
-        flattened) are arguments of ``fn`` or held by it: a value in its closure, its
+    def holds_data(fn: Any, args: Any, kwargs: Any) -> int:
+        """How many numbers that are data (4 or more in one value, whatever its rank or
+        dtype, bytes and strings included, a DTensor laid out whole on every device too)
+        are arguments of ``fn`` or held by it: a value in its closure, its
         defaults, a ``functools.partial``'s arguments or a global it names, through the
         functions it holds (``tf.function``'s Python function too). ``init_kernel`` holds
         only a seed and the kernel's shape, two numbers each."""
@@ -51,6 +64,9 @@ def whole_copy_watch(whole: list[str]) -> Any:
             if id(current) in seen or len(seen) > 50:
                 continue
             seen.add(id(current))
+            if (isinstance(current, types.FunctionType) and current is not fn
+                    and (current.__module__ or "").split(".")[0] in _LIBRARIES):
+                continue  # the library's own code: its module strings are not the data
             inner = [getattr(current, name, None) for name in
                      ("python_function", "__wrapped__", "func")]
             functions += [f for f in inner if callable(f)]
@@ -67,26 +83,82 @@ def whole_copy_watch(whole: list[str]) -> Any:
             if code_of is not None and isinstance(names, dict):
                 values += [names[n] for n in code_of.co_names if n in names]
             functions += [v for v in values if callable(v) and not isinstance(v, type)]
-        return any(data(value) for value in values)
+        return sum(numbers(value) for value in values if data(value))
 
-    def data(value: Any) -> bool:
+    def numbers(value: Any) -> int:
+        """How many numbers ``value`` can carry onto the mesh: elements of an array or
+        tensor of numbers, a quarter of the bytes of bytes, strings or string tensors (a
+        float32's worth each: ``x.tobytes()`` is ``x``), the elements of a DTensor laid out
+        whole on every device (already whole there); 0 for anything else."""
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return len(bytes(value)) // 4
+        if isinstance(value, str):
+            return len(value.encode()) // 4
         if isinstance(value, tf.Tensor):
-            return not api.is_dtensor(value) and (value.shape.num_elements() or 0) >= 4
+            if api.is_dtensor(value):
+                layout = api.fetch_layout(value)
+                if not layout.is_fully_replicated():
+                    return 0
+            if value.dtype == tf.string:
+                try:
+                    return sum(len(b) for b in np.ravel(value.numpy())) // 4
+                except Exception:  # noqa: BLE001 - symbolic: count it as data
+                    return 1 << 20
+            return int(value.shape.num_elements() or 0)
         if isinstance(value, (np.ndarray, list, tuple)):
             try:
                 array = np.asarray(value)
             except Exception:  # noqa: BLE001 - ragged or odd: not one array of numbers
-                return False
-            return array.dtype.kind in "biuf" and array.size >= 4
-        return False
+                return 0
+            if array.dtype.kind in "biufc":
+                return int(array.size)
+            if array.dtype.kind in "SUV":
+                return int(array.nbytes) // 4
+        return 0
+
+    def data(value: Any) -> bool:
+        return numbers(value) >= 4
 
     def on_mesh(tensor: Any) -> bool:
         return isinstance(tensor, tf.Tensor) and api.is_dtensor(tensor)
+
+    def key(value: Any) -> Any:
+        """The content of a host value (the same bias packed twice is one copy), else None."""
+        try:
+            array = value.numpy() if isinstance(value, tf.Tensor) else np.asarray(value)
+            return (array.dtype.str, array.shape, array.tobytes())
+        except Exception:  # noqa: BLE001 - a DTensor or odd value: counted each time
+            return None
+
+    def note(code: Any, local: Any) -> None:
+        layout = local.get("layout")
+        if code is api.pack.__code__:
+            spread = layout is not None and layout.is_fully_replicated()
+            pieces = list(local.get("tensors") or ())
+            if pieces:
+                biggest = max(pieces, key=numbers)
+                copied.append(("dtensor.pack", numbers(biggest), spread, key(biggest)))
+        elif code is api.call_with_layout.__code__:
+            held = holds_data(local.get("fn"), local.get("args", ()), local.get("kwargs", {}))
+            if held:
+                copied.append(("data held by a dtensor.call_with_layout function", held, True,
+                               None))
+        elif code is api.copy_to_mesh.__code__ or (code is api.relayout.__code__
+                                                   and not on_mesh(local.get("tensor"))):
+            name = "copy_to_mesh" if code is api.copy_to_mesh.__code__ else "relayout"
+            tensor = local.get("tensor")
+            copied.append((f"dtensor.{name} of a host value", numbers(tensor), True,
+                           key(tensor)))
+        elif code is api.relayout.__code__:  # a DTensor whole on every device before
+            copied.append(("dtensor.relayout of a DTensor laid out whole on every device",
+                           numbers(local.get("tensor")), True, None))
 
     def watch(frame: Any, c_function: Any) -> None:
         if c_function is not None:  # a C function: none of DTensor's calls watched here
             return
         code, local = frame.f_code, frame.f_locals
+        if copied is not None:
+            note(code, local)
         if code is api.pack.__code__ and replicated_matrix(local.get("layout")):
             whole.append("dtensor.pack with a replicated rank-2 layout")
         elif code is api.call_with_layout.__code__ and replicated_matrix(local.get("layout")):

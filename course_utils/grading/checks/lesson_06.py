@@ -12,13 +12,16 @@
   devices the check chooses (never the default first), trained on a few micro-batches; loss
   and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
   is traced in a ``tf.function`` (under the same guard, its traced results checked like the
-  eager ones) and the placement of what it built is read: every add that
-  sums a gradient of part ``i``'s weights over the micro-batches, every op of ``tape.gradient``
-  it was summed from (through Identity copies), and every gradient op that reads part ``i``'s
-  weights must ask for ``devices[i]``; each gradient must be summed from at least one backward
-  op per micro-batch (the micro-batches differ in size, so one big batch made of them fails on
-  values, and weighted to match, on that count). The lesson's ``split_step`` does one batch,
-  so a copy of it still leaves the accumulation to write.
+  eager ones) and the placement of what it built is read, by what each op consumes and
+  produces, whatever its name: every op that part ``i``'s returned gradients were computed
+  from and that neither the loss (the forward) nor a later part's gradients were (the
+  weight-gradient MatMuls and bias sums, the activation's gradient, the adds over the
+  micro-batches, through Identity copies and arithmetic with constants) must ask for
+  ``devices[i]``; among them an op that reads part ``j``'s weight (``dy · Wⱼᵀ``, the gradient
+  passed back) must ask for ``devices[j]``. Each gradient must be summed from at least one
+  backward op per micro-batch (the micro-batches differ in size, so one big batch made of
+  them fails on values, and weighted to match, on that count). The lesson's
+  ``split_step`` does one batch, so a copy of it still leaves the accumulation to write.
   ``cu.parallel.split_step`` and the lesson's pipeline (``run_pipeline``, ``run_gpipe``: each
   stage's backward and gradient sum on its device) are refused by code identity and content
   (``refusals``).
@@ -156,52 +159,81 @@ def _split_problem(rng: Any, num_parts: int) -> dict[str, Any]:
     return {"parts": parts, "micro_batches": micro_batches}
 
 
-def _through_identities(tensor: Any) -> Any:
-    """The op that made ``tensor``, looking through Identity copies."""
-    op = tensor.op
-    while op.type == "Identity" and op.inputs:
-        op = op.inputs[0].op
-    return op
-
-
-# sums, means, scalings, copies
+# sums, means, scalings, copies: what a gradient passes through after the op that made it
 _ACCUMULATING = {"AddV2", "AddN", "Add", "Mul", "RealDiv", "Identity", "Cast", "Pack", "Mean",
                  "Sum", "Reshape"}
-_TAPE_SUMS = {"AddV2", "AddN", "Identity"}  # a tape's own sum of a weight's uses
+_CARRY = {"Identity", "Cast", "AddV2", "Add", "Sub", "Mul", "RealDiv", "Neg", "Reshape"}
+_INPUTS = {"Const", "Placeholder", "ReadVariableOp", "NoOp"}
 
 
-def _accumulation_misplaced(output: Any, device: str, index: int,
-                            micro_batches: int) -> str | None:
-    """None when the gradient ``output`` of part ``index``, and every add and every
-    ``tape.gradient`` op it was summed from, asked for ``device``, and it was summed from one
-    backward op per micro-batch (at least)."""
-    stack, seen, from_tape = [output.op], set(), 0
+def _weight_read(tensor: Any, owner: dict[Any, int]) -> int | None:
+    """The part whose weight ``tensor`` is (a read of it, through copies, casts and
+    arithmetic with constants: ``W + 0.0`` is still ``W``), or None."""
+    op = tensor.op
+    for _ in range(32):
+        if op.type == "ReadVariableOp":
+            return owner.get(op.inputs[0].ref())
+        live = [t for t in op.inputs if t.op.type != "Const"]
+        if op.type not in _CARRY or len(live) != 1:
+            return None
+        op = live[0].op
+    return None
+
+
+def _ancestors(tensors: Any) -> set[str]:
+    stack, seen = [t.op for t in tensors], set()
     while stack:
         op = stack.pop()
-        if op.name in seen or op.type == "Const":
-            continue
-        seen.add(op.name)
-        is_tape = op.name.startswith("gradient_tape")
-        if not is_tape and op.type not in _ACCUMULATING:
-            continue
-        if op.type == "Identity" and not is_tape:  # a copy: found where it was computed
+        if op.name not in seen:
+            seen.add(op.name)
             stack.extend(t.op for t in op.inputs)
-            continue
-        if _short(op.device) != _short(device):
-            what = f"made by tape.gradient ({op.type})" if is_tape else f"added up ({op.type})"
-            return (f"a gradient of part {index}'s weights was {what} on "
-                    f"{_short(op.device) or 'no device (the default one)'}, expected "
-                    f"{_short(device)}, where its weights live")
-        if is_tape and op.type not in _TAPE_SUMS:
-            from_tape += 1  # one backward op that makes (a share of) the gradient
-        else:
-            stack.extend(t.op for t in op.inputs)
-    if not from_tape:
-        return f"a gradient of part {index} was not made by tape.gradient"
-    if from_tape < micro_batches:
-        return (f"a gradient of part {index}'s weights was made by {from_tape} backward "
-                f"op(s) for {micro_batches} micro-batches: one backward served several "
-                "micro-batches (one batch made of them all?), not one per micro-batch")
+    return seen
+
+
+def _backward_misplaced(graph: Any, loss: Any, grads: list[Any], expected_part: list[int],
+                        owner: dict[Any, int], devices: list[str],
+                        micro_batches: int) -> str | None:
+    """None when every op that computes part ``i``'s weight gradients asked for ``devices[i]``,
+    found by what it consumes and produces, whatever its name: the ops the returned gradients
+    of part ``i`` were computed from that the loss (the forward) and the gradients of the
+    later parts were not; an op among them that reads a later part's weight (``dy · Wⱼᵀ``)
+    belongs to part ``j`` and must ask for ``devices[j]``. And each gradient summed from at
+    least one op per micro-batch (walking back through sums, scalings and copies)."""
+    by_name = {op.name: op for op in graph.get_operations()}
+    forward = _ancestors([loss])
+    parts = max(expected_part) + 1
+    later: set[str] = set()
+    for index in reversed(range(parts)):
+        mine = [g for g, p in zip(grads, expected_part, strict=True) if p == index]
+        region = _ancestors(mine) - forward - later
+        for name in sorted(region):
+            op = by_name.get(name)
+            if op is None or op.type in _INPUTS or op.type == "Identity":
+                continue  # a copy is found where what it copies was computed
+            reads = {_weight_read(t, owner) for t in op.inputs} - {None, index}
+            home = min(reads) if reads else index
+            if _short(op.device) != _short(devices[home]):
+                role = ("the gradient it passes back, through its weights"
+                        if home != index else "its weights' gradients")
+                return (f"part {home}'s backward pass ({op.type}, computing {role}) ran on "
+                        f"{_short(op.device) or 'no device (the default one)'}, expected "
+                        f"{_short(devices[home])}, where its weights live")
+        later |= _ancestors(mine)
+    for output, index in zip(grads, expected_part, strict=True):
+        stack, seen, made = [output.op], set(), 0
+        while stack:
+            op = stack.pop()
+            if op.name in seen or op.type in _INPUTS:
+                continue
+            seen.add(op.name)
+            if op.type in _ACCUMULATING:
+                stack.extend(t.op for t in op.inputs)
+            else:
+                made += 1  # an op that makes (a share of) the gradient
+        if made < micro_batches:
+            return (f"a gradient of part {index}'s weights was made by {made} backward "
+                    f"op(s) for {micro_batches} micro-batches: one backward served several "
+                    "micro-batches (one batch made of them all?), not one per micro-batch")
     return None
 
 
@@ -212,10 +244,9 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
     part's device, and the traced function's own results pass ``values`` (an answer that
     computes its values one way eagerly and another way in a graph fails either).
 
-    A gradient op belongs to part ``i`` when it reads one of part ``i``'s weights (the
-    gradient of the part's input, ``dy · Wᵀ``) or when a returned gradient of part ``i``'s
-    weights is summed from it (through adds, scalings and Identity copies: a gradient computed
-    elsewhere and copied with ``tf.identity`` is found where it was computed).
+    Which ops are part ``i``'s backward is found from the graph's edges, not from op names
+    (``tf.name_scope("gradient_tape")`` fakes those) nor from how a weight was read
+    (``W + 0.0`` is still ``W``): see ``_backward_misplaced``.
     """
     tf = _tf()
     parts = problem["parts"]
@@ -243,26 +274,12 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
         for index, part in enumerate(parts):
             if any(external is v.handle for v in part.trainable_variables):
                 owner[internal.ref()] = index
-    outputs = tf.nest.flatten(graph.structured_outputs)[1:]  # after the loss: the gradients
+    flat = tf.nest.flatten(graph.structured_outputs)
     expected_part = [i for i, part in enumerate(parts) for _ in part.trainable_variables]
-    if len(outputs) != len(expected_part):
+    if len(flat) - 1 != len(expected_part):
         return "return (loss, grads): one gradient per trainable variable, parts in order"
-    for output, index in zip(outputs, expected_part, strict=True):
-        reason = _accumulation_misplaced(output, devices[index], index, len(micro_batches))
-        if reason:
-            return reason
-    for op in graph.get_operations():
-        if not op.name.startswith("gradient_tape"):
-            continue
-        for tensor in op.inputs:
-            read = _through_identities(tensor)
-            if read.type == "ReadVariableOp" and read.inputs[0].ref() in owner:
-                index = owner[read.inputs[0].ref()]
-                if _short(op.device) != _short(devices[index]):
-                    return (f"part {index}'s backward pass ({op.type} reading its weights) "
-                            f"ran on {_short(op.device) or 'no device (the default one)'}, "
-                            f"expected {_short(devices[index])}")
-    return None
+    return _backward_misplaced(graph, flat[0], flat[1:], expected_part, owner, devices,
+                               len(micro_batches))
 
 
 @register
@@ -343,8 +360,9 @@ def check_shard_dense_rows(fn: Any) -> bool:
     helpers = [course_mesh.shard, course_mesh.sharded_dense, course_mesh.dense_layouts,
                course_mesh.make_mesh, *_the_checks_own()]
     whole: list[str] = []
+    copied: list[tuple[str, int, bool, Any]] = []
     guarded = refusing(fn, helpers, "use DTensor's own API, as lesson 06, section 4 does",
-                       whole_copy_watch(whole))
+                       whole_copy_watch(whole, copied))
 
     def case() -> Case:
         dim = rng.choice(["model", "tp", "shards"])
@@ -365,6 +383,31 @@ def check_shard_dense_rows(fn: Any) -> bool:
         expected = x @ kernel + bias
 
         def verify(got: Any) -> str | None:
+            try:
+                return check(got)
+            finally:
+                whole.clear()
+                copied.clear()
+
+        def held_whole() -> str | None:
+            """What went onto the mesh, by count of numbers: whole on every device, no more
+            than the bias; on one device, no more than its piece of x (or the bias)."""
+            distinct = {(k if k is not None else i): (w, n)
+                        for i, (w, n, spread, k) in enumerate(copied) if spread}
+            everywhere = sum(n for _, n in distinct.values())
+            piece = max(x.size // count, bias.size)
+            if everywhere > bias.size:
+                what = sorted({w for w, n in distinct.values() if n})
+                return (f"{everywhere} numbers were copied whole onto every device of the mesh "
+                        f"({', '.join(what)}); only the bias ({bias.size}) may be: x, the "
+                        "kernel and y must reach and stay on the devices in pieces")
+            for what, n, spread, _ in copied:
+                if not spread and n > piece:
+                    return (f"{what} gave one device {n} numbers, more than its piece of x "
+                            f"({x.size // count}): each device holds only its own")
+            return None
+
+        def check(got: Any) -> str | None:
             if whole:
                 return (f"a matrix was whole on every device, or gathered ({whole[0]}): "
                         "x, the kernel and y must reach and stay on the devices in pieces, "
@@ -376,6 +419,9 @@ def check_shard_dense_rows(fn: Any) -> bool:
             if any(layout is None for layout in calls):
                 return ("init_kernel ran outside dtensor.call_with_layout: the whole kernel "
                         "was made on one device (section 4: a tensor created sharded)")
+            reason = held_whole()
+            if reason:
+                return reason
             if any(list(layout.sharding_specs) != [dim, dtensor.UNSHARDED] for layout in calls):
                 return ("init_kernel ran under call_with_layout with layout "
                         f"{list(calls[-1].sharding_specs)}: not sharded by rows over the "
