@@ -10,7 +10,10 @@
   ``run_splits_in_fresh_process``: the split, the same split again (returns the devices), another
   number (a RuntimeError that says to restart), the first number again; then, where those were
   right, in another fresh TensorFlow, an op first and ``split_cpu(1)`` (the one CPU device
-  exists, as asked: its name); the course package cannot be imported there. Both are children
+  exists, as asked: its name); in a third, the CPU split into ``k`` by the check itself, then
+  two other numbers (1 among them: each raises) and ``k`` (its names): an answer that trusts
+  a number or what it asked for before, not the devices that exist, fails there; the course
+  package cannot be imported there. All are children
   forked from one kept process that imported TensorFlow and made no device
   (``checks/splits.py``): one TensorFlow import per kernel, however often the check runs.
 * ``check_step_breakdown(step_breakdown)``: a timed breakdown of a step (input, compute, whole
@@ -188,18 +191,25 @@ def check_split_cpu(fn: Any) -> bool:
         raise AssertionError(
             "split_cpu: that is the course's cu.configure_logical_devices under another name; "
             "write the split with tf.config yourself")
-    num_devices = fresh_rng().randint(3, 5)  # never the 2 of the lesson's set-up cell
+    rng = fresh_rng()
+    num_devices = rng.randint(3, 5)  # never the 2 of the lesson's set-up cell
     counts = [num_devices, num_devices, num_devices + 1, num_devices]
+    # a split the answer did not make (the set-up cell's): other numbers, 1 among them, must
+    # raise, the split itself return its names – only the devices that exist say which
+    made = rng.randint(2, 5)
+    asked = [rng.choice([m for m in range(2, 7) if m != made]), 1, made]
 
     case = Case(args=(counts,),
                 label=f"split_cpu({num_devices}) twice, then ({num_devices + 1}), then "
                       f"({num_devices}) again, in a fresh Python process; in another, an op "
-                      "first, then split_cpu(1)",
+                      "first, then split_cpu(1); in a third, the CPU split into "
+                      f"{made} by the check, then split_cpu({asked[0]}), (1), ({made})",
                 verify=lambda results: split_verdict(results, num_devices))
     return run_check(
         "split_cpu", lambda calls: run_splits_in_fresh_process(
             fn, calls, after_an_op=1,  # needed only where the first four calls were right
-            only_where=lambda first: split_verdict(first, num_devices) is None),
+            only_where=lambda first: split_verdict(first, num_devices) is None,
+            after_a_split=(made, asked)),
         [case],
         hint="which device is split – and does anything before the split make TensorFlow "
              "create its devices (listing logical ones does)? When the split fails because "
