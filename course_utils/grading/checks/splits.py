@@ -6,9 +6,7 @@ kept process that has imported TensorFlow and nothing else (the course package c
 imported there), a fresh child per run;
 ``split_verdict`` says what a run of the calls ``n, n, n + 1, n`` did wrong, and, where a
 second fresh TensorFlow ran an op before calling ``fn(1)`` (``after_an_op``), what that did,
-and where a third had its CPU split into ``k`` by the check itself before ``fn`` was called
-for other numbers and for ``k`` (``after_a_split``), what those did: an answer that trusts a
-number (1, or what it asked for before) instead of counting the devices that exist fails there.
+and in a third whose CPU the check split itself (``after_a_split``): a number trusted fails.
 
 The answer runs in the process that writes the report the check reads, so what it can reach
 there is limited (``source_problem``, read from its source before it runs; the same limits
@@ -338,10 +336,8 @@ def run_split_answers(answers: list[tuple[str, str]], counts: list[int],
     with ``after_an_op``, then in another fresh TensorFlow run an op and call
     ``name(after_an_op)`` (its results follow: ``{"op": 2}``, then the call's) – for every
     answer, or, with ``only_where``, for those whose first results it accepts (a verdict
-    decided by the first calls needs no second TensorFlow); with ``after_a_split=(k, asked)``,
-    likewise in a third fresh TensorFlow where the check split the CPU into ``k`` itself
-    (its results follow: ``{"split": k}``, then one per count in ``asked``): the answer
-    never made that split, so only the devices that exist can tell it what was split.
+    decided by the first calls needs no second TensorFlow); ``after_a_split=(k, asked)``: in a
+    third, the check splits the CPU into ``k``, then calls each of ``asked`` (``{"split": k}``).
 
     One process imports TensorFlow (the course package cannot be imported there) and is kept;
     each run goes in a child forked from it before any device exists (POSIX; where there is no
@@ -356,23 +352,19 @@ def run_split_answers(answers: list[tuple[str, str]], counts: list[int],
         [[{"split": after_a_split[0]}, *after_a_split[1]]] if after_a_split else [])
     for job in later:
         after = _run_jobs([answers[index] for index in again], job)
-        marker = "op" if job[0] == "op" else "split"
-        for index, run in zip(again, after, strict=True):
-            if not run or marker not in run[0]:  # the process failed: say which one
-                run = [{marker: None, "error": run[-1].get("error") if run else "no result"}]
+        for index, run in zip(again, after, strict=True):  # a failed process: say which
+            run = run if "op" in run[0] or "split" in run[0] else [
+                {"op" if job[0] == "op" else "split": None, "error": run[0].get("error")}]
             results[index] = results[index] + run
     return results
 
 
-def run_splits_in_fresh_process(fn: Any, counts: list[int], after_an_op: int | None = None,
-                                only_where: Callable[[list[dict[str, Any]]], bool] | None
-                                = None, after_a_split: tuple[int, list[int]] | None = None
+def run_splits_in_fresh_process(fn: Any, counts: list[int], **later: Any
                                 ) -> list[dict[str, Any]]:
     """Call ``fn(count)`` for each count in turn, in one fresh TensorFlow: what each did (and
     ``after_an_op``, ``only_where``, ``after_a_split``: see :func:`run_split_answers`)."""
     source = textwrap.dedent(inspect.getsource(fn))
-    return run_split_answers([(fn.__name__, source)], counts, after_an_op, only_where,
-                             after_a_split)[0]
+    return run_split_answers([(fn.__name__, source)], counts, **later)[0]
 
 
 def run_split_in_fresh_process(fn: Any, num_devices: int) -> dict[str, Any]:
@@ -409,21 +401,17 @@ def split_verdict(results: list[dict[str, Any]], count: int) -> str | None:
     if "restart" not in asked_more["error"].lower():
         return (f"{labels[2]} raised {asked_more['error']!r}: its message must say what to "
                 "do (restart the kernel)")
-    rest = results[len(labels):]  # other fresh processes: after an op, after a check's split
-    while rest:
-        end = next((index for index, result in enumerate(rest) if index
-                    and ("op" in result or "split" in result)), len(rest))
-        segment, rest = rest[:end], rest[end:]
-        problem = (_after_a_split_verdict(segment) if "split" in segment[0]
-                   else _after_an_op_verdict(segment))
-        if problem:
+    starts = [index for index, result in enumerate(results)  # other fresh processes
+              if "op" in result or "split" in result] + [len(results)]
+    for start, end in zip(starts, starts[1:], strict=False):
+        verdict = _after_a_split_verdict if "split" in results[start] else _after_an_op_verdict
+        if problem := verdict(results[start:end]):
             return problem
     return None
 
 
 def _after_a_split_verdict(results: list[dict[str, Any]]) -> str | None:
-    """What the answer's calls did after the check split the CPU into ``k`` itself: ``k``
-    asked returns the ``k`` names, another number raises a RuntimeError saying to restart."""
+    """What the calls did after the check split the CPU itself: its names, or else restart."""
     made = results[0]["split"]
     label = (f"in another fresh process, after the check split the CPU into {made or 'k'} "
              "logical devices itself (as the set-up cell does before your function ever runs)")
@@ -432,18 +420,15 @@ def _after_a_split_verdict(results: list[dict[str, Any]]) -> str | None:
     expected = [f"/device:CPU:{index}" for index in range(made)]
     for result in results[1:]:
         asked = result.get("asked")
-        call = f"{label}, split_cpu({asked})"
-        if asked == made:
-            if "error" in result:
-                return (f"{call} raised {result['error']!r}: {made} exist, as asked: return "
-                        "their names")
-            if result["returned"] != expected:
-                return f"{call} should return {expected}, it returned {result['returned']}"
-        elif "error" not in result:
+        call, did = f"{label}, split_cpu({asked})", result.get("returned", result.get("error"))
+        if asked == made and did != expected:
+            return f"{call} should return {expected} ({made} exist, as asked), it gave {did!r}"
+        if asked != made and "error" not in result:
             return (f"{call} returned {result['returned']} without an error: {made} logical "
                     f"CPUs exist, {asked} asked – count the devices that exist, not "
                     "what your function asked for before or a number you expect")
-        elif not result["runtime_error"] or "restart" not in result["error"].lower():
+        if asked != made and (not result["runtime_error"]
+                              or "restart" not in result["error"].lower()):
             return (f"{call} raised {result['error']!r}: raise a RuntimeError that says to "
                     "restart the kernel")
     return None
