@@ -744,3 +744,47 @@ def _reads_in_its_own_thread_and_a_decoy(records, read, batch_size):  # read in 
 def test_overlapped_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):
         cu.grading.check_overlapped_pipeline(wrong)
+
+
+# --- split_cpu: answers that trust a number, not the devices that exist (issue 30, sixth read)
+
+
+def split_cpu_trusts_one(num_devices):  # "1 is always there": never counts the devices
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    try:
+        tf.config.set_logical_device_configuration(  # noqa: F821
+            physical_cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)  # noqa: F821
+    except RuntimeError:
+        if num_devices != 1:
+            raise RuntimeError("restart the kernel") from None
+    return [device.name for device in tf.config.list_logical_devices("CPU")]  # noqa: F821
+
+
+def split_cpu_remembers(num_devices):  # trusts what it asked for before, not TensorFlow
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    try:
+        tf.config.set_logical_device_configuration(  # noqa: F821
+            physical_cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)  # noqa: F821
+        split_cpu_remembers.asked = num_devices
+    except RuntimeError:
+        if getattr(split_cpu_remembers, "asked", num_devices) != num_devices:
+            raise RuntimeError("restart the kernel") from None
+    return [device.name for device in tf.config.list_logical_devices("CPU")]  # noqa: F821
+
+
+@pytest.mark.slow
+def test_split_cpu_rejects_a_trusted_number_after_a_split_it_did_not_make():
+    # both pass the four calls and the op-first run; the check's own split of 3, then (2) and
+    # (1), shows that neither counts the devices that exist (forks of the kept TensorFlow)
+    answers = [(f.__name__, textwrap.dedent(inspect.getsource(f)))
+               for f in (split_cpu, split_cpu_trusts_one, split_cpu_remembers)]
+    results = lesson_00.run_split_answers(
+        answers, [4, 4, 5, 4], after_an_op=1,
+        only_where=lambda first: lesson_00.split_verdict(first, 4) is None,
+        after_a_split=(3, [2, 1, 3]))
+    verdicts = [lesson_00.split_verdict(result, 4) for result in results]
+    assert verdicts[0] is None, verdicts[0]
+    assert re.search(r"split the CPU into 3 .* split_cpu\(1\) returned .* without an error: "
+                     r"3 logical CPUs exist, 1 asked", verdicts[1]), verdicts[1]
+    assert re.search(r"split the CPU into 3 .* split_cpu\(2\) returned .* without an error: "
+                     r"3 logical CPUs exist, 2 asked", verdicts[2]), verdicts[2]

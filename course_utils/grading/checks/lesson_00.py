@@ -10,7 +10,8 @@
   ``run_splits_in_fresh_process``: the split, the same split again (returns the devices), another
   number (a RuntimeError that says to restart), the first number again; then, where those were
   right, in another fresh TensorFlow, an op first and ``split_cpu(1)`` (the one CPU device
-  exists, as asked: its name); the course package cannot be imported there. Both are children
+  exists, as asked: its name); in a third, split into ``k`` by the check: 1 and another number
+  raise, ``k`` returns (a number trusted, not counted, fails); no course package. All are children
   forked from one kept process that imported TensorFlow and made no device
   (``checks/splits.py``): one TensorFlow import per kernel, however often the check runs.
 * ``check_step_breakdown(step_breakdown)``: a timed breakdown of a step (input, compute, whole
@@ -176,30 +177,29 @@ def _holds_stub(fn: Any) -> bool:
 @register
 def check_split_cpu(fn: Any) -> bool:
     """Check ``split_cpu(num_devices)`` in a fresh process: split, re-run, refuse another split."""
+    from course_utils.devices import configure_logical_devices as helper
+    from course_utils.grading.framework import not_attempted
+
     if _holds_stub(fn):
-        from course_utils.grading.framework import not_attempted
-
-        not_attempted("split_cpu")
-        return False
-    from course_utils import devices
-
-    helper = devices.configure_logical_devices
+        return not_attempted("split_cpu") or False
     if fn is helper or getattr(fn, "__code__", None) is helper.__code__:
         raise AssertionError(
             "split_cpu: that is the course's cu.configure_logical_devices under another name; "
             "write the split with tf.config yourself")
-    num_devices = fresh_rng().randint(3, 5)  # never the 2 of the lesson's set-up cell
-    counts = [num_devices, num_devices, num_devices + 1, num_devices]
-
-    case = Case(args=(counts,),
+    num_devices = (rng := fresh_rng()).randint(3, 5)  # never the set-up cell's 2
+    made = rng.randint(2, 5)  # a split the answer did not make (the set-up cell's), then:
+    asked = [rng.choice([m for m in range(2, 7) if m != made]), 1, made]
+    case = Case(args=([num_devices, num_devices, num_devices + 1, num_devices],),
                 label=f"split_cpu({num_devices}) twice, then ({num_devices + 1}), then "
-                      f"({num_devices}) again, in a fresh Python process; in another, an op "
-                      "first, then split_cpu(1)",
+                      f"({num_devices}) again, in a fresh Python process; in another, an op, "
+                      f"then (1); in a third, split into {made} by the check, then "
+                      f"({asked[0]}), (1), ({made})",
                 verify=lambda results: split_verdict(results, num_devices))
     return run_check(
         "split_cpu", lambda calls: run_splits_in_fresh_process(
             fn, calls, after_an_op=1,  # needed only where the first four calls were right
-            only_where=lambda first: split_verdict(first, num_devices) is None),
+            only_where=lambda first: split_verdict(first, num_devices) is None,
+            after_a_split=(made, asked)),
         [case],
         hint="which device is split – and does anything before the split make TensorFlow "
              "create its devices (listing logical ones does)? When the split fails because "

@@ -5,7 +5,8 @@ TensorFlow.
 kept process that has imported TensorFlow and nothing else (the course package cannot be
 imported there), a fresh child per run;
 ``split_verdict`` says what a run of the calls ``n, n, n + 1, n`` did wrong, and, where a
-second fresh TensorFlow ran an op before calling ``fn(1)`` (``after_an_op``), what that did.
+second fresh TensorFlow ran an op before calling ``fn(1)`` (``after_an_op``), what that did,
+and in a third whose CPU the check split itself (``after_a_split``): a number trusted fails.
 
 The answer runs in the process that writes the report the check reads, so what it can reach
 there is limited (``source_problem``, read from its source before it runs; the same limits
@@ -61,16 +62,23 @@ def calls(name, source, counts):  # before TensorFlow made its devices
         if count == "op":  # TensorFlow runs an op: it makes its devices (one CPU)
             results.append({"op": int((tf.constant(1) + 1).numpy())})
             continue
+        if isinstance(count, dict):  # the check splits the CPU itself, then lists (makes) them
+            _CONFIG["set_logical_device_configuration"](
+                _CONFIG["list_physical_devices"]("CPU")[0],
+                [_CONFIG["LogicalDeviceConfiguration"]()] * count["split"])
+            results.append({"split": len(list_logical("CPU"))})
+            continue
         try:
             names = namespace[name](count)
             changed = sorted(n for n, f in _CONFIG.items() if getattr(tf.config, n, None) is not f)
             if changed:  # tf.config's functions replaced: its answers are not TensorFlow's
                 raise LookupError(f"tf.config.{changed[0]} was replaced")
             devices = [d.name for d in list_logical("CPU")]
-            results.append({"returned": [str(n) for n in names], "devices": devices})
+            results.append({"returned": [str(n) for n in names], "devices": devices,
+                            "asked": count})
         except Exception as error:
             results.append({"error": f"{type(error).__name__}: {error}",
-                            "runtime_error": isinstance(error, RuntimeError)})
+                            "runtime_error": isinstance(error, RuntimeError), "asked": count})
     return results
 
 def failed(message):
@@ -322,12 +330,14 @@ def _error_line(stderr: list[str], code: int | None) -> str:
 def run_split_answers(answers: list[tuple[str, str]], counts: list[int],
                       after_an_op: int | None = None,
                       only_where: Callable[[list[dict[str, Any]]], bool] | None = None,
+                      after_a_split: tuple[int, list[int]] | None = None,
                       ) -> list[list[dict[str, Any]]]:
     """For each ``(name, source)``, call ``name(count)`` per count, in a fresh TensorFlow;
     with ``after_an_op``, then in another fresh TensorFlow run an op and call
     ``name(after_an_op)`` (its results follow: ``{"op": 2}``, then the call's) – for every
     answer, or, with ``only_where``, for those whose first results it accepts (a verdict
-    decided by the first calls needs no second TensorFlow).
+    decided by the first calls needs no second TensorFlow); ``after_a_split=(k, asked)``: in a
+    third, the check splits the CPU into ``k``, then calls each of ``asked`` (``{"split": k}``).
 
     One process imports TensorFlow (the course package cannot be imported there) and is kept;
     each run goes in a child forked from it before any device exists (POSIX; where there is no
@@ -336,23 +346,25 @@ def run_split_answers(answers: list[tuple[str, str]], counts: list[int],
     ``error`` (its type and message) and ``runtime_error``.
     """
     results = _run_jobs(list(answers), list(counts))
-    if after_an_op is None:
-        return results
     again = [index for index, first in enumerate(results) if only_where is None
              or only_where(first)]
-    after = _run_jobs([answers[index] for index in again], ["op", after_an_op])
-    for index, run in zip(again, after, strict=True):
-        results[index] = results[index] + run
+    later = ([["op", after_an_op]] if after_an_op is not None else []) + (
+        [[{"split": after_a_split[0]}, *after_a_split[1]]] if after_a_split else [])
+    for job in later:
+        after = _run_jobs([answers[index] for index in again], job)
+        for index, run in zip(again, after, strict=True):  # a failed process: say which
+            run = run if "op" in run[0] or "split" in run[0] else [
+                {"op" if job[0] == "op" else "split": None, "error": run[0].get("error")}]
+            results[index] = results[index] + run
     return results
 
 
-def run_splits_in_fresh_process(fn: Any, counts: list[int], after_an_op: int | None = None,
-                                only_where: Callable[[list[dict[str, Any]]], bool] | None
-                                = None) -> list[dict[str, Any]]:
+def run_splits_in_fresh_process(fn: Any, counts: list[int], **later: Any
+                                ) -> list[dict[str, Any]]:
     """Call ``fn(count)`` for each count in turn, in one fresh TensorFlow: what each did (and
-    ``after_an_op``, ``only_where``: see :func:`run_split_answers`)."""
+    ``after_an_op``, ``only_where``, ``after_a_split``: see :func:`run_split_answers`)."""
     source = textwrap.dedent(inspect.getsource(fn))
-    return run_split_answers([(fn.__name__, source)], counts, after_an_op, only_where)[0]
+    return run_split_answers([(fn.__name__, source)], counts, **later)[0]
 
 
 def run_split_in_fresh_process(fn: Any, num_devices: int) -> dict[str, Any]:
@@ -389,8 +401,36 @@ def split_verdict(results: list[dict[str, Any]], count: int) -> str | None:
     if "restart" not in asked_more["error"].lower():
         return (f"{labels[2]} raised {asked_more['error']!r}: its message must say what to "
                 "do (restart the kernel)")
-    if len(results) > len(labels):  # another fresh process: an op ran, then split_cpu(1)
-        return _after_an_op_verdict(results[len(labels):])
+    starts = [index for index, result in enumerate(results)  # other fresh processes
+              if "op" in result or "split" in result] + [len(results)]
+    for start, end in zip(starts, starts[1:], strict=False):
+        verdict = _after_a_split_verdict if "split" in results[start] else _after_an_op_verdict
+        if problem := verdict(results[start:end]):
+            return problem
+    return None
+
+
+def _after_a_split_verdict(results: list[dict[str, Any]]) -> str | None:
+    """What the calls did after the check split the CPU itself: its names, or else restart."""
+    made = results[0]["split"]
+    label = (f"in another fresh process, after the check split the CPU into {made or 'k'} "
+             "logical devices itself (as the set-up cell does before your function ever runs)")
+    if len(results) < 2 or made is None:
+        return f"{label}: the process failed: {results[-1].get('error')}"
+    expected = [f"/device:CPU:{index}" for index in range(made)]
+    for result in results[1:]:
+        asked = result.get("asked")
+        call, did = f"{label}, split_cpu({asked})", result.get("returned", result.get("error"))
+        if asked == made and did != expected:
+            return f"{call} should return {expected} ({made} exist, as asked), it gave {did!r}"
+        if asked != made and "error" not in result:
+            return (f"{call} returned {result['returned']} without an error: {made} logical "
+                    f"CPUs exist, {asked} asked – count the devices that exist, not "
+                    "what your function asked for before or a number you expect")
+        if asked != made and (not result["runtime_error"]
+                              or "restart" not in result["error"].lower()):
+            return (f"{call} raised {result['error']!r}: raise a RuntimeError that says to "
+                    "restart the kernel")
     return None
 
 
@@ -398,7 +438,7 @@ def _after_an_op_verdict(results: list[dict[str, Any]]) -> str | None:
     """What ``split_cpu(1)`` did after TensorFlow ran an op (its one CPU device made)."""
     label = ("in another fresh process, after TensorFlow had run an op (which made its one "
              "logical CPU), split_cpu(1)")
-    if len(results) < 2 or "op" not in results[0]:
+    if len(results) < 2 or results[0].get("op") is None:
         return f"{label}: the process failed: {results[-1].get('error')}"
     result, expected = results[1], ["/device:CPU:0"]
     if "error" in result:
