@@ -6,7 +6,9 @@ the plain stack's gradients, made with one ``tf.recompute_grad`` per segment of
 forward run again, and the segments the backward pass recomputes exactly ``segment_size``
 consecutive layers from the first (read from the order in which the layers ran: a near-equal
 split of the same count fails, and so does no recomputation); every case's last segment is
-shorter.
+shorter. The recomputed matrix products are counted on the gradients' data path only: layers
+run again beside a plain tape and tied on by control dependencies feed nothing. Still unseen:
+memory itself (no peak is measured).
 """
 
 from __future__ import annotations
