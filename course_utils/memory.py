@@ -105,7 +105,20 @@ def count_on_tape(x: Any, counts: dict[str, Any], size: Any, max_examples: int, 
             y = tf.identity(inputs)
 
         def backward(upstream: Any) -> Any:
-            freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
+            if "freed" not in counts:
+                freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
+                with tf.control_dependencies([freed]):
+                    return tf.identity(upstream)
+            # A backward frees its forward's activations once: a second backward of the same
+            # forward (a persistent tape asked twice) frees nothing, the tape still keeps them.
+            total = counts["freed"].assign_add(size)
+            again = tf.debugging.assert_less_equal(
+                total, counts["trained"].read_value(),
+                message="out of memory (simulated): a forward pass was back-propagated twice "
+                        "(a persistent tape asked for gradients again): its activations stay "
+                        "alive on that tape until the tape is gone; one tape per micro-batch")
+            with tf.control_dependencies([again]):
+                freed = counts["alive"].assign(tf.maximum(counts["alive"] - size, 0))
             with tf.control_dependencies([freed]):
                 return tf.identity(upstream)
 
@@ -157,7 +170,7 @@ def _limit_classes() -> dict[str, type]:
             super().__init__(**kwargs)
             self.max_examples = int(max_examples)
             self._counts = {name: tf.Variable(0, dtype=tf.int64, trainable=False)
-                            for name in ("alive", "trained", "peak")}
+                            for name in ("alive", "trained", "peak", "freed")}
 
         @property
         def examples_alive(self) -> int:

@@ -109,6 +109,25 @@ def test_one_tape_over_all_micro_batches_runs_out_of_memory():
         cu.grading.check_train_with_accumulation(one_tape)
 
 
+def test_one_persistent_tape_freed_by_a_throw_away_backward_is_caught():
+    def one_tape(model, optimizer, loss_fn, features, labels, micro, steps):
+        tf = _tf()
+        for start in range(0, len(labels), micro * steps):
+            with tf.GradientTape(persistent=True) as tape:  # keeps every micro-batch
+                losses = []
+                for i in range(start, start + micro * steps, micro):
+                    out = model(features[i:i + micro], training=True)
+                    with tape.stop_recording():  # a backward that frees nothing
+                        tape.gradient(out, model.trainable_variables)
+                    losses.append(loss_fn(labels[i:i + micro], out))
+                loss = tf.add_n(losses) / steps
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables, strict=True))
+
+    with pytest.raises(AssertionError, match="back-propagated twice"):
+        cu.grading.check_train_with_accumulation(one_tape)
+
+
 def test_training_the_model_inside_the_limit_on_whole_batches_is_caught():
     def around_the_limit(model, optimizer, loss_fn, features, labels, micro, steps):
         inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
@@ -724,8 +743,30 @@ def test_no_accumulation_or_one_tape_over_the_group_runs_out_of_memory():
         for start in range(0, total, steps):
             step(tuple(next(iterator) for _ in range(min(steps, total - start))))
 
-    for wrong in (whole_group, one_tape):
-        with pytest.raises(AssertionError, match="out of memory"):
+    def persistent_tape(strategy, model, optimizer, loss_object, micro_batches, steps,
+                        batch):
+        def replica_step(*group):
+            with tf.GradientTape(persistent=True) as tape:  # keeps every micro-batch
+                loss = 0.0
+                for x, y in group:
+                    out = model(x, training=True)
+                    with tape.stop_recording():  # a backward that frees nothing
+                        tape.gradient(out, model.trainable_variables)
+                    loss += tf.nn.compute_average_loss(loss_object(y, out),
+                                                       global_batch_size=len(group) * batch)
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables, strict=True))
+
+        total = int(micro_batches.cardinality())
+        iterator = iter(strategy.experimental_distribute_dataset(micro_batches))
+        step = tf.function(lambda g: strategy.run(replica_step, args=g))
+        for start in range(0, total, steps):
+            step(tuple(next(iterator) for _ in range(min(steps, total - start))))
+
+    for wrong, says in ((whole_group, "out of memory"), (one_tape, "out of memory"),
+                        (persistent_tape, "back-propagated twice")):
+        with pytest.raises(AssertionError, match=says):
             cu.grading.check_train_mirrored_with_accumulation(wrong)
 
 
@@ -873,3 +914,33 @@ def test_near_equal_segments_of_the_same_count_are_caught():
 
     with pytest.raises(AssertionError, match="recomputed segments of"):
         cu.grading.check_segment_gradients(near_equal)
+
+
+def test_layers_run_again_beside_a_plain_tape_are_caught():
+    """No recomputation: a plain tape keeps every activation; identity functions wrapped in
+    tf.recompute_grad (one per segment), then each segment's layers run again, last first,
+    tied onto the gradients by control dependencies only (they feed nothing)."""
+    tf = _tf()
+
+    def fake(layers, x, size):
+        variables = [v for layer in layers for v in layer.trainable_variables]
+        with tf.GradientTape() as tape:
+            acts = [x]
+            for layer in layers:
+                acts.append(layer(acts[-1]))
+            out = acts[-1]
+            for _ in range(-(-len(layers) // size)):
+                out = tf.recompute_grad(lambda t: t * 1.0)(out)
+            loss = tf.reduce_mean(tf.square(out))
+        grads = tape.gradient(loss, variables)
+        shows = []
+        for start in reversed(range(0, len(layers), size)):
+            t = acts[start]
+            for layer in layers[start:start + size]:
+                t = layer(t)
+            shows.append(t)
+        with tf.control_dependencies(shows):
+            return [tf.identity(g) for g in grads]
+
+    with pytest.raises(AssertionError, match="feed the gradients"):
+        cu.grading.check_segment_gradients(fake)

@@ -2,7 +2,8 @@
 
 * ``check_train_with_accumulation(train_with_accumulation)``: on a fresh random model and data,
   behind a simulated memory of one micro-batch (``cu.memory.limit_batch_size``: a larger batch,
-  or a second micro-batch's activations alive on a gradient tape, fails like out of memory), the
+  or a second micro-batch's activations alive on a gradient tape, fails like out of memory; a
+  forward back-propagated twice, as by a persistent tape asked again, frees nothing), the
   weights equal plain SGD on batches ``k`` times larger (one case ends with a short group, which
   must make one more update averaged over its own examples) and every example went through the
   limited model once in training mode; the two popular wrong loops, and a loop that drops the
@@ -21,14 +22,18 @@
 * ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
   MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, and
   behind a per-replica memory of one micro-batch's share (a larger batch, or one tape over
-  several micro-batches, fails like out of memory: no accumulation at all cannot pass), the
+  several micro-batches, persistent or not, fails like out of memory: no accumulation at all
+  cannot pass), the
   weights equal plain SGD on batches ``k`` times larger (a short last group included) whose
   loss adds the model's L2 penalty (``model.losses``, which the lesson's step had none of) once
   per update, every example trained once, with exactly one all-reduce of the gradients per
   update; a penalty ignored, added per micro-batch or on every replica whole is named.
 * ``check_segment_gradients(segment_gradients)``: on a fresh flat stack of Dense layers, the
   plain stack's gradients, made with one ``tf.recompute_grad`` per segment of ``segment_size``
-  layers (counted in the traced step) and every layer's forward run again.
+  layers (counted in the traced step) and every layer's forward run again, its matrix
+  products feeding the gradients through data edges (not tied on by control dependencies).
+  Still unseen: the memory itself (no peak is measured; an answer that keeps the activations
+  AND feeds a real recomputation into the gradients would pass).
 """
 
 from __future__ import annotations

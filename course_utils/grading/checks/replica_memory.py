@@ -26,7 +26,7 @@ def replica_limit(model: Any, max_examples: int) -> tuple[Any, Any]:
                            synchronization=tf.VariableSynchronization.ON_READ,
                            aggregation=tf.VariableAggregation.SUM)
 
-    counts = {"alive": counter(), "trained": counter()}
+    counts = {"alive": counter(), "trained": counter(), "freed": counter()}
 
     class ReplicaMemory(keras.layers.Layer):
         def call(self, inputs: Any, training: Any = None) -> Any:
