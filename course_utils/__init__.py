@@ -35,6 +35,7 @@ _SUBMODULES = (
     "monitor",
     "notebooks",
     "parallel",
+    "peak_probe",
     "plots",
     "profiling",
     "quiet",
@@ -72,7 +73,7 @@ __all__ = [
     "bench", "book", "child", "cluster", "data", "devices", "environment", "equality", "grading",
     "grid",
     "instructor", "memory", "mixed_precision", "models", "monitor", "notebooks", "parallel",
-    "plots", "profiling", "quiet", "reductions", "settings", "strategies", "tables",
+    "peak_probe", "plots", "profiling", "quiet", "reductions", "settings", "strategies", "tables",
     "tpu", "training", "widgets", "works_where",
     # re-exported
     "Trainer", "configure_logical_devices", "describe_machine", "doctor", "hardware",

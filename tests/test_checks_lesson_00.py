@@ -746,7 +746,7 @@ def test_overlapped_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
         cu.grading.check_overlapped_pipeline(wrong)
 
 
-# --- split_cpu: answers that trust a number, not the devices that exist (issue 30, sixth read)
+# --- split_cpu: answers that trust a number, not the devices that exist
 
 
 def split_cpu_trusts_one(num_devices):  # "1 is always there": never counts the devices

@@ -201,7 +201,7 @@ def test_the_probe_starts_its_children_with_the_course_cpu_only_helper(monkeypat
     monkeypatch.setattr(course_utils.child, "start_cpu_only", fake_start)
     with pytest.raises(RuntimeError, match="not started"):
         memory.gradient_step_peak_rises(8, 1, 1, 4)
-    assert started[0][:2] == ["-m", "course_utils.memory"]
+    assert started[0][:2] == ["-m", "course_utils.peak_probe"]
 
 
 def test_the_limit_counts_examples_alive_on_the_tape():

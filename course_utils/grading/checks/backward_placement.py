@@ -1,0 +1,92 @@
+"""Lesson 06, exercise 2: which ops of a traced ``split_gradients`` are each part's backward
+pass, found from the graph's edges (what they consume and produce), not from op names or how
+a weight was read, and whether each asked for its part's device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["backward_misplaced"]
+
+
+def _short(name: str) -> str:
+    """``CPU:1`` of a full device name."""
+    return name.rsplit("device:", 1)[-1]
+
+
+# sums, means, scalings, copies: what a gradient passes through after the op that made it
+_ACCUMULATING = {"AddV2", "AddN", "Add", "Mul", "RealDiv", "Identity", "Cast", "Pack", "Mean",
+                 "Sum", "Reshape"}
+_CARRY = {"Identity", "Cast", "AddV2", "Add", "Sub", "Mul", "RealDiv", "Neg", "Reshape"}
+_INPUTS = {"Const", "Placeholder", "ReadVariableOp", "NoOp"}
+
+
+def _weight_read(tensor: Any, owner: dict[Any, int]) -> int | None:
+    """The part whose weight ``tensor`` is (a read of it, through copies, casts and
+    arithmetic with constants: ``W + 0.0`` is still ``W``), or None."""
+    op = tensor.op
+    for _ in range(32):
+        if op.type == "ReadVariableOp":
+            return owner.get(op.inputs[0].ref())
+        live = [t for t in op.inputs if t.op.type != "Const"]
+        if op.type not in _CARRY or len(live) != 1:
+            return None
+        op = live[0].op
+    return None
+
+
+def _ancestors(tensors: Any) -> set[str]:
+    stack, seen = [t.op for t in tensors], set()
+    while stack:
+        op = stack.pop()
+        if op.name not in seen:
+            seen.add(op.name)
+            stack.extend(t.op for t in op.inputs)
+    return seen
+
+
+def backward_misplaced(graph: Any, loss: Any, grads: list[Any], expected_part: list[int],
+                       owner: dict[Any, int], devices: list[str],
+                       micro_batches: int) -> str | None:
+    """None when every op that computes part ``i``'s weight gradients asked for ``devices[i]``,
+    found by what it consumes and produces, whatever its name: the ops the returned gradients
+    of part ``i`` were computed from that the loss (the forward) and the gradients of the
+    later parts were not; an op among them that reads a later part's weight (``dy · Wⱼᵀ``)
+    belongs to part ``j`` and must ask for ``devices[j]``. And each gradient summed from at
+    least one op per micro-batch (walking back through sums, scalings and copies)."""
+    by_name = {op.name: op for op in graph.get_operations()}
+    forward = _ancestors([loss])
+    parts = max(expected_part) + 1
+    later: set[str] = set()
+    for index in reversed(range(parts)):
+        mine = [g for g, p in zip(grads, expected_part, strict=True) if p == index]
+        region = _ancestors(mine) - forward - later
+        for name in sorted(region):
+            op = by_name.get(name)
+            if op is None or op.type in _INPUTS or op.type == "Identity":
+                continue  # a copy is found where what it copies was computed
+            reads = {_weight_read(t, owner) for t in op.inputs} - {None, index}
+            home = min(reads) if reads else index
+            if _short(op.device) != _short(devices[home]):
+                role = ("the gradient it passes back, through its weights"
+                        if home != index else "its weights' gradients")
+                return (f"part {home}'s backward pass ({op.type}, computing {role}) ran on "
+                        f"{_short(op.device) or 'no device (the default one)'}, expected "
+                        f"{_short(devices[home])}, where its weights live")
+        later |= _ancestors(mine)
+    for output, index in zip(grads, expected_part, strict=True):
+        stack, seen, made = [output.op], set(), 0
+        while stack:
+            op = stack.pop()
+            if op.name in seen or op.type in _INPUTS:
+                continue
+            seen.add(op.name)
+            if op.type in _ACCUMULATING:
+                stack.extend(t.op for t in op.inputs)
+            else:
+                made += 1  # an op that makes (a share of) the gradient
+        if made < micro_batches:
+            return (f"a gradient of part {index}'s weights was made by {made} backward "
+                    f"op(s) for {micro_batches} micro-batches: one backward served several "
+                    "micro-batches (one batch made of them all?), not one per micro-batch")
+    return None
