@@ -230,6 +230,14 @@ def shuffle_then_shard(features, labels, size, num_workers):
         return data.shard(num_workers, worker).repeat().batch(size)
     return dataset_fn
 
+def two_passes_said_infinite(features, labels, size, num_workers):
+    def dataset_fn():  # runs dry mid-job: the error is the answer's, not the check's cluster
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
+        data = data.shuffle(len(features)).repeat(2).batch(size, drop_remainder=True)
+        return data.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    return dataset_fn
+
 for name, fn in [("right", make()), ("stub", stub),
                  ("lesson_order", make(order="shuffle batch repeat")),
                  ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
@@ -240,7 +248,8 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("shuffle_2", make(buffer=2)), ("shuffle_a_batch", make(buffer="batch")),
                  ("shuffle_half_a_share", make(buffer="half")),
                  ("shuffle_then_shard", shuffle_then_shard),
-                 ("notebook_num_workers", notebook_num_workers)]:
+                 ("notebook_num_workers", notebook_num_workers),
+                 ("two_passes_said_infinite", two_passes_said_infinite)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -345,6 +354,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "shuffle_half_a_share"): "too small",
         ("DATASET", "shuffle_then_shard"): "same examples",
         ("DATASET", "notebook_num_workers"): "which number of workers",
+        ("DATASET", "two_passes_said_infinite"): "never run dry",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",

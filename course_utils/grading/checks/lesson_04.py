@@ -212,9 +212,10 @@ def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier:
     except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as error:
         return None, None, error
     except tf.errors.OpError as error:
-        if "GRPC error" not in str(error):
-            raise
-        return None, None, TimeoutError(f"gRPC failed between the check's tasks: {error}")
+        if "GRPC error" in str(error) and isinstance(
+                error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
+            return None, None, TimeoutError(f"gRPC failed between the check's tasks: {error}")
+        return None, None, error  # the answer's own dataset failed on a worker
     fetched = [remote.fetch() for remote in remotes]
     if not all(bool(has_value) for _, _, _, has_value, _ in fetched):
         return None, None, tf.errors.OutOfRangeError(None, None, "End of sequence")
@@ -302,6 +303,14 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                     return (f"{str(error)[:300]} (twice: a failure of the check's cluster, "
                             "not of your answer; run the check again)")
                 return _overloaded(barrier)
+            if error is not None and not isinstance(
+                    error, (tf.errors.OutOfRangeError, tf.errors.CancelledError)) and (
+                    "expected to contain an infinite" not in str(error)):
+                said = [line.strip() for line in str(error).splitlines() if line.strip()
+                        and not line.strip().startswith(("Graph execution", "Detected at",
+                                                         "File ", "[["))]
+                return (f"a worker's dataset failed: {type(error).__name__}: "
+                        f"{(said or [''])[0][:200]}")
             if error is not None:
                 return (f"the job ended early with {type(error).__name__}: a worker's dataset "
                         f"ran out before {num_steps} steps; a parameter-server dataset must "
