@@ -56,6 +56,9 @@ def _clipped(gradients, clip_norm, how):
     if how == "squares":  # the norm from the parts' squared norms, summed
         norm = tf.sqrt(context.all_reduce(SUM, tf.linalg.global_norm(gradients) ** 2))
         return [g * tf.minimum(1.0, clip_norm / norm) for g in gradients]
+    if how == "normalised":  # always scaled to clip_norm: no min(1, ...), never left as it is
+        total = context.all_reduce(SUM, gradients)
+        return [g * (clip_norm / tf.linalg.global_norm(total)) for g in gradients]
     if how == "per tensor":  # clip_by_norm of each variable's global gradient, divided back
         total = context.all_reduce(SUM, gradients)
         replicas = context.num_replicas_in_sync
@@ -427,6 +430,8 @@ STEP_CATALOGUE = {
                                                UPDATE_DIFFERED),
     "each tensor clipped by its own norm": (_train_step(compute_loss, how="per tensor"),
                                             UPDATE_DIFFERED),
+    "normalised to clip_norm, not clipped": (_train_step(compute_loss, how="normalised"),
+                                             "case 2 .*step 1's norm"),
     "the batch gathered, trained across replicas": (_gathered_on_one_device,
                                                     "outside any replica"),
     "compute_loss not written yet": (_train_step(stub), "write compute_loss first"),

@@ -131,8 +131,8 @@ def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip
             if worst > 1e-5:
                 return (f"after step {step} (a batch of {batch_sizes[step - 1]} examples) the "
                         f"weights differ from one device's by up to {worst:.3g}: on one device "
-                        f"that step's gradient had a global norm of {norms[step - 1]:.4g}, "
-                        f"clipped to {clip_norm:.4g}. Which gradient did your step clip, by "
+                        f"that step's gradient had a global norm of {norms[step - 1]:.4g} "
+                        f"(clip_norm {clip_norm:.4g}). Which gradient did your step clip, by "
                         "which norm, and which did the optimizer apply?")
         return None
 

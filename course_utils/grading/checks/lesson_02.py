@@ -160,17 +160,21 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
     dataset = tf.data.Dataset.from_tensor_slices((x[:size], y[:size], w)).batch(global_batch)
     clip_norm = clipped_step.clip_norm_for(dataset, model)
     batch_sizes = [min(global_batch, size - start) for start in range(0, size, global_batch)]
-    verify = clipped_step.verifier(dataset, initial, features, classes, clip_norm, replicas,
-                                   batch_sizes)
 
-    def run_learner(strategy_arg: Any) -> Any:
+    def run_learner(strategy_arg: Any, clip: float) -> Any:
         return clipped_step.learner_run(fn, strategy_arg, dataset, initial, features, classes,
-                                        clip_norm)
+                                        clip)
 
-    case = Case(args=(strategy,), verify=verify,
-                label=f"({len(batch_sizes)} steps on {replicas} replicas, weighted batches "
-                      f"of {batch_sizes} examples, clip_norm={clip_norm:.3g})")
-    return run_check("distributed_train_step", run_learner, [case],
+    # the clip binds at step 1; then a clip that binds on no step (the gradient stays as it
+    # is: an answer that always rescales to clip_norm fails there)
+    notes = {clip_norm: "binds at step 1", 64 * clip_norm: "32× step 1's norm"}
+    cases = [Case(args=(strategy, clip), label=f"({len(batch_sizes)} steps on {replicas} "
+                  f"replicas, weighted batches of {batch_sizes} examples, clip_norm={clip:.3g}"
+                  f": {note})", verify=clipped_step.verifier(dataset, initial, features,
+                                                              classes, clip, replicas,
+                                                              batch_sizes))
+             for clip, note in notes.items()]
+    return run_check("distributed_train_step", run_learner, cases,
                      hint="lesson 02, section 4 (which gradient each replica holds, and where "
                           "apply_gradients sums them) and section 6 (the replicas' gradients "
                           "all-reduced by hand). Which gradient's norm does one device clip?")
