@@ -313,7 +313,7 @@ def cached_pipeline(records, decode, augment, batch_size, shuffle_buffer):
 
 def test_reference_cached_pipeline_passes(capsys):
     assert cu.grading.check_cached_pipeline(cached_pipeline)
-    assert "✅ cached_pipeline: 1 case passed" in capsys.readouterr().out
+    assert "✅ cached_pipeline: 2 cases passed" in capsys.readouterr().out
 
 
 def _given(records, decode, augment, b, buffer):  # the broken version: cached at the end
@@ -351,6 +351,14 @@ def _small_buffer(records, decode, augment, b, buffer):  # the buffer given igno
 
 def _half_buffer(records, decode, augment, b, buffer):  # "half is plenty"
     return records.map(decode).cache().shuffle(buffer // 2).map(augment).batch(b)
+
+
+def _huge_buffer(records, decode, augment, b, buffer):  # "bigger is safer": buffer ignored
+    return records.map(decode).cache().shuffle(10**6).map(augment).batch(b)
+
+
+def _double_buffer(records, decode, augment, b, buffer):
+    return records.map(decode).cache().shuffle(2 * buffer).map(augment).batch(b)
 
 
 def _last_batch_dropped(records, decode, augment, b, buffer):
@@ -399,6 +407,8 @@ def _memo_beside_a_decoy_cache(records, decode, augment, b, buffer):  # a cache 
     (_last_batch_dropped, "batch sizes differ"),
     (_small_buffer, r"no record came more than \d+ places .* in 4 epochs"),
     (_half_buffer, r"brings some \d+ or more; the buffer given was \d+"),
+    (_huge_buffer, "case 2 .*is the buffer the one given"),
+    (_double_buffer, "case 2 .*is the buffer the one given"),
 ])
 def test_cached_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):

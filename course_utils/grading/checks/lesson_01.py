@@ -13,7 +13,8 @@
 * ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted,
   and a tf.data cache in the pipeline's graph: a decode memoised in Python is no cache),
   augmentation and order that change every epoch (a cache after the shuffle freezes it), every
-  record once per epoch, and a shuffle as wide as the buffer given (a record count/2 early).
+  record once per epoch, and a shuffle as wide as the buffer given (all records: one count/2
+  early; a smaller buffer b, second case: none b places early).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
   ``map`` – an image stored as its raw bytes (decoded, reshaped, scaled to [0, 1]: the lesson
   parsed a float list), a label and a weight that some records lack (default 1.0).
@@ -305,18 +306,9 @@ def check_shuffled_batches(fn: Any) -> bool:
 # --- Exercise 3 · cache before augmenting -------------------------------------------------------
 
 
-@register
-def check_cached_pipeline(fn: Any) -> bool:
-    """Check ``cached_pipeline(records, decode, augment, batch_size, shuffle_buffer)``: every
-    record decoded once over two epochs, augmentation and order that change every epoch (the
-    cache freezes neither the augmentation nor the shuffle), right elements and batches."""
-    tf = _tf()
-    rng = fresh_rng()
-    batch_size = rng.choice([4, 5, 8])
-    count = rng.randint(5, 8) * batch_size + rng.randint(1, batch_size - 1)
-    calls: dict[str, Any] = {"decode": 0}
-    decode, augment = _counted_stages(calls, rng.randint(0, 2**31 - 1))
-
+def _cached_verifier(count: int, batch_size: int, buffer: int,
+                     calls: dict[str, Any]) -> Callable[[Any], str | None]:
+    """``verify`` of exercise 3 for ``range(count)`` shuffled with ``buffer``."""
     def verify(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
@@ -359,19 +351,39 @@ def check_cached_pipeline(fn: Any) -> bool:
         # early with P = k^(count-k) k!/count! < 0.8 % (count >= 21); in 4 epochs: < 1e-8.
         orders += [(np.concatenate(_batches(dataset)) // 10).astype(int).tolist() for _ in range(2)]
         jumps = [max(record - place for place, record in enumerate(order)) for order in orders]
-        if max(jumps) < count // 2:
+        if buffer < count and max(jumps) > buffer - 1:
+            return (f"a record came {max(jumps)} places before its stored place; a shuffle "
+                    f"buffer of {buffer} records brings none {buffer} or more places early: "
+                    "is the buffer the one given?")
+        if buffer == count and max(jumps) < count // 2:
             return (f"no record came more than {max(jumps)} places before its stored place "
                     f"in {len(orders)} epochs; a shuffle over all {count} records brings some "
                     f"{count // 2} or more; the buffer given was {count}")
         return None
 
-    case = Case(args=(tf.data.Dataset.range(count), decode, augment, batch_size, count),
-                label=f"(range({count}), decode, augment, {batch_size}, "
-                      f"shuffle_buffer={count})", verify=verify)
-    return run_check(
-        "cached_pipeline", fn, [case],
-        hint="which steps give the same result every epoch, which are random, and where "
-             "does the cache sit between them? Lesson 01, section 5.")
+    return verify
+
+
+@register
+def check_cached_pipeline(fn: Any) -> bool:
+    """Check ``cached_pipeline(records, decode, augment, batch_size, shuffle_buffer)``: every
+    record decoded once over two epochs, augmentation and order that change every epoch (the
+    cache freezes neither the augmentation nor the shuffle), right elements and batches."""
+    tf = _tf()
+    rng = fresh_rng()
+    batch_size = rng.choice([4, 5, 8])
+    cases = []
+    for small in (False, True):  # a buffer of every record, then a smaller one
+        count = rng.randint(5, 8) * batch_size + rng.randint(1, batch_size - 1)
+        buffer = rng.randint(3, count // 4) if small else count
+        calls: dict[str, Any] = {"decode": 0}
+        decode, augment = _counted_stages(calls, rng.randint(0, 2**31 - 1))
+        args = (tf.data.Dataset.range(count), decode, augment, batch_size, buffer)
+        cases.append(Case(args=args, verify=_cached_verifier(count, batch_size, buffer, calls),
+                          label=f"(range({count}), decode, augment, {batch_size}, {buffer})"))
+    return run_check("cached_pipeline", fn, cases,
+                     hint="which steps give the same result every epoch, which are random, "
+                          "and where does the cache sit between them? Lesson 01, section 5.")
 
 
 # --- Exercise 4 · parse TFRecords you did not write ---------------------------------------------
