@@ -556,6 +556,16 @@ def mirrored_accumulation(strategy, model, optimizer, loss_object, micro_batches
         step(tuple(next(iterator) for _ in range(min(accumulation_steps, total - start))))
 
 
+def _run_in_groups(strategy, replica_step, micro_batches, steps):
+    """``replica_step`` on every replica, once per group of ``steps`` micro-batches (the last
+    group shorter): the loop the wrong answers below share."""
+    total = int(micro_batches.cardinality())
+    iterator = iter(strategy.experimental_distribute_dataset(micro_batches))
+    step = _tf().function(lambda group: strategy.run(replica_step, args=group))
+    for start in range(0, total, steps):
+        step(tuple(next(iterator) for _ in range(min(steps, total - start))))
+
+
 @pytest.mark.solution_passes
 def test_reference_mirrored_accumulation_passes(capsys):
     assert cu.grading.check_train_mirrored_with_accumulation(mirrored_accumulation)
@@ -737,11 +747,7 @@ def test_no_accumulation_or_one_tape_over_the_group_runs_out_of_memory():
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
                                           model.trainable_variables, strict=True))
 
-        total = int(micro_batches.cardinality())
-        iterator = iter(strategy.experimental_distribute_dataset(micro_batches))
-        step = tf.function(lambda g: strategy.run(replica_step, args=g))
-        for start in range(0, total, steps):
-            step(tuple(next(iterator) for _ in range(min(steps, total - start))))
+        _run_in_groups(strategy, replica_step, micro_batches, steps)
 
     def persistent_tape(strategy, model, optimizer, loss_object, micro_batches, steps,
                         batch):
@@ -758,11 +764,7 @@ def test_no_accumulation_or_one_tape_over_the_group_runs_out_of_memory():
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
                                           model.trainable_variables, strict=True))
 
-        total = int(micro_batches.cardinality())
-        iterator = iter(strategy.experimental_distribute_dataset(micro_batches))
-        step = tf.function(lambda g: strategy.run(replica_step, args=g))
-        for start in range(0, total, steps):
-            step(tuple(next(iterator) for _ in range(min(steps, total - start))))
+        _run_in_groups(strategy, replica_step, micro_batches, steps)
 
     for wrong, says in ((whole_group, "out of memory"), (one_tape, "out of memory"),
                         (persistent_tape, "back-propagated twice")):
