@@ -11,7 +11,9 @@ Each model is a Keras MLP trained by a custom ``tf.function`` step (lesson 08's
 ``jit_compile`` (off, on); on a GPU also float32 with TensorFloat-32 off (TensorFlow turns TF32 on
 by default, so plain "float32" on an Ampere or later GPU already uses the tensor cores). Every
 step is traced and called ``--warmup`` times first (the first call, which traces and compiles,
-is never timed), then the variants are timed in interleaved rounds and the median counts.
+is never timed), then the variants are timed in interleaved rounds and the median counts; a
+variant more than ``SLOW_RATIO`` times slower than the fastest is timed by one call instead
+(``timed_rounds`` 1 in the result).
 
 The result is written to ``benchmarks/reference/mixed_precision_<hardware>.json`` (committed:
 lesson 08 shows the file that matches the learner's hardware) and names the machine: CPU model
@@ -40,6 +42,9 @@ MODELS = {
     "MLP 512-2048-2048-10, batch 1024": (512, (2048, 2048), 10, 1024),
 }
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+#: A variant more than this many times slower than the fastest is timed by one call after its
+#: warm-up, not in the rounds (``course_utils.bench.time_interleaved``'s ``slow_ratio``).
+SLOW_RATIO = 20
 
 
 def onednn_as_tensorflow_reports_it() -> dict:
@@ -131,12 +136,14 @@ def measure(sizes: tuple, rounds: int, calls: int, warmup: int, gpu: bool) -> li
             for tf32 in tf32_choices:
                 variants[(policy, jit, tf32)] = with_tf32(make_step(policy, sizes, jit), tf32)
     timings = bench.time_interleaved({str(k): fn for k, fn in variants.items()}, repeats=rounds,
-                                     warmup=warmup, calls_per_repeat=calls)
+                                     warmup=warmup, calls_per_repeat=calls,
+                                     slow_ratio=SLOW_RATIO)
     baseline_key = str(("float32", False, False if gpu else True))
     baseline = timings[baseline_key].median
     return [{"policy": policy, "jit_compile": jit, "tf32": tf32 if gpu else None,
              "ms_per_step": round(timings[str(key)].median * 1e3, 3),
-             "speedup": round(baseline / timings[str(key)].median, 3)}
+             "speedup": round(baseline / timings[str(key)].median, 3),
+             "timed_rounds": len(timings[str(key)].times)}
             for key in variants for policy, jit, tf32 in [key]]
 
 

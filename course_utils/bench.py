@@ -219,7 +219,7 @@ def write_results(results: Mapping[str, Any], path: str | os.PathLike) -> pathli
 
 def time_interleaved(
     fns: Mapping[str, Callable[[], Any]], repeats: int = 5, warmup: int = 1,
-    calls_per_repeat: int = 1,
+    calls_per_repeat: int = 1, slow_ratio: float | None = None,
 ) -> dict[str, Timing]:
     """Seconds per call of each function, timed in turns (a b c, b c a, c a b, ...).
 
@@ -227,17 +227,31 @@ def time_interleaved(
     over every function, and each turn starts with the next function so that none always goes
     first: compare the medians. Each function is called ``warmup`` times first; each of the
     ``repeats`` times is the mean of ``calls_per_repeat`` calls. Tensor results are waited for.
+
+    ``slow_ratio``: after the warm-up, each function is called once more, timed; one slower
+    than ``slow_ratio`` times the fastest of those calls is timed by that call alone (its
+    ``Timing`` holds one time) and left out of the turns, so that a pathological variant
+    costs one call, not ``repeats * calls_per_repeat``. Keep the ratio far above the noise
+    (say 20 or more): such a difference needs no median to be seen.
     """
     if repeats < 1 or calls_per_repeat < 1:
         raise ValueError(f"repeats and calls_per_repeat must be at least 1, got {repeats} "
                          f"and {calls_per_repeat}")
     if not fns:
         raise ValueError("nothing to time")
+    if slow_ratio is not None and slow_ratio <= 1:
+        raise ValueError(f"slow_ratio must be above 1, got {slow_ratio}")
     for fn in fns.values():
         for _ in range(warmup):
             _block(fn())
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
+    alone: dict[str, Timing] = {}
+    if slow_ratio is not None:
+        first = {name: _seconds_of_one_call(fn) for name, fn in fns.items()}
+        fastest = min(first.values())
+        alone = {name: Timing((seconds,)) for name, seconds in first.items()
+                 if seconds > slow_ratio * fastest}
+    names = [name for name in fns if name not in alone]
+    times: dict[str, list[float]] = {name: [] for name in names}
     for turn in range(repeats):
         shift = turn % len(names)
         for name in names[shift:] + names[:shift]:
@@ -245,7 +259,15 @@ def time_interleaved(
             for _ in range(calls_per_repeat):
                 _block(fns[name]())
             times[name].append((time.perf_counter() - start) / calls_per_repeat)
-    return {name: Timing(tuple(values)) for name, values in times.items()}
+    return {name: alone[name] if name in alone else Timing(tuple(times[name]))
+            for name in fns}
+
+
+def _seconds_of_one_call(fn: Callable[[], Any]) -> float:
+    """Seconds of one call of ``fn``, its tensor results waited for."""
+    start = time.perf_counter()
+    _block(fn())
+    return time.perf_counter() - start
 
 
 def compare_throughput(

@@ -24,6 +24,23 @@ def test_time_interleaved_tells_a_slow_function_from_a_fast_one():
     assert timings["slow"].best >= 0.025 > timings["fast"].best
 
 
+def test_a_function_far_slower_than_the_fastest_is_timed_once_and_left_out_of_the_turns():
+    calls = []
+
+    def record(name, seconds):
+        return lambda: (calls.append(name), time.sleep(seconds))
+
+    timings = bench.time_interleaved({"a": record("a", 0.002), "b": record("b", 0.002),
+                                      "slow": record("slow", 0.2)},
+                                     repeats=3, warmup=1, slow_ratio=20)
+    assert calls.count("slow") == 2 and calls.count("a") == calls.count("b") == 5
+    assert calls[:6] == ["a", "b", "slow"] * 2  # warm-up, then one timed call each
+    assert len(timings["slow"].times) == 1 and timings["slow"].best >= 0.2
+    assert len(timings["a"].times) == len(timings["b"].times) == 3
+    with pytest.raises(ValueError, match="slow_ratio"):
+        bench.time_interleaved({"a": lambda: None}, slow_ratio=1)
+
+
 def test_time_interleaved_rejects_nothing_to_time():
     with pytest.raises(ValueError):
         bench.time_interleaved({}, repeats=2)

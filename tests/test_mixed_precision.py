@@ -222,6 +222,10 @@ def test_benchmark_rows_give_one_row_per_model_and_variant():
     rows = mp.benchmark_rows(_payload("AMD EPYC"))
     assert [(r["policy"], r["XLA (jit_compile)"], r["TF32"], r["speed-up"]) for r in rows] == [
         ("float32", False, "-", 1.0), ("mixed_float16", True, "-", 0.5)]
+    payload = _payload("AMD EPYC")
+    payload["method"] = {"rounds": 5}
+    payload["results"]["MLP"][1]["timed_rounds"] = 1  # a variant timed once, outside the rounds
+    assert [r["timed rounds"] for r in mp.benchmark_rows(payload)] == [5, 1]
 
 
 def test_benchmark_caption_names_the_machine_and_the_baseline():
