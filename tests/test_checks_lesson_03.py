@@ -277,6 +277,15 @@ def _keywords_of_the_whole_job(logs):
     return cause, next((w for w, log in enumerate(logs) if "Error" not in log), 0)
 
 
+def _nothing_trained_means_never_started(logs):
+    """Every job that failed before its first step read as a worker that never started (the
+    culprit: the log without 'joining the cluster'): a crash before joining is missed."""
+    if not any(re.search(r"^step \d", log, re.MULTILINE) for log in logs):
+        return "never_started", next(
+            (w for w, log in enumerate(logs) if "joining the cluster" not in log), 0)
+    return diagnose(logs)
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -291,6 +300,9 @@ DIAGNOSIS_CATALOGUE = {
     "the answer read from the checker's frames": (_from_the_frames, "the cause is|at fault"),
     "the answer found on the heap (gc)": (_from_the_heap, "the cause is|at fault"),
     "the last worker blamed": (_last_worker_blamed, r"the worker at fault is \d, you said \d"),
+    "a crash before joining read as never started": (_nothing_trained_means_never_started,
+                                                     "the cause is 'crashed', you said "
+                                                     "'never_started'"),
     "keywords of the whole job": (_keywords_of_the_whole_job,
                                   r"the cause is '\w+', you said|the worker at fault is \d,"),
 }
@@ -311,6 +323,15 @@ def test_every_check_of_diagnose_meets_each_reason_a_killed_peer_gives():
                                               ("heartbeats", "stopped sending heartbeats"))
                  if case.expected[0] == "killed" and any(text in log for log in case.args[0])}
     assert seen == set(worker_logs.KILLED_REASONS)
+
+
+def test_every_check_of_diagnose_meets_a_crash_before_joining_and_one_while_training():
+    for seed in range(20):
+        crashes = [case.args[0] for case in lesson_03._diagnosis_cases(random.Random(seed))
+                   if case.expected[0] == "crashed"]
+        trained = sorted(any(re.search(r"^step \d", log, re.MULTILINE) for log in logs)
+                         for logs in crashes)
+        assert trained == [False, True]
 
 
 @pytest.mark.parametrize("check, args", [("train_worker", (stub,)), ("diagnose", (stub,)),

@@ -10,8 +10,9 @@
   reference on the same global batches from the chief's initial weights; the chief alone
   wrote into the checkpoint folder (the other workers saved into temporary folders they
   deleted), and the newest checkpoint holds the optimizer's step count and the final weights.
-* ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed,
-  stalled or never started; a job whose workers each trained alone); the learner's function,
+* ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed
+  before joining and while training, stalled or never started; a job whose workers each
+  trained alone); the learner's function,
   called in a copy of this process forked before the logs are drawn, names the cause and the
   worker at fault.
 * ``check_resume(restore_latest, make_dataset_fn)``: the course's worker script with the
@@ -258,19 +259,24 @@ def check_train_worker(fn: Any) -> bool:
 
 
 def _diagnosis_cases(rng: Any) -> list[Case]:
-    """Fresh jobs: every cause, and a killed worker once with each reason its peers give."""
-    jobs = [(cause, None) for cause in CAUSES if cause != "killed"]
+    """Fresh jobs: every cause, a killed worker once with each reason its peers give, and a
+    crash both before the culprit joined (its peers' logs then end as a never-started worker's
+    do: only the culprit's log tells them apart) and while training."""
+    jobs = [(cause, None) for cause in CAUSES if cause not in ("killed", "crashed")]
     jobs += [("killed", reason) for reason in KILLED_REASONS]
+    jobs += [("crashed", "early"), ("crashed", "late")]
     rng.shuffle(jobs)
     cases = []
-    for cause, reason in jobs:
+    for cause, when in jobs:
+        reason = when if cause == "killed" else None
         workers = rng.randint(2, 4)
         culprit = None if cause == "not_in_cluster" else rng.randrange(workers)
         if reason == "heartbeats":   # worker 0 leads the coordination service: its peers
             culprit = rng.randrange(1, workers)   # report the others' missing heartbeats,
         elif reason == "reset":                   # and see a dropped connection when it dies
             culprit = 0
-        logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason)
+        logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason,
+                            crashed_early=when == "early" if cause == "crashed" else None)
         cases.append(Case(args=(logs,), expected=(cause, culprit),
                           label=f"the logs of a {workers}-worker job"))
     return cases

@@ -108,12 +108,16 @@ def _crash(rng: random.Random) -> list[str]:
 
 
 def failure_logs(cause: str, num_workers: int, culprit: int | None,
-                 rng: random.Random, killed_reason: str | None = None) -> list[str]:
+                 rng: random.Random, killed_reason: str | None = None,
+                 crashed_early: bool | None = None) -> list[str]:
     """The logs of ``num_workers`` workers after ``cause``, started by worker ``culprit``.
 
     ``culprit`` is the worker at fault (None for ``"not_in_cluster"``, where every worker is).
     ``killed_reason`` (one of :data:`KILLED_REASONS`) gives every survivor of a killed or
-    crashed peer that reason; by default each survivor draws its own.
+    crashed peer that reason; by default each survivor draws its own. ``crashed_early`` (for
+    ``"crashed"``): the culprit crashed before it joined the cluster (its peers wait, their
+    logs end at ``joining the cluster``, as in ``"never_started"``) or while training; by
+    default drawn.
     """
     if killed_reason is not None and killed_reason not in KILLED_REASONS:
         raise ValueError(f"killed_reason must be one of {KILLED_REASONS}, got {killed_reason!r}")
@@ -132,7 +136,9 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
         raise ValueError(f"culprit {culprit!r} does not fit {cause!r} with {num_workers} workers")
     ports = rng.sample(range(20000, 60000), num_workers)
     last = rng.randint(3, 12)
-    early = cause == "crashed" and rng.random() < 0.5   # crashed before joining: the rest wait
+    if crashed_early is None:
+        crashed_early = rng.random() < 0.5
+    early = cause == "crashed" and crashed_early   # crashed before joining: the rest wait
     logs = []
     for worker in range(num_workers):
         lines = [*_noise(rng), "joining the cluster"]
