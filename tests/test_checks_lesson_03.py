@@ -565,6 +565,15 @@ def count_by_load_variable(checkpoint, checkpoint_dir, examples_done):
     return int(tf.train.load_variable(latest, key))
 
 
+def restores_the_model_only(checkpoint, checkpoint_dir, examples_done):
+    """The model and the count restored, the optimizer (its step count, its momentum) not."""
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    if latest:
+        tf.train.Checkpoint(model=checkpoint.model, examples_done=examples_done).restore(
+            latest).expect_partial()
+    return int(examples_done.numpy())
+
+
 def never_skips(x, y, global_batch, examples_done):
     return pipeline_fn(lambda done, context, batch: 0)(x, y, global_batch, examples_done)
 
@@ -590,6 +599,8 @@ RESUME_CATALOGUE = {
         copies_the_checkers_model, make_dataset_fn, "returned 0"),
     "the count read with load_variable, nothing restored": (
         count_by_load_variable, make_dataset_fn, "did not restore the newest model"),
+    "restores the model, not the optimizer": (restores_the_model_only, make_dataset_fn,
+                                              "restored the model but not the optimizer"),
     "never skips": (restore_latest, never_skips, "trained examples it should not"),
     "the lesson's skip, examples for steps": (
         restore_latest, pipeline_fn(lambda done, c, b: done * b // c.num_input_pipelines),

@@ -15,7 +15,9 @@
   trained alone); the learner's function,
   called in a copy of this process forked before the logs are drawn, names the cause and the
   worker at fault.
-* ``check_resume(restore_latest, make_dataset_fn)``: the course's worker script with the
+* ``check_resume(restore_latest, make_dataset_fn)``: in this process, ``restore_latest`` on
+  fresh checkpoints of a model and an SGD optimizer with momentum (both restored, with the
+  count) and ``make_dataset_fn`` on fresh input contexts; then the course's worker script with the
   learner's two functions, killed after a checkpoint and restarted: the second run starts at the
   ``examples_done`` of the chief's newest checkpoint (its name holds only the save count),
   trains every step left exactly once, and ends with the

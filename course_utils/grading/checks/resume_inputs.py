@@ -28,14 +28,26 @@ def max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 def _write_checkpoints(saved: tuple[Any, Any, Any], root: str, rng: Any) -> None:
     """Two checkpoints of fresh weights and counts in ``root``; the newest must win."""
     tf = _tf()
-    model, done, checkpoint = saved
+    model, optimizer, done, checkpoint = saved
     manager = tf.train.CheckpointManager(checkpoint, root, max_to_keep=3)
     for _ in range(2):
-        for variable in model.weights:
+        for variable in [*model.weights, *_optimizer_state(optimizer)]:
             variable.assign(np.random.default_rng(rng.randint(0, 2**31)).normal(
                 size=variable.shape).astype("float32"))
+        optimizer.iterations.assign(int(optimizer.iterations.numpy()) + rng.randint(5, 500))
         done.assign(int(done.numpy()) + rng.randint(50, 5000))
         manager.save()             # numbered 1, 2: the name does not say examples_done
+
+
+def _optimizer_state(optimizer: Any) -> list[Any]:
+    """The optimizer's slots (its momentum per weight), not its step count or learning rate."""
+    return [v for v in optimizer.variables
+            if v.path.split("/")[-1] not in ("iteration", "iterations", "learning_rate")]
+
+
+def _state(optimizer: Any) -> list[np.ndarray]:
+    return [np.asarray(optimizer.iterations.numpy()),
+            *(np.asarray(v.numpy()) for v in _optimizer_state(optimizer))]
 
 
 def restore_problem(restore_latest: Any, rng: Any) -> str | None:
@@ -45,31 +57,39 @@ def restore_problem(restore_latest: Any, rng: Any) -> str | None:
 
     features, units = rng.randint(3, 6), rng.randint(2, 5)
 
-    def fresh() -> tuple[Any, Any, Any]:
+    def fresh() -> tuple[Any, Any, Any, Any]:
         model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(units)])
+        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)   # a state that moves the weights
+        optimizer.build(model.trainable_variables)
         done = tf.Variable(0, dtype=tf.int64)
-        return model, done, tf.train.Checkpoint(model=model, examples_done=done)
+        return model, optimizer, done, tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                                           examples_done=done)
 
     with tempfile.TemporaryDirectory(prefix="lesson03_restore_") as root:
         empty = Path(root) / "empty"
         empty.mkdir()
-        model, done, checkpoint = fresh()
+        model, optimizer, done, checkpoint = fresh()
         before = model.get_weights()
         got = restore_latest(checkpoint, str(empty), done)
         if got != 0 or max_difference(model.get_weights(), before) > 0:
             return ("with no checkpoint in checkpoint_dir, return 0 and restore nothing (got "
                     f"{got!r})")
         _write_checkpoints(fresh(), root, rng)
-        model, done, checkpoint = fresh()
+        model, optimizer, done, checkpoint = fresh()
         got = restore_latest(checkpoint, root, done)
         newest = fresh()                       # read back only now: never in reach before
-        newest[2].restore(tf.train.latest_checkpoint(root)).expect_partial()
-        expected = int(newest[1].numpy())
+        newest[3].restore(tf.train.latest_checkpoint(root)).expect_partial()
+        expected = int(newest[2].numpy())
         if not isinstance(got, (int, np.integer)) or int(got) != expected:
             return (f"the newest checkpoint holds examples_done = {expected}; restore_latest "
                     f"returned {got!r}: restore it, then return examples_done")
         if max_difference(model.get_weights(), newest[0].get_weights()) > 1e-7:
             return "restore_latest returned the count but did not restore the newest model"
+        if max_difference(_state(optimizer), _state(newest[1])) > 1e-7:
+            return ("restore_latest restored the model but not the optimizer of the newest "
+                    f"checkpoint (its step count {int(optimizer.iterations.numpy())}, not "
+                    f"{int(newest[1].iterations.numpy())}, or its momentum): restore the whole "
+                    "checkpoint it was given, so that training resumes where it stopped")
     return None
 
 
