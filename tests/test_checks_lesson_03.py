@@ -465,6 +465,10 @@ TRAIN_WORKER_CATALOGUE = {
     "the temporary folder left behind": (
         "                tf.io.gfile.rmtree(write_dir)", "                pass",
         "left its temporary checkpoint folder"),
+    "the temporary folder deleted once, at the end": (
+        "            if not is_chief:\n                tf.io.gfile.rmtree(write_dir)\n    return",
+        "    if not is_chief:\n        tf.io.gfile.rmtree(write_dir)\n    return",
+        "temporary checkpoint folder of an earlier save was still there"),
     "no save after the last step": (
         "if step % save_every == 0 or step == steps:", "if step % save_every == 0:",
         "saved after steps"),

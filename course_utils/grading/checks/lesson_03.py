@@ -9,7 +9,8 @@
   ``save_every`` steps and the last; all finish with equal weights, equal to a one-device
   reference on the same global batches from the chief's initial weights; the chief alone
   wrote into the checkpoint folder (the other workers saved into temporary folders they
-  deleted), and the newest checkpoint holds the optimizer's step count and the final weights.
+  deleted after each save: none is left when the next save starts), and the newest
+  checkpoint holds the optimizer's step count and the final weights.
 * ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed
   before joining and while training, stalled or never started; a job whose workers each
   trained alone); the learner's function,
@@ -196,6 +197,11 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
                     f"{worker} {len(other)} times); the others save into a temporary folder")
         if any(os.path.realpath(d).startswith(shared) for d in other):
             return f"worker {worker} wrote into checkpoint_dir: only the chief may write there"
+        for left, after in zip(audit["left"], audit["saved_after"], strict=True):
+            if left:
+                return (f"worker {worker}'s temporary checkpoint folder of an earlier save was "
+                        f"still there when it saved after step {after}: delete it after each "
+                        "save, not once at the end")
         if any(os.path.exists(d) for d in other):
             return (f"worker {worker} left its temporary checkpoint folder behind: delete it "
                     "after each save")

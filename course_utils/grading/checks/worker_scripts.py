@@ -35,7 +35,7 @@ LEARNING_RATE = 0.1
 #: equal; it records the strategy it was built under and its replica count; a weightless layer
 #: records, in each backward pass, the examples it carried and the replica context it ran in)
 #: and an audit of ``CheckpointManager.save`` (where each worker saved, after how many backward
-#: passes), read back by the check.
+#: passes, which folders of its earlier saves were still there), read back by the check.
 SETUP = '''"""An exercise worker of lesson 03: the check's set-up, then your code."""
 import argparse, json, os, tempfile, time
 import keras
@@ -100,11 +100,14 @@ def build_model():
     return model
 
 
-_built, _saves, _saved_after, _rows, _contexts = [], [], [], [], []
+_built, _saves, _saved_after, _rows, _contexts, _left = [], [], [], [], [], []
 _manager_save = tf.train.CheckpointManager.save
 
 
 def _audited_save(self, *args, **kwargs):
+    # the folders of this worker's earlier saves still there now (a temporary one must go
+    # after each save, not once at the end)
+    _left.append(sorted({d for d in _saves if os.path.exists(d)}))
     _saves.append(os.path.abspath(str(self.directory)))
     _saved_after.append(len(_rows))                          # backward passes so far
     return _manager_save(self, *args, **kwargs)
@@ -120,7 +123,7 @@ _weights = train_worker(build_model, LEARNING_RATE, _args.data, _args.checkpoint
 np.savez(os.path.join(_args.out, f"weights-{_task}.npz"), *_weights)
 with open(os.path.join(_args.out, f"audit-{_task}.json"), "w") as _file:
     json.dump({"saves": _saves, "built": _built, "saved_after": _saved_after,
-               "rows": _rows, "contexts": _contexts}, _file)
+               "rows": _rows, "contexts": _contexts, "left": _left}, _file)
 print("done", flush=True)
 '''
 
