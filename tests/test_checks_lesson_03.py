@@ -459,6 +459,13 @@ TRAIN_WORKER_CATALOGUE = {
     "every worker reads everything": (
         "dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)",
         "pass", "differ from one device"),
+    "every worker batches the global batch and slices its rows": (
+        "        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)\n"
+        "        return dataset.batch(batch, drop_remainder=True)",
+        "        own = context.input_pipeline_id * batch\n"
+        "        dataset = dataset.batch(global_batch, drop_remainder=True)\n"
+        "        return dataset.map(lambda f, l: (f[own:own + batch], l[own:own + batch]))",
+        "batched \\[\\d+\\] examples at a time"),
     "every worker writes into checkpoint_dir": (
         "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
         "worker 1 wrote into checkpoint_dir|the job failed"),

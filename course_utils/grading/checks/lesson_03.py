@@ -170,6 +170,12 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
                     f"should train this worker on its own {share} of the "
                     f"{job['global_batch']} examples of the global batch (InputContext; the "
                     "replicas in sync, not a number of workers you assume)")
+    for worker, audit in enumerate(audits):
+        if any(size < 0 or size > share for size in audit["batches"]):
+            return (f"worker {worker} of {workers} batched {audit['batches'][:4]} examples at "
+                    f"a time: its pipeline should read only its own {share} of each global "
+                    f"batch of {job['global_batch']} (shard the data by the InputContext, "
+                    "batch the per-replica size), not the whole batch to slice its rows")
     due = [*range(job["save_every"], job["steps"] + 1, job["save_every"]), job["steps"]]
     for worker, audit in enumerate(audits):
         if audit["saved_after"] != due:

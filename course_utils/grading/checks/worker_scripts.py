@@ -35,7 +35,8 @@ LEARNING_RATE = 0.1
 #: equal; it records the strategy it was built under and its replica count; a weightless layer
 #: records, in each backward pass, the examples it carried and the replica context it ran in)
 #: and an audit of ``CheckpointManager.save`` (where each worker saved, after how many backward
-#: passes, which folders of its earlier saves were still there), read back by the check.
+#: passes, which folders of its earlier saves were still there) and of ``tf.data.Dataset.batch``
+#: (the batch sizes its pipelines made), read back by the check.
 SETUP = '''"""An exercise worker of lesson 03: the check's set-up, then your code."""
 import argparse, json, os, tempfile, time
 import keras
@@ -100,7 +101,7 @@ def build_model():
     return model
 
 
-_built, _saves, _saved_after, _rows, _contexts, _left = [], [], [], [], [], []
+_built, _saves, _saved_after, _rows, _contexts, _left, _batches = [], [], [], [], [], [], []
 _manager_save = tf.train.CheckpointManager.save
 
 
@@ -114,6 +115,17 @@ def _audited_save(self, *args, **kwargs):
 
 
 tf.train.CheckpointManager.save = _audited_save
+_dataset_batch = tf.data.Dataset.batch
+
+
+def _audited_batch(self, batch_size, *args, **kwargs):
+    """Records the size of every batch a pipeline of this worker makes (its share, not more)."""
+    size = tf.get_static_value(batch_size)
+    _batches.append(int(size) if size is not None else -1)
+    return _dataset_batch(self, batch_size, *args, **kwargs)
+
+
+tf.data.Dataset.batch = _audited_batch
 '''
 
 _TRAIN_WORKER_CALL = '''
@@ -123,7 +135,8 @@ _weights = train_worker(build_model, LEARNING_RATE, _args.data, _args.checkpoint
 np.savez(os.path.join(_args.out, f"weights-{_task}.npz"), *_weights)
 with open(os.path.join(_args.out, f"audit-{_task}.json"), "w") as _file:
     json.dump({"saves": _saves, "built": _built, "saved_after": _saved_after,
-               "rows": _rows, "contexts": _contexts, "left": _left}, _file)
+               "rows": _rows, "contexts": _contexts, "left": _left, "batches": _batches},
+              _file)
 print("done", flush=True)
 '''
 
