@@ -464,7 +464,7 @@ TRAIN_WORKER_CATALOGUE = {
         "        return dataset.batch(batch, drop_remainder=True)",
         "        own = context.input_pipeline_id * batch\n"
         "        dataset = dataset.batch(global_batch, drop_remainder=True)\n"
-        "        return dataset.map(lambda f, l: (f[own:own + batch], l[own:own + batch]))",
+        "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
         "batched \\[\\d+\\] examples at a time"),
     "every worker writes into checkpoint_dir": (
         "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
@@ -598,6 +598,20 @@ def reads_everything(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def whole_batches_sliced(x, y, global_batch, examples_done):
+    """Every pipeline reads whole global batches and keeps its own rows: the right rows."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        dataset = dataset.batch(global_batch).map(
+            lambda f, t: (f[own:own + rows], t[own:own + rows]))
+        return dataset.unbatch().batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 RESUME_CATALOGUE = {
     "restarts from zero": (restarts_from_zero, make_dataset_fn, "returned 0"),
     "returns the count without restoring": (restores_nothing, make_dataset_fn, "returned 0"),
@@ -622,6 +636,8 @@ RESUME_CATALOGUE = {
     "one per-replica batch a step": (
         restore_latest, pipeline_fn(lambda done, c, b: done // b * c.get_per_replica_batch_size(b)),
         "trained examples it should not"),
+    "every pipeline reads whole global batches, keeps its rows": (
+        restore_latest, whole_batches_sliced, r"batched \[\d+, \d+\] examples at a time"),
     "every pipeline reads everything": (restore_latest, reads_everything,
                                         "trained examples it should not"),
 }

@@ -93,6 +93,25 @@ def restore_problem(restore_latest: Any, rng: Any) -> str | None:
     return None
 
 
+def _with_batch_sizes(build: Any) -> tuple[Any, list[int]]:
+    """``build()``'s dataset and the size of every ``tf.data.Dataset.batch`` it made (-1: not
+    known when it was built)."""
+    tf = _tf()
+    sizes: list[int] = []
+    batch = tf.data.Dataset.batch
+
+    def audited_batch(self: Any, batch_size: Any, *args: Any, **kwargs: Any) -> Any:
+        size = tf.get_static_value(batch_size)
+        sizes.append(int(size) if size is not None else -1)
+        return batch(self, batch_size, *args, **kwargs)
+
+    tf.data.Dataset.batch = audited_batch
+    try:
+        return build(), sizes
+    finally:
+        tf.data.Dataset.batch = batch
+
+
 def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
     """Call the learner's ``dataset_fn`` for fresh input contexts; check two steps of data."""
     tf = _tf()
@@ -111,12 +130,18 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
             context = tf.distribute.InputContext(num_input_pipelines=pipelines,
                                                  input_pipeline_id=pipeline,
                                                  num_replicas_in_sync=replicas)
-            batches = list(dataset_fn(context).take(2 * per).as_numpy_iterator())
+            dataset, sizes = _with_batch_sizes(lambda: dataset_fn(context))  # noqa: B023
+            batches = list(dataset.take(2 * per).as_numpy_iterator())
             where = (f"{pipelines} input pipelines feeding {per} replica(s) each, global batch "
                      f"{global_batch}, resumed at example {done}")
             if len(batches) != 2 * per or any(len(b[1]) != replica_batch for b in batches):
                 return (f"{where}: pipeline {pipeline} must give per-replica batches of "
                         f"{replica_batch}, got sizes {[len(b[1]) for b in batches]}")
+            if any(size < 0 or size > replica_batch for size in sizes):
+                return (f"{where}: pipeline {pipeline} batched {sizes[:4]} examples at a time: "
+                        f"each pipeline should read only its own shard of the data, batched "
+                        f"by the per-replica batch of {replica_batch} (skip, then shard), not "
+                        "whole global batches to slice its rows")
             for index, (features, labels) in enumerate(batches):
                 if not np.array_equal(features, x[labels]):
                     return f"{where}: the features no longer match their labels"
