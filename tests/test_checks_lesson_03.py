@@ -471,7 +471,7 @@ TRAIN_WORKER_CATALOGUE = {
         "worker 1 wrote into checkpoint_dir|the job failed"),
     "the temporary folder left behind": (
         "                tf.io.gfile.rmtree(write_dir)", "                pass",
-        "left its temporary checkpoint folder"),
+        "temporary checkpoint folder of an earlier save was still there"),
     "the temporary folder deleted once, at the end": (
         "            if not is_chief:\n                tf.io.gfile.rmtree(write_dir)\n    return",
         "    if not is_chief:\n        tf.io.gfile.rmtree(write_dir)\n    return",
