@@ -476,6 +476,14 @@ TRAIN_WORKER_CATALOGUE = {
         "            if not is_chief:\n                tf.io.gfile.rmtree(write_dir)\n    return",
         "    if not is_chief:\n        tf.io.gfile.rmtree(write_dir)\n    return",
         "temporary checkpoint folder of an earlier save was still there"),
+    "the temporary folder deleted just before the next save": (
+        "            manager.save(checkpoint_number=step)\n            if not is_chief:\n"
+        "                tf.io.gfile.rmtree(write_dir)\n",
+        "            if not is_chief and tf.io.gfile.exists(write_dir):\n"
+        "                tf.io.gfile.rmtree(write_dir)\n"
+        "            manager.save(checkpoint_number=step)\n"
+        "    if not is_chief:\n        tf.io.gfile.rmtree(write_dir)\n",
+        "still there while it trained step"),
     "no save after the last step": (
         "if step % save_every == 0 or step == steps:", "if step % save_every == 0:",
         "saved after steps"),

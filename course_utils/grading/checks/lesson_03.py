@@ -9,7 +9,7 @@
   ``save_every`` steps and the last; all finish with equal weights, equal to a one-device
   reference on the same global batches from the chief's initial weights; the chief alone
   wrote into the checkpoint folder (the other workers saved into temporary folders they
-  deleted after each save: none is left when the next save starts), and the newest
+  deleted after each save: none is left by the next step), and the newest
   checkpoint holds the optimizer's step count and the final weights.
 * ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed
   before joining and while training, stalled or never started; a job whose workers each
@@ -208,6 +208,11 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
                 return (f"worker {worker}'s temporary checkpoint folder of an earlier save was "
                         f"still there when it saved after step {after}: delete it after each "
                         "save, not once at the end")
+        for step, lingering in enumerate(audit["lingering"], start=1):
+            if lingering:
+                return (f"worker {worker}'s temporary checkpoint folder of an earlier save was "
+                        f"still there while it trained step {step}: delete it right after each "
+                        "save")
         if any(os.path.exists(d) for d in other):
             return (f"worker {worker} left its temporary checkpoint folder behind: delete it "
                     "after each save")

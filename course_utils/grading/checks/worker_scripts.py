@@ -35,7 +35,8 @@ LEARNING_RATE = 0.1
 #: equal; it records the strategy it was built under and its replica count; a weightless layer
 #: records, in each backward pass, the examples it carried and the replica context it ran in)
 #: and an audit of ``CheckpointManager.save`` (where each worker saved, after how many backward
-#: passes, which folders of its earlier saves were still there) and of ``tf.data.Dataset.batch``
+#: passes, which folders of its earlier saves were still there then and in each backward pass)
+#: and of ``tf.data.Dataset.batch``
 #: (the batch sizes its pipelines made), read back by the check.
 SETUP = '''"""An exercise worker of lesson 03: the check's set-up, then your code."""
 import argparse, json, os, tempfile, time
@@ -58,6 +59,8 @@ LEARNING_RATE = 0.1
 
 def _count_rows(rows):
     _rows.append(int(rows))
+    # the folders of this worker's earlier saves still there while it trains
+    _lingering.append(sorted({d for d in _saves if os.path.exists(d)}))
     return rows
 
 
@@ -102,6 +105,7 @@ def build_model():
 
 
 _built, _saves, _saved_after, _rows, _contexts, _left, _batches = [], [], [], [], [], [], []
+_lingering = []
 _manager_save = tf.train.CheckpointManager.save
 
 
@@ -135,7 +139,8 @@ _weights = train_worker(build_model, LEARNING_RATE, _args.data, _args.checkpoint
 np.savez(os.path.join(_args.out, f"weights-{_task}.npz"), *_weights)
 with open(os.path.join(_args.out, f"audit-{_task}.json"), "w") as _file:
     json.dump({"saves": _saves, "built": _built, "saved_after": _saved_after,
-               "rows": _rows, "contexts": _contexts, "left": _left, "batches": _batches},
+               "rows": _rows, "contexts": _contexts, "left": _left, "batches": _batches,
+               "lingering": _lingering},
               _file)
 print("done", flush=True)
 '''
