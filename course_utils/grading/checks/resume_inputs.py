@@ -86,10 +86,12 @@ def restore_problem(restore_latest: Any, rng: Any) -> str | None:
         if max_difference(model.get_weights(), newest[0].get_weights()) > 1e-7:
             return "restore_latest returned the count but did not restore the newest model"
         if max_difference(_state(optimizer), _state(newest[1])) > 1e-7:
+            got_steps, saved_steps = (int(o.iterations.numpy()) for o in (optimizer, newest[1]))
+            what = (f"its step count is {got_steps}, not {saved_steps}"
+                    if got_steps != saved_steps else "its momentum differs")
             return ("restore_latest restored the model but not the optimizer of the newest "
-                    f"checkpoint (its step count {int(optimizer.iterations.numpy())}, not "
-                    f"{int(newest[1].iterations.numpy())}, or its momentum): restore the whole "
-                    "checkpoint it was given, so that training resumes where it stopped")
+                    f"checkpoint ({what}): restore the whole checkpoint it was given, so that "
+                    "training resumes where it stopped")
     return None
 
 
