@@ -466,6 +466,13 @@ TRAIN_WORKER_CATALOGUE = {
         "        dataset = dataset.batch(global_batch, drop_remainder=True)\n"
         "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
         "batched \\[\\d+\\] examples at a time"),
+    "the same through padded_batch": (
+        "        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)\n"
+        "        return dataset.batch(batch, drop_remainder=True)",
+        "        own = context.input_pipeline_id * batch\n"
+        "        dataset = dataset.padded_batch(global_batch, drop_remainder=True)\n"
+        "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
+        "batched \\[\\d+\\] examples at a time"),
     "every worker writes into checkpoint_dir": (
         "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
         "worker 1 wrote into checkpoint_dir|the job failed"),
@@ -593,6 +600,62 @@ def restores_the_model_only(checkpoint, checkpoint_dir, examples_done):
     return int(examples_done.numpy())
 
 
+def restore_sorted_names(checkpoint, checkpoint_dir, examples_done):
+    """The newest checkpoint taken as the last name in sorted order (ckpt-10 < ckpt-9)."""
+    import glob
+    import os
+    names = sorted(glob.glob(os.path.join(checkpoint_dir, "ckpt-*.index")))
+    if names:
+        checkpoint.restore(names[-1][:-len(".index")])
+    return int(examples_done.numpy())
+
+
+def skip_then_repeat(x, y, global_batch, examples_done):
+    """Skips examples_done % n in ONE epoch, then repeats: every later epoch starts at the
+    skipped example again (examples 0..d-1 never come back)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        dataset = dataset.skip(examples_done % len(x)).repeat()
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+    return dataset_fn
+
+
+def one_replica_per_pipeline(x, y, global_batch, examples_done):
+    """Per-replica batch taken as global_batch // num_input_pipelines (one replica per
+    worker assumed)."""
+    def dataset_fn(context):
+        batch = global_batch // context.num_input_pipelines
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+    return dataset_fn
+
+
+def padded_whole_batches(x, y, global_batch, examples_done):
+    """Every pipeline reads whole global batches (padded_batch) and keeps its own rows."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        dataset = dataset.padded_batch(global_batch).map(
+            lambda f, t: (f[own:own + rows], t[own:own + rows]))
+        return dataset.unbatch().padded_batch(batch, drop_remainder=True)
+    return dataset_fn
+
+
+def shard_by_replicas(x, y, global_batch, examples_done):
+    """Shards by num_replicas_in_sync (one replica per pipeline assumed)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        dataset = dataset.shard(context.num_replicas_in_sync, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+    return dataset_fn
+
+
 def never_skips(x, y, global_batch, examples_done):
     return pipeline_fn(lambda done, context, batch: 0)(x, y, global_batch, examples_done)
 
@@ -624,9 +687,9 @@ RESUME_CATALOGUE = {
     "restarts from zero": (restarts_from_zero, make_dataset_fn, "returned 0"),
     "returns the count without restoring": (restores_nothing, make_dataset_fn, "returned 0"),
     "reads the count from the file name": (reads_the_file_name, make_dataset_fn,
-                                           "restore_latest returned [12]\\b"),
+                                           "restore_latest returned \\d+\\b"),
     "restores, then reads the count from the file name": (
-        restores_and_reads_the_file_name, make_dataset_fn, "restore_latest returned [12]\\b"),
+        restores_and_reads_the_file_name, make_dataset_fn, "restore_latest returned \\d+\\b"),
     "a constant count": (restores_a_constant, make_dataset_fn, "got 96|returned 96"),
     "the count and model read from the checker's frames": (
         copies_the_checkers_model, make_dataset_fn, "returned 0"),
@@ -634,7 +697,17 @@ RESUME_CATALOGUE = {
         count_by_load_variable, make_dataset_fn, "did not restore the newest model"),
     "restores the model, not the optimizer": (restores_the_model_only, make_dataset_fn,
                                               "restored the model but not the optimizer"),
+    "the newest checkpoint taken as the last name in sorted order": (
+        restore_sorted_names, make_dataset_fn, "holds examples_done"),
     "never skips": (restore_latest, never_skips, "trained examples it should not"),
+    "skip within one epoch, then repeat": (restore_latest, skip_then_repeat,
+                                           "trained examples it should not"),
+    "one replica per pipeline assumed": (restore_latest, one_replica_per_pipeline,
+                                         "per-replica batches of|trained examples"),
+    "sharded by the replicas, not the pipelines": (restore_latest, shard_by_replicas,
+                                                   "trained examples it should not"),
+    "whole global batches through padded_batch": (restore_latest, padded_whole_batches,
+                                                  "batched \\["),
     "the lesson's skip, examples for steps": (
         restore_latest, pipeline_fn(lambda done, c, b: done * b // c.num_input_pipelines),
         "trained examples it should not"),

@@ -258,3 +258,33 @@ def _honest(*args: Any) -> Any:
 def test_an_honest_answer_through_the_same_guard_is_not_refused(exercise):
     said = EXERCISES[exercise](lambda helper: _honest)
     assert said is None or not said.startswith(("your function", "write_report called")), said
+
+
+_READS_ITS_PARENT = """
+import os, sys
+from course_utils.grading.checks.forked_call import ForkedCall
+
+def peek(_):
+    try:
+        with open(f"/proc/{os.getppid()}/mem", "rb"):
+            return "read"
+    except OSError as error:
+        return f"refused: {error.strerror}"
+
+with ForkedCall(peek) as call:
+    print(call(None))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
+                    reason="needs Linux and root, to run the copy as an unprivileged user")
+def test_the_forked_copy_cannot_read_the_checks_memory_as_an_unprivileged_user(repo):
+    """A lesson 03 attacker searched /proc/PPID/mem for the cases' answers; the check's process
+    is not dumpable while its copy lives, so a copy of the same user is refused (root, with
+    CAP_SYS_PTRACE, is not: grading runs notebooks as an unprivileged user)."""
+    run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                          sys.executable, "-c", _READS_ITS_PARENT],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(repo)}, cwd="/tmp")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "refused: Permission denied"

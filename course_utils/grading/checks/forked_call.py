@@ -32,6 +32,23 @@ from typing import Any
 __all__ = ["ForkedCall", "ForkedCallError"]
 
 
+def _set_dumpable(dumpable: bool) -> bool:
+    """Linux's ``prctl(PR_SET_DUMPABLE)`` on this process; returns whether it was dumpable.
+
+    A process that is not dumpable cannot be read by another process of the same user through
+    ``/proc/PID/mem`` or ``process_vm_readv`` (ptrace access mode), so the copy cannot search
+    this process's memory for the answers of the cases drawn after the fork. A process with
+    ``CAP_SYS_PTRACE`` (root) still can: grade as an unprivileged user. Elsewhere: nothing."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    was = prctl(3, 0, 0, 0, 0) == 1           # PR_GET_DUMPABLE
+    prctl(4, int(dumpable), 0, 0, 0)          # PR_SET_DUMPABLE
+    return was
+
+
 class ForkedCallError(RuntimeError):
     """The learner's function raised (or did not return) in the forked copy."""
 
@@ -116,6 +133,7 @@ class ForkedCall:
         self.pid = pid
         os.close(requests_read)
         os.close(replies_write)
+        self._dumpable = _set_dumpable(False)   # the copy cannot read this process's memory
 
     def __call__(self, *args: Any) -> Any:
         if self.local:
@@ -144,6 +162,8 @@ class ForkedCall:
         """End the copy (closing its pipe; killed if it does not end at once)."""
         if not self.pid:
             return
+        if self._dumpable:
+            _set_dumpable(True)
         for fd in (self._requests, self._replies):
             try:
                 os.close(fd)

@@ -201,7 +201,7 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
         if len(other) != len(chief):
             return (f"every worker must call save (the chief saved {len(chief)} times, worker "
                     f"{worker} {len(other)} times); the others save into a temporary folder")
-        if any(os.path.realpath(d).startswith(shared) for d in other):
+        if any(os.path.commonpath([os.path.realpath(d), shared]) == shared for d in other):
             return f"worker {worker} wrote into checkpoint_dir: only the chief may write there"
         for left, after in zip(audit["left"], audit["saved_after"], strict=True):
             if left:
@@ -288,12 +288,15 @@ def _diagnosis_cases(rng: Any) -> list[Case]:
     cases = []
     for cause, when in jobs:
         reason = when if cause == "killed" else None
-        workers = rng.randint(2, 4)
+        # 3 or 4 workers and a culprit past the first two wherever the cause allows it: no rule
+        # that assumes 2 workers, or blames the first log with a traceback, is right by chance
+        workers = rng.randint(2, 4) if cause in ("not_in_cluster", "never_started") else (
+            rng.randint(3, 4))
         culprit = None if cause == "not_in_cluster" else rng.randrange(workers)
-        if reason == "heartbeats":   # worker 0 leads the coordination service: its peers
-            culprit = rng.randrange(1, workers)   # report the others' missing heartbeats,
-        elif reason == "reset":                   # and see a dropped connection when it dies
-            culprit = 0
+        if reason == "reset":        # worker 0 leads the coordination service: its loss drops
+            culprit = 0              # its peers' connections; they report others' heartbeats
+        elif cause in ("killed", "stalled") or when == "late":
+            culprit = rng.randrange(1 if reason == "heartbeats" else 2, workers)
         logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason,
                             crashed_early=when == "early" if cause == "crashed" else None)
         cases.append(Case(args=(logs,), expected=(cause, culprit),

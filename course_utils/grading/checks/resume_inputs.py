@@ -26,17 +26,19 @@ def max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 
 
 def _write_checkpoints(saved: tuple[Any, Any, Any], root: str, rng: Any) -> None:
-    """Two checkpoints of fresh weights and counts in ``root``; the newest must win."""
+    """Two checkpoints of fresh weights and counts in ``root``; the newest must win, and its
+    name sorts before the other's (ckpt-23 before ckpt-7): sorting names does not find it."""
     tf = _tf()
     model, optimizer, done, checkpoint = saved
     manager = tf.train.CheckpointManager(checkpoint, root, max_to_keep=3)
-    for _ in range(2):
+    first = rng.randint(5, 9)   # then a number past 9 whose name sorts before it (ckpt-1x..)
+    for number in (first, rng.randint(10, 10 * first - 1)):
         for variable in [*model.weights, *_optimizer_state(optimizer)]:
             variable.assign(np.random.default_rng(rng.randint(0, 2**31)).normal(
                 size=variable.shape).astype("float32"))
         optimizer.iterations.assign(int(optimizer.iterations.numpy()) + rng.randint(5, 500))
         done.assign(int(done.numpy()) + rng.randint(50, 5000))
-        manager.save()             # numbered 1, 2: the name does not say examples_done
+        manager.save(checkpoint_number=number)   # the name does not say examples_done
 
 
 def _optimizer_state(optimizer: Any) -> list[Any]:
@@ -100,30 +102,43 @@ def _with_batch_sizes(build: Any) -> tuple[Any, list[int]]:
     known when it was built)."""
     tf = _tf()
     sizes: list[int] = []
-    batch = tf.data.Dataset.batch
+    names = ("batch", "padded_batch", "ragged_batch")
+    originals = {name: getattr(tf.data.Dataset, name) for name in names}
 
-    def audited_batch(self: Any, batch_size: Any, *args: Any, **kwargs: Any) -> Any:
-        size = tf.get_static_value(batch_size)
-        sizes.append(int(size) if size is not None else -1)
-        return batch(self, batch_size, *args, **kwargs)
+    def audited(method: Any) -> Any:
+        def batch(self: Any, batch_size: Any, *args: Any, **kwargs: Any) -> Any:
+            size = tf.get_static_value(batch_size)
+            sizes.append(int(size) if size is not None else -1)
+            return method(self, batch_size, *args, **kwargs)
 
-    tf.data.Dataset.batch = audited_batch
+        return batch
+
+    for name, method in originals.items():
+        setattr(tf.data.Dataset, name, audited(method))
     try:
         return build(), sizes
     finally:
-        tf.data.Dataset.batch = batch
+        for name, method in originals.items():
+            setattr(tf.data.Dataset, name, method)
 
 
 def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
     """Call the learner's ``dataset_fn`` for fresh input contexts; check two steps of data."""
     tf = _tf()
-    for _ in range(3):
-        pipelines, per = rng.choice([2, 3, 4]), rng.choice([1, 2])
+    layouts = [1, 2, rng.choice([1, 2])]   # replicas per pipeline: both, every time
+    rng.shuffle(layouts)
+    for case, per in enumerate(layouts):
+        pipelines = rng.choice([2, 3, 4])
         replicas = pipelines * per
         replica_batch = rng.randint(2, 4)
         global_batch = replicas * replica_batch
         size = global_batch * rng.randint(4, 7) + rng.randint(1, global_batch - 1)
-        done = rng.choice([e for e in range(size, 3 * size) if e % pipelines])
+        # once, the end of the data falls within the two steps checked: the data repeats
+        # from its first example, not from where the job resumed
+        wraps = [e for e in range(size, 3 * size) if e % pipelines
+                 and size - 2 * global_batch < e % size < size - global_batch]
+        done = rng.choice(wraps if case == 0 and wraps else
+                          [e for e in range(size, 3 * size) if e % pipelines])
         ids = np.arange(size)
         x = np.random.default_rng(rng.randint(0, 2**31)).normal(size=(size, 3)).astype("float32")
         dataset_fn = make_dataset_fn(x, ids, global_batch, done)

@@ -119,17 +119,21 @@ def _audited_save(self, *args, **kwargs):
 
 
 tf.train.CheckpointManager.save = _audited_save
-_dataset_batch = tf.data.Dataset.batch
 
 
-def _audited_batch(self, batch_size, *args, **kwargs):
-    """Records the size of every batch a pipeline of this worker makes (its share, not more)."""
-    size = tf.get_static_value(batch_size)
-    _batches.append(int(size) if size is not None else -1)
-    return _dataset_batch(self, batch_size, *args, **kwargs)
+def _batching_audited(method):
+    """``method`` of tf.data.Dataset, recording the size of every batch it makes (a pipeline
+    of this worker should batch its share, not more)."""
+    def batch(self, batch_size, *args, **kwargs):
+        size = tf.get_static_value(batch_size)
+        _batches.append(int(size) if size is not None else -1)
+        return method(self, batch_size, *args, **kwargs)
+
+    return batch
 
 
-tf.data.Dataset.batch = _audited_batch
+for _name in ("batch", "padded_batch", "ragged_batch"):
+    setattr(tf.data.Dataset, _name, _batching_audited(getattr(tf.data.Dataset, _name)))
 '''
 
 _TRAIN_WORKER_CALL = '''
