@@ -33,10 +33,19 @@ def test_a_function_far_slower_than_the_fastest_is_timed_once_and_left_out_of_th
     timings = bench.time_interleaved({"a": record("a", 0.002), "b": record("b", 0.002),
                                       "slow": record("slow", 0.2)},
                                      repeats=3, warmup=1, slow_ratio=20)
-    assert calls.count("slow") == 2 and calls.count("a") == calls.count("b") == 5
-    assert calls[:6] == ["a", "b", "slow"] * 2  # warm-up, then one timed call each
+    assert calls.count("slow") == 3 and calls.count("a") == calls.count("b") == 5
+    assert calls[:7] == ["a", "b", "slow"] * 2 + ["slow"]  # warm-up, a timed call each, the
+    # slow one's second
     assert len(timings["slow"].times) == 1 and timings["slow"].best >= 0.2
     assert len(timings["a"].times) == len(timings["b"].times) == 3
+    stalls = iter([0.2])  # a fast function whose first timed call stalls stays in the turns
+
+    def stalls_once():
+        time.sleep(next(stalls, 0.002))
+
+    timings = bench.time_interleaved({"a": lambda: time.sleep(0.002), "b": stalls_once},
+                                     repeats=2, warmup=0, slow_ratio=20)
+    assert len(timings["b"].times) == 2
     with pytest.raises(ValueError, match="slow_ratio"):
         bench.time_interleaved({"a": lambda: None}, slow_ratio=1)
 
