@@ -633,19 +633,6 @@ def one_replica_per_pipeline(x, y, global_batch, examples_done):
     return dataset_fn
 
 
-def padded_whole_batches(x, y, global_batch, examples_done):
-    """Every pipeline reads whole global batches (padded_batch) and keeps its own rows."""
-    def dataset_fn(context):
-        batch = context.get_per_replica_batch_size(global_batch)
-        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
-        own = context.input_pipeline_id * rows
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
-        dataset = dataset.padded_batch(global_batch).map(
-            lambda f, t: (f[own:own + rows], t[own:own + rows]))
-        return dataset.unbatch().padded_batch(batch, drop_remainder=True)
-    return dataset_fn
-
-
 def shard_by_replicas(x, y, global_batch, examples_done):
     """Shards by num_replicas_in_sync (one replica per pipeline assumed)."""
     def dataset_fn(context):
@@ -669,18 +656,22 @@ def reads_everything(x, y, global_batch, examples_done):
     return dataset_fn
 
 
-def whole_batches_sliced(x, y, global_batch, examples_done):
-    """Every pipeline reads whole global batches and keeps its own rows: the right rows."""
-    def dataset_fn(context):
-        batch = context.get_per_replica_batch_size(global_batch)
-        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
-        own = context.input_pipeline_id * rows
-        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
-        dataset = dataset.batch(global_batch).map(
-            lambda f, t: (f[own:own + rows], t[own:own + rows]))
-        return dataset.unbatch().batch(batch, drop_remainder=True)
+def whole_batches_sliced(batching="batch"):
+    """A make_dataset_fn whose every pipeline reads whole global batches (with ``batching``:
+    ``batch`` or ``padded_batch``) and keeps its own rows: the right rows, the wrong reads."""
+    def make(x, y, global_batch, examples_done):
+        def dataset_fn(context):
+            batch = context.get_per_replica_batch_size(global_batch)
+            rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+            own = context.input_pipeline_id * rows
+            dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+            dataset = getattr(dataset, batching)(global_batch).map(
+                lambda f, t: (f[own:own + rows], t[own:own + rows]))
+            return getattr(dataset.unbatch(), batching)(batch, drop_remainder=True)
 
-    return dataset_fn
+        return dataset_fn
+
+    return make
 
 
 RESUME_CATALOGUE = {
@@ -706,8 +697,8 @@ RESUME_CATALOGUE = {
                                          "per-replica batches of|trained examples"),
     "sharded by the replicas, not the pipelines": (restore_latest, shard_by_replicas,
                                                    "trained examples it should not"),
-    "whole global batches through padded_batch": (restore_latest, padded_whole_batches,
-                                                  "batched \\["),
+    "whole global batches through padded_batch": (
+        restore_latest, whole_batches_sliced("padded_batch"), "batched \\["),
     "the lesson's skip, examples for steps": (
         restore_latest, pipeline_fn(lambda done, c, b: done * b // c.num_input_pipelines),
         "trained examples it should not"),
@@ -718,7 +709,7 @@ RESUME_CATALOGUE = {
         restore_latest, pipeline_fn(lambda done, c, b: done // b * c.get_per_replica_batch_size(b)),
         "trained examples it should not"),
     "every pipeline reads whole global batches, keeps its rows": (
-        restore_latest, whole_batches_sliced, r"batched \[\d+, \d+\] examples at a time"),
+        restore_latest, whole_batches_sliced(), r"batched \[\d+, \d+\] examples at a time"),
     "every pipeline reads everything": (restore_latest, reads_everything,
                                         "trained examples it should not"),
 }
