@@ -191,6 +191,19 @@ def test_unreadable_and_unknown_submissions_get_rows_without_a_kernel(tmp_path):
     assert len(read_rows(out)) == len(rows)
 
 
+def test_a_folder_the_user_may_not_read_is_named_in_one_line(tmp_path, monkeypatch, capsys):
+    # as root every folder is readable, so the refusal a normal user meets (the solutions left
+    # private by a grader run as root) is simulated
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    solutions = REPO / "solutions"
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: Path(path) != solutions)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["grade", str(subs), "--solutions", str(solutions), "--quiet"])
+    assert exit_.value.code == 2
+    assert f"{solutions}: you may not read this folder" in capsys.readouterr().err
+
+
 def test_rows_of_a_grader_error_are_graded_again_on_resume(tmp_path):
     subs = tmp_path / "subs"
     ms.write(subs, "ivan", "invalid_json")

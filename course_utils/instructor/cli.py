@@ -12,6 +12,7 @@ commands.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -99,6 +100,10 @@ def _grade(argv: list[str]) -> int:
         parser.error(f"{args.submissions} is not a folder")
     if not args.solutions.is_dir():
         parser.error(f"{args.solutions} is not a folder")
+    for folder in (args.submissions, args.solutions):
+        if not os.access(folder, os.R_OK | os.X_OK):
+            parser.error(f"{folder}: you may not read this folder (a grader run as root leaves "
+                         "the folders it grades private to their owner, mode 700)")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: grade at least one notebook at a time")
     limits = Limits(memory_gb=args.memory_gb, processes=args.max_processes)
