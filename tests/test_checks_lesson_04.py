@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,11 @@ import tensorflow as tf
 
 cluster = cu.cluster.start_in_process_cluster(2, 1)
 strategy = cluster.strategy()
+# the watch reads whether a real step still runs from TensorFlow's RemoteValue status event
+probe = tf.distribute.coordinator.ClusterCoordinator(strategy).schedule(
+    tf.function(lambda: tf.constant(1)))
+print("REMOTE_STATUS", hasattr(probe, "_status_available_event"), int(probe.fetch()),
+      probe._status_available_event.is_set())
 
 def verdict(check, fn):
     try:
@@ -183,11 +189,24 @@ def reorders_the_record(coordinator, dataset_fn, step_fn, num_steps, max_in_flig
     record.scheduled.sort(key=lambda remote: int(remote.fetch()))
     return results
 
+def declares_steps_finished(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = []  # every step at once; the watch's own function told the oldest finished
+    for _ in range(num_steps):
+        if len(remotes) >= max_in_flight:
+            fetch = type(remotes[0]).fetch
+            names = getattr(fetch, "__co" + "de__").co_freevars
+            cell = getattr(fetch, "__clo" + "sure__")[names.index("known_finished")]
+            getattr(cell, "cell_con" + "tents")(len(remotes) - max_in_flight)
+        remotes.append(coordinator.schedule(step_fn, args=(iterator,)))
+    coordinator.join()
+    return [r.fetch() for r in remotes]
+
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
            serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
            schedules_then_waits, rewrites_the_record, marks_steps_finished,
-           reorders_the_record):
+           reorders_the_record, declares_steps_finished):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -230,6 +249,25 @@ def shuffle_then_shard(features, labels, size, num_workers):
         return data.shard(num_workers, worker).repeat().batch(size)
     return dataset_fn
 
+def labels_replaced(features, labels, size, num_workers):
+    def dataset_fn():  # the features right, every label 0
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, tf.zeros_like(labels)))
+        seed = tf.cast(worker, tf.int64) + 1
+        data = data.shard(num_workers, worker).shuffle(len(features), seed=seed)
+        return data.repeat().batch(size)
+    return dataset_fn
+
+def shuffled_apart(features, labels, size, num_workers):
+    def dataset_fn():  # features and labels each shuffled, then zipped: pairs broken
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        def shuffled(values, seed):
+            data = tf.data.Dataset.from_tensor_slices(values).shard(num_workers, worker)
+            return data.shuffle(len(features), seed=tf.cast(worker, tf.int64) + seed)
+        return tf.data.Dataset.zip((shuffled(features, 1), shuffled(labels, 2))).repeat().batch(
+            size)
+    return dataset_fn
+
 def two_passes_said_infinite(features, labels, size, num_workers):
     def dataset_fn():  # runs dry mid-job: the error is the answer's, not the check's cluster
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -249,7 +287,8 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("shuffle_half_a_share", make(buffer="half")),
                  ("shuffle_then_shard", shuffle_then_shard),
                  ("notebook_num_workers", notebook_num_workers),
-                 ("two_passes_said_infinite", two_passes_said_infinite)]:
+                 ("two_passes_said_infinite", two_passes_said_infinite),
+                 ("labels_replaced", labels_replaced), ("shuffled_apart", shuffled_apart)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -313,6 +352,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
             break
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-12000:]
     assert "BARRIER timeouts 1 1" in result.stdout.splitlines()
+    assert "REMOTE_STATUS True 1 True" in result.stdout.splitlines()
     verdicts = {}
     for line in result.stdout.splitlines():
         if line.startswith(("RUN_STEPS", "DATASET", "COUNT")):
@@ -339,6 +379,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "rewrites_the_record"): "record of your steps was changed",
         ("RUN_STEPS", "marks_steps_finished"): "record of your steps was changed",
         ("RUN_STEPS", "reorders_the_record"): "record of your steps was changed",
+        ("RUN_STEPS", "declares_steps_finished"): "still running on the workers",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
         ("DATASET", "lesson_order"): "do not fill its last batch",
@@ -355,6 +396,8 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "shuffle_then_shard"): "same examples",
         ("DATASET", "notebook_num_workers"): "which number of workers",
         ("DATASET", "two_passes_said_infinite"): "never run dry",
+        ("DATASET", "labels_replaced"): "another example's label",
+        ("DATASET", "shuffled_apart"): "another example's label",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",
@@ -385,15 +428,26 @@ class _Remote:
         return self.value
 
 
+class _RunningRemote(_Remote):  # a step that runs until it is waited for (TF's status event)
+    def __init__(self, value):
+        super().__init__(value)
+        self._status_available_event = threading.Event()
+
+    def fetch(self):
+        self._status_available_event.set()
+        return self.value
+
+
 class _Coordinator:  # what the watch calls of a ClusterCoordinator, steps done at once
     strategy = None
 
-    def __init__(self):
+    def __init__(self, remote=_Remote):
         self.scheduled = 0
+        self.remote = remote
 
     def schedule(self, fn, args=None, kwargs=None):
         self.scheduled += 1
-        return _Remote(self.scheduled)
+        return self.remote(self.scheduled)
 
     def join(self):
         pass
@@ -449,3 +503,17 @@ def test_the_watch_judges_from_its_pipe_log_and_names_a_rewritten_record():
     _windowed(watched, 4, 2)
     _record_of(watched).scheduled.reverse()
     assert "record of your steps was changed" in record.changed()
+
+    watched, record = watch(_Coordinator(_RunningRemote))  # steps that run until waited for
+    assert _windowed(watched, 6, 2) == [1, 2, 3, 4, 5, 6]
+    assert record.changed() is None and record.in_flight == [1, 2, 2, 2, 2, 2]
+
+    watched, record = watch(_Coordinator(_RunningRemote))  # the oldest declared finished
+    fetch = type(watched.schedule(None)).fetch
+    known_finished = fetch.__closure__[fetch.__code__.co_freevars.index("known_finished")]
+    remotes = [watched.schedule(None) for _ in range(4)]  # five at once, none waited for
+    for index in range(3):
+        known_finished.cell_contents(index)
+    watched.schedule(None)
+    [remote.fetch() for remote in remotes]
+    assert "still running on the workers" in record.changed()

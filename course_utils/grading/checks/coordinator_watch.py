@@ -10,7 +10,11 @@ or an object whose class were changed during the call. The record is also where 
 code could reach it (the methods' closures): so every event (a schedule and its RemoteValue's
 identity, a fetch, a join) is also written into an OS pipe whose read end only the check reads
 (:meth:`WatchRecord.replay`); the check judges the steps in flight from that log, and names a
-record that differs from it as changed.
+record that differs from it as changed. The watch's own functions are reachable too, so a step
+could be declared finished without a wait: before each ``schedule`` the watch also logs how
+many of the real steps are still running (TensorFlow's ``RemoteValue`` status), and the replay
+names a schedule at which more were running than the waits it saw allow. A wait on a real
+``RemoteValue`` reached through the closures is not seen: it can only make a loop wait more.
 """
 
 from __future__ import annotations
@@ -49,12 +53,14 @@ class WatchRecord:
     would count the oldest, never fetched, as one still busy).
     """
 
-    _EVENT = "<cq"  # kind (b"S" schedule, b"F" a step fetched, b"J" all finished), number
+    _EVENT = "<cq"  # kind (b"S" schedule, b"F" a step fetched, b"J" all finished,
+    #                   b"R" steps really running before the next schedule), number
 
     def __init__(self) -> None:
         self.scheduled: list[Any] = []
         self.finished: list[bool] = []
         self.in_flight: list[int] = []
+        self.overrun: list[tuple[int, int, int]] = []  # (schedule, running, in flight): replay
         self.handed: list[Any] = []               # the watched values given to the learner
         self.classes: dict[type, dict[str, Any]] = {}
         read_fd, write_fd = os.pipe()
@@ -81,13 +87,21 @@ class WatchRecord:
         identities: list[int] = []
         finished: list[bool] = []
         in_flight: list[int] = []
+        running = 0
+        self.overrun = []
         for start in range(0, len(data) - size + 1, size):
             kind, number = struct.unpack(self._EVENT, bytes(data[start:start + size]))
-            if kind == b"S":
+            if kind == b"R":
+                running = number
+            elif kind == b"S":
                 oldest = next((i for i, done in enumerate(finished) if not done), len(finished))
                 in_flight.append(1 + len(finished) - oldest)
+                # a step waited for has finished: only those after the oldest can still run
+                if running > len(finished) - oldest:
+                    self.overrun.append((len(in_flight), running, in_flight[-1]))
                 identities.append(number)
                 finished.append(False)
+                running = 0
             elif kind == b"F" and 0 <= number < len(finished):
                 finished[number] = True
             elif kind == b"J":
@@ -100,7 +114,13 @@ class WatchRecord:
         identities, in_flight = self.replay()
         mine = [id(remote) for remote in self.scheduled]
         changed = None
-        if identities != mine or in_flight != self.in_flight:
+        if self.overrun:
+            at, running, counted = self.overrun[0]
+            changed = (f"at schedule {at}, {running} of your steps were still running on the "
+                       f"workers, while the waits the watch saw left {counted - 1} unfinished: "
+                       "a step was declared finished without waiting for it. Wait for a step "
+                       "by fetching its RemoteValue (or join), and leave the watch alone")
+        elif identities != mine or in_flight != self.in_flight:
             changed = ("the watch's record of your steps was changed while your function ran "
                        f"(its steps in flight {self.in_flight}, as they happened {in_flight}; "
                        f"{len(mine)} steps recorded, {len(identities)} scheduled): schedule "
@@ -144,6 +164,13 @@ def _pipe_writer(fd: int, layout: str) -> Any:
             pass
 
     return log
+
+
+def _running(remote: Any) -> bool:
+    """Whether a real ``RemoteValue``'s step has not finished yet (no wait: its status event,
+    set by TensorFlow once the step returned or failed; a value without one counts finished)."""
+    event = getattr(remote, "_status_available_event", None)
+    return event is not None and not event.is_set()
 
 
 def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
@@ -201,6 +228,7 @@ def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
             oldest = next((index for index, finished in enumerate(record.finished)
                            if not finished), len(record.finished))
             record.in_flight.append(1 + len(record.finished) - oldest)
+            log(b"R", sum(_running(remote) for remote in record.scheduled))
             remote = coordinator.schedule(fn, args=args, kwargs=kwargs)
             log(b"S", id(remote))
             watched = WatchedRemoteValue()

@@ -10,7 +10,8 @@ cannot start a second in-process cluster) and verifies what the parameter server
   place, its record kept by the check), and returns the values the steps computed, in the
   order scheduled;
 * ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` of infinite
-  cardinality (read on each worker), each worker its own examples, each pass reshuffled, and
+  cardinality (read on each worker), each worker its own examples (each with its own label),
+  each pass reshuffled, and
   every batch full although a worker's share does not fill its last batch; the second case
   is a job sized for one worker more than run (one joins later), so that shards cut by the
   notebook's worker count instead of ``num_workers`` read too much;
@@ -178,7 +179,8 @@ def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier:
     """Run ``num_steps`` steps in rounds of one per worker; each worker's batches, in order.
 
     Returns ``(batches, cardinality, error)``: ``batches[w]`` lists worker ``w``'s batches of
-    example ids, ``cardinality`` the cardinality of each worker's dataset as made on it, and
+    ``(example id, label)`` pairs, ``cardinality`` the cardinality of each worker's dataset as
+    made on it, and
     ``error`` the exception that ended the job early (or None; a ``TimeoutError`` where a
     worker waited out ``barrier``'s timeout, or where gRPC itself failed between the check's
     in-process tasks – "Unable to parse request", seen now and then on 2 busy cores – so that
@@ -200,11 +202,13 @@ def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier:
         batch = iterator.get_next_as_optional()  # a worker whose data ran out opens the barrier
         with tf.control_dependencies([barrier(batch.has_value())]):
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            ids, cardinality = tf.cond(
+            ids, labels, cardinality = tf.cond(
                 batch.has_value(),
-                lambda: (tf.cast(batch.get_value()[0][:, 0], tf.int64), batch.get_value()[2]),
-                lambda: (tf.zeros([0], tf.int64), tf.constant(-1, tf.int64)))
-            return worker, ids, cardinality, batch.has_value(), tf.timestamp()
+                lambda: (tf.cast(batch.get_value()[0][:, 0], tf.int64),
+                         tf.cast(batch.get_value()[1], tf.int64), batch.get_value()[2]),
+                lambda: (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64),
+                         tf.constant(-1, tf.int64)))
+            return worker, ids, labels, cardinality, batch.has_value(), tf.timestamp()
 
     remotes = [coordinator.schedule(step, args=(iterator,)) for _ in range(num_steps)]
     try:
@@ -217,15 +221,17 @@ def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier:
             return None, None, TimeoutError(f"gRPC failed between the check's tasks: {error}")
         return None, None, error  # the answer's own dataset failed on a worker
     fetched = [remote.fetch() for remote in remotes]
-    if not all(bool(has_value) for _, _, _, has_value, _ in fetched):
+    if not all(bool(has_value) for *_, has_value, _ in fetched):
         return None, None, tf.errors.OutOfRangeError(None, None, "End of sequence")
     if int(barrier.timeouts.numpy()) > timeouts_before:
         return None, None, TimeoutError("a worker waited out the barrier")
-    results = sorted((float(when), int(worker), ids.tolist(), int(cardinality))
-                     for worker, ids, cardinality, _, when in fetched)
-    batches: dict[int, list[list[int]]] = {}
-    for _, worker, ids, _ in results:
-        batches.setdefault(worker, []).append(ids)
+    results = sorted(
+        (float(when), int(worker), list(zip(ids.tolist(), labels.tolist(), strict=True)),
+         int(cardinality))
+        for worker, ids, labels, cardinality, _, when in fetched)
+    batches: dict[int, list[list[tuple[int, int]]]] = {}
+    for _, worker, pairs, _ in results:
+        batches.setdefault(worker, []).append(pairs)
     return batches, {result[3] for result in results}, None
 
 
@@ -282,7 +288,7 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
         order = list(range(examples))
         rng.shuffle(order)
         features = tf.constant([[float(i), rng.random()] for i in order])  # column 0: the id
-        labels = tf.constant([i % 3 for i in order])
+        labels = tf.constant([i % 3 for i in order])  # example i's label: i % 3
         # every worker passes over its share about three times
         num_steps = workers * (3 * per_worker // batch_size + 1)
 
@@ -321,6 +327,14 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                         "never run dry, whatever the number of steps the coordinator runs")
             if len(batches) != workers:
                 return f"only workers {sorted(batches)} ran steps; expected {workers}"
+            pairs = [pair for per in batches.values() for b in per for pair in b]
+            apart = [(i, label) for i, label in pairs if label != i % 3]
+            if apart:
+                i, label = apart[0]
+                return (f"{len(apart)} of the {len(pairs)} examples read came with another "
+                        f"example's label (e.g. example {i}: label {label}, stored with "
+                        f"{i % 3}): does each example keep its own label through your steps?")
+            batches = {w: [[i for i, _ in b] for b in per] for w, per in batches.items()}
             sizes = {len(b) for per in batches.values() for b in per}
             if sizes != {batch_size}:
                 return (f"batches of {sorted(sizes)} examples, every one must hold "
