@@ -18,7 +18,12 @@ __all__ = ["python_problem", "verify_pipeline"]
 def python_problem(dataset: Any, given: set[str]) -> str | None:
     """What Python the pipeline runs instead of the given dataset's steps, or None: its graph
     must hold the given dataset's ``py_function`` tokens (its reads) and no other."""
-    tokens = py_function_tokens(dataset)
+    tf = _tf()
+    try:
+        tokens = py_function_tokens(dataset)
+    except (tf.errors.OpError, ValueError, TypeError) as error:
+        return (f"the check could not read your pipeline's graph: {type(error).__name__}: "
+                f"{str(error).strip().splitlines()[0][:160]}")
     if not given <= tokens:
         return ("your dataset is not made from the one given: no step of its graph reads "
                 "`dataset` (a Python generator that iterates it hands out the batches). "
