@@ -556,25 +556,37 @@ def test_a_pipeline_copied_into_memory_fails():
         cu.grading.check_make_tpu_ready(in_memory)
 
 
-def test_a_copy_put_off_to_the_first_batch_fails():
-    def copied_when_read(dataset, batch_size, sequence_length):
-        import numpy as np
-        import tensorflow as tf
+def _copied_in_a_generator(dataset, batch_size, sequence_length):
+    """The whole dataset read into memory when the first batch is asked for, then batched."""
+    import numpy as np
+    import tensorflow as tf
 
-        def batches():  # the whole dataset read into memory, then batched
-            rows = list(dataset.as_numpy_iterator())
-            for start in range(0, len(rows) - batch_size + 1, batch_size):
-                tokens = np.zeros((batch_size, sequence_length), "int32")
-                for row, (sequence, _) in enumerate(rows[start:start + batch_size]):
-                    tokens[row, :len(sequence[:sequence_length])] = sequence[:sequence_length]
-                yield tokens, np.array([y for _, y in rows[start:start + batch_size]], "int32")
+    def batches():  # the whole dataset read into memory, then batched
+        rows = list(dataset.as_numpy_iterator())
+        for start in range(0, len(rows) - batch_size + 1, batch_size):
+            tokens = np.zeros((batch_size, sequence_length), "int32")
+            for row, (sequence, _) in enumerate(rows[start:start + batch_size]):
+                tokens[row, :len(sequence[:sequence_length])] = sequence[:sequence_length]
+            yield tokens, np.array([y for _, y in rows[start:start + batch_size]], "int32")
 
-        spec = (tf.TensorSpec([batch_size, sequence_length], tf.int32),
-                tf.TensorSpec([batch_size], tf.int32))
-        return tf.data.Dataset.from_generator(batches, output_signature=spec)
+    spec = (tf.TensorSpec([batch_size, sequence_length], tf.int32),
+            tf.TensorSpec([batch_size], tf.int32))
+    return tf.data.Dataset.from_generator(batches, output_signature=spec)
 
-    with pytest.raises(AssertionError, match="read 1000 of 1000 examples before it handed"):
-        cu.grading.check_make_tpu_ready(copied_when_read)
+
+def _copied_by_a_whole_dataset_batch(dataset, batch_size, sequence_length):
+    """Every example read into one ragged batch before the first is handed on: a copy in
+    TensorFlow ops, which the graph's Python count cannot see; the stream's read count does."""
+    return make_tpu_ready(dataset.ragged_batch(10**6).unbatch(), batch_size, sequence_length)
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (_copied_in_a_generator, "case 1 .*not made from the one given"),
+    (_copied_by_a_whole_dataset_batch, "case 3 .*read 1000 of 1000 examples before it handed"),
+])
+def test_a_copy_put_off_to_the_first_batch_fails(answer, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_make_tpu_ready(answer)
 
 
 def test_a_pipeline_that_fails_on_a_long_sequence_says_so():
@@ -597,3 +609,79 @@ def test_a_removed_profiler_fails_the_settings():
     with pytest.raises(AssertionError, match="removed the check's profiler"):
         cu.grading.check_tpu_settings(removes)
 
+
+
+def _streaming_generator(dataset, batch_size, sequence_length):
+    """A Python generator that reads the examples as they stream and pads them in NumPy: the
+    shapes are static only because its signature says so, no tf.data step does the work."""
+    import numpy as np
+    import tensorflow as tf
+
+    def batches():
+        rows, labels = [], []
+        for tokens, label in dataset.as_numpy_iterator():
+            rows.append(np.pad(tokens[:sequence_length],
+                               (0, sequence_length - len(tokens[:sequence_length]))))
+            labels.append(label)
+            if len(rows) == batch_size:
+                yield np.stack(rows), np.array(labels, "int32")
+                rows, labels = [], []
+
+    return tf.data.Dataset.from_generator(batches, output_signature=(
+        tf.TensorSpec([batch_size, sequence_length], tf.int32),
+        tf.TensorSpec([batch_size], tf.int32)))
+
+
+def _padded_in_a_py_function(dataset, batch_size, sequence_length):
+    import numpy as np
+    import tensorflow as tf
+
+    def fix(tokens):
+        cut = tokens.numpy()[:sequence_length]
+        return np.pad(cut, (0, sequence_length - len(cut)))
+
+    def step(tokens, label):
+        return tf.ensure_shape(tf.py_function(fix, [tokens], tf.int32), [sequence_length]), label
+
+    return dataset.map(step).batch(batch_size, drop_remainder=True)
+
+
+def _the_generator_behind_the_given_dataset(dataset, batch_size, sequence_length):
+    start = make_tpu_ready(dataset, batch_size, sequence_length).take(0)  # the given, unread
+    return start.concatenate(_streaming_generator(dataset, batch_size, sequence_length))
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (_streaming_generator, "not made from the one given"),
+    (_padded_in_a_py_function, r"calls Python \(1 op"),
+    (_the_generator_behind_the_given_dataset, r"calls Python \(3 op"),
+    (lambda *args: make_tpu_ready(*args).repeat(), "never ends"),
+    (lambda *args: make_tpu_ready(*args).repeat(2), r"the epoch has more than \d+ batches"),
+])
+def test_python_in_the_pipeline_and_endless_epochs_fail(answer, message):
+    with pytest.raises(AssertionError, match=rf"make_tpu_ready: case 1 .*{message}"):
+        cu.grading.check_make_tpu_ready(answer)
+
+
+def test_batches_not_read_from_the_dataset_given_fail(monkeypatch):
+    """Right batches from elsewhere (here: the check's sequences, recorded as it draws them)
+    behind the given dataset, never read: the reads counted after the epoch tell."""
+    import numpy as np
+    import tensorflow as tf
+
+    drawn, calls = [], []
+    draw = lesson_05._sequences
+    monkeypatch.setattr(lesson_05, "_sequences", lambda *a: drawn.append(draw(*a)) or drawn[-1])
+
+    def elsewhere(dataset, batch_size, sequence_length):
+        tokens, labels = drawn[len(calls)]
+        calls.append(1)
+        fixed = np.zeros((len(tokens), sequence_length), "int32")
+        for row, sequence in enumerate(tokens):
+            fixed[row, :len(sequence[:sequence_length])] = sequence[:sequence_length]
+        batches = tf.data.Dataset.from_tensor_slices((fixed, labels)).batch(
+            batch_size, drop_remainder=True)
+        return make_tpu_ready(dataset, batch_size, sequence_length).take(0).concatenate(batches)
+
+    with pytest.raises(AssertionError, match=r"case 1 .*but only 0 were read from the dataset"):
+        cu.grading.check_make_tpu_ready(elsewhere)

@@ -1,12 +1,13 @@
 """Checks of lesson 05's exercises (registered by name with ``@register``).
 
 * ``check_make_tpu_ready(make_tpu_ready)``: on fresh variable-length sequences, the pipeline's
-  ``element_spec`` has every dimension known, a compiled step traces once over an epoch, the
-  epoch has ``n // batch_size`` batches, and the batches hold the sequences cut or padded with
-  zeros at the end to ``sequence_length``; the function may not read the dataset when called
-  (a copy made in memory then is not a pipeline: the dataset counts what it hands out), nor
-  read most of a long stream before it hands out its first batch (a copy put off until the
-  first batch is asked for: a generator that reads everything, then yields).
+  ``element_spec`` has every dimension known, its graph holds the given dataset's reads and no
+  Python of its own (the ``py_function`` tokens of the given dataset and no other: a generator
+  that iterates it, a ``py_function`` or a ``numpy_function`` fails), a compiled step traces
+  once over an epoch, which ends (``repeat`` is named) and has ``n // batch_size`` batches read
+  from the dataset given, holding the sequences cut or padded with zeros at the end to
+  ``sequence_length``; the function may not read the dataset when called (the dataset counts
+  what it hands out), nor read most of a long stream before its first batch.
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
   boundary), compared with the rules stated in the exercise; a global batch that cannot give
@@ -32,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from course_utils.equality import largest_difference
+from course_utils.grading.checks import static_batches
+from course_utils.grading.checks.batch_shapes import py_function_tokens
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
@@ -89,54 +92,6 @@ def _expected_batches(tokens: list[np.ndarray], labels: np.ndarray, batch: int,
             for i in range(0, len(tokens) - batch + 1, batch)]
 
 
-def _verify_pipeline(dataset: Any, tokens: list[np.ndarray], labels: np.ndarray, batch: int,
-                     length: int) -> str | None:
-    tf = _tf()
-    if not isinstance(dataset, tf.data.Dataset):
-        return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-    specs = tf.nest.flatten(dataset.element_spec)
-    shapes = [tuple(spec.shape.as_list()) for spec in specs]
-    if any(dim is None for shape in shapes for dim in shape):
-        return (f"element_spec has unknown dimensions {shapes}: a TPU compiles one program "
-                "for one shape (section 3). Which of your steps leaves a size unknown?")
-    if shapes != [(batch, length), (batch,)]:
-        return f"element shapes are {shapes}, expected [({batch}, {length}), ({batch},)]"
-
-    @tf.function(jit_compile=True)
-    def step(x: Any, y: Any) -> Any:
-        return tf.reduce_sum(tf.cast(x, tf.float32)) + tf.cast(tf.reduce_sum(y), tf.float32)
-
-    got = []
-    try:
-        for x, y in dataset:
-            step(x, y)
-            got.append((x.numpy(), y.numpy()))
-    except (tf.errors.OpError, ValueError, TypeError) as error:
-        said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
-        return (f"reading the pipeline failed at batch {len(got) + 1}: {type(error).__name__}: "
-                f"{said} (sequences of up to twice sequence_length tokens; which step of "
-                "yours meets one longer than sequence_length?)")
-    traces = step.experimental_get_tracing_count()
-    if traces != 1:
-        return f"a compiled step traced {traces} times over one epoch, expected once"
-    expected = _expected_batches(tokens, labels, batch, length)
-    if len(got) != len(expected):
-        return f"the epoch has {len(got)} batches, expected {len(expected)} (n // batch_size)"
-    for number, ((x, y), (ex, ey)) in enumerate(zip(got, expected, strict=True), start=1):
-        if not np.array_equal(y, ey):
-            return f"batch {number}'s labels differ: keep the examples in order (no shuffle)"
-        if not np.array_equal(x, ex):
-            row = int(np.argmax(np.any(x != ex, axis=1)))
-            if any(np.array_equal(x[row], other) for batch_x, _ in expected
-                   for other in batch_x):
-                return (f"batch {number}, row {row} holds another example than expected: "
-                        "keep the examples in order (no shuffle)")
-            return (f"batch {number}, row {row}: got {x[row].tolist()}, expected "
-                    f"{ex[row].tolist()} (keep the first sequence_length tokens, pad with zeros "
-                    "at the end)")
-    return None
-
-
 #: A stream longer than any read-ahead: a pipeline hands out its first batch after a few
 #: batches' worth (the reference's AUTOTUNE map and prefetch, batches of 16: 18 examples, 64
 #: half a second later); a copy of the data, even one put off to the first batch, reads all.
@@ -186,16 +141,20 @@ def check_make_tpu_ready(fn: Any) -> bool:
         n = batch * rng.randint(3, 6) + rng.randint(1, batch - 1)  # a partial last batch
         tokens, labels = _sequences(rng, n, 2 * length)
         read = [0]
+        given = _raw_dataset(tokens, labels, read)
+        reads = py_function_tokens(given)  # the ops of its generator: what reads it
 
         def verify(got: Any, tokens: Any = tokens, labels: Any = labels, batch: int = batch,
-                   length: int = length, read: list[int] = read) -> str | None:
+                   length: int = length, read: list[int] = read,
+                   reads: set[str] = reads) -> str | None:
             if read[0]:
                 return (f"your function read {read[0]} examples of the dataset when called: "
                         "a copy of the data made in memory, not a pipeline that transforms "
                         "the examples as they stream")
-            return _verify_pipeline(got, tokens, labels, batch, length)
+            return static_batches.verify_pipeline(
+                got, _expected_batches(tokens, labels, batch, length), batch, length, read, reads)
 
-        cases.append(Case(args=(_raw_dataset(tokens, labels, read), batch, length),
+        cases.append(Case(args=(given, batch, length),
                           verify=verify,
                           label=f"({n} sequences of 1 to {2 * length} tokens, batch_size={batch}, "
                                 f"sequence_length={length})"))

@@ -1,0 +1,96 @@
+"""Lesson 05, exercise 1 (a TPU-ready pipeline): what is wrong with one epoch of a learner's
+pipeline: its shapes, the Python its graph runs instead of the dataset given (``py_function``
+tokens, ``batch_shapes``), an epoch that never ends, its traces, batches and reads, and their
+values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from course_utils.grading.checks.batch_shapes import py_function_tokens
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = ["python_problem", "verify_pipeline"]
+
+
+def python_problem(dataset: Any, given: set[str]) -> str | None:
+    """What Python the pipeline runs instead of the given dataset's steps, or None: its graph
+    must hold the given dataset's ``py_function`` tokens (its reads) and no other."""
+    tf = _tf()
+    try:
+        tokens = py_function_tokens(dataset)
+    except (tf.errors.OpError, ValueError, TypeError) as error:
+        return (f"the check could not read your pipeline's graph: {type(error).__name__}: "
+                f"{str(error).strip().splitlines()[0][:160]}")
+    if not given <= tokens:
+        return ("your dataset is not made from the one given: no step of its graph reads "
+                "`dataset` (a Python generator that iterates it hands out the batches). "
+                "Transform `dataset` with tf.data steps (section 3)")
+    if tokens - given:
+        return (f"your pipeline calls Python ({len(tokens - given)} op(s) of tf.py_function, "
+                "tf.numpy_function or from_generator): tf.data runs TensorFlow ops in parallel "
+                "threads, Python one call at a time (the GIL: Dataset.map's docstring). Which "
+                "TensorFlow ops cut and pad a sequence?")
+    return None
+
+
+def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]], batch: int,
+                    length: int, read: list[int], given: set[str]) -> str | None:
+    """What is wrong with one epoch of the learner's ``dataset`` against the ``expected``
+    batches, or None; ``read[0]`` counts the examples the dataset given has handed out, and
+    ``given`` holds its ``py_function`` tokens."""
+    tf = _tf()
+    if not isinstance(dataset, tf.data.Dataset):
+        return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
+    specs = tf.nest.flatten(dataset.element_spec)
+    shapes = [tuple(spec.shape.as_list()) for spec in specs]
+    if any(dim is None for shape in shapes for dim in shape):
+        return (f"element_spec has unknown dimensions {shapes}: a TPU compiles one program "
+                "for one shape (section 3). Which of your steps leaves a size unknown?")
+    if shapes != [(batch, length), (batch,)]:
+        return f"element shapes are {shapes}, expected [({batch}, {length}), ({batch},)]"
+    python = python_problem(dataset, given)
+    if python:
+        return python
+    if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+        return (f"your pipeline never ends (it repeats): the check reads one epoch of "
+                f"{len(expected)} batches; leave repeat() to the training (section 9)")
+
+    @tf.function(jit_compile=True)
+    def step(x: Any, y: Any) -> Any:
+        return tf.reduce_sum(tf.cast(x, tf.float32)) + tf.cast(tf.reduce_sum(y), tf.float32)
+
+    got = []
+    try:  # one batch more than an epoch: a pipeline that never ends is still answered
+        for x, y in dataset.take(len(expected) + 1):
+            step(x, y)
+            got.append((x.numpy(), y.numpy()))
+    except (tf.errors.OpError, ValueError, TypeError) as error:
+        said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
+        return (f"reading the pipeline failed at batch {len(got) + 1}: {type(error).__name__}: "
+                f"{said} (sequences of up to twice sequence_length tokens; which step of "
+                "yours meets one longer than sequence_length?)")
+    traces = step.experimental_get_tracing_count()
+    if traces != 1:
+        return f"a compiled step traced {traces} times over one epoch, expected once"
+    if len(got) != len(expected):
+        count = f"more than {len(expected)}" if len(got) > len(expected) else len(got)
+        return f"the epoch has {count} batches, expected {len(expected)} (n // batch_size)"
+    if read[0] < len(got) * batch:
+        return (f"your {len(got)} batches hold {len(got) * batch} examples, but only {read[0]} "
+                "were read from the dataset given: where do the others come from?")
+    for number, ((x, y), (ex, ey)) in enumerate(zip(got, expected, strict=True), start=1):
+        if not np.array_equal(y, ey):
+            return f"batch {number}'s labels differ: keep the examples in order (no shuffle)"
+        if not np.array_equal(x, ex):
+            row = int(np.argmax(np.any(x != ex, axis=1)))
+            if any(np.array_equal(x[row], other) for batch_x, _ in expected
+                   for other in batch_x):
+                return (f"batch {number}, row {row} holds another example than expected: "
+                        "keep the examples in order (no shuffle)")
+            return (f"batch {number}, row {row}: got {x[row].tolist()}, expected "
+                    f"{ex[row].tolist()} (keep the first sequence_length tokens, pad with zeros "
+                    "at the end)")
+    return None
