@@ -176,7 +176,23 @@ def _a_burst_then_one_at_a_time(source, read, decode, batch_size):  # overlaps 1
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
+def _read_in_python_threads(source, read, decode, batch_size):  # 16 reads at once, tf.data none
+    from concurrent.futures import ThreadPoolExecutor
+
+    tf = cu.quiet.import_tensorflow()
+    indices = [int(index) for index in source.as_numpy_iterator()]
+
+    def records():  # each epoch reads anew, 16 at a time, in Python's threads
+        with ThreadPoolExecutor(16) as pool:
+            yield from pool.map(lambda i: int(read(tf.constant(i, tf.int64))), indices)
+
+    dataset = tf.data.Dataset.from_generator(records, output_signature=tf.TensorSpec([], tf.int64))
+    return dataset.map(decode).batch(batch_size)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_read_in_python_threads, r"(\d+) of the epoch's \1 reads came from no read op of the "
+                              "returned dataset's graph"),
     (_a_burst_then_one_at_a_time, r"overlapped for part of the epoch only"),
     (_broken_given, r"at most 1 read\(s\) waited at the same time"),
     (_both_maps_in_parallel_few_calls, r"at most [1-4] read\(s\) waited at the same time"),

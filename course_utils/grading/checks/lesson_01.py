@@ -5,7 +5,9 @@
   read exactly once per epoch (counted: an answer that skips ``read`` fails), and a speed-up
   over the slow reference, on a pipeline whose reads wait on (simulated) storage: the reads
   that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE``; most
-  reads start while others wait), slow and fast timed the same way, in turns, several epochs.
+  reads start while others wait), each made by a read op of the returned dataset's graph (reads
+  in Python threads of the answer's own fail; ``checks/storage_reads.py``), slow and fast timed
+  the same way, in turns, several epochs.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – every example once per epoch, right batch sizes, few neighbours from one
   block inside a batch, the same order for the same seed and a new order every epoch; the
@@ -24,8 +26,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +44,7 @@ from course_utils.grading.checks.records import pixels_problem as _pixels_proble
 from course_utils.grading.checks.records import record_example
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.shuffle_order import buffer_problem, places_ahead
+from course_utils.grading.checks.storage_reads import slow_pipeline, storage
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -81,49 +82,6 @@ def _is_dataset(value: Any) -> bool:
 # --- Exercise 1 · make a slow pipeline fast --------------------------------------------------
 
 
-def _slow_pipeline(source: Any, read: Callable[[Any], Any], decode: Callable[[Any], Any],
-                   batch_size: int) -> Any:
-    """The reference: one element at a time, tf.data's automatic optimizations off."""
-    from course_utils.data import without_default_optimizations
-
-    return without_default_optimizations(source.map(read).map(decode).batch(batch_size))
-
-
-def _storage(seconds: float, reads: dict[str, int] | None = None
-             ) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
-    """``read`` (waits ``seconds``, then returns ``3x + 1``) and ``decode`` (``x / 2``);
-    every read adds one to ``reads["count"]``, and ``reads["most_at_once"]`` keeps the largest
-    number of reads that were waiting at the same time (the mechanism: overlapping reads)."""
-    tf = _tf()
-    reads = reads if reads is not None else {}
-    reads.setdefault("count", 0)
-    reads.setdefault("most_at_once", 0)
-    reads.setdefault("overlapped", 0)  # reads that started with half the minimum waiting
-    in_flight = {"now": 0}
-    lock = threading.Lock()  # parallel reads run in several tf.data threads
-
-    def wait_and_read(value: Any) -> Any:
-        with lock:
-            in_flight["now"] += 1
-            reads["most_at_once"] = max(reads["most_at_once"], in_flight["now"])
-            reads["overlapped"] += in_flight["now"] >= FAST_PIPELINE_MIN_READS_AT_ONCE // 2
-        time.sleep(seconds)
-        with lock:
-            in_flight["now"] -= 1
-            reads["count"] += 1
-        return np.int64(3 * int(value) + 1)
-
-    def read(index: Any) -> Any:
-        record = tf.py_function(wait_and_read, [index], tf.int64)
-        record.set_shape([])
-        return record
-
-    def decode(record: Any) -> Any:
-        return tf.cast(record, tf.float32) / 2.0
-
-    return read, decode
-
-
 @register
 def check_fast_pipeline(fn: Any) -> bool:
     """Check ``fast_pipeline(source, read, decode, batch_size)``: same elements, much faster."""
@@ -133,14 +91,22 @@ def check_fast_pipeline(fn: Any) -> bool:
     # Always a short last batch, so a pipeline that drops or pads it cannot pass by luck.
     num_elements = rng.randint(60, 72) // batch_size * batch_size + rng.randint(1, batch_size - 1)
     first = rng.randint(0, 1000)
-    reads: dict[str, int] = {}
-    read, decode = _storage(READ_LATENCY_S, reads)
+    reads: dict[str, Any] = {}
+    read, decode = storage(READ_LATENCY_S, reads, FAST_PIPELINE_MIN_READS_AT_ONCE // 2)
     expected = (3 * np.arange(first, first + num_elements) + 1) / 2.0
 
     def source() -> Any:
         return tf.data.Dataset.range(first, first + num_elements)
 
     call = f"(source=range({first}, {first + num_elements}), read, decode, {batch_size})"
+
+    def _reads_not_in(dataset: Any) -> str | None:  # the dataset's own read ops did them?
+        ops = py_function_tokens(dataset)
+        outside = sum(token not in ops for token in reads["by"])
+        return (f"{outside} of the epoch's {len(reads['by'])} reads came from no read op of "
+                "the returned dataset's graph (called in Python: in a thread or a generator of "
+                "your own): which tf.data step of the dataset reads, and how many at once?"
+                ) if outside else None
 
     def correct(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
@@ -159,7 +125,11 @@ def check_fast_pipeline(fn: Any) -> bool:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
         reads["most_at_once"] = reads["overlapped"] = reads["count"] = 0
+        reads["by"].clear()
         epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
+        problem = _reads_not_in(dataset)
+        if problem:
+            return problem
         overlapped = reads["most_at_once"]
         share = reads["overlapped"] / max(reads["count"], 1)
         if overlapped < FAST_PIPELINE_MIN_READS_AT_ONCE:
@@ -177,13 +147,18 @@ def check_fast_pipeline(fn: Any) -> bool:
         # that reads nothing is not faster, it skips the work).
         rounds = []
         for _ in range(FAST_PIPELINE_ROUNDS):
-            slow = epoch_seconds(_slow_pipeline(source(), read, decode, batch_size))
+            slow = epoch_seconds(slow_pipeline(source(), read, decode, batch_size))
             reads["count"] = 0
-            rounds.append((slow, epoch_seconds(fn(source(), read, decode, batch_size))))
+            reads["by"].clear()
+            yours = fn(source(), read, decode, batch_size)
+            rounds.append((slow, epoch_seconds(yours)))
             if reads["count"] != num_elements:
                 return (f"a timed epoch of a fresh call read {reads['count']} of "
                         f"{num_elements} records: every epoch reads from storage (did this "
                         "call's pipeline read the source it was given?)")
+            problem = _reads_not_in(yours)
+            if problem:
+                return problem
         slow_seconds = float(np.median([slow for slow, _ in rounds]))
         fast_seconds = float(np.median([quick for _, quick in rounds]))
         speedup = slow_seconds / fast_seconds
