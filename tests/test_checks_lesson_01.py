@@ -176,7 +176,23 @@ def _a_burst_then_one_at_a_time(source, read, decode, batch_size):  # overlaps 1
     return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
+def _read_in_python_threads(source, read, decode, batch_size):  # 16 reads at once, tf.data none
+    from concurrent.futures import ThreadPoolExecutor
+
+    tf = cu.quiet.import_tensorflow()
+    indices = [int(index) for index in source.as_numpy_iterator()]
+
+    def records():  # each epoch reads anew, 16 at a time, in Python's threads
+        with ThreadPoolExecutor(16) as pool:
+            yield from pool.map(lambda i: int(read(tf.constant(i, tf.int64))), indices)
+
+    dataset = tf.data.Dataset.from_generator(records, output_signature=tf.TensorSpec([], tf.int64))
+    return dataset.map(decode).batch(batch_size)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_read_in_python_threads, r"(\d+) of the epoch's \1 reads came from no read op of the "
+                              "returned dataset's graph"),
     (_a_burst_then_one_at_a_time, r"overlapped for part of the epoch only"),
     (_broken_given, r"at most 1 read\(s\) waited at the same time"),
     (_both_maps_in_parallel_few_calls, r"at most [1-4] read\(s\) waited at the same time"),
@@ -257,6 +273,28 @@ def _dropped_last_batch(blocks, batch_size, buffer, seed):
     return blocks.unbatch().shuffle(buffer, seed=seed).batch(batch_size, drop_remainder=True)
 
 
+def _one_short(blocks, batch_size, buffer, seed):  # "buffer - 1 is as good"
+    return blocks.unbatch().shuffle(buffer - 1, seed=seed).batch(batch_size)
+
+
+def _nine_tenths(blocks, batch_size, buffer, seed):  # 90 % of it
+    return blocks.unbatch().shuffle(buffer * 9 // 10, seed=seed).batch(batch_size)
+
+
+def _blocks_then_examples(blocks, batch_size, buffer, seed):  # half the buffer in blocks,
+    block_size = int(next(iter(blocks)).shape[0])  # half in examples
+    blocks = blocks.shuffle(max(1, buffer // (2 * block_size)), seed=seed)
+    return blocks.unbatch().shuffle(buffer // 2, seed=seed).batch(batch_size)
+
+
+def _windows_shuffled(blocks, batch_size, buffer, seed):  # fixed windows of the buffer's size,
+    tf = cu.quiet.import_tensorflow()  # each shuffled anew every epoch: no buffer runs over them
+    draws = tf.random.Generator.from_seed(seed)
+    windows = blocks.unbatch().batch(buffer)
+    windows = windows.map(lambda w: tf.gather(w, tf.argsort(draws.uniform(tf.shape(w)))))
+    return windows.unbatch().batch(batch_size)
+
+
 def _shuffled_once_in_numpy(blocks, batch_size, buffer, seed):  # read from the input, once
     tf = cu.quiet.import_tensorflow()
     examples = np.concatenate(list(blocks.as_numpy_iterator()))
@@ -275,12 +313,46 @@ def _shuffled_once_in_numpy(blocks, batch_size, buffer, seed):  # read from the 
     (_buffer_ignored, "reaches at most"),
     (_half_buffer, r"no example came more than \d+ places ahead"),
     (_most_of_the_buffer, r"no example came more than \d+ places ahead"),
+    (_one_short, r"no example came more than \d+ places ahead of its place in 4 epochs"),
+    (_nine_tenths, r"no example came more than \d+ places ahead of its place in 4 epochs"),
+    (_blocks_then_examples, r"no example came more than \d+ places ahead"),
+    (_windows_shuffled, r"no example came (out )?more than \d+ places (ahead of|after) its "
+                        "place in 4 epochs"),
     (_dropped_last_batch, "batch sizes differ"),
     (_shuffled_once_in_numpy, "two epochs came in the same order"),
 ])
 def test_shuffled_batches_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):
         cu.grading.check_shuffled_batches(wrong)
+
+
+def _buffer_shuffle(n, buffer, rng):  # tf.data's shuffle: a draw from the buffer, refilled
+    out, pool, waiting = [], list(range(buffer)), iter(range(buffer, n))
+    while pool:
+        place = int(rng.integers(len(pool)))
+        out.append(pool[place])
+        pool[place] = next(waiting, None)
+        if pool[place] is None:
+            pool[place] = pool[-1]
+            pool.pop()
+    return out
+
+
+def test_buffer_problem_tells_a_buffer_from_a_smaller_one_and_from_windows():
+    from course_utils.grading.checks.shuffle_order import buffer_problem
+
+    rng = np.random.default_rng(0)
+    n, b = 320, 60  # exercise 2's least favourable draw
+    assert buffer_problem([_buffer_shuffle(n, b, rng) for _ in range(4)], b, "example") is None
+    smaller = [_buffer_shuffle(n, b - 1, rng) for _ in range(4)]
+    assert "no example came more than 58 places ahead" in buffer_problem(smaller, b, "example")
+    larger = [_buffer_shuffle(n, b + 1, rng) for _ in range(4)]
+    assert "reaches at most 59 ahead" in buffer_problem(larger, b, "example")
+    windows = [np.concatenate([start + rng.permutation(min(b, n - start))
+                               for start in range(0, n, b)]) for _ in range(4)]
+    for window in windows:  # the newest of a window first: b - 1 ahead, as a buffer brings
+        window[:b] = np.roll(np.sort(window[:b]), 1)
+    assert "places after its place" in buffer_problem(windows, b, "record")
 
 
 def test_lost_or_repeated_examples_are_caught():
@@ -361,6 +433,23 @@ def _double_buffer(records, decode, augment, b, buffer):
     return records.map(decode).cache().shuffle(2 * buffer).map(augment).batch(b)
 
 
+def _most_of_the_buffer(records, decode, augment, b, buffer):  # 70 % of it
+    return records.map(decode).cache().shuffle(buffer * 7 // 10).map(augment).batch(b)
+
+
+def _one_short(records, decode, augment, b, buffer):  # "buffer - 1 is as good"
+    return records.map(decode).cache().shuffle(buffer - 1).map(augment).batch(b)
+
+
+def _windows_shuffled(records, decode, augment, b, buffer):  # fixed windows of the buffer's
+    import tensorflow as tf  # size, each shuffled anew every epoch: no buffer runs over them
+
+    draws = tf.random.Generator.from_seed(7)
+    windows = records.map(decode).cache().batch(buffer)
+    windows = windows.map(lambda w: tf.gather(w, tf.argsort(draws.uniform(tf.shape(w)))))
+    return windows.unbatch().map(augment).batch(b)
+
+
 def _last_batch_dropped(records, decode, augment, b, buffer):
     decoded = records.map(decode).cache().shuffle(buffer).map(augment)
     return decoded.batch(b, drop_remainder=True)
@@ -409,6 +498,11 @@ def _memo_beside_a_decoy_cache(records, decode, augment, b, buffer):  # a cache 
     (_half_buffer, r"brings some \d+ or more; the buffer given was \d+"),
     (_huge_buffer, "case 2 .*is the buffer the one given"),
     (_double_buffer, "case 2 .*is the buffer the one given"),
+    (_most_of_the_buffer, r"no record came more than \d+ places (ahead of its place in 8|"
+                          "before its stored place in 4) epochs"),
+    (_one_short, r"no record came more than \d+ places ahead of its place in 8 epochs"),
+    (_windows_shuffled, r"no record came (out )?more than \d+ places (ahead of|after) its "
+                        "place in 8 epochs"),
 ])
 def test_cached_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):

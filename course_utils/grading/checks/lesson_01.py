@@ -5,16 +5,20 @@
   read exactly once per epoch (counted: an answer that skips ``read`` fails), and a speed-up
   over the slow reference, on a pipeline whose reads wait on (simulated) storage: the reads
   that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE``; most
-  reads start while others wait), slow and fast timed the same way, in turns, several epochs.
+  reads start while others wait), each made by a read op of the returned dataset's graph (reads
+  in Python threads of the answer's own fail; ``checks/storage_reads.py``), slow and fast timed
+  the same way, in turns, several epochs.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – every example once per epoch, right batch sizes, few neighbours from one
-  block inside a batch, one example as far ahead as the buffer given brings one (0.8 of it),
-  the same order for the same seed and a new order every epoch.
+  block inside a batch, the same order for the same seed and a new order every epoch; the
+  whole set: one example n/2 ahead; a buffer b < n, over four epochs: some example exactly
+  b - 1 ahead and none further, some b or more late (``checks/shuffle_order.py``: a smaller
+  buffer, or fixed windows of b each shuffled, fail).
 * ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted,
   and a tf.data cache in the pipeline's graph: a decode memoised in Python is no cache),
   augmentation and order that change every epoch (a cache after the shuffle freezes it), every
-  record once per epoch, and a shuffle as wide as the buffer given (all records: one count/2
-  early; a smaller buffer b, second case: none b places early).
+  record once per epoch, and a shuffle with the buffer given (all records: one count/2 early;
+  a smaller buffer b, second case: over eight epochs, as for ``check_shuffled_batches``).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
   ``map`` – an image stored as its raw bytes (decoded, reshaped, scaled to [0, 1]: the lesson
   parsed a float list), a label and a weight that some records lack (default 1.0).
@@ -22,9 +26,6 @@
 
 from __future__ import annotations
 
-import math
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,8 @@ from course_utils.grading.checks.batch_shapes import size_problem as _size_probl
 from course_utils.grading.checks.records import pixels_problem as _pixels_problem
 from course_utils.grading.checks.records import record_example
 from course_utils.grading.checks.registry import register
+from course_utils.grading.checks.shuffle_order import buffer_problem, places_ahead
+from course_utils.grading.checks.storage_reads import slow_pipeline, storage
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -79,49 +82,6 @@ def _is_dataset(value: Any) -> bool:
 # --- Exercise 1 · make a slow pipeline fast --------------------------------------------------
 
 
-def _slow_pipeline(source: Any, read: Callable[[Any], Any], decode: Callable[[Any], Any],
-                   batch_size: int) -> Any:
-    """The reference: one element at a time, tf.data's automatic optimizations off."""
-    from course_utils.data import without_default_optimizations
-
-    return without_default_optimizations(source.map(read).map(decode).batch(batch_size))
-
-
-def _storage(seconds: float, reads: dict[str, int] | None = None
-             ) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
-    """``read`` (waits ``seconds``, then returns ``3x + 1``) and ``decode`` (``x / 2``);
-    every read adds one to ``reads["count"]``, and ``reads["most_at_once"]`` keeps the largest
-    number of reads that were waiting at the same time (the mechanism: overlapping reads)."""
-    tf = _tf()
-    reads = reads if reads is not None else {}
-    reads.setdefault("count", 0)
-    reads.setdefault("most_at_once", 0)
-    reads.setdefault("overlapped", 0)  # reads that started with half the minimum waiting
-    in_flight = {"now": 0}
-    lock = threading.Lock()  # parallel reads run in several tf.data threads
-
-    def wait_and_read(value: Any) -> Any:
-        with lock:
-            in_flight["now"] += 1
-            reads["most_at_once"] = max(reads["most_at_once"], in_flight["now"])
-            reads["overlapped"] += in_flight["now"] >= FAST_PIPELINE_MIN_READS_AT_ONCE // 2
-        time.sleep(seconds)
-        with lock:
-            in_flight["now"] -= 1
-            reads["count"] += 1
-        return np.int64(3 * int(value) + 1)
-
-    def read(index: Any) -> Any:
-        record = tf.py_function(wait_and_read, [index], tf.int64)
-        record.set_shape([])
-        return record
-
-    def decode(record: Any) -> Any:
-        return tf.cast(record, tf.float32) / 2.0
-
-    return read, decode
-
-
 @register
 def check_fast_pipeline(fn: Any) -> bool:
     """Check ``fast_pipeline(source, read, decode, batch_size)``: same elements, much faster."""
@@ -131,14 +91,22 @@ def check_fast_pipeline(fn: Any) -> bool:
     # Always a short last batch, so a pipeline that drops or pads it cannot pass by luck.
     num_elements = rng.randint(60, 72) // batch_size * batch_size + rng.randint(1, batch_size - 1)
     first = rng.randint(0, 1000)
-    reads: dict[str, int] = {}
-    read, decode = _storage(READ_LATENCY_S, reads)
+    reads: dict[str, Any] = {}
+    read, decode = storage(READ_LATENCY_S, reads, FAST_PIPELINE_MIN_READS_AT_ONCE // 2)
     expected = (3 * np.arange(first, first + num_elements) + 1) / 2.0
 
     def source() -> Any:
         return tf.data.Dataset.range(first, first + num_elements)
 
     call = f"(source=range({first}, {first + num_elements}), read, decode, {batch_size})"
+
+    def _reads_not_in(dataset: Any) -> str | None:  # the dataset's own read ops did them?
+        ops = py_function_tokens(dataset)
+        outside = sum(token not in ops for token in reads["by"])
+        return (f"{outside} of the epoch's {len(reads['by'])} reads came from no read op of "
+                "the returned dataset's graph (called in Python: in a thread or a generator of "
+                "your own): which tf.data step of the dataset reads, and how many at once?"
+                ) if outside else None
 
     def correct(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
@@ -157,7 +125,11 @@ def check_fast_pipeline(fn: Any) -> bool:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
         reads["most_at_once"] = reads["overlapped"] = reads["count"] = 0
+        reads["by"].clear()
         epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
+        problem = _reads_not_in(dataset)
+        if problem:
+            return problem
         overlapped = reads["most_at_once"]
         share = reads["overlapped"] / max(reads["count"], 1)
         if overlapped < FAST_PIPELINE_MIN_READS_AT_ONCE:
@@ -175,13 +147,18 @@ def check_fast_pipeline(fn: Any) -> bool:
         # that reads nothing is not faster, it skips the work).
         rounds = []
         for _ in range(FAST_PIPELINE_ROUNDS):
-            slow = epoch_seconds(_slow_pipeline(source(), read, decode, batch_size))
+            slow = epoch_seconds(slow_pipeline(source(), read, decode, batch_size))
             reads["count"] = 0
-            rounds.append((slow, epoch_seconds(fn(source(), read, decode, batch_size))))
+            reads["by"].clear()
+            yours = fn(source(), read, decode, batch_size)
+            rounds.append((slow, epoch_seconds(yours)))
             if reads["count"] != num_elements:
                 return (f"a timed epoch of a fresh call read {reads['count']} of "
                         f"{num_elements} records: every epoch reads from storage (did this "
                         "call's pipeline read the source it was given?)")
+            problem = _reads_not_in(yours)
+            if problem:
+                return problem
         slow_seconds = float(np.median([slow for slow, _ in rounds]))
         fast_seconds = float(np.median([quick for _, quick in rounds]))
         speedup = slow_seconds / fast_seconds
@@ -256,14 +233,8 @@ def check_shuffled_batches(fn: Any) -> bool:
                 return (f"{same_block:.0%} of the neighbours inside your batches come from the "
                         "same block (expected a few per cent): the blocks were shuffled, not "
                         "the examples")
-            # a buffer of b: the i-th out is one of 0 .. i + b - 1 (a bound, not a timing); on
-            # average examples move about 0.65 b, or n/3 for the whole set (n >= 20 batches)
+            # on average examples move about 0.65 b for a buffer of b, n/3 for the whole set
             moved = float(np.mean(np.abs(elements - np.arange(num_elements))))
-            ahead = int(np.max(elements - np.arange(num_elements)))
-            if buffer < num_elements and ahead > buffer - 1:
-                return (f"an example came out {ahead} places ahead of its place in the data; "
-                        f"a shuffle buffer of {buffer} examples reaches at most {buffer - 1} "
-                        "ahead: is the buffer the one given?")
             if buffer < num_elements and moved < buffer / 4:
                 return (f"examples moved {moved:.1f} places on average, with a buffer of "
                         f"{buffer} examples about {0.65 * buffer:.0f}: is the buffer counted "
@@ -273,23 +244,26 @@ def check_shuffled_batches(fn: Any) -> bool:
                         f"places on average; a shuffle over all {num_elements} examples moves "
                         f"them about {num_elements / 3:.0f}): is the buffer counted in "
                         "examples, and is it the one given?")
-            # b < n brings one 0.8 (b - 1) ahead, b = n one n/2 ahead (n >= 320), both failing
-            # far below one in a million; a buffer under 0.8 b, or n/2, never can
-            reach = math.ceil(0.8 * (buffer - 1)) if buffer < num_elements else buffer // 2
-            if ahead < reach:
-                return (f"no example came more than {ahead} places ahead of its place in the "
-                        f"data; a shuffle buffer of {buffer} examples brings some {reach} or "
-                        "more ahead: is the buffer counted in examples, and is it the one given?")
+            # the whole set brings one n/2 ahead (n >= 320), failing far below one in a million
+            if buffer == num_elements and places_ahead(elements) < buffer // 2:
+                return (f"no example came more than {places_ahead(elements)} places ahead of "
+                        f"its place in the data; a shuffle buffer of {buffer} examples brings "
+                        f"some {buffer // 2} or more ahead: is the buffer the one given?")
             if np.array_equal(np.concatenate(epoch_two), elements):
                 return "two epochs came in the same order (expected a new order every epoch)"
             again = fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed)
             if not np.array_equal(np.concatenate(_batches(again)), elements):
                 return "the same seed gave another order: where does the shuffle get its seed?"
-            other = fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed + 1)
-            if np.array_equal(np.concatenate(_batches(other)), elements):
+            other = np.concatenate(_batches(
+                fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed + 1)))
+            if np.array_equal(other, elements):
                 return (f"seed={seed + 1} gave the same order as seed={seed}: which seed did the "
                         "shuffle use?")
-            return None
+            # b < n: 4 independent epochs; each misses the reach b - 1 with P <= 1.3 %
+            # (n >= 320, b <= 60): all four < 3e-8 (checks/shuffle_order.py)
+            orders = [elements, np.concatenate(epoch_two), other,
+                      np.concatenate(_batches(dataset))]
+            return buffer_problem(orders, buffer, "example") if buffer < num_elements else None
 
         return verify
 
@@ -347,16 +321,17 @@ def _cached_verifier(count: int, batch_size: int, buffer: int,
         if orders[0] == orders[1]:
             return ("the two epochs came in the same order: the cache froze the shuffle "
                     "(a shuffle is random work too)")
-        # A buffer of b brings no record b places early; the whole set's none k = count // 2
-        # early with P = k^(count-k) k!/count! < 0.8 % (count >= 21); in 4 epochs: < 1e-8.
-        orders += [(np.concatenate(_batches(dataset)) // 10).astype(int).tolist() for _ in range(2)]
-        jumps = [max(record - place for place, record in enumerate(order)) for order in orders]
-        if buffer < count and max(jumps) > buffer - 1:
-            return (f"a record came {max(jumps)} places before its stored place; a shuffle "
-                    f"buffer of {buffer} records brings none {buffer} or more places early: "
-                    "is the buffer the one given?")
-        if buffer == count and max(jumps) < count // 2:
-            return (f"no record came more than {max(jumps)} places before its stored place "
+        # b < n: 8 epochs, each missing the reach b - 1 with P < 4.3 % (count >= 4 b) and a
+        # record b late with P < 1.4 %: < 1e-11 (checks/shuffle_order.py). The whole set
+        # brings none k = count // 2 early with P = k^(count-k) k!/count! < 0.8 % (count >= 21);
+        # in 4 epochs: < 1e-8.
+        orders += [(np.concatenate(_batches(dataset)) // 10).astype(int).tolist()
+                   for _ in range(2 if buffer == count else 6)]
+        if buffer < count:
+            return buffer_problem(orders, buffer, "record")
+        jump = max(places_ahead(order) for order in orders)
+        if jump < count // 2:
+            return (f"no record came more than {jump} places before its stored place "
                     f"in {len(orders)} epochs; a shuffle over all {count} records brings some "
                     f"{count // 2} or more; the buffer given was {count}")
         return None
