@@ -24,8 +24,10 @@
 * ``check_first_overflowing_layer(first_overflowing_layer)``: fresh mixed_float16 MLPs whose
   activations grow layer by layer, on batches with two outlier rows scaled so that the same
   model overflows at different layers (or nowhere): the answer depends on the outputs, not on
-  the weights. A second model has a decoy: the layer with by far the largest (negative)
-  weights, whose output is finite (ReLU of -inf is 0).
+  the weights. One model grows in layers without weights (a recomputation from the Dense
+  weights misses it); another has a decoy: the layer with by far the largest (negative) weights,
+  whose output is finite (ReLU makes its pre-activations 0); every batch holds a loud row that
+  never overflows (the largest example is not where the overflow starts).
 """
 
 from __future__ import annotations
