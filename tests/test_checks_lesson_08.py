@@ -211,6 +211,23 @@ def step_with(tf, *, scale=True, divide=True, return_scaled=False, zero_non_fini
     return step
 
 
+def fixed_scale_step(tf, scale):
+    """Clipped right, but its gradients computed at a fixed loss scale of its own (the manual
+    loss scaling of old tutorials), not at the optimizer's dynamic scale."""
+
+    def step(model, optimizer, loss_fn, x, y, clip_norm):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+            scaled_loss = loss * scale
+        unscaled = [g / scale for g in tape.gradient(scaled_loss, model.trainable_variables)]
+        clipped, norm = tf.clip_by_global_norm(unscaled, clip_norm)
+        optimizer.apply([g * optimizer.dynamic_scale for g in clipped],
+                        model.trainable_variables)
+        return loss, norm
+
+    return step
+
+
 def lesson_cell_step(tf):
     """Lesson 08's make_loss_scaled_step, copied: no clipping, the loss alone returned."""
 
@@ -236,6 +253,12 @@ def test_keras_own_clipping_after_unscaling_passes(tf):
     assert cu.grading.check_loss_scaled_train_step(step_with(tf, keras_clip=True))
 
 
+@pytest.mark.parametrize("scale", [2.0**12, 2.0**15, 2.0**24])
+def test_a_fixed_loss_scale_fails(tf, scale):
+    with pytest.raises(AssertionError, match="overflow float16 in the backward pass"):
+        cu.grading.check_loss_scaled_train_step(fixed_scale_step(tf, scale))
+
+
 def test_the_lesson_cell_copied_fails(tf):
     with pytest.raises(AssertionError, match=r"return \(loss, norm\)"):
         cu.grading.check_loss_scaled_train_step(lesson_cell_step(tf))
@@ -248,7 +271,8 @@ def test_the_lesson_cell_copied_fails(tf):
     ({"return_scaled": True}, "expected the unscaled"),
     ({"inner": True},
      "LossScaleOptimizer itself|the planted overflow, (was not seen|changed)"),
-    ({"zero_non_finite": True}, "the planted overflow, (was not seen|changed the)"),
+    ({"zero_non_finite": True},
+     "the planted overflow, (was not seen|changed the)|overflow float16 in the backward pass"),
     ({"clip": None}, r"step 1: the weights differ .*which scale did you clip"),
     ({"clip": "scaled"}, r"step 1: the weights differ"),
     ({"clip": "per tensor"}, r"step \d: the weights differ"),
