@@ -211,6 +211,23 @@ def step_with(tf, *, scale=True, divide=True, return_scaled=False, zero_non_fini
     return step
 
 
+def fixed_scale_step(tf, scale):
+    """Clipped right, but its gradients computed at a fixed loss scale of its own (the manual
+    loss scaling of old tutorials), not at the optimizer's dynamic scale."""
+
+    def step(model, optimizer, loss_fn, x, y, clip_norm):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+            scaled_loss = loss * scale
+        unscaled = [g / scale for g in tape.gradient(scaled_loss, model.trainable_variables)]
+        clipped, norm = tf.clip_by_global_norm(unscaled, clip_norm)
+        optimizer.apply([g * optimizer.dynamic_scale for g in clipped],
+                        model.trainable_variables)
+        return loss, norm
+
+    return step
+
+
 def lesson_cell_step(tf):
     """Lesson 08's make_loss_scaled_step, copied: no clipping, the loss alone returned."""
 
@@ -236,6 +253,12 @@ def test_keras_own_clipping_after_unscaling_passes(tf):
     assert cu.grading.check_loss_scaled_train_step(step_with(tf, keras_clip=True))
 
 
+@pytest.mark.parametrize("scale", [2.0**12, 2.0**15, 2.0**24])
+def test_a_fixed_loss_scale_fails(tf, scale):
+    with pytest.raises(AssertionError, match="overflow float16 in the backward pass"):
+        cu.grading.check_loss_scaled_train_step(fixed_scale_step(tf, scale))
+
+
 def test_the_lesson_cell_copied_fails(tf):
     with pytest.raises(AssertionError, match=r"return \(loss, norm\)"):
         cu.grading.check_loss_scaled_train_step(lesson_cell_step(tf))
@@ -248,7 +271,8 @@ def test_the_lesson_cell_copied_fails(tf):
     ({"return_scaled": True}, "expected the unscaled"),
     ({"inner": True},
      "LossScaleOptimizer itself|the planted overflow, (was not seen|changed)"),
-    ({"zero_non_finite": True}, "the planted overflow, (was not seen|changed the)"),
+    ({"zero_non_finite": True},
+     "the planted overflow, (was not seen|changed the)|overflow float16 in the backward pass"),
     ({"clip": None}, r"step 1: the weights differ .*which scale did you clip"),
     ({"clip": "scaled"}, r"step 1: the weights differ"),
     ({"clip": "per tensor"}, r"step \d: the weights differ"),
@@ -332,6 +356,30 @@ def _lazy_overflow_answers(keras, tf):
         return None if np.all(np.isfinite(np.asarray(body(x), np.float32))) else (
             model.layers[-2].name)
 
+    def dense_weights_in_their_range(model, x):  # float64 from the Dense weights, each layer
+        for name, output in _numpy_forward(model, x, np.float64):  # against its own dtype
+            dtype = model.get_layer(name).compute_dtype
+            if not np.all(np.isfinite(output)) or np.max(np.abs(output)) > np.finfo(dtype).max:
+                return name
+        return None
+
+    def dense_weights_in_float16(model, x):  # float16 emulated from the Dense weights
+        h = np.asarray(x, np.float16)
+        for layer in [layer for layer in model.layers if layer.weights]:
+            dtype = np.dtype(layer.compute_dtype)
+            kernel, bias = (np.asarray(w, np.float32) for w in layer.get_weights())
+            with np.errstate(over="ignore", invalid="ignore"):
+                h = (np.asarray(h, np.float32) @ kernel + bias).astype(dtype)
+            if layer is not model.layers[-1]:
+                h = np.maximum(h, 0)
+            if not np.all(np.isfinite(h)):
+                return layer.name
+        return None
+
+    def largest_example_only(model, x):  # the example with the largest values
+        row = int(np.argmax(np.max(np.abs(x), axis=1)))
+        return first_overflowing_layer(model, x[row:row + 1], keras, tf)
+
     def index_not_name(model, x):  # the position instead of the name
         name = first_overflowing_layer(model, x, keras, tf)
         return None if name is None else [layer.name for layer in model.layers].index(name)
@@ -342,14 +390,22 @@ def _lazy_overflow_answers(keras, tf):
             "logits only": output_only, "last, not first": last_overflowing,
             "first example only": first_example_only, "computed in float32": in_float32,
             "lesson cell: last hidden layer": lesson_cell, "index, not name": index_not_name,
-            "NumPy, every layer against float16's range": numpy_float16_range}
+            "NumPy, every layer against float16's range": numpy_float16_range,
+            "NumPy from the Dense weights, each against its dtype's range":
+                dense_weights_in_their_range,
+            "NumPy float16 from the Dense weights": dense_weights_in_float16,
+            "the largest example only": largest_example_only}
 
 
 @pytest.mark.parametrize("mistake", ["constant None", "constant first layer", "largest weights",
                                      "logits only", "last, not first", "first example only",
                                      "computed in float32", "lesson cell: last hidden layer",
                                      "index, not name",
-                                     "NumPy, every layer against float16's range"])
+                                     "NumPy, every layer against float16's range",
+                                     "NumPy from the Dense weights, each against its dtype's "
+                                     "range",
+                                     "NumPy float16 from the Dense weights",
+                                     "the largest example only"])
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
     lazy = _lazy_overflow_answers(keras, tf)[mistake]
     with pytest.raises(AssertionError, match="finite|you answered None|return a layer's name|"

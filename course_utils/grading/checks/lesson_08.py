@@ -18,14 +18,20 @@
 * ``check_loss_scaled_train_step(loss_scaled_train_step)``: steps of a mixed_float16 model with
   a ``LossScaleOptimizer`` and a global-norm clip (below the gradients' norm, so that it
   changes the updates) on fresh inputs equal a reference step that clips the UNSCALED
-  gradients (weights, loss, norm, loss scale), and a batch planted to overflow is skipped
-  (weights unchanged, scale halved). The loss is weighted by ``LOSS_WEIGHT`` (2^-18): its true
-  gradients underflow float16, so a step that never computes them at the loss scale differs.
+  gradients (weights, loss, norm, loss scale, which steps were skipped), and a batch planted to
+  overflow is skipped (weights unchanged, scale halved). The loss is weighted by ``LOSS_WEIGHT``
+  (2^-18): its true gradients underflow float16, so a step that never computes them at the loss
+  scale differs. The scale starts at the largest power of two at which the first batch's
+  gradients are finite and doubles after every finite step (``GROWTH_STEPS``), so later steps
+  overflow in the backward pass and must be skipped: a step that computes its gradients at a
+  fixed loss scale of its own (the optimizer's scale used only to apply) is applied there.
 * ``check_first_overflowing_layer(first_overflowing_layer)``: fresh mixed_float16 MLPs whose
   activations grow layer by layer, on batches with two outlier rows scaled so that the same
   model overflows at different layers (or nowhere): the answer depends on the outputs, not on
-  the weights. A second model has a decoy: the layer with by far the largest (negative)
-  weights, whose output is finite (ReLU of -inf is 0).
+  the weights. One model grows in layers without weights (a recomputation from the Dense
+  weights misses it); another has a decoy: the layer with by far the largest (negative) weights,
+  whose output is finite (ReLU makes its pre-activations 0); every batch holds a loud row that
+  never overflows (the largest example is not where the overflow starts).
 """
 
 from __future__ import annotations
@@ -43,13 +49,17 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["ACCURACY_TOLERANCE", "BATCH_SIZE", "EPOCHS", "LOSS_TOLERANCE", "LOSS_WEIGHT",
+__all__ = ["ACCURACY_TOLERANCE", "BATCH_SIZE", "EPOCHS", "GROWTH_STEPS", "LOSS_TOLERANCE",
+           "LOSS_WEIGHT",
            "OVERFLOW_FACTOR",
            "check_first_overflowing_layer",
            "check_loss_scaled_train_step", "check_train_with_policy"]
 
 #: The planted batch is the inputs times this: float16 activations overflow (max 65504).
 OVERFLOW_FACTOR = 1e6
+#: Exercise 2's loss scale doubles after this many finite steps: from the edge of float16's
+#: range (where the check starts it), some later steps overflow in the backward pass.
+GROWTH_STEPS = 1
 #: Exercise 2's loss is weighted by this (an auxiliary loss's small weight): its true gradients
 #: lie mostly below float16's smallest normal number, so only a step that computes them at the
 #: loss scale matches the reference; the learning rate is divided by it (updates of usual size).
@@ -341,10 +351,26 @@ def _weighted_loss(keras: Any) -> Callable[[Any, Any], Any]:
     return loss_fn
 
 
+def _edge_scale(model: Any, loss_fn: Any, x: Any, y: Any) -> float:
+    """The largest power of two at which this batch's scaled gradients are still finite:
+    twice it, the backward pass overflows float16."""
+    tf = _tf()
+    exponent = 0
+    while exponent < 120:
+        with tf.GradientTape() as tape:
+            scaled = tf.reduce_mean(loss_fn(y, model(x, training=True))) * 2.0 ** (exponent + 1)
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        if not all(bool(tf.reduce_all(tf.math.is_finite(g))) for g in gradients):
+            return 2.0 ** exponent
+        exponent += 1
+    raise RuntimeError("the check's gradients never overflowed float16")
+
+
 @register
 def check_loss_scaled_train_step(fn: Any) -> bool:
     """Check ``loss_scaled_train_step(model, optimizer, loss_fn, x, y, clip_norm)`` against a
-    reference: weights, loss, the unscaled gradients' global norm and the loss scale."""
+    reference: weights, loss, the unscaled gradients' global norm, the loss scale and which
+    steps were skipped."""
     tf = _tf()
     keras = _keras()
     from course_utils.training.precision import policy_scope
@@ -355,28 +381,34 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
     with policy_scope("mixed_float16"):
         model, reference = make_model(), make_model()
     reference.set_weights(model.get_weights())
-    scale = 2.0 ** rng.randint(15, 18)
-
-    def optimizer() -> Any:
-        inner = keras.optimizers.SGD(0.05 / LOSS_WEIGHT)
-        return keras.optimizers.LossScaleOptimizer(inner, initial_scale=scale,
-                                                   dynamic_growth_steps=3)
-
-    opt, reference_opt = optimizer(), optimizer()
-    opt.build(model.trainable_variables)  # built before the first step, as in lesson 02
-    reference_opt.build(reference.trainable_variables)
     loss_fn = _weighted_loss(keras)
     planted = rng.randint(2, 5)
     batches = [(tf.constant(x[i * 32:(i + 1) * 32] * (OVERFLOW_FACTOR if i == planted else 1)),
                 tf.constant(y[i * 32:(i + 1) * 32])) for i in range(8)]
+    # the scale starts at the edge of float16's range for the first batch and doubles after
+    # every finite step: later steps overflow in the backward pass and are skipped
+    scale = _edge_scale(reference, loss_fn, *batches[0])
+
+    def optimizer() -> Any:
+        inner = keras.optimizers.SGD(0.05 / LOSS_WEIGHT)
+        return keras.optimizers.LossScaleOptimizer(inner, initial_scale=scale,
+                                                   dynamic_growth_steps=GROWTH_STEPS)
+
+    opt, reference_opt = optimizer(), optimizer()
+    opt.build(model.trainable_variables)  # built before the first step, as in lesson 02
+    reference_opt.build(reference.trainable_variables)
     # a bound below the first batch's norm: the clipping changes most steps' updates
     first_norm = _first_norm(reference, loss_fn, *batches[0])
     clip_norm = float(f"{rng.uniform(0.3, 0.6) * first_norm:.4g}")
     clipped_steps: list[int] = []
+    backward_skips: list[int] = []
 
-    def compare_step(i: int, returned: Any) -> str | None:
+    def compare_step(i: int, returned: Any, applied: bool) -> str | None:
+        scale_before = float(reference_opt.dynamic_scale)
+        updates_before = int(reference_opt.iterations)
         expected_loss, expected_norm = (float(v) for v in _reference_step(
             reference, reference_opt, loss_fn, *batches[i], clip_norm))
+        expected_applied = int(reference_opt.iterations) > updates_before
         where = f"step {i + 1}{' (the planted overflow)' if i == planted else ''}"
         try:
             loss, norm = returned
@@ -389,14 +421,22 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
             ratio = f" ({got / expected_loss:.3g}× the expected)" if expected_loss else ""
             return (f"{where}: returned loss {got:.6g}, expected the unscaled "
                     f"{expected_loss:.6g}{ratio}")
-        if i != planted and not math.isclose(got_norm, expected_norm, rel_tol=1e-3):
+        if i != planted and not expected_applied and applied:
+            return (f"{where}: at the loss scale {scale_before:g} this batch's gradients "
+                    "overflow float16 in the backward pass, so the step is skipped and the "
+                    "scale halved; yours was applied. At which scale did your tape compute "
+                    "the gradients, and did optimizer.apply get them as they were, inf "
+                    "included?")
+        if expected_applied and not math.isclose(got_norm, expected_norm, rel_tol=1e-3):
             ratio = f", {got_norm / expected_norm:.3g}× the expected" if expected_norm else ""
             return (f"{where}: returned norm {got_norm:.6g}, expected {expected_norm:.6g}, the "
                     f"global norm of the unscaled gradients before clipping{ratio}")
-        if i == planted and math.isfinite(got_norm):
+        if not expected_applied and math.isfinite(got_norm):
             return (f"{where}: returned a finite norm {got_norm:.6g} for gradients that "
                     "overflowed (inf or nan): what changed them before you measured?")
-        if i != planted and expected_norm > clip_norm:
+        if i != planted and not expected_applied:
+            backward_skips.append(i)
+        if expected_applied and expected_norm > clip_norm:
             clipped_steps.append(i)
         error = largest_difference(model.get_weights(), reference.get_weights())
         if not error < 1e-4:
@@ -410,11 +450,12 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
         return None
 
     def verify(first: Any) -> str | None:
-        problem = compare_step(0, first)
+        problem = compare_step(0, first, int(opt.iterations) > 0)
         for i in range(1, len(batches)):
             if problem:
                 return problem
             before, scale_before = model.get_weights(), float(opt.dynamic_scale)
+            updates_before = int(opt.iterations)
             returned = fn(model, opt, loss_fn, *batches[i], clip_norm)
             if i == planted and largest_difference(before, model.get_weights()) != 0:
                 return (f"step {i + 1}, the planted overflow, changed the weights: a step with "
@@ -424,19 +465,24 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
                         f"should have halved from {scale_before:g}, it is "
                         f"{float(opt.dynamic_scale):g}. What did optimizer.apply receive "
                         "for this step?")
-            problem = compare_step(i, returned)
+            problem = compare_step(i, returned, int(opt.iterations) > updates_before)
         if problem:
             return problem
         skipped = len(batches) - int(opt.iterations)
-        if skipped != 1:
-            return f"expected exactly 1 skipped step (the planted overflow), got {skipped}"
-        print(f"   {len(batches)} steps equal to the reference (scale 2^{math.log2(scale):.0f} "
-              f"at the start, clip_norm {clip_norm:g}, {len(clipped_steps)} steps clipped); "
-              f"the planted overflow at step {planted + 1} was skipped")
+        expected = len(batches) - int(reference_opt.iterations)
+        if skipped != expected:
+            return f"expected {expected} skipped steps, like the reference, got {skipped}"
+        print(f"   {len(batches)} steps equal to the reference (scale "
+              f"2^{math.log2(scale):.0f} at the start, "
+              f"clip_norm {clip_norm:g}, {len(clipped_steps)} steps clipped); the planted "
+              f"overflow at step {planted + 1} was skipped, and "
+              f"{len(backward_skips)} steps whose gradients overflowed")
         return None
 
     cases = [Case(args=(model, opt, loss_fn, *batches[0], clip_norm), verify=verify,
-                  label=f"(mixed_float16 MLP, LossScaleOptimizer(initial_scale={scale:g}), "
+                  label=f"(mixed_float16 MLP, LossScaleOptimizer("
+                        f"initial_scale=2^{math.log2(scale):.0f}, "
+                        f"dynamic_growth_steps={GROWTH_STEPS}), "
                         f"loss_fn weighted 2^{math.log2(LOSS_WEIGHT):.0f}, 8 batches of 32, "
                         f"clip_norm={clip_norm:g}; batch {planted + 1} overflows)")]
     return run_check(

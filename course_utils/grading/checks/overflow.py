@@ -3,8 +3,12 @@
 ``check_first_overflowing_layer(first_overflowing_layer)``: fresh mixed_float16 MLPs whose
 activations grow layer by layer, on batches with two outlier rows scaled so that the same model
 overflows at different layers (or nowhere): the answer depends on the outputs, not on the
-weights. A second model has a decoy: the layer with by far the largest (negative) weights, whose
-output is finite (ReLU of -inf is 0). Lesson 08's module imports this one.
+weights. In the first model, layers without weights (``Rescaling``) do the growing, so an answer
+that recomputes the outputs from the Dense layers' weights misses it; the second grows in its
+kernels and has a decoy: the layer with by far the largest (negative, float16-finite) weights,
+whose output is finite (ReLU makes its negative pre-activations 0). Every batch also holds a
+loud row, its largest example, which ReLU zeroes in the first layer: an answer that looks only
+at the largest example misses the overflow. Lesson 08's module imports this one.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["DECOY_FACTOR", "GROWTH", "LOUD_LOGITS", "check_first_overflowing_layer"]
+__all__ = ["DECOY_PEAK", "GROWTH", "LOUD_INPUT", "LOUD_LOGITS",
+           "check_first_overflowing_layer"]
 
 
 def _inputs(rng: Any, num_examples: int) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -40,13 +45,20 @@ def _keras() -> Any:
 
 # --- Exercise 3 · where does float16 overflow first? -----------------------------------------
 
-#: Every hidden kernel of the check's models is multiplied by this: activations grow layer by
-#: layer, so how far a batch gets before float16 overflows (65504) depends on its inputs.
+#: Every hidden layer of the check's models multiplies its input by about this (its kernel
+#: scaled, or a ``Rescaling`` layer after it): activations grow layer by layer, so how far a
+#: batch gets before float16 overflows (65504) depends on its inputs.
 GROWTH = 8.0
 
-#: The decoy layer's kernel is made negative and this much larger: its pre-activations
-#: overflow to -inf, and ReLU turns them into 0, a finite output.
-DECOY_FACTOR = 1e6
+#: The decoy layer's kernel is made negative with this largest magnitude: far above every other
+#: weight, yet finite in float16 (a kernel that is -inf in float16 would give 0 * -inf = nan).
+#: Its pre-activations are large and negative, and ReLU turns them into 0, a finite output.
+DECOY_PEAK = 2.0 ** 15
+
+#: Every batch also holds one loud row: this value in one feature, zeros elsewhere. Every
+#: model's first kernel is negative in that feature, so ReLU makes the row 0 and it never
+#: overflows: the largest example of a batch is not where the overflow starts.
+LOUD_INPUT = 60_000.0
 
 #: A third model's float32 logits are scaled to this peak: far above float16's 65504, yet
 #: finite in the logits' own dtype (float32), so no layer of that model overflows.
@@ -100,8 +112,8 @@ def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None
             return f"{got!r} is not a layer of this model (its layers: {order})"
         if got is not None and got == decoy:
             return (f"{got!r} has by far the largest weights, yet its output on this x is "
-                    "finite: its pre-activations overflow to -inf and ReLU makes them 0. "
-                    "The weights alone do not tell where an output overflows")
+                    "finite: its pre-activations are large and negative, and ReLU makes them "
+                    "0. The weights alone do not tell where an output overflows")
         if expected is None:
             return (f"on this x (outlier rows times {scale:.3g}) every layer's output is "
                     f"finite in its own dtype (float16, float32 for the logits), you answered "
@@ -127,26 +139,34 @@ def check_first_overflowing_layer(fn: Any) -> bool:
     rng = fresh_rng()
     x, _, num_features, num_classes = _inputs(rng, 32)
     depth, units = rng.choice([4, 5]), rng.choice([16, 24, 32])
-    rows = rng.sample(range(1, len(x)), 2)  # outliers: never the first example
+    *rows, loud_row = rng.sample(range(1, len(x)), 3)  # never the first example
+    dead_feature = rng.randrange(num_features)
+    x[loud_row] = 0.0
+    x[loud_row, dead_feature] = LOUD_INPUT
     cases = []
     for with_decoy in (False, True):
         with policy_scope("mixed_float16"):
-            model = _deep_mlp(num_features, num_classes, units, depth)
+            model = (_deep_mlp(num_features, num_classes, units, depth) if with_decoy
+                     else _weightless_growth_mlp(num_features, num_classes, units, depth))
         hidden = [layer for layer in model.layers if layer.weights][:-1]
-        for layer in hidden:
-            layer.kernel.assign(layer.kernel * GROWTH)
+        _zero_the_loud_row(hidden[0], dead_feature)
         decoy = None
-        if with_decoy:  # the last hidden layer: huge, negative weights, a finite output
+        if with_decoy:  # the kernels grow; the last hidden layer: huge, negative weights
+            for layer in hidden:
+                layer.kernel.assign(layer.kernel * GROWTH)
             decoy = hidden[-1].name
-            hidden[-1].kernel.assign(-np.abs(hidden[-1].kernel.numpy()) * DECOY_FACTOR)
+            kernel = np.abs(hidden[-1].kernel.numpy())
+            hidden[-1].kernel.assign(-kernel / kernel.max() * DECOY_PEAK)
         order = [layer.name for layer in _every_output(model)[0]]
         for batch, expected, scale in _overflow_cases(model, x, rows, rng, decoy):
-            label = (f"(mixed_float16 MLP, {depth} hidden layers"
-                     f"{', one with huge negative weights' if decoy else ''}; x with 2 "
+            grows = ("one with huge negative weights" if decoy
+                     else "each followed by a layer without weights that amplifies")
+            label = (f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with 2 "
                      f"outlier rows times {scale:.3g})")
             cases.append(Case(args=(model, batch), label=label,
                               verify=_overflow_verifier(expected, order, decoy, scale)))
-    cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows, rng)
+    cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows, rng,
+                               dead_feature)
     return run_check(
         "first_overflowing_layer", fn, cases,
         hint="lesson 08, section 1 (float16's range) and section 3 (a hidden layer's output, "
@@ -154,8 +174,17 @@ def check_first_overflowing_layer(fn: Any) -> bool:
              "answer look at, and which examples of the batch?")
 
 
+def _zero_the_loud_row(first: Any, feature: int) -> None:
+    """Make ``first``'s kernel negative in ``feature``: the loud row's pre-activations are all
+    negative, and ReLU outputs 0 for it."""
+    kernel = first.kernel.numpy()
+    kernel[feature] = -np.abs(kernel[feature])
+    first.kernel.assign(kernel)
+
+
 def _loud_logits_case(num_features: int, num_classes: int, units: int, depth: int,
-                      x: np.ndarray, rows: list[int], rng: Any) -> list[Case]:
+                      x: np.ndarray, rows: list[int], rng: Any,
+                      dead_feature: int) -> list[Case]:
     """One more model, whose float32 logits peak at ``LOUD_LOGITS`` on a batch where every
     float16 layer is finite: the answer is None, which an answer that computes every layer in
     float16 (or reads only how large the logits are) misses."""
@@ -164,6 +193,7 @@ def _loud_logits_case(num_features: int, num_classes: int, units: int, depth: in
     with policy_scope("mixed_float16"):
         model = _deep_mlp(num_features, num_classes, units, depth)
     dense = [layer for layer in model.layers if layer.weights]
+    _zero_the_loud_row(dense[0], dead_feature)
     for layer in dense[:-1]:
         layer.kernel.assign(layer.kernel * GROWTH)
     quiet = [case for case in _overflow_cases(model, x, rows, rng, None) if case[1] is None]
@@ -187,3 +217,17 @@ def _deep_mlp(num_features: int, num_classes: int, units: int, depth: int) -> An
     from course_utils.models import mlp
 
     return mlp(num_features, num_classes, hidden_units=(units,) * depth)
+
+
+def _weightless_growth_mlp(num_features: int, num_classes: int, units: int,
+                           depth: int) -> Any:
+    """An MLP whose hidden Dense+ReLU layers are each followed by ``Rescaling(GROWTH)``, a
+    layer without weights (float16 under the policy), then float32 logits."""
+    keras = _keras()
+    inputs = keras.Input(shape=(num_features,), name="features")
+    hidden = inputs
+    for index in range(depth):
+        hidden = keras.layers.Dense(units, activation="relu", name=f"dense_{index}")(hidden)
+        hidden = keras.layers.Rescaling(GROWTH, name=f"amplify_{index}")(hidden)
+    outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(hidden)
+    return keras.Model(inputs, outputs, name="mlp")
