@@ -122,6 +122,58 @@ def test_find_bottleneck_a_threshold_on_the_input_share_fails():
         cu.grading.check_find_bottleneck(threshold)
 
 
+def _steps_time(events):
+    return sum(e["dur"] for e in events if e.get("ph") == "X" and "step_num" in e.get("args", {}))
+
+
+def _majority_or_larger_other(events):
+    """Input when it holds more than the other two parts together, else the larger of those."""
+    totals = part_totals(events)
+    if totals["input"] > totals["compute"] + totals["communication"]:
+        return "input"
+    return max(("compute", "communication"), key=totals.get)
+
+
+def _input_unless_another_holds_the_majority(events):
+    totals = part_totals(events)
+    others = [part for part in totals if totals[part] > sum(totals.values()) - totals[part]]
+    return others[0] if others else "input"
+
+
+def _threshold_on_the_step_share(threshold):
+    """Input when its share of the steps' time passes ``threshold``, else compute against
+    communication: a threshold tuned between the built cases' input shares."""
+    def reading(events):
+        totals = part_totals(events)
+        if totals["input"] > threshold * _steps_time(events):
+            return "input"
+        return max(("compute", "communication"), key=totals.get)
+    return reading
+
+
+def _threshold_on_the_parts_share(threshold):
+    def reading(events):
+        totals = part_totals(events)
+        if totals["input"] > threshold * sum(totals.values()):
+            return "input"
+        return max(("compute", "communication"), key=totals.get)
+    return reading
+
+
+@pytest.mark.parametrize("reading", [
+    _majority_or_larger_other, _input_unless_another_holds_the_majority,
+    *(_threshold_on_the_step_share(t) for t in (0.3, 0.33, 0.37, 0.4)),
+    *(_threshold_on_the_parts_share(t) for t in (0.35, 0.4, 0.45))],
+    ids=["majority-else-the-larger-other", "input-unless-another-holds-the-majority",
+         "step-share-0.30", "step-share-0.33", "step-share-0.37", "step-share-0.40",
+         "parts-share-0.35", "parts-share-0.40", "parts-share-0.45"])
+def test_find_bottleneck_a_rule_on_one_share_fails(reading):
+    """Readings that passed every case before the two narrow leads were built (a fresh
+    reader's attack): the majority rule, and thresholds tuned between the cases' shares."""
+    with pytest.raises(AssertionError, match="-bound"):
+        cu.grading.check_find_bottleneck(reading)
+
+
 def _vote_of_the_steps(events):
     steps = [e for e in events if e.get("ph") == "X" and "step_num" in e.get("args", {})]
     votes = [find_bottleneck([e for e in events if e.get("ph") == "M" or e is step

@@ -15,6 +15,11 @@ so that a reading which works on real traces works on these, and shortcuts do no
   step counts them;
 * ``uneven``: one long step in the middle split otherwise than the rest.
 
+Two cases lead by a little, each leader under half of the three parts together: input at under a
+third of the step where compute leads another with input at nearly 40 %, so that no threshold on
+one share (of the step or of the three parts), and no "the part over half of them, else ..."
+rule, names both.
+
 Within a step the spans do not overlap, so the shares are exact: ``cu.profiling.step_breakdown``
 reads back ``parts`` (tests/test_checks_lesson_09.py proves it).
 """
@@ -126,6 +131,13 @@ BOTTLENECK_CASES = {
             "background": 0.35}),
     "compute is the largest part, input waits a third of the step": (
         "compute", lambda r: (r.uniform(0.3, 0.36), r.uniform(0.46, 0.52), 0.05), {}),
+    "input leads by a little, under half of the three parts (compute and the all-reduce "
+    "both sizeable)": (
+        "input", lambda r: (r.uniform(0.30, 0.31), r.uniform(0.26, 0.27), r.uniform(0.25, 0.26)),
+        {}),
+    "compute leads by a little, input close behind at nearly 40 % of the step": (
+        "compute", lambda r: (r.uniform(0.39, 0.40), r.uniform(0.42, 0.43),
+                              r.uniform(0.05, 0.06)), {}),
     "communication-bound: the all-reduce takes most of the step": (
         "communication", lambda r: (r.uniform(0.08, 0.15), 0.2, r.uniform(0.45, 0.6)), {}),
     "input-bound steps after a long warm-up of compute outside them": (
