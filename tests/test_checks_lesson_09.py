@@ -264,6 +264,21 @@ def _names_assumed(results, model, global_batch, replicas, budget_bytes):
     return report
 
 
+def _k_in_powers_of_two(results, model, global_batch, replicas, budget_bytes):
+    """k tried as 1, 2, 4, ...: skips the divisors that are not powers of two (3 here)."""
+    report = write_report(results, model, global_batch, replicas, budget_bytes)
+    n = replicas[report["strategy"]["choice"]]
+    k = 1
+    while (global_batch // n) % k == 0:
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+        k *= 2
+    raise ValueError("nothing fits")
+
+
 def _own_run_copied(results, model, global_batch, replicas, budget_bytes):
     return write_report(_own_run_copied.results, model, global_batch, replicas,
                         budget_bytes)
@@ -341,9 +356,10 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
     (_reference_wrapped, "called the check's own reference"),
     (_replicas_assumed, "accumulation_steps"),
     (_names_assumed, "KeyError"),
+    (_k_in_powers_of_two, "accumulation_steps choice: 4, but the measurements say 3"),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
-        "reference-wrapped", "replicas-assumed", "option-names-assumed"])
+        "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):
