@@ -11,8 +11,8 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   under half of the three parts, compute leading by a little with input at nearly 40 % of the
   step (no threshold on one share names both), a communication-bound step,
   input-bound steps after a warm-up of compute outside them, input-bound steps followed by
-  compute after the last of them, and steps that differ (one
-  long input-bound step between compute-bound ones) – in a random order.
+  compute after the last of them, and steps that differ (one long input-bound step between
+  compute-bound ones) – in a random order.
   ``cu.profiling.step_breakdown`` must agree with the truth first, and the learner's function
   may not call into ``cu.profiling`` (see the guard below). A threshold on the input share
   (of the step or of the three parts), "the part over half of them, else ...", a reading that
@@ -413,8 +413,7 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
                                     spread=2 * noise)
         cases.append(report_case(rng, results, f"a fresh benchmark: {description}, noise "
                                                f"{noise:.1%}",
-                                 # k = 4 (the buffer counted) and k = 3 (every divisor
-                                 # tried, not powers of two) in every check
+                                 # k = 4 and k = 3 (every divisor, not powers of 2)
                                  want_k={0: 4, 1: 3}.get(number),
                                  # where the second strategy wins: 4 replicas, not 2
                                  second_replicas=4 if speeds[2] > 1.5 else None))
