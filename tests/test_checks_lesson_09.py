@@ -15,12 +15,14 @@ pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
 def part_totals(events, *, inside_steps=True, skip_tf_data=True, ops_only=True,
-                durations=True, one_step=None, from_first_step=False):
+                durations=True, one_step=None, from_first_step=False,
+                collectives=("Collective", "Nccl")):
     """Microseconds of input, compute and communication (the reference's reading); each
     keyword changed is a learner's shortcut: ``ops_only=False`` counts every span but the
     step markers (the ``Iterator::`` stages too) as compute, ``one_step`` (an index) reads
     that step alone, ``durations=False`` counts spans instead of adding their durations,
-    ``from_first_step`` drops only what starts before the first step (no step windows)."""
+    ``from_first_step`` drops only what starts before the first step (no step windows),
+    ``collectives`` names fewer kinds of collective op than the exercise's two."""
     steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                    if e.get("ph") == "X" and "step_num" in e.get("args", {}))
     if one_step is not None:
@@ -45,7 +47,7 @@ def part_totals(events, *, inside_steps=True, skip_tf_data=True, ops_only=True,
             continue
         elif "step_num" in e.get("args", {}):
             continue
-        elif "Collective" in op or "Nccl" in op:
+        elif any(kind in op for kind in collectives):
             totals["communication"] += size
         else:
             totals["compute"] += size
@@ -122,6 +124,58 @@ def test_find_bottleneck_a_threshold_on_the_input_share_fails():
         cu.grading.check_find_bottleneck(threshold)
 
 
+def _steps_time(events):
+    return sum(e["dur"] for e in events if e.get("ph") == "X" and "step_num" in e.get("args", {}))
+
+
+def _majority_or_larger_other(events):
+    """Input when it holds more than the other two parts together, else the larger of those."""
+    totals = part_totals(events)
+    if totals["input"] > totals["compute"] + totals["communication"]:
+        return "input"
+    return max(("compute", "communication"), key=totals.get)
+
+
+def _input_unless_another_holds_the_majority(events):
+    totals = part_totals(events)
+    others = [part for part in totals if totals[part] > sum(totals.values()) - totals[part]]
+    return others[0] if others else "input"
+
+
+def _threshold_on_the_step_share(threshold):
+    """Input when its share of the steps' time passes ``threshold``, else compute against
+    communication: a threshold tuned between the built cases' input shares."""
+    def reading(events):
+        totals = part_totals(events)
+        if totals["input"] > threshold * _steps_time(events):
+            return "input"
+        return max(("compute", "communication"), key=totals.get)
+    return reading
+
+
+def _threshold_on_the_parts_share(threshold):
+    def reading(events):
+        totals = part_totals(events)
+        if totals["input"] > threshold * sum(totals.values()):
+            return "input"
+        return max(("compute", "communication"), key=totals.get)
+    return reading
+
+
+@pytest.mark.parametrize("reading", [
+    _majority_or_larger_other, _input_unless_another_holds_the_majority,
+    *(_threshold_on_the_step_share(t) for t in (0.3, 0.33, 0.37, 0.4)),
+    *(_threshold_on_the_parts_share(t) for t in (0.35, 0.4, 0.45))],
+    ids=["majority-else-the-larger-other", "input-unless-another-holds-the-majority",
+         "step-share-0.30", "step-share-0.33", "step-share-0.37", "step-share-0.40",
+         "parts-share-0.35", "parts-share-0.40", "parts-share-0.45"])
+def test_find_bottleneck_a_rule_on_one_share_fails(reading):
+    """Readings that passed every case before the two narrow leads were built (a fresh
+    reader's attack): the majority rule, and thresholds tuned between the cases' shares."""
+    with pytest.raises(AssertionError, match="-bound"):
+        cu.grading.check_find_bottleneck(reading)
+
+
 def _vote_of_the_steps(events):
     steps = [e for e in events if e.get("ph") == "X" and "step_num" in e.get("args", {})]
     votes = [find_bottleneck([e for e in events if e.get("ph") == "M" or e is step
@@ -132,9 +186,10 @@ def _vote_of_the_steps(events):
 @pytest.mark.parametrize("shortcut", [
     {"inside_steps": False}, {"skip_tf_data": False}, {"ops_only": False},
     {"durations": False}, {"one_step": 0}, {"one_step": -1}, "vote",
-    {"from_first_step": True}],
+    {"from_first_step": True}, {"collectives": ("Collective",)}, {"collectives": ("Nccl",)}],
     ids=["all-events", "tf-data-threads-counted", "every-span-as-compute", "span-counts",
-         "first-step-only", "last-step-only", "vote-of-the-steps", "from-the-first-step-on"])
+         "first-step-only", "last-step-only", "vote-of-the-steps", "from-the-first-step-on",
+         "nccl-ops-as-compute", "collective-ops-as-compute"])
 def test_find_bottleneck_shortcuts_fail(shortcut):
     def reading(events):
         if shortcut == "vote":
@@ -210,6 +265,21 @@ def _names_assumed(results, model, global_batch, replicas, budget_bytes):
     report["precision"]["ratio"] = (speed[chosen, "mixed_bfloat16"]
                                     / speed[chosen, "float32"])
     return report
+
+
+def _k_in_powers_of_two(results, model, global_batch, replicas, budget_bytes):
+    """k tried as 1, 2, 4, ...: skips the divisors that are not powers of two (3 here)."""
+    report = write_report(results, model, global_batch, replicas, budget_bytes)
+    n = replicas[report["strategy"]["choice"]]
+    k = 1
+    while (global_batch // n) % k == 0:
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+        k *= 2
+    raise ValueError("nothing fits")
 
 
 def _own_run_copied(results, model, global_batch, replicas, budget_bytes):
@@ -289,9 +359,10 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
     (_reference_wrapped, "called the check's own reference"),
     (_replicas_assumed, "accumulation_steps"),
     (_names_assumed, "KeyError"),
+    (_k_in_powers_of_two, "accumulation_steps choice: 4, but the measurements say 3"),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
-        "reference-wrapped", "replicas-assumed", "option-names-assumed"])
+        "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):

@@ -3,18 +3,21 @@
 Both profile real distributed runs here: a ``tf.function`` step under ``MirroredStrategy``
 (over up to 2 devices), fed by a tf.data pipeline, captured with ``cu.profiling.capture``.
 
-* ``check_find_bottleneck(find_bottleneck)``: the learner's function names the bottleneck of
-  the trace events of one fresh real run (input-bound: its pipeline sleeps per batch, its step
-  is cheap; or compute-bound: cached data, a heavy step) and of six traces built to order
-  (``profile_traces``): input the largest part but under half the step with the pipeline busy
-  in the background, compute the largest with input at a third, a communication-bound step,
+* ``check_find_bottleneck(find_bottleneck)``: the learner's function names the bottleneck of the
+  trace events of one fresh real run (input-bound: its pipeline sleeps per batch, its step is
+  cheap; or compute-bound: cached data, a heavy step) and of eight traces built to order
+  (``profile_traces``): input the largest part but under half the step with the pipeline busy in
+  the background, compute the largest with input at a third, input leading by a little under
+  half of the three parts, compute leading by a little with input at nearly 40 % of the step (no
+  threshold on one share names both), a communication-bound step (collective and NCCL ops),
   input-bound steps after a warm-up of compute outside them, input-bound steps followed by
-  compute after the last of them, and steps that differ (one
-  long input-bound step between compute-bound ones) – in a random order.
-  ``cu.profiling.step_breakdown`` must agree with the truth first, and the learner's function
-  may not call into ``cu.profiling`` (see the guard below). A threshold on the input share,
-  a reading that ignores the step windows, the ``tf_data`` threads or the collectives, or
-  that reads one step (or a vote of the steps) instead of their total, each fails a case.
+  compute after the last of them, and steps that differ (one long input-bound step between
+  compute-bound ones) – in a random order. ``cu.profiling.step_breakdown`` must agree with the
+  truth first, and the learner's function may not call into ``cu.profiling`` (see the guard
+  below). A threshold on the input share (of the step or of the three parts), "the part over
+  half of them, else ...", a reading that ignores the step windows, the ``tf_data`` threads or
+  either kind of collective, or that reads one step (or a vote of the steps) instead of their
+  total, each fails a case.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
@@ -236,8 +239,8 @@ def _real_case(rng: Any, guard: CallsInto) -> Case | None:
 
 @register
 def check_find_bottleneck(fn: Any) -> bool:
-    """Check ``find_bottleneck(events)`` on one real run profiled here and six traces built
-    to order (mid-range input shares, a communication-bound step, distractors)."""
+    """Check ``find_bottleneck(events)`` on one real run profiled here and eight traces built
+    to order (mid-range input shares, narrow leads, a communication-bound step, distractors)."""
     from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES, trace_case
     from course_utils.profiling import format_breakdown, step_breakdown
 
@@ -410,7 +413,8 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
                                     spread=2 * noise)
         cases.append(report_case(rng, results, f"a fresh benchmark: {description}, noise "
                                                f"{noise:.1%}",
-                                 want_k=4 if number == 0 else None,
+                                 # k = 4 and k = 3 (every divisor, not powers of 2)
+                                 want_k={0: 4, 1: 3}.get(number),
                                  # where the second strategy wins: 4 replicas, not 2
                                  second_replicas=4 if speeds[2] > 1.5 else None))
     # the check's own reference, under whatever name it was bound, may not answer; nor may

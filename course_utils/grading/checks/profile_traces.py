@@ -5,8 +5,9 @@ compute-bound run are easy to make, a step that waits 40 % of its time for input
 communication-bound on two logical CPUs is not. ``synthetic_trace`` writes the Chrome-trace
 events of such steps in the shape ``cu.profiling.trace_events`` returns for real ones (step
 markers with ``step_num``, ``IteratorGetNext`` waits with their ``Iterator::`` stages, ops with
-``long_name``, ``CollectiveReduceV2`` ops, ``tf_data`` threads, ``M`` events naming the threads),
-so that a reading which works on real traces works on these, and shortcuts do not:
+``long_name``, ``CollectiveReduceV2`` and ``NcclAllReduce`` ops, ``tf_data`` threads, ``M``
+events naming the threads), so that a reading which works on real traces works on these, and
+shortcuts do not:
 
 * ``background``: spans of the input pipeline's own threads inside the steps (not step time);
 * ``outside``: compute spans outside every step (the warm-up's), as a share of the steps' time;
@@ -14,6 +15,11 @@ so that a reading which works on real traces works on these, and shortcuts do no
   are done), as a share of the steps' time: a reading that drops only what precedes the first
   step counts them;
 * ``uneven``: one long step in the middle split otherwise than the rest.
+
+Two cases lead by a little, each leader under half of the three parts together: input at under a
+third of the step where compute leads another with input at nearly 40 %, so that no threshold on
+one share (of the step or of the three parts), and no "the part over half of them, else ..."
+rule, names both.
 
 Within a step the spans do not overlap, so the shares are exact: ``cu.profiling.step_breakdown``
 reads back ``parts`` (tests/test_checks_lesson_09.py proves it).
@@ -36,6 +42,7 @@ _OPS = ("conv/Conv2D:Conv2D", "dense/MatMul:MatMul", "dense/BiasAdd:BiasAdd", "r
         "Conv2DBackpropFilter")
 _COLLECTIVES = ("CollectiveReduceV2:CollectiveReduceV2", "allreduce/CollectiveReduceV2_1:"
                 "CollectiveReduceV2")
+_NCCL = "allreduce/NcclAllReduce:NcclAllReduce"  # tf.distribute.NcclAllReduce's op
 _DATA_OPS = ("map/Cast:Cast", "ParallelMapV2/py_function:EagerPyFunc")
 
 
@@ -54,13 +61,16 @@ def _span(name: str, ts: float, dur: float, tid: int, long_name: str | None = No
 
 def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: int = 3,
                     background: float = 0.0, outside: float = 0.0, trailing: float = 0.0,
-                    uneven: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+                    uneven: Mapping[str, float] | None = None,
+                    nccl: bool = False) -> list[dict[str, Any]]:
     """Events of ``steps`` profiled steps whose time splits into ``parts`` (shares of input,
     compute, communication; the rest is "other"), plus the distractors described above.
 
     ``uneven``: one step, neither the first nor the last, as long as all the others together
     and split into these shares instead, so that the steps' total and a single step (or a vote
-    of the steps) can name different parts."""
+    of the steps) can name different parts. ``nccl``: the second half of every all-reduce span
+    an ``NcclAllReduce`` op, so that a reading which misses either kind of collective loses
+    half of the communication."""
     for shares in (parts, uneven or {}):
         if sum(shares.values()) > 1 or min(shares.values(), default=0) < 0:
             raise ValueError(f"parts must be non-negative shares summing to at most 1: "
@@ -99,6 +109,11 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                                         _STEP_THREAD))
                     events.append(_span("Iterator::Root::Prefetch", clock + 0.1 * piece,
                                         0.8 * piece, _STEP_THREAD))
+                elif kind == "communication" and nccl:
+                    for start_at, name in ((clock, rng.choice(_COLLECTIVES)),
+                                           (clock + piece / 2, _NCCL)):
+                        events.append(_span(name.split(":")[0], start_at, piece / 2,
+                                            _OP_THREAD, name))
                 else:
                     long_name = rng.choice(_COLLECTIVES if kind == "communication" else _OPS)
                     events.append(_span(long_name.split(":")[0], clock, piece, _OP_THREAD,
@@ -126,8 +141,16 @@ BOTTLENECK_CASES = {
             "background": 0.35}),
     "compute is the largest part, input waits a third of the step": (
         "compute", lambda r: (r.uniform(0.3, 0.36), r.uniform(0.46, 0.52), 0.05), {}),
-    "communication-bound: the all-reduce takes most of the step": (
-        "communication", lambda r: (r.uniform(0.08, 0.15), 0.2, r.uniform(0.45, 0.6)), {}),
+    "input leads by a little, under half of the three parts (compute and the all-reduce "
+    "both sizeable)": (
+        "input", lambda r: (r.uniform(0.30, 0.31), r.uniform(0.26, 0.27), r.uniform(0.25, 0.26)),
+        {}),
+    "compute leads by a little, input close behind at nearly 40 % of the step": (
+        "compute", lambda r: (r.uniform(0.39, 0.40), r.uniform(0.42, 0.43),
+                              r.uniform(0.05, 0.06)), {}),
+    "communication-bound: the all-reduce (collective and NCCL ops) takes most of the step": (
+        "communication", lambda r: (r.uniform(0.08, 0.15), 0.2, r.uniform(0.45, 0.6)), {
+            "nccl": True}),
     "input-bound steps after a long warm-up of compute outside them": (
         "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"outside": 3.0}),
     "input-bound steps, then a long stretch of compute after the last of them": (
