@@ -295,6 +295,15 @@ def highest_listed(directory, build_fresh):  # the record's list, its highest nu
     return model, optimizer, int(optimizer.iterations.numpy())
 
 
+def most_steps(directory, build_fresh):  # each checkpoint read: the one that trained most
+    paths = [path[:-len(".index")]
+             for path in glob.glob(os.path.join(directory, "ckpt-*.index"))]
+    last = max(paths, key=lambda path: int(tf.train.load_checkpoint(path).get_tensor(
+        "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")))
+    model, optimizer = _restore(last, build_fresh)
+    return model, optimizer, int(optimizer.iterations.numpy())
+
+
 _RUNS: dict = {}  # the check's checkpointed runs, by shape: made once for the catalogue
 
 
@@ -340,6 +349,7 @@ def shared_checkpointed_runs(monkeypatch, tmp_path_factory):
     (highest_number, r"holds ckpt-\d+ \(step \d+\), saved on the steps the run abandoned"),
     (newest_file, r"holds ckpt-9 \(step 8\); the latest checkpoint is ckpt-1[1-4]"),
     (highest_listed, r"holds ckpt-\d+ \(step \d+\), saved on the steps the run abandoned"),
+    (most_steps, r"holds ckpt-\d+ \(step \d+\), saved on the steps the run abandoned"),
 ])
 def test_resume_latest_catalogue_is_rejected(wrong, says, shared_checkpointed_runs):
     with pytest.raises(AssertionError, match=says) as caught:
