@@ -275,6 +275,35 @@ def course_checkpoints(directory, build_fresh):  # the course's helper, bound as
     return model, optimizer, int(optimizer.iterations.numpy())
 
 
+def highest_number(directory, build_fresh):  # the natural sort: ckpt-12 after ckpt-9
+    paths = glob.glob(os.path.join(directory, "ckpt-*.index"))
+    last = max(paths, key=lambda path: int(path[:-len(".index")].rsplit("-", 1)[-1]))
+    model, optimizer = _restore(last[:-len(".index")], build_fresh)
+    return model, optimizer, int(optimizer.iterations.numpy())
+
+
+def newest_file(directory, build_fresh):  # the file written last, by its time
+    last = max(glob.glob(os.path.join(directory, "ckpt-*.index")), key=os.path.getmtime)
+    model, optimizer = _restore(last[:-len(".index")], build_fresh)
+    return model, optimizer, int(optimizer.iterations.numpy())
+
+
+def highest_listed(directory, build_fresh):  # the record's list, its highest number
+    listed = tf.train.get_checkpoint_state(directory).all_model_checkpoint_paths
+    last = max(listed, key=lambda path: int(path.rsplit("-", 1)[-1]))
+    model, optimizer = _restore(os.path.join(directory, os.path.basename(last)), build_fresh)
+    return model, optimizer, int(optimizer.iterations.numpy())
+
+
+def most_steps(directory, build_fresh):  # each checkpoint read: the one that trained most
+    paths = [path[:-len(".index")]
+             for path in glob.glob(os.path.join(directory, "ckpt-*.index"))]
+    last = max(paths, key=lambda path: int(tf.train.load_checkpoint(path).get_tensor(
+        "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")))
+    model, optimizer = _restore(last, build_fresh)
+    return model, optimizer, int(optimizer.iterations.numpy())
+
+
 _RUNS: dict = {}  # the check's checkpointed runs, by shape: made once for the catalogue
 
 
@@ -317,6 +346,10 @@ def shared_checkpointed_runs(monkeypatch, tmp_path_factory):
     (steps_from_file_count, "file name, ckpt-1[1-4], and the count of checkpoints are not"),
     (steps_from_manager, "file name, ckpt-1[1-4], and the count of checkpoints are not"),
     (course_checkpoints, "ran the course's .*restore with tf.train's own API"),
+    (highest_number, r"holds ckpt-\d+ \(step \d+\), saved on the steps the run abandoned"),
+    (newest_file, r"holds ckpt-9 \(step 8\); the latest checkpoint is ckpt-1[1-4]"),
+    (highest_listed, r"holds ckpt-\d+ \(step \d+\), saved on the steps the run abandoned"),
+    (most_steps, r"holds ckpt-\d+ \(step \d+\), saved on the steps the run abandoned"),
 ])
 def test_resume_latest_catalogue_is_rejected(wrong, says, shared_checkpointed_runs):
     with pytest.raises(AssertionError, match=says) as caught:
