@@ -17,6 +17,9 @@
   closures of the worker script's set-up (no global names it) and is written after the
   learner's function returned, with a secret the set-up read and deleted before that
   function ran; a function that reads frames, closures or the heap is refused up front.
+  Each worker's shard is read into memory and deleted by the set-up, which waits until no
+  worker's file is left before the learner's code runs, and hands the function a file with
+  no name in any folder (``memfd_create``; a temporary file where there is none).
 * ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed
   before joining and while training, stalled or never started; a job whose workers each
   trained alone); the learner's function,
@@ -88,18 +91,20 @@ __all__ = [
 CLUSTER_TIMEOUT = 240.0
 
 
-def _fresh_job(rng: Any, folder: Path, batches: int | None = None,
-               workers: int = 2) -> dict[str, Any]:
+def _fresh_job(rng: Any, folder: Path, batches: int | None = None, workers: int = 2,
+               shards: bool = False) -> dict[str, Any]:
     """Fresh data and sizes for one job of ``workers`` workers (``batches`` global batches of
-    data, else 3-5), the data written where the workers read it."""
+    data, else 3-5), the data written where the workers read it: ``data.npz``, or with
+    ``shards`` only ``data-{i}.npz``, worker i's shard (the set-up reads and deletes it)."""
     global_batch = workers * rng.choice([8, 12, 16])
     num_examples = global_batch * (batches or rng.randint(3, 5))
     features, classes = rng.randint(4, 7), rng.randint(3, 4)
     data = np.random.default_rng(rng.randint(0, 2**31))
     x = data.normal(size=(num_examples, features)).astype("float32")
     y = data.integers(0, classes, size=num_examples).astype("int32")
-    np.savez(folder / "data.npz", x=x, y=y)
-    for worker in range(workers):     # its own shard only: the other workers' rows are NaN
+    if not shards:
+        np.savez(folder / "data.npz", x=x, y=y)
+    for worker in range(workers if shards else 0):   # its shard only, the other rows NaN
         own = np.full_like(x, np.nan)
         own[worker::workers] = x[worker::workers]
         np.savez(folder / f"data-{worker}.npz", x=own, y=y)
@@ -283,7 +288,7 @@ def check_train_worker(fn: Any) -> bool:
         with tempfile.TemporaryDirectory(prefix="lesson03_train_") as root:
             folder = Path(root)
             (folder / "tmp").mkdir()
-            job = _fresh_job(rng, folder, workers=workers)
+            job = _fresh_job(rng, folder, workers=workers, shards=True)
             if job["steps"] % job["save_every"] == 0:   # a last step that is no regular save
                 job["steps"] += 1
             script = folder / "worker.py"
@@ -438,6 +443,11 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
         return False
     if any(stubs):
         raise AssertionError(f"{name}: write both functions, restore_latest and make_dataset_fn")
+    peeks = sorted({*grader_introspection(restore_latest), *grader_introspection(make_dataset_fn)})
+    if peeks:        # run_check sees only the check's own wrapper of the two
+        raise AssertionError(f"{name}: your functions use {', '.join(peeks)}, which read the "
+                             "checker's frames or objects (the checkpoints' contents, the audit "
+                             "of your batches) instead of computing the answer")
     rng = fresh_rng()
     hint = ("restore tf.train.latest_checkpoint(checkpoint_dir) and return examples_done; "
             "skip the examples done in the whole data before it is cut into the pipelines' "

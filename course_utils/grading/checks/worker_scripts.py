@@ -41,7 +41,10 @@ LEARNING_RATE = 0.1
 #: The audit is held in the closures of ``_set_up``, out of reach of the learner's code by
 #: name (no global holds it), with every function it calls bound before that code runs; it
 #: is written at the end with a secret the check left for this worker and ``_set_up`` read
-#: and deleted first, so that a file the learner's code writes is not taken for it.
+#: and deleted first, so that a file the learner's code writes is not taken for it. Given
+#: ``--data`` with ``{task}``, ``_set_up`` reads this worker's own copy of the data (its shard,
+#: the other rows NaN), deletes it, waits until no worker's copy is left, and hands the
+#: learner's function that copy as a file with no name in any folder.
 SETUP = """\"\"\"An exercise worker of lesson 03: the check's set-up, then your code.\"\"\"
 import argparse, json, os, tempfile, time
 import keras
@@ -57,13 +60,12 @@ _parser.add_argument("--step-delay", type=float, default=0.0)
 _args = _parser.parse_args()
 _task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 _workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
-_data = _args.data.replace("{task}", str(_task))       # this worker's copy of the data
 os.makedirs(_args.out, exist_ok=True)
 LEARNING_RATE = 0.1
 
 
-def _set_up(out, task, share, data, seed, classes):
-    \"\"\"build_model, and the audit of this worker (see the check), in closures.\"\"\"
+def _set_up(out, task, workers, share, data, seed, classes):
+    \"\"\"build_model, the audit of this worker (see the check) in closures, and its data.\"\"\"
     built, saves, saved_after, rows, contexts, left, batches, lingering = (
         [] for _ in range(8))
     exists, abspath, join, write, close, exit_now = (
@@ -82,6 +84,22 @@ def _set_up(out, task, share, data, seed, classes):
         with open(secret_path) as file:
             secret = file.read()
         os.remove(secret_path)
+    if "{task}" in data:   # this worker's own copy, read into memory; then no worker's is left
+        mine = data.replace("{task}", str(task))
+        with open(mine, "rb") as file:
+            content = file.read()
+        os.remove(mine)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(
+                exists(data.replace("{task}", str(other))) for other in range(workers)):
+            time.sleep(0.05)
+        if hasattr(os, "memfd_create"):               # a file with no name in any folder
+            handle = os.memfd_create("data.npz")
+            data = f"/proc/self/fd/{handle}"
+        else:
+            handle, data = tempfile.mkstemp(suffix=".npz")
+        with os.fdopen(os.dup(handle), "wb") as file:
+            file.write(content)
 
     def count_rows(carried):
         rows.append(int(carried))
@@ -171,11 +189,11 @@ def _set_up(out, task, share, data, seed, classes):
         print("done", flush=True)
         exit_now(0)
 
-    return build_model, report
+    return build_model, report, data
 
 
-build_model, _report = _set_up(_args.out, _task, _args.global_batch // _workers, _data,
-                               _args.seed, _args.classes)
+build_model, _report, _data = _set_up(_args.out, _task, _workers, _args.global_batch // _workers,
+                                      _args.data, _args.seed, _args.classes)
 """
 
 _TRAIN_WORKER_CALL = """
