@@ -804,6 +804,37 @@ def test_the_reference_resume_functions_pass_the_in_process_cases():
     assert resume_inputs.dataset_fn_problem(make_dataset_fn, rng) is None
 
 
+def shards_then_skips_its_own(x, y, global_batch, examples_done):
+    """Right too: shard the repeated data first, then skip the examples of this pipeline's
+    shard that come before examples_done (a ceiling division)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        dataset = dataset.shard(pipelines, pipeline).skip(-(-(examples_done - pipeline)
+                                                            // pipelines))
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def rows_from_tensors_unbatched(x, y, global_batch, examples_done):
+    """Right too: the rows made by from_tensors(...).unbatch(), not from_tensor_slices."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensors((x, y)).unbatch().repeat().skip(examples_done)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch).prefetch(2)
+
+    return dataset_fn
+
+
+@pytest.mark.parametrize("make", [shards_then_skips_its_own, rows_from_tensors_unbatched])
+def test_other_right_pipelines_pass_the_in_process_cases(make):
+    for seed in range(3):
+        assert resume_inputs.dataset_fn_problem(make, random.Random(seed)) is None
+
+
 def restarts_from_zero(checkpoint, checkpoint_dir, examples_done):
     return 0
 
@@ -966,6 +997,42 @@ def whole_batches_in_numpy(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def skips_whole_batches(x, y, global_batch, examples_done):
+    """Skips per-replica batches after batching: whole global batches done, the rest lost."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        per_pipeline = global_batch // context.num_input_pipelines // batch
+        return dataset.batch(batch, drop_remainder=True).skip(
+            examples_done // global_batch * per_pipeline)
+
+    return dataset_fn
+
+
+def skips_the_remainder_only(x, y, global_batch, examples_done):
+    """Skips examples_done % global_batch: the count taken as a place in one global batch."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        dataset = dataset.skip(examples_done % global_batch)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def never_repeats(x, y, global_batch, examples_done):
+    """Skips to the example in one pass of the data and never repeats: it runs dry."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).skip(examples_done % len(x))
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 RESUME_CATALOGUE = {
     "restarts from zero": (restarts_from_zero, make_dataset_fn, "returned 0"),
     "returns the count without restoring": (restores_nothing, make_dataset_fn, "returned 0"),
@@ -1006,6 +1073,16 @@ RESUME_CATALOGUE = {
         restore_latest, whole_batches_map_and_batch, r"batched \[\d+, \d+\] examples"),
     "whole global batches cut in NumPy": (restore_latest, whole_batches_in_numpy,
                                           r"batched \[\d+(, \d+)*\] examples"),
+    "skips whole per-replica batches after batching": (restore_latest, skips_whole_batches,
+                                                        "trained examples it should not"),
+    "skips examples_done % global_batch": (restore_latest, skips_the_remainder_only,
+                                           "trained examples it should not"),
+    "one pass of the data, never repeated": (restore_latest, never_repeats,
+                                             "for two steps, got \\d+ of sizes"),
+    "the shard's skip divided by the replicas": (
+        restore_latest,
+        pipeline_fn(lambda done, c, b: -(-(done - c.input_pipeline_id) // c.num_replicas_in_sync)),
+        "trained examples it should not"),
     "every pipeline reads everything": (restore_latest, reads_everything,
                                         "trained examples it should not"),
 }

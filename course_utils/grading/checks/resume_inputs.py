@@ -107,6 +107,7 @@ def _with_batch_sizes(build: Any, share: int) -> tuple[Any, list[int]]:
     NumPy)."""
     tf = _tf()
     sizes: list[int] = []
+    whole: set[int] = set()           # datasets still holding from_tensors' one element
     original = tf.data.Dataset.__init__
 
     def audited(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -117,7 +118,12 @@ def _with_batch_sizes(build: Any, share: int) -> tuple[Any, list[int]]:
             value = tf.get_static_value(size)
             sizes.append(int(value) if value is not None else -1)
             return
-        try:
+        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
+        if kind == "_TensorDataset" or (id(source) in whole and kind != "_UnbatchDataset"
+                                        and self.element_spec == source.element_spec):
+            whole.add(id(self))       # from_tensors' one element: all the data, not a batch
+            return
+        try:                          # any other: the rows its elements already hold
             specs = tf.nest.flatten(self.element_spec)
         except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
             specs = []
@@ -163,8 +169,9 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
             where = (f"{pipelines} input pipelines feeding {per} replica(s) each, global batch "
                      f"{global_batch}, resumed at example {done}")
             if len(batches) != 2 * per or any(len(b[1]) != replica_batch for b in batches):
-                return (f"{where}: pipeline {pipeline} must give per-replica batches of "
-                        f"{replica_batch}, got sizes {[len(b[1]) for b in batches]}")
+                return (f"{where}: pipeline {pipeline} must give {2 * per} per-replica "
+                        f"batches of {replica_batch} for two steps, got {len(batches)} of "
+                        f"sizes {[len(b[1]) for b in batches]}")
             if any(size < 0 or size > replica_batch for size in sizes):
                 return (f"{where}: pipeline {pipeline} batched {sizes[:4]} examples at a time: "
                         f"each pipeline should read only its own shard of the data, batched "

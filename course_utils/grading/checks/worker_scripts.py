@@ -167,7 +167,12 @@ def _set_up(out, task, workers, share, data, seed, classes):
             value = static_value(size)
             batches.append(int(value) if value is not None else -1)
             return
-        try:                                      # any other: rows its elements already hold
+        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
+        if kind == "_TensorDataset" or (id(source) in whole and kind != "_UnbatchDataset"
+                                        and self.element_spec == source.element_spec):
+            whole.add(id(self))       # from_tensors' one element: all the data, not a batch
+            return
+        try:                          # any other: the rows its elements already hold
             specs = flatten(self.element_spec)
         except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
             specs = []
@@ -176,6 +181,7 @@ def _set_up(out, task, workers, share, data, seed, classes):
                     and (spec.shape[0] or 0) > share):
                 batches.append(int(spec.shape[0]))
 
+    whole = set()                     # datasets still holding from_tensors' one element
     tf.data.Dataset.__init__ = audited_dataset
 
     def report():
