@@ -342,6 +342,15 @@ def _last_line_only(logs):
     return cause, next((w for w, line in enumerate(last) if line.startswith("step")), 0)
 
 
+def _library_frames_mean_a_crash(logs):
+    """The first log with frames of an installed package taken for the crash (a survivor's
+    collective error has TensorFlow's frames too)."""
+    for worker, log in enumerate(logs):
+        if "site-packages" in log:
+            return "crashed", worker
+    return diagnose(logs)
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -368,6 +377,8 @@ DIAGNOSIS_CATALOGUE = {
     "the fewest 'Error' words blamed": (_fewest_error_words_blamed,
                                         "the cause is 'crashed', you said|at fault is"),
     "each log's last line only": (_last_line_only, "the cause is 'crashed', you said 'killed'"),
+    "library frames read as a crash": (_library_frames_mean_a_crash,
+                                       "you said 'crashed'|the worker at fault is"),
     "keywords of the whole job": (_keywords_of_the_whole_job,
                                   r"the cause is '\w+', you said|the worker at fault is \d,"),
 }

@@ -52,17 +52,23 @@ _CRASHES_BEFORE_JOINING = [
      "with shape ({rows}, 4096) and data type float32"],
 ]
 
+#: The frames between the worker script's call of its train step and an op's error, as
+#: TensorFlow 2.21 prints them under Python 3.11 (a crash while training shows them too).
+_STEP_FRAMES = [
+    "    losses.append(float(train_step(iterator)))",
+    "                        ^^^^^^^^^^^^^^^^^^^^^",
+    '  File "{site}/tensorflow/python/util/traceback_utils.py", line 167, in error_handler',
+    "    raise e.with_traceback(filtered_tb) from None",
+    '  File "{site}/tensorflow/python/eager/execute.py", line 53, in quick_execute',
+    "    tensors = pywrap_tfe.TFE_Py_Execute(ctx._handle, device_name, op_name,",
+    "  ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^"]
+
+
 #: A worker's own crash while training, as TensorFlow 2.21 and Keras 3 printed it here for a
 #: label outside the classes (a message over several lines: its last line is not the error's),
 #: with the frames of the lesson's worker script.
 _CRASHES_WHILE_TRAINING = [
-    ["    losses.append(float(train_step(iterator)))",
-     "                        ^^^^^^^^^^^^^^^^^^^^^",
-     '  File "{site}/tensorflow/python/util/traceback_utils.py", line 167, in error_handler',
-     "    raise e.with_traceback(filtered_tb) from None",
-     '  File "{site}/tensorflow/python/eager/execute.py", line 53, in quick_execute',
-     "    tensors = pywrap_tfe.TFE_Py_Execute(ctx._handle, device_name, op_name,",
-     "  ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    [*_STEP_FRAMES,
      "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution error:", "",
      "Detected at node sparse_categorical_crossentropy/SparseSoftmaxCrossEntropyWithLogits/"
      "SparseSoftmaxCrossEntropyWithLogits defined at (most recent call last):",
@@ -139,10 +145,10 @@ def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
             "events (e.g. preemption, eviction) to debug further."]
 
 
-def _collective_error(kind: str, reason: list[str], step_line: int) -> list[str]:
+def _collective_error(kind: str, reason: list[str], step_line: int, site: str) -> list[str]:
     head = ["Traceback (most recent call last):",
             f'  File "/job/worker.py", line {step_line}, in <module>',
-            "    losses.append(float(train_step(iterator)))",
+            *(line.format(site=site) for line in _STEP_FRAMES),
             f"tensorflow.python.framework.errors_impl.{kind}: Graph execution error:", "",
             "Detected at node sgd/CollectiveReduceV2 defined at (most recent call last):"]
     return [*head, *reason, "The error could be from a previous operation. Restart your "
@@ -150,13 +156,13 @@ def _collective_error(kind: str, reason: list[str], step_line: int) -> list[str]
             "\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_train_step_296]"]
 
 
-def _crash(rng: random.Random, before_joining: bool) -> list[str]:
+def _crash(rng: random.Random, before_joining: bool, site: str) -> list[str]:
     n, line = rng.randint(10, 99), rng.randint(60, 80)
     classes = rng.randint(3, 9)
     labels = [rng.choice([*range(classes), n]) for _ in range(16)]
     labels[rng.randrange(16)] = n                   # the label the message names
     labels = " ".join(map(str, labels))
-    fill = {"site": rng.choice(_SITES), "n": n, "m": rng.randint(10, 99), "rows": n * 65536,
+    fill = {"site": site, "n": n, "m": rng.randint(10, 99), "rows": n * 65536,
             "line": line, "step_line": rng.randint(40, 50), "replica_line": rng.randint(30, 39),
             "labels": labels, "op": rng.randint(200, 999)}
     crash = rng.choice(_CRASHES_BEFORE_JOINING if before_joining else _CRASHES_WHILE_TRAINING)
@@ -199,6 +205,7 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
     if crashed_early is None:
         crashed_early = rng.random() < 0.5
     early = cause == "crashed" and crashed_early   # crashed before joining: the rest wait
+    site = rng.choice(_SITES)                      # where the job's workers have TensorFlow
     logs = []
     for worker in range(num_workers):
         lines = [*_noise(rng), "joining the cluster"]
@@ -208,9 +215,9 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
         elif cause == "never_started":
             lines = [] if worker == culprit else lines
         elif cause == "crashed" and worker == culprit:
-            lines = [*_noise(rng), *_crash(rng, True)] if early else [
+            lines = [*_noise(rng), *_crash(rng, True, site)] if early else [
                 *lines, f"worker {worker}: {num_workers} replicas in sync",
-                *_steps(rng, 1, last), *_crash(rng, False)]
+                *_steps(rng, 1, last), *_crash(rng, False, site)]
         elif not early:
             lines += [f"worker {worker}: {num_workers} replicas in sync",
                       *_steps(rng, 1, last)]
@@ -223,6 +230,6 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
                     reason = _killed_reason(
                         killed_reason or rng.choice(possible_reasons(culprit)),
                                             ports[culprit], culprit)
-                lines += _collective_error(kind, reason, rng.randint(60, 80))
+                lines += _collective_error(kind, reason, rng.randint(60, 80), site)
         logs.append(lines)
     return ["\n".join(lines) + ("\n" if lines else "") for lines in logs]
