@@ -658,7 +658,8 @@ TRAIN_WORKER_CATALOGUE = {
     # It also saves from every worker into one folder: when their writes race (on a busy
     # machine) a worker crashes, a rejection that names the job's failure instead.
     "the broken worker as given": (
-        None, "broken", "backward passes carried|the job failed: worker \\d failed"),
+        None, "broken", "backward passes carried|a save failed inside checkpoint_dir|"
+                        "the job failed: worker \\d failed"),
     "a clone trained outside the strategy on every global batch": (
         None, "whole_batch_clone", "replica context of \\[1\\] replicas"),
     "no strategy at all": (None, "no_strategy", "not in the scope of a tf.distribute.Multi"),
@@ -744,7 +745,7 @@ TRAIN_WORKER_CATALOGUE = {
         "batched \\[\\d+\\] examples at a time"),
     "every worker writes into checkpoint_dir": (
         "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
-        "worker 1 wrote into checkpoint_dir|the job failed"),
+        "worker 1 wrote into checkpoint_dir|a save failed inside checkpoint_dir|the job failed"),
     "the temporary folder left behind": (
         "                tf.io.gfile.rmtree(write_dir)", "                pass",
         "temporary checkpoint folder of an earlier save was still there"),

@@ -303,6 +303,12 @@ def check_train_worker(fn: Any) -> bool:
             except Exception as error:  # noqa: BLE001 - the learner's code failed in a worker
                 # the model built outside the strategy makes the workers race for
                 # checkpoint_dir: name that cause, not the crash it led to
+                if f"{folder / 'checkpoints'}{os.sep}" in str(error):
+                    # two workers' saves met in checkpoint_dir (one's temporary files gone)
+                    return (_failed_build(folder / "out", workers)
+                            or "a save failed inside checkpoint_dir: did more than the chief "
+                               "write there? Only the chief may; every other worker saves "
+                               f"into a temporary folder of its own. The job failed: {error}")
                 return (_failed_build(folder / "out", workers)
                         or f"the job failed: {error}")
             return _verify_train_worker(folder, job)
