@@ -286,6 +286,71 @@ def _nothing_trained_means_never_started(logs):
     return diagnose(logs)
 
 
+def _cause_by_keyword(logs):
+    text = "\n".join(logs)
+    if all(": 1 replicas in sync" in log for log in logs):
+        return "not_in_cluster"
+    if any(not log.strip() for log in logs):
+        return "never_started"
+    if "DeadlineExceeded" in text:
+        return "stalled"
+    return "killed" if "Unavailable" in text else "crashed"
+
+
+def _shortest_log_blamed(logs):
+    """The cause by keyword, the worker with the shortest log blamed."""
+    cause = _cause_by_keyword(logs)
+    return cause, (None if cause == "not_in_cluster" else
+                   min(range(len(logs)), key=lambda worker: len(logs[worker])))
+
+
+def _task_named_in_the_errors(logs):
+    """The cause by keyword, the task the survivors' errors name (task:N) blamed."""
+    cause = _cause_by_keyword(logs)
+    named = re.findall(r"task:(\d+)", "\n".join(logs))
+    return cause, (None if cause == "not_in_cluster" else
+                   int(named[0]) if named else len(logs) - 1)
+
+
+def _no_replicas_line_never_started(logs):
+    """A worker whose log says no 'replicas in sync' taken for one that never started."""
+    for worker, log in enumerate(logs):
+        if "replicas in sync" not in log:
+            return "never_started", worker
+    return diagnose(logs)
+
+
+def _fewest_error_words_blamed(logs):
+    """The cause by keyword, the log with the fewest 'Error' words blamed."""
+    cause = _cause_by_keyword(logs)
+    return cause, (None if cause == "not_in_cluster" else
+                   min(range(len(logs)), key=lambda w: (logs[w].count("Error"), len(logs[w]))))
+
+
+def _last_line_only(logs):
+    """Reads each log's last line only: a crash ends on its error's line, a killed or stalled
+    worker on a step."""
+    if all(": 1 replicas in sync" in log for log in logs):
+        return "not_in_cluster", None
+    last = [log.strip().splitlines()[-1] if log.strip() else "" for log in logs]
+    if "" in last:
+        return "never_started", last.index("")
+    for worker, line in enumerate(last):
+        if re.match(r"^[\w.]*Error: ", line):
+            return "crashed", worker
+    cause = "stalled" if any("DeadlineExceeded" in log for log in logs) else "killed"
+    return cause, next((w for w, line in enumerate(last) if line.startswith("step")), 0)
+
+
+def _library_frames_mean_a_crash(logs):
+    """The first log with frames of an installed package taken for the crash (a survivor's
+    collective error has TensorFlow's frames too)."""
+    for worker, log in enumerate(logs):
+        if "site-packages" in log:
+            return "crashed", worker
+    return diagnose(logs)
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -303,6 +368,17 @@ DIAGNOSIS_CATALOGUE = {
     "a crash before joining read as never started": (_nothing_trained_means_never_started,
                                                      "the cause is 'crashed', you said "
                                                      "'never_started'"),
+    "the shortest log blamed": (_shortest_log_blamed,
+                                "the cause is 'crashed', you said|the worker at fault is"),
+    "the task the errors name blamed": (_task_named_in_the_errors,
+                                        "the cause is 'crashed', you said|at fault is"),
+    "no 'replicas in sync' read as never started": (
+        _no_replicas_line_never_started, "you said 'never_started'|the worker at fault is"),
+    "the fewest 'Error' words blamed": (_fewest_error_words_blamed,
+                                        "the cause is 'crashed', you said|at fault is"),
+    "each log's last line only": (_last_line_only, "the cause is 'crashed', you said 'killed'"),
+    "library frames read as a crash": (_library_frames_mean_a_crash,
+                                       "you said 'crashed'|the worker at fault is"),
     "keywords of the whole job": (_keywords_of_the_whole_job,
                                   r"the cause is '\w+', you said|the worker at fault is \d,"),
 }
@@ -361,6 +437,37 @@ def test_the_reference_weights_follow_the_global_batches():
     assert np.allclose(worker_scripts.reference_weights(job, 0, initial=initial)[0], initial[0])
 
 
+def test_max_difference_takes_a_nan_for_a_difference():
+    """NaN compares False with every tolerance: a NaN weight must not pass as equal."""
+    assert resume_inputs.max_difference([np.ones(2)], [np.array([1.0, np.nan])]) == np.inf
+    assert resume_inputs.max_difference([np.ones(2)], [np.ones(2)]) == 0.0
+
+
+def closure_reader(build_model, learning_rate, data_path, checkpoint_dir, steps, replica_batch,
+                   save_every):
+    """Reaches the audit through build_model's closure."""
+    cells = build_model.__closure__
+    return [cell.cell_contents for cell in cells]
+
+
+def test_an_answer_reaching_into_the_audit_is_refused_before_any_cluster(monkeypatch):
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("an answer that reads the audit reached the cluster")
+
+    monkeypatch.setattr(lesson_03, "_run", no_cluster)
+    with pytest.raises(AssertionError, match="uses __closure__, cell_contents"):
+        cu.grading.check_train_worker(closure_reader)
+
+
+def test_every_crash_while_training_ends_on_a_line_that_is_not_its_error():
+    rng = random.Random(0)
+    for _ in range(20):
+        logs = worker_logs.failure_logs("crashed", 3, 2, rng, crashed_early=False)
+        assert not re.match(r"^[\w.]*Error: ", logs[2].strip().splitlines()[-1])
+        early = worker_logs.failure_logs("crashed", 3, 1, rng, crashed_early=True)
+        assert min(range(3), key=lambda w: len(early[w])) != 1   # not the shortest log
+
+
 @pytest.mark.slow
 @pytest.mark.solution_passes
 def test_the_reference_worker_passes_on_a_real_cluster():
@@ -417,6 +524,118 @@ def whole_batch_clone_worker(build_model, learning_rate, data_path, checkpoint_d
     return model.get_weights()
 
 
+def forged_audit_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
+                        replica_batch, save_every):
+    """A plain copy trained outside the strategy on every global batch in every worker, then
+    the audit rewritten through the names the set-up printed in the lesson once used
+    (``_rows``, ``_contexts``): they are no globals of the worker any more."""
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    workers = strategy.num_replicas_in_sync
+    with np.load(data_path) as data:
+        x, y = data["x"], data["y"]
+    with strategy.scope():
+        model = build_model()
+    plain = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(model.layers[-1].units)])
+    plain.set_weights(model.get_weights())
+    optimizer = keras.optimizers.SGD(learning_rate)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for step in range(steps):
+        rows = (step * replica_batch * workers + np.arange(replica_batch * workers)) % len(x)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y[rows], plain(x[rows]))
+        gradients = tape.gradient(loss, plain.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, plain.trainable_variables, strict=True))
+    global _rows, _contexts
+    _rows, _contexts = [replica_batch] * steps, [workers]     # noqa: F841 - the forgery
+    model.set_weights(plain.get_weights())
+    return model.get_weights()
+
+
+def fake_audit_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
+                      replica_batch, save_every):
+    """Trains nothing: writes the audit file of a right run where the check reads it, then
+    ends the worker before the set-up writes its own."""
+    import json
+    import os
+
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = build_model()
+    out = os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir)), "out")
+    due = [*range(save_every, steps + 1, save_every), steps]
+    record = {"saves": [os.path.abspath(checkpoint_dir)] * len(due), "saved_after": due,
+              "built": [{"multi_worker": True, "strategy": "MultiWorkerMirroredStrategy",
+                         "replicas": workers}],
+              "rows": [replica_batch] * steps, "contexts": [workers], "batches": [replica_batch],
+              "left": [[]] * len(due), "lingering": [[]] * steps}
+    with open(os.path.join(out, f"audit-{task}.txt"), "w") as file:
+        file.write(repr(record))
+    np.savez(os.path.join(out, f"weights-{task}.npz"), *model.get_weights())
+    os._exit(0)
+
+
+def dummy_backward_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
+                          replica_batch, save_every):
+    """Each step one backward pass of the audited model inside strategy.run on a dummy
+    per-replica batch (what the audit records), thrown away; the training on a plain copy
+    outside the strategy, on every global batch of the data, its NaN rows filled from any
+    other copy of the data found beside the job (none is left there)."""
+    import glob
+    import os
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    workers = strategy.num_replicas_in_sync
+    is_chief = strategy.cluster_resolver.task_id == 0
+    with np.load(data_path) as data:
+        x, y = data["x"], data["y"]
+    job = os.path.dirname(os.path.abspath(checkpoint_dir))
+    for other in glob.glob(os.path.join(job, "**", "*.npz"), recursive=True):
+        with np.load(other) as data:
+            if "x" in data.files and data["x"].shape == x.shape:
+                x = np.where(np.isnan(x), data["x"], x)
+    global_batch = replica_batch * workers
+    with strategy.scope():
+        model = build_model()
+        optimizer = keras.optimizers.SGD(learning_rate)
+        optimizer.build(model.trainable_variables)
+    plain = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(model.layers[-1].units)])
+    plain.set_weights(model.get_weights())
+    plain_optimizer = keras.optimizers.SGD(learning_rate)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    dummy = tf.zeros((replica_batch, x.shape[1]))
+
+    @tf.function
+    def audited_step():
+        def replica():
+            with tf.GradientTape() as tape:
+                out = tf.reduce_sum(model(dummy)) * 0.0
+            return tape.gradient(out, model.trainable_variables)[0]
+
+        strategy.run(replica)
+
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()
+    manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=2)
+    for step in range(1, steps + 1):
+        audited_step()
+        rows = ((step - 1) * global_batch + np.arange(global_batch)) % len(x)
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y[rows], plain(x[rows]))
+        gradients = tape.gradient(loss, plain.trainable_variables)
+        plain_optimizer.apply_gradients(zip(gradients, plain.trainable_variables, strict=True))
+        if step % save_every == 0 or step == steps:
+            model.set_weights(plain.get_weights())
+            optimizer.iterations.assign(step)
+            manager.save()
+            if not is_chief:
+                tf.io.gfile.rmtree(write_dir)
+    return model.get_weights()
+
+
 def broken_worker(tmp_path):
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "broken_worker.py"
@@ -428,13 +647,19 @@ def broken_worker(tmp_path):
     return module.train_worker
 
 
+#: The reference's sharded, per-replica batching: what the whole-batch answers replace.
+WHOLE_BATCH_LINES = (
+    "        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)\n"
+    "        return dataset.batch(batch, drop_remainder=True)")
+
 #: Exercise 1's wrong answers: (the text replaced in the reference, its replacement, the
 #: message the check must give); None: a whole function of its own.
 TRAIN_WORKER_CATALOGUE = {
     # It also saves from every worker into one folder: when their writes race (on a busy
     # machine) a worker crashes, a rejection that names the job's failure instead.
     "the broken worker as given": (
-        None, "broken", "backward passes carried|the job failed: worker \\d failed"),
+        None, "broken", "backward passes carried|a save failed inside checkpoint_dir|"
+                        "the job failed: worker \\d failed"),
     "a clone trained outside the strategy on every global batch": (
         None, "whole_batch_clone", "replica context of \\[1\\] replicas"),
     "no strategy at all": (None, "no_strategy", "not in the scope of a tf.distribute.Multi"),
@@ -458,7 +683,52 @@ TRAIN_WORKER_CATALOGUE = {
         "differ from one device"),
     "every worker reads everything": (
         "dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)",
-        "pass", "differ from one device"),
+        "pass", "weights are not finite"),
+    "a plain copy trained outside, the audit's old globals rewritten": (
+        None, "forged_audit", "the job failed|replica context of \\[\\] replicas"),
+    "an audit file of a right run written by the answer": (
+        None, "fake_audit", "audit was not written by the check's set-up"),
+    "a dummy audited pass each step, the training outside the strategy": (
+        None, "dummy_backward", "weights are not finite"),
+    "wrong weights made NaN before the last save": (
+        "            manager.save(checkpoint_number=step)\n",
+        "            if step == steps:\n"
+        "                model.set_weights([w * np.nan for w in model.get_weights()])\n"
+        "            manager.save(checkpoint_number=step)\n",
+        "weights are not finite"),
+    "whole global batches made in NumPy, the worker's rows sliced": (
+        WHOLE_BATCH_LINES,
+        "        own = context.input_pipeline_id * batch\n"
+        "        rows = np.arange((steps + 1) * global_batch) % len(x)\n"
+        "        dataset = tf.data.Dataset.from_tensor_slices(\n"
+        "            (x[rows].reshape(steps + 1, global_batch, -1),\n"
+        "             y[rows].reshape(steps + 1, global_batch)))\n"
+        "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
+        "batched \\[\\d+\\] examples at a time"),
+    "whole global batches through map_and_batch": (
+        WHOLE_BATCH_LINES,
+        "        own = context.input_pipeline_id * batch\n"
+        "        dataset = dataset.apply(tf.data.experimental.map_and_batch(\n"
+        "            lambda f, t: (f, t), global_batch))\n"
+        "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
+        "batched \\[\\d+\\] examples at a time"),
+    "whole global batches through tf.data's private _batch": (
+        WHOLE_BATCH_LINES,
+        "        from tensorflow.python.data.ops import batch_op\n"
+        "        own = context.input_pipeline_id * batch\n"
+        "        dataset = batch_op._batch(dataset, global_batch, True)\n"
+        "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
+        "batched \\[\\d+\\] examples at a time"),
+    "whole global batches gathered by window and reduce": (
+        WHOLE_BATCH_LINES,
+        "        own = context.input_pipeline_id * batch\n"
+        "        dataset = dataset.window(global_batch, drop_remainder=True).map(\n"
+        "            lambda f, t: (f.reduce(tf.zeros((0, x.shape[1])),\n"
+        "                                   lambda a, e: tf.concat([a, e[None]], 0)),\n"
+        "                          t.reduce(tf.zeros((0,), t.element_spec.dtype),\n"
+        "                                   lambda a, e: tf.concat([a, e[None]], 0))))\n"
+        "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
+        "batched \\[\\d+\\] examples at a time"),
     "every worker batches the global batch and slices its rows": (
         "        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)\n"
         "        return dataset.batch(batch, drop_remainder=True)",
@@ -475,7 +745,7 @@ TRAIN_WORKER_CATALOGUE = {
         "batched \\[\\d+\\] examples at a time"),
     "every worker writes into checkpoint_dir": (
         "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
-        "worker 1 wrote into checkpoint_dir|the job failed"),
+        "worker 1 wrote into checkpoint_dir|a save failed inside checkpoint_dir|the job failed"),
     "the temporary folder left behind": (
         "                tf.io.gfile.rmtree(write_dir)", "                pass",
         "temporary checkpoint folder of an earlier save was still there"),
@@ -514,7 +784,9 @@ def test_wrong_train_workers_are_rejected_naming_what_differed(tmp_path):
             if new == "broken":  # one file per call: the answers are built in threads
                 return broken_worker(tmp_path / name.replace(" ", "_"))
             return {"no_strategy": no_strategy_worker,
-                    "whole_batch_clone": whole_batch_clone_worker}[new]
+                    "whole_batch_clone": whole_batch_clone_worker,
+                    "forged_audit": forged_audit_worker, "fake_audit": fake_audit_worker,
+                    "dummy_backward": dummy_backward_worker}[new]
         return variant(tmp_path, old, new)
 
     def verdict(name):
@@ -542,6 +814,37 @@ def test_the_reference_resume_functions_pass_the_in_process_cases():
     rng = random.Random(11)
     assert resume_inputs.restore_problem(restore_latest, rng) is None
     assert resume_inputs.dataset_fn_problem(make_dataset_fn, rng) is None
+
+
+def shards_then_skips_its_own(x, y, global_batch, examples_done):
+    """Right too: shard the repeated data first, then skip the examples of this pipeline's
+    shard that come before examples_done (a ceiling division)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        dataset = dataset.shard(pipelines, pipeline).skip(-(-(examples_done - pipeline)
+                                                            // pipelines))
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def rows_from_tensors_unbatched(x, y, global_batch, examples_done):
+    """Right too: the rows made by from_tensors(...).unbatch(), not from_tensor_slices."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensors((x, y)).unbatch().repeat().skip(examples_done)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch).prefetch(2)
+
+    return dataset_fn
+
+
+@pytest.mark.parametrize("make", [shards_then_skips_its_own, rows_from_tensors_unbatched])
+def test_other_right_pipelines_pass_the_in_process_cases(make):
+    for seed in range(3):
+        assert resume_inputs.dataset_fn_problem(make, random.Random(seed)) is None
 
 
 def restarts_from_zero(checkpoint, checkpoint_dir, examples_done):
@@ -674,6 +977,74 @@ def whole_batches_sliced(batching="batch"):
     return make
 
 
+def whole_batches_map_and_batch(x, y, global_batch, examples_done):
+    """Whole global batches through tf.data.experimental.map_and_batch (no batch method
+    called), each pipeline keeping its rows."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        dataset = dataset.apply(tf.data.experimental.map_and_batch(lambda f, t: (f, t),
+                                                                   global_batch))
+        dataset = dataset.map(lambda f, t: (f[own:own + rows], t[own:own + rows]))
+        return dataset.unbatch().batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def whole_batches_in_numpy(x, y, global_batch, examples_done):
+    """Whole global batches cut in NumPy (no tf.data batching at all), each pipeline keeping
+    its rows."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+        index = (examples_done + np.arange(20 * global_batch)) % len(x)
+        dataset = tf.data.Dataset.from_tensor_slices((x[index].reshape(20, global_batch, -1),
+                                                      y[index].reshape(20, global_batch)))
+        dataset = dataset.map(lambda f, t: (f[own:own + rows], t[own:own + rows]))
+        return dataset.unbatch().batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def skips_whole_batches(x, y, global_batch, examples_done):
+    """Skips per-replica batches after batching: whole global batches done, the rest lost."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        per_pipeline = global_batch // context.num_input_pipelines // batch
+        return dataset.batch(batch, drop_remainder=True).skip(
+            examples_done // global_batch * per_pipeline)
+
+    return dataset_fn
+
+
+def skips_the_remainder_only(x, y, global_batch, examples_done):
+    """Skips examples_done % global_batch: the count taken as a place in one global batch."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        dataset = dataset.skip(examples_done % global_batch)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def never_repeats(x, y, global_batch, examples_done):
+    """Skips to the example in one pass of the data and never repeats: it runs dry."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).skip(examples_done % len(x))
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 RESUME_CATALOGUE = {
     "restarts from zero": (restarts_from_zero, make_dataset_fn, "returned 0"),
     "returns the count without restoring": (restores_nothing, make_dataset_fn, "returned 0"),
@@ -710,6 +1081,20 @@ RESUME_CATALOGUE = {
         "trained examples it should not"),
     "every pipeline reads whole global batches, keeps its rows": (
         restore_latest, whole_batches_sliced(), r"batched \[\d+, \d+\] examples at a time"),
+    "whole global batches through map_and_batch": (
+        restore_latest, whole_batches_map_and_batch, r"batched \[\d+, \d+\] examples"),
+    "whole global batches cut in NumPy": (restore_latest, whole_batches_in_numpy,
+                                          r"batched \[\d+(, \d+)*\] examples"),
+    "skips whole per-replica batches after batching": (restore_latest, skips_whole_batches,
+                                                        "trained examples it should not"),
+    "skips examples_done % global_batch": (restore_latest, skips_the_remainder_only,
+                                           "trained examples it should not"),
+    "one pass of the data, never repeated": (restore_latest, never_repeats,
+                                             "for two steps, got \\d+ of sizes"),
+    "the shard's skip divided by the replicas": (
+        restore_latest,
+        pipeline_fn(lambda done, c, b: -(-(done - c.input_pipeline_id) // c.num_replicas_in_sync)),
+        "trained examples it should not"),
     "every pipeline reads everything": (restore_latest, reads_everything,
                                         "trained examples it should not"),
 }

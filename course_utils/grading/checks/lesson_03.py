@@ -2,15 +2,24 @@
 
 * ``check_train_worker(train_worker)``: runs the learner's worker function (exercise 1 fixes a
   broken one, given a per-replica batch) on a real localhost cluster of 2 workers, then on
-  one of 3 (fresh data, steps and batch each time; ``build_model`` seeded differently on each
-  worker): each worker built the model once in the scope of a ``MultiWorkerMirroredStrategy``
-  of one replica per worker, ran every backward pass in that replica context on its share of
-  the global batch (an audit layer of the model counts them), saved after every
+  one of 3 (fresh data, steps and batch each time; each worker's copy of the data holds only
+  its shard, the other rows NaN, so that no worker can train the right weights from rows of
+  another; ``build_model`` seeded differently on each worker): each worker built the model
+  once in the scope of a ``MultiWorkerMirroredStrategy`` of one replica per worker, ran every
+  backward pass in that replica context on its share of the global batch (an audit layer of
+  the model counts them), batched and windowed no more than its share (whatever tf.data API
+  made the batch), saved after every
   ``save_every`` steps and the last; all finish with equal weights, equal to a one-device
   reference on the same global batches from the chief's initial weights; the chief alone
   wrote into the checkpoint folder (the other workers saved into temporary folders they
   deleted after each save: none is left by the next step), and the newest
-  checkpoint holds the optimizer's step count and the final weights.
+  checkpoint holds the optimizer's step count and the final weights. The audit lives in the
+  closures of the worker script's set-up (no global names it) and is written after the
+  learner's function returned, with a secret the set-up read and deleted before that
+  function ran; a function that reads frames, closures or the heap is refused up front.
+  Each worker's shard is read into memory and deleted by the set-up, which waits until no
+  worker's file is left before the learner's code runs, and hands the function a file with
+  no name in any folder (``memfd_create``; a temporary file where there is none).
 * ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed
   before joining and while training, stalled or never started; a job whose workers each
   trained alone); the learner's function,
@@ -32,9 +41,11 @@ per interpreter, not once per worker.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -61,6 +72,7 @@ from course_utils.grading.framework import (
     Case,
     expect_function,
     fresh_rng,
+    grader_introspection,
     not_attempted,
     run_check,
 )
@@ -79,24 +91,30 @@ __all__ = [
 CLUSTER_TIMEOUT = 240.0
 
 
-def _fresh_job(rng: Any, folder: Path, batches: int | None = None,
-               workers: int = 2) -> dict[str, Any]:
+def _fresh_job(rng: Any, folder: Path, batches: int | None = None, workers: int = 2,
+               shards: bool = False) -> dict[str, Any]:
     """Fresh data and sizes for one job of ``workers`` workers (``batches`` global batches of
-    data, else 3-5), the data written where the workers read it."""
+    data, else 3-5), the data written where the workers read it: ``data.npz``, or with
+    ``shards`` only ``data-{i}.npz``, worker i's shard (the set-up reads and deletes it)."""
     global_batch = workers * rng.choice([8, 12, 16])
     num_examples = global_batch * (batches or rng.randint(3, 5))
     features, classes = rng.randint(4, 7), rng.randint(3, 4)
     data = np.random.default_rng(rng.randint(0, 2**31))
     x = data.normal(size=(num_examples, features)).astype("float32")
     y = data.integers(0, classes, size=num_examples).astype("int32")
-    np.savez(folder / "data.npz", x=x, y=y)
+    if not shards:
+        np.savez(folder / "data.npz", x=x, y=y)
+    for worker in range(workers if shards else 0):   # its shard only, the other rows NaN
+        own = np.full_like(x, np.nan)
+        own[worker::workers] = x[worker::workers]
+        np.savez(folder / f"data-{worker}.npz", x=own, y=y)
     return {"x": x, "y": y, "global_batch": global_batch, "classes": classes,
             "steps": rng.randint(5, 7), "save_every": rng.choice([2, 3]),
             "seed": rng.randint(0, 10_000), "workers": workers}
 
 
-def _script_args(job: dict[str, Any], folder: Path) -> list[str]:
-    return ["--data", str(folder / "data.npz"), "--checkpoint-dir", str(folder / "checkpoints"),
+def _script_args(job: dict[str, Any], folder: Path, data: str = "data.npz") -> list[str]:
+    return ["--data", str(folder / data), "--checkpoint-dir", str(folder / "checkpoints"),
             "--out", str(folder / "out"), "--steps", str(job["steps"]),
             "--global-batch", str(job["global_batch"]), "--save-every", str(job["save_every"]),
             "--seed", str(job["seed"]), "--classes", str(job["classes"])]
@@ -153,7 +171,17 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     tf = _tf()
     out = folder / "out"
     workers = job["workers"]
-    audits = [json.loads((out / f"audit-{i}.json").read_text()) for i in range(workers)]
+    audits = []
+    for worker in range(workers):
+        try:
+            audit = ast.literal_eval((out / f"audit-{worker}.txt").read_text())
+        except (OSError, ValueError, SyntaxError):
+            return (f"worker {worker} ended without the audit the check's set-up writes once "
+                    "your function returned: return the weights, do not end the process")
+        if not isinstance(audit, dict) or audit.get("secret") != job["secrets"][worker]:
+            return (f"worker {worker}'s audit was not written by the check's set-up: leave the "
+                    "check's files alone")
+        audits.append(audit)
     problem = _build_problem(dict(enumerate(audit["built"] for audit in audits)), workers)
     if problem:
         return problem
@@ -183,10 +211,18 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
                     f"{due}: every save_every steps and after the last one")
     weights = [_load(out / f"weights-{i}.npz") for i in range(workers)]
     expected = reference_weights(job, job["steps"], initial=_load(out / "initial-0.npz"))
+    for worker, own in enumerate(weights):
+        if not all(np.isfinite(w).all() for w in own):
+            return (f"worker {worker}'s weights are not finite: each worker's copy of the data "
+                    f"holds only its own examples (worker i of {workers}: i, i + {workers}, "
+                    f"i + {2 * workers}, …, what Dataset.shard(num_input_pipelines, "
+                    "input_pipeline_id) keeps), the others are NaN: did a worker read "
+                    "examples of another (no shard, whole global batches, or training "
+                    "outside the strategy)?")
     error = max_difference(weights[0], expected)
     if max(max_difference(weights[0], other) for other in weights[1:]) > 1e-6:
         return "the workers ended with different weights: were the variables mirrored?"
-    if error > 1e-4:
+    if not error <= 1e-4:
         return (f"the weights differ from one device trained on the same global batches of "
                 f"{job['global_batch']} examples (max |difference| {error:.2g}): does every "
                 "worker read its own part of each global batch (InputContext), is the global "
@@ -226,7 +262,7 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
         return ("the newest checkpoint holds no optimizer that applied every step: put the "
                 "optimizer in the tf.train.Checkpoint with the model, so a restart resumes it")
     restored = reference_weights(job, 0, checkpoint=latest)
-    if max_difference(restored, weights[0]) > 1e-6:
+    if not max_difference(restored, weights[0]) <= 1e-6:
         return "the newest checkpoint does not hold the final weights: save after the last step"
     return None
 
@@ -239,6 +275,12 @@ def check_train_worker(fn: Any) -> bool:
         not_attempted(name)
         return False
     source = function_source(fn, "train_worker")
+    peeks = grader_introspection(fn)
+    if peeks:
+        raise AssertionError(f"{name}: your function uses {', '.join(peeks)}, which reads "
+                             "objects of the process it runs in (the check's audit) instead "
+                             "of training. Use only its arguments and tf, keras, np, os, json, "
+                             "time, tempfile.")
     rng = fresh_rng()
 
     def run_and_verify(workers: int) -> str | None:
@@ -246,16 +288,27 @@ def check_train_worker(fn: Any) -> bool:
         with tempfile.TemporaryDirectory(prefix="lesson03_train_") as root:
             folder = Path(root)
             (folder / "tmp").mkdir()
-            job = _fresh_job(rng, folder, workers=workers)
+            job = _fresh_job(rng, folder, workers=workers, shards=True)
             if job["steps"] % job["save_every"] == 0:   # a last step that is no regular save
                 job["steps"] += 1
             script = folder / "worker.py"
             script.write_text(train_worker_script(source))
+            (folder / "out").mkdir()
+            job["secrets"] = [secrets.token_hex(16) for _ in range(workers)]
+            for worker, secret in enumerate(job["secrets"]):   # read, then deleted, by SETUP
+                (folder / "out" / f"secret-{worker}").write_text(secret)
             try:
-                _run(script, _script_args(job, folder), folder, workers=workers)
+                _run(script, _script_args(job, folder, "data-{task}.npz"), folder,
+                     workers=workers)
             except Exception as error:  # noqa: BLE001 - the learner's code failed in a worker
                 # the model built outside the strategy makes the workers race for
                 # checkpoint_dir: name that cause, not the crash it led to
+                if f"{folder / 'checkpoints'}{os.sep}" in str(error):
+                    # two workers' saves met in checkpoint_dir (one's temporary files gone)
+                    return (_failed_build(folder / "out", workers)
+                            or "a save failed inside checkpoint_dir: did more than the chief "
+                               "write there? Only the chief may; every other worker saves "
+                               f"into a temporary folder of its own. The job failed: {error}")
                 return (_failed_build(folder / "out", workers)
                         or f"the job failed: {error}")
             return _verify_train_worker(folder, job)
@@ -396,6 +449,11 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
         return False
     if any(stubs):
         raise AssertionError(f"{name}: write both functions, restore_latest and make_dataset_fn")
+    peeks = sorted({*grader_introspection(restore_latest), *grader_introspection(make_dataset_fn)})
+    if peeks:        # run_check sees only the check's own wrapper of the two
+        raise AssertionError(f"{name}: your functions use {', '.join(peeks)}, which read the "
+                             "checker's frames or objects (the checkpoints' contents, the audit "
+                             "of your batches) instead of computing the answer")
     rng = fresh_rng()
     hint = ("restore tf.train.latest_checkpoint(checkpoint_dir) and return examples_done; "
             "skip the examples done in the whole data before it is cut into the pipelines' "

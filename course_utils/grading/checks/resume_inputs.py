@@ -19,10 +19,12 @@ __all__ = ["dataset_fn_problem", "max_difference", "restore_problem"]
 
 
 def max_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    """The largest absolute difference of two lists of arrays (inf when their shapes differ)."""
+    """The largest absolute difference of two lists of arrays (inf when their shapes differ or
+    a value is NaN: a NaN difference would compare False with every tolerance)."""
     if len(a) != len(b) or any(u.shape != v.shape for u, v in zip(a, b, strict=True)):
         return float("inf")
-    return max(float(np.abs(u - v).max()) for u, v in zip(a, b, strict=True))
+    return max(float(np.nan_to_num(np.abs(np.subtract(u, v, dtype="float64")), nan=np.inf).max())
+               for u, v in zip(a, b, strict=True))
 
 
 def _write_checkpoints(saved: tuple[Any, Any, Any], root: str, rng: Any) -> None:
@@ -97,29 +99,43 @@ def restore_problem(restore_latest: Any, rng: Any) -> str | None:
     return None
 
 
-def _with_batch_sizes(build: Any) -> tuple[Any, list[int]]:
-    """``build()``'s dataset and the size of every ``tf.data.Dataset.batch`` it made (-1: not
-    known when it was built)."""
+def _with_batch_sizes(build: Any, share: int) -> tuple[Any, list[int]]:
+    """``build()``'s dataset and, for every tf.data dataset made meanwhile, the batch or window
+    size of a batching op (-1: not known when it was made; whatever API made it:
+    ``batch``, ``padded_batch``, ``map_and_batch``, ``window``, a private function), or the
+    rows of an element already holding more than ``share`` (e.g. whole global batches made in
+    NumPy)."""
     tf = _tf()
     sizes: list[int] = []
-    names = ("batch", "padded_batch", "ragged_batch")
-    originals = {name: getattr(tf.data.Dataset, name) for name in names}
+    whole: set[int] = set()           # datasets still holding from_tensors' one element
+    original = tf.data.Dataset.__init__
 
-    def audited(method: Any) -> Any:
-        def batch(self: Any, batch_size: Any, *args: Any, **kwargs: Any) -> Any:
-            size = tf.get_static_value(batch_size)
-            sizes.append(int(size) if size is not None else -1)
-            return method(self, batch_size, *args, **kwargs)
+    def audited(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size")
+                     if getattr(self, name, None) is not None), None)
+        if size is not None:
+            value = tf.get_static_value(size)
+            sizes.append(int(value) if value is not None else -1)
+            return
+        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
+        if kind == "_TensorDataset" or (id(source) in whole and kind != "_UnbatchDataset"
+                                        and self.element_spec == source.element_spec):
+            whole.add(id(self))       # from_tensors' one element: all the data, not a batch
+            return
+        try:                          # any other: the rows its elements already hold
+            specs = tf.nest.flatten(self.element_spec)
+        except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
+            specs = []
+        sizes.extend(int(spec.shape[0]) for spec in specs
+                     if isinstance(spec, tf.TensorSpec) and (spec.shape.rank or 0) > 1
+                     and (spec.shape[0] or 0) > share)
 
-        return batch
-
-    for name, method in originals.items():
-        setattr(tf.data.Dataset, name, audited(method))
+    tf.data.Dataset.__init__ = audited
     try:
         return build(), sizes
     finally:
-        for name, method in originals.items():
-            setattr(tf.data.Dataset, name, method)
+        tf.data.Dataset.__init__ = original
 
 
 def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
@@ -147,13 +163,15 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
             context = tf.distribute.InputContext(num_input_pipelines=pipelines,
                                                  input_pipeline_id=pipeline,
                                                  num_replicas_in_sync=replicas)
-            dataset, sizes = _with_batch_sizes(lambda: dataset_fn(context))  # noqa: B023
+            dataset, sizes = _with_batch_sizes(lambda: dataset_fn(context),  # noqa: B023
+                                               replica_batch)
             batches = list(dataset.take(2 * per).as_numpy_iterator())
             where = (f"{pipelines} input pipelines feeding {per} replica(s) each, global batch "
                      f"{global_batch}, resumed at example {done}")
             if len(batches) != 2 * per or any(len(b[1]) != replica_batch for b in batches):
-                return (f"{where}: pipeline {pipeline} must give per-replica batches of "
-                        f"{replica_batch}, got sizes {[len(b[1]) for b in batches]}")
+                return (f"{where}: pipeline {pipeline} must give {2 * per} per-replica "
+                        f"batches of {replica_batch} for two steps, got {len(batches)} of "
+                        f"sizes {[len(b[1]) for b in batches]}")
             if any(size < 0 or size > replica_batch for size in sizes):
                 return (f"{where}: pipeline {pipeline} batched {sizes[:4]} examples at a time: "
                         f"each pipeline should read only its own shard of the data, batched "

@@ -24,16 +24,73 @@ __all__ = ["CAUSES", "KILLED_REASONS", "failure_logs", "possible_reasons"]
 #: What went wrong, as :func:`failure_logs` and the learner's ``diagnose`` name it.
 CAUSES = ("killed", "crashed", "never_started", "stalled", "not_in_cluster")
 
-_CRASHES = [
-    ("FileNotFoundError", "[Errno 2] No such file or directory: '/data/train-{n}.npz'",
-     "with np.load(args.data) as data:"),
-    ("KeyError", "'labels'", 'x, y = data["features"], data["labels"]'),
-    ("ValueError", "Input 0 of layer \"dense\" is incompatible with the layer: expected axis -1 "
-     "of input shape to have value {n}, but received input with shape (16, {m})",
-     "logits = model(features, training=True)"),
-    ("MemoryError", "Unable to allocate {n}.0 GiB for an array with shape ({m}, 4096)",
-     "x = np.repeat(x, 4096, axis=1)"),
+#: A worker's own crash before it joined the cluster (reading its data), as Python 3.11 printed
+#: it in this course's environment (NumPy 2): the worker script's line, then the library frames
+#: down to the error, with the caret lines Python draws under each call ({site}: site-packages;
+#: {n}, {m}, {rows}: fresh numbers).
+_CRASHES_BEFORE_JOINING = [
+    ["    with np.load(args.data) as data:",
+     "         ^^^^^^^^^^^^^^^^^^",
+     '  File "{site}/numpy/lib/_npyio_impl.py", line 454, in load',
+     '    fid = stack.enter_context(open(os.fspath(file), "rb"))',
+     "                              ^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+     "FileNotFoundError: [Errno 2] No such file or directory: '/data/train-{n}.npz'"],
+    ['    x, y = data["features"], data["labels"]',
+     "           ~~~~^^^^^^^^^^^^",
+     '  File "{site}/numpy/lib/_npyio_impl.py", line 243, in __getitem__',
+     '    raise KeyError(f"{{key}} is not a file in the archive") from None',
+     "KeyError: 'features is not a file in the archive'"],
+    ["    x = np.repeat(x, 4096, axis=1)",
+     "        ^^^^^^^^^^^^^^^^^^^^^^^^^^",
+     '  File "{site}/numpy/_core/fromnumeric.py", line 481, in repeat',
+     "    return _wrapfunc(a, 'repeat', repeats, axis=axis)",
+     "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+     '  File "{site}/numpy/_core/fromnumeric.py", line 54, in _wrapfunc',
+     "    return bound(*args, **kwds)",
+     "           ^^^^^^^^^^^^^^^^^^^^",
+     "numpy._core._exceptions._ArrayMemoryError: Unable to allocate {n}.0 GiB for an array "
+     "with shape ({rows}, 4096) and data type float32"],
 ]
+
+#: The frames between the worker script's call of its train step and an op's error, as
+#: TensorFlow 2.21 prints them under Python 3.11 (a crash while training shows them too).
+_STEP_FRAMES = [
+    "    losses.append(float(train_step(iterator)))",
+    "                        ^^^^^^^^^^^^^^^^^^^^^",
+    '  File "{site}/tensorflow/python/util/traceback_utils.py", line 167, in error_handler',
+    "    raise e.with_traceback(filtered_tb) from None",
+    '  File "{site}/tensorflow/python/eager/execute.py", line 53, in quick_execute',
+    "    tensors = pywrap_tfe.TFE_Py_Execute(ctx._handle, device_name, op_name,",
+    "  ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^"]
+
+
+#: A worker's own crash while training, as TensorFlow 2.21 and Keras 3 printed it here for a
+#: label outside the classes (a message over several lines: its last line is not the error's),
+#: with the frames of the lesson's worker script.
+_CRASHES_WHILE_TRAINING = [
+    [*_STEP_FRAMES,
+     "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution error:", "",
+     "Detected at node sparse_categorical_crossentropy/SparseSoftmaxCrossEntropyWithLogits/"
+     "SparseSoftmaxCrossEntropyWithLogits defined at (most recent call last):",
+     '  File "/job/worker.py", line {line}, in <module>', "",
+     '  File "/job/worker.py", line {step_line}, in train_step', "",
+     '  File "/job/worker.py", line {replica_line}, in replica_step', "",
+     '  File "{site}/keras/src/losses/loss.py", line 67, in __call__', "",
+     '  File "{site}/keras/src/losses/losses.py", line 34, in call', "",
+     '  File "{site}/keras/src/losses/losses.py", line 2359, in sparse_categorical_crossentropy',
+     "",
+     '  File "{site}/keras/src/ops/nn.py", line 2216, in sparse_categorical_crossentropy', "",
+     '  File "{site}/keras/src/backend/tensorflow/nn.py", line 1438, in '
+     "sparse_categorical_crossentropy", "",
+     "Received a label value of {n} which is outside the valid range of [0, {m}).  Label "
+     "values: {labels}",
+     "\t [[{{{{node sparse_categorical_crossentropy/SparseSoftmaxCrossEntropyWithLogits/"
+     "SparseSoftmaxCrossEntropyWithLogits}}}}]] [Op:__inference_train_step_{op}]"],
+]
+
+#: Where a worker's Python packages may be installed.
+_SITES = ["/usr/local/lib/python3.11/site-packages", "/opt/conda/lib/python3.11/site-packages",
+          "/home/trainer/.venv/lib/python3.11/site-packages"]
 
 
 def _noise(rng: random.Random) -> list[str]:
@@ -88,10 +145,10 @@ def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
             "events (e.g. preemption, eviction) to debug further."]
 
 
-def _collective_error(kind: str, reason: list[str], step_line: int) -> list[str]:
+def _collective_error(kind: str, reason: list[str], step_line: int, site: str) -> list[str]:
     head = ["Traceback (most recent call last):",
             f'  File "/job/worker.py", line {step_line}, in <module>',
-            "    losses.append(float(train_step(iterator)))",
+            *(line.format(site=site) for line in _STEP_FRAMES),
             f"tensorflow.python.framework.errors_impl.{kind}: Graph execution error:", "",
             "Detected at node sgd/CollectiveReduceV2 defined at (most recent call last):"]
     return [*head, *reason, "The error could be from a previous operation. Restart your "
@@ -99,12 +156,21 @@ def _collective_error(kind: str, reason: list[str], step_line: int) -> list[str]
             "\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_train_step_296]"]
 
 
-def _crash(rng: random.Random) -> list[str]:
-    name, message, line = rng.choice(_CRASHES)
-    message = message.format(n=rng.randint(2, 9), m=rng.randint(10, 99))
+def _crash(rng: random.Random, before_joining: bool, site: str) -> list[str]:
+    n, line = rng.randint(10, 99), rng.randint(60, 80)
+    classes = rng.randint(3, 9)
+    labels = [rng.choice([*range(classes), n]) for _ in range(16)]
+    labels[rng.randrange(16)] = n                   # the label the message names
+    labels = " ".join(map(str, labels))
+    fill = {"site": site, "n": n, "m": rng.randint(10, 99), "rows": n * 65536,
+            "line": line, "step_line": rng.randint(40, 50), "replica_line": rng.randint(30, 39),
+            "labels": labels, "op": rng.randint(200, 999)}
+    crash = rng.choice(_CRASHES_BEFORE_JOINING if before_joining else _CRASHES_WHILE_TRAINING)
+    if not before_joining:                     # a label outside [0, classes)
+        fill["m"] = classes
     return ["Traceback (most recent call last):",
-            f'  File "/job/worker.py", line {rng.randint(20, 60)}, in <module>',
-            f"    {line}", f"{name}: {message}"]
+            f'  File "/job/worker.py", line {line if not before_joining else line - 50}, '
+            "in <module>", *(text.format(**fill) for text in crash)]
 
 
 def failure_logs(cause: str, num_workers: int, culprit: int | None,
@@ -139,6 +205,7 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
     if crashed_early is None:
         crashed_early = rng.random() < 0.5
     early = cause == "crashed" and crashed_early   # crashed before joining: the rest wait
+    site = rng.choice(_SITES)                      # where the job's workers have TensorFlow
     logs = []
     for worker in range(num_workers):
         lines = [*_noise(rng), "joining the cluster"]
@@ -148,9 +215,9 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
         elif cause == "never_started":
             lines = [] if worker == culprit else lines
         elif cause == "crashed" and worker == culprit:
-            lines = [*_noise(rng), *_crash(rng)] if early else [
+            lines = [*_noise(rng), *_crash(rng, True, site)] if early else [
                 *lines, f"worker {worker}: {num_workers} replicas in sync",
-                *_steps(rng, 1, last), *_crash(rng)]
+                *_steps(rng, 1, last), *_crash(rng, False, site)]
         elif not early:
             lines += [f"worker {worker}: {num_workers} replicas in sync",
                       *_steps(rng, 1, last)]
@@ -163,6 +230,6 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
                     reason = _killed_reason(
                         killed_reason or rng.choice(possible_reasons(culprit)),
                                             ports[culprit], culprit)
-                lines += _collective_error(kind, reason, rng.randint(60, 80))
+                lines += _collective_error(kind, reason, rng.randint(60, 80), site)
         logs.append(lines)
     return ["\n".join(lines) + ("\n" if lines else "") for lines in logs]

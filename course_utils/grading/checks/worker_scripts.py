@@ -33,12 +33,19 @@ LEARNING_RATE = 0.1
 #: What every exercise worker runs before the learner's code: its flags, ``build_model`` (seeded
 #: differently on every worker, so that only the strategy's broadcast makes the initial weights
 #: equal; it records the strategy it was built under and its replica count; a weightless layer
-#: records, in each backward pass, the examples it carried and the replica context it ran in)
-#: and an audit of ``CheckpointManager.save`` (where each worker saved, after how many backward
+#: records, in each backward pass, the examples it carried and the replica context it ran in),
+#: an audit of ``CheckpointManager.save`` (where each worker saved, after how many backward
 #: passes, which folders of its earlier saves were still there then and in each backward pass)
-#: and of ``tf.data.Dataset.batch``
-#: (the batch sizes its pipelines made), read back by the check.
-SETUP = '''"""An exercise worker of lesson 03: the check's set-up, then your code."""
+#: and of every tf.data dataset the worker makes (the batch or window sizes of its batching
+#: ops, whatever API made them, and any element already holding more rows than its share).
+#: The audit is held in the closures of ``_set_up``, out of reach of the learner's code by
+#: name (no global holds it), with every function it calls bound before that code runs; it
+#: is written at the end with a secret the check left for this worker and ``_set_up`` read
+#: and deleted first, so that a file the learner's code writes is not taken for it. Given
+#: ``--data`` with ``{task}``, ``_set_up`` reads this worker's own copy of the data (its shard,
+#: the other rows NaN), deletes it, waits until no worker's copy is left, and hands the
+#: learner's function that copy as a file with no name in any folder.
+SETUP = """\"\"\"An exercise worker of lesson 03: the check's set-up, then your code.\"\"\"
 import argparse, json, os, tempfile, time
 import keras
 import numpy as np
@@ -57,97 +64,158 @@ os.makedirs(_args.out, exist_ok=True)
 LEARNING_RATE = 0.1
 
 
-def _count_rows(rows):
-    _rows.append(int(rows))
-    # the folders of this worker's earlier saves still there while it trains
-    _lingering.append(sorted({d for d in _saves if os.path.exists(d)}))
-    return rows
+def _set_up(out, task, workers, share, data, seed, classes):
+    \"\"\"build_model, the audit of this worker (see the check) in closures, and its data.\"\"\"
+    built, saves, saved_after, rows, contexts, left, batches, lingering = (
+        [] for _ in range(8))
+    exists, abspath, join, write, close, exit_now = (
+        os.path.exists, os.path.abspath, os.path.join, os.write, os.close, os._exit)
+    replica_context, static_value = tf.distribute.get_replica_context, tf.get_static_value
+    shape_of, py_function, identity = tf.shape, tf.py_function, tf.identity
+    dependencies, tensor_spec, flatten = tf.control_dependencies, tf.TensorSpec, tf.nest.flatten
+    savez, dumps, sort, open_file, load = np.savez, json.dumps, sorted, os.open, np.load
+    get_strategy = tf.distribute.get_strategy
+    multi_worker = tf.distribute.MultiWorkerMirroredStrategy
+    set_seed, sequential, layer_input, dense = (keras.utils.set_random_seed, keras.Sequential,
+                                                keras.Input, keras.layers.Dense)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    secret_path, secret = join(out, f"secret-{task}"), ""
+    if exists(secret_path):                       # left by the check: gone before your code
+        with open(secret_path) as file:
+            secret = file.read()
+        os.remove(secret_path)
+    if "{task}" in data:   # this worker's own copy, read into memory; then no worker's is left
+        mine = data.replace("{task}", str(task))
+        with open(mine, "rb") as file:
+            content = file.read()
+        os.remove(mine)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(
+                exists(data.replace("{task}", str(other))) for other in range(workers)):
+            time.sleep(0.05)
+        if hasattr(os, "memfd_create"):               # a file with no name in any folder
+            handle = os.memfd_create("data.npz")
+            data = f"/proc/self/fd/{handle}"
+        else:
+            handle, data = tempfile.mkstemp(suffix=".npz")
+        with os.fdopen(os.dup(handle), "wb") as file:
+            file.write(content)
+
+    def count_rows(carried):
+        rows.append(int(carried))
+        # the folders of this worker's earlier saves still there while it trains
+        lingering.append(sort({d for d in saves if exists(d)}))
+        return carried
+
+    @tf.custom_gradient
+    def audited(inputs):
+        \"\"\"Identity; its backward pass records the examples it carried and its context.\"\"\"
+        def backward(upstream):
+            context = replica_context()                       # at trace time
+            contexts.append(context.num_replicas_in_sync if context is not None else 0)
+            carried = py_function(count_rows, [shape_of(upstream)[0]], Tout=tf.int32)
+            with dependencies([carried]):
+                return identity(upstream)
+
+        return identity(inputs), backward
+
+    class Audit(keras.layers.Layer):
+        \"\"\"No weights: an audit of the backward passes through the model.\"\"\"
+
+        def call(self, inputs):
+            return audited(inputs)
+
+        def compute_output_shape(self, input_shape):
+            return input_shape
+
+    def build_model():
+        \"\"\"The exercise's model (call it inside strategy.scope()).\"\"\"
+        with load(data) as arrays:
+            features = arrays["x"].shape[1]
+        set_seed(seed + task)                     # every worker draws its own weights
+        model = sequential([layer_input((features,)), dense(8, activation="relu"), Audit(),
+                            dense(classes)])
+        strategy = get_strategy()
+        built.append({"multi_worker": isinstance(strategy, multi_worker),
+                      "strategy": type(strategy).__name__,
+                      "replicas": strategy.num_replicas_in_sync})
+        savez(join(out, f"initial-{task}.npz"), *model.get_weights())
+        with open(join(out, f"built-{task}.json"), "w") as file:
+            file.write(dumps(built))              # read even when the job fails later
+        return model
+
+    manager_save = tf.train.CheckpointManager.save
+
+    def audited_save(self, *args, **kwargs):
+        # the folders of this worker's earlier saves still there now (a temporary one must
+        # go after each save, not once at the end)
+        left.append(sort({d for d in saves if exists(d)}))
+        saves.append(abspath(str(self.directory)))
+        saved_after.append(len(rows))                     # backward passes so far
+        return manager_save(self, *args, **kwargs)
+
+    tf.train.CheckpointManager.save = audited_save
+    dataset_init = tf.data.Dataset.__init__
+
+    def audited_dataset(self, *args, **kwargs):
+        \"\"\"Every tf.data dataset made here: the batch or window size of a batching op (-1:
+        not known when it was made), and elements of more rows than this worker's share.\"\"\"
+        dataset_init(self, *args, **kwargs)
+        size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size")
+                     if getattr(self, name, None) is not None), None)
+        if size is not None:                      # a batching op: its size
+            value = static_value(size)
+            batches.append(int(value) if value is not None else -1)
+            return
+        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
+        if kind == "_TensorDataset" or (id(source) in whole and kind != "_UnbatchDataset"
+                                        and self.element_spec == source.element_spec):
+            whole.add(id(self))       # from_tensors' one element: all the data, not a batch
+            return
+        try:                          # any other: the rows its elements already hold
+            specs = flatten(self.element_spec)
+        except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
+            specs = []
+        for spec in specs:
+            if (isinstance(spec, tensor_spec) and spec.shape.rank and spec.shape.rank > 1
+                    and (spec.shape[0] or 0) > share):
+                batches.append(int(spec.shape[0]))
+
+    whole = set()                     # datasets still holding from_tensors' one element
+    tf.data.Dataset.__init__ = audited_dataset
+
+    def report():
+        \"\"\"Write the audit, then end this worker at once (nothing runs after it).\"\"\"
+        record = {"secret": secret, "saves": saves, "built": built, "saved_after": saved_after,
+                  "rows": rows, "contexts": contexts, "left": left, "batches": batches,
+                  "lingering": lingering}
+        handle = open_file(join(out, f"audit-{task}.txt"), flags)
+        write(handle, repr(record).encode())
+        close(handle)
+        print("done", flush=True)
+        exit_now(0)
+
+    return build_model, report, data
 
 
-@tf.custom_gradient
-def _audited(inputs):
-    """Identity; its backward pass records the examples it carried and the replica context."""
-    def backward(upstream):
-        context = tf.distribute.get_replica_context()       # at trace time
-        _contexts.append(context.num_replicas_in_sync if context is not None else 0)
-        rows = tf.py_function(_count_rows, [tf.shape(upstream)[0]], Tout=tf.int32)
-        with tf.control_dependencies([rows]):
-            return tf.identity(upstream)
+build_model, _report, _data = _set_up(_args.out, _task, _workers, _args.global_batch // _workers,
+                                      _args.data, _args.seed, _args.classes)
+"""
 
-    return tf.identity(inputs), backward
+_TRAIN_WORKER_CALL = """
 
-
-class _Audit(keras.layers.Layer):
-    """No weights: an audit of the backward passes through the model (the check reads it)."""
-
-    def call(self, inputs):
-        return _audited(inputs)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
+def _run(train_worker, build_model=build_model, report=_report, data=_data,
+         arguments=(_args.checkpoint_dir, _args.steps, _args.global_batch // _workers,
+                    _args.save_every),
+         weights_file=os.path.join(_args.out, f"weights-{_task}.npz"), savez=np.savez):
+    \"\"\"Your function, then the audit: every name bound before your code ran.\"\"\"
+    weights = train_worker(build_model, LEARNING_RATE, data, *arguments)
+    savez(weights_file, *weights)
+    report()
 
 
-def build_model():
-    """The exercise's model (call it inside strategy.scope())."""
-    with np.load(_args.data) as data:
-        features = data["x"].shape[1]
-    keras.utils.set_random_seed(_args.seed + _task)   # every worker draws its own weights
-    model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, activation="relu"),
-                              _Audit(), keras.layers.Dense(_args.classes)])
-    strategy = tf.distribute.get_strategy()
-    _built.append({"multi_worker": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
-                   "strategy": type(strategy).__name__,
-                   "replicas": strategy.num_replicas_in_sync})
-    np.savez(os.path.join(_args.out, f"initial-{_task}.npz"), *model.get_weights())
-    with open(os.path.join(_args.out, f"built-{_task}.json"), "w") as _file:
-        json.dump(_built, _file)                  # read even when the job fails later
-    return model
-
-
-_built, _saves, _saved_after, _rows, _contexts, _left, _batches = [], [], [], [], [], [], []
-_lingering = []
-_manager_save = tf.train.CheckpointManager.save
-
-
-def _audited_save(self, *args, **kwargs):
-    # the folders of this worker's earlier saves still there now (a temporary one must go
-    # after each save, not once at the end)
-    _left.append(sorted({d for d in _saves if os.path.exists(d)}))
-    _saves.append(os.path.abspath(str(self.directory)))
-    _saved_after.append(len(_rows))                          # backward passes so far
-    return _manager_save(self, *args, **kwargs)
-
-
-tf.train.CheckpointManager.save = _audited_save
-
-
-def _batching_audited(method):
-    """``method`` of tf.data.Dataset, recording the size of every batch it makes (a pipeline
-    of this worker should batch its share, not more)."""
-    def batch(self, batch_size, *args, **kwargs):
-        size = tf.get_static_value(batch_size)
-        _batches.append(int(size) if size is not None else -1)
-        return method(self, batch_size, *args, **kwargs)
-
-    return batch
-
-
-for _name in ("batch", "padded_batch", "ragged_batch"):
-    setattr(tf.data.Dataset, _name, _batching_audited(getattr(tf.data.Dataset, _name)))
-'''
-
-_TRAIN_WORKER_CALL = '''
-
-_weights = train_worker(build_model, LEARNING_RATE, _args.data, _args.checkpoint_dir,
-                        _args.steps, _args.global_batch // _workers, _args.save_every)
-np.savez(os.path.join(_args.out, f"weights-{_task}.npz"), *_weights)
-with open(os.path.join(_args.out, f"audit-{_task}.json"), "w") as _file:
-    json.dump({"saves": _saves, "built": _built, "saved_after": _saved_after,
-               "rows": _rows, "contexts": _contexts, "left": _left, "batches": _batches,
-               "lingering": _lingering},
-              _file)
-print("done", flush=True)
-'''
+_run(train_worker)
+"""
 
 _RESUME_JOB = '''
 
@@ -155,7 +223,7 @@ strategy = tf.distribute.MultiWorkerMirroredStrategy(
     communication_options=tf.distribute.experimental.CommunicationOptions(
         timeout_seconds=float(os.environ.get("COURSE_COLLECTIVE_TIMEOUT", "60"))))
 is_chief = strategy.cluster_resolver.task_id == 0
-with np.load(_args.data) as data:
+with np.load(_data) as data:
     x, y = data["x"], data["y"]
 with strategy.scope():
     model = build_model()
