@@ -685,3 +685,17 @@ def test_batches_not_read_from_the_dataset_given_fail(monkeypatch):
 
     with pytest.raises(AssertionError, match=r"case 1 .*but only 0 were read from the dataset"):
         cu.grading.check_make_tpu_ready(elsewhere)
+
+
+def test_a_pipeline_whose_graph_cannot_be_read_is_told_so(monkeypatch):
+    """A graph that DatasetToGraph refuses (stood in for by a helper that raises) fails with
+    a message, not a traceback; the given dataset's own tokens are still read."""
+    from course_utils.grading.checks import static_batches
+
+    def refused(dataset):
+        raise ValueError("cannot serialize this dataset\nsecond line")
+
+    monkeypatch.setattr(static_batches, "py_function_tokens", refused)
+    with pytest.raises(AssertionError, match=r"case 1 .*could not read your pipeline's graph: "
+                                             r"ValueError: cannot serialize this dataset"):
+        cu.grading.check_make_tpu_ready(make_tpu_ready)

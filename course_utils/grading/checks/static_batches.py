@@ -26,13 +26,14 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
                 f"{str(error).strip().splitlines()[0][:160]}")
     if not given <= tokens:
         return ("your dataset is not made from the one given: no step of its graph reads "
-                "`dataset` (a Python generator that iterates it hands out the batches). "
+                "`dataset` (a Python generator that iterates it, or data from elsewhere, hands "
+                "out the batches). "
                 "Transform `dataset` with tf.data steps (section 3)")
     if tokens - given:
         return (f"your pipeline calls Python ({len(tokens - given)} op(s) of tf.py_function, "
-                "tf.numpy_function or from_generator): tf.data runs TensorFlow ops in parallel "
-                "threads, Python one call at a time (the GIL: Dataset.map's docstring). Which "
-                "TensorFlow ops cut and pad a sequence?")
+                "tf.numpy_function or from_generator): tf.data's threads run TensorFlow ops in "
+                "parallel, Python code takes turns while it computes (it holds the GIL: "
+                "Dataset.map's docstring). Which TensorFlow ops cut and pad a sequence?")
     return None
 
 
