@@ -646,6 +646,21 @@ def _padded_in_a_py_function(dataset, batch_size, sequence_length):
     return dataset.map(step).batch(batch_size, drop_remainder=True)
 
 
+def _padded_in_a_stateless_numpy_function(dataset, batch_size, sequence_length):
+    import numpy as np
+    import tensorflow as tf
+
+    def fix(tokens):
+        cut = tokens[:sequence_length]
+        return np.pad(cut, (0, sequence_length - len(cut))).astype(np.int32)
+
+    def step(tokens, label):
+        padded = tf.numpy_function(fix, [tokens], tf.int32, stateful=False)  # PyFuncStateless
+        return tf.ensure_shape(padded, [sequence_length]), label
+
+    return dataset.map(step).batch(batch_size, drop_remainder=True)
+
+
 def _the_generator_behind_the_given_dataset(dataset, batch_size, sequence_length):
     start = make_tpu_ready(dataset, batch_size, sequence_length).take(0)  # the given, unread
     return start.concatenate(_streaming_generator(dataset, batch_size, sequence_length))
@@ -654,6 +669,7 @@ def _the_generator_behind_the_given_dataset(dataset, batch_size, sequence_length
 @pytest.mark.parametrize(("answer", "message"), [
     (_streaming_generator, "not made from the one given"),
     (_padded_in_a_py_function, r"calls Python \(1 op"),
+    (_padded_in_a_stateless_numpy_function, r"calls Python \(1 op"),
     (_the_generator_behind_the_given_dataset, r"calls Python \(3 op"),
     (lambda *args: make_tpu_ready(*args).repeat(), "never ends"),
     (lambda *args: make_tpu_ready(*args).repeat(2), r"the epoch has more than \d+ batches"),

@@ -71,6 +71,10 @@ def _functions_called(node: Any) -> list[str]:
     return names
 
 
+#: The ops that call Python: py_function, numpy_function and py_func (stateful or not).
+_PYTHON_OPS = ("EagerPyFunc", "PyFunc", "PyFuncStateless")
+
+
 def py_function_tokens(dataset: Any, feeding: str | None = None) -> set[str]:
     """The tokens of the py_function ops ``dataset``'s graph runs, its functions' too; with
     ``feeding`` (a kind of step, e.g. ``"CacheDataset"``), only those of the steps upstream of
@@ -80,7 +84,7 @@ def py_function_tokens(dataset: Any, feeding: str | None = None) -> set[str]:
     found: dict[str, set[str]] = {}
 
     def in_node(node: Any) -> set[str]:
-        tokens = {node.attr["token"].s.decode()} if node.op in ("EagerPyFunc", "PyFunc") else set()
+        tokens = {node.attr["token"].s.decode()} if node.op in _PYTHON_OPS else set()
         for name in _functions_called(node):
             tokens |= in_function(name)
         return tokens
