@@ -202,11 +202,30 @@ def declares_steps_finished(coordinator, dataset_fn, step_fn, num_steps, max_in_
     coordinator.join()
     return [r.fetch() for r in remotes]
 
+def hides_running_steps(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    from course_utils.grading.checks import coordinator_watch
+    real_os, real_running = coordinator_watch.os, coordinator_watch._running
+
+    class DropsStatus:  # the watch's status events dropped on their way into its pipe
+        def __getattr__(self, name):
+            return getattr(real_os, name)
+
+        def write(self, fd, data):
+            return len(data) if data[:1] == b"R" else real_os.write(fd, data)
+
+    coordinator_watch.os = DropsStatus()
+    coordinator_watch._running = lambda remote: False  # and every step said finished
+    try:
+        return declares_steps_finished(coordinator, dataset_fn, step_fn, num_steps,
+                                       max_in_flight)
+    finally:
+        coordinator_watch.os, coordinator_watch._running = real_os, real_running
+
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
            serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
            schedules_then_waits, rewrites_the_record, marks_steps_finished,
-           reorders_the_record, declares_steps_finished):
+           reorders_the_record, declares_steps_finished, hides_running_steps):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -380,6 +399,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "marks_steps_finished"): "record of your steps was changed",
         ("RUN_STEPS", "reorders_the_record"): "record of your steps was changed",
         ("RUN_STEPS", "declares_steps_finished"): "still running on the workers",
+        ("RUN_STEPS", "hides_running_steps"): "still running on the workers",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
         ("DATASET", "lesson_order"): "do not fill its last batch",
@@ -515,5 +535,19 @@ def test_the_watch_judges_from_its_pipe_log_and_names_a_rewritten_record():
     for index in range(3):
         known_finished.cell_contents(index)
     watched.schedule(None)
+    [remote.fetch() for remote in remotes]
+    assert "still running on the workers" in record.changed()
+
+    from course_utils.grading.checks import coordinator_watch  # a module's names replaced
+    watched, record = watch(_Coordinator(_RunningRemote))
+    real_os, real_running = coordinator_watch.os, coordinator_watch._running
+    coordinator_watch.os, coordinator_watch._running = None, lambda remote: False
+    try:
+        remotes = [watched.schedule(None) for _ in range(3)]  # none waited for
+        fetch = type(remotes[0]).fetch
+        fetch.__closure__[fetch.__code__.co_freevars.index("known_finished")].cell_contents(0)
+        watched.schedule(None)
+    finally:
+        coordinator_watch.os, coordinator_watch._running = real_os, real_running
     [remote.fetch() for remote in remotes]
     assert "still running on the workers" in record.changed()

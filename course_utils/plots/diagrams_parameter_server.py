@@ -73,7 +73,7 @@ def draw_failure_recovery(ax: Any = None) -> Any:
     ax.text(0.25, 0.32, "join carries on: the job loses one step's work", ha="center",
             fontsize=7)
     # right: a parameter server lost
-    box(0.75, 0.85, "coordinator: reading its\nvariables raises UnavailableError", PALETTE[7])
+    box(0.75, 0.85, "coordinator: reading a variable\nof ps 1 raises UnavailableError", PALETTE[7])
     box(0.62, 0.50, "parameter server 0", PALETTE[1])
     box(0.88, 0.50, "parameter server 1 ✗\n(its variables gone)", PALETTE[3])
     box(0.75, 0.13, "checkpoint written by the coordinator\n→ new coordinator restores it",

@@ -15,6 +15,10 @@ could be declared finished without a wait: before each ``schedule`` the watch al
 many of the real steps are still running (TensorFlow's ``RemoteValue`` status), and the replay
 names a schedule at which more were running than the waits it saw allow. A wait on a real
 ``RemoteValue`` reached through the closures is not seen: it can only make a loop wait more.
+The functions the watch calls while the learner's code runs (``os.write``, ``struct.pack``, the
+status read) are bound when the watch is made, so that replacing a module's attribute (this
+module's ``os`` or ``_running``) cannot hide a step still running; code that rewrites the
+watch's own closures can, and no check in the same process can stop it.
 """
 
 from __future__ import annotations
@@ -66,31 +70,20 @@ class WatchRecord:
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
         os.set_blocking(write_fd, False)  # a full pipe loses events (then named), never hangs
-        self._read_fd = read_fd
         self._closer = weakref.finalize(self, _close, read_fd, write_fd)
         self.log = _pipe_writer(write_fd, self._EVENT)
+        self._drain = _pipe_reader(read_fd, self._EVENT)
 
     def replay(self) -> tuple[list[int], list[int]]:
         """From the pipe's log (the events as they happened, whatever was done to this
         object): the identity of each step's RemoteValue in the order scheduled, and the steps
         in flight at each schedule."""
-        data = bytearray()
-        while True:
-            try:
-                chunk = os.read(self._read_fd, 65536)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            data.extend(chunk)
-        size = struct.calcsize(self._EVENT)
         identities: list[int] = []
         finished: list[bool] = []
         in_flight: list[int] = []
         running = 0
         self.overrun = []
-        for start in range(0, len(data) - size + 1, size):
-            kind, number = struct.unpack(self._EVENT, bytes(data[start:start + size]))
+        for kind, number in self._drain():
             if kind == b"R":
                 running = number
             elif kind == b"S":
@@ -156,14 +149,36 @@ def _close(*fds: int) -> None:
 
 def _pipe_writer(fd: int, layout: str) -> Any:
     """``log(kind, number)``: one event into the pipe ``fd`` (ignored once it is closed)."""
+    write, pack = os.write, struct.pack  # bound now: a module's attribute replaced later is not
 
     def log(kind: bytes, number: int = 0) -> None:
         try:
-            os.write(fd, struct.pack(layout, kind, number))
+            write(fd, pack(layout, kind, number))
         except OSError:  # closed, or full (BlockingIOError): the replay then differs
             pass
 
     return log
+
+
+def _pipe_reader(fd: int, layout: str) -> Any:
+    """``drain()``: every ``(kind, number)`` event waiting in the pipe ``fd`` (``os.read`` and
+    ``struct.unpack`` bound now)."""
+    read, unpack, size = os.read, struct.unpack, struct.calcsize(layout)
+
+    def drain() -> list[tuple[bytes, int]]:
+        data = bytearray()
+        while True:
+            try:
+                chunk = read(fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data.extend(chunk)
+        return [unpack(layout, bytes(data[start:start + size]))
+                for start in range(0, len(data) - size + 1, size)]
+
+    return drain
 
 
 def _running(remote: Any) -> bool:
@@ -178,6 +193,7 @@ def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
     tf = _tf()
     record = WatchRecord()
     log = record.log
+    running = _running  # bound now, as the pipe's writer is
     index_of: dict[int, int] = {}
 
     def known_finished(index: int) -> None:
@@ -228,7 +244,7 @@ def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
             oldest = next((index for index, finished in enumerate(record.finished)
                            if not finished), len(record.finished))
             record.in_flight.append(1 + len(record.finished) - oldest)
-            log(b"R", sum(_running(remote) for remote in record.scheduled))
+            log(b"R", sum(running(remote) for remote in record.scheduled))
             remote = coordinator.schedule(fn, args=args, kwargs=kwargs)
             log(b"S", id(remote))
             watched = WatchedRemoteValue()
