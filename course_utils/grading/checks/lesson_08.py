@@ -31,7 +31,8 @@
   the weights. One model grows in layers without weights (a recomputation from the Dense
   weights misses it); another has a decoy: the layer with by far the largest (negative) weights,
   whose output is finite (ReLU makes its pre-activations 0); every batch holds a loud row that
-  never overflows (the largest example is not where the overflow starts).
+  never overflows (the largest example is not where the overflow starts), and one batch has
+  every row but the loud one scaled (no outlier rows to pick out).
 """
 
 from __future__ import annotations
