@@ -380,6 +380,15 @@ def _lazy_overflow_answers(keras, tf):
         row = int(np.argmax(np.max(np.abs(x), axis=1)))
         return first_overflowing_layer(model, x[row:row + 1], keras, tf)
 
+    def rows_far_above_the_median(model, x):  # the rows that look like outliers
+        loudness = np.max(np.abs(x), axis=1)
+        loud = loudness > 10 * np.median(loudness)
+        return first_overflowing_layer(model, x[loud] if loud.any() else x[:1], keras, tf)
+
+    def two_largest_examples(model, x):  # the label says 2 outlier rows
+        rows = np.argsort(np.max(np.abs(x), axis=1))[-2:]
+        return first_overflowing_layer(model, x[rows], keras, tf)
+
     def index_not_name(model, x):  # the position instead of the name
         name = first_overflowing_layer(model, x, keras, tf)
         return None if name is None else [layer.name for layer in model.layers].index(name)
@@ -394,7 +403,9 @@ def _lazy_overflow_answers(keras, tf):
             "NumPy from the Dense weights, each against its dtype's range":
                 dense_weights_in_their_range,
             "NumPy float16 from the Dense weights": dense_weights_in_float16,
-            "the largest example only": largest_example_only}
+            "the largest example only": largest_example_only,
+            "the rows far above the median only": rows_far_above_the_median,
+            "the two largest examples only": two_largest_examples}
 
 
 @pytest.mark.parametrize("mistake", ["constant None", "constant first layer", "largest weights",
@@ -405,7 +416,9 @@ def _lazy_overflow_answers(keras, tf):
                                      "NumPy from the Dense weights, each against its dtype's "
                                      "range",
                                      "NumPy float16 from the Dense weights",
-                                     "the largest example only"])
+                                     "the largest example only",
+                                     "the rows far above the median only",
+                                     "the two largest examples only"])
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
     lazy = _lazy_overflow_answers(keras, tf)[mistake]
     with pytest.raises(AssertionError, match="finite|you answered None|return a layer's name|"

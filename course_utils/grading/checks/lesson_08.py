@@ -31,7 +31,8 @@
   the weights. One model grows in layers without weights (a recomputation from the Dense
   weights misses it); another has a decoy: the layer with by far the largest (negative) weights,
   whose output is finite (ReLU makes its pre-activations 0); every batch holds a loud row that
-  never overflows (the largest example is not where the overflow starts).
+  never overflows (the largest example is not where the overflow starts), and one batch has
+  every row but the loud one scaled (no outlier rows to pick out).
 """
 
 from __future__ import annotations
@@ -422,10 +423,10 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
             return (f"{where}: returned loss {got:.6g}, expected the unscaled "
                     f"{expected_loss:.6g}{ratio}")
         if i != planted and not expected_applied and applied:
-            return (f"{where}: at the loss scale {scale_before:g} this batch's gradients "
-                    "overflow float16 in the backward pass, so the step is skipped and the "
-                    "scale halved; yours was applied. At which scale did your tape compute "
-                    "the gradients, and did optimizer.apply get them as they were, inf "
+            return (f"{where}: at the loss scale 2^{math.log2(scale_before):.0f} this batch's "
+                    "gradients overflow float16 in the backward pass, so the step is skipped "
+                    "and the scale halved; yours was applied. At which scale did your tape "
+                    "compute the gradients, and did optimizer.apply get them as they were, inf "
                     "included?")
         if expected_applied and not math.isclose(got_norm, expected_norm, rel_tol=1e-3):
             ratio = f", {got_norm / expected_norm:.3g}× the expected" if expected_norm else ""
@@ -475,8 +476,8 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
         print(f"   {len(batches)} steps equal to the reference (scale "
               f"2^{math.log2(scale):.0f} at the start, "
               f"clip_norm {clip_norm:g}, {len(clipped_steps)} steps clipped); the planted "
-              f"overflow at step {planted + 1} was skipped, and "
-              f"{len(backward_skips)} steps whose gradients overflowed")
+              f"overflow at step {planted + 1} was skipped, and so were "
+              f"{len(backward_skips)} steps whose gradients overflowed in the backward pass")
         return None
 
     cases = [Case(args=(model, opt, loss_fn, *batches[0], clip_norm), verify=verify,

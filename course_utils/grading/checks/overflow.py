@@ -8,7 +8,10 @@ that recomputes the outputs from the Dense layers' weights misses it; the second
 kernels and has a decoy: the layer with by far the largest (negative, float16-finite) weights,
 whose output is finite (ReLU makes its negative pre-activations 0). Every batch also holds a
 loud row, its largest example, which ReLU zeroes in the first layer: an answer that looks only
-at the largest example misses the overflow. Lesson 08's module imports this one.
+at the largest example misses the overflow. The first model also gets a batch with every row
+but the loud one scaled: no row stands out but the loud one, so an answer that looks only at the
+rows far above the others (or at the two largest) misses the overflow. Lesson 08's module
+imports this one.
 """
 
 from __future__ import annotations
@@ -102,7 +105,8 @@ def _overflow_cases(model: Any, x: np.ndarray, rows: list[int], rng: Any,
 
 
 def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None,
-                       scale: float) -> Callable[[Any], str | None]:
+                       scale: float, scaled: str = "outlier rows",
+                       ) -> Callable[[Any], str | None]:
     def verify(got: Any) -> str | None:
         if got == expected:
             return None
@@ -115,17 +119,17 @@ def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None
                     "finite: its pre-activations are large and negative, and ReLU makes them "
                     "0. The weights alone do not tell where an output overflows")
         if expected is None:
-            return (f"on this x (outlier rows times {scale:.3g}) every layer's output is "
+            return (f"on this x ({scaled} times {scale:.3g}) every layer's output is "
                     f"finite in its own dtype (float16, float32 for the logits), you answered "
                     f"{got!r}: return None then")
         if got is None:
-            return (f"on this x (outlier rows times {scale:.3g}) {expected!r} outputs inf or "
+            return (f"on this x ({scaled} times {scale:.3g}) {expected!r} outputs inf or "
                     "nan in float16 and you answered None: did you look at every example, in "
                     "the model's own (mixed_float16) dtypes?")
         if order.index(got) > order.index(expected):
             return (f"{got!r} is not finite, but {expected!r} before it already is on this x "
-                    f"(outlier rows times {scale:.3g}): return the first")
-        return (f"{got!r}'s output is finite on this x (outlier rows times {scale:.3g}); the "
+                    f"({scaled} times {scale:.3g}): return the first")
+        return (f"{got!r}'s output is finite on this x ({scaled} times {scale:.3g}); the "
                 f"first layer whose output is not finite is {expected!r}. The same model "
                 "overflows at different layers on different inputs")
     return verify
@@ -165,6 +169,16 @@ def check_first_overflowing_layer(fn: Any) -> bool:
                      f"outlier rows times {scale:.3g})")
             cases.append(Case(args=(model, batch), label=label,
                               verify=_overflow_verifier(expected, order, decoy, scale)))
+        if not decoy:  # every row but the loud one scaled: no outlier row to spot
+            others = [row for row in range(len(x)) if row != loud_row]
+            named = [case for case in _overflow_cases(model, x, others, rng, None) if case[1]]
+            for batch, expected, scale in sorted(named, key=lambda case: case[2])[:1]:
+                cases.append(Case(args=(model, batch), label=(
+                    f"(mixed_float16 MLP, {depth} hidden layers, each followed by a layer "
+                    f"without weights that amplifies; x with every row but one times "
+                    f"{scale:.3g})"),
+                    verify=_overflow_verifier(expected, order, None, scale,
+                                              "every row but one")))
     cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows, rng,
                                dead_feature)
     return run_check(
