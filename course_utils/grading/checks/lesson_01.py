@@ -333,7 +333,7 @@ def _cached_verifier(count: int, batch_size: int, buffer: int,
             return ("the two epochs came in the same order: the cache froze the shuffle "
                     "(a shuffle is random work too)")
         # b < n: 8 epochs, each missing the reach b - 1 with P < 4.3 % (count >= 4 b) and a
-        # record b late with P < 1.4 %: < 1e-11 (checks/shuffle_order.py). The whole set
+        # record b late with P < 1.4 %: < 2e-11 (checks/shuffle_order.py). The whole set
         # brings none k = count // 2 early with P = k^(count-k) k!/count! < 0.8 % (count >= 21);
         # in 4 epochs: < 1e-8.
         orders += [(np.concatenate(_batches(dataset)) // 10).astype(int).tolist()
