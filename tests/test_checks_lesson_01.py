@@ -190,7 +190,32 @@ def _read_in_python_threads(source, read, decode, batch_size):  # 16 reads at on
     return dataset.map(decode).batch(batch_size)
 
 
+def _parallel_reads_handed_on_by_a_generator(source, read, decode, batch_size):
+    tf = cu.quiet.import_tensorflow()  # 16 tf.data reads at once, in a pipeline of its own
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    reads = source.map(read, num_parallel_calls=16).with_options(options)
+    handed = tf.data.Dataset.from_generator(reads.as_numpy_iterator,
+                                            output_signature=tf.TensorSpec([], tf.int64))
+    # an idle read op in the graph: reads.take(0) never reads
+    return handed.concatenate(reads.take(0)).map(decode).batch(batch_size)
+
+
+def _parallel_reads_pulled_from_an_iterator(source, read, decode, batch_size):
+    tf = cu.quiet.import_tensorflow()  # as above, through the other pipeline's iterator
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    reads = source.map(read, num_parallel_calls=16).with_options(options)
+    iterator = iter(reads)
+    pulled = tf.data.Dataset.range(int(source.cardinality())).map(lambda _: iterator.get_next())
+    return pulled.concatenate(reads.take(0)).map(decode).batch(batch_size)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_parallel_reads_handed_on_by_a_generator,
+     r"runs [1-9]\d* Python function\(s\) of its own .* and pulls from 0 iterator"),
+    (_parallel_reads_pulled_from_an_iterator,
+     r"runs 0 Python function\(s\) of its own .* and pulls from 1 iterator"),
     (_read_in_python_threads, r"(\d+) of the epoch's \1 reads came from no read op of the "
                               "returned dataset's graph"),
     (_a_burst_then_one_at_a_time, r"overlapped for part of the epoch only"),

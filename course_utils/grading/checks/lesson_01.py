@@ -5,9 +5,11 @@
   read exactly once per epoch (counted: an answer that skips ``read`` fails), and a speed-up
   over the slow reference, on a pipeline whose reads wait on (simulated) storage: the reads
   that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE``; most
-  reads start while others wait), each made by a read op of the returned dataset's graph (reads
-  in Python threads of the answer's own fail; ``checks/storage_reads.py``), slow and fast timed
-  the same way, in turns, several epochs.
+  reads start while others wait), each made by a read op of the returned dataset's graph, which
+  runs no Python of its own and pulls from no iterator (reads in Python threads of the
+  answer's own, or handed on by a generator or another pipeline's iterator beside an idle read
+  op, fail; ``checks/storage_reads.py``), slow and fast timed the same way, in turns, several
+  epochs.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – every example once per epoch, right batch sizes, few neighbours from one
   block inside a batch, the same order for the same seed and a new order every epoch; the
@@ -44,7 +46,7 @@ from course_utils.grading.checks.records import pixels_problem as _pixels_proble
 from course_utils.grading.checks.records import record_example
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.shuffle_order import buffer_problem, places_ahead
-from course_utils.grading.checks.storage_reads import slow_pipeline, storage
+from course_utils.grading.checks.storage_reads import graph_ops, slow_pipeline, storage
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -103,10 +105,19 @@ def check_fast_pipeline(fn: Any) -> bool:
     def _reads_not_in(dataset: Any) -> str | None:  # the dataset's own read ops did them?
         ops = py_function_tokens(dataset)
         outside = sum(token not in ops for token in reads["by"])
-        return (f"{outside} of the epoch's {len(reads['by'])} reads came from no read op of "
-                "the returned dataset's graph (called in Python: in a thread or a generator of "
-                "your own): which tf.data step of the dataset reads, and how many at once?"
-                ) if outside else None
+        if outside:
+            return (f"{outside} of the epoch's {len(reads['by'])} reads came from no read op "
+                    "of the returned dataset's graph (called in Python: in a thread or a "
+                    "generator of your own): which tf.data step of the dataset reads, and how "
+                    "many at once?")
+        # a read op that never runs (take(0)) beside a generator, or an iterator's get_next,
+        # that hands on what another pipeline or thread read
+        own = len(ops - set(reads["ops"]))
+        pulls = sorted(op for op in graph_ops(dataset) if "IteratorGetNext" in op)
+        return (f"your pipeline runs {own} Python function(s) of its own (a generator, a "
+                f"py_function) and pulls from {len(pulls)} iterator(s) made outside it: reads "
+                "handed on from another pipeline or thread are not this dataset's; which "
+                "tf.data step of it reads, and how many at once?") if own or pulls else None
 
     def correct(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
@@ -322,7 +333,7 @@ def _cached_verifier(count: int, batch_size: int, buffer: int,
             return ("the two epochs came in the same order: the cache froze the shuffle "
                     "(a shuffle is random work too)")
         # b < n: 8 epochs, each missing the reach b - 1 with P < 4.3 % (count >= 4 b) and a
-        # record b late with P < 1.4 %: < 1e-11 (checks/shuffle_order.py). The whole set
+        # record b late with P < 1.4 %: < 2e-11 (checks/shuffle_order.py). The whole set
         # brings none k = count // 2 early with P = k^(count-k) k!/count! < 0.8 % (count >= 21);
         # in 4 epochs: < 1e-8.
         orders += [(np.concatenate(_batches(dataset)) // 10).astype(int).tolist()

@@ -1,7 +1,7 @@
 """Lesson 01's exercise 1: the check's storage, a ``read`` that waits and counts how many reads
 wait at once and which ``read`` op made each (lesson 00's exercise 4 asks the same of its reads:
 the returned dataset's own graph must do them, not a thread or generator of the answer's own),
-its ``decode``, and the slow reference pipeline."""
+its ``decode``, the kinds of op a pipeline's graph holds, and the slow reference pipeline."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.batch_shapes import py_function_token
+from course_utils.grading.checks.batch_shapes import _graph, py_function_token
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["slow_pipeline", "storage"]
+__all__ = ["graph_ops", "slow_pipeline", "storage"]
 
 
 def slow_pipeline(source: Any, read: Callable[[Any], Any], decode: Callable[[Any], Any],
@@ -26,19 +26,29 @@ def slow_pipeline(source: Any, read: Callable[[Any], Any], decode: Callable[[Any
     return without_default_optimizations(source.map(read).map(decode).batch(batch_size))
 
 
+def graph_ops(dataset: Any) -> set[str]:
+    """The kinds of op in ``dataset``'s serialized graph and in every function of its library
+    ("ParallelMapDatasetV2", "EagerPyFunc", ...; "IteratorGetNext": it pulls from an iterator
+    made outside it)."""
+    graph = _graph(dataset)
+    return ({node.op for node in graph.node}
+            | {node.op for function in graph.library.function for node in function.node_def})
+
+
 def storage(seconds: float, reads: dict[str, Any], overlapped_from: int
             ) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
     """``read`` (waits ``seconds``, then returns ``3x + 1``) and ``decode`` (``x / 2``). Every
     read adds one to ``reads["count"]``; ``reads["most_at_once"]`` keeps the most reads that
     waited at the same time, ``reads["overlapped"]`` counts the reads that started with
-    ``overlapped_from`` or more waiting, and ``reads["by"]`` lists the token of the read op
-    that made each read (None for an eager call: no op of any dataset's graph)."""
+    ``overlapped_from`` or more waiting, ``reads["by"]`` lists the token of the read op
+    that made each read (None for an eager call: no op of any dataset's graph), and
+    ``reads["ops"]`` the tokens of every read op made."""
     tf = _tf()
     for key in ("count", "most_at_once", "overlapped"):
         reads.setdefault(key, 0)
     reads.setdefault("by", [])
     in_flight = {"now": 0}
-    made: list[str | None] = []  # the token of every read op made, in order
+    made: list[str | None] = reads.setdefault("ops", [])  # every read op's token, in order
     lock = threading.Lock()  # parallel reads run in several tf.data threads
 
     def wait_and_read(value: Any, op: int) -> Any:
