@@ -727,11 +727,32 @@ def _reads_in_its_own_thread_and_a_decoy(records, read, batch_size):  # read in 
         records.take(0).map(read).batch(batch_size))
 
 
+def _prefetched_handed_on_by_a_generator(records, read, batch_size):  # a prefetched pipeline
+    import tensorflow as tf  # of its own, handed on; its read op in the graph too, idle
+
+    own = records.map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    handed = tf.data.Dataset.from_generator(own.as_numpy_iterator,
+                                            output_signature=tf.TensorSpec([None], tf.int64))
+    return handed.concatenate(own.take(0))
+
+
+def _prefetched_pulled_from_an_iterator(records, read, batch_size):  # the same, through the
+    import tensorflow as tf  # other pipeline's iterator
+
+    own = records.map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    iterator = iter(own)
+    steps = -(-int(records.cardinality()) // batch_size)
+    pulled = tf.data.Dataset.range(steps).map(lambda _: iterator.get_next())
+    return pulled.concatenate(own.take(0))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_broken, "does not overlap"),
     (_read_on_the_side, "read was called"),
-    (_reads_in_its_own_thread, "reads ran outside the dataset you returned"),
-    (_reads_in_its_own_thread_and_a_decoy, "reads ran outside the dataset you returned"),
+    (_reads_in_its_own_thread, r"and [1-9]\d* of \d+ reads ran outside it"),
+    (_reads_in_its_own_thread_and_a_decoy, r"and [1-9]\d* of \d+ reads ran outside it"),
+    (_prefetched_handed_on_by_a_generator, r"runs 3 Python function\(s\) of its own"),
+    (_prefetched_pulled_from_an_iterator, r"pulls from 1 iterator"),
     (_short_batch_dropped, "sizes"),
     (_shuffled, "another order"),
     (_read_all_on_the_first_batch, "does not overlap"),

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["batches", "counted_stages", "counting_reader", "dataset_steps", "epoch_seconds",
-           "expected_sizes",
-           "multiset_problem",
+           "expected_sizes", "graph_ops", "handed_on", "multiset_problem",
            "py_function_token", "py_function_tokens", "size_problem"]
 
 
@@ -49,6 +48,24 @@ def dataset_steps(dataset: Any) -> list[str]:
     """The kinds of tf.data steps in ``dataset``'s serialized graph ("CacheDatasetV2", ...),
     sorted."""
     return sorted({node.op for node in _graph(dataset).node if "Dataset" in node.op})
+
+
+def graph_ops(dataset: Any) -> set[str]:
+    """The kinds of op in ``dataset``'s serialized graph and in every function of its library
+    ("ParallelMapDatasetV2", "EagerPyFunc", ...; "IteratorGetNext": it pulls from an iterator
+    made outside it)."""
+    graph = _graph(dataset)
+    return ({node.op for node in graph.node}
+            | {node.op for function in graph.library.function for node in function.node_def})
+
+
+def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
+    """The Python functions ``dataset``'s graph runs besides the py_function tokens ``allowed``
+    (a generator, a py_function of the answer's own), and the kinds of iterator pull
+    (``IteratorGetNext``) in it: where work done by another pipeline or thread is handed on (a
+    read op that never runs, ``take(0)``, can sit beside them)."""
+    own = len(py_function_tokens(dataset) - allowed)
+    return own, sum("IteratorGetNext" in op for op in graph_ops(dataset))
 
 
 def py_function_token(tensor: Any) -> str | None:

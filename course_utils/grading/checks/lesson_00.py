@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.batch_shapes import counting_reader, py_function_tokens
+from course_utils.grading.checks.batch_shapes import counting_reader, handed_on, py_function_tokens
 from course_utils.grading.checks.call_guard import REMOVED
 from course_utils.grading.checks.forked_call import ForkedCall
 from course_utils.grading.checks.refusals import own_functions, refusing
@@ -385,9 +385,7 @@ def _train(dataset: Any, reads: dict[str, Any], count: int) -> tuple[float, floa
         if consumed < count:  # later elements exist: were they read while the step ran?
             read_ahead.append(len(reads["done"]) > max(before, consumed))
     seconds = time.perf_counter() - start
-    share = sum(read_ahead) / max(len(read_ahead), 1)
-    assert 0.0 <= share <= 1.0, share
-    return share, seconds
+    return sum(read_ahead) / max(len(read_ahead), 1), seconds
 
 
 @register
@@ -430,11 +428,12 @@ def check_overlapped_pipeline(fn: Any) -> bool:
                     "needed; tf.data's automatic rewrites off)")
         inside = py_function_tokens(trained) if isinstance(trained, tf.data.Dataset) else set()
         outside = sum(reads["ops"][op] not in inside for op in reads["by"])
-        if outside:  # read ahead by a thread or a generator of the answer's own
-            return (f"{outside} of the epoch's {reads['calls']} reads ran outside the dataset "
-                    "you returned (its graph holds no read they came from): in a thread or a "
-                    "pipeline of your own that it only hands on? The exercise overlaps the "
-                    "reads with tf.data itself: where in the pipeline does the overlap go?")
+        own, pulls = handed_on(trained, set(reads["ops"]))  # a read that never runs beside
+        if outside or own or pulls:  # a generator, an iterator of a pipeline of its own
+            return (f"the dataset you returned runs {own} Python function(s) of its own, pulls "
+                    f"from {pulls} iterator(s) made outside it, and {outside} of {reads['calls']} "
+                    "reads ran outside it: does it hand on reads of a thread or pipeline of "
+                    "yours? Where in the pipeline does tf.data's overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
         _, broken_seconds = _train(without_default_optimizations(broken()), reads, count)
         print(f"   reads ran during {share:.0%} of the steps; an epoch took "

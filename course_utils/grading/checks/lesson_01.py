@@ -40,13 +40,14 @@ from course_utils.grading.checks.batch_shapes import (
     epoch_seconds,
     py_function_tokens,
 )
+from course_utils.grading.checks.batch_shapes import handed_on as _handed_on
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.records import pixels_problem as _pixels_problem
 from course_utils.grading.checks.records import record_example
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.shuffle_order import buffer_problem, places_ahead
-from course_utils.grading.checks.storage_reads import graph_ops, slow_pipeline, storage
+from course_utils.grading.checks.storage_reads import slow_pipeline, storage
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -112,10 +113,9 @@ def check_fast_pipeline(fn: Any) -> bool:
                     "many at once?")
         # a read op that never runs (take(0)) beside a generator, or an iterator's get_next,
         # that hands on what another pipeline or thread read
-        own = len(ops - set(reads["ops"]))
-        pulls = sorted(op for op in graph_ops(dataset) if "IteratorGetNext" in op)
+        own, pulls = _handed_on(dataset, set(reads["ops"]))
         return (f"your pipeline runs {own} Python function(s) of its own (a generator, a "
-                f"py_function) and pulls from {len(pulls)} iterator(s) made outside it: reads "
+                f"py_function) and pulls from {pulls} iterator(s) made outside it: reads "
                 "handed on from another pipeline or thread are not this dataset's; which "
                 "tf.data step of it reads, and how many at once?") if own or pulls else None
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.batch_shapes import _graph, py_function_token
+from course_utils.grading.checks.batch_shapes import py_function_token
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["graph_ops", "slow_pipeline", "storage"]
+__all__ = ["slow_pipeline", "storage"]
 
 
 def slow_pipeline(source: Any, read: Callable[[Any], Any], decode: Callable[[Any], Any],
@@ -24,15 +24,6 @@ def slow_pipeline(source: Any, read: Callable[[Any], Any], decode: Callable[[Any
     from course_utils.data import without_default_optimizations
 
     return without_default_optimizations(source.map(read).map(decode).batch(batch_size))
-
-
-def graph_ops(dataset: Any) -> set[str]:
-    """The kinds of op in ``dataset``'s serialized graph and in every function of its library
-    ("ParallelMapDatasetV2", "EagerPyFunc", ...; "IteratorGetNext": it pulls from an iterator
-    made outside it)."""
-    graph = _graph(dataset)
-    return ({node.op for node in graph.node}
-            | {node.op for function in graph.library.function for node in function.node_def})
 
 
 def storage(seconds: float, reads: dict[str, Any], overlapped_from: int
