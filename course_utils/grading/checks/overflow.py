@@ -210,7 +210,16 @@ def _loud_logits_case(num_features: int, num_classes: int, units: int, depth: in
     _zero_the_loud_row(dense[0], dead_feature)
     for layer in dense[:-1]:
         layer.kernel.assign(layer.kernel * GROWTH)
-    quiet = [case for case in _overflow_cases(model, x, rows, rng, None) if case[1] is None]
+    # a batch on which every layer is finite; where even the rows left alone overflow (about
+    # 1 model in 100: without this case an answer reading float16's range passed), the first
+    # kernel shrinks, and with ReLU and zero biases every output shrinks alike
+    quiet: list[tuple[np.ndarray, str | None, float]] = []
+    for _ in range(8):
+        quiet = [case for case in _overflow_cases(model, x, rows, rng, None)
+                 if case[1] is None]
+        if quiet:
+            break
+        dense[0].kernel.assign(dense[0].kernel / GROWTH**2)
     if not quiet:
         return []
     batch, _, scale = quiet[0]
