@@ -467,7 +467,7 @@ STEP_CATALOGUE = {
     # is (a draw), else case 2, whose clip binds on no step
     "normalised to clip_norm, not clipped": (_train_step(compute_loss, how="normalised"),
                                              "case 2 .*step 1's norm|case 1 .*after step 2 "
-                                             r".*a global norm of [\d.]+ \(clip_norm"),
+                                             r".*a global norm of [\d.e+-]+ \(clip_norm"),
     "the batch gathered, trained across replicas": (_gathered_on_one_device,
                                                     "outside any replica"),
     "compute_loss not written yet": (_train_step(stub), "write compute_loss first"),
