@@ -314,7 +314,7 @@ def test_the_loud_logits_case_is_made_where_even_the_rows_left_alone_overflow(tf
 
     x, _, features, classes = overflow._inputs(random.Random(0), 32)
     cases = overflow._loud_logits_case(features, classes, 16, 4, x * 1e4, [1, 2],
-                                       random.Random(1))
+                                       random.Random(1), dead_feature=0)
     assert len(cases) == 1
 
 
