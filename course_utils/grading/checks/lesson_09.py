@@ -5,19 +5,19 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 
 * ``check_find_bottleneck(find_bottleneck)``: the learner's function names the bottleneck of the
   trace events of one fresh real run (input-bound: its pipeline sleeps per batch, its step is
-  cheap; or compute-bound: cached data, a heavy step) and of eight traces built to order
-  (``profile_traces``): input the largest part but under half the step with the pipeline busy in
-  the background, compute the largest with input at a third, input leading by a little under
-  half of the three parts, compute leading by a little with input at nearly 40 % of the step (no
-  threshold on one share names both), a communication-bound step (collective and NCCL ops),
-  input-bound steps after a warm-up of compute outside them, input-bound steps followed by
-  compute after the last of them, and steps that differ (one long input-bound step between
-  compute-bound ones) – in a random order. ``cu.profiling.step_breakdown`` must agree with the
-  truth first, and the learner's function may not call into ``cu.profiling`` (see the guard
-  below). A threshold on the input share (of the step or of the three parts), "the part over
-  half of them, else ...", a reading that ignores the step windows, the ``tf_data`` threads or
-  either kind of collective, or that reads one step (or a vote of the steps) instead of their
-  total, each fails a case.
+  cheap; or compute-bound: cached data, a heavy step) and of ten traces built to order
+  (``profile_traces``): input the largest part but under half the step, the pipeline busy in the
+  background; compute the largest with input at a third; input, or the all-reduce, leading by a
+  little; compute leading by a little with input, or the all-reduce, at 40 % of the step (no
+  threshold on one share names them all); a communication-bound step (collective and NCCL ops,
+  compute above half of them); input-bound steps after a warm-up of compute outside them, or
+  followed by compute after the last of them; steps that differ (one long input-bound step
+  between compute-bound ones) – in a random order. ``cu.profiling.step_breakdown`` must agree
+  with the truth first, and the learner's function may not call into ``cu.profiling`` (see the
+  guard below). A threshold on the input or the communication share (of the step or of the three
+  parts), "the part over half of them, else ...", a reading that ignores the step windows, the
+  ``tf_data`` threads or either kind of collective, or that reads one step (or a vote of the
+  steps) instead of their total, each fails a case.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
@@ -239,7 +239,7 @@ def _real_case(rng: Any, guard: CallsInto) -> Case | None:
 
 @register
 def check_find_bottleneck(fn: Any) -> bool:
-    """Check ``find_bottleneck(events)`` on one real run profiled here and eight traces built
+    """Check ``find_bottleneck(events)`` on one real run profiled here and ten traces built
     to order (mid-range input shares, narrow leads, a communication-bound step, distractors)."""
     from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES, trace_case
     from course_utils.profiling import format_breakdown, step_breakdown
