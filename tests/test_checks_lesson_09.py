@@ -315,6 +315,32 @@ def _k_in_powers_of_two(results, model, global_batch, replicas, budget_bytes):
     raise ValueError("nothing fits")
 
 
+def _k_up_to_four(results, model, global_batch, replicas, budget_bytes):
+    """k tried as 1, 2, 3, 4 only: no answer where the fewest k that fits is 6."""
+    report = write_report(results, model, global_batch, replicas, budget_bytes)
+    n = replicas[report["strategy"]["choice"]]
+    for k in (1, 2, 3, 4):
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+    raise ValueError("nothing fits")
+
+
+def _k_not_a_divisor(results, model, global_batch, replicas, budget_bytes):
+    """k tried as 1, 2, 3, ... without asking whether k divides the per-replica batch."""
+    report = write_report(results, model, global_batch, replicas, budget_bytes)
+    n = replicas[report["strategy"]["choice"]]
+    for k in range(1, global_batch // n + 1):
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+    raise ValueError("nothing fits")
+
+
 def _own_run_copied(results, model, global_batch, replicas, budget_bytes):
     return write_report(_own_run_copied.results, model, global_batch, replicas,
                         budget_bytes)
@@ -393,9 +419,12 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
     (_replicas_assumed, "accumulation_steps"),
     (_names_assumed, "KeyError"),
     (_k_in_powers_of_two, "accumulation_steps choice: 4, but the measurements say 3"),
+    (_k_up_to_four, "raised ValueError: nothing fits"),
+    (_k_not_a_divisor, "raised ValueError: .*5 equal micro-batches"),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
-        "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two"])
+        "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
+         "k-up-to-four", "k-not-a-divisor"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):

@@ -413,8 +413,8 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
                                     spread=2 * noise)
         cases.append(report_case(rng, results, f"a fresh benchmark: {description}, noise "
                                                f"{noise:.1%}",
-                                 # k = 4 and k = 3 (every divisor, not powers of 2)
-                                 want_k={0: 4, 1: 3}.get(number),
+                                 # k = 4, 3, 6: every divisor, not powers of 2 nor k <= 4
+                                 want_k={0: 4, 1: 3, 2: 6}.get(number),
                                  # where the second strategy wins: 4 replicas, not 2
                                  second_replicas=4 if speeds[2] > 1.5 else None))
     # the check's own reference, under whatever name it was bound, may not answer; nor may
