@@ -341,6 +341,16 @@ def _k_not_a_divisor(results, model, global_batch, replicas, budget_bytes):
     raise ValueError("nothing fits")
 
 
+def _nothing_fits_answered(results, model, global_batch, replicas, budget_bytes):
+    """Where no k fits, a report with no k instead of the ValueError the exercise asks."""
+    try:
+        return write_report(results, model, global_batch, replicas, budget_bytes)
+    except ValueError:
+        report = write_report(results, model, global_batch, replicas, 2**40)
+        report["accumulation_steps"] = {"choice": None, "step_bytes": None}
+        return report
+
+
 def _own_run_copied(results, model, global_batch, replicas, budget_bytes):
     return write_report(_own_run_copied.results, model, global_batch, replicas,
                         budget_bytes)
@@ -418,13 +428,14 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
     (_reference_wrapped, "called the check's own reference"),
     (_replicas_assumed, "accumulation_steps"),
     (_names_assumed, "KeyError"),
-    (_k_in_powers_of_two, "accumulation_steps choice: 4, but the measurements say 3"),
+    (_k_in_powers_of_two, "accumulation_steps choice: [48], but the measurements say [36]"),
     (_k_up_to_four, "raised ValueError: nothing fits"),
     (_k_not_a_divisor, "raised ValueError: .*5 equal micro-batches"),
+    (_nothing_fits_answered, "which no k fits\\): returned .*raise ValueError"),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
         "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
-         "k-up-to-four", "k-not-a-divisor"])
+        "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):

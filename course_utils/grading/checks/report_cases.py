@@ -11,6 +11,7 @@ fresh model and a budget that the count without the accumulation buffer gets wro
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -156,3 +157,32 @@ def report_case(rng: Any, results: Any, label: str, want_k: int | None = None,
     assert want["accumulation_steps"]["choice"] == want_k, (want, budget)  # the check's own
     return Case(args=args, verify=lambda got: report_problem(got, want),
                 label=f"({label}; global batch {global_batch}, a budget of {budget} bytes)")
+
+
+
+def nothing_fits_case(fn: Any, case: Case) -> Case:
+    """``case`` again, last, failing unless ``fn`` raised ``ValueError`` when called first on
+    its benchmark and model with a budget one byte below the step of one example per
+    replica, which no ``k`` fits, as the exercise asks. (``NotImplementedError``, the
+    stub's, passes here: ``run_check`` reports the stub.)"""
+    from course_utils.memory import step_budget
+
+    results, model, global_batch, replicas, _ = case.args
+    chosen = report_reference(results, model, global_batch, replicas, 2**40)["strategy"]
+    per_replica = global_batch // replicas[chosen["choice"]]
+    least = step_budget(model, global_batch=global_batch, replicas=replicas[chosen["choice"]],
+                        accumulation_steps=per_replica).total
+    where = case.label.rsplit(", a budget", 1)[0][1:]  # the case's benchmark and batch
+    problem = None
+    try:
+        got = fn(results, model, global_batch, replicas, least - 1)
+        problem = (f"returned {got!r:.160}, but no k fits (one example per replica needs "
+                   f"{least} bytes): raise ValueError, as the exercise asks")
+    except (ValueError, NotImplementedError):
+        pass
+    except Exception as error:
+        problem = (f"raised {type(error).__name__}: {error}; no k fits (one example per "
+                   f"replica needs {least} bytes): expected ValueError")
+    return dataclasses.replace(
+        case, label=f"({where}; first with a budget of {least - 1} bytes, which no k fits)",
+        verify=lambda got: problem or case.verify(got))
