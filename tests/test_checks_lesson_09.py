@@ -16,13 +16,14 @@ pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 def part_totals(events, *, inside_steps=True, skip_tf_data=True, ops_only=True,
                 durations=True, one_step=None, from_first_step=False,
-                collectives=("Collective", "Nccl")):
+                collectives=("Collective", "Nccl"), dropped=()):
     """Microseconds of input, compute and communication (the reference's reading); each
     keyword changed is a learner's shortcut: ``ops_only=False`` counts every span but the
     step markers (the ``Iterator::`` stages too) as compute, ``one_step`` (an index) reads
     that step alone, ``durations=False`` counts spans instead of adding their durations,
     ``from_first_step`` drops only what starts before the first step (no step windows),
-    ``collectives`` names fewer kinds of collective op than the exercise's two."""
+    ``collectives`` names fewer kinds of collective op than the exercise's two, ``dropped``
+    op kinds counted in no part."""
     steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                    if e.get("ph") == "X" and "step_num" in e.get("args", {}))
     if one_step is not None:
@@ -44,6 +45,8 @@ def part_totals(events, *, inside_steps=True, skip_tf_data=True, ops_only=True,
         elif skip_tf_data and threads.get((e["pid"], e.get("tid")), "").startswith("tf_data"):
             continue
         elif ops_only and (":" not in op or e["name"].startswith("Iterator::")):
+            continue
+        elif any(kind in op for kind in dropped):
             continue
         elif "step_num" in e.get("args", {}):
             continue
@@ -153,6 +156,25 @@ def _threshold_on_the_step_share(threshold):
     return reading
 
 
+def _communication_threshold(threshold, of_parts=False):
+    """Communication when its share (of the steps, or of the three parts) passes
+    ``threshold``, else input against compute."""
+    def reading(events):
+        totals = part_totals(events)
+        whole = sum(totals.values()) if of_parts else _steps_time(events)
+        if totals["communication"] > threshold * whole:
+            return "communication"
+        return max(("input", "compute"), key=totals.get)
+    return reading
+
+
+def _communication_majority_or_larger_other(events):
+    totals = part_totals(events)
+    if totals["communication"] > totals["input"] + totals["compute"]:
+        return "communication"
+    return max(("input", "compute"), key=totals.get)
+
+
 def _threshold_on_the_parts_share(threshold):
     def reading(events):
         totals = part_totals(events)
@@ -165,13 +187,21 @@ def _threshold_on_the_parts_share(threshold):
 @pytest.mark.parametrize("reading", [
     _majority_or_larger_other, _input_unless_another_holds_the_majority,
     *(_threshold_on_the_step_share(t) for t in (0.3, 0.33, 0.37, 0.4)),
-    *(_threshold_on_the_parts_share(t) for t in (0.35, 0.4, 0.45))],
+    *(_threshold_on_the_parts_share(t) for t in (0.35, 0.4, 0.45)),
+    _communication_majority_or_larger_other,
+    *(_communication_threshold(t) for t in (0.3, 0.345, 0.35, 0.4)),
+    *(_communication_threshold(t, of_parts=True) for t in (0.4, 0.45))],
     ids=["majority-else-the-larger-other", "input-unless-another-holds-the-majority",
          "step-share-0.30", "step-share-0.33", "step-share-0.37", "step-share-0.40",
-         "parts-share-0.35", "parts-share-0.40", "parts-share-0.45"])
+         "parts-share-0.35", "parts-share-0.40", "parts-share-0.45",
+         "communication-majority-else-the-larger-other", "communication-step-share-0.30",
+         "communication-step-share-0.345", "communication-step-share-0.35",
+         "communication-step-share-0.40", "communication-parts-share-0.40",
+         "communication-parts-share-0.45"])
 def test_find_bottleneck_a_rule_on_one_share_fails(reading):
-    """Readings that passed every case before the two narrow leads were built (a fresh
-    reader's attack): the majority rule, and thresholds tuned between the cases' shares."""
+    """Readings that passed every case before the narrow leads were built (fresh readers'
+    attacks): the majority rule, and thresholds tuned between the cases' shares, on input's
+    share or on communication's."""
     with pytest.raises(AssertionError, match="-bound"):
         cu.grading.check_find_bottleneck(reading)
 
@@ -186,10 +216,13 @@ def _vote_of_the_steps(events):
 @pytest.mark.parametrize("shortcut", [
     {"inside_steps": False}, {"skip_tf_data": False}, {"ops_only": False},
     {"durations": False}, {"one_step": 0}, {"one_step": -1}, "vote",
-    {"from_first_step": True}, {"collectives": ("Collective",)}, {"collectives": ("Nccl",)}],
+    {"from_first_step": True}, {"collectives": ("Collective",)}, {"collectives": ("Nccl",)},
+    {"collectives": ("Collective",), "dropped": ("Nccl",)},
+    {"collectives": ("Nccl",), "dropped": ("Collective",)}],
     ids=["all-events", "tf-data-threads-counted", "every-span-as-compute", "span-counts",
          "first-step-only", "last-step-only", "vote-of-the-steps", "from-the-first-step-on",
-         "nccl-ops-as-compute", "collective-ops-as-compute"])
+         "nccl-ops-as-compute", "collective-ops-as-compute", "nccl-ops-dropped",
+         "collective-ops-dropped"])
 def test_find_bottleneck_shortcuts_fail(shortcut):
     def reading(events):
         if shortcut == "vote":
@@ -282,6 +315,42 @@ def _k_in_powers_of_two(results, model, global_batch, replicas, budget_bytes):
     raise ValueError("nothing fits")
 
 
+def _k_up_to_four(results, model, global_batch, replicas, budget_bytes):
+    """k tried as 1, 2, 3, 4 only: no answer where the fewest k that fits is 6."""
+    report = write_report(results, model, global_batch, replicas, budget_bytes)
+    n = replicas[report["strategy"]["choice"]]
+    for k in (1, 2, 3, 4):
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+    raise ValueError("nothing fits")
+
+
+def _k_not_a_divisor(results, model, global_batch, replicas, budget_bytes):
+    """k tried as 1, 2, 3, ... without asking whether k divides the per-replica batch."""
+    report = write_report(results, model, global_batch, replicas, budget_bytes)
+    n = replicas[report["strategy"]["choice"]]
+    for k in range(1, global_batch // n + 1):
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+    raise ValueError("nothing fits")
+
+
+def _nothing_fits_answered(results, model, global_batch, replicas, budget_bytes):
+    """Where no k fits, a report with no k instead of the ValueError the exercise asks."""
+    try:
+        return write_report(results, model, global_batch, replicas, budget_bytes)
+    except ValueError:
+        report = write_report(results, model, global_batch, replicas, 2**40)
+        report["accumulation_steps"] = {"choice": None, "step_bytes": None}
+        return report
+
+
 def _own_run_copied(results, model, global_batch, replicas, budget_bytes):
     return write_report(_own_run_copied.results, model, global_batch, replicas,
                         budget_bytes)
@@ -359,10 +428,14 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
     (_reference_wrapped, "called the check's own reference"),
     (_replicas_assumed, "accumulation_steps"),
     (_names_assumed, "KeyError"),
-    (_k_in_powers_of_two, "accumulation_steps choice: 4, but the measurements say 3"),
+    (_k_in_powers_of_two, "accumulation_steps choice: [48], but the measurements say [36]"),
+    (_k_up_to_four, "raised ValueError: nothing fits"),
+    (_k_not_a_divisor, "raised ValueError: .*5 equal micro-batches"),
+    (_nothing_fits_answered, "which no k fits\\): returned .*raise ValueError"),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
-        "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two"])
+        "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
+        "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):

@@ -5,19 +5,19 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 
 * ``check_find_bottleneck(find_bottleneck)``: the learner's function names the bottleneck of the
   trace events of one fresh real run (input-bound: its pipeline sleeps per batch, its step is
-  cheap; or compute-bound: cached data, a heavy step) and of eight traces built to order
-  (``profile_traces``): input the largest part but under half the step with the pipeline busy in
-  the background, compute the largest with input at a third, input leading by a little under
-  half of the three parts, compute leading by a little with input at nearly 40 % of the step (no
-  threshold on one share names both), a communication-bound step (collective and NCCL ops),
-  input-bound steps after a warm-up of compute outside them, input-bound steps followed by
-  compute after the last of them, and steps that differ (one long input-bound step between
-  compute-bound ones) – in a random order. ``cu.profiling.step_breakdown`` must agree with the
-  truth first, and the learner's function may not call into ``cu.profiling`` (see the guard
-  below). A threshold on the input share (of the step or of the three parts), "the part over
-  half of them, else ...", a reading that ignores the step windows, the ``tf_data`` threads or
-  either kind of collective, or that reads one step (or a vote of the steps) instead of their
-  total, each fails a case.
+  cheap; or compute-bound: cached data, a heavy step) and of ten traces built to order
+  (``profile_traces``): input the largest part but under half the step, the pipeline busy in the
+  background; compute the largest with input at a third; input, or the all-reduce, leading by a
+  little; compute leading by a little with input, or the all-reduce, at 40 % of the step (no
+  threshold on one share names them all); a communication-bound step (collective and NCCL ops,
+  compute above half of them); input-bound steps after a warm-up of compute outside them, or
+  followed by compute after the last of them; steps that differ (one long input-bound step
+  between compute-bound ones) – in a random order. ``cu.profiling.step_breakdown`` must agree
+  with the truth first, and the learner's function may not call into ``cu.profiling`` (see the
+  guard below). A threshold on the input or the communication share (of the step or of the three
+  parts), "the part over half of them, else ...", a reading that ignores the step windows, the
+  ``tf_data`` threads or either kind of collective, or that reads one step (or a vote of the
+  steps) instead of their total, each fails a case.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
@@ -36,7 +36,7 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   benchmark and on five fresh ones (fresh models, budgets, replica counts and noise; the second
   strategy and precision named differently from case to case): the noise, each choice (the
   second value only beyond ``1 + 2 × noise``, like for like, precision at the chosen strategy)
-  and its ratio, and ``k`` with its ``cu.memory.step_budget`` total (``report_cases``).
+  and its ratio, ``k`` with its ``cu.memory.step_budget`` total, ``ValueError`` where none fits.
 
 Exercise 1's guard compares code objects' files: any call into ``course_utils/profiling.py``
 while the learner's function runs is caught, under whatever name it was bound. Exercise 3's
@@ -239,7 +239,7 @@ def _real_case(rng: Any, guard: CallsInto) -> Case | None:
 
 @register
 def check_find_bottleneck(fn: Any) -> bool:
-    """Check ``find_bottleneck(events)`` on one real run profiled here and eight traces built
+    """Check ``find_bottleneck(events)`` on one real run profiled here and ten traces built
     to order (mid-range input shares, narrow leads, a communication-bound step, distractors)."""
     from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES, trace_case
     from course_utils.profiling import format_breakdown, step_breakdown
@@ -378,11 +378,12 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     figure it cites as the measurements give them (``report_reference``). Each fresh one
     draws its noise, and its ratios sit between ``1 + noise`` and ``1 + 3 × noise`` on both
     sides of the rule's ``1 + 2 × noise`` (``report_cases.SCENARIOS``): a band of 1 or 3
-    times the noise, or a threshold ignoring the noise, picks wrong. A band between 1.95 and
-    2.05 times the noise is still read as right. ``my_results``
-    given but not a non-empty list of ``GridResult`` (``None`` too) fails the check."""
+    times the noise, or a threshold ignoring the noise, picks wrong (one between 1.95 and 2.05
+    times passes). A budget no k fits must raise ``ValueError``. ``my_results`` given but not
+    a non-empty list of ``GridResult`` (``None`` too) fails the check."""
     from course_utils.grading.checks.report_cases import (
         SCENARIOS,
+        nothing_fits_case,
         report_case,
         report_reference,
         synthetic_results,
@@ -406,20 +407,18 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
         # the second value of each axis differs between cases: names are read, not assumed
         second = (("mirrored", "multi_worker")[number % 2],
                   ("mixed_bfloat16", "mixed_float16")[number // 2 % 2])
-        keys = [("default", "float32"), ("default", second[1]),
-                (second[0], "float32"), second]
+        keys = [("default", "float32"), ("default", second[1]), (second[0], "float32"), second]
         results = synthetic_results(rng, {key: scale * speed for key, speed
                                           in zip(keys, speeds, strict=True)},
                                     spread=2 * noise)
         cases.append(report_case(rng, results, f"a fresh benchmark: {description}, noise "
                                                f"{noise:.1%}",
-                                 # k = 4 and k = 3 (every divisor, not powers of 2)
-                                 want_k={0: 4, 1: 3}.get(number),
+                                 # k = 4, 3, 6: every divisor, not powers of 2 nor k <= 4
+                                 want_k={0: 4, 1: 3, 2: 6}.get(number),
                                  # where the second strategy wins: 4 replicas, not 2
                                  second_replicas=4 if speeds[2] > 1.5 else None))
-    # the check's own reference, under whatever name it was bound, may not answer; nor may
-    # the lesson's helpers that make a decision the report asks for (the choices, the
-    # ratios, k): cu.grid.noise and cu.memory.step_budget are the inputs it may use
+    # the check's own reference, under whatever name it was bound, may not answer; nor may the
+    # lesson's helpers that decide (choices, ratios, k): noise and step_budget are its inputs
     from course_utils.grid import axis_effects, contradictions
     from course_utils.memory import smallest_accumulation
 
@@ -441,6 +440,7 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
             return verify(got)
         return check
 
+    cases.append(nothing_fits_case(fn, cases[-1]))  # calls fn before the guard counts
     cases = [dataclasses.replace(case, verify=guarded(case.verify)) for case in cases]
     with guard:
         return run_check(

@@ -16,10 +16,11 @@ shortcuts do not:
   step counts them;
 * ``uneven``: one long step in the middle split otherwise than the rest.
 
-Two cases lead by a little, each leader under half of the three parts together: input at under a
-third of the step where compute leads another with input at nearly 40 %, so that no threshold on
-one share (of the step or of the three parts), and no "the part over half of them, else ..."
-rule, names both.
+Four cases lead by a little, each leader under half of the three parts together: input at under a
+third of the step where compute leads another with input at nearly 40 %, and the all-reduce at
+about a third where compute leads another with the all-reduce at 40 %, so that no threshold on
+one share (input's or communication's, of the step or of the three parts), and no "the part over
+half of them, else ..." rule, names them all.
 
 Within a step the spans do not overlap, so the shares are exact: ``cu.profiling.step_breakdown``
 reads back ``parts`` (tests/test_checks_lesson_09.py proves it).
@@ -148,9 +149,16 @@ BOTTLENECK_CASES = {
     "compute leads by a little, input close behind at nearly 40 % of the step": (
         "compute", lambda r: (r.uniform(0.39, 0.40), r.uniform(0.42, 0.43),
                               r.uniform(0.05, 0.06)), {}),
+    # compute above half of the all-reduce: a reading that drops either kind of collective fails
     "communication-bound: the all-reduce (collective and NCCL ops) takes most of the step": (
-        "communication", lambda r: (r.uniform(0.08, 0.15), 0.2, r.uniform(0.45, 0.6)), {
+        "communication", lambda r: (r.uniform(0.08, 0.12), 0.3, r.uniform(0.45, 0.55)), {
             "nccl": True}),
+    "the all-reduce leads by a little, at about a third of the step": (
+        "communication", lambda r: (r.uniform(0.20, 0.21), r.uniform(0.31, 0.32),
+                                    r.uniform(0.34, 0.35)), {}),
+    "compute leads by a little, the all-reduce close behind at 40 % of the step": (
+        "compute", lambda r: (r.uniform(0.05, 0.06), r.uniform(0.45, 0.46),
+                              r.uniform(0.40, 0.41)), {"nccl": True}),
     "input-bound steps after a long warm-up of compute outside them": (
         "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"outside": 3.0}),
     "input-bound steps, then a long stretch of compute after the last of them": (

@@ -11,6 +11,7 @@ fresh model and a budget that the count without the accumulation buffer gets wro
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,9 @@ def report_case(rng: Any, results: Any, label: str, want_k: int | None = None,
     """A case on ``results`` with a fresh model, fresh replica counts (the second strategy's
     ``second_replicas`` or 2 or 4) and a budget whose answer is a k > 1 that the count without
     the accumulation buffer would get wrong, or k = 1. The per-replica batches are multiples
-    of 3, and k = 3 is one of the answers: k tried in powers of two skips it."""
+    of 3, and k = 3 and k = 6 are among the answers: k tried in powers of two skips them, k
+    tried from 1 up to 4 finds none for 6, and k tried without the divisibility asks
+    ``step_budget`` for 5, which divides no per-replica batch here (it raises)."""
     import keras
 
     from course_utils.memory import step_budget
@@ -135,17 +138,17 @@ def report_case(rng: Any, results: Any, label: str, want_k: int | None = None,
     replicas = {first: 1, second: second_replicas or rng.choice([2, 4])}  # not assumed
     # 96 or 192 examples per replica of the second strategy: the activations outweigh the
     # accumulation buffer, so that each k asked for below is the right answer for some budget;
-    # every k from 1 to 4 divides the per-replica batch, 3 included
+    # every k from 1 to 4, and 6, divides the per-replica batch; 5 does not
     global_batch = rng.choice([96, 192]) * replicas[second]
-    want_k = want_k or rng.choice([1, 2, 3, 4])  # k = 3 and 4 need the buffer counted
+    want_k = want_k or rng.choice([1, 2, 3, 4, 6])  # k > 2 needs the buffer counted
     strategy = report_reference(results, model, global_batch, replicas, 2**40)
     count = {k: step_budget(model, global_batch=global_batch,
                             replicas=replicas[strategy["strategy"]["choice"]],
-                            accumulation_steps=k) for k in (1, 2, 3, 4)}
+                            accumulation_steps=k) for k in (1, 2, 3, 4, 6)}
     if want_k == 1:
         budget = count[1].total + rng.randint(0, 1000)
     else:  # fits k, not the k before it; the count without the buffer would pick that one
-        before = count[want_k - 1]
+        before = count[max(k for k in count if k < want_k)]  # the divisor before it
         budget = max(count[want_k].total,
                      before.total - before.accumulation + rng.randint(0, 200))
         budget = min(budget, before.total - 1)
@@ -154,3 +157,32 @@ def report_case(rng: Any, results: Any, label: str, want_k: int | None = None,
     assert want["accumulation_steps"]["choice"] == want_k, (want, budget)  # the check's own
     return Case(args=args, verify=lambda got: report_problem(got, want),
                 label=f"({label}; global batch {global_batch}, a budget of {budget} bytes)")
+
+
+
+def nothing_fits_case(fn: Any, case: Case) -> Case:
+    """``case`` again, last, failing unless ``fn`` raised ``ValueError`` when called first on
+    its benchmark and model with a budget one byte below the step of one example per
+    replica, which no ``k`` fits, as the exercise asks. (``NotImplementedError``, the
+    stub's, passes here: ``run_check`` reports the stub.)"""
+    from course_utils.memory import step_budget
+
+    results, model, global_batch, replicas, _ = case.args
+    chosen = report_reference(results, model, global_batch, replicas, 2**40)["strategy"]
+    per_replica = global_batch // replicas[chosen["choice"]]
+    least = step_budget(model, global_batch=global_batch, replicas=replicas[chosen["choice"]],
+                        accumulation_steps=per_replica).total
+    where = case.label.rsplit(", a budget", 1)[0][1:]  # the case's benchmark and batch
+    problem = None
+    try:
+        got = fn(results, model, global_batch, replicas, least - 1)
+        problem = (f"returned {got!r:.160}, but no k fits (one example per replica needs "
+                   f"{least} bytes): raise ValueError, as the exercise asks")
+    except (ValueError, NotImplementedError):
+        pass
+    except Exception as error:
+        problem = (f"raised {type(error).__name__}: {error}; no k fits (one example per "
+                   f"replica needs {least} bytes): expected ValueError")
+    return dataclasses.replace(
+        case, label=f"({where}; first with a budget of {least - 1} bytes, which no k fits)",
+        verify=lambda got: problem or case.verify(got))
