@@ -269,7 +269,8 @@ print("done", flush=True)
 '''
 
 
-#: Exercise 1's starting point: a colleague's worker that runs to the end without an error and
+#: Exercise 1's starting point: a colleague's worker that often runs to the end without an
+#: error (its workers' saves into the same folder sometimes collide: 2 of 5 runs here) and
 #: is wrong in five ways (the lesson's script, written from memory, for a per-replica batch).
 BROKEN_TRAIN_WORKER = '''\
 def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
