@@ -841,7 +841,21 @@ def rows_from_tensors_unbatched(x, y, global_batch, examples_done):
     return dataset_fn
 
 
-@pytest.mark.parametrize("make", [shards_then_skips_its_own, rows_from_tensors_unbatched])
+def rows_from_zipped_tensors(x, y, global_batch, examples_done):
+    """Right too: from_tensors of the features and of the labels zipped, then unbatched."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.zip((tf.data.Dataset.from_tensors(x),
+                                       tf.data.Dataset.from_tensors(y))).unbatch()
+        dataset = dataset.repeat().skip(examples_done)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch)
+
+    return dataset_fn
+
+
+@pytest.mark.parametrize("make", [shards_then_skips_its_own, rows_from_tensors_unbatched,
+                                  rows_from_zipped_tensors])
 def test_other_right_pipelines_pass_the_in_process_cases(make):
     for seed in range(3):
         assert resume_inputs.dataset_fn_problem(make, random.Random(seed)) is None

@@ -119,9 +119,12 @@ def _with_batch_sizes(build: Any, share: int) -> tuple[Any, list[int]]:
             sizes.append(int(value) if value is not None else -1)
             return
         kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
+        zipped = (tf.nest.flatten(getattr(self, "_datasets", None) or [])
+                  if kind == "_ZipDataset" else [])
         if kind == "_TensorDataset" or (id(source) in whole and kind != "_UnbatchDataset"
-                                        and self.element_spec == source.element_spec):
-            whole.add(id(self))       # from_tensors' one element: all the data, not a batch
+                                        and self.element_spec == source.element_spec) or (
+                zipped and all(id(each) in whole for each in zipped)):
+            whole.add(id(self))       # from_tensors' one element (zipped): all the data, no batch
             return
         try:                          # any other: the rows its elements already hold
             specs = tf.nest.flatten(self.element_spec)

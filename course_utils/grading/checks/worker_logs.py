@@ -56,7 +56,7 @@ _CRASHES_BEFORE_JOINING = [
 #: TensorFlow 2.21 prints them under Python 3.11 (a crash while training shows them too).
 _STEP_FRAMES = [
     "    losses.append(float(train_step(iterator)))",
-    "                        ^^^^^^^^^^^^^^^^^^^^^",
+    "                        ^^^^^^^^^^^^^^^^^^^^",
     '  File "{site}/tensorflow/python/util/traceback_utils.py", line 167, in error_handler',
     "    raise e.with_traceback(filtered_tb) from None",
     '  File "{site}/tensorflow/python/eager/execute.py", line 53, in quick_execute',
@@ -66,14 +66,19 @@ _STEP_FRAMES = [
 
 #: A worker's own crash while training, as TensorFlow 2.21 and Keras 3 printed it here for a
 #: label outside the classes (a message over several lines: its last line is not the error's),
-#: with the frames of the lesson's worker script.
+#: with the frames of the lesson's worker script: the node was defined in the thread MWMS runs
+#: ``replica_step`` in (Python 3.11.7's ``threading.py``), not under ``<module>`` and
+#: ``train_step``. (The W/E lines TensorFlow logs before a traceback, a survivor's too, are
+#: left out of every log.)
 _CRASHES_WHILE_TRAINING = [
-    [*_STEP_FRAMES,
+    ["Traceback (most recent call last):",
+     '  File "/job/worker.py", line {line}, in <module>',
+     *_STEP_FRAMES,
      "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution error:", "",
      "Detected at node sparse_categorical_crossentropy/SparseSoftmaxCrossEntropyWithLogits/"
      "SparseSoftmaxCrossEntropyWithLogits defined at (most recent call last):",
-     '  File "/job/worker.py", line {line}, in <module>', "",
-     '  File "/job/worker.py", line {step_line}, in train_step', "",
+     '  File "{stdlib}/threading.py", line 1002, in _bootstrap', "",
+     '  File "{stdlib}/threading.py", line 1045, in _bootstrap_inner', "",
      '  File "/job/worker.py", line {replica_line}, in replica_step', "",
      '  File "{site}/keras/src/losses/loss.py", line 67, in __call__', "",
      '  File "{site}/keras/src/losses/losses.py", line 34, in call', "",
@@ -88,9 +93,11 @@ _CRASHES_WHILE_TRAINING = [
      "SparseSoftmaxCrossEntropyWithLogits}}}}]] [Op:__inference_train_step_{op}]"],
 ]
 
-#: Where a worker's Python packages may be installed.
-_SITES = ["/usr/local/lib/python3.11/site-packages", "/opt/conda/lib/python3.11/site-packages",
-          "/home/trainer/.venv/lib/python3.11/site-packages"]
+#: Where a worker's Python packages may be installed, and its Python's standard library.
+_STDLIBS = {"/usr/local/lib/python3.11/site-packages": "/usr/local/lib/python3.11",
+            "/opt/conda/lib/python3.11/site-packages": "/opt/conda/lib/python3.11",
+            "/home/trainer/.venv/lib/python3.11/site-packages": "/usr/lib/python3.11"}
+_SITES = list(_STDLIBS)
 
 
 def _noise(rng: random.Random) -> list[str]:
@@ -150,7 +157,11 @@ def _collective_error(kind: str, reason: list[str], step_line: int, site: str) -
             f'  File "/job/worker.py", line {step_line}, in <module>',
             *(line.format(site=site) for line in _STEP_FRAMES),
             f"tensorflow.python.framework.errors_impl.{kind}: Graph execution error:", "",
-            "Detected at node sgd/CollectiveReduceV2 defined at (most recent call last):"]
+            "Detected at node sgd/CollectiveReduceV2 defined at (most recent call last):",
+            # where the all-reduce was defined: the step call and train_step, as TensorFlow
+            # 2.21 printed them here for a survivor of a killed peer (no thread frames)
+            f'  File "/job/worker.py", line {step_line}, in <module>', "",
+            f'  File "/job/worker.py", line {40 + step_line % 11}, in train_step', ""]
     return [*head, *reason, "The error could be from a previous operation. Restart your "
             "program to reset.",
             "\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_train_step_296]"]
@@ -166,11 +177,12 @@ def _crash(rng: random.Random, before_joining: bool, site: str) -> list[str]:
             "line": line, "step_line": rng.randint(40, 50), "replica_line": rng.randint(30, 39),
             "labels": labels, "op": rng.randint(200, 999)}
     crash = rng.choice(_CRASHES_BEFORE_JOINING if before_joining else _CRASHES_WHILE_TRAINING)
-    if not before_joining:                     # a label outside [0, classes)
-        fill["m"] = classes
-    return ["Traceback (most recent call last):",
-            f'  File "/job/worker.py", line {line if not before_joining else line - 50}, '
-            "in <module>", *(text.format(**fill) for text in crash)]
+    if before_joining:
+        return ["Traceback (most recent call last):",
+                f'  File "/job/worker.py", line {line - 50}, in <module>',
+                *(text.format(**fill) for text in crash)]
+    fill.update(m=classes, stdlib=_STDLIBS[site])           # a label outside [0, classes)
+    return [text.format(**fill) for text in crash]
 
 
 def failure_logs(cause: str, num_workers: int, culprit: int | None,
