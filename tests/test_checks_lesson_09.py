@@ -175,6 +175,24 @@ def _communication_majority_or_larger_other(events):
     return max(("input", "compute"), key=totals.get)
 
 
+def _input_against_compute_first(events):
+    """Input if it beats compute, else the larger of compute and communication: never asks
+    whether the all-reduce beats input."""
+    totals = part_totals(events)
+    if totals["input"] > totals["compute"]:
+        return "input"
+    return max(("compute", "communication"), key=totals.get)
+
+
+def _communication_against_compute_alone(events):
+    """Communication if it beats compute, else the larger of input and compute: never asks
+    whether input beats the all-reduce."""
+    totals = part_totals(events)
+    if totals["communication"] > totals["compute"]:
+        return "communication"
+    return max(("input", "compute"), key=totals.get)
+
+
 def _threshold_on_the_parts_share(threshold):
     def reading(events):
         totals = part_totals(events)
@@ -190,18 +208,21 @@ def _threshold_on_the_parts_share(threshold):
     *(_threshold_on_the_parts_share(t) for t in (0.35, 0.4, 0.45)),
     _communication_majority_or_larger_other,
     *(_communication_threshold(t) for t in (0.3, 0.345, 0.35, 0.4)),
-    *(_communication_threshold(t, of_parts=True) for t in (0.4, 0.45))],
+    *(_communication_threshold(t, of_parts=True) for t in (0.4, 0.45)),
+    _input_against_compute_first, _communication_against_compute_alone],
     ids=["majority-else-the-larger-other", "input-unless-another-holds-the-majority",
          "step-share-0.30", "step-share-0.33", "step-share-0.37", "step-share-0.40",
          "parts-share-0.35", "parts-share-0.40", "parts-share-0.45",
          "communication-majority-else-the-larger-other", "communication-step-share-0.30",
          "communication-step-share-0.345", "communication-step-share-0.35",
          "communication-step-share-0.40", "communication-parts-share-0.40",
-         "communication-parts-share-0.45"])
+         "communication-parts-share-0.45", "input-against-compute-first",
+         "communication-against-compute-alone"])
 def test_find_bottleneck_a_rule_on_one_share_fails(reading):
     """Readings that passed every case before the narrow leads were built (fresh readers'
-    attacks): the majority rule, and thresholds tuned between the cases' shares, on input's
-    share or on communication's."""
+    attacks): the majority rule, thresholds tuned between the cases' shares, on input's
+    share or on communication's, and two comparisons where three pairs need one each (the
+    cases held four of the six orders of the parts; they hold all six now)."""
     with pytest.raises(AssertionError, match="-bound"):
         cu.grading.check_find_bottleneck(reading)
 
