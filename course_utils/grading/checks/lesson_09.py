@@ -13,12 +13,11 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   compute above half of them); input-bound steps after a warm-up of compute outside them, or
   followed by compute after the last of them; steps that differ (one long input-bound step
   between compute-bound ones) – in a random order, all six orders of the three parts among
-  them. ``cu.profiling.step_breakdown`` must agree with the truth first, and the learner's
-  function may not call into ``cu.profiling`` (see the guard below). A threshold on the input or
-  the communication share (of the step or of the three parts), "the part over half of them, else
-  ...", two comparisons that skip one pair of parts, a reading that ignores the step windows,
-  the ``tf_data`` threads or either kind of collective, or that reads one step (or a vote of the
-  steps) instead of their total, each fails a case.
+  them. ``cu.profiling.step_breakdown`` must agree with the truth first; the learner's function
+  may not call into ``cu.profiling`` (the guard below). A threshold on the input or the
+  communication share (of the step or of the parts), "the part over half of them, else ...",
+  two comparisons that skip a pair of parts, a reading that ignores the step windows, the
+  ``tf_data`` threads or either kind of collective, or reads one step (or a vote) each fails.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
