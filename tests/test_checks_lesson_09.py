@@ -362,6 +362,20 @@ def _k_not_a_divisor(results, model, global_batch, replicas, budget_bytes):
     raise ValueError("nothing fits")
 
 
+def _k_up_to_sixteen(results, model, global_batch, replicas, budget_bytes):
+    """k tried among the divisors up to 16 only: none where one example per micro-batch is
+    the only k that fits (k = 96 to 384)."""
+    report = write_report(results, model, global_batch, replicas, 2**40)
+    n = replicas[report["strategy"]["choice"]]
+    for k in (k for k in range(1, 17) if global_batch // n % k == 0):
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+    raise ValueError("nothing fits")
+
+
 def _nothing_fits_answered(results, model, global_batch, replicas, budget_bytes):
     """Where no k fits, a report with no k instead of the ValueError the exercise asks."""
     try:
@@ -453,10 +467,11 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
     (_k_up_to_four, "raised ValueError: nothing fits"),
     (_k_not_a_divisor, "raised ValueError: .*5 equal micro-batches"),
     (_nothing_fits_answered, "which no k fits\\): returned .*raise ValueError"),
+    (_k_up_to_sixteen, "between one example per replica's step and two's\\) raised ValueError"),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
         "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
-        "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered"])
+        "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered", "k-up-to-sixteen"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):

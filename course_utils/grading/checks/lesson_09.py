@@ -36,7 +36,7 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   benchmark and on five fresh ones (fresh models, budgets, replica counts and noise; the second
   strategy and precision named differently from case to case): the noise, each choice (the
   second value only beyond ``1 + 2 × noise``, like for like, precision at the chosen strategy)
-  and its ratio, ``k`` with its ``cu.memory.step_budget`` total, ``ValueError`` where none fits.
+  and its ratio, ``k`` (up to one example per micro-batch) and its total, or ``ValueError``.
 
 Exercise 1's guard compares code objects' files: any call into ``course_utils/profiling.py``
 while the learner's function runs is caught, under whatever name it was bound. Exercise 3's
@@ -379,11 +379,11 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     draws its noise, and its ratios sit between ``1 + noise`` and ``1 + 3 × noise`` on both
     sides of the rule's ``1 + 2 × noise`` (``report_cases.SCENARIOS``): a band of 1 or 3
     times the noise, or a threshold ignoring the noise, picks wrong (one between 1.95 and 2.05
-    times passes). A budget no k fits must raise ``ValueError``. ``my_results`` given but not
-    a non-empty list of ``GridResult`` (``None`` too) fails the check."""
+    times passes). A budget no k fits must raise ``ValueError``; one only the largest k fits
+    must name it. ``my_results`` not a non-empty list of ``GridResult`` fails the check."""
     from course_utils.grading.checks.report_cases import (
         SCENARIOS,
-        nothing_fits_case,
+        edge_cases,
         report_case,
         report_reference,
         synthetic_results,
@@ -440,7 +440,7 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
             return verify(got)
         return check
 
-    cases.append(nothing_fits_case(fn, cases[-1]))  # calls fn before the guard counts
+    cases += edge_cases(fn, cases)  # the no-k-fits case calls fn before the guard counts
     cases = [dataclasses.replace(case, verify=guarded(case.verify)) for case in cases]
     with guard:
         return run_check(

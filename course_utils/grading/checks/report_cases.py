@@ -6,7 +6,8 @@ only when its examples/s over the first's, like for like at the first precision,
 ``1 + 2 × noise``; the precision by the same rule at the chosen strategy; and the fewest
 micro-batches ``k`` whose ``cu.memory.step_budget`` total fits the budget, with that total.
 ``synthetic_results`` makes fresh benchmarks (``SCENARIOS``), ``report_case`` one case with a
-fresh model and a budget that the count without the accumulation buffer gets wrong.
+fresh model and a budget that the count without the accumulation buffer gets wrong;
+``edge_cases`` two more: a budget no ``k`` fits, and one only the largest ``k`` fits.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from course_utils.grading.framework import Case
 
-__all__ = ["SCENARIOS", "report_case", "report_problem", "report_reference",
+__all__ = ["SCENARIOS", "edge_cases", "report_case", "report_problem", "report_reference",
            "synthetic_results"]
 
 
@@ -186,3 +187,31 @@ def nothing_fits_case(fn: Any, case: Case) -> Case:
     return dataclasses.replace(
         case, label=f"({where}; first with a budget of {least - 1} bytes, which no k fits)",
         verify=lambda got: problem or case.verify(got))
+
+
+def one_example_case(case: Case) -> Case:
+    """``case`` again with a budget between the step of one example per replica and that of
+    two, which only k = the per-replica batch fits (96 to 384 here), so that k tried up to a
+    bound (8, 16, the lesson's 64) finds none."""
+    from course_utils.memory import step_budget
+
+    results, model, global_batch, replicas, _ = case.args
+    n = replicas[report_reference(results, model, global_batch, replicas, 2**40)["strategy"][
+        "choice"]]
+    per_replica = global_batch // n
+    one, two = (step_budget(model, global_batch=global_batch, replicas=n,
+                            accumulation_steps=per_replica // examples).total
+                for examples in (1, 2))
+    args = (results, model, global_batch, replicas, (one + two) // 2)
+    want = report_reference(*args)
+    assert want["accumulation_steps"]["choice"] == per_replica, (want, one, two)  # the check's
+    where = case.label.rsplit(", a budget", 1)[0][1:]
+    return Case(args=args, verify=lambda got: report_problem(got, want),
+                label=f"({where}; a budget of {args[-1]} bytes, between one example per "
+                      f"replica's step and two's)")
+
+
+def edge_cases(fn: Any, cases: list[Case]) -> list[Case]:
+    """Two cases more, on the last two fresh benchmarks: a budget no k fits, and one only the
+    largest k (one example per micro-batch) fits."""
+    return [nothing_fits_case(fn, cases[-1]), one_example_case(cases[-2])]
