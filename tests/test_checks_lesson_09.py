@@ -364,7 +364,7 @@ def _k_not_a_divisor(results, model, global_batch, replicas, budget_bytes):
 
 def _k_up_to_sixteen(results, model, global_batch, replicas, budget_bytes):
     """k tried among the divisors up to 16 only: none where one example per micro-batch is
-    the only k that fits (k = 96 to 384)."""
+    the only k that fits (k = 96 to 768)."""
     report = write_report(results, model, global_batch, replicas, 2**40)
     n = replicas[report["strategy"]["choice"]]
     for k in (k for k in range(1, 17) if global_batch // n % k == 0):

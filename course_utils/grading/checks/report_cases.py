@@ -191,7 +191,7 @@ def nothing_fits_case(fn: Any, case: Case) -> Case:
 
 def one_example_case(case: Case) -> Case:
     """``case`` again with a budget between the step of one example per replica and that of
-    two, which only k = the per-replica batch fits (96 to 384 here), so that k tried up to a
+    two, which only k = the per-replica batch fits (96 to 768 here), so that k tried up to a
     bound (8, 16, the lesson's 64) finds none."""
     from course_utils.memory import step_budget
 
