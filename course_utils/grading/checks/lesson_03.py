@@ -215,7 +215,8 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     expected = reference_weights(job, job["steps"], initial=_load(out / "initial-0.npz"))
     for worker, own in enumerate(weights):
         if not all(np.isfinite(w).all() for w in own):
-            return f"worker {worker}'s weights are not finite"
+            return (f"worker {worker}'s weights are not finite (NaN or inf): the data and "
+                    "the reference's training are finite")
     error = max_difference(weights[0], expected)
     if max(max_difference(weights[0], other) for other in weights[1:]) > 1e-6:
         return "the workers ended with different weights: were the variables mirrored?"
