@@ -3,15 +3,15 @@
 * ``check_train_worker(train_worker)``: runs the learner's worker function (exercise 1 fixes a
   broken one, given a per-replica batch) on a real localhost cluster of 2 workers, then on
   one of 3 (fresh data, steps and batch each time; each worker's copy of the data holds only
-  its shard, the other rows NaN, so that no worker can train the right weights from rows of
-  another; ``build_model`` seeded differently on each worker): each worker built the model
-  once in the scope of a ``MultiWorkerMirroredStrategy`` of one replica per worker, ran every
-  backward pass in that replica context on its share of the global batch (an audit layer of
-  the model counts them), batched and windowed no more than its share (whatever tf.data API
-  made the batch), saved after every
-  ``save_every`` steps and the last; all finish with equal weights, equal to a one-device
-  reference on the same global batches from the chief's initial weights; the chief alone
-  wrote into the checkpoint folder (the other workers saved into temporary folders they
+  its shard, the other rows decoys drawn like the data, so that no worker can train the right
+  weights from rows of another, nor tell those rows from its own; ``build_model`` seeded
+  differently on each worker): each worker built the model once in the scope of a
+  ``MultiWorkerMirroredStrategy`` of one replica per worker, ran every backward pass in that
+  replica context on its share of the global batch (an audit layer of the model counts them),
+  batched and windowed no more than its share (whatever tf.data API made the batch), saved
+  after every ``save_every`` steps and the last; all finish with equal weights, equal to a
+  one-device reference on the same global batches from the chief's initial weights; the chief
+  alone wrote into the checkpoint folder (the other workers saved into temporary folders they
   deleted after each save: none is left by the next step), and the newest
   checkpoint holds the optimizer's step count and the final weights. The audit lives in the
   closures of the worker script's set-up (no global names it) and is written after the
@@ -106,8 +106,8 @@ def _fresh_job(rng: Any, folder: Path, batches: int | None = None, workers: int 
     y = data.integers(0, classes, size=num_examples).astype("int32")
     if not shards:
         np.savez(folder / "data.npz", x=x, y=y)
-    for worker in range(workers if shards else 0):   # its shard only, the other rows NaN
-        own = np.full_like(x, np.nan)
+    for worker in range(workers if shards else 0):   # its shard; decoys, drawn alike, elsewhere
+        own = data.normal(size=x.shape).astype("float32")
         own[worker::workers] = x[worker::workers]
         np.savez(folder / f"data-{worker}.npz", x=own, y=y)
     return {"x": x, "y": y, "global_batch": global_batch, "classes": classes,
@@ -215,20 +215,20 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     expected = reference_weights(job, job["steps"], initial=_load(out / "initial-0.npz"))
     for worker, own in enumerate(weights):
         if not all(np.isfinite(w).all() for w in own):
-            return (f"worker {worker}'s weights are not finite: each worker's copy of the data "
-                    f"holds only its own examples (worker i of {workers}: i, i + {workers}, "
-                    f"i + {2 * workers}, …, what Dataset.shard(num_input_pipelines, "
-                    "input_pipeline_id) keeps), the others are NaN: did a worker read "
-                    "examples of another (no shard, whole global batches, or training "
-                    "outside the strategy)?")
+            return (f"worker {worker}'s weights are not finite (NaN or inf): the data and "
+                    "the reference's training are finite")
     error = max_difference(weights[0], expected)
     if max(max_difference(weights[0], other) for other in weights[1:]) > 1e-6:
         return "the workers ended with different weights: were the variables mirrored?"
     if not error <= 1e-4:
         return (f"the weights differ from one device trained on the same global batches of "
-                f"{job['global_batch']} examples (max |difference| {error:.2g}): does every "
-                "worker read its own part of each global batch (InputContext), is the global "
-                "batch replica_batch × num_replicas_in_sync, and is the loss divided by it?")
+                f"{job['global_batch']} examples (max |difference| {error:.2g}). Each "
+                f"worker's copy of the data holds only its own examples (worker i of {workers}: "
+                f"i, i + {workers}, i + {2 * workers}, …, what Dataset.shard("
+                "num_input_pipelines, input_pipeline_id) keeps), the other rows decoys: does "
+                "every worker read only its own part of each global batch (InputContext), is "
+                "the global batch replica_batch × num_replicas_in_sync, and is the loss "
+                "divided by it?")
     shared = os.path.realpath(folder / "checkpoints")
     chief = audits[0]["saves"]
     if not chief or any(os.path.realpath(d) != shared for d in chief):

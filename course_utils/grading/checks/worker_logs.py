@@ -93,10 +93,13 @@ _CRASHES_WHILE_TRAINING = [
      "SparseSoftmaxCrossEntropyWithLogits}}}}]] [Op:__inference_train_step_{op}]"],
 ]
 
-#: Where a worker's Python packages may be installed, and its Python's standard library.
+#: Where a worker's Python packages may be installed, and its Python's standard library (a
+#: Python 3.11.7, whose threading.py the crash's frames name: not a distribution's
+#: /usr/lib/python3.11, Debian 12's 3.11.2 calls them at lines 995 and 1038).
 _STDLIBS = {"/usr/local/lib/python3.11/site-packages": "/usr/local/lib/python3.11",
             "/opt/conda/lib/python3.11/site-packages": "/opt/conda/lib/python3.11",
-            "/home/trainer/.venv/lib/python3.11/site-packages": "/usr/lib/python3.11"}
+            "/home/trainer/.venv/lib/python3.11/site-packages":
+                "/home/trainer/.pyenv/versions/3.11.7/lib/python3.11"}
 _SITES = list(_STDLIBS)
 
 
@@ -167,7 +170,7 @@ def _collective_error(kind: str, reason: list[str], step_line: int, site: str) -
             "\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_train_step_296]"]
 
 
-def _crash(rng: random.Random, before_joining: bool, site: str) -> list[str]:
+def _crash(rng: random.Random, before_joining: bool, site: str, step_line: int) -> list[str]:
     n, line = rng.randint(10, 99), rng.randint(60, 80)
     classes = rng.randint(3, 9)
     labels = [rng.choice([*range(classes), n]) for _ in range(16)]
@@ -181,7 +184,8 @@ def _crash(rng: random.Random, before_joining: bool, site: str) -> list[str]:
         return ["Traceback (most recent call last):",
                 f'  File "/job/worker.py", line {line - 50}, in <module>',
                 *(text.format(**fill) for text in crash)]
-    fill.update(m=classes, stdlib=_STDLIBS[site])           # a label outside [0, classes)
+    # a label outside [0, classes), in the step call every worker of the job runs
+    fill.update(m=classes, stdlib=_STDLIBS[site], line=step_line)
     return [text.format(**fill) for text in crash]
 
 
@@ -218,6 +222,8 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
         crashed_early = rng.random() < 0.5
     early = cause == "crashed" and crashed_early   # crashed before joining: the rest wait
     site = rng.choice(_SITES)                      # where the job's workers have TensorFlow
+    # the line of the step call in the job's script: the same in every worker's traceback
+    step_line = rng.randint(60, 80)
     logs = []
     for worker in range(num_workers):
         lines = [*_noise(rng), "joining the cluster"]
@@ -227,9 +233,9 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
         elif cause == "never_started":
             lines = [] if worker == culprit else lines
         elif cause == "crashed" and worker == culprit:
-            lines = [*_noise(rng), *_crash(rng, True, site)] if early else [
+            lines = [*_noise(rng), *_crash(rng, True, site, step_line)] if early else [
                 *lines, f"worker {worker}: {num_workers} replicas in sync",
-                *_steps(rng, 1, last), *_crash(rng, False, site)]
+                *_steps(rng, 1, last), *_crash(rng, False, site, step_line)]
         elif not early:
             lines += [f"worker {worker}: {num_workers} replicas in sync",
                       *_steps(rng, 1, last)]
@@ -242,6 +248,6 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
                     reason = _killed_reason(
                         killed_reason or rng.choice(possible_reasons(culprit)),
                                             ports[culprit], culprit)
-                lines += _collective_error(kind, reason, rng.randint(60, 80), site)
+                lines += _collective_error(kind, reason, step_line, site)
         logs.append(lines)
     return ["\n".join(lines) + ("\n" if lines else "") for lines in logs]

@@ -43,7 +43,7 @@ LEARNING_RATE = 0.1
 #: is written at the end with a secret the check left for this worker and ``_set_up`` read
 #: and deleted first, so that a file the learner's code writes is not taken for it. Given
 #: ``--data`` with ``{task}``, ``_set_up`` reads this worker's own copy of the data (its shard,
-#: the other rows NaN), deletes it, waits until no worker's copy is left, and hands the
+#: the other rows decoys), deletes it, waits until no worker's copy is left, and hands the
 #: learner's function that copy as a file with no name in any folder.
 SETUP = """\"\"\"An exercise worker of lesson 03: the check's set-up, then your code.\"\"\"
 import argparse, json, os, tempfile, time
