@@ -204,7 +204,7 @@ def declares_steps_finished(coordinator, dataset_fn, step_fn, num_steps, max_in_
 
 def hides_running_steps(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
     from course_utils.grading.checks import coordinator_watch
-    real_os, real_running = coordinator_watch.os, coordinator_watch._running
+    real_os, real_counter = coordinator_watch.os, coordinator_watch._status_counter
 
     class DropsStatus:  # the watch's status events dropped on their way into its pipe
         def __getattr__(self, name):
@@ -214,12 +214,15 @@ def hides_running_steps(coordinator, dataset_fn, step_fn, num_steps, max_in_flig
             return len(data) if data[:1] == b"R" else real_os.write(fd, data)
 
     coordinator_watch.os = DropsStatus()
-    coordinator_watch._running = lambda remote: False  # and every step said finished
+    coordinator_watch._status_counter = lambda: lambda remotes: 0  # every step said finished
+    coordinator_watch.sum = lambda *args: 0  # and the names the status read looks up
+    coordinator_watch.getattr = lambda *args: None
     try:
         return declares_steps_finished(coordinator, dataset_fn, step_fn, num_steps,
                                        max_in_flight)
     finally:
-        coordinator_watch.os, coordinator_watch._running = real_os, real_running
+        coordinator_watch.os, coordinator_watch._status_counter = real_os, real_counter
+        del coordinator_watch.sum, coordinator_watch.getattr
 
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
@@ -538,16 +541,32 @@ def test_the_watch_judges_from_its_pipe_log_and_names_a_rewritten_record():
     [remote.fetch() for remote in remotes]
     assert "still running on the workers" in record.changed()
 
+    import builtins
+
     from course_utils.grading.checks import coordinator_watch  # a module's names replaced
-    watched, record = watch(_Coordinator(_RunningRemote))
-    real_os, real_running = coordinator_watch.os, coordinator_watch._running
-    coordinator_watch.os, coordinator_watch._running = None, lambda remote: False
-    try:
+    replaced = {  # (module, name): what the learner's code puts there while it runs
+        (coordinator_watch, "os"): None,
+        (coordinator_watch, "_status_counter"): lambda: lambda remotes: 0,
+        (coordinator_watch, "sum"): lambda *args: 0,
+        (coordinator_watch, "getattr"): lambda *args: None,
+        (builtins, "sum"): lambda *args: 0,
+        (builtins, "getattr"): lambda *args: None,
+        (threading.Event, "is_set"): lambda self: True,
+    }
+    for (module, name), value in replaced.items():
+        watched, record = watch(_Coordinator(_RunningRemote))
+        missing = object()
+        real = vars(module).get(name, missing)
         remotes = [watched.schedule(None) for _ in range(3)]  # none waited for
-        fetch = type(remotes[0]).fetch
-        fetch.__closure__[fetch.__code__.co_freevars.index("known_finished")].cell_contents(0)
-        watched.schedule(None)
-    finally:
-        coordinator_watch.os, coordinator_watch._running = real_os, real_running
-    [remote.fetch() for remote in remotes]
-    assert "still running on the workers" in record.changed()
+        setattr(module, name, value)
+        try:
+            fetch = type(remotes[0]).fetch
+            fetch.__closure__[fetch.__code__.co_freevars.index("known_finished")].cell_contents(0)
+            watched.schedule(None)
+        finally:
+            if real is missing:
+                delattr(module, name)
+            else:
+                setattr(module, name, real)
+        [remote.fetch() for remote in remotes]
+        assert "still running on the workers" in (record.changed() or ""), name

@@ -15,16 +15,19 @@ could be declared finished without a wait: before each ``schedule`` the watch al
 many of the real steps are still running (TensorFlow's ``RemoteValue`` status), and the replay
 names a schedule at which more were running than the waits it saw allow. A wait on a real
 ``RemoteValue`` reached through the closures is not seen: it can only make a loop wait more.
-The functions the watch calls while the learner's code runs (``os.write``, ``struct.pack``, the
-status read) are bound when the watch is made, so that replacing a module's attribute (this
-module's ``os`` or ``_running``) cannot hide a step still running; code that rewrites the
-watch's own closures can, and no check in the same process can stop it.
+The functions the watch's log calls while the learner's code runs (``os.write``,
+``struct.pack``, and the status read's ``getattr``, ``sum`` and ``threading.Event.is_set``) are
+bound when the watch is made, so that replacing an attribute of this module, of ``os``,
+``struct``, ``threading.Event`` or ``builtins`` cannot hide a step still running. Code that
+reaches through the closures to TensorFlow's own ``RemoteValue`` objects (setting or swapping
+their status events) or rewrites the closures can, and no check in the same process can stop it.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import threading
 import weakref
 from collections import Counter
 from typing import Any
@@ -181,11 +184,17 @@ def _pipe_reader(fd: int, layout: str) -> Any:
     return drain
 
 
-def _running(remote: Any) -> bool:
-    """Whether a real ``RemoteValue``'s step has not finished yet (no wait: its status event,
-    set by TensorFlow once the step returned or failed; a value without one counts finished)."""
-    event = getattr(remote, "_status_available_event", None)
-    return event is not None and not event.is_set()
+def _status_counter() -> Any:
+    """``running(remotes)``: how many real ``RemoteValue``s' steps have not finished yet (no
+    wait: each one's status event, set by TensorFlow once the step returned or failed; a value
+    without one counts finished). ``getattr``, ``sum`` and ``Event.is_set`` bound now."""
+    get, total, is_set = getattr, sum, threading.Event.is_set
+
+    def running(remotes: list[Any]) -> int:
+        events = (get(remote, "_status_available_event", None) for remote in remotes)
+        return total(1 for event in events if event is not None and not is_set(event))
+
+    return running
 
 
 def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
@@ -193,7 +202,7 @@ def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
     tf = _tf()
     record = WatchRecord()
     log = record.log
-    running = _running  # bound now, as the pipe's writer is
+    running = _status_counter()  # bound now, as the pipe's writer is
     index_of: dict[int, int] = {}
 
     def known_finished(index: int) -> None:
@@ -244,7 +253,7 @@ def watch(coordinator: Any) -> tuple[Any, WatchRecord]:
             oldest = next((index for index, finished in enumerate(record.finished)
                            if not finished), len(record.finished))
             record.in_flight.append(1 + len(record.finished) - oldest)
-            log(b"R", sum(running(remote) for remote in record.scheduled))
+            log(b"R", running(record.scheduled))
             remote = coordinator.schedule(fn, args=args, kwargs=kwargs)
             log(b"S", id(remote))
             watched = WatchedRemoteValue()
