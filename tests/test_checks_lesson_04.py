@@ -204,7 +204,7 @@ def declares_steps_finished(coordinator, dataset_fn, step_fn, num_steps, max_in_
 
 def hides_running_steps(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
     from course_utils.grading.checks import coordinator_watch
-    real_os, real_running = coordinator_watch.os, coordinator_watch._running
+    real_os, real_counter = coordinator_watch.os, coordinator_watch._status_counter
 
     class DropsStatus:  # the watch's status events dropped on their way into its pipe
         def __getattr__(self, name):
@@ -214,18 +214,35 @@ def hides_running_steps(coordinator, dataset_fn, step_fn, num_steps, max_in_flig
             return len(data) if data[:1] == b"R" else real_os.write(fd, data)
 
     coordinator_watch.os = DropsStatus()
-    coordinator_watch._running = lambda remote: False  # and every step said finished
+    coordinator_watch._status_counter = lambda: lambda remotes: 0  # every step said finished
+    coordinator_watch.sum = lambda *args: 0  # and the names the status read looks up
+    coordinator_watch.getattr = lambda *args: None
     try:
         return declares_steps_finished(coordinator, dataset_fn, step_fn, num_steps,
                                        max_in_flight)
     finally:
-        coordinator_watch.os, coordinator_watch._running = real_os, real_running
+        coordinator_watch.os, coordinator_watch._status_counter = real_os, real_counter
+        del coordinator_watch.sum, coordinator_watch.getattr
+
+def replaces_the_record_methods(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(num_steps)]
+    coordinator.join()
+    record = _watch_record(coordinator)  # its in_flight rewritten, its judging replaced
+    record.in_flight[:] = [min(n, max_in_flight) for n in range(1, num_steps + 1)]
+    fake = []  # the log a right loop writes, for a pipe reader the record might hold
+    for index, remote in enumerate(record.scheduled):
+        fake += [(b"F", index - max_in_flight)] * (index >= max_in_flight)
+        fake += [(b"R", 0), (b"S", id(remote))]
+    record.changed, record.replay, record._drain = (lambda: None), (lambda: None), (lambda: fake)
+    return [r.fetch() for r in remotes]
 
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
            serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
            schedules_then_waits, rewrites_the_record, marks_steps_finished,
-           reorders_the_record, declares_steps_finished, hides_running_steps):
+           reorders_the_record, declares_steps_finished, hides_running_steps,
+           replaces_the_record_methods):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -400,6 +417,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "reorders_the_record"): "record of your steps was changed",
         ("RUN_STEPS", "declares_steps_finished"): "still running on the workers",
         ("RUN_STEPS", "hides_running_steps"): "still running on the workers",
+        ("RUN_STEPS", "replaces_the_record_methods"): "record of your steps was changed",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
         ("DATASET", "lesson_order"): "do not fill its last batch",
@@ -508,6 +526,14 @@ def test_the_watch_judges_from_its_pipe_log_and_names_a_rewritten_record():
     assert "record of your steps was changed" in record.changed()
     assert record.in_flight == [1, 2, 3, 4, 5]  # as it happened
 
+    watched, record = watch(_Coordinator())  # and the reachable record's judging replaced
+    remotes = [watched.schedule(None) for _ in range(5)]
+    [remote.fetch() for remote in remotes]
+    reachable = _record_of(watched)
+    reachable.in_flight[:] = [1, 2, 2, 2, 2]
+    reachable.changed = reachable.replay = reachable._drain = lambda: None
+    assert reachable is not record and "record of your steps was changed" in record.changed()
+
     watched, record = watch(_Coordinator())  # the oldest marked finished, never fetched
     remotes = []
     for _ in range(5):
@@ -538,16 +564,32 @@ def test_the_watch_judges_from_its_pipe_log_and_names_a_rewritten_record():
     [remote.fetch() for remote in remotes]
     assert "still running on the workers" in record.changed()
 
+    import builtins
+
     from course_utils.grading.checks import coordinator_watch  # a module's names replaced
-    watched, record = watch(_Coordinator(_RunningRemote))
-    real_os, real_running = coordinator_watch.os, coordinator_watch._running
-    coordinator_watch.os, coordinator_watch._running = None, lambda remote: False
-    try:
+    replaced = {  # (module, name): what the learner's code puts there while it runs
+        (coordinator_watch, "os"): None,
+        (coordinator_watch, "_status_counter"): lambda: lambda remotes: 0,
+        (coordinator_watch, "sum"): lambda *args: 0,
+        (coordinator_watch, "getattr"): lambda *args: None,
+        (builtins, "sum"): lambda *args: 0,
+        (builtins, "getattr"): lambda *args: None,
+        (threading.Event, "is_set"): lambda self: True,
+    }
+    for (module, name), value in replaced.items():
+        watched, record = watch(_Coordinator(_RunningRemote))
+        missing = object()
+        real = vars(module).get(name, missing)
         remotes = [watched.schedule(None) for _ in range(3)]  # none waited for
-        fetch = type(remotes[0]).fetch
-        fetch.__closure__[fetch.__code__.co_freevars.index("known_finished")].cell_contents(0)
-        watched.schedule(None)
-    finally:
-        coordinator_watch.os, coordinator_watch._running = real_os, real_running
-    [remote.fetch() for remote in remotes]
-    assert "still running on the workers" in record.changed()
+        setattr(module, name, value)
+        try:
+            fetch = type(remotes[0]).fetch
+            fetch.__closure__[fetch.__code__.co_freevars.index("known_finished")].cell_contents(0)
+            watched.schedule(None)
+        finally:
+            if real is missing:
+                delattr(module, name)
+            else:
+                setattr(module, name, real)
+        [remote.fetch() for remote in remotes]
+        assert "still running on the workers" in (record.changed() or ""), name

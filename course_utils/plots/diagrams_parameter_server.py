@@ -15,7 +15,8 @@ _NEEDED = ("worker", "began", "ended", "applied", "stale_by")
 def draw_step_timeline(steps: Sequence[Mapping[str, Any]], ax: Any = None,
                        title: str = "steps on each worker") -> Any:
     """Draw each step as a bar on its worker's lane, from its start to its update, coloured by
-    how many other updates landed after it read the weights (``stale_by``).
+    whether other updates landed between its read and its own (``stale_by``, counted by the
+    lesson's version counter).
 
     ``steps`` are mappings with ``worker``, ``began`` and ``ended`` (seconds, one clock),
     ``applied`` (the version its update got) and ``stale_by``.
@@ -42,7 +43,7 @@ def draw_step_timeline(steps: Sequence[Mapping[str, Any]], ax: Any = None,
     ax.set_xlabel("seconds since the first step began (number: the version its update made)")
     ax.set_title(title, fontsize=10)
     ax.legend(handles=[Patch(color=PALETTE[0], label="fresh: no other update in between"),
-                       Patch(color=PALETTE[3], label="stale: computed from older weights")],
+                       Patch(color=PALETTE[3], label="stale: another update landed in between")],
               loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=2, fontsize=8,
               frameon=False)
     ax.invert_yaxis()
