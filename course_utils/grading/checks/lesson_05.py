@@ -3,7 +3,8 @@
 * ``check_make_tpu_ready(make_tpu_ready)``: on fresh variable-length sequences, the pipeline's
   ``element_spec`` has every dimension known, its graph holds the given dataset's reads and no
   Python of its own (the ``py_function`` tokens of the given dataset and no other: a generator
-  that iterates it, a ``py_function`` or a ``numpy_function`` fails), a compiled step traces
+  that iterates it, a ``py_function`` or a ``numpy_function`` fails) and pulls nothing from an
+  iterator or a queue made outside it (work handed on), a compiled step traces
   once over an epoch, which ends (``repeat`` is named) and has ``n // batch_size`` batches read
   from the dataset given, holding the sequences cut or padded with zeros at the end to
   ``sequence_length``; the function may not read the dataset when called (the dataset counts

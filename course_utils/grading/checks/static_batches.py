@@ -1,7 +1,7 @@
 """Lesson 05, exercise 1 (a TPU-ready pipeline): what is wrong with one epoch of a learner's
 pipeline: its shapes, the Python its graph runs instead of the dataset given (``py_function``
-tokens, ``batch_shapes``), an epoch that never ends, its traces, batches and reads, and their
-values."""
+tokens, ``batch_shapes``) or hands on from an iterator or a queue made outside it, an epoch
+that never ends, its traces, batches and reads, and their values."""
 
 from __future__ import annotations
 
@@ -9,18 +9,26 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.batch_shapes import py_function_tokens
+from course_utils.grading.checks.batch_shapes import graph_ops, py_function_tokens
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["python_problem", "verify_pipeline"]
 
 
+#: Ops that hand on elements made outside the pipeline's graph (by another pipeline's iterator,
+#: or a queue a thread fills): the work behind them is out of the graph's sight.
+_HANDED_ON = ("IteratorGetNext", "QueueDequeue")
+
+
 def python_problem(dataset: Any, given: set[str]) -> str | None:
     """What Python the pipeline runs instead of the given dataset's steps, or None: its graph
-    must hold the given dataset's ``py_function`` tokens (its reads) and no other."""
+    must hold the given dataset's ``py_function`` tokens (its reads) and no other, and pull
+    nothing from an iterator or a queue made outside it."""
     tf = _tf()
     try:
         tokens = py_function_tokens(dataset)
+        pulls = sorted({op for op in graph_ops(dataset)
+                        if any(op.startswith(kind) for kind in _HANDED_ON)})
     except (tf.errors.OpError, ValueError, TypeError) as error:
         return (f"the check could not read your pipeline's graph: {type(error).__name__}: "
                 f"{str(error).strip().splitlines()[0][:160]}")
@@ -34,6 +42,11 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
                 "tf.numpy_function or from_generator): tf.data's threads run TensorFlow ops in "
                 "parallel, Python code takes turns while it computes (it holds the GIL: "
                 "Dataset.map's docstring). Which TensorFlow ops cut and pad a sequence?")
+    if pulls:
+        return (f"your pipeline takes elements from an iterator or a queue made outside it "
+                f"({', '.join(pulls)}): what fills it (another pipeline, a Python thread) runs "
+                "out of this graph's sight. Transform `dataset` itself with tf.data steps "
+                "(section 3)")
     return None
 
 
