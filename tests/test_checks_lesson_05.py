@@ -599,6 +599,19 @@ def test_a_pipeline_that_fails_on_a_long_sequence_says_so():
         cu.grading.check_make_tpu_ready(not_cut)
 
 
+def test_padding_to_twice_the_length_then_cutting_fails():
+    """Padded to a bound of its own (twice sequence_length, what most sequences stay under),
+    then cut: each case holds one sequence 3 to 100 times sequence_length, in a batch kept."""
+    def pad_then_cut(dataset, batch_size, sequence_length):
+        return dataset.padded_batch(batch_size, padded_shapes=([2 * sequence_length], []),
+                                    drop_remainder=True).map(
+            lambda x, y: (x[:, :sequence_length], y))
+
+    with pytest.raises(AssertionError, match=r"case 1 .*and one of \d+, .*reading the pipeline "
+                                             r"failed at batch \d+: DataLossError"):
+        cu.grading.check_make_tpu_ready(pad_then_cut)
+
+
 def test_a_removed_profiler_fails_the_settings():
     def removes(*args):
         import sys

@@ -84,8 +84,8 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
     except (tf.errors.OpError, ValueError, TypeError) as error:
         said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
         return (f"reading the pipeline failed at batch {len(got) + 1}: {type(error).__name__}: "
-                f"{said} (sequences of up to twice sequence_length tokens; which step of "
-                "yours meets one longer than sequence_length?)")
+                f"{said} (some sequences are longer than sequence_length, one of them many "
+                "times longer: which step of yours meets one?)")
     traces = step.experimental_get_tracing_count()
     if traces != 1:
         return f"a compiled step traced {traces} times over one epoch, expected once"
