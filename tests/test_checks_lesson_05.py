@@ -97,6 +97,32 @@ def test_padding_at_the_front_is_named():
         cu.grading.check_make_tpu_ready(front)
 
 
+def _deterministic_off(dataset, batch_size, sequence_length, in_options=False):
+    import tensorflow as tf
+
+    def fix(tokens, label):
+        tokens = tokens[:sequence_length]
+        tokens = tf.pad(tokens, [[0, sequence_length - tf.shape(tokens)[0]]])
+        return tf.ensure_shape(tokens, [sequence_length]), label
+
+    if in_options:
+        options = tf.data.Options()
+        options.deterministic = False
+        return dataset.map(fix, num_parallel_calls=4).batch(
+            batch_size, drop_remainder=True).with_options(options)
+    return dataset.map(fix, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False).batch(
+        batch_size, drop_remainder=True)
+
+
+@pytest.mark.parametrize(("in_options", "where"), [
+    (False, "ParallelMapDatasetV2"), (True, "tf.data.Options")])
+def test_a_pipeline_that_may_reorder_is_told_to_keep_the_order(in_options, where):
+    """A cheap map keeps the order by luck (it passed every run): the setting tells."""
+    with pytest.raises(AssertionError, match=rf"case 1 .*deterministic=False .*\({where}"):
+        cu.grading.check_make_tpu_ready(
+            lambda *args: _deterministic_off(*args, in_options=in_options))
+
+
 def test_a_shuffled_pipeline_is_told_to_keep_the_order():
     def shuffled(dataset, batch_size, sequence_length):
         return make_tpu_ready(dataset, batch_size, sequence_length).shuffle(100, seed=1)

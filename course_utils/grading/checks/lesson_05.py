@@ -8,8 +8,9 @@
   iterator or a queue made outside it (work handed on), a compiled step traces
   once over an epoch, which ends (``repeat`` is named) and has ``n // batch_size`` batches read
   from the dataset given, holding the sequences cut or padded with zeros at the end to
-  ``sequence_length``; the function may not read the dataset when called (the dataset counts
-  what it hands out), nor read most of a long stream before its first batch.
+  ``sequence_length``, in order (no ``deterministic=False``); the function may not read the
+  dataset when called (the dataset counts what it hands out), nor read most of a long stream
+  before its first batch.
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
   boundary), compared with the rules stated in the exercise; a global batch that cannot give

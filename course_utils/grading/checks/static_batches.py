@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.batch_shapes import graph_ops, py_function_tokens
+from course_utils.grading.checks.batch_shapes import _graph, graph_ops, py_function_tokens
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["python_problem", "verify_pipeline"]
+__all__ = ["order_problem", "python_problem", "verify_pipeline"]
 
 
 #: Ops that hand on elements made outside the pipeline's graph (by another pipeline's iterator,
@@ -50,6 +50,23 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
     return None
 
 
+def order_problem(dataset: Any) -> str | None:
+    """Which steps of the pipeline may hand out elements out of order (``deterministic=False``,
+    in a step or in the options), or None: a cheap map mostly keeps the order anyway, so the
+    batches alone would not tell."""
+    graph = _graph(dataset)
+    nodes = [*graph.node, *(node for function in graph.library.function
+                            for node in function.node_def)]
+    steps = sorted({node.op for node in nodes if "deterministic" in node.attr
+                    and node.attr["deterministic"].s == b"false"})
+    if dataset.options().deterministic is False:
+        steps.append("tf.data.Options().deterministic")
+    if steps:
+        return (f"deterministic=False in your pipeline ({', '.join(steps)}) lets it hand out "
+                "elements in the order they finish, not the order they came: keep the order")
+    return None
+
+
 def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]], batch: int,
                     length: int, read: list[int], given: set[str]) -> str | None:
     """What is wrong with one epoch of the learner's ``dataset`` against the ``expected``
@@ -65,7 +82,7 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
                 "for one shape (section 3). Which of your steps leaves a size unknown?")
     if shapes != [(batch, length), (batch,)]:
         return f"element shapes are {shapes}, expected [({batch}, {length}), ({batch},)]"
-    python = python_problem(dataset, given)
+    python = python_problem(dataset, given) or order_problem(dataset)
     if python:
         return python
     if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
