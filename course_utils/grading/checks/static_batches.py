@@ -15,9 +15,10 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 __all__ = ["order_problem", "python_problem", "verify_pipeline"]
 
 
-#: Ops that hand on elements made outside the pipeline's graph (by another pipeline's iterator,
-#: or a queue a thread fills): the work behind them is out of the graph's sight.
-_HANDED_ON = ("IteratorGetNext", "QueueDequeue")
+#: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
+#: iterator's get_next, a queue's or a staging area's take, that another pipeline or a thread
+#: fills): the work behind them is out of the graph's sight.
+_HANDED_ON = ("IteratorGetNext", "QueueDequeue", "Unstage")
 
 
 def python_problem(dataset: Any, given: set[str]) -> str | None:
@@ -28,7 +29,7 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
     try:
         tokens = py_function_tokens(dataset)
         pulls = sorted({op for op in graph_ops(dataset)
-                        if any(op.startswith(kind) for kind in _HANDED_ON)})
+                        if any(kind in op for kind in _HANDED_ON)})
     except (tf.errors.OpError, ValueError, TypeError) as error:
         return (f"the check could not read your pipeline's graph: {type(error).__name__}: "
                 f"{str(error).strip().splitlines()[0][:160]}")
