@@ -97,6 +97,32 @@ def test_padding_at_the_front_is_named():
         cu.grading.check_make_tpu_ready(front)
 
 
+def _deterministic_off(dataset, batch_size, sequence_length, in_options=False):
+    import tensorflow as tf
+
+    def fix(tokens, label):
+        tokens = tokens[:sequence_length]
+        tokens = tf.pad(tokens, [[0, sequence_length - tf.shape(tokens)[0]]])
+        return tf.ensure_shape(tokens, [sequence_length]), label
+
+    if in_options:
+        options = tf.data.Options()
+        options.deterministic = False
+        return dataset.map(fix, num_parallel_calls=4).batch(
+            batch_size, drop_remainder=True).with_options(options)
+    return dataset.map(fix, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False).batch(
+        batch_size, drop_remainder=True)
+
+
+@pytest.mark.parametrize(("in_options", "where"), [
+    (False, "ParallelMapDatasetV2"), (True, "tf.data.Options")])
+def test_a_pipeline_that_may_reorder_is_told_to_keep_the_order(in_options, where):
+    """A cheap map keeps the order by luck (it passed every run): the setting tells."""
+    with pytest.raises(AssertionError, match=rf"case 1 .*deterministic=False .*\({where}"):
+        cu.grading.check_make_tpu_ready(
+            lambda *args: _deterministic_off(*args, in_options=in_options))
+
+
 def test_a_shuffled_pipeline_is_told_to_keep_the_order():
     def shuffled(dataset, batch_size, sequence_length):
         return make_tpu_ready(dataset, batch_size, sequence_length).shuffle(100, seed=1)
@@ -599,6 +625,19 @@ def test_a_pipeline_that_fails_on_a_long_sequence_says_so():
         cu.grading.check_make_tpu_ready(not_cut)
 
 
+def test_padding_to_twice_the_length_then_cutting_fails():
+    """Padded to a bound of its own (twice sequence_length, what most sequences stay under),
+    then cut: each case holds one sequence 3 to 100 times sequence_length, in a batch kept."""
+    def pad_then_cut(dataset, batch_size, sequence_length):
+        return dataset.padded_batch(batch_size, padded_shapes=([2 * sequence_length], []),
+                                    drop_remainder=True).map(
+            lambda x, y: (x[:, :sequence_length], y))
+
+    with pytest.raises(AssertionError, match=r"case 1 .*and one of \d+, .*reading the pipeline "
+                                             r"failed at batch \d+: DataLossError"):
+        cu.grading.check_make_tpu_ready(pad_then_cut)
+
+
 def test_a_removed_profiler_fails_the_settings():
     def removes(*args):
         import sys
@@ -666,11 +705,62 @@ def _the_generator_behind_the_given_dataset(dataset, batch_size, sequence_length
     return start.concatenate(_streaming_generator(dataset, batch_size, sequence_length))
 
 
+def _handed_on(dataset, batch_size, sequence_length, pull):
+    """Batches ``pull`` takes from outside the pipeline, until it says there are no more,
+    behind the given dataset, never read (its read ops in the graph)."""
+    import tensorflow as tf
+
+    start = make_tpu_ready(dataset, batch_size, sequence_length).take(0)
+    pulled = (tf.data.Dataset.range(2**62).map(lambda _: pull())
+              .take_while(lambda x, y, more: more).map(lambda x, y, more: (x, y)))
+    return start.concatenate(pulled)
+
+
+def _an_iterator_of_a_python_pipeline(dataset, batch_size, sequence_length):
+    """The padding in a py_function, in a pipeline iterated outside the one returned: its
+    graph shows only the iterator's get_next."""
+    import tensorflow as tf
+
+    inner = iter(_padded_in_a_py_function(dataset, batch_size, sequence_length))
+
+    def pull():
+        got = inner.get_next_as_optional()
+        empty = (tf.zeros([batch_size, sequence_length], tf.int32),
+                 tf.zeros([batch_size], tf.int32))
+        x, y = tf.cond(got.has_value(), got.get_value, lambda: empty)
+        return x, y, got.has_value()
+
+    return _handed_on(dataset, batch_size, sequence_length, pull)
+
+
+def _a_queue_a_python_thread_fills(dataset, batch_size, sequence_length):
+    """A Python thread pads the batches in NumPy into a queue, starting a few seconds later,
+    once the check has looked for reads made when called."""
+    import threading
+    import time
+
+    import tensorflow as tf
+
+    queue = tf.queue.FIFOQueue(2, [tf.int32, tf.int32, tf.bool],
+                               shapes=[[batch_size, sequence_length], [batch_size], []])
+
+    def fill():
+        time.sleep(5.0)
+        for x, y in _streaming_generator(dataset, batch_size, sequence_length):
+            queue.enqueue((x, y, True))
+        queue.enqueue((tf.zeros_like(x), tf.zeros_like(y), False))  # no more
+
+    threading.Thread(target=fill, daemon=True).start()
+    return _handed_on(dataset, batch_size, sequence_length, queue.dequeue)
+
+
 @pytest.mark.parametrize(("answer", "message"), [
     (_streaming_generator, "not made from the one given"),
     (_padded_in_a_py_function, r"calls Python \(1 op"),
     (_padded_in_a_stateless_numpy_function, r"calls Python \(1 op"),
     (_the_generator_behind_the_given_dataset, r"calls Python \(3 op"),
+    (_an_iterator_of_a_python_pipeline, r"from an iterator .*\(IteratorGetNextAsOptional\)"),
+    (_a_queue_a_python_thread_fills, r"from an iterator or a queue .*\(QueueDequeueV2\)"),
     (lambda *args: make_tpu_ready(*args).repeat(), "never ends"),
     (lambda *args: make_tpu_ready(*args).repeat(2), r"the epoch has more than \d+ batches"),
 ])

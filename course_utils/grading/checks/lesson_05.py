@@ -1,13 +1,16 @@
 """Checks of lesson 05's exercises (registered by name with ``@register``).
 
-* ``check_make_tpu_ready(make_tpu_ready)``: on fresh variable-length sequences, the pipeline's
+* ``check_make_tpu_ready(make_tpu_ready)``: on fresh variable-length sequences (in each of
+  two cases one of 3 to 100 times ``sequence_length``, among ones of up to twice), the pipeline's
   ``element_spec`` has every dimension known, its graph holds the given dataset's reads and no
   Python of its own (the ``py_function`` tokens of the given dataset and no other: a generator
-  that iterates it, a ``py_function`` or a ``numpy_function`` fails), a compiled step traces
+  that iterates it, a ``py_function`` or a ``numpy_function`` fails) and pulls nothing from an
+  iterator or a queue made outside it (work handed on), a compiled step traces
   once over an epoch, which ends (``repeat`` is named) and has ``n // batch_size`` batches read
   from the dataset given, holding the sequences cut or padded with zeros at the end to
-  ``sequence_length``; the function may not read the dataset when called (the dataset counts
-  what it hands out), nor read most of a long stream before its first batch.
+  ``sequence_length``, in order (no ``deterministic=False``); the function may not read the
+  dataset when called (the dataset counts what it hands out), nor read most of a long stream
+  before its first batch.
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
   boundary), compared with the rules stated in the exercise; a global batch that cannot give
@@ -140,6 +143,11 @@ def check_make_tpu_ready(fn: Any) -> bool:
         batch, length = rng.choice([4, 8, 16]), rng.choice([6, 10, 16])
         n = batch * rng.randint(3, 6) + rng.randint(1, batch - 1)  # a partial last batch
         tokens, labels = _sequences(rng, n, 2 * length)
+        # one sequence far longer, in a batch kept: padding to a bound of one's own (twice
+        # sequence_length, then cut) is no cut
+        longest = rng.randint(3 * length, 100 * length)
+        tokens[rng.randrange(batch * (n // batch))] = np.random.default_rng(
+            rng.randint(0, 2**31 - 1)).integers(1, 100, size=longest).astype("int32")
         read = [0]
         given = _raw_dataset(tokens, labels, read)
         reads = py_function_tokens(given)  # the ops of its generator: what reads it
@@ -156,8 +164,8 @@ def check_make_tpu_ready(fn: Any) -> bool:
 
         cases.append(Case(args=(given, batch, length),
                           verify=verify,
-                          label=f"({n} sequences of 1 to {2 * length} tokens, batch_size={batch}, "
-                                f"sequence_length={length})"))
+                          label=f"({n} sequences of 1 to {2 * length} tokens and one of "
+                                f"{longest}, batch_size={batch}, sequence_length={length})"))
     cases.append(_stream_case(rng))
     return run_check(
         "make_tpu_ready", _refusing_the_check(fn, "build the pipeline yourself"), cases,

@@ -1,7 +1,7 @@
 """Lesson 05, exercise 1 (a TPU-ready pipeline): what is wrong with one epoch of a learner's
 pipeline: its shapes, the Python its graph runs instead of the dataset given (``py_function``
-tokens, ``batch_shapes``), an epoch that never ends, its traces, batches and reads, and their
-values."""
+tokens, ``batch_shapes``) or hands on from an iterator or a queue made outside it, an epoch
+that never ends, its traces, batches and reads, and their values."""
 
 from __future__ import annotations
 
@@ -9,18 +9,27 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.batch_shapes import py_function_tokens
+from course_utils.grading.checks.batch_shapes import _graph, graph_ops, py_function_tokens
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["python_problem", "verify_pipeline"]
+__all__ = ["order_problem", "python_problem", "verify_pipeline"]
+
+
+#: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
+#: iterator's get_next, a queue's or a staging area's take, that another pipeline or a thread
+#: fills): the work behind them is out of the graph's sight.
+_HANDED_ON = ("IteratorGetNext", "QueueDequeue", "Unstage")
 
 
 def python_problem(dataset: Any, given: set[str]) -> str | None:
     """What Python the pipeline runs instead of the given dataset's steps, or None: its graph
-    must hold the given dataset's ``py_function`` tokens (its reads) and no other."""
+    must hold the given dataset's ``py_function`` tokens (its reads) and no other, and pull
+    nothing from an iterator or a queue made outside it."""
     tf = _tf()
     try:
         tokens = py_function_tokens(dataset)
+        pulls = sorted({op for op in graph_ops(dataset)
+                        if any(kind in op for kind in _HANDED_ON)})
     except (tf.errors.OpError, ValueError, TypeError) as error:
         return (f"the check could not read your pipeline's graph: {type(error).__name__}: "
                 f"{str(error).strip().splitlines()[0][:160]}")
@@ -34,6 +43,28 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
                 "tf.numpy_function or from_generator): tf.data's threads run TensorFlow ops in "
                 "parallel, Python code takes turns while it computes (it holds the GIL: "
                 "Dataset.map's docstring). Which TensorFlow ops cut and pad a sequence?")
+    if pulls:
+        return (f"your pipeline takes elements from an iterator or a queue made outside it "
+                f"({', '.join(pulls)}): what fills it (another pipeline, a Python thread) runs "
+                "out of this graph's sight. Transform `dataset` itself with tf.data steps "
+                "(section 3)")
+    return None
+
+
+def order_problem(dataset: Any) -> str | None:
+    """Which steps of the pipeline may hand out elements out of order (``deterministic=False``,
+    in a step or in the options), or None: a cheap map mostly keeps the order anyway, so the
+    batches alone would not tell."""
+    graph = _graph(dataset)
+    nodes = [*graph.node, *(node for function in graph.library.function
+                            for node in function.node_def)]
+    steps = sorted({node.op for node in nodes if "deterministic" in node.attr
+                    and node.attr["deterministic"].s == b"false"})
+    if dataset.options().deterministic is False:
+        steps.append("tf.data.Options().deterministic")
+    if steps:
+        return (f"deterministic=False in your pipeline ({', '.join(steps)}) lets it hand out "
+                "elements in the order they finish, not the order they came: keep the order")
     return None
 
 
@@ -52,7 +83,7 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
                 "for one shape (section 3). Which of your steps leaves a size unknown?")
     if shapes != [(batch, length), (batch,)]:
         return f"element shapes are {shapes}, expected [({batch}, {length}), ({batch},)]"
-    python = python_problem(dataset, given)
+    python = python_problem(dataset, given) or order_problem(dataset)
     if python:
         return python
     if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
@@ -71,8 +102,8 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
     except (tf.errors.OpError, ValueError, TypeError) as error:
         said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
         return (f"reading the pipeline failed at batch {len(got) + 1}: {type(error).__name__}: "
-                f"{said} (sequences of up to twice sequence_length tokens; which step of "
-                "yours meets one longer than sequence_length?)")
+                f"{said} (some sequences are longer than sequence_length, one of them many "
+                "times longer: which step of yours meets one?)")
     traces = step.experimental_get_tracing_count()
     if traces != 1:
         return f"a compiled step traced {traces} times over one epoch, expected once"
