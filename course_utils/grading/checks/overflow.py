@@ -207,8 +207,8 @@ def _quiet_rows_louder(model: Any, batch: np.ndarray, expected: str,
     max (finite there), the rows that do not overflow never shrunk, each below ``LOUD_INPUT``:
     the others grow, so an answer that looks at the k largest rows misses the overflow. The one
     row left to overflow grows, where it can, until its output at ``expected`` is 10% past
-    float16's rounding edge (65520) and those before stay 10% below 65504: no kernel's rounding
-    moves the answer. Returns the batch (as it was where the result would change) and the
+    float16's rounding edge (65520) and those before stay 10% below 65504 (there, no kernel's
+    rounding moves the answer). Returns the batch (as it was where the result would change) and the
     factor of that row.
     """
     layers, every_output = _every_output(model)
