@@ -31,8 +31,9 @@
   the weights. One model grows in layers without weights (a recomputation from the Dense
   weights misses it); another has a decoy: the layer with by far the largest (negative) weights,
   whose output is finite (ReLU makes its pre-activations 0); every batch holds two loud rows
-  that never overflow (the largest examples are not where the overflow starts), and one batch
-  has every row but the loud ones scaled, still below them (no outlier rows to pick out).
+  that never overflow (the largest examples, but where the outlier rows are scaled past them),
+  and one batch has every row but the loud ones scaled, each by its own factor and below them,
+  the overflow starting in one of the smaller rows (no outlier rows, nor k largest, to pick out).
 """
 
 from __future__ import annotations

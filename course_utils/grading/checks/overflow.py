@@ -7,11 +7,12 @@ weights. In the first model, layers without weights (``Rescaling``) do the growi
 that recomputes the outputs from the Dense layers' weights misses it; the second grows in its
 kernels and has a decoy: the layer with by far the largest (negative, float16-finite) weights,
 whose output is finite (ReLU makes its negative pre-activations 0). Every batch also holds two
-loud rows, its largest examples, which ReLU zeroes in the first layer: an answer that looks only
-at the largest example misses the overflow. The first model also gets a batch with every row
-but the loud ones scaled, each scaled row still smaller than they: no row stands out, so an
-answer that looks only at the rows far above the others (or at the two largest) misses the
-overflow. Lesson 08's module imports this one.
+loud rows, which ReLU zeroes in the first layer (the largest examples of every batch but those
+whose outlier rows are scaled past them): an answer that looks only at the largest example
+misses the overflow. The first model also gets a batch with every row but the loud ones scaled,
+each by its own factor and below them, where the overflow starts in one of the smaller rows:
+no row stands out, so an answer that looks only at the rows far above the others, or at the k
+largest (k up to 6 in 60 draws), misses the overflow. Lesson 08's module imports this one.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ DECOY_PEAK = 2.0 ** 15
 
 #: Every batch also holds two loud rows: this value in one feature, zeros elsewhere. Every
 #: model's first kernel is negative in that feature, so ReLU makes those rows 0 and they never
-#: overflow: the largest examples of a batch are not where the overflow starts.
+#: overflow: the largest examples of a batch are not where the overflow starts (but in
+#: batches whose outlier rows are scaled past them).
 LOUD_INPUT = 60_000.0
 
 #: A third model's float32 logits are scaled to this peak: far above float16's 65504, yet
@@ -128,7 +130,8 @@ def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None
                     "the model's own (mixed_float16) dtypes?")
         if order.index(got) > order.index(expected):
             return (f"{got!r} is not finite, but {expected!r} before it already is on this x "
-                    f"({scaled} times {scale:.3g}): return the first")
+                    f"({scaled} times {scale:.3g}), in one example at least: return the "
+                    "first, over every example")
         return (f"{got!r}'s output is finite on this x ({scaled} times {scale:.3g}); the "
                 f"first layer whose output is not finite is {expected!r}. The same model "
                 "overflows at different layers on different inputs")
@@ -170,18 +173,21 @@ def check_first_overflowing_layer(fn: Any) -> bool:
                      f"outlier rows times {scale:.3g})")
             cases.append(Case(args=(model, batch), label=label,
                               verify=_overflow_verifier(expected, order, decoy, scale)))
-        if not decoy:  # every row but the loud ones scaled: no outlier row to spot, and the
+        if not decoy:  # every row but the loud ones scaled: no outlier row to spot, the
             others = [row for row in range(len(x)) if row not in loud_rows]  # loud ones stay
             quieter = np.max(np.abs(x[others]))  # the largest examples (an answer looking
             named = [case for case in _overflow_cases(model, x, others, rng, None)  # at the
                      if case[1] and case[2] * quieter < LOUD_INPUT]  # largest sees no overflow)
             for batch, expected, scale in sorted(named, key=lambda case: case[2])[:1]:
-                cases.append(Case(args=(model, batch), label=(
+                batch, more = _quiet_rows_louder(model, batch, expected, others)  # and the
+                cases.append(Case(args=(model, batch), label=(  # overflow in a smaller row
                     f"(mixed_float16 MLP, {depth} hidden layers, each followed by a layer "
-                    f"without weights that amplifies; x with every row but two times "
-                    f"{scale:.3g})"),
-                    verify=_overflow_verifier(expected, order, None, scale,
-                                              "every row but two")))
+                    f"without weights that amplifies; x with every row but two scaled, each "
+                    f"by its own factor, the overflow in one of the smaller rows)"),
+                    verify=_overflow_verifier(
+                        expected, order, None, scale * more,
+                        "every row but two scaled, each by its own factor; the row where "
+                        "the overflow starts")))
     cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows, rng,
                                dead_feature)
     return run_check(
@@ -189,6 +195,48 @@ def check_first_overflowing_layer(fn: Any) -> bool:
         hint="lesson 08, section 1 (float16's range) and section 3 (a hidden layer's output, "
              "read): in which dtype does each layer compute, which layers' outputs did your "
              "answer look at, and which examples of the batch?")
+
+
+def _quiet_rows_louder(model: Any, batch: np.ndarray, expected: str,
+                       scaled: list[int]) -> tuple[np.ndarray, float]:
+    """``batch`` where the overflow at ``expected`` starts in one of the smaller rows only.
+
+    The model is positively homogeneous (ReLU, zero biases, ``Rescaling``): a row times c gives
+    every layer's output times c. Every scaled row but the smallest of those that overflow at
+    ``expected`` is rescaled so that its largest output up to ``expected`` is half float16's
+    max (finite there), the rows that do not overflow never shrunk, each below ``LOUD_INPUT``:
+    the others grow, so an answer that looks at the k largest rows misses the overflow. The one
+    row left to overflow grows, where it can, until its output at ``expected`` is 10% past
+    float16's rounding edge (65520) and those before stay 10% below 65504 (there, no kernel's
+    rounding moves the answer). Returns the batch (as it was where the result would change) and the
+    factor of that row.
+    """
+    layers, every_output = _every_output(model)
+    stop = [layer.name for layer in layers].index(expected) + 1
+    shrink = 2.0 ** -12  # exact in float16; the outputs of the shrunk batch are finite
+    by_layer = np.stack([np.max(np.abs(np.asarray(output, np.float32)).reshape(
+        len(batch), -1), axis=1) for output in every_output(batch * shrink)[:stop]],
+        axis=1) / shrink
+    peaks, before = by_layer.max(axis=1), by_layer[:, :-1].max(axis=1, initial=0.0)
+    sizes = np.max(np.abs(batch), axis=1)
+    overflowing = [row for row in scaled if peaks[row] > 65504]
+    if not np.all(np.isfinite(peaks[scaled])) or not overflowing:
+        return batch, 1.0
+    keep = min(overflowing, key=lambda row: sizes[row])
+    louder = batch.copy()
+    kept = max(1.0, 1.1 * 65520 / peaks[keep])  # 10% past float16's rounding edge
+    if not (before[keep] * kept <= 65504 / 1.1 and sizes[keep] * kept < LOUD_INPUT):
+        kept = 1.0
+    louder[keep] *= kept
+    for row in scaled:
+        if row == keep or not sizes[row] or not peaks[row]:
+            continue
+        factor = min(0.5 * 65504 / peaks[row], 0.9 * LOUD_INPUT / sizes[row])
+        louder[row] *= factor if row in overflowing else max(1.0, factor)
+    finite = [np.all(np.isfinite(np.asarray(output, np.float32)))
+              for output in every_output(louder)]
+    first = next((layer.name for layer, ok in zip(layers, finite, strict=True) if not ok), None)
+    return (louder, kept) if first == expected else (batch, 1.0)
 
 
 def _zero_the_loud_row(first: Any, feature: int) -> None:
