@@ -429,11 +429,12 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         inside = py_function_tokens(trained) if isinstance(trained, tf.data.Dataset) else set()
         outside = sum(reads["ops"][op] not in inside for op in reads["by"])
         own, pulls = handed_on(trained, set(reads["ops"]))  # a read that never runs beside
-        if outside or own or pulls:  # a generator, an iterator of a pipeline of its own
+        if outside or own or pulls:  # a generator, an iterator, a queue a thread fills
             return (f"the dataset you returned runs {own} Python function(s) of its own, pulls "
-                    f"from {pulls} iterator(s) made outside it, and {outside} of {reads['calls']} "
-                    "reads ran outside it: does it hand on reads of a thread or pipeline of "
-                    "yours? Where in the pipeline does tf.data's overlap go?")
+                    f"from {pulls} iterator(s), queue(s) or other state made outside it, and "
+                    f"{outside} of {reads['calls']} reads ran outside it: does it hand on reads "
+                    "of a thread or pipeline of yours? Where in the pipeline does tf.data's "
+                    "overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
         _, broken_seconds = _train(without_default_optimizations(broken()), reads, count)
         print(f"   reads ran during {share:.0%} of the steps; an epoch took "
