@@ -52,10 +52,11 @@ def dataset_steps(dataset: Any) -> list[str]:
 
 def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
     """The Python functions ``dataset``'s graph runs besides the py_function tokens ``allowed``
-    (a generator, a py_function of the answer's own), and the handles to state made outside
-    the pipeline that its steps' functions capture (an iterator, a queue, a variable: a
-    resource argument): where work done by another pipeline or thread is handed on (a read op
-    that never runs, ``take(0)``, can sit beside them)."""
+    (a generator, a py_function of the answer's own), and the state made outside the pipeline
+    that its steps' functions reach: the handles they capture (an iterator, a queue, a
+    variable: a resource argument) and their ops that find state by name (a staging area's
+    ``Unstage`` with a ``shared_name``). Where work done by another pipeline or thread is handed
+    on (a read op that never runs, ``take(0)``, can sit beside them)."""
     from course_utils.quiet import import_tensorflow
 
     resource = import_tensorflow().resource.as_datatype_enum
@@ -64,7 +65,9 @@ def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
     captured = sum(argument.type == resource
                    for node in graph.node for name in _functions_called(node)
                    if name in library for argument in library[name].signature.input_arg)
-    return len(py_function_tokens(dataset) - allowed), captured
+    by_name = sum(any(key in node.attr and node.attr[key].s for key in ("shared_name", "container"))
+                  for function in graph.library.function for node in function.node_def)
+    return len(py_function_tokens(dataset) - allowed), captured + by_name
 
 
 def py_function_token(tensor: Any) -> str | None:
