@@ -433,8 +433,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return (f"the dataset you returned runs {own} Python function(s) of its own, pulls "
                     f"from {pulls} iterator(s), queue(s) or other state made outside it, and "
                     f"{outside} of {reads['calls']} reads ran outside it: does it hand on reads "
-                    "of a thread or pipeline of yours? Where in the pipeline does tf.data's "
-                    "overlap go?")
+                    "of a thread or pipeline of yours? Where does tf.data's overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
         _, broken_seconds = _train(without_default_optimizations(broken()), reads, count)
         print(f"   reads ran during {share:.0%} of the steps; an epoch took "
