@@ -753,7 +753,7 @@ def _prefetched_handed_on_through_a_queue(records, read, batch_size):  # the sam
 
     own = records.map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
     steps = -(-int(records.cardinality()) // batch_size)
-    ready = tf.queue.FIFOQueue(steps, tf.int64)
+    ready = tf.queue.FIFOQueue(2, tf.int64)  # the thread reads at most two batches ahead
     asked = tf.queue.FIFOQueue(steps, tf.int64, shapes=[[]])
 
     def fill():
