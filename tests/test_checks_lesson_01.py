@@ -211,7 +211,62 @@ def _parallel_reads_pulled_from_an_iterator(source, read, decode, batch_size):
     return pulled.concatenate(reads.take(0)).map(decode).batch(batch_size)
 
 
+def _parallel_reads_handed_on_through_a_queue(source, read, decode, batch_size):
+    import threading  # as above; a thread fills a queue once the first element is asked for
+
+    tf = cu.quiet.import_tensorflow()
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    reads = source.map(read, num_parallel_calls=16).with_options(options)
+    count = int(source.cardinality())
+    ready = tf.queue.FIFOQueue(count, tf.int64, shapes=[[]])
+    asked = tf.queue.FIFOQueue(count, tf.int64, shapes=[[]])
+
+    def fill():
+        asked.dequeue()
+        for record in reads:
+            ready.enqueue(record)
+
+    def pull(_):
+        with tf.control_dependencies([asked.enqueue(tf.constant(0, tf.int64))]):
+            return ready.dequeue()
+
+    threading.Thread(target=fill, daemon=True).start()
+    pulled = tf.data.Dataset.range(count).map(pull)
+    return pulled.concatenate(reads.take(0)).map(decode).batch(batch_size)
+
+
+def _parallel_reads_handed_on_through_a_staging_area(source, read, decode, batch_size):
+    import threading  # as above, through staging areas found by name: no handle captured
+
+    tf = cu.quiet.import_tensorflow()
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    reads = source.map(read, num_parallel_calls=16).with_options(options)
+    count, name = int(source.cardinality()), f"handed_on_{id(reads)}"
+
+    def fill():
+        tf.raw_ops.Unstage(dtypes=[tf.int64], shared_name=f"{name}_asked")
+        for record in reads:
+            tf.raw_ops.Stage(values=[record], shared_name=name)
+
+    def pull(_):
+        asked = tf.raw_ops.Stage(values=[tf.constant(0, tf.int64)], shared_name=f"{name}_asked")
+        with tf.control_dependencies([asked]):
+            return tf.raw_ops.Unstage(dtypes=[tf.int64], shared_name=name)[0]
+
+    threading.Thread(target=fill, daemon=True).start()
+    pulled = tf.data.Dataset.range(count).map(pull)
+    return pulled.concatenate(reads.take(0)).map(decode).batch(batch_size)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_parallel_reads_handed_on_through_a_staging_area,
+     r"runs 0 Python function\(s\) of its own .* and pulls from [1-9]\d* iterator\(s\), "
+     "queue"),
+    (_parallel_reads_handed_on_through_a_queue,
+     r"runs 0 Python function\(s\) of its own .* and pulls from [1-9]\d* iterator\(s\), "
+     "queue"),
     (_parallel_reads_handed_on_by_a_generator,
      r"runs [1-9]\d* Python function\(s\) of its own .* and pulls from 0 iterator"),
     (_parallel_reads_pulled_from_an_iterator,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["batches", "counted_stages", "counting_reader", "dataset_steps", "epoch_seconds",
-           "expected_sizes", "graph_ops", "handed_on", "multiset_problem",
+           "expected_sizes", "handed_on", "multiset_problem",
            "py_function_token", "py_function_tokens", "size_problem"]
 
 
@@ -50,22 +50,24 @@ def dataset_steps(dataset: Any) -> list[str]:
     return sorted({node.op for node in _graph(dataset).node if "Dataset" in node.op})
 
 
-def graph_ops(dataset: Any) -> set[str]:
-    """The kinds of op in ``dataset``'s serialized graph and in every function of its library
-    ("ParallelMapDatasetV2", "EagerPyFunc", ...; "IteratorGetNext": it pulls from an iterator
-    made outside it)."""
-    graph = _graph(dataset)
-    return ({node.op for node in graph.node}
-            | {node.op for function in graph.library.function for node in function.node_def})
-
-
 def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
     """The Python functions ``dataset``'s graph runs besides the py_function tokens ``allowed``
-    (a generator, a py_function of the answer's own), and the kinds of iterator pull
-    (``IteratorGetNext``) in it: where work done by another pipeline or thread is handed on (a
-    read op that never runs, ``take(0)``, can sit beside them)."""
-    own = len(py_function_tokens(dataset) - allowed)
-    return own, sum("IteratorGetNext" in op for op in graph_ops(dataset))
+    (a generator, a py_function of the answer's own), and the state made outside the pipeline
+    that its steps' functions reach: the handles they capture (an iterator, a queue, a
+    variable: a resource argument) and their ops that find state by name (a staging area's
+    ``Unstage`` with a ``shared_name``). Where work done by another pipeline or thread is handed
+    on (a read op that never runs, ``take(0)``, can sit beside them)."""
+    from course_utils.quiet import import_tensorflow
+
+    resource = import_tensorflow().resource.as_datatype_enum
+    graph = _graph(dataset)
+    library = {function.signature.name: function for function in graph.library.function}
+    captured = sum(argument.type == resource
+                   for node in graph.node for name in _functions_called(node)
+                   if name in library for argument in library[name].signature.input_arg)
+    by_name = sum(any(key in node.attr and node.attr[key].s for key in ("shared_name", "container"))
+                  for function in graph.library.function for node in function.node_def)
+    return len(py_function_tokens(dataset) - allowed), captured + by_name
 
 
 def py_function_token(tensor: Any) -> str | None:

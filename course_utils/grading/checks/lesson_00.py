@@ -30,7 +30,7 @@
   step works (counted, not timed; the speed-up is shown), each record read once per epoch (a
   thread that reads on the side, to be counted, reads more), and every read made by the
   returned dataset's own graph (its ``read`` ops found by their py_function tokens): reads in
-  a thread or a generator of the answer's own, handed on, fail.
+  a thread or pipeline of the answer's own, handed on by a generator, iterator or queue, fail.
 
 Each check builds fresh random inputs, computes the expected result with a reference and hands
 both to :func:`run_check`; TensorFlow is imported inside the checks, never at module level.
@@ -429,11 +429,11 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         inside = py_function_tokens(trained) if isinstance(trained, tf.data.Dataset) else set()
         outside = sum(reads["ops"][op] not in inside for op in reads["by"])
         own, pulls = handed_on(trained, set(reads["ops"]))  # a read that never runs beside
-        if outside or own or pulls:  # a generator, an iterator of a pipeline of its own
+        if outside or own or pulls:  # a generator, an iterator, a queue a thread fills
             return (f"the dataset you returned runs {own} Python function(s) of its own, pulls "
-                    f"from {pulls} iterator(s) made outside it, and {outside} of {reads['calls']} "
-                    "reads ran outside it: does it hand on reads of a thread or pipeline of "
-                    "yours? Where in the pipeline does tf.data's overlap go?")
+                    f"from {pulls} iterator(s), queue(s) or other state made outside it, and "
+                    f"{outside} of {reads['calls']} reads ran outside it: does it hand on reads "
+                    "of a thread or pipeline of yours? Where does tf.data's overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
         _, broken_seconds = _train(without_default_optimizations(broken()), reads, count)
         print(f"   reads ran during {share:.0%} of the steps; an epoch took "

@@ -6,10 +6,10 @@
   over the slow reference, on a pipeline whose reads wait on (simulated) storage: the reads
   that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE``; most
   reads start while others wait), each made by a read op of the returned dataset's graph, which
-  runs no Python of its own and pulls from no iterator (reads in Python threads of the
-  answer's own, or handed on by a generator or another pipeline's iterator beside an idle read
-  op, fail; ``checks/storage_reads.py``), slow and fast timed the same way, in turns, several
-  epochs.
+  runs no Python of its own and pulls from no iterator, queue or other state made outside it
+  (reads in Python threads of the answer's own, or handed on by a generator, another
+  pipeline's iterator or a queue a thread fills, beside an idle read op, fail;
+  ``checks/storage_reads.py``), slow and fast timed the same way, in turns, several epochs.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – every example once per epoch, right batch sizes, few neighbours from one
   block inside a batch, the same order for the same seed and a new order every epoch; the
@@ -111,13 +111,14 @@ def check_fast_pipeline(fn: Any) -> bool:
                     "of the returned dataset's graph (called in Python: in a thread or a "
                     "generator of your own): which tf.data step of the dataset reads, and how "
                     "many at once?")
-        # a read op that never runs (take(0)) beside a generator, or an iterator's get_next,
-        # that hands on what another pipeline or thread read
+        # a read op that never runs (take(0)) beside a generator, or an iterator or a queue
+        # made outside the pipeline, that hands on what another pipeline or thread read
         own, pulls = _handed_on(dataset, set(reads["ops"]))
         return (f"your pipeline runs {own} Python function(s) of its own (a generator, a "
-                f"py_function) and pulls from {pulls} iterator(s) made outside it: reads "
-                "handed on from another pipeline or thread are not this dataset's; which "
-                "tf.data step of it reads, and how many at once?") if own or pulls else None
+                f"py_function) and pulls from {pulls} iterator(s), queue(s) or other state "
+                "made outside it: reads handed on from another pipeline or thread are not this "
+                "dataset's; which tf.data step of it reads, and how many at once?"
+                ) if own or pulls else None
 
     def correct(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
