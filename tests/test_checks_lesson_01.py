@@ -260,7 +260,14 @@ def _parallel_reads_handed_on_through_a_staging_area(source, read, decode, batch
     return pulled.concatenate(reads.take(0)).map(decode).batch(batch_size)
 
 
+def _prefetched_to_device(source, read, decode, batch_size):  # right reads, but a last step
+    tf = cu.quiet.import_tensorflow()  # that cannot be serialized: the check says so, no crash
+    dataset = source.map(read, num_parallel_calls=16).map(decode).batch(batch_size)
+    return dataset.apply(tf.data.experimental.prefetch_to_device("/cpu:0"))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
+    (_prefetched_to_device, "could not read your pipeline's graph.*end it with prefetch"),
     (_parallel_reads_handed_on_through_a_staging_area,
      r"runs 0 Python function\(s\) of its own .* and pulls from [1-9]\d* iterator\(s\), "
      "queue"),

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["batches", "counted_stages", "counting_reader", "dataset_steps", "epoch_seconds",
-           "expected_sizes", "handed_on", "multiset_problem",
+           "expected_sizes", "graph_ops", "handed_on", "multiset_problem",
            "py_function_token", "py_function_tokens", "size_problem"]
 
 
@@ -38,9 +38,16 @@ def _graph(dataset: Any) -> Any:
 
     tf = import_tensorflow()
     graph = tf.compat.v1.GraphDef()
-    graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
-        input_dataset=tf.data.experimental.to_variant(dataset),
-        external_state_policy=1).numpy())
+    try:
+        serialized = tf.raw_ops.DatasetToGraphV2(
+            input_dataset=tf.data.experimental.to_variant(dataset), external_state_policy=1)
+    except tf.errors.OpError as error:  # e.g. prefetch_to_device's step cannot be serialized
+        raise AssertionError(
+            f"the check could not read your pipeline's graph: {type(error).__name__}: "
+            f"{str(error).strip().splitlines()[0][:160]}. A step that cannot be serialized "
+            "(prefetch_to_device, for one) hides the pipeline from the check: end it with "
+            "prefetch() instead") from error
+    graph.ParseFromString(serialized.numpy())
     return graph
 
 
@@ -48,6 +55,14 @@ def dataset_steps(dataset: Any) -> list[str]:
     """The kinds of tf.data steps in ``dataset``'s serialized graph ("CacheDatasetV2", ...),
     sorted."""
     return sorted({node.op for node in _graph(dataset).node if "Dataset" in node.op})
+
+
+def graph_ops(dataset: Any) -> set[str]:
+    """The kinds of op in ``dataset``'s serialized graph and in every function of its library
+    ("ParallelMapDatasetV2", "EagerPyFunc", "IteratorGetNext", ...)."""
+    graph = _graph(dataset)
+    return ({node.op for node in graph.node}
+            | {node.op for function in graph.library.function for node in function.node_def})
 
 
 def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
