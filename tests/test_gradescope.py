@@ -119,7 +119,11 @@ LIMITS = Limits(memory_gb=2, processes=128)  # lesson 00's autograder
 
 @pytest.fixture(scope="module")
 def lesson_00_autograder() -> Path:
-    """Lesson 00's autograder with a short time limit, for the hostile submissions."""
+    """Lesson 00's autograder with a short time limit, for the hostile submissions. The
+    repository's own solutions folder is made private first, as a grader run as root leaves
+    it: a clone is world-readable, and another test's process that names the clone on its
+    command line (where the snooping submission looks) would hand it the answers."""
+    (REPO / "solutions").chmod(0o700)
     yield from autograder_root(["00"], HOSTILE_TIMEOUT, LIMITS)
 
 
