@@ -2,28 +2,29 @@
 coordinator in the ``ClusterCoordinator``'s place and reads, from a record the learner's code is
 not handed, which steps were scheduled and how many were in flight at each ``schedule``.
 
-:func:`watch` makes the classes afresh for every call, without instance attributes
-(``__slots__ = ()``): the coordinator and the record live in the methods' closures, so neither
-an attribute set on the watched object nor a method replaced on a class imported from this
-module changes what is recorded, and the judge's ``tampered`` names a class whose methods
-or an object whose class were changed during the call. The record (:class:`WatchRecord`) is
-also where a learner's code could reach it (the methods' closures): so every event (a schedule
-and its RemoteValue's identity, a fetch, a join) is also written into an OS pipe whose read end
-only the check's judge holds (a class made afresh by :func:`watch`, in no closure the learner
-is handed: replacing the record's attributes or methods cannot reach the judge); the judge's
-``changed`` replays that log, judges the steps in flight from it, and names a record that
-differs from it as changed. The watch's own functions are reachable too, so a step
-could be declared finished without a wait: before each ``schedule`` the watch also logs how
-many of the real steps are still running (TensorFlow's ``RemoteValue`` status), and the replay
-names a schedule at which more were running than the waits it saw allow. A wait on a real
-``RemoteValue`` reached through the closures is not seen: it can only make a loop wait more.
-The functions the watch's log calls while the learner's code runs (``os.write``,
-``struct.pack``, and the status read's ``getattr``, ``sum`` and ``threading.Event.is_set``) are
-bound when the watch is made, so that replacing an attribute of this module, of ``os``,
-``struct``, ``threading.Event`` or ``builtins`` cannot hide a step still running. Code that
+:func:`watch` makes the classes afresh for every call, without instance attributes (``__slots__
+= ()``): the coordinator and the record live in the methods' closures, so neither an attribute
+set on the watched object nor a method replaced on a class imported from this module changes
+what is recorded, and the judge's ``tampered`` names a class whose methods or an object whose
+class were changed during the call. The record (:class:`WatchRecord`) is also where a learner's
+code could reach it (the methods' closures): so every event (a schedule and its RemoteValue's
+identity, a fetch, a join) is also written into an OS pipe whose read end only the check's judge
+holds a reference to (a class made afresh by :func:`watch`, in no closure the learner is handed:
+replacing the record's attributes or methods cannot reach the judge); the judge's ``changed``
+replays that log, judges the steps in flight from it, and names a record that differs from it as
+changed. The watch's own functions are reachable too, so a step could be declared finished
+without a wait: before each ``schedule`` the watch also logs how many of the real steps are
+still running (TensorFlow's ``RemoteValue`` status), and the replay names a schedule at which
+more were running than the waits it saw allow. A wait on a real ``RemoteValue`` reached through
+the closures is not seen: it can only make a loop wait more. The functions the watch's log calls
+while the learner's code runs (``os.write``, ``struct.pack``, and the status read's ``getattr``,
+``sum`` and ``threading.Event.is_set``) are bound when the course is imported, so that replacing
+an attribute of this module, of ``os``, ``struct``, ``threading.Event`` or ``builtins`` (during
+the call, or left in place for a later check) cannot hide a step still running. Code that
 reaches through the closures to TensorFlow's own ``RemoteValue`` objects (setting or swapping
-their status events) or rewrites the closures can, and no check in the same process can stop it.
-"""
+their status events), rewrites the closures, or finds the pipe's read end by its file descriptor
+(``/proc/self/fd``: descriptors belong to the whole process) and rewrites the log can, and no
+check in the same process can stop it."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ from collections import Counter
 from typing import Any
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+# Bound once, when the course is imported (before any learner's code runs): a replacement a
+# learner's function leaves in place is not picked up by a later watch either.
+_WRITE, _READ, _PACK, _UNPACK = os.write, os.read, struct.pack, struct.unpack
+_GETATTR, _SUM, _IS_SET = getattr, sum, threading.Event.is_set
 
 __all__ = ["WatchRecord", "taken_in_order", "watch"]
 
@@ -180,7 +186,7 @@ def _close(*fds: int) -> None:
 
 def _pipe_writer(fd: int, layout: str) -> Any:
     """``log(kind, number)``: one event into the pipe ``fd`` (ignored once it is closed)."""
-    write, pack = os.write, struct.pack  # bound now: a module's attribute replaced later is not
+    write, pack = _WRITE, _PACK  # bound at import: a module's attribute replaced later is not
 
     def log(kind: bytes, number: int = 0) -> None:
         try:
@@ -193,8 +199,8 @@ def _pipe_writer(fd: int, layout: str) -> Any:
 
 def _pipe_reader(fd: int, layout: str) -> Any:
     """``drain()``: every ``(kind, number)`` event waiting in the pipe ``fd`` (``os.read`` and
-    ``struct.unpack`` bound now)."""
-    read, unpack, size = os.read, struct.unpack, struct.calcsize(layout)
+    ``struct.unpack`` bound at import)."""
+    read, unpack, size = _READ, _UNPACK, struct.calcsize(layout)
 
     def drain() -> list[tuple[bytes, int]]:
         data = bytearray()
@@ -215,8 +221,8 @@ def _pipe_reader(fd: int, layout: str) -> Any:
 def _status_counter() -> Any:
     """``running(remotes)``: how many real ``RemoteValue``s' steps have not finished yet (no
     wait: each one's status event, set by TensorFlow once the step returned or failed; a value
-    without one counts finished). ``getattr``, ``sum`` and ``Event.is_set`` bound now."""
-    get, total, is_set = getattr, sum, threading.Event.is_set
+    without one counts finished). ``getattr``, ``sum`` and ``Event.is_set`` bound at import."""
+    get, total, is_set = _GETATTR, _SUM, _IS_SET
 
     def running(remotes: list[Any]) -> int:
         events = (get(remote, "_status_available_event", None) for remote in remotes)

@@ -33,7 +33,8 @@
   whose output is finite (ReLU makes its pre-activations 0); every batch holds two loud rows
   that never overflow (the largest examples, but where the outlier rows are scaled past them),
   and one batch has every row but the loud ones scaled, each by its own factor and below them,
-  the overflow starting in one of the smaller rows (no outlier rows, nor k largest, to pick out).
+  the overflow starting in one of the smaller rows (no outlier rows, nor the two largest, to
+  pick out).
 """
 
 from __future__ import annotations
