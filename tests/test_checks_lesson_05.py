@@ -127,8 +127,8 @@ def test_a_shuffled_pipeline_is_told_to_keep_the_order():
     def shuffled(dataset, batch_size, sequence_length):
         return make_tpu_ready(dataset, batch_size, sequence_length).shuffle(100, seed=1)
 
-    # told by the order of a case's batches, or, where a draw's cases hold one batch each,
-    # by the stream's first batch (the shuffle hands out another)
+    # told by the order of a case's batches, or, where the seeded shuffle happens to leave a
+    # case's few batches (3 to 6) in order, by the stream's first batch
     with pytest.raises(AssertionError, match="order|stream differs from its first"):
         cu.grading.check_make_tpu_ready(shuffled)
 
