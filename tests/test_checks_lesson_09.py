@@ -376,6 +376,24 @@ def _k_up_to_sixteen(results, model, global_batch, replicas, budget_bytes):
     raise ValueError("nothing fits")
 
 
+def _small_k_then_whole_batch(results, model, global_batch, replicas, budget_bytes, *,
+                              small=None):
+    """k tried among the divisors up to 64 (or the ``small`` ones), then the whole per-replica
+    batch: right where the answer is small or one example per micro-batch, wrong where it is
+    half the per-replica batch (96 or more)."""
+    report = write_report(results, model, global_batch, replicas, 2**40)
+    n = replicas[report["strategy"]["choice"]]
+    per_replica = global_batch // n
+    tried = [k for k in small or range(1, 65) if per_replica % k == 0] + [per_replica]
+    for k in tried:
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+    raise ValueError("nothing fits")
+
+
 def _nothing_fits_answered(results, model, global_batch, replicas, budget_bytes):
     """Where no k fits, a report with no k instead of the ValueError the exercise asks."""
     try:
@@ -449,6 +467,11 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
         cu.grading.check_write_report(wrong, my_results)
 
 
+#: Where the answer is half the per-replica batch (192, 384 or 768 here), the whole batch named
+_HALF_BATCH_MISSED = (r"between two examples per replica's step and three's\): accumulation_steps"
+                      r" choice: (192|384|768), but the measurements say (96|192|384) ")
+
+
 @pytest.mark.parametrize(("wrong", "message"), [
     (_constant_report, "noise: 0.02"),
     (lambda *a: write_report(*a, noise_band=False), "choice"),
@@ -468,10 +491,13 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
     (_k_not_a_divisor, "raised ValueError: .*5 equal micro-batches"),
     (_nothing_fits_answered, "which no k fits\\): returned .*raise ValueError"),
     (_k_up_to_sixteen, "between one example per replica's step and two's\\) raised ValueError"),
+    (_small_k_then_whole_batch, _HALF_BATCH_MISSED),
+    (lambda *a: _small_k_then_whole_batch(*a, small=(1, 2, 3, 4, 6)), _HALF_BATCH_MISSED),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
         "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
-        "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered", "k-up-to-sixteen"])
+        "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered", "k-up-to-sixteen",
+        "k-up-to-64-then-whole-batch", "k-small-then-whole-batch"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):

@@ -379,8 +379,8 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     draws its noise, and its ratios sit between ``1 + noise`` and ``1 + 3 × noise`` on both
     sides of the rule's ``1 + 2 × noise`` (``report_cases.SCENARIOS``): a band of 1 or 3
     times the noise, or a threshold ignoring the noise, picks wrong (one between 1.95 and 2.05
-    times passes). A budget no k fits must raise ``ValueError``; one only the largest k fits
-    must name it. ``my_results`` not a non-empty list of ``GridResult`` fails the check."""
+    times passes). A budget no k fits must raise ``ValueError`` (``report_cases.edge_cases``:
+    the other budgets). ``my_results`` not a non-empty list of ``GridResult`` fails the check."""
     from course_utils.grading.checks.report_cases import (
         SCENARIOS,
         edge_cases,

@@ -7,7 +7,8 @@ only when its examples/s over the first's, like for like at the first precision,
 micro-batches ``k`` whose ``cu.memory.step_budget`` total fits the budget, with that total.
 ``synthetic_results`` makes fresh benchmarks (``SCENARIOS``), ``report_case`` one case with a
 fresh model and a budget that the count without the accumulation buffer gets wrong;
-``edge_cases`` two more: a budget no ``k`` fits, and one only the largest ``k`` fits.
+``edge_cases`` three more: a budget no ``k`` fits, one only the largest ``k`` fits, and one
+whose ``k`` is half the per-replica batch.
 """
 
 from __future__ import annotations
@@ -189,29 +190,43 @@ def nothing_fits_case(fn: Any, case: Case) -> Case:
         verify=lambda got: problem or case.verify(got))
 
 
-def one_example_case(case: Case) -> Case:
-    """``case`` again with a budget between the step of one example per replica and that of
-    two, which only k = the per-replica batch fits (96 to 768 here), so that k tried up to a
-    bound (8, 16, the lesson's 64) finds none."""
+def examples_case(case: Case, examples: int = 1) -> Case:
+    """``case`` again with a budget between the step of ``examples`` examples per replica's
+    micro-batch and that of one more, which only k = per-replica batch / ``examples`` and above
+    fit (the activations of one example, at least 276 bytes here, apart). With 1, only the
+    largest k fits (96 to 768 here): k tried up to a bound (8, 16, the lesson's 64) finds none.
+    With 2 on a per-replica batch of 192 or more, k is half of it (96 or more): k tried among
+    small divisors, then the whole per-replica batch, answers the whole batch."""
     from course_utils.memory import step_budget
 
     results, model, global_batch, replicas, _ = case.args
     n = replicas[report_reference(results, model, global_batch, replicas, 2**40)["strategy"][
         "choice"]]
     per_replica = global_batch // n
-    one, two = (step_budget(model, global_batch=global_batch, replicas=n,
-                            accumulation_steps=per_replica // examples).total
-                for examples in (1, 2))
-    args = (results, model, global_batch, replicas, (one + two) // 2)
+    fits, above = (step_budget(model, global_batch=global_batch, replicas=n,
+                               accumulation_steps=per_replica // micro).total
+                   for micro in (examples, examples + 1))
+    args = (results, model, global_batch, replicas, (fits + above) // 2)
     want = report_reference(*args)
-    assert want["accumulation_steps"]["choice"] == per_replica, (want, one, two)  # the check's
+    k = per_replica // examples
+    assert want["accumulation_steps"]["choice"] == k, (want, fits, above)  # the check's own
     where = case.label.rsplit(", a budget", 1)[0][1:]
+    words = {1: ("one example", "two's"), 2: ("two examples", "three's")}[examples]
     return Case(args=args, verify=lambda got: report_problem(got, want),
-                label=f"({where}; a budget of {args[-1]} bytes, between one example per "
-                      f"replica's step and two's)")
+                label=f"({where}; a budget of {args[-1]} bytes, between {words[0]} per "
+                      f"replica's step and {words[1]})")
+
+
+def _per_replica(case: Case) -> int:
+    results, model, global_batch, replicas, _ = case.args
+    chosen = report_reference(results, model, global_batch, replicas, 2**40)["strategy"]
+    return global_batch // replicas[chosen["choice"]]
 
 
 def edge_cases(fn: Any, cases: list[Case]) -> list[Case]:
-    """Two cases more, on the last two fresh benchmarks: a budget no k fits, and one only the
-    largest k (one example per micro-batch) fits."""
-    return [nothing_fits_case(fn, cases[-1]), one_example_case(cases[-2])]
+    """Three cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
+    largest k (one example per micro-batch) fits; on the case with the largest per-replica
+    batch (192 or more: some fresh benchmark keeps the first strategy, on one replica), one
+    whose answer is half that batch (two examples per micro-batch)."""
+    return [nothing_fits_case(fn, cases[-1]), examples_case(cases[-2]),
+            examples_case(max(cases, key=_per_replica), examples=2)]
