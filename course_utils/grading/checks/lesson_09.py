@@ -21,9 +21,8 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch, and a profile
   of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
-  time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE``: a share of the same
-  profiled step, not a time compared with one measured apart. The slow pipeline is profiled up to
-  ``BASELINE_ATTEMPTS`` times until it shows that share (``slow_baseline``), each retry with
+  time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE`` (the same profiled step),
+  profiled up to ``BASELINE_ATTEMPTS`` times until it does (``slow_baseline``), each retry with
   the disk's wait doubled. Both are profiled with the pipeline read on the step's own thread
   (the distributed iterator's generator thread can hide a wait as "other"). Before any
   profile, ``read`` must have run exactly once per example, counted from the call of the
@@ -31,7 +30,8 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   never reads gets the wrong features), the ``augment`` given must have made the noise
   (its generator's state moved), and the pipeline must work ahead by itself: with tf.data's
   injected prefetch and autotuning switched off, taking one batch must set ``augment`` running
-  on the next (a prefetch, or a parallel map), counted in examples augmented, not timed.
+  on the next (a prefetch, or a parallel map), counted in examples augmented, not timed. Where
+  a prefetch goes is not checked (one before ``batch`` passes, as a parallel map does there).
 * ``check_write_report(write_report, my_results)``: the learner's report, on their own
   benchmark and on five fresh ones (fresh models, budgets, replica counts and noise; the second
   strategy and precision named differently from case to case): the noise, each choice (the
