@@ -237,12 +237,39 @@ def replaces_the_record_methods(coordinator, dataset_fn, step_fn, num_steps, max
     record.changed, record.replay, record._drain = (lambda: None), (lambda: None), (lambda: fake)
     return [r.fetch() for r in remotes]
 
+def forges_the_pipe_log(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    import os, struct
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(num_steps)]
+    coordinator.join()
+    record = _watch_record(coordinator)
+    log = next(getattr(cell, "cell_con" + "tents")
+               for cell in getattr(type(coordinator).schedule, "__clo" + "sure__")
+               if getattr(getattr(cell, "cell_con" + "tents"), "__name__", "") == "log")
+    write_fd = next(getattr(cell, "cell_con" + "tents") for cell in getattr(log, "__clo" + "sure__")
+                    if isinstance(getattr(cell, "cell_con" + "tents"), int))
+    pipe = os.fstat(write_fd).st_ino
+    for name in os.listdir("/proc/self/fd"):  # the log's read end, drained where it is here
+        try:
+            if int(name) != write_fd and os.fstat(int(name)).st_ino == pipe:
+                os.set_blocking(int(name), False)
+                while os.read(int(name), 65536):
+                    pass
+        except OSError:
+            pass
+    for index, remote in enumerate(record.scheduled):  # the log a right loop writes
+        if index >= max_in_flight:
+            os.write(write_fd, struct.pack("<cq", b"F", index - max_in_flight))
+        os.write(write_fd, struct.pack("<cq", b"R", 0) + struct.pack("<cq", b"S", id(remote)))
+    record.in_flight[:] = [min(n, max_in_flight) for n in range(1, num_steps + 1)]
+    return [r.fetch() for r in remotes]
+
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
            serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
            schedules_then_waits, rewrites_the_record, marks_steps_finished,
            reorders_the_record, declares_steps_finished, hides_running_steps,
-           replaces_the_record_methods):
+           replaces_the_record_methods, forges_the_pipe_log):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -418,6 +445,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "declares_steps_finished"): "still running on the workers",
         ("RUN_STEPS", "hides_running_steps"): "still running on the workers",
         ("RUN_STEPS", "replaces_the_record_methods"): "record of your steps was changed",
+        ("RUN_STEPS", "forges_the_pipe_log"): "record of your steps was changed",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
         ("DATASET", "lesson_order"): "do not fill its last batch",
@@ -593,3 +621,60 @@ def test_the_watch_judges_from_its_pipe_log_and_names_a_rewritten_record():
                 setattr(module, name, real)
         [remote.fetch() for remote in remotes]
         assert "still running on the workers" in (record.changed() or ""), name
+
+
+def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
+    import os
+    import stat
+    import struct
+
+    from course_utils.grading.checks import coordinator_watch
+    from course_utils.grading.checks.coordinator_watch import watch
+
+    def write_fd(watched):  # the log's write end, a learner's reach into the closures
+        log = next(cell.cell_contents for cell in type(watched).schedule.__closure__
+                   if getattr(cell.cell_contents, "__name__", "") == "log")
+        return next(cell.cell_contents for cell in log.__closure__
+                    if isinstance(cell.cell_contents, int))
+
+    watched, record = watch(_Coordinator(_RunningRemote))
+    fd = write_fd(watched)
+    pipe = os.fstat(fd).st_ino
+    ends = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            info = os.fstat(int(name))
+        except OSError:
+            continue
+        if stat.S_ISFIFO(info.st_mode) and info.st_ino == pipe:
+            ends.append(int(name))
+    assert ends == [fd]  # no read end in this process
+    remotes = [watched.schedule(None) for _ in range(4)]  # none waited for
+    for index in range(2):  # forged waits: each schedule's status count still says running
+        os.write(fd, struct.pack("<cq", b"F", index))
+        _record_of(watched).finished[index] = True
+    watched.schedule(None)
+    [remote.fetch() for remote in remotes]
+    assert "still running on the workers" in record.changed()
+
+    for name, value in (("_SUM", lambda *args: 0), ("_GETATTR", lambda *args: None),
+                        ("_replay", lambda events: ([], [], [])), ("_WRITE", lambda *a: 0)):
+        real = getattr(coordinator_watch, name)
+        setattr(coordinator_watch, name, value)  # left in place by an earlier answer
+        try:
+            watched, record = watch(_Coordinator(_RunningRemote))
+            remotes = [watched.schedule(None) for _ in range(3)]
+            fetch = type(remotes[0]).fetch
+            fetch.__closure__[fetch.__code__.co_freevars.index("known_finished")].cell_contents(0)
+            watched.schedule(None)
+            [remote.fetch() for remote in remotes]
+            assert "still running on the workers" in (record.changed() or ""), name
+        finally:
+            setattr(coordinator_watch, name, real)
+
+    watched, record = watch(_Coordinator(_RunningRemote))  # the write end closed early
+    remotes = [watched.schedule(None) for _ in range(3)]
+    os.close(write_fd(watched))
+    remotes.append(watched.schedule(None))  # not in the log
+    [remote.fetch() for remote in remotes]
+    assert "record of your steps was changed" in record.changed()
