@@ -284,7 +284,8 @@ def make(shard=True, shuffle=True, repeat=(), order="shuffle repeat batch", resh
             for part in order.split():
                 if part == "shuffle" and shuffle:
                     share = features.shape[0] // num_workers
-                    size_ = {"batch": size, "half": share // 2}.get(buffer, buffer)
+                    size_ = {"batch": size, "half": share // 2,
+                             "three_quarters": 3 * share // 4}.get(buffer, buffer)
                     data = data.shuffle(size_, seed=tf.cast(worker, tf.int64) + 1,
                                         reshuffle_each_iteration=reshuffle)
                 elif part == "repeat" and repeat is not None:
@@ -348,6 +349,7 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("drop_remainder", make(order="shuffle batch repeat", drop=True)),
                  ("shuffle_2", make(buffer=2)), ("shuffle_a_batch", make(buffer="batch")),
                  ("shuffle_half_a_share", make(buffer="half")),
+                 ("shuffle_three_quarters", make(buffer="three_quarters")),
                  ("shuffle_then_shard", shuffle_then_shard),
                  ("notebook_num_workers", notebook_num_workers),
                  ("two_passes_said_infinite", two_passes_said_infinite),
@@ -459,6 +461,8 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "shuffle_2"): "too small",
         ("DATASET", "shuffle_a_batch"): "too small",
         ("DATASET", "shuffle_half_a_share"): "too small",
+        # the buffer's reach (a pass's order) or the buffer_size against the share (the graph)
+        ("DATASET", "shuffle_three_quarters"): "too small",
         ("DATASET", "shuffle_then_shard"): "same examples",
         ("DATASET", "notebook_num_workers"): "which number of workers",
         ("DATASET", "two_passes_said_infinite"): "never run dry",
