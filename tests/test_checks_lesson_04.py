@@ -676,6 +676,22 @@ def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
         finally:
             setattr(coordinator_watch, name, real)
 
+    watched, record = watch(_Coordinator(_RunningRemote))  # status events swapped for set ones
+    remotes = [watched.schedule(None) for _ in range(3)]
+    finished = threading.Event()
+    finished.set()
+    kept = []
+    for real in _record_of(watched).scheduled:
+        kept.append(real._status_available_event)
+        real._status_available_event = finished
+    fetch = type(remotes[0]).fetch
+    fetch.__closure__[fetch.__code__.co_freevars.index("known_finished")].cell_contents(0)
+    watched.schedule(None)
+    for real, event in zip(_record_of(watched).scheduled, kept, strict=False):
+        real._status_available_event = event
+    [remote.fetch() for remote in remotes]
+    assert "still running on the workers" in (record.changed() or "")
+
     watched, record = watch(_Coordinator(_RunningRemote))  # the write end closed early
     remotes = [watched.schedule(None) for _ in range(3)]
     os.close(write_fd(watched))

@@ -25,12 +25,13 @@ replay and the functions they call while the learner's code runs (``os.write``,
 ``struct.pack``, and the status read's ``getattr``, ``sum`` and ``threading.Event.is_set``) are
 bound once, when the course is imported, so that replacing an attribute of this module, of
 ``os``, ``struct``, ``threading.Event`` or ``builtins`` (during the call, or left in place for
-a later check) cannot hide a step still running. Code that reaches through the closures to
-TensorFlow's own ``RemoteValue`` objects or the real coordinator (setting or swapping their
-status events), rewrites the closures, or moves the pipe's write descriptor (``os.dup2``) for
-the call can, and no check in the same process can stop it. A loop that sleeps until its steps
-have really finished and then marks them finished through the closures passes: it kept its
-window (the judge measures steps really in flight), by the clock instead of a wait."""
+a later check) cannot hide a step still running. Each step's status event is taken when it is
+scheduled: one swapped on its ``RemoteValue`` later is not read. Code that reaches through the
+closures to TensorFlow's own objects (setting a status event, swapping it before the watch takes
+it, on the real coordinator), rewrites the closures, or moves the pipe's descriptors
+(``os.dup2``) for the call can, and no check in the same process can stop it. Still passes: a
+loop that sleeps until its steps have really finished, then marks them finished through the
+closures: it kept its window (what is judged is the steps really running), by the clock."""
 
 from __future__ import annotations
 
@@ -258,16 +259,23 @@ def _child_reader(close: Any, child: Any, layout: str, bound: dict[str, Any]) ->
     return drain
 
 
-def _status_counter(get: Any, total: Any, is_set: Any) -> Any:
-    """``running(remotes)``: how many real ``RemoteValue``s' steps have not finished yet (no
-    wait: each one's status event, set by TensorFlow once the step returned or failed; a value
-    without one counts finished), with ``getattr``, ``sum`` and ``Event.is_set`` as given."""
+def _status_counter(get: Any, total: Any, is_set: Any) -> tuple[Any, Any]:
+    """``(note, running)``: ``note(remote)`` keeps a real ``RemoteValue``'s status event (set by
+    TensorFlow once its step returned or failed), taken when it is scheduled, so that an event
+    swapped on the ``RemoteValue`` later is not read; ``running()`` says how many of the steps
+    noted have not finished yet (no wait; a value without one counts finished). With
+    ``getattr``, ``sum`` and ``Event.is_set`` as given."""
+    events: tuple[Any, ...] = ()  # a tuple, rebound: no list of the closure to change
 
-    def running(remotes: list[Any]) -> int:
-        events = (get(remote, "_status_available_event", None) for remote in remotes)
-        return total(1 for event in events if event is not None and not is_set(event))
+    def note(remote: Any) -> None:
+        nonlocal events
+        event = get(remote, "_status_available_event", None)
+        events = (*events, event) if event is not None else events
 
-    return running
+    def running() -> int:
+        return total(1 for event in events if not is_set(event))
+
+    return note, running
 
 
 def _make_watch(tf_of: Any, layout: str, parts: dict[str, Any], bound: dict[str, Any]) -> Any:
@@ -294,16 +302,17 @@ def _make_watch(tf_of: Any, layout: str, parts: dict[str, Any], bound: dict[str,
         closer = finalize(record, end, close_write, child)
         log = writer(write_fd, layout, bound["write"], bound["pack"])
         drain = reader(close_write, child, layout, bound)  # held by the judge alone
-        running = counter(bound["getattr"], bound["sum"], bound["is_set"])
-        return classes(coordinator, tf_of(), record, log, drain, running, closer, parts)
+        status = counter(bound["getattr"], bound["sum"], bound["is_set"])
+        return classes(coordinator, tf_of(), record, log, drain, status, closer, parts)
 
     return watch
 
 
 def _classes(coordinator: Any, tf: Any, record: WatchRecord, log: Any, drain: Any,
-             running: Any, closer: Any, parts: dict[str, Any]) -> tuple[Any, Any]:
+             status: tuple[Any, Any], closer: Any, parts: dict[str, Any]) -> tuple[Any, Any]:
     """The watched coordinator and the judge of ``record`` (see :func:`watch`)."""
     index_of: dict[int, int] = {}
+    note, running = status
 
     def known_finished(index: int) -> None:
         if not record.finished[index]:  # logged once: a value fetched again changes nothing
@@ -353,8 +362,9 @@ def _classes(coordinator: Any, tf: Any, record: WatchRecord, log: Any, drain: An
             oldest = next((index for index, finished in enumerate(record.finished)
                            if not finished), len(record.finished))
             record.in_flight.append(1 + len(record.finished) - oldest)
-            steps_running = running(record.scheduled)  # before this step
+            steps_running = running()  # before this step
             remote = coordinator.schedule(fn, args=args, kwargs=kwargs)
+            note(remote)
             log((b"R", steps_running), (b"S", id(remote)))  # one write: nothing between
             watched = WatchedRemoteValue()
             index_of[id(watched)] = len(record.scheduled)
