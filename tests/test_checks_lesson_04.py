@@ -237,6 +237,28 @@ def replaces_the_record_methods(coordinator, dataset_fn, step_fn, num_steps, max
     record.changed, record.replay, record._drain = (lambda: None), (lambda: None), (lambda: fake)
     return [r.fetch() for r in remotes]
 
+def swaps_status_events(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    import threading
+    finished = threading.Event()
+    finished.set()
+    record, kept = _watch_record(coordinator), {}
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = []  # every step at once, each real step's status said finished
+    for _ in range(num_steps):
+        if len(remotes) >= max_in_flight:
+            for real in record.scheduled:
+                kept.setdefault(id(real), (real, real._status_available_event))
+                real._status_available_event = finished
+            fetch = type(remotes[0]).fetch
+            names = getattr(fetch, "__co" + "de__").co_freevars
+            cell = getattr(fetch, "__clo" + "sure__")[names.index("known_finished")]
+            getattr(cell, "cell_con" + "tents")(len(remotes) - max_in_flight)
+        remotes.append(coordinator.schedule(step_fn, args=(iterator,)))
+    for real, event in kept.values():
+        real._status_available_event = event
+    coordinator.join()
+    return [r.fetch() for r in remotes]
+
 def forges_the_pipe_log(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
     import os, struct
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
@@ -269,7 +291,7 @@ for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
            schedules_then_waits, rewrites_the_record, marks_steps_finished,
            reorders_the_record, declares_steps_finished, hides_running_steps,
-           replaces_the_record_methods, forges_the_pipe_log):
+           replaces_the_record_methods, swaps_status_events, forges_the_pipe_log):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -447,6 +469,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "declares_steps_finished"): "still running on the workers",
         ("RUN_STEPS", "hides_running_steps"): "still running on the workers",
         ("RUN_STEPS", "replaces_the_record_methods"): "record of your steps was changed",
+        ("RUN_STEPS", "swaps_status_events"): "still running on the workers",
         ("RUN_STEPS", "forges_the_pipe_log"): "record of your steps was changed",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
