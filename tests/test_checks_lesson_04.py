@@ -237,12 +237,61 @@ def replaces_the_record_methods(coordinator, dataset_fn, step_fn, num_steps, max
     record.changed, record.replay, record._drain = (lambda: None), (lambda: None), (lambda: fake)
     return [r.fetch() for r in remotes]
 
+def swaps_status_events(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    import threading
+    finished = threading.Event()
+    finished.set()
+    record, kept = _watch_record(coordinator), {}
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = []  # every step at once, each real step's status said finished
+    for _ in range(num_steps):
+        if len(remotes) >= max_in_flight:
+            for real in record.scheduled:
+                kept.setdefault(id(real), (real, real._status_available_event))
+                real._status_available_event = finished
+            fetch = type(remotes[0]).fetch
+            names = getattr(fetch, "__co" + "de__").co_freevars
+            cell = getattr(fetch, "__clo" + "sure__")[names.index("known_finished")]
+            getattr(cell, "cell_con" + "tents")(len(remotes) - max_in_flight)
+        remotes.append(coordinator.schedule(step_fn, args=(iterator,)))
+    for real, event in kept.values():
+        real._status_available_event = event
+    coordinator.join()
+    return [r.fetch() for r in remotes]
+
+def forges_the_pipe_log(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    import os, struct
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(num_steps)]
+    coordinator.join()
+    record = _watch_record(coordinator)
+    log = next(getattr(cell, "cell_con" + "tents")
+               for cell in getattr(type(coordinator).schedule, "__clo" + "sure__")
+               if getattr(getattr(cell, "cell_con" + "tents"), "__name__", "") == "log")
+    write_fd = next(getattr(cell, "cell_con" + "tents") for cell in getattr(log, "__clo" + "sure__")
+                    if isinstance(getattr(cell, "cell_con" + "tents"), int))
+    pipe = os.fstat(write_fd).st_ino
+    for name in os.listdir("/proc/self/fd"):  # the log's read end, drained where it is here
+        try:
+            if int(name) != write_fd and os.fstat(int(name)).st_ino == pipe:
+                os.set_blocking(int(name), False)
+                while os.read(int(name), 65536):
+                    pass
+        except OSError:
+            pass
+    for index, remote in enumerate(record.scheduled):  # the log a right loop writes
+        if index >= max_in_flight:
+            os.write(write_fd, struct.pack("<cq", b"F", index - max_in_flight))
+        os.write(write_fd, struct.pack("<cq", b"R", 0) + struct.pack("<cq", b"S", id(remote)))
+    record.in_flight[:] = [min(n, max_in_flight) for n in range(1, num_steps + 1)]
+    return [r.fetch() for r in remotes]
+
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
            serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
            schedules_then_waits, rewrites_the_record, marks_steps_finished,
            reorders_the_record, declares_steps_finished, hides_running_steps,
-           replaces_the_record_methods):
+           replaces_the_record_methods, swaps_status_events, forges_the_pipe_log):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -257,7 +306,8 @@ def make(shard=True, shuffle=True, repeat=(), order="shuffle repeat batch", resh
             for part in order.split():
                 if part == "shuffle" and shuffle:
                     share = features.shape[0] // num_workers
-                    size_ = {"batch": size, "half": share // 2}.get(buffer, buffer)
+                    size_ = {"batch": size, "half": share // 2,
+                             "three_quarters": 3 * share // 4}.get(buffer, buffer)
                     data = data.shuffle(size_, seed=tf.cast(worker, tf.int64) + 1,
                                         reshuffle_each_iteration=reshuffle)
                 elif part == "repeat" and repeat is not None:
@@ -321,6 +371,7 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("drop_remainder", make(order="shuffle batch repeat", drop=True)),
                  ("shuffle_2", make(buffer=2)), ("shuffle_a_batch", make(buffer="batch")),
                  ("shuffle_half_a_share", make(buffer="half")),
+                 ("shuffle_three_quarters", make(buffer="three_quarters")),
                  ("shuffle_then_shard", shuffle_then_shard),
                  ("notebook_num_workers", notebook_num_workers),
                  ("two_passes_said_infinite", two_passes_said_infinite),
@@ -418,6 +469,8 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "declares_steps_finished"): "still running on the workers",
         ("RUN_STEPS", "hides_running_steps"): "still running on the workers",
         ("RUN_STEPS", "replaces_the_record_methods"): "record of your steps was changed",
+        ("RUN_STEPS", "swaps_status_events"): "still running on the workers",
+        ("RUN_STEPS", "forges_the_pipe_log"): "record of your steps was changed",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
         ("DATASET", "lesson_order"): "do not fill its last batch",
@@ -431,6 +484,8 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "shuffle_2"): "too small",
         ("DATASET", "shuffle_a_batch"): "too small",
         ("DATASET", "shuffle_half_a_share"): "too small",
+        # the buffer's reach (a pass's order) or the buffer_size against the share (the graph)
+        ("DATASET", "shuffle_three_quarters"): "too small",
         ("DATASET", "shuffle_then_shard"): "same examples",
         ("DATASET", "notebook_num_workers"): "which number of workers",
         ("DATASET", "two_passes_said_infinite"): "never run dry",
@@ -593,3 +648,76 @@ def test_the_watch_judges_from_its_pipe_log_and_names_a_rewritten_record():
                 setattr(module, name, real)
         [remote.fetch() for remote in remotes]
         assert "still running on the workers" in (record.changed() or ""), name
+
+
+def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
+    import os
+    import stat
+    import struct
+
+    from course_utils.grading.checks import coordinator_watch
+    from course_utils.grading.checks.coordinator_watch import watch
+
+    def write_fd(watched):  # the log's write end, a learner's reach into the closures
+        log = next(cell.cell_contents for cell in type(watched).schedule.__closure__
+                   if getattr(cell.cell_contents, "__name__", "") == "log")
+        return next(cell.cell_contents for cell in log.__closure__
+                    if isinstance(cell.cell_contents, int))
+
+    watched, record = watch(_Coordinator(_RunningRemote))
+    fd = write_fd(watched)
+    pipe = os.fstat(fd).st_ino
+    ends = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            info = os.fstat(int(name))
+        except OSError:
+            continue
+        if stat.S_ISFIFO(info.st_mode) and info.st_ino == pipe:
+            ends.append(int(name))
+    assert ends == [fd]  # no read end in this process
+    remotes = [watched.schedule(None) for _ in range(4)]  # none waited for
+    for index in range(2):  # forged waits: each schedule's status count still says running
+        os.write(fd, struct.pack("<cq", b"F", index))
+        _record_of(watched).finished[index] = True
+    watched.schedule(None)
+    [remote.fetch() for remote in remotes]
+    assert "still running on the workers" in record.changed()
+
+    for name, value in (("_SUM", lambda *args: 0), ("_GETATTR", lambda *args: None),
+                        ("_replay", lambda events: ([], [], [])), ("_WRITE", lambda *a: 0)):
+        real = getattr(coordinator_watch, name)
+        setattr(coordinator_watch, name, value)  # left in place by an earlier answer
+        try:
+            watched, record = watch(_Coordinator(_RunningRemote))
+            remotes = [watched.schedule(None) for _ in range(3)]
+            fetch = type(remotes[0]).fetch
+            fetch.__closure__[fetch.__code__.co_freevars.index("known_finished")].cell_contents(0)
+            watched.schedule(None)
+            [remote.fetch() for remote in remotes]
+            assert "still running on the workers" in (record.changed() or ""), name
+        finally:
+            setattr(coordinator_watch, name, real)
+
+    watched, record = watch(_Coordinator(_RunningRemote))  # status events swapped for set ones
+    remotes = [watched.schedule(None) for _ in range(3)]
+    finished = threading.Event()
+    finished.set()
+    kept = []
+    for real in _record_of(watched).scheduled:
+        kept.append(real._status_available_event)
+        real._status_available_event = finished
+    fetch = type(remotes[0]).fetch
+    fetch.__closure__[fetch.__code__.co_freevars.index("known_finished")].cell_contents(0)
+    watched.schedule(None)
+    for real, event in zip(_record_of(watched).scheduled, kept, strict=False):
+        real._status_available_event = event
+    [remote.fetch() for remote in remotes]
+    assert "still running on the workers" in (record.changed() or "")
+
+    watched, record = watch(_Coordinator(_RunningRemote))  # the write end closed early
+    remotes = [watched.schedule(None) for _ in range(3)]
+    os.close(write_fd(watched))
+    remotes.append(watched.schedule(None))  # not in the log
+    [remote.fetch() for remote in remotes]
+    assert "record of your steps was changed" in record.changed()

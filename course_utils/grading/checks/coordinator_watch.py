@@ -8,39 +8,56 @@ set on the watched object nor a method replaced on a class imported from this mo
 what is recorded, and the judge's ``tampered`` names a class whose methods or an object whose
 class were changed during the call. The record (:class:`WatchRecord`) is also where a learner's
 code could reach it (the methods' closures): so every event (a schedule and its RemoteValue's
-identity, a fetch, a join) is also written into an OS pipe whose read end only the check's judge
-holds a reference to (a class made afresh by :func:`watch`, in no closure the learner is handed:
-replacing the record's attributes or methods cannot reach the judge); the judge's ``changed``
-replays that log, judges the steps in flight from it, and names a record that differs from it as
-changed. The watch's own functions are reachable too, so a step could be declared finished
-without a wait: before each ``schedule`` the watch also logs how many of the real steps are
-still running (TensorFlow's ``RemoteValue`` status), and the replay names a schedule at which
-more were running than the waits it saw allow. A wait on a real ``RemoteValue`` reached through
-the closures is not seen: it can only make a loop wait more. The functions the watch's log calls
-while the learner's code runs (``os.write``, ``struct.pack``, and the status read's ``getattr``,
-``sum`` and ``threading.Event.is_set``) are bound when the course is imported, so that replacing
-an attribute of this module, of ``os``, ``struct``, ``threading.Event`` or ``builtins`` (during
-the call, or left in place for a later check) cannot hide a step still running. Code that
-reaches through the closures to TensorFlow's own ``RemoteValue`` objects (setting or swapping
-their status events), rewrites the closures, or finds the pipe's read end by its file descriptor
-(``/proc/self/fd``: descriptors belong to the whole process) and rewrites the log can, and no
-check in the same process can stop it."""
+identity, a fetch, a join) is also written into an OS pipe whose read end belongs to a child
+process (it copies the log to the judge once the pipe is closed; the check's process holds no
+descriptor to read it with, and nothing comes out of the child before then). The judge's
+``changed`` closes the pipe, replays the child's copy, judges the steps in flight from it, and
+names a record that differs from it as changed. The write end is reachable (its descriptor is in
+the closures), so a learner's code can add events but not take back one the watch wrote: before
+each ``schedule`` the watch reads how many of the real steps are still running (TensorFlow's
+``RemoteValue`` status) and writes that count and the schedule in one write, so that nothing
+comes between them, and the replay names a schedule at which more were running than the steps
+it counts in flight, less the new one, allow. Added events can only mark steps finished or add
+steps (a record then differs), so whatever is added, each schedule the judge passes had at most
+its window's steps really in flight. A wait on a real ``RemoteValue`` reached through the
+closures is not seen: it can only make a loop wait more. The watch's functions, the judge's
+replay and the functions they call while the learner's code runs (``os.write``,
+``struct.pack``, and the status read's ``getattr``, ``sum`` and ``threading.Event.is_set``) are
+bound once, when the course is imported, so that replacing an attribute of this module, of
+``os``, ``struct``, ``threading.Event`` or ``builtins`` (during the call, or left in place for
+a later check) cannot hide a step still running. Each step's status event is taken when it is
+scheduled: one swapped on its ``RemoteValue`` later is not read. Code that reaches through the
+closures to TensorFlow's own objects (setting a status event, swapping it before the watch takes
+it, on the real coordinator), rewrites the closures, or moves the pipe's descriptors
+(``os.dup2``) for the call can, and no check in the same process can stop it. Still passes: a
+loop that sleeps until its steps have really finished, then marks them finished through the
+closures: it kept its window (what is judged is the steps really running), by the clock."""
 
 from __future__ import annotations
 
 import os
+import select
 import struct
+import subprocess
+import sys
 import threading
+import time
 import weakref
 from collections import Counter
+from types import MappingProxyType
 from typing import Any
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-# Bound once, when the course is imported (before any learner's code runs): a replacement a
-# learner's function leaves in place is not picked up by a later watch either.
+# Bound once, when the course is imported (before any learner's code runs), into the closure of
+# the watch made below: a replacement a learner's function leaves in place, of these names too,
+# is not picked up by a later watch either.
 _WRITE, _READ, _PACK, _UNPACK = os.write, os.read, struct.pack, struct.unpack
+_SELECT, _CLOCK = select.select, time.monotonic
 _GETATTR, _SUM, _IS_SET = getattr, sum, threading.Event.is_set
+# The child that holds the pipe's read end: it writes nothing before the pipe is closed.
+_COPY = (sys.executable, "-I", "-S", "-c",
+         "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())")
 
 __all__ = ["WatchRecord", "taken_in_order", "watch"]
 
@@ -109,7 +126,7 @@ def _replay(events: list[tuple[bytes, int]]) -> tuple[list[int], list[int], list
     return identities, in_flight, overrun
 
 
-def _judge(record: WatchRecord, drain: Any, closer: Any,
+def _judge(record: WatchRecord, drain: Any, closer: Any, replay: Any,
            classes: dict[type, dict[str, Any]]) -> Any:
     """The check's view of ``record``: a class made afresh for every watch, held by no closure
     the learner's code is handed, so that neither it nor the pipe's read end can be replaced."""
@@ -141,7 +158,13 @@ def _judge(record: WatchRecord, drain: Any, closer: Any,
         def changed(self) -> str | None:
             """How the record differs from the pipe's log (the learner's code rewrote it), or
             None; the log's steps in flight then stand in ``in_flight``."""
-            identities, in_flight, overrun = _replay(drain())
+            events = drain()
+            if events is None:
+                closer()
+                return ("the watch's log was held open after your function returned (a copy "
+                        "of its descriptor kept): schedule through the coordinator you are "
+                        "given, and leave the watch alone")
+            identities, in_flight, overrun = replay(events)
             mine = [id(remote) for remote in record.scheduled]
             changed = None
             if overrun:
@@ -176,83 +199,129 @@ def _judge(record: WatchRecord, drain: Any, closer: Any,
     return Judged()
 
 
-def _close(*fds: int) -> None:
-    for fd in fds:
+def _closer(fd: int) -> Any:
+    """``close()``: closes ``fd`` once (a number closed twice could be another file's by then)."""
+    left = [fd]
+
+    def close() -> None:
+        while left:
+            try:
+                os.close(left.pop())
+            except OSError:
+                pass
+
+    return close
+
+
+def _end(close: Any, child: Any) -> None:
+    """Closes the pipe's write end (``close``) and ends its ``child`` (the log is lost)."""
+    close()
+    child.kill()
+    child.wait()
+    child.stdout.close()
+
+
+def _pipe_writer(fd: int, layout: str, write: Any, pack: Any) -> Any:
+    """``log(*events)``: ``(kind, number)`` events into the pipe ``fd`` in one write (nothing
+    comes between them; ignored once the pipe is closed)."""
+
+    def log(*events: tuple[bytes, int]) -> None:
         try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
-def _pipe_writer(fd: int, layout: str) -> Any:
-    """``log(kind, number)``: one event into the pipe ``fd`` (ignored once it is closed)."""
-    write, pack = _WRITE, _PACK  # bound at import: a module's attribute replaced later is not
-
-    def log(kind: bytes, number: int = 0) -> None:
-        try:
-            write(fd, pack(layout, kind, number))
+            write(fd, b"".join(pack(layout, kind, number) for kind, number in events))
         except OSError:  # closed, or full (BlockingIOError): the replay then differs
             pass
 
     return log
 
 
-def _pipe_reader(fd: int, layout: str) -> Any:
-    """``drain()``: every ``(kind, number)`` event waiting in the pipe ``fd`` (``os.read`` and
-    ``struct.unpack`` bound at import)."""
-    read, unpack, size = _READ, _UNPACK, struct.calcsize(layout)
+def _child_reader(close: Any, child: Any, layout: str, bound: dict[str, Any]) -> Any:
+    """``drain()``: closes the pipe's write end (``close``), then every ``(kind, number)`` event the
+    ``child`` copied from its read end (None where its copy did not end within a minute: the
+    pipe held open by a copy of its descriptor). Reads with the ``read``, ``select`` and ``clock``
+    given."""
+    size = struct.calcsize(layout)
+    read, wait, clock, unpack = bound["read"], bound["select"], bound["clock"], bound["unpack"]
+    out = child.stdout.fileno()
 
-    def drain() -> list[tuple[bytes, int]]:
-        data = bytearray()
+    def drain() -> list[tuple[bytes, int]] | None:
+        close()
+        data, deadline = b"", clock() + 60
         while True:
-            try:
-                chunk = read(fd, 65536)
-            except BlockingIOError:
-                break
+            if not wait([out], [], [], max(0.0, deadline - clock()))[0]:
+                return None
+            chunk = read(out, 65536)
             if not chunk:
                 break
-            data.extend(chunk)
-        return [unpack(layout, bytes(data[start:start + size]))
+            data += chunk
+        return [unpack(layout, data[start:start + size])
                 for start in range(0, len(data) - size + 1, size)]
 
     return drain
 
 
-def _status_counter() -> Any:
-    """``running(remotes)``: how many real ``RemoteValue``s' steps have not finished yet (no
-    wait: each one's status event, set by TensorFlow once the step returned or failed; a value
-    without one counts finished). ``getattr``, ``sum`` and ``Event.is_set`` bound at import."""
-    get, total, is_set = _GETATTR, _SUM, _IS_SET
+def _status_counter(get: Any, total: Any, is_set: Any) -> tuple[Any, Any]:
+    """``(note, running)``: ``note(remote)`` keeps a real ``RemoteValue``'s status event (set by
+    TensorFlow once its step returned or failed), taken when it is scheduled, so that an event
+    swapped on the ``RemoteValue`` later is not read; ``running()`` says how many of the steps
+    noted have not finished yet (no wait; a value without one counts finished). With
+    ``getattr``, ``sum`` and ``Event.is_set`` as given."""
+    events: tuple[Any, ...] = ()  # a tuple, rebound: no list of the closure to change
 
-    def running(remotes: list[Any]) -> int:
-        events = (get(remote, "_status_available_event", None) for remote in remotes)
-        return total(1 for event in events if event is not None and not is_set(event))
+    def note(remote: Any) -> None:
+        nonlocal events
+        event = get(remote, "_status_available_event", None)
+        events = (*events, event) if event is not None else events
 
-    return running
+    def running() -> int:
+        return total(1 for event in events if not is_set(event))
+
+    return note, running
 
 
-def watch(coordinator: Any) -> tuple[Any, Any]:
-    """A watched stand-in for ``coordinator`` to hand to the learner, and the check's view of
-    its record (``changed``, ``tampered``, ``scheduled``, ``in_flight``, ``max_in_flight``)."""
-    tf = _tf()
-    record = WatchRecord()
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(read_fd, False)
-    os.set_blocking(write_fd, False)  # a full pipe loses events (then named), never hangs
-    closer = weakref.finalize(record, _close, read_fd, write_fd)
-    log = _pipe_writer(write_fd, WatchRecord._EVENT)
-    drain = _pipe_reader(read_fd, WatchRecord._EVENT)  # held by the judge alone
-    running = _status_counter()  # bound now, as the pipe's writer is
+def _make_watch(tf_of: Any, layout: str, parts: dict[str, Any], bound: dict[str, Any]) -> Any:
+    """:func:`watch`, with every function it and its judge call bound now (at import)."""
+    pipe, set_blocking, popen, piped = os.pipe, os.set_blocking, subprocess.Popen, subprocess.PIPE
+    finalize, close, copy = weakref.finalize, os.close, _COPY
+    new_record, writer, reader, counter, end, closing, classes = (
+        parts[name] for name in ("record", "writer", "reader", "counter", "end", "closer",
+                                 "classes"))
+    parts, bound = MappingProxyType(dict(parts)), MappingProxyType(dict(bound))
+
+    def watch(coordinator: Any) -> tuple[Any, Any]:
+        """A watched stand-in for ``coordinator`` to hand to the learner, and the check's view
+        of its record (``changed``, ``tampered``, ``scheduled``, ``in_flight``,
+        ``max_in_flight``)."""
+        read_fd, write_fd = pipe()
+        try:
+            child = popen(copy, stdin=read_fd, stdout=piped, close_fds=True)
+        finally:
+            close(read_fd)  # the child's alone now
+        set_blocking(write_fd, False)  # a stopped child loses events (then named), never hangs
+        record = new_record()
+        close_write = closing(write_fd)
+        closer = finalize(record, end, close_write, child)
+        log = writer(write_fd, layout, bound["write"], bound["pack"])
+        drain = reader(close_write, child, layout, bound)  # held by the judge alone
+        status = counter(bound["getattr"], bound["sum"], bound["is_set"])
+        return classes(coordinator, tf_of(), record, log, drain, status, closer, parts)
+
+    return watch
+
+
+def _classes(coordinator: Any, tf: Any, record: WatchRecord, log: Any, drain: Any,
+             status: tuple[Any, Any], closer: Any, parts: dict[str, Any]) -> tuple[Any, Any]:
+    """The watched coordinator and the judge of ``record`` (see :func:`watch`)."""
     index_of: dict[int, int] = {}
+    note, running = status
 
     def known_finished(index: int) -> None:
         if not record.finished[index]:  # logged once: a value fetched again changes nothing
-            log(b"F", index)
+            log((b"F", index))
         record.finished[index] = True
 
     def all_finished() -> None:
         if not all(record.finished):  # logged where it changes something: polls log nothing
-            log(b"J")
+            log((b"J", 0))
         record.finished[:] = [True] * len(record.finished)
 
     class WatchedRemoteValue:
@@ -293,9 +362,10 @@ def watch(coordinator: Any) -> tuple[Any, Any]:
             oldest = next((index for index, finished in enumerate(record.finished)
                            if not finished), len(record.finished))
             record.in_flight.append(1 + len(record.finished) - oldest)
-            log(b"R", running(record.scheduled))
+            steps_running = running()  # before this step
             remote = coordinator.schedule(fn, args=args, kwargs=kwargs)
-            log(b"S", id(remote))
+            note(remote)
+            log((b"R", steps_running), (b"S", id(remote)))  # one write: nothing between
             watched = WatchedRemoteValue()
             index_of[id(watched)] = len(record.scheduled)
             record.scheduled.append(remote)
@@ -326,4 +396,13 @@ def watch(coordinator: Any) -> tuple[Any, Any]:
             return tf.nest.map_structure(one, values)
 
     classes = {cls: dict(vars(cls)) for cls in (WatchedCoordinator, WatchedRemoteValue)}
-    return WatchedCoordinator(), _judge(record, drain, closer, classes)
+    return WatchedCoordinator(), parts["judge"](record, drain, closer, parts["replay"], classes)
+
+
+watch = _make_watch(
+    _tf, WatchRecord._EVENT,
+    {"record": WatchRecord, "writer": _pipe_writer, "reader": _child_reader,
+     "counter": _status_counter, "end": _end, "closer": _closer, "classes": _classes,
+     "judge": _judge, "replay": _replay},
+    {"write": _WRITE, "read": _READ, "pack": _PACK, "unpack": _UNPACK, "select": _SELECT,
+     "clock": _CLOCK, "getattr": _GETATTR, "sum": _SUM, "is_set": _IS_SET})
