@@ -450,13 +450,21 @@ def closure_reader(build_model, learning_rate, data_path, checkpoint_dir, steps,
     return [cell.cell_contents for cell in cells]
 
 
-def test_an_answer_reaching_into_the_audit_is_refused_before_any_cluster(monkeypatch):
+def getattr_closure_reader(build_model, learning_rate, data_path, checkpoint_dir, steps,
+                           replica_batch, save_every):
+    """The same through getattr and string constants."""
+    cells = getattr(build_model, "__closure__")  # noqa: B009 - the point
+    return [getattr(cell, "cell_contents") for cell in cells]  # noqa: B009
+
+
+@pytest.mark.parametrize("answer", [closure_reader, getattr_closure_reader])
+def test_an_answer_reaching_into_the_audit_is_refused_before_any_cluster(answer, monkeypatch):
     def no_cluster(*args, **kwargs):
         raise AssertionError("an answer that reads the audit reached the cluster")
 
     monkeypatch.setattr(lesson_03, "_run", no_cluster)
     with pytest.raises(AssertionError, match="uses __closure__, cell_contents"):
-        cu.grading.check_train_worker(closure_reader)
+        cu.grading.check_train_worker(answer)
 
 
 def test_every_crash_while_training_ends_on_a_line_that_is_not_its_error():
@@ -1103,6 +1111,22 @@ def whole_batches_stacked_in_one_element(zipped=False):
     return make
 
 
+def empties_the_audit(x, y, global_batch, examples_done):
+    """Whole global batches, then the lists of the audit emptied through the closure of
+    tf.data.Dataset.__init__, read with getattr and string constants."""
+    whole = whole_batches_sliced()(x, y, global_batch, examples_done)
+
+    def dataset_fn(context):
+        dataset = whole(context)
+        for cell in getattr(tf.data.Dataset.__init__, "__closure__") or ():  # noqa: B009
+            value = getattr(cell, "cell_contents")  # noqa: B009
+            if isinstance(value, list):
+                value.clear()
+        return dataset
+
+    return dataset_fn
+
+
 def skips_whole_batches(x, y, global_batch, examples_done):
     """Skips per-replica batches after batching: whole global batches done, the rest lost."""
     def dataset_fn(context):
@@ -1185,6 +1209,8 @@ RESUME_CATALOGUE = {
     "the same, the features' and the labels' stacks zipped": (
         restore_latest, whole_batches_stacked_in_one_element(zipped=True),
         r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches, the audit emptied through getattr(..., '__closure__')": (
+        restore_latest, empties_the_audit, "use __closure__, cell_contents"),
     "skips whole per-replica batches after batching": (restore_latest, skips_whole_batches,
                                                         "trained examples it should not"),
     "skips examples_done % global_batch": (restore_latest, skips_the_remainder_only,

@@ -227,7 +227,8 @@ def not_attempted(name: str) -> None:
 
 
 #: Names by which code reads its callers' frames, the cells of a function's closure or every
-#: live object: an answer that uses them can read the expected results out of the check (or a
+#: live object: an answer that uses them, by name or as a string constant (``getattr(fn,
+#: "__closure__")``, ``attrgetter``), can read the expected results out of the check (or a
 #: function the check hands it) instead of computing them. A name built at run time escapes
 #: this scan; the checks that matter also keep their answers out of reach.
 INTROSPECTION_NAMES = frozenset({
@@ -280,6 +281,17 @@ def _called_globals(current: Any, code: types.CodeType) -> list[Any]:
     return reached
 
 
+def _strings(constants: Any) -> set[str]:
+    """The strings among a code object's constants, within tuples and frozensets too."""
+    found: set[str] = set()
+    for constant in constants:
+        if isinstance(constant, str):
+            found.add(constant)
+        elif isinstance(constant, (tuple, frozenset)):
+            found |= _strings(constant)
+    return found
+
+
 def grader_introspection(fn: Any) -> list[str]:
     """The frame- and object-walking names the learner's code in ``fn`` uses: its nested
     functions, the functions its closure holds and the learner's own functions it calls by a
@@ -300,7 +312,7 @@ def grader_introspection(fn: Any) -> list[str]:
             codes = [code]
             while codes:
                 each = codes.pop()
-                found |= INTROSPECTION_NAMES & set(each.co_names)
+                found |= INTROSPECTION_NAMES & {*each.co_names, *_strings(each.co_consts)}
                 codes.extend(c for c in each.co_consts if isinstance(c, types.CodeType))
                 functions.extend(_called_globals(current, each))
         for cell in getattr(current, "__closure__", None) or ():

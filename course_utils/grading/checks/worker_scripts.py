@@ -46,9 +46,11 @@ LEARNING_RATE = 0.1
 #: and deleted first, so that a file the learner's code writes is not taken for it. Given
 #: ``--data`` with ``{task}``, ``_set_up`` reads this worker's own copy of the data (its shard,
 #: the other rows decoys), deletes it, waits until no worker's copy is left, and hands the
-#: learner's function that copy as a file with no name in any folder.
+#: learner's function that copy as a file with no name in any folder; first it makes the
+#: worker not dumpable, so that a peer of the same user cannot read that file through
+#: ``/proc/PEER/fd`` (nor ``/proc/PEER/mem``): only a grader running as root still can.
 SETUP = """\"\"\"An exercise worker of lesson 03: the check's set-up, then your code.\"\"\"
-import argparse, io, json, os, tempfile, time
+import argparse, ctypes, io, json, os, tempfile, time
 import keras
 import numpy as np
 import tensorflow as tf
@@ -68,6 +70,11 @@ LEARNING_RATE = 0.1
 
 def _set_up(out, task, workers, share, data, seed, classes):
     \"\"\"build_model, the audit of this worker (see the check) in closures, and its data.\"\"\"
+    if hasattr(os, "memfd_create"):   # Linux: no other process of this user (a peer worker)
+        try:                          # may read this one's /proc files (fd, mem) from now on
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
+        except (OSError, AttributeError):
+            pass
     built, saves, saved_after, rows, contexts, left, lingering = ([] for _ in range(7))
     exists, abspath, join, write, close, exit_now = (
         os.path.exists, os.path.abspath, os.path.join, os.write, os.close, os._exit)
