@@ -951,14 +951,16 @@ def restores_a_constant(checkpoint, checkpoint_dir, examples_done):
 
 
 def copies_the_checkers_model(checkpoint, checkpoint_dir, examples_done):
-    """Looks in the checker's frames for the model and count it saved, restores nothing."""
-    frame = getattr(sys, "_get" + "frame")(1)
+    """Looks in the checker's frames for the model and count it saved, restores nothing (the
+    names built at run time: a string constant such as "_get" + "frame", folded by the
+    compiler, is refused up front)."""
+    frame = getattr(sys, "".join(("_get", "frame")))(1)
     while frame is not None:
-        for value in getattr(frame, "f_" + "locals").values():
+        for value in getattr(frame, "".join(("f_", "locals"))).values():
             if isinstance(value, tuple) and len(value) == 3 and hasattr(value[1], "numpy"):
                 checkpoint.model.set_weights(value[0].get_weights())
                 return int(value[1].numpy())              # the old check's `saved`
-        frame = getattr(frame, "f_" + "back")
+        frame = getattr(frame, "".join(("f_", "back")))
     return 0
 
 

@@ -227,8 +227,7 @@ def not_attempted(name: str) -> None:
 
 
 #: Names by which code reads its callers' frames, the cells of a function's closure or every
-#: live object: an answer that uses them, by name or as a string constant (``getattr(fn,
-#: "__closure__")``, ``attrgetter``), can read the expected results out of the check (or a
+#: live object: an answer that uses them can read the expected results out of the check (or a
 #: function the check hands it) instead of computing them. A name built at run time escapes
 #: this scan; the checks that matter also keep their answers out of reach.
 INTROSPECTION_NAMES = frozenset({
@@ -292,10 +291,12 @@ def _strings(constants: Any) -> set[str]:
     return found
 
 
-def grader_introspection(fn: Any) -> list[str]:
+def grader_introspection(fn: Any, *, constants: bool = False) -> list[str]:
     """The frame- and object-walking names the learner's code in ``fn`` uses: its nested
     functions, the functions its closure holds and the learner's own functions it calls by a
-    global name, not the course's own (a check's wrapper)."""
+    global name, not the course's own (a check's wrapper). With ``constants``, also those its
+    string constants name (``getattr(fn, "__closure__")``, ``"_get" + "frame"`` folded by the
+    compiler): for a check whose audit lives in the closures of what it hands over."""
     package = str(Path(__file__).resolve().parent.parent)
     found: set[str] = set()
     functions, seen = [fn], set()
@@ -312,7 +313,9 @@ def grader_introspection(fn: Any) -> list[str]:
             codes = [code]
             while codes:
                 each = codes.pop()
-                found |= INTROSPECTION_NAMES & {*each.co_names, *_strings(each.co_consts)}
+                found |= INTROSPECTION_NAMES & set(each.co_names)
+                if constants:
+                    found |= INTROSPECTION_NAMES & _strings(each.co_consts)
                 codes.extend(c for c in each.co_consts if isinstance(c, types.CodeType))
                 functions.extend(_called_globals(current, each))
         for cell in getattr(current, "__closure__", None) or ():

@@ -281,7 +281,7 @@ def check_train_worker(fn: Any) -> bool:
         not_attempted(name)
         return False
     source = function_source(fn, "train_worker")
-    peeks = grader_introspection(fn)
+    peeks = grader_introspection(fn, constants=True)
     if peeks:
         raise AssertionError(f"{name}: your function uses {', '.join(peeks)}, which reads "
                              "objects of the process it runs in (the check's audit) instead "
@@ -385,7 +385,8 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
         return False
     if any(stubs):
         raise AssertionError(f"{name}: write both functions, restore_latest and make_dataset_fn")
-    peeks = sorted({*grader_introspection(restore_latest), *grader_introspection(make_dataset_fn)})
+    peeks = sorted({*grader_introspection(restore_latest, constants=True),
+                    *grader_introspection(make_dataset_fn, constants=True)})
     if peeks:        # run_check sees only the check's own wrapper of the two
         raise AssertionError(f"{name}: your functions use {', '.join(peeks)}, which read the "
                              "checker's frames or objects (the checkpoints' contents, the audit "
