@@ -9,11 +9,11 @@ when they are more than the pipeline's share (whole global batches made in NumPy
 element of ``from_tensors`` (or several zipped) is all the data, no batch, when each of its
 parts is a stack of rows of the arrays the check handed over (same rank and row shape, every
 row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
-resumed order); any other, e.g. ``[steps, global batch, features]`` stacks, holds batches.
-A part of one dimension that is not the labels (the features flattened) is not counted: an
-index array (``np.arange``) looks alike. Rows of the data in global-batch order, reshaped into
-global batches inside a traced function (``flat_map``), are not seen either: the audit reads
-how datasets are made, not the graphs of their functions.
+resumed order) or has one dimension at most (an index array, the labels); any other, e.g.
+``[steps, global batch, features]`` stacks, holds batches. Still passes: the features
+flattened into one dimension (an index array looks alike), and rows of the data in
+global-batch order reshaped into global batches inside a traced function (``flat_map``): the
+audit reads how datasets are made, not the graphs of their functions.
 """
 
 from __future__ import annotations
@@ -41,11 +41,14 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     whole: set[int] = set()           # datasets still holding from_tensors' one element
 
     def rows_of_the_data(part: Any) -> bool:
+        """Whether ``part`` is a stack of the data's rows, or of one dimension at most."""
+        if (part.shape.rank or 0) <= 1:
+            return True               # an index array, the labels, a number: no batch of rows
         value = static_value(part)
         if value is None:
             return False
         value = asarray(value)
-        if value.dtype.kind not in "biuf" or value.ndim == 0:
+        if value.dtype.kind not in "biuf":
             return False
         value = value.astype(float64)
         for rank, shape, rows in rows_of:
