@@ -450,13 +450,21 @@ def closure_reader(build_model, learning_rate, data_path, checkpoint_dir, steps,
     return [cell.cell_contents for cell in cells]
 
 
-def test_an_answer_reaching_into_the_audit_is_refused_before_any_cluster(monkeypatch):
+def getattr_closure_reader(build_model, learning_rate, data_path, checkpoint_dir, steps,
+                           replica_batch, save_every):
+    """The same through getattr and string constants."""
+    cells = getattr(build_model, "__closure__")  # noqa: B009 - the point
+    return [getattr(cell, "cell_contents") for cell in cells]  # noqa: B009
+
+
+@pytest.mark.parametrize("answer", [closure_reader, getattr_closure_reader])
+def test_an_answer_reaching_into_the_audit_is_refused_before_any_cluster(answer, monkeypatch):
     def no_cluster(*args, **kwargs):
         raise AssertionError("an answer that reads the audit reached the cluster")
 
     monkeypatch.setattr(lesson_03, "_run", no_cluster)
     with pytest.raises(AssertionError, match="uses __closure__, cell_contents"):
-        cu.grading.check_train_worker(closure_reader)
+        cu.grading.check_train_worker(answer)
 
 
 def test_every_crash_while_training_ends_on_a_line_that_is_not_its_error():
@@ -711,6 +719,16 @@ TRAIN_WORKER_CATALOGUE = {
         "             y[rows].reshape(steps + 1, global_batch)))\n"
         "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
         "batched \\[\\d+\\] examples at a time"),
+    "whole global batches stacked in NumPy into one from_tensors element, rows sliced": (
+        WHOLE_BATCH_LINES,
+        "        rows = np.arange((steps + 1) * global_batch) % len(x)\n"
+        "        dataset = tf.data.Dataset.from_tensors(\n"
+        "            (x[rows].reshape(steps + 1, global_batch, -1),\n"
+        "             y[rows].reshape(steps + 1, global_batch)))\n"
+        "        own = slice(context.input_pipeline_id, None, context.num_input_pipelines)\n"
+        "        return dataset.flat_map(lambda f, t: tf.data.Dataset.from_tensor_slices(\n"
+        "            (f[:, own], t[:, own])))",
+        "batched \\[\\d+(, \\d+)*\\] examples at a time"),
     "whole global batches through map_and_batch": (
         WHOLE_BATCH_LINES,
         "        own = context.input_pipeline_id * batch\n"
@@ -811,6 +829,17 @@ def test_wrong_train_workers_are_rejected_naming_what_differed(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_worker_reading_its_rows_through_from_tensors_passes(tmp_path):
+    """Right too: every row in one from_tensors element (the features' and the labels'
+    zipped), unbatched, repeated, sharded: all the data, no whole global batch."""
+    right = variant(tmp_path, "dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()",
+                    "dataset = tf.data.Dataset.zip((tf.data.Dataset.from_tensors(x),\n"
+                    "                                       tf.data.Dataset.from_tensors(y)))\n"
+                    "        dataset = dataset.unbatch().repeat()")
+    assert cu.grading.check_train_worker(right) is True
+
+
+@pytest.mark.slow
 @pytest.mark.solution_passes
 def test_the_reference_resume_passes_on_a_killed_cluster():
     assert cu.grading.check_resume(restore_latest, make_dataset_fn) is True
@@ -860,8 +889,37 @@ def rows_from_zipped_tensors(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def rows_gathered_in_resumed_order(x, y, global_batch, examples_done):
+    """Right too: one from_tensors element of every row, gathered in NumPy from the example
+    to resume at (wrapping round), unbatched, repeated, sharded."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        order = (examples_done + np.arange(len(x))) % len(x)
+        dataset = tf.data.Dataset.from_tensors((x[order], y[order])).unbatch().repeat()
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def rows_from_the_resumed_example(x, y, global_batch, examples_done):
+    """Right too: from_tensors of the rows from the resumed example on (x[start:], zipped),
+    then the whole data repeated."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        start = examples_done % len(x)
+        rest = tf.data.Dataset.zip((tf.data.Dataset.from_tensors(x[start:]),
+                                    tf.data.Dataset.from_tensors(y[start:]))).unbatch()
+        dataset = rest.concatenate(tf.data.Dataset.from_tensors((x, y)).unbatch().repeat())
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 @pytest.mark.parametrize("make", [shards_then_skips_its_own, rows_from_tensors_unbatched,
-                                  rows_from_zipped_tensors])
+                                  rows_from_zipped_tensors, rows_gathered_in_resumed_order,
+                                  rows_from_the_resumed_example])
 def test_other_right_pipelines_pass_the_in_process_cases(make):
     for seed in range(3):
         assert resume_inputs.dataset_fn_problem(make, random.Random(seed)) is None
@@ -893,14 +951,16 @@ def restores_a_constant(checkpoint, checkpoint_dir, examples_done):
 
 
 def copies_the_checkers_model(checkpoint, checkpoint_dir, examples_done):
-    """Looks in the checker's frames for the model and count it saved, restores nothing."""
-    frame = getattr(sys, "_get" + "frame")(1)
+    """Looks in the checker's frames for the model and count it saved, restores nothing (the
+    names built at run time: a string constant such as "_get" + "frame", folded by the
+    compiler, is refused up front)."""
+    frame = getattr(sys, "".join(("_get", "frame")))(1)
     while frame is not None:
-        for value in getattr(frame, "f_" + "locals").values():
+        for value in getattr(frame, "".join(("f_", "locals"))).values():
             if isinstance(value, tuple) and len(value) == 3 and hasattr(value[1], "numpy"):
                 checkpoint.model.set_weights(value[0].get_weights())
                 return int(value[1].numpy())              # the old check's `saved`
-        frame = getattr(frame, "f_" + "back")
+        frame = getattr(frame, "".join(("f_", "back")))
     return 0
 
 
@@ -1029,6 +1089,46 @@ def whole_batches_in_numpy(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def whole_batches_stacked_in_one_element(zipped=False):
+    """Whole global batches stacked in NumPy ([steps, global batch, features]) into one
+    from_tensors element (or the features' and the labels' zipped), each pipeline's rows
+    sliced out of every batch by flat_map: no tf.data batching at all."""
+    def make(x, y, global_batch, examples_done):
+        def dataset_fn(context):
+            batch = context.get_per_replica_batch_size(global_batch)
+            rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+            own = context.input_pipeline_id * rows
+            index = (examples_done + np.arange(20 * global_batch)) % len(x)
+            features = x[index].reshape(20, global_batch, -1)
+            labels = y[index].reshape(20, global_batch)
+            dataset = (tf.data.Dataset.zip((tf.data.Dataset.from_tensors(features),
+                                            tf.data.Dataset.from_tensors(labels)))
+                       if zipped else tf.data.Dataset.from_tensors((features, labels)))
+            return dataset.flat_map(lambda f, t: tf.data.Dataset.from_tensor_slices(
+                (tf.reshape(f[:, own:own + rows], [-1, batch, f.shape[-1]]),
+                 tf.reshape(t[:, own:own + rows], [-1, batch]))))
+
+        return dataset_fn
+
+    return make
+
+
+def empties_the_audit(x, y, global_batch, examples_done):
+    """Whole global batches, then the lists of the audit emptied through the closure of
+    tf.data.Dataset.__init__, read with getattr and string constants."""
+    whole = whole_batches_sliced()(x, y, global_batch, examples_done)
+
+    def dataset_fn(context):
+        dataset = whole(context)
+        for cell in getattr(tf.data.Dataset.__init__, "__closure__") or ():  # noqa: B009
+            value = getattr(cell, "cell_contents")  # noqa: B009
+            if isinstance(value, list):
+                value.clear()
+        return dataset
+
+    return dataset_fn
+
+
 def skips_whole_batches(x, y, global_batch, examples_done):
     """Skips per-replica batches after batching: whole global batches done, the rest lost."""
     def dataset_fn(context):
@@ -1105,6 +1205,14 @@ RESUME_CATALOGUE = {
         restore_latest, whole_batches_map_and_batch, r"batched \[\d+, \d+\] examples"),
     "whole global batches cut in NumPy": (restore_latest, whole_batches_in_numpy,
                                           r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches stacked in NumPy into one from_tensors element": (
+        restore_latest, whole_batches_stacked_in_one_element(),
+        r"batched \[\d+(, \d+)*\] examples"),
+    "the same, the features' and the labels' stacks zipped": (
+        restore_latest, whole_batches_stacked_in_one_element(zipped=True),
+        r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches, the audit emptied through getattr(..., '__closure__')": (
+        restore_latest, empties_the_audit, "use __closure__, cell_contents"),
     "skips whole per-replica batches after batching": (restore_latest, skips_whole_batches,
                                                         "trained examples it should not"),
     "skips examples_done % global_batch": (restore_latest, skips_the_remainder_only,

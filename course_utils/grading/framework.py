@@ -280,10 +280,23 @@ def _called_globals(current: Any, code: types.CodeType) -> list[Any]:
     return reached
 
 
-def grader_introspection(fn: Any) -> list[str]:
+def _strings(constants: Any) -> set[str]:
+    """The strings among a code object's constants, within tuples and frozensets too."""
+    found: set[str] = set()
+    for constant in constants:
+        if isinstance(constant, str):
+            found.add(constant)
+        elif isinstance(constant, (tuple, frozenset)):
+            found |= _strings(constant)
+    return found
+
+
+def grader_introspection(fn: Any, *, constants: bool = False) -> list[str]:
     """The frame- and object-walking names the learner's code in ``fn`` uses: its nested
     functions, the functions its closure holds and the learner's own functions it calls by a
-    global name, not the course's own (a check's wrapper)."""
+    global name, not the course's own (a check's wrapper). With ``constants``, also those its
+    string constants name (``getattr(fn, "__closure__")``, ``"_get" + "frame"`` folded by the
+    compiler): for a check whose audit lives in the closures of what it hands over."""
     package = str(Path(__file__).resolve().parent.parent)
     found: set[str] = set()
     functions, seen = [fn], set()
@@ -301,6 +314,8 @@ def grader_introspection(fn: Any) -> list[str]:
             while codes:
                 each = codes.pop()
                 found |= INTROSPECTION_NAMES & set(each.co_names)
+                if constants:
+                    found |= INTROSPECTION_NAMES & _strings(each.co_consts)
                 codes.extend(c for c in each.co_consts if isinstance(c, types.CodeType))
                 functions.extend(_called_globals(current, each))
         for cell in getattr(current, "__closure__", None) or ():

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.dataset_audit import dataset_auditor
 from course_utils.quiet import import_tensorflow as _tf
 
 __all__ = ["dataset_fn_problem", "max_difference", "restore_problem"]
@@ -99,42 +100,13 @@ def restore_problem(restore_latest: Any, rng: Any) -> str | None:
     return None
 
 
-def _with_batch_sizes(build: Any, share: int) -> tuple[Any, list[int]]:
-    """``build()``'s dataset and, for every tf.data dataset made meanwhile, the batch or window
-    size of a batching op (-1: not known when it was made; whatever API made it:
-    ``batch``, ``padded_batch``, ``map_and_batch``, ``window``, a private function), or the
-    rows of an element already holding more than ``share`` (e.g. whole global batches made in
-    NumPy)."""
+def _with_batch_sizes(build: Any, share: int, arrays: tuple[Any, ...]) -> tuple[Any, list[int]]:
+    """``build()``'s dataset and what every tf.data dataset made meanwhile batched
+    (:func:`~course_utils.grading.checks.dataset_audit.dataset_auditor`, given ``arrays``, the
+    data handed to the learner)."""
     tf = _tf()
-    sizes: list[int] = []
-    whole: set[int] = set()           # datasets still holding from_tensors' one element
     original = tf.data.Dataset.__init__
-
-    def audited(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size")
-                     if getattr(self, name, None) is not None), None)
-        if size is not None:
-            value = tf.get_static_value(size)
-            sizes.append(int(value) if value is not None else -1)
-            return
-        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
-        zipped = (tf.nest.flatten(getattr(self, "_datasets", None) or [])
-                  if kind == "_ZipDataset" else [])
-        if kind == "_TensorDataset" or (id(source) in whole and kind != "_UnbatchDataset"
-                                        and self.element_spec == source.element_spec) or (
-                zipped and all(id(each) in whole for each in zipped)):
-            whole.add(id(self))       # from_tensors' one element (zipped): all the data, no batch
-            return
-        try:                          # any other: the rows its elements already hold
-            specs = tf.nest.flatten(self.element_spec)
-        except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
-            specs = []
-        sizes.extend(int(spec.shape[0]) for spec in specs
-                     if isinstance(spec, tf.TensorSpec) and (spec.shape.rank or 0) > 1
-                     and (spec.shape[0] or 0) > share)
-
-    tf.data.Dataset.__init__ = audited
+    tf.data.Dataset.__init__, sizes = dataset_auditor(tf, np, share, arrays, original)
     try:
         return build(), sizes
     finally:
@@ -167,7 +139,7 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
                                                  input_pipeline_id=pipeline,
                                                  num_replicas_in_sync=replicas)
             dataset, sizes = _with_batch_sizes(lambda: dataset_fn(context),  # noqa: B023
-                                               replica_batch)
+                                               replica_batch, (x, ids))
             batches = list(dataset.take(2 * per).as_numpy_iterator())
             where = (f"{pipelines} input pipelines feeding {per} replica(s) each, global batch "
                      f"{global_batch}, resumed at example {done}")

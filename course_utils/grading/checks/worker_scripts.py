@@ -37,16 +37,20 @@ LEARNING_RATE = 0.1
 #: an audit of ``CheckpointManager.save`` (where each worker saved, after how many backward
 #: passes, which folders of its earlier saves were still there then and in each backward pass)
 #: and of every tf.data dataset the worker makes (the batch or window sizes of its batching
-#: ops, whatever API made them, and any element already holding more rows than its share).
+#: ops, whatever API made them, and any element already holding more rows than its share:
+#: :func:`~course_utils.grading.checks.dataset_audit.dataset_auditor`, given this worker's
+#: copy of the data, bound by ``_set_up``).
 #: The audit is held in the closures of ``_set_up``, out of reach of the learner's code by
 #: name (no global holds it), with every function it calls bound before that code runs; it
 #: is written at the end with a secret the check left for this worker and ``_set_up`` read
 #: and deleted first, so that a file the learner's code writes is not taken for it. Given
 #: ``--data`` with ``{task}``, ``_set_up`` reads this worker's own copy of the data (its shard,
 #: the other rows decoys), deletes it, waits until no worker's copy is left, and hands the
-#: learner's function that copy as a file with no name in any folder.
+#: learner's function that copy as a file with no name in any folder; first it makes the
+#: worker not dumpable, so that a peer of the same user cannot read that file through
+#: ``/proc/PEER/fd`` (nor ``/proc/PEER/mem``): only a grader running as root still can.
 SETUP = """\"\"\"An exercise worker of lesson 03: the check's set-up, then your code.\"\"\"
-import argparse, json, os, tempfile, time
+import argparse, ctypes, io, json, os, tempfile, time
 import keras
 import numpy as np
 import tensorflow as tf
@@ -66,20 +70,24 @@ LEARNING_RATE = 0.1
 
 def _set_up(out, task, workers, share, data, seed, classes):
     \"\"\"build_model, the audit of this worker (see the check) in closures, and its data.\"\"\"
-    built, saves, saved_after, rows, contexts, left, batches, lingering = (
-        [] for _ in range(8))
+    if hasattr(os, "memfd_create"):   # Linux: no other process of this user (a peer worker)
+        try:                          # may read this one's /proc files (fd, mem) from now on
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
+        except (OSError, AttributeError):
+            pass
+    built, saves, saved_after, rows, contexts, left, lingering = ([] for _ in range(7))
     exists, abspath, join, write, close, exit_now = (
         os.path.exists, os.path.abspath, os.path.join, os.write, os.close, os._exit)
-    replica_context, static_value = tf.distribute.get_replica_context, tf.get_static_value
+    replica_context, dependencies = tf.distribute.get_replica_context, tf.control_dependencies
     shape_of, py_function, identity = tf.shape, tf.py_function, tf.identity
-    dependencies, tensor_spec, flatten = tf.control_dependencies, tf.TensorSpec, tf.nest.flatten
     savez, dumps, sort, open_file, load = np.savez, json.dumps, sorted, os.open, np.load
     get_strategy = tf.distribute.get_strategy
+    from course_utils.grading.checks.dataset_audit import dataset_auditor   # the check's audit
     multi_worker = tf.distribute.MultiWorkerMirroredStrategy
     set_seed, sequential, layer_input, dense = (keras.utils.set_random_seed, keras.Sequential,
                                                 keras.Input, keras.layers.Dense)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    secret_path, secret = join(out, f"secret-{task}"), ""
+    secret_path, secret, content = join(out, f"secret-{task}"), "", None
     if exists(secret_path):                       # left by the check: gone before your code
         with open(secret_path) as file:
             secret = file.read()
@@ -155,36 +163,10 @@ def _set_up(out, task, workers, share, data, seed, classes):
         return manager_save(self, *args, **kwargs)
 
     tf.train.CheckpointManager.save = audited_save
-    dataset_init = tf.data.Dataset.__init__
-
-    def audited_dataset(self, *args, **kwargs):
-        \"\"\"Every tf.data dataset made here: the batch or window size of a batching op (-1:
-        not known when it was made), and elements of more rows than this worker's share.\"\"\"
-        dataset_init(self, *args, **kwargs)
-        size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size")
-                     if getattr(self, name, None) is not None), None)
-        if size is not None:                      # a batching op: its size
-            value = static_value(size)
-            batches.append(int(value) if value is not None else -1)
-            return
-        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
-        zipped = flatten(getattr(self, "_datasets", None) or []) if kind == "_ZipDataset" else []
-        if kind == "_TensorDataset" or (id(source) in whole and kind != "_UnbatchDataset"
-                                        and self.element_spec == source.element_spec) or (
-                zipped and all(id(each) in whole for each in zipped)):
-            whole.add(id(self))       # from_tensors' one element (zipped): all the data, no batch
-            return
-        try:                          # any other: the rows its elements already hold
-            specs = flatten(self.element_spec)
-        except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
-            specs = []
-        for spec in specs:
-            if (isinstance(spec, tensor_spec) and spec.shape.rank and spec.shape.rank > 1
-                    and (spec.shape[0] or 0) > share):
-                batches.append(int(spec.shape[0]))
-
-    whole = set()                     # datasets still holding from_tensors' one element
-    tf.data.Dataset.__init__ = audited_dataset
+    with load(io.BytesIO(content) if content is not None else data) as arrays:
+        given = (arrays["x"], arrays["y"])        # the data your function is handed
+    tf.data.Dataset.__init__, batches = dataset_auditor(
+        tf, np, share, given, tf.data.Dataset.__init__)   # every dataset made from here on
 
     def report():
         \"\"\"Write the audit, then end this worker at once (nothing runs after it).\"\"\"

@@ -1,0 +1,96 @@
+"""Lesson 03's audit of the tf.data datasets a learner's pipeline makes: one function, used by
+the in-process check of ``make_dataset_fn`` and bound by every exercise worker's set-up before
+the learner's code runs (:mod:`course_utils.grading.checks.worker_scripts`).
+
+Every dataset made while the audit is in place reports the batch or window size of a batching
+op (-1: not known when it was made; whatever API made it: ``batch``, ``padded_batch``,
+``map_and_batch``, ``window``, a private function), or the examples an element already holds
+when they are more than the pipeline's share (whole global batches made in NumPy). One
+element of ``from_tensors`` (or several zipped) is all the data, no batch, when each of its
+parts is a stack of rows of the arrays the check handed over (same rank and row shape, every
+row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
+resumed order) or has one dimension at most (an index array, the labels); any other, e.g.
+``[steps, global batch, features]`` stacks, holds batches. Still passes: the features
+flattened into one dimension (an index array looks alike), and rows of the data in
+global-batch order reshaped into global batches inside a traced function (``flat_map``): the
+audit reads how datasets are made, not the graphs of their functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["dataset_auditor"]
+
+
+def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
+                    original: Any) -> tuple[Any, list[int]]:
+    """``(init, sizes)``: a replacement for ``tf.data.Dataset.__init__`` that calls
+    ``original`` and appends to ``sizes`` what each dataset made batches (see the module
+    docstring), and ``sizes``. ``arrays``: the data handed to the learner (features, labels).
+    Every function and module it uses is bound here, when it is made: a learner's code that
+    replaces one later (``tf.nest.flatten``, this module's globals) does not change it."""
+    flatten, static_value, tensor_spec = tf.nest.flatten, tf.get_static_value, tf.TensorSpec
+    asarray, unique, prod, float64 = np.asarray, np.unique, np.prod, np.float64
+    rows_of = []                      # (rank, row shape, the rows as bytes) of each array
+    for array in arrays:
+        array = asarray(array).astype(float64)
+        flat = array.reshape(len(array), -1)
+        rows_of.append((array.ndim, array.shape[1:], {row.tobytes() for row in flat}))
+    sizes: list[int] = []
+    whole: set[int] = set()           # datasets still holding from_tensors' one element
+
+    def rows_of_the_data(part: Any) -> bool:
+        """Whether ``part`` is a stack of the data's rows, or of one dimension at most."""
+        if (part.shape.rank or 0) <= 1:
+            return True               # an index array, the labels, a number: no batch of rows
+        value = static_value(part)
+        if value is None:
+            return False
+        value = asarray(value)
+        if value.dtype.kind not in "biuf":
+            return False
+        value = value.astype(float64)
+        for rank, shape, rows in rows_of:
+            if value.ndim == rank and value.shape[1:] == shape and all(
+                    row.tobytes() in rows for row in unique(value.reshape(len(value), -1),
+                                                            axis=0)):
+                return True
+        return False
+
+    def held(spec: Any) -> int:
+        """The examples an element of ``spec`` holds: the product of its dimensions before
+        the row shape of the data's arrays (of all of them, when none fits; 0 for one
+        example, a part of one dimension or a size not known)."""
+        if not isinstance(spec, tensor_spec) or (spec.shape.rank or 0) < 2:
+            return 0
+        dims = spec.shape.as_list()
+        tails = [len(shape) for _, shape, _ in rows_of
+                 if 0 < len(shape) < len(dims) and tuple(dims[-len(shape):]) == shape]
+        dims = dims[:len(dims) - max(tails, default=0)]
+        return int(prod(dims)) if all(d is not None for d in dims) else int(dims[0] or 0)
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size")
+                     if getattr(self, name, None) is not None), None)
+        if size is not None:          # a batching op: its size
+            value = static_value(size)
+            sizes.append(int(value) if value is not None else -1)
+            return
+        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
+        zipped = flatten(getattr(self, "_datasets", None) or []) if kind == "_ZipDataset" else []
+        parts = getattr(self, "_tensors", None) or [] if kind == "_TensorDataset" else []
+        if (parts and all(rows_of_the_data(part) for part in parts)) or (
+                id(source) in whole and kind != "_UnbatchDataset"
+                and self.element_spec == source.element_spec) or (
+                zipped and all(id(each) in whole for each in zipped)):
+            whole.add(id(self))       # from_tensors' one element (zipped): all the data, no batch
+            return
+        try:                          # any other: the examples its elements already hold
+            specs = flatten(self.element_spec)
+        except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
+            specs = []
+        sizes.extend(count for count in map(held, specs) if count > share)
+
+    return init, sizes
