@@ -769,6 +769,36 @@ def _prefetched_handed_on_through_a_queue(records, read, batch_size):  # the sam
     return tf.data.Dataset.range(steps).map(pull).concatenate(own.take(0))
 
 
+def _prefetched_handed_on_through_a_staging_area_by_node_name(records, read, batch_size):
+    import threading  # the same, through staging areas found by their ops' node name (no
+
+    import tensorflow as tf  # shared_name, no handle captured)
+
+    own = records.map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    steps, name = -(-int(records.cardinality()) // batch_size), f"handed_on_{id(own)}"
+
+    @tf.function
+    def put(batch):  # at most two batches ahead
+        tf.raw_ops.Stage(values=[batch], name=name, capacity=2)
+
+    @tf.function
+    def wait():
+        tf.raw_ops.Unstage(dtypes=[tf.int64], name=f"{name}_asked")
+
+    def fill():
+        wait()
+        for batch in own:
+            put(batch)
+
+    def pull(_):
+        asked = tf.raw_ops.Stage(values=[tf.constant([0], tf.int64)], name=f"{name}_asked")
+        with tf.control_dependencies([asked]):
+            return tf.raw_ops.Unstage(dtypes=[tf.int64], name=name)[0]
+
+    threading.Thread(target=fill, daemon=True).start()
+    return tf.data.Dataset.range(steps).map(pull).concatenate(own.take(0))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_broken, "does not overlap"),
     (_read_on_the_side, "read was called"),
@@ -777,6 +807,8 @@ def _prefetched_handed_on_through_a_queue(records, read, batch_size):  # the sam
     (_prefetched_handed_on_by_a_generator, r"runs [1-9]\d* Python function\(s\) of its own"),
     (_prefetched_pulled_from_an_iterator, r"pulls from 1 iterator"),
     (_prefetched_handed_on_through_a_queue, r"pulls from [1-9]\d* iterator\(s\), queue"),
+    (_prefetched_handed_on_through_a_staging_area_by_node_name,
+     r"pulls from [1-9]\d* iterator\(s\), queue"),
     (_short_batch_dropped, "sizes"),
     (_shuffled, "another order"),
     (_read_all_on_the_first_batch, "does not overlap"),

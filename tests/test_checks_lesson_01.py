@@ -260,6 +260,73 @@ def _parallel_reads_handed_on_through_a_staging_area(source, read, decode, batch
     return pulled.concatenate(reads.take(0)).map(decode).batch(batch_size)
 
 
+def _parallel_reads_handed_on_through_a_staging_area_by_node_name(source, read, decode,
+                                                                  batch_size):
+    import threading  # as above, no shared_name: a staging area is found by its node's name
+
+    tf = cu.quiet.import_tensorflow()
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    reads = source.map(read, num_parallel_calls=16).with_options(options)
+    count, name = int(source.cardinality()), f"handed_on_{id(reads)}"
+
+    @tf.function
+    def put(record):  # the op's name in a graph of its own
+        tf.raw_ops.Stage(values=[record], name=name)
+
+    @tf.function
+    def wait():
+        tf.raw_ops.Unstage(dtypes=[tf.int64], name=f"{name}_asked")
+
+    def fill():
+        wait()
+        for record in reads:
+            put(record)
+
+    def pull(_):
+        asked = tf.raw_ops.Stage(values=[tf.constant(0, tf.int64)], name=f"{name}_asked")
+        with tf.control_dependencies([asked]):
+            return tf.raw_ops.Unstage(dtypes=[tf.int64], name=name)[0]
+
+    threading.Thread(target=fill, daemon=True).start()
+    pulled = tf.data.Dataset.range(count).map(pull)
+    return pulled.concatenate(reads.take(0)).map(decode).batch(batch_size)
+
+
+def _parallel_reads_handed_on_through_files(source, read, decode, batch_size):
+    import tempfile  # as above, through files a thread writes once the dataset asks (no
+    import threading  # handle, no stateful op but WriteFile; ReadFile waits on MatchingFiles)
+    import time
+
+    tf = cu.quiet.import_tensorflow()
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    reads = source.map(read, num_parallel_calls=16).with_options(options)
+    folder = tempfile.mkdtemp()
+
+    def fill():
+        while not os.path.exists(os.path.join(folder, "asked")):
+            time.sleep(0.001)
+        for index, record in enumerate(reads):
+            with open(os.path.join(folder, f"{index}.tmp"), "w") as file:
+                file.write(str(int(record)))
+            os.rename(os.path.join(folder, f"{index}.tmp"), os.path.join(folder, str(index)))
+
+    def pull(index):
+        path = tf.strings.join([folder + "/", tf.strings.as_string(index)])
+        with tf.control_dependencies([tf.io.write_file(folder + "/asked", "1")]):
+            found = tf.while_loop(  # the pattern depends on k: not hoisted out of the loop
+                lambda k: tf.equal(tf.size(tf.io.matching_files(
+                    tf.strings.join([path, tf.strings.substr(tf.strings.as_string(k), 0, 0)]))), 0),
+                lambda k: k + 1, [tf.constant(0)])[0]
+        path = tf.strings.join([path, tf.strings.substr(tf.strings.as_string(found), 0, 0)])
+        return tf.strings.to_number(tf.io.read_file(path), tf.int64)
+
+    threading.Thread(target=fill, daemon=True).start()
+    pulled = tf.data.Dataset.range(int(source.cardinality())).map(pull)
+    return pulled.concatenate(reads.take(0)).map(decode).batch(batch_size)
+
+
 def _prefetched_to_device(source, read, decode, batch_size):  # right reads, but a last step
     tf = cu.quiet.import_tensorflow()  # that cannot be serialized: the check says so, no crash
     dataset = source.map(read, num_parallel_calls=16).map(decode).batch(batch_size)
@@ -268,6 +335,12 @@ def _prefetched_to_device(source, read, decode, batch_size):  # right reads, but
 
 @pytest.mark.parametrize(("wrong", "says"), [
     (_prefetched_to_device, "could not read your pipeline's graph.*end it with prefetch"),
+    (_parallel_reads_handed_on_through_a_staging_area_by_node_name,
+     r"runs 0 Python function\(s\) of its own .* and pulls from [1-9]\d* iterator\(s\), "
+     "queue"),
+    (_parallel_reads_handed_on_through_files,
+     r"runs 0 Python function\(s\) of its own .* and pulls from [1-9]\d* iterator\(s\), "
+     "queue"),
     (_parallel_reads_handed_on_through_a_staging_area,
      r"runs 0 Python function\(s\) of its own .* and pulls from [1-9]\d* iterator\(s\), "
      "queue"),

@@ -68,10 +68,16 @@ def graph_ops(dataset: Any) -> set[str]:
 def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
     """The Python functions ``dataset``'s graph runs besides the py_function tokens ``allowed``
     (a generator, a py_function of the answer's own), and the state made outside the pipeline
-    that its steps' functions reach: the handles they capture (an iterator, a queue, a
-    variable: a resource argument) and their ops that find state by name (a staging area's
-    ``Unstage`` with a ``shared_name``). Where work done by another pipeline or thread is handed
-    on (a read op that never runs, ``take(0)``, can sit beside them)."""
+    that it reaches: the handles its steps' functions capture (an iterator, a queue, a
+    variable: a resource argument), their stateful ops that take no handle (they find state by
+    name: a staging area's ``Unstage``, found by its ``shared_name`` or, where that is empty,
+    by its node's name; or they act outside: ``WriteFile``), and its steps and ops that read
+    files or a service (``ReadFile``, ``TextLineDataset``, ...). Where work done by another
+    pipeline or thread is handed on (a read op that never runs, ``take(0)``, can sit beside
+    them). Random ops in a step's function are counted too (no exercise that asks this needs
+    them); ``tf.print`` to the log, a shuffle's seed or a cache is not."""
+    from tensorflow.python.framework import op_def_registry
+
     from course_utils.quiet import import_tensorflow
 
     resource = import_tensorflow().resource.as_datatype_enum
@@ -80,9 +86,33 @@ def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
     captured = sum(argument.type == resource
                    for node in graph.node for name in _functions_called(node)
                    if name in library for argument in library[name].signature.input_arg)
-    by_name = sum(any(key in node.attr and node.attr[key].s for key in ("shared_name", "container"))
-                  for function in graph.library.function for node in function.node_def)
-    return len(py_function_tokens(dataset) - allowed), captured + by_name
+
+    def reaches(node: Any) -> bool:  # outside state without a captured handle
+        if node.op.startswith(_OUTSIDE_OPS) or any(
+                key in node.attr and node.attr[key].s for key in ("shared_name", "container")):
+            return True
+        op = op_def_registry.get(node.op)
+        if (op is None or not op.is_stateful or node.op in _PYTHON_OPS  # a step's own state:
+                or any(kind in node.op for kind in ("Dataset", "SeedGenerator", "MemoryCache"))
+                or _functions_called(node)):  # a call's, a loop's body: read as a function
+            return False
+        if node.op == "PrintV2":
+            return node.attr["output_stream"].s.startswith(b"file://")
+        return not any(argument.type == resource for argument in op.input_arg)
+
+    outside = (sum(node.op.startswith(_OUTSIDE_OPS) for node in graph.node)
+               + sum(reaches(node) for function in graph.library.function
+                     for node in function.node_def))
+    return len(py_function_tokens(dataset) - allowed), captured + outside
+
+
+#: Ops and steps that read files, a store or a service: another thread's or process's work
+#: handed on through them (``handed_on``).
+_OUTSIDE_OPS = ("ReadFile", "MatchingFiles", "TextLineDataset", "TFRecordDataset",
+                "FixedLengthRecordDataset", "CSVDataset", "ExperimentalCSVDataset", "SqlDataset",
+                "ExperimentalSqlDataset", "LMDBDataset", "ExperimentalLMDBDataset",
+                "DataServiceDataset", "LoadDataset", "SnapshotDataset", "ImmutableConst",
+                "IteratorFromStringHandle")
 
 
 def py_function_token(tensor: Any) -> str | None:
