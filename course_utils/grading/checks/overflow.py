@@ -188,8 +188,8 @@ def check_first_overflowing_layer(fn: Any) -> bool:
             named = [case for case in _overflow_cases(model, x, others, rng, None)  # at the
                      if case[1] and case[2] * quieter < LOUD_INPUT]  # largest sees no overflow)
             for batch, expected, scale in sorted(named, key=lambda case: case[2]):
-                louder = _quiet_rows_louder(model, batch, expected, others)  # and the
-                if louder is None:  # overflow in a smaller row
+                louder = _quiet_rows_louder(model, batch, expected, others, rng)  # and
+                if louder is None:  # the overflow in a smaller row
                     continue
                 batch, more = louder
                 cases.append(Case(args=(model, batch), label=(
@@ -223,8 +223,8 @@ def _outlier_rows(rng: Any, num_examples: int) -> list[list[int]]:
     return [rng.sample(quarter, 2) for quarter in quarters]
 
 
-def _quiet_rows_louder(model: Any, batch: np.ndarray, expected: str,
-                       scaled: list[int]) -> tuple[np.ndarray, float] | None:
+def _quiet_rows_louder(model: Any, batch: np.ndarray, expected: str, scaled: list[int],
+                       rng: Any) -> tuple[np.ndarray, float] | None:
     """``batch`` where the overflow at ``expected`` starts in one of the smaller rows only.
 
     The model is positively homogeneous (ReLU, zero biases, ``Rescaling``): a row times c gives
@@ -262,6 +262,7 @@ def _quiet_rows_louder(model: Any, batch: np.ndarray, expected: str,
             if row != keep and sizes[row]:
                 louder[row] *= min(0.9 * LOUD_INPUT / sizes[row], 65504 / 1.1 / peaks[row]
                                    if peaks[row] else np.inf)
+        _some_rows_below(louder, keep, [row for row in scaled if row != keep], rng)
         finite = [np.all(np.isfinite(np.asarray(output, np.float32)))
                   for output in every_output(louder)]
         first = next((layer.name for layer, ok in zip(layers, finite, strict=True)
@@ -269,6 +270,24 @@ def _quiet_rows_louder(model: Any, batch: np.ndarray, expected: str,
         if first == expected:
             return louder, float(kept)
     return None
+
+
+def _some_rows_below(batch: np.ndarray, keep: int, others: list[int], rng: Any,
+                     least: int = 10) -> None:
+    """Shrink rows of ``others`` (drawn in turn) below row ``keep`` by max and L2 norm, until a
+    drawn number of them (9 to 15) are below it in both, or moving one more would leave fewer
+    than ``least`` above it in either: the row that overflows is neither among the largest nor
+    among the smallest, nor at a fixed rank."""
+    target = rng.randint(9, 15)
+    for row in rng.sample(others, len(others)):
+        size, norm = np.max(np.abs(batch), axis=1), np.linalg.norm(batch, axis=1)
+        below = min(np.sum(size[others] < size[keep]), np.sum(norm[others] < norm[keep]))
+        above = min(np.sum(size[others] > size[keep]), np.sum(norm[others] > norm[keep]))
+        if below >= target or above <= least:
+            return
+        if size[row] >= size[keep] or norm[row] >= norm[keep]:
+            batch[row] *= rng.uniform(0.3, 0.9) * min(size[keep] / size[row],
+                                                      norm[keep] / norm[row])
 
 
 def _zero_the_loud_row(first: Any, feature: int) -> None:
