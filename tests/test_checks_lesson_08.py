@@ -410,6 +410,11 @@ def _lazy_overflow_answers(keras, tf):
         rows = np.sort(np.argsort(np.linalg.norm(x, axis=1))[-8:])
         return first_overflowing_layer(model, x[rows], keras, tf)
 
+    def four_largest_and_four_smallest(model, x):  # the extremes of the batch
+        order = np.argsort(np.max(np.abs(x), axis=1))
+        return first_overflowing_layer(model, x[np.sort(np.r_[order[:4], order[-4:]])],
+                                       keras, tf)
+
     def index_not_name(model, x):  # the position instead of the name
         name = first_overflowing_layer(model, x, keras, tf)
         return None if name is None else [layer.name for layer in model.layers].index(name)
@@ -429,6 +434,8 @@ def _lazy_overflow_answers(keras, tf):
             "the two largest examples only": two_largest_examples,
             "the four largest examples only": four_largest_examples,
             "the eight largest rows by L2 norm only": eight_largest_by_norm,
+            "the four largest and the four smallest examples only":
+                four_largest_and_four_smallest,
             "the first half of the batch only":
                 lambda model, x: first_overflowing_layer(model, x[:len(x) // 2], keras, tf),
             "every other example only":
@@ -448,6 +455,7 @@ def _lazy_overflow_answers(keras, tf):
                                      "the two largest examples only",
                                      "the four largest examples only",
                                      "the eight largest rows by L2 norm only",
+                                     "the four largest and the four smallest examples only",
                                      "the first half of the batch only",
                                      "every other example only"])
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
