@@ -402,6 +402,19 @@ def _lazy_overflow_answers(keras, tf):
         rows = np.argsort(np.max(np.abs(x), axis=1))[-2:]
         return first_overflowing_layer(model, x[rows], keras, tf)
 
+    def four_largest_examples(model, x):  # the 2 loud rows and, past them, 2 more
+        rows = np.sort(np.argsort(np.max(np.abs(x), axis=1))[-4:])
+        return first_overflowing_layer(model, x[rows], keras, tf)
+
+    def eight_largest_by_norm(model, x):  # rows by their L2 norm
+        rows = np.sort(np.argsort(np.linalg.norm(x, axis=1))[-8:])
+        return first_overflowing_layer(model, x[rows], keras, tf)
+
+    def four_largest_and_four_smallest(model, x):  # the extremes of the batch
+        order = np.argsort(np.max(np.abs(x), axis=1))
+        return first_overflowing_layer(model, x[np.sort(np.r_[order[:4], order[-4:]])],
+                                       keras, tf)
+
     def index_not_name(model, x):  # the position instead of the name
         name = first_overflowing_layer(model, x, keras, tf)
         return None if name is None else [layer.name for layer in model.layers].index(name)
@@ -418,7 +431,15 @@ def _lazy_overflow_answers(keras, tf):
             "NumPy float16 from the Dense weights": dense_weights_in_float16,
             "the largest example only": largest_example_only,
             "the rows far above the median only": rows_far_above_the_median,
-            "the two largest examples only": two_largest_examples}
+            "the two largest examples only": two_largest_examples,
+            "the four largest examples only": four_largest_examples,
+            "the eight largest rows by L2 norm only": eight_largest_by_norm,
+            "the four largest and the four smallest examples only":
+                four_largest_and_four_smallest,
+            "the first half of the batch only":
+                lambda model, x: first_overflowing_layer(model, x[:len(x) // 2], keras, tf),
+            "every other example only":
+                lambda model, x: first_overflowing_layer(model, x[::2], keras, tf)}
 
 
 @pytest.mark.parametrize("mistake", ["constant None", "constant first layer", "largest weights",
@@ -431,7 +452,12 @@ def _lazy_overflow_answers(keras, tf):
                                      "NumPy float16 from the Dense weights",
                                      "the largest example only",
                                      "the rows far above the median only",
-                                     "the two largest examples only"])
+                                     "the two largest examples only",
+                                     "the four largest examples only",
+                                     "the eight largest rows by L2 norm only",
+                                     "the four largest and the four smallest examples only",
+                                     "the first half of the batch only",
+                                     "every other example only"])
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
     lazy = _lazy_overflow_answers(keras, tf)[mistake]
     with pytest.raises(AssertionError, match="finite|you answered None|return a layer's name|"
