@@ -5,7 +5,8 @@
   ``element_spec`` has every dimension known, its graph holds the given dataset's reads and no
   Python of its own (the ``py_function`` tokens of the given dataset and no other: a generator
   that iterates it, a ``py_function`` or a ``numpy_function`` fails) and pulls nothing from an
-  iterator or a queue made outside it (work handed on), a compiled step traces
+  iterator, a queue or a variable made outside it (work handed on), pads in no
+  ``padded_batch`` to a bound of its own above ``sequence_length``, a compiled step traces
   once over an epoch, which ends (``repeat`` is named) and has ``n // batch_size`` batches read
   from the dataset given, holding the sequences cut or padded with zeros at the end to
   ``sequence_length``, in order (no ``deterministic=False``); the function may not read the

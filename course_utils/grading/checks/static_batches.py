@@ -1,7 +1,12 @@
 """Lesson 05, exercise 1 (a TPU-ready pipeline): what is wrong with one epoch of a learner's
 pipeline: its shapes, the Python its graph runs instead of the dataset given (``py_function``
-tokens, ``batch_shapes``) or hands on from an iterator or a queue made outside it, an epoch
-that never ends, its traces, batches and reads, and their values."""
+tokens, ``batch_shapes``) or hands on from an iterator, a queue or a variable made outside it
+(any handle its functions capture, a lookup table's too: the exercise needs none), a
+``padded_batch`` to a bound above ``sequence_length``, an epoch that never ends, its traces,
+batches and reads, and their values.
+
+Still passes: a ``tf.pad`` in a map to a bound of one's own, then a cut (the pad amount a
+right answer computes, e.g. ``tf.maximum(0, bound - length)``, looks the same in the graph)."""
 
 from __future__ import annotations
 
@@ -9,10 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.batch_shapes import _graph, graph_ops, py_function_tokens
+from course_utils.grading.checks.batch_shapes import (
+    _graph,
+    graph_ops,
+    handed_on,
+    py_function_tokens,
+)
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["order_problem", "python_problem", "verify_pipeline"]
+__all__ = ["order_problem", "padding_problem", "python_problem", "verify_pipeline"]
 
 
 #: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
@@ -24,12 +34,14 @@ _HANDED_ON = ("IteratorGetNext", "QueueDequeue", "Unstage")
 def python_problem(dataset: Any, given: set[str]) -> str | None:
     """What Python the pipeline runs instead of the given dataset's steps, or None: its graph
     must hold the given dataset's ``py_function`` tokens (its reads) and no other, and pull
-    nothing from an iterator or a queue made outside it."""
+    nothing from an iterator, a queue or other state made outside it (a resource its functions
+    capture, such as a variable a Python thread fills: lessons 00 and 01's ``handed_on``)."""
     tf = _tf()
     try:
         tokens = py_function_tokens(dataset)
         pulls = sorted({op for op in graph_ops(dataset)
                         if any(kind in op for kind in _HANDED_ON)})
+        captured = handed_on(dataset, given)[1]
     except AssertionError as error:  # batch_shapes' reader: a step that cannot be serialized
         return str(error)
     except (tf.errors.OpError, ValueError, TypeError) as error:
@@ -45,11 +57,38 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
                 "tf.numpy_function or from_generator): tf.data's threads run TensorFlow ops in "
                 "parallel, Python code takes turns while it computes (it holds the GIL: "
                 "Dataset.map's docstring). Which TensorFlow ops cut and pad a sequence?")
-    if pulls:
-        return (f"your pipeline takes elements from an iterator or a queue made outside it "
-                f"({', '.join(pulls)}): what fills it (another pipeline, a Python thread) runs "
+    if pulls or captured:
+        named = ", ".join(pulls) if pulls else f"{captured} handle(s) its functions capture"
+        return (f"your pipeline takes elements from an iterator, a queue or a variable made "
+                f"outside it ({named}): what fills it (another pipeline, a Python thread) runs "
                 "out of this graph's sight. Transform `dataset` itself with tf.data steps "
                 "(section 3)")
+    return None
+
+
+def padding_problem(dataset: Any, length: int) -> str | None:
+    """Which ``padded_batch`` of the pipeline pads to a bound of its own above ``length``, or
+    None: padding every sequence to a longer bound, then cutting, fails on a sequence longer
+    than that bound, which the check's data (3 to 100 times ``length``) may never hold."""
+    tf = _tf()
+    graph = _graph(dataset)
+    scopes = [graph.node, *(function.node_def for function in graph.library.function)]
+    bounds = set()
+    for nodes in scopes:
+        by_name = {node.name: node for node in nodes}
+        for node in nodes:
+            if not node.op.startswith("PaddedBatchDataset"):
+                continue
+            for name in node.input[2:2 + node.attr["N"].i]:  # its padded_shapes
+                shape = by_name.get(name.lstrip("^").split(":")[0])
+                if shape is not None and shape.op == "Const":
+                    bounds |= {int(size) for size in
+                               np.ravel(tf.make_ndarray(shape.attr["value"].tensor))}
+    own = sorted(bound for bound in bounds if bound > length)
+    if own:
+        return (f"your padded_batch pads to {own[-1]} tokens, a bound of your own: a longer "
+                f"sequence fails there. Keep each sequence's first sequence_length ({length}) "
+                "tokens and pad to that (section 3)")
     return None
 
 
@@ -85,7 +124,8 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
                 "for one shape (section 3). Which of your steps leaves a size unknown?")
     if shapes != [(batch, length), (batch,)]:
         return f"element shapes are {shapes}, expected [({batch}, {length}), ({batch},)]"
-    python = python_problem(dataset, given) or order_problem(dataset)
+    python = (python_problem(dataset, given) or order_problem(dataset)
+              or padding_problem(dataset, length))
     if python:
         return python
     if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
