@@ -771,8 +771,8 @@ def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
     """A Python thread pads the batches in NumPy into variables, starting a few seconds later,
     at most two batches ahead; the pipeline waits on a counter variable and reads them: no
     iterator or queue op."""
+    import atexit
     import threading
-    import time
 
     import tensorflow as tf
 
@@ -782,11 +782,15 @@ def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
     filled, total = tf.Variable(0, dtype=tf.int64), tf.Variable(-1, dtype=tf.int64)
     taken = tf.Variable(0, dtype=tf.int64)
 
+    stop = threading.Event()  # set at exit: a daemon thread stopped inside an op aborts
+
     def fill():
-        time.sleep(5.0)
+        if stop.wait(5.0):
+            return
         for k, (x, y) in enumerate(_streaming_generator(dataset, batch_size, sequence_length)):
             while k - int(taken.numpy()) >= 2:  # at most two batches ahead
-                time.sleep(0.001)
+                if stop.wait(0.001):
+                    return
             xs[k].assign(x)
             ys[k].assign(y)
             filled.assign(k + 1)
@@ -801,7 +805,9 @@ def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
             with tf.control_dependencies([taken.assign(i + 1)]):
                 return tf.identity(xs[i]), tf.identity(ys[i]), i < filled.read_value()
 
-    threading.Thread(target=fill, daemon=True).start()
+    thread = threading.Thread(target=fill, daemon=True)
+    thread.start()
+    atexit.register(lambda: (stop.set(), thread.join(10.0)))
     start = make_tpu_ready(dataset, batch_size, sequence_length).take(0)
     return start.concatenate(tf.data.Dataset.range(slots).map(pull)
                              .take_while(lambda x, y, more: more).map(lambda x, y, more: (x, y)))
