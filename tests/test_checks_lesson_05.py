@@ -628,16 +628,29 @@ def test_a_pipeline_that_fails_on_a_long_sequence_says_so():
 
 
 @pytest.mark.parametrize("times", [2, 128])
-def test_padding_to_a_bound_of_ones_own_then_cutting_is_named(times):
-    """Padded to a bound of its own (any multiple of sequence_length, here one above the
-    check's longest sequence), then cut: the padded_batch's shape in the graph tells."""
+def test_padding_to_a_bound_of_ones_own_then_cutting_fails(times):
+    """Padded to a bound of its own (twice sequence_length, what most sequences stay under, or
+    128 times, above the check's longest sequence), then cut: the case's long sequence is made
+    one token longer than the padded_batch's bound (read from the graph) before it is read."""
     def pad_then_cut(dataset, batch_size, sequence_length):
         return dataset.padded_batch(batch_size, padded_shapes=([times * sequence_length], []),
                                     drop_remainder=True).map(
             lambda x, y: (x[:, :sequence_length], y))
 
-    with pytest.raises(AssertionError, match=r"case 1 .*your padded_batch pads to \d+ tokens, "
-                                             r"a bound of your own"):
+    with pytest.raises(AssertionError, match=r"case 1 .*reading the pipeline failed at batch "
+                                             r"\d+: DataLossError.*one more than your "
+                                             r"padded_batch's bound"):
+        cu.grading.check_make_tpu_ready(pad_then_cut)
+
+
+def test_padding_to_a_bound_too_long_to_meet_is_named():
+    def pad_then_cut(dataset, batch_size, sequence_length):
+        return dataset.padded_batch(batch_size, padded_shapes=([2**20], []),
+                                    drop_remainder=True).map(
+            lambda x, y: (x[:, :sequence_length], y))
+
+    with pytest.raises(AssertionError, match=r"case 1 .*your padded_batch pads to 1048576 "
+                                             "tokens, a bound of your own"):
         cu.grading.check_make_tpu_ready(pad_then_cut)
 
 
@@ -646,7 +659,9 @@ def test_padding_to_a_bound_of_ones_own_then_cutting_is_named(times):
         b, padded_shapes=([n], []), drop_remainder=True),
     lambda d, b, n: d.map(lambda x, y: (x[:n], y)).ragged_batch(b, drop_remainder=True).map(
         lambda x, y: (x.to_tensor(shape=[b, n]), y)),
-], ids=["cut-then-padded_batch", "ragged_batch-to_tensor"])
+    lambda d, b, n: d.map(lambda x, y: (x[:n], y)).padded_batch(
+        b, padded_shapes=([2 * n], []), drop_remainder=True).map(lambda x, y: (x[:, :n], y)),
+], ids=["cut-then-padded_batch", "ragged_batch-to_tensor", "cut-padded_batch-to-2n-cut"])
 def test_right_answers_written_another_way_pass(answer):
     assert cu.grading.check_make_tpu_ready(answer)
 

@@ -1,9 +1,9 @@
 """Lesson 05, exercise 1 (a TPU-ready pipeline): what is wrong with one epoch of a learner's
 pipeline: its shapes, the Python its graph runs instead of the dataset given (``py_function``
 tokens, ``batch_shapes``) or hands on from an iterator, a queue or a variable made outside it
-(any handle its functions capture, a lookup table's too: the exercise needs none), a
-``padded_batch`` to a bound above ``sequence_length``, an epoch that never ends, its traces,
-batches and reads, and their values.
+(any handle its functions capture, a lookup table's too: the exercise needs none), an epoch
+that never ends, its traces, batches and reads, and their values; a ``padded_batch`` to a
+bound of its own meets a sequence one longer than that bound.
 
 Still passes: a ``tf.pad`` in a map to a bound of one's own, then a cut (the pad amount a
 right answer computes, e.g. ``tf.maximum(0, bound - length)``, looks the same in the graph)."""
@@ -22,7 +22,7 @@ from course_utils.grading.checks.batch_shapes import (
 )
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["order_problem", "padding_problem", "python_problem", "verify_pipeline"]
+__all__ = ["order_problem", "padded_bound", "python_problem", "verify_pipeline"]
 
 
 #: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
@@ -66,14 +66,18 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
     return None
 
 
-def padding_problem(dataset: Any, length: int) -> str | None:
-    """Which ``padded_batch`` of the pipeline pads to a bound of its own above ``length``, or
-    None: padding every sequence to a longer bound, then cutting, fails on a sequence longer
-    than that bound, which the check's data (3 to 100 times ``length``) may never hold."""
+#: The longest sequence the check makes to pass a ``padded_batch``'s bound of its own (4 MiB
+#: of tokens, a padded batch of 16 of them 64 MiB); a bound above it is named from the graph.
+_LONGEST = 2**20
+
+
+def padded_bound(dataset: Any, length: int) -> int | None:
+    """The largest bound above ``length`` that a ``padded_batch`` of the pipeline pads to (its
+    ``padded_shapes`` in the graph), or None."""
     tf = _tf()
     graph = _graph(dataset)
     scopes = [graph.node, *(function.node_def for function in graph.library.function)]
-    bounds = set()
+    bounds = {length}
     for nodes in scopes:
         by_name = {node.name: node for node in nodes}
         for node in nodes:
@@ -84,12 +88,7 @@ def padding_problem(dataset: Any, length: int) -> str | None:
                 if shape is not None and shape.op == "Const":
                     bounds |= {int(size) for size in
                                np.ravel(tf.make_ndarray(shape.attr["value"].tensor))}
-    own = sorted(bound for bound in bounds if bound > length)
-    if own:
-        return (f"your padded_batch pads to {own[-1]} tokens, a bound of your own: a longer "
-                f"sequence fails there. Keep each sequence's first sequence_length ({length}) "
-                "tokens and pad to that (section 3)")
-    return None
+    return max(bounds) if max(bounds) > length else None
 
 
 def order_problem(dataset: Any) -> str | None:
@@ -110,10 +109,14 @@ def order_problem(dataset: Any) -> str | None:
 
 
 def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]], batch: int,
-                    length: int, read: list[int], given: set[str]) -> str | None:
+                    length: int, read: list[int], given: set[str],
+                    lengthen: Any = None) -> str | None:
     """What is wrong with one epoch of the learner's ``dataset`` against the ``expected``
     batches, or None; ``read[0]`` counts the examples the dataset given has handed out, and
-    ``given`` holds its ``py_function`` tokens."""
+    ``given`` holds its ``py_function`` tokens. Where a ``padded_batch`` pads to a bound of its
+    own, ``lengthen(bound)`` makes the given dataset's long sequence (not read yet) longer than
+    that bound and returns its new expected batches (None: it is longer already): padding to
+    the bound, then cutting, fails on it; a cut first does not."""
     tf = _tf()
     if not isinstance(dataset, tf.data.Dataset):
         return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
@@ -124,10 +127,19 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
                 "for one shape (section 3). Which of your steps leaves a size unknown?")
     if shapes != [(batch, length), (batch,)]:
         return f"element shapes are {shapes}, expected [({batch}, {length}), ({batch},)]"
-    python = (python_problem(dataset, given) or order_problem(dataset)
-              or padding_problem(dataset, length))
+    python = python_problem(dataset, given) or order_problem(dataset)
     if python:
         return python
+    bound, note = padded_bound(dataset, length), ""
+    if bound is not None and lengthen is not None:
+        if bound >= _LONGEST:
+            return (f"your padded_batch pads to {bound} tokens, a bound of your own: pad to "
+                    f"sequence_length ({length}) (section 3)")
+        longer = lengthen(bound)
+        if longer is not None:
+            expected = longer
+            note = (f"; the long sequence made {bound + 1} tokens, one more than your "
+                    "padded_batch's bound")
     if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
         return (f"your pipeline never ends (it repeats): the check reads one epoch of "
                 f"{len(expected)} batches; leave repeat() to the training (section 9)")
@@ -145,7 +157,7 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
         said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
         return (f"reading the pipeline failed at batch {len(got) + 1}: {type(error).__name__}: "
                 f"{said} (some sequences are longer than sequence_length, one of them many "
-                "times longer: which step of yours meets one?)")
+                f"times longer{note}: which step of yours meets one?)")
     traces = step.experimental_get_tracing_count()
     if traces != 1:
         return f"a compiled step traced {traces} times over one epoch, expected once"
