@@ -785,10 +785,10 @@ def _a_queue_a_python_thread_fills(dataset, batch_size, sequence_length):
 
 
 def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
-    """A Python thread pads the batches in NumPy into variables, starting a few seconds later,
-    at most two batches ahead; the pipeline waits on a counter variable and reads them: no
-    iterator or queue op."""
-    import atexit
+    """A Python thread pads the batches in NumPy into variables as the pipeline asks for them
+    (it waits in a queue's dequeue: a thread stopped at exit inside an op that returns aborts
+    the process); the pipeline waits for a batch and reads it: no iterator's or queue's
+    take."""
     import threading
 
     import tensorflow as tf
@@ -797,34 +797,32 @@ def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
     xs = tf.Variable(tf.zeros([slots, batch_size, sequence_length], tf.int32))
     ys = tf.Variable(tf.zeros([slots, batch_size], tf.int32))
     filled, total = tf.Variable(0, dtype=tf.int64), tf.Variable(-1, dtype=tf.int64)
-    taken = tf.Variable(0, dtype=tf.int64)
-
-    stop = threading.Event()  # set at exit: a daemon thread stopped inside an op aborts
+    asks = tf.queue.FIFOQueue(slots + 1, [tf.int64], shapes=[[]])
 
     def fill():
-        if stop.wait(5.0):
-            return
-        for k, (x, y) in enumerate(_streaming_generator(dataset, batch_size, sequence_length)):
-            while k - int(taken.numpy()) >= 2:  # at most two batches ahead
-                if stop.wait(0.001):
-                    return
+        made = iter(_streaming_generator(dataset, batch_size, sequence_length))
+        for k in range(slots):
+            asks.dequeue()  # nothing read before the pipeline asks
+            x, y = next(made, (None, None))
+            if x is None:
+                break
             xs[k].assign(x)
             ys[k].assign(y)
             filled.assign(k + 1)
         total.assign(filled)
 
     def pull(i):
+        with tf.control_dependencies([asks.enqueue(i)]):
+            start = tf.constant(0, tf.int64) + 0
+
         def waiting(k):
             return tf.logical_and(filled <= i, tf.logical_or(total < 0, i < total))
 
-        done = tf.while_loop(waiting, lambda k: k + 1, [tf.constant(0, tf.int64)])
+        done = tf.while_loop(waiting, lambda k: k + 1, [start])
         with tf.control_dependencies(done):
-            with tf.control_dependencies([taken.assign(i + 1)]):
-                return tf.identity(xs[i]), tf.identity(ys[i]), i < filled.read_value()
+            return tf.identity(xs[i]), tf.identity(ys[i]), i < filled.read_value()
 
-    thread = threading.Thread(target=fill, daemon=True)
-    thread.start()
-    atexit.register(lambda: (stop.set(), thread.join(10.0)))
+    threading.Thread(target=fill, daemon=True).start()
     start = make_tpu_ready(dataset, batch_size, sequence_length).take(0)
     return start.concatenate(tf.data.Dataset.range(slots).map(pull)
                              .take_while(lambda x, y, more: more).map(lambda x, y, more: (x, y)))
@@ -835,10 +833,11 @@ def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
     (_padded_in_a_py_function, r"calls Python \(1 op"),
     (_padded_in_a_stateless_numpy_function, r"calls Python \(1 op"),
     (_the_generator_behind_the_given_dataset, r"calls Python \(3 op"),
-    (_an_iterator_of_a_python_pipeline, r"from an iterator, .*\(IteratorGetNextAsOptional\)"),
-    (_a_queue_a_python_thread_fills, r"from an iterator, a queue .*\(QueueDequeueV2\)"),
-    (_variables_a_python_thread_fills, r"a queue or a variable made outside it "
-                                       r"\(\d+ handle\(s\) its functions capture\)"),
+    (_an_iterator_of_a_python_pipeline,
+     r"reads state made outside it \(IteratorGetNextAsOptional:"),
+    (_a_queue_a_python_thread_fills, r"reads state made outside it \(QueueDequeueV2:"),
+    (_variables_a_python_thread_fills, r"reads state made outside it "
+                                       r"\(\d+ handle\(s\) its functions capture:"),
     (lambda *args: make_tpu_ready(*args).repeat(), "never ends"),
     (lambda *args: make_tpu_ready(*args).repeat(2), r"the epoch has more than \d+ batches"),
 ])

@@ -59,9 +59,9 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
                 "Dataset.map's docstring). Which TensorFlow ops cut and pad a sequence?")
     if pulls or captured:
         named = ", ".join(pulls) if pulls else f"{captured} handle(s) its functions capture"
-        return (f"your pipeline takes elements from an iterator, a queue or a variable made "
-                f"outside it ({named}): what fills it (another pipeline, a Python thread) runs "
-                "out of this graph's sight. Transform `dataset` itself with tf.data steps "
+        return (f"your pipeline reads state made outside it ({named}: an iterator, a queue, a "
+                "variable, a table): what another pipeline or a Python thread puts there is "
+                "work out of this graph's sight. Transform `dataset` itself with tf.data steps "
                 "(section 3)")
     return None
 
