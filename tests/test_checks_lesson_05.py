@@ -627,17 +627,45 @@ def test_a_pipeline_that_fails_on_a_long_sequence_says_so():
         cu.grading.check_make_tpu_ready(not_cut)
 
 
-def test_padding_to_twice_the_length_then_cutting_fails():
-    """Padded to a bound of its own (twice sequence_length, what most sequences stay under),
-    then cut: each case holds one sequence 3 to 100 times sequence_length, in a batch kept."""
+@pytest.mark.parametrize(("times", "made"), [
+    (2, ""),  # the long sequence (3 to 100 times sequence_length) is past the bound already
+    (128, ".*one more than your padded_batch's bound"),
+])
+def test_padding_to_a_bound_of_ones_own_then_cutting_fails(times, made):
+    """Padded to a bound of its own (twice sequence_length, what most sequences stay under, or
+    128 times, above the check's longest sequence), then cut: the case's long sequence is made
+    one token longer than the padded_batch's bound (read from the graph) before it is read."""
     def pad_then_cut(dataset, batch_size, sequence_length):
-        return dataset.padded_batch(batch_size, padded_shapes=([2 * sequence_length], []),
+        return dataset.padded_batch(batch_size, padded_shapes=([times * sequence_length], []),
                                     drop_remainder=True).map(
             lambda x, y: (x[:, :sequence_length], y))
 
-    with pytest.raises(AssertionError, match=r"case 1 .*and one of \d+, .*reading the pipeline "
-                                             r"failed at batch \d+: DataLossError"):
+    with pytest.raises(AssertionError, match=r"case 1 .*reading the pipeline failed at batch "
+                                             rf"\d+: DataLossError{made}"):
         cu.grading.check_make_tpu_ready(pad_then_cut)
+
+
+def test_padding_to_a_bound_too_long_to_meet_is_named():
+    def pad_then_cut(dataset, batch_size, sequence_length):
+        return dataset.padded_batch(batch_size, padded_shapes=([2**20], []),
+                                    drop_remainder=True).map(
+            lambda x, y: (x[:, :sequence_length], y))
+
+    with pytest.raises(AssertionError, match=r"case 1 .*your padded_batch pads to 1048576 "
+                                             "tokens, a bound of your own"):
+        cu.grading.check_make_tpu_ready(pad_then_cut)
+
+
+@pytest.mark.parametrize("answer", [
+    lambda d, b, n: d.map(lambda x, y: (x[:n], y)).padded_batch(
+        b, padded_shapes=([n], []), drop_remainder=True),
+    lambda d, b, n: d.map(lambda x, y: (x[:n], y)).ragged_batch(b, drop_remainder=True).map(
+        lambda x, y: (x.to_tensor(shape=[b, n]), y)),
+    lambda d, b, n: d.map(lambda x, y: (x[:n], y)).padded_batch(
+        b, padded_shapes=([2 * n], []), drop_remainder=True).map(lambda x, y: (x[:, :n], y)),
+], ids=["cut-then-padded_batch", "ragged_batch-to_tensor", "cut-padded_batch-to-2n-cut"])
+def test_right_answers_written_another_way_pass(answer):
+    assert cu.grading.check_make_tpu_ready(answer)
 
 
 def test_a_removed_profiler_fails_the_settings():
@@ -756,13 +784,60 @@ def _a_queue_a_python_thread_fills(dataset, batch_size, sequence_length):
     return _handed_on(dataset, batch_size, sequence_length, queue.dequeue)
 
 
+def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
+    """A Python thread pads the batches in NumPy into variables as the pipeline asks for them
+    (it waits in a queue's dequeue: a thread stopped at exit inside an op that returns aborts
+    the process); the pipeline waits for a batch and reads it: no iterator's or queue's
+    take."""
+    import threading
+
+    import tensorflow as tf
+
+    slots = 1024  # batches: more than any case holds
+    xs = tf.Variable(tf.zeros([slots, batch_size, sequence_length], tf.int32))
+    ys = tf.Variable(tf.zeros([slots, batch_size], tf.int32))
+    filled, total = tf.Variable(0, dtype=tf.int64), tf.Variable(-1, dtype=tf.int64)
+    asks = tf.queue.FIFOQueue(slots + 1, [tf.int64], shapes=[[]])
+
+    def fill():
+        made = iter(_streaming_generator(dataset, batch_size, sequence_length))
+        for k in range(slots):
+            asks.dequeue()  # nothing read before the pipeline asks
+            x, y = next(made, (None, None))
+            if x is None:
+                break
+            xs[k].assign(x)
+            ys[k].assign(y)
+            filled.assign(k + 1)
+        total.assign(filled)
+
+    def pull(i):
+        with tf.control_dependencies([asks.enqueue(i)]):
+            start = tf.constant(0, tf.int64) + 0
+
+        def waiting(k):
+            return tf.logical_and(filled <= i, tf.logical_or(total < 0, i < total))
+
+        done = tf.while_loop(waiting, lambda k: k + 1, [start])
+        with tf.control_dependencies(done):
+            return tf.identity(xs[i]), tf.identity(ys[i]), i < filled.read_value()
+
+    threading.Thread(target=fill, daemon=True).start()
+    start = make_tpu_ready(dataset, batch_size, sequence_length).take(0)
+    return start.concatenate(tf.data.Dataset.range(slots).map(pull)
+                             .take_while(lambda x, y, more: more).map(lambda x, y, more: (x, y)))
+
+
 @pytest.mark.parametrize(("answer", "message"), [
     (_streaming_generator, "not made from the one given"),
     (_padded_in_a_py_function, r"calls Python \(1 op"),
     (_padded_in_a_stateless_numpy_function, r"calls Python \(1 op"),
     (_the_generator_behind_the_given_dataset, r"calls Python \(3 op"),
-    (_an_iterator_of_a_python_pipeline, r"from an iterator .*\(IteratorGetNextAsOptional\)"),
-    (_a_queue_a_python_thread_fills, r"from an iterator or a queue .*\(QueueDequeueV2\)"),
+    (_an_iterator_of_a_python_pipeline,
+     r"reads state made outside it \(IteratorGetNextAsOptional:"),
+    (_a_queue_a_python_thread_fills, r"reads state made outside it \(QueueDequeueV2:"),
+    (_variables_a_python_thread_fills, r"reads state made outside it "
+                                       r"\(\d+ handle\(s\) its functions capture:"),
     (lambda *args: make_tpu_ready(*args).repeat(), "never ends"),
     (lambda *args: make_tpu_ready(*args).repeat(2), r"the epoch has more than \d+ batches"),
 ])

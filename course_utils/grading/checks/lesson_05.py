@@ -5,12 +5,13 @@
   ``element_spec`` has every dimension known, its graph holds the given dataset's reads and no
   Python of its own (the ``py_function`` tokens of the given dataset and no other: a generator
   that iterates it, a ``py_function`` or a ``numpy_function`` fails) and pulls nothing from an
-  iterator or a queue made outside it (work handed on), a compiled step traces
+  iterator, a queue or a variable made outside it (work handed on), a compiled step traces
   once over an epoch, which ends (``repeat`` is named) and has ``n // batch_size`` batches read
   from the dataset given, holding the sequences cut or padded with zeros at the end to
   ``sequence_length``, in order (no ``deterministic=False``); the function may not read the
   dataset when called (the dataset counts what it hands out), nor read most of a long stream
-  before its first batch.
+  before its first batch. A ``padded_batch`` to a bound of its own (its ``padded_shapes`` in
+  the graph) meets a long sequence one token longer than that bound, made before it is read.
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
   boundary), compared with the rules stated in the exercise; a global batch that cannot give
@@ -145,8 +146,8 @@ def check_make_tpu_ready(fn: Any) -> bool:
         tokens, labels = _sequences(rng, n, 2 * length)
         # one sequence far longer, in a batch kept: padding to a bound of one's own (twice
         # sequence_length, then cut) is no cut
-        longest = rng.randint(3 * length, 100 * length)
-        tokens[rng.randrange(batch * (n // batch))] = np.random.default_rng(
+        longest, at = rng.randint(3 * length, 100 * length), rng.randrange(batch * (n // batch))
+        tokens[at] = np.random.default_rng(
             rng.randint(0, 2**31 - 1)).integers(1, 100, size=longest).astype("int32")
         read = [0]
         given = _raw_dataset(tokens, labels, read)
@@ -154,13 +155,20 @@ def check_make_tpu_ready(fn: Any) -> bool:
 
         def verify(got: Any, tokens: Any = tokens, labels: Any = labels, batch: int = batch,
                    length: int = length, read: list[int] = read,
-                   reads: set[str] = reads) -> str | None:
+                   reads: set[str] = reads, at: int = at) -> str | None:
+            def lengthen(bound: int) -> Any:  # past a padded_batch's bound of its own
+                if len(tokens[at]) > bound:
+                    return None
+                tokens[at] = np.resize(tokens[at], bound + 1)  # read when iterated
+                return _expected_batches(tokens, labels, batch, length)
+
             if read[0]:
                 return (f"your function read {read[0]} examples of the dataset when called: "
                         "a copy of the data made in memory, not a pipeline that transforms "
                         "the examples as they stream")
             return static_batches.verify_pipeline(
-                got, _expected_batches(tokens, labels, batch, length), batch, length, read, reads)
+                got, _expected_batches(tokens, labels, batch, length), batch, length, read, reads,
+                lengthen)
 
         cases.append(Case(args=(given, batch, length),
                           verify=verify,

@@ -1,7 +1,12 @@
 """Lesson 05, exercise 1 (a TPU-ready pipeline): what is wrong with one epoch of a learner's
 pipeline: its shapes, the Python its graph runs instead of the dataset given (``py_function``
-tokens, ``batch_shapes``) or hands on from an iterator or a queue made outside it, an epoch
-that never ends, its traces, batches and reads, and their values."""
+tokens, ``batch_shapes``) or hands on from an iterator, a queue or a variable made outside it
+(any handle its functions capture, a lookup table's too: the exercise needs none), an epoch
+that never ends, its traces, batches and reads, and their values; a ``padded_batch`` to a
+bound of its own meets a sequence one longer than that bound.
+
+Still passes: a ``tf.pad`` in a map to a bound of one's own, then a cut (the pad amount a
+right answer computes, e.g. ``tf.maximum(0, bound - length)``, looks the same in the graph)."""
 
 from __future__ import annotations
 
@@ -9,10 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.batch_shapes import _graph, graph_ops, py_function_tokens
+from course_utils.grading.checks.batch_shapes import (
+    _graph,
+    graph_ops,
+    handed_on,
+    py_function_tokens,
+)
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["order_problem", "python_problem", "verify_pipeline"]
+__all__ = ["order_problem", "padded_bound", "python_problem", "verify_pipeline"]
 
 
 #: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
@@ -24,12 +34,14 @@ _HANDED_ON = ("IteratorGetNext", "QueueDequeue", "Unstage")
 def python_problem(dataset: Any, given: set[str]) -> str | None:
     """What Python the pipeline runs instead of the given dataset's steps, or None: its graph
     must hold the given dataset's ``py_function`` tokens (its reads) and no other, and pull
-    nothing from an iterator or a queue made outside it."""
+    nothing from an iterator, a queue or other state made outside it (a resource its functions
+    capture, such as a variable a Python thread fills: lessons 00 and 01's ``handed_on``)."""
     tf = _tf()
     try:
         tokens = py_function_tokens(dataset)
         pulls = sorted({op for op in graph_ops(dataset)
                         if any(kind in op for kind in _HANDED_ON)})
+        captured = handed_on(dataset, given)[1]
     except AssertionError as error:  # batch_shapes' reader: a step that cannot be serialized
         return str(error)
     except (tf.errors.OpError, ValueError, TypeError) as error:
@@ -45,12 +57,38 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
                 "tf.numpy_function or from_generator): tf.data's threads run TensorFlow ops in "
                 "parallel, Python code takes turns while it computes (it holds the GIL: "
                 "Dataset.map's docstring). Which TensorFlow ops cut and pad a sequence?")
-    if pulls:
-        return (f"your pipeline takes elements from an iterator or a queue made outside it "
-                f"({', '.join(pulls)}): what fills it (another pipeline, a Python thread) runs "
-                "out of this graph's sight. Transform `dataset` itself with tf.data steps "
+    if pulls or captured:
+        named = ", ".join(pulls) if pulls else f"{captured} handle(s) its functions capture"
+        return (f"your pipeline reads state made outside it ({named}: an iterator, a queue, a "
+                "variable, a table): what another pipeline or a Python thread puts there is "
+                "work out of this graph's sight. Transform `dataset` itself with tf.data steps "
                 "(section 3)")
     return None
+
+
+#: The longest sequence the check makes to pass a ``padded_batch``'s bound of its own (4 MiB
+#: of tokens, a padded batch of 16 of them 64 MiB); a bound above it is named from the graph.
+_LONGEST = 2**20
+
+
+def padded_bound(dataset: Any, length: int) -> int | None:
+    """The largest bound above ``length`` that a ``padded_batch`` of the pipeline pads to (its
+    ``padded_shapes`` in the graph), or None."""
+    tf = _tf()
+    graph = _graph(dataset)
+    scopes = [graph.node, *(function.node_def for function in graph.library.function)]
+    bounds = {length}
+    for nodes in scopes:
+        by_name = {node.name: node for node in nodes}
+        for node in nodes:
+            if not node.op.startswith("PaddedBatchDataset"):
+                continue
+            for name in node.input[2:2 + node.attr["N"].i]:  # its padded_shapes
+                shape = by_name.get(name.lstrip("^").split(":")[0])
+                if shape is not None and shape.op == "Const":
+                    bounds |= {int(size) for size in
+                               np.ravel(tf.make_ndarray(shape.attr["value"].tensor))}
+    return max(bounds) if max(bounds) > length else None
 
 
 def order_problem(dataset: Any) -> str | None:
@@ -71,10 +109,14 @@ def order_problem(dataset: Any) -> str | None:
 
 
 def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]], batch: int,
-                    length: int, read: list[int], given: set[str]) -> str | None:
+                    length: int, read: list[int], given: set[str],
+                    lengthen: Any = None) -> str | None:
     """What is wrong with one epoch of the learner's ``dataset`` against the ``expected``
     batches, or None; ``read[0]`` counts the examples the dataset given has handed out, and
-    ``given`` holds its ``py_function`` tokens."""
+    ``given`` holds its ``py_function`` tokens. Where a ``padded_batch`` pads to a bound of its
+    own, ``lengthen(bound)`` makes the given dataset's long sequence (not read yet) longer than
+    that bound and returns its new expected batches (None: it is longer already): padding to
+    the bound, then cutting, fails on it; a cut first does not."""
     tf = _tf()
     if not isinstance(dataset, tf.data.Dataset):
         return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
@@ -88,6 +130,16 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
     python = python_problem(dataset, given) or order_problem(dataset)
     if python:
         return python
+    bound, note = padded_bound(dataset, length), ""
+    if bound is not None and lengthen is not None:
+        if bound >= _LONGEST:
+            return (f"your padded_batch pads to {bound} tokens, a bound of your own: pad to "
+                    f"sequence_length ({length}) (section 3)")
+        longer = lengthen(bound)
+        if longer is not None:
+            expected = longer
+            note = (f"; the long sequence made {bound + 1} tokens, one more than your "
+                    "padded_batch's bound")
     if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
         return (f"your pipeline never ends (it repeats): the check reads one epoch of "
                 f"{len(expected)} batches; leave repeat() to the training (section 9)")
@@ -105,7 +157,7 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
         said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
         return (f"reading the pipeline failed at batch {len(got) + 1}: {type(error).__name__}: "
                 f"{said} (some sequences are longer than sequence_length, one of them many "
-                "times longer: which step of yours meets one?)")
+                f"times longer{note}: which step of yours meets one?)")
     traces = step.experimental_get_tracing_count()
     if traces != 1:
         return f"a compiled step traced {traces} times over one epoch, expected once"
