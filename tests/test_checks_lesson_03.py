@@ -1129,6 +1129,21 @@ def empties_the_audit(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def whole_batches_rebatched(x, y, global_batch, examples_done):
+    """Per-replica batches rebatched into whole global batches (``rebatch``: no batch size of
+    its own, an element shape of unknown size), each pipeline keeping its rows."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        dataset = dataset.batch(batch).rebatch(global_batch).map(
+            lambda f, t: (f[own:own + rows], t[own:own + rows]))
+        return dataset.unbatch().batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 def skips_whole_batches(x, y, global_batch, examples_done):
     """Skips per-replica batches after batching: whole global batches done, the rest lost."""
     def dataset_fn(context):
@@ -1205,6 +1220,8 @@ RESUME_CATALOGUE = {
         restore_latest, whole_batches_map_and_batch, r"batched \[\d+, \d+\] examples"),
     "whole global batches cut in NumPy": (restore_latest, whole_batches_in_numpy,
                                           r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches through rebatch": (restore_latest, whole_batches_rebatched,
+                                             r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches stacked in NumPy into one from_tensors element": (
         restore_latest, whole_batches_stacked_in_one_element(),
         r"batched \[\d+(, \d+)*\] examples"),

@@ -4,8 +4,9 @@ the learner's code runs (:mod:`course_utils.grading.checks.worker_scripts`).
 
 Every dataset made while the audit is in place reports the batch or window size of a batching
 op (-1: not known when it was made; whatever API made it: ``batch``, ``padded_batch``,
-``map_and_batch``, ``window``, a private function), or the examples an element already holds
-when they are more than the pipeline's share (whole global batches made in NumPy). One
+``map_and_batch``, ``window``, ``rebatch``, a private function), or the examples an element
+already holds when they are more than the pipeline's share (whole global batches made in
+NumPy). One
 element of ``from_tensors`` (or several zipped) is all the data, no batch, when each of its
 parts is a stack of rows of the arrays the check handed over (same rank and row shape, every
 row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
@@ -13,7 +14,11 @@ resumed order) or has one dimension at most (an index array, the labels); any ot
 ``[steps, global batch, features]`` stacks, holds batches. Still passes: the features
 flattened into one dimension (an index array looks alike), and rows of the data in
 global-batch order reshaped into global batches inside a traced function (``flat_map``): the
-audit reads how datasets are made, not the graphs of their functions.
+audit reads how datasets are made, not the graphs of their functions. Nor does it see the
+examples an element holds when their number is not known when the dataset is made (a
+``None`` dimension: ``from_generator`` with such an ``output_signature``, a ``map`` gathering
+rows with bounds computed at run time, ``scan``, ragged elements), nor an element of one
+dimension (a global batch of labels alone).
 """
 
 from __future__ import annotations
@@ -72,15 +77,16 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size")
+        size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size",
+                                                      "_batch_sizes")
                      if getattr(self, name, None) is not None), None)
-        if size is not None:          # a batching op: its size
+        if size is not None:          # a batching op: its size (rebatch: its largest)
             value = static_value(size)
-            sizes.append(int(value) if value is not None else -1)
+            sizes.append(int(asarray(value).max(initial=0)) if value is not None else -1)
             return
         kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
         zipped = flatten(getattr(self, "_datasets", None) or []) if kind == "_ZipDataset" else []
-        parts = getattr(self, "_tensors", None) or [] if kind == "_TensorDataset" else []
+        parts = (getattr(self, "_tensors", None) or []) if kind == "_TensorDataset" else []
         if (parts and all(rows_of_the_data(part) for part in parts)) or (
                 id(source) in whole and kind != "_UnbatchDataset"
                 and self.element_spec == source.element_spec) or (
