@@ -917,9 +917,23 @@ def rows_from_the_resumed_example(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def rows_from_tensors_cast_whole(x, y, global_batch, examples_done):
+    """Right too: from_tensors of every row, the labels cast on the whole element before it is
+    unbatched (an element of the same shapes, another dtype), cast back after."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensors((x, y)).map(
+            lambda f, t: (f, tf.cast(t, tf.int32))).unbatch()
+        dataset = dataset.map(lambda f, t: (f, tf.cast(t, tf.int64))).repeat().skip(examples_done)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 @pytest.mark.parametrize("make", [shards_then_skips_its_own, rows_from_tensors_unbatched,
                                   rows_from_zipped_tensors, rows_gathered_in_resumed_order,
-                                  rows_from_the_resumed_example])
+                                  rows_from_the_resumed_example, rows_from_tensors_cast_whole])
 def test_other_right_pipelines_pass_the_in_process_cases(make):
     for seed in range(3):
         assert resume_inputs.dataset_fn_problem(make, random.Random(seed)) is None

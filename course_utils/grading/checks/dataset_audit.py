@@ -10,7 +10,8 @@ NumPy). One
 element of ``from_tensors`` (or several zipped) is all the data, no batch, when each of its
 parts is a stack of rows of the arrays the check handed over (same rank and row shape, every
 row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
-resumed order) or has one dimension at most (an index array, the labels); any other, e.g.
+resumed order) or has one dimension at most (an index array, the labels), and so is what is
+made of it with parts of the same shapes (``map`` casting it, ``repeat``); any other, e.g.
 ``[steps, global batch, features]`` stacks, holds batches. Still passes: the features
 flattened into one dimension (an index array looks alike), and rows of the data in
 global-batch order reshaped into global batches inside a traced function (``flat_map``): the
@@ -75,6 +76,14 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         dims = dims[:len(dims) - max(tails, default=0)]
         return int(prod(dims)) if all(d is not None for d in dims) else int(dims[0] or 0)
 
+    def same_shapes(spec: Any, other: Any) -> bool:
+        """Whether two element specs have the same parts of the same shapes (the dtypes may
+        differ: a cast of the whole element is still the same rows)."""
+        parts, others = flatten(spec), flatten(other)
+        return spec == other or (len(parts) == len(others) and all(
+            isinstance(a, tensor_spec) and isinstance(b, tensor_spec) and a.shape == b.shape
+            for a, b in zip(parts, others, strict=True)))
+
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size",
@@ -89,7 +98,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         parts = (getattr(self, "_tensors", None) or []) if kind == "_TensorDataset" else []
         if (parts and all(rows_of_the_data(part) for part in parts)) or (
                 id(source) in whole and kind != "_UnbatchDataset"
-                and self.element_spec == source.element_spec) or (
+                and same_shapes(self.element_spec, source.element_spec)) or (
                 zipped and all(id(each) in whole for each in zipped)):
             whole.add(id(self))       # from_tensors' one element (zipped): all the data, no batch
             return
