@@ -917,9 +917,23 @@ def rows_from_the_resumed_example(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def rows_from_tensors_cast_whole(x, y, global_batch, examples_done):
+    """Right too: from_tensors of every row, the labels cast on the whole element before it is
+    unbatched (an element of the same shapes, another dtype), cast back after."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensors((x, y)).map(
+            lambda f, t: (f, tf.cast(t, tf.int32))).unbatch()
+        dataset = dataset.map(lambda f, t: (f, tf.cast(t, tf.int64))).repeat().skip(examples_done)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 @pytest.mark.parametrize("make", [shards_then_skips_its_own, rows_from_tensors_unbatched,
                                   rows_from_zipped_tensors, rows_gathered_in_resumed_order,
-                                  rows_from_the_resumed_example])
+                                  rows_from_the_resumed_example, rows_from_tensors_cast_whole])
 def test_other_right_pipelines_pass_the_in_process_cases(make):
     for seed in range(3):
         assert resume_inputs.dataset_fn_problem(make, random.Random(seed)) is None
@@ -1129,6 +1143,21 @@ def empties_the_audit(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def whole_batches_rebatched(x, y, global_batch, examples_done):
+    """Per-replica batches rebatched into whole global batches (``rebatch``: no batch size of
+    its own, an element shape of unknown size), each pipeline keeping its rows."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        dataset = dataset.batch(batch).rebatch(global_batch).map(
+            lambda f, t: (f[own:own + rows], t[own:own + rows]))
+        return dataset.unbatch().batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 def skips_whole_batches(x, y, global_batch, examples_done):
     """Skips per-replica batches after batching: whole global batches done, the rest lost."""
     def dataset_fn(context):
@@ -1205,6 +1234,8 @@ RESUME_CATALOGUE = {
         restore_latest, whole_batches_map_and_batch, r"batched \[\d+, \d+\] examples"),
     "whole global batches cut in NumPy": (restore_latest, whole_batches_in_numpy,
                                           r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches through rebatch": (restore_latest, whole_batches_rebatched,
+                                             r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches stacked in NumPy into one from_tensors element": (
         restore_latest, whole_batches_stacked_in_one_element(),
         r"batched \[\d+(, \d+)*\] examples"),

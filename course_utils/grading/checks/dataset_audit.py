@@ -4,16 +4,22 @@ the learner's code runs (:mod:`course_utils.grading.checks.worker_scripts`).
 
 Every dataset made while the audit is in place reports the batch or window size of a batching
 op (-1: not known when it was made; whatever API made it: ``batch``, ``padded_batch``,
-``map_and_batch``, ``window``, a private function), or the examples an element already holds
-when they are more than the pipeline's share (whole global batches made in NumPy). One
+``map_and_batch``, ``window``, ``rebatch``, a private function), or the examples an element
+already holds when they are more than the pipeline's share (whole global batches made in
+NumPy). One
 element of ``from_tensors`` (or several zipped) is all the data, no batch, when each of its
 parts is a stack of rows of the arrays the check handed over (same rank and row shape, every
 row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
-resumed order) or has one dimension at most (an index array, the labels); any other, e.g.
+resumed order) or has one dimension at most (an index array, the labels), and so is what is
+made of it with parts of the same shapes (``map`` casting it, ``repeat``); any other, e.g.
 ``[steps, global batch, features]`` stacks, holds batches. Still passes: the features
 flattened into one dimension (an index array looks alike), and rows of the data in
 global-batch order reshaped into global batches inside a traced function (``flat_map``): the
-audit reads how datasets are made, not the graphs of their functions.
+audit reads how datasets are made, not the graphs of their functions. Nor does it see the
+examples an element holds when their number is not known when the dataset is made (a
+``None`` dimension: ``from_generator`` with such an ``output_signature``, a ``map`` gathering
+rows with bounds computed at run time, ``scan``, ragged elements), nor an element of one
+dimension (a global batch of labels alone).
 """
 
 from __future__ import annotations
@@ -70,20 +76,29 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         dims = dims[:len(dims) - max(tails, default=0)]
         return int(prod(dims)) if all(d is not None for d in dims) else int(dims[0] or 0)
 
+    def same_shapes(spec: Any, other: Any) -> bool:
+        """Whether two element specs have the same parts of the same shapes (the dtypes may
+        differ: a cast of the whole element is still the same rows)."""
+        parts, others = flatten(spec), flatten(other)
+        return spec == other or (len(parts) == len(others) and all(
+            isinstance(a, tensor_spec) and isinstance(b, tensor_spec) and a.shape == b.shape
+            for a, b in zip(parts, others, strict=True)))
+
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size")
+        size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size",
+                                                      "_batch_sizes")
                      if getattr(self, name, None) is not None), None)
-        if size is not None:          # a batching op: its size
+        if size is not None:          # a batching op: its size (rebatch: its largest)
             value = static_value(size)
-            sizes.append(int(value) if value is not None else -1)
+            sizes.append(int(asarray(value).max(initial=0)) if value is not None else -1)
             return
         kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
         zipped = flatten(getattr(self, "_datasets", None) or []) if kind == "_ZipDataset" else []
-        parts = getattr(self, "_tensors", None) or [] if kind == "_TensorDataset" else []
+        parts = (getattr(self, "_tensors", None) or []) if kind == "_TensorDataset" else []
         if (parts and all(rows_of_the_data(part) for part in parts)) or (
                 id(source) in whole and kind != "_UnbatchDataset"
-                and self.element_spec == source.element_spec) or (
+                and same_shapes(self.element_spec, source.element_spec)) or (
                 zipped and all(id(each) in whole for each in zipped)):
             whole.add(id(self))       # from_tensors' one element (zipped): all the data, no batch
             return
