@@ -1143,6 +1143,23 @@ def empties_the_audit(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def empties_the_audit_through_getnamespace(x, y, global_batch, examples_done):
+    """The same, the closure's lists reached through autograph's ``getnamespace`` (a public
+    function of TensorFlow's, not an attribute of the function)."""
+    whole = whole_batches_sliced()(x, y, global_batch, examples_done)
+
+    def dataset_fn(context):
+        from tensorflow.python.autograph.pyct.inspect_utils import getnamespace
+
+        dataset = whole(context)
+        for value in getnamespace(tf.data.Dataset.__init__).values():
+            if isinstance(value, list):
+                value.clear()
+        return dataset
+
+    return dataset_fn
+
+
 def whole_batches_rebatched(x, y, global_batch, examples_done):
     """Per-replica batches rebatched into whole global batches (``rebatch``: no batch size of
     its own, an element shape of unknown size), each pipeline keeping its rows."""
@@ -1244,6 +1261,8 @@ RESUME_CATALOGUE = {
         r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches, the audit emptied through getattr(..., '__closure__')": (
         restore_latest, empties_the_audit, "use __closure__, cell_contents"),
+    "whole global batches, the audit emptied through autograph's getnamespace": (
+        restore_latest, empties_the_audit_through_getnamespace, "use getnamespace"),
     "skips whole per-replica batches after batching": (restore_latest, skips_whole_batches,
                                                         "trained examples it should not"),
     "skips examples_done % global_batch": (restore_latest, skips_the_remainder_only,

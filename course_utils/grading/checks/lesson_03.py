@@ -35,8 +35,8 @@
   weights of an uninterrupted one-device run.
 
 Still passes: a function reaching the audit by attribute names built at run time (or ctypes),
-or through a library function that reads a closure's cells for it (TensorFlow's autograph
-``inspect_utils.getnamespace``, Keras' ``func_dump``): no scan of code sees every name it
+or through a library function that reads a closure's cells for it under a name not scanned
+(``getnamespace``, ``func_dump`` are; tested): no scan of code sees every name it
 builds, and the audit must be reachable from what it records. The audit of the datasets also
 misses some whole global batches (:mod:`course_utils.grading.checks.dataset_audit`).
 
