@@ -662,7 +662,7 @@ def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
         log = next(cell.cell_contents for cell in type(watched).schedule.__closure__
                    if getattr(cell.cell_contents, "__name__", "") == "log")
         return next(cell.cell_contents for cell in log.__closure__
-                    if isinstance(cell.cell_contents, int))
+                    if getattr(cell.cell_contents, "__name__", "") == "current")()
 
     watched, record = watch(_Coordinator(_RunningRemote))
     fd = write_fd(watched)
@@ -721,3 +721,55 @@ def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
     remotes.append(watched.schedule(None))  # not in the log
     [remote.fetch() for remote in remotes]
     assert "record of your steps was changed" in record.changed()
+
+    for prefix in range(1, 9):  # the watch's frames read from their numbers' bytes
+        watched, record = watch(_Coordinator(_RunningRemote))
+        fd, remotes = write_fd(watched), []
+        for index in range(5):  # none waited for, a right loop's log written around them
+            if index >= 2:
+                _record_of(watched).finished[index - 2] = True
+                os.write(fd, struct.pack("<cq", b"F", index - 2))
+            os.write(fd, b"S" * prefix)
+            remotes.append(watched.schedule(None))
+            os.write(fd, b"\0" * (-(prefix + 18) % 9))
+            os.write(fd, struct.pack("<cq", b"R", 0)
+                     + struct.pack("<cq", b"S", id(_record_of(watched).scheduled[-1])))
+        [remote.fetch() for remote in remotes]
+        assert "bytes the watch never wrote" in (record.changed() or ""), prefix
+
+    import signal
+    import time
+
+    watched, record = watch(_Coordinator(_RunningRemote))  # a write refused: the pipe full
+    fd, remotes = write_fd(watched), [watched.schedule(None) for _ in range(2)]
+    child = max(int(pid) for task in os.listdir("/proc/self/task")
+                for pid in Path(f"/proc/self/task/{task}/children").read_text().split())
+    os.kill(child, signal.SIGSTOP)
+    try:
+        while True:  # harmless frames, until the pipe is full
+            os.write(fd, struct.pack("<cq", b"R", 0))
+    except BlockingIOError:
+        remotes.append(watched.schedule(None))  # its write refused: the child ended
+    finally:
+        os.kill(child, signal.SIGCONT)
+    time.sleep(0.1)
+    with pytest.raises(OSError):  # the lost schedule cannot be written in its place
+        os.write(fd, struct.pack("<cq", b"R", 0)
+                 + struct.pack("<cq", b"S", id(_record_of(watched).scheduled[-1])))
+    [remote.fetch() for remote in remotes]
+    assert "record of your steps was changed" in (record.changed() or "")
+
+    watched, record = watch(_Coordinator())  # once judged, the watch writes no more
+    fd = write_fd(watched)
+    watched.schedule(None).fetch()
+    assert record.changed() is None
+    read_end, write_end = os.pipe()  # a file opened since, under the log's number
+    os.dup2(write_end, fd)
+    try:
+        os.set_blocking(read_end, False)
+        watched.schedule(None).fetch()  # an answer's coordinator kept and used later
+        with pytest.raises(BlockingIOError):
+            os.read(read_end, 64)
+    finally:
+        for end in {read_end, write_end, fd}:
+            os.close(end)
