@@ -269,7 +269,7 @@ def forges_the_pipe_log(coordinator, dataset_fn, step_fn, num_steps, max_in_flig
                for cell in getattr(type(coordinator).schedule, "__clo" + "sure__")
                if getattr(getattr(cell, "cell_con" + "tents"), "__name__", "") == "log")
     write_fd = next(getattr(cell, "cell_con" + "tents") for cell in getattr(log, "__clo" + "sure__")
-                    if isinstance(getattr(cell, "cell_con" + "tents"), int))
+                    if getattr(getattr(cell, "cell_con" + "tents"), "__name__", "") == "current")()
     pipe = os.fstat(write_fd).st_ino
     for name in os.listdir("/proc/self/fd"):  # the log's read end, drained where it is here
         try:
@@ -286,12 +286,34 @@ def forges_the_pipe_log(coordinator, dataset_fn, step_fn, num_steps, max_in_flig
     record.in_flight[:] = [min(n, max_in_flight) for n in range(1, num_steps + 1)]
     return [r.fetch() for r in remotes]
 
+def forges_around_the_watch(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    import os, struct
+    record = _watch_record(coordinator)
+    log = next(getattr(cell, "cell_con" + "tents")
+               for cell in getattr(type(coordinator).schedule, "__clo" + "sure__")
+               if getattr(getattr(cell, "cell_con" + "tents"), "__name__", "") == "log")
+    fd = next(getattr(cell, "cell_con" + "tents")
+              for cell in getattr(log, "__clo" + "sure__")
+              if getattr(getattr(cell, "cell_con" + "tents"), "__name__", "") == "current")()
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = []  # none waited for: the watch's frames read from their numbers' zero bytes
+    for index in range(num_steps):
+        if index >= max_in_flight:
+            record.finished[index - max_in_flight] = True
+            os.write(fd, struct.pack("<cq", b"F", index - max_in_flight))
+        os.write(fd, b"X")
+        remotes.append(coordinator.schedule(step_fn, args=(iterator,)))
+        os.write(fd, bytes(8) + struct.pack("<cq", b"R", 0)
+                 + struct.pack("<cq", b"S", id(record.scheduled[-1])))
+    return [r.fetch() for r in remotes]
+
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
            serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
            schedules_then_waits, rewrites_the_record, marks_steps_finished,
            reorders_the_record, declares_steps_finished, hides_running_steps,
-           replaces_the_record_methods, swaps_status_events, forges_the_pipe_log):
+           replaces_the_record_methods, swaps_status_events, forges_the_pipe_log,
+           forges_around_the_watch):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -471,6 +493,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "replaces_the_record_methods"): "record of your steps was changed",
         ("RUN_STEPS", "swaps_status_events"): "still running on the workers",
         ("RUN_STEPS", "forges_the_pipe_log"): "record of your steps was changed",
+        ("RUN_STEPS", "forges_around_the_watch"): "bytes the watch never wrote",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
         ("DATASET", "lesson_order"): "do not fill its last batch",

@@ -320,7 +320,10 @@ def _status_counter(get: Any, total: Any, is_set: Any) -> tuple[Any, Any]:
 
 def _make_watch(tf_of: Any, layout: str, parts: dict[str, Any], bound: dict[str, Any]) -> Any:
     """:func:`watch`, with every function it and its judge call bound now (at import)."""
-    pipe, set_blocking, popen, piped = os.pipe, os.set_blocking, subprocess.Popen, subprocess.PIPE
+    # POSIX only (select reads no pipe on Windows, where os.set_blocking is missing before
+    # Python 3.12): said when a watch is made, so that importing the course works everywhere
+    pipe, popen, piped = os.pipe, subprocess.Popen, subprocess.PIPE
+    set_blocking = getattr(os, "set_blocking", None) if os.name == "posix" else None
     finalize, close, copy = weakref.finalize, os.close, _COPY
     new_record, writer, reader, counter, end, closing, killer, classes = (
         parts[name] for name in ("record", "writer", "reader", "counter", "end", "closer",
@@ -331,12 +334,15 @@ def _make_watch(tf_of: Any, layout: str, parts: dict[str, Any], bound: dict[str,
         """A watched stand-in for ``coordinator`` to hand to the learner, and the check's view
         of its record (``changed``, ``tampered``, ``scheduled``, ``in_flight``,
         ``max_in_flight``)."""
+        if set_blocking is None:
+            raise OSError("lesson 04's coordinator watch reads a pipe with select: it needs "
+                          "Linux or macOS")
         read_fd, write_fd = pipe()
         try:
             child = popen(copy, stdin=read_fd, stdout=piped, close_fds=True)
         finally:
             close(read_fd)  # the child's alone now
-        set_blocking(write_fd, False)  # a stopped child loses events (then named), never hangs
+        set_blocking(write_fd, False)  # full (a stopped child): refused, the child ended
         record = new_record()
         close_write, current = closing(write_fd)
         closer = finalize(record, end, close_write, child)
