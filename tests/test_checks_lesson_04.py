@@ -796,3 +796,22 @@ def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
     finally:
         for end in {read_end, write_end, fd}:
             os.close(end)
+
+
+def test_a_log_copier_that_cannot_run_is_said_and_the_answer_not_blamed(monkeypatch):
+    from course_utils.grading.checks import coordinator_watch as cw
+
+    monkeypatch.setattr(cw, "_COPY", (sys.executable, "-c", "raise SystemExit(3)"))
+    watch = cw._make_watch(  # as the module makes it, with a copier that exits at once
+        cw._tf, cw.WatchRecord._EVENT,
+        {"record": cw.WatchRecord, "writer": cw._pipe_writer, "reader": cw._child_reader,
+         "counter": cw._status_counter, "end": cw._end, "closer": cw._closer,
+         "killer": cw._killer, "classes": cw._classes, "judge": cw._judge,
+         "replay": cw._replay},
+        {"write": cw._WRITE, "read": cw._READ, "pack": cw._PACK, "unpack": cw._UNPACK,
+         "select": cw._SELECT, "clock": cw._CLOCK, "getattr": cw._GETATTR, "sum": cw._SUM,
+         "is_set": cw._IS_SET, "kill": cw._KILL})
+    watched, record = watch(_Coordinator())
+    _windowed(watched, 5, 2)  # a right loop
+    said = record.changed() or ""
+    assert "exited with status 3" in said and "not a fault of your answer" in said

@@ -17,25 +17,27 @@ learner's code can add events but not take back one the watch wrote: the replay 
 watch never writes (bytes that break the log's framing, so that the watch's own frames would be
 read from their numbers' bytes), and a write the pipe refuses (its descriptor closed, or the pipe
 full while the child is stopped) ends the child, so that its copy is lost and the record differs
-from it; once judged, the watch writes no more (the number may be another file's by then). Before
-each ``schedule`` the watch reads how many of the real steps are still running (TensorFlow's
-``RemoteValue`` status) and writes that count and the schedule in one write, so that nothing
-comes between them, and the replay names a schedule at which more were running than the steps it
-counts in flight, less the new one, allow. Added events can only mark steps finished or add steps
-(a record then differs), so whatever is added, each schedule the judge passes had at most its
-window's steps really in flight. A wait on a real ``RemoteValue`` reached through the closures is
-not seen: it can only make a loop wait more. The watch's functions, the judge's replay and the
-functions they call while the learner's code runs (``os.write``, ``os.kill``, ``struct.pack``,
-and the status read's ``getattr``, ``sum`` and ``threading.Event.is_set``) are bound once, when
-the course is imported, so that replacing an attribute of this module, of ``os``, ``struct``,
-``threading.Event`` or ``builtins`` (during the call, or left in place for a later check) cannot
-hide a step still running. Each step's status event is taken when it is scheduled: one swapped on
-its ``RemoteValue`` later is not read. Code that reaches through the closures to TensorFlow's own
-objects (setting a status event, swapping it before the watch takes it, on the real coordinator),
-rewrites the closures, or moves the pipe's descriptors (``os.dup2``) for the call can, and no
-check in the same process can stop it. Still passes: a loop that sleeps until its steps have
-really finished, then marks them finished through the closures: it kept its window (what is
-judged is the steps really running), by the clock."""
+from it; once judged, the watch writes no more (the number may be another file's by then); a
+child that exits on its own (``sys.executable`` cannot run ``-I -S -c``) is said to be the
+check's failure, not the answer's. Before each ``schedule`` the watch reads how many of the real
+steps are still running (TensorFlow's ``RemoteValue`` status) and writes that count and the
+schedule in one write, so that nothing comes between them, and the replay names a schedule at
+which more were running than the steps it counts in flight, less the new one, allow. Added events
+can only mark steps finished or add steps (a record then differs), so whatever is added, each
+schedule the judge passes had at most its window's steps really in flight. A wait on a real
+``RemoteValue`` reached through the closures is not seen: it can only make a loop wait more. The
+watch's functions, the judge's replay and the functions they call while the learner's code runs
+(``os.write``, ``os.kill``, ``struct.pack``, and the status read's ``getattr``, ``sum`` and
+``threading.Event.is_set``) are bound once, when the course is imported, so that replacing an
+attribute of this module, of ``os``, ``struct``, ``threading.Event`` or ``builtins`` (during the
+call, or left in place for a later check) cannot hide a step still running. Each step's status
+event is taken when it is scheduled: one swapped on its ``RemoteValue`` later is not read. Code
+that reaches through the closures to TensorFlow's own objects (setting a status event, swapping
+it before the watch takes it, on the real coordinator), rewrites the closures, or moves the
+pipe's descriptors (``os.dup2``) for the call can, and no check in the same process can stop it.
+Still passes: a loop that sleeps until its steps have really finished, then marks them finished
+through the closures: it kept its window (what is judged is the steps really running), by the
+clock."""
 
 from __future__ import annotations
 
@@ -173,6 +175,12 @@ def _judge(record: WatchRecord, drain: Any, closer: Any, replay: Any,
                 return ("the watch's log was held open after your function returned (a copy "
                         "of its descriptor kept): schedule through the coordinator you are "
                         "given, and leave the watch alone")
+            if isinstance(events, int):
+                closer()
+                return (f"the check's log copier (a child Python: {_COPY[0]!r} -I -S) exited "
+                        f"with status {events} before it copied the log: this Python cannot "
+                        "run it, so the check cannot judge your loop here (not a fault of "
+                        "your answer; tell your instructor)")
             identities, in_flight, overrun = replay(events)
             mine = [id(remote) for remote in record.scheduled]
             changed = None
@@ -276,13 +284,14 @@ def _killer(kill: Any, pid: int) -> Any:
 def _child_reader(close: Any, child: Any, layout: str, bound: dict[str, Any]) -> Any:
     """``drain()``: closes the pipe's write end (``close``), then every ``(kind, number)`` event the
     ``child`` copied from its read end (None where its copy did not end within a minute: the
-    pipe held open by a copy of its descriptor). Reads with the ``read``, ``select`` and ``clock``
-    given."""
+    pipe held open by a copy of its descriptor; the child's exit status where it failed on its
+    own, neither copying nor ended by the watch: ``sys.executable`` could not run it). Reads with
+    the ``read``, ``select`` and ``clock`` given."""
     size = struct.calcsize(layout)
     read, wait, clock, unpack = bound["read"], bound["select"], bound["clock"], bound["unpack"]
     out = child.stdout.fileno()
 
-    def drain() -> list[tuple[bytes, int]] | None:
+    def drain() -> list[tuple[bytes, int]] | int | None:
         close()
         data, deadline = b"", clock() + 60
         while True:
@@ -292,6 +301,12 @@ def _child_reader(close: Any, child: Any, layout: str, bound: dict[str, Any]) ->
             if not chunk:
                 break
             data += chunk
+        try:  # its output ended: it is exiting
+            status = child.wait(timeout=max(1.0, deadline - clock()))
+        except subprocess.TimeoutExpired:
+            return None
+        if status not in (0, -signal.SIGKILL):
+            return status
         events = [unpack(layout, data[start:start + size])
                   for start in range(0, len(data) - size + 1, size)]
         return events + [(b"?", 0)] * (len(data) % size != 0)  # a part frame: not the watch's
