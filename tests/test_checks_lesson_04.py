@@ -815,3 +815,33 @@ def test_a_log_copier_that_cannot_run_is_said_and_the_answer_not_blamed(monkeypa
     _windowed(watched, 5, 2)  # a right loop
     said = record.changed() or ""
     assert "exited with status 3" in said and "not a fault of your answer" in said
+
+
+def test_a_write_the_pipe_refused_cannot_be_forged_through_a_copy_of_its_descriptor():
+    import os
+    import struct
+
+    from course_utils.grading.checks.coordinator_watch import watch
+
+    watched, record = watch(_Coordinator(_RunningRemote))
+    log = next(cell.cell_contents for cell in type(watched).schedule.__closure__
+               if getattr(cell.cell_contents, "__name__", "") == "log")
+    fd = next(cell.cell_contents for cell in log.__closure__
+              if getattr(cell.cell_contents, "__name__", "") == "current")()
+    mine = os.dup(fd)
+    os.close(fd)  # the watch's own number closed: its writes are refused
+    remotes = []
+    for index in range(5):  # none waited for, a right loop's log written through the copy
+        if index >= 2:
+            _record_of(watched).finished[index - 2] = True
+        try:
+            if index >= 2:
+                os.write(mine, struct.pack("<cq", b"F", index - 2))
+            remotes.append(watched.schedule(None))
+            os.write(mine, struct.pack("<cq", b"R", 0)
+                     + struct.pack("<cq", b"S", id(_record_of(watched).scheduled[-1])))
+        except OSError:  # the child ended at the first refused write
+            pass
+    os.close(mine)
+    [remote.fetch() for remote in remotes]
+    assert "record of your steps was changed" in (record.changed() or "")

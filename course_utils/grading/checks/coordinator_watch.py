@@ -262,7 +262,8 @@ def _pipe_writer(current: Any, lost: Any, layout: str, write: Any, pack: Any) ->
         try:
             write(fd, b"".join(pack(layout, kind, number) for kind, number in events))
         except OSError:  # closed, or full (BlockingIOError)
-            lost()
+            if current() is not None:  # not judged yet: the child is not waited for
+                lost()
 
     return log
 
