@@ -30,14 +30,15 @@ watch's functions, the judge's replay and the functions they call while the lear
 (``os.write``, ``os.kill``, ``struct.pack``, and the status read's ``getattr``, ``sum`` and
 ``threading.Event.is_set``) are bound once, when the course is imported, so that replacing an
 attribute of this module, of ``os``, ``struct``, ``threading.Event`` or ``builtins`` (during the
-call, or left in place for a later check) cannot hide a step still running. Each step's status
-event is taken when it is scheduled: one swapped on its ``RemoteValue`` later is not read. Code
-that reaches through the closures to TensorFlow's own objects (setting a status event, swapping
-it before the watch takes it, on the real coordinator), rewrites the closures, or moves the
-pipe's descriptors (``os.dup2``) for the call can, and no check in the same process can stop it.
-Still passes: a loop that sleeps until its steps have really finished, then marks them finished
-through the closures: it kept its window (what is judged is the steps really running), by the
-clock."""
+call, or left in place for a later check) cannot hide a step still running from them. The judge
+and the check run after the learner's code, with the builtins then in place: a builtin (``len``,
+``min``) replaced and left in place, lying only to their frames, can. Each step's status event is
+taken when it is scheduled: one swapped on its ``RemoteValue`` later is not read. Code that
+reaches through the closures to TensorFlow's own objects (setting a status event, swapping it
+before the watch takes it, on the real coordinator), rewrites the closures, or moves the pipe's
+descriptors (``os.dup2``) for the call can, and no check in the same process can stop it. Still
+passes: a loop that sleeps until its steps have really finished, then marks them finished through
+the closures: it kept its window (what is judged is the steps really running), by the clock."""
 
 from __future__ import annotations
 
