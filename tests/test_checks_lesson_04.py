@@ -269,7 +269,7 @@ def forges_the_pipe_log(coordinator, dataset_fn, step_fn, num_steps, max_in_flig
                for cell in getattr(type(coordinator).schedule, "__clo" + "sure__")
                if getattr(getattr(cell, "cell_con" + "tents"), "__name__", "") == "log")
     write_fd = next(getattr(cell, "cell_con" + "tents") for cell in getattr(log, "__clo" + "sure__")
-                    if isinstance(getattr(cell, "cell_con" + "tents"), int))
+                    if getattr(getattr(cell, "cell_con" + "tents"), "__name__", "") == "current")()
     pipe = os.fstat(write_fd).st_ino
     for name in os.listdir("/proc/self/fd"):  # the log's read end, drained where it is here
         try:
@@ -286,12 +286,34 @@ def forges_the_pipe_log(coordinator, dataset_fn, step_fn, num_steps, max_in_flig
     record.in_flight[:] = [min(n, max_in_flight) for n in range(1, num_steps + 1)]
     return [r.fetch() for r in remotes]
 
+def forges_around_the_watch(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    import os, struct
+    record = _watch_record(coordinator)
+    log = next(getattr(cell, "cell_con" + "tents")
+               for cell in getattr(type(coordinator).schedule, "__clo" + "sure__")
+               if getattr(getattr(cell, "cell_con" + "tents"), "__name__", "") == "log")
+    fd = next(getattr(cell, "cell_con" + "tents")
+              for cell in getattr(log, "__clo" + "sure__")
+              if getattr(getattr(cell, "cell_con" + "tents"), "__name__", "") == "current")()
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    remotes = []  # none waited for: the watch's frames read from their numbers' zero bytes
+    for index in range(num_steps):
+        if index >= max_in_flight:
+            record.finished[index - max_in_flight] = True
+            os.write(fd, struct.pack("<cq", b"F", index - max_in_flight))
+        os.write(fd, b"X")
+        remotes.append(coordinator.schedule(step_fn, args=(iterator,)))
+        os.write(fd, bytes(8) + struct.pack("<cq", b"R", 0)
+                 + struct.pack("<cq", b"S", id(record.scheduled[-1])))
+    return [r.fetch() for r in remotes]
+
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
            serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
            schedules_then_waits, rewrites_the_record, marks_steps_finished,
            reorders_the_record, declares_steps_finished, hides_running_steps,
-           replaces_the_record_methods, swaps_status_events, forges_the_pipe_log):
+           replaces_the_record_methods, swaps_status_events, forges_the_pipe_log,
+           forges_around_the_watch):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
 # exercise 2: the dataset_fn
@@ -471,6 +493,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "replaces_the_record_methods"): "record of your steps was changed",
         ("RUN_STEPS", "swaps_status_events"): "still running on the workers",
         ("RUN_STEPS", "forges_the_pipe_log"): "record of your steps was changed",
+        ("RUN_STEPS", "forges_around_the_watch"): "bytes the watch never wrote",
         ("DATASET", "right"): "PASS",
         ("DATASET", "stub"): "BLANK",
         ("DATASET", "lesson_order"): "do not fill its last batch",
@@ -662,7 +685,7 @@ def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
         log = next(cell.cell_contents for cell in type(watched).schedule.__closure__
                    if getattr(cell.cell_contents, "__name__", "") == "log")
         return next(cell.cell_contents for cell in log.__closure__
-                    if isinstance(cell.cell_contents, int))
+                    if getattr(cell.cell_contents, "__name__", "") == "current")()
 
     watched, record = watch(_Coordinator(_RunningRemote))
     fd = write_fd(watched)
@@ -721,3 +744,104 @@ def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
     remotes.append(watched.schedule(None))  # not in the log
     [remote.fetch() for remote in remotes]
     assert "record of your steps was changed" in record.changed()
+
+    for prefix in range(1, 9):  # the watch's frames read from their numbers' bytes
+        watched, record = watch(_Coordinator(_RunningRemote))
+        fd, remotes = write_fd(watched), []
+        for index in range(5):  # none waited for, a right loop's log written around them
+            if index >= 2:
+                _record_of(watched).finished[index - 2] = True
+                os.write(fd, struct.pack("<cq", b"F", index - 2))
+            os.write(fd, b"S" * prefix)
+            remotes.append(watched.schedule(None))
+            os.write(fd, b"\0" * (-(prefix + 18) % 9))
+            os.write(fd, struct.pack("<cq", b"R", 0)
+                     + struct.pack("<cq", b"S", id(_record_of(watched).scheduled[-1])))
+        [remote.fetch() for remote in remotes]
+        assert "bytes the watch never wrote" in (record.changed() or ""), prefix
+
+    import signal
+    import time
+
+    watched, record = watch(_Coordinator(_RunningRemote))  # a write refused: the pipe full
+    fd, remotes = write_fd(watched), [watched.schedule(None) for _ in range(2)]
+    child = max(int(pid) for task in os.listdir("/proc/self/task")
+                for pid in Path(f"/proc/self/task/{task}/children").read_text().split())
+    os.kill(child, signal.SIGSTOP)
+    try:
+        while True:  # harmless frames, until the pipe is full
+            os.write(fd, struct.pack("<cq", b"R", 0))
+    except BlockingIOError:
+        remotes.append(watched.schedule(None))  # its write refused: the child ended
+    finally:
+        os.kill(child, signal.SIGCONT)
+    time.sleep(0.1)
+    with pytest.raises(OSError):  # the lost schedule cannot be written in its place
+        os.write(fd, struct.pack("<cq", b"R", 0)
+                 + struct.pack("<cq", b"S", id(_record_of(watched).scheduled[-1])))
+    [remote.fetch() for remote in remotes]
+    assert "record of your steps was changed" in (record.changed() or "")
+
+    watched, record = watch(_Coordinator())  # once judged, the watch writes no more
+    fd = write_fd(watched)
+    watched.schedule(None).fetch()
+    assert record.changed() is None
+    read_end, write_end = os.pipe()  # a file opened since, under the log's number
+    os.dup2(write_end, fd)
+    try:
+        os.set_blocking(read_end, False)
+        watched.schedule(None).fetch()  # an answer's coordinator kept and used later
+        with pytest.raises(BlockingIOError):
+            os.read(read_end, 64)
+    finally:
+        for end in {read_end, write_end, fd}:
+            os.close(end)
+
+
+def test_a_log_copier_that_cannot_run_is_said_and_the_answer_not_blamed(monkeypatch):
+    from course_utils.grading.checks import coordinator_watch as cw
+
+    monkeypatch.setattr(cw, "_COPY", (sys.executable, "-c", "raise SystemExit(3)"))
+    watch = cw._make_watch(  # as the module makes it, with a copier that exits at once
+        cw._tf, cw.WatchRecord._EVENT,
+        {"record": cw.WatchRecord, "writer": cw._pipe_writer, "reader": cw._child_reader,
+         "counter": cw._status_counter, "end": cw._end, "closer": cw._closer,
+         "killer": cw._killer, "classes": cw._classes, "judge": cw._judge,
+         "replay": cw._replay},
+        {"write": cw._WRITE, "read": cw._READ, "pack": cw._PACK, "unpack": cw._UNPACK,
+         "select": cw._SELECT, "clock": cw._CLOCK, "getattr": cw._GETATTR, "sum": cw._SUM,
+         "is_set": cw._IS_SET, "kill": cw._KILL})
+    watched, record = watch(_Coordinator())
+    _windowed(watched, 5, 2)  # a right loop
+    said = record.changed() or ""
+    assert "exited with status 3" in said and "not a fault of your answer" in said
+
+
+def test_a_write_the_pipe_refused_cannot_be_forged_through_a_copy_of_its_descriptor():
+    import os
+    import struct
+
+    from course_utils.grading.checks.coordinator_watch import watch
+
+    watched, record = watch(_Coordinator(_RunningRemote))
+    log = next(cell.cell_contents for cell in type(watched).schedule.__closure__
+               if getattr(cell.cell_contents, "__name__", "") == "log")
+    fd = next(cell.cell_contents for cell in log.__closure__
+              if getattr(cell.cell_contents, "__name__", "") == "current")()
+    mine = os.dup(fd)
+    os.close(fd)  # the watch's own number closed: its writes are refused
+    remotes = []
+    for index in range(5):  # none waited for, a right loop's log written through the copy
+        if index >= 2:
+            _record_of(watched).finished[index - 2] = True
+        try:
+            if index >= 2:
+                os.write(mine, struct.pack("<cq", b"F", index - 2))
+            remotes.append(watched.schedule(None))
+            os.write(mine, struct.pack("<cq", b"R", 0)
+                     + struct.pack("<cq", b"S", id(_record_of(watched).scheduled[-1])))
+        except OSError:  # the child ended at the first refused write
+            pass
+    os.close(mine)
+    [remote.fetch() for remote in remotes]
+    assert "record of your steps was changed" in (record.changed() or "")

@@ -2,41 +2,49 @@
 coordinator in the ``ClusterCoordinator``'s place and reads, from a record the learner's code is
 not handed, which steps were scheduled and how many were in flight at each ``schedule``.
 
-:func:`watch` makes the classes afresh for every call, without instance attributes (``__slots__
-= ()``): the coordinator and the record live in the methods' closures, so neither an attribute
-set on the watched object nor a method replaced on a class imported from this module changes
-what is recorded, and the judge's ``tampered`` names a class whose methods or an object whose
-class were changed during the call. The record (:class:`WatchRecord`) is also where a learner's
-code could reach it (the methods' closures): so every event (a schedule and its RemoteValue's
-identity, a fetch, a join) is also written into an OS pipe whose read end belongs to a child
-process (it copies the log to the judge once the pipe is closed; the check's process holds no
-descriptor to read it with, and nothing comes out of the child before then). The judge's
-``changed`` closes the pipe, replays the child's copy, judges the steps in flight from it, and
-names a record that differs from it as changed. The write end is reachable (its descriptor is in
-the closures), so a learner's code can add events but not take back one the watch wrote: before
-each ``schedule`` the watch reads how many of the real steps are still running (TensorFlow's
-``RemoteValue`` status) and writes that count and the schedule in one write, so that nothing
-comes between them, and the replay names a schedule at which more were running than the steps
-it counts in flight, less the new one, allow. Added events can only mark steps finished or add
-steps (a record then differs), so whatever is added, each schedule the judge passes had at most
-its window's steps really in flight. A wait on a real ``RemoteValue`` reached through the
-closures is not seen: it can only make a loop wait more. The watch's functions, the judge's
-replay and the functions they call while the learner's code runs (``os.write``,
-``struct.pack``, and the status read's ``getattr``, ``sum`` and ``threading.Event.is_set``) are
-bound once, when the course is imported, so that replacing an attribute of this module, of
-``os``, ``struct``, ``threading.Event`` or ``builtins`` (during the call, or left in place for
-a later check) cannot hide a step still running. Each step's status event is taken when it is
-scheduled: one swapped on its ``RemoteValue`` later is not read. Code that reaches through the
-closures to TensorFlow's own objects (setting a status event, swapping it before the watch takes
-it, on the real coordinator), rewrites the closures, or moves the pipe's descriptors
-(``os.dup2``) for the call can, and no check in the same process can stop it. Still passes: a
-loop that sleeps until its steps have really finished, then marks them finished through the
-closures: it kept its window (what is judged is the steps really running), by the clock."""
+:func:`watch` makes the classes afresh for every call, without instance attributes (``__slots__ =
+()``): the coordinator and the record live in the methods' closures, so neither an attribute set
+on the watched object nor a method replaced on a class imported from this module changes what is
+recorded, and the judge's ``tampered`` names a class whose methods or an object whose class were
+changed during the call. The record (:class:`WatchRecord`) is also where a learner's code could
+reach it (the methods' closures): so every event (a schedule and its RemoteValue's identity, a
+fetch, a join) is also written into an OS pipe whose read end belongs to a child process (it
+copies the log to the judge once the pipe is closed; the check's process holds no descriptor to
+read it with, and nothing comes out of the child before then). The judge's ``changed`` closes the
+pipe, replays the child's copy, judges the steps in flight from it, and names a record that
+differs from it as changed. The write end is reachable (its descriptor is in the closures), so a
+learner's code can add events but not take back one the watch wrote: the replay names a frame the
+watch never writes (bytes that break the log's framing, so that the watch's own frames would be
+read from their numbers' bytes), and a write the pipe refuses (its descriptor closed, or the pipe
+full while the child is stopped) ends the child, so that its copy is lost and the record differs
+from it; once judged, the watch writes no more (the number may be another file's by then); a
+child that exits on its own (``sys.executable`` cannot run ``-I -S -c``) is said to be the
+check's failure, not the answer's. Before each ``schedule`` the watch reads how many of the real
+steps are still running (TensorFlow's ``RemoteValue`` status) and writes that count and the
+schedule in one write, so that nothing comes between them, and the replay names a schedule at
+which more were running than the steps it counts in flight, less the new one, allow. Added events
+can only mark steps finished or add steps (a record then differs), so whatever is added, each
+schedule the judge passes had at most its window's steps really in flight. A wait on a real
+``RemoteValue`` reached through the closures is not seen: it can only make a loop wait more. The
+watch's functions, the judge's replay and the functions they call while the learner's code runs
+(``os.write``, ``os.kill``, ``struct.pack``, and the status read's ``getattr``, ``sum`` and
+``threading.Event.is_set``) are bound once, when the course is imported, so that replacing an
+attribute of this module, of ``os``, ``struct``, ``threading.Event`` or ``builtins`` (during the
+call, or left in place for a later check) cannot hide a step still running from them. The judge
+and the check run after the learner's code, with the builtins then in place: a builtin (``len``,
+``min``) replaced and left in place, lying only to their frames, can. Each step's status event is
+taken when it is scheduled: one swapped on its ``RemoteValue`` later is not read. Code that
+reaches through the closures to TensorFlow's own objects (setting a status event, swapping it
+before the watch takes it, on the real coordinator), rewrites the closures, or moves the pipe's
+descriptors (``os.dup2``) for the call can, and no check in the same process can stop it. Still
+passes: a loop that sleeps until its steps have really finished, then marks them finished through
+the closures: it kept its window (what is judged is the steps really running), by the clock."""
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -53,7 +61,7 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 # the watch made below: a replacement a learner's function leaves in place, of these names too,
 # is not picked up by a later watch either.
 _WRITE, _READ, _PACK, _UNPACK = os.write, os.read, struct.pack, struct.unpack
-_SELECT, _CLOCK = select.select, time.monotonic
+_SELECT, _CLOCK, _KILL = select.select, time.monotonic, os.kill
 _GETATTR, _SUM, _IS_SET = getattr, sum, threading.Event.is_set
 # The child that holds the pipe's read end: it writes nothing before the pipe is closed.
 _COPY = (sys.executable, "-I", "-S", "-c",
@@ -98,17 +106,19 @@ class WatchRecord:
         self.handed: list[Any] = []               # the watched values given to the learner
 
 
-def _replay(events: list[tuple[bytes, int]]) -> tuple[list[int], list[int], list[tuple]]:
-    """From the pipe's events: the identity of each step's RemoteValue in the order scheduled,
-    the steps in flight at each schedule, and each (schedule, running, in flight) at which more
-    steps were really running than the waits seen allow."""
+def _replay(events: list[tuple[bytes, int]]) -> tuple[Any, list[int], list[tuple]]:
+    """From the pipe's events: the identity of each step's RemoteValue in the order scheduled
+    (None where a frame is not one the watch writes: bytes written into the pipe broke its
+    framing, so that the watch's own frames would be read from their numbers' bytes), the steps
+    in flight at each schedule, and each (schedule, running, in flight) at which more steps were
+    really running than the waits seen allow."""
     identities: list[int] = []
     finished: list[bool] = []
     in_flight: list[int] = []
     overrun: list[tuple[int, int, int]] = []
     running = 0
     for kind, number in events:
-        if kind == b"R":
+        if kind == b"R" and 0 <= number <= len(finished):
             running = number
         elif kind == b"S":
             oldest = next((i for i, done in enumerate(finished) if not done), len(finished))
@@ -121,8 +131,10 @@ def _replay(events: list[tuple[bytes, int]]) -> tuple[list[int], list[int], list
             running = 0
         elif kind == b"F" and 0 <= number < len(finished):
             finished[number] = True
-        elif kind == b"J":
+        elif kind == b"J" and number == 0:
             finished[:] = [True] * len(finished)
+        else:  # the watch writes none such: the log's framing was broken
+            return None, in_flight, overrun
     return identities, in_flight, overrun
 
 
@@ -164,9 +176,20 @@ def _judge(record: WatchRecord, drain: Any, closer: Any, replay: Any,
                 return ("the watch's log was held open after your function returned (a copy "
                         "of its descriptor kept): schedule through the coordinator you are "
                         "given, and leave the watch alone")
+            if isinstance(events, int):
+                closer()
+                return (f"the check's log copier (a child Python: {_COPY[0]!r} -I -S) exited "
+                        f"with status {events} before it copied the log: this Python cannot "
+                        "run it, so the check cannot judge your loop here (not a fault of "
+                        "your answer; tell your instructor)")
             identities, in_flight, overrun = replay(events)
             mine = [id(remote) for remote in record.scheduled]
             changed = None
+            if identities is None:
+                closer()
+                return ("the watch's log holds bytes the watch never wrote (its framing was "
+                        "broken while your function ran): schedule through the coordinator "
+                        "you are given, and leave the watch alone")
             if overrun:
                 at, running, counted = overrun[0]
                 changed = (f"at schedule {at}, {running} of your steps were still running on "
@@ -199,8 +222,10 @@ def _judge(record: WatchRecord, drain: Any, closer: Any, replay: Any,
     return Judged()
 
 
-def _closer(fd: int) -> Any:
-    """``close()``: closes ``fd`` once (a number closed twice could be another file's by then)."""
+def _closer(fd: int) -> tuple[Any, Any]:
+    """``(close, current)``: ``close()`` closes ``fd`` once (a number closed twice could be
+    another file's by then); ``current()`` is ``fd`` until then, None after (a write to the
+    number then could land in another file)."""
     left = [fd]
 
     def close() -> None:
@@ -210,7 +235,10 @@ def _closer(fd: int) -> Any:
             except OSError:
                 pass
 
-    return close
+    def current() -> int | None:
+        return left[0] if left else None
+
+    return close, current
 
 
 def _end(close: Any, child: Any) -> None:
@@ -221,29 +249,51 @@ def _end(close: Any, child: Any) -> None:
     child.stdout.close()
 
 
-def _pipe_writer(fd: int, layout: str, write: Any, pack: Any) -> Any:
-    """``log(*events)``: ``(kind, number)`` events into the pipe ``fd`` in one write (nothing
-    comes between them; ignored once the pipe is closed)."""
+def _pipe_writer(current: Any, lost: Any, layout: str, write: Any, pack: Any) -> Any:
+    """``log(*events)``: ``(kind, number)`` events into the pipe ``current()`` in one write
+    (nothing comes between them; none once the watch closed it). A write the pipe refuses (its
+    descriptor closed, or full: the child stopped) calls ``lost()``, which ends the child, so
+    that the judge's copy is lost for good and the record differs from it: an event the watch
+    could not write cannot be forged in its place afterwards."""
 
     def log(*events: tuple[bytes, int]) -> None:
+        fd = current()
+        if fd is None:
+            return
         try:
             write(fd, b"".join(pack(layout, kind, number) for kind, number in events))
-        except OSError:  # closed, or full (BlockingIOError): the replay then differs
-            pass
+        except OSError:  # closed, or full (BlockingIOError)
+            if current() is not None:  # not judged yet: the child is not waited for
+                lost()
 
     return log
+
+
+def _killer(kill: Any, pid: int) -> Any:
+    """``lost()``: ends the child ``pid`` with ``kill`` (bound at import); only called while
+    the watch holds the pipe open, so before :func:`_end` waited for the child (its number
+    cannot be another process's by then)."""
+
+    def lost() -> None:
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    return lost
 
 
 def _child_reader(close: Any, child: Any, layout: str, bound: dict[str, Any]) -> Any:
     """``drain()``: closes the pipe's write end (``close``), then every ``(kind, number)`` event the
     ``child`` copied from its read end (None where its copy did not end within a minute: the
-    pipe held open by a copy of its descriptor). Reads with the ``read``, ``select`` and ``clock``
-    given."""
+    pipe held open by a copy of its descriptor; the child's exit status where it failed on its
+    own, neither copying nor ended by the watch: ``sys.executable`` could not run it). Reads with
+    the ``read``, ``select`` and ``clock`` given."""
     size = struct.calcsize(layout)
     read, wait, clock, unpack = bound["read"], bound["select"], bound["clock"], bound["unpack"]
     out = child.stdout.fileno()
 
-    def drain() -> list[tuple[bytes, int]] | None:
+    def drain() -> list[tuple[bytes, int]] | int | None:
         close()
         data, deadline = b"", clock() + 60
         while True:
@@ -253,8 +303,15 @@ def _child_reader(close: Any, child: Any, layout: str, bound: dict[str, Any]) ->
             if not chunk:
                 break
             data += chunk
-        return [unpack(layout, data[start:start + size])
-                for start in range(0, len(data) - size + 1, size)]
+        try:  # its output ended: it is exiting
+            status = child.wait(timeout=max(1.0, deadline - clock()))
+        except subprocess.TimeoutExpired:
+            return None
+        if status not in (0, -signal.SIGKILL):
+            return status
+        events = [unpack(layout, data[start:start + size])
+                  for start in range(0, len(data) - size + 1, size)]
+        return events + [(b"?", 0)] * (len(data) % size != 0)  # a part frame: not the watch's
 
     return drain
 
@@ -280,27 +337,34 @@ def _status_counter(get: Any, total: Any, is_set: Any) -> tuple[Any, Any]:
 
 def _make_watch(tf_of: Any, layout: str, parts: dict[str, Any], bound: dict[str, Any]) -> Any:
     """:func:`watch`, with every function it and its judge call bound now (at import)."""
-    pipe, set_blocking, popen, piped = os.pipe, os.set_blocking, subprocess.Popen, subprocess.PIPE
+    # POSIX only (select reads no pipe on Windows, where os.set_blocking is missing before
+    # Python 3.12): said when a watch is made, so that importing the course works everywhere
+    pipe, popen, piped = os.pipe, subprocess.Popen, subprocess.PIPE
+    set_blocking = getattr(os, "set_blocking", None) if os.name == "posix" else None
     finalize, close, copy = weakref.finalize, os.close, _COPY
-    new_record, writer, reader, counter, end, closing, classes = (
+    new_record, writer, reader, counter, end, closing, killer, classes = (
         parts[name] for name in ("record", "writer", "reader", "counter", "end", "closer",
-                                 "classes"))
+                                 "killer", "classes"))
     parts, bound = MappingProxyType(dict(parts)), MappingProxyType(dict(bound))
 
     def watch(coordinator: Any) -> tuple[Any, Any]:
         """A watched stand-in for ``coordinator`` to hand to the learner, and the check's view
         of its record (``changed``, ``tampered``, ``scheduled``, ``in_flight``,
         ``max_in_flight``)."""
+        if set_blocking is None:
+            raise OSError("lesson 04's coordinator watch reads a pipe with select: it needs "
+                          "Linux or macOS")
         read_fd, write_fd = pipe()
         try:
             child = popen(copy, stdin=read_fd, stdout=piped, close_fds=True)
         finally:
             close(read_fd)  # the child's alone now
-        set_blocking(write_fd, False)  # a stopped child loses events (then named), never hangs
+        set_blocking(write_fd, False)  # full (a stopped child): refused, the child ended
         record = new_record()
-        close_write = closing(write_fd)
+        close_write, current = closing(write_fd)
         closer = finalize(record, end, close_write, child)
-        log = writer(write_fd, layout, bound["write"], bound["pack"])
+        log = writer(current, killer(bound["kill"], child.pid), layout, bound["write"],
+                     bound["pack"])
         drain = reader(close_write, child, layout, bound)  # held by the judge alone
         status = counter(bound["getattr"], bound["sum"], bound["is_set"])
         return classes(coordinator, tf_of(), record, log, drain, status, closer, parts)
@@ -402,7 +466,8 @@ def _classes(coordinator: Any, tf: Any, record: WatchRecord, log: Any, drain: An
 watch = _make_watch(
     _tf, WatchRecord._EVENT,
     {"record": WatchRecord, "writer": _pipe_writer, "reader": _child_reader,
-     "counter": _status_counter, "end": _end, "closer": _closer, "classes": _classes,
+     "counter": _status_counter, "end": _end, "closer": _closer, "killer": _killer,
+     "classes": _classes,
      "judge": _judge, "replay": _replay},
     {"write": _WRITE, "read": _READ, "pack": _PACK, "unpack": _UNPACK, "select": _SELECT,
-     "clock": _CLOCK, "getattr": _GETATTR, "sum": _SUM, "is_set": _IS_SET})
+     "clock": _CLOCK, "getattr": _GETATTR, "sum": _SUM, "is_set": _IS_SET, "kill": _KILL})
