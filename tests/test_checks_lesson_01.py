@@ -68,6 +68,8 @@ def test_asserts_and_random_ops_in_a_right_answer_pass(capsys):
 
 def test_handed_on_counts_files_read_by_unlisted_steps_and_ops(tmp_path):
     tf = cu.quiet.import_tensorflow()  # a cache in a file, a vocabulary remapping: files read
+    from google.protobuf import descriptor_pb2
+
     from course_utils.grading.checks.batch_shapes import handed_on
 
     (tmp_path / "vocab").write_text("a\nb\n")
@@ -85,6 +87,21 @@ def test_handed_on_counts_files_read_by_unlisted_steps_and_ops(tmp_path):
         lambda index: tf.data.Dataset.from_tensors(index).cache(str(tmp_path / "inner"))),
         set()) == (0, 1)
     assert handed_on(records.map(remapped), set()) == (0, 1)
+    descriptors = descriptor_pb2.FileDescriptorSet()  # a default value, read from a file
+    message = descriptors.file.add(name="h.proto", package="h").message_type.add(name="M")
+    message.field.add(name="v", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+                      label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+                      default_value="42")
+    (tmp_path / "h.desc").write_bytes(descriptors.SerializeToString())
+
+    def decoded(index, source=str(tmp_path / "h.desc")):
+        values = tf.io.decode_proto(tf.constant([b""]), "h.M", ["v"], [tf.int64],
+                                    descriptor_source=source).values[0]
+        return index + values[0][0]
+
+    assert [int(value) for value in records.map(decoded)] == [42, 43, 44, 45]
+    assert handed_on(records.map(decoded), set()) == (0, 1)
+    assert handed_on(records.map(lambda index: decoded(index, "local://")), set()) == (0, 0)
     assert handed_on(records.map(lambda index: index + tf.random.uniform([], 0, 1, tf.int64)),
                      set()) == (0, 0)
 

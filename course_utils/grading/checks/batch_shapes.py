@@ -76,7 +76,8 @@ def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
     pipeline or thread is handed on (a read op that never runs, ``take(0)``, can sit beside
     them). Not counted: ops that keep no state but their own and read none (``_OWN_STATE_OPS``:
     random ops, ``tf.debugging`` asserts, a timestamp), ``tf.print`` to the log, a shuffle's
-    seed, a cache in memory (a cache in a file is read as a file)."""
+    seed, a cache in memory (a cache in a file is read as a file, as are the descriptors
+    ``tf.io.decode_proto`` loads from a file: their fields' defaults are values)."""
     from tensorflow.python.framework import op_def_registry
 
     from course_utils.quiet import import_tensorflow
@@ -100,6 +101,8 @@ def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
         if node.op.startswith(_OUTSIDE_OPS) or cached_to_file(node, scope) or any(
                 key in node.attr and node.attr[key].s for key in ("shared_name", "container")):
             return True
+        if "descriptor_source" in node.attr:  # a proto's descriptors (and defaults) from a file
+            return not node.attr["descriptor_source"].s.startswith((b"local://", b"bytes://"))
         op = op_def_registry.get(node.op)
         if (op is None or not op.is_stateful or node.op in _PYTHON_OPS + _OWN_STATE_OPS
                 or any(kind in node.op for kind in ("Dataset", "SeedGenerator", "MemoryCache"))
