@@ -46,6 +46,65 @@ def test_reference_fast_pipeline_passes(capsys):
     assert "speed-up over the slow pipeline" in out
 
 
+
+def _checked_and_shuffled_in_each_batch(source, read, decode, batch_size):  # right: any order
+    tf = cu.quiet.import_tensorflow()  # an assert and a random op keep no state but their own
+
+    def checked(record):
+        tf.debugging.assert_non_negative(record, message="a negative record")
+        return record
+
+    dataset = source.map(read, num_parallel_calls=16, deterministic=False).map(checked)
+    dataset = dataset.map(decode).batch(batch_size).map(tf.random.shuffle)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def test_asserts_and_random_ops_in_a_right_answer_pass(capsys):
+    assert cu.grading.check_fast_pipeline(_checked_and_shuffled_in_each_batch)
+    assert "✅ fast_pipeline: 2 cases passed" in capsys.readouterr().out
+
+
+def test_handed_on_counts_files_read_by_unlisted_steps_and_ops(tmp_path):
+    tf = cu.quiet.import_tensorflow()  # a cache in a file, a vocabulary remapping: files read
+    from google.protobuf import descriptor_pb2
+
+    from course_utils.grading.checks.batch_shapes import handed_on
+
+    (tmp_path / "vocab").write_text("a\nb\n")
+    vocab = str(tmp_path / "vocab")
+
+    def remapped(index):
+        remapping = tf.raw_ops.GenerateVocabRemapping(
+            new_vocab_file=vocab, old_vocab_file=vocab, new_vocab_offset=0, num_new_vocab=2)
+        return index + remapping[0][0]
+
+    records = tf.data.Dataset.range(4)
+    assert handed_on(records.cache(), set()) == (0, 0)
+    assert handed_on(records.cache(str(tmp_path / "cache")), set()) == (0, 1)
+    assert handed_on(records.flat_map(
+        lambda index: tf.data.Dataset.from_tensors(index).cache(str(tmp_path / "inner"))),
+        set()) == (0, 1)
+    assert handed_on(records.map(remapped), set()) == (0, 1)
+    descriptors = descriptor_pb2.FileDescriptorSet()  # a default value, read from a file
+    message = descriptors.file.add(name="h.proto", package="h").message_type.add(name="M")
+    message.field.add(name="v", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+                      label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+                      default_value="42")
+    (tmp_path / "h.desc").write_bytes(descriptors.SerializeToString())
+
+    def decoded(index, source=str(tmp_path / "h.desc")):
+        values = tf.io.decode_proto(tf.constant([b""]), "h.M", ["v"], [tf.int64],
+                                    descriptor_source=source).values[0]
+        return index + values[0][0]
+
+    assert [int(value) for value in records.map(decoded)] == [42, 43, 44, 45]
+    assert handed_on(records.map(decoded), set()) == (0, 1)
+    assert handed_on(records.map(lambda index: decoded(index, "local://")), set()) == (0, 0)
+    assert handed_on(records.map(lambda index: index + tf.random.uniform([], 0, 1, tf.int64)),
+                     set()) == (0, 0)
+
 def test_unchanged_slow_pipeline_is_too_slow():
     def slow(source, read, decode, batch_size):
         return source.map(read).map(decode).batch(batch_size)

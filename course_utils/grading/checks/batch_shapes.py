@@ -74,8 +74,10 @@ def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
     by its node's name; or they act outside: ``WriteFile``), and its steps and ops that read
     files or a service (``ReadFile``, ``TextLineDataset``, ...). Where work done by another
     pipeline or thread is handed on (a read op that never runs, ``take(0)``, can sit beside
-    them). Random ops in a step's function are counted too (no exercise that asks this needs
-    them); ``tf.print`` to the log, a shuffle's seed or a cache is not."""
+    them). Not counted: ops that keep no state but their own and read none (``_OWN_STATE_OPS``:
+    random ops, ``tf.debugging`` asserts, a timestamp), ``tf.print`` to the log, a shuffle's
+    seed, a cache in memory (a cache in a file is read as a file, as are the descriptors
+    ``tf.io.decode_proto`` loads from a file: their fields' defaults are values)."""
     from tensorflow.python.framework import op_def_registry
 
     from course_utils.quiet import import_tensorflow
@@ -87,12 +89,22 @@ def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
                    for node in graph.node for name in _functions_called(node)
                    if name in library for argument in library[name].signature.input_arg)
 
-    def reaches(node: Any) -> bool:  # outside state without a captured handle
-        if node.op.startswith(_OUTSIDE_OPS) or any(
+    def cached_to_file(node: Any, scope: Any) -> bool:  # its filename not the empty Const
+        if not node.op.startswith("CacheDataset"):
+            return False
+        names = {other.name: other for other in scope}
+        source = names.get(node.input[1].split(":")[0]) if len(node.input) > 1 else None
+        return (source is None or source.op != "Const"
+                or list(source.attr["value"].tensor.string_val) != [b""])
+
+    def reaches(node: Any, scope: Any) -> bool:  # outside state without a captured handle
+        if node.op.startswith(_OUTSIDE_OPS) or cached_to_file(node, scope) or any(
                 key in node.attr and node.attr[key].s for key in ("shared_name", "container")):
             return True
+        if "descriptor_source" in node.attr:  # a proto's descriptors (and defaults) from a file
+            return not node.attr["descriptor_source"].s.startswith((b"local://", b"bytes://"))
         op = op_def_registry.get(node.op)
-        if (op is None or not op.is_stateful or node.op in _PYTHON_OPS  # a step's own state:
+        if (op is None or not op.is_stateful or node.op in _PYTHON_OPS + _OWN_STATE_OPS
                 or any(kind in node.op for kind in ("Dataset", "SeedGenerator", "MemoryCache"))
                 or _functions_called(node)):  # a call's, a loop's body: read as a function
             return False
@@ -100,8 +112,9 @@ def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
             return node.attr["output_stream"].s.startswith(b"file://")
         return not any(argument.type == resource for argument in op.input_arg)
 
-    outside = (sum(node.op.startswith(_OUTSIDE_OPS) for node in graph.node)
-               + sum(reaches(node) for function in graph.library.function
+    outside = (sum(node.op.startswith(_OUTSIDE_OPS) or cached_to_file(node, graph.node)
+                   for node in graph.node)
+               + sum(reaches(node, function.node_def) for function in graph.library.function
                      for node in function.node_def))
     return len(py_function_tokens(dataset) - allowed), captured + outside
 
@@ -112,7 +125,18 @@ _OUTSIDE_OPS = ("ReadFile", "MatchingFiles", "TextLineDataset", "TFRecordDataset
                 "FixedLengthRecordDataset", "CSVDataset", "ExperimentalCSVDataset", "SqlDataset",
                 "ExperimentalSqlDataset", "LMDBDataset", "ExperimentalLMDBDataset",
                 "DataServiceDataset", "LoadDataset", "SnapshotDataset", "ImmutableConst",
-                "IteratorFromStringHandle")
+                "IteratorFromStringHandle", "ExperimentalMatchingFilesDataset",
+                "SnapshotChunkDataset", "ListSnapshotChunksDataset", "GenerateVocabRemapping",
+                "InitializeTableFromTextFile", "LoadAndRemapMatrix")
+
+#: Stateful ops that keep no state but their own and read none (``handed_on`` does not count
+#: them): random ops (a map's augmentation), ``tf.debugging``'s asserts and checks, a timestamp.
+_OWN_STATE_OPS = ("Assert", "CheckNumerics", "CheckNumericsV2", "Timestamp", "GuaranteeConst",
+                  "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+                  "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson",
+                  "RandomPoissonV2", "RandomShuffle", "RandomCrop", "Multinomial",
+                  "NonDeterministicInts", "StatelessRandomGetAlg", "SampleDistortedBoundingBox",
+                  "SampleDistortedBoundingBoxV2")
 
 
 def py_function_token(tensor: Any) -> str | None:
