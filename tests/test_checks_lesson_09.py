@@ -493,11 +493,12 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
 
 #: Where the answer is half the per-replica batch (192, 384 or 768 here), the whole batch named
 _HALF_BATCH_MISSED = (r"a micro-batch of two examples per replica fits, of three examples does "
-                      r"not\): accumulation_steps choice: (192|384|768), but the measurements say "
-                      r"(96|192|384) ")
+                      r"not\): accumulation_steps choice: (192|384|768), but "
+                      r"cu.memory.step_budget and the budget say (96|192|384) ")
 #: Where the answer is a quarter of 768 (micro-batches of four where five would fit)
 _QUARTER_MISSED = (r"a micro-batch of five examples per replica fits, of six examples does not\)"
-                   r": accumulation_steps choice: {}, but the measurements say 192 ")
+                   r": accumulation_steps choice: {}, but cu.memory.step_budget and the budget say "
+                   r"192 ")
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
@@ -514,7 +515,8 @@ _QUARTER_MISSED = (r"a micro-batch of five examples per replica fits, of six exa
     (_reference_wrapped, "called the check's own reference"),
     (_replicas_assumed, "accumulation_steps"),
     (_names_assumed, "KeyError"),
-    (_k_in_powers_of_two, "accumulation_steps choice: [48], but the measurements say [36]"),
+    (_k_in_powers_of_two, "accumulation_steps choice: [48], but cu.memory.step_budget and "
+                          "the budget say [36]"),
     (_k_up_to_four, "raised ValueError: nothing fits"),
     (_k_not_a_divisor, "raised ValueError: .*5 equal micro-batches"),
     (_nothing_fits_answered, "which no k fits\\): returned .*raise ValueError"),

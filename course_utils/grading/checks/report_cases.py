@@ -115,7 +115,9 @@ def report_problem(got: Any, want: dict[str, Any]) -> str | None:
             same = (mine == value if isinstance(value, (str, int)) and field != "ratio"
                     else mine is not None and np.isclose(float(mine), value, rtol=1e-6))
             if not same:
-                return (f"{axis} {field}: {mine!r}, but the measurements say {value!r} "
+                source = ("cu.memory.step_budget and the budget" if axis == "accumulation_steps"
+                          else "the measurements")
+                return (f"{axis} {field}: {mine!r}, but {source} say {value!r} "
                         f"(the whole expected entry: {want[axis]})")
     return None
 
