@@ -418,6 +418,26 @@ def _k_from_the_budget(results, model, global_batch, replicas, budget_bytes):
     return report
 
 
+def _k_from_the_largest_down(results, model, global_batch, replicas, budget_bytes):
+    """k tried from the largest divisor down, the last that fits before one does not: right
+    while the step shrinks as k grows, wrong where k = 1 fits and 2 does not (the buffer)."""
+    report = write_report(results, model, global_batch, replicas, 2**40)
+    n = replicas[report["strategy"]["choice"]]
+    per_replica = global_batch // n
+    found = None
+    for k in sorted((k for k in range(1, per_replica + 1) if per_replica % k == 0),
+                    reverse=True):
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need > budget_bytes:
+            break
+        found = {"choice": k, "step_bytes": need}
+    if found is None:
+        raise ValueError("nothing fits")
+    report["accumulation_steps"] = found
+    return report
+
+
 def _nothing_fits_answered(results, model, global_batch, replicas, budget_bytes):
     """Where no k fits, a report with no k instead of the ValueError the exercise asks."""
     try:
@@ -528,12 +548,16 @@ _QUARTER_MISSED = (r"a micro-batch of five examples per replica fits, of six exa
     (lambda *a: _small_k_then_whole_batch(*a, small=(1, 2, 3, 4, 6), parts=(3, 2, 1)),
      _QUARTER_MISSED.format(256)),
     (_k_from_the_budget, r"raised ValueError: .*does not split into \d+ equal micro-batches"),
+    (_k_from_the_largest_down, r"two micro-batches with their accumulation buffer do not, "
+                               r"(24|36) of one example do\): accumulation_steps choice: \d+, "
+                               r"but cu.memory.step_budget and the budget say 1 "),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
         "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
         "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered", "k-up-to-sixteen",
         "k-up-to-64-then-whole-batch", "k-small-then-whole-batch", "k-small-then-half-or-whole",
-        "k-small-then-third-half-or-whole", "k-from-the-budget-not-a-divisor"])
+        "k-small-then-third-half-or-whole", "k-from-the-budget-not-a-divisor",
+        "k-from-the-largest-down"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):

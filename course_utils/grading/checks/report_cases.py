@@ -7,9 +7,10 @@ only when its examples/s over the first's, like for like at the first precision,
 micro-batches ``k`` whose ``cu.memory.step_budget`` total fits the budget, with that total.
 ``synthetic_results`` makes fresh benchmarks (``SCENARIOS``), ``report_case`` one case with a
 fresh model and a budget that the count without the accumulation buffer gets wrong;
-``edge_cases`` four more: a budget no ``k`` fits, one only the largest ``k`` fits, one whose
-``k`` is half the per-replica batch, and one whose ``k`` is a quarter of 768, where a
-micro-batch of five examples would fit.
+``edge_cases`` five more: a budget no ``k`` fits, one only the largest ``k`` fits, one whose
+``k`` is half the per-replica batch, one whose ``k`` is a quarter of 768, where a
+micro-batch of five examples would fit, and one that ``k`` = 1 fits, 2 does not (the
+accumulation buffer outweighs what two micro-batches save), the largest ``k`` does.
 """
 
 from __future__ import annotations
@@ -233,6 +234,37 @@ def _examples(count: int) -> str:
     return f"{words[count]} example{'s' if count > 1 else ''}"
 
 
+def buffer_case(case: Case) -> Case:
+    """``case`` again, its global batch scaled to a per-replica batch ``P`` (a multiple of 12)
+    too small for splitting to pay: two micro-batches save ``P / 2`` examples' activations,
+    less than the accumulation buffer they add, and one example per micro-batch saves more. A
+    budget between the steps of k = 1 and k = 2 is fitted by k = 1 and by the largest k, not
+    by 2: k tried from the largest down until one does not fit, or a bisection that takes the
+    step to shrink as k grows, misses k = 1."""
+    from course_utils.memory import step_budget
+
+    results, model, global_batch, replicas, _ = case.args
+    n = replicas[report_reference(results, model, global_batch, replicas, 2**40)["strategy"][
+        "choice"]]
+    one = step_budget(model, global_batch=n, replicas=n, accumulation_steps=1)
+    per_example, buffer = one.activations, step_budget(
+        model, global_batch=2 * n, replicas=n, accumulation_steps=2).accumulation
+    # P / 2 < buffer / activations < P - 1 (12.8 to 24.2 here: P is 24 or 36)
+    per_replica = next(p for p in range(12, 1200, 12)
+                       if (p - 1) * per_example > buffer and p * per_example < 2 * buffer)
+    steps = {k: step_budget(model, global_batch=per_replica * n, replicas=n,
+                            accumulation_steps=k).total for k in (1, 2, per_replica)}
+    assert steps[per_replica] < steps[1] < steps[2], steps  # the check's own
+    args = (results, model, per_replica * n, replicas, (steps[1] + steps[2]) // 2)
+    want = report_reference(*args)
+    assert want["accumulation_steps"]["choice"] == 1, want  # the check's own
+    where = case.label.rsplit(", a budget", 1)[0][1:].rsplit("; global batch", 1)[0]
+    return Case(args=args, verify=lambda got: report_problem(got, want),
+                label=f"({where}; global batch {args[2]}, a budget of {args[-1]} bytes: the "
+                      f"whole per-replica batch of {per_replica} fits, two micro-batches with "
+                      f"their accumulation buffer do not, {per_replica} of one example do)")
+
+
 def _per_replica(case: Case) -> int:
     results, model, global_batch, replicas, _ = case.args
     chosen = report_reference(results, model, global_batch, replicas, 2**40)["strategy"]
@@ -240,12 +272,14 @@ def _per_replica(case: Case) -> int:
 
 
 def edge_cases(fn: Any, cases: list[Case]) -> list[Case]:
-    """Four cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
+    """Five cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
     largest k (one example per micro-batch) fits; on the case with the largest per-replica
     batch (192 or more: some fresh benchmark keeps the first strategy, on one replica), one
     whose answer is half that batch (two examples per micro-batch); on the third from last,
     its global batch made 768 examples per replica, one whose answer is 192 (four examples
-    per micro-batch, where five would fit: no k makes five)."""
+    per micro-batch, where five would fit: no k makes five); on the fourth from last, a
+    per-replica batch too small for two micro-batches to pay for their buffer, one whose
+    answer is 1 though 2 does not fit and the largest k does (``buffer_case``)."""
     return [nothing_fits_case(fn, cases[-1]), examples_case(cases[-2]),
             examples_case(max(cases, key=_per_replica), examples=2),
-            examples_case(cases[-3], examples=5, per_replica=768)]
+            examples_case(cases[-3], examples=5, per_replica=768), buffer_case(cases[-4])]
