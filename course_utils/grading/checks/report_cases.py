@@ -197,8 +197,8 @@ def nothing_fits_case(fn: Any, case: Case) -> Case:
 def examples_case(case: Case, examples: int = 1, per_replica: int | None = None) -> Case:
     """``case`` again (its global batch scaled to ``per_replica`` examples per replica, if
     given) with a budget that fits a micro-batch of ``examples`` examples per replica and not
-    one of one more (half of one example's activations, at least 276 bytes here, either
-    side): the answer is the fewest k whose micro-batch holds ``examples`` or fewer. With 1,
+    one of one more (half an example's activations either side; an example's are at least 276
+    bytes here): the answer is the fewest k whose micro-batch holds ``examples`` or fewer. With 1,
     only the largest k fits (96 to 768 here): k tried up to a bound (8, 16, the lesson's 64)
     finds none. With 2 on a per-replica batch of 192 or more, k is half of it (96 or more):
     k tried among small divisors, then the whole per-replica batch, answers the whole batch.
