@@ -377,14 +377,16 @@ def _k_up_to_sixteen(results, model, global_batch, replicas, budget_bytes):
 
 
 def _small_k_then_whole_batch(results, model, global_batch, replicas, budget_bytes, *,
-                              small=None):
-    """k tried among the divisors up to 64 (or the ``small`` ones), then the whole per-replica
-    batch: right where the answer is small or one example per micro-batch, wrong where it is
-    half the per-replica batch (96 or more)."""
+                              small=None, parts=(1,)):
+    """k tried among the divisors up to 64 (or the ``small`` ones), then the per-replica batch
+    over each of ``parts`` (1: the whole of it): right where the answer is small or one example
+    per micro-batch, wrong where it is half the per-replica batch (96 or more) and, with the
+    half and a third tried too, where it is a quarter of 768."""
     report = write_report(results, model, global_batch, replicas, 2**40)
     n = replicas[report["strategy"]["choice"]]
     per_replica = global_batch // n
-    tried = [k for k in small or range(1, 65) if per_replica % k == 0] + [per_replica]
+    tried = ([k for k in small or range(1, 65) if per_replica % k == 0]
+             + [per_replica // part for part in parts])
     for k in tried:
         need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
                                      accumulation_steps=k).total
@@ -392,6 +394,48 @@ def _small_k_then_whole_batch(results, model, global_batch, replicas, budget_byt
             report["accumulation_steps"] = {"choice": k, "step_bytes": need}
             return report
     raise ValueError("nothing fits")
+
+
+def _k_from_the_budget(results, model, global_batch, replicas, budget_bytes):
+    """k computed from the budget, the step's formula inverted (the examples per micro-batch
+    that fit, the per-replica batch over them rounded up) without trying divisors: a k that
+    divides nothing where no divisor makes that micro-batch (five examples of 768)."""
+    report = write_report(results, model, global_batch, replicas, 2**40)
+    n = replicas[report["strategy"]["choice"]]
+    per_replica = global_batch // n
+    whole, one = (cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                        accumulation_steps=k) for k in (1, per_replica))
+    if whole.total <= budget_bytes:
+        k = 1
+    else:
+        examples = (budget_bytes - (one.total - one.activations)) // one.activations
+        if examples < 1:
+            raise ValueError("not even one example per replica fits")
+        k = -(-per_replica // examples)
+    need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                 accumulation_steps=k).total
+    report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+    return report
+
+
+def _k_from_the_largest_down(results, model, global_batch, replicas, budget_bytes):
+    """k tried from the largest divisor down, the last that fits before one does not: right
+    while the step shrinks as k grows, wrong where k = 1 fits and 2 does not (the buffer)."""
+    report = write_report(results, model, global_batch, replicas, 2**40)
+    n = replicas[report["strategy"]["choice"]]
+    per_replica = global_batch // n
+    found = None
+    for k in sorted((k for k in range(1, per_replica + 1) if per_replica % k == 0),
+                    reverse=True):
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need > budget_bytes:
+            break
+        found = {"choice": k, "step_bytes": need}
+    if found is None:
+        raise ValueError("nothing fits")
+    report["accumulation_steps"] = found
+    return report
 
 
 def _nothing_fits_answered(results, model, global_batch, replicas, budget_bytes):
@@ -468,8 +512,13 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
 
 
 #: Where the answer is half the per-replica batch (192, 384 or 768 here), the whole batch named
-_HALF_BATCH_MISSED = (r"between two examples per replica's step and three's\): accumulation_steps"
-                      r" choice: (192|384|768), but the measurements say (96|192|384) ")
+_HALF_BATCH_MISSED = (r"a micro-batch of two examples per replica fits, of three examples does "
+                      r"not\): accumulation_steps choice: (192|384|768), but "
+                      r"cu.memory.step_budget and the budget say (96|192|384) ")
+#: Where the answer is a quarter of 768 (micro-batches of four where five would fit)
+_QUARTER_MISSED = (r"a micro-batch of five examples per replica fits, of six examples does not\)"
+                   r": accumulation_steps choice: {}, but cu.memory.step_budget and the budget say "
+                   r"192 ")
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
@@ -486,18 +535,29 @@ _HALF_BATCH_MISSED = (r"between two examples per replica's step and three's\): a
     (_reference_wrapped, "called the check's own reference"),
     (_replicas_assumed, "accumulation_steps"),
     (_names_assumed, "KeyError"),
-    (_k_in_powers_of_two, "accumulation_steps choice: [48], but the measurements say [36]"),
+    (_k_in_powers_of_two, "accumulation_steps choice: [48], but cu.memory.step_budget and "
+                          "the budget say [36]"),
     (_k_up_to_four, "raised ValueError: nothing fits"),
     (_k_not_a_divisor, "raised ValueError: .*5 equal micro-batches"),
     (_nothing_fits_answered, "which no k fits\\): returned .*raise ValueError"),
-    (_k_up_to_sixteen, "between one example per replica's step and two's\\) raised ValueError"),
+    (_k_up_to_sixteen, "a micro-batch of one example per replica fits, of two examples does "
+                       "not\\) raised ValueError"),
     (_small_k_then_whole_batch, _HALF_BATCH_MISSED),
     (lambda *a: _small_k_then_whole_batch(*a, small=(1, 2, 3, 4, 6)), _HALF_BATCH_MISSED),
+    (lambda *a: _small_k_then_whole_batch(*a, parts=(2, 1)), _QUARTER_MISSED.format(384)),
+    (lambda *a: _small_k_then_whole_batch(*a, small=(1, 2, 3, 4, 6), parts=(3, 2, 1)),
+     _QUARTER_MISSED.format(256)),
+    (_k_from_the_budget, r"raised ValueError: .*does not split into \d+ equal micro-batches"),
+    (_k_from_the_largest_down, r"two micro-batches with their accumulation buffer do not, "
+                               r"(24|36) of one example do\): accumulation_steps choice: \d+, "
+                               r"but cu.memory.step_budget and the budget say 1 "),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
         "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
         "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered", "k-up-to-sixteen",
-        "k-up-to-64-then-whole-batch", "k-small-then-whole-batch"])
+        "k-up-to-64-then-whole-batch", "k-small-then-whole-batch", "k-small-then-half-or-whole",
+        "k-small-then-third-half-or-whole", "k-from-the-budget-not-a-divisor",
+        "k-from-the-largest-down"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):

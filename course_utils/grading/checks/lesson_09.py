@@ -445,6 +445,6 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     with guard:
         return run_check(
             "write_report", fn, cases,
-            hint="lesson 09, section 4 (your choices): the message above names the field "
-                 "that differs and what the measurements say; the exercise's rules say "
-                 "which results each figure compares. Did yours compare like with like?")
+            hint="lesson 09, section 4 (your choices): the message names the field that "
+                 "differs and the right value; the exercise's rules say which results each "
+                 "figure compares. Like with like? Every k dividing the per-replica batch?")

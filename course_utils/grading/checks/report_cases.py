@@ -7,8 +7,10 @@ only when its examples/s over the first's, like for like at the first precision,
 micro-batches ``k`` whose ``cu.memory.step_budget`` total fits the budget, with that total.
 ``synthetic_results`` makes fresh benchmarks (``SCENARIOS``), ``report_case`` one case with a
 fresh model and a budget that the count without the accumulation buffer gets wrong;
-``edge_cases`` three more: a budget no ``k`` fits, one only the largest ``k`` fits, and one
-whose ``k`` is half the per-replica batch.
+``edge_cases`` five more: a budget no ``k`` fits, one only the largest ``k`` fits, one whose
+``k`` is half the per-replica batch, one whose ``k`` is a quarter of 768, where a
+micro-batch of five examples would fit, and one that ``k`` = 1 fits, 2 does not (the
+accumulation buffer outweighs what two micro-batches save), the largest ``k`` does.
 """
 
 from __future__ import annotations
@@ -114,7 +116,9 @@ def report_problem(got: Any, want: dict[str, Any]) -> str | None:
             same = (mine == value if isinstance(value, (str, int)) and field != "ratio"
                     else mine is not None and np.isclose(float(mine), value, rtol=1e-6))
             if not same:
-                return (f"{axis} {field}: {mine!r}, but the measurements say {value!r} "
+                source = ("cu.memory.step_budget and the budget" if axis == "accumulation_steps"
+                          else "the measurements")
+                return (f"{axis} {field}: {mine!r}, but {source} say {value!r} "
                         f"(the whole expected entry: {want[axis]})")
     return None
 
@@ -190,31 +194,75 @@ def nothing_fits_case(fn: Any, case: Case) -> Case:
         verify=lambda got: problem or case.verify(got))
 
 
-def examples_case(case: Case, examples: int = 1) -> Case:
-    """``case`` again with a budget between the step of ``examples`` examples per replica's
-    micro-batch and that of one more, which only k = per-replica batch / ``examples`` and above
-    fit (the activations of one example, at least 276 bytes here, apart). With 1, only the
-    largest k fits (96 to 768 here): k tried up to a bound (8, 16, the lesson's 64) finds none.
-    With 2 on a per-replica batch of 192 or more, k is half of it (96 or more): k tried among
-    small divisors, then the whole per-replica batch, answers the whole batch."""
+def examples_case(case: Case, examples: int = 1, per_replica: int | None = None) -> Case:
+    """``case`` again (its global batch scaled to ``per_replica`` examples per replica, if
+    given) with a budget that fits a micro-batch of ``examples`` examples per replica and not
+    one of one more (half an example's activations either side; an example's are at least 276
+    bytes here): the answer is the fewest k whose micro-batch holds ``examples`` or fewer. With 1,
+    only the largest k fits (96 to 768 here): k tried up to a bound (8, 16, the lesson's 64)
+    finds none. With 2 on a per-replica batch of 192 or more, k is half of it (96 or more):
+    k tried among small divisors, then the whole per-replica batch, answers the whole batch.
+    With 5 on 768, k is 192 (four examples): 5 divides no per-replica batch here, so a k
+    computed from the budget (768 / 5, rounded up) without trying divisors is 154, which
+    ``step_budget`` refuses, and k tried among small divisors, then a half, a third or the
+    whole per-replica batch, answers 384, 256 or 768."""
     from course_utils.memory import step_budget
 
     results, model, global_batch, replicas, _ = case.args
     n = replicas[report_reference(results, model, global_batch, replicas, 2**40)["strategy"][
         "choice"]]
+    if per_replica is not None:
+        global_batch = per_replica * n
     per_replica = global_batch // n
-    fits, above = (step_budget(model, global_batch=global_batch, replicas=n,
-                               accumulation_steps=per_replica // micro).total
-                   for micro in (examples, examples + 1))
-    args = (results, model, global_batch, replicas, (fits + above) // 2)
+    one = step_budget(model, global_batch=global_batch, replicas=n,
+                      accumulation_steps=per_replica)  # one example per micro-batch (k > 1)
+    budget = one.total + (examples - 1) * one.activations + one.activations // 2
+    args = (results, model, global_batch, replicas, budget)
     want = report_reference(*args)
-    k = per_replica // examples
-    assert want["accumulation_steps"]["choice"] == k, (want, fits, above)  # the check's own
-    where = case.label.rsplit(", a budget", 1)[0][1:]
-    words = {1: ("one example", "two's"), 2: ("two examples", "three's")}[examples]
+    k = min(k for k in range(1, per_replica + 1) if per_replica % k == 0
+            and per_replica // k <= examples)
+    assert want["accumulation_steps"]["choice"] == k, (want, k, budget)  # the check's own
+    where = case.label.rsplit(", a budget", 1)[0][1:].rsplit("; global batch", 1)[0]
     return Case(args=args, verify=lambda got: report_problem(got, want),
-                label=f"({where}; a budget of {args[-1]} bytes, between {words[0]} per "
-                      f"replica's step and {words[1]})")
+                label=f"({where}; global batch {global_batch}, a budget of {budget} bytes: a "
+                      f"micro-batch of {_examples(examples)} per replica fits, of "
+                      f"{_examples(examples + 1)} does not)")
+
+
+def _examples(count: int) -> str:
+    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+    return f"{words[count]} example{'s' if count > 1 else ''}"
+
+
+def buffer_case(case: Case) -> Case:
+    """``case`` again, its global batch scaled to a per-replica batch ``P`` (a multiple of 12)
+    too small for splitting to pay: two micro-batches save ``P / 2`` examples' activations,
+    less than the accumulation buffer they add, and one example per micro-batch saves more. A
+    budget between the steps of k = 1 and k = 2 is fitted by k = 1 and by the largest k, not
+    by 2: k tried from the largest down until one does not fit, or a bisection that takes the
+    step to shrink as k grows, misses k = 1."""
+    from course_utils.memory import step_budget
+
+    results, model, global_batch, replicas, _ = case.args
+    n = replicas[report_reference(results, model, global_batch, replicas, 2**40)["strategy"][
+        "choice"]]
+    one = step_budget(model, global_batch=n, replicas=n, accumulation_steps=1)
+    per_example, buffer = one.activations, step_budget(
+        model, global_batch=2 * n, replicas=n, accumulation_steps=2).accumulation
+    # P / 2 < buffer / activations < P - 1 (12.8 to 24.2 here: P is 24 or 36)
+    per_replica = next(p for p in range(12, 1200, 12)
+                       if (p - 1) * per_example > buffer and p * per_example < 2 * buffer)
+    steps = {k: step_budget(model, global_batch=per_replica * n, replicas=n,
+                            accumulation_steps=k).total for k in (1, 2, per_replica)}
+    assert steps[per_replica] < steps[1] < steps[2], steps  # the check's own
+    args = (results, model, per_replica * n, replicas, (steps[1] + steps[2]) // 2)
+    want = report_reference(*args)
+    assert want["accumulation_steps"]["choice"] == 1, want  # the check's own
+    where = case.label.rsplit(", a budget", 1)[0][1:].rsplit("; global batch", 1)[0]
+    return Case(args=args, verify=lambda got: report_problem(got, want),
+                label=f"({where}; global batch {args[2]}, a budget of {args[-1]} bytes: the "
+                      f"whole per-replica batch of {per_replica} fits, two micro-batches with "
+                      f"their accumulation buffer do not, {per_replica} of one example do)")
 
 
 def _per_replica(case: Case) -> int:
@@ -224,9 +272,14 @@ def _per_replica(case: Case) -> int:
 
 
 def edge_cases(fn: Any, cases: list[Case]) -> list[Case]:
-    """Three cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
+    """Five cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
     largest k (one example per micro-batch) fits; on the case with the largest per-replica
     batch (192 or more: some fresh benchmark keeps the first strategy, on one replica), one
-    whose answer is half that batch (two examples per micro-batch)."""
+    whose answer is half that batch (two examples per micro-batch); on the third from last,
+    its global batch made 768 examples per replica, one whose answer is 192 (four examples
+    per micro-batch, where five would fit: no k makes five); on the fourth from last, a
+    per-replica batch too small for two micro-batches to pay for their buffer, one whose
+    answer is 1 though 2 does not fit and the largest k does (``buffer_case``)."""
     return [nothing_fits_case(fn, cases[-1]), examples_case(cases[-2]),
-            examples_case(max(cases, key=_per_replica), examples=2)]
+            examples_case(max(cases, key=_per_replica), examples=2),
+            examples_case(cases[-3], examples=5, per_replica=768), buffer_case(cases[-4])]
