@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import struct
 import subprocess
 import sys
@@ -55,6 +54,11 @@ from collections import Counter
 from types import MappingProxyType
 from typing import Any
 
+from course_utils.grading.checks.child_pipe import child_reader as _child_reader
+from course_utils.grading.checks.child_pipe import closer as _closer
+from course_utils.grading.checks.child_pipe import end as _end
+from course_utils.grading.checks.child_pipe import killer as _killer
+from course_utils.grading.checks.child_pipe import pipe_writer as _pipe_writer
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 # Bound once, when the course is imported (before any learner's code runs), into the closure of
@@ -220,100 +224,6 @@ def _judge(record: WatchRecord, drain: Any, closer: Any, replay: Any,
             return None
 
     return Judged()
-
-
-def _closer(fd: int) -> tuple[Any, Any]:
-    """``(close, current)``: ``close()`` closes ``fd`` once (a number closed twice could be
-    another file's by then); ``current()`` is ``fd`` until then, None after (a write to the
-    number then could land in another file)."""
-    left = [fd]
-
-    def close() -> None:
-        while left:
-            try:
-                os.close(left.pop())
-            except OSError:
-                pass
-
-    def current() -> int | None:
-        return left[0] if left else None
-
-    return close, current
-
-
-def _end(close: Any, child: Any) -> None:
-    """Closes the pipe's write end (``close``) and ends its ``child`` (the log is lost)."""
-    close()
-    child.kill()
-    child.wait()
-    child.stdout.close()
-
-
-def _pipe_writer(current: Any, lost: Any, layout: str, write: Any, pack: Any) -> Any:
-    """``log(*events)``: ``(kind, number)`` events into the pipe ``current()`` in one write
-    (nothing comes between them; none once the watch closed it). A write the pipe refuses (its
-    descriptor closed, or full: the child stopped) calls ``lost()``, which ends the child, so
-    that the judge's copy is lost for good and the record differs from it: an event the watch
-    could not write cannot be forged in its place afterwards."""
-
-    def log(*events: tuple[bytes, int]) -> None:
-        fd = current()
-        if fd is None:
-            return
-        try:
-            write(fd, b"".join(pack(layout, kind, number) for kind, number in events))
-        except OSError:  # closed, or full (BlockingIOError)
-            if current() is not None:  # not judged yet: the child is not waited for
-                lost()
-
-    return log
-
-
-def _killer(kill: Any, pid: int) -> Any:
-    """``lost()``: ends the child ``pid`` with ``kill`` (bound at import); only called while
-    the watch holds the pipe open, so before :func:`_end` waited for the child (its number
-    cannot be another process's by then)."""
-
-    def lost() -> None:
-        try:
-            kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-    return lost
-
-
-def _child_reader(close: Any, child: Any, layout: str, bound: dict[str, Any]) -> Any:
-    """``drain()``: closes the pipe's write end (``close``), then every ``(kind, number)`` event the
-    ``child`` copied from its read end (None where its copy did not end within a minute: the
-    pipe held open by a copy of its descriptor; the child's exit status where it failed on its
-    own, neither copying nor ended by the watch: ``sys.executable`` could not run it). Reads with
-    the ``read``, ``select`` and ``clock`` given."""
-    size = struct.calcsize(layout)
-    read, wait, clock, unpack = bound["read"], bound["select"], bound["clock"], bound["unpack"]
-    out = child.stdout.fileno()
-
-    def drain() -> list[tuple[bytes, int]] | int | None:
-        close()
-        data, deadline = b"", clock() + 60
-        while True:
-            if not wait([out], [], [], max(0.0, deadline - clock()))[0]:
-                return None
-            chunk = read(out, 65536)
-            if not chunk:
-                break
-            data += chunk
-        try:  # its output ended: it is exiting
-            status = child.wait(timeout=max(1.0, deadline - clock()))
-        except subprocess.TimeoutExpired:
-            return None
-        if status not in (0, -signal.SIGKILL):
-            return status
-        events = [unpack(layout, data[start:start + size])
-                  for start in range(0, len(data) - size + 1, size)]
-        return events + [(b"?", 0)] * (len(data) % size != 0)  # a part frame: not the watch's
-
-    return drain
 
 
 def _status_counter(get: Any, total: Any, is_set: Any) -> tuple[Any, Any]:

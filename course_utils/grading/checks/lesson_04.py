@@ -32,6 +32,11 @@ from typing import Any
 
 from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
 from course_utils.grading.checks.registry import register
+from course_utils.grading.checks.worker_passes import (
+    batches_per_worker,
+    passes_message,
+    unshuffled_share,
+)
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -178,150 +183,6 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
                           "does your loop wait for next?")
 
 
-_SHUFFLES = frozenset(("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
-                       "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"))
-
-
-def _shuffles_of(dataset: Any) -> Any:
-    """An ``[n, 3]`` tensor: for each shuffle (``ShuffleDataset``) of ``dataset``'s graph, made
-    where the dataset is (the worker's ``dataset_fn``), its ``buffer_size``, the cardinality of
-    the dataset it shuffles (-1 infinite, -2 unknown) and whether it reshuffles each pass (1).
-    A shuffle inside a function a dataset step calls (``flat_map``, ``interleave``) is not
-    read."""
-    tf = _tf()
-    rows, seen, todo = [], set(), [dataset._variant_tensor.op]
-    while todo:
-        op = todo.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.type in _SHUFFLES:
-            try:
-                reshuffle = bool(op.get_attr("reshuffle_each_iteration"))
-            except ValueError:  # V2: a seed generator's, reshuffled each pass
-                reshuffle = True
-            rows.append(tf.stack([
-                tf.cast(op.inputs[1], tf.int64),
-                tf.raw_ops.DatasetCardinality(input_dataset=op.inputs[0]),
-                tf.constant(int(reshuffle), tf.int64)]))
-        todo += [tensor.op for tensor in op.inputs if tensor.dtype == tf.variant]
-    return tf.stack(rows) if rows else tf.zeros([0, 3], tf.int64)
-
-
-def _unshuffled_share(shuffles: set[tuple[int, int, int]]) -> tuple[int, int] | None:
-    """``(buffer_size, examples)`` of the largest reshuffling buffer of ``shuffles`` (see
-    :func:`_shuffles_of`) where none holds all the examples it shuffles, of a known number;
-    None where one does, or where no shuffle's input is of a known number of examples."""
-    judged = [(buffer, size) for buffer, size, reshuffle in shuffles if reshuffle and size >= 0]
-    if not judged or any(buffer >= size for buffer, size in judged):
-        return None
-    return max(judged, key=lambda pair: pair[0] / max(pair[1], 1))
-
-
-def _batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any) -> Any:
-    """Run ``num_steps`` steps in rounds of one per worker; each worker's batches, in order.
-
-    Returns ``(batches, cardinality, error, shuffles)``: ``batches[w]`` lists worker ``w``'s
-    batches of ``(example id, label)`` pairs, ``cardinality`` the cardinality of each worker's
-    dataset as made on it, ``shuffles[w]`` the shuffles of worker ``w``'s dataset (rows of
-    :func:`_shuffles_of`), and
-    ``error`` the exception that ended the job early (or None; a ``TimeoutError`` where a
-    worker waited out ``barrier``'s timeout, or where gRPC itself failed between the check's
-    in-process tasks – "Unable to parse request", seen now and then on 2 busy cores – so that
-    the caller runs the job again).
-    """
-    tf = _tf()
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    timeouts_before = int(barrier.timeouts.numpy())
-
-    def probed_fn() -> Any:
-        dataset = dataset_fn()
-        cardinality = dataset.cardinality()  # on the worker, as made there
-        shuffles = _shuffles_of(dataset)
-        return dataset.map(lambda features, labels: (features, labels, cardinality, shuffles))
-
-    iterator = iter(coordinator.create_per_worker_dataset(probed_fn))
-
-    @tf.function
-    def step(iterator: Any) -> Any:
-        batch = iterator.get_next_as_optional()  # a worker whose data ran out opens the barrier
-        with tf.control_dependencies([barrier(batch.has_value())]):
-            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            ids, labels, cardinality, shuffles = tf.cond(
-                batch.has_value(),
-                lambda: (tf.cast(batch.get_value()[0][:, 0], tf.int64),
-                         tf.cast(batch.get_value()[1], tf.int64), batch.get_value()[2],
-                         tf.reshape(batch.get_value()[3], [-1, 3])),
-                lambda: (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64),
-                         tf.constant(-1, tf.int64), tf.zeros([0, 3], tf.int64)))
-            return (worker, ids, labels, cardinality, shuffles, batch.has_value(),
-                    tf.timestamp())
-
-    remotes = [coordinator.schedule(step, args=(iterator,)) for _ in range(num_steps)]
-    try:
-        coordinator.join()
-    except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as error:
-        return None, None, error, None
-    except tf.errors.OpError as error:
-        if "GRPC error" in str(error) and isinstance(
-                error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
-            return (None, None,
-                    TimeoutError(f"gRPC failed between the check's tasks: {error}"), None)
-        return None, None, error, None  # the answer's own dataset failed on a worker
-    fetched = [remote.fetch() for remote in remotes]
-    if not all(bool(has_value) for *_, has_value, _ in fetched):
-        return None, None, tf.errors.OutOfRangeError(None, None, "End of sequence"), None
-    if int(barrier.timeouts.numpy()) > timeouts_before:
-        return None, None, TimeoutError("a worker waited out the barrier"), None
-    results = sorted(
-        (float(when), int(worker), list(zip(ids.tolist(), labels.tolist(), strict=True)),
-         int(cardinality))
-        for worker, ids, labels, cardinality, _, _, when in fetched)
-    batches: dict[int, list[list[tuple[int, int]]]] = {}
-    for _, worker, pairs, _ in results:
-        batches.setdefault(worker, []).append(pairs)
-    shuffles: dict[int, set[tuple[int, int, int]]] = {}
-    for worker, *_, rows, _, _ in fetched:
-        shuffles.setdefault(int(worker), set()).update(
-            tuple(int(v) for v in row) for row in rows.tolist())
-    return batches, {result[3] for result in results}, None, shuffles
-
-
-def _reach(before: list[int], after: list[int]) -> int:
-    """How far ahead of its place in ``before`` an example came in ``after`` (at most): a
-    shuffle buffer of B examples never brings one more than B - 1 places forward."""
-    place = {example: index for index, example in enumerate(before)}
-    return max(place[example] - index for index, example in enumerate(after))
-
-
-def _passes_message(worker: int, stream: list[int], own: set[int], order: list[int]) -> Any:
-    """What is wrong with worker ``worker``'s first two passes over its ``own`` examples."""
-    size = len(own)
-    first, second = stream[:size], stream[size:2 * size]
-    if set(first) != own or set(second) != own or len(second) < size:
-        return (f"worker {worker}'s first {size} examples are not its {size} examples once "
-                "each: a pass reads each example once. Which step of yours mixes passes or "
-                "drops examples? (lesson 01, section 7)")
-    stored = [i for i in order if i in own]
-    if first == stored:
-        return f"worker {worker} reads its examples in their stored order: nothing shuffles"
-    if first == second:
-        return (f"worker {worker} reads its examples in the same order in every pass: what "
-                "does your shuffle do at a new pass? (lesson 01, section 7)")
-    # Each pass shuffles the stored order anew, and a buffer of B never brings an example
-    # more than B - 1 places forward: a buffer of half the share or less never reaches
-    # size // 2 in any pass. A uniform shuffle of n examples stays below k places in a pass
-    # with chance k**(n - k + 1) * (k - 1)! / n!: for k = n // 2, at most 1.0e-3 at these
-    # sizes (33-71), so in every one of three passes below 1e-9.
-    passes = [stream[k * size:(k + 1) * size] for k in range(3)]
-    reach = max(_reach(stored, one) for one in passes if set(one) == own)
-    if reach < size // 2:
-        return (f"worker {worker}'s {size} examples came at most {reach} place(s) earlier "
-                f"than where they were stored, in every pass: the shuffle buffer is too small "
-                "to shuffle its share (lesson 01, section 7: how far can a buffer move one?)")
-    return None
-
-
 @register
 def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
     """Check ``make_dataset_fn(features, labels, batch_size, num_workers)``: a never-ending,
@@ -349,7 +210,7 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 return f"return a dataset_fn (a function), got {dataset_fn!r:.80}"
             for _ in range(2):  # again if a busy machine starved a worker past the barrier
                 try:
-                    batches, cardinalities, error, shuffles = _batches_per_worker(
+                    batches, cardinalities, error, shuffles = batches_per_worker(
                         strategy, dataset_fn, num_steps, barrier)
                 except (TypeError, ValueError) as failure:
                     return ("the dataset must yield (features, labels) batches: "
@@ -408,11 +269,11 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 return f"examples {missing[:5]}... were never read by any worker"
             for w, per in batches.items():
                 stream = [i for b in per for i in b]
-                message = _passes_message(w, stream, seen[w], order)
+                message = passes_message(w, stream, seen[w], order)
                 if message:
                     return message
             for w in sorted(shuffles):
-                short = _unshuffled_share(shuffles[w])
+                short = unshuffled_share(shuffles[w])
                 if short:
                     buffer, size = short
                     return (f"worker {w}'s dataset shuffles {size} examples with a buffer of "

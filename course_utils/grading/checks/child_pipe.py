@@ -1,0 +1,109 @@
+"""An OS pipe whose read end a child process holds, for a check's write-only log: the child
+copies what was written to the check once the pipe is closed, so that the check's own process
+holds no descriptor to read the log with (descriptors belong to the whole process, and a
+learner's code runs in it). The functions here are bound by the watch that uses them when the
+course is imported (:mod:`course_utils.grading.checks.coordinator_watch`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+from typing import Any
+
+__all__ = ["child_reader", "closer", "end", "killer", "pipe_writer"]
+
+
+def closer(fd: int) -> tuple[Any, Any]:
+    """``(close, current)``: ``close()`` closes ``fd`` once (a number closed twice could be
+    another file's by then); ``current()`` is ``fd`` until then, None after (a write to the
+    number then could land in another file)."""
+    left = [fd]
+
+    def close() -> None:
+        while left:
+            try:
+                os.close(left.pop())
+            except OSError:
+                pass
+
+    def current() -> int | None:
+        return left[0] if left else None
+
+    return close, current
+
+
+def end(close: Any, child: Any) -> None:
+    """Closes the pipe's write end (``close``) and ends its ``child`` (the log is lost)."""
+    close()
+    child.kill()
+    child.wait()
+    child.stdout.close()
+
+
+def pipe_writer(current: Any, lost: Any, layout: str, write: Any, pack: Any) -> Any:
+    """``log(*events)``: ``(kind, number)`` events into the pipe ``current()`` in one write
+    (nothing comes between them; none once the watch closed it). A write the pipe refuses (its
+    descriptor closed, or full: the child stopped) calls ``lost()``, which ends the child, so
+    that the judge's copy is lost for good and the record differs from it: an event the watch
+    could not write cannot be forged in its place afterwards."""
+
+    def log(*events: tuple[bytes, int]) -> None:
+        fd = current()
+        if fd is None:
+            return
+        try:
+            write(fd, b"".join(pack(layout, kind, number) for kind, number in events))
+        except OSError:  # closed, or full (BlockingIOError)
+            if current() is not None:  # not judged yet: the child is not waited for
+                lost()
+
+    return log
+
+
+def killer(kill: Any, pid: int) -> Any:
+    """``lost()``: ends the child ``pid`` with ``kill`` (bound at import); only called while
+    the watch holds the pipe open, so before :func:`end` waited for the child (its number
+    cannot be another process's by then)."""
+
+    def lost() -> None:
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    return lost
+
+
+def child_reader(close: Any, child: Any, layout: str, bound: dict[str, Any]) -> Any:
+    """``drain()``: closes the pipe's write end (``close``), then every ``(kind, number)`` event the
+    ``child`` copied from its read end (None where its copy did not end within a minute: the
+    pipe held open by a copy of its descriptor; the child's exit status where it failed on its
+    own, neither copying nor ended by the watch: ``sys.executable`` could not run it). Reads with
+    the ``read``, ``select`` and ``clock`` given."""
+    size = struct.calcsize(layout)
+    read, wait, clock, unpack = bound["read"], bound["select"], bound["clock"], bound["unpack"]
+    out = child.stdout.fileno()
+
+    def drain() -> list[tuple[bytes, int]] | int | None:
+        close()
+        data, deadline = b"", clock() + 60
+        while True:
+            if not wait([out], [], [], max(0.0, deadline - clock()))[0]:
+                return None
+            chunk = read(out, 65536)
+            if not chunk:
+                break
+            data += chunk
+        try:  # its output ended: it is exiting
+            status = child.wait(timeout=max(1.0, deadline - clock()))
+        except subprocess.TimeoutExpired:
+            return None
+        if status not in (0, -signal.SIGKILL):
+            return status
+        events = [unpack(layout, data[start:start + size])
+                  for start in range(0, len(data) - size + 1, size)]
+        return events + [(b"?", 0)] * (len(data) % size != 0)  # a part frame: not the watch's
+
+    return drain
