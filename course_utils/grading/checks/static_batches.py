@@ -37,7 +37,8 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
     """What Python the pipeline runs instead of the given dataset's steps, or None: its graph
     must hold the given dataset's ``py_function`` tokens (its reads) and no other, and pull
     nothing from an iterator, a queue or other state made outside it (a resource its functions
-    capture, such as a variable a Python thread fills: lessons 00 and 01's ``handed_on``)."""
+    capture, such as a variable a Python thread fills, or a stateful op of theirs that takes
+    none: a file read, a random op, an assert; lessons 00 and 01's ``handed_on``)."""
     tf = _tf()
     try:
         tokens = py_function_tokens(dataset)
