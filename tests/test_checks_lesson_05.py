@@ -656,6 +656,62 @@ def test_padding_to_a_bound_too_long_to_meet_is_named():
         cu.grading.check_make_tpu_ready(pad_then_cut)
 
 
+def _padded_by_tf_pad_to(bound):
+    """Each sequence padded with tf.pad to a bound of its own (``bound(sequence_length)``), then
+    cut: no cut before the padding."""
+    def answer(dataset, batch_size, sequence_length):
+        import tensorflow as tf
+
+        def fix(tokens, label):
+            tokens = tf.pad(tokens, [[0, bound(sequence_length) - tf.shape(tokens)[0]]])
+            return tf.ensure_shape(tokens[:sequence_length], [sequence_length]), label
+
+        return dataset.map(fix).batch(batch_size, drop_remainder=True)
+
+    return answer
+
+
+def _padded_batch_to_a_bound_passed_through_identity(dataset, batch_size, sequence_length):
+    """A padded_batch in a flat_map whose padded_shapes come through tf.identity: no Const
+    input of its own in the graph."""
+    import tensorflow as tf
+
+    def inner(_):
+        bound = tf.identity(tf.constant([128 * sequence_length], tf.int64))
+        return dataset.padded_batch(batch_size, padded_shapes=(bound, []), drop_remainder=True)
+
+    return tf.data.Dataset.range(1).flat_map(inner).map(
+        lambda x, y: (x[:, :sequence_length], y))
+
+
+@pytest.mark.parametrize(("answer", "made"), [
+    # most drawn long sequences stay under 512 (one made 513 tokens), some are past it already
+    (_padded_by_tf_pad_to(lambda n: 512), ""),
+    (_padded_by_tf_pad_to(lambda n: 128 * n), ".*the long sequence made \\d+ tokens, one more "
+                                              "than the largest number"),
+    (_padded_batch_to_a_bound_passed_through_identity, ".*the long sequence made \\d+ tokens, "
+                                                       "one more than the largest number"),
+], ids=["tf.pad-to-512", "tf.pad-to-128n", "padded_batch-identity-bound"])
+def test_a_bound_of_ones_own_in_the_graph_meets_a_longer_sequence(answer, made):
+    """The largest whole number in the pipeline's graph (a tf.pad's target, a padded_batch's
+    bound however it is passed on) is a bound the case's long sequence is made to pass (128
+    times sequence_length: above any drawn one, so made so every time)."""
+    with pytest.raises(AssertionError, match=r"case 1 .*reading the pipeline failed at batch "
+                                             rf"\d+: \w+Error{made}"):
+        cu.grading.check_make_tpu_ready(answer)
+
+
+def test_an_element_of_unknown_rank_is_told_so():
+    def unknown_rank(dataset, batch_size, sequence_length):
+        import tensorflow as tf
+
+        return dataset.map(lambda x, y: (tf.py_function(lambda t: t, [x], tf.int32), y)).batch(
+            batch_size, drop_remainder=True)
+
+    with pytest.raises(AssertionError, match=r"case 1 .*element_spec has unknown dimensions"):
+        cu.grading.check_make_tpu_ready(unknown_rank)
+
+
 @pytest.mark.parametrize("answer", [
     lambda d, b, n: d.map(lambda x, y: (x[:n], y)).padded_batch(
         b, padded_shapes=([n], []), drop_remainder=True),
@@ -837,7 +893,7 @@ def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
      r"reads state made outside it \(IteratorGetNextAsOptional:"),
     (_a_queue_a_python_thread_fills, r"reads state made outside it \(QueueDequeueV2:"),
     (_variables_a_python_thread_fills, r"reads state made outside it "
-                                       r"\(\d+ handle\(s\) its functions capture:"),
+                                       r"\(\d+ captured handle\(s\) or stateful op\(s\)"),
     (lambda *args: make_tpu_ready(*args).repeat(), "never ends"),
     (lambda *args: make_tpu_ready(*args).repeat(2), r"the epoch has more than \d+ batches"),
 ])

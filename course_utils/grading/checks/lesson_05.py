@@ -5,13 +5,14 @@
   ``element_spec`` has every dimension known, its graph holds the given dataset's reads and no
   Python of its own (the ``py_function`` tokens of the given dataset and no other: a generator
   that iterates it, a ``py_function`` or a ``numpy_function`` fails) and pulls nothing from an
-  iterator, a queue or a variable made outside it (work handed on), a compiled step traces
+  iterator, a queue, a variable or a file made outside it (work handed on), a compiled step traces
   once over an epoch, which ends (``repeat`` is named) and has ``n // batch_size`` batches read
   from the dataset given, holding the sequences cut or padded with zeros at the end to
   ``sequence_length``, in order (no ``deterministic=False``); the function may not read the
   dataset when called (the dataset counts what it hands out), nor read most of a long stream
-  before its first batch. A ``padded_batch`` to a bound of its own (its ``padded_shapes`` in
-  the graph) meets a long sequence one token longer than that bound, made before it is read.
+  before its first batch. A bound of its own (the largest whole number in its graph: a
+  ``padded_batch``'s ``padded_shapes``, a ``tf.pad``'s target) meets a long sequence one token
+  longer than that bound, made before it is read.
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
   boundary), compared with the rules stated in the exercise; a global batch that cannot give
@@ -156,7 +157,7 @@ def check_make_tpu_ready(fn: Any) -> bool:
         def verify(got: Any, tokens: Any = tokens, labels: Any = labels, batch: int = batch,
                    length: int = length, read: list[int] = read,
                    reads: set[str] = reads, at: int = at) -> str | None:
-            def lengthen(bound: int) -> Any:  # past a padded_batch's bound of its own
+            def lengthen(bound: int) -> Any:  # past a bound of the pipeline's own
                 if len(tokens[at]) > bound:
                     return None
                 tokens[at] = np.resize(tokens[at], bound + 1)  # read when iterated

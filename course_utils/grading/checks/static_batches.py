@@ -1,12 +1,13 @@
 """Lesson 05, exercise 1 (a TPU-ready pipeline): what is wrong with one epoch of a learner's
 pipeline: its shapes, the Python its graph runs instead of the dataset given (``py_function``
 tokens, ``batch_shapes``) or hands on from an iterator, a queue or a variable made outside it
-(any handle its functions capture, a lookup table's too: the exercise needs none), an epoch
-that never ends, its traces, batches and reads, and their values; a ``padded_batch`` to a
-bound of its own meets a sequence one longer than that bound.
+(any handle its functions capture, a lookup table's too, and the files they read: the exercise
+needs none), an epoch that never ends, its traces, batches and reads, and their values; a bound
+of its own (the largest whole number in its graph: a ``padded_batch``'s ``padded_shapes``, a
+``tf.pad``'s target) meets a sequence one longer than that bound.
 
-Still passes: a ``tf.pad`` in a map to a bound of one's own, then a cut (the pad amount a
-right answer computes, e.g. ``tf.maximum(0, bound - length)``, looks the same in the graph)."""
+Still passes: a bound above ``2**20`` tokens reached by ``tf.pad``, or one computed in the graph
+from smaller numbers (``tf.constant(128) * sequence_length``), then a cut."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from course_utils.grading.checks.batch_shapes import (
 )
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["order_problem", "padded_bound", "python_problem", "verify_pipeline"]
+__all__ = ["largest_number", "order_problem", "padded_bound", "python_problem",
+           "verify_pipeline"]
 
 
 #: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
@@ -35,7 +37,8 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
     """What Python the pipeline runs instead of the given dataset's steps, or None: its graph
     must hold the given dataset's ``py_function`` tokens (its reads) and no other, and pull
     nothing from an iterator, a queue or other state made outside it (a resource its functions
-    capture, such as a variable a Python thread fills: lessons 00 and 01's ``handed_on``)."""
+    capture, such as a variable a Python thread fills, or a stateful op of theirs that takes
+    none: a file read, a random op, an assert; lessons 00 and 01's ``handed_on``)."""
     tf = _tf()
     try:
         tokens = py_function_tokens(dataset)
@@ -58,16 +61,17 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
                 "parallel, Python code takes turns while it computes (it holds the GIL: "
                 "Dataset.map's docstring). Which TensorFlow ops cut and pad a sequence?")
     if pulls or captured:
-        named = ", ".join(pulls) if pulls else f"{captured} handle(s) its functions capture"
+        named = (", ".join(pulls) if pulls else
+                 f"{captured} captured handle(s) or stateful op(s) of its functions")
         return (f"your pipeline reads state made outside it ({named}: an iterator, a queue, a "
-                "variable, a table): what another pipeline or a Python thread puts there is "
-                "work out of this graph's sight. Transform `dataset` itself with tf.data steps "
-                "(section 3)")
+                "variable, a table, a file; a random op or an assert counts too): what another "
+                "pipeline or a Python thread puts there is work out of this graph's sight. "
+                "Transform `dataset` itself with tf.data steps (section 3)")
     return None
 
 
-#: The longest sequence the check makes to pass a ``padded_batch``'s bound of its own (4 MiB
-#: of tokens, a padded batch of 16 of them 64 MiB); a bound above it is named from the graph.
+#: The longest sequence the check makes to pass a bound of the pipeline's own (4 MiB of tokens,
+#: a padded batch of 16 of them 64 MiB); a ``padded_batch``'s bound above it is named.
 _LONGEST = 2**20
 
 
@@ -89,6 +93,23 @@ def padded_bound(dataset: Any, length: int) -> int | None:
                     bounds |= {int(size) for size in
                                np.ravel(tf.make_ndarray(shape.attr["value"].tensor))}
     return max(bounds) if max(bounds) > length else None
+
+
+def largest_number(dataset: Any) -> int:
+    """The largest whole number below ``_LONGEST`` among the integer constants of the
+    pipeline's graph and its functions (a ``padded_batch``'s ``padded_shapes``, the target of a
+    ``tf.pad``, passed through ``tf.identity`` or not), or 0."""
+    tf = _tf()
+    graph = _graph(dataset)
+    whole = {tf.int32.as_datatype_enum, tf.int64.as_datatype_enum}
+    numbers = {0}
+    for nodes in [graph.node, *(function.node_def for function in graph.library.function)]:
+        for node in nodes:
+            if node.op == "Const" and node.attr["dtype"].type in whole:
+                numbers |= {int(number) for number in
+                            np.ravel(tf.make_ndarray(node.attr["value"].tensor))
+                            if number < _LONGEST}
+    return max(numbers)
 
 
 def order_problem(dataset: Any) -> str | None:
@@ -113,16 +134,18 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
                     lengthen: Any = None) -> str | None:
     """What is wrong with one epoch of the learner's ``dataset`` against the ``expected``
     batches, or None; ``read[0]`` counts the examples the dataset given has handed out, and
-    ``given`` holds its ``py_function`` tokens. Where a ``padded_batch`` pads to a bound of its
-    own, ``lengthen(bound)`` makes the given dataset's long sequence (not read yet) longer than
-    that bound and returns its new expected batches (None: it is longer already): padding to
-    the bound, then cutting, fails on it; a cut first does not."""
+    ``given`` holds its ``py_function`` tokens. Where the pipeline's graph holds a whole number
+    above ``length`` (``largest_number``: a ``padded_batch``'s bound or a ``tf.pad``'s target of
+    its own), ``lengthen(number)`` makes the given dataset's long sequence (not read yet) longer
+    than it and returns its new expected batches (None: it is longer already): padding to that
+    bound, then cutting, fails on it; a cut first does not."""
     tf = _tf()
     if not isinstance(dataset, tf.data.Dataset):
         return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
     specs = tf.nest.flatten(dataset.element_spec)
-    shapes = [tuple(spec.shape.as_list()) for spec in specs]
-    if any(dim is None for shape in shapes for dim in shape):
+    shapes = [tuple(spec.shape.as_list()) if spec.shape.rank is not None else None
+              for spec in specs]
+    if any(shape is None or None in shape for shape in shapes):
         return (f"element_spec has unknown dimensions {shapes}: a TPU compiles one program "
                 "for one shape (section 3). Which of your steps leaves a size unknown?")
     if shapes != [(batch, length), (batch,)]:
@@ -131,15 +154,17 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
     if python:
         return python
     bound, note = padded_bound(dataset, length), ""
-    if bound is not None and lengthen is not None:
-        if bound >= _LONGEST:
-            return (f"your padded_batch pads to {bound} tokens, a bound of your own: pad to "
-                    f"sequence_length ({length}) (section 3)")
-        longer = lengthen(bound)
+    if bound is not None and bound >= _LONGEST and lengthen is not None:
+        return (f"your padded_batch pads to {bound} tokens, a bound of your own: pad to "
+                f"sequence_length ({length}) (section 3)")
+    own = largest_number(dataset)
+    if own > length and lengthen is not None:
+        longer = lengthen(own)
         if longer is not None:
             expected = longer
-            note = (f"; the long sequence made {bound + 1} tokens, one more than your "
-                    "padded_batch's bound")
+            note = (f"; the long sequence made {own + 1} tokens, one more than "
+                    + ("your padded_batch's bound" if own == bound else
+                       "the largest number in your pipeline's graph"))
     if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
         return (f"your pipeline never ends (it repeats): the check reads one epoch of "
                 f"{len(expected)} batches; leave repeat() to the training (section 9)")
