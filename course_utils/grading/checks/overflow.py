@@ -14,17 +14,17 @@ its own factor and below them: the row left to overflow is one that does so at t
 (the largest gain), the others are scaled to just below overflow but 9 to 15 that shrink below it
 (fewer where under 10 would stay above it): no row stands out, so an answer that looks only at the
 rows far above the others, or at the k largest, or at the k largest with the k smallest (k up to 8),
-misses the overflow (in 640 draws of the first model's batch, then 30 of each model's, it was never
+misses the overflow (in 640 draws of the first model's batch, then 70 of each model's, it was never
 among the 12 largest, nor the 8 smallest, by max or L2 norm). Each model's two outlier rows lie in
 one half of the batch and at one parity, the other model's in the other half at the other parity: an
 answer that looks at a fixed half of the batch (``x[:16]``, ``x[16:]``, ``x[::2]``, ``x[1::2]``) or
 a slice of one misses one model's overflow. Still passes at times, not a mistake a learner writes
-(30 draws): a random 3/4 of the rows (6: each case overflows in one or two rows), a fixed subset
+(70 draws): a random 3/4 of the rows (19: each case overflows in one or two rows), a fixed subset
 with rows in each half at each parity (``x[::3]``: 1), the rows ranked by another measure (the 8
-farthest from the batch's mean: 1, with the 4 largest too: 1; a per-layer test of only the 3 rows
-largest at the layer before: 1) and the few largest rows with many of the smallest (the 4 largest
-with the 12 smallest: 4; with the smaller half of the batch: 29, the overflowing row being the 10th
-to 18th smallest by max). With one such batch, of the first model only, the 8 farthest from the mean
+farthest from the batch's mean: 3, with the 4 largest too: 3; a per-layer test of only the 3 rows
+largest at the layer before: 6) and the few largest rows with many of the smallest (the 4 largest
+with the 12 smallest: 10; with the smaller half of the batch: 67, the overflowing row being the 10th
+to 19th smallest by max). With one such batch, of the first model only, the 8 farthest from the mean
 had passed 13 draws in 40, the per-layer test 39 in 40 (behind a ``Rescaling`` by 8 the rows that
 overflow are exactly those past 65504 / 8 before it), the 4 largest with the 12 smallest 26 in 60.
 Lesson 08's module imports this one.
