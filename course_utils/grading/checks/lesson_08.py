@@ -32,9 +32,9 @@
   weights misses it); another has a decoy: the layer with by far the largest (negative) weights,
   whose output is finite (ReLU makes its pre-activations 0); every batch holds two loud rows
   that never overflow (the largest examples, but where the outlier rows are scaled past them),
-  and one batch has every row but the loud ones scaled, each by its own factor and below them,
-  the overflow starting in a row of middling size (no outlier rows, nor the k largest, to pick
-  out: in 640 draws never among the 12 largest, nor the 8 smallest, by max or L2 norm). Each
+  and one batch of each model has every row but the loud ones scaled, each by its own factor and
+  below them, the overflow starting in a row of middling size (no outlier rows, nor the k
+  largest, to pick out: never among the 12 largest, nor the 8 smallest, by max or L2 norm). Each
   model's outlier rows lie in one half and parity of the batch, the other model's in the other
   half and parity: an answer that looks at a fixed half of the batch misses one model's.
 """
