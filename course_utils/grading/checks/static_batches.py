@@ -38,7 +38,7 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
     must hold the given dataset's ``py_function`` tokens (its reads) and no other, and pull
     nothing from an iterator, a queue or other state made outside it (a resource its functions
     capture, such as a variable a Python thread fills, or a stateful op of theirs that takes
-    none: a file read, a random op, an assert; lessons 00 and 01's ``handed_on``)."""
+    none and reads outside state, such as a file read; lessons 00 and 01's ``handed_on``)."""
     tf = _tf()
     try:
         tokens = py_function_tokens(dataset)
@@ -64,7 +64,7 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
         named = (", ".join(pulls) if pulls else
                  f"{captured} captured handle(s) or stateful op(s) of its functions")
         return (f"your pipeline reads state made outside it ({named}: an iterator, a queue, a "
-                "variable, a table, a file; a random op or an assert counts too): what another "
+                "variable, a table, a file): what another "
                 "pipeline or a Python thread puts there is work out of this graph's sight. "
                 "Transform `dataset` itself with tf.data steps (section 3)")
     return None
