@@ -100,17 +100,36 @@ def restore_problem(restore_latest: Any, rng: Any) -> str | None:
     return None
 
 
-def _with_batch_sizes(build: Any, share: int, arrays: tuple[Any, ...]) -> tuple[Any, list[int]]:
-    """``build()``'s dataset and what every tf.data dataset made meanwhile batched
+def _audit(tf: Any, share: int, arrays: tuple[Any, ...]) -> Any:
+    """Put the audit of every tf.data dataset made from now on in place
     (:func:`~course_utils.grading.checks.dataset_audit.dataset_auditor`, given ``arrays``, the
-    data handed to the learner)."""
-    tf = _tf()
+    data handed to the learner); return ``finish``, which puts the original back and returns a
+    copy of what the audit recorded, or None when the audit was taken out meanwhile (a second
+    call, or ``Dataset.__init__`` replaced). The original, the audit and its records live only
+    in closures: no frame of the check holds them while the learner's code runs (a caller's
+    locals are in reach of ``inspect.getargvalues``)."""
     original = tf.data.Dataset.__init__
-    tf.data.Dataset.__init__, sizes = dataset_auditor(tf, np, share, arrays, original)
-    try:
-        return build(), sizes
-    finally:
+    init, sizes = dataset_auditor(tf, np, share, arrays, original)
+    tf.data.Dataset.__init__, calls = init, []
+
+    def finish() -> list[int] | None:
+        calls.append(tf.data.Dataset.__init__ is init)
         tf.data.Dataset.__init__ = original
+        return list(sizes) if calls == [True] else None
+
+    return finish
+
+
+def _with_batch_sizes(build: Any, share: int,
+                      arrays: tuple[Any, ...]) -> tuple[Any, list[int] | None]:
+    """``build()``'s dataset and what every tf.data dataset made meanwhile batched (None: the
+    learner's code took the audit out, see :func:`_audit`)."""
+    finish = _audit(_tf(), share, arrays)
+    try:
+        dataset = build()
+    finally:
+        sizes = finish()
+    return dataset, sizes
 
 
 def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
@@ -118,7 +137,7 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
     tf = _tf()
     layouts = [1, 2, rng.choice([1, 2])]   # replicas per pipeline: both, every time
     rng.shuffle(layouts)
-    for case, per in enumerate(layouts):
+    for case, per in enumerate(tuple(layouts)):   # a list emptied meanwhile ends no loop
         pipelines = rng.choice([2, 3, 4])
         replicas = pipelines * per
         replica_batch = rng.randint(2, 4)
@@ -147,6 +166,10 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
                 return (f"{where}: pipeline {pipeline} must give {2 * per} per-replica "
                         f"batches of {replica_batch} for two steps, got {len(batches)} of "
                         f"sizes {[len(b[1]) for b in batches]}")
+            if sizes is None:
+                return (f"{where}: pipeline {pipeline}'s dataset_fn took out the check's "
+                        "audit of its datasets (tf.data.Dataset.__init__): build the "
+                        "pipeline, leave tf.data's classes as they are")
             if any(size < 0 or size > replica_batch for size in sizes):
                 return (f"{where}: pipeline {pipeline} batched {sizes[:4]} examples at a time: "
                         f"each pipeline should read only its own shard of the data, batched "
