@@ -1189,6 +1189,31 @@ def reaches_the_audit_through_the_callers_frames(x, y, global_batch, examples_do
     return dataset_fn
 
 
+def whole_batches_from_a_generator(x, y, global_batch, examples_done):
+    """Whole global batches from a generator whose signature leaves one dimension unknown
+    (``[None, global batch, features]``), each pipeline keeping its rows (their number not
+    known either)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+        order = (examples_done + np.arange(8 * global_batch)) % len(x)
+
+        def steps():
+            for step in range(8):
+                chosen = order[step * global_batch:(step + 1) * global_batch]
+                yield x[chosen][None], y[chosen][None]
+
+        dataset = tf.data.Dataset.from_generator(steps, output_signature=(
+            tf.TensorSpec([None, global_batch, x.shape[1]], tf.float32),
+            tf.TensorSpec([None, global_batch], y.dtype)))
+        dataset = dataset.map(lambda f, t: (tf.reshape(f[:, own:own + rows], [-1, x.shape[1]]),
+                                            tf.reshape(t[:, own:own + rows], [-1])))
+        return dataset.unbatch().batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 def whole_batches_rebatched(x, y, global_batch, examples_done):
     """Per-replica batches rebatched into whole global batches (``rebatch``: no batch size of
     its own, an element shape of unknown size), each pipeline keeping its rows."""
@@ -1282,6 +1307,8 @@ RESUME_CATALOGUE = {
                                           r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches through rebatch": (restore_latest, whole_batches_rebatched,
                                              r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches from a generator, one dimension of its signature unknown": (
+        restore_latest, whole_batches_from_a_generator, r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches stacked in NumPy into one from_tensors element": (
         restore_latest, whole_batches_stacked_in_one_element(),
         r"batched \[\d+(, \d+)*\] examples"),

@@ -17,9 +17,9 @@ flattened into one dimension (an index array looks alike), and rows of the data 
 global-batch order reshaped into global batches inside a traced function (``flat_map``): the
 audit reads how datasets are made, not the graphs of their functions. Nor does it see the
 examples an element holds when their number is not known when the dataset is made (a
-``None`` dimension: ``from_generator`` with such an ``output_signature``, a ``map`` gathering
-rows with bounds computed at run time, ``scan``, ragged elements), nor an element of one
-dimension (a global batch of labels alone).
+``None`` dimension counts as 1: ``from_generator`` with an ``output_signature`` of
+``[None, features]``, a ``map`` gathering rows with bounds computed at run time, ``scan``,
+ragged elements), nor an element of one dimension (a global batch of labels alone).
 """
 
 from __future__ import annotations
@@ -66,15 +66,16 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
 
     def held(spec: Any) -> int:
         """The examples an element of ``spec`` holds: the product of its dimensions before
-        the row shape of the data's arrays (of all of them, when none fits; 0 for one
-        example, a part of one dimension or a size not known)."""
+        the row shape of the data's arrays (of all of them, when none fits), those not known
+        counted as 1 (at least that many: ``[None, global batch, features]`` holds global
+        batches); 0 for one example or a part of one dimension."""
         if not isinstance(spec, tensor_spec) or (spec.shape.rank or 0) < 2:
             return 0
         dims = spec.shape.as_list()
         tails = [len(shape) for _, shape, _ in rows_of
                  if 0 < len(shape) < len(dims) and tuple(dims[-len(shape):]) == shape]
         dims = dims[:len(dims) - max(tails, default=0)]
-        return int(prod(dims)) if all(d is not None for d in dims) else int(dims[0] or 0)
+        return int(prod([d for d in dims if d is not None]))
 
     def same_shapes(spec: Any, other: Any) -> bool:
         """Whether two element specs have the same parts of the same shapes (the dtypes may
