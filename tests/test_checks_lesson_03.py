@@ -1162,7 +1162,7 @@ def empties_the_audit_through_getnamespace(x, y, global_batch, examples_done):
 
 def reaches_the_audit_through_the_callers_frames(x, y, global_batch, examples_done):
     """Whole global batches, the check's frames read through ``inspect.stack`` and
-    ``inspect.getargvalues`` (names the introspection scan does not hold): every list in
+    ``inspect.getargvalues`` (its name built at run time: the scan holds it): every list in
     them emptied, the original ``Dataset.__init__`` put back while the pipeline is built,
     every function in them called (the audit's own ``finish`` too)."""
     import inspect
@@ -1170,7 +1170,8 @@ def reaches_the_audit_through_the_callers_frames(x, y, global_batch, examples_do
     whole = whole_batches_sliced()(x, y, global_batch, examples_done)
 
     def dataset_fn(context):
-        frames = [inspect.getargvalues(info[0]).locals for info in inspect.stack()[1:6]]
+        values = getattr(inspect, "".join(["getarg", "values"]))
+        frames = [values(info[0]).locals for info in inspect.stack()[1:6]]
         audited = tf.data.Dataset.__init__
         for seen in frames:
             for name, value in list(seen.items()):

@@ -234,7 +234,7 @@ INTROSPECTION_NAMES = frozenset({
     "currentframe", "_getframe", "f_back", "f_locals", "f_globals", "tb_frame",
     "getouterframes", "getframeinfo", "get_objects", "get_referrers", "get_referents",
     "getclosurevars", "settrace", "setprofile", "getprofile", "_current_frames", "__closure__",
-    "cell_contents", "getnamespace", "func_dump"})
+    "cell_contents", "getnamespace", "func_dump", "serialize_keras_object", "getargvalues"})
 
 
 def _course_home(fn: Any) -> str:
