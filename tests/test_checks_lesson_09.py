@@ -381,7 +381,7 @@ def _small_k_then_whole_batch(results, model, global_batch, replicas, budget_byt
     """k tried among the divisors up to 64 (or the ``small`` ones), then the per-replica batch
     over each of ``parts`` (1: the whole of it): right where the answer is small or one example
     per micro-batch, wrong where it is half the per-replica batch (96 or more) and, with the
-    half and a third tried too, where it is a quarter of 768."""
+    half, a third, ... an eighth tried too, where it is 128 of 1152 (nine examples)."""
     report = write_report(results, model, global_batch, replicas, 2**40)
     n = replicas[report["strategy"]["choice"]]
     per_replica = global_batch // n
@@ -399,7 +399,7 @@ def _small_k_then_whole_batch(results, model, global_batch, replicas, budget_byt
 def _k_from_the_budget(results, model, global_batch, replicas, budget_bytes):
     """k computed from the budget, the step's formula inverted (the examples per micro-batch
     that fit, the per-replica batch over them rounded up) without trying divisors: a k that
-    divides nothing where no divisor makes that micro-batch (five examples of 768)."""
+    divides nothing where no divisor makes that micro-batch (eleven examples of 1152)."""
     report = write_report(results, model, global_batch, replicas, 2**40)
     n = replicas[report["strategy"]["choice"]]
     per_replica = global_batch // n
@@ -515,10 +515,10 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
 _HALF_BATCH_MISSED = (r"a micro-batch of two examples per replica fits, of three examples does "
                       r"not\): accumulation_steps choice: (192|384|768), but "
                       r"cu.memory.step_budget and the budget say (96|192|384) ")
-#: Where the answer is a quarter of 768 (micro-batches of four where five would fit)
-_QUARTER_MISSED = (r"a micro-batch of five examples per replica fits, of six examples does not\)"
-                   r": accumulation_steps choice: {}, but cu.memory.step_budget and the budget say "
-                   r"192 ")
+#: Where the answer is 128 of 1152 (micro-batches of nine where eleven would fit)
+_NINE_MISSED = (r"a micro-batch of eleven examples per replica fits, of twelve examples does "
+                r"not\): accumulation_steps choice: {}, but cu.memory.step_budget and the budget "
+                r"say 128 ")
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
@@ -544,9 +544,12 @@ _QUARTER_MISSED = (r"a micro-batch of five examples per replica fits, of six exa
                        "not\\) raised ValueError"),
     (_small_k_then_whole_batch, _HALF_BATCH_MISSED),
     (lambda *a: _small_k_then_whole_batch(*a, small=(1, 2, 3, 4, 6)), _HALF_BATCH_MISSED),
-    (lambda *a: _small_k_then_whole_batch(*a, parts=(2, 1)), _QUARTER_MISSED.format(384)),
+    (lambda *a: _small_k_then_whole_batch(*a, parts=(2, 1)), _NINE_MISSED.format(576)),
     (lambda *a: _small_k_then_whole_batch(*a, small=(1, 2, 3, 4, 6), parts=(3, 2, 1)),
-     _QUARTER_MISSED.format(256)),
+     _NINE_MISSED.format(384)),
+    (lambda *a: _small_k_then_whole_batch(*a, parts=(4, 3, 2, 1)), _NINE_MISSED.format(288)),
+    (lambda *a: _small_k_then_whole_batch(*a, parts=(8, 6, 4, 3, 2, 1)),
+     _NINE_MISSED.format(144)),
     (_k_from_the_budget, r"raised ValueError: .*does not split into \d+ equal micro-batches"),
     (_k_from_the_largest_down, r"two micro-batches with their accumulation buffer do not, "
                                r"(24|36) of one example do\): accumulation_steps choice: \d+, "
@@ -556,7 +559,8 @@ _QUARTER_MISSED = (r"a micro-batch of five examples per replica fits, of six exa
         "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
         "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered", "k-up-to-sixteen",
         "k-up-to-64-then-whole-batch", "k-small-then-whole-batch", "k-small-then-half-or-whole",
-        "k-small-then-third-half-or-whole", "k-from-the-budget-not-a-divisor",
+        "k-small-then-third-half-or-whole", "k-small-then-quarter-third-half-or-whole",
+        "k-small-then-up-to-an-eighth", "k-from-the-budget-not-a-divisor",
         "k-from-the-largest-down"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results

@@ -8,8 +8,8 @@ micro-batches ``k`` whose ``cu.memory.step_budget`` total fits the budget, with 
 ``synthetic_results`` makes fresh benchmarks (``SCENARIOS``), ``report_case`` one case with a
 fresh model and a budget that the count without the accumulation buffer gets wrong;
 ``edge_cases`` five more: a budget no ``k`` fits, one only the largest ``k`` fits, one whose
-``k`` is half the per-replica batch, one whose ``k`` is a quarter of 768, where a
-micro-batch of five examples would fit, and one that ``k`` = 1 fits, 2 does not (the
+``k`` is half the per-replica batch, one whose ``k`` is 128 of 1152, where a
+micro-batch of eleven examples would fit, and one that ``k`` = 1 fits, 2 does not (the
 accumulation buffer outweighs what two micro-batches save), the largest ``k`` does.
 """
 
@@ -202,10 +202,11 @@ def examples_case(case: Case, examples: int = 1, per_replica: int | None = None)
     only the largest k fits (96 to 768 here): k tried up to a bound (8, 16, the lesson's 64)
     finds none. With 2 on a per-replica batch of 192 or more, k is half of it (96 or more):
     k tried among small divisors, then the whole per-replica batch, answers the whole batch.
-    With 5 on 768, k is 192 (four examples): 5 divides no per-replica batch here, so a k
-    computed from the budget (768 / 5, rounded up) without trying divisors is 154, which
-    ``step_budget`` refuses, and k tried among small divisors, then a half, a third or the
-    whole per-replica batch, answers 384, 256 or 768."""
+    With 11 on 1152, k is 128 (nine examples): no divisor makes 10 or 11, so a k computed
+    from the budget (1152 / 11, rounded up) without trying divisors is 105, which
+    ``step_budget`` refuses, and k tried among the divisors up to 64, then the per-replica
+    batch over 8, 6, 4, 3, 2 or 1 (a quarter: 288), answers 576 down to 144: both k and the
+    micro-batch exceed the small numbers an answer might try (128 and 9 examples)."""
     from course_utils.memory import step_budget
 
     results, model, global_batch, replicas, _ = case.args
@@ -230,7 +231,7 @@ def examples_case(case: Case, examples: int = 1, per_replica: int | None = None)
 
 
 def _examples(count: int) -> str:
-    words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+    words = {1: "one", 2: "two", 3: "three", 11: "eleven", 12: "twelve"}
     return f"{words[count]} example{'s' if count > 1 else ''}"
 
 
@@ -276,10 +277,10 @@ def edge_cases(fn: Any, cases: list[Case]) -> list[Case]:
     largest k (one example per micro-batch) fits; on the case with the largest per-replica
     batch (192 or more: some fresh benchmark keeps the first strategy, on one replica), one
     whose answer is half that batch (two examples per micro-batch); on the third from last,
-    its global batch made 768 examples per replica, one whose answer is 192 (four examples
-    per micro-batch, where five would fit: no k makes five); on the fourth from last, a
+    its global batch made 1152 examples per replica, one whose answer is 128 (nine examples
+    per micro-batch, where eleven would fit: no k makes ten or eleven); on the fourth from last, a
     per-replica batch too small for two micro-batches to pay for their buffer, one whose
     answer is 1 though 2 does not fit and the largest k does (``buffer_case``)."""
     return [nothing_fits_case(fn, cases[-1]), examples_case(cases[-2]),
             examples_case(max(cases, key=_per_replica), examples=2),
-            examples_case(cases[-3], examples=5, per_replica=768), buffer_case(cases[-4])]
+            examples_case(cases[-3], examples=11, per_replica=1152), buffer_case(cases[-4])]
