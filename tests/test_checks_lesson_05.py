@@ -656,6 +656,12 @@ def test_padding_to_a_bound_too_long_to_meet_is_named():
         cu.grading.check_make_tpu_ready(pad_then_cut)
 
 
+def _tf():
+    import tensorflow as tf
+
+    return tf
+
+
 def _padded_by_tf_pad_to(bound):
     """Each sequence padded with tf.pad to a bound of its own (``bound(sequence_length)``), then
     cut: no cut before the padding."""
@@ -691,7 +697,14 @@ def _padded_batch_to_a_bound_passed_through_identity(dataset, batch_size, sequen
                                               "than the largest number"),
     (_padded_batch_to_a_bound_passed_through_identity, ".*the long sequence made \\d+ tokens, "
                                                        "one more than the largest number"),
-], ids=["tf.pad-to-512", "tf.pad-to-128n", "padded_batch-identity-bound"])
+    # the bound a float or an int16 constant, cast: a whole number of another type
+    (_padded_by_tf_pad_to(lambda n: _tf().cast(_tf().constant(128.0 * n), _tf().int32)),
+     ".*the long sequence made \\d+ tokens, one more than the largest number"),
+    (_padded_by_tf_pad_to(lambda n: _tf().cast(_tf().constant(128 * n, _tf().int16),
+                                               _tf().int32)),
+     ".*the long sequence made \\d+ tokens, one more than the largest number"),
+], ids=["tf.pad-to-512", "tf.pad-to-128n", "padded_batch-identity-bound", "tf.pad-to-float-bound",
+        "tf.pad-to-int16-bound"])
 def test_a_bound_of_ones_own_in_the_graph_meets_a_longer_sequence(answer, made):
     """The largest whole number in the pipeline's graph (a tf.pad's target, a padded_batch's
     bound however it is passed on) is a bound the case's long sequence is made to pass (128

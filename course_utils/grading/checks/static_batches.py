@@ -6,8 +6,10 @@ needs none), an epoch that never ends, its traces, batches and reads, and their 
 of its own (the largest whole number in its graph: a ``padded_batch``'s ``padded_shapes``, a
 ``tf.pad``'s target) meets a sequence one longer than that bound.
 
-Still passes: a bound above ``2**20`` tokens reached by ``tf.pad``, or one computed in the graph
-from smaller numbers (``tf.constant(128) * sequence_length``), then a cut."""
+Still passes: a bound above ``2**20`` tokens reached by ``tf.pad`` (or passed on to a
+``padded_batch`` through another op, ``tf.identity``), or one computed in the graph from smaller
+numbers (``tf.constant(128) * sequence_length``) or from a string (``tf.strings.to_number``),
+then a cut."""
 
 from __future__ import annotations
 
@@ -96,19 +98,22 @@ def padded_bound(dataset: Any, length: int) -> int | None:
 
 
 def largest_number(dataset: Any) -> int:
-    """The largest whole number below ``_LONGEST`` among the integer constants of the
+    """The largest whole number below ``_LONGEST`` among the numeric constants of the
     pipeline's graph and its functions (a ``padded_batch``'s ``padded_shapes``, the target of a
-    ``tf.pad``, passed through ``tf.identity`` or not), or 0."""
+    ``tf.pad``, passed through ``tf.identity`` or not, or cast from another integer or a float
+    type), or 0."""
     tf = _tf()
     graph = _graph(dataset)
-    whole = {tf.int32.as_datatype_enum, tf.int64.as_datatype_enum}
+    numeric = {dtype.as_datatype_enum for dtype in (
+        tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64,
+        tf.float16, tf.bfloat16, tf.float32, tf.float64)}
     numbers = {0}
     for nodes in [graph.node, *(function.node_def for function in graph.library.function)]:
         for node in nodes:
-            if node.op == "Const" and node.attr["dtype"].type in whole:
-                numbers |= {int(number) for number in
-                            np.ravel(tf.make_ndarray(node.attr["value"].tensor))
-                            if number < _LONGEST}
+            if node.op == "Const" and node.attr["dtype"].type in numeric:
+                numbers |= {int(number) for number in map(float, np.ravel(
+                    tf.make_ndarray(node.attr["value"].tensor)))
+                    if number.is_integer() and number < _LONGEST}
     return max(numbers)
 
 
