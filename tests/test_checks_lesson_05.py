@@ -770,6 +770,24 @@ def _streaming_generator(dataset, batch_size, sequence_length):
         tf.TensorSpec([batch_size], tf.int32)))
 
 
+def _a_python_generator_serialized_in_a_string(dataset, batch_size, sequence_length):
+    """The streaming generator's pipeline serialized, run from its string in a flat_map: its
+    py_function op is in no function of the graph (DatasetFromGraph), beside a step of the
+    given dataset that reads nothing."""
+    import tensorflow as tf
+
+    lazy = _streaming_generator(dataset, batch_size, sequence_length)
+    serialized = tf.raw_ops.DatasetToGraphV2(
+        input_dataset=tf.data.experimental.to_variant(lazy), external_state_policy=1)
+
+    def hidden(_):
+        return tf.data.experimental.from_variant(
+            tf.raw_ops.DatasetFromGraph(graph_def=serialized), lazy.element_spec)
+
+    given = make_tpu_ready(dataset, batch_size, sequence_length).take(0)
+    return given.concatenate(tf.data.Dataset.range(1).flat_map(hidden))
+
+
 def _padded_in_a_py_function(dataset, batch_size, sequence_length):
     import numpy as np
     import tensorflow as tf
@@ -905,6 +923,8 @@ def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
     (_an_iterator_of_a_python_pipeline,
      r"reads state made outside it \(IteratorGetNextAsOptional:"),
     (_a_queue_a_python_thread_fills, r"reads state made outside it \(QueueDequeueV2:"),
+    (_a_python_generator_serialized_in_a_string,
+     r"reads state made outside it \(DatasetFromGraph:"),
     (_variables_a_python_thread_fills, r"reads state made outside it "
                                        r"\(\d+ captured handle\(s\) or stateful op\(s\)"),
     (lambda *args: make_tpu_ready(*args).repeat(), "never ends"),

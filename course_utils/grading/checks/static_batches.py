@@ -31,8 +31,9 @@ __all__ = ["largest_number", "order_problem", "padded_bound", "python_problem",
 
 #: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
 #: iterator's get_next, a queue's or a staging area's take, that another pipeline or a thread
-#: fills): the work behind them is out of the graph's sight.
-_HANDED_ON = ("IteratorGetNext", "QueueDequeue", "Unstage")
+#: fills; a pipeline serialized in a string, run inside a step): the work behind them is out
+#: of the graph's sight.
+_HANDED_ON = ("IteratorGetNext", "QueueDequeue", "Unstage", "DatasetFromGraph")
 
 
 def python_problem(dataset: Any, given: set[str]) -> str | None:
@@ -40,7 +41,8 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
     must hold the given dataset's ``py_function`` tokens (its reads) and no other, and pull
     nothing from an iterator, a queue or other state made outside it (a resource its functions
     capture, such as a variable a Python thread fills, or a stateful op of theirs that takes
-    none and reads outside state, such as a file read; lessons 00 and 01's ``handed_on``)."""
+    none and reads outside state, such as a file read, or a pipeline serialized in a string;
+    lessons 00 and 01's ``handed_on``)."""
     tf = _tf()
     try:
         tokens = py_function_tokens(dataset)
@@ -66,7 +68,7 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
         named = (", ".join(pulls) if pulls else
                  f"{captured} captured handle(s) or stateful op(s) of its functions")
         return (f"your pipeline reads state made outside it ({named}: an iterator, a queue, a "
-                "variable, a table, a file): what another "
+                "variable, a table, a file, a pipeline serialized in a string): what another "
                 "pipeline or a Python thread puts there is work out of this graph's sight. "
                 "Transform `dataset` itself with tf.data steps (section 3)")
     return None
