@@ -102,6 +102,15 @@ def test_handed_on_counts_files_read_by_unlisted_steps_and_ops(tmp_path):
     assert [int(value) for value in records.map(decoded)] == [42, 43, 44, 45]
     assert handed_on(records.map(decoded), set()) == (0, 1)
     assert handed_on(records.map(lambda index: decoded(index, "local://")), set()) == (0, 0)
+
+    generated = tf.data.Dataset.from_generator(  # a pipeline run from its serialized graph
+        lambda: iter(range(4)), output_signature=tf.TensorSpec([], tf.int64))
+    serialized = tf.raw_ops.DatasetToGraphV2(
+        input_dataset=tf.data.experimental.to_variant(generated), external_state_policy=1)
+    hidden = records.take(1).flat_map(lambda _: tf.data.experimental.from_variant(
+        tf.raw_ops.DatasetFromGraph(graph_def=serialized), generated.element_spec))
+    assert [int(value) for value in hidden] == [0, 1, 2, 3]
+    assert handed_on(hidden, set()) == (0, 1)
     assert handed_on(records.map(lambda index: index + tf.random.uniform([], 0, 1, tf.int64)),
                      set()) == (0, 0)
 

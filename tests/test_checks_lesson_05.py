@@ -656,6 +656,12 @@ def test_padding_to_a_bound_too_long_to_meet_is_named():
         cu.grading.check_make_tpu_ready(pad_then_cut)
 
 
+def _tf():
+    import tensorflow as tf
+
+    return tf
+
+
 def _padded_by_tf_pad_to(bound):
     """Each sequence padded with tf.pad to a bound of its own (``bound(sequence_length)``), then
     cut: no cut before the padding."""
@@ -691,7 +697,14 @@ def _padded_batch_to_a_bound_passed_through_identity(dataset, batch_size, sequen
                                               "than the largest number"),
     (_padded_batch_to_a_bound_passed_through_identity, ".*the long sequence made \\d+ tokens, "
                                                        "one more than the largest number"),
-], ids=["tf.pad-to-512", "tf.pad-to-128n", "padded_batch-identity-bound"])
+    # the bound a float or an int16 constant, cast: a whole number of another type
+    (_padded_by_tf_pad_to(lambda n: _tf().cast(_tf().constant(128.0 * n), _tf().int32)),
+     ".*the long sequence made \\d+ tokens, one more than the largest number"),
+    (_padded_by_tf_pad_to(lambda n: _tf().cast(_tf().constant(128 * n, _tf().int16),
+                                               _tf().int32)),
+     ".*the long sequence made \\d+ tokens, one more than the largest number"),
+], ids=["tf.pad-to-512", "tf.pad-to-128n", "padded_batch-identity-bound", "tf.pad-to-float-bound",
+        "tf.pad-to-int16-bound"])
 def test_a_bound_of_ones_own_in_the_graph_meets_a_longer_sequence(answer, made):
     """The largest whole number in the pipeline's graph (a tf.pad's target, a padded_batch's
     bound however it is passed on) is a bound the case's long sequence is made to pass (128
@@ -755,6 +768,24 @@ def _streaming_generator(dataset, batch_size, sequence_length):
     return tf.data.Dataset.from_generator(batches, output_signature=(
         tf.TensorSpec([batch_size, sequence_length], tf.int32),
         tf.TensorSpec([batch_size], tf.int32)))
+
+
+def _a_python_generator_serialized_in_a_string(dataset, batch_size, sequence_length):
+    """The streaming generator's pipeline serialized, run from its string in a flat_map: its
+    py_function op is in no function of the graph (DatasetFromGraph), beside a step of the
+    given dataset that reads nothing."""
+    import tensorflow as tf
+
+    lazy = _streaming_generator(dataset, batch_size, sequence_length)
+    serialized = tf.raw_ops.DatasetToGraphV2(
+        input_dataset=tf.data.experimental.to_variant(lazy), external_state_policy=1)
+
+    def hidden(_):
+        return tf.data.experimental.from_variant(
+            tf.raw_ops.DatasetFromGraph(graph_def=serialized), lazy.element_spec)
+
+    given = make_tpu_ready(dataset, batch_size, sequence_length).take(0)
+    return given.concatenate(tf.data.Dataset.range(1).flat_map(hidden))
 
 
 def _padded_in_a_py_function(dataset, batch_size, sequence_length):
@@ -892,6 +923,8 @@ def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
     (_an_iterator_of_a_python_pipeline,
      r"reads state made outside it \(IteratorGetNextAsOptional:"),
     (_a_queue_a_python_thread_fills, r"reads state made outside it \(QueueDequeueV2:"),
+    (_a_python_generator_serialized_in_a_string,
+     r"reads state made outside it \(DatasetFromGraph:"),
     (_variables_a_python_thread_fills, r"reads state made outside it "
                                        r"\(\d+ captured handle\(s\) or stateful op\(s\)"),
     (lambda *args: make_tpu_ready(*args).repeat(), "never ends"),

@@ -72,12 +72,13 @@ def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
     variable: a resource argument), their stateful ops that take no handle (they find state by
     name: a staging area's ``Unstage``, found by its ``shared_name`` or, where that is empty,
     by its node's name; or they act outside: ``WriteFile``), and its steps and ops that read
-    files or a service (``ReadFile``, ``TextLineDataset``, ...). Where work done by another
-    pipeline or thread is handed on (a read op that never runs, ``take(0)``, can sit beside
-    them). Not counted: ops that keep no state but their own and read none (``_OWN_STATE_OPS``:
-    random ops, ``tf.debugging`` asserts, a timestamp), ``tf.print`` to the log, a shuffle's
-    seed, a cache in memory (a cache in a file is read as a file, as are the descriptors
-    ``tf.io.decode_proto`` loads from a file: their fields' defaults are values)."""
+    files or a service (``ReadFile``, ``TextLineDataset``, ...) or run a pipeline serialized in
+    a string (``DatasetFromGraph``: its steps, a generator's too, out of sight). Where work done
+    by another pipeline or thread is handed on (a read op that never runs, ``take(0)``, can sit
+    beside them). Not counted: ops that keep no state but their own and read none
+    (``_OWN_STATE_OPS``: random ops, ``tf.debugging`` asserts, a timestamp), ``tf.print`` to the
+    log, a shuffle's seed, a cache in memory (a cache in a file is read as a file, as are the
+    descriptors ``tf.io.decode_proto`` loads from a file: their fields' defaults are values)."""
     from tensorflow.python.framework import op_def_registry
 
     from course_utils.quiet import import_tensorflow
@@ -127,7 +128,8 @@ _OUTSIDE_OPS = ("ReadFile", "MatchingFiles", "TextLineDataset", "TFRecordDataset
                 "DataServiceDataset", "LoadDataset", "SnapshotDataset", "ImmutableConst",
                 "IteratorFromStringHandle", "ExperimentalMatchingFilesDataset",
                 "SnapshotChunkDataset", "ListSnapshotChunksDataset", "GenerateVocabRemapping",
-                "InitializeTableFromTextFile", "LoadAndRemapMatrix")
+                "InitializeTableFromTextFile", "LoadAndRemapMatrix",
+                "DatasetFromGraph")  # a pipeline serialized in a string: its graph out of sight
 
 #: Stateful ops that keep no state but their own and read none (``handed_on`` does not count
 #: them): random ops (a map's augmentation), ``tf.debugging``'s asserts and checks, a timestamp.

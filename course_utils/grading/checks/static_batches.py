@@ -6,8 +6,10 @@ needs none), an epoch that never ends, its traces, batches and reads, and their 
 of its own (the largest whole number in its graph: a ``padded_batch``'s ``padded_shapes``, a
 ``tf.pad``'s target) meets a sequence one longer than that bound.
 
-Still passes: a bound above ``2**20`` tokens reached by ``tf.pad``, or one computed in the graph
-from smaller numbers (``tf.constant(128) * sequence_length``), then a cut."""
+Still passes: a bound above ``2**20`` tokens reached by ``tf.pad`` (or passed on to a
+``padded_batch`` through another op, ``tf.identity``), or one computed in the graph from smaller
+numbers (``tf.constant(128) * sequence_length``) or from a string (``tf.strings.to_number``),
+then a cut."""
 
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ __all__ = ["largest_number", "order_problem", "padded_bound", "python_problem",
 
 #: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
 #: iterator's get_next, a queue's or a staging area's take, that another pipeline or a thread
-#: fills): the work behind them is out of the graph's sight.
-_HANDED_ON = ("IteratorGetNext", "QueueDequeue", "Unstage")
+#: fills; a pipeline serialized in a string, run inside a step): the work behind them is out
+#: of the graph's sight.
+_HANDED_ON = ("IteratorGetNext", "QueueDequeue", "Unstage", "DatasetFromGraph")
 
 
 def python_problem(dataset: Any, given: set[str]) -> str | None:
@@ -38,7 +41,8 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
     must hold the given dataset's ``py_function`` tokens (its reads) and no other, and pull
     nothing from an iterator, a queue or other state made outside it (a resource its functions
     capture, such as a variable a Python thread fills, or a stateful op of theirs that takes
-    none and reads outside state, such as a file read; lessons 00 and 01's ``handed_on``)."""
+    none and reads outside state, such as a file read, or a pipeline serialized in a string;
+    lessons 00 and 01's ``handed_on``)."""
     tf = _tf()
     try:
         tokens = py_function_tokens(dataset)
@@ -64,7 +68,7 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
         named = (", ".join(pulls) if pulls else
                  f"{captured} captured handle(s) or stateful op(s) of its functions")
         return (f"your pipeline reads state made outside it ({named}: an iterator, a queue, a "
-                "variable, a table, a file): what another "
+                "variable, a table, a file, a pipeline serialized in a string): what another "
                 "pipeline or a Python thread puts there is work out of this graph's sight. "
                 "Transform `dataset` itself with tf.data steps (section 3)")
     return None
@@ -96,19 +100,22 @@ def padded_bound(dataset: Any, length: int) -> int | None:
 
 
 def largest_number(dataset: Any) -> int:
-    """The largest whole number below ``_LONGEST`` among the integer constants of the
+    """The largest whole number below ``_LONGEST`` among the numeric constants of the
     pipeline's graph and its functions (a ``padded_batch``'s ``padded_shapes``, the target of a
-    ``tf.pad``, passed through ``tf.identity`` or not), or 0."""
+    ``tf.pad``, passed through ``tf.identity`` or not, or cast from another integer or a float
+    type), or 0."""
     tf = _tf()
     graph = _graph(dataset)
-    whole = {tf.int32.as_datatype_enum, tf.int64.as_datatype_enum}
+    numeric = {dtype.as_datatype_enum for dtype in (
+        tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64,
+        tf.float16, tf.bfloat16, tf.float32, tf.float64)}
     numbers = {0}
     for nodes in [graph.node, *(function.node_def for function in graph.library.function)]:
         for node in nodes:
-            if node.op == "Const" and node.attr["dtype"].type in whole:
-                numbers |= {int(number) for number in
-                            np.ravel(tf.make_ndarray(node.attr["value"].tensor))
-                            if number < _LONGEST}
+            if node.op == "Const" and node.attr["dtype"].type in numeric:
+                numbers |= {int(number) for number in map(float, np.ravel(
+                    tf.make_ndarray(node.attr["value"].tensor)))
+                    if number.is_integer() and number < _LONGEST}
     return max(numbers)
 
 
