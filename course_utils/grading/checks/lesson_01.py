@@ -116,8 +116,9 @@ def check_fast_pipeline(fn: Any) -> bool:
         own, pulls = _handed_on(dataset, set(reads["ops"]))
         return (f"your pipeline runs {own} Python function(s) of its own (a generator, a "
                 f"py_function) and pulls from {pulls} iterator(s), queue(s) or other state "
-                "made outside it: reads handed on from another pipeline or thread are not this "
-                "dataset's; which tf.data step of it reads, and how many at once?"
+                "made outside it (a file too: a cache(filename) counts): reads handed on from "
+                "another pipeline or thread are not this dataset's; which tf.data step of it "
+                "reads, and how many at once?"
                 ) if own or pulls else None
 
     def correct(dataset: Any) -> str | None:
