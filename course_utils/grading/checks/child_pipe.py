@@ -1,8 +1,10 @@
 """An OS pipe whose read end a child process holds, for a check's write-only log: the child
 copies what was written to the check once the pipe is closed, so that the check's own process
 holds no descriptor to read the log with (descriptors belong to the whole process, and a
-learner's code runs in it). The functions here are bound by the watch that uses them when the
-course is imported (:mod:`course_utils.grading.checks.coordinator_watch`)."""
+learner's code runs in it). The functions here, and the child's command :data:`COPY`, are bound
+by the logs that use them when the course is imported (lesson 04's
+:mod:`~course_utils.grading.checks.coordinator_watch`, lesson 08's
+:mod:`~course_utils.grading.checks.pipe_log`)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,14 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 from typing import Any
 
-__all__ = ["child_reader", "closer", "end", "killer", "pipe_writer"]
+__all__ = ["COPY", "child_reader", "closer", "end", "killer", "pipe_writer"]
+
+#: The child that holds the pipe's read end: it writes nothing before the pipe is closed.
+COPY = (sys.executable, "-I", "-S", "-c",
+        "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())")
 
 
 def closer(fd: int) -> tuple[Any, Any]:
