@@ -148,6 +148,101 @@ def test_wrong_train_with_policy_fails_usefully(keras, mistake, message, monkeyp
     assert keras.mixed_precision.global_policy().name == "float32"
 
 
+def forges_the_step_log(keras, seconds=0.005):
+    """Trains right, reports a constant ``seconds`` per step, then rewrites the check's step
+    log through ``/proc/self/fd`` (descriptors belong to the whole process): drains a read end
+    it finds and writes steps ``seconds`` apart in its place; where no read end is here, it adds
+    such steps through the write end."""
+    import os
+    import struct
+
+    right = trainer_with(keras, seconds=seconds)
+
+    def pipes():
+        ends = {}  # pipe -> {"r": fd, "w": fd, "w_nonblocking": bool}
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                link = os.readlink(f"/proc/self/fd/{name}")
+                with open(f"/proc/self/fdinfo/{name}") as info:
+                    flags = int(info.read().split("flags:")[1].split()[0], 8)
+            except OSError:
+                continue
+            if link.startswith("pipe:") and int(name) > 2:
+                ends.setdefault(link, {})["w" if flags & 3 else "r"] = int(name)
+                if flags & 3:
+                    ends[link]["w_nonblocking"] = bool(flags & os.O_NONBLOCK)
+        return ends.values()
+
+    def forged(steps, layout):
+        if layout == "<cdd":
+            return [struct.pack(layout, b"s", i * seconds, (i + 0.99) * seconds)
+                    for i in range(steps)] + [struct.pack(layout, b"f", steps * seconds, 0)]
+        return [struct.pack(layout, b"s", i * seconds) + struct.pack(layout, b"e",
+                (i + 0.99) * seconds) for i in range(steps)] + [
+                    struct.pack(layout, b"f", steps * seconds)]
+
+    def train_with_policy(make_model, policy, x, y, epochs, initial_weights):
+        result = right(make_model, policy, x, y, epochs, initial_weights)
+        steps = epochs * -(-len(x) // 64)
+        for ends in pipes():
+            if "r" in ends and "w" in ends:  # the check's read end, here: drain it
+                os.set_blocking(ends["r"], False)
+                try:
+                    while os.read(ends["r"], 65536):
+                        pass
+                except BlockingIOError:
+                    pass
+                records = forged(steps, "<cdd")
+            elif "w" in ends and ends["w_nonblocking"]:  # only the write end: add records
+                records = forged(steps, "<cd")
+            else:
+                continue
+            for record in records:
+                os.write(ends["w"], record)
+        return result
+
+    return train_with_policy
+
+
+@pytest.mark.slow
+def test_an_answer_that_forges_the_step_log_fails(keras, monkeypatch):
+    # the log's read end belongs to a child process: nothing here drains it, and steps added
+    # through the write end make more steps than the run's (or bytes the model never writes)
+    monkeypatch.setattr(lesson_08, "DELAY_RANGE_S", (0.06, 0.07))
+    with pytest.raises(AssertionError, match=r"ran \d+ training steps, not|never wrote"):
+        cu.grading.check_train_with_policy(forges_the_step_log(keras))
+
+
+def test_the_step_log_is_read_by_a_child_and_names_bytes_its_model_never_wrote():
+    import os
+    import signal
+
+    from course_utils.grading.checks import pipe_log as pl
+
+    def fds():
+        return {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if os.path.exists(f"/proc/self/fd/{fd}")}
+
+    before = fds()
+    log, read, close = pl.pipe_log()
+    try:
+        log((b"s", 1.0), (b"e", 1.1))
+        log((b"f", 1.2))
+        new = {fd: link for fd, link in fds().items() if fd not in before}
+        # the log's write end and the child's output: two pipes, no log pipe with both ends
+        assert len(new) == len(set(new.values())) == 2
+        assert read() == {"steps": [(1.0, 1.1)], "fit_ends": [1.2]} == read()
+        log((b"s", 2.0), (b"e", 2.1))  # closed once read: nothing more is written
+        assert read()["steps"] == [(1.0, 1.1)]
+    finally:
+        close()
+    for forged in ([(b"s", 1.0), (b"f", 1.2)], [(b"e", 1.0)], [(b"f", 1.0), (b"?", 0)]):
+        assert "never wrote" in pl._judged(forged, 0, pl._replay)
+    assert "held open" in pl._judged(None, None, pl._replay)
+    assert "was refused" in pl._judged([], -signal.SIGKILL, pl._replay)
+    assert "not a fault of your answer" in pl._judged(3, 3, pl._replay)
+
+
 def test_timing_bounds_come_from_the_run_itself():
     # 2 epochs of 2 steps: waits of 0.1 s, the first epoch ends at 1.3, fit returns at 1.9
     log = {"steps": [(1.0, 1.1), (1.2, 1.3), (1.5, 1.6), (1.7, 1.8)], "fit_ends": [1.35, 1.9]}

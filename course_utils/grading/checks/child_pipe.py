@@ -1,8 +1,11 @@
 """An OS pipe whose read end a child process holds, for a check's write-only log: the child
 copies what was written to the check once the pipe is closed, so that the check's own process
 holds no descriptor to read the log with (descriptors belong to the whole process, and a
-learner's code runs in it). The functions here are bound by the watch that uses them when the
-course is imported (:mod:`course_utils.grading.checks.coordinator_watch`)."""
+learner's code runs in it), nor can open one through the child's ``/proc/PID/fd`` (it is not
+dumpable: only a process running as root still can). The functions here, and the child's
+command :data:`COPY`, are bound by the logs that use them when the course is imported (lesson
+04's :mod:`~course_utils.grading.checks.coordinator_watch`, lesson 08's
+:mod:`~course_utils.grading.checks.pipe_log`)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,22 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 from typing import Any
 
-__all__ = ["child_reader", "closer", "end", "killer", "pipe_writer"]
+__all__ = ["COPY", "MARK", "child_reader", "closer", "end", "killer", "pipe_writer"]
+
+#: The child that holds the pipe's read end. It first makes itself not dumpable (Linux), so that
+#: no other process of the user (the check's, where the learner's code runs, included) may open
+#: its ``/proc/PID/fd/0``, a read end of the pipe, then says so with :data:`MARK`, and writes
+#: nothing more before the pipe is closed.
+MARK = b"\0"
+COPY = (sys.executable, "-I", "-S", "-c",
+        "import sys\n"
+        "try:\n import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE\n"
+        "except (OSError, AttributeError): pass\n"
+        "sys.stdout.buffer.write(b'\\0'); sys.stdout.flush()\n"
+        "sys.stdout.buffer.write(sys.stdin.buffer.read())")
 
 
 def closer(fd: int) -> tuple[Any, Any]:
@@ -85,6 +101,9 @@ def child_reader(close: Any, child: Any, layout: str, bound: dict[str, Any]) -> 
     size = struct.calcsize(layout)
     read, wait, clock, unpack = bound["read"], bound["select"], bound["clock"], bound["unpack"]
     out = child.stdout.fileno()
+    # Made before the learner's code runs: wait (10 s at most) for the child's MARK, so that it
+    # is not dumpable by then (a mark that comes later is dropped by drain)
+    marked = bool(wait([out], [], [], 10.0)[0]) and read(out, 1) == MARK
 
     def drain() -> list[tuple[bytes, int]] | int | None:
         close()
@@ -102,6 +121,8 @@ def child_reader(close: Any, child: Any, layout: str, bound: dict[str, Any]) -> 
             return None
         if status not in (0, -signal.SIGKILL):
             return status
+        if not marked and data[:1] == MARK:
+            data = data[1:]
         events = [unpack(layout, data[start:start + size])
                   for start in range(0, len(data) - size + 1, size)]
         return events + [(b"?", 0)] * (len(data) % size != 0)  # a part frame: not the watch's

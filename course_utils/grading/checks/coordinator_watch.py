@@ -46,7 +46,6 @@ import os
 import select
 import struct
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -54,6 +53,7 @@ from collections import Counter
 from types import MappingProxyType
 from typing import Any
 
+from course_utils.grading.checks.child_pipe import COPY as _COPY
 from course_utils.grading.checks.child_pipe import child_reader as _child_reader
 from course_utils.grading.checks.child_pipe import closer as _closer
 from course_utils.grading.checks.child_pipe import end as _end
@@ -67,9 +67,6 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 _WRITE, _READ, _PACK, _UNPACK = os.write, os.read, struct.pack, struct.unpack
 _SELECT, _CLOCK, _KILL = select.select, time.monotonic, os.kill
 _GETATTR, _SUM, _IS_SET = getattr, sum, threading.Event.is_set
-# The child that holds the pipe's read end: it writes nothing before the pipe is closed.
-_COPY = (sys.executable, "-I", "-S", "-c",
-         "import sys; sys.stdout.buffer.write(sys.stdin.buffer.read())")
 
 __all__ = ["WatchRecord", "taken_in_order", "watch"]
 

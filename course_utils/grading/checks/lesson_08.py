@@ -9,8 +9,9 @@
   a steady-state
   time per step that is a timing of its own steps: the check's model sleeps in every training
   step (a time drawn per run, 60 to 400 ms) and longer while tracing, and logs when its steps
-  ran and when its ``fit`` returned (into an OS pipe whose read end only the check holds:
-  nothing the learner's function receives can read the log), so the learner's figure must lie
+  ran and when its ``fit`` returned (into an OS pipe whose read end a child process holds until
+  the check reads it: no descriptor in the learner's process reads the log back; see
+  ``pipe_log``), so the learner's figure must lie
   between the span of the timed steps and the time from the first epoch's end to the last
   ``fit``'s return – bounds taken from the same run, which the machine's load moves together
   with the learner's timing. Then the two runs' final loss and accuracy must agree within
@@ -182,12 +183,15 @@ def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
     return None
 
 
-def _timing_bounds(log: dict[str, list[Any]], steps_per_epoch: int,
+def _timing_bounds(log: dict[str, list[Any]] | str, steps_per_epoch: int,
                    epochs: int) -> tuple[float, float] | str:
     """The seconds per step that a timing of this run's epochs after the first can give:
     at least the span of those steps' waits, at most from the end of the first epoch's last
     wait to the return of the ``fit`` that ran the last step (both per timed step). A message
-    instead when the run did not make ``epochs`` epochs of training steps."""
+    instead when the run did not make ``epochs`` epochs of training steps (or when ``log`` is
+    one: what was wrong with the log)."""
+    if isinstance(log, str):
+        return log
     steps, timed = log["steps"], (epochs - 1) * steps_per_epoch
     if len(steps) != epochs * steps_per_epoch:
         return (f"the model you were given ran {len(steps)} training steps, not {epochs} epochs "

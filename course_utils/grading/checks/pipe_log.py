@@ -1,74 +1,139 @@
-"""A write-only log for lesson 08, exercise 1: records go into an OS pipe whose read end only
-the check holds, so the model the learner receives carries no readable record of its steps; and
-that model, whose training steps wait and write into the log."""
+"""A write-only log for lesson 08, exercise 1, and the model whose training steps wait and
+write into it.
+
+The log is an OS pipe whose read end belongs to a child process, which copies the log to the
+check once the check closes the pipe (:mod:`~course_utils.grading.checks.child_pipe`, as lesson
+04's coordinator watch): descriptors belong to the whole process, and the learner's code runs in
+it, so the check's process holds no descriptor to read the records back with (nor to take one
+out), and nothing comes out of the child before the check reads it; the child makes itself not
+dumpable first (Linux), so that its ``/proc/PID/fd/0`` cannot be opened either (a process
+running as root still can). The write end is reachable (its descriptor is in the model's
+closures), so a learner's code can add records, not take back one the model wrote: a step's
+record (its wait's start and end) is written in one write, the check's reader names bytes the
+model never writes (a frame of another kind, a start without its end, a part frame), a write the
+pipe refuses (its descriptor closed, or the pipe full while the child is stopped) ends the
+child, so that its copy is lost and the check says so, and a copy held open past the call (a
+duplicated descriptor) is said too. Added steps change the count of steps the check asks for.
+The functions the model and the reader call (``os.write``, ``os.kill``, ``struct.pack``,
+``time.perf_counter``, ``time.sleep``) are bound when the course is imported. Still passes: code
+that moves the pipe's descriptors for the call (``os.dup2`` a pipe of its own over the write
+end, forged records through a copy of the real one): no check in the same process can stop that."""
 
 from __future__ import annotations
 
+import os
+import select
+import signal
+import struct
+import subprocess
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["TRACE_DELAY_S", "PipeLog", "delayed_model_builder", "pipe_log"]
+from course_utils.grading.checks.child_pipe import COPY as _COPY
+from course_utils.grading.checks.child_pipe import child_reader as _child_reader
+from course_utils.grading.checks.child_pipe import closer as _closer
+from course_utils.grading.checks.child_pipe import end as _end
+from course_utils.grading.checks.child_pipe import killer as _killer
+from course_utils.grading.checks.child_pipe import pipe_writer as _pipe_writer
+
+__all__ = ["TRACE_DELAY_S", "delayed_model_builder", "pipe_log"]
+
+#: A record: kind (b"s" a step's wait began, b"e" it ended, b"f" a ``fit`` returned), time.
+_LAYOUT = "<cd"
+#: Bound once, when the course is imported, into the closures made below.
+_BOUND = {"write": os.write, "read": os.read, "pack": struct.pack, "unpack": struct.unpack,
+          "select": select.select, "clock": time.monotonic, "kill": os.kill}
+
+Log = Callable[..., None]
 
 
-class PipeLog:
-    """A write-only log: records go into an OS pipe whose read end only the check holds.
-
-    The check's model writes when its steps waited and when its ``fit`` returned; the learner's
-    function receives the model (and so this object), never the records: reading them back
-    needs the read end, which no closure, attribute or default of the model holds."""
-
-    _RECORD = "<cdd"  # kind (b"s" a step's wait, b"f" a fit's return), start, end
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def write(self, kind: bytes, start: float, end: float = 0.0) -> None:
-        import os
-        import struct
-
-        os.write(self._fd, struct.pack(self._RECORD, kind, start, end))
-
-
-def pipe_log() -> tuple[PipeLog, Callable[[], dict[str, list[Any]]], Callable[[], None]]:
-    """``(log, read, close)``: the model's write-only log, the check's reader of every record
-    written so far (``{"steps": [(start, end)], "fit_ends": [t]}``), and a closer of both ends."""
-    import os
-    import struct
-
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(read_fd, False)
-    size = struct.calcsize(PipeLog._RECORD)
+def _replay(events: list[tuple[bytes, float]]) -> dict[str, list[Any]] | None:
+    """``{"steps": [(start, end)], "fit_ends": [t]}`` from the pipe's records, or None where a
+    record is not one the model writes (or a step's start is not followed by its end)."""
     records: dict[str, list[Any]] = {"steps": [], "fit_ends": []}
-    pending = bytearray()
+    at = 0
+    while at < len(events):
+        kind, number = events[at]
+        if kind == b"s" and events[at + 1:at + 2] and events[at + 1][0] == b"e":
+            records["steps"].append((number, events[at + 1][1]))
+            at += 2
+        elif kind == b"f":
+            records["fit_ends"].append(number)
+            at += 1
+        else:
+            return None
+    return records
 
-    def read() -> dict[str, list[Any]]:
-        while True:
-            try:
-                chunk = os.read(read_fd, 65536)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            pending.extend(chunk)
-        while len(pending) >= size:
-            kind, start, end = struct.unpack(PipeLog._RECORD, bytes(pending[:size]))
-            del pending[:size]
-            if kind == b"s":
-                records["steps"].append((start, end))
-            else:
-                records["fit_ends"].append(start)
-        return {name: list(values) for name, values in records.items()}
 
-    def close() -> None:
-        for fd in (read_fd, write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+def _make_pipe_log(copy: tuple[str, ...], parts: dict[str, Any], bound: dict[str, Any]) -> Any:
+    """:func:`pipe_log`, with every function it and its reader call bound now (at import)."""
+    pipe, popen, piped, close_fd = os.pipe, subprocess.Popen, subprocess.PIPE, os.close
+    set_blocking = getattr(os, "set_blocking", None) if os.name == "posix" else None
+    writer, reader, ending, closing, killer, replay, judged = (
+        parts[name] for name in ("writer", "reader", "end", "closer", "killer", "replay",
+                                 "judged"))
+    bound = dict(bound)
 
-    return PipeLog(write_fd), read, close
+    def pipe_log() -> tuple[Log, Callable[[], dict[str, list[Any]] | str], Callable[[], None]]:
+        """``(log, read, close)``: the model's write-only log (``log((kind, time), ...)``, in
+        one write), the check's reader of the records (``{"steps": [(start, end)],
+        "fit_ends": [t]}``, or what is wrong with the log; the first call closes the pipe,
+        later calls give the same) and a closer that ends the child."""
+        if set_blocking is None:
+            raise OSError("lesson 08's step log is read with select: it needs Linux or macOS")
+        read_fd, write_fd = pipe()
+        try:
+            child = popen(copy, stdin=read_fd, stdout=piped, close_fds=True)
+        finally:
+            close_fd(read_fd)  # the child's alone now
+        set_blocking(write_fd, False)  # full (a stopped child): refused, the child ended
+        close_write, current = closing(write_fd)
+        log = writer(current, killer(bound["kill"], child.pid), _LAYOUT, bound["write"],
+                     bound["pack"])
+        drain, read_once = reader(close_write, child, _LAYOUT, bound), []
+
+        def read() -> dict[str, list[Any]] | str:
+            if not read_once:
+                read_once.append(judged(drain(), child.returncode, replay))
+            found = read_once[0]
+            return found if isinstance(found, str) else {k: list(v) for k, v in found.items()}
+
+        def close() -> None:
+            ending(close_write, child)
+
+        return log, read, close
+
+    return pipe_log
+
+
+def _judged(events: Any, status: int | None, replay: Any) -> dict[str, list[Any]] | str:
+    """The records of ``events`` (the child's copy, see ``child_pipe.child_reader``; the child
+    exited with ``status``), or what is wrong with the log."""
+    leave = "train the model you are given with its own fit, and leave its step log alone"
+    if events is None:
+        return ("the check's step log was held open after your function returned (a copy of "
+                f"its descriptor kept): {leave}")
+    if isinstance(events, int):
+        return (f"the check's log copier (a child Python: {_COPY[0]!r} -I -S) exited with "
+                f"status {events} before it copied the log: this Python cannot run it, so the "
+                "check cannot time your run here (not a fault of your answer; tell your "
+                "instructor)")
+    if status == -signal.SIGKILL:
+        return ("a write into the check's step log was refused while your function ran (its "
+                f"descriptor closed, or the pipe full), so the log was lost: {leave}")
+    records = replay(events)
+    if records is None:
+        return ("the check's step log holds bytes its model never wrote (written into it "
+                f"while your function ran): {leave}")
+    return records
+
+
+pipe_log = _make_pipe_log(
+    _COPY, {"writer": _pipe_writer, "reader": _child_reader, "end": _end, "closer": _closer,
+            "killer": _killer, "replay": _replay, "judged": _judged}, _BOUND)
 
 
 #: Extra seconds of Python when a training step is traced: the first epoch is visibly slower.
@@ -76,19 +141,20 @@ TRACE_DELAY_S = 1.0
 
 
 def delayed_model_builder(num_features: int, num_classes: int, units: int, delay_s: float,
-                          log: PipeLog) -> Callable[[], Any]:
+                          log: Log, *, _clock: tuple[Any, Any] = (time.perf_counter, time.sleep)
+                          ) -> Callable[[], Any]:
     """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), writing
     into ``log`` when each step's wait began and ended and when each call of the model's
     ``fit`` returned: the bounds of any timing of its own run. ``log`` is write-only (an OS
-    pipe, see ``pipe_log.PipeLog``): nothing the learner's function can reach holds the records."""
-    import time
-
+    pipe whose read end a child process holds, see :func:`pipe_log`). ``_clock`` (the clock and
+    sleep the model uses) is bound when the course is imported."""
     import keras
 
     from course_utils.models import mlp
     from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
+    now, sleep = _clock
 
     class StepDelay(keras.layers.Layer):
         """Adds 0 to the logits, after sleeping in every training step."""
@@ -101,12 +167,12 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
             if not training or not self.seconds:
                 return inputs
             if not tf.executing_eagerly():
-                time.sleep(TRACE_DELAY_S)  # Python runs once, while the step is traced
+                sleep(TRACE_DELAY_S)  # Python runs once, while the step is traced
 
             def wait() -> np.ndarray:
-                start = time.perf_counter()
-                time.sleep(self.seconds)
-                log.write(b"s", start, time.perf_counter())
+                start = now()
+                sleep(self.seconds)
+                log((b"s", start), (b"e", now()))  # one write: a start and its end
                 return np.float32(0.0)
 
             zero = tf.reshape(tf.stop_gradient(tf.py_function(wait, [], tf.float32)), [])
@@ -121,7 +187,7 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
             try:
                 return fit(*args, **kwargs)
             finally:
-                log.write(b"f", time.perf_counter())
+                log((b"f", now()))
 
         model.fit = logged_fit
         return model
