@@ -834,13 +834,16 @@ def test_a_write_the_pipe_refused_cannot_be_forged_through_a_copy_of_its_descrip
     for index in range(5):  # none waited for, a right loop's log written through the copy
         if index >= 2:
             _record_of(watched).finished[index - 2] = True
-        try:
+        try:  # each write on its own: once the child ended, the pipe is broken (EPIPE)
             if index >= 2:
                 os.write(mine, struct.pack("<cq", b"F", index - 2))
-            remotes.append(watched.schedule(None))
+        except OSError:  # the child ended at the first refused write
+            pass
+        remotes.append(watched.schedule(None))
+        try:
             os.write(mine, struct.pack("<cq", b"R", 0)
                      + struct.pack("<cq", b"S", id(_record_of(watched).scheduled[-1])))
-        except OSError:  # the child ended at the first refused write
+        except OSError:
             pass
     os.close(mine)
     [remote.fetch() for remote in remotes]
