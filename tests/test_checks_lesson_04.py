@@ -834,14 +834,52 @@ def test_a_write_the_pipe_refused_cannot_be_forged_through_a_copy_of_its_descrip
     for index in range(5):  # none waited for, a right loop's log written through the copy
         if 2 <= index < len(_record_of(watched).finished) + 2:  # (a schedule not refused)
             _record_of(watched).finished[index - 2] = True
-        try:
+        try:  # each write on its own: once the child ended, the pipe is broken (EPIPE)
             if index >= 2:
                 os.write(mine, struct.pack("<cq", b"F", index - 2))
-            remotes.append(watched.schedule(None))
+        except OSError:  # the child ended at the first refused write
+            pass
+        remotes.append(watched.schedule(None))
+        try:
             os.write(mine, struct.pack("<cq", b"R", 0)
                      + struct.pack("<cq", b"S", id(_record_of(watched).scheduled[-1])))
-        except OSError:  # the child ended at the first refused write
+        except OSError:
             pass
     os.close(mine)
     [remote.fetch() for remote in remotes]
     assert "record of your steps was changed" in (record.changed() or "")
+
+
+_OPEN_THE_COPIERS_END = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from test_checks_lesson_04 import _Coordinator
+from course_utils.grading.checks.coordinator_watch import watch
+watched, record = watch(_Coordinator())
+child = max(int(pid) for task in os.listdir("/proc/self/task")
+            for pid in open(f"/proc/self/task/{task}/children").read().split())
+try:
+    os.close(os.open(f"/proc/{child}/fd/0", os.O_RDONLY | os.O_NONBLOCK))
+    print("OPENED")
+except PermissionError:
+    print("REFUSED")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc")
+def test_the_log_copiers_read_end_cannot_be_opened_through_proc():
+    # A process of the same user opened /proc/<child>/fd/0 (the log's read end), took the
+    # watch's frames out of the stopped child's pipe and wrote a right loop's: passed with 8
+    # steps never waited for. The copier is undumpable: refused without CAP_SYS_PTRACE (root
+    # with it, as in some containers, still can).
+    import shutil
+
+    command = [sys.executable, "-c", _OPEN_THE_COPIERS_END, str(Path(__file__).parent)]
+    if os.geteuid() == 0:
+        if not shutil.which("capsh"):
+            pytest.skip("root, without capsh to drop CAP_SYS_PTRACE")
+        command = ["capsh", "--drop=cap_sys_ptrace", "--", "-c",
+                   " ".join(f"'{part}'" for part in command)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1])))
+    assert result.stdout.split()[-1:] == ["REFUSED"], result.stdout + result.stderr[-3000:]
