@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["COPY", "MARK", "child_reader", "closer", "end", "killer", "pipe_writer"]
+__all__ = ["COPY", "MARK", "child_reader", "closer", "end", "killer", "pipe_writer", "starter"]
 
 #: The child that holds the pipe's read end. It first makes itself not dumpable (Linux), so that
 #: no other process of the user (the check's, where the learner's code runs, included) may open
@@ -29,6 +29,29 @@ COPY = (sys.executable, "-I", "-S", "-c",
         "except (OSError, AttributeError): pass\n"
         "sys.stdout.buffer.write(b'\\0'); sys.stdout.flush()\n"
         "sys.stdout.buffer.write(sys.stdin.buffer.read())")
+
+
+def starter() -> Any:
+    """``start(copy)``: a pipe whose read end only a child running the command ``copy`` holds
+    (this process closes its own), its write end non-blocking (a full pipe, the child stopped,
+    refuses a write); returns ``(write_fd, child)``. The functions it calls are bound now (at
+    import). None where pipes cannot be read with select (Windows; ``os.set_blocking`` is
+    missing there before Python 3.12)."""
+    pipe, popen, piped, close = os.pipe, subprocess.Popen, subprocess.PIPE, os.close
+    set_blocking = getattr(os, "set_blocking", None) if os.name == "posix" else None
+    if set_blocking is None:
+        return None
+
+    def start(copy: tuple[str, ...]) -> tuple[int, Any]:
+        read_fd, write_fd = pipe()
+        try:
+            child = popen(copy, stdin=read_fd, stdout=piped, close_fds=True)
+        finally:
+            close(read_fd)  # the child's alone now
+        set_blocking(write_fd, False)  # full (a stopped child): refused, the child ended
+        return write_fd, child
+
+    return start
 
 
 def closer(fd: int) -> tuple[Any, Any]:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import os
 import select
 import struct
-import subprocess
 import threading
 import time
 import weakref
@@ -62,6 +61,7 @@ from course_utils.grading.checks.child_pipe import closer as _closer
 from course_utils.grading.checks.child_pipe import end as _end
 from course_utils.grading.checks.child_pipe import killer as _killer
 from course_utils.grading.checks.child_pipe import pipe_writer as _pipe_writer
+from course_utils.grading.checks.child_pipe import starter as _starter
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 # Bound once, when the course is imported (before any learner's code runs), into the closure of
@@ -249,9 +249,7 @@ def _make_watch(tf_of: Any, layout: str, parts: dict[str, Any], bound: dict[str,
     """:func:`watch`, with every function it and its judge call bound now (at import)."""
     # POSIX only (select reads no pipe on Windows, where os.set_blocking is missing before
     # Python 3.12): said when a watch is made, so that importing the course works everywhere
-    pipe, popen, piped = os.pipe, subprocess.Popen, subprocess.PIPE
-    set_blocking = getattr(os, "set_blocking", None) if os.name == "posix" else None
-    finalize, close, copy = weakref.finalize, os.close, _COPY
+    start, finalize, copy = _starter(), weakref.finalize, _COPY
     new_record, writer, reader, counter, end, closing, killer, classes = (
         parts[name] for name in ("record", "writer", "reader", "counter", "end", "closer",
                                  "killer", "classes"))
@@ -261,15 +259,10 @@ def _make_watch(tf_of: Any, layout: str, parts: dict[str, Any], bound: dict[str,
         """A watched stand-in for ``coordinator`` to hand to the learner, and the check's view
         of its record (``changed``, ``tampered``, ``scheduled``, ``in_flight``,
         ``max_in_flight``)."""
-        if set_blocking is None:
+        if start is None:
             raise OSError("lesson 04's coordinator watch reads a pipe with select: it needs "
                           "Linux or macOS")
-        read_fd, write_fd = pipe()
-        try:
-            child = popen(copy, stdin=read_fd, stdout=piped, close_fds=True)
-        finally:
-            close(read_fd)  # the child's alone now
-        set_blocking(write_fd, False)  # full (a stopped child): refused, the child ended
+        write_fd, child = start(copy)
         record = new_record()
         close_write, current = closing(write_fd)
         closer = finalize(record, end, close_write, child)

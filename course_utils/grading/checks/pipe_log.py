@@ -25,7 +25,6 @@ import os
 import select
 import signal
 import struct
-import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +37,7 @@ from course_utils.grading.checks.child_pipe import closer as _closer
 from course_utils.grading.checks.child_pipe import end as _end
 from course_utils.grading.checks.child_pipe import killer as _killer
 from course_utils.grading.checks.child_pipe import pipe_writer as _pipe_writer
+from course_utils.grading.checks.child_pipe import starter as _starter
 
 __all__ = ["TRACE_DELAY_S", "delayed_model_builder", "pipe_log"]
 
@@ -70,8 +70,7 @@ def _replay(events: list[tuple[bytes, float]]) -> dict[str, list[Any]] | None:
 
 def _make_pipe_log(copy: tuple[str, ...], parts: dict[str, Any], bound: dict[str, Any]) -> Any:
     """:func:`pipe_log`, with every function it and its reader call bound now (at import)."""
-    pipe, popen, piped, close_fd = os.pipe, subprocess.Popen, subprocess.PIPE, os.close
-    set_blocking = getattr(os, "set_blocking", None) if os.name == "posix" else None
+    start = _starter()
     writer, reader, ending, closing, killer, replay, judged = (
         parts[name] for name in ("writer", "reader", "end", "closer", "killer", "replay",
                                  "judged"))
@@ -82,14 +81,9 @@ def _make_pipe_log(copy: tuple[str, ...], parts: dict[str, Any], bound: dict[str
         one write), the check's reader of the records (``{"steps": [(start, end)],
         "fit_ends": [t]}``, or what is wrong with the log; the first call closes the pipe,
         later calls give the same) and a closer that ends the child."""
-        if set_blocking is None:
+        if start is None:
             raise OSError("lesson 08's step log is read with select: it needs Linux or macOS")
-        read_fd, write_fd = pipe()
-        try:
-            child = popen(copy, stdin=read_fd, stdout=piped, close_fds=True)
-        finally:
-            close_fd(read_fd)  # the child's alone now
-        set_blocking(write_fd, False)  # full (a stopped child): refused, the child ended
+        write_fd, child = start(copy)
         close_write, current = closing(write_fd)
         log = writer(current, killer(bound["kill"], child.pid), _LAYOUT, bound["write"],
                      bound["pack"])
