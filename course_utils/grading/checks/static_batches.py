@@ -137,6 +137,8 @@ def _folded(nodes: list[Any]) -> dict[str, np.ndarray]:
               if node.op == "Const" and node.attr["dtype"].type in _NUMERIC}
     graph_def = tf.compat.v1.GraphDef()
     graph_def.node.extend(node for node in nodes if foldable(node.name))
+    for node in graph_def.node:
+        node.attr.pop("_class", None)  # colocation with a node left out would refuse it
     if all(node.op == "Const" for node in graph_def.node):
         return values
     graph = tf.Graph()
