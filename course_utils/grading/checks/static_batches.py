@@ -9,8 +9,8 @@ a ``reduce_max`` or ``tf.strings.to_number``) meets a sequence one longer than t
 
 Still passes (the output is a right answer's on every sequence the check can make): a bound of
 ``2**24`` tokens or more reached by ``tf.pad`` (64 MiB a sequence), or one carried as data (an
-element of another step, a reduction over a dataset), not computed by ops from constants, then
-a cut."""
+element of another step, a reduction over a dataset) or computed through a tensor of more than
+``2**16`` numbers (``tf.reduce_sum(tf.ones([300, 300]))``), then a cut."""
 
 from __future__ import annotations
 
