@@ -3,13 +3,14 @@ pipeline: its shapes, the Python its graph runs instead of the dataset given (``
 tokens, ``batch_shapes``) or hands on from an iterator, a queue or a variable made outside it
 (any handle its functions capture, a lookup table's too, and the files they read: the exercise
 needs none), an epoch that never ends, its traces, batches and reads, and their values; a bound
-of its own (the largest whole number in its graph: a ``padded_batch``'s ``padded_shapes``, a
-``tf.pad``'s target) meets a sequence one longer than that bound.
+of its own (the largest whole number its graph holds or computes from its constants alone: a
+``padded_batch``'s ``padded_shapes``, a ``tf.pad``'s target, through ``tf.identity``, a power,
+a ``reduce_max`` or ``tf.strings.to_number``) meets a sequence one longer than that bound.
 
-Still passes: a bound above ``2**20`` tokens reached by ``tf.pad`` (or passed on to a
-``padded_batch`` through another op, ``tf.identity``), or one computed in the graph from smaller
-numbers (``tf.constant(128) * sequence_length``) or from a string (``tf.strings.to_number``),
-then a cut."""
+Still passes (the output is a right answer's on every sequence the check can make): a bound of
+``2**24`` tokens or more reached by ``tf.pad`` (64 MiB a sequence), or one carried as data (an
+element of another step, a reduction over a dataset) or computed through a tensor of more than
+``2**16`` numbers (``tf.reduce_sum(tf.ones([300, 300]))``), then a cut."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.batch_shapes import (
+    _OWN_STATE_OPS,
     _graph,
     graph_ops,
     handed_on,
@@ -25,8 +27,7 @@ from course_utils.grading.checks.batch_shapes import (
 )
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["largest_number", "order_problem", "padded_bound", "python_problem",
-           "verify_pipeline"]
+__all__ = ["graph_numbers", "order_problem", "python_problem", "verify_pipeline"]
 
 
 #: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
@@ -74,49 +75,138 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
     return None
 
 
-#: The longest sequence the check makes to pass a bound of the pipeline's own (4 MiB of tokens,
-#: a padded batch of 16 of them 64 MiB); a ``padded_batch``'s bound above it is named.
-_LONGEST = 2**20
+#: The longest sequence the check makes to pass a bound of the pipeline's own (64 MiB of
+#: tokens); a ``padded_batch``'s bound of ``_PADDED_LONGEST`` or more (a batch of 16 such
+#: rows: 64 MiB) is named instead.
+_LONGEST, _PADDED_LONGEST = 2**24, 2**20
 
 
-def padded_bound(dataset: Any, length: int) -> int | None:
-    """The largest bound above ``length`` that a ``padded_batch`` of the pipeline pads to (its
-    ``padded_shapes`` in the graph), or None."""
+def _flat_scope(function: Any) -> tuple[list[Any], dict[str, str]]:
+    """A function's body as GraphDef nodes (its arguments left out: inputs named by them are
+    no node's) and the map from its tensor names ("node:output:0") to a graph's ("node:0")."""
+    from tensorflow.python.framework import op_def_registry
+
+    flat = {argument.name: argument.name for argument in function.signature.input_arg}
+    for node in function.node_def:
+        op = op_def_registry.get(node.op)
+        index = 0
+        for output in (op.output_arg if op is not None else ()):
+            count = (node.attr[output.number_attr].i if output.number_attr else
+                     len(node.attr[output.type_list_attr].list.type)
+                     if output.type_list_attr else 1)
+            for k in range(count):
+                flat[f"{node.name}:{output.name}:{k}"] = f"{node.name}:{index + k}"
+            index += count
+    nodes = []
+    for node in function.node_def:
+        copy = type(node)()
+        copy.CopyFrom(node)
+        del copy.input[:]
+        copy.input.extend(name if name.startswith("^") else flat.get(name, name)
+                          for name in node.input)
+        nodes.append(copy)
+    return nodes, flat
+
+
+def _folded(nodes: list[Any]) -> dict[str, np.ndarray]:
+    """The values of the numeric tensors (at most 1024 numbers each) among ``nodes`` that
+    depend on no input, no step, no called function and no stateful op but one that keeps no
+    state but its own (a random number, a timestamp: drawn once here), only on small tensors
+    (at most 2**16 numbers): what the graph computes from its constants ("node:0": value)."""
+    from tensorflow.python.framework import op_def_registry
+
     tf = _tf()
-    graph = _graph(dataset)
-    scopes = [graph.node, *(function.node_def for function in graph.library.function)]
-    bounds = {length}
-    for nodes in scopes:
-        by_name = {node.name: node for node in nodes}
-        for node in nodes:
-            if not node.op.startswith("PaddedBatchDataset"):
-                continue
-            for name in node.input[2:2 + node.attr["N"].i]:  # its padded_shapes
-                shape = by_name.get(name.lstrip("^").split(":")[0])
-                if shape is not None and shape.op == "Const":
-                    bounds |= {int(size) for size in
-                               np.ravel(tf.make_ndarray(shape.attr["value"].tensor))}
-    return max(bounds) if max(bounds) > length else None
+    by_name = {node.name: node for node in nodes}
+    known: dict[str, bool] = {}
+
+    def foldable(name: str) -> bool:
+        if name not in known:
+            known[name] = False  # a cycle folds nothing
+            node, op = by_name.get(name), None
+            if node is not None:
+                op = op_def_registry.get(node.op)
+            known[name] = (op is not None and (not op.is_stateful or node.op in _OWN_STATE_OPS)
+                           and node.op not in ("Placeholder", "PlaceholderWithDefault")
+                           and not any(kind in node.op for kind in ("Dataset", "Iterator"))
+                           and not any(attr.type in ("func", "list(func)") for attr in op.attr)
+                           and all(foldable(source.lstrip("^").split(":")[0])
+                                   for source in node.input))
+        return known[name]
+
+    values = {f"{node.name}:0": tf.make_ndarray(node.attr["value"].tensor) for node in nodes
+              if node.op == "Const" and node.attr["dtype"].type in _NUMERIC}
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.node.extend(node for node in nodes if foldable(node.name))
+    for node in graph_def.node:
+        node.attr.pop("_class", None)  # colocation with a node left out would refuse it
+    if all(node.op == "Const" for node in graph_def.node):
+        return values
+    graph = tf.Graph()
+    with graph.as_default():
+        try:
+            tf.graph_util.import_graph_def(graph_def, name="")
+        except (ValueError, TypeError, tf.errors.OpError):
+            return values
+    small, fetches = set(), []
+    for operation in graph.get_operations():
+        if (all(source.op.name in small for source in operation.inputs)
+                and all(source.name in small for source in operation.control_inputs)
+                and all(output.shape.is_fully_defined() and output.shape.num_elements() <= 2**16
+                        for output in operation.outputs)):
+            small.add(operation.name)
+            fetches += [output for output in operation.outputs if operation.type != "Const"
+                        and output.dtype.as_datatype_enum in _NUMERIC
+                        and output.shape.num_elements() <= 1024]
+    with tf.compat.v1.Session(graph=graph) as session:
+        try:
+            values.update(zip([output.name for output in fetches], session.run(fetches),
+                              strict=True))
+        except (tf.errors.OpError, ValueError, TypeError):  # one at a time: which fails?
+            for output in fetches:
+                try:
+                    values[output.name] = session.run(output)
+                except (tf.errors.OpError, ValueError, TypeError):
+                    continue  # an op that fails on its constants pads nothing
+    return values
 
 
-def largest_number(dataset: Any) -> int:
-    """The largest whole number below ``_LONGEST`` among the numeric constants of the
-    pipeline's graph and its functions (a ``padded_batch``'s ``padded_shapes``, the target of a
-    ``tf.pad``, passed through ``tf.identity`` or not, or cast from another integer or a float
-    type), or 0."""
+#: The numeric types whose whole values are read as bounds.
+_NUMERIC: set[int] = set()
+
+
+def _numeric() -> set[int]:
     tf = _tf()
+    if not _NUMERIC:
+        _NUMERIC.update(dtype.as_datatype_enum for dtype in (
+            tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64,
+            tf.float16, tf.bfloat16, tf.float32, tf.float64))
+    return _NUMERIC
+
+
+def graph_numbers(dataset: Any) -> tuple[set[int], set[int]]:
+    """The whole numbers the pipeline's graph knows before it reads an element: those its
+    constants hold or its ops compute from them alone (``tf.identity``, ``tf.cast``, a power,
+    a ``reduce_max`` over a list, ``tf.strings.to_number`` of a string), in its steps and in
+    each of their functions; and among them the sizes a ``padded_batch``'s ``padded_shapes``
+    pad to."""
+    _numeric()
     graph = _graph(dataset)
-    numeric = {dtype.as_datatype_enum for dtype in (
-        tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64,
-        tf.float16, tf.bfloat16, tf.float32, tf.float64)}
-    numbers = {0}
-    for nodes in [graph.node, *(function.node_def for function in graph.library.function)]:
+    scopes = [(list(graph.node), {}),
+              *(_flat_scope(function) for function in graph.library.function)]
+    numbers, bounds = set(), set()
+    for nodes, flat in scopes:
+        values = _folded(nodes)
+        for value in values.values():
+            numbers |= {int(number) for number in map(float, np.ravel(value))
+                        if number.is_integer()}
         for node in nodes:
-            if node.op == "Const" and node.attr["dtype"].type in numeric:
-                numbers |= {int(number) for number in map(float, np.ravel(
-                    tf.make_ndarray(node.attr["value"].tensor)))
-                    if number.is_integer() and number < _LONGEST}
-    return max(numbers)
+            if node.op.startswith("PaddedBatchDataset"):
+                for name in node.input[2:2 + node.attr["N"].i]:  # its padded_shapes
+                    name = flat.get(name, name)
+                    value = values.get(name if ":" in name else f"{name}:0")
+                    if value is not None:
+                        bounds |= {int(size) for size in np.ravel(value)}
+    return numbers, bounds
 
 
 def order_problem(dataset: Any) -> str | None:
@@ -142,10 +232,11 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
     """What is wrong with one epoch of the learner's ``dataset`` against the ``expected``
     batches, or None; ``read[0]`` counts the examples the dataset given has handed out, and
     ``given`` holds its ``py_function`` tokens. Where the pipeline's graph holds a whole number
-    above ``length`` (``largest_number``: a ``padded_batch``'s bound or a ``tf.pad``'s target of
-    its own), ``lengthen(number)`` makes the given dataset's long sequence (not read yet) longer
-    than it and returns its new expected batches (None: it is longer already): padding to that
-    bound, then cutting, fails on it; a cut first does not."""
+    above ``length`` (``graph_numbers``: a ``padded_batch``'s bound or a ``tf.pad``'s target of
+    its own, a constant or computed from constants), ``lengthen(number)`` makes the given
+    dataset's long sequence (not read yet) longer than it and returns its new expected batches
+    (None: it is longer already): padding to that bound, then cutting, fails on it; a cut first
+    does not."""
     tf = _tf()
     if not isinstance(dataset, tf.data.Dataset):
         return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
@@ -160,18 +251,19 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
     python = python_problem(dataset, given) or order_problem(dataset)
     if python:
         return python
-    bound, note = padded_bound(dataset, length), ""
-    if bound is not None and bound >= _LONGEST and lengthen is not None:
+    numbers, bounds = graph_numbers(dataset)
+    bound, note = max(bounds | {length}), ""
+    if bound >= _PADDED_LONGEST and lengthen is not None:
         return (f"your padded_batch pads to {bound} tokens, a bound of your own: pad to "
                 f"sequence_length ({length}) (section 3)")
-    own = largest_number(dataset)
+    own = max({number for number in numbers if number < _LONGEST} | {0})
     if own > length and lengthen is not None:
         longer = lengthen(own)
         if longer is not None:
             expected = longer
             note = (f"; the long sequence made {own + 1} tokens, one more than "
                     + ("your padded_batch's bound" if own == bound else
-                       "the largest number in your pipeline's graph"))
+                       "the largest number your pipeline's graph holds or computes"))
     if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
         return (f"your pipeline never ends (it repeats): the check reads one epoch of "
                 f"{len(expected)} batches; leave repeat() to the training (section 9)")
