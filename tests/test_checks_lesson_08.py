@@ -243,6 +243,22 @@ def test_the_step_log_is_read_by_a_child_and_names_bytes_its_model_never_wrote()
     assert "not a fault of your answer" in pl._judged(3, 3, pl._replay)
 
 
+def test_the_trace_wait_is_bound_before_the_learners_code_runs(keras, monkeypatch):
+    # the check makes its builders before it calls the learner: a learner's code that sets
+    # pipe_log.TRACE_DELAY_S then (to hide the traced first epoch) changes nothing in the model
+    from course_utils.grading.checks import pipe_log as pl
+
+    slept, records = [], []
+    monkeypatch.setattr(pl, "TRACE_DELAY_S", 0.25)  # a test's patch, before the builder
+    make_model = pl.delayed_model_builder(4, 3, 8, 0.001, lambda *r: records.extend(r),
+                                          _clock=(time.perf_counter, slept.append))
+    pl.TRACE_DELAY_S = 0.0  # the learner's code, after the builder was made
+    model = make_model()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    model.fit(np.ones((2, 4), np.float32), np.zeros(2), epochs=1, verbose=0)
+    assert slept[0] == 0.25 and 0.001 in slept and records
+
+
 def test_timing_bounds_come_from_the_run_itself():
     # 2 epochs of 2 steps: waits of 0.1 s, the first epoch ends at 1.3, fit returns at 1.9
     log = {"steps": [(1.0, 1.1), (1.2, 1.3), (1.5, 1.6), (1.7, 1.8)], "fit_ends": [1.35, 1.9]}
