@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -241,6 +242,22 @@ def test_the_step_log_is_read_by_a_child_and_names_bytes_its_model_never_wrote()
     assert "held open" in pl._judged(None, None, pl._replay)
     assert "was refused" in pl._judged([], -signal.SIGKILL, pl._replay)
     assert "not a fault of your answer" in pl._judged(3, 3, pl._replay)
+
+
+def test_the_trace_wait_is_bound_before_the_learners_code_runs(keras, monkeypatch):
+    # the check makes its builders before it calls the learner: a learner's code that sets
+    # pipe_log.TRACE_DELAY_S then (to hide the traced first epoch) changes nothing in the model
+    from course_utils.grading.checks import pipe_log as pl
+
+    slept, records = [], []
+    monkeypatch.setattr(pl, "TRACE_DELAY_S", 0.25)  # a test's patch, before the builder
+    make_model = pl.delayed_model_builder(4, 3, 8, 0.001, lambda *r: records.extend(r),
+                                          _clock=(time.perf_counter, slept.append))
+    pl.TRACE_DELAY_S = 0.0  # the learner's code, after the builder was made
+    model = make_model()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    model.fit(np.ones((2, 4), np.float32), np.zeros(2), epochs=1, verbose=0)
+    assert slept[0] == 0.25 and 0.001 in slept and records
 
 
 def test_timing_bounds_come_from_the_run_itself():
@@ -534,7 +551,9 @@ def _lazy_overflow_answers(keras, tf):
             "the first half of the batch only":
                 lambda model, x: first_overflowing_layer(model, x[:len(x) // 2], keras, tf),
             "every other example only":
-                lambda model, x: first_overflowing_layer(model, x[::2], keras, tf)}
+                lambda model, x: first_overflowing_layer(model, x[::2], keras, tf),
+            "every third example only":  # rows in each half at each parity
+                lambda model, x: first_overflowing_layer(model, x[::3], keras, tf)}
 
 
 @pytest.mark.parametrize("mistake", ["constant None", "constant first layer", "largest weights",
@@ -552,12 +571,48 @@ def _lazy_overflow_answers(keras, tf):
                                      "the eight largest rows by L2 norm only",
                                      "the four largest and the four smallest examples only",
                                      "the first half of the batch only",
-                                     "every other example only"])
+                                     "every other example only",
+                                     "every third example only"])
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
     lazy = _lazy_overflow_answers(keras, tf)[mistake]
     with pytest.raises(AssertionError, match="finite|you answered None|return a layer's name|"
                                              "largest weights|before it already"):
         cu.grading.check_first_overflowing_layer(lazy)
+
+
+def test_a_random_three_quarters_of_the_batch_fails(keras, tf):
+    # 16 batches (8 per model) in which one drawn row alone overflows: such an answer passes
+    # each with probability 3/4, all of them about 1 check in 100 (0 of 80 draws): three tries
+    def three_quarters(model, x):
+        rows = np.sort(np.random.default_rng().choice(len(x), 3 * len(x) // 4, replace=False))
+        return first_overflowing_layer(model, x[rows], keras, tf)
+
+    messages = []
+    for _ in range(3):
+        try:
+            cu.grading.check_first_overflowing_layer(three_quarters)
+        except AssertionError as error:
+            messages.append(str(error))
+            break
+    assert messages and re.search("finite|you answered None|before it already", messages[0])
+
+
+def test_the_one_row_batches_overflow_in_exactly_one_row(monkeypatch):
+    from course_utils.grading.checks import overflow
+
+    made = []
+    monkeypatch.setattr(overflow, "run_check", lambda name, fn, cases, hint: made.extend(cases))
+    overflow.check_first_overflowing_layer(stub)
+    one_row = [case for case in made if "x with one row, drawn" in case.label]
+    assert len(one_row) >= overflow.ONE_ROW_CASES  # 16 in each of 60 draws
+    for case in one_row:
+        model, batch = case.args
+        layers, every_output = overflow._every_output(model)
+        finite = np.stack([np.all(np.isfinite(np.asarray(output, np.float32)).reshape(
+            len(batch), -1), axis=1) for output in every_output(batch)])
+        first = np.where(finite.all(axis=0), len(layers), np.argmin(finite, axis=0))
+        assert first.min() < len(layers) and np.sum(first == first.min()) == 1
+        assert case.verify(layers[first.min()].name) is None
 
 
 @pytest.mark.parametrize("name", ["check_train_with_policy", "check_loss_scaled_train_step",

@@ -37,7 +37,9 @@
   below them, the overflow starting in a row of middling size (no outlier rows, nor the k
   largest, to pick out: never among the 12 largest, nor the 8 smallest, by max or L2 norm). Each
   model's outlier rows lie in one half and parity of the batch, the other model's in the other
-  half and parity: an answer that looks at a fixed half of the batch misses one model's.
+  half and parity: an answer that looks at a fixed half of the batch misses one model's. Last,
+  8 batches of each model in which one drawn row alone overflows (every other row left alone):
+  an answer that looks at a random 3/4 of the rows passes each with probability 3/4.
 """
 
 from __future__ import annotations

@@ -18,15 +18,16 @@ misses the overflow (in 640 draws of the first model's batch, then 70 of each mo
 among the 12 largest, nor the 8 smallest, by max or L2 norm). Each model's two outlier rows lie in
 one half of the batch and at one parity, the other model's in the other half at the other parity: an
 answer that looks at a fixed half of the batch (``x[:16]``, ``x[16:]``, ``x[::2]``, ``x[1::2]``) or
-a slice of one misses one model's overflow. Still passes at times, not a mistake a learner writes
-(70 draws): a random 3/4 of the rows (19: each case overflows in one or two rows), a fixed subset
-with rows in each half at each parity (``x[::3]``: 1), the rows ranked by another measure (the 8
-farthest from the batch's mean: 3, with the 4 largest too: 3; a per-layer test of only the 3 rows
-largest at the layer before: 6) and the few largest rows with many of the smallest (the 4 largest
-with the 12 smallest: 10; with the smaller half of the batch: 67, the overflowing row being the 10th
-to 19th smallest by max). With one such batch, of the first model only, the 8 farthest from the mean
-had passed 13 draws in 40, the per-layer test 39 in 40 (behind a ``Rescaling`` by 8 the rows that
-overflow are exactly those past 65504 / 8 before it), the 4 largest with the 12 smallest 26 in 60.
+a slice of one misses one model's overflow. Last, each model gets ``ONE_ROW_CASES`` batches in
+which one row, drawn, is scaled to overflow (at a layer drawn in turn) and every other row is left
+alone, harmless even 1.78 times larger: an answer that looks at part of the batch passes each only
+where its part holds that row (a random 3/4 of the rows passed 15 draws in 40 before, 0 in 80
+with them; ``x[::3]``, ``x[:24]``, the rows not 3 mod 4: 0 in 80). Still passes at times, not a
+mistake a learner writes (40 draws): the rows ranked by another measure (the 8 farthest from the
+batch's mean: 1) and the few largest rows with many of the smallest (the 4 largest with the 12
+smallest: 5; with the smaller half of the batch: 36, the overflowing row of the every-row batch
+being the 10th to 19th smallest by max, and the one-row batches' row among the largest but the two
+loud ones).
 Lesson 08's module imports this one.
 """
 
@@ -41,7 +42,7 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["DECOY_PEAK", "GROWTH", "LOUD_INPUT", "LOUD_LOGITS",
+__all__ = ["DECOY_PEAK", "GROWTH", "LOUD_INPUT", "LOUD_LOGITS", "ONE_ROW_CASES",
            "check_first_overflowing_layer"]
 
 
@@ -84,6 +85,10 @@ LOUD_INPUT = 60_000.0
 #: finite in the logits' own dtype (float32), so no layer of that model overflows.
 LOUD_LOGITS = 1e6
 
+#: Batches of each model in which one row, drawn, overflows and every other row is harmless:
+#: an answer that looks at a random 3/4 of the rows passes each with probability 3/4 at most.
+ONE_ROW_CASES = 8
+
 #: The input scales the check tries (outlier rows of the batch multiplied by each).
 _SCALES = tuple(10.0 ** (i / 4) for i in range(-8, 29))
 
@@ -95,30 +100,75 @@ def _every_output(model: Any) -> tuple[list[Any], Any]:
     return layers, keras.Model(model.input, [layer.output for layer in layers])
 
 
-def _overflow_cases(model: Any, x: np.ndarray, rows: list[int], rng: Any,
-                    decoy: str | None) -> list[tuple[np.ndarray, str | None, float]]:
-    """Batches whose first overflowing layer differs: (x, the answer, the scale), computed.
-
-    Examples do not interact in an MLP, so every scale's batch runs in one call.
-    """
+def _row_firsts(model: Any, x: np.ndarray, rows: list[int]
+                ) -> tuple[list[Any], list[np.ndarray], np.ndarray]:
+    """The batches with ``rows`` of ``x`` times each of ``_SCALES``, and for each batch and
+    example the index of the first layer whose output is not finite there (``len(layers)``
+    where none): ``first[scale, row]``. Examples do not interact in an MLP, so every scale's
+    batch runs in one call."""
     layers, every_output = _every_output(model)
     batches = []
     for scale in _SCALES:
         batch = x.copy()
         batch[rows] *= scale
         batches.append(batch)
-    finite = [np.all(np.isfinite(np.asarray(output, np.float32)).reshape(
-        len(_SCALES), len(x), -1), axis=(1, 2)) for output in every_output(np.concatenate(
-            batches))]
+    finite = np.stack([np.all(np.isfinite(np.asarray(output, np.float32)).reshape(
+        len(_SCALES), len(x), -1), axis=2) for output in every_output(np.concatenate(
+            batches))])  # [layer, scale, row]
+    first = np.where(finite.all(axis=0), len(layers), np.argmin(finite, axis=0))
+    return layers, batches, first
+
+
+def _overflow_cases(model: Any, x: np.ndarray, rows: list[int], rng: Any,
+                    decoy: str | None, firsts: Any = None,
+                    ) -> list[tuple[np.ndarray, str | None, float]]:
+    """Batches whose first overflowing layer differs: (x, the answer, the scale), computed
+    (``firsts``: :func:`_row_firsts` of the same arguments, where already computed)."""
+    layers, batches, first = firsts or _row_firsts(model, x, rows)
+    names = [layer.name for layer in layers] + [None]
     by_answer: dict[str | None, tuple[np.ndarray, float]] = {}
-    for index, (batch, scale) in enumerate(zip(batches, _SCALES, strict=True)):
-        first = next((layer.name for layer, ok in zip(layers, finite, strict=True)
-                      if not ok[index]), None)
-        by_answer.setdefault(first, (batch, scale))
+    for batch, scale, index in zip(batches, _SCALES, first.min(axis=1), strict=True):
+        by_answer.setdefault(names[index], (batch, scale))
     named = [name for name in by_answer if name is not None]
     chosen = [None] + rng.sample(named, min(len(named), 1 if decoy else 2))
     return [(by_answer[name][0], name, by_answer[name][1]) for name in chosen
             if name in by_answer]
+
+
+def _one_row_cases(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list[int],
+                   rng: Any, count: int) -> list[tuple[np.ndarray, str, float]]:
+    """Up to ``count`` batches in each of which one row of ``rows``, drawn, is scaled and is
+    the only row whose output overflows at the answer (the others are ``x``'s, left alone):
+    (x, the answer, the scale). ``first`` is :func:`_row_firsts` of ``rows``. A row's scale is
+    one whose neighbouring scales (a factor 1.78 either side) overflow at the same layer, and
+    the rows left alone overflow at no layer up to the answer even 1.78 times larger: a
+    different batch size's rounding does not move the answer."""
+    one = _SCALES.index(1.0)
+    alone = first[one + 1]  # every row left alone, with a margin (times 1.78)
+    pairs = [(row, at) for row in rows for at in range(1, len(_SCALES) - 1)
+             if first[at, row] < len(layers)
+             and first[at - 1, row] == first[at, row] == first[at + 1, row]
+             and first[at, row] < min(np.delete(alone, row), default=len(layers))]
+    cases: list[tuple[np.ndarray, str, float]] = []
+    used: set[int] = set()
+    layer_order = sorted({int(first[at, row]) for row, at in pairs})
+    rng.shuffle(layer_order)
+    while pairs and len(cases) < count:
+        progress = False
+        for index in layer_order:
+            choices = [(row, at) for row, at in pairs
+                       if first[at, row] == index and row not in used]
+            if not choices or len(cases) >= count:
+                continue
+            row, at = rng.choice(choices)
+            used.add(row)
+            batch = x.copy()
+            batch[row] *= _SCALES[at]
+            cases.append((batch, layers[index].name, _SCALES[at]))
+            progress = True
+        if not progress:
+            break
+    return cases
 
 
 def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None,
@@ -167,7 +217,7 @@ def check_first_overflowing_layer(fn: Any) -> bool:
     dead_feature = rng.randrange(num_features)
     x[loud_rows] = 0.0
     x[loud_rows, dead_feature] = LOUD_INPUT
-    cases = []
+    cases, one_row = [], []
     for with_decoy, rows in zip((False, True), rows_by_model, strict=True):
         with policy_scope("mixed_float16"):
             model = (_deep_mlp(num_features, num_classes, units, depth) if with_decoy
@@ -194,7 +244,8 @@ def check_first_overflowing_layer(fn: Any) -> bool:
         # is in a middling row
         others = [row for row in range(len(x)) if row not in loud_rows]
         quieter = np.max(np.abs(x[others]))
-        named = [case for case in _overflow_cases(model, x, others, rng, None)
+        firsts = _row_firsts(model, x, others)
+        named = [case for case in _overflow_cases(model, x, others, rng, None, firsts)
                  if case[1] and case[1] != decoy and case[2] * quieter < LOUD_INPUT]
         for batch, expected, scale in sorted(named, key=lambda case: case[2]):
             louder = _quiet_rows_louder(model, batch, expected, others, rng)
@@ -210,8 +261,17 @@ def check_first_overflowing_layer(fn: Any) -> bool:
                     "every row but two scaled, each by its own factor; the row where "
                     "the overflow starts")))
             break
+        # one row, drawn, scaled to overflow, every other row left alone: an answer that
+        # looks at part of the batch misses the one row that overflows
+        for batch, expected, scale in _one_row_cases(firsts[0], x, firsts[2], others, rng,
+                                                     ONE_ROW_CASES):
+            one_row.append(Case(args=(model, batch), verify=_overflow_verifier(
+                expected, order, decoy, scale, "one row, drawn,"), label=(
+                f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with one row, "
+                f"drawn, times {scale:.3g})")))
     cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows_by_model[0], rng,
                                dead_feature)
+    cases += one_row  # last: an answer refused earlier is refused as fast as before
     return run_check(
         "first_overflowing_layer", fn, cases,
         hint="lesson 08, section 1 (float16's range) and section 3 (a hidden layer's output, "

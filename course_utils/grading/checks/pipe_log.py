@@ -141,7 +141,9 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
     into ``log`` when each step's wait began and ended and when each call of the model's
     ``fit`` returned: the bounds of any timing of its own run. ``log`` is write-only (an OS
     pipe whose read end a child process holds, see :func:`pipe_log`). ``_clock`` (the clock and
-    sleep the model uses) is bound when the course is imported."""
+    sleep the model uses) is bound when the course is imported, ``TRACE_DELAY_S`` when the
+    builder is made (before the learner's code runs: setting the module's value then changes
+    nothing in this model; tests patch it before the check)."""
     import keras
 
     from course_utils.models import mlp
@@ -149,6 +151,7 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
 
     tf = import_tensorflow()
     now, sleep = _clock
+    trace_delay_s = float(TRACE_DELAY_S)
 
     class StepDelay(keras.layers.Layer):
         """Adds 0 to the logits, after sleeping in every training step."""
@@ -161,7 +164,7 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
             if not training or not self.seconds:
                 return inputs
             if not tf.executing_eagerly():
-                sleep(TRACE_DELAY_S)  # Python runs once, while the step is traced
+                sleep(trace_delay_s)  # Python runs once, while the step is traced
 
             def wait() -> np.ndarray:
                 start = now()
