@@ -13,7 +13,8 @@ fresh model and a budget that the count without the accumulation buffer gets wro
 examples fitting than that divisor makes), and one that ``k`` = 1 fits, 2 does not (the
 accumulation buffer outweighs what two micro-batches save), the largest ``k`` does. Left: a
 search of the divisors capped at 1024 micro-batches or more passes every draw (no answer here
-is larger), as does a list of them that holds every k to 1024 or every batch over 1 to 128.
+is larger), as do the small k with the batch over every divisor to 128 (no micro-batch here
+is larger): a bound above every draw is a right answer on these batches.
 """
 
 from __future__ import annotations
