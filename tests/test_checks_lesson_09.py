@@ -377,16 +377,16 @@ def _k_up_to_sixteen(results, model, global_batch, replicas, budget_bytes):
 
 
 def _small_k_then_whole_batch(results, model, global_batch, replicas, budget_bytes, *,
-                              small=None, parts=(1,)):
-    """k tried among the divisors up to 64 (or the ``small`` ones), then the per-replica batch
-    over each of ``parts`` (1: the whole of it): right where the answer is small or one example
-    per micro-batch, wrong where it is half the per-replica batch (96 or more) and, with the
-    half, a third, ... an eighth tried too, where it is 128 of 1152 (nine examples)."""
+                              parts=(1,)):
+    """k tried among the divisors up to 64, then the per-replica batch over each of ``parts``
+    that divides it (1: the whole of it): right where the answer is small or one example per
+    micro-batch, wrong where it is half the per-replica batch (96 or more) and, with the
+    half, a third, ... a ninth tried too, where it is drawn (above 64, ten examples or more)."""
     report = write_report(results, model, global_batch, replicas, 2**40)
     n = replicas[report["strategy"]["choice"]]
     per_replica = global_batch // n
-    tried = ([k for k in small or range(1, 65) if per_replica % k == 0]
-             + [per_replica // part for part in parts])
+    tried = ([k for k in range(1, 65) if per_replica % k == 0]
+             + [per_replica // part for part in parts if per_replica % part == 0])
     for k in tried:
         need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
                                      accumulation_steps=k).total
@@ -399,7 +399,7 @@ def _small_k_then_whole_batch(results, model, global_batch, replicas, budget_byt
 def _k_from_the_budget(results, model, global_batch, replicas, budget_bytes):
     """k computed from the budget, the step's formula inverted (the examples per micro-batch
     that fit, the per-replica batch over them rounded up) without trying divisors: a k that
-    divides nothing where no divisor makes that micro-batch (eleven examples of 1152)."""
+    divides nothing where no divisor makes that micro-batch (the drawn cases)."""
     report = write_report(results, model, global_batch, replicas, 2**40)
     n = replicas[report["strategy"]["choice"]]
     per_replica = global_batch // n
@@ -515,10 +515,10 @@ def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, 
 _HALF_BATCH_MISSED = (r"a micro-batch of two examples per replica fits, of three examples does "
                       r"not\): accumulation_steps choice: (192|384|768), but "
                       r"cu.memory.step_budget and the budget say (96|192|384) ")
-#: Where the answer is 128 of 1152 (micro-batches of nine where eleven would fit)
-_NINE_MISSED = (r"a micro-batch of eleven examples per replica fits, of twelve examples does "
-                r"not\): accumulation_steps choice: {}, but cu.memory.step_budget and the budget "
-                r"say 128 ")
+#: Where the answer is drawn (k above 64, ten examples or more per micro-batch)
+_DRAWN_MISSED = (r"a micro-batch of \d+ examples per replica fits, of \d+ examples does not\): "
+                 r"accumulation_steps choice: \d+, but cu.memory.step_budget and the budget say "
+                 r"\d+ ")
 
 
 @pytest.mark.parametrize(("wrong", "message"), [
@@ -543,13 +543,8 @@ _NINE_MISSED = (r"a micro-batch of eleven examples per replica fits, of twelve e
     (_k_up_to_sixteen, "a micro-batch of one example per replica fits, of two examples does "
                        "not\\) raised ValueError"),
     (_small_k_then_whole_batch, _HALF_BATCH_MISSED),
-    (lambda *a: _small_k_then_whole_batch(*a, small=(1, 2, 3, 4, 6)), _HALF_BATCH_MISSED),
-    (lambda *a: _small_k_then_whole_batch(*a, parts=(2, 1)), _NINE_MISSED.format(576)),
-    (lambda *a: _small_k_then_whole_batch(*a, small=(1, 2, 3, 4, 6), parts=(3, 2, 1)),
-     _NINE_MISSED.format(384)),
-    (lambda *a: _small_k_then_whole_batch(*a, parts=(4, 3, 2, 1)), _NINE_MISSED.format(288)),
-    (lambda *a: _small_k_then_whole_batch(*a, parts=(8, 6, 4, 3, 2, 1)),
-     _NINE_MISSED.format(144)),
+    (lambda *a: _small_k_then_whole_batch(*a, parts=(2, 1)), _DRAWN_MISSED),
+    (lambda *a: _small_k_then_whole_batch(*a, parts=range(9, 0, -1)), _DRAWN_MISSED),
     (_k_from_the_budget, r"raised ValueError: .*does not split into \d+ equal micro-batches"),
     (_k_from_the_largest_down, r"two micro-batches with their accumulation buffer do not, "
                                r"(24|36) of one example do\): accumulation_steps choice: \d+, "
@@ -558,9 +553,8 @@ _NINE_MISSED = (r"a micro-batch of eleven examples per replica fits, of twelve e
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
         "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
         "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered", "k-up-to-sixteen",
-        "k-up-to-64-then-whole-batch", "k-small-then-whole-batch", "k-small-then-half-or-whole",
-        "k-small-then-third-half-or-whole", "k-small-then-quarter-third-half-or-whole",
-        "k-small-then-up-to-an-eighth", "k-from-the-budget-not-a-divisor",
+        "k-up-to-64-then-whole-batch", "k-up-to-64-then-half-or-whole",
+        "k-up-to-64-then-up-to-a-ninth", "k-from-the-budget-not-a-divisor",
         "k-from-the-largest-down"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results

@@ -29,9 +29,9 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   learner's function through two epochs (it decodes the stored record, so a pipeline that
   never reads gets the wrong features), the ``augment`` given must have made the noise
   (its generator's state moved), and the pipeline must work ahead by itself: with tf.data's
-  injected prefetch and autotuning switched off, taking one batch must set ``augment`` running
-  on the next (a prefetch, or a parallel map), counted in examples augmented, not timed. Where
-  a prefetch goes is not checked (one before ``batch`` passes, as a parallel map does there).
+  injected prefetch and autotuning off, once a batch is taken ``augment`` must have run beyond
+  it, counted, not timed; where is the learner's (the text says so): a prefetch before ``batch``
+  meets the share too, and "a whole batch ahead" would judge an AUTOTUNE map by the core count.
 * ``check_write_report(write_report, my_results)``: the learner's report, on their own
   benchmark and on five fresh ones (fresh models, budgets, replica counts and noise; the second
   strategy and precision named differently from case to case): the noise, each choice (the
@@ -440,7 +440,7 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
             return verify(got)
         return check
 
-    cases += edge_cases(fn, cases)  # the no-k-fits case calls fn before the guard counts
+    cases += edge_cases(fn, cases, rng)  # the no-k-fits case calls fn before the guard counts
     cases = [dataclasses.replace(case, verify=guarded(case.verify)) for case in cases]
     with guard:
         return run_check(

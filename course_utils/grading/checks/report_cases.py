@@ -7,10 +7,14 @@ only when its examples/s over the first's, like for like at the first precision,
 micro-batches ``k`` whose ``cu.memory.step_budget`` total fits the budget, with that total.
 ``synthetic_results`` makes fresh benchmarks (``SCENARIOS``), ``report_case`` one case with a
 fresh model and a budget that the count without the accumulation buffer gets wrong;
-``edge_cases`` five more: a budget no ``k`` fits, one only the largest ``k`` fits, one whose
-``k`` is half the per-replica batch, one whose ``k`` is 128 of 1152, where a
-micro-batch of eleven examples would fit, and one that ``k`` = 1 fits, 2 does not (the
-accumulation buffer outweighs what two micro-batches save), the largest ``k`` does.
+``edge_cases`` six more: a budget no ``k`` fits, one only the largest ``k`` fits, one whose
+``k`` is half the per-replica batch, two whose per-replica batch and ``k`` are drawn
+(``drawn_case``: ``k`` from 65 to 1024, its micro-batch from 10 to 128 examples, more
+examples fitting than that divisor makes), and one that ``k`` = 1 fits, 2 does not (the
+accumulation buffer outweighs what two micro-batches save), the largest ``k`` does. Left: a
+search of the divisors capped at 1024 micro-batches or more passes every draw (no answer here
+is larger), as do the small k with the batch over every divisor to 128 (no micro-batch here
+is larger): a bound above every draw is a right answer on these batches.
 """
 
 from __future__ import annotations
@@ -202,11 +206,7 @@ def examples_case(case: Case, examples: int = 1, per_replica: int | None = None)
     only the largest k fits (96 to 768 here): k tried up to a bound (8, 16, the lesson's 64)
     finds none. With 2 on a per-replica batch of 192 or more, k is half of it (96 or more):
     k tried among small divisors, then the whole per-replica batch, answers the whole batch.
-    With 11 on 1152, k is 128 (nine examples): no divisor makes 10 or 11, so a k computed
-    from the budget (1152 / 11, rounded up) without trying divisors is 105, which
-    ``step_budget`` refuses, and k tried among the divisors up to 64, then the per-replica
-    batch over 8, 6, 4, 3, 2 or 1 (a quarter: 288), answers 576 down to 144: both k and the
-    micro-batch exceed the small numbers an answer might try (128 and 9 examples)."""
+    ``drawn_case`` gives the others."""
     from course_utils.memory import step_budget
 
     results, model, global_batch, replicas, _ = case.args
@@ -220,7 +220,7 @@ def examples_case(case: Case, examples: int = 1, per_replica: int | None = None)
     budget = one.total + (examples - 1) * one.activations + one.activations // 2
     args = (results, model, global_batch, replicas, budget)
     want = report_reference(*args)
-    k = min(k for k in range(1, per_replica + 1) if per_replica % k == 0
+    k = next(k for k in range(1, per_replica + 1) if per_replica % k == 0
             and per_replica // k <= examples)
     assert want["accumulation_steps"]["choice"] == k, (want, k, budget)  # the check's own
     where = case.label.rsplit(", a budget", 1)[0][1:].rsplit("; global batch", 1)[0]
@@ -231,8 +231,28 @@ def examples_case(case: Case, examples: int = 1, per_replica: int | None = None)
 
 
 def _examples(count: int) -> str:
-    words = {1: "one", 2: "two", 3: "three", 11: "eleven", 12: "twelve"}
-    return f"{words[count]} example{'s' if count > 1 else ''}"
+    words = {1: "one", 2: "two", 3: "three"}
+    return f"{words.get(count, count)} example{'s' if count > 1 else ''}"
+
+
+def drawn_case(rng: Any, case: Case) -> Case:
+    """``case`` again with an answer drawn here: ``k`` from 65 to 1024 and its micro-batch
+    ``d`` from 10 to 128 examples, a per-replica batch of ``k × d``, and a budget that fits a
+    micro-batch of ``m`` examples, ``m`` above ``d`` and below the next micro-batch a divisor
+    makes. A list of candidates (the divisors up to ``K``, the batch over each ``j`` up to
+    ``J``) holds the answer only where ``k <= K`` or ``d <= J``: one reaching 64 and the
+    batch over 9 fails every draw, and any list below 1024 and 128 some. ``m`` is at least
+    the batch over ``k - 1``: the k computed from the budget (the batch over ``m``, rounded
+    up) is then below ``k`` and divides nothing (a divisor there would make a micro-batch
+    between ``d`` and ``m``), so ``step_budget`` refuses it."""
+    while True:
+        k, d = rng.randint(65, 1024), rng.randint(10, 128)
+        per_replica = k * d
+        above = next(j for j in range(d + 1, per_replica + 1) if per_replica % j == 0)
+        least = max(d + 1, -(-per_replica // (k - 1)))
+        if least < above:
+            break
+    return examples_case(case, examples=rng.randint(least, above - 1), per_replica=per_replica)
 
 
 def buffer_case(case: Case) -> Case:
@@ -272,15 +292,14 @@ def _per_replica(case: Case) -> int:
     return global_batch // replicas[chosen["choice"]]
 
 
-def edge_cases(fn: Any, cases: list[Case]) -> list[Case]:
-    """Five cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
+def edge_cases(fn: Any, cases: list[Case], rng: Any) -> list[Case]:
+    """Six cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
     largest k (one example per micro-batch) fits; on the case with the largest per-replica
     batch (192 or more: some fresh benchmark keeps the first strategy, on one replica), one
-    whose answer is half that batch (two examples per micro-batch); on the third from last,
-    its global batch made 1152 examples per replica, one whose answer is 128 (nine examples
-    per micro-batch, where eleven would fit: no k makes ten or eleven); on the fourth from last, a
-    per-replica batch too small for two micro-batches to pay for their buffer, one whose
-    answer is 1 though 2 does not fit and the largest k does (``buffer_case``)."""
+    whose answer is half that batch (two examples per micro-batch); on the third and fifth
+    from last, a per-replica batch and an answer drawn (``drawn_case``); on the fourth from
+    last, a per-replica batch too small for two micro-batches to pay for their buffer, one
+    whose answer is 1 though 2 does not fit and the largest k does (``buffer_case``)."""
     return [nothing_fits_case(fn, cases[-1]), examples_case(cases[-2]),
             examples_case(max(cases, key=_per_replica), examples=2),
-            examples_case(cases[-3], examples=11, per_replica=1152), buffer_case(cases[-4])]
+            drawn_case(rng, cases[-3]), buffer_case(cases[-4]), drawn_case(rng, cases[-5])]
