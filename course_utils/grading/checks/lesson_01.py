@@ -38,6 +38,7 @@ from course_utils.grading.checks.batch_shapes import counted_stages as _counted_
 from course_utils.grading.checks.batch_shapes import (
     dataset_steps,
     epoch_seconds,
+    fresh_caches,
     py_function_tokens,
 )
 from course_utils.grading.checks.batch_shapes import handed_on as _handed_on
@@ -113,17 +114,23 @@ def check_fast_pipeline(fn: Any) -> bool:
                     "many at once?")
         # a read op that never runs (take(0)) beside a generator, or an iterator or a queue
         # made outside the pipeline, that hands on what another pipeline or thread read
-        own, pulls = _handed_on(dataset, set(reads["ops"]))
+        own, pulls = _handed_on(dataset, set(reads["ops"]), folders)
         return (f"your pipeline runs {own} Python function(s) of its own (a generator, a "
                 f"py_function) and pulls from {pulls} iterator(s), queue(s) or other state "
-                "made outside it (a file too: a cache(filename) counts): reads handed on from "
+                "made outside it (a file too: a cache whose filename is computed counts): "
+                "reads handed on from "
                 "another pipeline or thread are not this dataset's; which tf.data step of it "
                 "reads, and how many at once?"
                 ) if own or pulls else None
 
+    # A cache in a file, its filename a constant, writes to a fresh file of the check's own in
+    # every pipeline the check iterates: it starts empty, so this pipeline's own steps fill it.
+    folders: list[str] = []
+
     def correct(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
+        dataset = fresh_caches(dataset, folders)
         reads["count"] = 0
         batches = _batches(dataset)
         if reads["count"] != num_elements:
@@ -137,9 +144,15 @@ def check_fast_pipeline(fn: Any) -> bool:
     def fast(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
+        dataset = fresh_caches(dataset, folders)
         reads["most_at_once"] = reads["overlapped"] = reads["count"] = 0
         reads["by"].clear()
         epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
+        if reads["count"] != num_elements:  # a thread reading on the side reads more
+            return (f"while the check ran an epoch of {num_elements} records, read was "
+                    f"called {reads['count']} times: the overlapped reads counted must be "
+                    "this pipeline's, each record read once (reads of a thread or another "
+                    "pipeline of yours count too)")
         problem = _reads_not_in(dataset)
         if problem:
             return problem
@@ -163,7 +176,7 @@ def check_fast_pipeline(fn: Any) -> bool:
             slow = epoch_seconds(slow_pipeline(source(), read, decode, batch_size))
             reads["count"] = 0
             reads["by"].clear()
-            yours = fn(source(), read, decode, batch_size)
+            yours = fresh_caches(fn(source(), read, decode, batch_size), folders)
             rounds.append((slow, epoch_seconds(yours)))
             if reads["count"] != num_elements:
                 return (f"a timed epoch of a fresh call read {reads['count']} of "
@@ -190,10 +203,23 @@ def check_fast_pipeline(fn: Any) -> bool:
              verify=correct),
         Case(args=(source(), read, decode, batch_size), label=f"{call}: speed", verify=fast),
     ]
-    return run_check(
-        "fast_pipeline", fn, cases,
-        hint="which stage waits, how many of its calls may run at once, and on how many of "
-             "tf.data's threads? Lesson 01, sections 3 and 4.")
+    try:
+        return run_check(
+            "fast_pipeline", fn, cases,
+            hint="which stage waits, how many of its calls may run at once, and on how many "
+                 "of tf.data's threads? Lesson 01, sections 3 and 4.")
+    finally:
+        _remove(folders)
+
+
+def _remove(folders: list[str]) -> None:
+    """Removes the check's cache folders (``fresh_caches``: their parents made listable)."""
+    import os
+    import shutil
+
+    for folder in folders:
+        os.chmod(folder, 0o700)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # --- Exercise 2 · shuffle examples, not batches ----------------------------------------------
