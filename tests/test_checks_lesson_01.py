@@ -111,7 +111,7 @@ def test_handed_on_counts_files_read_by_unlisted_steps_and_ops(tmp_path):
     assert [int(value) for value in rebuilt] == [1, 2, 3, 4]
     assert handed_on(rebuilt, set(), folders) == (0, 0) and len(folders) == 1
     assert not list(tmp_path.glob("mine*")) and fresh_caches(records.cache(), folders) is not None
-    checks_01._remove(folders)
+    checks_01.remove_folders(folders)
     assert handed_on(records.map(lambda index: decoded(index, "local://")), set()) == (0, 0)
 
     generated = tf.data.Dataset.from_generator(  # a pipeline run from its serialized graph

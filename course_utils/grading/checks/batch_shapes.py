@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["batches", "counted_stages", "counting_reader", "dataset_steps", "epoch_seconds",
            "expected_sizes", "fresh_caches", "graph_ops", "handed_on", "multiset_problem",
-           "py_function_token", "py_function_tokens", "size_problem"]
+           "py_function_token", "py_function_tokens", "remove_folders", "size_problem"]
 
 
 def batches(dataset: Any) -> list[np.ndarray]:
@@ -117,6 +117,16 @@ def fresh_caches(dataset: Any, folders: list[str]) -> Any:
         return dataset  # its file caches then count as files read (handed_on)
     rebuilt._check_source = dataset  # its py_functions stay registered while it is iterated
     return rebuilt
+
+
+def remove_folders(folders: list[str]) -> None:
+    """Removes the check's cache folders (``fresh_caches``), their parents made listable."""
+    import os
+    import shutil
+
+    for folder in folders:
+        os.chmod(folder, 0o700)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def handed_on(dataset: Any, allowed: set[str], fresh: list[str] | None = None

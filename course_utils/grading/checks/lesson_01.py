@@ -40,6 +40,7 @@ from course_utils.grading.checks.batch_shapes import (
     epoch_seconds,
     fresh_caches,
     py_function_tokens,
+    remove_folders,
 )
 from course_utils.grading.checks.batch_shapes import handed_on as _handed_on
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
@@ -209,17 +210,7 @@ def check_fast_pipeline(fn: Any) -> bool:
             hint="which stage waits, how many of its calls may run at once, and on how many "
                  "of tf.data's threads? Lesson 01, sections 3 and 4.")
     finally:
-        _remove(folders)
-
-
-def _remove(folders: list[str]) -> None:
-    """Removes the check's cache folders (``fresh_caches``: their parents made listable)."""
-    import os
-    import shutil
-
-    for folder in folders:
-        os.chmod(folder, 0o700)
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_folders(folders)
 
 
 # --- Exercise 2 · shuffle examples, not batches ----------------------------------------------
