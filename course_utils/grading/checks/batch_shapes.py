@@ -2,7 +2,8 @@
 steps of a pipeline's graph (lesson 01's checks): its kinds of steps, and which of the check's
 own ``tf.py_function`` ops (known by their tokens) the pipeline runs, and which of them feed a
 given step such as a cache (lessons 00 and 01: the work was done by the dataset returned, where
-the exercise says)."""
+the exercise says), and the pipeline rebuilt with its caches in files writing fresh files of
+the check's own."""
 
 from __future__ import annotations
 

@@ -30,7 +30,9 @@
   step works (counted, not timed; the speed-up is shown), each record read once per epoch (a
   thread that reads on the side, to be counted, reads more), and every read made by the
   returned dataset's own graph (its ``read`` ops found by their py_function tokens): reads in
-  a thread or pipeline of the answer's own, handed on by a generator, iterator or queue, fail.
+  a thread or pipeline of the answer's own, handed on by a generator, iterator or queue, fail
+  (a cache in a file is rebuilt to write a fresh file of the check's own: this pipeline's
+  reads fill it).
 
 Each check builds fresh random inputs, computes the expected result with a reference and hands
 both to :func:`run_check`; TensorFlow is imported inside the checks, never at module level.

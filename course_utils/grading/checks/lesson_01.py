@@ -9,7 +9,10 @@
   runs no Python of its own and pulls from no iterator, queue or other state made outside it
   (reads in Python threads of the answer's own, or handed on by a generator, another
   pipeline's iterator or a queue a thread fills, beside an idle read op, fail;
-  ``checks/storage_reads.py``), slow and fast timed the same way, in turns, several epochs.
+  ``checks/storage_reads.py``; a cache in a file is rebuilt to write a fresh file of the
+  check's own, so this pipeline's reads fill it), each record read once in the epoch whose
+  overlap is counted (a thread's reads on the side count too), slow and fast timed the same
+  way, in turns, several epochs.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – every example once per epoch, right batch sizes, few neighbours from one
   block inside a batch, the same order for the same seed and a new order every epoch; the
