@@ -110,7 +110,8 @@ def test_handed_on_counts_files_read_by_unlisted_steps_and_ops(tmp_path):
     rebuilt = fresh_caches(records.map(lambda x: x + 1).cache(str(tmp_path / "mine")), folders)
     assert [int(value) for value in rebuilt] == [1, 2, 3, 4]
     assert handed_on(rebuilt, set(), folders) == (0, 0) and len(folders) == 1
-    assert not list(tmp_path.glob("mine*")) and fresh_caches(records.cache(), folders) is not None
+    in_memory = records.cache()  # nothing to rebuild: the pipeline itself
+    assert not list(tmp_path.glob("mine*")) and fresh_caches(in_memory, folders) is in_memory
     checks_01.remove_folders(folders)
     assert handed_on(records.map(lambda index: decoded(index, "local://")), set()) == (0, 0)
 
@@ -449,8 +450,8 @@ def _prefetched_to_device(source, read, decode, batch_size):  # right reads, but
     (_prefetched_to_device, "could not read your pipeline's graph.*end it with prefetch"),
     (_reads_handed_on_through_a_cache_file,  # the rebuilt dataset reads for itself: 1 at once
      r"called read \d+ times|read was called \d+ times|at most 1 read\(s\) waited"),
-    (_reads_on_the_side_while_the_check_counts,  # a thread that finished before the epoch: 2
-     r"an epoch of \d+ records, read was called \d+ times|at most 2 read\(s\) waited"),
+    (_reads_on_the_side_while_the_check_counts,  # a thread that ended before the epoch: 2
+     r"an epoch of \d+ records, read was called \d+ times|at most [12] read\(s\) waited"),
     (_parallel_reads_handed_on_through_a_staging_area_by_node_name,
      r"runs 0 Python function\(s\) of its own .* and pulls from [1-9]\d* iterator\(s\), "
      "queue"),
