@@ -48,20 +48,23 @@ def test_reference_fast_pipeline_passes(capsys):
 
 
 def _checked_and_shuffled_in_each_batch(source, read, decode, batch_size):  # right: any order
-    tf = cu.quiet.import_tensorflow()  # an assert and a random op keep no state but their own
+    import tempfile  # an assert and a random op keep no state but their own; a cache in a file
+
+    tf = cu.quiet.import_tensorflow()  # (the same file every call) is written by the pipeline
 
     def checked(record):
         tf.debugging.assert_non_negative(record, message="a negative record")
         return record
 
     dataset = source.map(read, num_parallel_calls=16, deterministic=False).map(checked)
+    dataset = dataset.cache(os.path.join(tempfile.gettempdir(), "fast_pipeline_cache"))
     dataset = dataset.map(decode).batch(batch_size).map(tf.random.shuffle)
     options = tf.data.Options()
     options.threading.private_threadpool_size = 16
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-def test_asserts_and_random_ops_in_a_right_answer_pass(capsys):
+def test_asserts_random_ops_and_a_cache_file_in_a_right_answer_pass(capsys):
     assert cu.grading.check_fast_pipeline(_checked_and_shuffled_in_each_batch)
     assert "✅ fast_pipeline: 2 cases passed" in capsys.readouterr().out
 
@@ -101,6 +104,15 @@ def test_handed_on_counts_files_read_by_unlisted_steps_and_ops(tmp_path):
 
     assert [int(value) for value in records.map(decoded)] == [42, 43, 44, 45]
     assert handed_on(records.map(decoded), set()) == (0, 1)
+    from course_utils.grading.checks.batch_shapes import fresh_caches
+
+    folders = []  # a cache in a file rebuilt to write a fresh file of the check's own
+    rebuilt = fresh_caches(records.map(lambda x: x + 1).cache(str(tmp_path / "mine")), folders)
+    assert [int(value) for value in rebuilt] == [1, 2, 3, 4]
+    assert handed_on(rebuilt, set(), folders) == (0, 0) and len(folders) == 1
+    in_memory = records.cache()  # nothing to rebuild: the pipeline itself
+    assert not list(tmp_path.glob("mine*")) and fresh_caches(in_memory, folders) is in_memory
+    checks_01.remove_folders(folders)
     assert handed_on(records.map(lambda index: decoded(index, "local://")), set()) == (0, 0)
 
     generated = tf.data.Dataset.from_generator(  # a pipeline run from its serialized graph
@@ -395,6 +407,39 @@ def _parallel_reads_handed_on_through_files(source, read, decode, batch_size):
     return pulled.concatenate(reads.take(0)).map(decode).batch(batch_size)
 
 
+def _reads_handed_on_through_a_cache_file(source, read, decode, batch_size):
+    import tempfile  # as above: a thread's pipeline writes a cache file that the dataset, once
+    import threading  # a sleep let it finish, reads; its one read op shared (a tf.function)
+
+    tf = cu.quiet.import_tensorflow()
+    from tensorflow.python.data.experimental.ops.testing import sleep
+
+    shared_read = tf.function(read)
+    path = os.path.join(tempfile.mkdtemp(), "handed_on")
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    reads = source.map(shared_read, num_parallel_calls=16).cache(path).with_options(options)
+    threading.Thread(target=lambda: [None for _ in reads], daemon=True).start()
+    waited = tf.data.Dataset.range(1).apply(sleep(500_000))
+    return waited.flat_map(lambda _: source.map(shared_read).cache(path)).map(decode).batch(
+        batch_size)
+
+
+def _reads_on_the_side_while_the_check_counts(source, read, decode, batch_size, _calls=[]):  # noqa: B006
+    import threading  # two reads at once; in the speed case's call only, a thread's pipeline,
+
+    tf = cu.quiet.import_tensorflow()  # its read op shared, adds overlapping reads to the count
+    shared_read = tf.function(read)
+    _calls.append(None)
+    if len(_calls) == 2:  # the check's second call: the speed case's
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = 16
+        side = source.repeat(3).map(shared_read, num_parallel_calls=16).with_options(options)
+        threading.Thread(target=lambda: [None for _ in side], daemon=True).start()
+    dataset = source.map(shared_read, num_parallel_calls=2).map(decode).batch(batch_size)
+    return dataset.prefetch(2)
+
+
 def _prefetched_to_device(source, read, decode, batch_size):  # right reads, but a last step
     tf = cu.quiet.import_tensorflow()  # that cannot be serialized: the check says so, no crash
     dataset = source.map(read, num_parallel_calls=16).map(decode).batch(batch_size)
@@ -403,6 +448,10 @@ def _prefetched_to_device(source, read, decode, batch_size):  # right reads, but
 
 @pytest.mark.parametrize(("wrong", "says"), [
     (_prefetched_to_device, "could not read your pipeline's graph.*end it with prefetch"),
+    (_reads_handed_on_through_a_cache_file,  # the rebuilt dataset reads for itself: 1 at once
+     r"called read \d+ times|read was called \d+ times|at most 1 read\(s\) waited"),
+    (_reads_on_the_side_while_the_check_counts,  # a thread that ended before the epoch: 2
+     r"an epoch of \d+ records, read was called \d+ times|at most [12] read\(s\) waited"),
     (_parallel_reads_handed_on_through_a_staging_area_by_node_name,
      r"runs 0 Python function\(s\) of its own .* and pulls from [1-9]\d* iterator\(s\), "
      "queue"),

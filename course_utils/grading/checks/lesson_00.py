@@ -30,7 +30,9 @@
   step works (counted, not timed; the speed-up is shown), each record read once per epoch (a
   thread that reads on the side, to be counted, reads more), and every read made by the
   returned dataset's own graph (its ``read`` ops found by their py_function tokens): reads in
-  a thread or pipeline of the answer's own, handed on by a generator, iterator or queue, fail.
+  a thread or pipeline of the answer's own, handed on by a generator, iterator or queue, fail
+  (a cache in a file is rebuilt to write a fresh file of the check's own: this pipeline's
+  reads fill it).
 
 Each check builds fresh random inputs, computes the expected result with a reference and hands
 both to :func:`run_check`; TensorFlow is imported inside the checks, never at module level.
@@ -46,7 +48,13 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.batch_shapes import counting_reader, handed_on, py_function_tokens
+from course_utils.grading.checks.batch_shapes import (
+    counting_reader,
+    fresh_caches,
+    handed_on,
+    py_function_tokens,
+    remove_folders,
+)
 from course_utils.grading.checks.call_guard import REMOVED
 from course_utils.grading.checks.forked_call import ForkedCall
 from course_utils.grading.checks.refusals import own_functions, refusing
@@ -410,7 +418,8 @@ def check_overlapped_pipeline(fn: Any) -> bool:
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, tf.data.Dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        batches = [np.asarray(batch) for batch in dataset.as_numpy_iterator()]
+        batches = [np.asarray(batch)
+                   for batch in fresh_caches(dataset, folders).as_numpy_iterator()]
         sizes = [len(batch) for batch in batches]
         want = [BATCH_SIZE] * (count // BATCH_SIZE) + [count % BATCH_SIZE]
         if sizes != want:
@@ -418,6 +427,8 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         if not np.array_equal(np.concatenate(batches), expected):
             return "the elements differ from the broken pipeline's, or came in another order"
         trained = fn(records(), read, BATCH_SIZE)
+        if isinstance(trained, tf.data.Dataset):  # a cache in a file starts empty: it is
+            trained = fresh_caches(trained, folders)  # filled by this pipeline's own reads
         share, seconds = _train(without_default_optimizations(trained), reads, count)
         if reads["calls"] > count:  # reads the epoch did not need (a thread of its own?)
             return (f"read was called {reads['calls']} times during an epoch of {count} "
@@ -428,8 +439,8 @@ def check_overlapped_pipeline(fn: Any) -> bool:
                     "needed; tf.data's automatic rewrites off)")
         inside = py_function_tokens(trained) if isinstance(trained, tf.data.Dataset) else set()
         outside = sum(reads["ops"][op] not in inside for op in reads["by"])
-        own, pulls = handed_on(trained, set(reads["ops"]))  # a read that never runs beside
-        if outside or own or pulls:  # a generator, an iterator, a queue a thread fills
+        own, pulls = handed_on(trained, set(reads["ops"]), folders)  # a read that never runs
+        if outside or own or pulls:  # beside a generator, an iterator, a queue a thread fills
             return (f"the dataset you returned runs {own} Python function(s) of its own, pulls "
                     f"from {pulls} iterator(s), queue(s) or other state made outside it, and "
                     f"{outside} of {reads['calls']} reads ran outside it: does it hand on reads "
@@ -441,9 +452,13 @@ def check_overlapped_pipeline(fn: Any) -> bool:
               f"(×{broken_seconds / seconds:.2f}, ideal ×2)")
         return None
 
+    folders: list[str] = []  # the check's own cache files (fresh_caches)
     case = Case(args=(records(), read, BATCH_SIZE),
                 label=f"(range({first}, {first + count}), read, {BATCH_SIZE})", verify=verify)
-    return run_check(
-        "overlapped_pipeline", fn, [case],
-        hint="what does a prefetch overlap: the steps before it, or after it? Where are the "
-             "slow reads? Lesson 00, section 4.")
+    try:
+        return run_check(
+            "overlapped_pipeline", fn, [case],
+            hint="what does a prefetch overlap: the steps before it, or after it? Where are "
+                 "the slow reads? Lesson 00, section 4.")
+    finally:
+        remove_folders(folders)

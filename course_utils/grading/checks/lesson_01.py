@@ -9,7 +9,10 @@
   runs no Python of its own and pulls from no iterator, queue or other state made outside it
   (reads in Python threads of the answer's own, or handed on by a generator, another
   pipeline's iterator or a queue a thread fills, beside an idle read op, fail;
-  ``checks/storage_reads.py``), slow and fast timed the same way, in turns, several epochs.
+  ``checks/storage_reads.py``; a cache in a file is rebuilt to write a fresh file of the
+  check's own, so this pipeline's reads fill it), each record read once in the epoch whose
+  overlap is counted (a thread's reads on the side count too), slow and fast timed the same
+  way, in turns, several epochs.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – every example once per epoch, right batch sizes, few neighbours from one
   block inside a batch, the same order for the same seed and a new order every epoch; the
@@ -38,7 +41,9 @@ from course_utils.grading.checks.batch_shapes import counted_stages as _counted_
 from course_utils.grading.checks.batch_shapes import (
     dataset_steps,
     epoch_seconds,
+    fresh_caches,
     py_function_tokens,
+    remove_folders,
 )
 from course_utils.grading.checks.batch_shapes import handed_on as _handed_on
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
@@ -113,17 +118,23 @@ def check_fast_pipeline(fn: Any) -> bool:
                     "many at once?")
         # a read op that never runs (take(0)) beside a generator, or an iterator or a queue
         # made outside the pipeline, that hands on what another pipeline or thread read
-        own, pulls = _handed_on(dataset, set(reads["ops"]))
+        own, pulls = _handed_on(dataset, set(reads["ops"]), folders)
         return (f"your pipeline runs {own} Python function(s) of its own (a generator, a "
                 f"py_function) and pulls from {pulls} iterator(s), queue(s) or other state "
-                "made outside it (a file too: a cache(filename) counts): reads handed on from "
+                "made outside it (a file too: a cache whose filename is computed counts): "
+                "reads handed on from "
                 "another pipeline or thread are not this dataset's; which tf.data step of it "
                 "reads, and how many at once?"
                 ) if own or pulls else None
 
+    # A cache in a file, its filename a constant, writes to a fresh file of the check's own in
+    # every pipeline the check iterates: it starts empty, so this pipeline's own steps fill it.
+    folders: list[str] = []
+
     def correct(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
+        dataset = fresh_caches(dataset, folders)
         reads["count"] = 0
         batches = _batches(dataset)
         if reads["count"] != num_elements:
@@ -137,9 +148,15 @@ def check_fast_pipeline(fn: Any) -> bool:
     def fast(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
+        dataset = fresh_caches(dataset, folders)
         reads["most_at_once"] = reads["overlapped"] = reads["count"] = 0
         reads["by"].clear()
         epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
+        if reads["count"] != num_elements:  # a thread reading on the side reads more
+            return (f"while the check ran an epoch of {num_elements} records, read was "
+                    f"called {reads['count']} times: the overlapped reads counted must be "
+                    "this pipeline's, each record read once (reads of a thread or another "
+                    "pipeline of yours count too)")
         problem = _reads_not_in(dataset)
         if problem:
             return problem
@@ -163,7 +180,7 @@ def check_fast_pipeline(fn: Any) -> bool:
             slow = epoch_seconds(slow_pipeline(source(), read, decode, batch_size))
             reads["count"] = 0
             reads["by"].clear()
-            yours = fn(source(), read, decode, batch_size)
+            yours = fresh_caches(fn(source(), read, decode, batch_size), folders)
             rounds.append((slow, epoch_seconds(yours)))
             if reads["count"] != num_elements:
                 return (f"a timed epoch of a fresh call read {reads['count']} of "
@@ -190,10 +207,13 @@ def check_fast_pipeline(fn: Any) -> bool:
              verify=correct),
         Case(args=(source(), read, decode, batch_size), label=f"{call}: speed", verify=fast),
     ]
-    return run_check(
-        "fast_pipeline", fn, cases,
-        hint="which stage waits, how many of its calls may run at once, and on how many of "
-             "tf.data's threads? Lesson 01, sections 3 and 4.")
+    try:
+        return run_check(
+            "fast_pipeline", fn, cases,
+            hint="which stage waits, how many of its calls may run at once, and on how many "
+                 "of tf.data's threads? Lesson 01, sections 3 and 4.")
+    finally:
+        remove_folders(folders)
 
 
 # --- Exercise 2 · shuffle examples, not batches ----------------------------------------------
