@@ -409,6 +409,13 @@ def full_then_a_small_shuffle(features, labels, size, num_workers):
         return data.shuffle(1000).shuffle(4).repeat().batch(size)
     return dataset_fn
 
+def unbounded_buffer(features, labels, size, num_workers):
+    def dataset_fn():  # right: a buffer_size of UNKNOWN_CARDINALITY holds the whole input
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
+        return data.shuffle(tf.data.UNKNOWN_CARDINALITY).repeat().batch(size)
+    return dataset_fn
+
 for name, fn in [("right", make()), ("stub", stub),
                  ("lesson_order", make(order="shuffle batch repeat")),
                  ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
@@ -425,7 +432,8 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("labels_replaced", labels_replaced), ("shuffled_apart", shuffled_apart),
                  ("beside_a_full_shuffle", beside_a_full_shuffle),
                  ("and_a_one_element_shuffle", and_a_one_element_shuffle),
-                 ("full_then_a_small_shuffle", full_then_a_small_shuffle)]:
+                 ("full_then_a_small_shuffle", full_then_a_small_shuffle),
+                 ("unbounded_buffer", unbounded_buffer)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -546,6 +554,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "beside_a_full_shuffle"): "too small",
         ("DATASET", "and_a_one_element_shuffle"): "too small",
         ("DATASET", "full_then_a_small_shuffle"): "PASS",
+        ("DATASET", "unbounded_buffer"): "PASS",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",

@@ -16,12 +16,14 @@ _SHUFFLES = frozenset(("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
                        "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"))
 
 
+_UNBOUNDED = -2  # a buffer_size of tf.data.UNKNOWN_CARDINALITY: the shuffle holds its whole input
 _PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, one bit each
 
 
 def shuffles_of(dataset: Any) -> Any:
     """An ``[n, 4]`` tensor: for each shuffle (``ShuffleDataset``) of ``dataset``'s graph, made
-    where the dataset is (the worker's ``dataset_fn``), its ``buffer_size``, the cardinality of
+    where the dataset is (the worker's ``dataset_fn``), its ``buffer_size`` (-2,
+    ``tf.data.UNKNOWN_CARDINALITY``: unbounded, the whole input), the cardinality of
     the dataset it shuffles (-1 infinite, -2 unknown), whether it reshuffles each pass (1), and
     a bit mask of the ways from the dataset down to a source (a dataset made of no other: the
     slices, a ``range``) it lies on, ways with the same shuffles counted once (bit 0 for all
@@ -72,7 +74,7 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
     for bit in sorted(bits):
         judged = [(buffer, size) for buffer, size, reshuffle, mask in shuffles
                   if mask >> bit & 1 and reshuffle and size >= share]
-        if judged and not any(buffer >= size for buffer, size in judged):
+        if judged and not any(buffer >= size or buffer == _UNBOUNDED for buffer, size in judged):
             return max(judged, key=lambda pair: pair[0] / pair[1])
     return None
 
