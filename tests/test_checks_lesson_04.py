@@ -3,6 +3,7 @@ answers (each a mistake a learner makes) fail with a message that says what diff
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -384,6 +385,37 @@ def two_passes_said_infinite(features, labels, size, num_workers):
         return data.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
     return dataset_fn
 
+def beside_a_full_shuffle(features, labels, size, num_workers):
+    def dataset_fn():  # a 3/4 buffer on the examples, a full one on a branch zipped in and dropped
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
+        data = data.shuffle(3 * (features.shape[0] // num_workers) // 4)
+        beside = tf.data.Dataset.range(1).shuffle(1).repeat()
+        return tf.data.Dataset.zip((data, beside)).map(lambda d, _: d).repeat().batch(size)
+    return dataset_fn
+
+def and_a_one_element_shuffle(features, labels, size, num_workers):
+    def dataset_fn():  # a 3/4 buffer, then a full shuffle of one element (the share batched)
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
+        data = data.shuffle(3 * (features.shape[0] // num_workers) // 4)
+        return data.batch(10_000).shuffle(1).unbatch().repeat().batch(size)
+    return dataset_fn
+
+def full_then_a_small_shuffle(features, labels, size, num_workers):
+    def dataset_fn():  # right: a shuffle after a full one leaves each pass uniformly shuffled
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
+        return data.shuffle(1000).shuffle(4).repeat().batch(size)
+    return dataset_fn
+
+def unbounded_buffer(features, labels, size, num_workers):
+    def dataset_fn():  # right: a buffer_size of UNKNOWN_CARDINALITY holds the whole input
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
+        return data.shuffle(tf.data.UNKNOWN_CARDINALITY).repeat().batch(size)
+    return dataset_fn
+
 for name, fn in [("right", make()), ("stub", stub),
                  ("lesson_order", make(order="shuffle batch repeat")),
                  ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
@@ -397,7 +429,11 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("shuffle_then_shard", shuffle_then_shard),
                  ("notebook_num_workers", notebook_num_workers),
                  ("two_passes_said_infinite", two_passes_said_infinite),
-                 ("labels_replaced", labels_replaced), ("shuffled_apart", shuffled_apart)]:
+                 ("labels_replaced", labels_replaced), ("shuffled_apart", shuffled_apart),
+                 ("beside_a_full_shuffle", beside_a_full_shuffle),
+                 ("and_a_one_element_shuffle", and_a_one_element_shuffle),
+                 ("full_then_a_small_shuffle", full_then_a_small_shuffle),
+                 ("unbounded_buffer", unbounded_buffer)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -514,6 +550,11 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "two_passes_said_infinite"): "never run dry",
         ("DATASET", "labels_replaced"): "another example's label",
         ("DATASET", "shuffled_apart"): "another example's label",
+        # the graph: each way down to the examples needs its own full shuffle (of the share)
+        ("DATASET", "beside_a_full_shuffle"): "too small",
+        ("DATASET", "and_a_one_element_shuffle"): "too small",
+        ("DATASET", "full_then_a_small_shuffle"): "PASS",
+        ("DATASET", "unbounded_buffer"): "PASS",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",
@@ -870,16 +911,14 @@ except PermissionError:
 def test_the_log_copiers_read_end_cannot_be_opened_through_proc():
     # A process of the same user opened /proc/<child>/fd/0 (the log's read end), took the
     # watch's frames out of the stopped child's pipe and wrote a right loop's: passed with 8
-    # steps never waited for. The copier is undumpable: refused without CAP_SYS_PTRACE (root
-    # with it, as in some containers, still can).
-    import shutil
+    # steps never waited for. The copier is undumpable: refused without CAP_SYS_PTRACE. As
+    # root, run through the grader's jail as submissions are where no sandbox user can run
+    # them (root, CAP_SYS_PTRACE taken away; a sandbox user has no capability at all).
+    from course_utils.instructor.protection import JAIL
 
     command = [sys.executable, "-c", _OPEN_THE_COPIERS_END, str(Path(__file__).parent)]
     if os.geteuid() == 0:
-        if not shutil.which("capsh"):
-            pytest.skip("root, without capsh to drop CAP_SYS_PTRACE")
-        command = ["capsh", "--drop=cap_sys_ptrace", "--", "-c",
-                   " ".join(f"'{part}'" for part in command)]
+        command = [sys.executable, "-I", str(JAIL), json.dumps({"rlimits": {}}), "--", *command]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120,
                             env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1])))
     assert result.stdout.split()[-1:] == ["REFUSED"], result.stdout + result.stderr[-3000:]

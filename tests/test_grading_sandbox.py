@@ -122,6 +122,18 @@ def test_the_jail_runs_as_the_sandbox_user_with_limits_and_shows_only_what_is_ne
 
 
 @root_only
+def test_a_kernel_left_as_root_runs_without_cap_sys_ptrace():
+    # where no sandbox user can run the course, submissions run as root: without
+    # CAP_SYS_PTRACE they cannot open an undumpable process's /proc/PID/fd (a check's log)
+    spec = jail_spec(Protection(False, Limits()), None, Path("/nonexistent"))
+    run = subprocess.run([sys.executable, "-I", str(JAIL), json.dumps(spec), "--",
+                          "/bin/grep", "-E", "^Cap(Eff|Prm|Bnd)", "/proc/self/status"],
+                         capture_output=True, text=True, check=True)
+    sets = dict(line.split() for line in run.stdout.splitlines())
+    assert len(sets) == 3 and not any(int(value, 16) >> 19 & 1 for value in sets.values()), sets
+
+
+@root_only
 def test_as_root_the_grader_makes_its_folders_private_before_anything_runs(tmp_path):
     tmp_path.chmod(0o755)
     subs = tmp_path / "subs"

@@ -6,7 +6,11 @@ holding only the entries the sandbox needs (``/root`` with only ``.pyenv``, say,
 installed there: nothing else of ``/root`` is visible); resource limits; no new privileges
 (set-user-id programs such as ``su`` or ``crontab`` gain nothing); then the sandbox's user and
 group with no supplementary groups, a private umask, and ``exec`` of the command. Without a
-``uid`` it only sets the limits (the grader is not root).
+``uid`` it only sets the limits (the grader is not root), and, run as root (a sandbox user could
+not run the course: submissions then run as root), takes ``CAP_SYS_PTRACE`` away from the
+command (its bounding set too, so that no ``exec`` gets it back): a process without it cannot
+open another's ``/proc/PID/fd`` or memory once that one made itself not dumpable, as the checks'
+log copiers and forked copies do, even one of the same user.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ import os
 import resource
 import sys
 
-__all__ = ["confine", "main", "reveal_only"]
+__all__ = ["confine", "drop_ptrace", "main", "reveal_only"]
 
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAPBSET_DROP, CAP_SYS_PTRACE = 24, 19
+_CAPABILITY_VERSION_3 = 0x20080522
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 4096, 16384, 1 << 18, 2, 4
 MNT_DETACH = 2
@@ -63,6 +69,18 @@ def reveal_only(hidden: list[tuple[str, list[str]]], stage: str) -> None:
             _check(_libc.umount2(place.encode(), MNT_DETACH), f"umount {place}")
 
 
+def drop_ptrace() -> None:
+    """Take ``CAP_SYS_PTRACE`` out of this process's bounding, effective, permitted and
+    inheritable sets (the ambient set follows the permitted one)."""
+    _check(_libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0), "prctl")
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: capabilities 0-31, 32-63
+    _check(_libc.capget(header, data), "capget")
+    for index in range(3):
+        data[index] &= ~(1 << CAP_SYS_PTRACE)
+    _check(_libc.capset(header, data), "capset")
+
+
 def confine(spec: dict) -> None:
     """Apply ``spec`` to this process: hidden folders, limits, then the sandbox's user."""
     if spec.get("hidden"):
@@ -78,6 +96,8 @@ def confine(spec: dict) -> None:
         os.setuid(spec["uid"])
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
         os.umask(0o077)
+    elif sys.platform.startswith("linux") and os.geteuid() == 0:
+        drop_ptrace()
 
 
 def main(argv: list[str]) -> None:

@@ -1,11 +1,11 @@
-"""An OS pipe whose read end a child process holds, for a check's write-only log: the child
-copies what was written to the check once the pipe is closed, so that the check's own process
-holds no descriptor to read the log with (descriptors belong to the whole process, and a
-learner's code runs in it), nor can open one through the child's ``/proc/PID/fd`` (it is not
-dumpable: only a process running as root still can). The functions here, and the child's
-command :data:`COPY`, are bound by the logs that use them when the course is imported (lesson
-04's :mod:`~course_utils.grading.checks.coordinator_watch`, lesson 08's
-:mod:`~course_utils.grading.checks.pipe_log`)."""
+"""An OS pipe whose read end a child process holds, for a check's write-only log: the child copies
+what was written to the check once the pipe is closed, so that the check's own process holds no
+descriptor to read the log with (descriptors belong to the whole process, and a learner's code
+runs in it), nor can open one through the child's ``/proc/PID/fd`` (it is not dumpable: only a
+process with ``CAP_SYS_PTRACE``, root's, still can; the grader's jail leaves a submission none).
+The functions here, and the child's command :data:`COPY`, are bound by the logs that use them
+when the course is imported (lesson 04's :mod:`~course_utils.grading.checks.coordinator_watch`,
+lesson 08's :mod:`~course_utils.grading.checks.pipe_log`)."""
 
 from __future__ import annotations
 

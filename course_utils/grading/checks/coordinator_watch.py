@@ -13,8 +13,10 @@ the log to the judge once the pipe is closed; the check's process holds no descr
 with, and nothing comes out of the child before then but one byte, read by the watch before it
 returns, saying the child made itself undumpable: a process of the same user cannot then open its
 descriptors through ``/proc/<pid>/fd``, unless it has ``CAP_SYS_PTRACE``, as root has in some
-containers). The judge's ``changed`` closes the pipe, replays the child's copy, judges the steps in
-flight from it, and names a record that differs from it as changed. The write end is reachable (its
+containers: the grader runs submissions as a sandbox user, which has no capability, or, where
+none can run them, as root without it; nbgrader run as root gives it). The judge's ``changed``
+closes the pipe, replays the child's copy, judges the steps in flight from it, and names a record
+that differs from it as changed. The write end is reachable (its
 descriptor is in the closures), so a learner's code can add events but not take back one the watch
 wrote: the replay names a frame the watch never writes (bytes that break the log's framing, so that
 the watch's own frames would be read from their numbers' bytes), and a write the pipe refuses (its

@@ -11,10 +11,13 @@ cannot start a second in-process cluster) and verifies what the parameter server
   order scheduled;
 * ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` of infinite
   cardinality (read on each worker), each worker its own examples (each with its own label),
-  each pass reshuffled over the whole share (where the worker's graph has shuffles that
-  reshuffle each pass a known number of examples, one of them must hold all its examples in
-  its buffer; where none has, a ``filter`` shard say, or a shuffle inside ``flat_map``, only
-  how far examples move is read: a buffer of three quarters of such a share passes), and
+  each pass reshuffled over the whole share (on each way from the worker's dataset down to a
+  source, a branch of a ``zip`` or a ``concatenate`` included, that has shuffles that
+  reshuffle each pass a known number of elements, a worker's share or more, one of them must
+  hold all its elements in its buffer: a full shuffle of another branch, or of fewer
+  elements, batches say, does not stand for it; where none has, a ``filter`` shard say, or a
+  shuffle inside ``flat_map``, only how far examples move is read: a buffer of three
+  quarters of such a share passes), and
   every batch full although a worker's share does not fill its last batch; the second case
   is a job sized for one worker more than run (one joins later), so that shards cut by the
   notebook's worker count instead of ``num_workers`` read too much;
@@ -273,7 +276,7 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 if message:
                     return message
             for w in sorted(shuffles):
-                short = unshuffled_share(shuffles[w])
+                short = unshuffled_share(shuffles[w], per_worker)
                 if short:
                     buffer, size = short
                     return (f"worker {w}'s dataset shuffles {size} examples with a buffer of "

@@ -16,40 +16,67 @@ _SHUFFLES = frozenset(("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
                        "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"))
 
 
+_UNBOUNDED = -2  # a buffer_size of tf.data.UNKNOWN_CARDINALITY: the shuffle holds its whole input
+_PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, one bit each
+
+
 def shuffles_of(dataset: Any) -> Any:
-    """An ``[n, 3]`` tensor: for each shuffle (``ShuffleDataset``) of ``dataset``'s graph, made
-    where the dataset is (the worker's ``dataset_fn``), its ``buffer_size``, the cardinality of
-    the dataset it shuffles (-1 infinite, -2 unknown) and whether it reshuffles each pass (1).
+    """An ``[n, 4]`` tensor: for each shuffle (``ShuffleDataset``) of ``dataset``'s graph, made
+    where the dataset is (the worker's ``dataset_fn``), its ``buffer_size`` (-2,
+    ``tf.data.UNKNOWN_CARDINALITY``: unbounded, the whole input), the cardinality of
+    the dataset it shuffles (-1 infinite, -2 unknown), whether it reshuffles each pass (1), and
+    a bit mask of the ways from the dataset down to a source (a dataset made of no other: the
+    slices, a ``range``) it lies on, ways with the same shuffles counted once (bit 0 for all
+    where there are more than 62). A branch of a ``zip`` or a ``concatenate`` is one such way.
     A shuffle inside a function a dataset step calls (``flat_map``, ``interleave``) is not
     read."""
     tf = _tf()
-    rows, seen, todo = [], set(), [dataset._variant_tensor.op]
-    while todo:
-        op = todo.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.type in _SHUFFLES:
-            try:
-                reshuffle = bool(op.get_attr("reshuffle_each_iteration"))
-            except ValueError:  # V2: a seed generator's, reshuffled each pass
-                reshuffle = True
-            rows.append(tf.stack([
-                tf.cast(op.inputs[1], tf.int64),
-                tf.raw_ops.DatasetCardinality(input_dataset=op.inputs[0]),
-                tf.constant(int(reshuffle), tf.int64)]))
-        todo += [tensor.op for tensor in op.inputs if tensor.dtype == tf.variant]
-    return tf.stack(rows) if rows else tf.zeros([0, 3], tf.int64)
+    shuffles: list[Any] = []  # the ops, in the order found
+    below: dict[str, frozenset[frozenset[int]]] = {}  # op name: the sets of shuffles per way
+
+    def ways(op: Any) -> frozenset[frozenset[int]]:
+        if op.name not in below:
+            below[op.name] = frozenset()  # a cycle (none in a dataset graph) adds nothing
+            inputs = [tensor.op for tensor in op.inputs if tensor.dtype == tf.variant]
+            found = (frozenset().union(*(ways(each) for each in inputs)) if inputs
+                     else frozenset([frozenset()]))
+            if op.type in _SHUFFLES:
+                shuffles.append(op)
+                found = frozenset(way | {len(shuffles) - 1} for way in found)
+            below[op.name] = found
+        return below[op.name]
+
+    found = sorted(ways(dataset._variant_tensor.op), key=sorted)
+    if len(found) > _PATHS:
+        found = [frozenset(range(len(shuffles)))]
+    rows = []
+    for index, op in enumerate(shuffles):
+        try:
+            reshuffle = bool(op.get_attr("reshuffle_each_iteration"))
+        except ValueError:  # V2: a seed generator's, reshuffled each pass
+            reshuffle = True
+        mask = sum(1 << bit for bit, way in enumerate(found) if index in way)
+        rows.append(tf.stack([
+            tf.cast(op.inputs[1], tf.int64),
+            tf.raw_ops.DatasetCardinality(input_dataset=op.inputs[0]),
+            tf.constant(int(reshuffle), tf.int64), tf.constant(mask, tf.int64)]))
+    return tf.stack(rows) if rows else tf.zeros([0, 4], tf.int64)
 
 
-def unshuffled_share(shuffles: set[tuple[int, int, int]]) -> tuple[int, int] | None:
-    """``(buffer_size, examples)`` of the largest reshuffling buffer of ``shuffles`` (see
-    :func:`shuffles_of`) where none holds all the examples it shuffles, of a known number;
-    None where one does, or where no shuffle's input is of a known number of examples."""
-    judged = [(buffer, size) for buffer, size, reshuffle in shuffles if reshuffle and size >= 0]
-    if not judged or any(buffer >= size for buffer, size in judged):
-        return None
-    return max(judged, key=lambda pair: pair[0] / max(pair[1], 1))
+def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
+                     share: int) -> tuple[int, int] | None:
+    """``(buffer_size, examples)`` of the largest reshuffling buffer on a way to the dataset's
+    sources (see :func:`shuffles_of`) where none on that way holds all the examples it
+    shuffles, of a known number of ``share`` (a worker's examples) or more; None where every
+    way has one that does, or none of a known number. A shuffle of fewer elements (a shuffle
+    of batches, of a branch that adds nothing) neither shuffles the share nor is judged."""
+    bits = {bit for *_, mask in shuffles for bit in range(mask.bit_length()) if mask >> bit & 1}
+    for bit in sorted(bits):
+        judged = [(buffer, size) for buffer, size, reshuffle, mask in shuffles
+                  if mask >> bit & 1 and reshuffle and size >= share]
+        if judged and not any(buffer >= size or buffer == _UNBOUNDED for buffer, size in judged):
+            return max(judged, key=lambda pair: pair[0] / pair[1])
+    return None
 
 
 def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any) -> Any:
@@ -85,9 +112,9 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
                 batch.has_value(),
                 lambda: (tf.cast(batch.get_value()[0][:, 0], tf.int64),
                          tf.cast(batch.get_value()[1], tf.int64), batch.get_value()[2],
-                         tf.reshape(batch.get_value()[3], [-1, 3])),
+                         tf.reshape(batch.get_value()[3], [-1, 4])),
                 lambda: (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64),
-                         tf.constant(-1, tf.int64), tf.zeros([0, 3], tf.int64)))
+                         tf.constant(-1, tf.int64), tf.zeros([0, 4], tf.int64)))
             return (worker, ids, labels, cardinality, shuffles, batch.has_value(),
                     tf.timestamp())
 
@@ -114,7 +141,7 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
     batches: dict[int, list[list[tuple[int, int]]]] = {}
     for _, worker, pairs, _ in results:
         batches.setdefault(worker, []).append(pairs)
-    shuffles: dict[int, set[tuple[int, int, int]]] = {}
+    shuffles: dict[int, set[tuple[int, int, int, int]]] = {}
     for worker, *_, rows, _, _ in fetched:
         shuffles.setdefault(int(worker), set()).update(
             tuple(int(v) for v in row) for row in rows.tolist())
