@@ -37,6 +37,9 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     Every function and module it uses is bound here, when it is made: a learner's code that
     replaces one later (``tf.nest.flatten``, this module's globals) does not change it."""
     flatten, static_value, tensor_spec = tf.nest.flatten, tf.get_static_value, tf.TensorSpec
+    pack = tf.nest.pack_sequence_as
+    py_function, dependencies, identity, int32 = (tf.py_function, tf.control_dependencies,
+                                                  tf.identity, tf.int32)
     asarray, unique, prod, float64 = np.asarray, np.unique, np.prod, np.float64
     rows_of = []                      # (rank, row shape, the rows as bytes) of each array
     for array in arrays:
@@ -45,6 +48,9 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         rows_of.append((array.ndim, array.shape[1:], {row.tobytes() for row in flat}))
     sizes: list[int] = []
     whole: set[int] = set()           # datasets still holding from_tensors' one element
+    probes: list[Any] = []            # the audit's own probes (kept alive), made unaudited
+    probing: list[bool] = []          # set while the audit makes one
+    firsts: dict[tuple[int, int], bytes] = {}   # (probe, part): the rows its first big element held
 
     def rows_of_the_data(part: Any) -> bool:
         """Whether ``part`` is a stack of the data's rows, or of one dimension at most."""
@@ -71,11 +77,58 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         batches); 0 for one example or a part of one dimension."""
         if not isinstance(spec, tensor_spec) or (spec.shape.rank or 0) < 2:
             return 0
-        dims = spec.shape.as_list()
+        return int(prod([d for d in leading(spec.shape.as_list()) if d is not None]))
+
+    def leading(dims: list[Any]) -> list[Any]:
+        """The dimensions before the row shape of the data's arrays (all, when none fits)."""
         tails = [len(shape) for _, shape, _ in rows_of
                  if 0 < len(shape) < len(dims) and tuple(dims[-len(shape):]) == shape]
-        dims = dims[:len(dims) - max(tails, default=0)]
-        return int(prod([d for d in dims if d is not None]))
+        return dims[:len(dims) - max(tails, default=0)]
+
+    def unknown(spec: Any) -> bool:
+        """Whether the examples an element of ``spec`` holds are known only when it is made."""
+        if not isinstance(spec, tensor_spec):
+            return False
+        if spec.shape.rank is None:
+            return True
+        dims = spec.shape.as_list()
+        return len(dims) >= 2 and None in leading(dims)
+
+    def note(number: int, values: Any) -> Any:
+        """At run time, one element of probe ``number``: a part holding more than the share
+        whose rows are not the rows the first such element held is a batch of that many."""
+        for index, value in enumerate(values):
+            value = asarray(value)
+            count = held(tensor_spec(value.shape))
+            if count <= share:
+                continue
+            rows = unique(value.astype(float64).reshape(count, -1), axis=0).tobytes()
+            if firsts.setdefault((number, index), rows) != rows:
+                sizes.append(count)
+        return 0
+
+    def probe(dataset: Any) -> None:
+        """Route ``dataset``'s elements through :func:`note` (its variant tensor replaced by
+        that of an identity ``map`` that calls it), when every part is a dense tensor."""
+        if not all(isinstance(spec, tensor_spec) for spec in flatten(dataset.element_spec)):
+            return
+        number = len(probes)
+
+        def through(*element: Any) -> Any:
+            parts = flatten(element)
+            done = py_function(lambda *values: note(number, values), parts, Tout=int32)
+            with dependencies([done]):
+                passed = [identity(part) for part in parts]
+            packed = pack(element, passed)
+            return packed[0] if len(element) == 1 else packed
+
+        probing.append(True)
+        try:
+            mapped = dataset.map(through)
+        finally:
+            probing.pop()
+        probes.append(mapped)
+        dataset._variant_tensor_attr = mapped._variant_tensor
 
     def same_shapes(spec: Any, other: Any) -> bool:
         """Whether two element specs have the same parts of the same shapes (the dtypes may
@@ -87,6 +140,8 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
+        if probing:                   # the audit's own probe
+            return
         size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size",
                                                       "_batch_sizes")
                      if getattr(self, name, None) is not None), None)
@@ -107,6 +162,12 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
             specs = flatten(self.element_spec)
         except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
             specs = []
+        if id(source) in whole and kind != "_UnbatchDataset":
+            whole.add(id(self))       # made of all the data in other shapes: the same rows
+            probe(self)               # in every element, or it is cut into batches
+            return
         sizes.extend(count for count in map(held, specs) if count > share)
+        if any(map(unknown, specs)):
+            probe(self)               # the examples its elements hold, seen at run time
 
     return init, sizes
