@@ -729,6 +729,18 @@ TRAIN_WORKER_CATALOGUE = {
         "        return dataset.flat_map(lambda f, t: tf.data.Dataset.from_tensor_slices(\n"
         "            (f[:, own], t[:, own])))",
         "batched \\[\\d+(, \\d+)*\\] examples at a time"),
+    "whole global batches from a generator of unknown size, the worker's rows sliced": (
+        WHOLE_BATCH_LINES,
+        "        def batches():\n"
+        "            for step in range(steps + 1):\n"
+        "                rows = (step * global_batch + np.arange(global_batch)) % len(x)\n"
+        "                yield x[rows], y[rows]\n"
+        "        dataset = tf.data.Dataset.from_generator(batches, output_signature=(\n"
+        "            tf.TensorSpec([None, x.shape[1]], tf.float32),\n"
+        "            tf.TensorSpec([None], y.dtype)))\n"
+        "        own = slice(context.input_pipeline_id, None, context.num_input_pipelines)\n"
+        "        return dataset.map(lambda f, t: (f[own], t[own]))",
+        "batched \\[\\d+(, \\d+)*\\] examples at a time"),
     "whole global batches through map_and_batch": (
         WHOLE_BATCH_LINES,
         "        own = context.input_pipeline_id * batch\n"
@@ -931,9 +943,41 @@ def rows_from_tensors_cast_whole(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def own_rows_gathered_in_tensorflow(x, y, global_batch, examples_done):
+    """Right too: one from_tensors element of every row, each pipeline's own rows (from the
+    example to resume at, round the data four times) gathered from it in TensorFlow."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
+
+        def own(features, labels):
+            rows = (examples_done + tf.range(pipeline, 4 * len(x), pipelines)) % len(x)
+            return tf.gather(features, rows), tf.gather(labels, rows)
+
+        dataset = tf.data.Dataset.from_tensors((x, y)).map(own).unbatch()
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def all_rows_from_a_generator(x, y, global_batch, examples_done):
+    """Right too: every row in one element of a generator whose signature leaves their number
+    unknown, unbatched, repeated, skipped, sharded."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_generator(lambda: iter([(x, y)]), output_signature=(
+            tf.TensorSpec([None, x.shape[1]], tf.float32), tf.TensorSpec([None], y.dtype)))
+        dataset = dataset.repeat().unbatch().skip(examples_done)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch)
+
+    return dataset_fn
+
+
 @pytest.mark.parametrize("make", [shards_then_skips_its_own, rows_from_tensors_unbatched,
                                   rows_from_zipped_tensors, rows_gathered_in_resumed_order,
-                                  rows_from_the_resumed_example, rows_from_tensors_cast_whole])
+                                  rows_from_the_resumed_example, rows_from_tensors_cast_whole,
+                                  own_rows_gathered_in_tensorflow, all_rows_from_a_generator])
 def test_other_right_pipelines_pass_the_in_process_cases(make):
     for seed in range(3):
         assert resume_inputs.dataset_fn_problem(make, random.Random(seed)) is None
@@ -1215,6 +1259,48 @@ def whole_batches_from_a_generator(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def whole_batches_from_a_generator_of_unknown_size(x, y, global_batch, examples_done):
+    """Whole global batches from a generator whose signature leaves their size unknown
+    (``[None, features]``), each pipeline slicing its rows out of every one."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+
+        def steps():
+            for step in range(8):
+                chosen = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
+                yield x[chosen], y[chosen]
+
+        dataset = tf.data.Dataset.from_generator(steps, output_signature=(
+            tf.TensorSpec([None, x.shape[1]], tf.float32), tf.TensorSpec([None], y.dtype)))
+        dataset = dataset.map(lambda f, t: (f[own:own + rows], t[own:own + rows]))
+        return dataset.unbatch().batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def whole_batches_cut_from_all_the_data(x, y, global_batch, examples_done):
+    """Every row in one from_tensors element, repeated; a map counting its calls in a variable
+    gathers the pipeline's rows of the next global batch out of it (a batch of them a step)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+        count = tf.Variable(0, dtype=tf.int64)
+
+        def cut(features, labels):
+            step = count.assign_add(1) - 1
+            chosen = (examples_done + step * global_batch + own
+                      + tf.range(rows, dtype=tf.int64)) % len(x)
+            return tf.gather(features, chosen), tf.gather(labels, chosen)
+
+        dataset = tf.data.Dataset.from_tensors((x, y)).repeat().map(cut)
+        return dataset.unbatch().batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 def whole_batches_rebatched(x, y, global_batch, examples_done):
     """Per-replica batches rebatched into whole global batches (``rebatch``: no batch size of
     its own, an element shape of unknown size), each pipeline keeping its rows."""
@@ -1310,6 +1396,12 @@ RESUME_CATALOGUE = {
                                              r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches from a generator, one dimension of its signature unknown": (
         restore_latest, whole_batches_from_a_generator, r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches from a generator of unknown size": (
+        restore_latest, whole_batches_from_a_generator_of_unknown_size,
+        r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches cut by a counting map out of one element of all the data": (
+        restore_latest, whole_batches_cut_from_all_the_data,
+        r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches stacked in NumPy into one from_tensors element": (
         restore_latest, whole_batches_stacked_in_one_element(),
         r"batched \[\d+(, \d+)*\] examples"),
