@@ -12,14 +12,20 @@ parts is a stack of rows of the arrays the check handed over (same rank and row 
 row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
 resumed order) or has one dimension at most (an index array, the labels), and so is what is
 made of it with parts of the same shapes (``map`` casting it, ``repeat``); any other, e.g.
-``[steps, global batch, features]`` stacks, holds batches. Still passes: the features
-flattened into one dimension (an index array looks alike), and rows of the data in
-global-batch order reshaped into global batches inside a traced function (``flat_map``): the
-audit reads how datasets are made, not the graphs of their functions. Nor does it see the
-examples an element holds when their number is not known when the dataset is made (a
-``None`` dimension counts as 1: ``from_generator`` with an ``output_signature`` of
-``[None, features]``, a ``map`` gathering rows with bounds computed at run time, ``scan``,
-ragged elements), nor an element of one dimension (a global batch of labels alone).
+``[steps, global batch, features]`` stacks, holds batches. What is made of that element in
+other shapes (``map`` gathering a pipeline's rows in TensorFlow), and every dataset whose
+elements hold a number of examples not known when it is made (``from_generator`` with an
+``output_signature`` of ``[None, features]``, a ``map`` slicing rows with bounds computed at
+run time, ``scan``, unknown ranks), is probed at run time: its elements pass through an
+identity ``map`` calling back into the audit, and an element holding more than the
+pipeline's share whose set of rows differs from the first such element's is a batch of that
+many (all the data, or a pipeline's fixed part of it, is the same set every time; whole
+global batches are not: chunks larger than the share count as batches, as their known-size
+stacks do). Still passes: the features flattened into one dimension (an index array looks
+alike), rows of the data in global-batch order reshaped into global batches of known size
+inside a traced function (``flat_map``): the audit reads how datasets are made, not the
+graphs of their functions; ragged or sparse elements (not probed), and an element of one
+dimension (a global batch of labels alone).
 """
 
 from __future__ import annotations
