@@ -1301,6 +1301,34 @@ def whole_batches_cut_from_all_the_data(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def whole_batches_tiled_over_all_the_data(x, y, global_batch, examples_done):
+    """Every row in one from_tensors element, repeated; a map of the same shapes, counting its
+    calls in a variable, fills each element with the next global batch tiled; each pipeline
+    cuts its rows of it into per-replica batches with flat_map (no element of a known shape
+    larger than the share)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        per = context.num_replicas_in_sync // context.num_input_pipelines
+        start = context.input_pipeline_id * per * batch
+        count = tf.Variable(0, dtype=tf.int64)
+
+        def tile(features, labels):
+            step = count.assign_add(1) - 1
+            rows = (examples_done + step * global_batch
+                    + tf.range(len(x), dtype=tf.int64) % global_batch) % len(x)
+            return tf.gather(features, rows), tf.gather(labels, rows)
+
+        def cut(features, labels):
+            own = slice(start, start + per * batch)
+            return tf.data.Dataset.from_tensor_slices(
+                (tf.reshape(features[own], [per, batch, x.shape[1]]),
+                 tf.reshape(labels[own], [per, batch])))
+
+        return tf.data.Dataset.from_tensors((x, y)).repeat().map(tile).flat_map(cut)
+
+    return dataset_fn
+
+
 def whole_batches_rebatched(x, y, global_batch, examples_done):
     """Per-replica batches rebatched into whole global batches (``rebatch``: no batch size of
     its own, an element shape of unknown size), each pipeline keeping its rows."""
@@ -1401,6 +1429,9 @@ RESUME_CATALOGUE = {
         r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches cut by a counting map out of one element of all the data": (
         restore_latest, whole_batches_cut_from_all_the_data,
+        r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches tiled over all the data by a map of the same shapes": (
+        restore_latest, whole_batches_tiled_over_all_the_data,
         r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches stacked in NumPy into one from_tensors element": (
         restore_latest, whole_batches_stacked_in_one_element(),

@@ -10,22 +10,21 @@ NumPy). One
 element of ``from_tensors`` (or several zipped) is all the data, no batch, when each of its
 parts is a stack of rows of the arrays the check handed over (same rank and row shape, every
 row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
-resumed order) or has one dimension at most (an index array, the labels), and so is what is
-made of it with parts of the same shapes (``map`` casting it, ``repeat``); any other, e.g.
-``[steps, global batch, features]`` stacks, holds batches. What is made of that element in
-other shapes (``map`` gathering a pipeline's rows in TensorFlow), and every dataset whose
-elements hold a number of examples not known when it is made (``from_generator`` with an
-``output_signature`` of ``[None, features]``, a ``map`` slicing rows with bounds computed at
-run time, ``scan``, unknown ranks), is probed at run time: its elements pass through an
-identity ``map`` calling back into the audit, and an element holding more than the
-pipeline's share whose set of rows differs from the first such element's is a batch of that
-many (all the data, or a pipeline's fixed part of it, is the same set every time; whole
-global batches are not: chunks larger than the share count as batches, as their known-size
-stacks do). Still passes: the features flattened into one dimension (an index array looks
-alike), rows of the data in global-batch order reshaped into global batches of known size
-inside a traced function (``flat_map``): the audit reads how datasets are made, not the
-graphs of their functions; ragged or sparse elements (not probed), and an element of one
-dimension (a global batch of labels alone).
+resumed order) or has one dimension at most (an index array, the labels); any other, e.g.
+``[steps, global batch, features]`` stacks, holds batches. What is made of that element
+(``map`` casting it or gathering a pipeline's rows in TensorFlow, ``repeat``; not
+``unbatch``), and every dataset whose elements hold a number of examples not known when it
+is made (``from_generator`` with an ``output_signature`` of ``[None, features]``, a ``map``
+slicing rows with bounds computed at run time, ``scan``, unknown ranks), is probed at run
+time: its elements pass through an identity ``map`` calling back into the audit, and an
+element holding more than the pipeline's share whose set of rows differs from the first
+such element's is a batch of that many (all the data, or a pipeline's fixed part of it, is
+the same set every time; whole global batches are not: chunks larger than the share count
+as batches, as their known-size stacks do). Still passes: the features flattened into one
+dimension (an index array looks alike), rows of the data in global-batch order reshaped into
+global batches of known size inside a traced function (``flat_map``): the audit reads how
+datasets are made, not the graphs of their functions; ragged or sparse elements (not
+probed), and an element of one dimension (a global batch of labels alone).
 """
 
 from __future__ import annotations
@@ -136,14 +135,6 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         probes.append(mapped)
         dataset._variant_tensor_attr = mapped._variant_tensor
 
-    def same_shapes(spec: Any, other: Any) -> bool:
-        """Whether two element specs have the same parts of the same shapes (the dtypes may
-        differ: a cast of the whole element is still the same rows)."""
-        parts, others = flatten(spec), flatten(other)
-        return spec == other or (len(parts) == len(others) and all(
-            isinstance(a, tensor_spec) and isinstance(b, tensor_spec) and a.shape == b.shape
-            for a, b in zip(parts, others, strict=True)))
-
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         if probing:                   # the audit's own probe
@@ -159,19 +150,17 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         zipped = flatten(getattr(self, "_datasets", None) or []) if kind == "_ZipDataset" else []
         parts = (getattr(self, "_tensors", None) or []) if kind == "_TensorDataset" else []
         if (parts and all(rows_of_the_data(part) for part in parts)) or (
-                id(source) in whole and kind != "_UnbatchDataset"
-                and same_shapes(self.element_spec, source.element_spec)) or (
                 zipped and all(id(each) in whole for each in zipped)):
             whole.add(id(self))       # from_tensors' one element (zipped): all the data, no batch
             return
+        if id(source) in whole and kind != "_UnbatchDataset":
+            whole.add(id(self))       # made of all the data (a cast, a repeat, a pipeline's
+            probe(self)               # rows gathered): the same rows in every element, or
+            return                    # it is cut into batches
         try:                          # any other: the examples its elements already hold
             specs = flatten(self.element_spec)
         except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
             specs = []
-        if id(source) in whole and kind != "_UnbatchDataset":
-            whole.add(id(self))       # made of all the data in other shapes: the same rows
-            probe(self)               # in every element, or it is cut into batches
-            return
         sizes.extend(count for count in map(held, specs) if count > share)
         if any(map(unknown, specs)):
             probe(self)               # the examples its elements hold, seen at run time
