@@ -764,7 +764,7 @@ TRAIN_WORKER_CATALOGUE = {
         "                          t.reduce(tf.zeros((0,), t.element_spec.dtype),\n"
         "                                   lambda a, e: tf.concat([a, e[None]], 0))))\n"
         "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
-        "batched \\[\\d+\\] examples at a time"),
+        "batched \\[\\d+(, \\d+)*\\] examples at a time"),
     "every worker batches the global batch and slices its rows": (
         "        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)\n"
         "        return dataset.batch(batch, drop_remainder=True)",
