@@ -960,6 +960,20 @@ def own_rows_gathered_in_tensorflow(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def resumed_rows_then_all_the_data_before_unbatching(x, y, global_batch, examples_done):
+    """Right too: from_tensors of the rows from the resumed example on, then from_tensors of
+    every row repeated, concatenated before they are unbatched (two elements of other rows)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        start = examples_done % len(x)
+        dataset = tf.data.Dataset.from_tensors((x[start:], y[start:])).concatenate(
+            tf.data.Dataset.from_tensors((x, y)).repeat()).unbatch()
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 def all_rows_from_a_generator(x, y, global_batch, examples_done):
     """Right too: every row in one element of a generator whose signature leaves their number
     unknown, unbatched, repeated, skipped, sharded."""
@@ -977,7 +991,8 @@ def all_rows_from_a_generator(x, y, global_batch, examples_done):
 @pytest.mark.parametrize("make", [shards_then_skips_its_own, rows_from_tensors_unbatched,
                                   rows_from_zipped_tensors, rows_gathered_in_resumed_order,
                                   rows_from_the_resumed_example, rows_from_tensors_cast_whole,
-                                  own_rows_gathered_in_tensorflow, all_rows_from_a_generator])
+                                  own_rows_gathered_in_tensorflow, all_rows_from_a_generator,
+                                  resumed_rows_then_all_the_data_before_unbatching])
 def test_other_right_pipelines_pass_the_in_process_cases(make):
     for seed in range(3):
         assert resume_inputs.dataset_fn_problem(make, random.Random(seed)) is None
@@ -1329,6 +1344,26 @@ def whole_batches_tiled_over_all_the_data(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def whole_batches_as_from_tensors_elements_concatenated(x, y, global_batch, examples_done):
+    """Each global batch gathered in NumPy into a from_tensors element of its own (every row
+    one of the data's), concatenated; each pipeline cuts its rows into per-replica batches
+    with flat_map."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        per = context.num_replicas_in_sync // context.num_input_pipelines
+        own = slice(context.input_pipeline_id * per * batch,
+                    (context.input_pipeline_id + 1) * per * batch)
+        dataset = None
+        for step in range(8):
+            rows = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
+            one = tf.data.Dataset.from_tensors((x[rows], y[rows]))
+            dataset = one if dataset is None else dataset.concatenate(one)
+        return dataset.flat_map(lambda f, t: tf.data.Dataset.from_tensor_slices(
+            (tf.reshape(f[own], [per, batch, x.shape[1]]), tf.reshape(t[own], [per, batch]))))
+
+    return dataset_fn
+
+
 def whole_batches_rebatched(x, y, global_batch, examples_done):
     """Per-replica batches rebatched into whole global batches (``rebatch``: no batch size of
     its own, an element shape of unknown size), each pipeline keeping its rows."""
@@ -1415,9 +1450,9 @@ RESUME_CATALOGUE = {
         restore_latest, pipeline_fn(lambda done, c, b: done // b * c.get_per_replica_batch_size(b)),
         "trained examples it should not"),
     "every pipeline reads whole global batches, keeps its rows": (
-        restore_latest, whole_batches_sliced(), r"batched \[\d+, \d+\] examples at a time"),
+        restore_latest, whole_batches_sliced(), r"batched \[\d+(, \d+)*\] examples at a time"),
     "whole global batches through map_and_batch": (
-        restore_latest, whole_batches_map_and_batch, r"batched \[\d+, \d+\] examples"),
+        restore_latest, whole_batches_map_and_batch, r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches cut in NumPy": (restore_latest, whole_batches_in_numpy,
                                           r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches through rebatch": (restore_latest, whole_batches_rebatched,
@@ -1433,6 +1468,9 @@ RESUME_CATALOGUE = {
     "whole global batches tiled over all the data by a map of the same shapes": (
         restore_latest, whole_batches_tiled_over_all_the_data,
         r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches, each a from_tensors element, concatenated": (
+        restore_latest, whole_batches_as_from_tensors_elements_concatenated,
+        r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches stacked in NumPy into one from_tensors element": (
         restore_latest, whole_batches_stacked_in_one_element(),
         r"batched \[\d+(, \d+)*\] examples"),
@@ -1445,7 +1483,7 @@ RESUME_CATALOGUE = {
         restore_latest, empties_the_audit_through_getnamespace, "use getnamespace"),
     "whole global batches, the audit taken out through the check's frames (getargvalues)": (
         restore_latest, reaches_the_audit_through_the_callers_frames,
-        r"batched \[\d+, \d+\] examples|took out the check's audit"),
+        r"batched \[\d+(, \d+)*\] examples|took out the check's audit"),
     "skips whole per-replica batches after batching": (restore_latest, skips_whole_batches,
                                                         "trained examples it should not"),
     "skips examples_done % global_batch": (restore_latest, skips_the_remainder_only,

@@ -18,9 +18,11 @@ is made (``from_generator`` with an ``output_signature`` of ``[None, features]``
 slicing rows with bounds computed at run time, ``scan``, unknown ranks), is probed at run
 time: its elements pass through an identity ``map`` calling back into the audit, and an
 element holding more than the pipeline's share whose set of rows differs from the first
-such element's is a batch of that many (all the data, or a pipeline's fixed part of it, is
-the same set every time; whole global batches are not: chunks larger than the share count
-as batches, as their known-size stacks do). Still passes: the features flattened into one
+such element's, and is not every row of the data, is a batch of that many (all the data, or
+a pipeline's fixed part of it, is the same set every time; ``x[start:]`` then ``x``,
+concatenated, is the first set, then every row; whole global batches, even each a
+``from_tensors`` element of the data's rows, are not: chunks larger than the share count as
+batches, as their known-size stacks do). Still passes: the features flattened into one
 dimension (an index array looks alike), rows of the data in global-batch order reshaped into
 global batches of known size inside a traced function (``flat_map``): the audit reads how
 datasets are made, not the graphs of their functions; ragged or sparse elements (not
@@ -51,6 +53,8 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         array = asarray(array).astype(float64)
         flat = array.reshape(len(array), -1)
         rows_of.append((array.ndim, array.shape[1:], {row.tobytes() for row in flat}))
+    every = {unique(asarray(array).astype(float64).reshape(len(array), -1), axis=0).tobytes()
+             for array in arrays if asarray(array).ndim >= 2}   # all the rows of each array
     sizes: list[int] = []
     whole: set[int] = set()           # datasets still holding from_tensors' one element
     probes: list[Any] = []            # the audit's own probes (kept alive), made unaudited
@@ -99,16 +103,24 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         dims = spec.shape.as_list()
         return len(dims) >= 2 and None in leading(dims)
 
+    def row_set(value: Any) -> bytes:
+        """The set of rows a part holds (the examples :func:`held` counts), as bytes."""
+        count = held(tensor_spec(value.shape))
+        if count == 0 or value.dtype.kind not in "biuf":
+            return b""
+        return unique(value.astype(float64).reshape(count, -1), axis=0).tobytes()
+
     def note(number: int, values: Any) -> Any:
         """At run time, one element of probe ``number``: a part holding more than the share
-        whose rows are not the rows the first such element held is a batch of that many."""
+        whose rows are neither the rows the first such element held nor every row of one of
+        the data's arrays (``x[start:]`` then ``x``, concatenated) is a batch of that many."""
         for index, value in enumerate(values):
             value = asarray(value)
             count = held(tensor_spec(value.shape))
-            if count <= share:
+            if count <= share or value.dtype.kind not in "biuf":
                 continue
-            rows = unique(value.astype(float64).reshape(count, -1), axis=0).tobytes()
-            if firsts.setdefault((number, index), rows) != rows:
+            rows = row_set(value)
+            if rows not in every and firsts.setdefault((number, index), rows) != rows:
                 sizes.append(count)
         return 0
 
@@ -149,9 +161,11 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
         zipped = flatten(getattr(self, "_datasets", None) or []) if kind == "_ZipDataset" else []
         parts = (getattr(self, "_tensors", None) or []) if kind == "_TensorDataset" else []
-        if (parts and all(rows_of_the_data(part) for part in parts)) or (
-                zipped and all(id(each) in whole for each in zipped)):
-            whole.add(id(self))       # from_tensors' one element (zipped): all the data, no batch
+        if parts and all(rows_of_the_data(part) for part in parts):
+            whole.add(id(self))       # from_tensors' one element: all the data, no batch
+            return
+        if zipped and all(id(each) in whole for each in zipped):
+            whole.add(id(self))       # several zipped
             return
         if id(source) in whole and kind != "_UnbatchDataset":
             whole.add(id(self))       # made of all the data (a cast, a repeat, a pipeline's
