@@ -729,6 +729,18 @@ TRAIN_WORKER_CATALOGUE = {
         "        return dataset.flat_map(lambda f, t: tf.data.Dataset.from_tensor_slices(\n"
         "            (f[:, own], t[:, own])))",
         "batched \\[\\d+(, \\d+)*\\] examples at a time"),
+    "whole global batches from a generator of unknown size, the worker's rows sliced": (
+        WHOLE_BATCH_LINES,
+        "        def batches():\n"
+        "            for step in range(steps + 1):\n"
+        "                rows = (step * global_batch + np.arange(global_batch)) % len(x)\n"
+        "                yield x[rows], y[rows]\n"
+        "        dataset = tf.data.Dataset.from_generator(batches, output_signature=(\n"
+        "            tf.TensorSpec([None, x.shape[1]], tf.float32),\n"
+        "            tf.TensorSpec([None], y.dtype)))\n"
+        "        own = slice(context.input_pipeline_id, None, context.num_input_pipelines)\n"
+        "        return dataset.map(lambda f, t: (f[own], t[own]))",
+        "batched \\[\\d+(, \\d+)*\\] examples at a time"),
     "whole global batches through map_and_batch": (
         WHOLE_BATCH_LINES,
         "        own = context.input_pipeline_id * batch\n"
@@ -752,7 +764,7 @@ TRAIN_WORKER_CATALOGUE = {
         "                          t.reduce(tf.zeros((0,), t.element_spec.dtype),\n"
         "                                   lambda a, e: tf.concat([a, e[None]], 0))))\n"
         "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
-        "batched \\[\\d+\\] examples at a time"),
+        "batched \\[\\d+(, \\d+)*\\] examples at a time"),
     "every worker batches the global batch and slices its rows": (
         "        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)\n"
         "        return dataset.batch(batch, drop_remainder=True)",
@@ -931,9 +943,56 @@ def rows_from_tensors_cast_whole(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def own_rows_gathered_in_tensorflow(x, y, global_batch, examples_done):
+    """Right too: one from_tensors element of every row, each pipeline's own rows (from the
+    example to resume at, round the data four times) gathered from it in TensorFlow."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
+
+        def own(features, labels):
+            rows = (examples_done + tf.range(pipeline, 4 * len(x), pipelines)) % len(x)
+            return tf.gather(features, rows), tf.gather(labels, rows)
+
+        dataset = tf.data.Dataset.from_tensors((x, y)).map(own).unbatch()
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def resumed_rows_then_all_the_data_before_unbatching(x, y, global_batch, examples_done):
+    """Right too: from_tensors of the rows from the resumed example on, then from_tensors of
+    every row repeated, concatenated before they are unbatched (two elements of other rows)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        start = examples_done % len(x)
+        dataset = tf.data.Dataset.from_tensors((x[start:], y[start:])).concatenate(
+            tf.data.Dataset.from_tensors((x, y)).repeat()).unbatch()
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def all_rows_from_a_generator(x, y, global_batch, examples_done):
+    """Right too: every row in one element of a generator whose signature leaves their number
+    unknown, unbatched, repeated, skipped, sharded."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_generator(lambda: iter([(x, y)]), output_signature=(
+            tf.TensorSpec([None, x.shape[1]], tf.float32), tf.TensorSpec([None], y.dtype)))
+        dataset = dataset.repeat().unbatch().skip(examples_done)
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(batch)
+
+    return dataset_fn
+
+
 @pytest.mark.parametrize("make", [shards_then_skips_its_own, rows_from_tensors_unbatched,
                                   rows_from_zipped_tensors, rows_gathered_in_resumed_order,
-                                  rows_from_the_resumed_example, rows_from_tensors_cast_whole])
+                                  rows_from_the_resumed_example, rows_from_tensors_cast_whole,
+                                  own_rows_gathered_in_tensorflow, all_rows_from_a_generator,
+                                  resumed_rows_then_all_the_data_before_unbatching])
 def test_other_right_pipelines_pass_the_in_process_cases(make):
     for seed in range(3):
         assert resume_inputs.dataset_fn_problem(make, random.Random(seed)) is None
@@ -1215,6 +1274,96 @@ def whole_batches_from_a_generator(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def whole_batches_from_a_generator_of_unknown_size(x, y, global_batch, examples_done):
+    """Whole global batches from a generator whose signature leaves their size unknown
+    (``[None, features]``), each pipeline slicing its rows out of every one."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+
+        def steps():
+            for step in range(8):
+                chosen = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
+                yield x[chosen], y[chosen]
+
+        dataset = tf.data.Dataset.from_generator(steps, output_signature=(
+            tf.TensorSpec([None, x.shape[1]], tf.float32), tf.TensorSpec([None], y.dtype)))
+        dataset = dataset.map(lambda f, t: (f[own:own + rows], t[own:own + rows]))
+        return dataset.unbatch().batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def whole_batches_cut_from_all_the_data(x, y, global_batch, examples_done):
+    """Every row in one from_tensors element, repeated; a map counting its calls in a variable
+    gathers the pipeline's rows of the next global batch out of it (a batch of them a step)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        own = context.input_pipeline_id * rows
+        count = tf.Variable(0, dtype=tf.int64)
+
+        def cut(features, labels):
+            step = count.assign_add(1) - 1
+            chosen = (examples_done + step * global_batch + own
+                      + tf.range(rows, dtype=tf.int64)) % len(x)
+            return tf.gather(features, chosen), tf.gather(labels, chosen)
+
+        dataset = tf.data.Dataset.from_tensors((x, y)).repeat().map(cut)
+        return dataset.unbatch().batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def whole_batches_tiled_over_all_the_data(x, y, global_batch, examples_done):
+    """Every row in one from_tensors element, repeated; a map of the same shapes, counting its
+    calls in a variable, fills each element with the next global batch tiled; each pipeline
+    cuts its rows of it into per-replica batches with flat_map (no element of a known shape
+    larger than the share)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        per = context.num_replicas_in_sync // context.num_input_pipelines
+        start = context.input_pipeline_id * per * batch
+        count = tf.Variable(0, dtype=tf.int64)
+
+        def tile(features, labels):
+            step = count.assign_add(1) - 1
+            rows = (examples_done + step * global_batch
+                    + tf.range(len(x), dtype=tf.int64) % global_batch) % len(x)
+            return tf.gather(features, rows), tf.gather(labels, rows)
+
+        def cut(features, labels):
+            own = slice(start, start + per * batch)
+            return tf.data.Dataset.from_tensor_slices(
+                (tf.reshape(features[own], [per, batch, x.shape[1]]),
+                 tf.reshape(labels[own], [per, batch])))
+
+        return tf.data.Dataset.from_tensors((x, y)).repeat().map(tile).flat_map(cut)
+
+    return dataset_fn
+
+
+def whole_batches_as_from_tensors_elements_concatenated(x, y, global_batch, examples_done):
+    """Each global batch gathered in NumPy into a from_tensors element of its own (every row
+    one of the data's), concatenated; each pipeline cuts its rows into per-replica batches
+    with flat_map."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        per = context.num_replicas_in_sync // context.num_input_pipelines
+        own = slice(context.input_pipeline_id * per * batch,
+                    (context.input_pipeline_id + 1) * per * batch)
+        dataset = None
+        for step in range(8):
+            rows = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
+            one = tf.data.Dataset.from_tensors((x[rows], y[rows]))
+            dataset = one if dataset is None else dataset.concatenate(one)
+        return dataset.flat_map(lambda f, t: tf.data.Dataset.from_tensor_slices(
+            (tf.reshape(f[own], [per, batch, x.shape[1]]), tf.reshape(t[own], [per, batch]))))
+
+    return dataset_fn
+
+
 def whole_batches_rebatched(x, y, global_batch, examples_done):
     """Per-replica batches rebatched into whole global batches (``rebatch``: no batch size of
     its own, an element shape of unknown size), each pipeline keeping its rows."""
@@ -1301,15 +1450,27 @@ RESUME_CATALOGUE = {
         restore_latest, pipeline_fn(lambda done, c, b: done // b * c.get_per_replica_batch_size(b)),
         "trained examples it should not"),
     "every pipeline reads whole global batches, keeps its rows": (
-        restore_latest, whole_batches_sliced(), r"batched \[\d+, \d+\] examples at a time"),
+        restore_latest, whole_batches_sliced(), r"batched \[\d+(, \d+)*\] examples at a time"),
     "whole global batches through map_and_batch": (
-        restore_latest, whole_batches_map_and_batch, r"batched \[\d+, \d+\] examples"),
+        restore_latest, whole_batches_map_and_batch, r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches cut in NumPy": (restore_latest, whole_batches_in_numpy,
                                           r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches through rebatch": (restore_latest, whole_batches_rebatched,
                                              r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches from a generator, one dimension of its signature unknown": (
         restore_latest, whole_batches_from_a_generator, r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches from a generator of unknown size": (
+        restore_latest, whole_batches_from_a_generator_of_unknown_size,
+        r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches cut by a counting map out of one element of all the data": (
+        restore_latest, whole_batches_cut_from_all_the_data,
+        r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches tiled over all the data by a map of the same shapes": (
+        restore_latest, whole_batches_tiled_over_all_the_data,
+        r"batched \[\d+(, \d+)*\] examples"),
+    "whole global batches, each a from_tensors element, concatenated": (
+        restore_latest, whole_batches_as_from_tensors_elements_concatenated,
+        r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches stacked in NumPy into one from_tensors element": (
         restore_latest, whole_batches_stacked_in_one_element(),
         r"batched \[\d+(, \d+)*\] examples"),
@@ -1322,7 +1483,7 @@ RESUME_CATALOGUE = {
         restore_latest, empties_the_audit_through_getnamespace, "use getnamespace"),
     "whole global batches, the audit taken out through the check's frames (getargvalues)": (
         restore_latest, reaches_the_audit_through_the_callers_frames,
-        r"batched \[\d+, \d+\] examples|took out the check's audit"),
+        r"batched \[\d+(, \d+)*\] examples|took out the check's audit"),
     "skips whole per-replica batches after batching": (restore_latest, skips_whole_batches,
                                                         "trained examples it should not"),
     "skips examples_done % global_batch": (restore_latest, skips_the_remainder_only,

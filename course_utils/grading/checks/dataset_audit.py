@@ -10,16 +10,23 @@ NumPy). One
 element of ``from_tensors`` (or several zipped) is all the data, no batch, when each of its
 parts is a stack of rows of the arrays the check handed over (same rank and row shape, every
 row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
-resumed order) or has one dimension at most (an index array, the labels), and so is what is
-made of it with parts of the same shapes (``map`` casting it, ``repeat``); any other, e.g.
-``[steps, global batch, features]`` stacks, holds batches. Still passes: the features
-flattened into one dimension (an index array looks alike), and rows of the data in
-global-batch order reshaped into global batches inside a traced function (``flat_map``): the
-audit reads how datasets are made, not the graphs of their functions. Nor does it see the
-examples an element holds when their number is not known when the dataset is made (a
-``None`` dimension counts as 1: ``from_generator`` with an ``output_signature`` of
-``[None, features]``, a ``map`` gathering rows with bounds computed at run time, ``scan``,
-ragged elements), nor an element of one dimension (a global batch of labels alone).
+resumed order) or has one dimension at most (an index array, the labels); any other, e.g.
+``[steps, global batch, features]`` stacks, holds batches. What is made of that element
+(``map`` casting it or gathering a pipeline's rows in TensorFlow, ``repeat``; not
+``unbatch``), and every dataset whose elements hold a number of examples not known when it
+is made (``from_generator`` with an ``output_signature`` of ``[None, features]``, a ``map``
+slicing rows with bounds computed at run time, ``scan``, unknown ranks), is probed at run
+time: its elements pass through an identity ``map`` calling back into the audit, and an
+element holding more than the pipeline's share whose set of rows differs from the first
+such element's, and is not every row of the data, is a batch of that many (all the data, or
+a pipeline's fixed part of it, is the same set every time; ``x[start:]`` then ``x``,
+concatenated, is the first set, then every row; whole global batches, even each a
+``from_tensors`` element of the data's rows, are not: chunks larger than the share count as
+batches, as their known-size stacks do). Still passes: the features flattened into one
+dimension (an index array looks alike), rows of the data in global-batch order reshaped into
+global batches of known size inside a traced function (``flat_map``): the audit reads how
+datasets are made, not the graphs of their functions; ragged or sparse elements (not
+probed), and an element of one dimension (a global batch of labels alone).
 """
 
 from __future__ import annotations
@@ -37,14 +44,22 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     Every function and module it uses is bound here, when it is made: a learner's code that
     replaces one later (``tf.nest.flatten``, this module's globals) does not change it."""
     flatten, static_value, tensor_spec = tf.nest.flatten, tf.get_static_value, tf.TensorSpec
+    pack = tf.nest.pack_sequence_as
+    py_function, dependencies, identity, int32 = (tf.py_function, tf.control_dependencies,
+                                                  tf.identity, tf.int32)
     asarray, unique, prod, float64 = np.asarray, np.unique, np.prod, np.float64
     rows_of = []                      # (rank, row shape, the rows as bytes) of each array
     for array in arrays:
         array = asarray(array).astype(float64)
         flat = array.reshape(len(array), -1)
         rows_of.append((array.ndim, array.shape[1:], {row.tobytes() for row in flat}))
+    every = {unique(asarray(array).astype(float64).reshape(len(array), -1), axis=0).tobytes()
+             for array in arrays if asarray(array).ndim >= 2}   # all the rows of each array
     sizes: list[int] = []
     whole: set[int] = set()           # datasets still holding from_tensors' one element
+    probes: list[Any] = []            # the audit's own probes (kept alive), made unaudited
+    probing: list[bool] = []          # set while the audit makes one
+    firsts: dict[tuple[int, int], bytes] = {}   # (probe, part): the rows its first big element held
 
     def rows_of_the_data(part: Any) -> bool:
         """Whether ``part`` is a stack of the data's rows, or of one dimension at most."""
@@ -71,22 +86,71 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         batches); 0 for one example or a part of one dimension."""
         if not isinstance(spec, tensor_spec) or (spec.shape.rank or 0) < 2:
             return 0
-        dims = spec.shape.as_list()
+        return int(prod([d for d in leading(spec.shape.as_list()) if d is not None]))
+
+    def leading(dims: list[Any]) -> list[Any]:
+        """The dimensions before the row shape of the data's arrays (all, when none fits)."""
         tails = [len(shape) for _, shape, _ in rows_of
                  if 0 < len(shape) < len(dims) and tuple(dims[-len(shape):]) == shape]
-        dims = dims[:len(dims) - max(tails, default=0)]
-        return int(prod([d for d in dims if d is not None]))
+        return dims[:len(dims) - max(tails, default=0)]
 
-    def same_shapes(spec: Any, other: Any) -> bool:
-        """Whether two element specs have the same parts of the same shapes (the dtypes may
-        differ: a cast of the whole element is still the same rows)."""
-        parts, others = flatten(spec), flatten(other)
-        return spec == other or (len(parts) == len(others) and all(
-            isinstance(a, tensor_spec) and isinstance(b, tensor_spec) and a.shape == b.shape
-            for a, b in zip(parts, others, strict=True)))
+    def unknown(spec: Any) -> bool:
+        """Whether the examples an element of ``spec`` holds are known only when it is made."""
+        if not isinstance(spec, tensor_spec):
+            return False
+        if spec.shape.rank is None:
+            return True
+        dims = spec.shape.as_list()
+        return len(dims) >= 2 and None in leading(dims)
+
+    def row_set(value: Any) -> bytes:
+        """The set of rows a part holds (the examples :func:`held` counts), as bytes."""
+        count = held(tensor_spec(value.shape))
+        if count == 0 or value.dtype.kind not in "biuf":
+            return b""
+        return unique(value.astype(float64).reshape(count, -1), axis=0).tobytes()
+
+    def note(number: int, values: Any) -> Any:
+        """At run time, one element of probe ``number``: a part holding more than the share
+        whose rows are neither the rows the first such element held nor every row of one of
+        the data's arrays (``x[start:]`` then ``x``, concatenated) is a batch of that many."""
+        for index, value in enumerate(values):
+            value = asarray(value)
+            count = held(tensor_spec(value.shape))
+            if count <= share or value.dtype.kind not in "biuf":
+                continue
+            rows = row_set(value)
+            if rows not in every and firsts.setdefault((number, index), rows) != rows:
+                sizes.append(count)
+        return 0
+
+    def probe(dataset: Any) -> None:
+        """Route ``dataset``'s elements through :func:`note` (its variant tensor replaced by
+        that of an identity ``map`` that calls it), when every part is a dense tensor."""
+        if not all(isinstance(spec, tensor_spec) for spec in flatten(dataset.element_spec)):
+            return
+        number = len(probes)
+
+        def through(*element: Any) -> Any:
+            parts = flatten(element)
+            done = py_function(lambda *values: note(number, values), parts, Tout=int32)
+            with dependencies([done]):
+                passed = [identity(part) for part in parts]
+            packed = pack(element, passed)
+            return packed[0] if len(element) == 1 else packed
+
+        probing.append(True)
+        try:
+            mapped = dataset.map(through)
+        finally:
+            probing.pop()
+        probes.append(mapped)
+        dataset._variant_tensor_attr = mapped._variant_tensor
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
+        if probing:                   # the audit's own probe
+            return
         size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size",
                                                       "_batch_sizes")
                      if getattr(self, name, None) is not None), None)
@@ -97,16 +161,22 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
         zipped = flatten(getattr(self, "_datasets", None) or []) if kind == "_ZipDataset" else []
         parts = (getattr(self, "_tensors", None) or []) if kind == "_TensorDataset" else []
-        if (parts and all(rows_of_the_data(part) for part in parts)) or (
-                id(source) in whole and kind != "_UnbatchDataset"
-                and same_shapes(self.element_spec, source.element_spec)) or (
-                zipped and all(id(each) in whole for each in zipped)):
-            whole.add(id(self))       # from_tensors' one element (zipped): all the data, no batch
+        if parts and all(rows_of_the_data(part) for part in parts):
+            whole.add(id(self))       # from_tensors' one element: all the data, no batch
             return
+        if zipped and all(id(each) in whole for each in zipped):
+            whole.add(id(self))       # several zipped
+            return
+        if id(source) in whole and kind != "_UnbatchDataset":
+            whole.add(id(self))       # made of all the data (a cast, a repeat, a pipeline's
+            probe(self)               # rows gathered): the same rows in every element, or
+            return                    # it is cut into batches
         try:                          # any other: the examples its elements already hold
             specs = flatten(self.element_spec)
         except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
             specs = []
         sizes.extend(count for count in map(held, specs) if count > share)
+        if any(map(unknown, specs)):
+            probe(self)               # the examples its elements hold, seen at run time
 
     return init, sizes

@@ -37,10 +37,11 @@
 Still passes: a function reaching the audit by attribute names built at run time (or ctypes),
 or through a library function that reads a closure's cells for it under a name not scanned
 (``getnamespace``, ``func_dump``, Keras' ``serialize_keras_object`` are; the first tested):
-no scan of code sees every name it builds, and the audit must be reachable from what it
-records. The callers' locals (read by names built at run time: ``getargvalues`` and
-``f_locals`` are scanned) hold no part of the in-process audit of the datasets,
-which lives in closures (its end, called early, is named; tested), but do hold that check's
+no scan of code sees every name it builds, the audit must be reachable from what it
+records, and CPython raises no audit event for ``__closure__`` or ``cell_contents``. The
+callers' locals (read by names built at run time: ``getargvalues`` and ``f_locals`` are
+scanned) hold no part of the in-process audit of the datasets, which lives in closures (its
+end, called early, is named; tested), but do hold that check's
 other locals (the examples each step trained so far). The audit of the datasets also misses
 some whole global batches (:mod:`course_utils.grading.checks.dataset_audit`).
 

@@ -103,33 +103,33 @@ def restore_problem(restore_latest: Any, rng: Any) -> str | None:
 def _audit(tf: Any, share: int, arrays: tuple[Any, ...]) -> Any:
     """Put the audit of every tf.data dataset made from now on in place
     (:func:`~course_utils.grading.checks.dataset_audit.dataset_auditor`, given ``arrays``, the
-    data handed to the learner); return ``finish``, which puts the original back and returns a
-    copy of what the audit recorded, or None when the audit was taken out meanwhile (a second
-    call, or ``Dataset.__init__`` replaced). The original, the audit and its records live only
-    in closures: no frame of the check holds them while the learner's code runs (a caller's
-    locals are in reach of ``inspect.getargvalues``)."""
+    data handed to the learner); return ``finish``, which puts the original back and returns
+    ``recorded``, a function giving a copy of what the audit recorded so far (its probes go on
+    recording while the datasets run), or None when the audit was taken out meanwhile (a
+    second call, or ``Dataset.__init__`` replaced). The original, the audit and its records
+    live only in closures: no frame of the check holds them while the learner's code runs (a
+    caller's locals are in reach of ``inspect.getargvalues``)."""
     original = tf.data.Dataset.__init__
     init, sizes = dataset_auditor(tf, np, share, arrays, original)
     tf.data.Dataset.__init__, calls = init, []
 
-    def finish() -> list[int] | None:
+    def finish() -> Any:
         calls.append(tf.data.Dataset.__init__ is init)
         tf.data.Dataset.__init__ = original
-        return list(sizes) if calls == [True] else None
+        return (lambda: list(sizes)) if calls == [True] else None
 
     return finish
 
 
-def _with_batch_sizes(build: Any, share: int,
-                      arrays: tuple[Any, ...]) -> tuple[Any, list[int] | None]:
-    """``build()``'s dataset and what every tf.data dataset made meanwhile batched (None: the
-    learner's code took the audit out, see :func:`_audit`)."""
+def _with_batch_sizes(build: Any, share: int, arrays: tuple[Any, ...]) -> tuple[Any, Any]:
+    """``build()``'s dataset and a function giving what every tf.data dataset made meanwhile
+    batched, so far (None: the learner's code took the audit out, see :func:`_audit`)."""
     finish = _audit(_tf(), share, arrays)
     try:
         dataset = build()
     finally:
-        sizes = finish()
-    return dataset, sizes
+        recorded = finish()
+    return dataset, recorded
 
 
 def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
@@ -157,9 +157,10 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
             context = tf.distribute.InputContext(num_input_pipelines=pipelines,
                                                  input_pipeline_id=pipeline,
                                                  num_replicas_in_sync=replicas)
-            dataset, sizes = _with_batch_sizes(lambda: dataset_fn(context),  # noqa: B023
-                                               replica_batch, (x, ids))
+            dataset, recorded = _with_batch_sizes(lambda: dataset_fn(context),  # noqa: B023
+                                                  replica_batch, (x, ids))
             batches = list(dataset.take(2 * per).as_numpy_iterator())
+            sizes = recorded() if recorded is not None else None
             where = (f"{pipelines} input pipelines feeding {per} replica(s) each, global batch "
                      f"{global_batch}, resumed at example {done}")
             if len(batches) != 2 * per or any(len(b[1]) != replica_batch for b in batches):
