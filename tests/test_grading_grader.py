@@ -37,6 +37,9 @@ CHECKS = ["check_diagnose_step", "check_split_cpu", "check_step_breakdown",
 MAX = {"check_diagnose_step": 1, "check_split_cpu": 1, "check_step_breakdown": 1,
        "check_overlapped_pipeline": 2}
 TIMEOUT = 180  # per notebook: generous, so that a loaded machine does not time passes out
+#: The endless loop's limit: its loop spins a core until then (the checks before it may pass or
+#: time out, both allowed).
+LOOP_LIMIT = 10
 
 
 def _load_builder():
@@ -342,12 +345,12 @@ def test_endless_loop_times_out_and_the_worker_is_killed(tmp_path):
     ms.write(subs, "frank", "endless_loop")
     out = tmp_path / "gradebook.csv"
     start = time.monotonic()
-    grade_folder(subs, REPO / "solutions", out, timeout=20, progress=False)
-    assert time.monotonic() - start < 20 + 15
+    grade_folder(subs, REPO / "solutions", out, timeout=LOOP_LIMIT, progress=False)
+    assert time.monotonic() - start < LOOP_LIMIT + 15
     rows = {r.exercise: r for r in read_rows(out)}
     assert [rows[c].status for c in CHECKS[2:]] == ["timeout", "timeout"]
     assert {rows[c].status for c in CHECKS[:2]} <= {"passed", "timeout"}  # a slow start
-    assert "time limit of 20 s" in rows["check_overlapped_pipeline"].feedback
+    assert f"time limit of {LOOP_LIMIT} s" in rows["check_overlapped_pipeline"].feedback
 
 
 @pytest.mark.slow
