@@ -639,14 +639,19 @@ def test_a_pipeline_that_fails_on_a_long_sequence_says_so():
         cu.grading.check_make_tpu_ready(not_cut)
 
 
+#: What a failing case says of its long sequence where no number of the pipeline's graph
+#: reaches the check's floor: it was made 2**20 + 1 tokens before it was read.
+FLOOR_MADE = ".*the long sequence made 1048577 tokens: which step"
+
+
 @pytest.mark.parametrize(("times", "made"), [
-    (2, ""),  # the long sequence (3 to 100 times sequence_length) is past the bound already
-    (128, ".*one more than your padded_batch's bound"),
+    (2, FLOOR_MADE),
+    (128, FLOOR_MADE),
 ])
 def test_padding_to_a_bound_of_ones_own_then_cutting_fails(times, made):
     """Padded to a bound of its own (twice sequence_length, what most sequences stay under, or
-    128 times, above the check's longest sequence), then cut: the case's long sequence is made
-    one token longer than the padded_batch's bound (read from the graph) before it is read."""
+    128 times, above the check's drawn long sequence), then cut: the case's long sequence is
+    made 2**20 + 1 tokens before it is read, past any bound below that."""
     def pad_then_cut(dataset, batch_size, sequence_length):
         return dataset.padded_batch(batch_size, padded_shapes=([times * sequence_length], []),
                                     drop_remainder=True).map(
@@ -673,7 +678,7 @@ def test_padding_to_a_bound_too_long_to_meet_is_named(through_identity):
         return tf.data.Dataset.range(1).flat_map(padded).map(
             lambda x, y: (x[:, :sequence_length], y))
 
-    with pytest.raises(AssertionError, match=r"case 1 .*your padded_batch pads to 1048576 "
+    with pytest.raises(AssertionError, match=r"case 1 .*your padded_batch pads each row to 1048576 "
                                              "tokens, a bound of your own"):
         cu.grading.check_make_tpu_ready(pad_then_cut)
 
@@ -713,41 +718,45 @@ def _padded_batch_to_a_bound_passed_through_identity(dataset, batch_size, sequen
 
 
 @pytest.mark.parametrize(("answer", "made"), [
-    # most drawn long sequences stay under 512 (one made 513 tokens), some are past it already
-    (_padded_by_tf_pad_to(lambda n: 512), ""),
-    (_padded_by_tf_pad_to(lambda n: 128 * n), ".*the long sequence made \\d+ tokens, one more "
-                                              "than the largest number"),
+    # every bound below 2**20 meets a sequence of 2**20 + 1 tokens
+    (_padded_by_tf_pad_to(lambda n: 512), FLOOR_MADE),
+    (_padded_by_tf_pad_to(lambda n: 128 * n), FLOOR_MADE),
     # its padded_shapes computed (through tf.identity): read as its bound all the same
-    (_padded_batch_to_a_bound_passed_through_identity, ".*the long sequence made \\d+ tokens, "
-                                                       "one more than your padded_batch's bound"),
+    (_padded_batch_to_a_bound_passed_through_identity, FLOOR_MADE),
     # the bound a float or an int16 constant, cast: a whole number of another type
     (_padded_by_tf_pad_to(lambda n: _tf().cast(_tf().constant(128.0 * n), _tf().int32)),
-     ".*the long sequence made \\d+ tokens, one more than the largest number"),
+     FLOOR_MADE),
     (_padded_by_tf_pad_to(lambda n: _tf().cast(_tf().constant(128 * n, _tf().int16),
                                                _tf().int32)),
-     ".*the long sequence made \\d+ tokens, one more than the largest number"),
+     FLOOR_MADE),
     # the bound computed from constants: parsed from a string, a power, a sum over a list, a
     # random number times 0 (drawn once by the check); a constant of 2**20 in a list
     (_padded_by_tf_pad_to(lambda n: _tf().strings.to_number(str(128 * n), _tf().int32)),
-     ".*the long sequence made \\d+ tokens, one more than the largest number"),
+     FLOOR_MADE),
     (_padded_by_tf_pad_to(lambda n: _tf().constant(2) ** 20),
      ".*the long sequence made 1048577 tokens, one more than the largest number"),
     (_padded_by_tf_pad_to(lambda n: _tf().reduce_sum(_tf().constant([64 * n, 64 * n]))),
-     ".*the long sequence made \\d+ tokens, one more than the largest number"),
+     FLOOR_MADE),
     (_padded_by_tf_pad_to(lambda n: _tf().reduce_max(_tf().constant([n, 2**20]))),
      ".*the long sequence made 1048577 tokens, one more than the largest number"),
     (_padded_by_tf_pad_to(lambda n: (_tf().constant(2) + _tf().cast(
         _tf().random.uniform([]) * 0, _tf().int32)) ** 20),
      ".*the long sequence made 1048577 tokens, one more than the largest number"),
+    # bounds the fold does not work out (a loop, a conditional): the floor passes them
+    (_padded_by_tf_pad_to(lambda n: _tf().while_loop(lambda i: i < 1600, lambda i: i * 2,
+                                                     [1])[0]), FLOOR_MADE),
+    (_padded_by_tf_pad_to(lambda n: _tf().cond(_tf().constant(True),
+                                               lambda: _tf().constant(45) ** 2,
+                                               lambda: _tf().constant(45) ** 2)), FLOOR_MADE),
 ], ids=["tf.pad-to-512", "tf.pad-to-128n", "padded_batch-identity-bound", "tf.pad-to-float-bound",
         "tf.pad-to-int16-bound", "tf.pad-to-parsed-bound", "tf.pad-to-2**20-computed",
         "tf.pad-to-reduce_sum-bound", "tf.pad-to-reduce_max-2**20",
-        "tf.pad-to-2**20-through-random-times-0"])
+        "tf.pad-to-2**20-through-random-times-0", "tf.pad-to-2048-from-a-while_loop",
+        "tf.pad-to-2025-from-a-cond"])
 def test_a_bound_of_ones_own_in_the_graph_meets_a_longer_sequence(answer, made):
-    """The largest whole number the pipeline's graph holds or computes from its constants (a
-    tf.pad's target, a padded_batch's bound however it is passed on) is a bound the case's long
-    sequence is made to pass (128 times sequence_length: above any drawn one, so made so every
-    time)."""
+    """The case's long sequence is made to pass the largest whole number the pipeline's graph
+    holds or computes from its constants (a tf.pad's target, a padded_batch's bound however it
+    is passed on), and 2**20 where that number is smaller."""
     with pytest.raises(AssertionError, match=r"case 1 .*reading the pipeline failed at batch "
                                              rf"\d+: \w+Error{made}"):
         cu.grading.check_make_tpu_ready(answer)

@@ -10,10 +10,11 @@
   from the dataset given, holding the sequences cut or padded with zeros at the end to
   ``sequence_length``, in order (no ``deterministic=False``); the function may not read the
   dataset when called (the dataset counts what it hands out), nor read most of a long stream
-  before its first batch. A bound of its own (the largest whole number its graph holds or
-  computes from its constants: a ``padded_batch``'s ``padded_shapes``, a ``tf.pad``'s target,
-  ``static_batches.graph_numbers``) meets a long sequence one token longer than that bound,
-  made before it is read.
+  before its first batch. A bound of its own meets a long sequence made before it is read:
+  one token longer than the largest whole number its graph holds or works out from its
+  constants outside called functions, loops and conditionals (a ``padded_batch``'s
+  ``padded_shapes``, a ``tf.pad``'s target, ``static_batches.graph_numbers``), and never
+  shorter than ``2**20`` + 1 tokens, for bounds the graph hides.
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
   boundary), compared with the rules stated in the exercise; a global batch that cannot give

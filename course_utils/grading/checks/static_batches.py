@@ -7,10 +7,14 @@ of its own (the largest whole number its graph holds or computes from its consta
 ``padded_batch``'s ``padded_shapes``, a ``tf.pad``'s target, through ``tf.identity``, a power,
 a ``reduce_max`` or ``tf.strings.to_number``) meets a sequence one longer than that bound.
 
+The long sequence is made ``2**20`` + 1 tokens at least, whatever the graph holds, so a bound
+the fold cannot see (one worked out in a called ``tf.function``, a ``tf.while_loop`` or a
+``tf.cond``, or from an element's own size times 0) is passed as well.
+
 Still passes (the output is a right answer's on every sequence the check can make): a bound of
-``2**24`` tokens or more reached by ``tf.pad`` (64 MiB a sequence), or one carried as data (an
-element of another step, a reduction over a dataset) or computed through a tensor of more than
-``2**16`` numbers (``tf.reduce_sum(tf.ones([300, 300]))``), then a cut."""
+``2**20`` tokens or more that the fold cannot see, or one of ``2**24`` or more reached by
+``tf.pad`` (64 MiB a sequence), or one carried as data (an element of another step, a reduction
+over a dataset) or computed through a tensor of more than ``2**16`` numbers, then a cut."""
 
 from __future__ import annotations
 
@@ -77,8 +81,10 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
 
 #: The longest sequence the check makes to pass a bound of the pipeline's own (64 MiB of
 #: tokens); a ``padded_batch``'s bound of ``_PADDED_LONGEST`` or more (a batch of 16 such
-#: rows: 64 MiB) is named instead.
-_LONGEST, _PADDED_LONGEST = 2**24, 2**20
+#: rows: 64 MiB) is named instead. The long sequence is made ``_FLOOR`` + 1 tokens at least,
+#: whatever the graph holds: a bound hidden from the fold (in a called function, a loop, a
+#: ``tf.cond``, or made from an element's own size times 0) is passed all the same.
+_LONGEST, _PADDED_LONGEST, _FLOOR = 2**24, 2**20, 2**20
 
 
 def _flat_scope(function: Any) -> tuple[list[Any], dict[str, str]]:
@@ -186,8 +192,9 @@ def _numeric() -> set[int]:
 def graph_numbers(dataset: Any) -> tuple[set[int], set[int]]:
     """The whole numbers the pipeline's graph knows before it reads an element: those its
     constants hold or its ops compute from them alone (``tf.identity``, ``tf.cast``, a power,
-    a ``reduce_max`` over a list, ``tf.strings.to_number`` of a string), in its steps and in
-    each of their functions; and among them the sizes a ``padded_batch``'s ``padded_shapes``
+    a ``reduce_max`` over a list, ``tf.strings.to_number`` of a string; not through a called
+    function, a loop or a conditional), in its steps and in each of their functions; and among
+    them the sizes a ``padded_batch``'s ``padded_shapes``
     pad to."""
     _numeric()
     graph = _graph(dataset)
@@ -254,16 +261,19 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
     numbers, bounds = graph_numbers(dataset)
     bound, note = max(bounds | {length}), ""
     if bound >= _PADDED_LONGEST and lengthen is not None:
-        return (f"your padded_batch pads to {bound} tokens, a bound of your own: pad to "
-                f"sequence_length ({length}) (section 3)")
-    own = max({number for number in numbers if number < _LONGEST} | {0})
+        return (f"your padded_batch pads each row to {bound} tokens, a bound of your own "
+                f"({bound // length} times a row of sequence_length): pad to sequence_length "
+                f"({length}) (section 3)")
+    seen = max({number for number in numbers if number < _LONGEST} | {0})
+    own = max(seen, _FLOOR)
     if own > length and lengthen is not None:
         longer = lengthen(own)
         if longer is not None:
             expected = longer
-            note = (f"; the long sequence made {own + 1} tokens, one more than "
-                    + ("your padded_batch's bound" if own == bound else
-                       "the largest number your pipeline's graph holds or computes"))
+            note = f"; the long sequence made {own + 1} tokens" + (
+                "" if own != seen else ", one more than " + (
+                    "your padded_batch's bound" if own == bound else
+                    "the largest number your pipeline's graph holds or computes"))
     if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
         return (f"your pipeline never ends (it repeats): the check reads one epoch of "
                 f"{len(expected)} batches; leave repeat() to the training (section 9)")
