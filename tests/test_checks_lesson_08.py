@@ -553,7 +553,11 @@ def _lazy_overflow_answers(keras, tf):
             "every other example only":
                 lambda model, x: first_overflowing_layer(model, x[::2], keras, tf),
             "every third example only":  # rows in each half at each parity
-                lambda model, x: first_overflowing_layer(model, x[::3], keras, tf)}
+                lambda model, x: first_overflowing_layer(model, x[::3], keras, tf),
+            "every example but the first":  # off by one
+                lambda model, x: first_overflowing_layer(model, x[1:], keras, tf),
+            "every example but the last":  # off by one
+                lambda model, x: first_overflowing_layer(model, x[:-1], keras, tf)}
 
 
 @pytest.mark.parametrize("mistake", ["constant None", "constant first layer", "largest weights",
@@ -572,7 +576,9 @@ def _lazy_overflow_answers(keras, tf):
                                      "the four largest and the four smallest examples only",
                                      "the first half of the batch only",
                                      "every other example only",
-                                     "every third example only"])
+                                     "every third example only",
+                                     "every example but the first",
+                                     "every example but the last"])
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
     lazy = _lazy_overflow_answers(keras, tf)[mistake]
     with pytest.raises(AssertionError, match="finite|you answered None|return a layer's name|"
