@@ -126,7 +126,8 @@ def _policy_problem(model: Any, policy: str, x: np.ndarray) -> str | None:
     scaled = isinstance(getattr(model, "optimizer", None), keras.optimizers.LossScaleOptimizer)
     if policy == "mixed_float16" and not scaled:
         return ("under 'mixed_float16' the model should be compiled with a LossScaleOptimizer "
-                "(Keras wraps the optimizer when the model is compiled under the policy)")
+                "(compile wraps the optimizer when the model itself was made under "
+                "'mixed_float16': it reads the model's own dtype policy, not the global one)")
     return None
 
 
