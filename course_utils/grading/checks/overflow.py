@@ -27,7 +27,9 @@ mistake a learner writes (40 draws): the rows ranked by another measure (the 8 f
 batch's mean: 1) and the few largest rows with many of the smallest (the 4 largest with the 12
 smallest: 5; with the smaller half of the batch: 36, the overflowing row of the every-row batch
 being the 10th to 19th smallest by max, and the one-row batches' row among the largest but the two
-loud ones).
+loud ones). Passes every draw: every row but the k smallest, k up to 8, by max or L2 norm (40 of
+40): allowed, as an overflow in a row among the smallest is one that the k largest with the k
+smallest would catch, and the one-row batches' row is scaled up among the largest.
 Lesson 08's module imports this one.
 """
 
