@@ -123,8 +123,8 @@ def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys)
     ({"restore_policy": "mixed_bfloat16"}, "global policy was left at 'mixed_bfloat16', not "
                                            "as your function found it \\('(bfloat16|float64)'"),
     ({"set_start": False}, "starts from initial_weights"),
-    ({"time_first_epoch": True}, r"steps after the first epoch took"),
-    ({"seconds": 0.05}, r"steps after the first epoch took"),
+    ({"time_first_epoch": True}, r"epochs after the first took"),
+    ({"seconds": 0.05}, r"epochs after the first took"),
     # a guess far from what the model reaches (about 90 %: a guess of 0.9 can be right)
     ({"accuracy": 0.5}, "measure it after training"),
 ], ids=["policy ignored", "a typed policy restored, not the one found", "start ignored",
@@ -267,7 +267,7 @@ def test_timing_bounds_come_from_the_run_itself():
     assert (round(lower, 6), round(upper, 6)) == (0.15, 0.3)
     assert lesson_08._timing_problem(0.2, (lower, upper)) is None
     for typed in (0.1, 0.4, 0.05):  # constants outside what this run took
-        assert "this run's steps after the first epoch took" in lesson_08._timing_problem(
+        assert "this run's epochs after the first took" in lesson_08._timing_problem(
             typed, (lower, upper))
     assert "ran 3 training steps" in lesson_08._timing_bounds(
         {"steps": log["steps"][:3], "fit_ends": [1.9]}, 2, 2)
@@ -553,7 +553,11 @@ def _lazy_overflow_answers(keras, tf):
             "every other example only":
                 lambda model, x: first_overflowing_layer(model, x[::2], keras, tf),
             "every third example only":  # rows in each half at each parity
-                lambda model, x: first_overflowing_layer(model, x[::3], keras, tf)}
+                lambda model, x: first_overflowing_layer(model, x[::3], keras, tf),
+            "every example but the first":  # off by one
+                lambda model, x: first_overflowing_layer(model, x[1:], keras, tf),
+            "every example but the last":  # off by one
+                lambda model, x: first_overflowing_layer(model, x[:-1], keras, tf)}
 
 
 @pytest.mark.parametrize("mistake", ["constant None", "constant first layer", "largest weights",
@@ -572,7 +576,9 @@ def _lazy_overflow_answers(keras, tf):
                                      "the four largest and the four smallest examples only",
                                      "the first half of the batch only",
                                      "every other example only",
-                                     "every third example only"])
+                                     "every third example only",
+                                     "every example but the first",
+                                     "every example but the last"])
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
     lazy = _lazy_overflow_answers(keras, tf)[mistake]
     with pytest.raises(AssertionError, match="finite|you answered None|return a layer's name|"

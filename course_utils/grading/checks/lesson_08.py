@@ -126,7 +126,8 @@ def _policy_problem(model: Any, policy: str, x: np.ndarray) -> str | None:
     scaled = isinstance(getattr(model, "optimizer", None), keras.optimizers.LossScaleOptimizer)
     if policy == "mixed_float16" and not scaled:
         return ("under 'mixed_float16' the model should be compiled with a LossScaleOptimizer "
-                "(Keras wraps the optimizer when the model is compiled under the policy)")
+                "(compile wraps the optimizer when the model itself was made under "
+                "'mixed_float16': it reads the model's own dtype policy, not the global one)")
     return None
 
 
@@ -215,8 +216,8 @@ def _timing_problem(step: Any, bounds: tuple[float, float] | str) -> str | None:
         return f"seconds_per_step should be a number of seconds, got {step!r}"
     lower, upper = bounds
     if not 0.98 * lower <= float(step) <= 1.02 * upper + 0.001:
-        return (f"seconds_per_step is {float(step) * 1e3:.1f} ms, but this run's steps after the "
-                f"first epoch took between {lower * 1e3:.1f} and {upper * 1e3:.1f} ms each "
+        return (f"seconds_per_step is {float(step) * 1e3:.1f} ms, but this run's epochs after "
+                f"the first took between {lower * 1e3:.1f} and {upper * 1e3:.1f} ms per step "
                 "(the check's model logs when its steps ran; it waits a different, unknown "
                 "time in every run). Which steps did your timing include, and what did you "
                 "divide by? (section 9)")

@@ -27,7 +27,9 @@ mistake a learner writes (40 draws): the rows ranked by another measure (the 8 f
 batch's mean: 1) and the few largest rows with many of the smallest (the 4 largest with the 12
 smallest: 5; with the smaller half of the batch: 36, the overflowing row of the every-row batch
 being the 10th to 19th smallest by max, and the one-row batches' row among the largest but the two
-loud ones).
+loud ones). Passes every draw: every row but the k smallest, k up to 8, by max or L2 norm (40 of
+40): allowed, as an overflow in a row among the smallest is one that the k largest with the k
+smallest would catch, and the one-row batches' row is scaled up among the largest.
 Lesson 08's module imports this one.
 """
 
@@ -139,10 +141,12 @@ def _one_row_cases(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: li
                    rng: Any, count: int) -> list[tuple[np.ndarray, str, float]]:
     """Up to ``count`` batches in each of which one row of ``rows``, drawn, is scaled and is
     the only row whose output overflows at the answer (the others are ``x``'s, left alone):
-    (x, the answer, the scale). ``first`` is :func:`_row_firsts` of ``rows``. A row's scale is
-    one whose neighbouring scales (a factor 1.78 either side) overflow at the same layer, and
-    the rows left alone overflow at no layer up to the answer even 1.78 times larger: a
-    different batch size's rounding does not move the answer."""
+    (x, the answer, the scale). The first and the last row of ``x`` come first, where they
+    are in ``rows`` and have such a scale (``x[1:]`` and ``x[:-1]`` miss one of them).
+    ``first`` is :func:`_row_firsts` of ``rows``. A row's scale is one whose neighbouring
+    scales (a factor 1.78 either side) overflow at the same layer, and the rows left alone
+    overflow at no layer up to the answer even 1.78 times larger: a different batch size's
+    rounding does not move the answer."""
     one = _SCALES.index(1.0)
     alone = first[one + 1]  # every row left alone, with a margin (times 1.78)
     pairs = [(row, at) for row in rows for at in range(1, len(_SCALES) - 1)
@@ -151,6 +155,14 @@ def _one_row_cases(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: li
              and first[at, row] < min(np.delete(alone, row), default=len(layers))]
     cases: list[tuple[np.ndarray, str, float]] = []
     used: set[int] = set()
+    for end in (0, len(x) - 1):  # the batch's ends first: an answer off by one misses them
+        choices = [(row, at) for row, at in pairs if row == end]
+        if choices and len(cases) < count:
+            row, at = rng.choice(choices)
+            used.add(row)
+            batch = x.copy()
+            batch[row] *= _SCALES[at]
+            cases.append((batch, layers[int(first[at, row])].name, _SCALES[at]))
     layer_order = sorted({int(first[at, row]) for row, at in pairs})
     rng.shuffle(layer_order)
     while pairs and len(cases) < count:
@@ -212,7 +224,7 @@ def check_first_overflowing_layer(fn: Any) -> bool:
     x, _, num_features, num_classes = _inputs(rng, 32)
     depth, units = rng.choice([4, 5]), rng.choice([16, 24, 32])
     rows_by_model = _outlier_rows(rng, len(x))
-    loud_rows = rng.sample([row for row in range(1, len(x))
+    loud_rows = rng.sample([row for row in range(1, len(x) - 1)  # never an end of the batch
                             if row not in sum(rows_by_model, [])], 2)
     dead_feature = rng.randrange(num_features)
     x[loud_rows] = 0.0
