@@ -314,7 +314,8 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
         state = augment.generator.state.numpy().copy()
         problem = pipeline_probe.elements_problem(dataset, features, batch_size)
         untouched = np.array_equal(state, augment.generator.state.numpy())
-        if untouched and (problem is None or problem.startswith("both epochs")):
+        if untouched and (problem is None or problem.startswith(
+                ("both epochs", "part of the noise", "the noise on"))):
             return ("augment never ran, yet the features carry noise: apply the augment you "
                     "are given (the job's own augmentation), not noise of your own")
         if problem:
