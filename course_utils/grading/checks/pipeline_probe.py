@@ -134,10 +134,10 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
                 "Which of your steps must give a new result every epoch?")
     shared = float(np.corrcoef(noise[0].ravel(), noise[1].ravel())[0, 1])
     if shared > 0.25:
-        return (f"part of the noise is the same in both epochs (the two epochs' noise on each "
+        return ("part of the noise is the same in both epochs (the two epochs' noise on each "
                 f"example correlates {shared:.2f}; fresh noise would not): an augmentation "
-                "made before what keeps the examples is kept with them. Which of your steps "
-                "must give a new result every epoch, and run only there?")
+                "made before the step that keeps the examples is kept with them. Which of "
+                "your steps must give a new result every epoch, and run only there?")
     spread = float(np.std(noise))
     if not 0.85 * NOISE_SPREAD < spread < 1.15 * NOISE_SPREAD:
         return (f"the noise on the features has a spread of {spread:.3f}, where one augment "
