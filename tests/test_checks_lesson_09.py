@@ -364,10 +364,24 @@ def _k_not_a_divisor(results, model, global_batch, replicas, budget_bytes):
 
 def _k_up_to_sixteen(results, model, global_batch, replicas, budget_bytes):
     """k tried among the divisors up to 16 only: none where one example per micro-batch is
-    the only k that fits (k = 96 to 768)."""
+    the only k that fits (k = 1104 to 19992)."""
     report = write_report(results, model, global_batch, replicas, 2**40)
     n = replicas[report["strategy"]["choice"]]
     for k in (k for k in range(1, 17) if global_batch // n % k == 0):
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+    raise ValueError("nothing fits")
+
+
+def _k_capped(results, model, global_batch, replicas, budget_bytes, *, cap=1000):
+    """k tried among the divisors up to ``cap`` only: none where one example per micro-batch
+    is the only k that fits on a per-replica batch above it (1104 to 19992 drawn)."""
+    report = write_report(results, model, global_batch, replicas, 2**40)
+    n = replicas[report["strategy"]["choice"]]
+    for k in (k for k in range(1, cap + 1) if global_batch // n % k == 0):
         need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
                                      accumulation_steps=k).total
         if need <= budget_bytes:
@@ -542,6 +556,8 @@ _DRAWN_MISSED = (r"a micro-batch of \d+ examples per replica fits, of \d+ exampl
     (_nothing_fits_answered, "which no k fits\\): returned .*raise ValueError"),
     (_k_up_to_sixteen, "a micro-batch of one example per replica fits, of two examples does "
                        "not\\) raised ValueError"),
+    (_k_capped, "a micro-batch of one example per replica fits, of two examples does not\\) "
+                "raised ValueError"),
     (_small_k_then_whole_batch, _HALF_BATCH_MISSED),
     (lambda *a: _small_k_then_whole_batch(*a, parts=(2, 1)), _DRAWN_MISSED),
     (lambda *a: _small_k_then_whole_batch(*a, parts=range(9, 0, -1)), _DRAWN_MISSED),
@@ -553,6 +569,7 @@ _DRAWN_MISSED = (r"a micro-batch of \d+ examples per replica fits, of \d+ exampl
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
         "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
         "k-up-to-four", "k-not-a-divisor", "nothing-fits-answered", "k-up-to-sixteen",
+        "k-up-to-1000",
         "k-up-to-64-then-whole-batch", "k-up-to-64-then-half-or-whole",
         "k-up-to-64-then-up-to-a-ninth", "k-from-the-budget-not-a-divisor",
         "k-from-the-largest-down"])
@@ -666,9 +683,19 @@ def _noise_of_my_own(features, label):
      r"read ran \d+ times for \d+ examples"),
     (lambda r, read, augment, b: r.map(read).map(augment).cache().batch(b).prefetch(1),
      "same augmentation"),
+    (lambda r, read, augment, b: r.map(read).map(augment).cache().shuffle(1000).batch(b)
+     .prefetch(1), "same augmentation"),
+    (lambda r, read, augment, b: r.map(read).map(augment).cache().map(augment).batch(b)
+     .prefetch(1), "part of the noise is the same in both epochs"),
+    (lambda r, read, augment, b: r.map(read).map(augment).cache().shuffle(1000).map(augment)
+     .batch(b).prefetch(1), "part of the noise is the same in both epochs"),
+    (lambda r, read, augment, b: r.map(read).cache().map(augment).map(augment).batch(b)
+     .prefetch(1), r"a spread of 0\.1[2-6]\d, where one augment gives 0\.1:"),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
         "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
-        "the colleague's first try", "the colleague's second try"])
+        "the colleague's first try", "the colleague's second try",
+        "the second try shuffled", "the second try and augment after the cache",
+        "the same, shuffled after the cache", "augment twice after the cache"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)

@@ -7,14 +7,15 @@ only when its examples/s over the first's, like for like at the first precision,
 micro-batches ``k`` whose ``cu.memory.step_budget`` total fits the budget, with that total.
 ``synthetic_results`` makes fresh benchmarks (``SCENARIOS``), ``report_case`` one case with a
 fresh model and a budget that the count without the accumulation buffer gets wrong;
-``edge_cases`` six more: a budget no ``k`` fits, one only the largest ``k`` fits, one whose
-``k`` is half the per-replica batch, two whose per-replica batch and ``k`` are drawn
-(``drawn_case``: ``k`` from 65 to 1024, its micro-batch from 10 to 128 examples, more
-examples fitting than that divisor makes), and one that ``k`` = 1 fits, 2 does not (the
-accumulation buffer outweighs what two micro-batches save), the largest ``k`` does. Left: a
-search of the divisors capped at 1024 micro-batches or more passes every draw (no answer here
-is larger), as do the small k with the batch over every divisor to 128 (no micro-batch here
-is larger): a bound above every draw is a right answer on these batches.
+``edge_cases`` six more: a budget no ``k`` fits, one only the largest ``k`` fits (on a
+per-replica batch drawn from 1104 to 19992), one whose ``k`` is half the per-replica batch,
+two whose per-replica batch and ``k`` are drawn (``drawn_case``: ``k`` from 65 to 1024, its
+micro-batch from 10 to 128 examples, more examples fitting than that divisor makes), and one
+that ``k`` = 1 fits, 2 does not (the accumulation buffer outweighs what two micro-batches
+save), the largest ``k`` does. Left: a search of the divisors capped at 19992 micro-batches or
+more passes every draw (no answer here is larger), as do the divisors to 1024 then the whole
+batch, and the small k with the batch over every divisor to 128 (no other k, no micro-batch
+here is larger): a bound above every draw is a right answer on these batches.
 """
 
 from __future__ import annotations
@@ -203,9 +204,10 @@ def examples_case(case: Case, examples: int = 1, per_replica: int | None = None)
     given) with a budget that fits a micro-batch of ``examples`` examples per replica and not
     one of one more (half an example's activations either side; an example's are at least 276
     bytes here): the answer is the fewest k whose micro-batch holds ``examples`` or fewer. With 1,
-    only the largest k fits (96 to 768 here): k tried up to a bound (8, 16, the lesson's 64)
-    finds none. With 2 on a per-replica batch of 192 or more, k is half of it (96 or more):
-    k tried among small divisors, then the whole per-replica batch, answers the whole batch.
+    only the largest k fits (the per-replica batch: 96 to 768 on a case's own, 1104 to 19992
+    where ``edge_cases`` draws it): k tried up to a bound below it finds none. With 2 on a
+    per-replica batch of 192 or more, k is half of it (96 or more): k tried among small
+    divisors, then the whole per-replica batch, answers the whole batch.
     ``drawn_case`` gives the others."""
     from course_utils.memory import step_budget
 
@@ -294,12 +296,16 @@ def _per_replica(case: Case) -> int:
 
 def edge_cases(fn: Any, cases: list[Case], rng: Any) -> list[Case]:
     """Six cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
-    largest k (one example per micro-batch) fits; on the case with the largest per-replica
-    batch (192 or more: some fresh benchmark keeps the first strategy, on one replica), one
-    whose answer is half that batch (two examples per micro-batch); on the third and fifth
-    from last, a per-replica batch and an answer drawn (``drawn_case``); on the fourth from
-    last, a per-replica batch too small for two micro-batches to pay for their buffer, one
-    whose answer is 1 though 2 does not fit and the largest k does (``buffer_case``)."""
-    return [nothing_fits_case(fn, cases[-1]), examples_case(cases[-2]),
+    largest k (one example per micro-batch) fits, on a per-replica batch drawn from 1104 to
+    19992 (multiples of 12): a search of the divisors capped below that finds none, where the
+    drawn cases (k up to 1024) catch a cap only when they draw a k above it; on the case with
+    the largest per-replica batch (192 or more: some fresh benchmark keeps the first strategy,
+    on one replica), one whose answer is half that batch (two examples per micro-batch); on the
+    third and fifth from last, a per-replica batch and an answer drawn (``drawn_case``); on the
+    fourth from last, a per-replica batch too small for two micro-batches to pay for their
+    buffer, one whose answer is 1 though 2 does not fit and the largest k does
+    (``buffer_case``)."""
+    per_replica = rng.randint(1100, 20000) // 12 * 12
+    return [nothing_fits_case(fn, cases[-1]), examples_case(cases[-2], per_replica=per_replica),
             examples_case(max(cases, key=_per_replica), examples=2),
             drawn_case(rng, cases[-3]), buffer_case(cases[-4]), drawn_case(rng, cases[-5])]
