@@ -1257,10 +1257,10 @@ def whole_batches_from_a_generator(x, y, global_batch, examples_done):
         batch = context.get_per_replica_batch_size(global_batch)
         rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
         own = context.input_pipeline_id * rows
-        order = (examples_done + np.arange(8 * global_batch)) % len(x)
+        order = (examples_done + np.arange(12 * global_batch)) % len(x)
 
         def steps():
-            for step in range(8):
+            for step in range(12):   # more than the steps the check takes
                 chosen = order[step * global_batch:(step + 1) * global_batch]
                 yield x[chosen][None], y[chosen][None]
 
@@ -1283,7 +1283,7 @@ def whole_batches_from_a_generator_of_unknown_size(x, y, global_batch, examples_
         own = context.input_pipeline_id * rows
 
         def steps():
-            for step in range(8):
+            for step in range(12):   # more than the steps the check takes
                 chosen = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
                 yield x[chosen], y[chosen]
 
@@ -1354,7 +1354,7 @@ def whole_batches_as_from_tensors_elements_concatenated(x, y, global_batch, exam
         own = slice(context.input_pipeline_id * per * batch,
                     (context.input_pipeline_id + 1) * per * batch)
         dataset = None
-        for step in range(8):
+        for step in range(12):
             rows = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
             one = tf.data.Dataset.from_tensors((x[rows], y[rows]))
             dataset = one if dataset is None else dataset.concatenate(one)
@@ -1489,7 +1489,7 @@ RESUME_CATALOGUE = {
     "skips examples_done % global_batch": (restore_latest, skips_the_remainder_only,
                                            "trained examples it should not"),
     "one pass of the data, never repeated": (restore_latest, never_repeats,
-                                             "for two steps, got \\d+ of sizes"),
+                                             "for \\d+ steps, got \\d+ of sizes"),
     "the shard's skip divided by the replicas": (
         restore_latest,
         pipeline_fn(lambda done, c, b: -(-(done - c.input_pipeline_id) // c.num_replicas_in_sync)),

@@ -18,15 +18,18 @@ is made (``from_generator`` with an ``output_signature`` of ``[None, features]``
 slicing rows with bounds computed at run time, ``scan``, unknown ranks), is probed at run
 time: its elements pass through an identity ``map`` calling back into the audit, and an
 element holding more than the pipeline's share whose set of rows differs from the first
-such element's, and is not every row of the data, is a batch of that many (all the data, or
-a pipeline's fixed part of it, is the same set every time; ``x[start:]`` then ``x``,
-concatenated, is the first set, then every row; whole global batches, even each a
+such element's (rows and how often each comes), and is not every row of the data, each as
+often, is a batch of that many (all the data, or a pipeline's fixed part of it, is the same
+set every time; ``x[start:]`` then ``x``, concatenated, is the first set, then every row;
+whole global batches, even each a
 ``from_tensors`` element of the data's rows, are not: chunks larger than the share count as
 batches, as their known-size stacks do). Still passes: the features flattened into one
 dimension (an index array looks alike), rows of the data in global-batch order reshaped into
 global batches of known size inside a traced function (``flat_map``): the audit reads how
-datasets are made, not the graphs of their functions; ragged or sparse elements (not
-probed), and an element of one dimension (a global batch of labels alone).
+datasets are made, not the graphs of their functions; each element all the data, rolled so
+that the next global batch comes first; global batches serialized into strings; ragged or
+sparse elements (not probed), and an element of one dimension (a global batch of labels
+alone).
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         array = asarray(array).astype(float64)
         flat = array.reshape(len(array), -1)
         rows_of.append((array.ndim, array.shape[1:], {row.tobytes() for row in flat}))
+    def multiset(flat: Any) -> bytes:
+        rows, counts = unique(flat, axis=0, return_counts=True)
+        return rows.tobytes() + counts.tobytes()
+
     every = {unique(asarray(array).astype(float64).reshape(len(array), -1), axis=0).tobytes()
              for array in arrays if asarray(array).ndim >= 2}   # all the rows of each array
     sizes: list[int] = []
@@ -108,7 +115,13 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         count = held(tensor_spec(value.shape))
         if count == 0 or value.dtype.kind not in "biuf":
             return b""
-        return unique(value.astype(float64).reshape(count, -1), axis=0).tobytes()
+        return multiset(value.astype(float64).reshape(count, -1))
+
+    def whole_times(value: Any, count: int) -> bool:
+        """Whether ``value`` holds every row of one of the data's arrays, each as often."""
+        rows, counts = unique(value.astype(float64).reshape(count, -1), axis=0,
+                              return_counts=True)
+        return rows.tobytes() in every and counts.min() == counts.max()
 
     def note(number: int, values: Any) -> Any:
         """At run time, one element of probe ``number``: a part holding more than the share
@@ -120,7 +133,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
             if count <= share or value.dtype.kind not in "biuf":
                 continue
             rows = row_set(value)
-            if rows not in every and firsts.setdefault((number, index), rows) != rows:
+            if not whole_times(value, count) and firsts.setdefault((number, index), rows) != rows:
                 sizes.append(count)
         return 0
 

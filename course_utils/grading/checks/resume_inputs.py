@@ -152,20 +152,21 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
         ids = np.arange(size)
         x = np.random.default_rng(rng.randint(0, 2**31)).normal(size=(size, 3)).astype("float32")
         dataset_fn = make_dataset_fn(x, ids, global_batch, done)
-        trained: list[list[int]] = [[], []]
+        ahead = size // global_batch + 2  # a whole pass and a step: every chunk shows twice
+        trained: list[list[int]] = [[] for _ in range(ahead)]
         for pipeline in range(pipelines):
             context = tf.distribute.InputContext(num_input_pipelines=pipelines,
                                                  input_pipeline_id=pipeline,
                                                  num_replicas_in_sync=replicas)
             dataset, recorded = _with_batch_sizes(lambda: dataset_fn(context),  # noqa: B023
                                                   replica_batch, (x, ids))
-            batches = list(dataset.take(2 * per).as_numpy_iterator())
+            batches = list(dataset.take(ahead * per).as_numpy_iterator())
             sizes = recorded() if recorded is not None else None
             where = (f"{pipelines} input pipelines feeding {per} replica(s) each, global batch "
                      f"{global_batch}, resumed at example {done}")
-            if len(batches) != 2 * per or any(len(b[1]) != replica_batch for b in batches):
-                return (f"{where}: pipeline {pipeline} must give {2 * per} per-replica "
-                        f"batches of {replica_batch} for two steps, got {len(batches)} of "
+            if len(batches) != ahead * per or any(len(b[1]) != replica_batch for b in batches):
+                return (f"{where}: pipeline {pipeline} must give {ahead * per} per-replica "
+                        f"batches of {replica_batch} for {ahead} steps, got {len(batches)} of "
                         f"sizes {[len(b[1]) for b in batches]}")
             if sizes is None:
                 return (f"{where}: pipeline {pipeline}'s dataset_fn took out the check's "
