@@ -456,11 +456,12 @@ def _reads_linked_into_the_checks_cache_file(source, read, decode, batch_size):
             time.sleep(0.005)
         else:
             return
+        folder = found.pop()
         for _ in reads:
             pass
-        for name in os.listdir(own):
-            if name.startswith("c."):
-                os.link(os.path.join(own, name), os.path.join(found.pop(), "cache_1" + name[1:]))
+        for name in sorted(os.listdir(own), key=lambda name: name.endswith(".index")):
+            if name.startswith("c."):  # the index last: the cache is read once it exists
+                os.link(os.path.join(own, name), os.path.join(folder, "cache_1" + name[1:]))
 
     threading.Thread(target=link, daemon=True).start()
     return first.concatenate(rest).map(decode).batch(batch_size)
