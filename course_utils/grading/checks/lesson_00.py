@@ -392,7 +392,7 @@ def _train(dataset: Any, reads: dict[str, Any], count: int
     start = time.perf_counter()
     for batch in dataset:
         batches.append(batch)
-        consumed += len(batch)
+        consumed += len(batch) if np.ndim(batch) else 1  # an element unbatched: one
         before = len(reads["done"])
         time.sleep(STEP_WAIT_S)  # the training step
         if consumed < count:  # later elements exist: were they read while the step ran?
