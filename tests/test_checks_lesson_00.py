@@ -655,6 +655,23 @@ def _broken(records, read, batch_size):  # the exercise's broken code, unchanged
     return records.prefetch(tf.data.AUTOTUNE).map(read).batch(batch_size)
 
 
+def _broken_when_checked_batches_of_one_when_trained(records, read, batch_size,
+                                                     _calls=[]):  # noqa: B006
+    import tensorflow as tf  # the check's first call gets the broken code (its batches are
+
+    _calls.append(None)  # right), the second, whose epoch is trained on, a fast pipeline
+    if len(_calls) % 2:  # of batches of one
+        return records.prefetch(tf.data.AUTOTUNE).map(read).batch(batch_size)
+    return records.map(read).prefetch(tf.data.AUTOTUNE).batch(1)
+
+
+def _parallel_reads_out_of_order(records, read, batch_size):  # equal waits keep the order
+    import tensorflow as tf  # mostly, but the text asks for the same order
+
+    return records.map(read, num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=False).batch(batch_size)
+
+
 def _short_batch_dropped(records, read, batch_size):
     import tensorflow as tf
 
@@ -821,6 +838,10 @@ def _prefetched_handed_on_through_a_staging_area_by_node_name(records, read, bat
 
 @pytest.mark.parametrize(("wrong", "says"), [
     (_broken, "does not overlap"),
+    (_broken_when_checked_batches_of_one_when_trained,
+     r"in the epoch trained on .*expected batches of sizes \[4, 4, .*got \[1, 1, "),
+    (_parallel_reads_out_of_order, r"deterministic=False in your pipeline "
+                                   r"\(ParallelMapDatasetV2\) .*keep the order"),
     (_read_on_the_side, "read was called"),
     (_reads_in_its_own_thread, r"and [1-9]\d* of \d+ reads ran outside it"),
     (_reads_in_its_own_thread_and_a_decoy, r"and [1-9]\d* of \d+ reads ran outside it"),

@@ -106,13 +106,15 @@ def test_handed_on_counts_files_read_by_unlisted_steps_and_ops(tmp_path):
     assert handed_on(records.map(decoded), set()) == (0, 1)
     from course_utils.grading.checks.batch_shapes import fresh_caches
 
-    folders = []  # a cache in a file rebuilt to write a fresh file of the check's own
-    rebuilt = fresh_caches(records.map(lambda x: x + 1).cache(str(tmp_path / "mine")), folders)
+    # the pipeline's own cache in a file (a constant filename) rebuilt to cache in memory
+    rebuilt = fresh_caches(records.map(lambda x: x + 1).cache(str(tmp_path / "mine")))
     assert [int(value) for value in rebuilt] == [1, 2, 3, 4]
-    assert handed_on(rebuilt, set(), folders) == (0, 0) and len(folders) == 1
+    assert handed_on(rebuilt, set()) == (0, 0) and not list(tmp_path.glob("mine*"))
     in_memory = records.cache()  # nothing to rebuild: the pipeline itself
-    assert not list(tmp_path.glob("mine*")) and fresh_caches(in_memory, folders) is in_memory
-    checks_01.remove_folders(folders)
+    assert fresh_caches(in_memory) is in_memory
+    inner = records.flat_map(  # a cache in a step's function: one file for every inner
+        lambda index: tf.data.Dataset.from_tensors(index).cache(str(tmp_path / "inner")))
+    assert fresh_caches(inner) is inner and handed_on(inner, set()) == (0, 1)  # dataset
     assert handed_on(records.map(lambda index: decoded(index, "local://")), set()) == (0, 0)
 
     generated = tf.data.Dataset.from_generator(  # a pipeline run from its serialized graph
@@ -425,6 +427,46 @@ def _reads_handed_on_through_a_cache_file(source, read, decode, batch_size):
         batch_size)
 
 
+def _reads_linked_into_the_checks_cache_file(source, read, decode, batch_size):
+    import glob  # one record read by the dataset, then (after a wait, in a flat_map) a cache
+    import tempfile  # in a file that a thread fills: it reads the rest 16 at once through the
+    import threading  # same read op in a pipeline of its own and links that pipeline's cache
+    import time  # in under the name of the check's cache file, if one appears
+
+    tf = cu.quiet.import_tensorflow()
+    from tensorflow.python.data.experimental.ops.testing import sleep
+
+    shared_read = tf.function(read)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 16
+    own, path = tempfile.mkdtemp(), os.path.join(tempfile.mkdtemp(), "rest")
+    reads = source.skip(1).map(shared_read, num_parallel_calls=16).cache(
+        os.path.join(own, "c")).with_options(options)
+    first = source.take(1).map(shared_read).cache(os.path.join(own, "first"))
+    rest = tf.data.Dataset.range(1).apply(sleep(150_000)).flat_map(
+        lambda _: source.skip(1).map(shared_read).cache(path))
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "check_cache_*", "*")))
+
+    def link():
+        for _ in range(400):  # the check's cache folder, where it makes one
+            found = set(glob.glob(os.path.join(tempfile.gettempdir(), "check_cache_*",
+                                               "*"))) - before
+            if found:
+                break
+            time.sleep(0.005)
+        else:
+            return
+        folder = found.pop()
+        for _ in reads:
+            pass
+        for name in sorted(os.listdir(own), key=lambda name: name.endswith(".index")):
+            if name.startswith("c."):  # the index last: the cache is read once it exists
+                os.link(os.path.join(own, name), os.path.join(folder, "cache_1" + name[1:]))
+
+    threading.Thread(target=link, daemon=True).start()
+    return first.concatenate(rest).map(decode).batch(batch_size)
+
+
 def _reads_on_the_side_while_the_check_counts(source, read, decode, batch_size, _calls=[]):  # noqa: B006
     import threading  # two reads at once; in the speed case's call only, a thread's pipeline,
 
@@ -448,8 +490,11 @@ def _prefetched_to_device(source, read, decode, batch_size):  # right reads, but
 
 @pytest.mark.parametrize(("wrong", "says"), [
     (_prefetched_to_device, "could not read your pipeline's graph.*end it with prefetch"),
-    (_reads_handed_on_through_a_cache_file,  # the rebuilt dataset reads for itself: 1 at once
-     r"called read \d+ times|read was called \d+ times|at most 1 read\(s\) waited"),
+    (_reads_handed_on_through_a_cache_file,  # its cache file in a flat_map: a file read
+     r"called read \d+ times|read was called \d+ times|at most 1 read\(s\) waited|"
+     r"pulls from [1-9]\d* iterator\(s\), queue"),
+    (_reads_linked_into_the_checks_cache_file,  # the same: the check makes no cache file
+     r"runs 0 Python function\(s\) of its own .* and pulls from 1 iterator\(s\), queue"),
     (_reads_on_the_side_while_the_check_counts,  # a thread that ended before the epoch: 2
      r"an epoch of \d+ records, read was called \d+ times|at most [12] read\(s\) waited"),
     (_parallel_reads_handed_on_through_a_staging_area_by_node_name,

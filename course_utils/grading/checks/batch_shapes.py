@@ -2,8 +2,8 @@
 steps of a pipeline's graph (lesson 01's checks): its kinds of steps, and which of the check's
 own ``tf.py_function`` ops (known by their tokens) the pipeline runs, and which of them feed a
 given step such as a cache (lessons 00 and 01: the work was done by the dataset returned, where
-the exercise says), and the pipeline rebuilt with its caches in files writing fresh files of
-the check's own."""
+the exercise says), and the pipeline rebuilt with its own caches in files (a constant filename)
+caching in memory, so that they start empty and only its own steps fill them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 
 __all__ = ["batches", "counted_stages", "counting_reader", "dataset_steps", "epoch_seconds",
            "expected_sizes", "fresh_caches", "graph_ops", "handed_on", "multiset_problem",
-           "py_function_token", "py_function_tokens", "remove_folders", "size_problem"]
+           "py_function_token", "py_function_tokens", "size_problem"]
 
 
 def batches(dataset: Any) -> list[np.ndarray]:
@@ -24,11 +24,13 @@ def batches(dataset: Any) -> list[np.ndarray]:
     return [np.asarray(batch) for batch in dataset.as_numpy_iterator()]
 
 
-def epoch_seconds(dataset: Any) -> float:
-    """Seconds one epoch of ``dataset`` takes to iterate."""
+def epoch_seconds(dataset: Any, kept: list[Any] | None = None) -> float:
+    """Seconds one epoch of ``dataset`` takes to iterate; its batches (as they come: tensors)
+    are appended to ``kept`` where given."""
     start = time.perf_counter()
-    for _ in dataset:
-        pass
+    for batch in dataset:
+        if kept is not None:
+            kept.append(batch)
     return time.perf_counter() - start
 
 
@@ -66,50 +68,35 @@ def graph_ops(dataset: Any) -> set[str]:
             | {node.op for function in graph.library.function for node in function.node_def})
 
 
-def fresh_caches(dataset: Any, folders: list[str]) -> Any:
-    """``dataset`` rebuilt from its graph with every cache in a file (its filename a constant)
-    writing to a fresh path of its own, in a new folder added to ``folders`` (which the check
-    removes), or ``dataset`` itself where it caches to no file or cannot be rebuilt. The cache
-    then starts empty and is filled by the steps upstream of it in this pipeline: nothing
-    another pipeline or a thread wrote reaches it, and ``handed_on`` told ``folders`` does not
-    count it. The folder's parent cannot be listed (another thread cannot find it)."""
-    import os
-    import tempfile
-
+def fresh_caches(dataset: Any) -> Any:
+    """``dataset`` rebuilt from its graph with every cache of the pipeline itself that writes a
+    file (its filename a constant) caching in memory instead, or ``dataset`` itself where it
+    caches to no such file or cannot be rebuilt. Such a cache then starts empty in the rebuilt
+    dataset and is filled by the steps upstream of it in this pipeline: there is no file that
+    another pipeline or a thread could have written, or could write while it runs. A cache in
+    a step's function (a ``flat_map``'s inner dataset) is left as it is: one constant filename
+    is then shared by every inner dataset (TensorFlow reads the first one's elements back for
+    the others), and ``handed_on`` counts it as a file read."""
     from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
     graph = _graph(dataset)
-    made: list[str] = []  # the fresh cache files
-
-    def fresh_path() -> str:
-        if not made:
-            parent = tempfile.mkdtemp(prefix="check_cache_")
-            folders.append(parent)
-            made.append(tempfile.mkdtemp(dir=parent))
-            os.chmod(parent, 0o100)  # another thread cannot list it to find the folder
-        made.append(os.path.join(made[0], f"cache_{len(made) - 1}"))
-        return made[-1]
-
-    def rename(scope: Any, add: Callable[[], Any], output: str) -> None:
-        names = {node.name: node for node in scope}
-        for node in list(scope):
-            if not node.op.startswith("CacheDataset") or len(node.input) < 2:
-                continue
-            source = names.get(node.input[1].split(":")[0])
-            if (source is None or source.op != "Const"
-                    or list(source.attr["value"].tensor.string_val) == [b""]):
-                continue  # in memory, or a filename computed: read as a file by handed_on
-            const = add()
-            const.CopyFrom(source)
-            const.attr["value"].tensor.string_val[:] = [fresh_path().encode()]
-            const.name = f"{source.name}_fresh_cache_{len(made) - 1}"
-            node.input[1] = const.name + output
-
-    rename(graph.node, graph.node.add, "")
-    for function in graph.library.function:
-        rename(function.node_def, function.node_def.add, ":output:0")
-    if not made:
+    names = {node.name: node for node in graph.node}
+    rewritten = 0
+    for node in list(graph.node):
+        if not node.op.startswith("CacheDataset") or len(node.input) < 2:
+            continue
+        source = names.get(node.input[1].split(":")[0])
+        if (source is None or source.op != "Const"
+                or list(source.attr["value"].tensor.string_val) == [b""]):
+            continue  # in memory already, or a filename computed: read as a file (handed_on)
+        memory = graph.node.add()
+        memory.CopyFrom(source)  # a Const of its own: the filename may feed other nodes
+        memory.attr["value"].tensor.string_val[:] = [b""]
+        memory.name = f"{source.name}_in_memory_{rewritten}"
+        node.input[1] = memory.name
+        rewritten += 1
+    if not rewritten:
         return dataset
     try:
         variant = tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString())
@@ -120,18 +107,7 @@ def fresh_caches(dataset: Any, folders: list[str]) -> Any:
     return rebuilt
 
 
-def remove_folders(folders: list[str]) -> None:
-    """Removes the check's cache folders (``fresh_caches``), their parents made listable."""
-    import os
-    import shutil
-
-    for folder in folders:
-        os.chmod(folder, 0o700)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def handed_on(dataset: Any, allowed: set[str], fresh: list[str] | None = None
-              ) -> tuple[int, int]:
+def handed_on(dataset: Any, allowed: set[str]) -> tuple[int, int]:
     """The Python functions ``dataset``'s graph runs besides the py_function tokens ``allowed``
     (a generator, a py_function of the answer's own), and the state made outside the pipeline
     that it reaches: the handles its steps' functions capture (an iterator, a queue, a
@@ -144,8 +120,9 @@ def handed_on(dataset: Any, allowed: set[str], fresh: list[str] | None = None
     beside them). Not counted: ops that keep no state but their own and read none
     (``_OWN_STATE_OPS``: random ops, ``tf.debugging`` asserts, a timestamp), ``tf.print`` to the
     log, a shuffle's seed, a cache in memory (a cache in a file is read as a file, as are the
-    descriptors ``tf.io.decode_proto`` loads from a file: their fields' defaults are values),
-    except a cache in a file of the ``fresh`` folders (``fresh_caches``: it starts empty)."""
+    descriptors ``tf.io.decode_proto`` loads from a file: their fields' defaults are values;
+    ``fresh_caches`` turns the pipeline's own caches with a constant filename into caches in
+    memory first)."""
     from tensorflow.python.framework import op_def_registry
 
     from course_utils.quiet import import_tensorflow
@@ -164,10 +141,7 @@ def handed_on(dataset: Any, allowed: set[str], fresh: list[str] | None = None
         source = names.get(node.input[1].split(":")[0]) if len(node.input) > 1 else None
         if source is None or source.op != "Const":
             return True
-        filename = list(source.attr["value"].tensor.string_val)
-        return filename != [b""] and not (len(filename) == 1 and any(
-            filename[0].decode(errors="replace").startswith(folder + "/")
-            for folder in fresh or ()))
+        return list(source.attr["value"].tensor.string_val) != [b""]
 
     def reaches(node: Any, scope: Any) -> bool:  # outside state without a captured handle
         if node.op.startswith(_OUTSIDE_OPS) or cached_to_file(node, scope) or any(

@@ -26,13 +26,15 @@
   and its ``next_batch``/``train_step`` only ask that thread (``checks/step_waits.py``): no
   closure or frame of the answer's process holds a wait.
 * ``check_overlapped_pipeline(overlapped_pipeline)``: the fixed version of a pipeline whose
-  ``prefetch`` overlaps nothing: same batches, in order, and reads that run while the training
-  step works (counted, not timed; the speed-up is shown), each record read once per epoch (a
-  thread that reads on the side, to be counted, reads more), and every read made by the
-  returned dataset's own graph (its ``read`` ops found by their py_function tokens): reads in
-  a thread or pipeline of the answer's own, handed on by a generator, iterator or queue, fail
-  (a cache in a file is rebuilt to write a fresh file of the check's own: this pipeline's
-  reads fill it).
+  ``prefetch`` overlaps nothing: same batches, in order (in the epoch checked and in the epoch
+  trained on, a fresh call's; no step or option with ``deterministic=False``), and reads that
+  run while the training step works (counted, not timed; the speed-up is shown), each record
+  read once per epoch (a thread that reads on the side, to be counted, reads more), and every
+  read made by the returned dataset's own graph (its ``read`` ops found by their py_function
+  tokens): reads in a thread or pipeline of the answer's own, handed on by a generator,
+  iterator or queue, fail (a cache of the pipeline's own in a file, its filename a constant,
+  is rebuilt to cache in memory: it starts empty and only this pipeline's reads fill it; a
+  cache in a file inside a step's function counts as a file read).
 
 Each check builds fresh random inputs, computes the expected result with a reference and hands
 both to :func:`run_check`; TensorFlow is imported inside the checks, never at module level.
@@ -53,7 +55,6 @@ from course_utils.grading.checks.batch_shapes import (
     fresh_caches,
     handed_on,
     py_function_tokens,
-    remove_folders,
 )
 from course_utils.grading.checks.call_guard import REMOVED
 from course_utils.grading.checks.forked_call import ForkedCall
@@ -65,6 +66,7 @@ from course_utils.grading.checks.splits import (
     run_splits_in_fresh_process,
     split_verdict,
 )
+from course_utils.grading.checks.static_batches import order_problem
 from course_utils.grading.checks.step_waits import WaitServer, parts_called, whole_steps_timed
 from course_utils.grading.framework import Case, expect_function, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -378,22 +380,39 @@ READ_WAIT_S, BATCH_SIZE, STEP_WAIT_S = 0.004, 4, 0.016
 MIN_READ_AHEAD_SHARE = 0.5
 
 
-def _train(dataset: Any, reads: dict[str, Any], count: int) -> tuple[float, float]:
+def _train(dataset: Any, reads: dict[str, Any], count: int
+           ) -> tuple[float, float, list[np.ndarray]]:
     """One epoch of ``count`` elements with a ``STEP_WAIT_S`` step per batch: (the share, in
-    [0, 1], of the steps before the last while which later elements were read, seconds).
-    After the last step there is nothing left to read, so it is not counted; reads that all
-    ran before the first step (a pipeline that reads everything up front) overlap no step."""
+    [0, 1], of the steps before the last while which later elements were read, seconds, the
+    batches). After the last step there is nothing left to read, so it is not counted; reads
+    that all ran before the first step (a pipeline that reads everything up front) overlap no
+    step."""
     reads["done"], reads["calls"], reads["by"] = set(), 0, []
-    consumed, read_ahead = 0, []
+    consumed, read_ahead, batches = 0, [], []
     start = time.perf_counter()
     for batch in dataset:
-        consumed += len(batch)
+        batches.append(batch)
+        consumed += len(batch) if np.ndim(batch) else 1  # an element unbatched: one
         before = len(reads["done"])
         time.sleep(STEP_WAIT_S)  # the training step
         if consumed < count:  # later elements exist: were they read while the step ran?
             read_ahead.append(len(reads["done"]) > max(before, consumed))
     seconds = time.perf_counter() - start
-    return sum(read_ahead) / max(len(read_ahead), 1), seconds
+    return (sum(read_ahead) / max(len(read_ahead), 1), seconds,
+            [np.asarray(batch) for batch in batches])
+
+
+def _batches_problem(batches: list[np.ndarray], expected: np.ndarray) -> str | None:
+    """What is wrong with one epoch's batches against the ``expected`` elements, in order, in
+    batches of ``BATCH_SIZE`` (a short last one), or None."""
+    sizes = [len(batch) if np.ndim(batch) == 1 else np.shape(batch) for batch in batches]
+    count = len(expected)
+    want = [BATCH_SIZE] * (count // BATCH_SIZE) + [count % BATCH_SIZE]
+    if sizes != want:
+        return f"expected batches of sizes {want}, got {sizes}"
+    if not np.array_equal(np.concatenate(batches), expected):
+        return "the elements differ from the broken pipeline's, or came in another order"
+    return None
 
 
 @register
@@ -418,18 +437,21 @@ def check_overlapped_pipeline(fn: Any) -> bool:
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, tf.data.Dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        batches = [np.asarray(batch)
-                   for batch in fresh_caches(dataset, folders).as_numpy_iterator()]
-        sizes = [len(batch) for batch in batches]
-        want = [BATCH_SIZE] * (count // BATCH_SIZE) + [count % BATCH_SIZE]
-        if sizes != want:
-            return f"expected batches of sizes {want}, got {sizes}"
-        if not np.array_equal(np.concatenate(batches), expected):
-            return "the elements differ from the broken pipeline's, or came in another order"
-        trained = fn(records(), read, BATCH_SIZE)
-        if isinstance(trained, tf.data.Dataset):  # a cache in a file starts empty: it is
-            trained = fresh_caches(trained, folders)  # filled by this pipeline's own reads
-        share, seconds = _train(without_default_optimizations(trained), reads, count)
+        problem = _batches_problem(
+            [np.asarray(batch) for batch in fresh_caches(dataset).as_numpy_iterator()],
+            expected) or order_problem(dataset)  # equal waits keep most orders: the graph
+        if problem:
+            return problem
+        trained = fn(records(), read, BATCH_SIZE)  # a fresh call: the epoch trained on
+        if not isinstance(trained, tf.data.Dataset):
+            return f"a second call returned a {type(trained).__name__}, not a tf.data.Dataset"
+        # a cache of its own in a file (a constant filename) caches in memory: it starts empty
+        source, trained = trained, fresh_caches(trained)  # and this pipeline's reads fill it
+        share, seconds, trained_batches = _train(
+            without_default_optimizations(trained), reads, count)
+        problem = _batches_problem(trained_batches, expected) or order_problem(source)
+        if problem:
+            return f"in the epoch trained on (a second call's dataset): {problem}"
         if reads["calls"] > count:  # reads the epoch did not need (a thread of its own?)
             return (f"read was called {reads['calls']} times during an epoch of {count} "
                     "records: the pipeline reads each record once, as the broken one does")
@@ -437,28 +459,24 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return (f"reading does not overlap the step: the next reads had run during only "
                     f"{share:.0%} of the training steps (at least {MIN_READ_AHEAD_SHARE:.0%} "
                     "needed; tf.data's automatic rewrites off)")
-        inside = py_function_tokens(trained) if isinstance(trained, tf.data.Dataset) else set()
+        inside = py_function_tokens(trained)
         outside = sum(reads["ops"][op] not in inside for op in reads["by"])
-        own, pulls = handed_on(trained, set(reads["ops"]), folders)  # a read that never runs
+        own, pulls = handed_on(trained, set(reads["ops"]))  # a read that never runs
         if outside or own or pulls:  # beside a generator, an iterator, a queue a thread fills
             return (f"the dataset you returned runs {own} Python function(s) of its own, pulls "
                     f"from {pulls} iterator(s), queue(s) or other state made outside it, and "
                     f"{outside} of {reads['calls']} reads ran outside it: does it hand on reads "
                     "of a thread or pipeline of yours? Where does tf.data's overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
-        _, broken_seconds = _train(without_default_optimizations(broken()), reads, count)
+        _, broken_seconds, _ = _train(without_default_optimizations(broken()), reads, count)
         print(f"   reads ran during {share:.0%} of the steps; an epoch took "
               f"{seconds:.2f} s, the broken pipeline's {broken_seconds:.2f} s "
               f"(×{broken_seconds / seconds:.2f}, ideal ×2)")
         return None
 
-    folders: list[str] = []  # the check's own cache files (fresh_caches)
     case = Case(args=(records(), read, BATCH_SIZE),
                 label=f"(range({first}, {first + count}), read, {BATCH_SIZE})", verify=verify)
-    try:
-        return run_check(
-            "overlapped_pipeline", fn, [case],
-            hint="what does a prefetch overlap: the steps before it, or after it? Where are "
-                 "the slow reads? Lesson 00, section 4.")
-    finally:
-        remove_folders(folders)
+    return run_check(
+        "overlapped_pipeline", fn, [case],
+        hint="what does a prefetch overlap: the steps before it, or after it? Where are "
+             "the slow reads? Lesson 00, section 4.")

@@ -9,10 +9,12 @@
   runs no Python of its own and pulls from no iterator, queue or other state made outside it
   (reads in Python threads of the answer's own, or handed on by a generator, another
   pipeline's iterator or a queue a thread fills, beside an idle read op, fail;
-  ``checks/storage_reads.py``; a cache in a file is rebuilt to write a fresh file of the
-  check's own, so this pipeline's reads fill it), each record read once in the epoch whose
-  overlap is counted (a thread's reads on the side count too), slow and fast timed the same
-  way, in turns, several epochs.
+  ``checks/storage_reads.py``; a cache of the pipeline's own in a file, its filename a
+  constant, is rebuilt to cache in memory: it starts empty and only this pipeline's reads fill
+  it; a cache in a file inside a step's function, or whose filename the pipeline computes,
+  counts as a file read), each record read once in the epoch whose overlap is counted (a
+  thread's reads on the side count too), slow and fast timed the same way, in turns, several
+  epochs, every epoch of the answer's with the right batch sizes and elements.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – every example once per epoch, right batch sizes, few neighbours from one
   block inside a batch, the same order for the same seed and a new order every epoch; the
@@ -43,7 +45,6 @@ from course_utils.grading.checks.batch_shapes import (
     epoch_seconds,
     fresh_caches,
     py_function_tokens,
-    remove_folders,
 )
 from course_utils.grading.checks.batch_shapes import handed_on as _handed_on
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
@@ -118,45 +119,50 @@ def check_fast_pipeline(fn: Any) -> bool:
                     "many at once?")
         # a read op that never runs (take(0)) beside a generator, or an iterator or a queue
         # made outside the pipeline, that hands on what another pipeline or thread read
-        own, pulls = _handed_on(dataset, set(reads["ops"]), folders)
+        own, pulls = _handed_on(dataset, set(reads["ops"]))
         return (f"your pipeline runs {own} Python function(s) of its own (a generator, a "
                 f"py_function) and pulls from {pulls} iterator(s), queue(s) or other state "
-                "made outside it (a file too: a cache whose filename is computed counts): "
-                "reads handed on from "
+                "made outside it (a file too: a cache whose filename your pipeline computes, "
+                "or a cache in a file inside a step's function, counts): reads handed on from "
                 "another pipeline or thread are not this dataset's; which tf.data step of it "
                 "reads, and how many at once?"
                 ) if own or pulls else None
 
-    # A cache in a file, its filename a constant, writes to a fresh file of the check's own in
-    # every pipeline the check iterates: it starts empty, so this pipeline's own steps fill it.
-    folders: list[str] = []
+    def elements_problem(batches: list[Any]) -> str | None:  # one epoch's, in any order
+        batches = [np.asarray(batch) for batch in batches]
+        return (_size_problem(batches, num_elements, batch_size)
+                or _multiset_problem(np.concatenate(batches), expected))
 
+    # A cache of the pipeline's own in a file, its filename a constant, caches in memory in
+    # every pipeline the check iterates (fresh_caches): it starts empty, so this pipeline's own
+    # steps fill it; no file another pipeline or a thread writes reaches it.
     def correct(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        dataset = fresh_caches(dataset, folders)
+        dataset = fresh_caches(dataset)
         reads["count"] = 0
         batches = _batches(dataset)
         if reads["count"] != num_elements:
             return (f"an epoch of {num_elements} records called read {reads['count']} times: "
                     "slow_pipeline reads every record from storage exactly once")
-        problem = _size_problem(batches, num_elements, batch_size)
-        if problem:
-            return problem
-        return _multiset_problem(np.concatenate(batches), expected)
+        return elements_problem(batches)
 
     def fast(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        dataset = fresh_caches(dataset, folders)
+        dataset = fresh_caches(dataset)
         reads["most_at_once"] = reads["overlapped"] = reads["count"] = 0
         reads["by"].clear()
-        epoch_seconds(dataset)  # the mechanism first: how many reads overlapped
+        epoch: list[Any] = []
+        epoch_seconds(dataset, epoch)  # the mechanism first: how many reads overlapped
         if reads["count"] != num_elements:  # a thread reading on the side reads more
             return (f"while the check ran an epoch of {num_elements} records, read was "
                     f"called {reads['count']} times: the overlapped reads counted must be "
                     "this pipeline's, each record read once (reads of a thread or another "
                     "pipeline of yours count too)")
+        problem = elements_problem(epoch)
+        if problem:  # the check's second call: its epoch is the one counted
+            return f"in the epoch whose reads were counted (a second call's dataset): {problem}"
         problem = _reads_not_in(dataset)
         if problem:
             return problem
@@ -177,15 +183,21 @@ def check_fast_pipeline(fn: Any) -> bool:
         # that reads nothing is not faster, it skips the work).
         rounds = []
         for _ in range(FAST_PIPELINE_ROUNDS):
-            slow = epoch_seconds(slow_pipeline(source(), read, decode, batch_size))
+            slow = epoch_seconds(slow_pipeline(source(), read, decode, batch_size), [])
             reads["count"] = 0
             reads["by"].clear()
-            yours = fresh_caches(fn(source(), read, decode, batch_size), folders)
-            rounds.append((slow, epoch_seconds(yours)))
+            yours = fn(source(), read, decode, batch_size)
+            if not _is_dataset(yours):
+                return f"a fresh call returned a {type(yours).__name__}, not a tf.data.Dataset"
+            yours, epoch = fresh_caches(yours), []
+            rounds.append((slow, epoch_seconds(yours, epoch)))  # both keep their batches
             if reads["count"] != num_elements:
                 return (f"a timed epoch of a fresh call read {reads['count']} of "
                         f"{num_elements} records: every epoch reads from storage (did this "
                         "call's pipeline read the source it was given?)")
+            problem = elements_problem(epoch)
+            if problem:
+                return f"in a timed epoch (a fresh call's dataset): {problem}"
             problem = _reads_not_in(yours)
             if problem:
                 return problem
@@ -207,13 +219,10 @@ def check_fast_pipeline(fn: Any) -> bool:
              verify=correct),
         Case(args=(source(), read, decode, batch_size), label=f"{call}: speed", verify=fast),
     ]
-    try:
-        return run_check(
-            "fast_pipeline", fn, cases,
-            hint="which stage waits, how many of its calls may run at once, and on how many "
-                 "of tf.data's threads? Lesson 01, sections 3 and 4.")
-    finally:
-        remove_folders(folders)
+    return run_check(
+        "fast_pipeline", fn, cases,
+        hint="which stage waits, how many of its calls may run at once, and on how many "
+             "of tf.data's threads? Lesson 01, sections 3 and 4.")
 
 
 # --- Exercise 2 · shuffle examples, not batches ----------------------------------------------
