@@ -270,7 +270,7 @@ def _make_watch(tf_of: Any, layout: str, parts: dict[str, Any], bound: dict[str,
         closer = finalize(record, end, close_write, child)
         log = writer(current, killer(bound["kill"], child.pid), layout, bound["write"],
                      bound["pack"])
-        drain = reader(close_write, child, layout, bound)  # held by the judge alone
+        drain = reader(close_write, child, layout, bound, current)  # held by the judge alone
         status = counter(bound["getattr"], bound["sum"], bound["is_set"])
         return classes(coordinator, tf_of(), record, log, drain, status, closer, parts)
 

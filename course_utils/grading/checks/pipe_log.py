@@ -87,7 +87,7 @@ def _make_pipe_log(copy: tuple[str, ...], parts: dict[str, Any], bound: dict[str
         close_write, current = closing(write_fd)
         log = writer(current, killer(bound["kill"], child.pid), _LAYOUT, bound["write"],
                      bound["pack"])
-        drain, read_once = reader(close_write, child, _LAYOUT, bound), []
+        drain, read_once = reader(close_write, child, _LAYOUT, bound, current), []
 
         def read() -> dict[str, list[Any]] | str:
             if not read_once:
