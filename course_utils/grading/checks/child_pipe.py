@@ -26,7 +26,7 @@ __all__ = ["COPY", "MARK", "child_reader", "closer", "end", "killer", "pipe_writ
 #: never exists in another process, say so with :data:`MARK` and write nothing more before the
 #: pipe is closed.
 MARK = b"\0"
-TRACED = 3  # the child's exit status where a tracer held it before it was undumpable
+TRACED = 75  # the child's exit status where a tracer held it before it was undumpable
 COPY = (sys.executable, "-I", "-S", "-c",
         "import os, socket, sys\n"
         "try:\n import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE\n"
@@ -36,7 +36,7 @@ COPY = (sys.executable, "-I", "-S", "-c",
         "  traced = any(line.split()[1:] != ['0'] for line in status\n"
         "               if line.startswith('TracerPid:'))\n"
         "except OSError: traced = False\n"
-        "if traced: sys.exit(3)\n"
+        "if traced: sys.exit(75)\n"
         "read_fd, write_fd = os.pipe()\n"
         "socket.send_fds(socket.socket(fileno=0), [b'\\0'], [write_fd]); os.close(write_fd)\n"
         "sys.stdout.buffer.write(b'\\0'); sys.stdout.flush()\n"

@@ -36,6 +36,7 @@ from typing import Any
 from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_passes import (
+    _UNBOUNDED,
     batches_per_worker,
     passes_message,
     unshuffled_share,
@@ -277,13 +278,31 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                     return message
             for w in sorted(shuffles):
                 short = unshuffled_share(shuffles[w], per_worker)
-                if short:
-                    buffer, size = short
-                    return (f"worker {w}'s dataset shuffles {size} examples with a buffer of "
-                            f"{buffer} (buffer_size of its ShuffleDataset): the shuffle buffer "
-                            f"is too small to shuffle them all, the last {size - buffer} of them "
-                            "can never come first. A pass shuffled over the whole share needs "
-                            "a buffer that holds it all (lesson 01, section 7)")
+                if not short:
+                    continue
+                buffer, size = short
+                if buffer == -1:
+                    return (f"worker {w}'s dataset has a branch whose shuffles of its {size} "
+                            "elements never reshuffle (reshuffle_each_iteration=False): that "
+                            "branch reads them in the same order in every pass. What does "
+                            "your shuffle do at a new pass? (lesson 01, section 7)")
+                if buffer == 0:
+                    return (f"worker {w}'s dataset has a branch that reads the examples in "
+                            f"stored order (its {size} slices reach it through no shuffle): "
+                            "whatever the passes read first, that branch's are never "
+                            "shuffled. Which step of yours reads the data unshuffled? "
+                            "(lesson 01, section 7)")
+                if buffer >= size or buffer == _UNBOUNDED:
+                    return (f"worker {w}'s dataset shuffles {size} elements, fewer than its "
+                            f"{per_worker} examples: its elements are groups of examples, "
+                            "which stay together (a shuffle after a batch, or of a part of "
+                            "the share). A pass shuffled over the whole share shuffles the "
+                            "examples themselves, all of them (lesson 01, section 7)")
+                return (f"worker {w}'s dataset shuffles {size} elements with a buffer of "
+                        f"{buffer} (buffer_size of its ShuffleDataset): the shuffle buffer "
+                        f"is too small to shuffle them all, the last {size - buffer} of them "
+                        "can never come first. A pass shuffled over the whole share needs "
+                        "a buffer that holds it all (lesson 01, section 7)")
             return None
 
         late = ("" if sized_for == workers else
