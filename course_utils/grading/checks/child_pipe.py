@@ -1,11 +1,22 @@
 """An OS pipe whose read end a child process holds, for a check's write-only log: the child copies
 what was written to the check once the pipe is closed, so that the check's own process holds no
 descriptor to read the log with (descriptors belong to the whole process, and a learner's code
-runs in it), nor can open one through the child's ``/proc/PID/fd`` (it is not dumpable: only a
-process with ``CAP_SYS_PTRACE``, root's, still can; the grader's jail leaves a submission none).
-The functions here, and the child's command :data:`COPY`, are bound by the logs that use them
-when the course is imported (lesson 04's :mod:`~course_utils.grading.checks.coordinator_watch`,
-lesson 08's :mod:`~course_utils.grading.checks.pipe_log`)."""
+runs in it). The child (:data:`COPY`, spawned with ``os.posix_spawn`` bound at import, with an
+empty environment) makes itself not dumpable (Linux) before it makes the pipe, and hands the check
+only the write end (``SCM_RIGHTS`` over a Unix socket): the read end never exists in the check's
+process, nor in a process the user may open through ``/proc/PID/fd`` or attach to, and a child a
+tracer attached to first refuses to go on. At each write and when the log is judged, another
+descriptor of the check's process on the pipe (a copy of the write end, or a read end brought
+back) ends the child or is named. What still reaches the log: a process with ``CAP_SYS_PTRACE``
+(root's, where the container gives it; the grader's jail leaves a submission none); one that can
+rewrite the Python the child runs (``sys.executable`` and its standard library: root, or the
+owner of the installation; a sandbox user cannot); and code of the check's process that takes the
+socket's or the pipe's descriptors in the instant between their making and the child's start, or
+moves them (``os.dup2``) for the call, and gives them to a process of its own: no check in the
+same process can stop that. The functions here, and the child's command :data:`COPY`, are bound
+by the logs that use them when the course is imported (lesson 04's
+:mod:`~course_utils.grading.checks.coordinator_watch`, lesson 08's
+:mod:`~course_utils.grading.checks.pipe_log`)."""
 
 from __future__ import annotations
 
