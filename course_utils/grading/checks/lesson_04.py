@@ -12,12 +12,16 @@ cannot start a second in-process cluster) and verifies what the parameter server
 * ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` of infinite
   cardinality (read on each worker), each worker its own examples (each with its own label),
   each pass reshuffled over the whole share (on each way from the worker's dataset down to a
-  source, a branch of a ``zip`` or a ``concatenate`` included, that has shuffles that
-  reshuffle each pass a known number of elements, a worker's share or more, one of them must
-  hold all its elements in its buffer: a full shuffle of another branch, or of fewer
-  elements, batches say, does not stand for it; where none has, a ``filter`` shard say, or a
-  shuffle inside ``flat_map``, only how far examples move is read: a buffer of three
-  quarters of such a share passes), and
+  source, a branch of a ``zip`` or a ``concatenate`` included, that has a shuffle that
+  reshuffles each pass a known number of elements, more than one, one of them must hold all its
+  elements in its buffer, and they must be a worker's share or more: a full shuffle of another
+  branch, or of fewer elements, batches say, does not stand for it; a way from the examples'
+  slices with no shuffle at all reads them in stored order, and a way whose only shuffles never
+  reshuffle, the same order every pass, whatever passes the check reads; with more than 62
+  ways, each such shuffle must hold its whole input). Still passes: where a way's shuffles are of
+  an unknown number of elements, a ``filter`` shard say, or a shuffle inside ``flat_map`` (its
+  function is read only to exempt the slices below it), only how far examples move is read: a
+  buffer of three quarters of such a share passes. And
   every batch full although a worker's share does not fill its last batch; the second case
   is a job sized for one worker more than run (one joins later), so that shards cut by the
   notebook's worker count instead of ``num_workers`` read too much;
