@@ -923,10 +923,12 @@ def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
             os.close(end)
 
 
-def test_a_log_copier_that_cannot_run_is_said_and_the_answer_not_blamed(monkeypatch):
+@pytest.mark.parametrize("status", [3, 75])
+def test_a_log_copier_that_cannot_run_is_said_and_the_answer_not_blamed(monkeypatch, status):
+    # 75: the copier found a tracer attached before it was undumpable
     from course_utils.grading.checks import coordinator_watch as cw
 
-    monkeypatch.setattr(cw, "_COPY", (sys.executable, "-c", "raise SystemExit(3)"))
+    monkeypatch.setattr(cw, "_COPY", (sys.executable, "-c", f"raise SystemExit({status})"))
     watch = cw._make_watch(  # as the module makes it, with a copier that exits at once
         cw._tf, cw.WatchRecord._EVENT,
         {"record": cw.WatchRecord, "writer": cw._pipe_writer, "reader": cw._child_reader,
@@ -939,7 +941,10 @@ def test_a_log_copier_that_cannot_run_is_said_and_the_answer_not_blamed(monkeypa
     watched, record = watch(_Coordinator())
     _windowed(watched, 5, 2)  # a right loop
     said = record.changed() or ""
-    assert "exited with status 3" in said and "not a fault of your answer" in said
+    if status == 75:
+        assert "was traced" in said, said
+    else:
+        assert "exited with status 3" in said and "not a fault of your answer" in said
 
 
 def test_a_write_the_pipe_refused_cannot_be_forged_through_a_copy_of_its_descriptor():

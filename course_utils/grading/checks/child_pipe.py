@@ -27,7 +27,8 @@ import subprocess
 import sys
 from typing import Any
 
-__all__ = ["COPY", "MARK", "child_reader", "closer", "end", "killer", "pipe_writer", "starter"]
+__all__ = ["COPY", "MARK", "TRACED", "child_reader", "closer", "end", "killer", "others",
+           "pipe_writer", "starter"]
 
 #: The child that holds the pipe's read end. It first makes itself not dumpable (Linux), so that
 #: no other process of the user (the check's, where the learner's code runs, included) may open

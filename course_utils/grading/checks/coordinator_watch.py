@@ -59,6 +59,7 @@ from types import MappingProxyType
 from typing import Any
 
 from course_utils.grading.checks.child_pipe import COPY as _COPY
+from course_utils.grading.checks.child_pipe import TRACED as _TRACED
 from course_utils.grading.checks.child_pipe import child_reader as _child_reader
 from course_utils.grading.checks.child_pipe import closer as _closer
 from course_utils.grading.checks.child_pipe import end as _end
@@ -183,6 +184,11 @@ def _judge(record: WatchRecord, drain: Any, closer: Any, replay: Any,
                 return ("the watch's log was held open after your function returned (a copy "
                         "of its descriptor kept): schedule through the coordinator you are "
                         "given, and leave the watch alone")
+            if events == _TRACED:
+                closer()
+                return ("the check's log copier was traced (ptrace) before it made itself "
+                        "undumpable, so its log cannot be trusted: leave the check's child "
+                        "processes alone")
             if isinstance(events, int):
                 closer()
                 return (f"the check's log copier (a child Python: {_COPY[0]!r} -I -S) exited "

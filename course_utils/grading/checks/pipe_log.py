@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.child_pipe import COPY as _COPY
+from course_utils.grading.checks.child_pipe import TRACED as _TRACED
 from course_utils.grading.checks.child_pipe import child_reader as _child_reader
 from course_utils.grading.checks.child_pipe import closer as _closer
 from course_utils.grading.checks.child_pipe import end as _end
@@ -112,6 +113,9 @@ def _judged(events: Any, status: int | None, replay: Any) -> dict[str, list[Any]
     if events is None:
         return ("the check's step log was held open after your function returned (a copy of "
                 f"its descriptor kept): {leave}")
+    if events == _TRACED:
+        return ("the check's log copier was traced (ptrace) before it made itself undumpable, "
+                f"so its log cannot be trusted: {leave}")
     if isinstance(events, int):
         return (f"the check's log copier (a child Python: {_COPY[0]!r} -I -S) exited with "
                 f"status {events} before it copied the log: this Python cannot run it, so the "
