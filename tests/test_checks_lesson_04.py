@@ -416,6 +416,74 @@ def unbounded_buffer(features, labels, size, num_workers):
         return data.shuffle(tf.data.UNKNOWN_CARDINALITY).repeat().batch(size)
     return dataset_fn
 
+def _share_of(features, num_workers):
+    return features.shape[0] // num_workers
+
+def _shard(features, labels, num_workers):
+    worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+    return tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
+
+def chunks_of(k):
+    def make_dataset_fn(features, labels, size, num_workers):
+        def dataset_fn():  # groups of k examples shuffled: they stay together
+            data = _shard(features, labels, num_workers).batch(k).shuffle(1000).unbatch()
+            return data.repeat().batch(size)
+        return dataset_fn
+    return make_dataset_fn
+
+def half_buffer_chunks(features, labels, size, num_workers):
+    def dataset_fn():  # a 3/4 buffer over pairs
+        n = _share_of(features, num_workers)
+        data = _shard(features, labels, num_workers).batch(2).shuffle(3 * n // 8).unbatch()
+        return data.repeat().batch(size)
+    return dataset_fn
+
+def one_short(features, labels, size, num_workers):
+    def dataset_fn():  # a 3/4 buffer over all but one example
+        n, data = _share_of(features, num_workers), _shard(features, labels, num_workers)
+        data = data.take(n - 1).shuffle(3 * n // 4).concatenate(data.skip(n - 1))
+        return data.repeat().batch(size)
+    return dataset_fn
+
+def three_then_stored(features, labels, size, num_workers):
+    def dataset_fn():  # shuffled for three passes, then stored order for good
+        data = _shard(features, labels, num_workers)
+        return data.shuffle(1000).repeat(3).concatenate(data.repeat()).batch(size)
+    return dataset_fn
+
+def three_then_fixed(features, labels, size, num_workers):
+    def dataset_fn():  # shuffled for three passes, then one order for good
+        data = _shard(features, labels, num_workers)
+        fixed = data.shuffle(1000, reshuffle_each_iteration=False).repeat()
+        return data.shuffle(1000).repeat(3).concatenate(fixed).batch(size)
+    return dataset_fn
+
+def many_ways(features, labels, size, num_workers):
+    def dataset_fn():  # a 3/4 buffer zipped with 63 full shuffles of nothing read
+        n = _share_of(features, num_workers)
+        data = _shard(features, labels, num_workers).shuffle(3 * n // 4)
+        decoys = tuple(tf.data.Dataset.range(100).shuffle(100).repeat() for _ in range(63))
+        return tf.data.Dataset.zip((data, *decoys)).map(lambda x, *_: x).repeat().batch(size)
+    return dataset_fn
+
+def shuffled_in_flat_map(features, labels, size, num_workers):
+    def dataset_fn():  # right: the share shuffled inside a flat_map over two keys, one pass each
+        n = _share_of(features, num_workers)
+        keys = tf.data.Dataset.from_tensor_slices([0, 1])
+        data = keys.flat_map(lambda _: _shard(features, labels, num_workers).shuffle(n))
+        return data.repeat().batch(size)
+    return dataset_fn
+
+def shuffled_positions(features, labels, size, num_workers):
+    def dataset_fn():  # right: positions shuffled, examples gathered
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        n = _share_of(features, num_workers)
+        places = tf.data.Dataset.range(n).shuffle(n)
+        at = lambda i: i * num_workers + tf.cast(worker, tf.int64)
+        data = places.map(lambda i: (tf.gather(features, at(i)), tf.gather(labels, at(i))))
+        return data.repeat().batch(size)
+    return dataset_fn
+
 for name, fn in [("right", make()), ("stub", stub),
                  ("lesson_order", make(order="shuffle batch repeat")),
                  ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
@@ -433,7 +501,13 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("beside_a_full_shuffle", beside_a_full_shuffle),
                  ("and_a_one_element_shuffle", and_a_one_element_shuffle),
                  ("full_then_a_small_shuffle", full_then_a_small_shuffle),
-                 ("unbounded_buffer", unbounded_buffer)]:
+                 ("unbounded_buffer", unbounded_buffer),
+                 ("chunks_of_2", chunks_of(2)), ("chunks_of_4", chunks_of(4)),
+                 ("half_buffer_chunks", half_buffer_chunks), ("one_short", one_short),
+                 ("three_then_stored", three_then_stored),
+                 ("three_then_fixed", three_then_fixed), ("many_ways", many_ways),
+                 ("shuffled_in_flat_map", shuffled_in_flat_map),
+                 ("shuffled_positions", shuffled_positions)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -555,6 +629,16 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "and_a_one_element_shuffle"): "too small",
         ("DATASET", "full_then_a_small_shuffle"): "PASS",
         ("DATASET", "unbounded_buffer"): "PASS",
+        # groups of examples shuffled, a branch unshuffled, a way past the passes read
+        ("DATASET", "chunks_of_2"): "groups of examples",
+        ("DATASET", "chunks_of_4"): "groups of examples",
+        ("DATASET", "half_buffer_chunks"): "too small",
+        ("DATASET", "one_short"): "too small|stored order",
+        ("DATASET", "three_then_stored"): "stored order",
+        ("DATASET", "three_then_fixed"): "same order in every pass",
+        ("DATASET", "many_ways"): "too small",
+        ("DATASET", "shuffled_in_flat_map"): "PASS",
+        ("DATASET", "shuffled_positions"): "PASS",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",
@@ -839,10 +923,12 @@ def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
             os.close(end)
 
 
-def test_a_log_copier_that_cannot_run_is_said_and_the_answer_not_blamed(monkeypatch):
+@pytest.mark.parametrize("status", [3, 75])
+def test_a_log_copier_that_cannot_run_is_said_and_the_answer_not_blamed(monkeypatch, status):
+    # 75: the copier found a tracer attached before it was undumpable
     from course_utils.grading.checks import coordinator_watch as cw
 
-    monkeypatch.setattr(cw, "_COPY", (sys.executable, "-c", "raise SystemExit(3)"))
+    monkeypatch.setattr(cw, "_COPY", (sys.executable, "-c", f"raise SystemExit({status})"))
     watch = cw._make_watch(  # as the module makes it, with a copier that exits at once
         cw._tf, cw.WatchRecord._EVENT,
         {"record": cw.WatchRecord, "writer": cw._pipe_writer, "reader": cw._child_reader,
@@ -855,7 +941,10 @@ def test_a_log_copier_that_cannot_run_is_said_and_the_answer_not_blamed(monkeypa
     watched, record = watch(_Coordinator())
     _windowed(watched, 5, 2)  # a right loop
     said = record.changed() or ""
-    assert "exited with status 3" in said and "not a fault of your answer" in said
+    if status == 75:
+        assert "was traced" in said, said
+    else:
+        assert "exited with status 3" in said and "not a fault of your answer" in said
 
 
 def test_a_write_the_pipe_refused_cannot_be_forged_through_a_copy_of_its_descriptor():
@@ -899,11 +988,16 @@ from course_utils.grading.checks.coordinator_watch import watch
 watched, record = watch(_Coordinator())
 child = max(int(pid) for task in os.listdir("/proc/self/task")
             for pid in open(f"/proc/self/task/{task}/children").read().split())
-try:
-    os.close(os.open(f"/proc/{child}/fd/0", os.O_RDONLY | os.O_NONBLOCK))
-    print("OPENED")
-except PermissionError:
-    print("REFUSED")
+opened = []
+for number in range(16):  # the read end is the one the child made: any of its descriptors
+    try:
+        os.close(os.open(f"/proc/{child}/fd/{number}", os.O_RDONLY | os.O_NONBLOCK))
+        opened.append(number)
+    except FileNotFoundError:
+        pass
+    except OSError:  # PermissionError; fd 0 a socket (ENXIO)
+        pass
+print("OPENED" if opened else "REFUSED", opened)
 """
 
 
@@ -921,4 +1015,68 @@ def test_the_log_copiers_read_end_cannot_be_opened_through_proc():
         command = [sys.executable, "-I", str(JAIL), json.dumps({"rlimits": {}}), "--", *command]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120,
                             env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1])))
-    assert result.stdout.split()[-1:] == ["REFUSED"], result.stdout + result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["REFUSED", "[]"], result.stdout + result.stderr[-3000:]
+
+
+def test_the_copier_is_spawned_past_a_patched_popen_and_its_read_end_never_reaches_the_check():
+    # A learner's cell replaced subprocess.Popen.__init__ with one that dup'd the int stdin
+    # (the log's read end) and passed: the copier is spawned with os.posix_spawn (bound at
+    # import), and it makes the pipe itself, once undumpable, handing over the write end only
+    import os
+    import stat
+    import subprocess
+
+    from course_utils.grading.checks.coordinator_watch import watch
+
+    stolen = []
+    init = subprocess.Popen.__init__
+
+    def spy(self, args, *rest, **kwargs):  # noqa: ANN001
+        stolen.append(kwargs.get("stdin"))
+        init(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = spy
+    try:
+        watched, record = watch(_Coordinator(_RunningRemote))
+    finally:
+        subprocess.Popen.__init__ = init
+    assert stolen == []
+    log = next(cell.cell_contents for cell in type(watched).schedule.__closure__
+               if getattr(cell.cell_contents, "__name__", "") == "log")
+    fd = next(cell.cell_contents for cell in log.__closure__
+              if getattr(cell.cell_contents, "__name__", "") == "current")()
+    pipe = os.fstat(fd).st_ino
+    ends = [int(name) for name in os.listdir("/proc/self/fd")
+            if _is_pipe(int(name), pipe, stat)]
+    assert ends == [fd]
+    _windowed(watched, 5, 2)
+    assert record.changed() is None
+
+
+def _is_pipe(number, pipe, stat):
+    try:
+        info = os.fstat(number)
+    except OSError:
+        return False
+    return stat.S_ISFIFO(info.st_mode) and info.st_ino == pipe
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /proc")
+def test_another_descriptor_on_the_log_pipe_is_named_at_each_write_and_when_judged():
+    from course_utils.grading.checks.coordinator_watch import watch
+
+    for when in ("judged", "written"):
+        watched, record = watch(_Coordinator(_RunningRemote))
+        log = next(cell.cell_contents for cell in type(watched).schedule.__closure__
+                   if getattr(cell.cell_contents, "__name__", "") == "log")
+        fd = next(cell.cell_contents for cell in log.__closure__
+                  if getattr(cell.cell_contents, "__name__", "") == "current")()
+        copy = os.dup(fd) if when == "written" else None
+        try:
+            _windowed(watched, 5, 2)  # a right loop, a copy of the write end held (or not)
+            if copy is None:
+                copy = os.dup(fd)
+            said = record.changed() or ""
+        finally:
+            os.close(copy)
+        assert "held open" in said or "changed" in said, (when, said)

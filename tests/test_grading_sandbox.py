@@ -134,6 +134,25 @@ def test_a_kernel_left_as_root_runs_without_cap_sys_ptrace():
 
 
 @root_only
+@pytest.mark.skipif(not Path("/usr/sbin/capsh").exists() and not Path("/sbin/capsh").exists(),
+                    reason="capsh drops capabilities before the jail runs")
+@pytest.mark.parametrize("dropped", ["cap_setpcap,cap_sys_ptrace", "cap_setpcap"])
+def test_the_jail_warns_of_cap_sys_ptrace_only_where_it_is_kept(dropped):
+    # a container that never had CAP_SYS_PTRACE has nothing to drop: no warning; one that has
+    # it without CAP_SETPCAP cannot drop it: the warning says so
+    import shutil
+
+    spec = jail_spec(Protection(False, Limits()), None, Path("/nonexistent"))
+    command = " ".join([sys.executable, "-I", str(JAIL), f"'{json.dumps(spec)}'", "--",
+                        "/bin/grep", "^CapBnd", "/proc/self/status"])
+    run = subprocess.run([shutil.which("capsh"), f"--drop={dropped}", "--", "-c", command],
+                         capture_output=True, text=True, check=True)
+    kept = int(run.stdout.split()[-1], 16) >> 19 & 1
+    assert kept == (dropped == "cap_setpcap"), run.stdout
+    assert ("keeps CAP_SYS_PTRACE" in run.stderr) == bool(kept), run.stderr
+
+
+@root_only
 def test_as_root_the_grader_makes_its_folders_private_before_anything_runs(tmp_path):
     tmp_path.chmod(0o755)
     subs = tmp_path / "subs"

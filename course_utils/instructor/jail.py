@@ -24,7 +24,7 @@ import sys
 __all__ = ["confine", "drop_ptrace", "main", "reveal_only"]
 
 PR_SET_NO_NEW_PRIVS = 38
-PR_CAPBSET_DROP, CAP_SYS_PTRACE = 24, 19
+PR_CAPBSET_READ, PR_CAPBSET_DROP, CAP_SYS_PTRACE = 23, 24, 19
 _CAPABILITY_VERSION_3 = 0x20080522
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 4096, 16384, 1 << 18, 2, 4
@@ -96,7 +96,9 @@ def confine(spec: dict) -> None:
         os.setuid(spec["uid"])
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
         os.umask(0o077)
-    elif sys.platform.startswith("linux") and os.geteuid() == 0:
+    elif (sys.platform.startswith("linux") and os.geteuid() == 0
+          and _libc.prctl(PR_CAPBSET_READ, CAP_SYS_PTRACE, 0, 0, 0) == 1):
+        # in the bounding set (a container that never had it has nothing to drop)
         try:
             drop_ptrace()
         except OSError as error:  # a container without CAP_SETPCAP: grade all the same

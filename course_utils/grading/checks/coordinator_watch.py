@@ -9,41 +9,42 @@ recorded, and the judge's ``tampered`` names a class whose methods or an object 
 changed during the call. The record (:class:`WatchRecord`) is also where a learner's code could
 reach it (the methods' closures): so every event (a schedule and its RemoteValue's identity, a
 fetch, a join) is also written into an OS pipe whose read end belongs to a child process (it copies
-the log to the judge once the pipe is closed; the check's process holds no descriptor to read it
-with, and nothing comes out of the child before then but one byte, read by the watch before it
-returns, saying the child made itself undumpable: a process of the same user cannot then open its
-descriptors through ``/proc/<pid>/fd``, unless it has ``CAP_SYS_PTRACE``, as root has in some
-containers: the grader runs submissions as a sandbox user, which has no capability, or, where
-none can run them, as root without it; nbgrader run as root gives it). The judge's ``changed``
-closes the pipe, replays the child's copy, judges the steps in flight from it, and names a record
-that differs from it as changed. The write end is reachable (its
-descriptor is in the closures), so a learner's code can add events but not take back one the watch
-wrote: the replay names a frame the watch never writes (bytes that break the log's framing, so that
-the watch's own frames would be read from their numbers' bytes), and a write the pipe refuses (its
-descriptor closed, or the pipe full while the child is stopped) ends the child, so that its copy is
-lost and the record differs from it; once judged, the watch writes no more (the number may be
-another file's by then); a child that exits on its own (``sys.executable`` cannot run ``-I -S -c``)
-is said to be the check's failure, not the answer's. Before each ``schedule`` the watch reads how
-many of the real steps are still running (TensorFlow's ``RemoteValue`` status) and writes that count
-and the schedule in one write, so that nothing comes between them, and the replay names a schedule
-at which more were running than the steps it counts in flight, less the new one, allow. Added events
-can only mark steps finished or add steps (a record then differs), so whatever is added, each
-schedule the judge passes had at most its window's steps really in flight. A wait on a real
-``RemoteValue`` reached through the closures is not seen: it can only make a loop wait more. The
-watch's functions, the judge's replay and the functions they call while the learner's code runs
-(``os.write``, ``os.kill``, ``struct.pack``, and the status read's ``getattr``, ``sum`` and
-``threading.Event.is_set``) are bound once, when the course is imported, so that replacing an
-attribute of this module, of ``os``, ``struct``, ``threading.Event`` or ``builtins`` (during the
-call, or left in place for a later check) cannot hide a step still running from them. The judge and
-the check run after the learner's code, with the builtins then in place: a builtin (``len``,
-``min``) replaced and left in place, lying only to their frames, can. Each step's status event is
-taken when it is scheduled: one swapped on its ``RemoteValue`` later is not read. Code that reaches
-through the closures to TensorFlow's own objects (setting a status event, swapping it before the
-watch takes it, on the real coordinator), rewrites the closures, or moves the pipe's descriptors
-(``os.dup2``) for the call, or, with ``CAP_SYS_PTRACE``, opens the child's through ``/proc``, can,
-and no check in the same process can stop it. Still passes: a loop that sleeps until its steps have
-really finished, then marks them finished through the closures: it kept its window (what is judged
-is the steps really running), by the clock."""
+the log to the judge once the pipe is closed, and makes the pipe itself once it is undumpable,
+handing the check the write end alone: see :mod:`~course_utils.grading.checks.child_pipe`, which
+says what can still reach the log: ``CAP_SYS_PTRACE``, as root has in some containers – the grader
+runs submissions as a sandbox user, which has no capability, or, where none can run them, as root
+without it; nbgrader run as root gives it –, rewriting the Python the child runs, or a race inside
+the check's process itself). Nothing comes out of the child before the pipe is closed but one byte,
+read by the watch before it returns, saying the child made itself undumpable. The judge's
+``changed`` closes the pipe, replays the child's copy, judges the steps in flight from it, and names
+a record that differs from it as changed. The write end is reachable (its descriptor is in the
+closures), so a learner's code can add events but not take back one the watch wrote: the replay
+names a frame the watch never writes (bytes that break the log's framing, so that the watch's own
+frames would be read from their numbers' bytes), and a write the pipe refuses (its descriptor
+closed, or the pipe full while the child is stopped) ends the child, so that its copy is lost and
+the record differs from it; once judged, the watch writes no more (the number may be another file's
+by then); a child that exits on its own (``sys.executable`` cannot run ``-I -S -c``) is said to be
+the check's failure, not the answer's. Before each ``schedule`` the watch reads how many of the real
+steps are still running (TensorFlow's ``RemoteValue`` status) and writes that count and the schedule
+in one write, so that nothing comes between them, and the replay names a schedule at which more were
+running than the steps it counts in flight, less the new one, allow. Added events can only mark
+steps finished or add steps (a record then differs), so whatever is added, each schedule the judge
+passes had at most its window's steps really in flight. A wait on a real ``RemoteValue`` reached
+through the closures is not seen: it can only make a loop wait more. The watch's functions, the
+judge's replay and the functions they call while the learner's code runs (``os.write``, ``os.kill``,
+``struct.pack``, and the status read's ``getattr``, ``sum`` and ``threading.Event.is_set``) are
+bound once, when the course is imported, so that replacing an attribute of this module, of ``os``,
+``struct``, ``threading.Event`` or ``builtins`` (during the call, or left in place for a later
+check) cannot hide a step still running from them. The judge and the check run after the learner's
+code, with the builtins then in place: a builtin (``len``, ``min``) replaced and left in place,
+lying only to their frames, can. Each step's status event is taken when it is scheduled: one swapped
+on its ``RemoteValue`` later is not read. Code that reaches through the closures to TensorFlow's own
+objects (setting a status event, swapping it before the watch takes it, on the real coordinator),
+rewrites the closures, or moves the pipe's descriptors (``os.dup2``) for the call, or reaches the
+child's read end as :mod:`~course_utils.grading.checks.child_pipe` says, can, and no check in the
+same process can stop it. Still passes: a loop that sleeps until its steps have really finished,
+then marks them finished through the closures: it kept its window (what is judged is the steps
+really running), by the clock."""
 
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ from types import MappingProxyType
 from typing import Any
 
 from course_utils.grading.checks.child_pipe import COPY as _COPY
+from course_utils.grading.checks.child_pipe import TRACED as _TRACED
 from course_utils.grading.checks.child_pipe import child_reader as _child_reader
 from course_utils.grading.checks.child_pipe import closer as _closer
 from course_utils.grading.checks.child_pipe import end as _end
@@ -182,6 +184,11 @@ def _judge(record: WatchRecord, drain: Any, closer: Any, replay: Any,
                 return ("the watch's log was held open after your function returned (a copy "
                         "of its descriptor kept): schedule through the coordinator you are "
                         "given, and leave the watch alone")
+            if events == _TRACED:
+                closer()
+                return ("the check's log copier was traced (ptrace) before it made itself "
+                        "undumpable, so its log cannot be trusted: leave the check's child "
+                        "processes alone")
             if isinstance(events, int):
                 closer()
                 return (f"the check's log copier (a child Python: {_COPY[0]!r} -I -S) exited "
@@ -270,7 +277,7 @@ def _make_watch(tf_of: Any, layout: str, parts: dict[str, Any], bound: dict[str,
         closer = finalize(record, end, close_write, child)
         log = writer(current, killer(bound["kill"], child.pid), layout, bound["write"],
                      bound["pack"])
-        drain = reader(close_write, child, layout, bound)  # held by the judge alone
+        drain = reader(close_write, child, layout, bound, current)  # held by the judge alone
         status = counter(bound["getattr"], bound["sum"], bound["is_set"])
         return classes(coordinator, tf_of(), record, log, drain, status, closer, parts)
 

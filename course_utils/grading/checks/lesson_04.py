@@ -12,12 +12,16 @@ cannot start a second in-process cluster) and verifies what the parameter server
 * ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` of infinite
   cardinality (read on each worker), each worker its own examples (each with its own label),
   each pass reshuffled over the whole share (on each way from the worker's dataset down to a
-  source, a branch of a ``zip`` or a ``concatenate`` included, that has shuffles that
-  reshuffle each pass a known number of elements, a worker's share or more, one of them must
-  hold all its elements in its buffer: a full shuffle of another branch, or of fewer
-  elements, batches say, does not stand for it; where none has, a ``filter`` shard say, or a
-  shuffle inside ``flat_map``, only how far examples move is read: a buffer of three
-  quarters of such a share passes), and
+  source, a branch of a ``zip`` or a ``concatenate`` included, that has a shuffle that
+  reshuffles each pass a known number of elements, more than one, one of them must hold all its
+  elements in its buffer, and they must be a worker's share or more: a full shuffle of another
+  branch, or of fewer elements, batches say, does not stand for it; a way from the examples'
+  slices with no shuffle at all reads them in stored order, and a way whose only shuffles never
+  reshuffle, the same order every pass, whatever passes the check reads; with more than 62
+  ways, each such shuffle must hold its whole input). Still passes: where a way's shuffles are of
+  an unknown number of elements, a ``filter`` shard say, or a shuffle inside ``flat_map`` (its
+  function is read only to exempt the slices below it), only how far examples move is read: a
+  buffer of three quarters of such a share passes. And
   every batch full although a worker's share does not fill its last batch; the second case
   is a job sized for one worker more than run (one joins later), so that shards cut by the
   notebook's worker count instead of ``num_workers`` read too much;
@@ -36,6 +40,7 @@ from typing import Any
 from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_passes import (
+    _UNBOUNDED,
     batches_per_worker,
     passes_message,
     unshuffled_share,
@@ -277,13 +282,31 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                     return message
             for w in sorted(shuffles):
                 short = unshuffled_share(shuffles[w], per_worker)
-                if short:
-                    buffer, size = short
-                    return (f"worker {w}'s dataset shuffles {size} examples with a buffer of "
-                            f"{buffer} (buffer_size of its ShuffleDataset): the shuffle buffer "
-                            f"is too small to shuffle them all, the last {size - buffer} of them "
-                            "can never come first. A pass shuffled over the whole share needs "
-                            "a buffer that holds it all (lesson 01, section 7)")
+                if not short:
+                    continue
+                buffer, size = short
+                if buffer == -1:
+                    return (f"worker {w}'s dataset has a branch whose shuffles of its {size} "
+                            "elements never reshuffle (reshuffle_each_iteration=False): that "
+                            "branch reads them in the same order in every pass. What does "
+                            "your shuffle do at a new pass? (lesson 01, section 7)")
+                if buffer == 0:
+                    return (f"worker {w}'s dataset has a branch that reads the examples in "
+                            f"stored order (its {size} slices reach it through no shuffle): "
+                            "whatever the passes read first, that branch's are never "
+                            "shuffled. Which step of yours reads the data unshuffled? "
+                            "(lesson 01, section 7)")
+                if buffer >= size or buffer == _UNBOUNDED:
+                    return (f"worker {w}'s dataset shuffles {size} elements, fewer than its "
+                            f"{per_worker} examples: its elements are groups of examples, "
+                            "which stay together (a shuffle after a batch, or of a part of "
+                            "the share). A pass shuffled over the whole share shuffles the "
+                            "examples themselves, all of them (lesson 01, section 7)")
+                return (f"worker {w}'s dataset shuffles {size} elements with a buffer of "
+                        f"{buffer} (buffer_size of its ShuffleDataset): the shuffle buffer "
+                        f"is too small to shuffle them all, the last {size - buffer} of them "
+                        "can never come first. A pass shuffled over the whole share needs "
+                        "a buffer that holds it all (lesson 01, section 7)")
             return None
 
         late = ("" if sized_for == workers else

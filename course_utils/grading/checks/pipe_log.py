@@ -1,23 +1,25 @@
-"""A write-only log for lesson 08, exercise 1, and the model whose training steps wait and
-write into it.
+"""A write-only log for lesson 08, exercise 1, and the model whose training steps wait and write
+into it.
 
-The log is an OS pipe whose read end belongs to a child process, which copies the log to the
-check once the check closes the pipe (:mod:`~course_utils.grading.checks.child_pipe`, as lesson
-04's coordinator watch): descriptors belong to the whole process, and the learner's code runs in
-it, so the check's process holds no descriptor to read the records back with (nor to take one
-out), and nothing comes out of the child before the check reads it; the child makes itself not
-dumpable first (Linux), so that its ``/proc/PID/fd/0`` cannot be opened either (a process
-running as root still can). The write end is reachable (its descriptor is in the model's
-closures), so a learner's code can add records, not take back one the model wrote: a step's
-record (its wait's start and end) is written in one write, the check's reader names bytes the
+The log is an OS pipe whose read end belongs to a child process, which copies the log to the check
+once the check closes the pipe (:mod:`~course_utils.grading.checks.child_pipe`, as lesson 04's
+coordinator watch): descriptors belong to the whole process, and the learner's code runs in it, so
+the check's process holds no descriptor to read the records back with (nor to take one out), and
+nothing comes out of the child before the check reads it; the child makes itself not dumpable
+(Linux) before it makes the pipe, so that its read end cannot be opened through ``/proc`` either
+(what still can reach it, ``CAP_SYS_PTRACE`` among others, is said in
+:mod:`~course_utils.grading.checks.child_pipe`). The write end is reachable (its descriptor is in
+the model's closures), so a learner's code can add records, not take back one the model wrote: a
+step's record (its wait's start and end) is written in one write, the check's reader names bytes the
 model never writes (a frame of another kind, a start without its end, a part frame), a write the
-pipe refuses (its descriptor closed, or the pipe full while the child is stopped) ends the
-child, so that its copy is lost and the check says so, and a copy held open past the call (a
-duplicated descriptor) is said too. Added steps change the count of steps the check asks for.
-The functions the model and the reader call (``os.write``, ``os.kill``, ``struct.pack``,
-``time.perf_counter``, ``time.sleep``) are bound when the course is imported. Still passes: code
-that moves the pipe's descriptors for the call (``os.dup2`` a pipe of its own over the write
-end, forged records through a copy of the real one): no check in the same process can stop that."""
+pipe refuses (its descriptor closed, or the pipe full while the child is stopped) ends the child, so
+that its copy is lost and the check says so, and a copy held open past the call (a duplicated
+descriptor, or any other descriptor on the pipe at a write) is said too. Added steps change the
+count of steps the check asks for. The functions the model and the reader call (``os.write``,
+``os.kill``, ``struct.pack``, ``time.perf_counter``, ``time.sleep``) are bound when the course is
+imported. Still passes: code that moves the pipe's descriptors for the call (``os.dup2`` a pipe of
+its own over the write end, forged records through a copy of the real one): no check in the same
+process can stop that."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.child_pipe import COPY as _COPY
+from course_utils.grading.checks.child_pipe import TRACED as _TRACED
 from course_utils.grading.checks.child_pipe import child_reader as _child_reader
 from course_utils.grading.checks.child_pipe import closer as _closer
 from course_utils.grading.checks.child_pipe import end as _end
@@ -87,7 +90,7 @@ def _make_pipe_log(copy: tuple[str, ...], parts: dict[str, Any], bound: dict[str
         close_write, current = closing(write_fd)
         log = writer(current, killer(bound["kill"], child.pid), _LAYOUT, bound["write"],
                      bound["pack"])
-        drain, read_once = reader(close_write, child, _LAYOUT, bound), []
+        drain, read_once = reader(close_write, child, _LAYOUT, bound, current), []
 
         def read() -> dict[str, list[Any]] | str:
             if not read_once:
@@ -110,6 +113,9 @@ def _judged(events: Any, status: int | None, replay: Any) -> dict[str, list[Any]
     if events is None:
         return ("the check's step log was held open after your function returned (a copy of "
                 f"its descriptor kept): {leave}")
+    if events == _TRACED:
+        return ("the check's log copier was traced (ptrace) before it made itself undumpable, "
+                f"so its log cannot be trusted: {leave}")
     if isinstance(events, int):
         return (f"the check's log copier (a child Python: {_COPY[0]!r} -I -S) exited with "
                 f"status {events} before it copied the log: this Python cannot run it, so the "

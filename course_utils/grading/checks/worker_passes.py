@@ -20,26 +20,54 @@ _UNBOUNDED = -2  # a buffer_size of tf.data.UNKNOWN_CARDINALITY: the shuffle hol
 _PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, one bit each
 
 
+_SOURCES = frozenset(("TensorSliceDataset",))  # the examples' own slices, in stored order
+
+
+def _calls_a_shuffle(op: Any) -> bool:
+    """Whether ``op`` (a ``flat_map``, an ``interleave``) calls a function that makes a shuffle."""
+    try:
+        name = op.get_attr("f").name
+    except (ValueError, AttributeError):
+        return False
+    try:
+        function = op.graph._get_function(name)
+        definition = getattr(function, "cached_definition", None) or function.definition
+    except (AttributeError, KeyError, ValueError):
+        return False
+    return any(node.op in _SHUFFLES for node in definition.node_def)
+
+
 def shuffles_of(dataset: Any) -> Any:
     """An ``[n, 4]`` tensor: for each shuffle (``ShuffleDataset``) of ``dataset``'s graph, made
     where the dataset is (the worker's ``dataset_fn``), its ``buffer_size`` (-2,
     ``tf.data.UNKNOWN_CARDINALITY``: unbounded, the whole input), the cardinality of
     the dataset it shuffles (-1 infinite, -2 unknown), whether it reshuffles each pass (1), and
     a bit mask of the ways from the dataset down to a source (a dataset made of no other: the
-    slices, a ``range``) it lies on, ways with the same shuffles counted once (bit 0 for all
-    where there are more than 62). A branch of a ``zip`` or a ``concatenate`` is one such way.
-    A shuffle inside a function a dataset step calls (``flat_map``, ``interleave``) is not
-    read."""
+    slices, a ``range``) it lies on, ways with the same shuffles counted once. A branch of a
+    ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` source on a way with
+    no shuffle at all stands as a shuffle with a buffer of 0 (stored order) of its slices, on
+    that way alone (not below a step whose function makes a shuffle: its elements are then not
+    the examples read). Where there are more than 62 ways, every shuffle's mask is -1 (each is then
+    judged alone) and the slices are not. A shuffle inside a function a dataset step calls
+    (``flat_map``, ``interleave``) is not read."""
     tf = _tf()
-    shuffles: list[Any] = []  # the ops, in the order found
+    shuffles: list[Any] = []  # the ops, in the order found (sources too)
     below: dict[str, frozenset[frozenset[int]]] = {}  # op name: the sets of shuffles per way
 
     def ways(op: Any) -> frozenset[frozenset[int]]:
         if op.name not in below:
             below[op.name] = frozenset()  # a cycle (none in a dataset graph) adds nothing
             inputs = [tensor.op for tensor in op.inputs if tensor.dtype == tf.variant]
-            found = (frozenset().union(*(ways(each) for each in inputs)) if inputs
-                     else frozenset([frozenset()]))
+            if inputs:
+                found = frozenset().union(*(ways(each) for each in inputs))
+                if _calls_a_shuffle(op):  # the slices below are not the examples read
+                    found = frozenset(frozenset(i for i in way if shuffles[i].type
+                                                not in _SOURCES) for way in found)
+            elif op.type in _SOURCES:
+                shuffles.append(op)
+                found = frozenset([frozenset([len(shuffles) - 1])])
+            else:
+                found = frozenset([frozenset()])
             if op.type in _SHUFFLES:
                 shuffles.append(op)
                 found = frozenset(way | {len(shuffles) - 1} for way in found)
@@ -47,15 +75,22 @@ def shuffles_of(dataset: Any) -> Any:
         return below[op.name]
 
     found = sorted(ways(dataset._variant_tensor.op), key=sorted)
-    if len(found) > _PATHS:
-        found = [frozenset(range(len(shuffles)))]
+    many = len(found) > _PATHS
     rows = []
     for index, op in enumerate(shuffles):
+        if op.type in _SOURCES:  # judged on a way with no shuffle at all
+            mask = 0 if many else sum(1 << bit for bit, way in enumerate(found)
+                                      if way == {index})
+            rows.append(tf.stack([
+                tf.constant(0, tf.int64),
+                tf.raw_ops.DatasetCardinality(input_dataset=op.outputs[0]),
+                tf.constant(1, tf.int64), tf.constant(mask, tf.int64)]))
+            continue
         try:
             reshuffle = bool(op.get_attr("reshuffle_each_iteration"))
         except ValueError:  # V2: a seed generator's, reshuffled each pass
             reshuffle = True
-        mask = sum(1 << bit for bit, way in enumerate(found) if index in way)
+        mask = -1 if many else sum(1 << bit for bit, way in enumerate(found) if index in way)
         rows.append(tf.stack([
             tf.cast(op.inputs[1], tf.int64),
             tf.raw_ops.DatasetCardinality(input_dataset=op.inputs[0]),
@@ -65,17 +100,33 @@ def shuffles_of(dataset: Any) -> Any:
 
 def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
                      share: int) -> tuple[int, int] | None:
-    """``(buffer_size, examples)`` of the largest reshuffling buffer on a way to the dataset's
-    sources (see :func:`shuffles_of`) where none on that way holds all the examples it
-    shuffles, of a known number of ``share`` (a worker's examples) or more; None where every
-    way has one that does, or none of a known number. A shuffle of fewer elements (a shuffle
-    of batches, of a branch that adds nothing) neither shuffles the share nor is judged."""
-    bits = {bit for *_, mask in shuffles for bit in range(mask.bit_length()) if mask >> bit & 1}
+    """``(buffer_size, elements)`` of the largest reshuffling buffer on a way to the dataset's
+    sources (see :func:`shuffles_of`) where none on that way shuffles it whole: holds all the
+    elements it shuffles (a known number, more than one) and they are ``share`` (a worker's
+    examples) or more; None where every way has one that does. A buffer of 0 is a way that
+    reads its slices in stored order; ``elements`` below ``share`` with a buffer that holds them
+    all, a shuffle of groups of examples (batches, a part of the share), which stay together;
+    ``(-1, elements)``, a way whose only shuffles never reshuffle (the same order every pass).
+    With more than 62 ways (mask -1), each such shuffle must shuffle its input whole."""
+
+    def whole(buffer: int, size: int) -> bool:
+        return (buffer >= size or buffer == _UNBOUNDED) and size >= share
+
+    alone = [(buffer, size) for buffer, size, reshuffle, mask in shuffles
+             if mask == -1 and reshuffle and size > 1 and not whole(buffer, size)]
+    if alone:
+        return max(alone, key=lambda pair: pair[0] / pair[1])
+    bits = {bit for *_, mask in shuffles if mask > 0
+            for bit in range(mask.bit_length()) if mask >> bit & 1}
     for bit in sorted(bits):
         judged = [(buffer, size) for buffer, size, reshuffle, mask in shuffles
-                  if mask >> bit & 1 and reshuffle and size >= share]
-        if judged and not any(buffer >= size or buffer == _UNBOUNDED for buffer, size in judged):
+                  if mask > 0 and mask >> bit & 1 and reshuffle and size > 1]
+        if judged and not any(whole(buffer, size) for buffer, size in judged):
             return max(judged, key=lambda pair: pair[0] / pair[1])
+        on = [row for row in shuffles if row[3] > 0 and row[3] >> bit & 1 and row[0] != 0]
+        fixed = [(buffer, size) for buffer, size, reshuffle, _ in on if size > 1]
+        if fixed and not any(reshuffle for _, _, reshuffle, _ in on):
+            return (-1, max(size for _, size in fixed))
     return None
 
 
