@@ -674,7 +674,7 @@ def _noise_of_my_own(features, label):
     (lambda r, read, augment, b: r.take(4).map(read).cache().map(augment).batch(b),
      "does not hold each"),
     (lambda r, read, augment, b: r.map(read).cache().map(_noise_of_my_own).batch(b),
-     "augment never ran"),
+     "augment did not run in the epochs"),
     (lambda r, read, augment, b: r.map(read).cache().map(augment).batch(b),
      "works ahead of the step"),
     (lambda r, read, augment, b: r.map(read).cache().batch(b).map(augment),

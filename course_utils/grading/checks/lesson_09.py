@@ -19,20 +19,19 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   two comparisons that skip a pair of parts, a reading that ignores the step windows, the
   ``tf_data`` threads or either kind of collective, or reads one step (or a vote) each fails.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
-  every example once per epoch, in full batches, freshly augmented each epoch (each example's
-  noise, put in the examples' order, independent of its last epoch's and of one ``augment``'s
-  spread: ``pipeline_probe.elements_problem``), and a profile
-  of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of the
-  time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE`` (the same profiled step),
-  profiled up to ``BASELINE_ATTEMPTS`` times until it does (``slow_baseline``), each retry with
-  the disk's wait doubled. Both are profiled with the pipeline read on the step's own thread
-  (the distributed iterator's generator thread can hide a wait as "other"). Before any
+  every example once per epoch, in full batches, freshly augmented each epoch (the noise
+  independent of the last epoch's, of one ``augment``'s spread: ``pipeline_probe``), and a
+  profile of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of
+  the time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE`` (the same profiled
+  step), profiled up to ``BASELINE_ATTEMPTS`` times until it does (``slow_baseline``), each
+  retry with the disk's wait doubled. Both are profiled with the pipeline read on the step's own
+  thread (the distributed iterator's generator thread can hide a wait as "other"). Before any
   profile, ``read`` must have run exactly once per example, counted from the call of the
-  learner's function through two epochs (it decodes the stored record, so a pipeline that
-  never reads gets the wrong features), the ``augment`` given must have made the noise
-  (its generator's state moved), and the pipeline must work ahead by itself: with tf.data's
-  injected prefetch and autotuning off, once a batch is taken ``augment`` must have run beyond
-  it, counted, not timed; where is the learner's (the text says so): a prefetch before ``batch``
+  learner's function through two epochs (it decodes the stored record, so a pipeline that never
+  reads gets the wrong features), the ``augment`` given must have run in the epochs (its
+  generator's state moved), and the pipeline must work ahead by itself: with tf.data's injected
+  prefetch and autotuning off, once a batch is taken ``augment`` must have run beyond it,
+  counted, not timed; where is the learner's (the text says so): a prefetch before ``batch``
   meets the share too, and "a whole batch ahead" would judge an AUTOTUNE map by the core count.
 * ``check_write_report(write_report, my_results)``: the learner's report, on their own
   benchmark and on five fresh ones (fresh models, budgets, replica counts and noise; the second
@@ -291,8 +290,7 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
              f"batch_size={batch_size})")
 
     def profile(dataset: Any) -> Any:  # the second epoch, after a first one that fills caches
-        # read on the step's own thread (distribute=False): the distributed iterator's
-        # generator thread would make the step's wait "other", not input (seen under load)
+        # distribute=False: the iterator's thread hides a wait as "other" (module docstring)
         return step_breakdown(_profile(dataset.repeat(2), heavy=3, steps=batches,
                                        warmup=batches, distribute=False))
 
@@ -311,15 +309,14 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
             return f"returned {type(dataset).__name__}; return a tf.data.Dataset"
         if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
             return "the dataset repeats forever; return one epoch (the check repeats it)"
-        # reads counted from the call of the learner's function: a cache filled while the
-        # pipeline is built reads once too
+        # reads counted from the learner's call on: a cache filled at build time reads too
         state = augment.generator.state.numpy().copy()
         problem = pipeline_probe.elements_problem(dataset, features, batch_size)
         untouched = np.array_equal(state, augment.generator.state.numpy())
         if untouched and (problem is None or problem.startswith(
                 ("both epochs", "part of the noise", "the noise on"))):
-            return ("augment never ran, yet the features carry noise: apply the augment you "
-                    "are given (the job's own augmentation), not noise of your own")
+            return ("augment did not run in the epochs, yet the features carry noise: apply "
+                    "the augment you are given in the pipeline, every epoch, not once or yours")
         if problem:
             return problem
         reads = len(calls)

@@ -305,7 +305,7 @@ def edge_cases(fn: Any, cases: list[Case], rng: Any) -> list[Case]:
     fourth from last, a per-replica batch too small for two micro-batches to pay for their
     buffer, one whose answer is 1 though 2 does not fit and the largest k does
     (``buffer_case``)."""
-    per_replica = rng.randint(1100, 20000) // 12 * 12
+    per_replica = 12 * rng.randint(92, 1666)  # 1104 to 19992
     return [nothing_fits_case(fn, cases[-1]), examples_case(cases[-2], per_replica=per_replica),
             examples_case(max(cases, key=_per_replica), examples=2),
             drawn_case(rng, cases[-3]), buffer_case(cases[-4]), drawn_case(rng, cases[-5])]
