@@ -1,20 +1,23 @@
 """Checks of lesson 05's exercises (registered by name with ``@register``).
 
-* ``check_make_tpu_ready(make_tpu_ready)``: on fresh variable-length sequences (in each of
-  two cases one of 3 to 100 times ``sequence_length``, among ones of up to twice), the pipeline's
-  ``element_spec`` has every dimension known, its graph holds the given dataset's reads and no
-  Python of its own (the ``py_function`` tokens of the given dataset and no other: a generator
-  that iterates it, a ``py_function`` or a ``numpy_function`` fails) and pulls nothing from an
-  iterator, a queue, a variable or a file made outside it (work handed on), a compiled step traces
-  once over an epoch, which ends (``repeat`` is named) and has ``n // batch_size`` batches read
-  from the dataset given, holding the sequences cut or padded with zeros at the end to
-  ``sequence_length``, in order (no ``deterministic=False``); the function may not read the
-  dataset when called (the dataset counts what it hands out), nor read most of a long stream
-  before its first batch. A bound of its own meets a long sequence made before it is read:
-  one token longer than the largest whole number its graph holds or works out from its
-  constants outside called functions, loops and conditionals (a ``padded_batch``'s
-  ``padded_shapes``, a ``tf.pad``'s target, ``static_batches.graph_numbers``), and never
-  shorter than ``2**20`` + 1 tokens, for bounds the graph hides.
+* ``check_make_tpu_ready(make_tpu_ready)``: on fresh variable-length sequences (token ids up to
+  50,000; in each of two cases one empty and one longer than twice ``sequence_length``, among
+  ones of up to twice; case 1's long one made as below, case 2's drawn up to 100 times), the
+  pipeline's ``element_spec`` has every dimension known, its graph holds the given dataset's
+  reads and no Python of its own (the ``py_function`` tokens of the given dataset and no other:
+  a generator that iterates it, a ``py_function`` or a ``numpy_function`` fails) and pulls
+  nothing from an iterator, a queue, a variable or a file made outside it (work handed on), a
+  compiled step traces once over an epoch, which ends (``repeat`` is named) and has ``n //
+  batch_size`` batches read from the dataset given, holding the sequences cut or padded with
+  zeros at the end to ``sequence_length``, in order (no ``deterministic=False``); the function
+  may not read the dataset when called (the dataset counts what it hands out), nor read most of
+  a long stream before its first batch. In case 1, a bound of its own meets a long sequence made
+  before it is read: one token longer than the largest whole number below ``2**24`` its graph
+  holds or works out from its constants outside called functions, loops and conditionals (a
+  ``padded_batch``'s ``padded_shapes``, a ``tf.pad``'s target,
+  ``static_batches.graph_numbers``), and never shorter than ``2**20`` + 1 tokens, for bounds the
+  graph hides; case 2's long sequence keeps its drawn length (an answer right only for very long
+  or very short sequences fails there).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
   boundary), compared with the rules stated in the exercise; a global batch that cannot give
@@ -69,8 +72,8 @@ def _course_training_files() -> tuple[str, ...]:
 
 def _sequences(rng: Any, n: int, longest: int) -> tuple[list[np.ndarray], np.ndarray]:
     data = np.random.default_rng(rng.randint(0, 2**31 - 1))
-    lengths = data.integers(1, longest + 1, size=n)
-    tokens = [data.integers(1, 100, size=length).astype("int32") for length in lengths]
+    lengths = data.integers(0, longest + 1, size=n)
+    tokens = [data.integers(1, 50_000, size=length).astype("int32") for length in lengths]
     return tokens, data.integers(0, 2, size=n).astype("int32")
 
 
@@ -143,22 +146,26 @@ def check_make_tpu_ready(fn: Any) -> bool:
     """Check ``make_tpu_ready(dataset, batch_size, sequence_length)`` on fresh sequences."""
     rng = fresh_rng()
     cases = []
-    for _ in range(2):
+    for index in range(2):
         batch, length = rng.choice([4, 8, 16]), rng.choice([6, 10, 16])
         n = batch * rng.randint(3, 6) + rng.randint(1, batch - 1)  # a partial last batch
         tokens, labels = _sequences(rng, n, 2 * length)
         # one sequence far longer, in a batch kept: padding to a bound of one's own (twice
-        # sequence_length, then cut) is no cut
-        longest, at = rng.randint(3 * length, 100 * length), rng.randrange(batch * (n // batch))
+        # sequence_length, then cut) is no cut; case 1 makes it longer than any bound of the
+        # pipeline's (2**20 + 1 tokens at least) before it is read, case 2 keeps the drawn
+        # length; and one empty sequence in a batch kept
+        kept = batch * (n // batch)
+        longest, at = rng.randint(2 * length + 1, 100 * length), rng.randrange(kept)
         tokens[at] = np.random.default_rng(
-            rng.randint(0, 2**31 - 1)).integers(1, 100, size=longest).astype("int32")
+            rng.randint(0, 2**31 - 1)).integers(1, 50_000, size=longest).astype("int32")
+        tokens[rng.choice([i for i in range(kept) if i != at])] = np.zeros(0, "int32")
         read = [0]
         given = _raw_dataset(tokens, labels, read)
         reads = py_function_tokens(given)  # the ops of its generator: what reads it
 
         def verify(got: Any, tokens: Any = tokens, labels: Any = labels, batch: int = batch,
                    length: int = length, read: list[int] = read,
-                   reads: set[str] = reads, at: int = at) -> str | None:
+                   reads: set[str] = reads, at: int = at, index: int = index) -> str | None:
             def lengthen(bound: int) -> Any:  # past a bound of the pipeline's own
                 if len(tokens[at]) > bound:
                     return None
@@ -171,12 +178,14 @@ def check_make_tpu_ready(fn: Any) -> bool:
                         "the examples as they stream")
             return static_batches.verify_pipeline(
                 got, _expected_batches(tokens, labels, batch, length), batch, length, read, reads,
-                lengthen)
+                lengthen if index == 0 else None)
 
         cases.append(Case(args=(given, batch, length),
                           verify=verify,
-                          label=f"({n} sequences of 1 to {2 * length} tokens and one of "
-                                f"{longest}, batch_size={batch}, sequence_length={length})"))
+                          label=f"({n} sequences of 0 to {2 * length} tokens and one of "
+                                + ("at least 1048577 (made past any bound of yours)" if index == 0
+                                   else str(longest))
+                                + f", batch_size={batch}, sequence_length={length})"))
     cases.append(_stream_case(rng))
     return run_check(
         "make_tpu_ready", _refusing_the_check(fn, "build the pipeline yourself"), cases,

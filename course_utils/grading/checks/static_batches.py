@@ -238,12 +238,12 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
                     lengthen: Any = None) -> str | None:
     """What is wrong with one epoch of the learner's ``dataset`` against the ``expected``
     batches, or None; ``read[0]`` counts the examples the dataset given has handed out, and
-    ``given`` holds its ``py_function`` tokens. Where the pipeline's graph holds a whole number
-    above ``length`` (``graph_numbers``: a ``padded_batch``'s bound or a ``tf.pad``'s target of
-    its own, a constant or computed from constants), ``lengthen(number)`` makes the given
-    dataset's long sequence (not read yet) longer than it and returns its new expected batches
-    (None: it is longer already): padding to that bound, then cutting, fails on it; a cut first
-    does not."""
+    ``given`` holds its ``py_function`` tokens. Given ``lengthen``, ``lengthen(number)`` makes
+    the given dataset's long sequence (not read yet) longer than ``number`` and returns its new
+    expected batches (None: it is longer already), ``number`` being the larger of ``2**20`` and
+    the largest whole number below ``2**24`` the pipeline's graph holds (``graph_numbers``: a
+    ``padded_batch``'s bound or a ``tf.pad``'s target of its own, a constant or computed from
+    constants): padding to that bound, then cutting, fails on it; a cut first does not."""
     tf = _tf()
     if not isinstance(dataset, tf.data.Dataset):
         return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
@@ -262,7 +262,7 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
     bound, note = max(bounds | {length}), ""
     if bound >= _PADDED_LONGEST and lengthen is not None:
         return (f"your padded_batch pads each row to {bound} tokens, a bound of your own "
-                f"({bound // length} times a row of sequence_length): pad to sequence_length "
+                f"(about {bound // length} times a row of sequence_length): pad to sequence_length "
                 f"({length}) (section 3)")
     seen = max({number for number in numbers if number < _LONGEST} | {0})
     own = max(seen, _FLOOR)
@@ -290,8 +290,8 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
     except (tf.errors.OpError, ValueError, TypeError, AssertionError) as error:
         said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
         return (f"reading the pipeline failed at batch {len(got) + 1}: {type(error).__name__}: "
-                f"{said} (some sequences are longer than sequence_length, one of them many "
-                f"times longer{note}: which step of yours meets one?)")
+                f"{said} (some sequences are empty, some longer than sequence_length, one of "
+                f"them many times longer{note}: which step of yours meets one?)")
     traces = step.experimental_get_tracing_count()
     if traces != 1:
         return f"a compiled step traced {traces} times over one epoch, expected once"
