@@ -945,13 +945,15 @@ def rows_from_tensors_cast_whole(x, y, global_batch, examples_done):
 
 def own_rows_gathered_in_tensorflow(x, y, global_batch, examples_done):
     """Right too: one from_tensors element of every row, each pipeline's own rows (from the
-    example to resume at, round the data four times) gathered from it in TensorFlow."""
+    example to resume at, round the data once more than there are pipelines) gathered from it
+    in TensorFlow."""
     def dataset_fn(context):
         batch = context.get_per_replica_batch_size(global_batch)
         pipelines, pipeline = context.num_input_pipelines, context.input_pipeline_id
 
         def own(features, labels):
-            rows = (examples_done + tf.range(pipeline, 4 * len(x), pipelines)) % len(x)
+            rounds = (pipelines + 1) * len(x)
+            rows = (examples_done + tf.range(pipeline, rounds, pipelines)) % len(x)
             return tf.gather(features, rows), tf.gather(labels, rows)
 
         dataset = tf.data.Dataset.from_tensors((x, y)).map(own).unbatch()
@@ -1153,9 +1155,9 @@ def whole_batches_in_numpy(x, y, global_batch, examples_done):
         batch = context.get_per_replica_batch_size(global_batch)
         rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
         own = context.input_pipeline_id * rows
-        index = (examples_done + np.arange(20 * global_batch)) % len(x)
-        dataset = tf.data.Dataset.from_tensor_slices((x[index].reshape(20, global_batch, -1),
-                                                      y[index].reshape(20, global_batch)))
+        index = (examples_done + np.arange(40 * global_batch)) % len(x)
+        dataset = tf.data.Dataset.from_tensor_slices((x[index].reshape(40, global_batch, -1),
+                                                      y[index].reshape(40, global_batch)))
         dataset = dataset.map(lambda f, t: (f[own:own + rows], t[own:own + rows]))
         return dataset.unbatch().batch(batch, drop_remainder=True)
 
@@ -1171,9 +1173,9 @@ def whole_batches_stacked_in_one_element(zipped=False):
             batch = context.get_per_replica_batch_size(global_batch)
             rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
             own = context.input_pipeline_id * rows
-            index = (examples_done + np.arange(20 * global_batch)) % len(x)
-            features = x[index].reshape(20, global_batch, -1)
-            labels = y[index].reshape(20, global_batch)
+            index = (examples_done + np.arange(40 * global_batch)) % len(x)
+            features = x[index].reshape(40, global_batch, -1)
+            labels = y[index].reshape(40, global_batch)
             dataset = (tf.data.Dataset.zip((tf.data.Dataset.from_tensors(features),
                                             tf.data.Dataset.from_tensors(labels)))
                        if zipped else tf.data.Dataset.from_tensors((features, labels)))
@@ -1257,10 +1259,10 @@ def whole_batches_from_a_generator(x, y, global_batch, examples_done):
         batch = context.get_per_replica_batch_size(global_batch)
         rows = context.num_replicas_in_sync // context.num_input_pipelines * batch
         own = context.input_pipeline_id * rows
-        order = (examples_done + np.arange(12 * global_batch)) % len(x)
+        order = (examples_done + np.arange(40 * global_batch)) % len(x)
 
         def steps():
-            for step in range(12):   # more than the steps the check takes
+            for step in range(40):   # more than the steps the check takes
                 chosen = order[step * global_batch:(step + 1) * global_batch]
                 yield x[chosen][None], y[chosen][None]
 
@@ -1283,7 +1285,7 @@ def whole_batches_from_a_generator_of_unknown_size(x, y, global_batch, examples_
         own = context.input_pipeline_id * rows
 
         def steps():
-            for step in range(12):   # more than the steps the check takes
+            for step in range(40):   # more than the steps the check takes
                 chosen = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
                 yield x[chosen], y[chosen]
 
@@ -1354,7 +1356,7 @@ def whole_batches_as_from_tensors_elements_concatenated(x, y, global_batch, exam
         own = slice(context.input_pipeline_id * per * batch,
                     (context.input_pipeline_id + 1) * per * batch)
         dataset = None
-        for step in range(12):
+        for step in range(40):
             rows = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
             one = tf.data.Dataset.from_tensors((x[rows], y[rows]))
             dataset = one if dataset is None else dataset.concatenate(one)

@@ -27,7 +27,7 @@ batches, as their known-size stacks do). Still passes: the features flattened in
 dimension (an index array looks alike), rows of the data in global-batch order reshaped into
 global batches of known size inside a traced function (``flat_map``): the audit reads how
 datasets are made, not the graphs of their functions; each element all the data, rolled so
-that the next global batch comes first; global batches serialized into strings; ragged or
+that the next global batch comes first; global batches serialized into one string each; ragged or
 sparse elements (not probed), and an element of one dimension (a global batch of labels
 alone).
 """
@@ -113,8 +113,11 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     def row_set(value: Any) -> bytes:
         """The set of rows a part holds (the examples :func:`held` counts), as bytes."""
         count = held(tensor_spec(value.shape))
-        if count == 0 or value.dtype.kind not in "biuf":
+        if count == 0:
             return b""
+        if value.dtype.kind not in "biuf":   # complex, strings: their rows as text
+            return "\n".join(sorted(repr(row.tolist()) for row in value.reshape(count, -1))
+                             ).encode()
         return multiset(value.astype(float64).reshape(count, -1))
 
     def whole_times(value: Any, count: int) -> bool:
@@ -130,25 +133,30 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         for index, value in enumerate(values):
             value = asarray(value)
             count = held(tensor_spec(value.shape))
-            if count <= share or value.dtype.kind not in "biuf":
+            if count <= share:
                 continue
             rows = row_set(value)
-            if not whole_times(value, count) and firsts.setdefault((number, index), rows) != rows:
+            whole = value.dtype.kind in "biuf" and whole_times(value, count)
+            if not whole and firsts.setdefault((number, index), rows) != rows:
                 sizes.append(count)
         return 0
 
     def probe(dataset: Any) -> None:
         """Route ``dataset``'s elements through :func:`note` (its variant tensor replaced by
-        that of an identity ``map`` that calls it), when every part is a dense tensor."""
-        if not all(isinstance(spec, tensor_spec) for spec in flatten(dataset.element_spec)):
+        that of an identity ``map`` that calls it with its dense parts; the others pass by)."""
+        dense = [isinstance(spec, tensor_spec) for spec in flatten(dataset.element_spec)]
+        if not any(dense):
             return
         number = len(probes)
 
         def through(*element: Any) -> Any:
-            parts = flatten(element)
-            done = py_function(lambda *values: note(number, values), parts, Tout=int32)
+            parts = flatten(element, expand_composites=False)
+            done = py_function(lambda *values: note(number, values),
+                               [part for part, d in zip(parts, dense, strict=True) if d],
+                               Tout=int32)
             with dependencies([done]):
-                passed = [identity(part) for part in parts]
+                passed = [identity(part) if d else part
+                          for part, d in zip(parts, dense, strict=True)]
             packed = pack(element, passed)
             return packed[0] if len(element) == 1 else packed
 

@@ -133,7 +133,8 @@ def _with_batch_sizes(build: Any, share: int, arrays: tuple[Any, ...]) -> tuple[
 
 
 def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
-    """Call the learner's ``dataset_fn`` for fresh input contexts; check two steps of data."""
+    """Call the learner's ``dataset_fn`` for fresh input contexts; check the steps of as many
+    passes as there are pipelines, and one more."""
     tf = _tf()
     layouts = [1, 2, rng.choice([1, 2])]   # replicas per pipeline: both, every time
     rng.shuffle(layouts)
@@ -143,7 +144,7 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
         replica_batch = rng.randint(2, 4)
         global_batch = replicas * replica_batch
         size = global_batch * rng.randint(4, 7) + rng.randint(1, global_batch - 1)
-        # once, the end of the data falls within the two steps checked: the data repeats
+        # once, the end of the data falls within the first two steps checked: the data repeats
         # from its first example, not from where the job resumed
         wraps = [e for e in range(size, 3 * size) if e % pipelines
                  and size - 2 * global_batch < e % size < size - global_batch]
@@ -152,7 +153,7 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
         ids = np.arange(size)
         x = np.random.default_rng(rng.randint(0, 2**31)).normal(size=(size, 3)).astype("float32")
         dataset_fn = make_dataset_fn(x, ids, global_batch, done)
-        ahead = size // global_batch + 2  # a whole pass and a step: every chunk shows twice
+        ahead = pipelines * size // global_batch + 2  # as many passes as pipelines, and a step
         trained: list[list[int]] = [[] for _ in range(ahead)]
         for pipeline in range(pipelines):
             context = tf.distribute.InputContext(num_input_pipelines=pipelines,
