@@ -8,8 +8,9 @@ process, nor in a process the user may open through ``/proc/PID/fd`` or attach t
 tracer attached to first refuses to go on. At each write and when the log is judged, another
 descriptor of the check's process on the pipe (a copy of the write end, or a read end brought
 back) ends the child or is named. What still reaches the log: a process with ``CAP_SYS_PTRACE``
-or ``CAP_SYS_ADMIN`` (which may name another sender in ``SCM_CREDENTIALS``: root's, where the
-container gives them; the grader's jail leaves a submission none); one that can
+(root's, where the container gives it; the grader's jail leaves a submission none), or
+``CAP_SYS_ADMIN`` until the child is undumpable (it may name the child as a message's sender,
+``SCM_CREDENTIALS``: root's; the jail leaves a sandbox user none, root keeps it); one that can
 rewrite the Python the child runs (``sys.executable`` and its standard library: root, or the
 owner of the installation; a sandbox user cannot); and code of the check's process that moves
 the descriptors (``os.dup2``) for the call and gives them to a process of its own: no check in the
