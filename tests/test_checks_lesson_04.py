@@ -484,6 +484,61 @@ def shuffled_positions(features, labels, size, num_workers):
         return data.repeat().batch(size)
     return dataset_fn
 
+def _gathered(features, labels, ids):
+    return ids.map(lambda i: (tf.gather(features, i), tf.gather(labels, i)))
+
+def range_three_then_stored(features, labels, size, num_workers):
+    def dataset_fn():  # ids from a range: shuffled for three passes, then stored order for good
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        ids = tf.data.Dataset.range(features.shape[0]).shard(num_workers, worker)
+        data = _gathered(features, labels, ids)
+        return data.shuffle(1000).repeat(3).concatenate(data.repeat()).batch(size)
+    return dataset_fn
+
+def rows_three_then_stored(features, labels, size, num_workers):
+    def dataset_fn():  # rows of tensors: shuffled for three passes, then stored order for good
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensors((features, labels)).unbatch()
+        data = data.shard(num_workers, worker)
+        return data.shuffle(1000).repeat(3).concatenate(data.repeat()).batch(size)
+    return dataset_fn
+
+def fixed_then_a_jitter(features, labels, size, num_workers):
+    def dataset_fn():  # one order for good, jittered each pass by a buffer of 2 (after a filter)
+        data = _shard(features, labels, num_workers)
+        data = data.shuffle(1000, seed=7, reshuffle_each_iteration=False)
+        return data.filter(lambda *_: True).shuffle(2).repeat().batch(size)
+    return dataset_fn
+
+def fixed_then_one_element(features, labels, size, num_workers):
+    def dataset_fn():  # one order for good, then a reshuffle of one element (the share batched)
+        data = _shard(features, labels, num_workers)
+        data = data.shuffle(1000, seed=7, reshuffle_each_iteration=False)
+        return data.batch(10_000).shuffle(1).unbatch().repeat().batch(size)
+    return dataset_fn
+
+def shuffled_ids(features, labels, size, num_workers):
+    def dataset_fn():  # right: ids from a range, sharded, shuffled whole, examples gathered
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        ids = tf.data.Dataset.range(features.shape[0]).shard(num_workers, worker)
+        return _gathered(features, labels, ids.shuffle(10_000)).repeat().batch(size)
+    return dataset_fn
+
+def shuffled_rows(features, labels, size, num_workers):
+    def dataset_fn():  # right: rows of tensors, sharded, shuffled whole
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensors((features, labels)).unbatch()
+        data = data.shard(num_workers, worker).shuffle(features.shape[0])
+        return data.repeat().batch(size, drop_remainder=True)
+    return dataset_fn
+
+def fixed_then_a_full_shuffle(features, labels, size, num_workers):
+    def dataset_fn():  # right: one order for good, then reshuffled whole each pass (after a filter)
+        data = _shard(features, labels, num_workers)
+        data = data.shuffle(1000, seed=7, reshuffle_each_iteration=False)
+        return data.filter(lambda *_: True).shuffle(10_000).repeat().batch(size)
+    return dataset_fn
+
 for name, fn in [("right", make()), ("stub", stub),
                  ("lesson_order", make(order="shuffle batch repeat")),
                  ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
@@ -507,7 +562,13 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("three_then_stored", three_then_stored),
                  ("three_then_fixed", three_then_fixed), ("many_ways", many_ways),
                  ("shuffled_in_flat_map", shuffled_in_flat_map),
-                 ("shuffled_positions", shuffled_positions)]:
+                 ("shuffled_positions", shuffled_positions),
+                 ("range_three_then_stored", range_three_then_stored),
+                 ("rows_three_then_stored", rows_three_then_stored),
+                 ("fixed_then_a_jitter", fixed_then_a_jitter),
+                 ("fixed_then_one_element", fixed_then_one_element),
+                 ("shuffled_ids", shuffled_ids), ("shuffled_rows", shuffled_rows),
+                 ("fixed_then_a_full_shuffle", fixed_then_a_full_shuffle)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -639,6 +700,13 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "many_ways"): "too small",
         ("DATASET", "shuffled_in_flat_map"): "PASS",
         ("DATASET", "shuffled_positions"): "PASS",
+        ("DATASET", "range_three_then_stored"): "stored order",
+        ("DATASET", "rows_three_then_stored"): "stored order",
+        ("DATASET", "fixed_then_a_jitter"): "same order in every pass",
+        ("DATASET", "fixed_then_one_element"): "same order in every pass",
+        ("DATASET", "shuffled_ids"): "PASS",
+        ("DATASET", "shuffled_rows"): "PASS",
+        ("DATASET", "fixed_then_a_full_shuffle"): "PASS",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",
@@ -1080,3 +1148,48 @@ def test_another_descriptor_on_the_log_pipe_is_named_at_each_write_and_when_judg
         finally:
             os.close(copy)
         assert "held open" in said or "changed" in said, (when, said)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's pidfd_getfd")
+def test_a_pipe_sent_through_a_copy_of_the_copiers_socket_is_not_taken_for_its_own():
+    # A thread of the check's process took the copier's socket (pidfd_getfd, before its prctl)
+    # and sent its own pipe's write end first: the check wrote its log into the learner's pipe
+    import ctypes
+    import os
+    import socket
+    import time
+
+    from course_utils.grading.checks import child_pipe
+
+    libc, start = ctypes.CDLL(None, use_errno=True), child_pipe.starter()
+    main, theirs = threading.get_native_id(), os.pipe()
+    taken, stop = [], threading.Event()
+
+    def take() -> None:
+        seen = set(open(f"/proc/self/task/{main}/children").read().split())
+        while not stop.is_set():
+            for pid in set(open(f"/proc/self/task/{main}/children").read().split()) - seen:
+                seen.add(pid)
+                pidfd = libc.syscall(434, int(pid), 0)  # pidfd_open
+                fd = libc.syscall(438, pidfd, 0, 0) if pidfd >= 0 else -1  # pidfd_getfd
+                if fd >= 0:
+                    with socket.socket(fileno=fd) as sock:
+                        socket.send_fds(sock, [b"\0"], [theirs[1]])
+                        taken.append(pid)
+                    return
+
+    for _ in range(3):
+        thread = threading.Thread(target=take)
+        thread.start()
+        time.sleep(0.05)
+        write_fd, child = start(child_pipe.COPY)
+        stop.set()
+        thread.join()
+        stop.clear()
+        assert os.fstat(write_fd).st_ino != os.fstat(theirs[1]).st_ino
+        os.close(write_fd)
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    os.close(theirs[0])
+    os.close(theirs[1])

@@ -8,13 +8,19 @@ process, nor in a process the user may open through ``/proc/PID/fd`` or attach t
 tracer attached to first refuses to go on. At each write and when the log is judged, another
 descriptor of the check's process on the pipe (a copy of the write end, or a read end brought
 back) ends the child or is named. What still reaches the log: a process with ``CAP_SYS_PTRACE``
-(root's, where the container gives it; the grader's jail leaves a submission none); one that can
+(root's, where the container gives it; the grader's jail leaves a submission none), or
+``CAP_SYS_ADMIN`` until the child is undumpable (it may name the child as a message's sender,
+``SCM_CREDENTIALS``: root's; the jail leaves a sandbox user none, root keeps it); one that can
 rewrite the Python the child runs (``sys.executable`` and its standard library: root, or the
-owner of the installation; a sandbox user cannot); and code of the check's process that takes the
-socket's or the pipe's descriptors in the instant between their making and the child's start, or
-moves them (``os.dup2``) for the call, and gives them to a process of its own: no check in the
-same process can stop that. The functions here, and the child's command :data:`COPY`, are bound
-by the logs that use them when the course is imported (lesson 04's
+owner of the installation; a sandbox user cannot); and code of the check's process that moves
+the descriptors (``os.dup2``) for the call and gives them to a process of its own: no check in the
+same process can stop that. Until the child is undumpable (its Python's start, until its
+``prctl``), the check's process may take the child's descriptors (``pidfd_getfd``): a message
+sent through its socket so is not the child's (``SCM_CREDENTIALS``: the check's socket end passes
+credentials from before the spawn) and leaves a pipe with no reader (the log is lost), the pipe
+is not made yet, and bytes written through its standard output so are added to the copy, as bytes
+written to the pipe are. The functions here, and the child's command :data:`COPY`, are bound by
+the logs that use them when the course is imported (lesson 04's
 :mod:`~course_utils.grading.checks.coordinator_watch`, lesson 08's
 :mod:`~course_utils.grading.checks.pipe_log`)."""
 
@@ -33,10 +39,10 @@ __all__ = ["COPY", "MARK", "TRACED", "child_reader", "closer", "end", "killer", 
 #: The child that holds the pipe's read end. It first makes itself not dumpable (Linux), so that
 #: no other process of the user (the check's, where the learner's code runs, included) may open
 #: its descriptors through ``/proc/PID/fd`` or attach to it from then on, and refuses to go on
-#: (status 3) where a tracer attached before that; only then does it make the pipe, send the write
-#: end to the check over its standard input (a Unix socket, ``SCM_RIGHTS``), so that the read end
-#: never exists in another process, say so with :data:`MARK` and write nothing more before the
-#: pipe is closed.
+#: (status 75, :data:`TRACED`) where a tracer attached before that; only then does it make the
+#: pipe, send the write end to the check over its standard input (a Unix socket, ``SCM_RIGHTS``),
+#: so that the read end never exists in another process, say so with :data:`MARK` and write
+#: nothing more before the pipe is closed.
 MARK = b"\0"
 TRACED = 75  # the child's exit status where a tracer held it before it was undumpable
 COPY = (sys.executable, "-I", "-S", "-c",
@@ -79,10 +85,15 @@ def starter() -> Any:
     pipe, close, fdopen, fstat, waitpid, kill = (os.pipe, os.close, os.fdopen, os.fstat,
                                                  os.waitpid, os.kill)
     exit_code, is_fifo, get_flags = os.waitstatus_to_exitcode, stat.S_ISFIFO, fcntl_flags()
-    socketpair, recvmsg, fileno, shut = (_socket.socketpair, _socket.socket.recvmsg,
-                                         _socket.socket.fileno, _socket.socket.close)
+    socketpair, recvmsg, fileno, shut, option = (
+        _socket.socketpair, _socket.socket.recvmsg, _socket.socket.fileno, _socket.socket.close,
+        _socket.socket.setsockopt)
     unix, stream, rights = _socket.AF_UNIX, _socket.SOCK_STREAM, _socket.SCM_RIGHTS
-    space, sol_socket = _socket.CMSG_SPACE(4), _socket.SOL_SOCKET
+    credentials, pass_credentials = (getattr(_socket, "SCM_CREDENTIALS", None),
+                                     getattr(_socket, "SO_PASSCRED", None))
+    if credentials is None or pass_credentials is None:  # not Linux: no sender to check
+        return None
+    space, sol_socket = _socket.CMSG_SPACE(4) + _socket.CMSG_SPACE(12), _socket.SOL_SOCKET
     cloexec = getattr(_socket, "MSG_CMSG_CLOEXEC", 0)
     dup2_action, close_action = os.POSIX_SPAWN_DUP2, os.POSIX_SPAWN_CLOSE
     wait_readable, monotonic, sleep, from_bytes, order = (
@@ -115,20 +126,26 @@ def starter() -> Any:
                 except OSError:
                     pass
 
-    def handed(mine: Any) -> int | None:
-        """The write end the child sent over ``mine`` (within a minute), or None."""
+    def handed(mine: Any, pid: int) -> int | None:
+        """The write end the child ``pid`` sent over ``mine`` (within a minute), or None: the
+        first message must be the child's own (its sender's process, ``SCM_CREDENTIALS``, checked
+        by the kernel), not one sent through a copy of the child's socket taken before it was
+        undumpable."""
         if not wait_readable([mine], [], [], 60.0)[0]:
             return None
         try:
             _, ancillary, _, _ = recvmsg(mine, 1, space, cloexec)
         except OSError:
             return None
-        fds = [from_bytes(data[:4], order, signed=True)
-               for level, kind, data in ancillary if level == sol_socket
-               and kind == rights and data[3:4]]
-        for extra in fds[1:]:
+        fds = [from_bytes(data[start:start + 4], order, signed=True)
+               for level, kind, data in ancillary if level == sol_socket and kind == rights
+               for start in range(0, len(data) - 3, 4)]
+        senders = [from_bytes(data[:4], order, signed=True)
+                   for level, kind, data in ancillary
+                   if level == sol_socket and kind == credentials and data[11:12]]
+        for extra in fds[1:] if senders == [pid] else fds:
             close(extra)
-        if not fds:
+        if not fds or senders != [pid]:
             return None
         if not is_fifo(fstat(fds[0]).st_mode) or get_flags(fds[0]) & 3 != write_only:
             close(fds[0])
@@ -137,6 +154,12 @@ def starter() -> Any:
 
     def start(copy: tuple[str, ...]) -> tuple[int, Any]:
         mine, theirs = socketpair(unix, stream)
+        try:  # each message then says which process sent it
+            option(mine, sol_socket, pass_credentials, 1)
+        except OSError:
+            shut(mine)
+            shut(theirs)
+            raise
         out_read, out_write = pipe()
         try:
             pid = spawn(copy[0], [*copy], {}, file_actions=[
@@ -152,7 +175,7 @@ def starter() -> Any:
         child = Child()
         child.pid, child.returncode, child.stdout = pid, None, fdopen(out_read, "rb", 0)
         try:
-            write_fd = handed(mine)
+            write_fd = handed(mine, pid)
         finally:
             shut(mine)
         if write_fd is None:  # no pipe came: one with no reader stands in

@@ -16,8 +16,10 @@ cannot start a second in-process cluster) and verifies what the parameter server
   reshuffles each pass a known number of elements, more than one, one of them must hold all its
   elements in its buffer, and they must be a worker's share or more: a full shuffle of another
   branch, or of fewer elements, batches say, does not stand for it; a way from the examples'
-  slices with no shuffle at all reads them in stored order, and a way whose only shuffles never
-  reshuffle, the same order every pass, whatever passes the check reads; with more than 62
+  slices (or a finite ``range``, or an ``unbatch`` of tensors) with no shuffle at all reads them
+  in stored order, and a way whose only shuffles that reshuffle are of one element (or of an
+  unknown number, with a buffer below the share) while one never reshuffles, the same order
+  every pass, whatever passes the check reads; with more than 62
   ways, each such shuffle must hold its whole input). Still passes: where a way's shuffles are of
   an unknown number of elements, a ``filter`` shard say, or a shuffle inside ``flat_map`` (its
   function is read only to exempt the slices below it), only how far examples move is read: a
@@ -292,7 +294,8 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                             "your shuffle do at a new pass? (lesson 01, section 7)")
                 if buffer == 0:
                     return (f"worker {w}'s dataset has a branch that reads the examples in "
-                            f"stored order (its {size} slices reach it through no shuffle): "
+                            f"stored order (its source's {size} elements reach it through no "
+                            "shuffle): "
                             "whatever the passes read first, that branch's are never "
                             "shuffled. Which step of yours reads the data unshuffled? "
                             "(lesson 01, section 7)")

@@ -1,7 +1,11 @@
 """What each worker of a ``ParameterServerStrategy`` job read, for lesson 04's
 ``check_make_dataset_fn``: each worker's batches in order (:func:`batches_per_worker`, steps
 in rounds of one per worker), the shuffles its dataset holds (:func:`shuffles_of`, read on
-the worker), and what is wrong with its first passes (:func:`passes_message`)."""
+the worker), and what is wrong with its first passes (:func:`passes_message`). Still passes:
+groups of examples shuffled whole where the shuffle's elements are counted as a share or more
+(pairs or batches padded with dummy groups that a ``filter`` drops after the shuffle), or are
+an unknown number (``batch(2).filter(...).shuffle(...)``): the graph reads elements, not what
+they hold, and a right answer may shuffle padded or filtered data too."""
 
 from __future__ import annotations
 
@@ -20,7 +24,10 @@ _UNBOUNDED = -2  # a buffer_size of tf.data.UNKNOWN_CARDINALITY: the shuffle hol
 _PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, one bit each
 
 
-_SOURCES = frozenset(("TensorSliceDataset",))  # the examples' own slices, in stored order
+# the examples' own slices, a ``range`` (ids of them), in stored order; an ``unbatch`` with no
+# shuffle nor source below (the rows of tensors, ``from_tensors(...).unbatch()``) is one too
+_SOURCES = frozenset(("TensorSliceDataset", "RangeDataset"))
+_UNBATCH = "UnbatchDataset"
 
 
 def _calls_a_shuffle(op: Any) -> bool:
@@ -44,8 +51,9 @@ def shuffles_of(dataset: Any) -> Any:
     the dataset it shuffles (-1 infinite, -2 unknown), whether it reshuffles each pass (1), and
     a bit mask of the ways from the dataset down to a source (a dataset made of no other: the
     slices, a ``range``) it lies on, ways with the same shuffles counted once. A branch of a
-    ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` source on a way with
-    no shuffle at all stands as a shuffle with a buffer of 0 (stored order) of its slices, on
+    ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` or ``range`` source,
+    or an ``unbatch`` with neither a shuffle nor a source below it (rows of tensors), on a way
+    with no shuffle at all stands as a shuffle with a buffer of 0 (stored order) of its elements, on
     that way alone (not below a step whose function makes a shuffle: its elements are then not
     the examples read). Where there are more than 62 ways, every shuffle's mask is -1 (each is then
     judged alone) and the slices are not. A shuffle inside a function a dataset step calls
@@ -62,7 +70,10 @@ def shuffles_of(dataset: Any) -> Any:
                 found = frozenset().union(*(ways(each) for each in inputs))
                 if _calls_a_shuffle(op):  # the slices below are not the examples read
                     found = frozenset(frozenset(i for i in way if shuffles[i].type
-                                                not in _SOURCES) for way in found)
+                                                not in _SOURCES | {_UNBATCH}) for way in found)
+                elif op.type == _UNBATCH and found == frozenset([frozenset()]):
+                    shuffles.append(op)  # rows of tensors, in stored order
+                    found = frozenset([frozenset([len(shuffles) - 1])])
             elif op.type in _SOURCES:
                 shuffles.append(op)
                 found = frozenset([frozenset([len(shuffles) - 1])])
@@ -78,7 +89,7 @@ def shuffles_of(dataset: Any) -> Any:
     many = len(found) > _PATHS
     rows = []
     for index, op in enumerate(shuffles):
-        if op.type in _SOURCES:  # judged on a way with no shuffle at all
+        if op.type in _SOURCES or op.type == _UNBATCH:  # judged on a way with no shuffle at all
             mask = 0 if many else sum(1 << bit for bit, way in enumerate(found)
                                       if way == {index})
             rows.append(tf.stack([
@@ -106,7 +117,9 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
     examples) or more; None where every way has one that does. A buffer of 0 is a way that
     reads its slices in stored order; ``elements`` below ``share`` with a buffer that holds them
     all, a shuffle of groups of examples (batches, a part of the share), which stay together;
-    ``(-1, elements)``, a way whose only shuffles never reshuffle (the same order every pass).
+    ``(-1, elements)``, a way with a shuffle that never reshuffles (the same order every pass)
+    and none that reshuffles more than one element (or an unknown or infinite number with a
+    buffer of ``share`` or more).
     With more than 62 ways (mask -1), each such shuffle must shuffle its input whole."""
 
     def whole(buffer: int, size: int) -> bool:
@@ -125,7 +138,8 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
             return max(judged, key=lambda pair: pair[0] / pair[1])
         on = [row for row in shuffles if row[3] > 0 and row[3] >> bit & 1 and row[0] != 0]
         fixed = [(buffer, size) for buffer, size, reshuffle, _ in on if size > 1]
-        if fixed and not any(reshuffle for _, _, reshuffle, _ in on):
+        if fixed and not any(reshuffle and (size > 1 or size < 0 and (
+                buffer == _UNBOUNDED or buffer >= share)) for buffer, size, reshuffle, _ in on):
             return (-1, max(size for _, size in fixed))
     return None
 
