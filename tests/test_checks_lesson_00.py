@@ -626,7 +626,7 @@ def overlapped_pipeline(records, read, batch_size):
 
 def test_overlapped_pipeline_passes_the_fix(capsys):
     assert cu.grading.check_overlapped_pipeline(overlapped_pipeline)
-    assert "reads ran during" in capsys.readouterr().out
+    assert "half a batch or more was read during" in capsys.readouterr().out
 
 
 
@@ -647,7 +647,7 @@ def _checked_then_prefetched(records, read, batch_size):  # right: an assert on 
 
 def test_overlapped_pipeline_passes_an_assert_and_a_cache_file(capsys):
     assert cu.grading.check_overlapped_pipeline(_checked_then_prefetched)
-    assert "reads ran during" in capsys.readouterr().out
+    assert "half a batch or more was read during" in capsys.readouterr().out
 
 def _broken(records, read, batch_size):  # the exercise's broken code, unchanged
     import tensorflow as tf
@@ -703,6 +703,23 @@ def _prefetch_before_and_after(records, read, batch_size):  # the broken line, w
     import tensorflow as tf  # prefetch that overlaps batching only: reads still in the step
 
     return records.prefetch(tf.data.AUTOTUNE).map(read).batch(batch_size).take(-1)
+
+
+def _prefetched_one_before_the_batch(records, read, batch_size):  # one record read ahead
+    return records.map(read).prefetch(1).batch(batch_size)  # per step of a batch of four
+
+
+def _right_answer_with_the_options_left_unused(records, read, batch_size):  # right: an
+    import tensorflow as tf  # explicit deterministic=True wins over the options' False
+
+    options = tf.data.Options()
+    options.deterministic = False
+    dataset = records.map(read, num_parallel_calls=4, deterministic=True).batch(batch_size)
+    return dataset.prefetch(1).with_options(options)
+
+
+def test_overlapped_pipeline_passes_deterministic_true_under_options_false(capsys):
+    assert cu.grading.check_overlapped_pipeline(_right_answer_with_the_options_left_unused)
 
 
 def _read_all_on_the_first_batch(records, read, batch_size):  # every read before step 1,
@@ -858,6 +875,7 @@ def _prefetched_handed_on_through_a_staging_area_by_node_name(records, read, bat
     (_read_ahead_in_python, "does not overlap"),
     (_read_twice, "elements differ"),
     (_prefetch_before_and_after, "does not overlap"),
+    (_prefetched_one_before_the_batch, r"does not overlap the step: at least half a batch"),
 ])
 def test_overlapped_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):

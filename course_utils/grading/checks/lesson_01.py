@@ -159,7 +159,8 @@ def check_fast_pipeline(fn: Any) -> bool:
             return (f"while the check ran an epoch of {num_elements} records, read was "
                     f"called {reads['count']} times: the overlapped reads counted must be "
                     "this pipeline's, each record read once (reads of a thread or another "
-                    "pipeline of yours count too)")
+                    "pipeline of yours count too; a cache file an earlier call wrote reads "
+                    "none)")
         problem = elements_problem(epoch)
         if problem:  # the check's second call: its epoch is the one counted
             return f"in the epoch whose reads were counted (a second call's dataset): {problem}"

@@ -225,8 +225,12 @@ def order_problem(dataset: Any) -> str | None:
                             for node in function.node_def)]
     steps = sorted({node.op for node in nodes if "deterministic" in node.attr
                     and node.attr["deterministic"].s == b"false"})
-    if dataset.options().deterministic is False:
-        steps.append("tf.data.Options().deterministic")
+    # the option only decides for the steps that leave it to the option ("default"): an
+    # explicit deterministic=True wins over it, and a pipeline without such steps keeps order
+    left = sorted({node.op for node in nodes if "deterministic" in node.attr
+                   and node.attr["deterministic"].s == b"default"})
+    if dataset.options().deterministic is False and left:
+        steps.append(f"tf.data.Options().deterministic for {', '.join(left)}")
     if steps:
         return (f"deterministic=False in your pipeline ({', '.join(steps)}) lets it hand out "
                 "elements in the order they finish, not the order they came: keep the order")
