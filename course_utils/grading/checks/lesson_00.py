@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,6 +57,13 @@ from course_utils.grading.checks.batch_shapes import (
 )
 from course_utils.grading.checks.call_guard import REMOVED
 from course_utils.grading.checks.forked_call import ForkedCall
+from course_utils.grading.checks.read_ahead import (
+    BATCH_SIZE,
+    MIN_READ_AHEAD_SHARE,
+    READ_WAIT_S,
+    batches_problem,
+    train_epoch,
+)
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.splits import (
@@ -374,48 +380,6 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool
 
 # --- Exercise 4 · fix a prefetch that overlaps nothing -----------------------------------------
 
-#: Per-element read and per-batch step waits in ``check_overlapped_pipeline`` (seconds).
-READ_WAIT_S, BATCH_SIZE, STEP_WAIT_S = 0.004, 4, 0.016
-#: The share of training steps during which at least half a batch of later records must be read.
-MIN_READ_AHEAD_SHARE = 0.2
-
-
-def _train(dataset: Any, reads: dict[str, Any], count: int
-           ) -> tuple[float, float, list[np.ndarray]]:
-    """One epoch of ``count`` elements with a ``STEP_WAIT_S`` step per batch: (the share, in
-    [0, 1], of the steps while which at least half a batch of later records (``BATCH_SIZE //
-    2``) was read, of those after which that many are left, seconds, the batches). One record
-    read ahead per step (a ``prefetch(1)`` before the batch) overlaps a quarter of the reads
-    and counts no step; reads that all ran before the first step (a pipeline that reads
-    everything up front) overlap no step either."""
-    reads["done"], reads["calls"], reads["by"] = set(), 0, []
-    consumed, read_ahead, batches = 0, [], []
-    start = time.perf_counter()
-    for batch in dataset:
-        batches.append(batch)
-        consumed += len(batch) if np.ndim(batch) else 1  # an element unbatched: one
-        before = len(reads["done"])
-        time.sleep(STEP_WAIT_S)  # the training step
-        if count - consumed >= BATCH_SIZE // 2:  # were half a batch read while it ran?
-            read_ahead.append(len(reads["done"]) - max(before, consumed) >= BATCH_SIZE // 2)
-    seconds = time.perf_counter() - start
-    return (sum(read_ahead) / max(len(read_ahead), 1), seconds,
-            [np.asarray(batch) for batch in batches])
-
-
-def _batches_problem(batches: list[np.ndarray], expected: np.ndarray) -> str | None:
-    """What is wrong with one epoch's batches against the ``expected`` elements, in order, in
-    batches of ``BATCH_SIZE`` (a short last one), or None."""
-    sizes = [len(batch) if np.ndim(batch) == 1 else np.shape(batch) for batch in batches]
-    count = len(expected)
-    want = [BATCH_SIZE] * (count // BATCH_SIZE) + [count % BATCH_SIZE]
-    if sizes != want:
-        return f"expected batches of sizes {want}, got {sizes}"
-    if not np.array_equal(np.concatenate(batches), expected):
-        return "the elements differ from the broken pipeline's, or came in another order"
-    return None
-
-
 @register
 def check_overlapped_pipeline(fn: Any) -> bool:
     """Check ``overlapped_pipeline(records, read, batch_size)``: the same batches in the same
@@ -438,7 +402,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, tf.data.Dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        problem = _batches_problem(
+        problem = batches_problem(
             [np.asarray(batch) for batch in fresh_caches(dataset).as_numpy_iterator()],
             expected) or order_problem(dataset)  # equal waits keep most orders: the graph
         if problem:
@@ -448,9 +412,9 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return f"a second call returned a {type(trained).__name__}, not a tf.data.Dataset"
         # a cache of its own in a file (a constant filename) caches in memory: it starts empty
         source, trained = trained, fresh_caches(trained)  # and this pipeline's reads fill it
-        share, seconds, trained_batches = _train(
+        share, seconds, trained_batches = train_epoch(
             without_default_optimizations(trained), reads, count)
-        problem = _batches_problem(trained_batches, expected) or order_problem(source)
+        problem = batches_problem(trained_batches, expected) or order_problem(source)
         if problem:
             return f"in the epoch trained on (a second call's dataset): {problem}"
         if reads["calls"] > count:  # reads the epoch did not need (a thread of its own?)
@@ -469,7 +433,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
                     f"{outside} of {reads['calls']} reads ran outside it: does it hand on reads "
                     "of a thread or pipeline of yours? Where does tf.data's overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
-        _, broken_seconds, _ = _train(without_default_optimizations(broken()), reads, count)
+        _, broken_seconds, _ = train_epoch(without_default_optimizations(broken()), reads, count)
         print(f"   half a batch or more was read during {share:.0%} of the steps; an epoch took "
               f"{seconds:.2f} s, the broken pipeline's {broken_seconds:.2f} s "
               f"(×{broken_seconds / seconds:.2f}, at most about ×2 on an idle machine)")
