@@ -527,6 +527,22 @@ def _lazy_overflow_answers(keras, tf):
         return first_overflowing_layer(model, x[np.sort(np.r_[order[:4], order[-4:]])],
                                        keras, tf)
 
+    def row_by_row_first_found(model, x):  # loops over the rows outside the layers
+        for row in range(len(x)):
+            name = first_overflowing_layer(model, x[row:row + 1], keras, tf)
+            if name is not None:
+                return name
+        return None
+
+    def halves_first_found(model, x):  # two halves, the first half's answer first
+        half = len(x) // 2
+        return (first_overflowing_layer(model, x[:half], keras, tf)
+                or first_overflowing_layer(model, x[half:], keras, tf))
+
+    def all_but_eight_smallest(model, x):  # drops the rows that look harmless
+        rows = np.sort(np.argsort(np.max(np.abs(x), axis=1))[8:])
+        return first_overflowing_layer(model, x[rows], keras, tf)
+
     def index_not_name(model, x):  # the position instead of the name
         name = first_overflowing_layer(model, x, keras, tf)
         return None if name is None else [layer.name for layer in model.layers].index(name)
@@ -557,7 +573,10 @@ def _lazy_overflow_answers(keras, tf):
             "every example but the first":  # off by one
                 lambda model, x: first_overflowing_layer(model, x[1:], keras, tf),
             "every example but the last":  # off by one
-                lambda model, x: first_overflowing_layer(model, x[:-1], keras, tf)}
+                lambda model, x: first_overflowing_layer(model, x[:-1], keras, tf),
+            "row by row, first row that overflows": row_by_row_first_found,
+            "two halves, the first half's answer first": halves_first_found,
+            "every row but the 8 smallest": all_but_eight_smallest}
 
 
 @pytest.mark.parametrize("mistake", ["constant None", "constant first layer", "largest weights",
@@ -578,7 +597,10 @@ def _lazy_overflow_answers(keras, tf):
                                      "every other example only",
                                      "every third example only",
                                      "every example but the first",
-                                     "every example but the last"])
+                                     "every example but the last",
+                                     "row by row, first row that overflows",
+                                     "two halves, the first half's answer first",
+                                     "every row but the 8 smallest"])
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
     lazy = _lazy_overflow_answers(keras, tf)[mistake]
     with pytest.raises(AssertionError, match="finite|you answered None|return a layer's name|"
@@ -609,7 +631,7 @@ def test_the_one_row_batches_overflow_in_exactly_one_row(monkeypatch):
     made = []
     monkeypatch.setattr(overflow, "run_check", lambda name, fn, cases, hint: made.extend(cases))
     overflow.check_first_overflowing_layer(stub)
-    one_row = [case for case in made if "x with one row, drawn" in case.label]
+    one_row = [case for case in made if "x with one row times" in case.label]
     assert len(one_row) >= overflow.ONE_ROW_CASES  # 16 in each of 60 draws
     for case in one_row:
         model, batch = case.args
