@@ -635,7 +635,7 @@ def test_the_one_row_batches_overflow_in_exactly_one_row(monkeypatch):
     assert len(one_row) >= overflow.ONE_ROW_CASES  # 16 in each of 60 draws
     for case in one_row:
         model, batch = case.args
-        layers, every_output = overflow._every_output(model)
+        layers, every_output = overflow.outputs_model(model)
         finite = np.stack([np.all(np.isfinite(np.asarray(output, np.float32)).reshape(
             len(batch), -1), axis=1) for output in every_output(batch)])
         first = np.where(finite.all(axis=0), len(layers), np.argmin(finite, axis=0))

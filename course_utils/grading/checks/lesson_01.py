@@ -41,7 +41,6 @@ import numpy as np
 from course_utils.grading.checks.batch_shapes import batches as _batches
 from course_utils.grading.checks.batch_shapes import counted_stages as _counted_stages
 from course_utils.grading.checks.batch_shapes import (
-    dataset_steps,
     epoch_seconds,
     fresh_caches,
     py_function_tokens,
@@ -49,6 +48,7 @@ from course_utils.grading.checks.batch_shapes import (
 from course_utils.grading.checks.batch_shapes import handed_on as _handed_on
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
+from course_utils.grading.checks.cached_epochs import cached_verifier
 from course_utils.grading.checks.records import pixels_problem as _pixels_problem
 from course_utils.grading.checks.records import record_example
 from course_utils.grading.checks.registry import register
@@ -323,65 +323,6 @@ def check_shuffled_batches(fn: Any) -> bool:
 # --- Exercise 3 · cache before augmenting -------------------------------------------------------
 
 
-def _cached_verifier(count: int, batch_size: int, buffer: int,
-                     calls: dict[str, Any]) -> Callable[[Any], str | None]:
-    """``verify`` of exercise 3 for ``range(count)`` shuffled with ``buffer``."""
-    def verify(dataset: Any) -> str | None:
-        if not _is_dataset(dataset):
-            return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        epochs, decoded = [], []
-        for _ in range(2):
-            before = calls["decode"]
-            batches = _batches(dataset)
-            decoded.append(calls["decode"] - before)
-            problem = _size_problem(batches, count, batch_size)
-            if problem:
-                return problem
-            epochs.append(np.concatenate(batches))
-        orders = [(epoch // 10).astype(int).tolist() for epoch in epochs]
-        if sorted(orders[0]) != list(range(count)):
-            return "every record must come once per epoch, decoded (decode gives 10 × record)"
-        if decoded != [count, 0]:
-            return (f"decode ran {decoded[0]} times in epoch 1 and {decoded[1]} times in "
-                    f"epoch 2; expected {count} and 0: which elements does the cache keep?")
-        steps = dataset_steps(dataset)
-        if not any(step.startswith("CacheDataset") for step in steps):
-            return (f"decode ran once per record, but your pipeline holds no tf.data cache "
-                    f"(its steps: {', '.join(steps)}): which step keeps them for epoch 2?")
-        cached = py_function_tokens(dataset, feeding="CacheDataset")
-        uncached = sum(token not in cached for token in calls["by"])
-        if uncached:  # decoded in Python, memoised, or by a map the cache does not receive
-            return (f"{uncached} of decode's {len(calls['by'])} calls came from no decode op "
-                    "upstream of your pipeline's tf.data cache (called in Python, or by a map "
-                    "whose results the cache never receives): the cache holds no decoded "
-                    "record. Which step's output must it keep?")
-        if np.array_equal(epochs[0], epochs[1]):
-            return ("the two epochs are identical: the cache froze the augmentation")
-        if np.array_equal(np.floor(epochs[0]), epochs[0]):
-            return "the elements were not augmented (each is 10 × its record exactly)"
-        if orders[0] == list(range(count)):
-            return "the records came in their stored order: shuffle them"
-        if orders[0] == orders[1]:
-            return ("the two epochs came in the same order: the cache froze the shuffle "
-                    "(a shuffle is random work too)")
-        # b < n: 8 epochs, each missing the reach b - 1 with P < 4.3 % (count >= 4 b) and a
-        # record b late with P < 1.4 %: < 2e-11 (checks/shuffle_order.py). The whole set
-        # brings none k = count // 2 early with P = k^(count-k) k!/count! < 0.8 % (count >= 21);
-        # in 4 epochs: < 1e-8.
-        orders += [(np.concatenate(_batches(dataset)) // 10).astype(int).tolist()
-                   for _ in range(2 if buffer == count else 6)]
-        if buffer < count:
-            return buffer_problem(orders, buffer, "record")
-        jump = max(places_ahead(order) for order in orders)
-        if jump < count // 2:
-            return (f"no record came more than {jump} places before its stored place "
-                    f"in {len(orders)} epochs; a shuffle over all {count} records brings some "
-                    f"{count // 2} or more; the buffer given was {count}")
-        return None
-
-    return verify
-
-
 @register
 def check_cached_pipeline(fn: Any) -> bool:
     """Check ``cached_pipeline(records, decode, augment, batch_size, shuffle_buffer)``: every
@@ -397,7 +338,7 @@ def check_cached_pipeline(fn: Any) -> bool:
         calls: dict[str, Any] = {"decode": 0}
         decode, augment = _counted_stages(calls, rng.randint(0, 2**31 - 1))
         args = (tf.data.Dataset.range(count), decode, augment, batch_size, buffer)
-        cases.append(Case(args=args, verify=_cached_verifier(count, batch_size, buffer, calls),
+        cases.append(Case(args=args, verify=cached_verifier(count, batch_size, buffer, calls),
                           label=f"(range({count}), decode, augment, {batch_size}, {buffer})"))
     return run_check("cached_pipeline", fn, cases,
                      hint="which steps give the same result every epoch, which are random, "

@@ -46,6 +46,13 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.overflow_rows import (
+    one_row_cases,
+    outputs_model,
+    overflow_cases,
+    row_firsts,
+    two_row_case,
+)
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -96,125 +103,6 @@ LOUD_LOGITS = 1e6
 #: Batches of each model in which one row, drawn, overflows and every other row is harmless:
 #: an answer that looks at a random 3/4 of the rows passes each with probability 3/4 at most.
 ONE_ROW_CASES = 8
-
-#: The input scales the check tries (outlier rows of the batch multiplied by each).
-_SCALES = tuple(10.0 ** (i / 4) for i in range(-8, 29))
-
-
-def _every_output(model: Any) -> tuple[list[Any], Any]:
-    keras = _keras()
-    layers = [layer for layer in model.layers
-              if not isinstance(layer, keras.layers.InputLayer)]
-    return layers, keras.Model(model.input, [layer.output for layer in layers])
-
-
-def _row_firsts(model: Any, x: np.ndarray, rows: list[int]
-                ) -> tuple[list[Any], list[np.ndarray], np.ndarray]:
-    """The batches with ``rows`` of ``x`` times each of ``_SCALES``, and for each batch and
-    example the index of the first layer whose output is not finite there (``len(layers)``
-    where none): ``first[scale, row]``. Examples do not interact in an MLP, so every scale's
-    batch runs in one call."""
-    layers, every_output = _every_output(model)
-    batches = []
-    for scale in _SCALES:
-        batch = x.copy()
-        batch[rows] *= scale
-        batches.append(batch)
-    finite = np.stack([np.all(np.isfinite(np.asarray(output, np.float32)).reshape(
-        len(_SCALES), len(x), -1), axis=2) for output in every_output(np.concatenate(
-            batches))])  # [layer, scale, row]
-    first = np.where(finite.all(axis=0), len(layers), np.argmin(finite, axis=0))
-    return layers, batches, first
-
-
-def _overflow_cases(model: Any, x: np.ndarray, rows: list[int], rng: Any,
-                    decoy: str | None, firsts: Any = None,
-                    ) -> list[tuple[np.ndarray, str | None, float]]:
-    """Batches whose first overflowing layer differs: (x, the answer, the scale), computed
-    (``firsts``: :func:`_row_firsts` of the same arguments, where already computed)."""
-    layers, batches, first = firsts or _row_firsts(model, x, rows)
-    names = [layer.name for layer in layers] + [None]
-    by_answer: dict[str | None, tuple[np.ndarray, float]] = {}
-    for batch, scale, index in zip(batches, _SCALES, first.min(axis=1), strict=True):
-        by_answer.setdefault(names[index], (batch, scale))
-    named = [name for name in by_answer if name is not None]
-    chosen = [None] + rng.sample(named, min(len(named), 1 if decoy else 2))
-    return [(by_answer[name][0], name, by_answer[name][1]) for name in chosen
-            if name in by_answer]
-
-
-def _one_row_cases(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list[int],
-                   rng: Any, count: int) -> list[tuple[np.ndarray, str, float]]:
-    """Up to ``count`` batches in each of which one row of ``rows``, drawn, is scaled and is
-    the only row whose output overflows at the answer (the others are ``x``'s, left alone):
-    (x, the answer, the scale). The first and the last row of ``x`` come first, where they
-    are in ``rows`` and have such a scale (``x[1:]`` and ``x[:-1]`` miss one of them).
-    ``first`` is :func:`_row_firsts` of ``rows``. A row's scale is one whose neighbouring
-    scales (a factor 1.78 either side) overflow at the same layer, and the rows left alone
-    overflow at no layer up to the answer even 1.78 times larger: a different batch size's
-    rounding does not move the answer."""
-    one = _SCALES.index(1.0)
-    alone = first[one + 1]  # every row left alone, with a margin (times 1.78)
-    pairs = [(row, at) for row in rows for at in range(1, len(_SCALES) - 1)
-             if first[at, row] < len(layers)
-             and first[at - 1, row] == first[at, row] == first[at + 1, row]
-             and first[at, row] < min(np.delete(alone, row), default=len(layers))]
-    cases: list[tuple[np.ndarray, str, float]] = []
-    used: set[int] = set()
-    for end in (0, len(x) - 1):  # the batch's ends first: an answer off by one misses them
-        choices = [(row, at) for row, at in pairs if row == end]
-        if choices and len(cases) < count:
-            row, at = rng.choice(choices)
-            used.add(row)
-            batch = x.copy()
-            batch[row] *= _SCALES[at]
-            cases.append((batch, layers[int(first[at, row])].name, _SCALES[at]))
-    layer_order = sorted({int(first[at, row]) for row, at in pairs})
-    rng.shuffle(layer_order)
-    while pairs and len(cases) < count:
-        progress = False
-        for index in layer_order:
-            choices = [(row, at) for row, at in pairs
-                       if first[at, row] == index and row not in used]
-            if not choices or len(cases) >= count:
-                continue
-            row, at = rng.choice(choices)
-            used.add(row)
-            batch = x.copy()
-            batch[row] *= _SCALES[at]
-            cases.append((batch, layers[index].name, _SCALES[at]))
-            progress = True
-        if not progress:
-            break
-    return cases
-
-
-def _two_row_case(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list[int],
-                  rng: Any) -> list[tuple[np.ndarray, str, float]]:
-    """At most one batch with two rows of ``rows`` scaled, every other row left alone: a row
-    ``a`` in the first quarter of ``x`` overflowing first at a layer ``j``, a row ``b`` in the
-    last quarter at a layer before ``j`` (the answer), both before any other row's first
-    overflow even 1.78 times larger; each row's scale has neighbouring scales (a factor 1.78
-    either side) that overflow at the same layer. (x, the answer, ``b``'s scale); ``first`` is
-    :func:`_row_firsts` of ``rows``, no new forward pass."""
-    one = _SCALES.index(1.0)
-    alone = first[one + 1]  # every row left alone, with a margin (times 1.78)
-    pairs = [(row, at) for row in rows for at in range(1, len(_SCALES) - 1)
-             if first[at, row] < len(layers)
-             and first[at - 1, row] == first[at, row] == first[at + 1, row]]
-    quarter = len(x) // 4
-    options = [((a, at_a), (b, at_b)) for a, at_a in pairs if a < quarter
-               for b, at_b in pairs if b >= len(x) - quarter
-               and first[at_b, b] < first[at_a, a]
-               < min(np.delete(alone, [a, b]), default=len(layers))]
-    if not options:
-        return []
-    (a, at_a), (b, at_b) = rng.choice(options)
-    batch = x.copy()
-    batch[a] *= _SCALES[at_a]
-    batch[b] *= _SCALES[at_b]
-    return [(batch, layers[int(first[at_b, b])].name, _SCALES[at_b])]
-
 
 def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None,
                        scale: float, scaled: str = "outlier rows",
@@ -276,10 +164,10 @@ def check_first_overflowing_layer(fn: Any) -> bool:
             decoy = hidden[-1].name
             kernel = np.abs(hidden[-1].kernel.numpy())
             hidden[-1].kernel.assign(-kernel / kernel.max() * DECOY_PEAK)
-        order = [layer.name for layer in _every_output(model)[0]]
+        order = [layer.name for layer in outputs_model(model)[0]]
         grows = ("one with huge negative weights" if decoy
                  else "each followed by a layer without weights that amplifies")
-        for batch, expected, scale in _overflow_cases(model, x, rows, rng, decoy):
+        for batch, expected, scale in overflow_cases(model, x, rows, rng, decoy):
             label = (f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with 2 "
                      f"outlier rows times {scale:.3g})")
             cases.append(Case(args=(model, batch), label=label,
@@ -289,8 +177,8 @@ def check_first_overflowing_layer(fn: Any) -> bool:
         # is in a middling row
         others = [row for row in range(len(x)) if row not in loud_rows]
         quieter = np.max(np.abs(x[others]))
-        firsts = _row_firsts(model, x, others)
-        named = [case for case in _overflow_cases(model, x, others, rng, None, firsts)
+        firsts = row_firsts(model, x, others)
+        named = [case for case in overflow_cases(model, x, others, rng, None, firsts)
                  if case[1] and case[1] != decoy and case[2] * quieter < LOUD_INPUT]
         # twice: the row that overflows with 9 to 15 rows shrunk below it, then with 0 to 3
         # (an answer that drops the k smallest rows misses the second)
@@ -313,7 +201,7 @@ def check_first_overflowing_layer(fn: Any) -> bool:
                 break
         # one row, drawn, scaled to overflow, every other row left alone: an answer that
         # looks at part of the batch misses the one row that overflows
-        for batch, expected, scale in _one_row_cases(firsts[0], x, firsts[2], others, rng,
+        for batch, expected, scale in one_row_cases(firsts[0], x, firsts[2], others, rng,
                                                      ONE_ROW_CASES):
             one_row.append(Case(args=(model, batch), verify=_overflow_verifier(
                 expected, order, decoy, scale, "one row"), label=(
@@ -322,7 +210,7 @@ def check_first_overflowing_layer(fn: Any) -> bool:
         # a row early in the batch overflowing late, one late in the batch overflowing early:
         # an answer that loops over the rows outside the layers and returns the first
         # overflowing layer it meets answers the early row's layer
-        for batch, expected, scale in _two_row_case(firsts[0], x, firsts[2], others, rng):
+        for batch, expected, scale in two_row_case(firsts[0], x, firsts[2], others, rng):
             one_row.append(Case(args=(model, batch), verify=_overflow_verifier(
                 expected, order, decoy, scale,
                 "a row of the first quarter and one of the last scaled; the last quarter's"),
@@ -369,7 +257,7 @@ def _quiet_rows_louder(model: Any, batch: np.ndarray, expected: str, scaled: lis
     or None where none gives ``expected`` as the first layer that overflows (the check then
     takes another batch).
     """
-    layers, every_output = _every_output(model)
+    layers, every_output = outputs_model(model)
     stop = [layer.name for layer in layers].index(expected) + 1
     shrink = 2.0 ** -12  # exact in float16; the outputs of the shrunk batch are finite
     by_layer = np.stack([np.max(np.abs(np.asarray(output, np.float32)).reshape(
@@ -449,7 +337,7 @@ def _loud_logits_case(num_features: int, num_classes: int, units: int, depth: in
     # kernel shrinks, and with ReLU and zero biases every output shrinks alike
     quiet: list[tuple[np.ndarray, str | None, float]] = []
     for _ in range(8):
-        quiet = [case for case in _overflow_cases(model, x, rows, rng, None)
+        quiet = [case for case in overflow_cases(model, x, rows, rng, None)
                  if case[1] is None]
         if quiet:
             break
@@ -464,7 +352,7 @@ def _loud_logits_case(num_features: int, num_classes: int, units: int, depth: in
     logits = model(batch).numpy()
     if not (np.all(np.isfinite(logits)) and np.max(np.abs(logits)) > 65504):
         return []
-    order = [layer.name for layer in _every_output(model)[0]]
+    order = [layer.name for layer in outputs_model(model)[0]]
     return [Case(args=(model, batch), verify=_overflow_verifier(None, order, None, scale),
                  label=f"(mixed_float16 MLP, {depth} hidden layers, float32 logits up to "
                        f"{LOUD_LOGITS:.0e}; x with 2 outlier rows times {scale:.3g})")]
