@@ -365,15 +365,7 @@ def _k_not_a_divisor(results, model, global_batch, replicas, budget_bytes):
 def _k_up_to_sixteen(results, model, global_batch, replicas, budget_bytes):
     """k tried among the divisors up to 16 only: none where one example per micro-batch is
     the only k that fits (k = 1104 to 19992)."""
-    report = write_report(results, model, global_batch, replicas, 2**40)
-    n = replicas[report["strategy"]["choice"]]
-    for k in (k for k in range(1, 17) if global_batch // n % k == 0):
-        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
-                                     accumulation_steps=k).total
-        if need <= budget_bytes:
-            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
-            return report
-    raise ValueError("nothing fits")
+    return _k_capped(results, model, global_batch, replicas, budget_bytes, cap=16)
 
 
 def _k_capped(results, model, global_batch, replicas, budget_bytes, *, cap=1000):

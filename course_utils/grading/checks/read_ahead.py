@@ -19,7 +19,7 @@ MIN_READ_AHEAD_SHARE = 0.2
 
 
 def train_epoch(dataset: Any, reads: dict[str, Any], count: int
-           ) -> tuple[float, float, list[np.ndarray]]:
+                ) -> tuple[float, float, list[np.ndarray]]:
     """One epoch of ``count`` elements with a ``STEP_WAIT_S`` step per batch: (the share, in
     [0, 1], of the steps while which at least half a batch of later records (``BATCH_SIZE //
     2``) was read, of those after which that many are left, seconds, the batches). One record
