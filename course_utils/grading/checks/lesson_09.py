@@ -19,8 +19,8 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   two comparisons that skip a pair of parts, a reading that ignores the step windows, the
   ``tf_data`` threads or either kind of collective, or reads one step (or a vote) each fails.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
-  every example once per epoch, in full batches, freshly augmented each epoch (the noise
-  independent of the last epoch's, of one ``augment``'s spread: ``pipeline_probe``), and a
+  every example once per epoch, in full batches, freshly augmented each epoch (each feature's
+  noise its own, new each epoch, of one ``augment``'s spread: ``pipeline_probe``), and a
   profile of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of
   the time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE`` (the same profiled
   step), profiled up to ``BASELINE_ATTEMPTS`` times until it does (``slow_baseline``), each
@@ -28,7 +28,7 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   thread (the distributed iterator's generator thread can hide a wait as "other"). Before any
   profile, ``read`` must have run exactly once per example, counted from the call of the
   learner's function through two epochs (it decodes the stored record, so a pipeline that never
-  reads gets the wrong features), the ``augment`` given must have run in the epochs (its
+  reads gets the wrong features), the ``augment`` given must have run while they were read (its
   generator's state moved), and the pipeline must work ahead by itself: with tf.data's injected
   prefetch and autotuning off, once a batch is taken ``augment`` must have run beyond it,
   counted, not timed; where is the learner's (the text says so): a prefetch before ``batch``
