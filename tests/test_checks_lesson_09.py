@@ -382,6 +382,23 @@ def _k_capped(results, model, global_batch, replicas, budget_bytes, *, cap=1000)
     raise ValueError("nothing fits")
 
 
+def _k_in_pairs_short_of_the_root(results, model, global_batch, replicas, budget_bytes):
+    """The divisors found in pairs (``i`` and the batch over ``i``) with ``i`` stopping one
+    short of the square root: misses the root and its pair (a per-replica batch ``k × k``)."""
+    report = write_report(results, model, global_batch, replicas, 2**40)
+    n = replicas[report["strategy"]["choice"]]
+    per_replica = global_batch // n
+    tried = sorted({k for i in range(1, int(per_replica**0.5)) if per_replica % i == 0
+                    for k in (i, per_replica // i)})
+    for k in tried:
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+    raise ValueError("nothing fits")
+
+
 def _small_k_then_whole_batch(results, model, global_batch, replicas, budget_bytes, *,
                               parts=(1,)):
     """k tried among the divisors up to 64, then the per-replica batch over each of ``parts``
@@ -557,6 +574,7 @@ _DRAWN_MISSED = (r"a micro-batch of \d+ examples per replica fits, of \d+ exampl
     (_k_from_the_largest_down, r"two micro-batches with their accumulation buffer do not, "
                                r"(24|36) of one example do\): accumulation_steps choice: \d+, "
                                r"but cu.memory.step_budget and the budget say 1 "),
+    (_k_in_pairs_short_of_the_root, _DRAWN_MISSED),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
         "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
@@ -564,7 +582,7 @@ _DRAWN_MISSED = (r"a micro-batch of \d+ examples per replica fits, of \d+ exampl
         "k-up-to-1000",
         "k-up-to-64-then-whole-batch", "k-up-to-64-then-half-or-whole",
         "k-up-to-64-then-up-to-a-ninth", "k-from-the-budget-not-a-divisor",
-        "k-from-the-largest-down"])
+        "k-from-the-largest-down", "k-in-pairs-short-of-the-root"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):
@@ -652,6 +670,23 @@ def _noise_of_my_own(features, label):
     return features + tf.random.normal(tf.shape(features), stddev=0.1), label
 
 
+def _augment_on_part(part):
+    """``augment`` on 4 of every 5 examples, on 24 of the 32 features, or on one feature of
+    each example, its noise given to all of them: each leaves a spread near one augment's."""
+    import tensorflow as tf
+
+    def pipeline(records, read, augment, batch_size):
+        def some(x, y):
+            if part == "examples":
+                return tf.cond(tf.cast(y[0], tf.int32) % 5 != 0, lambda: augment(x, y),
+                               lambda: (x, y))
+            noisy, _ = augment(x[:24] if part == "features" else x[:1], y)
+            return tf.concat([noisy, x[24:]], 0) if part == "features" else x + noisy - x[:1], y
+
+        return records.map(read).cache().map(some).batch(batch_size).prefetch(1)
+    return pipeline
+
+
 @pytest.mark.parametrize(("wrong", "message"), [
     (lambda r, read, augment, b: r.cache().map(read).map(augment).batch(b),
      "read each example once"),
@@ -683,11 +718,19 @@ def _noise_of_my_own(features, label):
      .batch(b).prefetch(1), "part of the noise is the same in both epochs"),
     (lambda r, read, augment, b: r.map(read).cache().map(augment).map(augment).batch(b)
      .prefetch(1), r"a spread of 0\.1[2-6]\d, where one augment gives 0\.1:"),
+    (_augment_on_part("examples"), r"\d+ of the \d+ feature values of the two epochs come "
+                                   r"out unchanged \(all of an example's features: \d+ times"),
+    (_augment_on_part("features"), r"\d+ of the \d+ feature values of the two epochs come "
+                                   r"out unchanged: apply augment to every example, all its"),
+    (_augment_on_part("one-feature"), r"some features got the same noise as others on every "
+                                      r"example \(a correlation of 1\.00"),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
         "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
         "the colleague's first try", "the colleague's second try",
         "the second try shuffled", "the second try and augment after the cache",
-        "the same, shuffled after the cache", "augment twice after the cache"])
+        "the same, shuffled after the cache", "augment twice after the cache",
+        "augment on 4 of 5 examples", "augment on 24 of 32 features",
+        "one noise value per example"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)

@@ -111,13 +111,13 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
     learner's to add) before the epochs are compared: fresh noise each epoch is independent of
     the last, a correlation of 0 ± 0.04 here (768 to 2048 values, 0.25 is over six standard
     deviations), where an augmentation kept from the first epoch under a fresh one makes it
-    0.5; one ``augment`` leaves a spread of 0.1 ± 0.002 (``NOISE_SPREAD``: its deviation),
-    two make it 0.14. Every feature of every example, each epoch, gets its own noise: under
-    1e-4 on about 0.08 % of them (1.2 to 3.3 of the 1536 to 4096 values; over 20, one
-    example's 32 features left unchanged in one epoch, comes by chance once in 10**10), and
-    no two features' noise alike over the examples (a correlation over 0.9 on 48 to 128
-    values comes by chance once in 10**15; a noise value drawn per example and given to all
-    its features makes it 1)."""
+    0.5. Every feature of every example, each epoch, gets its own noise: under 1e-4 on about
+    0.08 % of them (1.2 to 3.3 of the 1536 to 4096 values; over 20, fewer than one example's
+    32 features left unchanged in one epoch, comes by chance once in 10**10), and no two
+    features' noise alike over the examples (a correlation over 0.9 on 48 to 128 values
+    comes by chance once in 10**15; a noise value drawn per example and given to all its
+    features makes it 1). Then one ``augment`` leaves a spread of 0.1 ± 0.002
+    (``NOISE_SPREAD``: its deviation), two make it 0.14."""
     n = len(features)
     noise = []
     for epoch in (1, 2):
@@ -143,16 +143,19 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
                 f"example correlates {shared:.2f}; fresh noise would not): an augmentation "
                 "made before the step that keeps the examples is kept with them. Which of "
                 "your steps must give a new result every epoch, and run only there?")
+    problem = _independence_problem(np.stack(noise))
+    if problem:
+        return problem
     spread = float(np.std(noise))
     if not 0.85 * NOISE_SPREAD < spread < 1.15 * NOISE_SPREAD:
         return (f"the noise on the features has a spread of {spread:.3f}, where one augment "
                 f"gives {NOISE_SPREAD:g}: apply augment once to every example, each epoch")
-    return _independence_problem(np.stack(noise))
+    return None
 
 
 def _independence_problem(noise: np.ndarray) -> str | None:
     """What ``elements_problem`` finds wrong with the two epochs' ``noise`` (epoch, example,
-    feature) beyond its spread: features left unchanged, or features sharing their noise."""
+    feature): features left unchanged, or features sharing their noise."""
     still = np.abs(noise) < 1e-4  # read's decoding rounds, no more
     if still.sum() > 20:
         rows = int(still.all(axis=-1).sum())
