@@ -337,9 +337,8 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
         return f"a compiled step traced {traces} times over one epoch, expected once"
     if len(got) != len(expected):
         count = f"more than {len(expected)}" if len(got) > len(expected) else len(got)
-        return (f"the epoch has {count} batches, expected {len(expected)} (n // batch_size"
-                + (")" if len(got) > len(expected) else
-                   ": keep every example, an empty sequence as a row of zeros)"))
+        return (f"the epoch has {count} batches, expected {len(expected)} (n // batch_size)"
+                + ("" if len(got) > len(expected) else f": {_KEEP}"))
     if read[0] < len(got) * batch:
         return (f"your {len(got)} batches hold {len(got) * batch} examples, but only {read[0]} "
                 "were read from the dataset given: where do the others come from?")
