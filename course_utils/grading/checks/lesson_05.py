@@ -17,7 +17,7 @@
   called functions, loops and conditionals (a ``padded_batch``'s ``padded_shapes``, a
   ``tf.pad``'s target, ``static_batches.graph_numbers``), and never shorter than ``2**20`` + 1
   tokens, for bounds the graph hides; case 2's long sequence keeps its drawn length, and kept
-  rows are made one token past each whole number between twice ``sequence_length`` and ``2**20``
+  rows are made one token past each whole number between twice ``sequence_length`` and ``2**24``
   the graph holds (an answer right only for very long or very short sequences fails there:
   ``past_each_number``).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
@@ -191,7 +191,7 @@ def check_make_tpu_ready(fn: Any) -> bool:
                                 + ("at least 1048577 (made past 2**20 and every number below "
                                    "2**24 your graph holds)" if index == 0 else
                                    f"{longest}, some made a token past each number your graph "
-                                   f"holds between {2 * length} and 2**20")
+                                   f"holds between {2 * length} and 2**24")
                                 + f", batch_size={batch}, sequence_length={length})"))
     cases.append(_stream_case(rng))
     return run_check(

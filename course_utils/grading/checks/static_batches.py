@@ -16,9 +16,9 @@ Still passes (the output is a right answer's on every sequence the check can mak
 ``2**20`` tokens or more that the fold cannot see, or one of ``2**24`` or more reached by
 ``tf.pad`` (64 MiB a sequence), or one carried as data (an element of another step, a reduction
 over a dataset) or computed through a tensor of more than ``2**16`` numbers, then a cut; and
-behind a guard that cuts only longer sequences, a bound below ``2**20`` the fold cannot see or
-one among more numbers above twice ``sequence_length`` than the case has kept rows (the rows
-``past_each_number`` makes are bounded by the case's)."""
+behind a guard that cuts only longer sequences, a bound the fold cannot see or one among more
+numbers above twice ``sequence_length`` than ``past_each_number`` has kept rows (or ``2**24``
+tokens) for."""
 
 from __future__ import annotations
 
@@ -223,10 +223,10 @@ def graph_numbers(dataset: Any) -> tuple[set[int], set[int]]:
 
 def past_each_number(dataset: Any, tokens: list[np.ndarray], rows: list[int], low: int) -> None:
     """Makes non-empty ``rows`` of ``tokens`` (the longest first, each its own tokens repeated)
-    one token longer than each whole number above ``low`` and below ``_FLOOR`` that the
+    one token longer than each whole number above ``low`` and below ``_LONGEST`` that the
     dataset's graph holds (``graph_numbers``), the smallest first, while rows and ``_LONGEST``
     tokens in all last: a bound of the pipeline's own behind a guard that cuts only longer
-    sequences (of more than ``_FLOOR`` tokens, say) meets a sequence just past it."""
+    sequences (case 1's long one, say) meets a sequence just past it."""
     tf = _tf()
     if not isinstance(dataset, tf.data.Dataset):
         return
@@ -236,7 +236,7 @@ def past_each_number(dataset: Any, tokens: list[np.ndarray], rows: list[int], lo
         return
     rows = sorted((row for row in rows if len(tokens[row])), key=lambda row: -len(tokens[row]))
     made = 0
-    for row, number in zip(rows, sorted(n for n in numbers if low < n < _FLOOR), strict=False):
+    for row, number in zip(rows, sorted(n for n in numbers if low < n < _LONGEST), strict=False):
         made += number + 1
         if made > _LONGEST:
             return
