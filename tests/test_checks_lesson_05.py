@@ -445,7 +445,7 @@ def _empty_sequences_filtered(dataset, batch_size, sequence_length):
                           sequence_length)
 
 
-PAST_EACH = r"case 2 .*some made a token past each number your graph holds between \d+ and 2\*\*24"
+PAST_EACH = r"case 2 .*rows made a token past the numbers your graph holds between \d+ and 2\*\*24"
 
 
 @pytest.mark.parametrize(("answer", "message"), [

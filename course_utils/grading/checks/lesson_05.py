@@ -190,7 +190,7 @@ def check_make_tpu_ready(fn: Any) -> bool:
                           label=f"({n} sequences of 0 to {2 * length} tokens and one of "
                                 + ("at least 1048577 (made past 2**20 and every number below "
                                    "2**24 your graph holds)" if index == 0 else
-                                   f"{longest}, some made a token past each number your graph "
+                                   f"{longest}, rows made a token past the numbers your graph "
                                    f"holds between {2 * length} and 2**24")
                                 + f", batch_size={batch}, sequence_length={length})"))
     cases.append(_stream_case(rng))
