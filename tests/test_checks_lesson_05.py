@@ -141,7 +141,7 @@ def test_a_shuffled_pipeline_is_told_to_keep_the_order(tensorflow_seeded):
 
     # with the global seed 42 and the op's seed 1, a shuffle of 3, 4, 5 or 6 batches (a case's
     # epoch) leaves none of them in order: case 1 is told by the order of its batches
-    with pytest.raises(AssertionError, match="case 1 .*keep the examples in order"):
+    with pytest.raises(AssertionError, match="case 1 .*keep every example, in order"):
         cu.grading.check_make_tpu_ready(shuffled)
 
 
@@ -409,11 +409,62 @@ def _the_lessons_cell_only(dataset, batch_size, sequence_length):  # drop_remain
     return dataset.padded_batch(batch_size, padded_shapes=([None], []), drop_remainder=True)
 
 
-@pytest.mark.parametrize("answer", [_keeps_the_last_tokens, _keeps_the_partial_batch,
-                                    _padded_to_the_longest, _a_constant_dataset,
-                                    _the_lessons_cell_only])
-def test_make_tpu_ready_catalogue_of_wrong_answers_fails(answer):
-    with pytest.raises(AssertionError, match=r"make_tpu_ready: case \d"):
+def _cast(tokens_to=None, labels_to=None):
+    """The reference with its token ids or labels cast to another dtype."""
+    def answer(dataset, batch_size, sequence_length):
+        import tensorflow as tf
+
+        return make_tpu_ready(dataset, batch_size, sequence_length).map(lambda x, y: (
+            tf.cast(x, tokens_to or x.dtype), tf.cast(y, labels_to or y.dtype)))
+
+    return answer
+
+
+def _guarded_pad_to(bound, guard):
+    """Padded to a bound of its own, then cut; a cut first only for sequences longer than
+    ``guard`` (what the long sequence of case 1 always is): wrong between the two."""
+    def answer(dataset, batch_size, sequence_length):
+        import tensorflow as tf
+
+        def fix(tokens, label):
+            n = tf.shape(tokens)[0]
+            tokens = tf.cond(n > guard, lambda: tokens[:sequence_length], lambda: tf.pad(
+                tokens, [[0, bound(sequence_length) - n]])[:sequence_length])
+            cut = tf.pad(tokens, [[0, sequence_length - tf.shape(tokens)[0]]])
+            return tf.ensure_shape(cut, [sequence_length]), label
+
+        return dataset.map(fix).batch(batch_size, drop_remainder=True)
+
+    return answer
+
+
+def _empty_sequences_filtered(dataset, batch_size, sequence_length):
+    import tensorflow as tf
+
+    return make_tpu_ready(dataset.filter(lambda x, y: tf.size(x) > 0), batch_size,
+                          sequence_length)
+
+
+PAST_EACH = r"case 2 .*rows made a token past the numbers your graph holds between \d+ and 2\*\*24"
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (_keeps_the_last_tokens, r"case \d"), (_keeps_the_partial_batch, r"case \d"),
+    (_padded_to_the_longest, r"case \d"), (_a_constant_dataset, r"case \d"),
+    (_the_lessons_cell_only, r"case \d"),
+    # other dtypes than the given int32 (int64 passes): a float holds the ids of this vocabulary
+    # exactly, bool labels the 0/1 labels, yet neither is what the dataset gives
+    (_cast(tokens_to="float32"), r"case 1 .*element dtypes are \['float32', 'int32'\], expected"),
+    (_cast(labels_to="bool"), r"case 1 .*element dtypes are \['int32', 'bool'\], expected"),
+    (_empty_sequences_filtered, r"case 1 .*keep every example, in order \(no shuffle, no filter"),
+    # a bound of its own behind a guard that cuts only longer sequences: case 2 makes a
+    # sequence one token past each number of the graph (the bound among them)
+    (_guarded_pad_to(lambda n: 100 * n, 100_000), rf"{PAST_EACH}.*Paddings must be non-neg"),
+    (_guarded_pad_to(lambda n: 2000, 2**19), rf"{PAST_EACH}.*Paddings must be non-neg"),
+], ids=["last-tokens", "partial-batch", "padded-to-longest", "constant", "lessons-cell",
+        "float32-tokens", "bool-labels", "empty-filtered", "guarded-100n", "guarded-2000"])
+def test_make_tpu_ready_catalogue_of_wrong_answers_fails(answer, message):
+    with pytest.raises(AssertionError, match=rf"make_tpu_ready: {message}"):
         cu.grading.check_make_tpu_ready(answer)
 
 
@@ -780,7 +831,11 @@ def test_an_element_of_unknown_rank_is_told_so():
         lambda x, y: (x.to_tensor(shape=[b, n]), y)),
     lambda d, b, n: d.map(lambda x, y: (x[:n], y)).padded_batch(
         b, padded_shapes=([2 * n], []), drop_remainder=True).map(lambda x, y: (x[:, :n], y)),
-], ids=["cut-then-padded_batch", "ragged_batch-to_tensor", "cut-padded_batch-to-2n-cut"])
+    # padded to a bound of its own only where a sequence fits under it, int64 ids
+    lambda d, b, n: _guarded_pad_to(lambda n: 3000, 3000)(d, b, n).map(
+        lambda x, y: (_tf().cast(x, _tf().int64), y)),
+], ids=["cut-then-padded_batch", "ragged_batch-to_tensor", "cut-padded_batch-to-2n-cut",
+        "guarded-pad-int64"])
 def test_right_answers_written_another_way_pass(answer):
     assert cu.grading.check_make_tpu_ready(answer)
 

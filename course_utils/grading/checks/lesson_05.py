@@ -3,21 +3,23 @@
 * ``check_make_tpu_ready(make_tpu_ready)``: on fresh variable-length sequences (token ids up to
   50,000; in each of two cases one empty and one longer than twice ``sequence_length``, among
   ones of up to twice; case 1's long one made as below, case 2's drawn up to 100 times), the
-  pipeline's ``element_spec`` has every dimension known, its graph holds the given dataset's
-  reads and no Python of its own (the ``py_function`` tokens of the given dataset and no other:
-  a generator that iterates it, a ``py_function`` or a ``numpy_function`` fails) and pulls
-  nothing from an iterator, a queue, a variable or a file made outside it (work handed on), a
-  compiled step traces once over an epoch, which ends (``repeat`` is named) and has ``n //
-  batch_size`` batches read from the dataset given, holding the sequences cut or padded with
-  zeros at the end to ``sequence_length``, in order (no ``deterministic=False``); the function
-  may not read the dataset when called (the dataset counts what it hands out), nor read most of
-  a long stream before its first batch. In case 1, a bound of its own meets a long sequence made
-  before it is read: one token longer than the largest whole number below ``2**24`` its graph
-  holds or works out from its constants outside called functions, loops and conditionals (a
-  ``padded_batch``'s ``padded_shapes``, a ``tf.pad``'s target,
-  ``static_batches.graph_numbers``), and never shorter than ``2**20`` + 1 tokens, for bounds the
-  graph hides; case 2's long sequence keeps its drawn length (an answer right only for very long
-  or very short sequences fails there).
+  pipeline's ``element_spec`` has every dimension known and int32 or int64 dtypes, its graph
+  holds the given dataset's reads and no Python of its own (the ``py_function`` tokens of the
+  given dataset and no other: a generator that iterates it, a ``py_function`` or a
+  ``numpy_function`` fails) and pulls nothing from an iterator, a queue, a variable or a file
+  made outside it (work handed on), a compiled step traces once over an epoch, which ends
+  (``repeat`` is named) and has ``n // batch_size`` batches read from the dataset given, holding
+  the sequences cut or padded with zeros at the end to ``sequence_length``, in order (no
+  ``deterministic=False``); the function may not read the dataset when called (the dataset
+  counts what it hands out), nor read most of a long stream before its first batch. In case 1, a
+  bound of its own meets a long sequence made before it is read: one token longer than the
+  largest whole number below ``2**24`` its graph holds or works out from its constants outside
+  called functions, loops and conditionals (a ``padded_batch``'s ``padded_shapes``, a
+  ``tf.pad``'s target, ``static_batches.graph_numbers``), and never shorter than ``2**20`` + 1
+  tokens, for bounds the graph hides; case 2's long sequence keeps its drawn length, and kept
+  rows are made one token past each whole number between twice ``sequence_length`` and ``2**24``
+  the graph holds (an answer right only for very long or very short sequences fails there:
+  ``past_each_number``).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
   boundary), compared with the rules stated in the exercise; a global batch that cannot give
@@ -176,6 +178,9 @@ def check_make_tpu_ready(fn: Any) -> bool:
                 return (f"your function read {read[0]} examples of the dataset when called: "
                         "a copy of the data made in memory, not a pipeline that transforms "
                         "the examples as they stream")
+            if index == 1:  # a bound of its own behind a guard that cuts only long ones
+                static_batches.past_each_number(got, tokens, [
+                    i for i in range(batch * (len(tokens) // batch)) if i != at], 2 * length)
             return static_batches.verify_pipeline(
                 got, _expected_batches(tokens, labels, batch, length), batch, length, read, reads,
                 lengthen if index == 0 else None)
@@ -183,8 +188,10 @@ def check_make_tpu_ready(fn: Any) -> bool:
         cases.append(Case(args=(given, batch, length),
                           verify=verify,
                           label=f"({n} sequences of 0 to {2 * length} tokens and one of "
-                                + ("at least 1048577 (made past any bound of yours)" if index == 0
-                                   else str(longest))
+                                + ("at least 1048577 (made past 2**20 and every number below "
+                                   "2**24 your graph holds)" if index == 0 else
+                                   f"{longest}, rows made a token past the numbers your graph "
+                                   f"holds between {2 * length} and 2**24")
                                 + f", batch_size={batch}, sequence_length={length})"))
     cases.append(_stream_case(rng))
     return run_check(

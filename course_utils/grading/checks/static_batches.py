@@ -1,11 +1,12 @@
 """Lesson 05, exercise 1 (a TPU-ready pipeline): what is wrong with one epoch of a learner's
-pipeline: its shapes, the Python its graph runs instead of the dataset given (``py_function``
-tokens, ``batch_shapes``) or hands on from an iterator, a queue or a variable made outside it
-(any handle its functions capture, a lookup table's too, and the files they read: the exercise
-needs none), an epoch that never ends, its traces, batches and reads, and their values; a bound
-of its own (the largest whole number its graph holds or computes from its constants alone: a
-``padded_batch``'s ``padded_shapes``, a ``tf.pad``'s target, through ``tf.identity``, a power,
-a ``reduce_max`` or ``tf.strings.to_number``) meets a sequence one longer than that bound.
+pipeline: its shapes and dtypes (int32 or int64), the Python its graph runs instead of the
+dataset given (``py_function`` tokens, ``batch_shapes``) or hands on from an iterator, a queue
+or a variable made outside it (any handle its functions capture, a lookup table's too, and the
+files they read: the exercise needs none), an epoch that never ends, its traces, batches and
+reads, and their values; a bound of its own (the largest whole number its graph holds or
+computes from its constants alone: a ``padded_batch``'s ``padded_shapes``, a ``tf.pad``'s
+target, through ``tf.identity``, a power, a ``reduce_max`` or ``tf.strings.to_number``) meets a
+sequence one longer than that bound.
 
 The long sequence is made ``2**20`` + 1 tokens at least, whatever the graph holds, so a bound
 the fold cannot see (one worked out in a called ``tf.function``, a ``tf.while_loop`` or a
@@ -14,7 +15,10 @@ the fold cannot see (one worked out in a called ``tf.function``, a ``tf.while_lo
 Still passes (the output is a right answer's on every sequence the check can make): a bound of
 ``2**20`` tokens or more that the fold cannot see, or one of ``2**24`` or more reached by
 ``tf.pad`` (64 MiB a sequence), or one carried as data (an element of another step, a reduction
-over a dataset) or computed through a tensor of more than ``2**16`` numbers, then a cut."""
+over a dataset) or computed through a tensor of more than ``2**16`` numbers, then a cut; and
+behind a guard that cuts only longer sequences, a bound the fold cannot see or one among more
+numbers above twice ``sequence_length`` than ``past_each_number`` has kept rows (or ``2**24``
+tokens) for."""
 
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ from course_utils.grading.checks.batch_shapes import (
 )
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["graph_numbers", "order_problem", "python_problem", "verify_pipeline"]
+__all__ = ["graph_numbers", "order_problem", "past_each_number", "python_problem",
+           "verify_pipeline"]
 
 
 #: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
@@ -216,6 +221,28 @@ def graph_numbers(dataset: Any) -> tuple[set[int], set[int]]:
     return numbers, bounds
 
 
+def past_each_number(dataset: Any, tokens: list[np.ndarray], rows: list[int], low: int) -> None:
+    """Makes non-empty ``rows`` of ``tokens`` (the longest first, each its own tokens repeated)
+    one token longer than each whole number above ``low`` and below ``_LONGEST`` that the
+    dataset's graph holds (``graph_numbers``), the smallest first, while rows and ``_LONGEST``
+    tokens in all last: a bound of the pipeline's own behind a guard that cuts only longer
+    sequences (case 1's long one, say) meets a sequence just past it."""
+    tf = _tf()
+    if not isinstance(dataset, tf.data.Dataset):
+        return
+    try:
+        numbers, _ = graph_numbers(dataset)
+    except Exception:  # noqa: BLE001 - verify_pipeline names a graph it cannot read
+        return
+    rows = sorted((row for row in rows if len(tokens[row])), key=lambda row: -len(tokens[row]))
+    made = 0
+    for row, number in zip(rows, sorted(n for n in numbers if low < n < _LONGEST), strict=False):
+        made += number + 1
+        if made > _LONGEST:
+            return
+        tokens[row] = np.resize(tokens[row], number + 1)
+
+
 def order_problem(dataset: Any) -> str | None:
     """Which steps of the pipeline may hand out elements out of order (``deterministic=False``,
     in a step or in the options), or None: a cheap map mostly keeps the order anyway, so the
@@ -235,6 +262,11 @@ def order_problem(dataset: Any) -> str | None:
         return (f"deterministic=False in your pipeline ({', '.join(steps)}) lets it hand out "
                 "elements in the order they finish, not the order they came: keep the order")
     return None
+
+
+#: What to do where the batches hold other examples than expected.
+_KEEP = ("keep every example, in order (no shuffle, no filter: an empty sequence becomes a row "
+         "of zeros)")
 
 
 def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]], batch: int,
@@ -259,6 +291,10 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
                 "for one shape (section 3). Which of your steps leaves a size unknown?")
     if shapes != [(batch, length), (batch,)]:
         return f"element shapes are {shapes}, expected [({batch}, {length}), ({batch},)]"
+    kinds = [spec.dtype for spec in specs]
+    if any(kind not in (tf.int32, tf.int64) for kind in kinds):
+        return (f"element dtypes are {[kind.name for kind in kinds]}, expected int32 (int64 "
+                "passes too): keep the token ids and labels integers, as the dataset gives them")
     python = python_problem(dataset, given) or order_problem(dataset)
     if python:
         return python
@@ -301,19 +337,22 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
         return f"a compiled step traced {traces} times over one epoch, expected once"
     if len(got) != len(expected):
         count = f"more than {len(expected)}" if len(got) > len(expected) else len(got)
-        return f"the epoch has {count} batches, expected {len(expected)} (n // batch_size)"
+        return (f"the epoch has {count} batches, expected {len(expected)} (n // batch_size)"
+                + ("" if len(got) > len(expected) else f": {_KEEP}"))
     if read[0] < len(got) * batch:
         return (f"your {len(got)} batches hold {len(got) * batch} examples, but only {read[0]} "
                 "were read from the dataset given: where do the others come from?")
     for number, ((x, y), (ex, ey)) in enumerate(zip(got, expected, strict=True), start=1):
         if not np.array_equal(y, ey):
-            return f"batch {number}'s labels differ: keep the examples in order (no shuffle)"
+            return f"batch {number}'s labels differ: {_KEEP}"
         if not np.array_equal(x, ex):
             row = int(np.argmax(np.any(x != ex, axis=1)))
             if any(np.array_equal(x[row], other) for batch_x, _ in expected
                    for other in batch_x):
-                return (f"batch {number}, row {row} holds another example than expected: "
-                        "keep the examples in order (no shuffle)")
+                return f"batch {number}, row {row} holds another example than expected: {_KEEP}"
+            if not ex[row].any():  # an empty sequence's row, dropped or filled
+                return (f"batch {number}, row {row}: got {x[row].tolist()}, expected a row of "
+                        f"zeros: {_KEEP}")
             return (f"batch {number}, row {row}: got {x[row].tolist()}, expected "
                     f"{ex[row].tolist()} (keep the first sequence_length tokens, pad with zeros "
                     "at the end)")
