@@ -1366,6 +1366,57 @@ def whole_batches_as_from_tensors_elements_concatenated(x, y, global_batch, exam
     return dataset_fn
 
 
+def whole_batches_as_replica_parts(source):
+    """Each element one whole global batch as one part per replica (``[per-replica batch,
+    features]`` each, the labels likewise), none larger than the share; each pipeline keeps
+    its replicas' parts with flat_map. ``source``: ``numpy`` (the parts as columns of
+    from_tensor_slices), ``mixed dtypes`` (the same, every other part float64), ``generator``
+    (a signature of known shapes) or ``tensorflow`` (a counting map of all the data)."""
+    def make(x, y, global_batch, examples_done):
+        def dataset_fn(context):
+            batch = context.get_per_replica_batch_size(global_batch)
+            replicas, per = context.num_replicas_in_sync, (context.num_replicas_in_sync
+                                                           // context.num_input_pipelines)
+            own = slice(context.input_pipeline_id * per, (context.input_pipeline_id + 1) * per)
+
+            def parts(features, labels):   # one global batch: the features', then the labels'
+                return (*(features[r * batch:(r + 1) * batch] for r in range(replicas)),
+                        *(labels[r * batch:(r + 1) * batch] for r in range(replicas)))
+
+            order = (examples_done + np.arange(40 * global_batch)) % len(x)
+            steps = [parts(x[chosen], y[chosen]) for chosen in order.reshape(40, global_batch)]
+            if source == "generator":
+                dataset = tf.data.Dataset.from_generator(lambda: iter(steps), output_signature=(
+                    *[tf.TensorSpec([batch, x.shape[1]], tf.float32)] * replicas,
+                    *[tf.TensorSpec([batch], y.dtype)] * replicas))
+            elif source == "tensorflow":
+                count = tf.Variable(0, dtype=tf.int64)
+
+                def cut(features, labels):
+                    step = count.assign_add(1) - 1
+                    chosen = (examples_done + step * global_batch
+                              + tf.range(global_batch, dtype=tf.int64)) % len(x)
+                    return parts(tf.gather(features, chosen), tf.gather(labels, chosen))
+
+                dataset = tf.data.Dataset.from_tensors((x, y)).repeat().map(cut)
+            else:
+                columns = [np.stack(column) for column in zip(*steps, strict=True)]
+                if source == "mixed dtypes":
+                    columns[1:replicas:2] = [c.astype("float64") for c in columns[1:replicas:2]]
+                dataset = tf.data.Dataset.from_tensor_slices(tuple(columns))
+
+            def mine(*part):
+                features = [tf.cast(f, tf.float32) for f in part[:replicas][own]]
+                return tf.data.Dataset.from_tensor_slices((tf.stack(features),
+                                                           tf.stack(part[replicas:][own])))
+
+            return dataset.flat_map(mine)
+
+        return dataset_fn
+
+    return make
+
+
 def whole_batches_rebatched(x, y, global_batch, examples_done):
     """Per-replica batches rebatched into whole global batches (``rebatch``: no batch size of
     its own, an element shape of unknown size), each pipeline keeping its rows."""
@@ -1459,6 +1510,10 @@ RESUME_CATALOGUE = {
                                           r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches through rebatch": (restore_latest, whole_batches_rebatched,
                                              r"batched \[\d+(, \d+)*\] examples"),
+    **{f"whole global batches as per-replica parts of one element ({source})": (
+        restore_latest, whole_batches_as_replica_parts(source),
+        r"batched \[\d+(, \d+)*\] examples at a time \(.*parts of one row shape counted")
+       for source in ("numpy", "mixed dtypes", "generator", "tensorflow")},
     "whole global batches from a generator, one dimension of its signature unknown": (
         restore_latest, whole_batches_from_a_generator, r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches from a generator of unknown size": (

@@ -5,8 +5,10 @@ the learner's code runs (:mod:`course_utils.grading.checks.worker_scripts`).
 Every dataset made while the audit is in place reports the batch or window size of a batching
 op (-1: not known when it was made; whatever API made it: ``batch``, ``padded_batch``,
 ``map_and_batch``, ``window``, ``rebatch``, a private function), or the examples an element
-already holds when they are more than the pipeline's share (whole global batches made in
-NumPy). One
+already holds when they are more than the per-replica batch (``share``: whole global batches
+made in NumPy). The parts of an element whose rows have the row shape of one of the data's
+arrays count together, whatever their dtypes (a global batch as one ``[per-replica batch,
+features]`` part per replica is a global batch); a part of any other shape counts alone. One
 element of ``from_tensors`` (or several zipped) is all the data, no batch, when each of its
 parts is a stack of rows of the arrays the check handed over (same rank and row shape, every
 row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
@@ -17,26 +19,32 @@ resumed order) or has one dimension at most (an index array, the labels); any ot
 is made (``from_generator`` with an ``output_signature`` of ``[None, features]``, a ``map``
 slicing rows with bounds computed at run time, ``scan``, unknown ranks), is probed at run
 time: its elements pass through an identity ``map`` calling back into the audit, and an
-element holding more than the pipeline's share whose set of rows differs from the first
-such element's (rows and how often each comes), and is not every row of the data, each as
-often, is a batch of that many (all the data, or a pipeline's fixed part of it, is the same
-set every time; ``x[start:]`` then ``x``, concatenated, is the first set, then every row;
-whole global batches, even each a
-``from_tensors`` element of the data's rows, are not: chunks larger than the share count as
-batches, as their known-size stacks do). Still passes: the features flattened into one
-dimension (an index array looks alike), rows of the data in global-batch order reshaped into
-global batches of known size inside a traced function (``flat_map``): the audit reads how
-datasets are made, not the graphs of their functions; each element all the data, rolled so
-that the next global batch comes first; global batches serialized into one string each; ragged or
-sparse elements (not probed), and an element of one dimension (a global batch of labels
-alone).
+element holding more than the per-replica batch (its parts counted as above) whose set of
+rows differs from the first such element's (rows and how often each comes), and is not every
+row of the data, each as often, is a batch of that many (all the data, or a pipeline's fixed
+part of it, is the same set every time; ``x[start:]`` then ``x``, concatenated, is the first
+set, then every row; whole global batches, even each a ``from_tensors`` element of the data's
+rows, are not: chunks larger than the per-replica batch count as batches, as their
+known-size stacks do). Refused though right: a per-replica batch carried with a second part
+of the features' row shape (``(f, f + 1.0, labels)``, the copy dropped later), counted as
+twice the per-replica batch: a copy cannot be told from the next replica's rows stored
+another way. Still passes: the features flattened into one dimension (an index array looks
+alike), rows of the data in global-batch order reshaped into global batches of known size
+inside a traced function (``flat_map``): the audit reads how datasets are made, not the
+graphs of their functions; each element all the data, rolled so that the next global batch
+comes first; global batches serialized into one string each; ragged or sparse elements (not
+probed), and an element of one dimension (a global batch of labels alone).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dataset_auditor"]
+__all__ = ["COUNTED", "dataset_auditor"]
+
+#: What the sizes the audit reports count, for the checks' messages.
+COUNTED = ("the sizes of its batching ops, -1 when not known as they were made, and the "
+           "examples an element held, its parts of one row shape counted together")
 
 
 def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
@@ -51,6 +59,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     py_function, dependencies, identity, int32 = (tf.py_function, tf.control_dependencies,
                                                   tf.identity, tf.int32)
     asarray, unique, prod, float64 = np.asarray, np.unique, np.prod, np.float64
+    concatenate = np.concatenate
     rows_of = []                      # (rank, row shape, the rows as bytes) of each array
     for array in arrays:
         array = asarray(array).astype(float64)
@@ -101,6 +110,23 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
                  if 0 < len(shape) < len(dims) and tuple(dims[-len(shape):]) == shape]
         return dims[:len(dims) - max(tails, default=0)]
 
+    def kin(dims: list[Any]) -> Any:
+        """The row shape of a data array that ``dims`` end with (None when none fits): the
+        parts of an element with one such row shape are counted together."""
+        lead = len(leading(dims))
+        return tuple(dims[lead:]) if lead < len(dims) else None
+
+    def together(specs: Any) -> list[int]:
+        """The examples an element holds: those of its parts whose rows have the row shape of
+        one of the data's arrays added up per row shape, whatever their dtypes (a global batch
+        split into per-replica parts is one global batch); any other part alone."""
+        groups: dict[Any, int] = {}
+        for index, spec in enumerate(specs):
+            if count := held(spec):
+                key = kin(spec.shape.as_list()) or index
+                groups[key] = groups.get(key, 0) + count
+        return list(groups.values())
+
     def unknown(spec: Any) -> bool:
         """Whether the examples an element of ``spec`` holds are known only when it is made."""
         if not isinstance(spec, tensor_spec):
@@ -127,17 +153,31 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         return rows.tobytes() in every and counts.min() == counts.max()
 
     def note(number: int, values: Any) -> Any:
-        """At run time, one element of probe ``number``: a part holding more than the share
-        whose rows are neither the rows the first such element held nor every row of one of
-        the data's arrays (``x[start:]`` then ``x``, concatenated) is a batch of that many."""
+        """At run time, one element of probe ``number``: its parts of one of the data's row
+        shapes taken together (:func:`together`), any other part alone; those holding more than
+        the share whose rows are neither the rows the first such element held nor every row of
+        one of the data's arrays (``x[start:]`` then ``x``, concatenated) are a batch of that
+        many."""
+        groups: dict[Any, list[Any]] = {}
         for index, value in enumerate(values):
             value = asarray(value)
-            count = held(tensor_spec(value.shape))
+            if held(tensor_spec(value.shape)):
+                groups.setdefault(kin(list(value.shape)) or index, []).append(value)
+        for key, parts in groups.items():
+            count = sum(held(tensor_spec(part.shape)) for part in parts)
             if count <= share:
                 continue
-            rows = row_set(value)
-            whole = value.dtype.kind in "biuf" and whole_times(value, count)
-            if not whole and firsts.setdefault((number, index), rows) != rows:
+            numbers = [part for part in parts if part.dtype.kind in "biuf"]
+            others = [row_set(part) for part in parts if part.dtype.kind not in "biuf"]
+            if len(parts) == 1:
+                value = parts[0]
+                rows, whole = row_set(value), bool(numbers) and whole_times(value, count)
+            else:             # numbers of any dtype as one stack of rows, the others as text
+                value = concatenate([part.astype(float64).reshape(-1, *key) for part in numbers]
+                                    ) if numbers else None
+                rows = b"\0".join([row_set(value) if numbers else b"", *sorted(others)])
+                whole = not others and whole_times(value, len(value))
+            if not whole and firsts.setdefault((number, key), rows) != rows:
                 sizes.append(count)
         return 0
 
@@ -196,7 +236,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
             specs = flatten(self.element_spec)
         except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
             specs = []
-        sizes.extend(count for count in map(held, specs) if count > share)
+        sizes.extend(count for count in together(specs) if count > share)
         if any(map(unknown, specs)):
             probe(self)               # the examples its elements hold, seen at run time
 

@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.dataset_audit import COUNTED
 from course_utils.grading.checks.diagnosis import (  # noqa: F401
     _diagnosis_cases,
     check_diagnose,
@@ -112,7 +113,7 @@ def _fresh_job(rng: Any, folder: Path, batches: int | None = None, workers: int 
     ``shards`` only ``data-{i}.npz``, worker i's shard (the set-up reads and deletes it)."""
     global_batch = workers * rng.choice([8, 12, 16])
     num_examples = global_batch * (batches or rng.randint(3, 5))
-    features, classes = rng.randint(4, 7), rng.randint(3, 4)
+    features, classes = rng.randint(5, 7), rng.randint(3, 4)   # one-hot labels: never [n, features]
     data = np.random.default_rng(rng.randint(0, 2**31))
     x = data.normal(size=(num_examples, features)).astype("float32")
     y = data.integers(0, classes, size=num_examples).astype("int32")
@@ -215,8 +216,8 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     for worker, audit in enumerate(audits):
         if any(size < 0 or size > share for size in audit["batches"]):
             return (f"worker {worker} of {workers} batched {audit['batches'][:4]} examples at "
-                    f"a time: its pipeline should read only its own {share} of each global "
-                    f"batch of {job['global_batch']} (shard the data by the InputContext, "
+                    f"a time ({COUNTED}): its pipeline should read only its own {share} of each "
+                    f"global batch of {job['global_batch']} (shard the data by the InputContext, "
                     "batch the per-replica size), not the whole batch to slice its rows")
     due = [*range(job["save_every"], job["steps"] + 1, job["save_every"]), job["steps"]]
     for worker, audit in enumerate(audits):

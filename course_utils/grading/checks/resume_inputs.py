@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.dataset_audit import dataset_auditor
+from course_utils.grading.checks.dataset_audit import COUNTED, dataset_auditor
 from course_utils.quiet import import_tensorflow as _tf
 
 __all__ = ["dataset_fn_problem", "max_difference", "restore_problem"]
@@ -174,10 +174,10 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
                         "audit of its datasets (tf.data.Dataset.__init__): build the "
                         "pipeline, leave tf.data's classes as they are")
             if any(size < 0 or size > replica_batch for size in sizes):
-                return (f"{where}: pipeline {pipeline} batched {sizes[:4]} examples at a time: "
-                        f"each pipeline should read only its own shard of the data, batched "
-                        f"by the per-replica batch of {replica_batch} (skip, then shard), not "
-                        "whole global batches to slice its rows")
+                return (f"{where}: pipeline {pipeline} batched {sizes[:4]} examples at a time "
+                        f"({COUNTED}): each pipeline should read only its own shard of the "
+                        f"data, batched by the per-replica batch of {replica_batch} (skip, then "
+                        "shard), not whole global batches to slice its rows")
             for index, (features, labels) in enumerate(batches):
                 if not np.array_equal(features, x[labels]):
                     return f"{where}: the features no longer match their labels"
