@@ -44,6 +44,7 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_passes import (
     _UNBOUNDED,
     batches_per_worker,
+    fresh_passes_message,
     passes_message,
     unshuffled_share,
 )
@@ -52,6 +53,7 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = [
     "BARRIER_TIMEOUT_S",
+    "PASSES_READ",
     "barrier_fn",
     "check_count_examples",
     "check_make_dataset_fn",
@@ -62,6 +64,9 @@ __all__ = [
 #: The longest a step waits at the barrier for the other workers (a safety net, never reached
 #: when every worker is alive).
 BARRIER_TIMEOUT_S = 60.0
+#: The most passes over its share another iterator of each worker's dataset reads (a number
+#: from a quarter of it drawn per case): every one must be shuffled anew.
+PASSES_READ = 64
 _WORKER_OFFSET = 1_000_000  # the check's dataset: worker w yields w * offset + position
 
 
@@ -212,16 +217,18 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
         rng.shuffle(order)
         features = tf.constant([[float(i), rng.random()] for i in order])  # column 0: the id
         labels = tf.constant([i % 3 for i in order])  # example i's label: i % 3
-        # every worker passes over its share about three times
+        # every worker passes over its share about three times in steps, and at its first
+        # step another iterator of its dataset reads a number of passes drawn now
         num_steps = workers * (3 * per_worker // batch_size + 1)
+        passes = rng.randint(PASSES_READ // 4, PASSES_READ)
 
         def verify(dataset_fn: Any) -> str | None:
             if not callable(dataset_fn):
                 return f"return a dataset_fn (a function), got {dataset_fn!r:.80}"
             for _ in range(2):  # again if a busy machine starved a worker past the barrier
                 try:
-                    batches, cardinalities, error, shuffles = batches_per_worker(
-                        strategy, dataset_fn, num_steps, barrier)
+                    batches, cardinalities, error, shuffles, long = batches_per_worker(
+                        strategy, dataset_fn, num_steps, barrier, passes * per_worker)
                 except (TypeError, ValueError) as failure:
                     return ("the dataset must yield (features, labels) batches: "
                             f"{type(failure).__name__}: {str(failure)[:160]}")
@@ -279,7 +286,8 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 return f"examples {missing[:5]}... were never read by any worker"
             for w, per in batches.items():
                 stream = [i for b in per for i in b]
-                message = passes_message(w, stream, seen[w], order)
+                message = (passes_message(w, stream, seen[w], order)
+                           or fresh_passes_message(w, long[w], seen[w], order))
                 if message:
                     return message
             for w in sorted(shuffles):
