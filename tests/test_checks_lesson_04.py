@@ -1198,7 +1198,9 @@ def test_another_descriptor_on_the_log_pipe_is_named_at_each_write_and_when_judg
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's pidfd_getfd")
 def test_a_pipe_sent_through_a_copy_of_the_copiers_socket_is_not_taken_for_its_own():
     # A thread of the check's process took the copier's socket (pidfd_getfd, before its prctl)
-    # and sent its own pipe's write end first: the check wrote its log into the learner's pipe
+    # and sent its own pipe's write end first: the check wrote its log into the learner's pipe.
+    # The copier here waits half a second before its code (its prctl), as a slow start-up on
+    # a busy machine would, so that the thread takes the socket every time (asserted)
     import ctypes
     import os
     import socket
@@ -1227,10 +1229,12 @@ def test_a_pipe_sent_through_a_copy_of_the_copiers_socket_is_not_taken_for_its_o
         thread = threading.Thread(target=take)
         thread.start()
         time.sleep(0.05)
-        write_fd, child = start(child_pipe.COPY)
+        write_fd, child = start((*child_pipe.COPY[:-1],
+                                 "import time; time.sleep(0.5)\n" + child_pipe.COPY[-1]))
         stop.set()
         thread.join()
         stop.clear()
+        assert taken and taken[-1] == str(child.pid), (taken, child.pid)
         assert os.fstat(write_fd).st_ino != os.fstat(theirs[1]).st_ino
         os.close(write_fd)
         child.kill()
@@ -1238,3 +1242,4 @@ def test_a_pipe_sent_through_a_copy_of_the_copiers_socket_is_not_taken_for_its_o
         child.stdout.close()
     os.close(theirs[0])
     os.close(theirs[1])
+    assert len(taken) == 3
