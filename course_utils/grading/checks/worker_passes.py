@@ -1,11 +1,9 @@
 """What each worker of a ``ParameterServerStrategy`` job read, for lesson 04's
 ``check_make_dataset_fn``: each worker's batches in order (:func:`batches_per_worker`, steps
 in rounds of one per worker), the shuffles its dataset holds (:func:`shuffles_of`, read on
-the worker), and what is wrong with its first passes (:func:`passes_message`). Still passes:
-groups of examples shuffled whole where the shuffle's elements are counted as a share or more
-(pairs or batches padded with dummy groups that a ``filter`` drops after the shuffle), or are
-an unknown number (``batch(2).filter(...).shuffle(...)``): the graph reads elements, not what
-they hold, and a right answer may shuffle padded or filtered data too."""
+the worker), what is wrong with its first passes (:func:`passes_message`), and whether each
+of many passes of another iterator is a fresh order (:func:`fresh_passes_message`: groups of
+examples shuffled whole keep their neighbours in every pass, however the graph counts them)."""
 
 from __future__ import annotations
 
@@ -157,14 +155,15 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
 
 
 def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any,
-                       read: int = 0) -> Any:
+                       read: int = 0, read_at: int = 1) -> Any:
     """Run ``num_steps`` steps in rounds of one per worker; each worker's batches, in order.
 
     Returns ``(batches, cardinality, error, shuffles, long)``: ``batches[w]`` lists worker
     ``w``'s batches of ``(example id, label)`` pairs, ``cardinality`` the cardinality of each
     worker's dataset as made on it, ``shuffles[w]`` the shuffles of worker ``w``'s dataset (rows
     of :func:`shuffles_of`), ``long[w]`` the ids of the first ``read`` examples of another
-    iterator of worker ``w``'s dataset, read on the worker at its first step, and
+    iterator of worker ``w``'s dataset, read on the worker ahead of its steps (in the
+    background, from the start) and returned by its step ``read_at``, and
     ``error`` the exception that ended the job early (or None; a ``TimeoutError`` where a
     worker waited out ``barrier``'s timeout, or where gRPC itself failed between the check's
     in-process tasks – "Unable to parse request", seen now and then on 2 busy cores – so that
@@ -180,9 +179,11 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
         shuffles = shuffles_of(dataset)
         probed = dataset.map(lambda features, labels: (features, labels, cardinality, shuffles))
         ids = dataset.map(lambda features, labels: tf.cast(features[:, 0], tf.int64))
-        first = ids.unbatch().take(read).batch(max(read, 1)).take(1)  # its first step only
-        long = first.concatenate(tf.data.Dataset.from_tensors(tf.zeros([0], tf.int64)).repeat())
-        return tf.data.Dataset.zip((probed, long)).map(lambda batch, more: (*batch, more))
+        empty = tf.data.Dataset.from_tensors(tf.zeros([0], tf.int64))
+        read_ = ids.unbatch().take(read).batch(max(read, 1)).take(1)
+        long = empty.repeat(read_at - 1).concatenate(read_).concatenate(empty.repeat())
+        return tf.data.Dataset.zip((probed, long.prefetch(read_at))).map(
+            lambda batch, more: (*batch, more))
 
     iterator = iter(coordinator.create_per_worker_dataset(probed_fn))
 
@@ -273,8 +274,9 @@ def passes_message(worker: int, stream: list[int], own: set[int], order: list[in
 #: neighbours (b right after a) in the other, are the same order, not two fresh draws: for a
 #: uniform shuffle, independent of the other order, each count is at least k with chance at most
 #: 1/k! (its k-th factorial moment: 1/k! for places, (n - k)/(n k!) for neighbours), 1.2e-11
-#: for 14; the check compares at most 4 workers' 65 orders pairwise, 2 counts each: a right
-#: answer is refused with chance below 2e-7.
+#: for 14; the check compares 4 workers' 33 orders at most (2 cases of 2 workers, the stored
+#: order and up to 32 passes) pairwise, 2 counts each: a right answer is refused with chance
+#: below 5e-8.
 SAME_ORDER = 14
 
 
@@ -302,7 +304,8 @@ def fresh_passes_message(worker: int, stream: list[int], own: set[int],
         return None
     first, later = (int(k) for k in np.argwhere(common >= SAME_ORDER)[0])
     than = "their stored order" if first == 0 else f"the order of pass {first}"
-    return (f"worker {worker}'s pass {later} reads its {size} examples "
-            f"in nearly {than} ({places[first, later]} at the same place, "
-            f"{neighbours[first, later]} followed by the same example): each pass must be "
-            "shuffled anew, however many passes are read (lesson 01, section 7)")
+    return (f"worker {worker}'s pass {later} keeps too much of {than}: "
+            f"{places[first, later]} of its {size} examples at the same place, "
+            f"{neighbours[first, later]} followed by the same example (a fresh shuffle keeps "
+            "about 1 of each). Each pass must shuffle the examples themselves anew, however "
+            "many passes are read (lesson 01, section 7)")
