@@ -326,8 +326,8 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                         f"is too small to shuffle them all, the last {size - buffer} of them "
                         "can never come first. A pass shuffled over the whole share needs "
                         "a buffer that holds it all (lesson 01, section 7)")
-            for w in sorted(long):  # the passes of another iterator, however it is made
-                message = fresh_passes_message(w, long[w], seen[w], order)
+            for w in sorted(batches):  # the passes of another iterator, however it is made
+                message = fresh_passes_message(w, long.get(w, []), seen[w], order, passes)
                 if message:
                     return message
             return None

@@ -280,13 +280,18 @@ def passes_message(worker: int, stream: list[int], own: set[int], order: list[in
 SAME_ORDER = 14
 
 
-def fresh_passes_message(worker: int, stream: list[int], own: set[int],
-                         order: list[int]) -> str | None:
-    """What is wrong with the passes of ``stream`` (one iterator's first passes over worker
-    ``worker``'s ``own`` examples): a pass that is not the share once, or whose order is the
-    stored order or an earlier pass's (:data:`SAME_ORDER` places or neighbours in common)."""
+def fresh_passes_message(worker: int, stream: list[int], own: set[int], order: list[int],
+                         count: int) -> str | None:
+    """What is wrong with the ``count`` passes of ``stream`` (one iterator's first passes over
+    worker ``worker``'s ``own`` examples): fewer read, a pass that is not the share once, or
+    one whose order is the stored order or an earlier pass's (:data:`SAME_ORDER` places or
+    neighbours in common)."""
     size = len(own)
-    passes = [stream[k * size:(k + 1) * size] for k in range(len(stream) // size)]
+    if len(stream) < count * size:
+        return (f"another iterator of worker {worker}'s dataset ran out after {len(stream)} "
+                f"examples, {count} passes over its {size} asked for: a parameter-server "
+                "dataset must never run dry (section 2)")
+    passes = [stream[k * size:(k + 1) * size] for k in range(count)]
     for number, one in enumerate(passes, 1):
         if set(one) != own or len(one) != size:
             return (f"worker {worker}'s pass {number} is not its {size} examples once each: a "
