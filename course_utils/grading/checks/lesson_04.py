@@ -226,7 +226,7 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
         features = tf.constant([[float(i), rng.random()] for i in order])  # column 0: the id
         labels = tf.constant([i % 3 for i in order])  # example i's label: i % 3
         # every worker passes over its share about three times in steps, and another iterator
-        # of its dataset reads a number of passes drawn now (returned by its last step)
+        # of its dataset reads a number of passes drawn now (returned by its steps)
         num_steps = workers * (3 * per_worker // batch_size + 1)
         passes = rng.randint(PASSES_READ // 4, PASSES_READ)
 
@@ -236,8 +236,7 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
             for _ in range(2):  # again if a busy machine starved a worker past the barrier
                 try:
                     batches, cardinalities, error, shuffles, long = batches_per_worker(
-                        strategy, dataset_fn, num_steps, barrier, passes * per_worker,
-                        num_steps // workers)
+                        strategy, dataset_fn, num_steps, barrier, passes * per_worker)
                 except (TypeError, ValueError) as failure:
                     return ("the dataset must yield (features, labels) batches: "
                             f"{type(failure).__name__}: {str(failure)[:160]}")

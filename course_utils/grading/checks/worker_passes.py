@@ -155,15 +155,15 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
 
 
 def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any,
-                       read: int = 0, read_at: int = 1) -> Any:
+                       read: int = 0) -> Any:
     """Run ``num_steps`` steps in rounds of one per worker; each worker's batches, in order.
 
     Returns ``(batches, cardinality, error, shuffles, long)``: ``batches[w]`` lists worker
     ``w``'s batches of ``(example id, label)`` pairs, ``cardinality`` the cardinality of each
     worker's dataset as made on it, ``shuffles[w]`` the shuffles of worker ``w``'s dataset (rows
     of :func:`shuffles_of`), ``long[w]`` the ids of the first ``read`` examples of another
-    iterator of worker ``w``'s dataset, read on the worker ahead of its steps (in the
-    background, from the start) and returned by its step ``read_at``, and
+    iterator of worker ``w``'s dataset, read once on the worker ahead of its steps (in the
+    background, from the start) and returned by each, and
     ``error`` the exception that ended the job early (or None; a ``TimeoutError`` where a
     worker waited out ``barrier``'s timeout, or where gRPC itself failed between the check's
     in-process tasks – "Unable to parse request", seen now and then on 2 busy cores – so that
@@ -178,12 +178,9 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
         cardinality = dataset.cardinality()  # on the worker, as made there
         shuffles = shuffles_of(dataset)
         probed = dataset.map(lambda features, labels: (features, labels, cardinality, shuffles))
-        ids = dataset.map(lambda features, labels: tf.cast(features[:, 0], tf.int64))
-        empty = tf.data.Dataset.from_tensors(tf.zeros([0], tf.int64))
-        read_ = ids.unbatch().take(read).batch(max(read, 1)).take(1)
-        long = empty.repeat(read_at - 1).concatenate(read_).concatenate(empty.repeat())
-        return tf.data.Dataset.zip((probed, long.prefetch(read_at))).map(
-            lambda batch, more: (*batch, more))
+        # another iterator's first examples, read once (in the background, from the start)
+        long = dataset.unbatch().take(read).batch(max(read, 1)).take(1).cache().repeat()
+        return tf.data.Dataset.zip((probed, long.prefetch(1)))
 
     iterator = iter(coordinator.create_per_worker_dataset(probed_fn))
 
@@ -194,9 +191,10 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             ids, labels, cardinality, shuffles, more = tf.cond(
                 batch.has_value(),
-                lambda: (tf.cast(batch.get_value()[0][:, 0], tf.int64),
-                         tf.cast(batch.get_value()[1], tf.int64), batch.get_value()[2],
-                         tf.reshape(batch.get_value()[3], [-1, 4]), batch.get_value()[4]),
+                lambda: (tf.cast(batch.get_value()[0][0][:, 0], tf.int64),
+                         tf.cast(batch.get_value()[0][1], tf.int64), batch.get_value()[0][2],
+                         tf.reshape(batch.get_value()[0][3], [-1, 4]),
+                         tf.cast(batch.get_value()[1][0][:, 0], tf.int64)),
                 lambda: (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64),
                          tf.constant(-1, tf.int64), tf.zeros([0, 4], tf.int64),
                          tf.zeros([0], tf.int64)))
@@ -231,7 +229,7 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
     for worker, *_, rows, more, _, _ in fetched:
         shuffles.setdefault(int(worker), set()).update(
             tuple(int(v) for v in row) for row in rows.tolist())
-        long.setdefault(int(worker), []).extend(more.tolist())
+        long.setdefault(int(worker), more.tolist())  # the same read in each of its steps
     return batches, {result[3] for result in results}, None, shuffles, long
 
 
