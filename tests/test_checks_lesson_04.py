@@ -539,6 +539,42 @@ def fixed_then_a_full_shuffle(features, labels, size, num_workers):
         return data.filter(lambda *_: True).shuffle(10_000).repeat().batch(size)
     return dataset_fn
 
+def counter_three_then_stored(features, labels, size, num_workers):
+    def dataset_fn():  # ids counted (an infinite range, cut): three shuffled passes, then stored
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        ids = tf.data.Dataset.counter().take(features.shape[0]).shard(num_workers, worker)
+        data = _gathered(features, labels, ids)
+        return data.shuffle(1000).repeat(3).concatenate(data.repeat()).batch(size)
+    return dataset_fn
+
+def flat_map_three_then_stored(features, labels, size, num_workers):
+    def dataset_fn():  # slices made inside a flat_map: three shuffled passes, then stored
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensors((features, labels)).flat_map(
+            lambda f, l: tf.data.Dataset.from_tensor_slices((f, l))).shard(num_workers, worker)
+        return data.shuffle(1000).repeat(3).concatenate(data.repeat()).batch(size)
+    return dataset_fn
+
+def fixed_one_batch_reshuffled(features, labels, size, num_workers):
+    def dataset_fn():  # one order for good, its first 6 swapped each pass (one batch, filtered)
+        def swap(f, l):
+            k = tf.shape(l)[0]
+            at = tf.concat([tf.random.shuffle(tf.range(6)), tf.range(6, k)], 0)
+            return tf.gather(f, at), tf.gather(l, at)
+        data = _shard(features, labels, num_workers)
+        data = data.shuffle(10_000, seed=7, reshuffle_each_iteration=False).batch(10_000)
+        data = data.filter(lambda *_: True).shuffle(10_000).map(swap).unbatch()
+        return data.repeat().batch(size)
+    return dataset_fn
+
+def ids_zipped_after(features, labels, size, num_workers):
+    def dataset_fn():  # right: ids from a finite range zipped after the shuffle, then dropped
+        n = _share_of(features, num_workers) + 1
+        data = _shard(features, labels, num_workers).shuffle(10_000)
+        data = tf.data.Dataset.zip((data, tf.data.Dataset.range(n))).map(lambda x, _: x)
+        return data.repeat().batch(size)
+    return dataset_fn
+
 for name, fn in [("right", make()), ("stub", stub),
                  ("lesson_order", make(order="shuffle batch repeat")),
                  ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
@@ -568,7 +604,11 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("fixed_then_a_jitter", fixed_then_a_jitter),
                  ("fixed_then_one_element", fixed_then_one_element),
                  ("shuffled_ids", shuffled_ids), ("shuffled_rows", shuffled_rows),
-                 ("fixed_then_a_full_shuffle", fixed_then_a_full_shuffle)]:
+                 ("fixed_then_a_full_shuffle", fixed_then_a_full_shuffle),
+                 ("counter_three_then_stored", counter_three_then_stored),
+                 ("flat_map_three_then_stored", flat_map_three_then_stored),
+                 ("fixed_one_batch_reshuffled", fixed_one_batch_reshuffled),
+                 ("ids_zipped_after", ids_zipped_after)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -696,17 +736,22 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "half_buffer_chunks"): "too small",
         ("DATASET", "one_short"): "too small|stored order",
         ("DATASET", "three_then_stored"): "stored order",
-        ("DATASET", "three_then_fixed"): "same order in every pass",
+        ("DATASET", "three_then_fixed"): "same order in every pass|the order of pass",
         ("DATASET", "many_ways"): "too small",
         ("DATASET", "shuffled_in_flat_map"): "PASS",
         ("DATASET", "shuffled_positions"): "PASS",
         ("DATASET", "range_three_then_stored"): "stored order",
         ("DATASET", "rows_three_then_stored"): "stored order",
-        ("DATASET", "fixed_then_a_jitter"): "same order in every pass",
+        ("DATASET", "fixed_then_a_jitter"): "same order in every pass|the order of pass",
         ("DATASET", "fixed_then_one_element"): "same order in every pass",
         ("DATASET", "shuffled_ids"): "PASS",
         ("DATASET", "shuffled_rows"): "PASS",
         ("DATASET", "fixed_then_a_full_shuffle"): "PASS",
+        # each of a drawn number of passes (up to PASSES_READ) read fresh, however it is made
+        ("DATASET", "counter_three_then_stored"): "stored order",
+        ("DATASET", "flat_map_three_then_stored"): "stored order",
+        ("DATASET", "fixed_one_batch_reshuffled"): "the order of pass",
+        ("DATASET", "ids_zipped_after"): "PASS",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",
@@ -1153,7 +1198,9 @@ def test_another_descriptor_on_the_log_pipe_is_named_at_each_write_and_when_judg
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's pidfd_getfd")
 def test_a_pipe_sent_through_a_copy_of_the_copiers_socket_is_not_taken_for_its_own():
     # A thread of the check's process took the copier's socket (pidfd_getfd, before its prctl)
-    # and sent its own pipe's write end first: the check wrote its log into the learner's pipe
+    # and sent its own pipe's write end first: the check wrote its log into the learner's pipe.
+    # The copier here waits half a second before its code (its prctl), as a slow start-up on
+    # a busy machine would, so that the thread takes the socket every time (asserted)
     import ctypes
     import os
     import socket
@@ -1182,10 +1229,12 @@ def test_a_pipe_sent_through_a_copy_of_the_copiers_socket_is_not_taken_for_its_o
         thread = threading.Thread(target=take)
         thread.start()
         time.sleep(0.05)
-        write_fd, child = start(child_pipe.COPY)
+        write_fd, child = start((*child_pipe.COPY[:-1],
+                                 "import time; time.sleep(0.5)\n" + child_pipe.COPY[-1]))
         stop.set()
         thread.join()
         stop.clear()
+        assert taken and taken[-1] == str(child.pid), (taken, child.pid)
         assert os.fstat(write_fd).st_ino != os.fstat(theirs[1]).st_ino
         os.close(write_fd)
         child.kill()
@@ -1193,3 +1242,4 @@ def test_a_pipe_sent_through_a_copy_of_the_copiers_socket_is_not_taken_for_its_o
         child.stdout.close()
     os.close(theirs[0])
     os.close(theirs[1])
+    assert len(taken) == 3

@@ -14,11 +14,16 @@ back) ends the child or is named. What still reaches the log: a process with ``C
 rewrite the Python the child runs (``sys.executable`` and its standard library: root, or the
 owner of the installation; a sandbox user cannot); and code of the check's process that moves
 the descriptors (``os.dup2``) for the call and gives them to a process of its own: no check in the
-same process can stop that. Until the child is undumpable (its Python's start, until its
-``prctl``), the check's process may take the child's descriptors (``pidfd_getfd``): a message
-sent through its socket so is not the child's (``SCM_CREDENTIALS``: the check's socket end passes
+same process can stop that. Until the child is undumpable, the check's process (any process
+of its user) may open the child's memory for writing (``/proc/PID/mem``), and so change the
+code it is about to run, or take the child's descriptors (``pidfd_getfd``): the ``prctl`` is
+the first statement of the child's code, so that window is the interpreter's start-up before it
+(``exec``, Python's initialisation, the import of ``ctypes``: tens of milliseconds, long enough
+for a thread that watches for the child), and no check can close it (``exec`` makes a process
+dumpable again, so the flag cannot be set before). Of descriptors so taken: a message sent
+through the socket is not the child's (``SCM_CREDENTIALS``: the check's socket end passes
 credentials from before the spawn) and leaves a pipe with no reader (the log is lost), the pipe
-is not made yet, and bytes written through its standard output so are added to the copy, as bytes
+is not made yet, and bytes written through the standard output are added to the copy, as bytes
 written to the pipe are. The functions here, and the child's command :data:`COPY`, are bound by
 the logs that use them when the course is imported (lesson 04's
 :mod:`~course_utils.grading.checks.coordinator_watch`, lesson 08's
@@ -46,9 +51,9 @@ __all__ = ["COPY", "MARK", "TRACED", "child_reader", "closer", "end", "killer", 
 MARK = b"\0"
 TRACED = 75  # the child's exit status where a tracer held it before it was undumpable
 COPY = (sys.executable, "-I", "-S", "-c",
-        "import os, socket, sys\n"
         "try:\n import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE\n"
-        "except (OSError, AttributeError): pass\n"
+        "except (ImportError, OSError, AttributeError): pass\n"
+        "import os, socket, sys\n"
         "try:\n"
         " with open('/proc/self/status') as status:\n"
         "  traced = any(line.split()[1:] != ['0'] for line in status\n"

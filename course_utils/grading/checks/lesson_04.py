@@ -11,19 +11,27 @@ cannot start a second in-process cluster) and verifies what the parameter server
   order scheduled;
 * ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` of infinite
   cardinality (read on each worker), each worker its own examples (each with its own label),
-  each pass reshuffled over the whole share (on each way from the worker's dataset down to a
+  each pass reshuffled over the whole share: read, each of a number of passes drawn per case
+  (up to :data:`PASSES_READ`, by another iterator of the worker's dataset beside its steps) is
+  a fresh order, neither the stored order nor an earlier pass's (places and neighbours in common,
+  :data:`~course_utils.grading.checks.worker_passes.SAME_ORDER`), however the dataset is made;
+  and in its graph (on each way from the worker's dataset down to a
   source, a branch of a ``zip`` or a ``concatenate`` included, that has a shuffle that
   reshuffles each pass a known number of elements, more than one, one of them must hold all its
   elements in its buffer, and they must be a worker's share or more: a full shuffle of another
   branch, or of fewer elements, batches say, does not stand for it; a way from the examples'
   slices (or a finite ``range``, or an ``unbatch`` of tensors) with no shuffle at all reads them
-  in stored order, and a way whose only shuffles that reshuffle are of one element (or of an
+  in stored order – unless its only branching steps are zips, ids read beside shuffled examples,
+  say: stored order there shows in the passes read –, and a way whose only shuffles that
+  reshuffle are of one element (or of an
   unknown number, with a buffer below the share) while one never reshuffles, the same order
   every pass, whatever passes the check reads; with more than 62
   ways, each such shuffle must hold its whole input). Still passes: where a way's shuffles are of
   an unknown number of elements, a ``filter`` shard say, or a shuffle inside ``flat_map`` (its
   function is read only to exempt the slices below it), only how far examples move is read: a
-  buffer of three quarters of such a share passes. And
+  buffer of three quarters of such a share passes; and more fresh passes than the check draws,
+  then stored order (``repeat(32)``), from a source the graph does not list (a ``counter``,
+  slices made inside a ``flat_map``): no number of passes read rules out a larger one. And
   every batch full although a worker's share does not fill its last batch; the second case
   is a job sized for one worker more than run (one joins later), so that shards cut by the
   notebook's worker count instead of ``num_workers`` read too much;
@@ -44,6 +52,7 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_passes import (
     _UNBOUNDED,
     batches_per_worker,
+    fresh_passes_message,
     passes_message,
     unshuffled_share,
 )
@@ -52,6 +61,7 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = [
     "BARRIER_TIMEOUT_S",
+    "PASSES_READ",
     "barrier_fn",
     "check_count_examples",
     "check_make_dataset_fn",
@@ -62,6 +72,9 @@ __all__ = [
 #: The longest a step waits at the barrier for the other workers (a safety net, never reached
 #: when every worker is alive).
 BARRIER_TIMEOUT_S = 60.0
+#: The most passes over its share another iterator of each worker's dataset reads (a number
+#: from a quarter of it drawn per case): every one must be shuffled anew.
+PASSES_READ = 32
 _WORKER_OFFSET = 1_000_000  # the check's dataset: worker w yields w * offset + position
 
 
@@ -212,16 +225,18 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
         rng.shuffle(order)
         features = tf.constant([[float(i), rng.random()] for i in order])  # column 0: the id
         labels = tf.constant([i % 3 for i in order])  # example i's label: i % 3
-        # every worker passes over its share about three times
+        # every worker passes over its share about three times in steps, and another iterator
+        # of its dataset reads a number of passes drawn now (returned by its steps)
         num_steps = workers * (3 * per_worker // batch_size + 1)
+        passes = rng.randint(PASSES_READ // 4, PASSES_READ)
 
         def verify(dataset_fn: Any) -> str | None:
             if not callable(dataset_fn):
                 return f"return a dataset_fn (a function), got {dataset_fn!r:.80}"
             for _ in range(2):  # again if a busy machine starved a worker past the barrier
                 try:
-                    batches, cardinalities, error, shuffles = batches_per_worker(
-                        strategy, dataset_fn, num_steps, barrier)
+                    batches, cardinalities, error, shuffles, long = batches_per_worker(
+                        strategy, dataset_fn, num_steps, barrier, passes * per_worker)
                 except (TypeError, ValueError) as failure:
                     return ("the dataset must yield (features, labels) batches: "
                             f"{type(failure).__name__}: {str(failure)[:160]}")
@@ -310,6 +325,10 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                         f"is too small to shuffle them all, the last {size - buffer} of them "
                         "can never come first. A pass shuffled over the whole share needs "
                         "a buffer that holds it all (lesson 01, section 7)")
+            for w in sorted(batches):  # the passes of another iterator, however it is made
+                message = fresh_passes_message(w, long.get(w, []), seen[w], order, passes)
+                if message:
+                    return message
             return None
 
         late = ("" if sized_for == workers else

@@ -1,19 +1,20 @@
 """What each worker of a ``ParameterServerStrategy`` job read, for lesson 04's
 ``check_make_dataset_fn``: each worker's batches in order (:func:`batches_per_worker`, steps
 in rounds of one per worker), the shuffles its dataset holds (:func:`shuffles_of`, read on
-the worker), and what is wrong with its first passes (:func:`passes_message`). Still passes:
-groups of examples shuffled whole where the shuffle's elements are counted as a share or more
-(pairs or batches padded with dummy groups that a ``filter`` drops after the shuffle), or are
-an unknown number (``batch(2).filter(...).shuffle(...)``): the graph reads elements, not what
-they hold, and a right answer may shuffle padded or filtered data too."""
+the worker), what is wrong with its first passes (:func:`passes_message`), and whether each
+of many passes of another iterator is a fresh order (:func:`fresh_passes_message`: groups of
+examples shuffled whole keep their neighbours in every pass, however the graph counts them)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["batches_per_worker", "passes_message", "reach", "shuffles_of", "unshuffled_share"]
+__all__ = ["SAME_ORDER", "batches_per_worker", "fresh_passes_message", "passes_message", "reach",
+           "shuffles_of", "unshuffled_share"]
 
 
 _SHUFFLES = frozenset(("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
@@ -28,6 +29,8 @@ _PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, o
 # shuffle nor source below (the rows of tensors, ``from_tensors(...).unbatch()``) is one too
 _SOURCES = frozenset(("TensorSliceDataset", "RangeDataset"))
 _UNBATCH = "UnbatchDataset"
+_ZIPS = frozenset(("ZipDataset",))
+_ZIPPED, _IN_TURN = -1, -2  # marks on a way: it passed a zip; a step of several inputs read in turn
 
 
 def _calls_a_shuffle(op: Any) -> bool:
@@ -68,10 +71,13 @@ def shuffles_of(dataset: Any) -> Any:
             inputs = [tensor.op for tensor in op.inputs if tensor.dtype == tf.variant]
             if inputs:
                 found = frozenset().union(*(ways(each) for each in inputs))
+                if len(inputs) > 1:  # a zip's branches are read side by side, others in turn
+                    mark = _ZIPPED if op.type in _ZIPS else _IN_TURN
+                    found = frozenset(way | {mark} for way in found)
                 if _calls_a_shuffle(op):  # the slices below are not the examples read
-                    found = frozenset(frozenset(i for i in way if shuffles[i].type
+                    found = frozenset(frozenset(i for i in way if i < 0 or shuffles[i].type
                                                 not in _SOURCES | {_UNBATCH}) for way in found)
-                elif op.type == _UNBATCH and found == frozenset([frozenset()]):
+                elif op.type == _UNBATCH and all(i < 0 for way in found for i in way):
                     shuffles.append(op)  # rows of tensors, in stored order
                     found = frozenset([frozenset([len(shuffles) - 1])])
             elif op.type in _SOURCES:
@@ -85,7 +91,11 @@ def shuffles_of(dataset: Any) -> Any:
             below[op.name] = found
         return below[op.name]
 
-    found = sorted(ways(dataset._variant_tensor.op), key=sorted)
+    # a way with no shuffle whose only branching steps are zips is read beside the others in
+    # every pass (ids zipped to shuffled examples, say): stored order there shows in the passes
+    found = sorted({frozenset(i for i in way if i >= 0) for way in ways(
+        dataset._variant_tensor.op) if _IN_TURN in way or _ZIPPED not in way
+        or any(i >= 0 and shuffles[i].type in _SHUFFLES for i in way)}, key=sorted)
     many = len(found) > _PATHS
     rows = []
     for index, op in enumerate(shuffles):
@@ -144,13 +154,16 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
     return None
 
 
-def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any) -> Any:
+def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any,
+                       read: int = 0) -> Any:
     """Run ``num_steps`` steps in rounds of one per worker; each worker's batches, in order.
 
-    Returns ``(batches, cardinality, error, shuffles)``: ``batches[w]`` lists worker ``w``'s
-    batches of ``(example id, label)`` pairs, ``cardinality`` the cardinality of each worker's
-    dataset as made on it, ``shuffles[w]`` the shuffles of worker ``w``'s dataset (rows of
-    :func:`shuffles_of`), and
+    Returns ``(batches, cardinality, error, shuffles, long)``: ``batches[w]`` lists worker
+    ``w``'s batches of ``(example id, label)`` pairs, ``cardinality`` the cardinality of each
+    worker's dataset as made on it, ``shuffles[w]`` the shuffles of worker ``w``'s dataset (rows
+    of :func:`shuffles_of`), ``long[w]`` the ids of the first ``read`` examples of another
+    iterator of worker ``w``'s dataset, read once on the worker ahead of its steps (in the
+    background, from the start) and returned by each, and
     ``error`` the exception that ended the job early (or None; a ``TimeoutError`` where a
     worker waited out ``barrier``'s timeout, or where gRPC itself failed between the check's
     in-process tasks – "Unable to parse request", seen now and then on 2 busy cores – so that
@@ -164,7 +177,10 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
         dataset = dataset_fn()
         cardinality = dataset.cardinality()  # on the worker, as made there
         shuffles = shuffles_of(dataset)
-        return dataset.map(lambda features, labels: (features, labels, cardinality, shuffles))
+        probed = dataset.map(lambda features, labels: (features, labels, cardinality, shuffles))
+        # another iterator's first examples, read once (in the background, from the start)
+        long = dataset.unbatch().take(read).batch(max(read, 1)).take(1).cache().repeat()
+        return tf.data.Dataset.zip((probed, long.prefetch(1)))
 
     iterator = iter(coordinator.create_per_worker_dataset(probed_fn))
 
@@ -173,44 +189,48 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
         batch = iterator.get_next_as_optional()  # a worker whose data ran out opens the barrier
         with tf.control_dependencies([barrier(batch.has_value())]):
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            ids, labels, cardinality, shuffles = tf.cond(
+            ids, labels, cardinality, shuffles, more = tf.cond(
                 batch.has_value(),
-                lambda: (tf.cast(batch.get_value()[0][:, 0], tf.int64),
-                         tf.cast(batch.get_value()[1], tf.int64), batch.get_value()[2],
-                         tf.reshape(batch.get_value()[3], [-1, 4])),
+                lambda: (tf.cast(batch.get_value()[0][0][:, 0], tf.int64),
+                         tf.cast(batch.get_value()[0][1], tf.int64), batch.get_value()[0][2],
+                         tf.reshape(batch.get_value()[0][3], [-1, 4]),
+                         tf.cast(batch.get_value()[1][0][:, 0], tf.int64)),
                 lambda: (tf.zeros([0], tf.int64), tf.zeros([0], tf.int64),
-                         tf.constant(-1, tf.int64), tf.zeros([0, 4], tf.int64)))
-            return (worker, ids, labels, cardinality, shuffles, batch.has_value(),
+                         tf.constant(-1, tf.int64), tf.zeros([0, 4], tf.int64),
+                         tf.zeros([0], tf.int64)))
+            return (worker, ids, labels, cardinality, shuffles, more, batch.has_value(),
                     tf.timestamp())
 
     remotes = [coordinator.schedule(step, args=(iterator,)) for _ in range(num_steps)]
     try:
         coordinator.join()
     except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as error:
-        return None, None, error, None
+        return None, None, error, None, None
     except tf.errors.OpError as error:
         if "GRPC error" in str(error) and isinstance(
                 error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
             return (None, None,
-                    TimeoutError(f"gRPC failed between the check's tasks: {error}"), None)
-        return None, None, error, None  # the answer's own dataset failed on a worker
+                    TimeoutError(f"gRPC failed between the check's tasks: {error}"), None, None)
+        return None, None, error, None, None  # the answer's own dataset failed on a worker
     fetched = [remote.fetch() for remote in remotes]
     if not all(bool(has_value) for *_, has_value, _ in fetched):
-        return None, None, tf.errors.OutOfRangeError(None, None, "End of sequence"), None
+        return None, None, tf.errors.OutOfRangeError(None, None, "End of sequence"), None, None
     if int(barrier.timeouts.numpy()) > timeouts_before:
-        return None, None, TimeoutError("a worker waited out the barrier"), None
+        return None, None, TimeoutError("a worker waited out the barrier"), None, None
     results = sorted(
         (float(when), int(worker), list(zip(ids.tolist(), labels.tolist(), strict=True)),
          int(cardinality))
-        for worker, ids, labels, cardinality, _, _, when in fetched)
+        for worker, ids, labels, cardinality, _, _, _, when in fetched)
     batches: dict[int, list[list[tuple[int, int]]]] = {}
     for _, worker, pairs, _ in results:
         batches.setdefault(worker, []).append(pairs)
     shuffles: dict[int, set[tuple[int, int, int, int]]] = {}
-    for worker, *_, rows, _, _ in fetched:
+    long: dict[int, list[int]] = {}
+    for worker, *_, rows, more, _, _ in fetched:
         shuffles.setdefault(int(worker), set()).update(
             tuple(int(v) for v in row) for row in rows.tolist())
-    return batches, {result[3] for result in results}, None, shuffles
+        long.setdefault(int(worker), more.tolist())  # the same read in each of its steps
+    return batches, {result[3] for result in results}, None, shuffles, long
 
 
 def reach(before: list[int], after: list[int]) -> int:
@@ -246,3 +266,49 @@ def passes_message(worker: int, stream: list[int], own: set[int], order: list[in
                 f"than where they were stored, in every pass: the shuffle buffer is too small "
                 "to shuffle its share (lesson 01, section 7: how far can a buffer move one?)")
     return None
+
+
+#: Two orders of the same n examples that agree on this many places, or keep this many of one's
+#: neighbours (b right after a) in the other, are the same order, not two fresh draws: for a
+#: uniform shuffle, independent of the other order, each count is at least k with chance at most
+#: 1/k! (its k-th factorial moment: 1/k! for places, (n - k)/(n k!) for neighbours), 1.2e-11
+#: for 14; the check compares 4 workers' 33 orders at most (2 cases of 2 workers, the stored
+#: order and up to 32 passes) pairwise, 2 counts each: a right answer is refused with chance
+#: below 5e-8.
+SAME_ORDER = 14
+
+
+def fresh_passes_message(worker: int, stream: list[int], own: set[int], order: list[int],
+                         count: int) -> str | None:
+    """What is wrong with the ``count`` passes of ``stream`` (one iterator's first passes over
+    worker ``worker``'s ``own`` examples): fewer read, a pass that is not the share once, or
+    one whose order is the stored order or an earlier pass's (:data:`SAME_ORDER` places or
+    neighbours in common)."""
+    size = len(own)
+    if len(stream) < count * size:
+        return (f"another iterator of worker {worker}'s dataset ran out after {len(stream)} "
+                f"examples, {count} passes over its {size} asked for: a parameter-server "
+                "dataset must never run dry (section 2)")
+    passes = [stream[k * size:(k + 1) * size] for k in range(count)]
+    for number, one in enumerate(passes, 1):
+        if set(one) != own or len(one) != size:
+            return (f"worker {worker}'s pass {number} is not its {size} examples once each: a "
+                    "pass reads each example once. Which step of yours mixes passes or drops "
+                    "examples? (lesson 01, section 7)")
+    stored = [i for i in order if i in own]
+    index = {example: place for place, example in enumerate(stored)}
+    orders = np.array([[index[i] for i in one] for one in [stored, *passes]])
+    after = np.full(orders.shape, -1)  # after[k, e]: the example right after e in order k
+    np.put_along_axis(after[:, :], orders[:, :-1], orders[:, 1:], axis=1)
+    places = (orders[:, None, :] == orders[None, :, :]).sum(axis=2)
+    neighbours = ((after[:, None, :] == after[None, :, :]) & (after[:, None, :] >= 0)).sum(axis=2)
+    common = np.triu(np.maximum(places, neighbours), k=1)
+    if common.max() < SAME_ORDER:
+        return None
+    first, later = (int(k) for k in np.argwhere(common >= SAME_ORDER)[0])
+    than = "their stored order" if first == 0 else f"the order of pass {first}"
+    return (f"worker {worker}'s pass {later} keeps too much of {than}: "
+            f"{places[first, later]} of its {size} examples at the same place, "
+            f"{neighbours[first, later]} followed by the same example (a fresh shuffle keeps "
+            "about 1 of each). Each pass must shuffle the examples themselves anew, however "
+            "many passes are read (lesson 01, section 7)")
