@@ -207,16 +207,16 @@ def check_first_overflowing_layer(fn: Any) -> bool:
                 expected, order, decoy, scale, "one row"), label=(
                 f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with one row "
                 f"times {scale:.3g}, every other row left alone)")))
-        # a row early in the batch overflowing late, one late in the batch overflowing early:
-        # an answer that loops over the rows outside the layers and returns the first
-        # overflowing layer it meets answers the early row's layer
+        # two rows scaled, one in each half of the batch, the one overflowing later once early
+        # in the batch and once late, once the larger and once the smaller: an answer that
+        # loops over the rows outside the layers, in one order, and returns the first
+        # overflowing layer it meets answers the other row's layer in one of them
         for batch, expected, scale in two_row_case(firsts[0], x, firsts[2], others, rng):
             one_row.append(Case(args=(model, batch), verify=_overflow_verifier(
                 expected, order, decoy, scale,
-                "a row of the first quarter and one of the last scaled; the last quarter's"),
+                "a row of each half scaled; the one whose output overflows first"),
                 label=(f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with a row of "
-                       f"the first quarter and one of the last scaled, every other row left "
-                       f"alone)")))
+                       f"each half scaled, every other row left alone)")))
     cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows_by_model[0], rng,
                                dead_feature)
     cases += one_row  # last: an answer refused earlier is refused as fast as before

@@ -111,26 +111,47 @@ def one_row_cases(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: lis
 
 def two_row_case(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list[int],
                   rng: Any) -> list[tuple[np.ndarray, str, float]]:
-    """At most one batch with two rows of ``rows`` scaled, every other row left alone: a row
-    ``a`` in the first quarter of ``x`` overflowing first at a layer ``j``, a row ``b`` in the
-    last quarter at a layer before ``j`` (the answer), both before any other row's first
-    overflow even 1.78 times larger; each row's scale has neighbouring scales (a factor 1.78
-    either side) that overflow at the same layer. (x, the answer, ``b``'s scale); ``first`` is
-    :func:`row_firsts` of ``rows``, no new forward pass."""
+    """At most two batches with two rows of ``rows`` scaled, every other row left alone: a row
+    ``a`` overflowing first at a layer ``j`` and a row ``b`` at a layer before ``j`` (the
+    answer), both before any other row's first overflow even 1.78 times larger; each row's
+    scale has neighbouring scales (a factor 1.78 either side) that overflow at the same layer.
+    In the first batch ``a`` is in the first half of ``x`` and ``b`` in the second, in the other
+    the other way round; in one of them ``a`` is the larger row (scaled, by max and by L2 norm,
+    else by max; where such rows exist: 3 models in 4), in the other the smaller. An answer that
+    walks the rows in one order (of the batch, from either end, one by one or in chunks; by
+    size, either way) and returns the first overflow it meets misses one of them. (x, the
+    answer, ``b``'s scale); ``first`` is :func:`row_firsts` of ``rows``, no new forward pass."""
     one = SCALES.index(1.0)
     alone = first[one + 1]  # every row left alone, with a margin (times 1.78)
     pairs = [(row, at) for row in rows for at in range(1, len(SCALES) - 1)
              if first[at, row] < len(layers)
              and first[at - 1, row] == first[at, row] == first[at + 1, row]]
-    quarter = len(x) // 4
-    options = [((a, at_a), (b, at_b)) for a, at_a in pairs if a < quarter
-               for b, at_b in pairs if b >= len(x) - quarter
-               and first[at_b, b] < first[at_a, a]
-               < min(np.delete(alone, [a, b]), default=len(layers))]
-    if not options:
-        return []
-    (a, at_a), (b, at_b) = rng.choice(options)
-    batch = x.copy()
-    batch[a] *= SCALES[at_a]
-    batch[b] *= SCALES[at_b]
-    return [(batch, layers[int(first[at_b, b])].name, SCALES[at_b])]
+    front = [(row, at) for row, at in pairs if row < len(x) // 2]
+    back = [(row, at) for row, at in pairs if row >= len(x) // 2]
+    size, norm = np.max(np.abs(x), axis=1), np.linalg.norm(x, axis=1)
+
+    def larger(a: tuple[int, int], b: tuple[int, int], measure: np.ndarray) -> bool:
+        return bool(measure[a[0]] * SCALES[a[1]] > measure[b[0]] * SCALES[b[1]])
+
+    found = []  # for each batch: every option, those where a is larger, those where smaller
+    for late, early in ((front, back), (back, front)):
+        options = [(a, b) for a in late for b in early
+                   if first[b[1], b[0]] < first[a[1], a[0]]
+                   < min(np.delete(alone, [a[0], b[0]]), default=len(layers))]
+        found.append((options, [(a, b) for a, b in options
+                                if larger(a, b, size) and larger(a, b, norm)]
+                      or [(a, b) for a, b in options if larger(a, b, size)],
+                      [(a, b) for a, b in options
+                       if larger(b, a, size) and larger(b, a, norm)]))
+    flip = not found[0][1] and bool(found[1][1])  # a the larger in the second batch
+    cases = []
+    for index, (options, a_larger, a_smaller) in enumerate(found):
+        chosen = (a_larger if (index == 1) == flip else a_smaller) or options
+        if not chosen:
+            continue
+        (a, at_a), (b, at_b) = rng.choice(chosen)
+        batch = x.copy()
+        batch[a] *= SCALES[at_a]
+        batch[b] *= SCALES[at_b]
+        cases.append((batch, layers[int(first[at_b, b])].name, SCALES[at_b]))
+    return cases
