@@ -41,7 +41,7 @@ smallest (the 4 largest with the 12 smallest: 5; with the smaller half of the ba
 overflowing row of the first every-row batch being the 10th to 19th smallest by max, and the
 one-row batches' row among the largest but the two loud ones). The rows walked largest first,
 first overflow found: 2 draws in 100 by max, 4 by L2 norm (where no two rows of either model can
-be scaled so that the larger overflows later: a third of the models). Every row but the smallest
+be scaled so that the larger overflows later: a fifth of the models). Every row but the smallest
 one or two by max: 86 and 53 in 100 (the row that overflows in an every-row batch is seldom the
 smallest); dropping one or two rows is no lesson's mistake.
 Lesson 08's module imports this one.

@@ -117,7 +117,7 @@ def two_row_case(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list
     scale has neighbouring scales (a factor 1.78 either side) that overflow at the same layer.
     In the first batch ``a`` is in the first half of ``x`` and ``b`` in the second, in the other
     the other way round; in one of them ``a`` is the larger row (scaled, by max and by L2 norm,
-    else by max; where such rows exist: 3 models in 4), in the other the smaller. An answer that
+    else by max; where such rows exist: 4 models in 5), in the other the smaller. An answer that
     walks the rows in one order (of the batch, from either end, one by one or in chunks; by
     size, either way) and returns the first overflow it meets misses one of them. (x, the
     answer, ``b``'s scale); ``first`` is :func:`row_firsts` of ``rows``, no new forward pass."""
@@ -126,30 +126,33 @@ def two_row_case(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list
     pairs = [(row, at) for row in rows for at in range(1, len(SCALES) - 1)
              if first[at, row] < len(layers)
              and first[at - 1, row] == first[at, row] == first[at + 1, row]]
-    front = [(row, at) for row, at in pairs if row < len(x) // 2]
-    back = [(row, at) for row, at in pairs if row >= len(x) // 2]
+    scales = np.asarray(SCALES)
     size, norm = np.max(np.abs(x), axis=1), np.linalg.norm(x, axis=1)
-
-    def larger(a: tuple[int, int], b: tuple[int, int], measure: np.ndarray) -> bool:
-        return bool(measure[a[0]] * SCALES[a[1]] > measure[b[0]] * SCALES[b[1]])
-
+    half = [np.array([pair for pair in pairs if (pair[0] < len(x) // 2) == front],
+                     dtype=int).reshape(-1, 2) for front in (True, False)]
     found = []  # for each batch: every option, those where a is larger, those where smaller
-    for late, early in ((front, back), (back, front)):
-        options = [(a, b) for a in late for b in early
-                   if first[b[1], b[0]] < first[a[1], a[0]]
-                   < min(np.delete(alone, [a[0], b[0]]), default=len(layers))]
-        found.append((options, [(a, b) for a, b in options
-                                if larger(a, b, size) and larger(a, b, norm)]
-                      or [(a, b) for a, b in options if larger(a, b, size)],
-                      [(a, b) for a, b in options
-                       if larger(b, a, size) and larger(b, a, norm)]))
+    for late, early in ((half[0], half[1]), (half[1], half[0])):
+        a, b = late[:, None, :], early[None, :, :]  # every (a, b): [a's, b's, (row, scale)]
+        layer_a, layer_b = first[a[..., 1], a[..., 0]], first[b[..., 1], b[..., 0]]
+        rest = np.full(layer_a.shape[:1] + layer_b.shape[1:], len(layers))  # the other rows' first
+        for row in np.argsort(alone, kind="stable")[2::-1]:
+            rest = np.where((a[..., 0] != row) & (b[..., 0] != row), alone[row], rest)
+        options = (layer_b < layer_a) & (layer_a < rest)
+        ratio = [measure[a[..., 0]] * scales[a[..., 1]] / (measure[b[..., 0]]
+                                                           * scales[b[..., 1]])
+                 for measure in (size, norm)]
+        larger = options & (ratio[0] > 1)
+        found.append([list(zip(*np.nonzero(mask), strict=True)) for mask in (
+            options, (larger & (ratio[1] > 1)) if np.any(larger & (ratio[1] > 1)) else larger,
+            options & (ratio[0] < 1) & (ratio[1] < 1))] + [late, early])
     flip = not found[0][1] and bool(found[1][1])  # a the larger in the second batch
     cases = []
-    for index, (options, a_larger, a_smaller) in enumerate(found):
+    for index, (options, a_larger, a_smaller, late, early) in enumerate(found):
         chosen = (a_larger if (index == 1) == flip else a_smaller) or options
         if not chosen:
             continue
-        (a, at_a), (b, at_b) = rng.choice(chosen)
+        i, j = rng.choice(chosen)
+        (a, at_a), (b, at_b) = late[i], early[j]
         batch = x.copy()
         batch[a] *= SCALES[at_a]
         batch[b] *= SCALES[at_b]
