@@ -111,26 +111,50 @@ def one_row_cases(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: lis
 
 def two_row_case(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list[int],
                   rng: Any) -> list[tuple[np.ndarray, str, float]]:
-    """At most one batch with two rows of ``rows`` scaled, every other row left alone: a row
-    ``a`` in the first quarter of ``x`` overflowing first at a layer ``j``, a row ``b`` in the
-    last quarter at a layer before ``j`` (the answer), both before any other row's first
-    overflow even 1.78 times larger; each row's scale has neighbouring scales (a factor 1.78
-    either side) that overflow at the same layer. (x, the answer, ``b``'s scale); ``first`` is
-    :func:`row_firsts` of ``rows``, no new forward pass."""
+    """At most two batches with two rows of ``rows`` scaled, every other row left alone: a row
+    ``a`` overflowing first at a layer ``j`` and a row ``b`` at a layer before ``j`` (the
+    answer), both before any other row's first overflow even 1.78 times larger; each row's
+    scale has neighbouring scales (a factor 1.78 either side) that overflow at the same layer.
+    In the first batch ``a`` is in the first half of ``x`` and ``b`` in the second, in the other
+    the other way round; in one of them ``a`` is the larger row (scaled, by max and by L2 norm,
+    else by max; where such rows exist: 4 models in 5), in the other the smaller. An answer that
+    walks the rows in one order (of the batch, from either end, one by one or in chunks; by
+    size, either way) and returns the first overflow it meets misses one of them. (x, the
+    answer, ``b``'s scale); ``first`` is :func:`row_firsts` of ``rows``, no new forward pass."""
     one = SCALES.index(1.0)
     alone = first[one + 1]  # every row left alone, with a margin (times 1.78)
     pairs = [(row, at) for row in rows for at in range(1, len(SCALES) - 1)
              if first[at, row] < len(layers)
              and first[at - 1, row] == first[at, row] == first[at + 1, row]]
-    quarter = len(x) // 4
-    options = [((a, at_a), (b, at_b)) for a, at_a in pairs if a < quarter
-               for b, at_b in pairs if b >= len(x) - quarter
-               and first[at_b, b] < first[at_a, a]
-               < min(np.delete(alone, [a, b]), default=len(layers))]
-    if not options:
-        return []
-    (a, at_a), (b, at_b) = rng.choice(options)
-    batch = x.copy()
-    batch[a] *= SCALES[at_a]
-    batch[b] *= SCALES[at_b]
-    return [(batch, layers[int(first[at_b, b])].name, SCALES[at_b])]
+    scales = np.asarray(SCALES)
+    size, norm = np.max(np.abs(x), axis=1), np.linalg.norm(x, axis=1)
+    half = [np.array([pair for pair in pairs if (pair[0] < len(x) // 2) == front],
+                     dtype=int).reshape(-1, 2) for front in (True, False)]
+    found = []  # for each batch: every option, those where a is larger, those where smaller
+    for late, early in ((half[0], half[1]), (half[1], half[0])):
+        a, b = late[:, None, :], early[None, :, :]  # every (a, b): [a's, b's, (row, scale)]
+        layer_a, layer_b = first[a[..., 1], a[..., 0]], first[b[..., 1], b[..., 0]]
+        rest = np.full(layer_a.shape[:1] + layer_b.shape[1:], len(layers))  # the other rows' first
+        for row in np.argsort(alone, kind="stable")[2::-1]:
+            rest = np.where((a[..., 0] != row) & (b[..., 0] != row), alone[row], rest)
+        options = (layer_b < layer_a) & (layer_a < rest)
+        ratio = [measure[a[..., 0]] * scales[a[..., 1]] / (measure[b[..., 0]]
+                                                           * scales[b[..., 1]])
+                 for measure in (size, norm)]
+        larger = options & (ratio[0] > 1)
+        found.append([list(zip(*np.nonzero(mask), strict=True)) for mask in (
+            options, (larger & (ratio[1] > 1)) if np.any(larger & (ratio[1] > 1)) else larger,
+            options & (ratio[0] < 1) & (ratio[1] < 1))] + [late, early])
+    flip = not found[0][1] and bool(found[1][1])  # a the larger in the second batch
+    cases = []
+    for index, (options, a_larger, a_smaller, late, early) in enumerate(found):
+        chosen = (a_larger if (index == 1) == flip else a_smaller) or options
+        if not chosen:
+            continue
+        i, j = rng.choice(chosen)
+        (a, at_a), (b, at_b) = late[i], early[j]
+        batch = x.copy()
+        batch[a] *= SCALES[at_a]
+        batch[b] *= SCALES[at_b]
+        cases.append((batch, layers[int(first[at_b, b])].name, SCALES[at_b]))
+    return cases
