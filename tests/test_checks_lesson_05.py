@@ -428,7 +428,7 @@ def _guarded_pad_to(bound, guard):
 
         def fix(tokens, label):
             n = tf.shape(tokens)[0]
-            tokens = tf.cond(n > guard, lambda: tokens[:sequence_length], lambda: tf.pad(
+            tokens = tf.cond(n > (guard(sequence_length) if callable(guard) else guard), lambda: tokens[:sequence_length], lambda: tf.pad(
                 tokens, [[0, bound(sequence_length) - n]])[:sequence_length])
             cut = tf.pad(tokens, [[0, sequence_length - tf.shape(tokens)[0]]])
             return tf.ensure_shape(cut, [sequence_length]), label
@@ -461,8 +461,10 @@ PAST_EACH = r"case 2 .*rows made a token past the numbers your graph holds betwe
     # sequence one token past each number of the graph (the bound among them)
     (_guarded_pad_to(lambda n: 100 * n, 100_000), rf"{PAST_EACH}.*Paddings must be non-neg"),
     (_guarded_pad_to(lambda n: 2000, 2**19), rf"{PAST_EACH}.*Paddings must be non-neg"),
+    (_guarded_pad_to(lambda n: 2 * n, lambda n: 3 * n), rf"{PAST_EACH}.*Paddings must be non-neg"),
 ], ids=["last-tokens", "partial-batch", "padded-to-longest", "constant", "lessons-cell",
-        "float32-tokens", "bool-labels", "empty-filtered", "guarded-100n", "guarded-2000"])
+        "float32-tokens", "bool-labels", "empty-filtered", "guarded-100n", "guarded-2000",
+        "guarded-2n"])
 def test_make_tpu_ready_catalogue_of_wrong_answers_fails(answer, message):
     with pytest.raises(AssertionError, match=rf"make_tpu_ready: {message}"):
         cu.grading.check_make_tpu_ready(answer)

@@ -1,7 +1,7 @@
 """Checks of lesson 05's exercises (registered by name with ``@register``).
 
 * ``check_make_tpu_ready(make_tpu_ready)``: on fresh variable-length sequences (token ids up to
-  50,000; in each of two cases one empty and one longer than twice ``sequence_length``, among
+  2**31 - 1; in each of two cases one empty and one longer than twice ``sequence_length``, among
   ones of up to twice; case 1's long one made as below, case 2's drawn up to 100 times), the
   pipeline's ``element_spec`` has every dimension known and int32 or int64 dtypes, its graph
   holds the given dataset's reads and no Python of its own (the ``py_function`` tokens of the
@@ -17,8 +17,8 @@
   called functions, loops and conditionals (a ``padded_batch``'s ``padded_shapes``, a
   ``tf.pad``'s target, ``static_batches.graph_numbers``), and never shorter than ``2**20`` + 1
   tokens, for bounds the graph hides; case 2's long sequence keeps its drawn length, and kept
-  rows are made one token past each whole number between twice ``sequence_length`` and ``2**24``
-  the graph holds (an answer right only for very long or very short sequences fails there:
+  rows are made one token past the whole numbers between ``sequence_length`` and ``2**24`` the
+  graph holds (as many as its kept rows and ``2**24`` tokens allow) (an answer right only for very long or very short sequences fails there:
   ``past_each_number``).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
@@ -75,7 +75,7 @@ def _course_training_files() -> tuple[str, ...]:
 def _sequences(rng: Any, n: int, longest: int) -> tuple[list[np.ndarray], np.ndarray]:
     data = np.random.default_rng(rng.randint(0, 2**31 - 1))
     lengths = data.integers(0, longest + 1, size=n)
-    tokens = [data.integers(1, 50_000, size=length).astype("int32") for length in lengths]
+    tokens = [data.integers(1, 2**31 - 1, size=length).astype("int32") for length in lengths]
     return tokens, data.integers(0, 2, size=n).astype("int32")
 
 
@@ -159,7 +159,7 @@ def check_make_tpu_ready(fn: Any) -> bool:
         kept = batch * (n // batch)
         longest, at = rng.randint(2 * length + 1, 100 * length), rng.randrange(kept)
         tokens[at] = np.random.default_rng(
-            rng.randint(0, 2**31 - 1)).integers(1, 50_000, size=longest).astype("int32")
+            rng.randint(0, 2**31 - 1)).integers(1, 2**31 - 1, size=longest).astype("int32")
         tokens[rng.choice([i for i in range(kept) if i != at])] = np.zeros(0, "int32")
         read = [0]
         given = _raw_dataset(tokens, labels, read)
@@ -180,7 +180,7 @@ def check_make_tpu_ready(fn: Any) -> bool:
                         "the examples as they stream")
             if index == 1:  # a bound of its own behind a guard that cuts only long ones
                 static_batches.past_each_number(got, tokens, [
-                    i for i in range(batch * (len(tokens) // batch)) if i != at], 2 * length)
+                    i for i in range(batch * (len(tokens) // batch)) if i != at], length)
             return static_batches.verify_pipeline(
                 got, _expected_batches(tokens, labels, batch, length), batch, length, read, reads,
                 lengthen if index == 0 else None)
@@ -191,7 +191,7 @@ def check_make_tpu_ready(fn: Any) -> bool:
                                 + ("at least 1048577 (made past 2**20 and every number below "
                                    "2**24 your graph holds)" if index == 0 else
                                    f"{longest}, rows made a token past the numbers your graph "
-                                   f"holds between {2 * length} and 2**24")
+                                   f"holds between {length} and 2**24")
                                 + f", batch_size={batch}, sequence_length={length})"))
     cases.append(_stream_case(rng))
     return run_check(

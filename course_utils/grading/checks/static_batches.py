@@ -17,7 +17,7 @@ Still passes (the output is a right answer's on every sequence the check can mak
 ``tf.pad`` (64 MiB a sequence), or one carried as data (an element of another step, a reduction
 over a dataset) or computed through a tensor of more than ``2**16`` numbers, then a cut; and
 behind a guard that cuts only longer sequences, a bound the fold cannot see or one among more
-numbers above twice ``sequence_length`` than ``past_each_number`` has kept rows (or ``2**24``
+numbers above ``sequence_length`` than ``past_each_number`` has kept rows (or ``2**24``
 tokens) for."""
 
 from __future__ import annotations
@@ -331,7 +331,7 @@ def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]],
         said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
         return (f"reading the pipeline failed at batch {len(got) + 1}: {type(error).__name__}: "
                 f"{said} (some sequences are empty, some longer than sequence_length, one of "
-                f"them many times longer{note}: which step of yours meets one?)")
+                f"them longer still{note}: which step of yours meets one?)")
     traces = step.experimental_get_tracing_count()
     if traces != 1:
         return f"a compiled step traced {traces} times over one epoch, expected once"
