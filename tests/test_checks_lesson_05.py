@@ -428,7 +428,8 @@ def _guarded_pad_to(bound, guard):
 
         def fix(tokens, label):
             n = tf.shape(tokens)[0]
-            tokens = tf.cond(n > (guard(sequence_length) if callable(guard) else guard), lambda: tokens[:sequence_length], lambda: tf.pad(
+            cut_above = guard(sequence_length) if callable(guard) else guard
+            tokens = tf.cond(n > cut_above, lambda: tokens[:sequence_length], lambda: tf.pad(
                 tokens, [[0, bound(sequence_length) - n]])[:sequence_length])
             cut = tf.pad(tokens, [[0, sequence_length - tf.shape(tokens)[0]]])
             return tf.ensure_shape(cut, [sequence_length]), label

@@ -18,8 +18,8 @@
   ``tf.pad``'s target, ``static_batches.graph_numbers``), and never shorter than ``2**20`` + 1
   tokens, for bounds the graph hides; case 2's long sequence keeps its drawn length, and kept
   rows are made one token past the whole numbers between ``sequence_length`` and ``2**24`` the
-  graph holds (as many as its kept rows and ``2**24`` tokens allow) (an answer right only for very long or very short sequences fails there:
-  ``past_each_number``).
+  graph holds, as many as its kept rows and ``2**24`` tokens allow (an answer right only for
+  very long or very short sequences fails there: ``past_each_number``).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
   boundary), compared with the rules stated in the exercise; a global batch that cannot give
