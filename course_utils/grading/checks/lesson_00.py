@@ -59,6 +59,7 @@ from course_utils.grading.checks.call_guard import REMOVED
 from course_utils.grading.checks.forked_call import ForkedCall
 from course_utils.grading.checks.read_ahead import (
     BATCH_SIZE,
+    GRACE_S,
     MIN_READ_AHEAD_SHARE,
     READ_WAIT_S,
     batches_problem,
@@ -412,8 +413,8 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return f"a second call returned a {type(trained).__name__}, not a tf.data.Dataset"
         # a cache of its own in a file (a constant filename) caches in memory: it starts empty
         source, trained = trained, fresh_caches(trained)  # and this pipeline's reads fill it
-        share, seconds, trained_batches = train_epoch(
-            without_default_optimizations(trained), reads, count)
+        share, idle, seconds, trained_batches = train_epoch(
+            without_default_optimizations(trained), reads, count, GRACE_S)
         problem = batches_problem(trained_batches, expected) or order_problem(source)
         if problem:
             return f"in the epoch trained on (a second call's dataset): {problem}"
@@ -424,6 +425,11 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return (f"reading does not overlap the step: at least half a batch of the later "
                     f"records was read during only {share:.0%} of the training steps (at least "
                     f"{MIN_READ_AHEAD_SHARE:.0%} needed; tf.data's automatic rewrites off)")
+        if idle:  # a reader ahead for part of the epoch only (a branch without one)
+            return (f"reading stops overlapping the step part of the way: at the end of step "
+                    f"{idle[0]}, with records left, none of them had been read ahead (a reader "
+                    "that runs ahead, a prefetch or a parallel map, reads one during a step): "
+                    "does every part of your pipeline's records pass one?")
         inside = py_function_tokens(trained)
         outside = sum(reads["ops"][op] not in inside for op in reads["by"])
         own, pulls = handed_on(trained, set(reads["ops"]))  # a read that never runs
@@ -433,7 +439,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
                     f"{outside} of {reads['calls']} reads ran outside it: does it hand on reads "
                     "of a thread or pipeline of yours? Where does tf.data's overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
-        _, broken_seconds, _ = train_epoch(without_default_optimizations(broken()), reads, count)
+        _, _, broken_seconds, _ = train_epoch(without_default_optimizations(broken()), reads, count)
         print(f"   half a batch or more was read during {share:.0%} of the steps; an epoch took "
               f"{seconds:.2f} s, the broken pipeline's {broken_seconds:.2f} s "
               f"(×{broken_seconds / seconds:.2f}, at most about ×2 on an idle machine)")

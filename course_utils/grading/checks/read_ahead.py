@@ -8,36 +8,58 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BATCH_SIZE", "MIN_READ_AHEAD_SHARE", "READ_WAIT_S", "STEP_WAIT_S", "batches_problem",
-           "train_epoch"]
+__all__ = ["BATCH_SIZE", "GRACE_S", "MIN_READ_AHEAD_SHARE", "READ_WAIT_S", "STEP_WAIT_S",
+           "batches_problem", "train_epoch"]
 
 
 #: Per-element read and per-batch step waits in ``check_overlapped_pipeline`` (seconds).
 READ_WAIT_S, BATCH_SIZE, STEP_WAIT_S = 0.004, 4, 0.016
+#: How much longer a step waits, at most, for reads late on a busy machine (for half a batch:
+#: ``GRACE_STEPS`` times an epoch).
+GRACE_S, GRACE_STEPS = 3 * STEP_WAIT_S, 6
 #: The share of training steps during which at least half a batch of later records must be read.
 MIN_READ_AHEAD_SHARE = 0.2
 
 
-def train_epoch(dataset: Any, reads: dict[str, Any], count: int
-                ) -> tuple[float, float, list[np.ndarray]]:
+def _wait(done: set[Any], reads: int, seconds: float) -> float:
+    """Wait until ``reads`` records are ``done`` or ``seconds`` have passed; the seconds
+    waited."""
+    start = time.perf_counter()
+    while len(done) < reads and time.perf_counter() - start < seconds:
+        time.sleep(0.001)
+    return time.perf_counter() - start
+
+
+def train_epoch(dataset: Any, reads: dict[str, Any], count: int, grace_s: float = 0.0
+                ) -> tuple[float, list[int], float, list[np.ndarray]]:
     """One epoch of ``count`` elements with a ``STEP_WAIT_S`` step per batch: (the share, in
     [0, 1], of the steps while which at least half a batch of later records (``BATCH_SIZE //
-    2``) was read, of those after which that many are left, seconds, the batches). One record
-    read ahead per step (a ``prefetch(1)`` before the batch) overlaps a quarter of the reads
-    and counts no step; reads that all ran before the first step (a pipeline that reads
-    everything up front) overlap no step either."""
+    2``) was read, of those after which that many are left; the steps (from 1) at whose end,
+    with records left, none was read ahead; seconds; the batches). A step whose reads are late
+    (a busy machine) waits up to ``grace_s`` longer for them (half a batch: ``GRACE_STEPS`` times
+    an epoch; one read ahead: until two steps have none: a prefetch or a parallel map, a
+    reader that runs ahead all epoch, has read one by then). One record read ahead per step
+    (a ``prefetch(1)`` before the batch) overlaps a quarter of the reads and counts no step;
+    reads that all ran before the first step (a pipeline that reads everything up front)
+    overlap no step either."""
     reads["done"], reads["calls"], reads["by"] = set(), 0, []
-    consumed, read_ahead, batches = 0, [], []
+    done, half, budget = reads["done"], BATCH_SIZE // 2, GRACE_STEPS * grace_s
+    consumed, read_ahead, idle, batches = 0, [], [], []
     start = time.perf_counter()
     for batch in dataset:
         batches.append(batch)
         consumed += len(batch) if np.ndim(batch) else 1  # an element unbatched: one
-        before = len(reads["done"])
+        ahead = max(len(done), consumed)  # records read when the step begins
         time.sleep(STEP_WAIT_S)  # the training step
-        if count - consumed >= BATCH_SIZE // 2:  # were half a batch read while it ran?
-            read_ahead.append(len(reads["done"]) - max(before, consumed) >= BATCH_SIZE // 2)
+        if count - consumed >= half:  # were half a batch read while it ran?
+            budget -= _wait(done, ahead + half, min(grace_s, budget))
+            read_ahead.append(len(done) - ahead >= half)
+        if consumed < count:  # records left: was one read ahead by its end?
+            _wait(done, consumed + 1, grace_s * (len(idle) < 2))
+            if len(done) <= consumed:
+                idle.append(len(batches))
     seconds = time.perf_counter() - start
-    return (sum(read_ahead) / max(len(read_ahead), 1), seconds,
+    return (sum(read_ahead) / max(len(read_ahead), 1), idle, seconds,
             [np.asarray(batch) for batch in batches])
 
 
