@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["BATCH_SIZE", "GRACE_S", "MIN_READ_AHEAD_SHARE", "READ_WAIT_S", "STEP_WAIT_S",
-           "batches_problem", "train_epoch"]
+           "batches_problem", "overlap_problem", "train_epoch"]
 
 
 #: Per-element read and per-batch step waits in ``check_overlapped_pipeline`` (seconds).
@@ -61,6 +61,20 @@ def train_epoch(dataset: Any, reads: dict[str, Any], count: int, grace_s: float 
     seconds = time.perf_counter() - start
     return (sum(read_ahead) / max(len(read_ahead), 1), idle, seconds,
             [np.asarray(batch) for batch in batches])
+
+
+def overlap_problem(share: float, idle: list[int]) -> str | None:
+    """What ``train_epoch``'s share and steps without a read ahead say is wrong, or None."""
+    if share < MIN_READ_AHEAD_SHARE:
+        return (f"reading does not overlap the step: at least half a batch of the later "
+                f"records was read during only {share:.0%} of the training steps (at least "
+                f"{MIN_READ_AHEAD_SHARE:.0%} needed; tf.data's automatic rewrites off)")
+    if idle:  # a reader ahead for part of the epoch only (a part of the records without one)
+        return (f"reading stops overlapping the step part of the way: at the end of step "
+                f"{idle[0]}, with records left, none of them had been read ahead (a reader "
+                "that runs ahead, a prefetch or a parallel map, reads one during a step): "
+                "does every part of your pipeline's records pass one?")
+    return None
 
 
 def batches_problem(batches: list[np.ndarray], expected: np.ndarray) -> str | None:
