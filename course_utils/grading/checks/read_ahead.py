@@ -51,13 +51,14 @@ def train_epoch(dataset: Any, reads: dict[str, Any], count: int, grace_s: float 
         consumed += len(batch) if np.ndim(batch) else 1  # an element unbatched: one
         ahead = max(len(done), consumed)  # records read when the step begins
         time.sleep(STEP_WAIT_S)  # the training step
-        if count - consumed >= half:  # were half a batch read while it ran?
-            budget -= _wait(done, ahead + half, min(grace_s, budget))
-            read_ahead.append(len(done) - ahead >= half)
         if consumed < count:  # records left: was one read ahead by its end?
             _wait(done, consumed + 1, grace_s * (len(idle) < 2))
             if len(done) <= consumed:
                 idle.append(len(batches))
+        if count - consumed >= half:  # were half a batch read while it ran?
+            if len(done) > consumed and ahead + half <= count:  # reads that may still come
+                budget -= _wait(done, ahead + half, min(grace_s, budget))
+            read_ahead.append(len(done) - ahead >= half)
     seconds = time.perf_counter() - start
     return (sum(read_ahead) / max(len(read_ahead), 1), idle, seconds,
             [np.asarray(batch) for batch in batches])
