@@ -853,6 +853,16 @@ def _prefetched_handed_on_through_a_staging_area_by_node_name(records, read, bat
     return tf.data.Dataset.range(steps).map(pull).concatenate(own.take(0))
 
 
+def _prefetched_head_and_tail(records, read, batch_size):  # the middle batches read in turn
+    import tensorflow as tf
+
+    head, middle = 3 * batch_size, 2 * batch_size
+    return (records.take(head).map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+            .concatenate(records.skip(head).take(middle).map(read).batch(batch_size))
+            .concatenate(records.skip(head + middle).map(read).batch(batch_size)
+                         .prefetch(tf.data.AUTOTUNE)))
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_broken, "does not overlap"),
     (_broken_when_checked_batches_of_one_when_trained,
@@ -876,6 +886,8 @@ def _prefetched_handed_on_through_a_staging_area_by_node_name(records, read, bat
     (_read_twice, "elements differ"),
     (_prefetch_before_and_after, "does not overlap"),
     (_prefetched_one_before_the_batch, r"does not overlap the step: at least half a batch"),
+    (_prefetched_head_and_tail, r"stops overlapping the step part of the way: at the end of "
+                                r"step \d+, with records left, none"),
 ])
 def test_overlapped_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):

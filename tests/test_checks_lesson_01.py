@@ -779,6 +779,11 @@ def _memo_beside_a_decoy_cache(records, decode, augment, b, buffer):  # a cache 
         decoy.map(augment).batch(b))
 
 
+def _decoded_out_of_order_then_cached(records, decode, augment, b, buffer):  # the cache keeps
+    decoded = records.map(decode, num_parallel_calls=4, deterministic=False)  # finish order
+    return decoded.cache().shuffle(buffer).map(augment).batch(b)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_given, "froze the augmentation"),
     (_memo_behind_an_idle_cache, "came from no decode op upstream of your pipeline's tf.data "
@@ -801,6 +806,9 @@ def _memo_beside_a_decoy_cache(records, decode, augment, b, buffer):  # a cache 
     (_one_short, r"no record came more than \d+ places ahead of its place in 8 epochs"),
     (_windows_shuffled, r"no record came (out )?more than \d+ places (ahead of|after) its "
                         "place in 8 epochs"),
+    (_decoded_out_of_order_then_cached, r"case 1 .*deterministic=False in your pipeline "
+                                        r"\(ParallelMapDatasetV2\).*reach from the records' "
+                                        "stored order"),
 ])
 def test_cached_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):

@@ -1,7 +1,8 @@
 """Lesson 01, exercise 3 (cache before augmenting): two epochs and more of a learner's cached
 pipeline judged: every record once per epoch, decodes counted (once over two epochs, by a decode
 op upstream of a tf.data cache), augmentation and order that change every epoch, the shuffle's
-reach for the buffer given (``shuffle_order``)."""
+reach for the buffer given (``shuffle_order``), every other step keeping the order (no
+``deterministic=False``: a cache after such a decode keeps its finish order)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from course_utils.grading.checks.batch_shapes import batches as _batches
 from course_utils.grading.checks.batch_shapes import dataset_steps, py_function_tokens
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.shuffle_order import buffer_problem, places_ahead
+from course_utils.grading.checks.static_batches import order_problem
 from course_utils.quiet import import_tensorflow
 
 __all__ = ["cached_verifier"]
@@ -60,6 +62,10 @@ def cached_verifier(count: int, batch_size: int, buffer: int,
         if orders[0] == orders[1]:
             return ("the two epochs came in the same order: the cache froze the shuffle "
                     "(a shuffle is random work too)")
+        problem = order_problem(dataset)  # finish orders, kept by a cache: not the shuffle's
+        if problem:
+            return (f"{problem} (the check measures your shuffle's reach from the records' "
+                    "stored order: every step but the shuffle must keep it)")
         # b < n: 8 epochs, each missing the reach b - 1 with P < 4.3 % (count >= 4 b) and a
         # record b late with P < 1.4 %: < 2e-11 (checks/shuffle_order.py). The whole set
         # brings none k = count // 2 early with P = k^(count-k) k!/count! < 0.8 % (count >= 21);

@@ -171,9 +171,10 @@ def check_fast_pipeline(fn: Any) -> bool:
         share = reads["overlapped"] / max(reads["count"], 1)
         if overlapped < FAST_PIPELINE_MIN_READS_AT_ONCE:
             return (f"at most {overlapped} read(s) waited at the same time during an epoch; "
-                    f"at least {FAST_PIPELINE_MIN_READS_AT_ONCE} must overlap (AUTOTUNE alone "
-                    "stops at one thread per logical CPU this process may use: how many "
-                    "threads does tf.data have for the reads?)")
+                    f"at least {FAST_PIPELINE_MIN_READS_AT_ONCE} must overlap (AUTOTUNE or a "
+                    "fixed number alone stops at one thread per logical CPU this process may "
+                    "use, the size of tf.data's default pool: how many threads does tf.data "
+                    "have for the reads?)")
         if share < FAST_PIPELINE_MIN_OVERLAPPED_SHARE:
             least = FAST_PIPELINE_MIN_READS_AT_ONCE // 2
             return (f"{share:.0%} of the epoch's reads started while {least} or more waited "
