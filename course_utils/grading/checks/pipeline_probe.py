@@ -108,16 +108,17 @@ def runs_ahead(dataset: Any, augmented: list[int], batch_size: int,
 def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str | None:
     """What is wrong with two epochs of ``dataset``, or None. Each epoch's noise (what it
     yields minus the examples) is put in the examples' order (by label: a shuffle is the
-    learner's to add) before the epochs are compared: fresh noise each epoch is independent of
-    the last, a correlation of 0 ± 0.04 here (768 to 2048 values, 0.25 is over six standard
-    deviations), where an augmentation kept from the first epoch under a fresh one makes it
-    0.5. Every feature of every example, each epoch, gets its own noise: under 1e-4 on about
-    0.08 % of them (1.2 to 3.3 of the 1536 to 4096 values; over 20, fewer than one example's
-    32 features left unchanged in one epoch, comes by chance once in 10**10), and no two
-    features' noise alike over the examples (a correlation over 0.9 on 48 to 128 values
-    comes by chance once in 10**15; a noise value drawn per example and given to all its
-    features makes it 1). Then one ``augment`` leaves a spread of 0.1 ± 0.002
-    (``NOISE_SPREAD``: its deviation), two make it 0.14."""
+    learner's to add). Every feature of every example, each epoch, gets its own noise: no two
+    features' noise alike over the examples (a correlation over 0.9 on 48 to 128 values comes
+    by chance once in 10**15; a noise value drawn per example and given to all its features
+    makes it 1), under 1e-4 on about 0.08 % of them (1.2 to 3.3 of the 1536 to 4096 values;
+    over 20, fewer than one example's 32 features left unchanged in one epoch, comes by chance
+    once in 10**10), and no two examples' noise alike (``_independence_problem``). Then the
+    epochs are compared: fresh noise each epoch is independent of the last, a correlation of
+    0 ± 0.04 here (768 to 2048 values, 0.25 is over six standard deviations), where an
+    augmentation kept from the first epoch under a fresh one makes it 0.5. Then one
+    ``augment`` leaves a spread of 0.1 ± 0.002 (``NOISE_SPREAD``: its deviation), two make it
+    0.14."""
     n = len(features)
     noise = []
     for epoch in (1, 2):
@@ -137,15 +138,15 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
     if np.allclose(noise[0], noise[1]):
         return ("both epochs got the same augmentation: the augmented examples were kept. "
                 "Which of your steps must give a new result every epoch?")
+    problem = _independence_problem(np.stack(noise))
+    if problem:
+        return problem
     shared = float(np.corrcoef(noise[0].ravel(), noise[1].ravel())[0, 1])
     if shared > 0.25:
         return ("part of the noise is the same in both epochs (the two epochs' noise on each "
                 f"example correlates {shared:.2f}; fresh noise would not): an augmentation "
                 "made before the step that keeps the examples is kept with them. Which of "
                 "your steps must give a new result every epoch, and run only there?")
-    problem = _independence_problem(np.stack(noise))
-    if problem:
-        return problem
     spread = float(np.std(noise))
     if not 0.85 * NOISE_SPREAD < spread < 1.15 * NOISE_SPREAD:
         return (f"the noise on the features has a spread of {spread:.3f}, where one augment "
@@ -155,7 +156,18 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
 
 def _independence_problem(noise: np.ndarray) -> str | None:
     """What ``elements_problem`` finds wrong with the two epochs' ``noise`` (epoch, example,
-    feature): features left unchanged, or features sharing their noise."""
+    feature), before the epochs are compared (a value drawn per example and shared by its
+    features makes too few independent values for that): features sharing their noise (a
+    constant feature is left to the next test), features left unchanged, or examples sharing
+    their noise (over an example's 64 values of the two epochs, a correlation over 0.9 comes by
+    chance once in 10**20 over the 2016 pairs of 64 examples; an example given another's noise
+    makes it 1)."""
+    columns = noise.reshape(-1, noise.shape[-1])
+    alike = _most_alike(columns.T)
+    if alike > 0.9:
+        return (f"some features got the same noise as others on every example (a "
+                f"correlation of {alike:.2f}; augment's noise is drawn for each feature "
+                "apart): apply augment to each example's features, not to part of them")
     still = np.abs(noise) < 1e-4  # read's decoding rounds, no more
     if still.sum() > 20:
         rows = int(still.all(axis=-1).sum())
@@ -163,12 +175,16 @@ def _independence_problem(noise: np.ndarray) -> str | None:
         return (f"{int(still.sum())} of the {still.size} feature values of the two epochs "
                 f"come out unchanged{whole}: apply augment to every example, all its "
                 "features, each epoch")
-    columns = noise.reshape(-1, noise.shape[-1])
-    with np.errstate(invalid="ignore", divide="ignore"):  # a constant column: alike too
-        alike = np.nan_to_num(np.abs(np.corrcoef(columns, rowvar=False)), nan=1.0)
-    alike = (alike - np.eye(len(alike))).max()
+    alike = _most_alike(noise.transpose(1, 0, 2).reshape(noise.shape[1], -1))
     if alike > 0.9:
-        return (f"some features got the same noise as others on every example (a "
-                f"correlation of {alike:.2f}; augment's noise is drawn for each feature "
-                "apart): apply augment to each example's features, not to part of them")
+        return (f"some examples got the same noise as others (a correlation of {alike:.2f} "
+                "over their features in both epochs; augment's noise is drawn for each "
+                "example apart): apply augment to every example, not to part of them")
     return None
+
+
+def _most_alike(rows: np.ndarray) -> float:
+    """The largest correlation (absolute) between two of ``rows``; a constant row: none."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        alike = np.nan_to_num(np.abs(np.corrcoef(rows)), nan=0.0)
+    return float((alike - np.eye(len(alike))).max())
