@@ -6,6 +6,8 @@ CPUs), a few steps each, and read traces built to order (``profile_traces``).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 import course_utils as cu
@@ -382,14 +384,19 @@ def _k_capped(results, model, global_batch, replicas, budget_bytes, *, cap=1000)
     raise ValueError("nothing fits")
 
 
-def _k_in_pairs_short_of_the_root(results, model, global_batch, replicas, budget_bytes):
+def _k_in_pairs_short_of_the_root(results, model, global_batch, replicas, budget_bytes, *,
+                                  square_root=False):
     """The divisors found in pairs (``i`` and the batch over ``i``) with ``i`` stopping one
-    short of the square root: misses the root and its pair (a per-replica batch ``k × k``)."""
+    short of the square root: misses the root and its pair (a per-replica batch ``k × k``);
+    with ``square_root``, the root of a square batch tried apart: still misses the root's
+    whole part and its pair (a batch ``k × (k + 1)``)."""
     report = write_report(results, model, global_batch, replicas, 2**40)
     n = replicas[report["strategy"]["choice"]]
     per_replica = global_batch // n
+    root = math.isqrt(per_replica)
     tried = sorted({k for i in range(1, int(per_replica**0.5)) if per_replica % i == 0
-                    for k in (i, per_replica // i)})
+                    for k in (i, per_replica // i)}
+                   | ({root} if square_root and root * root == per_replica else set()))
     for k in tried:
         need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
                                      accumulation_steps=k).total
@@ -575,6 +582,7 @@ _DRAWN_MISSED = (r"a micro-batch of \d+ examples per replica fits, of \d+ exampl
                                r"(24|36) of one example do\): accumulation_steps choice: \d+, "
                                r"but cu.memory.step_budget and the budget say 1 "),
     (_k_in_pairs_short_of_the_root, _DRAWN_MISSED),
+    (lambda *a: _k_in_pairs_short_of_the_root(*a, square_root=True), _DRAWN_MISSED),
 ], ids=["constant", "no-noise-band", "fastest-not-like-for-like", "precision-at-first",
         "no-accumulation-buffer", "replicas-ignored", "ratio-inverted", "own-run-hard-coded",
         "reference-wrapped", "replicas-assumed", "option-names-assumed", "k-in-powers-of-two",
@@ -582,7 +590,8 @@ _DRAWN_MISSED = (r"a micro-batch of \d+ examples per replica fits, of \d+ exampl
         "k-up-to-1000",
         "k-up-to-64-then-whole-batch", "k-up-to-64-then-half-or-whole",
         "k-up-to-64-then-up-to-a-ninth", "k-from-the-budget-not-a-divisor",
-        "k-from-the-largest-down", "k-in-pairs-short-of-the-root"])
+        "k-from-the-largest-down", "k-in-pairs-short-of-the-root",
+        "k-in-pairs-short-of-the-root-plus-a-square-root"])
 def test_write_report_wrong_answers_fail(my_results, wrong, message):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):

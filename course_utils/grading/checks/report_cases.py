@@ -7,13 +7,14 @@ only when its examples/s over the first's, like for like at the first precision,
 micro-batches ``k`` whose ``cu.memory.step_budget`` total fits the budget, with that total.
 ``synthetic_results`` makes fresh benchmarks (``SCENARIOS``), ``report_case`` one case with a
 fresh model and a budget that the count without the accumulation buffer gets wrong;
-``edge_cases`` seven more: a budget no ``k`` fits, one only the largest ``k`` fits (on a
+``edge_cases`` eight more: a budget no ``k`` fits, one only the largest ``k`` fits (on a
 per-replica batch drawn from 1104 to 19992), one whose ``k`` is half the per-replica batch,
 two whose per-replica batch and ``k`` are drawn (``drawn_case``: ``k`` from 65 to 1024, its
 micro-batch from 10 to 128 examples, more examples fitting than that divisor makes), and one
 that ``k`` = 1 fits, 2 does not (the accumulation buffer outweighs what two micro-batches
-save), the largest ``k`` does, and one whose ``k`` is the square root of the per-replica batch
-(``square_case``). Left: a search of the divisors capped at 19992 micro-batches or
+save), the largest ``k`` does, one whose ``k`` is the square root of the per-replica batch
+(``square_case``), and one whose ``k`` is its whole part on a batch ``k × (k + 1)``
+(``near_square_case``). Left: a search of the divisors capped at 19992 micro-batches or
 more passes every draw (no answer here is larger), as do the divisors to 1024 then the whole
 batch, and the small k with the batch over every divisor to 128 (no other k, no micro-batch
 here is larger): a bound above every draw is a right answer on these batches.
@@ -268,6 +269,16 @@ def square_case(rng: Any, case: Case) -> Case:
     return examples_case(case, examples=k, per_replica=k * k)
 
 
+def near_square_case(rng: Any, case: Case) -> Case:
+    """``case`` again with a per-replica batch of ``k × (k + 1)``, ``k`` drawn from 65 to 128,
+    and a budget that fits a micro-batch of ``k + 1`` examples, not of ``k + 2``: the answer is
+    ``k``, the whole part of the batch's square root. A search of the divisors in pairs whose
+    ``i`` stops one short of that whole part misses it, though it tries the root of a square
+    batch apart (``square_case``)."""
+    k = rng.randint(65, 128)
+    return examples_case(case, examples=k + 1, per_replica=k * (k + 1))
+
+
 def buffer_case(case: Case) -> Case:
     """``case`` again, its global batch scaled to a per-replica batch ``P`` (a multiple of 12)
     too small for splitting to pay: two micro-batches save ``P / 2`` examples' activations,
@@ -306,7 +317,7 @@ def _per_replica(case: Case) -> int:
 
 
 def edge_cases(fn: Any, cases: list[Case], rng: Any) -> list[Case]:
-    """Seven cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
+    """Eight cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
     largest k (one example per micro-batch) fits, on a per-replica batch drawn from 1104 to
     19992 (multiples of 12): a search of the divisors capped below that finds none, where the
     drawn cases (k up to 1024) catch a cap only when they draw a k above it; on the case with
@@ -316,9 +327,10 @@ def edge_cases(fn: Any, cases: list[Case], rng: Any) -> list[Case]:
     fourth from last, a per-replica batch too small for two micro-batches to pay for their
     buffer, one whose answer is 1 though 2 does not fit and the largest k does
     (``buffer_case``); on the last, again, a per-replica batch ``k × k`` whose answer is ``k``
-    (``square_case``)."""
+    (``square_case``); on the second from last, one ``k × (k + 1)`` whose answer is ``k``
+    (``near_square_case``)."""
     per_replica = 12 * rng.randint(92, 1666)  # 1104 to 19992
     return [nothing_fits_case(fn, cases[-1]), examples_case(cases[-2], per_replica=per_replica),
             examples_case(max(cases, key=_per_replica), examples=2),
             drawn_case(rng, cases[-3]), buffer_case(cases[-4]), drawn_case(rng, cases[-5]),
-            square_case(rng, cases[-1])]
+            square_case(rng, cases[-1]), near_square_case(rng, cases[-2])]
