@@ -153,6 +153,7 @@ def check_first_overflowing_layer(fn: Any) -> bool:
     x, _, num_features, num_classes = _inputs(rng, 32)
     depth, units = rng.choice([4, 5]), rng.choice([16, 24, 32])
     rows_by_model = _outlier_rows(rng, len(x))
+    backwards = rng.randrange(2)  # this model's layer names sort in reverse layer order
     loud_rows = rng.sample([row for row in range(1, len(x) - 1)  # never an end of the batch
                             if row not in sum(rows_by_model, [])], 2)
     dead_feature = rng.randrange(num_features)
@@ -160,9 +161,10 @@ def check_first_overflowing_layer(fn: Any) -> bool:
     x[loud_rows, dead_feature] = LOUD_INPUT
     cases, one_row = [], []
     for with_decoy, rows in zip((False, True), rows_by_model, strict=True):
+        tags = _tags(rng, depth, backwards == with_decoy)
         with policy_scope("mixed_float16"):
-            model = (_deep_mlp(num_features, num_classes, units, depth) if with_decoy
-                     else _weightless_growth_mlp(num_features, num_classes, units, depth))
+            model = (_deep_mlp(num_features, num_classes, units, tags) if with_decoy
+                     else _weightless_growth_mlp(num_features, num_classes, units, tags))
         hidden = [layer for layer in model.layers if layer.weights][:-1]
         _zero_the_loud_row(hidden[0], dead_feature)
         decoy = None
@@ -219,12 +221,14 @@ def check_first_overflowing_layer(fn: Any) -> bool:
         # in the batch and once late, once the larger and once the smaller: an answer that
         # loops over the rows outside the layers, in one order, and returns the first
         # overflowing layer it meets answers the other row's layer in one of them
-        for batch, expected, scale in two_row_case(firsts[0], x, firsts[2], others, rng):
+        for batch, expected, scale, count in two_row_case(firsts[0], x, firsts[2], others,
+                                                           rng):
+            third = "" if count == 2 else " and a third row"
             one_row.append(Case(args=(model, batch), verify=_overflow_verifier(
                 expected, order, decoy, scale,
-                "a row of each half scaled; the one whose output overflows first"),
+                f"a row of each half{third} scaled; the one whose output overflows first"),
                 label=(f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with a row of "
-                       f"each half scaled, every other row left alone)")))
+                       f"each half{third} scaled, every other row left alone)")))
     cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows_by_model[0], rng,
                                dead_feature)
     cases += one_row  # last: an answer refused earlier is refused as fast as before
@@ -335,7 +339,7 @@ def _loud_logits_case(num_features: int, num_classes: int, units: int, depth: in
     from course_utils.training.precision import policy_scope
 
     with policy_scope("mixed_float16"):
-        model = _deep_mlp(num_features, num_classes, units, depth)
+        model = _deep_mlp(num_features, num_classes, units, _tags(rng, depth, False))
     dense = [layer for layer in model.layers if layer.weights]
     _zero_the_loud_row(dense[0], dead_feature)
     for layer in dense[:-1]:
@@ -366,21 +370,38 @@ def _loud_logits_case(num_features: int, num_classes: int, units: int, depth: in
                        f"{LOUD_LOGITS:.0e}; x with 2 outlier rows times {scale:.3g})")]
 
 
-def _deep_mlp(num_features: int, num_classes: int, units: int, depth: int) -> Any:
-    from course_utils.models import mlp
+def _tags(rng: Any, depth: int, backwards: bool) -> list[str]:
+    """``depth`` drawn syllables naming the hidden layers: in reverse alphabetical order
+    (``backwards``), else in any other order than alphabetical. Names do not sort in layer
+    order: the earliest layer is not the smallest name."""
+    tags = rng.sample([c + v for c in "bdfgkmprstvz" for v in "aeiou"], depth)
+    if backwards:
+        return sorted(tags, reverse=True)
+    while tags == sorted(tags):
+        rng.shuffle(tags)
+    return tags
 
-    return mlp(num_features, num_classes, hidden_units=(units,) * depth)
+
+def _deep_mlp(num_features: int, num_classes: int, units: int, tags: list[str]) -> Any:
+    """Hidden Dense+ReLU layers named ``dense_<tag>``, then float32 logits."""
+    keras = _keras()
+    inputs = keras.Input(shape=(num_features,), name="features")
+    hidden = inputs
+    for tag in tags:
+        hidden = keras.layers.Dense(units, activation="relu", name=f"dense_{tag}")(hidden)
+    outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(hidden)
+    return keras.Model(inputs, outputs, name="mlp")
 
 
 def _weightless_growth_mlp(num_features: int, num_classes: int, units: int,
-                           depth: int) -> Any:
+                           tags: list[str]) -> Any:
     """An MLP whose hidden Dense+ReLU layers are each followed by ``Rescaling(GROWTH)``, a
     layer without weights (float16 under the policy), then float32 logits."""
     keras = _keras()
     inputs = keras.Input(shape=(num_features,), name="features")
     hidden = inputs
-    for index in range(depth):
-        hidden = keras.layers.Dense(units, activation="relu", name=f"dense_{index}")(hidden)
-        hidden = keras.layers.Rescaling(GROWTH, name=f"amplify_{index}")(hidden)
+    for tag in tags:
+        hidden = keras.layers.Dense(units, activation="relu", name=f"dense_{tag}")(hidden)
+        hidden = keras.layers.Rescaling(GROWTH, name=f"amplify_{tag}")(hidden)
     outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(hidden)
     return keras.Model(inputs, outputs, name="mlp")
