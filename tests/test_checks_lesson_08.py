@@ -620,7 +620,7 @@ def _lazy_overflow_answers(keras, tf):
 def test_lazy_first_overflowing_layer_fails_usefully(keras, tf, mistake):
     lazy = _lazy_overflow_answers(keras, tf)[mistake]
     # rows walked largest first pass where no two rows of a model can be scaled so that the
-    # larger overflows later (about 1 check in 20): three tries
+    # larger overflows later (1 check in 100 by max, in 100 draws): three tries
     for _ in range(3 if mistake.startswith("rows ordered largest first") else 1):
         try:
             cu.grading.check_first_overflowing_layer(lazy)
@@ -658,7 +658,7 @@ def _per_row_firsts(model, x, keras):
 
 
 def test_answers_that_merge_rows_or_strided_halves_wrongly_fail(keras, tf, monkeypatch):
-    # on the same cases (built at most three times: the strided halves passed 1 draw in 30):
+    # on the same cases (built at most three times: the strided halves passed 2 draws in 100):
     # the smallest name is not the earliest layer (names sort in another order), the layer
     # most rows overflow at is not the answer (a third row at the later row's layer), and
     # x[::2]'s answer before x[1::2]'s (or after) misses a batch whose rows differ in parity
