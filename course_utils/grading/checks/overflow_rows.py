@@ -110,7 +110,7 @@ def one_row_cases(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: lis
 
 
 def two_row_case(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list[int],
-                  rng: Any) -> list[tuple[np.ndarray, str, float]]:
+                  rng: Any) -> list[tuple[np.ndarray, str, float, int]]:
     """At most two batches with two rows of ``rows`` scaled, every other row left alone: a row
     ``a`` overflowing first at a layer ``j`` and a row ``b`` at a layer before ``j`` (the
     answer), both before any other row's first overflow even 1.78 times larger; each row's
@@ -119,8 +119,12 @@ def two_row_case(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list
     the other way round; in one of them ``a`` is the larger row (scaled, by max and by L2 norm,
     else by max; where such rows exist: 4 models in 5), in the other the smaller. An answer that
     walks the rows in one order (of the batch, from either end, one by one or in chunks; by
-    size, either way) and returns the first overflow it meets misses one of them. (x, the
-    answer, ``b``'s scale); ``first`` is :func:`row_firsts` of ``rows``, no new forward pass."""
+    size, either way) and returns the first overflow it meets misses one of them. ``a`` and
+    ``b`` are at different parities where they can be (``a`` even in one batch, odd in the
+    other; ``x[::2]``'s answer first, or ``x[1::2]``'s, misses one), and in the second batch a
+    third row overflows first at ``a``'s layer where one can (the layer most rows overflow at
+    is not the answer). (x, the answer, ``b``'s scale, how many rows are scaled); ``first`` is
+    :func:`row_firsts` of ``rows``, no new forward pass."""
     one = SCALES.index(1.0)
     alone = first[one + 1]  # every row left alone, with a margin (times 1.78)
     pairs = [(row, at) for row in rows for at in range(1, len(SCALES) - 1)
@@ -130,6 +134,7 @@ def two_row_case(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list
     size, norm = np.max(np.abs(x), axis=1), np.linalg.norm(x, axis=1)
     half = [np.array([pair for pair in pairs if (pair[0] < len(x) // 2) == front],
                      dtype=int).reshape(-1, 2) for front in (True, False)]
+    want = rng.randrange(2)  # a's parity in the first batch, the other in the second
     found = []  # for each batch: every option, those where a is larger, those where smaller
     for late, early in ((half[0], half[1]), (half[1], half[0])):
         a, b = late[:, None, :], early[None, :, :]  # every (a, b): [a's, b's, (row, scale)]
@@ -142,9 +147,13 @@ def two_row_case(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list
                                                            * scales[b[..., 1]])
                  for measure in (size, norm)]
         larger = options & (ratio[0] > 1)
-        found.append([list(zip(*np.nonzero(mask), strict=True)) for mask in (
-            options, (larger & (ratio[1] > 1)) if np.any(larger & (ratio[1] > 1)) else larger,
-            options & (ratio[0] < 1) & (ratio[1] < 1))] + [late, early])
+        split = (a[..., 0] % 2 == want) & (b[..., 0] % 2 != want)  # a, b at other parities
+        want = 1 - want
+        masks = (options,
+                 (larger & (ratio[1] > 1)) if np.any(larger & (ratio[1] > 1)) else larger,
+                 options & (ratio[0] < 1) & (ratio[1] < 1))
+        found.append([list(zip(*np.nonzero(mask & split if np.any(mask & split) else mask),
+                               strict=True)) for mask in masks] + [late, early])
     flip = not found[0][1] and bool(found[1][1])  # a the larger in the second batch
     cases = []
     for index, (options, a_larger, a_smaller, late, early) in enumerate(found):
@@ -156,5 +165,13 @@ def two_row_case(layers: list[Any], x: np.ndarray, first: np.ndarray, rows: list
         batch = x.copy()
         batch[a] *= SCALES[at_a]
         batch[b] *= SCALES[at_b]
-        cases.append((batch, layers[int(first[at_b, b])].name, SCALES[at_b]))
+        # a third row at a's layer (the other rows overflow after it even 1.78 times larger),
+        # at b's other parity where it can be
+        third = [(row, at) for row, at in pairs if index == 1 and row not in (a, b)
+                 and first[at, row] == first[at_a, a]]
+        third = [pair for pair in third if pair[0] % 2 != b % 2] or third
+        if third:
+            row, at = rng.choice(third)
+            batch[row] *= SCALES[at]
+        cases.append((batch, layers[int(first[at_b, b])].name, SCALES[at_b], 2 + bool(third)))
     return cases
