@@ -3,7 +3,9 @@
 in rounds of one per worker), the shuffles its dataset holds (:func:`shuffles_of`, read on
 the worker), what is wrong with its first passes (:func:`passes_message`), and whether each
 of many passes of another iterator is a fresh order (:func:`fresh_passes_message`: groups of
-examples shuffled whole keep their neighbours in every pass, however the graph counts them)."""
+examples shuffled whole keep their neighbours in every pass, however the graph counts them;
+nor, every one, the stored order rotated, reversed or strided then shuffled a little:
+:func:`turned_reach`)."""
 
 from __future__ import annotations
 
