@@ -14,7 +14,10 @@ cannot start a second in-process cluster) and verifies what the parameter server
   each pass reshuffled over the whole share: read, each of a number of passes drawn per case
   (up to :data:`PASSES_READ`, by another iterator of the worker's dataset beside its steps) is
   a fresh order, neither the stored order nor an earlier pass's (places and neighbours in common,
-  :data:`~course_utils.grading.checks.worker_passes.SAME_ORDER`), however the dataset is made;
+  :data:`~course_utils.grading.checks.worker_passes.SAME_ORDER`), nor, in every pass, the stored
+  order rotated, reversed or read at a stride then shuffled a little (how far examples came in
+  the best such frame, :func:`~course_utils.grading.checks.worker_passes.turned_reach`), however
+  the dataset is made;
   and in its graph (on each way from the worker's dataset down to a
   source, a branch of a ``zip`` or a ``concatenate`` included, that has a shuffle that
   reshuffles each pass a known number of elements, more than one, one of them must hold all its
@@ -31,7 +34,10 @@ cannot start a second in-process cluster) and verifies what the parameter server
   function is read only to exempt the slices below it), only how far examples move is read: a
   buffer of three quarters of such a share passes; and more fresh passes than the check draws,
   then stored order (``repeat(32)``), from a source the graph does not list (a ``counter``,
-  slices made inside a ``flat_map``): no number of passes read rules out a larger one. And
+  slices made inside a ``flat_map``): no number of passes read rules out a larger one; passes
+  each another fixed arrangement shuffled a little (drawn from a table of orders, or a stride
+  with a buffer of a third to a half of the share): only rotations, reflections and strides are
+  tried as frames, and a uniform shuffle too is some arrangement. And
   every batch full although a worker's share does not fill its last batch; the second case
   is a job sized for one worker more than run (one joins later), so that shards cut by the
   notebook's worker count instead of ``num_workers`` read too much;

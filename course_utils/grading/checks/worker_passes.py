@@ -3,10 +3,13 @@
 in rounds of one per worker), the shuffles its dataset holds (:func:`shuffles_of`, read on
 the worker), what is wrong with its first passes (:func:`passes_message`), and whether each
 of many passes of another iterator is a fresh order (:func:`fresh_passes_message`: groups of
-examples shuffled whole keep their neighbours in every pass, however the graph counts them)."""
+examples shuffled whole keep their neighbours in every pass, however the graph counts them;
+nor, every one, the stored order rotated, reversed or strided then shuffled a little:
+:func:`turned_reach`)."""
 
 from __future__ import annotations
 
+from math import gcd
 from typing import Any
 
 import numpy as np
@@ -14,7 +17,7 @@ import numpy as np
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["SAME_ORDER", "batches_per_worker", "fresh_passes_message", "passes_message", "reach",
-           "shuffles_of", "unshuffled_share"]
+           "shuffles_of", "turned_reach", "unshuffled_share"]
 
 
 _SHUFFLES = frozenset(("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
@@ -304,7 +307,7 @@ def fresh_passes_message(worker: int, stream: list[int], own: set[int], order: l
     neighbours = ((after[:, None, :] == after[None, :, :]) & (after[:, None, :] >= 0)).sum(axis=2)
     common = np.triu(np.maximum(places, neighbours), k=1)
     if common.max() < SAME_ORDER:
-        return None
+        return _arranged_message(worker, orders[1:], size)
     first, later = (int(k) for k in np.argwhere(common >= SAME_ORDER)[0])
     than = "their stored order" if first == 0 else f"the order of pass {first}"
     return (f"worker {worker}'s pass {later} keeps too much of {than}: "
@@ -312,3 +315,43 @@ def fresh_passes_message(worker: int, stream: list[int], own: set[int], order: l
             f"{neighbours[first, later]} followed by the same example (a fresh shuffle keeps "
             "about 1 of each). Each pass must shuffle the examples themselves anew, however "
             "many passes are read (lesson 01, section 7)")
+
+
+def turned_reach(at: np.ndarray) -> tuple[int, int]:
+    """How far ahead (at most) the examples came in one pass (``at[i]``: the place in the pass
+    of the example stored i-th) in its best frame: the stored order turned, a rotation or a
+    reflection (``(b - j) mod n``), then read at a stride (``(a * j + b) mod n``, ``a`` prime
+    to ``n``, neither 1 nor -1): ``(turned, strided)``, the least reach over each kind of frame."""
+    size = len(at)
+    units = np.array([a for a in range(1, size) if gcd(a, size) == 1])
+    j = np.arange(size)
+    frames = (units[:, None, None] * j[None, None, :] + j[None, :, None]) % size  # [a, b, j]
+    best = (j[None, None, :] - at[frames]).max(axis=2).min(axis=1)  # per stride a
+    turned = (units == 1) | (units == size - 1)
+    return int(best[turned].min()), int(best[~turned].min(initial=size))
+
+
+def _arranged_message(worker: int, orders: np.ndarray, size: int) -> str | None:
+    """Refuses passes that are each a fixed arrangement of the stored order shuffled a little.
+
+    A buffer of B never brings an example more than B - 1 places ahead of where its input had
+    it: every pass a rotation or reflection of the stored order then a buffer of half the share
+    or less reaches below size // 2 in that frame; a stride of it then a buffer of a third or
+    less, below size // 3. A uniform shuffle of n examples reaches below k in a given frame with
+    chance k**(n - k + 1) * (k - 1)! / n!; over the 2n turned frames (k = n // 2) and the
+    strided ones (n per stride, k = n // 3), at most 0.068 per pass at these sizes (33-71, 34
+    the worst), so in every one of 8 passes or more, on any of 4 workers, below 2e-9."""
+    reaches = []
+    for one in orders:
+        turned, strided = turned_reach(np.argsort(one))
+        if turned < size // 2:
+            reaches.append(turned)
+        elif strided < size // 3:
+            reaches.append(strided)
+        else:
+            return None
+    return (f"each of worker {worker}'s {len(orders)} passes is its stored order turned "
+            "(rotated, reversed or read at a stride) with every example at most "
+            f"{max(reaches)} place(s) ahead of where that arrangement had it: a fixed "
+            "arrangement shuffled a little, not a shuffle of the whole share. A buffer of B "
+            "never brings an example more than B - 1 places earlier (lesson 01, section 7)")
