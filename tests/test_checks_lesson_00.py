@@ -863,6 +863,16 @@ def _prefetched_head_and_tail(records, read, batch_size):  # the middle batches 
                          .prefetch(tf.data.AUTOTUNE)))
 
 
+def _every_second_batch_prefetched(records, read, batch_size):  # the others read in the step
+    import tensorflow as tf  # while a prefetched batch is always read ahead
+
+    def batches(part):  # every second batch, from the first (part 0) or the second (part 1)
+        return records.batch(batch_size).shard(2, part).unbatch().map(read).batch(batch_size)
+
+    parts = [batches(0).prefetch(tf.data.AUTOTUNE), batches(1)]
+    return tf.data.Dataset.choose_from_datasets(parts, tf.data.Dataset.range(2).repeat())
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_broken, "does not overlap"),
     (_broken_when_checked_batches_of_one_when_trained,
@@ -887,7 +897,9 @@ def _prefetched_head_and_tail(records, read, batch_size):  # the middle batches 
     (_prefetch_before_and_after, "does not overlap"),
     (_prefetched_one_before_the_batch, r"does not overlap the step: at least half a batch"),
     (_prefetched_head_and_tail, r"stops overlapping the step part of the way: at the end of "
-                                r"step \d+, with records left, none"),
+                                r"step \d+, with records left, the next record had not"),
+    (_every_second_batch_prefetched, r"at the end of step \d+, with records left, the next "
+                                     "record had not been read ahead"),
 ])
 def test_overlapped_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):

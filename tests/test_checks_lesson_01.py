@@ -784,8 +784,25 @@ def _decoded_out_of_order_then_cached(records, decode, augment, b, buffer):  # t
     return decoded.cache().shuffle(buffer).map(augment).batch(b)
 
 
+def _augmented_then_cached(records, decode, augment, b, buffer):  # reshuffled every epoch:
+    return records.map(decode).map(augment).cache().shuffle(buffer).batch(b)  # same values
+
+
+def _fused_then_cached(records, decode, augment, b, buffer):  # one map, then the cache
+    return records.map(lambda record: augment(decode(record))).cache().shuffle(buffer).batch(b)
+
+
+def _augmented_then_cached_prefetched(records, decode, augment, b, buffer):
+    import tensorflow as tf
+
+    return _augmented_then_cached(records, decode, augment, b, buffer).prefetch(tf.data.AUTOTUNE)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_given, "froze the augmentation"),
+    (_augmented_then_cached, "same augmented elements .*froze the augmentation"),
+    (_fused_then_cached, "froze the augmentation"),
+    (_augmented_then_cached_prefetched, "froze the augmentation"),
     (_memo_behind_an_idle_cache, "came from no decode op upstream of your pipeline's tf.data "
                                  "cache"),
     (_memo_beside_a_decoy_cache, "came from no decode op upstream"),

@@ -416,7 +416,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         # a cache of its own in a file (a constant filename) caches in memory: it starts empty
         source, trained = trained, fresh_caches(trained)  # and this pipeline's reads fill it
         share, idle, seconds, trained_batches = train_epoch(
-            without_default_optimizations(trained), reads, count, GRACE_S)
+            without_default_optimizations(trained), reads, first, count, GRACE_S)
         problem = batches_problem(trained_batches, expected) or order_problem(source)
         if problem:
             return f"in the epoch trained on (a second call's dataset): {problem}"
@@ -435,10 +435,10 @@ def check_overlapped_pipeline(fn: Any) -> bool:
                     f"{outside} of {reads['calls']} reads ran outside it: does it hand on reads "
                     "of a thread or pipeline of yours? Where does tf.data's overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
-        _, _, broken_seconds, _ = train_epoch(without_default_optimizations(broken()), reads, count)
+        broken_s = train_epoch(without_default_optimizations(broken()), reads, first, count)[2]
         print(f"   half a batch or more was read during {share:.0%} of the steps; an epoch took "
-              f"{seconds:.2f} s, the broken pipeline's {broken_seconds:.2f} s "
-              f"(×{broken_seconds / seconds:.2f}, at most about ×2 on an idle machine)")
+              f"{seconds:.2f} s, the broken pipeline's {broken_s:.2f} s "
+              f"(×{broken_s / seconds:.2f}, at most about ×2 on an idle machine)")
         return None
 
     case = Case(args=(records(), read, BATCH_SIZE),

@@ -1,13 +1,14 @@
 """Lesson 00, exercise 4 (a prefetch that overlaps nothing): one training epoch of a pipeline
 whose reads and steps wait, and what it overlapped; its batches against the broken pipeline's.
 
-Still passes: a reader one record ahead all epoch (a ``prefetch(1)`` before the batch, started
-with the others, as ``choose_from_datasets`` does) that reads half a batch ahead during a fifth
-of the steps only: a right answer on a busy machine misses as many steps."""
+Still passes: a reader that has the next record read at the end of every step, from the first
+on (a ``prefetch(1)`` before the batch does), and reads half a batch ahead during a fifth of the
+steps only: a right answer on a busy machine misses as many steps."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,45 +26,46 @@ GRACE_S, GRACE_STEPS = 3 * STEP_WAIT_S, 6
 MIN_READ_AHEAD_SHARE = 0.2
 
 
-def _wait(done: set[Any], reads: int, seconds: float) -> float:
-    """Wait until ``reads`` records are ``done`` or ``seconds`` have passed; the seconds
-    waited."""
+def _wait(ready: Callable[[], bool], seconds: float) -> float:
+    """Wait until ``ready()`` or ``seconds`` have passed; the seconds waited."""
     start = time.perf_counter()
-    while len(done) < reads and time.perf_counter() - start < seconds:
+    while not ready() and time.perf_counter() - start < seconds:
         time.sleep(0.001)
     return time.perf_counter() - start
 
 
-def train_epoch(dataset: Any, reads: dict[str, Any], count: int, grace_s: float = 0.0
-                ) -> tuple[float, list[int], float, list[np.ndarray]]:
-    """One epoch of ``count`` elements with a ``STEP_WAIT_S`` step per batch: (the share, in
-    [0, 1], of the steps while which at least half a batch of later records (``BATCH_SIZE //
-    2``) was read, of those after which that many are left; the steps (from 1) at whose end,
-    with records left, none was read ahead; seconds; the batches). A step whose reads are late
-    (a busy machine) waits up to ``grace_s`` longer for them (half a batch: ``GRACE_STEPS`` times
-    an epoch; one read ahead: until two steps have none: a prefetch or a parallel map, a
-    reader that runs ahead all epoch, has read one by then). One record read ahead per step
-    (a ``prefetch(1)`` before the batch) overlaps a quarter of the reads and counts no step;
-    reads that all ran before the first step (a pipeline that reads everything up front)
-    overlap no step either."""
+def train_epoch(dataset: Any, reads: dict[str, Any], first: int, count: int,
+                grace_s: float = 0.0) -> tuple[float, list[int], float, list[np.ndarray]]:
+    """One epoch of records ``first`` to ``first + count - 1`` with a ``STEP_WAIT_S`` step per
+    batch: (the share, in [0, 1], of the steps while which at least half a batch of later
+    records (``BATCH_SIZE // 2``) was read, of those after which that many are left; the steps
+    (from 1) at whose end, with records left, the next record had not been read; the seconds
+    the pipeline and the steps took, the check's waits left out; the batches). A step whose
+    reads are late (a busy machine) waits up to ``grace_s`` longer for them (half a batch:
+    ``GRACE_STEPS`` times an epoch; the next record: until two steps have not read it: a
+    prefetch or a parallel map, a reader that runs ahead all epoch, has read it by then). One
+    record read ahead per step (a ``prefetch(1)`` before the batch) overlaps a quarter of the
+    reads and counts no step; reads that all ran before the first step (a pipeline that reads
+    everything up front) overlap no step either."""
     reads["done"], reads["calls"], reads["by"] = set(), 0, []
     done, half, budget = reads["done"], BATCH_SIZE // 2, GRACE_STEPS * grace_s
-    consumed, read_ahead, idle, batches = 0, [], [], []
+    consumed, read_ahead, idle, batches, waited = 0, [], [], [], 0.0
     start = time.perf_counter()
     for batch in dataset:
         batches.append(batch)
         consumed += len(batch) if np.ndim(batch) else 1  # an element unbatched: one
         ahead = max(len(done), consumed)  # records read when the step begins
         time.sleep(STEP_WAIT_S)  # the training step
-        if consumed < count:  # records left: was one read ahead by its end?
-            _wait(done, consumed + 1, grace_s * (len(idle) < 2))
-            if len(done) <= consumed:
+        if consumed < count:  # records left: was the next one read by its end?
+            waited += _wait(lambda n=first + consumed: n in done, grace_s * (len(idle) < 2))
+            if first + consumed not in done:
                 idle.append(len(batches))
         if count - consumed >= half:  # were half a batch read while it ran?
             if len(done) > consumed and ahead + half <= count:  # reads that may still come
-                budget -= _wait(done, ahead + half, min(grace_s, budget))
+                slack = _wait(lambda n=ahead + half: len(done) >= n, min(grace_s, budget))
+                budget, waited = budget - slack, waited + slack
             read_ahead.append(len(done) - ahead >= half)
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - waited
     return (sum(read_ahead) / max(len(read_ahead), 1), idle, seconds,
             [np.asarray(batch) for batch in batches])
 
@@ -76,9 +78,9 @@ def overlap_problem(share: float, idle: list[int]) -> str | None:
                 f"{MIN_READ_AHEAD_SHARE:.0%} needed; tf.data's automatic rewrites off)")
     if idle:  # a reader ahead for part of the epoch only (a part of the records without one)
         return (f"reading stops overlapping the step part of the way: at the end of step "
-                f"{idle[0]}, with records left, none of them had been read ahead (a reader "
-                "that runs ahead, a prefetch or a parallel map, reads one during a step): "
-                "does every part of your pipeline's records pass one?")
+                f"{idle[0]}, with records left, the next record had not been read ahead (a "
+                "reader that runs ahead, a prefetch or a parallel map, reads it during a "
+                "step): does every part of your pipeline's records pass one?")
     return None
 
 
