@@ -435,10 +435,11 @@ def check_overlapped_pipeline(fn: Any) -> bool:
                     f"{outside} of {reads['calls']} reads ran outside it: does it hand on reads "
                     "of a thread or pipeline of yours? Where does tf.data's overlap go?")
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
+        waited = reads["waited"]  # the grace a busy machine's late reads were given
         broken_s = train_epoch(without_default_optimizations(broken()), reads, first, count)[2]
         print(f"   half a batch or more was read during {share:.0%} of the steps; an epoch took "
-              f"{seconds:.2f} s, the broken pipeline's {broken_s:.2f} s "
-              f"(×{broken_s / seconds:.2f}, at most about ×2 on an idle machine)")
+              f"{seconds:.2f} s ({waited:.2f} s of it waiting for late reads), the broken "
+              f"pipeline's {broken_s:.2f} s (×{broken_s / seconds:.2f}, at most about ×2 idle)")
         return None
 
     case = Case(args=(records(), read, BATCH_SIZE),

@@ -40,13 +40,13 @@ def train_epoch(dataset: Any, reads: dict[str, Any], first: int, count: int,
     batch: (the share, in [0, 1], of the steps while which at least half a batch of later
     records (``BATCH_SIZE // 2``) was read, of those after which that many are left; the steps
     (from 1) at whose end, with records left, the next record had not been read; the seconds
-    the pipeline and the steps took, the check's waits left out; the batches). A step whose
-    reads are late (a busy machine) waits up to ``grace_s`` longer for them (half a batch:
-    ``GRACE_STEPS`` times an epoch; the next record: until two steps have not read it: a
-    prefetch or a parallel map, a reader that runs ahead all epoch, has read it by then). One
-    record read ahead per step (a ``prefetch(1)`` before the batch) overlaps a quarter of the
-    reads and counts no step; reads that all ran before the first step (a pipeline that reads
-    everything up front) overlap no step either."""
+    the epoch took, the check's waits included (their sum in ``reads["waited"]``); the
+    batches). A step whose reads are late (a busy machine) waits up to ``grace_s`` longer for
+    them (half a batch: ``GRACE_STEPS`` times an epoch; the next record: until two steps have
+    not read it: a prefetch or a parallel map, a reader that runs ahead all epoch, has read it
+    by then). One record read ahead per step (a ``prefetch(1)`` before the batch) overlaps a
+    quarter of the reads and counts no step; reads that all ran before the first step (a
+    pipeline that reads everything up front) overlap no step either."""
     reads["done"], reads["calls"], reads["by"] = set(), 0, []
     done, half, budget = reads["done"], BATCH_SIZE // 2, GRACE_STEPS * grace_s
     consumed, read_ahead, idle, batches, waited = 0, [], [], [], 0.0
@@ -65,7 +65,7 @@ def train_epoch(dataset: Any, reads: dict[str, Any], first: int, count: int,
                 slack = _wait(lambda n=ahead + half: len(done) >= n, min(grace_s, budget))
                 budget, waited = budget - slack, waited + slack
             read_ahead.append(len(done) - ahead >= half)
-    seconds = time.perf_counter() - start - waited
+    seconds, reads["waited"] = time.perf_counter() - start, waited
     return (sum(read_ahead) / max(len(read_ahead), 1), idle, seconds,
             [np.asarray(batch) for batch in batches])
 
