@@ -75,7 +75,7 @@ def _course_training_files() -> tuple[str, ...]:
 def _sequences(rng: Any, n: int, longest: int) -> tuple[list[np.ndarray], np.ndarray]:
     data = np.random.default_rng(rng.randint(0, 2**31 - 1))
     lengths = data.integers(0, longest + 1, size=n)
-    tokens = [data.integers(1, 2**31 - 1, size=length).astype("int32") for length in lengths]
+    tokens = [data.integers(1, 2**31, size=length).astype("int32") for length in lengths]
     return tokens, data.integers(0, 2, size=n).astype("int32")
 
 
@@ -159,7 +159,7 @@ def check_make_tpu_ready(fn: Any) -> bool:
         kept = batch * (n // batch)
         longest, at = rng.randint(2 * length + 1, 100 * length), rng.randrange(kept)
         tokens[at] = np.random.default_rng(
-            rng.randint(0, 2**31 - 1)).integers(1, 2**31 - 1, size=longest).astype("int32")
+            rng.randint(0, 2**31 - 1)).integers(1, 2**31, size=longest).astype("int32")
         tokens[rng.choice([i for i in range(kept) if i != at])] = np.zeros(0, "int32")
         read = [0]
         given = _raw_dataset(tokens, labels, read)

@@ -12,7 +12,8 @@ The long sequence is made ``2**20`` + 1 tokens at least, whatever the graph hold
 the fold cannot see (one worked out in a called ``tf.function``, a ``tf.while_loop`` or a
 ``tf.cond``, or from an element's own size times 0) is passed as well.
 
-Still passes (the output is a right answer's on every sequence the check can make): a bound of
+Still passes (the output is a right answer's on every sequence the check can make, or, behind a
+guard, wrong only on lengths between the bound and the guard, which few draws make): a bound of
 ``2**20`` tokens or more that the fold cannot see, or one of ``2**24`` or more reached by
 ``tf.pad`` (64 MiB a sequence), or one carried as data (an element of another step, a reduction
 over a dataset) or computed through a tensor of more than ``2**16`` numbers, then a cut; and
