@@ -38,6 +38,7 @@ probed), and an element of one dimension (a global batch of labels alone).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 __all__ = ["COUNTED", "dataset_auditor"]
@@ -60,6 +61,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
                                                   tf.identity, tf.int32)
     asarray, unique, prod, float64 = np.asarray, np.unique, np.prod, np.float64
     concatenate = np.concatenate
+    weak_keys, weak_set = weakref.WeakKeyDictionary, weakref.WeakSet
     rows_of = []                      # (rank, row shape, the rows as bytes) of each array
     for array in arrays:
         array = asarray(array).astype(float64)
@@ -72,7 +74,8 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     every = {unique(asarray(array).astype(float64).reshape(len(array), -1), axis=0).tobytes()
              for array in arrays if asarray(array).ndim >= 2}   # all the rows of each array
     sizes: list[int] = []
-    whole: set[int] = set()           # datasets still holding from_tensors' one element
+    examples: Any = weak_keys()       # dataset: the examples each of its elements holds
+    whole: Any = weak_set()           # datasets still holding from_tensors' one element
     probes: list[Any] = []            # the audit's own probes (kept alive), made unaudited
     probing: list[bool] = []          # set while the audit makes one
     firsts: dict[tuple[int, int], bytes] = {}   # (probe, part): the rows its first big element held
@@ -121,9 +124,9 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         one of the data's arrays added up per row shape, whatever their dtypes (a global batch
         split into per-replica parts is one global batch); any other part alone."""
         groups: dict[Any, int] = {}
-        for index, spec in enumerate(specs):
-            if count := held(spec):
-                key = kin(spec.shape.as_list()) or index
+        for spec in specs:
+            if count := held(spec):   # None: the parts of row shapes none of the data has
+                key = kin(spec.shape.as_list())
                 groups[key] = groups.get(key, 0) + count
         return list(groups.values())
 
@@ -159,17 +162,19 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         one of the data's arrays (``x[start:]`` then ``x``, concatenated) are a batch of that
         many."""
         groups: dict[Any, list[Any]] = {}
-        for index, value in enumerate(values):
+        for value in values:
             value = asarray(value)
             if held(tensor_spec(value.shape)):
-                groups.setdefault(kin(list(value.shape)) or index, []).append(value)
+                groups.setdefault(kin(list(value.shape)), []).append(value)
         for key, parts in groups.items():
             count = sum(held(tensor_spec(part.shape)) for part in parts)
             if count <= share:
                 continue
             numbers = [part for part in parts if part.dtype.kind in "biuf"]
             others = [row_set(part) for part in parts if part.dtype.kind not in "biuf"]
-            if len(parts) == 1:
+            if key is None and len(parts) > 1:   # parts of row shapes the data lacks
+                rows, whole = b"\0".join(sorted(row_set(part) for part in parts)), False
+            elif len(parts) == 1:
                 value = parts[0]
                 rows, whole = row_set(value), bool(numbers) and whole_times(value, count)
             else:             # numbers of any dtype as one stack of rows, the others as text
@@ -208,28 +213,65 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         probes.append(mapped)
         dataset._variant_tensor_attr = mapped._variant_tensor
 
+    def each(dataset: Any) -> int:
+        """The examples each element of ``dataset`` (a batching op's input) holds: as recorded
+        for a batching op (or a dataset passing its elements on unchanged), else as its element
+        spec says (:func:`together`), at least 1."""
+        if dataset is None:
+            return 1
+        if dataset in examples:
+            return examples[dataset]
+        try:
+            return max(together(flatten(dataset.element_spec)), default=1)
+        except Exception:  # noqa: BLE001 - elements not known
+            return 1
+
+    def window_size(dataset: Any) -> Any:
+        """``group_by_window``'s window size: its function's constant result, else None."""
+        try:
+            outputs = dataset._window_size_func.function.graph.outputs
+            return static_value(outputs[0]) if len(outputs) == 1 else None
+        except Exception:  # noqa: BLE001 - made another way
+            return None
+
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         if probing:                   # the audit's own probe
             return
+        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
         size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size",
                                                       "_batch_sizes")
                      if getattr(self, name, None) is not None), None)
-        if size is not None:          # a batching op: its size (rebatch: its largest)
-            value = static_value(size)
-            sizes.append(int(asarray(value).max(initial=0)) if value is not None else -1)
+        if kind == "_GroupByWindowDataset":
+            size = window_size(self)  # a window whose size a function gives (-1: not constant)
+        if size is not None or kind == "_GroupByWindowDataset":   # a batching op: its size
+            value = static_value(size) if size is not None else None   # (rebatch: largest)
+            rebatch = getattr(self, "_batch_sizes", None) is not None   # splits, stacks none
+            count = (int(asarray(value).max(initial=0)) * (1 if rebatch else each(source))
+                     if value is not None else -1)   # times the examples each input holds
+            examples[self] = count
+            sizes.append(count)
+            try:                      # a batch of batches: its own element too
+                sizes.extend(n for n in together(flatten(self.element_spec)) if n > share)
+            except Exception:  # noqa: BLE001 - elements not known
+                pass
             return
-        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
+        try:
+            if source is not None and source in examples and (
+                    self.element_spec == source.element_spec):
+                examples[self] = examples[source]   # prefetch, take, a map of the same shapes
+        except Exception:  # noqa: BLE001 - elements not known
+            pass
         zipped = flatten(getattr(self, "_datasets", None) or []) if kind == "_ZipDataset" else []
         parts = (getattr(self, "_tensors", None) or []) if kind == "_TensorDataset" else []
         if parts and all(rows_of_the_data(part) for part in parts):
-            whole.add(id(self))       # from_tensors' one element: all the data, no batch
+            whole.add(self)           # from_tensors' one element: all the data, no batch
             return
-        if zipped and all(id(each) in whole for each in zipped):
-            whole.add(id(self))       # several zipped
+        if zipped and all(part in whole for part in zipped):
+            whole.add(self)           # several zipped
             return
-        if id(source) in whole and kind != "_UnbatchDataset":
-            whole.add(id(self))       # made of all the data (a cast, a repeat, a pipeline's
+        if source in whole and kind != "_UnbatchDataset":
+            whole.add(self)           # made of all the data (a cast, a repeat, a pipeline's
             probe(self)               # rows gathered): the same rows in every element, or
             return                    # it is cut into batches
         try:                          # any other: the examples its elements already hold
