@@ -4,36 +4,39 @@ the learner's code runs (:mod:`course_utils.grading.checks.worker_scripts`).
 
 Every dataset made while the audit is in place reports the batch or window size of a batching
 op (-1: not known when it was made; whatever API made it: ``batch``, ``padded_batch``,
-``map_and_batch``, ``window``, ``rebatch``, a private function), or the examples an element
-already holds when they are more than the per-replica batch (``share``: whole global batches
-made in NumPy). The parts of an element whose rows have the row shape of one of the data's
-arrays count together, whatever their dtypes (a global batch as one ``[per-replica batch,
-features]`` part per replica is a global batch); a part of any other shape counts alone. One
-element of ``from_tensors`` (or several zipped) is all the data, no batch, when each of its
-parts is a stack of rows of the arrays the check handed over (same rank and row shape, every
-row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
-resumed order) or has one dimension at most (an index array, the labels); any other, e.g.
-``[steps, global batch, features]`` stacks, holds batches. What is made of that element
-(``map`` casting it or gathering a pipeline's rows in TensorFlow, ``repeat``; not
-``unbatch``), and every dataset whose elements hold a number of examples not known when it
-is made (``from_generator`` with an ``output_signature`` of ``[None, features]``, a ``map``
-slicing rows with bounds computed at run time, ``scan``, unknown ranks), is probed at run
-time: its elements pass through an identity ``map`` calling back into the audit, and an
-element holding more than the per-replica batch (its parts counted as above) whose set of
-rows differs from the first such element's (rows and how often each comes), and is not every
-row of the data, each as often, is a batch of that many (all the data, or a pipeline's fixed
-part of it, is the same set every time; ``x[start:]`` then ``x``, concatenated, is the first
-set, then every row; whole global batches, even each a ``from_tensors`` element of the data's
-rows, are not: chunks larger than the per-replica batch count as batches, as their
-known-size stacks do). Refused though right: a per-replica batch carried with a second part
-of the features' row shape (``(f, f + 1.0, labels)``, the copy dropped later), counted as
-twice the per-replica batch: a copy cannot be told from the next replica's rows stored
-another way. Still passes: the features flattened into one dimension (an index array looks
-alike), rows of the data in global-batch order reshaped into global batches of known size
-inside a traced function (``flat_map``): the audit reads how datasets are made, not the
-graphs of their functions; each element all the data, rolled so that the next global batch
-comes first; global batches serialized into one string each; ragged or sparse elements (not
-probed), and an element of one dimension (a global batch of labels alone).
+``map_and_batch``, ``window``, ``group_by_window``, ``rebatch``, a private function) times the
+examples each element it takes holds (a batch of per-replica batches is a global batch), and
+the examples its own element holds; or the examples an element already holds when they are more
+than the per-replica batch (``share``: whole global batches made in NumPy). The parts of an
+element whose rows have the row shape of one of the data's arrays count together, whatever
+their dtypes (a global batch as one ``[per-replica batch, features]`` part per replica is a
+global batch), and so do all its parts of row shapes none of the data's arrays has (the same as
+``[per-replica batch, 1]`` columns); a part of one dimension counts for nothing. One element of
+``from_tensors`` (or several zipped) is all the data, no batch, when each of its parts is a
+stack of rows of the arrays the check handed over (same rank and row shape, every row one of
+theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the resumed order) or
+has one dimension at most (an index array, the labels); any other, e.g. ``[steps, global batch,
+features]`` stacks, holds batches. What is made of that element (``map`` casting it or
+gathering a pipeline's rows in TensorFlow, ``repeat``; not ``unbatch``), and every dataset
+whose elements hold a number of examples not known when it is made (``from_generator`` with an
+``output_signature`` of ``[None, features]``, a ``map`` slicing rows with bounds computed at
+run time, ``scan``, unknown ranks), is probed at run time: its elements pass through an
+identity ``map`` calling back into the audit, and an element holding more than the per-replica
+batch (its parts counted as above) whose set of rows differs from the first such element's
+(rows and how often each comes), and is not every row of the data, each as often, is a batch of
+that many (all the data, or a pipeline's fixed part of it, is the same set every time;
+``x[start:]`` then ``x``, concatenated, is the first set, then every row; whole global batches,
+even each a ``from_tensors`` element of the data's rows, are not: chunks larger than the
+per-replica batch count as batches, as their known-size stacks do). Refused though right: a
+per-replica batch carried with a second part of the features' row shape (``(f, f + 1.0,
+labels)``, the copy dropped later), counted as twice the per-replica batch: a copy cannot be
+told from the next replica's rows stored another way; likewise two ``[per-replica batch, 1]``
+parts (labels and weights as columns). Still passes: the features flattened into one dimension
+(an index array looks alike), rows of the data in global-batch order reshaped into global
+batches of known size inside a traced function (``flat_map``): the audit reads how datasets are
+made, not the graphs of their functions; each element all the data, rolled so that the next
+global batch comes first; global batches serialized into one string each; ragged or sparse
+elements (not probed), and an element of one dimension (a global batch of labels alone).
 """
 
 from __future__ import annotations
@@ -122,7 +125,8 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     def together(specs: Any) -> list[int]:
         """The examples an element holds: those of its parts whose rows have the row shape of
         one of the data's arrays added up per row shape, whatever their dtypes (a global batch
-        split into per-replica parts is one global batch); any other part alone."""
+        split into per-replica parts is one global batch), those of row shapes none of the
+        data's arrays has added up too."""
         groups: dict[Any, int] = {}
         for spec in specs:
             if count := held(spec):   # None: the parts of row shapes none of the data has
@@ -157,10 +161,10 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
 
     def note(number: int, values: Any) -> Any:
         """At run time, one element of probe ``number``: its parts of one of the data's row
-        shapes taken together (:func:`together`), any other part alone; those holding more than
-        the share whose rows are neither the rows the first such element held nor every row of
-        one of the data's arrays (``x[start:]`` then ``x``, concatenated) are a batch of that
-        many."""
+        shapes taken together (:func:`together`), those of other row shapes too; those holding
+        more than the share whose rows are neither the rows the first such element held nor
+        every row of one of the data's arrays (``x[start:]`` then ``x``, concatenated) are a
+        batch of that many."""
         groups: dict[Any, list[Any]] = {}
         for value in values:
             value = asarray(value)
@@ -217,14 +221,16 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         """The examples each element of ``dataset`` (a batching op's input) holds: as recorded
         for a batching op (or a dataset passing its elements on unchanged), else as its element
         spec says (:func:`together`), at least 1."""
-        if dataset is None:
-            return 1
         if dataset in examples:
             return examples[dataset]
+        return max(together(specs_of(dataset)), default=1)
+
+    def specs_of(dataset: Any) -> list[Any]:
+        """The flattened element spec of ``dataset`` ([] when not known)."""
         try:
-            return max(together(flatten(dataset.element_spec)), default=1)
-        except Exception:  # noqa: BLE001 - elements not known
-            return 1
+            return flatten(dataset.element_spec)
+        except Exception:  # noqa: BLE001 - no dataset, or its elements are not known yet
+            return []
 
     def window_size(dataset: Any) -> Any:
         """``group_by_window``'s window size: its function's constant result, else None."""
@@ -251,10 +257,11 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
                      if value is not None else -1)   # times the examples each input holds
             examples[self] = count
             sizes.append(count)
-            try:                      # a batch of batches: its own element too
-                sizes.extend(n for n in together(flatten(self.element_spec)) if n > share)
-            except Exception:  # noqa: BLE001 - elements not known
-                pass
+            specs, inputs = specs_of(self), [] if source in examples else specs_of(source)
+            sizes.extend(n for n in together(specs) if n > share)   # a batch of batches: its
+            # own element too, probed when the examples its input's elements hold are not known
+            if any(map(unknown, specs)) and any(map(unknown, inputs)):
+                probe(self)
             return
         try:
             if source is not None and source in examples and (
@@ -274,10 +281,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
             whole.add(self)           # made of all the data (a cast, a repeat, a pipeline's
             probe(self)               # rows gathered): the same rows in every element, or
             return                    # it is cut into batches
-        try:                          # any other: the examples its elements already hold
-            specs = flatten(self.element_spec)
-        except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
-            specs = []
+        specs = specs_of(self)        # any other: the examples its elements already hold
         sizes.extend(count for count in together(specs) if count > share)
         if any(map(unknown, specs)):
             probe(self)               # the examples its elements hold, seen at run time
