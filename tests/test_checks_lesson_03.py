@@ -1425,47 +1425,35 @@ def whole_batches_as_replica_parts(source, unit_columns=False):
     return make
 
 
-def whole_batches_grouped_in_windows(by_function):
-    """One group_by_window window of a whole global batch (its size given, or given by a
-    function), each pipeline keeping its replicas' examples of it, batched by the per-replica
-    batch."""
-    def make(x, y, global_batch, examples_done):
-        def dataset_fn(context):
-            batch = context.get_per_replica_batch_size(global_batch)
-            per = context.num_replicas_in_sync // context.num_input_pipelines
-            first = context.input_pipeline_id * per * batch
-            size = ({"window_size_func": lambda key: tf.constant(global_batch, tf.int64)}
-                    if by_function else {"window_size": global_batch})
-            dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
-            return dataset.group_by_window(
-                lambda features, label: tf.constant(0, tf.int64),
-                lambda key, window: window.skip(first).take(per * batch).batch(batch), **size)
+def whole_batches_grouped_in_windows(x, y, global_batch, examples_done):
+    """One group_by_window window of a whole global batch, each pipeline keeping its replicas'
+    examples of it, batched by the per-replica batch."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        per = context.num_replicas_in_sync // context.num_input_pipelines
+        first = context.input_pipeline_id * per * batch
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        return dataset.group_by_window(
+            lambda features, label: tf.constant(0, tf.int64),
+            lambda key, window: window.skip(first).take(per * batch).batch(batch),
+            window_size=global_batch)
 
-        return dataset_fn
-
-    return make
+    return dataset_fn
 
 
-def batches_of_batches(op):
-    """Per-replica batches, then ``batch`` (or ``window``) by the replicas: a whole global
-    batch in each element; each pipeline keeps its replicas' batches with flat_map."""
-    def make(x, y, global_batch, examples_done):
-        def dataset_fn(context):
-            batch = context.get_per_replica_batch_size(global_batch)
-            replicas = context.num_replicas_in_sync
-            per = replicas // context.num_input_pipelines
-            first = context.input_pipeline_id * per
-            dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
-            dataset = getattr(dataset.batch(batch), op)(replicas).prefetch(1)
-            if op == "window":
-                return dataset.flat_map(lambda f, t: tf.data.Dataset.zip((f, t)).skip(
-                    first).take(per))
-            return dataset.flat_map(lambda f, t: tf.data.Dataset.from_tensor_slices(
-                (f[first:first + per], t[first:first + per])))
+def batches_of_batches(x, y, global_batch, examples_done):
+    """Per-replica batches, batched again by the replicas: a whole global batch in each
+    element; each pipeline keeps its replicas' batches with flat_map."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        per = context.num_replicas_in_sync // context.num_input_pipelines
+        own = slice(context.input_pipeline_id * per, (context.input_pipeline_id + 1) * per)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        dataset = dataset.batch(batch).batch(context.num_replicas_in_sync).prefetch(1)
+        return dataset.flat_map(lambda f, t: tf.data.Dataset.from_tensor_slices((f[own],
+                                                                                  t[own])))
 
-        return dataset_fn
-
-    return make
+    return dataset_fn
 
 
 def whole_batches_rebatched(x, y, global_batch, examples_done):
@@ -1569,13 +1557,11 @@ RESUME_CATALOGUE = {
         restore_latest, whole_batches_as_replica_parts(source, unit_columns=True),
         r"batched \[\d+(, \d+)*\] examples at a time")
        for source in ("numpy", "tensorflow")},
-    **{f"a group_by_window window of a whole global batch ({how})": (
-        restore_latest, whole_batches_grouped_in_windows(how == "window_size_func"),
-        r"batched \[\d+(, \d+)*\] examples at a time")
-       for how in ("window_size", "window_size_func")},
-    **{f"per-replica batches, then {op} by the replicas, own batches by flat_map": (
-        restore_latest, batches_of_batches(op), r"batched \[\d+(, \d+)*\] examples at a time")
-       for op in ("batch", "window")},
+    "a group_by_window window of a whole global batch": (
+        restore_latest, whole_batches_grouped_in_windows,
+        r"batched \[\d+(, \d+)*\] examples at a time"),
+    "per-replica batches batched by the replicas, own batches by flat_map": (
+        restore_latest, batches_of_batches, r"batched \[\d+(, \d+)*\] examples at a time"),
     "whole global batches from a generator, one dimension of its signature unknown": (
         restore_latest, whole_batches_from_a_generator, r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches from a generator of unknown size": (
