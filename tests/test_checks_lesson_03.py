@@ -1366,28 +1366,34 @@ def whole_batches_as_from_tensors_elements_concatenated(x, y, global_batch, exam
     return dataset_fn
 
 
-def whole_batches_as_replica_parts(source):
+def whole_batches_as_replica_parts(source, unit_columns=False):
     """Each element one whole global batch as one part per replica (``[per-replica batch,
     features]`` each, the labels likewise), none larger than the share; each pipeline keeps
     its replicas' parts with flat_map. ``source``: ``numpy`` (the parts as columns of
     from_tensor_slices), ``mixed dtypes`` (the same, every other part float64), ``generator``
-    (a signature of known shapes) or ``tensorflow`` (a counting map of all the data)."""
+    (a signature of known shapes) or ``tensorflow`` (a counting map of all the data).
+    ``unit_columns``: each replica's features as one ``[per-replica batch, 1]`` part per feature
+    (a row shape none of the data has)."""
     def make(x, y, global_batch, examples_done):
         def dataset_fn(context):
             batch = context.get_per_replica_batch_size(global_batch)
             replicas, per = context.num_replicas_in_sync, (context.num_replicas_in_sync
                                                            // context.num_input_pipelines)
             own = slice(context.input_pipeline_id * per, (context.input_pipeline_id + 1) * per)
+            width = x.shape[1] if unit_columns else 1        # feature parts per replica
+            cuts = [slice(f, f + 1) if unit_columns else slice(None) for f in range(width)]
 
             def parts(features, labels):   # one global batch: the features', then the labels'
-                return (*(features[r * batch:(r + 1) * batch] for r in range(replicas)),
+                return (*(features[r * batch:(r + 1) * batch, cut] for r in range(replicas)
+                          for cut in cuts),
                         *(labels[r * batch:(r + 1) * batch] for r in range(replicas)))
 
             order = (examples_done + np.arange(40 * global_batch)) % len(x)
             steps = [parts(x[chosen], y[chosen]) for chosen in order.reshape(40, global_batch)]
             if source == "generator":
                 dataset = tf.data.Dataset.from_generator(lambda: iter(steps), output_signature=(
-                    *[tf.TensorSpec([batch, x.shape[1]], tf.float32)] * replicas,
+                    *[tf.TensorSpec([batch, x.shape[1] // width], tf.float32)]
+                    * (replicas * width),
                     *[tf.TensorSpec([batch], y.dtype)] * replicas))
             elif source == "tensorflow":
                 count = tf.Variable(0, dtype=tf.int64)
@@ -1406,15 +1412,48 @@ def whole_batches_as_replica_parts(source):
                 dataset = tf.data.Dataset.from_tensor_slices(tuple(columns))
 
             def mine(*part):
-                features = [tf.cast(f, tf.float32) for f in part[:replicas][own]]
-                return tf.data.Dataset.from_tensor_slices((tf.stack(features),
-                                                           tf.stack(part[replicas:][own])))
+                features = [tf.concat([tf.cast(f, tf.float32) for f in part[r * width:
+                                                                              (r + 1) * width]],
+                                      axis=1) for r in range(replicas)][own]
+                return tf.data.Dataset.from_tensor_slices((
+                    tf.stack(features), tf.stack(part[replicas * width:][own])))
 
             return dataset.flat_map(mine)
 
         return dataset_fn
 
     return make
+
+
+def whole_batches_grouped_in_windows(x, y, global_batch, examples_done):
+    """One group_by_window window of a whole global batch, each pipeline keeping its replicas'
+    examples of it, batched by the per-replica batch."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        per = context.num_replicas_in_sync // context.num_input_pipelines
+        first = context.input_pipeline_id * per * batch
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        return dataset.group_by_window(
+            lambda features, label: tf.constant(0, tf.int64),
+            lambda key, window: window.skip(first).take(per * batch).batch(batch),
+            window_size=global_batch)
+
+    return dataset_fn
+
+
+def batches_of_batches(x, y, global_batch, examples_done):
+    """Per-replica batches, batched again by the replicas: a whole global batch in each
+    element; each pipeline keeps its replicas' batches with flat_map."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        per = context.num_replicas_in_sync // context.num_input_pipelines
+        own = slice(context.input_pipeline_id * per, (context.input_pipeline_id + 1) * per)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        dataset = dataset.batch(batch).batch(context.num_replicas_in_sync).prefetch(1)
+        return dataset.flat_map(lambda f, t: tf.data.Dataset.from_tensor_slices((f[own],
+                                                                                  t[own])))
+
+    return dataset_fn
 
 
 def whole_batches_rebatched(x, y, global_batch, examples_done):
@@ -1514,6 +1553,15 @@ RESUME_CATALOGUE = {
         restore_latest, whole_batches_as_replica_parts(source),
         r"batched \[\d+(, \d+)*\] examples at a time \(.*parts of one row shape counted")
        for source in ("numpy", "mixed dtypes", "generator", "tensorflow")},
+    **{f"whole global batches as one [per-replica batch, 1] part per feature ({source})": (
+        restore_latest, whole_batches_as_replica_parts(source, unit_columns=True),
+        r"batched \[\d+(, \d+)*\] examples at a time")
+       for source in ("numpy", "tensorflow")},
+    "a group_by_window window of a whole global batch": (
+        restore_latest, whole_batches_grouped_in_windows,
+        r"batched \[\d+(, \d+)*\] examples at a time"),
+    "per-replica batches batched by the replicas, own batches by flat_map": (
+        restore_latest, batches_of_batches, r"batched \[\d+(, \d+)*\] examples at a time"),
     "whole global batches from a generator, one dimension of its signature unknown": (
         restore_latest, whole_batches_from_a_generator, r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches from a generator of unknown size": (

@@ -4,40 +4,44 @@ the learner's code runs (:mod:`course_utils.grading.checks.worker_scripts`).
 
 Every dataset made while the audit is in place reports the batch or window size of a batching
 op (-1: not known when it was made; whatever API made it: ``batch``, ``padded_batch``,
-``map_and_batch``, ``window``, ``rebatch``, a private function), or the examples an element
-already holds when they are more than the per-replica batch (``share``: whole global batches
-made in NumPy). The parts of an element whose rows have the row shape of one of the data's
-arrays count together, whatever their dtypes (a global batch as one ``[per-replica batch,
-features]`` part per replica is a global batch); a part of any other shape counts alone. One
-element of ``from_tensors`` (or several zipped) is all the data, no batch, when each of its
-parts is a stack of rows of the arrays the check handed over (same rank and row shape, every
-row one of theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the
-resumed order) or has one dimension at most (an index array, the labels); any other, e.g.
-``[steps, global batch, features]`` stacks, holds batches. What is made of that element
-(``map`` casting it or gathering a pipeline's rows in TensorFlow, ``repeat``; not
-``unbatch``), and every dataset whose elements hold a number of examples not known when it
-is made (``from_generator`` with an ``output_signature`` of ``[None, features]``, a ``map``
-slicing rows with bounds computed at run time, ``scan``, unknown ranks), is probed at run
-time: its elements pass through an identity ``map`` calling back into the audit, and an
-element holding more than the per-replica batch (its parts counted as above) whose set of
-rows differs from the first such element's (rows and how often each comes), and is not every
-row of the data, each as often, is a batch of that many (all the data, or a pipeline's fixed
-part of it, is the same set every time; ``x[start:]`` then ``x``, concatenated, is the first
-set, then every row; whole global batches, even each a ``from_tensors`` element of the data's
-rows, are not: chunks larger than the per-replica batch count as batches, as their
-known-size stacks do). Refused though right: a per-replica batch carried with a second part
-of the features' row shape (``(f, f + 1.0, labels)``, the copy dropped later), counted as
-twice the per-replica batch: a copy cannot be told from the next replica's rows stored
-another way. Still passes: the features flattened into one dimension (an index array looks
-alike), rows of the data in global-batch order reshaped into global batches of known size
-inside a traced function (``flat_map``): the audit reads how datasets are made, not the
-graphs of their functions; each element all the data, rolled so that the next global batch
-comes first; global batches serialized into one string each; ragged or sparse elements (not
-probed), and an element of one dimension (a global batch of labels alone).
+``map_and_batch``, ``window``, ``group_by_window``, ``rebatch``, a private function) times the
+examples each element it takes holds (a batch of per-replica batches is a global batch), and
+the examples its own element holds; or the examples an element already holds when they are more
+than the per-replica batch (``share``: whole global batches made in NumPy). The parts of an
+element whose rows have the row shape of one of the data's arrays count together, whatever
+their dtypes (a global batch as one ``[per-replica batch, features]`` part per replica is a
+global batch), and so do all its parts of row shapes none of the data's arrays has (the same as
+``[per-replica batch, 1]`` columns); a part of one dimension counts for nothing. One element of
+``from_tensors`` (or several zipped) is all the data, no batch, when each of its parts is a
+stack of rows of the arrays the check handed over (same rank and row shape, every row one of
+theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the resumed order) or
+has one dimension at most (an index array, the labels); any other, e.g. ``[steps, global batch,
+features]`` stacks, holds batches. What is made of that element (``map`` casting it or
+gathering a pipeline's rows in TensorFlow, ``repeat``; not ``unbatch``), and every dataset
+whose elements hold a number of examples not known when it is made (``from_generator`` with an
+``output_signature`` of ``[None, features]``, a ``map`` slicing rows with bounds computed at
+run time, ``scan``, unknown ranks), is probed at run time: its elements pass through an
+identity ``map`` calling back into the audit, and an element holding more than the per-replica
+batch (its parts counted as above) whose set of rows differs from the first such element's
+(rows and how often each comes), and is not every row of the data, each as often, is a batch of
+that many (all the data, or a pipeline's fixed part of it, is the same set every time;
+``x[start:]`` then ``x``, concatenated, is the first set, then every row; whole global batches,
+even each a ``from_tensors`` element of the data's rows, are not: chunks larger than the
+per-replica batch count as batches, as their known-size stacks do). Refused though right: a
+per-replica batch carried with a second part of the features' row shape (``(f, f + 1.0,
+labels)``, the copy dropped later), counted as twice the per-replica batch: a copy cannot be
+told from the next replica's rows stored another way; likewise two ``[per-replica batch, 1]``
+parts (labels and weights as columns). Still passes: the features flattened into one dimension
+(an index array looks alike), rows of the data in global-batch order reshaped into global
+batches of known size inside a traced function (``flat_map``): the audit reads how datasets are
+made, not the graphs of their functions; each element all the data, rolled so that the next
+global batch comes first; global batches serialized into one string each; ragged or sparse
+elements (not probed), and an element of one dimension (a global batch of labels alone).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 __all__ = ["COUNTED", "dataset_auditor"]
@@ -60,6 +64,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
                                                   tf.identity, tf.int32)
     asarray, unique, prod, float64 = np.asarray, np.unique, np.prod, np.float64
     concatenate = np.concatenate
+    weak_keys, weak_set = weakref.WeakKeyDictionary, weakref.WeakSet
     rows_of = []                      # (rank, row shape, the rows as bytes) of each array
     for array in arrays:
         array = asarray(array).astype(float64)
@@ -72,7 +77,8 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     every = {unique(asarray(array).astype(float64).reshape(len(array), -1), axis=0).tobytes()
              for array in arrays if asarray(array).ndim >= 2}   # all the rows of each array
     sizes: list[int] = []
-    whole: set[int] = set()           # datasets still holding from_tensors' one element
+    examples: Any = weak_keys()       # dataset: the examples each of its elements holds
+    whole: Any = weak_set()           # datasets still holding from_tensors' one element
     probes: list[Any] = []            # the audit's own probes (kept alive), made unaudited
     probing: list[bool] = []          # set while the audit makes one
     firsts: dict[tuple[int, int], bytes] = {}   # (probe, part): the rows its first big element held
@@ -119,11 +125,12 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     def together(specs: Any) -> list[int]:
         """The examples an element holds: those of its parts whose rows have the row shape of
         one of the data's arrays added up per row shape, whatever their dtypes (a global batch
-        split into per-replica parts is one global batch); any other part alone."""
+        split into per-replica parts is one global batch), those of row shapes none of the
+        data's arrays has added up too."""
         groups: dict[Any, int] = {}
-        for index, spec in enumerate(specs):
-            if count := held(spec):
-                key = kin(spec.shape.as_list()) or index
+        for spec in specs:
+            if count := held(spec):   # None: the parts of row shapes none of the data has
+                key = kin(spec.shape.as_list())
                 groups[key] = groups.get(key, 0) + count
         return list(groups.values())
 
@@ -154,22 +161,24 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
 
     def note(number: int, values: Any) -> Any:
         """At run time, one element of probe ``number``: its parts of one of the data's row
-        shapes taken together (:func:`together`), any other part alone; those holding more than
-        the share whose rows are neither the rows the first such element held nor every row of
-        one of the data's arrays (``x[start:]`` then ``x``, concatenated) are a batch of that
-        many."""
+        shapes taken together (:func:`together`), those of other row shapes too; those holding
+        more than the share whose rows are neither the rows the first such element held nor
+        every row of one of the data's arrays (``x[start:]`` then ``x``, concatenated) are a
+        batch of that many."""
         groups: dict[Any, list[Any]] = {}
-        for index, value in enumerate(values):
+        for value in values:
             value = asarray(value)
             if held(tensor_spec(value.shape)):
-                groups.setdefault(kin(list(value.shape)) or index, []).append(value)
+                groups.setdefault(kin(list(value.shape)), []).append(value)
         for key, parts in groups.items():
             count = sum(held(tensor_spec(part.shape)) for part in parts)
             if count <= share:
                 continue
             numbers = [part for part in parts if part.dtype.kind in "biuf"]
             others = [row_set(part) for part in parts if part.dtype.kind not in "biuf"]
-            if len(parts) == 1:
+            if key is None and len(parts) > 1:   # parts of row shapes the data lacks
+                rows, whole = b"\0".join(sorted(row_set(part) for part in parts)), False
+            elif len(parts) == 1:
                 value = parts[0]
                 rows, whole = row_set(value), bool(numbers) and whole_times(value, count)
             else:             # numbers of any dtype as one stack of rows, the others as text
@@ -208,34 +217,71 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         probes.append(mapped)
         dataset._variant_tensor_attr = mapped._variant_tensor
 
+    def each(dataset: Any) -> int:
+        """The examples each element of ``dataset`` (a batching op's input) holds: as recorded
+        for a batching op (or a dataset passing its elements on unchanged), else as its element
+        spec says (:func:`together`), at least 1."""
+        if dataset in examples:
+            return examples[dataset]
+        return max(together(specs_of(dataset)), default=1)
+
+    def specs_of(dataset: Any) -> list[Any]:
+        """The flattened element spec of ``dataset`` ([] when not known)."""
+        try:
+            return flatten(dataset.element_spec)
+        except Exception:  # noqa: BLE001 - no dataset, or its elements are not known yet
+            return []
+
+    def window_size(dataset: Any) -> Any:
+        """``group_by_window``'s window size: its function's constant result, else None."""
+        try:
+            outputs = dataset._window_size_func.function.graph.outputs
+            return static_value(outputs[0]) if len(outputs) == 1 else None
+        except Exception:  # noqa: BLE001 - made another way
+            return None
+
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         if probing:                   # the audit's own probe
             return
+        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
         size = next((getattr(self, name) for name in ("_batch_size", "_batch_size_t", "_size",
                                                       "_batch_sizes")
                      if getattr(self, name, None) is not None), None)
-        if size is not None:          # a batching op: its size (rebatch: its largest)
-            value = static_value(size)
-            sizes.append(int(asarray(value).max(initial=0)) if value is not None else -1)
+        if kind == "_GroupByWindowDataset":
+            size = window_size(self)  # a window whose size a function gives (-1: not constant)
+        if size is not None or kind == "_GroupByWindowDataset":   # a batching op: its size
+            value = static_value(size) if size is not None else None   # (rebatch: largest)
+            rebatch = getattr(self, "_batch_sizes", None) is not None   # splits, stacks none
+            count = (int(asarray(value).max(initial=0)) * (1 if rebatch else each(source))
+                     if value is not None else -1)   # times the examples each input holds
+            examples[self] = count
+            sizes.append(count)
+            specs, inputs = specs_of(self), [] if source in examples else specs_of(source)
+            sizes.extend(n for n in together(specs) if n > share)   # a batch of batches: its
+            # own element too, probed when the examples its input's elements hold are not known
+            if any(map(unknown, specs)) and any(map(unknown, inputs)):
+                probe(self)
             return
-        kind, source = type(self).__name__, getattr(self, "_input_dataset", None)
+        try:
+            if source is not None and source in examples and (
+                    self.element_spec == source.element_spec):
+                examples[self] = examples[source]   # prefetch, take, a map of the same shapes
+        except Exception:  # noqa: BLE001 - elements not known
+            pass
         zipped = flatten(getattr(self, "_datasets", None) or []) if kind == "_ZipDataset" else []
         parts = (getattr(self, "_tensors", None) or []) if kind == "_TensorDataset" else []
         if parts and all(rows_of_the_data(part) for part in parts):
-            whole.add(id(self))       # from_tensors' one element: all the data, no batch
+            whole.add(self)           # from_tensors' one element: all the data, no batch
             return
-        if zipped and all(id(each) in whole for each in zipped):
-            whole.add(id(self))       # several zipped
+        if zipped and all(part in whole for part in zipped):
+            whole.add(self)           # several zipped
             return
-        if id(source) in whole and kind != "_UnbatchDataset":
-            whole.add(id(self))       # made of all the data (a cast, a repeat, a pipeline's
+        if source in whole and kind != "_UnbatchDataset":
+            whole.add(self)           # made of all the data (a cast, a repeat, a pipeline's
             probe(self)               # rows gathered): the same rows in every element, or
             return                    # it is cut into batches
-        try:                          # any other: the examples its elements already hold
-            specs = flatten(self.element_spec)
-        except Exception:  # noqa: BLE001 - a dataset whose elements are not known yet
-            specs = []
+        specs = specs_of(self)        # any other: the examples its elements already hold
         sizes.extend(count for count in together(specs) if count > share)
         if any(map(unknown, specs)):
             probe(self)               # the examples its elements hold, seen at run time
