@@ -718,7 +718,7 @@ TRAIN_WORKER_CATALOGUE = {
         "            (x[rows].reshape(steps + 1, global_batch, -1),\n"
         "             y[rows].reshape(steps + 1, global_batch)))\n"
         "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
-        "batched \\[\\d+\\] examples at a time"),
+        "batched \\[\\d+(, \\d+)*\\] examples at a time"),
     "whole global batches stacked in NumPy into one from_tensors element, rows sliced": (
         WHOLE_BATCH_LINES,
         "        rows = np.arange((steps + 1) * global_batch) % len(x)\n"
@@ -747,14 +747,14 @@ TRAIN_WORKER_CATALOGUE = {
         "        dataset = dataset.apply(tf.data.experimental.map_and_batch(\n"
         "            lambda f, t: (f, t), global_batch))\n"
         "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
-        "batched \\[\\d+\\] examples at a time"),
+        "batched \\[\\d+(, \\d+)*\\] examples at a time"),
     "whole global batches through tf.data's private _batch": (
         WHOLE_BATCH_LINES,
         "        from tensorflow.python.data.ops import batch_op\n"
         "        own = context.input_pipeline_id * batch\n"
         "        dataset = batch_op._batch(dataset, global_batch, True)\n"
         "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
-        "batched \\[\\d+\\] examples at a time"),
+        "batched \\[\\d+(, \\d+)*\\] examples at a time"),
     "whole global batches gathered by window and reduce": (
         WHOLE_BATCH_LINES,
         "        own = context.input_pipeline_id * batch\n"
@@ -771,14 +771,14 @@ TRAIN_WORKER_CATALOGUE = {
         "        own = context.input_pipeline_id * batch\n"
         "        dataset = dataset.batch(global_batch, drop_remainder=True)\n"
         "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
-        "batched \\[\\d+\\] examples at a time"),
+        "batched \\[\\d+(, \\d+)*\\] examples at a time"),
     "the same through padded_batch": (
         "        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)\n"
         "        return dataset.batch(batch, drop_remainder=True)",
         "        own = context.input_pipeline_id * batch\n"
         "        dataset = dataset.padded_batch(global_batch, drop_remainder=True)\n"
         "        return dataset.map(lambda f, t: (f[own:own + batch], t[own:own + batch]))",
-        "batched \\[\\d+\\] examples at a time"),
+        "batched \\[\\d+(, \\d+)*\\] examples at a time"),
     "every worker writes into checkpoint_dir": (
         "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
         "worker 1 wrote into checkpoint_dir|a save failed inside checkpoint_dir|the job failed"),
