@@ -381,7 +381,7 @@ def _usual_message(worker: int, orders: np.ndarray, size: int) -> str | None:
     example's mean place there. A buffer of B never brings an example more than B - 1 places
     ahead of where its input had it, so that passes of one fixed arrangement then a small buffer
     (8, a quarter of the share) reach below size // 2 in that frame, which their mean places set
-    close to the arrangement (simulated: refused per worker 97% at 33 examples, more above). The
+    close to the arrangement (simulated: refused per worker 98% at 33-35 examples, more above). The
     last passes are drawn apart from that frame: a uniform shuffle of n examples reaches below
     k in a given frame with chance k**(n - k + 1) * (k - 1)! / n! (k = n // 2: at most 1.0e-3
     at these sizes, 33-71), so in each of the last 4 below 1e-12; a buffer of three quarters of
