@@ -16,8 +16,10 @@ cannot start a second in-process cluster) and verifies what the parameter server
   a fresh order, neither the stored order nor an earlier pass's (places and neighbours in common,
   :data:`~course_utils.grading.checks.worker_passes.SAME_ORDER`), nor, in every pass, the stored
   order rotated, reversed or read at a stride then shuffled a little (how far examples came in
-  the best such frame, :func:`~course_utils.grading.checks.worker_passes.turned_reach`), however
-  the dataset is made;
+  the best such frame, :func:`~course_utils.grading.checks.worker_passes.turned_reach`), nor,
+  in each of the last 4, the order the earlier passes set (each example's mean place) shuffled
+  a little (:func:`~course_utils.grading.checks.worker_passes.usual_reach`), however the
+  dataset is made;
   and in its graph (on each way from the worker's dataset down to a
   source, a branch of a ``zip`` or a ``concatenate`` included, that has a shuffle that
   reshuffles each pass a known number of elements, more than one, one of them must hold all its
@@ -32,12 +34,14 @@ cannot start a second in-process cluster) and verifies what the parameter server
   ways, each such shuffle must hold its whole input). Still passes: where a way's shuffles are of
   an unknown number of elements, a ``filter`` shard say, or a shuffle inside ``flat_map`` (its
   function is read only to exempt the slices below it), only how far examples move is read: a
-  buffer of three quarters of such a share passes; and more fresh passes than the check draws,
-  then stored order (``repeat(32)``), from a source the graph does not list (a ``counter``,
-  slices made inside a ``flat_map``): no number of passes read rules out a larger one; passes
+  hidden buffer of more than half of such a share (three quarters, say) passes; and more
+  fresh passes than the check draws, then stored order (``repeat(32)``), from a source the
+  graph does not list (a ``counter``, slices made inside a ``flat_map``): no number of passes
+  read rules out a larger one; passes
   each another fixed arrangement shuffled a little (drawn from a table of orders, or a stride
-  with a buffer of a third to a half of the share): only rotations, reflections and strides are
-  tried as frames, and a uniform shuffle too is some arrangement. And
+  with a buffer of a third to a half of the share): a frame is tried only where it is set apart
+  from the passes it judges (rotations, reflections and strides; the earlier passes' order for
+  the last 4), as a uniform shuffle too is some arrangement in the frame its own pass sets. And
   every batch full although a worker's share does not fill its last batch; the second case
   is a job sized for one worker more than run (one joins later), so that shards cut by the
   notebook's worker count instead of ``num_workers`` read too much;

@@ -5,7 +5,8 @@ the worker), what is wrong with its first passes (:func:`passes_message`), and w
 of many passes of another iterator is a fresh order (:func:`fresh_passes_message`: groups of
 examples shuffled whole keep their neighbours in every pass, however the graph counts them;
 nor, every one, the stored order rotated, reversed or strided then shuffled a little:
-:func:`turned_reach`)."""
+:func:`turned_reach`; nor, each of the last few, the order the earlier passes set shuffled a
+little: :func:`usual_reach`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["SAME_ORDER", "batches_per_worker", "fresh_passes_message", "passes_message", "reach",
-           "shuffles_of", "turned_reach", "unshuffled_share"]
+           "shuffles_of", "turned_reach", "unshuffled_share", "usual_reach"]
 
 
 _SHUFFLES = frozenset(("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
@@ -307,7 +308,8 @@ def fresh_passes_message(worker: int, stream: list[int], own: set[int], order: l
     neighbours = ((after[:, None, :] == after[None, :, :]) & (after[:, None, :] >= 0)).sum(axis=2)
     common = np.triu(np.maximum(places, neighbours), k=1)
     if common.max() < SAME_ORDER:
-        return _arranged_message(worker, orders[1:], size)
+        return _arranged_message(worker, orders[1:], size) or _usual_message(
+            worker, orders[1:], size)
     first, later = (int(k) for k in np.argwhere(common >= SAME_ORDER)[0])
     than = "their stored order" if first == 0 else f"the order of pass {first}"
     return (f"worker {worker}'s pass {later} keeps too much of {than}: "
@@ -355,3 +357,42 @@ def _arranged_message(worker: int, orders: np.ndarray, size: int) -> str | None:
             f"{max(reaches)} place(s) ahead of where that arrangement had it: a fixed "
             "arrangement shuffled a little, not a shuffle of the whole share. A buffer of B "
             "never brings an example more than B - 1 places earlier (lesson 01, section 7)")
+
+
+#: The passes the check tests against the frame its earlier passes set (:func:`usual_reach`).
+LATER = 4
+
+
+def usual_reach(orders: np.ndarray) -> np.ndarray:
+    """How far ahead (at most) the examples came in each of the last :data:`LATER` passes of
+    ``orders`` (``orders[k, i]``: the example at place i of pass k) in the frame the passes
+    before set: the examples sorted by their mean place over those passes."""
+    before = len(orders) - LATER
+    mean = np.argsort(orders[:before], axis=1).mean(axis=0)  # each example's mean place
+    frame = np.argsort(mean, kind="stable")
+    later = np.argsort(orders[before:], axis=1)  # later[k, e]: the place of example e in pass k
+    return (np.arange(orders.shape[1])[None, :] - later[:, frame]).max(axis=1)
+
+
+def _usual_message(worker: int, orders: np.ndarray, size: int) -> str | None:
+    """Refuses passes that are each one fixed arrangement shuffled a little, whatever it is.
+
+    The frame is read from all passes but the last :data:`LATER` (at least 4 of them): each
+    example's mean place there. A buffer of B never brings an example more than B - 1 places
+    ahead of where its input had it, so that passes of one fixed arrangement then a small buffer
+    (8, a quarter of the share) reach below size // 2 in that frame, which their mean places set
+    close to the arrangement (simulated: refused per worker 98% at 33-35 examples, more above). The
+    last passes are drawn apart from that frame: a uniform shuffle of n examples reaches below
+    k in a given frame with chance k**(n - k + 1) * (k - 1)! / n! (k = n // 2: at most 1.0e-3
+    at these sizes, 33-71), so in each of the last 4 below 1e-12; a buffer of three quarters of
+    the share, below 0.005 per pass (simulated), so in each of the last 4 below 1e-9."""
+    if len(orders) < 2 * LATER:
+        return None
+    reaches = usual_reach(orders)
+    if reaches.max() >= size // 2:
+        return None
+    return (f"each of worker {worker}'s last {LATER} passes has every example at most "
+            f"{reaches.max()} place(s) ahead of its usual place (the order of its mean places "
+            f"over the {len(orders) - LATER} passes before): a fixed arrangement shuffled a "
+            "little, not a shuffle of the whole share. A buffer of B never brings an example "
+            "more than B - 1 places earlier (lesson 01, section 7)")
