@@ -164,8 +164,8 @@ def _independence_problem(noise: np.ndarray) -> str | None:
     makes it 1), moving it (an example's 32 values in one epoch, their sizes sorted, within
     1e-4 of another's or its own of the other epoch: at most 32! × (2e-4 × 8)**32 a pair, 8
     bounding the density of a value's size, by chance once in 10**49 over the 8128 pairs; noise
-    moved along the features, sign-flipped,
-    or handed to another example the next epoch makes them equal) or making it of others'
+    moved along the features, sign-flipped, or handed to another example the next epoch makes
+    them equal) or making it of others'
     (an example's 64 values fitted on the two it correlates with most: a fit explaining over
     90 % of them comes by chance 0.1**31 a pair, once in 10**25 over 64 × 1953; noise mixed
     from two examples' is fitted in full)."""
