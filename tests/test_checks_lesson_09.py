@@ -712,6 +712,26 @@ def _noise_shared_by_examples(every):
     return pipeline
 
 
+def _noise_made_of_others(how):
+    """``augment`` on each batch, every other example's noise replaced by its neighbour's moved
+    one feature along (``"rolled"``) or by its two neighbours' mixed, (n_{i-1} + n_{i+1}) / √2:
+    each example's spread is one augment's, no two examples' noise correlates over 0.9."""
+    import tensorflow as tf
+
+    def pipeline(records, read, augment, batch_size):
+        def made(x, y):
+            noisy, _ = augment(x, y)
+            noise = noisy - x
+            before = tf.roll(noise, 1, axis=0)
+            other = (tf.roll(before, 1, axis=1) if how == "rolled"
+                     else (before + tf.roll(noise, -1, axis=0)) / 2**0.5)
+            odd = (tf.range(tf.shape(x)[0]) % 2 == 1)[:, None]
+            return x + tf.where(odd, other, noise), y
+
+        return records.map(read).cache().batch(batch_size).map(made).prefetch(1)
+    return pipeline
+
+
 @pytest.mark.parametrize(("wrong", "message"), [
     (lambda r, read, augment, b: r.cache().map(read).map(augment).batch(b),
      "read each example once"),
@@ -751,13 +771,19 @@ def _noise_shared_by_examples(every):
                                       r"example \(a correlation of 1\.00"),
     (_noise_shared_by_examples(4), r"some examples got the same noise as others \(a "
                                    r"correlation of 1\.00"),
+    (_noise_made_of_others("rolled"), r"some examples got noise another example had, or they "
+                                      r"had in the other epoch \(the same values, moved"),
+    (_noise_made_of_others("mixed"), r"some examples' noise is made of other examples' \(two "
+                                     r"others' explain 100% of it"),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
         "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
         "the colleague's first try", "the colleague's second try",
         "the second try shuffled", "the second try and augment after the cache",
         "the same, shuffled after the cache", "augment twice after the cache",
         "augment on 4 of 5 examples", "augment on 24 of 32 features",
-        "one noise value per example", "every fourth example its neighbour's noise"])
+        "one noise value per example", "every fourth example its neighbour's noise",
+        "every other example its neighbour's noise moved along",
+        "every other example its neighbours' noise mixed"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)

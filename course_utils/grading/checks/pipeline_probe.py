@@ -110,7 +110,7 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
     yields minus the examples) is put in the examples' order (by label: a shuffle is the
     learner's to add). Every feature of every example, each epoch, gets its own noise: no two
     features' noise alike over the examples (a correlation over 0.9 on 48 to 128 values comes
-    by chance once in 10**15; a noise value drawn per example and given to all its features
+    by chance once in 10**14; a noise value drawn per example and given to all its features
     makes it 1), under 1e-4 on about 0.08 % of them (1.2 to 3.3 of the 1536 to 4096 values;
     over 20, fewer than one example's 32 features left unchanged in one epoch, comes by chance
     once in 10**10), and no two examples' noise alike (``_independence_problem``). Then the
@@ -161,7 +161,14 @@ def _independence_problem(noise: np.ndarray) -> str | None:
     constant feature is left to the next test), features left unchanged, or examples sharing
     their noise (over an example's 64 values of the two epochs, a correlation over 0.9 comes by
     chance once in 10**20 over the 2016 pairs of 64 examples; an example given another's noise
-    makes it 1)."""
+    makes it 1), moving it (an example's 32 values in one epoch, their sizes sorted, within
+    1e-4 of another's or its own of the other epoch: at most 32! × (2e-4 × 8)**32 a pair, 8
+    bounding the density of a value's size, by chance once in 10**49 over the 8128 pairs; noise
+    moved along the features, sign-flipped, or handed to another example the next epoch makes
+    them equal) or making it of others'
+    (an example's 64 values fitted on the two it correlates with most: a fit explaining over
+    90 % of them comes by chance 0.1**31 a pair, once in 10**25 over 64 × 1953; noise mixed
+    from two examples' is fitted in full)."""
     columns = noise.reshape(-1, noise.shape[-1])
     alike = _most_alike(columns.T)
     if alike > 0.9:
@@ -180,7 +187,39 @@ def _independence_problem(noise: np.ndarray) -> str | None:
         return (f"some examples got the same noise as others (a correlation of {alike:.2f} "
                 "over their features in both epochs; augment's noise is drawn for each "
                 "example apart): apply augment to every example, not to part of them")
+    if _nearest_sorted(noise.reshape(-1, noise.shape[-1])) < 1e-4:
+        return ("some examples got noise another example had, or they had in the other epoch "
+                "(the same values, moved among the features or sign-flipped; augment's noise "
+                "is drawn for each example apart, each epoch): apply augment to every example, "
+                "each epoch, and keep its noise where it put it")
+    fitted = _best_two_fit(noise.transpose(1, 0, 2).reshape(noise.shape[1], -1))
+    if fitted > 0.9:
+        return (f"some examples' noise is made of other examples' (two others' explain "
+                f"{fitted:.0%} of it; augment's noise is drawn for each example apart): apply "
+                "augment to every example, not to part of them")
     return None
+
+
+def _nearest_sorted(rows: np.ndarray) -> float:
+    """The least largest difference between two of ``rows``' sorted absolute values."""
+    ranked = np.sort(np.abs(rows), axis=1)
+    gaps = np.abs(ranked[:, None, :] - ranked[None, :, :]).max(axis=-1)
+    np.fill_diagonal(gaps, np.inf)
+    return float(gaps.min())
+
+
+def _best_two_fit(rows: np.ndarray) -> float:
+    """The largest share of a row (uncentred R²: noise has mean 0) that a least-squares fit on
+    the two other rows it correlates with most explains."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        alike = np.nan_to_num(np.abs(np.corrcoef(rows)), nan=0.0)
+    np.fill_diagonal(alike, -1.0)
+    best = 0.0
+    for i, row in enumerate(rows):
+        basis = rows[np.argsort(-alike[i])[:2]].T
+        rest = row - basis @ np.linalg.lstsq(basis, row, rcond=None)[0]
+        best = max(best, 1.0 - float(rest @ rest) / max(float(row @ row), 1e-30))
+    return best
 
 
 def _most_alike(rows: np.ndarray) -> float:
