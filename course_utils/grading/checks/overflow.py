@@ -10,7 +10,7 @@ whose output is finite (ReLU makes its negative pre-activations 0). Every batch 
 loud rows, which ReLU zeroes in the first layer (the largest examples of every batch but those
 whose outlier rows are scaled past them): an answer that looks only at the largest example
 misses the overflow. Each model also gets up to two batches with every row but the loud ones
-scaled (two in each of 32 draws; one model none in 1 draw of 46),
+scaled (two in each of 44 draws; one model none in 1 draw of 46),
 each by its own factor and below them: the row left to overflow is one that does so at the
 smallest size (the largest gain), the others are scaled to just below overflow; in the first, 9
 to 15 of them shrink below it (fewer where under 10 would stay above it): no row stands out, so an
