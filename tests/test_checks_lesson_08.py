@@ -659,7 +659,8 @@ def _per_row_firsts(model, x, keras):
 
 def test_answers_that_merge_rows_or_strided_halves_wrongly_fail(keras, tf, monkeypatch):
     # on the same cases (built at most three times: the strided halves passed 2 draws in 100):
-    # the smallest name is not the earliest layer (names sort in another order), the layer
+    # neither the smallest nor the largest name is the earliest layer in both models (one
+    # model's names ascend in layer order, the other's descend), the layer
     # most rows overflow at is not the answer (a third row at the later row's layer), and
     # x[::2]'s answer before x[1::2]'s (or after) misses a batch whose rows differ in parity
     from course_utils.grading.checks import overflow
@@ -675,6 +676,11 @@ def test_answers_that_merge_rows_or_strided_halves_wrongly_fail(keras, tf, monke
                 lambda model, x: min(_per_row_firsts(model, x, keras), default=None),
             "the smallest name of the two halves": lambda model, x: min(
                 [name for name in (first(model, x[:16]), first(model, x[16:])) if name],
+                default=None),
+            "the largest name over the rows":
+                lambda model, x: max(_per_row_firsts(model, x, keras), default=None),
+            "the largest name of the strided halves": lambda model, x: max(
+                [name for name in (first(model, x[::2]), first(model, x[1::2])) if name],
                 default=None),
             "the layer most rows overflow at": most_common,
             "even rows' answer first": lambda model, x: first(model, x[::2])
