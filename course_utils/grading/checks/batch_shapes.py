@@ -323,12 +323,13 @@ def counted_stages(calls: dict[str, Any], seed: int) -> tuple[Callable[[Any], An
     ``calls["by"]``, the token of the decode op that made each (None: an eager call), returns
     ``10x``) and
     ``augment`` (adds a random offset in [0, 1) from a generator whose state moves on every
-    call)."""
+    call; ``calls["draws"]()``: its draws so far)."""
     from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
     generator = tf.random.Generator.from_seed(seed)
     calls.setdefault("by", [])
+    calls["draws"] = lambda: int(generator.state.numpy()[0]) // 256  # a scalar draw: +256
     made: list[str | None] = []  # the token of every decode op made, in order
 
     def count_and_decode(value: Any, op: int) -> Any:

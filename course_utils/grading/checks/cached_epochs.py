@@ -27,11 +27,12 @@ def cached_verifier(count: int, batch_size: int, buffer: int,
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, import_tensorflow().data.Dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        epochs, decoded = [], []
+        epochs, decoded, draws = [], [], []
         for _ in range(2):
-            before = calls["decode"]
+            before, drawn = calls["decode"], calls["draws"]()
             batches = _batches(dataset)
             decoded.append(calls["decode"] - before)
+            draws.append(calls["draws"]() - drawn)
             problem = _size_problem(batches, count, batch_size)
             if problem:
                 return problem
@@ -59,6 +60,22 @@ def cached_verifier(count: int, batch_size: int, buffer: int,
         if np.array_equal(np.sort(epochs[0]), np.sort(epochs[1])):  # whatever the order
             return ("the two epochs hold the same augmented elements (in any order): the cache "
                     "froze the augmentation")
+        if not draws[0] and not draws[1]:  # fresh values, but augment's generator stood still
+            return ("augment never ran in two epochs (its generator drew nothing): the "
+                    "elements' noise is not augment's")
+        if not draws[1]:
+            return (f"augment drew {draws[0]} offsets in epoch 1 and none in epoch 2: the cache "
+                    "froze the augmentation (epoch 2's noise is not augment's)")
+        if draws[0] != draws[1]:
+            return (f"augment drew {draws[0]} offsets in epoch 1 and {draws[1]} in epoch 2: "
+                    "does a cache keep some augmented elements? Augment anew every epoch")
+        offsets = [epoch - 10 * np.floor(epoch / 10) for epoch in epochs]  # exact (Sterbenz)
+        if not all(((0 <= o) & (o < 1)).all() for o in offsets):
+            return "some elements are not 10 × their record plus one augment offset in [0, 1)"
+        spreads = [np.ptp(b - 10 * np.floor(b / 10)) for b in batches if len(b) > 1]  # epoch 2
+        if max(spreads) < 1e-4:  # one offset's rounding: < 6e-5; a right answer's: P < 1e-16
+            return ("the elements of each batch got the same augment offset (augment ran on "
+                    "whole batches?): augment every record")
         if orders[0] == list(range(count)):
             return "the records came in their stored order: shuffle them"
         if orders[0] == orders[1]:
