@@ -323,13 +323,20 @@ def counted_stages(calls: dict[str, Any], seed: int) -> tuple[Callable[[Any], An
     ``calls["by"]``, the token of the decode op that made each (None: an eager call), returns
     ``10x``) and
     ``augment`` (adds a random offset in [0, 1) from a generator whose state moves on every
-    call; ``calls["draws"]()``: its draws so far)."""
+    call; ``calls["drawn"](calls["state"]())`` later: its offsets drawn since)."""
     from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
     generator = tf.random.Generator.from_seed(seed)
     calls.setdefault("by", [])
-    calls["draws"] = lambda: int(generator.state.numpy()[0]) // 256  # a scalar draw: +256
+    calls["state"] = lambda: generator.state.numpy().copy()
+
+    def drawn(since: Any) -> Any:  # augment's offsets drawn since the state ``since``, again
+        again = tf.random.Generator.from_state(since, generator.algorithm)
+        count = (int(generator.state.numpy()[0]) - int(since[0])) // 256  # a scalar draw: +256
+        return np.array([again.uniform([], 0.0, 1.0).numpy() for _ in range(count)])
+
+    calls["drawn"] = drawn
     made: list[str | None] = []  # the token of every decode op made, in order
 
     def count_and_decode(value: Any, op: int) -> Any:

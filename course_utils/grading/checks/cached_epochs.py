@@ -29,10 +29,10 @@ def cached_verifier(count: int, batch_size: int, buffer: int,
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
         epochs, decoded, draws = [], [], []
         for _ in range(2):
-            before, drawn = calls["decode"], calls["draws"]()
+            before, since = calls["decode"], calls["state"]()
             batches = _batches(dataset)
             decoded.append(calls["decode"] - before)
-            draws.append(calls["draws"]() - drawn)
+            draws.append(calls["drawn"](since))  # augment's offsets drawn in this epoch
             problem = _size_problem(batches, count, batch_size)
             if problem:
                 return problem
@@ -60,19 +60,23 @@ def cached_verifier(count: int, batch_size: int, buffer: int,
         if np.array_equal(np.sort(epochs[0]), np.sort(epochs[1])):  # whatever the order
             return ("the two epochs hold the same augmented elements (in any order): the cache "
                     "froze the augmentation")
-        if not draws[0] and not draws[1]:  # fresh values, but augment's generator stood still
+        drew = [len(offsets) for offsets in draws]  # fresh values, but whose noise?
+        if drew == [0, 0]:
             return ("augment never ran in two epochs (its generator drew nothing): the "
                     "elements' noise is not augment's")
-        if not draws[1]:
-            return (f"augment drew {draws[0]} offsets in epoch 1 and none in epoch 2: the cache "
+        if not drew[1]:
+            return (f"augment drew {drew[0]} offsets in epoch 1 and none in epoch 2: the cache "
                     "froze the augmentation (epoch 2's noise is not augment's)")
-        if draws[0] != draws[1]:
-            return (f"augment drew {draws[0]} offsets in epoch 1 and {draws[1]} in epoch 2: "
-                    "does a cache keep some augmented elements? Augment anew every epoch")
-        offsets = [epoch - 10 * np.floor(epoch / 10) for epoch in epochs]  # exact (Sterbenz)
-        if not all(((0 <= o) & (o < 1)).all() for o in offsets):
-            return "some elements are not 10 × their record plus one augment offset in [0, 1)"
-        spreads = [np.ptp(b - 10 * np.floor(b / 10)) for b in batches if len(b) > 1]  # epoch 2
+        if drew[0] != drew[1]:
+            return (f"augment drew {drew[0]} offsets in epoch 1 and {drew[1]} in epoch 2: does "
+                    "a cache keep some augmented elements? Augment anew every epoch")
+        for epoch, (elements, offsets) in enumerate(zip(epochs, draws, strict=True), 1):
+            away = np.abs(elements % 10 - offsets[:, None]).min(axis=0) >= 1e-4  # rounding:
+            if away.any():  # < 6.2e-5 (10 × record < 1024)
+                return (f"{away.sum()} of epoch {epoch}'s {count} elements are not 10 × their "
+                        "record plus one of the offsets augment drew in that epoch: whose "
+                        "noise do they carry?")
+        spreads = [np.ptp(batch % 10) for batch in batches if len(batch) > 1]  # epoch 2
         if max(spreads) < 1e-4:  # one offset's rounding: < 6e-5; a right answer's: P < 1e-16
             return ("the elements of each batch got the same augment offset (augment ran on "
                     "whole batches?): augment every record")
