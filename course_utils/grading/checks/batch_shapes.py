@@ -327,14 +327,16 @@ def counted_stages(calls: dict[str, Any], seed: int) -> tuple[Callable[[Any], An
     from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
-    generator = tf.random.Generator.from_seed(seed)
+    generator = tf.random.Generator.from_seed(seed, tf.random.Algorithm.PHILOX)
     calls.setdefault("by", [])
     calls["state"] = lambda: generator.state.numpy().copy()
 
-    def drawn(since: Any) -> Any:  # augment's offsets drawn since the state ``since``, again
-        again = tf.random.Generator.from_state(since, generator.algorithm)
-        count = (int(generator.state.numpy()[0]) - int(since[0])) // 256  # a scalar draw: +256
-        return np.array([again.uniform([], 0.0, 1.0).numpy() for _ in range(count)])
+    def drawn(since: Any) -> Any:  # augment's offsets drawn since the state ``since``, again:
+        count = (int(generator.state.numpy()[0]) - int(since[0])) // 256  # Philox (counter,
+        flat = tf.raw_ops.StatelessRandomUniformV2(  # key): a scalar draw moves the counter
+            shape=[1024 * count], key=since[2:].astype(np.uint64),  # 256, 4 floats each
+            counter=since[:2].astype(np.uint64), alg=1, dtype=tf.float32)  # 1: Philox
+        return flat.numpy()[::1024]
 
     calls["drawn"] = drawn
     made: list[str | None] = []  # the token of every decode op made, in order
