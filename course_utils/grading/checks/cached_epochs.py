@@ -1,10 +1,10 @@
 """Lesson 01, exercise 3 (cache before augmenting): two epochs and more of a learner's cached
 pipeline judged: every record once per epoch, decodes counted (once over two epochs, by a decode
 op upstream of a tf.data cache), augmentation and order that change every epoch (every element
-carries one of the offsets augment drew in its epoch, replayed from augment's generator; one per
-record: not one a batch), the shuffle's
-reach for the buffer given (``shuffle_order``), every other step keeping the order (no
-``deterministic=False``: a cache after such a decode keeps its finish order)."""
+carries one of the offsets augment drew in its epoch, replayed from augment's generator, one a
+record, not one a batch), the shuffle's reach for the buffer given (``shuffle_order``), every
+other step keeping the order (no ``deterministic=False``: a cache after such a decode keeps its
+finish order)."""
 
 from __future__ import annotations
 
