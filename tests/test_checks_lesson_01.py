@@ -798,8 +798,45 @@ def _augmented_then_cached_prefetched(records, decode, augment, b, buffer):
     return _augmented_then_cached(records, decode, augment, b, buffer).prefetch(tf.data.AUTOTUNE)
 
 
+def _augmented_then_cached_jittered(records, decode, augment, b, buffer):  # noise of its own
+    import tensorflow as tf  # after the cache: fresh values, augment's frozen
+
+    frozen = records.map(decode).map(augment).cache().shuffle(buffer)
+    return frozen.map(lambda x: x + tf.random.uniform([], 0.0, 1e-3)).batch(b)
+
+
+def _noise_of_its_own(records, decode, augment, b, buffer):  # augment never called
+    import tensorflow as tf
+
+    decoded = records.map(decode).cache().shuffle(buffer)
+    return decoded.map(lambda x: x + tf.random.uniform([])).batch(b)
+
+
+def _augment_its_noise_dropped(records, decode, augment, b, buffer):  # augment called for show
+    import tensorflow as tf
+
+    decoded = records.map(decode).cache().shuffle(buffer)
+    return decoded.map(lambda x: tf.floor(augment(x)) + tf.random.uniform([])).batch(b)
+
+
+def _augmented_before_and_after_the_cache(records, decode, augment, b, buffer):
+    return records.map(decode).map(augment).cache().shuffle(buffer).map(augment).batch(b)
+
+
+def _augmented_per_batch(records, decode, augment, b, buffer):  # one offset per batch
+    return records.map(decode).cache().shuffle(buffer).batch(b).map(augment)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_given, "froze the augmentation"),
+    (_augmented_then_cached_jittered, r"augment drew \d+ offsets in epoch 1 and none in epoch 2: "
+                                      "the cache froze the augmentation"),
+    (_noise_of_its_own, "augment never ran in two epochs"),
+    (_augment_its_noise_dropped, "elements are not 10 × their record plus one of the offsets "
+                                 "augment drew in that epoch"),
+    (_augmented_before_and_after_the_cache, r"augment drew \d+ offsets in epoch 1 and \d+ in "
+                                            "epoch 2: does a cache keep some augmented"),
+    (_augmented_per_batch, "each batch got the same augment offset"),
     (_augmented_then_cached, "same augmented elements .*froze the augmentation"),
     (_fused_then_cached, "froze the augmentation"),
     (_augmented_then_cached_prefetched, "froze the augmentation"),

@@ -323,12 +323,22 @@ def counted_stages(calls: dict[str, Any], seed: int) -> tuple[Callable[[Any], An
     ``calls["by"]``, the token of the decode op that made each (None: an eager call), returns
     ``10x``) and
     ``augment`` (adds a random offset in [0, 1) from a generator whose state moves on every
-    call)."""
+    call; ``calls["drawn"](calls["state"]())`` later: its offsets drawn since)."""
     from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
-    generator = tf.random.Generator.from_seed(seed)
+    generator = tf.random.Generator.from_seed(seed, tf.random.Algorithm.PHILOX)
     calls.setdefault("by", [])
+    calls["state"] = lambda: generator.state.numpy().copy()
+
+    def drawn(since: Any) -> Any:  # augment's offsets drawn since the state ``since``, again:
+        count = (int(generator.state.numpy()[0]) - int(since[0])) // 256  # Philox (counter,
+        flat = tf.raw_ops.StatelessRandomUniformV2(  # key): a scalar draw moves the counter
+            shape=[1024 * count], key=since[2:].astype(np.uint64),  # 256, 4 floats each
+            counter=since[:2].astype(np.uint64), alg=1, dtype=tf.float32)  # 1: Philox
+        return flat.numpy()[::1024]
+
+    calls["drawn"] = drawn
     made: list[str | None] = []  # the token of every decode op made, in order
 
     def count_and_decode(value: Any, op: int) -> Any:

@@ -1,8 +1,10 @@
 """Lesson 01, exercise 3 (cache before augmenting): two epochs and more of a learner's cached
 pipeline judged: every record once per epoch, decodes counted (once over two epochs, by a decode
-op upstream of a tf.data cache), augmentation and order that change every epoch, the shuffle's
-reach for the buffer given (``shuffle_order``), every other step keeping the order (no
-``deterministic=False``: a cache after such a decode keeps its finish order)."""
+op upstream of a tf.data cache), augmentation and order that change every epoch (every element
+carries one of the offsets augment drew in its epoch, replayed from augment's generator, one a
+record, not one a batch), the shuffle's reach for the buffer given (``shuffle_order``), every
+other step keeping the order (no ``deterministic=False``: a cache after such a decode keeps its
+finish order)."""
 
 from __future__ import annotations
 
@@ -27,11 +29,12 @@ def cached_verifier(count: int, batch_size: int, buffer: int,
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, import_tensorflow().data.Dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        epochs, decoded = [], []
+        epochs, decoded, draws = [], [], []
         for _ in range(2):
-            before = calls["decode"]
+            before, since = calls["decode"], calls["state"]()
             batches = _batches(dataset)
             decoded.append(calls["decode"] - before)
+            draws.append(calls["drawn"](since))  # augment's offsets drawn in this epoch
             problem = _size_problem(batches, count, batch_size)
             if problem:
                 return problem
@@ -59,6 +62,26 @@ def cached_verifier(count: int, batch_size: int, buffer: int,
         if np.array_equal(np.sort(epochs[0]), np.sort(epochs[1])):  # whatever the order
             return ("the two epochs hold the same augmented elements (in any order): the cache "
                     "froze the augmentation")
+        drew = [len(offsets) for offsets in draws]  # fresh values, but whose noise?
+        if drew == [0, 0]:
+            return ("augment never ran in two epochs (its generator drew nothing): the "
+                    "elements' noise is not augment's")
+        if not drew[1]:
+            return (f"augment drew {drew[0]} offsets in epoch 1 and none in epoch 2: the cache "
+                    "froze the augmentation (epoch 2's noise is not augment's)")
+        if drew[0] != drew[1]:
+            return (f"augment drew {drew[0]} offsets in epoch 1 and {drew[1]} in epoch 2: does "
+                    "a cache keep some augmented elements? Augment anew every epoch")
+        for epoch, (elements, offsets) in enumerate(zip(epochs, draws, strict=True), 1):
+            away = np.abs(elements % 10 - offsets[:, None]).min(axis=0) >= 1e-4  # rounding:
+            if away.any():  # < 6.2e-5 (10 × record < 1024)
+                return (f"{away.sum()} of epoch {epoch}'s {count} elements are not 10 × their "
+                        "record plus one of the offsets augment drew in that epoch: whose "
+                        "noise do they carry?")
+        spreads = [np.ptp(batch % 10) for batch in batches if len(batch) > 1]  # epoch 2
+        if max(spreads) < 1e-4:  # one offset's rounding: < 6e-5; a right answer's: P < 1e-16
+            return ("the elements of each batch got the same augment offset (augment ran on "
+                    "whole batches?): augment every record")
         if orders[0] == list(range(count)):
             return "the records came in their stored order: shuffle them"
         if orders[0] == orders[1]:

@@ -438,8 +438,8 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         waited = reads["waited"]  # the grace a busy machine's late reads were given
         broken_s = train_epoch(without_default_optimizations(broken()), reads, first, count)[2]
         print(f"   half a batch or more was read during {share:.0%} of the steps; an epoch took "
-              f"{seconds:.2f} s ({waited:.2f} s of it waiting for late reads), the broken "
-              f"pipeline's {broken_s:.2f} s (×{broken_s / seconds:.2f}, at most about ×2 idle)")
+              f"{seconds:.2f} s ({waited:.2f} s of it waiting for late reads), the broken one "
+              f"{broken_s:.2f} s (×{broken_s / seconds:.2f}; usually ×1.6–1.8, varies when busy)")
         return None
 
     case = Case(args=(records(), read, BATCH_SIZE),

@@ -23,9 +23,10 @@
   buffer, or fixed windows of b each shuffled, fail).
 * ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted,
   and a tf.data cache in the pipeline's graph: a decode memoised in Python is no cache),
-  augmentation and order that change every epoch (a cache after the shuffle freezes it), every
-  record once per epoch, and a shuffle with the buffer given (all records: one count/2 early;
-  a smaller buffer b, second case: over eight epochs, as for ``check_shuffled_batches``).
+  augmentation and order that change every epoch (a cache after the shuffle freezes it; each
+  element carries an offset augment drew in its epoch, one a record), every record once per
+  epoch, and a shuffle with the buffer given (all records: one count/2 early; a smaller buffer
+  b, second case: over eight epochs, as for ``check_shuffled_batches``).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
   ``map`` – an image stored as its raw bytes (decoded, reshaped, scaled to [0, 1]: the lesson
   parsed a float list), a label and a weight that some records lack (default 1.0).
