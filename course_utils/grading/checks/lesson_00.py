@@ -64,6 +64,7 @@ from course_utils.grading.checks.read_ahead import (
     GRACE_S,
     READ_WAIT_S,
     batches_problem,
+    epoch_summary,
     overlap_problem,
     train_epoch,
 )
@@ -437,9 +438,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
         waited = reads["waited"]  # the grace a busy machine's late reads were given
         broken_s = train_epoch(without_default_optimizations(broken()), reads, first, count)[2]
-        print(f"   half a batch or more was read during {share:.0%} of the steps; an epoch took "
-              f"{seconds:.2f} s ({waited:.2f} s of it waiting for late reads), the broken one "
-              f"{broken_s:.2f} s (×{broken_s / seconds:.2f}; usually ×1.6–1.8, varies when busy)")
+        print(epoch_summary(share, seconds, waited, broken_s))
         return None
 
     case = Case(args=(records(), read, BATCH_SIZE),

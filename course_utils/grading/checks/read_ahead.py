@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["BATCH_SIZE", "GRACE_S", "MIN_READ_AHEAD_SHARE", "READ_WAIT_S", "STEP_WAIT_S",
-           "batches_problem", "overlap_problem", "train_epoch"]
+           "batches_problem", "epoch_summary", "overlap_problem", "train_epoch"]
 
 
 #: Per-element read and per-batch step waits in ``check_overlapped_pipeline`` (seconds).
@@ -95,3 +95,15 @@ def batches_problem(batches: list[np.ndarray], expected: np.ndarray) -> str | No
     if not np.array_equal(np.concatenate(batches), expected):
         return "the elements differ from the broken pipeline's, or came in another order"
     return None
+
+
+def epoch_summary(share: float, seconds: float, waited: float, broken_s: float) -> str:
+    """The line a passing answer is shown: its share of steps with half a batch read during
+    them, its epoch's seconds (the check's waits for late reads among them) beside the broken
+    pipeline's, and the speed-up at best (reads and steps fully overlapped)."""
+    read_s = BATCH_SIZE * READ_WAIT_S  # a batch's reads
+    best = (read_s + STEP_WAIT_S) / max(read_s, STEP_WAIT_S)
+    return (f"   half a batch or more was read during {share:.0%} of the steps; an epoch took "
+            f"{seconds:.2f} s ({waited:.2f} s of it waiting for late reads), the broken one "
+            f"{broken_s:.2f} s (×{broken_s / seconds:.2f}; ×{best:.0f} at best, reads and steps "
+            "overlapped whole; a busy machine's timings vary)")
