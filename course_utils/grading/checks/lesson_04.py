@@ -34,14 +34,16 @@ cannot start a second in-process cluster) and verifies what the parameter server
   ways, each such shuffle must hold its whole input). Still passes: where a way's shuffles are of
   an unknown number of elements, a ``filter`` shard say, or a shuffle inside ``flat_map`` (its
   function is read only to exempt the slices below it), only how far examples move is read: a
-  hidden buffer of more than half of such a share (three quarters, say) passes; and more
-  fresh passes than the check draws, then stored order (``repeat(32)``), from a source the
-  graph does not list (a ``counter``, slices made inside a ``flat_map``): no number of passes
-  read rules out a larger one; passes
-  each another fixed arrangement shuffled a little (drawn from a table of orders, or a stride
-  with a buffer of a third to a half of the share): a frame is tried only where it is set apart
-  from the passes it judges (rotations, reflections and strides; the earlier passes' order for
-  the last 4), as a uniform shuffle too is some arrangement in the frame its own pass sets. And
+  hidden buffer of three quarters of such a share passes (one just over half is refused now
+  and then); and more fresh passes than the check draws, then stored order (``repeat(32)``),
+  from a source the graph does not list (a ``counter``, slices made inside a ``flat_map``): no
+  number of passes read rules out a larger one; passes each another fixed arrangement shuffled
+  a little (drawn from a table of orders, one arrangement turned by a random ``roll`` each
+  pass, or a stride with a buffer of a third to a half of the share), and one fixed
+  arrangement behind a hidden buffer of half the share (always) or a third of it, or two
+  ``shuffle(8)`` (now and then): a frame is tried only where it is set apart from the passes it
+  judges (rotations, reflections and strides; the earlier passes' order for the last 4), as a
+  uniform shuffle too is some arrangement in the frame its own pass sets. And
   every batch full although a worker's share does not fill its last batch; the second case
   is a job sized for one worker more than run (one joins later), so that shards cut by the
   notebook's worker count instead of ``num_workers`` read too much;
