@@ -14,7 +14,8 @@
   counts what it hands out), nor read most of a long stream before its first batch. In case 1, a
   bound of its own meets a long sequence made before it is read: one token longer than the
   largest whole number below ``2**24`` its graph holds or works out from its constants outside
-  called functions, loops and conditionals (a ``padded_batch``'s ``padded_shapes``, a
+  called functions, loops, conditionals and tensors of unknown shape or of more than ``2**16``
+  numbers (a ``padded_batch``'s ``padded_shapes``, a
   ``tf.pad``'s target, ``static_batches.graph_numbers``), and never shorter than ``2**20`` + 1
   tokens, for bounds the graph hides; case 2's long sequence keeps its drawn length, and kept
   rows are made one token past the whole numbers between ``sequence_length`` and ``2**24`` the

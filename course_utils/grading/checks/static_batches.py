@@ -10,7 +10,8 @@ sequence one longer than that bound.
 
 The long sequence is made ``2**20`` + 1 tokens at least, whatever the graph holds, so a bound
 the fold cannot see (one worked out in a called ``tf.function``, a ``tf.while_loop`` or a
-``tf.cond``, or from an element's own size times 0) is passed as well.
+``tf.cond``, through a tensor of unknown shape, or from an element's own size times 0) is passed
+as well.
 
 Still passes (the output is a right answer's on every sequence the check can make, or, behind a
 guard, wrong only on lengths between the bound and the guard, which few draws make): a bound of
@@ -199,7 +200,8 @@ def graph_numbers(dataset: Any) -> tuple[set[int], set[int]]:
     """The whole numbers the pipeline's graph knows before it reads an element: those its
     constants hold or its ops compute from them alone (``tf.identity``, ``tf.cast``, a power,
     a ``reduce_max`` over a list, ``tf.strings.to_number`` of a string; not through a called
-    function, a loop or a conditional), in its steps and in each of their functions; and among
+    function, a loop, a conditional or a tensor of unknown shape (a ``tf.strings.bytes_split``'s)
+    or of more than ``2**16`` numbers), in its steps and in each of their functions; and among
     them the sizes a ``padded_batch``'s ``padded_shapes``
     pad to."""
     _numeric()
