@@ -10,7 +10,7 @@ whose output is finite (ReLU makes its negative pre-activations 0). Every batch 
 loud rows, which ReLU zeroes in the first layer (the largest examples of every batch but those
 whose outlier rows are scaled past them): an answer that looks only at the largest example
 misses the overflow. Each model also gets up to two batches with every row but the loud ones
-scaled (two in each of 44 draws; one model none in 1 draw of 46),
+scaled (two in each of 455 draws; one model none in 1 of 46 before the layers' names changed),
 each by its own factor and below them: the row left to overflow is one that does so at the
 smallest size (the largest gain), the others are scaled to just below overflow; in the first, 9
 to 15 of them shrink below it (fewer where under 10 would stay above it): no row stands out, so an
@@ -234,8 +234,8 @@ def check_first_overflowing_layer(fn: Any) -> bool:
             third = "" if count == 2 else " and a third row"
             one_row.append(Case(args=(model, batch), verify=_overflow_verifier(
                 expected, order, decoy, scale,
-                f"a row of each half{third} scaled, each by its own factor: the row whose "
-                "output overflows at the earliest layer"),
+                f"a row of each half{third} scaled, each by its own factor; the row that "
+                "overflows first,"),
                 label=(f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with a row of "
                        f"each half{third} scaled, every other row left alone)")))
     cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows_by_model[0], rng,
