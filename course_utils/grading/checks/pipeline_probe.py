@@ -111,7 +111,7 @@ def runs_ahead(dataset: Any, augmented: list[int], batch_size: int,
 def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str | None:
     """What is wrong with two epochs of ``dataset``, or None. Each epoch's noise (what it
     yields minus the examples) is put in the examples' order (by label: a shuffle is the
-    learner's to add). Every feature of every example, each epoch, gets its own noise: no two
+    learner's to add). Every feature of every example, each epoch, gets noise: no two
     features' noise alike over the examples (a correlation over 0.9 on 48 to 128 values comes
     by chance once in 10**14; a noise value drawn per example and given to all its features
     makes it 1), under 1e-4 on about 0.08 % of them (1.2 to 3.3 of the 1536 to 4096 values;
