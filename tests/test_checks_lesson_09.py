@@ -714,8 +714,9 @@ def _noise_shared_by_examples(every):
 
 def _noise_made_of_others(how):
     """``augment`` on each batch, every other example's noise replaced by its neighbour's moved
-    one feature along (``"rolled"``) or by its two neighbours' mixed, (n_{i-1} + n_{i+1}) / √2:
-    each example's spread is one augment's, no two examples' noise correlates over 0.9."""
+    one feature along (``"rolled"``), by its two neighbours' mixed, (n_{i-1} + n_{i+1}) / √2, or
+    by half of each (``"spliced"``): each example's spread is one augment's, no two examples'
+    noise correlates over 0.9."""
     import tensorflow as tf
 
     def pipeline(records, read, augment, batch_size):
@@ -723,8 +724,10 @@ def _noise_made_of_others(how):
             noisy, _ = augment(x, y)
             noise = noisy - x
             before = tf.roll(noise, 1, axis=0)
+            after = tf.roll(noise, -1, axis=0)
             other = (tf.roll(before, 1, axis=1) if how == "rolled"
-                     else (before + tf.roll(noise, -1, axis=0)) / 2**0.5)
+                     else tf.concat([before[:, :16], after[:, :16]], 1) if how == "spliced"
+                     else (before + after) / 2**0.5)
             odd = (tf.range(tf.shape(x)[0]) % 2 == 1)[:, None]
             return x + tf.where(odd, other, noise), y
 
@@ -774,7 +777,10 @@ def _noise_made_of_others(how):
     (_noise_made_of_others("rolled"), r"some examples got noise another example had, or they "
                                       r"had in the other epoch \(the same values, moved"),
     (_noise_made_of_others("mixed"), r"some examples' noise is made of other examples' \(two "
-                                     r"others' explain 100% of it"),
+                                     r"others' explain 100% of it|some examples got the same "
+                                     r"noise as others \(a correlation of 0\.9"),
+    (_noise_made_of_others("spliced"), r"some examples got part of the noise another example "
+                                       r"had, or they had in the other epoch \(12 or more"),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
         "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
         "the colleague's first try", "the colleague's second try",
@@ -783,7 +789,8 @@ def _noise_made_of_others(how):
         "augment on 4 of 5 examples", "augment on 24 of 32 features",
         "one noise value per example", "every fourth example its neighbour's noise",
         "every other example its neighbour's noise moved along",
-        "every other example its neighbours' noise mixed"])
+        "every other example its neighbours' noise mixed",
+        "every other example half of each neighbour's noise"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)

@@ -1,6 +1,9 @@
 """Lesson 09, exercise 2's pieces: the check's "disk" (a counting ``read``), its ``augment``
 (counting the examples it augmented), a probe of whether a pipeline works ahead by itself,
-and what is wrong with two epochs of a pipeline (``lesson_09`` uses them)."""
+and what is wrong with two epochs of a pipeline (``lesson_09`` uses them). Exact copies of
+another example's noise (moved or sign-flipped), shared values and two-example mixes are
+refused; other noise made from augment's noise is not (a product, a scaled copy, a mix of
+three: no cheap test tells them from fresh noise without refusing right answers)."""
 
 from __future__ import annotations
 
@@ -108,7 +111,7 @@ def runs_ahead(dataset: Any, augmented: list[int], batch_size: int,
 def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str | None:
     """What is wrong with two epochs of ``dataset``, or None. Each epoch's noise (what it
     yields minus the examples) is put in the examples' order (by label: a shuffle is the
-    learner's to add). Every feature of every example, each epoch, gets its own noise: no two
+    learner's to add). Every feature of every example, each epoch, gets noise: no two
     features' noise alike over the examples (a correlation over 0.9 on 48 to 128 values comes
     by chance once in 10**14; a noise value drawn per example and given to all its features
     makes it 1), under 1e-4 on about 0.08 % of them (1.2 to 3.3 of the 1536 to 4096 values;
@@ -165,10 +168,14 @@ def _independence_problem(noise: np.ndarray) -> str | None:
     1e-4 of another's or its own of the other epoch: at most 32! × (2e-4 × 8)**32 a pair, 8
     bounding the density of a value's size, by chance once in 10**49 over the 8128 pairs; noise
     moved along the features, sign-flipped, or handed to another example the next epoch makes
-    them equal) or making it of others'
-    (an example's 64 values fitted on the two it correlates with most: a fit explaining over
-    90 % of them comes by chance 0.1**31 a pair, once in 10**25 over 64 × 1953; noise mixed
-    from two examples' is fitted in full)."""
+    them equal), copying part of it (12 or more of an example's 32 values in one epoch whose
+    sizes lie within 1e-5 of one of another's: with read's float32 rounding, under 2.5e-6 a
+    value, a value falls so near one of 32 others' with a chance under 32 × 3e-5 × 8, and 12
+    of 32 do under C(32, 12) × 0.0077**12 = 1e-17 a pair, once in 10**12 over the 16256
+    ordered pairs of 128 rows; half an example's noise given to another makes it 16) or making
+    it of others' (an example's 64 values fitted on the two it correlates with most: a fit
+    explaining over 90 % of them comes by chance 0.1**31 a pair, once in 10**25 over 64 × 1953;
+    noise mixed from two examples' is fitted in full)."""
     columns = noise.reshape(-1, noise.shape[-1])
     alike = _most_alike(columns.T)
     if alike > 0.9:
@@ -192,6 +199,11 @@ def _independence_problem(noise: np.ndarray) -> str | None:
                 "(the same values, moved among the features or sign-flipped; augment's noise "
                 "is drawn for each example apart, each epoch): apply augment to every example, "
                 "each epoch, and keep its noise where it put it")
+    if _most_shared(noise.reshape(-1, noise.shape[-1])) >= 12:
+        return ("some examples got part of the noise another example had, or they had in the "
+                "other epoch (12 or more of its values, moved among the features or "
+                "sign-flipped; augment's noise is drawn for each example apart, each epoch): "
+                "apply augment to every example, each epoch, and keep its noise where it put it")
     fitted = _best_two_fit(noise.transpose(1, 0, 2).reshape(noise.shape[1], -1))
     if fitted > 0.9:
         return (f"some examples' noise is made of other examples' (two others' explain "
@@ -206,6 +218,28 @@ def _nearest_sorted(rows: np.ndarray) -> float:
     gaps = np.abs(ranked[:, None, :] - ranked[None, :, :]).max(axis=-1)
     np.fill_diagonal(gaps, np.inf)
     return float(gaps.min())
+
+
+def _most_shared(rows: np.ndarray, within: float = 1e-5) -> int:
+    """The most of a row's values whose sizes lie within ``within`` of a value's size in one
+    other row (the sizes sorted together: each compared with the next ones while near)."""
+    sizes = np.abs(rows).ravel()
+    order = np.argsort(sizes, kind="stable")
+    ranked, owner = sizes[order], (order // rows.shape[1])
+    value, other = [], []
+    for step in range(1, len(ranked)):
+        near = np.flatnonzero(ranked[step:] - ranked[:-step] < within)
+        if not len(near):
+            break
+        value += [order[near], order[near + step]]
+        other += [owner[near + step], owner[near]]
+    if not value:
+        return 0
+    value, other = np.concatenate(value), np.concatenate(other)
+    keep = value // rows.shape[1] != other
+    hits = np.unique(np.stack([value[keep], other[keep]]), axis=1)
+    pairs = np.bincount(hits[0] // rows.shape[1] * len(rows) + hits[1])
+    return int(pairs.max(initial=0))
 
 
 def _best_two_fit(rows: np.ndarray) -> float:
