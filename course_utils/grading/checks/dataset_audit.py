@@ -11,7 +11,9 @@ than the per-replica batch (``share``: whole global batches made in NumPy). The 
 element whose rows have the row shape of one of the data's arrays count together, whatever
 their dtypes (a global batch as one ``[per-replica batch, features]`` part per replica is a
 global batch), and so do all its parts of row shapes none of the data's arrays has (the same as
-``[per-replica batch, 1]`` columns); a part of one dimension counts for nothing. One element of
+``[per-replica batch, 1]`` columns); a part of one dimension counts for nothing, except
+several of the features' row shape whose values are rows of the data, stacked as one part (a
+global batch as one part per example, read as it runs). One element of
 ``from_tensors`` (or several zipped) is all the data, no batch, when each of its parts is a
 stack of rows of the arrays the check handed over (same rank and row shape, every row one of
 theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the resumed order) or
@@ -36,7 +38,9 @@ parts (labels and weights as columns). Still passes: the features flattened into
 batches of known size inside a traced function (``flat_map``): the audit reads how datasets are
 made, not the graphs of their functions; each element all the data, rolled so that the next
 global batch comes first; global batches serialized into one string each; ragged or sparse
-elements (not probed), and an element of one dimension (a global batch of labels alone).
+elements (not probed), an element of one dimension (a global batch of labels alone), and a
+global batch as one part per example of a row shape none of the data's (each row with its label
+appended): parts of one dimension are counted only as rows of the data.
 """
 
 from __future__ import annotations
@@ -70,6 +74,20 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         array = asarray(array).astype(float64)
         flat = array.reshape(len(array), -1)
         rows_of.append((array.ndim, array.shape[1:], {row.tobytes() for row in flat}))
+    row_shapes = {tuple(shape) for _, shape, _ in rows_of if len(shape) == 1}
+
+    def single_rows(shapes: list[Any]) -> list[int]:
+        """Indices of the parts of the data's row shape of one dimension ([features]), when an
+        element has several (a global batch as one part per example, or columns as long)."""
+        found = [i for i, shape in enumerate(shapes)
+                 if shape is not None and len(shape) == 1 and tuple(shape) in row_shapes]
+        return found if len(found) > 1 else []
+
+    def is_row(value: Any) -> bool:
+        return value.dtype.kind in "biuf" and any(
+            value.astype(float64).tobytes() in rows for _, shape, rows in rows_of
+            if shape == value.shape)
+
     def multiset(flat: Any) -> bytes:
         rows, counts = unique(flat, axis=0, return_counts=True)
         return rows.tobytes() + counts.tobytes()
@@ -143,6 +161,11 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         dims = spec.shape.as_list()
         return len(dims) >= 2 and None in leading(dims)
 
+    def several(specs: Any) -> bool:
+        """Whether an element has several parts of the data's row shape of one dimension."""
+        return bool(single_rows([spec.shape.as_list() if isinstance(spec, tensor_spec)
+                                 and spec.shape.rank is not None else None for spec in specs]))
+
     def row_set(value: Any) -> bytes:
         """The set of rows a part holds (the examples :func:`held` counts), as bytes."""
         count = held(tensor_spec(value.shape))
@@ -166,6 +189,11 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         every row of one of the data's arrays (``x[start:]`` then ``x``, concatenated) are a
         batch of that many."""
         groups: dict[Any, list[Any]] = {}
+        values = [asarray(value) for value in values]
+        rows = [i for i in single_rows([list(v.shape) for v in values]) if is_row(values[i])]
+        if len(rows) > 1:             # rows of the data as parts: a stack of them
+            values = [v for i, v in enumerate(values) if i not in rows] + [
+                asarray([values[i].astype(float64) for i in rows])]
         for value in values:
             value = asarray(value)
             if held(tensor_spec(value.shape)):
@@ -260,7 +288,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
             specs, inputs = specs_of(self), [] if source in examples else specs_of(source)
             sizes.extend(n for n in together(specs) if n > share)   # a batch of batches: its
             # own element too, probed when the examples its input's elements hold are not known
-            if any(map(unknown, specs)) and any(map(unknown, inputs)):
+            if any(map(unknown, specs)) and any(map(unknown, inputs)) or several(specs):
                 probe(self)
             return
         try:
@@ -283,7 +311,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
             return                    # it is cut into batches
         specs = specs_of(self)        # any other: the examples its elements already hold
         sizes.extend(count for count in together(specs) if count > share)
-        if any(map(unknown, specs)):
+        if any(map(unknown, specs)) or several(specs):
             probe(self)               # the examples its elements hold, seen at run time
 
     return init, sizes
