@@ -1136,6 +1136,27 @@ def rows_as_parts(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def rows_with_labels(x, y, global_batch, examples_done):
+    """The same, each part a row with its label appended (a row shape none of the data's)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        own = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        start = context.input_pipeline_id * own
+        order = ((examples_done + np.arange(60 * global_batch)) % len(x)).reshape(60, -1)
+        rows = np.concatenate([x, y[:, None].astype(x.dtype)], 1)
+
+        def mine(*p):
+            kept = tf.stack(p[start:start + own])
+            return tf.data.Dataset.from_tensor_slices(
+                (kept[:, :-1], tf.cast(kept[:, -1], y.dtype)))
+
+        dataset = tf.data.Dataset.from_tensor_slices(
+            tuple(rows[order[:, i]] for i in range(global_batch)))
+        return dataset.flat_map(mine).batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 def zipped_rows(x, y, global_batch, examples_done):
     """A global batch as one element of global_batch zipped datasets (every pipeline reads all
     the rows, no batching op), each pipeline keeping its own rows."""
@@ -1648,6 +1669,8 @@ RESUME_CATALOGUE = {
                                            r"batched \[\d+(, \d+)*\] examples"),
     "a global batch of zipped rows": (restore_latest, zipped_rows,
                                       r"batched \[\d+(, \d+)*\] examples"),
+    "a global batch as one part per row with its label": (
+        restore_latest, rows_with_labels, r"batched \[\d+(, \d+)*\] examples"),
 }
 
 

@@ -12,8 +12,9 @@ element whose rows have the row shape of one of the data's arrays count together
 their dtypes (a global batch as one ``[per-replica batch, features]`` part per replica is a
 global batch), and so do all its parts of row shapes none of the data's arrays has (the same as
 ``[per-replica batch, 1]`` columns); a part of one dimension counts for nothing, except
-several of the features' row shape whose values are rows of the data, stacked as one part (a
-global batch as one part per example, read as it runs). One element of
+several that hold rows of the data (all their values, or their first or last as many as a row
+has: a row with its label), stacked as one part (a global batch as one part per example, read
+as it runs). One element of
 ``from_tensors`` (or several zipped) is all the data, no batch, when each of its parts is a
 stack of rows of the arrays the check handed over (same rank and row shape, every row one of
 theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the resumed order) or
@@ -38,9 +39,7 @@ parts (labels and weights as columns). Still passes: the features flattened into
 batches of known size inside a traced function (``flat_map``): the audit reads how datasets are
 made, not the graphs of their functions; each element all the data, rolled so that the next
 global batch comes first; global batches serialized into one string each; ragged or sparse
-elements (not probed), an element of one dimension (a global batch of labels alone), and a
-global batch as one part per example of a row shape none of the data's (each row with its label
-appended): parts of one dimension are counted only as rows of the data.
+elements (not probed), and an element of one dimension (a global batch of labels alone).
 """
 
 from __future__ import annotations
@@ -77,16 +76,25 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     row_shapes = {tuple(shape) for _, shape, _ in rows_of if len(shape) == 1}
 
     def single_rows(shapes: list[Any]) -> list[int]:
-        """Indices of the parts of the data's row shape of one dimension ([features]), when an
+        """Indices of the parts of one dimension at least as long as a row of the data, when an
         element has several (a global batch as one part per example, or columns as long)."""
         found = [i for i, shape in enumerate(shapes)
-                 if shape is not None and len(shape) == 1 and tuple(shape) in row_shapes]
+                 if shape is not None and len(shape) == 1 and shape[0] is not None
+                 and any(shape[0] >= width for width, in row_shapes)]
         return found if len(found) > 1 else []
 
-    def is_row(value: Any) -> bool:
-        return value.dtype.kind in "biuf" and any(
-            value.astype(float64).tobytes() in rows for _, shape, rows in rows_of
-            if shape == value.shape)
+    def as_row(value: Any) -> Any:
+        """The row of the data a part of one dimension holds (all of it, or its first or last
+        values: a row with its label), or None."""
+        if value.dtype.kind not in "biuf":
+            return None
+        value = value.astype(float64)
+        for _, shape, rows in rows_of:
+            if len(shape) == 1 and len(value) >= shape[0]:
+                for row in (value[:shape[0]], value[len(value) - shape[0]:]):
+                    if row.tobytes() in rows:
+                        return row
+        return None
 
     def multiset(flat: Any) -> bytes:
         rows, counts = unique(flat, axis=0, return_counts=True)
@@ -162,7 +170,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         return len(dims) >= 2 and None in leading(dims)
 
     def several(specs: Any) -> bool:
-        """Whether an element has several parts of the data's row shape of one dimension."""
+        """Whether an element has several parts of one dimension as long as a row or longer."""
         return bool(single_rows([spec.shape.as_list() if isinstance(spec, tensor_spec)
                                  and spec.shape.rank is not None else None for spec in specs]))
 
@@ -190,10 +198,11 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         batch of that many."""
         groups: dict[Any, list[Any]] = {}
         values = [asarray(value) for value in values]
-        rows = [i for i in single_rows([list(v.shape) for v in values]) if is_row(values[i])]
+        found = {i: as_row(values[i]) for i in single_rows([list(v.shape) for v in values])}
+        rows = {i: row for i, row in found.items() if row is not None}
         if len(rows) > 1:             # rows of the data as parts: a stack of them
             values = [v for i, v in enumerate(values) if i not in rows] + [
-                asarray([values[i].astype(float64) for i in rows])]
+                asarray(list(rows.values()))]
         for value in values:
             value = asarray(value)
             if held(tensor_spec(value.shape)):
