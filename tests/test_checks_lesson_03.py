@@ -1114,6 +1114,70 @@ def reads_everything(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def rows_as_parts(x, y, global_batch, examples_done):
+    """Whole global batches as one part per row (features, then labels), each pipeline keeping
+    its own rows: no batching op reads more than the per-replica batch."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        own = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        start = context.input_pipeline_id * own
+        order = ((examples_done + np.arange(60 * global_batch)) % len(x)).reshape(60, -1)
+        parts = tuple(x[order[:, i]] for i in range(global_batch)) + tuple(
+            y[order[:, i]] for i in range(global_batch))
+
+        def mine(*p):
+            return tf.data.Dataset.from_tensor_slices(
+                (tf.stack(p[start:start + own]),
+                 tf.stack(p[global_batch + start:global_batch + start + own])))
+
+        dataset = tf.data.Dataset.from_tensor_slices(parts).flat_map(mine)
+        return dataset.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def rows_with_labels(x, y, global_batch, examples_done):
+    """The same, each part a row with its label appended (a row shape none of the data's)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        own = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        start = context.input_pipeline_id * own
+        order = ((examples_done + np.arange(60 * global_batch)) % len(x)).reshape(60, -1)
+        rows = np.concatenate([x, y[:, None].astype(x.dtype)], 1)
+
+        def mine(*p):
+            kept = tf.stack(p[start:start + own])
+            return tf.data.Dataset.from_tensor_slices(
+                (kept[:, :-1], tf.cast(kept[:, -1], y.dtype)))
+
+        dataset = tf.data.Dataset.from_tensor_slices(
+            tuple(rows[order[:, i]] for i in range(global_batch)))
+        return dataset.flat_map(mine).batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def zipped_rows(x, y, global_batch, examples_done):
+    """A global batch as one element of global_batch zipped datasets (every pipeline reads all
+    the rows, no batching op), each pipeline keeping its own rows."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        own = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        start = context.input_pipeline_id * own
+        base = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        zipped = tf.data.Dataset.zip(tuple(base.skip(i).shard(global_batch, 0)
+                                           for i in range(global_batch)))
+
+        def mine(*p):
+            return tf.data.Dataset.from_tensor_slices(
+                (tf.stack([q[0] for q in p[start:start + own]]),
+                 tf.stack([q[1] for q in p[start:start + own]])))
+
+        return zipped.flat_map(mine).batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 def whole_batches_sliced(batching="batch"):
     """A make_dataset_fn whose every pipeline reads whole global batches (with ``batching``:
     ``batch`` or ``padded_batch``) and keeps its own rows: the right rows, the wrong reads."""
@@ -1601,6 +1665,12 @@ RESUME_CATALOGUE = {
         "trained examples it should not"),
     "every pipeline reads everything": (restore_latest, reads_everything,
                                         "trained examples it should not"),
+    "a global batch as one part per row": (restore_latest, rows_as_parts,
+                                           r"batched \[\d+(, \d+)*\] examples"),
+    "a global batch of zipped rows": (restore_latest, zipped_rows,
+                                      r"batched \[\d+(, \d+)*\] examples"),
+    "a global batch as one part per row with its label": (
+        restore_latest, rows_with_labels, r"batched \[\d+(, \d+)*\] examples"),
 }
 
 

@@ -11,7 +11,10 @@ than the per-replica batch (``share``: whole global batches made in NumPy). The 
 element whose rows have the row shape of one of the data's arrays count together, whatever
 their dtypes (a global batch as one ``[per-replica batch, features]`` part per replica is a
 global batch), and so do all its parts of row shapes none of the data's arrays has (the same as
-``[per-replica batch, 1]`` columns); a part of one dimension counts for nothing. One element of
+``[per-replica batch, 1]`` columns); a part of one dimension counts for nothing, except
+several that hold rows of the data (all their values, or their first or last as many as a row
+has: a row with its label), stacked as one part (a global batch as one part per example, read
+as it runs). One element of
 ``from_tensors`` (or several zipped) is all the data, no batch, when each of its parts is a
 stack of rows of the arrays the check handed over (same rank and row shape, every row one of
 theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the resumed order) or
@@ -70,6 +73,29 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         array = asarray(array).astype(float64)
         flat = array.reshape(len(array), -1)
         rows_of.append((array.ndim, array.shape[1:], {row.tobytes() for row in flat}))
+    row_shapes = {tuple(shape) for _, shape, _ in rows_of if len(shape) == 1}
+
+    def single_rows(shapes: list[Any]) -> list[int]:
+        """Indices of the parts of one dimension at least as long as a row of the data, when an
+        element has several (a global batch as one part per example, or columns as long)."""
+        found = [i for i, shape in enumerate(shapes)
+                 if shape is not None and len(shape) == 1 and shape[0] is not None
+                 and any(shape[0] >= width for width, in row_shapes)]
+        return found if len(found) > 1 else []
+
+    def as_row(value: Any) -> Any:
+        """The row of the data a part of one dimension holds (all of it, or its first or last
+        values: a row with its label), or None."""
+        if value.dtype.kind not in "biuf":
+            return None
+        value = value.astype(float64)
+        for _, shape, rows in rows_of:
+            if len(shape) == 1 and len(value) >= shape[0]:
+                for row in (value[:shape[0]], value[len(value) - shape[0]:]):
+                    if row.tobytes() in rows:
+                        return row
+        return None
+
     def multiset(flat: Any) -> bytes:
         rows, counts = unique(flat, axis=0, return_counts=True)
         return rows.tobytes() + counts.tobytes()
@@ -143,6 +169,11 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         dims = spec.shape.as_list()
         return len(dims) >= 2 and None in leading(dims)
 
+    def several(specs: Any) -> bool:
+        """Whether an element has several parts of one dimension as long as a row or longer."""
+        return bool(single_rows([spec.shape.as_list() if isinstance(spec, tensor_spec)
+                                 and spec.shape.rank is not None else None for spec in specs]))
+
     def row_set(value: Any) -> bytes:
         """The set of rows a part holds (the examples :func:`held` counts), as bytes."""
         count = held(tensor_spec(value.shape))
@@ -166,6 +197,12 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         every row of one of the data's arrays (``x[start:]`` then ``x``, concatenated) are a
         batch of that many."""
         groups: dict[Any, list[Any]] = {}
+        values = [asarray(value) for value in values]
+        found = {i: as_row(values[i]) for i in single_rows([list(v.shape) for v in values])}
+        rows = {i: row for i, row in found.items() if row is not None}
+        if len(rows) > 1:             # rows of the data as parts: a stack of them
+            values = [v for i, v in enumerate(values) if i not in rows] + [
+                asarray(list(rows.values()))]
         for value in values:
             value = asarray(value)
             if held(tensor_spec(value.shape)):
@@ -260,7 +297,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
             specs, inputs = specs_of(self), [] if source in examples else specs_of(source)
             sizes.extend(n for n in together(specs) if n > share)   # a batch of batches: its
             # own element too, probed when the examples its input's elements hold are not known
-            if any(map(unknown, specs)) and any(map(unknown, inputs)):
+            if any(map(unknown, specs)) and any(map(unknown, inputs)) or several(specs):
                 probe(self)
             return
         try:
@@ -283,7 +320,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
             return                    # it is cut into batches
         specs = specs_of(self)        # any other: the examples its elements already hold
         sizes.extend(count for count in together(specs) if count > share)
-        if any(map(unknown, specs)):
+        if any(map(unknown, specs)) or several(specs):
             probe(self)               # the examples its elements hold, seen at run time
 
     return init, sizes
