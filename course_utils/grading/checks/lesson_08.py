@@ -31,9 +31,10 @@
   model overflows at different layers (or nowhere): the answer depends on the outputs, not on
   the weights. One model grows in layers without weights (a recomputation from the Dense
   weights misses it); another has a decoy: the layer with by far the largest (negative) weights,
-  whose output is finite (ReLU makes its pre-activations 0); every batch holds two loud rows
-  that never overflow (the largest examples, but where the outlier rows are scaled past them),
-  and one batch of each model has every row but the loud ones scaled, each by its own factor and
+  whose output is finite wherever its input is (ReLU makes its pre-activations 0); every batch
+  holds two loud rows that never overflow (the largest examples, but where the outlier rows are
+  scaled past them), and up to two batches of each model have every row but the loud ones
+  scaled, each by its own factor and
   below them, the overflow starting in a row of middling size (no outlier rows, nor the k
   largest, to pick out: never among the 12 largest, nor the 8 smallest, by max or L2 norm). Each
   model's outlier rows lie in one half and parity of the batch, the other model's in the other
