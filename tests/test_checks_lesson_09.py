@@ -323,6 +323,18 @@ def _names_assumed(results, model, global_batch, replicas, budget_bytes):
     return report
 
 
+def _first_k_that_fits(report, tried, model, global_batch, n, budget_bytes):
+    """``report`` with the first k of ``tried`` whose step fits ``budget_bytes`` on ``n``
+    replicas as its accumulation choice (ValueError: none fits)."""
+    for k in tried:
+        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
+                                     accumulation_steps=k).total
+        if need <= budget_bytes:
+            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
+            return report
+    raise ValueError("nothing fits")
+
+
 def _k_in_powers_of_two(results, model, global_batch, replicas, budget_bytes):
     """k tried as 1, 2, 4, ...: skips the divisors that are not powers of two (3 here)."""
     report = write_report(results, model, global_batch, replicas, budget_bytes)
@@ -342,26 +354,15 @@ def _k_up_to_four(results, model, global_batch, replicas, budget_bytes):
     """k tried as 1, 2, 3, 4 only: no answer where the fewest k that fits is 6."""
     report = write_report(results, model, global_batch, replicas, budget_bytes)
     n = replicas[report["strategy"]["choice"]]
-    for k in (1, 2, 3, 4):
-        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
-                                     accumulation_steps=k).total
-        if need <= budget_bytes:
-            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
-            return report
-    raise ValueError("nothing fits")
+    return _first_k_that_fits(report, (1, 2, 3, 4), model, global_batch, n, budget_bytes)
 
 
 def _k_not_a_divisor(results, model, global_batch, replicas, budget_bytes):
     """k tried as 1, 2, 3, ... without asking whether k divides the per-replica batch."""
     report = write_report(results, model, global_batch, replicas, budget_bytes)
     n = replicas[report["strategy"]["choice"]]
-    for k in range(1, global_batch // n + 1):
-        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
-                                     accumulation_steps=k).total
-        if need <= budget_bytes:
-            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
-            return report
-    raise ValueError("nothing fits")
+    return _first_k_that_fits(report, range(1, global_batch // n + 1), model, global_batch, n,
+                              budget_bytes)
 
 
 def _k_up_to_sixteen(results, model, global_batch, replicas, budget_bytes):
@@ -375,13 +376,8 @@ def _k_capped(results, model, global_batch, replicas, budget_bytes, *, cap=1000)
     is the only k that fits on a per-replica batch above it (1104 to 19992 drawn)."""
     report = write_report(results, model, global_batch, replicas, 2**40)
     n = replicas[report["strategy"]["choice"]]
-    for k in (k for k in range(1, cap + 1) if global_batch // n % k == 0):
-        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
-                                     accumulation_steps=k).total
-        if need <= budget_bytes:
-            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
-            return report
-    raise ValueError("nothing fits")
+    tried = (k for k in range(1, cap + 1) if global_batch // n % k == 0)
+    return _first_k_that_fits(report, tried, model, global_batch, n, budget_bytes)
 
 
 def _k_in_pairs_short_of_the_root(results, model, global_batch, replicas, budget_bytes, *,
@@ -397,13 +393,7 @@ def _k_in_pairs_short_of_the_root(results, model, global_batch, replicas, budget
     tried = sorted({k for i in range(1, int(per_replica**0.5)) if per_replica % i == 0
                     for k in (i, per_replica // i)}
                    | ({root} if square_root and root * root == per_replica else set()))
-    for k in tried:
-        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
-                                     accumulation_steps=k).total
-        if need <= budget_bytes:
-            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
-            return report
-    raise ValueError("nothing fits")
+    return _first_k_that_fits(report, tried, model, global_batch, n, budget_bytes)
 
 
 def _small_k_then_whole_batch(results, model, global_batch, replicas, budget_bytes, *,
@@ -417,13 +407,7 @@ def _small_k_then_whole_batch(results, model, global_batch, replicas, budget_byt
     per_replica = global_batch // n
     tried = ([k for k in range(1, 65) if per_replica % k == 0]
              + [per_replica // part for part in parts if per_replica % part == 0])
-    for k in tried:
-        need = cu.memory.step_budget(model, global_batch=global_batch, replicas=n,
-                                     accumulation_steps=k).total
-        if need <= budget_bytes:
-            report["accumulation_steps"] = {"choice": k, "step_bytes": need}
-            return report
-    raise ValueError("nothing fits")
+    return _first_k_that_fits(report, tried, model, global_batch, n, budget_bytes)
 
 
 def _k_from_the_budget(results, model, global_batch, replicas, budget_bytes):
