@@ -827,6 +827,10 @@ def _augmented_per_batch(records, decode, augment, b, buffer):  # one offset per
     return records.map(decode).cache().shuffle(buffer).batch(b).map(augment)
 
 
+def _augmented_in_pairs(records, decode, augment, b, buffer):  # one offset per two records
+    return records.map(decode).cache().shuffle(buffer).batch(2).map(augment).unbatch().batch(b)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_given, "froze the augmentation"),
     (_augmented_then_cached_jittered, r"augment drew \d+ offsets in epoch 1 and none in epoch 2: "
@@ -835,8 +839,9 @@ def _augmented_per_batch(records, decode, augment, b, buffer):  # one offset per
     (_augment_its_noise_dropped, "elements are not 10 × their record plus one of the offsets "
                                  "augment drew in that epoch"),
     (_augmented_before_and_after_the_cache, r"augment drew \d+ offsets in epoch 1 and \d+ in "
-                                            "epoch 2: does a cache keep some augmented"),
-    (_augmented_per_batch, "each batch got the same augment offset"),
+                                            "epoch 2: does it run before the cache too"),
+    (_augmented_per_batch, r"augment drew \d+ offsets in an epoch of \d+ records: augment every"),
+    (_augmented_in_pairs, r"augment drew \d+ offsets in an epoch of \d+ records: augment every"),
     (_augmented_then_cached, "same augmented elements .*froze the augmentation"),
     (_fused_then_cached, "froze the augmentation"),
     (_augmented_then_cached_prefetched, "froze the augmentation"),

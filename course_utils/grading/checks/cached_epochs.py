@@ -69,19 +69,25 @@ def cached_verifier(count: int, batch_size: int, buffer: int,
         if not drew[1]:
             return (f"augment drew {drew[0]} offsets in epoch 1 and none in epoch 2: the cache "
                     "froze the augmentation (epoch 2's noise is not augment's)")
-        if drew[0] != drew[1]:
+        if drew[0] != drew[1]:  # more in epoch 1: augment before the cache too
             return (f"augment drew {drew[0]} offsets in epoch 1 and {drew[1]} in epoch 2: does "
-                    "a cache keep some augmented elements? Augment anew every epoch")
+                    "it run before the cache too, or a cache keep some augmented elements? "
+                    "Augment after the cache only, anew every epoch")
         for epoch, (elements, offsets) in enumerate(zip(epochs, draws, strict=True), 1):
             away = np.abs(elements % 10 - offsets[:, None]).min(axis=0) >= 1e-4  # rounding:
             if away.any():  # < 6.2e-5 (10 × record < 1024)
                 return (f"{away.sum()} of epoch {epoch}'s {count} elements are not 10 × their "
                         "record plus one of the offsets augment drew in that epoch: whose "
                         "noise do they carry?")
-        spreads = [np.ptp(batch % 10) for batch in batches if len(batch) > 1]  # epoch 2
-        if max(spreads) < 1e-4:  # one offset's rounding: < 6e-5; a right answer's: P < 1e-16
-            return ("the elements of each batch got the same augment offset (augment ran on "
-                    "whole batches?): augment every record")
+        if drew[0] < count:  # one offset a record (a batch's, a pair's: fewer)
+            return (f"augment drew {drew[0]} offsets in an epoch of {count} records: augment "
+                    "every record (not whole batches)")
+        for elements, offsets in zip(epochs, draws, strict=True):  # each its own offset
+            free = iter(np.sort(offsets))  # greedy on a line: the lowest offset still in reach
+            for element in np.sort(elements % 10):
+                offset = next((o for o in free if o > element - 1e-4), 2.0)
+                if offset >= element + 1e-4:
+                    return "some elements share one augment offset: augment every record"
         if orders[0] == list(range(count)):
             return "the records came in their stored order: shuffle them"
         if orders[0] == orders[1]:
