@@ -38,8 +38,9 @@ cannot start a second in-process cluster) and verifies what the parameter server
   and then); and more fresh passes than the check draws, then stored order (``repeat(32)``),
   from a source the graph does not list (a ``counter``, slices made inside a ``flat_map``): no
   number of passes read rules out a larger one; passes each another fixed arrangement shuffled
-  a little (drawn from a table of orders, one arrangement turned by a random ``roll`` each
-  pass, or a stride with a buffer of a third to a half of the share), and one fixed
+  a little (drawn from a table of orders, one arrangement turned by a random ``roll`` or read
+  at a random stride each pass, its blocks in an order drawn each pass, or a stride with a
+  buffer of more than a third, up to a half, of the share), and one fixed
   arrangement behind a hidden buffer of half the share (always) or a third of it, or two
   ``shuffle(8)`` (now and then): a frame is tried only where it is set apart from the passes it
   judges (rotations, reflections and strides; the earlier passes' order for the last 4), as a
