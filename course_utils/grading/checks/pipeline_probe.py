@@ -1,9 +1,9 @@
 """Lesson 09, exercise 2's pieces: the check's "disk" (a counting ``read``), its ``augment``
 (counting the examples it augmented), a probe of whether a pipeline works ahead by itself,
 and what is wrong with two epochs of a pipeline (``lesson_09`` uses them). Exact copies of
-another example's noise (moved or sign-flipped), shared values and two-example mixes are
-refused; other noise made from augment's noise is not (a product, a scaled copy, a mix of
-three: no cheap test tells them from fresh noise without refusing right answers)."""
+another example's noise (moved or sign-flipped), 12 or more values shared with another
+example's and two-example mixes are refused; other noise made from augment's noise is not
+tested (a product, a scaled or shifted copy, fewer values copied, a mix of three)."""
 
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ def _independence_problem(noise: np.ndarray) -> str | None:
                 "each epoch, and keep its noise where it put it")
     if _most_shared(noise.reshape(-1, noise.shape[-1])) >= 12:
         return ("some examples got part of the noise another example had, or they had in the "
-                "other epoch (12 or more of its values, moved among the features or "
+                "other epoch (12 or more of its values, in place, moved among the features or "
                 "sign-flipped; augment's noise is drawn for each example apart, each epoch): "
                 "apply augment to every example, each epoch, and keep its noise where it put it")
     fitted = _best_two_fit(noise.transpose(1, 0, 2).reshape(noise.shape[1], -1))
