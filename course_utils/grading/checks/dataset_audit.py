@@ -35,7 +35,8 @@ per-replica batch carried with a second part of the features' row shape (``(f, f
 labels)``, the copy dropped later), counted as twice the per-replica batch: a copy cannot be
 told from the next replica's rows stored another way; likewise two ``[per-replica batch, 1]``
 parts (labels and weights as columns). Still passes: the features flattened into one dimension
-(an index array looks alike), rows of the data in global-batch order reshaped into global
+(an index array looks alike), a global batch as one column per feature (parts of one dimension
+hold no row of the data), rows of the data in global-batch order reshaped into global
 batches of known size inside a traced function (``flat_map``): the audit reads how datasets are
 made, not the graphs of their functions; each element all the data, rolled so that the next
 global batch comes first; global batches serialized into one string each; ragged or sparse
@@ -84,16 +85,21 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         return found if len(found) > 1 else []
 
     def as_row(value: Any) -> Any:
-        """The row of the data a part of one dimension holds (all of it, or its first or last
-        values: a row with its label), or None."""
+        """The rows of the data a part of one dimension holds (every whole chunk of a row's
+        length, or any run of a row's length: a row with an index and a label), or None."""
         if value.dtype.kind not in "biuf":
             return None
         value = value.astype(float64)
         for _, shape, rows in rows_of:
             if len(shape) == 1 and len(value) >= shape[0]:
-                for row in (value[:shape[0]], value[len(value) - shape[0]:]):
-                    if row.tobytes() in rows:
-                        return row
+                width = shape[0]
+                if len(value) % width == 0:
+                    chunks = value.reshape(-1, width)
+                    if all(chunk.tobytes() in rows for chunk in chunks):
+                        return list(chunks)
+                for start in range(len(value) - width + 1):
+                    if value[start:start + width].tobytes() in rows:
+                        return [value[start:start + width]]
         return None
 
     def multiset(flat: Any) -> bytes:
@@ -202,7 +208,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         rows = {i: row for i, row in found.items() if row is not None}
         if len(rows) > 1:             # rows of the data as parts: a stack of them
             values = [v for i, v in enumerate(values) if i not in rows] + [
-                asarray(list(rows.values()))]
+                asarray([r for found_rows in rows.values() for r in found_rows])]
         for value in values:
             value = asarray(value)
             if held(tensor_spec(value.shape)):
