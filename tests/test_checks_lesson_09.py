@@ -719,6 +719,35 @@ def _noise_made_of_others(how):
     return pipeline
 
 
+def _noise_from_the_last_epoch(how):
+    """``augment`` on every example each epoch, but the second epoch's noise replaced by the
+    first's: negated and scaled by 1.01 (``"negated"``), or its two neighbours' mixed, (n_{i-1}
+    + n_{i+1}) / √2 (``"mixed"``), kept in a variable: no two examples' noise of both epochs
+    together correlates over 0.9."""
+    import tensorflow as tf
+
+    def pipeline(records, read, augment, batch_size):
+        n = int(records.cardinality())
+        kept, seen = tf.Variable(tf.zeros((n, 32))), tf.Variable(0, dtype=tf.int64)
+
+        def made(x, y):
+            fresh, at = augment(x, y)[0] - x, tf.cast(y[0], tf.int32)
+            first = (seen.assign_add(1) - 1) // n % 2 == 0
+
+            def keep():
+                with tf.control_dependencies([kept[at].assign(fresh)]):
+                    return tf.identity(fresh)
+
+            def later():
+                if how == "negated":
+                    return -1.01 * kept[at]
+                return (kept[(at + 1) % n] + kept[(at - 1) % n]) / 2**0.5
+            return x + tf.cond(first, keep, later), y
+
+        return records.map(read).cache().map(made).batch(batch_size).prefetch(1)
+    return pipeline
+
+
 @pytest.mark.parametrize(("wrong", "message"), [
     (lambda r, read, augment, b: r.cache().map(read).map(augment).batch(b),
      "read each example once"),
@@ -760,11 +789,16 @@ def _noise_made_of_others(how):
                                    r"correlation of 1\.00"),
     (_noise_made_of_others("rolled"), r"some examples got noise another example had, or they "
                                       r"had in the other epoch \(the same values, moved"),
-    (_noise_made_of_others("mixed"), r"some examples' noise is made of other examples' \(two "
-                                     r"others' explain 100% of it|some examples got the same "
-                                     r"noise as others \(a correlation of 0\.9"),
+    (_noise_made_of_others("mixed"), r"some examples' noise is made of other examples' or of "
+                                     r"the other epoch's \(two others' explain 100% of it|"
+                                     r"some examples got the same noise as others \(a "
+                                     r"correlation of 0\.9"),
     (_noise_made_of_others("spliced"), r"some examples got part of the noise another example "
                                        r"had, or they had in the other epoch \(12 or more"),
+    (_noise_from_the_last_epoch("negated"), r"correlates -1\.00|made of other examples' or of "
+                                            r"the other epoch's \(two others' explain 100%"),
+    (_noise_from_the_last_epoch("mixed"), r"made of other examples' or of the other epoch's "
+                                          r"\(two others' explain 100% of it"),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
         "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
         "the colleague's first try", "the colleague's second try",
@@ -774,7 +808,8 @@ def _noise_made_of_others(how):
         "one noise value per example", "every fourth example its neighbour's noise",
         "every other example its neighbour's noise moved along",
         "every other example its neighbours' noise mixed",
-        "every other example half of each neighbour's noise"])
+        "every other example half of each neighbour's noise",
+        "epoch 2's noise epoch 1's negated", "epoch 2's noise two of epoch 1's mixed"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)

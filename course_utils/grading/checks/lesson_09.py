@@ -20,7 +20,8 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   ``tf_data`` threads or either kind of collective, or reads one step (or a vote) each fails.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch (noise on each
-  example's features, not others' copied or mixed, one augment's spread: ``pipeline_probe``), and a
+  example's features, not others' copied or mixed in the ways ``pipeline_probe`` names, one
+  augment's spread), and a
   profile of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of
   the time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE`` (the same profiled
   step), profiled up to ``BASELINE_ATTEMPTS`` times until it does (``slow_baseline``), each

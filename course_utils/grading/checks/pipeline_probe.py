@@ -2,8 +2,10 @@
 (counting the examples it augmented), a probe of whether a pipeline works ahead by itself,
 and what is wrong with two epochs of a pipeline (``lesson_09`` uses them). Exact copies of
 another example's noise (moved or sign-flipped), 12 or more values shared with another
-example's and two-example mixes are refused; other noise made from augment's noise is not
-tested (a product, a scaled or shifted copy, fewer values copied, a mix of three)."""
+example's, a copy scaled or shifted in place, and mixes of two examples' noise in place (of
+either epoch) are refused; other noise made from augment's noise is not tested (a product, a
+scaled or shifted copy moved among the features, fewer values copied, a mix of two with their
+values moved among the features, a mix of three)."""
 
 from __future__ import annotations
 
@@ -118,8 +120,9 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
     over 20, fewer than one example's 32 features left unchanged in one epoch, comes by chance
     once in 10**10), and no two examples' noise alike (``_independence_problem``). Then the
     epochs are compared: fresh noise each epoch is independent of the last, a correlation of
-    0 ± 0.04 here (768 to 2048 values, 0.25 is over six standard deviations), where an
-    augmentation kept from the first epoch under a fresh one makes it 0.5. Then one
+    0 ± 0.04 here (768 to 2048 values, 0.25 either way is over six standard deviations),
+    where an augmentation kept from the first epoch under a fresh one makes it 0.5, and the
+    first epoch's noise negated makes it -1. Then one
     ``augment`` leaves a spread of 0.1 ± 0.002 (``NOISE_SPREAD``: its deviation), two make it
     0.14."""
     n = len(features)
@@ -145,11 +148,12 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
     if problem:
         return problem
     shared = float(np.corrcoef(noise[0].ravel(), noise[1].ravel())[0, 1])
-    if shared > 0.25:
-        return ("part of the noise is the same in both epochs (the two epochs' noise on each "
-                f"example correlates {shared:.2f}; fresh noise would not): an augmentation "
-                "made before the step that keeps the examples is kept with them. Which of "
-                "your steps must give a new result every epoch, and run only there?")
+    if abs(shared) > 0.25:
+        return ("part of the noise is the same in both epochs, or made from the other's (the "
+                f"two epochs' noise on each example correlates {shared:.2f}; fresh noise would "
+                "not): an augmentation made before the step that keeps the examples is kept "
+                "with them. Which of your steps must give a new result every epoch, and run "
+                "only there?")
     spread = float(np.std(noise))
     if not 0.85 * NOISE_SPREAD < spread < 1.15 * NOISE_SPREAD:
         return (f"the noise on the features has a spread of {spread:.3f}, where one augment "
@@ -175,7 +179,8 @@ def _independence_problem(noise: np.ndarray) -> str | None:
     ordered pairs of 128 rows; half an example's noise given to another makes it 16) or making
     it of others' (an example's 64 values fitted on the two it correlates with most: a fit
     explaining over 90 % of them comes by chance 0.1**31 a pair, once in 10**25 over 64 × 1953;
-    noise mixed from two examples' is fitted in full)."""
+    and each epoch's 32 values apart, so that a mix of the other epoch's noise is seen: 0.1**15
+    a pair, once in 10**9 over 128 × 8001; noise mixed from two examples' is fitted in full)."""
     columns = noise.reshape(-1, noise.shape[-1])
     alike = _most_alike(columns.T)
     if alike > 0.9:
@@ -204,11 +209,13 @@ def _independence_problem(noise: np.ndarray) -> str | None:
                 "other epoch (12 or more of its values, in place, moved among the features or "
                 "sign-flipped; augment's noise is drawn for each example apart, each epoch): "
                 "apply augment to every example, each epoch, and keep its noise where it put it")
-    fitted = _best_two_fit(noise.transpose(1, 0, 2).reshape(noise.shape[1], -1))
+    fitted = max(_best_two_fit(noise.transpose(1, 0, 2).reshape(noise.shape[1], -1)),
+                 _best_two_fit(noise.reshape(-1, noise.shape[-1])))
     if fitted > 0.9:
-        return (f"some examples' noise is made of other examples' (two others' explain "
-                f"{fitted:.0%} of it; augment's noise is drawn for each example apart): apply "
-                "augment to every example, not to part of them")
+        return (f"some examples' noise is made of other examples' or of the other epoch's "
+                f"(two others' explain {fitted:.0%} of it; augment's noise is drawn for each "
+                "example apart, each epoch): apply augment to every example, each epoch, and "
+                "keep its noise")
     return None
 
 
