@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 
@@ -956,20 +957,23 @@ def _an_iterator_of_a_python_pipeline(dataset, batch_size, sequence_length):
     return _handed_on(dataset, batch_size, sequence_length, pull)
 
 
+_FILLER_STOPPED = threading.Event()
+
+
 def _a_queue_a_python_thread_fills(dataset, batch_size, sequence_length):
     """A Python thread pads the batches in NumPy into a queue, starting a few seconds later,
     once the check has looked for reads made when called."""
-    import threading
-    import time
-
     import tensorflow as tf
 
     queue = tf.queue.FIFOQueue(2, [tf.int32, tf.int32, tf.bool],
                                shapes=[[batch_size, sequence_length], [batch_size], []])
 
-    def fill():
-        time.sleep(5.0)
+    def fill():  # stopped when the test ends: its reads would run Python in a later test's
+        if _FILLER_STOPPED.wait(5.0):  # check (TensorFlow's threads run the generator)
+            return
         for x, y in _streaming_generator(dataset, batch_size, sequence_length):
+            if _FILLER_STOPPED.is_set():
+                return
             queue.enqueue((x, y, True))
         queue.enqueue((tf.zeros_like(x), tf.zeros_like(y), False))  # no more
 
@@ -1037,8 +1041,12 @@ def _variables_a_python_thread_fills(dataset, batch_size, sequence_length):
     (lambda *args: make_tpu_ready(*args).repeat(2), r"the epoch has more than \d+ batches"),
 ])
 def test_python_in_the_pipeline_and_endless_epochs_fail(answer, message):
-    with pytest.raises(AssertionError, match=rf"make_tpu_ready: case 1 .*{message}"):
-        cu.grading.check_make_tpu_ready(answer)
+    _FILLER_STOPPED.clear()
+    try:
+        with pytest.raises(AssertionError, match=rf"make_tpu_ready: case 1 .*{message}"):
+            cu.grading.check_make_tpu_ready(answer)
+    finally:
+        _FILLER_STOPPED.set()
 
 
 def test_batches_not_read_from_the_dataset_given_fail(monkeypatch):

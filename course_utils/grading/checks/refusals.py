@@ -39,7 +39,8 @@ _ADVICE = {  # what went wrong with the watching, and what to do instead
     REMOVED: "the check watches which functions it runs; leave sys.setprofile and "
              "threading.setprofile alone",
     RAW_THREAD: "start threads with threading, and run Python in your function, not in "
-                "TensorFlow's threads",
+                "TensorFlow's threads (where it starts none, an earlier cell's may still run "
+                "Python: restart the kernel and run the check again)",
     PROCESS: "compute it in this process",
     FORGED: "leave the check's objects alone",
 }
