@@ -35,15 +35,17 @@ _PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, o
 _SOURCES = frozenset(("TensorSliceDataset", "RangeDataset"))
 _UNBATCH = "UnbatchDataset"
 _ZIPS = frozenset(("ZipDataset",))
-_MIXES = frozenset(("RandomShuffle",))  # ``tf.random.shuffle``: a tensor's rows in a new order
+# random draws (op types): ``tf.random.shuffle``, ``tf.random.uniform`` (``tf.argsort`` of one),
+# their stateless forms, a ``tf.random.Generator``'s
+_DRAWS = ("Random", "Stateless", "Stateful", "Rng")
 # marks on a way: it passed a zip; a step of several inputs read in turn; a step whose function
-# calls ``tf.random.shuffle``
+# draws random numbers
 _ZIPPED, _IN_TURN, _MIXED = -1, -2, -3
 
 
 def _calls_a_shuffle(op: Any) -> frozenset[str]:
-    """The shuffles (``ShuffleDataset``, ``tf.random.shuffle``) that the function of ``op`` (a
-    ``flat_map``, an ``interleave``, a ``map``) makes or calls, by op type."""
+    """The shuffles (``ShuffleDataset``) and random draws (``tf.random.shuffle``, say) that the
+    function of ``op`` (a ``flat_map``, an ``interleave``, a ``map``) makes, by op type."""
     try:
         name = op.get_attr("f").name
     except (ValueError, AttributeError):
@@ -53,7 +55,8 @@ def _calls_a_shuffle(op: Any) -> frozenset[str]:
         definition = getattr(function, "cached_definition", None) or function.definition
     except (AttributeError, KeyError, ValueError):
         return frozenset()
-    return frozenset(node.op for node in definition.node_def) & (_SHUFFLES | _MIXES)
+    return frozenset(node.op for node in definition.node_def
+                     if node.op in _SHUFFLES or node.op.startswith(_DRAWS))
 
 
 def shuffles_of(dataset: Any) -> Any:
@@ -66,13 +69,13 @@ def shuffles_of(dataset: Any) -> Any:
     ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` or ``range`` source,
     or an ``unbatch`` with neither a shuffle nor a source below it (rows of tensors), on a way
     with no shuffle at all stands as a shuffle with a buffer of 0 (stored order) of its elements, on
-    that way alone (not below a step whose function makes a shuffle or calls
-    ``tf.random.shuffle``, nor an ``unbatch`` above one: its elements are then not the examples
-    read). Where there are more than 62 ways, every shuffle's mask is -1 (each is then judged
-    alone) and the slices are not. A shuffle inside a function a dataset step calls
-    (``flat_map``, ``interleave``) is not read: that step stands as a whole shuffle (``[-2, -2,
-    1, mask]``) on its ways; a ``tf.random.shuffle`` (in a ``map``), a decoy as easily as a
-    whole permutation, only exempts the slices below it."""
+    that way alone (not below a step whose function makes a shuffle or draws random numbers,
+    nor an ``unbatch`` above one: its elements are then not the examples read in stored order).
+    Where there are more than 62 ways, every shuffle's mask is -1 (each is then judged alone)
+    and the slices are not. A shuffle inside a function a dataset step calls (``flat_map``,
+    ``interleave``) is not read: that step stands as a whole shuffle (``[-2, -2, 1, mask]``) on
+    its ways; random draws (``tf.random.shuffle`` in a ``map``), a decoy as easily as a whole
+    permutation, only exempt the slices below them."""
     tf = _tf()
     shuffles: list[Any] = []  # the ops, in the order found (sources too)
     below: dict[str, frozenset[frozenset[int]]] = {}  # op name: the sets of shuffles per way
