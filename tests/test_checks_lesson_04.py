@@ -322,17 +322,22 @@ for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
 
 # exercise 2: the dataset_fn
 def make(shard=True, shuffle=True, repeat=(), order="shuffle repeat batch", reshuffle=True,
-         drop=False, buffer=1000):
+         drop=False, buffer=1000, decoy=False):
     def make_dataset_fn(features, labels, size, num_workers):
         def dataset_fn():
             worker = tf.distribute.coordinator.experimental_get_current_worker_index()
             data = tf.data.Dataset.from_tensor_slices((features, labels))
-            if shard:
+            if shard == "filter":  # by place: a share of a size tf.data cannot tell ahead
+                data = data.enumerate().filter(
+                    lambda i, _: i % num_workers == tf.cast(worker, tf.int64)).map(lambda i, x: x)
+            elif shard:
                 data = data.shard(num_workers, worker)
+            if decoy:  # a tf.random.shuffle of nothing read
+                data = data.map(lambda f, l: (f, l + 0 * tf.random.shuffle(tf.range(1))[0]))
             for part in order.split():
                 if part == "shuffle" and shuffle:
                     share = features.shape[0] // num_workers
-                    size_ = {"batch": size, "half": share // 2,
+                    size_ = {"batches": 3 * size, "half": share // 2,
                              "three_quarters": 3 * share // 4}.get(buffer, buffer)
                     data = data.shuffle(size_, seed=tf.cast(worker, tf.int64) + 1,
                                         reshuffle_each_iteration=reshuffle)
@@ -477,6 +482,15 @@ def shuffled_in_flat_map(features, labels, size, num_workers):
         return data.repeat().batch(size)
     return dataset_fn
 
+def share_permuted(features, labels, size, num_workers):
+    def dataset_fn():  # right: the share batched whole, its rows permuted by tf.random.shuffle
+        def permuted(f, l):
+            at = tf.random.shuffle(tf.range(tf.shape(l)[0]))
+            return tf.gather(f, at), tf.gather(l, at)
+        data = _shard(features, labels, num_workers).batch(100_000).map(permuted).unbatch()
+        return data.repeat().batch(size)
+    return dataset_fn
+
 def shuffled_positions(features, labels, size, num_workers):
     def dataset_fn():  # right: positions shuffled, examples gathered
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -611,13 +625,15 @@ def fixed_then_shuffled(features, labels, size, num_workers):
 for name, fn in [("right", make()), ("stub", stub),
                  ("lesson_order", make(order="shuffle batch repeat")),
                  ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
-                 ("no_shard", make(shard=False)), ("no_shuffle", make(shuffle=False)),
+                 ("no_shard", make(shard=False)),
+                 ("no_shuffle", make(shuffle=False, decoy=True)),
                  ("no_reshuffle", make(reshuffle=False)),
                  ("repeat_then_shuffle", make(order="repeat shuffle batch")),
                  ("drop_remainder", make(order="shuffle batch repeat", drop=True)),
-                 ("shuffle_2", make(buffer=2)), ("shuffle_a_batch", make(buffer="batch")),
+                 ("shuffle_2", make(buffer=2)),
+                 ("filter_shard_three_batches", make(shard="filter", buffer="batches")),
                  ("shuffle_half_a_share", make(buffer="half")),
-                 ("shuffle_three_quarters", make(buffer="three_quarters")),
+                 ("shuffle_three_quarters", make(buffer="three_quarters", decoy=True)),
                  ("shuffle_then_shard", shuffle_then_shard),
                  ("notebook_num_workers", notebook_num_workers),
                  ("two_passes_said_infinite", two_passes_said_infinite),
@@ -631,6 +647,7 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("three_then_stored", three_then_stored),
                  ("three_then_fixed", three_then_fixed), ("many_ways", many_ways),
                  ("shuffled_in_flat_map", shuffled_in_flat_map),
+                 ("share_permuted", share_permuted),
                  ("shuffled_positions", shuffled_positions),
                  ("range_three_then_stored", range_three_then_stored),
                  ("rows_three_then_stored", rows_three_then_stored),
@@ -750,14 +767,18 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "no_repeat"): "never run dry",
         ("DATASET", "repeat_10"): "whatever the number of steps",
         ("DATASET", "no_shard"): "same examples",
+        # a tf.random.shuffle of nothing read (a decoy) is no shuffle of the examples
         ("DATASET", "no_shuffle"): "stored order",
         ("DATASET", "no_reshuffle"): "same order in every pass",
         ("DATASET", "repeat_then_shuffle"): "once each|never read",
         ("DATASET", "drop_remainder"): "once each|never read",
         ("DATASET", "shuffle_2"): "too small",
-        ("DATASET", "shuffle_a_batch"): "too small",
+        # a share of a size tf.data cannot tell ahead: its buffer must hold the share (the
+        # graph), or the buffer's reach (a pass's order: at a share of 47, 23 places now and then)
+        ("DATASET", "filter_shard_three_batches"): "cannot tell ahead|too small",
         ("DATASET", "shuffle_half_a_share"): "too small",
-        # the buffer's reach (a pass's order) or the buffer_size against the share (the graph)
+        # the buffer's reach (a pass's order) or the buffer_size against the share (the graph),
+        # a tf.random.shuffle in a map before it standing for no shuffle
         ("DATASET", "shuffle_three_quarters"): "too small",
         ("DATASET", "shuffle_then_shard"): "same examples",
         ("DATASET", "notebook_num_workers"): "which number of workers",
@@ -778,6 +799,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "three_then_fixed"): "same order in every pass|the order of pass",
         ("DATASET", "many_ways"): "too small",
         ("DATASET", "shuffled_in_flat_map"): "PASS",
+        ("DATASET", "share_permuted"): "PASS",
         ("DATASET", "shuffled_positions"): "PASS",
         ("DATASET", "range_three_then_stored"): "stored order",
         ("DATASET", "rows_three_then_stored"): "stored order",

@@ -26,6 +26,7 @@ _SHUFFLES = frozenset(("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
 
 
 _UNBOUNDED = -2  # a buffer_size of tf.data.UNKNOWN_CARDINALITY: the shuffle holds its whole input
+_UNKNOWN = -2  # a cardinality tf.data cannot tell ahead (after a ``filter``, say)
 _PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, one bit each
 
 
@@ -34,21 +35,28 @@ _PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, o
 _SOURCES = frozenset(("TensorSliceDataset", "RangeDataset"))
 _UNBATCH = "UnbatchDataset"
 _ZIPS = frozenset(("ZipDataset",))
-_ZIPPED, _IN_TURN = -1, -2  # marks on a way: it passed a zip; a step of several inputs read in turn
+# random draws (op types): ``tf.random.shuffle``, ``tf.random.uniform`` (``tf.argsort`` of one),
+# their stateless forms, a ``tf.random.Generator``'s
+_DRAWS = ("Random", "Stateless", "Stateful", "Rng")
+# marks on a way: it passed a zip; a step of several inputs read in turn; a step whose function
+# draws random numbers
+_ZIPPED, _IN_TURN, _MIXED = -1, -2, -3
 
 
-def _calls_a_shuffle(op: Any) -> bool:
-    """Whether ``op`` (a ``flat_map``, an ``interleave``) calls a function that makes a shuffle."""
+def _calls_a_shuffle(op: Any) -> frozenset[str]:
+    """The shuffles (``ShuffleDataset``) and random draws (``tf.random.shuffle``, say) that the
+    function of ``op`` (a ``flat_map``, an ``interleave``, a ``map``) makes, by op type."""
     try:
         name = op.get_attr("f").name
     except (ValueError, AttributeError):
-        return False
+        return frozenset()
     try:
         function = op.graph._get_function(name)
         definition = getattr(function, "cached_definition", None) or function.definition
     except (AttributeError, KeyError, ValueError):
-        return False
-    return any(node.op in _SHUFFLES for node in definition.node_def)
+        return frozenset()
+    return frozenset(node.op for node in definition.node_def
+                     if node.op in _SHUFFLES or node.op.startswith(_DRAWS))
 
 
 def shuffles_of(dataset: Any) -> Any:
@@ -61,10 +69,13 @@ def shuffles_of(dataset: Any) -> Any:
     ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` or ``range`` source,
     or an ``unbatch`` with neither a shuffle nor a source below it (rows of tensors), on a way
     with no shuffle at all stands as a shuffle with a buffer of 0 (stored order) of its elements, on
-    that way alone (not below a step whose function makes a shuffle: its elements are then not
-    the examples read). Where there are more than 62 ways, every shuffle's mask is -1 (each is then
-    judged alone) and the slices are not. A shuffle inside a function a dataset step calls
-    (``flat_map``, ``interleave``) is not read."""
+    that way alone (not below a step whose function makes a shuffle or draws random numbers,
+    nor an ``unbatch`` above one: its elements are then not the examples read in stored order).
+    Where there are more than 62 ways, every shuffle's mask is -1 (each is then judged alone)
+    and the slices are not. A shuffle inside a function a dataset step calls (``flat_map``,
+    ``interleave``) is not read: that step stands as a whole shuffle (``[-2, -2, 1, mask]``) on
+    its ways; random draws (``tf.random.shuffle`` in a ``map``), a decoy as easily as a whole
+    permutation, only exempt the slices below them."""
     tf = _tf()
     shuffles: list[Any] = []  # the ops, in the order found (sources too)
     below: dict[str, frozenset[frozenset[int]]] = {}  # op name: the sets of shuffles per way
@@ -78,10 +89,16 @@ def shuffles_of(dataset: Any) -> Any:
                 if len(inputs) > 1:  # a zip's branches are read side by side, others in turn
                     mark = _ZIPPED if op.type in _ZIPS else _IN_TURN
                     found = frozenset(way | {mark} for way in found)
-                if _calls_a_shuffle(op):  # the slices below are not the examples read
+                called = _calls_a_shuffle(op)
+                if called:  # the slices below are not the examples read
                     found = frozenset(frozenset(i for i in way if i < 0 or shuffles[i].type
                                                 not in _SOURCES | {_UNBATCH}) for way in found)
-                elif op.type == _UNBATCH and all(i < 0 for way in found for i in way):
+                    if called & _SHUFFLES:  # it stands as a whole shuffle on its ways
+                        shuffles.append(op)
+                    mark = len(shuffles) - 1 if called & _SHUFFLES else _MIXED
+                    found = frozenset(way | {mark} for way in found)
+                elif op.type == _UNBATCH and all(i < 0 and i != _MIXED for way in found
+                                                 for i in way):
                     shuffles.append(op)  # rows of tensors, in stored order
                     found = frozenset([frozenset([len(shuffles) - 1])])
             elif op.type in _SOURCES:
@@ -111,6 +128,10 @@ def shuffles_of(dataset: Any) -> Any:
                 tf.raw_ops.DatasetCardinality(input_dataset=op.outputs[0]),
                 tf.constant(1, tf.int64), tf.constant(mask, tf.int64)]))
             continue
+        if op.type not in _SHUFFLES:  # a step whose function makes a shuffle: read as whole
+            mask = -1 if many else sum(1 << bit for bit, way in enumerate(found) if index in way)
+            rows.append(tf.constant([_UNBOUNDED, -2, 1, mask], tf.int64))
+            continue
         try:
             reshuffle = bool(op.get_attr("reshuffle_each_iteration"))
         except ValueError:  # V2: a seed generator's, reshuffled each pass
@@ -133,28 +154,38 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
     all, a shuffle of groups of examples (batches, a part of the share), which stay together;
     ``(-1, elements)``, a way with a shuffle that never reshuffles (the same order every pass)
     and none that reshuffles more than one element (or an unknown or infinite number with a
-    buffer of ``share`` or more).
+    buffer of ``share`` or more). A reshuffling shuffle of an unknown number of elements (-2:
+    after a ``filter``, say) shuffles them whole where its buffer holds ``share`` examples or is
+    unbounded; ``(buffer_size, -2)`` where it does not.
     With more than 62 ways (mask -1), each such shuffle must shuffle its input whole."""
 
     def whole(buffer: int, size: int) -> bool:
+        if size == _UNKNOWN:
+            return buffer == _UNBOUNDED or buffer >= share
         return (buffer >= size or buffer == _UNBOUNDED) and size >= share
 
+    def judged(buffer: int, size: int, reshuffle: int) -> bool:  # stored order (0): known sizes
+        return bool(reshuffle) and (size > 1 or size == _UNKNOWN and buffer != 0)
+
+    def least(pairs: list[tuple[int, int]]) -> tuple[int, int]:  # the largest buffer, for its size
+        return max(pairs, key=lambda pair: pair[0] / (share if pair[1] == _UNKNOWN else pair[1]))
+
     alone = [(buffer, size) for buffer, size, reshuffle, mask in shuffles
-             if mask == -1 and reshuffle and size > 1 and not whole(buffer, size)]
+             if mask == -1 and judged(buffer, size, reshuffle) and not whole(buffer, size)]
     if alone:
-        return max(alone, key=lambda pair: pair[0] / pair[1])
+        return least(alone)
     bits = {bit for *_, mask in shuffles if mask > 0
             for bit in range(mask.bit_length()) if mask >> bit & 1}
     for bit in sorted(bits):
-        judged = [(buffer, size) for buffer, size, reshuffle, mask in shuffles
-                  if mask > 0 and mask >> bit & 1 and reshuffle and size > 1]
-        if judged and not any(whole(buffer, size) for buffer, size in judged):
-            return max(judged, key=lambda pair: pair[0] / pair[1])
         on = [row for row in shuffles if row[3] > 0 and row[3] >> bit & 1 and row[0] != 0]
         fixed = [(buffer, size) for buffer, size, reshuffle, _ in on if size > 1]
         if fixed and not any(reshuffle and (size > 1 or size < 0 and (
                 buffer == _UNBOUNDED or buffer >= share)) for buffer, size, reshuffle, _ in on):
             return (-1, max(size for _, size in fixed))
+        way = [(buffer, size) for buffer, size, reshuffle, mask in shuffles
+               if mask > 0 and mask >> bit & 1 and judged(buffer, size, reshuffle)]
+        if way and not any(whole(buffer, size) for buffer, size in way):
+            return least(way)
     return None
 
 
