@@ -438,7 +438,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         # the broken pipeline's epoch only for the speed-up shown (the count decided)
         waited = reads["waited"]  # the grace a busy machine's late reads were given
         broken_s = train_epoch(without_default_optimizations(broken()), reads, first, count)[2]
-        print(epoch_summary(share, seconds, waited, broken_s))
+        print(epoch_summary(share, seconds, waited, broken_s, count))
         return None
 
     case = Case(args=(records(), read, BATCH_SIZE),
