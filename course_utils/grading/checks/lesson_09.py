@@ -21,12 +21,12 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch (noise on each
   example's features, not others' copied or mixed in the ways ``pipeline_probe`` names, one
-  augment's spread), and a
-  profile of its second epoch shows the step waiting for input less than ``FAST_INPUT_SHARE`` of
-  the time, where the slow pipeline waits more than ``SLOW_INPUT_SHARE`` (the same profiled
-  step), profiled up to ``BASELINE_ATTEMPTS`` times until it does (``slow_baseline``), each
-  retry with the disk's wait doubled. Both are profiled with the pipeline read on the step's own
-  thread (the distributed iterator's generator thread can hide a wait as "other"). Before any
+  augment's spread), and a profile of its second epoch shows the step waiting for input less
+  than ``FAST_INPUT_SHARE`` of the time (up to ``BASELINE_ATTEMPTS`` profiles, the least kept),
+  where the slow pipeline waits more than ``SLOW_INPUT_SHARE`` (the same profiled step),
+  profiled up to ``BASELINE_ATTEMPTS`` times until it does (``slow_baseline``), each retry with
+  the disk's wait doubled. Both read the pipeline on the step's own thread (the distributed
+  iterator's generator thread can hide a wait as "other"). Before any
   profile, ``read`` must have run exactly once per example, counted from the call of the
   learner's function through two epochs (it decodes the stored record, so a pipeline that never
   reads gets the wrong features), the ``augment`` given must have run while they were read (its
@@ -58,6 +58,12 @@ import numpy as np
 
 from course_utils.grading.checks import pipeline_probe
 from course_utils.grading.checks.call_guard import CallsInto, watching_problem
+from course_utils.grading.checks.pipeline_probe import (
+    BASELINE_ATTEMPTS,
+    FAST_INPUT_SHARE,
+    SLOW_INPUT_SHARE,
+    slow_baseline,
+)
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -76,13 +82,6 @@ __all__ = [
 
 #: Seconds the check's "disk" takes to read one example (a sleep: it occupies no core).
 READ_SECONDS = 0.01
-#: Input share of the step time the fixed pipeline must stay under.
-FAST_INPUT_SHARE = 0.4
-#: Input share the slow pipeline shows (the check's own sanity test of its baseline).
-SLOW_INPUT_SHARE = 0.6
-#: Profiles of the slow pipeline the check takes before it gives up on its own baseline: on a
-#: busy machine one profile can catch the step slowed by other programs, not by its input.
-BASELINE_ATTEMPTS = 3
 _FEATURES = 32  # the check's examples: 32 features, and the example's index as its label
 _WIDEN = 64  # the heavy step's layers are 64 times wider than the examples
 _BOTTLENECKS = ("input", "compute", "communication")
@@ -92,21 +91,6 @@ def slow_pipeline(records: Any, read: Callable[..., Any], augment: Callable[...,
                   batch_size: int) -> Any:
     """The exercise's input-bound pipeline: read every example every epoch, augment, batch."""
     return records.map(read).map(augment).batch(batch_size)
-
-
-def slow_baseline(profile: Callable[[], Any], attempts: int = BASELINE_ATTEMPTS) -> Any:
-    """The first of up to ``attempts`` profiles (``profile()``, a step breakdown) whose input
-    share reaches ``SLOW_INPUT_SHARE``; RuntimeError with every share when none does."""
-    shares = []
-    for _ in range(attempts):
-        breakdown = profile()
-        shares.append(breakdown.shares()["input"])
-        if shares[-1] >= SLOW_INPUT_SHARE:
-            return breakdown
-    raise RuntimeError(f"the check's slow pipeline waited only "
-                       f"{', '.join(f'{share:.0%}' for share in shares)} for input in "
-                       f"{attempts} profiles (it should wait over {SLOW_INPUT_SHARE:.0%}): "
-                       "this machine is too busy to grade this now; run the cell again")
 
 
 # --- a profiled distributed run ----------------------------------------------------------------
@@ -334,7 +318,7 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
                     "waits for the step (the check switches off tf.data's injected prefetch "
                     "and the distributed iterator's buffer: not yours to rely on). Which "
                     "tf.data step overlaps preparing with consuming? (lesson 01, section 4)")
-        fast = profile(dataset)
+        fast = pipeline_probe.least_input(lambda: profile(dataset))
         slow = slow_baseline(slow_profile)
         shares = fast.shares()["input"], slow.shares()["input"]
         if shares[0] >= FAST_INPUT_SHARE:
