@@ -67,7 +67,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     py_function, dependencies, identity, int32 = (tf.py_function, tf.control_dependencies,
                                                   tf.identity, tf.int32)
     asarray, unique, prod, float64 = np.asarray, np.unique, np.prod, np.float64
-    concatenate = np.concatenate
+    concatenate, isin, sort = np.concatenate, np.isin, np.sort
     weak_keys, weak_set = weakref.WeakKeyDictionary, weakref.WeakSet
     rows_of = []                      # (rank, row shape, the rows as bytes) of each array
     for array in arrays:
@@ -75,6 +75,9 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         flat = array.reshape(len(array), -1)
         rows_of.append((array.ndim, array.shape[1:], {row.tobytes() for row in flat}))
     row_shapes = {tuple(shape) for _, shape, _ in rows_of if len(shape) == 1}
+    value_sets = [(shape[0], unique(asarray(array).astype(float64)))   # its values
+                  for array, (_, shape, _) in zip(arrays, rows_of, strict=True)
+                  if len(shape) == 1]
 
     def single_rows(shapes: list[Any]) -> list[int]:
         """Indices of the parts of one dimension at least as long as a row of the data, when an
@@ -135,12 +138,20 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
 
     def held(spec: Any) -> int:
         """The examples an element of ``spec`` holds: the product of its dimensions before
-        the row shape of the data's arrays (of all of them, when none fits), those not known
-        counted as 1 (at least that many: ``[None, global batch, features]`` holds global
-        batches); 0 for one example or a part of one dimension."""
+        the row shape of the data's arrays (before its last, when none fits: a row with its
+        label), those not known counted as 1 (at least that many: ``[None, global batch,
+        features]`` holds global batches); 0 for one example or a part of one dimension."""
         if not isinstance(spec, tensor_spec) or (spec.shape.rank or 0) < 2:
             return 0
-        return int(prod([d for d in leading(spec.shape.as_list()) if d is not None]))
+        dims = spec.shape.as_list()
+        lead = leading(dims)
+        return int(prod([d for d in (dims[:-1] if len(lead) == len(dims) else lead)
+                         if d is not None]))
+
+    def loose(dims: Any) -> bool:
+        """Whether the data's values a part holds are counted as rows (:func:`note`): a part
+        of one dimension or none, or one whose rows have no row shape of the data's."""
+        return dims is not None and (len(dims) <= 1 or kin(list(dims)) is None)
 
     def leading(dims: list[Any]) -> list[Any]:
         """The dimensions before the row shape of the data's arrays (all, when none fits)."""
@@ -176,9 +187,17 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         return len(dims) >= 2 and None in leading(dims)
 
     def several(specs: Any) -> bool:
-        """Whether an element has several parts of one dimension as long as a row or longer."""
+        """Whether an element has several parts of one dimension as long as a row or longer,
+        or parts holding more values (or a number not known) than ``share`` rows of the data
+        (:func:`loose`: packed rows, a row with its label, scalars)."""
+        low = [spec for spec in specs if isinstance(spec, tensor_spec)
+               and spec.shape.rank is not None and loose(spec.shape.as_list())]
         return bool(single_rows([spec.shape.as_list() if isinstance(spec, tensor_spec)
-                                 and spec.shape.rank is not None else None for spec in specs]))
+                                 and spec.shape.rank is not None else None for spec in specs])
+                    ) or (bool(value_sets) and (
+                        None in [d for spec in low for d in spec.shape] or sum(
+                            spec.shape.num_elements() for spec in low) > share * min(
+                                w for w, _ in value_sets)))   # more values than share rows
 
     def row_set(value: Any) -> bytes:
         """The set of rows a part holds (the examples :func:`held` counts), as bytes."""
@@ -204,6 +223,17 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         batch of that many."""
         groups: dict[Any, list[Any]] = {}
         values = [asarray(value) for value in values]
+        low = [v.real if v.dtype.kind == "c" else v for v in values if loose(v.shape)
+               and v.dtype.kind in "biufc"]
+        if low:                       # the data's values in loose parts, as rows
+            flat = concatenate([v.astype(float64).ravel() for v in low])
+            for width, known in value_sets:
+                hits = flat[isin(flat, known)]
+                count = len(hits) // width
+                if count > share and firsts.setdefault(
+                        (number, ("values", width)), sort(hits).tobytes()
+                ) != sort(hits).tobytes():
+                    sizes.append(count)
         found = {i: as_row(values[i]) for i in single_rows([list(v.shape) for v in values])}
         rows = {i: row for i, row in found.items() if row is not None}
         if len(rows) > 1:             # rows of the data as parts: a stack of them
