@@ -2,19 +2,27 @@
 the in-process check of ``make_dataset_fn`` and bound by every exercise worker's set-up before
 the learner's code runs (:mod:`course_utils.grading.checks.worker_scripts`).
 
-Every dataset made while the audit is in place reports the batch or window size of a batching
-op (-1: not known when it was made; whatever API made it: ``batch``, ``padded_batch``,
-``map_and_batch``, ``window``, ``group_by_window``, ``rebatch``, a private function) times the
-examples each element it takes holds (a batch of per-replica batches is a global batch), and
-the examples its own element holds; or the examples an element already holds when they are more
-than the per-replica batch (``share``: whole global batches made in NumPy). The parts of an
-element whose rows have the row shape of one of the data's arrays count together, whatever
-their dtypes (a global batch as one ``[per-replica batch, features]`` part per replica is a
-global batch), and so do all its parts of row shapes none of the data's arrays has (the same as
-``[per-replica batch, 1]`` columns); a part of one dimension counts for nothing, except
-several that hold rows of the data (all their values, or their first or last as many as a row
-has: a row with its label), stacked as one part (a global batch as one part per example, read
-as it runs). One element of
+Every dataset made while the audit is in place (in process: ``make_dataset_fn``'s body and
+each ``dataset_fn`` call) reports the batch or window size of a batching op (-1: not known
+when it was made; made by any ``tf.data.Dataset`` method or class: ``batch``, ``padded_batch``,
+``map_and_batch``, ``window``, ``group_by_window``, ``rebatch``, a private function; not by
+``tf.raw_ops``, which makes no Dataset: the in-process check also reads the batching ops of the
+returned dataset's serialized graph, :mod:`course_utils.grading.checks.resume_inputs`) times
+the examples each element it takes holds (a batch of per-replica batches is a global batch),
+and the examples its own element holds; or the examples an element already holds when they
+are more than the per-replica batch (``share``: whole global batches made in NumPy). The parts
+of an element whose rows have the row shape of one of the data's arrays count together,
+whatever their dtypes (a global batch as one ``[per-replica batch, features]`` part per
+replica is a global batch), and so do all its parts of row shapes none of the data's arrays
+has, each by its dimensions before its last (``[per-replica batch, 1]`` columns, a row with
+its label); a part of one dimension counts for nothing, except several that hold rows of the
+data (every whole chunk of a row's length, else one run of a row's length: a row among an
+index and a label), stacked as one part (a global batch as one part per example, read as it
+runs). The data's values (of its arrays of rows of one dimension; the real part of complex
+numbers) in parts of one dimension or none and of row shapes none of the data has count too,
+as that many rows: an element whose such parts hold more values than the per-replica batch of
+rows (or a number not known) is read as it runs (rows packed, padded, interleaved with labels,
+split in halves, reversed, as complex numbers, a value to a part). One element of
 ``from_tensors`` (or several zipped) is all the data, no batch, when each of its parts is a
 stack of rows of the arrays the check handed over (same rank and row shape, every row one of
 theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the resumed order) or
@@ -33,14 +41,15 @@ even each a ``from_tensors`` element of the data's rows, are not: chunks larger 
 per-replica batch count as batches, as their known-size stacks do). Refused though right: a
 per-replica batch carried with a second part of the features' row shape (``(f, f + 1.0,
 labels)``, the copy dropped later), counted as twice the per-replica batch: a copy cannot be
-told from the next replica's rows stored another way; likewise two ``[per-replica batch, 1]``
-parts (labels and weights as columns). Still passes: the features flattened into one dimension
-(an index array looks alike), a global batch as one column per feature (parts of one dimension
-hold no row of the data), rows of the data in global-batch order reshaped into global
-batches of known size inside a traced function (``flat_map``): the audit reads how datasets are
-made, not the graphs of their functions; each element all the data, rolled so that the next
-global batch comes first; global batches serialized into one string each; ragged or sparse
-elements (not probed), and an element of one dimension (a global batch of labels alone).
+told from the next replica's rows stored another way; likewise two parts of row shapes none of
+the data has (labels and weights as ``[per-replica batch, 1]`` columns, the features split
+into a column and two); pipelines for every layout built in ``make_dataset_fn``'s body
+before a context says which (their other layouts' batches count). Still passes: a global
+batch made as a tensor inside a traced function (``flat_map``'s, gathering or reshaping the
+data's rows) and cut there: no element or batching op holds it; each element all the data,
+rolled so that the next global batch comes first; the data's rows stored in values not the
+data's (negated, scaled, serialized into strings: any lossless encoding); ragged or sparse
+elements (not probed); an element of one dimension of labels alone (a global batch of ids).
 """
 
 from __future__ import annotations
