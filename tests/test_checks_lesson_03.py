@@ -1251,31 +1251,40 @@ def built_before_the_context(x, y, global_batch, examples_done):
     return dataset_fn
 
 
-def whole_batches_by_raw_ops(x, y, global_batch, examples_done):
+def whole_batches_by_raw_ops(traced=False):
     """Whole global batches made by ``tf.raw_ops`` (no Dataset object), rebatched into the
-    pipelines' parts, this pipeline's kept."""
-    def dataset_fn(context):
-        batch = context.get_per_replica_batch_size(global_batch)
-        pipelines = context.num_input_pipelines
-        own = context.num_replicas_in_sync // pipelines * batch
-        base = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
-        types = [tf.float32, tf.int64]
-        variant = tf.raw_ops.BatchDatasetV2(
-            input_dataset=base._variant_tensor, batch_size=global_batch, drop_remainder=True,
-            output_types=types, output_shapes=[[global_batch, 3], [global_batch]])
-        variant = tf.raw_ops.RebatchDatasetV2(
-            input_dataset=variant, batch_sizes=[own] * pipelines, drop_remainder=True,
-            output_types=types, output_shapes=[[own, 3], [own]])
-        variant = tf.raw_ops.ShardDataset(
-            input_dataset=variant, num_shards=pipelines, index=context.input_pipeline_id,
-            output_types=types, output_shapes=[[own, 3], [own]])
-        variant = tf.raw_ops.UnbatchDataset(input_dataset=variant, output_types=types,
-                                            output_shapes=[[3], []])
-        rows = tf.data.experimental.from_variant(
-            variant, (tf.TensorSpec([3], tf.float32), tf.TensorSpec([], tf.int64)))
-        return rows.batch(batch, drop_remainder=True)
+    pipelines' parts, this pipeline's kept; ``traced``: inside a ``flat_map``'s function, the
+    sizes computed there (no constant in the graph)."""
+    def make(x, y, global_batch, examples_done):
+        def dataset_fn(context):
+            batch = context.get_per_replica_batch_size(global_batch)
+            pipelines = context.num_input_pipelines
 
-    return dataset_fn
+            def rows(k):
+                size = tf.cast(k, tf.int64) * 0 + global_batch if traced else global_batch
+                base = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+                types, shapes = [tf.float32, tf.int64], [[None, 3], [None]]
+                variant = tf.raw_ops.BatchDatasetV2(
+                    input_dataset=base._variant_tensor, batch_size=size, drop_remainder=True,
+                    output_types=types, output_shapes=shapes)
+                variant = tf.raw_ops.RebatchDatasetV2(
+                    input_dataset=variant, drop_remainder=True,
+                    batch_sizes=tf.fill([pipelines], tf.cast(size // pipelines, tf.int64)),
+                    output_types=types, output_shapes=shapes)
+                variant = tf.raw_ops.ShardDataset(
+                    input_dataset=variant, num_shards=pipelines,
+                    index=context.input_pipeline_id, output_types=types, output_shapes=shapes)
+                variant = tf.raw_ops.UnbatchDataset(input_dataset=variant, output_types=types,
+                                                    output_shapes=[[3], []])
+                return tf.data.experimental.from_variant(
+                    variant, (tf.TensorSpec([3], tf.float32), tf.TensorSpec([], tf.int64)))
+
+            dataset = tf.data.Dataset.range(1).flat_map(rows) if traced else rows(0)
+            return dataset.batch(batch, drop_remainder=True)
+
+        return dataset_fn
+
+    return make
 
 
 def zipped_rows(x, y, global_batch, examples_done):
@@ -1797,8 +1806,9 @@ RESUME_CATALOGUE = {
        for layout in LAYOUTS},
     "whole global batches sliced for every layout before dataset_fn is called": (
         restore_latest, built_before_the_context, r"batched \[\d+(, \d+)*\] examples"),
-    "whole global batches made by tf.raw_ops": (
-        restore_latest, whole_batches_by_raw_ops, r"batched \[\d+(, \d+)*\] examples"),
+    **{f"whole global batches made by tf.raw_ops{where}": (
+        restore_latest, whole_batches_by_raw_ops(traced), r"batched \[-?\d+(, -?\d+)*\] examples")
+       for traced, where in ((False, ""), (True, " in flat_map, sizes computed there"))},
 }
 
 

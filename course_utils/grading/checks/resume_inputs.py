@@ -141,7 +141,7 @@ def _graph_batches(tf: Any, dataset: Any, width: int) -> list[int]:
     any API, ``tf.raw_ops`` included, in its functions too): the dimensions of its output
     shapes before a row of ``width`` values (the first alone for other parts), or its constant
     size input (``batch_size``, a window's ``size``...) where larger; -1 where neither is
-    known."""
+    known (as the audit counts a size not known when the op was made)."""
     from tensorflow.python.framework import op_def_registry
 
     graph = tf.compat.v1.GraphDef()
@@ -153,8 +153,8 @@ def _graph_batches(tf: Any, dataset: Any, width: int) -> list[int]:
         nodes = {node.name: node for node in group}   # a function's nodes too (flat_map's)
         for node in group:
             if "Dataset" not in node.op or not any(k in node.op for k in _BATCHING) or (
-                    "Unbatch" in node.op):
-                continue
+                    "Unbatch" in node.op or "GroupByWindow" in node.op):
+                continue      # a group's window: its reduce function's batches are read
             counts = []
             for shape in node.attr["output_shapes"].list.shape:
                 dims = [d.size for d in shape.dim]
@@ -217,7 +217,8 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
                         "audit of its datasets (tf.data.Dataset.__init__): build the "
                         "pipeline, leave tf.data's classes as they are")
             if sizes is not None:   # what the pipeline's graph batches, however it was made
-                sizes += [n for n in _graph_batches(tf, dataset, x.shape[1]) if n > replica_batch]
+                sizes += [n for n in _graph_batches(tf, dataset, x.shape[1])
+                          if not 0 <= n <= replica_batch]
             if any(size < 0 or size > replica_batch for size in sizes):
                 return (f"{where}: pipeline {pipeline} batched {sizes[:4]} examples at a time "
                         f"({COUNTED}): each pipeline should read only its own shard of the "
