@@ -1157,6 +1157,136 @@ def rows_with_labels(x, y, global_batch, examples_done):
     return dataset_fn
 
 
+def _packed(f, t, r, pad=0):
+    """``r`` rows to a part of one dimension (then ``pad`` zeros), ``r`` labels to another."""
+    rows = f.reshape(len(f), -1, 3 * r)
+    rows = np.concatenate([rows, np.zeros((*rows.shape[:2], pad), f.dtype)], 2)
+    return [*rows.transpose(1, 0, 2), *t.reshape(len(t), -1, r).transpose(1, 0, 2)]
+
+
+def _unpacked(p, n, pad=0):
+    features = tf.stack(p[:n])
+    return (tf.reshape(features[:, :features.shape[1] - pad], [-1, 3]),
+            tf.reshape(tf.stack(p[n:]), [-1]))
+
+
+def _each(f, t):
+    """The examples of ``f`` [steps, global batch, ...] and labels ``t``, each a part."""
+    return [*np.moveaxis(f, 1, 0), *t.T]
+
+
+#: How :func:`rows_laid_out` lays a global batch (features ``f`` [steps, global batch, 3],
+#: labels ``t``, ``r`` the replicas) into parts in NumPy, and the TensorFlow function that
+#: gives the global batch (``g`` examples) back from one step's parts ``p``.
+LAYOUTS = {
+    "R rows to a part": (_packed, lambda p, g, r: _unpacked(p, g // r)),
+    "R rows and a 0 to a part": (lambda f, t, r: _packed(f, t, r, pad=1),
+                                 lambda p, g, r: _unpacked(p, g // r, pad=1)),
+    "an index, a row and a label to a part": (
+        lambda f, t, r: list(np.moveaxis(np.concatenate(
+            [t[..., None], f, t[..., None]], 2).astype(f.dtype), 1, 0)),
+        lambda p, g, r: (tf.stack(p)[:, 1:4], tf.cast(tf.stack(p)[:, 4], tf.int64))),
+    "rows reversed": (lambda f, t, r: _each(f[..., ::-1], t),
+                      lambda p, g, r: (tf.reverse(tf.stack(p[:g]), [1]), tf.stack(p[g:]))),
+    "rows as complex numbers": (lambda f, t, r: _each(f.astype(np.complex64), t),
+                                lambda p, g, r: (tf.math.real(tf.stack(p[:g])),
+                                                 tf.stack(p[g:]))),
+    "one value to a part": (lambda f, t, r: [*f.reshape(len(f), -1).T, *t.T],
+                            lambda p, g, r: (tf.reshape(tf.stack(p[:3 * g]), [g, 3]),
+                                             tf.stack(p[3 * g:]))),
+    "half rows": (lambda f, t, r: [*np.moveaxis(f[..., :2], 1, 0), *np.moveaxis(
+        np.concatenate([f[..., 2:], t[..., None].astype(f.dtype)], 2), 1, 0)],
+        lambda p, g, r: (tf.concat([tf.stack(p[:g]), tf.stack(p[g:])[:, :1]], 1),
+                         tf.cast(tf.stack(p[g:])[:, 1], tf.int64))),
+    "R rows to a row of one part": (lambda f, t, r: [f.reshape(len(f), -1, 3 * r), t],
+                                    lambda p, g, r: (tf.reshape(p[0], [-1, 3]), p[1])),
+}
+
+
+def rows_laid_out(layout):
+    """Whole global batches laid out as :data:`LAYOUTS` says, each pipeline keeping its own
+    rows: no batching op reads more than the per-replica batch."""
+    encode, decode = LAYOUTS[layout]
+
+    def make(x, y, global_batch, examples_done):
+        def dataset_fn(context):
+            batch = context.get_per_replica_batch_size(global_batch)
+            replicas = context.num_replicas_in_sync
+            own = replicas // context.num_input_pipelines * batch
+            start = context.input_pipeline_id * own
+            order = ((examples_done + np.arange(60 * global_batch)) % len(x)).reshape(60, -1)
+
+            def mine(*p):
+                f, t = decode(p, global_batch, replicas)
+                return tf.data.Dataset.from_tensor_slices((f[start:start + own],
+                                                           t[start:start + own]))
+
+            dataset = tf.data.Dataset.from_tensor_slices(
+                tuple(encode(x[order], y[order], replicas))).flat_map(mine)
+            return dataset.batch(batch, drop_remainder=True)
+
+        return dataset_fn
+
+    return make
+
+
+def built_before_the_context(x, y, global_batch, examples_done):
+    """Whole global batches sliced for every layout in make_dataset_fn's body, before the
+    context says which; dataset_fn only looks its layout up."""
+    base = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+    base = base.batch(global_batch)
+    made = {}
+    for pipelines in (2, 3, 4):
+        for replicas in [r for r in (pipelines, 2 * pipelines) if global_batch % r == 0]:
+            batch, own = global_batch // replicas, global_batch // pipelines
+            for pipeline in range(pipelines):
+                made[pipelines, pipeline, replicas] = base.map(
+                    lambda f, t, lo=pipeline * own, own=own: (f[lo:lo + own], t[lo:lo + own])
+                ).unbatch().batch(batch, drop_remainder=True)
+
+    def dataset_fn(context):
+        return made[context.num_input_pipelines, context.input_pipeline_id,
+                    context.num_replicas_in_sync]
+
+    return dataset_fn
+
+
+def whole_batches_by_raw_ops(traced=False):
+    """Whole global batches made by ``tf.raw_ops`` (no Dataset object), rebatched into the
+    pipelines' parts, this pipeline's kept; ``traced``: inside a ``flat_map``'s function, the
+    sizes computed there (no constant in the graph)."""
+    def make(x, y, global_batch, examples_done):
+        def dataset_fn(context):
+            batch = context.get_per_replica_batch_size(global_batch)
+            pipelines = context.num_input_pipelines
+
+            def rows(k):
+                size = tf.cast(k, tf.int64) * 0 + global_batch if traced else global_batch
+                base = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+                types, shapes = [tf.float32, tf.int64], [[None, 3], [None]]
+                variant = tf.raw_ops.BatchDatasetV2(
+                    input_dataset=base._variant_tensor, batch_size=size, drop_remainder=True,
+                    output_types=types, output_shapes=shapes)
+                variant = tf.raw_ops.RebatchDatasetV2(
+                    input_dataset=variant, drop_remainder=True,
+                    batch_sizes=tf.fill([pipelines], tf.cast(size // pipelines, tf.int64)),
+                    output_types=types, output_shapes=shapes)
+                variant = tf.raw_ops.ShardDataset(
+                    input_dataset=variant, num_shards=pipelines,
+                    index=context.input_pipeline_id, output_types=types, output_shapes=shapes)
+                variant = tf.raw_ops.UnbatchDataset(input_dataset=variant, output_types=types,
+                                                    output_shapes=[[3], []])
+                return tf.data.experimental.from_variant(
+                    variant, (tf.TensorSpec([3], tf.float32), tf.TensorSpec([], tf.int64)))
+
+            dataset = tf.data.Dataset.range(1).flat_map(rows) if traced else rows(0)
+            return dataset.batch(batch, drop_remainder=True)
+
+        return dataset_fn
+
+    return make
+
+
 def zipped_rows(x, y, global_batch, examples_done):
     """A global batch as one element of global_batch zipped datasets (every pipeline reads all
     the rows, no batching op), each pipeline keeping its own rows."""
@@ -1671,6 +1801,14 @@ RESUME_CATALOGUE = {
                                       r"batched \[\d+(, \d+)*\] examples"),
     "a global batch as one part per row with its label": (
         restore_latest, rows_with_labels, r"batched \[\d+(, \d+)*\] examples"),
+    **{f"a global batch laid out as {layout}": (
+        restore_latest, rows_laid_out(layout), r"batched \[\d+(, \d+)*\] examples")
+       for layout in LAYOUTS},
+    "whole global batches sliced for every layout before dataset_fn is called": (
+        restore_latest, built_before_the_context, r"batched \[\d+(, \d+)*\] examples"),
+    **{f"whole global batches made by tf.raw_ops{where}": (
+        restore_latest, whole_batches_by_raw_ops(traced), r"batched \[-?\d+(, -?\d+)*\] examples")
+       for traced, where in ((False, ""), (True, " in flat_map, sizes computed there"))},
 }
 
 

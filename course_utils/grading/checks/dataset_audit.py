@@ -2,19 +2,27 @@
 the in-process check of ``make_dataset_fn`` and bound by every exercise worker's set-up before
 the learner's code runs (:mod:`course_utils.grading.checks.worker_scripts`).
 
-Every dataset made while the audit is in place reports the batch or window size of a batching
-op (-1: not known when it was made; whatever API made it: ``batch``, ``padded_batch``,
-``map_and_batch``, ``window``, ``group_by_window``, ``rebatch``, a private function) times the
-examples each element it takes holds (a batch of per-replica batches is a global batch), and
-the examples its own element holds; or the examples an element already holds when they are more
-than the per-replica batch (``share``: whole global batches made in NumPy). The parts of an
-element whose rows have the row shape of one of the data's arrays count together, whatever
-their dtypes (a global batch as one ``[per-replica batch, features]`` part per replica is a
-global batch), and so do all its parts of row shapes none of the data's arrays has (the same as
-``[per-replica batch, 1]`` columns); a part of one dimension counts for nothing, except
-several that hold rows of the data (all their values, or their first or last as many as a row
-has: a row with its label), stacked as one part (a global batch as one part per example, read
-as it runs). One element of
+Every dataset made while the audit is in place (in process: ``make_dataset_fn``'s body and
+each ``dataset_fn`` call) reports the batch or window size of a batching op (-1: not known
+when it was made; made by any ``tf.data.Dataset`` method or class: ``batch``, ``padded_batch``,
+``map_and_batch``, ``window``, ``group_by_window``, ``rebatch``, a private function; not by
+``tf.raw_ops``, which makes no Dataset: the in-process check also reads the batching ops of the
+returned dataset's serialized graph, :mod:`course_utils.grading.checks.resume_inputs`) times
+the examples each element it takes holds (a batch of per-replica batches is a global batch),
+and the examples its own element holds; or the examples an element already holds when they
+are more than the per-replica batch (``share``: whole global batches made in NumPy). The parts
+of an element whose rows have the row shape of one of the data's arrays count together,
+whatever their dtypes (a global batch as one ``[per-replica batch, features]`` part per
+replica is a global batch), and so do all its parts of row shapes none of the data's arrays
+has, each by its dimensions before its last (``[per-replica batch, 1]`` columns, a row with
+its label); a part of one dimension counts for nothing, except several that hold rows of the
+data (every whole chunk of a row's length, else one run of a row's length: a row among an
+index and a label), stacked as one part (a global batch as one part per example, read as it
+runs). The data's values (of its arrays of rows of one dimension; the real part of complex
+numbers) in parts of one dimension or none and of row shapes none of the data has count too,
+as that many rows: an element whose such parts hold more values than the per-replica batch of
+rows (or a number not known) is read as it runs (rows packed, padded, interleaved with labels,
+split in halves, reversed, as complex numbers, a value to a part). One element of
 ``from_tensors`` (or several zipped) is all the data, no batch, when each of its parts is a
 stack of rows of the arrays the check handed over (same rank and row shape, every row one of
 theirs, in any order: ``from_tensors(x[start:])`` or the rows gathered in the resumed order) or
@@ -33,14 +41,15 @@ even each a ``from_tensors`` element of the data's rows, are not: chunks larger 
 per-replica batch count as batches, as their known-size stacks do). Refused though right: a
 per-replica batch carried with a second part of the features' row shape (``(f, f + 1.0,
 labels)``, the copy dropped later), counted as twice the per-replica batch: a copy cannot be
-told from the next replica's rows stored another way; likewise two ``[per-replica batch, 1]``
-parts (labels and weights as columns). Still passes: the features flattened into one dimension
-(an index array looks alike), a global batch as one column per feature (parts of one dimension
-hold no row of the data), rows of the data in global-batch order reshaped into global
-batches of known size inside a traced function (``flat_map``): the audit reads how datasets are
-made, not the graphs of their functions; each element all the data, rolled so that the next
-global batch comes first; global batches serialized into one string each; ragged or sparse
-elements (not probed), and an element of one dimension (a global batch of labels alone).
+told from the next replica's rows stored another way; likewise two parts of row shapes none of
+the data has (labels and weights as ``[per-replica batch, 1]`` columns, the features split
+into a column and two); pipelines for every layout built in ``make_dataset_fn``'s body
+before a context says which (their other layouts' batches count). Still passes: a global
+batch made as a tensor inside a traced function (``flat_map``'s, gathering or reshaping the
+data's rows) and cut there: no element or batching op holds it; each element all the data,
+rolled so that the next global batch comes first; the data's rows stored in values not the
+data's (negated, scaled, serialized into strings: any lossless encoding); ragged or sparse
+elements (not probed); an element of one dimension of labels alone (a global batch of ids).
 """
 
 from __future__ import annotations
@@ -67,7 +76,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     py_function, dependencies, identity, int32 = (tf.py_function, tf.control_dependencies,
                                                   tf.identity, tf.int32)
     asarray, unique, prod, float64 = np.asarray, np.unique, np.prod, np.float64
-    concatenate = np.concatenate
+    concatenate, isin, sort = np.concatenate, np.isin, np.sort
     weak_keys, weak_set = weakref.WeakKeyDictionary, weakref.WeakSet
     rows_of = []                      # (rank, row shape, the rows as bytes) of each array
     for array in arrays:
@@ -75,6 +84,9 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         flat = array.reshape(len(array), -1)
         rows_of.append((array.ndim, array.shape[1:], {row.tobytes() for row in flat}))
     row_shapes = {tuple(shape) for _, shape, _ in rows_of if len(shape) == 1}
+    value_sets = [(shape[0], unique(asarray(array).astype(float64)))   # its values
+                  for array, (_, shape, _) in zip(arrays, rows_of, strict=True)
+                  if len(shape) == 1]
 
     def single_rows(shapes: list[Any]) -> list[int]:
         """Indices of the parts of one dimension at least as long as a row of the data, when an
@@ -135,12 +147,20 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
 
     def held(spec: Any) -> int:
         """The examples an element of ``spec`` holds: the product of its dimensions before
-        the row shape of the data's arrays (of all of them, when none fits), those not known
-        counted as 1 (at least that many: ``[None, global batch, features]`` holds global
-        batches); 0 for one example or a part of one dimension."""
+        the row shape of the data's arrays (before its last, when none fits: a row with its
+        label), those not known counted as 1 (at least that many: ``[None, global batch,
+        features]`` holds global batches); 0 for one example or a part of one dimension."""
         if not isinstance(spec, tensor_spec) or (spec.shape.rank or 0) < 2:
             return 0
-        return int(prod([d for d in leading(spec.shape.as_list()) if d is not None]))
+        dims = spec.shape.as_list()
+        lead = leading(dims)
+        return int(prod([d for d in (dims[:-1] if len(lead) == len(dims) else lead)
+                         if d is not None]))
+
+    def loose(dims: Any) -> bool:
+        """Whether the data's values a part holds are counted as rows (:func:`note`): a part
+        of one dimension or none, or one whose rows have no row shape of the data's."""
+        return dims is not None and (len(dims) <= 1 or kin(list(dims)) is None)
 
     def leading(dims: list[Any]) -> list[Any]:
         """The dimensions before the row shape of the data's arrays (all, when none fits)."""
@@ -176,9 +196,17 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         return len(dims) >= 2 and None in leading(dims)
 
     def several(specs: Any) -> bool:
-        """Whether an element has several parts of one dimension as long as a row or longer."""
+        """Whether an element has several parts of one dimension as long as a row or longer,
+        or parts holding more values (or a number not known) than ``share`` rows of the data
+        (:func:`loose`: packed rows, a row with its label, scalars)."""
+        low = [spec for spec in specs if isinstance(spec, tensor_spec)
+               and spec.shape.rank is not None and loose(spec.shape.as_list())]
         return bool(single_rows([spec.shape.as_list() if isinstance(spec, tensor_spec)
-                                 and spec.shape.rank is not None else None for spec in specs]))
+                                 and spec.shape.rank is not None else None for spec in specs])
+                    ) or (bool(value_sets) and (
+                        None in [d for spec in low for d in spec.shape] or sum(
+                            spec.shape.num_elements() for spec in low) > share * min(
+                                w for w, _ in value_sets)))   # more values than share rows
 
     def row_set(value: Any) -> bytes:
         """The set of rows a part holds (the examples :func:`held` counts), as bytes."""
@@ -204,6 +232,17 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         batch of that many."""
         groups: dict[Any, list[Any]] = {}
         values = [asarray(value) for value in values]
+        low = [v.real if v.dtype.kind == "c" else v for v in values if loose(v.shape)
+               and v.dtype.kind in "biufc"]
+        if low:                       # the data's values in loose parts, as rows
+            flat = concatenate([v.astype(float64).ravel() for v in low])
+            for width, known in value_sets:
+                hits = flat[isin(flat, known)]
+                count = len(hits) // width
+                if count > share and firsts.setdefault(
+                        (number, ("values", width)), sort(hits).tobytes()
+                ) != sort(hits).tobytes():
+                    sizes.append(count)
         found = {i: as_row(values[i]) for i in single_rows([list(v.shape) for v in values])}
         rows = {i: row for i, row in found.items() if row is not None}
         if len(rows) > 1:             # rows of the data as parts: a stack of them

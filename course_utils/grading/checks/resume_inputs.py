@@ -132,6 +132,46 @@ def _with_batch_sizes(build: Any, share: int, arrays: tuple[Any, ...]) -> tuple[
     return dataset, recorded
 
 
+_BATCHING = ("Batch", "Window")   # the kinds of tf.data ops that put elements together
+_SIZES = ("batch_size", "batch_sizes", "size", "window_size")   # their inputs saying how many
+
+
+def _graph_batches(tf: Any, dataset: Any, width: int) -> list[int]:
+    """The examples each batching op in ``dataset``'s serialized graph puts together (made by
+    any API, ``tf.raw_ops`` included, in its functions too): the dimensions of its output
+    shapes before a row of ``width`` values (the first alone for other parts), or its constant
+    size input (``batch_size``, a window's ``size``...) where larger; -1 where neither is
+    known (as the audit counts a size not known when the op was made)."""
+    from tensorflow.python.framework import op_def_registry
+
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
+        input_dataset=tf.data.experimental.to_variant(dataset),
+        external_state_policy=1).numpy())
+    found = []
+    for group in [graph.node, *(function.node_def for function in graph.library.function)]:
+        nodes = {node.name: node for node in group}   # a function's nodes too (flat_map's)
+        for node in group:
+            if "Dataset" not in node.op or not any(k in node.op for k in _BATCHING) or (
+                    "Unbatch" in node.op or "GroupByWindow" in node.op):
+                continue      # a group's window: its reduce function's batches are read
+            counts = []
+            for shape in node.attr["output_shapes"].list.shape:
+                dims = [d.size for d in shape.dim]
+                lead = dims[:-1] if len(dims) >= 2 and dims[-1] == width else dims[:1]
+                counts.append(-1 if any(d < 0 for d in lead) else int(np.prod(lead or [0])))
+            op_def, index = op_def_registry.get(node.op), 0
+            for arg in op_def.input_arg if op_def is not None else []:
+                if arg.name in _SIZES and index < len(node.input):
+                    const = nodes.get(node.input[index].split(":")[0])
+                    if const is not None and const.op == "Const":
+                        counts.append(int(np.max(tf.make_ndarray(const.attr["value"].tensor))))
+                index += (node.attr[arg.number_attr].i if arg.number_attr else len(
+                    node.attr[arg.type_list_attr].list.type) if arg.type_list_attr else 1)
+            found.append(max(counts, default=-1))
+    return found
+
+
 def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
     """Call the learner's ``dataset_fn`` for fresh input contexts; check the steps of as many
     passes as there are pipelines, and one more."""
@@ -152,7 +192,9 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
         done = rng.choice(wraps if case == 0 and wraps else second)
         ids = np.arange(size)
         x = np.random.default_rng(rng.randint(0, 2**31)).normal(size=(size, 3)).astype("float32")
-        dataset_fn = make_dataset_fn(x, ids, global_batch, done)
+        dataset_fn, made = _with_batch_sizes(
+            lambda: make_dataset_fn(x, ids, global_batch, done),  # noqa: B023
+            replica_batch, (x, ids))   # datasets made before dataset_fn runs: audited too
         ahead = pipelines * size // global_batch + 2  # as many passes as pipelines, and a step
         trained: list[list[int]] = [[] for _ in range(ahead)]
         for pipeline in range(pipelines):
@@ -162,7 +204,8 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
             dataset, recorded = _with_batch_sizes(lambda: dataset_fn(context),  # noqa: B023
                                                   replica_batch, (x, ids))
             batches = list(dataset.take(ahead * per).as_numpy_iterator())
-            sizes = recorded() if recorded is not None else None
+            sizes = (recorded() + made() if recorded is not None and made is not None
+                     else None)
             where = (f"{pipelines} input pipelines feeding {per} replica(s) each, global batch "
                      f"{global_batch}, resumed at example {done}")
             if len(batches) != ahead * per or any(len(b[1]) != replica_batch for b in batches):
@@ -173,6 +216,9 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
                 return (f"{where}: pipeline {pipeline}'s dataset_fn took out the check's "
                         "audit of its datasets (tf.data.Dataset.__init__): build the "
                         "pipeline, leave tf.data's classes as they are")
+            if sizes is not None:   # what the pipeline's graph batches, however it was made
+                sizes += [n for n in _graph_batches(tf, dataset, x.shape[1])
+                          if not 0 <= n <= replica_batch]
             if any(size < 0 or size > replica_batch for size in sizes):
                 return (f"{where}: pipeline {pipeline} batched {sizes[:4]} examples at a time "
                         f"({COUNTED}): each pipeline should read only its own shard of the "

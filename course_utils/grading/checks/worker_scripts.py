@@ -37,9 +37,9 @@ LEARNING_RATE = 0.1
 #: an audit of ``CheckpointManager.save`` (where each worker saved, after how many backward
 #: passes, which folders of its earlier saves were still there then and in each backward pass)
 #: and of every tf.data dataset the worker makes (the batch or window sizes of its batching
-#: ops, whatever API made them, and any element already holding more rows than a replica's share:
-#: :func:`~course_utils.grading.checks.dataset_audit.dataset_auditor`, given this worker's
-#: copy of the data, bound by ``_set_up``).
+#: ops, whatever tf.data method made them, and any element already holding more rows than a
+#: replica's share: :func:`~course_utils.grading.checks.dataset_audit.dataset_auditor`, given
+#: this worker's copy of the data, bound by ``_set_up``).
 #: The audit is held in the closures of ``_set_up``, out of reach of the learner's code by
 #: name (no global holds it), with every function it calls bound before that code runs; it
 #: is written at the end with a secret the check left for this worker and ``_set_up`` read
