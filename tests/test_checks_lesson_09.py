@@ -721,9 +721,10 @@ def _noise_made_of_others(how):
 
 def _noise_from_the_last_epoch(how):
     """``augment`` on every example each epoch, but the second epoch's noise replaced by the
-    first's: negated and scaled by 1.01 (``"negated"``), or its two neighbours' mixed, (n_{i-1}
-    + n_{i+1}) / √2 (``"mixed"``), kept in a variable: no two examples' noise of both epochs
-    together correlates over 0.9."""
+    first's: negated and scaled by 1.01 (``"negated"``), its two neighbours' mixed, (n_{i-1}
+    + n_{i+1}) / √2 (``"mixed"``), or, for the last example only, shifted by 0.06
+    (``"shifted"``), kept in a variable: no two examples' noise of both epochs together
+    correlates over 0.9."""
     import tensorflow as tf
 
     def pipeline(records, read, augment, batch_size):
@@ -741,6 +742,8 @@ def _noise_from_the_last_epoch(how):
             def later():
                 if how == "negated":
                     return -1.01 * kept[at]
+                if how == "shifted":  # one example only: its last epoch's noise + 0.06
+                    return tf.where(at == n - 1, kept[at] + 0.06, fresh)
                 return (kept[(at + 1) % n] + kept[(at - 1) % n]) / 2**0.5
             return x + tf.cond(first, keep, later), y
 
@@ -799,6 +802,8 @@ def _noise_from_the_last_epoch(how):
                                             r"the other epoch's \(two others' explain 100%"),
     (_noise_from_the_last_epoch("mixed"), r"made of other examples' or of the other epoch's "
                                           r"\(two others' explain 100% of it"),
+    (_noise_from_the_last_epoch("shifted"), r"made of other examples' or of the other epoch's "
+                                            r"\(two others' explain 100% of it"),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
         "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
         "the colleague's first try", "the colleague's second try",
@@ -809,7 +814,8 @@ def _noise_from_the_last_epoch(how):
         "every other example its neighbour's noise moved along",
         "every other example its neighbours' noise mixed",
         "every other example half of each neighbour's noise",
-        "epoch 2's noise epoch 1's negated", "epoch 2's noise two of epoch 1's mixed"])
+        "epoch 2's noise epoch 1's negated", "epoch 2's noise two of epoch 1's mixed",
+        "one example's epoch 2 noise its epoch 1 noise shifted"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)

@@ -3,12 +3,13 @@
 and what is wrong with two epochs of a pipeline (``lesson_09`` uses them), and the profiles'
 shares. Exact copies of another example's noise (moved or sign-flipped), 12 or more values
 shared with another example's, a copy scaled or shifted in place, and noise made wholly of
-two others' in place (other examples' of either epoch, or its own of the other epoch) are
-refused; other noise made from augment's noise is not tested (a product, a scaled or shifted
-copy moved among the features, fewer values copied, a mix of two with their values moved
-among the features or each value's sign flipped, a mix of three, a part of another example's
-noise or of the last epoch's under fresh noise: a correlation under 0.9, or 0.25 between the
-epochs). Each of these runs augment on every example, every epoch: more work than the fix."""
+two others' in place with one weight each (other examples' of either epoch, or its own of the
+other epoch) are refused; other noise made from augment's noise is not tested (a product, a
+scaled or shifted copy moved among the features, fewer values copied, a mix of two with their
+values moved among the features, each value's sign flipped or weights that change from value
+to value, a mix of three, a part of another example's noise or of the last epoch's under fresh
+noise: a correlation under 0.9, or 0.25 between the epochs). Each of these runs augment on
+every example, every epoch: more work than the fix."""
 
 from __future__ import annotations
 
@@ -187,10 +188,11 @@ def _independence_problem(noise: np.ndarray) -> str | None:
     value, a value falls so near one of 32 others' with a chance under 32 × 3e-5 × 8, and 12
     of 32 do under C(32, 12) × 0.0077**12 = 1e-17 a pair, once in 10**12 over the 16256
     ordered pairs of 128 rows; half an example's noise given to another makes it 16) or making
-    it of others' (an example's 64 values fitted on the two it correlates with most: a fit
-    explaining over 90 % of them comes by chance 0.1**31 a pair, once in 10**25 over 64 × 1953;
-    and each epoch's 32 values apart, so that a mix of the other epoch's noise is seen: 0.1**15
-    a pair, once in 10**9 over 128 × 8001; noise mixed from two examples' is fitted in full)."""
+    it of others' (an example's 64 values fitted on any two others' and a constant: a fit
+    explaining over 90 % of them comes by chance 0.1**30.5 a pair, once in 10**25 over 64 ×
+    1953; and each epoch's 32 values apart, so that a mix of the other epoch's noise is seen:
+    0.1**14.5 a pair, 3e-9 over 128 × 8001; noise mixed from two examples', one weight each,
+    or copied scaled or shifted, is fitted in full)."""
     columns = noise.reshape(-1, noise.shape[-1])
     alike = _most_alike(columns.T)
     if alike > 0.9:
@@ -260,10 +262,11 @@ def _most_shared(rows: np.ndarray, within: float = 1e-5) -> int:
 
 
 def _best_two_fit(rows: np.ndarray) -> float:
-    """The largest share of a row (uncentred R²: noise has mean 0) that a least-squares fit on
-    any two other rows explains, from the rows' cosines c: (c_ia² + c_ib² - 2 c_ia c_ib c_ab)
-    / (1 - c_ab²) for row i on rows a and b (every pair: the two it correlates with most can
-    miss a mix whose parts another row outranks)."""
+    """The largest share of a row's spread (R²) that a least-squares fit on any two other rows
+    and a constant explains (a copy shifted is fitted too), from the rows' correlations c:
+    (c_ia² + c_ib² - 2 c_ia c_ib c_ab) / (1 - c_ab²) for row i on rows a and b (every pair: the
+    two it correlates with most can miss a mix whose parts another row outranks)."""
+    rows = rows - rows.mean(axis=1, keepdims=True)
     unit = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-30)
     c = unit @ unit.T
     with np.errstate(invalid="ignore", divide="ignore"):
