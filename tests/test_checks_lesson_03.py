@@ -1287,6 +1287,47 @@ def whole_batches_by_raw_ops(traced=False):
     return make
 
 
+def one_dataset_per_global_batch(x, y, global_batch, examples_done):
+    """Each global batch a ``from_tensors`` dataset of the data's rows (gathered in NumPy), this
+    pipeline's rows sliced in a ``map``; the steps concatenated."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        own = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        start, steps = context.input_pipeline_id * own, None
+        for step in range(40):
+            rows = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
+            one = tf.data.Dataset.from_tensors((x[rows], y[rows])).map(
+                lambda f, t: (f[start:start + own], t[start:start + own])).unbatch()
+            steps = one if steps is None else steps.concatenate(one)
+        return steps.batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
+def raw_batches_declared_small(x, y, global_batch, examples_done):
+    """A ``tf.raw_ops`` global batch in ``flat_map``'s function, its size computed there and
+    its output shapes declared as the per-replica batch; this pipeline's rows gathered."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        own = context.num_replicas_in_sync // context.num_input_pipelines * batch
+        mine = tf.range(context.input_pipeline_id * own, (context.input_pipeline_id + 1) * own)
+
+        def rows(k):
+            base = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+            variant = tf.raw_ops.BatchDatasetV2(
+                input_dataset=base._variant_tensor, batch_size=tf.cast(k, tf.int64) * 0
+                + global_batch, drop_remainder=True, output_types=[tf.float32, tf.int64],
+                output_shapes=[[batch, 3], [batch]])
+            whole = tf.data.experimental.from_variant(
+                variant, (tf.TensorSpec([batch, 3], tf.float32), tf.TensorSpec([batch], tf.int64)))
+            return whole.flat_map(lambda f, t: tf.data.Dataset.from_tensor_slices(
+                (tf.gather(f, mine), tf.gather(t, mine))))
+
+        return tf.data.Dataset.range(1).flat_map(rows).batch(batch, drop_remainder=True)
+
+    return dataset_fn
+
+
 def zipped_rows(x, y, global_batch, examples_done):
     """A global batch as one element of global_batch zipped datasets (every pipeline reads all
     the rows, no batching op), each pipeline keeping its own rows."""
@@ -1809,6 +1850,10 @@ RESUME_CATALOGUE = {
     **{f"whole global batches made by tf.raw_ops{where}": (
         restore_latest, whole_batches_by_raw_ops(traced), r"batched \[-?\d+(, -?\d+)*\] examples")
        for traced, where in ((False, ""), (True, " in flat_map, sizes computed there"))},
+    "one from_tensors dataset per global batch": (
+        restore_latest, one_dataset_per_global_batch, r"batched \[\d+(, \d+)*\] examples"),
+    "a tf.raw_ops global batch declaring the per-replica batch's shapes": (
+        restore_latest, raw_batches_declared_small, r"batched \[-?\d+(, -?\d+)*\] examples"),
 }
 
 

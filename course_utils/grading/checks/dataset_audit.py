@@ -38,18 +38,24 @@ batch (its parts counted as above) whose set of rows differs from the first such
 that many (all the data, or a pipeline's fixed part of it, is the same set every time;
 ``x[start:]`` then ``x``, concatenated, is the first set, then every row; whole global batches,
 even each a ``from_tensors`` element of the data's rows, are not: chunks larger than the
-per-replica batch count as batches, as their known-size stacks do). Refused though right: a
+per-replica batch count as batches, as their known-size stacks do, and once ``from_tensors``
+stacks of some of the data's rows hold more rows than the data, each larger than the
+per-replica batch counts as one: one dataset a global batch). Refused though right: a
 per-replica batch carried with a second part of the features' row shape (``(f, f + 1.0,
 labels)``, the copy dropped later), counted as twice the per-replica batch: a copy cannot be
 told from the next replica's rows stored another way; likewise two parts of row shapes none of
 the data has (labels and weights as ``[per-replica batch, 1]`` columns, the features split
 into a column and two); pipelines for every layout built in ``make_dataset_fn``'s body
-before a context says which (their other layouts' batches count). Still passes: a global
+before a context says which (their other layouts' batches count);
+``bucket_by_sequence_length`` (its window's size comes from a function: not known); the data
+as two ``from_tensors`` stacks, ``x[s:]`` then ``x[:s]`` (the second another set of rows: use
+``from_tensor_slices`` or ``np.roll``). Still passes: a global batch made in NumPy in a
+generator's Python and cut there (a ``tf.data`` audit sees no Python); a global
 batch made as a tensor inside a traced function (``flat_map``'s, gathering or reshaping the
 data's rows) and cut there: no element or batching op holds it; each element all the data,
 rolled so that the next global batch comes first; the data's rows stored in values not the
 data's (negated, scaled, serialized into strings: any lossless encoding); ragged or sparse
-elements (not probed); an element of one dimension of labels alone (a global batch of ids).
+elements (not probed); an element of labels alone, of any shape (a global batch of ids).
 """
 
 from __future__ import annotations
@@ -121,6 +127,8 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     every = {unique(asarray(array).astype(float64).reshape(len(array), -1), axis=0).tobytes()
              for array in arrays if asarray(array).ndim >= 2}   # all the rows of each array
     sizes: list[int] = []
+    stacks: list[int] = []            # rows of each from_tensors stack of some of the data's
+    counted = [0]                     # (of them, those already in sizes)
     examples: Any = weak_keys()       # dataset: the examples each of its elements holds
     whole: Any = weak_set()           # datasets still holding from_tensors' one element
     probes: list[Any] = []            # the audit's own probes (kept alive), made unaudited
@@ -354,7 +362,14 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         zipped = flatten(getattr(self, "_datasets", None) or []) if kind == "_ZipDataset" else []
         parts = (getattr(self, "_tensors", None) or []) if kind == "_TensorDataset" else []
         if parts and all(rows_of_the_data(part) for part in parts):
-            whole.add(self)           # from_tensors' one element: all the data, no batch
+            whole.add(self)           # from_tensors' one element: all the data, no batch,
+            some = [asarray(static_value(part)).astype(float64) for part in parts
+                    if (part.shape.rank or 0) >= 2][:1]   # or some of its rows: a global
+            if some and unique(some[0].reshape(len(some[0]), -1), axis=0).tobytes() not in every:
+                stacks.append(len(some[0]))   # batch, once such stacks hold more than the data
+            if len(stacks) > 1 and sum(stacks) > len(asarray(arrays[0])):
+                sizes.extend(n for n in stacks[counted[0]:] if n > share)
+                counted[0] = len(stacks)
             return
         if zipped and all(part in whole for part in zipped):
             whole.add(self)           # several zipped

@@ -140,8 +140,9 @@ def _graph_batches(tf: Any, dataset: Any, width: int) -> list[int]:
     """The examples each batching op in ``dataset``'s serialized graph puts together (made by
     any API, ``tf.raw_ops`` included, in its functions too): the dimensions of its output
     shapes before a row of ``width`` values (the first alone for other parts), or its constant
-    size input (``batch_size``, a window's ``size``...) where larger; -1 where neither is
-    known (as the audit counts a size not known when the op was made)."""
+    size input (``batch_size``, a window's ``size``...) where larger; -1 where either is not
+    known (a size computed in a function, whatever output shapes it declares: as the audit
+    counts a size not known when the op was made)."""
     from tensorflow.python.framework import op_def_registry
 
     graph = tf.compat.v1.GraphDef()
@@ -160,15 +161,17 @@ def _graph_batches(tf: Any, dataset: Any, width: int) -> list[int]:
                 dims = [d.size for d in shape.dim]
                 lead = dims[:-1] if len(dims) >= 2 and dims[-1] == width else dims[:1]
                 counts.append(-1 if any(d < 0 for d in lead) else int(np.prod(lead or [0])))
-            op_def, index = op_def_registry.get(node.op), 0
+            op_def, index, computed = op_def_registry.get(node.op), 0, False
             for arg in op_def.input_arg if op_def is not None else []:
                 if arg.name in _SIZES and index < len(node.input):
                     const = nodes.get(node.input[index].split(":")[0])
                     if const is not None and const.op == "Const":
                         counts.append(int(np.max(tf.make_ndarray(const.attr["value"].tensor))))
+                    else:
+                        computed = True
                 index += (node.attr[arg.number_attr].i if arg.number_attr else len(
                     node.attr[arg.type_list_attr].list.type) if arg.type_list_attr else 1)
-            found.append(max(counts, default=-1))
+            found.append(-1 if computed else max(counts, default=-1))
     return found
 
 
