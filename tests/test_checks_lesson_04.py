@@ -811,7 +811,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         # each of a drawn number of passes (up to PASSES_READ) read fresh, however it is made
         ("DATASET", "counter_three_then_stored"): "stored order",
         ("DATASET", "flat_map_three_then_stored"): "stored order",
-        ("DATASET", "fixed_one_batch_reshuffled"): "the order of pass",
+        ("DATASET", "fixed_one_batch_reshuffled"): "the order of pass|shuffles batches",
         ("DATASET", "ids_zipped_after"): "PASS",
         # every pass a rotation, reflection or stride of the stored order shuffled a little
         # (a turn then a buffer of 8 keeps every example below n // 2 places early in a first

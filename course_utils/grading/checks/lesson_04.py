@@ -64,13 +64,12 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
+from course_utils.grading.checks.dataset_shuffles import _GROUPS, _UNBOUNDED, unshuffled_share
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_passes import (
-    _UNBOUNDED,
     batches_per_worker,
     fresh_passes_message,
     passes_message,
-    unshuffled_share,
 )
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -329,6 +328,12 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                             "shuffle): "
                             "whatever the passes read first, that branch's are never "
                             "shuffled. Which step of yours reads the data unshuffled? "
+                            "(lesson 01, section 7)")
+                if size == _GROUPS:  # batches or windows, their number unknown
+                    return (f"worker {w}'s dataset shuffles batches (or windows) of examples, "
+                            "their number unknown to tf.data (after a filter, say): its elements "
+                            "are groups of examples, which stay together. A pass shuffled over "
+                            "the whole share shuffles the examples themselves, all of them "
                             "(lesson 01, section 7)")
                 if size < 0:  # an unknown number: its buffer is below the share
                     return (f"worker {w}'s dataset shuffles a number of elements tf.data cannot "
