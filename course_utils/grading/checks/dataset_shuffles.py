@@ -110,7 +110,8 @@ def shuffles_of(dataset: Any) -> Any:
     """An ``[n, 4]`` tensor: for each shuffle (``ShuffleDataset``) of ``dataset``'s graph, made
     where the dataset is (the worker's ``dataset_fn``), its ``buffer_size`` (-2,
     ``tf.data.UNKNOWN_CARDINALITY``: unbounded, the whole input), the cardinality of
-    the dataset it shuffles (-1 infinite, -2 unknown), whether it reshuffles each pass (1), and
+    the dataset it shuffles (-1 infinite, -2 unknown, -3 an unknown number of batches or
+    windows: a batch below, nothing between that makes examples of them again), whether it reshuffles each pass (1), and
     a bit mask of the ways from the dataset down to a source (a dataset made of no other: the
     slices, a ``range``) it lies on, ways with the same shuffles counted once. A branch of a
     ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` or ``range`` source,
@@ -121,8 +122,9 @@ def shuffles_of(dataset: Any) -> Any:
     Where there are more than 62 ways, every shuffle's mask is -1 (each is then judged alone)
     and the slices are not. A shuffle inside a function a dataset step calls (``flat_map``,
     ``interleave``) is not read: that step stands as a whole shuffle (``[-2, -2, 1, mask]``) on
-    its ways; random draws (``tf.random.shuffle`` in a ``map``), a decoy as easily as a whole
-    permutation, only exempt the slices below them."""
+    its ways; random draws (``tf.random.shuffle`` in a ``map``, or in a ``tf.cond`` branch or a
+    ``tf.function`` it calls), a decoy as easily as a whole permutation, only exempt the slices
+    below them."""
     tf = _tf()
     shuffles: list[Any] = []  # the ops, in the order found (sources too)
     below: dict[str, frozenset[frozenset[int]]] = {}  # op name: the sets of shuffles per way
@@ -206,7 +208,8 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
     and none that reshuffles more than one element (or an unknown or infinite number with a
     buffer of ``share`` or more). A reshuffling shuffle of an unknown number of elements (-2:
     after a ``filter``, say) shuffles them whole where its buffer holds ``share`` examples or is
-    unbounded; ``(buffer_size, -2)`` where it does not.
+    unbounded; ``(buffer_size, -2)`` where it does not. One of an unknown number of batches or
+    windows (-3) never does: ``(buffer_size, -3)``.
     With more than 62 ways (mask -1), each such shuffle must shuffle its input whole."""
 
     def whole(buffer: int, size: int) -> bool:
