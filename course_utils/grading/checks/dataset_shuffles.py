@@ -109,22 +109,22 @@ def _of_groups(shuffle: Any) -> bool:
 def shuffles_of(dataset: Any) -> Any:
     """An ``[n, 4]`` tensor: for each shuffle (``ShuffleDataset``) of ``dataset``'s graph, made
     where the dataset is (the worker's ``dataset_fn``), its ``buffer_size`` (-2,
-    ``tf.data.UNKNOWN_CARDINALITY``: unbounded, the whole input), the cardinality of
-    the dataset it shuffles (-1 infinite, -2 unknown, -3 an unknown number of batches or
-    windows: a batch below, nothing between that makes examples of them again), whether it reshuffles each pass (1), and
-    a bit mask of the ways from the dataset down to a source (a dataset made of no other: the
-    slices, a ``range``) it lies on, ways with the same shuffles counted once. A branch of a
-    ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` or ``range`` source,
-    or an ``unbatch`` with neither a shuffle nor a source below it (rows of tensors), on a way
-    with no shuffle at all stands as a shuffle with a buffer of 0 (stored order) of its elements, on
-    that way alone (not below a step whose function makes a shuffle or draws random numbers,
-    nor an ``unbatch`` above one: its elements are then not the examples read in stored order).
-    Where there are more than 62 ways, every shuffle's mask is -1 (each is then judged alone)
-    and the slices are not. A shuffle inside a function a dataset step calls (``flat_map``,
-    ``interleave``) is not read: that step stands as a whole shuffle (``[-2, -2, 1, mask]``) on
-    its ways; random draws (``tf.random.shuffle`` in a ``map``, or in a ``tf.cond`` branch or a
-    ``tf.function`` it calls), a decoy as easily as a whole permutation, only exempt the slices
-    below them."""
+    ``tf.data.UNKNOWN_CARDINALITY``: unbounded, the whole input), the cardinality of the dataset
+    it shuffles (-1 infinite, -2 unknown, -3 an unknown number of batches or windows: a batch
+    below, nothing between that makes examples of them again), whether it reshuffles each pass
+    (1), and a bit mask of the ways from the dataset down to a source (a dataset made of no
+    other: the slices, a ``range``) it lies on, ways with the same shuffles counted once. A
+    branch of a ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` or
+    ``range`` source, or an ``unbatch`` with neither a shuffle nor a source below it (rows of
+    tensors), on a way with no shuffle at all stands as a shuffle with a buffer of 0 (stored
+    order) of its elements, on that way alone (not below a step whose function makes a shuffle
+    or draws random numbers, nor an ``unbatch`` above one: its elements are then not the
+    examples read in stored order). Where there are more than 62 ways, every shuffle's mask is
+    -1 (each is then judged alone) and the slices are not. A shuffle inside a function a dataset
+    step calls (``flat_map``, ``interleave``) is not read: that step stands as a whole shuffle
+    (``[-2, -2, 1, mask]``) on its ways; random draws (``tf.random.shuffle`` in a ``map``, or in
+    a ``tf.cond`` branch or a ``tf.function`` it calls), a decoy as easily as a whole
+    permutation, only exempt the slices below them."""
     tf = _tf()
     shuffles: list[Any] = []  # the ops, in the order found (sources too)
     below: dict[str, frozenset[frozenset[int]]] = {}  # op name: the sets of shuffles per way
