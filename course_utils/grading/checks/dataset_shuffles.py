@@ -30,9 +30,13 @@ _ZIPS = frozenset(("ZipDataset",))
 # ``flat_map`` or an ``interleave`` (the datasets its function makes: examples again, unless it
 # batches them or passes each element on whole, ``from_tensors``) stands between them and a shuffle
 _BATCHES = frozenset(("BatchDataset", "BatchDatasetV2", "PaddedBatchDataset",
-                      "PaddedBatchDatasetV2", "ParallelBatchDataset", "WindowDataset"))
+                      "PaddedBatchDatasetV2", "ParallelBatchDataset", "WindowDataset",
+                      "MapAndBatchDataset", "ExperimentalMapAndBatchDataset",
+                      "DenseToSparseBatchDataset", "ExperimentalDenseToSparseBatchDataset",
+                      "SlidingWindowDataset", "ExperimentalSlidingWindowDataset"))
 _FLATTENS = ("FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDataset",
-             "LegacyParallelInterleaveDataset")
+             "LegacyParallelInterleaveDataset", "GroupByWindowDataset",
+             "ExperimentalGroupByWindowDataset")
 _GROUPS = -3  # the size of a shuffle of an unknown number of groups of examples
 # random draws (op types): ``tf.random.shuffle``, ``tf.random.uniform`` (``tf.argsort`` of one),
 # ``normal``, ``truncated_normal``, ``categorical``, their stateless forms, a
@@ -47,11 +51,12 @@ _NOT_DRAWS = frozenset(("StatelessIf", "StatelessWhile", "StatelessCase",
 _ZIPPED, _IN_TURN, _MIXED = -1, -2, -3
 
 
-def _function_ops(op: Any) -> frozenset[str]:
-    """The op types of the function of ``op`` (a ``map``, a ``flat_map``, an ``interleave``),
-    read into the functions it calls (``tf.cond`` branches, loop bodies, ``tf.function`` calls)."""
+def _function_ops(op: Any, attr: str = "f") -> frozenset[str]:
+    """The op types of the function of ``op`` (a ``map``, a ``flat_map``, an ``interleave``; a
+    ``group_by_window``'s ``reduce_func``), read into the functions it calls (``tf.cond``
+    branches, loop bodies, ``tf.function`` calls)."""
     try:
-        todo = [op.get_attr("f").name]
+        todo = [op.get_attr(attr).name]
     except (ValueError, AttributeError):
         return frozenset()
     found: set[str] = set()
@@ -97,7 +102,7 @@ def _of_groups(shuffle: Any) -> bool:
         if step.type == _UNBATCH or step.type in _SOURCES:
             continue
         if step.type.startswith(_FLATTENS):
-            made = _function_ops(step)
+            made = _function_ops(step, "reduce_func" if "GroupBy" in step.type else "f")
             if made & _BATCHES:
                 return True
             if "TensorDataset" not in made or made & (_SOURCES | {_UNBATCH}):
