@@ -26,36 +26,35 @@ cannot start a second in-process cluster) and verifies what the parameter server
   a worker's share or more: a full shuffle of another branch, or of fewer elements, batches say,
   does not stand for it; one of an unknown number, a ``filter`` shard say, stands for it with a
   buffer of the share or more, unless a batch or window lies below it with no ``unbatch`` (nor
-  ``flat_map`` or ``interleave`` that makes examples again) between: groups of examples; a way
-  from the examples' slices (or a finite ``range``, or an ``unbatch`` of tensors) with no shuffle
-  at all (no ``ShuffleDataset``, nor random draws in a step's function or the functions it calls:
-  ``tf.random.shuffle``, ``tf.random.uniform``, not a ``tf.cond``) reads them in stored order –
-  unless its only branching steps are zips, ids read beside shuffled examples, say: stored order
-  there shows in the passes read –, and a way whose only shuffles that reshuffle are of one
-  element (or of an unknown number, with a buffer below the share) while one never reshuffles, the
-  same order every pass, whatever passes the check reads; with more than 62 ways, each such
-  shuffle must hold its whole input). Still passes: a shuffle inside a ``flat_map`` or
-  ``interleave`` stands for a whole one, and random draws in a ``map`` exempt the slices below (a
-  decoy as easily as a whole permutation): there only how far examples move is read, a few
-  examples (5 of 33-71) left in stored order below them pass almost always (8, about half), a
-  hidden buffer of three quarters of the share passes (one just over half is refused now and
-  then); batches a ``flat_map`` passes on through a source of its own
-  (``from_tensor_slices([batch])``) count as examples (blocks then ``shuffle(batch_size)``: 4 of 6
-  passed); and more fresh passes than the check draws, then stored order (``repeat(32)``), from a
-  source the graph does not list (a ``counter``, slices made inside a ``flat_map`` or below random
-  draws): no number of passes read rules out a larger one. Refused though right: a whole
-  ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a decoy's random draws look
-  the same). Passes each another fixed arrangement shuffled a little (drawn from a table of
-  orders, one arrangement turned by a random ``roll`` or read at a random stride each pass, its
-  blocks in an order drawn each pass, or a stride with a buffer of more than a third, up to a
-  half, of the share), and one fixed arrangement behind a hidden buffer of half the share (all but
-  about 1 in 100 per worker at 33-35 examples) or a third of it, or two ``shuffle(8)`` (now and
-  then): a frame is tried only where it is set apart from the passes it judges (rotations,
-  reflections and strides; the earlier passes' order for the last 4), as a uniform shuffle too is
-  some arrangement in the frame its own pass sets. And every batch full although a worker's share
-  does not fill its last batch; the second case is a job sized for one worker more than run (one
-  joins later), so that shards cut by the notebook's worker count instead of ``num_workers`` read
-  too much;
+  ``flat_map`` that makes examples again) between; a way from the examples' slices (or a finite
+  ``range``, or an ``unbatch`` of tensors) with no shuffle at all (no ``ShuffleDataset``, nor
+  random draws in a step's function or the functions it calls: ``tf.random.shuffle``,
+  ``tf.random.uniform``, not a ``tf.cond``) reads them in stored order – unless its only branching
+  steps are zips, ids read beside shuffled examples, say: stored order there shows in the passes
+  read –, and a way whose only shuffles that reshuffle are of one element (or of an unknown
+  number, with a buffer below the share) while one never reshuffles, the same order every pass,
+  whatever passes the check reads; with more than 62 ways, each such shuffle must hold its whole
+  input). Still passes: a shuffle inside a ``flat_map`` or ``interleave`` stands for a whole one,
+  and random draws in a ``map`` exempt the slices below (a decoy as easily as a whole
+  permutation): there only how far examples move is read, a few examples (5 of 33-71) left in
+  stored order below them pass almost always (8, about half), a hidden buffer of three quarters of
+  the share passes (one just over half is refused now and then); batches a ``flat_map`` passes on
+  through a source of its own (``from_tensor_slices([batch])``) count as examples (then
+  ``shuffle(batch_size)``: 4 of 6 passed); and more fresh passes than the check draws, then stored
+  order (``repeat(32)``), from a source the graph does not list (a ``counter``, slices made inside
+  a ``flat_map`` or below random draws): no number of passes read rules out a larger one. Refused
+  though right: a whole ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a
+  decoy's random draws look the same). Passes each another fixed arrangement shuffled a little
+  (drawn from a table of orders, one arrangement turned by a random ``roll`` or read at a random
+  stride each pass, its blocks in an order drawn each pass, or a stride with a buffer of more than
+  a third, up to a half, of the share), and one fixed arrangement behind a hidden buffer of half
+  the share (all but about 1 in 100 per worker at 33-35 examples) or a third of it, or two
+  ``shuffle(8)`` (now and then): a frame is tried only where it is set apart from the passes it
+  judges (rotations, reflections and strides; the earlier passes' order for the last 4), as a
+  uniform shuffle too is some arrangement in the frame its own pass sets. And every batch full
+  although a worker's share does not fill its last batch; the second case is a job sized for one
+  worker more than run (one joins later), so that shards cut by the notebook's worker count
+  instead of ``num_workers`` read too much;
 * ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
   counter, nothing lost when the workers update at the same moment (made likely by a barrier).
 
