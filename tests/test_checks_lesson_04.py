@@ -584,6 +584,32 @@ def fixed_one_batch_reshuffled(features, labels, size, num_workers):
         return data.repeat().batch(size)
     return dataset_fn
 
+def filtered_batches_reshuffled(features, labels, size, num_workers):
+    def dataset_fn():  # batches of a number tf.data cannot tell, shuffled whole, then a batch's
+        data = _shard(features, labels, num_workers).batch(size).filter(lambda *_: True)
+        return data.shuffle(1000).unbatch().shuffle(size).repeat().batch(size)
+    return dataset_fn
+
+def tail_stored_beside_a_cond(features, labels, size, num_workers):
+    def dataset_fn():  # the last 5 of the share in stored order; a tf.cond draws nothing
+        n = _share_of(features, num_workers)
+        data = _shard(features, labels, num_workers)
+        data = data.take(n - 5).filter(lambda *_: True).shuffle(1000).concatenate(data.skip(n - 5))
+        data = data.map(lambda f, l: tf.cond(l >= 0, lambda: (f, l), lambda: (f, l)))
+        return data.repeat().batch(size)
+    return dataset_fn
+
+def truncated_normal_in_a_cond(features, labels, size, num_workers):
+    def dataset_fn():  # right: the share permuted by argsort of draws made in a tf.cond branch
+        def permute(f, l):
+            k = tf.shape(l)[0]
+            at = tf.cond(k > 1, lambda: tf.argsort(tf.random.truncated_normal([k])),
+                         lambda: tf.range(k))
+            return tf.gather(f, at), tf.gather(l, at)
+        data = _shard(features, labels, num_workers).batch(100_000).map(permute).unbatch()
+        return data.repeat().batch(size)
+    return dataset_fn
+
 def ids_zipped_after(features, labels, size, num_workers):
     def dataset_fn():  # right: ids from a finite range zipped after the shuffle, then dropped
         n = _share_of(features, num_workers) + 1
@@ -658,6 +684,9 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("counter_three_then_stored", counter_three_then_stored),
                  ("flat_map_three_then_stored", flat_map_three_then_stored),
                  ("fixed_one_batch_reshuffled", fixed_one_batch_reshuffled),
+                 ("filtered_batches_reshuffled", filtered_batches_reshuffled),
+                 ("tail_stored_beside_a_cond", tail_stored_beside_a_cond),
+                 ("truncated_normal_in_a_cond", truncated_normal_in_a_cond),
                  ("ids_zipped_after", ids_zipped_after),
                  ("turned_then_shuffled", turned_then_shuffled),
                  ("fixed_then_shuffled", fixed_then_shuffled)]:
@@ -811,7 +840,12 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         # each of a drawn number of passes (up to PASSES_READ) read fresh, however it is made
         ("DATASET", "counter_three_then_stored"): "stored order",
         ("DATASET", "flat_map_three_then_stored"): "stored order",
-        ("DATASET", "fixed_one_batch_reshuffled"): "the order of pass",
+        ("DATASET", "fixed_one_batch_reshuffled"): "the order of pass|shuffles batches",
+        # batches shuffled whole (their number unknown), then a shuffle of a batch's size; a
+        # tf.cond draws nothing, the draws in its branches count
+        ("DATASET", "filtered_batches_reshuffled"): "shuffles batches",
+        ("DATASET", "tail_stored_beside_a_cond"): "stored order",
+        ("DATASET", "truncated_normal_in_a_cond"): "PASS",
         ("DATASET", "ids_zipped_after"): "PASS",
         # every pass a rotation, reflection or stride of the stored order shuffled a little
         # (a turn then a buffer of 8 keeps every example below n // 2 places early in a first

@@ -1,0 +1,250 @@
+"""The shuffles a worker's dataset holds, read from its graph where it is made, for lesson 04's
+``check_make_dataset_fn``: :func:`shuffles_of` (each shuffle's buffer, the number of elements it
+shuffles, whether it reshuffles each pass, the ways to the dataset's sources it lies on) and
+:func:`unshuffled_share` (a way on which no shuffle shuffles a worker's share whole)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = ["shuffles_of", "unshuffled_share"]
+
+
+_SHUFFLES = frozenset(("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
+                       "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"))
+
+
+_UNBOUNDED = -2  # a buffer_size of tf.data.UNKNOWN_CARDINALITY: the shuffle holds its whole input
+_UNKNOWN = -2  # a cardinality tf.data cannot tell ahead (after a ``filter``, say)
+_PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, one bit each
+
+
+# the examples' own slices, a ``range`` (ids of them), in stored order; an ``unbatch`` with no
+# shuffle nor source below (the rows of tensors, ``from_tensors(...).unbatch()``) is one too
+_SOURCES = frozenset(("TensorSliceDataset", "RangeDataset"))
+_UNBATCH = "UnbatchDataset"
+_ZIPS = frozenset(("ZipDataset",))
+# steps whose elements are groups of examples (batches, windows); an ``unbatch``, a source, a
+# ``flat_map`` or an ``interleave`` (the datasets its function makes: examples again, unless it
+# batches them or passes each element on whole, ``from_tensors``) stands between them and a shuffle
+_BATCHES = frozenset(("BatchDataset", "BatchDatasetV2", "PaddedBatchDataset",
+                      "PaddedBatchDatasetV2", "ParallelBatchDataset", "WindowDataset",
+                      "MapAndBatchDataset", "ExperimentalMapAndBatchDataset",
+                      "DenseToSparseBatchDataset", "ExperimentalDenseToSparseBatchDataset",
+                      "SlidingWindowDataset", "ExperimentalSlidingWindowDataset"))
+_FLATTENS = ("FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDataset",
+             "LegacyParallelInterleaveDataset", "GroupByWindowDataset",
+             "ExperimentalGroupByWindowDataset")
+_GROUPS = -3  # the size of a shuffle of an unknown number of groups of examples
+# random draws (op types): ``tf.random.shuffle``, ``tf.random.uniform`` (``tf.argsort`` of one),
+# ``normal``, ``truncated_normal``, ``categorical``, their stateless forms, a
+# ``tf.random.Generator``'s
+_DRAWS = ("Random", "Stateless", "Stateful", "Rng", "TruncatedNormal",
+          "ParameterizedTruncatedNormal", "Multinomial")
+# not draws: ``tf.cond``, ``tf.while_loop``, ``tf.switch_case``, a ``tf.function`` call (read into)
+_NOT_DRAWS = frozenset(("StatelessIf", "StatelessWhile", "StatelessCase",
+                        "StatefulPartitionedCall"))
+# marks on a way: it passed a zip; a step of several inputs read in turn; a step whose function
+# draws random numbers
+_ZIPPED, _IN_TURN, _MIXED = -1, -2, -3
+
+
+def _function_ops(op: Any, attr: str = "f") -> frozenset[str]:
+    """The op types of the function of ``op`` (a ``map``, a ``flat_map``, an ``interleave``; a
+    ``group_by_window``'s ``reduce_func``), read into the functions it calls (``tf.cond``
+    branches, loop bodies, ``tf.function`` calls)."""
+    try:
+        todo = [op.get_attr(attr).name]
+    except (ValueError, AttributeError):
+        return frozenset()
+    found: set[str] = set()
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            function = op.graph._get_function(name)
+            definition = getattr(function, "cached_definition", None) or function.definition
+        except (AttributeError, KeyError, ValueError):
+            continue
+        for node in definition.node_def:
+            found.add(node.op)
+            for value in node.attr.values():
+                if value.HasField("func"):
+                    todo.append(value.func.name)
+                todo.extend(each.name for each in value.list.func)
+    return frozenset(found)
+
+
+def _calls_a_shuffle(op: Any) -> frozenset[str]:
+    """The shuffles (``ShuffleDataset``) and random draws (``tf.random.shuffle``, say) that the
+    function of ``op`` makes, by op type, the functions it calls included."""
+    return frozenset(kind for kind in _function_ops(op) if kind in _SHUFFLES
+                     or kind.startswith(_DRAWS) and kind not in _NOT_DRAWS)
+
+
+def _of_groups(shuffle: Any) -> bool:
+    """Whether a batch or window lies below ``shuffle`` with no step between that makes examples
+    of its groups again (see ``_BATCHES``): the elements it shuffles are groups of examples."""
+    seen: set[str] = set()
+    todo = [shuffle.inputs[0].op]
+    while todo:
+        step = todo.pop()
+        if step.name in seen:
+            continue
+        seen.add(step.name)
+        if step.type in _BATCHES:
+            return True
+        if step.type == _UNBATCH or step.type in _SOURCES:
+            continue
+        if step.type.startswith(_FLATTENS):
+            made = _function_ops(step, "reduce_func" if "GroupBy" in step.type else "f")
+            if made & _BATCHES:
+                return True
+            if "TensorDataset" not in made or made & (_SOURCES | {_UNBATCH}):
+                continue
+        todo.extend(tensor.op for tensor in step.inputs if tensor.dtype.name == "variant")
+    return False
+
+
+def shuffles_of(dataset: Any) -> Any:
+    """An ``[n, 4]`` tensor: for each shuffle (``ShuffleDataset``) of ``dataset``'s graph, made
+    where the dataset is (the worker's ``dataset_fn``), its ``buffer_size`` (-2,
+    ``tf.data.UNKNOWN_CARDINALITY``: unbounded, the whole input), the cardinality of the dataset
+    it shuffles (-1 infinite, -2 unknown, -3 an unknown number of batches or windows: a batch
+    below, nothing between that makes examples of them again), whether it reshuffles each pass
+    (1), and a bit mask of the ways from the dataset down to a source (a dataset made of no
+    other: the slices, a ``range``) it lies on, ways with the same shuffles counted once. A
+    branch of a ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` or
+    ``range`` source, or an ``unbatch`` with neither a shuffle nor a source below it (rows of
+    tensors), on a way with no shuffle at all stands as a shuffle with a buffer of 0 (stored
+    order) of its elements, on that way alone (not below a step whose function makes a shuffle
+    or draws random numbers, nor an ``unbatch`` above one: its elements are then not the
+    examples read in stored order). Where there are more than 62 ways, every shuffle's mask is
+    -1 (each is then judged alone) and the slices are not. A shuffle inside a function a dataset
+    step calls (``flat_map``, ``interleave``) is not read: that step stands as a whole shuffle
+    (``[-2, -2, 1, mask]``) on its ways; random draws (``tf.random.shuffle`` in a ``map``, or in
+    a ``tf.cond`` branch or a ``tf.function`` it calls), a decoy as easily as a whole
+    permutation, only exempt the slices below them."""
+    tf = _tf()
+    shuffles: list[Any] = []  # the ops, in the order found (sources too)
+    below: dict[str, frozenset[frozenset[int]]] = {}  # op name: the sets of shuffles per way
+
+    def ways(op: Any) -> frozenset[frozenset[int]]:
+        if op.name not in below:
+            below[op.name] = frozenset()  # a cycle (none in a dataset graph) adds nothing
+            inputs = [tensor.op for tensor in op.inputs if tensor.dtype == tf.variant]
+            if inputs:
+                found = frozenset().union(*(ways(each) for each in inputs))
+                if len(inputs) > 1:  # a zip's branches are read side by side, others in turn
+                    mark = _ZIPPED if op.type in _ZIPS else _IN_TURN
+                    found = frozenset(way | {mark} for way in found)
+                called = _calls_a_shuffle(op)
+                if called:  # the slices below are not the examples read
+                    found = frozenset(frozenset(i for i in way if i < 0 or shuffles[i].type
+                                                not in _SOURCES | {_UNBATCH}) for way in found)
+                    if called & _SHUFFLES:  # it stands as a whole shuffle on its ways
+                        shuffles.append(op)
+                    mark = len(shuffles) - 1 if called & _SHUFFLES else _MIXED
+                    found = frozenset(way | {mark} for way in found)
+                elif op.type == _UNBATCH and all(i < 0 and i != _MIXED for way in found
+                                                 for i in way):
+                    shuffles.append(op)  # rows of tensors, in stored order
+                    found = frozenset([frozenset([len(shuffles) - 1])])
+            elif op.type in _SOURCES:
+                shuffles.append(op)
+                found = frozenset([frozenset([len(shuffles) - 1])])
+            else:
+                found = frozenset([frozenset()])
+            if op.type in _SHUFFLES:
+                shuffles.append(op)
+                found = frozenset(way | {len(shuffles) - 1} for way in found)
+            below[op.name] = found
+        return below[op.name]
+
+    # a way with no shuffle whose only branching steps are zips is read beside the others in
+    # every pass (ids zipped to shuffled examples, say): stored order there shows in the passes
+    found = sorted({frozenset(i for i in way if i >= 0) for way in ways(
+        dataset._variant_tensor.op) if _IN_TURN in way or _ZIPPED not in way
+        or any(i >= 0 and shuffles[i].type in _SHUFFLES for i in way)}, key=sorted)
+    many = len(found) > _PATHS
+    rows = []
+    for index, op in enumerate(shuffles):
+        if op.type in _SOURCES or op.type == _UNBATCH:  # judged on a way with no shuffle at all
+            mask = 0 if many else sum(1 << bit for bit, way in enumerate(found)
+                                      if way == {index})
+            rows.append(tf.stack([
+                tf.constant(0, tf.int64),
+                tf.raw_ops.DatasetCardinality(input_dataset=op.outputs[0]),
+                tf.constant(1, tf.int64), tf.constant(mask, tf.int64)]))
+            continue
+        if op.type not in _SHUFFLES:  # a step whose function makes a shuffle: read as whole
+            mask = -1 if many else sum(1 << bit for bit, way in enumerate(found) if index in way)
+            rows.append(tf.constant([_UNBOUNDED, -2, 1, mask], tf.int64))
+            continue
+        try:
+            reshuffle = bool(op.get_attr("reshuffle_each_iteration"))
+        except ValueError:  # V2: a seed generator's, reshuffled each pass
+            reshuffle = True
+        mask = -1 if many else sum(1 << bit for bit, way in enumerate(found) if index in way)
+        size = tf.raw_ops.DatasetCardinality(input_dataset=op.inputs[0])
+        if _of_groups(op):
+            size = tf.where(size == -2, tf.constant(_GROUPS, tf.int64), size)
+        rows.append(tf.stack([
+            tf.cast(op.inputs[1], tf.int64),
+            size,
+            tf.constant(int(reshuffle), tf.int64), tf.constant(mask, tf.int64)]))
+    return tf.stack(rows) if rows else tf.zeros([0, 4], tf.int64)
+
+
+def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
+                     share: int) -> tuple[int, int] | None:
+    """``(buffer_size, elements)`` of the largest reshuffling buffer on a way to the dataset's
+    sources (see :func:`shuffles_of`) where none on that way shuffles it whole: holds all the
+    elements it shuffles (a known number, more than one) and they are ``share`` (a worker's
+    examples) or more; None where every way has one that does. A buffer of 0 is a way that
+    reads its slices in stored order; ``elements`` below ``share`` with a buffer that holds them
+    all, a shuffle of groups of examples (batches, a part of the share), which stay together;
+    ``(-1, elements)``, a way with a shuffle that never reshuffles (the same order every pass)
+    and none that reshuffles more than one element (or an unknown or infinite number with a
+    buffer of ``share`` or more). A reshuffling shuffle of an unknown number of elements (-2:
+    after a ``filter``, say) shuffles them whole where its buffer holds ``share`` examples or is
+    unbounded; ``(buffer_size, -2)`` where it does not. One of an unknown number of batches or
+    windows (-3) never does: ``(buffer_size, -3)``.
+    With more than 62 ways (mask -1), each such shuffle must shuffle its input whole."""
+
+    def whole(buffer: int, size: int) -> bool:
+        if size == _GROUPS:
+            return False
+        if size == _UNKNOWN:
+            return buffer == _UNBOUNDED or buffer >= share
+        return (buffer >= size or buffer == _UNBOUNDED) and size >= share
+
+    def judged(buffer: int, size: int, reshuffle: int) -> bool:  # stored order (0): known sizes
+        return bool(reshuffle) and (size > 1 or size in (_UNKNOWN, _GROUPS) and buffer != 0)
+
+    def least(pairs: list[tuple[int, int]]) -> tuple[int, int]:  # the largest buffer, for its size
+        return max(pairs, key=lambda pair: pair[0] / (
+            share if pair[1] in (_UNKNOWN, _GROUPS) else pair[1]))
+
+    alone = [(buffer, size) for buffer, size, reshuffle, mask in shuffles
+             if mask == -1 and judged(buffer, size, reshuffle) and not whole(buffer, size)]
+    if alone:
+        return least(alone)
+    bits = {bit for *_, mask in shuffles if mask > 0
+            for bit in range(mask.bit_length()) if mask >> bit & 1}
+    for bit in sorted(bits):
+        on = [row for row in shuffles if row[3] > 0 and row[3] >> bit & 1 and row[0] != 0]
+        fixed = [(buffer, size) for buffer, size, reshuffle, _ in on if size > 1]
+        if fixed and not any(reshuffle and (size > 1 or size < 0 and (
+                buffer == _UNBOUNDED or buffer >= share)) for buffer, size, reshuffle, _ in on):
+            return (-1, max(size for _, size in fixed))
+        way = [(buffer, size) for buffer, size, reshuffle, mask in shuffles
+               if mask > 0 and mask >> bit & 1 and judged(buffer, size, reshuffle)]
+        if way and not any(whole(buffer, size) for buffer, size in way):
+            return least(way)
+    return None
