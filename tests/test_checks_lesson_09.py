@@ -719,6 +719,10 @@ def _noise_made_of_others(how):
     return pipeline
 
 
+_MADE_OF_TWO = (r"some examples' noise is made of other examples' or of the other epoch's "
+                r"\(two others' explain 100% of it")
+
+
 def _noise_from_the_last_epoch(how):
     """``augment`` on every example each epoch, but the second epoch's noise replaced by the
     first's: negated and scaled by 1.01 (``"negated"``), its two neighbours' mixed, (n_{i-1}
@@ -792,18 +796,13 @@ def _noise_from_the_last_epoch(how):
                                    r"correlation of 1\.00"),
     (_noise_made_of_others("rolled"), r"some examples got noise another example had, or they "
                                       r"had in the other epoch \(the same values, moved"),
-    (_noise_made_of_others("mixed"), r"some examples' noise is made of other examples' or of "
-                                     r"the other epoch's \(two others' explain 100% of it|"
-                                     r"some examples got the same noise as others \(a "
-                                     r"correlation of 0\.9"),
+    (_noise_made_of_others("mixed"), _MADE_OF_TWO + r"|some examples got the same noise as "
+                                                    r"others \(a correlation of 0\.9"),
     (_noise_made_of_others("spliced"), r"some examples got part of the noise another example "
                                        r"had, or they had in the other epoch \(12 or more"),
-    (_noise_from_the_last_epoch("negated"), r"correlates -1\.00|made of other examples' or of "
-                                            r"the other epoch's \(two others' explain 100%"),
-    (_noise_from_the_last_epoch("mixed"), r"made of other examples' or of the other epoch's "
-                                          r"\(two others' explain 100% of it"),
-    (_noise_from_the_last_epoch("shifted"), r"made of other examples' or of the other epoch's "
-                                            r"\(two others' explain 100% of it"),
+    (_noise_from_the_last_epoch("negated"), r"correlates -1\.00|" + _MADE_OF_TWO),
+    (_noise_from_the_last_epoch("mixed"), _MADE_OF_TWO),
+    (_noise_from_the_last_epoch("shifted"), _MADE_OF_TWO),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
         "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
         "the colleague's first try", "the colleague's second try",
