@@ -178,9 +178,10 @@ def check_fast_pipeline(fn: Any) -> bool:
                     "have for the reads?)")
         if share < FAST_PIPELINE_MIN_OVERLAPPED_SHARE:
             least = FAST_PIPELINE_MIN_READS_AT_ONCE // 2
-            return (f"{share:.0%} of the epoch's reads started while {least} or more waited "
-                    f"(at least {FAST_PIPELINE_MIN_OVERLAPPED_SHARE:.0%} needed; {overlapped} "
-                    "at once at most): the reads overlapped for part of the epoch only")
+            return (f"{share:.0%} of the epoch's reads started while {least - 1} or more others "
+                    f"waited ({least} or more at once, the read itself included; at least "
+                    f"{FAST_PIPELINE_MIN_OVERLAPPED_SHARE:.0%} needed; {overlapped} at once at "
+                    "most): the reads overlapped for part of the epoch only")
         # Slow and fast timed the same way: fresh pipelines, one epoch each, in turns; every
         # timed epoch of yours must read every record (a pipeline kept from an earlier call
         # that reads nothing is not faster, it skips the work).
