@@ -2,14 +2,15 @@
 (counting the examples it augmented), a probe of whether a pipeline works ahead by itself,
 and what is wrong with two epochs of a pipeline (``lesson_09`` uses them), and the profiles'
 shares. Exact copies of another example's noise (moved or sign-flipped), 12 or more values
-shared with another example's, a copy scaled or shifted in place, and noise made wholly of
-two others' in place with one weight each (other examples' of either epoch, or its own of the
-other epoch) are refused; other noise made from augment's noise is not tested (a product, a
-scaled or shifted copy moved among the features, fewer values copied, a mix of two with their
-values moved among the features, each value's sign flipped or weights that change from value
-to value, a mix of three, a part of another example's noise or of the last epoch's under fresh
-noise: a correlation under 0.9, or 0.25 between the epochs). Each of these runs augment on
-every example, every epoch: more work than the fix."""
+shared with another example's, a copy scaled or shifted in place (one factor, one amount),
+and noise made wholly of two others' in place with one weight each (other examples' of either
+epoch, or its own of the other epoch) are refused; other noise made from augment's noise is
+not tested (a product, a scaled or shifted copy moved among the features, fewer values copied,
+a mix of two with their values moved among the features, a copy or a mix of two whose scale,
+sign or shift changes from value to value, a mix of three, a part of another example's noise
+or of the last epoch's under fresh noise: a correlation under 0.9, a fit on two others' and a
+constant under 90 %, or 0.25 between the epochs). Each of these runs augment on every example,
+every epoch: more work than the fix."""
 
 from __future__ import annotations
 
