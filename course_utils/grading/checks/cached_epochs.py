@@ -91,9 +91,10 @@ def cached_verifier(count: int, batch_size: int, buffer: int,
         if orders[0] == list(range(count)):
             return "the records came in their stored order: shuffle them"
         if orders[0] == orders[1]:
-            return ("the two epochs came in the same order: a cache after the shuffle, or "
-                    "reshuffle_each_iteration=False, froze the shuffle (a shuffle is random "
-                    "work too)")
+            return ("the two epochs came in the same order: something froze the shuffle (a "
+                    "cache after it, reshuffle_each_iteration=False, or random keys or a "
+                    "permutation drawn once, e.g. Dataset.random() without "
+                    "rerandomize_each_iteration=True; a shuffle is random work too)")
         problem = order_problem(dataset)  # finish orders, kept by a cache: not the shuffle's
         if problem:
             return (f"{problem} (the check measures your shuffle's reach from the records' "

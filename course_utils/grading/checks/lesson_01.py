@@ -4,8 +4,9 @@
   multiset: a parallel pipeline may reorder them), batches of the right sizes, every record
   read exactly once per epoch (counted: an answer that skips ``read`` fails), and a speed-up
   over the slow reference, on a pipeline whose reads wait on (simulated) storage: the reads
-  that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE``; most
-  reads start while others wait), each made by a read op of the returned dataset's graph, which
+  that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE`` at
+  some point; at least half of the reads start while 3 or more others wait), each made by a
+  read op of the returned dataset's graph, which
   runs no Python of its own and pulls from no iterator, queue or other state made outside it
   (reads in Python threads of the answer's own, or handed on by a generator, another
   pipeline's iterator or a queue a thread fills, beside an idle read op, fail;
@@ -71,9 +72,10 @@ __all__ = ["check_cached_pipeline", "check_fast_pipeline", "check_parse_record",
 #: (``FAST_PIPELINE_MIN_READS_AT_ONCE``, ``FAST_PIPELINE_MIN_OVERLAPPED_SHARE``), which load
 #: cannot sway; reads limited to 2 at a time (2 usable logical CPUs) fail them.
 FAST_PIPELINE_MIN_SPEEDUP = 1.3
-#: The share of an epoch's reads that must start while at least half of
-#: ``FAST_PIPELINE_MIN_READS_AT_ONCE`` reads wait: a pipeline that overlaps a burst of reads
-#: once and reads the rest one at a time fails it.
+#: The share of an epoch's reads that must start with at least half of
+#: ``FAST_PIPELINE_MIN_READS_AT_ONCE`` reads waiting, the read itself included (3 or more
+#: others): a pipeline that overlaps a burst of reads once and reads the rest one at a time
+#: fails it.
 FAST_PIPELINE_MIN_OVERLAPPED_SHARE = 0.5
 #: The reads that must be waiting at the same time at least once in an epoch: the mechanism,
 #: counted. ``AUTOTUNE`` on tf.data's default pool overlaps one read per logical CPU this process
