@@ -1,7 +1,8 @@
 """The shuffles a worker's dataset holds, read from its graph where it is made, for lesson 04's
 ``check_make_dataset_fn``: :func:`shuffles_of` (each shuffle's buffer, the number of elements it
 shuffles, whether it reshuffles each pass, the ways to the dataset's sources it lies on) and
-:func:`unshuffled_share` (a way on which no shuffle shuffles a worker's share whole)."""
+:func:`unshuffled_share` (a way on which no shuffle shuffles a worker's share whole), and
+:func:`share_message` (what the check says of it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["shuffles_of", "unshuffled_share"]
+__all__ = ["share_message", "shuffles_of", "unshuffled_share"]
 
 
 _SHUFFLES = frozenset(("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
@@ -37,7 +38,7 @@ _BATCHES = frozenset(("BatchDataset", "BatchDatasetV2", "PaddedBatchDataset",
 _FLATTENS = ("FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDataset",
              "LegacyParallelInterleaveDataset", "GroupByWindowDataset",
              "ExperimentalGroupByWindowDataset")
-_GROUPS = -3  # the size of a shuffle of an unknown number of groups of examples
+_GROUPS = -3  # the size of a shuffle of groups of examples (but one of them)
 # random draws (op types): ``tf.random.shuffle``, ``tf.random.uniform`` (``tf.argsort`` of one),
 # ``normal``, ``truncated_normal``, ``categorical``, their stateless forms, a
 # ``tf.random.Generator``'s
@@ -87,10 +88,12 @@ def _calls_a_shuffle(op: Any) -> frozenset[str]:
                      or kind.startswith(_DRAWS) and kind not in _NOT_DRAWS)
 
 
-def _of_groups(shuffle: Any) -> bool:
+def _of_groups(shuffle: Any) -> tuple[bool, int]:
     """Whether a batch or window lies below ``shuffle`` with no step between that makes examples
-    of its groups again (see ``_BATCHES``): the elements it shuffles are groups of examples."""
+    of its groups again (see ``_BATCHES``): the elements it shuffles are groups of examples; and
+    the number of batches of one (``batch(1)``, each of one example) passed on the way."""
     seen: set[str] = set()
+    ones = 0
     todo = [shuffle.inputs[0].op]
     while todo:
         step = todo.pop()
@@ -98,16 +101,36 @@ def _of_groups(shuffle: Any) -> bool:
             continue
         seen.add(step.name)
         if step.type in _BATCHES:
-            return True
+            if not step.type.startswith(("Batch", "ParallelBatch", "PaddedBatch")) or (
+                    step.inputs[1].op.type != "Const"
+                    or _tf().get_static_value(step.inputs[1]) != 1):
+                return True, ones
+            ones += 1  # groups of one example: go on below it
         if step.type == _UNBATCH or step.type in _SOURCES:
             continue
         if step.type.startswith(_FLATTENS):
             made = _function_ops(step, "reduce_func" if "GroupBy" in step.type else "f")
             if made & _BATCHES:
-                return True
+                return True, ones
             if "TensorDataset" not in made or made & (_SOURCES | {_UNBATCH}):
                 continue
         todo.extend(tensor.op for tensor in step.inputs if tensor.dtype.name == "variant")
+    return False, ones
+
+
+def _holds_groups(shuffle: Any, rank: int) -> bool:
+    """Whether the elements ``shuffle`` shuffles are groups of examples: a batch or window below
+    (:func:`_of_groups`), or a component of a higher rank than an example's (``rank``) however
+    it was made (batches unbatched from batches of them, a ``map`` or a reducer's groups) whose
+    added dimensions are not all of one (``f[None]``, a ``batch(1)``)."""
+    below, ones = _of_groups(shuffle)
+    if below:
+        return True
+    for shape in shuffle.get_attr("output_shapes"):
+        dims = [dim.size for dim in shape.dim]
+        if not shape.unknown_rank and len(dims) - ones > rank and any(
+                size != 1 for size in dims[ones:len(dims) - rank]):
+            return True
     return False
 
 
@@ -115,8 +138,8 @@ def shuffles_of(dataset: Any) -> Any:
     """An ``[n, 4]`` tensor: for each shuffle (``ShuffleDataset``) of ``dataset``'s graph, made
     where the dataset is (the worker's ``dataset_fn``), its ``buffer_size`` (-2,
     ``tf.data.UNKNOWN_CARDINALITY``: unbounded, the whole input), the cardinality of the dataset
-    it shuffles (-1 infinite, -2 unknown, -3 an unknown number of batches or windows: a batch
-    below, nothing between that makes examples of them again), whether it reshuffles each pass
+    it shuffles (-1 infinite, -2 unknown, -3 groups of examples, more than one or an unknown
+    number: see :func:`_holds_groups`), whether it reshuffles each pass
     (1), and a bit mask of the ways from the dataset down to a source (a dataset made of no
     other: the slices, a ``range``) it lies on, ways with the same shuffles counted once. A
     branch of a ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` or
@@ -131,6 +154,10 @@ def shuffles_of(dataset: Any) -> Any:
     a ``tf.cond`` branch or a ``tf.function`` it calls), a decoy as easily as a whole
     permutation, only exempt the slices below them."""
     tf = _tf()
+    # an example's rank: that of the largest component of the dataset's batches, less one
+    rank = max((spec.shape.rank for spec in tf.nest.flatten(dataset.element_spec)
+                if getattr(spec, "shape", None) is not None and spec.shape.rank is not None),
+               default=1) - 1
     shuffles: list[Any] = []  # the ops, in the order found (sources too)
     below: dict[str, frozenset[frozenset[int]]] = {}  # op name: the sets of shuffles per way
 
@@ -192,8 +219,8 @@ def shuffles_of(dataset: Any) -> Any:
             reshuffle = True
         mask = -1 if many else sum(1 << bit for bit, way in enumerate(found) if index in way)
         size = tf.raw_ops.DatasetCardinality(input_dataset=op.inputs[0])
-        if _of_groups(op):
-            size = tf.where(size == -2, tf.constant(_GROUPS, tf.int64), size)
+        if _holds_groups(op, rank):  # groups, whatever their number (but one)
+            size = tf.where((size == -2) | (size > 1), tf.constant(_GROUPS, tf.int64), size)
         rows.append(tf.stack([
             tf.cast(op.inputs[1], tf.int64),
             size,
@@ -213,8 +240,8 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
     and none that reshuffles more than one element (or an unknown or infinite number with a
     buffer of ``share`` or more). A reshuffling shuffle of an unknown number of elements (-2:
     after a ``filter``, say) shuffles them whole where its buffer holds ``share`` examples or is
-    unbounded; ``(buffer_size, -2)`` where it does not. One of an unknown number of batches or
-    windows (-3) never does: ``(buffer_size, -3)``.
+    unbounded; ``(buffer_size, -2)`` where it does not. One of groups of examples (-3: batches,
+    windows), whatever their number, never does: ``(buffer_size, -3)``.
     With more than 62 ways (mask -1), each such shuffle must shuffle its input whole."""
 
     def whole(buffer: int, size: int) -> bool:
@@ -248,3 +275,42 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
         if way and not any(whole(buffer, size) for buffer, size in way):
             return least(way)
     return None
+
+
+def share_message(worker: int, shuffles: set[tuple[int, int, int, int]], share: int) -> str | None:
+    """What is wrong with how worker ``worker``'s dataset shuffles its ``share`` examples (the
+    rows of :func:`shuffles_of`, judged by :func:`unshuffled_share`), or None."""
+    short = unshuffled_share(shuffles, share)
+    if not short:
+        return None
+    buffer, size = short
+    if buffer == -1:
+        return (f"worker {worker}'s dataset has a branch whose shuffles of its {size} elements "
+                "never reshuffle (reshuffle_each_iteration=False): that branch reads them in the "
+                "same order in every pass. What does your shuffle do at a new pass? (lesson 01, "
+                "section 7)")
+    if buffer == 0:
+        return (f"worker {worker}'s dataset has a branch that reads the examples in stored order "
+                f"(its source's {size} elements reach it through no shuffle): whatever the "
+                "passes read first, that branch's are never shuffled. Which step of yours reads "
+                "the data unshuffled? (lesson 01, section 7)")
+    if size == _GROUPS:
+        return (f"worker {worker}'s dataset shuffles batches (or other groups of examples): "
+                "each of its elements holds several examples, which stay together. A pass "
+                "shuffled over the whole share shuffles the examples themselves, all of them "
+                "(lesson 01, section 7)")
+    if size < 0:  # an unknown number: its buffer is below the share
+        return (f"worker {worker}'s dataset shuffles a number of elements tf.data cannot tell "
+                f"ahead (after a filter, say) with a buffer of {buffer}, fewer than its {share} "
+                f"examples: an element {buffer} or more places into its input can never come "
+                "first. A pass shuffled over the whole share needs a buffer that holds it all "
+                "(lesson 01, section 7)")
+    if buffer >= size or buffer == _UNBOUNDED:
+        return (f"worker {worker}'s dataset shuffles {size} elements, fewer than its {share} "
+                "examples: its elements are groups of examples, which stay together (a shuffle "
+                "of a part of the share). A pass shuffled over the whole share shuffles the "
+                "examples themselves, all of them (lesson 01, section 7)")
+    return (f"worker {worker}'s dataset shuffles {size} elements with a buffer of {buffer} "
+            "(buffer_size of its ShuffleDataset): the shuffle buffer is too small to shuffle "
+            f"them all, the last {size - buffer} of them can never come first. A pass shuffled "
+            "over the whole share needs a buffer that holds it all (lesson 01, section 7)")

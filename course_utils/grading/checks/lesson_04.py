@@ -20,41 +20,44 @@ cannot start a second in-process cluster) and verifies what the parameter server
   in each of the last 4, the order the earlier passes set (each example's mean place) shuffled
   a little (:func:`~course_utils.grading.checks.worker_passes.usual_reach`), however the
   dataset is made;
-  and in its graph (on each way from the worker's dataset down to a source, a branch of a ``zip``
-  or a ``concatenate`` included, that has a shuffle that reshuffles each pass a known number of
-  elements, more than one, one of them must hold all its elements in its buffer, and they must be
-  a worker's share or more: a full shuffle of another branch, or of fewer elements, batches say,
-  does not stand for it; one of an unknown number, a ``filter`` shard say, stands for it with a
-  buffer of the share or more, unless a batch or window lies below it with no ``unbatch`` (nor
-  ``flat_map`` that makes examples again) between; a way from the examples' slices (or a finite
-  ``range``, or an ``unbatch`` of tensors) with no shuffle at all (no ``ShuffleDataset``, nor
-  random draws in a step's function or the functions it calls: ``tf.random.shuffle``,
-  ``tf.random.uniform``, not a ``tf.cond``) reads them in stored order – unless its only branching
-  steps are zips, ids read beside shuffled examples, say: stored order there shows in the passes
-  read –, and a way whose only shuffles that reshuffle are of one element (or of an unknown
-  number, with a buffer below the share) while one never reshuffles, the same order every pass,
-  whatever passes the check reads; with more than 62 ways, each such shuffle must hold its whole
-  input). Still passes: a shuffle inside a ``flat_map`` or ``interleave`` stands for a whole one,
-  and random draws in a ``map`` exempt the slices below (a decoy as easily as a whole
-  permutation): there only how far examples move is read, a few examples (5 of 33-71) left in
-  stored order below them pass almost always (8, about half), a hidden buffer of three quarters of
-  the share passes (one just over half is refused now and then); batches a ``flat_map`` passes on
-  through a source of its own (``from_tensor_slices([batch])``) count as examples (then
-  ``shuffle(batch_size)``: 4 of 6 passed); and more fresh passes than the check draws, then stored
-  order (``repeat(32)``), from a source the graph does not list (a ``counter``, slices made inside
-  a ``flat_map`` or below random draws): no number of passes read rules out a larger one. Refused
-  though right: a whole ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a
-  decoy's random draws look the same). Passes each another fixed arrangement shuffled a little
-  (drawn from a table of orders, one arrangement turned by a random ``roll`` or read at a random
-  stride each pass, its blocks in an order drawn each pass, or a stride with a buffer of more than
-  a third, up to a half, of the share), and one fixed arrangement behind a hidden buffer of half
-  the share (all but about 1 in 100 per worker at 33-35 examples) or a third of it, or two
-  ``shuffle(8)`` (now and then): a frame is tried only where it is set apart from the passes it
-  judges (rotations, reflections and strides; the earlier passes' order for the last 4), as a
-  uniform shuffle too is some arrangement in the frame its own pass sets. And every batch full
+  and in its graph (on each way from the worker's dataset down to a source, a branch of a ``zip`` or
+  a ``concatenate`` included, that has a shuffle that reshuffles each pass a known number of
+  elements, more than one, one of them must hold all its elements in its buffer, and they must be a
+  worker's share or more: a full shuffle of another branch, or of fewer elements, does not stand for
+  it; one of an unknown number, a ``filter`` shard say, stands for it with a buffer of the share or
+  more; a shuffle of groups of examples never does, whatever their number (a batch or window below
+  it with no ``unbatch`` nor ``flat_map`` that makes examples again between, but a ``batch(1)``; or
+  elements of a higher rank than an example's, however made, but ``[1, ...]``); a way from the
+  examples' slices (or a finite ``range``, or an ``unbatch`` of tensors) with no shuffle at all (no
+  ``ShuffleDataset``, nor random draws in a map's, flat_map's, interleave's or scan's function or
+  the functions it calls: ``tf.random.shuffle``, ``tf.random.uniform``, not a ``tf.cond``) reads
+  them in stored order – unless its only branching steps are zips, ids read beside shuffled
+  examples, say: stored order there shows in the passes read –, and a way whose only shuffles that
+  reshuffle are of one element (or of an unknown number, with a buffer below the share) while one
+  never reshuffles, the same order every pass, whatever passes the check reads; with more than 62
+  ways, each such shuffle must hold its whole input). Still passes: a shuffle inside a ``flat_map``
+  or ``interleave`` stands for a whole one, and random draws in a ``map`` exempt the slices below (a
+  decoy as easily as a whole permutation): there only how far examples move is read, a few examples
+  (5 of 33-71) left in stored order below them pass almost always (8: about 3 in 4 per worker, 2 in
+  5 checks), a hidden buffer of three quarters of the share passes (one just over half is refused
+  now and then); groups flattened into vectors of an example's rank below an ``unbatch`` count as
+  examples (their ranks are all the graph tells); and more fresh passes than the check draws, then
+  stored order (``repeat(32)``), from a source the graph does not list (a ``counter``, slices made
+  inside a ``flat_map`` or below random draws): no number of passes read rules out a larger one.
+  Refused though right: a whole ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a
+  decoy's random draws look the same); a permutation drawn in a ``tf.py_function`` or
+  ``tf.numpy_function`` (read as stored order: a real job's remote workers cannot run one, which
+  must run in the address space of the Python program that made it). Passes each another fixed
+  arrangement shuffled a little (drawn from a table of orders, one arrangement turned by a random
+  ``roll`` or read at a random stride each pass, its blocks in an order drawn each pass, or a stride
+  with a buffer of more than a third, up to a half, of the share), and one fixed arrangement behind
+  a hidden buffer of half the share (all but about 1 in 100 per worker at 33-35 examples) or a third
+  of it, or two ``shuffle(8)`` (now and then): a frame is tried only where it is set apart from the
+  passes it judges (rotations, reflections and strides; the earlier passes' order for the last 4),
+  as a uniform shuffle too is some arrangement in the frame its own pass sets. And every batch full
   although a worker's share does not fill its last batch; the second case is a job sized for one
-  worker more than run (one joins later), so that shards cut by the notebook's worker count
-  instead of ``num_workers`` read too much;
+  worker more than run (one joins later), so that shards cut by the notebook's worker count instead
+  of ``num_workers`` read too much;
 * ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
   counter, nothing lost when the workers update at the same moment (made likely by a barrier).
 
@@ -68,7 +71,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
-from course_utils.grading.checks.dataset_shuffles import _GROUPS, _UNBOUNDED, unshuffled_share
+from course_utils.grading.checks.dataset_shuffles import share_message
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_passes import (
     batches_per_worker,
@@ -317,46 +320,9 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 if message:
                     return message
             for w in sorted(shuffles):
-                short = unshuffled_share(shuffles[w], per_worker)
-                if not short:
-                    continue
-                buffer, size = short
-                if buffer == -1:
-                    return (f"worker {w}'s dataset has a branch whose shuffles of its {size} "
-                            "elements never reshuffle (reshuffle_each_iteration=False): that "
-                            "branch reads them in the same order in every pass. What does "
-                            "your shuffle do at a new pass? (lesson 01, section 7)")
-                if buffer == 0:
-                    return (f"worker {w}'s dataset has a branch that reads the examples in "
-                            f"stored order (its source's {size} elements reach it through no "
-                            "shuffle): "
-                            "whatever the passes read first, that branch's are never "
-                            "shuffled. Which step of yours reads the data unshuffled? "
-                            "(lesson 01, section 7)")
-                if size == _GROUPS:  # batches or windows, their number unknown
-                    return (f"worker {w}'s dataset shuffles batches (or windows) of examples, "
-                            "their number unknown to tf.data (after a filter, say): its elements "
-                            "are groups of examples, which stay together. A pass shuffled over "
-                            "the whole share shuffles the examples themselves, all of them "
-                            "(lesson 01, section 7)")
-                if size < 0:  # an unknown number: its buffer is below the share
-                    return (f"worker {w}'s dataset shuffles a number of elements tf.data cannot "
-                            f"tell ahead (after a filter, say) with a buffer of {buffer}, fewer "
-                            f"than its {per_worker} examples: an element {buffer} or more "
-                            "places into its input can never come first. A pass shuffled over "
-                            "the whole share needs a buffer that holds it all (lesson 01, "
-                            "section 7)")
-                if buffer >= size or buffer == _UNBOUNDED:
-                    return (f"worker {w}'s dataset shuffles {size} elements, fewer than its "
-                            f"{per_worker} examples: its elements are groups of examples, "
-                            "which stay together (a shuffle after a batch, or of a part of "
-                            "the share). A pass shuffled over the whole share shuffles the "
-                            "examples themselves, all of them (lesson 01, section 7)")
-                return (f"worker {w}'s dataset shuffles {size} elements with a buffer of "
-                        f"{buffer} (buffer_size of its ShuffleDataset): the shuffle buffer "
-                        f"is too small to shuffle them all, the last {size - buffer} of them "
-                        "can never come first. A pass shuffled over the whole share needs "
-                        "a buffer that holds it all (lesson 01, section 7)")
+                message = share_message(w, shuffles[w], per_worker)
+                if message:
+                    return message
             for w in sorted(batches):  # the passes of another iterator, however it is made
                 message = fresh_passes_message(w, long.get(w, []), seen[w], order, passes)
                 if message:
