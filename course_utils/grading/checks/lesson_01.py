@@ -6,8 +6,8 @@
   over the slow reference, on a pipeline whose reads wait on (simulated) storage: the reads
   that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE`` at
   some point; at least half of the reads start while 3 or more others wait), each made by a
-  read op of the returned dataset's graph, which
-  runs no Python of its own and pulls from no iterator, queue or other state made outside it
+  read op of the returned dataset's graph, which runs no Python of its own and pulls from no
+  iterator, queue or other state made outside it
   (reads in Python threads of the answer's own, or handed on by a generator, another
   pipeline's iterator or a queue a thread fills, beside an idle read op, fail;
   ``checks/storage_reads.py``; a cache of the pipeline's own in a file, its filename a
@@ -176,14 +176,16 @@ def check_fast_pipeline(fn: Any) -> bool:
             return (f"at most {overlapped} read(s) waited at the same time during an epoch; "
                     f"at least {FAST_PIPELINE_MIN_READS_AT_ONCE} must overlap (AUTOTUNE or a "
                     "fixed number alone stops at one thread per logical CPU this process may "
-                    "use, the size of tf.data's default pool: how many threads does tf.data "
-                    "have for the reads?)")
+                    "use, the size of tf.data's default pool, and a read map that is not "
+                    "parallel waits one read at a time: how many reads run at once, and on "
+                    "how many threads?)")
         if share < FAST_PIPELINE_MIN_OVERLAPPED_SHARE:
             least = FAST_PIPELINE_MIN_READS_AT_ONCE // 2
             return (f"{share:.0%} of the epoch's reads started while {least - 1} or more others "
                     f"waited ({least} or more at once, the read itself included; at least "
                     f"{FAST_PIPELINE_MIN_OVERLAPPED_SHARE:.0%} needed; {overlapped} at once at "
-                    "most): the reads overlapped for part of the epoch only")
+                    f"most): the reads overlapped for part of the epoch only, or fewer than "
+                    f"{least} at a time")
         # Slow and fast timed the same way: fresh pipelines, one epoch each, in turns; every
         # timed epoch of yours must read every record (a pipeline kept from an earlier call
         # that reads nothing is not faster, it skips the work).
