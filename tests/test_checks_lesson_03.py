@@ -931,14 +931,16 @@ def rows_from_the_resumed_example(x, y, global_batch, examples_done):
 
 def rows_from_tensors_cast_whole(x, y, global_batch, examples_done):
     """Right too: from_tensors of every row, the labels cast on the whole element before it is
-    unbatched (an element of the same shapes, another dtype), cast back after."""
+    unbatched (an element of the same shapes, another dtype), cast back after; batched inside
+    flat_map's function by a size captured as a tensor and cast there."""
     def dataset_fn(context):
-        batch = context.get_per_replica_batch_size(global_batch)
+        batch = tf.constant(context.get_per_replica_batch_size(global_batch))
         dataset = tf.data.Dataset.from_tensors((x, y)).map(
             lambda f, t: (f, tf.cast(t, tf.int32))).unbatch()
         dataset = dataset.map(lambda f, t: (f, tf.cast(t, tf.int64))).repeat().skip(examples_done)
         dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
-        return dataset.batch(batch, drop_remainder=True)
+        return tf.data.Dataset.range(1).flat_map(
+            lambda _: dataset.batch(tf.cast(batch, tf.int64), drop_remainder=True))
 
     return dataset_fn
 
@@ -1287,21 +1289,38 @@ def whole_batches_by_raw_ops(traced=False):
     return make
 
 
-def one_dataset_per_global_batch(x, y, global_batch, examples_done):
-    """Each global batch a ``from_tensors`` dataset of the data's rows (gathered in NumPy), this
-    pipeline's rows sliced in a ``map``; the steps concatenated."""
-    def dataset_fn(context):
-        batch = context.get_per_replica_batch_size(global_batch)
-        own = context.num_replicas_in_sync // context.num_input_pipelines * batch
-        start, steps = context.input_pipeline_id * own, None
-        for step in range(40):
-            rows = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
-            one = tf.data.Dataset.from_tensors((x[rows], y[rows])).map(
-                lambda f, t: (f[start:start + own], t[start:start + own])).unbatch()
-            steps = one if steps is None else steps.concatenate(one)
-        return steps.batch(batch, drop_remainder=True)
+def one_dataset_per_global_batch(form="rows"):
+    """Each global batch a ``from_tensors`` dataset of the data's rows (gathered in NumPy; the
+    features raveled, every value a part of its own, or each per-replica batch a dataset, all
+    zipped), this pipeline's rows sliced in a ``map``; the steps concatenated."""
+    def make(x, y, global_batch, examples_done):
+        def dataset_fn(context):
+            batch = context.get_per_replica_batch_size(global_batch)
+            own = context.num_replicas_in_sync // context.num_input_pipelines * batch
+            start, steps = context.input_pipeline_id * own, None
 
-    return dataset_fn
+            def mine(*parts):
+                if form == "zipped replicas":
+                    parts = [tf.concat([part[i] for part in parts], 0) for i in (0, 1)]
+                elif form == "values":
+                    parts = (tf.stack(parts[:-global_batch]), tf.stack(parts[-global_batch:]))
+                f, t = tf.reshape(parts[0], [global_batch, x.shape[1]]), parts[1]
+                return f[start:start + own], t[start:start + own]
+
+            for step in range(40):
+                rows = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
+                element = {"rows": (x[rows], y[rows]), "raveled": (x[rows].ravel(), y[rows]),
+                           "values": (*x[rows].ravel(), *y[rows])}.get(form)
+                one = (tf.data.Dataset.from_tensors(element) if element else tf.data.Dataset.zip(
+                    tuple(tf.data.Dataset.from_tensors((x[part], y[part]))
+                          for part in np.split(rows, global_batch // batch))))
+                one = one.map(mine).unbatch()
+                steps = one if steps is None else steps.concatenate(one)
+            return steps.batch(batch, drop_remainder=True)
+
+        return dataset_fn
+
+    return make
 
 
 def raw_batches_declared_small(x, y, global_batch, examples_done):
@@ -1850,8 +1869,9 @@ RESUME_CATALOGUE = {
     **{f"whole global batches made by tf.raw_ops{where}": (
         restore_latest, whole_batches_by_raw_ops(traced), r"batched \[-?\d+(, -?\d+)*\] examples")
        for traced, where in ((False, ""), (True, " in flat_map, sizes computed there"))},
-    "one from_tensors dataset per global batch": (
-        restore_latest, one_dataset_per_global_batch, r"batched \[\d+(, \d+)*\] examples"),
+    **{f"one from_tensors dataset per global batch ({form})": (
+        restore_latest, one_dataset_per_global_batch(form), r"batched \[\d+(, \d+)*\] examples")
+       for form in ("rows", "raveled", "values", "zipped replicas")},
     "a tf.raw_ops global batch declaring the per-replica batch's shapes": (
         restore_latest, raw_batches_declared_small, r"batched \[-?\d+(, -?\d+)*\] examples"),
 }

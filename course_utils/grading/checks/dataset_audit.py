@@ -36,11 +36,12 @@ identity ``map`` calling back into the audit, and an element holding more than t
 batch (its parts counted as above) whose set of rows differs from the first such element's
 (rows and how often each comes), and is not every row of the data, each as often, is a batch of
 that many (all the data, or a pipeline's fixed part of it, is the same set every time;
-``x[start:]`` then ``x``, concatenated, is the first set, then every row; whole global batches,
-even each a ``from_tensors`` element of the data's rows, are not: chunks larger than the
-per-replica batch count as batches, as their known-size stacks do, and once ``from_tensors``
-stacks of some of the data's rows hold more rows than the data, each larger than the
-per-replica batch counts as one: one dataset a global batch). Refused though right: a
+``x[start:]`` then ``x``, concatenated, is the first set, then every row; chunks larger than
+the per-replica batch count as batches, as their known-size stacks do). A ``from_tensors``
+element of some of the data's rows is a stack of them: of its first part of two dimensions or
+more, else of the data's values its parts hold, counted as rows (raveled, a value to a part);
+several zipped are one stack; once such stacks hold more rows than the data, each larger than
+the per-replica batch counts as a batch (one dataset a global batch). Refused though right: a
 per-replica batch carried with a second part of the features' row shape (``(f, f + 1.0,
 labels)``, the copy dropped later), counted as twice the per-replica batch: a copy cannot be
 told from the next replica's rows stored another way; likewise two parts of row shapes none of
@@ -48,14 +49,17 @@ the data has (labels and weights as ``[per-replica batch, 1]`` columns, the feat
 into a column and two); pipelines for every layout built in ``make_dataset_fn``'s body
 before a context says which (their other layouts' batches count);
 ``bucket_by_sequence_length`` (its window's size comes from a function: not known); the data
-as two ``from_tensors`` stacks, ``x[s:]`` then ``x[:s]`` (the second another set of rows: use
-``from_tensor_slices`` or ``np.roll``). Still passes: a global batch made in NumPy in a
-generator's Python and cut there (a ``tf.data`` audit sees no Python); a global
+as ``from_tensors`` stacks of some of its rows holding more rows than it (a pipeline's own rows
+for many steps in two stacks; ``x[s:]``, ``x[:s]``, ``x[s:]``...), or two, ``x[s:]`` then
+``x[:s]``, concatenated before they are unbatched (the second another set of rows: unbatch
+each, or use ``from_tensor_slices`` or ``np.roll``). Still passes: a global batch made in
+NumPy in a generator's Python and cut there (a ``tf.data`` audit sees no Python); a global
 batch made as a tensor inside a traced function (``flat_map``'s, gathering or reshaping the
 data's rows) and cut there: no element or batching op holds it; each element all the data,
-rolled so that the next global batch comes first; the data's rows stored in values not the
-data's (negated, scaled, serialized into strings: any lossless encoding); ragged or sparse
-elements (not probed); an element of labels alone, of any shape (a global batch of ids).
+rolled so that the next global batch comes first, or after the global batch; the data's rows
+stored in values not the data's (negated, scaled, serialized into strings: any lossless
+encoding); ragged or sparse elements (not probed); an element of labels alone, of any shape (a
+global batch of ids).
 """
 
 from __future__ import annotations
@@ -129,6 +133,7 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
     sizes: list[int] = []
     stacks: list[int] = []            # rows of each from_tensors stack of some of the data's
     counted = [0]                     # (of them, those already in sizes)
+    stack_of: Any = weak_keys()       # from_tensors dataset (or zip of them): its entry in stacks
     examples: Any = weak_keys()       # dataset: the examples each of its elements holds
     whole: Any = weak_set()           # datasets still holding from_tensors' one element
     probes: list[Any] = []            # the audit's own probes (kept alive), made unaudited
@@ -330,6 +335,27 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         except Exception:  # noqa: BLE001 - made another way
             return None
 
+    def stacked(dataset: Any, rows: int) -> None:
+        """Record ``dataset``'s one element as a stack of ``rows`` of the data's rows: once
+        such stacks hold more rows than the data, each larger than ``share`` is a batch."""
+        stack_of[dataset] = len(stacks)
+        stacks.append(rows)
+        if len(stacks) > 1 and sum(stacks) > len(asarray(arrays[0])):
+            sizes.extend(n for n in stacks[counted[0]:] if n > share)
+            counted[0] = len(stacks)
+
+    def values_held(parts: Any) -> int:
+        """The rows of the data a from_tensors element of parts of one dimension or none holds
+        as values (raveled, a value to a part), 0 when it holds every row's values."""
+        flat = [asarray(static_value(part)) for part in parts]
+        flat = [v.real if v.dtype.kind == "c" else v for v in flat if v.dtype.kind in "biufc"]
+        flat = concatenate([v.astype(float64).ravel() for v in flat]) if flat else asarray([])
+        for width, known in value_sets:
+            hits = flat[isin(flat, known)]
+            if len(hits) >= width and len(unique(hits)) < len(known):
+                return len(hits) // width
+        return 0
+
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         if probing:                   # the audit's own probe
@@ -366,13 +392,18 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
             some = [asarray(static_value(part)).astype(float64) for part in parts
                     if (part.shape.rank or 0) >= 2][:1]   # or some of its rows: a global
             if some and unique(some[0].reshape(len(some[0]), -1), axis=0).tobytes() not in every:
-                stacks.append(len(some[0]))   # batch, once such stacks hold more than the data
-            if len(stacks) > 1 and sum(stacks) > len(asarray(arrays[0])):
-                sizes.extend(n for n in stacks[counted[0]:] if n > share)
-                counted[0] = len(stacks)
+                stacked(self, len(some[0]))   # batch, once such stacks hold more than the data
+            elif not some and (rows := values_held(parts)):
+                stacked(self, rows)   # rows raveled into parts of one dimension or none
             return
         if zipped and all(part in whole for part in zipped):
-            whole.add(self)           # several zipped
+            whole.add(self)           # several zipped: their stacks one stack
+            merged = list(dict.fromkeys(stack_of[part] for part in zipped if part in stack_of))
+            if len(merged) > 1:
+                rows = sum(stacks[i] for i in merged)
+                for i in merged:
+                    stacks[i] = 0
+                stacked(self, rows)
             return
         if source in whole and kind != "_UnbatchDataset":
             whole.add(self)           # made of all the data (a cast, a repeat, a pipeline's

@@ -140,18 +140,46 @@ def _graph_batches(tf: Any, dataset: Any, width: int) -> list[int]:
     """The examples each batching op in ``dataset``'s serialized graph puts together (made by
     any API, ``tf.raw_ops`` included, in its functions too): the dimensions of its output
     shapes before a row of ``width`` values (the first alone for other parts), or its constant
-    size input (``batch_size``, a window's ``size``...) where larger; -1 where either is not
-    known (a size computed in a function, whatever output shapes it declares: as the audit
+    size input (``batch_size``, a window's ``size``...) where larger, read through ``Identity``
+    and ``Cast`` and from a function's captured arguments to what its caller passes; -1 where
+    either is not known (a size computed, whatever output shapes the op declares: as the audit
     counts a size not known when the op was made)."""
-    from tensorflow.python.framework import op_def_registry
-
     graph = tf.compat.v1.GraphDef()
     graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
         input_dataset=tf.data.experimental.to_variant(dataset),
         external_state_policy=1).numpy())
+    groups = {"": graph.node, **{f.signature.name: f.node_def for f in graph.library.function}}
+    names = {name: {node.name: node for node in group} for name, group in groups.items()}
+    args = {f.signature.name: [arg.name for arg in f.signature.input_arg]
+            for f in graph.library.function}
+    passed: dict[tuple[str, str], list[tuple[str, str]]] = {}   # (function, arg): its callers'
+    for where, group in groups.items():
+        for node in group:
+            for attr, value in node.attr.items():
+                function = value.func.name if value.HasField("func") else ""
+                if function not in args:
+                    continue          # its captured arguments come last (a call's: all)
+                inputs = _inputs(node)
+                given = inputs.get(f"{attr}_other_arguments", inputs.get(
+                    "other_arguments", inputs.get("args", [])))[:len(args[function])]
+                for arg, name in zip(args[function][len(args[function]) - len(given):], given,
+                                     strict=True):
+                    passed.setdefault((function, arg), []).append((where, name))
+
+    def known(where: str, name: str, depth: int = 0) -> Any:
+        """The constant value of input ``name`` in function ``where`` ("": the graph), or None."""
+        node = names[where].get(name.split(":")[0])
+        if depth > 16:
+            return None
+        if node is None:      # a function's argument: what every caller passes, if one value
+            values = {known(*caller, depth + 1) for caller in passed.get((where, name), [])}
+            return values.pop() if len(values) == 1 else None
+        if node.op == "Const":
+            return int(np.max(tf.make_ndarray(node.attr["value"].tensor)))
+        return known(where, node.input[0], depth + 1) if node.op in ("Identity", "Cast") else None
+
     found = []
-    for group in [graph.node, *(function.node_def for function in graph.library.function)]:
-        nodes = {node.name: node for node in group}   # a function's nodes too (flat_map's)
+    for where, group in groups.items():
         for node in group:
             if "Dataset" not in node.op or not any(k in node.op for k in _BATCHING) or (
                     "Unbatch" in node.op or "GroupByWindow" in node.op):
@@ -161,18 +189,23 @@ def _graph_batches(tf: Any, dataset: Any, width: int) -> list[int]:
                 dims = [d.size for d in shape.dim]
                 lead = dims[:-1] if len(dims) >= 2 and dims[-1] == width else dims[:1]
                 counts.append(-1 if any(d < 0 for d in lead) else int(np.prod(lead or [0])))
-            op_def, index, computed = op_def_registry.get(node.op), 0, False
-            for arg in op_def.input_arg if op_def is not None else []:
-                if arg.name in _SIZES and index < len(node.input):
-                    const = nodes.get(node.input[index].split(":")[0])
-                    if const is not None and const.op == "Const":
-                        counts.append(int(np.max(tf.make_ndarray(const.attr["value"].tensor))))
-                    else:
-                        computed = True
-                index += (node.attr[arg.number_attr].i if arg.number_attr else len(
-                    node.attr[arg.type_list_attr].list.type) if arg.type_list_attr else 1)
-            found.append(-1 if computed else max(counts, default=-1))
+            sizes = [known(where, name) for arg, given in _inputs(node).items()
+                     if arg in _SIZES for name in given]
+            found.append(-1 if None in sizes else max(counts + sizes, default=-1))
     return found
+
+
+def _inputs(node: Any) -> dict[str, list[str]]:
+    """The inputs of graph ``node`` by the names its op gives them (a list each)."""
+    from tensorflow.python.framework import op_def_registry
+
+    op_def, index, named = op_def_registry.get(node.op), 0, {}
+    for arg in op_def.input_arg if op_def is not None else []:
+        count = (node.attr[arg.number_attr].i if arg.number_attr else len(
+            node.attr[arg.type_list_attr].list.type) if arg.type_list_attr else 1)
+        named[arg.name] = list(node.input[index:index + count])
+        index += count
+    return named
 
 
 def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
