@@ -184,8 +184,9 @@ def check_fast_pipeline(fn: Any) -> bool:
             return (f"{share:.0%} of the epoch's reads started while {least - 1} or more others "
                     f"waited ({least} or more at once, the read itself included; at least "
                     f"{FAST_PIPELINE_MIN_OVERLAPPED_SHARE:.0%} needed; {overlapped} at once at "
-                    f"most): the reads overlapped for part of the epoch only, or fewer than "
-                    f"{least} at a time")
+                    f"most): the reads overlapped for part of the epoch only, or too few "
+                    f"waited as most of them started (fewer than {least} at a time, or small "
+                    "waves started together)")
         # Slow and fast timed the same way: fresh pipelines, one epoch each, in turns; every
         # timed epoch of yours must read every record (a pipeline kept from an earlier call
         # that reads nothing is not faster, it skips the work).

@@ -3,7 +3,7 @@ whose reads and steps wait, and what it overlapped; its batches against the brok
 
 Still passes: a reader that has the next record read at the end of every step, from the first
 on (a ``prefetch(1)`` before the batch does), and reads half a batch ahead during only a
-fifth to a third of the steps (a ``batch`` then a two-way parallel ``interleave`` of its
+fifth to two fifths of the steps (a ``batch`` then a two-way parallel ``interleave`` of its
 batches: 14-38 % of the steps, 24 of 26 runs passed, those under a fifth refused; on an idle
 machine no faster than the broken pipeline): such a reader is more work than the fix, and a
 bar well under what right answers reach with both cores busy (half a batch ahead during 57 %
