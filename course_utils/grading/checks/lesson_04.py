@@ -288,6 +288,10 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
             if len(batches) != workers:
                 return f"only workers {sorted(batches)} ran steps; expected {workers}"
             pairs = [pair for per in batches.values() for b in per for pair in b]
+            if not all(isinstance(v, int) for pair in pairs for v in pair):
+                return ("the dataset must yield (features, labels) batches: features of "
+                        "shape [batch, 2] and labels of shape [batch], as stored, got "
+                        f"{next(p for p in pairs if not all(isinstance(v, int) for v in p))!r:.80}")
             apart = [(i, label) for i, label in pairs if label != i % 3]
             if apart:
                 i, label = apart[0]
