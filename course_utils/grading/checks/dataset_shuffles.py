@@ -325,10 +325,12 @@ def share_message(worker: int, shuffles: set[tuple[int, int, int, int]], share: 
                 "passes read first, that branch's are never shuffled. Which step of yours reads "
                 "the data unshuffled? (lesson 01, section 7)")
     if size == _GROUPS:
-        return (f"worker {worker}'s dataset shuffles batches (or other groups of examples): "
-                "each of its elements holds several examples, which stay together. A pass "
-                "shuffled over the whole share shuffles the examples themselves, all of them "
-                "(lesson 01, section 7)")
+        return (f"worker {worker}'s dataset shuffles batches (or other groups of examples), "
+                "as its graph reads: a batch or window below the shuffle, or elements with a "
+                "component of a higher rank than an example's (its batches' largest, less "
+                "one); the examples in each element stay together. A pass shuffled over the "
+                "whole share shuffles the examples themselves, all of them (lesson 01, "
+                "section 7)")
     if size < 0:  # an unknown number: its buffer is below the share
         return (f"worker {worker}'s dataset shuffles a number of elements tf.data cannot tell "
                 f"ahead (after a filter, say) with a buffer of {buffer}, fewer than its {share} "
