@@ -617,6 +617,19 @@ def padded_to_a_count(features, labels, size, num_workers):
         return data.shuffle(size).repeat().batch(size)
     return dataset_fn
 
+def batches_of_one_group_squeezed(features, labels, size, num_workers):
+    def dataset_fn():  # groups put in batches of one, whose axis a map drops before the shuffle
+        data = _shard(features, labels, num_workers).batch(size).batch(1).unbatch()
+        data = data.batch(1).map(lambda f, l: (f[0], l[0])).shuffle(1000).unbatch()
+        return data.shuffle(size).repeat().batch(size)
+    return dataset_fn
+
+def features_with_a_trailing_axis(features, labels, size, num_workers):
+    def dataset_fn():  # features [batch, 2, 1]: its ids are not whole numbers
+        data = _shard(features, labels, num_workers).shuffle(10_000).repeat().batch(size)
+        return data.map(lambda f, l: (f[..., None], l))
+    return dataset_fn
+
 def tail_stored_beside_a_cond(features, labels, size, num_workers):
     def dataset_fn():  # the last 5 of the share in stored order; a tf.cond draws nothing
         n = _share_of(features, num_workers)
@@ -714,6 +727,8 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("filtered_batches_reshuffled", filtered_batches_reshuffled),
                  ("batches_of_batches_unbatched", batches_of_batches_unbatched),
                  ("reduced_groups", reduced_groups), ("padded_to_a_count", padded_to_a_count),
+                 ("batches_of_one_group_squeezed", batches_of_one_group_squeezed),
+                 ("features_with_a_trailing_axis", features_with_a_trailing_axis),
                  ("tail_stored_beside_a_cond", tail_stored_beside_a_cond),
                  ("truncated_normal_in_a_cond", truncated_normal_in_a_cond),
                  ("ids_zipped_after", ids_zipped_after),
@@ -879,6 +894,8 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "batches_of_batches_unbatched"): "shuffles batches|too small",
         ("DATASET", "reduced_groups"): "shuffles batches|too small",
         ("DATASET", "padded_to_a_count"): "shuffles batches|too small",
+        ("DATASET", "batches_of_one_group_squeezed"): "shuffles batches|too small",
+        ("DATASET", "features_with_a_trailing_axis"): "yield (features, labels) batches",
         ("DATASET", "tail_stored_beside_a_cond"): "stored order",
         ("DATASET", "truncated_normal_in_a_cond"): "PASS",
         ("DATASET", "ids_zipped_after"): "PASS",

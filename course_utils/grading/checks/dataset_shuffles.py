@@ -88,50 +88,80 @@ def _calls_a_shuffle(op: Any) -> frozenset[str]:
                      or kind.startswith(_DRAWS) and kind not in _NOT_DRAWS)
 
 
-def _of_groups(shuffle: Any) -> tuple[bool, int]:
+def _shapes(op: Any) -> list[Any]:
+    """The static shapes of ``op``'s elements (lists of sizes; ``None``: an unknown rank)."""
+    try:
+        shapes = op.get_attr("output_shapes")
+    except (ValueError, AttributeError):
+        return []
+    return [None if shape.unknown_rank else [dim.size for dim in shape.dim] for shape in shapes]
+
+
+def _groups_in(shapes: list[Any], ones: int, rank: int) -> bool:
+    """Whether a component of ``shapes`` has a higher rank than an example's (``rank``) once the
+    ``ones`` leading axes of batches of one are set aside, its added axes not all of one."""
+    return any(dims is not None and len(dims) - ones > rank
+               and any(size != 1 for size in dims[ones:len(dims) - rank]) for dims in shapes)
+
+
+def _is_one(step: Any) -> bool:
+    """Whether ``step`` is a ``batch(1)`` (a batch of one example)."""
+    return step.type.startswith(("Batch", "ParallelBatch", "PaddedBatch")) and (
+        step.inputs[1].op.type == "Const" and _tf().get_static_value(step.inputs[1]) == 1)
+
+
+def _of_groups(shuffle: Any, rank: int) -> tuple[bool, list[list[Any]]]:
     """Whether a batch or window lies below ``shuffle`` with no step between that makes examples
-    of its groups again (see ``_BATCHES``): the elements it shuffles are groups of examples; and
-    the number of batches of one (``batch(1)``, each of one example) passed on the way."""
-    seen: set[str] = set()
-    ones = 0
-    todo = [shuffle.inputs[0].op]
+    of its groups again (see ``_BATCHES``), or a batch of one (``batch(1)``) of groups: the
+    elements it shuffles are groups of examples; and the element shapes of the batches of one
+    (each of one example) passed on the way, none where a way passes none (a ``concatenate``
+    of groups and an empty ``batch(1)``)."""
+    seen: set[tuple[str, bool]] = set()
+    ones: list[list[Any]] = []
+    bare = False  # a way down with no batch of one on it
+    todo = [(shuffle.inputs[0].op, False)]
     while todo:
-        step = todo.pop()
-        if step.name in seen:
+        step, one = todo.pop()
+        if (step.name, one) in seen:
             continue
-        seen.add(step.name)
+        seen.add((step.name, one))
         if step.type in _BATCHES:
-            if not step.type.startswith(("Batch", "ParallelBatch", "PaddedBatch")) or (
-                    step.inputs[1].op.type != "Const"
-                    or _tf().get_static_value(step.inputs[1]) != 1):
+            if not _is_one(step):
                 return True, ones
-            ones += 1  # groups of one example: go on below it
+            below, chain = step.inputs[0].op, 0
+            while below.type in _BATCHES and _is_one(below):
+                below, chain = below.inputs[0].op, chain + 1
+            if _groups_in(_shapes(below), 0, rank):
+                return True, ones  # a batch of one group is groups
+            ones.append(_shapes(step))  # groups of one example: go on below it
+            one = True
         if step.type == _UNBATCH or step.type in _SOURCES:
+            bare = bare or not one
             continue
         if step.type.startswith(_FLATTENS):
             made = _function_ops(step, "reduce_func" if "GroupBy" in step.type else "f")
             if made & _BATCHES:
                 return True, ones
             if "TensorDataset" not in made or made & (_SOURCES | {_UNBATCH}):
+                bare = bare or not one
                 continue
-        todo.extend(tensor.op for tensor in step.inputs if tensor.dtype.name == "variant")
-    return False, ones
+        inputs = [tensor.op for tensor in step.inputs if tensor.dtype.name == "variant"]
+        bare = bare or not (inputs or one)
+        todo.extend((each, one) for each in inputs)
+    return False, [] if bare else ones
 
 
 def _holds_groups(shuffle: Any, rank: int) -> bool:
     """Whether the elements ``shuffle`` shuffles are groups of examples: a batch or window below
     (:func:`_of_groups`), or a component of a higher rank than an example's (``rank``) however
     it was made (batches unbatched from batches of them, a ``map`` or a reducer's groups) whose
-    added dimensions are not all of one (``f[None]``, a ``batch(1)``)."""
-    below, ones = _of_groups(shuffle)
+    added dimensions are not all of one (``f[None]``; a ``batch(1)``'s axes, where the elements
+    shuffled are that ``batch(1)``'s own, of its shapes)."""
+    below, ones = _of_groups(shuffle, rank)
     if below:
         return True
-    for shape in shuffle.get_attr("output_shapes"):
-        dims = [dim.size for dim in shape.dim]
-        if not shape.unknown_rank and len(dims) - ones > rank and any(
-                size != 1 for size in dims[ones:len(dims) - rank]):
-            return True
-    return False
+    shapes = _shapes(shuffle)
+    return _groups_in(shapes, len(ones) if shapes in ones else 0, rank)
 
 
 def shuffles_of(dataset: Any) -> Any:
@@ -295,10 +325,12 @@ def share_message(worker: int, shuffles: set[tuple[int, int, int, int]], share: 
                 "passes read first, that branch's are never shuffled. Which step of yours reads "
                 "the data unshuffled? (lesson 01, section 7)")
     if size == _GROUPS:
-        return (f"worker {worker}'s dataset shuffles batches (or other groups of examples): "
-                "each of its elements holds several examples, which stay together. A pass "
-                "shuffled over the whole share shuffles the examples themselves, all of them "
-                "(lesson 01, section 7)")
+        return (f"worker {worker}'s dataset shuffles batches (or other groups of examples), "
+                "as its graph reads: a batch or window below the shuffle, or elements with a "
+                "component of a higher rank than an example's (its batches' largest, less "
+                "one); the examples in each element stay together. A pass shuffled over the "
+                "whole share shuffles the examples themselves, all of them (lesson 01, "
+                "section 7)")
     if size < 0:  # an unknown number: its buffer is below the share
         return (f"worker {worker}'s dataset shuffles a number of elements tf.data cannot tell "
                 f"ahead (after a filter, say) with a buffer of {buffer}, fewer than its {share} "
