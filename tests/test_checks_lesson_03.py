@@ -1291,8 +1291,9 @@ def whole_batches_by_raw_ops(traced=False):
 
 def one_dataset_per_global_batch(form="rows"):
     """Each global batch a ``from_tensors`` dataset of the data's rows (gathered in NumPy; the
-    features raveled, every value a part of its own, or each per-replica batch a dataset, all
-    zipped), this pipeline's rows sliced in a ``map``; the steps concatenated."""
+    features raveled, every value a part of its own, each per-replica batch a dataset, all
+    zipped, or a part of its own, or the first row apart), this pipeline's rows sliced in a
+    ``map``; the steps concatenated."""
     def make(x, y, global_batch, examples_done):
         def dataset_fn(context):
             batch = context.get_per_replica_batch_size(global_batch)
@@ -1304,13 +1305,17 @@ def one_dataset_per_global_batch(form="rows"):
                     parts = [tf.concat([part[i] for part in parts], 0) for i in (0, 1)]
                 elif form == "values":
                     parts = (tf.stack(parts[:-global_batch]), tf.stack(parts[-global_batch:]))
+                elif form in ("replica parts", "first row apart"):
+                    parts = (tf.concat(parts[:-1], 0), parts[-1])
                 f, t = tf.reshape(parts[0], [global_batch, x.shape[1]]), parts[1]
                 return f[start:start + own], t[start:start + own]
 
             for step in range(40):
                 rows = (examples_done + step * global_batch + np.arange(global_batch)) % len(x)
                 element = {"rows": (x[rows], y[rows]), "raveled": (x[rows].ravel(), y[rows]),
-                           "values": (*x[rows].ravel(), *y[rows])}.get(form)
+                           "values": (*x[rows].ravel(), *y[rows]),
+                           "replica parts": (*np.split(x[rows], global_batch // batch), y[rows]),
+                           "first row apart": (x[rows[:1]], x[rows[1:]], y[rows])}.get(form)
                 one = (tf.data.Dataset.from_tensors(element) if element else tf.data.Dataset.zip(
                     tuple(tf.data.Dataset.from_tensors((x[part], y[part]))
                           for part in np.split(rows, global_batch // batch))))
@@ -1871,7 +1876,8 @@ RESUME_CATALOGUE = {
        for traced, where in ((False, ""), (True, " in flat_map, sizes computed there"))},
     **{f"one from_tensors dataset per global batch ({form})": (
         restore_latest, one_dataset_per_global_batch(form), r"batched \[\d+(, \d+)*\] examples")
-       for form in ("rows", "raveled", "values", "zipped replicas")},
+       for form in ("rows", "raveled", "values", "zipped replicas", "replica parts",
+                    "first row apart")},
     "a tf.raw_ops global batch declaring the per-replica batch's shapes": (
         restore_latest, raw_batches_declared_small, r"batched \[-?\d+(, -?\d+)*\] examples"),
 }

@@ -38,9 +38,10 @@ batch (its parts counted as above) whose set of rows differs from the first such
 that many (all the data, or a pipeline's fixed part of it, is the same set every time;
 ``x[start:]`` then ``x``, concatenated, is the first set, then every row; chunks larger than
 the per-replica batch count as batches, as their known-size stacks do). A ``from_tensors``
-element of some of the data's rows is a stack of them: of its first part of two dimensions or
-more, else of the data's values its parts hold, counted as rows (raveled, a value to a part);
-several zipped are one stack; once such stacks hold more rows than the data, each larger than
+element of some of the data's rows is a stack of them: its parts of two dimensions or more of
+one row shape together, and the data's values its parts of one dimension or none hold,
+counted as rows (raveled, a value to a part); several zipped are one stack, and a stack taken,
+mapped or cached stays one; once such stacks hold more rows than the data, each larger than
 the per-replica batch counts as a batch (one dataset a global batch). Refused though right: a
 per-replica batch carried with a second part of the features' row shape (``(f, f + 1.0,
 labels)``, the copy dropped later), counted as twice the per-replica batch: a copy cannot be
@@ -390,11 +391,15 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
         if parts and all(rows_of_the_data(part) for part in parts):
             whole.add(self)           # from_tensors' one element: all the data, no batch,
             some = [asarray(static_value(part)).astype(float64) for part in parts
-                    if (part.shape.rank or 0) >= 2][:1]   # or some of its rows: a global
-            if some and unique(some[0].reshape(len(some[0]), -1), axis=0).tobytes() not in every:
-                stacked(self, len(some[0]))   # batch, once such stacks hold more than the data
-            elif not some and (rows := values_held(parts)):
-                stacked(self, rows)   # rows raveled into parts of one dimension or none
+                    if (part.shape.rank or 0) >= 2]   # or some of its rows: a global
+            kinds: dict[Any, list[Any]] = {}  # its parts of one row shape together
+            for value in some:
+                kinds.setdefault(value.shape[1:], []).append(value)
+            held_rows = [len(rows) for rows in map(concatenate, kinds.values()) if unique(
+                rows.reshape(len(rows), -1), axis=0).tobytes() not in every]
+            low = [part for part in parts if (part.shape.rank or 0) <= 1]
+            if rows := max(held_rows, default=0) + (values_held(low) if low else 0):
+                stacked(self, rows)   # a batch, once such stacks hold more than the data
             return
         if zipped and all(part in whole for part in zipped):
             whole.add(self)           # several zipped: their stacks one stack
@@ -406,6 +411,8 @@ def dataset_auditor(tf: Any, np: Any, share: int, arrays: Any,
                 stacked(self, rows)
             return
         if source in whole and kind != "_UnbatchDataset":
+            if source in stack_of:    # a stack taken, mapped, cached...: the same stack
+                stack_of[self] = stack_of[source]
             whole.add(self)           # made of all the data (a cast, a repeat, a pipeline's
             probe(self)               # rows gathered): the same rows in every element, or
             return                    # it is cut into batches
