@@ -624,6 +624,12 @@ def batches_of_one_group_squeezed(features, labels, size, num_workers):
         return data.shuffle(size).repeat().batch(size)
     return dataset_fn
 
+def batches_of_one_rebatched(features, labels, size, num_workers):
+    def dataset_fn():  # batches of one joined again by a rebatch, then shuffled whole
+        data = _shard(features, labels, num_workers).batch(1).rebatch(size)
+        return data.shuffle(1000).unbatch().shuffle(size).repeat().batch(size)
+    return dataset_fn
+
 def features_with_a_trailing_axis(features, labels, size, num_workers):
     def dataset_fn():  # features [batch, 2, 1]: its ids are not whole numbers
         data = _shard(features, labels, num_workers).shuffle(10_000).repeat().batch(size)
@@ -728,6 +734,7 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("batches_of_batches_unbatched", batches_of_batches_unbatched),
                  ("reduced_groups", reduced_groups), ("padded_to_a_count", padded_to_a_count),
                  ("batches_of_one_group_squeezed", batches_of_one_group_squeezed),
+                 ("batches_of_one_rebatched", batches_of_one_rebatched),
                  ("features_with_a_trailing_axis", features_with_a_trailing_axis),
                  ("tail_stored_beside_a_cond", tail_stored_beside_a_cond),
                  ("truncated_normal_in_a_cond", truncated_normal_in_a_cond),
@@ -895,6 +902,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "reduced_groups"): "shuffles batches|too small",
         ("DATASET", "padded_to_a_count"): "shuffles batches|too small",
         ("DATASET", "batches_of_one_group_squeezed"): "shuffles batches|too small",
+        ("DATASET", "batches_of_one_rebatched"): "shuffles batches|too small",
         ("DATASET", "features_with_a_trailing_axis"): "yield (features, labels) batches",
         ("DATASET", "tail_stored_beside_a_cond"): "stored order",
         ("DATASET", "truncated_normal_in_a_cond"): "PASS",

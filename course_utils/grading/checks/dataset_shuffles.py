@@ -34,7 +34,12 @@ _BATCHES = frozenset(("BatchDataset", "BatchDatasetV2", "PaddedBatchDataset",
                       "PaddedBatchDatasetV2", "ParallelBatchDataset", "WindowDataset",
                       "MapAndBatchDataset", "ExperimentalMapAndBatchDataset",
                       "DenseToSparseBatchDataset", "ExperimentalDenseToSparseBatchDataset",
-                      "SlidingWindowDataset", "ExperimentalSlidingWindowDataset"))
+                      "SlidingWindowDataset", "ExperimentalSlidingWindowDataset",
+                      "RebatchDataset", "RebatchDatasetV2"))
+# steps whose elements may gather several of their input's (a ``scan``'s state, a reducer)
+_GATHERS = ("ScanDataset", "ExperimentalScanDataset", "GroupByReducerDataset",
+            "ExperimentalGroupByReducerDataset", "GroupByWindowDataset",
+            "ExperimentalGroupByWindowDataset")
 _FLATTENS = ("FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDataset",
              "LegacyParallelInterleaveDataset", "GroupByWindowDataset",
              "ExperimentalGroupByWindowDataset")
@@ -110,6 +115,18 @@ def _is_one(step: Any) -> bool:
         step.inputs[1].op.type == "Const" and _tf().get_static_value(step.inputs[1]) == 1)
 
 
+def _has_one(op: Any, seen: set[str] | None = None) -> bool:
+    """Whether a batch of one (``batch(1)``) lies below ``op`` (down to an ``unbatch``, a
+    source)."""
+    seen = set() if seen is None else seen
+    if op.name in seen or op.type == _UNBATCH or op.type in _SOURCES:
+        return False
+    seen.add(op.name)
+    if op.type in _BATCHES and _is_one(op):
+        return True
+    return any(_has_one(tensor.op, seen) for tensor in op.inputs if tensor.dtype.name == "variant")
+
+
 def _of_groups(shuffle: Any, rank: int) -> tuple[bool, list[list[Any]]]:
     """Whether a batch or window lies below ``shuffle`` with no step between that makes examples
     of its groups again (see ``_BATCHES``), or a batch of one (``batch(1)``) of groups: the
@@ -125,6 +142,10 @@ def _of_groups(shuffle: Any, rank: int) -> tuple[bool, list[list[Any]]]:
         if (step.name, one) in seen:
             continue
         seen.add((step.name, one))
+        if not one and (step.type in _GATHERS or step.type in _ZIPS and sum(
+                _has_one(tensor.op) for tensor in step.inputs
+                if tensor.dtype.name == "variant") > 1):
+            bare = True  # its elements may gather several batches of one below
         if step.type in _BATCHES:
             if not _is_one(step):
                 return True, ones
@@ -161,7 +182,8 @@ def _holds_groups(shuffle: Any, rank: int) -> bool:
     if below:
         return True
     shapes = _shapes(shuffle)
-    return _groups_in(shapes, len(ones) if shapes in ones else 0, rank)
+    own = [dims for each in ones for dims in each]  # the batches of one's components
+    return any(_groups_in([dims], len(ones) if dims in own else 0, rank) for dims in shapes)
 
 
 def shuffles_of(dataset: Any) -> Any:

@@ -26,7 +26,8 @@ cannot start a second in-process cluster) and verifies what the parameter server
   worker's share or more: a full shuffle of another branch, or of fewer elements, does not stand for
   it; one of an unknown number, a ``filter`` shard say, stands for it with a buffer of the share or
   more; a shuffle of groups of examples never does, whatever their number (a batch or window below
-  it with no ``unbatch`` nor ``flat_map`` that makes examples again between, but a ``batch(1)``; or
+  it with no ``unbatch`` nor ``flat_map`` that makes examples again between, but a ``batch(1)`` with
+  no rebatch, scan, reducer, group_by_window or zip of two ways through ``batch(1)``s after it; or
   elements of a higher rank than an example's, however made, but ``[1, ...]``); a way from the
   examples' slices (or a finite ``range``, or an ``unbatch`` of tensors) with no shuffle at all (no
   ``ShuffleDataset``, nor random draws in a map's, flat_map's, interleave's or scan's function or
@@ -43,14 +44,15 @@ cannot start a second in-process cluster) and verifies what the parameter server
   now and then); groups made into elements whose shapes do not show them (flattened into vectors
   of an example's rank, sparse, ragged, serialized, datasets of them, or ids of groups gathered
   in a ``flat_map``) count as examples (shapes are all the graph tells): groups of a batch's
-  size shuffled whole then ``shuffle(batch_size)`` pass about 7 in 8 checks (simulated; 17 of 20
-  real runs); and more fresh passes than the check draws, then stored order (``repeat(32)``),
+  size shuffled whole then ``shuffle(batch_size)`` pass about 7 in 8 checks simulated, 24 of 33
+  real runs; and more fresh passes than the check draws, then stored order (``repeat(32)``),
   from a source the graph does not list (a ``counter``, slices made inside a ``flat_map`` or
   below random draws): no number of passes read rules out a larger one.
   Refused though right, as groups: elements with a component of a higher rank than an example's
   (its batches' largest, less one), dropped or reshaped after the shuffle (an axis added, an image
   carried), and batches whose rank tf.data cannot tell (the example rank is read from the other
-  components); and a whole ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a
+  components), and ``batch(1)``s that a zip or ``enumerate`` joins before the shuffle; and a
+  whole ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a
   decoy's random draws look the same); a permutation drawn in a ``tf.py_function`` or
   ``tf.numpy_function`` (read as stored order: a real job's remote workers cannot run one, which
   must run in the address space of the Python program that made it). Passes each another fixed
@@ -296,7 +298,8 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
             pairs = [pair for per in batches.values() for b in per for pair in b]
             if not all(isinstance(v, int) for pair in pairs for v in pair):
                 return ("the dataset must yield (features, labels) batches: features of "
-                        "shape [batch, 2] and labels of shape [batch], as stored, got "
+                        "shape [batch, 2] and labels of shape [batch], as stored; an example "
+                        "read as (column 0 of its features, its label): "
                         f"{next(p for p in pairs if not all(isinstance(v, int) for v in p))!r:.80}")
             apart = [(i, label) for i, label in pairs if label != i % 3]
             if apart:
