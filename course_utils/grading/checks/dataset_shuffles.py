@@ -27,6 +27,10 @@ _PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, o
 _SOURCES = frozenset(("TensorSliceDataset", "RangeDataset"))
 _UNBATCH = "UnbatchDataset"
 _ZIPS = frozenset(("ZipDataset",))
+# a function that reads datasets (a map making groups of a dataset it makes or captures)
+_READS = ("Dataset", "DatasetV2", "DatasetV3", "DatasetToSingleElement")
+_JOINS = frozenset(("ConcatenateDataset", "DirectedInterleaveDataset",
+                    "ExperimentalDirectedInterleaveDataset"))  # pass elements on whole
 # steps whose elements are groups of examples (batches, windows); an ``unbatch``, a source, a
 # ``flat_map`` or an ``interleave`` (the datasets its function makes: examples again, unless it
 # batches them or passes each element on whole, ``from_tensors``) stands between them and a shuffle
@@ -144,7 +148,10 @@ def _of_groups(shuffle: Any, rank: int) -> tuple[bool, list[list[Any]]]:
         seen.add((step.name, one))
         if not one and (step.type in _GATHERS or step.type in _ZIPS and sum(
                 _has_one(tensor.op) for tensor in step.inputs
-                if tensor.dtype.name == "variant") > 1):
+                if tensor.dtype.name == "variant") > 1 or step.type not in _ZIPS | _JOINS and any(
+                _has_one(tensor.op) for tensor in step.inputs[1:]
+                if tensor.dtype.name == "variant") or not step.type.startswith(_FLATTENS) and any(
+                kind.endswith(_READS) for kind in _function_ops(step))):
             bare = True  # its elements may gather several batches of one below
         if step.type in _BATCHES:
             if not _is_one(step):

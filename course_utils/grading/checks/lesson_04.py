@@ -27,16 +27,17 @@ cannot start a second in-process cluster) and verifies what the parameter server
   it; one of an unknown number, a ``filter`` shard say, stands for it with a buffer of the share or
   more; a shuffle of groups of examples never does, whatever their number (a batch or window below
   it with no ``unbatch`` nor ``flat_map`` that makes examples again between, but a ``batch(1)`` with
-  no rebatch, scan, reducer, group_by_window or zip of two ways through ``batch(1)``s after it; or
-  elements of a higher rank than an example's, however made, but ``[1, ...]``); a way from the
-  examples' slices (or a finite ``range``, or an ``unbatch`` of tensors) with no shuffle at all (no
-  ``ShuffleDataset``, nor random draws in a map's, flat_map's, interleave's or scan's function or
-  the functions it calls: ``tf.random.shuffle``, ``tf.random.uniform``, not a ``tf.cond``) reads
-  them in stored order – unless its only branching steps are zips, ids read beside shuffled
-  examples, say: stored order there shows in the passes read –, and a way whose only shuffles that
-  reshuffle are of one element (or of an unknown number, with a buffer below the share) while one
-  never reshuffles, the same order every pass, whatever passes the check reads; with more than 62
-  ways, each such shuffle must hold its whole input). Still passes: a shuffle inside a ``flat_map``
+  no rebatch, scan, reducer, group_by_window, zip of two ways through ``batch(1)``s, or function
+  that reads datasets (a map's, a flat_map's) after it; or elements of a higher rank than an
+  example's, however made, but ``[1, ...]``); a way from the examples' slices (or a finite
+  ``range``, or an ``unbatch`` of tensors) with no shuffle at all (no ``ShuffleDataset``, nor random
+  draws in a map's, flat_map's, interleave's or scan's function or the functions it calls:
+  ``tf.random.shuffle``, ``tf.random.uniform``, not a ``tf.cond``) reads them in stored order –
+  unless its only branching steps are zips, ids read beside shuffled examples, say: stored order
+  there shows in the passes read –, and a way whose only shuffles that reshuffle are of one element
+  (or of an unknown number, with a buffer below the share) while one never reshuffles, the same
+  order every pass, whatever passes the check reads; with more than 62 ways, each such shuffle must
+  hold its whole input). Still passes: a shuffle inside a ``flat_map``
   or ``interleave`` stands for a whole one, and random draws in a ``map`` exempt the slices below (a
   decoy as easily as a whole permutation): there only how far examples move is read, a few examples
   (5 of 33-71) left in stored order below them pass almost always (8: about 3 in 4 per worker, 2 in
@@ -48,14 +49,14 @@ cannot start a second in-process cluster) and verifies what the parameter server
   real runs; and more fresh passes than the check draws, then stored order (``repeat(32)``),
   from a source the graph does not list (a ``counter``, slices made inside a ``flat_map`` or
   below random draws): no number of passes read rules out a larger one.
-  Refused though right, as groups: elements with a component of a higher rank than an example's
-  (its batches' largest, less one), dropped or reshaped after the shuffle (an axis added, an image
+  Refused though right, as groups: elements with a component of a higher rank than an example's (its
+  batches' largest, less one), dropped or reshaped after the shuffle (an axis added, an image
   carried), and batches whose rank tf.data cannot tell (the example rank is read from the other
-  components), and ``batch(1)``s that a zip or ``enumerate`` joins before the shuffle; and a
-  whole ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a
-  decoy's random draws look the same); a permutation drawn in a ``tf.py_function`` or
-  ``tf.numpy_function`` (read as stored order: a real job's remote workers cannot run one, which
-  must run in the address space of the Python program that made it). Passes each another fixed
+  components), and ``batch(1)``s that a zip or ``enumerate`` joins, or a scan numbers, before the
+  shuffle; and a whole ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a decoy's
+  random draws look the same); a permutation drawn in a ``tf.py_function`` or ``tf.numpy_function``
+  (read as stored order: a real job's remote workers cannot run one, which must run in the address
+  space of the Python program that made it). Passes each another fixed
   arrangement shuffled a little (drawn from a table of orders, one arrangement turned by a random
   ``roll`` or read at a random stride each pass, its blocks in an order drawn each pass, or a stride
   with a buffer of more than a third, up to a half, of the share), and one fixed arrangement behind
