@@ -22,8 +22,7 @@ by anything but a ``threading`` thread that installed the guard's profiler is Py
 the check cannot watch: a ``_thread`` thread started from C (``map(_thread.start_new_thread,
 ...)``, a ``functools.partial``), or TensorFlow's threads running a ``tf.py_function`` or a
 generator (``RAW_THREAD``; ``tensorflow_threads=True`` where the answer is handed a dataset:
-``refusals``). A call of ``_thread.start_new_thread`` from Python is seen as it happens. Before
-it watches, it waits (up to 0.5 s) until no other thread makes thread states (``settle``).
+``refusals``). A call of ``_thread.start_new_thread`` from Python is seen as it happens.
 
 **Processes** started while it is active are named (``PROCESS``): the audit events ``os.fork``,
 ``os.forkpty``, ``os.posix_spawn``, ``os.system``, ``os.exec``, ``os.spawn``,
@@ -71,7 +70,6 @@ import types
 from pathlib import Path
 from typing import Any
 
-from course_utils.grading.checks import guard_threads
 from course_utils.grading.checks.guard_code import (  # the messages: re-exported here
     ANCHORED,
     ANONYMOUS,
@@ -387,7 +385,6 @@ class CallsInto:
         if self._active():
             self._note("tamper", f"{FORGED} (the guard was entered again while it ran)")
             return self
-        guard_threads.settle()  # Python left running in TensorFlow's threads is not the function's
         self._previous = sys.getprofile(), threading.getprofile()
         self._install(self._hook, self._hook)
         self._mark(self._hook, id(sys._getframe(1)))  # the frame whose `with` may exit it

@@ -6,8 +6,6 @@ children, through ``ctypes`` where Python 3.11 has no API for it.
 * ``watch_others(hook, saved)`` / ``unwatch_others(hook, saved)``: ``hook`` made (and unmade)
   the profiler of every other thread already running, as CPython 3.12's
   ``threading.setprofile_all_threads`` does, on CPython 3.11 only (elsewhere nothing).
-* ``settle()``: waits until no other thread is making thread states (Python left running by
-  earlier code in TensorFlow's threads), so that the guard does not count them.
 * ``children()``: the running children of the calling thread (Linux ``/proc``).
 """
 
@@ -15,10 +13,9 @@ from __future__ import annotations
 
 import ctypes
 import sys
-import time
 from typing import Any
 
-__all__ = ["children", "probe", "settle", "unwatch_others", "watch_others"]
+__all__ = ["children", "probe", "unwatch_others", "watch_others"]
 
 
 def _api() -> Any:
@@ -52,24 +49,6 @@ def probe() -> int:
     clear(state)
     delete(state)
     return serial
-
-
-def settle(limit_s: float = 0.5, quiet_s: float = 0.002) -> bool:
-    """Waits, up to ``limit_s``, for a ``quiet_s`` in which no other thread made a thread state:
-    Python that earlier code left running in TensorFlow's threads (a generator read ahead by an
-    iterator or a thread of its own) is then not counted against the function the guard is about
-    to watch. False where the process never went quiet (or cannot be read)."""
-    deadline = time.monotonic() + limit_s
-    last = probe()
-    while last >= 0:
-        time.sleep(quiet_s)
-        now = probe()
-        if now == last + 1:  # only this probe's own
-            return True
-        if time.monotonic() > deadline:
-            break
-        last = now
-    return False
 
 
 def _others_api() -> Any:
