@@ -103,14 +103,21 @@ def diagnose_loop(strategy, make_train_step, build_model, features, labels, glob
         reported = float(make_train_step(model, optimizer)(
             next(iter(strategy.experimental_distribute_dataset(batches)))))
         applied = [b - a for a, b in zip(model.get_weights(), before, strict=True)]
-        ratio = (sum(np.vdot(a, g) for a, g in zip(applied, true_gradients, strict=True))
-                 / sum(np.vdot(g, g) for g in true_gradients))
-        return ratio, reported / float(true_loss)
+        return applied, true_gradients, reported / float(true_loss)
+
+    def factor(applied, true_gradients):
+        return (sum(np.vdot(a, g) for a, g in zip(applied, true_gradients, strict=True))
+                / sum(np.vdot(g, g) for g in true_gradients))
+
+    def equal(applied, true_gradients, scale=1.0):  # weight for weight, not projected
+        return all(np.allclose(a, scale * g, rtol=1e-3, atol=1e-5)
+                   for a, g in zip(applied, true_gradients, strict=True))
 
     def close(value, target):
         return abs(value - target) <= 1e-3 * max(1.0, abs(target))
 
-    gradient, loss = measure(global_batch_size)
+    applied, true_gradients, loss = measure(global_batch_size)
+    gradient = factor(applied, true_gradients)
     if close(gradient, replicas) and replicas > 1:
         return "reduce_mean per replica"
     if close(gradient, global_batch_size):
@@ -118,10 +125,10 @@ def diagnose_loop(strategy, make_train_step, build_model, features, labels, glob
     if not close(loss, 1):
         return "loss reported with ReduceOp.MEAN"
     short = replicas + 1
-    short_gradient, _ = measure(short)
-    if close(short_gradient, 1):
+    applied, true_gradients, _ = measure(short)  # a Keras loss object can project to ~1
+    if equal(applied, true_gradients):
         return "right"
-    if close(short_gradient, short / global_batch_size):
+    if equal(applied, true_gradients, short / global_batch_size):
         return "constant global_batch_size on a short batch"
     return "Keras loss object on an uneven split"
 

@@ -262,10 +262,11 @@ def check_diagnose_loop(fn: Any) -> bool:
             "diagnose_loop", fn, cases,
             hint="build the model and a plain SGD(learning_rate=1.0) in the scope, run one step "
                  "on a full global batch and one on a short batch of replicas + 1 examples; "
-                 "the weights move by minus the gradient the loop applied. Divide it by the "
-                 "one-device gradient of the mean loss (same initial weights), and the "
-                 "reported loss by the true mean loss. Lesson 02, section 5: the table says "
-                 "which ratio means what.")
+                 "the weights move by minus the gradient the loop applied. Project it on the "
+                 "one-device gradient of the mean loss (same initial weights), and divide the "
+                 "reported loss by the true mean loss: lesson 02, section 5's table says which "
+                 "factor means what. On the short batch compare weight for weight "
+                 "(np.allclose): examples weighted unequally can project to about 1 by chance.")
     finally:
         box.close()
 
