@@ -54,8 +54,8 @@ TENSOR_FLOAT_32 = "tensorfloat32"
 FORMATS = ("float32", "float16", "bfloat16")
 
 #: x86 CPU flags that decide the 16-bit path (Linux ``/proc/cpuinfo`` names): TensorFlow sends
-#: bfloat16 to oneDNN only with avx512f or avx_ne_convert, float16 only with avx512bw and one of
-#: avx512_fp16/amx_fp16/avx_ne_convert (``tensorflow/core/util/util.cc``,
+#: bfloat16 to oneDNN only with avx512f or avx_ne_convert, float16 only with avx_ne_convert or
+#: with avx512bw and one of avx512_fp16/amx_fp16 (``tensorflow/core/util/util.cc``,
 #: ``IsDataTypeSupportedByOneDNNOnThisCPU``); the others are 16-bit dot products and tiles.
 PRECISION_CPU_FLAGS = ("avx512f", "avx512bw", "avx_ne_convert", "avx512_bf16", "avx512_fp16",
                        "amx_tile", "amx_bf16", "amx_fp16")
@@ -271,8 +271,8 @@ def onednn_16bit_dtypes(
 ) -> set[str] | None:
     """The 16-bit dtypes TensorFlow hands to oneDNN on this CPU (None: unknown).
 
-    With the oneDNN ops on: bfloat16 with avx512f or avx_ne_convert, float16 with avx512bw and
-    one of avx512_fp16, amx_fp16, avx_ne_convert; the others fall back to Eigen
+    With the oneDNN ops on: bfloat16 with avx512f or avx_ne_convert, float16 with avx_ne_convert
+    or with avx512bw and one of avx512_fp16, amx_fp16; the others fall back to Eigen
     (``tensorflow/core/util/util.cc``, ``IsDataTypeSupportedByOneDNNOnThisCPU``).
     """
     if onednn_enabled is None or None in features.values():
@@ -283,7 +283,7 @@ def onednn_16bit_dtypes(
     dtypes = set()
     if has & {"avx512f", "avx_ne_convert"}:
         dtypes.add("bfloat16")
-    if "avx512bw" in has and has & {"avx512_fp16", "amx_fp16", "avx_ne_convert"}:
+    if "avx_ne_convert" in has or ("avx512bw" in has and has & {"avx512_fp16", "amx_fp16"}):
         dtypes.add("float16")
     return dtypes
 

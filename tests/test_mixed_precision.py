@@ -88,7 +88,8 @@ def test_onednn_state_and_case_follow_tensorflows_rule(cpuinfo, environ, enabled
     (CASCADE_LAKE, {}, {"bfloat16"}),
     (CASCADE_LAKE, {"TF_ENABLE_ONEDNN_OPTS": "0"}, set()),
     (SAPPHIRE_RAPIDS, {}, {"bfloat16", "float16"}),
-    (ALDER_LAKE.replace("avx_vnni", "avx_vnni avx_ne_convert"), {}, {"bfloat16"}),
+    # float16 too: avx_ne_convert alone is enough for it, without avx512bw (util.cc)
+    (ALDER_LAKE.replace("avx_vnni", "avx_vnni avx_ne_convert"), {}, {"bfloat16", "float16"}),
     ("", {}, None),
 ])
 def test_onednn_16bit_dtypes_follow_tensorflows_cpu_rule(cpuinfo, environ, dtypes):
@@ -174,7 +175,10 @@ def test_draw_loss_scaling_marks_the_float16_limits():
 def test_draw_mixed_precision_step_labels_each_dtype():
     ax = cu.plots.draw_mixed_precision_step()
     texts = [t.get_text() for t in ax.texts]
-    assert "backward\nfloat16" in texts and "gradients ÷ scale\nfloat32" in texts
+    assert "backward\nfloat16" in texts and "yes: gradients ÷ scale\nfloat32" in texts
+    # Keras checks the scaled gradients before it divides them (LossScaleOptimizer)
+    assert texts.index("scaled gradients\nall finite?") < texts.index(
+        "yes: gradients ÷ scale\nfloat32")
     assert any("skip" in text for text in texts)
 
 

@@ -68,8 +68,9 @@ def draw_number_formats(formats: Sequence[str] = ("float32", "float16", "bfloat1
 def draw_loss_scaling(magnitudes: Sequence[float], scale: float, ax: Any = None) -> Any:
     """Lesson 08: gradient magnitudes on a log2 axis, before and after loss scaling.
 
-    The float16 limits are drawn: values left of its smallest subnormal become 0, values
-    between it and the smallest normal keep only a few bits. Zeros in ``magnitudes`` are left out.
+    The float16 limits are drawn: rounding to nearest sends values up to half its smallest
+    subnormal (2^-25) to 0 and values from 65520 to inf; values between the smallest subnormal
+    and the smallest normal keep only a few bits. Zeros in ``magnitudes`` are left out.
     """
     import numpy as np
 
@@ -88,9 +89,9 @@ def draw_loss_scaling(magnitudes: Sequence[float], scale: float, ax: Any = None)
     ax.hist(logs + shift, bins=bins, color=PALETTE[1], alpha=0.7,
             label=f"gradients × loss scale 2^{shift:.0f}")
     half = number_format("float16")
-    for value, text in ((half.smallest_subnormal, "float16: below this, 0"),
+    for value, text in ((half.smallest_subnormal, "float16's smallest (half of it: 0)"),
                         (half.smallest_normal, "float16: smallest normal"),
-                        (half.max, "float16: above this, inf")):
+                        (half.max, "float16's largest (from 65520: inf)")):
         ax.axvline(np.log2(value), color=PALETTE[3], linestyle="--", linewidth=1)
         ax.annotate(text, (np.log2(value), ax.get_ylim()[1] * 0.92), rotation=90,
                     ha="right", va="top", fontsize=8, color=PALETTE[3])
@@ -105,8 +106,9 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
     """Lesson 08: one mixed-precision training step with loss scaling, as a flow of boxes.
 
     float32 weights are cast to float16 for the forward and backward passes; the loss is
-    computed in float32 and multiplied by the scale; the gradients are divided by it in float32
-    and, when finite, update the float32 weights – otherwise the step is skipped.
+    computed in float32 and multiplied by the scale; the scaled gradients are checked first:
+    when all are finite they are divided by the scale and update the float32 weights, otherwise
+    the step is skipped and the scale halved (Keras's ``LossScaleOptimizer``).
     """
     ax = axes_for(ax, (11.0, 3.2))
     boxes = [  # (x, y, text, colour): float32 in blue, float16 in orange
@@ -116,9 +118,9 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
         (0.67, 0.72, "logits, loss\nfloat32", PALETTE[0]),
         (0.88, 0.72, "loss × scale\nfloat32", PALETTE[0]),
         (0.88, 0.22, "backward\nfloat16", PALETTE[1]),
-        (0.65, 0.22, "gradients ÷ scale\nfloat32", PALETTE[0]),
-        (0.40, 0.22, "all finite?", PALETTE[7]),
-        (0.13, 0.22, "yes: update weights\nno: skip, scale ÷ 2", PALETTE[2]),
+        (0.62, 0.22, "scaled gradients\nall finite?", PALETTE[7]),
+        (0.36, 0.22, "yes: gradients ÷ scale\nfloat32", PALETTE[0]),
+        (0.11, 0.22, "update weights\n(no: skip, scale ÷ 2)", PALETTE[2]),
     ]
     for x, y, text, color in boxes:
         ax.annotate(text, (x, y), ha="center", va="center", fontsize=9,
