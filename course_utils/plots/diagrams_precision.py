@@ -110,7 +110,7 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
     when all are finite they are divided by the scale and update the float32 weights, otherwise
     the step is skipped and the scale halved (Keras's ``LossScaleOptimizer``).
     """
-    ax = axes_for(ax, (11.0, 3.2))
+    ax = axes_for(ax, (11.0, 3.8))
     boxes = [  # (x, y, text, colour): float32 in blue, float16 in orange
         (0.07, 0.72, "weights\nfloat32", PALETTE[0]),
         (0.27, 0.72, "cast\nto float16", PALETTE[1]),
@@ -120,7 +120,7 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
         (0.88, 0.22, "backward\nfloat16", PALETTE[1]),
         (0.62, 0.22, "scaled gradients\nall finite?", PALETTE[7]),
         (0.36, 0.22, "yes: gradients ÷ scale\nfloat32", PALETTE[0]),
-        (0.11, 0.22, "update weights\n(no: skip, scale ÷ 2)", PALETTE[2]),
+        (0.11, 0.22, "update weights\nfloat32", PALETTE[2]),
     ]
     for x, y, text, color in boxes:
         ax.annotate(text, (x, y), ha="center", va="center", fontsize=9,
@@ -134,8 +134,12 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
             y0, y1 = y0 - 0.12, y1 + 0.12
         ax.annotate("", (x1, y1), (x0, y0), arrowprops=arrow)
     ax.annotate("", (0.07, 0.60), (0.07, 0.34), arrowprops=arrow)  # the update, back to weights
+    ax.annotate("no: skip the step, scale ÷ 2", (0.62, -0.12), ha="center", va="center",
+                fontsize=9, color="white", bbox={"boxstyle": "round,pad=0.5",
+                                                  "facecolor": "dimgray", "edgecolor": "dimgray"})
+    ax.annotate("", (0.62, -0.03), (0.62, 0.10), arrowprops=arrow)  # not finite
     ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
+    ax.set_ylim(-0.25, 1)
     ax.axis("off")
     ax.set_title("A mixed-precision step: float16 where it is fast, float32 where it must be exact"
                  " (blue float32, orange float16)", fontsize=10)
