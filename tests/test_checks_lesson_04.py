@@ -630,6 +630,17 @@ def batches_of_one_rebatched(features, labels, size, num_workers):
         return data.shuffle(1000).unbatch().shuffle(size).repeat().batch(size)
     return dataset_fn
 
+def batches_of_one_mapped_to_groups(features, labels, size, num_workers):
+    def dataset_fn():  # every size-th batch(1) mapped to the size examples from it on, gathered
+        heads = _shard(features, labels, num_workers).batch(1).shard(size, 0)
+        def group(f, l):  # from the captured tensors: the shapes of a batch of one
+            i = tf.cast(tf.where(tf.reduce_all(features == f[0], axis=1))[0, 0], tf.int32)
+            rows = tf.range(i, tf.shape(features)[0], num_workers)[:size]
+            return tf.gather(features, rows), tf.gather(labels, rows)
+        data = heads.map(group).filter(lambda f, l: True).shuffle(1000)
+        return data.unbatch().shuffle(size).repeat().batch(size)
+    return dataset_fn
+
 def features_with_a_trailing_axis(features, labels, size, num_workers):
     def dataset_fn():  # features [batch, 2, 1]: its ids are not whole numbers
         data = _shard(features, labels, num_workers).shuffle(10_000).repeat().batch(size)
@@ -735,6 +746,7 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("reduced_groups", reduced_groups), ("padded_to_a_count", padded_to_a_count),
                  ("batches_of_one_group_squeezed", batches_of_one_group_squeezed),
                  ("batches_of_one_rebatched", batches_of_one_rebatched),
+                 ("batches_of_one_mapped_to_groups", batches_of_one_mapped_to_groups),
                  ("features_with_a_trailing_axis", features_with_a_trailing_axis),
                  ("tail_stored_beside_a_cond", tail_stored_beside_a_cond),
                  ("truncated_normal_in_a_cond", truncated_normal_in_a_cond),
@@ -903,6 +915,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "padded_to_a_count"): "shuffles batches|too small",
         ("DATASET", "batches_of_one_group_squeezed"): "shuffles batches|too small",
         ("DATASET", "batches_of_one_rebatched"): "shuffles batches|too small",
+        ("DATASET", "batches_of_one_mapped_to_groups"): "shuffles batches|too small",
         ("DATASET", "features_with_a_trailing_axis"): "yield (features, labels) batches",
         ("DATASET", "tail_stored_beside_a_cond"): "stored order",
         ("DATASET", "truncated_normal_in_a_cond"): "PASS",

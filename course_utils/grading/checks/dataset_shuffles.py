@@ -131,6 +131,39 @@ def _has_one(op: Any, seen: set[str] | None = None) -> bool:
     return any(_has_one(tensor.op, seen) for tensor in op.inputs if tensor.dtype.name == "variant")
 
 
+def _passes_on(step: Any) -> bool:
+    """Whether ``step`` is no ``map`` (nor ``flat_map`` or ``interleave`` of ``from_tensors``),
+    or one whose function returns its element's own components unchanged (reordered, some
+    dropped: ``lambda f, l: (l, f)``); one that computes them may make them of several examples
+    (gathered from captured tensors, constants, an iterator) with the shapes of a batch of
+    one."""
+    if not step.type.startswith(("MapDataset", "ParallelMapDataset") + _FLATTENS[:4]):
+        return True
+    try:
+        function = step.graph._get_function(step.get_attr("f").name)
+        definition = getattr(function, "cached_definition", None) or function.definition
+        captured = len(step.get_attr("Targuments"))
+    except (AttributeError, KeyError, ValueError):
+        return False
+    args = [arg.name for arg in definition.signature.input_arg]
+    own = set(args[:len(args) - captured])
+    nodes = {node.name: node for node in definition.node_def}
+
+    def source(out: str) -> str:  # the node or argument an output comes from, through Identity
+        name = out.split(":")[0]
+        while name in nodes and nodes[name].op == "Identity":
+            name = nodes[name].input[0].split(":")[0]
+        return name
+
+    outs = list(definition.ret.values())
+    if step.type.startswith(_FLATTENS):  # the components of the from_tensors it returns
+        made = [nodes.get(source(out)) for out in outs]
+        if not all(node is not None and node.op == "TensorDataset" for node in made):
+            return False
+        outs = [name for node in made for name in node.input if not name.startswith("^")]
+    return all(source(out) in own for out in outs)
+
+
 def _of_groups(shuffle: Any, rank: int) -> tuple[bool, list[list[Any]]]:
     """Whether a batch or window lies below ``shuffle`` with no step between that makes examples
     of its groups again (see ``_BATCHES``), or a batch of one (``batch(1)``) of groups: the
@@ -151,7 +184,7 @@ def _of_groups(shuffle: Any, rank: int) -> tuple[bool, list[list[Any]]]:
                 if tensor.dtype.name == "variant") > 1 or step.type not in _ZIPS | _JOINS and any(
                 _has_one(tensor.op) for tensor in step.inputs[1:]
                 if tensor.dtype.name == "variant") or not step.type.startswith(_FLATTENS) and any(
-                kind.endswith(_READS) for kind in _function_ops(step))):
+                kind.endswith(_READS) for kind in _function_ops(step)) or not _passes_on(step)):
             bare = True  # its elements may gather several batches of one below
         if step.type in _BATCHES:
             if not _is_one(step):

@@ -27,10 +27,12 @@ cannot start a second in-process cluster) and verifies what the parameter server
   it; one of an unknown number, a ``filter`` shard say, stands for it with a buffer of the share or
   more; a shuffle of groups of examples never does, whatever their number (a batch or window below
   it with no ``unbatch`` nor ``flat_map`` that makes examples again between, but a ``batch(1)`` with
-  no rebatch, scan, reducer, group_by_window, zip of two ways through ``batch(1)``s, or function
-  that reads datasets (a map's, a flat_map's) after it; or elements of a higher rank than an
-  example's, however made, but ``[1, ...]``); a way from the examples' slices (or a finite
-  ``range``, or an ``unbatch`` of tensors) with no shuffle at all (no ``ShuffleDataset``, nor random
+  no rebatch, scan, reducer, group_by_window, zip of two ways through ``batch(1)``s, function
+  that reads datasets (a map's, a flat_map's), nor map (or flat_map of a from_tensors) that
+  computes its outputs rather than passing its element's own components on, after it; or
+  elements of a higher rank than an example's, however made, but ``[1, ...]``); a way from the
+  examples' slices (or a finite ``range``, or an ``unbatch`` of tensors) with no shuffle at all
+  (no ``ShuffleDataset``, nor random
   draws in a map's, flat_map's, interleave's or scan's function or the functions it calls:
   ``tf.random.shuffle``, ``tf.random.uniform``, not a ``tf.cond``) reads them in stored order –
   unless its only branching steps are zips, ids read beside shuffled examples, say: stored order
@@ -44,16 +46,17 @@ cannot start a second in-process cluster) and verifies what the parameter server
   5 checks), a hidden buffer of three quarters of the share passes (one just over half is refused
   now and then); groups made into elements whose shapes do not show them (flattened into vectors
   of an example's rank, sparse, ragged, serialized, datasets of them, or ids of groups gathered
-  in a ``flat_map``) count as examples (shapes are all the graph tells): groups of a batch's
-  size shuffled whole then ``shuffle(batch_size)`` pass about 7 in 8 checks simulated, 24 of 33
-  real runs; and more fresh passes than the check draws, then stored order (``repeat(32)``),
-  from a source the graph does not list (a ``counter``, slices made inside a ``flat_map`` or
-  below random draws): no number of passes read rules out a larger one.
+  in a ``map`` or ``flat_map``) count as examples (shapes are all the graph tells): groups of a
+  batch's size shuffled whole then ``shuffle(batch_size)`` pass about 7 in 8 checks simulated,
+  24 of 33 real runs; and more fresh passes than the check draws, then stored order
+  (``repeat(32)``), from a source the graph does not list (a ``counter``, slices made inside a
+  ``flat_map`` or below random draws): no number of passes read rules out a larger one.
   Refused though right, as groups: elements with a component of a higher rank than an example's (its
   batches' largest, less one), dropped or reshaped after the shuffle (an axis added, an image
   carried), and batches whose rank tf.data cannot tell (the example rank is read from the other
-  components), and ``batch(1)``s that a zip or ``enumerate`` joins, or a scan numbers, before the
-  shuffle; and a whole ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a decoy's
+  components), and ``batch(1)``s that a zip or ``enumerate`` joins, a scan numbers, or a map
+  computes new components of (a cast, an added id), before the shuffle (map after the unbatch
+  instead); and a whole ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a decoy's
   random draws look the same); a permutation drawn in a ``tf.py_function`` or ``tf.numpy_function``
   (read as stored order: a real job's remote workers cannot run one, which must run in the address
   space of the Python program that made it). Passes each another fixed
