@@ -314,6 +314,50 @@ def test_checkpoint_resumes_an_interrupted_run(tmp_path):
     assert third.resumed_from_step is None and third.run_step == 2
 
 
+class _Killed(Exception):
+    pass
+
+
+def _kill_after_epoch(last: int):
+    def on_epoch_end(epoch, logs):
+        if epoch == last:
+            raise _Killed
+
+    return on_epoch_end
+
+
+@pytest.mark.parametrize("given", ["dataset function", "dataset", "dataset per epoch"])
+def test_a_killed_and_resumed_run_reads_on_and_equals_an_uninterrupted_one(tmp_path, given):
+    x, y = make_data(256)  # 8 global batches of 32: 12 steps read part of them twice
+
+    def dataset_fn(context):  # per-replica batches, sharded per pipeline, from example 0
+        batch = context.get_per_replica_batch_size(32)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        data = data.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return data.batch(batch, drop_remainder=True)
+
+    data, steps_per_epoch, epochs = {
+        "dataset function": (dataset_fn, 3, 4),
+        "dataset": (dataset(x, y, 32).repeat(), 3, 4),
+        "dataset per epoch": (dataset(x, y, 32), None, 3),  # 8 steps an epoch, each from 0
+    }[given]
+
+    def run(directory, kill_after=None):
+        trainer = make_trainer(mirrored4(), checkpoint_dir=directory, verbose=0)
+        trainer.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                    on_epoch_end=None if kill_after is None else _kill_after_epoch(kill_after))
+        return trainer
+
+    uninterrupted = run(tmp_path / "a")
+    with pytest.raises(_Killed):
+        run(tmp_path / "b", kill_after=0)
+    resumed = run(tmp_path / "b")
+    assert resumed.resumed_from_step == (steps_per_epoch or 8)  # after epoch 1
+    assert resumed.run_step == uninterrupted.run_step
+    difference = max_abs_diff(resumed.model.get_weights(), uninterrupted.model.get_weights())
+    assert difference < 1e-5, difference
+
+
 @pytest.mark.slow
 def test_parameter_server_training_in_a_subprocess_and_the_in_process_cluster_is_reused():
     env = dict(os.environ, GRPC_FAIL_FAST="use_caller")

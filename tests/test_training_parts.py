@@ -152,6 +152,27 @@ def test_count_steps_takes_the_length_or_asks_for_steps_per_epoch():
 
 
 # ---------------------------------------------------------------------- accumulation
+@pytest.mark.parametrize("pipelines, replicas", [(1, 1), (1, 4), (2, 2), (2, 4)])
+def test_skip_batches_skips_start_step_global_batches_of_each_pipeline(pipelines, replicas):
+    global_batch, start_step = 8, 3
+    unskipped = tf.data.Dataset.range(10)
+    assert batches.skip_batches(unskipped, 0) is unskipped  # a run from step 0
+    whole = tf.data.Dataset.range(64).batch(global_batch)  # a dataset of global batches
+    assert next(iter(batches.skip_batches(whole, start_step))).numpy()[0] == 24
+
+    def dataset_fn(context):  # numbered examples, sharded by pipeline, per-replica batches
+        data = tf.data.Dataset.range(1000).shard(pipelines, context.input_pipeline_id)
+        return data.batch(context.get_per_replica_batch_size(global_batch))
+
+    skipped = batches.skip_batches(dataset_fn, start_step)
+    for pipeline in range(pipelines):
+        context = tf.distribute.InputContext(pipelines, pipeline, replicas)
+        # start_step × global_batch / pipelines examples of this pipeline were read
+        read = start_step * global_batch // pipelines
+        first = next(iter(skipped(context))).numpy()[0]
+        assert first == read * pipelines + pipeline
+
+
 def test_split_into_calls_groups_updates_and_keeps_a_short_last_group():
     assert accumulation.split_into_calls(16, 2, 3) == [(2, 3), (2, 3), (2, 2)]
     assert accumulation.split_into_calls(10, 4, 1) == [(4, 1), (4, 1), (2, 1)]

@@ -20,6 +20,7 @@ __all__ = [
     "count_steps",
     "distribute",
     "element_spec",
+    "skip_batches",
     "static_batch_size",
     "unpack_batch",
 ]
@@ -73,6 +74,27 @@ def distribute(strategy: tf.distribute.Strategy, data: DataLike) -> Any:
     if isinstance(data, tf.data.Dataset):
         return strategy.experimental_distribute_dataset(data)
     return strategy.distribute_datasets_from_function(data)
+
+
+def skip_batches(data: DataLike, steps: int) -> DataLike:
+    """``data`` without the batches of its first ``steps`` steps (a resumed run's input).
+
+    A dataset of global batches gives one batch a step: it skips ``steps`` of them. A dataset
+    function's pipeline gives one per-replica batch a step to each replica it feeds
+    (``num_replicas_in_sync // num_input_pipelines`` of them): each pipeline skips
+    ``steps`` times that many, which is ``steps × global batch ÷ num_input_pipelines``
+    examples of each pipeline.
+    """
+    if not steps:
+        return data
+    if isinstance(data, tf.data.Dataset):
+        return data.skip(steps)
+
+    def skipped(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        per_pipeline = context.num_replicas_in_sync // context.num_input_pipelines
+        return data(context).skip(steps * per_pipeline)
+
+    return skipped
 
 
 def count_steps(

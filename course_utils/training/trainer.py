@@ -20,6 +20,7 @@ from course_utils.training.batches import (
     count_steps,
     distribute,
     element_spec,
+    skip_batches,
     unpack_batch,
 )
 from course_utils.training.checkpoints import Checkpoints, is_chief
@@ -204,7 +205,9 @@ class Trainer:
         ``tf.distribute.InputContext`` returning a dataset of per-replica batches. An epoch is
         ``steps_per_epoch`` batches (default: the dataset's length). With ``checkpoint_dir`` a
         run interrupted earlier resumes at the step it last saved. ``on_epoch_end(epoch, logs)``
-        is called after each epoch's checkpoint.
+        is called after each epoch's checkpoint. A resumed run also skips the batches the
+        interrupted run had read (``skip_batches``; not under parameter servers), so it reads
+        what an uninterrupted run would have read next.
         """
         if int(epochs) != epochs or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
@@ -238,9 +241,10 @@ class Trainer:
         if repeating and iterator is not None:
             return iterator  # keep reading where the last epoch stopped
         if self._coordinator_loop is not None:
-            return self._coordinator_loop.per_worker_iterator(data)
-        if done_in_epoch and not repeating:
-            data = data.skip(done_in_epoch)  # resumed in the middle of an epoch
+            return self._coordinator_loop.per_worker_iterator(data)  # not skipped on resume
+        # Resumed: skip what the interrupted run read. Repeating data is one iterator for the
+        # whole run (run_step batches read); otherwise each epoch starts the data again.
+        data = skip_batches(data, self.run_step if repeating else done_in_epoch)
         return iter(distribute(self.strategy, data))
 
     def _run_epoch(self, iterator: Any, todo: int, epoch: int, epochs: int) -> dict[str, float]:
