@@ -123,7 +123,8 @@ def _steps(rng: random.Random, first: int, last: int) -> list[str]:
 
 
 #: Why a survivor's all-reduce failed after a peer was killed, as TensorFlow 2.21 words it
-#: (measured on 2-worker localhost jobs, lesson 03): the dead port refused a call, or the
+#: (measured on 2-worker localhost jobs like lesson 03's, killing each worker in turn; the
+#: lesson itself kills only worker 1): the dead port refused a call, or the
 #: coordination service's heartbeat check, for any worker but worker 0; for worker 0, which
 #: runs the service (``multi_worker_util.coordination_leader``), a refused call or the dropped
 #: connection (reset).
