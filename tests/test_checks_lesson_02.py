@@ -652,6 +652,27 @@ def test_every_kind_of_loop_runs_one_code_whose_closure_names_no_mistake():
         box.close()
 
 
+def test_the_deck_holds_every_kind_once_and_extras_among_the_short_batch_kinds():
+    """So that a guess by elimination among the short-batch kinds not yet answered, which
+    passed 1 check in 6 with one loop of each kind, passes about 1 in 500 (simulated)."""
+    from course_utils.grading.checks.loops import LoopBox
+
+    extra, short = lesson_02.EXTRA_SHORT_BATCH_LOOPS, lesson_02.SHORT_BATCH_DIAGNOSES
+    for _ in range(3):  # each deck drawn afresh by the child
+        box = LoopBox(lesson_02.mirrored_strategy())
+        try:
+            numbers = [box.loop(8, lesson_02.DIAGNOSES, extra_from=short, extra=extra)[0]
+                       for _ in range(len(lesson_02.DIAGNOSES) + extra)]
+            verdicts = [box.verdict(number, "right") for number in numbers]
+        finally:
+            box.close()
+        kinds = ["right" if v is None else v.split("'")[1] for v in verdicts]
+        assert set(kinds) == set(lesson_02.DIAGNOSES)
+        for kind in lesson_02.DIAGNOSES:
+            kinds.remove(kind)
+        assert len(kinds) == extra and set(kinds) <= set(short)
+
+
 @pytest.mark.parametrize("constant", ["reduce_mean per replica",
                                       "Keras loss object on an uneven split",
                                       "global_batch_size passed positionally",

@@ -48,10 +48,13 @@ loops, asked, deck = {}, set(), []
 for line in sys.stdin:
     word, *rest = line.split("\t")
     rest = [part.strip() for part in rest]
-    if word == "new":  # loop number, kind ("" = the next of the allowed, shuffled), G, R
-        if not rest[1] and not deck:
+    if word == "new":  # loop number, kind ("" = the next of the deck), G, R, deck, extras
+        if not rest[1] and not deck:  # each allowed kind once, and extras drawn among some
+            draw = random.SystemRandom()
             deck = rest[4].split("|")
-            random.SystemRandom().shuffle(deck)
+            extra_kinds, count = rest[5].split("|"), int(rest[6])
+            deck += [draw.choice(extra_kinds) for _ in range(count if rest[5] else 0)]
+            draw.shuffle(deck)
         kind = rest[1] or deck.pop()
         loops[rest[0]] = (kind, numbers(kind, float(rest[2]), float(rest[3])))
         out = "ok"
@@ -101,15 +104,20 @@ class LoopBox:
             self._child.wait(timeout=10)
 
     def loop(self, global_batch_size: int, kinds: tuple[str, ...] = DIAGNOSES,
-             kind: str = "") -> tuple[int, Callable[[Any, Any], Any]]:
+             kind: str = "", extra_from: tuple[str, ...] = (),
+             extra: int = 0) -> tuple[int, Callable[[Any, Any], Any]]:
         """A new loop written for ``global_batch_size``: its number, and its
-        ``make_train_step``. Its mistake is ``kind``, or drawn by the child from ``kinds``."""
-        if kind and kind not in DIAGNOSES or not set(kinds) <= set(DIAGNOSES):
-            raise ValueError(f"kinds must be among {DIAGNOSES}")
+        ``make_train_step``. Its mistake is ``kind``, or the next of the child's deck: every kind
+        of ``kinds`` once and ``extra`` more drawn from ``extra_from`` (only the child knows which
+        repeat: elimination cannot name the last ones), shuffled; ask ``len(kinds) + extra``."""
+        if (kind and kind not in DIAGNOSES or not set(kinds) <= set(DIAGNOSES)
+                or not set(extra_from) <= set(kinds)):
+            raise ValueError(f"kinds must be among {DIAGNOSES}, extra_from among kinds")
         self._count += 1
         number = self._count
         self._ask("new", number, kind, global_batch_size,
-                  self.strategy.num_replicas_in_sync, "|".join(kinds))
+                  self.strategy.num_replicas_in_sync, "|".join(kinds), "|".join(extra_from),
+                  extra)
         return number, _make_train_step_for(self, number)
 
     def verdict(self, number: int, answer: str) -> str | None:
