@@ -94,7 +94,9 @@ def draw_loss_scaling(magnitudes: Sequence[float], scale: float, ax: Any = None)
                         (half.max, "float16's largest (from 65520: inf)")):
         ax.axvline(np.log2(value), color=PALETTE[3], linestyle="--", linewidth=1)
         ax.annotate(text, (np.log2(value), ax.get_ylim()[1] * 0.92), rotation=90,
-                    ha="right", va="top", fontsize=8, color=PALETTE[3])
+                    ha="right", va="top", fontsize=8, color=PALETTE[3],
+                    bbox={"boxstyle": "round,pad=0.15", "facecolor": "white",
+                          "edgecolor": "none", "alpha": 0.85})
     ax.set_xlabel("log2 of the gradient's magnitude")
     ax.set_ylabel("count")
     ax.set_title("Loss scaling shifts small gradients into float16's range")
@@ -119,7 +121,7 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
         (0.88, 0.72, "loss × scale\nfloat32", PALETTE[0]),
         (0.88, 0.22, "backward\nfloat16", PALETTE[1]),
         (0.62, 0.22, "scaled gradients\nall finite?", PALETTE[7]),
-        (0.36, 0.22, "yes: gradients ÷ scale\nfloat32", PALETTE[0]),
+        (0.36, 0.22, "yes: ÷ scale\nfloat32", PALETTE[0]),
         (0.11, 0.22, "update weights\nfloat32", PALETTE[2]),
     ]
     for x, y, text, color in boxes:
