@@ -641,6 +641,18 @@ def batches_of_one_mapped_to_groups(features, labels, size, num_workers):
         return data.unbatch().shuffle(size).repeat().batch(size)
     return dataset_fn
 
+def batches_of_one_regrouped_by_a_snapshot(features, labels, size, num_workers):
+    def dataset_fn():  # batch(1)s stored, then read back as groups of size by its reader_func
+        import tempfile
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        path = tf.strings.join([tempfile.mkdtemp(), "/", tf.strings.as_string(worker)])
+        ones = _shard(features, labels, num_workers).batch(1)
+        data = ones.snapshot(path, shard_func=lambda f, l: tf.constant(0, tf.int64),
+                             reader_func=lambda files: files.interleave(
+                                 lambda each: each.unbatch().batch(size), cycle_length=1))
+        return data.shuffle(1000).unbatch().shuffle(size).repeat().batch(size)
+    return dataset_fn
+
 def features_with_a_trailing_axis(features, labels, size, num_workers):
     def dataset_fn():  # features [batch, 2, 1]: its ids are not whole numbers
         data = _shard(features, labels, num_workers).shuffle(10_000).repeat().batch(size)
@@ -747,6 +759,8 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("batches_of_one_group_squeezed", batches_of_one_group_squeezed),
                  ("batches_of_one_rebatched", batches_of_one_rebatched),
                  ("batches_of_one_mapped_to_groups", batches_of_one_mapped_to_groups),
+                 ("batches_of_one_regrouped_by_a_snapshot",
+                  batches_of_one_regrouped_by_a_snapshot),
                  ("features_with_a_trailing_axis", features_with_a_trailing_axis),
                  ("tail_stored_beside_a_cond", tail_stored_beside_a_cond),
                  ("truncated_normal_in_a_cond", truncated_normal_in_a_cond),
@@ -916,6 +930,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "batches_of_one_group_squeezed"): "shuffles batches|too small",
         ("DATASET", "batches_of_one_rebatched"): "shuffles batches|too small",
         ("DATASET", "batches_of_one_mapped_to_groups"): "shuffles batches|too small",
+        ("DATASET", "batches_of_one_regrouped_by_a_snapshot"): "shuffles batches|too small",
         ("DATASET", "features_with_a_trailing_axis"): "yield (features, labels) batches",
         ("DATASET", "tail_stored_beside_a_cond"): "stored order",
         ("DATASET", "truncated_normal_in_a_cond"): "PASS",

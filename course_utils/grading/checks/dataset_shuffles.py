@@ -138,7 +138,11 @@ def _passes_on(step: Any) -> bool:
     (gathered from captured tensors, constants, an iterator) with the shapes of a batch of
     one."""
     if not step.type.startswith(("MapDataset", "ParallelMapDataset") + _FLATTENS[:4]):
-        return True
+        # a step with a function of another kind may make its elements anew (a snapshot's
+        # reader_func reads the batches of one it stored as groups); a filter's predicate only
+        # keeps or drops them
+        return not any(value.HasField("func") or value.list.func
+                       for key, value in step.node_def.attr.items() if key != "predicate")
     try:
         function = step.graph._get_function(step.get_attr("f").name)
         definition = getattr(function, "cached_definition", None) or function.definition
