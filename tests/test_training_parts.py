@@ -152,25 +152,26 @@ def test_count_steps_takes_the_length_or_asks_for_steps_per_epoch():
 
 
 # ---------------------------------------------------------------------- accumulation
-@pytest.mark.parametrize("pipelines, replicas", [(1, 1), (1, 4), (2, 2), (2, 4)])
-def test_skip_batches_skips_start_step_global_batches_of_each_pipeline(pipelines, replicas):
-    global_batch, start_step = 8, 3
-    unskipped = tf.data.Dataset.range(10)
-    assert batches.skip_batches(unskipped, 0) is unskipped  # a run from step 0
+def test_skip_read_batches_resumes_where_an_uninterrupted_iterator_is():
+    strategy, global_batch, start_step = mirrored4(), 8, 3
     whole = tf.data.Dataset.range(64).batch(global_batch)  # a dataset of global batches
-    assert next(iter(batches.skip_batches(whole, start_step))).numpy()[0] == 24
 
-    def dataset_fn(context):  # numbered examples, sharded by pipeline, per-replica batches
-        data = tf.data.Dataset.range(1000).shard(pipelines, context.input_pipeline_id)
-        return data.batch(context.get_per_replica_batch_size(global_batch))
+    def dataset_fn(context):  # numbered examples, per-replica batches
+        return tf.data.Dataset.range(64).batch(context.get_per_replica_batch_size(global_batch))
 
-    skipped = batches.skip_batches(dataset_fn, start_step)
-    for pipeline in range(pipelines):
-        context = tf.distribute.InputContext(pipelines, pipeline, replicas)
-        # start_step × global_batch / pipelines examples of this pipeline were read
-        read = start_step * global_batch // pipelines
-        first = next(iter(skipped(context))).numpy()[0]
-        assert first == read * pipelines + pipeline
+    def local(batch):
+        return [part.numpy().tolist() for part in strategy.experimental_local_results(batch)]
+
+    for data in (whole, dataset_fn):
+        uninterrupted = iter(batches.distribute(strategy, data))
+        for _ in range(start_step):
+            next(uninterrupted)
+        fresh = iter(batches.distribute(strategy, data))
+        assert batches.skip_read_batches(fresh, 0) is fresh  # a run from step 0
+        resumed = batches.skip_read_batches(iter(batches.distribute(strategy, data)), start_step)
+        first = local(next(resumed))
+        assert first == local(next(uninterrupted)) and first[0][0] == start_step * global_batch
+        assert local(next(resumed)) == local(next(uninterrupted))
 
 
 def test_split_into_calls_groups_updates_and_keeps_a_short_last_group():

@@ -20,7 +20,7 @@ __all__ = [
     "count_steps",
     "distribute",
     "element_spec",
-    "skip_batches",
+    "skip_read_batches",
     "static_batch_size",
     "unpack_batch",
 ]
@@ -76,25 +76,19 @@ def distribute(strategy: tf.distribute.Strategy, data: DataLike) -> Any:
     return strategy.distribute_datasets_from_function(data)
 
 
-def skip_batches(data: DataLike, steps: int) -> DataLike:
-    """``data`` without the batches of its first ``steps`` steps (a resumed run's input).
+def skip_read_batches(iterator: Any, steps: int) -> Any:
+    """``iterator`` after reading and discarding ``steps`` batches (a resumed run's input).
 
-    A dataset of global batches gives one batch a step: it skips ``steps`` of them. A dataset
-    function's pipeline gives one per-replica batch a step to each replica it feeds
-    (``num_replicas_in_sync // num_input_pipelines`` of them): each pipeline skips
-    ``steps`` times that many, which is ``steps × global batch ÷ num_input_pipelines``
-    examples of each pipeline.
+    ``iterator`` is a distributed iterator (``iter(distribute(strategy, data))``) and each
+    ``next`` gives one step's batches, whatever the sharding: a dataset function's per-replica
+    batches, or a dataset's global batches, however ``experimental_distribute_dataset`` splits
+    them among workers and replicas (auto-sharding by file rebatches each worker's own global
+    batches, so that skipping on the dataset itself would skip the wrong ones). Every worker
+    calls it alike, as it calls each training step.
     """
-    if not steps:
-        return data
-    if isinstance(data, tf.data.Dataset):
-        return data.skip(steps)
-
-    def skipped(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        per_pipeline = context.num_replicas_in_sync // context.num_input_pipelines
-        return data(context).skip(steps * per_pipeline)
-
-    return skipped
+    for _ in range(steps):
+        next(iterator)
+    return iterator
 
 
 def count_steps(

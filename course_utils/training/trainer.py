@@ -20,7 +20,7 @@ from course_utils.training.batches import (
     count_steps,
     distribute,
     element_spec,
-    skip_batches,
+    skip_read_batches,
     unpack_batch,
 )
 from course_utils.training.checkpoints import Checkpoints, is_chief
@@ -205,9 +205,10 @@ class Trainer:
         ``tf.distribute.InputContext`` returning a dataset of per-replica batches. An epoch is
         ``steps_per_epoch`` batches (default: the dataset's length). With ``checkpoint_dir`` a
         run interrupted earlier resumes at the step it last saved. ``on_epoch_end(epoch, logs)``
-        is called after each epoch's checkpoint. A resumed run also skips the batches the
-        interrupted run had read (``skip_batches``; not under parameter servers), so it reads
-        what an uninterrupted run would have read next.
+        is called after each epoch's checkpoint. A resumed run also reads and discards the
+        distributed batches the interrupted run had read (``skip_read_batches``), so it reads
+        what an uninterrupted run would have read next, whatever the sharding. Not under
+        parameter servers: there the per-worker iterators start the data again.
         """
         if int(epochs) != epochs or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
@@ -244,8 +245,8 @@ class Trainer:
             return self._coordinator_loop.per_worker_iterator(data)  # not skipped on resume
         # Resumed: skip what the interrupted run read. Repeating data is one iterator for the
         # whole run (run_step batches read); otherwise each epoch starts the data again.
-        data = skip_batches(data, self.run_step if repeating else done_in_epoch)
-        return iter(distribute(self.strategy, data))
+        read = self.run_step if repeating else done_in_epoch
+        return skip_read_batches(iter(distribute(self.strategy, data)), read)
 
     def _run_epoch(self, iterator: Any, todo: int, epoch: int, epochs: int) -> dict[str, float]:
         """Train ``todo`` batches from ``iterator``, show progress and return the epoch's logs."""
