@@ -162,12 +162,12 @@ def test_skip_read_batches_resumes_where_an_uninterrupted_iterator_is():
     def local(batch):
         return [part.numpy().tolist() for part in strategy.experimental_local_results(batch)]
 
+    fresh = iter(())
+    assert batches.skip_read_batches(fresh, 0) is fresh  # a run from step 0 reads nothing
     for data in (whole, dataset_fn):
         uninterrupted = iter(batches.distribute(strategy, data))
         for _ in range(start_step):
             next(uninterrupted)
-        fresh = iter(batches.distribute(strategy, data))
-        assert batches.skip_read_batches(fresh, 0) is fresh  # a run from step 0
         resumed = batches.skip_read_batches(iter(batches.distribute(strategy, data)), start_step)
         first = local(next(resumed))
         assert first == local(next(uninterrupted)) and first[0][0] == start_step * global_batch
