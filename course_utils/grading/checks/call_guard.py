@@ -161,6 +161,8 @@ def _audit(event: str, args: Any) -> None:
     """Logs, from any thread, a profiler set by someone else, threading's install of it in a
     thread it starts, a process started, the log reached (an audit hook cannot be removed)."""
     log: Any = "<the check's log>"  # the log itself, put there by _anchored
+    if _PROCESS_EVENTS is None:  # the interpreter is ending: it has wiped this module's names
+        return
     if event == "sys.setprofile":
         caller = sys._getframe(1)
         if caller.f_code is _THREAD_START:

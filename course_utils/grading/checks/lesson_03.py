@@ -80,6 +80,7 @@ from course_utils.grading.checks.worker_logs import CAUSES, failure_logs
 from course_utils.grading.checks.worker_scripts import (
     function_source,
     is_stub,
+    parse_python,
     reference_weights,
     resume_script,
     train_worker_script,
@@ -189,7 +190,8 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     audits = []
     for worker in range(workers):
         try:
-            audit = ast.literal_eval((out / f"audit-{worker}.txt").read_text())
+            audit = ast.literal_eval(
+                parse_python((out / f"audit-{worker}.txt").read_text(), "eval"))
         except (OSError, ValueError, SyntaxError):
             return (f"worker {worker} ended without the audit the check's set-up writes once "
                     "your function returned: return the weights, do not end the process")

@@ -230,8 +230,10 @@ def source_problem(source: str) -> str | None:
     (``tf.config.list_logical_devices``): that report would not be TensorFlow's."""
     import ast
 
+    from course_utils.grading.checks.worker_scripts import parse_python
+
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError as error:
         return f"its source does not parse: {error}"
     roots = {"tf", "tensorflow"}
