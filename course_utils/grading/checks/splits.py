@@ -20,6 +20,7 @@ TensorFlow did not do.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import collections
 import inspect
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from course_utils.child import run_cpu_only, start_cpu_only
+from course_utils.grading.checks.worker_scripts import parse_python
 
 __all__ = ["ALLOWED_TF", "DENIED_BUILTINS", "run_split_answers", "run_split_in_fresh_process",
            "run_splits_in_fresh_process", "source_problem", "split_verdict"]
@@ -228,10 +230,6 @@ def source_problem(source: str) -> str | None:
     (``f.calls = 1``), and reads no ``_``-named attribute. What it could otherwise reach
     writes the process's report itself (its pipe, a file) or replaces what the report reads
     (``tf.config.list_logical_devices``): that report would not be TensorFlow's."""
-    import ast
-
-    from course_utils.grading.checks.worker_scripts import parse_python
-
     try:
         tree = parse_python(source)
     except SyntaxError as error:
