@@ -206,9 +206,13 @@ class Trainer:
         ``steps_per_epoch`` batches (default: the dataset's length). With ``checkpoint_dir`` a
         run interrupted earlier resumes at the step it last saved. ``on_epoch_end(epoch, logs)``
         is called after each epoch's checkpoint. A resumed run also reads and discards the
-        distributed batches the interrupted run had read (``skip_read_batches``), so it reads
-        what an uninterrupted run would have read next, whatever the sharding. Not under
-        parameter servers: there the per-worker iterators start the data again.
+        distributed batches the interrupted run had read (``skip_read_batches``), whatever the
+        sharding, so it reads what an uninterrupted run would have read next when the pipeline
+        reads in a deterministic order: data that repeats (``steps_per_epoch`` given), or
+        finite data in the same order every epoch. A finite dataset reshuffled each epoch
+        starts a resumed later epoch in its first epoch's order (a fresh iterator), and a
+        pipeline with ``deterministic=False`` reads other batches. Not under parameter
+        servers: there the per-worker iterators start the data again.
         """
         if int(epochs) != epochs or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
