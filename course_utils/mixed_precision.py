@@ -110,8 +110,9 @@ PRECISION_CASES: dict[str, dict[str, str]] = {
                     "neither avx512_bf16 nor AMX (avx512_vnni: Intel Cascade Lake, Ice Lake)",
         "16-bit matrix products": "oneDNN's bfloat16 kernels without bfloat16 dot "
                                   "products (on AVX-512: emulated, for validation)",
-        "expect": "mixed_bfloat16 slower than float32: 3-4x on AVX-512 (oneDNN's figure); "
-                  "with avx_ne_convert only, by conversion (oneDNN gives no figure)",
+        "expect": "mixed_bfloat16 matrix products slower than float32's (oneDNN: its "
+                  "AVX-512 bfloat16 primitives 3-4x slower; with avx_ne_convert only, "
+                  "supported via conversion, speed not given)",
         "source": _ONEDNN_EMULATED,
     },
     "AVX512-BF16": {
