@@ -513,7 +513,7 @@ def _closure_values(fn):
     """Every value in fn's closure and in the closures of the functions found there (names
     built at run time: the checks refuse the plain ones by name, and these answers test what
     stands behind that refusal)."""
-    closure_of, contents = "__clo" + "sure__", "cell_" + "contents"
+    closure_of, contents = "".join(["__clo", "sure__"]), "".join(["cell_", "contents"])
     values, todo = {}, [fn]
     while todo:
         current = todo.pop()
@@ -596,7 +596,7 @@ def short_step_too_then_decoded_the_numbers(strategy, make_train_step, build_mod
 
 def _checkers_verify(make_train_step):
     """The check's verify function for this loop, found among the process's objects."""
-    for thing in getattr(gc, "get_" + "objects")():
+    for thing in getattr(gc, "".join(["get_", "objects"]))():
         if type(thing).__name__ == "Case" and len(thing.args) > 1 and (
                 thing.args[1] is make_train_step):
             return thing.verify
@@ -619,8 +619,8 @@ def asked_the_checkers_box(strategy, make_train_step, build_model, features, lab
         _one_frozen_step(strategy, make_train_step, build_model, features, labels, size)
     verify = _checkers_verify(make_train_step)
     cells = dict(zip(verify.__code__.co_freevars,
-                     getattr(verify, "__clo" + "sure__"), strict=True))
-    box, number = getattr(cells["box"], "cell_" + "contents"), verify.__defaults__[0]
+                     getattr(verify, "".join(["__clo", "sure__"])), strict=True))
+    box, number = getattr(cells["box"], "".join(["cell_", "contents"])), verify.__defaults__[0]
     said = box.verdict(number, "right")
     return "right" if said is None else said.split("'")[1]
 
@@ -654,7 +654,7 @@ def test_every_kind_of_loop_runs_one_code_whose_closure_names_no_mistake():
 
 def test_the_deck_holds_every_kind_once_and_extras_among_the_short_batch_kinds():
     """So that a guess by elimination among the short-batch kinds not yet answered, which
-    passed 1 check in 6 with one loop of each kind, passes about 1 in 500 (simulated)."""
+    passed 1 check in 6 with one loop of each kind, passes 1 in 405 (the best fixed guess)."""
     from course_utils.grading.checks.loops import LoopBox
 
     extra, short = lesson_02.EXTRA_SHORT_BATCH_LOOPS, lesson_02.SHORT_BATCH_DIAGNOSES
@@ -809,3 +809,50 @@ def test_the_weights_of_every_checked_batch_have_a_positive_sum():
             part = weights[start:stop]
             assert part.sum() > 0 and abs(part.mean() - 1) > 0.15
             assert len(set(part[:(len(part) + 1) // 2].tolist())) > 1
+
+
+def _loop_functions(make_train_step, names):
+    """The functions named ``names`` in the loop's closures, reached by names built at run
+    time (no refused name, nor a string of one, in this code)."""
+    closure, contents = "".join(["__clo", "sure__"]), "".join(["cell_", "contents"])
+    found, todo, seen = {}, [make_train_step], set()
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if getattr(current, "__name__", "") in names:
+            found[current.__name__] = current
+        for cell in getattr(current, closure, None) or ():
+            value = getattr(cell, contents, None)
+            if callable(value):
+                todo.append(value)
+    return found
+
+
+def asked_the_loops_numbers_through_its_closure(strategy, make_train_step, build_model,
+                                                features, labels, global_batch_size):
+    """A frozen short step opens the gate; then the loop's own functions are asked for its
+    loss scale at batch sizes of the answer's choosing (a fresh read's oracle, 9 of 9)."""
+    _one_frozen_step(strategy, make_train_step, build_model, features, labels,
+                     strategy.num_replicas_in_sync + 1)
+    scale_name = "".join(["scale", "_of"])
+    scale = _loop_functions(make_train_step, {scale_name})[scale_name]
+    return "right" if np.isclose(float(scale(1, 5)), 0.2) else "reduce_mean per replica"
+
+
+def asked_the_loops_numbers_by_their_names(strategy, make_train_step, build_model, features,
+                                           labels, global_batch_size):
+    """The same, its names written out: refused before the answer runs."""
+    found = _loop_functions(make_train_step, {"scale_of"})
+    return "right" if np.isclose(float(found["scale_of"](1, 5)), 0.2) else "right"
+
+
+@pytest.mark.parametrize(("wrong", "says"), [
+    (asked_the_loops_numbers_through_its_closure,
+     "raised RuntimeError.*given to its own steps only"),
+    (asked_the_loops_numbers_by_their_names, "uses scale_of, which reads how the check built"),
+])
+def test_a_diagnosis_that_asks_the_loops_numbers_is_rejected(wrong, says):
+    with pytest.raises(AssertionError, match=says):
+        checks.check_diagnose_loop(wrong)

@@ -291,12 +291,15 @@ def _strings(constants: Any) -> set[str]:
     return found
 
 
-def grader_introspection(fn: Any, *, constants: bool = False) -> list[str]:
+def grader_introspection(fn: Any, *, constants: bool = False,
+                         also: frozenset[str] = frozenset()) -> list[str]:
     """The frame- and object-walking names the learner's code in ``fn`` uses: its nested
     functions, the functions its closure holds and the learner's own functions it calls by a
     global name, not the course's own (a check's wrapper). With ``constants``, also those its
     string constants name (``getattr(fn, "__closure__")``, ``"_get" + "frame"`` folded by the
-    compiler): for a check whose audit lives in the closures of what it hands over."""
+    compiler): for a check whose audit lives in the closures of what it hands over. ``also``:
+    more names a check refuses (the names of what it hands over)."""
+    names = INTROSPECTION_NAMES | also
     package = str(Path(__file__).resolve().parent.parent)
     found: set[str] = set()
     functions, seen = [fn], set()
@@ -313,9 +316,9 @@ def grader_introspection(fn: Any, *, constants: bool = False) -> list[str]:
             codes = [code]
             while codes:
                 each = codes.pop()
-                found |= INTROSPECTION_NAMES & set(each.co_names)
+                found |= names & set(each.co_names)
                 if constants:
-                    found |= INTROSPECTION_NAMES & _strings(each.co_consts)
+                    found |= names & _strings(each.co_consts)
                 codes.extend(c for c in each.co_consts if isinstance(c, types.CodeType))
                 functions.extend(_called_globals(current, each))
         for cell in getattr(current, "__closure__", None) or ():

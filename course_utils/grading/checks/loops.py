@@ -90,6 +90,8 @@ class LoopBox:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def _ask(self, *words: Any) -> str:
+        if words[0] in ("scale", "report") and not _asked_by_a_step():
+            raise RuntimeError("a loop's numbers are given to its own steps only: run the step")
         with self._lock:
             assert self._child.stdin is not None and self._child.stdout is not None
             self._child.stdin.write("\t".join(str(word) for word in words) + "\n")
@@ -129,6 +131,27 @@ class LoopBox:
             return ("this loop's verdict had been asked before the check asked for it: "
                     "diagnose the loop by running it")
         return f"this loop is {reply[1]!r}, not {answer!r}"
+
+
+def _asked_by_a_step() -> bool:
+    """Whether the loop's own step asks (``scale_of`` / ``report_of`` called by TensorFlow's
+    executor, or by the replica step run eagerly), not other code that reached the box or
+    those functions (a closure walked, TensorFlow's registry of ``numpy_function``s)."""
+    import os
+
+    tensorflow = os.path.dirname(_tf().__file__)
+    frame = sys._getframe(2)  # the caller of _ask's caller
+    if frame is None or frame.f_code.co_filename != __file__:
+        return False  # the box asked by someone else
+    frame = frame.f_back  # the caller of scale_of / report_of
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name == __file__ and frame.f_code.co_name in ("replica_step", "train_step"):
+            return True  # run eagerly
+        if not name.startswith(tensorflow):
+            return False
+        frame = frame.f_back
+    return True  # TensorFlow's executor ran the step
 
 
 def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]:
