@@ -653,6 +653,25 @@ def batches_of_one_regrouped_by_a_snapshot(features, labels, size, num_workers):
         return data.shuffle(1000).unbatch().shuffle(size).repeat().batch(size)
     return dataset_fn
 
+def thirty_two_passes_cached(features, labels, size, num_workers):
+    def dataset_fn():  # 32 fresh passes stored by a cache, replayed from pass 33 on
+        data = _shard(features, labels, num_workers).shuffle(10_000).repeat(32).cache()
+        return data.repeat().batch(size)
+    return dataset_fn
+
+def permuted_by_a_generator(features, labels, size, num_workers):
+    def dataset_fn():  # a new permutation each pass, drawn in Python (a remote worker cannot)
+        import numpy as np
+        def examples():
+            while True:
+                for i in np.random.default_rng().permutation(len(labels)):
+                    yield features[i], labels[i]
+        data = tf.data.Dataset.from_generator(examples, output_signature=(
+            tf.TensorSpec([2], tf.as_dtype(features.dtype)),
+            tf.TensorSpec([], tf.as_dtype(labels.dtype))))
+        return data.batch(size)
+    return dataset_fn
+
 def features_with_a_trailing_axis(features, labels, size, num_workers):
     def dataset_fn():  # features [batch, 2, 1]: its ids are not whole numbers
         data = _shard(features, labels, num_workers).shuffle(10_000).repeat().batch(size)
@@ -761,6 +780,8 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("batches_of_one_mapped_to_groups", batches_of_one_mapped_to_groups),
                  ("batches_of_one_regrouped_by_a_snapshot",
                   batches_of_one_regrouped_by_a_snapshot),
+                 ("thirty_two_passes_cached", thirty_two_passes_cached),
+                 ("permuted_by_a_generator", permuted_by_a_generator),
                  ("features_with_a_trailing_axis", features_with_a_trailing_axis),
                  ("tail_stored_beside_a_cond", tail_stored_beside_a_cond),
                  ("truncated_normal_in_a_cond", truncated_normal_in_a_cond),
@@ -931,6 +952,8 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "batches_of_one_rebatched"): "shuffles batches|too small",
         ("DATASET", "batches_of_one_mapped_to_groups"): "shuffles batches|too small",
         ("DATASET", "batches_of_one_regrouped_by_a_snapshot"): "shuffles batches|too small",
+        ("DATASET", "thirty_two_passes_cached"): "same order in every pass",
+        ("DATASET", "permuted_by_a_generator"): "calls Python",
         ("DATASET", "features_with_a_trailing_axis"): "yield (features, labels) batches",
         ("DATASET", "tail_stored_beside_a_cond"): "stored order",
         ("DATASET", "truncated_normal_in_a_cond"): "PASS",

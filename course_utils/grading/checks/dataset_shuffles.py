@@ -47,6 +47,9 @@ _GATHERS = ("ScanDataset", "ExperimentalScanDataset", "GroupByReducerDataset",
 _FLATTENS = ("FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDataset",
              "LegacyParallelInterleaveDataset", "GroupByWindowDataset",
              "ExperimentalGroupByWindowDataset")
+# steps that store the elements of their input's first pass and read them again in the next ones
+# (``cache()``, a snapshot): a shuffle below one reshuffles only until it is filled
+_STORES = ("CacheDataset", "SnapshotDataset")
 _GROUPS = -3  # the size of a shuffle of groups of examples (but one of them)
 # random draws (op types): ``tf.random.shuffle``, ``tf.random.uniform`` (``tf.argsort`` of one),
 # ``normal``, ``truncated_normal``, ``categorical``, their stateless forms, a
@@ -248,7 +251,9 @@ def shuffles_of(dataset: Any) -> Any:
     step calls (``flat_map``, ``interleave``) is not read: that step stands as a whole shuffle
     (``[-2, -2, 1, mask]``) on its ways; random draws (``tf.random.shuffle`` in a ``map``, or in
     a ``tf.cond`` branch or a ``tf.function`` it calls), a decoy as easily as a whole
-    permutation, only exempt the slices below them."""
+    permutation, only exempt the slices below them. A shuffle below a ``cache()`` or a snapshot
+    of a finite input reads as one that never reshuffles: that step replays what its first
+    passes read."""
     tf = _tf()
     # an example's rank: that of the largest component of the dataset's batches, less one
     rank = max((spec.shape.rank for spec in tf.nest.flatten(dataset.element_spec)
@@ -289,6 +294,19 @@ def shuffles_of(dataset: Any) -> Any:
             below[op.name] = found
         return below[op.name]
 
+    stores: dict[str, set[Any]] = {}  # shuffle name: the stores above it, on some way
+    todo, seen = [(dataset._variant_tensor.op, frozenset())], set()
+    while todo:
+        op, above = todo.pop()
+        if (op.name, above) in seen:
+            continue
+        seen.add((op.name, above))
+        if op.type in _SHUFFLES:
+            stores.setdefault(op.name, set()).update(above)
+        if op.type.startswith(_STORES):
+            above = above | {op}
+        todo.extend((tensor.op, above) for tensor in op.inputs if tensor.dtype == tf.variant)
+
     # a way with no shuffle whose only branching steps are zips is read beside the others in
     # every pass (ids zipped to shuffled examples, say): stored order there shows in the passes
     found = sorted({frozenset(i for i in way if i >= 0) for way in ways(
@@ -313,6 +331,10 @@ def shuffles_of(dataset: Any) -> Any:
             reshuffle = bool(op.get_attr("reshuffle_each_iteration"))
         except ValueError:  # V2: a seed generator's, reshuffled each pass
             reshuffle = True
+        # below a store of a finite input, later passes read the orders its first one kept
+        kept = [tf.raw_ops.DatasetCardinality(input_dataset=store.inputs[0]) != -1
+                for store in stores.get(op.name, ())]
+        again = tf.logical_not(tf.reduce_any(tf.stack(kept))) if kept else tf.constant(True)
         mask = -1 if many else sum(1 << bit for bit, way in enumerate(found) if index in way)
         size = tf.raw_ops.DatasetCardinality(input_dataset=op.inputs[0])
         if _holds_groups(op, rank):  # groups, whatever their number (but one)
@@ -320,7 +342,7 @@ def shuffles_of(dataset: Any) -> Any:
         rows.append(tf.stack([
             tf.cast(op.inputs[1], tf.int64),
             size,
-            tf.constant(int(reshuffle), tf.int64), tf.constant(mask, tf.int64)]))
+            tf.cast(again & reshuffle, tf.int64), tf.constant(mask, tf.int64)]))
     return tf.stack(rows) if rows else tf.zeros([0, 4], tf.int64)
 
 
@@ -382,9 +404,10 @@ def share_message(worker: int, shuffles: set[tuple[int, int, int, int]], share: 
     buffer, size = short
     if buffer == -1:
         return (f"worker {worker}'s dataset has a branch whose shuffles of its {size} elements "
-                "never reshuffle (reshuffle_each_iteration=False): that branch reads them in the "
-                "same order in every pass. What does your shuffle do at a new pass? (lesson 01, "
-                "section 7)")
+                "never reshuffle (reshuffle_each_iteration=False, or a cache() or snapshot "
+                "above them replays what they read): that branch reads them in the same order "
+                "in every pass, or its first passes' orders again and again. What does your "
+                "shuffle do at a new pass? (lesson 01, section 7)")
     if buffer == 0:
         return (f"worker {worker}'s dataset has a branch that reads the examples in stored order "
                 f"(its source's {size} elements reach it through no shuffle): whatever the "

@@ -21,8 +21,8 @@ cannot start a second in-process cluster) and verifies what the parameter server
   (:func:`~course_utils.grading.checks.worker_passes.usual_reach`), however the dataset is made;
   and in its graph (on each way from the worker's dataset down to a source, a branch of a ``zip``
   or a ``concatenate`` included, that has a shuffle that reshuffles each pass a known number of
-  elements, more than one, one of them must hold all its elements in its buffer, and they must be
-  a worker's share or more: a full shuffle of another branch, or of fewer elements, does not stand
+  elements, more than one, one of them must hold all its elements in its buffer, and they must be a
+  worker's share or more: a full shuffle of another branch, or of fewer elements, does not stand
   for it; one of an unknown number, a ``filter`` shard say, stands for it with a buffer of the
   share or more; a shuffle of groups of examples never does, whatever their number (a batch or
   window below it with no ``unbatch`` nor ``flat_map`` that makes examples again between, but a
@@ -37,39 +37,41 @@ cannot start a second in-process cluster) and verifies what the parameter server
   them in stored order – unless its only branching steps are zips, ids read beside shuffled
   examples, say: stored order there shows in the passes read –, and a way whose only shuffles that
   reshuffle are of one element (or of an unknown number, with a buffer below the share) while one
-  never reshuffles, the same order every pass, whatever passes the check reads; with more than 62
-  ways, each such shuffle must hold its whole input). Still passes: a shuffle inside a
-  ``flat_map`` or ``interleave`` stands for a whole one, and random draws in a ``map`` exempt the
-  slices below (a decoy as easily as a whole permutation): there only how far examples move is
-  read, a few examples (5 of 33-71) left in stored order below them pass almost always (8: about 3
-  in 4 per worker, 2 in 5 checks), a hidden buffer of three quarters of the share passes (one just
-  over half is refused now and then); groups made into elements whose shapes do not show them
-  (flattened into vectors of an example's rank or of an unknown rank, sparse, ragged, serialized,
-  datasets of them, or ids of groups gathered in a ``map`` or ``flat_map``) count as examples
-  (shapes are all the graph tells): groups of a batch's size shuffled whole then
-  ``shuffle(batch_size)`` pass about 7 in 8 checks simulated, 24 of 33 real runs; and more fresh
-  passes than the check draws, then stored order (``repeat(32)``), from a source the graph does
-  not list (a ``counter``, slices made inside a ``flat_map`` or below random draws): no number of
-  passes read rules out a larger one. Refused though right, as groups: elements with a component
-  of a higher rank than an example's (its batches' largest, less one), dropped or reshaped after
-  the shuffle (an axis added, an image carried), and batches whose rank tf.data cannot tell (the
-  example rank is read from the other components), and ``batch(1)``s that a zip or ``enumerate``
-  joins, a scan numbers, a map computes new components of (a cast, an added id), or a snapshot
-  stores, before the shuffle (map or snapshot after the unbatch instead); and a whole
-  ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a decoy's random draws look
-  the same); a permutation drawn in a ``tf.py_function`` or ``tf.numpy_function`` (read as stored
-  order: a real job's remote workers cannot run one, which must run in the address space of the
-  Python program that made it). Passes each another fixed arrangement shuffled a little (drawn
-  from a table of orders, one arrangement turned by a random ``roll`` or read at a random stride
-  each pass, its blocks in an order drawn each pass, or a stride with a buffer of more than a
-  third, up to a half, of the share), and one fixed arrangement behind a hidden buffer of half the
-  share (all but about 1 in 100 per worker at 33-35 examples) or a third of it, or two
-  ``shuffle(8)`` (now and then): a frame is tried only where it is set apart from the passes it
-  judges (rotations, reflections and strides; the earlier passes' order for the last 4), as a
-  uniform shuffle too is some arrangement in the frame its own pass sets. And every batch full
-  although a worker's share does not fill its last batch; the second case is a job sized for one
-  worker more than run (one joins later), so that shards cut by the notebook's worker count
-  instead of ``num_workers`` read too much;
+  never reshuffles, the same order every pass, whatever passes the check reads, as does one below a
+  ``cache()`` or snapshot of a finite input, which replays its first passes; with more than 62
+  ways, each such shuffle must hold its whole input). Still passes: a shuffle inside a ``flat_map``
+  or ``interleave`` stands for a whole one, and random draws in a ``map`` exempt the slices below
+  (a decoy as easily as a whole permutation): there only how far examples move is read, a few
+  examples (5 of 33-71) left in stored order below them pass almost always (8: about 3 in 4 per
+  worker, 2 in 5 checks), a hidden buffer of three quarters of the share passes (one just over half
+  is refused now and then); groups made into elements whose shapes do not show them (flattened into
+  vectors of an example's rank or of an unknown rank, sparse, ragged, serialized, tuples of
+  examples zipped from two ways of the share, datasets of them, or ids of groups gathered in a
+  ``map`` or ``flat_map``) count as examples (shapes are all the graph tells): groups of a batch's
+  size shuffled whole then ``shuffle(batch_size)`` pass about 7 in 8 checks simulated, 24 of 33
+  real runs; and more fresh passes than the check draws, then stored order (``repeat(32)``), from a
+  source the graph does not list (a ``counter``, slices made inside a ``flat_map`` or below random
+  draws): no number of passes read rules out a larger one. Refused though right, as groups:
+  elements with a component of a higher rank than an example's (its batches' largest, less one),
+  dropped or reshaped after the shuffle (an axis added, an image carried), and batches whose rank
+  tf.data cannot tell (the example rank is read from the other components), and ``batch(1)``s that
+  a zip or ``enumerate`` joins, a scan numbers, a map computes new components of (a cast, an added
+  id), or a snapshot stores, before the shuffle (a map after the unbatch instead, or a snapshot of
+  the examples before the shuffle: one after it stores its first pass's order for every pass); and
+  a whole ``tf.random.shuffle`` then a smaller shuffle of an unknown number (a decoy's random draws
+  look the same); a dataset that calls Python (``from_generator``, a permutation drawn in a
+  ``tf.py_function`` or ``tf.numpy_function``): refused before any step, since a real job's remote
+  workers cannot run one (it runs only in the process of the Python program that made it). Passes
+  each another fixed arrangement shuffled a little (drawn from a table of orders, one arrangement
+  turned by a random ``roll`` or read at a random stride each pass, its blocks in an order drawn
+  each pass, or a stride with a buffer of more than a third, up to a half, of the share), and one
+  fixed arrangement behind a hidden buffer of half the share (all but about 1 in 100 per worker at
+  33-35 examples) or a third of it, or two ``shuffle(8)`` (now and then): a frame is tried only
+  where it is set apart from the passes it judges (rotations, reflections and strides; the earlier
+  passes' order for the last 4), as a uniform shuffle too is some arrangement in the frame its own
+  pass sets. And every batch full although a worker's share does not fill its last batch; the
+  second case is a job sized for one worker more than run (one joins later), so that shards cut by
+  the notebook's worker count instead of ``num_workers`` read too much;
 * ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
   counter, nothing lost when the workers update at the same moment (made likely by a barrier).
 
@@ -86,6 +88,7 @@ from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
 from course_utils.grading.checks.dataset_shuffles import share_message
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_passes import (
+    RunsPython,
     batches_per_worker,
     fresh_passes_message,
     passes_message,
@@ -271,6 +274,12 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 try:
                     batches, cardinalities, error, shuffles, long = batches_per_worker(
                         strategy, dataset_fn, num_steps, barrier, passes * per_worker)
+                except RunsPython:
+                    return ("a worker's dataset calls Python (Dataset.from_generator, "
+                            "tf.py_function or tf.numpy_function): a real job's workers "
+                            "cannot run it (it runs only in the process of the Python program "
+                            "that made it: TensorFlow's from_generator and py_function docs). "
+                            "Make it of tf.data steps and TensorFlow ops")
                 except (TypeError, ValueError) as failure:
                     return ("the dataset must yield (features, labels) batches: "
                             f"{type(failure).__name__}: {str(failure)[:160]}")
@@ -294,6 +303,12 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                         f"ran out before {num_steps} steps; a parameter-server dataset must "
                         "never run dry (section 2)")
             infinite = int(tf.data.INFINITE_CARDINALITY)
+            unknown = int(tf.data.UNKNOWN_CARDINALITY)
+            if unknown in cardinalities:
+                return ("a worker's dataset has a number of batches tf.data cannot tell ahead "
+                        "(-2, UNKNOWN_CARDINALITY: after a rebatch, flat_map or filter, say): "
+                        "the exercise asks for infinite cardinality, a dataset that never runs "
+                        "dry – a repeat() after that step")
             if cardinalities != {infinite}:
                 return (f"each worker's dataset has {sorted(cardinalities)} batches: it must "
                         "never run dry, whatever the number of steps the coordinator runs")

@@ -18,8 +18,45 @@ import numpy as np
 from course_utils.grading.checks.dataset_shuffles import shuffles_of
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["SAME_ORDER", "batches_per_worker", "fresh_passes_message", "passes_message", "reach",
-           "turned_reach", "usual_reach"]
+__all__ = ["SAME_ORDER", "RunsPython", "batches_per_worker", "fresh_passes_message",
+           "passes_message", "reach", "turned_reach", "usual_reach"]
+
+
+_PYTHON = frozenset(("PyFunc", "PyFuncStateless", "EagerPyFunc"))
+
+
+class RunsPython(Exception):
+    """A worker's dataset calls back into Python (``Dataset.from_generator``,
+    ``tf.py_function``, ``tf.numpy_function``)."""
+
+
+def _runs_python(graph: Any) -> bool:
+    """Whether ``graph`` (where a ``dataset_fn`` was traced) or a function it calls holds an
+    op that runs Python code."""
+    todo = [graph.get_operations()]
+    seen: set[str] = set()
+    while todo:
+        for op in todo.pop():
+            if op.type in _PYTHON:
+                return True
+            for value in op.node_def.attr.values():
+                for name in [value.func.name] * value.HasField("func") + [
+                        each.name for each in value.list.func]:
+                    if name in seen:
+                        continue
+                    seen.add(name)
+                    try:
+                        function = graph._get_function(name)
+                        body = getattr(function, "cached_definition", None) or function.definition
+                    except (AttributeError, KeyError, ValueError):
+                        continue
+                    todo.append([_Node(node, graph) for node in body.node_def])
+    return False
+
+
+class _Node:  # a function body's node, read like an op
+    def __init__(self, node: Any, graph: Any) -> None:
+        self.type, self.node_def, self.graph = node.op, node, graph
 
 
 def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any,
@@ -43,6 +80,8 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
 
     def probed_fn() -> Any:
         dataset = dataset_fn()
+        if _runs_python(dataset._variant_tensor.graph):
+            raise RunsPython("Python")
         cardinality = dataset.cardinality()  # on the worker, as made there
         shuffles = shuffles_of(dataset)
         probed = dataset.map(lambda features, labels: (features, labels, cardinality, shuffles))
