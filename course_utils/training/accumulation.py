@@ -20,7 +20,8 @@ def split_into_calls(
     """Split ``batches`` into calls of ``(micro-batches per update, updates)``.
 
     Each call makes up to ``steps_per_execution`` updates of ``accumulation_steps`` batches; a
-    last group of fewer than ``accumulation_steps`` batches makes one more, smaller update.
+    last group of fewer than ``accumulation_steps`` batches makes one more update, from fewer
+    examples.
     """
     full, rest = divmod(batches, accumulation_steps)
     calls = [
