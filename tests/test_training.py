@@ -326,7 +326,8 @@ def _kill_after_epoch(last: int):
     return on_epoch_end
 
 
-@pytest.mark.parametrize("given", ["dataset function", "dataset", "dataset per epoch"])
+@pytest.mark.parametrize("given", ["dataset function", "dataset", "dataset per epoch",
+                                   "dataset reshuffled per epoch"])
 def test_a_killed_and_resumed_run_reads_on_and_equals_an_uninterrupted_one(tmp_path, given):
     x, y = make_data(256)  # 8 global batches of 32: 12 steps read part of them twice
 
@@ -336,15 +337,21 @@ def test_a_killed_and_resumed_run_reads_on_and_equals_an_uninterrupted_one(tmp_p
         data = data.shard(context.num_input_pipelines, context.input_pipeline_id)
         return data.batch(batch, drop_remainder=True)
 
+    def reshuffled():  # made anew by each run, as by a restarted process
+        data = tf.data.Dataset.from_tensor_slices((x[:128], y[:128]))
+        return data.shuffle(128, seed=1).batch(32)  # a new order each epoch
+
     data, steps_per_epoch, epochs = {
         "dataset function": (dataset_fn, 3, 4),
         "dataset": (dataset(x, y, 32).repeat(), 3, 4),
         "dataset per epoch": (dataset(x[:128], y[:128], 32), None, 2),  # 4 steps an epoch
+        "dataset reshuffled per epoch": (None, None, 3),  # resumed in its second epoch of 3
     }[given]
 
     def run(directory, kill_after=None):
         trainer = make_trainer(mirrored4(), checkpoint_dir=directory, verbose=0)
-        trainer.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch,
+        trainer.fit(reshuffled() if data is None else data, epochs=epochs,
+                    steps_per_epoch=steps_per_epoch,
                     on_epoch_end=None if kill_after is None else _kill_after_epoch(kill_after))
         return trainer
 

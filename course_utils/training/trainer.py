@@ -207,12 +207,11 @@ class Trainer:
         run interrupted earlier resumes at the step it last saved. ``on_epoch_end(epoch, logs)``
         is called after each epoch's checkpoint. A resumed run also reads and discards the
         distributed batches the interrupted run had read (``skip_read_batches``), whatever the
-        sharding, so it reads what an uninterrupted run would have read next when the pipeline
-        reads in a deterministic order: data that repeats (``steps_per_epoch`` given), or
-        finite data in the same order every epoch. A finite dataset reshuffled each epoch
-        starts a resumed later epoch in its first epoch's order (a fresh iterator), and a
-        pipeline with ``deterministic=False`` reads other batches. Not under parameter
-        servers: there the per-worker iterators start the data again.
+        sharding; finite data resumed in a later epoch first makes (and drops) one iterator per
+        epoch before it, as the interrupted run did, so that a shuffle reshuffled each epoch
+        draws that epoch's order. So it reads what an uninterrupted run would have read next
+        when the pipeline reads in a deterministic order (not with ``deterministic=False``).
+        Not under parameter servers: there the per-worker iterators start the data again.
         """
         if int(epochs) != epochs or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
@@ -227,7 +226,8 @@ class Trainer:
             history[metric.name] = []
         iterator = None
         for epoch in range(start_epoch, epochs):
-            iterator = self._epoch_iterator(data, iterator, steps_per_epoch, done_in_epoch)
+            iterator = self._epoch_iterator(data, iterator, steps_per_epoch, done_in_epoch,
+                                            epoch)
             logs = self._run_epoch(iterator, steps - done_in_epoch, epoch, epochs)
             done_in_epoch = 0
             for key, value in logs.items():
@@ -239,7 +239,8 @@ class Trainer:
         return history
 
     def _epoch_iterator(
-        self, data: DataLike, iterator: Any, steps_per_epoch: int | None, done_in_epoch: int
+        self, data: DataLike, iterator: Any, steps_per_epoch: int | None, done_in_epoch: int,
+        epoch: int,
     ) -> Any:
         """The iterator for the next epoch: the same one when the data repeats, else a new one."""
         repeating = self._coordinator_loop is not None or steps_per_epoch is not None
@@ -248,7 +249,12 @@ class Trainer:
         if self._coordinator_loop is not None:
             return self._coordinator_loop.per_worker_iterator(data)  # not skipped on resume
         # Resumed: skip what the interrupted run read. Repeating data is one iterator for the
-        # whole run (run_step batches read); otherwise each epoch starts the data again.
+        # whole run (run_step batches read); otherwise each epoch starts the data again, from
+        # an iterator made as the interrupted run made one per epoch before it: a shuffle
+        # reshuffled each epoch draws its order when an iterator is made.
+        if not repeating and iterator is None:
+            for _ in range(epoch):
+                iter(distribute(self.strategy, data))
         read = self.run_step if repeating else done_in_epoch
         return skip_read_batches(iter(distribute(self.strategy, data)), read)
 
