@@ -672,6 +672,30 @@ def permuted_by_a_generator(features, labels, size, num_workers):
         return data.batch(size)
     return dataset_fn
 
+def passes_cached_behind_a_flat_map(features, labels, size, num_workers):
+    def dataset_fn():  # 32 whole shuffles made inside a flat_map, cached, then replayed
+        shard = _shard(features, labels, num_workers)
+        data = tf.data.Dataset.from_tensors(0).flat_map(lambda _: shard.shuffle(10_000))
+        return data.repeat(32).cache().repeat().batch(size)
+    return dataset_fn
+
+def passes_cached_behind_a_sample(features, labels, size, num_workers):
+    def dataset_fn():  # the same, the cache's input read as endless (a dummy never drawn)
+        shard = _shard(features, labels, num_workers)
+        dummy = tf.data.Dataset.from_tensors((features[0], labels[0])).repeat()
+        data = tf.data.Dataset.sample_from_datasets(
+            [shard.shuffle(10_000).repeat(32), dummy], weights=[1.0, 1e-30],
+            stop_on_empty_dataset=True)
+        return data.cache().repeat().batch(size)
+    return dataset_fn
+
+def made_outside_dataset_fn(features, labels, size, num_workers):
+    examples = tf.data.Dataset.from_tensor_slices((features, labels))  # on the coordinator
+    def dataset_fn():
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        return examples.shard(num_workers, worker).shuffle(10_000).repeat().batch(size)
+    return dataset_fn
+
 def features_with_a_trailing_axis(features, labels, size, num_workers):
     def dataset_fn():  # features [batch, 2, 1]: its ids are not whole numbers
         data = _shard(features, labels, num_workers).shuffle(10_000).repeat().batch(size)
@@ -782,6 +806,9 @@ for name, fn in [("right", make()), ("stub", stub),
                   batches_of_one_regrouped_by_a_snapshot),
                  ("thirty_two_passes_cached", thirty_two_passes_cached),
                  ("permuted_by_a_generator", permuted_by_a_generator),
+                 ("passes_cached_behind_a_flat_map", passes_cached_behind_a_flat_map),
+                 ("passes_cached_behind_a_sample", passes_cached_behind_a_sample),
+                 ("made_outside_dataset_fn", made_outside_dataset_fn),
                  ("features_with_a_trailing_axis", features_with_a_trailing_axis),
                  ("tail_stored_beside_a_cond", tail_stored_beside_a_cond),
                  ("truncated_normal_in_a_cond", truncated_normal_in_a_cond),
@@ -954,6 +981,9 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "batches_of_one_regrouped_by_a_snapshot"): "shuffles batches|too small",
         ("DATASET", "thirty_two_passes_cached"): "same order in every pass",
         ("DATASET", "permuted_by_a_generator"): "calls Python",
+        ("DATASET", "passes_cached_behind_a_flat_map"): "same order in every pass",
+        ("DATASET", "passes_cached_behind_a_sample"): "same order in every pass",
+        ("DATASET", "made_outside_dataset_fn"): "inside dataset_fn",
         ("DATASET", "features_with_a_trailing_axis"): "yield (features, labels) batches",
         ("DATASET", "tail_stored_beside_a_cond"): "stored order",
         ("DATASET", "truncated_normal_in_a_cond"): "PASS",

@@ -251,9 +251,11 @@ def shuffles_of(dataset: Any) -> Any:
     step calls (``flat_map``, ``interleave``) is not read: that step stands as a whole shuffle
     (``[-2, -2, 1, mask]``) on its ways; random draws (``tf.random.shuffle`` in a ``map``, or in
     a ``tf.cond`` branch or a ``tf.function`` it calls), a decoy as easily as a whole
-    permutation, only exempt the slices below them. A shuffle below a ``cache()`` or a snapshot
-    of a finite input reads as one that never reshuffles: that step replays what its first
-    passes read."""
+    permutation, only exempt the slices below them. A shuffle below a ``cache()`` or a snapshot,
+    or a step that stands as one, reads as one that never reshuffles: that step replays what its
+    first passes read (its input's cardinality can read infinite where the input ends, a
+    ``sample_from_datasets`` with ``stop_on_empty_dataset``, say), and of an endless input holds
+    every element read."""
     tf = _tf()
     # an example's rank: that of the largest component of the dataset's batches, less one
     rank = max((spec.shape.rank for spec in tf.nest.flatten(dataset.element_spec)
@@ -301,8 +303,7 @@ def shuffles_of(dataset: Any) -> Any:
         if (op.name, above) in seen:
             continue
         seen.add((op.name, above))
-        if op.type in _SHUFFLES:
-            stores.setdefault(op.name, set()).update(above)
+        stores.setdefault(op.name, set()).update(above)
         if op.type.startswith(_STORES):
             above = above | {op}
         todo.extend((tensor.op, above) for tensor in op.inputs if tensor.dtype == tf.variant)
@@ -323,18 +324,19 @@ def shuffles_of(dataset: Any) -> Any:
                 tf.raw_ops.DatasetCardinality(input_dataset=op.outputs[0]),
                 tf.constant(1, tf.int64), tf.constant(mask, tf.int64)]))
             continue
+        # below a store, later passes read the orders its first ones kept (its input's
+        # cardinality can read infinite where the input ends, and a store of an endless input
+        # holds every element read: no right answer stores a shuffle's orders)
+        again = tf.constant(not stores.get(op.name))
         if op.type not in _SHUFFLES:  # a step whose function makes a shuffle: read as whole
             mask = -1 if many else sum(1 << bit for bit, way in enumerate(found) if index in way)
-            rows.append(tf.constant([_UNBOUNDED, -2, 1, mask], tf.int64))
+            rows.append(tf.stack([tf.constant(_UNBOUNDED, tf.int64), tf.constant(-2, tf.int64),
+                                  tf.cast(again, tf.int64), tf.constant(mask, tf.int64)]))
             continue
         try:
             reshuffle = bool(op.get_attr("reshuffle_each_iteration"))
         except ValueError:  # V2: a seed generator's, reshuffled each pass
             reshuffle = True
-        # below a store of a finite input, later passes read the orders its first one kept
-        kept = [tf.raw_ops.DatasetCardinality(input_dataset=store.inputs[0]) != -1
-                for store in stores.get(op.name, ())]
-        again = tf.logical_not(tf.reduce_any(tf.stack(kept))) if kept else tf.constant(True)
         mask = -1 if many else sum(1 << bit for bit, way in enumerate(found) if index in way)
         size = tf.raw_ops.DatasetCardinality(input_dataset=op.inputs[0])
         if _holds_groups(op, rank):  # groups, whatever their number (but one)
@@ -384,7 +386,8 @@ def unshuffled_share(shuffles: set[tuple[int, int, int, int]],
             for bit in range(mask.bit_length()) if mask >> bit & 1}
     for bit in sorted(bits):
         on = [row for row in shuffles if row[3] > 0 and row[3] >> bit & 1 and row[0] != 0]
-        fixed = [(buffer, size) for buffer, size, reshuffle, _ in on if size > 1]
+        fixed = [(buffer, size) for buffer, size, reshuffle, _ in on
+                 if size > 1 or (buffer, size) == (_UNBOUNDED, _UNKNOWN)]  # a step read as whole
         if fixed and not any(reshuffle and (size > 1 or size < 0 and (
                 buffer == _UNBOUNDED or buffer >= share)) for buffer, size, reshuffle, _ in on):
             return (-1, max(size for _, size in fixed))
@@ -403,11 +406,13 @@ def share_message(worker: int, shuffles: set[tuple[int, int, int, int]], share: 
         return None
     buffer, size = short
     if buffer == -1:
-        return (f"worker {worker}'s dataset has a branch whose shuffles of its {size} elements "
+        its = f"its {size} elements" if size > 0 else "its elements"
+        return (f"worker {worker}'s dataset has a branch whose shuffles of {its} "
                 "never reshuffle (reshuffle_each_iteration=False, or a cache() or snapshot "
-                "above them replays what they read): that branch reads them in the same order "
-                "in every pass, or its first passes' orders again and again. What does your "
-                "shuffle do at a new pass? (lesson 01, section 7)")
+                "above them replays what they read, and holds every element read of an endless "
+                "stream): that branch reads them in the same order in every pass, or its first "
+                "passes' orders again and again. What does your shuffle do at a new pass? "
+                "(lesson 01, section 7)")
     if buffer == 0:
         return (f"worker {worker}'s dataset has a branch that reads the examples in stored order "
                 f"(its source's {size} elements reach it through no shuffle): whatever the "

@@ -38,8 +38,9 @@ cannot start a second in-process cluster) and verifies what the parameter server
   examples, say: stored order there shows in the passes read –, and a way whose only shuffles that
   reshuffle are of one element (or of an unknown number, with a buffer below the share) while one
   never reshuffles, the same order every pass, whatever passes the check reads, as does one below a
-  ``cache()`` or snapshot of a finite input, which replays its first passes; with more than 62
-  ways, each such shuffle must hold its whole input). Still passes: a shuffle inside a ``flat_map``
+  ``cache()`` or snapshot (a ``flat_map`` or ``interleave`` that shuffles included), which replays
+  its first passes, or holds every element of an endless input; with more than 62 ways, each such
+  shuffle must hold its whole input). Still passes: a shuffle inside a ``flat_map``
   or ``interleave`` stands for a whole one, and random draws in a ``map`` exempt the slices below
   (a decoy as easily as a whole permutation): there only how far examples move is read, a few
   examples (5 of 33-71) left in stored order below them pass almost always (8: about 3 in 4 per
@@ -88,10 +89,10 @@ from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
 from course_utils.grading.checks.dataset_shuffles import share_message
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_passes import (
-    RunsPython,
     batches_per_worker,
     fresh_passes_message,
     passes_message,
+    unmade_dataset_message,
 )
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -274,15 +275,13 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 try:
                     batches, cardinalities, error, shuffles, long = batches_per_worker(
                         strategy, dataset_fn, num_steps, barrier, passes * per_worker)
-                except RunsPython:
-                    return ("a worker's dataset calls Python (Dataset.from_generator, "
-                            "tf.py_function or tf.numpy_function): a real job's workers "
-                            "cannot run it (it runs only in the process of the Python program "
-                            "that made it: TensorFlow's from_generator and py_function docs). "
-                            "Make it of tf.data steps and TensorFlow ops")
                 except (TypeError, ValueError) as failure:
                     return ("the dataset must yield (features, labels) batches: "
                             f"{type(failure).__name__}: {str(failure)[:160]}")
+                except Exception as failure:  # Python in it, or a worker could not make it
+                    if unmade_dataset_message(failure) is None:
+                        raise
+                    return unmade_dataset_message(failure)
                 if not isinstance(error, TimeoutError):
                     break
             else:

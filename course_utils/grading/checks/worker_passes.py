@@ -19,7 +19,7 @@ from course_utils.grading.checks.dataset_shuffles import shuffles_of
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["SAME_ORDER", "RunsPython", "batches_per_worker", "fresh_passes_message",
-           "passes_message", "reach", "turned_reach", "usual_reach"]
+           "passes_message", "reach", "turned_reach", "unmade_dataset_message", "usual_reach"]
 
 
 _PYTHON = frozenset(("PyFunc", "PyFuncStateless", "EagerPyFunc"))
@@ -28,6 +28,22 @@ _PYTHON = frozenset(("PyFunc", "PyFuncStateless", "EagerPyFunc"))
 class RunsPython(Exception):
     """A worker's dataset calls back into Python (``Dataset.from_generator``,
     ``tf.py_function``, ``tf.numpy_function``)."""
+
+
+def unmade_dataset_message(failure: Exception) -> str | None:
+    """What to tell a learner whose ``dataset_fn`` no worker could run (None: another
+    failure): one that calls Python, or uses a dataset made on the coordinator."""
+    if isinstance(failure, RunsPython):
+        return ("a worker's dataset calls Python (Dataset.from_generator, tf.py_function or "
+                "tf.numpy_function): a real job's workers cannot run it (it runs only in the "
+                "process of the Python program that made it: TensorFlow's from_generator and "
+                "py_function docs). Make it of tf.data steps and TensorFlow ops")
+    if type(failure).__name__ != "ClosureInputError":
+        return None
+    said = str(failure).split("error message is ")[-1].splitlines()[0][:160]
+    return (f"a worker could not make its dataset ({said}): is every step of it made inside "
+            "dataset_fn? A dataset made here, on the coordinator, cannot be copied to a "
+            "worker (lesson 04: datasets are made inside a dataset_fn, once per worker)")
 
 
 def _runs_python(graph: Any) -> bool:
