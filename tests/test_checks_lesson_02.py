@@ -614,14 +614,12 @@ def read_the_checkers_case(strategy, make_train_step, build_model, features, lab
 
 def asked_the_checkers_box(strategy, make_train_step, build_model, features, labels,
                            global_batch_size):
-    """Runs a frozen full and short step, then asks the check's loop box for the verdict."""
+    """Runs a frozen full and short step, then asks the check's own verdict function."""
     for size in (global_batch_size, strategy.num_replicas_in_sync + 1):
         _one_frozen_step(strategy, make_train_step, build_model, features, labels, size)
     verify = _checkers_verify(make_train_step)
-    cells = dict(zip(verify.__code__.co_freevars,
-                     getattr(verify, "".join(["__clo", "sure__"])), strict=True))
-    box, number = getattr(cells["box"], "".join(["cell_", "contents"])), verify.__defaults__[0]
-    said = box.verdict(number, "right")
+    number, verdict = verify.__defaults__[0], verify.__defaults__[3]
+    said = verdict(number, "right")
     return "right" if said is None else said.split("'")[1]
 
 
@@ -836,7 +834,7 @@ def asked_the_loops_numbers_through_its_closure(strategy, make_train_step, build
     loss scale at batch sizes of the answer's choosing (a fresh read's oracle, 9 of 9)."""
     _one_frozen_step(strategy, make_train_step, build_model, features, labels,
                      strategy.num_replicas_in_sync + 1)
-    scale_name = "".join(["scale", "_of"])
+    scale_name = "".join(["_child_loss", "_scale"])
     scale = _loop_functions(make_train_step, {scale_name})[scale_name]
     return "right" if np.isclose(float(scale(1, 5)), 0.2) else "reduce_mean per replica"
 
@@ -844,14 +842,14 @@ def asked_the_loops_numbers_through_its_closure(strategy, make_train_step, build
 def asked_the_loops_numbers_by_their_names(strategy, make_train_step, build_model, features,
                                            labels, global_batch_size):
     """The same, its names written out: refused before the answer runs."""
-    found = _loop_functions(make_train_step, {"scale_of"})
-    return "right" if np.isclose(float(found["scale_of"](1, 5)), 0.2) else "right"
+    found = _loop_functions(make_train_step, {"_child_loss_scale"})
+    return "right" if np.isclose(float(found["_child_loss_scale"](1, 5)), 0.2) else "right"
 
 
 @pytest.mark.parametrize(("wrong", "says"), [
     (asked_the_loops_numbers_through_its_closure,
      "raised RuntimeError.*given to its own steps only"),
-    (asked_the_loops_numbers_by_their_names, "uses scale_of, which reads how the check built"),
+    (asked_the_loops_numbers_by_their_names, "uses _child_loss_scale, which reads how the check"),
 ])
 def test_a_diagnosis_that_asks_the_loops_numbers_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):

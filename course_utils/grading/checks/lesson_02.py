@@ -196,9 +196,10 @@ SHORT_BATCH_DIAGNOSES = ("right", "constant global_batch_size on a short batch",
 #: ones: a guess among the short-batch kinds not yet answered passed 1 check in 6 without them
 #: (a fresh read's runs), 1 in 405 with 3 of them (the best fixed guess; 97 of 40,000 real decks).
 EXTRA_SHORT_BATCH_LOOPS = 3
-#: What hands a loop's own numbers over without running it: its closure's functions, the box
-#: that asks the loops' child, TensorFlow's registry of ``numpy_function``s that holds them.
-LOOP_READERS = frozenset({"scale_of", "report_of", "_ask", "_child", "_py_funcs", "_funcs"})
+#: Names by which an answer would reach a loop's own numbers without running it: its closure's
+#: functions, the box that asks the loops' child, TensorFlow's registry of ``numpy_function``s.
+LOOP_READERS = frozenset({"_child_loss_scale", "_child_report_factor", "_ask", "_child",
+                          "_py_funcs", "_funcs"})
 
 
 def _counting(strategy: Any, make_train_step: Any, steps_run: list[int]) -> Any:
@@ -208,6 +209,10 @@ def _counting(strategy: Any, make_train_step: Any, steps_run: list[int]) -> Any:
         train_step = make_train_step(model, optimizer)
 
         def counted_train_step(batch: Any) -> Any:
+            if not _tf().executing_eagerly():
+                raise RuntimeError("call the training step eagerly, as lesson 02 does, not "
+                                   "inside a tf.function of yours: the check counts the "
+                                   "examples of each step it runs")
             result = train_step(batch)
             labels = batch[-1] if isinstance(batch, tuple | list) else batch
             steps_run.append(sum(int(_tf().shape(local)[0])
@@ -231,11 +236,15 @@ def check_diagnose_loop(fn: Any) -> bool:
     Keras loss object on the short batch by the update's projection on the one-device gradient
     alone, or by the reported loss alone (each 15 of 15 checks in a fresh read; the Keras loop's
     projection came within 1e-3 of 1 in none of 53 draws, the closest 1.4e-3 away, but the old
-    solution, which used it, was once refused on such a draw). A loop's own numbers are given
-    to its own steps only (the closure's functions, TensorFlow's registry of them and their
-    names are refused); still passes, by reading the check's code: names built at run time
-    that walk the closure to the child's pipe, or that run its functions in a ``tf.function``
-    of the answer's own (2 of 2 each in a fresh read)."""
+    solution, which used it, was once refused on such a draw). Still passes, by reading the
+    check's code (loops.py's internals), with less work than the reference: an answer that
+    walks the check's objects (the loop's closure, TensorFlow's registry of
+    ``numpy_function``s, the box that asks the loops' child) and asks the loop's numbers for
+    batch sizes of its choosing, from a thread started in C or its own ``tf.function`` (6 of 6
+    in a fresh read). The plain ways in are refused (their names, strings included, before the
+    answer runs; a call from Python code other than the loop's step), the verdict is bound
+    when the check starts, and only an answer equal to one of ``DIAGNOSES`` reaches the
+    child."""
     from course_utils.data import teacher_classification
     from course_utils.models import mlp
 
@@ -271,18 +280,20 @@ def check_diagnose_loop(fn: Any) -> bool:
         make_train_step = _counting(strategy, loop, steps_run)
 
         def verify(answer: Any, number: int = number, steps_run: list[int] = steps_run,
-                   global_batch: int = global_batch) -> str | None:
+                   global_batch: int = global_batch, verdict: Any = box.verdict,
+                   gate: tuple[str, ...] = SHORT_BATCH_DIAGNOSES) -> str | None:
             if not isinstance(answer, str) or answer not in DIAGNOSES:
                 return f"answer one of DIAGNOSES, got {answer!r}"
+            answer = DIAGNOSES[DIAGNOSES.index(answer)]  # the text itself, not a look-alike
             if not steps_run:
                 return (f"you answered {answer!r} without running a single step of the loop: "
                         "diagnose it by running it (build the model, call "
                         "make_train_step(model, optimizer)(batch)), not by reading it")
-            if answer in SHORT_BATCH_DIAGNOSES and min(steps_run) >= global_batch:
+            if answer in gate and min(steps_run) >= global_batch:
                 return (f"you answered {answer!r} after steps on full batches only "
                         f"({steps_run} examples): on a full batch {SHORT_BATCH_DIAGNOSES} look "
                         "the same; run a step on a short batch, split unevenly")
-            return box.verdict(number, answer)
+            return verdict(number, answer)
 
         cases.append(Case(args=(strategy, make_train_step, build_model,
                                 x, y, global_batch), verify=verify,

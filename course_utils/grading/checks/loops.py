@@ -88,6 +88,8 @@ class LoopBox:
         self._child = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _CHILD % (DIAGNOSES,)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        #: verdict(number, answer): bound now, over the pipe's own methods (see _verdict_of)
+        self.verdict = _verdict_of(self._lock, self._child.stdin, self._child.stdout)
 
     def _ask(self, *words: Any) -> str:
         if words[0] in ("scale", "report") and not _asked_by_a_step():
@@ -122,9 +124,17 @@ class LoopBox:
                   extra)
         return number, _make_train_step_for(self, number)
 
-    def verdict(self, number: int, answer: str) -> str | None:
-        """None when ``answer`` is loop ``number``'s mistake, else a sentence; asked once."""
-        reply = self._ask("verdict", number, answer).split("\t")
+def _verdict_of(lock: Any, stdin: Any, stdout: Any) -> Callable[[int, str], str | None]:
+    """``verdict(number, answer)``: None when ``answer`` is loop ``number``'s mistake, else a
+    sentence; asked once. Bound when the box is made, over the pipe's bound methods: a class
+    attribute or module name rebound later does not reach it."""
+    write, flush, readline = stdin.write, stdin.flush, stdout.readline
+
+    def verdict(number: int, answer: str) -> str | None:
+        with lock:
+            write(f"verdict\t{number}\t{answer}\n")
+            flush()
+            reply = readline().rstrip("\n").split("\t")
         if reply[0] == "yes":
             return None
         if reply[0] == "asked":
@@ -132,18 +142,21 @@ class LoopBox:
                     "diagnose the loop by running it")
         return f"this loop is {reply[1]!r}, not {answer!r}"
 
+    return verdict
+
 
 def _asked_by_a_step() -> bool:
-    """Whether the loop's own step asks (``scale_of`` / ``report_of`` called by TensorFlow's
-    executor, or by the replica step run eagerly), not other code that reached the box or
-    those functions (a closure walked, TensorFlow's registry of ``numpy_function``s)."""
+    """Whether the loop's own step seems to ask: ``_child_loss_scale`` or
+    ``_child_report_factor`` called from TensorFlow's code only (its executor) or by the
+    replica step run eagerly, not from other Python code that reached them. A call from a
+    thread started in C has no frame above it and passes: a bar, not a wall."""
     import os
 
-    tensorflow = os.path.dirname(_tf().__file__)
+    tensorflow = os.path.dirname(_tf().__file__) + os.sep
     frame = sys._getframe(2)  # the caller of _ask's caller
     if frame is None or frame.f_code.co_filename != __file__:
         return False  # the box asked by someone else
-    frame = frame.f_back  # the caller of scale_of / report_of
+    frame = frame.f_back  # the caller of _child_loss_scale / _child_report_factor
     while frame is not None:
         name = frame.f_code.co_filename
         if name == __file__ and frame.f_code.co_name in ("replica_step", "train_step"):
@@ -162,16 +175,16 @@ def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]
     strategy = box.strategy
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
-    def scale_of(n: Any, total: Any) -> Any:
+    def _child_loss_scale(n: Any, total: Any) -> Any:
         return np.float32(float(box._ask("scale", number, int(n), int(total))))
 
-    def report_of() -> Any:
+    def _child_report_factor() -> Any:
         return np.float32(float(box._ask("report", number)))
 
     def make_train_step(model: Any, optimizer: Any) -> Callable[[Any], Any]:
         def replica_step(features: Any, labels: Any, total: Any) -> Any:
             n = tf.shape(labels)[0]
-            scale = tf.numpy_function(scale_of, [n, total], tf.float32, stateful=True)
+            scale = tf.numpy_function(_child_loss_scale, [n, total], tf.float32, stateful=True)
             scale.set_shape([])
             with tf.GradientTape() as tape:
                 losses = per_example(labels, model(features, training=True))
@@ -187,7 +200,7 @@ def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]
                               strategy.experimental_local_results(batch[1])])
             per_replica = strategy.run(replica_step, args=(*batch, total))
             reported = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-            factor = tf.numpy_function(report_of, [], tf.float32, stateful=True)
+            factor = tf.numpy_function(_child_report_factor, [], tf.float32, stateful=True)
             factor.set_shape([])
             return reported * factor
 
