@@ -696,6 +696,38 @@ def made_outside_dataset_fn(features, labels, size, num_workers):
         return examples.shard(num_workers, worker).shuffle(10_000).repeat().batch(size)
     return dataset_fn
 
+def decorated_dataset_fn_cached(features, labels, size, num_workers):
+    @tf.function
+    def dataset_fn():  # 32 passes cached and replayed, in a dataset_fn made a tf.function
+        data = _shard(features, labels, num_workers).shuffle(10_000).repeat(32).cache()
+        return data.repeat().batch(size)
+    return dataset_fn
+
+def passes_cached_in_a_tf_function(features, labels, size, num_workers):
+    @tf.function
+    def make(worker):  # its steps hidden from dataset_fn's graph
+        shard = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
+        return shard.shuffle(10_000).repeat(32).cache().repeat()
+    def dataset_fn():
+        return make(tf.distribute.coordinator.experimental_get_current_worker_index()).batch(size)
+    return dataset_fn
+
+def passes_cached_in_a_cond(features, labels, size, num_workers):
+    def dataset_fn():
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        def make():
+            shard = tf.data.Dataset.from_tensor_slices((features, labels))
+            return shard.shard(num_workers, worker).shuffle(10_000).repeat(32).cache().repeat()
+        return tf.cond(worker >= 0, make, make).batch(size)
+    return dataset_fn
+
+def shard_index_past_the_workers(features, labels, size, num_workers):
+    def dataset_fn():  # worker + 1: the last worker asks for a shard that does not exist
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, labels))
+        return data.shard(num_workers, worker + 1).shuffle(10_000).repeat().batch(size)
+    return dataset_fn
+
 def features_with_a_trailing_axis(features, labels, size, num_workers):
     def dataset_fn():  # features [batch, 2, 1]: its ids are not whole numbers
         data = _shard(features, labels, num_workers).shuffle(10_000).repeat().batch(size)
@@ -809,6 +841,10 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("passes_cached_behind_a_flat_map", passes_cached_behind_a_flat_map),
                  ("passes_cached_behind_a_sample", passes_cached_behind_a_sample),
                  ("made_outside_dataset_fn", made_outside_dataset_fn),
+                 ("decorated_dataset_fn_cached", decorated_dataset_fn_cached),
+                 ("passes_cached_in_a_tf_function", passes_cached_in_a_tf_function),
+                 ("passes_cached_in_a_cond", passes_cached_in_a_cond),
+                 ("shard_index_past_the_workers", shard_index_past_the_workers),
                  ("features_with_a_trailing_axis", features_with_a_trailing_axis),
                  ("tail_stored_beside_a_cond", tail_stored_beside_a_cond),
                  ("truncated_normal_in_a_cond", truncated_normal_in_a_cond),
@@ -984,6 +1020,10 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "passes_cached_behind_a_flat_map"): "same order in every pass",
         ("DATASET", "passes_cached_behind_a_sample"): "same order in every pass",
         ("DATASET", "made_outside_dataset_fn"): "inside dataset_fn",
+        ("DATASET", "decorated_dataset_fn_cached"): "same order in every pass",
+        ("DATASET", "passes_cached_in_a_tf_function"): "tf.function",
+        ("DATASET", "passes_cached_in_a_cond"): "tf.function",
+        ("DATASET", "shard_index_past_the_workers"): "Index must be between",
         ("DATASET", "features_with_a_trailing_axis"): "yield (features, labels) batches",
         ("DATASET", "tail_stored_beside_a_cond"): "stored order",
         ("DATASET", "truncated_normal_in_a_cond"): "PASS",

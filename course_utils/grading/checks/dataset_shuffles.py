@@ -407,12 +407,12 @@ def share_message(worker: int, shuffles: set[tuple[int, int, int, int]], share: 
     buffer, size = short
     if buffer == -1:
         its = f"its {size} elements" if size > 0 else "its elements"
-        return (f"worker {worker}'s dataset has a branch whose shuffles of {its} "
-                "never reshuffle (reshuffle_each_iteration=False, or a cache() or snapshot "
-                "above them replays what they read, and holds every element read of an endless "
-                "stream): that branch reads them in the same order in every pass, or its first "
-                "passes' orders again and again. What does your shuffle do at a new pass? "
-                "(lesson 01, section 7)")
+        return (f"worker {worker}'s dataset has a branch whose shuffles of {its} never "
+                "reshuffle or are stored (reshuffle_each_iteration=False, or a cache() or "
+                "snapshot above them): that branch reads them in the same order in every pass, "
+                "or replays its first passes' orders, or, a store of an endless stream, keeps "
+                "every element it reads (memory without bound). What does your shuffle do at a "
+                "new pass, and what does a store above it keep? (lesson 01, section 7)")
     if buffer == 0:
         return (f"worker {worker}'s dataset has a branch that reads the examples in stored order "
                 f"(its source's {size} elements reach it through no shuffle): whatever the "

@@ -18,8 +18,9 @@ import numpy as np
 from course_utils.grading.checks.dataset_shuffles import shuffles_of
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["SAME_ORDER", "RunsPython", "batches_per_worker", "fresh_passes_message",
-           "passes_message", "reach", "turned_reach", "unmade_dataset_message", "usual_reach"]
+__all__ = ["SAME_ORDER", "HiddenDataset", "RunsPython", "batches_per_worker",
+           "fresh_passes_message", "made_hidden", "passes_message", "reach", "turned_reach",
+           "unmade_dataset_message", "usual_reach"]
 
 
 _PYTHON = frozenset(("PyFunc", "PyFuncStateless", "EagerPyFunc"))
@@ -32,18 +33,54 @@ class RunsPython(Exception):
 
 def unmade_dataset_message(failure: Exception) -> str | None:
     """What to tell a learner whose ``dataset_fn`` no worker could run (None: another
-    failure): one that calls Python, or uses a dataset made on the coordinator."""
+    failure): one that calls Python, comes out of a function call or control flow, or that a
+    worker failed to make (TF's first line of why; a dataset made on the coordinator, which
+    cannot be copied to a worker, named)."""
     if isinstance(failure, RunsPython):
         return ("a worker's dataset calls Python (Dataset.from_generator, tf.py_function or "
                 "tf.numpy_function): a real job's workers cannot run it (it runs only in the "
                 "process of the Python program that made it: TensorFlow's from_generator and "
                 "py_function docs). Make it of tf.data steps and TensorFlow ops")
+    if isinstance(failure, HiddenDataset):
+        return ("a worker's dataset comes out of a tf.function, tf.cond or loop that dataset_fn "
+                "calls: the check reads the steps of a dataset made in dataset_fn itself (its "
+                "shuffles, caches, branches). Make the dataset's steps there")
     if type(failure).__name__ != "ClosureInputError":
         return None
-    said = str(failure).split("error message is ")[-1].splitlines()[0][:160]
+    said = [line.strip() for line in str(failure).split("error message is ")[-1].splitlines()
+            if line.strip() and not line.strip().startswith(
+                ("Graph execution", "Detected at", "File ", "[["))]
+    said = (said or [""])[0][:160]
+    if "Failed copying input tensor" not in said:
+        return f"a worker could not make its dataset: {said}"
     return (f"a worker could not make its dataset ({said}): is every step of it made inside "
             "dataset_fn? A dataset made here, on the coordinator, cannot be copied to a "
             "worker (lesson 04: datasets are made inside a dataset_fn, once per worker)")
+
+
+class HiddenDataset(Exception):
+    """A worker's dataset comes out of a function call or control flow (a ``tf.function`` or
+    ``tf.cond`` that ``dataset_fn`` calls), whose steps its graph does not show."""
+
+
+_HIDES = frozenset(("PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "Case",
+                    "StatelessCase", "While", "StatelessWhile"))
+
+
+def made_hidden(dataset: Any) -> bool:
+    """Whether a step on the ways from ``dataset`` down to its sources is a function call or
+    control flow (the dataset steps inside it are not read)."""
+    tf = _tf()
+    todo, seen = [dataset._variant_tensor.op], set()
+    while todo:
+        op = todo.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in _HIDES:
+            return True
+        todo.extend(tensor.op for tensor in op.inputs if tensor.dtype == tf.variant)
+    return False
 
 
 def _runs_python(graph: Any) -> bool:
@@ -95,9 +132,11 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
     timeouts_before = int(barrier.timeouts.numpy())
 
     def probed_fn() -> Any:
-        dataset = dataset_fn()
+        dataset = getattr(dataset_fn, "python_function", dataset_fn)()  # a tf.function: traced here
         if _runs_python(dataset._variant_tensor.graph):
             raise RunsPython("Python")
+        if made_hidden(dataset):
+            raise HiddenDataset("hidden")
         cardinality = dataset.cardinality()  # on the worker, as made there
         shuffles = shuffles_of(dataset)
         probed = dataset.map(lambda features, labels: (features, labels, cardinality, shuffles))
