@@ -210,8 +210,11 @@ class Trainer:
         sharding; finite data resumed in a later epoch first makes (and drops) one iterator per
         epoch before it, as the interrupted run did, so that a shuffle reshuffled each epoch
         draws that epoch's order. So it reads what an uninterrupted run would have read next
-        when the pipeline reads in a deterministic order (not with ``deterministic=False``).
-        Not under parameter servers: there the per-worker iterators start the data again.
+        when the data is made anew (as a restarted process makes it) and each epoch's random
+        draws happen when its iterator is made (a shuffle of the whole finite dataset); not
+        with ``deterministic=False``, nor a shuffle under a finite ``repeat(n)`` or inside an
+        ``interleave``, nor a dataset object reused in the same process. Not under parameter
+        servers: there the per-worker iterators start the data again.
         """
         if int(epochs) != epochs or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
