@@ -854,3 +854,32 @@ def asked_the_loops_numbers_by_their_names(strategy, make_train_step, build_mode
 def test_a_diagnosis_that_asks_the_loops_numbers_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):
         checks.check_diagnose_loop(wrong)
+
+
+def rewrote_the_answer_key_through_proc(strategy, make_train_step, build_model, features,
+                                        labels, global_batch_size):
+    """The loops' child found in /proc (no object of the check walked), every loop's key
+    rewritten to "right" through its pipes, a frozen short step, then "right" (a fresh read's
+    answer, 10 of 10 before the child asked for a token it alone was given)."""
+    import os
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/cmdline", "rb") as cmd:
+                ours = int(stat.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+                if not ours or b"KINDS" not in cmd.read():
+                    continue
+        except OSError:
+            continue
+        with open(f"/proc/{pid}/fd/0", "w") as to_child, open(f"/proc/{pid}/fd/1") as back:
+            to_child.write("".join(f"new\t{n}\tright\t1\t1\n" for n in range(1, 13)))
+            to_child.flush()
+            for _ in range(12):
+                back.readline()
+    _one_frozen_step(strategy, make_train_step, build_model, features, labels,
+                     strategy.num_replicas_in_sync + 1)
+    return "right"
+
+
+def test_an_answer_key_rewritten_through_the_childs_pipe_is_not_taken():
+    with pytest.raises(AssertionError, match="this loop is"):
+        checks.check_diagnose_loop(rewrote_the_answer_key_through_proc)

@@ -239,12 +239,14 @@ def check_diagnose_loop(fn: Any) -> bool:
     solution, which used it, was once refused on such a draw). Still passes, by reading the
     check's code (loops.py's internals), with less work than the reference: an answer that
     walks the check's objects (the loop's closure, TensorFlow's registry of
-    ``numpy_function``s, the box that asks the loops' child) and asks the loop's numbers for
-    batch sizes of its choosing, from a thread started in C or its own ``tf.function`` (6 of 6
-    in a fresh read). The plain ways in are refused (their names, strings included, before the
-    answer runs; a call from Python code other than the loop's step), the verdict is bound
-    when the check starts, and only an answer equal to one of ``DIAGNOSES`` reaches the
-    child."""
+    ``numpy_function``s, the box that asks the loops' child, its pipe and the token found
+    there) and asks the loop's numbers for batch sizes of its choosing, through the box from a
+    thread started in C or its own ``tf.function``, or through the pipe from any thread (6 of
+    6 to 8 of 8 in fresh reads). The plain ways in are refused: their names, strings included,
+    before the answer runs; a call to the box from Python code other than the loop's step (the
+    guard bound); a line to the child without the token it got first (one found in /proc
+    passed 10 of 10 before); a second key for a loop; and the verdict and the answers' texts
+    are bound when the check starts, only an answer equal to one of them reaching the child."""
     from course_utils.data import teacher_classification
     from course_utils.models import mlp
 
@@ -281,10 +283,11 @@ def check_diagnose_loop(fn: Any) -> bool:
 
         def verify(answer: Any, number: int = number, steps_run: list[int] = steps_run,
                    global_batch: int = global_batch, verdict: Any = box.verdict,
-                   gate: tuple[str, ...] = SHORT_BATCH_DIAGNOSES) -> str | None:
-            if not isinstance(answer, str) or answer not in DIAGNOSES:
+                   gate: tuple[str, ...] = SHORT_BATCH_DIAGNOSES,
+                   known: tuple[str, ...] = DIAGNOSES) -> str | None:
+            if not isinstance(answer, str) or answer not in known:
                 return f"answer one of DIAGNOSES, got {answer!r}"
-            answer = DIAGNOSES[DIAGNOSES.index(answer)]  # the text itself, not a look-alike
+            answer = known[known.index(answer)]  # the text itself, not a look-alike
             if not steps_run:
                 return (f"you answered {answer!r} without running a single step of the loop: "
                         "diagnose it by running it (build the model, call "

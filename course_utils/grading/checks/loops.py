@@ -45,10 +45,15 @@ def numbers(kind, g, r):
             KINDS[3]: (1, 0, 1, 0, 1 / r), KINDS[4]: (1, 0, 0, g, 1),
             KINDS[5]: (1, r, 0, 0, 1)}[kind]
 loops, asked, deck = {}, set(), []
+TOKEN = sys.stdin.readline().strip()
 for line in sys.stdin:
-    word, *rest = line.split("\t")
+    token, word, *rest = line.split("\t") + [""]
     rest = [part.strip() for part in rest]
-    if word == "new":  # loop number, kind ("" = the next of the deck), G, R, deck, extras
+    if token != TOKEN:
+        out = "?"
+    elif word == "new" and rest[0] in loops:
+        out = "?"
+    elif word == "new":  # loop number, kind ("" = the next of the deck), G, R, deck, extras
         if not rest[1] and not deck:  # each allowed kind once, and extras drawn among some
             draw = random.SystemRandom()
             deck = rest[4].split("|")
@@ -78,73 +83,6 @@ for line in sys.stdin:
 """
 
 
-class LoopBox:
-    """A child process that holds the mistakes of a check's loops, and the loops it drives."""
-
-    def __init__(self, strategy: Any) -> None:
-        self.strategy = strategy
-        self._lock = threading.Lock()  # the replicas ask at once, from TensorFlow's threads
-        self._count = 0
-        self._child = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _CHILD % (DIAGNOSES,)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        #: verdict(number, answer): bound now, over the pipe's own methods (see _verdict_of)
-        self.verdict = _verdict_of(self._lock, self._child.stdin, self._child.stdout)
-
-    def _ask(self, *words: Any) -> str:
-        if words[0] in ("scale", "report") and not _asked_by_a_step():
-            raise RuntimeError("a loop's numbers are given to its own steps only: run the step")
-        with self._lock:
-            assert self._child.stdin is not None and self._child.stdout is not None
-            self._child.stdin.write("\t".join(str(word) for word in words) + "\n")
-            self._child.stdin.flush()
-            return self._child.stdout.readline().rstrip("\n")
-
-    def close(self) -> None:
-        """End the child (it holds nothing worth keeping)."""
-        if self._child.poll() is None:
-            assert self._child.stdin is not None
-            self._child.stdin.close()
-            self._child.wait(timeout=10)
-
-    def loop(self, global_batch_size: int, kinds: tuple[str, ...] = DIAGNOSES,
-             kind: str = "", extra_from: tuple[str, ...] = (),
-             extra: int = 0) -> tuple[int, Callable[[Any, Any], Any]]:
-        """A new loop written for ``global_batch_size``: its number, and its
-        ``make_train_step``. Its mistake is ``kind``, or the next of the child's deck: every kind
-        of ``kinds`` once and ``extra`` more drawn from ``extra_from`` (only the child knows which
-        repeat: elimination cannot name the last ones), shuffled; ask ``len(kinds) + extra``."""
-        if (kind and kind not in DIAGNOSES or not set(kinds) <= set(DIAGNOSES)
-                or not set(extra_from) <= set(kinds)):
-            raise ValueError(f"kinds must be among {DIAGNOSES}, extra_from among kinds")
-        self._count += 1
-        number = self._count
-        self._ask("new", number, kind, global_batch_size,
-                  self.strategy.num_replicas_in_sync, "|".join(kinds), "|".join(extra_from),
-                  extra)
-        return number, _make_train_step_for(self, number)
-
-def _verdict_of(lock: Any, stdin: Any, stdout: Any) -> Callable[[int, str], str | None]:
-    """``verdict(number, answer)``: None when ``answer`` is loop ``number``'s mistake, else a
-    sentence; asked once. Bound when the box is made, over the pipe's bound methods: a class
-    attribute or module name rebound later does not reach it."""
-    write, flush, readline = stdin.write, stdin.flush, stdout.readline
-
-    def verdict(number: int, answer: str) -> str | None:
-        with lock:
-            write(f"verdict\t{number}\t{answer}\n")
-            flush()
-            reply = readline().rstrip("\n").split("\t")
-        if reply[0] == "yes":
-            return None
-        if reply[0] == "asked":
-            return ("this loop's verdict had been asked before the check asked for it: "
-                    "diagnose the loop by running it")
-        return f"this loop is {reply[1]!r}, not {answer!r}"
-
-    return verdict
-
-
 def _asked_by_a_step() -> bool:
     """Whether the loop's own step seems to ask: ``_child_loss_scale`` or
     ``_child_report_factor`` called from TensorFlow's code only (its executor) or by the
@@ -165,6 +103,85 @@ def _asked_by_a_step() -> bool:
             return False
         frame = frame.f_back
     return True  # TensorFlow's executor ran the step
+
+
+class LoopBox:
+    """A child process that holds the mistakes of a check's loops, and the loops it drives."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+        self._lock = threading.Lock()  # the replicas ask at once, from TensorFlow's threads
+        self._count = 0
+        self._child = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _CHILD % (DIAGNOSES,)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        import secrets
+
+        token = secrets.token_hex(16)  # first line: the child answers no line without it
+        self._child.stdin.write(token + "\n")
+        self._child.stdin.flush()
+        self._token = token
+        #: verdict(number, answer): bound now, over the pipe's own methods (see _verdict_of)
+        self.verdict = _verdict_of(self._lock, self._child.stdin, self._child.stdout, token)
+
+    def _ask(self, *words: Any, _guard: Callable[[], bool] = _asked_by_a_step) -> str:
+        if words[0] in ("scale", "report") and not _guard():  # bound: rebinding the name fails
+            raise RuntimeError("a loop's numbers are given to its own steps only: run the step")
+        with self._lock:
+            assert self._child.stdin is not None and self._child.stdout is not None
+            line = "\t".join(str(word) for word in (self._token, *words))
+            self._child.stdin.write(line + "\n")
+            self._child.stdin.flush()
+            return self._child.stdout.readline().rstrip("\n")
+
+    def close(self) -> None:
+        """End the child (it holds nothing worth keeping)."""
+        if self._child.poll() is None:
+            assert self._child.stdin is not None
+            self._child.stdin.close()
+            try:
+                self._child.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # its stdin held open by someone else
+                self._child.kill()
+                self._child.wait()
+
+    def loop(self, global_batch_size: int, kinds: tuple[str, ...] = DIAGNOSES,
+             kind: str = "", extra_from: tuple[str, ...] = (),
+             extra: int = 0) -> tuple[int, Callable[[Any, Any], Any]]:
+        """A new loop written for ``global_batch_size``: its number, and its
+        ``make_train_step``. Its mistake is ``kind``, or the next of the child's deck: every kind
+        of ``kinds`` once and ``extra`` more drawn from ``extra_from`` (only the child knows which
+        repeat: elimination cannot name the last ones), shuffled; ask ``len(kinds) + extra``."""
+        if (kind and kind not in DIAGNOSES or not set(kinds) <= set(DIAGNOSES)
+                or not set(extra_from) <= set(kinds)):
+            raise ValueError(f"kinds must be among {DIAGNOSES}, extra_from among kinds")
+        self._count += 1
+        number = self._count
+        self._ask("new", number, kind, global_batch_size,
+                  self.strategy.num_replicas_in_sync, "|".join(kinds), "|".join(extra_from),
+                  extra)
+        return number, _make_train_step_for(self, number)
+
+def _verdict_of(lock: Any, stdin: Any, stdout: Any,
+                token: str) -> Callable[[int, str], str | None]:
+    """``verdict(number, answer)``: None when ``answer`` is loop ``number``'s mistake, else a
+    sentence; asked once. Bound when the box is made, over the pipe's bound methods: a class
+    attribute or module name rebound later does not reach it."""
+    write, flush, readline = stdin.write, stdin.flush, stdout.readline
+
+    def verdict(number: int, answer: str) -> str | None:
+        with lock:
+            write(f"{token}\tverdict\t{number}\t{answer}\n")
+            flush()
+            reply = readline().rstrip("\n").split("\t")
+        if reply[0] == "yes":
+            return None
+        if reply[0] == "asked":
+            return ("this loop's verdict had been asked before the check asked for it: "
+                    "diagnose the loop by running it")
+        return f"this loop is {reply[1]!r}, not {answer!r}"
+
+    return verdict
 
 
 def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]:
