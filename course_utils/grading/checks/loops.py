@@ -12,6 +12,7 @@ loop: an answer that asks first leaves the check nothing to ask, and fails.
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import sys
 import threading
@@ -115,8 +116,6 @@ class LoopBox:
         self._child = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _CHILD % (DIAGNOSES,)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        import secrets
-
         token = secrets.token_hex(16)  # first line: the child answers no line without it
         self._child.stdin.write(token + "\n")
         self._child.stdin.flush()
@@ -161,6 +160,7 @@ class LoopBox:
                   self.strategy.num_replicas_in_sync, "|".join(kinds), "|".join(extra_from),
                   extra)
         return number, _make_train_step_for(self, number)
+
 
 def _verdict_of(lock: Any, stdin: Any, stdout: Any,
                 token: str) -> Callable[[int, str], str | None]:

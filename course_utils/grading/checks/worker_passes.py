@@ -31,6 +31,11 @@ class RunsPython(Exception):
     ``tf.py_function``, ``tf.numpy_function``)."""
 
 
+class HiddenDataset(Exception):
+    """A worker's dataset comes out of a function call or control flow (a ``tf.function`` or
+    ``tf.cond`` that ``dataset_fn`` calls), whose steps its graph does not show."""
+
+
 def unmade_dataset_message(failure: Exception) -> str | None:
     """What to tell a learner whose ``dataset_fn`` no worker could run (None: another
     failure): one that calls Python, comes out of a function call or control flow, or that a
@@ -56,11 +61,6 @@ def unmade_dataset_message(failure: Exception) -> str | None:
     return (f"a worker could not make its dataset ({said}): is every step of it made inside "
             "dataset_fn? A dataset made here, on the coordinator, cannot be copied to a "
             "worker (lesson 04: datasets are made inside a dataset_fn, once per worker)")
-
-
-class HiddenDataset(Exception):
-    """A worker's dataset comes out of a function call or control flow (a ``tf.function`` or
-    ``tf.cond`` that ``dataset_fn`` calls), whose steps its graph does not show."""
 
 
 _HIDES = frozenset(("PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "Case",
