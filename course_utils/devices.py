@@ -45,7 +45,9 @@ class LogicalDevicesError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Hardware:
-    """A summary of the accelerators and processors this process can use."""
+    """A summary of the accelerators and processors this process can use. ``cpu_cores`` is
+    ``os.cpu_count()``: the hardware threads the OS reports (two per core with
+    hyper-threading), not TensorFlow's logical CPU devices (``logical_cpus``)."""
 
     cpu_cores: int
     physical_cpus: int
@@ -160,7 +162,7 @@ def logical_device_plan(logical_devices: int | None, physical_gpus: int) -> dict
 
 
 def hardware() -> Hardware:
-    """Inspect this machine: CPU cores, GPUs, logical devices, TPU and Colab."""
+    """Inspect this machine: CPU threads, GPUs, logical devices, TPU and Colab."""
     tf = _tf()
     gpus = tuple(
         tf.config.experimental.get_device_details(g).get("device_name", g.name)
@@ -184,7 +186,7 @@ def describe_machine(hw: Hardware | None = None) -> str:
     import keras
 
     parts = [f"TensorFlow {tf.__version__}", f"Keras {keras.__version__}"]
-    parts.append(f"{hw.cpu_cores} CPU cores")
+    parts.append(f"{hw.cpu_cores} CPU threads")
     parts.append(f"{hw.logical_cpus} logical CPU device(s)")
     if hw.gpus:
         parts.append(f"{len(hw.gpus)} GPU(s): {', '.join(sorted(set(hw.gpus)))}")
@@ -205,7 +207,7 @@ def lesson_hardware(hw: Hardware) -> list[tuple[str, str, str]]:
         "logical CPU")
     uses = {
         "00": f"{device} devices for the baseline",
-        "01": f"{hw.cpu_cores} cores for parallel map and prefetch",
+        "01": f"{hw.cpu_cores} CPU threads for parallel map and prefetch",
         "02": f"MirroredStrategy over {replicas} {device} device(s)",
         "03": "a 2-worker cluster of local processes, "
         + ("a GPU each" if len(hw.gpus) >= 2 else "on the CPU"),
@@ -239,7 +241,7 @@ def doctor_report() -> str:
         name = "scaling-tensorflow-course" if package == "course_utils" else package
         lines.append(f"{package:<21}{_version(name)}")
     lines.append("")
-    lines.append(f"CPU cores            {hw.cpu_cores}")
+    lines.append(f"CPU threads          {hw.cpu_cores}")
     logical = ", ".join(d.name for d in tf.config.list_logical_devices())
     gpu_names = f" ({', '.join(hw.gpus)})" if hw.gpus else ""
     lines.append(f"GPUs                 {len(hw.gpus)}{gpu_names}")

@@ -9,7 +9,8 @@ Example::
     cu.monitor.plot_utilization(monitor.samples)
 
 GPUs are sampled with ``nvidia-smi --query-gpu=utilization.gpu,memory.used
---format=csv,noheader,nounits`` when that command exists; elsewhere only the CPU cores are.
+--format=csv,noheader,nounits`` when that command exists; elsewhere only the CPU threads
+(logical CPUs) are.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ class UtilizationMonitor:
     # ------------------------------------------------------------------ summaries
     @property
     def num_cores(self) -> int:
-        """How many CPU cores the samples cover."""
+        """How many CPU threads (logical CPUs) the samples cover."""
         return len(self.samples[0].cpu_percent) if self.samples else 0
 
     def samples_between(self, start: float, end: float) -> list[Sample]:

@@ -103,7 +103,7 @@ def test_lesson_hardware_covers_every_lesson():
 def test_doctor_prints_versions_devices_and_lessons(capsys):
     cu.doctor()
     report = capsys.readouterr().out
-    for expected in ("machine report", "tensorflow", "keras", "CPU cores", "/device:CPU:3",
+    for expected in ("machine report", "tensorflow", "keras", "CPU threads", "/device:CPU:3",
                      "TPU", "Colab", "02 MirroredStrategy"):
         assert expected in report
 
