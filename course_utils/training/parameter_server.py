@@ -50,9 +50,12 @@ def refuse_variable_partitioner(strategy: tf.distribute.Strategy) -> None:
     # The strategy keeps its partitioner private; there is no public way to ask for it.
     if is_parameter_server(strategy) and getattr(strategy.extended, "_variable_partitioner", None):
         raise UnsupportedByKeras3Error(
-            "ParameterServerStrategy with a variable_partitioner creates ShardedVariables, "
-            "which Keras 3 layers and optimizers cannot train ('ShardedVariable' object has "
-            "no attribute 'handle'). Create the strategy without variable_partitioner. "
+            "ParameterServerStrategy with a variable_partitioner makes a ShardedVariable of "
+            "every variable it splits (a MinSizePartitioner splits only large ones), which Keras "
+            "3 layers and optimizers cannot train ('ShardedVariable' object has no attribute "
+            "'handle'); the Trainer refuses such a strategy before it builds the model, whether "
+            "or not it would split this model's variables. Create the strategy without "
+            "variable_partitioner. "
             + TF_KERAS_HINT
         )
 
