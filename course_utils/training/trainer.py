@@ -207,14 +207,21 @@ class Trainer:
         run interrupted earlier resumes at the step it last saved. ``on_epoch_end(epoch, logs)``
         is called after each epoch's checkpoint. A resumed run also reads and discards the
         distributed batches the interrupted run had read (``skip_read_batches``), whatever the
-        sharding; finite data resumed in a later epoch first makes (and drops) one iterator per
-        epoch before it, as the interrupted run did, so that a shuffle reshuffled each epoch
-        draws that epoch's order. So it reads what an uninterrupted run would have read next
-        when the data is made anew (as a restarted process makes it) and each epoch's random
-        draws happen when its iterator is made (a shuffle of the whole finite dataset); not
-        with ``deterministic=False``, nor a shuffle under a finite ``repeat(n)`` or inside an
-        ``interleave``, nor a dataset object reused in the same process. Not under parameter
-        servers: there the per-worker iterators start the data again.
+        sharding. It reads what an uninterrupted run would have read next when the data is made
+        anew (as a restarted process makes it; not a dataset object reused in the same process),
+        read with ``deterministic`` left True, as far as its random draws replay. Data that
+        repeats (``steps_per_epoch`` given) is one iterator for the whole run, and the skip reads
+        through everything the interrupted run drew (``shuffle(...).repeat()``, a Keras random
+        layer or a ``tf.random.Generator`` in a ``map``). Finite data resumed in a later epoch
+        first makes (and drops) one iterator per epoch before it, as the interrupted run did,
+        but reads none of them: it replays what is drawn when an iterator is made (a
+        ``shuffle`` of the whole dataset, ``cache().shuffle(...)``) and what every epoch draws
+        alike (a seeded random op in a ``map`` function, a seeded ``shuffle`` made inside an
+        ``interleave`` function), not what is drawn or stored while batches are read
+        (``shuffle(...).repeat(n)``, ``shuffle(...).cache()``, a shuffled dataset captured by
+        an ``interleave`` function, a Keras random layer or a ``tf.random.Generator`` in a
+        ``map``): give those ``repeat()`` and ``steps_per_epoch``. Not under parameter servers:
+        there the per-worker iterators start the data again.
         """
         if int(epochs) != epochs or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
