@@ -883,3 +883,27 @@ def rewrote_the_answer_key_through_proc(strategy, make_train_step, build_model, 
 def test_an_answer_key_rewritten_through_the_childs_pipe_is_not_taken():
     with pytest.raises(AssertionError, match="this loop is"):
         checks.check_diagnose_loop(rewrote_the_answer_key_through_proc)
+
+
+def rebound_the_checks_box_in_its_first_call(strategy, make_train_step, build_model, features,
+                                             labels, global_batch_size):
+    """The check's name LoopBox rebound, in the answer's first call (the stub test), to a box
+    whose verdict says yes to anything; then one frozen short step and "right" (a fresh read's
+    answer, 6 of 6 while the box was made after that call)."""
+    if make_train_step is None:
+        class Box(lesson_02.LoopBox):
+            def __init__(self, strategy):
+                super().__init__(strategy)
+                self.verdict = lambda number, answer: None
+
+        lesson_02.LoopBox = Box
+        return "right"
+    _one_frozen_step(strategy, make_train_step, build_model, features, labels,
+                     strategy.num_replicas_in_sync + 1)
+    return "right"
+
+
+def test_a_box_rebound_by_the_answer_is_not_the_checks(monkeypatch):
+    monkeypatch.setattr(lesson_02, "LoopBox", lesson_02.LoopBox)  # put back after the test
+    with pytest.raises(AssertionError, match="this loop is"):
+        checks.check_diagnose_loop(rebound_the_checks_box_in_its_first_call)

@@ -224,48 +224,14 @@ def _counting(strategy: Any, make_train_step: Any, steps_run: list[int]) -> Any:
     return counted_make_train_step
 
 
-@register
-def check_diagnose_loop(fn: Any) -> bool:
-    """Check ``diagnose_loop(strategy, make_train_step, build_model, features, labels,
-    global_batch_size)``: given a training step as a black box, it runs it and names its loss
-    reduction (one of ``DIAGNOSES``). Every mistake of lesson 02's section 5 is asked about,
-    each a real loop, on fresh data, and ``EXTRA_SHORT_BATCH_LOOPS`` more whose mistakes only a
-    short batch shows.
-
-    Still passes, with as much work as the reference, on most draws: telling "right" from the
-    Keras loss object on the short batch by the update's projection on the one-device gradient
-    alone, or by the reported loss alone (each 15 of 15 checks in a fresh read; the Keras loop's
-    projection came within 1e-3 of 1 in none of 53 draws, the closest 1.4e-3 away, but the old
-    solution, which used it, was once refused on such a draw). Still passes, by reading the
-    check's code (loops.py's internals), with less work than the reference: an answer that
-    walks the check's objects (the loop's closure, TensorFlow's registry of
-    ``numpy_function``s, the box that asks the loops' child, its pipe and the token found
-    there) and asks the loop's numbers for batch sizes of its choosing, through the box from a
-    thread started in C or its own ``tf.function``, or through the pipe from any thread (6 of
-    6 to 8 of 8 in fresh reads). The plain ways in are refused: their names, strings included,
-    before the answer runs; a call to the box from Python code other than the loop's step (the
-    guard bound); a line to the child without the token it got first (one found in /proc
-    passed 10 of 10 before); a second key for a loop; and the verdict and the answers' texts
-    are bound when the check starts, only an answer equal to one of them reaching the child."""
+def _diagnosis_cases(strategy: Any, box: LoopBox, kinds: tuple[str, ...],
+                     rng: Any) -> list[Case]:
+    """One case per loop of ``box``: every kind of ``kinds`` once and
+    ``EXTRA_SHORT_BATCH_LOOPS`` more, each with fresh data, and its verify."""
     from course_utils.data import teacher_classification
     from course_utils.models import mlp
 
-    peeks = grader_introspection(fn, constants=True, also=LOOP_READERS) if callable(fn) else []
-    if peeks:
-        raise AssertionError(
-            f"diagnose_loop: your function uses {', '.join(peeks)}, which reads how the check "
-            "built the loop instead of what the loop does: run its step on a batch you chose "
-            "and compare the update with one device's (lesson 02, section 5)")
-    strategy = mirrored_strategy()
-    if raises_own_stub(fn, strategy, None, None, None, None, 8):
-        not_attempted("diagnose_loop")
-        return False
     replicas = strategy.num_replicas_in_sync
-    rng = fresh_rng()
-    kinds = DIAGNOSES if replicas > 1 else (  # one replica: these look right
-        "right", "global_batch_size passed positionally",
-        "constant global_batch_size on a short batch")
-    box = LoopBox(strategy)  # which loop makes which mistake: only its child process knows
     cases = []
     short_kinds = tuple(kind for kind in kinds if kind in SHORT_BATCH_DIAGNOSES)
     for _ in range(len(kinds) + EXTRA_SHORT_BATCH_LOOPS):
@@ -303,7 +269,62 @@ def check_diagnose_loop(fn: Any) -> bool:
                           label=f"(a loop written for a global batch of {global_batch}, "
                                 f"{replicas} replicas, {num_features} features, {classes} "
                                 "classes)"))
+    return cases
+
+
+@register
+def check_diagnose_loop(fn: Any) -> bool:
+    """Check ``diagnose_loop(strategy, make_train_step, build_model, features, labels,
+    global_batch_size)``: given a training step as a black box, it runs it and names its loss
+    reduction (one of ``DIAGNOSES``). Every mistake of lesson 02's section 5 is asked about,
+    each a real loop, on fresh data, and ``EXTRA_SHORT_BATCH_LOOPS`` more whose mistakes only a
+    short batch shows.
+
+    Still passes, with as much work as the reference, on most draws: telling "right" from the
+    Keras loss object on the short batch by the update's projection on the one-device gradient
+    alone, or by the reported loss alone (each 15 of 15 checks in a fresh read; the Keras loop's
+    projection came within 1e-3 of 1 in none of 53 draws, the closest 1.4e-3 away, but the old
+    solution, which used it, was once refused on such a draw). Still passes, by reading the
+    check's code (loops.py's internals), with less work than the reference: an answer that
+    walks the check's objects (the loop's closure, TensorFlow's registry of
+    ``numpy_function``s, the box that asks the loops' child, its pipe and the token found
+    there) and asks the loop's numbers for batch sizes of its choosing, through the box from a
+    thread started in C, its own ``tf.function`` or any thread that passes the box a guard of
+    its own, or through the pipe from any thread (6 of 6 to 8 of 8 in fresh reads). Beyond any
+    check that runs in the learner's process, and passing with no diagnosis at all: code that
+    rewrites the check's own objects (each case's ``verify``, or the verdict among its
+    defaults, found among the garbage collector's objects: 7 of 7 each in a fresh read; a name
+    of this module or of loops.py rebound in a cell before the check), or that speaks to the
+    loops' child through /proc (its token read out of the child's memory, then its numbers
+    asked from the main thread, 7 of 7; a "yes" written into the pipe the verdict reads while
+    the child is stopped, 4 of 4). The plain ways in are refused: their names, strings
+    included, before the answer runs; a call to the box from Python code other than the loop's
+    step; a line to the child without the token it got first (one found in /proc passed 10 of
+    10 before); a second key for a loop; the box, its loops and their verdict are made before
+    the answer's first call (``LoopBox`` or ``_verdict_of`` rebound in that call passed 6 of 6
+    and 4 of 4 before); only an answer equal to one of ``DIAGNOSES`` reaches the child, as
+    that text."""
+    peeks = grader_introspection(fn, constants=True, also=LOOP_READERS) if callable(fn) else []
+    if peeks:
+        raise AssertionError(
+            f"diagnose_loop: your function uses {', '.join(peeks)}, which reads how the check "
+            "built the loop instead of what the loop does: run its step on a batch you chose "
+            "and compare the update with one device's (lesson 02, section 5)")
+    strategy = mirrored_strategy()
+    replicas = strategy.num_replicas_in_sync
+    rng = fresh_rng()
+    kinds = DIAGNOSES if replicas > 1 else (  # one replica: these look right
+        "right", "global_batch_size passed positionally",
+        "constant global_batch_size on a short batch")
+    # which loop makes which mistake: only its child process knows. The box, every loop and
+    # its verdict are made before the answer is first called (the stub test below included):
+    # a name of this module or of loops.py rebound by the answer no longer reaches them
+    box = LoopBox(strategy)
     try:
+        cases = _diagnosis_cases(strategy, box, kinds, rng)
+        if raises_own_stub(fn, strategy, None, None, None, None, 8):
+            not_attempted("diagnose_loop")
+            return False
         return run_check(
             "diagnose_loop", fn, cases,
             hint="build the model and a plain SGD(learning_rate=1.0) in the scope, run one step "
