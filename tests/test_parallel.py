@@ -369,3 +369,9 @@ def test_megatron_step_all_reduces_once_more_when_its_input_needs_a_gradient():
     assert [row["of a result shaped"] for row in watched
             if row["all-reduce after"].startswith("gradient_tape")].count("[8, 6]") == 1
     assert all(len(row["devices"]) == 4 for row in watched)
+    for rows in found.values():  # DTensor sums both weights' gradients in one all-reduce
+        together = [row["sums together"] for row in rows if len(row["sums together"]) > 1]
+        assert together == [["gradient_tape/layer_1/MatMul" + ("_1" if rows is watched else "")
+                             + " [6, 16]", "gradient_tape/layer_2/MatMul_1 [16, 6]"]]
+    assert all(row["sums together"] == [f"{row['all-reduce after']} {row['of a result shaped']}"]
+               for row in watched if row["all-reduce after"] == "layer_2")

@@ -7,7 +7,10 @@ works only when switched on before the process's first operation: hence a fresh 
 of lesson 06 on a 2 x 2 (batch x model) mesh, with its weights created sharded
 (``dtensor.call_with_layout``) and its inputs packed (``dtensor.pack``), runs one forward and
 backward pass, and prints the placement log; :func:`collectives_in_fresh_process` reads the
-``CollectiveReduceV2`` ops back, each named after the op whose result it sums.
+``CollectiveReduceV2`` ops back, each named after the op whose result it sums. Where DTensor
+combines several results into one all-reduce, it flattens each (ops named
+``<result>/DTensorAllReduceOp/CombinedReduceFlatten``) into one buffer and names the collective
+after the first: a row's "sums together" lists them all (the row's own result alone otherwise).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ _LINE = re.compile(r"^(?P<name>\S+): \((?P<type>\w+)\): \S*device:(?P<device>\w+
 
 def collectives_in_fresh_process(batch: int, features: int, hidden: int,
                                  timeout_s: float = 300.0) -> dict[str, list[dict[str, object]]]:
-    """The all-reduces of the step, x not watched and watched: the op each follows, its devices."""
+    """The all-reduces of the step, x not watched and watched: the op each follows, its devices,
+    and the results it sums together (more than one where DTensor combines all-reduces)."""
     from course_utils.child import run_cpu_only
 
     done = run_cpu_only(["-m", "course_utils.parallel.collectives", str(batch), str(features),
@@ -34,22 +38,32 @@ def collectives_in_fresh_process(batch: int, features: int, hidden: int,
     runs: dict[str, dict[str, list[str]]] = {}
     found: dict[str, list[str]] = {}
     shapes: dict[str, str] = {}
+    combined: dict[str, list[str]] = {}  # run -> the results flattened into one all-reduce
+    run = ""
     for line in done.stdout.splitlines():  # the placer prints its lines to stdout
         if line.startswith(_SHAPE):
             name, shape = line[len(_SHAPE):].split(" ", 1)
             shapes[name] = shape
             continue
         if line.startswith(_MARK):
-            found, shapes = runs.setdefault(line[len(_MARK):].strip(), {}), {}
+            run = line[len(_MARK):].strip()
+            found, shapes = runs.setdefault(run, {}), {}
             continue
         match = _LINE.match(line.strip())
+        if match and match["name"].endswith("/DTensorAllReduceOp/CombinedReduceFlatten"):
+            piece = match["name"].split("/DTensorAllReduceOp")[0].split("/", 1)[-1]
+            pieces = combined.setdefault(run, [])  # one combined all-reduce a run: this step's
+            if f"{piece} {shapes.get(piece, '?')}" not in pieces:  # logged once per device
+                pieces.append(f"{piece} {shapes.get(piece, '?')}")
         if match and match["type"] == "CollectiveReduceV2":
             after = match["name"].split("/DTensorAllReduceOp")[0].split("/", 1)[-1]
             devices = found.setdefault(f"{after} {shapes.get(after, '?')}", [])
             if match["device"] not in devices:
                 devices.append(match["device"])
     return {run: [{"all-reduce after": key.split(" ", 1)[0],
-                   "of a result shaped": key.split(" ", 1)[1], "devices": sorted(devices)}
+                   "of a result shaped": key.split(" ", 1)[1], "devices": sorted(devices),
+                   "sums together": (combined[run] if key in combined.get(run, [])
+                                     else [key])}
                   for key, devices in found.items()] for run, found in runs.items()}
 
 
