@@ -47,8 +47,7 @@ class Trainer:
     """Train a Keras 3 model with a custom loop under any ``tf.distribute`` strategy.
 
     Args:
-        model_fn: ``() -> keras.Model``, called inside ``strategy.scope()`` (and inside the
-            precision policy).
+        model_fn: ``() -> keras.Model``, called inside ``strategy.scope()`` and the policy.
         optimizer_fn: ``() -> keras optimizer``, called inside ``strategy.scope()``.
         loss_fn: ``(y_true, y_pred) -> per-example losses`` of shape ``[batch]`` (a Keras loss
             built with ``reduction=None`` works). Extra axes are averaged.
@@ -64,8 +63,7 @@ class Trainer:
         steps_per_execution: optimizer updates per ``tf.function`` call.
         checkpoint_every_steps: also save every this many batches (rounded to whole executions).
         max_checkpoints: how many checkpoints to keep.
-        verbose: ``"auto"`` (a progress bar only in a notebook), 0 (quiet), 1 (progress bar) or
-            2 (one line per epoch).
+        verbose: ``"auto"`` (a bar in a notebook only), 0, 1 (a bar) or 2 (a line per epoch).
 
     With ``accumulation_steps=k`` an epoch of ``n`` batches makes ``n // k`` updates; a last group
     of fewer than ``k`` batches makes one more update from the examples it has. A step is one
@@ -205,21 +203,18 @@ class Trainer:
         ``tf.distribute.InputContext`` returning a dataset of per-replica batches. An epoch is
         ``steps_per_epoch`` batches (default: the dataset's length). With ``checkpoint_dir`` a
         run interrupted earlier resumes at the step it last saved. ``on_epoch_end(epoch, logs)``
-        is called after each epoch's checkpoint. A resumed run also reads and discards the
+        is called after each epoch's checkpoint. A resumed run reads and discards the
         distributed batches the interrupted run had read (``skip_read_batches``), whatever the
-        sharding. It reads what an uninterrupted run would have read next when the data is made
-        anew (as a restarted process makes it; not a dataset object reused in the same process),
-        read with ``deterministic`` left True, as far as its random draws replay. Data that
-        repeats (``steps_per_epoch`` given) is one iterator for the whole run, and the skip reads
-        through everything the interrupted run drew (``shuffle(...).repeat()``, a Keras random
-        layer or a ``tf.random.Generator`` in a ``map``). Finite data resumed in a later epoch
-        first makes (and drops) one iterator per epoch before it, as the interrupted run did,
-        but reads none of them: it replays what is drawn when an iterator is made (a
-        ``shuffle`` of the whole dataset, ``cache().shuffle(...)``) and what every epoch draws
-        alike (a seeded random op in a ``map`` function, a seeded ``shuffle`` made inside an
-        ``interleave`` function), not what is drawn or stored while batches are read
-        (``shuffle(...).repeat(n)``, ``shuffle(...).cache()``, a shuffled dataset captured by
-        an ``interleave`` function, a Keras random layer or a ``tf.random.Generator`` in a
+        sharding, so it reads what an uninterrupted run would have read next when the data is
+        made anew (as a restarted process makes it, not reused in one process) with
+        ``deterministic`` left True, as far as its random draws replay: repeating data
+        (``steps_per_epoch`` given) is one iterator, and the skip reads through every draw.
+        Finite data resumed in a later epoch makes and drops, unread, one iterator per earlier
+        epoch: it replays what is drawn when an iterator is made (a whole-dataset ``shuffle``,
+        ``cache().shuffle()``) or alike every epoch (a seeded op in a ``map``, a seeded
+        ``shuffle`` made inside an ``interleave`` function), not what is drawn or stored while
+        batches are read (``shuffle().repeat(n)``, ``shuffle().cache()``, a shuffled dataset an
+        ``interleave`` function captures, a Keras random layer or ``tf.random.Generator`` in a
         ``map``): give those ``repeat()`` and ``steps_per_epoch``. Not under parameter servers:
         there the per-worker iterators start the data again.
         """
