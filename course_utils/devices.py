@@ -207,7 +207,8 @@ def lesson_hardware(hw: Hardware) -> list[tuple[str, str, str]]:
         "logical CPU")
     uses = {
         "00": f"{device} devices for the baseline",
-        "01": f"{hw.cpu_cores} CPU threads for parallel map and prefetch",
+        "01": f"parallel map and prefetch on the CPU ({hw.cpu_cores} threads; tf.data's pool: "
+        "those this process may use)",
         "02": f"MirroredStrategy over {replicas} {device} device(s)",
         "03": "a 2-worker cluster of local processes, "
         + ("a GPU each" if len(hw.gpus) >= 2 else "on the CPU"),
