@@ -251,12 +251,15 @@ class TpuChip:
 
 
 #: Published chip figures, not measured by the course; ``quoted`` holds the page's own rows.
-#: Pages read on 2026-11-26. Pages change and disagree: the v6e page's comparison gives v5e
-#: 800 GiBps where the v5e page says "819 GBps"; another version of the v6e page gives 1640
-#: GBps for v6e, this one 1600; each chip's figures come from its own page. Megacore (v4, v5p): the
-#: chip's two TensorCores form one device, so one replica per chip (JAX's
-#: ``pallas.tpu.ChipVersion`` table, "Megacore support"). A slice name counts TensorCores for
-#: v4 and v5p (v5p's topology table: 2x2x1 = 8 cores, 4 chips) and chips for v5e and v6e.
+#: Pages read on 2026-11-26. Pages change and disagree: one version of the v5e page says
+#: "819 GBps", another "800 GiBps"; the v6e page gives v6e 1600 GBps in this version (beside
+#: 800 GBps for v5e in its comparison), 1640 GBps (beside 819) or 1638 GBps in others; each
+#: chip's figures come from its own page. Megacore (v4, v5p): the chip's two TensorCores form
+#: one device, so one replica per chip (JAX's ``pallas.tpu.ChipVersion`` table, "Megacore
+#: support"). A slice name counts TensorCores for v4 and v5p ("v4-128 specifies a configuration
+#: with TPU v4 and 128 TensorCores", Cloud TPU's types-topologies page; v5p's topology table:
+#: 2x2x1 = 8 cores, 4 chips) and chips for v5e and v6e (the v5e page's AcceleratorType
+#: "v$VERSION_NUMBER-$CHIP_COUNT").
 TPU_CHIPS = {
     "v4": TpuChip("v4", tensor_cores=2, devices_per_chip=1, mxus_per_core=4, mxu_size=128,
                   hbm_gb=32, peak_bf16_tflops=275, hbm_gbps=1200,
@@ -329,7 +332,8 @@ def strategy_branch(strategy: object) -> tuple[str, str]:
 def comparison_tolerance(branch: str) -> float:
     """The largest weight difference lesson 05 accepts between a strategy and one device after
     the same training, with TensorFloat-32 off (float32 matmuls): float32 rounding, ten times
-    that on a TPU, whose float32 matmuls are then several bfloat16 passes (never run here)."""
+    that on a TPU, whose float32 matmuls are then several bfloat16 passes ("one or several
+    bfloat16 passes on TPU", https://docs.jax.dev/en/latest/201/precision.html; never run here)."""
     if branch not in _BRANCH_EFFECTS:
         raise ValueError(f"branch must be one of {sorted(_BRANCH_EFFECTS)}, got {branch!r}")
     return 1e-4 if branch == "TPU" else 1e-5

@@ -40,7 +40,7 @@ def draw_tpu_system(chip: str = "v5e", ax: Any = None) -> Any:
         ax.text(0.12, 0.64 - row * 0.12, line, ha="center", fontsize=8, color="white")
     ax.annotate("", (0.31, 0.5), (0.245, 0.5),
                 arrowprops={"arrowstyle": "<->", "color": "grey", "linewidth": 1.5})
-    ax.text(0.277, 0.56, "PCIe", ha="center", fontsize=8, color="grey")
+    ax.text(0.277, 0.56, "host\nlink", ha="center", fontsize=8, color="grey")
     chip_left, chip_width = 0.32, 0.67
     _box(ax, chip_left, 0.02, chip_width, 0.96, "#DDDDDD", "")
     ax.text(chip_left + 0.01, 0.92, f"TPU {spec.name} chip", fontsize=9, va="center")
