@@ -207,16 +207,16 @@ class Trainer:
         distributed batches the interrupted run had read (``skip_read_batches``), whatever the
         sharding, so it reads what an uninterrupted run would have read next when the data is
         made anew (as a restarted process makes it, not reused in one process) with
-        ``deterministic`` left True, as far as its random draws replay: repeating data
-        (``steps_per_epoch`` given) is one iterator, and the skip reads through every draw.
+        ``deterministic`` left True, as far as its random draws replay: repeating data (with
+        ``steps_per_epoch``) is one iterator, and the skip reads through every draw, those of a
+        sequential ``map`` included (a parallel ``map`` hands draws out as its threads run).
         Finite data resumed in a later epoch makes and drops, unread, one iterator per earlier
         epoch: it replays what is drawn when an iterator is made (a whole-dataset ``shuffle``,
         ``cache().shuffle()``) or alike every epoch (a seeded op in a ``map``, a seeded
         ``shuffle`` made inside an ``interleave`` function), not what is drawn or stored while
         batches are read (``shuffle().repeat(n)``, ``shuffle().cache()``, a shuffled dataset an
         ``interleave`` function captures, a Keras random layer or ``tf.random.Generator`` in a
-        ``map``): give those ``repeat()`` and ``steps_per_epoch``. Not under parameter servers:
-        there the per-worker iterators start the data again.
+        ``map``): repeat those. Not under parameter servers: each worker's iterator restarts.
         """
         if int(epochs) != epochs or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
