@@ -22,9 +22,10 @@ _UNKNOWN = -2  # a cardinality tf.data cannot tell ahead (after a ``filter``, sa
 _PATHS = 62  # distinct sets of shuffles on the ways to the dataset's sources, one bit each
 
 
-# the examples' own slices, a ``range`` (ids of them), in stored order; an ``unbatch`` with no
-# shuffle nor source below (the rows of tensors, ``from_tensors(...).unbatch()``) is one too
-_SOURCES = frozenset(("TensorSliceDataset", "RangeDataset"))
+# the examples' own slices (``from_list``'s too), a ``range`` (ids of them), in stored order;
+# an ``unbatch`` with no shuffle nor source below (the rows of tensors,
+# ``from_tensors(...).unbatch()``) is one too
+_SOURCES = frozenset(("TensorSliceDataset", "RangeDataset", "ListDataset"))
 _UNBATCH = "UnbatchDataset"
 _ZIPS = frozenset(("ZipDataset",))
 # a function that reads datasets (a map making groups of a dataset it makes or captures)
@@ -241,12 +242,12 @@ def shuffles_of(dataset: Any) -> Any:
     number: see :func:`_holds_groups`), whether it reshuffles each pass
     (1), and a bit mask of the ways from the dataset down to a source (a dataset made of no
     other: the slices, a ``range``) it lies on, ways with the same shuffles counted once. A
-    branch of a ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices`` or
-    ``range`` source, or an ``unbatch`` with neither a shuffle nor a source below it (rows of
-    tensors), on a way with no shuffle at all stands as a shuffle with a buffer of 0 (stored
-    order) of its elements, on that way alone (not below a step whose function makes a shuffle
-    or draws random numbers, nor an ``unbatch`` above one: its elements are then not the
-    examples read in stored order). Where there are more than 62 ways, every shuffle's mask is
+    branch of a ``zip`` or a ``concatenate`` is one such way. A ``from_tensor_slices``,
+    ``from_list`` or ``range`` source, or an ``unbatch`` with neither a shuffle nor a source
+    below it (rows of tensors), on a way with no shuffle at all stands as a shuffle with a
+    buffer of 0 (stored order) of its elements, on that way alone (not below a step whose function
+    makes a shuffle or draws random numbers, nor an ``unbatch`` above one: its elements are then not
+    the examples read in stored order). Where there are more than 62 ways, every shuffle's mask is
     -1 (each is then judged alone) and the slices are not. A shuffle inside a function a dataset
     step calls (``flat_map``, ``interleave``) is not read: that step stands as a whole shuffle
     (``[-2, -2, 1, mask]``) on its ways; random draws (``tf.random.shuffle`` in a ``map``, or in
@@ -255,7 +256,10 @@ def shuffles_of(dataset: Any) -> Any:
     or a step that stands as one, reads as one that never reshuffles: that step replays what its
     first passes read (its input's cardinality can read infinite where the input ends, a
     ``sample_from_datasets`` with ``stop_on_empty_dataset``, say), and of an endless input holds
-    every element read."""
+    every element read; so does a step that stands as one whose function holds a ``cache()`` or
+    snapshot too (32 passes cached inside a ``flat_map``'s or a ``map``'s function: a right
+    ``cache()`` then ``shuffle`` there is refused with them), and a shuffle below a step whose
+    function holds one (a ``map`` of a dataset of datasets, ``lambda d: d.cache()``)."""
     tf = _tf()
     # an example's rank: that of the largest component of the dataset's batches, less one
     rank = max((spec.shape.rank for spec in tf.nest.flatten(dataset.element_spec)
@@ -304,7 +308,8 @@ def shuffles_of(dataset: Any) -> Any:
             continue
         seen.add((op.name, above))
         stores.setdefault(op.name, set()).update(above)
-        if op.type.startswith(_STORES):
+        if op.type.startswith(_STORES) or any(  # or a step whose function stores (a map's
+                kind.startswith(_STORES) for kind in _function_ops(op)):  # d.cache(), say)
             above = above | {op}
         todo.extend((tensor.op, above) for tensor in op.inputs if tensor.dtype == tf.variant)
 
@@ -330,8 +335,11 @@ def shuffles_of(dataset: Any) -> Any:
         again = tf.constant(not stores.get(op.name))
         if op.type not in _SHUFFLES:  # a step whose function makes a shuffle: read as whole
             mask = -1 if many else sum(1 << bit for bit, way in enumerate(found) if index in way)
+            # a store in that function too (its cache() of passes) may replay them
+            stored = any(kind.startswith(_STORES) for kind in _function_ops(op))
             rows.append(tf.stack([tf.constant(_UNBOUNDED, tf.int64), tf.constant(-2, tf.int64),
-                                  tf.cast(again, tf.int64), tf.constant(mask, tf.int64)]))
+                                  tf.cast(again & (not stored), tf.int64),
+                                  tf.constant(mask, tf.int64)]))
             continue
         try:
             reshuffle = bool(op.get_attr("reshuffle_each_iteration"))

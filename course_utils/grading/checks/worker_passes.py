@@ -33,7 +33,8 @@ class RunsPython(Exception):
 
 class HiddenDataset(Exception):
     """A worker's dataset comes out of a function call or control flow (a ``tf.function`` or
-    ``tf.cond`` that ``dataset_fn`` calls), whose steps its graph does not show."""
+    ``tf.cond`` that ``dataset_fn`` calls), another dataset's element (``get_single_element``,
+    an iterator's), or a serialized graph, whose steps its graph does not show."""
 
 
 def unmade_dataset_message(failure: Exception) -> str | None:
@@ -48,8 +49,9 @@ def unmade_dataset_message(failure: Exception) -> str | None:
                 "py_function docs). Make it of tf.data steps and TensorFlow ops")
     if isinstance(failure, HiddenDataset):
         return ("a worker's dataset comes out of a tf.function, tf.cond or loop that dataset_fn "
-                "calls: the check reads the steps of a dataset made in dataset_fn itself (its "
-                "shuffles, caches, branches). Make the dataset's steps there")
+                "calls, another dataset's element or a serialized graph: the check reads the "
+                "steps of a dataset made in dataset_fn itself (its shuffles, caches, branches). "
+                "Make the dataset's steps there")
     if type(failure).__name__ != "ClosureInputError":
         return None
     said = [line.strip() for line in str(failure).split("error message is ")[-1].splitlines()
@@ -64,12 +66,18 @@ def unmade_dataset_message(failure: Exception) -> str | None:
 
 
 _HIDES = frozenset(("PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "Case",
-                    "StatelessCase", "While", "StatelessWhile"))
+                    "StatelessCase", "While", "StatelessWhile", "DatasetFromGraph",
+                    "DatasetToSingleElement"))
+# a dataset op's type ends so (``TensorSliceDataset``, ``ShuffleDatasetV3``)
+_DATASET_OPS = ("Dataset", "DatasetV2", "DatasetV3", "DatasetV4", "DatasetV5")
 
 
 def made_hidden(dataset: Any) -> bool:
     """Whether a step on the ways from ``dataset`` down to its sources is a function call or
-    control flow (the dataset steps inside it are not read)."""
+    control flow, another dataset's element (``get_single_element``; an iterator's, a
+    variable's or a queue's: no dataset op) or a serialized graph (``DatasetFromGraph``): the
+    dataset steps inside it are not read. A dataset captured from outside ``dataset_fn``
+    (``Placeholder``) is left to fail when a worker makes it."""
     tf = _tf()
     todo, seen = [dataset._variant_tensor.op], set()
     while todo:
@@ -77,9 +85,11 @@ def made_hidden(dataset: Any) -> bool:
         if op.name in seen:
             continue
         seen.add(op.name)
-        if op.type in _HIDES:
+        inputs = [tensor.op for tensor in op.inputs if tensor.dtype == tf.variant]
+        if op.type in _HIDES or not inputs and op.type != "Placeholder" and not (
+                op.type.endswith(_DATASET_OPS)):
             return True
-        todo.extend(tensor.op for tensor in op.inputs if tensor.dtype == tf.variant)
+        todo.extend(inputs)
     return False
 
 
