@@ -137,10 +137,10 @@ def without_default_optimizations(dataset: Any, autotune: bool = True) -> Any:
     parallelizes some maps), which hides what ``prefetch`` and parallel ``map`` buy. Autotuning
     stays on, so parameters set to ``tf.data.AUTOTUNE`` are really tuned; ``autotune=False``
     switches it off too: every ``num_parallel_calls=tf.data.AUTOTUNE`` then stays at its
-    starting value (at most 16, at most the pool's threads: ``GetAutotuneDefaultParallelism``
-    in ``tensorflow/core/data/dataset_utils.cc``), while a ``prefetch(tf.data.AUTOTUNE)``
-    buffer still grows by its older heuristic (``legacy_autotune`` in
-    ``tensorflow/python/data/ops/prefetch_op.py``).
+    starting value (``options.autotune.initial_parallelism``, 16 unless set, and at most the
+    pool's threads: ``GetAutotuneDefaultParallelism`` in ``tensorflow/core/data/dataset_utils.cc``),
+    while a ``prefetch(tf.data.AUTOTUNE)`` buffer still grows by its older heuristic
+    (``legacy_autotune`` in ``tensorflow/python/data/ops/prefetch_op.py``).
     """
     tf = _tf()
     options = tf.data.Options()

@@ -45,9 +45,10 @@ class LogicalDevicesError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Hardware:
-    """A summary of the accelerators and processors this process can use. ``cpu_cores`` is
-    ``os.cpu_count()``: the hardware threads the OS reports (two per core with
-    hyper-threading), not TensorFlow's logical CPU devices (``logical_cpus``)."""
+    """A summary of this machine's accelerators and processors. ``cpu_cores`` is
+    ``os.cpu_count()``: all the hardware threads the OS reports (two per core with
+    hyper-threading), also those outside this process's affinity mask; not TensorFlow's logical
+    CPU devices (``logical_cpus``)."""
 
     cpu_cores: int
     physical_cpus: int
