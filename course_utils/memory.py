@@ -1,9 +1,12 @@
 """Memory of a training step, counted from shapes: activations per example, weights, batch limits.
 
-On a GPU TensorFlow reports its allocator's peak; on a CPU it reports nothing per step, and the
-process's peak resident memory only grows. Counting from the layers' shapes is exact, works
-everywhere, and is what decides whether a batch fits: the activations a backward pass keeps
-grow with the batch, the weights, gradients and optimizer slots do not.
+On a GPU TensorFlow reports its allocator's peak; on a CPU only where its oneDNN ops are on
+(oneDNN's allocator keeps statistics, TensorFlow's default CPU allocator none), and a process's
+peak resident memory holds whatever the process ran (Linux resets it only to the current size:
+``peak_probe``). Counting from the layers' shapes works the same everywhere and is what decides
+whether a batch fits (an estimate of what is kept: ``activation_bytes_per_example``): the
+activations a backward pass keeps grow with the batch, the weights, gradients and optimizer
+slots do not.
 """
 
 from __future__ import annotations
@@ -50,9 +53,12 @@ def activation_bytes_per_example(model: Any, *, include_input: bool = True) -> i
     A Dense layer's weight gradient needs its input (the previous layer's output, or for the
     first layer the input batch); TensorFlow's ReLU, tanh and sigmoid gradients use the
     layer's output (``tensorflow/python/ops/nn_grad.py``: ``_ReluGrad`` reads
-    ``op.outputs[0]``), so for such a chain this count is what is kept. A lower bound where a
+    ``op.outputs[0]``), so for such a chain this count is what is kept. An under-count where a
     layer keeps more: an activation whose gradient needs its input (GELU, swish) also keeps
-    the pre-activation; dropout keeps its mask. ``include_input=False`` leaves the input out
+    the pre-activation; dropout keeps its mask. An over-count where a layer's output is read by
+    no gradient: a Dense layer without activation followed by ``Activation("relu")``, or a
+    ``BatchNormalization`` layer followed by a ReLU (only the ReLU's output is kept).
+    ``include_input=False`` leaves the input out
     (a pipeline stage whose input is the previous stage's output, counted there).
     """
     total = _layer_output_bytes(model)

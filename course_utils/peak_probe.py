@@ -108,8 +108,10 @@ def gradient_step_peak_rises(width: int, depth: int, blocks: int, batch: int,
     ``tf.recompute_grad``.
 
     The model is ``blocks`` blocks of ``depth`` Dense layers of ``width`` units, each block
-    wrapped in ``tf.recompute_grad`` for the second number. A process's peak only grows, so
-    each measurement gets a process of its own, the two side by side: on Linux one fresh
+    wrapped in ``tf.recompute_grad`` for the second number. A process's peak holds
+    whatever the process ran before (Linux resets it only to the current size, and memory an
+    allocator freed stays resident for reuse), so each measurement gets a process of its own,
+    the two side by side: on Linux one fresh
     process (``course_utils.child.start_cpu_only``: every GPU hidden, TensorFlow's defaults
     otherwise) imports TensorFlow once and forks one child per version before it runs
     anything, as lesson 03's check workers are forked; elsewhere two fresh processes. What they

@@ -110,8 +110,8 @@ API_SETTINGS: tuple[Setting, ...] = (
             "workers + 1, a blocked worker can starve the others"),
     Setting("op determinism", "cu.setup(deterministic=True)", "lesson 07's set-up cell", True,
             "tf.config.experimental.enable_op_determinism(): ops that have no deterministic "
-            "kernel raise, and Keras's jit_compile='auto' turns XLA off "
-            "even when asked for (keras/src/trainers/trainer.py, model_supports_jit)"),
+            "kernel raise, and Keras turns XLA off even when a model asks for it "
+            "(jit_compile=True or 'auto': keras/src/trainers/trainer.py, model_supports_jit)"),
 )
 
 #: The ``tf.config`` calls (and ConfigProto fields) that make the ``API_SETTINGS`` above:

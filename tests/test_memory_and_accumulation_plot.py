@@ -75,6 +75,10 @@ def test_step_budget_zero_stages_divide_slots_then_gradients_then_parameters():
     assert with_sum.accumulation == weights  # summed locally before the one reduction
     assert with_sum.gradients == weights  # each micro-batch's gradient is whole too
     assert with_sum.parameters == weights // 4 and with_sum.optimizer_slots == 2 * weights // 4
+    for stage in (1, 2):  # whole gradients and sum under every stage, not ZeRO-3 alone
+        staged = memory.step_budget(model, global_batch=8, replicas=4, accumulation_steps=2,
+                                    zero_stage=stage)
+        assert staged.gradients == staged.accumulation == weights, stage
 
 
 def test_step_budget_refuses_batches_that_do_not_split():
