@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 import course_utils as cu
@@ -375,3 +378,34 @@ def test_megatron_step_all_reduces_once_more_when_its_input_needs_a_gradient():
                              + " [6, 16]", "gradient_tape/layer_2/MatMul_1 [16, 6]"]]
     assert all(row["sums together"] == [f"{row['all-reduce after']} {row['of a result shaped']}"]
                for row in watched if row["all-reduce after"] == "layer_2")
+
+
+def test_run_pipeline_frees_a_stage_output_with_its_tape(tf_devices):
+    """A stage's output lives until its micro-batch's backward pass on that stage, not the run."""
+    tf, devices = tf_devices
+    import keras
+
+    stages = cu.parallel.split_sequential(_model(), [1, 2], devices[:3])
+
+    class Watched:  # stage 0, counting its earlier outputs still alive at each call
+        def __init__(self, stage):
+            self.stage, self.outputs, self.alive = stage, [], []
+
+        @property
+        def trainable_variables(self):
+            return self.stage.trainable_variables
+
+        def __call__(self, x):
+            gc.collect()
+            self.alive.append(sum(ref() is not None for ref in self.outputs))
+            out = self.stage(x)
+            self.outputs.append(weakref.ref(out))
+            return out
+
+    watched = Watched(stages[0])
+    x, y = tf.random.normal((12, 6)), tf.random.uniform((12,), 0, 3, tf.int32)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    run = cu.parallel.run_pipeline([watched, *stages[1:]], devices[:3], tf.split(x, 6),
+                                   tf.split(y, 6), loss_fn, schedule="1f1b")
+    assert run.peak_in_flight == [3, 2, 1]
+    assert watched.alive == [0, 1, 2, 2, 2, 2]  # K − 1 in flight, never all M

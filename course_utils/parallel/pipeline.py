@@ -3,8 +3,9 @@
 ``run_pipeline`` runs a schedule (GPipe or 1F1B, from ``course_utils.parallel.schedules``) slot
 by slot: each slot's tasks in parallel threads, each stage under its own ``tf.device``; every
 task is stamped with its start and end (``Event``), and the activations each stage keeps (its
-forward tapes, freed by the backward pass) are counted as they come and go. ``measured_bubble``
-reads the idle fraction back from the events.
+forward tapes) are counted as they come and go: a micro-batch's backward pass on a stage frees its
+tape, its input and its output (the last stage's outputs stay: they make up the result).
+``measured_bubble`` reads the idle fraction back from the events.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ def run_pipeline(stages: Sequence[Any], devices: Sequence[str], micro_batches: S
     Every task records its start and end (``Event``). With ``targets`` and ``loss_fn`` the
     backward passes run too: each micro-batch's loss is weighted by its share of the examples,
     so the summed loss and gradients equal those of the whole batch at once; each stage keeps a
-    micro-batch's tape (its activations) from its forward to its backward pass, and the most it
-    held at once is ``peak_in_flight``. Without targets only the forward passes run.
+    micro-batch's tape (its activations), input and output from its forward to its backward
+    pass, which frees them (the last stage's output stays: it is part of ``outputs``), and the
+    most tapes it held at once is ``peak_in_flight``. Without targets only the forward passes
+    run, and every stage's outputs stay until the run ends.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
@@ -123,6 +126,8 @@ def run_pipeline(stages: Sequence[Any], devices: Sequence[str], micro_batches: S
             grads[s] = [acc + g for acc, g in zip(grads[s], result[1:], strict=False)]
         if s > 0:
             upstream[(s - 1, b)] = result[0]
+        if s < k - 1:  # its output was the next stage's input and this pass's target
+            del outputs[(s, b)]
         devices_used[(s, b, "B")] = result[1].device
         alive[s] -= 1  # the tape and the activations it kept are gone
         del inputs[(s, b)]
