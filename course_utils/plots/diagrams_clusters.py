@@ -214,7 +214,7 @@ def draw_failure_paths(ax: Any = None) -> Any:
                                     facecolor=color, edgecolor="black", linewidth=0.8,
                                     alpha=0.85))
         ax.text(x, y, label, ha="center", va="center", fontsize=8)
-    paths = [((-1.35, 1.1), (1.35, 1.1), "its call to the peer's port:\n"
+    paths = [((-1.35, 1.1), (1.35, 1.1), "(killed) its call to the peer's port:\n"
               "Connection refused -> UnavailableError", (0, 1.75)),
              ((1.9, 0.45), (0.6, -0.85), "no heartbeat: 'tasks are unhealthy'\n"
               "-> UnavailableError in every worker", (2.9, -0.55)),
