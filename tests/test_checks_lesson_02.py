@@ -907,3 +907,31 @@ def test_a_box_rebound_by_the_answer_is_not_the_checks(monkeypatch):
     monkeypatch.setattr(lesson_02, "LoopBox", lesson_02.LoopBox)  # put back after the test
     with pytest.raises(AssertionError, match="this loop is"):
         checks.check_diagnose_loop(rebound_the_checks_box_in_its_first_call)
+
+
+def test_only_the_per_replica_mean_reports_nan_when_a_replica_is_empty():
+    """Lesson 02, section 5: an empty replica's reduce_mean is 0 / 0 = NaN, and so is the
+    reported loss; compute_average_loss makes that 0 / 0 a 0. A diagnosis that reads this
+    symptom on a batch of replicas - 1 examples names the lesson's loops right, and was refused
+    on every check while the box answered 0 for every kind (a fresh read)."""
+    from course_utils.data import teacher_classification
+    from course_utils.grading.checks.loops import LoopBox
+    from course_utils.models import mlp
+
+    strategy = lesson_02.mirrored_strategy()
+    size = strategy.num_replicas_in_sync - 1  # one replica gets no example
+    x, y = teacher_classification(size, 4, 3, seed=0)
+    batch = next(iter(strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8))))
+    box = LoopBox(strategy)
+    try:
+        for kind in lesson_02.DIAGNOSES:
+            with strategy.scope():
+                model = mlp(4, 3, hidden_units=(8,), name="empty_replica")
+                optimizer = keras.optimizers.SGD(learning_rate=1.0)
+                optimizer.build(model.trainable_variables)
+            reported = float(box.loop(8, kind=kind)[1](model, optimizer)(batch))
+            assert np.isnan(reported) == (kind == "reduce_mean per replica"), kind
+            assert all(np.isfinite(weight).all() for weight in model.get_weights()), kind
+    finally:
+        box.close()

@@ -294,16 +294,19 @@ def check_diagnose_loop(fn: Any) -> bool:
     check that runs in the learner's process, and passing with no diagnosis at all: code that
     rewrites the check's own objects (each case's ``verify``, or the verdict among its
     defaults, found among the garbage collector's objects: 7 of 7 each in a fresh read; a name
-    of this module or of loops.py rebound in a cell before the check), or that speaks to the
-    loops' child through /proc (its token read out of the child's memory, then its numbers
-    asked from the main thread, 7 of 7; a "yes" written into the pipe the verdict reads while
-    the child is stopped, 4 of 4). The plain ways in are refused: their names, strings
-    included, before the answer runs; a call to the box from Python code other than the loop's
-    step; a line to the child without the token it got first (one found in /proc passed 10 of
-    10 before); a second key for a loop; the box, its loops and their verdict are made before
-    the answer's first call (``LoopBox`` or ``_verdict_of`` rebound in that call passed 6 of 6
-    and 4 of 4 before); only an answer equal to one of ``DIAGNOSES`` reaches the child, as
-    that text."""
+    of this module or of loops.py rebound in a cell before the check or by the answer itself,
+    its first call included: ``run_check`` rebound there passed 5 of 5 with no step run, and
+    what each ask looks up – ``LoopBox._ask`` swapped for a spy with a guard of its own, or
+    loops.py's ``_tf``, which the guard reads – 6 of 6 and 2 of 2 with one frozen step), or
+    that speaks to the loops' child through /proc (its token read out of the child's memory,
+    then its numbers asked from the main thread, 7 of 7; a "yes" written into the pipe the
+    verdict reads while the child is stopped, 4 of 4). The plain ways in are refused: their
+    names, strings included, before the answer runs; a call to the box from Python code other
+    than the loop's step; a line to the child without the token it got first (one found in /proc
+    passed 10 of 10 before); a second key for a loop; the box, its loops and their verdict are
+    made before the answer's first call (``LoopBox`` or ``_verdict_of`` rebound in that call
+    passed 6 of 6 and 4 of 4 before); only an answer equal to one of ``DIAGNOSES`` reaches the
+    child, as that text."""
     peeks = grader_introspection(fn, constants=True, also=LOOP_READERS) if callable(fn) else []
     if peeks:
         raise AssertionError(
@@ -318,7 +321,8 @@ def check_diagnose_loop(fn: Any) -> bool:
         "constant global_batch_size on a short batch")
     # which loop makes which mistake: only its child process knows. The box, every loop and
     # its verdict are made before the answer is first called (the stub test below included):
-    # a name of this module or of loops.py rebound by the answer no longer reaches them
+    # LoopBox or _verdict_of rebound by the answer no longer reaches them (what a step or the
+    # box looks up when it asks still can be rebound: the docstring's rewritten objects)
     box = LoopBox(strategy)
     try:
         cases = _diagnosis_cases(strategy, box, kinds, rng)

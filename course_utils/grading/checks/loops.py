@@ -38,6 +38,10 @@ DIAGNOSES = (
 #: Per kind (G: the global batch size written in the loop, R: replicas): (a, b, c, e, f).
 #: "Keras loss object": the replica's mean, scaled by 1/R (scale_loss_for_distribution in
 #: keras/src/losses/loss.py); "positionally": G taken as sample_weight, divided by n · R.
+#: An empty replica (n = 0) divides 0 by 0: 0, as compute_average_loss does, but NaN for
+#: "reduce_mean per replica", as tf.reduce_mean does (lesson 02, section 5). The Keras loss
+#: object's stays 0 (Keras returns an empty batch's losses unreduced, reduce_values in
+#: keras/src/losses/loss.py: a real loop's strategy.reduce then fails to trace).
 _CHILD = r"""
 import random, sys
 KINDS = %r
@@ -64,10 +68,10 @@ for line in sys.stdin:
         kind = rest[1] or deck.pop()
         loops[rest[0]] = (kind, numbers(kind, float(rest[2]), float(rest[3])))
         out = "ok"
-    elif word == "scale":  # loop, n, N -> a / (b n + c N + e) (0 where that is 0 / 0)
-        a, b, c, e, f = loops[rest[0]][1]
+    elif word == "scale":  # loop, n, N -> a / (b n + c N + e) (0 / 0: 0, or NaN for means)
+        kind, (a, b, c, e, f) = loops[rest[0]]
         den = b * float(rest[1]) + c * float(rest[2]) + e
-        out = repr(a / den if den else 0.0)
+        out = repr(a / den if den else float("nan") if kind == KINDS[1] else 0.0)
     elif word == "report":
         out = repr(loops[rest[0]][1][4])
     elif word == "verdict":  # loop, answer -> "yes" / the kind; once per loop
@@ -124,7 +128,8 @@ class LoopBox:
         self.verdict = _verdict_of(self._lock, self._child.stdin, self._child.stdout, token)
 
     def _ask(self, *words: Any, _guard: Callable[[], bool] = _asked_by_a_step) -> str:
-        if words[0] in ("scale", "report") and not _guard():  # bound: rebinding the name fails
+        # the guard is bound (rebinding _asked_by_a_step fails), not the names it reads (_tf)
+        if words[0] in ("scale", "report") and not _guard():
             raise RuntimeError("a loop's numbers are given to its own steps only: run the step")
         with self._lock:
             assert self._child.stdin is not None and self._child.stdout is not None
