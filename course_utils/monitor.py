@@ -1,11 +1,11 @@
-"""A device-utilization monitor: per CPU core (psutil) and per GPU (nvidia-smi), sampled in a
-background thread while a block of code runs, and a picture of what it saw.
+"""A device-utilization monitor: per logical CPU (psutil) and per GPU (nvidia-smi), sampled in
+a background thread while a block of code runs, and a picture of what it saw.
 
 Example::
 
     with cu.monitor.UtilizationMonitor(interval=0.1) as monitor:
         model.fit(dataset, epochs=2)
-    monitor.mean_cpu_percent()      # one number per core
+    monitor.mean_cpu_percent()      # one number per logical CPU
     cu.monitor.plot_utilization(monitor.samples)
 
 GPUs are sampled with ``nvidia-smi --query-gpu=utilization.gpu,memory.used
@@ -70,7 +70,8 @@ def query_gpus(nvidia_smi: str | None = "nvidia-smi",
 
 
 class UtilizationMonitor:
-    """Sample CPU-core (and GPU) utilization every ``interval`` seconds in a background thread.
+    """Sample the utilization of each logical CPU (and GPU) every ``interval`` seconds in a
+    background thread.
 
     Use it as a context manager (or call ``start()``/``stop()``). ``samples`` holds one
     :class:`Sample` per tick. ``nvidia_smi`` names the command used for GPUs: ``"auto"`` uses
@@ -162,7 +163,7 @@ class UtilizationMonitor:
         return [sample for sample in self.samples if start <= sample.time <= end]
 
     def mean_cpu_percent(self) -> list[float]:
-        """Mean utilization of each core over the samples (0-100)."""
+        """Mean utilization of each logical CPU over the samples (0-100)."""
         return _column_means([s.cpu_percent for s in self.samples])
 
     def mean_gpu_percent(self) -> list[float]:
@@ -184,7 +185,7 @@ def _column_means(rows: Sequence[Sequence[float]]) -> list[float]:
 
 def plot_utilization(samples: Sequence[Sample], ax: Any = None,
                      title: str = "Device utilization") -> Any:
-    """Utilization over time: one line per CPU core, and one dashed line per GPU when sampled.
+    """Utilization over time: one line per logical CPU, and one dashed line per GPU when sampled.
 
     Returns the Matplotlib ``Axes``. Raises ValueError when there is nothing to plot.
     """
@@ -200,7 +201,7 @@ def plot_utilization(samples: Sequence[Sample], ax: Any = None,
     cores = min(len(s.cpu_percent) for s in samples)
     for core in range(cores):
         ax.plot(times, [s.cpu_percent[core] for s in samples], color=PALETTE[core % 8],
-                linewidth=1.2, label=f"CPU core {core}")
+                linewidth=1.2, label=f"logical CPU {core}")
     with_gpu = [s for s in samples if s.gpu_percent]
     if with_gpu:
         gpus = min(len(s.gpu_percent) for s in with_gpu)

@@ -1,4 +1,4 @@
-"""course_utils.monitor: per-core and per-GPU utilization sampled in a background thread."""
+"""course_utils.monitor: utilization per logical CPU and per GPU, sampled in a background thread."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_plot_draws_a_line_per_core_and_per_gpu():
     samples = [monitor.Sample(t * 0.1, (10.0 * t, 50.0), (90.0,), (100.0,)) for t in range(5)]
     ax = monitor.plot_utilization(samples)
     labels = [line.get_label() for line in ax.get_lines()]
-    assert labels == ["CPU core 0", "CPU core 1", "GPU 0"]
+    assert labels == ["logical CPU 0", "logical CPU 1", "GPU 0"]
     assert ax.get_ylim() == (0, 105)
     with pytest.raises(ValueError, match="no samples"):
         monitor.plot_utilization([])

@@ -260,9 +260,17 @@ def test_per_worker_iterator_outside_parameter_servers_is_a_value_error():
 
 def test_model_built_outside_the_scope_is_a_value_error():
     outside = _build_model()
-    with pytest.raises(ValueError, match="outside strategy.scope"):
+    with pytest.raises(ValueError, match="outside strategy.scope") as refused:
         Trainer(lambda: outside, sgd, loss_fn, strategy=mirrored4())
+    assert "Create the model inside model_fn" in str(refused.value)
     assert keras.config.dtype_policy().name == "float32"
+
+
+def test_optimizer_built_outside_the_scope_names_the_optimizer():
+    outside = keras.optimizers.SGD(0.1)  # its iterations variable, made here
+    with pytest.raises(ValueError, match="outside strategy.scope") as refused:
+        Trainer(model_fn(), lambda: outside, loss_fn, strategy=mirrored4())
+    assert "Create the optimizer inside optimizer_fn" in str(refused.value)
 
 
 def test_scalar_loss_is_a_value_error():

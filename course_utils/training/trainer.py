@@ -360,8 +360,9 @@ def _check_created_in_scope(
         tf_variable = getattr(variable, "value", variable)
         tf_variable = getattr(variable, "_value", tf_variable)  # Keras 3 keeps it private
         if not strategy.extended.variable_created_in_scope(tf_variable):
+            made = "model" if where == "model_fn" else "optimizer"
             raise ValueError(
                 f"{where} returned an object built outside strategy.scope() (variable "
-                f"{getattr(variable, 'path', variable.name)!r}). Create the model and the "
-                f"optimizer inside {where} instead of returning one made earlier."
+                f"{getattr(variable, 'path', variable.name)!r}). Create the {made} inside "
+                f"{where} instead of returning one made earlier."
             )
