@@ -4,7 +4,8 @@
 by slot: each slot's tasks in parallel threads, each stage under its own ``tf.device``; every
 task is stamped with its start and end (``Event``), and the activations each stage keeps (its
 forward tapes) are counted as they come and go: a micro-batch's backward pass on a stage frees its
-tape, its input and its output (the last stage's outputs stay: they make up the result).
+tape and its output, which the next stage read as its input (the last stage's outputs stay: they
+make up the result; a stage's input is the previous stage's output, or the caller's micro-batch).
 ``measured_bubble`` reads the idle fraction back from the events.
 """
 
@@ -78,8 +79,10 @@ def run_pipeline(stages: Sequence[Any], devices: Sequence[str], micro_batches: S
     Every task records its start and end (``Event``). With ``targets`` and ``loss_fn`` the
     backward passes run too: each micro-batch's loss is weighted by its share of the examples,
     so the summed loss and gradients equal those of the whole batch at once; each stage keeps a
-    micro-batch's tape (its activations), input and output from its forward to its backward
-    pass, which frees them (the last stage's output stays: it is part of ``outputs``), and the
+    micro-batch's tape (its activations) and output from its forward to its backward pass,
+    which frees them (the last stage's output stays: it is part of ``outputs``; the stage's
+    input is the previous stage's output, freed by that stage's backward pass, or for stage 0
+    the caller's micro-batch), and the
     most tapes it held at once is ``peak_in_flight``. Without targets only the forward passes
     run, and every stage's outputs stay until the run ends.
     """
