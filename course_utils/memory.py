@@ -4,10 +4,10 @@ On a GPU TensorFlow reports its allocator's peak; on a CPU, by default, only whe
 are on (oneDNN's allocator keeps statistics, TensorFlow's default CPU allocator none; a BFC
 allocator asked for with ``TF_CPU_ALLOCATOR_USE_BFC=true`` keeps them too), and a process's
 peak resident memory holds whatever the process ran (Linux resets it only to the current size:
-``peak_probe``). Counting from the layers' shapes works the same everywhere and is what decides
-whether a batch fits (an estimate of what is kept: ``activation_bytes_per_example``): the
-activations a backward pass keeps grow with the batch, the weights, gradients and optimizer
-slots do not.
+``peak_probe``). Counting from the layers' shapes works the same everywhere and is what the
+course uses to judge whether a batch fits (an estimate of what is kept:
+``activation_bytes_per_example``): the activations a backward pass keeps grow with the batch,
+the weights, gradients and optimizer slots do not.
 """
 
 from __future__ import annotations
@@ -52,15 +52,15 @@ def activation_bytes_per_example(model: Any, *, include_input: bool = True) -> i
     """Bytes the backward pass keeps for one example: the input batch and every layer's output.
 
     A Dense layer's weight gradient needs its input (the previous layer's output, or for the
-    first layer the input batch); TensorFlow's ReLU, tanh and sigmoid gradients use the
-    layer's output (``tensorflow/python/ops/nn_grad.py``: ``_ReluGrad`` reads
-    ``op.outputs[0]``), so for such a chain this count is what is kept. An under-count where a
-    layer keeps more: swish, whose gradient needs its input, also keeps the pre-activation;
-    TensorFlow's exact GELU keeps three tensors of that size (``0.5·x``, ``-x/√2`` and their
-    ``erfc``); dropout keeps its mask. An over-count where a layer's output is read by
-    no gradient: a Dense layer without activation followed by ``Activation("relu")``, or a
-    ``BatchNormalization`` layer followed by a ReLU (BN's gradient reads its input, the ReLU's
-    its output: BN's own output is not kept).
+    first layer the input batch); TensorFlow's ReLU, tanh and sigmoid gradients use the layer's
+    output (``_ReluGrad`` in ``tensorflow/python/ops/nn_grad.py``, ``_TanhGrad`` and
+    ``_SigmoidGrad`` in ``math_grad.py`` read ``op.outputs[0]``), so for such a chain this count
+    is what is kept. An under-count where a layer keeps more: swish, whose gradient needs its
+    input, also keeps the pre-activation; TensorFlow's exact GELU keeps three tensors of that
+    size (``0.5·x``, ``-x/√2`` and their ``erfc``); dropout keeps its mask. An over-count where
+    a layer's output is read by no gradient: a Dense layer without activation followed by
+    ``Activation("relu")``, or a ``BatchNormalization`` layer followed by a ReLU (BN's gradient
+    reads its input, the ReLU's its output: BN's own output is not kept).
     ``include_input=False`` leaves the input out
     (a pipeline stage whose input is the previous stage's output, counted there).
     """
