@@ -751,6 +751,42 @@ def passes_cached_in_a_flat_maps_function(features, labels, size, num_workers):
         return made.repeat().batch(size)
     return dataset_fn
 
+def passes_cached_in_a_group_by_window(features, labels, size, num_workers):
+    def dataset_fn():  # the whole pipeline, its cache too, made in group_by_window's reduce_func
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+
+        def reduce(key, window):
+            return tf.data.Dataset.from_tensor_slices((features, labels)).shard(
+                num_workers, worker).shuffle(10_000).repeat(32).cache().repeat()
+
+        made = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).group_by_window(
+            key_func=lambda key: key, reduce_func=reduce, window_size=1)
+        return made.repeat().batch(size)
+    return dataset_fn
+
+def passes_replayed_by_a_seeded_flat_map(features, labels, size, num_workers):
+    def dataset_fn():  # a fixed seed, made anew at each call: 32 passes, then the same 32
+        shard = _shard(features, labels, num_workers)
+        made = tf.data.Dataset.range(1).flat_map(
+            lambda _: shard.shuffle(10_000, seed=7).repeat(32))
+        return made.repeat().batch(size)
+    return dataset_fn
+
+_SERVICE = {}
+
+
+def passes_cached_behind_the_data_service(features, labels, size, num_workers):
+    def dataset_fn():  # 32 shuffled passes cached, served by a tf.data service of this process
+        if not _SERVICE:
+            service = tf.data.experimental.service
+            _SERVICE["dispatcher"] = service.DispatchServer()
+            _SERVICE["worker"] = service.WorkerServer(service.WorkerConfig(
+                dispatcher_address=_SERVICE["dispatcher"].target.split("://")[1]))
+        inner = _shard(features, labels, num_workers).shuffle(10_000).repeat(32).cache().repeat()
+        return inner.apply(tf.data.experimental.service.distribute(
+            "parallel_epochs", _SERVICE["dispatcher"].target)).batch(size)
+    return dataset_fn
+
 def listed_passes_then_stored(features, labels, size, num_workers):
     def dataset_fn():  # 32 shuffled passes, then stored order for good from from_list's rows
         rows = [(features[i], labels[i]) for i in range(int(features.shape[0]))]
@@ -897,6 +933,11 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("passes_cached_in_a_map", passes_cached_in_a_map),
                  ("passes_cached_in_a_flat_maps_function",
                   passes_cached_in_a_flat_maps_function),
+                 ("passes_cached_in_a_group_by_window", passes_cached_in_a_group_by_window),
+                 ("passes_replayed_by_a_seeded_flat_map",
+                  passes_replayed_by_a_seeded_flat_map),
+                 ("passes_cached_behind_the_data_service",
+                  passes_cached_behind_the_data_service),
                  ("listed_passes_then_stored", listed_passes_then_stored),
                  ("passes_cached_by_a_map_of_datasets", passes_cached_by_a_map_of_datasets),
                  ("shard_index_past_the_workers", shard_index_past_the_workers),
@@ -1084,6 +1125,9 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "passes_cached_as_an_iterators_element"): "another dataset's element",
         ("DATASET", "passes_cached_in_a_map"): "another dataset's element",
         ("DATASET", "passes_cached_in_a_flat_maps_function"): "same order in every pass",
+        ("DATASET", "passes_cached_in_a_group_by_window"): "same order in every pass",
+        ("DATASET", "passes_replayed_by_a_seeded_flat_map"): "same order in every pass",
+        ("DATASET", "passes_cached_behind_the_data_service"): "tf.data service",
         ("DATASET", "listed_passes_then_stored"): "stored order",
         ("DATASET", "passes_cached_by_a_map_of_datasets"): "same order in every pass",
         ("DATASET", "shard_index_past_the_workers"): "Index must be between",

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from course_utils.grading.checks.dataset_functions import (
+    SHUFFLES,
+    calls_a_shuffle,
+    function_ops,
+    seeded_in_function,
+)
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["share_message", "shuffles_of", "unshuffled_share"]
-
-
-_SHUFFLES = frozenset(("ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
-                       "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"))
 
 
 _UNBOUNDED = -2  # a buffer_size of tf.data.UNKNOWN_CARDINALITY: the shuffle holds its whole input
@@ -52,53 +54,9 @@ _FLATTENS = ("FlatMapDataset", "InterleaveDataset", "ParallelInterleaveDataset",
 # (``cache()``, a snapshot): a shuffle below one reshuffles only until it is filled
 _STORES = ("CacheDataset", "SnapshotDataset")
 _GROUPS = -3  # the size of a shuffle of groups of examples (but one of them)
-# random draws (op types): ``tf.random.shuffle``, ``tf.random.uniform`` (``tf.argsort`` of one),
-# ``normal``, ``truncated_normal``, ``categorical``, their stateless forms, a
-# ``tf.random.Generator``'s
-_DRAWS = ("Random", "Stateless", "Stateful", "Rng", "TruncatedNormal",
-          "ParameterizedTruncatedNormal", "Multinomial")
-# not draws: ``tf.cond``, ``tf.while_loop``, ``tf.switch_case``, a ``tf.function`` call (read into)
-_NOT_DRAWS = frozenset(("StatelessIf", "StatelessWhile", "StatelessCase",
-                        "StatefulPartitionedCall"))
 # marks on a way: it passed a zip; a step of several inputs read in turn; a step whose function
 # draws random numbers
 _ZIPPED, _IN_TURN, _MIXED = -1, -2, -3
-
-
-def _function_ops(op: Any, attr: str = "f") -> frozenset[str]:
-    """The op types of the function of ``op`` (a ``map``, a ``flat_map``, an ``interleave``; a
-    ``group_by_window``'s ``reduce_func``), read into the functions it calls (``tf.cond``
-    branches, loop bodies, ``tf.function`` calls)."""
-    try:
-        todo = [op.get_attr(attr).name]
-    except (ValueError, AttributeError):
-        return frozenset()
-    found: set[str] = set()
-    seen: set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        try:
-            function = op.graph._get_function(name)
-            definition = getattr(function, "cached_definition", None) or function.definition
-        except (AttributeError, KeyError, ValueError):
-            continue
-        for node in definition.node_def:
-            found.add(node.op)
-            for value in node.attr.values():
-                if value.HasField("func"):
-                    todo.append(value.func.name)
-                todo.extend(each.name for each in value.list.func)
-    return frozenset(found)
-
-
-def _calls_a_shuffle(op: Any) -> frozenset[str]:
-    """The shuffles (``ShuffleDataset``) and random draws (``tf.random.shuffle``, say) that the
-    function of ``op`` makes, by op type, the functions it calls included."""
-    return frozenset(kind for kind in _function_ops(op) if kind in _SHUFFLES
-                     or kind.startswith(_DRAWS) and kind not in _NOT_DRAWS)
 
 
 def _shapes(op: Any) -> list[Any]:
@@ -192,7 +150,7 @@ def _of_groups(shuffle: Any, rank: int) -> tuple[bool, list[list[Any]]]:
                 if tensor.dtype.name == "variant") > 1 or step.type not in _ZIPS | _JOINS and any(
                 _has_one(tensor.op) for tensor in step.inputs[1:]
                 if tensor.dtype.name == "variant") or not step.type.startswith(_FLATTENS) and any(
-                kind.endswith(_READS) for kind in _function_ops(step)) or not _passes_on(step)):
+                kind.endswith(_READS) for kind in function_ops(step)) or not _passes_on(step)):
             bare = True  # its elements may gather several batches of one below
         if step.type in _BATCHES:
             if not _is_one(step):
@@ -208,7 +166,7 @@ def _of_groups(shuffle: Any, rank: int) -> tuple[bool, list[list[Any]]]:
             bare = bare or not one
             continue
         if step.type.startswith(_FLATTENS):
-            made = _function_ops(step, "reduce_func" if "GroupBy" in step.type else "f")
+            made = function_ops(step, "reduce_func" if "GroupBy" in step.type else "f")
             if made & _BATCHES:
                 return True, ones
             if "TensorDataset" not in made or made & (_SOURCES | {_UNBATCH}):
@@ -257,7 +215,8 @@ def shuffles_of(dataset: Any) -> Any:
     first passes read (its input's cardinality can read infinite where the input ends, a
     ``sample_from_datasets`` with ``stop_on_empty_dataset``, say), and of an endless input holds
     every element read; so does a step that stands as one whose function holds a ``cache()`` or
-    snapshot too (32 passes cached inside a ``flat_map``'s or a ``map``'s function: a right
+    snapshot too (32 passes cached inside a ``flat_map``'s, a ``map``'s or a
+    ``group_by_window``'s ``reduce_func``: a right
     ``cache()`` then ``shuffle`` there is refused with them), and a shuffle below a step whose
     function holds one (a ``map`` of a dataset of datasets, ``lambda d: d.cache()``)."""
     tf = _tf()
@@ -277,13 +236,13 @@ def shuffles_of(dataset: Any) -> Any:
                 if len(inputs) > 1:  # a zip's branches are read side by side, others in turn
                     mark = _ZIPPED if op.type in _ZIPS else _IN_TURN
                     found = frozenset(way | {mark} for way in found)
-                called = _calls_a_shuffle(op)
+                called = calls_a_shuffle(op)
                 if called:  # the slices below are not the examples read
                     found = frozenset(frozenset(i for i in way if i < 0 or shuffles[i].type
                                                 not in _SOURCES | {_UNBATCH}) for way in found)
-                    if called & _SHUFFLES:  # it stands as a whole shuffle on its ways
+                    if called & SHUFFLES:  # it stands as a whole shuffle on its ways
                         shuffles.append(op)
-                    mark = len(shuffles) - 1 if called & _SHUFFLES else _MIXED
+                    mark = len(shuffles) - 1 if called & SHUFFLES else _MIXED
                     found = frozenset(way | {mark} for way in found)
                 elif op.type == _UNBATCH and all(i < 0 and i != _MIXED for way in found
                                                  for i in way):
@@ -294,7 +253,7 @@ def shuffles_of(dataset: Any) -> Any:
                 found = frozenset([frozenset([len(shuffles) - 1])])
             else:
                 found = frozenset([frozenset()])
-            if op.type in _SHUFFLES:
+            if op.type in SHUFFLES:
                 shuffles.append(op)
                 found = frozenset(way | {len(shuffles) - 1} for way in found)
             below[op.name] = found
@@ -309,7 +268,7 @@ def shuffles_of(dataset: Any) -> Any:
         seen.add((op.name, above))
         stores.setdefault(op.name, set()).update(above)
         if op.type.startswith(_STORES) or any(  # or a step whose function stores (a map's
-                kind.startswith(_STORES) for kind in _function_ops(op)):  # d.cache(), say)
+                kind.startswith(_STORES) for kind in function_ops(op, None)):  # d.cache()
             above = above | {op}
         todo.extend((tensor.op, above) for tensor in op.inputs if tensor.dtype == tf.variant)
 
@@ -317,7 +276,7 @@ def shuffles_of(dataset: Any) -> Any:
     # every pass (ids zipped to shuffled examples, say): stored order there shows in the passes
     found = sorted({frozenset(i for i in way if i >= 0) for way in ways(
         dataset._variant_tensor.op) if _IN_TURN in way or _ZIPPED not in way
-        or any(i >= 0 and shuffles[i].type in _SHUFFLES for i in way)}, key=sorted)
+        or any(i >= 0 and shuffles[i].type in SHUFFLES for i in way)}, key=sorted)
     many = len(found) > _PATHS
     rows = []
     for index, op in enumerate(shuffles):
@@ -333,10 +292,11 @@ def shuffles_of(dataset: Any) -> Any:
         # cardinality can read infinite where the input ends, and a store of an endless input
         # holds every element read: no right answer stores a shuffle's orders)
         again = tf.constant(not stores.get(op.name))
-        if op.type not in _SHUFFLES:  # a step whose function makes a shuffle: read as whole
+        if op.type not in SHUFFLES:  # a step whose function makes a shuffle: read as whole
             mask = -1 if many else sum(1 << bit for bit, way in enumerate(found) if index in way)
             # a store in that function too (its cache() of passes) may replay them
-            stored = any(kind.startswith(_STORES) for kind in _function_ops(op))
+            stored = any(kind.startswith(_STORES) for kind in function_ops(op, None)) or (
+                seeded_in_function(op))  # or a seed that replays its orders at each call
             rows.append(tf.stack([tf.constant(_UNBOUNDED, tf.int64), tf.constant(-2, tf.int64),
                                   tf.cast(again & (not stored), tf.int64),
                                   tf.constant(mask, tf.int64)]))
@@ -416,8 +376,9 @@ def share_message(worker: int, shuffles: set[tuple[int, int, int, int]], share: 
     if buffer == -1:
         its = f"its {size} elements" if size > 0 else "its elements"
         return (f"worker {worker}'s dataset has a branch whose shuffles of {its} never "
-                "reshuffle or are stored (reshuffle_each_iteration=False, or a cache() or "
-                "snapshot above them): that branch reads them in the same order in every pass, "
+                "reshuffle or are stored (reshuffle_each_iteration=False, a cache() or "
+                "snapshot above them, or a seed fixed inside a function, made anew with it at "
+                "each call): that branch reads them in the same order in every pass, "
                 "or replays its first passes' orders, or, a store of an endless stream, keeps "
                 "every element it reads (memory without bound). What does your shuffle do at a "
                 "new pass, and what does a store above it keep? (lesson 01, section 7)")

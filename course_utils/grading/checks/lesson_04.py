@@ -16,72 +16,78 @@ cannot start a second in-process cluster) and verifies what the parameter server
   order, neither the stored order nor an earlier pass's (places and neighbours in common,
   :data:`~course_utils.grading.checks.worker_passes.SAME_ORDER`), nor, in every pass, the stored
   order rotated, reversed or read at a stride then shuffled a little (how far examples came in the
-  best such frame, :func:`~course_utils.grading.checks.worker_passes.turned_reach`), nor, in each
-  of the last 4, the order the earlier passes set (each example's mean place) shuffled a little
-  (:func:`~course_utils.grading.checks.worker_passes.usual_reach`), however the dataset is made;
-  and in its graph (on each way from the worker's dataset down to a source, a branch of a ``zip``
-  or a ``concatenate`` included, that has a shuffle that reshuffles each pass a known number of
-  elements, more than one, one of them must hold all its elements in its buffer, and they must be a
-  worker's share or more: a full shuffle of another branch, or of fewer elements, does not stand
-  for it; one of an unknown number, a ``filter`` shard say, stands for it with a buffer of the
-  share or more; a shuffle of groups of examples never does, whatever their number (a batch or
-  window below it with no ``unbatch`` nor ``flat_map`` that makes examples again between, but a
-  ``batch(1)`` with no rebatch, scan, reducer, group_by_window, zip of two ways through
-  ``batch(1)``s, function that reads datasets (a map's, a flat_map's), map (or flat_map of a
-  from_tensors) that computes its outputs rather than passing its element's own components on, nor
-  step with a function of another kind (a snapshot's ``reader_func``), after it; or elements of a
-  higher rank than an example's, however made, but ``[1, ...]``); a way from the examples' slices
-  (``from_list``'s too, or a finite ``range``, or an ``unbatch`` of tensors) with no shuffle at
-  all (no ``ShuffleDataset``, nor random draws in a map's, flat_map's, interleave's or scan's
-  function or the functions it calls: ``tf.random.shuffle``, ``tf.random.uniform``, not a
-  ``tf.cond``) reads them in stored order – unless its only branching steps are zips, ids read
-  beside shuffled examples, say: stored order there shows in the passes read –, and a way whose only
-  shuffles that reshuffle are of one element (or of an unknown number, with a buffer below the
-  share) while one never reshuffles, the same order every pass, whatever passes the check reads, as
-  does one below a ``cache()`` or snapshot (a ``flat_map`` or ``interleave`` that shuffles
-  included), or below or inside a step whose function holds one (``d.cache()`` in a ``map`` or
-  ``flat_map``: 32 passes cached so passed 11 of 11, three ways; a right ``cache()`` then
-  ``shuffle`` inside one is refused with them), which replays its first passes, or holds every
-  element of an endless input; with more than 62 ways, each such shuffle must hold its whole
-  input). Still passes: a shuffle inside a ``flat_map`` or ``interleave`` stands for a whole one,
-  and random draws in a ``map`` exempt the slices below (a decoy as easily as a whole permutation):
-  there only how far examples move is read, a few examples (5 of 33-71) left in stored order below
-  them pass almost always (8: about 3 in 4 per worker, 2 in 5 checks), a hidden buffer of three
-  quarters of the share passes (one just over half is refused now and then); groups made into
-  elements whose shapes do not show them (flattened into vectors of an example's rank or of an
-  unknown rank, sparse, ragged, serialized, tuples of examples zipped from two ways of the share,
-  datasets of them, or ids of groups gathered in a ``map`` or ``flat_map``) count as examples
-  (shapes are all the graph tells): groups of a batch's size shuffled whole then
-  ``shuffle(batch_size)`` pass about 7 in 8 checks simulated, 24 of 33 real runs; and more fresh
-  passes than the check draws, then stored order or those passes again (``repeat(32)``), from a
-  source the graph does not list (a ``counter``, slices made inside a ``flat_map`` or below random
-  draws, a tensor of 32 passes unbatched below a shuffle of its one element: 2 of 2): no number of
-  passes read rules out a larger one. Refused though right, as groups: elements with a component of
-  a higher rank than an example's (its batches' largest, less one), dropped or reshaped after the
-  shuffle (an axis added, an image carried), and batches whose rank tf.data cannot tell (the example
-  rank is read from the other components), and ``batch(1)``s that a zip or ``enumerate`` joins, a
-  scan numbers, a map computes new components of (a cast, an added id), or a snapshot stores, before
-  the shuffle (a map after the unbatch instead, or a snapshot of the examples before the shuffle:
-  one after it stores its first pass's order for every pass); and a whole ``tf.random.shuffle`` then
-  a smaller shuffle of an unknown number (a decoy's random draws look the same); a dataset that
-  calls Python (``from_generator``, a permutation drawn in a ``tf.py_function`` or
-  ``tf.numpy_function``): refused before any step, since a real job's remote workers cannot run one
-  (it runs only in the process of the Python program that made it); and a dataset that comes out of
-  a ``tf.function`` or ``tf.cond`` (or a loop) that ``dataset_fn`` calls, or is another dataset's
-  element (``get_single_element``, an iterator's) or rebuilt from a serialized graph
-  (``DatasetFromGraph``), right or not: its steps are not in the graph read (32 passes cached and
-  replayed there passed 4 of 4 when it was, 4 of 4 each hidden those ways), so it must be made in
-  ``dataset_fn`` itself (a ``dataset_fn`` decorated with ``tf.function`` is traced as its Python
-  function, and read). Passes each another fixed arrangement shuffled a little (drawn from a table
-  of orders, one arrangement turned by a random ``roll`` or read at a random stride each pass, its
-  blocks in an order drawn each pass, or a stride with a buffer of more than a third, up to a half,
-  of the share), and one fixed arrangement behind a hidden buffer of half the share (all but about 1
-  in 100 per worker at 33-35 examples) or a third of it, or two ``shuffle(8)`` (now and then): a
-  frame is tried only where it is set apart from the passes it judges (rotations, reflections and
-  strides; the earlier passes' order for the last 4), as a uniform shuffle too is some arrangement
-  in the frame its own pass sets. And every batch full although a worker's share does not fill its
-  last batch; the second case is a job sized for one worker more than run (one joins later), so that
-  shards cut by the notebook's worker count instead of ``num_workers`` read too much;
+  best such frame, :func:`~course_utils.grading.checks.worker_passes.turned_reach`), nor, in each of
+  the last 4, the order the earlier passes set (each example's mean place) shuffled a little
+  (:func:`~course_utils.grading.checks.worker_passes.usual_reach`), however the dataset is made; and
+  in its graph (on each way from the worker's dataset down to a source, a branch of a ``zip`` or a
+  ``concatenate`` included, that has a shuffle that reshuffles each pass a known number of elements,
+  more than one, one of them must hold all its elements in its buffer, and they must be a worker's
+  share or more: a full shuffle of another branch, or of fewer elements, does not stand for it; one
+  of an unknown number, a ``filter`` shard say, stands for it with a buffer of the share or more; a
+  shuffle of groups of examples never does, whatever their number (a batch or window below it with
+  no ``unbatch`` nor ``flat_map`` that makes examples again between, but a ``batch(1)`` with no
+  rebatch, scan, reducer, group_by_window, zip of two ways through ``batch(1)``s, function that
+  reads datasets (a map's, a flat_map's), map (or flat_map of a from_tensors) that computes its
+  outputs rather than passing its element's own components on, nor step with a function of another
+  kind (a snapshot's ``reader_func``), after it; or elements of a higher rank than an example's,
+  however made, but ``[1, ...]``); a way from the examples' slices (``from_list``'s too, or a finite
+  ``range``, or an ``unbatch`` of tensors) with no shuffle at all (no ``ShuffleDataset``, nor random
+  draws in a map's, flat_map's, interleave's or scan's function or the functions it calls:
+  ``tf.random.shuffle``, ``tf.random.uniform``, not a ``tf.cond``) reads them in stored order –
+  unless its only branching steps are zips, ids read beside shuffled examples, say: stored order
+  there shows in the passes read –, and a way whose only shuffles that reshuffle are of one element
+  (or of an unknown number, with a buffer below the share) while one never reshuffles, the same
+  order every pass, whatever passes the check reads, as does one below a ``cache()`` or snapshot (a
+  ``flat_map`` or ``interleave`` that shuffles included), or below or inside a step whose function
+  holds one (``d.cache()`` in a ``map`` or ``flat_map``, or in a ``group_by_window``'s
+  ``reduce_func``: 32 passes cached so passed 11 of 11, three ways, and 3 of 3; a right ``cache()``
+  then ``shuffle`` inside one is refused with them), or a shuffle with a fixed seed inside one
+  (``seed=7``, or any once ``tf.random.set_seed`` set one, as the notebook's setup does), made anew
+  with it at each call (``flat_map(lambda _: d.shuffle(n, seed=7).repeat(32)).repeat()``: passed 2
+  of 2; a right one whose function runs once, its shuffle repeated inside, is refused with it; a
+  seed computed from the function's arguments, a counter's, is not read), which replays its first
+  passes, or holds every element of an endless input; with more than 62 ways, each such shuffle must
+  hold its whole input). Still passes: a shuffle inside a ``flat_map``, an ``interleave`` or any
+  function of a step (a ``group_by_window``'s ``reduce_func``) stands for a whole one, and random
+  draws in a ``map`` exempt the slices below (a decoy as easily as a whole permutation): there only
+  how far examples move is read, a few examples (5 of 33-71) left in stored order below them pass
+  almost always (8: about 3 in 4 per worker, 2 in 5 checks), a hidden buffer of three quarters of
+  the share passes (one just over half is refused now and then); groups made into elements whose
+  shapes do not show them (flattened into vectors of an example's rank or of an unknown rank,
+  sparse, ragged, serialized, tuples of examples zipped from two ways of the share, datasets of
+  them, or ids of groups gathered in a ``map`` or ``flat_map``) count as examples (shapes are all
+  the graph tells): groups of a batch's size shuffled whole then ``shuffle(batch_size)`` pass about
+  7 in 8 checks simulated, 24 of 33 real runs; and more fresh passes than the check draws, then
+  stored order or those passes again (``repeat(32)``), from a source the graph does not list (a
+  ``counter``, slices made inside a ``flat_map`` or below random draws, a tensor of 32 passes
+  unbatched below a shuffle of its one element: 2 of 2): no number of passes read rules out a larger
+  one. Refused though right, as groups: elements with a component of a higher rank than an example's
+  (its batches' largest, less one), dropped or reshaped after the shuffle (an axis added, an image
+  carried), and batches whose rank tf.data cannot tell (the example rank is read from the other
+  components), and ``batch(1)``s that a zip or ``enumerate`` joins, a scan numbers, a map computes
+  new components of (a cast, an added id), or a snapshot stores, before the shuffle (a map after the
+  unbatch instead, or a snapshot of the examples before the shuffle: one after it stores its first
+  pass's order for every pass); and a whole ``tf.random.shuffle`` then a smaller shuffle of an
+  unknown number (a decoy's random draws look the same); a dataset that calls Python
+  (``from_generator``, a permutation drawn in a ``tf.py_function`` or ``tf.numpy_function``):
+  refused before any step, since a real job's remote workers cannot run one (it runs only in the
+  process of the Python program that made it); and a dataset that comes out of a ``tf.function`` or
+  ``tf.cond`` (or a loop) that ``dataset_fn`` calls, or is another dataset's element
+  (``get_single_element``, an iterator's), rebuilt from a serialized graph (``DatasetFromGraph``) or
+  served by the tf.data service (``distribute``), right or not: its steps are not in the graph read
+  (32 passes cached and replayed there passed 4 of 4 when it was, 4 of 4 each hidden those ways, 2
+  of 2 served), so it must be made in ``dataset_fn`` itself (a ``dataset_fn`` decorated with
+  ``tf.function`` is traced as its Python function, and read). Passes each another fixed arrangement
+  shuffled a little (drawn from a table of orders, one arrangement turned by a random ``roll`` or
+  read at a random stride each pass, its blocks in an order drawn each pass, or a stride with a
+  buffer of more than a third, up to a half, of the share), and one fixed arrangement behind a
+  hidden buffer of half the share (all but about 1 in 100 per worker at 33-35 examples) or a third
+  of it, or two ``shuffle(8)`` (now and then): a frame is tried only where it is set apart from the
+  passes it judges (rotations, reflections and strides; the earlier passes' order for the last 4),
+  as a uniform shuffle too is some arrangement in the frame its own pass sets. And every batch full
+  although a worker's share does not fill its last batch; the second case is a job sized for one
+  worker more than run (one joins later), so that shards cut by the notebook's worker count instead
+  of ``num_workers`` read too much;
 * ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
   counter, nothing lost when the workers update at the same moment (made likely by a barrier).
 
@@ -93,15 +99,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from course_utils.grading.checks import worker_passes
 from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
 from course_utils.grading.checks.dataset_shuffles import share_message
 from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.worker_passes import (
-    batches_per_worker,
-    fresh_passes_message,
-    passes_message,
-    unmade_dataset_message,
-)
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -274,15 +275,16 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 return f"return a dataset_fn (a function), got {dataset_fn!r:.80}"
             for _ in range(2):  # again if a busy machine starved a worker past the barrier
                 try:
-                    batches, cardinalities, error, shuffles, long = batches_per_worker(
-                        strategy, dataset_fn, num_steps, barrier, passes * per_worker)
+                    batches, cardinalities, error, shuffles, long = (
+                        worker_passes.batches_per_worker(
+                            strategy, dataset_fn, num_steps, barrier, passes * per_worker))
                 except (TypeError, ValueError) as failure:
                     return ("the dataset must yield (features, labels) batches: "
                             f"{type(failure).__name__}: {str(failure)[:160]}")
                 except Exception as failure:  # Python in it, or a worker could not make it
-                    if unmade_dataset_message(failure) is None:
+                    if worker_passes.unmade_dataset_message(failure) is None:
                         raise
-                    return unmade_dataset_message(failure)
+                    return worker_passes.unmade_dataset_message(failure)
                 if not isinstance(error, TimeoutError):
                     break
             else:
@@ -348,7 +350,7 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 return f"examples {missing[:5]}... were never read by any worker"
             for w, per in batches.items():
                 stream = [i for b in per for i in b]
-                message = passes_message(w, stream, seen[w], order)
+                message = worker_passes.passes_message(w, stream, seen[w], order)
                 if message:
                     return message
             for w in sorted(shuffles):
@@ -356,7 +358,8 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                 if message:
                     return message
             for w in sorted(batches):  # the passes of another iterator, however it is made
-                message = fresh_passes_message(w, long.get(w, []), seen[w], order, passes)
+                message = worker_passes.fresh_passes_message(
+                    w, long.get(w, []), seen[w], order, passes)
                 if message:
                     return message
             return None

@@ -34,7 +34,8 @@ class RunsPython(Exception):
 class HiddenDataset(Exception):
     """A worker's dataset comes out of a function call or control flow (a ``tf.function`` or
     ``tf.cond`` that ``dataset_fn`` calls), another dataset's element (``get_single_element``,
-    an iterator's), or a serialized graph, whose steps its graph does not show."""
+    an iterator's), a serialized graph or the tf.data service, whose steps its graph does not
+    show."""
 
 
 def unmade_dataset_message(failure: Exception) -> str | None:
@@ -49,7 +50,8 @@ def unmade_dataset_message(failure: Exception) -> str | None:
                 "py_function docs). Make it of tf.data steps and TensorFlow ops")
     if isinstance(failure, HiddenDataset):
         return ("a worker's dataset comes out of a tf.function, tf.cond or loop that dataset_fn "
-                "calls, another dataset's element or a serialized graph: the check reads the "
+                "calls, another dataset's element, a serialized graph or the tf.data service: "
+                "the check reads the "
                 "steps of a dataset made in dataset_fn itself (its shuffles, caches, branches). "
                 "Make the dataset's steps there")
     if type(failure).__name__ != "ClosureInputError":
@@ -67,7 +69,8 @@ def unmade_dataset_message(failure: Exception) -> str | None:
 
 _HIDES = frozenset(("PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "Case",
                     "StatelessCase", "While", "StatelessWhile", "DatasetFromGraph",
-                    "DatasetToSingleElement"))
+                    "DatasetToSingleElement", "DataServiceDataset", "DataServiceDatasetV2",
+                    "DataServiceDatasetV3", "DataServiceDatasetV4"))
 # a dataset op's type ends so (``TensorSliceDataset``, ``ShuffleDatasetV3``)
 _DATASET_OPS = ("Dataset", "DatasetV2", "DatasetV3", "DatasetV4", "DatasetV5")
 
@@ -75,8 +78,9 @@ _DATASET_OPS = ("Dataset", "DatasetV2", "DatasetV3", "DatasetV4", "DatasetV5")
 def made_hidden(dataset: Any) -> bool:
     """Whether a step on the ways from ``dataset`` down to its sources is a function call or
     control flow, another dataset's element (``get_single_element``; an iterator's, a
-    variable's or a queue's: no dataset op) or a serialized graph (``DatasetFromGraph``): the
-    dataset steps inside it are not read. A dataset captured from outside ``dataset_fn``
+    variable's or a queue's: no dataset op), a serialized graph (``DatasetFromGraph``) or the
+    tf.data service's elements (``distribute``: ``DataServiceDataset``, its dataset registered
+    by id): the dataset steps inside it are not read. A dataset captured from outside ``dataset_fn``
     (``Placeholder``) is left to fail when a worker makes it."""
     tf = _tf()
     todo, seen = [dataset._variant_tensor.op], set()
