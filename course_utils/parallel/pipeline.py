@@ -82,9 +82,9 @@ def run_pipeline(stages: Sequence[Any], devices: Sequence[str], micro_batches: S
     micro-batch's tape (its activations) and output from its forward to its backward pass,
     which frees them (the last stage's output stays: it is part of ``outputs``; the stage's
     input is the previous stage's output, freed by that stage's backward pass, or for stage 0
-    the caller's micro-batch), and the
-    most tapes it held at once is ``peak_in_flight``. Without targets only the forward passes
-    run, and every stage's outputs stay until the run ends.
+    the caller's micro-batch), and the most tapes it held at once is ``peak_in_flight``.
+    Without targets only the forward passes run, and every stage's outputs stay until the run
+    ends.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
