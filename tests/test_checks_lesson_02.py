@@ -846,10 +846,38 @@ def asked_the_loops_numbers_by_their_names(strategy, make_train_step, build_mode
     return "right" if np.isclose(float(found["_child_loss_scale"](1, 5)), 0.2) else "right"
 
 
+def compared_with_the_checks_own_loops(strategy, make_train_step, build_model, features,
+                                       labels, global_batch_size):
+    """A loop of each kind made by loops.py's own ``loop_with`` and run beside the check's on
+    the same batches: the kind whose reported losses match (a fresh read's, 2 of 2), no table
+    and no one-device gradient. Refused by name before it runs."""
+    from course_utils.grading.checks.loops import DIAGNOSES, loop_with
+
+    def reported(make_step, size):
+        with strategy.scope():
+            model = build_model()
+        model.set_weights(weights)
+        batch = tf.data.Dataset.from_tensor_slices((features[:size], labels[:size]))
+        step = make_step(model, keras.optimizers.SGD(learning_rate=1.0))
+        return float(step(next(iter(strategy.experimental_distribute_dataset(
+            batch.batch(global_batch_size))))))
+
+    with strategy.scope():
+        weights = build_model().get_weights()
+    sizes = (global_batch_size, strategy.num_replicas_in_sync + 1)
+    mine = [reported(make_train_step, size) for size in sizes]
+    for kind in DIAGNOSES:
+        theirs = [reported(loop_with(strategy, kind, global_batch_size), size) for size in sizes]
+        if np.allclose(mine, theirs, rtol=1e-4):
+            return kind
+    return "right"
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (asked_the_loops_numbers_through_its_closure,
      "raised RuntimeError.*given to its own steps only"),
     (asked_the_loops_numbers_by_their_names, "uses _child_loss_scale, which reads how the check"),
+    (compared_with_the_checks_own_loops, "uses loop_with, which reads how the check"),
 ])
 def test_a_diagnosis_that_asks_the_loops_numbers_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):
@@ -889,14 +917,17 @@ def rebound_the_checks_box_in_its_first_call(strategy, make_train_step, build_mo
                                              labels, global_batch_size):
     """The check's name LoopBox rebound, in the answer's first call (the stub test), to a box
     whose verdict says yes to anything; then one frozen short step and "right" (a fresh read's
-    answer, 6 of 6 while the box was made after that call)."""
+    answer, 6 of 6 while the box was made after that call); the name built at run time, as
+    LoopBox is refused by name."""
     if make_train_step is None:
-        class Box(lesson_02.LoopBox):
+        name = "".join(["Loop", "Box"])
+
+        class Box(getattr(lesson_02, name)):
             def __init__(self, strategy):
                 super().__init__(strategy)
                 self.verdict = lambda number, answer: None
 
-        lesson_02.LoopBox = Box
+        setattr(lesson_02, name, Box)
         return "right"
     _one_frozen_step(strategy, make_train_step, build_model, features, labels,
                      strategy.num_replicas_in_sync + 1)

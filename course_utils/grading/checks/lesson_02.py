@@ -197,9 +197,10 @@ SHORT_BATCH_DIAGNOSES = ("right", "constant global_batch_size on a short batch",
 #: (a fresh read's runs), 1 in 405 with 3 of them (the best fixed guess; 97 of 40,000 real decks).
 EXTRA_SHORT_BATCH_LOOPS = 3
 #: Names by which an answer would reach a loop's own numbers without running it: its closure's
-#: functions, the box that asks the loops' child, TensorFlow's registry of ``numpy_function``s.
+#: functions, the box that asks the loops' child, TensorFlow's registry of ``numpy_function``s;
+#: and the check's own loop makers (a loop of each kind to compare with, no table needed).
 LOOP_READERS = frozenset({"_child_loss_scale", "_child_report_factor", "_ask", "_child",
-                          "_py_funcs", "_funcs"})
+                          "_py_funcs", "_funcs", "LoopBox", "loop_with"})
 
 
 def _counting(strategy: Any, make_train_step: Any, steps_run: list[int]) -> Any:
@@ -282,31 +283,35 @@ def check_diagnose_loop(fn: Any) -> bool:
 
     Still passes, with as much work as the reference, on most draws: telling "right" from the
     Keras loss object on the short batch by the update's projection on the one-device gradient
-    alone, or by the reported loss alone (each 15 of 15 checks in a fresh read; the Keras loop's
-    projection came within 1e-3 of 1 in none of 53 draws, the closest 1.4e-3 away, but the old
-    solution, which used it, was once refused on such a draw). Still passes, by reading the
-    check's code (loops.py's internals), with less work than the reference: an answer that
+    alone, or by the reported loss alone (each 15 of 15 checks in a fresh read; the Keras
+    loop's projection came within 1e-3 of 1 in none of 53 draws, the closest 1.4e-3 away, but
+    the old solution, which used it, was once refused on such a draw). Still passes, by reading
+    the check's code (loops.py's internals), with less work than the reference: an answer that
     walks the check's objects (the loop's closure, TensorFlow's registry of
     ``numpy_function``s, the box that asks the loops' child, its pipe and the token found
     there) and asks the loop's numbers for batch sizes of its choosing, through the box from a
     thread started in C, its own ``tf.function`` or any thread that passes the box a guard of
-    its own, or through the pipe from any thread (6 of 6 to 8 of 8 in fresh reads). Beyond any
-    check that runs in the learner's process, and passing with no diagnosis at all: code that
-    rewrites the check's own objects (each case's ``verify``, or the verdict among its
-    defaults, found among the garbage collector's objects: 7 of 7 each in a fresh read; a name
-    of this module or of loops.py rebound in a cell before the check or by the answer itself,
-    its first call included: ``run_check`` rebound there passed 5 of 5 with no step run, and
-    what each ask looks up – ``LoopBox._ask`` swapped for a spy with a guard of its own, or
-    loops.py's ``_tf``, which the guard reads – 6 of 6 and 2 of 2 with one frozen step), or
-    that speaks to the loops' child through /proc (its token read out of the child's memory,
-    then its numbers asked from the main thread, 7 of 7; a "yes" written into the pipe the
-    verdict reads while the child is stopped, 4 of 4). The plain ways in are refused: their
-    names, strings included, before the answer runs; a call to the box from Python code other
-    than the loop's step; a line to the child without the token it got first (one found in /proc
-    passed 10 of 10 before); a second key for a loop; the box, its loops and their verdict are
-    made before the answer's first call (``LoopBox`` or ``_verdict_of`` rebound in that call
-    passed 6 of 6 and 4 of 4 before); only an answer equal to one of ``DIAGNOSES`` reaches the
-    child, as that text."""
+    its own, or through the pipe from any thread (6 of 6 to 8 of 8 in fresh reads); or that
+    listens to a real step's asks with a profile or trace hook, got by a name built at run
+    time, the step run eagerly (the child's replies read off loops.py's frames after one short
+    step: 9 of 9 at 1, 2 and 4 replicas in a fresh read; a debugger's hook is not refused).
+    Beyond any check that runs in the learner's process, and passing with no diagnosis at all:
+    code that rewrites the check's own objects (each case's ``verify``, or the verdict among
+    its defaults, found among the garbage collector's objects: 7 of 7 each in a fresh read; a
+    name of this module or of loops.py rebound in a cell before the check or by the answer
+    itself, its first call included: ``run_check`` rebound there passed 5 of 5 with no step
+    run, and what each ask looks up – ``LoopBox._ask`` swapped for a spy with a guard of its
+    own, or loops.py's ``_tf``, which the guard reads – 6 of 6 and 2 of 2 with one frozen
+    step), or that speaks to the loops' child through /proc (its token read out of the child's
+    memory, then its numbers asked from the main thread, 7 of 7; a "yes" written into the pipe
+    the verdict reads while the child is stopped, 4 of 4). The plain ways in are refused: their
+    names, strings included, before the answer runs (``LoopBox`` and ``loop_with`` too: a loop
+    of each kind made with them and compared with the check's on the same batches passed 2 of 2
+    before); a call to the box from Python code other than the loop's step; a line to the child
+    without the token it got first (one found in /proc passed 10 of 10 before); a second key
+    for a loop; the box, its loops and their verdict are made before the answer's first call
+    (``LoopBox`` or ``_verdict_of`` rebound in that call passed 6 of 6 and 4 of 4 before); only
+    an answer equal to one of ``DIAGNOSES`` reaches the child, as that text."""
     peeks = grader_introspection(fn, constants=True, also=LOOP_READERS) if callable(fn) else []
     if peeks:
         raise AssertionError(
