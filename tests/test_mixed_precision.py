@@ -239,7 +239,7 @@ def test_benchmark_caption_names_the_machine_and_the_baseline():
     payload.update(date="2026-11-26", baseline="float32")
     caption = mp.benchmark_caption(payload, this_machine=True)
     assert caption.startswith("This hardware: AMD EPYC, 16-bit flags none, oneDNN ops off")
-    assert "2 cores" in caption and caption.endswith("speed-up over float32")
+    assert "2 CPU threads" in caption and caption.endswith("speed-up over float32")
     assert mp.benchmark_caption(payload, this_machine=False).startswith("Not this machine")
     payload["machine"]["load_average_1min"] = [2.24, 5.65]  # as benchmarks/ writes it
     assert "load average 2.24 at the start, 5.65 at the end" in mp.benchmark_caption(
