@@ -2022,3 +2022,27 @@ def test_a_failed_job_names_a_model_built_outside_the_strategy(tmp_path):
                     "scope", lesson_03._failed_build(tmp_path, 3))
     (tmp_path / "built-1.json").write_text(json.dumps([right, right]))
     assert "worker 1 called build_model 2 times" in lesson_03._failed_build(tmp_path, 3)
+
+
+def test_a_job_that_failed_as_the_transport_fails_runs_once_more_and_only_that_once():
+    """A right job failed now and then on 2 busy cores with a collective's error: the check
+    runs it once more; a failure of the learner's own code (or a second transport failure)
+    stands, and a right first verdict is never run again."""
+    from course_utils.grading.checks.forked_workers import once_more_if_transient
+
+    def attempts(*verdicts):
+        calls = []
+
+        def attempt():
+            calls.append(None)
+            return verdicts[len(calls) - 1]
+        return attempt, calls
+
+    timed_out = ("the job failed: worker 0 failed (exit code 1): DeadlineExceededError: "
+                 "Collective has timed out during execution")
+    own = "the job failed: worker 1 failed (exit code 1): ValueError: shapes differ"
+    for verdicts, result, runs in [((timed_out, None), None, 2), ((timed_out, timed_out),
+                                    timed_out, 2), ((own, None), own, 1), ((None,), None, 1),
+                                   (("the weights differ",), "the weights differ", 1)]:
+        attempt, calls = attempts(*verdicts)
+        assert once_more_if_transient(attempt) == result and len(calls) == runs

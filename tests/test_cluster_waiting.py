@@ -17,6 +17,7 @@ import portpicker
 import pytest
 
 from course_utils.cluster import ClusterTimeoutError, WorkerError
+from course_utils.cluster.errors import error_summary
 from course_utils.cluster.logs import WorkerLogs
 from course_utils.cluster.waiting import WorkerWaiter, poll_until
 
@@ -114,7 +115,7 @@ def test_a_worker_that_dies_raises_a_worker_error_naming_it(tmp_path, silent_por
     assert time.monotonic() - started < HANG / 2  # raised when it died, not at the time-out
     error = failure.value
     assert (error.worker, error.returncode) == (1, 1) and error.elapsed >= 0.2
-    assert str(error).startswith("worker 1 failed (exit code 1)")
+    assert str(error).startswith("worker 1 failed (exit code 1): ValueError: boom. Last lines")
     assert "ValueError: boom" in error.log_tail
     assert "worker 0 (still running), last lines:" in str(error)  # seen before the stop
     assert fake.stops >= 1 and fake.workers[0].code == -9  # and then stopped
@@ -253,3 +254,18 @@ def test_a_cluster_runs_a_script_or_a_module_never_both_or_neither(tmp_path):
         LocalCluster(module="course_utils.no_such_module", start=False)
     cluster = LocalCluster(module="course_utils.works_where.worker", start=False)
     assert cluster.module == "course_utils.works_where.worker" and cluster.script is None
+
+
+def test_the_error_summary_gives_a_graph_errors_op_message_not_its_header():
+    """TensorFlow prints "Graph execution error:" on the exception's line and the op's own
+    message last, after the frames of the node's definition (as a worker's log ends)."""
+    log = ("step 1 loss 1.0\nTraceback (most recent call last):\n  File \"worker.py\", line 9\n"
+           "tensorflow.python.framework.errors_impl.DeadlineExceededError: Graph execution "
+           "error:\n\nDetected at node CollectiveReduceV2 defined at (most recent call last):\n"
+           "  File \"worker.py\", line 9, in <module>\n\nCollective has timed out during "
+           "execution [[{{node CollectiveReduceV2}}]] [Op:__inference_train_step_7]\n")
+    assert error_summary(log) == ("DeadlineExceededError: Collective has timed out during "
+                                  "execution [[{{node CollectiveReduceV2}}]] "
+                                  "[Op:__inference_train_step_7]")
+    assert error_summary("Traceback\nKeyError: 'x'\n") == "KeyError: 'x'"
+    assert error_summary("step 1\nstep 2\n") is None

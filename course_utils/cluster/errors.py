@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 
 from .logs import WorkerLogs, indent
 from .processes import describe_exit
 
-__all__ = ["ClusterTimeoutError", "WorkerError", "timeout_error", "worker_failure"]
+__all__ = ["ClusterTimeoutError", "WorkerError", "error_summary", "timeout_error",
+           "worker_failure"]
+
+#: A Python exception's last line: ``module.path.SomeError: message``.
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception|Exit)): ?(.*)$")
 
 
 class WorkerError(RuntimeError):
@@ -36,6 +41,24 @@ class ClusterTimeoutError(TimeoutError):
     """The cluster did not finish (or print what was awaited) within its time-out."""
 
 
+def error_summary(log: str, limit: int = 300) -> str | None:
+    """The exception a worker's log ends with, in one line (``SomeError: message``), or None.
+
+    TensorFlow's graph errors say only "Graph execution error:" on that line and print the
+    op's own message last, after the frames of the node's definition: that message is used.
+    """
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    for index in range(len(lines) - 1, -1, -1):
+        found = _EXCEPTION_LINE.match(lines[index])
+        if found:
+            name, message = found.groups()
+            if message.endswith("execution error:") and index < len(lines) - 1:
+                message = lines[-1]
+            summary = f"{name}: {message}"
+            return summary if len(summary) <= limit else summary[:limit - 1] + "…"
+    return None
+
+
 def worker_failure(
     codes: Sequence[int | None], killed: Collection[int], logs: WorkerLogs, elapsed: float
 ) -> WorkerError | None:
@@ -49,7 +72,9 @@ def worker_failure(
         return None
     first, code = next(((i, c) for i, c in failed if i in killed), failed[0])
     how = "was killed on purpose" if first in killed else "failed"
-    parts = [f"worker {first} {how} ({describe_exit(code)}). Last lines of its log:"]
+    summary = error_summary(logs.read(first)) if first not in killed else None
+    said = f": {summary}" if summary else ""
+    parts = [f"worker {first} {how} ({describe_exit(code)}){said}. Last lines of its log:"]
     parts.append(indent(logs.tail(first)))
     for other, other_code in enumerate(codes):
         if other != first:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,13 +30,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from course_utils.cluster import LocalCluster
 from course_utils.cluster.tf_config import cluster_spec
 from course_utils.cluster.waiting import WorkerWaiter
 
-__all__ = ["ForkedCluster"]
+__all__ = ["ForkedCluster", "once_more_if_transient"]
+
+#: What a job's failure says when the cluster's own transport failed, not the learner's code:
+#: TensorFlow's errors of a collective or an RPC between the workers, and gRPC's own.
+TRANSIENT = re.compile(r"\b(?:DeadlineExceededError|UnavailableError|AbortedError|"
+                       r"CancelledError)\b|Unable to parse request|stopped sending heartbeats")
 
 #: The zygote: imports once, then forks one worker per request (a datagram holding the
 #: request, with the log file's descriptor) and answers its pid, later its exit code.
@@ -189,6 +196,19 @@ def _first_line(process: subprocess.Popen, timeout: float) -> bytes:
 
 
 atexit.register(_stop_zygote)
+
+
+def once_more_if_transient(attempt: Callable[[], str | None],
+                           failed: str = "the job failed:") -> str | None:
+    """``attempt()``'s verdict (None: right), run once more when its first verdict is a job
+    that failed as a cluster's transport fails (:data:`TRANSIENT`): on 2 cores, busy with
+    other clusters, such a failure was seen now and then in a job of right answers. A wrong
+    answer that makes its job fail this way fails both times; only the second verdict counts.
+    """
+    verdict = attempt()
+    if verdict is not None and verdict.startswith(failed) and TRANSIENT.search(verdict):
+        verdict = attempt()
+    return verdict
 
 
 class ForkedWorker:

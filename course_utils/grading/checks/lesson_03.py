@@ -58,6 +58,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ from course_utils.grading.checks.diagnosis import (  # noqa: F401
     _diagnosis_cases,
     check_diagnose,
 )
-from course_utils.grading.checks.forked_workers import ForkedCluster
+from course_utils.grading.checks.forked_workers import ForkedCluster, once_more_if_transient
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.resume_inputs import (
     dataset_fn_problem,
@@ -334,7 +335,8 @@ def check_train_worker(fn: Any) -> bool:
     # once the first passed
     cases = [Case(args=(workers,), verify=lambda reason: reason,
                   label=f"a fresh job on {workers} workers") for workers in (2, 3)]
-    return run_check(name, run_and_verify, cases,
+    return run_check(name, lambda workers: once_more_if_transient(
+                         lambda: run_and_verify(workers)), cases,
                      hint="compare the broken worker with the lesson's script, parts 1-5: "
                           "a dataset_fn sharded by its InputContext, the global batch of "
                           "all replicas (num_replicas_in_sync: the check runs 2 and 3 "
@@ -345,10 +347,6 @@ def check_train_worker(fn: Any) -> bool:
 
 
 # --- exercise 3: resume after the job changed shape -------------------------------------------
-
-
-def _steps_logged(log: str) -> list[int]:
-    return [int(step) for step in re.findall(r"^step (\d+) ", log, re.MULTILINE)]
 
 
 def _run_killed(script: Path, args: list[str], folder: Path, kill_after: int) -> None:
@@ -367,7 +365,7 @@ def _verify_resume(folder: Path, job: dict[str, Any], logs: list[str], saved: in
         seen = started.group(1) if started else "?"
         return (f"the restarted job began at example {seen}, but the chief's newest checkpoint "
                 f"holds {saved}: restore it and return examples_done")
-    steps = _steps_logged(logs[0])
+    steps = [int(step) for step in re.findall(r"^step (\d+) ", logs[0], re.MULTILINE)]
     if steps != list(range(1, job["steps"] + 1)):
         return f"the restarted job trained steps {steps}, expected 1-{job['steps']}"
     batch = job["global_batch"]
@@ -419,7 +417,9 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
         job["global_batch"] = rng.choice([b for b in (16, 24, 32) if b != first_batch])
         args = _script_args(job, folder)
 
-        def kill_restart_verify(_: Any) -> str | None:
+        def kill_restart_verify() -> str | None:
+            for leftover in ("checkpoints", "out"):   # of a first try, run once more
+                shutil.rmtree(folder / leftover, ignore_errors=True)
             script.write_text(resume_script(function_source(restore_latest, "restore_latest"),
                                             function_source(make_dataset_fn, "make_dataset_fn")))
             try:
@@ -436,7 +436,7 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
 
         parts = {"restore": lambda: restore_problem(restore_latest, rng),
                  "dataset": lambda: dataset_fn_problem(make_dataset_fn, rng),
-                 "cluster": lambda: kill_restart_verify(None)}
+                 "cluster": lambda: once_more_if_transient(kill_restart_verify)}
         cases = [Case(args=("restore",), verify=lambda reason: reason,
                       label="restore_latest on fresh checkpoints, in this process"),
                  Case(args=("dataset",), verify=lambda reason: reason,
