@@ -168,8 +168,9 @@ def draw_parameter_server(num_workers: int = 3, num_ps: int = 2, ax: Any = None)
     return ax
 
 def draw_tpu_host_loop(steps: int = 8, steps_per_execution: int = 4) -> Any:
-    """Lesson 05: host ↔ TPU round-trips for ``steps`` steps, one step per call (top) and
-    ``steps_per_execution`` steps per call (bottom): each call is a launch and a wait."""
+    """Lesson 05: Python's calls for ``steps`` steps, one step per call (top) and
+    ``steps_per_execution`` steps per call (bottom): each call is a dispatch and a wait
+    (illustrative durations)."""
     import matplotlib.pyplot as plt
 
     if steps < 1 or steps_per_execution < 1:
@@ -190,12 +191,12 @@ def draw_tpu_host_loop(steps: int = 8, steps_per_execution: int = 4) -> Any:
                         arrowprops={"arrowstyle": "->", "color": "grey"})
             t += in_call * step
             calls += 1
-        ax.set_yticks([0.5, 1.5], ["TPU", "host"])
+        ax.set_yticks([0.5, 1.5], ["TPU", "Python"])
         ax.set_ylim(0, 2)
-        ax.set_title(f"steps_per_execution={per_call}: {calls} round-trips for {steps} steps, "
-                     f"{t:.1f} time units", fontsize=9)
+        ax.set_title(f"steps_per_execution={per_call}: {calls} calls for {steps} steps, "
+                     f"{t:.1f} time units (illustrative durations, not measured)", fontsize=9)
         ax.spines[["top", "right"]].set_visible(False)
-    axes[-1].set_xlabel("time (orange: the host launches a call and waits for its result; "
+    axes[-1].set_xlabel("time (orange: Python calls the function and waits for its result; "
                         "blue: training steps on the TPU)")
     fig.tight_layout()
     return axes

@@ -46,8 +46,8 @@ def draw_tpu_system(chip: str = "v5e", ax: Any = None) -> Any:
     ax.text(chip_left + 0.01, 0.92, f"TPU {spec.name} chip", fontsize=9, va="center")
     if spec.tensor_cores > spec.devices_per_chip:
         ax.text(chip_left + chip_width / 2, 0.92,
-                f"{spec.tensor_cores} TensorCores = 1 replica (megacore)", fontsize=9,
-                va="center", ha="center")
+                f"{spec.tensor_cores} TensorCores = 1 replica (megacore: JAX's account)",
+                fontsize=9, va="center", ha="center")
     _box(ax, chip_left + 0.02, 0.06, chip_width - 0.04, 0.12, PALETTE[5],
          f"HBM: {spec.hbm_gb} {spec.hbm_unit} (weights, activations, the batch)", fontsize=8)
     core_width = (chip_width - 0.04 - 0.02 * (spec.tensor_cores - 1)) / spec.tensor_cores
