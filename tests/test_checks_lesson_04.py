@@ -493,11 +493,11 @@ def share_permuted(features, labels, size, num_workers):
 
 def shuffled_positions(features, labels, size, num_workers):
     def dataset_fn():  # right: positions shuffled, examples gathered
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        n = _share_of(features, num_workers)
-        places = tf.data.Dataset.range(n).shuffle(n)
-        at = lambda i: i * num_workers + tf.cast(worker, tf.int64)
-        data = places.map(lambda i: (tf.gather(features, at(i)), tf.gather(labels, at(i))))
+        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
+                         tf.int64)
+        places = tf.data.Dataset.range(worker, features.shape[0], num_workers)
+        places = places.shuffle(features.shape[0])
+        data = places.map(lambda i: (tf.gather(features, i), tf.gather(labels, i)))
         return data.repeat().batch(size)
     return dataset_fn
 
@@ -845,14 +845,25 @@ def ids_zipped_after(features, labels, size, num_workers):
         return data.repeat().batch(size)
     return dataset_fn
 
+def _shares(features, num_workers):  # each worker's share: its size, its example ids
+    return [list(range(w, features.shape[0], num_workers)) for w in range(num_workers)]
+
+def _padded(rows):  # rows of unequal lengths as one table, and their lengths
+    width = max(len(row) for row in rows)
+    return (tf.constant([row + [0] * (width - len(row)) for row in rows], tf.int32),
+            tf.constant([len(row) for row in rows], tf.int32))
+
 def turned_then_shuffled(features, labels, size, num_workers):
     def dataset_fn():  # each pass the share rotated, reversed or strided, then a buffer of 8
         import math
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        n = _share_of(features, num_workers)
-        units = [a for a in range(1, n) if math.gcd(a, n) == 1]
+        shares = _shares(features, num_workers)
+        table, counts = _padded([[a for a in range(1, len(ids)) if math.gcd(a, len(ids)) == 1]
+                                 for ids in shares])
+        units = tf.gather(table, worker)[:tf.gather(counts, worker)]
+        n = tf.constant([len(ids) for ids in shares], tf.int32)[worker]
         def one_pass(_):
-            a = tf.gather(units, tf.random.uniform([], 0, len(units), tf.int32))
+            a = tf.gather(units, tf.random.uniform([], 0, tf.size(units), tf.int32))
             at = (a * tf.range(n) + tf.random.uniform([], 0, n, tf.int32)) % n
             at = at * num_workers + tf.cast(worker, tf.int32)
             slices = (tf.gather(features, at), tf.gather(labels, at))
@@ -865,14 +876,30 @@ def fixed_then_shuffled(features, labels, size, num_workers):
     def dataset_fn():  # one arrangement drawn for good, then a buffer of 8 each pass
         import numpy as np
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        n = _share_of(features, num_workers)
-        at = np.random.default_rng().permutation(n) * num_workers
-        at = tf.constant(at, tf.int32) + tf.cast(worker, tf.int32)
+        draw = np.random.default_rng()
+        table, counts = _padded([draw.permutation(ids).tolist()
+                                 for ids in _shares(features, num_workers)])
+        at = tf.gather(table, worker)[:tf.gather(counts, worker)]
         def one_pass(_):
             slices = (tf.gather(features, at), tf.gather(labels, at))
             return tf.data.Dataset.from_tensor_slices(slices).shuffle(8)
         data = tf.data.Dataset.from_tensors(0).repeat().flat_map(one_pass)
         return data.apply(tf.data.experimental.assert_cardinality(-1)).batch(size)
+    return dataset_fn
+
+def repeat_40_said_infinite(features, labels, size, num_workers):
+    def dataset_fn():  # 40 passes, more than the check reads, said endless: it runs dry later
+        data = _shard(features, labels, num_workers).shuffle(10_000).repeat(40).batch(size)
+        return data.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    return dataset_fn
+
+def floor_blocks(features, labels, size, num_workers):
+    def dataset_fn():  # contiguous shares of len // num_workers: the last few never read
+        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
+                         tf.int64)
+        n = features.shape[0] // num_workers
+        data = tf.data.Dataset.from_tensor_slices((features, labels)).skip(worker * n).take(n)
+        return data.shuffle(10_000).repeat().batch(size)
     return dataset_fn
 
 for name, fn in [("right", make()), ("stub", stub),
@@ -946,7 +973,9 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("truncated_normal_in_a_cond", truncated_normal_in_a_cond),
                  ("ids_zipped_after", ids_zipped_after),
                  ("turned_then_shuffled", turned_then_shuffled),
-                 ("fixed_then_shuffled", fixed_then_shuffled)]:
+                 ("fixed_then_shuffled", fixed_then_shuffled),
+                 ("repeat_40_said_infinite", repeat_40_said_infinite),
+                 ("floor_blocks", floor_blocks)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -1141,6 +1170,10 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "turned_then_shuffled"): _ARRANGED,
         # every pass one arrangement drawn for good, shuffled a little
         ("DATASET", "fixed_then_shuffled"): _ARRANGED,
+        # endless by assertion only: its input's count (40 passes) is known
+        ("DATASET", "repeat_40_said_infinite"): "said to be endless",
+        # the examples need not divide evenly: shares of len // num_workers leave some out
+        ("DATASET", "floor_blocks"): "never read",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",
@@ -1644,3 +1677,31 @@ def test_a_pipe_sent_through_a_copy_of_the_copiers_socket_is_not_taken_for_its_o
     os.close(theirs[0])
     os.close(theirs[1])
     assert len(taken) == 3
+
+
+def test_passes_whose_parts_keep_to_places_of_their_own_are_refused():
+    """Uniform passes join every example to every place; halves shuffled apart and interleaved,
+    or a few examples kept in stored order at each pass's end, keep to places of their own."""
+    import numpy as np
+
+    from course_utils.grading.checks import worker_passes
+
+    rng = np.random.default_rng(3)
+    for n in (33, 50, 71):
+        stored = list(range(n))
+        for _ in range(200):
+            uniform = [rng.permutation(n).tolist() for _ in range(8)]
+            assert worker_passes.fresh_passes_message(
+                0, sum(uniform, []), set(stored), stored, 8) is None
+        halves = []
+        for _ in range(8):
+            one = np.empty(n, int)
+            one[0::2] = rng.permutation(np.arange(n - n // 2))
+            one[1::2] = rng.permutation(np.arange(n - n // 2, n))
+            halves.append(one.tolist())
+        tail = [rng.permutation(n - 5).tolist() + stored[n - 5:] for _ in range(8)]
+        for passes, apart in ((halves, n // 2), (tail, 1)):
+            message = worker_passes.fresh_passes_message(
+                0, sum(passes, []), set(stored), stored, 8)
+            assert message and f"{apart} of worker 0's {n} examples took only" in message, (
+                message)

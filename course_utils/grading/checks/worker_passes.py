@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.dataset_shuffles import shuffles_of
+from course_utils.grading.checks.share_parts import split_message
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["SAME_ORDER", "HiddenDataset", "RunsPython", "batches_per_worker",
-           "fresh_passes_message", "made_hidden", "passes_message", "reach", "turned_reach",
-           "unmade_dataset_message", "usual_reach"]
+__all__ = ["ASSERTED", "SAME_ORDER", "HiddenDataset", "RunsPython", "batches_per_worker",
+           "fresh_passes_message", "made_hidden", "passes_message", "reach",
+           "turned_reach", "unmade_dataset_message", "usual_reach"]
 
 
 _PYTHON = frozenset(("PyFunc", "PyFuncStateless", "EagerPyFunc"))
@@ -126,6 +127,29 @@ class _Node:  # a function body's node, read like an op
         self.type, self.node_def, self.graph = node.op, node, graph
 
 
+#: The cardinality read for a dataset that ``assert_cardinality(INFINITE_CARDINALITY)`` says is
+#: endless over an input that tf.data counts finite: it runs dry after that input's elements
+#: (more passes, ``repeat(40)``, than the check reads), with an error in place of OutOfRange.
+ASSERTED = -4
+
+
+def _asserted_infinite(dataset: Any) -> list[Any]:
+    """The ``AssertCardinalityDataset`` ops on the ways from ``dataset`` down to its sources
+    that assert an infinite cardinality."""
+    tf = _tf()
+    todo, seen, found = [dataset._variant_tensor.op], set(), []
+    while todo:
+        op = todo.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type == "AssertCardinalityDataset" and tf.get_static_value(op.inputs[1]) == int(
+                tf.data.INFINITE_CARDINALITY):
+            found.append(op)
+        todo.extend(tensor.op for tensor in op.inputs if tensor.dtype == tf.variant)
+    return found
+
+
 def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: Any,
                        read: int = 0) -> Any:
     """Run ``num_steps`` steps in rounds of one per worker; each worker's batches, in order.
@@ -152,6 +176,9 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
         if made_hidden(dataset):
             raise HiddenDataset("hidden")
         cardinality = dataset.cardinality()  # on the worker, as made there
+        for asserted in _asserted_infinite(dataset):  # said endless, of a known finite input
+            inner = tf.raw_ops.DatasetCardinality(input_dataset=asserted.inputs[0])
+            cardinality = tf.where(inner >= 0, tf.constant(ASSERTED, tf.int64), cardinality)
         shuffles = shuffles_of(dataset)
         probed = dataset.map(lambda features, labels: (features, labels, cardinality, shuffles))
         # another iterator's first examples, read once (in the background, from the start)
@@ -280,8 +307,9 @@ def fresh_passes_message(worker: int, stream: list[int], own: set[int], order: l
     neighbours = ((after[:, None, :] == after[None, :, :]) & (after[:, None, :] >= 0)).sum(axis=2)
     common = np.triu(np.maximum(places, neighbours), k=1)
     if common.max() < SAME_ORDER:
-        return _arranged_message(worker, orders[1:], size) or _usual_message(
-            worker, orders[1:], size)
+        return (split_message(worker, orders[1:], size)
+                or _arranged_message(worker, orders[1:], size)
+                or _usual_message(worker, orders[1:], size))
     first, later = (int(k) for k in np.argwhere(common >= SAME_ORDER)[0])
     than = "their stored order" if first == 0 else f"the order of pass {first}"
     return (f"worker {worker}'s pass {later} keeps too much of {than}: "

@@ -1,0 +1,54 @@
+"""Passes in which a part of a worker's share keeps to places of its own (lesson 04's exercise 2):
+halves shuffled apart then interleaved, or a few examples kept in stored order, which no
+shuffle of the whole share does (:func:`kept_apart`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["kept_apart", "split_message"]
+
+
+def kept_apart(orders: np.ndarray) -> tuple[int, int]:
+    """``(examples, places)`` of the smallest part of the share whose examples took, over the
+    passes ``orders`` (``orders[k, j]``: the example at place j of pass k), only places that no
+    other example took (``(n, n)`` where there is none): a connected component of the graph that
+    joins each example to every place it took.
+
+    Each pass of a uniform shuffle is a random matching of examples to places; the union of P
+    of them leaves a part of k examples and k places apart with chance at most
+    ``C(n, k) ** (2 - P)`` summed over k (examples and places chosen, matched within in every
+    pass): at n = 33 and P = 8 (the fewest the check reads), 8e-10, all but all of it one
+    example always at one place (20,000 simulated at 33-71 examples and 8 or 10 passes: none
+    apart). Halves each shuffled then interleaved in a fixed pattern, or a few examples kept in
+    stored order at the end of each pass, stay apart in every pass."""
+    passes, n = orders.shape
+    parent = list(range(2 * n))  # examples 0..n-1, places n..2n-1
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for one in orders:
+        for place, example in enumerate(one.tolist()):
+            parent[root(int(example))] = root(n + place)
+    parts: dict[int, list[int]] = {}
+    for node in range(2 * n):
+        parts.setdefault(root(node), [0, 0])[node >= n] += 1
+    examples, places = min(parts.values(), key=lambda part: part[0] + part[1])
+    return examples, places
+
+
+def split_message(worker: int, orders: np.ndarray, size: int) -> str | None:
+    """Refuses passes whose examples keep, part by part, to places of their own (see
+    :func:`kept_apart`): each part shuffled on its own, not the whole share."""
+    examples, places = kept_apart(orders)
+    if examples >= size:
+        return None
+    return (f"over {len(orders)} passes, {examples} of worker {worker}'s {size} examples took "
+            f"only {places} of its {size} places, and no other example took those: a part of "
+            "the share kept to places of its own (shuffled apart, or kept in its order), not a "
+            "shuffle of the whole share, which can bring any example to any place (lesson 01, "
+            "section 7)")
