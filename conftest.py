@@ -34,6 +34,29 @@ LONGEST_FIRST = (
     "test_checks_lesson_01.py", "test_data.py", "test_memory_and_accumulation_plot.py", "05_")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest's main process starts pip's dry runs of ``tests/test_dependencies.py`` at once
+    (``tests/tools/dry_runs.py``), when the run will hold them: they wait on the registry, not
+    on a worker."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or "not slow" in (config.option.markexpr or ""):
+        return
+    here = Path(__file__).resolve().parent
+    wanted = here / "tests" / "test_dependencies.py"
+    given = [Path(str(arg).split("::")[0]).resolve() for arg in config.args]
+    if not any(path == wanted or path in wanted.parents for path in given):
+        return
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(here / "tests" / "tools"))
+    import dry_runs
+
+    folder = Path(tempfile.mkdtemp(prefix="course-dry-runs-"))
+    config.add_cleanup(dry_runs.start(folder).kill)
+    os.environ[dry_runs.FOLDER_ENV] = str(folder)
+    config.add_cleanup(lambda: os.environ.pop(dry_runs.FOLDER_ENV, None))
+
+
 def _rank(path: Path) -> int:
     """Where a file or notebook comes in ``LONGEST_FIRST`` (after all of them when absent)."""
     name = path.name

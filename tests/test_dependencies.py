@@ -6,14 +6,16 @@ import importlib.metadata
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
 from packaging.utils import canonicalize_name
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-COLAB_STACK = REPO / "requirements" / "colab.txt"
+sys.path.insert(0, str(REPO / "tests" / "tools"))
+import dry_runs as dry_runs_module  # noqa: E402
+
+COLAB_STACK = dry_runs_module.COLAB_STACK
 #: Installed on Colab by nobody, so the course must never bring them.
 FORBIDDEN = ("jupyterlab", "jupyterlab-server")
 
@@ -28,52 +30,28 @@ def colab_pins() -> dict[str, str]:
     return pins
 
 
-def _registry_reachable(pip: list[str]) -> bool:
-    """True when pip's index answers and knows Colab's Keras (so the resolver can run)."""
-    try:
-        result = subprocess.run([*pip, "index", "versions", "keras"], capture_output=True,
-                                text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        return False
-    return result.returncode == 0 and colab_pins()["keras"] in result.stdout
-
-
-#: The two questions for pip's resolver (``pip install --dry-run --report``): the course beside
-#: Colab's exact versions; the course with all extras under the lock.
-DRY_RUNS = {
-    "colab": [str(REPO), "-r", str(COLAB_STACK)],
-    "lock": ["-c", str(REPO / "requirements" / "lock.txt"), f"{REPO}[lab,grading,dev,book]"],
-}
-
-
 @pytest.fixture(scope="module")
-def dry_runs(tmp_path_factory) -> dict[str, tuple[subprocess.Popen, pathlib.Path]]:
-    """Both resolver runs, started at once (each mostly waits on the registry: together they
-    take the time of one)."""
-    pip = [sys.executable, "-m", "pip"]
-    if not _registry_reachable(pip):
+def dry_runs(tmp_path_factory) -> pathlib.Path:
+    """The folder of both resolver runs (``dry_runs.py``): started by pytest's main process as
+    the run began, or here when it did not."""
+    started = os.environ.get(dry_runs_module.FOLDER_ENV)
+    folder = pathlib.Path(started) if started else tmp_path_factory.mktemp("dry-runs")
+    runner = None if started else dry_runs_module.start(folder)
+    code = int(dry_runs_module.read(folder, "index.rc"))
+    if code != 0 or colab_pins()["keras"] not in dry_runs_module.read(folder, "index.out"):
         pytest.skip("the package registry is unreachable: pip's resolver cannot run")
-    folder = tmp_path_factory.mktemp("dry-runs")
-    started = {}
-    for name, args in DRY_RUNS.items():
-        report = folder / f"{name}.json"
-        started[name] = (subprocess.Popen(
-            [*pip, "install", "--dry-run", "--ignore-installed", "--quiet", "--report",
-             str(report), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-            report)
-    yield started
-    for process, _ in started.values():
-        process.kill()
-        process.communicate()
+    yield folder
+    if runner is not None:
+        runner.kill()
+        runner.wait()
 
 
-def _resolved(dry_runs: dict, name: str) -> dict[str, str]:
+def _resolved(folder: pathlib.Path, name: str) -> dict[str, str]:
     """What pip would install for the dry run ``name``: package -> version."""
-    process, report = dry_runs[name]
-    _, stderr = process.communicate(timeout=900)
-    assert process.returncode == 0, stderr[-3000:]
+    code = int(dry_runs_module.read(folder, f"{name}.rc"))
+    assert code == 0, (folder / f"{name}.err").read_text()[-3000:]
     return {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
-            for item in json.loads(report.read_text())["install"]}
+            for item in json.loads((folder / f"{name}.json").read_text())["install"]}
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -146,10 +147,69 @@ def _first_exercise(solution: nbformat.NotebookNode) -> set[str]:
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory, request):
     """Every exercise notebook graded by nbgrader and by our Gradescope autograder, three
-    students each."""
+    students each. nbgrader's environment is made (when the cached one is missing) while the
+    Gradescope autograder grades: pip mostly waits on the registry."""
     started = time.monotonic()
-    env_dir = _nbgrader_env(Path(request.config.cache.mkdir("nbgrader-0.9-env")))
     root = tmp_path_factory.mktemp("nbgrader")
+    with ThreadPoolExecutor(1) as pool:
+        nbgrader_env = pool.submit(_nbgrader_env,
+                                   Path(request.config.cache.mkdir("nbgrader-0.9-env")))
+        names, solves = {}, {}
+        for path in solution_notebooks(REPO / "solutions"):
+            name = exercise_path_for(path, Path()).name  # 00_setup_exercises.ipynb
+            assignment = name.removesuffix("_exercises.ipynb")
+            names[assignment] = (name, path)
+            solution = nbformat.read(path, as_version=4)
+            everything = {grade_id(c) for c in solution.cells if is_solution_cell(c)}
+            solves[assignment] = {"blank": set(), "partial": _first_exercise(solution),
+                                  "good": everything}
+            ours = nbformat.read(REPO / "exercises" / name, as_version=4)  # nbgrader's release
+            for student in STUDENTS:  # ... has the same code cells (asserted below)
+                folder = root / "copies" / student
+                folder.mkdir(parents=True, exist_ok=True)
+                nbformat.write(_student_copy(ours, solution, solves[assignment][student]),
+                               folder / name)
+        setup_s = time.monotonic() - started
+        ours_start = time.monotonic()
+        ours_scores, tops, gradescope_output, gradescope_tests = _gradescope_grades(root, names)
+        ours_s = time.monotonic() - ours_start
+        env_dir = nbgrader_env.result()
+    nbgrader_start = time.monotonic()
+    course, notebooks, nbgrader_scores = _nbgrader_grades(root, env_dir, names, solves)
+    nbgrader_s = time.monotonic() - nbgrader_start
+    result = {"notebooks": notebooks, "nbgrader": nbgrader_scores, "ours": ours_scores,
+              "gradescope_output": gradescope_output,
+              "gradescope_tests": gradescope_tests, "course": course, "tops": tops,
+              "seconds": {"setup": setup_s, "nbgrader": nbgrader_s, "ours": ours_s}}
+    _report(result, request.config.cache)
+    return result
+
+
+def _gradescope_grades(root: Path, names: dict[str, tuple[str, Path]]) -> tuple[dict, ...]:
+    """Our Gradescope autograder on every student's copies in ``root / "copies"``: points by
+    assignment and student, the most possible by assignment, each run's output and tests."""
+    ours: dict[str, dict[str, float]] = {}
+    tops: dict[str, float] = {}
+    output: dict[str, str] = {}
+    tests: dict[str, list[dict]] = {}
+    with contextmanager(autograder_root)([], GRADESCOPE_TIMEOUT) as autograder:
+        for student in STUDENTS:
+            files = {name: (root / "copies" / student / name).read_text()
+                     for name, _ in names.values()}
+            results = run_autograder(autograder, files)
+            output[student] = results["output"]
+            tests[student] = results["tests"]
+            for assignment, (got, top) in by_notebook(results).items():
+                ours.setdefault(assignment, {})[student] = got
+                tops[assignment] = top
+    return ours, tops, output, tests
+
+
+def _nbgrader_grades(root: Path, env_dir: Path, names: dict[str, tuple[str, Path]],
+                     solves: dict[str, dict[str, set[str]]]) -> tuple[Path, dict, dict]:
+    """nbgrader's course in ``root``: every assignment released (``generate_assignment``), the
+    students of :func:`_nbgrader_students` submitted from the release and autograded. Returns
+    the course folder, each release by assignment and nbgrader's scores."""
     course, jupyter = root / "course", root / "jupyter"
     _course_kernel(jupyter)
     env = {k: v for k, v in os.environ.items() if k not in (STRICT_ENV, "PYTHONPATH")}
@@ -164,55 +224,23 @@ def graded(tmp_path_factory, request):
         assert run.returncode == 0, f"nbgrader {step}:\n{run.stdout}\n{run.stderr}"
         return json.loads(run.stdout.strip().splitlines()[-1])
 
-    names = {}
-    for path in solution_notebooks(REPO / "solutions"):
-        name = exercise_path_for(path, Path()).name  # 00_setup_exercises.ipynb
-        assignment = name.removesuffix("_exercises.ipynb")
+    for assignment, (name, path) in names.items():
         (course / "source" / assignment).mkdir(parents=True)
         shutil.copy(path, course / "source" / assignment / name)
-        names[assignment] = (name, path)
     nbgrader("generate", {assignment: [] for assignment in names})
     notebooks = {}
     for assignment, (name, path) in names.items():
         release = nbformat.read(course / "release" / assignment / name, as_version=4)
         solution = nbformat.read(path, as_version=4)
-        everything = {grade_id(c) for c in solution.cells if is_solution_cell(c)}
-        solves = {"blank": set(), "partial": _first_exercise(solution), "good": everything}
-        for student in STUDENTS:
-            folder = root / "copies" / student
-            folder.mkdir(parents=True, exist_ok=True)
-            nbformat.write(_student_copy(release, solution, solves[student]), folder / name)
-            if student in _nbgrader_students(assignment):
-                (course / "submitted" / student / assignment).mkdir(parents=True)
-                shutil.copy(folder / name, course / "submitted" / student / assignment / name)
+        for student in _nbgrader_students(assignment):
+            folder = course / "submitted" / student / assignment
+            folder.mkdir(parents=True)
+            nbformat.write(_student_copy(release, solution, solves[assignment][student]),
+                           folder / name)
         notebooks[assignment] = (name, release)
-    setup_s = time.monotonic() - started
-    nbgrader_start = time.monotonic()
-    nbgrader_scores = nbgrader("autograde", {a: list(_nbgrader_students(a)) for a in notebooks
-                                             if _nbgrader_students(a)})
-    nbgrader_s = time.monotonic() - nbgrader_start
-    ours_start = time.monotonic()
-    ours: dict[str, dict[str, float]] = {}
-    tops: dict[str, float] = {}
-    gradescope_output: dict[str, str] = {}
-    gradescope_tests: dict[str, list[dict]] = {}
-    with contextmanager(autograder_root)([], GRADESCOPE_TIMEOUT) as autograder:
-        for student in STUDENTS:
-            files = {name: (root / "copies" / student / name).read_text()
-                     for name, _ in notebooks.values()}
-            results = run_autograder(autograder, files)
-            gradescope_output[student] = results["output"]
-            gradescope_tests[student] = results["tests"]
-            for assignment, (got, top) in by_notebook(results).items():
-                ours.setdefault(assignment, {})[student] = got
-                tops[assignment] = top
-    ours_s = time.monotonic() - ours_start
-    result = {"notebooks": notebooks, "nbgrader": nbgrader_scores, "ours": ours,
-              "gradescope_output": gradescope_output,
-              "gradescope_tests": gradescope_tests, "course": course, "tops": tops,
-              "seconds": {"setup": setup_s, "nbgrader": nbgrader_s, "ours": ours_s}}
-    _report(result, request.config.cache)
-    return result
+    scores = nbgrader("autograde", {a: list(_nbgrader_students(a)) for a in notebooks
+                                    if _nbgrader_students(a)})
+    return course, notebooks, scores
 
 
 def _report(result: dict, cache: pytest.Cache) -> None:
