@@ -129,14 +129,15 @@ def data_parallel_numbers(
     replicas: int, per_replica_batch: int, base_learning_rate: float = 1e-3,
     examples: int = 60_000,
 ) -> dict[str, float]:
-    """Global batch, the linearly and √N scaled learning rates, and steps per epoch."""
+    """Global batch, the linearly (SGD) and √N (Adam) scaled learning rates, and the steps
+    per epoch with ``drop_remainder=True`` (the short last batch dropped)."""
     if replicas < 1 or per_replica_batch < 1 or examples < 1:
         raise ValueError("replicas, per_replica_batch and examples must be >= 1")
     global_batch = replicas * per_replica_batch
     return {"global_batch": global_batch,
             "lr_linear": base_learning_rate * replicas,
             "lr_sqrt": base_learning_rate * math.sqrt(replicas),
-            "steps_per_epoch": math.ceil(examples / global_batch)}
+            "steps_per_epoch": examples // global_batch}
 
 
 def data_parallel_widget(examples: int = 60_000, base_learning_rate: float = 1e-3) -> Any:
@@ -153,9 +154,11 @@ def data_parallel_widget(examples: int = 60_000, base_learning_rate: float = 1e-
     def render(out: Any) -> None:
         n = data_parallel_numbers(replicas.value, batch.value, lr.value, examples)
         rows = [("global batch", f"{n['global_batch']}"),
-                ("learning rate, linear scaling", f"{n['lr_linear']:.2e}"),
-                ("learning rate, √N scaling", f"{n['lr_sqrt']:.2e}"),
-                (f"steps per epoch ({examples:,} examples)", f"{n['steps_per_epoch']}")]
+                ("SGD: learning rate, linear scaling", f"{n['lr_linear']:.2e}"),
+                ("Adam: learning rate, √N scaling (Malladi et al. "
+                 "also change β₁, β₂, ε)", f"{n['lr_sqrt']:.2e}"),
+                (f"steps per epoch ({examples:,} examples, drop_remainder=True)",
+                 f"{n['steps_per_epoch']}")]
         show_html(out, _table(rows), _text(rows))
 
     return _wire([replicas, batch, lr], output, render)

@@ -67,7 +67,7 @@ def test_pipeline_widget_follows_its_knobs():
 
 def test_data_parallel_numbers():
     n = widgets.data_parallel_numbers(4, 64, 1e-3, examples=1000)
-    assert n["global_batch"] == 256 and n["steps_per_epoch"] == 4  # ceil(1000 / 256)
+    assert n["global_batch"] == 256 and n["steps_per_epoch"] == 3  # 1000 // 256: drop_remainder
     assert n["lr_linear"] == pytest.approx(4e-3) and n["lr_sqrt"] == pytest.approx(2e-3)
     with pytest.raises(ValueError):
         widgets.data_parallel_numbers(0, 64)
@@ -80,7 +80,8 @@ def test_data_parallel_widget_shows_the_new_product():
     controls["replicas"].value = 8
     controls["batch/replica"].value = 32
     shown = _shown(box)
-    assert "global batch: 256\n" in shown and "steps per epoch (60,000 examples): 235" in shown
+    assert "global batch: 256\n" in shown  # 60,000 // 256 steps: the short batch dropped
+    assert "steps per epoch (60,000 examples, drop_remainder=True): 234" in shown
     assert "linear scaling: 8.00e-03" in shown  # base 1e-3 times 8
     controls["base LR"].value = 1e-2
     assert "linear scaling: 8.00e-02" in _shown(box)
