@@ -514,9 +514,12 @@ def _closure_values(fn):
     built at run time: the checks refuse the plain ones by name, and these answers test what
     stands behind that refusal)."""
     closure_of, contents = "".join(["__clo", "sure__"]), "".join(["cell_", "contents"])
-    values, todo = {}, [fn]
+    values, todo, seen = {}, [fn], set()
     while todo:
         current = todo.pop()
+        if id(current) in seen:  # closures that reach each other (TensorFlow's wrappers)
+            continue
+        seen.add(id(current))
         cells = getattr(current, closure_of, None) or ()
         for name, cell in zip(current.__code__.co_freevars, cells, strict=True):
             value = getattr(cell, contents)
@@ -966,3 +969,50 @@ def test_only_the_per_replica_mean_reports_nan_when_a_replica_is_empty():
             assert all(np.isfinite(weight).all() for weight in model.get_weights()), kind
     finally:
         box.close()
+
+
+def spied_on_the_loops_numpy_functions(strategy, make_train_step, build_model, features,
+                                       labels, global_batch_size):
+    """tf.numpy_function rebound for one frozen short step to a spy that records what the
+    loop's numpy_functions return (the child's replies), decoded with no gradient (a fresh
+    read's answer, 10 of 10 while the loop looked tf.numpy_function up when traced); when it
+    records nothing, "right"."""
+    replicas, seen, real = strategy.num_replicas_in_sync, [], tf.numpy_function
+
+    def spy(func, inp, Tout, stateful=True, name=None):
+        out = real(func, inp, Tout, stateful=stateful, name=name)
+
+        def record(value, *args):
+            seen.append((float(value), *[int(a) for a in args]))
+            return np.float32(0)
+
+        real(record, [out, *inp], tf.float32, stateful=True)
+        return out
+
+    tf.numpy_function = spy
+    try:
+        _one_frozen_step(strategy, make_train_step, build_model, features, labels,
+                         replicas + 1)
+    finally:
+        tf.numpy_function = real
+    asks = [(scale, sizes) for scale, *sizes in seen if len(sizes) == 2 and sizes[0]]
+    reports = [report for report, *sizes in seen if not sizes]
+    if not asks or not reports:
+        return "right"
+    if not np.isclose(reports[0], 1.0):
+        return "loss reported with ReduceOp.MEAN"
+    scales, sizes = zip(*asks, strict=True)  # replicas with examples only
+    for kind, rule in [("right", lambda n, total: 1 / total),
+                       ("constant global_batch_size on a short batch",
+                        lambda n, total: 1 / global_batch_size),
+                       ("reduce_mean per replica", lambda n, total: 1 / n),
+                       ("Keras loss object on an uneven split",
+                        lambda n, total: 1 / (replicas * n))]:
+        if all(np.isclose(scale, rule(*size)) for scale, size in zip(scales, sizes, strict=True)):
+            return kind
+    return "global_batch_size passed positionally"
+
+
+def test_a_diagnosis_that_spies_on_tf_numpy_function_sees_nothing():
+    with pytest.raises(AssertionError, match="this loop is"):
+        checks.check_diagnose_loop(spied_on_the_loops_numpy_functions)

@@ -194,6 +194,9 @@ def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]
     import numpy as np
 
     tf = _tf()
+    # bound when the loop is made, before the answer runs: tf.numpy_function rebound by the
+    # answer (a spy that records what the loop's numpy_functions return) no longer reaches it
+    numpy_function = tf.numpy_function
     strategy = box.strategy
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
@@ -206,7 +209,7 @@ def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]
     def make_train_step(model: Any, optimizer: Any) -> Callable[[Any], Any]:
         def replica_step(features: Any, labels: Any, total: Any) -> Any:
             n = tf.shape(labels)[0]
-            scale = tf.numpy_function(_child_loss_scale, [n, total], tf.float32, stateful=True)
+            scale = numpy_function(_child_loss_scale, [n, total], tf.float32, stateful=True)
             scale.set_shape([])
             with tf.GradientTape() as tape:
                 losses = per_example(labels, model(features, training=True))
@@ -222,7 +225,7 @@ def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]
                               strategy.experimental_local_results(batch[1])])
             per_replica = strategy.run(replica_step, args=(*batch, total))
             reported = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-            factor = tf.numpy_function(_child_report_factor, [], tf.float32, stateful=True)
+            factor = numpy_function(_child_report_factor, [], tf.float32, stateful=True)
             factor.set_shape([])
             return reported * factor
 
