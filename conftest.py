@@ -53,8 +53,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="course-dry-runs-"))
     config.add_cleanup(dry_runs.start(folder).kill)
-    os.environ[dry_runs.FOLDER_ENV] = str(folder)
-    config.add_cleanup(lambda: os.environ.pop(dry_runs.FOLDER_ENV, None))
+    os.environ["COURSE_DRY_RUNS"] = str(folder)  # dry_runs.FOLDER_ENV, for the workers
+    config.add_cleanup(lambda: os.environ.pop("COURSE_DRY_RUNS", None))
 
 
 def _rank(path: Path) -> int:

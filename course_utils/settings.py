@@ -75,6 +75,9 @@ ENVIRONMENT: dict[str, Setting] = {s.name: s for s in (
     Setting("COURSE_TEST_RUN_GPUS", "the GPUs make test started with", "the tests (conftest.py)",
             False, "the course's own variable: the unit tests hide the GPUs from their own "
             "processes, and each lesson's kernel under make test gets these back"),
+    Setting("COURSE_DRY_RUNS", "a folder", "the tests (conftest.py)", False,
+            "the course's own variable: where pip's dry runs, started as the run begins, "
+            "write for tests/test_dependencies.py; no effect on TensorFlow"),
     Setting("MPLBACKEND", "Agg", "tests and the grader", False,
             "plots render without a display; no effect on TensorFlow"),
     Setting("MPLCONFIGDIR", "a private folder", "the grader", False,

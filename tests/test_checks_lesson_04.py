@@ -1435,7 +1435,15 @@ def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
         remotes.append(watched.schedule(None))  # its write refused: the child ended
     finally:
         os.kill(child, signal.SIGCONT)
-    time.sleep(0.1)
+    deadline = time.monotonic() + 30  # until the child has ended (later on busy cores)
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except FileNotFoundError:
+            break
+        if state in ("Z", "X"):
+            break
+        time.sleep(0.05)
     with pytest.raises(OSError):  # the lost schedule cannot be written in its place
         os.write(fd, struct.pack("<cq", b"R", 0)
                  + struct.pack("<cq", b"S", id(_record_of(watched).scheduled[-1])))
