@@ -40,6 +40,9 @@ class FrontEnd:
     shots: pathlib.Path  # folder for <lesson>.png and <lesson>.json
     unstarted: tuple[str, ...] = ("[ ]:",)  # prompts of a cell that has not started
     quiet_page: str | None = None  # run before Run All and after the screenshot
+    #: clicks the opened notebook, where the page needs it to make the notebook its current
+    #: widget (a headless window may have no focus, so no focus event says which one is)
+    activate: Callable[[Any], None] | None = None
 
 
 @dataclass
@@ -63,6 +66,10 @@ def run_lesson(server: Any, driver: Any, relative: str, front: FrontEnd) -> Less
     console_errors(driver)  # forget the previous lesson's
     try:
         driver.get(server.notebook_url(relative))
+        if front.activate:
+            wait_for(driver, front.state_js, lambda s: len(s["cells"]) == len(code), 180,
+                     "the notebook")
+            front.activate(driver)
         wait_for(driver, front.state_js, lambda s: len(s["cells"]) == len(code) and s["idle"],
                  180, "the notebook and an idle kernel")
         if front.quiet_page:

@@ -44,6 +44,16 @@ def _run_all(driver) -> None:
     item.click()
 
 
+def _activate(driver) -> None:
+    """Click the notebook's tab: JupyterLab's status bar shows the kernel's state (read by
+    ``LAB_STATE``) only for its current widget, which headless Chromium 150, whose window has
+    no focus (``document.hasFocus()`` is false), leaves unset until a click."""
+    from selenium.webdriver.common.by import By
+
+    tab = "#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current"
+    driver.find_element(By.CSS_SELECTOR, tab).click()
+
+
 @pytest.fixture(scope="module")
 def session():
     with running_lab() as lab, running_browser() as driver:
@@ -51,7 +61,7 @@ def session():
 
 
 JUPYTERLAB = FrontEnd(state_js=LAB_STATE, run_all=_run_all, show_first_control=SHOW_FIRST_CONTROL,
-                     shots=REPO / "_build" / "browser", unstarted=("[ ]:", ""))
+                     shots=REPO / "_build" / "browser", unstarted=("[ ]:", ""), activate=_activate)
 
 
 @pytest.mark.parametrize("relative", LESSONS)
