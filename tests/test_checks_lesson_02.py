@@ -938,9 +938,11 @@ def rebound_the_checks_box_in_its_first_call(strategy, make_train_step, build_mo
 
 
 def test_a_box_rebound_by_the_answer_is_not_the_checks(monkeypatch):
-    monkeypatch.setattr(lesson_02, "LoopBox", lesson_02.LoopBox)  # put back after the test
-    with pytest.raises(AssertionError, match="this loop is"):
+    box = lesson_02.LoopBox
+    monkeypatch.setattr(lesson_02, "LoopBox", box)  # put back after the test
+    with pytest.raises(AssertionError, match="replaced the course's own .*lesson_02.LoopBox"):
         checks.check_diagnose_loop(rebound_the_checks_box_in_its_first_call)
+    assert lesson_02.LoopBox is box  # the check put it back
 
 
 def test_only_the_per_replica_mean_reports_nan_when_a_replica_is_empty():

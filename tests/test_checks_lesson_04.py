@@ -902,6 +902,13 @@ def floor_blocks(features, labels, size, num_workers):
         return data.shuffle(10_000).repeat().batch(size)
     return dataset_fn
 
+def notebook_buffer(features, labels, size, num_workers):
+    def dataset_fn():  # the notebook's broken_dataset_fn's shuffle(100) kept: its whole data
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
+        return data.shuffle(100).repeat().batch(size)
+    return dataset_fn
+
 for name, fn in [("right", make()), ("stub", stub),
                  ("lesson_order", make(order="shuffle batch repeat")),
                  ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
@@ -975,7 +982,7 @@ for name, fn in [("right", make()), ("stub", stub),
                  ("turned_then_shuffled", turned_then_shuffled),
                  ("fixed_then_shuffled", fixed_then_shuffled),
                  ("repeat_40_said_infinite", repeat_40_said_infinite),
-                 ("floor_blocks", floor_blocks)]:
+                 ("floor_blocks", floor_blocks), ("notebook_buffer", notebook_buffer)]:
     print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn))
 
 # exercise 3: the per-class counter
@@ -1174,6 +1181,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "repeat_40_said_infinite"): "said to be endless",
         # the examples need not divide evenly: shares of len // num_workers leave some out
         ("DATASET", "floor_blocks"): "never read",
+        ("DATASET", "notebook_buffer"): "with a buffer of 100",
         ("COUNT", "bincount"): "PASS",
         ("COUNT", "scatter"): "PASS",
         ("COUNT", "stub"): "BLANK",
@@ -1689,7 +1697,8 @@ def test_a_pipe_sent_through_a_copy_of_the_copiers_socket_is_not_taken_for_its_o
 
 def test_passes_whose_parts_keep_to_places_of_their_own_are_refused():
     """Uniform passes join every example to every place; halves shuffled apart and interleaved,
-    or a few examples kept in stored order at each pass's end, keep to places of their own."""
+    or a few examples kept in stored order at each pass's end, keep to places of their own; halves
+    that trade one pair a pass seldom mix (a small spectral gap)."""
     import numpy as np
 
     from course_utils.grading.checks import worker_passes
@@ -1713,3 +1722,9 @@ def test_passes_whose_parts_keep_to_places_of_their_own_are_refused():
                 0, sum(passes, []), set(stored), stored, 8)
             assert message and f"{apart} of worker 0's {n} examples took only" in message, (
                 message)
+        swapped = [list(one) for one in halves]  # one pair traded across the halves each pass
+        for one in swapped:
+            i, j = 2 * int(rng.integers(n // 2)), 2 * int(rng.integers(n // 2)) + 1
+            one[i], one[j] = one[j], one[i]
+        message = worker_passes.fresh_passes_message(0, sum(swapped, []), set(stored), stored, 8)
+        assert message and "seldom trade places" in message, message

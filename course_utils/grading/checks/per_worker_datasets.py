@@ -13,8 +13,9 @@ best such frame, :func:`~course_utils.grading.checks.worker_passes.turned_reach`
 the last 4, the order the earlier passes set (each example's mean place) shuffled a little
 (:func:`~course_utils.grading.checks.worker_passes.usual_reach`), nor passes in which a part of
 the share keeps to places of its own (halves shuffled apart then interleaved, a few examples
-kept in stored order: :func:`~course_utils.grading.checks.share_parts.kept_apart`), however
-the dataset is made; and
+kept in stored order: :func:`~course_utils.grading.checks.share_parts.kept_apart`; or parts
+that trade only a pair or two of examples a pass:
+:func:`~course_utils.grading.checks.share_parts.seldom_mixed`), however the dataset is made; and
 in its graph (on each way from the worker's dataset down to a source, a branch of a ``zip`` or a
 ``concatenate`` included, that has a shuffle that reshuffles each pass a known number of elements,
 more than one, one of them must hold all its elements in its buffer, and they must be a worker's
@@ -85,7 +86,9 @@ although a worker's share does not fill its last batch; the first case has one e
 its workers share evenly (worker 0's share one longer), so that shares of ``len(features) //
 num_workers`` leave some out (and a buffer of that many is one short of worker 0's share); the
 second case is a job sized for one worker more than run (one joins later), so that shards cut by
-the notebook's worker count instead of ``num_workers`` read too much. A dataset that
+the notebook's worker count instead of ``num_workers`` read too much; its shares are of
+105-130 examples, more than the notebook's whole data, so that a buffer copied from the
+notebook (``shuffle(100)``) is refused. A dataset that
 ``assert_cardinality(INFINITE_CARDINALITY)`` says is endless over an input tf.data counts
 finite (``repeat(40)``, more passes than the check reads) is refused; over an input of a count
 tf.data cannot tell (a ``filter`` or ``flat_map`` before a ``repeat(40)``) it still passes.
@@ -175,8 +178,12 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
     def case(sized_for: int) -> Case:
         """A job sized for ``sized_for`` workers: the running ones, or one more that has not
         joined yet (its share stays unread), so that only ``num_workers`` tells the shares."""
-        batch_size = rng.choice([8, 12])  # shares of 33-71 examples: a shuffle can be told
-        per_worker = batch_size * rng.randint(4, 5) + rng.randint(1, batch_size - 2)
+        batch_size = rng.choice([8, 12])  # shares of 33-71 (105-130) examples
+        # the job sized for one worker more: shares over 100 (the notebook's whole data), so
+        # that a buffer copied from the notebook (shuffle(100)) does not hold one
+        blocks = (rng.randint(4, 5) if sized_for == workers
+                  else 100 // batch_size + rng.randint(1, 2))
+        per_worker = batch_size * blocks + rng.randint(1, batch_size - 2)
         # a worker's share does not fill its last batch; with as many workers as run, 1 to
         # sized_for - 1 examples more, so that shares of len(features) // num_workers leave some
         # out (worker w's share: every sized_for-th example from w, one more for the first)

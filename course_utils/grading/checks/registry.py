@@ -17,6 +17,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from course_utils.grading.code_watch import course_code_kept
 from course_utils.grading.framework import NotAttemptedError, stderr_to_stdout
 
 __all__ = ["DuplicateCheckError", "get", "names", "register", "require_passed"]
@@ -50,7 +51,7 @@ def register(fn: Check) -> Check:
     @functools.wraps(fn)
     def check(*args: Any, **kwargs: Any) -> Any:
         _RESULTS.pop(name, None)
-        with stderr_to_stdout():
+        with stderr_to_stdout(), course_code_kept(name.removeprefix("check_")):
             result = fn(*args, **kwargs)
         _RESULTS[name] = result
         return result

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.dataset_shuffles import shuffles_of
-from course_utils.grading.checks.share_parts import split_message
+from course_utils.grading.checks.share_parts import mixed_message, split_message
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["ASSERTED", "SAME_ORDER", "HiddenDataset", "RunsPython", "batches_per_worker",
@@ -309,7 +309,8 @@ def fresh_passes_message(worker: int, stream: list[int], own: set[int], order: l
     if common.max() < SAME_ORDER:
         return (split_message(worker, orders[1:], size)
                 or _arranged_message(worker, orders[1:], size)
-                or _usual_message(worker, orders[1:], size))
+                or _usual_message(worker, orders[1:], size)
+                or mixed_message(worker, orders[1:], size))
     first, later = (int(k) for k in np.argwhere(common >= SAME_ORDER)[0])
     than = "their stored order" if first == 0 else f"the order of pass {first}"
     return (f"worker {worker}'s pass {later} keeps too much of {than}: "

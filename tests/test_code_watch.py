@@ -1,0 +1,76 @@
+"""An answer that replaces the course's code while its check runs fails, and the code is put
+back (``course_utils.grading.code_watch``, applied to every registered check)."""
+
+from __future__ import annotations
+
+import pytest
+
+import course_utils.grading.checks.worker_passes as worker_passes
+import course_utils.grading.framework as framework
+from course_utils.grading.checks import registry
+from course_utils.grading.code_watch import course_code_kept
+
+
+def _rebind():
+    framework.compare = lambda *args, **kwargs: None
+
+
+def _recode():
+    framework.fresh_rng.__code__ = (lambda: None).__code__
+
+
+def _method():
+    worker_passes.HiddenDataset.__init__ = lambda self, *args, **kwargs: None
+
+
+def _delete():
+    del worker_passes.fresh_passes_message
+
+
+@pytest.mark.parametrize(("tamper", "named"), [
+    (_rebind, "course_utils.grading.framework.compare"),
+    (_recode, "course_utils.grading.framework.fresh_rng (its code)"),
+    (_method, "course_utils.grading.checks.worker_passes.HiddenDataset (its members)"),
+    (_delete, "course_utils.grading.checks.worker_passes.fresh_passes_message"),
+])
+def test_replaced_course_code_fails_the_check_and_is_put_back(tamper, named):
+    before = (framework.compare, framework.fresh_rng.__code__,
+              worker_passes.HiddenDataset.__init__, worker_passes.fresh_passes_message)
+    with pytest.raises(AssertionError, match="your code replaced the course's own") as error:
+        with course_code_kept("some_exercise"):
+            tamper()
+    assert named in str(error.value)
+    assert (framework.compare, framework.fresh_rng.__code__,
+            worker_passes.HiddenDataset.__init__, worker_passes.fresh_passes_message) == before
+
+
+def test_names_added_and_state_changed_are_no_tampering():
+    with course_code_kept("some_exercise"):
+        framework.SOME_NEW_NAME = lambda: None  # a lazy import adds names
+        framework._strict_override = framework._strict_override  # state, not code
+    del framework.SOME_NEW_NAME
+
+
+def test_every_registered_check_is_watched():
+    calls = []
+
+    def check_watched_example(fn):
+        calls.append(fn())
+        return True
+
+    check = registry.register(check_watched_example)
+    try:
+        assert check(lambda: 1) is True
+        with pytest.raises(AssertionError, match="framework.compare"):
+            check(lambda: _rebind())
+        assert framework.compare.__module__ == "course_utils.grading.framework"
+    finally:
+        registry._CHECKS.pop("check_watched_example", None)
+
+
+def test_a_threshold_raised_is_put_back():
+    before = worker_passes.SAME_ORDER
+    with pytest.raises(AssertionError, match="worker_passes.SAME_ORDER"):
+        with course_code_kept("some_exercise"):
+            worker_passes.SAME_ORDER = 10**9
+    assert worker_passes.SAME_ORDER == before
