@@ -68,8 +68,10 @@ def _mirrored(num_replicas: int | None, verbose: bool) -> Any:
     key = ("mirrored", devices)
     if key not in _CACHE:
         # Every MirroredStrategy numbers its collective groups from the same start, so a
-        # strategy over 2 devices and one over 4 would both use group 1 and abort ("joining a
-        # group with size 2, but that group has size 4"). Give each device set its own range;
+        # strategy over 2 devices and one over 4 would both use group 1: after the 4-device
+        # one has all-reduced, the 2-device one's first all-reduce fails with InternalError
+        # ("... is joining a group with size2, but that group has size 4 (group_key=1)", as
+        # TensorFlow 2.21 prints it). Give each device set its own range;
         # range 0 stays free for one strategy a lesson builds by hand with the raw API.
         strategy_class = tf.distribute.MirroredStrategy
         previous = strategy_class._collective_key_base  # noqa: SLF001
