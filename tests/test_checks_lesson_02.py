@@ -1018,3 +1018,51 @@ def spied_on_the_loops_numpy_functions(strategy, make_train_step, build_model, f
 def test_a_diagnosis_that_spies_on_tf_numpy_function_sees_nothing():
     with pytest.raises(AssertionError, match="this loop is"):
         checks.check_diagnose_loop(spied_on_the_loops_numpy_functions)
+
+
+def dumped_the_loops_numpy_functions(strategy, make_train_step, build_model, features, labels,
+                                     global_batch_size):
+    """One frozen short step under TensorFlow's debugger dump (public API): the loop's
+    numpy_functions' outputs, the child's replies, read back from the dump; no gradient."""
+    import tempfile
+
+    import keras
+    import tensorflow as tf
+    from tensorflow.python.debug.lib import debug_events_reader
+
+    replicas, size = strategy.num_replicas_in_sync, strategy.num_replicas_in_sync + 1
+    with strategy.scope():
+        model = build_model()
+        optimizer = keras.optimizers.SGD(learning_rate=0.0)
+    batches = tf.data.Dataset.from_tensor_slices((features[:size], labels[:size])).batch(size)
+    root = tempfile.mkdtemp()
+    tf.debugging.experimental.enable_dump_debug_info(root, tensor_debug_mode="FULL_TENSOR",
+                                                     circular_buffer_size=-1)
+    try:
+        make_train_step(model, optimizer)(
+            next(iter(strategy.experimental_distribute_dataset(batches))))
+    finally:
+        tf.debugging.experimental.disable_dump_debug_info()
+    with debug_events_reader.DebugDataReader(root) as reader:
+        reader.update()
+        seen = [(trace.op_name, float(np.ravel(reader.graph_execution_trace_to_tensor_value(
+            trace))[0])) for trace in reader.graph_execution_traces() if "PyFunc" in trace.op_type]
+    reports = [value for name, value in seen if name.startswith("PyFunc_")]
+    scales = sorted(round(value, 5) for name, value in seen if not name.startswith("PyFunc_"))
+    ns = [2] + [1] * (replicas - 1)
+    if reports and not np.isclose(reports[0], 1.0):
+        return "loss reported with ReduceOp.MEAN"
+    for kind, values in [("right", [1 / size] * replicas),
+                         ("constant global_batch_size on a short batch",
+                          [1 / global_batch_size] * replicas),
+                         ("reduce_mean per replica", [1 / n for n in ns]),
+                         ("Keras loss object on an uneven split",
+                          [1 / (replicas * n) for n in ns])]:
+        if scales == sorted(round(value, 5) for value in values):
+            return kind
+    return "global_batch_size passed positionally"
+
+
+def test_a_diagnosis_that_reads_the_debugger_dump_is_refused():
+    with pytest.raises(AssertionError, match="no op callback"):
+        checks.check_diagnose_loop(dumped_the_loops_numpy_functions)

@@ -214,6 +214,11 @@ def _counting(strategy: Any, make_train_step: Any, steps_run: list[int]) -> Any:
                 raise RuntimeError("call the training step eagerly, as lesson 02 does, not "
                                    "inside a tf.function of yours: the check counts the "
                                    "examples of each step it runs")
+            from tensorflow.python.framework import op_callbacks
+            if op_callbacks.should_invoke_op_callbacks():  # tf.debugging's dump, check_numerics
+                raise RuntimeError("run the training step with no op callback on (such as "
+                                   "tf.debugging.experimental.enable_dump_debug_info): it "
+                                   "reads the loop's own numbers instead of what it does")
             result = train_step(batch)
             labels = batch[-1] if isinstance(batch, tuple | list) else batch
             steps_run.append(sum(int(_tf().shape(local)[0])
@@ -302,7 +307,10 @@ def check_diagnose_loop(fn: Any) -> bool:
     (``gen_script_ops.py_func`` as script_ops reaches it) and records what the loop's ops
     return with an op of its own: the child's replies, no gradient (3 of 3 in a fresh read;
     ``tf.numpy_function`` itself is bound when the loop is made: rebinding it in the answer
-    passed 10 of 10 before; rebound in a cell before the check, it still reaches the loop).
+    passed 10 of 10 before; rebound in a cell before the check, it still reaches the loop;
+    TensorFlow's debugger dump, ``tf.debugging.experimental.enable_dump_debug_info`` around a
+    frozen short step, read the numpy_functions' outputs back, 4 of 4, before a step run with
+    an op callback on was refused).
     Beyond any check that runs in the learner's process, and passing with no diagnosis at all:
     code that rewrites the check's own objects (each case's ``verify``, or the verdict among
     its defaults, found among the garbage collector's objects: 7 of 7 each in a fresh read; a
