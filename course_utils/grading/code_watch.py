@@ -34,9 +34,9 @@ def _function_parts(fn: types.FunctionType) -> tuple[Any, ...]:
 
 
 def _snapshot() -> dict[tuple[str, str, str], Any]:
-    """``(module, name, part) -> object`` for every function and class bound in a loaded
-    ``course_utils`` module: the binding, a function's code and defaults, and the functions a
-    class of the course defines itself."""
+    """``(module, name, part) -> object`` for every function, class and constant bound in a
+    loaded ``course_utils`` module: the binding, a function's code and defaults, and a class's
+    own names and the functions it defines itself (where it is defined)."""
     kept: dict[tuple[str, str, str], Any] = {}
     for module_name, module in list(sys.modules.items()):
         if module is None or not (module_name == "course_utils"
