@@ -223,6 +223,25 @@ def test_reference_largest_batch_passes(capsys):
     assert "✅ largest_batch_that_fits: 9 cases passed" in capsys.readouterr().out
 
 
+def test_an_answer_that_reads_the_cases_from_the_checks_frames_finds_nothing():
+    import importlib
+
+    inspect = importlib.import_module("in" + "spect")  # names built at run time: no scan sees
+
+    def from_the_frames(model, budget_bytes, optimizer_slots):
+        for info in getattr(inspect, "st" + "ack")():
+            found = getattr(info.frame, "f_" + "locals")
+            for value in [found.get("case"), *found.get("cases", ())]:
+                if value is not None and getattr(value, "expected", None) is not None:
+                    return value.expected
+            if isinstance(found.get("expected"), int):
+                return found["expected"]
+        return -1
+
+    with pytest.raises(AssertionError, match="expected"):
+        cu.grading.check_largest_batch_that_fits(from_the_frames)
+
+
 def test_the_reference_is_the_course_budget():
     model = cu.models.mlp(8, 3, hidden_units=(16,))
     batch = memory_budget._largest_batch(model, 10**6, 2)

@@ -67,10 +67,34 @@ def _counted_by_hand(fn: Any) -> Any:
                     "model.trainable_weights and the layers' output shapes")
 
 
+def _budget(model: Any, slots: int, rng: Any) -> int:
+    """A budget with room for a random number of examples (forgotten when this returns: the
+    answer is counted again after the learner's call, never kept where it could be read)."""
+    from course_utils.memory import activation_bytes_per_example, variable_bytes
+
+    per_example = activation_bytes_per_example(model)
+    fixed = variable_bytes(model) + (1 + slots) * sum(
+        _count(v.shape) * 4 for v in model.trainable_weights)
+    return fixed + rng.randint(5, 3000) * per_example + rng.randint(0, per_example - 1)
+
+
+def _verifier(model: Any, budget: int, slots: int) -> Any:
+    """The case's verdict, counted after the learner's function returned."""
+
+    def verify(got: Any) -> str | None:
+        from course_utils.grading.framework import compare
+
+        want = _largest_batch(model, budget, slots)
+        reason = compare(want, got)
+        return f"{reason}: expected {want}, got {got!r}" if reason else None
+
+    return verify
+
+
 @register
 def check_largest_batch_that_fits(fn: Any) -> bool:
     """Check ``largest_batch_that_fits(model, budget_bytes, optimizer_slots)`` on fresh models."""
-    from course_utils.memory import activation_bytes_per_example, variable_bytes
+    from course_utils.memory import variable_bytes
     from course_utils.models import cnn, mlp
 
     rng = fresh_rng()
@@ -82,17 +106,13 @@ def check_largest_batch_that_fits(fn: Any) -> bool:
     ]
     cases = []
     for model in models:
-        per_example = activation_bytes_per_example(model)
         for slots in (0, 2):
-            expected = rng.randint(5, 3000)
-            fixed = variable_bytes(model) + (1 + slots) * sum(
-                _count(v.shape) * 4 for v in model.trainable_weights)
-            budget = fixed + expected * per_example + rng.randint(0, per_example - 1)
-            cases.append(Case(args=(model, budget, slots), expected=_largest_batch(
-                model, budget, slots), label=f"({model.name} with {model.count_params():,} "
-                f"weights, budget_bytes={budget:,}, optimizer_slots={slots})"))
+            budget = _budget(model, slots, rng)
+            cases.append(Case(args=(model, budget, slots), verify=_verifier(model, budget, slots),
+                              label=f"({model.name} with {model.count_params():,} weights, "
+                                    f"budget_bytes={budget:,}, optimizer_slots={slots})"))
         tiny = variable_bytes(model)  # not even the weights and gradients fit
-        cases.append(Case(args=(model, tiny, 0), expected=0,
+        cases.append(Case(args=(model, tiny, 0), verify=_verifier(model, tiny, 0),
                           label=f"({model.name}, budget_bytes={tiny:,}: only the weights)"))
     return run_check(
         "largest_batch_that_fits", _counted_by_hand(fn), cases,
