@@ -79,6 +79,14 @@ def test_checks_pass_only_the_right_weights_and_replica_count():
         cu_equality.largest_difference([np.ones(2)], [])
 
 
+def test_the_tolerances_are_public_and_the_default_check_uses_float32s():
+    assert ww.TOLERANCES is verdicts.TOLERANCES and "TOLERANCES" in ww.__all__
+    task = ww.make_task()
+    just_outside = [w + 2 * ww.TOLERANCES["float32"] for w in task.reference_weights()]
+    assert ww.check_same_as_reference("trainer", "mirrored", task, just_outside, 2,
+                                      2).status == "wrong"
+
+
 def test_async_and_distribution_checks():
     task = ww.make_task()
     trained = task.reference_weights()

@@ -43,7 +43,7 @@ from course_utils.works_where.table import (
     to_markdown,
 )
 from course_utils.works_where.task import Task, make_task, task_loss
-from course_utils.works_where.verdicts import check_same_as_reference
+from course_utils.works_where.verdicts import TOLERANCES, check_same_as_reference
 
 __all__ = [
     "APIS",
@@ -51,6 +51,7 @@ __all__ = [
     "STATUSES",
     "STRATEGIES",
     "TABLE_PATH",
+    "TOLERANCES",
     "Cell",
     "Matrix",
     "Task",
