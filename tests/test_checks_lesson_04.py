@@ -1240,6 +1240,22 @@ class _Coordinator:  # what the watch calls of a ClusterCoordinator, steps done 
         return True
 
 
+def _child_holding(pipe: int) -> int:
+    """The pid of this process's child that holds the pipe whose inode is ``pipe``."""
+    import os
+
+    for task in os.listdir("/proc/self/task"):
+        for pid in Path(f"/proc/self/task/{task}/children").read_text().split():
+            try:
+                links = [os.readlink(f"/proc/{pid}/fd/{fd}")
+                         for fd in os.listdir(f"/proc/{pid}/fd")]
+            except OSError:  # ended meanwhile
+                continue
+            if f"pipe:[{pipe}]" in links:
+                return int(pid)
+    raise AssertionError(f"no child holds pipe {pipe}")
+
+
 def _record_of(watched):  # a learner's reach into the watched methods' closure
     for cell in type(watched).schedule.__closure__:
         if hasattr(cell.cell_contents, "in_flight"):
@@ -1433,8 +1449,7 @@ def test_the_watch_log_is_read_by_a_child_and_its_functions_bound_at_import():
 
     watched, record = watch(_Coordinator(_RunningRemote))  # a write refused: the pipe full
     fd, remotes = write_fd(watched), [watched.schedule(None) for _ in range(2)]
-    child = max(int(pid) for task in os.listdir("/proc/self/task")
-                for pid in Path(f"/proc/self/task/{task}/children").read_text().split())
+    child = _child_holding(os.fstat(fd).st_ino)  # not the highest pid: pids wrap at 32768
     os.kill(child, signal.SIGSTOP)
     try:
         while True:  # harmless frames, until the pipe is full
