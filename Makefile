@@ -85,10 +85,13 @@ nbval: $(STAMP)  ## execute every lesson notebook (nbval, lax mode); exercises: 
 
 # One pytest run for both, so that neither core waits at the end of the unit tests while the
 # other finishes their longest file: conftest.py hands out the longest files and notebooks first.
-# JOBS=3 on 2 cores was tried: no faster, and more CPU time in all (TensorFlow's thread pools,
-# one set per process, then compete for the cores).
+# TEST_JOBS workers, one more than CI's 2 cores: many checks and lessons wait (simulated
+# storage and device latency, servers starting, timeouts), and a worker alone kept one core
+# busy about 70 % of the time (test_checks_lesson_01/08 alone, AMD EPYC, 2 cores). Five check
+# files and three lessons: 304 s with 2 workers, 208 s with 3, the same CPU time (251 and 261 s).
+TEST_JOBS ?= 3
 unit-and-nbval: $(STAMP)  ## make unit and make nbval in one pytest run (what make test runs)
-	$(NBVAL) $(ALSO_GRADED) tests notebooks
+	$(NBVAL) -n $(TEST_JOBS) $(ALSO_GRADED) tests notebooks
 
 test-grading: $(STAMP)  ## the grading tests with nbgrader grading every lesson solved too (long)
 	COURSE_NBGRADER_LESSONS=all $(BIN)/python -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder \
