@@ -214,6 +214,50 @@ def test_an_answer_that_forges_the_step_log_fails(keras, monkeypatch):
         cu.grading.check_train_with_policy(forges_the_step_log(keras))
 
 
+def test_timing_the_last_epoch_alone_fails(keras, monkeypatch):
+    # nb23-08 L4: epochs - 1 epochs, then the last one timed alone, passed (every epoch's steps
+    # waited alike); the epochs between the first and the last now wait 2 to 2.5 times longer
+    from course_utils.grading.checks import pipe_log
+
+    monkeypatch.setattr(lesson_08, "DELAY_RANGE_S", (0.06, 0.07))
+    monkeypatch.setattr(pipe_log, "TRACE_DELAY_S", 0.1)
+
+    def train_with_policy(make_model, policy, x, y, epochs, initial_weights):
+        with cu.training.policy_scope(policy):
+            model = make_model()
+        model.set_weights(initial_weights)
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        first = model.fit(x, y, batch_size=64, epochs=epochs - 1, shuffle=False, verbose=0)
+        start = time.perf_counter()
+        last = model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+        seconds = (time.perf_counter() - start) / -(-len(x) // 64)
+        predicted = np.argmax(model.predict(x, verbose=0), axis=-1)
+        return {"model": model, "losses": first.history["loss"] + last.history["loss"],
+                "accuracy": float(np.mean(predicted == y)), "seconds_per_step": seconds}
+
+    with pytest.raises(AssertionError, match=r"case 1 .*epochs after the first took"):
+        cu.grading.check_train_with_policy(train_with_policy)
+
+
+def test_the_middle_epochs_wait_longer_by_the_drawn_factor(keras):
+    slept = []
+    make_model = pipe_log_module().delayed_model_builder(
+        4, 3, 8, 0.001, lambda *r: None, slower=(2, 4, 3.0),
+        _clock=(time.perf_counter, slept.append))
+    model = make_model()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    model.fit(np.ones((4, 4), np.float32), np.zeros(4), batch_size=2, epochs=3, verbose=0)
+    waits = [s for s in slept if s < 0.1]  # the trace's waits are longer
+    assert waits == pytest.approx([0.001, 0.001, 0.003, 0.003, 0.001, 0.001])
+
+
+def pipe_log_module():
+    from course_utils.grading.checks import pipe_log
+
+    return pipe_log
+
+
 def test_the_step_log_is_read_by_a_child_and_names_bytes_its_model_never_wrote():
     import os
     import signal
@@ -399,6 +443,17 @@ def test_wrong_loss_scaled_step_fails_usefully(tf, mistake, message):
         cu.grading.check_loss_scaled_train_step(step_with(tf, **mistake))
 
 
+def test_the_checks_own_reference_step_under_the_answers_name_fails(tf):
+    # nb23-08 L3: the check's reference, imported and called, passed
+    from course_utils.grading.checks.loss_scaling import _reference_step
+
+    def loss_scaled_train_step(model, optimizer, loss_fn, x, y, clip_norm):
+        return _reference_step(model, optimizer, loss_fn, x, y, clip_norm)
+
+    with pytest.raises(AssertionError, match="ran the course's _reference_step"):
+        cu.grading.check_loss_scaled_train_step(loss_scaled_train_step)
+
+
 # --- first_overflowing_layer -----------------------------------------------------------------
 
 
@@ -415,6 +470,51 @@ def test_reference_first_overflowing_layer_passes(keras, tf, capsys):
     assert cu.grading.check_first_overflowing_layer(
         lambda model, x: first_overflowing_layer(model, x, keras, tf))
     assert "✅ first_overflowing_layer:" in capsys.readouterr().out
+
+
+def test_an_answer_equal_to_every_layer_name_fails():
+    # nb23-08 L1: an object whose == is always True passed all 30 cases (== came first)
+    class EqualToAll:
+        def __eq__(self, other):
+            return True
+
+        __hash__ = object.__hash__
+
+    with pytest.raises(AssertionError, match=r"case 1 .*a str\) or None, not EqualToAll"):
+        cu.grading.check_first_overflowing_layer(lambda model, x: EqualToAll())
+
+
+def test_reading_the_expected_layer_from_the_checks_frames_fails():
+    # nb23-08 L2: inspect.stack() to run_check's Case, then `expected` from its verify's
+    # closure, the names folded by the compiler from constants: passed 30 of 30
+    import inspect
+
+    def first_overflowing_layer(model, x):
+        for info in inspect.stack():
+            case = getattr(info.frame, "f_" + "locals").get("case")
+            if case is not None and getattr(case, "verify", None) is not None:
+                cells = getattr(case.verify, "__clo" + "sure__")
+                index = case.verify.__code__.co_freevars.index("expected")
+                return getattr(cells[index], "cell_" + "contents")
+        return None
+
+    with pytest.raises(AssertionError, match="__closure__, cell_contents, f_locals"):
+        cu.grading.check_first_overflowing_layer(first_overflowing_layer)
+
+
+def test_the_checks_own_outputs_model_under_the_answers_name_fails():
+    # nb23-08 L3: the check's every-layer model, imported and called, passed 30 of 30
+    from course_utils.grading.checks.overflow_rows import outputs_model
+
+    def first_overflowing_layer(model, x):
+        layers, every_output = outputs_model(model)
+        for layer, out in zip(layers, every_output(x), strict=True):
+            if not np.all(np.isfinite(np.asarray(out, np.float32))):
+                return layer.name
+        return None
+
+    with pytest.raises(AssertionError, match="ran the course's outputs_model"):
+        cu.grading.check_first_overflowing_layer(first_overflowing_layer)
 
 
 def test_the_loud_logits_case_is_made_where_even_the_rows_left_alone_overflow(tf):

@@ -8,7 +8,8 @@
   ``FOUND_POLICIES`` in force, drawn per run: a restore to any typed policy fails), and reports
   a steady-state
   time per step that is a timing of its own steps: the check's model sleeps in every training
-  step (a time drawn per run, 60 to 400 ms) and longer while tracing, and logs when its steps
+  step (a time drawn per run, 60 to 400 ms; 2 to 2.5 times that, drawn, in the epochs between
+  the first and the last) and longer while tracing, and logs when its steps
   ran and when its ``fit`` returned (into an OS pipe whose read end a child process holds until
   the check reads it: no descriptor in the learner's process reads the log back; see
   ``pipe_log``), so the learner's figure must lie
@@ -52,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.equality import largest_difference
+from course_utils.grading.checks.answer_reach import peeks_refused
 from course_utils.grading.checks.loss_scaling import (  # noqa: F401
     GROWTH_STEPS,
     LOSS_WEIGHT,
@@ -80,6 +82,10 @@ ACCURACY_TOLERANCE, LOSS_TOLERANCE = 0.05, 0.05
 #: Each run's model waits a time drawn log-uniformly from this range in every training step
 #: (one draw per run, unknown to the learner), so that only a timing of that run matches.
 DELAY_RANGE_S = (0.06, 0.4)
+#: The epochs between the first and the last wait longer, by a factor drawn from this range
+#: per run: a timing of the last epoch alone (or of the middle ones) misses the bounds of the
+#: epochs after the first as a whole (the last epoch alone passed before).
+MIDDLE_EPOCHS_SLOWER = (2.0, 2.5)
 #: The global policies in force when the learner's function is called (neither of the two it
 #: is asked to train under), one drawn per run and a different one for each run: it must find
 #: its run's there again, which no typed policy ("float32", "mixed_bfloat16") does every time.
@@ -228,16 +234,19 @@ def _timing_problem(step: Any, bounds: tuple[float, float] | str) -> str | None:
 @register
 def check_train_with_policy(fn: Any) -> bool:
     """Check ``train_with_policy(make_model, policy, x, y, epochs, initial_weights)``."""
+    peeks_refused("train_with_policy", fn)
     rng = fresh_rng()
     x, y, num_features, num_classes = _task(rng, 4 * BATCH_SIZE)
     units = rng.choice([32, 48])
     policies = ("float32", "mixed_float16")
     low, high = (math.log(s) for s in DELAY_RANGE_S)
     pipes = {p: pipe_log() for p in policies}  # (write-only log, reader, closer) per run
-    builders = {p: delayed_model_builder(num_features, num_classes, units,
-                                         math.exp(rng.uniform(low, high)), pipes[p][0])
-                for p in policies}
     steps_per_epoch = -(-len(x) // BATCH_SIZE)
+    middle = (steps_per_epoch, (EPOCHS - 1) * steps_per_epoch)  # epochs 2 to EPOCHS - 1
+    builders = {p: delayed_model_builder(num_features, num_classes, units,
+                                         math.exp(rng.uniform(low, high)), pipes[p][0],
+                                         slower=(*middle, rng.uniform(*MIDDLE_EPOCHS_SLOWER)))
+                for p in policies}
     initial_weights = _model_builder(num_features, num_classes, units)().get_weights()
     found = dict(zip(policies, rng.sample(FOUND_POLICIES, len(policies)), strict=True))
     runs: dict[str, dict[str, Any]] = {}

@@ -4,10 +4,12 @@ with ``@register``; the contract is in :mod:`course_utils.grading.checks.lesson_
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from course_utils.equality import largest_difference
+from course_utils.grading.checks.answer_reach import guarded
 from course_utils.grading.checks.overflow import _inputs as _task
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
@@ -103,6 +105,9 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
     keras = _keras()
     from course_utils.training.precision import policy_scope
 
+    fn = guarded("loss_scaled_train_step", fn, [sys.modules[__name__]],
+                 "write the step yourself (section 5), not the check's reference",
+                 but=["_weighted_loss"])  # it makes the loss_fn the step is handed
     rng = fresh_rng()
     x, y, num_features, num_classes = _task(rng, 8 * 32)
     make_model = _model_builder(num_features, num_classes, rng.choice([16, 24, 32]))

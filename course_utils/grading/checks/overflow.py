@@ -53,11 +53,14 @@ smallest); dropping one or two rows is no lesson's mistake. Lesson 08's module i
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks import overflow_rows
+from course_utils.grading.checks.answer_reach import guarded
 from course_utils.grading.checks.overflow_rows import (
     one_row_cases,
     outputs_model,
@@ -120,10 +123,12 @@ def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None
                        scale: float, scaled: str = "outlier rows",
                        ) -> Callable[[Any], str | None]:
     def verify(got: Any) -> str | None:
+        # the type first, and exactly str: an object (or a str subclass) whose == is always
+        # True would pass the comparison below
+        if got is not None and type(got) is not str:
+            return f"return a layer's name (a str) or None, not {type(got).__name__}"
         if got == expected:
             return None
-        if got is not None and not isinstance(got, str):
-            return f"return a layer's name (a str) or None, not {type(got).__name__} {got!r}"
         if got is not None and got not in order:
             return f"{got!r} is not a layer of this model (its layers: {order})"
         if got is not None and got == decoy and (  # finite wherever its input is
@@ -154,6 +159,8 @@ def check_first_overflowing_layer(fn: Any) -> bool:
     """Check ``first_overflowing_layer(model, x)`` on fresh models and batches (answers differ)."""
     from course_utils.training.precision import policy_scope
 
+    fn = guarded("first_overflowing_layer", fn, [sys.modules[__name__], overflow_rows],
+                 "find the layer with your own forward pass (section 3), not the check's")
     rng = fresh_rng()
     x, _, num_features, num_classes = _inputs(rng, 32)
     depth, units = rng.choice([4, 5]), rng.choice([16, 24, 32])

@@ -141,9 +141,12 @@ TRACE_DELAY_S = 1.0
 
 
 def delayed_model_builder(num_features: int, num_classes: int, units: int, delay_s: float,
-                          log: Log, *, _clock: tuple[Any, Any] = (time.perf_counter, time.sleep)
+                          log: Log, *, slower: tuple[int, int, float] = (0, 0, 1.0),
+                          _clock: tuple[Any, Any] = (time.perf_counter, time.sleep)
                           ) -> Callable[[], Any]:
-    """An MLP whose training steps wait ``delay_s`` (and whose tracing waits longer), writing
+    """An MLP whose training steps wait ``delay_s`` (the steps ``first <= n < end`` of
+    ``slower = (first, end, factor)``, counted from 0 over the model's life, ``factor`` times
+    longer; and whose tracing waits longer), writing
     into ``log`` when each step's wait began and ended and when each call of the model's
     ``fit`` returned: the bounds of any timing of its own run. ``log`` is write-only (an OS
     pipe whose read end a child process holds, see :func:`pipe_log`). ``_clock`` (the clock and
@@ -158,6 +161,8 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
     tf = import_tensorflow()
     now, sleep = _clock
     trace_delay_s = float(TRACE_DELAY_S)
+    first_slow, end_slow, factor = slower
+    waits = [0]  # the training steps this model has waited in
 
     class StepDelay(keras.layers.Layer):
         """Adds 0 to the logits, after sleeping in every training step."""
@@ -173,8 +178,9 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
                 sleep(trace_delay_s)  # Python runs once, while the step is traced
 
             def wait() -> np.ndarray:
-                start = now()
-                sleep(self.seconds)
+                start, step = now(), waits[0]
+                waits[0] += 1
+                sleep(self.seconds * (factor if first_slow <= step < end_slow else 1.0))
                 log((b"s", start), (b"e", now()))  # one write: a start and its end
                 return np.float32(0.0)
 
