@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> pathlib.Path:
         results[name] = measure(sizes, rounds, calls, warmup, gpu)
     tf.config.experimental.enable_tensor_float_32_execution(True)  # TensorFlow's default
     machine["load_average_1min"] = [round(start_load, 2), round(os.getloadavg()[0], 2)]
+    command = "python benchmarks/mixed_precision.py" + (" --quick" if args.quick else "")
     payload = {"benchmark": "mixed_precision", "date": time.strftime("%Y-%m-%d"),
+               "command": command,
                "machine": machine, "method": {"rounds": rounds, "calls_per_round": calls,
                                               "warmup_calls": warmup, "statistic": "median",
                                               "slow_ratio": SLOW_RATIO},

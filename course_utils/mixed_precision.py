@@ -373,7 +373,8 @@ def benchmark_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
 
 def benchmark_caption(payload: dict[str, Any], this_machine: bool) -> str:
     """A caption for ``benchmark_rows(payload)``: whose hardware, its 16-bit flags, oneDNN ops,
-    CPU threads, TensorFlow, date and load, and the baseline its speed-ups are over."""
+    CPU threads, TensorFlow, date and load, the command that made it (results that record
+    one) and the baseline its speed-ups are over."""
     machine = payload["machine"]
     load = machine["load_average_1min"]  # [at the start, at the end] of the run, or one figure
     load_text = (f"load average {load[0]} at the start, {load[-1]} at the end"
@@ -383,4 +384,5 @@ def benchmark_caption(payload: dict[str, Any], this_machine: bool) -> str:
             f"oneDNN ops {'on' if machine['onednn']['enabled'] else 'off'}, "
             f"{machine['cpu_count']} CPU threads, TensorFlow {machine['tensorflow']}, "
             f"{payload['date']}, {load_text}; "
-            f"speed-up over {payload['baseline']}")
+            + (f"made by `{payload['command']}`; " if payload.get("command") else "")
+            + f"speed-up over {payload['baseline']}")

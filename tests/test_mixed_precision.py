@@ -244,6 +244,9 @@ def test_benchmark_caption_names_the_machine_and_the_baseline():
     payload["machine"]["load_average_1min"] = [2.24, 5.65]  # as benchmarks/ writes it
     assert "load average 2.24 at the start, 5.65 at the end" in mp.benchmark_caption(
         payload, this_machine=True)
+    payload["command"] = "python benchmarks/mixed_precision.py"  # newer results name it
+    assert "made by `python benchmarks/mixed_precision.py`; speed-up" in mp.benchmark_caption(
+        payload, this_machine=True)
 
 
 def test_committed_reference_results_name_their_hardware_and_baseline():
