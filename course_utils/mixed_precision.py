@@ -191,7 +191,9 @@ def dtype_bytes(dtype: Any) -> int:
 
 
 def layer_dtypes(model: Any) -> list[dict[str, str]]:
-    """One row per layer: its policy, compute dtype and the dtypes of its variables."""
+    """One row per layer: its policy, compute dtype, output dtype (an input layer's tensor
+    keeps its own dtype, whatever its policy says: the next layer casts it) and the dtypes
+    of its variables."""
     rows = []
     for layer in model.layers:
         variable_dtypes = sorted({str(v.dtype) for v in layer.weights})
@@ -199,6 +201,7 @@ def layer_dtypes(model: Any) -> list[dict[str, str]]:
             "layer": layer.name,
             "policy": layer.dtype_policy.name,
             "compute dtype": str(layer.compute_dtype),
+            "output dtype": str(layer.output.dtype),
             "variable dtypes": ", ".join(variable_dtypes) or "-",
         })
     return rows

@@ -150,6 +150,11 @@ def test_layer_dtypes_and_memory_follow_the_policy():
     assert rows["dense_0"]["compute dtype"] == "float16"
     assert rows["dense_0"]["variable dtypes"] == "float32"
     assert rows["logits"]["compute dtype"] == "float32"
+    # the input layer takes the policy's compute dtype, yet its tensor stays float32: the
+    # first Dense casts it
+    assert rows["features"]["compute dtype"] == "float16"
+    assert rows["features"]["output dtype"] == "float32"
+    assert rows["dense_0"]["output dtype"] == "float16"
     mixed_memory, single_memory = mp.model_memory(mixed, 10), mp.model_memory(single, 10)
     assert mixed_memory["weights"] == single_memory["weights"] == (8 * 16 + 16 + 16 * 3 + 3) * 4
     # inputs 10x8 and logits 10x3 stay float32; the hidden 10x16 halves
@@ -177,7 +182,7 @@ def test_draw_mixed_precision_step_labels_each_dtype():
     texts = [t.get_text() for t in ax.texts]
     assert "backward\nfloat16" in texts and "yes: ÷ scale\nfloat32" in texts
     # Keras checks the scaled gradients before it divides them (LossScaleOptimizer)
-    assert texts.index("scaled gradients\nall finite?") < texts.index(
+    assert texts.index("scaled gradients, float32\n(cast back): all finite?") < texts.index(
         "yes: ÷ scale\nfloat32")
     assert any("skip" in text for text in texts)
 

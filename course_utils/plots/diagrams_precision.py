@@ -108,7 +108,8 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
     """Lesson 08: one mixed-precision training step with loss scaling, as a flow of boxes.
 
     float32 weights are cast to float16 for the forward and backward passes; the loss is
-    computed in float32 and multiplied by the scale; the scaled gradients are checked first:
+    computed in float32 and multiplied by the scale; the scaled gradients (float32: the
+    backward pass casts them back to the variables' dtype) are checked first:
     when all are finite they are divided by the scale and update the float32 weights, otherwise
     the step is skipped and the scale halved (Keras's ``LossScaleOptimizer``).
     """
@@ -120,7 +121,7 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
         (0.67, 0.72, "logits, loss\nfloat32", PALETTE[0]),
         (0.88, 0.72, "loss × scale\nfloat32", PALETTE[0]),
         (0.88, 0.22, "backward\nfloat16", PALETTE[1]),
-        (0.62, 0.22, "scaled gradients\nall finite?", PALETTE[7]),
+        (0.62, 0.22, "scaled gradients, float32\n(cast back): all finite?", PALETTE[7]),
         (0.36, 0.22, "yes: ÷ scale\nfloat32", PALETTE[0]),
         (0.11, 0.22, "update weights\nfloat32", PALETTE[2]),
     ]
@@ -143,6 +144,6 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
     ax.set_xlim(0, 1)
     ax.set_ylim(-0.25, 1)
     ax.axis("off")
-    ax.set_title("A mixed-precision step: float16 where it is fast, float32 where it must be exact"
-                 " (blue float32, orange float16)", fontsize=10)
+    ax.set_title("A mixed-precision step: float16 where it is fast, float32 where range or "
+                 "precision matter (blue float32, orange float16)", fontsize=10)
     return ax
