@@ -99,8 +99,11 @@ def reachable(*roots):
 
 
 @pytest.mark.slow
-def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys):
+def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys, monkeypatch):
     right, logs_found = trainer_with(keras), []
+    # the check refuses the closure walk below by its names (answer_reach); let it run, to
+    # show that even a walk that runs finds no log to read
+    monkeypatch.setattr(lesson_08, "peeks_refused", lambda name, fn: None)
 
     def reads_closures_too(make_model, policy, *args):  # a learner who looks for the log
         result = right(make_model, policy, *args)
@@ -114,6 +117,15 @@ def test_reference_train_with_policy_passes_and_reports_both_runs(keras, capsys)
     out = capsys.readouterr().out
     assert "✅ train_with_policy: 2 cases passed" in out
     assert "ms per step" in out and "mixed_float16: final loss" in out
+
+
+def test_a_closure_walk_is_refused_before_the_runs(keras):
+    # names folded from string constants are scanned too (nb23-08 L2, for every exercise)
+    def walks_closures(make_model, policy, *args):
+        return reachable(make_model)
+
+    with pytest.raises(AssertionError, match="uses __closure__, cell_contents"):
+        cu.grading.check_train_with_policy(walks_closures)
 
 
 @pytest.mark.slow
