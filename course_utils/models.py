@@ -76,12 +76,15 @@ def rnn(
     name: str = "rnn",
     embed_dim: int | None = None,
     recurrent_layers: int = 1,
+    use_cudnn: str | bool = "auto",
 ) -> Any:
     """A recurrent classifier over ``[sequence_length, num_features]`` inputs (GRU or LSTM).
 
     With ``embed_dim``, a per-time-step Dense projection ("embed") comes first; with
     ``recurrent_layers`` > 1, stacked recurrent layers (all but the last return sequences).
-    The defaults build one recurrent layer and the logits.
+    The defaults build one recurrent layer and the logits. ``use_cudnn`` is passed to each GRU
+    or LSTM layer (Keras's own argument; ``"auto"`` takes cuDNN whenever a GPU is visible, even
+    under a CPU device scope); a SimpleRNN has no cuDNN path and accepts only ``"auto"``.
     """
     keras = _keras()
     layers = {"gru": keras.layers.GRU, "lstm": keras.layers.LSTM,
@@ -90,12 +93,15 @@ def rnn(
         raise ValueError(f"unknown cell {cell!r}; choose one of {', '.join(layers)}")
     if recurrent_layers < 1:
         raise ValueError(f"recurrent_layers must be at least 1, got {recurrent_layers}")
+    cudnn = {} if cell == "simple" else {"use_cudnn": use_cudnn}
+    if cell == "simple" and use_cudnn != "auto":
+        raise ValueError("a SimpleRNN has no cuDNN path: leave use_cudnn='auto'")
     inputs = keras.Input(shape=(sequence_length, num_features), name="sequence")
     x = keras.layers.Dense(embed_dim, name="embed")(inputs) if embed_dim else inputs
     for index in range(recurrent_layers):
         last = index == recurrent_layers - 1
         layer_name = cell if recurrent_layers == 1 else f"{cell}_{index}"
-        x = layers[cell](units, return_sequences=not last, name=layer_name)(x)
+        x = layers[cell](units, return_sequences=not last, name=layer_name, **cudnn)(x)
     outputs = keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
     return keras.Model(inputs, outputs, name=name)
 

@@ -155,6 +155,23 @@ def test_rnn_split_after_its_first_recurrent_layer_runs_on_two_devices(tf_device
     assert cu.equality.largest_difference(grads, result["grads"]) < 1e-5
 
 
+def test_split_keeps_use_cudnn_which_keras_get_config_leaves_out(tf_devices):
+    import keras
+
+    devices = cu.parallel.model_parallel_devices(2)
+    model = cu.models.rnn(6, 3, 2, units=8, embed_dim=5, recurrent_layers=2, use_cudnn=False)
+    grus = [layer for layer in model.layers if isinstance(layer, keras.layers.GRU)]
+    assert [layer.use_cudnn for layer in grus] == [False, False]
+    assert "use_cudnn" not in grus[0].get_config()  # why fresh_layer is needed
+    assert type(grus[0]).from_config(grus[0].get_config()).use_cudnn == "auto"
+    assert cu.parallel.fresh_layer(grus[0]).use_cudnn is False
+    stages = cu.parallel.split_sequential(model, [2], devices)
+    assert [layer.use_cudnn for s in stages for layer in s.layers
+            if isinstance(layer, keras.layers.GRU)] == [False, False]
+    with pytest.raises(ValueError):
+        cu.models.rnn(6, 3, cell="simple", use_cudnn=False)
+
+
 def test_run_gpipe_matches_the_whole_batch(tf_devices):
     tf, devices = tf_devices
     import keras

@@ -29,6 +29,7 @@ from course_utils.parallel.pipeline import (
     run_pipeline,
 )
 from course_utils.parallel.placement import (
+    fresh_layer,
     memory_per_stage,
     model_parallel_devices,
     short_device,
@@ -55,7 +56,7 @@ from course_utils.parallel.zero import zero_bytes_per_device, zero_shard_bounds
 
 __all__ = [
     "Event", "PipelineRun", "Task", "bubble_fraction", "check_orders", "collectives",
-    "collectives_in_fresh_process", "dense_layouts",
+    "collectives_in_fresh_process", "dense_layouts", "fresh_layer",
     "gpipe_orders", "gpipe_schedule", "interleaved_bubble_fraction", "interleaved_orders",
     "interleaved_schedule", "make_mesh",
     "measured_bubble", "memory_per_stage", "mesh", "model_parallel_devices",

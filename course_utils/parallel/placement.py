@@ -12,7 +12,7 @@ from typing import Any
 
 from course_utils.memory import activation_bytes_per_example, variable_bytes
 
-__all__ = ["memory_per_stage", "model_parallel_devices", "short_device", "split_sequential",
+__all__ = ["fresh_layer", "memory_per_stage", "model_parallel_devices", "short_device", "split_sequential",
            "split_step", "variable_devices"]
 
 
@@ -49,11 +49,26 @@ def variable_devices(model: Any) -> list[str]:
     return [short_device(v.value.device) for v in model.weights]
 
 
+def fresh_layer(layer: Any) -> Any:
+    """A new, unbuilt layer with ``layer``'s configuration.
+
+    ``type(layer).from_config(layer.get_config())``, except that a GRU or LSTM keeps its
+    ``use_cudnn``: Keras leaves it out of their ``get_config`` (``keras/src/layers/rnn/gru.py``,
+    ``get_config``), so a plain copy would fall back to ``"auto"``.
+    """
+    import keras
+
+    config = layer.get_config()
+    if isinstance(layer, (keras.layers.GRU, keras.layers.LSTM)):
+        config["use_cudnn"] = layer.use_cudnn
+    return type(layer).from_config(config)
+
+
 def split_sequential(model: Any, cuts: Sequence[int], devices: Sequence[str]) -> list[Any]:
     """Split a chain of layers (Sequential, ``cu.models.mlp``) before ``cuts``, a stage per device.
 
     Each stage is a new Sequential created under ``tf.device`` (so its weights live there) with
-    the same layer configurations and a copy of the model's weights.
+    the same layer configurations (``fresh_layer``) and a copy of the model's weights.
     """
     import keras
     import tensorflow as tf
@@ -69,7 +84,7 @@ def split_sequential(model: Any, cuts: Sequence[int], devices: Sequence[str]) ->
         layers = chain[bounds[index]:bounds[index + 1]]
         with tf.device(device):
             stage = keras.Sequential([keras.Input(shape)] + [
-                type(layer).from_config(layer.get_config()) for layer in layers],
+                fresh_layer(layer) for layer in layers],
                 name=f"stage_{index}")
         for new, old in zip(stage.layers, layers, strict=False):
             new.set_weights(old.get_weights())
