@@ -12,8 +12,8 @@ from typing import Any
 
 from course_utils.memory import activation_bytes_per_example, variable_bytes
 
-__all__ = ["fresh_layer", "memory_per_stage", "model_parallel_devices", "short_device", "split_sequential",
-           "split_step", "variable_devices"]
+__all__ = ["fresh_layer", "memory_per_stage", "model_parallel_devices", "short_device",
+           "split_sequential", "split_step", "variable_devices"]
 
 
 def short_device(name: str) -> str:
