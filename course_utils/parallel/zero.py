@@ -9,7 +9,9 @@ state. ZeRO keeps each of them once across the ``N`` replicas, cut into ``N`` sh
 - stage 3 (FSDP): the parameters too, gathered layer by layer when a pass needs them.
 
 The parameters are flattened into one vector and cut into ``N`` equal shards, the last one
-padded, as the ZeRO and FSDP implementations do.
+padded, as FSDP's flat parameters are; PyTorch's ``ZeroRedundancyOptimizer`` instead gives each
+whole parameter to one rank ("Each parameter belongs to a single rank and is not divided among
+ranks", its documentation).
 """
 
 from __future__ import annotations
