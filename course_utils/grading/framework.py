@@ -106,6 +106,8 @@ class Case:
     expected: Any = None
     label: str = ""
     verify: Callable[[Any], str | None] | None = None
+    #: Exceptions the case asks for: one raised is handed to ``verify`` as the result.
+    raises: type[BaseException] | tuple[type[BaseException], ...] = ()
 
     def describe(self) -> str:
         """The call as a learner would type it, e.g. ``(32, 4)`` or the label."""
@@ -375,9 +377,11 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
                 f"{name}: case {number} {case.describe()} raised NotImplementedError from "
                 f"inside a library call: {error}{hint_text}") from error
         except Exception as error:
-            raise AssertionError(
-                f"{name}: case {number} {case.describe()} raised "
-                f"{type(error).__name__}: {error}{hint_text}") from error
+            if not (case.raises and isinstance(error, case.raises)):
+                raise AssertionError(
+                    f"{name}: case {number} {case.describe()} raised "
+                    f"{type(error).__name__}: {error}{hint_text}") from error
+            got = error  # the exception the case asks for: its verify judges it
         if case.verify is not None:
             reason = case.verify(got)
             if reason:

@@ -40,11 +40,16 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   second value only beyond ``1 + 2 × noise``, like for like, precision at the chosen strategy)
   and its ratio, ``k`` (up to one example per micro-batch) and its total, or ``ValueError``.
 
-Exercise 1's guard compares code objects' files: any call into ``course_utils/profiling.py``
-while the learner's function runs is caught, under whatever name it was bound. Exercise 3's
-guard does the same for the check's own reference, ``report_cases.report_reference``, and for
-the lesson's helpers that would make the report's decisions (``cu.grid.contradictions``,
-``cu.grid.axis_effects``, ``cu.memory.smallest_accumulation``), by identity or as a copy.
+Nothing the checks of exercises 1 and 3 hold while the learner's function runs says what it
+should return: each case keeps its inputs and a label that names no answer, in a fresh order
+(drawn in helpers whose frames are gone), and its verdict counts the answer after the call, with
+``step_breakdown`` or ``report_reference`` (an answer that walked the stack to the running case
+and read its verify's closure passed before). Exercise 1's guard compares code objects' files:
+any call into ``course_utils/profiling.py`` while the learner's function runs is caught, under
+whatever name it was bound. Exercise 3's guard does the same for the check's own reference,
+``report_cases.report_reference``, and for the lesson's helpers that would make the report's
+decisions (``cu.grid.contradictions``, ``cu.grid.axis_effects``,
+``cu.memory.smallest_accumulation``), by identity or as a copy.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks import pipeline_probe
+from course_utils.grading.checks.answer_reach import peeks_refused
 from course_utils.grading.checks.call_guard import CallsInto, watching_problem
 from course_utils.grading.checks.pipeline_probe import (
     BASELINE_ATTEMPTS,
@@ -184,18 +190,24 @@ def _course_profiling_file() -> str:
     return profiling.step_breakdown.__code__.co_filename
 
 
-def _verifier(kind: str, table: str,
-              guard: CallsInto | None = None) -> Callable[[Any], str | None]:
+def _verifier(events: list[dict], guard: CallsInto) -> Callable[[Any], str | None]:
+    """The case's verdict, its answer counted by ``step_breakdown`` after the learner's
+    function returned (nothing the check holds while it runs says which part leads)."""
     def verify(got: Any) -> str | None:
-        called = guard.take() if guard is not None else []
+        from course_utils.profiling import format_breakdown, step_breakdown
+
+        called = guard.take()
         if watching_problem(called):
             return watching_problem(called)
         if called:
             return (f"find_bottleneck called cu.profiling ({', '.join(called)}): it must read "
                     "the events itself; cu.profiling.step_breakdown is what the check "
                     "compares it with")
-        if got == kind:
-            return None
+        breakdown = step_breakdown(events)  # the check's own calls, now
+        kind, table = breakdown.bottleneck(), format_breakdown(breakdown)
+        own = guard.take()  # drops the check's own calls just made from the next verdict
+        if watching_problem(own) or got == kind:
+            return watching_problem(own)
         if got not in _BOTTLENECKS:
             return f"returned {got!r}; return one of {', '.join(map(repr, _BOTTLENECKS))}"
         return (f"returned {got!r}, but this trace is {kind}-bound; cu.profiling reads it as:"
@@ -203,8 +215,8 @@ def _verifier(kind: str, table: str,
     return verify
 
 
-def _real_case(rng: Any, guard: CallsInto) -> Case | None:
-    """A fresh real run, input- or compute-bound, checked against ``step_breakdown`` first;
+def _real_events(rng: Any) -> list[dict] | None:
+    """A fresh real run's events, input- or compute-bound as drawn (``step_breakdown`` agrees);
     None when three tries (each with a stronger effect) all came out otherwise: a busy machine
     must not fail the learner, and the built traces still hold every kind."""
     from course_utils.profiling import format_breakdown, step_breakdown
@@ -214,34 +226,40 @@ def _real_case(rng: Any, guard: CallsInto) -> Case | None:
         events = _bound_run(rng, kind, strength=1 + attempt)
         breakdown = step_breakdown(events)
         if breakdown.bottleneck() == kind:
-            return Case(args=(events,),
-                        verify=_verifier(kind, format_breakdown(breakdown), guard),
-                        label=f"(a real {kind}-bound run: {len(events)} events)")
+            return events
     print(f"(this machine is busy: the check's {kind}-bound run did not come out {kind}-bound "
           f"in 3 tries, so only the built traces are read this time)\n"
           f"{format_breakdown(breakdown)}")
     return None
 
 
+def _bottleneck_traces() -> list[tuple[list[dict], str]]:
+    """Each case's events and a label that names no part, in a fresh order: one real run (if
+    it came out as drawn) and ``BOTTLENECK_CASES``, each checked against ``step_breakdown``.
+    What each case is and its answer are forgotten when this returns (finding L1)."""
+    from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES, trace_case
+    from course_utils.profiling import step_breakdown
+
+    rng = fresh_rng()
+    real = _real_events(rng)
+    traces = [(real, "a real run profiled here")] if real is not None else []
+    for description in BOTTLENECK_CASES:
+        kind, events = trace_case(rng, description)
+        assert step_breakdown(events).bottleneck() == kind, description  # the check's own
+        traces.append((events, "a trace built to order"))
+    rng.shuffle(traces)
+    return traces
+
+
 @register
 def check_find_bottleneck(fn: Any) -> bool:
     """Check ``find_bottleneck(events)`` on one real run profiled here and ten traces built
     to order (mid-range input shares, narrow leads, a communication-bound step, distractors)."""
-    from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES, trace_case
-    from course_utils.profiling import format_breakdown, step_breakdown
-
-    rng = fresh_rng()
+    peeks_refused("find_bottleneck", fn)
     guard = CallsInto(_course_profiling_file())
-    real = _real_case(rng, guard)
-    cases = [real] if real is not None else []
-    for description in BOTTLENECK_CASES:
-        kind, events = trace_case(rng, description)
-        breakdown = step_breakdown(events)
-        assert breakdown.bottleneck() == kind, (description, breakdown)  # the check's own
-        cases.append(Case(args=(events,),
-                          verify=_verifier(kind, format_breakdown(breakdown), guard),
-                          label=f"(a trace where {description})"))
-    rng.shuffle(cases)
+    cases = [Case(args=(events,), verify=_verifier(events, guard),
+                  label=f"({what}: {len(events)} events)")
+             for events, what in _bottleneck_traces()]
     with guard:
         return run_check(
             "find_bottleneck", fn, cases,
@@ -351,6 +369,28 @@ def _decided_by_helpers(called: list[str]) -> str:
             "ratios and k from the benchmark and cu.memory.step_budget yourself")
 
 
+def _report_cases(my_results: Any) -> list[Any]:
+    """The learner's own benchmark's case (unless ``_FRESH_ONLY``), five fresh ones and the
+    edge cases, in a fresh order; what each tests and its answer are forgotten when this
+    returns (the verdicts count them again after each call: finding L2)."""
+    from course_utils.grading.checks.report_cases import edge_cases, fresh_cases, report_case
+    from course_utils.grid import GridResult
+
+    rng = fresh_rng()
+    cases = []
+    if my_results is not _FRESH_ONLY:
+        if not (isinstance(my_results, list) and my_results
+                and all(isinstance(r, GridResult) for r in my_results)):
+            raise AssertionError("check_write_report(write_report, my_results): my_results "
+                                 "must be the list cu.grid.run_grid returned above, got "
+                                 f"{type(my_results).__name__}")
+        cases.append(report_case(rng, my_results, "your own benchmark"))
+    cases += fresh_cases(rng)
+    cases += edge_cases(cases, rng)
+    rng.shuffle(cases)
+    return cases
+
+
 #: ``check_write_report``'s default: no benchmark of the learner's given (the unit tests); any
 #: value passed, ``None`` included, must be the learner's own benchmark.
 _FRESH_ONLY = object()
@@ -366,42 +406,10 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     times the noise, or a threshold ignoring the noise, picks wrong (one between 1.95 and 2.05
     times passes). A budget no k fits must raise ``ValueError`` (``report_cases.edge_cases``:
     the other budgets). ``my_results`` not a non-empty list of ``GridResult`` fails the check."""
-    from course_utils.grading.checks.report_cases import (
-        SCENARIOS,
-        edge_cases,
-        report_case,
-        report_reference,
-        synthetic_results,
-    )
-    from course_utils.grid import GridResult
+    from course_utils.grading.checks.report_cases import report_reference
 
-    rng = fresh_rng()
-    cases = []
-    if my_results is not _FRESH_ONLY:
-        if not (isinstance(my_results, list) and my_results
-                and all(isinstance(r, GridResult) for r in my_results)):
-            raise AssertionError("check_write_report(write_report, my_results): my_results "
-                                 "must be the list cu.grid.run_grid returned above, got "
-                                 f"{type(my_results).__name__}")
-        cases.append(report_case(rng, my_results, "your own benchmark"))
-    for number, (description, noise_range, make_speeds) in enumerate(
-            rng.sample(SCENARIOS, len(SCENARIOS))):
-        scale = rng.uniform(500, 5000)
-        noise = round(rng.uniform(*noise_range), 4)  # drawn per benchmark: the band moves
-        speeds = make_speeds(noise, rng.uniform(1.8, 1.95), rng.uniform(2.05, 2.2))
-        # the second value of each axis differs between cases: names are read, not assumed
-        second = (("mirrored", "multi_worker")[number % 2],
-                  ("mixed_bfloat16", "mixed_float16")[number // 2 % 2])
-        keys = [("default", "float32"), ("default", second[1]), (second[0], "float32"), second]
-        results = synthetic_results(rng, {key: scale * speed for key, speed
-                                          in zip(keys, speeds, strict=True)},
-                                    spread=2 * noise)
-        cases.append(report_case(rng, results, f"a fresh benchmark: {description}, noise "
-                                               f"{noise:.1%}",
-                                 # k = 4, 3, 6: every divisor, not powers of 2 nor k <= 4
-                                 want_k={0: 4, 1: 3, 2: 6}.get(number),
-                                 # where the second strategy wins: 4 replicas, not 2
-                                 second_replicas=4 if speeds[2] > 1.5 else None))
+    peeks_refused("write_report", fn)
+    cases = _report_cases(my_results)
     # the check's own reference, under whatever name it was bound, may not answer; nor may the
     # lesson's helpers that decide (choices, ratios, k): noise and step_budget are its inputs
     from course_utils.grid import axis_effects, contradictions
@@ -420,12 +428,13 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
             if helpers and len(helpers) == len(named):
                 return _decided_by_helpers(helpers)
             if called:
-                return ("write_report called the check's own reference (report_reference): "
-                        "compute the report from the benchmark yourself")
-            return verify(got)
+                return ("write_report called the check's own reference (report_reference) "
+                        "or code copied from the course's helpers: compute the report from "
+                        "the benchmark yourself")
+            reason = verify(got)  # the reference report, counted now
+            return watching_problem(guard.take()) or reason  # its calls are the check's
         return check
 
-    cases += edge_cases(fn, cases, rng)  # the no-k-fits case calls fn before the guard counts
     cases = [dataclasses.replace(case, verify=guarded(case.verify)) for case in cases]
     with guard:
         return run_check(

@@ -4,7 +4,8 @@ A real profile on a busy laptop lands where the machine puts it: an input-bound 
 compute-bound run are easy to make, a step that waits 40 % of its time for input or one that is
 communication-bound on two logical CPUs is not. ``synthetic_trace`` writes the Chrome-trace
 events of such steps in the shape ``cu.profiling.trace_events`` returns for real ones (step
-markers with ``step_num``, ``IteratorGetNext`` waits with their ``Iterator::`` stages, ops with
+markers with ``step_num``, ``IteratorGetNext`` waits with their ``Iterator::`` stages (each with
+the ``long_name`` a real trace gives it, ``Iterator::Root::Prefetch``), ops with
 ``long_name``, ``CollectiveReduceV2`` and ``NcclAllReduce`` ops, ``tf_data`` threads, ``M``
 events naming the threads), so that a reading which works on real traces works on these, and
 shortcuts do not:
@@ -110,8 +111,10 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                 if kind == "input":
                     events.append(_span("IteratorGetNextOp::DoCompute", clock, piece,
                                         _STEP_THREAD))
-                    events.append(_span("Iterator::Root::Prefetch", clock + 0.1 * piece,
-                                        0.8 * piece, _STEP_THREAD))
+                    # a stage the get-next ran, named as in real traces (with a long_name):
+                    # a reading that counts it as compute names compute where input leads
+                    events.append(_span("Iterator::Prefetch", clock + 0.1 * piece,
+                                        0.8 * piece, _STEP_THREAD, "Iterator::Root::Prefetch"))
                 elif kind == "communication" and nccl:
                     for start_at, name in ((clock, rng.choice(_COLLECTIVES)),
                                            (clock + piece / 2, _NCCL)):

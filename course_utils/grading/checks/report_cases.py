@@ -29,8 +29,8 @@ import numpy as np
 
 from course_utils.grading.framework import Case
 
-__all__ = ["SCENARIOS", "edge_cases", "report_case", "report_problem", "report_reference",
-           "synthetic_results"]
+__all__ = ["SCENARIOS", "edge_cases", "fresh_cases", "report_case", "report_problem",
+           "report_reference", "synthetic_results", "verify_later"]
 
 
 def report_reference(results: Any, model: Any, global_batch: int,
@@ -166,18 +166,20 @@ def report_case(rng: Any, results: Any, label: str, want_k: int | None = None,
                      before.total - before.accumulation + rng.randint(0, 200))
         budget = min(budget, before.total - 1)
     args = (results, model, global_batch, replicas, budget)
-    want = report_reference(*args)
-    assert want["accumulation_steps"]["choice"] == want_k, (want, budget)  # the check's own
-    return Case(args=args, verify=lambda got: report_problem(got, want),
+    assert report_reference(*args)["accumulation_steps"]["choice"] == want_k, budget  # own
+    return Case(args=args, verify=verify_later(args),
                 label=f"({label}; global batch {global_batch}, a budget of {budget} bytes)")
 
 
+def verify_later(args: tuple[Any, ...]) -> Any:
+    """The case's verdict: the reference report counted from the case's inputs after the
+    learner's call returned, never kept where the call could read it (finding L2)."""
+    return lambda got: report_problem(got, report_reference(*args))
 
-def nothing_fits_case(fn: Any, case: Case) -> Case:
-    """``case`` again, last, failing unless ``fn`` raised ``ValueError`` when called first on
-    its benchmark and model with a budget one byte below the step of one example per
-    replica, which no ``k`` fits, as the exercise asks. (``NotImplementedError``, the
-    stub's, passes here: ``run_check`` reports the stub.)"""
+
+def nothing_fits_case(case: Case) -> Case:
+    """``case``'s benchmark and model with a budget one byte below the step of one example per
+    replica, which no ``k`` fits: the case asks for ``ValueError``, as the exercise does."""
     from course_utils.memory import step_budget
 
     results, model, global_batch, replicas, _ = case.args
@@ -186,19 +188,16 @@ def nothing_fits_case(fn: Any, case: Case) -> Case:
     least = step_budget(model, global_batch=global_batch, replicas=replicas[chosen["choice"]],
                         accumulation_steps=per_replica).total
     where = case.label.rsplit(", a budget", 1)[0][1:]  # the case's benchmark and batch
-    problem = None
-    try:
-        got = fn(results, model, global_batch, replicas, least - 1)
-        problem = (f"returned {got!r:.160}, but no k fits (one example per replica needs "
-                   f"{least} bytes): raise ValueError, as the exercise asks")
-    except (ValueError, NotImplementedError):
-        pass
-    except Exception as error:
-        problem = (f"raised {type(error).__name__}: {error}; no k fits (one example per "
-                   f"replica needs {least} bytes): expected ValueError")
-    return dataclasses.replace(
-        case, label=f"({where}; first with a budget of {least - 1} bytes, which no k fits)",
-        verify=lambda got: problem or case.verify(got))
+
+    def verify(got: Any) -> str | None:
+        if isinstance(got, ValueError):
+            return None
+        return (f"returned {got!r:.160}, but no k fits (one example per replica needs "
+                f"{least} bytes): raise ValueError, as the exercise asks")
+
+    return dataclasses.replace(case, args=(*case.args[:4], least - 1), verify=verify,
+                               raises=ValueError,
+                               label=f"({where}, a budget of {least - 1} bytes)")
 
 
 def examples_case(case: Case, examples: int = 1, per_replica: int | None = None) -> Case:
@@ -223,20 +222,12 @@ def examples_case(case: Case, examples: int = 1, per_replica: int | None = None)
                       accumulation_steps=per_replica)  # one example per micro-batch (k > 1)
     budget = one.total + (examples - 1) * one.activations + one.activations // 2
     args = (results, model, global_batch, replicas, budget)
-    want = report_reference(*args)
     k = next(k for k in range(1, per_replica + 1) if per_replica % k == 0
             and per_replica // k <= examples)
-    assert want["accumulation_steps"]["choice"] == k, (want, k, budget)  # the check's own
+    assert report_reference(*args)["accumulation_steps"]["choice"] == k, budget  # own
     where = case.label.rsplit(", a budget", 1)[0][1:].rsplit("; global batch", 1)[0]
-    return Case(args=args, verify=lambda got: report_problem(got, want),
-                label=f"({where}; global batch {global_batch}, a budget of {budget} bytes: a "
-                      f"micro-batch of {_examples(examples)} per replica fits, of "
-                      f"{_examples(examples + 1)} does not)")
-
-
-def _examples(count: int) -> str:
-    words = {1: "one", 2: "two", 3: "three"}
-    return f"{words.get(count, count)} example{'s' if count > 1 else ''}"
+    return Case(args=args, verify=verify_later(args),  # the label names no answer
+                label=f"({where}; global batch {global_batch}, a budget of {budget} bytes)")
 
 
 def drawn_case(rng: Any, case: Case) -> Case:
@@ -301,13 +292,10 @@ def buffer_case(case: Case) -> Case:
                             accumulation_steps=k).total for k in (1, 2, per_replica)}
     assert steps[per_replica] < steps[1] < steps[2], steps  # the check's own
     args = (results, model, per_replica * n, replicas, (steps[1] + steps[2]) // 2)
-    want = report_reference(*args)
-    assert want["accumulation_steps"]["choice"] == 1, want  # the check's own
+    assert report_reference(*args)["accumulation_steps"]["choice"] == 1, args  # own
     where = case.label.rsplit(", a budget", 1)[0][1:].rsplit("; global batch", 1)[0]
-    return Case(args=args, verify=lambda got: report_problem(got, want),
-                label=f"({where}; global batch {args[2]}, a budget of {args[-1]} bytes: the "
-                      f"whole per-replica batch of {per_replica} fits, two micro-batches with "
-                      f"their accumulation buffer do not, {per_replica} of one example do)")
+    return Case(args=args, verify=verify_later(args),
+                label=f"({where}; global batch {args[2]}, a budget of {args[-1]} bytes)")
 
 
 def _per_replica(case: Case) -> int:
@@ -316,7 +304,7 @@ def _per_replica(case: Case) -> int:
     return global_batch // replicas[chosen["choice"]]
 
 
-def edge_cases(fn: Any, cases: list[Case], rng: Any) -> list[Case]:
+def edge_cases(cases: list[Case], rng: Any) -> list[Case]:
     """Eight cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
     largest k (one example per micro-batch) fits, on a per-replica batch drawn from 1104 to
     19992 (multiples of 12): a search of the divisors capped below that finds none, where the
@@ -330,7 +318,31 @@ def edge_cases(fn: Any, cases: list[Case], rng: Any) -> list[Case]:
     (``square_case``); on the second from last, one ``k × (k + 1)`` whose answer is ``k``
     (``near_square_case``)."""
     per_replica = 12 * rng.randint(92, 1666)  # 1104 to 19992
-    return [nothing_fits_case(fn, cases[-1]), examples_case(cases[-2], per_replica=per_replica),
+    return [nothing_fits_case(cases[-1]), examples_case(cases[-2], per_replica=per_replica),
             examples_case(max(cases, key=_per_replica), examples=2),
             drawn_case(rng, cases[-3]), buffer_case(cases[-4]), drawn_case(rng, cases[-5]),
             square_case(rng, cases[-1]), near_square_case(rng, cases[-2])]
+
+
+def fresh_cases(rng: Any) -> list[Case]:
+    """A case on each of ``SCENARIOS`` (in a fresh order), with its own noise, scale and names
+    of the second strategy and precision; what each tests is forgotten when this returns."""
+    cases = []
+    for number, (_, noise_range, make_speeds) in enumerate(
+            rng.sample(SCENARIOS, len(SCENARIOS))):
+        scale = rng.uniform(500, 5000)
+        noise = round(rng.uniform(*noise_range), 4)  # drawn per benchmark: the band moves
+        speeds = make_speeds(noise, rng.uniform(1.8, 1.95), rng.uniform(2.05, 2.2))
+        # the second value of each axis differs between cases: names are read, not assumed
+        second = (("mirrored", "multi_worker")[number % 2],
+                  ("mixed_bfloat16", "mixed_float16")[number // 2 % 2])
+        keys = [("default", "float32"), ("default", second[1]), (second[0], "float32"), second]
+        results = synthetic_results(rng, {key: scale * speed for key, speed
+                                          in zip(keys, speeds, strict=True)},
+                                    spread=2 * noise)
+        cases.append(report_case(rng, results, "a fresh benchmark",
+                                 # k = 4, 3, 6: every divisor, not powers of 2 nor k <= 4
+                                 want_k={0: 4, 1: 3, 2: 6}.get(number),
+                                 # where the second strategy wins: 4 replicas, not 2
+                                 second_replicas=4 if speeds[2] > 1.5 else None))
+    return cases
