@@ -548,7 +548,7 @@ _DRAWN_MISSED = (r"accumulation_steps choice: \d+, but cu.memory.step_budget and
     (_replicas_assumed, "accumulation_steps"),
     (_names_assumed, "KeyError"),
     (_k_in_powers_of_two, f"{_DRAWN_MISSED}|raised ValueError: nothing fits"),  # shuffled
-    (_k_up_to_four, "raised ValueError: nothing fits|the budget say 6 "),
+    (_k_up_to_four, "raised ValueError: (nothing fits|.*does not split)|the budget say 6 "),
     (_k_not_a_divisor, r"raised ValueError: .*not split into \d+ equal micro-batches"),
     (_nothing_fits_answered, "returned .*but no k fits .*raise ValueError"),
     (_k_up_to_sixteen, "bytes\\) raised ValueError: nothing fits"),
