@@ -190,6 +190,10 @@ def _course_profiling_file() -> str:
     return profiling.step_breakdown.__code__.co_filename
 
 
+def _qualified(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 def _verifier(events: list[dict], guard: CallsInto) -> Callable[[Any], str | None]:
     """The case's verdict, its answer counted by ``step_breakdown`` after the learner's
     function returned (nothing the check holds while it runs says which part leads)."""
@@ -206,6 +210,8 @@ def _verifier(events: list[dict], guard: CallsInto) -> Callable[[Any], str | Non
         breakdown = step_breakdown(events)  # the check's own calls, now
         kind, table = breakdown.bottleneck(), format_breakdown(breakdown)
         own = guard.take()  # drops the check's own calls just made from the next verdict
+        if type(got) is not str and _qualified(type(got)) != "numpy.str_":  # a subclass
+            return f"returned {type(got).__name__}; return a str, one of {_BOTTLENECKS}"
         if watching_problem(own) or got == kind:
             return watching_problem(own)
         if got not in _BOTTLENECKS:
