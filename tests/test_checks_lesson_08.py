@@ -514,6 +514,38 @@ def test_reading_the_expected_layer_from_the_checks_frames_fails():
         cu.grading.check_first_overflowing_layer(first_overflowing_layer)
 
 
+def test_the_checks_frames_hold_no_expected_layer_while_the_answer_runs():
+    # the walk above with its names joined at run time (no scan sees them) passed 30 of 30
+    # before the answer was found after the call: now no frame or closure holds a layer name
+    import importlib
+
+    inspect = importlib.import_module("".join(["in", "spect"]))
+
+    def first_overflowing_layer(model, x):
+        names = {layer.name for layer in model.layers}
+        for info in getattr(inspect, "".join(["st", "ack"]))():
+            case = getattr(info.frame, "".join(["f_", "locals"])).get("case")
+            cells = getattr(getattr(case, "verify", None), "".join(["__clo", "sure__"]), None)
+            for cell in cells or ():
+                value = getattr(cell, "".join(["cell_", "contents"]))
+                if isinstance(value, str) and value in names:
+                    return value  # a layer's name the check holds (the decoy at most)
+        return None
+
+    with pytest.raises(AssertionError, match="first_overflowing_layer: case"):
+        cu.grading.check_first_overflowing_layer(first_overflowing_layer)
+
+
+def test_an_answer_that_changes_the_weights_fails(keras, tf):
+    def changes_weights(model, x):  # makes the first layer overflow, then says so
+        dense = next(layer for layer in model.layers if layer.weights)
+        dense.kernel.assign(dense.kernel * 60000.0)
+        return first_overflowing_layer(model, x, keras, tf)
+
+    with pytest.raises(AssertionError, match="changed the model's weights"):
+        cu.grading.check_first_overflowing_layer(changes_weights)
+
+
 def test_the_checks_own_outputs_model_under_the_answers_name_fails():
     # nb23-08 L3: the check's every-layer model, imported and called, passed 30 of 30
     from course_utils.grading.checks.overflow_rows import outputs_model

@@ -49,10 +49,14 @@ and the one-row batches' row among the largest but the two loud ones). The rows 
 first, first overflow found: 1 draw in 100 by max, 1 by L2 norm (where no two rows of either model
 can be scaled so that the larger overflows later: a fifth of the models). Every row but the smallest
 one or two by max: 92 and 58 in 100 (the row that overflows in an every-row batch is seldom the
-smallest); dropping one or two rows is no lesson's mistake. Lesson 08's module imports this one. """
+smallest); dropping one or two rows is no lesson's mistake. The cases are built in a function of
+their own; each case's answer is found after the learner's function returned, from the model and a
+copy of the batch (a frame walk finds no answer while it runs), and the model's weights must be
+unchanged. Lesson 08's module imports this one. """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -119,14 +123,36 @@ LOUD_LOGITS = 1e6
 #: an answer that looks at a random 3/4 of the rows passes each with probability 3/4 at most.
 ONE_ROW_CASES = 8
 
-def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None,
+def _first_overflowing(model: Any, batch: np.ndarray) -> str | None:
+    """The reference: the first layer whose output on ``batch`` is not finite anywhere."""
+    layers, every_output = outputs_model(model)
+    for layer, output in zip(layers, every_output(batch), strict=True):
+        if not np.all(np.isfinite(np.asarray(output, np.float32))):
+            return layer.name
+    return None
+
+
+def _weights_digest(model: Any) -> str:
+    return hashlib.sha256(b"".join(np.asarray(w).tobytes() for w in model.get_weights())
+                          ).hexdigest()
+
+
+def _overflow_verifier(model: Any, batch: np.ndarray, order: list[str], decoy: str | None,
                        scale: float, scaled: str = "outlier rows",
                        ) -> Callable[[Any], str | None]:
+    """The case's verdict. Its answer is found after the learner's function returned, from
+    the model and a copy of the batch (bytes: nothing the check holds while the learner's
+    function runs names the answer)."""
+    raw, shape, dtype, digest = batch.tobytes(), batch.shape, batch.dtype, _weights_digest(model)
+
     def verify(got: Any) -> str | None:
         # the type first, and exactly str: an object (or a str subclass) whose == is always
         # True would pass the comparison below
         if got is not None and type(got) is not str:
             return f"return a layer's name (a str) or None, not {type(got).__name__}"
+        if _weights_digest(model) != digest:
+            return "your function changed the model's weights: read them, never assign them"
+        expected = _first_overflowing(model, np.frombuffer(raw, dtype).reshape(shape))
         if got == expected:
             return None
         if got is not None and got not in order:
@@ -157,11 +183,20 @@ def _overflow_verifier(expected: str | None, order: list[str], decoy: str | None
 @register
 def check_first_overflowing_layer(fn: Any) -> bool:
     """Check ``first_overflowing_layer(model, x)`` on fresh models and batches (answers differ)."""
-    from course_utils.training.precision import policy_scope
-
     fn = guarded("first_overflowing_layer", fn, [sys.modules[__name__], overflow_rows],
                  "find the layer with your own forward pass (section 3), not the check's")
-    rng = fresh_rng()
+    cases = _overflow_cases(fresh_rng())  # built in a frame of their own, gone by now
+    return run_check(
+        "first_overflowing_layer", fn, cases,
+        hint="lesson 08, section 1 (float16's range) and section 3 (a hidden layer's output, "
+             "read): in which dtype does each layer compute, which layers' outputs did your "
+             "answer look at, and which examples of the batch?")
+
+
+def _overflow_cases(rng: Any) -> list[Case]:
+    """The check's cases: only their inputs, labels and verdicts (see the module's text)."""
+    from course_utils.training.precision import policy_scope
+
     x, _, num_features, num_classes = _inputs(rng, 32)
     depth, units = rng.choice([4, 5]), rng.choice([16, 24, 32])
     rows_by_model = _outlier_rows(rng, len(x))
@@ -189,11 +224,11 @@ def check_first_overflowing_layer(fn: Any) -> bool:
         order = [layer.name for layer in outputs_model(model)[0]]
         grows = ("one with huge negative weights" if decoy
                  else "each followed by a layer without weights that amplifies")
-        for batch, expected, scale in overflow_cases(model, x, rows, rng, decoy):
+        for batch, _, scale in overflow_cases(model, x, rows, rng, decoy):
             label = (f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with 2 "
                      f"outlier rows times {scale:.3g})")
             cases.append(Case(args=(model, batch), label=label,
-                              verify=_overflow_verifier(expected, order, decoy, scale)))
+                              verify=_overflow_verifier(model, batch, order, decoy, scale)))
         # every row but the loud ones scaled: no outlier row to spot, the loud ones stay the
         # largest examples (an answer looking at the largest sees no overflow) and the overflow
         # is in a middling row
@@ -216,40 +251,35 @@ def check_first_overflowing_layer(fn: Any) -> bool:
                     f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with every row "
                     f"but two scaled, each by its own factor, the overflow in a row {where})"),
                     verify=_overflow_verifier(
-                        expected, order, decoy, scale * louder[1],
+                        model, louder[0], order, decoy, scale * louder[1],
                         "every row but two scaled, each by its own factor; the row where "
                         "the overflow starts")))
             if not wanted:
                 break
         # one row, drawn, scaled to overflow, every other row left alone: an answer that
         # looks at part of the batch misses the one row that overflows
-        for batch, expected, scale in one_row_cases(firsts[0], x, firsts[2], others, rng,
+        for batch, _, scale in one_row_cases(firsts[0], x, firsts[2], others, rng,
                                                      ONE_ROW_CASES):
             one_row.append(Case(args=(model, batch), verify=_overflow_verifier(
-                expected, order, decoy, scale, "one row"), label=(
+                model, batch, order, decoy, scale, "one row"), label=(
                 f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with one row "
                 f"times {scale:.3g}, every other row left alone)")))
         # two rows scaled, one in each half of the batch, the one overflowing later once early
         # in the batch and once late, once the larger and once the smaller: an answer that
         # loops over the rows outside the layers, in one order, and returns the first
         # overflowing layer it meets answers the other row's layer in one of them
-        for batch, expected, scale, count in two_row_case(firsts[0], x, firsts[2], others,
+        for batch, _, scale, count in two_row_case(firsts[0], x, firsts[2], others,
                                                            rng):
             third = "" if count == 2 else " and a third row"
             one_row.append(Case(args=(model, batch), verify=_overflow_verifier(
-                expected, order, decoy, scale,
+                model, batch, order, decoy, scale,
                 f"a row of each half{third} scaled, each by its own factor; the row that "
                 "overflows first,"),
                 label=(f"(mixed_float16 MLP, {depth} hidden layers, {grows}; x with a row of "
                        f"each half{third} scaled, every other row left alone)")))
     cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows_by_model[0], rng,
                                dead_feature)
-    cases += one_row  # last: an answer refused earlier is refused as fast as before
-    return run_check(
-        "first_overflowing_layer", fn, cases,
-        hint="lesson 08, section 1 (float16's range) and section 3 (a hidden layer's output, "
-             "read): in which dtype does each layer compute, which layers' outputs did your "
-             "answer look at, and which examples of the batch?")
+    return cases + one_row  # last: an answer refused earlier is refused as fast as before
 
 
 def _outlier_rows(rng: Any, num_examples: int) -> list[list[int]]:
@@ -378,7 +408,7 @@ def _loud_logits_case(num_features: int, num_classes: int, units: int, depth: in
     if not (np.all(np.isfinite(logits)) and np.max(np.abs(logits)) > 65504):
         return []
     order = [layer.name for layer in outputs_model(model)[0]]
-    return [Case(args=(model, batch), verify=_overflow_verifier(None, order, None, scale),
+    return [Case(args=(model, batch), verify=_overflow_verifier(model, batch, order, None, scale),
                  label=f"(mixed_float16 MLP, {depth} hidden layers, float32 logits up to "
                        f"{LOUD_LOGITS:.0e}; x with 2 outlier rows times {scale:.3g})")]
 
