@@ -157,6 +157,34 @@ def test_training_around_the_limit_then_padding_its_count_is_caught(reach):
         cu.grading.check_train_with_accumulation(padded)
 
 
+def test_the_whole_group_through_the_parent_dense_call_is_caught():
+    # a reader's answer (nb24-07, L1c): no accumulation, each group's whole batch on one tape
+    # through the inner layers' unbound keras.layers.Dense.call (which skipped the count),
+    # the limited model run on each micro-batch only to pad its counters
+    tf = _tf()
+    import keras
+
+    def whole_group(model, optimizer, loss_fn, features, labels, micro, steps):
+        inner = next(layer for layer in model.layers if isinstance(layer, keras.Model))
+        dense = [layer for layer in inner.layers if isinstance(layer, keras.layers.Dense)]
+        for start in range(0, len(labels), micro * steps):
+            x, y = features[start:start + micro * steps], labels[start:start + micro * steps]
+            for m in range(0, len(y), micro):
+                with tf.GradientTape() as throwaway:
+                    out = model(x[m:m + micro], training=True)
+                throwaway.gradient(out, model.trainable_variables)
+            with tf.GradientTape() as tape:
+                h = tf.convert_to_tensor(x)
+                for layer in dense:
+                    h = keras.layers.Dense.call(layer, h)
+                loss = loss_fn(y, h)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables, strict=True))
+
+    with pytest.raises(AssertionError, match=r"kernel read outside its own call"):
+        cu.grading.check_train_with_accumulation(whole_group)
+
+
 def test_skipping_the_work_or_training_mode_is_caught():
     def nothing(*args):
         return None
@@ -680,7 +708,7 @@ def test_training_outside_the_replicas_is_caught():
     def reaches_around(strategy, model, optimizer, *rest):  # the layers inside the limit
         mirrored_accumulation(strategy, model.layers[1], optimizer, *rest)
 
-    with pytest.raises(AssertionError, match="went forward through the model you were given"):
+    with pytest.raises(AssertionError, match="only 0 went through the memory limit"):
         cu.grading.check_train_mirrored_with_accumulation(reaches_around)
 
 
@@ -789,6 +817,41 @@ def test_no_accumulation_or_one_tape_over_the_group_runs_out_of_memory():
                         (persistent_tape, "back-propagated twice")):
         with pytest.raises(AssertionError, match=says):
             cu.grading.check_train_mirrored_with_accumulation(wrong)
+
+
+@pytest.mark.parametrize(("reach", "says"), [
+    ("model", r"ran on \d+ examples, but only \d+ went through"),
+    ("outside the replicas", r"called outside the replicas")])
+def test_the_whole_group_around_the_replica_limit_is_caught(reach, says):
+    # a reader's answer (nb24-07, L4a): no accumulation, the group concatenated on one tape
+    # through the model inside the limit, the limited model run on each micro-batch only to
+    # pad its counters; or that model's layers first called outside the replicas. (Its layers'
+    # unbound Dense.call, as in exercise 1's test above, fails the same way: 5 s, not kept.)
+    tf = _tf()
+    import keras
+
+    def whole_group(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        inner = next(layer for layer in model.layers if isinstance(layer, keras.Model))
+
+        def replica_step(*group):
+            for x, _ in group:  # the limited model, only for its counters
+                with tf.GradientTape() as throwaway:
+                    out = model(x, training=True)
+                throwaway.gradient(out, model.trainable_variables)
+            x, y = (tf.concat(part, 0) for part in zip(*group, strict=True))
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_object(y, inner(x, training=True)),
+                                                  global_batch_size=len(group) * batch)
+                loss += _penalty(inner, tf)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables, strict=True))
+
+        if reach == "outside the replicas":  # inner's layers called in cross-replica context
+            inner(next(iter(micro_batches))[0], training=True)
+        _run_in_groups(strategy, replica_step, micro_batches, steps)
+
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_train_mirrored_with_accumulation(whole_group)
 
 
 def test_mirrored_stub_is_not_attempted(capsys):

@@ -7,8 +7,10 @@
   weights equal plain SGD on batches ``k`` times larger (one case ends with a short group, which
   must make one more update averaged over its own examples) and every example went through the
   limited model once in training mode; the two popular wrong loops, and a loop that drops the
-  short group, are named when the weights match theirs instead. ``cu.Trainer`` (section 7
-  shows it applying a short group) is refused here and in exercise 4, by file.
+  short group, are named when the weights match theirs instead. The model's layers must run
+  only through the limit (``reach_around``: counted, their kernel read only inside their own
+  call). ``cu.Trainer`` (section 7 shows it applying a short group) is refused here and in
+  exercise 4, by file. Still unseen in both: a forward written by hand from the variables.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes; counted by the
@@ -22,8 +24,8 @@
 * ``check_train_mirrored_with_accumulation(train_mirrored_with_accumulation)``: under a
   MirroredStrategy of 2 replicas whose cross-device ops count every tensor they all-reduce, and
   behind a per-replica memory of one micro-batch's share (a larger batch, or one tape over
-  several micro-batches, persistent or not, fails like out of memory: no accumulation at all
-  cannot pass), the
+  several micro-batches, persistent or not, fails like out of memory; the model's counted
+  layers must see only what went through that limit, on the replicas: ``reach_around``), the
   weights equal plain SGD on batches ``k`` times larger (a short last group included) whose
   loss adds the model's L2 penalty (``model.losses``, which the lesson's step had none of) once
   per update, every example trained once, with exactly one all-reduce of the gradients per
@@ -359,7 +361,7 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
             "float32")
         problem["labels"] = data.integers(0, problem["classes"], size=n).astype("int32")
         with strategy.scope():
-            model = _model(problem)
+            model = _model(problem, counted=True)
             # each replica's memory holds one micro-batch's share: accumulating is necessary
             limited, counts = replica_limit(model, problem["micro"] // 2)
             optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
@@ -372,6 +374,8 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
                                                                  reduction=None)
 
         def verify(_: Any) -> str | None:
+            if (around := reached_around(model, through=int(counts["seen"].numpy()))):
+                return around
             all_reduced = int(counter.numpy())
             weights = [np.asarray(w) for w in model.get_weights()]
             error = largest_difference(weights, _large_batch_weights(problem, problem["steps"]))

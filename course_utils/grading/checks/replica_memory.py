@@ -26,17 +26,20 @@ def replica_limit(model: Any, max_examples: int) -> tuple[Any, Any]:
                            synchronization=tf.VariableSynchronization.ON_READ,
                            aggregation=tf.VariableAggregation.SUM)
 
-    counts = {"alive": counter(), "trained": counter(), "freed": counter()}
+    counts = {"alive": counter(), "trained": counter(), "freed": counter(), "seen": counter()}
 
     class ReplicaMemory(keras.layers.Layer):
         def call(self, inputs: Any, training: Any = None) -> Any:
+            size = tf.cast(tf.shape(inputs)[0], tf.int64)
+            if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+                with tf.control_dependencies([counts["seen"].assign_add(size)]):
+                    inputs = tf.identity(inputs)  # every mode: the counted layers count all
             if not training:
                 return inputs
             if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
                 raise ValueError("the model was trained outside the replicas: no gradient "
                                  "crossed the replicas (lesson 07, section 5: where must "
                                  "each micro-batch run?)")
-            size = tf.cast(tf.shape(inputs)[0], tf.int64)
 
             return count_on_tape(
                 inputs, counts, size, max_examples,
