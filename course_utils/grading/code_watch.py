@@ -100,8 +100,10 @@ def course_code_kept(check: str) -> Iterator[None]:
     snapshot, put_back, same = _snapshot, _put_back, _same  # bound now: the block may rebind
     kept = snapshot()
     modules = {module_name: sys.modules[module_name] for module_name, _, _ in kept}
+    finished = False
     try:
         yield
+        finished = True
     finally:
         now = snapshot()
         changed = sorted(key for key, value in kept.items()
@@ -116,4 +118,5 @@ def course_code_kept(check: str) -> Iterator[None]:
             more = f" and {len(named) - 4} more" if len(named) > 4 else ""
             raise AssertionError(
                 f"{check}: your code replaced the course's own {names}{more} while the check "
-                "ran (put back now). Compute the answer; do not change the code that judges it.")
+                "ran (put back now). Compute the answer; do not change the code that judges it."
+                + (" Any ✅ line above does not count." if finished else ""))
