@@ -9,12 +9,13 @@ pass needs the next stage's backward (the last stage: its own forward). From the
 micro-batches forwarded but not yet backwarded, whose activations the stage must keep.
 
 - GPipe (Huang et al., 2019): every forward, then every backward. Stage 0 keeps all ``M``.
-- 1F1B (PipeDream-Flush, Narayanan et al., 2021): stage ``s`` runs ``K − 1 − s`` warm-up
-  forwards, then alternates one forward and one backward, then drains. Same slots, at most
-  ``K − s`` micro-batches in flight on stage ``s``.
-- Interleaved 1F1B (Megatron-LM; Narayanan et al., 2021): each device holds ``v`` chunks of the
-  model (device ``s`` holds virtual stages ``s, s + K, …``); a pass of one chunk takes one slot,
-  ``1/v`` of a whole stage's pass. Bubble (K − 1) / (v·M + K − 1), counted, not assumed.
+- 1F1B (PipeDream-Flush, Narayanan et al., 2021, arXiv:2006.09503): stage ``s`` runs
+  ``K − 1 − s`` warm-up forwards, then alternates one forward and one backward, then drains.
+  Same slots, at most ``K − s`` micro-batches in flight on stage ``s``.
+- Interleaved 1F1B (Megatron-LM; Narayanan et al., 2021, arXiv:2104.04473): each device holds
+  ``v`` chunks of the model (device ``s`` holds virtual stages ``s, s + K, …``); a pass of one
+  chunk takes one slot, ``1/v`` of a whole stage's pass.
+  Bubble (K − 1) / (v·M + K − 1), counted, not assumed.
 
 Pure Python (no TensorFlow): the lesson, the widget and the exercise checks share it.
 """
