@@ -37,7 +37,7 @@ def stub(*args):
 
 
 def trainer_with(keras, *, policy_applied=True, restore_policy=True, set_start=True,
-                 time_first_epoch=False, seconds=None, accuracy=None):
+                 time_first_epoch=False, seconds=None, accuracy=None, losses=None):
     """``train_with_policy``, right by default; each argument makes one popular mistake."""
 
     def train_with_policy(make_model, policy, x, y, epochs, initial_weights):
@@ -60,7 +60,8 @@ def trainer_with(keras, *, policy_applied=True, restore_policy=True, set_start=T
         steps = (epochs - (0 if time_first_epoch else 1)) * -(-len(x) // 64)
         timed = (time.perf_counter() - start) / steps  # the clock stops when fit returns
         predicted = np.argmax(model.predict(x, verbose=0), axis=-1)
-        return {"model": model, "losses": first.history["loss"] + rest.history["loss"],
+        history = first.history["loss"] + rest.history["loss"]
+        return {"model": model, "losses": history if losses is None else losses,
                 "accuracy": float(np.mean(predicted == y)) if accuracy is None else accuracy,
                 "seconds_per_step": timed if seconds is None else seconds}
 
@@ -139,8 +140,11 @@ def test_a_closure_walk_is_refused_before_the_runs(keras):
     ({"seconds": 0.05}, r"epochs after the first took"),
     # a guess far from what the model reaches (about 90 %: a guess of 0.9 can be right)
     ({"accuracy": 0.5}, "measure it after training"),
+    # nb25-08 L1: typed-in, decreasing losses (equal for both runs, so their final losses
+    # "agreed") passed; they are now compared with a reference run's history
+    ({"losses": [1.0, 0.9, 0.8]}, r"case 1 .*'losses' are \[1.0, 0.9, 0.8\], but a run"),
 ], ids=["policy ignored", "a typed policy restored, not the one found", "start ignored",
-        "first epoch timed", "constant time", "constant accuracy"])
+        "first epoch timed", "constant time", "constant accuracy", "typed-in losses"])
 # The exercise's colleagues_train_with_policy makes three of these mistakes at once (policy left
 # set, start ignored, first epoch timed) and shuffles: each is a case here, so the colleague's
 # function itself is not run again (a train_with_policy check costs 25-60 s under load).

@@ -4,7 +4,8 @@
   ``"mixed_float16"`` from the same initial weights on fresh data; each run trained, really
   applied its policy (16-bit compute in the hidden layers, float32 variables and outputs, a
   LossScaleOptimizer for float16), started from the given weights (equal to a reference run),
-  reports its accuracy, restored the global policy (the check calls each run with another of
+  reports its own losses per epoch (equal to the reference run's history, at the weights'
+  tolerance: typed-in losses fail) and its accuracy, restored the global policy (the check calls each run with another of
   ``FOUND_POLICIES`` in force, drawn per run: a restore to any typed policy fails), and reports
   a steady-state
   time per step that is a timing of its own steps: the check's model sleeps in every training
@@ -139,8 +140,9 @@ def _policy_problem(model: Any, policy: str, x: np.ndarray) -> str | None:
 
 
 def _reference_run(make_model: Callable[[], Any], policy: str, weights: list[np.ndarray],
-                   x: np.ndarray, y: np.ndarray) -> Any:
-    """The exercise done right (without timing): the model after EPOCHS epochs."""
+                   x: np.ndarray, y: np.ndarray) -> tuple[Any, list[float]]:
+    """The exercise done right (without timing): the model after EPOCHS epochs and its
+    losses per epoch (its fit's history)."""
     from course_utils.training.precision import policy_scope
 
     keras = _keras()
@@ -149,8 +151,8 @@ def _reference_run(make_model: Callable[[], Any], policy: str, weights: list[np.
     model.set_weights(weights)
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(x, y, batch_size=BATCH_SIZE, epochs=EPOCHS, shuffle=False, verbose=0)
-    return model
+    history = model.fit(x, y, batch_size=BATCH_SIZE, epochs=EPOCHS, shuffle=False, verbose=0)
+    return model, [float(v) for v in history.history["loss"]]
 
 
 def _accuracy(model: Any, x: np.ndarray, y: np.ndarray) -> float:
@@ -158,9 +160,10 @@ def _accuracy(model: Any, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
-                 reference: Any, found: str) -> str | None:
-    """What is wrong with one run's result (None if nothing), timing aside; ``found`` is
-    the global policy the run was called under."""
+                 reference: tuple[Any, list[float]], found: str) -> str | None:
+    """What is wrong with one run's result (None if nothing), timing aside; ``reference`` is
+    ``_reference_run``'s model and losses, ``found`` the global policy the run was called
+    under. The reported losses must be the run's own (the quality comparison reads them)."""
     keras = _keras()
     if keras.mixed_precision.global_policy().name != found:
         name = keras.mixed_precision.global_policy().name
@@ -177,11 +180,18 @@ def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
         return f"expected one loss per epoch ({EPOCHS}), got {len(losses)}"
     if not all(math.isfinite(v) for v in losses) or not losses[-1] < losses[0]:
         return f"the model did not train: losses per epoch {losses}"
+    reference_model, reference_losses = reference
+    tolerance = 1e-3 if policy == "float32" else 2e-2
+    if not all(math.isclose(got, want, rel_tol=tolerance)
+               for got, want in zip(losses, reference_losses, strict=True)):
+        return (f"'losses' are {[round(v, 4) for v in losses]}, but a run from "
+                f"initial_weights gives {[round(v, 4) for v in reference_losses]} per epoch: "
+                "report the losses your own fit returned (its history), one per epoch")
     problem = _policy_problem(result["model"], policy, x)
     if problem:
         return problem
-    error = largest_difference(result["model"].get_weights(), reference.get_weights())
-    if not error < (1e-3 if policy == "float32" else 2e-2):
+    error = largest_difference(result["model"].get_weights(), reference_model.get_weights())
+    if not error < tolerance:
         return (f"after training, the weights differ from a run that starts from "
                 f"initial_weights by up to {error:.3g} ({EPOCHS} epochs of batches of "
                 f"{BATCH_SIZE}, unshuffled): which of these did your run change?")
