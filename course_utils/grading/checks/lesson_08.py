@@ -5,9 +5,9 @@
   applied its policy (16-bit compute in the hidden layers, float32 variables and outputs, a
   LossScaleOptimizer for float16), started from the given weights (equal to a reference run),
   reports its own losses per epoch (equal to the reference run's history, at the weights'
-  tolerance: typed-in losses fail) and its accuracy, restored the global policy (the check calls each run with another of
-  ``FOUND_POLICIES`` in force, drawn per run: a restore to any typed policy fails), and reports
-  a steady-state
+  tolerance: typed-in losses fail) and its accuracy, restored the global policy (the check
+  calls each run with another of ``FOUND_POLICIES`` in force, drawn per run: a restore to any
+  typed policy fails), and reports a steady-state
   time per step that is a timing of its own steps: the check's model sleeps in every training
   step (a time drawn per run, 60 to 400 ms; 2 to 2.5 times that, drawn, in the epochs between
   the first and the last) and longer while tracing, and logs when its steps
