@@ -587,8 +587,10 @@ def test_write_report_with_another_band_than_twice_the_noise_fails(times_noise, 
     def wrong(*args):
         return write_report(*args, times_noise=times_noise, fixed_band=fixed_band)
 
+    # the cases run in a fresh order: where another band picks the strategy of more replicas
+    # on an edge case's global batch, the answer raises on the split before its choice shows
     with pytest.raises(AssertionError, match=r"(strategy|precision) choice: .*but the "
-                                             "measurements say"):
+                       r"measurements say|raised ValueError: global_batch \d+ does not split"):
         cu.grading.check_write_report(wrong)
 
 
