@@ -7,11 +7,13 @@ CPUs), a few steps each, and read traces built to order (``profile_traces``).
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 import course_utils as cu
 from course_utils.grading.checks import lesson_09
+from course_utils.grading.framework import Case
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
@@ -57,6 +59,22 @@ def part_totals(events, *, inside_steps=True, skip_tf_data=True, ops_only=True,
         else:
             totals["compute"] += size
     return totals
+
+
+
+class _CasesInBuiltOrder(random.Random):
+    """The check's draws, its cases left in the order they were built (the check shuffles
+    them so that no answer can tell a case by its place; a test of one wrong answer's message
+    needs the case that shows it to come first)."""
+
+    def shuffle(self, x):
+        if not (x and isinstance(x[0], Case)):
+            super().shuffle(x)
+
+
+@pytest.fixture
+def cases_in_built_order(monkeypatch):
+    monkeypatch.setattr(lesson_09, "fresh_rng", _CasesInBuiltOrder)
 
 
 def find_bottleneck(events):
@@ -520,7 +538,8 @@ pick_k = cu.memory.smallest_accumulation  # bound before the check, under anothe
      r"lesson's contradictions \(a copy"),
 ], ids=["all-three", "contradictions", "axis-effects", "axis-evidence", "k-aliased",
         "contradictions-copied"])
-def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, message):
+def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, message,
+                                                              cases_in_built_order):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_write_report(wrong, my_results)
 
@@ -571,7 +590,7 @@ _DRAWN_MISSED = (r"accumulation_steps choice: \d+, but cu.memory.step_budget and
         "k-up-to-64-then-up-to-a-ninth", "k-from-the-budget-not-a-divisor",
         "k-from-the-largest-down", "k-in-pairs-short-of-the-root",
         "k-in-pairs-short-of-the-root-plus-a-square-root"])
-def test_write_report_wrong_answers_fail(my_results, wrong, message):
+def test_write_report_wrong_answers_fail(my_results, wrong, message, cases_in_built_order):
     _own_run_copied.results = my_results
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_write_report(wrong, my_results)
@@ -581,7 +600,8 @@ def test_write_report_wrong_answers_fail(my_results, wrong, message):
     (1, None), (1.5, None), (2.5, None), (3, None), (5, None), (10, None), (20, None),
     (2, 1.1), (2, 1.05)],
     ids=["1x", "1.5x", "2.5x", "3x", "5x", "10x", "20x", "fixed-1.1", "fixed-1.05"])
-def test_write_report_with_another_band_than_twice_the_noise_fails(times_noise, fixed_band):
+def test_write_report_with_another_band_than_twice_the_noise_fails(times_noise, fixed_band,
+                                                                  cases_in_built_order):
     """The attacker's answers: the band 1 + k × noise for another k than the stated 2, or a
     fixed threshold ignoring the noise (fresh benchmarks only: pure Python, cheap)."""
     def wrong(*args):
