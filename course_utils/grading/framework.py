@@ -336,6 +336,17 @@ def grader_introspection(fn: Any, *, constants: bool = False,
     return sorted(found)
 
 
+def refuse_peeks(name: str, fn: Any, *, constants: bool = False) -> None:
+    """Raise an ``AssertionError`` when ``fn``'s code names a frame or closure reader
+    (:func:`grader_introspection`; with ``constants``, in its string constants too)."""
+    peeks = grader_introspection(fn, constants=constants) if callable(fn) else []
+    if peeks:
+        raise AssertionError(
+            f"{name}: your function uses {', '.join(peeks)}, which reads the checker's own "
+            "frames or objects (where the expected answers are) instead of computing the "
+            "answer. Compute it from the arguments you are given.")
+
+
 def expect_function(name: str, fn: Any) -> None:
     """Raise an ``AssertionError`` that says so when ``fn`` is not the learner's function."""
     if isinstance(fn, types.ModuleType) or not callable(fn):
@@ -358,12 +369,7 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
             f"{name}: the function you passed is {home}, the course's own code, not yours. "
             "Write the function yourself (the course's helpers may be called inside it only "
             "where the exercise says so).")
-    peeks = grader_introspection(fn)
-    if peeks:
-        raise AssertionError(
-            f"{name}: your function uses {', '.join(peeks)}, which reads the checker's own "
-            "frames or objects (where the expected answers are) instead of computing the "
-            "answer. Compute it from the arguments you are given.")
+    refuse_peeks(name, fn)
     cases = list(cases)
     hint_text = f"\nHint: {hint}" if hint else ""
     for number, case in enumerate(cases, start=1):

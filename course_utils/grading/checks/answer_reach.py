@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from course_utils.grading.checks.refusals import own_functions, refusing
-from course_utils.grading.framework import grader_introspection
+from course_utils.grading.framework import refuse_peeks
 
 __all__ = ["guarded", "peeks_refused"]
 
@@ -25,12 +25,7 @@ __all__ = ["guarded", "peeks_refused"]
 def peeks_refused(name: str, fn: Any) -> None:
     """Raise an ``AssertionError`` when ``fn``'s code names a frame or closure reader, as a
     name or as a string constant."""
-    peeks = grader_introspection(fn, constants=True) if callable(fn) else []
-    if peeks:
-        raise AssertionError(
-            f"{name}: your function uses {', '.join(peeks)}, which reads the checker's own "
-            "frames or objects (where the expected answers are) instead of computing the "
-            "answer. Compute it from the arguments you are given.")
+    refuse_peeks(name, fn, constants=True)
 
 
 def guarded(name: str, fn: Any, modules: Iterable[types.ModuleType], why: str,
