@@ -706,14 +706,15 @@ def test_find_bottleneck_a_frame_walk_with_plain_names_is_refused_by_its_constan
 
 def test_find_bottleneck_counting_the_pipeline_stages_as_compute_fails(built_traces_only):
     """L3: the ``Iterator::`` stages (ops with a long_name, as in real traces) counted as
-    compute: the built traces where input leads read compute (no real run needed)."""
+    compute: the built traces where input (or communication) leads read compute (no real run
+    needed; the check shuffles its cases, so either may fail first)."""
     def stages_as_compute(events):
         totals = part_totals(events)
         totals["compute"] += sum(e["dur"] for e in events
                                  if e.get("name", "").startswith("Iterator::"))
         return max(totals, key=totals.get)
 
-    with pytest.raises(AssertionError, match="returned 'compute', but this trace is input"):
+    with pytest.raises(AssertionError, match=r"returned 'compute', but this trace is (input|communication)-bound"):
         cu.grading.check_find_bottleneck(stages_as_compute)
 
 
