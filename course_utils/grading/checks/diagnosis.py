@@ -8,7 +8,12 @@ from typing import Any
 
 from course_utils.grading.checks.forked_call import ForkedCall
 from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.worker_logs import CAUSES, KILLED_REASONS, failure_logs
+from course_utils.grading.checks.worker_logs import (
+    CAUSES,
+    KILLED_REASONS,
+    failure_logs,
+    possible_reasons,
+)
 from course_utils.grading.checks.worker_scripts import is_stub
 from course_utils.grading.framework import (
     Case,
@@ -22,12 +27,14 @@ __all__ = ["check_diagnose"]
 
 
 def _diagnosis_cases(rng: Any) -> list[Case]:
-    """Fresh jobs: every cause, a killed worker once with each reason its peers give, and a
-    crash both before the culprit joined (its peers' logs then end as a never-started worker's
-    do: only the culprit's log tells them apart) and while training."""
+    """Fresh jobs: every cause; a killed worker past the first two once with each reason its
+    peers give, and a killed worker 0 with one of the reasons its peers give (drawn: any but
+    heartbeats, as worker 0 runs the coordination service); a crash both before the culprit
+    joined (its peers' logs then end as a never-started worker's do: only the culprit's log
+    tells them apart) and while training."""
     jobs = [(cause, None) for cause in CAUSES if cause not in ("killed", "crashed")]
     jobs += [("killed", reason) for reason in KILLED_REASONS]
-    jobs += [("crashed", "early"), ("crashed", "late")]
+    jobs += [("killed", "worker 0"), ("crashed", "early"), ("crashed", "late")]
     rng.shuffle(jobs)
     cases = []
     for cause, when in jobs:
@@ -37,8 +44,9 @@ def _diagnosis_cases(rng: Any) -> list[Case]:
         workers = rng.randint(2, 4) if cause in ("not_in_cluster", "never_started") else (
             rng.randint(3, 4))
         culprit = None if cause == "not_in_cluster" else rng.randrange(workers)
-        if reason == "reset":        # worker 0 leads the coordination service: its loss drops
-            culprit = 0              # its peers' connections; they report others' heartbeats
+        if reason == "worker 0":     # its peers give no heartbeats reason: it runs the
+            culprit = 0              # coordination service; any other may come first
+            reason = rng.choice(possible_reasons(0))
         elif cause in ("killed", "stalled") or when == "late":
             culprit = rng.randrange(1 if reason == "heartbeats" else 2, workers)
         logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason,
@@ -81,8 +89,9 @@ def check_diagnose(fn: Any) -> bool:
         return run_check(name, in_a_copy, cases,
                          hint="read each worker's last lines: a traceback of its own (crashed), "
                               "an empty log (never started), peers failing with "
-                              "UnavailableError (its port refused, no heartbeats from it, or "
-                              "worker 0's connection reset: that worker is gone, killed) or "
+                              "UnavailableError (its port refused a call, a call in flight "
+                              "was dropped, or no heartbeats came from it: that worker is "
+                              "gone, killed) or "
                               "DeadlineExceededError (the collective time-out: alive but "
                               "silent, stalled), every worker '1 replicas in sync' (TF_CONFIG "
                               "too late). Sections 3 and 8.")

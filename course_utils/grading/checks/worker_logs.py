@@ -4,15 +4,15 @@
 :data:`CAUSES`, with fresh ports, step counts, losses, process ids and start-up noise. The
 error lines are TensorFlow 2.21's own, as lesson 03's workers printed them under TensorFlow's
 defaults (no ``GRPC_FAIL_FAST``). A killed peer: ``UnavailableError``, with whichever reason
-came first in that survivor. For a killed worker other than worker 0: the survivor's own call to
-the dead port (``Connection refused``) or the coordination service's heartbeat check (``The
-following tasks are unhealthy (stopped sending heartbeats)``, naming the task). Worker 0 leads
-the coordination service (``multi_worker_util.coordination_leader``): a killed worker 0 takes
-the service with it, and its peers see the dropped connection instead (``Connection reset by
-peer``, in a line naming ``task:0`` and ``CompleteInstance``, or ``Connection refused``).
-A stalled peer,
-in a job whose collectives have a ``timeout_seconds`` shorter than the heartbeat time-out:
-``DeadlineExceededError ... Collective has timed out during execution``.
+came first in that survivor: the survivor's own call to the dead port (``Connection
+refused``), a call in flight that the dead worker's end dropped (``Socket closed`` or
+``Connection reset by peer``), or, for a killed worker other than worker 0, the coordination
+service's heartbeat check (``The following tasks are unhealthy (stopped sending heartbeats)``,
+naming the task). Worker 0 runs the coordination service
+(``multi_worker_util.coordination_leader``): no one is left to report its missing heartbeats,
+and its peers see one of the other reasons, as any killed worker's peers may. A stalled
+peer, in a job whose collectives have a ``timeout_seconds`` shorter than the heartbeat
+time-out: ``DeadlineExceededError ... Collective has timed out during execution``.
 """
 
 from __future__ import annotations
@@ -123,17 +123,18 @@ def _steps(rng: random.Random, first: int, last: int) -> list[str]:
 
 
 #: Why a survivor's all-reduce failed after a peer was killed, as TensorFlow 2.21 words it
-#: (measured on 2-worker localhost jobs like lesson 03's, killing each worker in turn; the
-#: lesson itself kills only worker 1): the dead port refused a call, or the
-#: coordination service's heartbeat check, for any worker but worker 0; for worker 0, which
-#: runs the service (``multi_worker_util.coordination_leader``), a refused call or the dropped
-#: connection (reset).
-KILLED_REASONS = ("refused", "reset", "heartbeats")
+#: (measured on localhost jobs like lesson 03's, killing a worker between steps or while its
+#: peers wait in an all-reduce): the dead port refused a call (seen for workers 0 and 1), a
+#: call in flight was dropped (``Socket closed`` seen for worker 0, ``Connection reset by
+#: peer`` for worker 1: either end of a dropped connection, whoever died), or the coordination
+#: service's heartbeat check (seen for workers 1 and 2), for any worker but worker 0, which
+#: runs the service (``multi_worker_util.coordination_leader``).
+KILLED_REASONS = ("refused", "closed", "reset", "heartbeats")
 
 
 def possible_reasons(culprit: int) -> tuple[str, ...]:
     """The reasons a survivor can give when worker ``culprit`` is killed."""
-    return ("refused", "heartbeats") if culprit != 0 else ("refused", "reset")
+    return KILLED_REASONS if culprit != 0 else ("refused", "closed", "reset")
 
 
 def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
@@ -142,6 +143,10 @@ def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
     if reason == "refused":
         why = (f"failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:{port}: "
                "Failed to connect to remote host: Connection refused")
+        return [f"Collective ops is aborted by: {why}", target,
+                f':UNKNOWN:Error received from peer  {{grpc_message:"{why}", grpc_status:14}}']
+    if reason == "closed":
+        why = "Socket closed"
         return [f"Collective ops is aborted by: {why}", target,
                 f':UNKNOWN:Error received from peer  {{grpc_message:"{why}", grpc_status:14}}']
     if reason == "reset":
@@ -209,9 +214,8 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
     if killed_reason is not None and culprit is not None and (
             killed_reason not in possible_reasons(culprit)):
         raise ValueError(f"a killed worker {culprit} gives its peers "
-                         f"{possible_reasons(culprit)}, not {killed_reason!r}: worker 0 leads "
-                         f"the coordination service, no one reports its missing heartbeats, "
-                         f"and only its loss drops the service's connections")
+                         f"{possible_reasons(culprit)}, not {killed_reason!r}: worker 0 runs "
+                         f"the coordination service, no one reports its missing heartbeats")
     if num_workers < 2:
         raise ValueError("a multi-worker job has at least 2 workers")
     if (culprit is None) != (cause == "not_in_cluster") or (
