@@ -61,4 +61,5 @@ def test_draw_failure_paths_names_each_error_a_survivor_can_raise():
     for phrase in ("UnavailableError", "DeadlineExceededError", "tasks are unhealthy",
                    "PreemptionCheckpointHandler", "coordination service"):
         assert phrase in text
+    assert "run by worker 0" in text    # multi_worker_util.coordination_leader
     assert sum(type(p).__name__ == "FancyArrowPatch" for p in ax.patches) == 3

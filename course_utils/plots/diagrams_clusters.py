@@ -209,7 +209,8 @@ def draw_failure_paths(ax: Any = None) -> Any:
     ax = axes_for(ax, (8.5, 3.8))
     boxes = {"worker 0": (-2.6, 0.9, PALETTE[0], "worker 0 (survivor)\nin an all-reduce"),
              "worker 1": (2.6, 0.9, PALETTE[5], "worker 1\nkilled, stalled or SIGTERM"),
-             "service": (0.0, -1.3, PALETTE[2], "coordination service\n(heartbeats of every task)")}
+             "service": (0.0, -1.3, PALETTE[2], "coordination service\n(run by worker 0;\n"
+                         "heartbeats of every task)")}
     for x, y, color, label in boxes.values():
         ax.add_patch(FancyBboxPatch((x - 1.25, y - 0.42), 2.5, 0.84, boxstyle="round,pad=0.02",
                                     facecolor=color, edgecolor="black", linewidth=0.8,
