@@ -27,8 +27,8 @@ __all__ = ["check_diagnose"]
 
 
 def _diagnosis_cases(rng: Any) -> list[Case]:
-    """Fresh jobs: every cause; a killed worker past the first two once with each reason its
-    peers give, and a killed worker 0 with one of the reasons its peers give (drawn: any but
+    """Fresh jobs: every cause; a killed worker other than 0 once with each reason its peers
+    give, and a killed worker 0 with one of the reasons its peers give (drawn: any but
     heartbeats, as worker 0 runs the coordination service); a crash both before the culprit
     joined (its peers' logs then end as a never-started worker's do: only the culprit's log
     tells them apart) and while training."""
