@@ -186,3 +186,54 @@ def test_a_frame_walk_in_a_helper_the_answer_calls_is_refused():
     plain: dict = {}
     exec("def double(x):\n    return 2 * x\ndef answer(x):\n    return double(x)\n", plain)  # noqa: S102
     assert framework.run_check("t", plain["answer"], cases)
+
+
+
+def _square_cases() -> list[Case]:
+    return [Case(args=(2,), expected=[4]), Case(args=(3,), expected=[9])]
+
+
+def test_an_answer_that_rewrites_its_cases_verdict_fails():
+    """An answer that reaches the check's cases (here handed to it; a learner's through its
+    callers' frames) and swaps what judges them, or edits the expected result in place, is
+    named: run_check judges with what it took before the answer ran."""
+    def swaps_the_verdict(cases):
+        def answer(x):
+            for case in cases:
+                case.verify = lambda got: None
+            return None
+        return answer
+
+    def edits_the_expected(cases):
+        def answer(x):
+            for case in cases:
+                case.expected.clear()
+            return []
+        return answer
+
+    for wrong in (swaps_the_verdict, edits_the_expected):
+        cases = _square_cases()
+        with pytest.raises(AssertionError, match="changed the check's own case"):
+            run_check("square", wrong(cases), cases)
+    assert run_check("square", lambda x: [x * x], _square_cases())
+
+
+def test_a_check_during_which_the_garbage_collector_was_searched_fails(monkeypatch):
+    """``gc.get_objects`` reaches every case and verdict in the process: a registered check
+    during which it ran fails, whatever the answer returned (names built at run time escape
+    the scan of the answer's names, not the audit hook)."""
+    from course_utils.grading.checks import registry
+
+    monkeypatch.setattr(registry, "_CHECKS", dict(registry._CHECKS))  # registered for now
+
+    @registry.register
+    def check_square_search(fn):
+        return run_check("square_search", fn, [Case(args=(3,), expected=9)])
+
+    def searches_then_answers(x):
+        getattr(__import__("g" + "c"), "".join(["get_o", "bjects"]))()
+        return x * x
+
+    with pytest.raises(AssertionError, match="searched the garbage collector"):
+        check_square_search(searches_then_answers)
+    assert check_square_search(lambda x: x * x) is True

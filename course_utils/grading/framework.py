@@ -23,8 +23,10 @@ when it does, and TensorFlow's warnings go there.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
+import pickle
 import random
 import sys
 import types
@@ -370,9 +372,12 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
             "Write the function yourself (the course's helpers may be called inside it only "
             "where the exercise says so).")
     refuse_peeks(name, fn)
-    cases = list(cases)
+    # what judges each case, taken before the answer first runs: an answer that reaches the
+    # cases (through its callers' frames) and rewrites what judges them is named below
+    plan = tuple((case, case.verify, case.expected, case.raises, _digest(case.expected))
+                 for case in cases)
     hint_text = f"\nHint: {hint}" if hint else ""
-    for number, case in enumerate(cases, start=1):
+    for number, (case, verify, expected, raises, digest) in enumerate(plan, start=1):
         try:
             got = fn(*case.args, **case.kwargs)
         except NotImplementedError as error:
@@ -383,21 +388,37 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
                 f"{name}: case {number} {case.describe()} raised NotImplementedError from "
                 f"inside a library call: {error}{hint_text}") from error
         except Exception as error:
-            if not (case.raises and isinstance(error, case.raises)):
+            if not (raises and isinstance(error, raises)):
                 raise AssertionError(
                     f"{name}: case {number} {case.describe()} raised "
                     f"{type(error).__name__}: {error}{hint_text}") from error
             got = error  # the exception the case asks for: its verify judges it
-        if case.verify is not None:
-            reason = case.verify(got)
+        if (case.verify is not verify or case.expected is not expected
+                or case.raises is not raises or _digest(expected) != digest):
+            raise AssertionError(
+                f"{name}: case {number}: your function changed the check's own case (what "
+                "judges it, or the expected result) while it ran. Compute the answer; do not "
+                "change the code that judges it.")
+        if verify is not None:
+            reason = verify(got)
             if reason:
                 raise AssertionError(f"{name}: case {number} {case.describe()}: {reason}"
                                      f"{hint_text}")
             continue
-        reason = compare(case.expected, got, rtol=rtol, atol=atol)
+        reason = compare(expected, got, rtol=rtol, atol=atol)
         if reason:
             raise AssertionError(
                 f"{name}: case {number} {case.describe()}: {reason}.\n"
-                f"  expected: {_short(case.expected)}\n  got:      {_short(got)}{hint_text}")
-    print(f"{PASS_MARK} {name}: {len(cases)} case{'s' if len(cases) != 1 else ''} passed")
+                f"  expected: {_short(expected)}\n  got:      {_short(got)}{hint_text}")
+    print(f"{PASS_MARK} {name}: {len(plan)} case{'s' if len(plan) != 1 else ''} passed")
     return True
+
+
+def _digest(value: Any) -> bytes:
+    """A fingerprint of ``value`` (its pickle, else its repr): an expected result changed in
+    place no longer matches the one taken before the answer ran."""
+    try:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # a value that cannot be pickled: its repr
+        data = repr(value).encode()
+    return hashlib.sha256(data).digest()

@@ -83,6 +83,7 @@ from course_utils.grading.checks.guard_code import (  # the messages: re-exporte
     autograph_original,
     code_fingerprint,
     quick_key,
+    searches,
     target_codes,
     watching_problem,
 )
@@ -438,8 +439,8 @@ _ON_OTHERS = (watch_others.__code__, unwatch_others.__code__)
 _ENTER = CallsInto.__enter__.__code__
 _TAKE = CallsInto.take.__code__
 _LOG = Log()  # from here on held only in these functions' code constants
-for _function in (_start_of, _audit, CallsInto._note, CallsInto._mark, CallsInto._active,
-                  CallsInto._verdict, CallsInto.__exit__):
+for _function in (_start_of, _audit, searches, CallsInto._note, CallsInto._mark,
+                  CallsInto._active, CallsInto._verdict, CallsInto.__exit__):
     anchored(_function, _LOG)
 os.register_at_fork(after_in_child=_LOG.after_fork)
 del _function, _method, _LOG  # from now on only the functions' constants hold the log

@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["ANCHORED", "ANONYMOUS", "FORGED", "HERE", "PROCESS", "RAW_THREAD", "REMOVED",
            "WATCHING", "Log", "anchored", "autograph_original", "code_fingerprint", "quick_key",
-           "target_codes", "watching_problem"]
+           "searches", "target_codes", "watching_problem"]
 
 REMOVED = "your function removed the check's profiler"
 RAW_THREAD = ("your function ran Python in a thread the check cannot watch (a thread started "
@@ -81,6 +81,15 @@ class Log(tuple):
 
 
 ANCHORED: set[int] = set()  # the ids of the functions that hold the log
+
+
+def searches() -> tuple[int, bool]:
+    """The garbage collector's searches logged in this process (``call_guard``'s audit hook
+    logs each, whoever searched), and whether the log is intact: a check compares both before
+    and after the learner's code runs. Anchored to the log by ``call_guard``."""
+    log: Any = "<the check's log>"  # the log itself, once anchored (HERE)
+    return (sum(e[0] == "tamper" and "garbage collector" in e[2] for e in log.entries),
+            log.intact())
 
 
 def anchored(function: Any, log: Log) -> Any:

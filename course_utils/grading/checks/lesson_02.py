@@ -312,8 +312,8 @@ def check_diagnose_loop(fn: Any) -> bool:
     frozen short step, read the numpy_functions' outputs back, 4 of 4, before a step run with
     an op callback on was refused).
     Beyond any check that runs in the learner's process, and passing with no diagnosis at all:
-    code that rewrites the check's own objects (each case's ``verify``, or the verdict among
-    its defaults, found among the garbage collector's objects: 7 of 7 each in a fresh read; a
+    code that rewrites the check's own objects (a case's ``verify`` or verdict found through
+    the garbage collector, 7 of 7 in a fresh read, is refused since: ``registry``; a
     name of this module or of loops.py rebound in a cell before the check or by the answer
     itself, its first call included: ``run_check`` rebound there passed 5 of 5 with no step
     run, and what each ask looks up – ``LoopBox._ask`` swapped for a spy with a guard of its

@@ -17,6 +17,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from course_utils.grading.checks.call_guard import searches
 from course_utils.grading.code_watch import course_code_kept
 from course_utils.grading.framework import NotAttemptedError, stderr_to_stdout
 
@@ -51,8 +52,16 @@ def register(fn: Check) -> Check:
     @functools.wraps(fn)
     def check(*args: Any, **kwargs: Any) -> Any:
         _RESULTS.pop(name, None)
+        searched, _ = searches()
         with stderr_to_stdout(), course_code_kept(name.removeprefix("check_")):
             result = fn(*args, **kwargs)
+        now, intact = searches()
+        if now != searched or not intact:  # the cases, verdicts and logs are all in there
+            raise AssertionError(
+                f"{name.removeprefix('check_')}: your function searched the garbage collector's "
+                "objects while the check ran (or rewrote the check's log): the cases and "
+                "verdicts are in there. Compute the answer; do not reach into the check. Any "
+                "✅ line above does not count.")
         _RESULTS[name] = result
         return result
 
