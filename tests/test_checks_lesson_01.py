@@ -603,6 +603,13 @@ def _shuffled_once_in_numpy(blocks, batch_size, buffer, seed):  # read from the 
     return tf.data.Dataset.from_tensor_slices(examples).batch(batch_size)
 
 
+def _gathered_then_shuffled(blocks, batch_size, buffer, seed):  # every block read at once, into
+    tf = cu.quiet.import_tensorflow()  # NumPy, then a right shuffle: no unbatch, all in memory
+    examples = np.concatenate(list(blocks.as_numpy_iterator()))
+    return tf.data.Dataset.from_tensor_slices(examples).shuffle(buffer, seed=seed).batch(
+        batch_size)
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_blocks_shuffled, "the blocks were shuffled, not the examples"),
     (_lesson_cell_copied, "batches of scalars"),
@@ -620,7 +627,9 @@ def _shuffled_once_in_numpy(blocks, batch_size, buffer, seed):  # read from the 
     (_windows_shuffled, r"no example came (out )?more than \d+ places (ahead of|after) its "
                         "place in 4 epochs"),
     (_dropped_last_batch, "batch sizes differ"),
-    (_shuffled_once_in_numpy, "two epochs came in the same order"),
+    (_shuffled_once_in_numpy, r"read all \d+ blocks while it built its dataset"),
+    (_gathered_then_shuffled, r"your function read all \d+ blocks while it built its dataset, "
+                              "before the check iterated it"),
 ])
 def test_shuffled_batches_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):
@@ -996,6 +1005,21 @@ def _constant_example(record):
     return tf.zeros([2, 2, 3]), tf.constant(0, tf.int32), tf.constant(1.0)
 
 
+def _parsed_in_python(record):  # right values, parsed with protobuf in a py_function
+    tf = cu.quiet.import_tensorflow()
+
+    def parse(serialized):
+        feature = tf.train.Example.FromString(serialized.numpy()).features.feature
+        image = np.frombuffer(feature["pixels"].bytes_list.value[0], np.uint8) / 255.0
+        weight = feature["weight"].float_list.value[0] if "weight" in feature else 1.0
+        return (image.reshape(2, 2, 3).astype(np.float32),
+                np.int32(feature["label"].int64_list.value[0]), np.float32(weight))
+
+    image, label, weight = tf.py_function(parse, [record], [tf.float32, tf.int32, tf.float32])
+    return tf.ensure_shape(image, [2, 2, 3]), tf.ensure_shape(label, []), tf.ensure_shape(
+        weight, [])
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_lesson_cell_copied, "raised .*(pixels|Data types|dtype)"),
     (_not_scaled, r"the stored bytes as they are \(values up to \d+\); expected each byte / 255"),
@@ -1007,9 +1031,22 @@ def _constant_example(record):
     (_weight_always_one, r"record \d+: expected the weight \d\.\d+, got array\(1\."),
     (_int64_label, "expected the label \\d+ as int32"),
     (_constant_example, "differ from the stored bytes / 255"),
+    (_parsed_in_python, r"parse_record's graph \(traced on one tf.string record\) has "
+                        "EagerPyFunc op\\(s\\): it parses in Python"),
     # the course's helper bound under the answer's name: it reads the lesson's keys
     (cu.data.parse_tfrecord_fn((2, 2, 3)), "raised .*(Feature: x|x)"),
 ])
 def test_parse_record_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):
         cu.grading.check_parse_record(wrong)
+
+
+def test_parse_ops_problem_wants_a_parse_op_and_no_python():
+    from course_utils.grading.checks.records import parse_ops_problem
+
+    tf = cu.quiet.import_tensorflow()
+    assert parse_ops_problem(parse_record) is None
+    assert "has no ParseExample op" in parse_ops_problem(
+        lambda record: (tf.zeros([2, 2, 3]), tf.strings.length(record), tf.constant(1.0)))
+    numpy_parse = lambda record: tf.numpy_function(lambda r: r, [record], tf.string)  # noqa: E731
+    assert "has PyFunc op(s)" in parse_ops_problem(numpy_parse)

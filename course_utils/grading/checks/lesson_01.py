@@ -17,8 +17,10 @@
   thread's reads on the side count too), slow and fast timed the same way, in turns, several
   epochs, every epoch of the answer's with the right batch sizes and elements.
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
-  before batching – every example once per epoch, right batch sizes, few neighbours from one
-  block inside a batch, the same order for the same seed and a new order every epoch; the
+  before batching – the blocks read as the dataset is iterated (counted: an answer that reads
+  every block while it builds its dataset, to gather the examples in NumPy, fails), every
+  example once per epoch, right batch sizes, few neighbours from one block inside a batch,
+  the same order for the same seed and a new order every epoch; the
   whole set: one example n/2 ahead; a buffer b < n, over four epochs: some example exactly
   b - 1 ahead and none further, some b or more late (``checks/shuffle_order.py``: a smaller
   buffer, or fixed windows of b each shuffled, fail).
@@ -30,7 +32,9 @@
   b, second case: over eight epochs, as for ``check_shuffled_batches``).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
   ``map`` – an image stored as its raw bytes (decoded, reshaped, scaled to [0, 1]: the lesson
-  parsed a float list), a label and a weight that some records lack (default 1.0).
+  parsed a float list), a label and a weight that some records lack (default 1.0), parsed in
+  the graph: ``parse_record`` traced has a ParseExample op and no op that runs Python (a parse
+  in Python through ``tf.py_function`` fails; ``checks/records.py``).
 """
 
 from __future__ import annotations
@@ -51,8 +55,8 @@ from course_utils.grading.checks.batch_shapes import handed_on as _handed_on
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.cached_epochs import cached_verifier
+from course_utils.grading.checks.records import parse_ops_problem, record_example
 from course_utils.grading.checks.records import pixels_problem as _pixels_problem
-from course_utils.grading.checks.records import record_example
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.shuffle_order import buffer_problem, places_ahead
 from course_utils.grading.checks.storage_reads import slow_pipeline, storage
@@ -244,9 +248,18 @@ def _same_block_share(batches: list[np.ndarray], block_size: int) -> float:
     return float(np.mean(pairs)) if pairs else 0.0
 
 
-def _blocks(tf: Any, num_elements: int, block_size: int) -> Any:
-    """Examples 0, 1, ... stored as blocks: vectors of ``block_size`` consecutive examples."""
-    return tf.data.Dataset.range(num_elements).batch(block_size)
+def _blocks(tf: Any, num_elements: int, block_size: int, reads: Any = None) -> Any:
+    """Examples 0, 1, ... stored as blocks: vectors of ``block_size`` consecutive examples;
+    each block read adds one to ``reads`` (a ``tf.Variable``) where one is given."""
+    blocks = tf.data.Dataset.range(num_elements).batch(block_size)
+    if reads is None:
+        return blocks
+
+    def read(block: Any) -> Any:
+        with tf.control_dependencies([reads.assign_add(1)]):
+            return tf.identity(block)
+
+    return blocks.map(read)
 
 
 @register
@@ -267,8 +280,15 @@ def check_shuffled_batches(fn: Any) -> bool:
         checks.append((n, block_size, batch_size, seed, rng.randint(40, 60) if small else n))
 
     def verifier(num_elements: int, block_size: int, batch_size: int,
-                 seed: int, buffer: int) -> Callable[[Any], str | None]:
+                 seed: int, buffer: int, reads: Any) -> Callable[[Any], str | None]:
         def verify(dataset: Any) -> str | None:
+            # while fn built its dataset: a peek at a block may read one or two, not all
+            read_early, num_blocks = int(reads.numpy()), -(-num_elements // block_size)
+            if read_early >= num_blocks:
+                return (f"your function read all {num_blocks} blocks while it built its "
+                        "dataset, before the check iterated it: read the blocks as the "
+                        "dataset is iterated, with tf.data steps (not every example gathered "
+                        "in Python or NumPy first: real blocks need not fit in memory)")
             if not _is_dataset(dataset):
                 return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
             epoch_one, epoch_two = _batches(dataset), _batches(dataset)
@@ -318,10 +338,13 @@ def check_shuffled_batches(fn: Any) -> bool:
 
         return verify
 
-    cases = [Case(args=(_blocks(tf, n, k), b, buffer, s),
-                  label=f"(range({n}) in blocks of {k}, batch_size={b}, buffer={buffer}, "
-                        f"seed={s})",
-                  verify=verifier(n, k, b, s, buffer)) for n, k, b, s, buffer in checks]
+    cases = []
+    for n, k, b, s, buffer in checks:
+        reads = tf.Variable(0, dtype=tf.int64, trainable=False)  # blocks read, counted
+        cases.append(Case(args=(_blocks(tf, n, k, reads), b, buffer, s),
+                          label=f"(range({n}) in blocks of {k}, batch_size={b}, "
+                                f"buffer={buffer}, seed={s})",
+                          verify=verifier(n, k, b, s, buffer, reads)))
     return run_check(
         "shuffled_batches", fn, cases,
         hint="what are the elements the shuffle sees: examples, or blocks of them? Lesson "
@@ -400,7 +423,7 @@ def check_parse_record(fn: Any) -> bool:
             if weight.shape != () or not np.isclose(float(weight), want):
                 return (f"record {index}{' (no weight stored)' if weights[index] is None else ''}"
                         f": expected the weight {want}, got {weight!r}")
-        return None
+        return parse_ops_problem(fn)  # right values: parsed in the graph, not in Python?
 
     try:
         first_record = next(iter(tf.data.TFRecordDataset(path)))

@@ -1,5 +1,6 @@
 """Lesson 01's exercise 4: the records a colleague wrote (the image as its raw bytes, a weight
-in some records only), and what differs between a parsed image and the stored one."""
+in some records only), what differs between a parsed image and the stored one, and whether the
+answer parses in the graph (:func:`parse_ops_problem`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import numpy as np
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["pixels_problem", "record_example"]
+__all__ = ["PARSE_OPS", "PYTHON_OPS", "parse_ops_problem", "pixels_problem", "record_example"]
+
+#: The op types of ``tf.io.parse_single_example`` / ``tf.io.parse_example`` (TF 2.21 makes
+#: ``ParseExampleV2`` for both; the older kernels are accepted too).
+PARSE_OPS = frozenset(("ParseExampleV2", "ParseExample", "ParseSingleExample"))
+#: The op types that run Python: ``tf.py_function`` (``EagerPyFunc``) and
+#: ``tf.numpy_function`` (``PyFunc``, ``PyFuncStateless``).
+PYTHON_OPS = frozenset(("EagerPyFunc", "PyFunc", "PyFuncStateless"))
 
 
 def record_example(pixels: np.ndarray, label: int, weight: float | None = None) -> bytes:
@@ -37,3 +45,26 @@ def pixels_problem(index: int, image: np.ndarray, stored: np.ndarray) -> str | N
     return (f"record {index}: the pixels differ from the stored bytes / 255: at "
             f"{list(map(int, where))} expected {float(wanted[where]):.4f} (byte "
             f"{int(stored[where])}), got {float(image[where]):.4f}")
+
+
+def parse_ops_problem(fn: object) -> str | None:
+    """What is wrong with the graph of ``fn`` traced on one scalar ``tf.string`` record (None:
+    nothing): an op that runs Python (``tf.py_function``, ``tf.numpy_function``: a parse in
+    Python, one record at a time under the GIL), or no parse op (``tf.io.parse_single_example``,
+    ``tf.io.parse_example``). The ops of the functions it calls are read too."""
+    tf = _tf()
+    graph = tf.function(fn).get_concrete_function(tf.TensorSpec([], tf.string)).graph
+    graph_def = graph.as_graph_def()
+    ops = {node.op for node in graph_def.node} | {
+        node.op for function in graph_def.library.function for node in function.node_def}
+    python = sorted(ops & PYTHON_OPS)
+    if python:
+        return (f"parse_record's graph (traced on one tf.string record) has {', '.join(python)} "
+                "op(s): it parses in Python (tf.py_function or tf.numpy_function), one record "
+                "at a time under the GIL; parse it in the graph with "
+                "tf.io.parse_single_example and a feature spec")
+    if not ops & PARSE_OPS:
+        return ("parse_record's graph (traced on one tf.string record) has no ParseExample op "
+                f"(its ops: {', '.join(sorted(ops))}): parse the record with "
+                "tf.io.parse_single_example (or tf.io.parse_example) and a feature spec")
+    return None
