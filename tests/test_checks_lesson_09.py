@@ -527,17 +527,27 @@ def _copied_contradictions():
 pick_k = cu.memory.smallest_accumulation  # bound before the check, under another name
 
 
+def _evidence_displayed(results, model, global_batch, replicas, budget_bytes):
+    """A right report that also shows ``cu.grid.axis_evidence`` (its rows unused): refused,
+    as the exercise's text says, naming axis_evidence, the helper it called (finding nb26-09:
+    it was named axis_effects, which the answer never called)."""
+    cu.show_table(cu.grid.axis_evidence(results, "strategy"))
+    return write_report(results, model, global_batch, replicas, budget_bytes)
+
+
 @pytest.mark.parametrize(("wrong", "message"), [
     (_helpers_decide, "called the lesson's contradictions, axis_effects, smallest_acc"),
     (lambda *a: _helpers_decide(*a, use=("contradictions",)), "lesson's contradictions:"),
     (lambda *a: _helpers_decide(*a, use=("axis_effects",)), "lesson's axis_effects:"),
-    (lambda *a: _helpers_decide(*a, use=("axis_evidence",)), "lesson's axis_effects:"),
+    (lambda *a: _helpers_decide(*a, use=("axis_evidence",)),
+     "lesson's axis_evidence, which calls axis_effects:"),
+    (_evidence_displayed, "lesson's axis_evidence, which calls axis_effects:"),
     (lambda *a: _helpers_decide(*a, use=("smallest_accumulation",), smallest=pick_k),
      "lesson's smallest_accumulation:"),
     (lambda *a: _helpers_decide(*a, use=("contradictions",), grid=_copied_contradictions()),
      r"lesson's contradictions \(a copy"),
-], ids=["all-three", "contradictions", "axis-effects", "axis-evidence", "k-aliased",
-        "contradictions-copied"])
+], ids=["all-three", "contradictions", "axis-effects", "axis-evidence",
+        "axis-evidence-displayed", "k-aliased", "contradictions-copied"])
 def test_write_report_may_not_let_the_lessons_helpers_decide(my_results, wrong, message,
                                                               cases_in_built_order):
     with pytest.raises(AssertionError, match=message):

@@ -48,8 +48,9 @@ and read its verify's closure passed before). Exercise 1's guard compares code o
 any call into ``course_utils/profiling.py`` while the learner's function runs is caught, under
 whatever name it was bound. Exercise 3's guard does the same for the check's own reference,
 ``report_cases.report_reference``, and for the lesson's helpers that would make the report's
-decisions (``cu.grid.contradictions``, ``cu.grid.axis_effects``,
-``cu.memory.smallest_accumulation``), by identity or as a copy.
+decisions (``cu.grid.contradictions``, ``cu.grid.axis_effects``, ``cu.grid.axis_evidence``,
+which shows ``axis_effects``' ratios, ``cu.memory.smallest_accumulation``), by identity or as
+a copy; the exercise's text names all four.
 """
 
 from __future__ import annotations
@@ -74,17 +75,9 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = [
-    "BASELINE_ATTEMPTS",
-    "FAST_INPUT_SHARE",
-    "READ_SECONDS",
-    "SLOW_INPUT_SHARE",
-    "check_find_bottleneck",
-    "check_remove_input_bottleneck",
-    "check_write_report",
-    "slow_baseline",
-    "slow_pipeline",
-]
+__all__ = ["BASELINE_ATTEMPTS", "FAST_INPUT_SHARE", "READ_SECONDS", "SLOW_INPUT_SHARE",
+           "check_find_bottleneck", "check_remove_input_bottleneck", "check_write_report",
+           "slow_baseline", "slow_pipeline"]
 
 #: Seconds the check's "disk" takes to read one example (a sleep: it occupies no core).
 READ_SECONDS = 0.01
@@ -365,14 +358,19 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
 # --- Exercise 3 · your report, from your run ----------------------------------------------
 
 
-#: The lesson's helpers that decide what ``write_report`` must decide itself (finding 10).
-_DECIDER_NAMES = {"contradictions", "axis_effects", "smallest_accumulation", "others"}
+#: The lesson's helpers that decide what ``write_report`` must decide itself (finding 10),
+#: and ``axis_evidence``, which computes (``axis_effects``) the ratios it must compute itself.
+_DECIDER_NAMES = {"contradictions", "axis_effects", "axis_evidence", "smallest_accumulation",
+                  "others"}
 
 
 def _decided_by_helpers(called: list[str]) -> str:
-    named = ", ".join(name for name in called if not name.startswith("others"))  # nested
-    return (f"write_report called the lesson's {named}: decide the choices, the "
-            "ratios and k from the benchmark and cu.memory.step_budget yourself")
+    evidence = any(name.startswith("axis_evidence") for name in called)  # calls axis_effects
+    inside = ("others", "axis_effects") if evidence else ("others",)  # nested: not named
+    named = ", ".join(name for name in called if not name.startswith(inside))
+    return (f"write_report called the lesson's {named}"
+            + (", which calls axis_effects" if evidence else "") + ": decide the choices, "
+            "the ratios and k from the benchmark and cu.memory.step_budget yourself")
 
 
 def _report_cases(my_results: Any) -> list[Any]:
@@ -418,10 +416,10 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     cases = _report_cases(my_results)
     # the check's own reference, under whatever name it was bound, may not answer; nor may the
     # lesson's helpers that decide (choices, ratios, k): noise and step_budget are its inputs
-    from course_utils.grid import axis_effects, contradictions
+    from course_utils.grid import axis_effects, axis_evidence, contradictions
     from course_utils.memory import smallest_accumulation
 
-    deciders = (contradictions, axis_effects, smallest_accumulation)
+    deciders = (contradictions, axis_effects, axis_evidence, smallest_accumulation)
     guard = CallsInto(report_reference.__code__, *deciders)
 
     def guarded(verify: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
