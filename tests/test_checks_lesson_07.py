@@ -27,7 +27,8 @@ def _tf():
 
 def right_loop(model, optimizer, loss_fn, features, labels, micro_batch_size,
                accumulation_steps, *, short_group="averaged"):
-    """Right by default; ``short_group`` "dropped" (section 2's loop) or "divided by k"."""
+    """Right by default; ``short_group`` "dropped" (section 2's loop), "divided by k" or
+    "not divided" (the sum of the micro-batches' mean losses)."""
     tf = _tf()
     micro_batches = list(tf.data.Dataset.from_tensor_slices((features, labels)).batch(
         micro_batch_size))
@@ -35,7 +36,8 @@ def right_loop(model, optimizer, loss_fn, features, labels, micro_batch_size,
         group = micro_batches[start:start + accumulation_steps]
         if len(group) < accumulation_steps and short_group == "dropped":
             return
-        divisor = accumulation_steps if short_group == "divided by k" else len(group)
+        divisor = {"divided by k": accumulation_steps, "not divided": 1}.get(short_group,
+                                                                             len(group))
         totals = [tf.zeros_like(v) for v in model.trainable_variables]
         for x, y in group:
             with tf.GradientTape() as tape:
@@ -45,8 +47,13 @@ def right_loop(model, optimizer, loss_fn, features, labels, micro_batch_size,
         optimizer.apply_gradients(zip(totals, model.trainable_variables, strict=True))
 
 
-every_micro_batch = checks_07.suspect_loop("applies every micro-batch")
-without_dividing = checks_07.suspect_loop("sums without dividing")
+def every_micro_batch(model, optimizer, loss_fn, features, labels, micro_batch_size,
+                      accumulation_steps):
+    right_loop(model, optimizer, loss_fn, features, labels, micro_batch_size, 1)
+
+
+def without_dividing(*args):
+    right_loop(*args, short_group="not divided")
 
 
 # --- train_with_accumulation -----------------------------------------------------------------
@@ -517,18 +524,31 @@ def test_a_plan_read_after_one_run_is_not_in_this_process():
                 return found.get("kind", "correct") if isinstance(found, dict) else "correct"
         return "correct"
 
-    def asks_the_check(loop):  # the copy's reveal request, sent from the answer
-        ask, token = None, _cell(loop, str)
-        for cell in getattr(loop, "".join(["__clo", "sure__"])):
-            value = getattr(cell, "".join(["cell_", "contents"]))
-            ask = value if callable(value) else ask
+    def asks_the_check(loop):  # the copy's reveal request, sent through the check's own code
         _run_once(loop)
-        return ask("re" + "veal", token)[0]
+        return suspect_loops._reveal(_cell(loop, suspect_loops.ForkedCall), _cell(loop, str))[0]
 
     for wrong, says in ((run_once_then_read, "differs from what this loop does"),
                         (run_once_then_search, "differs from what this loop does"),
                         (asks_the_check, "asked the check's process what this loop is")):
         with pytest.raises(AssertionError, match=says):
+            cu.grading.check_diagnose_accumulation(wrong)
+
+
+def test_the_copy_asked_directly_through_the_closure_is_refused():
+    def via_closure(loop):  # nb26-07's answer: no model, the copy fed ones (run-time names)
+        ask, token = _cell(loop, suspect_loops.ForkedCall), _cell(loop, str)
+        ask("begin", token)
+        updates = [ask("step", token, [[1.0]], 3) for _ in range(3)]
+        return "applies every micro-batch" if updates[0] is not None else (
+            "correct" if abs(float(updates[2][0][0]) - 1) < 1e-6 else "sums without dividing")
+
+    def reveal_asked(loop):  # the copy's reveal request, sent from the answer
+        ask = _cell(loop, suspect_loops.ForkedCall)
+        return ask("re" + "veal", _cell(loop, str))[0]
+
+    for wrong in (via_closure, reveal_asked):
+        with pytest.raises(AssertionError, match=r"case 1 .*asked the check's process directly"):
             cu.grading.check_diagnose_accumulation(wrong)
 
 
@@ -754,6 +774,19 @@ def test_the_course_trainer_under_the_answers_name_is_refused():
         cu.grading.check_train_with_accumulation(trainer_loop)
     with pytest.raises(AssertionError, match=refused):
         cu.grading.check_train_mirrored_with_accumulation(mirrored_trainer)
+
+
+def test_the_checks_own_loop_under_the_answers_name_is_refused():
+    def check_helper(model, optimizer, loss_fn, features, labels, micro, steps):  # nb26-07's
+        full = len(labels) // (micro * steps) * micro * steps  # the full groups, then the rest
+        suspect_loops.accumulate(model, optimizer, loss_fn, features[:full], labels[:full],
+                                 micro, steps, steps)
+        if rest := (len(labels) - full) // micro:
+            suspect_loops.accumulate(model, optimizer, loss_fn, features[full:], labels[full:],
+                                     micro, rest, rest)
+
+    with pytest.raises(AssertionError, match="ran the course's accumulate.*the check's own loops"):
+        cu.grading.check_train_with_accumulation(check_helper)
 
 
 def test_the_colleagues_loop_is_named():

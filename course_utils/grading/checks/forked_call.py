@@ -27,6 +27,8 @@ import struct
 import sys
 import time
 import traceback
+import types
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = ["ForkedCall", "ForkedCallError"]
@@ -111,12 +113,18 @@ class ForkedCall:
 
     Use as a context manager; calling the object calls ``fn`` in the copy with picklable
     arguments and returns its (picklable) result, or raises :class:`ForkedCallError` with the
-    function's own error, or after ``timeout_s`` seconds without an answer.
+    function's own error, or after ``timeout_s`` seconds without an answer. With ``callers``
+    (code objects), a call from any other code (the caller's frame's code, by identity) is
+    refused with ``refusal`` before anything reaches the copy.
     """
 
-    def __init__(self, fn: Any, timeout_s: float = 60.0) -> None:
+    def __init__(self, fn: Any, timeout_s: float = 60.0, *,
+                 callers: Iterable[types.CodeType] | None = None, refusal: str = "") -> None:
         self.fn = fn
         self.timeout_s = timeout_s
+        # who may call: the code objects themselves (identity), however reached; None: anyone
+        self.callers = None if callers is None else frozenset(callers)
+        self.refusal = refusal
         self.pid = 0
         self.local = not hasattr(os, "fork")
         if self.local:
@@ -136,6 +144,8 @@ class ForkedCall:
         self._dumpable = _set_dumpable(False)   # the copy cannot read this process's memory
 
     def __call__(self, *args: Any) -> Any:
+        if self.callers is not None and sys._getframe(1).f_code not in self.callers:
+            raise ForkedCallError(self.refusal or "only its own callers may call it")
         if self.local:
             return self.fn(*args)
         if not self.pid:

@@ -10,7 +10,9 @@
   short group, are named when the weights match theirs instead. The model's layers must run
   only through the limit (``reach_around``: counted, their kernel read only inside their own
   call). ``cu.Trainer`` (section 7 shows it applying a short group) is refused here and in
-  exercise 4, by file. Still unseen in both: a forward written by hand from the variables.
+  exercise 4, by file, and the check's own loops (``suspect_loops.accumulate``, the
+  reference) by identity and content. Still unseen in both: a forward written by hand from
+  the variables.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes; counted by the
@@ -122,13 +124,22 @@ def _model(problem: dict[str, Any], counted: bool = False) -> Any:
 def _without_the_trainer(fn: Any) -> Any:
     """``fn`` refusing ``cu.Trainer`` and its replica step (by file: identity and content)
     while it runs: lesson 07 shows the Trainer applying a short last group (section 7), the
-    answer of exercises 1 and 4, which ask for the loop itself."""
-    from course_utils.grading.checks.refusals import refusing
+    answer of exercises 1 and 4, which ask for the loop itself; and the check's own loops (the
+    functions of this module and of ``suspect_loops``: ``accumulate``, the reference, called
+    under the answer's name passed before), by identity and content. Not
+    ``counting_mirrored_strategy``, whose all-reduce runs in exercise 4's answer."""
+    import sys
+
+    from course_utils.grading.checks import suspect_loops
+    from course_utils.grading.checks.refusals import own_functions, refusing
     from course_utils.training import replica_step, trainer
 
-    return refusing(fn, [trainer.__file__, replica_step.__file__],
+    own = [*own_functions(sys.modules[__name__], but=["counting_mirrored_strategy"]),
+           *own_functions(suspect_loops)]
+    return refusing(fn, [trainer.__file__, replica_step.__file__, *own],
                     "write the accumulation loop yourself (cu.Trainer's accumulation, shown in "
-                    "section 7, is the course's answer: not yours to call)")
+                    "section 7, and the check's own loops are the course's answer: not yours "
+                    "to call)")
 
 
 def _loss_fn() -> Any:

@@ -8,10 +8,14 @@ any kind exists (``forked_call.ForkedCall``; plain Python and NumPy there, no Te
 which draws the loop's kind (right, applies every micro-batch, sums without dividing) from the
 OS's entropy at its first call, keeps it, and answers each micro-batch with the update to
 apply, or none yet. The kind never exists in the learner's process: only the updates the loop
-applies show it, so an answer must run the loop (or send the copy gradients of its own: that
-is running it too). The check asks the copy for a loop's kind once, after the answer returned;
-an answer that asked first (the request is reachable through the loop's closure) is named. An
-answer whose code names a loop's closure or the check's plans is refused before any call.
+applies show it, so an answer must run the loop. The channel to the copy, which the loop's
+closure holds, answers only the loop's own code (:func:`_run_black_box`) and the check's
+:func:`_reveal`, by the caller's code object (identity, however the channel was reached): an
+answer that reads the closure, by any spelling, and sends the copy gradients of its own (no
+model, no training) is refused at its first request; one that asks for the kind through
+``_reveal`` is named after it returned (the copy counts the reveals). Still open: an answer
+that rewrites the channel's ``callers`` or writes to its pipe itself. An answer whose code
+names a loop's closure or the check's plans is refused before any call.
 ``suspect_loop(kind)`` makes a loop of a known kind in this process (the lesson's tests and the
 catalogue use it).
 """
@@ -150,7 +154,7 @@ def _run_black_box(ask: Any, token: str, model: Any, optimizer: Any, loss_fn: An
                    accumulation_steps: int) -> None:
     """Each micro-batch's gradients computed here, the updates decided by the copy."""
     tf = _tf()
-    ask("begin", token)
+    ask("begin", token)  # the channel answers this function's code only (and _reveal's)
     data = tf.data.Dataset.from_tensor_slices((features, labels))
     for x, y in data.batch(micro_batch_size):
         with tf.GradientTape() as tape:
@@ -161,6 +165,17 @@ def _run_black_box(ask: Any, token: str, model: Any, optimizer: Any, loss_fn: An
         if update is not None:
             optimizer.apply_gradients(zip([tf.constant(u) for u in update],
                                           model.trainable_variables, strict=True))
+
+
+def _reveal(ask: Any, token: str) -> tuple[str | None, int]:
+    """The copy's record of loop ``token``: its kind (None: it never ran) and how often it was
+    revealed before."""
+    return ask("reveal", token)
+
+
+_REFUSAL = ("your function asked the check's process directly (a request only the loop and "
+            "the check make, reached through the loop's closure) instead of running the loop: "
+            "run it on a model and data you chose, and compare what it does to the weights")
 
 
 #: Names by which an answer would read a suspect loop's plan instead of running the loop.
@@ -213,7 +228,8 @@ def check_diagnose_accumulation(fn: Any) -> bool:
 
     count = len(DIAGNOSES) + 1
     deck: dict[str, Any] = {"drawn": [], "left": count}  # drawn from in the copy only
-    with ForkedCall(functools.partial(_black_box, deck), timeout_s=60) as ask:
+    with ForkedCall(functools.partial(_black_box, deck), timeout_s=60, refusal=_REFUSAL,
+                    callers=[_run_black_box.__code__, _reveal.__code__]) as ask:
         loops = [(token, _black_box_loop(ask, token))
                  for token in (secrets.token_hex(8) for _ in range(count))]
         return _diagnose_black_boxes(fn, ask, loops)
@@ -225,7 +241,7 @@ def _diagnose_black_boxes(fn: Any, ask: Any, loops: list[tuple[str, Any]]) -> bo
 
     def case(number: int, token: str, loop: Callable[..., None]) -> Case:
         def verify(answer: Any) -> str | None:
-            kind, asked_before = ask("reveal", token)
+            kind, asked_before = _reveal(ask, token)
             if asked_before:
                 return ("your function asked the check's process what this loop is (a "
                         "request only the check makes, reached through the loop's closure) "
