@@ -244,18 +244,30 @@ def test_a_stub_trains_no_reference(monkeypatch):
 
 
 def largest_batch_that_fits(model, budget_bytes, optimizer_slots, *, layers_from=0,
-                            gradients_of=None):
+                            gradients_of=None, boundary="fits"):
     gradients_of = model.trainable_weights if gradients_of is None else gradients_of
     trainable = sum(math.prod(v.shape) * 4 for v in gradients_of)
     fixed = sum(math.prod(v.shape) * 4 for v in model.weights) + trainable * (1 + optimizer_slots)
     per_example = sum(math.prod(layer.output.shape[1:]) * 4
                       for layer in model.layers[layers_from:])
-    return max(0, (budget_bytes - fixed) // per_example)
+    spare = {"fits": 0, "strictly below": -1, "rounded up": per_example - 1}[boundary]
+    return max(0, (budget_bytes - fixed + spare) // per_example)
 
 
 def test_reference_largest_batch_passes(capsys):
     assert cu.grading.check_largest_batch_that_fits(largest_batch_that_fits)
     assert "✅ largest_batch_that_fits: 9 cases passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("boundary", ["strictly below", "rounded up"])
+def test_off_by_one_at_the_budget_boundary_is_caught(boundary):
+    # nb26-07's answer ("strictly below": (budget - fixed - 1) // per_example) passed while the
+    # budgets' remainders were random: a budget exactly full came up once in per_example cases
+    def off_by_one(model, budget_bytes, optimizer_slots):
+        return largest_batch_that_fits(model, budget_bytes, optimizer_slots, boundary=boundary)
+
+    with pytest.raises(AssertionError, match=r"case [12] .*: expected (\d+), got (?!\1)\d+"):
+        cu.grading.check_largest_batch_that_fits(off_by_one)
 
 
 def test_an_answer_that_reads_the_cases_from_the_checks_frames_finds_nothing():

@@ -1,7 +1,9 @@
 """Lesson 07, exercise 2: the largest batch whose training step fits a memory budget.
 
 The check, registered by name (``lesson_07`` imports it): on fresh random models (one with
-weights that have no gradients) and budgets, the learner's batch equals a count made here from
+weights that have no gradients) and budgets (for each model, one exactly full at a random
+batch and one a byte short of it: "fits" is "at most", off by one either way fails), the
+learner's batch equals a count made here from
 the layers' shapes with the course's one budget (``cu.memory.step_budget``); the learner counts
 by hand: an answer that runs the course's memory counters, or a copy of them, is refused
 (``refusals.refusing``: by code identity and by content).
@@ -67,15 +69,16 @@ def _counted_by_hand(fn: Any) -> Any:
                     "model.trainable_weights and the layers' output shapes")
 
 
-def _budget(model: Any, slots: int, rng: Any) -> int:
-    """A budget with room for a random number of examples (forgotten when this returns: the
-    answer is counted again after the learner's call, never kept where it could be read)."""
+def _budget(model: Any, slots: int, rng: Any, spare: int) -> int:
+    """A budget with room for a random number of examples and ``spare`` bytes more (-1: one
+    byte short of the next example; forgotten when this returns: the answer is counted again
+    after the learner's call, never kept where it could be read)."""
     from course_utils.memory import activation_bytes_per_example, variable_bytes
 
     per_example = activation_bytes_per_example(model)
     fixed = variable_bytes(model) + (1 + slots) * sum(
         _count(v.shape) * 4 for v in model.trainable_weights)
-    return fixed + rng.randint(5, 3000) * per_example + rng.randint(0, per_example - 1)
+    return fixed + rng.randint(5, 3000) * per_example + spare
 
 
 def _verifier(model: Any, budget: int, slots: int) -> Any:
@@ -105,9 +108,11 @@ def check_largest_batch_that_fits(fn: Any) -> bool:
         _normalized_mlp(rng),
     ]
     cases = []
-    for model in models:
-        for slots in (0, 2):
-            budget = _budget(model, slots, rng)
+    for model in models:  # each at a boundary: exactly full, and one byte short of an example
+        spares = [0, -1]
+        rng.shuffle(spares)
+        for slots, spare in zip((0, 2), spares, strict=True):
+            budget = _budget(model, slots, rng, spare)
             cases.append(Case(args=(model, budget, slots), verify=_verifier(model, budget, slots),
                               label=f"({model.name} with {model.count_params():,} weights, "
                                     f"budget_bytes={budget:,}, optimizer_slots={slots})"))
