@@ -101,10 +101,11 @@ _TWICE = ("out of memory (simulated): a forward pass was back-propagated twice (
 
 def count_on_tape(x: Any, counts: dict[str, Any], size: Any, max_examples: int, message: str,
                   also: Any = lambda alive: []) -> Any:
-    """``x`` unchanged, its ``size`` examples counted while a gradient tape keeps them: added to
-    ``counts["alive"]`` and ``counts["trained"]`` going forward, taken from ``"alive"`` by the
-    backward pass; more than ``max_examples`` alive fails with ``message`` (a simulated
-    out-of-memory error). ``also(alive)`` gives more updates to run with the forward pass."""
+    """``x`` unchanged, its ``size`` examples counted as alive until a backward pass: added to
+    ``counts["alive"]`` and ``counts["trained"]`` going forward (with or without a tape: no
+    public API tells whether one records), taken from ``"alive"`` by the backward pass; more
+    than ``max_examples`` alive fails with ``message`` (a simulated out-of-memory error).
+    ``also(alive)`` gives more updates to run with the forward pass."""
     from course_utils.quiet import import_tensorflow
 
     tf = import_tensorflow()
@@ -169,9 +170,10 @@ def _limit_classes() -> dict[str, type]:
             return {**super().get_config(), "max_batch_size": self.max_batch_size}
 
     class ActivationsOnTape(keras.layers.Layer):
-        """Counts the examples whose activations a gradient tape keeps: a forward pass in
-        training mode adds its batch, the backward pass through it takes the batch away; more
-        than ``max_examples`` alive at once fails like an out-of-memory error."""
+        """Counts the examples whose activations a backward pass would need: a forward pass
+        in training mode adds its batch (with or without a tape: the count cannot tell), the
+        backward pass through it takes the batch away; more than ``max_examples`` alive at
+        once fails like an out-of-memory error."""
 
         def __init__(self, max_examples: int, **kwargs: Any) -> None:
             super().__init__(**kwargs)
@@ -191,7 +193,7 @@ def _limit_classes() -> dict[str, type]:
 
         @property
         def peak_examples_alive(self) -> int:
-            """The most examples alive on the tapes at once, so far."""
+            """The most examples alive at once, so far."""
             return int(self._counts["peak"].numpy())
 
         def call(self, inputs: Any, training: Any = None) -> Any:
@@ -200,8 +202,9 @@ def _limit_classes() -> dict[str, type]:
             counts, size = self._counts, tf.cast(tf.shape(inputs)[0], tf.int64)
 
             message = (f"out of memory (simulated): more than {self.max_examples} examples' "
-                       "activations alive on the gradient tapes at once (each forward pass "
-                       "keeps them until its tape.gradient)")
+                       "activations alive at once (each forward pass in training mode, with "
+                       "or without a tape, keeps them until a tape.gradient back-propagates "
+                       "through it)")
             return count_on_tape(inputs, counts, size, self.max_examples, message,
                                  also=lambda alive: [counts["peak"].assign(
                                      tf.maximum(counts["peak"], alive))])
@@ -218,8 +221,9 @@ def limit_batch_size(model: Any, max_batch_size: int) -> Any:
 
     A layer before ``model`` (``batch_size_limit``) refuses a larger batch; a layer after it
     (``activations_on_tape``) refuses a forward pass in training mode while more than
-    ``max_batch_size`` examples' activations are alive on gradient tapes (one tape over several
-    micro-batches keeps them all), and counts the examples trained through it.
+    ``max_batch_size`` examples' activations are alive (one tape over several micro-batches
+    keeps them all; a forward pass in training mode counts as alive, with or without a tape,
+    until a backward pass through it), and counts the examples trained through it.
     """
     keras, classes = _keras(), _limit_classes()
     inputs = keras.Input(shape=model.input_shape[1:], name="features")

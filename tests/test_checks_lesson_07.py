@@ -112,8 +112,20 @@ def test_one_tape_over_all_micro_batches_runs_out_of_memory():
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
                                           model.trainable_variables, strict=True))
 
-    with pytest.raises(AssertionError, match="alive on the gradient tapes"):
+    with pytest.raises(AssertionError, match="activations alive at once"):
         cu.grading.check_train_with_accumulation(one_tape)
+
+
+def test_a_training_mode_forward_without_a_tape_counts_and_the_message_says_so():
+    def logs_the_loss_first(model, optimizer, loss_fn, features, labels, micro, steps):
+        loss_fn(labels[:micro], model(features[:micro], training=True))  # no tape, never freed
+        right_loop(model, optimizer, loss_fn, features, labels, micro, steps)
+
+    # nb26-07: the text said a tape keeps activations until its gradient, the count also
+    # keeps a forward in training mode with no tape: the message now says which counts
+    with pytest.raises(AssertionError, match="with or without a tape, keeps them until a "
+                                             "tape.gradient back-propagates through it"):
+        cu.grading.check_train_with_accumulation(logs_the_loss_first)
 
 
 def test_one_persistent_tape_freed_by_a_throw_away_backward_is_caught():

@@ -223,7 +223,7 @@ def test_the_limit_counts_examples_alive_on_the_tape():
         0, 6, 3)
     limited(x)  # inference keeps nothing
     assert on_tape.examples_trained == 6
-    with pytest.raises(tf.errors.InvalidArgumentError, match="alive on the gradient tapes"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="activations alive at once"):
         with tf.GradientTape() as tape:  # one tape over two micro-batches keeps both
             loss = tf.reduce_sum(limited(x, training=True)) + tf.reduce_sum(
                 limited(x, training=True))

@@ -2,8 +2,9 @@
 
 * ``check_train_with_accumulation(train_with_accumulation)``: on a fresh random model and data,
   behind a simulated memory of one micro-batch (``cu.memory.limit_batch_size``: a larger batch,
-  or a second micro-batch's activations alive on a gradient tape, fails like out of memory; a
-  forward back-propagated twice, as by a persistent tape asked again, frees nothing), the
+  or a second micro-batch's activations alive, fails like out of memory; a forward pass in
+  training mode is alive, with or without a tape, until a backward pass through it, and one
+  back-propagated twice, as by a persistent tape asked again, frees nothing), the
   weights equal plain SGD on batches ``k`` times larger (one case ends with a short group, which
   must make one more update averaged over its own examples) and every example went through the
   limited model once in training mode; the two popular wrong loops, and a loop that drops the
@@ -256,8 +257,9 @@ def check_train_with_accumulation(fn: Any) -> bool:
         "train_with_accumulation", _without_the_trainer(fn), [case(p) for p in problems],
         hint="lesson 07, section 2 (accumulate, then apply once) and section 7 (a partial "
              "last group): which large-batch step should each update equal, and how much "
-             "of the batch may be alive on the tapes at once under the memory limit? (The "
-             "model you are given counts what it trains on in training mode, training=True.)")
+             "of the batch may be alive at once under the memory limit? (The model you are "
+             "given counts what it trains on in training mode, training=True: each such "
+             "forward pass, with or without a tape, until a tape.gradient through it.)")
 
 
 # --- Exercise 4 · accumulation under MirroredStrategy, one all-reduce per update ---------------

@@ -1,6 +1,6 @@
 """Lesson 07, exercise 4's memory limit per replica: a model behind a layer that, on each
 replica of a ``tf.distribute`` strategy, refuses more than a micro-batch's share of examples'
-activations alive on the gradient tapes (``lesson_07`` uses it)."""
+activations alive until their backward pass (``lesson_07`` uses it)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ __all__ = ["replica_limit"]
 def replica_limit(model: Any, max_examples: int) -> tuple[Any, Any]:
     """``(limited, counts)``: ``model`` (shared weights) behind a layer that, on each replica,
     refuses a forward pass in training mode while more than ``max_examples`` examples'
-    activations are alive on the gradient tapes (a batch larger than a micro-batch's share, or
-    one tape over several micro-batches), and counts the examples trained. Build it under the
+    activations are alive (a batch larger than a micro-batch's share, or one tape over several
+    micro-batches; a forward pass in training mode stays alive, with or without a tape, until
+    a backward pass through it), and counts the examples trained. Build it under the
     strategy's scope: its counters are per replica (``ON_READ``), summed when read."""
     tf = _tf()
     import keras
@@ -44,9 +45,10 @@ def replica_limit(model: Any, max_examples: int) -> tuple[Any, Any]:
             return count_on_tape(
                 inputs, counts, size, max_examples,
                 f"out of memory (simulated): more than {max_examples} examples' "
-                "activations alive on one replica's gradient tapes at once (a "
-                "replica holds one micro-batch's share: how many of your "
-                "micro-batches were alive on tapes at once?)")
+                "activations alive on one replica at once (a replica holds one "
+                "micro-batch's share; each forward pass in training mode, with or "
+                "without a tape, stays alive until a tape.gradient back-propagates "
+                "through it: how many of your micro-batches were alive at once?)")
 
     inputs = keras.Input(shape=model.input_shape[1:], name="features")
     outputs = ReplicaMemory(name="replica_memory")(model(inputs))
