@@ -813,6 +813,31 @@ def test_the_checks_own_loop_under_the_answers_name_is_refused():
         cu.grading.check_train_with_accumulation(check_helper)
 
 
+def test_a_group_forward_written_by_hand_from_the_variables_is_caught():
+    tf = _tf()
+
+    def hand_forward(model, optimizer, loss_fn, features, labels, micro, steps):  # nb26-07's
+        inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
+        dense = [layer for layer in inner.layers if hasattr(layer, "units")]
+        variables = model.trainable_variables
+        for start in range(0, len(labels), micro * steps):
+            x, y = features[start:start + micro * steps], labels[start:start + micro * steps]
+            for i in range(0, len(y), micro):  # counted and freed, its gradients thrown away
+                with tf.GradientTape() as throw_away:
+                    out = model(x[i:i + micro], training=True)
+                throw_away.gradient(out, variables)
+            with tf.GradientTape() as tape:  # the whole group's activations at once
+                h = tf.constant(x)
+                for n, layer in enumerate(dense):
+                    h = layer.activation(tf.matmul(h, variables[2 * n]) + variables[2 * n + 1])
+                loss = loss_fn(y, h)
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
+
+    with pytest.raises(AssertionError, match=r"case 1 .*weights are right, but the gradients "
+                                             r"applied .* not those that flowed back"):
+        cu.grading.check_train_with_accumulation(hand_forward)
+
+
 def test_the_colleagues_loop_is_named():
     tf = _tf()
 
@@ -1049,7 +1074,7 @@ def test_decoy_ops_off_the_gradients_path_are_caught(rerun, message):
 def test_near_equal_segments_of_the_same_count_are_caught():
     def near_equal(layers, x, size):  # as many segments, but balanced: not the split asked
         count = -(-len(layers) // size)
-        bounds = [round(i * len(layers) / count) for i in range(count + 1)]
+        bounds = [i * len(layers) // count for i in range(count + 1)]  # first never `size`
         return segment_gradients(layers, x, size,
                                  size_of=lambda ls, s: None, bounds=bounds)
 

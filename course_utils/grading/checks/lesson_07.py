@@ -12,8 +12,11 @@
   only through the limit (``reach_around``: counted, their kernel read only inside their own
   call). ``cu.Trainer`` (section 7 shows it applying a short group) is refused here and in
   exercise 4, by file, and the check's own loops (``suspect_loops.accumulate``, the
-  reference) by identity and content. Still unseen in both: a forward written by hand from
-  the variables.
+  reference) by identity and content. Here, each update's gradients must be (a multiple of)
+  the sum of those that flowed back through the counted calls since the update before
+  (``reach_around.applied_from_calls``): a forward written by hand from the variables whose
+  gradients are applied instead is named. Still unseen: such a forward applied after the
+  counted calls computed the same gradients; in exercise 4 (replicas), any hand forward.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes; counted by the
@@ -43,6 +46,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +54,11 @@ import numpy as np
 
 from course_utils.equality import largest_difference
 from course_utils.grading.checks.memory_budget import check_largest_batch_that_fits
-from course_utils.grading.checks.reach_around import counted_dense, reached_around
+from course_utils.grading.checks.reach_around import (
+    applied_from_calls,
+    counted_dense,
+    reached_around,
+)
 from course_utils.grading.checks.recompute import check_segment_gradients
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.replica_memory import replica_limit
@@ -78,6 +86,8 @@ __all__ = [
 
 #: Largest weight difference from the large-batch reference that counts as equal (float32).
 ACCUMULATION_TOLERANCE = 1e-5
+#: Largest part of an update's gradients (relative) not from the counted calls (float32 sums).
+FLOW_TOLERANCE = 1e-4
 
 
 def _keras() -> Any:
@@ -105,12 +115,13 @@ def _problem(rng: Any) -> dict[str, Any]:
     }
 
 
-def _model(problem: dict[str, Any], counted: bool = False) -> Any:
+def _model(problem: dict[str, Any], counted: bool = False, flows: bool = False) -> Any:
     """The problem's model, its initial weights drawn from the problem's seed (no global seed);
-    ``counted``: its layers count the examples they run on (``reach_around``); where the
-    problem has a ``"penalty"``, an L2 penalty of that weight on both kernels (``model.losses``)."""
+    ``counted``: its layers count the examples they run on (``reach_around``), and with
+    ``flows`` the gradients back through their calls; where the problem has a ``"penalty"``,
+    an L2 penalty of that weight on both kernels (``model.losses``)."""
     keras = _keras()
-    dense = counted_dense if counted else keras.layers.Dense
+    dense = functools.partial(counted_dense, flows=flows) if counted else keras.layers.Dense
     penalty = problem.get("penalty")
     extra = {"kernel_regularizer": keras.regularizers.L2(penalty)} if penalty else {}
     inputs = keras.Input(shape=(problem["features"].shape[1],))
@@ -191,9 +202,10 @@ def check_train_with_accumulation(fn: Any) -> bool:
     short["labels"] = data.integers(0, short["classes"], size=n).astype("int32")
 
     def case(problem: dict[str, Any]) -> Case:
-        model = _model(problem, counted=True)
+        model = _model(problem, counted=True, flows=True)
         limited = limit_batch_size(model, problem["micro"])  # shares model's weights
         optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
+        worst = applied_from_calls(optimizer, model)  # applied vs flowed back through calls
         references: dict[str, list[np.ndarray]] = {}  # built on first use: a stub costs nothing
         extra = problem.get("extra", 0)
         updates = len(problem["labels"]) // (problem["micro"] * problem["steps"]) + bool(extra)
@@ -217,6 +229,14 @@ def check_train_with_accumulation(fn: Any) -> bool:
             weights = [np.asarray(w) for w in model.get_weights()]
             error = largest_difference(weights, references["correct"])
             if error <= ACCUMULATION_TOLERANCE:
+                if float(worst.numpy()) > FLOW_TOLERANCE:
+                    return ("the weights are right, but the gradients applied at an update "
+                            "are not those that flowed back through the calls of the model "
+                            "you were given since the update before (what is left after the "
+                            f"best scaling: {float(worst.numpy()):.2g} of their size): apply "
+                            "the sum of each micro-batch's gradients through that model, "
+                            "under its memory limit (a forward written by hand from the "
+                            "variables keeps the whole group's activations at once)")
                 if int(optimizer.iterations) != updates:
                     return (f"the weights are right, but the optimizer counted "
                             f"{int(optimizer.iterations)} updates instead of {updates}, one "

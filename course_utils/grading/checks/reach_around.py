@@ -9,7 +9,13 @@ line 222), and a layer called outside the replicas of a strategy (in its cross-r
 context). ``reached_around(model, limited)`` compares each counted layer of ``model`` with the
 examples ``limited``'s ``batch_size_limit`` let through (or with ``through`` examples): a
 forward pass that called ``model`` (or one of its layers) directly, around the limit, shows as
-more examples inside. Still unseen: matrix products written by hand from the variables.
+more examples inside. ``counted_dense(..., flows=True)`` (exercise 1) also adds, in
+variables kept outside the layer, the gradients that flow back to its kernel and bias through
+its calls; ``applied_from_calls(optimizer, model)`` makes the optimizer compare, at every
+update, the gradients it applies with those sums (one factor allowed: a sum divided after
+the micro-batches) and empty them: a forward written by hand from the variables, its
+gradients applied while the counted calls' went elsewhere, differs. Still unseen: a hand
+forward whose gradients are applied only after the counted calls computed the same ones.
 """
 
 from __future__ import annotations
@@ -20,12 +26,28 @@ from typing import Any
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["counted_dense", "reached_around"]
+__all__ = ["applied_from_calls", "counted_dense", "reached_around"]
 
 _COUNTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _AROUND: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # layer: how
 _INSIDE = threading.local()  # the counted layers whose call is running, in this thread
 _CLASS: list[type] = []
+_FLOWS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # layer: its sums
+
+
+def _noted(value: Any, total: Any) -> Any:
+    """``value`` (a weight), its gradient added to ``total`` on its way back."""
+    tf = _tf()
+
+    @tf.custom_gradient
+    def identity(tensor: Any) -> Any:
+        def backward(upstream: Any) -> Any:
+            with tf.control_dependencies([total.assign_add(tf.convert_to_tensor(upstream))]):
+                return tf.identity(upstream)
+
+        return tf.identity(tensor), backward
+
+    return identity(tf.convert_to_tensor(value))
 
 
 def _counted_class() -> type:
@@ -47,7 +69,13 @@ def _counted_class() -> type:
                     return super().call(inputs)
                 added = counter.assign_add(tf.cast(tf.shape(inputs)[0], tf.int64))
                 with tf.control_dependencies([added]):
-                    return super().call(tf.identity(inputs))
+                    if self not in _FLOWS:
+                        return super().call(tf.identity(inputs))
+                    if not _FLOWS[self]:  # (weight, the sum of its gradients here)
+                        _FLOWS[self] = [(w, tf.Variable(tf.zeros_like(w), trainable=False))
+                                        for w in (self.kernel, self.bias)]
+                    kernel, bias = (_noted(w, total) for w, total in _FLOWS[self])
+                    return self.activation(tf.matmul(tf.identity(inputs), kernel) + bias)
             finally:
                 inside.pop()
 
@@ -61,13 +89,16 @@ def _counted_class() -> type:
     return CountedDense
 
 
-def counted_dense(units: int, **kwargs: Any) -> Any:
+def counted_dense(units: int, flows: bool = False, **kwargs: Any) -> Any:
     """A Dense layer whose calls count their examples (read by :func:`reached_around`); its
-    counter sums over the replicas when made under a strategy's scope."""
+    counter sums over the replicas when made under a strategy's scope. ``flows`` (not under
+    a strategy): its calls also sum the gradients flowing back to its weights."""
     tf = _tf()
     if not _CLASS:
         _CLASS.append(_counted_class())
     layer = _CLASS[0](units, **kwargs)
+    if flows:
+        _FLOWS[layer] = []  # made at its first call
     _COUNTS[layer] = tf.Variable(0, dtype=tf.int64, trainable=False,
                                  synchronization=tf.VariableSynchronization.ON_READ,
                                  aggregation=tf.VariableAggregation.SUM)
@@ -89,3 +120,33 @@ def reached_around(model: Any, limited: Any = None, *, through: int | None = Non
                     f"{int(_COUNTS[layer].numpy())} examples, but only {through} went through "
                     f"the memory limit of the model you were given: {call_the_model}")
     return None
+
+
+def applied_from_calls(optimizer: Any, model: Any) -> Any:
+    """``worst``, a variable: ``optimizer`` (a Keras optimizer, changed in place) compares, at
+    every update, the gradients it applies with ``a·`` the sums that flowed back through
+    ``model``'s ``flows`` layers since the last update (``a`` fitted; what is left, relative
+    to the applied gradients' size, raises ``worst``), then empties those sums."""
+    tf = _tf()
+    worst = tf.Variable(0.0, trainable=False)
+    layers = [layer for layer in model.layers if layer in _FLOWS]
+    apply = optimizer.apply
+
+    def compared(grads: Any, trainable_variables: Any = None) -> Any:
+        variables = list(trainable_variables if trainable_variables is not None else
+                         optimizer._trainable_variables)
+        flowed = {id(w): total for layer in layers for w, total in _FLOWS[layer]}
+        pairs = [(tf.reshape(tf.convert_to_tensor(g), [-1]), tf.reshape(flowed[id(v)], [-1]))
+                 for g, v in zip(grads, variables, strict=True) if id(v) in flowed]
+        if len(pairs) != sum(len(_FLOWS[layer]) for layer in layers) or not pairs:
+            return apply(grads, trainable_variables)  # not the model's weights: unchecked
+        a, f = (tf.concat(list(side), 0) for side in zip(*pairs, strict=True))
+        scale = tf.math.divide_no_nan(tf.reduce_sum(a * f), tf.reduce_sum(f * f))
+        left = tf.math.divide_no_nan(tf.norm(a - scale * f), tf.norm(a))
+        with tf.control_dependencies([worst.assign(tf.maximum(worst, left))]):
+            emptied = [total.assign(tf.zeros_like(total)) for total in flowed.values()]
+        with tf.control_dependencies(emptied):
+            return apply(grads, trainable_variables)
+
+    optimizer.apply = compared
+    return worst
