@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -1080,6 +1081,35 @@ def test_near_equal_segments_of_the_same_count_are_caught():
 
     with pytest.raises(AssertionError, match="recomputed segments of"):
         cu.grading.check_segment_gradients(near_equal)
+
+
+@pytest.mark.parametrize("product", ["matmul", "elementwise"])
+def test_a_plain_path_kept_beside_the_recomputed_one_is_caught(product):
+    # nb26-07's answer: each segment recomputed AND run by hand from the weights (its
+    # activations kept on the tape), the two averaged: equal gradients, the saving gone
+    tf = _tf()
+
+    def keeps_everything(layers, x, size):
+        def times(t, kernel):
+            return (tf.matmul(t, kernel) if product == "matmul" else
+                    tf.reduce_sum(t[:, :, None] * kernel, axis=1))
+
+        variables = [v for layer in layers for v in layer.trainable_variables]
+        with tf.GradientTape() as tape:
+            for start in range(0, len(layers), size):
+                segment = layers[start:start + size]
+                recomputed = tf.recompute_grad(
+                    lambda t, segment=segment: functools.reduce(lambda a, f: f(a), segment, t))(x)
+                kept = x
+                for layer in segment:
+                    kept = layer.activation(times(kept, layer.kernel) + layer.bias)
+                x = 0.5 * recomputed + 0.5 * kept
+            loss = tf.reduce_mean(tf.square(x))
+        return tape.gradient(loss, variables)
+
+    with pytest.raises(AssertionError, match=r"case 1 .*reads the \d+ weights \d+ times, more "
+                                             r"than 4 each"):
+        cu.grading.check_segment_gradients(keeps_everything)
 
 
 def test_layers_run_again_beside_a_plain_tape_are_caught():

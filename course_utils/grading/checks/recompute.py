@@ -7,8 +7,11 @@ forward run again, and the segments the backward pass recomputes exactly ``segme
 consecutive layers from the first (read from the order in which the layers ran: a near-equal
 split of the same count fails, and so does no recomputation); every case's last segment is
 shorter. The recomputed matrix products are counted on the gradients' data path only: layers
-run again beside a plain tape and tied on by control dependencies feed nothing. Still unseen:
-memory itself (no peak is measured).
+run again beside a plain tape and tied on by control dependencies feed nothing. A second,
+plain path computed from the weights beside the recomputed one (every activation kept on the
+tape, whatever ops it uses) reads the weights more often on the gradients' data path than
+``READS_PER_WEIGHT`` each, and fails. Still unseen: memory itself (no peak is measured), and
+a second path built from read values smuggled out of the recomputed function.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["check_segment_gradients"]
+__all__ = ["READS_PER_WEIGHT", "check_segment_gradients"]
+
+#: Reads of each weight on the gradients' data path of a step with one ``tf.recompute_grad``
+#: per segment (TensorFlow 2.21: the forward pass, the recomputation and the backward pass's
+#: two; the plain step: one); a path of its own computed from the weights reads them more.
+READS_PER_WEIGHT = 4
 
 
 def _keras() -> Any:
@@ -165,7 +173,8 @@ def check_segment_gradients(fn: Any) -> bool:
                         f"(the last may be shorter), one tf.recompute_grad per segment")
             plain = _traced_ops(lambda ls, t, _: _plain_segment_gradients(ls, t), layers, x,
                                 segment_size, data_only=True).get("MatMul", 0)
-            feeding = _traced_ops(fn, layers, x, segment_size, data_only=True).get("MatMul", 0)
+            traced = _traced_ops(fn, layers, x, segment_size, data_only=True)
+            feeding = traced.get("MatMul", 0)
             if feeding < plain + len(layers):
                 return (f"the traced step has {feeding} matrix products whose results feed "
                         f"the gradients, plain {plain}: every layer's forward must run again "
@@ -173,6 +182,14 @@ def check_segment_gradients(fn: Any) -> bool:
                         "gradients (a layer run again beside the gradients, tied on by a "
                         "control dependency, saves nothing: is each layer called inside what "
                         "is recomputed?)")
+            weights = sum(len(layer.trainable_variables) for layer in layers)
+            if traced.get("ReadVariableOp", 0) > READS_PER_WEIGHT * weights:
+                return (f"the gradients' data path reads the {weights} weights "
+                        f"{traced['ReadVariableOp']} times, more than {READS_PER_WEIGHT} each "
+                        "(the forward pass, the recomputation and its backward pass, as "
+                        "tf.recompute_grad reads them): a second path computed from the "
+                        "weights beside the recomputed one keeps its activations on the tape, "
+                        "and recomputing then saves nothing")
             return None
 
         cases.append(Case(args=(layers, x, segment_size), verify=verify,
