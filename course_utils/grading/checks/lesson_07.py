@@ -39,9 +39,10 @@
 * ``check_segment_gradients(segment_gradients)``: on a fresh flat stack of Dense layers, the
   plain stack's gradients, made with one ``tf.recompute_grad`` per segment of ``segment_size``
   layers (counted in the traced step) and every layer's forward run again, its matrix
-  products feeding the gradients through data edges (not tied on by control dependencies).
-  Still unseen: the memory itself (no peak is measured; an answer that keeps the activations
-  AND feeds a real recomputation into the gradients would pass).
+  products feeding the gradients through data edges (not tied on by control dependencies),
+  and each weight read at most ``READS_PER_WEIGHT`` times on that path (a plain path kept
+  beside the recomputed one reads them again). Still unseen: the memory itself (no peak is
+  measured).
 """
 
 from __future__ import annotations
