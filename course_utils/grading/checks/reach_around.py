@@ -89,7 +89,7 @@ def _counted_class() -> type:
     return CountedDense
 
 
-def counted_dense(units: int, flows: bool = False, **kwargs: Any) -> Any:
+def counted_dense(units: int, *, flows: bool = False, **kwargs: Any) -> Any:
     """A Dense layer whose calls count their examples (read by :func:`reached_around`); its
     counter sums over the replicas when made under a strategy's scope. ``flows`` (not under
     a strategy): its calls also sum the gradients flowing back to its weights."""
