@@ -237,3 +237,32 @@ def test_a_check_during_which_the_garbage_collector_was_searched_fails(monkeypat
     with pytest.raises(AssertionError, match="searched the garbage collector"):
         check_square_search(searches_then_answers)
     assert check_square_search(lambda x: x * x) is True
+
+
+def test_the_course_replaced_before_a_check_fails_it(monkeypatch):
+    """A helper or threshold of the course replaced in an earlier cell is in place before the
+    check's snapshot, and the grader imports only ``course_utils.grading`` afresh: a registered
+    check compares the rest with its source and names what differs."""
+    import contextlib
+
+    from course_utils import equality
+    from course_utils.grading.checks import registry
+    from course_utils.training import precision
+
+    monkeypatch.setattr(registry, "_CHECKS", dict(registry._CHECKS))
+
+    @registry.register
+    def check_square_replaced(fn):
+        return run_check("square_replaced", fn, [Case(args=(3,), expected=9)])
+
+    assert check_square_replaced(lambda x: x * x) is True
+    with monkeypatch.context() as patch:
+        patch.setattr(precision, "policy_scope", contextlib.nullcontext)  # not the course's
+        with pytest.raises(AssertionError, match=r"course_utils\.training\.precision\."
+                                                 r"policy_scope differs from its source"):
+            check_square_replaced(lambda x: x * x)
+    with monkeypatch.context() as patch:
+        patch.setattr(equality, "FLOAT32_TOLERANCE", equality.FLOAT32_TOLERANCE * 10)
+        with pytest.raises(AssertionError, match="equality.FLOAT32_TOLERANCE differs"):
+            check_square_replaced(lambda x: x * x)
+    assert check_square_replaced(lambda x: x * x) is True

@@ -11,17 +11,28 @@ tuple a module binds, such as a threshold) before the learner's code runs; after
 whatever was rebound, recoded or deleted is put back and the check fails, naming it. Names added
 are not changes (the course imports lazily). What lies outside ``course_utils`` (NumPy,
 TensorFlow, Python's built-ins) is not watched: patching Python itself is never protected.
+
+What an earlier cell replaced is in place before the snapshot: the grader imports
+``course_utils.grading`` afresh before each check, but not the rest of the course (its state,
+the learner's strategies and devices, lives there). :func:`replaced_before` compares that rest
+with its source instead: each function, class and method a module's source defines must be
+the module's own (its code from that file), each constant it assigns a literal must have that
+value. Code from the repository's ``tests/`` is trusted (the tests patch the course on purpose).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
+import inspect
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-__all__ = ["course_code_kept"]
+__all__ = ["course_code_kept", "replaced_before"]
 
 _KINDS = (types.FunctionType, type, types.ModuleType)
 #: Constants watched too (a threshold raised passes anything), compared by value.
@@ -120,3 +131,72 @@ def course_code_kept(check: str) -> Iterator[None]:
                 f"{check}: your code replaced the course's own {names}{more} while the check "
                 "ran (put back now). Compute the answer; do not change the code that judges it."
                 + (" Any ✅ line above does not count." if finished else ""))
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]  # course_utils/
+_TESTS = _PACKAGE.parent / "tests"  # the repository's tests patch the course on purpose
+_LITERALS = (int, float, complex, str, bytes, bool, type(None), tuple)
+
+
+@functools.cache
+def _defined(file: str) -> tuple[frozenset[str], dict[str, frozenset[str]], dict[str, Any]]:
+    """What a module's source defines at its top level: the names of its functions and
+    classes, each class's own function names, and its constants (``NAME = <literal>``)."""
+    tree = ast.parse(Path(file).read_text(encoding="utf-8"))
+    names, members, constants = set(), {}, {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            members[node.name] = frozenset(n.name for n in node.body if isinstance(
+                n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        if value is not None and len(targets) == 1 and isinstance(targets[0], ast.Name):
+            with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError):
+                constants[targets[0].id] = ast.literal_eval(value)
+    return frozenset(names), members, constants
+
+
+def _foreign(value: Any, module: types.ModuleType) -> bool:
+    """Whether ``value``, bound where ``module``'s source defines it, is another object than
+    the module's own: code from elsewhere (a notebook cell, another module's function)."""
+    value = getattr(value, "__func__", None) or getattr(value, "fget", None) or value
+    with contextlib.suppress(ValueError):
+        value = inspect.unwrap(value)
+    code = getattr(value, "__code__", None)
+    home = code.co_filename if isinstance(code, types.CodeType) else getattr(
+        sys.modules.get(getattr(value, "__module__", None) or ""), "__file__", None)
+    if home and Path(home).resolve().is_relative_to(_TESTS):
+        return False
+    if isinstance(code, types.CodeType):
+        return Path(code.co_filename).resolve() != Path(module.__file__).resolve()
+    return getattr(value, "__module__", None) != module.__name__
+
+
+def replaced_before() -> list[str]:
+    """The course's functions, methods and constants outside ``course_utils.grading`` (which
+    the grader imports afresh) that differ from what their module's source defines: what an
+    earlier cell replaced, which :func:`course_code_kept` (a snapshot taken as a check starts)
+    cannot tell from the original."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None) or ""
+        if not (name == "course_utils" or name.startswith("course_utils.")) or name.startswith(
+                "course_utils.grading") or not file.endswith(".py"):
+            continue
+        names, members, constants = _defined(file)
+        bound = vars(module)
+        for attribute in sorted(names & set(bound)):
+            value = bound[attribute]
+            if _foreign(value, module):
+                found.append(f"{name}.{attribute}")
+            elif isinstance(value, type) and attribute in members:
+                found += [f"{name}.{attribute}.{m}" for m in sorted(members[attribute])
+                          if m in vars(value) and _foreign(vars(value)[m], module)]
+        for attribute, literal in constants.items():
+            value = bound.get(attribute, literal)
+            if type(literal) in _LITERALS and not (type(value) is type(literal) and (
+                    value == literal or value != value and literal != literal)):
+                found.append(f"{name}.{attribute}")
+    return found

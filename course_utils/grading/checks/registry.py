@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from course_utils.grading.checks.call_guard import searches
-from course_utils.grading.code_watch import course_code_kept
+from course_utils.grading.code_watch import course_code_kept, replaced_before
 from course_utils.grading.framework import NotAttemptedError, stderr_to_stdout
 
 __all__ = ["DuplicateCheckError", "get", "names", "register", "require_passed"]
@@ -52,6 +52,14 @@ def register(fn: Check) -> Check:
     @functools.wraps(fn)
     def check(*args: Any, **kwargs: Any) -> Any:
         _RESULTS.pop(name, None)
+        replaced = replaced_before()
+        if replaced:
+            more = f" and {len(replaced) - 4} more" if len(replaced) > 4 else ""
+            raise AssertionError(
+                f"{name.removeprefix('check_')}: the course's own {', '.join(replaced[:4])}"
+                f"{more} {'differ' if len(replaced) > 1 else 'differs'} from its source: an "
+                "earlier cell replaced it, and the check cannot judge with it. Restart the "
+                "kernel and run the notebook without that change.")
         searched, _ = searches()
         with stderr_to_stdout(), course_code_kept(name.removeprefix("check_")):
             result = fn(*args, **kwargs)
