@@ -14,9 +14,6 @@ def _short(name: str) -> str:
     return name.rsplit("device:", 1)[-1]
 
 
-# sums, means, scalings, copies: what a gradient passes through after the op that made it
-_ACCUMULATING = {"AddV2", "AddN", "Add", "Mul", "RealDiv", "Identity", "Cast", "Pack", "Mean",
-                 "Sum", "Reshape"}
 _CARRY = {"Identity", "Cast", "AddV2", "Add", "Sub", "Mul", "RealDiv", "Neg", "Reshape"}
 _INPUTS = {"Const", "Placeholder", "ReadVariableOp", "NoOp"}
 
@@ -47,13 +44,14 @@ def _ancestors(tensors: Any) -> set[str]:
 
 def backward_misplaced(graph: Any, loss: Any, grads: list[Any], expected_part: list[int],
                        owner: dict[Any, int], devices: list[str],
-                       micro_batches: int) -> str | None:
+                       batch_inputs: list[tuple[Any, Any]]) -> str | None:
     """None when every op that computes part ``i``'s weight gradients asked for ``devices[i]``,
     found by what it consumes and produces, whatever its name: the ops the returned gradients
     of part ``i`` were computed from that the loss (the forward) and the gradients of the
     later parts were not; an op among them that reads a later part's weight (``dy · Wⱼᵀ``)
-    belongs to part ``j`` and must ask for ``devices[j]``. And each gradient summed from at
-    least one op per micro-batch (walking back through sums, scalings and copies)."""
+    belongs to part ``j`` and must ask for ``devices[j]``. And each gradient made from every
+    micro-batch's own backward (``batch_inputs``: the traced ``(x, y)`` of each micro-batch):
+    ``_one_backward_per_micro_batch``."""
     by_name = {op.name: op for op in graph.get_operations()}
     forward = _ancestors([loss])
     parts = max(expected_part) + 1
@@ -74,19 +72,46 @@ def backward_misplaced(graph: Any, loss: Any, grads: list[Any], expected_part: l
                         f"{_short(op.device) or 'no device (the default one)'}, expected "
                         f"{_short(devices[home])}, where its weights live")
         later |= _ancestors(mine)
+    return _one_backward_per_micro_batch(graph, forward, grads, expected_part, batch_inputs)
+
+
+def _one_backward_per_micro_batch(graph: Any, forward: set[str], grads: list[Any],
+                                  expected_part: list[int],
+                                  batch_inputs: list[tuple[Any, Any]]) -> str | None:
+    """None when each gradient has, for every micro-batch ``j``, a backward op (not the
+    forward: not an ancestor of the loss) that depends on ``j``'s labels and on no other
+    micro-batch's inputs: that micro-batch's own backward. After a concatenation of the
+    micro-batches every op depends on all of them, so one big batch has none, however its
+    gradient is then split into shares. What is found is what each op depends on, not what it
+    adds: an op built for show from ``y_j`` alone (``0 · y_j``) would count; the values are
+    checked separately."""
+    batch_of = {}
+    for j, (x, y) in enumerate(batch_inputs):
+        batch_of[x.op.name], batch_of[y.op.name] = ("x", j), ("y", j)
+    depends: dict[str, frozenset] = {}  # op -> the micro-batch inputs it depends on
+    for op in graph.get_operations():  # in creation order: an op's inputs come first
+        found = {batch_of[op.name]} if op.name in batch_of else set()
+        for t in op.inputs:
+            found |= depends.get(t.op.name, frozenset())
+        depends[op.name] = frozenset(found)
+    own = {}  # op -> the micro-batch whose backward it is alone
+    for name, found in depends.items():
+        batches = {j for _, j in found}
+        if name not in forward and len(batches) == 1 and ("y", min(batches)) in found:
+            own[name] = min(batches)
     for output, index in zip(grads, expected_part, strict=True):
-        stack, seen, made = [output.op], set(), 0
+        stack, seen, served = [output.op], set(), set()
         while stack:
             op = stack.pop()
-            if op.name in seen or op.type in _INPUTS:
-                continue
-            seen.add(op.name)
-            if op.type in _ACCUMULATING:
+            if op.name not in seen:
+                seen.add(op.name)
+                if op.name in own:
+                    served.add(own[op.name])
                 stack.extend(t.op for t in op.inputs)
-            else:
-                made += 1  # an op that makes (a share of) the gradient
-        if made < micro_batches:
-            return (f"a gradient of part {index}'s weights was made by {made} backward "
-                    f"op(s) for {micro_batches} micro-batches: one backward served several "
-                    "micro-batches (one batch made of them all?), not one per micro-batch")
+        missing = sorted(set(range(len(batch_inputs))) - served)
+        if missing:
+            return (f"a gradient of part {index}'s weights has no backward op of micro-batch "
+                    f"{missing[0]} alone (one that depends on its labels and on no other "
+                    "micro-batch's inputs): one backward served several micro-batches (one "
+                    "batch made of them all?), not one per micro-batch")
     return None

@@ -18,9 +18,11 @@
   weight-gradient MatMuls and bias sums, the activation's gradient, the adds over the
   micro-batches, through Identity copies and arithmetic with constants) must ask for
   ``devices[i]``; among them an op that reads part ``j``'s weight (``dy · Wⱼᵀ``, the gradient
-  passed back) must ask for ``devices[j]``. Each gradient must be summed from at least one
-  backward op per micro-batch (the micro-batches differ in size, so one big batch made of
-  them fails on values, and weighted to match, on that count). The lesson's
+  passed back) must ask for ``devices[j]``. Each gradient must be made from every
+  micro-batch's own backward: an op, outside the forward, that depends on that micro-batch's
+  labels and on no other's inputs (the micro-batches differ in size, so one big batch made of
+  them fails on values; weighted to match, every op after its concatenation depends on all
+  the micro-batches, however its gradient is then split into shares). The lesson's
   ``split_step`` does one batch, so a copy of it still leaves the accumulation to write.
   ``cu.parallel.split_step`` and the lesson's pipeline (``run_pipeline``, ``run_gpipe``: each
   stage's backward and gradient sum on its device) are refused by code identity and content
@@ -201,8 +203,10 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
     expected_part = [i for i, part in enumerate(parts) for _ in part.trainable_variables]
     if len(flat) - 1 != len(expected_part):
         return "return (loss, grads): one gradient per trainable variable, parts in order"
+    count = 2 * len(micro_batches)  # the traced (x, y) of each micro-batch, in order
+    batch_inputs = list(zip(graph.inputs[:count:2], graph.inputs[1:count:2], strict=True))
     return backward_misplaced(graph, flat[0], flat[1:], expected_part, owner, devices,
-                              len(micro_batches))
+                              batch_inputs)
 
 
 @register
