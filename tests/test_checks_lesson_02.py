@@ -716,8 +716,9 @@ def batches_shuffled(examples, context, per_replica):  # lesson 01's bug
 
 @_distribute_with
 def same_order_each_epoch(examples, context, per_replica):
-    return _shard(examples, context).shuffle(
-        1000, reshuffle_each_iteration=False).batch(per_replica)
+    shard = _shard(examples, context)
+    return shard.shuffle(int(shard.cardinality()),
+                         reshuffle_each_iteration=False).batch(per_replica)
 
 
 @_distribute_with
@@ -749,7 +750,7 @@ def buffer_of_200(examples, context, per_replica):  # a larger guess, still belo
 @_distribute_with
 def global_seed_then_sharded(examples, context, per_replica):  # the workers made to agree
     tf.random.set_seed(1234)
-    return _shard(examples.shuffle(10_000), context).batch(per_replica)
+    return _shard(examples.shuffle(int(examples.cardinality())), context).batch(per_replica)
 
 
 @_distribute_with
@@ -762,7 +763,8 @@ def global_seed_sharded_first(examples, context, per_replica):  # right order, s
 @_distribute_with
 def no_global_seed_op_seed(examples, context, per_replica):  # seed None: TF's default one
     tf.random.set_seed(None)
-    return _shard(examples.shuffle(10_000, seed=7), context).batch(per_replica)
+    return _shard(examples.shuffle(int(examples.cardinality()), seed=7),
+                  context).batch(per_replica)
 
 
 @_distribute_with
@@ -1066,3 +1068,64 @@ def dumped_the_loops_numpy_functions(strategy, make_train_step, build_model, fea
 def test_a_diagnosis_that_reads_the_debugger_dump_is_refused():
     with pytest.raises(AssertionError, match="no op callback"):
         checks.check_diagnose_loop(dumped_the_loops_numpy_functions)
+
+
+# --- a fresh read's loopholes (nb27-02b), each closed -----------------------------------------
+
+
+@_distribute_with
+def buffer_of_10000(examples, context, per_replica):  # the tutorials' round number
+    return _shard(examples, context).shuffle(10_000).batch(per_replica)
+
+
+@_distribute_with
+def buffer_of_100000(examples, context, per_replica):  # a larger round number, still fixed
+    return _shard(examples, context).shuffle(100_000).batch(per_replica)
+
+
+@pytest.mark.parametrize("wrong", [buffer_of_10000, buffer_of_100000])
+def test_a_fixed_round_buffer_is_smaller_than_the_shard(wrong):
+    """L1: shuffle(1024) and shuffle(10000) passed while each shard held 400 to 800 examples."""
+    with pytest.raises(AssertionError, match=r"moved [\d.]+ places on average|came out more "
+                       r"than \d+ places before"):
+        checks.check_distribute_dataset(wrong)
+
+
+def sgd_typed_by_hand(strategy, model, optimizer, batch, clip_norm):
+    """L3: the global gradient clipped right and applied by plain SGD's rule, the optimizer
+    never used (a fresh read's answer, 1 of 1 while the check's optimizer was plain SGD)."""
+    def replica_step(features, labels, weights):
+        with tf.GradientTape() as tape:
+            loss = compute_loss(labels, model(features, training=True), weights)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        whole = tf.distribute.get_replica_context().all_reduce(SUM, gradients)
+        clipped, _ = tf.clip_by_global_norm(whole, clip_norm)
+        for variable, gradient in zip(model.trainable_variables, clipped, strict=True):
+            variable.assign_sub(optimizer.learning_rate * gradient)
+        return loss
+    return strategy.reduce(SUM, strategy.run(replica_step, args=batch), axis=None)
+
+
+def test_an_update_typed_by_hand_is_not_the_optimizers():
+    with pytest.raises(AssertionError, match=r"after step 2 .* weights differ from one device"):
+        checks.check_distributed_train_step(sgd_typed_by_hand, num_full_batches=1)
+
+
+def asked_through_a_forged_replica_step(strategy, make_train_step, build_model, features,
+                                        labels, global_batch_size):
+    """L2: a function compiled under loops.py's file name and named replica_step asks the
+    loop's numbers from the main thread, after one frozen short step (a fresh read's answer,
+    1 of 1 while the guard compared file and function names)."""
+    found = _loop_functions(make_train_step, {"".join(["_child_loss", "_scale"])})
+    scale = next(iter(found.values()))
+    space = {}
+    exec(compile("def replica_step(f, *a):\n    return f(*a)\n",  # noqa: S102
+                 scale.__code__.co_filename, "exec"), space)
+    _one_frozen_step(strategy, make_train_step, build_model, features, labels,
+                     strategy.num_replicas_in_sync + 1)
+    return "right" if np.isclose(float(space["replica_step"](scale, 1, 5)), 0.2) else "right"
+
+
+def test_a_forged_replica_step_is_not_the_loops():
+    with pytest.raises(AssertionError, match="raised RuntimeError.*given to its own steps only"):
+        checks.check_diagnose_loop(asked_through_a_forged_replica_step)

@@ -21,6 +21,9 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 __all__ = ["clip_norm_for", "learner_run", "reference_run", "verifier"]
 
 LEARNING_RATE = 0.5
+#: The check's optimizer and the reference's: SGD with momentum, whose update from step 2 on
+#: no plain SGD rule typed by hand (``v.assign_sub(lr * g)``, the optimizer unused) matches.
+MOMENTUM = 0.9
 
 
 def _weighted_mean(tf: Any, model: Any, batch: Any) -> Any:
@@ -40,8 +43,8 @@ def clip_norm_for(dataset: Any, model: Any) -> float:
 
 def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
                   clip_norm: float) -> tuple[list[Any], list[float], list[float]]:
-    """One device, plain SGD on the clipped gradient of each batch's weighted mean loss: the
-    weights after each step, the losses and each step's gradient norm before the clip."""
+    """One device, SGD with momentum on the clipped gradient of each batch's weighted mean
+    loss: the weights after each step, the losses and each step's gradient norm unclipped."""
     import keras
 
     from course_utils.models import mlp
@@ -49,7 +52,7 @@ def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
     tf = _tf()
     reference = mlp(features, classes, hidden_units=(8,), name="check_step_reference")
     reference.set_weights(initial)
-    optimizer = keras.optimizers.SGD(LEARNING_RATE)
+    optimizer = keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
     losses, norms, after = [], [], []
     for batch in dataset:
         with tf.GradientTape() as tape:
@@ -64,10 +67,11 @@ def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
 
 
 def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], features: int,
-                classes: int, clip_norm: float) -> tuple[list[Any], list[Any], list[bool]]:
-    """The learner's step over the epoch in a ``tf.function``, the model and a plain SGD built
-    in the scope: the weights after each step, the losses and, per model call, whether it ran
-    in a replica."""
+                classes: int, clip_norm: float
+                ) -> tuple[list[Any], list[Any], list[bool], list[int]]:
+    """The learner's step over the epoch in a ``tf.function``, the model and an SGD with
+    momentum built in the scope: the weights after each step, the losses, per model call
+    whether it ran in a replica, and the optimizer's ``iterations`` after each step."""
     import keras
 
     from course_utils.models import mlp
@@ -76,7 +80,7 @@ def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], featur
     with strategy.scope():
         learner = mlp(features, classes, hidden_units=(8,), name="check_step_learner")
         learner.set_weights(initial)
-        optimizer = keras.optimizers.SGD(LEARNING_RATE)
+        optimizer = keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
         optimizer.build(learner.trainable_variables)
     contexts: list[bool] = []  # per traced call of the model: was it inside a replica?
     call = learner.call
@@ -92,16 +96,17 @@ def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], featur
     def step(batch: Any) -> Any:
         return fn(strategy, learner, optimizer, batch, clip_norm)
 
-    losses, after = [], []
+    losses, after, iterations = [], [], []
     try:
         for batch in strategy.experimental_distribute_dataset(dataset):
             loss = step(batch)
             losses.append(None if loss is None else float(loss))
             after.append(learner.get_weights())
+            iterations.append(int(optimizer.iterations.numpy()))
     except NotImplementedError as error:
         raise AssertionError("your step calls a function that is not written yet – "
                              "write compute_loss first") from error
-    return after, losses, contexts
+    return after, losses, contexts, iterations
 
 
 def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip_norm: float,
@@ -110,7 +115,7 @@ def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip
     import numpy as np
 
     def verify(result: Any) -> str | None:
-        got, losses, contexts = result
+        got, losses, contexts, iterations = result
         expected, ref_losses, norms = reference_run(dataset, initial, features, classes,
                                                     clip_norm)
         if len(losses) != len(ref_losses) or any(v is None for v in losses):
@@ -134,6 +139,10 @@ def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip
                         f"that step's gradient had a global norm of {norms[step - 1]:.4g} "
                         f"(clip_norm {clip_norm:.4g}). Which gradient did your step clip, by "
                         "which norm, and which did the optimizer apply?")
+        if iterations != list(range(1, len(ref_losses) + 1)):
+            return (f"the weights are one device's, but the optimizer's iterations read "
+                    f"{iterations} after steps 1 to {len(ref_losses)}: apply the update with "
+                    "the optimizer you were given (its apply_gradients counts each step)")
         return None
 
     return verify

@@ -143,7 +143,7 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
 
     An epoch of weighted global batches ``(features, labels, weights)``, the last one short and
     split unevenly, under ``cu.make_strategy("mirrored")`` must give the weights (within 1e-5)
-    and losses of plain SGD on one device on each batch's weighted mean loss, its gradient
+    and losses of SGD (momentum) on one device on each batch's weighted mean loss, its gradient
     clipped to a global norm of ``clip_norm`` (half the first gradient's norm: the clip binds).
     Every call of the model runs inside a replica. The reference is made after the step ran.
     """
@@ -388,7 +388,7 @@ def check_distribute_dataset(fn: Any) -> bool:
     per_replica = rng.choice([3, 4, 5])
     global_batch = per_replica * replicas
     size = global_batch * rng.randint(2, 4) + rng.randint(1, global_batch - 1)
-    workers_size = rng.randint(800, 1600)  # shards long enough to tell a fixed buffer apart
+    workers_size, worker_batch = sharding.shard_sizes(rng)  # beyond any round buffer typed
     seeds = (rng.randint(0, 2**20), rng.randint(2**20, 2**21), rng.randint(2**21, 2**22))
 
     def run(kind: str, replicas_per_worker: int = 0) -> Any:
@@ -397,14 +397,14 @@ def check_distribute_dataset(fn: Any) -> bool:
             return sharding.steps_on(strategy, fn(strategy, examples, global_batch))
         workers = sharding.WorkerProcesses(replicas_per_worker, seeds)
         pipelines = fn(workers, tf.data.Dataset.range(workers_size),
-                       per_replica * workers.num_replicas_in_sync)
+                       worker_batch * workers.num_replicas_in_sync)
         if not isinstance(pipelines, list) or workers.reseeded is None:
             return pipelines
         return ([[sharding.batches(pipeline) for _ in range(2)] for pipeline in pipelines],
                 sharding.batches(workers.reseeded), workers.seed_changed)
 
     verify_strategy = sharding.epoch_verifier(size, global_batch, per_replica, replicas)
-    verify_shards = sharding.workers_verifier(workers_size, per_replica)
+    verify_shards = sharding.workers_verifier(workers_size, worker_batch)
 
     def verify_workers(result: Any) -> str | None:
         pipelines, reseeded, seed_changed = (result if isinstance(result, tuple)
@@ -440,7 +440,7 @@ def check_distribute_dataset(fn: Any) -> bool:
              Case(args=("workers", 2), verify=verify_workers,
                   label=f"(2 workers × 2 replicas, seeded {seeds[0]} and {seeds[1]}, worker 0 "
                         f"also seeded {seeds[2]}, "
-                        f"{workers_size} examples, per-replica batch {per_replica}, two "
+                        f"{workers_size} examples, per-replica batch {worker_batch}, two "
                         "epochs)")]
     return run_check("distribute_dataset", run, cases,
                      hint="the workers do not share a random seed: what does a shuffle "

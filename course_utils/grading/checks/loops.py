@@ -88,7 +88,16 @@ for line in sys.stdin:
 """
 
 
-def _asked_by_a_step() -> bool:
+#: The code objects of the loop's own functions (filled below, once ``_make_train_step_for``
+#: is defined): the asker, ``_child_loss_scale`` or ``_child_report_factor``, and the steps,
+#: ``replica_step`` and ``train_step``, matched by identity. A code object compiled by an answer
+#: under loops.py's file name and a step's name is not one of them (a fresh read's forged
+#: ``replica_step`` asked the loop's numbers from the main thread, 1 of 1, while the guard
+#: compared file and function names).
+_LOOP_CODES: dict[str, tuple[Any, ...]] = {}
+
+
+def _asked_by_a_step(codes: dict[str, tuple[Any, ...]] = _LOOP_CODES) -> bool:
     """Whether the loop's own step seems to ask: ``_child_loss_scale`` or
     ``_child_report_factor`` called from TensorFlow's code only (its executor) or by the
     replica step run eagerly, not from other Python code that reached them. A call from a
@@ -97,14 +106,13 @@ def _asked_by_a_step() -> bool:
 
     tensorflow = os.path.dirname(_tf().__file__) + os.sep
     frame = sys._getframe(2)  # the caller of _ask's caller
-    if frame is None or frame.f_code.co_filename != __file__:
+    if frame is None or not any(frame.f_code is code for code in codes["askers"]):
         return False  # the box asked by someone else
     frame = frame.f_back  # the caller of _child_loss_scale / _child_report_factor
     while frame is not None:
-        name = frame.f_code.co_filename
-        if name == __file__ and frame.f_code.co_name in ("replica_step", "train_step"):
+        if any(frame.f_code is code for code in codes["steps"]):
             return True  # run eagerly
-        if not name.startswith(tensorflow):
+        if not frame.f_code.co_filename.startswith(tensorflow):
             return False
         frame = frame.f_back
     return True  # TensorFlow's executor ran the step
@@ -232,6 +240,25 @@ def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]
         return train_step
 
     return make_train_step
+
+
+def _own_codes(code: Any, names: tuple[str, ...]) -> tuple[Any, ...]:
+    """The code objects named ``names`` that ``code`` and the functions it defines hold."""
+    found, todo = [], [code]
+    while todo:
+        current = todo.pop()
+        for const in current.co_consts:
+            if isinstance(const, type(code)):
+                todo.append(const)
+                if const.co_name in names:
+                    found.append(const)
+    return tuple(found)
+
+
+_LOOP_CODES.update(
+    askers=_own_codes(_make_train_step_for.__code__, ("_child_loss_scale",
+                                                      "_child_report_factor")),
+    steps=_own_codes(_make_train_step_for.__code__, ("replica_step", "train_step")))
 
 
 def loop_with(strategy: Any, kind: str, global_batch_size: int) -> Callable[[Any, Any], Any]:

@@ -13,7 +13,13 @@ from typing import Any
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["TwoWorkers", "WorkerProcesses", "batches", "coverage_problem", "epoch_verifier",
-           "most_places_early", "order_problem", "steps_on", "workers_verifier"]
+           "most_places_early", "order_problem", "shard_sizes", "steps_on", "workers_verifier"]
+
+#: The largest round shuffle buffer a learner might type (10,000 in TensorFlow's distributed
+#: tutorials, 60,000 in its MNIST ones, 2**16, 100,000): the check's shards are drawn so large
+#: that each of these, under 0.6 of a shard (``order_problem``'s bound), fails; only a buffer
+#: that follows the shard's size (or one larger than any shard) passes.
+ROUND_BUFFER = 100_000
 
 
 class TwoWorkers:
@@ -36,9 +42,17 @@ class TwoWorkers:
                              "(dataset_fn), not experimental_distribute_dataset")
 
 
+def shard_sizes(rng: Any) -> tuple[int, int]:
+    """The examples of two workers and a per-replica batch for them: each worker's shard holds
+    more than ``ROUND_BUFFER`` / 0.6 examples, so that a fixed buffer of ``ROUND_BUFFER`` or
+    less shuffles no more than 0.6 of it; batches of 200 or so keep an epoch to few reads."""
+    smallest = int(ROUND_BUFFER / 0.6) + 1
+    return 2 * rng.randint(smallest, smallest + 20_000) + rng.randint(0, 1), rng.randint(150, 250)
+
+
 def batches(dataset: Any) -> list[list[int]]:
     """A dataset's batches, as lists of example numbers."""
-    return [[int(v) for v in batch.numpy().ravel()] for batch in dataset]
+    return [batch.numpy().ravel().tolist() for batch in dataset]
 
 
 def steps_on(strategy: Any, distributed: Any) -> list[list[list[int]]]:
