@@ -52,7 +52,7 @@ one or two by max: 92 and 58 in 100 (the row that overflows in an every-row batc
 smallest); dropping one or two rows is no lesson's mistake. The cases are built in a function of
 their own; each case's answer is found after the learner's function returned, from the model and a
 copy of the batch (a frame walk finds no answer while it runs), and the model's weights must be
-unchanged. Lesson 08's module imports this one. """
+unchanged. Last, ``overflow_rounding``'s two float16-edge batches. """
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks import overflow_rows
+from course_utils.grading.checks import overflow_rounding, overflow_rows
 from course_utils.grading.checks.answer_reach import guarded
 from course_utils.grading.checks.overflow_rows import (
     one_row_cases,
@@ -109,14 +109,11 @@ GROWTH = 8.0
 #: Its pre-activations are large and negative, and ReLU turns them into 0, a finite output.
 DECOY_PEAK = 2.0 ** 15
 
-#: Every batch also holds two loud rows: this value in one feature, zeros elsewhere. Every
-#: model's first kernel is negative in that feature, so ReLU makes those rows 0 and they never
-#: overflow: the largest examples of a batch are not where the overflow starts (but in
-#: batches whose outlier rows are scaled past them).
+#: Two loud rows per batch: this value in one feature, where every first kernel is negative:
+#: ReLU makes them 0, so the largest examples are not where the overflow starts.
 LOUD_INPUT = 60_000.0
 
-#: A third model's float32 logits are scaled to this peak: far above float16's 65504, yet
-#: finite in the logits' own dtype (float32), so no layer of that model overflows.
+#: A third model's float32 logits peak here: above 65504, finite in float32; no layer overflows.
 LOUD_LOGITS = 1e6
 
 #: Batches of each model in which one row, drawn, overflows and every other row is harmless:
@@ -183,7 +180,8 @@ def _overflow_verifier(model: Any, batch: np.ndarray, order: list[str], decoy: s
 @register
 def check_first_overflowing_layer(fn: Any) -> bool:
     """Check ``first_overflowing_layer(model, x)`` on fresh models and batches (answers differ)."""
-    fn = guarded("first_overflowing_layer", fn, [sys.modules[__name__], overflow_rows],
+    fn = guarded("first_overflowing_layer", fn, [sys.modules[__name__], overflow_rows,
+                                               overflow_rounding],
                  "find the layer with your own forward pass (section 3), not the check's")
     cases = _overflow_cases(fresh_rng())  # built in a frame of their own, gone by now
     return run_check(
@@ -279,6 +277,11 @@ def _overflow_cases(rng: Any) -> list[Case]:
                        f"each half{third} scaled, every other row left alone)")))
     cases += _loud_logits_case(num_features, num_classes, units, depth, x, rows_by_model[0], rng,
                                dead_feature)
+    with policy_scope("mixed_float16"):  # float16 rounding against exact arithmetic
+        edge = _deep_mlp(num_features, num_classes, units, _tags(rng, depth, False))
+    cases += [Case(args=(m, b), verify=v, label="(mixed_float16 MLP, a row at float16's edge)")
+              for m, b, v in overflow_rounding.rounding_cases(edge, x, rng, lambda *a: (
+                  _overflow_verifier(edge, *a)))]
     return cases + one_row  # last: an answer refused earlier is refused as fast as before
 
 
@@ -387,9 +390,8 @@ def _loud_logits_case(num_features: int, num_classes: int, units: int, depth: in
     _zero_the_loud_row(dense[0], dead_feature)
     for layer in dense[:-1]:
         layer.kernel.assign(layer.kernel * GROWTH)
-    # a batch on which every layer is finite; where even the rows left alone overflow (about
-    # 1 model in 100: without this case an answer reading float16's range passed), the first
-    # kernel shrinks, and with ReLU and zero biases every output shrinks alike
+    # a batch on which every layer is finite; where even the rows left alone overflow (1 model
+    # in 100), the first kernel shrinks: with ReLU and zero biases every output shrinks alike
     quiet: list[tuple[np.ndarray, str | None, float]] = []
     for _ in range(8):
         quiet = [case for case in overflow_cases(model, x, rows, rng, None)
