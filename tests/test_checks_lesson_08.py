@@ -891,8 +891,11 @@ def test_a_float64_recomputation_read_against_float16s_range_fails(keras, tf, li
             if isinstance(layer, keras.layers.InputLayer):
                 continue
             w = [tf.cast(v, tf.float64) for v in layer.get_weights()]
-            h = tf.cast(layer.activation(tf.cast(tf.matmul(h, w[0]) + w[1], tf.float32)),
-                        tf.float64)
+            if isinstance(layer, keras.layers.Dense):
+                h = tf.matmul(h, w[0]) + w[1]
+                h = tf.cast(layer.activation(tf.cast(h, tf.float32)), tf.float64)
+            else:  # weightless layers (Rescaling): their own call, in float32
+                h = tf.cast(layer.call(tf.cast(h, tf.float32)), tf.float64)
             if layer.compute_dtype == "float16" and float(tf.reduce_max(tf.abs(h))) >= limit:
                 return layer.name
         return None
