@@ -900,6 +900,7 @@ def test_a_float64_recomputation_read_against_float16s_range_fails(keras, tf, li
                 return layer.name
         return None
 
-    for _ in range(3):
-        with pytest.raises(AssertionError, match="float16's edge"):
+    for _ in range(3):  # the edge cases are always drawn: rejected every run (on one of
+        # them, or first on another case of the shuffled order, which also can differ)
+        with pytest.raises(AssertionError, match=r"first_overflowing_layer: case \d+ "):
             cu.grading.check_first_overflowing_layer(first_overflowing_layer)
