@@ -141,7 +141,8 @@ _LITERALS = (int, float, complex, str, bytes, bool, type(None), tuple)
 @functools.cache
 def _defined(file: str) -> tuple[frozenset[str], dict[str, frozenset[str]], dict[str, Any]]:
     """What a module's source defines at its top level: the names of its functions and
-    classes, each class's own function names, and its constants (``NAME = <literal>``)."""
+    classes, each class's own function names, and its constants (``NAME = <literal>``, not
+    ``None``); a name the module itself rebinds (``global``) is its state, not a definition."""
     tree = ast.parse(Path(file).read_text(encoding="utf-8"))
     names, members, constants = set(), {}, {}
     for node in tree.body:
@@ -155,7 +156,10 @@ def _defined(file: str) -> tuple[frozenset[str], dict[str, frozenset[str]], dict
         if value is not None and len(targets) == 1 and isinstance(targets[0], ast.Name):
             with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError):
                 constants[targets[0].id] = ast.literal_eval(value)
-    return frozenset(names), members, constants
+    rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global)
+               for name in node.names}  # the module's own run-time state (a cache)
+    constants = {k: v for k, v in constants.items() if k not in rebound and v is not None}
+    return frozenset(names - rebound), members, constants
 
 
 def _foreign(value: Any, module: types.ModuleType) -> bool:
