@@ -85,15 +85,14 @@ nbval: $(STAMP)  ## execute every lesson notebook (nbval, lax mode); exercises: 
 
 # One pytest run for both, so that neither core waits at the end of the unit tests while the
 # other finishes their longest file: conftest.py hands out the longest files and notebooks first.
-# TEST_JOBS workers, twice CI's 2 cores: many checks and lessons wait (simulated storage and
-# device latency, servers starting, timeouts), and a worker alone kept one core busy about 70 %
-# of the time (test_checks_lesson_01/08 alone, AMD EPYC, 2 cores). Five check files and three
-# lessons: 304 s with 2 workers, 208 s with 3, the same CPU time (251 and 261 s). A fresh-clone
-# make test, quiet machine, 3 workers: 954 s (pytest 878 s, CPU 174 % of 2 cores: a core idle
-# an eighth of the time). 4 workers fill that idle time; not yet timed on a quiet machine:
-# two fresh-clone runs with 4 workers on a machine shared with four other jobs took 1171 s
-# and 1245 s (this run's share of the CPU 139 % and 148 %), and neither had a flaky failure.
-TEST_JOBS ?= 4
+# TEST_JOBS workers, one more than CI's 2 cores: many checks and lessons wait (simulated
+# storage and device latency, servers starting, timeouts), and a worker alone kept one core
+# busy about 70 % of the time (test_checks_lesson_01/08 alone, AMD EPYC, 2 cores). Five check
+# files and three lessons: 304 s with 2 workers, 208 s with 3, the same CPU time (251 and 261 s).
+# A fresh-clone make test, quiet machine, 3 workers: 954 s (pytest 878 s, CPU 174 % of 2 cores).
+# 4 workers, on a machine shared with other jobs: 1171, 1245 and 1204 s; the last failed lesson
+# 01's CPU-bound timing assert (x4.30 on 2 CPUs), so 3 until 4 is timed and busy-tested quietly.
+TEST_JOBS ?= 3
 unit-and-nbval: $(STAMP)  ## make unit and make nbval in one pytest run (what make test runs)
 	$(NBVAL) -n $(TEST_JOBS) $(ALSO_GRADED) tests notebooks
 
