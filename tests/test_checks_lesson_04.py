@@ -1015,9 +1015,22 @@ def all_in_class_0(counter, labels):
 def constant(counter, labels):
     return counter
 
+import threading, time
+lock = threading.Lock()
+
+def py_function_with_a_lock(counter, labels):  # hung the check with no message (nb27-04)
+    def add(labels):
+        with lock:
+            return counter.assign(counter + tf.math.bincount(
+                labels, minlength=counter.shape[0], maxlength=counter.shape[0],
+                dtype=counter.dtype))
+    return tf.py_function(add, [labels], counter.dtype)
+
 for fn in (bincount, scatter, stub, read_then_write, size_in_every_class, steps_not_examples,
-           no_minlength, all_in_class_0, constant):
+           no_minlength, all_in_class_0, constant, py_function_with_a_lock):
+    began = time.monotonic()
     print("COUNT", fn.__name__, verdict(cu.grading.check_count_examples, fn))
+print("PY_STEP_S", round(time.monotonic() - began, 1))  # the last one: refused before a step
 
 # the checks' barrier: a wait that ran out is counted (the checks then say the machine was too
 # busy); a step without data opens it, and no later wait runs out
@@ -1051,6 +1064,10 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-12000:]
     assert "BARRIER timeouts 1 1" in result.stdout.splitlines()
     assert "REMOTE_STATUS True 1 True" in result.stdout.splitlines()
+    seconds = [float(line.split()[1]) for line in result.stdout.splitlines()
+               if line.startswith("PY_STEP_S")]
+    assert seconds and seconds[0] < 30, ("a step running Python refused late or never",
+                                         seconds)  # traced, not run: a few seconds
     verdicts = {}
     for line in result.stdout.splitlines():
         if line.startswith(("RUN_STEPS", "DATASET", "COUNT")):
@@ -1191,6 +1208,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("COUNT", "no_minlength"): "count_examples",
         ("COUNT", "all_in_class_0"): "the counter reads",
         ("COUNT", "constant"): "lost",
+        ("COUNT", "py_function_with_a_lock"): "calls Python",
     }
     for key, words in expected.items():
         got = verdicts.get(key, "missing")

@@ -13,7 +13,9 @@ cannot start a second in-process cluster) and verifies what the parameter server
   each worker its own examples, each pass reshuffled over the whole share, every batch full
   (:mod:`course_utils.grading.checks.per_worker_datasets`, which says what it reads);
 * ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
-  counter, nothing lost when the workers update at the same moment (made likely by a barrier).
+  counter, nothing lost when the workers update at the same moment (made likely by a barrier);
+  an answer that calls Python (``tf.py_function``, ``tf.numpy_function``) is refused before any
+  step, as exercise 2's check refuses a dataset that does (a step that took a Python lock hung).
 
 :func:`barrier_fn` (a counter on a parameter server) puts the workers in step so that they update
 at once: the races are likely, not certain (one may read after the other wrote), however busy.
@@ -33,6 +35,7 @@ from course_utils.grading.checks.per_worker_datasets import (
     num_workers_of,
 )
 from course_utils.grading.checks.registry import register
+from course_utils.grading.checks.worker_passes import _runs_python as runs_python
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -152,6 +155,16 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
         return labels
 
     def verify(_: Any) -> str | None:
+        try:  # traced, not run: an answer that does not trace fails in its step below
+            graph = tf.function(lambda labels: fn(counter, labels)).get_concrete_function(
+                tf.TensorSpec([None], tf.int32)).graph
+        except Exception:  # noqa: BLE001 - judged by running it instead
+            graph = None
+        if graph is not None and runs_python(graph):  # before any step: none can hang on it
+            return ("count_examples calls Python (tf.py_function or tf.numpy_function) inside "
+                    "the step: a real job's workers cannot run it (it runs only in the process "
+                    "of the Python program that made it: TensorFlow's py_function docs). Make "
+                    "it of TensorFlow ops on the counter")
         for _ in range(2):  # again if a busy machine starved a worker past the barrier
             timeouts_before = int(barrier.timeouts.numpy())
             message = count_once()
