@@ -254,7 +254,8 @@ def test_timing_the_last_epoch_alone_fails(keras, monkeypatch):
         return {"model": model, "losses": first.history["loss"] + last.history["loss"],
                 "accuracy": float(np.mean(predicted == y)), "seconds_per_step": seconds}
 
-    with pytest.raises(AssertionError, match=r"case 1 .*epochs after the first took"):
+    # any case may be the first to fail: CI's loaded run let case 1 through within its margin
+    with pytest.raises(AssertionError, match=r"case \d+ .*epochs after the first took"):
         cu.grading.check_train_with_policy(train_with_policy)
 
 
