@@ -76,8 +76,9 @@ unit-fast: $(STAMP)  ## pytest without the tests marked slow
 NBVAL = $(BIN)/python -m pytest --nbval-lax --nbval-current-env -n $(JOBS) --dist loadfile --no-loadscope-reorder \
 	--nbval-cell-timeout=600 --nbval-kernel-startup-timeout=120
 
-# make test executes every exercise notebook blank (as committed), half and fully solved under
-# the Gradescope autograder, and two lessons' under nbgrader as well; tests/test_grading_nbgrader.py
+# make test executes every exercise notebook blank (as committed) and fully solved under the
+# Gradescope autograder (lesson 00 half solved too; make test-grading: every lesson), and lesson
+# 00's under nbgrader as well; tests/test_grading_nbgrader.py
 # fails where any of those runs raised outside a check cell or a cell tagged raises-exception,
 # which is what nbval asserts. So nbval runs the lessons here; nbval-all runs every notebook.
 nbval: $(STAMP)  ## execute every lesson notebook (nbval, lax mode); exercises: see above

@@ -7,8 +7,9 @@ from this checkout). For every ``solutions/NN_name_solutions.ipynb`` (later less
 automatically) it builds an nbgrader course and runs ``generate_assignment`` (whose release
 must equal our exercise notebook); three students' copies are made (blank, the first exercise
 solved, all solved). The autograder that ``python -m course_utils gradescope build`` makes (its
-``run_autograder`` runs our grader, as root with the sandbox user, as on Gradescope) grades all
-three of every lesson (no cell of them may raise outside the checks and the cells tagged
+``run_autograder`` runs our grader, as root with the sandbox user, as on Gradescope) grades the
+blank and the solved copy of every lesson and the half-solved copy of the lessons in
+``NBGRADER_SOLVED`` (no cell of them may raise outside the checks and the cells tagged
 ``raises-exception``: nbval's assertion, so that ``make nbval`` need not run the exercise
 notebooks again), and its ``results.json`` is checked against Gradescope's documented
 format; ``nbgrader autograde`` grades all three of the lessons in ``NBGRADER_SOLVED`` (every
@@ -56,6 +57,15 @@ NBGRADER_SOLVED = os.environ.get("COURSE_NBGRADER_LESSONS", "00").split()
 def _nbgrader_students(assignment: str) -> tuple[str, ...]:
     """The students whose copy of ``assignment`` nbgrader grades (none: nbgrader skips it)."""
     return STUDENTS if {"all", assignment[:2]} & set(NBGRADER_SOLVED) else ()
+
+
+def _gradescope_students(assignment: str) -> tuple[str, ...]:
+    """The students whose copy of ``assignment`` the Gradescope autograder grades: blank and
+    good of every lesson, the half-solved copy of the lessons nbgrader grades. A half-solved
+    copy runs what the blank and good copies run between them (its first exercise solved,
+    the others blank) and cost a run of the whole course, about 50 s of 2 cores, for
+    "partial between" on every lesson: ``make test-grading`` grades them all."""
+    return STUDENTS if _nbgrader_students(assignment) else ("blank", "good")
 NBGRADER = "nbgrader==0.9.*"
 CELL_TIMEOUT = 600  # nbgrader's default is 30 s a cell; the README tells instructors the same
 NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name",
@@ -195,13 +205,15 @@ def _gradescope_grades(root: Path, names: dict[str, tuple[str, Path]]) -> tuple[
     with contextmanager(autograder_root)([], GRADESCOPE_TIMEOUT) as autograder:
         for student in STUDENTS:
             files = {name: (root / "copies" / student / name).read_text()
-                     for name, _ in names.values()}
+                     for assignment, (name, _) in names.items()
+                     if student in _gradescope_students(assignment)}
             results = run_autograder(autograder, files)
             output[student] = results["output"]
             tests[student] = results["tests"]
             for assignment, (got, top) in by_notebook(results).items():
-                ours.setdefault(assignment, {})[student] = got
-                tops[assignment] = top
+                if student in _gradescope_students(assignment):  # the others: not submitted
+                    ours.setdefault(assignment, {})[student] = got
+                    tops[assignment] = top
     return ours, tops, output, tests
 
 
@@ -288,7 +300,8 @@ def test_the_gradescope_autograder_scores_blank_zero_partial_between_good_full(g
     for assignment, students in graded["ours"].items():
         top = tops[assignment]
         expected = {"blank": students["blank"] == 0, "good": students["good"] == top,
-                    "partial": 0 < students["partial"] < top}
+                    "partial": 0 < students.get("partial", top / 2) < top}
+        assert set(students) == set(_gradescope_students(assignment)), assignment
         for student, right in expected.items():
             assert right, (f"{assignment}: {students[student]:g} of {top:g} for a {student} "
                            f"submission\n{_short_of_full(graded, student, assignment)}"
@@ -329,7 +342,8 @@ def test_the_executed_notebooks_raise_only_in_check_cells_and_never_when_solved(
 
 def test_no_gradescope_run_raised_outside_its_checks(graded):
     """nbval's assertion, on the Gradescope autograder's own runs: in every lesson's blank
-    (the exercise notebook as committed), half and fully solved notebook, no cell raised but
+    (the exercise notebook as committed) and solved notebook, and the half-solved ones it
+    graded, no cell raised but
     the check cells and the cells tagged ``raises-exception`` (the grader names any other in
     the first test's output). ``make nbval`` therefore runs only the lessons."""
     raised = [f"{student}: {test['name']}: {test.get('output', '')[:600]}"
