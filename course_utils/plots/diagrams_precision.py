@@ -144,7 +144,7 @@ def draw_mixed_precision_step(ax: Any = None) -> Any:
     ax.set_xlim(0, 1)
     ax.set_ylim(-0.25, 1)
     ax.axis("off")
-    ax.set_title("A mixed-precision step: float16 where the hardware has a 16-bit path,\n"
+    ax.set_title("A mixed-precision step: float16 in the hidden layers,\n"
                  "float32 where range or precision matter (blue float32, orange float16)",
                  fontsize=10)
     return ax
