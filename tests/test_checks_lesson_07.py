@@ -839,6 +839,27 @@ def test_a_group_forward_written_by_hand_from_the_variables_is_caught():
         cu.grading.check_train_with_accumulation(hand_forward)
 
 
+def test_dividing_the_learning_rate_instead_of_the_gradients_is_caught():
+    tf = _tf()
+
+    def rate_divided(model, optimizer, loss_fn, features, labels, micro, steps):  # nb26-07's
+        base, variables = float(optimizer.learning_rate), model.trainable_variables
+        for start in range(0, len(labels), micro * steps):
+            group = range(start, min(start + micro * steps, len(labels)), micro)
+            sums = [tf.zeros_like(v) for v in variables]
+            for i in group:  # the micro-batches' mean-loss gradients, summed, never divided
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(labels[i:i + micro], model(features[i:i + micro],
+                                                              training=True))
+                sums = [a + g for a, g in zip(sums, tape.gradient(loss, variables), strict=True)]
+            optimizer.learning_rate.assign(base / len(group))  # same weights under plain SGD
+            optimizer.apply_gradients(zip(sums, variables, strict=True))
+        optimizer.learning_rate.assign(base)  # and the rate put back
+
+    with pytest.raises(AssertionError, match=r"case 1 .*the learning rate was changed"):
+        cu.grading.check_train_with_accumulation(rate_divided)
+
+
 def test_the_colleagues_loop_is_named():
     tf = _tf()
 

@@ -12,11 +12,10 @@
   only through the limit (``reach_around``: counted, their kernel read only inside their own
   call). ``cu.Trainer`` (section 7 shows it applying a short group) is refused here and in
   exercise 4, by file, and the check's own loops (``suspect_loops.accumulate``, the
-  reference) by identity and content. Here, each update's gradients must be (a multiple of)
-  the sum of those that flowed back through the counted calls since the update before
-  (``reach_around.applied_from_calls``): a forward written by hand from the variables whose
-  gradients are applied instead is named. Still unseen: such a forward applied after the
-  counted calls computed the same gradients; in exercise 4 (replicas), any hand forward.
+  reference) by identity and content. Each update applies (a multiple of) the sum of the
+  gradients that flowed back through the counted calls since the last (``applied_from_calls``:
+  a forward by hand is named), at the learning rate given (``rate_moves``). Unseen: a hand
+  forward applied after counted calls made the same gradients; any in exercise 4.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes; counted by the
@@ -58,6 +57,7 @@ from course_utils.grading.checks.memory_budget import check_largest_batch_that_f
 from course_utils.grading.checks.reach_around import (
     applied_from_calls,
     counted_dense,
+    rate_moves,
     reached_around,
 )
 from course_utils.grading.checks.recompute import check_segment_gradients
@@ -206,7 +206,7 @@ def check_train_with_accumulation(fn: Any) -> bool:
         model = _model(problem, counted=True, flows=True)
         limited = limit_batch_size(model, problem["micro"])  # shares model's weights
         optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
-        worst = applied_from_calls(optimizer, model)  # applied vs flowed back through calls
+        worst, moved = applied_from_calls(optimizer, model), rate_moves(optimizer)
         references: dict[str, list[np.ndarray]] = {}  # built on first use: a stub costs nothing
         extra = problem.get("extra", 0)
         updates = len(problem["labels"]) // (problem["micro"] * problem["steps"]) + bool(extra)
@@ -232,12 +232,15 @@ def check_train_with_accumulation(fn: Any) -> bool:
             if error <= ACCUMULATION_TOLERANCE:
                 if float(worst.numpy()) > FLOW_TOLERANCE:
                     return ("the weights are right, but the gradients applied at an update "
-                            "are not those that flowed back through the calls of the model "
-                            "you were given since the update before (what is left after the "
-                            f"best scaling: {float(worst.numpy()):.2g} of their size): apply "
-                            "the sum of each micro-batch's gradients through that model, "
-                            "under its memory limit (a forward written by hand from the "
-                            "variables keeps the whole group's activations at once)")
+                            "are not those that flowed back through the model you were given "
+                            f"since the update before (left after the best scaling: "
+                            f"{float(worst.numpy()):.2g} of their size): apply the sum of each "
+                            "micro-batch's gradients through that model, under its memory "
+                            "limit (a forward by hand keeps the whole group's activations)")
+                if float(moved.numpy()) > 1e-6 * problem["learning_rate"]:
+                    return ("the weights are right, but the learning rate was changed at an "
+                            "update: average the gradients, not the rate (the same weights "
+                            "under plain SGD only: lesson 07, section 3)")
                 if int(optimizer.iterations) != updates:
                     return (f"the weights are right, but the optimizer counted "
                             f"{int(optimizer.iterations)} updates instead of {updates}, one "

@@ -150,3 +150,21 @@ def applied_from_calls(optimizer: Any, model: Any) -> Any:
 
     optimizer.apply = compared
     return worst
+
+
+def rate_moves(optimizer: Any) -> Any:
+    """``moved``, a variable: how far ``optimizer``'s learning rate stood, at any update, from
+    the rate it has now (``optimizer.apply`` wrapped in place). Dividing the rate instead of
+    the gradients gives the same weights under plain SGD only."""
+    tf = _tf()
+    given = float(optimizer.learning_rate)
+    moved = tf.Variable(0.0, trainable=False)
+    apply = optimizer.apply
+
+    def watched(grads: Any, trainable_variables: Any = None) -> Any:
+        rate = tf.cast(optimizer.learning_rate, tf.float32)
+        with tf.control_dependencies([moved.assign(tf.maximum(moved, tf.abs(rate - given)))]):
+            return apply(grads, trainable_variables)
+
+    optimizer.apply = watched
+    return moved
