@@ -162,6 +162,17 @@ def _defined(file: str) -> tuple[frozenset[str], dict[str, frozenset[str]], dict
     return frozenset(names - rebound), members, constants
 
 
+@functools.lru_cache(maxsize=4096)
+def _resolved(file: str) -> Path:
+    """``file`` resolved (cached: a check resolves the same few hundred files each time)."""
+    return Path(file).resolve()
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_tests(file: str) -> bool:
+    return _resolved(file).is_relative_to(_TESTS)
+
+
 def _foreign(value: Any, module: types.ModuleType) -> bool:
     """Whether ``value``, bound where ``module``'s source defines it, is another object than
     the module's own: code from elsewhere (a notebook cell, another module's function)."""
@@ -171,10 +182,10 @@ def _foreign(value: Any, module: types.ModuleType) -> bool:
     code = getattr(value, "__code__", None)
     home = code.co_filename if isinstance(code, types.CodeType) else getattr(
         sys.modules.get(getattr(value, "__module__", None) or ""), "__file__", None)
-    if home and Path(home).resolve().is_relative_to(_TESTS):
+    if isinstance(home, str) and home and _in_tests(home):
         return False
     if isinstance(code, types.CodeType):
-        return Path(code.co_filename).resolve() != Path(module.__file__).resolve()
+        return _resolved(code.co_filename) != _resolved(module.__file__)
     return getattr(value, "__module__", None) != module.__name__
 
 
