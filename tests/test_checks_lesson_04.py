@@ -1034,8 +1034,17 @@ def py_function_with_a_lock(counter, labels):  # hung the check with no message 
                 dtype=counter.dtype))
     return tf.py_function(add, [labels], counter.dtype)
 
+traces = []
+
+def python_once_traced_twice(counter, labels):  # nb28-04: its first trace raised, then Python
+    traces.append(1)
+    if len(traces) == 1:
+        raise ValueError("the check's own trace: skipped")
+    return py_function_with_a_lock(counter, labels)
+
 for fn in (bincount, scatter, stub, read_then_write, size_in_every_class, steps_not_examples,
-           no_minlength, all_in_class_0, constant, py_function_with_a_lock):
+           no_minlength, all_in_class_0, constant, python_once_traced_twice,
+           py_function_with_a_lock):
     began = time.monotonic()
     print("COUNT", fn.__name__, verdict(cu.grading.check_count_examples, fn))
 print("PY_STEP_S", round(time.monotonic() - began, 1))  # the last one: refused before a step
@@ -1200,6 +1209,8 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("COUNT", "all_in_class_0"): "the counter reads",
         ("COUNT", "constant"): "lost",
         ("COUNT", "py_function_with_a_lock"): "calls Python",
+        # its eager first call (the check's) raises; were it traced first, that trace would
+        ("COUNT", "python_once_traced_twice"): "raised ValueError|could not be traced",
     }
     run = routes_to_run(expected)  # make test: the first route to each rejection
     env["CATALOGUE_SKIP"] = " ".join(sorted(name for kind, name in expected

@@ -147,6 +147,8 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
         return tf.data.Dataset.from_tensor_slices(
             (tf.constant(padded, tf.int32), [len(b) for b in batches])).repeat()
 
+    traced: list[Any] = []  # the step's one concrete function (verify traces it)
+
     @tf.function
     def step(iterator: Any) -> Any:
         row, size = next(iterator)
@@ -155,12 +157,13 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
         return labels
 
     def verify(_: Any) -> str | None:
-        try:  # traced, not run: an answer that does not trace fails in its step below
-            graph = tf.function(lambda labels: fn(counter, labels)).get_concrete_function(
-                tf.TensorSpec([None], tf.int32)).graph
-        except Exception:  # noqa: BLE001 - judged by running it instead
-            graph = None
-        if graph is not None and runs_python(graph):  # before any step: none can hang on it
+        try:  # the step traced once: the graph read here is the one every worker runs
+            traced.append(step.get_concrete_function(
+                tf.data.IteratorSpec(labels_fn().element_spec)))
+        except Exception as error:  # noqa: BLE001 - the answer's own error, said
+            return (f"count_examples could not be traced into the step: "
+                    f"{type(error).__name__}: {str(error)[:300]}")
+        if runs_python(traced[-1].graph):  # before any step: none can hang on it
             return ("count_examples calls Python (tf.py_function or tf.numpy_function) inside "
                     "the step: a real job's workers cannot run it (it runs only in the process "
                     "of the Python program that made it: TensorFlow's py_function docs). Make "
@@ -175,7 +178,7 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
     def count_once() -> str | None:
         counter.assign(tf.zeros([num_classes], tf.int64))
         iterator = iter(coordinator.create_per_worker_dataset(labels_fn))
-        remotes = [coordinator.schedule(step, args=(iterator,)) for _ in range(steps)]
+        remotes = [coordinator.schedule(traced[-1], args=(iterator,)) for _ in range(steps)]
         try:
             coordinator.join()
         except tf.errors.OpError as error:
