@@ -839,6 +839,23 @@ def test_a_group_forward_written_by_hand_from_the_variables_is_caught():
         cu.grading.check_train_with_accumulation(hand_forward)
 
 
+def test_the_memory_limit_raised_by_the_answer_is_caught():
+    tf = _tf()
+
+    def raised_limit(model, optimizer, loss_fn, features, labels, micro, steps):  # nb28-07's
+        model.get_layer("batch_size_limit").max_batch_size = 10**9
+        model.get_layer("activations_on_tape").max_examples = 10**9
+        for start in range(0, len(labels), micro * steps):  # whole groups: no accumulation
+            x, y = features[start:start + micro * steps], labels[start:start + micro * steps]
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    with pytest.raises(AssertionError, match=r"case 1 .*examples' activations were alive at once"):
+        cu.grading.check_train_with_accumulation(raised_limit)
+
+
 def test_dividing_the_learning_rate_instead_of_the_gradients_is_caught():
     tf = _tf()
 

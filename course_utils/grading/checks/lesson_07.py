@@ -212,7 +212,7 @@ def check_train_with_accumulation(fn: Any) -> bool:
         updates = len(problem["labels"]) // (problem["micro"] * problem["steps"]) + bool(extra)
 
         def verify(_: Any) -> str | None:
-            if (around := reached_around(model, limited)) is not None:
+            if (around := reached_around(model, limited, most=problem["micro"])) is not None:
                 return around
             on_tape = limited.get_layer("activations_on_tape")
             if extra and on_tape.examples_trained == len(problem["labels"]) - extra * problem[

@@ -105,10 +105,20 @@ def counted_dense(units: int, *, flows: bool = False, **kwargs: Any) -> Any:
     return layer
 
 
-def reached_around(model: Any, limited: Any = None, *, through: int | None = None
-                   ) -> str | None:
+def reached_around(model: Any, limited: Any = None, *, through: int | None = None,
+                   most: int | None = None) -> str | None:
     """Why ``model``'s counted layers saw more examples than ``limited``'s limit let through
-    (or than ``through``), or were reached around their count (None when neither)."""
+    (or than ``through``), or were reached around their count (None when neither); with
+    ``most``, also why ``limited``'s limit (``most`` examples) did not hold: changed, or more
+    examples' activations alive at once than it allows."""
+    if most is not None:
+        sizes = (limited.get_layer("batch_size_limit").max_batch_size,
+                 limited.get_layer("activations_on_tape").max_examples)
+        peak = limited.get_layer("activations_on_tape").peak_examples_alive
+        if sizes != (most, most) or peak > most:
+            return (f"the memory limit of the model you were given holds {most} examples, but "
+                    f"{peak} examples' activations were alive at once (the limit read "
+                    f"{sizes}): keep one micro-batch alive at a time, and leave the limit alone")
     if through is None:
         through = limited.get_layer("batch_size_limit").examples_seen
     call_the_model = ("call the model you were given, not the model or the layers inside it")
