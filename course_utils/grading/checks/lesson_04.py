@@ -14,8 +14,10 @@ cannot start a second in-process cluster) and verifies what the parameter server
   (:mod:`course_utils.grading.checks.per_worker_datasets`, which says what it reads);
 * ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
   counter, nothing lost when the workers update at the same moment (made likely by a barrier);
-  an answer that calls Python (``tf.py_function``, ``tf.numpy_function``) is refused before any
-  step, as exercise 2's check refuses a dataset that does (a step that took a Python lock hung).
+  the step is traced once, and that concrete function is both searched and run, so an answer
+  that calls Python (``tf.py_function``, ``tf.numpy_function``) in the graph the workers run is
+  refused before any step, as exercise 2's check refuses such a dataset (a step that took a
+  Python lock hung).
 
 :func:`barrier_fn` (a counter on a parameter server) puts the workers in step so that they update
 at once: the races are likely, not certain (one may read after the other wrote), however busy.
@@ -35,7 +37,7 @@ from course_utils.grading.checks.per_worker_datasets import (
     num_workers_of,
 )
 from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.worker_passes import _runs_python as runs_python
+from course_utils.grading.checks.worker_passes import runs_python
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 

@@ -20,7 +20,7 @@ from course_utils.grading.checks.share_parts import mixed_message, split_message
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["ASSERTED", "SAME_ORDER", "HiddenDataset", "RunsPython", "batches_per_worker",
-           "fresh_passes_message", "made_hidden", "passes_message", "reach",
+           "fresh_passes_message", "made_hidden", "passes_message", "reach", "runs_python",
            "turned_reach", "unmade_dataset_message", "usual_reach"]
 
 
@@ -98,9 +98,9 @@ def made_hidden(dataset: Any) -> bool:
     return False
 
 
-def _runs_python(graph: Any) -> bool:
-    """Whether ``graph`` (where a ``dataset_fn`` was traced) or a function it calls holds an
-    op that runs Python code."""
+def runs_python(graph: Any) -> bool:
+    """Whether ``graph`` (where a ``dataset_fn`` or a step was traced) or a function it calls
+    holds an op that runs Python code."""
     todo = [graph.get_operations()]
     seen: set[str] = set()
     while todo:
@@ -171,7 +171,7 @@ def batches_per_worker(strategy: Any, dataset_fn: Any, num_steps: int, barrier: 
 
     def probed_fn() -> Any:
         dataset = getattr(dataset_fn, "python_function", dataset_fn)()  # a tf.function: traced here
-        if _runs_python(dataset._variant_tensor.graph):
+        if runs_python(dataset._variant_tensor.graph):
             raise RunsPython("Python")
         if made_hidden(dataset):
             raise HiddenDataset("hidden")
