@@ -97,8 +97,8 @@ TEST_JOBS ?= 3
 unit-and-nbval: $(STAMP)  ## make unit and make nbval in one pytest run (what make test runs)
 	$(NBVAL) -n $(TEST_JOBS) $(ALSO_GRADED) tests notebooks
 
-# make test runs the first wrong answer of each rejection in the long catalogues of lessons 03
-# and 04 (tests/tools/catalogue_routes.py); test-grading runs every route to each as well.
+# make test runs the first wrong answer of each rejection in the long catalogues of lessons 02,
+# 03 and 04 (tests/tools/catalogue_routes.py); test-grading runs every route to each as well.
 test-grading: $(STAMP)  ## the grading tests and every check's whole catalogue, nbgrader on every lesson (long)
 	COURSE_NBGRADER_LESSONS=all COURSE_FULL_CATALOGUES=1 $(BIN)/python -m pytest -n $(JOBS) \
 		--dist loadfile --no-loadscope-reorder tests/test_grading_nbgrader.py \

@@ -24,7 +24,7 @@ from course_utils.grading.checks import lesson_03, resume_inputs, worker_logs, w
 from course_utils.grading.framework import NotAttemptedError, strict_checks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
-from catalogue_routes import routes_to_run  # noqa: E402
+from catalogue_routes import catalogue_params, routes_to_run  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
@@ -1910,8 +1910,7 @@ RESUME_CATALOGUE = {
 }
 
 
-@pytest.mark.parametrize("restore, dataset, message", RESUME_CATALOGUE.values(),
-                         ids=RESUME_CATALOGUE.keys())
+@pytest.mark.parametrize("restore, dataset, message", catalogue_params(RESUME_CATALOGUE))
 def test_a_wrong_resume_is_rejected_before_any_cluster_starts(restore, dataset, message,
                                                               monkeypatch):
     def no_cluster(*args, **kwargs):

@@ -10,9 +10,14 @@ test-grading`` (``COURSE_FULL_CATALOGUES=1``) runs every route as well.
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+import pytest
 
 FULL_ENV = "COURSE_FULL_CATALOGUES"
+LEFT_OUT = ("another answer of this catalogue reaches the same rejection: make test-grading "
+            "(COURSE_FULL_CATALOGUES=1) runs every route")
 RIGHT = ("PASS", "BLANK")  # verdicts of right (or unanswered) answers: each always runs
 
 
@@ -29,3 +34,16 @@ def routes_to_run(expected: Mapping[Hashable, str]) -> set[Hashable]:
             chosen.add(key)
             seen.add(group)
     return chosen
+
+
+def catalogue_params(catalogue: Mapping[str, Sequence[Any]] | Iterable[Sequence[Any]]
+                     ) -> list[Any]:
+    """``pytest.mark.parametrize`` values for a catalogue of wrong answers whose last item is
+    the words the verdict must contain (a mapping's keys are the ids): every answer, the
+    routes ``routes_to_run`` leaves out marked skipped, with the reason."""
+    items = (list(catalogue.items()) if isinstance(catalogue, Mapping)
+             else [(None, entry) for entry in catalogue])
+    run = routes_to_run({index: tuple(entry)[-1] for index, (_, entry) in enumerate(items)})
+    return [pytest.param(*entry, id=key,
+                         marks=() if index in run else pytest.mark.skip(reason=LEFT_OUT))
+            for index, (key, entry) in enumerate(items)]
