@@ -975,6 +975,44 @@ def test_the_whole_group_around_the_replica_limit_is_caught(reach, says):
         cu.grading.check_train_mirrored_with_accumulation(whole_group)
 
 
+@pytest.mark.parametrize(("raise_by", "says"), [
+    ("closure", r"out of memory \(simulated\): more than \d+ examples\W{1,2} activations alive on "
+                r"one replica"),
+    ("attribute", r"holds \d+ examples on one replica, but \d+ examples' activations were "
+                  r"alive at once \(the limit read \(\d+,\)\)")])
+def test_the_replica_limit_raised_by_the_answer_is_caught(raise_by, says):
+    # a reader's answer (nb28-07, L2): the per-replica limit raised through the closure of the
+    # layer's call (names built at run time), then each replica's whole group share in one
+    # forward, no accumulation; the limit is now the layer's max_examples, read by no closure,
+    # and raising that attribute (then setting it back) leaves the recorded peak to name it
+    tf = _tf()
+
+    def raised(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        layer = model.get_layer("replica_memory")
+        if raise_by == "attribute":
+            layer.max_examples = 10**9
+        call = type(layer).call
+        for name, cell in zip(call.__code__.co_freevars,
+                              getattr(call, "".join(["__clo", "sure__"])) or (), strict=True):
+            if name == "max_examples":
+                setattr(cell, "".join(["cell_", "contents"]), 10**9)
+
+        def replica_step(*group):
+            x, y = (tf.concat(part, 0) for part in zip(*group, strict=True))
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_object(y, model(x, training=True)),
+                                                  global_batch_size=len(group) * batch)
+                loss += _penalty(model, tf)
+            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                          model.trainable_variables, strict=True))
+
+        _run_in_groups(strategy, replica_step, micro_batches, steps)
+        layer.max_examples = batch // 2  # as given, after the run
+
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_train_mirrored_with_accumulation(raised)
+
+
 def test_mirrored_stub_is_not_attempted(capsys):
     assert cu.grading.check_train_mirrored_with_accumulation(stub) is False
     assert "not attempted yet" in capsys.readouterr().out

@@ -376,7 +376,8 @@ def _penalty_mistake(problem: dict[str, Any], weights: list[np.ndarray], replica
 @register
 def check_train_mirrored_with_accumulation(fn: Any) -> bool:
     """Check ``train_mirrored_with_accumulation(strategy, model, optimizer, loss_object,
-    micro_batches, accumulation_steps, global_batch_size)`` under 2 counting replicas."""
+    micro_batches, accumulation_steps, global_batch_size)`` under 2 counting replicas, each
+    one's peak alive at once within a micro-batch's share (unseen: ``replica_memory``)."""
     keras, tf = _keras(), _tf()
     rng = fresh_rng()
     try:
@@ -403,15 +404,14 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
             limited, counts = replica_limit(model, problem["micro"] // 2)
             optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
             optimizer.build(model.trainable_variables)
-        updates = 3 + (1 if extra else 0)
-        per_update = len(model.trainable_variables)
+        updates, per_update = 3 + (1 if extra else 0), len(model.trainable_variables)
         micro_batches = tf.data.Dataset.from_tensor_slices(
             (problem["features"], problem["labels"])).batch(problem["micro"])
         loss_object = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                                  reduction=None)
 
         def verify(_: Any) -> str | None:
-            if (around := reached_around(model, through=int(counts["seen"].numpy()))):
+            if (around := reached_around(model, limited, most=problem["micro"] // 2)):
                 return around
             all_reduced = int(counter.numpy())
             weights = [np.asarray(w) for w in model.get_weights()]

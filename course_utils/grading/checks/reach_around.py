@@ -7,9 +7,16 @@ outside its own ``call`` (as by the parent's unbound ``keras.layers.Dense.call(l
 which skips the count: ``Dense.call`` reads ``self.kernel``, ``keras/src/layers/core/dense.py``
 line 222), and a layer called outside the replicas of a strategy (in its cross-replica
 context). ``reached_around(model, limited)`` compares each counted layer of ``model`` with the
-examples ``limited``'s ``batch_size_limit`` let through (or with ``through`` examples): a
+examples ``limited``'s limit (``batch_size_limit``; exercise 4's ``replica_memory``) let
+through (or with ``through`` examples): a
 forward pass that called ``model`` (or one of its layers) directly, around the limit, shows as
-more examples inside. ``counted_dense(..., flows=True)`` (exercise 1) also adds, in
+more examples inside. With ``most``, it also compares the limit and each limiting layer's recorded
+peak of examples alive at once (exercise 1's ``activations_on_tape``; exercise 4's
+``replica_memory``, the largest over the replicas) with ``most``, the problem's micro-batch
+(share): a limit the answer raised, then set back, cannot hide a whole group alive at once.
+The peaks are variables: an answer that reaches them (exercise 1's through the layer's private
+``_counts``, exercise 4's through ``replica_memory``'s table) and assigns them back is unseen.
+``counted_dense(..., flows=True)`` (exercise 1) also adds, in
 variables kept outside the layer, the gradients that flow back to its kernel and bias through
 its calls; ``applied_from_calls(optimizer, model)`` makes the optimizer compare, at every
 update, the gradients it applies with those sums (one factor allowed: a sum divided after
@@ -109,18 +116,24 @@ def reached_around(model: Any, limited: Any = None, *, through: int | None = Non
                    most: int | None = None) -> str | None:
     """Why ``model``'s counted layers saw more examples than ``limited``'s limit let through
     (or than ``through``), or were reached around their count (None when neither); with
-    ``most``, also why ``limited``'s limit (``most`` examples) did not hold: changed, or more
-    examples' activations alive at once than it allows."""
+    ``most``, also why ``limited``'s limit (``most`` examples, per replica for exercise 4's
+    ``replica_memory``) did not hold: changed, or more examples' activations alive at once
+    than it allows (each limiting layer's recorded ``peak_examples_alive``)."""
     if most is not None:
-        sizes = (limited.get_layer("batch_size_limit").max_batch_size,
-                 limited.get_layer("activations_on_tape").max_examples)
-        peak = limited.get_layer("activations_on_tape").peak_examples_alive
-        if sizes != (most, most) or peak > most:
-            return (f"the memory limit of the model you were given holds {most} examples, but "
-                    f"{peak} examples' activations were alive at once (the limit read "
-                    f"{sizes}): keep one micro-batch alive at a time, and leave the limit alone")
+        sizes = tuple(getattr(layer, name) for layer in limited.layers
+                      for name in ("max_batch_size", "max_examples") if hasattr(layer, name))
+        peak = max((layer.peak_examples_alive for layer in limited.layers
+                    if hasattr(layer, "peak_examples_alive")), default=None)
+        if peak is None or not sizes or set(sizes) != {most} or peak > most:
+            where = " on one replica" if "replica_memory" in (
+                layer.name for layer in limited.layers) else ""
+            return (f"the memory limit of the model you were given holds {most} examples"
+                    f"{where}, but {peak} examples' activations were alive at once (the limit "
+                    f"read {sizes}): keep one micro-batch alive at a time, and leave the limit "
+                    "alone")
     if through is None:
-        through = limited.get_layer("batch_size_limit").examples_seen
+        through = next(layer.examples_seen for layer in limited.layers
+                       if hasattr(layer, "examples_seen"))  # in any mode
     call_the_model = ("call the model you were given, not the model or the layers inside it")
     for layer in model.layers:
         if layer in _AROUND:
