@@ -265,4 +265,11 @@ def test_the_course_replaced_before_a_check_fails_it(monkeypatch):
         patch.setattr(equality, "FLOAT32_TOLERANCE", equality.FLOAT32_TOLERANCE * 10)
         with pytest.raises(AssertionError, match="equality.FLOAT32_TOLERANCE differs"):
             check_square_replaced(lambda x: x * x)
+    namespace = {}  # a replacement compiled under the module's own file name: still foreign
+    exec(compile("def policy_scope(policy):\n    return policy\n",  # noqa: S102
+                 precision.__file__, "exec"), namespace)
+    with monkeypatch.context() as patch:
+        patch.setattr(precision, "policy_scope", namespace["policy_scope"])
+        with pytest.raises(AssertionError, match="policy_scope differs from its source"):
+            check_square_replaced(lambda x: x * x)
     assert check_square_replaced(lambda x: x * x) is True

@@ -173,6 +173,29 @@ def _in_tests(file: str) -> bool:
     return _resolved(file).is_relative_to(_TESTS)
 
 
+_FROM_SOURCE: dict[int, tuple[types.CodeType, bool]] = {}
+
+
+def _code_key(code: types.CodeType) -> tuple:
+    return code.co_qualname, code.co_firstlineno, code.co_code, code.co_names
+
+
+@functools.lru_cache(maxsize=512)
+def _source_codes(file: str) -> frozenset:
+    """The keys of every code object compiled afresh from ``file`` (cached per process): a
+    function compiled elsewhere under this file's name (``exec(compile(..., file))``) has
+    other code, or another first line, than any of them."""
+    try:
+        found, stack = set(), [compile(Path(file).read_text(), file, "exec")]
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    while stack:
+        code = stack.pop()
+        found.add(_code_key(code))
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return frozenset(found)
+
+
 def _foreign(value: Any, module: types.ModuleType) -> bool:
     """Whether ``value``, bound where ``module``'s source defines it, is another object than
     the module's own: code from elsewhere (a notebook cell, another module's function)."""
@@ -185,7 +208,13 @@ def _foreign(value: Any, module: types.ModuleType) -> bool:
     if isinstance(home, str) and home and _in_tests(home):
         return False
     if isinstance(code, types.CodeType):
-        return _resolved(code.co_filename) != _resolved(module.__file__)
+        if _resolved(code.co_filename) != _resolved(module.__file__):
+            return True
+        judged = _FROM_SOURCE.get(id(code))  # the code object kept: its id is not reused
+        if judged is None or judged[0] is not code:
+            judged = _FROM_SOURCE[id(code)] = (
+                code, _code_key(code) in _source_codes(code.co_filename))
+        return not judged[1]
     return getattr(value, "__module__", None) != module.__name__
 
 
