@@ -181,14 +181,15 @@ def _code_key(code: types.CodeType) -> tuple:
 
 
 @functools.lru_cache(maxsize=512)
-def _source_codes(file: str) -> frozenset:
+def _source_codes(file: str) -> frozenset | None:
     """The keys of every code object compiled afresh from ``file`` (cached per process): a
     function compiled elsewhere under this file's name (``exec(compile(..., file))``) has
-    other code, or another first line, than any of them."""
+    other code, or another first line, than any of them. None where the source cannot be
+    read (an install without it): the file name alone then decides."""
     try:
         found, stack = set(), [compile(Path(file).read_text(), file, "exec")]
     except (OSError, SyntaxError, ValueError):
-        return frozenset()
+        return None
     while stack:
         code = stack.pop()
         found.add(_code_key(code))
@@ -212,8 +213,8 @@ def _foreign(value: Any, module: types.ModuleType) -> bool:
             return True
         judged = _FROM_SOURCE.get(id(code))  # the code object kept: its id is not reused
         if judged is None or judged[0] is not code:
-            judged = _FROM_SOURCE[id(code)] = (
-                code, _code_key(code) in _source_codes(code.co_filename))
+            keys = _source_codes(code.co_filename)
+            judged = _FROM_SOURCE[id(code)] = (code, keys is None or _code_key(code) in keys)
         return not judged[1]
     return getattr(value, "__module__", None) != module.__name__
 
