@@ -723,7 +723,7 @@ def orders_read_from_the_course_schedule(num_stages, num_micro_batches, max_in_f
     (budget_ignored, r"activations .* allowed: min\(K − s, max_in_flight\)"),
     (same_warm_up_everywhere, "activations|time slots|deadlock"),
     (backward_first, "deadlock"),
-    (one_forward_then_its_backward, "time slots; within the same memory"),
+    (one_forward_then_its_backward, r"time slots; within the same memory .* the capped 1F1B"),
     (the_lessons_helper, "ran the course's one_f_one_b_orders"),
     (lambda k, m, cap: one_f_one_b_alias(k, m), "ran the course's one_f_one_b_orders"),
     (exec_copy_of_the_helper, "ran the course's one_f_one_b_orders"),
