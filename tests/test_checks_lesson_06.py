@@ -604,6 +604,98 @@ def x_whole_in_each_devices_piece(x, init_kernel, kernel_shape, bias, mesh):
     return x_sharded, kernel, y
 
 
+def colocated_when_traced(parts, micro_batches, loss_fn, devices):  # nb29-06 L1
+    """Eager: the colleague's code; traced: TF1's gradients colocated with their forward."""
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return one_tape(parts, micro_batches, loss_fn, devices)
+    variables = [v for part in parts for v in part.trainable_variables]
+    losses = []
+    for x, y in micro_batches:
+        value = x
+        for part, device in zip(parts, devices, strict=True):
+            with tf.device(device):
+                value = part(value)
+        with tf.device(devices[-1]):
+            losses.append(loss_fn(y, value))
+    with tf.device(devices[-1]):
+        loss = tf.add_n(losses) / len(losses)
+        return loss, tf.compat.v1.gradients(loss, variables, colocate_gradients_with_ops=True)
+
+
+def colocated_copied_home_when_eager(parts, micro_batches, loss_fn, devices):
+    """As above, each eager gradient copied to its part's device with tf.identity."""
+    import tensorflow as tf
+
+    if not tf.executing_eagerly():
+        return colocated_when_traced(parts, micro_batches, loss_fn, devices)
+    loss, grads = one_tape(parts, micro_batches, loss_fn, devices)
+    homes = [d for part, d in zip(parts, devices, strict=True) for _ in part.trainable_variables]
+    copied = []
+    for g, home in zip(grads, homes, strict=True):
+        with tf.device(home):
+            copied.append(tf.identity(g))
+    return loss, copied
+
+
+def the_bug_when_eager(parts, micro_batches, loss_fn, devices):  # nb29-06 L1, eager half
+    """Eager: the colleague's code (the one the learner runs); traced: a right answer."""
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return one_tape(parts, micro_batches, loss_fn, devices)
+    return split_gradients(parts, micro_batches, loss_fn, devices)
+
+
+def _kernel_rows_and_x(x, init_kernel, kernel_shape, mesh):
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    kernel = dtensor.call_with_layout(tf.function(init_kernel), dtensor.Layout([dim, free], mesh),
+                                      shape=kernel_shape)
+    columns = np.split(x, mesh.dim_size(dim), axis=1)
+    x_sharded = dtensor.pack([columns[w[dim]] for w in mesh.local_device_locations()],
+                             dtensor.Layout([free, dim], mesh))
+    return x_sharded, kernel
+
+
+def _y_on_the_host(x, whole_kernel, kernel_shape, bias, mesh):
+    import numpy as np
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    y = np.split(x @ np.reshape(whole_kernel, kernel_shape) + bias, mesh.dim_size(dim), axis=1)
+    return dtensor.pack([y[w[dim]] for w in mesh.local_device_locations()],
+                        dtensor.Layout([free, dim], mesh))
+
+
+def _kernel_to_the_host(route):  # nb29-06 L5: the kernel gathered by a route of rank 1
+    def answer(x, init_kernel, kernel_shape, bias, mesh):
+        import numpy as np
+        import tensorflow as tf
+        from tensorflow.experimental import dtensor
+
+        x_sharded, kernel = _kernel_rows_and_x(x, init_kernel, kernel_shape, mesh)
+        flat = tf.reshape(kernel, [-1])
+        if route == "unpack":
+            whole = np.concatenate([p.numpy() for p in dtensor.unpack(flat)])
+            if dtensor.fetch_layout(flat).is_fully_replicated():
+                whole = dtensor.unpack(flat)[0].numpy()
+        elif route == "relayout":
+            whole = dtensor.relayout(flat, dtensor.Layout.replicated(mesh, 1)).numpy()
+        elif route == "call_with_layout":
+            whole = dtensor.call_with_layout(tf.function(lambda k: tf.reshape(k, [-1])),
+                                             dtensor.Layout.replicated(mesh, 1), kernel).numpy()
+        else:  # DTensor gathers it inside the reshape; .numpy() brings it to the host
+            t = tf.reshape(tf.transpose(kernel), [-1])
+            whole = tf.transpose(tf.reshape(t, kernel_shape[::-1])).numpy()
+        return x_sharded, kernel, _y_on_the_host(x, whole, kernel_shape, bias, mesh)
+    return answer
+
+
 def stub(*args):
     raise NotImplementedError()
 
@@ -631,7 +723,7 @@ def orders_read_from_the_course_schedule(num_stages, num_micro_batches, max_in_f
     (budget_ignored, r"activations .* allowed: min\(K − s, max_in_flight\)"),
     (same_warm_up_everywhere, "activations|time slots|deadlock"),
     (backward_first, "deadlock"),
-    (one_forward_then_its_backward, "time slots; within the same memory"),
+    (one_forward_then_its_backward, r"time slots; within the same memory .* the capped 1F1B"),
     (the_lessons_helper, "ran the course's one_f_one_b_orders"),
     (lambda k, m, cap: one_f_one_b_alias(k, m), "ran the course's one_f_one_b_orders"),
     (exec_copy_of_the_helper, "ran the course's one_f_one_b_orders"),
@@ -687,6 +779,9 @@ BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) r
     (lambda *args: one_big_batch(*args, weighted=False), "differ from the unsplit"),
     (backward_on_the_default_device_summed_in_a_tape_scope,
      BACKWARD + "no device"),
+    (colocated_when_traced, "ran TensorFlow's tf.gradients"),
+    (colocated_copied_home_when_eager, "ran TensorFlow's tf.gradients"),
+    (the_bug_when_eager, "called eagerly, a gradient of part 0's weights is on CPU:0"),
 ])
 def test_split_gradients_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):
@@ -710,13 +805,17 @@ def test_shard_dense_rows_reference_passes():
     (x_made_replicated_then_relaid, "call_with_layout with a replicated rank-2"),
     (x_made_sharded_from_a_constant, "call_with_layout of a function that holds a whole"),
     (x_made_sharded_from_a_flat_constant, "call_with_layout of a function that holds a whole"),
-    (y_computed_on_the_host_and_packed_sharded, "unpack of a matrix"),
+    (y_computed_on_the_host_and_packed_sharded, r"dtensor.unpack|\.numpy\(\) of a DTensor"),
     (lambda *args: None, "return \\(sharded_x"),
     (relaid_to_replicated_to_compute, "relayout of a matrix to a replicated layout"),
     (x_sent_whole_as_bytes, "call_with_layout of a function that holds a whole"),
     (x_copied_flat_then_reshaped_on_the_mesh,
-     "call_with_layout of a function that holds a whole"),
+     "call_with_layout of a function that holds a whole|relayout to a replicated layout"),
     (x_whole_in_each_devices_piece, r"dtensor.pack gave one device \d+ numbers, more than"),
+    (_kernel_to_the_host("unpack"), "dtensor.unpack: its pieces brought back to the host"),
+    (_kernel_to_the_host("relayout"), "relayout to a replicated layout"),
+    (_kernel_to_the_host("call_with_layout"), "call_with_layout gathering a sharded value"),
+    (_kernel_to_the_host("inside a reshape"), r"\.numpy\(\) of a DTensor"),
 ])
 def test_shard_dense_rows_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):

@@ -26,8 +26,12 @@ def whole_copy_watch(whole: list[str],
     constant goes whole into every device's program, which keeps its slice);
     ``dtensor.copy_to_mesh`` or ``dtensor.relayout`` of a host tensor of rank 2 or more (the
     whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a DTensor laid
-    out replicated (it was whole on every device before); ``dtensor.unpack`` of a matrix (its
-    pieces brought back to the host, e.g. to compute ``y`` there).
+    out replicated (it was whole on every device before), or of any tensor of 4 or more
+    numbers to a replicated layout (a flattened kernel); ``dtensor.call_with_layout`` to a
+    replicated layout given a sharded DTensor (a gather); ``dtensor.unpack`` of any tensor of
+    4 or more numbers, whatever its rank, and ``.numpy()`` of an on-mesh tensor of 4 or more
+    (its pieces brought back to the host, e.g. to compute ``y`` there). Not seen: a relayout
+    DTensor makes inside an op (a reshape across the sharded axis), which no Python call shows.
 
     ``copied`` (when given) receives ``(what, numbers, whole, content)`` for every copy of data onto
     the mesh whatever its rank or dtype (bytes and strings counted a float32 per 4 bytes):
@@ -153,14 +157,29 @@ def whole_copy_watch(whole: list[str],
             copied.append(("dtensor.relayout of a DTensor laid out whole on every device",
                            numbers(local.get("tensor")), True, None))
 
+    from tensorflow.python.framework import ops as _ops
+    numpy_code = _ops._EagerTensorBase.numpy.__code__
+
     def watch(frame: Any, c_function: Any) -> None:
         if c_function is not None:  # a C function: none of DTensor's calls watched here
             return
         code, local = frame.f_code, frame.f_locals
+        if code is numpy_code:
+            value = local.get("self")
+            if on_mesh(value) and int(value.shape.num_elements() or 0) >= 4:
+                whole.append(".numpy() of a DTensor: brought whole to the host")
+            return
         if copied is not None:
             note(code, local)
         if code is api.pack.__code__ and replicated_matrix(local.get("layout")):
             whole.append("dtensor.pack with a replicated rank-2 layout")
+        elif (code is api.call_with_layout.__code__ and local.get("layout") is not None
+              and local.get("layout").is_fully_replicated()
+              and any(on_mesh(a) and not api.fetch_layout(a).is_fully_replicated()
+                      and int(a.shape.num_elements() or 0) >= 4
+                      for a in [*local.get("args", ()), *local.get("kwargs", {}).values()])):
+            whole.append("dtensor.call_with_layout gathering a sharded value to a replicated "
+                         "layout: whole on every device")
         elif code is api.call_with_layout.__code__ and replicated_matrix(local.get("layout")):
             whole.append("dtensor.call_with_layout with a replicated rank-2 layout")
         elif (code is api.call_with_layout.__code__ and rank_of(local.get("layout")) >= 2
@@ -171,14 +190,21 @@ def whole_copy_watch(whole: list[str],
             whole.append("dtensor.copy_to_mesh of a whole matrix, sliced on the mesh")
         elif code is api.relayout.__code__:
             tensor = local.get("tensor")
-            if rank(tensor) >= 2 and replicated_matrix(local.get("layout")):
+            target = local.get("layout")
+            size = int(getattr(getattr(tensor, "shape", None), "num_elements", lambda: 0)() or 0)
+            if (target is not None and target.is_fully_replicated() and size >= 4
+                    and rank(tensor) < 2):
+                whole.append("dtensor.relayout to a replicated layout: whole on every device")
+            elif rank(tensor) >= 2 and replicated_matrix(local.get("layout")):
                 whole.append("dtensor.relayout of a matrix to a replicated layout")
             elif not on_mesh(tensor) and rank(tensor) >= 2:
                 whole.append("dtensor.relayout of a whole host matrix")
             elif on_mesh(tensor) and replicated_matrix(api.fetch_layout(tensor)):
                 whole.append("dtensor.relayout of a matrix laid out whole on every device")
-        elif code is api.unpack.__code__ and rank(local.get("tensor")) >= 2:
-            whole.append("dtensor.unpack of a matrix: its pieces brought back to the host")
+        elif code is api.unpack.__code__ and int(getattr(getattr(local.get("tensor"), "shape",
+                                                              None), "num_elements",
+                                                      lambda: 0)() or 0) >= 4:
+            whole.append("dtensor.unpack: its pieces brought back to the host")
 
     return watch
 

@@ -5,9 +5,12 @@
   below, at and above ``K``). Each stage must run every micro-batch's forward and backward
   once; the orders are turned into time slots by the course's simulator, which fails on a
   deadlock; stage ``s`` must never keep more than ``min(K − s, max_in_flight)`` micro-batches'
-  activations, and the schedule must take no more slots than the check's own capped 1F1B.
-  The lesson's helpers have no cap, and are refused by code identity and content
-  (``refusals``), as is every function of this module (``_capped_orders`` among them).
+  activations, and the schedule must take no more slots than the check's own capped 1F1B
+  (strict alternation after its warm-up: not the fewest slots the budget allows, a greedy
+  backward-first order takes fewer, and passes). The lesson's helpers have no cap, and are
+  refused by code identity and content (``refusals``), as is every function of this module
+  (``_capped_orders`` among them). Known limit: a copy of either edited without changing
+  what it computes (``+ 0``) passes.
 * ``check_split_gradients(split_gradients)``: a model split into two and three parts on
   devices the check chooses (never the default first), trained on a few micro-batches; loss
   and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
@@ -24,6 +27,13 @@
   them fails on values; weighted to match, every op after its concatenation depends on all
   the micro-batches, however its gradient is then split into shares). The lesson's
   ``split_step`` does one batch, so a copy of it still leaves the accumulation to write.
+  Known limits: a copy of ``split_step`` with a ``+ 0`` passes; so does one big batch with an
+  op added for show per micro-batch (``0 · yⱼ``: what an op depends on is read, not what it
+  adds); and patching this module in the learner's kernel forges a local pass (the grader
+  imports the checks again before each check cell). Called eagerly, each returned gradient
+  must be on its part's device too (an eager branch cannot be the colleague's code), and
+  TensorFlow's ``tf.gradients`` (whose ``colocate_gradients_with_ops`` places a graph's
+  gradients in one line) is refused by code identity: the exercise asks for a tape per part.
   ``cu.parallel.split_step`` and the lesson's pipeline (``run_pipeline``, ``run_gpipe``: each
   stage's backward and gradient sum on its device) are refused by code identity and content
   (``refusals``).
@@ -32,8 +42,10 @@
   with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
   features in the mesh's device order, no matrix whole on every device or gathered to the
   host on the way (``dtensor.pack``, ``call_with_layout``, ``copy_to_mesh``, ``relayout`` and
-  ``unpack`` watched by code identity, see ``dtensor_watch``), the layouts, the gathered
-  values and ``y`` against the unsharded layer; the course's sharding helpers refused.
+  ``unpack`` and ``.numpy()`` watched by code identity, see ``dtensor_watch``), the layouts,
+  the gathered values and ``y`` against the unsharded layer; the course's sharding helpers
+  refused. Known limit: DTensor may relayout inside an op (a reshape across the sharded
+  axis gathers the kernel onto every device); no Python call shows that, so it passes.
 """
 
 from __future__ import annotations
@@ -113,7 +125,8 @@ def _verify_orders(got: Any, k: int, m: int, cap: int) -> str | None:
     best = max(t.slot for t in schedule_from_orders(_capped_orders(k, m, cap))) + 1
     if slots > best:
         return (f"the orders take {slots} time slots; within the same memory "
-                f"(max_in_flight={cap}) {best} are enough: a stage waits where it could work")
+                f"(max_in_flight={cap}) the capped 1F1B (min(K − 1 − s, max_in_flight − 1) "
+                f"warm-up forwards, then alternation) takes {best}")
     return None
 
 
@@ -246,9 +259,19 @@ def check_split_gradients(fn: Any) -> bool:
                         f"micro-batches' losses (max |Δ| {error:.1e})")
             return None
 
+        def eager_devices(got: Any) -> str | None:
+            home = [i for i, part in enumerate(parts) for _ in part.trainable_variables]
+            for g, i in zip(got[1], home, strict=True):
+                where = _short(getattr(g, "device", "") or "")
+                if where != _short(chosen[i]):
+                    return (f"called eagerly, a gradient of part {i}'s weights is on "
+                            f"{where or 'the host'}, expected {_short(chosen[i])}")
+            return None
+
         def verify(got: Any) -> str | None:
-            return values(got) or _placement_of_the_backward(guarded, problem, loss_fn,
-                                                             chosen, values)
+            return (values(got)
+                    or _placement_of_the_backward(guarded, problem, loss_fn, chosen, values)
+                    or eager_devices(got))
 
         return Case(args=(parts, micro_batches, loss_fn, list(chosen)), verify=verify,
                     label=f"({len(chosen)} parts on {[_short(d) for d in chosen]}, "
@@ -259,10 +282,12 @@ def check_split_gradients(fn: Any) -> bool:
     chosen = [[devices[2], devices[1]], [devices[-1], devices[1], devices[2]]]  # never CPU:0 first
     # the lesson's pipeline runs each stage's backward on its device and sums the gradients
     # there too: the answer, whatever its loss is weighted by
+    from tensorflow.python.ops import gradients_util  # tf.gradients, tf.compat.v1.gradients
+
     guarded = refusing(fn, [placement.split_step, pipeline.run_pipeline, pipeline.run_gpipe,
-                            *_the_checks_own()],
-                       "write the backward pass yourself (the lesson's split_step and "
-                       "run_pipeline already hold it)")
+                            gradients_util._GradientsHelper, *_the_checks_own()],
+                       "write the backward pass yourself, one GradientTape per part (the "
+                       "lesson's split_step and run_pipeline already hold it)")
     return run_check(
         "split_gradients", guarded, [case(c) for c in chosen],
         hint="lesson 06, section 2 (manual placement: two parts, each backward on its own "

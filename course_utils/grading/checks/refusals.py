@@ -45,6 +45,10 @@ _ADVICE = {  # what went wrong with the watching, and what to do instead
     FORGED: "leave the check's objects alone",
 }
 
+_NOT_THE_COURSES = {  # refused helpers that are TensorFlow's, named as a learner calls them
+    "_GradientsHelper": "TensorFlow's tf.gradients (tf.compat.v1.gradients)",
+}
+
 
 def own_functions(module: types.ModuleType, but: Iterable[str] = ()) -> list[Any]:
     """The functions a check module defines (its expected answers among them), to refuse
@@ -98,7 +102,8 @@ class _Refusing:
         if advice:
             raise AssertionError(f"{entered[0]}: {advice[0]}")
         if entered:
-            raise AssertionError(f"your function ran the course's {entered[0]}: {self.why}")
+            whose = _NOT_THE_COURSES.get(entered[0], f"the course's {entered[0]}")
+            raise AssertionError(f"your function ran {whose}: {self.why}")
         return result
 
 
