@@ -56,7 +56,6 @@ a copy; the exercise's text names all four.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -71,6 +70,7 @@ from course_utils.grading.checks.pipeline_probe import (
     FAST_INPUT_SHARE,
     SLOW_INPUT_SHARE,
     slow_baseline,
+    watched_build,
 )
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
@@ -307,29 +307,10 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
         finally:
             delay[0] = READ_SECONDS
 
-    from course_utils.data import make_pipeline
-
-    # lesson 01's helper puts the steps in the right order: the answer, under another name
-    guard = CallsInto(make_pipeline, tensorflow_threads=True)
-    taken: list[list[str]] = []
-
-    def built(*args: Any) -> Any:  # the learner's call, watched; the profiles below are not
-        with guard:
-            try:
-                return fn(*args)
-            finally:
-                taken.append(guard.take())
-
+    built, course_pipeline = watched_build(fn)  # lesson 01's make_pipeline refused
     def verify(dataset: Any) -> str | None:
-        called = taken.pop() if taken else []
-        if watching_problem(called):
-            return watching_problem(called)
-        if called:
-            return ("remove_input_bottleneck called cu.data.make_pipeline (lesson 01's helper, "
-                    "which puts the steps in order): build the pipeline from tf.data's own "
-                    "steps yourself")
-        if not isinstance(dataset, tf.data.Dataset):
-            return f"returned {type(dataset).__name__}; return a tf.data.Dataset"
+        if course_pipeline() or not isinstance(dataset, tf.data.Dataset):
+            return course_pipeline() or f"returned {type(dataset).__name__}; return a Dataset"
         if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
             return "the dataset repeats forever; return one epoch (the check repeats it)"
         # reads counted from the learner's call on: a cache filled at build time reads too
@@ -368,7 +349,6 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
               f"step {slow.step_s * 1e3:.1f} → {fast.step_s * 1e3:.1f} ms")
         return None
 
-    functools.update_wrapper(built, fn)
     return run_check(
         "remove_input_bottleneck", built,
         [Case(args=(records, read, augment, batch_size), verify=verify, label=label)],
