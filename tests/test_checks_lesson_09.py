@@ -78,8 +78,32 @@ def cases_in_built_order(monkeypatch):
 
 
 def find_bottleneck(events):
-    """The reference: time inside the steps per part, the largest part named."""
-    totals = part_totals(events)
+    """The reference: the union of each part's spans inside the steps, the largest named."""
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("ph") == "X" and "step_num" in e.get("args", {})]
+    threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    spans = {"input": [], "compute": [], "communication": []}
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        op_type = e.get("args", {}).get("long_name", "").rpartition(":")[2]
+        if e["name"].startswith("IteratorGetNext"):
+            part = "input"
+        elif (not op_type or e["name"].startswith("Iterator::")
+              or threads.get((e["pid"], e.get("tid")), "").startswith("tf_data")):
+            continue  # not an op, or the pipeline's own work
+        else:
+            part = "communication" if "Collective" in op_type or "Nccl" in op_type else "compute"
+        spans[part].append((e["ts"], e["ts"] + e["dur"]))
+    totals = dict.fromkeys(spans, 0.0)
+    for start, end in steps:  # the union inside each step: an instant once per part
+        for part, found in spans.items():
+            reach = start
+            for a, b in sorted(found):
+                a, b = max(a, reach), min(b, end)
+                if b > a:
+                    totals[part], reach = totals[part] + b - a, b
     return max(totals, key=totals.get)
 
 
@@ -1028,3 +1052,24 @@ def test_an_answer_equal_to_anything_is_refused_and_a_numpy_str_passes(monkeypat
             ["input", "compute", "communication"].index(find_bottleneck(events))]
 
     assert cu.grading.check_find_bottleneck(as_numpy)
+
+
+def test_summed_spans_misread_two_replicas_computing_side_by_side(cases_in_built_order):
+    """Summed span by span, two replicas' compute counts each instant twice (fresh read nb29-09)."""
+    def summed(events):
+        totals = part_totals(events)
+        return max(totals, key=totals.get)
+
+    with pytest.raises(AssertionError, match="returned 'compute', but this trace is input-bound"):
+        cu.grading.check_find_bottleneck(summed)
+
+
+def test_remove_input_bottleneck_refuses_the_course_pipeline():
+    """Lesson 01's helper puts read, cache, augment, batch and prefetch in order: the answer
+    under another name (fresh read nb29-09)."""
+    def remove_input_bottleneck(records, read, augment, batch_size):
+        return cu.data.make_pipeline(records, batch_size, preprocess=read, augment=augment,
+                                     shuffle_buffer=None)
+
+    with pytest.raises(AssertionError, match="make_pipeline"):
+        cu.grading.check_remove_input_bottleneck(remove_input_bottleneck)

@@ -121,7 +121,7 @@ class Case:
 
 def _is_stub_raise(fn: Callable[..., Any], error: BaseException) -> bool:
     """True when ``NotImplementedError`` was raised by ``fn``'s own body (the exercise stub)."""
-    code = getattr(fn, "__code__", None)
+    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)  # a check's wrapper
     if code is None:  # a class or callable object: trust the exception
         return True
     tb = error.__traceback__

@@ -70,6 +70,7 @@ from course_utils.grading.checks.pipeline_probe import (
     FAST_INPUT_SHARE,
     SLOW_INPUT_SHARE,
     slow_baseline,
+    watched_build,
 )
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
@@ -306,9 +307,10 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
         finally:
             delay[0] = READ_SECONDS
 
+    built, course_pipeline = watched_build(fn)  # lesson 01's make_pipeline refused
     def verify(dataset: Any) -> str | None:
-        if not isinstance(dataset, tf.data.Dataset):
-            return f"returned {type(dataset).__name__}; return a tf.data.Dataset"
+        if course_pipeline() or not isinstance(dataset, tf.data.Dataset):
+            return course_pipeline() or f"returned {type(dataset).__name__}; return a Dataset"
         if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
             return "the dataset repeats forever; return one epoch (the check repeats it)"
         # reads counted from the learner's call on: a cache filled at build time reads too
@@ -348,7 +350,7 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
         return None
 
     return run_check(
-        "remove_input_bottleneck", fn,
+        "remove_input_bottleneck", built,
         [Case(args=(records, read, augment, batch_size), verify=verify, label=label)],
         hint="lesson 09, section 7 (the ablation) and lesson 01, sections 4 and 5: which of "
              "your steps gives the same result every epoch, which must differ, and what "

@@ -14,6 +14,7 @@ every epoch: more work than the fix."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["BASELINE_ATTEMPTS", "FAST_INPUT_SHARE", "NOISE_SPREAD", "SLOW_INPUT_SHARE",
            "STORED_OFFSET", "augment", "counting_read", "elements_problem", "least_input",
-           "one_epoch", "runs_ahead", "slow_baseline"]
+           "one_epoch", "runs_ahead", "slow_baseline", "watched_build"]
 
 #: Input share of the step time the fixed pipeline must stay under.
 FAST_INPUT_SHARE = 0.4
@@ -312,3 +313,34 @@ def least_input(profile: Callable[[], Any], attempts: int = BASELINE_ATTEMPTS) -
             break
         best = min(best, profile(), key=lambda each: each.shares()["input"])
     return best
+
+
+def watched_build(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Callable[[], str | None]]:
+    """``fn`` wrapped to watch its calls into ``cu.data.make_pipeline`` (lesson 01's helper,
+    which puts read, cache, augment, batch and prefetch in order: the answer under another
+    name), and a function that says what the last build did wrong, or None. Only the build is
+    watched: the profiles that follow run unwatched."""
+    from course_utils.data import make_pipeline
+    from course_utils.grading.checks.call_guard import CallsInto, watching_problem
+
+    guard = CallsInto(make_pipeline, tensorflow_threads=True)
+    taken: list[list[str]] = []
+
+    @functools.wraps(fn)
+    def built(*args: Any) -> Any:
+        with guard:
+            try:
+                return fn(*args)
+            finally:
+                taken.append(guard.take())
+
+    def problem() -> str | None:
+        called = taken[-1] if taken else []
+        if called:
+            return watching_problem(called) or (
+                "remove_input_bottleneck called cu.data.make_pipeline (lesson 01's helper, "
+                "which puts the steps in order): build the pipeline from tf.data's own steps "
+                "yourself")
+        return None
+
+    return built, problem

@@ -38,9 +38,9 @@ from typing import Any
 __all__ = ["BOTTLENECK_CASES", "synthetic_trace", "trace_case"]
 
 _PID = 1
-_STEP_THREAD, _OP_THREAD, _DATA_THREAD = 11, 12, 13
+_STEP_THREAD, _OP_THREAD, _DATA_THREAD, _REPLICA_THREAD = 11, 12, 13, 14
 _THREADS = {_STEP_THREAD: "python3", _OP_THREAD: "tf_Compute/4711",
-            _DATA_THREAD: "tf_data_private_threadpool/815"}
+            _DATA_THREAD: "tf_data_private_threadpool/815", _REPLICA_THREAD: "tf_Compute/4712"}
 _OPS = ("conv/Conv2D:Conv2D", "dense/MatMul:MatMul", "dense/BiasAdd:BiasAdd", "relu/Relu:Relu",
         "Adam/AssignSubVariableOp:AssignSubVariableOp", "grad/Conv2DBackpropFilter:"
         "Conv2DBackpropFilter")
@@ -66,7 +66,7 @@ def _span(name: str, ts: float, dur: float, tid: int, long_name: str | None = No
 def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: int = 3,
                     background: float = 0.0, outside: float = 0.0, trailing: float = 0.0,
                     uneven: Mapping[str, float] | None = None,
-                    nccl: bool = False) -> list[dict[str, Any]]:
+                    nccl: bool = False, replicas: int = 1) -> list[dict[str, Any]]:
     """Events of ``steps`` profiled steps whose time splits into ``parts`` (shares of input,
     compute, communication; the rest is "other"), plus the distractors described above.
 
@@ -124,6 +124,9 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                     long_name = rng.choice(_COLLECTIVES if kind == "communication" else _OPS)
                     events.append(_span(long_name.split(":")[0], clock, piece, _OP_THREAD,
                                         long_name))
+                    if kind == "compute" and replicas > 1:  # the other replica, side by side
+                        events.append(_span(long_name.split(":")[0], clock, piece,
+                                            _REPLICA_THREAD, long_name))
                 clock += piece
             clock += after
         if background:  # the pipeline works ahead on its own thread: no step time
@@ -168,6 +171,11 @@ BOTTLENECK_CASES = {
         "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"outside": 3.0}),
     "input-bound steps, then a long stretch of compute after the last of them": (
         "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"trailing": 3.0}),
+    # as under MirroredStrategy: each replica's ops on a thread of its own, at the same time;
+    # summed span by span, compute counts each instant twice and outranks the input wait
+    "input leads, while two replicas compute side by side on two threads": (
+        "input", lambda r: (r.uniform(0.40, 0.44), r.uniform(0.30, 0.34), 0.03), {
+            "replicas": 2}),
     "input-bound in total, though most steps (the first and the last too) are compute-bound": (
         "input", lambda r: (0.1, r.uniform(0.55, 0.65), 0.05), {
             "uneven": {"input": 0.8, "compute": 0.1, "communication": 0.02}}),
