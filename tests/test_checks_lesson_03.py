@@ -363,6 +363,15 @@ def _library_frames_mean_a_crash(logs):
     return diagnose(logs)
 
 
+def _starting_line_means_not_in_cluster(logs):
+    """A line the lesson's worker script never prints ('starting at step') read as a job
+    whose workers never met; the replica count ignored."""
+    if "starting at step" in logs[0]:
+        return "not_in_cluster", None
+    cause, worker = diagnose(logs)
+    return ("killed", 0) if cause == "not_in_cluster" else (cause, worker)
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -393,6 +402,8 @@ DIAGNOSIS_CATALOGUE = {
                                                       r"the worker at fault is [1-9]"),
     "library frames read as a crash": (_library_frames_mean_a_crash,
                                        "you said 'crashed'|the worker at fault is"),
+    "a line the lesson's script never prints": (_starting_line_means_not_in_cluster,
+                                                 "the cause is 'not_in_cluster'"),
     "keywords of the whole job": (_keywords_of_the_whole_job,
                                   r"the cause is '\w+', you said|the worker at fault is \d,"),
 }
