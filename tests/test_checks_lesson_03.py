@@ -86,9 +86,9 @@ def diagnose(logs):
         if "Traceback" in log and not re.search(r"(Unavailable|DeadlineExceeded)Error", log):
             return "crashed", worker
     silent = [worker for worker, log in enumerate(logs) if "Error" not in log]
-    if any("DeadlineExceededError" in log for log in logs):
-        return "stalled", silent[0]
-    return "killed", silent[0]
+    if any("UnavailableError" in log for log in logs):
+        return "killed", silent[0]
+    return "stalled", silent[0]
 
 
 def restore_latest(checkpoint, checkpoint_dir, examples_done):
