@@ -86,9 +86,9 @@ def diagnose(logs):
         if "Traceback" in log and not re.search(r"(Unavailable|DeadlineExceeded)Error", log):
             return "crashed", worker
     silent = [worker for worker, log in enumerate(logs) if "Error" not in log]
-    if any("DeadlineExceededError" in log for log in logs):
-        return "stalled", silent[0]
-    return "killed", silent[0]
+    if any("UnavailableError" in log for log in logs):
+        return "killed", silent[0]
+    return "stalled", silent[0]
 
 
 def restore_latest(checkpoint, checkpoint_dir, examples_done):
@@ -363,6 +363,15 @@ def _library_frames_mean_a_crash(logs):
     return diagnose(logs)
 
 
+def _starting_line_means_not_in_cluster(logs):
+    """A line the lesson's worker script never prints ('starting at step') read as a job
+    whose workers never met; the replica count ignored."""
+    if "starting at step" in logs[0]:
+        return "not_in_cluster", None
+    cause, worker = diagnose(logs)
+    return ("killed", 0) if cause == "not_in_cluster" else (cause, worker)
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -393,6 +402,8 @@ DIAGNOSIS_CATALOGUE = {
                                                       r"the worker at fault is [1-9]"),
     "library frames read as a crash": (_library_frames_mean_a_crash,
                                        "you said 'crashed'|the worker at fault is"),
+    "a line the lesson's script never prints": (_starting_line_means_not_in_cluster,
+                                                 "the cause is 'not_in_cluster'"),
     "keywords of the whole job": (_keywords_of_the_whole_job,
                                   r"the cause is '\w+', you said|the worker at fault is \d,"),
 }
@@ -1855,7 +1866,7 @@ RESUME_CATALOGUE = {
         r"batched \[\d+(, \d+)*\] examples"),
     "whole global batches cut by a counting map out of one element of all the data": (
         restore_latest, whole_batches_cut_from_all_the_data,
-        r"batched \[\d+(, \d+)*\] examples"),
+        r"batched \[\d+(, \d+)*\] examples|residue classes mod \d: each pipeline"),
     "whole global batches tiled over all the data by a map of the same shapes": (
         restore_latest, whole_batches_tiled_over_all_the_data,
         r"batched \[\d+(, \d+)*\] examples"),
@@ -1885,8 +1896,9 @@ RESUME_CATALOGUE = {
         restore_latest,
         pipeline_fn(lambda done, c, b: -(-(done - c.input_pipeline_id) // c.num_replicas_in_sync)),
         "trained examples it should not"),
-    "every pipeline reads everything": (restore_latest, reads_everything,
-                                        "trained examples it should not"),
+    "every pipeline reads everything": (
+        restore_latest, reads_everything,
+        r"trained examples it should not|residue classes mod \d: each pipeline"),
     "a global batch as one part per row": (restore_latest, rows_as_parts,
                                            r"batched \[\d+(, \d+)*\] examples"),
     "a global batch of zipped rows": (restore_latest, zipped_rows,
@@ -1919,6 +1931,27 @@ def test_a_wrong_resume_is_rejected_before_any_cluster_starts(restore, dataset, 
     monkeypatch.setattr(lesson_03, "_run_killed", no_cluster)
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_resume(restore, dataset)
+
+
+def every_row_batched_then_sharded(x, y, global_batch, examples_done):
+    """Every pipeline reads and batches every row, then keeps every P-th per-replica batch:
+    the union per step is right, but no pipeline reads only its own shard (nb29-03 L1)."""
+    def dataset_fn(context):
+        batch = context.get_per_replica_batch_size(global_batch)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().skip(examples_done)
+        dataset = dataset.batch(batch, drop_remainder=True)
+        return dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+    return dataset_fn
+
+
+def test_a_pipeline_reading_every_row_is_refused_before_any_cluster(monkeypatch):
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a wrong resume reached the cluster")
+
+    monkeypatch.setattr(lesson_03, "_run_killed", no_cluster)
+    with pytest.raises(AssertionError, match=r"residue classes mod \d: each pipeline should "
+                                             "read only its own shard"):
+        cu.grading.check_resume(restore_latest, every_row_batched_then_sharded)
 
 
 def test_no_log_reports_the_missing_heartbeats_of_the_coordination_leader():

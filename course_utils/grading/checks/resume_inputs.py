@@ -208,6 +208,25 @@ def _inputs(node: Any) -> dict[str, list[str]]:
     return named
 
 
+def _one_shard_per_pipeline(batches: list, pipelines: int, pipeline: int) -> str | None:
+    """Within one pass of the data (until a label falls back), a pipeline that reads its own
+    shard reads one residue class of the examples mod the number of pipelines (which class
+    does not matter: skip then shard and shard then skip both fit)."""
+    labels = [int(label) for _, batch_labels in batches for label in batch_labels]
+    first_pass = labels[:1]
+    for label in labels[1:]:
+        if label < first_pass[-1]:
+            break
+        first_pass.append(label)
+    classes = sorted({label % pipelines for label in first_pass})
+    if len(classes) < 2:
+        return None
+    return (f"pipeline {pipeline} read examples {first_pass[:6]} in one pass of the data, "
+            f"{len(classes)} residue classes mod {pipelines}: each pipeline should read only "
+            f"its own shard, every {pipelines}-th example (skip, then shard), not read and "
+            "batch every row and keep every few batches")
+
+
 def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
     """Call the learner's ``dataset_fn`` for fresh input contexts; check the steps of as many
     passes as there are pipelines, and one more."""
@@ -264,6 +283,9 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
                 if not np.array_equal(features, x[labels]):
                     return f"{where}: the features no longer match their labels"
                 trained[index // per] += [int(label) for label in labels]
+            shard_problem = _one_shard_per_pipeline(batches, pipelines, pipeline)
+            if shard_problem:
+                return f"{where}: {shard_problem}"
         for step, got in enumerate(trained):
             due = sorted(((done + step * global_batch + np.arange(global_batch)) % size).tolist())
             if sorted(got) != due:
