@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 import threading
 
 import pytest
 
 import course_utils as cu
-from course_utils.grading.checks import lesson_05
+from course_utils.grading.checks import lesson_05, settings_rules
 from course_utils.grading.framework import NotAttemptedError, strict_checks
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
@@ -164,16 +165,86 @@ def test_settings_without_the_epoch_cap_fail():
                                       fraction, n)
         return per_replica, math.ceil(host_overhead_ms / (fraction * step_ms))
 
-    with pytest.raises(AssertionError, match=r"result\[1\]"):
+    with pytest.raises(AssertionError, match=r"steps_per_execution \d+ is more than the "
+                                             "steps of one epoch"):
         cu.grading.check_tpu_settings(uncapped)
 
 
-def test_reference_settings_examples():
-    assert lesson_05.reference_tpu_settings(8, 4096, 2.0, 0.5, 0.15, 1_000_000) == (512, 27)
-    assert lesson_05.reference_tpu_settings(1, 100, 1.0, 3.0, 0.05, 10_000) == (96, 7)
-    assert lesson_05.reference_tpu_settings(8, 40, 1.0, 2.0, 0.3, 10_000) == (5, 2)  # below 8
-    with pytest.raises(ValueError, match="one example each"):
-        lesson_05.reference_tpu_settings(16, 8, 1.0, 1.0, 0.1, 1_000)
+def test_the_course_has_no_answer_to_import():
+    """The package is installed for learners: no reference answer in the check's modules."""
+    assert not [name for name in dir(lesson_05) + dir(settings_rules) if "reference" in name]
+
+
+V5E_8 = (8, 4096, 2.0, 0.5, 0.15, 1_000_000)  # (512, 27): 2 ms / 27 <= 0.075 ms < 2 ms / 26
+SMALL = (8, 40, 1.0, 2.0, 0.3, 10_000)  # (5, 2): fewer than 8 examples a replica
+SHORT = (4, 4 * 256, 5.0, 0.1, 0.03, 4 * 256 * 3)  # (256, 3): capped at the epoch's steps
+EMPTY = (8, 1024, 1.0, 1.0, 0.3, 500)  # (128, 1): not one whole step an epoch
+
+
+@pytest.mark.parametrize(("args", "right"), [
+    (V5E_8, (512, 27)), ((1, 100, 1.0, 3.0, 0.05, 10_000), (96, 7)), (SMALL, (5, 2)),
+    (SHORT, (256, 3)), (EMPTY, (128, 1))])
+def test_the_settings_rules_accept_the_right_pair(args, right):
+    assert tpu_settings(*args) == right  # the tests' answer agrees with the worked pairs
+    assert settings_rules.settings_problem(args, right) is None
+
+
+@pytest.mark.parametrize(("args", "got", "message"), [
+    (V5E_8, 5, r"expected a pair \(per_replica_batch, steps_per_execution\), got int"),
+    (V5E_8, (512.0, 27), r"per_replica_batch \(result\[0\]\) should be an int, got the float"),
+    (V5E_8, (0, 27), r"per_replica_batch \(result\[0\]\) is 0: it is never fewer than 1"),
+    (V5E_8, (640, 27), "x 8 replicas = 5120, is more than max_global_batch=4096"),
+    (V5E_8, (504, 27), "a tile of 128 fits every replica .* must be a multiple of 128: 504"),
+    (V5E_8, (384, 27), "not as many as the global batch allows: one more tile, 512 a replica"),
+    (SMALL, (4, 2), "not as many as the global batch allows: one more tile, 5 a replica"),
+    ((8, 100, 1.0, 2.0, 0.3, 10_000), (12, 2), "a tile of 8 fits every replica .* of 8: 12"),
+    (V5E_8, (512, 0), r"steps_per_execution \(result\[1\]\) is 0: it is never fewer than 1"),
+    (SHORT, (256, 4), "more than the steps of one epoch: .* 1024 .* has 3 steps$"),
+    (EMPTY, (128, 2), "has 0 steps, and never fewer than 1"),
+    (V5E_8, (512, 28), "28 is not the fewest: 27 steps a call already share the 2.0 ms"),
+    (V5E_8, (512, 26), "26 shares the 2.0 ms round-trip down to 0.0769231 ms a step only, "
+                       r"more than the accepted 0.15 x 0.5 ms = 0.075 ms, .* more steps a call"),
+], ids=["not-a-pair", "float", "zero-batch", "over-the-global-batch", "not-whole-tiles-of-128",
+        "one-more-tile-fits", "one-more-example-fits", "not-whole-tiles-of-8", "zero-steps",
+        "over-the-epoch", "over-an-empty-epoch", "not-the-fewest", "too-few-steps"])
+def test_the_settings_rules_name_the_rule_each_wrong_pair_breaks(args, got, message):
+    problem = settings_rules.settings_problem(args, got)
+    assert problem is not None and re.search(message, problem), problem
+
+
+@pytest.mark.parametrize(("got", "message"), [
+    ((384, 27), "not as many as the global batch allows"),
+    ((512, 26), "more steps a call fit")])
+def test_the_check_names_the_rule_and_the_case(got, message):
+    """The check's own failure: the case and the broken rule (a fixed v5e-8, case 1)."""
+    def answer(*args):
+        return got if args == V5E_8 else tpu_settings(*args)
+
+    with pytest.raises(AssertionError, match=rf"case 1 \(8, 4096, 2.0, 0.5, 0.15, 1000000\): "
+                                             rf".*{message}"):
+        cu.grading.check_tpu_settings(answer)
+
+
+def test_the_settings_rules_agree_with_a_learners_answer_on_random_tpus():
+    """Over random described TPUs off the overhead boundary, the verifier accepts the tests'
+    answer and refuses every neighbour of it (one example, one tile, one step either way)."""
+    import random
+
+    rng, seen = random.Random(5), 0
+    while seen < 2000:
+        replicas = rng.choice([1, 2, 4, 8, 16])
+        args = (replicas, rng.randint(replicas, replicas * 1500), rng.choice([0.5, 2.0, 5.0]),
+                rng.choice([0.2, 1.0, 3.0]), rng.choice([0.02, 0.05, 0.3]),
+                rng.randint(1, 2_000_000))
+        if settings_rules.on_a_boundary(*args[2:5]):
+            continue
+        seen += 1
+        batch, steps = tpu_settings(*args)
+        assert settings_rules.settings_problem(args, (batch, steps)) is None, args
+        for other in [(batch + d, steps) for d in (-128, -8, -1, 1, 8, 128)] + [
+                (batch, steps + d) for d in (-1, 1)]:
+            if min(other) >= 1:
+                assert settings_rules.settings_problem(args, other), (args, other)
 
 
 def test_settings_that_divide_by_zero_below_eight_examples_a_replica_fail():
@@ -360,12 +431,15 @@ def test_the_reference_reached_only_when_traced_fails():
 
         @tf.function(autograph=False)  # AutoGraph's copies: tests/test_call_guard.py
         def train_steps(iterator, steps):  # make_train_steps itself runs nothing of the check's
-            lesson_05.reference_train_steps(strategy, model, optimizer, global_batch_size)
+            try:  # entered (then failing on these arguments): what the guard records
+                lesson_05._one_device_weights(model, optimizer, None, 0)
+            except AttributeError:
+                pass
             inner(iterator, steps)
 
         return train_steps
 
-    with pytest.raises(AssertionError, match="traced and run: .*reference_train_steps"):
+    with pytest.raises(AssertionError, match="traced and run: .*_one_device_weights"):
         cu.grading.check_train_steps(reference_when_traced)
 
 
@@ -518,51 +592,123 @@ def _one_step_too_many_on_the_boundary(replicas, max_global_batch, host, step, f
 
 @pytest.mark.parametrize(("answer", "case"), [
     (_one_step_too_many_on_the_boundary,
-     r"\(8, 4096, 1.0, 0.5, 0.25, 1000000\): result\[1\] is off by 1"),
-    (_epoch_of_the_largest_batch, r"\(4, 1200, 5.0, 0.1, 0.03, 5220\): result\[1\]"),
-    (_tiles_of_the_global_batch, r"\(8, 80, 1.0, 1.0, 0.3, 10000\): result\[0\]"),
-    (_zero_steps_when_the_epoch_is_short, r"\(8, 1024, 1.0, 1.0, 0.3, 500\): result\[1\]"),
-    (_fewest_steps_rounded_down, r"result\[1\] is off by -1"),
+     r"\(8, 4096, 1.0, 0.5, 0.25, 1000000\): steps_per_execution 9 is not the fewest"),
+    (_epoch_of_the_largest_batch,
+     r"\(4, 1200, 5.0, 0.1, 0.03, 5220\): steps_per_execution 4 shares .* has 5 steps"),
+    (_tiles_of_the_global_batch,
+     r"\(8, 80, 1.0, 1.0, 0.3, 10000\): a tile of 8 fits every replica .* 10 is not"),
+    (_zero_steps_when_the_epoch_is_short,
+     r"\(8, 1024, 1.0, 1.0, 0.3, 500\): steps_per_execution \(result\[1\]\) is 0"),
+    (_fewest_steps_rounded_down, r"steps_per_execution \d+ shares .* more steps a call fit"),
 ])
 def test_settings_breaking_one_rule_each_fail_on_the_case_that_shows_it(answer, case):
     with pytest.raises(AssertionError, match=case):
         cu.grading.check_tpu_settings(answer)
 
 
-def _exec_copy_of_the_reference():
-    """The reference answer's source run again, as a learner could: a new code object."""
+def _settings_with(problem):
+    """A learner's answer that asks ``problem`` (the check's verifier, or a copy of it) about
+    a pair before answering: entering the check's rules is what is refused."""
+    def answer(*args):
+        problem(args, (1, 1))
+        return tpu_settings(*args)
+
+    return answer
+
+
+def _exec_copy_of_the_verifier():
+    """The verifier's module run again from its source, as a learner could: new code objects
+    with the same content."""
     import inspect
 
-    namespace = {"__name__": "__main__", "math": math}
-    source = inspect.getsource(lesson_05.reference_tpu_settings)
-    exec(compile(source, "<pasted>", "exec"), namespace)  # noqa: S102
-    return namespace["reference_tpu_settings"]
+    namespace = {"__name__": "pasted"}
+    exec(compile(inspect.getsource(settings_rules), "<pasted>", "exec"), namespace)  # noqa: S102
+    return namespace["settings_problem"]
 
 
 def _in_a_thread(*args):
-    """The reference run in a thread the answer starts: the guard follows new threads."""
+    """The verifier run in a thread the answer starts: the guard follows new threads."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(lesson_05.reference_tpu_settings, *args).result()
+        pool.submit(settings_rules.settings_problem, args, (1, 1)).result()
+    return tpu_settings(*args)
 
 
 @pytest.mark.parametrize("answer", [
-    lambda *args: lesson_05.reference_tpu_settings(*args),  # imported from the check module
-    lambda *args: _exec_copy_of_the_reference()(*args),
+    _settings_with(lambda *a: settings_rules.settings_problem(*a)),  # imported from the check
+    _settings_with(lambda *a: _exec_copy_of_the_verifier()(*a)),
     _in_a_thread,
 ])
-def test_the_reference_settings_reached_from_the_check_module_fail(answer):
-    with pytest.raises(AssertionError, match="ran the course's reference_tpu_settings"):
+def test_the_settings_verifier_reached_from_the_check_module_fails(answer):
+    with pytest.raises(AssertionError, match="ran the course's settings_problem"):
         cu.grading.check_tpu_settings(answer)
 
 
-def test_the_reference_training_function_imported_from_the_check_module_fails():
+def test_the_checks_one_device_training_imported_fails():
     def imported(strategy, model, optimizer, global_batch_size):
-        return lesson_05.reference_train_steps(strategy, model, optimizer, global_batch_size)
+        try:  # entered (then failing on these arguments): what the guard records
+            lesson_05._one_device_weights(model, optimizer, None, 0)
+        except AttributeError:
+            pass
+        return make_train_steps(strategy, model, optimizer, global_batch_size)
 
-    with pytest.raises(AssertionError, match="ran the course's reference_train_steps"):
+    with pytest.raises(AssertionError, match="ran the course's _one_device_weights"):
         cu.grading.check_train_steps(imported)
+
+
+def test_the_checks_one_device_step_under_strategy_run_fails():
+    """The check's one-device training written out as the answer (the exercise's given code:
+    the examples' mean and the whole penalty on every replica) fails under the strategy."""
+    import keras
+    import tensorflow as tf
+
+    def one_device_step(strategy, model, optimizer, global_batch_size):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                    y, model(x, training=True), from_logits=True)) + tf.add_n(model.losses)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+        @tf.function
+        def train_steps(iterator, steps):
+            for _ in tf.range(steps):
+                strategy.run(replica_step, args=next(iterator))
+
+        return train_steps
+
+    with pytest.raises(AssertionError, match=r"case 1 \(MirroredStrategy.*differ from one "
+                                             "device"):
+        cu.grading.check_train_steps(one_device_step)
+
+
+@pytest.mark.solution_passes
+def test_the_loss_and_penalty_divided_by_the_replicas_read_passes():
+    """The reader's hand-written answer (nb29-05 L2): (mean + penalty) / replicas, the count
+    read from the strategy; right for equal per-replica batches."""
+    import keras
+    import tensorflow as tf
+
+    def by_hand(strategy, model, optimizer, global_batch_size):
+        replicas = strategy.num_replicas_in_sync
+
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                each = keras.losses.sparse_categorical_crossentropy(
+                    y, model(x, training=True), from_logits=True)
+                loss = (tf.reduce_mean(each) + tf.add_n(model.losses)) / replicas
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+        @tf.function
+        def train_steps(iterator, steps):
+            for _ in tf.range(steps):
+                strategy.run(replica_step, args=next(iterator))
+
+        return train_steps
+
+    assert cu.grading.check_train_steps(by_hand) is True
 
 
 def _the_course_trainers_function(strategy, model, optimizer, global_batch_size):
@@ -849,7 +995,7 @@ def test_a_removed_profiler_fails_the_settings():
         import sys
 
         getattr(sys, "set" + "profile")(None)  # a name the source scan cannot read
-        return lesson_05.reference_tpu_settings(*args)
+        return tpu_settings(*args)
 
     with pytest.raises(AssertionError, match="removed the check's profiler"):
         cu.grading.check_tpu_settings(removes)

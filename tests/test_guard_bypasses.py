@@ -179,10 +179,11 @@ def ex_00_3(way: Callable[..., Any]) -> str | None:
 
 
 def ex_05_2(way: Callable[..., Any]) -> str | None:
-    """tpu_settings: refusing lesson 05's functions, its reference among them."""
-    from course_utils.grading.checks import lesson_05
+    """tpu_settings: refusing lesson 05's functions, its rules' verifier among them."""
+    from course_utils.grading.checks import lesson_05, settings_rules
 
-    answer = way(lambda: _call(lesson_05.reference_tpu_settings, 1, 1, 1.0, 1.0, 0.1, 1))
+    answer = way(lambda: _call(settings_rules.settings_problem, (1, 1, 1.0, 1.0, 0.1, 1),
+                               (1, 1)))
     return _refused(lesson_05._refusing_the_check(answer, "apply the rules yourself"),
                     2, 64, 1.0, 10.0, 0.1, 256)
 

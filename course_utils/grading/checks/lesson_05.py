@@ -23,44 +23,52 @@
   very long or very short sequences fails there: ``past_each_number``).
 * ``check_tpu_settings(tpu_settings)``: the per-replica batch and ``steps_per_execution`` for
   fresh described TPUs (small per-replica batches, and two exactly on the overhead rule's
-  boundary), compared with the rules stated in the exercise; a global batch that cannot give
-  each replica one example must raise ValueError.
+  boundary), each pair judged rule by rule as the exercise states them
+  (``settings_rules.settings_problem``: within the global batch, in whole tiles, no larger one
+  fitting; the round-trip shared within the accepted share while one step fewer is not, at
+  most an epoch's steps, at least 1), the failure naming the rule broken and the case; a
+  global batch that cannot give each replica one example must raise ValueError.
 * ``check_train_steps(make_train_steps)``: under the notebook's ``MirroredStrategy``, then on
   one device (a replica count typed into the loss fails there), two calls of different step
-  counts for a model with L2 penalties must match one device's reference training, trace
+  counts for a model with L2 penalties must match, within 1e-05, the weights one device
+  reaches another way (``_one_device_weights``: the exercise's one-device loss, mean
+  cross-entropy + sum(model.losses), in a plain GradientTape step a batch, no strategy), trace
   once, change the weights, and run the model in a replica context on each replica's rows
   (``strategy.run``: a weightless layer of the check's model notes both when traced).
   ``cu.Trainer`` and its replica step are refused, by file, while it is made, traced and run.
 
-Every function of this module (the reference answers, ``_expected_batches``) is importable, so
-the checks refuse them all while the learner's function runs: by the identity of their code and
-by content (a copy made with ``exec``), see ``refusals`` and ``call_guard``.
+No function of the package returns an exercise's answer (the package is installed for
+learners, also where only the exercise notebooks are handed out): exercise 2 is judged by a
+verifier, exercise 3 against a run made another way; the course's answers are in the solutions
+notebook and the tests. Every function of this module and of ``settings_rules``
+(``_expected_batches`` among them) is importable, so the checks refuse them all while the
+learner's function runs: by the identity of their code and by content (a copy made with
+``exec``), see ``refusals`` and ``call_guard``.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import Any
 
 import numpy as np
 
 from course_utils.equality import largest_difference
-from course_utils.grading.checks import static_batches
+from course_utils.grading.checks import settings_rules, static_batches
 from course_utils.grading.checks.batch_shapes import py_function_tokens
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["check_make_tpu_ready", "check_tpu_settings", "check_train_steps",
-           "reference_tpu_settings", "reference_train_steps"]
+__all__ = ["check_make_tpu_ready", "check_tpu_settings", "check_train_steps"]
 
 
 def _refusing_the_check(fn: Any, why: str, also_refused: tuple[Any, ...] = ()) -> Any:
-    """``fn`` refusing this module's functions (the answers) and ``also_refused`` as it runs."""
+    """``fn`` refusing this module's functions and the settings verifier's, and
+    ``also_refused``, as it runs."""
     return refusing(fn, [*own_functions(sys.modules[__name__], but=["_raw_dataset"]),
-                         *also_refused], why)
+                         *own_functions(settings_rules), *also_refused], why)
 
 
 def _course_training_files() -> tuple[str, ...]:
@@ -205,28 +213,6 @@ def check_make_tpu_ready(fn: Any) -> bool:
 # --- Exercise 2 · settings for a described TPU --------------------------------------------------
 
 
-def reference_tpu_settings(replicas: int, max_global_batch: int, host_overhead_ms: float,
-                           step_ms: float, max_overhead_fraction: float,
-                           num_examples: int) -> tuple[int, int]:
-    """The exercise's rules: the per-replica batch and steps_per_execution."""
-    largest = max_global_batch // replicas
-    if largest < 1:
-        raise ValueError(f"a global batch of {max_global_batch} cannot give {replicas} "
-                         "replicas one example each")
-    tile = next(size for size in (128, 8, 1) if largest >= size)
-    per_replica = largest // tile * tile
-    steps_per_epoch = num_examples // (per_replica * replicas)
-    needed = math.ceil(host_overhead_ms / (max_overhead_fraction * step_ms))
-    return per_replica, max(1, min(needed, steps_per_epoch))
-
-
-def _on_a_boundary(host_overhead_ms: float, step_ms: float, fraction: float) -> bool:
-    """True when the overhead rule lands on a whole number of steps, where float rounding
-    can decide between two answers: the random cases avoid them (two fixed ones do not)."""
-    ratio = host_overhead_ms / (fraction * step_ms)
-    return abs(ratio - round(ratio)) < 1e-6
-
-
 def _settings_cases(rng: Any) -> list[Case]:
     cases = [Case(args=(8, 4096, 2.0, 0.5, 0.15, 1_000_000)),  # a v5e-8, small fast steps
              Case(args=(1, 100, 1.0, 3.0, 0.05, 10_000)),  # Colab's v5e-1, a small batch
@@ -246,10 +232,10 @@ def _settings_cases(rng: Any) -> list[Case]:
                                                  rng.randint(129, 1200)]),
                 rng.choice([0.5, 1.0, 2.0, 5.0]), rng.choice([0.2, 1.0, 3.0, 20.0]),
                 rng.choice([0.02, 0.05, 0.1]), rng.randint(20_000, 2_000_000))
-        if not _on_a_boundary(*args[2:5]):
+        if not settings_rules.on_a_boundary(*args[2:5]):
             cases.append(Case(args=args))
-    for case in cases:
-        case.expected = reference_tpu_settings(*case.args)
+    for case in cases:  # judged rule by rule: nothing here computes the answer
+        case.verify = lambda got, args=case.args: settings_rules.settings_problem(args, got)
     return cases
 
 
@@ -323,30 +309,25 @@ def _model_and_optimizer(strategy: Any, seed: int, features: int, classes: int,
     return model, optimizer
 
 
-def reference_train_steps(strategy: Any, model: Any, optimizer: Any,
-                          global_batch_size: int) -> Any:
-    """The exercise's answer: a tf.function running ``steps`` replica steps in one call, the
-    model's regularization losses included (scaled by the replicas, summed back by them)."""
+def _one_device_weights(model: Any, optimizer: Any, dataset: Any, steps: int) -> list[Any]:
+    """``model``'s weights after ``steps`` global batches of ``dataset`` trained as the exercise
+    says one device trains (mean cross-entropy + sum(model.losses)), by a plain GradientTape
+    step a batch called from Python, no strategy: another way than the exercise's answer."""
     import keras
 
     tf = _tf()
 
-    def replica_step(x: Any, y: Any) -> None:
+    @tf.function
+    def step(x: Any, y: Any) -> None:
         with tf.GradientTape() as tape:
-            per_example = keras.losses.sparse_categorical_crossentropy(
-                y, model(x, training=True), from_logits=True)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, model(x, training=True), from_logits=True)) + tf.add_n(model.losses)
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
 
-    @tf.function
-    def train_steps(iterator: Any, steps: Any) -> None:
-        for _ in tf.range(steps):
-            strategy.run(replica_step, args=next(iterator))
-
-    return train_steps
+    for x, y in dataset.take(steps):
+        step(x, y)
+    return model.get_weights()
 
 
 _YOURSELF = "write the training function yourself (cu.Trainer's is the course's answer)"
@@ -377,9 +358,7 @@ def _train_cases(rng: Any) -> list[Case]:
     def expected_weights() -> Any:
         if not reference:  # one device, the same seed, hence the same start
             alone, opt = _model_and_optimizer(one_device, seed, features, classes, l2)
-            _train(reference_train_steps(one_device, alone, opt, global_batch),
-                   one_device, dataset, calls)
-            reference.append(alone.get_weights())
+            reference.append(_one_device_weights(alone, opt, dataset, sum(calls)))
         return reference[0]
 
     def case(strategy: Any, name: str) -> Case:
