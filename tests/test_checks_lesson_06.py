@@ -3,6 +3,8 @@ message, stubs are "not attempted". The unit-test process has 4 logical CPUs (te
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import course_utils as cu
@@ -329,8 +331,35 @@ def one_big_batch_in_shares(parts, micro_batches, loss_fn, devices):
     return loss, shared
 
 
-def capped_orders_from_the_check(num_stages, num_micro_batches, max_in_flight):
-    return lesson_06._capped_orders(num_stages, num_micro_batches, max_in_flight)
+def capped_orders(k, m, cap):
+    """The memory-capped 1F1B the check's slot count describes (the test's reference: the
+    package holds no orders): ``min(K − 1 − s, cap − 1, M)`` warm-up forwards."""
+    orders = []
+    for stage in range(k):
+        warm = min(k - 1 - stage, cap - 1, m)
+        order = [("F", b) for b in range(warm)]
+        for b in range(warm, m):
+            order += [("F", b), ("B", b - warm)]
+        orders.append(order + [("B", b) for b in range(m - warm, m)])
+    return orders
+
+
+def test_the_checks_slot_count_is_the_capped_orders_simulated():
+    from course_utils.parallel.schedules import schedule_from_orders
+
+    for k, m, cap in itertools.product(range(1, 7), range(1, 13), range(1, 8)):
+        simulated = max(t.slot for t in schedule_from_orders(capped_orders(k, m, cap))) + 1
+        assert lesson_06.capped_slots(k, m, cap) == simulated, (k, m, cap)
+
+
+def test_the_capped_orders_pass_and_the_check_holds_no_orders():
+    assert cu.grading.check_one_f_one_b_orders(capped_orders) is True
+    assert not [name for name in vars(lesson_06) if "orders" in name and name not in
+                ("check_one_f_one_b_orders", "_verify_orders")]
+
+
+def slot_count_from_the_check(num_stages, num_micro_batches, max_in_flight):
+    return lesson_06.capped_slots(num_stages, num_micro_batches, max_in_flight)
 
 
 def helper_in_a_thread(num_stages, num_micro_batches, max_in_flight):
@@ -730,7 +759,7 @@ def orders_read_from_the_course_schedule(num_stages, num_micro_batches, max_in_f
     (orders_read_from_the_course_schedule, "ran the course's one_f_one_b_schedule"),
     (lambda k, m, cap: [[("F", 0), ("B", 0)]] * k, "exactly once|once for every"),
     (lambda k, m, cap: None, "one order"),
-    (capped_orders_from_the_check, "ran the course's _capped_orders"),
+    (slot_count_from_the_check, "ran the course's capped_slots"),
     (profiler_removed, "removed the check's profiler"),
     (helper_in_a_thread, "ran the course's one_f_one_b_orders"),
 ])

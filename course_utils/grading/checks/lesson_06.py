@@ -8,9 +8,10 @@
   activations, and the schedule must take no more slots than the check's own capped 1F1B
   (strict alternation after its warm-up: not the fewest slots the budget allows, a greedy
   backward-first order takes fewer, and passes). The lesson's helpers have no cap, and are
-  refused by code identity and content (``refusals``), as is every function of this module
-  (``_capped_orders`` among them). Known limit: a copy of either edited without changing
-  what it computes (``+ 0``) passes.
+  refused by code identity and content (``refusals``), as is every function of this module.
+  The check holds no capped orders (the package is installed for learners): the bar is a
+  slot count in closed form (``capped_slots``). A copy of a lesson helper, edited or not,
+  has no cap and fails the cases whose cap is below K.
 * ``check_split_gradients(split_gradients)``: a model split into two and three parts on
   devices the check chooses (never the default first), trained on a few micro-batches; loss
   and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
@@ -87,16 +88,16 @@ def _short(name: str) -> str:
 # --- Exercise 1 · a 1F1B schedule ---------------------------------------------------------------
 
 
-def _capped_orders(k: int, m: int, cap: int) -> list[list[tuple[str, int]]]:
-    """The check's own memory-capped 1F1B: ``min(K − 1 − s, cap − 1, M)`` warm-up forwards."""
-    orders = []
-    for stage in range(k):
-        warm = min(k - 1 - stage, cap - 1, m)
-        order = [("F", b) for b in range(warm)]
-        for b in range(warm, m):
-            order += [("F", b), ("B", b - warm)]
-        orders.append(order + [("B", b) for b in range(m - warm, m)])
-    return orders
+def capped_slots(k: int, m: int, cap: int) -> int:
+    """The time slots of the memory-capped 1F1B (``min(K − 1 − s, cap − 1, M)`` warm-up
+    forwards, then strict alternation) on the course's simulator, in closed form (a count, not
+    the orders: nothing here returns an answer). With ``c = min(cap, K)`` stages' worth of
+    micro-batches in flight, the first ``min(M, c)`` take ``2 (min(M, c) + K − 1)`` slots as
+    in a plain 1F1B, and each further micro-batch waits for a backward to come back:
+    ``2 (K − c + 1)`` slots more (tests/test_checks_lesson_06.py checks the formula against the
+    simulated orders for every K ≤ 6, M ≤ 12, cap ≤ 7)."""
+    c = min(cap, k)
+    return 2 * (min(m, c) + k - 1) + max(0, m - c) * 2 * (k - c + 1)
 
 
 def _verify_orders(got: Any, k: int, m: int, cap: int) -> str | None:
@@ -122,7 +123,7 @@ def _verify_orders(got: Any, k: int, m: int, cap: int) -> str | None:
                     f"(forwarded, not yet backwarded); allowed: min(K − s, max_in_flight) = "
                     f"{allowed}. Per stage: {peaks}")
     slots = max(task.slot for task in tasks) + 1
-    best = max(t.slot for t in schedule_from_orders(_capped_orders(k, m, cap))) + 1
+    best = capped_slots(k, m, cap)
     if slots > best:
         return (f"the orders take {slots} time slots; within the same memory "
                 f"(max_in_flight={cap}) the capped 1F1B (min(K − 1 − s, max_in_flight − 1) "
