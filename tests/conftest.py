@@ -80,6 +80,6 @@ def _learner_diagnosis(timings, whole_step) -> str:
 @pytest.fixture
 def learner_diagnosis():
     """A right answer to lesson 00's ``diagnose_step`` written without the course's helpers
-    (the check refuses its own ``reference_diagnosis``, however it is reached)."""
+    (the check refuses its own functions, however they are reached)."""
     return _learner_diagnosis
 

@@ -135,7 +135,7 @@ def test_a_course_function_or_a_frame_walk_passed_as_the_answer_is_refused():
     from course_utils.parallel import schedules
 
     cases = [framework.Case((1,), expected=2)]
-    for course_code in (schedules.one_f_one_b_orders, lesson_00.reference_diagnosis,
+    for course_code in (schedules.one_f_one_b_orders, lesson_00.split_verdict,
                         functools.partial(schedules.one_f_one_b_orders)):
         with pytest.raises(AssertionError, match="the course's own code"):
             framework.run_check("t", course_code, cases)

@@ -147,11 +147,13 @@ def _refused(guarded: Callable[..., Any], *args: Any) -> str | None:
 
 
 def ex_00_1(way: Callable[..., Any]) -> str | None:
-    """diagnose_step: in a copy forked before the cases, refusing lesson 00's functions."""
-    from course_utils.grading.checks import lesson_00
+    """diagnose_step: in a copy forked before the cases, refusing lesson 00's functions and
+    its cases' maker."""
+    from course_utils.grading.checks import diagnose_step_cases, lesson_00
 
-    answer = way(lambda: _call(lesson_00.reference_diagnosis, {"input": [1.0]}, [2.0]))
-    guarded = refusing(answer, own_functions(lesson_00), "compute the medians yourself")
+    answer = way(lambda: _call(diagnose_step_cases.diagnose_cases, None))
+    guarded = refusing(answer, [*own_functions(lesson_00), *own_functions(diagnose_step_cases)],
+                       "compute the medians yourself")
     with ForkedCall(guarded, timeout_s=30) as in_a_copy:
         try:
             in_a_copy({"input": [1.0]}, [2.0])

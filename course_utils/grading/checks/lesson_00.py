@@ -4,7 +4,9 @@
   (noisy: some calls disturbed, compute's first call a tracing), name what to fix first – the
   part with the largest median, or ``"synchronisation"`` when the time the medians leave
   unexplained is larger than each of them; the answer runs in a copy of the process forked
-  before the cases exist.
+  before the cases exist. Each case's answer is the one it was made to have (its medians are
+  exact by construction and the rule's margins wide); no function here diagnoses timings,
+  since the package is installed for learners.
 * ``check_split_cpu(split_cpu)``: a split into logical devices that survives a re-run, called
   four times in one fresh TensorFlow (this kernel's devices are already fixed) by
   ``run_splits_in_fresh_process``: the split, the same split again (returns the devices), another
@@ -38,8 +40,9 @@
   is rebuilt to cache in memory: it starts empty and only this pipeline's reads fill it; a
   cache in a file inside a step's function counts as a file read).
 
-Each check builds fresh random inputs, computes the expected result with a reference and hands
-both to :func:`run_check`; TensorFlow is imported inside the checks, never at module level.
+Each check builds fresh random inputs with their expected results (made to have them, or
+computed) and hands both to :func:`run_check`; TensorFlow is imported inside the checks, never
+at module level.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks import diagnose_step_cases
 from course_utils.grading.checks.batch_shapes import (
     counting_reader,
     fresh_caches,
@@ -82,37 +86,10 @@ from course_utils.grading.framework import Case, expect_function, fresh_rng, run
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_diagnose_step", "check_overlapped_pipeline", "check_split_cpu",
-           "check_step_breakdown", "reference_diagnosis", "run_split_in_fresh_process",
+           "check_step_breakdown", "run_split_in_fresh_process",
            "run_split_answers", "run_splits_in_fresh_process", "split_verdict"]
 
 # --- Exercise 1 · diagnose a step from its numbers -------------------------------------------
-
-
-def reference_diagnosis(timings: Mapping[str, Any], whole_step: Any) -> str:
-    """What to fix first, from each part's timed calls (seconds; a list, or one number) and the
-    whole step's: the part with the largest median, or "synchronisation" when the unexplained
-    rest (the whole step's median minus the sum of the parts' medians) is larger than every
-    part. Medians, because a few disturbed calls must not sway the verdict."""
-    medians = {name: float(np.median(np.atleast_1d(calls))) for name, calls in timings.items()}
-    unexplained = float(np.median(np.atleast_1d(whole_step))) - sum(medians.values())
-    largest = max(medians, key=medians.__getitem__)
-    return "synchronisation" if unexplained > medians[largest] else largest
-
-
-_PARTS = ("input", "host→device transfer", "compute", "communication")
-#: Calls timed per part in ``check_diagnose_step``; a quarter of some are disturbed.
-_CALLS = 12
-
-
-def _calls(rng: Any, median_ms: float) -> list[float]:
-    """``_CALLS`` timings (seconds) around ``median_ms``, within 5 %."""
-    return [round(median_ms * rng.uniform(0.95, 1.05) / 1e3, 6) for _ in range(_CALLS)]
-
-
-def _disturb(rng: Any, calls: list[float], slow_s: float) -> None:
-    """A quarter of the calls (never the median's) take ``slow_s`` longer: other programs."""
-    for index in rng.sample(range(len(calls)), len(calls) // 4):
-        calls[index] = round(calls[index] + slow_s, 6)
 
 
 @register
@@ -128,9 +105,9 @@ def check_diagnose_step(fn: Any) -> bool:
 
         not_attempted("diagnose_step")
         return False
-    # the check's own functions (the reference answer among them) are not the learner's to
-    # call: a lambda or a name bound to reference_diagnosis runs it, and fails
-    guarded = refusing(fn, own_functions(sys.modules[__name__]),
+    # the check's own functions are not the learner's to call (nor are the cases' makers)
+    guarded = refusing(fn, [*own_functions(sys.modules[__name__]),
+                            *own_functions(diagnose_step_cases)],
                        "compute the medians and compare them yourself")
     with ForkedCall(guarded) as in_a_copy:
         return _diagnose_in(in_a_copy)
@@ -138,47 +115,8 @@ def check_diagnose_step(fn: Any) -> bool:
 
 def _diagnose_in(in_a_copy: Any) -> bool:
     """``check_diagnose_step``'s cases, drawn now, each answered by ``in_a_copy``."""
-    rng = fresh_rng()
-    cases = []
-    # the boundaries of the rule: a rest just above the largest part (but below the sum of the
-    # parts: comparing with the sum fails), and a rest above the mean and the second part but
-    # below the largest (comparing with those, or with 0, fails)
-    for culprit in (*_PARTS, "synchronisation", "overlapped", "rest above the largest part",
-                    "rest below the largest part"):
-        low = 2.0 if culprit == "rest above the largest part" else 0.5
-        medians = {name: rng.uniform(low, 3.0) for name in _PARTS}
-        if culprit in medians:
-            medians[culprit] = rng.uniform(8.0, 20.0)
-        if culprit in ("overlapped", "rest below the largest part"):  # input the largest
-            medians["input"] = rng.uniform(8.0, 20.0)
-        total = sum(medians.values())
-        if culprit == "synchronisation":  # the step takes far longer than its parts
-            whole_ms = total + max(medians.values()) + rng.uniform(2.0, 10.0)
-        elif culprit == "rest above the largest part":  # 1.4-1.6 × a part of 3 ms at most,
-            whole_ms = total + max(medians.values()) * rng.uniform(1.4, 1.6)  # sum >= 8 ms
-        elif culprit == "rest below the largest part":
-            whole_ms = total + medians["input"] * rng.uniform(0.6, 0.85)
-        elif culprit == "overlapped":
-            whole_ms = total - medians["input"] * 0.8
-        else:
-            whole_ms = total * rng.uniform(1.0, 1.1)
-        timings = {name: _calls(rng, ms) for name, ms in medians.items()}
-        decoy = rng.choice([name for name in _PARTS if name not in (culprit, "input")])
-        _disturb(rng, timings[decoy], 12 * max(medians.values()) / 1e3)
-        timings["compute"][0] = round(30 * max(medians.values()) / 1e3, 6)  # the tracing
-        whole = _calls(rng, whole_ms)
-        _disturb(rng, whole, 6 * whole_ms / 1e3)
-        timings = dict(rng.sample(sorted(timings.items()), len(timings)))  # any order
-        expected = reference_diagnosis(timings, whole)
-        shown = {name: f"{np.median(calls) * 1e3:.1f} ms (median)"
-                 for name, calls in timings.items()}
-        cases.append(Case(args=(timings, whole), expected=expected,
-                          label=f"(timings of {_CALLS} calls per part: {shown}, whole_step: "
-                                f"{np.median(whole) * 1e3:.1f} ms (median); a quarter of the "
-                                f"'{decoy}' calls disturbed, compute's first call traced)"))
-    rng.shuffle(cases)
     return run_check(
-        "diagnose_step", in_a_copy, cases,
+        "diagnose_step", in_a_copy, diagnose_step_cases.diagnose_cases(fresh_rng()),
         hint="a few calls of a part were disturbed by other programs, and compute's first call "
              "traced the function: summarise each part by a number those calls cannot sway "
              "(lesson 00, section 3: the table of medians), then compare as the lesson does: "
