@@ -62,7 +62,7 @@ def test_every_case_is_made_to_have_the_verdict_the_rule_gives():
 
 def test_diagnose_step_passes_the_reference(capsys):
     assert cu.grading.check_diagnose_step(diagnose_step)
-    assert "✅ diagnose_step: 8 cases passed" in capsys.readouterr().out
+    assert "✅ diagnose_step: 10 cases passed" in capsys.readouterr().out
 
 
 def _by(summary):  # the lesson's rule, on each part summarised by ``summary``
@@ -83,6 +83,25 @@ def _any_rest_is_synchronisation(timings, whole_step):  # compares with 0, not w
     if np.median(whole_step) > sum(medians.values()):
         return "synchronisation"
     return max(medians, key=medians.get)
+
+
+def _by_size_alone(timings, whole_step):  # whole_step never read: a small largest part
+    parts = {part: float(np.median(calls)) for part, calls in timings.items()}
+    largest = max(parts, key=parts.get)
+    return "synchronisation" if parts[largest] < 0.005 else largest
+
+
+def _by_share_of_the_step(timings, whole_step):  # no subtraction: the largest part's share
+    parts = {part: float(np.median(calls)) for part, calls in timings.items()}
+    largest = max(parts, key=parts.get)
+    share = parts[largest] / float(np.median(whole_step))
+    return "synchronisation" if share < 0.4 else largest
+
+
+def _by_spread(timings, whole_step):  # whole_step never read: a part far above the others
+    parts = sorted(float(np.median(calls)) for calls in timings.values())
+    named = {float(np.median(calls)): part for part, calls in timings.items()}
+    return named[parts[-1]] if parts[-1] > 2.5 * parts[-2] else "synchronisation"
 
 
 def _rest_against(bar):  # the rest compared with ``bar`` of the parts, not with the largest
@@ -118,6 +137,9 @@ def _expected_read_from_the_frames(timings, whole_step):  # by names no scan fin
     (_rest_against(sum), "expected: +'synchronisation'"),  # "larger than all the parts"
     (_rest_against(np.mean), "got: +'synchronisation'"),  # "larger than a typical part"
     (_rest_against(lambda parts: sorted(parts)[-2]), "got: +'synchronisation'"),
+    (_by_size_alone, "expected: "),  # an absolute time: each case has a scale of its own
+    (_by_share_of_the_step, "expected: "),  # parts alike: the largest, though < 40 %
+    (_by_spread, "expected: "),  # parts alike, or one large part under a larger rest
     (lambda timings, whole_step: next(iter(timings)), "expected: "),  # read from the input
     # the check's case maker, called for a verdict of its own cases:
     (lambda timings, whole_step: diagnose_step_cases.diagnose_cases(

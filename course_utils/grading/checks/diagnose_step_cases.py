@@ -44,51 +44,71 @@ def _calls(rng: Any, median_ms: float, slow_s: float = 0.0,
     return [round(ms / 1e3, 6) for ms in first + rest]
 
 
-#: Each kind of case, and the verdict it is made to have (a part kind: that part).
+#: Each kind of case that is not a part's, and the verdict it is made to have.
 _MADE_TO_BE = {"synchronisation": "synchronisation", "overlapped": "input",
                "rest above the largest part": "synchronisation",
-               "rest below the largest part": "input"}
+               "rest below the largest part": "input",
+               "rest above one large part": "synchronisation", "parts alike": None}
+
+
+def _medians(rng: Any, kind: str) -> tuple[dict[str, float], str | None]:
+    """The parts' medians (ms) of a case of ``kind``, and the part made the largest (or None)."""
+    low = 2.0 if kind == "rest above the largest part" else 0.5
+    medians = {name: rng.uniform(low, 3.0) for name in _PARTS}
+    big = {"overlapped": "input", "rest below the largest part": "input"}.get(
+        kind, kind if kind in medians else None)
+    if kind in ("rest above one large part", "parts alike"):
+        big = rng.choice(_PARTS)
+    if kind == "parts alike":  # comparable parts: the largest wins by a tenth or more
+        medians = {name: rng.uniform(7.0, 8.5) for name in _PARTS}
+        medians[big] = rng.uniform(9.5, 10.5)
+    elif big is not None:
+        medians[big] = rng.uniform(8.0, 20.0)
+    return medians, big
+
+
+def _whole_ms(rng: Any, kind: str, medians: dict[str, float]) -> float:
+    """The whole step's median (ms) that gives a case of ``kind`` its verdict."""
+    total, largest = sum(medians.values()), max(medians.values())
+    if kind == "synchronisation":  # the step takes far longer than its parts
+        return total + largest + rng.uniform(2.0, 10.0)
+    if kind in ("rest above the largest part", "rest above one large part"):
+        return total + largest * rng.uniform(1.4, 1.6)  # below the sum where parts are small
+    if kind == "rest below the largest part":
+        return total + largest * rng.uniform(0.6, 0.85)
+    if kind == "overlapped":
+        return total - largest * 0.8
+    return total * rng.uniform(1.0, 1.1)  # a tenth of the sum at most: below the largest
 
 
 def diagnose_cases(rng: Any) -> list[Case]:
     """``check_diagnose_step``'s cases, each with the verdict it was made to have: every median
     exact (``_calls``), the unexplained rest above the largest part by 40 % or more, or below
-    it by 15 % or more, or negative, or a tenth of the parts' sum at most against a part of
-    8 ms or more and others of 3 ms at most (tests/test_checks_lesson_00.py draws thousands
-    and applies the lesson's rule to them)."""
+    it by 15 % or more, or negative, or a tenth of the parts' sum at most against a largest
+    part that is at least a tenth above every other; each case at a scale of its own (0.25-4
+    times), so that no absolute time, nor a share of the step, tells the verdicts apart
+    (tests/test_checks_lesson_00.py draws thousands and applies the lesson's rule to them)."""
     cases = []
     # the boundaries of the rule: a rest just above the largest part (but below the sum of the
     # parts: comparing with the sum fails), and a rest above the mean and the second part but
     # below the largest (comparing with those, or with 0, fails)
-    for culprit in (*_PARTS, *_MADE_TO_BE):
-        low = 2.0 if culprit == "rest above the largest part" else 0.5
-        medians = {name: rng.uniform(low, 3.0) for name in _PARTS}
-        if culprit in medians:
-            medians[culprit] = rng.uniform(8.0, 20.0)
-        if culprit in ("overlapped", "rest below the largest part"):  # input the largest
-            medians["input"] = rng.uniform(8.0, 20.0)
-        total, largest = sum(medians.values()), max(medians.values())
-        if culprit == "synchronisation":  # the step takes far longer than its parts
-            whole_ms = total + largest + rng.uniform(2.0, 10.0)
-        elif culprit == "rest above the largest part":  # 1.4-1.6 × a part of 3 ms at most,
-            whole_ms = total + largest * rng.uniform(1.4, 1.6)  # sum >= 8 ms
-        elif culprit == "rest below the largest part":
-            whole_ms = total + medians["input"] * rng.uniform(0.6, 0.85)
-        elif culprit == "overlapped":
-            whole_ms = total - medians["input"] * 0.8
-        else:
-            whole_ms = total * rng.uniform(1.0, 1.1)
-        decoy = rng.choice([name for name in _PARTS if name not in (culprit, "input")])
+    for kind in (*_PARTS, *_MADE_TO_BE):
+        medians, big = _medians(rng, kind)
+        scale = rng.uniform(0.25, 4.0)
+        whole_ms = _whole_ms(rng, kind, medians) * scale
+        medians = {name: ms * scale for name, ms in medians.items()}
+        largest = max(medians.values())
+        decoy = rng.choice([name for name in _PARTS if name not in (big, "input")])
         timings = {name: _calls(rng, ms, 12 * largest / 1e3 if name == decoy else 0.0,
                                 30 * largest / 1e3 if name == "compute" else None)
                    for name, ms in medians.items()}  # compute's first call: the tracing
         whole = _calls(rng, whole_ms, 6 * whole_ms / 1e3)
         timings = dict(rng.sample(sorted(timings.items()), len(timings)))  # any order
-        shown = {name: f"{np.median(calls) * 1e3:.1f} ms (median)"
+        shown = {name: f"{np.median(calls) * 1e3:.2f} ms (median)"
                  for name, calls in timings.items()}
-        cases.append(Case(args=(timings, whole), expected=_MADE_TO_BE.get(culprit, culprit),
+        cases.append(Case(args=(timings, whole), expected=_MADE_TO_BE.get(kind) or big,
                           label=f"(timings of {_CALLS} calls per part: {shown}, whole_step: "
-                                f"{np.median(whole) * 1e3:.1f} ms (median); a quarter of the "
+                                f"{np.median(whole) * 1e3:.2f} ms (median); a quarter of the "
                                 f"'{decoy}' calls disturbed, compute's first call traced)"))
     rng.shuffle(cases)
     return cases

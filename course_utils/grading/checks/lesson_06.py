@@ -10,8 +10,8 @@
   backward-first order takes fewer, and passes). The lesson's helpers have no cap, and are
   refused by code identity and content (``refusals``), as is every function of this module.
   The check holds no capped orders (the package is installed for learners): the bar is a
-  slot count in closed form (``capped_slots``). A copy of a lesson helper, edited or not,
-  has no cap and fails the cases whose cap is below K.
+  slot count in closed form (``capped_slots``). A copy of the lesson's helper has no cap and
+  fails the cases whose cap is below K; adding the cap to it (one term) is the exercise.
 * ``check_split_gradients(split_gradients)``: a model split into two and three parts on
   devices the check chooses (never the default first), trained on a few micro-batches; loss
   and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
