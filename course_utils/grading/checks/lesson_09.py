@@ -5,7 +5,7 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 
 * ``check_find_bottleneck(find_bottleneck)``: the learner's function names the bottleneck of the
   trace events of one fresh real run (input-bound: its pipeline sleeps per batch, its step is
-  cheap; or compute-bound: cached data, a heavy step) and of ten traces built to order
+  cheap; or compute-bound: cached data, a heavy step) and of eleven traces built to order
   (``profile_traces``): input the largest part but under half the step, the pipeline busy in the
   background; compute the largest with input at a third; input, or the all-reduce, leading by a
   little; compute leading by a little with input, or the all-reduce, at 40 % of the step (no
@@ -253,7 +253,7 @@ def _bottleneck_traces() -> list[tuple[list[dict], str]]:
 
 @register
 def check_find_bottleneck(fn: Any) -> bool:
-    """Check ``find_bottleneck(events)`` on one real run profiled here and ten traces built
+    """Check ``find_bottleneck(events)`` on one real run profiled here and eleven traces built
     to order (mid-range input shares, narrow leads, a communication-bound step, distractors)."""
     peeks_refused("find_bottleneck", fn)
     guard = CallsInto(_course_profiling_file())
