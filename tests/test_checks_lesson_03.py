@@ -128,12 +128,16 @@ def stub(*args):
 
 
 def variant(tmp_path, old, new):
-    """``train_worker`` with ``old`` replaced by ``new``, loaded from a file (inspect reads it)."""
+    """``train_worker`` with ``old`` replaced by ``new`` (or each of a tuple of them by its
+    own), loaded from a file (inspect reads it)."""
     source = worker_scripts.function_source(train_worker)
-    assert old in source
-    path = tmp_path / f"variant_{abs(hash(old + new))}.py"
+    olds, news = (old, new) if isinstance(old, tuple) else ((old,), (new,))
+    for one, other in zip(olds, news, strict=True):
+        assert one in source
+        source = source.replace(one, other)
+    path = tmp_path / f"variant_{abs(hash(olds + news))}.py"
     path.write_text("import tempfile\nimport keras\nimport numpy as np\nimport tensorflow as tf"
-                    "\n\n\n" + source.replace(old, new))
+                    "\n\n\n" + source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -842,6 +846,14 @@ TRAIN_WORKER_CATALOGUE = {
     "the model alone in the checkpoint": (
         "tf.train.Checkpoint(model=model, optimizer=optimizer)",
         "tf.train.Checkpoint(model=model)", "no optimizer"),
+    # plain SGD reaches the same weights: only the optimizer's saved rate tells it apart
+    "the loss averaged per replica, the learning rate divided by the replicas": (
+        ("loss = tf.nn.compute_average_loss(per_example(labels, model(features)),\n"
+         "                                              global_batch_size=global_batch)",
+         "optimizer = keras.optimizers.SGD(learning_rate)"),
+        ("loss = tf.reduce_mean(per_example(labels, model(features)))",
+         "optimizer = keras.optimizers.SGD(learning_rate / strategy.num_replicas_in_sync)"),
+        "has learning rate \\[0\\.0\\d+\\], not the learning_rate given"),
 }
 
 

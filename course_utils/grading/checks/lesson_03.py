@@ -81,6 +81,7 @@ from course_utils.grading.checks.worker_logs import CAUSES, failure_logs
 from course_utils.grading.checks.worker_scripts import (
     function_source,
     is_stub,
+    optimizer_problem,
     parse_python,
     reference_weights,
     resume_script,
@@ -273,12 +274,8 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     latest = tf.train.latest_checkpoint(str(folder / "checkpoints"))
     if latest is None:
         return "no checkpoint in checkpoint_dir: save at the end of training too"
-    iterations = [name for name, _ in tf.train.list_variables(latest)
-                  if name.endswith("iterations/.ATTRIBUTES/VARIABLE_VALUE")]
-    reader = tf.train.load_checkpoint(latest)
-    if [int(reader.get_tensor(name)) for name in iterations] != [job["steps"]]:
-        return ("the newest checkpoint holds no optimizer that applied every step: put the "
-                "optimizer in the tf.train.Checkpoint with the model, so a restart resumes it")
+    if optimizer_problem(latest, job["steps"]):
+        return optimizer_problem(latest, job["steps"])
     restored = reference_weights(job, 0, checkpoint=latest)
     if not max_difference(restored, weights[0]) <= 1e-6:
         return "the newest checkpoint does not hold the final weights: save after the last step"

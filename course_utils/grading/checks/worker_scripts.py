@@ -22,6 +22,7 @@ __all__ = [
     "SETUP",
     "function_source",
     "is_stub",
+    "optimizer_problem",
     "parse_python",
     "reference_weights",
     "resume_script",
@@ -400,3 +401,27 @@ def reference_weights(job: dict[str, Any], steps: int, *, checkpoint: str | None
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
     return model.get_weights()
+
+
+def optimizer_problem(checkpoint: str, steps: int) -> str | None:
+    """What the optimizer saved in ``checkpoint`` says is wrong: it applied fewer or more than
+    ``steps`` steps, or its learning rate is not ``LEARNING_RATE`` (a per-replica mean loss
+    with the rate divided by the replicas gives plain SGD the same weights, but not the
+    optimizer the exercise asks for: with momentum, Adam or a schedule it trains otherwise)."""
+    from course_utils.quiet import import_tensorflow
+
+    tf = import_tensorflow()
+    reader = tf.train.load_checkpoint(checkpoint)
+    names = [name for name, _ in tf.train.list_variables(checkpoint)]
+    counts = [int(reader.get_tensor(n)) for n in names
+              if n.endswith("iterations/.ATTRIBUTES/VARIABLE_VALUE")]
+    if counts != [steps]:
+        return ("the newest checkpoint holds no optimizer that applied every step: put the "
+                "optimizer in the tf.train.Checkpoint with the model, so a restart resumes it")
+    rates = [float(reader.get_tensor(n)) for n in names
+             if n.endswith("_learning_rate/.ATTRIBUTES/VARIABLE_VALUE")]
+    if len(rates) != 1 or not np.isclose(rates[0], LEARNING_RATE):
+        return (f"the optimizer in the newest checkpoint has learning rate {rates}, not the "
+                f"learning_rate given ({LEARNING_RATE}): keep SGD(learning_rate) and average "
+                "the loss over the global batch (tf.nn.compute_average_loss), as the lesson does")
+    return None
