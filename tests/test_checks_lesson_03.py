@@ -913,6 +913,18 @@ def test_the_reference_resume_functions_pass_the_in_process_cases():
     assert resume_inputs.dataset_fn_problem(make_dataset_fn, rng) is None
 
 
+def test_a_restore_latest_returning_the_restored_variable_passes():
+    """The exercise's literal reading: examples_done is the variable the checkpoint holds
+    (the worker script calls int() on what it returns)."""
+    def returns_the_variable(checkpoint, checkpoint_dir, examples_done):
+        latest = tf.train.latest_checkpoint(checkpoint_dir)
+        if latest:
+            checkpoint.restore(latest)
+        return examples_done
+
+    assert resume_inputs.restore_problem(returns_the_variable, random.Random(11)) is None
+
+
 def shards_then_skips_its_own(x, y, global_batch, examples_done):
     """Right too: shard the repeated data first, then skip the examples of this pipeline's
     shard that come before examples_done (a ceiling division)."""

@@ -55,6 +55,15 @@ def _state(optimizer: Any) -> list[np.ndarray]:
             *(np.asarray(v.numpy()) for v in _optimizer_state(optimizer))]
 
 
+def _as_count(got: Any) -> Any:
+    """A scalar integer tensor or variable (``examples_done`` itself, restored) as an int."""
+    dtype = getattr(got, "dtype", None)
+    if hasattr(got, "numpy") and getattr(got, "shape", None) == () and getattr(
+            dtype, "is_integer", False):
+        return int(got.numpy())
+    return got
+
+
 def restore_problem(restore_latest: Any, rng: Any) -> str | None:
     """Run ``restore_latest`` here on a fresh folder of checkpoints (and on an empty one)."""
     tf = _tf()
@@ -75,13 +84,13 @@ def restore_problem(restore_latest: Any, rng: Any) -> str | None:
         empty.mkdir()
         model, optimizer, done, checkpoint = fresh()
         before = model.get_weights()
-        got = restore_latest(checkpoint, str(empty), done)
+        got = _as_count(restore_latest(checkpoint, str(empty), done))
         if got != 0 or max_difference(model.get_weights(), before) > 0:
             return ("with no checkpoint in checkpoint_dir, return 0 and restore nothing (got "
                     f"{got!r})")
         _write_checkpoints(fresh(), root, rng)
         model, optimizer, done, checkpoint = fresh()
-        got = restore_latest(checkpoint, root, done)
+        got = _as_count(restore_latest(checkpoint, root, done))
         newest = fresh()                       # read back only now: never in reach before
         newest[3].restore(tf.train.latest_checkpoint(root)).expect_partial()
         expected = int(newest[2].numpy())

@@ -256,7 +256,7 @@ print("done", flush=True)
 
 
 #: Exercise 1's starting point: a colleague's worker that often runs to the end without an
-#: error (its workers' saves into the same folder sometimes collide: 2 of 5 runs here) and
+#: error (its workers' saves into the same folder sometimes collide) and
 #: is wrong in five ways (the lesson's script, written from memory, for a per-replica batch).
 BROKEN_TRAIN_WORKER = '''\
 def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
