@@ -4,9 +4,12 @@ docstring). The logs are made by :mod:`course_utils.grading.checks.worker_logs`.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+from course_utils.grading.checks import worker_logs
 from course_utils.grading.checks.forked_call import ForkedCall
+from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_logs import (
     CAUSES,
@@ -82,7 +85,11 @@ def check_diagnose(fn: Any) -> bool:
     if is_stub(fn):
         not_attempted(name)
         return False
-    with ForkedCall(fn) as in_a_copy:
+    # the course's log maker (and this module) make the logs: an answer that makes its own to
+    # match them reads the answer from the check's code, not from the logs
+    guarded = refusing(fn, [*own_functions(worker_logs), *own_functions(sys.modules[__name__])],
+                       "read the logs themselves: the course's log maker is the check's")
+    with ForkedCall(guarded) as in_a_copy:
         cases = _diagnosis_cases(fresh_rng())
         for case in cases:
             case.verify = _diagnosis_verify(case.expected)
