@@ -369,6 +369,23 @@ def test_resume_latest_catalogue_is_rejected(wrong, says, shared_checkpointed_ru
     assert "Hint:" in str(caught.value)
 
 
+def states_read_from_the_checks_frames(directory, build_fresh):
+    """Walks up the stack, names built at run time, for the check's expected state."""
+    import inspect
+
+    model, optimizer = build_fresh()
+    frame = getattr(inspect, "".join(["current", "frame"]))()
+    while frame is not None and "on_disk" not in getattr(frame, "f_" + "locals"):
+        frame = getattr(frame, "f_" + "back")
+    state = getattr(frame, "f_" + "locals")["on_disk"]  # AttributeError: nothing to find
+    return model, optimizer, state
+
+
+def test_no_frame_of_the_check_holds_a_state_while_the_answer_runs(shared_checkpointed_runs):
+    with pytest.raises(AssertionError, match="raised AttributeError"):
+        checks.check_resume_latest(states_read_from_the_checks_frames)
+
+
 # --- exercise 2: compute_loss (weighted) and distributed_train_step --------------------------
 
 

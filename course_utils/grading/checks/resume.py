@@ -124,6 +124,32 @@ def _rolled_back_run(context: Any, directory: str, back_to: int, steps: int, see
     return int(saved.rsplit("-", 1)[-1]), _state(model, optimizer)
 
 
+def _states_on_disk(directory: str, features: int, classes: int
+                    ) -> tuple[dict[int, dict[str, Any]], int]:
+    """Each checkpoint file of ``directory`` read back (its number: its state), and the number
+    of the latest one as TensorFlow records it: read after the learner's function returned, so
+    that no frame or object of the check holds a state while it runs."""
+    import os
+    import re
+
+    import keras
+
+    from course_utils.models import mlp
+
+    tf = _tf()
+    on_disk = {}
+    for name in os.listdir(directory):
+        found = re.fullmatch(r"ckpt-(\d+)\.index", name)
+        if found:
+            model = mlp(features, classes, hidden_units=(8,), name="check_read_back")
+            optimizer = keras.optimizers.Adam(learning_rate=0.01)
+            optimizer.build(model.trainable_variables)
+            tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
+                os.path.join(directory, name[:-len(".index")])).assert_existing_objects_matched()
+            on_disk[int(found.group(1))] = _state(model, optimizer)
+    return on_disk, int(tf.train.latest_checkpoint(directory).rsplit("-", 1)[-1])
+
+
 def _copied_by_name(source: str, target: str) -> None:
     """Copy ``source``'s files into ``target`` one by one in name order, as a folder reaches
     another machine: each file's times are those of its copy (each later than the one before
@@ -189,15 +215,13 @@ def check_resume_latest(fn: Any) -> bool:
         fresh: list[Any] = []
         with (tempfile.TemporaryDirectory(prefix="check_02_") as saved,
               tempfile.TemporaryDirectory(prefix="check_02_copy_") as directory):
-            states, features, classes = _checkpointed_run(trained_in, rng, steps, saved,
-                                                          saved_after)
-            on_disk = dict(enumerate(states, start=1))  # ckpt-N's state, by N
-            latest = len(states)
+            # the states stay in the files only while the learner's function runs: read back
+            # after it returned (no frame of the check holds one it could copy)
+            _, features, classes = _checkpointed_run(trained_in, rng, steps, saved, saved_after)
             if rollback is not None:
                 back_to, more_steps, seed = rollback
-                latest, state = _rolled_back_run(trained_in, saved, back_to, more_steps,
-                                                 seed, features, classes)
-                on_disk[latest] = state  # ckpt-(back_to + 1), saved again
+                _rolled_back_run(trained_in, saved, back_to, more_steps, seed, features,
+                                 classes)  # ckpt-(back_to + 1), saved again
             _copied_by_name(saved, directory)
 
             def build_fresh() -> tuple[Any, Any]:
@@ -209,6 +233,7 @@ def check_resume_latest(fn: Any) -> bool:
                 return model, optimizer
 
             returned = fn(directory, build_fresh)
+            on_disk, latest = _states_on_disk(saved, features, classes)
         return returned, fresh, on_disk, latest
 
     def same(a: list[Any], b: list[Any]) -> bool:
