@@ -197,8 +197,8 @@ def _limit_classes() -> dict[str, type]:
             return int(self._counts["peak"].numpy())
 
         def call(self, inputs: Any, training: Any = None) -> Any:
-            if not training:  # inference keeps no activations for a backward pass
-                return inputs
+            if not training:  # inference keeps no activations for a backward pass, so no
+                return tf.stop_gradient(inputs)  # gradient flows back through it either
             counts, size = self._counts, tf.cast(tf.shape(inputs)[0], tf.int64)
 
             message = (f"out of memory (simulated): more than {self.max_examples} examples' "

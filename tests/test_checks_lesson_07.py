@@ -658,6 +658,33 @@ def _run_in_groups(strategy, replica_step, micro_batches, steps):
         step(tuple(next(iterator) for _ in range(min(steps, total - start))))
 
 
+def one_inference_tape_over_the_group(model, optimizer, loss_fn, features, labels,
+                                      micro_batch_size, accumulation_steps):
+    """Each micro-batch touched in training mode (freed at once), then the group's gradients
+    from one tape over every micro-batch in inference mode: k micro-batches alive at once,
+    uncounted, unless no gradient flows back through an inference-mode call."""
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+    batches = list(tf.data.Dataset.from_tensor_slices((features, labels)).batch(
+        micro_batch_size))
+    for start in range(0, len(batches), accumulation_steps):
+        group = batches[start:start + accumulation_steps]
+        for x, _ in group:
+            with tf.GradientTape() as touch:
+                touched = 0.0 * tf.reduce_sum(model(x, training=True))
+            touch.gradient(touched, variables)
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([loss_fn(y, model(x, training=False)) for x, y in group])
+        grads = tape.gradient(loss / len(group), variables)
+        optimizer.apply_gradients(zip(grads, variables, strict=True))
+
+
+def test_gradients_through_an_inference_mode_call_are_none_so_one_tape_fails():
+    with pytest.raises(AssertionError, match="raised ValueError"):
+        cu.grading.check_train_with_accumulation(one_inference_tape_over_the_group)
+
+
 @pytest.mark.solution_passes
 def test_reference_mirrored_accumulation_passes(capsys):
     assert cu.grading.check_train_mirrored_with_accumulation(mirrored_accumulation)

@@ -53,8 +53,8 @@ def _replica_memory_class() -> type:
             if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
                 with tf.control_dependencies([counts["seen"].assign_add(size)]):
                     inputs = tf.identity(inputs)  # every mode: the counted layers count all
-            if not training:
-                return inputs
+            if not training:  # no activations kept, so no gradient back through it
+                return tf.stop_gradient(inputs)
             if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
                 raise ValueError("the model was trained outside the replicas: no gradient "
                                  "crossed the replicas (lesson 07, section 5: where must "
