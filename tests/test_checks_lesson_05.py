@@ -1231,3 +1231,27 @@ def test_a_pipeline_whose_graph_cannot_be_read_is_told_so(monkeypatch):
     with pytest.raises(AssertionError, match=r"case 1 .*could not read your pipeline's graph: "
                                              r"ValueError: cannot serialize this dataset"):
         cu.grading.check_make_tpu_ready(make_tpu_ready)
+
+
+def keras_train_step_under_the_answers_name(strategy, model, optimizer, global_batch_size):
+    """Keras's own replica step: compile, then strategy.run(model.train_step): it scales the
+    loss and the penalty by the replicas itself, the exercise's whole fix."""
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    @tf.function
+    def train_steps(iterator, steps):
+        for _ in tf.range(steps):
+            strategy.run(model.train_step, args=(next(iterator),))
+
+    return train_steps
+
+
+def test_kerass_own_train_step_is_refused():
+    with pytest.raises(AssertionError, match="the model was compiled: Keras's train_step"):
+        cu.grading.check_train_steps(keras_train_step_under_the_answers_name)
+

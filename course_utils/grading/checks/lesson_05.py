@@ -379,6 +379,10 @@ def _train_cases(rng: Any) -> list[Case]:
                 run(train_steps, strategy, dataset, calls)
             except AssertionError as error:
                 return f"while train_steps was traced and run: {error}"
+            if getattr(model, "compiled", False):  # Keras's own train_step scales for you
+                return ("the model was compiled: Keras's train_step divides the loss and the "
+                        "penalty by the replicas itself; write the replica step yourself "
+                        "(section 9)")
             if largest_difference(model.get_weights(), initial) < 1e-6:
                 return "the weights did not change: were any gradients applied?"
             if not seen:
