@@ -251,6 +251,76 @@ def helper_only_when_traced(parts, micro_batches, loss_fn, devices):
     return answer(parts, micro_batches, loss_fn, devices)
 
 
+_EAGER_NUMBERS = {}
+
+
+def numbers_kept_from_the_eager_call(parts, micro_batches, loss_fn, devices):
+    """Eagerly the colleague's one tape, each gradient copied onto its part's device and kept;
+    traced, the kept numbers as constants, plus an op per micro-batch for show."""
+    import tensorflow as tf
+
+    home = [i for i, part in enumerate(parts) for _ in part.trainable_variables]
+    if tf.executing_eagerly():
+        variables = [v for part in parts for v in part.trainable_variables]
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([loss_fn(y, parts[1](parts[0](x)) if len(parts) == 2 else
+                                     parts[2](parts[1](parts[0](x))))
+                             for x, y in micro_batches]) / len(micro_batches)
+        grads = tape.gradient(loss, variables)
+        copied = []
+        for grad, i in zip(grads, home, strict=True):
+            with tf.device(devices[i]):
+                copied.append(tf.identity(grad))
+        _EAGER_NUMBERS[id(parts[0])] = (loss.numpy(), [g.numpy() for g in copied])
+        return loss, copied
+    loss, kept = _EAGER_NUMBERS[id(parts[0])]
+    shown = []
+    for grad, i in zip(kept, home, strict=True):
+        with tf.device(devices[i]):
+            show = tf.add_n([0.0 * tf.reduce_sum(tf.cast(y, tf.float32))
+                             for _, y in micro_batches])
+            shown.append(tf.constant(grad) + show)
+    return tf.constant(loss), shown
+
+
+def backward_in_python(parts, micro_batches, loss_fn, devices):
+    """Each part's gradient of each micro-batch computed inside a tf.py_function under the
+    part's device: no graph shows where its ops ran."""
+    import tensorflow as tf
+
+    count = len(micro_batches)
+
+    def part_gradient(i):
+        def body(x, y):
+            with tf.GradientTape() as tape:
+                value = x
+                for part in parts:
+                    value = part(value)
+                loss = loss_fn(y, value) / count
+            return tape.gradient(loss, parts[i].trainable_variables)
+        return body
+
+    grads = []
+    for i, (part, device) in enumerate(zip(parts, devices, strict=True)):
+        with tf.device(device):
+            sums = None
+            for x, y in micro_batches:
+                got = tf.py_function(part_gradient(i), [x, y],
+                                     [tf.float32] * len(part.trainable_variables))
+                for g, v in zip(got, part.trainable_variables, strict=True):
+                    g.set_shape(v.shape)
+                sums = got if sums is None else [a + b for a, b in zip(sums, got, strict=True)]
+            grads += sums
+    losses = []
+    for x, y in micro_batches:
+        value = x
+        for part, device in zip(parts, devices, strict=True):
+            with tf.device(device):
+                value = part(value)
+        losses.append(loss_fn(y, value))
+    return tf.add_n(losses) / count, grads
+
+
 def wrong_only_when_traced(parts, micro_batches, loss_fn, devices):
     import tensorflow as tf
 
@@ -801,7 +871,9 @@ BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) r
     (with_an_exec_copy_of_the_helper, "ran the course's split_step"),
     (the_lessons_pipeline, "ran the course's run_(gpipe|pipeline)"),
     (helper_only_when_traced, "traced in a tf.function: .*ran the course's split_step"),
-    (wrong_only_when_traced, "traced in a tf.function: loss or gradients differ"),
+    (wrong_only_when_traced, "traced in a tf.function.*loss or gradients differ"),
+    (numbers_kept_from_the_eager_call, "called on fresh micro-batches: loss or gradients"),
+    (backward_in_python, "it runs Python \\(tf.py_function"),
     (lambda *args: None, "loss, grads"),
     (one_big_batch, "no backward op of micro-batch 0 alone"),
     (one_big_batch_in_shares, "no backward op of micro-batch 0 alone"),

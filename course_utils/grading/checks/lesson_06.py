@@ -33,8 +33,9 @@
   adds); and patching this module in the learner's kernel forges a local pass (the grader
   imports the checks again before each check cell). Called eagerly, each returned gradient
   must be on its part's device too (an eager branch cannot be the colleague's code), and
-  TensorFlow's ``tf.gradients`` (whose ``colocate_gradients_with_ops`` places a graph's
-  gradients in one line) is refused by code identity: the exercise asks for a tape per part.
+  TensorFlow's ``tf.gradients`` (which in TensorFlow 2 always colocates each gradient with
+  its op, placing a graph's gradients in one line) and ``tf.compat.v1.gradients`` are refused
+  by code identity: the exercise asks for a tape per part.
   ``cu.parallel.split_step`` and the lesson's pipeline (``run_pipeline``, ``run_gpipe``: each
   stage's backward and gradient sum on its device) are refused by code identity and content
   (``refusals``).
@@ -204,10 +205,21 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
         return ("the check traces split_gradients in a tf.function to read where each "
                 f"gradient op was placed, and tracing failed: {type(error).__name__}: "
                 f"{str(error).strip().splitlines()[0][:160]}")
-    reason = values(concrete([tuple(pair) for pair in micro_batches]))
+    # called on fresh micro-batches of the same shapes, drawn only now: numbers kept from the
+    # eager call (or read from the check) cannot pass for this call's gradients
+    draw = np.random.default_rng()
+    classes = int(parts[-1].output_shape[-1])
+    fresh = [(draw.normal(size=x.shape).astype("float32"),
+              draw.integers(0, classes, size=y.shape).astype("int32")) for x, y in micro_batches]
+    reason = values(fresh)(concrete([tuple(pair) for pair in fresh]))
     if reason:
-        return f"traced in a tf.function: {reason}"
+        return f"traced in a tf.function, called on fresh micro-batches: {reason}"
     graph = concrete.graph
+    if {op.type for op in graph.get_operations()} & {"EagerPyFunc", "PyFunc",
+                                                     "PyFuncStateless"}:
+        return ("traced in a tf.function, it runs Python (tf.py_function or "
+                "tf.numpy_function), whose ops no graph shows: compute each part's backward "
+                "with TensorFlow ops, one GradientTape per part")
     owner = {}  # the traced graph's handle of each weight -> its part
     for external, internal in graph.captures:
         for index, part in enumerate(parts):
@@ -237,28 +249,32 @@ def check_split_gradients(fn: Any) -> bool:
         problem = _split_problem(rng, len(chosen))
         parts, micro_batches = problem["parts"], problem["micro_batches"]
         variables = [v for part in parts for v in part.trainable_variables]
-        with tf.GradientTape() as tape:
-            losses = []
-            for x, y in micro_batches:
-                value = x
-                for part in parts:
-                    value = part(value)
-                losses.append(loss_fn(y, value))
-            expected_loss = tf.add_n(losses) / len(losses)
-        expected = [g.numpy() for g in tape.gradient(expected_loss, variables)]
 
-        def values(got: Any) -> str | None:
-            if not isinstance(got, (tuple, list)) or len(got) != 2:
-                return "return (loss, grads): the gradients of every part's weights, in order"
-            loss, grads = got
-            if not isinstance(grads, (tuple, list)) or len(grads) != len(expected):
-                return f"grads must hold {len(expected)} gradients, one per trainable variable"
-            error = max(float(np.abs(np.asarray(g) - e).max()) for g, e in zip(grads, expected,
-                                                                                strict=True))
-            if error > 1e-5 or abs(float(loss) - float(expected_loss)) > 1e-5:
-                return ("loss or gradients differ from the unsplit model's on the mean of the "
-                        f"micro-batches' losses (max |Δ| {error:.1e})")
-            return None
+        def values(batches: Any) -> Any:
+            """A verifier of (loss, grads) against the unsplit model on ``batches``, whose
+            expected values are computed when it runs (after the answer returned)."""
+            def verify_values(got: Any) -> str | None:
+                with tf.GradientTape() as tape:
+                    losses = []
+                    for x, y in batches:
+                        value = x
+                        for part in parts:
+                            value = part(value)
+                        losses.append(loss_fn(y, value))
+                    expected_loss = tf.add_n(losses) / len(losses)
+                expected = [g.numpy() for g in tape.gradient(expected_loss, variables)]
+                if not isinstance(got, (tuple, list)) or len(got) != 2:
+                    return "return (loss, grads): the gradients of every part's weights, in order"
+                loss, grads = got
+                if not isinstance(grads, (tuple, list)) or len(grads) != len(expected):
+                    return f"grads must hold {len(expected)} gradients, one per trainable variable"
+                error = max(float(np.abs(np.asarray(g) - e).max())
+                            for g, e in zip(grads, expected, strict=True))
+                if error > 1e-5 or abs(float(loss) - float(expected_loss)) > 1e-5:
+                    return ("loss or gradients differ from the unsplit model's on the mean of "
+                            f"the micro-batches' losses (max |Δ| {error:.1e})")
+                return None
+            return verify_values
 
         def eager_devices(got: Any) -> str | None:
             home = [i for i, part in enumerate(parts) for _ in part.trainable_variables]
@@ -270,7 +286,7 @@ def check_split_gradients(fn: Any) -> bool:
             return None
 
         def verify(got: Any) -> str | None:
-            return (values(got)
+            return (values(micro_batches)(got)
                     or _placement_of_the_backward(guarded, problem, loss_fn, chosen, values)
                     or eager_devices(got))
 
