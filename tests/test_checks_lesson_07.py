@@ -1243,3 +1243,21 @@ def test_layers_run_again_beside_a_plain_tape_are_caught():
 
     with pytest.raises(AssertionError, match="feed the gradients"):
         cu.grading.check_segment_gradients(fake)
+
+
+def test_a_class_in_the_answer_is_no_plan_reading_but_a_class_that_reads_module_is():
+    """A class body stores its own __module__ (the compiler writes it): an honest answer
+    with a class inside is not refused for it; a class body that reads one is."""
+    def with_a_class(loop):
+        class Recorder:
+            pass
+        return Recorder
+
+    def reads_in_a_class(loop):
+        class Spy:
+            where = loop.__module__
+        return Spy
+
+    assert suspect_loops._plan_readers(with_a_class) == []
+    assert suspect_loops._plan_readers(reads_in_a_class) == ["__module__"]
+

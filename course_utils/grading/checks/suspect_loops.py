@@ -22,6 +22,7 @@ catalogue use it).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -184,6 +185,14 @@ _PLAN_READERS = frozenset({"__closure__", "cell_contents", "__globals__", "_SUSP
                            "__module__", "get_referrers", "get_objects"})
 
 
+def _reads_module(code: Any) -> bool:
+    """Whether ``code`` reads a ``__module__`` (a class body only stores its own)."""
+    import dis
+
+    return any(i.argval == "__module__" and i.opname != "STORE_NAME"
+               for i in dis.get_instructions(code))
+
+
 def _plan_readers(fn: Any) -> list[str]:
     """The plan-reading names (attributes, globals or strings) in the learner's code: ``fn``'s
     own code, the functions defined in it, and the functions its closure holds."""
@@ -201,8 +210,10 @@ def _plan_readers(fn: Any) -> list[str]:
             code = codes.pop()
             if not isinstance(code, types.CodeType):
                 continue
-            found |= _PLAN_READERS & (set(code.co_names) | {
-                c for c in code.co_consts if isinstance(c, str)})
+            names = set(code.co_names) | {c for c in code.co_consts if isinstance(c, str)}
+            if not code.co_flags & inspect.CO_NEWLOCALS and not _reads_module(code):
+                names.discard("__module__")  # a class body stores its own __module__
+            found |= _PLAN_READERS & names
             codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
         for cell in getattr(current, "__closure__", None) or ():
             try:
