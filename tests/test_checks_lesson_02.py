@@ -475,6 +475,24 @@ def _constant_loss_step(strategy, model, optimizer, batch, clip_norm):
 
 UPDATE_DIFFERED = "after step 1 .* weights differ from one device"  # the loss of step 1 equal
 
+def _every_replica_the_whole_batch(strategy, model, optimizer, batch, clip_norm):
+    """No data parallelism: every replica gathers the global batch, computes the one-device
+    clipped gradient of all of it and applies its N-th: the right weights, N times the work."""
+    def replica_step(x, y, w):
+        context = tf.distribute.get_replica_context()
+        xs, ys, ws = (context.all_gather(t, axis=0) for t in (x, y, w))
+        with tf.GradientTape() as tape:
+            losses = _per_example(ys, model(xs, training=True))
+            loss = tf.reduce_sum(ws * losses) / tf.reduce_sum(ws)
+        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
+                                          clip_norm)
+        share = [g / context.num_replicas_in_sync for g in grads]
+        optimizer.apply_gradients(zip(share, model.trainable_variables, strict=True))
+        return loss
+
+    return strategy.reduce("MEAN", strategy.run(replica_step, args=batch), axis=None)
+
+
 STEP_CATALOGUE = {
     "a constant": (_constant_loss_step, "the model was called 0 times"),
     # the first answer of each rejection runs in make test (tests/tools/catalogue_routes.py)
@@ -501,6 +519,8 @@ STEP_CATALOGUE = {
     "the batch gathered, trained across replicas": (_gathered_on_one_device,
                                                     "outside any replica"),
     "compute_loss not written yet": (_train_step(stub), "write compute_loss first"),
+    "every replica gathers and trains the whole global batch": (
+        _every_replica_the_whole_batch, "the replicas together ran the model on \\d+ examples"),
 }
 
 

@@ -82,12 +82,17 @@ def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], featur
         learner.set_weights(initial)
         optimizer = keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
         optimizer.build(learner.trainable_variables)
+        fed = tf.Variable(0, dtype=tf.int64, trainable=False,  # examples the replicas fed
+                          synchronization=tf.VariableSynchronization.ON_READ,
+                          aggregation=tf.VariableAggregation.SUM)
     contexts: list[bool] = []  # per traced call of the model: was it inside a replica?
     call = learner.call
 
     def recording_call(*args: Any, **kwargs: Any) -> Any:
-        contexts.append(tf.distribute.in_cross_replica_context() is False
-                        and tf.distribute.has_strategy())
+        inside = tf.distribute.in_cross_replica_context() is False and tf.distribute.has_strategy()
+        contexts.append(inside)
+        if inside:  # counted as the step runs: a replica that feeds more than its slice shows
+            fed.assign_add(tf.cast(tf.shape(args[0])[0], tf.int64))
         return call(*args, **kwargs)
 
     learner.call = recording_call
@@ -106,7 +111,7 @@ def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], featur
     except NotImplementedError as error:
         raise AssertionError("your step calls a function that is not written yet – "
                              "write compute_loss first") from error
-    return after, losses, contexts, iterations
+    return after, losses, contexts, iterations, int(fed.numpy())
 
 
 def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip_norm: float,
@@ -115,7 +120,7 @@ def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip
     import numpy as np
 
     def verify(result: Any) -> str | None:
-        got, losses, contexts, iterations = result
+        got, losses, contexts, iterations, fed = result
         expected, ref_losses, norms = reference_run(dataset, initial, features, classes,
                                                     clip_norm)
         if len(losses) != len(ref_losses) or any(v is None for v in losses):
@@ -126,6 +131,11 @@ def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip
                     f"{outside} of them outside any replica (the cross-replica context), "
                     f"on {replicas} replicas: the forward pass of each replica's examples "
                     "runs in that replica")
+        if fed > sum(batch_sizes):
+            return (f"the replicas together ran the model on {fed} examples in an epoch of "
+                    f"{sum(batch_sizes)} ({fed / sum(batch_sizes):.3g}×): each replica runs the "
+                    "model once, on its own slice of the global batch (data parallelism: no "
+                    "replica computes the whole batch)")
         for step, (have, want) in enumerate(zip(losses, ref_losses, strict=True), start=1):
             if not np.isclose(have, want, rtol=1e-4, atol=1e-5):  # the weights before: equal
                 last = " (the short last batch)" if step == len(ref_losses) else ""
