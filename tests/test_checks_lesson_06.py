@@ -261,12 +261,7 @@ def numbers_kept_from_the_eager_call(parts, micro_batches, loss_fn, devices):
 
     home = [i for i, part in enumerate(parts) for _ in part.trainable_variables]
     if tf.executing_eagerly():
-        variables = [v for part in parts for v in part.trainable_variables]
-        with tf.GradientTape() as tape:
-            loss = tf.add_n([loss_fn(y, parts[1](parts[0](x)) if len(parts) == 2 else
-                                     parts[2](parts[1](parts[0](x))))
-                             for x, y in micro_batches]) / len(micro_batches)
-        grads = tape.gradient(loss, variables)
+        loss, grads = one_tape(parts, micro_batches, loss_fn, devices)
         copied = []
         for grad, i in zip(grads, home, strict=True):
             with tf.device(devices[i]):
@@ -311,14 +306,7 @@ def backward_in_python(parts, micro_batches, loss_fn, devices):
                     g.set_shape(v.shape)
                 sums = got if sums is None else [a + b for a, b in zip(sums, got, strict=True)]
             grads += sums
-    losses = []
-    for x, y in micro_batches:
-        value = x
-        for part, device in zip(parts, devices, strict=True):
-            with tf.device(device):
-                value = part(value)
-        losses.append(loss_fn(y, value))
-    return tf.add_n(losses) / count, grads
+    return one_tape(parts, micro_batches, loss_fn, devices)[0], grads
 
 
 def wrong_only_when_traced(parts, micro_batches, loss_fn, devices):
