@@ -598,6 +598,22 @@ def x_made_sharded_from_a_flat_constant(x, init_kernel, kernel_shape, bias, mesh
     return x_sharded, None, None
 
 
+_HELD = {}
+
+
+def x_made_sharded_from_a_constant_held_in_a_dict(x, init_kernel, kernel_shape, bias, mesh):
+    """The constant's data reached through a dict (or an attribute): no value the function
+    holds is a matrix, but the traced graph's Const is the whole x."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    _HELD["x"] = x
+    x_sharded = dtensor.call_with_layout(tf.function(lambda: tf.constant(_HELD["x"])),
+                                         dtensor.Layout([free, dim], mesh))
+    return x_sharded, None, None
+
+
 def y_computed_on_the_host_and_packed_sharded(x, init_kernel, kernel_shape, bias, mesh):
     import numpy as np
     from tensorflow.experimental import dtensor
@@ -894,6 +910,7 @@ def test_shard_dense_rows_reference_passes():
     (x_made_replicated_then_relaid, "call_with_layout with a replicated rank-2"),
     (x_made_sharded_from_a_constant, "call_with_layout of a function that holds a whole"),
     (x_made_sharded_from_a_flat_constant, "call_with_layout of a function that holds a whole"),
+    (x_made_sharded_from_a_constant_held_in_a_dict, r"a constant of \d+ traced into it"),
     (y_computed_on_the_host_and_packed_sharded, r"dtensor.unpack|\.numpy\(\) of a DTensor"),
     (lambda *args: None, "return \\(sharded_x"),
     (relaid_to_replicated_to_compute, "relayout of a matrix to a replicated layout"),

@@ -23,7 +23,9 @@ def whole_copy_watch(whole: list[str],
     ``dtensor.call_with_layout`` with a replicated layout of rank 2 or more (a whole copy on
     every device); ``dtensor.call_with_layout`` of a function given or holding a matrix's data,
     whole or flattened, for a layout of rank 2 or more (``lambda: tf.constant(x)``: the
-    constant goes whole into every device's program, which keeps its slice);
+    constant goes whole into every device's program, which keeps its slice), and any constant
+    of 4 or more numbers traced into such a function, however the function reached its data
+    (a dict, an attribute: the graph's ``Const`` ops are watched as they are made);
     ``dtensor.copy_to_mesh`` or ``dtensor.relayout`` of a host tensor of rank 2 or more (the
     whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a DTensor laid
     out replicated (it was whole on every device before), or of any tensor of 4 or more
@@ -159,6 +161,34 @@ def whole_copy_watch(whole: list[str],
 
     from tensorflow.python.framework import ops as _ops
     numpy_code = _ops._EagerTensorBase.numpy.__code__
+    new_op_code = _ops.Graph._create_op_internal.__code__  # every graph op, FuncGraph's too
+
+    def traced_constant(frame: Any, local: Any) -> None:
+        """A constant of 4 or more numbers traced into a function that a
+        ``dtensor.call_with_layout`` runs: whole in every device's program, however the
+        function reached its data (a dict, an attribute, a file)."""
+        attrs = local.get("attrs") or {}
+        if local.get("op_type") != "Const" or "value" not in attrs:
+            return
+        proto = attrs["value"].tensor
+        if proto.dtype == tf.string.as_datatype_enum:
+            held = sum(len(b) for b in proto.string_val) // 4
+            content = None
+        else:
+            array = tf.make_ndarray(proto)
+            held, content = numbers(array), key(array)
+        if held < 4:
+            return
+        layout = _enclosing_layout(frame)
+        if layout is None:
+            return
+        if rank_of(layout) >= 2:
+            whole.append("dtensor.call_with_layout of a function that holds a whole "
+                         f"matrix's numbers (a constant of {held} traced into it: they go "
+                         "to every device, each keeps its slice)")
+        if copied is not None:
+            copied.append(("a constant traced into a dtensor.call_with_layout function",
+                           held, True, content))
 
     def watch(frame: Any, c_function: Any) -> None:
         if c_function is not None:  # a C function: none of DTensor's calls watched here
@@ -168,6 +198,9 @@ def whole_copy_watch(whole: list[str],
             value = local.get("self")
             if on_mesh(value) and int(value.shape.num_elements() or 0) >= 4:
                 whole.append(".numpy() of a DTensor: brought whole to the host")
+            return
+        if code is new_op_code:
+            traced_constant(frame, local)
             return
         if copied is not None:
             note(code, local)
@@ -207,6 +240,16 @@ def whole_copy_watch(whole: list[str],
             whole.append("dtensor.unpack: its pieces brought back to the host")
 
     return watch
+
+
+def _enclosing_layout(frame: Any) -> Any:
+    """The layout of the ``dtensor.call_with_layout`` on the call stack above ``frame``
+    (found by code identity), or None."""
+    from tensorflow.dtensor.python import api
+
+    while frame is not None and frame.f_code is not api.call_with_layout.__code__:
+        frame = frame.f_back
+    return frame.f_locals.get("layout") if frame is not None else None
 
 
 def kernel_initializer(seed: tuple[int, int]) -> tuple[Any, list[Any]]:
