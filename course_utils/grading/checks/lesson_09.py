@@ -5,19 +5,20 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 
 * ``check_find_bottleneck(find_bottleneck)``: the learner's function names the bottleneck of the
   trace events of one fresh real run (input-bound: its pipeline sleeps per batch, its step is
-  cheap; or compute-bound: cached data, a heavy step) and of eleven traces built to order
+  cheap; or compute-bound: cached data, a heavy step) and of twelve traces built to order
   (``profile_traces``): input the largest part but under half the step, the pipeline busy in the
   background; compute the largest with input at a third; input, or the all-reduce, leading by a
   little; compute leading by a little with input, or the all-reduce, at 40 % of the step (no
   threshold on one share names them all); a communication-bound step (collective and NCCL ops,
   compute above half of them); input-bound steps after a warm-up of compute outside them, or
   followed by compute after the last of them; steps that differ (one long input-bound step
-  between compute-bound ones) – in a random order, all six orders of the three parts among
-  them. ``cu.profiling.step_breakdown`` must agree with the truth first; the learner's function
-  may not call into ``cu.profiling`` (the guard below). A threshold on the input or the
-  communication share (of the step or of the parts), "the part over half of them, else ...",
-  two comparisons that skip a pair of parts, a reading that ignores the step windows, the
-  ``tf_data`` threads or either kind of collective, or reads one step (or a vote) each fails.
+  between compute-bound ones); compute through most of each input wait (an edited copy of
+  ``step_breakdown``, which gives a shared instant to input, fails) – in a random order, all six
+  orders of the parts. The verdict is the exercise's rule (``profile_traces.rule_verdict``); the
+  learner's function may not call into ``cu.profiling`` (the guard below). A threshold on one
+  share, "the part over half of them, else ...", two comparisons that skip a pair of parts, a
+  reading that ignores the step windows, the ``tf_data`` threads or either kind of collective,
+  or reads one step (or a vote) each fails.
 * ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
   every example once per epoch, in full batches, freshly augmented each epoch (noise on each
   example's features, not others' copied or mixed in the ways ``pipeline_probe`` names, one
@@ -26,8 +27,8 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   where the slow pipeline waits more than ``SLOW_INPUT_SHARE`` (the same profiled step),
   profiled up to ``BASELINE_ATTEMPTS`` times until it does (``slow_baseline``), each retry with
   the disk's wait doubled. Both read the pipeline on the step's own thread (the distributed
-  iterator's generator thread can hide a wait as "other"). Before any
-  profile, ``read`` must have run exactly once per example, counted from the call of the
+  iterator's thread can hide a wait as "other"). Before any profile, ``read`` must have run
+  exactly once per example, counted from the call of the
   learner's function through two epochs (it decodes the stored record, so a pipeline that never
   reads gets the wrong features), the ``augment`` given must have run while they were read (its
   generator's state moved), and the pipeline must work ahead by itself: with tf.data's injected
@@ -43,7 +44,7 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
 Nothing the checks of exercises 1 and 3 hold while the learner's function runs says what it
 should return: each case keeps its inputs and a label that names no answer, in a fresh order
 (drawn in helpers whose frames are gone), and its verdict counts the answer after the call, with
-``step_breakdown`` or ``report_reference`` (an answer that walked the stack to the running case
+``rule_verdict`` or ``report_reference`` (an answer that walked the stack to the running case
 and read its verify's closure passed before). Exercise 1's guard compares code objects' files:
 any call into ``course_utils/profiling.py`` while the learner's function runs is caught, under
 whatever name it was bound. Exercise 3's guard does the same for the check's own reference,
@@ -180,7 +181,6 @@ def _bound_run(rng: Any, kind: str, steps: int = 3, strength: int = 1) -> list[d
 
 def _course_profiling_file() -> str:
     from course_utils import profiling
-
     return profiling.step_breakdown.__code__.co_filename
 
 
@@ -189,20 +189,18 @@ def _qualified(kind: type) -> str:
 
 
 def _verifier(events: list[dict], guard: CallsInto) -> Callable[[Any], str | None]:
-    """The case's verdict, its answer counted by ``step_breakdown`` after the learner's
+    """The case's verdict, its answer counted by the exercise's rule after the learner's
     function returned (nothing the check holds while it runs says which part leads)."""
     def verify(got: Any) -> str | None:
-        from course_utils.profiling import format_breakdown, step_breakdown
+        from course_utils.grading.checks.profile_traces import rule_verdict
 
         called = guard.take()
         if watching_problem(called):
             return watching_problem(called)
         if called:
             return (f"find_bottleneck called cu.profiling ({', '.join(called)}): it must read "
-                    "the events itself; cu.profiling.step_breakdown is what the check "
-                    "compares it with")
-        breakdown = step_breakdown(events)  # the check's own calls, now
-        kind, table = breakdown.bottleneck(), format_breakdown(breakdown)
+                    "the events itself, by the exercise's rules")
+        kind, table = rule_verdict(events)  # the check's own calls, now
         own = guard.take()  # drops the check's own calls just made from the next verdict
         if type(got) is not str and _qualified(type(got)) != "numpy.str_":  # a subclass
             return f"returned {type(got).__name__}; return a str, one of {_BOTTLENECKS}"
@@ -210,22 +208,23 @@ def _verifier(events: list[dict], guard: CallsInto) -> Callable[[Any], str | Non
             return watching_problem(own)
         if got not in _BOTTLENECKS:
             return f"returned {got!r}; return one of {', '.join(map(repr, _BOTTLENECKS))}"
-        return (f"returned {got!r}, but this trace is {kind}-bound; cu.profiling reads it as:"
-                f"\n{table}")
+        return (f"returned {got!r}, but this trace is {kind}-bound; each part's union inside "
+                f"the steps, on its own (an instant two parts share counts in both):\n{table}")
     return verify
 
 
 def _real_events(rng: Any) -> list[dict] | None:
-    """A fresh real run's events, input- or compute-bound as drawn (``step_breakdown`` agrees);
-    None when three tries (each with a stronger effect) all came out otherwise: a busy machine
-    must not fail the learner, and the built traces still hold every kind."""
+    """A fresh real run's events, input- or compute-bound as drawn (``step_breakdown`` and the
+    exercise's rule agree); None when three tries (each with a stronger effect) all came out
+    otherwise: a busy machine must not fail the learner; the built traces hold every kind."""
+    from course_utils.grading.checks.profile_traces import rule_verdict
     from course_utils.profiling import format_breakdown, step_breakdown
 
     kind = rng.choice(["input", "compute"])
     for attempt in range(3):  # on a busy machine, try again with a stronger effect
         events = _bound_run(rng, kind, strength=1 + attempt)
         breakdown = step_breakdown(events)
-        if breakdown.bottleneck() == kind:
+        if breakdown.bottleneck() == kind == rule_verdict(events)[0]:
             return events
     print(f"(this machine is busy: the check's {kind}-bound run did not come out {kind}-bound "
           f"in 3 tries, so only the built traces are read this time)\n"
@@ -235,17 +234,17 @@ def _real_events(rng: Any) -> list[dict] | None:
 
 def _bottleneck_traces() -> list[tuple[list[dict], str]]:
     """Each case's events and a label that names no part, in a fresh order: one real run (if
-    it came out as drawn) and ``BOTTLENECK_CASES``, each checked against ``step_breakdown``.
+    it came out as drawn) and ``BOTTLENECK_CASES``, each checked against the rule.
     What each case is and its answer are forgotten when this returns (finding L1)."""
-    from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES, trace_case
-    from course_utils.profiling import step_breakdown
+    from course_utils.grading.checks.profile_traces import BOTTLENECK_CASES as CASES
+    from course_utils.grading.checks.profile_traces import rule_verdict, trace_case
 
     rng = fresh_rng()
     real = _real_events(rng)
     traces = [(real, "a real run profiled here")] if real is not None else []
-    for description in BOTTLENECK_CASES:
+    for description in CASES:
         kind, events = trace_case(rng, description)
-        assert step_breakdown(events).bottleneck() == kind, description  # the check's own
+        assert rule_verdict(events)[0] == kind, description  # the check's own
         traces.append((events, "a trace built to order"))
     rng.shuffle(traces)
     return traces
@@ -253,8 +252,9 @@ def _bottleneck_traces() -> list[tuple[list[dict], str]]:
 
 @register
 def check_find_bottleneck(fn: Any) -> bool:
-    """Check ``find_bottleneck(events)`` on one real run profiled here and eleven traces built
-    to order (mid-range input shares, narrow leads, a communication-bound step, distractors)."""
+    """Check ``find_bottleneck(events)`` on one real run profiled here and twelve traces built
+    to order (mid-range input shares, narrow leads, a communication-bound step, compute through
+    the input wait, distractors)."""
     peeks_refused("find_bottleneck", fn)
     guard = CallsInto(_course_profiling_file())
     cases = [Case(args=(events,), verify=_verifier(events, guard),
@@ -263,9 +263,9 @@ def check_find_bottleneck(fn: Any) -> bool:
     with guard:
         return run_check(
             "find_bottleneck", fn, cases,
-            hint="lesson 09, section 6 (Profile): the table above is how cu.profiling splits "
-                 "this trace's steps. Which spans did your reading give to the wrong part, "
-                 "or count outside a step? The exercise's rules say which spans count where.")
+            hint="lesson 09, section 6 (Profile): the table above is each part's time by the "
+                 "exercise's rules. Which spans did your reading give to the wrong part, "
+                 "count twice, or count outside a step? The rules say which spans count where.")
 
 
 # --- Exercise 2 · remove the input bottleneck --------------------------------------------------

@@ -15,7 +15,11 @@ shortcuts do not:
 * ``trailing``: compute spans after the last step (what the program does once the profiled steps
   are done), as a share of the steps' time: a reading that drops only what precedes the first
   step counts them;
-* ``uneven``: one long step in the middle split otherwise than the rest.
+* ``uneven``: one long step in the middle split otherwise than the rest;
+* ``overlap``: compute on a second thread through part of every input wait, so that the
+  exercise's rule (each part's union on its own: an instant two parts share counts in both,
+  ``part_unions``) names compute where ``cu.profiling.step_breakdown`` (which gives such an
+  instant to input) names input, and an edited copy of the course's reading fails.
 
 Four cases lead by a little, each leader under half of the three parts together: input at under a
 third of the step where compute leads another with input at nearly 40 %, and the all-reduce at
@@ -25,8 +29,9 @@ half of them, else ..." rule, names them all. Between them the cases hold all si
 three parts, so that a reading which compares fewer than the three pairs (input with compute
 first, say, or the all-reduce with compute alone) names a wrong part in one.
 
-Within a step the spans do not overlap, so the shares are exact: ``cu.profiling.step_breakdown``
-reads back ``parts`` (tests/test_checks_lesson_09.py proves it).
+Within a step the spans of different parts do not overlap but where ``overlap`` puts them, so
+the shares are exact: ``cu.profiling.step_breakdown`` reads back ``parts`` without ``overlap``
+(tests/test_checks_lesson_09.py proves it).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["BOTTLENECK_CASES", "synthetic_trace", "trace_case"]
+__all__ = ["BOTTLENECK_CASES", "part_unions", "rule_verdict", "synthetic_trace", "trace_case"]
 
 _PID = 1
 _STEP_THREAD, _OP_THREAD, _DATA_THREAD, _REPLICA_THREAD = 11, 12, 13, 14
@@ -66,7 +71,8 @@ def _span(name: str, ts: float, dur: float, tid: int, long_name: str | None = No
 def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: int = 3,
                     background: float = 0.0, outside: float = 0.0, trailing: float = 0.0,
                     uneven: Mapping[str, float] | None = None,
-                    nccl: bool = False, replicas: int = 1) -> list[dict[str, Any]]:
+                    nccl: bool = False, replicas: int = 1,
+                    overlap: float = 0.0) -> list[dict[str, Any]]:
     """Events of ``steps`` profiled steps whose time splits into ``parts`` (shares of input,
     compute, communication; the rest is "other"), plus the distractors described above.
 
@@ -74,7 +80,8 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
     and split into these shares instead, so that the steps' total and a single step (or a vote
     of the steps) can name different parts. ``nccl``: the second half of every all-reduce span
     an ``NcclAllReduce`` op, so that a reading which misses either kind of collective loses
-    half of the communication."""
+    half of the communication. ``overlap``: a compute span on the second replica's thread
+    through that share of every input wait."""
     for shares in (parts, uneven or {}):
         if sum(shares.values()) > 1 or min(shares.values(), default=0) < 0:
             raise ValueError(f"parts must be non-negative shares summing to at most 1: "
@@ -115,6 +122,10 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                     # a reading that counts it as compute names compute where input leads
                     events.append(_span("Iterator::Prefetch", clock + 0.1 * piece,
                                         0.8 * piece, _STEP_THREAD, "Iterator::Root::Prefetch"))
+                    if overlap:  # the other replica computes while this one waits
+                        name = rng.choice(_OPS)
+                        events.append(_span(name.split(":")[0], clock, overlap * piece,
+                                            _REPLICA_THREAD, name))
                 elif kind == "communication" and nccl:
                     for start_at, name in ((clock, rng.choice(_COLLECTIVES)),
                                            (clock + piece / 2, _NCCL)):
@@ -176,6 +187,11 @@ BOTTLENECK_CASES = {
     "input leads, while two replicas compute side by side on two threads": (
         "input", lambda r: (r.uniform(0.40, 0.44), r.uniform(0.30, 0.34), 0.03), {
             "replicas": 2}),
+    # each part's union on its own (the exercise's rule): the instants compute shares with the
+    # input wait count for compute too; cu.profiling.step_breakdown gives them to input alone
+    "compute on a second thread through most of every input wait, each part counted on its own":
+        ("compute", lambda r: (r.uniform(0.30, 0.32), r.uniform(0.18, 0.20), 0.05), {
+            "overlap": 0.8}),
     "input-bound in total, though most steps (the first and the last too) are compute-bound": (
         "input", lambda r: (0.1, r.uniform(0.55, 0.65), 0.05), {
             "uneven": {"input": 0.8, "compute": 0.1, "communication": 0.02}}),
@@ -187,3 +203,30 @@ def trace_case(rng: random.Random, description: str) -> tuple[str, list[dict[str
     answer, draw, options = BOTTLENECK_CASES[description]
     shares = dict(zip(("input", "compute", "communication"), draw(rng), strict=True))
     return answer, synthetic_trace(rng, shares, steps=rng.choice([3, 4, 5]), **options)
+
+
+def part_unions(events: list[dict[str, Any]]) -> dict[str, float]:
+    """Microseconds of the profiled steps each part covers, its spans' union taken on its own
+    (an instant two parts share counts in both: the exercise's rule), from the spans and
+    steps ``cu.profiling`` finds."""
+    from course_utils import profiling
+
+    found = profiling.spans(events)
+    totals = dict.fromkeys(profiling.CATEGORIES, 0.0)
+    for window in profiling.step_windows(events):
+        for part in totals:
+            mine = [(span.start, span.end, part) for span in found if span.category == part]
+            totals[part] += profiling._attribute(window, mine)[part]  # one part: its union
+    return totals
+
+
+def rule_verdict(events: list[dict[str, Any]]) -> tuple[str, str]:
+    """The part that leads by the exercise's rule (``part_unions``), and a table of each
+    part's milliseconds and share of the steps' time."""
+    from course_utils import profiling
+
+    totals = part_unions(events)
+    steps = sum(end - start for start, end in profiling.step_windows(events)) or 1.0
+    table = "\n".join(f"{part:<14}{micros / 1e3:>9.2f} ms{micros / steps:>6.0%} of the steps"
+                      for part, micros in totals.items())
+    return max(totals, key=totals.get), table
