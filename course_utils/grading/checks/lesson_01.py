@@ -55,8 +55,13 @@ from course_utils.grading.checks.batch_shapes import handed_on as _handed_on
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.cached_epochs import cached_verifier
-from course_utils.grading.checks.records import parse_ops_problem, record_example
-from course_utils.grading.checks.records import pixels_problem as _pixels_problem
+from course_utils.grading.checks.records import (
+    RECORD_IMAGE_SHAPE,
+    parse_ops_problem,
+    parsed_problem,
+    record_example,
+    records,
+)
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.shuffle_order import buffer_problem, places_ahead
 from course_utils.grading.checks.storage_reads import slow_pipeline, storage
@@ -378,63 +383,29 @@ def check_cached_pipeline(fn: Any) -> bool:
 
 # --- Exercise 4 · parse TFRecords you did not write ---------------------------------------------
 
-#: The shape of the images in ``check_parse_record``'s records.
-RECORD_IMAGE_SHAPE = (2, 2, 3)
-
-
 @register
 def check_parse_record(fn: Any) -> bool:
-    """Check ``parse_record(record)`` on fresh records in a TFRecord file, inside ``map``."""
-    import os
-    import tempfile
+    """Check ``parse_record(record)`` on fresh records in a TFRecord file, inside ``map``.
 
+    The eager call parses a throw-away record; the records judged are drawn only after the
+    answer was traced, so a table built while it ran (from the check's frames, say) holds none
+    of them, and the traced graph alone parses them (a Python op is refused)."""
     tf = _tf()
     rng = fresh_rng()
-    generator = np.random.default_rng(rng.randint(0, 2**31 - 1))
     count = rng.randint(6, 10)
-    images = generator.integers(0, 256, (count, *RECORD_IMAGE_SHAPE), dtype=np.uint8)
-    labels = generator.integers(0, 100, count)
-    weights = [None if index % 3 == 0 else float(np.float32(generator.uniform(0.1, 5.0)))
-               for index in range(count)]
-    folder = tempfile.mkdtemp(prefix="check_parse_record_")
-    path = os.path.join(folder, "records.tfrecord")
-    with tf.io.TFRecordWriter(path) as writer:
-        for image, label, weight in zip(images, labels, weights, strict=True):
-            writer.write(record_example(image, label, weight))
+    throw_away = records(np.random.default_rng(rng.randint(0, 2**31 - 1)), 1)[3][0]
 
-    def verify(_first: Any) -> str | None:  # fn ran eagerly on the first record; now in map
-        parsed = list(tf.data.TFRecordDataset(path).map(fn).as_numpy_iterator())
-        if len(parsed) != count:
-            return f"expected {count} parsed records, got {len(parsed)}"
-        for index, element in enumerate(parsed):
-            if not isinstance(element, tuple) or len(element) != 3:
-                return f"record {index}: expected (image, label, weight), got {element!r:.80}"
-            image, label, weight = (np.asarray(part) for part in element)
-            if image.shape != RECORD_IMAGE_SHAPE or image.dtype != np.float32:
-                return (f"record {index}: expected a float32 image of shape "
-                        f"{RECORD_IMAGE_SHAPE}, got {image.dtype} {image.shape}")
-            problem = _pixels_problem(index, image, images[index])
-            if problem:
-                return problem
-            if label.dtype != np.int32 or int(label) != int(labels[index]):
-                return (f"record {index}: expected the label {int(labels[index])} as int32, "
-                        f"got {label!r}")
-            want = 1.0 if weights[index] is None else weights[index]
-            if weight.shape != () or not np.isclose(float(weight), want):
-                return (f"record {index}{' (no weight stored)' if weights[index] is None else ''}"
-                        f": expected the weight {want}, got {weight!r}")
-        return parse_ops_problem(fn)  # right values: parsed in the graph, not in Python?
+    def verify(_first: Any) -> str | None:  # fn ran eagerly on the throw-away record
+        traced = tf.function(fn).get_concrete_function(tf.TensorSpec([], tf.string))
+        in_python = parse_ops_problem(fn)  # parsed in the graph, not in Python?
+        # drawn from the system's entropy now: no state the answer could reach made them
+        return parsed_problem(traced, np.random.default_rng(), count) or in_python
 
-    try:
-        first_record = next(iter(tf.data.TFRecordDataset(path)))
-        return run_check(
-            "parse_record", fn,
-            [Case(args=(first_record,),
-                  label=f"TFRecordDataset(<{count} records>).map(parse_record)", verify=verify)],
-            hint="which feature holds the image, with which type, and what turns its bytes "
-                 "into 12 numbers in [0, 1]? What does a record without a weight give? "
-                 "Lesson 01, section 6 (parse), and the exercise's text.")
-    finally:
-        import shutil
+    return run_check(
+        "parse_record", fn,
+        [Case(args=(tf.constant(throw_away),),
+              label=f"TFRecordDataset(<{count} records>).map(parse_record)", verify=verify)],
+        hint="which feature holds the image, with which type, and what turns its bytes "
+             "into 12 numbers in [0, 1]? What does a record without a weight give? "
+             "Lesson 01, section 6 (parse), and the exercise's text.")
 
-        shutil.rmtree(folder, ignore_errors=True)

@@ -1,14 +1,21 @@
 """Lesson 01's exercise 4: the records a colleague wrote (the image as its raw bytes, a weight
-in some records only), what differs between a parsed image and the stored one, and whether the
-answer parses in the graph (:func:`parse_ops_problem`)."""
+in some records only), what differs between a parsed image and the stored one, whether the
+answer parses in the graph (:func:`parse_ops_problem`), and the records it is judged on, drawn
+after it was traced (:func:`parsed_problem`)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["PARSE_OPS", "PYTHON_OPS", "parse_ops_problem", "pixels_problem", "record_example"]
+__all__ = ["PARSE_OPS", "PYTHON_OPS", "RECORD_IMAGE_SHAPE", "parse_ops_problem", "parsed_problem",
+           "pixels_problem", "record_example", "records"]
+
+#: The shape of the images in ``check_parse_record``'s records.
+RECORD_IMAGE_SHAPE = (2, 2, 3)
 
 #: The op types of ``tf.io.parse_single_example`` / ``tf.io.parse_example`` (TF 2.21 makes
 #: ``ParseExampleV2`` for both; the older kernels are accepted too).
@@ -67,4 +74,53 @@ def parse_ops_problem(fn: object) -> str | None:
         return ("parse_record's graph (traced on one tf.string record) has no ParseExample op "
                 f"(its ops: {', '.join(sorted(ops))}): parse the record with "
                 "tf.io.parse_single_example (or tf.io.parse_example) and a feature spec")
+    return None
+
+
+def records(generator: Any, count: int) -> tuple[Any, Any, list[Any], list[bytes]]:
+    """``count`` fresh records: images, labels, weights (None: not stored) and the bytes."""
+    images = generator.integers(0, 256, (count, *RECORD_IMAGE_SHAPE), dtype=np.uint8)
+    labels = generator.integers(0, 100, count)
+    weights = [None if index % 3 == 0 else float(np.float32(generator.uniform(0.1, 5.0)))
+               for index in range(count)]
+    return images, labels, weights, [record_example(*row) for row in zip(
+        images, labels, weights, strict=True)]
+
+
+def parsed_problem(traced: Any, generator: Any, count: int) -> str | None:
+    """The records, drawn now, written to a file and mapped through the traced answer."""
+    import os
+    import shutil
+    import tempfile
+
+    tf = _tf()
+    images, labels, weights, serialized = records(generator, count)
+    folder = tempfile.mkdtemp(prefix="check_parse_record_")
+    path = os.path.join(folder, "records.tfrecord")
+    try:
+        with tf.io.TFRecordWriter(path) as writer:
+            for record in serialized:
+                writer.write(record)
+        parsed = list(tf.data.TFRecordDataset(path).map(traced).as_numpy_iterator())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if len(parsed) != count:
+        return f"expected {count} parsed records, got {len(parsed)}"
+    for index, element in enumerate(parsed):
+        if not isinstance(element, tuple) or len(element) != 3:
+            return f"record {index}: expected (image, label, weight), got {element!r:.80}"
+        image, label, weight = (np.asarray(part) for part in element)
+        if image.shape != RECORD_IMAGE_SHAPE or image.dtype != np.float32:
+            return (f"record {index}: expected a float32 image of shape "
+                    f"{RECORD_IMAGE_SHAPE}, got {image.dtype} {image.shape}")
+        problem = pixels_problem(index, image, images[index])
+        if problem:
+            return problem
+        if label.dtype != np.int32 or int(label) != int(labels[index]):
+            return (f"record {index}: expected the label {int(labels[index])} as int32, "
+                    f"got {label!r}")
+        want = 1.0 if weights[index] is None else weights[index]
+        if weight.shape != () or not np.isclose(float(weight), want):
+            return (f"record {index}{' (no weight stored)' if weights[index] is None else ''}"
+                    f": expected the weight {want}, got {weight!r}")
     return None
