@@ -1023,7 +1023,8 @@ def _parsed_in_python(record):  # right values, parsed with protobuf in a py_fun
 def _from_the_checks_frames(record):
     """nb31-01 L1: the check's records read from its frames (names built at run time, so no
     scan of the answer's names sees it) into a table the traced graph looks the record up in,
-    beside a dead parse op. The records are drawn after the answer was traced: nothing found."""
+    beside a dead parse op: named by the frame watch (and the records are drawn after the
+    answer was traced, so the walk would find none of them)."""
     import sys
 
     from course_utils.grading.checks.records import record_example
@@ -1051,7 +1052,7 @@ def _from_the_checks_frames(record):
 
 
 @pytest.mark.parametrize(("wrong", "says"), [
-    (_from_the_checks_frames, "differ from the stored bytes / 255"),
+    (_from_the_checks_frames, "read the interpreter's frames while the check ran"),
     (_lesson_cell_copied, "raised .*(pixels|Data types|dtype)"),
     (_not_scaled, r"the stored bytes as they are \(values up to \d+\); expected each byte / 255"),
     (_read_as_floats, "raised .*(reshape|Input to reshape|elements)"),

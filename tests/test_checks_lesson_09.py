@@ -751,7 +751,8 @@ def test_find_bottleneck_the_answer_is_nowhere_in_the_checks_frames(built_traces
             "input", "compute", "communication") or "-bound" in str(v))
         return kinds[0] if kinds else None
 
-    with pytest.raises(AssertionError, match=r"returned (None|\w+; return a str)"):
+    with pytest.raises(AssertionError, match=r"read the interpreter's frames while the check "
+                                             r"ran \(sys\._getframe \(test_checks_lesson_09"):
         cu.grading.check_find_bottleneck(from_the_frames)
 
 
@@ -812,7 +813,7 @@ def test_write_report_calling_the_cases_own_verdict_is_refused():
                 case.verify(None)
         return write_report(results, model, global_batch, replicas, budget_bytes)
 
-    with pytest.raises(AssertionError, match="reference|verdict|forged|FORGED"):
+    with pytest.raises(AssertionError, match="read the interpreter's frames"):
         cu.grading.check_write_report(ask_the_verdict)
 
 

@@ -218,6 +218,88 @@ def test_an_answer_that_rewrites_its_cases_verdict_fails():
     assert run_check("square", lambda x: [x * x], _square_cases())
 
 
+def _frames_by_built_names(x):
+    """The check's expected result read from its callers' frames, every name built at run
+    time: no scan of the answer's names or constants sees it (fresh reads nb31-01/04/05)."""
+    import sys
+
+    read = getattr
+    frame = read(sys, "_get" + "frame")()
+    while frame is not None:
+        for value in read(frame, "f_" + "locals").values():
+            if isinstance(value, tuple) and value and isinstance(value[0], Case):
+                return value[0].expected
+        frame = read(frame, "f_" + "back")
+    return None
+
+
+def _frames_through_a_traceback(x):
+    try:
+        raise ValueError(x)
+    except ValueError as error:
+        frame = getattr(error.__traceback__, "tb_" + "frame")
+    return _walk_up(frame)
+
+
+def _walk_up(frame):
+    while frame is not None:
+        plan = getattr(frame, "f_" + "locals").get("plan")
+        if plan:
+            return plan[0][2]  # (case, verify, expected, ...)
+        frame = getattr(frame, "f_" + "back")
+    return None
+
+
+def _frames_from_a_thread(x):
+    import sys
+    import threading
+
+    found = []
+    me = threading.get_ident()
+
+    def peek():
+        found.append(_walk_up(getattr(sys, "_current_" + "frames")()[me]))
+    thread = threading.Thread(target=peek)
+    thread.start()
+    thread.join()
+    return found[0]
+
+
+def _frames_through_inspect(x):
+    import importlib
+
+    stack = getattr(importlib.import_module("inspect"), "st" + "ack")()
+    return _walk_up(stack[0].frame)
+
+
+@pytest.mark.parametrize("peek", [_frames_by_built_names, _frames_through_a_traceback,
+                                  _frames_from_a_thread, _frames_through_inspect])
+def test_reading_the_checks_frames_at_run_time_fails_however_it_is_named(peek):
+    """Python's audit events (``sys._getframe``, ``sys._current_frames``, ``tb_frame``), raised
+    from the learner's code or through ``inspect``, are named (``frame_reach``)."""
+    with pytest.raises(AssertionError, match=r"case 1: your code read the interpreter's "
+                                             r"frames while the check ran \((sys\._getframe|"
+                                             r"sys\._current_frames|tb_frame) \(test_grading_"
+                                             r"framework\.py, line \d+\)"):
+        run_check("square", peek, _square_cases())
+
+
+def test_libraries_that_read_frames_for_themselves_do_not_fail_an_answer():
+    """``logging`` and ``collections.namedtuple`` read their callers' frames, TensorFlow's
+    tracing too: not the learner's code."""
+    import collections
+    import logging
+
+    def answer(x):
+        logging.getLogger("course-test").info("computing")
+        pair = collections.namedtuple("Pair", "a b")(x, x)
+        return [pair.a * pair.b]
+
+    assert run_check("square", answer, _square_cases())
+    tf = cu.quiet.import_tensorflow()
+    assert run_check("square", tf.function(lambda x: [x * x]), _square_cases())
+
+
 def test_a_check_during_which_the_garbage_collector_was_searched_fails(monkeypatch):
     """``gc.get_objects`` reaches every case and verdict in the process: a registered check
     during which it ran fails, whatever the answer returned (names built at run time escape

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from course_utils.grading.frame_reach import watching
 from course_utils.quiet import native_stderr_silenced
 
 __all__ = ["PASS_MARK", "STRICT_ENV", "TODO_MARK", "Case", "NotAttemptedError", "compare",
@@ -377,41 +378,54 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
     plan = tuple((case, case.verify, case.expected, case.raises, _digest(case.expected))
                  for case in cases)
     hint_text = f"\nHint: {hint}" if hint else ""
-    for number, (case, verify, expected, raises, digest) in enumerate(plan, start=1):
-        try:
-            got = fn(*case.args, **case.kwargs)
-        except NotImplementedError as error:
-            if _is_stub_raise(fn, error):
-                not_attempted(name)
-                return False
-            raise AssertionError(
-                f"{name}: case {number} {case.describe()} raised NotImplementedError from "
-                f"inside a library call: {error}{hint_text}") from error
-        except Exception as error:
-            if not (raises and isinstance(error, raises)):
+    with watching() as reached:  # frames the answer reads, however it names them
+        for number, (case, verify, expected, raises, digest) in enumerate(plan, start=1):
+            try:
+                got = fn(*case.args, **case.kwargs)
+            except NotImplementedError as error:
+                if _is_stub_raise(fn, error):
+                    not_attempted(name)
+                    return False
                 raise AssertionError(
-                    f"{name}: case {number} {case.describe()} raised "
-                    f"{type(error).__name__}: {error}{hint_text}") from error
-            got = error  # the exception the case asks for: its verify judges it
-        if (case.verify is not verify or case.expected is not expected
-                or case.raises is not raises or _digest(expected) != digest):
-            raise AssertionError(
-                f"{name}: case {number}: your function changed the check's own case (what "
-                "judges it, or the expected result) while it ran. Compute the answer; do not "
-                "change the code that judges it.")
-        if verify is not None:
-            reason = verify(got)
+                    f"{name}: case {number} {case.describe()} raised NotImplementedError from "
+                    f"inside a library call: {error}{hint_text}") from error
+            except Exception as error:
+                if not (raises and isinstance(error, raises)):
+                    raise AssertionError(
+                        f"{name}: case {number} {case.describe()} raised "
+                        f"{type(error).__name__}: {error}{hint_text}") from error
+                got = error  # the exception the case asks for: its verify judges it
+            _refuse_reached(name, number, reached)
+            if (case.verify is not verify or case.expected is not expected
+                    or case.raises is not raises or _digest(expected) != digest):
+                raise AssertionError(
+                    f"{name}: case {number}: your function changed the check's own case (what "
+                    "judges it, or the expected result) while it ran. Compute the answer; do not "
+                    "change the code that judges it.")
+            if verify is not None:
+                reason = verify(got)
+                if reason:
+                    raise AssertionError(f"{name}: case {number} {case.describe()}: {reason}"
+                                         f"{hint_text}")
+                _refuse_reached(name, number, reached)  # learner code its verify ran
+                continue
+            reason = compare(expected, got, rtol=rtol, atol=atol)
             if reason:
-                raise AssertionError(f"{name}: case {number} {case.describe()}: {reason}"
-                                     f"{hint_text}")
-            continue
-        reason = compare(expected, got, rtol=rtol, atol=atol)
-        if reason:
-            raise AssertionError(
-                f"{name}: case {number} {case.describe()}: {reason}.\n"
-                f"  expected: {_short(expected)}\n  got:      {_short(got)}{hint_text}")
+                raise AssertionError(
+                    f"{name}: case {number} {case.describe()}: {reason}.\n"
+                    f"  expected: {_short(expected)}\n  got:      {_short(got)}{hint_text}")
     print(f"{PASS_MARK} {name}: {len(plan)} case{'s' if len(plan) != 1 else ''} passed")
     return True
+
+
+def _refuse_reached(name: str, number: int, reached: list[str]) -> None:
+    """An ``AssertionError`` naming how the learner's code reached the interpreter's frames
+    while the check ran (``frame_reach``), if it did."""
+    if reached:
+        raise AssertionError(
+            f"{name}: case {number}: your code read the interpreter's frames while the check "
+            f"ran ({', '.join(dict.fromkeys(reached))}): the check's frames hold what it "
+            "compares with. Compute the answer from the arguments.")
 
 
 def _digest(value: Any) -> bytes:

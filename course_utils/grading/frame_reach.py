@@ -1,0 +1,83 @@
+"""Frames the learner's own code reaches while a check runs.
+
+An answer runs in the check's process, under the check's frames: walking up to them reads the
+expected result instead of computing it. The framework scans the answer's names for the frame
+readers (``INTROSPECTION_NAMES``), which a name built at run time escapes
+(``getattr(sys, "_get" + "frame")``). This watch sees the reading itself: Python raises an
+audit event for every way to obtain a frame (``sys._getframe``, ``sys._current_frames``, a
+traceback's ``tb_frame``, a generator's or coroutine's ``gi_frame``/``cr_frame``/``ag_frame``),
+and to trace every frame (``sys.settrace``); a search of the garbage collector's objects is
+the registry's to name (``registry.register``). While :func:`watching` is
+active (in any thread: a thread the answer starts too), each such event raised by code that is
+neither Python's nor an installed package's nor the course's (a notebook cell, a learner's
+module, an ``exec``'d string) is recorded; ``inspect`` and ``traceback`` are looked through to
+the code that called them. ``logging``, ``collections.namedtuple``, TensorFlow and Keras read
+frames for their own reasons and are not the learner's code.
+
+Not seen: a frame handed to a signal handler, memory read through ``ctypes``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import threading
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["watching"]
+
+_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys.settrace"})
+_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+_WALKERS = frozenset({inspect.__file__, traceback.__file__})
+_PACKAGE = str(Path(__file__).resolve().parent.parent)
+_PREFIXES = tuple({str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                                     sys.base_exec_prefix)}
+                  | {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix})
+
+_active: list[list[str]] = []  # one record per watch in progress (nested checks: each)
+_inside = threading.local()  # the hook's own sys._getframe raises the event again
+
+
+def _learners(filename: str) -> bool:
+    return not (filename.startswith(_PREFIXES) or filename.startswith(_PACKAGE)
+                or filename.startswith("<frozen"))
+
+
+def _hook(event: str, args: tuple) -> None:
+    if not _active:
+        return
+    if event not in _EVENTS and not (event == "object.__getattr__" and len(args) > 1
+                                     and args[1] in _FRAME_ATTRIBUTES):
+        return
+    if getattr(_inside, "busy", False):
+        return
+    _inside.busy = True
+    try:
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename in _WALKERS:
+            frame = frame.f_back  # inspect.stack(), traceback.walk_stack(): their caller
+        if frame is not None and _learners(frame.f_code.co_filename):
+            what = args[1] if event == "object.__getattr__" else event
+            where = f"{Path(frame.f_code.co_filename).name}, line {frame.f_lineno}"
+            for record in _active:
+                record.append(f"{what} ({where})")
+    finally:
+        _inside.busy = False
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[list[str]]:
+    """Inside the block, the frame readings of the learner's code are appended to the list it
+    gives (``"sys._getframe (cell.py, line 3)"``)."""
+    record: list[str] = []
+    _active.append(record)
+    try:
+        yield record
+    finally:
+        del _active[next(i for i, each in enumerate(_active) if each is record)]
+
+
+sys.addaudithook(_hook)  # an audit hook cannot be removed: it does nothing outside a watch
