@@ -323,6 +323,28 @@ def test_the_built_traces_read_back_as_built_by_the_course_and_the_reference():
         profile_traces.synthetic_trace(rng, {"input": 0.8, "compute": 0.4})
 
 
+def test_find_bottleneck_a_judge_imported_inside_the_check_and_replaced_fails(
+        built_traces_only, monkeypatch):
+    """nb31-09 L1-a: the check imports its judge (``profile_traces``) after the snapshot of the
+    course's code; an answer that rebinds ``rule_verdict`` there passed. A module first
+    imported while the check runs is compared with its source at the end."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "course_utils.grading.checks.profile_traces", raising=False)
+
+    cell = {}  # the answer as a notebook cell defines it (code from tests/ is trusted)
+    exec(compile("def patch_rule(events):\n"
+                 "    import course_utils.grading.checks.profile_traces as judge\n"
+                 "    judge.rule_verdict = lambda events: ('input', '')\n"
+                 "    return 'input'\n", "<cell>", "exec"), cell)
+    patch_rule = cell["patch_rule"]
+
+    with pytest.raises(AssertionError, match=r"replaced the course's own course_utils\.grading"
+                                             r"\.checks\.profile_traces\.rule_verdict"):
+        cu.grading.check_find_bottleneck(patch_rule)
+    assert "course_utils.grading.checks.profile_traces" not in sys.modules  # imported afresh
+
+
 def test_find_bottleneck_an_edited_copy_of_the_course_reading_fails(built_traces_only,
                                                                     monkeypatch):
     """nb30b-09 L1-1: cu.profiling's source run under another file name, each function,

@@ -9,8 +9,11 @@ function, class and constant of the loaded ``course_utils`` modules (the module'
 them, a function's code and defaults, a class's own names and methods; a number, string or
 tuple a module binds, such as a threshold) before the learner's code runs; after it,
 whatever was rebound, recoded or deleted is put back and the check fails, naming it. Names added
-are not changes (the course imports lazily). What lies outside ``course_utils`` (NumPy,
-TensorFlow, Python's built-ins) is not watched: patching Python itself is never protected.
+are not changes (the course imports lazily); a module first imported while the block runs (a
+check's lazy import of its judge) is compared with its source at the end instead, and dropped
+from ``sys.modules`` when it differs, so that the next use imports it afresh. What lies outside
+``course_utils`` (NumPy, TensorFlow, Python's built-ins) is not watched: patching Python itself
+is never protected.
 
 What an earlier cell replaced is in place before the snapshot: the grader imports
 ``course_utils.grading`` afresh before each check, but not the rest of the course (its state,
@@ -119,17 +122,27 @@ def course_code_kept(check: str) -> Iterator[None]:
         now = snapshot()
         changed = sorted(key for key, value in kept.items()
                          if key not in now or not same(now[key], value))
-        if changed:
+        # a module first imported inside the block (a check's lazy import): compared with
+        # its source, and dropped so that the next use imports it afresh
+        late = [(name, module) for name, module in list(sys.modules.items())
+                if name not in modules and module is not None
+                and (name == "course_utils" or name.startswith("course_utils."))]
+        late_changed = [found for name, module in late for found in _replaced_in(name, module)]
+        for name, module in late:
+            if _replaced_in(name, module):
+                sys.modules.pop(name, None)
+        if changed or late_changed:
             put_back(changed, kept, modules)
             rebound = {(m, n) for m, n, p in changed if p == ""}
             named = [f"{m}.{n}" + ("" if p == "" else f" {p}" if p == MEMBERS
                                    else " (its code)" if p == "code" else f".{p}")
-                     for m, n, p in changed if p == "" or (m, n) not in rebound]
+                     for m, n, p in changed if p == "" or (m, n) not in rebound] + late_changed
             names = ", ".join(named[:4])
             more = f" and {len(named) - 4} more" if len(named) > 4 else ""
             raise AssertionError(
                 f"{check}: your code replaced the course's own {names}{more} while the check "
-                "ran (put back now). Compute the answer; do not change the code that judges it."
+                "ran (put back now, or imported afresh next time). Compute the answer; do not "
+                "change the code that judges it."
                 + (" Any ✅ line above does not count." if finished else ""))
 
 
@@ -226,22 +239,30 @@ def replaced_before() -> list[str]:
     cannot tell from the original."""
     found = []
     for name, module in list(sys.modules.items()):
-        file = getattr(module, "__file__", None) or ""
-        if not (name == "course_utils" or name.startswith("course_utils.")) or name.startswith(
-                "course_utils.grading") or not file.endswith(".py"):
-            continue
-        names, members, constants = _defined(file)
-        bound = vars(module)
-        for attribute in sorted(names & set(bound)):
-            value = bound[attribute]
-            if _foreign(value, module):
-                found.append(f"{name}.{attribute}")
-            elif isinstance(value, type) and attribute in members:
-                found += [f"{name}.{attribute}.{m}" for m in sorted(members[attribute])
-                          if m in vars(value) and _foreign(vars(value)[m], module)]
-        for attribute, literal in constants.items():
-            value = bound.get(attribute, literal)
-            if type(literal) in _LITERALS and not (type(value) is type(literal) and (
-                    value == literal or value != value and literal != literal)):
-                found.append(f"{name}.{attribute}")
+        if (name == "course_utils" or name.startswith("course_utils.")) and not name.startswith(
+                "course_utils.grading"):
+            found += _replaced_in(name, module)
+    return found
+
+
+def _replaced_in(name: str, module: Any) -> list[str]:
+    """What of ``module``'s functions, methods and constants differs from its source."""
+    file = getattr(module, "__file__", None) or ""
+    if not file.endswith(".py"):
+        return []
+    found = []
+    names, members, constants = _defined(file)
+    bound = vars(module)
+    for attribute in sorted(names & set(bound)):
+        value = bound[attribute]
+        if _foreign(value, module):
+            found.append(f"{name}.{attribute}")
+        elif isinstance(value, type) and attribute in members:
+            found += [f"{name}.{attribute}.{m}" for m in sorted(members[attribute])
+                      if m in vars(value) and _foreign(vars(value)[m], module)]
+    for attribute, literal in constants.items():
+        value = bound.get(attribute, literal)
+        if type(literal) in _LITERALS and not (type(value) is type(literal) and (
+                value == literal or value != value and literal != literal)):
+            found.append(f"{name}.{attribute}")
     return found
