@@ -130,7 +130,7 @@ def course_code_kept(check: str) -> Iterator[None]:
         late_changed = [found for name, module in late for found in _replaced_in(name, module)]
         for name, module in late:
             if _replaced_in(name, module):
-                sys.modules.pop(name, None)
+                _forget(name, module)
         if changed or late_changed:
             put_back(changed, kept, modules)
             rebound = {(m, n) for m, n, p in changed if p == ""}
@@ -230,6 +230,15 @@ def _foreign(value: Any, module: types.ModuleType) -> bool:
             judged = _FROM_SOURCE[id(code)] = (code, keys is None or _code_key(code) in keys)
         return not judged[1]
     return getattr(value, "__module__", None) != module.__name__
+
+
+def _forget(name: str, module: Any) -> None:
+    """Drop ``module`` from ``sys.modules`` and from its package's names: the next import of
+    ``name`` makes it afresh from its source (a name added then, not a change)."""
+    sys.modules.pop(name, None)
+    package, _, short = name.rpartition(".")
+    if getattr(sys.modules.get(package), short, None) is module:
+        delattr(sys.modules[package], short)
 
 
 def replaced_before() -> list[str]:
