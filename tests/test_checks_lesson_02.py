@@ -316,6 +316,22 @@ def most_steps(directory, build_fresh):  # each checkpoint read: the one that tr
     return model, optimizer, int(optimizer.iterations.numpy())
 
 
+def newest_in_the_runs_own_folder(directory, build_fresh):
+    """A fresh read's answer (E1-L1, 1 of 1 while the check's run folder lived through the
+    call): another folder of the temporary folder holding the same checkpoints, its newest
+    index file by time (the run's own folder: the rollback's save, written last)."""
+    import tempfile
+
+    names = sorted(os.listdir(directory))
+    others = [folder for folder in glob.glob(os.path.join(tempfile.gettempdir(), "*"))
+              if os.path.isdir(folder) and folder != directory
+              and os.access(folder, os.R_OK) and sorted(os.listdir(folder)) == names]
+    folder = max(others, key=os.path.getmtime) if others else directory
+    last = max(glob.glob(os.path.join(folder, "ckpt-*.index")), key=os.path.getmtime)
+    model, optimizer = _restore(last[:-len(".index")], build_fresh)
+    return model, optimizer, int(optimizer.iterations.numpy())
+
+
 _RUNS: dict = {}  # the check's checkpointed runs, by shape: made once for the catalogue
 
 
@@ -360,6 +376,7 @@ def shared_checkpointed_runs(monkeypatch, tmp_path_factory):
     (course_checkpoints, "ran the course's .*restore with tf.train's own API"),
     (highest_number, r"holds ckpt-\d+ \(step \d+\), saved on the steps the run abandoned"),
     (newest_file, r"holds ckpt-9 \(step 8\); the latest checkpoint is ckpt-1[1-4]"),
+    (newest_in_the_runs_own_folder, r"holds ckpt-9 \(step 8\); the latest checkpoint is"),
     (highest_listed, r"holds ckpt-\d+ \(step \d+\), saved on the steps the run abandoned"),
     (most_steps, r"holds ckpt-\d+ \(step \d+\), saved on the steps the run abandoned"),
 ]))
@@ -543,6 +560,71 @@ def test_a_diagnosis_that_always_says_right_is_told_to_run_the_loop():
 def test_a_diagnosis_that_never_tries_a_short_batch_fails():
     with pytest.raises(AssertionError, match="on a short batch'|on an uneven split'"):
         checks.check_diagnose_loop(full_batch_only)
+
+
+def one_short_step_by_the_reported_loss(strategy, make_train_step, build_model, features,
+                                        labels, global_batch_size):
+    """A fresh read's answer (E3-L2, 6 of 6 while every loop reported the loss it
+    differentiated): one step on a short batch of replicas + 1, the reported loss divided by
+    the one-device mean loss, no gradient, no full batch; each kind named by that ratio."""
+    replicas, size = strategy.num_replicas_in_sync, strategy.num_replicas_in_sync + 1
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    x, y = features[:size], labels[:size]
+    with strategy.scope():
+        model = build_model()
+        optimizer = keras.optimizers.SGD(learning_rate=1.0)
+        optimizer.build(model.trainable_variables)
+    true = float(tf.reduce_mean(per_example(y, model(x))))
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size)
+    ratio = float(make_train_step(model, optimizer)(
+        next(iter(strategy.experimental_distribute_dataset(batches))))) / true
+    for target, kind in ((1, "right"), (1 / replicas, "loss reported with ReduceOp.MEAN"),
+                         (size / global_batch_size,
+                          "constant global_batch_size on a short batch")):
+        if abs(ratio - target) <= 1e-3 * max(1.0, target):
+            return kind
+    if ratio > global_batch_size / 2:
+        return "global_batch_size passed positionally"
+    if ratio >= 1.5 or ratio != ratio:
+        return "reduce_mean per replica"
+    return "Keras loss object on an uneven split"
+
+
+def test_a_diagnosis_by_the_reported_loss_alone_is_refused():
+    """The deck gives at least one loop whose update is wrong a report of the true mean loss,
+    computed apart from the gradient: read alone, the report calls that loop right."""
+    with pytest.raises(AssertionError, match="this loop is '.*', not 'right'"):
+        checks.check_diagnose_loop(one_short_step_by_the_reported_loss)
+
+
+def test_the_deck_reports_the_true_mean_for_some_loop_whose_update_is_wrong():
+    from course_utils.data import teacher_classification
+    from course_utils.grading.checks.loops import LoopBox
+    from course_utils.models import mlp
+
+    strategy, wrong = lesson_02.mirrored_strategy(), lesson_02.DIAGNOSES[1:3] + \
+        lesson_02.DIAGNOSES[4:]
+    x, y = teacher_classification(8, 4, 3, seed=0)
+    batch = next(iter(strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8))))
+    box = LoopBox(strategy)
+    try:
+        calls_right = []
+        for _ in range(len(lesson_02.DIAGNOSES)):
+            number, loop = box.loop(8, lesson_02.DIAGNOSES)
+            with strategy.scope():
+                model = mlp(4, 3, hidden_units=(8,), name="deck_report")
+                optimizer = keras.optimizers.SGD(learning_rate=1.0)
+                optimizer.build(model.trainable_variables)
+            true = float(tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, model(x), from_logits=True)))
+            ratio = float(loop(model, optimizer)(batch)) / true
+            verdict = box.verdict(number, "right")
+            kind = "right" if verdict is None else verdict.split("'")[1]
+            calls_right.append(kind in wrong and abs(ratio - 1) < 1e-3)
+    finally:
+        box.close()
+    assert any(calls_right)
 
 
 def test_every_diagnosis_is_reachable():

@@ -288,12 +288,11 @@ def check_diagnose_loop(fn: Any) -> bool:
 
     Still passes, with as much work as the reference, on most draws: telling "right" from the
     Keras loss object on the short batch by the update's projection on the one-device gradient
-    alone, or by the reported loss alone (each 15 of 15 checks in a fresh read; the Keras
-    loop's projection came within 1e-3 of 1 in none of 53 draws, the closest 1.4e-3 away, but
-    the old solution, which used it, was once refused on such a draw; a later read's 300 draws
-    at 2 replicas: the projection within 1e-3 of 1 once, 9.8e-4, the reported loss 3 times,
-    so these answers are refused about 0.6 and 2 checks in 100, a Keras loop or two a
-    check). Still passes, by reading
+    alone (15 of 15 checks in a fresh read; 300 draws at 2 replicas: within 1e-3 of 1 once,
+    so refused about 0.6 checks in 100). The reported loss alone passed 15 of 15, and one short
+    step read by it 6 of 6: now some loop whose update is wrong reports the true mean loss,
+    computed apart from its gradient (loops.py), so only the update names it. Still passes,
+    by reading
     the check's code (loops.py's internals), with less work than the reference: an answer that
     walks the check's objects (the loop's closure, TensorFlow's registry of
     ``numpy_function``s, the box that asks the loops' child, its pipe and the token found

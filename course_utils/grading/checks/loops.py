@@ -42,6 +42,12 @@ DIAGNOSES = (
 #: "reduce_mean per replica", as tf.reduce_mean does (lesson 02, section 5). The Keras loss
 #: object's stays 0 (Keras returns an empty batch's losses unreduced, reduce_values in
 #: keras/src/losses/loss.py: a real loop's strategy.reduce then fails to trace).
+#: The report is the kind's (its replica losses, reduced, times f) or, drawn apart from the
+#: kind, the batch's true mean loss, computed beside the gradient as loops log it: a wrong
+#: update then reports "right", and only the update tells the kinds apart (a fresh read's
+#: answer that read the reported loss of one short step alone named 6 of 6 loops). The deck
+#: gives at least one loop whose update is wrong such a report; "loss reported with
+#: ReduceOp.MEAN", whose mistake is its report, always reports its own.
 _CHILD = r"""
 import random, sys
 KINDS = %r
@@ -49,6 +55,7 @@ def numbers(kind, g, r):
     return {KINDS[0]: (1, 0, 1, 0, 1), KINDS[1]: (1, 1, 0, 0, 1), KINDS[2]: (g, r, 0, 0, 1),
             KINDS[3]: (1, 0, 1, 0, 1 / r), KINDS[4]: (1, 0, 0, g, 1),
             KINDS[5]: (1, r, 0, 0, 1)}[kind]
+UPDATE_WRONG = {KINDS[1], KINDS[2], KINDS[4], KINDS[5]}
 loops, asked, deck = {}, set(), []
 TOKEN = sys.stdin.readline().strip()
 for line in sys.stdin:
@@ -58,22 +65,29 @@ for line in sys.stdin:
         out = "?"
     elif word == "new" and rest[0] in loops:
         out = "?"
-    elif word == "new":  # loop number, kind ("" = the next of the deck), G, R, deck, extras
+    elif word == "new":  # loop, kind ("" = the next of the deck), G, R, deck, extras, report
         if not rest[1] and not deck:  # each allowed kind once, and extras drawn among some
             draw = random.SystemRandom()
-            deck = rest[4].split("|")
+            kinds = rest[4].split("|")
             extra_kinds, count = rest[5].split("|"), int(rest[6])
-            deck += [draw.choice(extra_kinds) for _ in range(count if rest[5] else 0)]
+            kinds += [draw.choice(extra_kinds) for _ in range(count if rest[5] else 0)]
+            deck = [(kind, kind in UPDATE_WRONG and draw.random() < 0.5) for kind in kinds]
+            wrong = [i for i, (kind, _) in enumerate(deck) if kind in UPDATE_WRONG]
+            if wrong and not any(deck[i][1] for i in wrong):  # one reports the true mean
+                i = draw.choice(wrong)
+                deck[i] = (deck[i][0], True)
             draw.shuffle(deck)
-        kind = rest[1] or deck.pop()
-        loops[rest[0]] = (kind, numbers(kind, float(rest[2]), float(rest[3])))
+        kind, apart = (rest[1], rest[7] == "apart") if rest[1] else deck.pop()
+        loops[rest[0]] = (kind, numbers(kind, float(rest[2]), float(rest[3])),
+                          apart and kind != KINDS[3])
         out = "ok"
     elif word == "scale":  # loop, n, N -> a / (b n + c N + e) (0 / 0: 0, or NaN for means)
-        kind, (a, b, c, e, f) = loops[rest[0]]
+        kind, (a, b, c, e, f), _ = loops[rest[0]]
         den = b * float(rest[1]) + c * float(rest[2]) + e
         out = repr(a / den if den else float("nan") if kind == KINDS[1] else 0.0)
-    elif word == "report":
-        out = repr(loops[rest[0]][1][4])
+    elif word == "report":  # factors of the kind's reduced loss and of the true mean
+        _, numbers_, apart = loops[rest[0]]
+        out = "0.0\t1.0" if apart else repr(numbers_[4]) + "\t0.0"
     elif word == "verdict":  # loop, answer -> "yes" / the kind; once per loop
         if rest[0] in asked:
             out = "asked"
@@ -158,20 +172,23 @@ class LoopBox:
                 self._child.wait()
 
     def loop(self, global_batch_size: int, kinds: tuple[str, ...] = DIAGNOSES,
-             kind: str = "", extra_from: tuple[str, ...] = (),
-             extra: int = 0) -> tuple[int, Callable[[Any, Any], Any]]:
+             kind: str = "", extra_from: tuple[str, ...] = (), extra: int = 0,
+             report: str = "kind") -> tuple[int, Callable[[Any, Any], Any]]:
         """A new loop written for ``global_batch_size``: its number, and its
         ``make_train_step``. Its mistake is ``kind``, or the next of the child's deck: every kind
         of ``kinds`` once and ``extra`` more drawn from ``extra_from`` (only the child knows which
-        repeat: elimination cannot name the last ones), shuffled; ask ``len(kinds) + extra``."""
+        repeat: elimination cannot name the last ones), shuffled; ask ``len(kinds) + extra``.
+        A loop of the deck reports its kind's loss or the true mean loss, as the child draws;
+        one made with ``kind`` reports as ``report`` says: "kind" or "apart" (the true mean)."""
         if (kind and kind not in DIAGNOSES or not set(kinds) <= set(DIAGNOSES)
-                or not set(extra_from) <= set(kinds)):
-            raise ValueError(f"kinds must be among {DIAGNOSES}, extra_from among kinds")
+                or not set(extra_from) <= set(kinds) or report not in ("kind", "apart")):
+            raise ValueError(f"kinds must be among {DIAGNOSES}, extra_from among kinds, "
+                             "report 'kind' or 'apart'")
         self._count += 1
         number = self._count
         self._ask("new", number, kind, global_batch_size,
                   self.strategy.num_replicas_in_sync, "|".join(kinds), "|".join(extra_from),
-                  extra)
+                  extra, report)
         return number, _make_train_step_for(self, number)
 
 
@@ -211,8 +228,8 @@ def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]
     def _child_loss_scale(n: Any, total: Any) -> Any:
         return np.float32(float(box._ask("scale", number, int(n), int(total))))
 
-    def _child_report_factor() -> Any:
-        return np.float32(float(box._ask("report", number)))
+    def _child_report_factor() -> Any:  # (times the kind's reduced loss, times the mean)
+        return np.array(box._ask("report", number).split("\t"), dtype=np.float32)
 
     def make_train_step(model: Any, optimizer: Any) -> Callable[[Any], Any]:
         def replica_step(features: Any, labels: Any, total: Any) -> Any:
@@ -224,18 +241,22 @@ def _make_train_step_for(box: LoopBox, number: int) -> Callable[[Any, Any], Any]
                 loss = tf.reduce_sum(losses) * scale
             gradients = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-            return loss
+            return loss, tf.reduce_sum(losses)  # the loss it differentiates, and the plain sum
 
         @tf.function
         def train_step(batch: Any) -> Any:
             # the step's examples, counted from the replicas' shapes (no collective needed)
             total = tf.add_n([tf.shape(local)[0] for local in
                               strategy.experimental_local_results(batch[1])])
-            per_replica = strategy.run(replica_step, args=(*batch, total))
-            reported = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-            factor = numpy_function(_child_report_factor, [], tf.float32, stateful=True)
-            factor.set_shape([])
-            return reported * factor
+            loss, plain = strategy.run(replica_step, args=(*batch, total))
+            reported = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+            mean = tf.math.divide_no_nan(  # the true mean loss, logged beside the gradient
+                strategy.reduce(tf.distribute.ReduceOp.SUM, plain, axis=None),
+                tf.cast(total, tf.float32))
+            factors = numpy_function(_child_report_factor, [], tf.float32, stateful=True)
+            factors.set_shape([2])
+            # the kind's report (NaN kept, as reduce_mean's) or the true mean's
+            return tf.where(factors[0] != 0, reported * factors[0], 0.0) + mean * factors[1]
 
         return train_step
 

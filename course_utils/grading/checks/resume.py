@@ -185,9 +185,11 @@ def check_resume_latest(fn: Any) -> bool:
     restored state, not from a file name or a count of files. The second run is also rolled
     back to an earlier checkpoint and saved again, so the highest number is not the latest;
     and each folder is handed over as a copy made file by file in name order, so the newest
-    file is not the latest either. Only the record TensorFlow keeps (the folder's
+    file is not the latest either (the run's own folder, where it would be, is deleted before
+    the learner's function runs). Only the record TensorFlow keeps (the folder's
     ``checkpoint`` file) says which is.
     """
+    import shutil
     import tempfile
 
     import keras
@@ -213,16 +215,22 @@ def check_resume_latest(fn: Any) -> bool:
         trained_in = strategy if trained_under_strategy else one_device
         resumed_in = one_device if trained_under_strategy else strategy
         fresh: list[Any] = []
-        with (tempfile.TemporaryDirectory(prefix="check_02_") as saved,
-              tempfile.TemporaryDirectory(prefix="check_02_copy_") as directory):
+        with (tempfile.TemporaryDirectory(prefix="check_02_", ignore_cleanup_errors=True)
+              as saved, tempfile.TemporaryDirectory(prefix="check_02_copy_") as directory,
+              tempfile.TemporaryDirectory() as kept):
             # the states stay in the files only while the learner's function runs: read back
-            # after it returned (no frame of the check holds one it could copy)
+            # after it returned (no frame of the check holds one it could copy), from a second
+            # copy made as the learner's is, which tells no more than it
             _, features, classes = _checkpointed_run(trained_in, rng, steps, saved, saved_after)
             if rollback is not None:
                 back_to, more_steps, seed = rollback
                 _rolled_back_run(trained_in, saved, back_to, more_steps, seed, features,
                                  classes)  # ckpt-(back_to + 1), saved again
             _copied_by_name(saved, directory)
+            _copied_by_name(saved, kept)
+            # the run's own folder, whose newest file is the latest, is gone before the call (a
+            # fresh read's answer found it in the temporary folder and passed, 1 of 1)
+            shutil.rmtree(saved)
 
             def build_fresh() -> tuple[Any, Any]:
                 with resumed_in.scope():
@@ -233,7 +241,7 @@ def check_resume_latest(fn: Any) -> bool:
                 return model, optimizer
 
             returned = fn(directory, build_fresh)
-            on_disk, latest = _states_on_disk(saved, features, classes)
+            on_disk, latest = _states_on_disk(kept, features, classes)
         return returned, fresh, on_disk, latest
 
     def same(a: list[Any], b: list[Any]) -> bool:
