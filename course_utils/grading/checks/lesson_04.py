@@ -79,7 +79,14 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
         applied = tf.Variable(0, dtype=tf.int64, name="check_applied_steps")
 
     def dataset_fn() -> Any:
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        try:
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        except RuntimeError as error:  # called here: TensorFlow's words, then the course's
+            raise RuntimeError(
+                "dataset_fn was called on the coordinator, where there is no worker index: "
+                "each worker must make its own dataset from it (create_per_worker_dataset, "
+                "lesson 04, section 3), not pull every batch from one iterator made here"
+            ) from error
         return tf.data.Dataset.from_tensor_slices(tf.gather(table, worker)).repeat()
 
     @tf.function
