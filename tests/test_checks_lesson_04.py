@@ -1081,7 +1081,8 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "overwrites_the_watch"): "there were more",
         ("RUN_STEPS", "patches_the_watch"): "were replaced",
         ("RUN_STEPS", "stub"): "BLANK",
-        ("RUN_STEPS", "captured"): "worker index",
+        # a course message, not TensorFlow's alone (nb31-04)
+        ("RUN_STEPS", "captured"): "called on the coordinator, where there is no worker index",
         ("RUN_STEPS", "lesson_copy"): "max_in_flight",
         ("RUN_STEPS", "sorted_results"): "order",
         ("RUN_STEPS", "ones_after_join"): "you returned",
@@ -1786,3 +1787,100 @@ def test_passes_whose_parts_keep_to_places_of_their_own_are_refused():
             one[i], one[j] = one[j], one[i]
         message = worker_passes.fresh_passes_message(0, sum(swapped, []), set(stored), stored, 8)
         assert message and "seldom trade places" in message, message
+
+
+def test_shared_lock_updates_names_scatters_without_use_locking_in_nested_functions():
+    """``scatter_add`` (``ResourceScatterAdd``: no ``use_locking`` attribute, so TensorFlow's
+    kernel takes the variable's shared lock) is found in the step and in a ``tf.cond`` branch;
+    ``assign_add`` and ``scatter_nd_add`` (``use_locking`` true) are not (nb31-04 L2)."""
+    import tensorflow as tf
+
+    counter = tf.Variable(tf.zeros([4], tf.int64))
+    labels = tf.TensorSpec([None], tf.int32)
+
+    def graph(update):
+        return tf.function(update).get_concrete_function(labels).graph
+
+    def scatter(labels):
+        return counter.scatter_add(tf.IndexedSlices(tf.ones_like(labels, tf.int64), labels))
+
+    def scatter_in_cond(labels):
+        return tf.cond(tf.size(labels) > 0, lambda: scatter(labels), counter.value)
+
+    def scatter_nd(labels):
+        return counter.scatter_nd_add(labels[:, None], tf.ones_like(labels, tf.int64))
+
+    def bincount(labels):
+        return counter.assign_add(tf.math.bincount(labels, minlength=4, maxlength=4,
+                                                   dtype=tf.int64))
+
+    def scatter_nd_unlocked(labels):
+        tf.raw_ops.ResourceScatterNdAdd(
+            ref=counter.handle, indices=labels[:, None], updates=tf.ones_like(labels, tf.int64),
+            use_locking=False)
+
+    assert lesson_04.shared_lock_updates(graph(scatter)) == ["ResourceScatterAdd"]
+    assert lesson_04.shared_lock_updates(graph(scatter_in_cond)) == ["ResourceScatterAdd"]
+    assert lesson_04.shared_lock_updates(graph(scatter_nd_unlocked)) == ["ResourceScatterNdAdd"]
+    assert lesson_04.shared_lock_updates(graph(scatter_nd)) == []
+    assert lesson_04.shared_lock_updates(graph(bincount)) == []
+
+
+COUNT_SCRIPT = r'''
+import course_utils as cu
+import tensorflow as tf
+
+cluster = cu.cluster.start_in_process_cluster(2, 1)
+strategy = cluster.strategy()
+
+def verdict(fn):
+    try:
+        return "PASS" if cu.grading.check_count_examples(fn, strategy) else "BLANK"
+    except AssertionError as error:
+        return "FAIL " + str(error).replace(chr(10), " ")
+
+def per_class(counter, labels):
+    return tf.reduce_sum(tf.one_hot(labels, counter.shape[0], dtype=counter.dtype), axis=0)
+
+def right(counter, labels):
+    return counter.assign_add(per_class(counter, labels))
+
+def doubled_read_then_write(counter, labels):  # half lost, so twice each: passed (nb31-04 L1)
+    return counter.assign(counter + 2 * per_class(counter, labels))
+
+def doubled_in_the_step(counter, labels):  # once when called eagerly: the shared batches let
+    twice = 1 if tf.executing_eagerly() else 2  # one worker's update stand for both
+    return counter.assign(counter + twice * per_class(counter, labels))
+
+def scatter_add(counter, labels):  # shared lock: can lose an add (nb31-04 L2)
+    return counter.scatter_add(tf.IndexedSlices(tf.ones_like(labels, counter.dtype), labels))
+
+for fn in (right, doubled_read_then_write, doubled_in_the_step, scatter_add, right):
+    print("COUNT", fn.__name__, verdict(fn))
+'''
+
+
+@pytest.mark.slow
+def test_count_examples_refuses_a_doubled_racy_update_and_a_shared_lock_scatter():
+    """Each worker reads its own batches and the check's eager call must count its labels
+    exactly: a read-then-write that doubles its update (one of two equal updates was lost in
+    each round while both workers read the same batches) no longer passes; ``scatter_add``
+    is refused by its op before any step (nb31-04 L1, L2)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), GRPC_FAIL_FAST="use_caller")
+    env.pop("COURSE_STRICT_CHECKS", None)
+    result = subprocess.run([sys.executable, "-u", "-c", COUNT_SCRIPT], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    verdicts = [line.split(" ", 2)[1:] for line in result.stdout.splitlines()
+                if line.startswith("COUNT ")]
+    expected = [("right", "PASS"),
+                ("doubled_read_then_write", "count each example once"),
+                ("doubled_in_the_step", "adding at the same moment: the counter reads"),
+                ("scatter_add", "under the variable's shared lock"), ("right", "PASS")]
+    assert len(verdicts) == len(expected), result.stdout[-3000:]
+    for (name, got), (want_name, words) in zip(verdicts, expected, strict=True):
+        assert name == want_name
+        if words == "PASS":
+            assert got == "PASS", (name, got)
+        else:
+            assert got.startswith("FAIL") and words in got, (name, got)

@@ -14,10 +14,13 @@ cannot start a second in-process cluster) and verifies what the parameter server
   (:mod:`course_utils.grading.checks.per_worker_datasets`, which says what it reads);
 * ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
   counter, nothing lost when the workers update at the same moment (made likely by a barrier);
-  the step is traced once, and that concrete function is both searched and run, so an answer
-  that calls Python (``tf.py_function``, ``tf.numpy_function``) in the graph the workers run is
-  refused before any step, as exercise 2's check refuses such a dataset (a step that took a
-  Python lock hung).
+  the check's own first call (eager, no other worker) must count its labels exactly, and each
+  worker reads its own batches, so an update that counts twice (or lands once of two) cannot
+  make up for the one a race lost; the step is traced once, and that concrete function is both
+  searched and run, so an answer that calls Python (``tf.py_function``,
+  ``tf.numpy_function``) in the graph the workers run is refused before any step, as exercise
+  2's check refuses such a dataset (a step that took a Python lock hung), and so is one that
+  updates under the variable's shared lock (:func:`shared_lock_updates`: ``scatter_add``).
 
 :func:`barrier_fn` (a counter on a parameter server) puts the workers in step so that they update
 at once: the races are likely, not certain (one may read after the other wrote), however busy.
@@ -37,12 +40,29 @@ from course_utils.grading.checks.per_worker_datasets import (
     num_workers_of,
 )
 from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.worker_passes import runs_python
+from course_utils.grading.checks.worker_passes import graph_ops, runs_python
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["BARRIER_TIMEOUT_S", "PASSES_READ", "barrier_fn", "check_count_examples",
-           "check_make_dataset_fn", "check_run_steps", "num_workers_of"]
+           "check_make_dataset_fn", "check_run_steps", "num_workers_of", "shared_lock_updates"]
+
+
+def shared_lock_updates(graph: Any) -> list[str]:
+    """The types of the ops in ``graph`` (or a function it calls) that update a resource
+    variable under its shared lock: a ``ResourceScatter*`` op (``Variable.scatter_add`` and its
+    kin) with no ``use_locking`` attribute, or with it false. TensorFlow's kernel
+    (``ResourceScatterUpdateOp`` in ``tensorflow/core/kernels/resource_variable_ops.cc``) takes
+    ``tf_shared_lock`` for a number type without ``use_locking``, so two such adds to one row at
+    once can lose one; ``ResourceScatterNdAdd`` (``scatter_nd_add``) has ``use_locking``, true
+    by default: exclusive, as ``AssignAddVariableOp`` is."""
+    found = set()
+    for op in graph_ops(graph):
+        locking = op.node_def.attr.get("use_locking")
+        if op.type.startswith("ResourceScatter") and not (locking and locking.b):
+            found.add(op.type)
+    return sorted(found)
+
 
 @register
 def check_run_steps(fn: Any, strategy: Any) -> bool:
@@ -59,7 +79,14 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
         applied = tf.Variable(0, dtype=tf.int64, name="check_applied_steps")
 
     def dataset_fn() -> Any:
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        try:
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        except RuntimeError as error:  # called here: TensorFlow's words, then the course's
+            raise RuntimeError(
+                "dataset_fn was called on the coordinator, where there is no worker index: "
+                "each worker must make its own dataset from it (create_per_worker_dataset, "
+                "lesson 04, section 3), not pull every batch from one iterator made here"
+            ) from error
         return tf.data.Dataset.from_tensor_slices(tf.gather(table, worker)).repeat()
 
     @tf.function
@@ -135,19 +162,23 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
     num_classes = rng.randint(5, 8)
     with strategy.scope():
         counter = tf.Variable(tf.zeros([num_classes], tf.int64), name="check_class_counter")
-    # each step's labels: 2-9 of them; every other batch lacks the last class, so a count of
-    # the classes present in one batch is not the counter's length
+    # each step's labels: 2-9 of them; every other batch of each worker lacks the last class,
+    # so a count of the classes present in one batch is not the counter's length
     steps = workers * rng.randint(4, 6)
     batches = []
     for number in range(steps):
         top = num_classes - 1
         batch = [rng.randrange(top) for _ in range(rng.randint(2, 8))]
-        batches.append(batch + [top] if number % 2 else batch)
+        batches.append(batch + [top] if (number // workers) % 2 else batch)
     padded = [batch + [-1] * (9 - len(batch)) for batch in batches]
 
-    def labels_fn() -> Any:
+    def all_batches() -> Any:
         return tf.data.Dataset.from_tensor_slices(
-            (tf.constant(padded, tf.int32), [len(b) for b in batches])).repeat()
+            (tf.constant(padded, tf.int32), [len(b) for b in batches]))
+
+    def labels_fn() -> Any:  # each worker its own batches: two updates in a round differ
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        return all_batches().shard(workers, worker).repeat()
 
     traced: list[Any] = []  # the step's one concrete function (verify traces it)
 
@@ -159,9 +190,13 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
         return labels
 
     def verify(_: Any) -> str | None:
+        alone = counted(f"one call on labels {first.numpy().tolist()} (the check's first, "
+                        "eager, no other worker running)", [first.numpy().tolist()])
+        if alone:
+            return alone + " Does your update count each example once?"
         try:  # the step traced once: the graph read here is the one every worker runs
             traced.append(step.get_concrete_function(
-                tf.data.IteratorSpec(labels_fn().element_spec)))
+                tf.data.IteratorSpec(all_batches().element_spec)))
         except Exception as error:  # noqa: BLE001 - the answer's own error, said
             return (f"count_examples could not be traced into the step: "
                     f"{type(error).__name__}: {str(error)[:300]}")
@@ -170,6 +205,12 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
                     "the step: a real job's workers cannot run it (it runs only in the process "
                     "of the Python program that made it: TensorFlow's py_function docs). Make "
                     "it of TensorFlow ops on the counter")
+        shared = shared_lock_updates(traced[-1].graph)
+        if shared:
+            return (f"count_examples updates the counter with {', '.join(shared)} (scatter_add "
+                    "and its kin), which runs under the variable's shared lock: two workers' "
+                    "adds to one class at once can be lost, however rarely (lesson 04, section "
+                    "6, sparse updates). Use an update that takes the exclusive lock")
         for _ in range(2):  # again if a busy machine starved a worker past the barrier
             timeouts_before = int(barrier.timeouts.numpy())
             message = count_once()
@@ -188,18 +229,21 @@ def check_count_examples(fn: Any, strategy: Any) -> bool:
             said = next((line for line in lines if "shape" in line.lower()), lines[-1])
             return (f"count_examples failed in a step on a worker: {type(error).__name__}: "
                     f"{said[:200]} (a batch may lack some classes; the counter has them all)")
+        said = counted(f"{steps} steps, {workers} workers adding at the same moment",
+                       [remote.fetch().tolist() for remote in remotes])
+        return said and said + " Is your update one operation, or a read then a write?"
+
+    def counted(what: str, labels: list[list[int]]) -> str | None:  # the counter against them
         expected = [0] * num_classes
-        for remote in remotes:
-            for label in remote.fetch().tolist():
-                expected[label] += 1
+        for label in (label for batch in labels for label in batch):
+            expected[label] += 1
         got = counter.numpy().tolist()
-        if got != expected:
-            lost = sum(expected) - sum(got)
-            more = "" if not lost else f" ({lost} lost)" if lost > 0 else f" ({-lost} too many)"
-            return (f"{steps} steps, {workers} workers adding at the same moment: the counter "
-                    f"reads {got}, the examples per class were {expected}{more}. Is your "
-                    "update one operation, or a read then a write?")
-        return None
+        if got == expected:
+            return None
+        lost = sum(expected) - sum(got)
+        more = "" if not lost else f" ({lost} lost)" if lost > 0 else f" ({-lost} too many)"
+        return (f"{what}: the counter reads {got}, the examples per class were "
+                f"{expected}{more}.")
 
     first = tf.constant([rng.randrange(num_classes) for _ in range(rng.randint(2, 9))])
     label = f"({num_classes} classes, {steps} steps of 2-9 labels, workers in step)"

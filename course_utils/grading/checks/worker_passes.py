@@ -20,8 +20,8 @@ from course_utils.grading.checks.share_parts import mixed_message, split_message
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["ASSERTED", "SAME_ORDER", "HiddenDataset", "RunsPython", "batches_per_worker",
-           "fresh_passes_message", "made_hidden", "passes_message", "reach", "runs_python",
-           "turned_reach", "unmade_dataset_message", "usual_reach"]
+           "fresh_passes_message", "graph_ops", "made_hidden", "passes_message", "reach",
+           "runs_python", "turned_reach", "unmade_dataset_message", "usual_reach"]
 
 
 _PYTHON = frozenset(("PyFunc", "PyFuncStateless", "EagerPyFunc"))
@@ -101,12 +101,18 @@ def made_hidden(dataset: Any) -> bool:
 def runs_python(graph: Any) -> bool:
     """Whether ``graph`` (where a ``dataset_fn`` or a step was traced) or a function it calls
     holds an op that runs Python code."""
+    return any(op.type in _PYTHON for op in graph_ops(graph))
+
+
+def graph_ops(graph: Any) -> Any:
+    """Every op of ``graph`` and of the functions it calls (a ``tf.cond``'s branches, a
+    ``tf.while_loop``'s body, a nested ``tf.function``), each function's body read once; a
+    body's node is read like an op (``type``, ``node_def``)."""
     todo = [graph.get_operations()]
     seen: set[str] = set()
     while todo:
         for op in todo.pop():
-            if op.type in _PYTHON:
-                return True
+            yield op
             for value in op.node_def.attr.values():
                 for name in [value.func.name] * value.HasField("func") + [
                         each.name for each in value.list.func]:
@@ -119,7 +125,6 @@ def runs_python(graph: Any) -> bool:
                     except (AttributeError, KeyError, ValueError):
                         continue
                     todo.append([_Node(node, graph) for node in body.node_def])
-    return False
 
 
 class _Node:  # a function body's node, read like an op
