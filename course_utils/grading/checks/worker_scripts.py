@@ -255,8 +255,8 @@ print("done", flush=True)
 '''
 
 
-#: Exercise 1's starting point: a colleague's worker that often runs to the end without an
-#: error (its workers' saves into the same folder sometimes collide) and
+#: Exercise 1's starting point: a colleague's worker that may run to the end without an
+#: error, or fail when its workers' saves into the same folder collide; either way it
 #: is wrong in five ways (the lesson's script, written from memory, for a per-replica batch).
 BROKEN_TRAIN_WORKER = '''\
 def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
