@@ -351,6 +351,20 @@ def test_the_course_budget_under_the_answer_name_is_refused():
         cu.grading.check_largest_batch_that_fits(course_counts)
 
 
+def test_the_course_zero_counter_for_the_fixed_terms_is_refused():
+    zero = cu.parallel.zero_bytes_per_device  # bound before the check: refused by identity
+
+    def zero_counts(model, budget_bytes, optimizer_slots):  # nb31-07's answer (2f)
+        trainable = sum(math.prod(v.shape) for v in model.trainable_weights)
+        fixed = zero(trainable, 1, 0, optimizer_slots=optimizer_slots)["total"] + 4 * (
+            model.count_params() - trainable)
+        per_example = sum(math.prod(layer.output.shape[1:]) * 4 for layer in model.layers)
+        return max(0, (budget_bytes - fixed) // per_example)
+
+    with pytest.raises(AssertionError, match=r"ran the course's zero_bytes_per_device"):
+        cu.grading.check_largest_batch_that_fits(zero_counts)
+
+
 def test_an_execd_copy_of_the_course_counters_is_refused(monkeypatch):
     import pathlib
     import sys
@@ -866,6 +880,71 @@ def test_a_group_forward_written_by_hand_from_the_variables_is_caught():
         cu.grading.check_train_with_accumulation(hand_forward)
 
 
+def _trained_elsewhere(model, optimizer, loss_fn, features, labels, micro, steps, *, when,
+                       decoy):
+    """nb31-07's answers (1f, 1h): a plain copy of the model, with no memory limit, trained on
+    whole groups; the model given runs each micro-batch (counted, its gradients summed) and
+    the optimizer applies ``decoy`` times the sum once a group; the copy's weights are written
+    in with set_weights ``when``: after the last update, or before it."""
+    tf = _tf()
+    import keras
+
+    inner = next(layer for layer in model.layers if isinstance(layer, keras.Model))
+    copy = keras.Sequential([keras.Input((features.shape[1],))] + [
+        keras.layers.Dense(layer.units, activation=layer.activation)
+        for layer in inner.layers if hasattr(layer, "units")])
+    copy.set_weights(model.get_weights())
+    right_loop(copy, keras.optimizers.SGD(float(optimizer.learning_rate)), loss_fn, features,
+               labels, micro * steps, 1)
+    variables, starts = model.trainable_variables, range(0, len(labels), micro * steps)
+    for start in starts:
+        if when == "before the last update" and start == starts[-1]:
+            model.set_weights(copy.get_weights())
+        sums = [tf.zeros_like(v) for v in variables]
+        for i in range(start, min(start + micro * steps, len(labels)), micro):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(labels[i:i + micro], model(features[i:i + micro], training=True))
+            sums = [a + g for a, g in zip(sums, tape.gradient(loss, variables), strict=True)]
+        optimizer.apply_gradients(zip([decoy * a for a in sums], variables, strict=True))
+    if when == "after the last update":
+        model.set_weights(copy.get_weights())
+
+
+@pytest.mark.parametrize(("when", "decoy"), [("after the last update", 0.0),
+                                             ("after the last update", 1e-6),
+                                             ("before the last update", 0.0)])
+def test_weights_trained_elsewhere_and_written_in_are_caught(when, decoy):
+    with pytest.raises(AssertionError, match=r"case 1 .*weights changed outside "
+                                             r"optimizer.apply_gradients"):
+        cu.grading.check_train_with_accumulation(functools.partial(
+            _trained_elsewhere, when=when, decoy=decoy))
+
+
+def test_k_applies_a_group_under_keras_accumulation_are_counted():
+    # nb31-07's answer (1a3): Keras's gradient_accumulation_steps set on the optimizer given,
+    # one apply_gradients per micro-batch, a short group scaled and padded with zero applies:
+    # no running sum of its own, and optimizer.iterations counts k applies as one update
+    tf = _tf()
+
+    def keras_option(model, optimizer, loss_fn, features, labels, micro, steps):
+        optimizer.gradient_accumulation_steps = steps
+        variables = model.trainable_variables
+        batches = list(tf.data.Dataset.from_tensor_slices((features, labels)).batch(micro))
+        for start in range(0, len(batches), steps):
+            group = batches[start:start + steps]
+            for x, y in group:
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y, model(x, training=True)) * (steps / len(group))
+                optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables,
+                                              strict=True))
+            for _ in range(steps - len(group)):
+                optimizer.apply_gradients([(tf.zeros_like(v), v) for v in variables])
+
+    with pytest.raises(AssertionError, match=r"case 1 .*applied gradients (\d+) times for "
+                                             r"(?!\1)\d+ groups: one apply_gradients per group"):
+        cu.grading.check_train_with_accumulation(keras_option)
+
+
 def test_the_memory_limit_raised_by_the_answer_is_caught():
     tf = _tf()
 
@@ -921,6 +1000,52 @@ def test_the_colleagues_loop_is_named():
 
     with pytest.raises(AssertionError, match="applying every micro-batch"):
         cu.grading.check_train_mirrored_with_accumulation(colleagues_loop)
+
+
+def test_weights_trained_elsewhere_and_written_in_under_the_strategy_are_caught():
+    # nb31-07's answer (4g), its weights written in before the last update (seen there, on
+    # the replicas; written after it, they differ from the copy kept at the end): a plain copy
+    # trained on whole groups outside the replicas; the replicas only run each micro-batch
+    # through the model given and apply zeros once a group (one all-reduce an update)
+    tf = _tf()
+    import keras
+
+    def written_in(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        inner = next(layer for layer in model.layers if isinstance(layer, keras.Model))
+        copy = keras.Sequential([keras.Input(model.input_shape[1:])] + [keras.layers.Dense(
+            layer.units, activation=layer.activation,
+            kernel_regularizer=keras.regularizers.L2(float(layer.kernel_regularizer.l2)))
+            for layer in inner.layers if hasattr(layer, "units")])
+        copy.set_weights(model.get_weights())
+        sgd = keras.optimizers.SGD(float(tf.convert_to_tensor(optimizer.learning_rate)))
+        for x, y in micro_batches.unbatch().batch(batch * steps):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(loss_object(y, copy(x, training=True))) + tf.add_n(
+                    copy.losses)
+            sgd.apply_gradients(zip(tape.gradient(loss, copy.trainable_variables),
+                                    copy.trainable_variables, strict=True))
+
+        def replica_step(*group):
+            done = []
+            for x, _ in group:  # one micro-batch alive at a time, its gradients thrown away
+                with tf.control_dependencies(done), tf.GradientTape() as tape:
+                    out = model(x, training=True)
+                done = tape.gradient(out, model.trainable_variables)
+            with tf.control_dependencies(done):
+                zeros = [tf.zeros_like(v) for v in model.trainable_variables]
+            optimizer.apply_gradients(zip(zeros, model.trainable_variables, strict=True))
+
+        total = int(micro_batches.cardinality())
+        iterator = iter(strategy.experimental_distribute_dataset(micro_batches))
+        step = tf.function(lambda group: strategy.run(replica_step, args=group))
+        for start in range(0, total, steps):
+            if start + steps >= total:
+                model.set_weights(copy.get_weights())
+            step(tuple(next(iterator) for _ in range(min(steps, total - start))))
+
+    with pytest.raises(AssertionError, match=r"case 1 .*weights changed outside "
+                                             r"optimizer.apply_gradients"):
+        cu.grading.check_train_mirrored_with_accumulation(written_in)
 
 
 def test_no_accumulation_or_one_tape_over_the_group_runs_out_of_memory():
@@ -1106,8 +1231,8 @@ def test_reference_segment_gradients_passes(capsys):
 
 @pytest.mark.parametrize(("wrong", "message"), [
     ({"wrap": False}, "no layer ran again"),
-    ({"size_of": lambda layers, size: len(layers)}, r"recomputed segments of \[\d\] "),
-    ({"size_of": lambda layers, size: 1}, r"recomputed segments of \[1, 1, "),
+    ({"size_of": lambda layers, size: len(layers)}, r"runs of \[\d\] \(a run of \d is longer"),
+    ({"size_of": lambda layers, size: 1}, r"runs of \[1, 1, .*\]; segment_size"),
     ({"loss": "sum"}, "differ from the plain stack"),
     ({"order": -1}, "differ from the plain stack"),
     ({"bind_late": True}, "differ from the plain stack|is None"),
@@ -1182,8 +1307,31 @@ def test_near_equal_segments_of_the_same_count_are_caught():
         return segment_gradients(layers, x, size,
                                  size_of=lambda ls, s: None, bounds=bounds)
 
-    with pytest.raises(AssertionError, match="recomputed segments of"):
+    with pytest.raises(AssertionError, match="ran again in consecutive runs of"):
         cu.grading.check_segment_gradients(near_equal)
+
+
+def test_a_plain_pass_beside_the_segments_is_not_called_a_recomputed_segment():
+    # nb31-07's answer (5c): the segments recomputed for the count, the gradients from a plain
+    # pass of the whole stack kept beside; the message called that pass a recomputed segment
+    tf = _tf()
+
+    def plain_beside(layers, x, size):
+        variables = [v for layer in layers for v in layer.trainable_variables]
+        with tf.GradientTape() as tape:
+            y = x
+            for start in range(0, len(layers), size):
+                segment = layers[start:start + size]
+                y = tf.recompute_grad(
+                    lambda t, segment=segment: functools.reduce(lambda a, f: f(a), segment, t))(y)
+            z = functools.reduce(lambda a, f: f(a), layers, x)
+            loss = tf.reduce_mean(tf.square(z)) + 0.0 * tf.reduce_sum(y)
+        return tape.gradient(loss, variables)
+
+    with pytest.raises(AssertionError, match=r"case 1 .*ran again in consecutive runs of \[\d, "
+                                             r"\d, .*\(a run of \d is longer than a segment: "
+                                             r"a second pass beside the recomputed one"):
+        cu.grading.check_segment_gradients(plain_beside)
 
 
 @pytest.mark.parametrize("product", ["matmul", "elementwise"])

@@ -14,8 +14,11 @@
   exercise 4, by file, and the check's own loops (``suspect_loops.accumulate``, the
   reference) by identity and content. Each update applies (a multiple of) the sum of the
   gradients that flowed back through the counted calls since the last (``applied_from_calls``:
-  a forward by hand is named), at the learning rate given (``rate_moves``). Unseen: a hand
-  forward applied after counted calls made the same gradients; any in exercise 4.
+  a forward by hand is named), at the learning rate given (``rate_moves``); ``optimizer.apply``
+  runs once per group (its calls counted: ``iterations`` counts k applies as one under Keras's
+  option) and no weight changes outside it (``UpdatesWatched``, also in exercise 4: weights
+  trained elsewhere and written in). Unseen: a hand forward applied after counted calls made
+  the same gradients; any in exercise 4.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes; counted by the
@@ -55,6 +58,8 @@ import numpy as np
 from course_utils.equality import largest_difference
 from course_utils.grading.checks.memory_budget import check_largest_batch_that_fits
 from course_utils.grading.checks.reach_around import (
+    WRITTEN_OUTSIDE,
+    UpdatesWatched,
     applied_from_calls,
     counted_dense,
     rate_moves,
@@ -62,7 +67,7 @@ from course_utils.grading.checks.reach_around import (
 )
 from course_utils.grading.checks.recompute import check_segment_gradients
 from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.replica_memory import replica_limit
+from course_utils.grading.checks.replica_memory import counting_mirrored_strategy, replica_limit
 from course_utils.grading.checks.suspect_loops import (
     DIAGNOSES,
     check_diagnose_accumulation,
@@ -139,16 +144,16 @@ def _without_the_trainer(fn: Any) -> Any:
     while it runs: lesson 07 shows the Trainer applying a short last group (section 7), the
     answer of exercises 1 and 4, which ask for the loop itself; and the check's own loops (the
     functions of this module and of ``suspect_loops``: ``accumulate``, the reference, called
-    under the answer's name passed before), by identity and content. Not
-    ``counting_mirrored_strategy``, whose all-reduce runs in exercise 4's answer."""
+    under the answer's name passed before), by identity and content
+    (``counting_mirrored_strategy``, whose all-reduce runs in exercise 4's answer, is
+    ``replica_memory``'s)."""
     import sys
 
     from course_utils.grading.checks import suspect_loops
     from course_utils.grading.checks.refusals import own_functions, refusing
     from course_utils.training import replica_step, trainer
 
-    own = [*own_functions(sys.modules[__name__], but=["counting_mirrored_strategy"]),
-           *own_functions(suspect_loops)]
+    own = [*own_functions(sys.modules[__name__]), *own_functions(suspect_loops)]
     return refusing(fn, [trainer.__file__, replica_step.__file__, *own],
                     "write the accumulation loop yourself (cu.Trainer's accumulation, shown in "
                     "section 7, and the check's own loops are the course's answer: not yours "
@@ -207,6 +212,7 @@ def check_train_with_accumulation(fn: Any) -> bool:
         limited = limit_batch_size(model, problem["micro"])  # shares model's weights
         optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
         worst, moved = applied_from_calls(optimizer, model), rate_moves(optimizer)
+        watch = UpdatesWatched(optimizer, model)  # its calls; weights written outside it
         references: dict[str, list[np.ndarray]] = {}  # built on first use: a stub costs nothing
         extra = problem.get("extra", 0)
         updates = len(problem["labels"]) // (problem["micro"] * problem["steps"]) + bool(extra)
@@ -214,6 +220,8 @@ def check_train_with_accumulation(fn: Any) -> bool:
         def verify(_: Any) -> str | None:
             if (around := reached_around(model, limited, most=problem["micro"])) is not None:
                 return around
+            if watch.written_outside():
+                return WRITTEN_OUTSIDE
             on_tape = limited.get_layer("activations_on_tape")
             if extra and on_tape.examples_trained == len(problem["labels"]) - extra * problem[
                     "micro"]:
@@ -241,10 +249,11 @@ def check_train_with_accumulation(fn: Any) -> bool:
                     return ("the weights are right, but the learning rate was changed at an "
                             "update: average the gradients, not the rate (the same weights "
                             "under plain SGD only: lesson 07, section 3)")
-                if int(optimizer.iterations) != updates:
-                    return (f"the weights are right, but the optimizer counted "
-                            f"{int(optimizer.iterations)} updates instead of {updates}, one "
-                            "per group (section 2)")
+                if watch.calls != updates:
+                    return (f"the weights are right, but the optimizer applied gradients "
+                            f"{watch.calls} times for {updates} groups: one apply_gradients "
+                            "per group, of the running sum you keep (section 2; Keras's "
+                            "gradient_accumulation_steps, section 4, is not the answer)")
                 return None
             if extra:
                 full = len(problem["labels"]) - extra * problem["micro"]
@@ -287,38 +296,6 @@ def check_train_with_accumulation(fn: Any) -> bool:
 
 
 # --- Exercise 4 · accumulation under MirroredStrategy, one all-reduce per update ---------------
-
-
-def counting_mirrored_strategy(num_replicas: int = 2) -> tuple[Any, Any]:
-    """``(strategy, counter)``: a MirroredStrategy over the first ``num_replicas`` replica
-    devices whose cross-device ops add to ``counter`` (a ``tf.Variable``) the number of tensors
-    each all-reduce carries, when it runs (in a ``tf.function`` too)."""
-    from course_utils.strategies import replica_devices
-
-    tf = _tf()
-    counter = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-    class CountingAllReduce(tf.distribute.ReductionToOneDevice):
-        """Reduce to one device and broadcast back, counting the tensors of each call."""
-
-        nested = False
-
-        def batch_reduce_implementation(self, reduce_op: Any, pairs: Any, options: Any) -> Any:
-            counter.assign_add(len(pairs))
-            self.nested = True  # the parent reduces the batch one tensor at a time
-            try:
-                return super().batch_reduce_implementation(reduce_op, pairs, options)
-            finally:
-                self.nested = False
-
-        def reduce_implementation(self, reduce_op: Any, value: Any, destinations: Any,
-                                  options: Any) -> Any:
-            if not self.nested:
-                counter.assign_add(1)
-            return super().reduce_implementation(reduce_op, value, destinations, options)
-
-    devices = replica_devices(num_replicas)
-    return tf.distribute.MirroredStrategy(devices, cross_device_ops=CountingAllReduce()), counter
 
 
 #: How often each wrong penalty enters an update (the right one: once), as a function of the
@@ -404,6 +381,7 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
             limited, counts = replica_limit(model, problem["micro"] // 2)
             optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
             optimizer.build(model.trainable_variables)
+            watch = UpdatesWatched(optimizer, model)  # each replica's copy of the weights
         updates, per_update = 3 + (1 if extra else 0), len(model.trainable_variables)
         micro_batches = tf.data.Dataset.from_tensor_slices(
             (problem["features"], problem["labels"])).batch(problem["micro"])
@@ -413,6 +391,8 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
         def verify(_: Any) -> str | None:
             if (around := reached_around(model, limited, most=problem["micro"] // 2)):
                 return around
+            if watch.written_outside():
+                return WRITTEN_OUTSIDE
             all_reduced = int(counter.numpy())
             weights = [np.asarray(w) for w in model.get_weights()]
             error = largest_difference(weights, _large_batch_weights(problem, problem["steps"]))

@@ -6,7 +6,8 @@ batch and one a byte short of it: "fits" is "at most", off by one either way fai
 learner's batch equals a count made here from
 the layers' shapes with the course's one budget (``cu.memory.step_budget``); the learner counts
 by hand: an answer that runs the course's memory counters, or a copy of them, is refused
-(``refusals.refusing``: by code identity and by content).
+(``refusals.refusing``: by code identity and by content), and so is one that runs
+``mixed_precision.model_memory`` or ``parallel.zero_bytes_per_device`` (by identity).
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ def _counted_by_hand(fn: Any) -> Any:
     ``exec``'d copy of ``course_utils/memory.py``, shifted by any number of lines)."""
     from course_utils import memory, mixed_precision
     from course_utils.grading.checks.refusals import refusing
+    from course_utils.parallel import zero
 
-    # the whole file: its private counters too (``_layer_output_bytes``, ``_tensor_bytes``)
-    helpers = [memory.__file__, mixed_precision.model_memory]
+    # the whole file: its private counters too (``_layer_output_bytes``, ``_tensor_bytes``);
+    # lesson 06's ZeRO counter at stage 0 counts the fixed terms (weights, gradients, slots)
+    helpers = [memory.__file__, mixed_precision.model_memory, zero.zero_bytes_per_device]
     return refusing(fn, helpers, "count the bytes yourself from model.weights, "
                     "model.trainable_weights and the layers' output shapes")
 

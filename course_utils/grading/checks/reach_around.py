@@ -33,7 +33,8 @@ from typing import Any
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["applied_from_calls", "counted_dense", "reached_around"]
+__all__ = ["UpdatesWatched", "WRITTEN_OUTSIDE", "applied_from_calls", "counted_dense",
+           "reached_around"]
 
 _COUNTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _AROUND: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # layer: how
@@ -191,3 +192,66 @@ def rate_moves(optimizer: Any) -> Any:
 
     optimizer.apply = watched
     return moved
+
+
+class UpdatesWatched:
+    """``optimizer.apply`` (``apply_gradients`` calls it) wrapped in place for exercises 1 and
+    4: it counts its calls (``calls``: ``optimizer.iterations`` is floor-divided by Keras's
+    ``gradient_accumulation_steps``, ``keras/src/optimizers/base_optimizer.py`` lines 196-202,
+    so k applies per group under that option counted one) and keeps a copy of ``model``'s
+    trainable weights as each update left them; a weight that differs from that copy before the
+    next update, or at the end (:meth:`written_outside`), was written outside the optimizer (a
+    ``set_weights`` or an ``assign``: weights trained elsewhere, written in). Made under a
+    strategy's scope, each replica keeps its own copy and count (``ON_READ``)."""
+
+    def __init__(self, optimizer: Any, model: Any) -> None:
+        tf = _tf()
+        self.variables = list(model.trainable_variables)
+
+        def local(value: Any, dtype: Any = None) -> Any:
+            return tf.Variable(value, dtype=dtype, trainable=False,
+                               synchronization=tf.VariableSynchronization.ON_READ,
+                               aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+        self.copies = [local(tf.convert_to_tensor(v)) for v in self.variables]
+        self.moved, self.counted = local(0, tf.int64), local(0, tf.int64)
+        apply = optimizer.apply
+
+        def watched(grads: Any, trainable_variables: Any = None) -> Any:
+            moved = self.moved.assign(tf.maximum(self.moved, tf.cast(self._differs(), tf.int64)))
+            with tf.control_dependencies([moved, self.counted.assign_add(1)]):
+                result = apply(grads, trainable_variables)
+            for variable, copy in zip(self.variables, self.copies, strict=True):
+                copy.assign(tf.convert_to_tensor(variable))  # after the update: program order
+            return result
+
+        optimizer.apply = watched
+
+    def _differs(self) -> Any:
+        tf = _tf()
+        return tf.reduce_any([tf.reduce_any(tf.abs(tf.convert_to_tensor(v) - c) > 0)
+                              for v, c in zip(self.variables, self.copies, strict=True)])
+
+    @property
+    def calls(self) -> int:
+        """How many times ``optimizer.apply`` ran (on the first replica)."""
+        return int(self.counted.numpy())
+
+    def written_outside(self) -> bool:
+        """Whether a weight changed outside ``optimizer.apply``, between updates or after the
+        last (on any replica)."""
+        tf = _tf()
+        strategy = tf.distribute.get_strategy()
+        copies = [strategy.experimental_local_results(c) for c in self.copies]
+        weights = [strategy.experimental_local_results(getattr(v, "value", v))
+                   for v in self.variables]
+        return any(int(m.numpy()) for m in strategy.experimental_local_results(self.moved)) or any(
+            bool(tf.reduce_any(tf.abs(tf.convert_to_tensor(w) - c) > 0))
+            for ws, cs in zip(weights, copies, strict=True) for w, c in zip(ws, cs, strict=True))
+
+
+#: What :meth:`UpdatesWatched.written_outside` tells the learner.
+WRITTEN_OUTSIDE = ("the model's weights changed outside optimizer.apply_gradients (between two "
+                   "updates, or after the last: a set_weights or an assign?): every change of "
+                   "the weights must be an update the optimizer you were given applies, of "
+                   "the micro-batches' gradients")

@@ -161,10 +161,16 @@ def check_segment_gradients(fn: Any) -> bool:
             if not found:
                 return ("no layer ran again in the backward pass: nothing was recomputed "
                         "(section 8: what does tf.recompute_grad run again, and when?)")
-            if found != want:
-                return (f"the backward pass recomputed segments of {found} layers; "
-                        f"segment_size={segment_size} asks for {want}: consecutive segments "
-                        f"of {segment_size} from the first layer, only the last shorter")
+            if found != want:  # runs of the layers: recomputed segments, or a second pass
+                longer = [size for size in found if size > segment_size]
+                return (f"after the forward pass, the layers ran again in consecutive runs "
+                        f"of {found}" + (
+                            f" (a run of {max(longer)} is longer than a segment: a second "
+                            "pass beside the recomputed one, or segments larger than asked?)"
+                            if longer else "") + f"; segment_size={segment_size} asks the "
+                        f"backward pass to recompute segments of {want}: consecutive "
+                        f"segments of {segment_size} from the first layer, only the last "
+                        "shorter, and no other pass")
             ops = _traced_ops(fn, layers, x, segment_size)
             recomputes = ops.get("IdentityN", 0) // 2  # tf.recompute_grad: 2 per call, used
             if recomputes != segments:

@@ -9,6 +9,9 @@ micro-batch share, so that a limit raised by the answer (the attribute, or anyth
 reads) cannot hide a whole group alive at once. The counters live in this module's table, keyed
 by the layer, not in the layer nor in its call's closure: an answer that imports this module
 and assigns the recorded peak back is still not seen (nothing in one process is out of reach).
+
+``counting_mirrored_strategy`` makes the exercise's strategy, whose cross-device ops count the
+tensors they all-reduce (one all-reduce of the gradients per update is the exercise's rule).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 from course_utils.memory import count_on_tape
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["replica_limit"]
+__all__ = ["counting_mirrored_strategy", "replica_limit"]
 
 _COUNTS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 _CLASS: list[type] = []
@@ -98,3 +101,35 @@ def replica_limit(model: Any, max_examples: int) -> tuple[Any, Any]:
     inputs = keras.Input(shape=model.input_shape[1:], name="features")
     outputs = memory(model(inputs))
     return keras.Model(inputs, outputs, name=f"{model.name}_limited"), counts
+
+
+def counting_mirrored_strategy(num_replicas: int = 2) -> tuple[Any, Any]:
+    """``(strategy, counter)``: a MirroredStrategy over the first ``num_replicas`` replica
+    devices whose cross-device ops add to ``counter`` (a ``tf.Variable``) the number of tensors
+    each all-reduce carries, when it runs (in a ``tf.function`` too)."""
+    from course_utils.strategies import replica_devices
+
+    tf = _tf()
+    counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    class CountingAllReduce(tf.distribute.ReductionToOneDevice):
+        """Reduce to one device and broadcast back, counting the tensors of each call."""
+
+        nested = False
+
+        def batch_reduce_implementation(self, reduce_op: Any, pairs: Any, options: Any) -> Any:
+            counter.assign_add(len(pairs))
+            self.nested = True  # the parent reduces the batch one tensor at a time
+            try:
+                return super().batch_reduce_implementation(reduce_op, pairs, options)
+            finally:
+                self.nested = False
+
+        def reduce_implementation(self, reduce_op: Any, value: Any, destinations: Any,
+                                  options: Any) -> Any:
+            if not self.nested:
+                counter.assign_add(1)
+            return super().reduce_implementation(reduce_op, value, destinations, options)
+
+    devices = replica_devices(num_replicas)
+    return tf.distribute.MirroredStrategy(devices, cross_device_ops=CountingAllReduce()), counter
