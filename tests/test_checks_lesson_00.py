@@ -623,6 +623,21 @@ def _step_again_on_the_inputs_batch(next_batch, train_step, batch, repeats):  # 
             "whole step": medians["input"] + medians["step"]}
 
 
+def _second_call_only(next_batch, train_step, batch, repeats):  # nb31-0A L1: in turns,
+    seconds = _timed_calls(next_batch, train_step, batch, repeats)  # one call kept per part
+    return {name: values[1] for name, values in seconds.items()}
+
+
+def _fourth_call_only(next_batch, train_step, batch, repeats):
+    seconds = _timed_calls(next_batch, train_step, batch, repeats)
+    return {name: values[3] for name, values in seconds.items()}
+
+
+def _middle_call_only(next_batch, train_step, batch, repeats):
+    seconds = _timed_calls(next_batch, train_step, batch, repeats)
+    return {name: values[repeats // 2] for name, values in seconds.items()}
+
+
 @pytest.mark.parametrize(("wrong", "says"), [
     (_whole_step_in_two_pieces, "whole step was not timed as one"),
     (_step_again_on_the_inputs_batch, "whole step was not timed as one"),
@@ -636,7 +651,10 @@ def _step_again_on_the_inputs_batch(next_batch, train_step, batch, repeats):  # 
     (_in_blocks, "not timed in turns"),
     (_means, "a median ignores them"),
     (_whole_step_summed, "'whole step' should take about"),
-    (_first_call_only, "'compute' should take about"),
+    (_first_call_only, "should take about"),
+    (_second_call_only, "one call per part does not"),
+    (_fourth_call_only, "one call per part does not"),
+    (_middle_call_only, "one call per part does not"),
     (_input_in_a_block, "not timed in turns"),
     (_constants, "should take about"),
     (_constants_of_the_fast_case, "case 2 .*should take about"),

@@ -21,8 +21,11 @@
   timed in turns (the order of the calls is recorded), on a fake pipeline and step whose waits
   are fresh: two cases, with waits so far apart that no fixed answer fits both; a step on a
   fresh batch waits longer than one on the batch given (its copy), so the whole step must be
-  timed, not summed; the first case disturbs some calls, the first and the last compute call
-  among them (a median ignores them; a mean, or a single call, does not). Every part is
+  timed, not summed; the fast case runs three times, its calls disturbed (every fifth
+  next_batch call, from a phase drawn per run, three different ones; and a third of the steps
+  on the batch given, by their index, in a phase per run: the three runs together disturb
+  every compute index once): a median ignores them; a mean does not, nor does one call kept
+  per part, whatever its index (its compute call is disturbed in one run). Every part is
   called in turns with the others (the parts called in a row are counted). The waits happen
   in a thread of the checking process; the answer runs in a copy forked before they are drawn,
   and its ``next_batch``/``train_step`` only ask that thread (``checks/step_waits.py``): no
@@ -175,20 +178,24 @@ DISTURBED_EVERY, DISTURBANCE_S = 5, 0.35
 #: The waits (seconds) of ``check_step_breakdown``'s two cases, drawn per case: (input, step).
 #: Their accepted ranges (``_accepted``) do not overlap, so no fixed answer fits both.
 STEP_CASES = (((0.010, 0.015), (0.006, 0.009)), ((0.065, 0.075), (0.050, 0.060)))
-#: Per case: the range of ``repeats`` and whether its calls are disturbed. The first case's
-#: disturbances reject a mean (or a total); the second only rejects constants that fit the
-#: first, so it needs neither disturbed calls nor as many turns (each of its turns waits
-#: four times as long).
-STEP_REPEATS, STEP_DISTURBED = ((6, 8), (4, 5)), (True, False)
+#: Per case: the range of ``repeats``. The first (fast) case's disturbances reject a mean (or
+#: a total) and one call kept per part; the second only rejects constants that fit the first,
+#: so it needs neither disturbed calls nor as many turns (each of its turns waits four times
+#: as long).
+STEP_REPEATS = ((6, 8), (4, 5))
 #: Per case: what a step on a fresh batch waits beyond the step on the batch given (its copy to
 #: the device, lesson 00's host→device part), as a share of input + compute. So the whole step
 #: is measured, not summed: input + compute falls below the first case's accepted range by
 #: 0.98 × (input + compute), 15 ms or more, far beyond two medians' late wake-ups. The ranges
 #: of the two cases' whole steps still do not overlap (at most 150 ms, at least 155 ms).
 STEP_TRANSFER = ((1.2, 1.6), (0.5, 0.6))
-#: Seconds the first and the last compute call wait beyond the step (the first: tracing; the
-#: last: a disturbance) where the case disturbs: a single call cannot stand for the median.
+#: Seconds a disturbed step on the batch given waits beyond the step where the case disturbs:
+#: a third of those calls, by index, in a phase drawn per run; the fast case runs once per
+#: phase, so any one compute call kept is disturbed in one of its runs, and lands outside the
+#: accepted range (a median ignores a third).
 TRACING_S = 0.05
+#: The phases of the fast case's three runs (in a fresh order): every step index once.
+STEP_PHASES = (0, 1, 2)
 
 
 def _accepted(seconds: float) -> tuple[float, float]:
@@ -218,11 +225,12 @@ def check_step_breakdown(fn: Any) -> bool:
 
 
 def _step_breakdown_in(in_a_copy: Any, server: WaitServer) -> bool:
-    """``check_step_breakdown``'s two cases, drawn now, each timed by ``in_a_copy``."""
+    """``check_step_breakdown``'s cases, drawn now, each timed by ``in_a_copy``: the fast
+    case in its three disturbance phases (case 1, 3, 4), the slow one (case 2)."""
     rng = fresh_rng()
 
     def case(input_s: float, compute_s: float, transfer: float, repeats: int,
-             disturb: bool) -> Case:
+             disturb: Any) -> Case:
         calls: list[str] = []
         transfer_s = transfer * (input_s + compute_s)
 
@@ -237,15 +245,20 @@ def _step_breakdown_in(in_a_copy: Any, server: WaitServer) -> bool:
                     label=f"(next_batch, train_step, batch, repeats={repeats}) with a "
                           f"{input_s * 1e3:.1f} ms input, a {compute_s * 1e3:.1f} ms step, "
                           f"{transfer_s * 1e3:.1f} ms more for a fresh batch's copy "
-                          + (f"and every {DISTURBED_EVERY}th input call, the first and the "
-                             "last compute call disturbed" if disturb
-                             else "and no call disturbed"),
+                          + (f"and every {DISTURBED_EVERY}th input call, every third step on "
+                             f"the batch given from call {-disturb[1] % 3 + 1} on, "
+                             "disturbed" if disturb else "and no call disturbed"),
                     verify=verify), (input_s, compute_s, disturb, calls, transfer_s, repeats)
 
-    drawn = [case(rng.uniform(*inputs), rng.uniform(*steps), rng.uniform(*transfer),
-                  rng.randint(*repeats), disturb)
-             for (inputs, steps), transfer, repeats, disturb
-             in zip(STEP_CASES, STEP_TRANSFER, STEP_REPEATS, STEP_DISTURBED, strict=True)]
+    drawn_waits = [(rng.uniform(*inputs), rng.uniform(*steps), rng.uniform(*transfer),
+                    rng.randint(*repeats))
+                   for (inputs, steps), transfer, repeats
+                   in zip(STEP_CASES, STEP_TRANSFER, STEP_REPEATS, strict=True)]
+    phases = rng.sample(STEP_PHASES, len(STEP_PHASES))  # the same waits and repeats in each
+    inputs = rng.sample(range(DISTURBED_EVERY), len(phases))
+    runs = [(0, (inputs[0], phases[0])), (1, False)] + [
+        (0, each) for each in zip(inputs[1:], phases[1:], strict=True)]
+    drawn = [case(*drawn_waits[which], disturb) for which, disturb in runs]
 
     def timed(repeats: int) -> Any:  # the case whose repeats these are: its waits served
         for each, waits in drawn:
@@ -307,14 +320,18 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool
     # moves a mean of at most 8 calls by 44 ms or more: outside the first case's input range
     # (at most 40 ms above its wait), so a mean fails there; the first and the last compute
     # call, 50 ms late, are outside its compute range (at most 34 ms above its wait)
+    # a third of the compute calls, disturbed by index in each of the fast case's three runs,
+    # put any one compute call kept outside its range in one of them (see TRACING_S)
     for name, seconds in wanted.items():
         low, high = _accepted(seconds)
         if not low <= ms[name] <= high:
             return (f"'{name}' should take about {seconds * 1e3:.1f} ms (in seconds: "
                     f"{seconds:.4f}), you measured {ms[name]:.1f} ms; "
                     + (f"every {DISTURBED_EVERY}th next_batch call was disturbed by "
-                       f"{DISTURBANCE_S * 1e3:.0f} ms, the first and the last compute call by "
-                       f"{TRACING_S * 1e3:.0f} ms: a median ignores them; " if disturbed
+                       f"{DISTURBANCE_S * 1e3:.0f} ms, every third step on the batch given "
+                       f"by {TRACING_S * 1e3:.0f} ms: a median ignores them, one call per "
+                       "part does not; "
+                       if disturbed
                        else "no call was disturbed; ")
                     + f"the parts measured: { {k: round(v, 1) for k, v in ms.items()} } ms")
     return None

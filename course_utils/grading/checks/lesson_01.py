@@ -105,7 +105,8 @@ def _is_dataset(value: Any) -> bool:
 
 @register
 def check_fast_pipeline(fn: Any) -> bool:
-    """Check ``fast_pipeline(source, read, decode, batch_size)``: same elements, much faster."""
+    """Check ``fast_pipeline(source, read, decode, batch_size)``: same elements, many reads
+    waiting at once (counted: the proof), and faster (×1.3, printed)."""
     tf = _tf()
     rng = fresh_rng()
     batch_size = rng.choice([4, 6, 8])

@@ -206,17 +206,33 @@ class WaitServer:
 
         return answer
 
-    def serve(self, input_s: float, compute_s: float, disturb: bool, calls: list[str],
+    def serve(self, input_s: float, compute_s: float, disturb: Any, calls: list[str],
               transfer_s: float = 0.0, repeats: int = 0, first_last_s: float = 0.0) -> None:
         """From now on answer with these waits, recording into ``calls``: a step on a fresh
-        batch waits ``transfer_s`` more (its copy to the device); where ``disturb``, the first
-        and the ``repeats``-th step on the batch given wait ``first_last_s`` more."""
+        batch waits ``transfer_s`` more (its copy to the device). ``disturb``: False, or the
+        phases ``(inputs, steps)``: the ``k``-th next_batch call (from 1) waits the
+        disturbance more where ``(k + inputs) % every == 0``; the ``k``-th step on the batch
+        given waits ``first_last_s`` more where ``(k - 1 + steps) % 3 == 0``: a third of them,
+        so three cases with the phases 0, 1 and 2 disturb every index of those steps once (a
+        step on a fresh batch is not: a disturbed next_batch already is its disturbance, and
+        both would disturb more than half of the whole steps)."""
         self._case = {"input": input_s, "compute": compute_s, "disturb": disturb,
                       "calls": calls, "transfer": transfer_s, "repeats": repeats,
                       "first_last": first_last_s}
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
+
+    def _extra(self, case: dict[str, Any], kind: str) -> float:
+        """The disturbance of this call (seconds), by its kind's count so far."""
+        if not case["disturb"]:
+            return 0.0
+        inputs, steps = case["disturb"]
+        count = case["calls"].count(kind)
+        if kind == "i":
+            return self._disturbance if (count + inputs) % self._every == 0 else 0.0
+        late = kind == "c" and (count - 1 + steps) % 3 == 0
+        return case["first_last"] if late else 0.0
 
     def _loop(self) -> None:
         while True:
@@ -228,17 +244,10 @@ class WaitServer:
                 return
             case = self._case
             case["calls"].append(kind)
-            value = 0
-            if kind == "i":
-                value = case["calls"].count("i")
-                disturbed = case["disturb"] and value % self._every == 0
-                time.sleep(case["input"] + (self._disturbance if disturbed else 0.0))
-            elif kind == "c":
-                given = case["calls"].count("c")
-                disturbed = case["disturb"] and given in (1, case["repeats"])
-                time.sleep(case["compute"] + (case["first_last"] if disturbed else 0.0))
-            else:
-                time.sleep(case["compute"] + case["transfer"])
+            value = case["calls"].count("i") if kind == "i" else 0
+            wait = {"i": case["input"], "c": case["compute"]}.get(
+                kind, case["compute"] + case["transfer"])
+            time.sleep(wait + self._extra(case, kind))
             os.write(self._replies[1], value.to_bytes(4, "little"))
 
     def close(self) -> None:
