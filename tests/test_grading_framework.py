@@ -284,6 +284,24 @@ def test_reading_the_checks_frames_at_run_time_fails_however_it_is_named(peek):
         run_check("square", peek, _square_cases())
 
 
+def test_a_signal_handler_of_the_learners_fails_the_check(monkeypatch):
+    """nb32-02: a signal handler is handed the interrupted frame with no audit event; one of
+    the learner's code installed before or during the check is named."""
+    import signal
+
+    cell = {}  # the handler as a notebook cell defines it
+    exec(compile("def handler(number, frame):\n    pass\n", "<cell>", "exec"), cell)
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        signal.signal(signal.SIGUSR1, cell["handler"])
+        with pytest.raises(AssertionError, match="a signal handler of yours is installed for "
+                                                 "SIGUSR1"):
+            run_check("square", lambda x: [x * x], _square_cases())
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert run_check("square", lambda x: [x * x], _square_cases())
+
+
 def test_libraries_that_read_frames_for_themselves_do_not_fail_an_answer():
     """``logging`` and ``collections.namedtuple`` read their callers' frames, TensorFlow's
     tracing too: not the learner's code."""

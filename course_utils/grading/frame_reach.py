@@ -14,20 +14,23 @@ module, an ``exec``'d string) is recorded; ``inspect`` and ``traceback`` are loo
 the code that called them. ``logging``, ``collections.namedtuple``, TensorFlow and Keras read
 frames for their own reasons and are not the learner's code.
 
-Not seen: a frame handed to a signal handler, memory read through ``ctypes``.
+A signal handler is handed the frame the signal interrupted, with no audit event:
+:func:`learners_signal_handlers` names the handlers of the learner's code installed while a
+check runs (checked before and after each case). Not seen: memory read through ``ctypes``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import signal
 import sys
 import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["watching"]
+__all__ = ["learners_signal_handlers", "watching"]
 
 _EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys.settrace"})
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
@@ -66,6 +69,24 @@ def _hook(event: str, args: tuple) -> None:
                 record.append(f"{what} ({where})")
     finally:
         _inside.busy = False
+
+
+def learners_signal_handlers() -> list[str]:
+    """The signals whose handler is the learner's code (a notebook cell, a module of theirs):
+    a signal handler is handed the interrupted frame, the check's too."""
+    found = []
+    for number in sorted(signal.valid_signals()):
+        try:
+            handler = signal.getsignal(number)
+        except (ValueError, OSError):  # a signal this platform does not let Python handle
+            continue
+        code = getattr(inspect.unwrap(handler), "__code__", None) if callable(handler) else None
+        if code is not None and _learners(code.co_filename):
+            try:
+                found.append(signal.Signals(number).name)
+            except ValueError:  # a real-time signal has no name
+                found.append(f"signal {number}")
+    return found
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course_utils.grading.frame_reach import watching
+from course_utils.grading.frame_reach import learners_signal_handlers, watching
 from course_utils.quiet import native_stderr_silenced
 
 __all__ = ["PASS_MARK", "STRICT_ENV", "TODO_MARK", "Case", "NotAttemptedError", "compare",
@@ -380,6 +380,7 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
     hint_text = f"\nHint: {hint}" if hint else ""
     with watching() as reached:  # frames the answer reads, however it names them
         for number, (case, verify, expected, raises, digest) in enumerate(plan, start=1):
+            _refuse_reached(name, number, reached)  # a signal handler installed earlier
             try:
                 got = fn(*case.args, **case.kwargs)
             except NotImplementedError as error:
@@ -420,12 +421,16 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
 
 def _refuse_reached(name: str, number: int, reached: list[str]) -> None:
     """An ``AssertionError`` naming how the learner's code reached the interpreter's frames
-    while the check ran (``frame_reach``), if it did."""
-    if reached:
+    while the check ran (``frame_reach``), if it did, or could: a signal handler of theirs."""
+    handlers = learners_signal_handlers()
+    if reached or handlers:
+        how = ", ".join(dict.fromkeys(reached)) if reached else (
+            f"a signal handler of yours is installed for {', '.join(handlers)}: a handler is "
+            "handed the interrupted frame")
         raise AssertionError(
             f"{name}: case {number}: your code read the interpreter's frames while the check "
-            f"ran ({', '.join(dict.fromkeys(reached))}): the check's frames hold what it "
-            "compares with. Compute the answer from the arguments.")
+            f"ran ({how}): the check's frames hold what it compares with. Compute the answer "
+            "from the arguments.")
 
 
 def _digest(value: Any) -> bytes:
