@@ -39,7 +39,8 @@ def tpu_settings(replicas, max_global_batch, host_overhead_ms, step_ms, max_over
     return per_replica, max(1, min(n, steps))
 
 
-def make_train_steps(strategy, model, optimizer, global_batch_size, penalty="scaled"):
+def make_train_steps(strategy, model, optimizer, global_batch_size, penalty="scaled",
+                     mean=False):
     import keras
     import tensorflow as tf
 
@@ -47,7 +48,8 @@ def make_train_steps(strategy, model, optimizer, global_batch_size, penalty="sca
         with tf.GradientTape() as tape:
             per_example = keras.losses.sparse_categorical_crossentropy(
                 y, model(x, training=True), from_logits=True)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+            loss = (tf.reduce_mean(per_example) if mean else  # the colleague's mean
+                    tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size))
             if penalty == "scaled":
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             elif penalty == "whole on every replica":
@@ -1252,6 +1254,57 @@ def keras_train_step_under_the_answers_name(strategy, model, optimizer, global_b
 
 
 def test_kerass_own_train_step_is_refused():
-    with pytest.raises(AssertionError, match="the model was compiled: Keras's train_step"):
+    with pytest.raises(AssertionError, match="your function ran Keras's .*write the replica "
+                                             "step yourself"):
         cu.grading.check_train_steps(keras_train_step_under_the_answers_name)
+
+
+def test_kerass_train_step_with_the_compiled_flag_cleared_is_refused():
+    """nb31-05 L3: the model's ``compiled`` flag cleared at trace time; Keras's trainer is
+    refused by file, whatever the model's attributes say."""
+    import tensorflow as tf
+
+    def flag_cleared(strategy, model, optimizer, global_batch_size):
+        inner = keras_train_step_under_the_answers_name(strategy, model, optimizer,
+                                                        global_batch_size)
+
+        @tf.function
+        def train_steps(iterator, steps):
+            inner(iterator, steps)
+            model.compiled = False  # runs once, when traced
+
+        return train_steps
+
+    with pytest.raises(AssertionError, match="your function ran Keras's compile "
+                                             r"\(Keras's trainer\)"):
+        cu.grading.check_train_steps(flag_cleared)
+
+
+def test_the_learning_rate_divided_by_the_replicas_is_refused():
+    """nb31-05 L2: the colleague's loss (each replica's mean, the whole penalty) with SGD's
+    learning rate divided by the replicas matches one device's weights; the optimizer's
+    settings are compared."""
+    def rate_over_replicas(strategy, model, optimizer, global_batch_size):
+        optimizer.learning_rate.assign(optimizer.learning_rate
+                                       / strategy.num_replicas_in_sync)
+        return make_train_steps(strategy, model, optimizer, global_batch_size,
+                                penalty="whole on every replica", mean=True)
+
+    with pytest.raises(AssertionError, match=r"the optimizer's settings \(its learning rate\) "
+                                             "changed"):
+        cu.grading.check_train_steps(rate_over_replicas)
+
+
+def test_a_jit_compiled_step_fails_with_a_hint():
+    """nb31-05 R1: XLA under a MirroredStrategy over two devices raises an OpError, reported
+    as the case's failure, not a traceback into the check."""
+    import tensorflow as tf
+
+    def compiled(strategy, model, optimizer, global_batch_size):
+        step = make_train_steps(strategy, model, optimizer, global_batch_size)
+        return tf.function(step.python_function, jit_compile=True)
+
+    with pytest.raises(AssertionError, match="InvalidArgumentError under MirroredStrategy: "
+                                             ".*jit_compile=True fails under this "):
+        cu.grading.check_train_steps(compiled)
 

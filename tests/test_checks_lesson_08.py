@@ -259,6 +259,45 @@ def test_timing_the_last_epoch_alone_fails(keras, monkeypatch):
         cu.grading.check_train_with_policy(train_with_policy)
 
 
+def test_a_mean_of_per_batch_times_fails(keras, monkeypatch):
+    # nb31-08 L1: the mean of the batches' own times (begin to end), epochs after the first:
+    # the timing the exercise names as wrong passed 1 run in 7 (the gaps between epochs were a
+    # few ms); the model's fit now sleeps a step's wait after each epoch, which it leaves out
+    monkeypatch.setattr(lesson_08, "DELAY_RANGE_S", (0.2, 0.21))
+
+    class BatchTimes(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times, self.epoch = [], 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch:
+                self.times.append(time.perf_counter() - self.start)
+
+    def train_with_policy(make_model, policy, x, y, epochs, initial_weights):
+        with cu.training.policy_scope(policy):
+            model = make_model()
+        model.set_weights(initial_weights)
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        timer = BatchTimes()
+        history = model.fit(x, y, batch_size=64, epochs=epochs, shuffle=False, verbose=0,
+                            callbacks=[timer])
+        predicted = np.argmax(model.predict(x, verbose=0), axis=-1)
+        return {"model": model, "losses": history.history["loss"],
+                "accuracy": float(np.mean(predicted == y)),
+                "seconds_per_step": float(np.mean(timer.times))}
+
+    with pytest.raises(AssertionError, match=r"case \d+ .*epochs after the first took"):
+        cu.grading.check_train_with_policy(train_with_policy)
+
+
 def test_the_middle_epochs_wait_longer_by_the_drawn_factor(keras):
     slept = []
     make_model = pipe_log_module().delayed_model_builder(
@@ -268,7 +307,9 @@ def test_the_middle_epochs_wait_longer_by_the_drawn_factor(keras):
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     model.fit(np.ones((4, 4), np.float32), np.zeros(4), batch_size=2, epochs=3, verbose=0)
     waits = [s for s in slept if s < 0.1]  # the trace's waits are longer
-    assert waits == pytest.approx([0.001, 0.001, 0.003, 0.003, 0.001, 0.001])
+    # two steps an epoch, then the pause after the epoch (one step's wait, unscaled)
+    assert waits == pytest.approx([0.001, 0.001, 0.001, 0.003, 0.003, 0.001,
+                                   0.001, 0.001, 0.001])
 
 
 def pipe_log_module():

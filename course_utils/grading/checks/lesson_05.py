@@ -35,7 +35,8 @@
   cross-entropy + sum(model.losses), in a plain GradientTape step a batch, no strategy), trace
   once, change the weights, and run the model in a replica context on each replica's rows
   (``strategy.run``: a weightless layer of the check's model notes both when traced).
-  ``cu.Trainer`` and its replica step are refused, by file, while it is made, traced and run.
+  ``cu.Trainer``'s and Keras's trainer files are refused while it is made, traced and run;
+  the optimizer's settings must stay as given (a learning rate over R fits SGD only).
 
 No function of the package returns an exercise's answer (the package is installed for
 learners, also where only the exercise notebooks are handed out): exercise 2 is judged by a
@@ -64,11 +65,11 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 __all__ = ["check_make_tpu_ready", "check_tpu_settings", "check_train_steps"]
 
 
-def _refusing_the_check(fn: Any, why: str, also_refused: tuple[Any, ...] = ()) -> Any:
-    """``fn`` refusing this module's functions and the settings verifier's, and
-    ``also_refused``, as it runs."""
+def _refusing_the_check(fn: Any, why: str, also_refused: tuple[Any, ...] = (),
+                        also: Any = None) -> Any:
+    """``fn`` refusing this module's, the settings verifier's and ``also_refused``'s code."""
     return refusing(fn, [*own_functions(sys.modules[__name__], but=["_raw_dataset"]),
-                         *own_functions(settings_rules), *also_refused], why)
+                         *own_functions(settings_rules), *also_refused], why, also)
 
 
 def _course_training_files() -> tuple[str, ...]:
@@ -76,6 +77,16 @@ def _course_training_files() -> tuple[str, ...]:
     from course_utils.training import replica_step, trainer
 
     return trainer.__file__, replica_step.__file__
+
+
+def _noting_kerass_trainer(seen: list[str]) -> Any:
+    """A guard's ``also`` noting the functions of Keras's trainer files run (they scale)."""
+    import keras  # keras/src/trainers/trainer.py, keras/src/backend/tensorflow/trainer.py
+
+    files = frozenset(getattr(keras.Model, name).__code__.co_filename
+                      for name in ("compute_loss", "train_step"))
+    return lambda frame, c_fn: (c_fn is None and frame.f_code.co_filename in files
+                                and seen.append(frame.f_code.co_name))
 
 
 # --- Exercise 1 · a TPU-ready pipeline ---------------------------------------------------------
@@ -341,8 +352,9 @@ def _train(train_steps: Any, strategy: Any, dataset: Any, calls: tuple[int, ...]
         train_steps(iterator, tf.constant(steps))
 
 
-def _train_cases(rng: Any) -> list[Case]:
-    """The same training under the notebook's MirroredStrategy, then on one device."""
+def _train_cases(rng: Any, kerass: list[str]) -> list[Case]:
+    """The same training under the notebook's MirroredStrategy, then on one device
+    (``kerass``: the functions of Keras's trainer the answer ran, noted as it runs)."""
     tf = _tf()
     features, classes = rng.choice([6, 8]), rng.choice([3, 4])
     global_batch, calls = 2 * rng.choice([4, 8, 12]), (rng.randint(3, 6), rng.randint(7, 10))
@@ -364,7 +376,7 @@ def _train_cases(rng: Any) -> list[Case]:
     def case(strategy: Any, name: str) -> Case:
         seen: list[tuple[str, int]] = []
         model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
-        initial = model.get_weights()
+        initial, settings = model.get_weights(), optimizer.get_config()
         replicas = strategy.num_replicas_in_sync
         count = f"{replicas} replica{'s' * (replicas != 1)}"
 
@@ -374,15 +386,23 @@ def _train_cases(rng: Any) -> list[Case]:
                         "tf.function (a compiled function: lesson 05, section 5)")
             seen.clear()
             run = refusing(_train, [*own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
-                                    *_course_training_files()], _YOURSELF)
+                                    *_course_training_files()], _YOURSELF,
+                           _noting_kerass_trainer(kerass))
             try:  # traced here, not in make_train_steps: refused while it is traced and run
                 run(train_steps, strategy, dataset, calls)
             except AssertionError as error:
                 return f"while train_steps was traced and run: {error}"
-            if getattr(model, "compiled", False):  # Keras's own train_step scales for you
-                return ("the model was compiled: Keras's train_step divides the loss and the "
-                        "penalty by the replicas itself; write the replica step yourself "
-                        "(section 9)")
+            except tf.errors.OpError as error:  # e.g. jit_compile=True (lesson cell 55)
+                return (f"{type(error).__name__} under {name}: {str(error).splitlines()[0]}"
+                        ". jit_compile=True fails under this MirroredStrategy over CPUs "
+                        "(section 5); TPUStrategy compiles the step with XLA itself")
+            if kerass:  # Keras's own compile and train_step scale for you
+                return (f"your function ran Keras's {kerass[0]} (Keras's trainer): its "
+                        "train_step divides the loss and the penalty by the replicas itself; "
+                        "write the replica step yourself (section 9)")
+            if optimizer.get_config() != settings:
+                return ("the optimizer's settings (its learning rate) changed: leave the "
+                        "optimizer as given and fix each replica's loss (section 9)")
             if largest_difference(model.get_weights(), initial) < 1e-6:
                 return "the weights did not change: were any gradients applied?"
             if not seen:
@@ -419,9 +439,11 @@ def check_train_steps(fn: Any) -> bool:
     """Check ``make_train_steps(...)`` under the notebook's MirroredStrategy, then on one
     device, against one device's training: a replica count typed into the loss (``/ 2``)
     fails on one device. Unseen: a branch on ``num_replicas_in_sync`` for 1 and 2 only."""
-    guarded = _refusing_the_check(fn, _YOURSELF, _course_training_files())
+    kerass: list[str] = []
+    guarded = _refusing_the_check(fn, _YOURSELF, _course_training_files(),
+                                  _noting_kerass_trainer(kerass))
     return run_check(
-        "make_train_steps", guarded, _train_cases(fresh_rng()),
+        "make_train_steps", guarded, _train_cases(fresh_rng(), kerass),
         hint="lesson 05, section 9 (one training function, any strategy): with R replicas "
              "the gradients of R replica losses are summed. Write your replica loss for R "
              "replicas and compare it with one device's loss on the global batch, term by "

@@ -10,7 +10,8 @@
   typed policy fails), and reports a steady-state
   time per step that is a timing of its own steps: the check's model sleeps in every training
   step (a time drawn per run, 60 to 400 ms; 2 to 2.5 times that, drawn, in the epochs between
-  the first and the last) and longer while tracing, and logs when its steps
+  the first and the last) and longer while tracing, sleeps a step's time after each epoch (a
+  callback its ``fit`` adds: a mean of the steps' own times leaves it out), and logs when its steps
   ran and when its ``fit`` returned (into an OS pipe whose read end a child process holds until
   the check reads it: no descriptor in the learner's process reads the log back; see
   ``pipe_log``), so the learner's figure must lie

@@ -148,8 +148,10 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
     ``slower = (first, end, factor)``, counted from 0 over the model's life, ``factor`` times
     longer; and whose tracing waits longer), writing
     into ``log`` when each step's wait began and ended and when each call of the model's
-    ``fit`` returned: the bounds of any timing of its own run. ``log`` is write-only (an OS
-    pipe whose read end a child process holds, see :func:`pipe_log`). ``_clock`` (the clock and
+    ``fit`` returned: the bounds of any timing of its own run. Its ``fit`` also sleeps
+    ``delay_s`` after each epoch (a callback: outside every step, inside the epochs' span).
+    ``log`` is write-only (an OS pipe whose read end a child process holds, see
+    :func:`pipe_log`). ``_clock`` (the clock and
     sleep the model uses) is bound when the course is imported, ``TRACE_DELAY_S`` when the
     builder is made (before the learner's code runs: setting the module's value then changes
     nothing in this model; tests patch it before the check)."""
@@ -187,12 +189,26 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
             zero = tf.reshape(tf.stop_gradient(tf.py_function(wait, [], tf.float32)), [])
             return inputs + tf.cast(zero, inputs.dtype)
 
+    class EpochPause(keras.callbacks.Callback):
+        """Sleeps a step's wait after each epoch, between its last step and the next's first:
+        a timing of the epochs spans it, a mean of the steps' own times leaves it out."""
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            sleep(delay_s)
+
     def make_model() -> Any:
         base = mlp(num_features, num_classes, hidden_units=(units, units))
         model = keras.Model(base.input, StepDelay(delay_s, dtype="float32")(base.output))
         fit = model.fit
 
         def logged_fit(*args: Any, **kwargs: Any) -> Any:
+            args, given = list(args), args[5] if len(args) > 5 else kwargs.get("callbacks")
+            if isinstance(given, keras.callbacks.CallbackList):
+                given.append(EpochPause())
+            else:  # fit's sixth argument is ``callbacks``
+                callbacks = [*(given or ()), EpochPause()]
+                args[5:6] = [callbacks] if len(args) > 5 else []
+                kwargs.update({} if len(args) > 5 else {"callbacks": callbacks})
             try:
                 return fit(*args, **kwargs)
             finally:
