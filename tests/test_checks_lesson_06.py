@@ -807,6 +807,35 @@ def backward_in_an_inner_function(parts, micro_batches, loss_fn, devices):  # nb
     return loss, _shown_at_home(parts, micro_batches, devices, grads)
 
 
+def x_sent_whole_by_relayout_like(x, init_kernel, kernel_shape, bias, mesh):  # nb31-06 L3-1
+    """x sent whole from the host to every device by ``relayout_like`` (the layout of a tiny
+    sharded DTensor), sliced there."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    kernel, bias_everywhere = _kernel_and_bias(init_kernel, kernel_shape, bias, mesh)
+    like = dtensor.pack([np.zeros((1, 1), "float32")] * mesh.size,
+                        dtensor.Layout([free, dim], mesh))
+    x_sharded = dtensor.relayout_like(tf.constant(x), like)
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
+
+
+def gathered_whole_by_relayout_like(x, init_kernel, kernel_shape, bias, mesh):  # L3-1
+    """The kernel and x gathered onto every device by ``relayout_like`` to a replicated 1×1
+    DTensor's layout; y computed from the whole matrices."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    x_sharded, kernel, _ = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout([dtensor.UNSHARDED], mesh))
+    replicated = tf.matmul(x_sharded[:1, :], kernel[:, :1])  # 1×1, partial sums reduced
+    whole_kernel = dtensor.relayout_like(kernel, replicated)
+    whole_x = dtensor.relayout_like(x_sharded, replicated)
+    return x_sharded, kernel, tf.matmul(whole_x, whole_kernel) + bias_everywhere
+
+
 def _kernel_rows_and_x(x, init_kernel, kernel_shape, mesh):
     import numpy as np
     import tensorflow as tf
@@ -982,6 +1011,8 @@ def test_shard_dense_rows_reference_passes():
     (_kernel_to_the_host("relayout"), "relayout to a replicated layout"),
     (_kernel_to_the_host("call_with_layout"), "call_with_layout gathering a sharded value"),
     (_kernel_to_the_host("inside a reshape"), r"\.numpy\(\) of a DTensor"),
+    (x_sent_whole_by_relayout_like, "relayout_like of a whole host value"),
+    (gathered_whole_by_relayout_like, "relayout_like to a replicated layout"),
 ])
 def test_shard_dense_rows_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):

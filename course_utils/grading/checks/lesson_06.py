@@ -45,11 +45,12 @@
   a device: the kernel made by the check's ``init_kernel`` inside ``dtensor.call_with_layout``
   with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
   features in the mesh's device order, no matrix whole on every device or gathered to the
-  host on the way (``dtensor.pack``, ``call_with_layout``, ``copy_to_mesh``, ``relayout`` and
-  ``unpack`` and ``.numpy()`` watched by code identity, see ``dtensor_watch``), the layouts,
-  the gathered values and ``y`` against the unsharded layer; the course's sharding helpers
-  refused. Known limit: DTensor may relayout inside an op (a reshape across the sharded
-  axis gathers the kernel onto every device); no Python call shows that, so it passes.
+  host on the way (``dtensor.pack``, ``call_with_layout``, ``copy_to_mesh``, ``relayout``,
+  ``relayout_like``, ``unpack`` and ``.numpy()`` watched by code identity, see
+  ``dtensor_watch``), the layouts, the gathered values and ``y`` against the unsharded layer;
+  the course's sharding helpers refused. Known limit: DTensor may relayout inside an op (a
+  reshape across the sharded axis gathers the kernel onto every device); no Python call
+  shows that, so it passes.
 """
 
 from __future__ import annotations
