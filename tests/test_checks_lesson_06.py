@@ -836,6 +836,25 @@ def gathered_whole_by_relayout_like(x, init_kernel, kernel_shape, bias, mesh):  
     return x_sharded, kernel, tf.matmul(whole_x, whole_kernel) + bias_everywhere
 
 
+_STORE = {}
+
+
+def backward_laundered_through_variables(parts, micro_batches, loss_fn, devices):
+    """The colleague's code; each gradient assigned to a variable and read back (no edge from
+    the read to what was assigned), plus ``0 · y_j`` at home."""
+    import tensorflow as tf
+
+    loss, grads = one_tape(parts, micro_batches, loss_fn, devices)
+    out = []
+    for index, g in enumerate(grads):
+        key = (id(parts[0]), index)
+        if key not in _STORE:
+            _STORE[key] = tf.Variable(tf.zeros_like(g), trainable=False)
+        _STORE[key].assign(g)
+        out.append(_STORE[key].read_value())
+    return loss, _shown_at_home(parts, micro_batches, devices, out)
+
+
 def _kernel_rows_and_x(x, init_kernel, kernel_shape, mesh):
     import numpy as np
     import tensorflow as tf
@@ -976,6 +995,7 @@ BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) r
     (backward_fed_to_loss_fn, "loss_fn was given a value computed from a micro-batch's "
                               "features and labels both"),
     (backward_in_an_inner_function, "it calls another tf.function"),
+    (backward_laundered_through_variables, BACKWARD + "no device"),
 ])
 def test_split_gradients_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):

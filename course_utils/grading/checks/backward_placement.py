@@ -58,6 +58,11 @@ def _forward(graph: Any, calls: list[Any], batch_inputs: list[tuple[Any, Any]]
     if any(op.type in inner for op in graph.get_operations()):
         return set(), ("it calls another tf.function, whose ops the check cannot place: "
                        "write the backward pass in your function itself")
+    if any(op.type.startswith(("ResourceScatter", "ResourceApply", "ResourceSparseApply",
+                               "ResourceStridedSliceAssign"))
+           for op in graph.get_operations()):
+        return set(), ("it writes a variable other than by assign, which hides what a value "
+                       "was computed from: return the gradients you compute")
     made = [call for call in calls if getattr(call[2], "graph", None) is graph]
     if len(made) < len(batch_inputs):
         return set(), (f"{len(made)} call(s) of loss_fn in it for {len(batch_inputs)} "
@@ -76,13 +81,32 @@ def _forward(graph: Any, calls: list[Any], batch_inputs: list[tuple[Any, Any]]
     return _ancestors([call[2] for call in made]), None
 
 
+_WRITES = {"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"}
+_written: dict[Any, dict[str, list[Any]]] = {}  # graph -> variable handle -> values written
+
+
+def _inputs(op: Any) -> list[Any]:
+    """What ``op`` reads: its inputs, and for a read of a variable every value the graph
+    writes to that variable (``v.assign(g)`` then ``v.read_value()``: the read is made from
+    ``g``, though no edge says so)."""
+    if op.type != "ReadVariableOp":
+        return list(op.inputs)
+    if op.graph not in _written:
+        writes: dict[str, list[Any]] = {}
+        for other in op.graph.get_operations():
+            if other.type in _WRITES:
+                writes.setdefault(other.inputs[0].name, []).append(other.inputs[1])
+        _written[op.graph] = writes
+    return [*op.inputs, *_written[op.graph].get(op.inputs[0].name, [])]
+
+
 def _ancestors(tensors: Any) -> set[str]:
     stack, seen = [t.op for t in tensors], set()
     while stack:
         op = stack.pop()
         if op.name not in seen:
             seen.add(op.name)
-            stack.extend(t.op for t in op.inputs)
+            stack.extend(t.op for t in _inputs(op))
     return seen
 
 
@@ -98,6 +122,7 @@ def backward_misplaced(graph: Any, calls: list[Any], grads: list[Any], expected_
     micro-batch's own backward (``batch_inputs``: the traced ``(x, y)`` of each micro-batch):
     ``_one_backward_per_micro_batch``."""
     by_name = {op.name: op for op in graph.get_operations()}
+    _written.clear()
     forward, reason = _forward(graph, calls, batch_inputs)
     if reason:
         return reason
@@ -138,7 +163,7 @@ def _one_backward_per_micro_batch(graph: Any, forward: set[str], grads: list[Any
     depends: dict[str, frozenset] = {}  # op -> the micro-batch inputs it depends on
     for op in graph.get_operations():  # in creation order: an op's inputs come first
         found = {batch_of[op.name]} if op.name in batch_of else set()
-        for t in op.inputs:
+        for t in _inputs(op):
             found |= depends.get(t.op.name, frozenset())
         depends[op.name] = frozenset(found)
     own = {}  # op -> the micro-batch whose backward it is alone
@@ -154,7 +179,7 @@ def _one_backward_per_micro_batch(graph: Any, forward: set[str], grads: list[Any
                 seen.add(op.name)
                 if op.name in own:
                     served.add(own[op.name])
-                stack.extend(t.op for t in op.inputs)
+                stack.extend(t.op for t in _inputs(op))
         missing = sorted(set(range(len(batch_inputs))) - served)
         if missing:
             return (f"a gradient of part {index}'s weights has no backward op of micro-batch "

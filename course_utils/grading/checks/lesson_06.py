@@ -18,29 +18,28 @@
   is traced in a ``tf.function`` (under the same guard, its traced results checked like the
   eager ones) and the placement of what it built is read, by what each op consumes and
   produces, whatever its name: every op that part ``i``'s returned gradients were computed
-  from and that neither ``loss_fn``'s results (the forward: the traced answer gets a
-  recording ``loss_fn``; one call per micro-batch, in its own graph, no inner ``tf.function``,
-  no argument made from a micro-batch's features and labels both) nor a later part's
-  gradients were (the weight-gradient MatMuls and bias sums, the activation's gradient, the
-  adds over the micro-batches, through Identity copies and arithmetic with constants) must ask for
-  ``devices[i]``; among them an op that reads part ``j``'s weight (``dy · Wⱼᵀ``, the gradient
-  passed back) must ask for ``devices[j]``. Each gradient must be made from every
-  micro-batch's own backward: an op, outside the forward, that depends on that micro-batch's
-  labels and on no other's inputs (the micro-batches differ in size, so one big batch made of
-  them fails on values; weighted to match, every op after its concatenation depends on all
-  the micro-batches, however its gradient is then split into shares). The lesson's
-  ``split_step`` does one batch, so a copy of it still leaves the accumulation to write.
-  Known limits: a copy of ``split_step`` with a ``+ 0`` passes; so does one big batch with an
-  op added for show per micro-batch (``0 · yⱼ``: what an op depends on is read, not what it
-  adds); and patching this module in the learner's kernel forges a local pass (the grader
-  imports the checks again before each check cell). Called eagerly, each returned gradient
-  must be on its part's device too (an eager branch cannot be the colleague's code), and
-  TensorFlow's ``tf.gradients`` (which in TensorFlow 2 always colocates each gradient with
+  from and that neither ``loss_fn``'s results (the forward: the traced answer gets a recording
+  ``loss_fn``; one call per micro-batch, in its own graph, no inner ``tf.function``, no
+  argument made from a micro-batch's features and labels both) nor a later part's gradients
+  were (the weight-gradient MatMuls and bias sums, the activation's gradient, the adds over
+  the micro-batches, through Identity copies, arithmetic with constants and variables assigned
+  then read) must ask for ``devices[i]``; among them an op that reads part ``j``'s weight
+  (``dy · Wⱼᵀ``, the gradient passed back) must ask for ``devices[j]``. Each gradient must be
+  made from every micro-batch's own backward: an op, outside the forward, that depends on that
+  micro-batch's labels and on no other's inputs (the micro-batches differ in size, so one big
+  batch made of them fails on values; weighted to match, every op after its concatenation
+  depends on all the micro-batches, however its gradient is then split into shares). The
+  lesson's ``split_step`` does one batch, so a copy of it still leaves the accumulation to
+  write. Known limits: a copy of ``split_step`` with a ``+ 0`` passes; so does one big batch
+  with an op added for show per micro-batch (``0 · yⱼ``: what an op depends on is read, not
+  what it adds); and patching this module in the learner's kernel forges a local pass (the
+  grader imports the checks again before each check cell). Called eagerly, each returned
+  gradient must be on its part's device too (an eager branch cannot be the colleague's code),
+  and TensorFlow's ``tf.gradients`` (which in TensorFlow 2 always colocates each gradient with
   its op, placing a graph's gradients in one line) and ``tf.compat.v1.gradients`` are refused
-  by code identity: the exercise asks for a tape per part.
-  ``cu.parallel.split_step`` and the lesson's pipeline (``run_pipeline``, ``run_gpipe``: each
-  stage's backward and gradient sum on its device) are refused by code identity and content
-  (``refusals``).
+  by code identity: the exercise asks for a tape per part. ``cu.parallel.split_step`` and the
+  lesson's pipeline (``run_pipeline``, ``run_gpipe``: each stage's backward and gradient sum
+  on its device) are refused by code identity and content (``refusals``).
 * ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows, never whole on
   a device: the kernel made by the check's ``init_kernel`` inside ``dtensor.call_with_layout``
   with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
