@@ -751,6 +751,110 @@ def the_bug_when_eager(parts, micro_batches, loss_fn, devices):  # nb29-06 L1, e
     return split_gradients(parts, micro_batches, loss_fn, devices)
 
 
+def _shown_at_home(parts, micro_batches, devices, grads):
+    """Each gradient plus ``0 · y_j`` of every micro-batch, on its part's device."""
+    import tensorflow as tf
+
+    homes = [d for part, d in zip(parts, devices, strict=True) for _ in part.trainable_variables]
+    out = []
+    for g, home in zip(grads, homes, strict=True):
+        with tf.device(home):
+            show = tf.add_n([0.0 * tf.reduce_sum(tf.cast(y, tf.float32))
+                             for _, y in micro_batches])
+            out.append(g + show)
+    return out
+
+
+def backward_hidden_in_the_loss(parts, micro_batches, loss_fn, devices):  # nb31-06 L2-1
+    """The colleague's code; the returned loss made to depend on the gradients (``+ 0 · Σ
+    g``): the whole backward was "the forward" when the forward was the returned loss's."""
+    import tensorflow as tf
+
+    loss, grads = one_tape(parts, micro_batches, loss_fn, devices)
+    loss = loss + 0.0 * tf.add_n([tf.reduce_sum(g) for g in grads])
+    return loss, _shown_at_home(parts, micro_batches, devices, grads)
+
+
+def backward_fed_to_loss_fn(parts, micro_batches, loss_fn, devices):  # L2-1, through loss_fn
+    """The colleague's code on a loss of its own; then ``loss_fn`` called on logits that
+    depend on the gradients (``+ 0 · Σ g``), so that its results stand on the backward."""
+    import keras
+    import tensorflow as tf
+
+    own = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    _, grads = one_tape(parts, micro_batches, own, devices)
+    hidden = 0.0 * tf.add_n([tf.reduce_sum(g) for g in grads])
+    losses = []
+    for x, y in micro_batches:
+        value = x
+        for part, device in zip(parts, devices, strict=True):
+            with tf.device(device):
+                value = part(value)
+        losses.append(loss_fn(y, value + hidden))
+    loss = tf.add_n(losses) / len(losses)
+    return loss, _shown_at_home(parts, micro_batches, devices, grads)
+
+
+def backward_in_an_inner_function(parts, micro_batches, loss_fn, devices):  # nb31-06 L2-2
+    """The colleague's code in an inner tf.function called on the last part's device: one
+    call op in the traced graph, part 0's backward inside it unread."""
+    import tensorflow as tf
+
+    inner = tf.function(lambda batches: one_tape(parts, batches, loss_fn, devices))
+    with tf.device(devices[-1]):
+        loss, grads = inner([tuple(tf.convert_to_tensor(t) for t in pair)
+                             for pair in micro_batches])
+    return loss, _shown_at_home(parts, micro_batches, devices, grads)
+
+
+def x_sent_whole_by_relayout_like(x, init_kernel, kernel_shape, bias, mesh):  # nb31-06 L3-1
+    """x sent whole from the host to every device by ``relayout_like`` (the layout of a tiny
+    sharded DTensor), sliced there."""
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+    kernel, bias_everywhere = _kernel_and_bias(init_kernel, kernel_shape, bias, mesh)
+    like = dtensor.pack([np.zeros((1, 1), "float32")] * mesh.size,
+                        dtensor.Layout([free, dim], mesh))
+    x_sharded = dtensor.relayout_like(tf.constant(x), like)
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + bias_everywhere
+
+
+def gathered_whole_by_relayout_like(x, init_kernel, kernel_shape, bias, mesh):  # L3-1
+    """The kernel and x gathered onto every device by ``relayout_like`` to a replicated 1×1
+    DTensor's layout; y computed from the whole matrices."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    x_sharded, kernel, _ = shard_dense_rows(x, init_kernel, kernel_shape, bias, mesh)
+    bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout([dtensor.UNSHARDED], mesh))
+    replicated = tf.matmul(x_sharded[:1, :], kernel[:, :1])  # 1×1, partial sums reduced
+    whole_kernel = dtensor.relayout_like(kernel, replicated)
+    whole_x = dtensor.relayout_like(x_sharded, replicated)
+    return x_sharded, kernel, tf.matmul(whole_x, whole_kernel) + bias_everywhere
+
+
+_STORE = {}
+
+
+def backward_laundered_through_variables(parts, micro_batches, loss_fn, devices):
+    """The colleague's code; each gradient assigned to a variable and read back (no edge from
+    the read to what was assigned), plus ``0 · y_j`` at home."""
+    import tensorflow as tf
+
+    loss, grads = one_tape(parts, micro_batches, loss_fn, devices)
+    out = []
+    for index, g in enumerate(grads):
+        key = (id(parts[0]), index)
+        if key not in _STORE:
+            _STORE[key] = tf.Variable(tf.zeros_like(g), trainable=False)
+        _STORE[key].assign(g)
+        out.append(_STORE[key].read_value())
+    return loss, _shown_at_home(parts, micro_batches, devices, out)
+
+
 def _kernel_rows_and_x(x, init_kernel, kernel_shape, mesh):
     import numpy as np
     import tensorflow as tf
@@ -879,14 +983,19 @@ BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) r
     (numbers_kept_from_the_eager_call, "called on fresh micro-batches: loss or gradients"),
     (backward_in_python, "it runs Python \\(tf.py_function"),
     (lambda *args: None, "loss, grads"),
-    (one_big_batch, "no backward op of micro-batch 0 alone"),
-    (one_big_batch_in_shares, "no backward op of micro-batch 0 alone"),
+    (one_big_batch, r"1 call\(s\) of loss_fn in it for \d micro-batches"),
+    (one_big_batch_in_shares, r"1 call\(s\) of loss_fn in it for \d micro-batches"),
     (lambda *args: one_big_batch(*args, weighted=False), "differ from the unsplit"),
     (backward_on_the_default_device_summed_in_a_tape_scope,
      BACKWARD + "no device"),
     (colocated_when_traced, "ran TensorFlow's tf.gradients"),
     (colocated_copied_home_when_eager, "ran TensorFlow's tf.gradients"),
     (the_bug_when_eager, "called eagerly, a gradient of part 0's weights is on CPU:0"),
+    (backward_hidden_in_the_loss, BACKWARD + "no device"),
+    (backward_fed_to_loss_fn, "loss_fn was given a value computed from a micro-batch's "
+                              "features and labels both"),
+    (backward_in_an_inner_function, "it calls another tf.function"),
+    (backward_laundered_through_variables, BACKWARD + "no device"),
 ])
 def test_split_gradients_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):
@@ -922,6 +1031,8 @@ def test_shard_dense_rows_reference_passes():
     (_kernel_to_the_host("relayout"), "relayout to a replicated layout"),
     (_kernel_to_the_host("call_with_layout"), "call_with_layout gathering a sharded value"),
     (_kernel_to_the_host("inside a reshape"), r"\.numpy\(\) of a DTensor"),
+    (x_sent_whole_by_relayout_like, "relayout_like of a whole host value"),
+    (gathered_whole_by_relayout_like, "relayout_like to a replicated layout"),
 ])
 def test_shard_dense_rows_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):

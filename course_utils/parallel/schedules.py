@@ -191,7 +191,7 @@ def interleaved_orders(num_stages: int, num_micro_batches: int, chunks: int) -> 
     Forwards go in groups of K micro-batches, chunk 0 first, then chunk 1, …; backwards in the
     same groups, last chunk first. Stage ``s`` warms up with 2·(K − 1 − s) + (v − 1)·K forwards,
     then alternates one forward and one backward, then drains. Needs v ≥ 2 (v = 1 is plain
-    1F1B) and M a multiple of K, as Megatron-LM does.
+    1F1B) and M a multiple of K, as Megatron-LM's original version does (later ones relax it).
     """
     _validate(num_stages, num_micro_batches)
     if chunks < 2:

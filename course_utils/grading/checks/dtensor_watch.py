@@ -29,19 +29,22 @@ def whole_copy_watch(whole: list[str],
     ``dtensor.copy_to_mesh`` or ``dtensor.relayout`` of a host tensor of rank 2 or more (the
     whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a DTensor laid
     out replicated (it was whole on every device before), or of any tensor of 4 or more
-    numbers to a replicated layout (a flattened kernel); ``dtensor.call_with_layout`` to a
-    replicated layout given a sharded DTensor (a gather); ``dtensor.unpack`` of any tensor of
+    numbers to a replicated layout (a flattened kernel); ``dtensor.relayout_like`` of a host
+    value of rank 2 or more or 4 or more numbers, or of 4 or more numbers to another
+    tensor's replicated layout (a gather); ``dtensor.call_with_layout`` to a replicated
+    layout given a sharded DTensor (a gather); ``dtensor.unpack`` of any tensor of
     4 or more numbers, whatever its rank, and ``.numpy()`` of an on-mesh tensor of 4 or more
     (its pieces brought back to the host, e.g. to compute ``y`` there). Not seen: a relayout
     DTensor makes inside an op (a reshape across the sharded axis), which no Python call shows.
 
     ``copied`` (when given) receives ``(what, numbers, whole, content)`` for every copy of data onto
     the mesh whatever its rank or dtype (bytes and strings counted a float32 per 4 bytes):
-    ``whole`` True where every device gets all of it (``copy_to_mesh`` and ``relayout`` of a
-    host value, a replicated ``pack``, the data a ``call_with_layout`` function holds or is
-    given, DTensors laid out whole on every device among it), False for one device's
-    component of a sharded ``pack`` (what that device holds). The check compares the sums
-    with what the task lets a device hold (the bias whole, its own piece of ``x``).
+    ``whole`` True where every device gets all of it (``copy_to_mesh``, ``relayout`` and
+    ``relayout_like`` of a host value, a replicated ``pack``, the data a ``call_with_layout``
+    function holds or is given, DTensors laid out whole on every device among it), False for
+    one device's component of a sharded ``pack`` (what that device holds). The check
+    compares the sums with what the task lets a device hold (the bias whole, its own piece of
+    ``x``).
     """
     from tensorflow.dtensor.python import api
 
@@ -136,6 +139,8 @@ def whole_copy_watch(whole: list[str],
         except Exception:  # noqa: BLE001 - a DTensor or odd value: counted each time
             return None
 
+    relayouts = {api.relayout.__code__: "relayout", api.relayout_like.__code__: "relayout_like"}
+
     def note(code: Any, local: Any) -> None:
         layout = local.get("layout")
         if code is api.pack.__code__:
@@ -149,9 +154,9 @@ def whole_copy_watch(whole: list[str],
             if held:
                 copied.append(("data held by a dtensor.call_with_layout function", held, True,
                                None))
-        elif code is api.copy_to_mesh.__code__ or (code is api.relayout.__code__
+        elif code is api.copy_to_mesh.__code__ or (code in relayouts
                                                    and not on_mesh(local.get("tensor"))):
-            name = "copy_to_mesh" if code is api.copy_to_mesh.__code__ else "relayout"
+            name = relayouts.get(code, "copy_to_mesh")
             tensor = local.get("tensor")
             copied.append((f"dtensor.{name} of a host value", numbers(tensor), True,
                            key(tensor)))
@@ -234,6 +239,16 @@ def whole_copy_watch(whole: list[str],
                 whole.append("dtensor.relayout of a whole host matrix")
             elif on_mesh(tensor) and replicated_matrix(api.fetch_layout(tensor)):
                 whole.append("dtensor.relayout of a matrix laid out whole on every device")
+        elif code is api.relayout_like.__code__:  # the layout of another tensor (nb31-06 L3-1)
+            tensor, like = local.get("tensor"), local.get("layout_tensor")
+            target = api.fetch_layout(like) if on_mesh(like) else None
+            if not on_mesh(tensor) and (rank(tensor) >= 2 or data(tensor)):
+                whole.append("dtensor.relayout_like of a whole host value: sent whole to "
+                             "every device, sliced there")
+            elif (int(getattr(getattr(tensor, "shape", None), "num_elements", lambda: 0)()
+                      or 0) >= 4 and (target is None or target.is_fully_replicated())):
+                whole.append("dtensor.relayout_like to a replicated layout (that of the "
+                             "tensor given): whole on every device")
         elif code is api.unpack.__code__ and int(getattr(getattr(local.get("tensor"), "shape",
                                                               None), "num_elements",
                                                       lambda: 0)() or 0) >= 4:

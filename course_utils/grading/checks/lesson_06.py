@@ -18,36 +18,38 @@
   is traced in a ``tf.function`` (under the same guard, its traced results checked like the
   eager ones) and the placement of what it built is read, by what each op consumes and
   produces, whatever its name: every op that part ``i``'s returned gradients were computed
-  from and that neither the loss (the forward) nor a later part's gradients were (the
-  weight-gradient MatMuls and bias sums, the activation's gradient, the adds over the
-  micro-batches, through Identity copies and arithmetic with constants) must ask for
-  ``devices[i]``; among them an op that reads part ``j``'s weight (``dy · Wⱼᵀ``, the gradient
-  passed back) must ask for ``devices[j]``. Each gradient must be made from every
-  micro-batch's own backward: an op, outside the forward, that depends on that micro-batch's
-  labels and on no other's inputs (the micro-batches differ in size, so one big batch made of
-  them fails on values; weighted to match, every op after its concatenation depends on all
-  the micro-batches, however its gradient is then split into shares). The lesson's
-  ``split_step`` does one batch, so a copy of it still leaves the accumulation to write.
-  Known limits: a copy of ``split_step`` with a ``+ 0`` passes; so does one big batch with an
-  op added for show per micro-batch (``0 · yⱼ``: what an op depends on is read, not what it
-  adds); and patching this module in the learner's kernel forges a local pass (the grader
-  imports the checks again before each check cell). Called eagerly, each returned gradient
-  must be on its part's device too (an eager branch cannot be the colleague's code), and
-  TensorFlow's ``tf.gradients`` (which in TensorFlow 2 always colocates each gradient with
+  from and that neither ``loss_fn``'s results (the forward: the traced answer gets a recording
+  ``loss_fn``; one call per micro-batch, in its own graph, no inner ``tf.function``, no
+  argument made from a micro-batch's features and labels both) nor a later part's gradients
+  were (the weight-gradient MatMuls and bias sums, the activation's gradient, the adds over
+  the micro-batches, through Identity copies, arithmetic with constants and variables assigned
+  then read) must ask for ``devices[i]``; among them an op that reads part ``j``'s weight
+  (``dy · Wⱼᵀ``, the gradient passed back) must ask for ``devices[j]``. Each gradient must be
+  made from every micro-batch's own backward: an op, outside the forward, that depends on that
+  micro-batch's labels and on no other's inputs (the micro-batches differ in size, so one big
+  batch made of them fails on values; weighted to match, every op after its concatenation
+  depends on all the micro-batches, however its gradient is then split into shares). The
+  lesson's ``split_step`` does one batch, so a copy of it still leaves the accumulation to
+  write. Known limits: a copy of ``split_step`` with a ``+ 0`` passes; so does one big batch
+  with an op added for show per micro-batch (``0 · yⱼ``: what an op depends on is read, not
+  what it adds); and patching this module in the learner's kernel forges a local pass (the
+  grader imports the checks again before each check cell). Called eagerly, each returned
+  gradient must be on its part's device too (an eager branch cannot be the colleague's code),
+  and TensorFlow's ``tf.gradients`` (which in TensorFlow 2 always colocates each gradient with
   its op, placing a graph's gradients in one line) and ``tf.compat.v1.gradients`` are refused
-  by code identity: the exercise asks for a tape per part.
-  ``cu.parallel.split_step`` and the lesson's pipeline (``run_pipeline``, ``run_gpipe``: each
-  stage's backward and gradient sum on its device) are refused by code identity and content
-  (``refusals``).
+  by code identity: the exercise asks for a tape per part. ``cu.parallel.split_step`` and the
+  lesson's pipeline (``run_pipeline``, ``run_gpipe``: each stage's backward and gradient sum
+  on its device) are refused by code identity and content (``refusals``).
 * ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows, never whole on
   a device: the kernel made by the check's ``init_kernel`` inside ``dtensor.call_with_layout``
   with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
   features in the mesh's device order, no matrix whole on every device or gathered to the
-  host on the way (``dtensor.pack``, ``call_with_layout``, ``copy_to_mesh``, ``relayout`` and
-  ``unpack`` and ``.numpy()`` watched by code identity, see ``dtensor_watch``), the layouts,
-  the gathered values and ``y`` against the unsharded layer; the course's sharding helpers
-  refused. Known limit: DTensor may relayout inside an op (a reshape across the sharded
-  axis gathers the kernel onto every device); no Python call shows that, so it passes.
+  host on the way (``dtensor.pack``, ``call_with_layout``, ``copy_to_mesh``, ``relayout``,
+  ``relayout_like``, ``unpack`` and ``.numpy()`` watched by code identity, see
+  ``dtensor_watch``), the layouts, the gathered values and ``y`` against the unsharded layer;
+  the course's sharding helpers refused. Known limit: DTensor may relayout inside an op (a
+  reshape across the sharded axis gathers the kernel onto every device); no Python call
+  shows that, so it passes.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.backward_placement import backward_misplaced
+from course_utils.grading.checks.backward_placement import LossRecording, backward_misplaced
 from course_utils.grading.checks.dtensor_watch import kernel_initializer, whole_copy_watch
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
@@ -191,9 +193,11 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
     tf = _tf()
     parts = problem["parts"]
     micro_batches = problem["micro_batches"]
+    recording = LossRecording(loss_fn)  # the forward ends at what loss_fn returned
 
     def traced(pairs: Any) -> Any:
-        return fn(parts, [tuple(pair) for pair in pairs], loss_fn, devices)
+        recording.calls.clear()
+        return fn(parts, [tuple(pair) for pair in pairs], recording, devices)
 
     specs = [(tf.TensorSpec(x.shape, tf.float32), tf.TensorSpec(y.shape, tf.int32))
              for x, y in micro_batches]
@@ -231,8 +235,9 @@ def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
         return "return (loss, grads): one gradient per trainable variable, parts in order"
     count = 2 * len(micro_batches)  # the traced (x, y) of each micro-batch, in order
     batch_inputs = list(zip(graph.inputs[:count:2], graph.inputs[1:count:2], strict=True))
-    return backward_misplaced(graph, flat[0], flat[1:], expected_part, owner, devices,
-                              batch_inputs)
+    reason = backward_misplaced(graph, recording.calls, flat[1:], expected_part, owner,
+                                devices, batch_inputs)
+    return reason and f"traced in a tf.function, {reason}"
 
 
 @register
