@@ -294,12 +294,35 @@ def test_a_signal_handler_of_the_learners_fails_the_check(monkeypatch):
     previous = signal.getsignal(signal.SIGUSR1)
     try:
         signal.signal(signal.SIGUSR1, cell["handler"])
-        with pytest.raises(AssertionError, match="a signal handler of yours is installed for "
-                                                 "SIGUSR1"):
+        with pytest.raises(AssertionError, match="a signal handler for SIGUSR1 of yours is set"):
             run_check("square", lambda x: [x * x], _square_cases())
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert run_check("square", lambda x: [x * x], _square_cases())
+
+
+def test_a_profile_function_of_the_learners_fails_the_check():
+    """nb32-04 3.1/3.2: a profile function is handed every frame; one set by the answer (its
+    sys.setprofile audit event) or before the check (threading's or this thread's) is named."""
+    import sys
+    import threading
+
+    cell = {}
+    exec(compile("def hook(frame, event, arg):\n    pass\n", "<cell>", "exec"), cell)
+
+    def sets_a_profile(x):
+        getattr(sys, "set" + "profile")(cell["hook"])
+        getattr(sys, "set" + "profile")(None)
+        return [x * x]
+
+    with pytest.raises(AssertionError, match=r"sys\.setprofile \(test_grading_framework"):
+        run_check("square", sets_a_profile, _square_cases())
+    threading.setprofile(cell["hook"])
+    try:
+        with pytest.raises(AssertionError, match="threading.setprofile of yours is set"):
+            run_check("square", lambda x: [x * x], _square_cases())
+    finally:
+        threading.setprofile(None)
 
 
 def test_libraries_that_read_frames_for_themselves_do_not_fail_an_answer():

@@ -14,15 +14,19 @@ module, an ``exec``'d string) is recorded; ``inspect`` and ``traceback`` are loo
 the code that called them. ``logging``, ``collections.namedtuple``, TensorFlow and Keras read
 frames for their own reasons and are not the learner's code.
 
-A signal handler is handed the frame the signal interrupted, with no audit event:
-:func:`learners_signal_handlers` names the handlers of the learner's code installed while a
-check runs (checked before and after each case). Not seen: memory read through ``ctypes``.
+A signal handler is handed the frame the signal interrupted, with no audit event, and so is a
+profile or trace function set before the check: :func:`learners_hooks` names those of the
+learner's code (checked before and after each case). ``bdb`` and ``pdb`` are looked through
+like ``inspect`` (a ``breakpoint()`` in an answer counts). Not seen: a signal handler the
+answer installs, triggers and takes out within one call; memory read through ``ctypes``.
 """
 
 from __future__ import annotations
 
+import bdb
 import contextlib
 import inspect
+import pdb
 import signal
 import sys
 import threading
@@ -30,11 +34,11 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["learners_signal_handlers", "watching"]
+__all__ = ["learners_hooks", "watching"]
 
-_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys.settrace"})
+_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile"})
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
-_WALKERS = frozenset({inspect.__file__, traceback.__file__})
+_WALKERS = frozenset({inspect.__file__, traceback.__file__, bdb.__file__, pdb.__file__})
 _PACKAGE = str(Path(__file__).resolve().parent.parent)
 _PREFIXES = tuple({str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
                                                      sys.base_exec_prefix)}
@@ -71,22 +75,31 @@ def _hook(event: str, args: tuple) -> None:
         _inside.busy = False
 
 
-def learners_signal_handlers() -> list[str]:
-    """The signals whose handler is the learner's code (a notebook cell, a module of theirs):
-    a signal handler is handed the interrupted frame, the check's too."""
-    found = []
+def learners_hooks() -> list[str]:
+    """The learner's own code set where Python hands it frames: a signal handler (handed the
+    interrupted frame, with no audit event), a profile or trace function of this thread or of
+    the threads ``threading`` starts (set before the check, or by ``threading.setprofile``)."""
+    found = [what for what, hook in (("sys.setprofile", sys.getprofile()),
+                                     ("sys.settrace", sys.gettrace()),
+                                     ("threading.setprofile", threading.getprofile()),
+                                     ("threading.settrace", threading.gettrace()))
+             if _learners_code(hook)]
     for number in sorted(signal.valid_signals()):
         try:
             handler = signal.getsignal(number)
         except (ValueError, OSError):  # a signal this platform does not let Python handle
             continue
-        code = getattr(inspect.unwrap(handler), "__code__", None) if callable(handler) else None
-        if code is not None and _learners(code.co_filename):
+        if _learners_code(handler):
             try:
-                found.append(signal.Signals(number).name)
+                found.append(f"a signal handler for {signal.Signals(number).name}")
             except ValueError:  # a real-time signal has no name
-                found.append(f"signal {number}")
+                found.append(f"a signal handler for signal {number}")
     return found
+
+
+def _learners_code(hook: object) -> bool:
+    code = getattr(inspect.unwrap(hook), "__code__", None) if callable(hook) else None
+    return code is not None and _learners(code.co_filename)
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course_utils.grading.frame_reach import learners_signal_handlers, watching
+from course_utils.grading.frame_reach import learners_hooks, watching
 from course_utils.quiet import native_stderr_silenced
 
 __all__ = ["PASS_MARK", "STRICT_ENV", "TODO_MARK", "Case", "NotAttemptedError", "compare",
@@ -421,12 +421,11 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
 
 def _refuse_reached(name: str, number: int, reached: list[str]) -> None:
     """An ``AssertionError`` naming how the learner's code reached the interpreter's frames
-    while the check ran (``frame_reach``), if it did, or could: a signal handler of theirs."""
-    handlers = learners_signal_handlers()
-    if reached or handlers:
+    while the check ran (``frame_reach``), if it did, or could: a hook of theirs."""
+    hooks = learners_hooks()
+    if reached or hooks:
         how = ", ".join(dict.fromkeys(reached)) if reached else (
-            f"a signal handler of yours is installed for {', '.join(handlers)}: a handler is "
-            "handed the interrupted frame")
+            f"{', '.join(hooks)} of yours is set: it is handed the interrupted frames")
         raise AssertionError(
             f"{name}: case {number}: your code read the interpreter's frames while the check "
             f"ran ({how}): the check's frames hold what it compares with. Compute the answer "
