@@ -299,6 +299,36 @@ def test_find_bottleneck_shortcuts_fail(shortcut):
         cu.grading.check_find_bottleneck(reading)
 
 
+def _identical_spans_once(events):
+    """nb31-09 L1-b: no union, each part's durations summed, a span identical to another
+    (same start and length) counted once: passed while the second replica's spans copied the
+    first's."""
+    seen, kept = set(), []
+    for e in events:
+        key = (e.get("ph"), e.get("ts"), e.get("dur"), e.get("name"))
+        if e.get("ph") != "X" or key not in seen:
+            seen.add(key)
+            kept.append(e)
+    totals = part_totals(kept)
+    return max(totals, key=totals.get)
+
+
+def _one_window_over_the_steps(events):
+    """nb31-09 L1-c: the reference's unions over one window, the first step's start to the
+    last step's end (the gaps between steps counted): passed while nothing ran between."""
+    steps = [e for e in events if e.get("ph") == "X" and "step_num" in e.get("args", {})]
+    start, end = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    window = {**steps[0], "ts": start, "dur": end - start}
+    return find_bottleneck([e for e in events if e not in steps] + [window])
+
+
+@pytest.mark.parametrize("reading", [_identical_spans_once, _one_window_over_the_steps],
+                         ids=["identical-spans-once-no-union", "one-window-over-the-steps"])
+def test_find_bottleneck_readings_the_built_traces_let_pass_fail(reading):
+    with pytest.raises(AssertionError, match="-bound"):
+        cu.grading.check_find_bottleneck(reading)
+
+
 def test_the_built_traces_read_back_as_built_by_the_course_and_the_reference():
     import random
 
@@ -330,7 +360,11 @@ def test_find_bottleneck_a_judge_imported_inside_the_check_and_replaced_fails(
     imported while the check runs is compared with its source at the end."""
     import sys
 
+    import course_utils.grading.checks as checks
+
     monkeypatch.delitem(sys.modules, "course_utils.grading.checks.profile_traces", raising=False)
+    # as in a fresh kernel: an earlier test's import left the module on its package too
+    monkeypatch.delattr(checks, "profile_traces", raising=False)
 
     cell = {}  # the answer as a notebook cell defines it (code from tests/ is trusted)
     exec(compile("def patch_rule(events):\n"
@@ -385,6 +419,27 @@ def my_results():
     return cu.grid.run_grid({"strategy": ["default", "mirrored"],
                              "precision": ["float32", "mixed_bfloat16"]}, make_step,
                             examples_per_call=lambda options: 32, repeats=3)
+
+
+def _read_by_place(results, model, global_batch, replicas, budget_bytes):
+    """nb31-09 L3-b: the results read by their place in run_grid's order (first·first,
+    first·second, second·first, second·second), the first values named "default" and
+    "float32": passed while every fresh benchmark kept that order and those names."""
+    import dataclasses
+
+    names = [("default", "float32"), ("default", results[3].options["precision"]),
+             (results[3].options["strategy"], "float32"),
+             (results[3].options["strategy"], results[3].options["precision"])]
+    renamed = [dataclasses.replace(r, options=dict(zip(("strategy", "precision"), name,
+                                                       strict=True)))
+               for r, name in zip(results, names, strict=True)]
+    return write_report(renamed, model, global_batch,
+                        {"default": 1, names[3][0]: replicas[names[3][0]]}, budget_bytes)
+
+
+def test_write_report_results_read_by_place_with_assumed_names_fail():
+    with pytest.raises(AssertionError, match=r"write_report: case \d+ \(a fresh benchmark"):
+        cu.grading.check_write_report(_read_by_place)
 
 
 def test_write_report_reference_passes(my_results):
@@ -1020,6 +1075,13 @@ def _noise_from_the_last_epoch(how):
     (_noise_from_the_last_epoch("negated"), r"correlates -1\.00|" + _MADE_OF_TWO),
     (_noise_from_the_last_epoch("mixed"), _MADE_OF_TWO),
     (_noise_from_the_last_epoch("shifted"), _MADE_OF_TWO),
+    # nb31-09 L2-a: augment called twice per example (one thrown away), nothing working ahead:
+    # counting calls saw twice the examples prepared and passed it; kept or shifted, it fails
+    (lambda r, read, augment, b: r.map(read).cache()
+     .map(lambda x, y: (augment(x, y), augment(x, y))[1]).batch(b), "works ahead of the step"),
+    (lambda r, read, augment, b: r.map(read).cache()
+     .map(lambda x, y: (augment(x + 1.0, y + 1), augment(x, y))[1]).batch(b),
+     "works ahead of the step"),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
         "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
         "the colleague's first try", "the colleague's second try",
@@ -1031,7 +1093,8 @@ def _noise_from_the_last_epoch(how):
         "every other example its neighbours' noise mixed",
         "every other example half of each neighbour's noise",
         "epoch 2's noise epoch 1's negated", "epoch 2's noise two of epoch 1's mixed",
-        "one example's epoch 2 noise its epoch 1 noise shifted"])
+        "one example's epoch 2 noise its epoch 1 noise shifted",
+        "augment twice per example, no prefetch", "a shifted augment thrown away, no prefetch"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)

@@ -10,8 +10,8 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   background; compute the largest with input at a third; input, or the all-reduce, leading by a
   little; compute leading by a little with input, or the all-reduce, at 40 % of the step (no
   threshold on one share names them all); a communication-bound step (collective and NCCL ops,
-  compute above half of them); input-bound steps after a warm-up of compute outside them, or
-  followed by compute after the last of them; steps that differ (one long input-bound step
+  compute above half of them); input-bound steps with compute before (a warm-up) and between them,
+  or followed by compute after the last of them; steps that differ (one long input-bound step
   between compute-bound ones); compute through most of each input wait (an edited copy of
   ``step_breakdown``, which gives a shared instant to input, fails) – in a random order, all six
   orders of the parts. The verdict is the exercise's rule (``profile_traces.rule_verdict``); the
@@ -285,7 +285,7 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
     records = tf.data.Dataset.from_tensor_slices(
         (features - pipeline_probe.STORED_OFFSET, labels))
     calls: list[int] = []
-    augmented: list[int] = []
+    augmented: list[Any] = []
     delay = [READ_SECONDS]  # the disk's wait; the slow baseline's retries make it longer
     read = pipeline_probe.counting_read(delay, calls)
     augment = pipeline_probe.augment(rng.randint(0, 2**31 - 1), augmented)
@@ -331,7 +331,7 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
                        "read each example once, as the exercise asks: what keeps what it "
                        "returned?" if reads > len(features) else
                        "some examples were never read"))
-        if not pipeline_probe.runs_ahead(dataset, augmented, batch_size):
+        if not pipeline_probe.runs_ahead(dataset, augmented, batch_size, features):
             return ("nothing in your pipeline works ahead of the step: after the step takes a "
                     "batch, the next one is not being prepared, so every epoch's augmentation "
                     "waits for the step (the check switches off tf.data's injected prefetch "

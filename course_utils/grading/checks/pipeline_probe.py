@@ -61,22 +61,23 @@ def counting_read(seconds: list[float], calls: list[int]) -> Callable[..., Any]:
     return read
 
 
-def augment(seed: int, calls: list[int] | None = None,
-            example_rank: int = 1) -> Callable[..., Any]:
-    """Random noise on the features, new every epoch (a ``tf.random.Generator``); appends one
-    to ``calls`` (when given) per example augmented: one for an example's features (rank
-    ``example_rank``), a batch's size for a batch (a vectorised map after ``batch``)."""
+def augment(seed: int, calls: list[Any] | None = None) -> Callable[..., Any]:
+    """Random noise on the features, new every epoch (a ``tf.random.Generator``); appends
+    ``(label, first feature)`` to ``calls`` (when given) per example augmented, one for an
+    example, a batch's worth for a batch (a vectorised map after ``batch``), so that
+    ``runs_ahead`` can count each of the check's examples once (nb31-09 L2-a: counting calls,
+    an ``augment`` called twice per example, one result thrown away, looked ahead)."""
     tf = _tf()
     generator = tf.random.Generator.from_seed(seed)
 
-    def count(shape: Any) -> np.int32:
-        shape = np.asarray(shape)
+    def count(label: Any, first: Any) -> np.int32:  # (label, first feature) per example
         if calls is not None:
-            calls.extend([1] * (int(shape[0]) if len(shape) > example_rank else 1))
+            calls.extend(zip(np.asarray(label).reshape(-1).tolist(),
+                             np.asarray(first).reshape(-1).tolist(), strict=False))
         return np.int32(0)
 
     def augment(features: Any, label: Any) -> tuple[Any, Any]:
-        done = tf.py_function(count, [tf.shape(features)], tf.int32)
+        done = tf.py_function(count, [label, features[..., 0]], tf.int32)
         with tf.control_dependencies([done]):
             noisy = features + generator.normal(tf.shape(features), stddev=NOISE_SPREAD)
         return noisy, label
@@ -95,11 +96,13 @@ def one_epoch(dataset: Any) -> tuple[list[int], np.ndarray, np.ndarray]:
     return sizes, np.concatenate(labels), np.concatenate(features)
 
 
-def runs_ahead(dataset: Any, augmented: list[int], batch_size: int,
-                wait_s: float = 5.0) -> bool:
+def runs_ahead(dataset: Any, augmented: list[Any], batch_size: int, features: Any,
+               wait_s: float = 5.0) -> bool:
     """Whether ``dataset`` augments beyond the batch the step took, by itself: a prefetch (or a
-    parallel map) works in the background. ``augmented`` counts examples, not calls, so a
-    vectorised ``augment`` (mapped over batches) counts as much as one mapped per example.
+    parallel map) works in the background. ``augmented`` holds ``augment``'s ``(label, first
+    feature)`` records; only the check's own examples (``features[label]``, labels being the
+    examples' indices) count, each once, so a vectorised ``augment`` (mapped over batches)
+    counts as much as one mapped per example, and a second, thrown-away call counts nothing.
     tf.data's own additions are switched off for this probe (``inject_prefetch`` would add a
     prefetch to any pipeline; the distributed iterator buffers too): what runs ahead here is
     what the learner wrote. A count, not a time: the background thread is given up to
@@ -115,9 +118,15 @@ def runs_ahead(dataset: Any, augmented: list[int], batch_size: int,
     start = len(augmented)
     next(iterator)
     deadline = time.monotonic() + wait_s
-    while len(augmented) - start <= batch_size and time.monotonic() < deadline:
+
+    def distinct() -> int:  # the check's own examples augmented since the start, each once
+        return len({int(label) for label, first in augmented[start:]
+                    if 0 <= label < len(features) and float(label) == int(label)
+                    and abs(first - features[int(label), 0]) < 1e-4})
+
+    while distinct() <= batch_size and time.monotonic() < deadline:
         time.sleep(0.01)
-    ahead = len(augmented) - start > batch_size
+    ahead = distinct() > batch_size
     for _ in iterator:  # finish the epoch: no element left in flight
         pass
     return ahead

@@ -15,6 +15,9 @@ shortcuts do not:
 * ``trailing``: compute spans after the last step (what the program does once the profiled steps
   are done), as a share of the steps' time: a reading that drops only what precedes the first
   step counts them;
+* ``between``: compute spans filling a gap after every step but the last (what a callback or a
+  checkpoint does between steps), as a share of that step's time: a reading that takes one
+  window from the first step's start to the last step's end counts them;
 * ``uneven``: one long step in the middle split otherwise than the rest;
 * ``overlap``: compute on a second thread through part of every input wait, so that the
   exercise's rule (each part's union on its own: an instant two parts share counts in both,
@@ -70,6 +73,7 @@ def _span(name: str, ts: float, dur: float, tid: int, long_name: str | None = No
 
 def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: int = 3,
                     background: float = 0.0, outside: float = 0.0, trailing: float = 0.0,
+                    between: float = 0.0,
                     uneven: Mapping[str, float] | None = None,
                     nccl: bool = False, replicas: int = 1,
                     overlap: float = 0.0) -> list[dict[str, Any]]:
@@ -136,7 +140,9 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                     events.append(_span(long_name.split(":")[0], clock, piece, _OP_THREAD,
                                         long_name))
                     if kind == "compute" and replicas > 1:  # the other replica, side by side
-                        events.append(_span(long_name.split(":")[0], clock, piece,
+                        shift = rng.uniform(0.05, 0.3) * piece  # overlapping, not identical
+                        events.append(_span(long_name.split(":")[0], clock + shift,
+                                            piece - shift * rng.uniform(1.0, 1.5),
                                             _REPLICA_THREAD, long_name))
                 clock += piece
             clock += after
@@ -147,6 +153,12 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                                     _DATA_THREAD, rng.choice(_DATA_OPS)))
                 moment += piece
         clock = start + length + rng.uniform(200, 800)
+        if between and number < steps - 1:  # work between this step and the next
+            for piece in _pieces(rng, between * length, 4):
+                events.append(_span(rng.choice(_OPS).split(":")[0], clock, piece, _OP_THREAD,
+                                    rng.choice(_OPS)))
+                clock += piece
+            clock += rng.uniform(200, 800)
     for piece in _pieces(rng, trailing * sum(step_lengths), 6) if trailing else []:
         events.append(_span(rng.choice(_OPS).split(":")[0], clock, piece, _OP_THREAD,
                             rng.choice(_OPS)))  # after the last step: no step's time
@@ -178,8 +190,9 @@ BOTTLENECK_CASES = {
     "compute leads by a little, the all-reduce close behind at 40 % of the step": (
         "compute", lambda r: (r.uniform(0.05, 0.06), r.uniform(0.45, 0.46),
                               r.uniform(0.40, 0.41)), {"nccl": True}),
-    "input-bound steps after a long warm-up of compute outside them": (
-        "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"outside": 3.0}),
+    # nb31-09 L1-c: one window from the first step's start to the last one's end passed
+    "input-bound steps after a long warm-up of compute outside them, and compute between them": (
+        "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"outside": 3.0, "between": 1.0}),
     "input-bound steps, then a long stretch of compute after the last of them": (
         "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"trailing": 3.0}),
     # as under MirroredStrategy: each replica's ops on a thread of its own, at the same time;

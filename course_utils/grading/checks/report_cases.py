@@ -333,13 +333,18 @@ def fresh_cases(rng: Any) -> list[Case]:
         scale = rng.uniform(500, 5000)
         noise = round(rng.uniform(*noise_range), 4)  # drawn per benchmark: the band moves
         speeds = make_speeds(noise, rng.uniform(1.8, 1.95), rng.uniform(2.05, 2.2))
-        # the second value of each axis differs between cases: names are read, not assumed
+        # the second value of each axis differs between cases, the first is drawn: names are
+        # read, not assumed (nb31-09 L3-b: "default" and "float32" assumed passed)
         second = (("mirrored", "multi_worker")[number % 2],
                   ("mixed_bfloat16", "mixed_float16")[number // 2 % 2])
-        keys = [("default", "float32"), ("default", second[1]), (second[0], "float32"), second]
+        first = (rng.choice(["default", "one_device"]), rng.choice(["float32", "fp32"]))
+        keys = [first, (first[0], second[1]), (second[0], first[1]), second]
         results = synthetic_results(rng, {key: scale * speed for key, speed
                                           in zip(keys, speeds, strict=True)},
                                     spread=2 * noise)
+        # the first values' result first (it defines them), the others in a fresh order:
+        # results are read by their options, not by their place in run_grid's order
+        results = [results[0], *rng.sample(results[1:], len(results) - 1)]
         cases.append(report_case(rng, results, "a fresh benchmark",
                                  # k = 4, 3, 6: every divisor, not powers of 2 nor k <= 4
                                  want_k={0: 4, 1: 3, 2: 6}.get(number),
