@@ -3,6 +3,8 @@ back (``course_utils.grading.code_watch``, applied to every registered check).""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 import course_utils.grading.checks.worker_passes as worker_passes
@@ -66,6 +68,21 @@ def test_every_registered_check_is_watched():
         assert framework.compare.__module__ == "course_utils.grading.framework"
     finally:
         registry._CHECKS.pop("check_watched_example", None)
+
+
+def test_a_threshold_replaced_and_put_back_before_the_end_is_named():
+    """nb32-0A1: a patch that undoes itself before the check ends (a judge switched off, then
+    put back by the first call) left nothing to compare; every binding the learner's code
+    replaces in a course module while the check runs is noted as it happens."""
+    code = compile("import course_utils.grading.checks.worker_passes as judge\n"
+                   "kept = judge.SAME_ORDER\n"
+                   "judge.SAME_ORDER = 0\n"
+                   "judge.SAME_ORDER = kept\n", "<cell>", "exec")
+    with pytest.raises(AssertionError, match="replaced the course's own course_utils.grading."
+                                             "checks.worker_passes.SAME_ORDER"):
+        with course_code_kept("some_exercise"):
+            exec(code, {})
+    assert type(worker_passes) is types.ModuleType  # its class given back
 
 
 def test_a_threshold_raised_is_put_back():

@@ -272,15 +272,39 @@ def _frames_through_inspect(x):
     return _walk_up(stack[0].frame)
 
 
+def _frames_through_logging(x):
+    import logging
+
+    return _walk_up(getattr(logging, "current" + "frame")())
+
+
+def _frames_through_tf_inspect(x):
+    import importlib
+
+    tf_inspect = importlib.import_module("tensorflow.python.util.tf_" + "inspect")
+    return _walk_up(getattr(tf_inspect, "current" + "frame")())
+
+
+def _frames_by_code_named_as_a_library(x):
+    import logging
+
+    cell = {}
+    exec(compile("import sys\ndef grab():\n    return getattr(sys, '_get' + 'frame')(1)\n",
+                 logging.__file__, "exec"), cell)  # claims to be logging's own code
+    return _walk_up(cell["grab"]())
+
+
 @pytest.mark.parametrize("peek", [_frames_by_built_names, _frames_through_a_traceback,
-                                  _frames_from_a_thread, _frames_through_inspect])
+                                  _frames_from_a_thread, _frames_through_inspect,
+                                  _frames_through_logging, _frames_through_tf_inspect,
+                                  _frames_by_code_named_as_a_library])
 def test_reading_the_checks_frames_at_run_time_fails_however_it_is_named(peek):
     """Python's audit events (``sys._getframe``, ``sys._current_frames``, ``tb_frame``), raised
     from the learner's code or through ``inspect``, are named (``frame_reach``)."""
     with pytest.raises(AssertionError, match=r"case 1: your code read the interpreter's "
                                              r"frames while the check ran \((sys\._getframe|"
-                                             r"sys\._current_frames|tb_frame) \(test_grading_"
-                                             r"framework\.py, line \d+\)"):
+                                             r"sys\._current_frames|tb_frame) \((test_grading_"
+                                             r"framework|__init__|tf_inspect)\.py, line \d+\)"):
         run_check("square", peek, _square_cases())
 
 

@@ -43,6 +43,9 @@ _VALUES = (int, float, complex, str, bytes, bool, type(None))
 MEMBERS = "(its members)"  # the part that holds the names a class of the course defines
 
 
+_GONE = object()  # a binding deleted
+
+
 def _function_parts(fn: types.FunctionType) -> tuple[Any, ...]:
     return fn.__code__, fn.__defaults__, fn.__kwdefaults__
 
@@ -114,11 +117,15 @@ def course_code_kept(check: str) -> Iterator[None]:
     snapshot, put_back, same = _snapshot, _put_back, _same  # bound now: the block may rebind
     kept = snapshot()
     modules = {module_name: sys.modules[module_name] for module_name, _, _ in kept}
+    written: list[str] = []  # names the learner's code bound in a course module, even undone
+    watched = _watch_writes(modules, kept, written)
     finished = False
     try:
         yield
         finished = True
     finally:
+        for module in watched:
+            object.__setattr__(module, "__class__", types.ModuleType)
         now = snapshot()
         changed = sorted(key for key, value in kept.items()
                          if key not in now or not same(now[key], value))
@@ -131,6 +138,8 @@ def course_code_kept(check: str) -> Iterator[None]:
         for name, module in late:
             if _replaced_in(name, module):
                 _forget(name, module)
+        late_changed += [name for name in dict.fromkeys(written)
+                         if not any(f"{m}.{n}" == name for m, n, _ in changed)]
         if changed or late_changed:
             put_back(changed, kept, modules)
             rebound = {(m, n) for m, n, p in changed if p == ""}
@@ -230,6 +239,35 @@ def _foreign(value: Any, module: types.ModuleType) -> bool:
             judged = _FROM_SOURCE[id(code)] = (code, keys is None or _code_key(code) in keys)
         return not judged[1]
     return getattr(value, "__module__", None) != module.__name__
+
+
+def _watch_writes(modules: dict[str, Any], kept: dict[tuple[str, str, str], Any],
+                  written: list[str]) -> list[Any]:
+    """Give each plain course module a class that notes every binding of the snapshot that
+    the learner's code replaces or deletes while the block runs, even one put back before the
+    end (``L.THRESHOLD = 0``, then the old value); names added are not changes, and writes
+    through the module's ``__dict__`` are not seen. The modules watched."""
+    from course_utils.grading.frame_reach import learners_file
+
+    def note(module: Any, name: str, value: Any) -> None:
+        key = (module.__name__, name, "")
+        if (key in kept and learners_file(sys._getframe(2).f_code.co_filename)
+                and (value is _GONE or not _same(value, kept[key]))):
+            written.append(f"{module.__name__}.{name}")
+
+    class Watched(types.ModuleType):
+        def __setattr__(self, name: str, value: Any) -> None:
+            note(self, name, value)
+            super().__setattr__(name, value)
+
+        def __delattr__(self, name: str) -> None:
+            note(self, name, _GONE)
+            super().__delattr__(name)
+
+    watched = [module for module in modules.values() if type(module) is types.ModuleType]
+    for module in watched:
+        module.__class__ = Watched
+    return watched
 
 
 def _forget(name: str, module: Any) -> None:

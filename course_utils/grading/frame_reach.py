@@ -17,8 +17,11 @@ frames for their own reasons and are not the learner's code.
 A signal handler is handed the frame the signal interrupted, with no audit event, and so is a
 profile or trace function set before the check: :func:`learners_hooks` names those of the
 learner's code (checked before and after each case). ``bdb`` and ``pdb`` are looked through
-like ``inspect`` (a ``breakpoint()`` in an answer counts). Not seen: a signal handler the
-answer installs, triggers and takes out within one call; memory read through ``ctypes``.
+like ``inspect`` (a ``breakpoint()`` in an answer counts), and so is ``logging.currentframe``
+(not ``logging``'s own calls of it), and TensorFlow's ``tf_inspect``; code ``compile``d under
+a library's file name is the learner's (its code is not compiled from that file). Not seen: a
+signal handler the answer installs, triggers and takes out within one call; another library's
+function that hands its caller a frame; memory read through ``ctypes``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import bdb
 import contextlib
 import inspect
+import logging
 import pdb
 import signal
 import sys
@@ -34,11 +38,13 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["learners_hooks", "watching"]
+__all__ = ["learners_file", "learners_hooks", "watching"]
 
 _EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile"})
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 _WALKERS = frozenset({inspect.__file__, traceback.__file__, bdb.__file__, pdb.__file__})
+_HANDS_FRAMES = frozenset({logging.currentframe.__code__})  # returns its caller's frame
+_TF_INSPECT = str(Path("tensorflow", "python", "util", "tf_inspect.py"))  # inspect's wrapper
 _PACKAGE = str(Path(__file__).resolve().parent.parent)
 _PREFIXES = tuple({str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
                                                      sys.base_exec_prefix)}
@@ -53,6 +59,25 @@ def _learners(filename: str) -> bool:
                 or filename.startswith("<frozen"))
 
 
+def _learners_frame(frame: object) -> bool:
+    """Whether ``frame`` runs the learner's code: by its file, and where it claims a library's
+    or the course's file, by its code, which must be compiled from that file's source (code
+    ``compile``d under a library's file name is the learner's)."""
+    code = frame.f_code  # type: ignore[attr-defined]
+    if _learners(code.co_filename):
+        return True
+    from course_utils.grading.code_watch import _code_key, _source_codes
+
+    keys = _source_codes(code.co_filename)
+    return keys is not None and _code_key(code) not in keys
+
+
+def learners_file(filename: str) -> bool:
+    """Whether code from ``filename`` is the learner's: not Python's, an installed package's
+    or the course's (the repository's tests count as the learner's)."""
+    return _learners(filename)
+
+
 def _hook(event: str, args: tuple) -> None:
     if not _active:
         return
@@ -64,9 +89,12 @@ def _hook(event: str, args: tuple) -> None:
     _inside.busy = True
     try:
         frame = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename in _WALKERS:
+        if frame.f_code in _HANDS_FRAMES:  # logging.currentframe(): its caller's
+            frame = frame.f_back
+        while frame is not None and (frame.f_code.co_filename in _WALKERS
+                                     or frame.f_code.co_filename.endswith(_TF_INSPECT)):
             frame = frame.f_back  # inspect.stack(), traceback.walk_stack(): their caller
-        if frame is not None and _learners(frame.f_code.co_filename):
+        if frame is not None and _learners_frame(frame):
             what = args[1] if event == "object.__getattr__" else event
             where = f"{Path(frame.f_code.co_filename).name}, line {frame.f_lineno}"
             for record in _active:
