@@ -87,7 +87,8 @@ def _train_step(loss_fn, reduce_op=SUM, how="global"):
     return distributed_train_step
 
 
-def diagnose_loop(strategy, make_train_step, build_model, features, labels, global_batch_size):
+def diagnose_loop(strategy, make_train_step, build_model, features, labels, global_batch_size,
+                  projection_only=False):
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     replicas = strategy.num_replicas_in_sync
 
@@ -129,9 +130,12 @@ def diagnose_loop(strategy, make_train_step, build_model, features, labels, glob
         return "global_batch_size passed positionally"
     if not close(loss, 1):
         return "loss reported with ReduceOp.MEAN"
-    short = replicas + 1
+    # replicas + 1 as the hint says; the projection-only answer takes 2 replicas - 1 (the same
+    # at the notebook's 2 replicas), which leaves no replica empty at the tests' 4 either
+    short = 2 * replicas - 1 if projection_only else replicas + 1
     applied, true_gradients, _ = measure(short)  # a Keras loss object can project to ~1
-    if equal(applied, true_gradients):
+    if (close(factor(applied, true_gradients), 1) if projection_only
+            else equal(applied, true_gradients)):
         return "right"
     if equal(applied, true_gradients, short / global_batch_size):
         return "constant global_batch_size on a short batch"
@@ -560,6 +564,43 @@ def test_a_diagnosis_that_always_says_right_is_told_to_run_the_loop():
 def test_a_diagnosis_that_never_tries_a_short_batch_fails():
     with pytest.raises(AssertionError, match="on a short batch'|on an uneven split'"):
         checks.check_diagnose_loop(full_batch_only)
+
+
+def right_by_the_projection_alone(strategy, make_train_step, build_model, features, labels,
+                                  global_batch_size):
+    """A fresh read's answer (nb32-02, 4 of 4 on the former data): the reference, but "right"
+    named by the short batch's update projecting to 1, not by comparing weight for weight
+    (its short batch split unevenly, no replica empty)."""
+    return diagnose_loop(strategy, make_train_step, build_model, features, labels,
+                         global_batch_size, projection_only=True)
+
+
+def test_right_named_by_the_projection_alone_is_refused():
+    """Every case's data make a Keras loss object's short-batch update project to exactly 1
+    (loops.projecting_data): the projection alone calls it right."""
+    with pytest.raises(AssertionError, match="this loop is 'Keras loss object on an uneven "
+                                             "split', not 'right'"):
+        checks.check_diagnose_loop(right_by_the_projection_alone)
+
+
+def test_the_keras_loss_objects_update_projects_to_one_on_the_checks_data():
+    """loops.projecting_data: the per-example gradients are orthogonal, of one norm."""
+    import random
+
+    from course_utils.grading.checks.loops import projecting_data
+
+    x, y, build_model = projecting_data(random.Random(5), classes=3)
+    model = build_model()
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    gradients = []
+    for i in range(3):  # a short batch of 3 on 2 replicas: 2 and 1
+        with tf.GradientTape() as tape:
+            loss = per_example(y[i:i + 1], model(x[i:i + 1]))[0]
+        gradients.append(tape.gradient(loss, model.trainable_variables)[0].numpy())
+    true = sum(gradients) / 3
+    keras_update = (gradients[0] + gradients[1]) / 4 + gradients[2] / 2
+    assert abs(np.vdot(keras_update, true) / np.vdot(true, true) - 1) < 1e-5
+    assert not np.allclose(keras_update, true, rtol=1e-3, atol=1e-5)
 
 
 def one_short_step_by_the_reported_loss(strategy, make_train_step, build_model, features,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.grading.checks import clipped_step, sharding
-from course_utils.grading.checks.loops import DIAGNOSES, LoopBox
+from course_utils.grading.checks.loops import DIAGNOSES, LoopBox, projecting_data
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.replicas import (
     mirrored_strategy,
@@ -234,19 +234,14 @@ def _diagnosis_cases(strategy: Any, box: LoopBox, kinds: tuple[str, ...],
                      rng: Any) -> list[Case]:
     """One case per loop of ``box``: every kind of ``kinds`` once and
     ``EXTRA_SHORT_BATCH_LOOPS`` more, each with fresh data, and its verify."""
-    from course_utils.data import teacher_classification
-    from course_utils.models import mlp
-
     replicas = strategy.num_replicas_in_sync
     cases = []
     short_kinds = tuple(kind for kind in kinds if kind in SHORT_BATCH_DIAGNOSES)
     for _ in range(len(kinds) + EXTRA_SHORT_BATCH_LOOPS):
-        num_features, classes = rng.randint(4, 8), rng.randint(2, 4)
-        x, y = teacher_classification(64, num_features, classes, seed=rng.randint(0, 999))
+        classes = rng.randint(2, 4)  # data on which a Keras loss object projects to 1
+        x, y, build_model = projecting_data(rng, classes)
+        num_features = x.shape[1]
         global_batch = rng.choice([4, 8]) * replicas
-
-        def build_model(num_features: int = num_features, classes: int = classes) -> Any:
-            return mlp(num_features, classes, hidden_units=(8,), name="check_diagnose")
 
         steps_run: list[int] = []  # the steps the answer ran: a diagnosis runs the loop
         number, loop = box.loop(global_batch, kinds, extra_from=short_kinds,
@@ -286,10 +281,13 @@ def check_diagnose_loop(fn: Any) -> bool:
     each a real loop, on fresh data, and ``EXTRA_SHORT_BATCH_LOOPS`` more whose mistakes only a
     short batch shows.
 
-    Still passes, with as much work as the reference, on most draws: telling "right" from the
-    Keras loss object on the short batch by the update's projection on the one-device gradient
-    alone (15 of 15 checks in a fresh read; 300 draws at 2 replicas: within 1e-3 of 1 once,
-    so refused about 0.6 checks in 100). The reported loss alone passed 15 of 15, and one short
+    Refused since: telling "right" from the Keras loss object on the short batch by the
+    update's projection on the one-device gradient alone (15 of 15 and 4 of 4 in fresh reads,
+    on teacher data the projection came within 1e-3 of 1 once in 300 draws): every case's data
+    (loops.projecting_data) make that update project to exactly 1 on a short batch of
+    distinct examples that leaves no replica empty (replicas + 1 at 2 replicas; at more,
+    replicas + 1 leaves one empty and the projection, non-empty replicas / replicas, then names
+    it rightly). The reported loss alone passed 15 of 15, and one short
     step read by it 6 of 6: now some loop whose update is wrong reports the true mean loss,
     computed apart from its gradient (loops.py), so only the update names it. Still passes,
     by reading
@@ -358,8 +356,8 @@ def check_diagnose_loop(fn: Any) -> bool:
                  "reported loss by the true mean loss: lesson 02, section 5's table says which "
                  "factor means what. On the short batch compare weight for weight, "
                  "np.allclose(applied, true, rtol=1e-3, atol=1e-5) (float32 weights: the "
-                 "defaults are finer than old - new resolves): examples weighted unequally can "
-                 "project to about 1 by chance.")
+                 "defaults are finer than old - new resolves): on the check's data a Keras "
+                 "loss object's update projects to exactly 1.")
     finally:
         box.close()
 
