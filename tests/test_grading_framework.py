@@ -294,17 +294,29 @@ def _frames_by_code_named_as_a_library(x):
     return _walk_up(cell["grab"]())
 
 
+def _frames_by_code_named_as_a_made_up_library_file(x):
+    import os
+    import sys
+
+    cell = {}
+    exec(compile("import sys\ndef grab():\n    return getattr(sys, '_get' + 'frame')(1)\n",
+                 os.path.join(sys.prefix, "lib", "made_up.py"), "exec"), cell)
+    return _walk_up(cell["grab"]())
+
+
 @pytest.mark.parametrize("peek", [_frames_by_built_names, _frames_through_a_traceback,
                                   _frames_from_a_thread, _frames_through_inspect,
                                   _frames_through_logging, _frames_through_tf_inspect,
-                                  _frames_by_code_named_as_a_library])
+                                  _frames_by_code_named_as_a_library,
+                                  _frames_by_code_named_as_a_made_up_library_file])
 def test_reading_the_checks_frames_at_run_time_fails_however_it_is_named(peek):
     """Python's audit events (``sys._getframe``, ``sys._current_frames``, ``tb_frame``), raised
     from the learner's code or through ``inspect``, are named (``frame_reach``)."""
     with pytest.raises(AssertionError, match=r"case 1: your code read the interpreter's "
                                              r"frames while the check ran \((sys\._getframe|"
                                              r"sys\._current_frames|tb_frame) \((test_grading_"
-                                             r"framework|__init__|tf_inspect)\.py, line \d+\)"):
+                                             r"framework|__init__|tf_inspect|made_up)\.py, "
+                                             r"line \d+\)"):
         run_check("square", peek, _square_cases())
 
 

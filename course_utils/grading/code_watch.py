@@ -35,6 +35,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from course_utils.grading.frame_reach import code_key as _code_key
+from course_utils.grading.frame_reach import learners_file
+from course_utils.grading.frame_reach import source_codes as _source_codes
+
 __all__ = ["course_code_kept", "replaced_before"]
 
 _KINDS = (types.FunctionType, type, types.ModuleType)
@@ -198,27 +202,6 @@ def _in_tests(file: str) -> bool:
 _FROM_SOURCE: dict[int, tuple[types.CodeType, bool]] = {}
 
 
-def _code_key(code: types.CodeType) -> tuple:
-    return code.co_qualname, code.co_firstlineno, code.co_code, code.co_names
-
-
-@functools.lru_cache(maxsize=512)
-def _source_codes(file: str) -> frozenset | None:
-    """The keys of every code object compiled afresh from ``file`` (cached per process): a
-    function compiled elsewhere under this file's name (``exec(compile(..., file))``) has
-    other code, or another first line, than any of them. None where the source cannot be
-    read (an install without it): the file name alone then decides."""
-    try:
-        found, stack = set(), [compile(Path(file).read_text(), file, "exec")]
-    except (OSError, SyntaxError, ValueError):
-        return None
-    while stack:
-        code = stack.pop()
-        found.add(_code_key(code))
-        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-    return frozenset(found)
-
-
 def _foreign(value: Any, module: types.ModuleType) -> bool:
     """Whether ``value``, bound where ``module``'s source defines it, is another object than
     the module's own: code from elsewhere (a notebook cell, another module's function)."""
@@ -247,8 +230,6 @@ def _watch_writes(modules: dict[str, Any], kept: dict[tuple[str, str, str], Any]
     the learner's code replaces or deletes while the block runs, even one put back before the
     end (``L.THRESHOLD = 0``, then the old value); names added are not changes, and writes
     through the module's ``__dict__`` are not seen. The modules watched."""
-    from course_utils.grading.frame_reach import learners_file
-
     def note(module: Any, name: str, value: Any) -> None:
         key = (module.__name__, name, "")
         if (key in kept and learners_file(sys._getframe(2).f_code.co_filename)
