@@ -66,8 +66,7 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["capped_slots", "check_one_f_one_b_orders", "check_shard_dense_rows",
-           "check_split_gradients"]
+__all__ = ["check_one_f_one_b_orders", "check_shard_dense_rows", "check_split_gradients"]
 
 
 def _devices() -> list[str]:
