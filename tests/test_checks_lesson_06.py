@@ -896,6 +896,14 @@ def _kernel_to_the_host(route):  # nb29-06 L5: the kernel gathered by a route of
         elif route == "call_with_layout":
             whole = dtensor.call_with_layout(tf.function(lambda k: tf.reshape(k, [-1])),
                                              dtensor.Layout.replicated(mesh, 1), kernel).numpy()
+        elif route in ("np.asarray", "memoryview"):  # nb32-06 F5: the buffer, read in C
+            d_in, free = kernel_shape[0], dtensor.UNSHARDED
+            eye = dtensor.call_with_layout(
+                tf.function(lambda: tf.one_hot(tf.range(d_in), d_in)),
+                dtensor.Layout([free, mesh.dim_names[0]], mesh))
+            gathered = tf.matmul(eye, kernel)  # whole on every device, made by an op
+            whole = (np.asarray(gathered) if route == "np.asarray"
+                     else np.array(memoryview(gathered)))
         else:  # DTensor gathers it inside the reshape; .numpy() brings it to the host
             t = tf.reshape(tf.transpose(kernel), [-1])
             whole = tf.transpose(tf.reshape(t, kernel_shape[::-1])).numpy()
@@ -1031,6 +1039,8 @@ def test_shard_dense_rows_reference_passes():
     (_kernel_to_the_host("relayout"), "relayout to a replicated layout"),
     (_kernel_to_the_host("call_with_layout"), "call_with_layout gathering a sharded value"),
     (_kernel_to_the_host("inside a reshape"), r"\.numpy\(\) of a DTensor"),
+    (_kernel_to_the_host("np.asarray"), "neither its piece of x nor the bias"),
+    (_kernel_to_the_host("memoryview"), "neither its piece of x nor the bias"),
     (x_sent_whole_by_relayout_like, "relayout_like of a whole host value"),
     (gathered_whole_by_relayout_like, "relayout_like to a replicated layout"),
 ])

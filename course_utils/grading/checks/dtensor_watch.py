@@ -42,9 +42,11 @@ def whole_copy_watch(whole: list[str],
     ``whole`` True where every device gets all of it (``copy_to_mesh``, ``relayout`` and
     ``relayout_like`` of a host value, a replicated ``pack``, the data a ``call_with_layout``
     function holds or is given, DTensors laid out whole on every device among it), False for
-    one device's component of a sharded ``pack`` (what that device holds). The check
-    compares the sums with what the task lets a device hold (the bias whole, its own piece of
-    ``x``).
+    one device's component of a sharded ``pack`` (what that device holds), one entry each with
+    its content. The check compares the sums with what the task lets a device hold (the bias
+    whole, its own piece of ``x``) and each sharded piece's content with those: a whole
+    DTensor read on the host through the buffer protocol (``np.asarray``, ``memoryview``: C,
+    no Python call to watch) can only come back to the mesh by one of these copies.
     """
     from tensorflow.dtensor.python import api
 
@@ -146,9 +148,11 @@ def whole_copy_watch(whole: list[str],
         if code is api.pack.__code__:
             spread = layout is not None and layout.is_fully_replicated()
             pieces = list(local.get("tensors") or ())
-            if pieces:
+            if pieces and spread:
                 biggest = max(pieces, key=numbers)
                 copied.append(("dtensor.pack", numbers(biggest), spread, key(biggest)))
+            for piece in pieces if not spread else ():  # each, its content compared
+                copied.append(("dtensor.pack", numbers(piece), spread, key(piece)))
         elif code is api.call_with_layout.__code__:
             held = holds_data(local.get("fn"), local.get("args", ()), local.get("kwargs", {}))
             if held:

@@ -35,8 +35,8 @@
   what it adds); and patching this module in the learner's kernel forges a local pass (the
   grader imports the checks again before each check cell). Called eagerly, each returned
   gradient must be on its part's device too (an eager branch cannot be the colleague's code),
-  and TensorFlow's ``tf.gradients`` (which in TensorFlow 2 always colocates each gradient with
-  its op, placing a graph's gradients in one line) and ``tf.compat.v1.gradients`` are refused
+  and ``tf.gradients`` (in TensorFlow 2 it colocates each gradient with its op: one call
+  puts each part's backward on its device) and ``tf.compat.v1.gradients`` are refused
   by code identity: the exercise asks for a tape per part. ``cu.parallel.split_step`` and the
   lesson's pipeline (``run_pipeline``, ``run_gpipe``: each stage's backward and gradient sum
   on its device) are refused by code identity and content (``refusals``).
@@ -46,10 +46,11 @@
   features in the mesh's device order, no matrix whole on every device or gathered to the
   host on the way (``dtensor.pack``, ``call_with_layout``, ``copy_to_mesh``, ``relayout``,
   ``relayout_like``, ``unpack`` and ``.numpy()`` watched by code identity, see
-  ``dtensor_watch``), the layouts, the gathered values and ``y`` against the unsharded layer;
-  the course's sharding helpers refused. Known limit: DTensor may relayout inside an op (a
-  reshape across the sharded axis gathers the kernel onto every device); no Python call
-  shows that, so it passes.
+  ``dtensor_watch``; a sharded ``pack`` piece neither of ``x`` nor the bias: ``np.asarray``
+  reads in C, its result comes back so), the layouts, the gathered values and ``y`` against
+  the unsharded layer; the course's sharding helpers refused. Known limit: DTensor may
+  relayout inside an op (a reshape across the sharded axis, or ``eye @ kernel`` with ``eye``
+  sharded, gathers the kernel onto every device); no Python call shows it, so it passes.
 """
 
 from __future__ import annotations
@@ -379,6 +380,19 @@ def check_shard_dense_rows(fn: Any) -> bool:
                 if not spread and n > piece:
                     return (f"{what} gave one device {n} numbers, more than its piece of x "
                             f"({x.size // count}): each device holds only its own")
+            allowed = [*np.split(x, count, axis=1), bias, *np.split(bias, count)]
+
+            def known(content: Any) -> bool:
+                try:
+                    got = np.frombuffer(content[2], dtype=content[0]).reshape(content[1])
+                    return any(got.shape == a.shape and np.allclose(got, a) for a in allowed)
+                except (TypeError, ValueError):  # strings, objects: not x's numbers
+                    return False
+
+            for what, _, spread, content in copied:
+                if not spread and content is not None and not known(content):
+                    return (f"{what} gave a device numbers that are neither its piece of x "
+                            "nor the bias (computed on the host?): only x and bias come")
             return None
 
         def check(got: Any) -> str | None:
