@@ -1308,3 +1308,50 @@ def test_a_jit_compiled_step_fails_with_a_hint():
                                              ".*jit_compile=True fails under this "):
         cu.grading.check_train_steps(compiled)
 
+
+
+def test_settings_found_when_the_check_reads_them_fail():
+    # nb32-0508 L05 ex2 later: objects whose __index__, run by the check after the answer
+    # returned (nothing refused then), drove the check's own rules as a search, passed
+    class Later:
+        def __init__(self, args, which, pair):
+            self.args, self.which, self.pair = args, which, pair
+
+        def __index__(self):
+            a, rules = self.args, settings_rules
+            if self.which == 0:
+                return next(b for b in range(1, a[1] + 1)
+                            if rules._batch_problem(a[0], a[1], b) is None)
+            b = self.pair[0].__index__()
+            return next(s for s in range(1, 10**7)
+                        if rules._steps_problem(a, b, s) is None)
+
+    def tpu_settings(*args):
+        if args[1] < args[0]:
+            raise ValueError("not one example a replica")
+        pair = []
+        pair += [Later(args, 0, pair), Later(args, 1, pair)]
+        return tuple(pair)
+
+    with pytest.raises(AssertionError, match=r"per_replica_batch \(result\[0\]\) should be "
+                       "an int, got Later"):
+        cu.grading.check_tpu_settings(tpu_settings)
+
+
+def test_a_get_weights_set_on_the_model_fails():
+    # nb32-0508 L05 ex3 lazy_weights: the colleague's unfixed step, and a get_weights set on
+    # the model that handed the check its own one-device weights (read from verify's frame:
+    # the frame watch refuses that now; here it hands back the model's own), passed
+
+    def lazy_weights(strategy, model, optimizer, global_batch_size):
+        real = model.get_weights
+
+        def get_weights():
+            return real()
+
+        object.__setattr__(model, "get_weights", get_weights)
+        return make_train_steps(strategy, model, optimizer, global_batch_size,
+                                penalty="whole on every replica", mean=True)
+
+    with pytest.raises(AssertionError, match="set get_weights on the model itself"):
+        cu.grading.check_train_steps(lazy_weights)

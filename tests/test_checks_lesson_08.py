@@ -68,6 +68,15 @@ def trainer_with(keras, *, policy_applied=True, restore_policy=True, set_start=T
     return train_with_policy
 
 
+class Seconds(float):
+    """nb32-0508 L08 ex1: a float found when the check reads it. The reader's read the check's
+    bounds from its frames (the frame watch refuses that now); converted by the check after
+    the bounds existed, its ``__float__`` ran the learner's code there: refused by type."""
+
+    def __float__(self):
+        return 0.0
+
+
 def reachable(*roots):
     """Every object a learner reaches from ``roots`` through closures, defaults, bound methods
     and class or instance attributes (``inspect.getclosurevars`` and more)."""
@@ -143,8 +152,11 @@ def test_a_closure_walk_is_refused_before_the_runs(keras):
     # nb25-08 L1: typed-in, decreasing losses (equal for both runs, so their final losses
     # "agreed") passed; they are now compared with a reference run's history
     ({"losses": [1.0, 0.9, 0.8]}, r"case 1 .*'losses' are \[1.0, 0.9, 0.8\], but a run"),
+    # nb32-0508: converted by the check once its bounds existed, its __float__ read them
+    ({"seconds": Seconds(0.0)}, "should be numbers: .*not a subclass of them"),
 ], ids=["policy ignored", "a typed policy restored, not the one found", "start ignored",
-        "first epoch timed", "constant time", "constant accuracy", "typed-in losses"])
+        "first epoch timed", "constant time", "constant accuracy", "typed-in losses",
+        "a float subclass read by the check"])
 # The exercise's colleagues_train_with_policy makes three of these mistakes at once (policy left
 # set, start ignored, first epoch timed) and shuffles: each is a case here, so the colleague's
 # function itself is not run again (a train_with_policy check costs 25-60 s under load).
@@ -946,3 +958,43 @@ def test_a_float64_recomputation_read_against_float16s_range_fails(keras, tf, li
         # them, or first on another case of the shuffled order, which also can differ)
         with pytest.raises(AssertionError, match=r"first_overflowing_layer: case \d+ "):
             cu.grading.check_first_overflowing_layer(first_overflowing_layer)
+
+
+def test_a_step_returning_floats_found_when_read_fails(tf):
+    # nb32-0508 L08 ex2 lazy_step: no clipping, no norm; float subclasses whose __float__ read
+    # the check's expected loss and norm (from its frames), and a get_weights set on the
+    # model that handed the check its reference's weights, passed
+    class Later(float):  # the reader's __float__ read the check's frames: refused by type
+        def __float__(self):
+            return float.__float__(self)
+
+    def loss_scaled_train_step(model, optimizer, loss_fn, x, y, clip_norm):
+        if "get_weights" not in vars(model):
+            object.__setattr__(model, "get_weights", model.get_weights)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+            scaled = optimizer.scale_loss(loss)
+        optimizer.apply(tape.gradient(scaled, model.trainable_variables),
+                        model.trainable_variables)
+        return Later(float(loss)), Later(0.0)
+
+    with pytest.raises(AssertionError, match=r"step 1: return \(loss, norm\), two scalars "
+                       r".*not a subclass of them\), got tuple\['Later', 'Later'\]"):
+        cu.grading.check_loss_scaled_train_step(loss_scaled_train_step)
+
+
+def test_a_get_weights_set_on_the_model_hides_zeroed_weights_and_fails(keras, tf):
+    # nb32-0508 L08 ex3 zero_weights: the weights zeroed (nothing overflows), a get_weights
+    # set on the model returning the saved ones: the check's digest read that and passed 32
+    def first_overflowing_layer(model, x):
+        if "get_weights" not in vars(model):
+            original = model.get_weights()
+            object.__setattr__(model, "get_weights", lambda: [w.copy() for w in original])
+            for variable in model.weights:
+                variable.assign(np.zeros(variable.shape, variable.dtype))
+        if not np.all(np.isfinite(np.asarray(x, np.float16))):  # the input itself overflows
+            return next(layer for layer in model.layers if layer.weights).name
+        return None
+
+    with pytest.raises(AssertionError, match="set get_weights on the model itself"):
+        cu.grading.check_first_overflowing_layer(first_overflowing_layer)

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.equality import largest_difference
-from course_utils.grading.checks import settings_rules, static_batches
+from course_utils.grading.checks import answer_reach, settings_rules, static_batches
 from course_utils.grading.checks.batch_shapes import py_function_tokens
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
@@ -376,7 +376,7 @@ def _train_cases(rng: Any, kerass: list[str]) -> list[Case]:
     def case(strategy: Any, name: str) -> Case:
         seen: list[tuple[str, int]] = []
         model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
-        initial, settings = model.get_weights(), optimizer.get_config()
+        initial, settings = answer_reach.weights_of(model), optimizer.get_config()
         replicas = strategy.num_replicas_in_sync
         count = f"{replicas} replica{'s' * (replicas != 1)}"
 
@@ -403,7 +403,7 @@ def _train_cases(rng: Any, kerass: list[str]) -> list[Case]:
             if optimizer.get_config() != settings:
                 return ("the optimizer's settings (its learning rate) changed: leave the "
                         "optimizer as given and fix each replica's loss (section 9)")
-            if largest_difference(model.get_weights(), initial) < 1e-6:
+            if largest_difference(answer_reach.weights_of(model), initial) < 1e-6:
                 return "the weights did not change: were any gradients applied?"
             if not seen:
                 return ("the model never ran while train_steps was traced: does your step "
@@ -414,7 +414,7 @@ def _train_cases(rng: Any, kerass: list[str]) -> list[Case]:
                 return (f"the model ran in {context} context on batches of {rows} examples "
                         f"(of a global {global_batch}), not in each replica on its own "
                         f"{global_batch // replicas} through strategy.run (section 9)")
-            difference = largest_difference(model.get_weights(), expected_weights())
+            difference = largest_difference(answer_reach.weights_of(model), expected_weights())
             if difference > 1e-5:
                 return (f"after {sum(calls)} steps on {count} the weights differ from one "
                         f"device's by {difference:.2e} (more than 1e-05) on the same global "

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from course_utils.equality import largest_difference
-from course_utils.grading.checks.answer_reach import peeks_refused
+from course_utils.grading.checks.answer_reach import peeks_refused, plain_number, weights_of
 from course_utils.grading.checks.loss_scaling import (  # noqa: F401
     GROWTH_STEPS,
     LOSS_WEIGHT,
@@ -172,11 +172,9 @@ def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
         return (f"the global policy was left at {name!r}, not as your function found it "
                 f"({found!r}: the check sets another one, drawn afresh, before each call), "
                 "even where building fails: what did it hold when your function began?")
-    keys = {"model", "losses", "accuracy", "seconds_per_step"}
-    if not isinstance(result, dict) or set(result) != keys:
-        return (f"expected a dict with the keys {sorted(keys)}, got {type(result).__name__} "
-                f"{sorted(result) if isinstance(result, dict) else ''}")
-    losses = [float(v) for v in result["losses"]]
+    if isinstance(result, str):  # what _plain_result found wrong
+        return result
+    losses = result["losses"]
     if len(losses) != EPOCHS:
         return f"expected one loss per epoch ({EPOCHS}), got {len(losses)}"
     if not all(math.isfinite(v) for v in losses) or not losses[-1] < losses[0]:
@@ -186,7 +184,7 @@ def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
     problem = _policy_problem(result["model"], policy, x)
     if problem:
         return problem
-    error = largest_difference(result["model"].get_weights(), reference_model.get_weights())
+    error = largest_difference(weights_of(result["model"]), reference_model.get_weights())
     if not error < tolerance:
         return (f"after training, the weights differ from a run that starts from "
                 f"initial_weights by up to {error:.3g} ({EPOCHS} epochs of batches of "
@@ -198,11 +196,28 @@ def _run_problem(result: Any, policy: str, x: np.ndarray, y: np.ndarray,
                 f"initial_weights gives {[round(v, 4) for v in reference_losses]} per epoch: "
                 "report the losses your own fit returned (its history), one per epoch")
     accuracy = _accuracy(result["model"], x, y)
-    if not isinstance(result["accuracy"], (int, float, np.floating)) or not math.isclose(
-            float(result["accuracy"]), accuracy, abs_tol=1.5 / len(x)):
+    if not math.isclose(result["accuracy"], accuracy, abs_tol=1.5 / len(x)):
         return (f"'accuracy' is {result['accuracy']!r}, but the trained model classifies "
                 f"{accuracy:.1%} of x correctly: measure it after training")
     return None
+
+
+def _plain_result(result: Any) -> dict[str, Any] | str:
+    """The run's result, its numbers read at once as Python's own (``plain_number``: exact
+    types, so that no code of the learner's runs once the check's reference and bounds exist:
+    a float subclass's ``__float__`` passed before); a message when it is not that."""
+    keys = {"model", "losses", "accuracy", "seconds_per_step"}
+    if type(result) is not dict or not all(type(key) is str for key in result) or set(
+            result) != keys:
+        return (f"expected a dict with the keys {sorted(keys)}, got {type(result).__name__} "
+                f"{sorted(map(str, result)) if type(result) is dict else ''}")
+    found = result["losses"]
+    losses = [plain_number(v) for v in found] if type(found) in (list, tuple, np.ndarray) else []
+    numbers = {key: plain_number(result[key]) for key in ("accuracy", "seconds_per_step")}
+    if not losses or any(type(v) not in (int, float) for v in [*losses, *numbers.values()]):
+        return ("'losses' (a list), 'accuracy' and 'seconds_per_step' should be numbers: "
+                "Python's or NumPy's, or scalar tensors, not a subclass of them")
+    return {"model": result["model"], "losses": [float(v) for v in losses], **numbers}
 
 
 def _timing_bounds(log: dict[str, list[Any]] | str, steps_per_epoch: int,
@@ -231,10 +246,10 @@ def _timing_problem(step: Any, bounds: tuple[float, float] | str) -> str | None:
     """Whether the learner's seconds per step is a timing of this run's steady steps."""
     if isinstance(bounds, str):
         return bounds
-    if isinstance(step, bool) or not isinstance(step, (int, float, np.floating)):
-        return f"seconds_per_step should be a number of seconds, got {step!r}"
+    if type(step) not in (int, float):  # exact, read at once by _plain_result
+        return f"seconds_per_step should be a number of seconds, got {type(step).__name__}"
     lower, upper = bounds
-    if not 0.98 * lower <= float(step) <= 1.02 * upper + 0.001:
+    if not 0.98 * lower <= step <= 1.02 * upper + 0.001:
         return (f"seconds_per_step is {float(step) * 1e3:.1f} ms, but this run's epochs after "
                 f"the first took between {lower * 1e3:.1f} and {upper * 1e3:.1f} ms per step "
                 "(the check's model logs when its steps ran; it waits a different, unknown "
@@ -265,6 +280,7 @@ def check_train_with_policy(fn: Any) -> bool:
 
     def verifier(policy: str) -> Callable[[Any], str | None]:
         def verify(result: Any) -> str | None:
+            result = _plain_result(result)  # before the reference run and the bounds exist
             reference = _reference_run(_model_builder(num_features, num_classes, units), policy,
                                        initial_weights, x, y)
             problem = _run_problem(result, policy, x, y, reference, found[policy])

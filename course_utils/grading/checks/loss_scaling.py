@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from course_utils.equality import largest_difference
-from course_utils.grading.checks.answer_reach import guarded
+from course_utils.grading.checks.answer_reach import guarded, plain_number, weights_of
 from course_utils.grading.checks.overflow import _inputs as _task
 from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
@@ -137,18 +137,19 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
     backward_skips: list[int] = []
 
     def compare_step(i: int, returned: Any, applied: bool) -> str | None:
+        where = f"step {i + 1}{' (the planted overflow)' if i == planted else ''}"
+        # read at once, exact types only: a float subclass's __float__ ran later, by the check
+        pair = [plain_number(v) for v in returned] if type(returned) in (tuple, list) else []
+        if len(pair) != 2 or None in pair:
+            return (f"{where}: return (loss, norm), two scalars (Python's or NumPy's numbers, "
+                    f"or scalar tensors, not a subclass of them), got {type(returned).__name__}"
+                    f"{[type(v).__name__ for v in returned] if pair else ''}")
+        got, got_norm = (float(v) for v in pair)
         scale_before = float(reference_opt.dynamic_scale)
         updates_before = int(reference_opt.iterations)
         expected_loss, expected_norm = (float(v) for v in _reference_step(
             reference, reference_opt, loss_fn, *batches[i], clip_norm))
         expected_applied = int(reference_opt.iterations) > updates_before
-        where = f"step {i + 1}{' (the planted overflow)' if i == planted else ''}"
-        try:
-            loss, norm = returned
-            got, got_norm = float(loss), float(norm)
-        except (TypeError, ValueError):
-            return (f"{where}: return (loss, norm), two scalars, got "
-                    f"{type(returned).__name__}")
         if i != planted and not math.isclose(got, expected_loss, rel_tol=1e-3,
                                           abs_tol=1e-5 * LOSS_WEIGHT):
             ratio = f" ({got / expected_loss:.3g}× the expected)" if expected_loss else ""
@@ -171,7 +172,7 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
             backward_skips.append(i)
         if expected_applied and expected_norm > clip_norm:
             clipped_steps.append(i)
-        error = largest_difference(model.get_weights(), reference.get_weights())
+        error = largest_difference(weights_of(model), reference.get_weights())
         if not error < 1e-4:
             return (f"{where}: the weights differ from the reference step's by up to {error:.3g} "
                     f"(unscaled gradient norm {expected_norm:.4g}, clip_norm {clip_norm:g}): "
@@ -187,10 +188,10 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
         for i in range(1, len(batches)):
             if problem:
                 return problem
-            before, scale_before = model.get_weights(), float(opt.dynamic_scale)
+            before, scale_before = weights_of(model), float(opt.dynamic_scale)
             updates_before = int(opt.iterations)
             returned = fn(model, opt, loss_fn, *batches[i], clip_norm)
-            if i == planted and largest_difference(before, model.get_weights()) != 0:
+            if i == planted and largest_difference(before, weights_of(model)) != 0:
                 return (f"step {i + 1}, the planted overflow, changed the weights: a step with "
                         "non-finite gradients is skipped (section 5)")
             if i == planted and float(opt.dynamic_scale) != scale_before / 2:

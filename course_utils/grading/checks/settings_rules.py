@@ -20,8 +20,11 @@ rules are the exercise's own words.
 
 from __future__ import annotations
 
-import operator
 from typing import Any
+
+import numpy as np
+
+from course_utils.grading.checks.answer_reach import plain_number
 
 __all__ = ["on_a_boundary", "settings_problem"]
 
@@ -30,16 +33,13 @@ TILES = (128, 8)
 
 
 def _whole(value: Any, name: str) -> tuple[int | None, str | None]:
-    """``value`` as an int (NumPy's included, a bool not), or the sentence that says why not."""
-    if hasattr(value, "numpy") and callable(value.numpy):
-        value = value.numpy()
-    try:
-        if isinstance(value, bool) or type(value).__name__ == "bool_":
-            raise TypeError
-        number = operator.index(value)
-    except TypeError:
-        if isinstance(value, float) and value.is_integer():
-            return None, f"{name} should be an int, got the float {value!r} (use // or int())"
+    """``value`` as an int (NumPy's and a scalar tensor's included, a bool not), or the
+    sentence that says why not. Exact types (``plain_number``): an object's ``__index__`` run
+    here, after the answer returned, could drive the rules below as a search, and did."""
+    number = plain_number(value)
+    if type(number) is not int:
+        if type(number) is float and number.is_integer():
+            return None, f"{name} should be an int, got the float {number!r} (use // or int())"
         return None, f"{name} should be an int, got {type(value).__name__}"
     if number < 1:
         return None, f"{name} is {number}: it is never fewer than 1"
@@ -92,7 +92,8 @@ def settings_problem(args: tuple[Any, ...], got: Any) -> str | None:
     """The first rule of exercise 2 that ``got`` breaks for the TPU described by ``args``
     (``replicas, max_global_batch, host_overhead_ms, step_ms, max_overhead_fraction,
     num_examples``), as a sentence naming it; None when it keeps them all."""
-    if isinstance(got, (str, bytes)) or not hasattr(got, "__len__") or len(got) != 2:
+    if type(got) not in (tuple, list, np.ndarray) or getattr(got, "ndim", 1) != 1 or len(
+            got) != 2:  # exact types: no code of the learner's runs here
         return (f"expected a pair (per_replica_batch, steps_per_execution), got "
                 f"{type(got).__name__}")
     batch, problem = _whole(got[0], "per_replica_batch (result[0])")
