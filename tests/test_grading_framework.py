@@ -361,6 +361,23 @@ def test_a_profile_function_of_the_learners_fails_the_check():
         threading.setprofile(None)
 
 
+def test_randomness_replaced_before_a_check_fails_it(monkeypatch):
+    """nb33-0304: os.urandom replaced by a constant made every check's cases predictable."""
+    import os
+    import random
+
+    from course_utils.grading.framework import fresh_rng
+
+    assert fresh_rng().random() != fresh_rng().random()
+    monkeypatch.setattr(os, "urandom", lambda n: bytes(n))
+    with pytest.raises(AssertionError, match="os.urandom or random.Random was replaced"):
+        fresh_rng()
+    monkeypatch.undo()
+    monkeypatch.setattr(random.Random, "randint", lambda self, a, b: a)
+    with pytest.raises(AssertionError, match="os.urandom or random.Random was replaced"):
+        fresh_rng()
+
+
 def test_libraries_that_read_frames_for_themselves_do_not_fail_an_answer():
     """``logging`` and ``collections.namedtuple`` read their callers' frames, TensorFlow's
     tracing too: not the learner's code."""

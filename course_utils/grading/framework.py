@@ -92,8 +92,19 @@ def stderr_to_stdout() -> Iterator[None]:
 
 
 def fresh_rng() -> random.Random:
-    """A random generator seeded from the operating system, untouched by the notebook's seeds."""
-    return random.Random(int.from_bytes(os.urandom(8), "little"))
+    """A random generator seeded from the operating system, untouched by the notebook's seeds.
+
+    An earlier cell that replaced ``os.urandom`` or a method of ``random.Random`` (to make the
+    cases predictable, fresh read nb33-0304) fails the check instead."""
+    urandom, generator = os.urandom, random.Random
+    methods = [v for v in vars(generator).values() if isinstance(v, types.FunctionType)]
+    if (getattr(urandom, "__self__", None) is not sys.modules.get(os.name)
+            or getattr(urandom, "__name__", "") != "urandom"
+            or any(m.__code__.co_filename != random.__file__ for m in methods)):
+        raise AssertionError(
+            "os.urandom or random.Random was replaced: the check draws its cases from them. "
+            "Restart the kernel and run the notebook without that change.")
+    return generator(int.from_bytes(urandom(8), "little"))
 
 
 @dataclass
