@@ -361,6 +361,34 @@ def test_a_profile_function_of_the_learners_fails_the_check():
         threading.setprofile(None)
 
 
+def test_a_library_function_replaced_fails_the_check(monkeypatch):
+    """nb32-09, nb33-02: builtins.max, numpy.isclose or tf.clip_by_global_norm rebound (while
+    the answer runs, or by an earlier cell to the learner's code) rigged the check's own
+    computation; each is named."""
+    import builtins
+
+    import numpy as np
+
+    real_max = builtins.max
+
+    def rigs_max(x):
+        builtins.max = lambda *args, **kwargs: [x * x]
+        return [x * x]
+
+    try:
+        with pytest.raises(AssertionError, match="builtins.max is not the library's own"):
+            run_check("square", rigs_max, _square_cases())
+    finally:
+        builtins.max = real_max
+    cell = {}
+    exec(compile("def isclose(*args, **kwargs):\n    return True\n", "<cell>", "exec"), cell)
+    monkeypatch.setattr(np, "isclose", cell["isclose"])  # as an earlier cell would
+    with pytest.raises(AssertionError, match="numpy.isclose is not the library's own"):
+        run_check("square", lambda x: [x * x], _square_cases())
+    monkeypatch.undo()
+    assert run_check("square", lambda x: [x * x], _square_cases())
+
+
 def test_randomness_replaced_before_a_check_fails_it(monkeypatch):
     """nb33-0304: os.urandom replaced by a constant made every check's cases predictable."""
     import os

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from course_utils.grading.frame_reach import learners_hooks, watching
+from course_utils.grading.frame_reach import watching
+from course_utils.grading.library_watch import bindings, refuse_reached
 from course_utils.quiet import native_stderr_silenced
 
 __all__ = ["PASS_MARK", "STRICT_ENV", "TODO_MARK", "Case", "NotAttemptedError", "compare",
@@ -389,9 +390,10 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
     plan = tuple((case, case.verify, case.expected, case.raises, _digest(case.expected))
                  for case in cases)
     hint_text = f"\nHint: {hint}" if hint else ""
+    libraries = bindings()  # Python's, NumPy's, TensorFlow's functions now
     with watching() as reached:  # frames the answer reads, however it names them
         for number, (case, verify, expected, raises, digest) in enumerate(plan, start=1):
-            _refuse_reached(name, number, reached)  # a signal handler installed earlier
+            refuse_reached(name, number, reached, libraries)  # what an earlier cell set
             try:
                 got = fn(*case.args, **case.kwargs)
             except NotImplementedError as error:
@@ -407,7 +409,7 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
                         f"{name}: case {number} {case.describe()} raised "
                         f"{type(error).__name__}: {error}{hint_text}") from error
                 got = error  # the exception the case asks for: its verify judges it
-            _refuse_reached(name, number, reached)
+            refuse_reached(name, number, reached, libraries)
             if (case.verify is not verify or case.expected is not expected
                     or case.raises is not raises or _digest(expected) != digest):
                 raise AssertionError(
@@ -419,7 +421,7 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
                 if reason:
                     raise AssertionError(f"{name}: case {number} {case.describe()}: {reason}"
                                          f"{hint_text}")
-                _refuse_reached(name, number, reached)  # learner code its verify ran
+                refuse_reached(name, number, reached, libraries)  # learner code verify ran
                 continue
             reason = compare(expected, got, rtol=rtol, atol=atol)
             if reason:
@@ -428,19 +430,6 @@ def run_check(name: str, fn: Any, cases: Iterable[Case], *, hint: str = "",
                     f"  expected: {_short(expected)}\n  got:      {_short(got)}{hint_text}")
     print(f"{PASS_MARK} {name}: {len(plan)} case{'s' if len(plan) != 1 else ''} passed")
     return True
-
-
-def _refuse_reached(name: str, number: int, reached: list[str]) -> None:
-    """An ``AssertionError`` naming how the learner's code reached the interpreter's frames
-    while the check ran (``frame_reach``), if it did, or could: a hook of theirs."""
-    hooks = learners_hooks()
-    if reached or hooks:
-        how = ", ".join(dict.fromkeys(reached)) if reached else (
-            f"{', '.join(hooks)} of yours is set: it is handed the interrupted frames")
-        raise AssertionError(
-            f"{name}: case {number}: your code read the interpreter's frames while the check "
-            f"ran ({how}): the check's frames hold what it compares with. Compute the answer "
-            "from the arguments.")
 
 
 def _digest(value: Any) -> bytes:
