@@ -1393,6 +1393,42 @@ def test_layers_run_again_beside_a_plain_tape_are_caught():
         cu.grading.check_segment_gradients(fake)
 
 
+def _identity_recomputes_and_a_rerun_after_the_loss(layers, x, size):
+    """nb32-07's answer (ex5 L5): a plain tape keeps every activation; identity functions in
+    tf.recompute_grad (one more than the segments, for the op count) and each segment run
+    again from its kept input, last first, into the loss times 0 (on the data path)."""
+    tf = _tf()
+    variables = [v for layer in layers for v in layer.trainable_variables]
+    with tf.GradientTape() as tape:
+        h, inputs = tf.recompute_grad(lambda t: tf.identity(t))(x), []
+        for start in range(0, len(layers), size):
+            inputs.append(h)
+            h = tf.recompute_grad(lambda t: tf.identity(t))(h)
+            for layer in layers[start:start + size]:
+                h = layer(h)
+        loss, extra = tf.reduce_mean(tf.square(h)), 0.0
+        for i in reversed(range(len(inputs))):
+            t = inputs[i]
+            for layer in layers[i * size:(i + 1) * size]:
+                t = layer(t)
+            extra += tf.reduce_sum(t)
+        loss = loss + 0.0 * extra
+    return tape.gradient(loss, variables)
+
+
+def test_identity_recomputes_and_a_rerun_after_the_loss_are_caught():
+    with pytest.raises(AssertionError, match=r"case 1 .*layer call\(s\) ran outside the "
+                                             r"functions given to tf.recompute_grad"):
+        cu.grading.check_segment_gradients(_identity_recomputes_and_a_rerun_after_the_loss)
+
+
+def test_tf_recompute_grad_is_put_back_after_the_check():
+    tf = _tf()
+    before = tf.recompute_grad
+    cu.grading.check_segment_gradients(segment_gradients)
+    assert tf.recompute_grad is before
+
+
 def test_a_class_in_the_answer_is_no_plan_reading_but_a_class_that_reads_module_is():
     """A class body stores its own __module__ (the compiler writes it): an honest answer
     with a class inside is not refused for it; a class body that reads one is."""
