@@ -880,6 +880,67 @@ def test_a_group_forward_written_by_hand_from_the_variables_is_caught():
         cu.grading.check_train_with_accumulation(hand_forward)
 
 
+def test_a_group_forward_by_hand_with_a_weight_listed_twice_is_caught():
+    # nb32-07's answer (ex1 L2): the hand forward above, one weight listed a second time with a
+    # zero gradient, so that the pairs' count no longer matched and the comparison was skipped
+    tf = _tf()
+
+    def listed_twice(model, optimizer, loss_fn, features, labels, micro, steps):
+        inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
+        dense = [layer for layer in inner.layers if hasattr(layer, "units")]
+        variables = model.trainable_variables
+        for start in range(0, len(labels), micro * steps):
+            x, y = features[start:start + micro * steps], labels[start:start + micro * steps]
+            for i in range(0, len(y), micro):  # counted and freed, its gradients thrown away
+                with tf.GradientTape() as throw_away:
+                    out = model(x[i:i + micro], training=True)
+                throw_away.gradient(out, variables)
+            with tf.GradientTape() as tape:  # the whole group's activations at once
+                h = tf.constant(x)
+                for n, layer in enumerate(dense):
+                    h = layer.activation(tf.matmul(h, variables[2 * n]) + variables[2 * n + 1])
+                loss = loss_fn(y, h)
+            grads = tape.gradient(loss, variables)
+            optimizer.apply_gradients(zip(grads + [tf.zeros_like(variables[0])],
+                                          variables + [variables[0]], strict=True))
+
+    with pytest.raises(AssertionError, match=r"case 1 .*weights are right, but the gradients "
+                                             r"applied .* not those that flowed back"):
+        cu.grading.check_train_with_accumulation(listed_twice)
+
+
+def test_weights_trained_elsewhere_written_in_inside_apply_are_caught():
+    # nb32-07's answer (ex1 L6): the undivided sums applied, while the optimizer instance's
+    # _backend_update_step (which apply calls) writes in a plain copy's weights instead
+    import keras
+
+    def inside_apply(model, optimizer, loss_fn, features, labels, micro, steps):
+        inner = next(layer for layer in model.layers if isinstance(layer, keras.Model))
+        copy = keras.Sequential([keras.Input((features.shape[1],))] + [
+            keras.layers.Dense(layer.units, activation=layer.activation)
+            for layer in inner.layers if hasattr(layer, "units")])
+        copy.set_weights(model.get_weights())
+        targets = []
+        other = keras.optimizers.SGD(float(optimizer.learning_rate))
+        for start in range(0, len(labels), micro * steps):
+            right_loop(copy, other, loss_fn, features[start:start + micro * steps],
+                       labels[start:start + micro * steps], micro * steps, 1)
+            targets.append(copy.get_weights())
+        queue = iter(targets)
+
+        def written_in(grads, variables, learning_rate):
+            for v, w in zip(variables, next(queue), strict=True):
+                v.assign(w)
+
+        optimizer._backend_update_step = written_in
+        right_loop(model, optimizer, loss_fn, features, labels, micro, steps,
+                   short_group="not divided")
+
+    with pytest.raises(AssertionError, match=r"case 1 .*weights are right, but an update "
+                                             r"moved them by other than the learning rate"):
+        cu.grading.check_train_with_accumulation(inside_apply)
+
+
 def _trained_elsewhere(model, optimizer, loss_fn, features, labels, micro, steps, *, when,
                        decoy):
     """nb31-07's answers (1f, 1h): a plain copy of the model, with no memory limit, trained on
