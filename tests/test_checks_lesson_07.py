@@ -880,6 +880,67 @@ def test_a_group_forward_written_by_hand_from_the_variables_is_caught():
         cu.grading.check_train_with_accumulation(hand_forward)
 
 
+def test_a_group_forward_by_hand_with_a_weight_listed_twice_is_caught():
+    # nb32-07's answer (ex1 L2): the hand forward above, one weight listed a second time with a
+    # zero gradient, so that the pairs' count no longer matched and the comparison was skipped
+    tf = _tf()
+
+    def listed_twice(model, optimizer, loss_fn, features, labels, micro, steps):
+        inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
+        dense = [layer for layer in inner.layers if hasattr(layer, "units")]
+        variables = model.trainable_variables
+        for start in range(0, len(labels), micro * steps):
+            x, y = features[start:start + micro * steps], labels[start:start + micro * steps]
+            for i in range(0, len(y), micro):  # counted and freed, its gradients thrown away
+                with tf.GradientTape() as throw_away:
+                    out = model(x[i:i + micro], training=True)
+                throw_away.gradient(out, variables)
+            with tf.GradientTape() as tape:  # the whole group's activations at once
+                h = tf.constant(x)
+                for n, layer in enumerate(dense):
+                    h = layer.activation(tf.matmul(h, variables[2 * n]) + variables[2 * n + 1])
+                loss = loss_fn(y, h)
+            grads = tape.gradient(loss, variables)
+            optimizer.apply_gradients(zip(grads + [tf.zeros_like(variables[0])],
+                                          variables + [variables[0]], strict=True))
+
+    with pytest.raises(AssertionError, match=r"case 1 .*weights are right, but the gradients "
+                                             r"applied .* not those that flowed back"):
+        cu.grading.check_train_with_accumulation(listed_twice)
+
+
+def test_weights_trained_elsewhere_written_in_inside_apply_are_caught():
+    # nb32-07's answer (ex1 L6): the undivided sums applied, while the optimizer instance's
+    # _backend_update_step (which apply calls) writes in a plain copy's weights instead
+    import keras
+
+    def inside_apply(model, optimizer, loss_fn, features, labels, micro, steps):
+        inner = next(layer for layer in model.layers if isinstance(layer, keras.Model))
+        copy = keras.Sequential([keras.Input((features.shape[1],))] + [
+            keras.layers.Dense(layer.units, activation=layer.activation)
+            for layer in inner.layers if hasattr(layer, "units")])
+        copy.set_weights(model.get_weights())
+        targets = []
+        other = keras.optimizers.SGD(float(optimizer.learning_rate))
+        for start in range(0, len(labels), micro * steps):
+            right_loop(copy, other, loss_fn, features[start:start + micro * steps],
+                       labels[start:start + micro * steps], micro * steps, 1)
+            targets.append(copy.get_weights())
+        queue = iter(targets)
+
+        def written_in(grads, variables, learning_rate):
+            for v, w in zip(variables, next(queue), strict=True):
+                v.assign(w)
+
+        optimizer._backend_update_step = written_in
+        right_loop(model, optimizer, loss_fn, features, labels, micro, steps,
+                   short_group="not divided")
+
+    with pytest.raises(AssertionError, match=r"case 1 .*weights are right, but an update "
+                                             r"moved them by other than the learning rate"):
+        cu.grading.check_train_with_accumulation(inside_apply)
+
+
 def _trained_elsewhere(model, optimizer, loss_fn, features, labels, micro, steps, *, when,
                        decoy):
     """nb31-07's answers (1f, 1h): a plain copy of the model, with no memory limit, trained on
@@ -1391,6 +1452,42 @@ def test_layers_run_again_beside_a_plain_tape_are_caught():
 
     with pytest.raises(AssertionError, match="feed the gradients"):
         cu.grading.check_segment_gradients(fake)
+
+
+def _identity_recomputes_and_a_rerun_after_the_loss(layers, x, size):
+    """nb32-07's answer (ex5 L5): a plain tape keeps every activation; identity functions in
+    tf.recompute_grad (one more than the segments, for the op count) and each segment run
+    again from its kept input, last first, into the loss times 0 (on the data path)."""
+    tf = _tf()
+    variables = [v for layer in layers for v in layer.trainable_variables]
+    with tf.GradientTape() as tape:
+        h, inputs = tf.recompute_grad(lambda t: tf.identity(t))(x), []
+        for start in range(0, len(layers), size):
+            inputs.append(h)
+            h = tf.recompute_grad(lambda t: tf.identity(t))(h)
+            for layer in layers[start:start + size]:
+                h = layer(h)
+        loss, extra = tf.reduce_mean(tf.square(h)), 0.0
+        for i in reversed(range(len(inputs))):
+            t = inputs[i]
+            for layer in layers[i * size:(i + 1) * size]:
+                t = layer(t)
+            extra += tf.reduce_sum(t)
+        loss = loss + 0.0 * extra
+    return tape.gradient(loss, variables)
+
+
+def test_identity_recomputes_and_a_rerun_after_the_loss_are_caught():
+    with pytest.raises(AssertionError, match=r"case 1 .*layer call\(s\) ran outside the "
+                                             r"functions given to tf.recompute_grad"):
+        cu.grading.check_segment_gradients(_identity_recomputes_and_a_rerun_after_the_loss)
+
+
+def test_tf_recompute_grad_is_put_back_after_the_check():
+    tf = _tf()
+    before = tf.recompute_grad
+    cu.grading.check_segment_gradients(segment_gradients)
+    assert tf.recompute_grad is before
 
 
 def test_a_class_in_the_answer_is_no_plan_reading_but_a_class_that_reads_module_is():

@@ -17,8 +17,9 @@
   a forward by hand is named), at the learning rate given (``rate_moves``); ``optimizer.apply``
   runs once per group (its calls counted: ``iterations`` counts k applies as one under Keras's
   option) and no weight changes outside it (``UpdatesWatched``, also in exercise 4: weights
-  trained elsewhere and written in). Unseen: a hand forward applied after counted calls made
-  the same gradients; any in exercise 4.
+  trained elsewhere and written in), nor inside it (``sgd_steps_off``: plain SGD's step, a
+  weight listed twice refused by ``applied_from_calls``). Unseen: a hand forward applied after
+  counted calls made the same gradients; any in exercise 4.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes; counted by the
@@ -64,6 +65,7 @@ from course_utils.grading.checks.reach_around import (
     counted_dense,
     rate_moves,
     reached_around,
+    sgd_steps_off,
 )
 from course_utils.grading.checks.recompute import check_segment_gradients
 from course_utils.grading.checks.registry import register
@@ -212,6 +214,7 @@ def check_train_with_accumulation(fn: Any) -> bool:
         limited = limit_batch_size(model, problem["micro"])  # shares model's weights
         optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
         worst, moved = applied_from_calls(optimizer, model), rate_moves(optimizer)
+        off = sgd_steps_off(optimizer)  # an update replaced inside apply
         watch = UpdatesWatched(optimizer, model)  # its calls; weights written outside it
         references: dict[str, list[np.ndarray]] = {}  # built on first use: a stub costs nothing
         extra = problem.get("extra", 0)
@@ -254,6 +257,11 @@ def check_train_with_accumulation(fn: Any) -> bool:
                             f"{watch.calls} times for {updates} groups: one apply_gradients "
                             "per group, of the running sum you keep (section 2; Keras's "
                             "gradient_accumulation_steps, section 4, is not the answer)")
+                if float(off.numpy()) > 1e-3:
+                    return (f"the weights are right, but an update moved them by other than "
+                            f"the learning rate times the gradients applied (off by "
+                            f"{float(off.numpy()):.2g} of a step): leave the optimizer's "
+                            "update as it is (weights trained elsewhere, written in?)")
                 return None
             if extra:
                 full = len(problem["labels"]) - extra * problem["micro"]

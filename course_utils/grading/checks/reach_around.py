@@ -34,7 +34,7 @@ from typing import Any
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["UpdatesWatched", "WRITTEN_OUTSIDE", "applied_from_calls", "counted_dense",
-           "reached_around"]
+           "reached_around", "sgd_steps_off"]
 
 _COUNTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _AROUND: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # layer: how
@@ -162,8 +162,12 @@ def applied_from_calls(optimizer: Any, model: Any) -> Any:
         flowed = {id(w): total for layer in layers for w, total in _FLOWS[layer]}
         pairs = [(tf.reshape(tf.convert_to_tensor(g), [-1]), tf.reshape(flowed[id(v)], [-1]))
                  for g, v in zip(grads, variables, strict=True) if id(v) in flowed]
-        if len(pairs) != sum(len(_FLOWS[layer]) for layer in layers) or not pairs:
+        if not pairs:
             return apply(grads, trainable_variables)  # not the model's weights: unchecked
+        named = [id(v) for v in variables if id(v) in flowed]
+        if len(named) != len(set(named)) or set(named) != set(flowed):
+            with tf.control_dependencies([worst.assign(1.0)]):  # a weight twice, or left out
+                return apply(grads, trainable_variables)
         a, f = (tf.concat(list(side), 0) for side in zip(*pairs, strict=True))
         scale = tf.math.divide_no_nan(tf.reduce_sum(a * f), tf.reduce_sum(f * f))
         left = tf.math.divide_no_nan(tf.norm(a - scale * f), tf.norm(a))
@@ -174,6 +178,34 @@ def applied_from_calls(optimizer: Any, model: Any) -> Any:
 
     optimizer.apply = compared
     return worst
+
+
+def sgd_steps_off(optimizer: Any) -> Any:
+    """``off``, a variable: how far, at any update, a weight moved from ``before - rate ·
+    gradient`` (plain SGD, the checks' optimizer; relative to the step, float32 rounding
+    allowed), ``optimizer.apply`` wrapped in place: an update replaced inside ``apply`` (the
+    instance's ``_backend_update_step``, say) that writes weights trained elsewhere."""
+    tf = _tf()
+    off = tf.Variable(0.0, trainable=False)
+    apply = optimizer.apply
+
+    def checked(grads: Any, trainable_variables: Any = None) -> Any:
+        grads = list(grads)
+        variables = list(trainable_variables if trainable_variables is not None else
+                         optimizer._trainable_variables)
+        pairs = [(tf.convert_to_tensor(g), v) for g, v in zip(grads, variables, strict=True)
+                 if g is not None]
+        before = [tf.identity(tf.convert_to_tensor(v)) for _, v in pairs]
+        result = apply(grads, trainable_variables)
+        rate = tf.cast(optimizer.learning_rate, tf.float32)
+        for (g, v), b in zip(pairs, before, strict=True):
+            left = tf.reduce_max(tf.abs(tf.convert_to_tensor(v) - (b - rate * g)))
+            left -= 1e-6 * tf.reduce_max(tf.abs(b))  # float32 rounding of the weight
+            off.assign(tf.maximum(off, left / (rate * tf.reduce_max(tf.abs(g)) + 1e-12)))
+        return result
+
+    optimizer.apply = checked
+    return off
 
 
 def rate_moves(optimizer: Any) -> Any:

@@ -10,7 +10,12 @@ shorter. The recomputed matrix products are counted on the gradients' data path 
 run again beside a plain tape and tied on by control dependencies feed nothing. A second,
 plain path computed from the weights beside the recomputed one (every activation kept on the
 tape, whatever ops it uses) reads the weights more often on the gradients' data path than
-``READS_PER_WEIGHT`` each, and fails. Still unseen: memory itself (no peak is measured), and
+``READS_PER_WEIGHT`` each, and fails. While the check runs, ``tf.recompute_grad`` marks the
+layers its functions run (public name only, no TensorFlow internals): every layer call must be
+inside one, and as many calls of them must run layers as the segments' forward and
+recomputation (a layer run again after the loss beside a plain tape, or an identity wrapped
+for the count, is named; an answer holding ``tf.recompute_grad`` from before the check is
+refused). Still unseen: memory itself (no peak is measured), and
 a second path built from read values smuggled out of the recomputed function.
 """
 
@@ -44,17 +49,50 @@ def _keras() -> Any:
 # --- Exercise 5 · recompute in segments of a flat stack of layers ---------------------------
 
 
+class _Calls(list):
+    """The layers' positions in the order they ran; ``outside``: calls made outside every
+    function given to ``tf.recompute_grad``; ``runs``: calls of such functions, outermost,
+    that ran at least one layer (each segment's forward and its recomputation)."""
+
+    outside = runs = 0
+
+
+_INSIDE: list[Any] = [0, None, 0]  # depth in the functions given; last stack; layer calls
+
+
+def _watched_recompute(original: Any) -> Any:
+    """``tf.recompute_grad`` (public) whose functions mark the layers they run as inside: a
+    layer run again outside them is no recomputation, and a function that runs no layer is
+    no segment. An answer must call ``tf.recompute_grad`` by that name while it runs."""
+    def recompute_grad(f: Any) -> Any:
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            _INSIDE[0] += 1
+            before = _INSIDE[2]
+            try:
+                return f(*args, **kwargs)
+            finally:
+                _INSIDE[0] -= 1
+                if not _INSIDE[0] and _INSIDE[2] > before:
+                    _INSIDE[1].runs += 1
+
+        return original(marked)
+
+    return recompute_grad
+
+
 def _segment_stack(rng: Any) -> tuple[list[Any], Any, list[int]]:
     """A fresh flat stack of Dense layers (random width and depth), a batch for it, and the
     order in which the layers' forward passes ran (each call appends the layer's position)."""
     keras, tf = _keras(), _tf()
     width, depth = rng.randint(6, 16), rng.randint(5, 8)
     seed = rng.randint(0, 2**31 - 1)
-    calls: list[int] = []
+    calls = _Calls()
 
     class Dense(keras.layers.Dense):
         def call(self, inputs: Any) -> Any:
             calls.append(self.position)
+            calls.outside += not _INSIDE[0]
+            _INSIDE[1], _INSIDE[2] = calls, _INSIDE[2] + 1
             return super().call(inputs)
 
     layers = [Dense(width, activation=rng.choice(["relu", "tanh"]),
@@ -133,6 +171,7 @@ def check_segment_gradients(fn: Any) -> bool:
                    segment_size: int = segment_size, segments: int = segments,
                    calls: list[int] = calls) -> str | None:
             ran = list(calls)  # the learner's call alone, before the check's own runs
+            outside, runs = calls.outside, calls.runs
             expected = _plain_segment_gradients(layers, x)
             if not isinstance(got, (list, tuple)) or len(got) != len(expected):
                 return (f"expected a list of {len(expected)} gradients (kernel and bias of "
@@ -196,11 +235,27 @@ def check_segment_gradients(fn: Any) -> bool:
                         "tf.recompute_grad reads them): a second path computed from the "
                         "weights beside the recomputed one keeps its activations on the tape, "
                         "and recomputing then saves nothing")
+            if outside or runs != 2 * segments:
+                return (f"{outside} layer call(s) ran outside the functions given to "
+                        f"tf.recompute_grad, and {runs} call(s) of those functions ran layers, "
+                        f"not {2 * segments} ({segments} segments, each run forward and "
+                        "recomputed in the backward pass): call every layer inside one, by "
+                        "tf.recompute_grad while your function runs (a layer run again "
+                        "beside it, or a function that runs no layer, recomputes nothing)")
             return None
 
         cases.append(Case(args=(layers, x, segment_size), verify=verify,
                           label=f"({len(layers)} Dense layers of {x.shape[1]}, x of shape "
                                 f"{tuple(x.shape)}, segment_size={segment_size})"))
+    tf = _tf()
+    original, tf.recompute_grad = tf.recompute_grad, _watched_recompute(tf.recompute_grad)
+    try:
+        return _run_segment_cases(fn, cases)
+    finally:
+        tf.recompute_grad = original
+
+
+def _run_segment_cases(fn: Any, cases: list[Case]) -> bool:
     return run_check(
         "segment_gradients", fn, cases,
         hint="lesson 07, section 8 (activation recomputation): which layers form each "
