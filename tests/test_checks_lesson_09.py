@@ -1194,3 +1194,64 @@ def test_remove_input_bottleneck_refuses_the_course_pipeline():
 
     with pytest.raises(AssertionError, match="make_pipeline"):
         cu.grading.check_remove_input_bottleneck(remove_input_bottleneck)
+
+
+class _Anything:
+    """Equal to whatever the check expects (a fresh reader's answer, finding 3d)."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+    def __float__(self):
+        return 0.0
+
+
+class _PretendError(dict):
+    """A dict to the report's check, a ValueError to ``isinstance`` (its ``__class__``)."""
+
+    __class__ = property(lambda self: ValueError)
+
+
+def _pretender(results, model, global_batch, replicas, budget_bytes):
+    every = _Anything()
+    return _PretendError(noise=every, strategy={"choice": every, "ratio": every},
+                         precision={"choice": every, "ratio": every},
+                         accumulation_steps={"choice": every, "step_bytes": every})
+
+
+def _always_equal(results, model, global_batch, replicas, budget_bytes):
+    every = _Anything()
+    return {"noise": 0.05 + 0 * float(every), "strategy": {"choice": every, "ratio": every},
+            "precision": {"choice": every, "ratio": every},
+            "accumulation_steps": {"choice": every, "step_bytes": every}}
+
+
+def _pretends_to_raise(results, model, global_batch, replicas, budget_bytes):
+    """Right where some k fits; where none does, the pretending dict returned, not raised."""
+    try:
+        return write_report(results, model, global_batch, replicas, budget_bytes)
+    except ValueError:
+        return _pretender(results, model, global_batch, replicas, budget_bytes)
+
+
+def _returns_the_error(results, model, global_batch, replicas, budget_bytes):
+    """Right where some k fits; where none does, a ValueError returned, never raised."""
+    try:
+        return write_report(results, model, global_batch, replicas, budget_bytes)
+    except ValueError as error:
+        return ValueError(str(error))
+
+
+def test_write_report_objects_of_the_answers_own_class_fail():
+    with pytest.raises(AssertionError, match=r"returned _PretendError; return a plain dict"):
+        cu.grading.check_write_report(_pretender)
+    with pytest.raises(AssertionError, match=r"noise: 0\.05, but this run's is"):
+        cu.grading.check_write_report(_always_equal)
+
+
+def test_write_report_value_error_returned_not_raised_fails():
+    for answer in (_pretends_to_raise, _returns_the_error):
+        with pytest.raises(AssertionError, match=r"but no k fits .*raise ValueError, as the"):
+            cu.grading.check_write_report(answer)
