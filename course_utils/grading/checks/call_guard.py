@@ -8,7 +8,8 @@ content (a function whose bytecode, names and constants equal a target's, docstr
 numbers aside: an ``exec``'d or pasted copy, locals renamed; see ``code_fingerprint``). Only
 exact copies match: a copy edited without changing what it computes (a ``+ 0``, two lines
 swapped, an ``ast``-edited copy) is other bytecode. Comprehensions and lambdas match by
-identity only. AutoGraph's converted copy (``tf.function``) is matched through its original.
+equality (``code.__eq__``: bytecode, names, constants, lines; not the file): a copy on the
+same lines matches. AutoGraph's converted copy (``tf.function``) is matched through its original.
 
 **Threads.** The profiler (``sys.setprofile``) watches the calling thread, every thread
 started through ``threading`` while it is active (``threading.setprofile``), and every thread
