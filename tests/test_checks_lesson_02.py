@@ -407,6 +407,32 @@ def test_no_frame_of_the_check_holds_a_state_while_the_answer_runs(shared_checkp
         checks.check_resume_latest(states_read_from_the_checks_frames)
 
 
+def highest_number_recorded_as_latest(directory, build_fresh):
+    """The highest number, then every folder of the temporary directory that holds the same
+    'checkpoint' record as the given one (the check's own copy) told it is the latest."""
+    import tempfile
+
+    model, optimizer, steps = highest_number(directory, build_fresh)
+    best = os.path.basename(max(glob.glob(os.path.join(directory, "ckpt-*.index")),
+                                key=lambda p: int(p[:-len(".index")].rsplit("-", 1)[-1])))
+    with open(os.path.join(directory, "checkpoint")) as handle:
+        mine = handle.read()
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), "*")):
+        record = os.path.join(folder, "checkpoint")
+        if folder != directory and os.path.isfile(record):
+            with open(record) as handle:
+                same = handle.read() == mine
+            if same:
+                with open(record, "w") as handle:
+                    handle.write(f'model_checkpoint_path: "{best[:-len(".index")]}"\n')
+    return model, optimizer, steps
+
+
+def test_rewriting_the_checks_copy_is_refused(shared_checkpointed_runs):
+    with pytest.raises(AssertionError, match="a checkpoint folder other than the one you"):
+        checks.check_resume_latest(highest_number_recorded_as_latest)
+
+
 # --- exercise 2: compute_loss (weighted) and distributed_train_step --------------------------
 
 
