@@ -540,6 +540,28 @@ def _every_replica_the_whole_batch(strategy, model, optimizer, batch, clip_norm)
     return strategy.reduce("MEAN", strategy.run(replica_step, args=batch), axis=None)
 
 
+def _every_replica_the_whole_batch_through_the_layers(strategy, model, optimizer, batch,
+                                                      clip_norm):
+    """As above, but the layers called one by one on the gathered batch, and one call of the
+    model on no example per replica (nb33-02's answer: a count at model.call passed it)."""
+    def replica_step(x, y, w):
+        context = tf.distribute.get_replica_context()
+        xs, ys, ws = (context.all_gather(t, axis=0) for t in (x, y, w))
+        with tf.GradientTape() as tape:
+            model(x[:0], training=True)
+            hidden = xs
+            for layer in model.layers[1:]:
+                hidden = layer(hidden)
+            loss = tf.reduce_sum(ws * _per_example(ys, hidden)) / tf.reduce_sum(ws)
+        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
+                                          clip_norm)
+        share = [g / context.num_replicas_in_sync for g in grads]
+        optimizer.apply_gradients(zip(share, model.trainable_variables, strict=True))
+        return loss
+
+    return strategy.reduce("MEAN", strategy.run(replica_step, args=batch), axis=None)
+
+
 STEP_CATALOGUE = {
     "a constant": (_constant_loss_step, "the model was called 0 times"),
     # the first answer of each rejection runs in make test (tests/tools/catalogue_routes.py)
@@ -568,6 +590,9 @@ STEP_CATALOGUE = {
     "compute_loss not written yet": (_train_step(stub), "write compute_loss first"),
     "every replica gathers and trains the whole global batch": (
         _every_replica_the_whole_batch, "the replicas together ran the model on \\d+ examples"),
+    "every replica runs the layers on the whole global batch": (
+        _every_replica_the_whole_batch_through_the_layers,
+        "the replicas together ran the model on \\d+ examples"),
 }
 
 
