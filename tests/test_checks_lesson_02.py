@@ -991,6 +991,18 @@ def global_seed_drawn_from_the_process(examples, context, per_replica):  # still
     return shard.shuffle(int(shard.cardinality())).batch(per_replica)
 
 
+@_distribute_with
+def pairs_shuffled(examples, context, per_replica):  # blocks of two neighbours (nb33-02)
+    shard = _shard(examples, context).batch(2)
+    return shard.shuffle(int(shard.cardinality())).unbatch().batch(per_replica)
+
+
+@_distribute_with
+def batches_shuffled_recut(examples, context, per_replica):  # whole batches, cut again
+    shard = _shard(examples, context).batch(per_replica)
+    return shard.shuffle(int(shard.cardinality())).unbatch().batch(per_replica)
+
+
 def auto_sharded(strategy, examples, global_batch_size):
     return strategy.experimental_distribute_dataset(
         examples.shuffle(1000).batch(global_batch_size))
@@ -1013,6 +1025,9 @@ def auto_sharded(strategy, examples, global_batch_size):
     (global_seed_sharded_first, "same order in a process seeded"),
     (no_global_seed_op_seed, "same order in a process seeded"),
     (global_seed_drawn_from_the_process, "changed TensorFlow's global seed"),
+    (pairs_shuffled, "followed by their neighbour in the shard"),
+    # refused by the count of whole batches where the short batch lands late (a draw)
+    (batches_shuffled_recut, "followed by their neighbour in the shard|runs of neighbouring"),
 ]))
 def test_distribute_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):
