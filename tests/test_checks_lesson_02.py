@@ -407,6 +407,32 @@ def test_no_frame_of_the_check_holds_a_state_while_the_answer_runs(shared_checkp
         checks.check_resume_latest(states_read_from_the_checks_frames)
 
 
+def highest_number_recorded_as_latest(directory, build_fresh):
+    """The highest number, then every folder of the temporary directory that holds the same
+    'checkpoint' record as the given one (the check's own copy) told it is the latest."""
+    import tempfile
+
+    model, optimizer, steps = highest_number(directory, build_fresh)
+    best = os.path.basename(max(glob.glob(os.path.join(directory, "ckpt-*.index")),
+                                key=lambda p: int(p[:-len(".index")].rsplit("-", 1)[-1])))
+    with open(os.path.join(directory, "checkpoint")) as handle:
+        mine = handle.read()
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), "*")):
+        record = os.path.join(folder, "checkpoint")
+        if folder != directory and os.path.isfile(record):
+            with open(record) as handle:
+                same = handle.read() == mine
+            if same:
+                with open(record, "w") as handle:
+                    handle.write(f'model_checkpoint_path: "{best[:-len(".index")]}"\n')
+    return model, optimizer, steps
+
+
+def test_rewriting_the_checks_copy_is_refused(shared_checkpointed_runs):
+    with pytest.raises(AssertionError, match="a checkpoint folder other than the one you"):
+        checks.check_resume_latest(highest_number_recorded_as_latest)
+
+
 # --- exercise 2: compute_loss (weighted) and distributed_train_step --------------------------
 
 
@@ -514,6 +540,28 @@ def _every_replica_the_whole_batch(strategy, model, optimizer, batch, clip_norm)
     return strategy.reduce("MEAN", strategy.run(replica_step, args=batch), axis=None)
 
 
+def _every_replica_the_whole_batch_through_the_layers(strategy, model, optimizer, batch,
+                                                      clip_norm):
+    """As above, but the layers called one by one on the gathered batch, and one call of the
+    model on no example per replica (nb33-02's answer: a count at model.call passed it)."""
+    def replica_step(x, y, w):
+        context = tf.distribute.get_replica_context()
+        xs, ys, ws = (context.all_gather(t, axis=0) for t in (x, y, w))
+        with tf.GradientTape() as tape:
+            model(x[:0], training=True)
+            hidden = xs
+            for layer in model.layers[1:]:
+                hidden = layer(hidden)
+            loss = tf.reduce_sum(ws * _per_example(ys, hidden)) / tf.reduce_sum(ws)
+        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
+                                          clip_norm)
+        share = [g / context.num_replicas_in_sync for g in grads]
+        optimizer.apply_gradients(zip(share, model.trainable_variables, strict=True))
+        return loss
+
+    return strategy.reduce("MEAN", strategy.run(replica_step, args=batch), axis=None)
+
+
 STEP_CATALOGUE = {
     "a constant": (_constant_loss_step, "the model was called 0 times"),
     # the first answer of each rejection runs in make test (tests/tools/catalogue_routes.py)
@@ -542,6 +590,9 @@ STEP_CATALOGUE = {
     "compute_loss not written yet": (_train_step(stub), "write compute_loss first"),
     "every replica gathers and trains the whole global batch": (
         _every_replica_the_whole_batch, "the replicas together ran the model on \\d+ examples"),
+    "every replica runs the layers on the whole global batch": (
+        _every_replica_the_whole_batch_through_the_layers,
+        "the replicas together ran the model on \\d+ examples"),
 }
 
 
@@ -940,6 +991,18 @@ def global_seed_drawn_from_the_process(examples, context, per_replica):  # still
     return shard.shuffle(int(shard.cardinality())).batch(per_replica)
 
 
+@_distribute_with
+def pairs_shuffled(examples, context, per_replica):  # blocks of two neighbours (nb33-02)
+    shard = _shard(examples, context).batch(2)
+    return shard.shuffle(int(shard.cardinality())).unbatch().batch(per_replica)
+
+
+@_distribute_with
+def batches_shuffled_recut(examples, context, per_replica):  # whole batches, cut again
+    shard = _shard(examples, context).batch(per_replica)
+    return shard.shuffle(int(shard.cardinality())).unbatch().batch(per_replica)
+
+
 def auto_sharded(strategy, examples, global_batch_size):
     return strategy.experimental_distribute_dataset(
         examples.shuffle(1000).batch(global_batch_size))
@@ -962,6 +1025,9 @@ def auto_sharded(strategy, examples, global_batch_size):
     (global_seed_sharded_first, "same order in a process seeded"),
     (no_global_seed_op_seed, "same order in a process seeded"),
     (global_seed_drawn_from_the_process, "changed TensorFlow's global seed"),
+    (pairs_shuffled, "followed by their neighbour in the shard"),
+    # refused by the count of whole batches where the short batch lands late (a draw)
+    (batches_shuffled_recut, "followed by their neighbour in the shard|runs of neighbouring"),
 ]))
 def test_distribute_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):

@@ -86,16 +86,26 @@ def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], featur
                           synchronization=tf.VariableSynchronization.ON_READ,
                           aggregation=tf.VariableAggregation.SUM)
     contexts: list[bool] = []  # per traced call of the model: was it inside a replica?
-    call = learner.call
+    call, first = learner.call, learner.get_layer("dense_0")
+    first_call = first.call
+
+    def in_replica() -> bool:
+        return tf.distribute.in_cross_replica_context() is False and tf.distribute.has_strategy()
 
     def recording_call(*args: Any, **kwargs: Any) -> Any:
-        inside = tf.distribute.in_cross_replica_context() is False and tf.distribute.has_strategy()
-        contexts.append(inside)
-        if inside:  # counted as the step runs: a replica that feeds more than its slice shows
-            fed.assign_add(tf.cast(tf.shape(args[0])[0], tf.int64))
+        contexts.append(in_replica())
         return call(*args, **kwargs)
 
-    learner.call = recording_call
+    def counting_call(*args: Any, **kwargs: Any) -> Any:
+        # counted where the first layer sees the examples, as the step runs: a replica that
+        # feeds more than its slice shows, through the model or through its layers (an answer
+        # that ran model.layers on the whole batch in each replica passed a count at
+        # model.call, 1 of 1)
+        if in_replica():
+            fed.assign_add(tf.cast(tf.shape(args[0])[0], tf.int64))
+        return first_call(*args, **kwargs)
+
+    learner.call, first.call = recording_call, counting_call
 
     @tf.function
     def step(batch: Any) -> Any:

@@ -77,8 +77,9 @@ def check_compute_loss(fn: Any) -> bool:
     ``sum(w * loss) / sum(w)`` with both sums over every replica's examples: outside any
     strategy, the plain weighted mean; under the strategy, summed over the replicas, the
     one-device weighted mean and its gradient, on a full global batch and on short ones split
-    unevenly. The weights hold zeros (padding) and their mean is far from 1, so that dividing
-    by the number of examples, or by this replica's weights alone, is told apart.
+    unevenly. The weights are drawn from 0 (padding), 0.5, 1 and 3, their mean far from 1,
+    so that dividing by the number of examples, or by this replica's weights alone, is told
+    apart.
     """
     import numpy as np
 

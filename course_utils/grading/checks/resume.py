@@ -147,7 +147,24 @@ def _states_on_disk(directory: str, features: int, classes: int
             tf.train.Checkpoint(model=model, optimizer=optimizer).restore(
                 os.path.join(directory, name[:-len(".index")])).assert_existing_objects_matched()
             on_disk[int(found.group(1))] = _state(model, optimizer)
-    return on_disk, int(tf.train.latest_checkpoint(directory).rsplit("-", 1)[-1])
+    return on_disk, _latest_number(directory)
+
+
+def _latest_number(directory: str) -> int:
+    """The number of the latest checkpoint as the folder's ``checkpoint`` record names it."""
+    return int(_tf().train.latest_checkpoint(directory).rsplit("-", 1)[-1])
+
+
+def _digest(directory: str) -> dict[str, str]:
+    """Each file's name and the SHA-256 of its bytes: tells a folder changed."""
+    import hashlib
+    import os
+
+    digest = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as handle:
+            digest[name] = hashlib.sha256(handle.read()).hexdigest()
+    return digest
 
 
 def _copied_by_name(source: str, target: str) -> None:
@@ -240,15 +257,23 @@ def check_resume_latest(fn: Any) -> bool:
                 fresh[:] = [model, optimizer]
                 return model, optimizer
 
+            # which is the latest, and the copy's bytes, taken before the call: an answer that
+            # rewrote the check's copy (its 'checkpoint' record, in every folder under /tmp
+            # that held the same one) passed, 1 of 1
+            latest, before = _latest_number(kept), _digest(kept)
             returned = fn(directory, build_fresh)
-            on_disk, latest = _states_on_disk(kept, features, classes)
-        return returned, fresh, on_disk, latest
+            changed = _digest(kept) != before
+            on_disk, _ = _states_on_disk(kept, features, classes)
+        return returned, fresh, on_disk, latest, changed
 
     def same(a: list[Any], b: list[Any]) -> bool:
         return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
     def verify(result: Any) -> str | None:
-        returned, fresh, on_disk, latest = result
+        returned, fresh, on_disk, latest, changed = result
+        if changed:
+            return ("a checkpoint folder other than the one you were given changed while your "
+                    "function ran: read only `directory`, write nothing outside it")
         if not fresh:
             return "build_fresh() was never called: restore into the pair it returns"
         if not (isinstance(returned, (tuple, list)) and len(returned) == 3

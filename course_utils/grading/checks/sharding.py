@@ -181,6 +181,17 @@ def order_problem(epochs: list[list[list[int]]], worker: int) -> str | None:
         return (f"{whole} of worker {worker}'s {len(epochs[0])} batches are runs of "
                 "neighbouring examples: you shuffled whole batches (lesson 01); shuffle the "
                 "examples, then batch")
+    # Shuffled in blocks (batch(k), shuffle, unbatch): an example's neighbour in the shard
+    # follows it (k - 1)/k of the time; a shuffle of the examples, about 1 in n (n > 100,000
+    # here). Blocks cut into batches across two blocks passed the count of whole batches
+    # (nb33-02, blocks of 2 to a batch, 4 of 4)
+    after = float(np.mean([ranks[b] == ranks[a] + 1 for a, b in zip(first[:-1], first[1:],
+                                                                   strict=True)]))
+    if after > 0.01:
+        return (f"in worker {worker}'s epoch, {after:.0%} of its examples are followed by "
+                "their neighbour in the shard (a shuffle of the examples: about 1 in "
+                f"{len(first):,}): you shuffled blocks of neighbouring examples (batches, "
+                "lesson 01); shuffle the examples themselves, then batch")
     if first == second:
         return (f"worker {worker} gave its examples in the same order in both epochs: "
                 "reshuffle every epoch")
