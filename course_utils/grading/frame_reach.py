@@ -19,7 +19,7 @@ profile or trace function set before the check: :func:`learners_hooks` names tho
 learner's code (checked before and after each case). ``bdb`` and ``pdb`` are looked through
 like ``inspect`` (a ``breakpoint()`` in an answer counts), and so is ``logging.currentframe``
 (not ``logging``'s own calls of it), and TensorFlow's ``tf_inspect``; code ``compile``d under
-a library's file name is the learner's (its code is not compiled from that file). Not seen: a
+a library's file name is the learner's (it does not run in that module's namespace). Not seen: a
 signal handler the answer installs, triggers and takes out within one call; another library's
 function that hands its caller a frame; memory read through ``ctypes``.
 """
@@ -42,7 +42,10 @@ from pathlib import Path
 
 __all__ = ["code_key", "learners_file", "learners_hooks", "source_codes", "watching"]
 
-_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile"})
+# not "sys.setprofile": the check's own guards install profilers in TensorFlow's threads, and
+# Python run in that event's hook raced them (a replica thread failed: the check hung); a
+# profiler of the learner's is named by learners_hooks, and by call_guard where it watches
+_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys.settrace"})
 _FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 _WALKERS = frozenset({inspect.__file__, traceback.__file__, bdb.__file__, pdb.__file__})
 _HANDS_FRAMES = frozenset({logging.currentframe.__code__})  # returns its caller's frame
@@ -68,10 +71,9 @@ def _learners_frame(frame: object) -> bool:
     code = frame.f_code  # type: ignore[attr-defined]
     if _learners(code.co_filename):
         return True
-    keys = source_codes(code.co_filename)
-    if keys is None:  # no source to compare with: a file that does not exist is made up
-        return not code.co_filename.startswith("<") and not Path(code.co_filename).is_file()
-    return code_key(code) not in keys
+    # a library's code runs in its own module's namespace, whose file it names
+    module = sys.modules.get(frame.f_globals.get("__name__", ""))  # type: ignore[attr-defined]
+    return getattr(module, "__file__", None) != code.co_filename
 
 
 def code_key(code: types.CodeType) -> tuple:
