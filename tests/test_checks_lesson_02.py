@@ -522,15 +522,24 @@ def _constant_loss_step(strategy, model, optimizer, batch, clip_norm):
 
 UPDATE_DIFFERED = "after step 1 .* weights differ from one device"  # the loss of step 1 equal
 
-def _every_replica_the_whole_batch(strategy, model, optimizer, batch, clip_norm):
+def _every_replica_the_whole_batch(strategy, model, optimizer, batch, clip_norm,
+                                   through_the_layers=False):
     """No data parallelism: every replica gathers the global batch, computes the one-device
-    clipped gradient of all of it and applies its N-th: the right weights, N times the work."""
+    clipped gradient of all of it and applies its N-th: the right weights, N times the work.
+    ``through_the_layers``: the layers called one by one on the gathered batch, and one call
+    of the model on no example per replica (nb33-02's answer: a count at model.call passed)."""
     def replica_step(x, y, w):
         context = tf.distribute.get_replica_context()
         xs, ys, ws = (context.all_gather(t, axis=0) for t in (x, y, w))
         with tf.GradientTape() as tape:
-            losses = _per_example(ys, model(xs, training=True))
-            loss = tf.reduce_sum(ws * losses) / tf.reduce_sum(ws)
+            if through_the_layers:
+                model(x[:0], training=True)
+                outputs = xs
+                for layer in model.layers[1:]:
+                    outputs = layer(outputs)
+            else:
+                outputs = model(xs, training=True)
+            loss = tf.reduce_sum(ws * _per_example(ys, outputs)) / tf.reduce_sum(ws)
         grads, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
                                           clip_norm)
         share = [g / context.num_replicas_in_sync for g in grads]
@@ -542,24 +551,8 @@ def _every_replica_the_whole_batch(strategy, model, optimizer, batch, clip_norm)
 
 def _every_replica_the_whole_batch_through_the_layers(strategy, model, optimizer, batch,
                                                       clip_norm):
-    """As above, but the layers called one by one on the gathered batch, and one call of the
-    model on no example per replica (nb33-02's answer: a count at model.call passed it)."""
-    def replica_step(x, y, w):
-        context = tf.distribute.get_replica_context()
-        xs, ys, ws = (context.all_gather(t, axis=0) for t in (x, y, w))
-        with tf.GradientTape() as tape:
-            model(x[:0], training=True)
-            hidden = xs
-            for layer in model.layers[1:]:
-                hidden = layer(hidden)
-            loss = tf.reduce_sum(ws * _per_example(ys, hidden)) / tf.reduce_sum(ws)
-        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
-                                          clip_norm)
-        share = [g / context.num_replicas_in_sync for g in grads]
-        optimizer.apply_gradients(zip(share, model.trainable_variables, strict=True))
-        return loss
-
-    return strategy.reduce("MEAN", strategy.run(replica_step, args=batch), axis=None)
+    return _every_replica_the_whole_batch(strategy, model, optimizer, batch, clip_norm,
+                                          through_the_layers=True)
 
 
 STEP_CATALOGUE = {

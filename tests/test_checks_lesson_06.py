@@ -148,18 +148,23 @@ def _one_tape(parts, x, y, loss_fn, devices, backward_device=None, copy=False):
     return loss, grads
 
 
+def _through_the_parts(parts, devices, x):
+    """The forward pass: each part on its device, one after the other."""
+    import tensorflow as tf
+
+    value = x
+    for part, device in zip(parts, devices, strict=True):
+        with tf.device(device):
+            value = part(value)
+    return value
+
+
 def one_tape(parts, micro_batches, loss_fn, devices):  # the broken code of the exercise
     import tensorflow as tf
 
     variables = [v for part in parts for v in part.trainable_variables]
     with tf.GradientTape() as tape:
-        losses = []
-        for x, y in micro_batches:
-            value = x
-            for part, device in zip(parts, devices, strict=True):
-                with tf.device(device):
-                    value = part(value)
-            losses.append(loss_fn(y, value))
+        losses = [loss_fn(y, _through_the_parts(parts, devices, x)) for x, y in micro_batches]
         loss = tf.add_n(losses) / len(losses)
     return loss, tape.gradient(loss, variables)
 
@@ -784,13 +789,8 @@ def backward_fed_to_loss_fn(parts, micro_batches, loss_fn, devices):  # L2-1, th
     own = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     _, grads = one_tape(parts, micro_batches, own, devices)
     hidden = 0.0 * tf.add_n([tf.reduce_sum(g) for g in grads])
-    losses = []
-    for x, y in micro_batches:
-        value = x
-        for part, device in zip(parts, devices, strict=True):
-            with tf.device(device):
-                value = part(value)
-        losses.append(loss_fn(y, value + hidden))
+    losses = [loss_fn(y, _through_the_parts(parts, devices, x) + hidden)
+              for x, y in micro_batches]
     loss = tf.add_n(losses) / len(losses)
     return loss, _shown_at_home(parts, micro_batches, devices, grads)
 

@@ -855,54 +855,46 @@ def test_the_checks_own_loop_under_the_answers_name_is_refused():
         cu.grading.check_train_with_accumulation(check_helper)
 
 
-def test_a_group_forward_written_by_hand_from_the_variables_is_caught():
+def _hand_forward(model, optimizer, loss_fn, features, labels, micro, steps,
+                  listed_twice=False):
+    """nb26-07's answer: each micro-batch run through the model (counted, its gradients thrown
+    away), then the whole group forward by hand from the variables, all its activations at
+    once. ``listed_twice`` (nb32-07, ex1 L2): one weight applied a second time with a zero
+    gradient, so that the pairs' count no longer matched and the comparison was skipped."""
     tf = _tf()
+    inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
+    dense = [layer for layer in inner.layers if hasattr(layer, "units")]
+    variables = model.trainable_variables
+    for start in range(0, len(labels), micro * steps):
+        x, y = features[start:start + micro * steps], labels[start:start + micro * steps]
+        for i in range(0, len(y), micro):  # counted and freed, its gradients thrown away
+            with tf.GradientTape() as throw_away:
+                out = model(x[i:i + micro], training=True)
+            throw_away.gradient(out, variables)
+        with tf.GradientTape() as tape:  # the whole group's activations at once
+            h = tf.constant(x)
+            for n, layer in enumerate(dense):
+                h = layer.activation(tf.matmul(h, variables[2 * n]) + variables[2 * n + 1])
+            loss = loss_fn(y, h)
+        grads = tape.gradient(loss, variables)
+        if listed_twice:
+            grads, variables_applied = (grads + [tf.zeros_like(variables[0])],
+                                        variables + [variables[0]])
+        else:
+            variables_applied = variables
+        optimizer.apply_gradients(zip(grads, variables_applied, strict=True))
 
-    def hand_forward(model, optimizer, loss_fn, features, labels, micro, steps):  # nb26-07's
-        inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
-        dense = [layer for layer in inner.layers if hasattr(layer, "units")]
-        variables = model.trainable_variables
-        for start in range(0, len(labels), micro * steps):
-            x, y = features[start:start + micro * steps], labels[start:start + micro * steps]
-            for i in range(0, len(y), micro):  # counted and freed, its gradients thrown away
-                with tf.GradientTape() as throw_away:
-                    out = model(x[i:i + micro], training=True)
-                throw_away.gradient(out, variables)
-            with tf.GradientTape() as tape:  # the whole group's activations at once
-                h = tf.constant(x)
-                for n, layer in enumerate(dense):
-                    h = layer.activation(tf.matmul(h, variables[2 * n]) + variables[2 * n + 1])
-                loss = loss_fn(y, h)
-            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables, strict=True))
 
+def test_a_group_forward_written_by_hand_from_the_variables_is_caught():
     with pytest.raises(AssertionError, match=r"case 1 .*weights are right, but the gradients "
                                              r"applied .* not those that flowed back"):
-        cu.grading.check_train_with_accumulation(hand_forward)
+        cu.grading.check_train_with_accumulation(_hand_forward)
 
 
 def test_a_group_forward_by_hand_with_a_weight_listed_twice_is_caught():
-    # nb32-07's answer (ex1 L2): the hand forward above, one weight listed a second time with a
-    # zero gradient, so that the pairs' count no longer matched and the comparison was skipped
-    tf = _tf()
-
     def listed_twice(model, optimizer, loss_fn, features, labels, micro, steps):
-        inner = next(layer for layer in model.layers if hasattr(layer, "layers"))
-        dense = [layer for layer in inner.layers if hasattr(layer, "units")]
-        variables = model.trainable_variables
-        for start in range(0, len(labels), micro * steps):
-            x, y = features[start:start + micro * steps], labels[start:start + micro * steps]
-            for i in range(0, len(y), micro):  # counted and freed, its gradients thrown away
-                with tf.GradientTape() as throw_away:
-                    out = model(x[i:i + micro], training=True)
-                throw_away.gradient(out, variables)
-            with tf.GradientTape() as tape:  # the whole group's activations at once
-                h = tf.constant(x)
-                for n, layer in enumerate(dense):
-                    h = layer.activation(tf.matmul(h, variables[2 * n]) + variables[2 * n + 1])
-                loss = loss_fn(y, h)
-            grads = tape.gradient(loss, variables)
-            optimizer.apply_gradients(zip(grads + [tf.zeros_like(variables[0])],
-                                          variables + [variables[0]], strict=True))
+        _hand_forward(model, optimizer, loss_fn, features, labels, micro, steps,
+                      listed_twice=True)
 
     with pytest.raises(AssertionError, match=r"case 1 .*weights are right, but the gradients "
                                              r"applied .* not those that flowed back"):

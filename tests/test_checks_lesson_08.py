@@ -242,6 +242,16 @@ def test_an_answer_that_forges_the_step_log_fails(keras, monkeypatch):
         cu.grading.check_train_with_policy(forges_the_step_log(keras))
 
 
+def _compiled(keras, make_model, policy, initial_weights):
+    """The model made under ``policy``, from ``initial_weights``, compiled with Adam."""
+    with cu.training.policy_scope(policy):
+        model = make_model()
+    model.set_weights(initial_weights)
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def test_timing_the_last_epoch_alone_fails(keras, monkeypatch):
     # nb23-08 L4: epochs - 1 epochs, then the last one timed alone, passed (every epoch's steps
     # waited alike); the epochs between the first and the last now wait 2 to 2.5 times longer.
@@ -253,11 +263,7 @@ def test_timing_the_last_epoch_alone_fails(keras, monkeypatch):
     monkeypatch.setattr(pipe_log, "TRACE_DELAY_S", 0.1)
 
     def train_with_policy(make_model, policy, x, y, epochs, initial_weights):
-        with cu.training.policy_scope(policy):
-            model = make_model()
-        model.set_weights(initial_weights)
-        model.compile(optimizer=keras.optimizers.Adam(0.01),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model = _compiled(keras, make_model, policy, initial_weights)
         first = model.fit(x, y, batch_size=64, epochs=epochs - 1, shuffle=False, verbose=0)
         start = time.perf_counter()
         last = model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
@@ -293,11 +299,7 @@ def test_a_mean_of_per_batch_times_fails(keras, monkeypatch):
                 self.times.append(time.perf_counter() - self.start)
 
     def train_with_policy(make_model, policy, x, y, epochs, initial_weights):
-        with cu.training.policy_scope(policy):
-            model = make_model()
-        model.set_weights(initial_weights)
-        model.compile(optimizer=keras.optimizers.Adam(0.01),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model = _compiled(keras, make_model, policy, initial_weights)
         timer = BatchTimes()
         history = model.fit(x, y, batch_size=64, epochs=epochs, shuffle=False, verbose=0,
                             callbacks=[timer])
