@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -349,6 +350,45 @@ def test_a_thread_still_starting_at_the_verdict_is_not_taken_for_an_unwatched_on
             worker.start()
             assert guard.take() == []
         worker.join()
+
+
+def test_a_profiler_install_running_in_another_thread_is_waited_for():
+    """CPython 3.11 refuses a profiler install begun while another runs its audit hooks, and
+    sets the error on the thread whose profiler was to change: the guard's install into a
+    thread already running waits for the other install, and a thread still starting installs
+    its own (a failed install killed a replica thread of MirroredStrategy once)."""
+    inside, leave, ran, errors = threading.Event(), threading.Event(), [], []
+
+    def hold(event, args):  # an audit hook cannot be removed: it holds only this thread
+        if event == "sys.setprofile" and threading.current_thread().name == "held-starting":
+            inside.set()
+            leave.wait(5)
+
+    def running_before():
+        try:
+            leave.wait(5)
+            time.sleep(0.01)  # where the error set on this thread surfaced (SystemError)
+        except BaseException as error:  # noqa: BLE001 - the failure under test
+            errors.append(error)
+
+    sys.addaudithook(hold)
+    before = threading.Thread(target=running_before)
+    before.start()
+    threading.setprofile(lambda *args: None)
+    try:
+        starting = threading.Thread(target=ran.append, args=(1,), name="held-starting")
+        starting.start()
+        assert inside.wait(5)
+        _thread.start_new_thread(lambda: (time.sleep(0.05), leave.set()), ())
+        with CallsInto(helper) as guard:  # its install into running threads waits
+            helper(3)
+            assert guard.take() == ["helper"]
+    finally:
+        threading.setprofile(None)
+        leave.set()
+    starting.join(5)
+    before.join(5)
+    assert (ran, errors) == ([1], [])
 
 
 def test_an_answer_handed_a_dataset_may_read_it_where_tensorflows_threads_run_the_generator():

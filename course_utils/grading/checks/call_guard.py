@@ -88,7 +88,14 @@ from course_utils.grading.checks.guard_code import (  # the messages: re-exporte
     target_codes,
     watching_problem,
 )
-from course_utils.grading.checks.guard_threads import children, probe, unwatch_others, watch_others
+from course_utils.grading.checks.guard_threads import (
+    INSTALLERS,
+    children,
+    install,
+    probe,
+    unwatch_others,
+    watch_others,
+)
 
 try:
     import _posixsubprocess as _POSIXSUBPROCESS  # subprocess's and multiprocessing's
@@ -132,7 +139,7 @@ def _by_a_guard(frame: Any) -> bool:
     ``_install`` called by its ``__enter__``, or by its ``__exit__`` or ``take`` called from
     the frame that entered it (as logged). Known by code objects and frames, not a flag anyone
     could set."""
-    if frame is not None and frame.f_code in _ON_OTHERS:  # other threads', from _install
+    while frame is not None and frame.f_code in INSTALLERS:  # guard_threads, from _install
         frame = frame.f_back
     if frame is None or frame.f_code is not _INSTALL:
         return False
@@ -381,7 +388,7 @@ class CallsInto:
         threading.setprofile(thread_profile)
         if others and profile is not self._hook:
             unwatch_others(self._hook, self._others)
-        sys.setprofile(profile)
+        install(profile)  # sys.setprofile, once no other thread is installing one
         if others and profile is self._hook:
             watch_others(self._hook, self._others)
 
@@ -436,7 +443,6 @@ for _method in vars(CallsInto).values():
     if isinstance(_method, types.FunctionType):
         _method.autograph_info__ = {}  # tensorflow/python/autograph/impl/api.py
 _INSTALL = CallsInto._install.__code__
-_ON_OTHERS = (watch_others.__code__, unwatch_others.__code__)
 _ENTER = CallsInto.__enter__.__code__
 _TAKE = CallsInto.take.__code__
 _LOG = Log()  # from here on held only in these functions' code constants
