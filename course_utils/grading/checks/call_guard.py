@@ -71,6 +71,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from course_utils.grading.checks import guard_threads
 from course_utils.grading.checks.guard_code import (  # the messages: re-exported here
     ANCHORED,
     ANONYMOUS,
@@ -87,14 +88,6 @@ from course_utils.grading.checks.guard_code import (  # the messages: re-exporte
     searches,
     target_codes,
     watching_problem,
-)
-from course_utils.grading.checks.guard_threads import (
-    INSTALLERS,
-    children,
-    install,
-    probe,
-    unwatch_others,
-    watch_others,
 )
 
 try:
@@ -139,7 +132,7 @@ def _by_a_guard(frame: Any) -> bool:
     ``_install`` called by its ``__enter__``, or by its ``__exit__`` or ``take`` called from
     the frame that entered it (as logged). Known by code objects and frames, not a flag anyone
     could set."""
-    while frame is not None and frame.f_code in INSTALLERS:  # guard_threads, from _install
+    while frame is not None and frame.f_code in guard_threads.INSTALLERS:  # from _install
         frame = frame.f_back
     if frame is None or frame.f_code is not _INSTALL:
         return False
@@ -308,14 +301,14 @@ class CallsInto:
     def _mark(self, hook: Any, owner: int) -> None:
         """Log where this guard's record starts (again): its tables, its profiler, the frame
         that entered it, and the counts the next verdict compares with (thread states made,
-        children)."""
+        running children)."""
         log: Any = "<the check's log>"  # the log itself, put there by _anchored
         if sys._getframe(1).f_code not in (_ENTER, _TAKE):
             log.add("tamper", id(self), f"{FORGED} (its record was started again by hand)")
             return
         self._logged = set()
         log.add("mark", id(self), id(hook) if hook is not None else 0, self._tables(),
-                probe(), 0, children(), owner)
+                guard_threads.probe(), 0, guard_threads.children(), owner)
 
     def _active(self) -> bool:
         """Entered and not exited since, as logged."""
@@ -361,9 +354,9 @@ class CallsInto:
         profilers = installed or (sys.getprofile(), threading.getprofile())
         if hook and not exited and (id(profilers[0]) != hook or id(profilers[1]) != hook):
             problems.append(f"{REMOVED} (the profiler in place is not the check's)")
-        if not children() <= started_with:
+        if not guard_threads.children() <= started_with:
             problems.append(f"{PROCESS} (a child process ran while it was watched)")
-        now = probe()
+        now = guard_threads.probe()
         log.add("probe", 0, now)
         if serial >= 0 and not self.tensorflow_threads:
             consumed = [e[2] if e[0] == "probe" else e[4] for e in window
@@ -387,10 +380,10 @@ class CallsInto:
     def _install(self, profile: Any, thread_profile: Any, others: bool = True) -> None:
         threading.setprofile(thread_profile)
         if others and profile is not self._hook:
-            unwatch_others(self._hook, self._others)
-        install(profile)  # sys.setprofile, once no other thread is installing one
+            guard_threads.unwatch_others(self._hook, self._others)
+        guard_threads.install(profile)  # sys.setprofile, once no other thread is installing one
         if others and profile is self._hook:
-            watch_others(self._hook, self._others)
+            guard_threads.watch_others(self._hook, self._others)
 
     def __enter__(self) -> CallsInto:
         if self._active():
