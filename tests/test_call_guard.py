@@ -357,10 +357,11 @@ def test_a_profiler_install_running_in_another_thread_is_waited_for():
     sets the error on the thread whose profiler was to change: the guard's install into a
     thread already running waits for the other install, and a thread still starting installs
     its own (a failed install killed a replica thread of MirroredStrategy once)."""
-    inside, leave, ran, errors = threading.Event(), threading.Event(), [], []
+    inside, leave, ran, errors, active = threading.Event(), threading.Event(), [], [], [1]
 
-    def hold(event, args):  # an audit hook cannot be removed: it holds only this thread
-        if event == "sys.setprofile" and threading.current_thread().name == "held-starting":
+    def hold(event, args):  # an audit hook cannot be removed: inert after this test
+        if active and event == "sys.setprofile" and (
+                threading.current_thread().name == "held-starting"):
             inside.set()
             leave.wait(5)
 
@@ -386,6 +387,7 @@ def test_a_profiler_install_running_in_another_thread_is_waited_for():
     finally:
         threading.setprofile(None)
         leave.set()
+        active.clear()
     starting.join(5)
     before.join(5)
     assert (ran, errors) == ([1], [])
