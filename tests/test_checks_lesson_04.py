@@ -124,6 +124,9 @@ def serial(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     return [coordinator.schedule(step_fn, args=(iterator,)).fetch() for _ in range(num_steps)]
 
+def always_two_in_flight(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
+    return right(coordinator, dataset_fn, step_fn, num_steps, 2)  # max_in_flight ignored
+
 def right_with_get(coordinator, dataset_fn, step_fn, num_steps, max_in_flight):
     iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     results, pending = [], []
@@ -321,8 +324,8 @@ def forges_around_the_watch(coordinator, dataset_fn, step_fn, num_steps, max_in_
 
 for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            sorted_results, ones_after_join, remote_values, returns_early, real_coordinator,
-           serial, overwrites_the_watch, patches_the_watch, waits_for_the_newest,
-           schedules_then_waits, rewrites_the_record, marks_steps_finished,
+           serial, always_two_in_flight, overwrites_the_watch, patches_the_watch,
+           waits_for_the_newest, schedules_then_waits, rewrites_the_record, marks_steps_finished,
            reorders_the_record, declares_steps_finished, hides_running_steps,
            replaces_the_record_methods, swaps_status_events, forges_the_pipe_log,
            forges_around_the_watch):
@@ -1078,6 +1081,8 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "right_with_get"): "PASS",
         ("RUN_STEPS", "right_in_rounds"): "fewer",
         ("RUN_STEPS", "serial"): "fewer",
+        # one case of each window, 2 and 3 (r04 L1: both drawn from 2-3 passed 1 run in 4)
+        ("RUN_STEPS", "always_two_in_flight"): "fewer",
         ("RUN_STEPS", "overwrites_the_watch"): "there were more",
         ("RUN_STEPS", "patches_the_watch"): "were replaced",
         ("RUN_STEPS", "stub"): "BLANK",
