@@ -933,8 +933,23 @@ def orders_read_from_the_course_schedule(num_stages, num_micro_batches, max_in_f
     return [[(t.phase, t.micro_batch) for t in tasks if t.stage == s] for s in range(num_stages)]
 
 
+# the lesson's orders, computed before the check (the guard sees only what runs during it)
+orders_made_before = {(k, m): cu.parallel.one_f_one_b_orders(k, m)
+                      for k in range(1, 8) for m in range(1, 13)}
+
+
+def shifted_from_orders_made_before(num_stages, num_micro_batches, max_in_flight):
+    """r06 L1: under cap c, stage s is stage max(0, s - (K - c)) of an uncapped c-stage 1F1B
+    (its warm-up min(K - 1 - s, c - 1)): right orders, no alternation written."""
+    if max_in_flight >= num_stages:
+        return [list(o) for o in orders_made_before[(num_stages, num_micro_batches)]]
+    small = orders_made_before[(max_in_flight, num_micro_batches)]
+    return [list(small[max(0, s - (num_stages - max_in_flight))]) for s in range(num_stages)]
+
+
 @pytest.mark.parametrize(("answer", "message"), [
     (gpipe_orders, "activations"),
+    (shifted_from_orders_made_before, r"case 7 .*num_micro_batches=\d{4}.* raised KeyError"),
     (budget_ignored, r"activations .* allowed: min\(K − s, max_in_flight\)"),
     (same_warm_up_everywhere, "activations|time slots|deadlock"),
     (backward_first, "deadlock"),
