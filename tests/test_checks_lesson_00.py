@@ -452,6 +452,16 @@ def _helper_in_a_thread(next_batch, train_step, batch, repeats):  # out of sys.s
         return pool.submit(_lesson_cell_copied, next_batch, train_step, batch, repeats).result()
 
 
+def _time_function_in_turns(next_batch, train_step, batch, repeats):  # r00 L2: in turns,
+    parts = {"input": next_batch, "compute": lambda: train_step(batch),  # a median, but
+             "whole step": lambda: train_step(next_batch())}  # each call timed by the course
+    seconds = {name: [] for name in parts}
+    for _ in range(repeats):
+        for name, call in parts.items():
+            seconds[name].append(cu.bench.time_function(call, repeats=1, warmup=0).times[0])
+    return {name: float(np.median(values)) for name, values in seconds.items()}
+
+
 def _profiler_switched_off(next_batch, train_step, batch, repeats):
     import sys
 
@@ -646,6 +656,7 @@ def _middle_call_only(next_batch, train_step, batch, repeats):
     (_helper_renamed, "it called cu.bench.time_interleaved"),
     (_helper_copied, "it called cu.bench.time_interleaved"),
     (_helper_in_a_thread, "it called cu.bench.time_interleaved"),
+    (_time_function_in_turns, "it called cu.bench.time_function"),
     (_profiler_switched_off, "switched the check's call recorder off|uses setprofile"),
     (_profiler_switched_off_by_a_built_name, "switched the check's call recorder off"),
     (_in_blocks, "not timed in turns"),
