@@ -938,7 +938,7 @@ def _every_second_batch_prefetched(records, read, batch_size):  # the others rea
 
 
 @pytest.mark.parametrize(("wrong", "says"), [
-    (_broken, "does not overlap"),
+    (_broken, "overlaps too little of the step"),
     (_broken_when_checked_batches_of_one_when_trained,
      r"in the epoch trained on .*expected batches of sizes \[4, 4, .*got \[1, 1, "),
     (_parallel_reads_out_of_order, r"deterministic=False in your pipeline "
@@ -953,13 +953,14 @@ def _every_second_batch_prefetched(records, read, batch_size):  # the others rea
      r"pulls from [1-9]\d* iterator\(s\), queue"),
     (_short_batch_dropped, "sizes"),
     (_shuffled, "another order"),
-    (_read_all_on_the_first_batch, "does not overlap"),
-    (_read_in_a_python_generator, "does not overlap"),
-    (_no_prefetch, "does not overlap"),
-    (_read_ahead_in_python, "does not overlap"),
+    (_read_all_on_the_first_batch, "overlaps too little of the step"),
+    (_read_in_a_python_generator, "overlaps too little of the step"),
+    (_no_prefetch, "overlaps too little of the step"),
+    (_read_ahead_in_python, "overlaps too little of the step"),
     (_read_twice, "elements differ"),
-    (_prefetch_before_and_after, "does not overlap"),
-    (_prefetched_one_before_the_batch, r"does not overlap the step: at least half a batch"),
+    (_prefetch_before_and_after, "overlaps too little of the step"),
+    (_prefetched_one_before_the_batch,  # r00 L6: one record per step does overlap
+     r"overlaps too little of the step: half a batch or more .* fewer during the others"),
     (_prefetched_head_and_tail, r"stops overlapping the step part of the way: at the end of "
                                 r"step \d+, with records left, the next record had not"),
     (_every_second_batch_prefetched, r"at the end of step \d+, with records left, the next "
