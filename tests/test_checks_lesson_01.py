@@ -636,6 +636,22 @@ def test_shuffled_batches_catalogue_is_rejected_with_its_reason(wrong, says):
         cu.grading.check_shuffled_batches(wrong)
 
 
+def _global_seed_set(blocks, batch_size, buffer, seed):  # r00 L7: the right order, but the
+    tf = cu.quiet.import_tensorflow()  # process's global seed changed to make it
+    tf.random.set_seed(seed)
+    return blocks.unbatch().shuffle(buffer).batch(batch_size)
+
+
+def test_shuffled_batches_that_set_the_global_seed_fail():
+    tf = cu.quiet.import_tensorflow()
+    try:
+        with pytest.raises(AssertionError, match=r"changed TensorFlow's global seed \(the "
+                                                 r"check read it before and after"):
+            cu.grading.check_shuffled_batches(_global_seed_set)
+    finally:
+        tf.random.set_seed(None)  # unset, as it was: later tests' unseeded ops stay unseeded
+
+
 def _buffer_shuffle(n, buffer, rng):  # tf.data's shuffle: a draw from the buffer, refilled
     out, pool, waiting = [], list(range(buffer)), iter(range(buffer, n))
     while pool:

@@ -17,7 +17,8 @@
   forked from one kept process that imported TensorFlow and made no device
   (``checks/splits.py``): one TensorFlow import per kernel, however often the check runs.
 * ``check_step_breakdown(step_breakdown)``: a timed breakdown of a step (input, compute, whole
-  step) written by hand (the course's ``time_interleaved`` is recognised by its code object),
+  step) written by hand (the course's timing helpers, ``time_interleaved``, ``time_function``
+  and the rest of ``cu.bench``'s clocks, are recognised by their code objects),
   timed in turns (the order of the calls is recorded), on a fake pipeline and step whose waits
   are fresh: two cases, with waits so far apart that no fixed answer fits both; a step on a
   fresh batch waits longer than one on the batch given (its copy), so the whole step must be
@@ -274,7 +275,7 @@ def _step_breakdown_in(in_a_copy: Any, server: WaitServer) -> bool:
              "the cell that times the parts in turns.")
 
 
-def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool],
+def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[Any, Any],
                        repeats: int, wanted: Mapping[str, float], disturbed: bool = True,
                        events: str | None = None) -> str | None:
     """What is wrong with one case's ``result``, given the calls it made, whether the recorder
@@ -287,8 +288,9 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[bool, bool
         return ("it switched the check's call recorder off (sys.setprofile): nothing it "
                 "called was recorded")
     if called_helper:
-        return ("it called cu.bench.time_interleaved (or a copy of it): this exercise "
-                "writes that timing loop by hand")
+        helper = called_helper if isinstance(called_helper, str) else "time_interleaved"
+        return (f"it called cu.bench.{helper}: this exercise writes the timing loop by hand, "
+                "each call timed with time.perf_counter(), no course timing helper")
     if not isinstance(result, Mapping) or set(result) != {"input", "compute", "whole step"}:
         keys = sorted(result) if isinstance(result, Mapping) else type(result).__name__
         return f"expected a dict with keys 'input', 'compute', 'whole step', got {keys}"

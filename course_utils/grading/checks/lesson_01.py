@@ -20,7 +20,8 @@
   before batching – the blocks read as the dataset is iterated (counted: an answer that reads
   every block while it builds its dataset, to gather the examples in NumPy, fails), every
   example once per epoch, right batch sizes, few neighbours from one block inside a batch,
-  the same order for the same seed and a new order every epoch; the
+  the same order for the same seed and a new order every epoch, TensorFlow's global seed
+  unchanged (read back after the calls: an answer that sets it and shuffles unseeded fails); the
   whole set: one example n/2 ahead; a buffer b < n, over four epochs: some example exactly
   b - 1 ahead and none further, some b or more late (``checks/shuffle_order.py``: a smaller
   buffer, or fixed windows of b each shuffled, fail).
@@ -63,7 +64,7 @@ from course_utils.grading.checks.records import (
     records,
 )
 from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.shuffle_order import buffer_problem, places_ahead
+from course_utils.grading.checks.shuffle_order import buffer_problem, global_seed, places_ahead
 from course_utils.grading.checks.storage_reads import slow_pipeline, storage
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
@@ -285,9 +286,21 @@ def check_shuffled_batches(fn: Any) -> bool:
         n = num_blocks * block_size
         checks.append((n, block_size, batch_size, seed, rng.randint(40, 60) if small else n))
 
+    seeded = global_seed()  # the notebook's: the answer's seed is the one given it
+
+    def seed_problem() -> str | None:
+        now = global_seed()
+        return None if now == seeded else (
+            "your function changed TensorFlow's global seed (the check read it before and "
+            "after your calls): it seeds every unseeded random op of the notebook (lesson 01, "
+            "section 7); leave it alone and give the shuffle the seed you were given")
+
     def verifier(num_elements: int, block_size: int, batch_size: int,
                  seed: int, buffer: int, reads: Any) -> Callable[[Any], str | None]:
         def verify(dataset: Any) -> str | None:
+            problem = seed_problem()
+            if problem:
+                return problem
             # while fn built its dataset: a peek at a block may read one or two, not all
             read_early, num_blocks = int(reads.numpy()), -(-num_elements // block_size)
             if read_early >= num_blocks:
@@ -336,6 +349,9 @@ def check_shuffled_batches(fn: Any) -> bool:
             if np.array_equal(other, elements):
                 return (f"seed={seed + 1} gave the same order as seed={seed}: which seed did the "
                         "shuffle use?")
+            problem = seed_problem()  # changed on a later call only
+            if problem:
+                return problem
             # b < n: 4 independent epochs; each misses the reach b - 1 with P <= 1.3 %
             # (n >= 320, b <= 60): all four < 3e-8 (checks/shuffle_order.py)
             orders = [elements, np.concatenate(epoch_two), other,

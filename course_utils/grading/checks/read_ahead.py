@@ -77,9 +77,11 @@ def train_epoch(dataset: Any, reads: dict[str, Any], first: int, count: int,
 def overlap_problem(share: float, idle: list[int]) -> str | None:
     """What ``train_epoch``'s share and steps without a read ahead say is wrong, or None."""
     if share < MIN_READ_AHEAD_SHARE:
-        return (f"reading does not overlap the step: at least half a batch of the later "
-                f"records was read during only {share:.0%} of the training steps (at least "
-                f"{MIN_READ_AHEAD_SHARE:.0%} needed; tf.data's automatic rewrites off)")
+        return (f"reading overlaps too little of the step: half a batch or more of the "
+                f"later records ({BATCH_SIZE // 2} of {BATCH_SIZE}) was read during only "
+                f"{share:.0%} of the training steps, fewer during the others (half a batch "
+                f"during at least {MIN_READ_AHEAD_SHARE:.0%} needed; tf.data's automatic "
+                "rewrites off)")
     if idle:  # a reader ahead for part of the epoch only (a part of the records without one)
         return (f"reading stops overlapping the step part of the way: at the end of step "
                 f"{idle[0]}, with records left, the next record had not been read ahead (a "
@@ -105,14 +107,16 @@ def epoch_summary(share: float, seconds: float, waited: float, broken_s: float,
                   count: int) -> str:
     """The line a passing answer is shown: its share of steps with half a batch read during
     them, its epoch's seconds (the check's waits for late reads among them) beside the broken
-    pipeline's, and a prefetch after the batch's speed-up for ``count`` records on an idle
-    machine (reads and steps overlapped from the second batch on: the first batch's reads, one
-    at a time, overlap no step; other right answers, a parallel map, may show less)."""
+    pipeline's (the speed-up measured), and, said to be computed, not measured, the speed-up
+    of the fix (a prefetch after the batch) for ``count`` records on an idle machine (reads
+    and steps overlapped from the second batch on: the first batch's reads, one at a time,
+    overlap no step; other right answers, a parallel map, may show less)."""
     read_s, steps = BATCH_SIZE * READ_WAIT_S, -(-count // BATCH_SIZE)  # a batch's reads
     broken_idle = count * READ_WAIT_S + steps * STEP_WAIT_S
     best = broken_idle / (read_s + steps * max(read_s, STEP_WAIT_S))
-    return (f"   half a batch or more was read during {share:.0%} of the steps; an epoch took "
-            f"{seconds:.2f} s ({waited:.2f} s of it waiting for late reads), the broken one "
-            f"{broken_s:.2f} s (×{broken_s / seconds:.2f} measured; about ×{best:.1f} for a "
-            "prefetch after the batch on an idle machine, whose first batch's reads overlap no "
-            "step: a busy machine's timings vary either way)")
+    return (f"   half a batch or more was read during {share:.0%} of the steps; an epoch of "
+            f"your pipeline took {seconds:.2f} s ({waited:.2f} s of it waiting for late "
+            f"reads), the broken one {broken_s:.2f} s: ×{broken_s / seconds:.2f} measured. "
+            f"For comparison, computed from the waits, not measured: about ×{best:.1f} for "
+            "the fix with a prefetch after the batch on an idle machine, whose first batch's "
+            "reads overlap no step (a busy machine's timings vary either way)")

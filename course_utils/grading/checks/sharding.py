@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from course_utils.grading.checks.shuffle_order import global_seed
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["TwoWorkers", "WorkerProcesses", "batches", "coverage_problem", "epoch_verifier",
@@ -142,7 +143,7 @@ class WorkerProcesses(TwoWorkers):
             tf.random.set_seed(seed)
             pipelines.append(dataset_fn(tf.distribute.InputContext(
                 2, worker, self.num_replicas_in_sync)))
-            if tf.compat.v1.random.get_seed(None)[0] != seed:  # the process's, not ours
+            if global_seed() != seed:  # the process's, not ours
                 self.seed_changed = True
         self.reseeded = pipelines.pop()
         return pipelines

@@ -8,6 +8,10 @@ places ahead, comes out with probability ``1 / b``; and an element stays in the 
 as the draws miss it, ``1 - 1 / b`` each, so some come out ``b`` or more places late. A buffer
 smaller than ``b`` never brings one ``b - 1`` ahead; fixed windows of ``b`` elements, each
 shuffled, never bring one ``b`` late.
+
+``global_seed`` reads TensorFlow's global seed back without drawing from it: lesson 01's
+exercise 2 and lesson 02's exercise 4 fail an answer that changed it (``tf.random.set_seed``
+seeds every unseeded random op of the process, the learner's notebook or worker included).
 """
 
 from __future__ import annotations
@@ -16,7 +20,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["buffer_problem", "places_ahead", "places_late"]
+__all__ = ["buffer_problem", "global_seed", "places_ahead", "places_late"]
+
+
+def global_seed() -> int:
+    """TensorFlow's global seed as its random ops read it: ``tf.compat.v1.random.get_seed``
+    (``tensorflow/python/framework/random_seed.py``, ``get_seed``: the global seed truncated to
+    31 bits, TensorFlow's default graph seed where none is set). Asked with an op seed of its
+    own, so that reading it draws no operation seed from the global one (``get_seed(None)``
+    would: ``context.internal_operation_seed()``) and changes nothing a later op gets."""
+    from course_utils.quiet import import_tensorflow
+
+    return int(import_tensorflow().compat.v1.random.get_seed(1)[0])
 
 
 def places_ahead(order: Sequence[int]) -> int:

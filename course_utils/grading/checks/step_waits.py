@@ -5,13 +5,13 @@ and blocks until the check's :class:`WaitServer`, a thread of the checking proce
 as long as the case says and answered. The answer runs in a copy of the process forked before
 the cases are drawn (``checks/forked_call.py``), so neither its arguments' closures nor any
 frame or object of that copy holds a wait or an expected value: it can only time the calls.
-:class:`CodesRun` records, in that copy, whether the answer called the course's timing helper
-(or a copy of it), or escaped the recording (the checks' one guard, ``call_guard``: its
-profiler removed, a thread or a process it cannot watch, its record changed), and the order of
-its calls of the parts and of the clocks (``time.perf_counter`` and its kin, however reached): a
-whole step is timed as one only where no clock was read between the ``next_batch`` that made its
-batch and its ``train_step`` (``whole_steps_timed``), so a "whole step" added up from pieces
-timed apart fails.
+:class:`CodesRun` records, in that copy, whether the answer called one of the course's timing
+helpers (``cu.bench``'s, or a copy of one), or escaped the recording (the checks' one guard,
+``call_guard``: its profiler removed, a thread or a process it cannot watch, its record
+changed), and the order of its calls of the parts and of the clocks (``time.perf_counter`` and
+its kin, however reached): a whole step is timed as one only where no clock was read between
+the ``next_batch`` that made its batch and its ``train_step`` (``whole_steps_timed``), so a
+"whole step" added up from pieces timed apart fails.
 """
 
 from __future__ import annotations
@@ -71,10 +71,14 @@ def whole_steps_timed(events: str) -> tuple[int, int]:
 
 
 def _helper_codes() -> set[Any]:
-    """The code objects of the course's timing helpers, which this exercise writes by hand."""
+    """The code objects of the course's timing helpers, which this exercise writes by hand:
+    every function of ``cu.bench`` that reads the clock (``time_function`` timing one call at
+    a time in the answer's own turns is no loop of its own either; r00 L2)."""
     from course_utils import bench
 
-    return {bench.time_interleaved.__code__}
+    return {helper.__code__ for helper in (
+        bench.time_interleaved, bench.time_function, bench._seconds_of_one_call,
+        bench.dataset_throughput, bench.compare_throughput)}
 
 
 def _signature(code: Any) -> tuple[Any, ...]:
@@ -117,10 +121,15 @@ class CodesRun:
         """What went wrong with the watching (its message), or False."""
         return self.problem or False
 
-    def called_a_helper(self) -> bool:
-        """True when a helper, or a copy of one (same bytecode and names), was called."""
-        helpers = {_signature(code) for code in _helper_codes()}
-        return bool(self.named) or any(_signature(code) in helpers for code in self.seen)
+    def called_a_helper(self) -> str:
+        """The helper called (``time_function``, ``time_interleaved (a copy of it)``, ...), or
+        "" when none was: a helper, or a copy of one (same bytecode and names)."""
+        named = [name for name in self.named if not name.startswith("<")]
+        if named or self.named:
+            return (named or self.named)[0]
+        helpers = {_signature(code): code.co_name for code in _helper_codes()}
+        return next((f"{helpers[_signature(code)]} (a copy of it)" for code in self.seen
+                     if _signature(code) in helpers), "")
 
 
 def parts_called(calls: list[str]) -> list[str]:
@@ -161,10 +170,10 @@ class WaitServer:
         self._thread: threading.Thread | None = None
 
     def answer(self, fn: Callable[..., Any]
-               ) -> Callable[[int], tuple[Any, str | bool, bool]]:
+               ) -> Callable[[int], tuple[Any, str | bool, str, str]]:
         """``answer(repeats)``: ``fn(next_batch, train_step, batch, repeats)``'s result (floats
         where it holds numbers), what went wrong with its recording (a message, or False),
-        whether it called a timing helper, and its calls in order (``CodesRun.events``, a
+        the timing helper it called ("" if none), and its calls in order (``CodesRun.events``, a
         string: "i" next_batch, "c" a step on the batch given, "w" on the batch the latest
         next_batch made, "x" on another batch, ``CLOCK`` a clock read)."""
         requests, replies = self._requests[1], self._replies[0]
@@ -190,7 +199,7 @@ class WaitServer:
             ask(b"c" if given is batch else b"w")
             return float(np.sum(given))
 
-        def answer(repeats: int) -> tuple[Any, str | bool, bool, str]:
+        def answer(repeats: int) -> tuple[Any, str | bool, str, str]:
             codes_run = CodesRun()
             running[:] = [codes_run]
             with codes_run.guard:
