@@ -555,6 +555,60 @@ def _every_replica_the_whole_batch_through_the_layers(strategy, model, optimizer
                                           through_the_layers=True)
 
 
+FLOWS_UNEXPLAINED = ("the backward passes through the model's calls in the replicas do not "
+                     "explain")
+
+
+def _forward_by_hand(model, x):
+    """The model's Dense layers run from their weights: no layer called, nothing counted."""
+    dense = [layer for layer in model.layers if layer.weights]
+    for index, layer in enumerate(dense):
+        x = tf.matmul(x, layer.kernel) + layer.bias
+        x = tf.nn.relu(x) if index < len(dense) - 1 else x
+    return x
+
+
+def _every_replica_the_whole_batch_by_hand(strategy, model, optimizer, batch, clip_norm,
+                                           on_the_tape=False):
+    """r02 L1: every replica gathers the global batch and runs the layers' weights on it by
+    hand, its N-th of the one-device clipped gradient applied; the model called on the
+    replica's own slice for show (after the tape, or ``on_the_tape``, times 0). The count of
+    examples at the first layer sees only the slices: 2 cases passed before the flows."""
+    def replica_step(x, y, w):
+        context = tf.distribute.get_replica_context()
+        xs, ys, ws = (context.all_gather(t, axis=0) for t in (x, y, w))
+        with tf.GradientTape() as tape:
+            loss = (tf.reduce_sum(ws * _per_example(ys, _forward_by_hand(model, xs)))
+                    / tf.reduce_sum(ws))
+            if on_the_tape:
+                loss += 0.0 * tf.reduce_sum(model(x, training=True))
+        if not on_the_tape:
+            model(x, training=True)
+        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
+                                          clip_norm)
+        share = [g / context.num_replicas_in_sync for g in grads]
+        optimizer.apply_gradients(zip(share, model.trainable_variables, strict=True))
+        return loss
+
+    return strategy.reduce("MEAN", strategy.run(replica_step, args=batch), axis=None)
+
+
+def _gathered_by_hand_across_replicas(strategy, model, optimizer, batch, clip_norm):
+    """The global batch gathered in the cross-replica context and run through the layers'
+    weights by hand there (no model call outside a replica), the model called in each replica
+    on its slice for show, the clipped gradient applied across the replicas."""
+    strategy.run(lambda features, labels, weights: model(features, training=True), args=batch)
+    features, labels, weights = (tf.concat(strategy.experimental_local_results(t), 0)
+                                 for t in batch)
+    with tf.GradientTape() as tape:
+        losses = _per_example(labels, _forward_by_hand(model, features))
+        loss = tf.reduce_sum(weights * losses) / tf.reduce_sum(weights)
+    gradients, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
+                                          clip_norm)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+    return loss
+
+
 STEP_CATALOGUE = {
     "a constant": (_constant_loss_step, "the model was called 0 times"),
     # the first answer of each rejection runs in make test (tests/tools/catalogue_routes.py)
@@ -586,6 +640,13 @@ STEP_CATALOGUE = {
     "every replica runs the layers on the whole global batch": (
         _every_replica_the_whole_batch_through_the_layers,
         "the replicas together ran the model on \\d+ examples"),
+    "every replica runs the layers' weights by hand on the whole global batch (r02 L1)": (
+        _every_replica_the_whole_batch_by_hand, FLOWS_UNEXPLAINED),
+    "the same, the model's call on the slice on the tape times 0": (
+        lambda *args: _every_replica_the_whole_batch_by_hand(*args, on_the_tape=True),
+        FLOWS_UNEXPLAINED),
+    "the batch gathered and run by hand across replicas, the model called for show": (
+        _gathered_by_hand_across_replicas, FLOWS_UNEXPLAINED),
 }
 
 
@@ -595,6 +656,40 @@ def test_distributed_train_step_catalogue_is_rejected(wrong, says):
     # apart by step 1 already
     with pytest.raises(AssertionError, match=says):
         checks.check_distributed_train_step(wrong, num_full_batches=1)
+
+
+def _whole_gradient_shared(strategy, model, optimizer, batch, clip_norm):
+    """Right: each replica's gradient all-reduced, the sum clipped, and each replica hands the
+    optimizer its N-th (the parts are equal; apply_gradients sums them back)."""
+    def replica_step(features, labels, weights):
+        with tf.GradientTape() as tape:
+            loss = compute_loss(labels, model(features, training=True), weights)
+        context = tf.distribute.get_replica_context()
+        whole = context.all_reduce(SUM, tape.gradient(loss, model.trainable_variables))
+        clipped, _ = tf.clip_by_global_norm(whole, clip_norm)
+        share = [g / context.num_replicas_in_sync for g in clipped]
+        optimizer.apply_gradients(zip(share, model.trainable_variables, strict=True))
+        return loss
+    return strategy.reduce(SUM, strategy.run(replica_step, args=batch), axis=None)
+
+
+def _reduced_then_applied_across(strategy, model, optimizer, batch, clip_norm):
+    """Right (r02): the replicas' gradients reduced to the cross-replica context, clipped
+    there and applied there (Keras all-reduces nothing outside a replica context)."""
+    def replica_step(features, labels, weights):
+        with tf.GradientTape() as tape:
+            loss = compute_loss(labels, model(features, training=True), weights)
+        return loss, tape.gradient(loss, model.trainable_variables)
+    losses, gradients = strategy.run(replica_step, args=batch)
+    gradients = [strategy.reduce(SUM, g, axis=None) for g in gradients]
+    clipped, _ = tf.clip_by_global_norm(gradients, clip_norm)
+    optimizer.apply_gradients(zip(clipped, model.trainable_variables, strict=True))
+    return strategy.reduce(SUM, losses, axis=None)
+
+
+@pytest.mark.parametrize("right", [_whole_gradient_shared, _reduced_then_applied_across])
+def test_other_right_steps_pass(right):
+    assert checks.check_distributed_train_step(right, num_full_batches=1) is True
 
 
 # --- exercise 3: diagnose_loop -------------------------------------------------------------

@@ -6,8 +6,11 @@ replica holds a part of that gradient until the optimizer sums the parts, so a c
 replica (or Keras's ``global_clipnorm``, which clips before its all-reduce:
 ``_backend_apply_gradients`` in keras/src/optimizers/base_optimizer.py, then
 ``_all_reduce_sum_gradients`` in keras/src/backend/tensorflow/optimizer.py) clips the part, not
-the gradient. The one-device reference is computed only after the learner's step has run: while
-it runs, nothing in the process holds the expected weights or losses.
+the gradient. What each replica trained on is seen twice: the examples its first layer ran on
+(counted) and the gradients that flowed back through its Dense calls, which must explain what
+the optimizer is handed (:class:`_Flows`). The one-device reference is computed only after the
+learner's step has run: while it runs, nothing in the process holds the expected weights or
+losses.
 """
 
 from __future__ import annotations
@@ -66,12 +69,104 @@ def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
     return after, losses, norms
 
 
+class _Flows:
+    """What each replica trained on, as its update shows: the gradients that flow back
+    through the model's Dense calls in the replicas (each call's weights noted on the way back,
+    summed over the replicas) against the gradients handed to ``optimizer.apply`` (which
+    ``apply_gradients`` calls; summed over the replicas, as Keras's ``_all_reduce_sum_gradients``
+    sums them, keras/src/backend/tensorflow/optimizer.py lines 141-160, plus any handed over in
+    the cross-replica context). Data parallelism: the applied sum is the flowed sum times one
+    factor (the clip's). A forward pass written from the layers' weights flows back through no
+    call: what it applies is left unexplained (lesson 02's reader: each replica gathered the
+    global batch, ran the layers' kernels by hand and called the model on its slice for show)."""
+
+    def __init__(self, tf: Any, strategy: Any, model: Any, optimizer: Any,
+                 in_replica: Any) -> None:
+        import keras
+
+        layers = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+        self.weights = [w for layer in layers for w in (layer.kernel, layer.bias)]
+
+        def summed() -> list[Any]:
+            return [tf.Variable(tf.zeros(w.shape), trainable=False,
+                                synchronization=tf.VariableSynchronization.ON_READ,
+                                aggregation=tf.VariableAggregation.SUM) for w in self.weights]
+
+        with strategy.scope():
+            self.flowed, self.applied = summed(), summed()
+        self.across = [tf.Variable(tf.zeros(w.shape), trainable=False) for w in self.weights]
+        self.tf, self.in_replica = tf, in_replica
+        for layer in layers:
+            layer.call = self._flowing(layer)
+        apply, index = optimizer.apply, {id(w): i for i, w in enumerate(self.weights)}
+
+        def recorded(grads: Any, trainable_variables: Any = None) -> Any:
+            grads = list(grads)
+            variables = list(trainable_variables if trainable_variables is not None else
+                             optimizer._trainable_variables)
+            to = self.applied if in_replica() else self.across
+            added = [to[index[id(v)]].assign_add(tf.convert_to_tensor(g))
+                     for g, v in zip(grads, variables, strict=True)
+                     if g is not None and id(v) in index]
+            with tf.control_dependencies(added):
+                return apply(grads, trainable_variables)
+
+        optimizer.apply = recorded
+
+    def _flowing(self, layer: Any) -> Any:
+        tf, call = self.tf, layer.call
+        at = {id(w): i for i, w in enumerate(self.weights)}  # by identity: == is elementwise
+        totals = [self.flowed[at[id(w)]] for w in (layer.kernel, layer.bias)]
+
+        def noted(value: Any, total: Any) -> Any:
+            @tf.custom_gradient
+            def identity(tensor: Any) -> Any:
+                def backward(upstream: Any) -> Any:
+                    if not self.in_replica():
+                        return tf.identity(upstream)
+                    with tf.control_dependencies([total.assign_add(upstream)]):
+                        return tf.identity(upstream)
+
+                return tf.identity(tensor), backward
+
+            return identity(tf.convert_to_tensor(value))
+
+        def flowing_call(inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self.in_replica():
+                return call(inputs, *args, **kwargs)
+            kernel, bias = (noted(w, t) for w, t in zip((layer.kernel, layer.bias), totals,
+                                                        strict=True))
+            outputs = tf.matmul(inputs, kernel) + bias
+            return outputs if layer.activation is None else layer.activation(outputs)
+
+        return flowing_call
+
+    def unexplained(self) -> float:
+        """The part of this step's applied gradients (relative to their norm) that no factor
+        times the flowed ones explains; the sums are then emptied."""
+        import numpy as np
+
+        applied = np.concatenate([(a.numpy() + x.numpy()).ravel()
+                                  for a, x in zip(self.applied, self.across, strict=True)])
+        flowed = np.concatenate([f.numpy().ravel() for f in self.flowed])
+        for v in (*self.applied, *self.across, *self.flowed):
+            v.assign(self.tf.zeros(v.shape))
+        size = float(np.linalg.norm(applied))
+        if size == 0.0:
+            return 0.0  # nothing applied: the weights and iterations say so
+        square = float(flowed @ flowed)
+        scale = float(applied @ flowed) / square if square else 0.0
+        return float(np.linalg.norm(applied - scale * flowed)) / size
+
+
 def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], features: int,
                 classes: int, clip_norm: float
-                ) -> tuple[list[Any], list[Any], list[bool], list[int]]:
+                ) -> tuple[list[Any], list[Any], list[bool], list[int], int, list[float]]:
     """The learner's step over the epoch in a ``tf.function``, the model and an SGD with
     momentum built in the scope: the weights after each step, the losses, per model call
-    whether it ran in a replica, and the optimizer's ``iterations`` after each step."""
+    whether it ran in a replica, the optimizer's ``iterations`` after each step, the examples
+    the first layer ran on in the replicas, and per step the part of the applied gradients
+    that the gradients through the model's calls do not explain (:class:`_Flows`)."""
     import keras
 
     from course_utils.models import mlp
@@ -105,23 +200,26 @@ def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], featur
             fed.assign_add(tf.cast(tf.shape(args[0])[0], tf.int64))
         return first_call(*args, **kwargs)
 
+    flows = _Flows(tf, strategy, learner, optimizer, in_replica)
+    first_call = first.call  # noting the gradients that flow back through it
     learner.call, first.call = recording_call, counting_call
 
     @tf.function
     def step(batch: Any) -> Any:
         return fn(strategy, learner, optimizer, batch, clip_norm)
 
-    losses, after, iterations = [], [], []
+    losses, after, iterations, unexplained = [], [], [], []
     try:
         for batch in strategy.experimental_distribute_dataset(dataset):
             loss = step(batch)
             losses.append(None if loss is None else float(loss))
             after.append(learner.get_weights())
             iterations.append(int(optimizer.iterations.numpy()))
+            unexplained.append(flows.unexplained())
     except NotImplementedError as error:
         raise AssertionError("your step calls a function that is not written yet – "
                              "write compute_loss first") from error
-    return after, losses, contexts, iterations, int(fed.numpy())
+    return after, losses, contexts, iterations, int(fed.numpy()), unexplained
 
 
 def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip_norm: float,
@@ -130,7 +228,7 @@ def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip
     import numpy as np
 
     def verify(result: Any) -> str | None:
-        got, losses, contexts, iterations, fed = result
+        got, losses, contexts, iterations, fed, unexplained = result
         expected, ref_losses, norms = reference_run(dataset, initial, features, classes,
                                                     clip_norm)
         if len(losses) != len(ref_losses) or any(v is None for v in losses):
@@ -159,6 +257,16 @@ def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip
                         f"that step's gradient had a global norm of {norms[step - 1]:.4g} "
                         f"(clip_norm {clip_norm:.4g}). Which gradient did your step clip, by "
                         "which norm, and which did the optimizer apply?")
+        worst = max(unexplained)
+        if worst > 1e-3:
+            step = unexplained.index(worst) + 1
+            return (f"the weights are one device's, but at step {step} the optimizer was handed "
+                    "gradients that the backward passes through the model's calls in the "
+                    f"replicas do not explain ({100 * worst:.2g}% of their norm is left "
+                    "over): each replica computes the gradient of its own slice by calling "
+                    "the model on it, and the update is made from those gradients (a forward "
+                    "pass written from the layers' weights, on more than the replica's slice, "
+                    "is no replica's share of the work)")
         if iterations != list(range(1, len(ref_losses) + 1)):
             return (f"the weights are one device's, but the optimizer's iterations read "
                     f"{iterations} after steps 1 to {len(ref_losses)}: apply the update with "

@@ -146,7 +146,9 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
     split unevenly, under ``cu.make_strategy("mirrored")`` must give the weights (within 1e-5)
     and losses of SGD (momentum) on one device on each batch's weighted mean loss, its gradient
     clipped to a global norm of ``clip_norm`` (half the first gradient's norm: the clip binds).
-    Every call of the model runs inside a replica. The reference is made after the step ran.
+    Every call of the model runs inside a replica, and the gradients handed to the optimizer
+    are, times one factor, those that flowed back through its calls there (a forward pass from
+    the layers' weights is refused: ``clipped_step``). The reference is made after the step ran.
     """
     import numpy as np
 
