@@ -832,6 +832,12 @@ TRAIN_WORKER_CATALOGUE = {
     "every worker writes into checkpoint_dir": (
         "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
         "worker 1 wrote into checkpoint_dir|a save failed inside checkpoint_dir|the job failed"),
+    "every worker also writes a checkpoint of its own into checkpoint_dir": (
+        "    return model.get_weights()\n",
+        "    checkpoint.write(f\"{checkpoint_dir}/worker-{resolver.task_id}\")\n"
+        "    return model.get_weights()\n",
+        "worker [12] wrote worker-[12]\\S* .*into checkpoint_dir with "
+        "tf.train.Checkpoint.write"),
     "the temporary folder left behind": (
         "                tf.io.gfile.rmtree(write_dir)", "                pass",
         "temporary checkpoint folder of an earlier save was still there"),
@@ -898,6 +904,28 @@ def test_wrong_train_workers_are_rejected_naming_what_differed(tmp_path):
     wrong = {name: verdicts[name] for name in run
              if not re.search(TRAIN_WORKER_CATALOGUE[name][2], verdicts[name])}
     assert wrong == {}
+
+
+def test_checkpoint_dir_holds_only_what_the_chiefs_checkpoints_wrote(tmp_path):
+    """The listing after the run, without a cluster: the chief's manager and its own
+    Checkpoint writes pass; another worker's Checkpoint write is named with its worker; a
+    file no audited writer made is named."""
+    from course_utils.grading.checks.checkpoint_files import checkpoint_dir_problem
+
+    for name in ("checkpoint", "ckpt-3.index", "ckpt-3.data-00000-of-00001", "final.index",
+                 "final.data-00000-of-00001"):
+        (tmp_path / name).write_text("")
+    chief = {"written": [str(tmp_path / "ckpt-2"), str(tmp_path / "ckpt-3")],
+             "writes": [("write", str(tmp_path / "final"))]}
+    other = {"written": ["/tmp/elsewhere/ckpt-3"], "writes": [("save", "/tmp/elsewhere/x-1")]}
+    assert checkpoint_dir_problem(str(tmp_path), [chief, other]) is None
+    (tmp_path / "w1.index").write_text("")
+    wrote = {"written": [], "writes": [("save", str(tmp_path / "w1"))]}
+    assert re.search(r"worker 2 wrote w1.index into checkpoint_dir with tf.train.Checkpoint.save",
+                     checkpoint_dir_problem(str(tmp_path), [chief, other, wrote]))
+    (tmp_path / "weights.npz").write_text("")
+    assert re.search(r"holds w1.index, weights.npz, which none of the chief's",
+                     checkpoint_dir_problem(str(tmp_path), [chief, other]))
 
 
 @pytest.mark.slow
