@@ -409,7 +409,8 @@ DIAGNOSIS_CATALOGUE = {
         _no_replicas_line_never_started, "you said 'never_started'|the worker at fault is"),
     "the fewest 'Error' words blamed": (_fewest_error_words_blamed,
                                         "the cause is 'crashed', you said|at fault is"),
-    "each log's last line only": (_last_line_only, "the cause is 'crashed', you said 'killed'"),
+    "each log's last line only": (_last_line_only,
+                                  "the cause is 'crashed', you said '(killed|stalled)'"),
     "a dropped connection read as worker 0's loss": (_dropped_connection_means_worker_0,
                                                       r"the worker at fault is [1-9]"),
     "library frames read as a crash": (_library_frames_mean_a_crash,
@@ -524,6 +525,17 @@ def test_every_crash_while_training_ends_on_a_line_that_is_not_its_error():
         assert not re.match(r"^[\w.]*Error: ", logs[2].strip().splitlines()[-1])
         early = worker_logs.failure_logs("crashed", 3, 1, rng, crashed_early=True)
         assert min(range(3), key=lambda w: len(early[w])) != 1   # not the shortest log
+
+
+def test_the_peers_of_a_crash_while_training_time_out_as_for_a_stall():
+    """As measured with the exercise's settings (worker_logs' docstring): a crashed worker
+    never joins the step's all-reduce, its peers raise DeadlineExceededError."""
+    rng = random.Random(1)
+    for _ in range(10):
+        logs = worker_logs.failure_logs("crashed", 3, 1, rng, crashed_early=False)
+        for survivor in (0, 2):
+            assert "DeadlineExceededError" in logs[survivor]
+            assert "Unavailable" not in logs[survivor]
 
 
 @pytest.mark.slow
