@@ -409,7 +409,8 @@ DIAGNOSIS_CATALOGUE = {
         _no_replicas_line_never_started, "you said 'never_started'|the worker at fault is"),
     "the fewest 'Error' words blamed": (_fewest_error_words_blamed,
                                         "the cause is 'crashed', you said|at fault is"),
-    "each log's last line only": (_last_line_only, "the cause is 'crashed', you said 'killed'"),
+    "each log's last line only": (_last_line_only,
+                                  "the cause is 'crashed', you said '(killed|stalled)'"),
     "a dropped connection read as worker 0's loss": (_dropped_connection_means_worker_0,
                                                       r"the worker at fault is [1-9]"),
     "library frames read as a crash": (_library_frames_mean_a_crash,
@@ -524,6 +525,17 @@ def test_every_crash_while_training_ends_on_a_line_that_is_not_its_error():
         assert not re.match(r"^[\w.]*Error: ", logs[2].strip().splitlines()[-1])
         early = worker_logs.failure_logs("crashed", 3, 1, rng, crashed_early=True)
         assert min(range(3), key=lambda w: len(early[w])) != 1   # not the shortest log
+
+
+def test_the_peers_of_a_crash_while_training_time_out_as_for_a_stall():
+    """As measured with the exercise's settings (worker_logs' docstring): a crashed worker
+    never joins the step's all-reduce, its peers raise DeadlineExceededError."""
+    rng = random.Random(1)
+    for _ in range(10):
+        logs = worker_logs.failure_logs("crashed", 3, 1, rng, crashed_early=False)
+        for survivor in (0, 2):
+            assert "DeadlineExceededError" in logs[survivor]
+            assert "Unavailable" not in logs[survivor]
 
 
 @pytest.mark.slow
@@ -832,6 +844,12 @@ TRAIN_WORKER_CATALOGUE = {
     "every worker writes into checkpoint_dir": (
         "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
         "worker 1 wrote into checkpoint_dir|a save failed inside checkpoint_dir|the job failed"),
+    "every worker also writes a checkpoint of its own into checkpoint_dir": (
+        "    return model.get_weights()\n",
+        "    checkpoint.write(f\"{checkpoint_dir}/worker-{resolver.task_id}\")\n"
+        "    return model.get_weights()\n",
+        "worker [12] wrote worker-[12]\\S* .*into checkpoint_dir with "
+        "tf.train.Checkpoint.write"),
     "the temporary folder left behind": (
         "                tf.io.gfile.rmtree(write_dir)", "                pass",
         "temporary checkpoint folder of an earlier save was still there"),
@@ -898,6 +916,28 @@ def test_wrong_train_workers_are_rejected_naming_what_differed(tmp_path):
     wrong = {name: verdicts[name] for name in run
              if not re.search(TRAIN_WORKER_CATALOGUE[name][2], verdicts[name])}
     assert wrong == {}
+
+
+def test_checkpoint_dir_holds_only_what_the_chiefs_checkpoints_wrote(tmp_path):
+    """The listing after the run, without a cluster: the chief's manager and its own
+    Checkpoint writes pass; another worker's Checkpoint write is named with its worker; a
+    file no audited writer made is named."""
+    from course_utils.grading.checks.checkpoint_files import checkpoint_dir_problem
+
+    for name in ("checkpoint", "ckpt-3.index", "ckpt-3.data-00000-of-00001", "final.index",
+                 "final.data-00000-of-00001"):
+        (tmp_path / name).write_text("")
+    chief = {"written": [str(tmp_path / "ckpt-2"), str(tmp_path / "ckpt-3")],
+             "writes": [("write", str(tmp_path / "final"))]}
+    other = {"written": ["/tmp/elsewhere/ckpt-3"], "writes": [("save", "/tmp/elsewhere/x-1")]}
+    assert checkpoint_dir_problem(str(tmp_path), [chief, other]) is None
+    (tmp_path / "w1.index").write_text("")
+    wrote = {"written": [], "writes": [("save", str(tmp_path / "w1"))]}
+    assert re.search(r"worker 2 wrote w1.index into checkpoint_dir with tf.train.Checkpoint.save",
+                     checkpoint_dir_problem(str(tmp_path), [chief, other, wrote]))
+    (tmp_path / "weights.npz").write_text("")
+    assert re.search(r"holds w1.index, weights.npz, which none of the chief's",
+                     checkpoint_dir_problem(str(tmp_path), [chief, other]))
 
 
 @pytest.mark.slow

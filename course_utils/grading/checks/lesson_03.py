@@ -12,7 +12,8 @@
   after every ``save_every`` steps and the last; all finish with equal weights, equal to a
   one-device reference on the same global batches from the chief's initial weights; the chief
   alone wrote into the checkpoint folder (the other workers saved into temporary folders they
-  deleted after each save: none is left by the next step), and the newest
+  deleted after each save: none is left by the next step; listed after the run, the folder
+  holds only what the chief's checkpoints wrote: :mod:`.checkpoint_files`), and the newest
   checkpoint holds the optimizer's step count and the final weights. The audit lives in the
   closures of the worker script's set-up (no global names it) and is written after the
   learner's function returned, with a secret the set-up read and deleted before that
@@ -23,16 +24,14 @@
   no name in any folder (``memfd_create``; a temporary file where there is none).
 * ``check_diagnose(diagnose)``: fresh logs of several failed jobs (a worker killed, crashed
   before joining and while training, stalled or never started; a job whose workers each
-  trained alone); the learner's function,
-  called in a copy of this process forked before the logs are drawn, names the cause and the
-  worker at fault.
+  trained alone); the learner's function, called in a copy of this process forked before the
+  logs are drawn, names the cause and the worker at fault.
 * ``check_resume(restore_latest, make_dataset_fn)``: in this process, ``restore_latest`` on
   fresh checkpoints of a model and an SGD optimizer with momentum (both restored, with the
   count) and ``make_dataset_fn`` on fresh input contexts; then the course's worker script with the
   learner's two functions, killed after a checkpoint and restarted: the second run starts at the
   ``examples_done`` of the chief's newest checkpoint (its name holds only the save count),
-  trains every step left exactly once, and ends with the
-  weights of an uninterrupted one-device run.
+  trains every step left exactly once, and ends with the weights of an unbroken one-device run.
 
 Still passes: a function reaching the audit by attribute names built at run time (or ctypes),
 or through a library function that reads a closure's cells for it under a name not scanned
@@ -41,9 +40,11 @@ no scan of code sees every name it builds, the audit must be reachable from what
 records, and CPython raises no audit event for ``__closure__`` or ``cell_contents``. The
 callers' locals (read by names built at run time: ``getargvalues`` and ``f_locals`` are
 scanned) hold no part of the in-process audit of the datasets, which lives in closures (its
-end, called early, is named; tested), but do hold that check's
-other locals (the examples each step trained so far). The audit of the datasets also misses
-some whole global batches (:mod:`course_utils.grading.checks.dataset_audit`).
+end, called early, is named; tested), but do hold that check's other locals (the examples
+each step trained so far). The audit of the datasets also misses some whole global batches
+(:mod:`course_utils.grading.checks.dataset_audit`). Exercise 1 passes a global batch of the
+workers ``TF_CONFIG`` lists, not the replicas: on CPUs MWMS makes one replica per worker
+(``collective_all_reduce_strategy.py`` lines 415-423), the same number here.
 
 The worker scripts are written by :mod:`course_utils.grading.checks.worker_scripts`; every
 worker is forked from one process that imported TensorFlow once
@@ -65,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.grading.checks.checkpoint_files import checkpoint_dir_problem
 from course_utils.grading.checks.dataset_audit import COUNTED
 from course_utils.grading.checks.diagnosis import (  # noqa: F401
     _diagnosis_cases,
@@ -271,6 +273,8 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
         if any(os.path.exists(d) for d in other):
             return (f"worker {worker} left its temporary checkpoint folder behind: delete it "
                     "after each save")
+    if checkpoint_dir_problem(shared, audits):     # listed: only the chief's checkpoints
+        return checkpoint_dir_problem(shared, audits)
     latest = tf.train.latest_checkpoint(str(folder / "checkpoints"))
     if latest is None:
         return "no checkpoint in checkpoint_dir: save at the end of training too"
@@ -336,8 +340,8 @@ def check_train_worker(fn: Any) -> bool:
                          lambda: run_and_verify(workers)), cases,
                      hint="compare the broken worker with the lesson's script, parts 1-5: "
                           "a dataset_fn sharded by its InputContext, the global batch of "
-                          "all replicas (num_replicas_in_sync: the check runs 2 and 3 "
-                          "workers), the step inside strategy.run, the loss divided by it, a "
+                          "all replicas (num_replicas_in_sync, not the workers: one replica "
+                          "each here), the step inside strategy.run, the loss divided by it, a "
                           "CheckpointManager of the model and optimizer writing to "
                           "checkpoint_dir on the chief only, every save_every steps and after "
                           "the last step. Section 2.")

@@ -36,8 +36,9 @@ LEARNING_RATE = 0.1
 #: differently on every worker, so that only the strategy's broadcast makes the initial weights
 #: equal; it records the strategy it was built under and its replica count; a weightless layer
 #: records, in each backward pass, the examples it carried and the replica context it ran in),
-#: an audit of ``CheckpointManager.save`` (where each worker saved, after how many backward
-#: passes, which folders of its earlier saves were still there then and in each backward pass)
+#: an audit of ``CheckpointManager.save`` (where each worker saved, the prefix each save wrote,
+#: after how many backward passes, which folders of its earlier saves were still there then
+#: and in each backward pass) and of ``tf.train.Checkpoint``'s ``write`` and ``save``,
 #: and of every tf.data dataset the worker makes (the batch or window sizes of its batching
 #: ops, whatever tf.data method made them, and any element already holding more rows than a
 #: replica's share: :func:`~course_utils.grading.checks.dataset_audit.dataset_auditor`, given
@@ -77,7 +78,8 @@ def _set_up(out, task, workers, share, data, seed, classes):
             ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
         except (OSError, AttributeError):
             pass
-    built, saves, saved_after, rows, contexts, left, lingering = ([] for _ in range(7))
+    built, saves, saved_after, rows, contexts, left, lingering, written, writes = (
+        [] for _ in range(9))
     exists, abspath, join, write, close, exit_now = (
         os.path.exists, os.path.abspath, os.path.join, os.write, os.close, os._exit)
     replica_context, dependencies = tf.distribute.get_replica_context, tf.control_dependencies
@@ -162,9 +164,21 @@ def _set_up(out, task, workers, share, data, seed, classes):
         left.append(sort({d for d in saves if exists(d)}))
         saves.append(abspath(str(self.directory)))
         saved_after.append(len(rows))                     # backward passes so far
-        return manager_save(self, *args, **kwargs)
+        path = manager_save(self, *args, **kwargs)
+        if path:                                          # the prefix it wrote
+            written.append(abspath(str(path)))
+        return path
+
+    def audited_write(method, name):                      # tf.train.Checkpoint's own
+        def audited(self, *args, **kwargs):
+            path = method(self, *args, **kwargs)
+            writes.append((name, abspath(str(path))))
+            return path
+        return audited
 
     tf.train.CheckpointManager.save = audited_save
+    tf.train.Checkpoint.write = audited_write(tf.train.Checkpoint.write, "write")
+    tf.train.Checkpoint.save = audited_write(tf.train.Checkpoint.save, "save")
     with load(io.BytesIO(content) if content is not None else data) as arrays:
         given = (arrays["x"], arrays["y"])        # the data your function is handed
     tf.data.Dataset.__init__, batches = dataset_auditor(
@@ -174,7 +188,7 @@ def _set_up(out, task, workers, share, data, seed, classes):
         \"\"\"Write the audit, then end this worker at once (nothing runs after it).\"\"\"
         record = {"secret": secret, "saves": saves, "built": built, "saved_after": saved_after,
                   "rows": rows, "contexts": contexts, "left": left, "batches": batches,
-                  "lingering": lingering}
+                  "lingering": lingering, "written": written, "writes": writes}
         handle = open_file(join(out, f"audit-{task}.txt"), flags)
         write(handle, repr(record).encode())
         close(handle)
