@@ -280,8 +280,29 @@ def test_timing_the_last_epoch_alone_fails(keras, monkeypatch):
 def test_a_mean_of_per_batch_times_fails(keras, monkeypatch):
     # nb31-08 L1: the mean of the batches' own times (begin to end), epochs after the first:
     # the timing the exercise names as wrong passed 1 run in 7 (the gaps between epochs were a
-    # few ms); the model's fit now sleeps a step's wait after each epoch, which it leaves out
+    # few ms); the model's fit now sleeps between the timed epochs, which it leaves out
     monkeypatch.setattr(lesson_08, "DELAY_RANGE_S", (0.2, 0.21))
+    with pytest.raises(AssertionError, match=r"case \d+ .*epochs after the first took"):
+        cu.grading.check_train_with_policy(batch_mean_trainer(keras, lambda n: 1.0))
+
+
+def test_a_mean_of_per_batch_times_scaled_by_a_factor_fails(keras, monkeypatch):
+    # r08 L1: that mean times (1 + 1/n), "one step more for the pause", passed 4 runs in 7:
+    # every epoch ended with one step's wait, a fixed share of the epochs' span, and the bounds
+    # are some 16 % apart. The pause between the timed epochs is now a share of their steps'
+    # waits drawn small (2-8 %) in one run and large (25-40 %) in the other: no one factor on
+    # the mean lies within both runs' bounds (the first run may pass: the second fails then)
+    from course_utils.grading.checks import pipe_log
+
+    monkeypatch.setattr(lesson_08, "DELAY_RANGE_S", (0.06, 0.07))
+    monkeypatch.setattr(pipe_log, "TRACE_DELAY_S", 0.1)  # the first epoch is not timed here
+    with pytest.raises(AssertionError, match=r"case \d+ .*epochs after the first took"):
+        cu.grading.check_train_with_policy(batch_mean_trainer(keras, lambda n: 1 + 1 / n))
+
+
+def batch_mean_trainer(keras, factor):
+    """``train_with_policy`` right but for its time: the mean of the per-batch times (begin
+    to end) of the epochs after the first, times ``factor(n)`` (n: the batches timed)."""
 
     class BatchTimes(keras.callbacks.Callback):
         def __init__(self):
@@ -306,24 +327,24 @@ def test_a_mean_of_per_batch_times_fails(keras, monkeypatch):
         predicted = np.argmax(model.predict(x, verbose=0), axis=-1)
         return {"model": model, "losses": history.history["loss"],
                 "accuracy": float(np.mean(predicted == y)),
-                "seconds_per_step": float(np.mean(timer.times))}
+                "seconds_per_step": float(np.mean(timer.times)) * factor(len(timer.times))}
 
-    with pytest.raises(AssertionError, match=r"case \d+ .*epochs after the first took"):
-        cu.grading.check_train_with_policy(train_with_policy)
+    return train_with_policy
 
 
 def test_the_middle_epochs_wait_longer_by_the_drawn_factor(keras):
     slept = []
     make_model = pipe_log_module().delayed_model_builder(
-        4, 3, 8, 0.001, lambda *r: None, slower=(2, 4, 3.0),
+        4, 3, 8, 0.001, lambda *r: None, slower=(2, 4, 3.0), pause=(1, 2, 0.0005),
         _clock=(time.perf_counter, slept.append))
     model = make_model()
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    model.fit(np.ones((4, 4), np.float32), np.zeros(4), batch_size=2, epochs=3, verbose=0)
+    model.fit(np.ones((4, 4), np.float32), np.zeros(4), batch_size=2, epochs=1, verbose=0)
+    model.fit(np.ones((4, 4), np.float32), np.zeros(4), batch_size=2, epochs=2, verbose=0)
     waits = [s for s in slept if s < 0.1]  # the trace's waits are longer
-    # two steps an epoch, then the pause after the epoch (one step's wait, unscaled)
-    assert waits == pytest.approx([0.001, 0.001, 0.001, 0.003, 0.003, 0.001,
-                                   0.001, 0.001, 0.001])
+    # two steps an epoch; the pause after the second epoch only, counted over the model's
+    # life (the second fit's first epoch)
+    assert waits == pytest.approx([0.001, 0.001, 0.003, 0.003, 0.0005, 0.001, 0.001])
 
 
 def pipe_log_module():
@@ -404,7 +425,8 @@ def test_quality_gap_beyond_the_tolerance_is_reported():
 
 
 def step_with(tf, *, scale=True, divide=True, return_scaled=False, zero_non_finite=False,
-              inner=False, clip="unscaled", rescale=True, norm_after=False, keras_clip=False):
+              inner=False, clip="unscaled", rescale=True, norm_after=False, keras_clip=False,
+              scale_read_after_apply=False):
     """A loss-scaled, clipped step, right by default; each flag makes one popular mistake."""
 
     def step(model, optimizer, loss_fn, x, y, clip_norm):
@@ -436,6 +458,8 @@ def step_with(tf, *, scale=True, divide=True, return_scaled=False, zero_non_fini
         else:
             optimizer.apply([g * optimizer.dynamic_scale for g in applied] if rescale
                             else applied, model.trainable_variables)
+        if scale_read_after_apply:  # the next step's scale: apply doubled it
+            norm = tf.linalg.global_norm(gradients) / optimizer.dynamic_scale
         return (scaled_loss if return_scaled else loss), norm
 
     return step
@@ -508,10 +532,14 @@ def test_the_lesson_cell_copied_fails(tf):
     ({"clip": "per tensor"}, r"step \d: the weights differ"),
     ({"rescale": False}, r"step 1: the weights differ"),
     ({"norm_after": True}, r"step 1: returned norm .*before clipping"),
+    # r08: the norm unscaled by dynamic_scale read after apply had doubled it (0.5x)
+    ({"scale_read_after_apply": True},
+     r"step 1: returned norm .*0\.5× the expected: the loss scale before this step's apply "
+     r"over the scale after it.*read the scale before you apply"),
 ], ids=["without scaling", "true gradients in float16, never scaled", "scaled loss returned",
         "inner optimizer", "overflow applied",
         "no clipping", "scaled gradients clipped", "per-tensor clipping",
-        "clipped gradients not rescaled", "norm after clipping"])
+        "clipped gradients not rescaled", "norm after clipping", "scale read after apply"])
 def test_wrong_loss_scaled_step_fails_usefully(tf, mistake, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_loss_scaled_train_step(step_with(tf, **mistake))

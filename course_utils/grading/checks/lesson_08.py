@@ -10,8 +10,10 @@
   typed policy fails), and reports a steady-state
   time per step that is a timing of its own steps: the check's model sleeps in every training
   step (a time drawn per run, 60 to 400 ms; 2 to 2.5 times that, drawn, in the epochs between
-  the first and the last) and longer while tracing, sleeps a step's time after each epoch (a
-  callback its ``fit`` adds: a mean of the steps' own times leaves it out), and logs when its steps
+  the first and the last) and longer while tracing, sleeps between the timed epochs (a
+  callback its ``fit`` adds: the steps' own times leave it out; a share of the timed steps'
+  waits, small in one run and large in the other, drawn: no one factor on a mean of per-batch
+  times fits both runs), and logs when its steps
   ran and when its ``fit`` returned (into an OS pipe whose read end a child process holds until
   the check reads it: no descriptor in the learner's process reads the log back; see
   ``pipe_log``), so the learner's figure must lie
@@ -88,6 +90,12 @@ DELAY_RANGE_S = (0.06, 0.4)
 #: per run: a timing of the last epoch alone (or of the middle ones) misses the bounds of the
 #: epochs after the first as a whole (the last epoch alone passed before).
 MIDDLE_EPOCHS_SLOWER = (2.0, 2.5)
+#: The model's fit sleeps between the epochs after the first (after each but the first and the
+#: last), in all a share of the timed steps' waits drawn per run from one of these ranges, the
+#: other run from the other (which run gets which, drawn): a mean of per-batch times scaled by
+#: any one factor misses one run's bounds (a mean times 1 + 1/n passed 4 runs in 7 when every
+#: epoch ended with a pause of one step's wait, a fixed share of the epochs' span: r08 L1).
+PAUSE_SHARES = ((0.02, 0.08), (0.25, 0.4))
 #: The global policies in force when the learner's function is called (neither of the two it
 #: is asked to train under), one drawn per run and a different one for each run: it must find
 #: its run's there again, which no typed policy ("float32", "mixed_bfloat16") does every time.
@@ -270,10 +278,15 @@ def check_train_with_policy(fn: Any) -> bool:
     pipes = {p: pipe_log() for p in policies}  # (write-only log, reader, closer) per run
     steps_per_epoch = -(-len(x) // BATCH_SIZE)
     middle = (steps_per_epoch, (EPOCHS - 1) * steps_per_epoch)  # epochs 2 to EPOCHS - 1
-    builders = {p: delayed_model_builder(num_features, num_classes, units,
-                                         math.exp(rng.uniform(low, high)), pipes[p][0],
-                                         slower=(*middle, rng.uniform(*MIDDLE_EPOCHS_SLOWER)))
-                for p in policies}
+    shares = dict(zip(policies, rng.sample(PAUSE_SHARES, len(policies)), strict=True))
+    builders = {}
+    for p in policies:
+        delay, factor = math.exp(rng.uniform(low, high)), rng.uniform(*MIDDLE_EPOCHS_SLOWER)
+        timed = steps_per_epoch * delay * (factor * (EPOCHS - 2) + 1)  # the steps' waits
+        pause = rng.uniform(*shares[p]) * timed / max(EPOCHS - 2, 1)  # per epoch between
+        builders[p] = delayed_model_builder(num_features, num_classes, units, delay,
+                                            pipes[p][0], slower=(*middle, factor),
+                                            pause=(1, EPOCHS - 1, pause))
     initial_weights = _model_builder(num_features, num_classes, units)().get_weights()
     found = dict(zip(policies, rng.sample(FOUND_POLICIES, len(policies)), strict=True))
     runs: dict[str, dict[str, Any]] = {}

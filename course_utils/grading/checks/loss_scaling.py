@@ -96,6 +96,22 @@ def _edge_scale(model: Any, loss_fn: Any, x: Any, y: Any) -> float:
     raise RuntimeError("the check's gradients never overflowed float16")
 
 
+def _read_after_apply(before: float, after: float) -> Callable[[float, float], str]:
+    """A note for a returned value off by the ratio of the loss scale before the step's
+    ``apply`` to after it: the learner divided by ``dynamic_scale`` read after ``apply``."""
+
+    def note(got: float, expected: float) -> str:
+        if before == after or not expected or not math.isclose(got / expected, before / after,
+                                                               rel_tol=1e-3):
+            return ""
+        return (f": the loss scale before this step's apply over the scale after it, "
+                f"2^{math.log2(before):.0f} over 2^{math.log2(after):.0f}. optimizer.apply "
+                "changes optimizer.dynamic_scale (it doubles it after a finite step, "
+                f"dynamic_growth_steps={GROWTH_STEPS}): read the scale before you apply")
+
+    return note
+
+
 @register
 def check_loss_scaled_train_step(fn: Any) -> bool:
     """Check ``loss_scaled_train_step(model, optimizer, loss_fn, x, y, clip_norm)`` against a
@@ -150,11 +166,12 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
         expected_loss, expected_norm = (float(v) for v in _reference_step(
             reference, reference_opt, loss_fn, *batches[i], clip_norm))
         expected_applied = int(reference_opt.iterations) > updates_before
+        grown = _read_after_apply(scale_before, float(reference_opt.dynamic_scale))
         if i != planted and not math.isclose(got, expected_loss, rel_tol=1e-3,
                                           abs_tol=1e-5 * LOSS_WEIGHT):
             ratio = f" ({got / expected_loss:.3g}× the expected)" if expected_loss else ""
             return (f"{where}: returned loss {got:.6g}, expected the unscaled "
-                    f"{expected_loss:.6g}{ratio}")
+                    f"{expected_loss:.6g}{ratio}{grown(got, expected_loss)}")
         if i != planted and not expected_applied and applied:
             return (f"{where}: at the loss scale 2^{math.log2(scale_before):.0f} this batch's "
                     "gradients overflow float16 in the backward pass, so the step is skipped "
@@ -164,7 +181,8 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
         if expected_applied and not math.isclose(got_norm, expected_norm, rel_tol=1e-3):
             ratio = f", {got_norm / expected_norm:.3g}× the expected" if expected_norm else ""
             return (f"{where}: returned norm {got_norm:.6g}, expected {expected_norm:.6g}, the "
-                    f"global norm of the unscaled gradients before clipping{ratio}")
+                    f"global norm of the unscaled gradients before clipping{ratio}"
+                    f"{grown(got_norm, expected_norm)}")
         if not expected_applied and math.isfinite(got_norm):
             return (f"{where}: returned a finite norm {got_norm:.6g} for gradients that "
                     "overflowed (inf or nan): what changed them before you measured?")

@@ -142,14 +142,17 @@ TRACE_DELAY_S = 1.0
 
 def delayed_model_builder(num_features: int, num_classes: int, units: int, delay_s: float,
                           log: Log, *, slower: tuple[int, int, float] = (0, 0, 1.0),
+                          pause: tuple[int, int, float] = (0, 0, 0.0),
                           _clock: tuple[Any, Any] = (time.perf_counter, time.sleep)
                           ) -> Callable[[], Any]:
     """An MLP whose training steps wait ``delay_s`` (the steps ``first <= n < end`` of
     ``slower = (first, end, factor)``, counted from 0 over the model's life, ``factor`` times
     longer; and whose tracing waits longer), writing
     into ``log`` when each step's wait began and ended and when each call of the model's
-    ``fit`` returned: the bounds of any timing of its own run. Its ``fit`` also sleeps
-    ``delay_s`` after each epoch (a callback: outside every step, inside the epochs' span).
+    ``fit`` returned: the bounds of any timing of its own run. Its ``fit`` also sleeps after
+    the epochs ``first <= n < end`` of ``pause = (first, end, seconds)`` (counted from 0 over
+    the model's life), ``seconds`` each (a callback: outside every step, inside the span of the
+    epochs around it).
     ``log`` is write-only (an OS pipe whose read end a child process holds, see
     :func:`pipe_log`). ``_clock`` (the clock and
     sleep the model uses) is bound when the course is imported, ``TRACE_DELAY_S`` when the
@@ -164,7 +167,8 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
     now, sleep = _clock
     trace_delay_s = float(TRACE_DELAY_S)
     first_slow, end_slow, factor = slower
-    waits = [0]  # the training steps this model has waited in
+    first_pause, end_pause, pause_s = pause
+    waits, ends = [0], [0]  # the training steps this model has waited in, its epochs ended
 
     class StepDelay(keras.layers.Layer):
         """Adds 0 to the logits, after sleeping in every training step."""
@@ -190,11 +194,13 @@ def delayed_model_builder(num_features: int, num_classes: int, units: int, delay
             return inputs + tf.cast(zero, inputs.dtype)
 
     class EpochPause(keras.callbacks.Callback):
-        """Sleeps a step's wait after each epoch, between its last step and the next's first:
-        a timing of the epochs spans it, a mean of the steps' own times leaves it out."""
+        """Sleeps ``pause_s`` after the epochs of ``pause``, between an epoch's last step and
+        the next's first: a timing of the epochs spans it, the steps' own times leave it out."""
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            sleep(delay_s)
+            ends[0] += 1
+            if first_pause <= ends[0] - 1 < end_pause:
+                sleep(pause_s)
 
     def make_model() -> Any:
         base = mlp(num_features, num_classes, hidden_units=(units, units))
