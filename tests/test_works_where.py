@@ -153,6 +153,43 @@ def test_loss_scale_optimizer_applies_an_overflow_of_the_second_replica():
     assert unprobed.issue == cells.OVERFLOW_NOT_PROBED
 
 
+def test_loss_scale_optimizer_under_parameter_servers_says_its_overflow_was_not_probed(
+        monkeypatch):
+    """rA U1: the scheduled loop runs no overflow step, so its ✅ carries the caveat."""
+    from course_utils.works_where import coordinator_jobs
+
+    task = ww.make_task(steps=2, global_batch=8)
+    trained = (task.reference_weights(), coordinator_jobs.PS_STEPS, coordinator_jobs.PS_STEPS)
+    monkeypatch.setitem(coordinator_jobs.PS_JOBS, "loss_scale_optimizer",
+                        lambda strategy, task: trained)
+    cell = ww.run_cell("loss_scale_optimizer", "parameter_server", None, task, 0)
+    assert cell.status == "works" and "overflow probe was not run" in cell.detail
+    assert cell.issue == cells.OVERFLOW_NOT_PROBED
+    assert cells.KNOWN_ISSUES[("loss_scale_optimizer", "parameter_server")] in cell.detail
+    monkeypatch.setitem(coordinator_jobs.PS_JOBS, "custom_loop", lambda strategy, task: trained)
+    plain = ww.run_cell("custom_loop", "parameter_server", None, task, 0)
+    assert plain.issue == cells.KNOWN_ISSUES[("custom_loop", "parameter_server")]
+
+
+def test_the_mirrored_replica_count_is_expected_from_the_devices_not_the_strategy(
+        monkeypatch):
+    """rA U2: a Mirrored strategy over fewer devices than this process has fails the check."""
+    import tensorflow as tf
+
+    from course_utils import strategies
+
+    devices = strategies.replica_devices()
+    one = tf.distribute.MirroredStrategy(devices[:1])
+    monkeypatch.setattr(strategies, "make_strategy", lambda *args, **kwargs: one)
+    for column in ("mirrored", "tpu"):
+        strategy, expected, _ = ww.local_strategy(column)
+        assert strategy is one and expected == len(devices) > 1, column
+        task = ww.make_task()
+        cell = ww.check_same_as_reference("keras3_fit", column, task, task.reference_weights(),
+                                          strategy.num_replicas_in_sync, expected)
+        assert cell.status == "wrong" and f"expected {len(devices)}" in cell.detail
+
+
 def test_run_cell_turns_an_error_into_a_cell_and_skips_what_makes_no_sense():
     class Broken:
         num_replicas_in_sync = 1

@@ -103,7 +103,8 @@ FIRST_REPLICA_ONLY = ("https://github.com/keras-team/keras/blob/master/keras/src
                       "loss_scale_optimizer.py")
 
 #: The caveat of a "works" LossScaleOptimizer cell whose overflow probe was not run (under
-#: multi-worker): only finite steps were checked there. Links to the runner that skips it.
+#: multi-worker and parameter servers): only finite steps were checked there. Links to the
+#: runner that skips it.
 OVERFLOW_NOT_PROBED = ("https://github.com/scaling-tensorflow/scaling-tensorflow/blob/main/"
                        "course_utils/works_where/runner.py")
 

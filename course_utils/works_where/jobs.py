@@ -135,13 +135,15 @@ def custom_loop(strategy: Any, task: Task, policy: str | None = None,
 
 
 def overflow_on_last_replica_applied(strategy: Any, task: Task) -> bool:
-    """One ``LossScaleOptimizer`` step in which only the last replica's loss is infinite: True
-    when the step was applied anyway (the weights became non-finite), False when it was
-    skipped, as a loss scale must."""
+    """One ``LossScaleOptimizer`` step under ``mixed_float16`` (the row's policy) in which only
+    the last replica's loss is infinite: True when the step was applied anyway (the weights
+    became non-finite), False when it was skipped, as a loss scale must."""
     import keras
     import tensorflow as tf
 
-    with strategy.scope():
+    from course_utils.training.precision import policy_scope
+
+    with policy_scope("mixed_float16"), strategy.scope():
         model = task.keras_model()
         optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(task.learning_rate))
         optimizer.build(model.trainable_variables)
@@ -151,7 +153,7 @@ def overflow_on_last_replica_applied(strategy: Any, task: Task) -> bool:
     def replica_step(x: Any, y: Any) -> None:
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         with tf.GradientTape() as tape:
-            per_example = loss_object(y, model(x, training=True))
+            per_example = loss_object(y, tf.cast(model(x, training=True), tf.float32))
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=task.global_batch)
             loss = loss * tf.where(tf.equal(replica, last), float("inf"), 1.0)
             scaled = optimizer.scale_loss(loss)

@@ -45,10 +45,15 @@ def versions() -> dict[str, str]:
 
 
 def local_strategy(column: str) -> tuple[Any, int, str | None]:
-    """``(strategy, expected replicas, note)`` for a column this process runs."""
+    """``(strategy, expected replicas, note)`` for a column this process runs.
+
+    The expected count is not read from the strategy (the check compares the strategy's
+    ``num_replicas_in_sync`` with it): 1 for default and OneDevice; every logical GPU, else
+    every logical CPU, of this process for Mirrored and the TPU fallback; every TPU core for
+    a real TPU."""
     import tensorflow as tf
 
-    from course_utils.strategies import make_strategy
+    from course_utils.strategies import make_strategy, replica_devices
 
     if column == "parameter_server":
         import gc
@@ -64,15 +69,16 @@ def local_strategy(column: str) -> tuple[Any, int, str | None]:
     if column == "tpu":
         strategy = make_strategy("tpu", verbose=False)
         if isinstance(strategy, tf.distribute.TPUStrategy):
-            return strategy, strategy.num_replicas_in_sync, "a real TPU"
-        return (strategy, strategy.num_replicas_in_sync,
+            return strategy, len(tf.config.list_logical_devices("TPU")), "a real TPU"
+        return (strategy, len(replica_devices()),
                 f"no TPU here: `cu.make_strategy('tpu')` fell back to "
                 f"{type(strategy).__name__} over {strategy.num_replicas_in_sync} device(s)")
     strategy = make_strategy(column, verbose=False)
     if column == "mirrored":
         devices = strategy.extended.worker_devices
         names = ", ".join(device.rsplit("/device:", 1)[-1] for device in devices)
-        return strategy, len(devices), f"MirroredStrategy over {len(devices)} device(s): {names}"
+        return (strategy, len(replica_devices()),
+                f"MirroredStrategy over {len(devices)} device(s): {names}")
     return strategy, 1, None
 
 

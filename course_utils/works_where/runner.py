@@ -29,7 +29,10 @@ def _run_job(row: str, column: str, strategy: Any, task: Task, expected_replicas
         from course_utils.works_where.coordinator_jobs import PS_JOBS, PS_STEPS
 
         weights, applied, iterations = PS_JOBS[row](strategy, task)
-        return check_async(row, column, task, weights, applied, PS_STEPS, iterations)
+        cell = check_async(row, column, task, weights, applied, PS_STEPS, iterations)
+        if row == "loss_scale_optimizer" and cell.status == "works":
+            return _not_probed(cell)  # scheduled steps: no overflow step is run
+        return cell
     if row == "keras_distribution":
         from course_utils.strategies import replica_devices
         from course_utils.works_where.jobs import fit_keras_distribution
@@ -45,10 +48,18 @@ def _run_job(row: str, column: str, strategy: Any, task: Task, expected_replicas
                                    expected_replicas, tolerance)
     if row == "loss_scale_optimizer" and cell.status == "works":
         if column == "multi_worker":  # see _overflow_caveat: only finite steps checked here
-            return Cell(cell.status, cell.detail + "; the overflow probe was not run here "
-                        "(finite steps only)", OVERFLOW_NOT_PROBED)
+            return _not_probed(cell)
         cell = _overflow_caveat(cell, strategy, task)
     return cell
+
+
+def _not_probed(cell: Cell) -> Cell:
+    """A "works" LossScaleOptimizer cell whose overflow probe was not run (multi-worker,
+    parameter servers): finite steps only, and the cell's caveat says so. An upstream issue
+    the cell cited stays in its detail."""
+    cited = f"; see also {cell.issue}" if cell.issue else ""
+    return Cell(cell.status, cell.detail + "; the overflow probe was not run here (finite "
+                f"steps only){cited}", OVERFLOW_NOT_PROBED)
 
 
 def _overflow_caveat(cell: Cell, strategy: Any, task: Task) -> Cell:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_utils.works_where.cells import APIS, STRATEGIES, Cell
+from course_utils.works_where.verdicts import TOLERANCES
 
 __all__ = ["Matrix", "SYMBOLS", "README_MARKERS", "short_link", "to_markdown", "status_rows",
            "detail_rows", "statuses_from_markdown", "status_differences",
@@ -95,11 +96,16 @@ def to_markdown(matrix: Matrix,
     for row, label in APIS.items():
         cells = [_cell_text(matrix.cells[row][column]) for column in STRATEGIES]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "✅ trained, and the check passed (weights equal a one-device reference on the "
-              "same global batches with the right replica count; under parameter servers, "
-              "every step applied and the loss fell) · ⚠️ ran without an error but the check "
+    float32, mixed = (f"{TOLERANCES[key]:.0e}".replace("e-0", "e-")
+                      for key in ("float32", "mixed_float16"))
+    lines += ["", "✅ trained, and the check passed (every weight within "
+              f"{float32} of a one-device reference on the same global "
+              f"batches, {mixed} under `mixed_float16`, with as many "
+              "replicas as the column's devices; under parameter servers, every step applied "
+              "and the loss down by a fifth) · ⚠️ ran without an error but the check "
               "failed · ❌ raised (the error and its upstream issue below) · ➖ makes no sense "
-              "(why below). A link beside ✅ is a caveat: read the cell's details."]
+              "(why below). A link beside ✅ is a caveat: read the cell's details "
+              "(\"overflow not probed\": finite steps only)."]
     for column, note in matrix.notes.items():
         lines.append(f"{STRATEGIES[column]}: {note}.")
     lines += ["", "<details><summary>What each cell measured or raised</summary>", ""]
