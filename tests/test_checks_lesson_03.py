@@ -383,6 +383,38 @@ def _matched_against_the_course_logs(logs):
     return ("killed", 1) if len(made) == len(logs) else ("stalled", 1)
 
 
+def _four_names_and_the_shortest_log(logs):
+    """r03b L1: the four error names the old logs held, else the shortest log blamed."""
+    if "1 replicas in sync" in logs[0]:
+        return "not_in_cluster", None
+    shortest = min(range(len(logs)), key=lambda w: len(logs[w].strip()))
+    if not logs[shortest].strip():
+        return "never_started", shortest
+    for worker, log in enumerate(logs):
+        if any(name in log for name in ("InvalidArgument", "FileNotFound", "KeyError",
+                                        "MemoryError")):
+            return "crashed", worker
+    text = "".join(logs)
+    return ("killed" if "grpc" in text or "heartbeats" in text else "stalled"), shortest
+
+
+def _timed_out_anywhere_means_stalled(logs):
+    """r03b L2: crashes read right, then stalled wherever a collective timed out."""
+    cause, worker = diagnose(logs)
+    if cause in ("killed", "stalled"):
+        text = "".join(logs)
+        return ("stalled" if "timed out" in text else "killed"), min(
+            range(len(logs)), key=lambda w: len(logs[w]))
+    return cause, worker
+
+
+def _unavailable_means_killed(logs):
+    """Any UnavailableError read as a kill, before any log's own traceback is looked for."""
+    if any("UnavailableError" in log for log in logs):
+        return "killed", next((w for w, log in enumerate(logs) if "Error" not in log), 0)
+    return diagnose(logs)
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -402,15 +434,15 @@ DIAGNOSIS_CATALOGUE = {
                                                      "the cause is 'crashed', you said "
                                                      "'never_started'"),
     "the shortest log blamed": (_shortest_log_blamed,
-                                "the cause is 'crashed', you said|the worker at fault is"),
+                                r"the cause is '\w+', you said|the worker at fault is"),
     "the task the errors name blamed": (_task_named_in_the_errors,
-                                        "the cause is 'crashed', you said|at fault is"),
+                                        r"the cause is '\w+', you said|at fault is"),
     "no 'replicas in sync' read as never started": (
         _no_replicas_line_never_started, "you said 'never_started'|the worker at fault is"),
     "the fewest 'Error' words blamed": (_fewest_error_words_blamed,
-                                        "the cause is 'crashed', you said|at fault is"),
+                                        r"the cause is '\w+', you said|at fault is"),
     "each log's last line only": (_last_line_only,
-                                  "the cause is 'crashed', you said '(killed|stalled)'"),
+                                  "the cause is '(crashed|killed)', you said '(killed|stalled)'"),
     "a dropped connection read as worker 0's loss": (_dropped_connection_means_worker_0,
                                                       r"the worker at fault is [1-9]"),
     "library frames read as a crash": (_library_frames_mean_a_crash,
@@ -419,6 +451,12 @@ DIAGNOSIS_CATALOGUE = {
                                                  "the cause is 'not_in_cluster'"),
     "keywords of the whole job": (_keywords_of_the_whole_job,
                                   r"the cause is '\w+', you said|the worker at fault is \d,"),
+    "four fixed error names, the shortest log blamed (r03b L1)": (
+        _four_names_and_the_shortest_log, "the cause is 'crashed', you said"),
+    "a time-out anywhere read as a stall (r03b L2)": (
+        _timed_out_anywhere_means_stalled, "the cause is 'killed', you said 'stalled'"),
+    "peers' UnavailableError read as a kill before the crash is looked for": (
+        _unavailable_means_killed, "the cause is 'crashed', you said 'killed'"),
     "logs made by the course's log maker and matched": (
         _matched_against_the_course_logs, "ran the course's .*failure_logs"),
 }
@@ -444,21 +482,44 @@ def test_every_check_of_diagnose_meets_each_reason_a_killed_peer_gives():
 
 def test_every_check_of_diagnose_kills_worker_0_once_and_others_with_every_reason():
     """A killed worker 0's peers give a reason any killed worker's may (no rule 'this reason
-    means worker 0' passes); a killed worker past the first two meets each reason."""
+    means worker 0' passes); a killed worker past the first two meets each reason, and once
+    some of its survivors time out first (r03b L2)."""
     for seed in range(20):
         cases = lesson_03._diagnosis_cases(random.Random(seed))
-        killed = [case.expected[1] for case in cases if case.expected[0] == "killed"]
-        assert sorted(killed)[0] == 0 and len(killed) == len(worker_logs.KILLED_REASONS) + 1
-        assert all(culprit >= 1 for culprit in sorted(killed)[1:])
+        killed = [case for case in cases if case.expected[0] == "killed"]
+        culprits = sorted(case.expected[1] for case in killed)
+        assert culprits[0] == 0 and len(killed) == len(worker_logs.KILLED_REASONS) + 2
+        assert all(culprit >= 1 for culprit in culprits[1:])
+        mixed = [case for case in killed if any("DeadlineExceeded" in log
+                                                for log in case.args[0])]
+        assert len(mixed) == 1 and any("UnavailableError" in log for log in mixed[0].args[0])
 
 
-def test_every_check_of_diagnose_meets_a_crash_before_joining_and_one_while_training():
+def test_every_check_of_diagnose_meets_crashes_before_joining_and_while_training():
+    """Two kinds drawn before joining, a step's op error, the chief's save (r03b L1)."""
+    kinds = {"label": "InvalidArgumentError", "chief's save": "PermissionDeniedError"}
+    seen = set()
     for seed in range(20):
-        crashes = [case.args[0] for case in lesson_03._diagnosis_cases(random.Random(seed))
+        crashes = [case for case in lesson_03._diagnosis_cases(random.Random(seed))
                    if case.expected[0] == "crashed"]
-        trained = sorted(any(re.search(r"^step \d", log, re.MULTILINE) for log in logs)
-                         for logs in crashes)
-        assert trained == [False, True]
+        trained = sorted(any(re.search(r"^step \d", log, re.MULTILINE) for log in case.args[0])
+                         for case in crashes)
+        assert trained == [False, False, True, True]
+        errors = [re.findall(r"^([\w.]+(?:Error|Zip\w+)): ", case.args[0][case.expected[1]],
+                             re.M)[-1].split(".")[-1] for case in crashes]
+        assert set(kinds.values()) <= set(errors) and len(set(errors)) == 4
+        seen |= set(errors)
+    assert len(seen) >= 7      # kinds no list of the lesson's names covers
+
+
+def test_a_crashed_chief_looks_killed_to_its_peers_but_holds_its_own_traceback():
+    logs = worker_logs.failure_logs("crashed", 3, 0, random.Random(2), crash="chief's save")
+    assert all("UnavailableError" in log and "Socket closed" in log for log in logs[1:])
+    assert "PermissionDeniedError" in logs[0] and diagnose(logs) == ("crashed", 0)
+    with pytest.raises(ValueError, match="does not fit"):
+        worker_logs.failure_logs("crashed", 3, 1, random.Random(0), crash="chief's save")
+    with pytest.raises(ValueError, match="least one of them shows the kill"):
+        worker_logs.failure_logs("killed", 3, 1, random.Random(0), timed_out=2)
 
 
 @pytest.mark.parametrize("check, args", [("train_worker", (stub,)), ("diagnose", (stub,)),
@@ -523,8 +584,6 @@ def test_every_crash_while_training_ends_on_a_line_that_is_not_its_error():
     for _ in range(20):
         logs = worker_logs.failure_logs("crashed", 3, 2, rng, crashed_early=False)
         assert not re.match(r"^[\w.]*Error: ", logs[2].strip().splitlines()[-1])
-        early = worker_logs.failure_logs("crashed", 3, 1, rng, crashed_early=True)
-        assert min(range(3), key=lambda w: len(early[w])) != 1   # not the shortest log
 
 
 def test_the_peers_of_a_crash_while_training_time_out_as_for_a_stall():

@@ -13,6 +13,7 @@ from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.worker_logs import (
     CAUSES,
+    CRASHES,
     KILLED_REASONS,
     failure_logs,
     possible_reasons,
@@ -31,29 +32,38 @@ __all__ = ["check_diagnose"]
 
 def _diagnosis_cases(rng: Any) -> list[Case]:
     """Fresh jobs: every cause; a killed worker other than 0 once with each reason its peers
-    give, and a killed worker 0 with one of the reasons its peers give (drawn: any but
-    heartbeats, as worker 0 runs the coordination service); a crash both before the culprit
-    joined (its peers' logs then end as a never-started worker's do: only the culprit's log
-    tells them apart) and while training."""
+    give, once with some survivors timed out first (a rule "timed out anywhere: stalled" is
+    wrong there), and a killed worker 0 with one of the reasons its peers give (drawn: any but
+    heartbeats, as worker 0 runs the coordination service); two crashes before the culprit
+    joined (two kinds drawn: its peers' logs then end as a never-started worker's do, only the
+    culprit's log tells them apart) and two while training: a worker past the first two (its
+    peers time out, as for a stall) and the chief in its save (its peers find it gone, as for
+    a kill). The errors span kinds the lesson never names: no list of names finds them."""
+    early = rng.sample([c for c in CRASHES if c not in ("label", "chief's save")], 2)
     jobs = [(cause, None) for cause in CAUSES if cause not in ("killed", "crashed")]
     jobs += [("killed", reason) for reason in KILLED_REASONS]
-    jobs += [("killed", "worker 0"), ("crashed", "early"), ("crashed", "late")]
+    jobs += [("killed", "worker 0"), ("killed", "some timed out"),
+             *(("crashed", crash) for crash in [*early, "label", "chief's save"])]
     rng.shuffle(jobs)
     cases = []
     for cause, when in jobs:
-        reason = when if cause == "killed" else None
+        reason = when if cause == "killed" and when in KILLED_REASONS else None
+        crash = when if cause == "crashed" else None
         # 3 or 4 workers and a culprit past the first two wherever the cause allows it: no rule
         # that assumes 2 workers, or blames the first log with a traceback, is right by chance
         workers = rng.randint(2, 4) if cause in ("not_in_cluster", "never_started") else (
             rng.randint(3, 4))
         culprit = None if cause == "not_in_cluster" else rng.randrange(workers)
-        if reason == "worker 0":     # its peers give no heartbeats reason: it runs the
+        if when == "worker 0":       # its peers give no heartbeats reason: it runs the
             culprit = 0              # coordination service; any other may come first
             reason = rng.choice(possible_reasons(0))
-        elif cause in ("killed", "stalled") or when == "late":
+        elif when == "chief's save":
+            culprit = 0
+        elif cause in ("killed", "stalled") or when == "label":
             culprit = rng.randrange(1 if reason == "heartbeats" else 2, workers)
-        logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason,
-                            crashed_early=when == "early" if cause == "crashed" else None)
+        timed_out = rng.randint(1, workers - 2) if when == "some timed out" else 0
+        logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason, crash=crash,
+                            timed_out=timed_out)
         cases.append(Case(args=(logs,), expected=(cause, culprit),
                           label=f"the logs of a {workers}-worker job"))
     return cases
@@ -94,11 +104,13 @@ def check_diagnose(fn: Any) -> bool:
         for case in cases:
             case.verify = _diagnosis_verify(case.expected)
         return run_check(name, in_a_copy, cases,
-                         hint="read each worker's last lines: a traceback of its own (crashed), "
+                         hint="read each worker's last lines: a traceback of its own, whatever "
+                              "its error (crashed; a crashed worker 0's peers fail as for a "
+                              "kill), "
                               "an empty log (never started), peers failing with "
                               "UnavailableError (its port refused a call, a call in flight "
                               "was dropped, or no heartbeats came from it: that worker is "
-                              "gone, killed) or "
+                              "gone, killed, even if other peers timed out first) or only "
                               "DeadlineExceededError (the collective time-out: alive but "
                               "silent, stalled), every worker '1 replicas in sync' (TF_CONFIG "
                               "too late). Sections 3 and 8.")

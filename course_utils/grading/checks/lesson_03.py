@@ -403,8 +403,9 @@ def check_resume(restore_latest: Any, make_dataset_fn: Any) -> bool:
                              "of your batches) instead of computing the answer")
     rng = fresh_rng()
     hint = ("restore tf.train.latest_checkpoint(checkpoint_dir) and return examples_done; "
-            "skip the examples done in the whole data before it is cut into the pipelines' "
-            "shards, so that any number of pipelines and replicas resumes at that example. "
+            "start at that example of the whole data, whatever the number of pipelines and "
+            "replicas: skip it before the data is sharded, or shard and let pipeline i of P "
+            "skip ceil((examples_done - i) / P) of its own rows. "
             "Lesson sections 2-3 and 5.")
     with tempfile.TemporaryDirectory(prefix="lesson03_resume_") as root:
         folder = Path(root)

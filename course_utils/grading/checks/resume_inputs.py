@@ -232,7 +232,8 @@ def _one_shard_per_pipeline(batches: list, pipelines: int, pipeline: int) -> str
         return None
     return (f"pipeline {pipeline} read examples {first_pass[:6]} in one pass of the data, "
             f"{len(classes)} residue classes mod {pipelines}: each pipeline should read only "
-            f"its own shard, every {pipelines}-th example (skip, then shard), not read and "
+            f"its own shard, every {pipelines}-th example (skip then shard, or shard then skip "
+            "its own trained rows), not read and "
             "batch every row and keep every few batches")
 
 
@@ -286,8 +287,8 @@ def dataset_fn_problem(make_dataset_fn: Any, rng: Any) -> str | None:
             if any(size < 0 or size > replica_batch for size in sizes):
                 return (f"{where}: pipeline {pipeline} batched {sizes[:4]} examples at a time "
                         f"({COUNTED}): each pipeline should read only its own shard of the "
-                        f"data, batched by the per-replica batch of {replica_batch} (skip, then "
-                        "shard), not whole global batches to slice its rows")
+                        f"data, batched by the per-replica batch of {replica_batch} (skip then "
+                        "shard, or shard then skip), not whole global batches to slice its rows")
             for index, (features, labels) in enumerate(batches):
                 if not np.array_equal(features, x[labels]):
                     return f"{where}: the features no longer match their labels"

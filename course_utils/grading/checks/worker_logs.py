@@ -16,13 +16,22 @@ time-out: ``DeadlineExceededError ... Collective has timed out during execution`
 peers of a worker that crashed while training (it never joins the step's all-reduce):
 measured on 2 localhost workers with ``timeout_seconds=3``, worker 1 raising a Python error
 between steps or an op error in a step, worker 0 raised that error, never ``Unavailable``.
+A crash of worker 0 (the chief, which runs the coordination service) is another story:
+measured on 3 localhost workers with ``timeout_seconds=3``, worker 0 raising
+``PermissionDeniedError`` in its ``manager.save`` (a checkpoint folder it may not write), its
+peers raised ``UnavailableError`` (``Socket closed``, from task 0), as for a killed worker 0
+(worker 2 got it relayed through worker 1; these logs give every survivor worker 1's form):
+only the culprit's own traceback tells the crash apart. A killed worker's survivor that makes
+no call to the dead port before the collective time-out raises ``DeadlineExceededError``
+instead (lesson 03, section 3's row *killed, timeout_seconds=3*): ``timed_out`` survivors do
+so, at least one survivor still shows the kill.
 """
 
 from __future__ import annotations
 
 import random
 
-__all__ = ["CAUSES", "KILLED_REASONS", "failure_logs", "possible_reasons"]
+__all__ = ["CAUSES", "CRASHES", "KILLED_REASONS", "failure_logs", "possible_reasons"]
 
 #: What went wrong, as :func:`failure_logs` and the learner's ``diagnose`` name it.
 CAUSES = ("killed", "crashed", "never_started", "stalled", "not_in_cluster")
@@ -30,30 +39,76 @@ CAUSES = ("killed", "crashed", "never_started", "stalled", "not_in_cluster")
 #: A worker's own crash before it joined the cluster (reading its data), as Python 3.11 printed
 #: it in this course's environment (NumPy 2): the worker script's line, then the library frames
 #: down to the error, with the caret lines Python draws under each call ({site}: site-packages;
-#: {n}, {m}, {rows}: fresh numbers).
-_CRASHES_BEFORE_JOINING = [
-    ["    with np.load(args.data) as data:",
-     "         ^^^^^^^^^^^^^^^^^^",
-     '  File "{site}/numpy/lib/_npyio_impl.py", line 454, in load',
-     '    fid = stack.enter_context(open(os.fspath(file), "rb"))',
-     "                              ^^^^^^^^^^^^^^^^^^^^^^^^^^^",
-     "FileNotFoundError: [Errno 2] No such file or directory: '/data/train-{n}.npz'"],
-    ['    x, y = data["features"], data["labels"]',
-     "           ~~~~^^^^^^^^^^^^",
-     '  File "{site}/numpy/lib/_npyio_impl.py", line 243, in __getitem__',
-     '    raise KeyError(f"{{key}} is not a file in the archive") from None',
-     "KeyError: 'features is not a file in the archive'"],
-    ["    x = np.repeat(x, 4096, axis=1)",
-     "        ^^^^^^^^^^^^^^^^^^^^^^^^^^",
-     '  File "{site}/numpy/_core/fromnumeric.py", line 481, in repeat',
-     "    return _wrapfunc(a, 'repeat', repeats, axis=axis)",
-     "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
-     '  File "{site}/numpy/_core/fromnumeric.py", line 54, in _wrapfunc',
-     "    return bound(*args, **kwds)",
-     "           ^^^^^^^^^^^^^^^^^^^^",
-     "numpy._core._exceptions._ArrayMemoryError: Unable to allocate {n}.0 GiB for an array "
-     "with shape ({rows}, 4096) and data type float32"],
-]
+#: {stdlib}: the standard library; {n}, {m}, {rows}: fresh numbers). Most name an error the
+#: lesson never names: a reader must find the log's own traceback, not match a list of names.
+_LOAD = ["    with np.load(args.data) as data:", "         ^^^^^^^^^^^^^^^^^^"]
+_CRASHES_BEFORE_JOINING = {
+    "missing file": [
+        *_LOAD,
+        '  File "{site}/numpy/lib/_npyio_impl.py", line 454, in load',
+        '    fid = stack.enter_context(open(os.fspath(file), "rb"))',
+        "                              ^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        "FileNotFoundError: [Errno 2] No such file or directory: '/data/train-{n}.npz'"],
+    # the same call, the file there but not readable by the worker's user (Python's own
+    # message for errno 13, raised by the same open)
+    "unreadable file": [
+        *_LOAD,
+        '  File "{site}/numpy/lib/_npyio_impl.py", line 454, in load',
+        '    fid = stack.enter_context(open(os.fspath(file), "rb"))',
+        "                              ^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        "PermissionError: [Errno 13] Permission denied: '/data/train-{n}.npz'"],
+    "truncated file": [     # a copy cut short: measured on half of an .npz
+        *_LOAD,
+        '  File "{site}/numpy/lib/_npyio_impl.py", line 471, in load',
+        "    ret = NpzFile(fid, own_fid=own_fid, allow_pickle=allow_pickle,",
+        "          ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        '  File "{site}/numpy/lib/_npyio_impl.py", line 197, in __init__',
+        "    _zip = zipfile_factory(fid)",
+        "           ^^^^^^^^^^^^^^^^^^^^",
+        '  File "{site}/numpy/lib/_npyio_impl.py", line 112, in zipfile_factory',
+        "    return zipfile.ZipFile(file, *args, **kwargs)",
+        "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        '  File "{stdlib}/zipfile.py", line 1302, in __init__',
+        "    self._RealGetContents()",
+        '  File "{stdlib}/zipfile.py", line 1369, in _RealGetContents',
+        '    raise BadZipFile("File is not a zip file")',
+        "zipfile.BadZipFile: File is not a zip file"],
+    "empty file": [
+        *_LOAD,
+        '  File "{site}/numpy/lib/_npyio_impl.py", line 463, in load',
+        '    raise EOFError("No data left in file")',
+        "EOFError: No data left in file"],
+    "missing key": [
+        '    x, y = data["features"], data["labels"]',
+        "           ~~~~^^^^^^^^^^^^",
+        '  File "{site}/numpy/lib/_npyio_impl.py", line 243, in __getitem__',
+        '    raise KeyError(f"{{key}} is not a file in the archive") from None',
+        "KeyError: 'features is not a file in the archive'"],
+    "object array": [
+        "    x = np.load(args.features)",
+        "        ^^^^^^^^^^^^^^^^^^^^^^",
+        '  File "{site}/numpy/lib/_npyio_impl.py", line 483, in load',
+        "    return format.read_array(fid, allow_pickle=allow_pickle,",
+        "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        '  File "{site}/numpy/lib/_format_impl.py", line 833, in read_array',
+        '    raise ValueError("Object arrays cannot be loaded when "',
+        "ValueError: Object arrays cannot be loaded when allow_pickle=False"],
+    "wrong shape": [
+        "    x = x.reshape(-1, 64)",
+        "        ^^^^^^^^^^^^^^^^^",
+        "ValueError: cannot reshape array of size {rows} into shape (64)"],
+    "out of memory": [
+        "    x = np.repeat(x, 4096, axis=1)",
+        "        ^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        '  File "{site}/numpy/_core/fromnumeric.py", line 481, in repeat',
+        "    return _wrapfunc(a, 'repeat', repeats, axis=axis)",
+        "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        '  File "{site}/numpy/_core/fromnumeric.py", line 54, in _wrapfunc',
+        "    return bound(*args, **kwds)",
+        "           ^^^^^^^^^^^^^^^^^^^^",
+        "numpy._core._exceptions._ArrayMemoryError: Unable to allocate {n}.0 GiB for an array "
+        "with shape ({rows}, 4096) and data type float32"],
+}
 
 #: The frames between the worker script's call of its train step and an op's error, as
 #: TensorFlow 2.21 prints them under Python 3.11 (a crash while training shows them too).
@@ -73,8 +128,8 @@ _STEP_FRAMES = [
 #: ``replica_step`` in (Python 3.11.7's ``threading.py``), not under ``<module>`` and
 #: ``train_step``. (The W/E lines TensorFlow logs before a traceback, a survivor's too, are
 #: left out of every log.)
-_CRASHES_WHILE_TRAINING = [
-    ["Traceback (most recent call last):",
+_CRASHES_WHILE_TRAINING = {
+    "label": ["Traceback (most recent call last):",
      '  File "/job/worker.py", line {line}, in <module>',
      *_STEP_FRAMES,
      "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution error:", "",
@@ -94,7 +149,34 @@ _CRASHES_WHILE_TRAINING = [
      "values: {labels}",
      "\t [[{{{{node sparse_categorical_crossentropy/SparseSoftmaxCrossEntropyWithLogits/"
      "SparseSoftmaxCrossEntropyWithLogits}}}}]] [Op:__inference_train_step_{op}]"],
-]
+    # the chief's save into a checkpoint folder it may not write, as measured (the module's
+    # docstring): after its step's line, between steps; its peers' calls to it then fail
+    "chief's save": [
+        "Traceback (most recent call last):",
+        '  File "/job/worker.py", line {save_line}, in <module>',
+        "    manager.save(checkpoint_number=step)",
+        '  File "{site}/tensorflow/python/checkpoint/checkpoint_management.py", line 859, in '
+        "save",
+        "    save_path = self._checkpoint._write(prefix, options=options)  # pylint: "
+        "disable=protected-access",
+        "                ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        '  File "{site}/tensorflow/python/checkpoint/checkpoint.py", line 2369, in _write',
+        "    output = self._saver.save(file_prefix=file_prefix, options=options)",
+        "             ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        '  File "{site}/tensorflow/python/checkpoint/checkpoint.py", line 1354, in save',
+        "    file_io.recursive_create_dir(os.path.dirname(file_prefix))",
+        '  File "{site}/tensorflow/python/lib/io/file_io.py", line 498, in '
+        "recursive_create_dir",
+        "    recursive_create_dir_v2(dirname)",
+        '  File "{site}/tensorflow/python/lib/io/file_io.py", line 513, in '
+        "recursive_create_dir_v2",
+        "    _pywrap_file_io.RecursivelyCreateDir(compat.path_to_bytes(path))",
+        "tensorflow.python.framework.errors_impl.PermissionDeniedError: /data/checkpoints-{n}; "
+        "Operation not permitted"],
+}
+
+#: The crashes, by name: :func:`failure_logs`' ``crash``.
+CRASHES = (*_CRASHES_BEFORE_JOINING, *_CRASHES_WHILE_TRAINING)
 
 #: Where a worker's Python packages may be installed, and its Python's standard library (a
 #: Python 3.11.7, whose threading.py the crash's frames name: not a distribution's
@@ -179,36 +261,41 @@ def _collective_error(kind: str, reason: list[str], step_line: int, site: str) -
             "\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_train_step_296]"]
 
 
-def _crash(rng: random.Random, before_joining: bool, site: str, step_line: int) -> list[str]:
+def _crash(rng: random.Random, crash: str, site: str, step_line: int) -> list[str]:
     n, line = rng.randint(10, 99), rng.randint(60, 80)
     classes = rng.randint(3, 9)
     labels = [rng.choice([*range(classes), n]) for _ in range(16)]
     labels[rng.randrange(16)] = n                   # the label the message names
     labels = " ".join(map(str, labels))
-    fill = {"site": site, "n": n, "m": rng.randint(10, 99), "rows": n * 65536,
-            "line": line, "step_line": rng.randint(40, 50), "replica_line": rng.randint(30, 39),
-            "labels": labels, "op": rng.randint(200, 999)}
-    crash = rng.choice(_CRASHES_BEFORE_JOINING if before_joining else _CRASHES_WHILE_TRAINING)
-    if before_joining:
+    fill = {"site": site, "stdlib": _STDLIBS[site], "n": n, "m": rng.randint(10, 99),
+            "rows": n * 65536, "line": line, "step_line": rng.randint(40, 50),
+            "replica_line": rng.randint(30, 39), "labels": labels, "op": rng.randint(200, 999),
+            "save_line": step_line + 4}
+    if crash in _CRASHES_BEFORE_JOINING:
+        if crash == "wrong shape":              # a size 64 does not divide
+            fill["rows"] = 64 * rng.randint(100, 9999) + rng.randint(1, 63)
         return ["Traceback (most recent call last):",
                 f'  File "/job/worker.py", line {line - 50}, in <module>',
-                *(text.format(**fill) for text in crash)]
+                *(text.format(**fill) for text in _CRASHES_BEFORE_JOINING[crash])]
     # a label outside [0, classes), in the step call every worker of the job runs
-    fill.update(m=classes, stdlib=_STDLIBS[site], line=step_line)
-    return [text.format(**fill) for text in crash]
+    fill.update(m=classes, line=step_line)
+    return [text.format(**fill) for text in _CRASHES_WHILE_TRAINING[crash]]
 
 
 def failure_logs(cause: str, num_workers: int, culprit: int | None,
                  rng: random.Random, killed_reason: str | None = None,
-                 crashed_early: bool | None = None) -> list[str]:
+                 crashed_early: bool | None = None, crash: str | None = None,
+                 timed_out: int = 0) -> list[str]:
     """The logs of ``num_workers`` workers after ``cause``, started by worker ``culprit``.
 
     ``culprit`` is the worker at fault (None for ``"not_in_cluster"``, where every worker is).
     ``killed_reason`` (one of :data:`KILLED_REASONS`) gives every survivor of a killed peer
-    that reason; by default each survivor draws its own. ``crashed_early`` (for
-    ``"crashed"``): the culprit crashed before it joined the cluster (its peers wait, their
-    logs end at ``joining the cluster``, as in ``"never_started"``) or while training; by
-    default drawn.
+    that reason; by default each survivor draws its own. ``timed_out`` (for ``"killed"``):
+    how many survivors time out first (``DeadlineExceededError``), fewer than all of them.
+    ``crash`` (for ``"crashed"``, one of :data:`CRASHES`, by default drawn): what the culprit
+    raised; ``crashed_early``: it crashed before it joined the cluster (its peers wait, their
+    logs end at ``joining the cluster``, as in ``"never_started"``) or while training (its
+    peers time out, or, when worker 0 crashed, find it gone); by default drawn.
     """
     if killed_reason is not None and killed_reason not in KILLED_REASONS:
         raise ValueError(f"killed_reason must be one of {KILLED_REASONS}, got {killed_reason!r}")
@@ -224,14 +311,27 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
     if (culprit is None) != (cause == "not_in_cluster") or (
             culprit is not None and not 0 <= culprit < num_workers):
         raise ValueError(f"culprit {culprit!r} does not fit {cause!r} with {num_workers} workers")
+    if timed_out and not (cause == "killed" and 0 <= timed_out <= num_workers - 2):
+        raise ValueError(f"timed_out={timed_out}: only a kill's survivors time out, and at "
+                         "least one of them shows the kill")
+    if crash is not None and (crash not in CRASHES or cause != "crashed" or (
+            crash == "chief's save" and culprit != 0) or (crashed_early is not None and (
+                crash in _CRASHES_BEFORE_JOINING) != crashed_early)):
+        raise ValueError(f"crash {crash!r} does not fit {cause!r}, worker {culprit}, "
+                         f"crashed_early={crashed_early}")
     ports = rng.sample(range(20000, 60000), num_workers)
     last = rng.randint(3, 12)
     if crashed_early is None:
-        crashed_early = rng.random() < 0.5
+        crashed_early = crash in _CRASHES_BEFORE_JOINING if crash else rng.random() < 0.5
+    if cause == "crashed" and crash is None:
+        crash = rng.choice(list(_CRASHES_BEFORE_JOINING) if crashed_early else
+                           ["label", "chief's save"] if culprit == 0 else ["label"])
     early = cause == "crashed" and crashed_early   # crashed before joining: the rest wait
     site = rng.choice(_SITES)                      # where the job's workers have TensorFlow
     # the line of the step call in the job's script: the same in every worker's traceback
     step_line = rng.randint(60, 80)
+    survivors = [w for w in range(num_workers) if w != culprit]
+    late = set(rng.sample(survivors, timed_out)) if cause == "killed" else set()
     logs = []
     for worker in range(num_workers):
         lines = [*_noise(rng), "joining the cluster"]
@@ -241,21 +341,22 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
         elif cause == "never_started":
             lines = [] if worker == culprit else lines
         elif cause == "crashed" and worker == culprit:
-            lines = [*_noise(rng), *_crash(rng, True, site, step_line)] if early else [
+            lines = [*_noise(rng), *_crash(rng, crash, site, step_line)] if early else [
                 *lines, f"worker {worker}: {num_workers} replicas in sync",
-                *_steps(rng, 1, last), *_crash(rng, False, site, step_line)]
+                *_steps(rng, 1, last), *_crash(rng, crash, site, step_line)]
         elif not early:
             lines += [f"worker {worker}: {num_workers} replicas in sync",
                       *_steps(rng, 1, last)]
             if worker != culprit:
-                if cause in ("stalled", "crashed"):     # a crashed peer: never in the
-                    kind, reason = "DeadlineExceededError", [   # all-reduce, as a stall
-                        "Collective has timed out during execution."]
-                else:
+                if cause == "stalled" or worker in late or (cause == "crashed" and culprit):
+                    kind, reason = "DeadlineExceededError", [   # a crashed peer other than
+                        "Collective has timed out during execution."]   # 0: as a stall
+                else:          # killed, or worker 0 crashed: its port is gone (measured)
                     kind = "UnavailableError"
                     reason = _killed_reason(
+                        "closed" if cause == "crashed" else
                         killed_reason or rng.choice(possible_reasons(culprit)),
-                                            ports[culprit], culprit)
+                        ports[culprit], culprit)
                 lines += _collective_error(kind, reason, step_line, site)
         logs.append(lines)
     return ["\n".join(lines) + ("\n" if lines else "") for lines in logs]
