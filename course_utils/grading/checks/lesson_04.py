@@ -12,15 +12,21 @@ cannot start a second in-process cluster) and verifies what the parameter server
 * ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` that never runs dry,
   each worker its own examples, each pass reshuffled over the whole share, every batch full
   (:mod:`course_utils.grading.checks.per_worker_datasets`, which says what it reads);
-* ``check_count_examples(count_examples, strategy)``: examples per class added to a vector
-  counter, nothing lost when the workers update at the same moment (made likely by a barrier);
-  the check's own first call (eager, no other worker) must count its labels exactly, and each
-  worker reads its own batches, so an update that counts twice (or lands once of two) cannot
-  make up for the one a race lost; the step is traced once, and that concrete function is both
-  searched and run, so an answer that calls Python (``tf.py_function``,
-  ``tf.numpy_function``) in the graph the workers run is refused before any step, as exercise
-  2's check refuses such a dataset (a step that took a Python lock hung), and so is one that
-  updates under the variable's shared lock (:func:`shared_lock_updates`: ``scatter_add``).
+* ``check_make_average_update(make_average_update, strategy)``: the ``update(loss)`` it returns
+  blends each loss into a moving average on a parameter server (``decay * average + (1 - decay)
+  * loss``), the check's own decay, start and losses drawn fresh. Its arithmetic is checked
+  alone: called eagerly, then in steps one at a time. Overlapping workers (made likely by a
+  barrier) must then leave, for ``N`` updates of one loss ``L``, ``decay**N * start + (1 -
+  decay**N) * L``, what the updates one after another give in any order. Since a race is
+  likely, not certain, the traced steps are read as well
+  (:func:`~course_utils.grading.checks.lock_sections.locked_writes`): every write of the
+  average must run under a ``tf.CriticalSection``'s lock (after its ``MutexLock``, before its
+  ``ConsumeMutexLock``) together with every read it is computed from, or be one op that reads
+  and writes under the variable's exclusive lock from no earlier read; the lock's mutex must
+  live on the average's parameter server and be one for every step (two steps traced). An
+  answer that calls Python (``tf.py_function``, ``tf.numpy_function``) in the step is refused
+  before any step runs, as exercise 2's check refuses such a dataset (a step that took a
+  Python lock hung).
 
 :func:`barrier_fn` (a counter on a parameter server) puts the workers in step so that they update
 at once: the races are likely, not certain (one may read after the other wrote), however busy.
@@ -28,9 +34,11 @@ at once: the races are likely, not certain (one may read after the other wrote),
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
+from course_utils.grading.checks.lock_sections import locked_writes, mutexes_of
 from course_utils.grading.checks.per_worker_datasets import (
     BARRIER_TIMEOUT_S,
     PASSES_READ,
@@ -40,28 +48,12 @@ from course_utils.grading.checks.per_worker_datasets import (
     num_workers_of,
 )
 from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.worker_passes import graph_ops, runs_python
+from course_utils.grading.checks.worker_passes import runs_python
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["BARRIER_TIMEOUT_S", "PASSES_READ", "barrier_fn", "check_count_examples",
-           "check_make_dataset_fn", "check_run_steps", "num_workers_of", "shared_lock_updates"]
-
-
-def shared_lock_updates(graph: Any) -> list[str]:
-    """The types of the ops in ``graph`` (or a function it calls) that update a resource
-    variable under its shared lock: a ``ResourceScatter*`` op (``Variable.scatter_add`` and its
-    kin) with no ``use_locking`` attribute, or with it false. TensorFlow's kernel
-    (``ResourceScatterUpdateOp`` in ``tensorflow/core/kernels/resource_variable_ops.cc``) takes
-    ``tf_shared_lock`` for a number type without ``use_locking``, so two such adds to one row at
-    once can lose one; ``ResourceScatterNdAdd`` (``scatter_nd_add``) has ``use_locking``, true
-    by default: exclusive, as ``AssignAddVariableOp`` is."""
-    found = set()
-    for op in graph_ops(graph):
-        locking = op.node_def.attr.get("use_locking")
-        if op.type.startswith("ResourceScatter") and not (locking and locking.b):
-            found.add(op.type)
-    return sorted(found)
+__all__ = ["BARRIER_TIMEOUT_S", "PASSES_READ", "barrier_fn", "check_make_average_update",
+           "check_make_dataset_fn", "check_run_steps", "num_workers_of"]
 
 
 @register
@@ -151,104 +143,180 @@ def check_run_steps(fn: Any, strategy: Any) -> bool:
                           "does your loop wait for next?")
 
 
+def _near(got: float, expected: float) -> bool:  # float32 arithmetic, in any order of its ops
+    return abs(got - expected) <= 1e-5 * max(1.0, abs(expected))
+
+
+#: What each finding of :func:`locked_writes` says of an answer, in the order they are named.
+_UNLOCKED = {
+    "read outside": (
+        "update writes the average under a lock, from a value of it read before the lock was "
+        "taken: another worker's update can land between that read and the write, and this "
+        "one then overwrites it (or adds to it a change made from the old value: stale). Read "
+        "the average inside the function the lock runs"),
+    "stale": (
+        "update adds to the average, in one atomic op (or a function that locks and writes), a "
+        "change computed from a read of it taken before: another worker's update can land "
+        "between that read and the add, which then moves a value it was not computed from "
+        "(stale: no update lost, yet not the updates one after another). Read the average "
+        "inside the lock that also holds the write"),
+    "write after the lock": (
+        "update reads the average under a lock and writes it outside it: the write is no "
+        "input of what the locked function returns, so the lock may be released (the "
+        "ConsumeMutexLock after that function's outputs) before it lands, and another worker "
+        "can read the old value. Return from the locked function a value made after the write "
+        "(lesson 04, section 2: version.assign_add(1).read_value())"),
+    "no lock": (
+        "update writes the average under no lock, from a read of it (or with an update op "
+        "that does not hold the variable's exclusive lock): two workers can both read it "
+        "before either writes, and the second write replaces the first, whose update is lost. "
+        "Run the read and the write inside one tf.CriticalSection (lesson 04, section 2)"),
+}
+
+
 @register
-def check_count_examples(fn: Any, strategy: Any) -> bool:
-    """Check ``count_examples(counter, labels)``: examples per class, none lost when workers
-    add at once."""
+def check_make_average_update(fn: Any, strategy: Any) -> bool:
+    """Check ``make_average_update(average, decay)``: the ``update(loss)`` it returns blends a
+    loss into the average (``decay * average + (1 - decay) * loss``), its read and write under
+    one lock made on the average's parameter server, so that overlapping workers' updates
+    equal the same updates one after another in some order."""
     tf = _tf()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     rng = fresh_rng()
     workers = num_workers_of(strategy)
     barrier = barrier_fn(strategy)
-    num_classes = rng.randint(5, 8)
+    decay = round(rng.uniform(0.6, 0.85), 3)
+    start = round(rng.uniform(4.0, 9.0), 2)  # far from every loss: a lost update shows
+    losses = [round(rng.uniform(0.1, 3.0), 3) for _ in range(rng.randint(4, 6))]
+    constant = round(rng.uniform(0.5, 2.0), 2)
+    steps = workers * rng.randint(4, 6)  # full rounds of the barrier
     with strategy.scope():
-        counter = tf.Variable(tf.zeros([num_classes], tf.int64), name="check_class_counter")
-    # each step's labels: 2-9 of them; every other batch of each worker lacks the last class,
-    # so a count of the classes present in one batch is not the counter's length
-    steps = workers * rng.randint(4, 6)
-    batches = []
-    for number in range(steps):
-        top = num_classes - 1
-        batch = [rng.randrange(top) for _ in range(rng.randint(2, 8))]
-        batches.append(batch + [top] if (number // workers) % 2 else batch)
-    padded = [batch + [-1] * (9 - len(batch)) for batch in batches]
+        average = tf.Variable(start, dtype=tf.float32, name="check_average")
+    spec = tf.TensorSpec([], tf.float32)
 
-    def all_batches() -> Any:
-        return tf.data.Dataset.from_tensor_slices(
-            (tf.constant(padded, tf.int32), [len(b) for b in batches]))
-
-    def labels_fn() -> Any:  # each worker its own batches: two updates in a round differ
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        return all_batches().shard(workers, worker).repeat()
-
-    traced: list[Any] = []  # the step's one concrete function (verify traces it)
-
-    @tf.function
-    def step(iterator: Any) -> Any:
-        row, size = next(iterator)
-        labels = row[:size] + tf.cast(barrier() * 0, tf.int32)  # the workers in step
-        fn(counter, labels)
-        return labels
-
-    def verify(_: Any) -> str | None:
-        alone = counted(f"one call on labels {first.numpy().tolist()} (the check's first, "
-                        "eager, no other worker running)", [first.numpy().tolist()])
-        if alone:
-            return alone + " Does your update count each example once?"
-        try:  # the step traced once: the graph read here is the one every worker runs
-            traced.append(step.get_concrete_function(
-                tf.data.IteratorSpec(all_batches().element_spec)))
+    def verify(update: Any) -> str | None:
+        if not callable(update):
+            return f"make_average_update must return a function update(loss), got {update!r:.80}"
+        said = blended(f"update(loss) called one after another (eager) on losses {losses}",
+                       losses, lambda loss: update(tf.constant(loss, tf.float32)))
+        if said:
+            return said
+        traced = []
+        try:  # a step run one at a time, and the workers' step, which waits at the barrier
+            for waits in (False, True):
+                @tf.function
+                def step(loss: Any, waits: bool = waits) -> Any:
+                    if waits:  # the workers in step, then each updates at once
+                        loss = loss + tf.cast(barrier() * 0, tf.float32)
+                    update(loss)
+                    return loss
+                traced.append(step.get_concrete_function(spec))
         except Exception as error:  # noqa: BLE001 - the answer's own error, said
-            return (f"count_examples could not be traced into the step: "
-                    f"{type(error).__name__}: {str(error)[:300]}")
-        if runs_python(traced[-1].graph):  # before any step: none can hang on it
-            return ("count_examples calls Python (tf.py_function or tf.numpy_function) inside "
-                    "the step: a real job's workers cannot run it (it runs only in the process "
-                    "of the Python program that made it: TensorFlow's py_function docs). Make "
-                    "it of TensorFlow ops on the counter")
-        shared = shared_lock_updates(traced[-1].graph)
-        if shared:
-            return (f"count_examples updates the counter with {', '.join(shared)} (scatter_add "
-                    "and its kin), which runs under the variable's shared lock: two workers' "
-                    "adds to one class at once can be lost, however rarely (lesson 04, section "
-                    "6, sparse updates). Use an update that takes the exclusive lock")
+            return (f"update could not be traced into a step: {type(error).__name__}: "
+                    f"{str(error)[:300]}")
+        if any(runs_python(each.graph) for each in traced):  # before any step can hang on it
+            return ("update calls Python (tf.py_function or tf.numpy_function) inside the "
+                    "step: a real job's workers cannot run it (it runs only in the process of "
+                    "the Python program that made it: TensorFlow's py_function docs), and a "
+                    "Python lock there serialises nothing across machines. Make it of "
+                    "TensorFlow ops on the average")
+        said = lock_message(*traced)
+        if said:
+            return said
+        said = blended(f"{len(losses)} steps on losses {losses}, scheduled one at a time",
+                       losses, lambda loss: coordinator.schedule(
+                           traced[0], args=(tf.constant(loss, tf.float32),)).fetch())
+        if said:
+            return said
         for _ in range(2):  # again if a busy machine starved a worker past the barrier
             timeouts_before = int(barrier.timeouts.numpy())
-            message = count_once()
-            if message or int(barrier.timeouts.numpy()) == timeouts_before:
-                return message  # a loss is real even out of step; a pass only in step
+            said = overlapped(traced[1])
+            if said or int(barrier.timeouts.numpy()) == timeouts_before:
+                return said  # a loss is real even out of step; a pass only in step
         return _overloaded(barrier)
 
-    def count_once() -> str | None:
-        counter.assign(tf.zeros([num_classes], tf.int64))
-        iterator = iter(coordinator.create_per_worker_dataset(labels_fn))
-        remotes = [coordinator.schedule(traced[-1], args=(iterator,)) for _ in range(steps)]
+    def blended(what: str, values: list[float], call: Any) -> str | None:
+        average.assign(start)
+        expected = start
         try:
+            for loss in values:
+                call(loss)
+                expected = decay * expected + (1 - decay) * loss
+        except Exception as error:  # noqa: BLE001 - the answer's own error, said
+            return f"{what}: update raised {type(error).__name__}: {str(error)[:300]}"
+        got = float(average.numpy())
+        if _near(got, expected):
+            return None
+        swapped = start
+        for loss in values:
+            swapped = (1 - decay) * swapped + decay * loss
+        why = (" (unchanged: does update write the average?)" if _near(got, start) else
+               " (that is (1 - decay) * average + decay * loss: which of the two keeps the "
+               "old average?)" if _near(got, swapped) else
+               " (does every call blend its loss in, once?)")
+        return (f"{what}, decay={decay}, from {start}: the average reads {got:.6g}; "
+                f"average <- decay * average + (1 - decay) * loss gives {expected:.6g}{why}")
+
+    def lock_message(alone: Any, in_step: Any) -> str | None:
+        reports = [locked_writes(each, average) for each in (alone, in_step)]
+        for finding, said in _UNLOCKED.items():
+            if any(finding in report.problems for report in reports):
+                return said
+        if not all(report.writes for report in reports):
+            return ("the traced step never writes the average (the eager calls did): a step "
+                    "on a worker must update it")
+        mutexes = [mutexes_of(report) for report in reports]
+        if not any(mutexes):  # every write one atomic op, from no read: nothing to share
+            return None
+        if any(mutex is None for each in mutexes for mutex in each):
+            return ("update makes its mutex inside the step: make the lock once, in "
+                    "make_average_update, and share it between every step")
+        if any(len(each) != 1 for each in mutexes):
+            return ("update writes the average under more than one lock, or under a lock in "
+                    "one step and none in another: one lock for every write, the read it is "
+                    "computed from inside that same lock")
+        home = tf.DeviceSpec.from_string(average.device).to_string()
+        where = tf.DeviceSpec.from_string(mutexes[1][0].device).to_string()
+        if where != home:
+            return (f"the lock's mutex lives on {where}, not on {home}, the average's parameter "
+                    "server: every worker's update would then wait on that machine. Make it "
+                    "under tf.device(average.device) in make_average_update (lesson 04, "
+                    "section 2 made version_lock beside version)")
+        if mutexes[0][0] is not mutexes[1][0]:
+            return ("the check traced two steps that call update, and they lock two different "
+                    "tf.CriticalSections: update makes a new one at each call. TensorFlow "
+                    "promises no exclusion between two ('running the same function in two "
+                    "separate critical sections will not ensure serial execution', "
+                    "critical_section_ops.py lines 171-172): make the lock once, in "
+                    "make_average_update, and use that one in every update")
+        return None
+
+    def overlapped(step: Any) -> str | None:
+        average.assign(start)
+        try:
+            for _ in range(steps):
+                coordinator.schedule(step, args=(tf.constant(constant, tf.float32),))
             coordinator.join()
         except tf.errors.OpError as error:
             lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-            said = next((line for line in lines if "shape" in line.lower()), lines[-1])
-            return (f"count_examples failed in a step on a worker: {type(error).__name__}: "
-                    f"{said[:200]} (a batch may lack some classes; the counter has them all)")
-        said = counted(f"{steps} steps, {workers} workers adding at the same moment",
-                       [remote.fetch().tolist() for remote in remotes])
-        return said and said + " Is your update one operation, or a read then a write?"
-
-    def counted(what: str, labels: list[list[int]]) -> str | None:  # the counter against them
-        expected = [0] * num_classes
-        for label in (label for batch in labels for label in batch):
-            expected[label] += 1
-        got = counter.numpy().tolist()
-        if got == expected:
+            return (f"update failed in a step on a worker: {type(error).__name__}: "
+                    f"{lines[-1][:200] if lines else ''}")
+        got = float(average.numpy())
+        expected = decay**steps * start + (1 - decay**steps) * constant  # any order
+        if _near(got, expected):
             return None
-        lost = sum(expected) - sum(got)
-        more = "" if not lost else f" ({lost} lost)" if lost > 0 else f" ({-lost} too many)"
-        return (f"{what}: the counter reads {got}, the examples per class were "
-                f"{expected}{more}.")
+        ratio = (got - constant) / (start - constant)
+        counted = (f" (as if {math.log(ratio) / math.log(decay):.2f} of them had landed one "
+                   "after another: updates lost or stale)" if 0 < ratio < 1 else "")
+        return (f"{steps} steps of loss {constant} from {start}, decay={decay}, {workers} "
+                f"workers updating at the same moment: the average reads {got:.6g}; the "
+                f"{steps} updates one after another, in any order, give {expected:.6g}"
+                f"{counted}.")
 
-    first = tf.constant([rng.randrange(num_classes) for _ in range(rng.randint(2, 9))])
-    label = f"({num_classes} classes, {steps} steps of 2-9 labels, workers in step)"
-    return run_check("count_examples", fn, [Case(args=(counter, first), verify=verify,
-                                                 label=label)],
-                     hint="lesson 04, section 6 (Keras 3's counters lose updates): what can "
-                          "happen between a read and a write when two workers update at once?")
+    label = (f"(average on a parameter server, decay={decay}; {len(losses)} updates one at a "
+             f"time, then {steps} from {workers} workers at once)")
+    return run_check("make_average_update", fn, [Case(args=(average, decay), verify=verify,
+                                                      label=label)],
+                     hint="lesson 04, section 2 (a tf.CriticalSection on the counter's "
+                          "parameter server). What can land between your read of the average "
+                          "and your write, and which ops does the lock hold?")
