@@ -6,7 +6,7 @@ step for step. A job here returns the trained weights, how many steps were reall
 plain ``tf.Variable``'s atomic ``assign_add``) and what the optimizer's own ``iterations``
 counted. Keras 3 applies gradients with TensorFlow's atomic ``assign_sub``, but counts its
 iterations with ``KerasVariable.assign_add``, a read then an assign, which loses counts when two
-workers step at once (lesson 04). ``checks.py`` asks that every scheduled step was applied and
+workers step at once (lesson 04). ``verdicts.py`` asks that every scheduled step was applied and
 that the loss fell, and reports a short count.
 """
 
