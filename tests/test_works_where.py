@@ -171,6 +171,32 @@ def test_loss_scale_optimizer_under_parameter_servers_says_its_overflow_was_not_
     assert plain.issue == cells.KNOWN_ISSUES[("custom_loop", "parameter_server")]
 
 
+def test_loss_scale_optimizer_under_parameter_servers_counts_applied_not_run_steps(
+        monkeypatch):
+    """rA2 U3: a step the LossScaleOptimizer skipped ran but was not applied; its halved scale
+    shows it, and the cell is no longer every step applied."""
+    from types import SimpleNamespace
+
+    from course_utils.works_where import coordinator_jobs
+
+    task = ww.make_task(steps=2, global_batch=8)
+    model = SimpleNamespace(get_weights=task.reference_weights)
+
+    def optimizer(scale):
+        return SimpleNamespace(initial_scale=2.0**15, dynamic_growth_steps=2000,
+                               dynamic_scale=SimpleNamespace(numpy=lambda: np.float32(scale)),
+                               iterations=SimpleNamespace(numpy=lambda: steps - 1))
+
+    steps = coordinator_jobs.PS_STEPS
+    for scale, applied in ((2.0**15, steps), (2.0**14, steps - 1), (2.0**12, steps - 3)):
+        monkeypatch.setattr(coordinator_jobs, "_scheduled_loop",
+                            lambda *args, scale=scale, **kwargs: (model, optimizer(scale),
+                                                                  steps))
+        assert coordinator_jobs.ps_loss_scaled_loop(None, task)[1] == applied, scale
+    cell = ww.run_cell("loss_scale_optimizer", "parameter_server", None, task, 0)
+    assert cell.status == "wrong" and f"{steps - 3}/{steps} steps applied" in cell.detail
+
+
 def test_the_mirrored_replica_count_is_expected_from_the_devices_not_the_strategy(
         monkeypatch):
     """rA U2: a Mirrored strategy over fewer devices than this process has fails the check."""

@@ -69,6 +69,8 @@ STATUSES = ("works", "wrong", "fails", "n/a")
 _KERAS = "https://github.com/keras-team/keras/issues/"
 _XLA_VARIABLES = "https://www.tensorflow.org/xla/known_issues#tfvariable_on_a_different_device"
 _CUSTOM_GRADIENT = "https://www.tensorflow.org/api_docs/python/tf/custom_gradient"
+#: Keras source at the tag of the version the appendix cites line numbers of (not master).
+_KERAS_SOURCE = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/"
 
 #: (row, column) -> the upstream issue a failing or wrong cell cites (the TPU fallback column
 #: cites the mirrored one's).
@@ -87,8 +89,7 @@ KNOWN_ISSUES: dict[tuple[str, str], str] = {
     ("jit_compile", "mirrored"): _XLA_VARIABLES,
     ("jit_compile", "multi_worker"): _KERAS + "20585",
     ("jit_compile", "parameter_server"): _KERAS + "18624",
-    ("keras_distribution", "default"): "https://github.com/keras-team/keras/blob/master/"
-    "keras/src/backend/tensorflow/distribution_lib.py",
+    ("keras_distribution", "default"): _KERAS_SOURCE + "backend/tensorflow/distribution_lib.py",
     ("recompute_grad", "parameter_server"): _KERAS + "18624",
     # mode="activations" trains where fit does: no issue to cite beside its ✅
     **{(row, column): _CUSTOM_GRADIENT for row in REMAT_ROWS if row != "remat_activations"
@@ -97,10 +98,10 @@ KNOWN_ISSUES: dict[tuple[str, str], str] = {
     **{(row, "parameter_server"): _KERAS + "18624" for row in REMAT_ROWS},
 }
 
-#: The caveat a "works" cell of LossScaleOptimizer cites when an overflow on a replica other
-#: than the first was applied: the optimizer checks finiteness on the first replica only.
-FIRST_REPLICA_ONLY = ("https://github.com/keras-team/keras/blob/master/keras/src/optimizers/"
-                      "loss_scale_optimizer.py")
+#: What a LossScaleOptimizer cell cites when an overflow on a replica other than the first was
+#: applied (the runner then makes the cell "wrong", ⚠️): the optimizer checks finiteness on the
+#: first replica only.
+FIRST_REPLICA_ONLY = _KERAS_SOURCE + "optimizers/loss_scale_optimizer.py"
 
 #: The caveat of a "works" LossScaleOptimizer cell whose overflow probe was not run (under
 #: multi-worker and parameter servers): only finite steps were checked there. Links to the

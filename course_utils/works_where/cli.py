@@ -19,7 +19,8 @@ README_PATH = Path("README.md")
 
 _TITLE = "# What works where\n\n"
 _INTRO = ("Every API of the course under every strategy, each cell a small real training job "
-          "(notebooks/A_what_works_where.ipynb explains each row and column).\n\n")
+          "(a ➖ cell runs none; notebooks/A_what_works_where.ipynb explains each row and "
+          "column).\n\n")
 
 
 def committed_table_path(start: str | Path = ".") -> Path | None:

@@ -3,11 +3,12 @@
 Updates are asynchronous (each worker applies its own step to the variables on the parameter
 servers, in whatever order the workers finish), so no run can equal the one-device reference
 step for step. A job here returns the trained weights, how many steps were really applied (a
-plain ``tf.Variable``'s atomic ``assign_add``) and what the optimizer's own ``iterations``
-counted. Keras 3 applies gradients with TensorFlow's atomic ``assign_sub``, but counts its
-iterations with ``KerasVariable.assign_add``, a read then an assign, which loses counts when two
-workers step at once (lesson 04). ``checks.py`` asks that every scheduled step was applied and
-that the loss fell, and reports a short count.
+plain ``tf.Variable``'s atomic ``assign_add`` counts the steps run; with a
+``LossScaleOptimizer``, which may skip one, its loss scale says whether it did) and what the
+optimizer's own ``iterations`` counted. Keras 3 applies gradients with TensorFlow's atomic
+``assign_sub``, but counts its iterations with ``KerasVariable.assign_add``, a read then an
+assign, which loses counts when two workers step at once (lesson 04). ``verdicts.py`` asks
+that every scheduled step was applied and that the loss fell, and reports a short count.
 """
 
 from __future__ import annotations
@@ -25,19 +26,20 @@ __all__ = ["PS_STEPS", "ps_custom_loop", "ps_loss_scaled_loop", "ps_trainer", "p
 PS_STEPS = 24
 
 
-def ps_custom_loop(strategy: Any, task: Task, policy: str | None = None,
-                   recompute: bool = False) -> tuple[list, int, int]:
-    """``coordinator.schedule`` of a ``strategy.run`` step; counts applied steps on the ps."""
+def _scheduled_loop(strategy: Any, task: Task, policy: str | None = None,
+                    recompute: bool = False) -> tuple[Any, Any, int]:
+    """``coordinator.schedule`` of a ``strategy.run`` step ``PS_STEPS`` times: the model, the
+    optimizer and how many steps ran to the end (a plain variable on the ps counts them)."""
     import tensorflow as tf
 
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     model, optimizer, train_replica = replica_training(strategy, task, policy, recompute)
     with strategy.scope():
-        applied = tf.Variable(0, dtype=tf.int64)  # a plain variable: atomic assign_add
+        run = tf.Variable(0, dtype=tf.int64)  # a plain variable: atomic assign_add
 
     def replica_step(x: Any, y: Any) -> None:
         train_replica(x, y)
-        applied.assign_add(1)
+        run.assign_add(1)
 
     @tf.function
     def worker_step(iterator: Any) -> None:
@@ -47,12 +49,32 @@ def ps_custom_loop(strategy: Any, task: Task, policy: str | None = None,
     for _ in range(PS_STEPS):
         coordinator.schedule(worker_step, args=(iterator,))
     coordinator.join()
-    return model.get_weights(), int(applied.numpy()), int(optimizer.iterations.numpy())
+    return model, optimizer, int(run.numpy())
+
+
+def ps_custom_loop(strategy: Any, task: Task, recompute: bool = False) -> tuple[list, int, int]:
+    """The scheduled custom loop with plain SGD, which applies every step it runs: the steps
+    run are the steps applied."""
+    model, optimizer, run = _scheduled_loop(strategy, task, recompute=recompute)
+    return model.get_weights(), run, int(optimizer.iterations.numpy())
 
 
 def ps_loss_scaled_loop(strategy: Any, task: Task) -> tuple[list, int, int]:
-    """The scheduled loop under ``mixed_float16`` with a ``LossScaleOptimizer``."""
-    return ps_custom_loop(strategy, task, policy="mixed_float16")
+    """The scheduled loop under ``mixed_float16`` with a ``LossScaleOptimizer``.
+
+    A step whose gradients are not finite runs but is skipped (the optimizer only halves its
+    scale), so the steps run are the steps applied only when none was skipped. Within
+    ``PS_STEPS`` (fewer than ``dynamic_growth_steps``) nothing else changes the scale: a scale
+    still at ``initial_scale`` means no step was skipped. Otherwise each halving that landed is
+    a skip (two at once may land as one): the count returned is then at most what was applied.
+    """
+    import math
+
+    model, optimizer, run = _scheduled_loop(strategy, task, policy="mixed_float16")
+    assert PS_STEPS < optimizer.dynamic_growth_steps, "the scale could grow: count differently"
+    scale = float(optimizer.dynamic_scale.numpy())
+    skipped = round(math.log2(optimizer.initial_scale / scale))
+    return model.get_weights(), run - skipped, int(optimizer.iterations.numpy())
 
 
 def ps_trainer(strategy: Any, task: Task) -> tuple[list, int, int]:

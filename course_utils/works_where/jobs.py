@@ -2,7 +2,7 @@
 
 Every job builds the model and optimizer inside ``strategy.scope()`` from the task's initial
 weights and trains one pass over the task's global batches, the way its lesson does. A correct
-data-parallel run must then hold the weights of the one-device reference (``checks.py``).
+data-parallel run must then hold the weights of the one-device reference (``verdicts.py``).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def _overflow_caveat(cell: Cell, strategy: Any, task: Task) -> Cell:
     cell stays "works" when that step was skipped, and becomes "wrong" when it was applied.
 
     Not under multi-worker: there each worker checks its own gradients, and a worker that
-    skips while the other applies would leave the other waiting in its all-reduce.
+    skips while the other applies would put their gradients' all-reduces out of step.
     """
     from course_utils.works_where.jobs import overflow_on_last_replica_applied
 
