@@ -99,10 +99,29 @@ def test_async_and_distribution_checks():
     devices = ["cpu:0", "cpu:1"]
     one = verdicts.check_distributed("keras_distribution", "default", task, trained, {"CPU:0"},
                                    devices)
-    assert one.status == "wrong" and "nothing distributed" in one.detail
+    assert one.status == "wrong" and "not replicated" in one.detail
     both = verdicts.check_distributed("keras_distribution", "default", task, trained,
                                     {"CPU:0", "CPU:1"}, devices)
     assert both.status == "works"
+
+
+def test_non_finite_weights_are_never_works_and_the_detail_says_so():
+    task = ww.make_task()
+    reference = task.reference_weights()
+    all_nan = [np.full_like(w, np.nan) for w in reference]
+    last_nan = [*reference[:-1], np.full_like(reference[-1], np.nan)]  # max() dropped it
+    one_inf = [w.copy() for w in reference]
+    one_inf[0].flat[0] = np.inf
+    for weights in (all_nan, last_nan, one_inf):
+        for cell in (ww.check_same_as_reference("custom_loop", "mirrored", task, weights, 2, 2),
+                     verdicts.check_distributed("keras_distribution", "default", task, weights,
+                                                {"CPU:0", "CPU:1"}, ["cpu:0", "cpu:1"]),
+                     verdicts.check_async("trainer", "parameter_server", task, weights, 24, 24)):
+            assert cell.status == "wrong" and "not finite" in cell.detail, cell
+    assert "(0 NaN, 1 inf)" in ww.check_same_as_reference("trainer", "default", task, one_inf,
+                                                           1, 1).detail
+    assert cu_equality.largest_difference(last_nan, reference) == np.inf
+    assert cu_equality.largest_difference(reference, one_inf) == np.inf
 
 
 # ------------------------------------------------------------------ jobs and runner
