@@ -248,6 +248,16 @@ def test_run_cell_turns_an_error_into_a_cell_and_skips_what_makes_no_sense():
         "n/a")
 
 
+def test_keras_distribution_multi_worker_calls_initialize_and_shows_its_error(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["localhost:1", "localhost:2"]}, '
+                       '"task": {"type": "worker", "index": 0}}')
+    cell = runner.run_cell("keras_distribution", "multi_worker", None, ww.make_task(), 2)
+    if cell.status == "fails":  # Keras 3.15 on TensorFlow: no backend initialize
+        assert "initialize" in cell.detail and cell.issue.endswith("#L151"), cell
+        assert table.short_link(cell.issue) == "initialize: JAX only"
+    assert ("keras_distribution", "multi_worker") not in cells.NOT_APPLICABLE
+
+
 def test_worker_script_needs_tf_config(monkeypatch, tmp_path):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     sizes = ww.task_arguments(ww.make_task(steps=3, global_batch=8))
