@@ -13,7 +13,7 @@ Commands:
               tests/test_checks_lesson_NN.py (never overwrites; the title defaults to the name,
               "multi_worker" -> "Multi worker"); new PATH.ipynb "Title" writes one notebook
               skeleton
-  works-where run every training API under every strategy and print the table
+  works-where run every data-parallel training API under every strategy, print the table
               (``--write`` updates docs/what_works_where.md and the README, ``--check`` fails
               when a cell's status differs from the committed table)
 """

@@ -20,7 +20,12 @@ FLOAT32_TOLERANCE = 1e-5
 
 
 def largest_difference(arrays_a: Sequence[Any], arrays_b: Sequence[Any]) -> float:
-    """The largest absolute element difference between two lists of arrays (e.g. weights)."""
+    """The largest absolute element difference between two lists of arrays (e.g. weights).
+
+    ``inf`` when an element of either list is NaN or infinite: a non-finite result is never
+    equal to anything, whichever way the caller compares (``<= tolerance`` is False,
+    ``> tolerance`` is True), where a NaN would pass ``> tolerance`` and drop out of ``max``.
+    """
     if len(arrays_a) != len(arrays_b):
         raise ValueError(f"{len(arrays_a)} arrays against {len(arrays_b)}: compare like with like")
     differences = []
@@ -28,7 +33,8 @@ def largest_difference(arrays_a: Sequence[Any], arrays_b: Sequence[Any]) -> floa
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         if a.shape != b.shape:
             raise ValueError(f"shapes {a.shape} and {b.shape} differ: compare like with like")
-        differences.append(float(np.max(np.abs(a - b), initial=0.0)))
+        finite = np.isfinite(a).all() and np.isfinite(b).all()
+        differences.append(float(np.max(np.abs(a - b), initial=0.0)) if finite else np.inf)
     return max(differences, default=0.0)
 
 
@@ -48,6 +54,8 @@ class Comparison:
         return self.equal
 
     def __str__(self) -> str:
+        if self.error == float("inf"):
+            return "not finite (NaN or inf): a non-finite result never equals the reference"
         verdict = "equal to" if self.equal else "differs from"
         return (f"{verdict} the one-device reference (max |Δ| {self.error:.1e}, "
                 f"tolerance {self.tolerance:.0e})")

@@ -32,3 +32,17 @@ def test_comparison_says_equal_within_the_tolerance_and_why_not():
     assert compare_with_reference([reference[0] + 1e-3], reference, tolerance=1e-2)
     with pytest.raises(ValueError):
         compare_with_reference(reference, reference, tolerance=-1)
+
+
+def test_a_non_finite_element_is_never_equal_whichever_way_it_is_compared():
+    reference = [np.zeros(2), np.ones(3)]
+    for bad in (np.nan, np.inf, -np.inf):
+        last = [reference[0], np.array([1.0, 1.0, bad])]  # not first: max() used to drop a NaN
+        assert largest_difference(last, reference) == np.inf
+        assert largest_difference(reference, last) == np.inf
+        assert not largest_difference(last, reference) <= 1e-5
+        assert largest_difference(last, reference) > 1e-5
+        verdict = compare_with_reference(last, reference)
+        assert not verdict and "not finite" in str(verdict)
+    both_inf = [np.array([np.inf])]
+    assert not compare_with_reference(both_inf, both_inf)  # inf equals inf, yet no result

@@ -99,10 +99,29 @@ def test_async_and_distribution_checks():
     devices = ["cpu:0", "cpu:1"]
     one = verdicts.check_distributed("keras_distribution", "default", task, trained, {"CPU:0"},
                                    devices)
-    assert one.status == "wrong" and "nothing distributed" in one.detail
+    assert one.status == "wrong" and "not replicated" in one.detail
     both = verdicts.check_distributed("keras_distribution", "default", task, trained,
                                     {"CPU:0", "CPU:1"}, devices)
     assert both.status == "works"
+
+
+def test_non_finite_weights_are_never_works_and_the_detail_says_so():
+    task = ww.make_task()
+    reference = task.reference_weights()
+    all_nan = [np.full_like(w, np.nan) for w in reference]
+    last_nan = [*reference[:-1], np.full_like(reference[-1], np.nan)]  # max() dropped it
+    one_inf = [w.copy() for w in reference]
+    one_inf[0].flat[0] = np.inf
+    for weights in (all_nan, last_nan, one_inf):
+        for cell in (ww.check_same_as_reference("custom_loop", "mirrored", task, weights, 2, 2),
+                     verdicts.check_distributed("keras_distribution", "default", task, weights,
+                                                {"CPU:0", "CPU:1"}, ["cpu:0", "cpu:1"]),
+                     verdicts.check_async("trainer", "parameter_server", task, weights, 24, 24)):
+            assert cell.status == "wrong" and "not finite" in cell.detail, cell
+    assert "(0 NaN, 1 inf)" in ww.check_same_as_reference("trainer", "default", task, one_inf,
+                                                           1, 1).detail
+    assert cu_equality.largest_difference(last_nan, reference) == np.inf
+    assert cu_equality.largest_difference(reference, one_inf) == np.inf
 
 
 # ------------------------------------------------------------------ jobs and runner
@@ -227,6 +246,16 @@ def test_run_cell_turns_an_error_into_a_cell_and_skips_what_makes_no_sense():
     assert (cell.status, cell.detail) == ("fails", "RuntimeError: no scope here")
     assert runner.run_cell("keras_distribution", "tpu", Broken(), ww.make_task(), 1).status == (
         "n/a")
+
+
+def test_keras_distribution_multi_worker_calls_initialize_and_shows_its_error(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["localhost:1", "localhost:2"]}, '
+                       '"task": {"type": "worker", "index": 0}}')
+    cell = runner.run_cell("keras_distribution", "multi_worker", None, ww.make_task(), 2)
+    if cell.status == "fails":  # Keras 3.15 on TensorFlow: no backend initialize
+        assert "initialize" in cell.detail and cell.issue.endswith("#L151"), cell
+        assert table.short_link(cell.issue) == "initialize: JAX only"
+    assert ("keras_distribution", "multi_worker") not in cells.NOT_APPLICABLE
 
 
 def test_worker_script_needs_tf_config(monkeypatch, tmp_path):

@@ -1,4 +1,4 @@
-"""What works where: every training API of the course under every strategy, each a real job.
+"""What works where: every data-parallel training API of the course under every strategy.
 
 One job per module:
 

@@ -25,7 +25,8 @@ __all__ = [
     "not_applicable",
 ]
 
-#: Row key -> label: every API of the course that trains a model.
+#: Row key -> label: every data-parallel training API of the course (lesson 06's model
+#: parallelism – a model split with ``tf.device``, DTensor, ``ModelParallel`` – is no row).
 APIS: dict[str, str] = {
     "keras3_fit": "Keras 3 `fit`",
     "steps_per_execution": "Keras 3 `fit`, `steps_per_execution=2`",
@@ -90,6 +91,9 @@ KNOWN_ISSUES: dict[tuple[str, str], str] = {
     ("jit_compile", "multi_worker"): _KERAS + "20585",
     ("jit_compile", "parameter_server"): _KERAS + "18624",
     ("keras_distribution", "default"): _KERAS_SOURCE + "backend/tensorflow/distribution_lib.py",
+    # keras.distribution.initialize calls the backend's initialize, which only JAX defines
+    ("keras_distribution", "multi_worker"): _KERAS_SOURCE
+    + "distribution/distribution_lib.py#L151",
     ("recompute_grad", "parameter_server"): _KERAS + "18624",
     # mode="activations" trains where fit does: no issue to cite beside its ✅
     **{(row, column): _CUSTOM_GRADIENT for row in REMAT_ROWS if row != "remat_activations"
@@ -115,8 +119,6 @@ NOT_APPLICABLE: dict[tuple[str, str], str] = {
     "it is tried alone, in the default column",
     ("keras_distribution", "mirrored"): "keras.distribution replaces tf.distribute: "
     "it is tried alone, over the same devices, in the default column",
-    ("keras_distribution", "multi_worker"): "keras.distribution's multi-process set-up "
-    "(keras.distribution.initialize) is for the JAX backend only",
     ("keras_distribution", "parameter_server"): "keras.distribution has no parameter servers",
     ("keras_distribution", "tpu"): "keras.distribution replaces tf.distribute: "
     "it is tried alone, in the default column",

@@ -18,9 +18,9 @@ TABLE_PATH = Path("docs/what_works_where.md")
 README_PATH = Path("README.md")
 
 _TITLE = "# What works where\n\n"
-_INTRO = ("Every API of the course under every strategy, each cell a small real training job "
-          "(a ➖ cell runs none; notebooks/A_what_works_where.ipynb explains each row and "
-          "column).\n\n")
+_INTRO = ("Every data-parallel training API of the course under every strategy (lesson 06's "
+          "model parallelism is no row), each cell a small real training job (a ➖ cell runs "
+          "none; notebooks/A_what_works_where.ipynb explains each row and column).\n\n")
 
 
 def committed_table_path(start: str | Path = ".") -> Path | None:

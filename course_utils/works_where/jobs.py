@@ -31,6 +31,7 @@ __all__ = [
     "fit_trainer",
     "fit_tf_keras",
     "fit_keras_distribution",
+    "initialize_keras_distribution",
     "SYNC_JOBS",
 ]
 
@@ -226,6 +227,28 @@ def fit_keras_distribution(task: Task, devices: list[str]) -> tuple[list[Any], s
     finally:
         keras.distribution.set_distribution(None)
     return [np.asarray(w) for w in model.get_weights()], placed
+
+
+def initialize_keras_distribution() -> list[str]:
+    """``keras.distribution``'s multi-process set-up, as ``initialize``'s docstring gives it:
+    each process calls ``keras.distribution.initialize(job_addresses, num_processes,
+    process_id)``, here with the workers' addresses and this process's index from its
+    ``TF_CONFIG``, then trains over every device ``keras.distribution.list_devices()`` lists
+    (returned). On the TensorFlow backend the call raises ``AttributeError`` before anything
+    is bound: it calls the backend's ``distribution_lib.initialize``
+    (``keras/src/distribution/distribution_lib.py`` line 151), which only the JAX backend's
+    ``distribution_lib.py`` defines."""
+    import json
+    import os
+
+    import keras
+
+    config = json.loads(os.environ["TF_CONFIG"])
+    workers = config["cluster"]["worker"]
+    keras.distribution.initialize(job_addresses=",".join(workers),
+                                  num_processes=len(workers),
+                                  process_id=config["task"]["index"])
+    return [str(device) for device in keras.distribution.list_devices()]
 
 
 #: Row -> the job that trains it under a synchronous strategy.

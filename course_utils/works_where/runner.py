@@ -35,9 +35,15 @@ def _run_job(row: str, column: str, strategy: Any, task: Task, expected_replicas
         return cell
     if row == "keras_distribution":
         from course_utils.strategies import replica_devices
-        from course_utils.works_where.jobs import fit_keras_distribution
+        from course_utils.works_where.jobs import (
+            fit_keras_distribution,
+            initialize_keras_distribution,
+        )
 
-        devices = [name.split("device:")[-1].lower() for name in replica_devices()]
+        if column == "multi_worker":  # Keras's multi-process set-up, then every device
+            devices = initialize_keras_distribution()
+        else:
+            devices = [name.split("device:")[-1].lower() for name in replica_devices()]
         weights, placed = fit_keras_distribution(task, devices)
         return check_distributed(row, column, task, weights, placed, devices)
     from course_utils.works_where.jobs import SYNC_JOBS

@@ -46,6 +46,8 @@ def short_link(url: str) -> str:
         return f"{match.group(2)}#{match.group(3)}"
     if "xla/known_issues" in url:
         return "XLA known issue"
+    if "distribution/distribution_lib.py" in url:
+        return "initialize: JAX only"
     if url.endswith("distribution_lib.py"):
         return "TF backend: a prototype"
     if url.endswith("loss_scale_optimizer.py"):
