@@ -948,6 +948,22 @@ TRAIN_WORKER_CATALOGUE = {
         "    return model.get_weights()\n",
         "worker [12] wrote worker-[12]\\S* .*into checkpoint_dir with "
         "tf.train.Checkpoint.write"),
+    # r03c L1: the others' saves counted, not what they held
+    "the others save an empty tf.train.Checkpoint() (r03c L1)": (
+        "    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()\n",
+        "    if not is_chief:\n"
+        "        checkpoint = tf.train.Checkpoint()\n"
+        "    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()\n",
+        "worker [12]'s save after step \\d+ held 0 variables, the chief's \\d+"),
+    "the others save an untrained copy of the model and optimizer": (
+        "    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()\n",
+        "    if not is_chief:\n"
+        "        copy = keras.models.clone_model(model)\n"
+        "        copied = keras.optimizers.SGD(learning_rate)\n"
+        "        copied.build(copy.trainable_variables)\n"
+        "        checkpoint = tf.train.Checkpoint(model=copy, optimizer=copied)\n"
+        "    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()\n",
+        "worker [12]'s save after step \\d+ held other values than the chief's"),
     "the temporary folder left behind": (
         "                tf.io.gfile.rmtree(write_dir)", "                pass",
         "temporary checkpoint folder of an earlier save was still there"),
