@@ -415,6 +415,22 @@ def _unavailable_means_killed(logs):
     return diagnose(logs)
 
 
+def _survivors_op_id_296(logs):
+    """r03c L2: a traceback whose last line does not name the op id the survivors' all-reduce
+    once always had (``__inference_train_step_296``) read as a crash."""
+    if all(": 1 replicas in sync" in log for log in logs):
+        return "not_in_cluster", None
+    for worker, log in enumerate(logs):
+        if not log.strip():
+            return "never_started", worker
+    for worker, log in enumerate(logs):
+        if "Traceback" in log and "__inference_train_step_296]" not in (
+                log.strip().splitlines()[-1]):
+            return "crashed", worker
+    silent = [worker for worker, log in enumerate(logs) if "Traceback" not in log]
+    return ("killed" if any("UnavailableError" in log for log in logs) else "stalled"), silent[0]
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -457,6 +473,9 @@ DIAGNOSIS_CATALOGUE = {
         _timed_out_anywhere_means_stalled, "the cause is 'killed', you said 'stalled'"),
     "peers' UnavailableError read as a kill before the crash is looked for": (
         _unavailable_means_killed, "the cause is 'crashed', you said 'killed'"),
+    "a survivor's traceback told by the op id 296 (r03c L2)": (
+        _survivors_op_id_296, r"the cause is '(killed|stalled)', you said 'crashed'|"
+                              r"the worker at fault is \d, you said \d"),
     "logs made by the course's log maker and matched": (
         _matched_against_the_course_logs, "ran the course's .*failure_logs"),
 }
@@ -584,6 +603,26 @@ def test_every_crash_while_training_ends_on_a_line_that_is_not_its_error():
     for _ in range(20):
         logs = worker_logs.failure_logs("crashed", 3, 2, rng, crashed_early=False)
         assert not re.match(r"^[\w.]*Error: ", logs[2].strip().splitlines()[-1])
+
+
+def test_every_job_has_its_own_op_id_shared_by_its_workers():
+    """r03c L2: the traced step's id is the job's, in the crash's traceback and the
+    survivors' alike, and differs between the jobs of one check and from one check to the
+    next: it tells no survivor from a crash."""
+    drawn = []
+    for seed in (0, 1):
+        ids = []
+        for case in lesson_03._diagnosis_cases(random.Random(seed)):
+            found = {int(op) for log in case.args[0]
+                     for op in re.findall(r"__inference_train_step_(\d+)\]", log)}
+            assert len(found) <= 1
+            ids += sorted(found)
+        assert len(ids) >= 5 and len(set(ids)) == len(ids)
+        drawn.append(ids)
+    assert drawn[0] != drawn[1]
+    logs = worker_logs.failure_logs("crashed", 3, 2, random.Random(3), crash="label", op=417)
+    assert all(log.strip().splitlines()[-1].endswith("[Op:__inference_train_step_417]")
+               for log in logs)
 
 
 def test_the_peers_of_a_crash_while_training_time_out_as_for_a_stall():
@@ -909,6 +948,22 @@ TRAIN_WORKER_CATALOGUE = {
         "    return model.get_weights()\n",
         "worker [12] wrote worker-[12]\\S* .*into checkpoint_dir with "
         "tf.train.Checkpoint.write"),
+    # r03c L1: the others' saves counted, not what they held
+    "the others save an empty tf.train.Checkpoint() (r03c L1)": (
+        "    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()\n",
+        "    if not is_chief:\n"
+        "        checkpoint = tf.train.Checkpoint()\n"
+        "    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()\n",
+        "worker [12]'s save after step \\d+ held 0 variables, the chief's \\d+"),
+    "the others save an untrained copy of the model and optimizer": (
+        "    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()\n",
+        "    if not is_chief:\n"
+        "        copy = keras.models.clone_model(model)\n"
+        "        copied = keras.optimizers.SGD(learning_rate)\n"
+        "        copied.build(copy.trainable_variables)\n"
+        "        checkpoint = tf.train.Checkpoint(model=copy, optimizer=copied)\n"
+        "    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()\n",
+        "worker [12]'s save after step \\d+ held other values than the chief's"),
     "the temporary folder left behind": (
         "                tf.io.gfile.rmtree(write_dir)", "                pass",
         "temporary checkpoint folder of an earlier save was still there"),

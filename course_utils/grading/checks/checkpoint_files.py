@@ -9,6 +9,12 @@ wrote (the manager's ``checkpoint`` file, each prefix's ``.index`` and ``.data-*
 refused by name as another writer's (``np.save``, ``tf.io.gfile``, ``open``: no audit sees
 those, so the check cannot name the worker).
 
+Every other worker saves too, the same checkpoint (a save may read a variable through a
+collective that every worker must join: ``collective_all_reduce_strategy.py`` lines 78-82):
+the set-up reads back what each ``CheckpointManager.save`` held, and the check compares each
+worker's save with the chief's after the same step (r03c L1: an empty ``tf.train.Checkpoint()``
+saved by the others passed when only the calls were counted).
+
 Still passes: a worker other than the chief that writes, with no ``tf.train.Checkpoint``,
 a file under a name the chief's checkpoints also wrote (overwriting the chief's).
 """
@@ -19,7 +25,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["checkpoint_dir_problem"]
+import numpy as np
+
+__all__ = ["checkpoint_dir_problem", "saved_contents_problem"]
 
 
 def _names(prefix: str, listed: Sequence[str]) -> list[str]:
@@ -56,3 +64,39 @@ def checkpoint_dir_problem(checkpoint_dir: str, audits: Sequence[dict[str, Any]]
             "checkpoints wrote and no worker's tf.train.Checkpoint did (another writer: "
             "np.save, tf.io.gfile, open ...; the check cannot tell which worker): only the "
             "chief's CheckpointManager writes there")
+
+
+def _compared(held: dict[str, Any]) -> dict[str, Any]:
+    """What a save held, less its object graph and its save counter (a worker may count its
+    saves with a Checkpoint made afresh for each)."""
+    return {name: value for name, value in held.items()
+            if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter/")}
+
+
+def saved_contents_problem(audits: Sequence[dict[str, Any]]) -> str | None:
+    """What another worker's save held that the chief's save after the same step did not
+    (``audits[i]["held"][k]``: worker i's k-th save, each variable's (shape, sum as text);
+    the saves already checked to come after the same steps), or None."""
+    chief = audits[0]
+    for worker, audit in enumerate(audits[1:], start=1):
+        for after, own, theirs in zip(chief["saved_after"], chief["held"], audit["held"],
+                                      strict=True):
+            own, theirs = _compared(own), _compared(theirs)
+            if set(theirs) != set(own):
+                differ = sorted(set(own) ^ set(theirs))
+                return (f"worker {worker}'s save after step {after} held {len(theirs)} "
+                        f"variables, the chief's {len(own)} (not in both: "
+                        f"{', '.join(differ[:2])}): every worker saves the same "
+                        "tf.train.Checkpoint of the model and optimizer, the others into a "
+                        "temporary folder (a save may read a variable through a collective "
+                        "that every worker must join)")
+            differ = [name for name, (shape, total) in own.items() if theirs[name][0] != shape
+                      or (None in (total, theirs[name][1]) and total != theirs[name][1])
+                      or (None not in (total, theirs[name][1]) and not np.isclose(
+                          float(total), float(theirs[name][1]), rtol=1e-6, atol=1e-6,
+                          equal_nan=True))]
+            if differ:
+                return (f"worker {worker}'s save after step {after} held other values than "
+                        f"the chief's ({', '.join(differ[:2])}): every worker saves the "
+                        "model and optimizer it trains, not a copy")
+    return None

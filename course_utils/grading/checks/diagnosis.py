@@ -38,15 +38,19 @@ def _diagnosis_cases(rng: Any) -> list[Case]:
     joined (two kinds drawn: its peers' logs then end as a never-started worker's do, only the
     culprit's log tells them apart) and two while training: a worker past the first two (its
     peers time out, as for a stall) and the chief in its save (its peers find it gone, as for
-    a kill). The errors span kinds the lesson never names: no list of names finds them."""
+    a kill). The errors span kinds the lesson never names: no list of names finds them. Each
+    job draws its own id of the traced step (r03c L2)."""
     early = rng.sample([c for c in CRASHES if c not in ("label", "chief's save")], 2)
     jobs = [(cause, None) for cause in CAUSES if cause not in ("killed", "crashed")]
     jobs += [("killed", reason) for reason in KILLED_REASONS]
     jobs += [("killed", "worker 0"), ("killed", "some timed out"),
              *(("crashed", crash) for crash in [*early, "label", "chief's save"])]
     rng.shuffle(jobs)
+    # each job's traced train_step has its own id, shared by its workers' tracebacks (a
+    # crash's and its survivors'): no id marks a survivor
+    ops = rng.sample(range(200, 1000), len(jobs))
     cases = []
-    for cause, when in jobs:
+    for (cause, when), op in zip(jobs, ops, strict=True):
         reason = when if cause == "killed" and when in KILLED_REASONS else None
         crash = when if cause == "crashed" else None
         # 3 or 4 workers and a culprit past the first two wherever the cause allows it: no rule
@@ -63,7 +67,7 @@ def _diagnosis_cases(rng: Any) -> list[Case]:
             culprit = rng.randrange(1 if reason == "heartbeats" else 2, workers)
         timed_out = rng.randint(1, workers - 2) if when == "some timed out" else 0
         logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason, crash=crash,
-                            timed_out=timed_out)
+                            timed_out=timed_out, op=op)
         cases.append(Case(args=(logs,), expected=(cause, culprit),
                           label=f"the logs of a {workers}-worker job"))
     return cases

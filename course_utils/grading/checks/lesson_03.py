@@ -11,8 +11,8 @@
   batched and windowed no more than its share (whatever tf.data API made the batch), saved
   after every ``save_every`` steps and the last; all finish with equal weights, equal to a
   one-device reference on the same global batches from the chief's initial weights; the chief
-  alone wrote into the checkpoint folder (the other workers saved into temporary folders they
-  deleted after each save: none is left by the next step; listed after the run, the folder
+  alone wrote into the checkpoint folder (the others saved the same variables into temporary
+  folders deleted after each save, none left by the next step; listed after the run, the folder
   holds only what the chief's checkpoints wrote: :mod:`.checkpoint_files`), and the newest
   checkpoint holds the optimizer's step count and the final weights. The audit lives in the
   closures of the worker script's set-up (no global names it) and is written after the
@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.checkpoint_files import checkpoint_dir_problem
+from course_utils.grading.checks import checkpoint_files as files
 from course_utils.grading.checks.dataset_audit import COUNTED
 from course_utils.grading.checks.diagnosis import (  # noqa: F401
     _diagnosis_cases,
@@ -142,8 +142,7 @@ def _script_args(job: dict[str, Any], folder: Path, data: str = "data.npz") -> l
 
 def _run(script: Path, args: list[str], folder: Path, workers: int = 2,
          **kwargs: Any) -> tuple[Any, list[str]]:
-    """Run ``script`` on ``workers`` workers until they finish; return (cluster, logs). Raises
-    on failure."""
+    """Run ``script`` on ``workers`` workers to the end: (cluster, logs); raise if it fails."""
     with ForkedCluster(script, workers, args=args, timeout=CLUSTER_TIMEOUT, stream=False,
                       collective_timeout=60, env={"TMPDIR": str(folder / "tmp")},
                       **kwargs) as cluster:
@@ -273,8 +272,9 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
         if any(os.path.exists(d) for d in other):
             return (f"worker {worker} left its temporary checkpoint folder behind: delete it "
                     "after each save")
-    if checkpoint_dir_problem(shared, audits):     # listed: only the chief's checkpoints
-        return checkpoint_dir_problem(shared, audits)
+    problem = files.checkpoint_dir_problem(shared, audits) or files.saved_contents_problem(audits)
+    if problem:     # listed: only the chief's checkpoints; the others' saves held the same
+        return problem
     latest = tf.train.latest_checkpoint(str(folder / "checkpoints"))
     if latest is None:
         return "no checkpoint in checkpoint_dir: save at the end of training too"

@@ -246,7 +246,8 @@ def _killed_reason(reason: str, port: int, culprit: int) -> list[str]:
             "events (e.g. preemption, eviction) to debug further."]
 
 
-def _collective_error(kind: str, reason: list[str], step_line: int, site: str) -> list[str]:
+def _collective_error(kind: str, reason: list[str], step_line: int, site: str,
+                      op: int) -> list[str]:
     head = ["Traceback (most recent call last):",
             f'  File "/job/worker.py", line {step_line}, in <module>',
             *(line.format(site=site) for line in _STEP_FRAMES),
@@ -258,10 +259,10 @@ def _collective_error(kind: str, reason: list[str], step_line: int, site: str) -
             f'  File "/job/worker.py", line {40 + step_line % 11}, in train_step', ""]
     return [*head, *reason, "The error could be from a previous operation. Restart your "
             "program to reset.",
-            "\t [[{{node sgd/CollectiveReduceV2}}]] [Op:__inference_train_step_296]"]
+            f"\t [[{{{{node sgd/CollectiveReduceV2}}}}]] [Op:__inference_train_step_{op}]"]
 
 
-def _crash(rng: random.Random, crash: str, site: str, step_line: int) -> list[str]:
+def _crash(rng: random.Random, crash: str, site: str, step_line: int, op: int) -> list[str]:
     n, line = rng.randint(10, 99), rng.randint(60, 80)
     classes = rng.randint(3, 9)
     labels = [rng.choice([*range(classes), n]) for _ in range(16)]
@@ -269,7 +270,7 @@ def _crash(rng: random.Random, crash: str, site: str, step_line: int) -> list[st
     labels = " ".join(map(str, labels))
     fill = {"site": site, "stdlib": _STDLIBS[site], "n": n, "m": rng.randint(10, 99),
             "rows": n * 65536, "line": line, "step_line": rng.randint(40, 50),
-            "replica_line": rng.randint(30, 39), "labels": labels, "op": rng.randint(200, 999),
+            "replica_line": rng.randint(30, 39), "labels": labels, "op": op,
             "save_line": step_line + 4}
     if crash in _CRASHES_BEFORE_JOINING:
         if crash == "wrong shape":              # a size 64 does not divide
@@ -285,7 +286,7 @@ def _crash(rng: random.Random, crash: str, site: str, step_line: int) -> list[st
 def failure_logs(cause: str, num_workers: int, culprit: int | None,
                  rng: random.Random, killed_reason: str | None = None,
                  crashed_early: bool | None = None, crash: str | None = None,
-                 timed_out: int = 0) -> list[str]:
+                 timed_out: int = 0, op: int | None = None) -> list[str]:
     """The logs of ``num_workers`` workers after ``cause``, started by worker ``culprit``.
 
     ``culprit`` is the worker at fault (None for ``"not_in_cluster"``, where every worker is).
@@ -295,7 +296,9 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
     ``crash`` (for ``"crashed"``, one of :data:`CRASHES`, by default drawn): what the culprit
     raised; ``crashed_early``: it crashed before it joined the cluster (its peers wait, their
     logs end at ``joining the cluster``, as in ``"never_started"``) or while training (its
-    peers time out, or, when worker 0 crashed, find it gone); by default drawn.
+    peers time out, or, when worker 0 crashed, find it gone); by default drawn. ``op``: the
+    id TensorFlow gave the job's traced ``train_step`` (``__inference_train_step_{op}``, the
+    same in every worker of the job, whoever's step failed); by default drawn.
     """
     if killed_reason is not None and killed_reason not in KILLED_REASONS:
         raise ValueError(f"killed_reason must be one of {KILLED_REASONS}, got {killed_reason!r}")
@@ -330,6 +333,7 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
     site = rng.choice(_SITES)                      # where the job's workers have TensorFlow
     # the line of the step call in the job's script: the same in every worker's traceback
     step_line = rng.randint(60, 80)
+    op = rng.randint(200, 999) if op is None else op   # the job's traced step: one id
     survivors = [w for w in range(num_workers) if w != culprit]
     late = set(rng.sample(survivors, timed_out)) if cause == "killed" else set()
     logs = []
@@ -341,9 +345,9 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
         elif cause == "never_started":
             lines = [] if worker == culprit else lines
         elif cause == "crashed" and worker == culprit:
-            lines = [*_noise(rng), *_crash(rng, crash, site, step_line)] if early else [
+            lines = [*_noise(rng), *_crash(rng, crash, site, step_line, op)] if early else [
                 *lines, f"worker {worker}: {num_workers} replicas in sync",
-                *_steps(rng, 1, last), *_crash(rng, crash, site, step_line)]
+                *_steps(rng, 1, last), *_crash(rng, crash, site, step_line, op)]
         elif not early:
             lines += [f"worker {worker}: {num_workers} replicas in sync",
                       *_steps(rng, 1, last)]
@@ -357,6 +361,6 @@ def failure_logs(cause: str, num_workers: int, culprit: int | None,
                         "closed" if cause == "crashed" else
                         killed_reason or rng.choice(possible_reasons(culprit)),
                         ports[culprit], culprit)
-                lines += _collective_error(kind, reason, step_line, site)
+                lines += _collective_error(kind, reason, step_line, site, op)
         logs.append(lines)
     return ["\n".join(lines) + ("\n" if lines else "") for lines in logs]

@@ -36,13 +36,13 @@ LEARNING_RATE = 0.1
 #: differently on every worker, so that only the strategy's broadcast makes the initial weights
 #: equal; it records the strategy it was built under and its replica count; a weightless layer
 #: records, in each backward pass, the examples it carried and the replica context it ran in),
-#: an audit of ``CheckpointManager.save`` (where each worker saved, the prefix each save wrote,
-#: after how many backward passes, which folders of its earlier saves were still there then
-#: and in each backward pass) and of ``tf.train.Checkpoint``'s ``write`` and ``save``,
-#: and of every tf.data dataset the worker makes (the batch or window sizes of its batching
-#: ops, whatever tf.data method made them, and any element already holding more rows than a
-#: replica's share: :func:`~course_utils.grading.checks.dataset_audit.dataset_auditor`, given
-#: this worker's copy of the data, bound by ``_set_up``).
+#: an audit of ``CheckpointManager.save`` (where each worker saved, the prefix each save wrote
+#: and its variables' shapes and sums, after how many backward passes, which folders of its
+#: earlier saves were still there then and in each backward pass), of ``tf.train.Checkpoint``'s
+#: ``write`` and ``save``, and of every tf.data dataset the worker makes (the batch or window
+#: sizes of its batching ops, whatever tf.data method made them, and any element holding more
+#: rows than a replica's share: :func:`~course_utils.grading.checks.dataset_audit.dataset_auditor`,
+#: given this worker's copy of the data, bound by ``_set_up``).
 #: The audit is held in the closures of ``_set_up``, out of reach of the learner's code by
 #: name (no global holds it), with every function it calls bound before that code runs; it
 #: is written at the end with a secret the check left for this worker and ``_set_up`` read
@@ -78,8 +78,8 @@ def _set_up(out, task, workers, share, data, seed, classes):
             ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
         except (OSError, AttributeError):
             pass
-    built, saves, saved_after, rows, contexts, left, lingering, written, writes = (
-        [] for _ in range(9))
+    built, saves, saved_after, rows, contexts, left, lingering, written, writes, held = (
+        [] for _ in range(10))
     exists, abspath, join, write, close, exit_now = (
         os.path.exists, os.path.abspath, os.path.join, os.write, os.close, os._exit)
     replica_context, dependencies = tf.distribute.get_replica_context, tf.control_dependencies
@@ -158,15 +158,23 @@ def _set_up(out, task, workers, share, data, seed, classes):
 
     manager_save = tf.train.CheckpointManager.save
 
+    def contents(path, load=tf.train.load_checkpoint, names=tf.train.list_variables,
+                 asarray=np.asarray):       # what a save held: each variable's shape and sum
+        reader, found = load(path), {}
+        for name, shape in names(path):
+            value = asarray(reader.get_tensor(name))
+            found[name] = (shape, repr(float(value.sum(dtype="float64")))
+                           if value.dtype.kind in "biuf" else None)
+        return found
+
     def audited_save(self, *args, **kwargs):
-        # the folders of this worker's earlier saves still there now (a temporary one must
-        # go after each save, not once at the end)
-        left.append(sort({d for d in saves if exists(d)}))
+        left.append(sort({d for d in saves if exists(d)}))   # earlier saves' folders still here
         saves.append(abspath(str(self.directory)))
         saved_after.append(len(rows))                     # backward passes so far
         path = manager_save(self, *args, **kwargs)
         if path:                                          # the prefix it wrote
             written.append(abspath(str(path)))
+        held.append(contents(path) if path else {})       # read before your code goes on
         return path
 
     def audited_write(method, name):                      # tf.train.Checkpoint's own
@@ -188,7 +196,7 @@ def _set_up(out, task, workers, share, data, seed, classes):
         \"\"\"Write the audit, then end this worker at once (nothing runs after it).\"\"\"
         record = {"secret": secret, "saves": saves, "built": built, "saved_after": saved_after,
                   "rows": rows, "contexts": contexts, "left": left, "batches": batches,
-                  "lingering": lingering, "written": written, "writes": writes}
+                  "lingering": lingering, "written": written, "writes": writes, "held": held}
         handle = open_file(join(out, f"audit-{task}.txt"), flags)
         write(handle, repr(record).encode())
         close(handle)
