@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -97,12 +98,109 @@ def test_async_and_distribution_checks():
     short = verdicts.check_async("custom_loop", "parameter_server", task, trained, 24, 24, 21)
     assert short.status == "works" and "optimizer.iterations counted 21" in short.detail
     devices = ["cpu:0", "cpu:1"]
-    one = verdicts.check_distributed("keras_distribution", "default", task, trained, {"CPU:0"},
-                                   devices)
-    assert one.status == "wrong" and "not replicated" in one.detail
+    one = verdicts.check_distributed("keras_distribution", "default", task, trained,
+                                     [{"CPU:0"}] * 4, devices)
+    assert one.status == "wrong" and "every variable is on CPU:0 of 2" in one.detail
     both = verdicts.check_distributed("keras_distribution", "default", task, trained,
-                                    {"CPU:0", "CPU:1"}, devices)
-    assert both.status == "works"
+                                      [{"CPU:0", "CPU:1"}] * 4, devices)
+    assert both.status == "works" and "replicated on all 2" in both.detail
+
+
+def test_distributed_check_asks_each_variable_on_every_device_not_spread():
+    """rA4 R1: variables spread one per device are not replicated (⚠️); a MirroredVariable,
+    whose own ``device`` is its first component's, and a replicated DTensor layout are."""
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    task = ww.make_task()
+    trained, devices = task.reference_weights(), ["cpu:0", "cpu:1"]
+    spread = [{"CPU:0"}, {"CPU:1"}, {"CPU:0"}, {"CPU:1"}]  # round-robin, none replicated
+    cell = verdicts.check_distributed("keras_distribution", "default", task, trained, spread,
+                                      devices)
+    assert cell.status == "wrong" and "4 of 4 variables lack a copy" in cell.detail, cell
+    with tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"]).scope():
+        model = task.keras_model()
+    # what the old measure read: one device per variable, its first component's
+    assert {jobs.device_name(v.value.device) for v in model.weights} == {"CPU:0"}
+    placed = [jobs.variable_devices(v) for v in model.weights]
+    assert placed == [{"CPU:0", "CPU:1"}] * 4, placed
+    assert verdicts.check_distributed("keras_distribution", "default", task, trained, placed,
+                                      devices).status == "works"
+    mesh = dtensor.create_mesh([("batch", 2)], devices=["CPU:0", "CPU:1"])
+    replicated = dtensor.DVariable(dtensor.call_with_layout(
+        tf.zeros, dtensor.Layout.replicated(mesh, 1), shape=(4,)))
+    sharded = dtensor.DVariable(dtensor.call_with_layout(
+        tf.zeros, dtensor.Layout.batch_sharded(mesh, "batch", 1), shape=(4,)))
+    assert jobs.variable_devices(replicated) == {"CPU:0", "CPU:1"}
+    assert jobs.variable_devices(sharded) != {"CPU:0", "CPU:1"}
+    assert jobs.variable_devices(tf.Variable(1.0)) == {"CPU:0"}
+
+
+def test_a_loss_scale_that_skips_a_real_overflow_is_judged_against_a_reference_that_skips_it():
+    """rA4 R2: skipping exactly the overflowed steps is right, synchronous or asynchronous."""
+    import tensorflow as tf
+
+    task = ww.make_task()
+    skipping = task.reference_weights(skip=[1])
+    assert cu_equality.largest_difference(skipping, task.reference_weights()) > 1e-3
+    right = verdicts.check_loss_scaled("loss_scale_optimizer", "default", task, skipping, 1, 1,
+                                       overflowed=[1], skipped=[1])
+    assert right.status == "works" and "step(s) [1] overflowed and were skipped" in right.detail
+    assert verdicts.check_loss_scaled("loss_scale_optimizer", "default", task,
+                                      task.reference_weights(), 1, 1, [], []).status == "works"
+    applied = verdicts.check_loss_scaled("loss_scale_optimizer", "default", task,
+                                         task.reference_weights(), 1, 1, overflowed=[1],
+                                         skipped=[])
+    assert applied.status == "wrong" and "overflowed at step(s) [1]" in applied.detail
+    spurious = verdicts.check_loss_scaled("loss_scale_optimizer", "default", task, skipping,
+                                          1, 1, overflowed=[], skipped=[1])
+    assert spurious.status == "wrong" and "skipped step(s) [1]" in spurious.detail
+    real = ww.make_task()
+    real.x[real.global_batch:2 * real.global_batch] *= 3000.0  # step 1 overflows float16
+    cell = ww.run_cell("loss_scale_optimizer", "default", tf.distribute.get_strategy(), real,
+                       1)  # the real job: its loss scale skips step 1, the reference too
+    assert cell.status == "works" and "step(s) [1] overflowed and were skipped" in cell.detail
+    ps = verdicts.check_async("loss_scale_optimizer", "parameter_server", task,
+                              task.reference_weights(), 23, 24, 23, skipped=1)
+    assert ps.status == "works" and "23/24 steps applied, 1 skipped" in ps.detail, ps
+    lost = verdicts.check_async("loss_scale_optimizer", "parameter_server", task,
+                                task.reference_weights(), 22, 24, 22, skipped=1)
+    assert lost.status == "wrong"
+
+
+def test_a_caveat_link_beside_works_only_with_the_caveat_in_the_details():
+    """rA4 R3 (and U1): a ✅ links what its details say, never the row's known issue."""
+    task = ww.make_task()
+    trained = task.reference_weights()
+    full = verdicts.check_async("custom_loop", "parameter_server", task, trained, 24, 24, 24)
+    assert full.status == "works" and full.issue is None, full
+    short = verdicts.check_async("custom_loop", "parameter_server", task, trained, 24, 24, 19)
+    assert short.issue == cells.ITERATIONS_SHORT and "counted 19" in short.detail
+    assert table.short_link(short.issue) == "iterations short"
+    assert ("custom_loop", "parameter_server") in cells.KNOWN_ISSUES
+    for row, column in (("remat_scope", "mirrored"), ("keras3_fit", "multi_worker")):
+        assert (row, column) in cells.KNOWN_ISSUES
+        cell = ww.check_same_as_reference(row, column, task, trained, 2, 2)
+        assert cell.status == "works" and cell.issue is None, cell
+    wrong = ww.check_same_as_reference("remat_scope", "mirrored", task, task.initial_weights,
+                                       2, 2)
+    assert wrong.issue == cells.KNOWN_ISSUES[("remat_scope", "mirrored")]
+
+
+def test_an_error_of_the_check_is_not_the_apis(monkeypatch):
+    """rA4 R4: weights in another structure make the check raise: ⚠️ with that said, not ❌."""
+    task = ww.make_task()
+    monkeypatch.setitem(jobs.SYNC_JOBS, "trainer",
+                        lambda strategy, task: task.reference_weights()[:3])
+    strategy = SimpleNamespace(num_replicas_in_sync=1)
+    cell = runner.run_cell("trainer", "default", strategy, task, 1)
+    assert cell.status == "wrong" and "its check raised ValueError" in cell.detail, cell
+
+    def raising(strategy, task):
+        raise RuntimeError("the API broke")
+    monkeypatch.setitem(jobs.SYNC_JOBS, "trainer", raising)
+    assert runner.run_cell("trainer", "default", strategy, task, 1) == ww.Cell(
+        "fails", "RuntimeError: the API broke")
 
 
 def test_non_finite_weights_are_never_works_and_the_detail_says_so():
@@ -115,7 +213,7 @@ def test_non_finite_weights_are_never_works_and_the_detail_says_so():
     for weights in (all_nan, last_nan, one_inf):
         for cell in (ww.check_same_as_reference("custom_loop", "mirrored", task, weights, 2, 2),
                      verdicts.check_distributed("keras_distribution", "default", task, weights,
-                                                {"CPU:0", "CPU:1"}, ["cpu:0", "cpu:1"]),
+                                                [{"CPU:0", "CPU:1"}] * 4, ["cpu:0", "cpu:1"]),
                      verdicts.check_async("trainer", "parameter_server", task, weights, 24, 24)):
             assert cell.status == "wrong" and "not finite" in cell.detail, cell
     assert "(0 NaN, 1 inf)" in ww.check_same_as_reference("trainer", "default", task, one_inf,
@@ -178,22 +276,25 @@ def test_loss_scale_optimizer_under_parameter_servers_says_its_overflow_was_not_
     from course_utils.works_where import coordinator_jobs
 
     task = ww.make_task(steps=2, global_batch=8)
-    trained = (task.reference_weights(), coordinator_jobs.PS_STEPS, coordinator_jobs.PS_STEPS)
+    steps = coordinator_jobs.PS_STEPS
+    trained = (task.reference_weights(), steps, steps - 2, 0)  # iterations 2 short
     monkeypatch.setitem(coordinator_jobs.PS_JOBS, "loss_scale_optimizer",
                         lambda strategy, task: trained)
     cell = ww.run_cell("loss_scale_optimizer", "parameter_server", None, task, 0)
     assert cell.status == "works" and "overflow probe was not run" in cell.detail
     assert cell.issue == cells.OVERFLOW_NOT_PROBED
-    assert cells.KNOWN_ISSUES[("loss_scale_optimizer", "parameter_server")] in cell.detail
-    monkeypatch.setitem(coordinator_jobs.PS_JOBS, "custom_loop", lambda strategy, task: trained)
+    assert f"counted {steps - 2}" in cell.detail and cells.ITERATIONS_SHORT in cell.detail
+    monkeypatch.setitem(coordinator_jobs.PS_JOBS, "custom_loop",
+                        lambda strategy, task: trained[:2] + (steps,))
     plain = ww.run_cell("custom_loop", "parameter_server", None, task, 0)
-    assert plain.issue == cells.KNOWN_ISSUES[("custom_loop", "parameter_server")]
+    assert plain.status == "works" and plain.issue is None  # no caveat, no link (rA4 R3)
 
 
 def test_loss_scale_optimizer_under_parameter_servers_counts_applied_not_run_steps(
         monkeypatch):
     """rA2 U3: a step the LossScaleOptimizer skipped ran but was not applied; its halved scale
-    shows it, and the cell is no longer every step applied."""
+    shows it. rA4 R2: such a skip is what loss scaling must do, so the cell says it and stays
+    ✅; a step neither applied nor skipped is ⚠️."""
     from types import SimpleNamespace
 
     from course_utils.works_where import coordinator_jobs
@@ -211,9 +312,15 @@ def test_loss_scale_optimizer_under_parameter_servers_counts_applied_not_run_ste
         monkeypatch.setattr(coordinator_jobs, "_scheduled_loop",
                             lambda *args, scale=scale, **kwargs: (model, optimizer(scale),
                                                                   steps))
-        assert coordinator_jobs.ps_loss_scaled_loop(None, task)[1] == applied, scale
+        assert coordinator_jobs.ps_loss_scaled_loop(None, task)[1:4:2] == (
+            applied, steps - applied), scale
     cell = ww.run_cell("loss_scale_optimizer", "parameter_server", None, task, 0)
-    assert cell.status == "wrong" and f"{steps - 3}/{steps} steps applied" in cell.detail
+    assert cell.status == "works", cell
+    assert f"{steps - 3}/{steps} steps applied, 3 skipped by the loss scale" in cell.detail
+    monkeypatch.setattr(coordinator_jobs, "_scheduled_loop",  # one step never ran
+                        lambda *args, **kwargs: (model, optimizer(2.0**14), steps - 1))
+    cell = ww.run_cell("loss_scale_optimizer", "parameter_server", None, task, 0)
+    assert cell.status == "wrong" and f"{steps - 2}/{steps} steps applied" in cell.detail
 
 
 def test_the_mirrored_replica_count_is_expected_from_the_devices_not_the_strategy(

@@ -17,6 +17,7 @@ __all__ = [
     "NOT_APPLICABLE",
     "FIRST_REPLICA_ONLY",
     "OVERFLOW_NOT_PROBED",
+    "ITERATIONS_SHORT",
     "REMAT_MODES",
     "REMAT_ROWS",
     "Cell",
@@ -74,7 +75,7 @@ _CUSTOM_GRADIENT = "https://www.tensorflow.org/api_docs/python/tf/custom_gradien
 _KERAS_SOURCE = "https://github.com/keras-team/keras/blob/v3.15.1/keras/src/"
 
 #: (row, column) -> the upstream issue a failing or wrong cell cites (the TPU fallback column
-#: cites the mirrored one's).
+#: cites the mirrored one's); never beside a ✅, whose link is a caveat its details state.
 KNOWN_ISSUES: dict[tuple[str, str], str] = {
     ("keras3_fit", "multi_worker"): _KERAS + "20585",
     ("gradient_accumulation", "multi_worker"): _KERAS + "20585",
@@ -112,6 +113,12 @@ FIRST_REPLICA_ONLY = _KERAS_SOURCE + "optimizers/loss_scale_optimizer.py"
 #: runner that skips it.
 OVERFLOW_NOT_PROBED = ("https://github.com/scaling-tensorflow/scaling-tensorflow/blob/main/"
                        "course_utils/works_where/runner.py")
+
+#: The caveat of a "works" parameter-server cell whose ``optimizer.iterations`` counted fewer
+#: steps than were applied (its detail says by how many): Keras's ``assign_add`` is
+#: ``self.assign(self + value)``, a read then a write, so two workers stepping at once lose a
+#: count. Links to those lines of the Keras source at the cited version.
+ITERATIONS_SHORT = _KERAS_SOURCE + "backend/common/variables.py#L300-L301"
 
 #: (row, column) -> why the combination makes no sense.
 NOT_APPLICABLE: dict[tuple[str, str], str] = {

@@ -8,7 +8,8 @@ plain ``tf.Variable``'s atomic ``assign_add`` counts the steps run; with a
 optimizer's own ``iterations`` counted. Keras 3 applies gradients with TensorFlow's atomic
 ``assign_sub``, but counts its iterations with ``KerasVariable.assign_add``, a read then an
 assign, which loses counts when two workers step at once (lesson 04). ``verdicts.py`` asks
-that every scheduled step was applied and that the loss fell, and reports a short count.
+that every scheduled step was applied (or skipped by a loss scale) and that the loss fell, and
+reports a short count.
 """
 
 from __future__ import annotations
@@ -59,14 +60,16 @@ def ps_custom_loop(strategy: Any, task: Task, recompute: bool = False) -> tuple[
     return model.get_weights(), run, int(optimizer.iterations.numpy())
 
 
-def ps_loss_scaled_loop(strategy: Any, task: Task) -> tuple[list, int, int]:
-    """The scheduled loop under ``mixed_float16`` with a ``LossScaleOptimizer``.
+def ps_loss_scaled_loop(strategy: Any, task: Task) -> tuple[list, int, int, int]:
+    """The scheduled loop under ``mixed_float16`` with a ``LossScaleOptimizer``: the weights,
+    the steps applied, ``optimizer.iterations`` and the steps skipped.
 
     A step whose gradients are not finite runs but is skipped (the optimizer only halves its
-    scale), so the steps run are the steps applied only when none was skipped. Within
-    ``PS_STEPS`` (fewer than ``dynamic_growth_steps``) nothing else changes the scale: a scale
-    still at ``initial_scale`` means no step was skipped. Otherwise each halving that landed is
-    a skip (two at once may land as one): the count returned is then at most what was applied.
+    scale), as loss scaling must: ``verdicts.check_async`` counts it as accounted for, not as
+    lost. Within ``PS_STEPS`` (fewer than ``dynamic_growth_steps``) nothing else changes the
+    scale: a scale still at ``initial_scale`` means no step was skipped. Otherwise each halving
+    that landed is a skip (two at once may land as one, a read then a write): the skips
+    returned are then at most those made, and the steps applied (run less skipped) at least.
     """
     import math
 
@@ -74,7 +77,7 @@ def ps_loss_scaled_loop(strategy: Any, task: Task) -> tuple[list, int, int]:
     assert PS_STEPS < optimizer.dynamic_growth_steps, "the scale could grow: count differently"
     scale = float(optimizer.dynamic_scale.numpy())
     skipped = round(math.log2(optimizer.initial_scale / scale))
-    return model.get_weights(), run - skipped, int(optimizer.iterations.numpy())
+    return model.get_weights(), run - skipped, int(optimizer.iterations.numpy()), skipped
 
 
 def ps_trainer(strategy: Any, task: Task) -> tuple[list, int, int]:

@@ -31,6 +31,7 @@ __all__ = [
     "fit_trainer",
     "fit_tf_keras",
     "fit_keras_distribution",
+    "variable_devices",
     "initialize_keras_distribution",
     "SYNC_JOBS",
 ]
@@ -88,7 +89,8 @@ def replica_training(strategy: Any, task: Task, policy: str | None = None,
     """The task's model and SGD optimizer built in the strategy's scope (a ``LossScaleOptimizer``
     under ``"mixed_float16"``) and one replica's step: ``GradientTape`` with
     ``compute_average_loss`` over the global batch, the model inside ``tf.recompute_grad`` with
-    ``recompute``. The custom-loop jobs of every column share it."""
+    ``recompute``; the step returns whether this replica's (scaled) gradients were finite. The
+    custom-loop jobs of every column share it."""
     import keras
     import tensorflow as tf
 
@@ -105,7 +107,7 @@ def replica_training(strategy: Any, task: Task, policy: str | None = None,
     def forward(x: Any) -> Any:
         return model(x, training=True)
 
-    def replica_step(x: Any, y: Any) -> None:
+    def replica_step(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:
             logits = tf.recompute_grad(forward)(x) if recompute else forward(x)
             per_example = loss_object(y, tf.cast(logits, tf.float32))
@@ -113,26 +115,44 @@ def replica_training(strategy: Any, task: Task, policy: str | None = None,
             scaled = optimizer.scale_loss(loss)  # the loss itself without a LossScaleOptimizer
         gradients = tape.gradient(scaled, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in gradients])
 
     return model, optimizer, replica_step
 
 
-def custom_loop(strategy: Any, task: Task, policy: str | None = None,
-                recompute: bool = False) -> list[Any]:
-    """``strategy.run`` + ``GradientTape`` with ``compute_average_loss``; with ``policy``
-    ``"mixed_float16"``, a ``LossScaleOptimizer`` scales the loss and unscales the gradients;
-    with ``recompute``, the model runs inside ``tf.recompute_grad``."""
+def _custom_pass(strategy: Any, task: Task, policy: str | None = None,
+                 recompute: bool = False) -> tuple[Any, list[int], list[int]]:
+    """One pass of the custom loop: the model, the steps whose gradients overflowed (on any
+    replica: all-reduced) and the steps a ``LossScaleOptimizer`` skipped (its scale halved;
+    within one pass, far fewer steps than ``dynamic_growth_steps``, nothing else lowers it)."""
     import tensorflow as tf
 
     model, optimizer, replica_step = replica_training(strategy, task, policy, recompute)
 
     @tf.function
-    def train_step(x: Any, y: Any) -> None:
-        strategy.run(replica_step, args=(x, y))
+    def train_step(x: Any, y: Any) -> Any:
+        def replica_overflowed(x: Any, y: Any) -> Any:  # this replica's step: 1 if not finite
+            return tf.cast(tf.logical_not(replica_step(x, y)), tf.int32)
 
-    for x, y in strategy.experimental_distribute_dataset(task.dataset()):
-        train_step(x, y)
-    return model.get_weights()
+        return strategy.reduce("SUM", strategy.run(replica_overflowed, args=(x, y)), axis=None)
+
+    def scale() -> float:
+        return float(optimizer.dynamic_scale.numpy()) if policy == "mixed_float16" else 1.0
+
+    overflowed, skipped = [], []
+    for step, (x, y) in enumerate(strategy.experimental_distribute_dataset(task.dataset())):
+        before = scale()
+        if int(train_step(x, y)):  # replicas whose gradients were not finite
+            overflowed.append(step)
+        if scale() < before:
+            skipped.append(step)
+    return model, overflowed, skipped
+
+
+def custom_loop(strategy: Any, task: Task, recompute: bool = False) -> list[Any]:
+    """``strategy.run`` + ``GradientTape`` with ``compute_average_loss``; with ``recompute``,
+    the model runs inside ``tf.recompute_grad``."""
+    return _custom_pass(strategy, task, recompute=recompute)[0].get_weights()
 
 
 def overflow_on_last_replica_applied(strategy: Any, task: Task) -> bool:
@@ -166,9 +186,12 @@ def overflow_on_last_replica_applied(strategy: Any, task: Task) -> bool:
     return not all(np.isfinite(w).all() for w in model.get_weights())
 
 
-def loss_scaled_loop(strategy: Any, task: Task) -> list[Any]:
-    """The custom loop under ``mixed_float16`` with a ``LossScaleOptimizer``."""
-    return custom_loop(strategy, task, policy="mixed_float16")
+def loss_scaled_loop(strategy: Any, task: Task) -> tuple[list[Any], list[int], list[int]]:
+    """The custom loop under ``mixed_float16`` with a ``LossScaleOptimizer``, which scales the
+    loss and unscales the gradients: the weights, the steps whose gradients overflowed and the
+    steps it skipped (the check's reference skips those too, ``verdicts.check_loss_scaled``)."""
+    model, overflowed, skipped = _custom_pass(strategy, task, policy="mixed_float16")
+    return model.get_weights(), overflowed, skipped
 
 
 def recomputed_loop(strategy: Any, task: Task) -> list[Any]:
@@ -210,17 +233,41 @@ def fit_tf_keras(strategy: Any, task: Task) -> list[Any]:
     return model.get_weights()
 
 
-def fit_keras_distribution(task: Task, devices: list[str]) -> tuple[list[Any], set[str]]:
+def variable_devices(variable: Any) -> set[str]:
+    """The devices that hold a copy of ``variable`` (a Keras variable or a ``tf.Variable``),
+    named like ``"CPU:0"``: each component of a distributed variable (a ``MirroredVariable``'s
+    ``values``, whose own ``device`` is only the first's), every device of a DTensor
+    variable's mesh when its layout is fully replicated, else the one device it is on."""
+    import tensorflow as tf
+
+    value = variable if isinstance(variable, tf.Variable) else variable.value  # Keras's
+    if isinstance(value, tf.experimental.dtensor.DVariable):
+        layout = tf.experimental.dtensor.fetch_layout(value)
+        if layout.is_fully_replicated():
+            return {device_name(d) for d in layout.mesh.local_devices()}
+        return {device_name(value.device)}  # sharded: no device holds all of it
+    components = getattr(value, "values", None)
+    if isinstance(components, tuple):  # tf.distribute's DistributedValues
+        return {device_name(component.device) for component in components}
+    return {device_name(value.device)}
+
+
+def device_name(device: str) -> str:
+    """``"CPU:0"`` for ``"/job:localhost/.../device:CPU:0"``, ``"cpu:0"`` or ``"CPU:0"``."""
+    return str(device).rsplit("device:", 1)[-1].upper()
+
+
+def fit_keras_distribution(task: Task, devices: list[str]) -> tuple[list[Any], list[set[str]]]:
     """Keras 3 ``fit`` under ``keras.distribution.DataParallel(devices)``, no tf.distribute.
 
-    Returns the trained weights and the set of devices the variables were placed on.
+    Returns the trained weights and, per variable, the devices that hold a copy of it.
     """
     import keras
 
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
     try:
         model = task.keras_model()
-        placed = {str(v.value.device).rsplit("/device:", 1)[-1] for v in model.weights}
+        placed = [variable_devices(v) for v in model.weights]
         model.compile(keras.optimizers.SGD(task.learning_rate),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(task.dataset(), epochs=1, verbose=0, shuffle=False)

@@ -2,37 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from course_utils.works_where.cells import (
     APIS,
     FIRST_REPLICA_ONLY,
+    KNOWN_ISSUES,
     NOT_APPLICABLE,
     OVERFLOW_NOT_PROBED,
     Cell,
     failed,
+    first_line,
     not_applicable,
 )
 from course_utils.works_where.task import Task
 from course_utils.works_where.verdicts import (
-    TOLERANCES,
     check_async,
     check_distributed,
+    check_loss_scaled,
     check_same_as_reference,
 )
 
 __all__ = ["run_cell", "run_column"]
 
 
-def _run_job(row: str, column: str, strategy: Any, task: Task, expected_replicas: int) -> Cell:
+def _run_job(row: str, column: str, strategy: Any, task: Task,
+             expected_replicas: int) -> Callable[[], Cell]:
+    """Run the row's job under the strategy (an error here is the API's) and return the check
+    of what it returned (an error there is the check's: :func:`run_cell`)."""
     if column == "parameter_server":
         from course_utils.works_where.coordinator_jobs import PS_JOBS, PS_STEPS
 
-        weights, applied, iterations = PS_JOBS[row](strategy, task)
-        cell = check_async(row, column, task, weights, applied, PS_STEPS, iterations)
-        if row == "loss_scale_optimizer" and cell.status == "works":
-            return _not_probed(cell)  # scheduled steps: no overflow step is run
-        return cell
+        weights, applied, iterations, *skipped = PS_JOBS[row](strategy, task)
+
+        def check_ps() -> Cell:
+            cell = check_async(row, column, task, weights, applied, PS_STEPS, iterations,
+                               sum(skipped))
+            if row == "loss_scale_optimizer" and cell.status == "works":
+                return _not_probed(cell)  # scheduled steps: no overflow step is run
+            return cell
+        return check_ps
     if row == "keras_distribution":
         from course_utils.strategies import replica_devices
         from course_utils.works_where.jobs import (
@@ -45,18 +55,26 @@ def _run_job(row: str, column: str, strategy: Any, task: Task, expected_replicas
         else:
             devices = [name.split("device:")[-1].lower() for name in replica_devices()]
         weights, placed = fit_keras_distribution(task, devices)
-        return check_distributed(row, column, task, weights, placed, devices)
-    from course_utils.works_where.jobs import SYNC_JOBS
+        return lambda: check_distributed(row, column, task, weights, placed, devices)
+    from course_utils.works_where.jobs import SYNC_JOBS, overflow_on_last_replica_applied
 
-    weights = SYNC_JOBS[row](strategy, task)
-    tolerance = TOLERANCES["mixed_float16" if row == "loss_scale_optimizer" else "float32"]
-    cell = check_same_as_reference(row, column, task, weights, strategy.num_replicas_in_sync,
-                                   expected_replicas, tolerance)
-    if row == "loss_scale_optimizer" and cell.status == "works":
-        if column == "multi_worker":  # see _overflow_caveat: only finite steps checked here
-            return _not_probed(cell)
-        cell = _overflow_caveat(cell, strategy, task)
-    return cell
+    replicas = strategy.num_replicas_in_sync
+    if row != "loss_scale_optimizer":
+        weights = SYNC_JOBS[row](strategy, task)
+        return lambda: check_same_as_reference(row, column, task, weights, replicas,
+                                               expected_replicas)
+    weights, overflowed, skipped = SYNC_JOBS[row](strategy, task)
+    # the overflow probe, not under multi-worker (see _overflow_caveat): an API run too
+    applied = None if column == "multi_worker" else overflow_on_last_replica_applied(
+        strategy, task)
+
+    def check_loss_scale() -> Cell:
+        cell = check_loss_scaled(row, column, task, weights, replicas, expected_replicas,
+                                 overflowed, skipped)
+        if cell.status != "works":
+            return cell
+        return _not_probed(cell) if applied is None else _overflow_caveat(cell, applied)
+    return check_loss_scale
 
 
 def _not_probed(cell: Cell) -> Cell:
@@ -68,16 +86,15 @@ def _not_probed(cell: Cell) -> Cell:
                 f"steps only){cited}", OVERFLOW_NOT_PROBED)
 
 
-def _overflow_caveat(cell: Cell, strategy: Any, task: Task) -> Cell:
-    """Probe a "works" LossScaleOptimizer cell with an overflow on the last replica only: the
-    cell stays "works" when that step was skipped, and becomes "wrong" when it was applied.
+def _overflow_caveat(cell: Cell, applied: bool) -> Cell:
+    """A "works" LossScaleOptimizer cell after its probe, one step with an overflow on the last
+    replica only (``jobs.overflow_on_last_replica_applied``): it stays "works" when that step
+    was skipped, and becomes "wrong" when it was ``applied``.
 
     Not under multi-worker: there each worker checks its own gradients, and a worker that
     skips while the other applies would put their gradients' all-reduces out of step.
     """
-    from course_utils.works_where.jobs import overflow_on_last_replica_applied
-
-    if not overflow_on_last_replica_applied(strategy, task):
+    if not applied:
         return Cell(cell.status, cell.detail + "; an overflow on the last replica was skipped",
                     cell.issue)
     # By the table's own rule ("it ran without an error but the check failed") this is ⚠️:
@@ -88,13 +105,26 @@ def _overflow_caveat(cell: Cell, strategy: Any, task: Task) -> Cell:
 
 
 def run_cell(row: str, column: str, strategy: Any, task: Task, expected_replicas: int) -> Cell:
-    """One combination: ``n/a`` with its reason, or the job run and checked, or its error."""
+    """One combination: ``n/a`` with its reason, or the job run and checked, or its error.
+
+    An error of the job is the API's (❌, "fails"); an error of the check (say, weights in
+    another structure than the reference's) is not: the run is then unchecked, so "wrong"
+    (⚠️), with a detail that says the check raised."""
     if (row, column) in NOT_APPLICABLE:
         return not_applicable(row, column)
     try:
-        return _run_job(row, column, strategy, task, expected_replicas)
+        check = _run_job(row, column, strategy, task, expected_replicas)
     except Exception as error:  # noqa: BLE001 - the error is the result
         return failed(row, column, error)
+    try:
+        return check()
+    except Exception as error:  # noqa: BLE001 - the check's own error, not the API's
+        return Cell("wrong", f"the job ran, but its check raised {first_line(error)}: "
+                    "unchecked, so not ✅", _issue(row, column))
+
+
+def _issue(row: str, column: str) -> str | None:
+    return KNOWN_ISSUES.get((row, "mirrored" if column == "tpu" else column))
 
 
 def run_column(column: str, strategy: Any, task: Task, expected_replicas: int,

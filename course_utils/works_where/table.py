@@ -54,6 +54,8 @@ def short_link(url: str) -> str:
         return "first replica only"
     if url.endswith("works_where/runner.py"):
         return "overflow not probed"
+    if "common/variables.py" in url:
+        return "iterations short"
     if url.endswith("tf/custom_gradient"):
         return "tf.custom_gradient"
     return "upstream"
@@ -61,7 +63,7 @@ def short_link(url: str) -> str:
 
 def _cell_text(cell: Cell) -> str:
     text = SYMBOLS[cell.status]
-    if cell.issue:  # on a "works" cell: a caveat (e.g. unsupported upstream), see the details
+    if cell.issue:  # on a "works" cell: a caveat its details state
         text += f" [{short_link(cell.issue)}]({cell.issue})"
     return text
 
@@ -103,11 +105,15 @@ def to_markdown(matrix: Matrix,
     lines += ["", "✅ trained, and the check passed (every weight within "
               f"{float32} of a one-device reference on the same global "
               f"batches, {mixed} under `mixed_float16`, with as many "
-              "replicas as the column's devices; under parameter servers, every step applied "
-              "and the loss down by a fifth) · ⚠️ ran without an error but the check "
-              "failed · ❌ raised (the error and its upstream issue below) · ➖ makes no sense "
+              "replicas as the column's devices; a `LossScaleOptimizer` skips exactly the "
+              "steps that overflowed, and the reference skips them too; `keras.distribution`: "
+              "each variable on every device; under parameter servers, every step applied "
+              "or skipped by the loss scale, and the loss down by a fifth) · ⚠️ ran without "
+              "an error but the check failed (or the check itself raised) · ❌ raised (the "
+              "error below, linked to the issue or source that explains it) · ➖ makes no sense "
               "(why below). A link beside ✅ is a caveat: read the cell's details "
-              "(\"overflow not probed\": finite steps only)."]
+              "(\"overflow not probed\": finite steps only; \"iterations short\": "
+              "`optimizer.iterations` counted fewer steps than were applied)."]
     for column, note in matrix.notes.items():
         lines.append(f"{STRATEGIES[column]}: {note}.")
     lines += ["", "<details><summary>What each cell measured or raised</summary>", ""]

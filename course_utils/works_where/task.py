@@ -7,6 +7,7 @@ steps give the reference weights a correct distributed run must reproduce.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,13 +71,22 @@ class Task:
         model.set_weights(self.initial_weights)
         return model
 
-    def reference_weights(self) -> list[np.ndarray]:
-        """The weights after one pass of plain SGD on one device, batch by batch (cached)."""
+    def reference_weights(self, skip: Collection[int] = ()) -> list[np.ndarray]:
+        """The weights after one pass of plain SGD on one device, batch by batch (cached);
+        the steps in ``skip`` (indices) are not applied, as a loss scale skips an overflow."""
+        if skip:
+            return self._train(set(skip))
         if self._reference is None:
-            import tensorflow as tf
+            self._reference = self._train(set())
+        return self._reference
 
-            variables = [tf.Variable(w) for w in self.initial_weights]
-            for start in range(0, self.steps * self.global_batch, self.global_batch):
+    def _train(self, skip: set[int]) -> list[np.ndarray]:
+        import tensorflow as tf
+
+        variables = [tf.Variable(w) for w in self.initial_weights]
+        for step, start in enumerate(range(0, self.steps * self.global_batch,
+                                           self.global_batch)):
+            if step not in skip:
                 x = self.x[start:start + self.global_batch]
                 y = self.y[start:start + self.global_batch]
                 with tf.GradientTape() as tape:
@@ -84,8 +94,7 @@ class Task:
                 gradients = tape.gradient(loss, variables)
                 for variable, gradient in zip(variables, gradients, strict=True):
                     variable.assign_sub(self.learning_rate * gradient)
-            self._reference = [v.numpy() for v in variables]
-        return self._reference
+        return [v.numpy() for v in variables]
 
 
 def _mean_loss(tf: Any, weights: Any, x: Any, y: Any) -> Any:
