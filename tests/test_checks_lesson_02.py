@@ -157,24 +157,18 @@ def full_batch_only(strategy, make_train_step, build_model, features, labels,
                                     "Keras loss object on an uneven split") else diagnosis
 
 
-def _distribute_with(make_pipeline):
-    def distribute(strategy, examples, global_batch_size):
-        def dataset_fn(input_context):
-            per_replica = input_context.get_per_replica_batch_size(global_batch_size)
-            return make_pipeline(examples, input_context, per_replica)
-        return strategy.distribute_datasets_from_function(dataset_fn)
-    distribute.__name__ = make_pipeline.__name__
-    return distribute
-
-
-def _shard(examples, context):
-    return examples.shard(context.num_input_pipelines, context.input_pipeline_id)
-
-
-@_distribute_with
-def distribute(examples, context, per_replica):
-    shard = _shard(examples, context)
-    return shard.shuffle(int(shard.cardinality())).batch(per_replica)
+def make_files_dataset_fn(files, global_batch_size, shuffle_buffer):
+    def dataset_fn(input_context):
+        pipelines = input_context.num_input_pipelines
+        pipeline = input_context.input_pipeline_id
+        names = tf.data.Dataset.from_tensor_slices(files)
+        if len(files) >= pipelines:  # whole files: each pipeline opens only its own
+            records = tf.data.TFRecordDataset(names.shard(pipelines, pipeline))
+        else:  # too few: every pipeline reads every file, in order, and keeps its share
+            records = tf.data.TFRecordDataset(names).shard(pipelines, pipeline)
+        batch = input_context.get_per_replica_batch_size(global_batch_size)
+        return records.shuffle(shuffle_buffer).batch(batch)
+    return dataset_fn
 
 
 def stub(*args, **kwargs):
@@ -188,7 +182,7 @@ def stub(*args, **kwargs):
 def test_lesson_02_registers_its_checks():
     for name in ("check_resume_latest", "check_compute_loss",
                  "check_distributed_train_step", "check_diagnose_loop",
-                 "check_distribute_dataset"):
+                 "check_make_files_dataset_fn"):
         assert getattr(checks, name) is getattr(cu.grading, name) is getattr(lesson_02, name)
 
 
@@ -198,14 +192,14 @@ def test_the_reference_solutions_pass(capsys):
     assert checks.check_compute_loss(compute_loss) is True
     assert checks.check_distributed_train_step(_train_step(compute_loss)) is True
     assert checks.check_diagnose_loop(diagnose_loop) is True
-    assert checks.check_distribute_dataset(distribute) is True
+    assert checks.check_make_files_dataset_fn(make_files_dataset_fn) is True
     assert capsys.readouterr().out.count("✅") == 5
 
 
 @pytest.mark.parametrize("check", [checks.check_resume_latest, checks.check_compute_loss,
                                    checks.check_distributed_train_step,
                                    checks.check_diagnose_loop,
-                                   checks.check_distribute_dataset])
+                                   checks.check_make_files_dataset_fn])
 def test_stubs_are_not_attempted(check, capsys):
     with strict_checks(False):
         assert check(stub) is False
@@ -991,135 +985,218 @@ def test_diagnose_loop_constants_are_rejected(constant):
         checks.check_diagnose_loop(always)
 
 
-# --- exercise 4: distribute (sharded, shuffled, per-replica batches) ------------------------
+# --- exercise 4: make_files_dataset_fn (whole files, or every file and a share) -----------
 
 
-@_distribute_with
-def lesson_cell(examples, context, per_replica):  # the lesson's dataset_fn: no shuffle
-    return _shard(examples, context).batch(per_replica)
+def _answer(make_records, shuffle=True):
+    """A make_files_dataset_fn whose dataset_fn reads ``make_records(files, context)``, then
+    shuffles with shuffle_buffer and batches per replica (each part as the reference does)."""
+    def make_files_dataset_fn(files, global_batch_size, shuffle_buffer):
+        def dataset_fn(context):
+            records = make_records(files, context)
+            if shuffle:
+                records = records.shuffle(shuffle_buffer)
+            return records.batch(context.get_per_replica_batch_size(global_batch_size))
+        return dataset_fn
+    make_files_dataset_fn.__name__ = make_records.__name__
+    return make_files_dataset_fn
 
 
-@_distribute_with
-def shuffled_then_sharded(examples, context, per_replica):  # each worker its own order
-    return _shard(examples.shuffle(1000), context).batch(per_replica)
+def _split(files, context):  # the reference's records, shuffle and batch left out
+    names = tf.data.Dataset.from_tensor_slices(files)
+    n, i = context.num_input_pipelines, context.input_pipeline_id
+    if len(files) >= n:
+        return tf.data.TFRecordDataset(names.shard(n, i))
+    return tf.data.TFRecordDataset(names).shard(n, i)
 
 
-@_distribute_with
-def seeded_then_sharded(examples, context, per_replica):  # an op seed: global seeds differ
-    return _shard(examples.shuffle(1000, seed=7), context).batch(per_replica)
+def sliced_and_interleaved(files, global_batch_size, shuffle_buffer):  # a right variant
+    def dataset_fn(context):
+        n, i = context.num_input_pipelines, context.input_pipeline_id
+        if len(files) >= n:  # a Python slice of the names, its own files' order shuffled
+            names = tf.data.Dataset.from_tensor_slices(files[i::n]).shuffle(len(files))
+            records = names.interleave(tf.data.TFRecordDataset, cycle_length=2)
+        else:
+            records = tf.data.TFRecordDataset(files).shard(n, i)
+        return records.shuffle(shuffle_buffer).batch(
+            context.get_per_replica_batch_size(global_batch_size))
+    return dataset_fn
 
 
-@_distribute_with
-def small_buffer(examples, context, per_replica):
-    return _shard(examples, context).shuffle(8).batch(per_replica)
+def constant(files, global_batch_size, shuffle_buffer):
+    return None
 
 
-@_distribute_with
-def batches_shuffled(examples, context, per_replica):  # lesson 01's bug
-    return _shard(examples, context).batch(per_replica).shuffle(1000)
+@_answer
+def constant_dataset(files, context):
+    return tf.data.Dataset.from_tensors(b"0")
 
 
-@_distribute_with
-def same_order_each_epoch(examples, context, per_replica):
-    shard = _shard(examples, context)
-    return shard.shuffle(int(shard.cardinality()),
-                         reshuffle_each_iteration=False).batch(per_replica)
+@_answer
+def unsplit(files, context):  # the work skipped: every worker reads everything
+    return tf.data.TFRecordDataset(files)
 
 
-@_distribute_with
-def unsharded(examples, context, per_replica):
-    return examples.shuffle(1000).batch(per_replica)
+def lesson_cell_85(files, global_batch_size, shuffle_buffer):  # copied unchanged
+    def dataset_fn(input_context):
+        per_replica_batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+        return tf.data.Dataset.range(256).shard(
+            input_context.num_input_pipelines, input_context.input_pipeline_id).batch(
+            per_replica_batch_size)
+    return dataset_fn
 
 
-@_distribute_with
-def global_batches(examples, context, per_replica):  # a global batch per replica
-    return _shard(examples, context).shuffle(1000).batch(
-        per_replica * context.num_replicas_in_sync)
+def course_pipeline_unsplit(files, global_batch_size, shuffle_buffer):  # cu.data's helper
+    def dataset_fn(context):
+        return cu.data.make_pipeline(
+            tf.data.TFRecordDataset(files), context.get_per_replica_batch_size(
+                global_batch_size), shuffle_buffer=shuffle_buffer)
+    return dataset_fn
 
 
-@_distribute_with
-def remainder_dropped(examples, context, per_replica):
-    return _shard(examples, context).shuffle(1000).batch(per_replica, drop_remainder=True)
+@_answer
+def records_split_always(files, context):  # cell 85 on files: every worker reads every file
+    return tf.data.TFRecordDataset(files).shard(context.num_input_pipelines,
+                                                context.input_pipeline_id)
 
 
-@_distribute_with
-def buffer_of_48(examples, context, per_replica):  # a fixed buffer that fit last year's shard
-    return _shard(examples, context).shuffle(48).batch(per_replica)
+@_answer
+def own_files_kept_from_all(files, context):  # right records, read from every file
+    n, i = context.num_input_pipelines, context.input_pipeline_id
+    if len(files) < n:
+        return _split(files, context)
+    tagged = tf.data.Dataset.from_tensor_slices((files, tf.range(len(files)))).interleave(
+        lambda name, number: tf.data.TFRecordDataset(name).map(lambda r: (r, number)),
+        cycle_length=1)
+    return tagged.filter(lambda r, number: number % n == i).map(lambda r, number: r)
 
 
-@_distribute_with
-def buffer_of_200(examples, context, per_replica):  # a larger guess, still below the shard
-    return _shard(examples, context).shuffle(200).batch(per_replica)
+@_answer
+def files_split_always(files, context):  # a pipeline without a file reads nothing
+    return tf.data.TFRecordDataset(tf.data.Dataset.from_tensor_slices(files).shard(
+        context.num_input_pipelines, context.input_pipeline_id))
 
 
-@_distribute_with
-def global_seed_then_sharded(examples, context, per_replica):  # the workers made to agree
+@_answer
+def shuffled_then_split(files, context):  # each worker shuffles its own way, then cuts
+    if len(files) >= context.num_input_pipelines:
+        return _split(files, context)
+    return tf.data.TFRecordDataset(files).shuffle(10_000).shard(
+        context.num_input_pipelines, context.input_pipeline_id)
+
+
+@_answer
+def seeded_then_split(files, context):  # an op seed: the workers' global seeds differ
+    if len(files) >= context.num_input_pipelines:
+        return _split(files, context)
+    return tf.data.TFRecordDataset(files).shuffle(10_000, seed=7).shard(
+        context.num_input_pipelines, context.input_pipeline_id)
+
+
+@_answer
+def names_shuffled_then_split(files, context):  # list_files' default, by hand
+    names = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files))
+    if len(files) >= context.num_input_pipelines:
+        return tf.data.TFRecordDataset(names.shard(context.num_input_pipelines,
+                                                   context.input_pipeline_id))
+    return _split(files, context)
+
+
+@_answer
+def workers_made_to_agree(files, context):  # one seed for every worker: the process's gone
     tf.random.set_seed(1234)
-    return _shard(examples.shuffle(int(examples.cardinality())), context).batch(per_replica)
+    return tf.data.TFRecordDataset(files).shuffle(10_000).shard(
+        context.num_input_pipelines, context.input_pipeline_id)
 
 
-@_distribute_with
-def global_seed_sharded_first(examples, context, per_replica):  # right order, seed clobbered
-    tf.random.set_seed(1234)
-    shard = _shard(examples, context)
-    return shard.shuffle(int(shard.cardinality())).batch(per_replica)
+def batch_per_worker(files, global_batch_size, shuffle_buffer):  # not per replica
+    def dataset_fn(context):
+        return _split(files, context).shuffle(shuffle_buffer).batch(
+            global_batch_size // context.num_input_pipelines)
+    return dataset_fn
 
 
-@_distribute_with
-def no_global_seed_op_seed(examples, context, per_replica):  # seed None: TF's default one
-    tf.random.set_seed(None)
-    return _shard(examples.shuffle(int(examples.cardinality()), seed=7),
-                  context).batch(per_replica)
+def remainder_dropped(files, global_batch_size, shuffle_buffer):
+    def dataset_fn(context):
+        return _split(files, context).shuffle(shuffle_buffer).batch(
+            context.get_per_replica_batch_size(global_batch_size), drop_remainder=True)
+    return dataset_fn
 
 
-@_distribute_with
-def global_seed_drawn_from_the_process(examples, context, per_replica):  # still differs
-    tf.random.set_seed(int(tf.random.uniform([], maxval=2**30, dtype=tf.int32)))
-    shard = _shard(examples, context)
-    return shard.shuffle(int(shard.cardinality())).batch(per_replica)
+unshuffled = _answer(_split, shuffle=False)
+unshuffled.__name__ = "unshuffled"
 
 
-@_distribute_with
-def pairs_shuffled(examples, context, per_replica):  # blocks of two neighbours (nb33-02)
-    shard = _shard(examples, context).batch(2)
-    return shard.shuffle(int(shard.cardinality())).unbatch().batch(per_replica)
+def same_order_each_epoch(files, global_batch_size, shuffle_buffer):
+    def dataset_fn(context):
+        return _split(files, context).shuffle(shuffle_buffer, reshuffle_each_iteration=False
+                                              ).batch(context.get_per_replica_batch_size(
+                                                  global_batch_size))
+    return dataset_fn
 
 
-@_distribute_with
-def batches_shuffled_recut(examples, context, per_replica):  # whole batches, cut again
-    shard = _shard(examples, context).batch(per_replica)
-    return shard.shuffle(int(shard.cardinality())).unbatch().batch(per_replica)
+def buffer_of_64(files, global_batch_size, shuffle_buffer):  # a buffer typed, too small
+    def dataset_fn(context):
+        return _split(files, context).shuffle(64).batch(
+            context.get_per_replica_batch_size(global_batch_size))
+    return dataset_fn
 
 
-def auto_sharded(strategy, examples, global_batch_size):
-    return strategy.experimental_distribute_dataset(
-        examples.shuffle(1000).batch(global_batch_size))
+def buffer_capped_at_64(files, global_batch_size, shuffle_buffer):  # "memory": a cap of 64
+    def dataset_fn(context):
+        return _split(files, context).shuffle(min(shuffle_buffer, 64)).batch(
+            context.get_per_replica_batch_size(global_batch_size))
+    return dataset_fn
+
+
+def buffer_of_a_million(files, global_batch_size, shuffle_buffer):  # typed, shuffle_buffer unread
+    def dataset_fn(context):
+        return _split(files, context).shuffle(1_000_000).batch(
+            context.get_per_replica_batch_size(global_batch_size))
+    return dataset_fn
+
+
+def batches_shuffled(files, global_batch_size, shuffle_buffer):  # lesson 01's bug
+    def dataset_fn(context):
+        return _split(files, context).batch(context.get_per_replica_batch_size(
+            global_batch_size)).shuffle(shuffle_buffer)
+    return dataset_fn
+
+
+@pytest.mark.parametrize("right", [make_files_dataset_fn, sliced_and_interleaved])
+def test_right_dataset_fns_pass(right):
+    assert checks.check_make_files_dataset_fn(right) is True
+
+
+SHARES_CUT_BY_SEED = "cuts differently in each worker|both gave|missing"
 
 
 @pytest.mark.parametrize(("wrong", "says"), catalogue_params([
-    (lesson_cell, "moved 0.0 places"),
-    (shuffled_then_sharded, "shards share|both workers read"),
-    (seeded_then_sharded, "shards share|both workers read"),
-    (small_buffer, "a buffer as large as the shard"),
-    (batches_shuffled, r"gave the replicas|runs of neighbouring|batches held"),
+    (constant, "must return a function of input_context"),
+    (constant_dataset, "both gave|records of the files'"),
+    (unsplit, "both gave"),
+    (lesson_cell_85, "records of the files'"),
+    (course_pipeline_unsplit, "both gave"),
+    (records_split_always, r"kept \d+ of file \d+'s \d+ records"),
+    (own_files_kept_from_all, "opens files that are not its own"),
+    (files_split_always, r"pipeline \d of \d got no records"),
+    (shuffled_then_split, SHARES_CUT_BY_SEED),
+    (seeded_then_split, SHARES_CUT_BY_SEED),
+    (names_shuffled_then_split, SHARES_CUT_BY_SEED),
+    (workers_made_to_agree, "set TensorFlow's global seed"),
+    (batch_per_worker, r"batches held \[\d+\] records|gave the replicas"),
+    (remainder_dropped, r"[1-9]\d* missing"),
+    (unshuffled, "same order in both epochs"),
     (same_order_each_epoch, "same order in both epochs"),
-    (unsharded, "both workers read the same examples"),
-    (global_batches, r"make \d+ steps, got \d+"),
-    (remainder_dropped, "missing"),
-    (auto_sharded, "distribute_datasets_from_function"),
-    (buffer_of_48, r"more than 4[0-7] places before|a buffer as large as the shard"),
-    (buffer_of_200, r"more than 1\d\d places before|a buffer as large as the shard"),
-    (global_seed_then_sharded, "same order in a process seeded"),
-    (global_seed_sharded_first, "same order in a process seeded"),
-    (no_global_seed_op_seed, "same order in a process seeded"),
-    (global_seed_drawn_from_the_process, "changed TensorFlow's global seed"),
-    (pairs_shuffled, "followed by their neighbour in the shard"),
-    # refused by the count of whole batches where the short batch lands late (a draw)
-    (batches_shuffled_recut, "followed by their neighbour in the shard|runs of neighbouring"),
+    (buffer_of_64, "not a buffer of your own"),
+    (buffer_capped_at_64, r"came out more than \d+ places before"),
+    (buffer_of_a_million, "not a buffer of your own"),
+    (batches_shuffled,
+     r"came out right after the record read before them|batches held|gave the replicas"),
 ]))
-def test_distribute_catalogue_is_rejected(wrong, says):
+def test_make_files_dataset_fn_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):
-        checks.check_distribute_dataset(wrong)
+        checks.check_make_files_dataset_fn(wrong)
 
 
 def test_the_weights_of_every_checked_batch_have_a_positive_sum():
@@ -1390,25 +1467,7 @@ def test_a_diagnosis_that_reads_the_debugger_dump_is_refused():
         checks.check_diagnose_loop(dumped_the_loops_numpy_functions)
 
 
-# --- a fresh read's loopholes (nb27-02b), each closed -----------------------------------------
-
-
-@_distribute_with
-def buffer_of_10000(examples, context, per_replica):  # the tutorials' round number
-    return _shard(examples, context).shuffle(10_000).batch(per_replica)
-
-
-@_distribute_with
-def buffer_of_100000(examples, context, per_replica):  # a larger round number, still fixed
-    return _shard(examples, context).shuffle(100_000).batch(per_replica)
-
-
-@pytest.mark.parametrize("wrong", [buffer_of_10000, buffer_of_100000])
-def test_a_fixed_round_buffer_is_smaller_than_the_shard(wrong):
-    """L1: shuffle(1024) and shuffle(10000) passed while each shard held 400 to 800 examples."""
-    with pytest.raises(AssertionError, match=r"moved [\d.]+ places on average|came out more "
-                       r"than \d+ places before"):
-        checks.check_distribute_dataset(wrong)
+# --- a fresh read's loopholes, each closed ---------------------------------------------------
 
 
 def sgd_typed_by_hand(strategy, model, optimizer, batch, clip_norm):

@@ -1,7 +1,7 @@
 """Checks of lesson 02's exercises (registered by name with ``@register``): the latest of a
 run's checkpoints restored under another strategy, a weighted loss and the distributed step, a
-training loop diagnosed from what it does, a dataset sharded and shuffled by hand for workers
-that do not share a seed.
+training loop diagnosed from what it does, a ``dataset_fn`` over files for any number of input
+pipelines (whole files each where there are enough, else every file and a share of its records).
 
 Strategies come from ``cu.make_strategy("mirrored")``, the learner's own object: a second
 MirroredStrategy over other devices would clash with its collective all-reduces.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_utils.grading.checks import clipped_step, sharding
+from course_utils.grading.checks import clipped_step, file_shards
 from course_utils.grading.checks.loops import DIAGNOSES, LoopBox, projecting_data
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.replicas import (
@@ -30,8 +30,8 @@ from course_utils.grading.framework import (
 )
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["DIAGNOSES", "check_compute_loss", "check_diagnose_loop", "check_distribute_dataset",
-           "check_distributed_train_step", "check_resume_latest"]
+__all__ = ["DIAGNOSES", "check_compute_loss", "check_diagnose_loop", "check_distributed_train_step",
+           "check_make_files_dataset_fn", "check_resume_latest"]
 
 
 # --- Exercise 2 · a weighted loss, right on every batch, and the distributed train step -----
@@ -365,86 +365,79 @@ def check_diagnose_loop(fn: Any) -> bool:
         box.close()
 
 
-# --- Exercise 4 · distribute a dataset, one pipeline per worker ------------------------------
+# --- Exercise 4 · a dataset_fn over files, for any number of pipelines ----------------------
 
 
 @register
-def check_distribute_dataset(fn: Any) -> bool:
-    """Check ``distribute(strategy, examples, global_batch_size)``: sharded, shuffled, batched.
+def check_make_files_dataset_fn(fn: Any) -> bool:
+    """Check ``make_files_dataset_fn(files, global_batch_size, shuffle_buffer)``'s
+    ``dataset_fn``.
 
-    Under ``cu.make_strategy("mirrored")`` an epoch whose last global batch is short must give
-    every example exactly once, ``global_batch_size / replicas`` per replica on every full step.
-    Under a stand-in of two workers whose processes seed TensorFlow differently, each worker's
-    pipeline must read its own examples (together: each once), in per-replica batches, shuffled
-    as a whole (examples, not batches) and in a new order each epoch.
+    Fresh TFRecord files, pipelines and seeds each run (``file_shards``): an epoch under
+    ``cu.make_strategy("mirrored")``; at least as many files as pipelines, where each pipeline
+    must read whole files of its own, dealt evenly, and open no other; fewer files than
+    pipelines, where each must read every file and keep its share. Every pipeline is made as a
+    worker process seeded its own way makes it: together every record once, per-replica
+    batches, shuffled with ``shuffle_buffer`` anew each epoch, the global seed left alone.
     """
     tf = _tf()
-    strategy = mirrored_strategy()
-    if raises_own_stub(fn, strategy, tf.data.Dataset.range(4), 4):
-        not_attempted("distribute_dataset")
+    if raises_own_stub(fn, ["part-0.tfrecord"], 4, 4):
+        not_attempted("make_files_dataset_fn")
         return False
+    strategy = mirrored_strategy()
     replicas = strategy.num_replicas_in_sync
     rng = fresh_rng()
-    per_replica = rng.choice([3, 4, 5])
-    global_batch = per_replica * replicas
-    size = global_batch * rng.randint(2, 4) + rng.randint(1, global_batch - 1)
-    workers_size, worker_batch = sharding.shard_sizes(rng)  # beyond any round buffer typed
-    seeds = (rng.randint(0, 2**20), rng.randint(2**20, 2**21), rng.randint(2**21, 2**22))
+    previous = _global_seed()
+    per_replica = rng.randint(3, 6)
+    many = rng.randint(2, 4)
+    few = rng.randint(3, 4)
+    layouts = {"strategy": (rng.randint(1, 3), 1), "many": (rng.randint(many + 1, 3 * many), many),
+               "few": (rng.randint(1, few - 1), few)}
+    sets = {kind: file_shards.FileSet.write(file_shards.draw_file_sizes(
+        rng, files, pipelines, kind != "few")) for kind, (files, pipelines) in layouts.items()}
+    small = rng.randint(2, 3)
 
-    def run(kind: str, replicas_per_worker: int = 0) -> Any:
+    def run(kind: str) -> Any:
+        files, pipelines = sets[kind], layouts[kind][1]
         if kind == "strategy":
-            examples = tf.data.Dataset.range(size)
-            return sharding.steps_on(strategy, fn(strategy, examples, global_batch))
-        workers = sharding.WorkerProcesses(replicas_per_worker, seeds)
-        pipelines = fn(workers, tf.data.Dataset.range(workers_size),
-                       worker_batch * workers.num_replicas_in_sync)
-        if not isinstance(pipelines, list) or workers.reseeded is None:
-            return pipelines
-        return ([[sharding.batches(pipeline) for _ in range(2)] for pipeline in pipelines],
-                sharding.batches(workers.reseeded), workers.seed_changed)
+            dataset_fn = file_shards.dataset_fn_of(fn, files, per_replica * replicas,
+                                                   len(files.file_of))
+            return file_shards.steps_on(
+                strategy, strategy.distribute_datasets_from_function(dataset_fn))
+        seeds = [(rng.randint(2**20 * k, 2**20 * (k + 1) - 1),
+                  rng.randint(2**20 * (k + 8), 2**20 * (k + 9) - 1)) for k in range(pipelines)]
+        return file_shards.read_pipelines(
+            fn, files, per_replica * pipelines * 2, (len(files.file_of), small), pipelines, 2,
+            seeds, kind == "many")
 
-    verify_strategy = sharding.epoch_verifier(size, global_batch, per_replica, replicas)
-    verify_shards = sharding.workers_verifier(workers_size, worker_batch)
+    cases = [Case(args=("strategy",), verify=file_shards.strategy_verifier(
+        len(sets["strategy"].file_of), per_replica, replicas), label=(
+        f"({layouts['strategy'][0]} files, {len(sets['strategy'].file_of)} records, one "
+        f"pipeline, {replicas} replicas, global batch {per_replica * replicas})"))]
+    for kind in ("many", "few"):
+        files, pipelines = layouts[kind]
+        cases.append(Case(args=(kind,), verify=file_shards.workers_verifier(
+            sets[kind], per_replica, (len(sets[kind].file_of), small), kind == "many"),
+            label=f"({files} files of {len(sets[kind].file_of)} records, {pipelines} workers "
+                  f"× 2 replicas, each worker seeded its own way, global batch "
+                  f"{per_replica * pipelines * 2}, shuffle_buffer {len(sets[kind].file_of)}, "
+                  f"then 1 and {small})"))
+    rng.shuffle(cases)
+    try:
+        return run_check("make_files_dataset_fn", run, cases,
+                         hint="split the list of file names by input_context's pipelines "
+                              "when there are enough, else read every file in the given order "
+                              "and split the records; shuffle after the split (each worker "
+                              "seeds its own way), then batch per replica (lesson 02, "
+                              "section 9; lesson 01, shuffling).")
+    finally:
+        tf.random.set_seed(previous)
+        for files in sets.values():
+            files.remove()
 
-    def verify_workers(result: Any) -> str | None:
-        pipelines, reseeded, seed_changed = (result if isinstance(result, tuple)
-                                             else (result, None, False))
-        if not isinstance(pipelines, list) or len(pipelines) != 2:
-            return verify_shards(pipelines)
-        for epoch in (0, 1):
-            shards = [{v for batch in epochs[epoch] for v in batch} for epochs in pipelines]
-            if shards[0] & shards[1] and shards[0] != shards[1]:
-                return (f"epoch {epoch + 1}: the workers' shards share "
-                        f"{len(shards[0] & shards[1])} examples: each worker shuffled in its "
-                        "own order before taking its shard – shard first, then shuffle")
-            problem = verify_shards([epochs[epoch] for epochs in pipelines])
-            if problem:
-                return f"epoch {epoch + 1}: {problem}"
-        for worker, epochs in enumerate(pipelines):
-            problem = sharding.order_problem(epochs, worker)
-            if problem:
-                return problem
-        if reseeded == pipelines[0][0]:
-            return (f"worker 0 gave the same order in a process seeded {seeds[0]} and in one "
-                    f"seeded {seeds[2]}: your pipeline sets TensorFlow's seed itself (or "
-                    "shuffles with a seed no process's seed changes). The global seed is the "
-                    "worker's: leave it alone, shard first, then shuffle the shard")
-        if seed_changed:
-            return ("your dataset_fn changed TensorFlow's global seed (the check read it back "
-                    "after each call): the global seed is the worker process's, leave it alone")
-        return None
 
-    cases = [Case(args=("strategy",), verify=verify_strategy,
-                  label=f"({size} examples, global batch {global_batch}, {replicas} "
-                        "replicas: the last batch short)"),
-             Case(args=("workers", 2), verify=verify_workers,
-                  label=f"(2 workers × 2 replicas, seeded {seeds[0]} and {seeds[1]}, worker 0 "
-                        f"also seeded {seeds[2]}, "
-                        f"{workers_size} examples, per-replica batch {worker_batch}, two "
-                        "epochs)")]
-    return run_check("distribute_dataset", run, cases,
-                     hint="the workers do not share a random seed: what does a shuffle "
-                          "that runs before the shard do to the examples each worker keeps? "
-                          "Which of input_context's fields say how many pipelines there are, "
-                          "which one is yours, and how big one replica's batch is? (lesson "
-                          "02, section 9; lesson 01: where the shuffle goes).")
+def _global_seed() -> int | None:
+    """TensorFlow's global seed as set (None where none is), to put back after the check."""
+    from tensorflow.python.eager import context
+
+    return context.global_seed()

@@ -1,0 +1,314 @@
+"""Lesson 02's exercise 4: ``make_files_dataset_fn(files, global_batch_size, shuffle_buffer)``
+over TFRecord files, its ``dataset_fn`` read pipeline by pipeline as separate workers build it.
+
+Each worker is its own process, seeded its own way: so for every pipeline the check seeds
+TensorFlow with that worker's seed, then calls the learner's ``make_files_dataset_fn`` and the
+``dataset_fn`` it returns (a random op made once and shared by every "worker" would hide a
+shuffle before the split). Each pipeline is built three times: with the case's
+``shuffle_buffer`` (at least a share: two epochs read), with ``shuffle_buffer=1`` (the order it
+reads its records in) and with a buffer of 2 or 3 (none may come more than ``b - 1`` places early
+against that order: ``shuffle_order``'s docstring). With at least as many files as pipelines,
+the last two builds run with only the pipeline's own files present: one that opens another's
+file fails there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from course_utils.grading.checks.shuffle_order import global_seed
+from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
+
+__all__ = ["SHARE_MIN", "FileSet", "PipelineRead", "dataset_fn_of", "draw_file_sizes",
+           "read_pipelines", "steps_on", "strategy_verifier", "workers_verifier"]
+
+#: The fewest records a pipeline's share holds: a whole shuffle of 150 records brought one of
+#: the last 40 % into the first places in 20,000 of 20,000 permutations drawn (numpy).
+SHARE_MIN = 200
+SPLIT_FIRST = ("Each worker's process seeds its shuffles its own way: split first (the list of "
+               "files, or the records read in a fixed order), then shuffle")
+
+
+@dataclass
+class FileSet:
+    """The check's TFRecord files: file ``f`` holds records ``str(k)`` for a block of ``k``."""
+
+    directory: str
+    paths: list[str]
+    file_of: dict[int, int]
+
+    @classmethod
+    def write(cls, sizes: list[int]) -> FileSet:
+        tf = _tf()
+        directory = tempfile.mkdtemp(prefix="lesson02_files_")
+        paths, file_of, start = [], {}, 0
+        for number, size in enumerate(sizes):
+            path = os.path.join(directory, f"part-{number:03d}-of-{len(sizes):03d}.tfrecord")
+            with tf.io.TFRecordWriter(path) as writer:
+                for record in range(start, start + size):
+                    writer.write(b"%d" % record)
+                    file_of[record] = number
+            paths.append(path)
+            start += size
+        return cls(directory, paths, file_of)
+
+    @contextlib.contextmanager
+    def only(self, keep: set[int]) -> Iterator[None]:
+        """Only the files numbered ``keep`` present (the others moved away) while it runs."""
+        away = self.directory + "_away"
+        os.makedirs(away, exist_ok=True)
+        moved = [(path, os.path.join(away, os.path.basename(path)))
+                 for number, path in enumerate(self.paths) if number not in keep]
+        for path, hidden in moved:
+            os.rename(path, hidden)
+        try:
+            yield
+        finally:
+            for path, hidden in moved:
+                os.rename(hidden, path)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+        shutil.rmtree(self.directory + "_away", ignore_errors=True)
+
+
+def draw_file_sizes(rng: Any, files: int, pipelines: int, whole_files: bool) -> list[int]:
+    """Record counts of ``files`` files: every pipeline's share holds ``SHARE_MIN`` or more."""
+    if whole_files:  # a pipeline may get a single file
+        return [rng.randint(SHARE_MIN, SHARE_MIN + 60) for _ in range(files)]
+    total = pipelines * rng.randint(SHARE_MIN + 20, SHARE_MIN + 100)
+    cuts = sorted(rng.sample(range(20, total - 20), files - 1))
+    return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+
+
+def _records(batch: Any) -> list[int]:
+    return [int(value) for value in batch.numpy().ravel()]
+
+
+def steps_on(strategy: Any, distributed: Any) -> list[list[list[int]]]:
+    """Each step's per-replica batches, as lists of record numbers."""
+    return [[_records(part) for part in strategy.experimental_local_results(step)]
+            for step in distributed]
+
+
+@dataclass
+class PipelineRead:
+    """What one pipeline gave: two epochs with the case's buffer, its read order and one epoch
+    with a small buffer (or why those could not be read), and whether a seed was changed."""
+
+    epochs: list[list[list[int]]] = field(default_factory=list)
+    read_order: list[int] = field(default_factory=list)
+    small: list[int] = field(default_factory=list)
+    reseeded: list[int] = field(default_factory=list)  # an epoch made under another seed
+    failed: str = ""
+    seed_changed: bool = False
+
+
+def dataset_fn_of(fn: Any, files: FileSet, global_batch: int, buffer: int) -> Any:
+    """The ``dataset_fn`` the learner's function returns for ``files`` (checked callable)."""
+    dataset_fn = fn(list(files.paths), global_batch, buffer)
+    if not callable(dataset_fn):
+        raise TypeError(f"make_files_dataset_fn must return a function of input_context (the "
+                        f"dataset_fn), got {type(dataset_fn).__name__}")
+    return dataset_fn
+
+
+def _build(fn: Any, files: FileSet, global_batch: int, buffer: int, context: Any, seed: int,
+           read: PipelineRead) -> Any:
+    """``fn``'s pipeline for ``context``, made as a worker process seeded ``seed`` makes it."""
+    tf = _tf()
+    tf.random.set_seed(seed)
+    dataset = dataset_fn_of(fn, files, global_batch, buffer)(context)
+    if global_seed() != seed:
+        read.seed_changed = True
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"dataset_fn(input_context) must return a tf.data.Dataset, got "
+                        f"{type(dataset).__name__}")
+    return dataset
+
+
+def read_pipelines(fn: Any, files: FileSet, global_batch: int, buffers: tuple[int, int],
+                   pipelines: int, replicas: int, seeds: list[tuple[int, int]],
+                   whole_files: bool) -> list[PipelineRead]:
+    """Every pipeline of a cluster of ``pipelines`` workers with ``replicas`` each, read:
+    each made by a worker seeded ``seeds[i][0]``, and once more by one seeded ``seeds[i][1]``."""
+    tf = _tf()
+    big, small = buffers
+    reads = []
+    for number, (seed, other) in enumerate(seeds):
+        context = tf.distribute.InputContext(pipelines, number, pipelines * replicas)
+        read = PipelineRead()
+        dataset = _build(fn, files, global_batch, big, context, seed, read)
+        read.epochs = [[_records(batch) for batch in dataset] for _ in range(2)]
+        read.reseeded = [r for batch in _build(fn, files, global_batch, big, context, other,
+                                               read) for r in _records(batch)]
+        own = {files.file_of.get(r, -1) for batch in read.epochs[0] for r in batch}
+        present = own if whole_files else set(range(len(files.paths)))
+        try:
+            with files.only(present):
+                for buffer in (1, small):
+                    order = [r for batch in _build(fn, files, global_batch, buffer, context,
+                                                   seed, read) for r in _records(batch)]
+                    read.read_order, read.small = (order, []) if buffer == 1 else (
+                        read.read_order, order)
+        except tf.errors.OpError as error:
+            read.failed = str(error).strip().splitlines()[0][:160]
+        reads.append(read)
+    return reads
+
+
+def _coverage(given: list[int], total: int, what: str) -> str | None:
+    if sorted(given) == list(range(total)):
+        return None
+    repeated = len(given) - len(set(given))
+    missing = total - len(set(given) & set(range(total)))
+    return (f"{what} gave {len(given)} records of the files' {total}: {repeated} repeated, "
+            f"{missing} missing (together, every record once per epoch; keep the short last "
+            "batch)")
+
+
+def strategy_verifier(total: int, per_replica: int, replicas: int) -> Any:
+    """A verify function for an epoch's steps under ``cu.make_strategy("mirrored")``."""
+
+    def verify(steps: list[list[list[int]]]) -> str | None:
+        problem = _coverage([r for step in steps for part in step for r in part], total,
+                            "over an epoch, the replicas")
+        if problem:
+            return problem
+        for number, step in enumerate(steps[:-1], start=1):
+            if [len(part) for part in step] != [per_replica] * replicas:
+                return (f"step {number} gave the replicas {[len(part) for part in step]} "
+                        f"records, expected {per_replica} each: the per-replica batch, "
+                        "input_context.get_per_replica_batch_size(global_batch_size)")
+        return None
+
+    return verify
+
+
+def _share_problem(reads: list[PipelineRead], files: FileSet, whole_files: bool) -> str | None:
+    """What is wrong with the shares the pipelines read (epoch by epoch), or None."""
+    count, total = len(reads), len(files.file_of)
+    for epoch in (0, 1):
+        shares = [[r for batch in read.epochs[epoch] for r in batch] for read in reads]
+        for a in range(count):
+            for b in range(a + 1, count):
+                shared = set(shares[a]) & set(shares[b])
+                if shared:
+                    return (f"epoch {epoch + 1}: pipelines {a} and {b} of {count} both gave "
+                            f"{len(shared)} of the same records: each pipeline reads its own "
+                            f"share. {SPLIT_FIRST}")
+        problem = _coverage([r for share in shares for r in share], total,
+                            f"epoch {epoch + 1}: the {count} pipelines")
+        if problem:
+            return problem
+    for number, read in enumerate(reads):
+        shares = [{r for batch in epoch for r in batch} for epoch in read.epochs]
+        if len({frozenset(share) for share in [*shares, set(read.reseeded)]}) > 1:
+            return (f"pipeline {number}'s share of the records changed (between its epochs, "
+                    "or with its worker's process seeded another way): a shuffle before the "
+                    f"split cuts differently in each worker. {SPLIT_FIRST}")
+    for epoch in (0, 1):
+        for number, share in enumerate(read.epochs[epoch] for read in reads):
+            if not share:
+                return (f"pipeline {number} of {count} got no records ({len(files.paths)} "
+                        "files): with fewer files than pipelines, every pipeline reads every "
+                        "file and keeps its share of the records")
+    if not whole_files:
+        return None
+    counts = []
+    for number, read in enumerate(reads):
+        kept: dict[int, int] = {}
+        for record in (r for batch in read.epochs[0] for r in batch):
+            kept[files.file_of[record]] = kept.get(files.file_of[record], 0) + 1
+        for file, got in sorted(kept.items()):
+            size = sum(1 for f in files.file_of.values() if f == file)
+            if got != size:
+                return (f"pipeline {number} kept {got} of file {file}'s {size} records: with "
+                        f"at least as many files as pipelines ({len(files.paths)} for "
+                        f"{count}), each pipeline reads whole files of its own – split the "
+                        "list of files, not the records")
+        counts.append(len(kept))
+    if max(counts) - min(counts) > 1:
+        return (f"the pipelines read {counts} files: deal the files evenly (the numbers of "
+                "files differ by one at most)")
+    for number, read in enumerate(reads):
+        if read.failed:
+            return (f"pipeline {number} opens files that are not its own: built again with "
+                    f"only its {counts[number]} files present, reading it failed ({read.failed})"
+                    ". Each pipeline opens only its own files; one that reads every file and "
+                    f"keeps its share reads {count}× the data")
+    return None
+
+
+def _order_problem(number: int, read: PipelineRead, buffers: tuple[int, int]) -> str | None:
+    """What is wrong with one pipeline's shuffle, against the order it reads (buffer 1)."""
+    import numpy as np
+
+    big, small = buffers
+    first, second = ([r for batch in epoch for r in batch] for epoch in read.epochs)
+    if first == second:
+        return (f"pipeline {number} gave its records in the same order in both epochs: "
+                "reshuffle every epoch")
+    place = {record: index for index, record in enumerate(read.read_order)}
+    if set(place) != set(first) or set(read.small) != set(first):
+        return (f"pipeline {number} gave other records when built with another "
+                "shuffle_buffer: the buffer must change the order, not the share")
+    if first == read.read_order:
+        return (f"pipeline {number} gave its records in the same order with shuffle_buffer=1 "
+                f"as with shuffle_buffer={big}: shuffle with shuffle_buffer, not a buffer of "
+                "your own")
+    early = max(place[r] - index for index, r in enumerate(first))
+    if early < 0.6 * len(first):
+        return (f"with shuffle_buffer={big} (at least the share), no record of pipeline "
+                f"{number}'s {len(first)} came out more than {early} places before its place "
+                "in the order the pipeline reads them (its order with shuffle_buffer=1); a "
+                "shuffle of the whole share brings some of its last 40 % to the front: "
+                "shuffle the records with shuffle_buffer")
+    after = float(np.mean([place[b] == place[a] + 1 for a, b in zip(first[:-1], first[1:],
+                                                                  strict=True)]))
+    if after > 0.25:
+        return (f"{after:.0%} of pipeline {number}'s records came out right after the record "
+                "read before them: you shuffled blocks of neighbouring records (batches, "
+                "lesson 01); shuffle the records themselves, then batch")
+    ahead = max(place[r] - index for index, r in enumerate(read.small))
+    if ahead > small - 1:
+        return (f"with shuffle_buffer={small}, a record of pipeline {number} came out {ahead} "
+                f"places before its place in the order it reads them (a buffer of {small} "
+                f"brings one {small - 1} places early at most): shuffle with shuffle_buffer, "
+                "not a buffer of your own")
+    return None
+
+
+def workers_verifier(files: FileSet, per_replica: int, buffers: tuple[int, int],
+                     whole_files: bool) -> Any:
+    """A verify function for the pipelines ``read_pipelines`` read."""
+
+    def verify(reads: list[PipelineRead]) -> str | None:
+        if any(read.seed_changed for read in reads):
+            return ("your make_files_dataset_fn (or its dataset_fn) set TensorFlow's global "
+                    "seed (the check read it back after each call): it is the worker "
+                    "process's, leave it alone")
+        problem = _share_problem(reads, files, whole_files)
+        if problem:
+            return problem
+        for number, read in enumerate(reads):
+            sizes = sorted({len(batch) for epoch in read.epochs for batch in epoch[:-1]})
+            if sizes and sizes != [per_replica]:
+                return (f"pipeline {number}'s batches held {sizes} records, expected "
+                        f"{per_replica}: the per-replica batch, "
+                        "input_context.get_per_replica_batch_size(global_batch_size)")
+            if read.failed:
+                return (f"pipeline {number}, made again with shuffle_buffer=1, then "
+                        f"{buffers[1]}, could not be read: {read.failed}")
+            problem = _order_problem(number, read, buffers)
+            if problem:
+                return problem
+        return None
+
+    return verify
