@@ -31,23 +31,26 @@
   in a thread of the checking process; the answer runs in a copy forked before they are drawn,
   and its ``next_batch``/``train_step`` only ask that thread (``checks/step_waits.py``): no
   closure or frame of the answer's process holds a wait.
-* ``check_overlapped_pipeline(overlapped_pipeline)``: a colleague's pipeline reads each record
-  (a wait per record), batches, augments each batch (a wait per batch) and ends with the
-  lesson's one prefetch, so read and augment still run one after the other, together slower
-  than the step. The fix: the same batches, in order (in the epoch checked and in the epoch
-  trained on, a fresh call's; no ``deterministic=False``), each record read and each batch
-  augmented once while it is iterated, with sizes and waits drawn afresh (a batch's reads and
-  the augment each shorter than the step plus the other, together longer than the step), and
-  three mechanisms counted in one epoch of 16 ms steps (calls in flight, not seconds:
-  ``checks/stage_overlap.py``): by the end of most augments a read of a later batch had
-  started (the stages overlap each other: never in the colleague's pipeline, whose one thread
-  pulls both), by the end of most steps the next batch's augment had started (a prefetch after
-  the augment), and during most steps that began with records unread a read started (not
-  everything read before the first step). Every read and augment is made by the returned
-  dataset's own graph (their ``py_function`` tokens): work handed on from a thread or
-  pipeline of the answer's own, by a generator, iterator or queue, fails (a cache in a file,
-  its filename a constant, is rebuilt to cache in memory). The speed-up over the colleague's
-  pipeline is shown, not judged.
+* ``check_overlapped_pipeline(overlapped_pipeline)``: a colleague's pipeline batches the
+  records, reads each batch in one call (a wait per record), augments each batch (a wait per
+  batch) and ends with the lesson's one prefetch, so read and augment still run one after the
+  other, together slower than the step – with tf.data's default options too (no default
+  rewrite reaches a ``map`` after ``batch``; the per-record ``map`` directly before ``batch``
+  that map_and_batch_fusion would overlap reads a call per record, not the colleague's one per
+  batch). The fix: the same batches, in order (in the epoch checked and in the epoch trained
+  on, a fresh call's, as returned: tf.data's options untouched; no ``deterministic=False``),
+  each batch read and augmented once while it is iterated, with sizes and waits drawn afresh
+  (a batch's reads and the augment each shorter than the step plus the other, together longer
+  than the step), and three mechanisms counted in one epoch of 16 ms steps (calls in flight,
+  not seconds: ``checks/stage_overlap.py``): by the end of most augments a read of a later
+  batch had started (the stages overlap each other: never in the colleague's pipeline, whose
+  one thread pulls both), by the end of most steps the next batch's augment had started (a
+  prefetch after the augment, the answer's or tf.data's injected one), and during most steps
+  that began with records unread a read started (not everything read before the first step).
+  Every read and augment is made by the returned dataset's own graph (their ``py_function``
+  tokens): work handed on from a thread or pipeline of the answer's own, by a generator,
+  iterator or queue, fails (a cache in a file, its filename a constant, is rebuilt to cache in
+  memory). The speed-up over the colleague's pipeline is shown, not judged.
 
 Each check builds fresh random inputs with their expected results (made to have them, or
 computed) and hands both to :func:`run_check`; TensorFlow is imported inside the checks, never
@@ -350,9 +353,8 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[Any, Any],
 def check_overlapped_pipeline(fn: Any) -> bool:
     """Check ``overlapped_pipeline(records, read, augment, batch_size)``: the colleague's
     batches in the same order, read and augment side by side and both beside the training
-    step, counted in one epoch (tf.data's rewrites off) with fresh sizes and waits."""
+    step, counted in one epoch (tf.data's default options) with fresh sizes and waits."""
     tf = _tf()
-    from course_utils.data import without_default_optimizations
 
     waits = draw_waits(fresh_rng())
     first, count, size = waits["first"], waits["count"], waits["batch_size"]
@@ -363,7 +365,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         return tf.data.Dataset.range(first, first + count)
 
     def colleague() -> Any:  # one prefetch, at the end: the lesson's
-        return (records().map(calls.read).batch(size).map(calls.augment)
+        return (records().batch(size).map(calls.read).map(calls.augment)
                 .prefetch(tf.data.AUTOTUNE))
 
     def verify(dataset: Any) -> str | None:
@@ -379,16 +381,16 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             return f"a second call returned a {type(trained).__name__}, not a tf.data.Dataset"
         # a cache of its own in a file (a constant filename) caches in memory: it starts empty
         source, trained = trained, fresh_caches(trained)  # and this pipeline's calls fill it
-        shares, seconds, got = train_epoch(
-            without_default_optimizations(trained), calls, GRACE_S)
+        shares, seconds, got = train_epoch(trained, calls, GRACE_S)
         problem = batches_problem(got, expected) or order_problem(source)
         if problem:
             return f"in the epoch trained on (a second call's dataset): {problem}"
-        if calls.reads != count or calls.augments != len(expected):
+        if calls.reads != len(expected) or calls.augments != len(expected):
             return (f"during an epoch of {count} records in {len(expected)} batches, read "
                     f"was called {calls.reads} times and augment {calls.augments} times: the "
-                    "pipeline you return reads each record once and augments each batch "
-                    "once, while it is iterated, as the colleague's does")
+                    "pipeline you return reads each batch in one call of read (as the "
+                    "colleague's does: one request per batch, not one per record) and "
+                    "augments each batch once, while it is iterated")
         problem = overlap_problem(shares)
         if problem:
             return problem
@@ -402,7 +404,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
                     "hand on the work of a thread or pipeline of yours? Where does tf.data's "
                     "overlap go?")
         waited = calls.waited  # the grace a busy machine's late calls were given
-        colleague_s = train_epoch(without_default_optimizations(colleague()), calls)[1]
+        colleague_s = train_epoch(colleague(), calls)[1]
         print(epoch_summary(shares, seconds, waited, colleague_s, waits))
         return None
 

@@ -1,15 +1,18 @@
-"""Lesson 00, exercise 4 (a pipeline with two slow stages): the check's ``read`` (a wait per
-record) and ``augment`` (a wait per batch), which record the calls they start, and one training
-epoch that counts what ran side by side – calls in flight, not seconds.
+"""Lesson 00, exercise 4 (a pipeline with two slow stages): the check's ``read`` (of a batch
+of records in one call, a wait per record) and ``augment`` (a wait per batch), which record the
+calls they start, and one training epoch on the dataset as returned (tf.data's default options)
+that counts what ran side by side – calls in flight, not seconds.
 
 Three counts, each a mechanism that a pipeline either has or lacks, whatever the machine's load:
 
 * *stages*: of the augment calls on every batch but the last, those by whose end a read of a
   later batch had started. Reads and augments pulled by one thread (the colleague's pipeline:
-  one prefetch at its end) run one after the other: none.
+  one prefetch at its end, no default rewrite reaching its maps of ``tf.py_function``) run one
+  after the other: none.
 * *augment*: of the training steps but the last, those by whose end the next batch's augment
-  had started (in flight or done). An augment pulled by the training loop itself (no prefetch
-  after it) runs between steps: none.
+  had started (in flight or done). An augment pulled by the training loop itself runs between
+  steps: none (tf.data's default ``inject_prefetch`` adds a prefetch after a last synchronous
+  ``map``, so a pipeline that leaves it out still has one).
 * *reads*: of the steps that began with records left unread, those during which a read
   started. A pipeline that read every record before the first step has no such step.
 
@@ -50,8 +53,8 @@ def draw_waits(rng: Any) -> dict[str, Any]:
 
 
 def expected_batches(first: int, count: int, batch_size: int) -> list[np.ndarray]:
-    """What the colleague's pipeline makes: ``read`` gives ``7x + 3``, ``augment`` reverses a
-    batch and adds 1."""
+    """What the colleague's pipeline makes: ``read`` gives ``7x + 3`` for each record ``x`` of a
+    batch, ``augment`` reverses a batch and adds 1."""
     read = 7 * np.arange(first, first + count) + 3
     return [read[start:start + batch_size][::-1] + 1 for start in range(0, count, batch_size)]
 
@@ -97,14 +100,15 @@ class StageCalls:
         slack = _wait(ready, min(self.grace_s, self.budget))
         self.budget, self.waited = self.budget - slack, self.waited + slack
 
-    def _read(self, value: Any, op: int) -> Any:
-        record = int(value) - self.waits["first"]
+    def _read(self, values: Any, op: int) -> Any:
+        values = np.asarray(values, dtype=np.int64)
         with self.lock:
-            self.read_started.add(record)
+            self.read_started.update(int(value) - self.waits["first"]
+                                     for value in values.reshape(-1))
             self.starts, self.reads = self.starts + 1, self.reads + 1
             self.by.append(op)
-        time.sleep(self.waits["read_s"])
-        return np.int64(7 * int(value) + 3)
+        time.sleep(self.waits["read_s"] * values.size)  # a wait per record read
+        return 7 * values + 3
 
     def _augment(self, values: Any, op: int) -> Any:
         values = np.asarray(values)
@@ -125,14 +129,16 @@ class StageCalls:
             self.stages.append(started())
         return np.flip(values) + 1
 
-    def read(self, index: Any) -> Any:
-        """The record ``index``, read: ``7 * index + 3``, after a wait."""
+    def read(self, indices: Any) -> Any:
+        """The records ``indices`` (a batch of them), read in one call: ``7 * index + 3``,
+        after a wait per record."""
         tf = self.tf
 
         def made(op: int) -> Any:
-            record = tf.py_function(lambda value: self._read(value, op), [index], tf.int64)
-            record.set_shape(index.shape)
-            return record
+            records = tf.py_function(lambda values: self._read(values, op), [indices],
+                                     tf.int64)
+            records.set_shape(indices.shape)
+            return records
         return self._op(made)
 
     def augment(self, batch: Any) -> Any:
@@ -176,7 +182,7 @@ def train_epoch(dataset: Any, calls: StageCalls,
 def overlap_problem(shares: dict[str, float]) -> str | None:
     """What the three shares say is not overlapped, or None (the stages first, then the
     augment, then the reads: a pipeline without a mechanism fails on the first it lacks)."""
-    need = f"at least {MIN_SHARE:.0%} needed; tf.data's automatic rewrites off"
+    need = f"at least {MIN_SHARE:.0%} needed; tf.data's default options"
     if shares["stages"] < MIN_SHARE:
         return (f"read and augment run one after the other: by the end of an augment, a read "
                 f"of a later batch had started in only {shares['stages']:.0%} of the augments "
@@ -202,7 +208,7 @@ def batches_problem(got: list[np.ndarray], expected: list[np.ndarray]) -> str | 
         return f"expected batches of shapes {want}, got {sizes}"
     if not all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True)):
         return ("the elements differ from the colleague's pipeline's, or came in another "
-                "order: read each record, batch, augment each batch (nothing skipped)")
+                "order: batch the records, read each batch, augment it (nothing skipped)")
     return None
 
 
