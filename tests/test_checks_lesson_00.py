@@ -682,293 +682,184 @@ def test_step_breakdown_catalogue_is_rejected_with_its_reason(wrong, says):
 # --- overlapped_pipeline ----------------------------------------------------------------------
 
 
-def overlapped_pipeline(records, read, batch_size):
-    import tensorflow as tf
+def overlapped_pipeline(records, read, augment, batch_size):
+    import tensorflow as tf  # a prefetch after each slow stage: reads run while a batch is
 
-    return records.map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    batches = records.batch(batch_size).map(read).prefetch(tf.data.AUTOTUNE)  # augmented,
+    return batches.map(augment).prefetch(tf.data.AUTOTUNE)  # augments while the step runs
 
 
 def test_overlapped_pipeline_passes_the_fix(capsys):
     assert cu.grading.check_overlapped_pipeline(overlapped_pipeline)
-    assert "half a batch or more was read during" in capsys.readouterr().out
+    assert "reads overlapped augments in" in capsys.readouterr().out
 
 
+def _prefetched_reads_and_a_cache_file(records, read, augment, batch_size):  # right: the
+    import os  # reads prefetched before the augment, explicit buffers, and a cache in a file
+    import tempfile  # (the same one every call) that this pipeline's reads write
 
-def _checked_then_prefetched(records, read, batch_size):  # right: an assert on each record
-    import os  # keeps no state but its own; a cache in a file (the same one every call) is
-    import tempfile  # written by this pipeline's reads
-
-    import tensorflow as tf
-
-    def checked(record):
-        tf.debugging.assert_non_negative(record, message="a negative record")
-        return record
-
-    cached = records.map(read).map(checked).cache(
+    cached = records.batch(batch_size).map(read).cache(
         os.path.join(tempfile.gettempdir(), "overlapped_pipeline_cache"))
-    return cached.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    return cached.prefetch(2).map(augment).prefetch(1)
 
 
-def test_overlapped_pipeline_passes_an_assert_and_a_cache_file(capsys):
-    assert cu.grading.check_overlapped_pipeline(_checked_then_prefetched)
-    assert "half a batch or more was read during" in capsys.readouterr().out
+def _augmented_in_parallel(records, read, augment, batch_size):  # right: a parallel map
+    import tensorflow as tf  # (lesson 01) pulls the next batches while it augments
 
-def _broken(records, read, batch_size):  # the exercise's broken code, unchanged
+    augmented = records.batch(batch_size).map(read).map(augment, num_parallel_calls=2)
+    return augmented.prefetch(tf.data.AUTOTUNE)
+
+
+def _prefetched_between_the_stages_only(records, read, augment, batch_size):  # right under
+    import tensorflow as tf  # tf.data's defaults: inject_prefetch adds the prefetch after the
+
+    return records.batch(batch_size).map(read).prefetch(tf.data.AUTOTUNE).map(augment)  # map
+
+
+@pytest.mark.parametrize("right", [_prefetched_reads_and_a_cache_file,
+                                   _augmented_in_parallel,
+                                   _prefetched_between_the_stages_only])
+def test_overlapped_pipeline_passes_right_variants(right, capsys):
+    assert cu.grading.check_overlapped_pipeline(right)
+    assert "reads overlapped augments in" in capsys.readouterr().out
+
+
+def test_overlapped_pipeline_stub_is_not_attempted(assert_not_attempted):
+    assert_not_attempted(cu.grading.check_overlapped_pipeline, stub)
+
+
+def _constant(records, read, augment, batch_size):  # a dataset, not the records'
     import tensorflow as tf
 
-    return records.prefetch(tf.data.AUTOTUNE).map(read).batch(batch_size)
+    return tf.data.Dataset.range(12).batch(batch_size)
 
 
-def _broken_when_checked_batches_of_one_when_trained(records, read, batch_size,
-                                                     _calls=[]):  # noqa: B006
-    import tensorflow as tf  # the check's first call gets the broken code (its batches are
+def _the_colleagues_pipeline(records, read, augment, batch_size):  # the exercise's cell: one
+    import tensorflow as tf  # prefetch at the end; read and augment one after the other
 
-    _calls.append(None)  # right), the second, whose epoch is trained on, a fast pipeline
-    if len(_calls) % 2:  # of batches of one
-        return records.prefetch(tf.data.AUTOTUNE).map(read).batch(batch_size)
-    return records.map(read).prefetch(tf.data.AUTOTUNE).batch(1)
+    return records.batch(batch_size).map(read).map(augment).prefetch(tf.data.AUTOTUNE)
 
 
-def _parallel_reads_out_of_order(records, read, batch_size):  # equal waits keep the order
-    import tensorflow as tf  # mostly, but the text asks for the same order
+def _read_per_record_fused(records, read, augment, batch_size):  # a read per record, map
+    import tensorflow as tf  # then batch: map_and_batch_fusion overlaps it, a call per record
 
-    return records.map(read, num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=False).batch(batch_size)
+    return records.map(read).batch(batch_size).map(augment).prefetch(tf.data.AUTOTUNE)
 
 
-def _short_batch_dropped(records, read, batch_size):
+def _augment_dropped(records, read, augment, batch_size):  # the slow stage skipped (the old
+    import tensorflow as tf  # exercise's answer)
+
+    return records.batch(batch_size).map(read).prefetch(tf.data.AUTOTUNE)
+
+
+def _augmented_per_record(records, read, augment, batch_size):  # augment before the batch
     import tensorflow as tf
 
-    return records.map(read).batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    read_ahead = records.batch(batch_size).map(read).unbatch().prefetch(tf.data.AUTOTUNE)
+    return read_ahead.map(augment).batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-def _shuffled(records, read, batch_size):
-    return records.map(read).shuffle(64).batch(batch_size)
+def _no_prefetch(records, read, augment, batch_size):  # the prefetch taken out: the stages
+    return records.batch(batch_size).map(read).map(augment)  # never overlap
 
 
-def _no_prefetch(records, read, batch_size):  # the prefetch taken out instead of moved
-    return records.map(read).batch(batch_size)
+def _read_everything_first(records, read, augment, batch_size):  # every read before step 1,
+    import tensorflow as tf  # inside tf.data: later steps find them done
+
+    everything = records.batch(batch_size).map(read).unbatch().batch(1_000_000).unbatch()
+    return everything.batch(batch_size).map(augment).prefetch(tf.data.AUTOTUNE)
 
 
-def _read_ahead_in_python(records, read, batch_size):  # every read before the first step
-    import tensorflow as tf
+def _read_in_python_first(records, read, augment, batch_size):  # right values, read eagerly
+    import tensorflow as tf  # while the pipeline is built, not while it is iterated
 
-    values = [int(read(record)) for record in records]
-    return tf.data.Dataset.from_tensor_slices(values).batch(batch_size).prefetch(2)
-
-
-def _read_twice(records, read, batch_size):  # read's output read again
-    import tensorflow as tf
-
-    return records.map(read).map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    values = [read(batch) for batch in records.batch(batch_size)]
+    read_ahead = tf.data.Dataset.from_tensor_slices(tf.concat(values, 0)).batch(batch_size)
+    return read_ahead.prefetch(1).map(augment).prefetch(tf.data.AUTOTUNE)
 
 
-def _prefetch_before_and_after(records, read, batch_size):  # the broken line, with an extra
-    import tensorflow as tf  # prefetch that overlaps batching only: reads still in the step
+def _prefetched_handed_on_by_a_generator(records, read, augment, batch_size):  # the fix,
+    import tensorflow as tf  # iterated by a pipeline of its own and handed on
 
-    return records.prefetch(tf.data.AUTOTUNE).map(read).batch(batch_size).take(-1)
-
-
-def _prefetched_one_before_the_batch(records, read, batch_size):  # one record read ahead
-    return records.map(read).prefetch(1).batch(batch_size)  # per step of a batch of four
-
-
-def _right_answer_with_the_options_left_unused(records, read, batch_size):  # right: an
-    import tensorflow as tf  # explicit deterministic=True wins over the options' False
-
-    options = tf.data.Options()
-    options.deterministic = False
-    dataset = records.map(read, num_parallel_calls=4, deterministic=True).batch(batch_size)
-    return dataset.prefetch(1).with_options(options)
-
-
-def test_overlapped_pipeline_passes_deterministic_true_under_options_false(capsys):
-    assert cu.grading.check_overlapped_pipeline(_right_answer_with_the_options_left_unused)
-
-
-def _read_all_on_the_first_batch(records, read, batch_size):  # every read before step 1,
-    import tensorflow as tf  # inside tf.data: later steps find them done, none overlapped
-
-    everything = records.map(read).batch(1_000_000)
-    return everything.unbatch().batch(batch_size).prefetch(tf.data.AUTOTUNE)
-
-
-def _read_in_a_python_generator(records, read, batch_size):  # the fix, as a generator: the
-    import tensorflow as tf  # reads run when the step asks for a batch
-
-    def batches():
-        batch = []
-        for record in records:
-            batch.append(int(read(record)))
-            if len(batch) == batch_size:
-                yield batch
-                batch = []
-        if batch:
-            yield batch
-
-    return tf.data.Dataset.from_generator(
-        batches, output_signature=tf.TensorSpec([None], tf.int64))
-
-
-def _read_on_the_side(records, read, batch_size):  # counted reads, in a thread of its own
-    import threading
-
-    threading.Thread(target=lambda: list(records.map(read).as_numpy_iterator()),
-                     daemon=True).start()
-    return records.map(read).batch(batch_size)  # the pipeline itself overlaps nothing
-
-
-def _reads_in_its_own_thread(records, read, batch_size):  # read ahead by a thread of its own,
-    import queue  # the batches handed on through a generator: reads overlap, tf.data's don't
-    import threading
-
-    import tensorflow as tf
-
-    ready = queue.Queue(maxsize=2)
-
-    def reader():
-        for batch in records.map(read).batch(batch_size):
-            ready.put(batch.numpy())
-        ready.put(None)
-
-    def batches():
-        threading.Thread(target=reader, daemon=True).start()
-        while (batch := ready.get()) is not None:
-            yield batch
-
-    return tf.data.Dataset.from_generator(
-        batches, output_signature=tf.TensorSpec([None], tf.int64))
-
-
-def _reads_in_its_own_thread_and_a_decoy(records, read, batch_size):  # read in the graph too,
-    return _reads_in_its_own_thread(records, read, batch_size).concatenate(  # on no records
-        records.take(0).map(read).batch(batch_size))
-
-
-def _prefetched_handed_on_by_a_generator(records, read, batch_size):  # a prefetched pipeline
-    import tensorflow as tf  # of its own, handed on; its read op in the graph too, idle
-
-    own = records.map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    own = overlapped_pipeline(records, read, augment, batch_size)
     handed = tf.data.Dataset.from_generator(own.as_numpy_iterator,
                                             output_signature=tf.TensorSpec([None], tf.int64))
-    return handed.concatenate(own.take(0))
+    return handed.prefetch(tf.data.AUTOTUNE).concatenate(own.take(0))
 
 
-def _prefetched_pulled_from_an_iterator(records, read, batch_size):  # the same, through the
-    import tensorflow as tf  # other pipeline's iterator
+def _parallel_and_out_of_order(records, read, augment, batch_size):  # equal waits keep most
+    import tensorflow as tf  # of the order, but not all of it
 
-    own = records.map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
-    iterator = iter(own)
-    steps = -(-int(records.cardinality()) // batch_size)
-    pulled = tf.data.Dataset.range(steps).map(lambda _: iterator.get_next())
-    return pulled.concatenate(own.take(0))
+    batches = records.batch(batch_size).map(read).prefetch(tf.data.AUTOTUNE)
+    return batches.map(augment, num_parallel_calls=2, deterministic=False).prefetch(1)
 
 
-def _prefetched_handed_on_through_a_queue(records, read, batch_size):  # the same, through a
-    import threading  # queue a thread fills once the first batch is asked for
-
+def _short_batch_dropped(records, read, augment, batch_size):
     import tensorflow as tf
 
-    own = records.map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
-    steps = -(-int(records.cardinality()) // batch_size)
-    ready = tf.queue.FIFOQueue(2, tf.int64)  # the thread reads at most two batches ahead
-    asked = tf.queue.FIFOQueue(steps, tf.int64, shapes=[[]])
-
-    def fill():
-        asked.dequeue()
-        for batch in own:
-            ready.enqueue(batch)
-
-    def pull(_):
-        with tf.control_dependencies([asked.enqueue(tf.constant(0, tf.int64))]):
-            return ready.dequeue()
-
-    threading.Thread(target=fill, daemon=True).start()
-    return tf.data.Dataset.range(steps).map(pull).concatenate(own.take(0))
+    batches = records.batch(batch_size, drop_remainder=True).map(read)
+    return batches.prefetch(tf.data.AUTOTUNE).map(augment).prefetch(tf.data.AUTOTUNE)
 
 
-def _prefetched_handed_on_through_a_staging_area_by_node_name(records, read, batch_size):
-    import threading  # the same, through staging areas found by their ops' node name (no
-
-    import tensorflow as tf  # shared_name, no handle captured)
-
-    own = records.map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
-    steps, name = -(-int(records.cardinality()) // batch_size), f"handed_on_{id(own)}"
-
-    @tf.function
-    def put(batch):  # at most two batches ahead
-        tf.raw_ops.Stage(values=[batch], name=name, capacity=2)
-
-    @tf.function
-    def wait():
-        tf.raw_ops.Unstage(dtypes=[tf.int64], name=f"{name}_asked")
-
-    def fill():
-        wait()
-        for batch in own:
-            put(batch)
-
-    def pull(_):
-        asked = tf.raw_ops.Stage(values=[tf.constant([0], tf.int64)], name=f"{name}_asked")
-        with tf.control_dependencies([asked]):
-            return tf.raw_ops.Unstage(dtypes=[tf.int64], name=name)[0]
-
-    threading.Thread(target=fill, daemon=True).start()
-    return tf.data.Dataset.range(steps).map(pull).concatenate(own.take(0))
+def _fixed_when_checked_colleagues_when_trained(records, read, augment, batch_size,
+                                                _calls=[]):  # noqa: B006
+    _calls.append(None)  # the check's first call gets the fix, the second (trained on) not
+    if len(_calls) % 2:
+        return overlapped_pipeline(records, read, augment, batch_size)
+    return _the_colleagues_pipeline(records, read, augment, batch_size)
 
 
-def _prefetched_head_and_tail(records, read, batch_size):  # the middle batches read in turn
-    import tensorflow as tf
+def _read_on_the_side(records, read, augment, batch_size):  # counted reads in a thread of its
+    import threading  # own, beside the fix
 
-    head, middle = 3 * batch_size, 2 * batch_size
-    return (records.take(head).map(read).batch(batch_size).prefetch(tf.data.AUTOTUNE)
-            .concatenate(records.skip(head).take(middle).map(read).batch(batch_size))
-            .concatenate(records.skip(head + middle).map(read).batch(batch_size)
-                         .prefetch(tf.data.AUTOTUNE)))
-
-
-def _every_second_batch_prefetched(records, read, batch_size):  # the others read in the step
-    import tensorflow as tf  # while a prefetched batch is always read ahead
-
-    def batches(part):  # every second batch, from the first (part 0) or the second (part 1)
-        return records.batch(batch_size).shard(2, part).unbatch().map(read).batch(batch_size)
-
-    parts = [batches(0).prefetch(tf.data.AUTOTUNE), batches(1)]
-    return tf.data.Dataset.choose_from_datasets(parts, tf.data.Dataset.range(2).repeat())
+    threading.Thread(target=lambda: list(records.batch(2).map(read).as_numpy_iterator()),
+                     daemon=True).start()
+    return overlapped_pipeline(records, read, augment, batch_size)
 
 
 @pytest.mark.parametrize(("wrong", "says"), [
-    (_broken, "overlaps too little of the step"),
-    (_broken_when_checked_batches_of_one_when_trained,
-     r"in the epoch trained on .*expected batches of sizes \[4, 4, .*got \[1, 1, "),
-    (_parallel_reads_out_of_order, r"deterministic=False in your pipeline "
-                                   r"\(ParallelMapDatasetV2\) .*keep the order"),
-    (_read_on_the_side, "read was called"),
-    (_reads_in_its_own_thread, r"and [1-9]\d* of \d+ reads ran outside it"),
-    (_reads_in_its_own_thread_and_a_decoy, r"and [1-9]\d* of \d+ reads ran outside it"),
+    (_constant, r"expected batches of shapes"),
+    (_the_colleagues_pipeline, r"read and augment run one after the other: .* in only 0% "),
+    (_read_per_record_fused, r"read was called \d+ times .* one request per batch"),
+    (_augment_dropped, r"elements differ from the colleague's pipeline's"),
+    (_augmented_per_record, r"elements differ from the colleague's pipeline's"),
+    (_no_prefetch, r"read and augment run one after the other: .* in only 0% "),
+    (_read_everything_first, r"reading does not overlap the training step|augment does not"),
+    (_read_in_python_first, r"read was called 0 times"),
     (_prefetched_handed_on_by_a_generator, r"runs [1-9]\d* Python function\(s\) of its own"),
-    (_prefetched_pulled_from_an_iterator, r"pulls from 1 iterator"),
-    (_prefetched_handed_on_through_a_queue, r"pulls from [1-9]\d* iterator\(s\), queue"),
-    (_prefetched_handed_on_through_a_staging_area_by_node_name,
-     r"pulls from [1-9]\d* iterator\(s\), queue"),
-    (_short_batch_dropped, "sizes"),
-    (_shuffled, "another order"),
-    (_read_all_on_the_first_batch, "overlaps too little of the step"),
-    (_read_in_a_python_generator, "overlaps too little of the step"),
-    (_no_prefetch, "overlaps too little of the step"),
-    (_read_ahead_in_python, "overlaps too little of the step"),
-    (_read_twice, "elements differ"),
-    (_prefetch_before_and_after, "overlaps too little of the step"),
-    (_prefetched_one_before_the_batch,  # r00 L6: one record per step does overlap
-     r"overlaps too little of the step: half a batch or more .* fewer during the others"),
-    (_prefetched_head_and_tail, r"stops overlapping the step part of the way: at the end of "
-                                r"step \d+, with records left, the next record had not"),
-    (_every_second_batch_prefetched, r"at the end of step \d+, with records left, the next "
-                                     "record had not been read ahead"),
+    (_parallel_and_out_of_order, r"deterministic=False in your pipeline"),
+    (_short_batch_dropped, r"expected batches of shapes"),
+    (_fixed_when_checked_colleagues_when_trained,
+     r"read and augment run one after the other"),
+    (_read_on_the_side, r"read was called \d+ times"),
 ])
 def test_overlapped_pipeline_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):
         cu.grading.check_overlapped_pipeline(wrong)
+
+
+def test_stage_overlap_counts_mechanisms_not_seconds():
+    # the colleague's pipeline, with tf.data's default options: its share is 0 for the stages
+    # however the waits are drawn, the fix's full (one epoch each, the check's own read and
+    # augment); the per-record read directly before the batch is overlapped by the defaults
+    import random
+
+    import tensorflow as tf
+
+    from course_utils.grading.checks import stage_overlap
+
+    waits = stage_overlap.draw_waits(random.Random(0))
+    calls = stage_overlap.StageCalls(waits)
+    records = tf.data.Dataset.range(waits["first"], waits["first"] + waits["count"])
+    shares = {}
+    for name, make in [("fix", overlapped_pipeline), ("colleague", _the_colleagues_pipeline),
+                       ("fused", _read_per_record_fused)]:
+        dataset = make(records, calls.read, calls.augment, waits["batch_size"])
+        shares[name] = stage_overlap.train_epoch(dataset, calls, stage_overlap.GRACE_S)[0]
+    assert shares["colleague"]["stages"] == 0.0
+    assert min(shares["fix"].values()) >= stage_overlap.MIN_SHARE, shares
+    assert shares["fused"]["stages"] >= stage_overlap.MIN_SHARE, shares
+    assert tf.data.Options().experimental_optimization.map_and_batch_fusion is None
 
 
 # --- split_cpu: answers that trust a number, not the devices that exist

@@ -7,14 +7,13 @@ caching in memory, so that they start empty and only its own steps fill them."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["batches", "counted_stages", "counting_reader", "dataset_steps", "epoch_seconds",
+__all__ = ["batches", "counted_stages", "dataset_steps", "epoch_seconds",
            "expected_sizes", "fresh_caches", "graph_ops", "handed_on", "multiset_problem",
            "py_function_token", "py_function_tokens", "size_problem"]
 
@@ -283,38 +282,6 @@ def multiset_problem(got: np.ndarray, expected: np.ndarray) -> str | None:
         return (f"the elements differ from the slow pipeline's (as a multiset): missing e.g. "
                 f"{missing}, unexpected e.g. {extra}")
     return None
-
-
-def counting_reader(seconds: float, reads: dict[str, Any]) -> Callable[[Any], Any]:
-    """Lesson 00, exercise 4's ``read``: waits ``seconds``, records its element in
-    ``reads["done"]`` (a set: an element
-    read twice counts once), every call in ``reads["calls"]`` and which ``read`` op made it in
-    ``reads["by"]`` (an index into ``reads["ops"]``, the py_function tokens of every
-    ``read`` traced, None for an eager call), returns ``7x + 3``."""
-    from course_utils.quiet import import_tensorflow
-
-    tf = import_tensorflow()
-    lock = threading.Lock()
-    reads.setdefault("ops", [])
-
-    def wait_and_read(value: Any, op: int) -> Any:
-        time.sleep(seconds)
-        with lock:
-            reads["done"].add(int(value))
-            reads["calls"] += 1
-            reads.setdefault("by", []).append(op)
-        return np.int64(7 * int(value) + 3)
-
-    def read(index: Any) -> Any:
-        with lock:
-            op = len(reads["ops"])
-            reads["ops"].append(None)
-        record = tf.py_function(lambda value: wait_and_read(value, op), [index], tf.int64)
-        record.set_shape([])
-        reads["ops"][op] = py_function_token(record)  # None for an eager call
-        return record
-
-    return read
 
 
 def counted_stages(calls: dict[str, Any], seed: int) -> tuple[Callable[[Any], Any],

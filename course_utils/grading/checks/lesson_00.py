@@ -1,4 +1,4 @@
-"""Checks of lesson 00's exercises (set-up): diagnose a step, split a CPU, time a step, prefetch.
+"""Checks of lesson 00's exercises (set-up): diagnose a step, split a CPU, time a step, overlap.
 
 * ``check_diagnose_step(diagnose_step)``: from each part's timed calls and the whole step's
   (noisy: some calls disturbed, compute's first call a tracing), name what to fix first – the
@@ -31,18 +31,26 @@
   in a thread of the checking process; the answer runs in a copy forked before they are drawn,
   and its ``next_batch``/``train_step`` only ask that thread (``checks/step_waits.py``): no
   closure or frame of the answer's process holds a wait.
-* ``check_overlapped_pipeline(overlapped_pipeline)``: the fixed version of a pipeline whose
-  ``prefetch`` overlaps nothing: same batches, in order (in the epoch checked and in the epoch
-  trained on, a fresh call's; no step or option with ``deterministic=False``), and reads that
-  run while the training step works (counted, not timed; the speed-up is shown), all epoch
-  long (a record read ahead at the end of every step that leaves some: a prefetch over part
-  of the records only fails; late reads on a busy machine get a longer step), each record
-  read once per epoch (a thread that reads on the side, to be counted, reads more), and every
-  read made by the returned dataset's own graph (its ``read`` ops found by their py_function
-  tokens): reads in a thread or pipeline of the answer's own, handed on by a generator,
-  iterator or queue, fail (a cache of the pipeline's own in a file, its filename a constant,
-  is rebuilt to cache in memory: it starts empty and only this pipeline's reads fill it; a
-  cache in a file inside a step's function counts as a file read).
+* ``check_overlapped_pipeline(overlapped_pipeline)``: a colleague's pipeline batches the
+  records, reads each batch in one call (a wait per record), augments each batch (a wait per
+  batch) and ends with the lesson's one prefetch, so read and augment still run one after the
+  other, together slower than the step – with tf.data's default options too (no default
+  rewrite reaches a ``map`` after ``batch``; the per-record ``map`` directly before ``batch``
+  that map_and_batch_fusion would overlap reads a call per record, not the colleague's one per
+  batch). The fix: the same batches, in order (in the epoch checked and in the epoch trained
+  on, a fresh call's, as returned: tf.data's options untouched; no ``deterministic=False``),
+  each batch read and augmented once while it is iterated, with sizes and waits drawn afresh
+  (a batch's reads and the augment each shorter than the step plus the other, together longer
+  than the step), and three mechanisms counted in one epoch of 16 ms steps (calls in flight,
+  not seconds: ``checks/stage_overlap.py``): by the end of most augments a read of a later
+  batch had started (the stages overlap each other: never in the colleague's pipeline, whose
+  one thread pulls both), by the end of most steps the next batch's augment had started (a
+  prefetch after the augment, the answer's or tf.data's injected one), and during most steps
+  that began with records unread a read started (not everything read before the first step).
+  Every read and augment is made by the returned dataset's own graph (their ``py_function``
+  tokens): work handed on from a thread or pipeline of the answer's own, by a generator,
+  iterator or queue, fails (a cache in a file, its filename a constant, is rebuilt to cache in
+  memory). The speed-up over the colleague's pipeline is shown, not judged.
 
 Each check builds fresh random inputs with their expected results (made to have them, or
 computed) and hands both to :func:`run_check`; TensorFlow is imported inside the checks, never
@@ -60,22 +68,12 @@ import numpy as np
 
 from course_utils.grading.checks import diagnose_step_cases
 from course_utils.grading.checks.batch_shapes import (
-    counting_reader,
     fresh_caches,
     handed_on,
     py_function_tokens,
 )
 from course_utils.grading.checks.call_guard import REMOVED
 from course_utils.grading.checks.forked_call import ForkedCall
-from course_utils.grading.checks.read_ahead import (
-    BATCH_SIZE,
-    GRACE_S,
-    READ_WAIT_S,
-    batches_problem,
-    epoch_summary,
-    overlap_problem,
-    train_epoch,
-)
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.splits import (
@@ -83,6 +81,16 @@ from course_utils.grading.checks.splits import (
     run_split_in_fresh_process,
     run_splits_in_fresh_process,
     split_verdict,
+)
+from course_utils.grading.checks.stage_overlap import (
+    GRACE_S,
+    StageCalls,
+    batches_problem,
+    draw_waits,
+    epoch_summary,
+    expected_batches,
+    overlap_problem,
+    train_epoch,
 )
 from course_utils.grading.checks.static_batches import order_problem
 from course_utils.grading.checks.step_waits import WaitServer, parts_called, whole_steps_timed
@@ -339,26 +347,26 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[Any, Any],
     return None
 
 
-# --- Exercise 4 · fix a prefetch that overlaps nothing -----------------------------------------
+# --- Exercise 4 · overlap a pipeline with two slow stages --------------------------------------
 
 @register
 def check_overlapped_pipeline(fn: Any) -> bool:
-    """Check ``overlapped_pipeline(records, read, batch_size)``: the same batches in the same
-    order, and reads that run while the training step works (tf.data's rewrites off)."""
+    """Check ``overlapped_pipeline(records, read, augment, batch_size)``: the colleague's
+    batches in the same order, read and augment side by side and both beside the training
+    step, counted in one epoch (tf.data's default options) with fresh sizes and waits."""
     tf = _tf()
-    from course_utils.data import without_default_optimizations
 
-    rng = fresh_rng()
-    first, count = rng.randint(0, 1000), rng.randint(7, 9) * BATCH_SIZE + rng.randint(1, 3)
-    reads: dict[str, Any] = {"done": set(), "calls": 0}
-    read = counting_reader(READ_WAIT_S, reads)
-    expected = 7 * np.arange(first, first + count) + 3
+    waits = draw_waits(fresh_rng())
+    first, count, size = waits["first"], waits["count"], waits["batch_size"]
+    calls = StageCalls(waits)
+    expected = expected_batches(first, count, size)
 
     def records() -> Any:
         return tf.data.Dataset.range(first, first + count)
 
-    def broken() -> Any:
-        return records().prefetch(tf.data.AUTOTUNE).map(read).batch(BATCH_SIZE)
+    def colleague() -> Any:  # one prefetch, at the end: the lesson's
+        return (records().batch(size).map(calls.read).map(calls.augment)
+                .prefetch(tf.data.AUTOTUNE))
 
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, tf.data.Dataset):
@@ -368,39 +376,44 @@ def check_overlapped_pipeline(fn: Any) -> bool:
             expected) or order_problem(dataset)  # equal waits keep most orders: the graph
         if problem:
             return problem
-        trained = fn(records(), read, BATCH_SIZE)  # a fresh call: the epoch trained on
+        trained = fn(records(), calls.read, calls.augment, size)  # the epoch trained on
         if not isinstance(trained, tf.data.Dataset):
             return f"a second call returned a {type(trained).__name__}, not a tf.data.Dataset"
         # a cache of its own in a file (a constant filename) caches in memory: it starts empty
-        source, trained = trained, fresh_caches(trained)  # and this pipeline's reads fill it
-        share, idle, seconds, trained_batches = train_epoch(
-            without_default_optimizations(trained), reads, first, count, GRACE_S)
-        problem = batches_problem(trained_batches, expected) or order_problem(source)
+        source, trained = trained, fresh_caches(trained)  # and this pipeline's calls fill it
+        shares, seconds, got = train_epoch(trained, calls, GRACE_S)
+        problem = batches_problem(got, expected) or order_problem(source)
         if problem:
             return f"in the epoch trained on (a second call's dataset): {problem}"
-        if reads["calls"] > count:  # reads the epoch did not need (a thread of its own?)
-            return (f"read was called {reads['calls']} times during an epoch of {count} "
-                    "records: the pipeline reads each record once, as the broken one does")
-        problem = overlap_problem(share, idle)
+        if calls.reads != len(expected) or calls.augments != len(expected):
+            return (f"during an epoch of {count} records in {len(expected)} batches, read "
+                    f"was called {calls.reads} times and augment {calls.augments} times: the "
+                    "pipeline you return reads each batch in one call of read (as the "
+                    "colleague's does: one request per batch, not one per record) and "
+                    "augments each batch once, while it is iterated")
+        problem = overlap_problem(shares)
         if problem:
             return problem
         inside = py_function_tokens(trained)
-        outside = sum(reads["ops"][op] not in inside for op in reads["by"])
-        own, pulls = handed_on(trained, set(reads["ops"]))  # a read that never runs
+        outside = sum(calls.ops[op] not in inside for op in calls.by)
+        own, pulls = handed_on(trained, set(calls.ops))  # a call that never runs
         if outside or own or pulls:  # beside a generator, an iterator, a queue a thread fills
             return (f"the dataset you returned runs {own} Python function(s) of its own, pulls "
                     f"from {pulls} iterator(s), queue(s) or other state made outside it, and "
-                    f"{outside} of {reads['calls']} reads ran outside it: does it hand on reads "
-                    "of a thread or pipeline of yours? Where does tf.data's overlap go?")
-        # the broken pipeline's epoch only for the speed-up shown (the count decided)
-        waited = reads["waited"]  # the grace a busy machine's late reads were given
-        broken_s = train_epoch(without_default_optimizations(broken()), reads, first, count)[2]
-        print(epoch_summary(share, seconds, waited, broken_s, count))
+                    f"{outside} of {len(calls.by)} reads and augments ran outside it: does it "
+                    "hand on the work of a thread or pipeline of yours? Where does tf.data's "
+                    "overlap go?")
+        waited = calls.waited  # the grace a busy machine's late calls were given
+        colleague_s = train_epoch(colleague(), calls)[1]
+        print(epoch_summary(shares, seconds, waited, colleague_s, waits))
         return None
 
-    case = Case(args=(records(), read, BATCH_SIZE),
-                label=f"(range({first}, {first + count}), read, {BATCH_SIZE})", verify=verify)
+    case = Case(args=(records(), calls.read, calls.augment, size),
+                label=f"(range({first}, {first + count}), read, augment, {size})",
+                verify=verify)
     return run_check(
         "overlapped_pipeline", fn, [case],
-        hint="what does a prefetch overlap: the steps before it, or after it? Where are "
-             "the slow reads? Lesson 00, section 4.")
+        hint="time a batch's reads and one augment against the step. One prefetch at the end "
+             "overlaps the input with the step, but inside the input, what still runs one "
+             "after the other? Lesson 00, section 4: a pipeline runs at the pace of its "
+             "slowest stage.")
