@@ -65,16 +65,22 @@ def assign_add_in_the_lock(average, decay):  # the change read under the same lo
             lambda: average.assign_add((1 - decay) * (loss - average)).read_value())
     return update
 
-def right_by_one_op(average, decay):  # accum <- momentum * accum + grad, under its lock
-    with tf.device(average.device):
-        unused = tf.Variable(0.0)
-    def update(loss):
-        tf.raw_ops.ResourceApplyMomentum(
-            var=unused.handle, accum=average.handle, lr=tf.constant(0.0),
-            grad=(1 - decay) * tf.cast(loss, tf.float32),
-            momentum=tf.constant(decay, tf.float32), use_locking=True)
-        return average.read_value()
-    return update
+def _momentum_op_answer(use_locking: bool):
+    """accum <- momentum * accum + grad in one training op, with or without its lock."""
+    def answer(average, decay):
+        with tf.device(average.device):
+            unused = tf.Variable(0.0)
+        def update(loss):
+            tf.raw_ops.ResourceApplyMomentum(
+                var=unused.handle, accum=average.handle, lr=tf.constant(0.0),
+                grad=(1 - decay) * tf.cast(loss, tf.float32),
+                momentum=tf.constant(decay, tf.float32), use_locking=use_locking)
+            return average.read_value()
+        return update
+    return answer
+
+right_by_one_op = _momentum_op_answer(True)  # under the variable's exclusive lock
+right_by_one_op.__name__ = "right_by_one_op"
 
 def constant(average, decay):
     return lambda loss: average.read_value()
@@ -84,16 +90,8 @@ def read_then_assign(average, decay):  # lost updates
         return average.assign(decay * average + (1 - decay) * loss)
     return update
 
-def one_op_unlocked(average, decay):  # the one op without the variable's exclusive lock
-    with tf.device(average.device):
-        unused = tf.Variable(0.0)
-    def update(loss):
-        tf.raw_ops.ResourceApplyMomentum(
-            var=unused.handle, accum=average.handle, lr=tf.constant(0.0),
-            grad=(1 - decay) * tf.cast(loss, tf.float32),
-            momentum=tf.constant(decay, tf.float32), use_locking=False)
-        return average.read_value()
-    return update
+one_op_unlocked = _momentum_op_answer(False)  # the one op without the exclusive lock
+one_op_unlocked.__name__ = "one_op_unlocked"
 
 def stale_assign_add(average, decay):  # atomic, but its change was read earlier
     def update(loss):
