@@ -244,6 +244,32 @@ def test_every_synchronous_job_matches_one_device_under_the_default_strategy():
         assert distribution.status == "wrong"
 
 
+def _updates_waiting_for_every_gradient(recompute: bool) -> bool:
+    """Whether, in the traced custom-loop step, the optimizer's ops (its name scope) carry
+    control inputs on every gradient: the ops whose outputs Keras's all-reduce of the
+    gradients takes (an identity under the default strategy, ``sgd/IdentityN``)."""
+    import tensorflow as tf
+
+    task = ww.make_task(steps=2, global_batch=8)
+    _, optimizer, step = jobs.replica_training(tf.distribute.get_strategy(), task,
+                                               recompute=recompute)
+    x, y = next(iter(task.dataset()))
+    graph = tf.function(step).get_concrete_function(x, y).graph
+    scope = f"{optimizer.name}/"  # "sgd/", or "sgd_1/" for a second optimizer in the process
+    gradients = {t.op for t in graph.get_operation_by_name(scope + "IdentityN").inputs}
+    waits = {control for op in graph.get_operations() if op.name.startswith(scope)
+             for control in op.control_inputs}
+    assert len(gradients) >= 1, gradients
+    return gradients <= waits
+
+
+def test_the_recompute_rows_update_waits_for_every_gradient():
+    # benchmarks/recompute_update_order.py: without the wait, an update sometimes ran before
+    # the recomputation read its weight (the plain custom loop has no recomputation)
+    assert _updates_waiting_for_every_gradient(recompute=True)
+    assert not _updates_waiting_for_every_gradient(recompute=False)
+
+
 def test_keras_fit_under_mirrored_matches_and_accumulation_fails():
     from course_utils.strategies import make_strategy
 

@@ -89,8 +89,9 @@ def replica_training(strategy: Any, task: Task, policy: str | None = None,
     """The task's model and SGD optimizer built in the strategy's scope (a ``LossScaleOptimizer``
     under ``"mixed_float16"``) and one replica's step: ``GradientTape`` with
     ``compute_average_loss`` over the global batch, the model inside ``tf.recompute_grad`` with
-    ``recompute``; the step returns whether this replica's (scaled) gradients were finite. The
-    custom-loop jobs of every column share it."""
+    ``recompute`` (and the update then waiting for every gradient); the step returns whether
+    this replica's (scaled) gradients were finite. The custom-loop jobs of every column share
+    it."""
     import keras
     import tensorflow as tf
 
@@ -114,7 +115,10 @@ def replica_training(strategy: Any, task: Task, policy: str | None = None,
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=task.global_batch)
             scaled = optimizer.scale_loss(loss)  # the loss itself without a LossScaleOptimizer
         gradients = tape.gradient(scaled, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        # recomputed: the update waits for every gradient; without it, the optimized graph
+        # sometimes updated a weight first (benchmarks/recompute_update_order.py)
+        with tf.control_dependencies(gradients if recompute else []):
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in gradients])
 
     return model, optimizer, replica_step
