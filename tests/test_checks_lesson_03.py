@@ -2232,7 +2232,7 @@ def test_the_zygote_and_its_workers_die_with_the_process_that_started_them(tmp_p
         "w.ZYGOTE_IMPORTS = 'json'\n"                       # its death, not TensorFlow's import
         f"c = w.ForkedCluster({str(script)!r}, 2, args=['hang'], stream=False)\n"
         "for i in range(2): c.wait_for('pgid', worker=i, timeout=200)\n"
-        "print(json.dumps([w._zygote['process'].pid, *c.pids]), flush=True)\n"
+        "print(json.dumps([c.zygote_pid, *c.pids]), flush=True)\n"
         "time.sleep(120)\n"
     )
     checker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,

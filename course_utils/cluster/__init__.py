@@ -9,6 +9,8 @@ One job per module:
   with its own ``TF_CONFIG``, streams their logs and always cleans up; ``processes`` (start,
   signal, stop), ``logs`` (one file per worker) and ``errors`` (:class:`WorkerError`,
   :class:`ClusterTimeoutError`, carrying the last log lines) are its parts.
+* ``forked`` -- :class:`ForkedCluster`, a :class:`LocalCluster` whose workers are forked from
+  one process that has already imported TensorFlow (a worker's start is nearly all import).
 * ``in_process`` -- :func:`start_in_process_cluster` starts workers and parameter servers as
   ``tf.distribute.Server`` objects in this process, for ``ParameterServerStrategy``.
 * ``process_cluster`` -- :class:`ProcessCluster` starts every worker and parameter server as its
@@ -30,6 +32,7 @@ Example (a notebook)::
 from __future__ import annotations
 
 from .errors import ClusterTimeoutError, WorkerError
+from .forked import ForkedCluster
 from .in_process import InProcessCluster, start_in_process_cluster
 from .kubernetes import RESTART_POLICIES, persistent_volume_claim, tfjob_manifest, to_yaml
 from .leftovers import leftovers
@@ -51,6 +54,7 @@ __all__ = [
     "RESTART_POLICIES",
     "WORKER_ENV",
     "ClusterTimeoutError",
+    "ForkedCluster",
     "InProcessCluster",
     "LocalCluster",
     "ProcessCluster",
