@@ -13,6 +13,7 @@ the weights, gradients and optimizer slots do not.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,10 @@ __all__ = ["StepBudget", "activation_bytes_per_example", "count_on_tape",
 def _dtype_bytes(dtype: Any) -> int:
     from course_utils.quiet import import_tensorflow
 
-    return import_tensorflow().as_dtype(dtype).size
+    # imported (and quieted) once: quieting again on every call clears every logger's cache,
+    # thousands of calls per check under the grading guard's profiler (lesson 09, ex. 3)
+    tf = sys.modules.get("tensorflow") or import_tensorflow()
+    return tf.as_dtype(dtype).size
 
 
 def _tensor_bytes(tensor: Any) -> int:

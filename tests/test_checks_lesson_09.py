@@ -77,6 +77,39 @@ def cases_in_built_order(monkeypatch):
     monkeypatch.setattr(lesson_09, "fresh_rng", _CasesInBuiltOrder)
 
 
+class _Drawn(random.Random):
+    """A fresh draw whose choice between the real run's kinds is ``kind``."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def choice(self, seq):
+        return self.kind if list(seq) == ["input", "compute"] else super().choice(seq)
+
+
+_REAL_RUNS: dict = {}  # the check's real run of each kind: made once for the wrong answers
+
+
+@pytest.fixture
+def shared_real_runs(monkeypatch):
+    """The wrong answers of exercise 1 read one real run of each kind, profiled by the check's
+    own ``_real_events`` (its kind drawn per check, as the check does) the first time that kind
+    is drawn, and a copy of it each time after; the built traces stay fresh per check. The
+    right answers run the check as it is."""
+    import copy
+
+    real = lesson_09._real_events
+
+    def shared(rng):
+        kind = rng.choice(["input", "compute"])
+        if kind not in _REAL_RUNS:
+            _REAL_RUNS[kind] = real(_Drawn(kind))
+        return copy.deepcopy(_REAL_RUNS[kind])
+
+    monkeypatch.setattr(lesson_09, "_real_events", shared)
+
+
 def find_bottleneck(events):
     """The reference: the union of each part's spans inside the steps, the largest named."""
     steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
@@ -156,12 +189,14 @@ def test_find_bottleneck_reference_passes():
     assert cu.grading.check_find_bottleneck(find_bottleneck) is True
 
 
+@pytest.mark.usefixtures("shared_real_runs")
 @pytest.mark.parametrize("constant", ["input", "compute", "communication"])
 def test_find_bottleneck_a_constant_fails(constant):
     with pytest.raises(AssertionError, match="-bound; each part's union inside the steps"):
         cu.grading.check_find_bottleneck(lambda events: constant)
 
 
+@pytest.mark.usefixtures("shared_real_runs")
 def test_find_bottleneck_a_threshold_on_the_input_share_fails():
     def threshold(events):
         totals = part_totals(events)
@@ -246,6 +281,7 @@ def _threshold_on_the_parts_share(threshold):
     return reading
 
 
+@pytest.mark.usefixtures("shared_real_runs")
 @pytest.mark.parametrize("reading", [
     _majority_or_larger_other, _input_unless_another_holds_the_majority,
     *(_threshold_on_the_step_share(t) for t in (0.3, 0.33, 0.37, 0.4)),
@@ -278,6 +314,7 @@ def _vote_of_the_steps(events):
     return max(set(votes), key=votes.count)
 
 
+@pytest.mark.usefixtures("shared_real_runs")
 @pytest.mark.parametrize("shortcut", [
     {"inside_steps": False}, {"skip_tf_data": False}, {"ops_only": False},
     {"durations": False}, {"one_step": 0}, {"one_step": -1}, "vote",
@@ -322,6 +359,7 @@ def _one_window_over_the_steps(events):
     return find_bottleneck([e for e in events if e not in steps] + [window])
 
 
+@pytest.mark.usefixtures("shared_real_runs")
 @pytest.mark.parametrize("reading", [_identical_spans_once, _one_window_over_the_steps],
                          ids=["identical-spans-once-no-union", "one-window-over-the-steps"])
 def test_find_bottleneck_readings_the_built_traces_let_pass_fail(reading):
@@ -768,12 +806,14 @@ def test_write_report_without_the_learners_own_benchmark_fails(own):
         cu.grading.check_write_report(write_report, own)
 
 
+@pytest.mark.usefixtures("shared_real_runs")
 def test_find_bottleneck_may_not_call_the_course_helper():
     with pytest.raises(AssertionError, match="must read the events itself"):
         cu.grading.check_find_bottleneck(
             lambda events: cu.profiling.step_breakdown(events).bottleneck())
 
 
+@pytest.mark.usefixtures("shared_real_runs")
 def test_find_bottleneck_may_not_call_the_helper_bound_earlier_under_another_name():
     from course_utils.profiling import step_breakdown as read_steps  # before the check
 
@@ -834,6 +874,7 @@ def test_find_bottleneck_the_answer_is_nowhere_in_the_checks_frames(built_traces
         cu.grading.check_find_bottleneck(from_the_frames)
 
 
+@pytest.mark.usefixtures("shared_real_runs")
 def test_find_bottleneck_a_frame_walk_with_plain_names_is_refused_by_its_constants():
     """L1 as the reader wrote it: ``inspect.stack()``, ``getattr(frame, "f_locals")``."""
     import inspect
@@ -1103,6 +1144,7 @@ def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
         cu.grading.check_remove_input_bottleneck(wrong)
 
 
+@pytest.mark.usefixtures("shared_real_runs")
 def test_stubs_are_not_attempted_and_fail_in_strict_mode(assert_not_attempted):
     def find_bottleneck(events):
         raise NotImplementedError()
@@ -1178,6 +1220,7 @@ def test_an_answer_equal_to_anything_is_refused_and_a_numpy_str_passes(monkeypat
     assert cu.grading.check_find_bottleneck(as_numpy)
 
 
+@pytest.mark.usefixtures("shared_real_runs")
 def test_summed_spans_misread_two_replicas_computing_side_by_side(cases_in_built_order):
     """Summed span by span, two replicas' compute counts each instant twice (fresh read nb29-09)."""
     def summed(events):
