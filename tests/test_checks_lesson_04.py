@@ -178,6 +178,42 @@ def swapped(average, decay):
             lambda: average.assign((1 - decay) * average + decay * loss).read_value())
     return update
 
+def read_through_a_cond(average, decay):  # no lock; the read of a handle a tf.cond returns
+    def update(loss):
+        handle = tf.cond(loss > -1e30, lambda: average.handle, lambda: average.handle)
+        old = tf.raw_ops.ReadVariableOp(resource=handle, dtype=average.dtype)
+        return average.assign(decay * old + (1 - decay) * loss)
+    return update
+
+def staggered_through_a_cond(average, decay):  # r04 L1: no lock, odd tickets wait 0.5 s
+    with tf.device(average.device):
+        ticket = tf.Variable(0, dtype=tf.int64)
+    def update(loss):
+        until = tf.timestamp() + tf.cast(ticket.assign_add(1) % 2, tf.float64) * 0.5
+        waited = tf.while_loop(lambda s: s < until, lambda s: [tf.timestamp()],
+                               [tf.timestamp()])[0]
+        handle = tf.cond(waited > 0, lambda: average.handle, lambda: average.handle)
+        old = tf.raw_ops.ReadVariableOp(resource=handle, dtype=average.dtype)
+        return average.assign(decay * old + (1 - decay) * loss)
+    return update
+
+def right_through_a_cond(average, decay):  # traced only: the handle a tf.cond returns, locked
+    with tf.device(average.device):
+        lock = tf.CriticalSection()
+    def update(loss):
+        def blend():
+            handle = tf.cond(loss > -1e30, lambda: average.handle, lambda: average.handle)
+            old = tf.raw_ops.ReadVariableOp(resource=handle, dtype=average.dtype)
+            return average.assign(decay * old + (1 - decay) * loss).read_value()
+        return lock.execute(blend)
+    return update
+
+def read_deep_in_functions(average, decay):  # no lock; the read 11 tf.functions deep
+    read = average.read_value
+    for _ in range(10):
+        read = tf.function((lambda inner: lambda: inner())(read))
+    return lambda loss: average.assign(decay * read() + (1 - decay) * loss)
+
 import threading
 guard = threading.Lock()
 
@@ -191,7 +227,8 @@ AVERAGE_ANSWERS = [right, right_nested_function, assign_add_in_the_lock, right_b
                    constant, read_then_assign, one_op_unlocked, stale_assign_add,
                    stale_in_a_function, read_outside_the_lock, read_in_a_cond_outside,
                    write_not_returned, write_after_the_lock, lock_per_call,
-                   lock_on_the_coordinator, skips_every_other_call, swapped, py_function]
+                   lock_on_the_coordinator, skips_every_other_call, swapped, py_function,
+                   read_through_a_cond, staggered_through_a_cond, read_deep_in_functions]
 '''
 
 
@@ -1346,6 +1383,10 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("AVERAGE", "skips_every_other_call"): "does every call blend its loss in, once?",
         ("AVERAGE", "swapped"): "which of the two keeps the old average?",
         ("AVERAGE", "py_function"): "calls Python",
+        # r04 L1: a handle through a tf.cond counts as the average's; a body too deep, refused
+        ("AVERAGE", "read_through_a_cond"): "under no lock, from a read of it",
+        ("AVERAGE", "staggered_through_a_cond"): "under no lock, from a read of it",
+        ("AVERAGE", "read_deep_in_functions"): "nested deeper than the check reads",
     }
     run = routes_to_run(expected)  # make test: the first route to each rejection
     env["CATALOGUE_SKIP"] = " ".join(sorted(name for kind, name in expected
@@ -1942,6 +1983,8 @@ def test_locked_writes_reads_each_answer_of_the_catalogue_from_its_traced_steps(
         "write_not_returned": ["write after the lock"],
         "write_after_the_lock": ["write after the lock"], "lock_per_call": [],
         "lock_on_the_coordinator": [], "skips_every_other_call": [], "swapped": [],
+        "read_through_a_cond": ["no lock"], "staggered_through_a_cond": ["no lock"],
+        "read_deep_in_functions": ["unread function"], "right_through_a_cond": [],
     }
     spec = tf.TensorSpec([], tf.float32)
     for name, problems in expected.items():
@@ -1957,7 +2000,9 @@ def test_locked_writes_reads_each_answer_of_the_catalogue_from_its_traced_steps(
         mutexes = [mutexes_of(report) for report in reports]
         if not mutexes[0]:  # one atomic op, or no write under a lock
             assert name in ("right_by_one_op", "read_then_assign", "one_op_unlocked",
-                            "stale_assign_add", "write_not_returned", "write_after_the_lock")
+                            "stale_assign_add", "write_not_returned", "write_after_the_lock",
+                            "read_through_a_cond", "staggered_through_a_cond",
+                            "read_deep_in_functions")
             continue
         assert len(mutexes[0]) == len(mutexes[1]) == 1, (name, mutexes)
         assert (mutexes[0][0] is mutexes[1][0]) == (name != "lock_per_call"), name

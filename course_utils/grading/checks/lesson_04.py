@@ -38,7 +38,7 @@ import math
 from typing import Any
 
 from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
-from course_utils.grading.checks.lock_sections import locked_writes, mutexes_of
+from course_utils.grading.checks.lock_sections import _DEPTH, locked_writes, mutexes_of
 from course_utils.grading.checks.per_worker_datasets import (
     BARRIER_TIMEOUT_S,
     PASSES_READ,
@@ -149,6 +149,10 @@ def _near(got: float, expected: float) -> bool:  # float32 arithmetic, in any or
 
 #: What each finding of :func:`locked_writes` says of an answer, in the order they are named.
 _UNLOCKED = {
+    "unread function": (
+        "update passes the average into tf.functions nested deeper than the check reads "
+        f"(more than {_DEPTH} inside the step), so it cannot tell whether that read or write is "
+        "locked: call the read and the write at most a few functions deep"),
     "read outside": (
         "update writes the average under a lock, from a value of it read before the lock was "
         "taken: another worker's update can land between that read and the write, and this "

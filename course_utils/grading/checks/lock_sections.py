@@ -13,8 +13,11 @@ computes and writes under the variable's exclusive lock (``assign_add``, an op w
 an earlier read of the variable. The graph is read
 in its ``FunctionDef`` form, each body its own: a ``tf.cond`` branch, a loop body or a nested
 ``tf.function`` that reads or writes the variable counts, where it is called, as such an op
-(or as a locked write of its own where it takes and releases its lock inside). What the graph
-says holds whatever the timing: races under overlapping workers are likely, not certain.
+(or as a locked write of its own where it takes and releases its lock inside); one nested
+deeper than ``_DEPTH`` and given the variable is refused (``"unread function"``). A resource
+handle that an op not read through (the output of a ``tf.cond`` or of a nested function)
+made from the variable's counts as the variable's (:data:`MAYBE`). What the graph says holds
+whatever the timing: races under overlapping workers are likely, not certain.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ _ATOMIC = frozenset(("AssignAddVariableOp", "AssignSubVariableOp"))
 _ALIASES = frozenset(("Identity", "IdentityN"))  # pass the handle on, touch nothing
 #: Function-calling ops whose first input is not an argument of the function (a branch index).
 _OFFSET = {"If": 1, "StatelessIf": 1, "Case": 1, "StatelessCase": 1}
-_DEPTH = 8  # nested functions read, at most
+_DEPTH = 8  # nested functions read, at most: one deeper given the variable is refused
+#: A handle the check cannot trace back to one captured tensor (an output of a ``tf.cond``, a
+#: loop or a nested function, or of any other op given the variable's handle): possibly it.
+MAYBE = object()
 
 
 @dataclass
@@ -93,19 +99,27 @@ def _body(fdef: Any, handles: dict[str, Any], variable: Any, lookup: Any, depth:
         if node.op in _ALIASES and data[source] and seen < 32:
             index = int(token.split(":")[-1]) if token.count(":") == 2 else 0
             return handle(data[source][min(index, len(data[source]) - 1)], seen + 1)
+        if seen < 32 and _is_resource(token, node, lookup) and any(
+                handle(t, seen + 1) in ours for t in data[source]):
+            return MAYBE  # a handle made from the variable's by an op not read through
         return None
+
+    ours = _Ours(variable)
 
     reads, writes, closed, blind, locks = set(), set(), set(), set(), {}
     for name, node in nodes.items():
         calls = [value.func.name for value in node.attr.values() if value.HasField("func")]
         calls += [f.name for value in node.attr.values() for f in value.list.func]
         if node.op == "MutexLock":
-            locks[name] = handle(data[name][0]) if data[name] else None
+            mutex = handle(data[name][0]) if data[name] else None
+            locks[name] = None if mutex is MAYBE else mutex
         if calls:
             offset = _OFFSET.get(node.op, 0)
             for called in calls:
                 inner_def = lookup(called)
                 if inner_def is None or depth >= _DEPTH:
+                    if any(handle(t) in ours for t in data[name]):
+                        report.problems.append("unread function")
                     continue
                 args = [arg.name for arg in inner_def.signature.input_arg]
                 passed = {arg: handle(token) for arg, token in zip(args, data[name][offset:],
@@ -121,7 +135,7 @@ def _body(fdef: Any, handles: dict[str, Any], variable: Any, lookup: Any, depth:
                     writes.add(name)
                 elif inner.closed_writes:
                     closed.add(name)
-        elif node.op not in _ALIASES and any(handle(t) is variable for t in data[name]):
+        elif node.op not in _ALIASES and any(handle(t) in ours for t in data[name]):
             if node.op in _READS:
                 reads.add(name)
             else:
@@ -164,7 +178,8 @@ def locked_writes(concrete: Any, variable: Any) -> Report:
     the variable's shared lock only, under no lock), ``"read outside"`` (a write under a lock
     computed from a read taken outside it), ``"stale"`` (an atomic op, or a nested function
     that locks and writes, given a value computed from an earlier read), ``"write after the
-    lock"`` (read under a lock, written after its release)."""
+    lock"`` (read under a lock, written after its release), ``"unread function"`` (the
+    variable given to a function nested too deep to read)."""
     graph = concrete.graph
     fdef = concrete.function_def
     target = variable.handle
@@ -183,6 +198,42 @@ def locked_writes(concrete: Any, variable: Any) -> Report:
     if report.open_writes:
         report.problems.append("no lock")
     return report
+
+
+class _Ours:
+    """``x in ours``: ``x`` is the variable's handle (by identity), or :data:`MAYBE`."""
+
+    def __init__(self, variable: Any) -> None:
+        self.variable = variable
+
+    def __contains__(self, found: Any) -> bool:
+        return found is self.variable or found is MAYBE
+
+
+def _is_resource(token: str, node: Any, lookup: Any) -> bool:
+    """Whether the output ``token`` (``node:arg:index``) of ``node`` is a resource handle, from
+    the op's registered outputs (a function's signature where the op is a function)."""
+    from tensorflow.core.framework import types_pb2
+    from tensorflow.python.framework import op_def_registry
+
+    parts = token.split(":")
+    arg_name, index = (parts[1], int(parts[2])) if len(parts) == 3 else ("", 0)
+    op_def = op_def_registry.get(node.op)
+    if op_def is None:
+        function = lookup(node.op)
+        outputs = function.signature.output_arg if function is not None else []
+        return any(arg.name == arg_name and arg.type == types_pb2.DT_RESOURCE
+                   for arg in outputs)
+    for arg in op_def.output_arg:
+        if arg.name != arg_name:
+            continue
+        if arg.type_list_attr:
+            types = list(node.attr[arg.type_list_attr].list.type)
+        else:
+            one = node.attr[arg.type_attr].type if arg.type_attr else arg.type
+            types = [one] * (node.attr[arg.number_attr].i if arg.number_attr else 1)
+        return index < len(types) and types[index] == types_pb2.DT_RESOURCE
+    return False
 
 
 def mutexes_of(report: Report) -> list[Any]:
