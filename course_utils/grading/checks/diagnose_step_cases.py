@@ -48,7 +48,8 @@ def _calls(rng: Any, median_ms: float, slow_s: float = 0.0,
 _MADE_TO_BE = {"synchronisation": "synchronisation", "overlapped": "input",
                "rest above the largest part": "synchronisation",
                "rest below the largest part": "input",
-               "rest above one large part": "synchronisation", "parts alike": None}
+               "rest above one large part": "synchronisation", "parts alike": None,
+               "overlapped, parts alike": None}
 
 
 def _medians(rng: Any, kind: str) -> tuple[dict[str, float], str | None]:
@@ -57,9 +58,10 @@ def _medians(rng: Any, kind: str) -> tuple[dict[str, float], str | None]:
     medians = {name: rng.uniform(low, 3.0) for name in _PARTS}
     big = {"overlapped": "input", "rest below the largest part": "input"}.get(
         kind, kind if kind in medians else None)
-    if kind in ("rest above one large part", "parts alike"):
+    alike = kind in ("parts alike", "overlapped, parts alike")
+    if alike or kind == "rest above one large part":
         big = rng.choice(_PARTS)
-    if kind == "parts alike":  # comparable parts: the largest wins by a tenth or more
+    if alike:  # comparable parts: the largest wins by a tenth or more
         medians = {name: rng.uniform(7.0, 8.5) for name in _PARTS}
         medians[big] = rng.uniform(9.5, 10.5)
     elif big is not None:
@@ -78,15 +80,19 @@ def _whole_ms(rng: Any, kind: str, medians: dict[str, float]) -> float:
         return total + largest * rng.uniform(0.6, 0.85)
     if kind == "overlapped":
         return total - largest * 0.8
+    if kind == "overlapped, parts alike":  # a rest below minus the largest part (abs() of it
+        return total - largest * 1.3  # is above it), the step still at least half the total
     return total * rng.uniform(1.0, 1.1)  # a tenth of the sum at most: below the largest
 
 
 def diagnose_cases(rng: Any) -> list[Case]:
     """``check_diagnose_step``'s cases, each with the verdict it was made to have: every median
     exact (``_calls``), the unexplained rest above the largest part by 40 % or more, or below
-    it by 15 % or more, or negative, or a tenth of the parts' sum at most against a largest
-    part that is at least a tenth above every other; each case at a scale of its own (0.25-4
-    times), so that no absolute time, nor a share of the step, tells the verdicts apart
+    it by 15 % or more, or negative (once smaller than the largest part, once larger by 30 %:
+    the rest's size alone, ``abs()``, names synchronisation), or a tenth of the parts' sum at
+    most against a largest part that is at least a tenth above every other; each case at a
+    scale of its own (0.25-4 times), so that no absolute time, nor a share of the step, tells
+    the verdicts apart
     (tests/test_checks_lesson_00.py draws thousands and applies the lesson's rule to them)."""
     cases = []
     # the boundaries of the rule: a rest just above the largest part (but below the sum of the

@@ -42,15 +42,16 @@
   each batch read and augmented once while it is iterated, with sizes and waits drawn afresh
   (a batch's reads and the augment each shorter than the step plus the other, together longer
   than the step), and three mechanisms counted in one epoch of 16 ms steps (calls in flight,
-  not seconds: ``checks/stage_overlap.py``): by the end of most augments a read of a later
-  batch had started (the stages overlap each other: never in the colleague's pipeline, whose
-  one thread pulls both), by the end of most steps the next batch's augment had started (a
+  not seconds: ``checks/stage_overlap.py``): during most augments a read of a later batch was
+  in flight (the stages overlap each other: never where one thread pulls both, the colleague's
+  or one that reads a batch ahead), by the end of most steps the next batch's augment had started (a
   prefetch after the augment, the answer's or tf.data's injected one), and during most steps
   that began with records unread a read started (not everything read before the first step).
   Every read and augment is made by the returned dataset's own graph (their ``py_function``
   tokens): work handed on from a thread or pipeline of the answer's own, by a generator,
   iterator or queue, fails (a cache in a file, its filename a constant, is rebuilt to cache in
-  memory). The speed-up over the colleague's pipeline is shown, not judged.
+  memory). The speed-up over the colleague's pipeline is shown, not judged. ``read`` and
+  ``augment`` are plain functions; the recorder behind them is checked unchanged.
 
 Each check builds fresh random inputs with their expected results (made to have them, or
 computed) and hands both to :func:`run_check`; TensorFlow is imported inside the checks, never
@@ -90,11 +91,18 @@ from course_utils.grading.checks.stage_overlap import (
     epoch_summary,
     expected_batches,
     overlap_problem,
+    tampered,
     train_epoch,
 )
 from course_utils.grading.checks.static_batches import order_problem
 from course_utils.grading.checks.step_waits import WaitServer, parts_called, whole_steps_timed
-from course_utils.grading.framework import Case, expect_function, fresh_rng, run_check
+from course_utils.grading.framework import (
+    Case,
+    expect_function,
+    fresh_rng,
+    grader_introspection,
+    run_check,
+)
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_diagnose_step", "check_overlapped_pipeline", "check_split_cpu",
@@ -349,6 +357,11 @@ def _breakdown_problem(result: Any, calls: list[str], recorded: tuple[Any, Any],
 
 # --- Exercise 4 · overlap a pipeline with two slow stages --------------------------------------
 
+#: Names that reach the recorder behind ``read`` and ``augment`` (a bound method's object, a
+#: function's module), refused in the answer's code, strings included.
+RECORDER_READERS = frozenset({"__self__", "__func__", "__globals__", "StageCalls",
+                              "stage_overlap", "tampered"})
+
 @register
 def check_overlapped_pipeline(fn: Any) -> bool:
     """Check ``overlapped_pipeline(records, read, augment, batch_size)``: the colleague's
@@ -358,8 +371,15 @@ def check_overlapped_pipeline(fn: Any) -> bool:
 
     waits = draw_waits(fresh_rng())
     first, count, size = waits["first"], waits["count"], waits["batch_size"]
-    calls = StageCalls(waits)
+    calls, drawn = StageCalls(waits), dict(waits)
+    read, augment = calls.functions()  # plain functions: no __self__ to the recorder
     expected = expected_batches(first, count, size)
+    peeks = grader_introspection(fn, constants=True, also=RECORDER_READERS) if callable(
+        fn) else []
+    if peeks:
+        raise AssertionError(
+            f"overlapped_pipeline: your function uses {', '.join(peeks)}, which reaches the "
+            "check's recorder behind read and augment: call them, in a pipeline of yours")
 
     def records() -> Any:
         return tf.data.Dataset.range(first, first + count)
@@ -371,17 +391,20 @@ def check_overlapped_pipeline(fn: Any) -> bool:
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, tf.data.Dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        problem = batches_problem(
+        problem = tampered(calls, drawn) or batches_problem(
             [np.asarray(batch) for batch in fresh_caches(dataset).as_numpy_iterator()],
             expected) or order_problem(dataset)  # equal waits keep most orders: the graph
         if problem:
             return problem
-        trained = fn(records(), calls.read, calls.augment, size)  # the epoch trained on
+        trained = fn(records(), read, augment, size)  # the epoch trained on
         if not isinstance(trained, tf.data.Dataset):
             return f"a second call returned a {type(trained).__name__}, not a tf.data.Dataset"
         # a cache of its own in a file (a constant filename) caches in memory: it starts empty
         source, trained = trained, fresh_caches(trained)  # and this pipeline's calls fill it
         shares, seconds, got = train_epoch(trained, calls, GRACE_S)
+        problem = tampered(calls, drawn)  # before its counts are read
+        if problem:
+            return problem
         problem = batches_problem(got, expected) or order_problem(source)
         if problem:
             return f"in the epoch trained on (a second call's dataset): {problem}"
@@ -408,7 +431,7 @@ def check_overlapped_pipeline(fn: Any) -> bool:
         print(epoch_summary(shares, seconds, waited, colleague_s, waits))
         return None
 
-    case = Case(args=(records(), calls.read, calls.augment, size),
+    case = Case(args=(records(), read, augment, size),
                 label=f"(range({first}, {first + count}), read, augment, {size})",
                 verify=verify)
     return run_check(

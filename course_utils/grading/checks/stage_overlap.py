@@ -5,10 +5,12 @@ that counts what ran side by side – calls in flight, not seconds.
 
 Three counts, each a mechanism that a pipeline either has or lacks, whatever the machine's load:
 
-* *stages*: of the augment calls on every batch but the last, those by whose end a read of a
-  later batch had started. Reads and augments pulled by one thread (the colleague's pipeline:
-  one prefetch at its end, no default rewrite reaching its maps of ``tf.py_function``) run one
-  after the other: none.
+* *stages*: of the augment calls on every batch but the last, those during which a read of a
+  later batch was in flight (running when the augment began, or started before it ended), as
+  the lesson's cell counts them. Reads and augments pulled by one thread (the colleague's
+  pipeline: one prefetch at its end, no default rewrite reaching its maps of
+  ``tf.py_function``) run one after the other: none, even where that thread reads a batch
+  ahead (a ``scan``), which ends the read before the augment begins.
 * *augment*: of the training steps but the last, those by whose end the next batch's augment
   had started (in flight or done). An augment pulled by the training loop itself runs between
   steps: none (tf.data's default ``inject_prefetch`` adds a prefetch after a last synchronous
@@ -31,7 +33,7 @@ import numpy as np
 from course_utils.grading.checks.batch_shapes import py_function_token
 
 __all__ = ["GRACE_S", "MIN_SHARE", "STEP_WAIT_S", "StageCalls", "batches_problem",
-           "draw_waits", "epoch_summary", "expected_batches", "overlap_problem",
+           "draw_waits", "epoch_summary", "expected_batches", "overlap_problem", "tampered",
            "train_epoch"]
 
 #: The check's training step (seconds); a short grace for calls a busy machine starts late.
@@ -85,7 +87,9 @@ class StageCalls:
         self.augment_started: set[int] = set()
         self.starts, self.reads, self.augments = 0, 0, 0
         self.by: list[int] = []
-        self.stages: list[bool] = []  # per augment but the last: a later read started
+        self.stages: list[bool] = []  # per augment but the last: a later read in flight
+        self.in_flight: list[int] = []  # the last record of each read running
+        self.read_log: list[int] = []  # the last record of each read started, in turn
         self.grace_s, self.budget, self.waited = grace_s, GRACE_STEPS * grace_s, 0.0
 
     def _op(self, tensor_of: Callable[[int], Any]) -> Any:
@@ -102,12 +106,19 @@ class StageCalls:
 
     def _read(self, values: Any, op: int) -> Any:
         values = np.asarray(values, dtype=np.int64)
+        records = [int(value) - self.waits["first"] for value in values.reshape(-1)]
+        last = max(records, default=-1)
         with self.lock:
-            self.read_started.update(int(value) - self.waits["first"]
-                                     for value in values.reshape(-1))
+            self.read_started.update(records)
             self.starts, self.reads = self.starts + 1, self.reads + 1
             self.by.append(op)
-        time.sleep(self.waits["read_s"] * values.size)  # a wait per record read
+            self.in_flight.append(last)
+            self.read_log.append(last)
+        try:
+            time.sleep(self.waits["read_s"] * values.size)  # a wait per record read
+        finally:
+            with self.lock:
+                self.in_flight.remove(last)
         return 7 * values + 3
 
     def _augment(self, values: Any, op: int) -> Any:
@@ -115,18 +126,20 @@ class StageCalls:
         size, count = self.waits["batch_size"], self.waits["count"]
         records = (values.reshape(-1) - 3) // 7 - self.waits["first"]
         batch = int(records.min()) // size if records.size else -1
+        later = (batch + 1) * size  # the first record of the next batch
         with self.lock:
             self.augment_started.add(batch)
             self.augments += 1
             self.by.append(op)
+            running = any(last >= later for last in self.in_flight)  # as the augment begins
+            seen = len(self.read_log)
         time.sleep(self.waits["augment_s"])
-        later = (batch + 1) * size  # the first record of the next batch
         if 0 <= batch and later < count:
-            def started() -> bool:
-                return any(record >= later for record in list(self.read_started))
-            if not started():
-                self._slack(started)
-            self.stages.append(started())
+            def beside() -> bool:  # a later read in flight at some moment of the augment
+                return running or any(last >= later for last in self.read_log[seen:])
+            if not beside():  # a read that a busy machine started late: this thread waits,
+                self._slack(beside)  # so a pipeline that pulls both in it never starts one
+            self.stages.append(beside())
         return np.flip(values) + 1
 
     def read(self, indices: Any) -> Any:
@@ -150,6 +163,44 @@ class StageCalls:
             out.set_shape(batch.shape)
             return out
         return self._op(made)
+
+    def functions(self) -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:
+        """``read`` and ``augment`` as plain functions, the ones an answer gets: a bound
+        method's ``__self__`` would hand it this recorder."""
+        def read(indices: Any) -> Any:
+            return self.read(indices)
+
+        def augment(batch: Any) -> Any:
+            return self.augment(batch)
+        read.__doc__, augment.__doc__ = StageCalls.read.__doc__, StageCalls.augment.__doc__
+        return read, augment
+
+
+#: The recorder's own methods and the types of its attributes: what ``tampered`` compares.
+_OWN_METHODS = dict(vars(StageCalls))
+_KINDS = {"tf": type(np), "waits": dict, "lock": type(threading.Lock()), "ops": list,
+          "read_started": set, "augment_started": set, "starts": int, "reads": int,
+          "augments": int, "by": list, "stages": list, "grace_s": float, "budget": float,
+          "waited": float, "in_flight": list, "read_log": list}
+
+
+def tampered(calls: Any, waits: dict[str, Any]) -> str | None:
+    """What was changed in the check's recorder (its class, its methods, an attribute or its
+    type, the waits drawn: ``waits``, a copy), or None: its counts are read only when None."""
+    if type(calls) is not StageCalls or dict(vars(StageCalls)) != _OWN_METHODS:
+        changed = ["its class or methods"]
+    else:
+        fields = vars(calls)
+        changed = sorted(set(fields) ^ set(_KINDS)) or [
+            name for name, kind in _KINDS.items() if type(fields[name]) is not kind]
+        if not changed and fields["waits"] != waits:
+            changed = ["waits"]
+        if not changed and any(type(stage) is not bool for stage in fields["stages"]):
+            changed = ["stages"]
+    if not changed:
+        return None
+    return (f"the check's recorder of read and augment was changed ({', '.join(changed)}): "
+            "a pipeline calls read and augment, it does not rewrite what they record")
 
 
 def train_epoch(dataset: Any, calls: StageCalls,
@@ -184,10 +235,11 @@ def overlap_problem(shares: dict[str, float]) -> str | None:
     augment, then the reads: a pipeline without a mechanism fails on the first it lacks)."""
     need = f"at least {MIN_SHARE:.0%} needed; tf.data's default options"
     if shares["stages"] < MIN_SHARE:
-        return (f"read and augment run one after the other: by the end of an augment, a read "
-                f"of a later batch had started in only {shares['stages']:.0%} of the augments "
-                f"({need}). Together they are one stage, slower than the step; what lets the "
-                "reads of the next batch run while this one is augmented?")
+        return (f"read and augment run one after the other: a read of a later batch was in "
+                f"flight during only {shares['stages']:.0%} of the augments ({need}); a read "
+                "that ended before the augment began is not beside it. Together they are one "
+                "stage, slower than the step; what lets the reads of the next batch run while "
+                "this one is augmented?")
     if shares["augment"] < MIN_SHARE:
         return (f"augment does not overlap the training step: the next batch's augment had "
                 f"started by the end of only {shares['augment']:.0%} of the steps ({need}). "
