@@ -9,6 +9,7 @@ import gc
 import glob
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import keras
@@ -18,7 +19,7 @@ import tensorflow as tf
 
 import course_utils as cu
 from course_utils.grading import checks
-from course_utils.grading.checks import lesson_02
+from course_utils.grading.checks import file_shards, lesson_02
 from course_utils.grading.framework import NotAttemptedError, strict_checks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
@@ -1163,6 +1164,104 @@ def batches_shuffled(files, global_batch_size, shuffle_buffer):  # lesson 01's b
     return dataset_fn
 
 
+def buffer_own_unless_tiny(files, global_batch_size, shuffle_buffer):  # x02 L3: 13
+    def dataset_fn(context):
+        return _split(files, context).shuffle(10_000 if shuffle_buffer > 3 else 1).batch(
+            context.get_per_replica_batch_size(global_batch_size))
+    return dataset_fn
+
+
+def small_buffers_ignored(files, global_batch_size, shuffle_buffer):  # x02 L3: 14
+    def dataset_fn(context):
+        return _split(files, context).shuffle(shuffle_buffer if shuffle_buffer > 3 else 1
+                                              ).batch(context.get_per_replica_batch_size(
+                                                  global_batch_size))
+    return dataset_fn
+
+
+def per_replica_for_two(files, global_batch_size, shuffle_buffer):  # x02 L4: 2 replicas typed
+    def dataset_fn(context):
+        return _split(files, context).shuffle(shuffle_buffer).batch(
+            global_batch_size // (2 * context.num_input_pipelines))
+    return dataset_fn
+
+
+def _every_file(files, context, read_one):  # whole files kept by number, every file read
+    n, i = context.num_input_pipelines, context.input_pipeline_id
+    if len(files) < n:
+        return _split(files, context)
+    exists = lambda name: tf.numpy_function(  # noqa: E731
+        lambda s: os.path.exists(s.decode()), [name], tf.bool)
+    return tf.data.Dataset.from_tensor_slices(files).enumerate().filter(
+        lambda number, name: exists(name)).interleave(
+        lambda number, name: read_one(name).filter(lambda r: tf.equal(number % n, i)),
+        cycle_length=1)
+
+
+@_answer
+def every_file_missing_skipped(files, context):  # x02 L1: 16
+    return _every_file(files, context, tf.data.TFRecordDataset)
+
+
+@_answer
+def every_file_errors_ignored(files, context):  # x02 R1: 21, hung the check on missing files
+    return _every_file(files, context, lambda name: tf.data.TFRecordDataset(name).ignore_errors())
+
+
+@_answer
+def every_present_file_by_name(files, context):  # x02 L2: 17
+    n, i = context.num_input_pipelines, context.input_pipeline_id
+    if len(files) < n:
+        return _split(files, context)
+    present = [name for name in files if os.path.exists(name)]
+    own = tf.constant([os.path.basename(name) for name in files[i::n]])
+    pairs = tf.data.Dataset.from_tensor_slices(present).interleave(
+        lambda name: tf.data.TFRecordDataset(name).map(lambda r: (name, r)), cycle_length=1)
+    return pairs.filter(lambda name, r: tf.reduce_any(tf.equal(
+        tf.strings.split(name, "/")[-1], own))).map(lambda name, r: r)
+
+
+@_answer
+def few_interleaved_in_any_order(files, context):  # x02 L5: 18, passed with 1 file drawn
+    n, i = context.num_input_pipelines, context.input_pipeline_id
+    if len(files) >= n:
+        return _split(files, context)
+    return tf.data.Dataset.from_tensor_slices(files).interleave(
+        tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=False).shard(n, i)
+
+
+@_answer
+def repeated_for_ever(files, context):  # an endless pipeline: the check's time limit ends it
+    return _split(files, context).repeat()
+
+
+def _access_times_kept():
+    """Whether this file system moves a file's access time on a read (relatime, strictatime)."""
+    with tempfile.NamedTemporaryFile(delete=False) as probe:
+        probe.write(b"x")
+    path = probe.name
+    mtime = os.stat(path).st_mtime_ns
+    os.utime(path, ns=(mtime - 3600 * 10**9, mtime))
+    with open(path, "rb") as again:
+        again.read()
+    kept = os.stat(path).st_atime_ns >= mtime
+    os.remove(path)
+    return kept
+
+
+def test_an_endless_pipeline_fails_on_the_checks_time_limit(monkeypatch):
+    monkeypatch.setattr(file_shards, "READ_SECONDS", 2)
+    with pytest.raises(AssertionError, match=r"took more than 2 s or .*no endless repeat"):
+        checks.check_make_files_dataset_fn(repeated_for_ever)
+
+
+@pytest.mark.skipif(not _access_times_kept(), reason="this file system keeps no access times")
+def test_every_file_read_with_errors_ignored_is_seen_by_access_time():
+    with pytest.raises(AssertionError, match=r"not its own.*access time moved"):
+        checks.check_make_files_dataset_fn(every_file_errors_ignored)
+
+
 @pytest.mark.parametrize("right", [make_files_dataset_fn, sliced_and_interleaved])
 def test_right_dataset_fns_pass(right):
     assert checks.check_make_files_dataset_fn(right) is True
@@ -1193,6 +1292,12 @@ SHARES_CUT_BY_SEED = "cuts differently in each worker|both gave|missing"
     (buffer_of_a_million, "not a buffer of your own"),
     (batches_shuffled,
      r"came out right after the record read before them|batches held|gave the replicas"),
+    (buffer_own_unless_tiny, r"no record of pipeline \d's \d+ came out [12] places? early"),
+    (small_buffers_ignored, r"no record of pipeline \d's \d+ came out [12] places? early"),
+    (per_replica_for_two, r"batches held \[\d+\] records, expected"),
+    (every_file_missing_skipped, "not its own.*Is this even a TFRecord"),
+    (every_present_file_by_name, "not its own.*Is this even a TFRecord"),
+    (few_interleaved_in_any_order, SHARES_CUT_BY_SEED),
 ]))
 def test_make_files_dataset_fn_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):

@@ -7,9 +7,12 @@ TensorFlow with that worker's seed, then calls the learner's ``make_files_datase
 shuffle before the split). Each pipeline is built three times: with the case's
 ``shuffle_buffer`` (at least a share: two epochs read), with ``shuffle_buffer=1`` (the order it
 reads its records in) and with a buffer of 2 or 3 (none may come more than ``b - 1`` places early
-against that order: ``shuffle_order``'s docstring). With at least as many files as pipelines,
-the last two builds run with only the pipeline's own files present: one that opens another's
-file fails there.
+against that order, ``shuffle_order``'s docstring; some must come exactly ``b - 1`` early, so a
+buffer of 1 or 2 in its place fails). With at least as many files as pipelines, the last two
+builds run with the other pipelines' files replaced by files that are not TFRecords, their
+access times set back: one that opens another's file fails reading it, or (read with
+``ignore_errors``) is seen by its access time where the file system keeps one. Every read of a
+pipeline has a time limit of its own (``READ_SECONDS``): an answer that never ends fails.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from course_utils.grading.checks.shuffle_order import global_seed
@@ -31,6 +36,10 @@ __all__ = ["SHARE_MIN", "FileSet", "PipelineRead", "dataset_fn_of", "draw_file_s
 #: The fewest records a pipeline's share holds: a whole shuffle of 150 records brought one of
 #: the last 40 % into the first places in 20,000 of 20,000 permutations drawn (numpy).
 SHARE_MIN = 200
+#: The longest one read of a pipeline may take (a right one takes well under a second).
+READ_SECONDS = 60
+MOST_BATCHES = 100_000  # the check's files hold a few thousand records in all
+NOT_TFRECORD = b"not a TFRecord: another pipeline's file, which this one must not open\n" * 4
 SPLIT_FIRST = ("Each worker's process seeds its shuffles its own way: split first (the list of "
                "files, or the records read in a fixed order), then shuffle")
 
@@ -59,23 +68,67 @@ class FileSet:
         return cls(directory, paths, file_of)
 
     @contextlib.contextmanager
-    def only(self, keep: set[int]) -> Iterator[None]:
-        """Only the files numbered ``keep`` present (the others moved away) while it runs."""
+    def only(self, keep: set[int], opened: list[int]) -> Iterator[None]:
+        """The files not in ``keep`` replaced, while it runs, by files that are not TFRecords
+        (their access times set back an hour): the numbers of those read go to ``opened``."""
         away = self.directory + "_away"
         os.makedirs(away, exist_ok=True)
-        moved = [(path, os.path.join(away, os.path.basename(path)))
-                 for number, path in enumerate(self.paths) if number not in keep]
-        for path, hidden in moved:
+        swapped = [(number, path, os.path.join(away, os.path.basename(path)))
+                   for number, path in enumerate(self.paths) if number not in keep]
+        for _, path, hidden in swapped:
             os.rename(path, hidden)
+            with open(path, "wb") as decoy:
+                decoy.write(NOT_TFRECORD)
+            _set_back(path)
         try:
             yield
         finally:
-            for path, hidden in moved:
-                os.rename(hidden, path)
+            for number, path, hidden in swapped:
+                status = os.stat(path)
+                if status.st_atime_ns >= status.st_mtime_ns:  # relatime: read since set back
+                    opened.append(number)
+                os.replace(hidden, path)
 
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
         shutil.rmtree(self.directory + "_away", ignore_errors=True)
+
+
+def _set_back(path: str) -> None:
+    mtime = os.stat(path).st_mtime_ns
+    os.utime(path, ns=(mtime - 3600 * 10**9, mtime))
+
+
+def _listed(make: Any, what: str) -> list[Any]:
+    """``list(make())``, read in a thread of its own and given ``READ_SECONDS``: an answer's
+    pipeline that never ends (an endless ``repeat``, ``ignore_errors`` on a file that cannot
+    be opened) fails with a message instead of hanging the check."""
+    items: list[Any] = []
+    outcome: list[BaseException] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for item in make():
+                if stop.is_set() or len(items) >= MOST_BATCHES:
+                    return
+                items.append(item)
+        except BaseException as error:  # noqa: BLE001 - handed to the check's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=read, daemon=True, name="lesson02-read")
+    thread.start()
+    thread.join(READ_SECONDS)
+    if thread.is_alive() or len(items) >= MOST_BATCHES:
+        stop.set()
+        raise TimeoutError(
+            f"reading {what} took more than {READ_SECONDS} s or {MOST_BATCHES} batches "
+            f"({len(items)} read by then), and it was given up: a dataset_fn's pipeline "
+            "ends after one pass over its records (no endless repeat; no ignore_errors on a "
+            "file that cannot be opened: it retries the open for ever)")
+    if outcome:
+        raise outcome[0]
+    return items
 
 
 def draw_file_sizes(rng: Any, files: int, pipelines: int, whole_files: bool) -> list[int]:
@@ -92,9 +145,9 @@ def _records(batch: Any) -> list[int]:
 
 
 def steps_on(strategy: Any, distributed: Any) -> list[list[list[int]]]:
-    """Each step's per-replica batches, as lists of record numbers."""
-    return [[_records(part) for part in strategy.experimental_local_results(step)]
-            for step in distributed]
+    """Each step's per-replica batches, as lists of record numbers (time-limited)."""
+    return _listed(lambda: ([_records(part) for part in strategy.experimental_local_results(
+        step)] for step in distributed), "the distributed dataset")
 
 
 @dataclass
@@ -133,6 +186,11 @@ def _build(fn: Any, files: FileSet, global_batch: int, buffer: int, context: Any
     return dataset
 
 
+def _built(*args: Any) -> Iterator[list[int]]:
+    """The batches, as lists of record numbers, of ``_build(*args)``'s pipeline."""
+    return map(_records, _build(*args))
+
+
 def read_pipelines(fn: Any, files: FileSet, global_batch: int, buffers: tuple[int, int],
                    pipelines: int, replicas: int, seeds: list[tuple[int, int]],
                    whole_files: bool) -> list[PipelineRead]:
@@ -145,20 +203,26 @@ def read_pipelines(fn: Any, files: FileSet, global_batch: int, buffers: tuple[in
         context = tf.distribute.InputContext(pipelines, number, pipelines * replicas)
         read = PipelineRead()
         dataset = _build(fn, files, global_batch, big, context, seed, read)
-        read.epochs = [[_records(batch) for batch in dataset] for _ in range(2)]
-        read.reseeded = [r for batch in _build(fn, files, global_batch, big, context, other,
-                                               read) for r in _records(batch)]
+        what = f"pipeline {number} of {pipelines}"
+        read.epochs = [_listed(partial(map, _records, dataset), what) for _ in range(2)]
+        read.reseeded = [r for batch in _listed(partial(
+            _built, fn, files, global_batch, big, context, other, read), what) for r in batch]
         own = {files.file_of.get(r, -1) for batch in read.epochs[0] for r in batch}
         present = own if whole_files else set(range(len(files.paths)))
+        opened: list[int] = []
         try:
-            with files.only(present):
+            with files.only(present, opened):
                 for buffer in (1, small):
-                    order = [r for batch in _build(fn, files, global_batch, buffer, context,
-                                                   seed, read) for r in _records(batch)]
+                    order = [r for batch in _listed(partial(
+                        _built, fn, files, global_batch, buffer, context, seed, read), what)
+                        for r in batch]
                     read.read_order, read.small = (order, []) if buffer == 1 else (
                         read.read_order, order)
         except tf.errors.OpError as error:
             read.failed = str(error).strip().splitlines()[0][:160]
+        if opened and not read.failed:
+            read.failed = (f"it read file{'s' * (len(opened) > 1)} {sorted(opened)}, another "
+                           "pipeline's (its access time moved)")
         reads.append(read)
     return reads
 
@@ -240,7 +304,8 @@ def _share_problem(reads: list[PipelineRead], files: FileSet, whole_files: bool)
     for number, read in enumerate(reads):
         if read.failed:
             return (f"pipeline {number} opens files that are not its own: built again with "
-                    f"only its {counts[number]} files present, reading it failed ({read.failed})"
+                    f"the other files made unreadable ({counts[number]} of its own left), "
+                    f"reading it failed ({read.failed})"
                     ". Each pipeline opens only its own files; one that reads every file and "
                     f"keeps its share reads {count}× the data")
     return None
@@ -277,6 +342,12 @@ def _order_problem(number: int, read: PipelineRead, buffers: tuple[int, int]) ->
                 "read before them: you shuffled blocks of neighbouring records (batches, "
                 "lesson 01); shuffle the records themselves, then batch")
     ahead = max(place[r] - index for index, r in enumerate(read.small))
+    if ahead < small - 1:
+        return (f"with shuffle_buffer={small}, no record of pipeline {number}'s {len(first)} "
+                f"came out {small - 1} place{'s' * (small > 2)} early against the order it "
+                f"reads them (a buffer of {small} moves some that far; its most was "
+                f"{max(ahead, 0)}): shuffle with "
+                "shuffle_buffer, small or large, not a buffer of your own")
     if ahead > small - 1:
         return (f"with shuffle_buffer={small}, a record of pipeline {number} came out {ahead} "
                 f"places before its place in the order it reads them (a buffer of {small} "

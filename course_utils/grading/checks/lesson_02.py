@@ -392,7 +392,8 @@ def check_make_files_dataset_fn(fn: Any) -> bool:
     many = rng.randint(2, 4)
     few = rng.randint(3, 4)
     layouts = {"strategy": (rng.randint(1, 3), 1), "many": (rng.randint(many + 1, 3 * many), many),
-               "few": (rng.randint(1, few - 1), few)}
+               "few": (rng.randint(2, few - 1), few)}  # 2 or more: their interleaving seen
+    workers = dict(zip(("many", "few"), rng.sample([1, 2, 3], 2), strict=True))  # replicas
     sets = {kind: file_shards.FileSet.write(file_shards.draw_file_sizes(
         rng, files, pipelines, kind != "few")) for kind, (files, pipelines) in layouts.items()}
     small = rng.randint(2, 3)
@@ -407,8 +408,8 @@ def check_make_files_dataset_fn(fn: Any) -> bool:
         seeds = [(rng.randint(2**20 * k, 2**20 * (k + 1) - 1),
                   rng.randint(2**20 * (k + 8), 2**20 * (k + 9) - 1)) for k in range(pipelines)]
         return file_shards.read_pipelines(
-            fn, files, per_replica * pipelines * 2, (len(files.file_of), small), pipelines, 2,
-            seeds, kind == "many")
+            fn, files, per_replica * pipelines * workers[kind], (len(files.file_of), small),
+            pipelines, workers[kind], seeds, kind == "many")
 
     cases = [Case(args=("strategy",), verify=file_shards.strategy_verifier(
         len(sets["strategy"].file_of), per_replica, replicas), label=(
@@ -419,9 +420,9 @@ def check_make_files_dataset_fn(fn: Any) -> bool:
         cases.append(Case(args=(kind,), verify=file_shards.workers_verifier(
             sets[kind], per_replica, (len(sets[kind].file_of), small), kind == "many"),
             label=f"({files} files of {len(sets[kind].file_of)} records, {pipelines} workers "
-                  f"× 2 replicas, each worker seeded its own way, global batch "
-                  f"{per_replica * pipelines * 2}, shuffle_buffer {len(sets[kind].file_of)}, "
-                  f"then 1 and {small})"))
+                  f"× {workers[kind]} replicas, each worker seeded its own way, global batch "
+                  f"{per_replica * pipelines * workers[kind]}, shuffle_buffer "
+                  f"{len(sets[kind].file_of)}, then 1 and {small})"))
     rng.shuffle(cases)
     try:
         return run_check("make_files_dataset_fn", run, cases,
