@@ -73,6 +73,20 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def write_reference(stem: str, command: str, **fields: object) -> pathlib.Path:
+    """Write ``fields`` with the command and the machine (CPU model, cores, TensorFlow) to
+    ``benchmarks/reference/<stem>_<cpu>.json``; return its path."""
+    import tensorflow as tf
+
+    result = {"command": command, "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+              "tensorflow": tf.__version__, **fields}
+    name = re.sub(r"[^a-z0-9]+", "_", cpu_model().lower()).strip("_")
+    path = REPO / "benchmarks" / "reference" / f"{stem}_{name}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(path)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=4)
@@ -88,16 +102,8 @@ def main() -> None:
             runs.append({"determinism": mode, "median_ms_by_k": json.loads(line[7:]),
                          "load_average": os.getloadavg()})
             print(runs[-1])
-    import tensorflow as tf
-
-    result = {"command": "python benchmarks/determinism_timing.py --pairs " + str(pairs),
-              "cpu": cpu_model(), "cpu_count": os.cpu_count(), "tensorflow": tf.__version__,
-              "runs": runs}
-    name = re.sub(r"[^a-z0-9]+", "_", cpu_model().lower()).strip("_")
-    path = REPO / "benchmarks" / "reference" / f"determinism_timing_{name}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(path)
-
+    write_reference("determinism_timing",
+                    "python benchmarks/determinism_timing.py --pairs " + str(pairs), runs=runs)
 
 if __name__ == "__main__":
     main()

@@ -28,13 +28,12 @@ import argparse
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from determinism_timing import cpu_model  # noqa: E402
+from determinism_timing import write_reference  # noqa: E402
 
 WAYS = ("plain", "ordered", "no_dependency_optimizer")
 
@@ -113,17 +112,9 @@ def main() -> None:
         for process in busy:
             process.terminate()
     import keras
-    import tensorflow as tf
 
-    result = {"command": f"python benchmarks/recompute_update_order.py --runs {args.runs} "
-                         f"--busy {args.busy}",
-              "cpu": cpu_model(), "cpu_count": os.cpu_count(), "tensorflow": tf.__version__,
-              "keras": keras.__version__, "ways": ways}
-    name = re.sub(r"[^a-z0-9]+", "_", cpu_model().lower()).strip("_")
-    path = REPO / "benchmarks" / "reference" / f"recompute_update_order_{name}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(path)
-
+    write_reference("recompute_update_order", f"python benchmarks/recompute_update_order.py "
+                    f"--runs {args.runs} --busy {args.busy}", keras=keras.__version__, ways=ways)
 
 if __name__ == "__main__":
     main()
