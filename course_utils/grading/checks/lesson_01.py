@@ -1,21 +1,20 @@
 """Checks of lesson 01's exercises (registered by name with ``@register``).
 
-* ``check_fast_pipeline(fast_pipeline)``: same elements as the slow reference pipeline (as a
-  multiset: a parallel pipeline may reorder them), batches of the right sizes, every record
-  read exactly once per epoch (counted: an answer that skips ``read`` fails), and a speed-up
-  over the slow reference, on a pipeline whose reads wait on (simulated) storage: the reads
-  that wait at the same time are counted (at least ``FAST_PIPELINE_MIN_READS_AT_ONCE`` at
-  some point; at least half of the reads start while 3 or more others wait), each made by a
-  read op of the returned dataset's graph, which runs no Python of its own and pulls from no
-  iterator, queue or other state made outside it
-  (reads in Python threads of the answer's own, or handed on by a generator, another
-  pipeline's iterator or a queue a thread fills, beside an idle read op, fail;
-  ``checks/storage_reads.py``; a cache of the pipeline's own in a file, its filename a
-  constant, is rebuilt to cache in memory: it starts empty and only this pipeline's reads fill
-  it; a cache in a file inside a step's function, or whose filename the pipeline computes,
-  counts as a file read), each record read once in the epoch whose overlap is counted (a
-  thread's reads on the side count too), slow and fast timed the same way, in turns, several
-  epochs, every epoch of the answer's with the right batch sizes and elements.
+* ``check_fast_pipeline(fast_pipeline)``: the slow reference pipeline reads every record
+  (a wait), drops the records a licence service withdrew (``filter(is_current)``: a wait too),
+  decodes and batches; the answer must return its elements (as a multiset; the withdrawn
+  records drawn fresh every call, so only ``is_current`` knows them), in batches of the right
+  sizes, every record read once and looked up once per epoch (counted), and make both kinds of
+  wait overlap: at least ``FAST_PIPELINE_MIN_READS_AT_ONCE`` reads and as many lookups waiting
+  at once at some point, at least half of each started while 3 or more others wait. Every
+  call must be made by an op of the returned dataset's graph, which runs no Python of its own
+  and pulls from no iterator, queue or other state made outside it
+  (``checks/storage_reads.py``; a cache of the pipeline's own in a file, its filename a
+  constant, is rebuilt to cache in memory). ``filter`` has no ``num_parallel_calls``, and
+  ``filter_parallelization`` leaves a stateful predicate alone: lesson 01's recipe (cell 21:
+  every map parallel on a private pool) leaves the lookups one at a time, and fails. Then slow
+  and fast are timed the same way, in turns, several epochs (×1.3, printed; the counts decide,
+  the time is a floor).
 * ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
   before batching – the blocks read as the dataset is iterated (counted: an answer that reads
   every block while it builds its dataset, to gather the examples in NumPy, fails), every
@@ -47,12 +46,7 @@ import numpy as np
 
 from course_utils.grading.checks.batch_shapes import batches as _batches
 from course_utils.grading.checks.batch_shapes import counted_stages as _counted_stages
-from course_utils.grading.checks.batch_shapes import (
-    epoch_seconds,
-    fresh_caches,
-    py_function_tokens,
-)
-from course_utils.grading.checks.batch_shapes import handed_on as _handed_on
+from course_utils.grading.checks.batch_shapes import epoch_seconds, fresh_caches
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.cached_epochs import cached_verifier
@@ -65,7 +59,12 @@ from course_utils.grading.checks.records import (
 )
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.shuffle_order import buffer_problem, global_seed, places_ahead
-from course_utils.grading.checks.storage_reads import slow_pipeline, storage
+from course_utils.grading.checks.storage_reads import (
+    calls_problem,
+    overlap_problem,
+    slow_pipeline,
+    storage,
+)
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -87,14 +86,24 @@ FAST_PIPELINE_MIN_SPEEDUP = 1.3
 #: others): a pipeline that overlaps a burst of reads once and reads the rest one at a time
 #: fails it.
 FAST_PIPELINE_MIN_OVERLAPPED_SHARE = 0.5
-#: The reads that must be waiting at the same time at least once in an epoch: the mechanism,
-#: counted. ``AUTOTUNE`` on tf.data's default pool overlaps one read per logical CPU this process
-#: may use (its CPU affinity, ``os.sched_getaffinity(0)``, not ``os.cpu_count()``).
+#: The reads (and the lookups) that must be waiting at the same time at least once in an
+#: epoch: the mechanism, counted. ``AUTOTUNE`` on tf.data's default pool overlaps one call
+#: per logical CPU this process may use (its CPU affinity, ``os.sched_getaffinity(0)``,
+#: not ``os.cpu_count()``).
 FAST_PIPELINE_MIN_READS_AT_ONCE = 8
 #: Epochs of the slow reference and of the answer, timed in turns; their medians are compared.
 FAST_PIPELINE_ROUNDS = 3
-#: Seconds each read waits in ``check_fast_pipeline`` (a ``time.sleep`` that frees the core).
+#: Seconds each read, and each lookup, waits in ``check_fast_pipeline`` (a ``time.sleep``
+#: that frees the core).
 READ_LATENCY_S = 0.01
+_READS_ADVICE = ("AUTOTUNE or a fixed number alone stops at one thread per logical CPU this "
+                 "process may use, the size of tf.data's default pool, and a read map that "
+                 "is not parallel waits one read at a time: how many reads run at once, and "
+                 "on how many threads?")
+_LOOKUPS_ADVICE = ("filter calls its predicate one record at a time, whatever the pool or "
+                   "the options say, and filter_parallelization leaves a predicate that "
+                   "waits in Python alone: which step that does take num_parallel_calls "
+                   "could ask is_current for it?")
 
 
 def _is_dataset(value: Any) -> bool:
@@ -106,41 +115,44 @@ def _is_dataset(value: Any) -> bool:
 
 @register
 def check_fast_pipeline(fn: Any) -> bool:
-    """Check ``fast_pipeline(source, read, decode, batch_size)``: same elements, many reads
-    waiting at once (counted: the proof), and faster (×1.3, printed)."""
+    """Check ``fast_pipeline(source, read, is_current, decode, batch_size)``: the slow
+    pipeline's elements, many reads and many lookups waiting at once (counted: the proof), and
+    faster (×1.3, printed)."""
     tf = _tf()
     rng = fresh_rng()
     batch_size = rng.choice([4, 6, 8])
-    # Always a short last batch, so a pipeline that drops or pads it cannot pass by luck.
-    num_elements = rng.randint(60, 72) // batch_size * batch_size + rng.randint(1, batch_size - 1)
     first = rng.randint(0, 1000)
+    count = rng.randint(64, 76)  # a quarter or so withdrawn, drawn fresh: unknown to the answer
+    withdrawn = {3 * index + 1 for index in rng.sample(range(first, first + count), count // 4)}
+    kept = [index for index in range(first, first + count) if 3 * index + 1 not in withdrawn]
+    if len(kept) % batch_size == 0:  # always a short last batch
+        withdrawn.add(3 * kept.pop() + 1)
+    num_elements = len(kept)
     reads: dict[str, Any] = {}
-    read, decode = storage(READ_LATENCY_S, reads, FAST_PIPELINE_MIN_READS_AT_ONCE // 2)
-    expected = (3 * np.arange(first, first + num_elements) + 1) / 2.0
+    lookups: dict[str, Any] = {}
+    stages = {"read": reads, "is_current": lookups}
+    read, is_current, decode = storage(READ_LATENCY_S, reads, lookups,
+                                       FAST_PIPELINE_MIN_READS_AT_ONCE // 2, withdrawn)
+    expected = (3 * np.array(kept) + 1) / 2.0
 
     def source() -> Any:
-        return tf.data.Dataset.range(first, first + num_elements)
+        return tf.data.Dataset.range(first, first + count)
 
-    call = f"(source=range({first}, {first + num_elements}), read, decode, {batch_size})"
+    call = f"(source=range({first}, {first + count}), read, is_current, decode, {batch_size})"
 
-    def _reads_not_in(dataset: Any) -> str | None:  # the dataset's own read ops did them?
-        ops = py_function_tokens(dataset)
-        outside = sum(token not in ops for token in reads["by"])
-        if outside:
-            return (f"{outside} of the epoch's {len(reads['by'])} reads came from no read op "
-                    "of the returned dataset's graph (called in Python: in a thread or a "
-                    "generator of your own): which tf.data step of the dataset reads, and how "
-                    "many at once?")
-        # a read op that never runs (take(0)) beside a generator, or an iterator or a queue
-        # made outside the pipeline, that hands on what another pipeline or thread read
-        own, pulls = _handed_on(dataset, set(reads["ops"]))
-        return (f"your pipeline runs {own} Python function(s) of its own (a generator, a "
-                f"py_function) and pulls from {pulls} iterator(s), queue(s) or other state "
-                "made outside it (a file too: a cache whose filename your pipeline computes, "
-                "or a cache in a file inside a step's function, counts): reads handed on from "
-                "another pipeline or thread are not this dataset's; which tf.data step of it "
-                "reads, and how many at once?"
-                ) if own or pulls else None
+    def reset() -> None:
+        for calls in stages.values():
+            calls["most_at_once"] = calls["overlapped"] = calls["count"] = 0
+            calls["by"].clear()
+
+    def counts_problem(when: str) -> str | None:  # every record read once, looked up once
+        for name, calls in stages.items():
+            if calls["count"] != count:
+                return (f"{when} of {count} records, {name} was called {calls['count']} "
+                        f"times: slow_pipeline calls it once for every record (calls of a "
+                        "thread or another pipeline of yours count too; a cache file an "
+                        "earlier call wrote reads none)")
+        return None
 
     def elements_problem(batches: list[Any]) -> str | None:  # one epoch's, in any order
         batches = [np.asarray(batch) for batch in batches]
@@ -154,73 +166,53 @@ def check_fast_pipeline(fn: Any) -> bool:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
         dataset = fresh_caches(dataset)
-        reads["count"] = 0
+        reset()
         batches = _batches(dataset)
-        if reads["count"] != num_elements:
-            return (f"an epoch of {num_elements} records called read {reads['count']} times: "
-                    "slow_pipeline reads every record from storage exactly once")
-        return elements_problem(batches)
+        return counts_problem("in an epoch") or elements_problem(batches)
 
     def fast(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
         dataset = fresh_caches(dataset)
-        reads["most_at_once"] = reads["overlapped"] = reads["count"] = 0
-        reads["by"].clear()
+        reset()
         epoch: list[Any] = []
-        epoch_seconds(dataset, epoch)  # the mechanism first: how many reads overlapped
-        if reads["count"] != num_elements:  # a thread reading on the side reads more
-            return (f"while the check ran an epoch of {num_elements} records, read was "
-                    f"called {reads['count']} times: the overlapped reads counted must be "
-                    "this pipeline's, each record read once (reads of a thread or another "
-                    "pipeline of yours count too; a cache file an earlier call wrote reads "
-                    "none)")
-        problem = elements_problem(epoch)
-        if problem:  # the check's second call: its epoch is the one counted
-            return f"in the epoch whose reads were counted (a second call's dataset): {problem}"
-        problem = _reads_not_in(dataset)
+        epoch_seconds(dataset, epoch)  # the mechanism first: how many calls overlapped
+        problem = counts_problem("while the check counted an epoch")
         if problem:
             return problem
-        overlapped = reads["most_at_once"]
-        share = reads["overlapped"] / max(reads["count"], 1)
-        if overlapped < FAST_PIPELINE_MIN_READS_AT_ONCE:
-            return (f"at most {overlapped} read(s) waited at the same time during an epoch; "
-                    f"at least {FAST_PIPELINE_MIN_READS_AT_ONCE} must overlap (AUTOTUNE or a "
-                    "fixed number alone stops at one thread per logical CPU this process may "
-                    "use, the size of tf.data's default pool, and a read map that is not "
-                    "parallel waits one read at a time: how many reads run at once, and on "
-                    "how many threads?)")
-        if share < FAST_PIPELINE_MIN_OVERLAPPED_SHARE:
-            least = FAST_PIPELINE_MIN_READS_AT_ONCE // 2
-            return (f"{share:.0%} of the epoch's reads started while {least - 1} or more others "
-                    f"waited ({least} or more at once, the read itself included; at least "
-                    f"{FAST_PIPELINE_MIN_OVERLAPPED_SHARE:.0%} needed; {overlapped} at once at "
-                    f"most): the reads overlapped for part of the epoch only, or too few "
-                    f"waited as most of them started (fewer than {least} at a time, or small "
-                    "waves started together)")
+        problem = elements_problem(epoch)
+        if problem:  # the check's second call: its epoch is the one counted
+            return f"in the epoch whose calls were counted (a second call's dataset): {problem}"
+        problem = calls_problem(dataset, stages)
+        if problem:
+            return problem
+        # both stages judged, both named: a step that waits one call at a time also starves
+        # the parallel one beside it, whose count then drops too
+        problems = [overlap_problem(calls, name, FAST_PIPELINE_MIN_READS_AT_ONCE,
+                                    FAST_PIPELINE_MIN_OVERLAPPED_SHARE, advice)
+                    for calls, name, advice in ((lookups, "is_current", _LOOKUPS_ADVICE),
+                                                (reads, "read", _READS_ADVICE))]
+        if any(problems):
+            return "; and ".join(problem for problem in problems if problem)
+        overlapped = (reads["most_at_once"], lookups["most_at_once"])
         # Slow and fast timed the same way: fresh pipelines, one epoch each, in turns; every
-        # timed epoch of yours must read every record (a pipeline kept from an earlier call
+        # timed epoch of yours must make every call (a pipeline kept from an earlier call
         # that reads nothing is not faster, it skips the work).
         rounds = []
         for _ in range(FAST_PIPELINE_ROUNDS):
-            slow = epoch_seconds(slow_pipeline(source(), read, decode, batch_size), [])
-            reads["count"] = 0
-            reads["by"].clear()
-            yours = fn(source(), read, decode, batch_size)
+            slow = epoch_seconds(slow_pipeline(source(), read, is_current, decode, batch_size),
+                                 [])
+            reset()
+            yours = fn(source(), read, is_current, decode, batch_size)
             if not _is_dataset(yours):
                 return f"a fresh call returned a {type(yours).__name__}, not a tf.data.Dataset"
             yours, epoch = fresh_caches(yours), []
             rounds.append((slow, epoch_seconds(yours, epoch)))  # both keep their batches
-            if reads["count"] != num_elements:
-                return (f"a timed epoch of a fresh call read {reads['count']} of "
-                        f"{num_elements} records: every epoch reads from storage (did this "
-                        "call's pipeline read the source it was given?)")
-            problem = elements_problem(epoch)
+            problem = (counts_problem("in a timed epoch of a fresh call (did it use the "
+                                      "source it was given?)")
+                       or elements_problem(epoch) or calls_problem(yours, stages))
             if problem:
                 return f"in a timed epoch (a fresh call's dataset): {problem}"
-            problem = _reads_not_in(yours)
-            if problem:
-                return problem
         slow_seconds = float(np.median([slow for slow, _ in rounds]))
         fast_seconds = float(np.median([quick for _, quick in rounds]))
         speedup = slow_seconds / fast_seconds
@@ -228,21 +220,24 @@ def check_fast_pipeline(fn: Any) -> bool:
             return (f"expected at least ×{FAST_PIPELINE_MIN_SPEEDUP:g} over the slow pipeline, "
                     f"got ×{speedup:.2f} (medians of {FAST_PIPELINE_ROUNDS} epochs each, timed "
                     f"in turns: slow {slow_seconds:.2f} s, yours {fast_seconds:.2f} s; "
-                    f"{overlapped} reads overlapped)")
-        print(f"   {overlapped} reads waited at once; speed-up over the slow pipeline: "
-              f"×{speedup:.1f} (at least ×{FAST_PIPELINE_MIN_SPEEDUP:g} needed, medians of "
-              f"{FAST_PIPELINE_ROUNDS} epochs each, in turns)")
+                    f"{overlapped[0]} reads, {overlapped[1]} lookups overlapped)")
+        print(f"   {overlapped[0]} reads and {overlapped[1]} lookups waited at once; speed-up "
+              f"over the slow pipeline: ×{speedup:.1f} (at least "
+              f"×{FAST_PIPELINE_MIN_SPEEDUP:g} needed, medians of {FAST_PIPELINE_ROUNDS} "
+              "epochs each, in turns)")
         return None
 
     cases = [
-        Case(args=(source(), read, decode, batch_size), label=f"{call}: elements",
+        Case(args=(source(), read, is_current, decode, batch_size), label=f"{call}: elements",
              verify=correct),
-        Case(args=(source(), read, decode, batch_size), label=f"{call}: speed", verify=fast),
+        Case(args=(source(), read, is_current, decode, batch_size), label=f"{call}: speed",
+             verify=fast),
     ]
     return run_check(
         "fast_pipeline", fn, cases,
-        hint="which stage waits, how many of its calls may run at once, and on how many "
-             "of tf.data's threads? Lesson 01, sections 3 and 4.")
+        hint="which steps wait, how many of their calls may run at once, and on how many "
+             "of tf.data's threads? Which step has no num_parallel_calls? Lesson 01, "
+             "sections 3 and 4.")
 
 
 # --- Exercise 2 · shuffle examples, not batches ----------------------------------------------
