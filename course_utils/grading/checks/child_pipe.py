@@ -26,8 +26,7 @@ credentials from before the spawn) and leaves a pipe with no reader (the log is 
 is not made yet, and bytes written through the standard output are added to the copy, as bytes
 written to the pipe are. The functions here, and the child's command :data:`COPY`, are bound by
 the logs that use them when the course is imported (lesson 04's
-:mod:`~course_utils.grading.checks.coordinator_watch`, lesson 08's
-:mod:`~course_utils.grading.checks.pipe_log`)."""
+:mod:`~course_utils.grading.checks.coordinator_watch`)."""
 
 from __future__ import annotations
 

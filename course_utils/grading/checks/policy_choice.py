@@ -1,0 +1,337 @@
+"""Lesson 08, exercise 1: choose a dtype policy for a model from measurements of its own training.
+
+``check_choose_policy(choose_policy)`` hands the learner's function black-box models (a builder
+that reads the global dtype policy in force when it is called) and fresh data, twice. Every
+training step of a model waits a time the check drew for its policy (16-bit faster or slower, as
+hardware with or without a 16-bit path would be), and its first epoch waits longer, once, while
+the step is traced. In one case the model holds values beyond float16's range (a ``Rescaling``
+by 2^17 and back: exact in float32 and bfloat16, ``inf`` in float16), so ``mixed_float16`` is
+the fastest and does not train. The model's last layer records every training step (which
+batch, when it waited, the first step's logits) and its ``fit`` records when each call began and
+returned, so the check reads the work: the start (the first step's logits equal the model's
+on the first batch from ``initial_weights``), the batches (unshuffled, in order, ``EPOCHS``
+epochs), the interleaving (every policy's timed epoch of round k ends before any of round k + 1
+begins), the timing (each reported time lies between the waits of that model's timed epochs and
+the durations of its ``fit`` calls that ran them: a timing that includes the traced first epoch
+or skips the time between steps misses), the optimizer, the dtypes and the restored global
+policy; it computes the held-out quality of each returned model itself and expects the fastest
+policy (by its drawn waits, which dwarf the machine's own differences) among those whose
+held-out loss is finite and within the tolerances of float32's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from course_utils.grading.checks.answer_reach import peeks_refused, plain_number, weights_of
+from course_utils.grading.checks.registry import register
+from course_utils.grading.framework import Case, fresh_rng, run_check
+
+__all__ = ["ACCURACY_TOLERANCE", "BATCH_SIZE", "EPOCHS", "LOSS_TOLERANCE", "POLICIES",
+           "check_choose_policy"]
+
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+#: Epochs per policy (the first traces the step and is not timed), batch size, tolerances.
+EPOCHS, BATCH_SIZE = 3, 64
+ACCURACY_TOLERANCE, LOSS_TOLERANCE = 0.05, 0.05
+#: The fastest policy's wait per step (seconds, drawn); the next waits 2.5-3 times that, the
+#: slowest 1.5-2 times the next: differences far above a tiny model's own step time.
+FASTEST_WAIT_S, NEXT_FACTOR, LAST_FACTOR = (0.05, 0.07), (2.5, 3.0), (1.5, 2.0)
+#: The fastest model's extra wait while its step is traced (its first epoch only).
+TRACE_WAIT_S = 2.0
+#: The global policies in force when the learner's function is called, one drawn per case.
+FOUND_POLICIES = ("bfloat16", "float64", "mixed_bfloat16")
+_BOUND = {"clock": time.perf_counter, "sleep": time.sleep}  # bound when the course is imported
+
+
+def _keras() -> Any:
+    from course_utils.quiet import import_tensorflow
+
+    import_tensorflow()
+    import keras
+
+    return keras
+
+
+def _builder(num_features: int, num_classes: int, units: int, loud: bool,
+             waits: dict[str, float], trace: dict[str, float], log: dict[str, Any]
+             ) -> Callable[[], Any]:
+    """An MLP whose training steps wait by the policy in force when it was built, recording
+    each step into ``log``; ``loud`` adds a Rescaling by 2^17 and back before the first layer."""
+    keras = _keras()
+    import tensorflow as tf
+
+    now, sleep = _BOUND["clock"], _BOUND["sleep"]
+
+    def make_model() -> Any:
+        policy = keras.mixed_precision.global_policy().name
+        run = {"policy": policy, "steps": [], "fits": [], "first_logits": None}
+        log["runs"].append(run)
+        wait = waits.get(policy, max(waits.values()))
+
+        class StepRecord(keras.layers.Layer):
+            """Returns the logits; in a training step, records the batch and waits."""
+
+            def call(self, inputs: Any, training: bool | None = None) -> Any:
+                features, logits = inputs
+                if not training:
+                    return logits
+                if not tf.executing_eagerly():
+                    sleep(trace.get(policy, 0.0))  # Python runs once, while it is traced
+
+                def record(batch: Any, out: Any) -> np.ndarray:
+                    start = now()
+                    if run["first_logits"] is None:
+                        run["first_logits"] = np.array(out)
+                    sleep(wait)
+                    run["steps"].append((start, now(), np.array(batch).sum(axis=1)))
+                    return np.float32(0.0)
+
+                zero = tf.py_function(record, [features, logits], tf.float32)
+                return logits + tf.reshape(tf.stop_gradient(zero), [])
+
+        inputs = keras.Input((num_features,), name="features")
+        hidden = inputs
+        if loud:  # exact in float32 and bfloat16; inf in float16 (section 1)
+            hidden = keras.layers.Rescaling(2.0**17, name="up")(hidden)
+            hidden = keras.layers.Rescaling(2.0**-17, name="down")(hidden)
+        for index in range(2):
+            hidden = keras.layers.Dense(units, activation="relu", name=f"dense_{index}")(hidden)
+        logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(hidden)
+        outputs = StepRecord(dtype="float32", name="record")([inputs, logits])
+        model = keras.Model(inputs, outputs)
+        fit = model.fit
+
+        def recorded_fit(*args: Any, **kwargs: Any) -> Any:
+            began, steps = now(), len(run["steps"])
+            try:
+                return fit(*args, **kwargs)
+            finally:
+                run["fits"].append((began, now(), steps, len(run["steps"])))
+
+        model.fit = recorded_fit
+        return model
+
+    return make_model
+
+
+def _held_out(model: Any, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    keras = _keras()
+    logits = np.asarray(model(x, training=False), np.float32)
+    loss = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+    return float(np.mean(np.asarray(loss))), float(np.mean(np.argmax(logits, axis=-1) == y))
+
+
+def _result_problem(result: Any) -> str | None:
+    if type(result) is not dict or set(result) != {"policy", "runs"} or type(
+            result["runs"]) is not dict or set(result["runs"]) != set(POLICIES):
+        return ("expected {'policy': one of " f"{list(POLICIES)}, 'runs': " "{policy: {'model', "
+                "'loss', 'accuracy', 'seconds_per_step'}} for each of the three policies}")
+    for policy, run in result["runs"].items():
+        if type(run) is not dict or set(run) != {"model", "loss", "accuracy",
+                                                 "seconds_per_step"}:
+            return f"runs[{policy!r}] should be a dict with model, loss, accuracy, seconds_per_step"
+        if any(type(plain_number(run[key])) not in (int, float)
+               for key in ("loss", "accuracy", "seconds_per_step")):
+            return (f"runs[{policy!r}]: loss, accuracy and seconds_per_step should be numbers "
+                    "(Python's, NumPy's or scalar tensors, not a subclass of them)")
+    if result["policy"] not in POLICIES or type(result["policy"]) is not str:
+        return f"'policy' should be one of {list(POLICIES)}, got {result['policy']!r}"
+    return None
+
+
+def _work_problem(log: dict[str, Any], x: np.ndarray, steps: int) -> str | None:
+    """Each policy's model built once, trained EPOCHS unshuffled epochs, interleaved."""
+    built = [run["policy"] for run in log["runs"]]
+    trained = {run["policy"]: run for run in log["runs"] if run["steps"]}
+    missing = [p for p in POLICIES if p not in trained]
+    if missing or len(trained) != len([run for run in log["runs"] if run["steps"]]):
+        return (f"the models you trained were built under {built} (the global policy in force "
+                f"when make_model ran): train one model under each of {list(POLICIES)}, built "
+                f"inside that policy (missing: {missing or 'none; one policy twice'})")
+    order = [x[i:i + BATCH_SIZE].sum(axis=1) for i in range(0, len(x), BATCH_SIZE)]
+    for policy, run in trained.items():
+        if len(run["steps"]) != EPOCHS * steps:
+            return (f"the {policy} model ran {len(run['steps'])} training steps, not "
+                    f"{EPOCHS} epochs of {steps}: train each model exactly {EPOCHS} epochs")
+        for index, (_, _, rows) in enumerate(run["steps"]):
+            if rows.shape != order[index % steps].shape or not np.allclose(
+                    rows, order[index % steps], rtol=1e-5, atol=1e-5):
+                return (f"the {policy} model's step {index} did not train on batch "
+                        f"{index % steps} of x in order: train on the same batches in the same "
+                        f"order under every policy (batches of {BATCH_SIZE}, shuffle=False)")
+    for k in range(1, EPOCHS - 1):  # timed round k ends before round k + 1 begins
+        ends = {p: run["steps"][(k + 1) * steps - 1][1] for p, run in trained.items()}
+        begins = {p: run["steps"][(k + 1) * steps][0] for p, run in trained.items()}
+        late = [(a, b) for a in POLICIES for b in POLICIES if ends[a] > begins[b]]
+        if late:
+            return (f"the {late[0][0]} model's timed epoch {k + 1} ended after the "
+                    f"{late[0][1]} model's epoch {k + 2} began: time the policies in "
+                    "interleaved rounds (one epoch of each per round, after every first epoch), "
+                    "so that whatever else the machine does slows all of them alike")
+    return None
+
+
+def _timing_problem(policy: str, run: dict[str, Any], reported: float, steps: int) -> str | None:
+    """The reported steady time per step lies between this model's timed waits and the
+    durations of the fit calls that ran only timed epochs."""
+    timed = run["steps"][steps:]
+    per_epoch = [sum(end - start for start, end, _ in timed[i:i + steps]) / steps
+                 for i in range(0, len(timed), steps)]
+    fits = [(end - began) / (last - first) for began, end, first, last in run["fits"]
+            if first >= steps and last > first]
+    if not fits:
+        return (f"the {policy} model's epochs after the first did not run in calls of its fit "
+                "of their own: train and time them with fit, one epoch per call")
+    lower, upper = 0.95 * min(per_epoch), 1.05 * max(fits) + 0.002
+    if not lower <= reported <= upper:
+        return (f"seconds_per_step for {policy} is {reported * 1e3:.1f} ms, but that model's "
+                f"epochs after the first took between {lower * 1e3:.1f} and {upper * 1e3:.1f} "
+                "ms per step (its steps wait on purpose, a time drawn per policy; its first "
+                "epoch waits longer while the step is traced). Time each epoch after the first "
+                "from before its fit to after it returns, and divide by its steps")
+    return None
+
+
+def _model_problem(policy: str, model: Any, run: dict[str, Any], start: Any) -> str | None:
+    keras = _keras()
+    compute = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
+    wrong = [layer.name for layer in model.layers if layer.name.startswith("dense_")
+             and layer.compute_dtype != compute[policy]]
+    if wrong or any(v.dtype != "float32" for v in model.weights):
+        return (f"the {policy} model should compute its hidden layers in {compute[policy]} "
+                f"with float32 variables: {wrong} do not (build it inside the policy)")
+    optimizer = model.optimizer
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    inner = optimizer.inner_optimizer if scaled else optimizer
+    if policy == "mixed_float16" and not scaled:
+        return "the mixed_float16 model should train with a LossScaleOptimizer (section 4)"
+    if not isinstance(inner, keras.optimizers.Adam) or not math.isclose(
+            float(np.asarray(inner.learning_rate)), 0.01, rel_tol=1e-6):
+        return f"the {policy} model should be compiled with keras.optimizers.Adam(0.01)"
+    expected = np.asarray(start(policy), np.float32)
+    got = run["first_logits"]
+    if got is None or got.shape != expected.shape or not np.allclose(
+            got, expected, atol=0.05, rtol=0.05, equal_nan=True):
+        return (f"the {policy} model's first training step computed other logits than the "
+                "model does on the first batch from initial_weights: start every policy from "
+                "initial_weights")
+    weights_of(model)  # refuses a get_weights set on the model
+    return None
+
+
+def _expected(quality: dict[str, tuple[float, float]], waits: dict[str, float]) -> str:
+    loss32, accuracy32 = quality["float32"]
+    eligible = [p for p, (loss, accuracy) in quality.items() if math.isfinite(loss)
+                and abs(loss / loss32 - 1) <= LOSS_TOLERANCE
+                and abs(accuracy - accuracy32) <= ACCURACY_TOLERANCE]
+    return min(eligible, key=lambda p: waits[p])
+
+
+class _UnderFoundPolicy:
+    """The learner's ``fn``, called with the case's global policy in force first (``func``:
+    the framework finds the course's own functions behind it, by identity)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.func, self.__wrapped__ = fn, fn
+
+    def __call__(self, found: str, *args: Any) -> Any:
+        from course_utils.grading.framework import _is_stub_raise
+
+        _keras().mixed_precision.set_global_policy(found)
+        try:
+            return self.func(*args)
+        except NotImplementedError as error:
+            if _is_stub_raise(self.func, error):
+                raise
+            raise RuntimeError(f"NotImplementedError from a library call: {error}") from error
+
+
+def _case(rng: Any, loud: bool, found: str) -> Case:
+    from course_utils.grading.checks.overflow import _inputs
+
+    x_all, y_all, num_features, num_classes = _inputs(rng, 4 * BATCH_SIZE + 256)
+    x, y, held_x, held_y = (x_all[:3 * BATCH_SIZE], y_all[:3 * BATCH_SIZE],
+                            x_all[3 * BATCH_SIZE:], y_all[3 * BATCH_SIZE:])
+    units, steps = rng.choice([16, 24, 32]), 3
+    order = ["mixed_float16", *rng.sample(["float32", "mixed_bfloat16"], 2)]  # fastest first
+    first = rng.uniform(*FASTEST_WAIT_S)
+    second = first * rng.uniform(*NEXT_FACTOR)
+    waits = dict(zip(order, (first, second, second * rng.uniform(*LAST_FACTOR)), strict=True))
+    trace = {"mixed_float16": TRACE_WAIT_S}
+    log: dict[str, Any] = {"runs": []}
+    make_model = _builder(num_features, num_classes, units, loud, waits, trace, log)
+    keras = _keras()
+    keras.mixed_precision.set_global_policy("float32")
+    initial_weights = make_model().get_weights()
+    log["runs"].clear()
+
+    def start(policy: str) -> Any:
+        from course_utils.training.precision import policy_scope
+
+        with policy_scope(policy):
+            model = _builder(num_features, num_classes, units, loud, waits, {},
+                             {"runs": []})()
+        model.set_weights(initial_weights)
+        return model(x[:BATCH_SIZE], training=False)
+
+    def verify(result: Any) -> str | None:
+        policy_now = keras.mixed_precision.global_policy().name
+        if policy_now != found:
+            keras.mixed_precision.set_global_policy(found)
+            return (f"the global policy was left at {policy_now!r}, not as your function found "
+                    f"it ({found!r}, drawn per case): restore what was in force")
+        problem = _result_problem(result) or _work_problem(log, x, steps)
+        if problem:
+            return problem
+        runs, trained = result["runs"], {run["policy"]: run for run in log["runs"]
+                                         if run["steps"]}
+        quality = {}
+        for policy in POLICIES:
+            reported = float(plain_number(runs[policy]["seconds_per_step"]))
+            problem = (_timing_problem(policy, trained[policy], reported, steps)
+                       or _model_problem(policy, runs[policy]["model"], trained[policy], start))
+            if problem:
+                return problem
+            quality[policy] = _held_out(runs[policy]["model"], held_x, held_y)
+            loss, accuracy = (float(plain_number(runs[policy][k])) for k in ("loss", "accuracy"))
+            if not (math.isclose(loss, quality[policy][0], rel_tol=1e-3) or (
+                    math.isnan(loss) and math.isnan(quality[policy][0]))) or not math.isclose(
+                    accuracy, quality[policy][1], abs_tol=1.5 / len(held_x)):
+                return (f"runs[{policy!r}] reports held-out loss {loss:.4g} and accuracy "
+                        f"{accuracy:.1%}, but its model gives {quality[policy][0]:.4g} and "
+                        f"{quality[policy][1]:.1%} on held_out_x: evaluate the trained model")
+        want = _expected(quality, waits)
+        if result["policy"] != want:
+            return (f"you chose {result['policy']!r}, but the fastest policy whose held-out "
+                    f"quality is within the tolerances of float32's is {want!r} (held-out "
+                    "loss, accuracy: " + ", ".join(f"{p} {q[0]:.4g}, {q[1]:.1%}" for p, q in
+                                                  quality.items()) + ")")
+        return None
+
+    label = ("(make_model, initial_weights, x, y, held_out_x, held_out_y; the global policy "
+             f"found: {found!r})")
+    return Case(args=(found, make_model, initial_weights, x, y, held_x, held_y),
+                verify=verify, label=label)
+
+
+@register
+def check_choose_policy(fn: Any) -> bool:
+    """Check ``choose_policy(make_model, initial_weights, x, y, held_out_x, held_out_y)``."""
+    peeks_refused("choose_policy", fn)
+    rng = fresh_rng()
+    keras = _keras()
+    before = keras.mixed_precision.global_policy()
+    found = rng.sample(FOUND_POLICIES, 2)
+    try:
+        cases = [_case(rng, False, found[0]), _case(rng, True, found[1])]
+        return run_check("choose_policy", _UnderFoundPolicy(fn), cases, hint=(
+            "lesson 08, section 2 (policy_scope), 8 (the same start) and 9 (interleaved "
+            "rounds, the first call excluded); section 1 for what float16 cannot hold."))
+    finally:
+        keras.mixed_precision.set_global_policy(before)
