@@ -40,6 +40,25 @@ def stub(*args):
 # --- choose_policy ---------------------------------------------------------------------------
 
 
+def test_the_exercises_numbers_are_the_checks():
+    """The exercise names the check's numbers as literals (the check's module is not the
+    learner's): they must be the ones the check uses."""
+    import json
+
+    from course_utils.grading.checks import policy_choice
+
+    for folder in ("solutions", "exercises"):
+        notebook = Path(__file__).resolve().parents[1] / folder
+        cells = json.loads(next(notebook.glob("08_*.ipynb")).read_text())["cells"]
+        source = next("".join(cell["source"]) for cell in cells
+                      if "".join(cell["source"]).lstrip().startswith("# What the check asks"))
+        named: dict = {}
+        exec(source, named)  # noqa: S102 - the course's own notebook cell
+        for name in ("POLICIES", "EPOCHS", "BATCH_SIZE", "LOSS_TOLERANCE",
+                     "ACCURACY_TOLERANCE"):
+            assert named[name] == getattr(policy_choice, name), (folder, name)
+
+
 def chooser(keras, *, interleave=True, set_start=True, shuffle=False, epoch_log=None):
     """``choose_policy``, right by default; each argument makes one mistake."""
     from course_utils.grading.checks.policy_choice import (
