@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 import course_utils as cu
 from course_utils.grading.checks import lesson_05, settings_rules
 from course_utils.grading.framework import NotAttemptedError, strict_checks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
+from catalogue_routes import catalogue_params  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
@@ -37,32 +42,6 @@ def tpu_settings(replicas, max_global_batch, host_overhead_ms, step_ms, max_over
     while host_overhead_ms / n > max_overhead_fraction * step_ms:
         n += 1
     return per_replica, max(1, min(n, steps))
-
-
-def make_train_steps(strategy, model, optimizer, global_batch_size, penalty="scaled",
-                     mean=False):
-    import keras
-    import tensorflow as tf
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            per_example = keras.losses.sparse_categorical_crossentropy(
-                y, model(x, training=True), from_logits=True)
-            loss = (tf.reduce_mean(per_example) if mean else  # the colleague's mean
-                    tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size))
-            if penalty == "scaled":
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-            elif penalty == "whole on every replica":
-                loss += tf.add_n(model.losses)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-
-    @tf.function
-    def train_steps(iterator, steps):
-        for _ in tf.range(steps):
-            strategy.run(replica_step, args=next(iterator))
-
-    return train_steps
 
 
 def stub(*args):
@@ -276,175 +255,6 @@ def test_constant_settings_fail():
         cu.grading.check_tpu_settings(lambda *args: (128, 1))
 
 
-@pytest.mark.solution_passes
-def test_the_reference_training_function_passes():
-    assert cu.grading.check_train_steps(make_train_steps) is True
-
-
-def test_the_lessons_cell_without_the_penalty_fails():
-    def lesson_cell(strategy, model, optimizer, global_batch_size):
-        return make_train_steps(strategy, model, optimizer, global_batch_size, penalty=None)
-
-    with pytest.raises(AssertionError, match="differ from one device"):
-        cu.grading.check_train_steps(lesson_cell)
-
-
-def test_a_penalty_added_whole_on_every_replica_fails():
-    def unscaled(strategy, model, optimizer, global_batch_size):
-        return make_train_steps(strategy, model, optimizer, global_batch_size,
-                                penalty="whole on every replica")
-
-    with pytest.raises(AssertionError, match="differ from one device"):
-        cu.grading.check_train_steps(unscaled)
-
-
-def test_a_constant_function_that_trains_nothing_fails():
-    import tensorflow as tf
-
-    def does_nothing(strategy, model, optimizer, global_batch_size):
-        return tf.function(lambda iterator, steps: None)
-
-    with pytest.raises(AssertionError, match="did not change"):
-        cu.grading.check_train_steps(does_nothing)
-
-
-def test_dividing_by_the_per_replica_batch_fails():
-    def per_replica_mean(strategy, model, optimizer, global_batch_size):
-        replicas = strategy.num_replicas_in_sync
-        return make_train_steps(strategy, model, optimizer, global_batch_size // replicas)
-
-    with pytest.raises(AssertionError, match="global batch"):
-        cu.grading.check_train_steps(per_replica_mean)
-
-
-def _two_replicas_typed(strategy, model, optimizer, global_batch_size, typed, mean):
-    """The attacker's answers: the loss written for the notebook's 2 replicas, the count typed
-    (the examples' mean halved, or the global batch right and the penalty halved). Typed as
-    the MirroredStrategy's count in this process (4 logical devices here, 2 in the notebook),
-    it passes case 1 and must fail case 2, on one device."""
-    import keras
-    import tensorflow as tf
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            per_example = keras.losses.sparse_categorical_crossentropy(
-                y, model(x, training=True), from_logits=True)
-            if mean:
-                loss = tf.reduce_mean(per_example) / typed + tf.add_n(model.losses) / typed
-            else:
-                loss = (tf.reduce_sum(per_example) / global_batch_size
-                        + tf.add_n(model.losses) / typed)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-
-    @tf.function
-    def train_steps(iterator, steps):
-        for _ in tf.range(steps):
-            strategy.run(replica_step, args=next(iterator))
-
-    return train_steps
-
-
-def test_a_loss_for_two_replicas_typed_fails_on_one_device():
-    """The penalty halved by a typed count (the global batch right): it passes case 1 and
-    fails case 2, as the attacker's ``reduce_mean / 2 + add_n / 2`` does (``mean=True``, the
-    same typed count, not run here: each such answer trains twice, about 5 s)."""
-    mean = False
-    replicas = lesson_05._mirrored_strategy().num_replicas_in_sync  # what the learner sees
-
-    def typed(strategy, model, optimizer, global_batch_size):
-        return _two_replicas_typed(strategy, model, optimizer, global_batch_size, replicas,
-                                   mean)
-
-    with pytest.raises(AssertionError, match=r"case 2 \(one device.*on 1 replica the "
-                                             "weights differ from one device"):
-        cu.grading.check_train_steps(typed)
-
-
-def test_a_function_that_traces_per_step_count_fails():
-    import tensorflow as tf
-
-    # a planted function that traced once for each of the two calls
-    class TracesEachCount(tf.types.experimental.PolymorphicFunction):
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __call__(self, iterator, steps):
-            return self.inner(iterator, steps)
-
-        def experimental_get_tracing_count(self):
-            return 2
-
-        function_type = get_concrete_function = None
-
-    def retraces(strategy, model, optimizer, global_batch_size):
-        return TracesEachCount(make_train_steps(strategy, model, optimizer, global_batch_size))
-
-    with pytest.raises(AssertionError, match="traced 2 times"):
-        cu.grading.check_train_steps(retraces)
-
-
-def test_a_plain_python_function_is_told_to_use_tf_function():
-    def not_compiled(strategy, model, optimizer, global_batch_size):
-        return make_train_steps(strategy, model, optimizer, global_batch_size).python_function
-
-    with pytest.raises(AssertionError, match="expected a tf.function"):
-        cu.grading.check_train_steps(not_compiled)
-
-
-def test_one_call_a_step_in_python_fails():
-    import tensorflow as tf
-
-    def python_loop(strategy, model, optimizer, global_batch_size):
-        inner = make_train_steps(strategy, model, optimizer, global_batch_size)
-
-        def train_steps(iterator, steps):  # a host round-trip for every step
-            for _ in range(int(steps)):
-                inner(iterator, tf.constant(1))
-
-        train_steps.experimental_get_tracing_count = inner.experimental_get_tracing_count
-        return train_steps
-
-    with pytest.raises(AssertionError, match="returned function, expected a tf.function"):
-        cu.grading.check_train_steps(python_loop)
-
-
-def test_one_step_a_call_fails():
-    import tensorflow as tf
-
-    def one_step(strategy, model, optimizer, global_batch_size):
-        inner = make_train_steps(strategy, model, optimizer, global_batch_size)
-
-        @tf.function
-        def train_steps(iterator, steps):
-            return inner(iterator, tf.constant(1))
-
-        return train_steps
-
-    with pytest.raises(AssertionError, match="differ from one device"):
-        cu.grading.check_train_steps(one_step)
-
-
-def test_the_reference_reached_only_when_traced_fails():
-    def reference_when_traced(strategy, model, optimizer, global_batch_size):
-        import tensorflow as tf
-
-        inner = make_train_steps(strategy, model, optimizer, global_batch_size)
-
-        @tf.function(autograph=False)  # AutoGraph's copies: tests/test_call_guard.py
-        def train_steps(iterator, steps):  # make_train_steps itself runs nothing of the check's
-            try:  # entered (then failing on these arguments): what the guard records
-                lesson_05._one_device_weights(model, optimizer, None, 0)
-            except AttributeError:
-                pass
-            inner(iterator, steps)
-
-        return train_steps
-
-    with pytest.raises(AssertionError, match="traced and run: .*_one_device_weights"):
-        cu.grading.check_train_steps(reference_when_traced)
-
-
 @pytest.mark.parametrize("name", ["check_make_tpu_ready", "check_tpu_settings",
                                   "check_train_steps"])
 def test_a_stub_is_not_attempted_and_fails_in_strict_mode(name, capsys):
@@ -645,123 +455,6 @@ def _in_a_thread(*args):
 def test_the_settings_verifier_reached_from_the_check_module_fails(answer):
     with pytest.raises(AssertionError, match="ran the course's settings_problem"):
         cu.grading.check_tpu_settings(answer)
-
-
-def test_the_checks_one_device_training_imported_fails():
-    def imported(strategy, model, optimizer, global_batch_size):
-        try:  # entered (then failing on these arguments): what the guard records
-            lesson_05._one_device_weights(model, optimizer, None, 0)
-        except AttributeError:
-            pass
-        return make_train_steps(strategy, model, optimizer, global_batch_size)
-
-    with pytest.raises(AssertionError, match="ran the course's _one_device_weights"):
-        cu.grading.check_train_steps(imported)
-
-
-def test_the_checks_one_device_step_under_strategy_run_fails():
-    """The check's one-device training written out as the answer (the exercise's given code:
-    the examples' mean and the whole penalty on every replica) fails under the strategy."""
-    import keras
-    import tensorflow as tf
-
-    def one_device_step(strategy, model, optimizer, global_batch_size):
-        def replica_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                    y, model(x, training=True), from_logits=True)) + tf.add_n(model.losses)
-            gradients = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-
-        @tf.function
-        def train_steps(iterator, steps):
-            for _ in tf.range(steps):
-                strategy.run(replica_step, args=next(iterator))
-
-        return train_steps
-
-    with pytest.raises(AssertionError, match=r"case 1 \(MirroredStrategy.*differ from one "
-                                             "device"):
-        cu.grading.check_train_steps(one_device_step)
-
-
-@pytest.mark.solution_passes
-def test_the_loss_and_penalty_divided_by_the_replicas_read_passes():
-    """The reader's hand-written answer (nb29-05 L2): (mean + penalty) / replicas, the count
-    read from the strategy; right for equal per-replica batches."""
-    import keras
-    import tensorflow as tf
-
-    def by_hand(strategy, model, optimizer, global_batch_size):
-        replicas = strategy.num_replicas_in_sync
-
-        def replica_step(x, y):
-            with tf.GradientTape() as tape:
-                each = keras.losses.sparse_categorical_crossentropy(
-                    y, model(x, training=True), from_logits=True)
-                loss = (tf.reduce_mean(each) + tf.add_n(model.losses)) / replicas
-            gradients = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-
-        @tf.function
-        def train_steps(iterator, steps):
-            for _ in tf.range(steps):
-                strategy.run(replica_step, args=next(iterator))
-
-        return train_steps
-
-    assert cu.grading.check_train_steps(by_hand) is True
-
-
-def _the_course_trainers_function(strategy, model, optimizer, global_batch_size):
-    """cu.Trainer's own training function: its replica step already scales the penalty."""
-    import keras
-
-    def per_example(y, logits):
-        return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-
-    trainer = cu.Trainer(lambda: model, lambda: optimizer, per_example, strategy=strategy,
-                         verbose=0)
-    return trainer._train_function(1)
-
-
-def test_the_course_trainers_function_under_the_answers_name_fails():
-    # refused while it is made (cheap: the one-device reference is never trained); the same
-    # files are refused while train_steps is traced and run (see the reference's test below)
-    with pytest.raises(AssertionError, match="ran the course's .*cu.Trainer's"):
-        cu.grading.check_train_steps(_the_course_trainers_function)
-
-
-def _without_strategy_run(strategy, model, optimizer, global_batch_size, noop_run=False):
-    """The replicas' batches gathered and trained on as one device would: no strategy.run
-    (or a strategy.run that does nothing), the right weights made the wrong way."""
-    import keras
-    import tensorflow as tf
-
-    @tf.function
-    def train_steps(iterator, steps):
-        for _ in tf.range(steps):
-            x, y = next(iterator)
-            if noop_run:
-                strategy.run(lambda: None)
-            x = tf.concat(strategy.experimental_local_results(x), 0)
-            y = tf.concat(strategy.experimental_local_results(y), 0)
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                    y, model(x, training=True), from_logits=True)) + tf.add_n(model.losses)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-
-    return train_steps
-
-
-@pytest.mark.parametrize("noop_run", [False, True])
-def test_training_without_strategy_run_fails(noop_run):
-    def answer(strategy, model, optimizer, global_batch_size):
-        return _without_strategy_run(strategy, model, optimizer, global_batch_size, noop_run)
-
-    with pytest.raises(AssertionError, match="(never ran|context).*strategy.run"):
-        cu.grading.check_train_steps(answer)
 
 
 def test_expected_batches_imported_from_the_check_module_fail():
@@ -1235,81 +928,6 @@ def test_a_pipeline_whose_graph_cannot_be_read_is_told_so(monkeypatch):
         cu.grading.check_make_tpu_ready(make_tpu_ready)
 
 
-def keras_train_step_under_the_answers_name(strategy, model, optimizer, global_batch_size):
-    """Keras's own replica step: compile, then strategy.run(model.train_step): it scales the
-    loss and the penalty by the replicas itself, the exercise's whole fix."""
-    import keras
-    import tensorflow as tf
-
-    with strategy.scope():
-        model.compile(optimizer=optimizer,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-
-    @tf.function
-    def train_steps(iterator, steps):
-        for _ in tf.range(steps):
-            strategy.run(model.train_step, args=(next(iterator),))
-
-    return train_steps
-
-
-def test_kerass_own_train_step_is_refused():
-    with pytest.raises(AssertionError, match="your function ran Keras's .*write the replica "
-                                             "step yourself"):
-        cu.grading.check_train_steps(keras_train_step_under_the_answers_name)
-
-
-def test_kerass_train_step_with_the_compiled_flag_cleared_is_refused():
-    """nb31-05 L3: the model's ``compiled`` flag cleared at trace time; Keras's trainer is
-    refused by file, whatever the model's attributes say."""
-    import tensorflow as tf
-
-    def flag_cleared(strategy, model, optimizer, global_batch_size):
-        inner = keras_train_step_under_the_answers_name(strategy, model, optimizer,
-                                                        global_batch_size)
-
-        @tf.function
-        def train_steps(iterator, steps):
-            inner(iterator, steps)
-            model.compiled = False  # runs once, when traced
-
-        return train_steps
-
-    with pytest.raises(AssertionError, match="your function ran Keras's compile "
-                                             r"\(Keras's trainer\)"):
-        cu.grading.check_train_steps(flag_cleared)
-
-
-def test_the_learning_rate_divided_by_the_replicas_is_refused():
-    """nb31-05 L2: the colleague's loss (each replica's mean, the whole penalty) with SGD's
-    learning rate divided by the replicas matches one device's weights; the optimizer's
-    settings are compared."""
-    def rate_over_replicas(strategy, model, optimizer, global_batch_size):
-        optimizer.learning_rate.assign(optimizer.learning_rate
-                                       / strategy.num_replicas_in_sync)
-        return make_train_steps(strategy, model, optimizer, global_batch_size,
-                                penalty="whole on every replica", mean=True)
-
-    with pytest.raises(AssertionError, match=r"the optimizer's settings \(its learning rate\) "
-                                             "changed"):
-        cu.grading.check_train_steps(rate_over_replicas)
-
-
-def test_a_jit_compiled_step_fails_with_a_hint():
-    """nb31-05 R1: XLA under a MirroredStrategy over two devices raises an OpError, reported
-    as the case's failure, not a traceback into the check."""
-    import tensorflow as tf
-
-    def compiled(strategy, model, optimizer, global_batch_size):
-        step = make_train_steps(strategy, model, optimizer, global_batch_size)
-        return tf.function(step.python_function, jit_compile=True)
-
-    with pytest.raises(AssertionError, match="InvalidArgumentError under MirroredStrategy: "
-                                             ".*jit_compile=True fails under this "):
-        cu.grading.check_train_steps(compiled)
-
-
-
 def test_settings_found_when_the_check_reads_them_fail():
     # nb32-0508 L05 ex2 later: objects whose __index__, run by the check after the answer
     # returned (nothing refused then), drove the check's own rules as a search, passed
@@ -1338,20 +956,314 @@ def test_settings_found_when_the_check_reads_them_fail():
         cu.grading.check_tpu_settings(tpu_settings)
 
 
-def test_a_get_weights_set_on_the_model_fails():
-    # nb32-0508 L05 ex3 lazy_weights: the colleague's unfixed step, and a get_weights set on
-    # the model that handed the check its own one-device weights (read from verify's frame:
-    # the frame watch refuses that now; here it hands back the model's own), passed
+# --- Exercise 3 · a padded-token loss under any strategy ----------------------------------------
+# Each answer is a replica loss (model, x, y, global_batch_size) put into the same training
+# function, or a whole make_train_steps. A check call trains the answer (up to twice) and one
+# device's reference once, about a second each here.
 
-    def lazy_weights(strategy, model, optimizer, global_batch_size):
-        real = model.get_weights
 
-        def get_weights():
-            return real()
+def _per_token(model, x, y):
+    import keras
 
-        object.__setattr__(model, "get_weights", get_weights)
-        return make_train_steps(strategy, model, optimizer, global_batch_size,
-                                penalty="whole on every replica", mean=True)
+    return keras.losses.sparse_categorical_crossentropy(y, model(x, training=True),
+                                                        from_logits=True)
 
-    with pytest.raises(AssertionError, match="set get_weights on the model itself"):
-        cu.grading.check_train_steps(lazy_weights)
+
+def _real(x, dtype="float32"):
+    import tensorflow as tf
+
+    return tf.cast(x != 0, dtype)
+
+
+def _train_steps_with(replica_loss):
+    """make_train_steps with ``replica_loss`` in section 9's training function."""
+    import tensorflow as tf
+
+    def make(strategy, model, optimizer, global_batch_size):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = replica_loss(model, x, y, global_batch_size)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+        @tf.function
+        def train_steps(iterator, steps):
+            for _ in tf.range(steps):
+                strategy.run(replica_step, args=next(iterator))
+
+        return train_steps
+
+    return make
+
+
+def _global_token_mean(model, x, y, global_batch_size):  # the solution's loss
+    import tensorflow as tf
+
+    real = _real(x)
+    tokens = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.reduce_sum(real))
+    return tf.reduce_sum(_per_token(model, x, y) * real) / tokens
+
+
+def _counted_in_cross_replica_context(strategy, model, optimizer, global_batch_size):
+    """The real tokens counted outside strategy.run (a cross-replica reduce) and handed in,
+    compute_average_loss with the mask as weights, and AutoGraph's range(steps)."""
+    import tensorflow as tf
+
+    def replica_step(x, y, tokens):
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(_per_token(model, x, y), sample_weight=_real(x),
+                                              global_batch_size=tokens)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+
+    @tf.function
+    def train_steps(iterator, steps):
+        for _ in range(steps):  # AutoGraph: one while loop over the tensor
+            x, y = next(iterator)
+            counts = strategy.run(lambda x: tf.reduce_sum(_real(x, tf.int32)), args=(x,))
+            tokens = strategy.reduce(tf.distribute.ReduceOp.SUM, counts, axis=None)
+            strategy.run(replica_step, args=(x, y, tokens))
+
+    return train_steps
+
+
+make_train_steps = _train_steps_with(_global_token_mean)
+
+
+def _the_lessons_cell(model, x, y, global_batch_size):  # section 9's loss, per token
+    import tensorflow as tf
+
+    return tf.nn.compute_average_loss(_per_token(model, x, y),
+                                      global_batch_size=global_batch_size)
+
+
+def _the_colleagues_step(model, x, y, global_batch_size):  # the one-device loss, as given
+    import tensorflow as tf
+
+    real = _real(x)
+    return tf.reduce_sum(_per_token(model, x, y) * real) / tf.reduce_sum(real)
+
+
+def _mean_of_the_replicas_means(model, x, y, global_batch_size):
+    import tensorflow as tf
+
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return _the_colleagues_step(model, x, y, global_batch_size) / replicas
+
+
+def _own_tokens_times_the_replicas(model, x, y, global_batch_size):  # read from its inputs
+    import tensorflow as tf
+
+    real = _real(x)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return tf.reduce_sum(_per_token(model, x, y) * real) / (tf.reduce_sum(real) * replicas)
+
+
+def _each_sequences_mean(model, x, y, global_batch_size):  # means of sequences, averaged
+    import tensorflow as tf
+
+    real = _real(x)
+    each = tf.reduce_sum(_per_token(model, x, y) * real, 1) / tf.reduce_sum(real, 1)
+    return tf.nn.compute_average_loss(each, global_batch_size=global_batch_size)
+
+
+def _every_slot(model, x, y, global_batch_size):  # padding weighed 0, but counted
+    import tensorflow as tf
+
+    return tf.nn.compute_average_loss(_per_token(model, x, y), sample_weight=_real(x),
+                                      global_batch_size=global_batch_size * x.shape[1])
+
+
+def _kerass_loss_with_the_mask_as_weights(model, x, y, global_batch_size):
+    import keras
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return loss(y, model(x, training=True), sample_weight=_real(x))
+
+
+def _typed_replicas(typed):
+    """The replicas' mean count times the replica count typed (4 logical devices in this
+    process, 2 in the notebook): it passes the MirroredStrategy case, fails on one device."""
+    def replica_loss(model, x, y, global_batch_size):
+        import tensorflow as tf
+
+        real = _real(x)
+        mean = tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.MEAN, tf.reduce_sum(real))
+        return tf.reduce_sum(_per_token(model, x, y) * real) / (mean * typed)
+
+    return _train_steps_with(replica_loss)
+
+
+def _does_nothing(strategy, model, optimizer, global_batch_size):
+    import tensorflow as tf
+
+    return tf.function(lambda iterator, steps: None)
+
+
+def _one_step_a_call(strategy, model, optimizer, global_batch_size):
+    import tensorflow as tf
+
+    inner = make_train_steps(strategy, model, optimizer, global_batch_size)
+
+    @tf.function
+    def train_steps(iterator, steps):
+        return inner(iterator, tf.constant(1))
+
+    return train_steps
+
+
+def _python_loop(strategy, model, optimizer, global_batch_size):
+    import tensorflow as tf
+
+    inner = make_train_steps(strategy, model, optimizer, global_batch_size)
+
+    def train_steps(iterator, steps):  # a host round-trip for every step
+        for _ in range(int(steps)):
+            inner(iterator, tf.constant(1))
+
+    return train_steps
+
+
+def _retraces(strategy, model, optimizer, global_batch_size):
+    import tensorflow as tf
+
+    inner = make_train_steps(strategy, model, optimizer, global_batch_size)
+
+    class TracesEachCount(tf.types.experimental.PolymorphicFunction):  # planted: 2 traces
+        def __call__(self, iterator, steps):
+            return inner(iterator, steps)
+
+        def experimental_get_tracing_count(self):
+            return 2
+
+        function_type = get_concrete_function = None
+
+    return TracesEachCount()
+
+
+def _without_strategy_run(strategy, model, optimizer, global_batch_size):
+    """The replicas' batches gathered and trained on as one device would: the right weights
+    made the wrong way."""
+    import tensorflow as tf
+
+    @tf.function
+    def train_steps(iterator, steps):
+        for _ in tf.range(steps):
+            x, y = next(iterator)
+            x = tf.concat(strategy.experimental_local_results(x), 0)
+            y = tf.concat(strategy.experimental_local_results(y), 0)
+            with tf.GradientTape() as tape:
+                loss = _the_colleagues_step(model, x, y, global_batch_size)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    return train_steps
+
+
+def _the_checks_training_imported(strategy, model, optimizer, global_batch_size):
+    from course_utils.grading.checks import token_training
+
+    try:  # entered (then failing on these arguments): what the guard records
+        token_training._one_device_weights(model, optimizer, None, 0)
+    except AttributeError:
+        pass
+    return make_train_steps(strategy, model, optimizer, global_batch_size)
+
+
+def _the_course_trainers_function(strategy, model, optimizer, global_batch_size):
+    import keras
+
+    def per_example(y, logits):
+        return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+
+    trainer = cu.Trainer(lambda: model, lambda: optimizer, per_example, strategy=strategy,
+                         verbose=0)
+    return trainer._train_function(1)
+
+
+def _kerass_train_step(strategy, model, optimizer, global_batch_size):
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    @tf.function
+    def train_steps(iterator, steps):
+        for _ in tf.range(steps):
+            strategy.run(model.train_step, args=(next(iterator),))
+
+    return train_steps
+
+
+def _learning_rate_over_the_replicas(strategy, model, optimizer, global_batch_size):
+    optimizer.learning_rate.assign(optimizer.learning_rate / strategy.num_replicas_in_sync)
+    return _train_steps_with(_the_colleagues_step)(strategy, model, optimizer,
+                                                   global_batch_size)
+
+
+def _jit_compiled(strategy, model, optimizer, global_batch_size):
+    import tensorflow as tf
+
+    step = make_train_steps(strategy, model, optimizer, global_batch_size)
+    return tf.function(step.python_function, jit_compile=True)
+
+
+def _get_weights_set_on_the_model(strategy, model, optimizer, global_batch_size):
+    real = model.get_weights
+    object.__setattr__(model, "get_weights", lambda: real())
+    return _train_steps_with(_the_colleagues_step)(strategy, model, optimizer,
+                                                   global_batch_size)
+
+
+DIFFER_1 = r"case 1 \(MirroredStrategy.*the weights differ from one device's"
+TRAIN_STEPS_CATALOGUE = {
+    "tokens counted in cross-replica context": (_counted_in_cross_replica_context, "PASS"),
+    # the lesson's recipe, copied: a count known before the step
+    "the lesson's cell": (_train_steps_with(_the_lessons_cell), DIFFER_1),
+    "the colleague's step under strategy.run": (_train_steps_with(_the_colleagues_step),
+                                                 DIFFER_1),
+    "the mean of the replicas' means": (_train_steps_with(_mean_of_the_replicas_means),
+                                        DIFFER_1),
+    "its own tokens times the replicas": (_train_steps_with(_own_tokens_times_the_replicas),
+                                          DIFFER_1),
+    "each sequence's mean": (_train_steps_with(_each_sequences_mean), DIFFER_1),
+    "every slot counted": (_train_steps_with(_every_slot), DIFFER_1),
+    "Keras's loss, the mask as weights": (
+        _train_steps_with(_kerass_loss_with_the_mask_as_weights), DIFFER_1),
+    "the replicas typed": (_typed_replicas(4), r"case 2 \(one device.*on 1 replica the "
+                                               "weights differ from one device's"),
+    "a constant that trains nothing": (_does_nothing, "the weights did not change"),
+    "one step a call": (_one_step_a_call, "the weights differ from one device's"),
+    "a Python loop of calls": (_python_loop, "returned function, expected a tf.function"),
+    "a trace per step count": (_retraces, "traced 2 times"),
+    "no strategy.run": (_without_strategy_run, "(never ran|context).*strategy.run"),
+    "the check's training imported": (_the_checks_training_imported,
+                                       "ran the course's _one_device_weights"),
+    "cu.Trainer's function": (_the_course_trainers_function, "ran the course's .*cu.Trainer's"),
+    "Keras's train_step": (_kerass_train_step, "your function ran Keras's .*write the replica "
+                                               "step yourself"),
+    "the learning rate over the replicas": (_learning_rate_over_the_replicas,
+                                            r"the optimizer's settings \(its learning rate\)"),
+    "jit_compile=True": (_jit_compiled, "InvalidArgumentError under MirroredStrategy: "
+                                        ".*jit_compile=True fails under this "),
+    "get_weights set on the model": (_get_weights_set_on_the_model,
+                                     "set get_weights on the model itself"),
+}
+
+
+@pytest.mark.solution_passes
+def test_the_solution_passes():
+    assert cu.grading.check_train_steps(make_train_steps) is True
+
+
+@pytest.mark.parametrize(("answer", "says"), catalogue_params(TRAIN_STEPS_CATALOGUE))
+def test_make_train_steps_catalogue(answer, says):
+    if says == "PASS":
+        assert cu.grading.check_train_steps(answer) is True
+        return
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_train_steps(answer)

@@ -28,20 +28,22 @@
   fitting; the round-trip shared within the accepted share while one step fewer is not, at
   most an epoch's steps, at least 1), the failure naming the rule broken and the case; a
   global batch that cannot give each replica one example must raise ValueError.
-* ``check_train_steps(make_train_steps)``: under the notebook's ``MirroredStrategy``, then on
-  one device (a replica count typed into the loss fails there), two calls of different step
-  counts for a model with L2 penalties must match, within 1e-05, the weights one device
-  reaches another way (``_one_device_weights``: the exercise's one-device loss, mean
-  cross-entropy + sum(model.losses), in a plain GradientTape step a batch, no strategy), trace
-  once, change the weights, and run the model in a replica context on each replica's rows
+* ``check_train_steps(make_train_steps)``: a token tagger on sequences padded with zeros
+  (``token_training``), under the notebook's ``MirroredStrategy``, then on one device (a replica
+  count typed into the loss fails there): two calls of different step counts must match, within
+  1e-05, the weights one device reaches another way (``_one_device_weights``: the exercise's
+  one-device loss, each token's cross-entropy summed over the batch's real tokens and divided
+  by their count, in a plain GradientTape step a batch, no strategy), on global batches sorted
+  by length so that the replicas' shares hold different numbers of real tokens; trace once,
+  change the weights, and run the model in a replica context on each replica's rows
   (``strategy.run``: a weightless layer of the check's model notes both when traced).
   ``cu.Trainer``'s and Keras's trainer files are refused while it is made, traced and run;
-  the optimizer's settings must stay as given (a learning rate over R fits SGD only).
+  the optimizer's settings must stay as given.
 
 No function of the package returns an exercise's answer (the package is installed for
 learners, also where only the exercise notebooks are handed out): exercise 2 is judged by a
 verifier, exercise 3 against a run made another way; the course's answers are in the solutions
-notebook and the tests. Every function of this module and of ``settings_rules``
+notebook and the tests. Every function of this module, ``settings_rules`` and ``token_training``
 (``_expected_batches`` among them) is importable, so the checks refuse them all while the
 learner's function runs: by the identity of their code and by content (a copy made with
 ``exec``), see ``refusals`` and ``call_guard``.
@@ -54,8 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.equality import largest_difference
-from course_utils.grading.checks import answer_reach, settings_rules, static_batches
+from course_utils.grading.checks import settings_rules, static_batches, token_training
 from course_utils.grading.checks.batch_shapes import py_function_tokens
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
@@ -69,24 +70,8 @@ def _refusing_the_check(fn: Any, why: str, also_refused: tuple[Any, ...] = (),
                         also: Any = None) -> Any:
     """``fn`` refusing this module's, the settings verifier's and ``also_refused``'s code."""
     return refusing(fn, [*own_functions(sys.modules[__name__], but=["_raw_dataset"]),
-                         *own_functions(settings_rules), *also_refused], why, also)
-
-
-def _course_training_files() -> tuple[str, ...]:
-    """The files of ``cu.Trainer`` and its replica step, which scales the penalty already."""
-    from course_utils.training import replica_step, trainer
-
-    return trainer.__file__, replica_step.__file__
-
-
-def _noting_kerass_trainer(seen: list[str]) -> Any:
-    """A guard's ``also`` noting the functions of Keras's trainer files run (they scale)."""
-    import keras  # keras/src/trainers/trainer.py, keras/src/backend/tensorflow/trainer.py
-
-    files = frozenset(getattr(keras.Model, name).__code__.co_filename
-                      for name in ("compute_loss", "train_step"))
-    return lambda frame, c_fn: (c_fn is None and frame.f_code.co_filename in files
-                                and seen.append(frame.f_code.co_name))
+                         *own_functions(settings_rules), *own_functions(token_training),
+                         *also_refused], why, also)
 
 
 # --- Exercise 1 · a TPU-ready pipeline ---------------------------------------------------------
@@ -279,172 +264,24 @@ def check_tpu_settings(fn: Any) -> bool:
     return run_check("tpu_settings", fn, _settings_cases(fresh_rng()), hint=hint)
 
 
-# --- Exercise 3 · one training function for any strategy -------------------------------------
-
-
-def _mirrored_strategy() -> Any:
-    from course_utils.strategies import make_strategy
-
-    return make_strategy("mirrored", verbose=False)  # the notebook's own, cached: one per set
-
-
-def _context_watch(seen: list[tuple[str, int]]) -> Any:
-    """A weightless layer noting, each time it is traced, its context and batch rows."""
-    import keras
-
-    tf = _tf()
-
-    class ContextWatch(keras.layers.Layer):
-        def call(self, inputs: Any) -> Any:
-            seen.append(("cross-replica" if tf.distribute.in_cross_replica_context()
-                         else "replica", inputs.shape[0]))
-            return inputs
-
-    return ContextWatch()
-
-
-def _model_and_optimizer(strategy: Any, seed: int, features: int, classes: int,
-                         l2: float = 0.0, seen: list[tuple[str, int]] | None = None) -> Any:
-    import keras
-
-    with strategy.scope():
-        keras.utils.set_random_seed(seed)
-        regularizer = keras.regularizers.L2(l2) if l2 else None
-        model = keras.Sequential([keras.Input((features,)), _context_watch(
-                                      [] if seen is None else seen),
-                                  keras.layers.Dense(16, activation="relu",
-                                                     kernel_regularizer=regularizer),
-                                  keras.layers.Dense(classes, kernel_regularizer=regularizer)])
-        optimizer = keras.optimizers.SGD(0.2)
-        optimizer.build(model.trainable_variables)
-    return model, optimizer
-
-
-def _one_device_weights(model: Any, optimizer: Any, dataset: Any, steps: int) -> list[Any]:
-    """``model``'s weights after ``steps`` global batches of ``dataset`` trained as the exercise
-    says one device trains (mean cross-entropy + sum(model.losses)), by a plain GradientTape
-    step a batch called from Python, no strategy: another way than the exercise's answer."""
-    import keras
-
-    tf = _tf()
-
-    @tf.function
-    def step(x: Any, y: Any) -> None:
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
-                y, model(x, training=True), from_logits=True)) + tf.add_n(model.losses)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-
-    for x, y in dataset.take(steps):
-        step(x, y)
-    return model.get_weights()
-
-
-_YOURSELF = "write the training function yourself (cu.Trainer's is the course's answer)"
-_RUN_BY_TRAINING = ("_raw_dataset", "_train", "_train_cases", "_context_watch")
-
-
-def _train(train_steps: Any, strategy: Any, dataset: Any, calls: tuple[int, ...]) -> None:
-    tf = _tf()
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
-    for steps in calls:
-        train_steps(iterator, tf.constant(steps))
-
-
-def _train_cases(rng: Any, kerass: list[str]) -> list[Case]:
-    """The same training under the notebook's MirroredStrategy, then on one device
-    (``kerass``: the functions of Keras's trainer the answer ran, noted as it runs)."""
-    tf = _tf()
-    features, classes = rng.choice([6, 8]), rng.choice([3, 4])
-    global_batch, calls = 2 * rng.choice([4, 8, 12]), (rng.randint(3, 6), rng.randint(7, 10))
-    seed, l2 = rng.randint(0, 10_000), rng.choice([0.02, 0.03, 0.05])
-    data = np.random.default_rng(seed)
-    x = data.normal(size=(global_batch * 8, features)).astype("float32")
-    y = data.integers(0, classes, size=len(x)).astype("int32")
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch,
-                                                               drop_remainder=True).repeat()
-    one_device = tf.distribute.get_strategy()
-    reference: list[Any] = []  # trained on first use: an answer refused early costs nothing
-
-    def expected_weights() -> Any:
-        if not reference:  # one device, the same seed, hence the same start
-            alone, opt = _model_and_optimizer(one_device, seed, features, classes, l2)
-            reference.append(_one_device_weights(alone, opt, dataset, sum(calls)))
-        return reference[0]
-
-    def case(strategy: Any, name: str) -> Case:
-        seen: list[tuple[str, int]] = []
-        model, optimizer = _model_and_optimizer(strategy, seed, features, classes, l2, seen)
-        initial, settings = answer_reach.weights_of(model), optimizer.get_config()
-        replicas = strategy.num_replicas_in_sync
-        count = f"{replicas} replica{'s' * (replicas != 1)}"
-
-        def verify(train_steps: Any) -> str | None:
-            if not isinstance(train_steps, tf.types.experimental.PolymorphicFunction):
-                return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
-                        "tf.function (a compiled function: lesson 05, section 5)")
-            seen.clear()
-            run = refusing(_train, [*own_functions(sys.modules[__name__], but=_RUN_BY_TRAINING),
-                                    *_course_training_files()], _YOURSELF,
-                           _noting_kerass_trainer(kerass))
-            try:  # traced here, not in make_train_steps: refused while it is traced and run
-                run(train_steps, strategy, dataset, calls)
-            except AssertionError as error:
-                return f"while train_steps was traced and run: {error}"
-            except tf.errors.OpError as error:  # e.g. jit_compile=True (lesson cell 55)
-                return (f"{type(error).__name__} under {name}: {str(error).splitlines()[0]}"
-                        ". jit_compile=True fails under this MirroredStrategy over CPUs "
-                        "(section 5); TPUStrategy compiles the step with XLA itself")
-            if kerass:  # Keras's own compile and train_step scale for you
-                return (f"your function ran Keras's {kerass[0]} (Keras's trainer): its "
-                        "train_step divides the loss and the penalty by the replicas itself; "
-                        "write the replica step yourself (section 9)")
-            if optimizer.get_config() != settings:
-                return ("the optimizer's settings (its learning rate) changed: leave the "
-                        "optimizer as given and fix each replica's loss (section 9)")
-            if largest_difference(answer_reach.weights_of(model), initial) < 1e-6:
-                return "the weights did not change: were any gradients applied?"
-            if not seen:
-                return ("the model never ran while train_steps was traced: does your step "
-                        "run it in every replica, through strategy.run (section 9)?")
-            wrong = [(c, r) for c, r in seen if c != "replica" or r != global_batch // replicas]
-            if wrong:
-                context, rows = wrong[0]
-                return (f"the model ran in {context} context on batches of {rows} examples "
-                        f"(of a global {global_batch}), not in each replica on its own "
-                        f"{global_batch // replicas} through strategy.run (section 9)")
-            difference = largest_difference(answer_reach.weights_of(model), expected_weights())
-            if difference > 1e-5:
-                return (f"after {sum(calls)} steps on {count} the weights differ from one "
-                        f"device's by {difference:.2e} (more than 1e-05) on the same global "
-                        "batches. The replicas' gradients are summed: how often does each term "
-                        "of your loss count, for this replica count? Did each call run them?")
-            traces = train_steps.experimental_get_tracing_count()
-            if traces != 1:
-                return (f"train_steps traced {traces} times for {len(calls)} step counts, "
-                        "expected once: what makes a tf.function trace again? (section 5)")
-            return None
-
-        return Case(args=(strategy, model, optimizer, global_batch), verify=verify,
-                    label=f"({name}: {count}, L2 {l2}, global_batch_size={global_batch}, "
-                          f"calls of {calls[0]} then {calls[1]} steps)")
-
-    return [case(_mirrored_strategy(), "MirroredStrategy"),
-            case(one_device, "one device, the default strategy")]
+# --- Exercise 3 · a padded-token loss under any strategy --------------------------------------
 
 
 @register
 def check_train_steps(fn: Any) -> bool:
     """Check ``make_train_steps(...)`` under the notebook's MirroredStrategy, then on one
-    device, against one device's training: a replica count typed into the loss (``/ 2``)
-    fails on one device. Unseen: a branch on ``num_replicas_in_sync`` for 1 and 2 only."""
+    device, against one device's training on the mean over the global batch's real tokens
+    (``token_training``): a replica count typed into the loss fails on one device."""
     kerass: list[str] = []
-    guarded = _refusing_the_check(fn, _YOURSELF, _course_training_files(),
-                                  _noting_kerass_trainer(kerass))
+    guarded = _refusing_the_check(fn, token_training.YOURSELF,
+                                  token_training.course_training_files(),
+                                  token_training.noting_kerass_trainer(kerass))
     return run_check(
-        "make_train_steps", guarded, _train_cases(fresh_rng(), kerass),
+        "make_train_steps", guarded,
+        token_training.train_cases(fresh_rng(), kerass, own_functions(
+            sys.modules[__name__], but=["_raw_dataset"])),
         hint="lesson 05, section 9 (one training function, any strategy): with R replicas "
-             "the gradients of R replica losses are summed. Write your replica loss for R "
-             "replicas and compare it with one device's loss on the global batch, term by "
-             "term: the examples' mean and the penalty.")
+             "the gradients of R replica losses are summed, and each replica sees only its "
+             "share of the global batch. Which number in the one-device loss does no single "
+             "replica know, and how can every replica learn it inside the step (lesson 02 "
+             "counted examples across the replicas)?")
