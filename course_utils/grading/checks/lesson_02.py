@@ -20,7 +20,7 @@ from course_utils.grading.checks.replicas import (
     raises_own_stub,
     small_model,
 )
-from course_utils.grading.checks.resume import check_resume_latest
+from course_utils.grading.checks.resume import check_resume_training
 from course_utils.grading.framework import (
     Case,
     fresh_rng,
@@ -31,7 +31,7 @@ from course_utils.grading.framework import (
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["DIAGNOSES", "check_compute_loss", "check_diagnose_loop", "check_distributed_train_step",
-           "check_make_files_dataset_fn", "check_resume_latest"]
+           "check_make_files_dataset_fn", "check_resume_training"]
 
 
 # --- Exercise 2 · a weighted loss, right on every batch, and the distributed train step -----
