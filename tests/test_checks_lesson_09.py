@@ -1201,7 +1201,8 @@ def test_slow_baseline_gives_up_after_its_attempts_with_every_share():
         lesson_09.slow_baseline(lambda: next(low))
 
 
-def test_an_answer_equal_to_anything_is_refused_and_a_numpy_str_passes(monkeypatch):
+@pytest.mark.usefixtures("shared_real_runs")
+def test_an_answer_equal_to_anything_is_refused_and_a_numpy_str_passes():
     import numpy as np
 
     class EqualToAnything(str):  # a str whose == is always true
@@ -1212,6 +1213,13 @@ def test_an_answer_equal_to_anything_is_refused_and_a_numpy_str_passes(monkeypat
 
     with pytest.raises(AssertionError, match="return a str"):
         cu.grading.check_find_bottleneck(lambda events: EqualToAnything("input"))
+
+    class str_(EqualToAnything):  # x09 L1: the same, posing as numpy.str_ by its names
+        pass
+
+    str_.__module__, str_.__qualname__ = "numpy", "str_"
+    with pytest.raises(AssertionError, match="returned str_; return a str"):
+        cu.grading.check_find_bottleneck(lambda events: str_("input"))
 
     def as_numpy(events):  # the right answer picked out of a NumPy array of names
         return np.array(["input", "compute", "communication"])[
