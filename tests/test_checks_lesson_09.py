@@ -1071,6 +1071,31 @@ def _noise_from_the_last_epoch(how):
     return pipeline
 
 
+def _not_augments_output(how):
+    """``augment`` called on every example, every epoch, with a prefetch; what is yielded is
+    the example plus noise of the answer's own (``"own"``, augment's output thrown away), or
+    augment's output plus N(0, 0.03) (``"plus"``), or half augment's noise plus N(0, 0.087)
+    (``"half"``): one augment's spread, independent noise, fresh each epoch (x09 L10, L12)."""
+    import tensorflow as tf
+
+    def pipeline(records, read, augment, batch_size):
+        mine = tf.random.Generator.from_seed(1234)
+
+        def changed(x, y):
+            noisy, _ = augment(x, y)
+            if how == "own":
+                return x + mine.normal(tf.shape(x), stddev=0.1), y
+            if how == "plus":
+                return noisy + mine.normal(tf.shape(x), stddev=0.03), y
+            return x + (noisy - x) / 2 + mine.normal(tf.shape(x), stddev=0.1 * 0.75**0.5), y
+
+        return records.map(read).cache().map(changed).batch(batch_size).prefetch(1)
+    return pipeline
+
+
+_NOT_AUGMENTS = r"of the \d+ examples in epoch 1 are not what augment returned for them"
+
+
 @pytest.mark.parametrize(("wrong", "message"), [
     (lambda r, read, augment, b: r.cache().map(read).map(augment).batch(b),
      "read each example once"),
@@ -1126,6 +1151,16 @@ def _noise_from_the_last_epoch(how):
     (lambda r, read, augment, b: r.map(read).cache()
      .map(lambda x, y: (augment(x + 1.0, y + 1), augment(x, y))[1]).batch(b),
      "works ahead of the step"),
+    # x09 L8, L9: a shuffle buffer or a bigger batch looks ahead inside next(), never while
+    # the step runs; the probe counted examples augmented beyond the batch and passed them
+    (lambda r, read, augment, b: r.map(read).cache().map(augment).shuffle(2 * b).batch(b),
+     "nothing is prepared while the step runs"),
+    (lambda r, read, augment, b: r.map(read).cache().map(augment).batch(2 * b).unbatch()
+     .batch(b), "nothing is prepared while the step runs"),
+    # x09 L10, L12: augment run but its output thrown away, topped up, or half of it kept
+    (_not_augments_output("own"), _NOT_AUGMENTS),
+    (_not_augments_output("plus"), _NOT_AUGMENTS),
+    (_not_augments_output("half"), _NOT_AUGMENTS),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
         "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
         "the colleague's first try", "the colleague's second try",
@@ -1138,7 +1173,10 @@ def _noise_from_the_last_epoch(how):
         "every other example half of each neighbour's noise",
         "epoch 2's noise epoch 1's negated", "epoch 2's noise two of epoch 1's mixed",
         "one example's epoch 2 noise its epoch 1 noise shifted",
-        "augment twice per example, no prefetch", "a shifted augment thrown away, no prefetch"])
+        "augment twice per example, no prefetch", "a shifted augment thrown away, no prefetch",
+        "a shuffle buffer, no prefetch", "a bigger batch unbatched, no prefetch",
+        "augment's output thrown away, noise of its own", "augment's noise plus its own",
+        "half augment's noise, half its own"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)
@@ -1248,6 +1286,26 @@ def test_remove_input_bottleneck_refuses_the_course_pipeline():
 
     with pytest.raises(AssertionError, match="make_pipeline"):
         cu.grading.check_remove_input_bottleneck(remove_input_bottleneck)
+
+    def on_a_tensorflow_thread(records, read, augment, batch_size):  # x09 L11
+        import numpy as np
+        import tensorflow as tf
+
+        out = []
+
+        def build(_):
+            out.append(cu.data.make_pipeline(records, batch_size, preprocess=read,
+                                             augment=augment, shuffle_buffer=None))
+            return np.int64(0)
+
+        for _ in tf.data.Dataset.range(1).map(lambda i: tf.py_function(build, [i], tf.int64),
+                                              num_parallel_calls=2):
+            pass
+        return out[0]
+
+    with pytest.raises(AssertionError, match=r"a thread the check cannot watch .*: 1 time\(s\) "
+                                             r"while it built the pipeline"):
+        cu.grading.check_remove_input_bottleneck(on_a_tensorflow_thread)
 
 
 class _Anything:
