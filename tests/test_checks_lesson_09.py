@@ -861,6 +861,46 @@ def built_traces_only(monkeypatch):
     monkeypatch.setattr(lesson_09, "_real_events", lambda rng: None)
 
 
+def _misread(events, how):
+    """The reference's unions, each part's spans chosen otherwise (x09): ``"wrappers"`` counts
+    every span but the input's as compute, op or not (the executor's spans too: L6, which only
+    a real input-bound run, drawn half the time, failed); ``"tf_Compute"`` counts ops on those
+    threads only (L7); ``"by-name"`` tells collectives by the span's name (L5)."""
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("ph") == "X" and "step_num" in e.get("args", {})]
+    threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    totals = dict.fromkeys(("input", "compute", "communication"), 0.0)
+    spans = {part: [] for part in totals}
+    for e in (e for e in events if e.get("ph") == "X" and "step_num" not in e.get("args", {})):
+        op = e.get("args", {}).get("long_name", "").rpartition(":")[2]
+        thread = threads.get((e["pid"], e.get("tid")), "")
+        kind = e["name"] if how == "by-name" else op
+        if e["name"].startswith("IteratorGetNext"):
+            spans["input"].append(e)
+        elif (e["name"].startswith("Iterator::") or thread.startswith("tf_data")
+              or not (op or how == "wrappers")
+              or how == "tf_Compute" and not thread.startswith("tf_Compute")):
+            continue
+        else:
+            spans["communication" if "Collective" in kind or "Nccl" in kind
+                  else "compute"].append(e)
+    for start, end in steps:
+        for part, found in spans.items():
+            reach = start
+            for a, b in sorted((e["ts"], e["ts"] + e["dur"]) for e in found):
+                a, b = max(a, reach), min(b, end)
+                if b > a:
+                    totals[part], reach = totals[part] + b - a, b
+    return max(totals, key=totals.get)
+
+
+@pytest.mark.parametrize("how", ["wrappers", "tf_Compute", "by-name"])
+def test_find_bottleneck_misreadings_fail_on_the_built_traces_alone(built_traces_only, how):
+    with pytest.raises(AssertionError, match="-bound"):
+        cu.grading.check_find_bottleneck(lambda events: _misread(events, how))
+
+
 def test_find_bottleneck_the_answer_is_nowhere_in_the_checks_frames(built_traces_only):
     """L1: a part's name, a Case's label or its verify's closure read out of the check's
     frames while the answer runs: none holds the answer now (it is counted after the call)."""
