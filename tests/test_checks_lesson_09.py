@@ -861,6 +861,46 @@ def built_traces_only(monkeypatch):
     monkeypatch.setattr(lesson_09, "_real_events", lambda rng: None)
 
 
+def _misread(events, how):
+    """The reference's unions, each part's spans chosen otherwise (x09): ``"wrappers"`` counts
+    every span but the input's as compute, op or not (the executor's spans too: L6, which only
+    a real input-bound run, drawn half the time, failed); ``"tf_Compute"`` counts ops on those
+    threads only (L7); ``"by-name"`` tells collectives by the span's name (L5)."""
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("ph") == "X" and "step_num" in e.get("args", {})]
+    threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    totals = dict.fromkeys(("input", "compute", "communication"), 0.0)
+    spans = {part: [] for part in totals}
+    for e in (e for e in events if e.get("ph") == "X" and "step_num" not in e.get("args", {})):
+        op = e.get("args", {}).get("long_name", "").rpartition(":")[2]
+        thread = threads.get((e["pid"], e.get("tid")), "")
+        kind = e["name"] if how == "by-name" else op
+        if e["name"].startswith("IteratorGetNext"):
+            spans["input"].append(e)
+        elif (e["name"].startswith("Iterator::") or thread.startswith("tf_data")
+              or not (op or how == "wrappers")
+              or how == "tf_Compute" and not thread.startswith("tf_Compute")):
+            continue
+        else:
+            spans["communication" if "Collective" in kind or "Nccl" in kind
+                  else "compute"].append(e)
+    for start, end in steps:
+        for part, found in spans.items():
+            reach = start
+            for a, b in sorted((e["ts"], e["ts"] + e["dur"]) for e in found):
+                a, b = max(a, reach), min(b, end)
+                if b > a:
+                    totals[part], reach = totals[part] + b - a, b
+    return max(totals, key=totals.get)
+
+
+@pytest.mark.parametrize("how", ["wrappers", "tf_Compute", "by-name"])
+def test_find_bottleneck_misreadings_fail_on_the_built_traces_alone(built_traces_only, how):
+    with pytest.raises(AssertionError, match="-bound"):
+        cu.grading.check_find_bottleneck(lambda events: _misread(events, how))
+
+
 def test_find_bottleneck_the_answer_is_nowhere_in_the_checks_frames(built_traces_only):
     """L1: a part's name, a Case's label or its verify's closure read out of the check's
     frames while the answer runs: none holds the answer now (it is counted after the call)."""
@@ -1071,6 +1111,31 @@ def _noise_from_the_last_epoch(how):
     return pipeline
 
 
+def _not_augments_output(how):
+    """``augment`` called on every example, every epoch, with a prefetch; what is yielded is
+    the example plus noise of the answer's own (``"own"``, augment's output thrown away), or
+    augment's output plus N(0, 0.03) (``"plus"``), or half augment's noise plus N(0, 0.087)
+    (``"half"``): one augment's spread, independent noise, fresh each epoch (x09 L10, L12)."""
+    import tensorflow as tf
+
+    def pipeline(records, read, augment, batch_size):
+        mine = tf.random.Generator.from_seed(1234)
+
+        def changed(x, y):
+            noisy, _ = augment(x, y)
+            if how == "own":
+                return x + mine.normal(tf.shape(x), stddev=0.1), y
+            if how == "plus":
+                return noisy + mine.normal(tf.shape(x), stddev=0.03), y
+            return x + (noisy - x) / 2 + mine.normal(tf.shape(x), stddev=0.1 * 0.75**0.5), y
+
+        return records.map(read).cache().map(changed).batch(batch_size).prefetch(1)
+    return pipeline
+
+
+_NOT_AUGMENTS = r"of the \d+ examples in epoch 1 are not what augment returned for them"
+
+
 @pytest.mark.parametrize(("wrong", "message"), [
     (lambda r, read, augment, b: r.cache().map(read).map(augment).batch(b),
      "read each example once"),
@@ -1126,6 +1191,16 @@ def _noise_from_the_last_epoch(how):
     (lambda r, read, augment, b: r.map(read).cache()
      .map(lambda x, y: (augment(x + 1.0, y + 1), augment(x, y))[1]).batch(b),
      "works ahead of the step"),
+    # x09 L8, L9: a shuffle buffer or a bigger batch looks ahead inside next(), never while
+    # the step runs; the probe counted examples augmented beyond the batch and passed them
+    (lambda r, read, augment, b: r.map(read).cache().map(augment).shuffle(2 * b).batch(b),
+     "nothing is prepared while the step runs"),
+    (lambda r, read, augment, b: r.map(read).cache().map(augment).batch(2 * b).unbatch()
+     .batch(b), "nothing is prepared while the step runs"),
+    # x09 L10, L12: augment run but its output thrown away, topped up, or half of it kept
+    (_not_augments_output("own"), _NOT_AUGMENTS),
+    (_not_augments_output("plus"), _NOT_AUGMENTS),
+    (_not_augments_output("half"), _NOT_AUGMENTS),
 ], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
         "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
         "the colleague's first try", "the colleague's second try",
@@ -1138,7 +1213,10 @@ def _noise_from_the_last_epoch(how):
         "every other example half of each neighbour's noise",
         "epoch 2's noise epoch 1's negated", "epoch 2's noise two of epoch 1's mixed",
         "one example's epoch 2 noise its epoch 1 noise shifted",
-        "augment twice per example, no prefetch", "a shifted augment thrown away, no prefetch"])
+        "augment twice per example, no prefetch", "a shifted augment thrown away, no prefetch",
+        "a shuffle buffer, no prefetch", "a bigger batch unbatched, no prefetch",
+        "augment's output thrown away, noise of its own", "augment's noise plus its own",
+        "half augment's noise, half its own"])
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)
@@ -1201,7 +1279,8 @@ def test_slow_baseline_gives_up_after_its_attempts_with_every_share():
         lesson_09.slow_baseline(lambda: next(low))
 
 
-def test_an_answer_equal_to_anything_is_refused_and_a_numpy_str_passes(monkeypatch):
+@pytest.mark.usefixtures("shared_real_runs")
+def test_an_answer_equal_to_anything_is_refused_and_a_numpy_str_passes():
     import numpy as np
 
     class EqualToAnything(str):  # a str whose == is always true
@@ -1212,6 +1291,13 @@ def test_an_answer_equal_to_anything_is_refused_and_a_numpy_str_passes(monkeypat
 
     with pytest.raises(AssertionError, match="return a str"):
         cu.grading.check_find_bottleneck(lambda events: EqualToAnything("input"))
+
+    class str_(EqualToAnything):  # x09 L1: the same, posing as numpy.str_ by its names
+        pass
+
+    str_.__module__, str_.__qualname__ = "numpy", "str_"
+    with pytest.raises(AssertionError, match="returned str_; return a str"):
+        cu.grading.check_find_bottleneck(lambda events: str_("input"))
 
     def as_numpy(events):  # the right answer picked out of a NumPy array of names
         return np.array(["input", "compute", "communication"])[
@@ -1240,6 +1326,26 @@ def test_remove_input_bottleneck_refuses_the_course_pipeline():
 
     with pytest.raises(AssertionError, match="make_pipeline"):
         cu.grading.check_remove_input_bottleneck(remove_input_bottleneck)
+
+    def on_a_tensorflow_thread(records, read, augment, batch_size):  # x09 L11
+        import numpy as np
+        import tensorflow as tf
+
+        out = []
+
+        def build(_):
+            out.append(cu.data.make_pipeline(records, batch_size, preprocess=read,
+                                             augment=augment, shuffle_buffer=None))
+            return np.int64(0)
+
+        for _ in tf.data.Dataset.range(1).map(lambda i: tf.py_function(build, [i], tf.int64),
+                                              num_parallel_calls=2):
+            pass
+        return out[0]
+
+    with pytest.raises(AssertionError, match=r"a thread the check cannot watch .*: 1 time\(s\) "
+                                             r"while it built the pipeline"):
+        cu.grading.check_remove_input_bottleneck(on_a_tensorflow_thread)
 
 
 class _Anything:

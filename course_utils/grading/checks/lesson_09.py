@@ -31,9 +31,10 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   exactly once per example, counted from the call of the
   learner's function through two epochs (it decodes the stored record, so a pipeline that never
   reads gets the wrong features), the ``augment`` given must have run while they were read (its
-  generator's state moved), and the pipeline must work ahead by itself: with tf.data's injected
-  prefetch and autotuning off, once a batch is taken ``augment`` must have run beyond it,
-  counted, not timed; where is the learner's (the text says so): a prefetch before ``batch``
+  generator's state moved), every example yielded must be what a call of it returned, and the
+  pipeline must work ahead by itself: with tf.data's injected prefetch and autotuning off, some
+  example it yields must have been augmented while the consumer waited between batches
+  (``runs_ahead``); where is the learner's (the text says so): a prefetch before ``batch``
   meets the share too, and "a whole batch ahead" would judge an AUTOTUNE map by the core count.
 * ``check_write_report(write_report, my_results)``: the learner's report, on their own
   benchmark and on five fresh ones (fresh models, budgets, replica counts and noise; the second
@@ -184,10 +185,6 @@ def _course_profiling_file() -> str:
     return profiling.step_breakdown.__code__.co_filename
 
 
-def _qualified(kind: type) -> str:
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
 def _verifier(events: list[dict], guard: CallsInto) -> Callable[[Any], str | None]:
     """The case's verdict, its answer counted by the exercise's rule after the learner's
     function returned (nothing the check holds while it runs says which part leads)."""
@@ -202,8 +199,9 @@ def _verifier(events: list[dict], guard: CallsInto) -> Callable[[Any], str | Non
                     "the events itself, by the exercise's rules")
         kind, table = rule_verdict(events)  # the check's own calls, now
         own = guard.take()  # drops the check's own calls just made from the next verdict
-        if type(got) is not str and _qualified(type(got)) != "numpy.str_":  # a subclass
+        if type(got) not in (str, np.str_):  # exactly: a subclass brings its own == (x09 L1)
             return f"returned {type(got).__name__}; return a str, one of {_BOTTLENECKS}"
+        got = str.__str__(got)  # a plain str: the comparisons below are str's own
         if watching_problem(own) or got == kind:
             return watching_problem(own)
         if got not in _BOTTLENECKS:
@@ -307,7 +305,7 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
         finally:
             delay[0] = READ_SECONDS
 
-    built, course_pipeline = watched_build(fn)  # lesson 01's make_pipeline refused
+    built, course_pipeline = watched_build(fn, calls, augmented)  # make_pipeline refused
     def verify(dataset: Any) -> str | None:
         if course_pipeline() or not isinstance(dataset, tf.data.Dataset):
             return course_pipeline() or f"returned {type(dataset).__name__}; return a Dataset"
@@ -315,10 +313,11 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
             return "the dataset repeats forever; return one epoch (the check repeats it)"
         # reads counted from the learner's call on: a cache filled at build time reads too
         state = augment.generator.state.numpy().copy()
-        problem = pipeline_probe.elements_problem(dataset, features, batch_size)
+        problem = pipeline_probe.elements_problem(dataset, features, batch_size, augmented)
         untouched = np.array_equal(state, augment.generator.state.numpy())
         if untouched and (problem is None or problem.startswith(
-                ("both epochs", "part of the noise", "the noise on"))):
+                ("both epochs", "part of the noise", "the noise on")) or " are not w" in
+                problem):
             return ("augment did not run in the epochs, yet the features carry noise: apply "
                     "the augment you are given in the pipeline, every epoch, not once or yours")
         if problem:
@@ -331,11 +330,12 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
                        "read each example once, as the exercise asks: what keeps what it "
                        "returned?" if reads > len(features) else
                        "some examples were never read"))
-        if not pipeline_probe.runs_ahead(dataset, augmented, batch_size, features):
+        if not pipeline_probe.runs_ahead(dataset, augment, augmented, batch_size, features):
             return ("nothing in your pipeline works ahead of the step: after the step takes a "
-                    "batch, the next one is not being prepared, so every epoch's augmentation "
-                    "waits for the step (the check switches off tf.data's injected prefetch "
-                    "and the distributed iterator's buffer: not yours to rely on). Which "
+                    "batch, nothing is prepared while the step runs (a shuffle buffer or a "
+                    "bigger batch fills inside next()), so augmentation waits for it (the "
+                    "check switches off tf.data's injected prefetch and the distributed "
+                    "iterator's buffer: not yours to rely on). Which "
                     "tf.data step overlaps preparing with consuming? (lesson 01, section 4)")
         fast = pipeline_probe.least_input(lambda: profile(dataset))
         slow = slow_baseline(slow_profile)

@@ -42,15 +42,16 @@ STORED_OFFSET = 10.0
 
 def counting_read(seconds: list[float], calls: list[int]) -> Callable[..., Any]:
     """A "disk" read: waits ``seconds[0]`` per example (read when it runs: the check can make
-    its own baseline's disk slower), counts its calls in ``calls``, and decodes the stored
-    record (adds ``STORED_OFFSET`` back)."""
+    its own baseline's disk slower), counts its calls in ``calls`` (each ``True`` when it ran
+    on a thread TensorFlow made: ``watched_build``), and decodes the stored record (adds
+    ``STORED_OFFSET`` back)."""
     import time
 
     tf = _tf()
 
     def read(features: Any, label: Any) -> tuple[Any, Any]:
         def wait() -> np.int32:
-            calls.append(1)
+            calls.append(_on_a_tensorflow_thread())
             time.sleep(seconds[0])
             return np.int32(0)
 
@@ -62,28 +63,66 @@ def counting_read(seconds: list[float], calls: list[int]) -> Callable[..., Any]:
 
 
 def augment(seed: int, calls: list[Any] | None = None) -> Callable[..., Any]:
-    """Random noise on the features, new every epoch (a ``tf.random.Generator``); appends
-    ``(label, first feature)`` to ``calls`` (when given) per example augmented, one for an
-    example, a batch's worth for a batch (a vectorised map after ``batch``), so that
-    ``runs_ahead`` can count each of the check's examples once (nb31-09 L2-a: counting calls,
-    an ``augment`` called twice per example, one result thrown away, looked ahead)."""
+    """Random noise on the features, new every epoch (a ``tf.random.Generator``); appends, per
+    call, ``(start, end, labels, first features, noise, on a TensorFlow thread)`` to ``calls``
+    (when given): one
+    example's, or a batch's (a vectorised map after ``batch``), so that the check can tell the
+    noise each example got from augment (x09 L10, L12: its output, not noise of the answer's
+    own), and when each call ran (``runs_ahead``). ``augment.delay[0]``: seconds each call
+    waits (the probe's, so that work in the background is in flight while the step runs)."""
+    import time
+
     tf = _tf()
     generator = tf.random.Generator.from_seed(seed)
+    delay = [0.0]
 
-    def count(label: Any, first: Any) -> np.int32:  # (label, first feature) per example
+    def count(label: Any, first: Any, noise: Any) -> np.int32:
+        start = time.monotonic()
+        time.sleep(delay[0])
         if calls is not None:
-            calls.extend(zip(np.asarray(label).reshape(-1).tolist(),
-                             np.asarray(first).reshape(-1).tolist(), strict=False))
+            noise = np.asarray(noise)
+            calls.append((start, time.monotonic(), np.asarray(label).reshape(-1),
+                          np.asarray(first).reshape(-1), noise.reshape(-1, noise.shape[-1]),
+                          _on_a_tensorflow_thread()))
         return np.int32(0)
 
     def augment(features: Any, label: Any) -> tuple[Any, Any]:
-        done = tf.py_function(count, [label, features[..., 0]], tf.int32)
+        noise = generator.normal(tf.shape(features), stddev=NOISE_SPREAD)
+        done = tf.py_function(count, [label, features[..., 0], noise], tf.int32)
         with tf.control_dependencies([done]):
-            noisy = features + generator.normal(tf.shape(features), stddev=NOISE_SPREAD)
+            noisy = features + noise
         return noisy, label
 
     augment.generator = generator  # type: ignore[attr-defined]  # the check reads its state
+    augment.delay = delay  # type: ignore[attr-defined]
     return augment
+
+
+def _augmented(calls: list[Any], features: np.ndarray) -> dict[int, list[tuple[Any, ...]]]:
+    """The check's own examples in ``augment``'s records, by label (the example's index):
+    ``(start, end, noise)`` per example augment was given as ``read`` returns it."""
+    found: dict[int, list[tuple[Any, ...]]] = {}
+    for start, end, labels, firsts, noise, _ in calls:
+        for label, first, row in zip(labels.tolist(), firsts.tolist(), noise, strict=False):
+            if (0 <= label < len(features) and float(label) == int(label)
+                    and abs(first - features[int(label), 0]) < 1e-4):
+                found.setdefault(int(label), []).append((start, end, row))
+    return found
+
+
+def _on_a_tensorflow_thread() -> bool:
+    """Whether this Python runs on a thread Python did not start (TensorFlow's, running a
+    ``tf.py_function``): CPython gives it a fresh thread state each call, which the guard counts
+    (``call_guard``: ``RAW_THREAD``) and ``watched_build`` lets through for the check's own."""
+    import threading
+
+    return type(threading.current_thread()).__name__ == "_DummyThread"
+
+
+def _whose(found: dict[int, list[Any]], label: int, noise: np.ndarray) -> Any:
+    """The record of the call of ``augment`` whose noise ``noise`` is, or None."""
+    return next((each for each in found.get(label, []) if each[2].shape == noise.shape
+                 and np.abs(each[2] - noise).max() < 1e-4), None)
 
 
 def one_epoch(dataset: Any) -> tuple[list[int], np.ndarray, np.ndarray]:
@@ -96,17 +135,21 @@ def one_epoch(dataset: Any) -> tuple[list[int], np.ndarray, np.ndarray]:
     return sizes, np.concatenate(labels), np.concatenate(features)
 
 
-def runs_ahead(dataset: Any, augmented: list[Any], batch_size: int, features: Any,
-               wait_s: float = 5.0) -> bool:
-    """Whether ``dataset`` augments beyond the batch the step took, by itself: a prefetch (or a
-    parallel map) works in the background. ``augmented`` holds ``augment``'s ``(label, first
-    feature)`` records; only the check's own examples (``features[label]``, labels being the
-    examples' indices) count, each once, so a vectorised ``augment`` (mapped over batches)
-    counts as much as one mapped per example, and a second, thrown-away call counts nothing.
-    tf.data's own additions are switched off for this probe (``inject_prefetch`` would add a
-    prefetch to any pipeline; the distributed iterator buffers too): what runs ahead here is
-    what the learner wrote. A count, not a time: the background thread is given up to
-    ``wait_s`` seconds to run."""
+def runs_ahead(dataset: Any, augment: Any, calls: list[Any], batch_size: int,
+               features: np.ndarray, wait_s: float = 2.0, step_s: float = 0.2) -> bool:
+    """Whether ``dataset`` augments while the step runs, by itself: a prefetch (or a parallel
+    map) works in the background. The probe takes a batch, then "steps" (waits) before the
+    next one; the pipeline works ahead when an example it yields was augmented, by a call in
+    ``calls`` (``augment``'s records), while the probe waited: the call ended after a wait
+    began and began before it ended (as lesson 00's exercise 4 counts an overlap). A pipeline
+    that augments only inside ``next()`` (a shuffle buffer or a bigger batch filled there,
+    x09 L8, L9) has none. Each call of ``augment`` waits 10 ms here, so that background work
+    is in flight when a wait begins; only calls whose output the pipeline yields count (a
+    thrown-away call in the background does not). tf.data's own additions are switched off
+    (``inject_prefetch`` would add a prefetch to any pipeline; the distributed iterator
+    buffers too): what runs ahead here is what the learner wrote. The first wait lasts until
+    such a call is seen or ``wait_s`` (a busy machine's thread may start late), the others
+    ``step_s``."""
     import time
 
     tf = _tf()
@@ -114,25 +157,33 @@ def runs_ahead(dataset: Any, augmented: list[Any], batch_size: int, features: An
     options.experimental_optimization.inject_prefetch = False
     options.experimental_optimization.apply_default_optimizations = False
     options.autotune.enabled = False
-    iterator = iter(dataset.with_options(options))
-    start = len(augmented)
-    next(iterator)
-    deadline = time.monotonic() + wait_s
+    first, waits, yielded = len(calls), [], []
+    augment.delay[0] = 0.01
+    try:
+        iterator = iter(dataset.with_options(options))
+        for batch in iterator:
+            yielded.append(batch)
+            begun = time.monotonic()
+            while time.monotonic() < begun + (step_s if waits else wait_s):
+                if any(end > begun for _, end, *_ in calls[first:]):
+                    break  # a call ran during this wait: done waiting (judged below)
+                time.sleep(0.01)
+            waits.append((begun, time.monotonic()))
+    finally:
+        augment.delay[0] = 0.0
+    found = _augmented(calls[first:], features)
+    for x, y in yielded:
+        for label, row in zip(np.asarray(y).reshape(-1).astype(int).tolist(),
+                              np.asarray(x).reshape(len(np.asarray(y).reshape(-1)), -1),
+                              strict=True):
+            call = _whose(found, label, row - features[label])
+            if call and any(call[0] < end and call[1] > begun for begun, end in waits):
+                return True
+    return False
 
-    def distinct() -> int:  # the check's own examples augmented since the start, each once
-        return len({int(label) for label, first in augmented[start:]
-                    if 0 <= label < len(features) and float(label) == int(label)
-                    and abs(first - features[int(label), 0]) < 1e-4})
 
-    while distinct() <= batch_size and time.monotonic() < deadline:
-        time.sleep(0.01)
-    ahead = distinct() > batch_size
-    for _ in iterator:  # finish the epoch: no element left in flight
-        pass
-    return ahead
-
-
-def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str | None:
+def elements_problem(dataset: Any, features: np.ndarray, batch_size: int,
+                     calls: list[Any] | None = None) -> str | None:
     """What is wrong with two epochs of ``dataset``, or None. Each epoch's noise (what it
     yields minus the examples) is put in the examples' order (by label: a shuffle is the
     learner's to add). Every feature of every example, each epoch, gets noise: no two
@@ -146,11 +197,14 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
     where an augmentation kept from the first epoch under a fresh one makes it 0.5, and the
     first epoch's noise negated makes it -1. Then one
     ``augment`` leaves a spread of 0.1 ± 0.002 (``NOISE_SPREAD``: its deviation), two make it
-    0.14."""
+    0.14. Last, each example's noise must be what a call of ``augment`` (its records in
+    ``calls``, when given) returned for it in that epoch (x09 L10, L12)."""
     n = len(features)
-    noise = []
+    noise, found = [], []
     for epoch in (1, 2):
+        first = len(calls) if calls is not None else 0
         sizes, labels, got = one_epoch(dataset)
+        found.append(_augmented(calls[first:], features) if calls is not None else None)
         if sorted(labels.astype(int).tolist()) != list(range(n)):
             return (f"epoch {epoch} does not hold each of the {n} examples once "
                     f"({len(labels)} examples, {len(set(labels.tolist()))} different)")
@@ -180,6 +234,14 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int) -> str
     if not 0.85 * NOISE_SPREAD < spread < 1.15 * NOISE_SPREAD:
         return (f"the noise on the features has a spread of {spread:.3f}, where one augment "
                 f"gives {NOISE_SPREAD:g}: apply augment once to every example, each epoch")
+    for epoch, (mine, theirs) in enumerate(zip(noise, found, strict=True), 1):
+        wrong = [i for i in range(n) if theirs is not None
+                 and _whose(theirs, i, mine[i]) is None]
+        if wrong:
+            return (f"{len(wrong)} of the {n} examples in epoch {epoch} are not what augment "
+                    f"returned for them (example {wrong[0]}: its features minus the example "
+                    "read are not the noise any call of augment drew for it that epoch): "
+                    "yield augment's output as it is, not noise of your own, changed or added")
     return None
 
 
@@ -324,23 +386,38 @@ def least_input(profile: Callable[[], Any], attempts: int = BASELINE_ATTEMPTS) -
     return best
 
 
-def watched_build(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Callable[[], str | None]]:
+def watched_build(fn: Callable[..., Any], reads: list[bool], augmented: list[Any]
+                  ) -> tuple[Callable[..., Any], Callable[[], str | None]]:
     """``fn`` wrapped to watch its calls into ``cu.data.make_pipeline`` (lesson 01's helper,
     which puts read, cache, augment, batch and prefetch in order: the answer under another
     name), and a function that says what the last build did wrong, or None. Only the build is
-    watched: the profiles that follow run unwatched."""
+    watched: the profiles that follow run unwatched. The guard leaves TensorFlow's threads
+    uncounted (a build may read the dataset it is given: the check's own ``read`` and
+    ``augment`` run there), so the build counts them itself: every thread state made while it
+    runs must be one of the check's own calls on a thread TensorFlow made (``reads``' and
+    ``augmented``'s records say which); any other Python run there, on a thread the guard
+    cannot watch (a ``tf.py_function`` of the answer's own calling ``make_pipeline``, x09 L11),
+    is refused, as exercises 1 and 3 refuse it."""
     from course_utils.data import make_pipeline
-    from course_utils.grading.checks.call_guard import CallsInto, watching_problem
+    from course_utils.grading.checks import guard_threads
+    from course_utils.grading.checks.call_guard import RAW_THREAD, CallsInto, watching_problem
 
     guard = CallsInto(make_pipeline, tensorflow_threads=True)
     taken: list[list[str]] = []
+    unexplained: list[int] = []
+
+    def own() -> int:  # the check's own calls so far on TensorFlow's threads
+        return sum(map(bool, reads)) + sum(bool(each[-1]) for each in augmented)
 
     @functools.wraps(fn)
     def built(*args: Any) -> Any:
         with guard:
+            before, explained = guard_threads.probe(), own()
             try:
                 return fn(*args)
             finally:
+                made = guard_threads.probe() - before - 1 if before >= 0 else 0
+                unexplained.append(made - (own() - explained))
                 taken.append(guard.take())
 
     def problem() -> str | None:
@@ -350,6 +427,10 @@ def watched_build(fn: Callable[..., Any]) -> tuple[Callable[..., Any], Callable[
                 "remove_input_bottleneck called cu.data.make_pipeline (lesson 01's helper, "
                 "which puts the steps in order): build the pipeline from tf.data's own steps "
                 "yourself")
+        if unexplained and unexplained[-1] > 0:
+            return (f"{RAW_THREAD}: {unexplained[-1]} time(s) while it built the pipeline, "
+                    "besides the read and augment you are given; build it from tf.data's "
+                    "own steps, in your function")
         return None
 
     return built, problem

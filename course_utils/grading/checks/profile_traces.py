@@ -18,6 +18,13 @@ shortcuts do not:
 * ``between``: compute spans filling a gap after every step but the last (what a callback or a
   checkpoint does between steps), as a share of that step's time: a reading that takes one
   window from the first step's start to the last step's end counts them;
+* ``wrappers``: the executor's own spans, which have no ``long_name`` (``EagerKernelExecute``
+  on the step's thread around every input wait, as a real eager get-next has): a reading that
+  counts every span but the input's as compute names compute where input leads (x09 L6: only a
+  real input-bound run, drawn half the time, failed it);
+* ``inline``: the second half of every compute span run on the step's own thread (a function
+  run inline by its caller), so that a reading that counts ops on ``tf_Compute`` threads only
+  loses half of the compute (x09 L7);
 * ``uneven``: one long step in the middle split otherwise than the rest;
 * ``overlap``: compute on a second thread through part of every input wait, so that the
   exercise's rule (each part's union on its own: an instant two parts share counts in both,
@@ -54,7 +61,9 @@ _OPS = ("conv/Conv2D:Conv2D", "dense/MatMul:MatMul", "dense/BiasAdd:BiasAdd", "r
         "Conv2DBackpropFilter")
 _COLLECTIVES = ("CollectiveReduceV2:CollectiveReduceV2", "allreduce/CollectiveReduceV2_1:"
                 "CollectiveReduceV2")
-_NCCL = "allreduce/NcclAllReduce:NcclAllReduce"  # tf.distribute.NcclAllReduce's op
+# tf.distribute.NcclAllReduce's op, under a node name that does not say so: a reading that
+# tells collectives by the span's name, not the op type after ":", loses it (x09 L5)
+_NCCL = "replica_sum/all_reduce_1:NcclAllReduce"
 _DATA_OPS = ("map/Cast:Cast", "ParallelMapV2/py_function:EagerPyFunc")
 
 
@@ -75,8 +84,8 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                     background: float = 0.0, outside: float = 0.0, trailing: float = 0.0,
                     between: float = 0.0,
                     uneven: Mapping[str, float] | None = None,
-                    nccl: bool = False, replicas: int = 1,
-                    overlap: float = 0.0) -> list[dict[str, Any]]:
+                    nccl: bool = False, replicas: int = 1, overlap: float = 0.0,
+                    wrappers: bool = False, inline: bool = False) -> list[dict[str, Any]]:
     """Events of ``steps`` profiled steps whose time splits into ``parts`` (shares of input,
     compute, communication; the rest is "other"), plus the distractors described above.
 
@@ -126,6 +135,9 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                     # a reading that counts it as compute names compute where input leads
                     events.append(_span("Iterator::Prefetch", clock + 0.1 * piece,
                                         0.8 * piece, _STEP_THREAD, "Iterator::Root::Prefetch"))
+                    if wrappers:  # the executor's span around it: not an op's
+                        events.append(_span("EagerKernelExecute", clock - 0.01 * piece,
+                                            1.02 * piece, _STEP_THREAD))
                     if overlap:  # the other replica computes while this one waits
                         name = rng.choice(_OPS)
                         events.append(_span(name.split(":")[0], clock, overlap * piece,
@@ -137,8 +149,10 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                                             _OP_THREAD, name))
                 else:
                     long_name = rng.choice(_COLLECTIVES if kind == "communication" else _OPS)
-                    events.append(_span(long_name.split(":")[0], clock, piece, _OP_THREAD,
-                                        long_name))
+                    halves = kind == "compute" and inline  # the second half on the caller's
+                    events += [_span(long_name.split(":")[0], clock + at * piece / 2,
+                                     piece / 2 if halves else piece, tid, long_name)
+                               for at, tid in ((0, _OP_THREAD), (1, _STEP_THREAD))[:1 + halves]]
                     if kind == "compute" and replicas > 1:  # the other replica, side by side
                         shift = rng.uniform(0.05, 0.3) * piece  # overlapping, not identical
                         events.append(_span(long_name.split(":")[0], clock + shift,
@@ -170,9 +184,10 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
 BOTTLENECK_CASES = {
     "input is the largest part but under half the step, the pipeline busy in the background": (
         "input", lambda r: (r.uniform(0.38, 0.45), 0.25, r.uniform(0.04, 0.08)), {
-            "background": 0.35}),
+            "background": 0.35, "wrappers": True}),
     "compute is the largest part, input waits a third of the step": (
-        "compute", lambda r: (r.uniform(0.3, 0.36), r.uniform(0.46, 0.52), 0.05), {}),
+        "compute", lambda r: (r.uniform(0.3, 0.36), r.uniform(0.46, 0.52), 0.05), {
+            "inline": True}),
     "input leads by a little, under half of the three parts (the all-reduce, then compute, "
     "close behind)": (
         "input", lambda r: (r.uniform(0.30, 0.31), r.uniform(0.24, 0.25), r.uniform(0.26, 0.27)),
