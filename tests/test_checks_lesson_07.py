@@ -12,7 +12,7 @@ import pytest
 import course_utils as cu
 from course_utils.grading import framework
 from course_utils.grading.checks import lesson_07 as checks_07
-from course_utils.grading.checks import memory_budget, suspect_loops
+from course_utils.grading.checks import memory_budget, padded_accumulation, suspect_loops
 from course_utils.grading.framework import NotAttemptedError
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
@@ -26,23 +26,41 @@ def _tf():
     return cu.quiet.import_tensorflow()
 
 
+def _real(labels):
+    """The real examples among ``labels`` (the padding's label is -1)."""
+    tf = _tf()
+    return tf.reduce_sum(tf.cast(tf.not_equal(tf.cast(labels, tf.int32), -1), tf.float32))
+
+
 def right_loop(model, optimizer, loss_fn, features, labels, micro_batch_size,
-               accumulation_steps, *, short_group="averaged"):
-    """Right by default; ``short_group`` "dropped" (section 2's loop), "divided by k" or
-    "not divided" (the sum of the micro-batches' mean losses)."""
+               accumulation_steps, *, weigh="real", skip=False, drop=False):
+    """Right by default: each micro-batch's mean over its real examples weighed by its share
+    of the group's real examples, counted before the first. ``weigh``: "k" (lesson 07's
+    cells: the mean / k), "group" (the mean / the micro-batches in the group), "dropped"
+    (section 2's loop: / k, the short group never applied), "none" (the sum of the means),
+    "slots" (a mean over every slot, padding counted) or "so far" (the real examples of the
+    group's micro-batches up to this one); ``skip``: a micro-batch of padding only not run;
+    ``drop``: the short last group never run."""
     tf = _tf()
     micro_batches = list(tf.data.Dataset.from_tensor_slices((features, labels)).batch(
         micro_batch_size))
     for start in range(0, len(micro_batches), accumulation_steps):
         group = micro_batches[start:start + accumulation_steps]
-        if len(group) < accumulation_steps and short_group == "dropped":
+        if len(group) < accumulation_steps and (drop or weigh == "dropped"):
             return
-        divisor = {"divided by k": accumulation_steps, "not divided": 1}.get(short_group,
-                                                                             len(group))
+        real, so_far = tf.add_n([_real(y) for _, y in group]), 0.0
         totals = [tf.zeros_like(v) for v in model.trainable_variables]
         for x, y in group:
+            if skip and not _real(y):
+                continue
+            so_far += _real(y)
+            share = {"k": 1 / accumulation_steps, "dropped": 1 / accumulation_steps,
+                     "group": 1 / len(group), "none": 1.0,
+                     "slots": _real(y) / (len(group) * micro_batch_size),
+                     "so far": tf.math.divide_no_nan(_real(y), so_far)}.get(
+                         weigh, _real(y) / real)
             with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True)) / divisor
+                loss = loss_fn(y, model(x, training=True)) * share
             totals = [t + g for t, g in zip(totals, tape.gradient(
                 loss, model.trainable_variables), strict=True)]
         optimizer.apply_gradients(zip(totals, model.trainable_variables, strict=True))
@@ -54,7 +72,7 @@ def every_micro_batch(model, optimizer, loss_fn, features, labels, micro_batch_s
 
 
 def without_dividing(*args):
-    right_loop(*args, short_group="not divided")
+    right_loop(*args, weigh="none")
 
 
 # --- train_with_accumulation -----------------------------------------------------------------
@@ -66,20 +84,62 @@ def test_reference_accumulation_passes(capsys):
     assert "✅ train_with_accumulation: 2 cases passed" in capsys.readouterr().out
 
 
-def test_the_lesson_loop_that_drops_the_short_group_is_named():
-    def lesson_loop(*args):
-        right_loop(*args, short_group="dropped")
+def sums_scaled_at_apply(model, optimizer, loss_fn, features, labels, micro, steps):
+    """Right another way: each micro-batch's summed per-example losses (their own, not
+    ``loss_fn``), the group's sum divided by its real examples once, at the update."""
+    tf = _tf()
+    import keras
 
+    variables = model.trainable_variables
+    for start in range(0, len(labels), micro * steps):
+        sums, real = [tf.zeros_like(v) for v in variables], 0.0
+        for i in range(start, min(start + micro * steps, len(labels)), micro):
+            y = tf.constant(labels[i:i + micro])
+            with tf.GradientTape() as tape:
+                per_example = keras.losses.sparse_categorical_crossentropy(
+                    y, model(features[i:i + micro], training=True), from_logits=True,
+                    ignore_class=-1)
+                loss = tf.reduce_sum(per_example)
+            sums = [a + g for a, g in zip(sums, tape.gradient(loss, variables), strict=True)]
+            real += _real(y)
+        optimizer.apply_gradients(zip([a / real for a in sums], variables, strict=True))
+
+
+@pytest.mark.solution_passes
+def test_the_sums_scaled_once_at_the_update_pass():
+    assert cu.grading.check_train_with_accumulation(sums_scaled_at_apply)
+
+
+def test_the_right_loop_that_drops_the_short_group_is_named():
     with pytest.raises(AssertionError, match=r"case 2 .*short group, were never applied"):
-        cu.grading.check_train_with_accumulation(lesson_loop)
+        cu.grading.check_train_with_accumulation(functools.partial(right_loop, drop=True))
 
 
-def test_a_short_group_divided_by_k_is_caught():
-    def by_k(*args):
-        right_loop(*args, short_group="divided by k")
+def test_the_lessons_loop_copied_averages_the_means_and_is_named():
+    # lesson 07's eager loop (section 3, with_adam: each micro-batch's mean / k; the former
+    # answer, / len(group), is the same in case 1): right only when every micro-batch holds as
+    # many real examples as the others
+    with pytest.raises(AssertionError, match=r"case 1 .*averaging the micro-batches' mean "
+                                             r"losses .* weighs as much as one of \d"):
+        cu.grading.check_train_with_accumulation(functools.partial(right_loop, weigh="k"))
 
-    with pytest.raises(AssertionError, match=r"case 2 .*ends with a short group of \d micro-batch"):
-        cu.grading.check_train_with_accumulation(by_k)
+
+def test_a_mean_over_every_slot_counting_the_padding_is_named():
+    with pytest.raises(AssertionError, match=r"case 1 .*every example slot of the group, "
+                                             r"padding included"):
+        cu.grading.check_train_with_accumulation(functools.partial(right_loop, weigh="slots"))
+
+
+def test_dividing_by_the_real_examples_seen_so_far_is_caught():
+    with pytest.raises(AssertionError, match=r"case 1 .*differ from plain SGD with the loss you "
+                                             r"were given on batches \d× larger"):
+        cu.grading.check_train_with_accumulation(functools.partial(right_loop, weigh="so far"))
+
+
+def test_skipping_the_padding_only_micro_batch_is_named():
+    with pytest.raises(AssertionError, match=r"case 2 .*every micro-batch, its padding "
+                                             r"included, goes through"):
+        cu.grading.check_train_with_accumulation(functools.partial(right_loop, skip=True))
 
 
 def test_applying_every_micro_batch_is_named():
@@ -90,7 +150,7 @@ def test_applying_every_micro_batch_is_named():
 
 
 def test_summing_without_dividing_is_named():
-    with pytest.raises(AssertionError, match=r"without dividing .*× too large"):
+    with pytest.raises(AssertionError, match=r"without dividing: each update is about \d× too"):
         cu.grading.check_train_with_accumulation(without_dividing)
 
 
@@ -229,16 +289,6 @@ def _not_training(model, optimizer, loss_fn, features, labels, micro, steps):
             sums = None
 
 
-def test_dividing_by_the_wrong_count_is_caught():
-    def by_groups(model, optimizer, loss_fn, features, labels, micro, steps):
-        groups = len(labels) // (micro * steps)  # the number of updates, not k
-        right_loop(model, optimizer, lambda y, p: loss_fn(y, p) * steps / groups / steps,
-                   features, labels, micro, steps)
-
-    with pytest.raises(AssertionError, match="large-batch reference|without dividing"):
-        cu.grading.check_train_with_accumulation(by_groups)
-
-
 def test_accumulation_stub_is_not_attempted(capsys):
     assert cu.grading.check_train_with_accumulation(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
@@ -248,7 +298,8 @@ def test_accumulation_stub_is_not_attempted(capsys):
 
 def test_a_stub_trains_no_reference(monkeypatch):
     built = []
-    monkeypatch.setattr(checks_07, "_references", lambda problem: built.append(problem) or {})
+    monkeypatch.setattr(padded_accumulation, "_references",
+                        lambda problem: built.append(problem) or {})
     assert cu.grading.check_train_with_accumulation(stub) is False
     assert built == []  # the references are trained only once a loop has run
 
@@ -925,8 +976,7 @@ def test_weights_trained_elsewhere_written_in_inside_apply_are_caught():
                 v.assign(w)
 
         optimizer._backend_update_step = written_in
-        right_loop(model, optimizer, loss_fn, features, labels, micro, steps,
-                   short_group="not divided")
+        right_loop(model, optimizer, loss_fn, features, labels, micro, steps, weigh="none")
 
     with pytest.raises(AssertionError, match=r"case 1 .*weights are right, but an update "
                                              r"moved them by other than the learning rate"):
@@ -985,9 +1035,10 @@ def test_k_applies_a_group_under_keras_accumulation_are_counted():
         batches = list(tf.data.Dataset.from_tensor_slices((features, labels)).batch(micro))
         for start in range(0, len(batches), steps):
             group = batches[start:start + steps]
+            real = tf.add_n([_real(y) for _, y in group])
             for x, y in group:
                 with tf.GradientTape() as tape:
-                    loss = loss_fn(y, model(x, training=True)) * (steps / len(group))
+                    loss = loss_fn(y, model(x, training=True)) * (steps * _real(y) / real)
                 optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables,
                                               strict=True))
             for _ in range(steps - len(group)):
@@ -1022,13 +1073,15 @@ def test_dividing_the_learning_rate_instead_of_the_gradients_is_caught():
         base, variables = float(optimizer.learning_rate), model.trainable_variables
         for start in range(0, len(labels), micro * steps):
             group = range(start, min(start + micro * steps, len(labels)), micro)
-            sums = [tf.zeros_like(v) for v in variables]
-            for i in group:  # the micro-batches' mean-loss gradients, summed, never divided
+            sums, real = [tf.zeros_like(v) for v in variables], 0.0
+            for i in group:  # the micro-batches' summed-loss gradients, never divided
                 with tf.GradientTape() as tape:
                     loss = loss_fn(labels[i:i + micro], model(features[i:i + micro],
                                                               training=True))
+                    loss *= _real(labels[i:i + micro])
                 sums = [a + g for a, g in zip(sums, tape.gradient(loss, variables), strict=True)]
-            optimizer.learning_rate.assign(base / len(group))  # same weights under plain SGD
+                real += _real(labels[i:i + micro])
+            optimizer.learning_rate.assign(base / real)  # same weights under plain SGD
             optimizer.apply_gradients(zip(sums, variables, strict=True))
         optimizer.learning_rate.assign(base)  # and the rate put back
 

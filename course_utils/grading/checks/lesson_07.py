@@ -1,25 +1,10 @@
 """Checks of lesson 07's exercises (registered by name with ``@register``).
 
-* ``check_train_with_accumulation(train_with_accumulation)``: on a fresh random model and data,
-  behind a simulated memory of one micro-batch (``cu.memory.limit_batch_size``: a larger batch,
-  or a second micro-batch's activations alive, fails like out of memory; a forward pass in
-  training mode is alive, with or without a tape, until a backward pass through it, and one
-  back-propagated twice, as by a persistent tape asked again, frees nothing), the
-  weights equal plain SGD on batches ``k`` times larger (one case ends with a short group, which
-  must make one more update averaged over its own examples) and every example went through the
-  limited model once in training mode; the two popular wrong loops, and a loop that drops the
-  short group, are named when the weights match theirs instead. The model's layers must run
-  only through the limit (``reach_around``: counted, their kernel read only inside their own
-  call). ``cu.Trainer`` (section 7 shows it applying a short group) is refused here and in
-  exercise 4, by file, and the check's own loops (``suspect_loops.accumulate``, the
-  reference) by identity and content. Each update applies (a multiple of) the sum of the
-  gradients that flowed back through the counted calls since the last (``applied_from_calls``:
-  a forward by hand is named), at the learning rate given (``rate_moves``); ``optimizer.apply``
-  runs once per group (its calls counted: ``iterations`` counts k applies as one under Keras's
-  option) and no weight changes outside it (``UpdatesWatched``, also in exercise 4: weights
-  trained elsewhere and written in), nor inside it (``sgd_steps_off``: plain SGD's step, a
-  weight listed twice refused by ``applied_from_calls``). Unseen: a hand forward applied after
-  counted calls made the same gradients; any in exercise 4.
+* ``check_train_with_accumulation(train_with_accumulation)`` (``padded_accumulation``): on
+  fresh random models and padded data behind a simulated memory of one micro-batch, the
+  weights equal plain SGD on batches ``k`` times larger whose loss is the mean over the real
+  examples of the whole group (a short last group included), the work checked as the module
+  says.
 * ``check_largest_batch_that_fits(largest_batch_that_fits)``: the largest batch whose step
   (weights, gradients, optimizer slots, activations) fits a memory budget, on fresh random
   models and budgets, compared with a count made here from the layers' shapes; counted by the
@@ -50,7 +35,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -58,14 +42,19 @@ import numpy as np
 
 from course_utils.equality import largest_difference
 from course_utils.grading.checks.memory_budget import check_largest_batch_that_fits
+from course_utils.grading.checks.padded_accumulation import (
+    ACCUMULATION_TOLERANCE,
+    _keras,
+    _loss_fn,
+    _model,
+    _problem,
+    _without_the_trainer,
+    check_train_with_accumulation,
+)
 from course_utils.grading.checks.reach_around import (
     WRITTEN_OUTSIDE,
     UpdatesWatched,
-    applied_from_calls,
-    counted_dense,
-    rate_moves,
     reached_around,
-    sgd_steps_off,
 )
 from course_utils.grading.checks.recompute import check_segment_gradients
 from course_utils.grading.checks.registry import register
@@ -75,7 +64,6 @@ from course_utils.grading.checks.suspect_loops import (
     check_diagnose_accumulation,
     suspect_loop,
 )
-from course_utils.grading.checks.suspect_loops import accumulate as _train
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
@@ -91,217 +79,6 @@ __all__ = [
     "counting_mirrored_strategy",
     "suspect_loop",
 ]
-
-#: Largest weight difference from the large-batch reference that counts as equal (float32).
-ACCUMULATION_TOLERANCE = 1e-5
-#: Largest part of an update's gradients (relative) not from the counted calls (float32 sums).
-FLOW_TOLERANCE = 1e-4
-
-
-def _keras() -> Any:
-    _tf()
-    import keras
-
-    return keras
-
-
-# --- the references: large batches, and the two wrong loops ----------------------------------
-
-
-def _problem(rng: Any) -> dict[str, Any]:
-    """A fresh random classification problem and model sizes, with their micro-batching."""
-    micro, steps = rng.choice([4, 6, 8]), rng.choice([2, 3, 4])
-    groups = rng.randint(3, 5)
-    features_n, classes = rng.randint(5, 12), rng.randint(2, 5)
-    data = np.random.default_rng(rng.randint(0, 2**31 - 1))
-    n = micro * steps * groups
-    return {
-        "features": data.normal(size=(n, features_n)).astype("float32"),
-        "labels": data.integers(0, classes, size=n).astype("int32"),
-        "hidden": rng.randint(8, 24), "classes": classes, "micro": micro, "steps": steps,
-        "learning_rate": rng.choice([0.05, 0.1, 0.2]), "seed": rng.randint(0, 2**31 - 1),
-    }
-
-
-def _model(problem: dict[str, Any], counted: bool = False, flows: bool = False) -> Any:
-    """The problem's model, its initial weights drawn from the problem's seed (no global seed);
-    ``counted``: its layers count the examples they run on (``reach_around``), and with
-    ``flows`` the gradients back through their calls; where the problem has a ``"penalty"``,
-    an L2 penalty of that weight on both kernels (``model.losses``)."""
-    keras = _keras()
-    dense = functools.partial(counted_dense, flows=flows) if counted else keras.layers.Dense
-    penalty = problem.get("penalty")
-    extra = {"kernel_regularizer": keras.regularizers.L2(penalty)} if penalty else {}
-    inputs = keras.Input(shape=(problem["features"].shape[1],))
-    model = keras.Model(inputs, dense(problem["classes"], **extra)(dense(
-        problem["hidden"], activation="tanh", **extra)(inputs)))
-    weights = np.random.default_rng(problem["seed"])
-    model.set_weights([weights.normal(scale=0.5, size=w.shape).astype("float32")
-                       for w in model.get_weights()])
-    return model
-
-
-def _without_the_trainer(fn: Any) -> Any:
-    """``fn`` refusing ``cu.Trainer`` and its replica step (by file: identity and content)
-    while it runs: lesson 07 shows the Trainer applying a short last group (section 7), the
-    answer of exercises 1 and 4, which ask for the loop itself; and the check's own loops (the
-    functions of this module and of ``suspect_loops``: ``accumulate``, the reference, called
-    under the answer's name passed before), by identity and content
-    (``counting_mirrored_strategy``, whose all-reduce runs in exercise 4's answer, is
-    ``replica_memory``'s)."""
-    import sys
-
-    from course_utils.grading.checks import suspect_loops
-    from course_utils.grading.checks.refusals import own_functions, refusing
-    from course_utils.training import replica_step, trainer
-
-    own = [*own_functions(sys.modules[__name__]), *own_functions(suspect_loops)]
-    return refusing(fn, [trainer.__file__, replica_step.__file__, *own],
-                    "write the accumulation loop yourself (cu.Trainer's accumulation, shown in "
-                    "section 7, and the check's own loops are the course's answer: not yours "
-                    "to call)")
-
-
-def _loss_fn() -> Any:
-    return _keras().losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def _sgd_loop(problem: dict[str, Any], batch_size: int, steps: int, divisor: float,
-              learning_rate: float) -> list[np.ndarray]:
-    """The problem's model trained by :func:`_train`; its weights."""
-    model = _model(problem)
-    optimizer = _keras().optimizers.SGD(learning_rate=learning_rate)
-    _train(model, optimizer, _loss_fn(), problem["features"], problem["labels"], batch_size,
-           steps, divisor)
-    return [np.asarray(w) for w in model.get_weights()]
-
-
-def _references(problem: dict[str, Any]) -> dict[str, list[np.ndarray]]:
-    micro, steps, rate = problem["micro"], problem["steps"], problem["learning_rate"]
-    return {
-        "correct": _sgd_loop(problem, micro * steps, 1, 1.0, rate),
-        "applies every micro-batch": _sgd_loop(problem, micro, 1, 1.0, rate),
-        "sums without dividing": _sgd_loop(problem, micro, steps, 1.0, rate),
-    }
-
-
-def _closest(weights: list[np.ndarray], references: dict[str, list[np.ndarray]]) -> str:
-    return min(references, key=lambda name: largest_difference(weights, references[name]))
-
-
-# --- Exercise 1 · accumulate under a memory limit --------------------------------------------
-
-
-@register
-def check_train_with_accumulation(fn: Any) -> bool:
-    """Check ``train_with_accumulation(model, optimizer, loss_fn, features, labels,
-    micro_batch_size, accumulation_steps)``: weights equal to batches k times larger."""
-    from course_utils.memory import limit_batch_size
-
-    keras = _keras()
-    rng = fresh_rng()
-    problems = [_problem(rng) for _ in range(2)]
-    short = problems[1]  # its data ends with a short group of 1 .. k-1 micro-batches
-    short["extra"] = rng.randint(1, short["steps"] - 1)
-    n = short["micro"] * (short["steps"] * (len(short["labels"]) // (
-        short["micro"] * short["steps"])) + short["extra"])
-    data = np.random.default_rng(short["seed"])
-    short["features"] = data.normal(size=(n, short["features"].shape[1])).astype("float32")
-    short["labels"] = data.integers(0, short["classes"], size=n).astype("int32")
-
-    def case(problem: dict[str, Any]) -> Case:
-        model = _model(problem, counted=True, flows=True)
-        limited = limit_batch_size(model, problem["micro"])  # shares model's weights
-        optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
-        worst, moved = applied_from_calls(optimizer, model), rate_moves(optimizer)
-        off = sgd_steps_off(optimizer)  # an update replaced inside apply
-        watch = UpdatesWatched(optimizer, model)  # its calls; weights written outside it
-        references: dict[str, list[np.ndarray]] = {}  # built on first use: a stub costs nothing
-        extra = problem.get("extra", 0)
-        updates = len(problem["labels"]) // (problem["micro"] * problem["steps"]) + bool(extra)
-
-        def verify(_: Any) -> str | None:
-            if (around := reached_around(model, limited, most=problem["micro"])) is not None:
-                return around
-            if watch.written_outside():
-                return WRITTEN_OUTSIDE
-            on_tape = limited.get_layer("activations_on_tape")
-            if extra and on_tape.examples_trained == len(problem["labels"]) - extra * problem[
-                    "micro"]:
-                return (f"the last {extra} micro-batch(es), a short group, were never applied "
-                        "(nor run): the exercise trains on every example (section 7, a "
-                        "partial last group)")
-            if on_tape.examples_trained != len(problem["labels"]):
-                return (f"{on_tape.examples_trained} examples went forward through the model "
-                        f"you were given in training mode (training=True), not "
-                        f"{len(problem['labels'])} (each once): was it that model, through its "
-                        "memory limit, that saw every example?")
-            if not references:
-                references.update(_references(problem))
-            weights = [np.asarray(w) for w in model.get_weights()]
-            error = largest_difference(weights, references["correct"])
-            if error <= ACCUMULATION_TOLERANCE:
-                if float(worst.numpy()) > FLOW_TOLERANCE:
-                    return ("the weights are right, but the gradients applied at an update "
-                            "are not those that flowed back through the model you were given "
-                            f"since the update before (left after the best scaling: "
-                            f"{float(worst.numpy()):.2g} of their size): apply the sum of each "
-                            "micro-batch's gradients through that model, under its memory "
-                            "limit (a forward by hand keeps the whole group's activations)")
-                if float(moved.numpy()) > 1e-6 * problem["learning_rate"]:
-                    return ("the weights are right, but the learning rate was changed at an "
-                            "update: average the gradients, not the rate (the same weights "
-                            "under plain SGD only: lesson 07, section 3)")
-                if watch.calls != updates:
-                    return (f"the weights are right, but the optimizer applied gradients "
-                            f"{watch.calls} times for {updates} groups: one apply_gradients "
-                            "per group, of the running sum you keep (section 2; Keras's "
-                            "gradient_accumulation_steps, section 4, is not the answer)")
-                if float(off.numpy()) > 1e-3:
-                    return (f"the weights are right, but an update moved them by other than "
-                            f"the learning rate times the gradients applied (off by "
-                            f"{float(off.numpy()):.2g} of a step): leave the optimizer's "
-                            "update as it is (weights trained elsewhere, written in?)")
-                return None
-            if extra:
-                full = len(problem["labels"]) - extra * problem["micro"]
-                dropped = _sgd_loop({**problem, "features": problem["features"][:full],
-                                     "labels": problem["labels"][:full]},
-                                    problem["micro"] * problem["steps"], 1, 1.0,
-                                    problem["learning_rate"])
-                if largest_difference(weights, dropped) <= ACCUMULATION_TOLERANCE:
-                    return (f"your weights match the full groups alone: the last {extra} "
-                            "micro-batch(es), a short group, were never applied (section 7, "
-                            "a partial last group)")
-            closest = _closest(weights, references)
-            reason = {
-                "applies every micro-batch": "your weights match applying every micro-batch: "
-                "the loop updates after each micro-batch instead of once per group of "
-                "accumulation_steps",
-                "sums without dividing": "your weights match summing the micro-batches' "
-                "gradients without dividing by accumulation_steps: the update is "
-                f"{problem['steps']}× too large",
-            }.get(closest, "the weights differ from the large-batch reference" + (
-                f" (the data ends with a short group of {extra} micro-batch(es): over how "
-                "many micro-batches is its update averaged?)"
-                if extra else ""))
-            return f"{reason} (max |Δw| = {error:.2e}, at most {ACCUMULATION_TOLERANCE:g} allowed)"
-
-        n = len(problem["labels"])
-        return Case(args=(limited, optimizer, _loss_fn(), problem["features"], problem["labels"],
-                          problem["micro"], problem["steps"]), verify=verify,
-                    label=f"({n} examples, micro_batch_size={problem['micro']}, "
-                          f"accumulation_steps={problem['steps']}"
-                          + (f", a short last group of {extra}" if extra else "") + ")")
-
-    return run_check(
-        "train_with_accumulation", _without_the_trainer(fn), [case(p) for p in problems],
-        hint="lesson 07, section 2 (accumulate, then apply once) and section 7 (a partial "
-             "last group): which large-batch step should each update equal, and how much "
-             "of the batch may be alive at once under the memory limit? (The model you are "
-             "given counts what it trains on in training mode, training=True: each such "
-             "forward pass, with or without a tape, until a tape.gradient through it.)")
-
 
 # --- Exercise 4 · accumulation under MirroredStrategy, one all-reduce per update ---------------
 
