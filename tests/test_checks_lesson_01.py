@@ -751,6 +751,18 @@ def _cropped_before_the_shuffle(records, decode, crop, featurize, b, buffer):  #
     return features.map(crop).shuffle(buffer).batch(b)
 
 
+def _cached_in_a_file_in_parallel(records, decode, crop, featurize, b, buffer):  # right
+    import os
+    import tempfile
+
+    tf = cu.quiet.import_tensorflow()
+    parallel = tf.data.AUTOTUNE  # order kept (deterministic by default); crop's draws too
+    features = records.map(decode, num_parallel_calls=parallel).map(
+        featurize, num_parallel_calls=parallel)
+    features = features.cache(os.path.join(tempfile.mkdtemp(), "features"))
+    return features.shuffle(buffer).map(crop, num_parallel_calls=parallel).batch(b).prefetch(1)
+
+
 def _colleague(records, decode, crop, featurize, b, buffer):  # the exercise's broken one:
     decoded = records.map(decode).cache()  # the lesson's rule as written
     return decoded.shuffle(buffer).map(crop).map(featurize).batch(b)
@@ -769,6 +781,15 @@ def _lesson_rule_by_the_helper(records, decode, crop, featurize, b, buffer):
 def _featurized_twice(records, decode, crop, featurize, b, buffer):  # before the cache, and
     features = records.map(decode).map(featurize).cache()  # the colleague's one kept
     return features.shuffle(buffer).map(crop).map(featurize).batch(b)
+
+
+def _square_root_of_its_own(records, decode, crop, featurize, b, buffer):  # featurize called
+    tf = cu.quiet.import_tensorflow()  # for show, its features dropped
+
+    def features(values):
+        return tf.sqrt(values) + 0.0 * featurize(values)
+
+    return records.map(decode).map(features).cache().shuffle(buffer).map(crop).batch(b)
 
 
 def _not_featurized(records, decode, crop, featurize, b, buffer):  # the slow step skipped
@@ -825,10 +846,24 @@ def _records_cached(records, decode, crop, featurize, b, buffer):  # before the 
 def _crop_of_its_own(records, decode, crop, featurize, b, buffer):  # crop never called
     tf = cu.quiet.import_tensorflow()
 
+    width = records.map(decode).map(crop).element_spec.shape[0]  # traced: nothing drawn
+
     def own_crop(values):
-        width = 4
         start = tf.random.uniform([], 0, tf.size(values) - width + 1, dtype=tf.int32)
         return values[start:start + width]
+
+    features = records.map(decode).map(featurize).cache()
+    return features.shuffle(buffer).map(own_crop).batch(b)
+
+
+def _crop_for_show(records, decode, crop, featurize, b, buffer):  # crop's draws, other windows
+    tf = cu.quiet.import_tensorflow()
+
+    def own_crop(values):
+        window = crop(values)
+        width = tf.shape(window)[0]
+        start = tf.random.uniform([], 0, tf.size(values) - width + 1, dtype=tf.int32)
+        return tf.ensure_shape(values[start:start + width] + 0.0 * window, window.shape)
 
     features = records.map(decode).map(featurize).cache()
     return features.shuffle(buffer).map(own_crop).batch(b)
@@ -873,7 +908,7 @@ def _decoded_out_of_order_then_cached(records, decode, crop, featurize, b, buffe
 
 
 CACHED_RIGHT = [cached_pipeline, _fused_then_cached, _by_the_course_helper,
-                _cropped_before_the_shuffle]
+                _cropped_before_the_shuffle, _cached_in_a_file_in_parallel]
 CACHED_CATALOGUE = {
     "the colleague's pipeline": (_colleague, r"featurize ran \d+ times in epoch 1 and \d+ "
                                              "times in epoch 2; expected none in epoch 2"),
@@ -884,6 +919,7 @@ CACHED_CATALOGUE = {
                                            "times in epoch 2; expected"),
     "featurize kept after the crop too": (_featurized_twice, "featurize ran twice on them"),
     "featurize skipped": (_not_featurized, "featurize never ran on them"),
+    "a square root of its own": (_square_root_of_its_own, "their values are not featurize's"),
     "a constant": (_constant, r"expected batches of shape \[batch, \d\]"),
     "the helper bound under the name": (cu.data.make_pipeline,
                                         "course_utils.data.make_pipeline, the course's own "
@@ -902,6 +938,7 @@ CACHED_CATALOGUE = {
     "the records cached": (_records_cached, r"decode ran \d+ times in epoch 1 and \d+ times "
                                             "in epoch 2"),
     "a crop of its own": (_crop_of_its_own, "crop never ran in two epochs"),
+    "crop called for show": (_crop_for_show, "windows of epoch 1 are not the ones crop drew"),
     "crop drawn twice a record": (_crop_drawn_twice, r"crop drew \d+ windows in epoch 1 and "
                                                      r"\d+ in epoch 2, for \d+ records"),
     "shuffled, then cached": (_shuffled_then_cached, "froze the shuffle"),

@@ -7,9 +7,10 @@ epoch featurizes again. ``featurize`` works on each value on its own, so it comm
 crop, which only selects values: featurize before the crop and the cache can keep its results.
 
 Judged: every record once per epoch, as ``featurize(crop(decode(record)))`` (its values
-squared give ``100 record + start + j``: featurize run once, on a window of consecutive
-values), decode and featurize counted (each record decoded in epoch 1, neither called in epoch
-2, each call by an op upstream of a tf.data cache), crop's windows drawn anew every epoch
+divided by featurize's scale, drawn by the check, and squared give ``100 record + start + j``:
+featurize run once, on a window of consecutive values), decode and featurize counted (each
+record decoded in epoch 1, neither called in epoch 2, each call by an op upstream of a tf.data
+cache), crop's windows drawn anew every epoch
 (replayed from its generator: one a record, the windows the elements hold), and the shuffle's
 reach for the buffer given (``shuffle_order``), every other step keeping the order."""
 
@@ -34,11 +35,12 @@ from course_utils.quiet import import_tensorflow
 __all__ = ["cached_verifier", "cropped_stages"]
 
 
-def cropped_stages(calls: dict[str, Any], seed: int, length: int, width: int
+def cropped_stages(calls: dict[str, Any], seed: int, length: int, width: int, scale: float
                    ) -> tuple[Callable[[Any], Any], ...]:
     """The check's ``decode`` (a record ``r`` -> ``100 r + arange(length)``, float32),
     ``crop`` (a window of ``width`` consecutive values, its start drawn from a generator whose
-    state moves on every call) and ``featurize`` (the square root of every value). decode and
+    state moves on every call) and ``featurize`` (the square root of every value times
+    ``scale``, drawn by the check: an answer cannot compute it without featurize). decode and
     featurize count their calls in ``calls[name]`` and the token of the op that made each in
     ``calls["by"][name]`` (None: an eager call); ``calls["drawn"](calls["state"]())`` later
     gives the window starts crop drew since."""
@@ -77,7 +79,8 @@ def cropped_stages(calls: dict[str, Any], seed: int, length: int, width: int
         return stage
 
     decode = counted("decode", lambda r: (100 * int(r) + np.arange(length)).astype(np.float32))
-    featurize = counted("featurize", lambda v: np.sqrt(v.astype(np.float32)))
+    featurize = counted("featurize",
+                        lambda v: (np.sqrt(v.astype(np.float32)) * scale).astype(np.float32))
 
     def crop(values: Any) -> Any:
         start = tf.cast(generator.uniform([], 0.0, 1.0) * starts, tf.int32)
@@ -86,10 +89,12 @@ def cropped_stages(calls: dict[str, Any], seed: int, length: int, width: int
     return decode, crop, featurize
 
 
-def _bases(elements: np.ndarray, power: int) -> np.ndarray | None:
-    """``100 record + start`` of every element whose values to ``power`` are consecutive
-    whole numbers (a window of a decoded record), or None."""
-    values = elements.astype(np.float64) ** power
+def _bases(elements: np.ndarray, scale: float, times: int) -> np.ndarray | None:
+    """``100 record + start`` of every element that is a window of a decoded record featurized
+    ``times`` times (undone: consecutive whole numbers), or None."""
+    values = elements.astype(np.float64)
+    for _ in range(times):
+        values = (values / scale) ** 2
     whole = np.round(values)
     if np.abs(values - whole).max() > 0.05 or (np.diff(whole, axis=1) != 1).any():
         return None
@@ -97,7 +102,7 @@ def _bases(elements: np.ndarray, power: int) -> np.ndarray | None:
 
 
 def _windows(epoch: list[np.ndarray], first: int, count: int, batch_size: int, length: int,
-             width: int) -> tuple[str | None, Any]:
+             width: int, scale: float) -> tuple[str | None, Any]:
     """(a problem, None) or (None, (record positions, window starts)) of one epoch."""
     if any(batch.ndim != 2 or batch.shape[1:] != (width,) for batch in epoch):
         shapes = sorted({batch.shape for batch in epoch})[:3]
@@ -109,12 +114,12 @@ def _windows(epoch: list[np.ndarray], first: int, count: int, batch_size: int, l
                 f"{f' and one of {count % batch_size}' if count % batch_size else ''} (the "
                 f"short one last), got sizes {sizes[:12]}"), None
     elements = np.concatenate(epoch)
-    bases = _bases(elements, 2)
+    bases = _bases(elements, scale, 1)
     if bases is None:
-        said = {1: "featurize never ran on them (each value is decode's own)",
-                4: "featurize ran twice on them"}
-        why = next((said[p] for p in (1, 4) if _bases(elements, p) is not None),
-                   "their squares are no window of a decoded record")
+        said = {0: "featurize never ran on them (each value is decode's own)",
+                2: "featurize ran twice on them"}
+        why = next((said[n] for n in (0, 2) if _bases(elements, scale, n) is not None),
+                   "their values are not featurize's, of a window of a decoded record")
         return (f"the elements are not featurize(crop(decode(record))): {why}"), None
     records, starts = bases // 100, bases % 100
     if (starts > length - width).any() or sorted(records.tolist()) != list(
@@ -126,10 +131,11 @@ def _windows(epoch: list[np.ndarray], first: int, count: int, batch_size: int, l
 
 
 def cached_verifier(first: int, count: int, batch_size: int, buffer: int, length: int,
-                    width: int, calls: dict[str, Any]) -> Callable[[Any], str | None]:
+                    width: int, scale: float, calls: dict[str, Any]
+                    ) -> Callable[[Any], str | None]:
     """``verify`` of exercise 3 for ``range(first, first + count)`` shuffled with ``buffer``."""
     def epoch_of(dataset: Any) -> tuple[str | None, Any]:
-        return _windows(_batches(dataset), first, count, batch_size, length, width)
+        return _windows(_batches(dataset), first, count, batch_size, length, width, scale)
 
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, import_tensorflow().data.Dataset):

@@ -388,9 +388,10 @@ def check_cached_pipeline(fn: Any) -> bool:
         first, width = rng.randint(0, 50), rng.randint(3, 5)
         length = width + rng.randint(6, 9)  # 7 to 10 windows a record
         calls: dict[str, Any] = {}
-        stages = _cropped_stages(calls, rng.randint(0, 2**31 - 1), length, width)
+        scale = round(rng.uniform(2.0, 3.0), 3)  # featurize's: no answer computes it alone
+        stages = _cropped_stages(calls, rng.randint(0, 2**31 - 1), length, width, scale)
         args = (tf.data.Dataset.range(first, first + count), *stages, batch_size, buffer)
-        verify = cached_verifier(first, count, batch_size, buffer, length, width, calls)
+        verify = cached_verifier(first, count, batch_size, buffer, length, width, scale, calls)
         cases.append(Case(args=args, verify=verify,
                           label=f"(range({first}, {first + count}), decode, crop, featurize, "
                                 f"{batch_size}, {buffer}), {length} values a record, "
