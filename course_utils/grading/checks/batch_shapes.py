@@ -8,12 +8,11 @@ caching in memory, so that they start empty and only its own steps fill them."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["batches", "counted_stages", "dataset_steps", "epoch_seconds",
+__all__ = ["batches", "dataset_steps", "epoch_seconds",
            "expected_sizes", "fresh_caches", "graph_ops", "handed_on", "multiset_problem",
            "py_function_token", "py_function_tokens", "size_problem"]
 
@@ -282,46 +281,3 @@ def multiset_problem(got: np.ndarray, expected: np.ndarray) -> str | None:
         return (f"the elements differ from the slow pipeline's (as a multiset): missing e.g. "
                 f"{missing}, unexpected e.g. {extra}")
     return None
-
-
-def counted_stages(calls: dict[str, Any], seed: int) -> tuple[Callable[[Any], Any],
-                                                                Callable[[Any], Any]]:
-    """Lesson 01, exercise 3's ``decode`` (counts its calls in ``calls["decode"]`` and, in
-    ``calls["by"]``, the token of the decode op that made each (None: an eager call), returns
-    ``10x``) and
-    ``augment`` (adds a random offset in [0, 1) from a generator whose state moves on every
-    call; ``calls["drawn"](calls["state"]())`` later: its offsets drawn since)."""
-    from course_utils.quiet import import_tensorflow
-
-    tf = import_tensorflow()
-    generator = tf.random.Generator.from_seed(seed, tf.random.Algorithm.PHILOX)
-    calls.setdefault("by", [])
-    calls["state"] = lambda: generator.state.numpy().copy()
-
-    def drawn(since: Any) -> Any:  # augment's offsets drawn since the state ``since``, again:
-        count = (int(generator.state.numpy()[0]) - int(since[0])) // 256  # Philox (counter,
-        flat = tf.raw_ops.StatelessRandomUniformV2(  # key): a scalar draw moves the counter
-            shape=[1024 * count], key=since[2:].astype(np.uint64),  # 256, 4 floats each
-            counter=since[:2].astype(np.uint64), alg=1, dtype=tf.float32)  # 1: Philox
-        return flat.numpy()[::1024]
-
-    calls["drawn"] = drawn
-    made: list[str | None] = []  # the token of every decode op made, in order
-
-    def count_and_decode(value: Any, op: int) -> Any:
-        calls["decode"] += 1
-        calls["by"].append(made[op])
-        return np.float32(10 * int(value))
-
-    def decode(record: Any) -> Any:
-        op = len(made)
-        made.append(None)
-        image = tf.py_function(lambda value: count_and_decode(value, op), [record], tf.float32)
-        image.set_shape([])
-        made[op] = py_function_token(image)
-        return image
-
-    def augment(image: Any) -> Any:
-        return image + generator.uniform([], 0.0, 1.0)
-
-    return decode, augment

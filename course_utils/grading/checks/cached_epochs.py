@@ -1,10 +1,18 @@
-"""Lesson 01, exercise 3 (cache before augmenting): two epochs and more of a learner's cached
-pipeline judged: every record once per epoch, decodes counted (once over two epochs, by a decode
-op upstream of a tf.data cache), augmentation and order that change every epoch (every element
-carries one of the offsets augment drew in its epoch, replayed from augment's generator, one a
-record, not one a batch), the shuffle's reach for the buffer given (``shuffle_order``), every
-other step keeping the order (no ``deterministic=False``: a cache after such a decode keeps its
-finish order)."""
+"""Lesson 01, exercise 3 (cache the slow step that follows a random one): the check's stages and
+two epochs and more of a learner's pipeline judged.
+
+The colleague's pipeline keeps lesson 01's rule as written: ``decode`` (deterministic), a
+cache, then ``crop`` (random) and ``featurize`` (deterministic, slow, value by value). Every
+epoch featurizes again. ``featurize`` works on each value on its own, so it commutes with a
+crop, which only selects values: featurize before the crop and the cache can keep its results.
+
+Judged: every record once per epoch, as ``featurize(crop(decode(record)))`` (its values
+divided by featurize's scale, drawn by the check, and squared give ``100 record + start + j``:
+featurize run once, on a window of consecutive values), decode and featurize counted (each
+record decoded in epoch 1, neither called in epoch 2, each call by an op upstream of a tf.data
+cache), crop's windows drawn anew every epoch
+(replayed from its generator: one a record, the windows the elements hold), and the shuffle's
+reach for the buffer given (``shuffle_order``), every other step keeping the order."""
 
 from __future__ import annotations
 
@@ -14,87 +22,187 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.batch_shapes import batches as _batches
-from course_utils.grading.checks.batch_shapes import dataset_steps, py_function_tokens
-from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
+from course_utils.grading.checks.batch_shapes import (
+    dataset_steps,
+    expected_sizes,
+    py_function_token,
+    py_function_tokens,
+)
 from course_utils.grading.checks.shuffle_order import buffer_problem, places_ahead
 from course_utils.grading.checks.static_batches import order_problem
 from course_utils.quiet import import_tensorflow
 
-__all__ = ["cached_verifier"]
+__all__ = ["cached_verifier", "cropped_stages"]
 
 
-def cached_verifier(count: int, batch_size: int, buffer: int,
-                     calls: dict[str, Any]) -> Callable[[Any], str | None]:
-    """``verify`` of exercise 3 for ``range(count)`` shuffled with ``buffer``."""
+def cropped_stages(calls: dict[str, Any], seed: int, length: int, width: int, scale: float
+                   ) -> tuple[Callable[[Any], Any], ...]:
+    """The check's ``decode`` (a record ``r`` -> ``100 r + arange(length)``, float32),
+    ``crop`` (a window of ``width`` consecutive values, its start drawn from a generator whose
+    state moves on every call) and ``featurize`` (the square root of every value times
+    ``scale``, drawn by the check: an answer cannot compute it without featurize). decode and
+    featurize count their calls in ``calls[name]`` and the token of the op that made each in
+    ``calls["by"][name]`` (None: an eager call); ``calls["drawn"](calls["state"]())`` later
+    gives the window starts crop drew since."""
+    tf = import_tensorflow()
+    generator = tf.random.Generator.from_seed(seed, tf.random.Algorithm.PHILOX)
+    starts = length - width + 1
+    calls.update(decode=0, featurize=0, by={"decode": [], "featurize": []})
+    calls["state"] = lambda: generator.state.numpy().copy()
+
+    def drawn(since: Any) -> Any:  # crop's starts drawn since the state ``since``, again:
+        count = (int(generator.state.numpy()[0]) - int(since[0])) // 256  # Philox (counter,
+        flat = tf.raw_ops.StatelessRandomUniformV2(  # key): a scalar draw moves the counter
+            shape=[1024 * count], key=since[2:].astype(np.uint64),  # 256, 4 floats each
+            counter=since[:2].astype(np.uint64), alg=1, dtype=tf.float32)  # 1: Philox
+        uniform = flat.numpy()[::1024]
+        return (uniform * np.float32(starts)).astype(np.int32)  # as crop computes them
+
+    calls["drawn"] = drawn
+
+    def counted(name: str, work: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        made: list[str | None] = []  # the token of every op of this stage made, in order
+
+        def run(value: Any, op: int) -> Any:
+            calls[name] += 1
+            calls["by"][name].append(made[op])
+            return work(value.numpy())
+
+        def stage(value: Any) -> Any:
+            op = len(made)
+            made.append(None)
+            result = tf.py_function(lambda v: run(v, op), [value], tf.float32)
+            result.set_shape([length] if name == "decode" else value.shape)
+            made[op] = py_function_token(result)
+            return result
+
+        return stage
+
+    decode = counted("decode", lambda r: (100 * int(r) + np.arange(length)).astype(np.float32))
+    featurize = counted("featurize",
+                        lambda v: (np.sqrt(v.astype(np.float32)) * scale).astype(np.float32))
+
+    def crop(values: Any) -> Any:
+        start = tf.cast(generator.uniform([], 0.0, 1.0) * starts, tf.int32)
+        return tf.slice(values, [start], [width])
+
+    return decode, crop, featurize
+
+
+def _bases(elements: np.ndarray, scale: float, times: int) -> np.ndarray | None:
+    """``100 record + start`` of every element that is a window of a decoded record featurized
+    ``times`` times (undone: consecutive whole numbers), or None."""
+    values = elements.astype(np.float64)
+    for _ in range(times):
+        values = (values / scale) ** 2
+    whole = np.round(values)
+    if np.abs(values - whole).max() > 0.05 or (np.diff(whole, axis=1) != 1).any():
+        return None
+    return whole[:, 0].astype(int)
+
+
+def _windows(epoch: list[np.ndarray], first: int, count: int, batch_size: int, length: int,
+             width: int, scale: float) -> tuple[str | None, Any]:
+    """(a problem, None) or (None, (record positions, window starts)) of one epoch."""
+    if any(batch.ndim != 2 or batch.shape[1:] != (width,) for batch in epoch):
+        shapes = sorted({batch.shape for batch in epoch})[:3]
+        return (f"expected batches of shape [batch, {width}] (crop keeps {width} of a record's "
+                f"{length} values), got shapes {shapes}: crop every record, then batch"), None
+    sizes = [len(batch) for batch in epoch]
+    if sizes != expected_sizes(count, batch_size):
+        return (f"batch sizes differ: expected {count // batch_size} batches of {batch_size}"
+                f"{f' and one of {count % batch_size}' if count % batch_size else ''} (the "
+                f"short one last), got sizes {sizes[:12]}"), None
+    elements = np.concatenate(epoch)
+    bases = _bases(elements, scale, 1)
+    if bases is None:
+        said = {0: "featurize never ran on them (each value is decode's own)",
+                2: "featurize ran twice on them"}
+        why = next((said[n] for n in (0, 2) if _bases(elements, scale, n) is not None),
+                   "their values are not featurize's, of a window of a decoded record")
+        return (f"the elements are not featurize(crop(decode(record))): {why}"), None
+    records, starts = bases // 100, bases % 100
+    if (starts > length - width).any() or sorted(records.tolist()) != list(
+            range(first, first + count)):
+        return (f"every record must come once per epoch, cropped ({len(set(records.tolist()))} "
+                f"distinct records of {count}, window starts {sorted(set(starts.tolist()))[:6]})"
+                ), None
+    return None, (records - first, starts)
+
+
+def cached_verifier(first: int, count: int, batch_size: int, buffer: int, length: int,
+                    width: int, scale: float, calls: dict[str, Any]
+                    ) -> Callable[[Any], str | None]:
+    """``verify`` of exercise 3 for ``range(first, first + count)`` shuffled with ``buffer``."""
+    def epoch_of(dataset: Any) -> tuple[str | None, Any]:
+        return _windows(_batches(dataset), first, count, batch_size, length, width, scale)
+
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, import_tensorflow().data.Dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        epochs, decoded, draws = [], [], []
+        built = {name: calls[name] for name in ("decode", "featurize") if calls[name]}
+        if built:  # the records read while the answer ran, not as its pipeline is iterated
+            return (f"{' and '.join(f'{name} ran {n} times' for name, n in built.items())} "
+                    "while your function built its dataset, before the check iterated it: "
+                    "decode and featurize in the pipeline, as it runs (real records need not "
+                    "fit in memory)")
+        orders, windows, ran, draws = [], [], [], []
         for _ in range(2):
-            before, since = calls["decode"], calls["state"]()
-            batches = _batches(dataset)
-            decoded.append(calls["decode"] - before)
-            draws.append(calls["drawn"](since))  # augment's offsets drawn in this epoch
-            problem = _size_problem(batches, count, batch_size)
+            before = {name: calls[name] for name in ("decode", "featurize")}
+            since = calls["state"]()
+            problem, epoch = epoch_of(dataset)
             if problem:
                 return problem
-            epochs.append(np.concatenate(batches))
-        orders = [(epoch // 10).astype(int).tolist() for epoch in epochs]
-        if sorted(orders[0]) != list(range(count)):
-            return "every record must come once per epoch, decoded (decode gives 10 × record)"
+            ran.append({name: calls[name] - before[name] for name in before})
+            draws.append(calls["drawn"](since))  # crop's starts drawn in this epoch
+            orders.append(epoch[0].tolist())
+            windows.append(epoch[1])
+        decoded = [epoch["decode"] for epoch in ran]
         if decoded != [count, 0]:
             return (f"decode ran {decoded[0]} times in epoch 1 and {decoded[1]} times in "
                     f"epoch 2; expected {count} and 0: which elements does the cache keep?")
+        featurized = [epoch["featurize"] for epoch in ran]
+        if featurized[1]:
+            return (f"featurize ran {featurized[0]} times in epoch 1 and {featurized[1]} times "
+                    "in epoch 2; expected none in epoch 2: the cache must keep featurize's "
+                    "results too. It works on each value on its own: does it need the crop "
+                    "first?")
+        if not featurized[0]:
+            return ("featurize never ran in the pipeline's epochs: where were the values "
+                    "featurized?")
         steps = dataset_steps(dataset)
         if not any(step.startswith("CacheDataset") for step in steps):
-            return (f"decode ran once per record, but your pipeline holds no tf.data cache "
-                    f"(its steps: {', '.join(steps)}): which step keeps them for epoch 2?")
+            return (f"decode and featurize ran in epoch 1 only, but your pipeline holds no "
+                    f"tf.data cache (its steps: {', '.join(steps)}): which step keeps their "
+                    "results for epoch 2?")
         cached = py_function_tokens(dataset, feeding="CacheDataset")
-        uncached = sum(token not in cached for token in calls["by"])
-        if uncached:  # decoded in Python, memoised, or by a map the cache does not receive
-            return (f"{uncached} of decode's {len(calls['by'])} calls came from no decode op "
-                    "upstream of your pipeline's tf.data cache (called in Python, or by a map "
-                    "whose results the cache never receives): the cache holds no decoded "
-                    "record. Which step's output must it keep?")
-        if np.array_equal(np.floor(epochs[0]), epochs[0]):
-            return "the elements were not augmented (each is 10 × its record exactly)"
-        # 10 × record + an offset in [0, 1): sorted, each record's element meets its own
-        if np.array_equal(np.sort(epochs[0]), np.sort(epochs[1])):  # whatever the order
-            return ("the two epochs hold the same augmented elements (in any order): the cache "
-                    "froze the augmentation")
-        drew = [len(offsets) for offsets in draws]  # fresh values, but whose noise?
+        for name in ("decode", "featurize"):
+            uncached = sum(token not in cached for token in calls["by"][name])
+            if uncached:  # called in Python, memoised, or by a map the cache never receives
+                return (f"{uncached} of {name}'s {len(calls['by'][name])} calls came from no "
+                        f"{name} op upstream of your pipeline's tf.data cache (called in Python, "
+                        "or by a map whose results the cache never receives): which step's "
+                        "output must the cache keep?")
+        drew = [len(starts) for starts in draws]
         if drew == [0, 0]:
-            return ("augment never ran in two epochs (its generator drew nothing): the "
-                    "elements' noise is not augment's")
+            return ("crop never ran in two epochs (its generator drew nothing): the windows are "
+                    "not crop's")
         if not drew[1]:
-            return (f"augment drew {drew[0]} offsets in epoch 1 and none in epoch 2: the cache "
-                    "froze the augmentation (epoch 2's noise is not augment's)")
-        if drew[0] != drew[1]:  # more in epoch 1: augment before the cache too
-            return (f"augment drew {drew[0]} offsets in epoch 1 and {drew[1]} in epoch 2: does "
-                    "it run before the cache too, or a cache keep some augmented elements? "
-                    "Augment after the cache only, anew every epoch")
-        for epoch, (elements, offsets) in enumerate(zip(epochs, draws, strict=True), 1):
-            away = np.abs(elements % 10 - offsets[:, None]).min(axis=0) >= 1e-4  # rounding:
-            if away.any():  # < 6.2e-5 (10 × record < 1024)
-                return (f"{away.sum()} of epoch {epoch}'s {count} elements are not 10 × their "
-                        "record plus one of the offsets augment drew in that epoch: whose "
-                        "noise do they carry?")
-        if drew[0] < count:  # one offset a record (a batch's, a pair's: fewer)
-            return (f"augment drew {drew[0]} offsets in an epoch of {count} records: augment "
-                    "every record (not whole batches)")
-        for elements, offsets in zip(epochs, draws, strict=True):  # each its own offset
-            free = iter(np.sort(offsets))  # greedy on a line: the lowest offset still in reach
-            for element in np.sort(elements % 10):
-                offset = next((o for o in free if o > element - 1e-4), 2.0)
-                if offset >= element + 1e-4:
-                    return "some elements share one augment offset: augment every record"
+            return (f"crop drew {drew[0]} windows in epoch 1 and none in epoch 2: the cache "
+                    "froze the crops (epoch 2's windows are epoch 1's)")
+        if drew != [count, count]:
+            return (f"crop drew {drew[0]} windows in epoch 1 and {drew[1]} in epoch 2, for "
+                    f"{count} records an epoch: crop every record once, after the cache")
+        for epoch, (held, starts) in enumerate(zip(windows, draws, strict=True), 1):
+            if sorted(held.tolist()) != sorted(starts.tolist()):
+                return (f"the windows of epoch {epoch} are not the ones crop drew in it: whose "
+                        "windows do the elements hold?")
         if orders[0] == list(range(count)):
             return "the records came in their stored order: shuffle them"
         if orders[0] == orders[1]:
             return ("the two epochs came in the same order: something froze the shuffle (a "
-                    "cache after it, reshuffle_each_iteration=False, or random keys or a "
-                    "permutation drawn once, e.g. Dataset.random() without "
-                    "rerandomize_each_iteration=True; a shuffle is random work too)")
+                    "cache after it, reshuffle_each_iteration=False, or an order drawn once; a "
+                    "shuffle is random work too)")
         problem = order_problem(dataset)  # finish orders, kept by a cache: not the shuffle's
         if problem:
             return (f"{problem} (the check measures your shuffle's reach from the records' "
@@ -103,8 +211,11 @@ def cached_verifier(count: int, batch_size: int, buffer: int,
         # record b late with P < 1.4 %: < 2e-11 (checks/shuffle_order.py). The whole set
         # brings none k = count // 2 early with P = k^(count-k) k!/count! < 0.8 % (count >= 21);
         # in 4 epochs: < 1e-8.
-        orders += [(np.concatenate(_batches(dataset)) // 10).astype(int).tolist()
-                   for _ in range(2 if buffer == count else 6)]
+        for _ in range(2 if buffer == count else 6):
+            problem, epoch = epoch_of(dataset)
+            if problem:
+                return f"in a later epoch: {problem}"
+            orders.append(epoch[0].tolist())
         if buffer < count:
             return buffer_problem(orders, buffer, "record")
         jump = max(places_ahead(order) for order in orders)

@@ -24,12 +24,13 @@
   whole set: one example n/2 ahead; a buffer b < n, over four epochs: some example exactly
   b - 1 ahead and none further, some b or more late (``checks/shuffle_order.py``: a smaller
   buffer, or fixed windows of b each shuffled, fail).
-* ``check_cached_pipeline(cached_pipeline)``: records decoded once over two epochs (counted,
-  and a tf.data cache in the pipeline's graph: a decode memoised in Python is no cache),
-  augmentation and order that change every epoch (a cache after the shuffle freezes it; each
-  element carries an offset augment drew in its epoch, one a record), every record once per
-  epoch, and a shuffle with the buffer given (all records: one count/2 early; a smaller buffer
-  b, second case: over eight epochs, as for ``check_shuffled_batches``).
+* ``check_cached_pipeline(cached_pipeline)``: the colleague's pipeline caches after decode and
+  before the random crop, as lesson 01's rule says, so featurize (slow, deterministic, value by
+  value) runs every epoch. Judged: records decoded and featurized in epoch 1 only (counted,
+  each call by an op upstream of a tf.data cache: a memo in Python is no cache), every element
+  ``featurize(crop(decode(record)))`` (featurized once), crop's windows drawn anew every epoch
+  (replayed from its generator, one a record), every record once per epoch, the order new every
+  epoch and a shuffle with the buffer given (``checks/cached_epochs.py``).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
   ``map`` – an image stored as its raw bytes (decoded, reshaped, scaled to [0, 1]: the lesson
   parsed a float list), a label and a weight that some records lack (default 1.0), parsed in
@@ -45,11 +46,11 @@ from typing import Any
 import numpy as np
 
 from course_utils.grading.checks.batch_shapes import batches as _batches
-from course_utils.grading.checks.batch_shapes import counted_stages as _counted_stages
 from course_utils.grading.checks.batch_shapes import epoch_seconds, fresh_caches
 from course_utils.grading.checks.batch_shapes import multiset_problem as _multiset_problem
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.cached_epochs import cached_verifier
+from course_utils.grading.checks.cached_epochs import cropped_stages as _cropped_stages
 from course_utils.grading.checks.records import (
     RECORD_IMAGE_SHAPE,
     parse_ops_problem,
@@ -368,14 +369,15 @@ def check_shuffled_batches(fn: Any) -> bool:
              "01, section 7.")
 
 
-# --- Exercise 3 · cache before augmenting -------------------------------------------------------
+# --- Exercise 3 · cache the slow step that follows a random one --------------------------------
 
 
 @register
 def check_cached_pipeline(fn: Any) -> bool:
-    """Check ``cached_pipeline(records, decode, augment, batch_size, shuffle_buffer)``: every
-    record decoded once over two epochs, augmentation and order that change every epoch (the
-    cache freezes neither the augmentation nor the shuffle), right elements and batches."""
+    """Check ``cached_pipeline(records, decode, crop, featurize, batch_size, shuffle_buffer)``:
+    decode and featurize run once per record over two epochs (counted, by ops upstream of a
+    tf.data cache), crops and order new every epoch, every record once per epoch as
+    ``featurize(crop(decode(record)))``, in batches (``checks/cached_epochs.py``)."""
     tf = _tf()
     rng = fresh_rng()
     batch_size = rng.choice([4, 5, 8])
@@ -383,14 +385,21 @@ def check_cached_pipeline(fn: Any) -> bool:
     for small in (False, True):  # a buffer of every record, then a smaller one
         count = rng.randint(5, 8) * batch_size + rng.randint(1, batch_size - 1)
         buffer = rng.randint(3, count // 4) if small else count
-        calls: dict[str, Any] = {"decode": 0}
-        decode, augment = _counted_stages(calls, rng.randint(0, 2**31 - 1))
-        args = (tf.data.Dataset.range(count), decode, augment, batch_size, buffer)
-        cases.append(Case(args=args, verify=cached_verifier(count, batch_size, buffer, calls),
-                          label=f"(range({count}), decode, augment, {batch_size}, {buffer})"))
+        first, width = rng.randint(0, 50), rng.randint(3, 5)
+        length = width + rng.randint(6, 9)  # 7 to 10 windows a record
+        calls: dict[str, Any] = {}
+        scale = round(rng.uniform(2.0, 3.0), 3)  # featurize's: no answer computes it alone
+        stages = _cropped_stages(calls, rng.randint(0, 2**31 - 1), length, width, scale)
+        args = (tf.data.Dataset.range(first, first + count), *stages, batch_size, buffer)
+        verify = cached_verifier(first, count, batch_size, buffer, length, width, scale, calls)
+        cases.append(Case(args=args, verify=verify,
+                          label=f"(range({first}, {first + count}), decode, crop, featurize, "
+                                f"{batch_size}, {buffer}), {length} values a record, "
+                                f"{width} cropped"))
     return run_check("cached_pipeline", fn, cases,
                      hint="which steps give the same result every epoch, which are random, "
-                          "and where does the cache sit between them? Lesson 01, section 5.")
+                          "and can the slow one run before the random one? Lesson 01, "
+                          "section 5.")
 
 
 # --- Exercise 4 · parse TFRecords you did not write ---------------------------------------------
