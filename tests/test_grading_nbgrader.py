@@ -71,42 +71,52 @@ CELL_TIMEOUT = 600  # nbgrader's default is 30 s a cell; the README tells instru
 NETWORK_ERRORS = ("NewConnectionError", "Max retries exceeded", "Temporary failure in name",
                   "Network is unreachable", "No matching distribution found",
                   "Could not find a version")
-#: nbgrader's own API (``NbGraderAPI``, what its command line runs), one process for each
-#: step: ``generate`` releases every assignment; ``autograde`` grades every submission and
-#: prints the gradebook's scores. A process per call cost about 8 s of imports each.
-NBGRADER_STEP = """
+#: nbgrader's own API (``NbGraderAPI``, what its command line runs), in one process: it
+#: releases every assignment (``generate``), says so, reads the students to grade from its
+#: standard input (their copies are made from the release meanwhile), grades every submission
+#: (``autograde``) and prints the gradebook's scores. A process per step cost about 4 CPU-s
+#: of imports each.
+NBGRADER_STEPS = """
 import json, sys
 from traitlets.config import Config
 from nbgrader.api import Gradebook
 from nbgrader.apps import NbGraderAPI
-step, root, students = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+root, assignments = sys.argv[1], json.loads(sys.argv[2])
 config = Config()
 config.CourseDirectory.root = root
-config.Execute.timeout = int(sys.argv[4])
+config.Execute.timeout = int(sys.argv[3])
 api = NbGraderAPI(config=config)
-for assignment, names in students.items():
-    for student in names or [None]:
-        result = (api.generate_assignment(assignment, force=True) if step == "generate"
-                  else api.autograde(assignment, student, force=True))
-        if not result["success"]:
-            sys.exit(f"nbgrader {step} {assignment} {student or ''}: {result['error']}"
-                     f"\\n{result['log']}")
+
+def run(step, students):
+    for assignment, names in students.items():
+        for student in names or [None]:
+            result = (api.generate_assignment(assignment, force=True) if step == "generate"
+                      else api.autograde(assignment, student, force=True))
+            if not result["success"]:
+                sys.exit(f"nbgrader {step} {assignment} {student or ''}: {result['error']}"
+                         f"\\n{result['log']}")
+
+run("generate", dict.fromkeys(assignments, []))
+print("generated", flush=True)
+run("autograde", json.loads(sys.stdin.readline()))
 scores = {}
-if step == "autograde":
-    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
-        for assignment in gb.assignments:
-            for sub in gb.assignment_submissions(assignment.name):
-                for nb in sub.notebooks:
-                    scores.setdefault(assignment.name, {})[sub.student.id] = {
-                        "score": nb.score, "max": nb.max_score,
-                        "cells": {g.name: g.score for g in nb.grades}}
+with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
+    for assignment in gb.assignments:
+        for sub in gb.assignment_submissions(assignment.name):
+            for nb in sub.notebooks:
+                scores.setdefault(assignment.name, {})[sub.student.id] = {
+                    "score": nb.score, "max": nb.max_score,
+                    "cells": {g.name: g.score for g in nb.grades}}
 print(json.dumps(scores))
 """
 
 def _nbgrader_env(cache_dir: Path) -> Path:
     """A virtual environment with nbgrader 0.9 (reused when the cached one works)."""
     python = cache_dir / "bin" / "python"
-    probe = [str(python), "-c", "import nbgrader; assert nbgrader.__version__.startswith('0.9')"]
+    # its version read from the installed metadata: importing nbgrader costs about 4 CPU-s,
+    # paid again when nbgrader's steps run (which fail with the reason if the copy is broken)
+    probe = [str(python), "-c", "import importlib.metadata as m, importlib.util as u; "
+             "assert u.find_spec('nbgrader') and m.version('nbgrader').startswith('0.9')"]
     if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
         return cache_dir
     shutil.rmtree(cache_dir, ignore_errors=True)
@@ -229,29 +239,36 @@ def _nbgrader_grades(root: Path, env_dir: Path, names: dict[str, tuple[str, Path
                JUPYTER_DATA_DIR=str(root / "data"), PATH=f"{env_dir / 'bin'}:{env['PATH']}")
     course.mkdir()
 
-    def nbgrader(step: str, students: dict[str, list[str]]) -> dict:
-        run = subprocess.run([str(env_dir / "bin" / "python"), "-c", NBGRADER_STEP, step,
-                              str(course), json.dumps(students), str(CELL_TIMEOUT)],
-                             cwd=course, env=env, capture_output=True, text=True)
-        assert run.returncode == 0, f"nbgrader {step}:\n{run.stdout}\n{run.stderr}"
-        return json.loads(run.stdout.strip().splitlines()[-1])
-
     for assignment, (name, path) in names.items():
         (course / "source" / assignment).mkdir(parents=True)
         shutil.copy(path, course / "source" / assignment / name)
-    nbgrader("generate", {assignment: [] for assignment in names})
-    notebooks = {}
-    for assignment, (name, path) in names.items():
-        release = nbformat.read(course / "release" / assignment / name, as_version=4)
-        solution = nbformat.read(path, as_version=4)
-        for student in _nbgrader_students(assignment):
-            folder = course / "submitted" / student / assignment
-            folder.mkdir(parents=True)
-            nbformat.write(_student_copy(release, solution, solves[assignment][student]),
-                           folder / name)
-        notebooks[assignment] = (name, release)
-    scores = nbgrader("autograde", {a: list(_nbgrader_students(a)) for a in notebooks
-                                    if _nbgrader_students(a)})
+    with (root / "nbgrader.log").open("w+") as log:
+        steps = subprocess.Popen([str(env_dir / "bin" / "python"), "-c", NBGRADER_STEPS,
+                                  str(course), json.dumps(list(names)), str(CELL_TIMEOUT)],
+                                 cwd=course, env=env, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            generated = steps.stdout.readline().strip() == "generated"
+            notebooks = {}
+            for assignment, (name, path) in names.items() if generated else ():
+                release = nbformat.read(course / "release" / assignment / name, as_version=4)
+                solution = nbformat.read(path, as_version=4)
+                for student in _nbgrader_students(assignment):
+                    folder = course / "submitted" / student / assignment
+                    folder.mkdir(parents=True)
+                    nbformat.write(_student_copy(release, solution, solves[assignment][student]),
+                                   folder / name)
+                notebooks[assignment] = (name, release)
+            students = {a: list(_nbgrader_students(a)) for a in notebooks
+                        if _nbgrader_students(a)}
+            out, _ = steps.communicate(json.dumps(students) + "\n" if generated else None)
+        finally:
+            if steps.poll() is None:
+                steps.kill()
+                steps.wait()
+        log.seek(0)
+        assert generated and steps.returncode == 0, f"nbgrader:\n{out}\n{log.read()}"
+    scores = json.loads(out.strip().splitlines()[-1])
     return course, notebooks, scores
 
 
