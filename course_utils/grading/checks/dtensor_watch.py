@@ -200,7 +200,8 @@ def whole_copy_watch(whole: list[str],
     def traced_constant(frame: Any, local: Any) -> None:
         """A constant of 4 or more numbers traced into a function that a
         ``dtensor.call_with_layout`` runs: whole in every device's program, however the
-        function reached its data (a dict, an attribute, a file)."""
+        function reached its data (a dict, an attribute; a file cannot: DTensor has no layout
+        propagation for ReadFile)."""
         attrs = local.get("attrs") or {}
         if local.get("op_type") in _RESOURCE_READS:
             held = host_variable_read(local)
