@@ -855,6 +855,115 @@ def backward_laundered_through_variables(parts, micro_batches, loss_fn, devices)
     return loss, _shown_at_home(parts, micro_batches, devices, out)
 
 
+def _per_micro_batch_at_default(parts, micro_batches, devices):
+    """The colleague's backward, a tape and a loss of its own per micro-batch, all of it on
+    the default device."""
+    import keras
+
+    own = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    runs = [_one_tape(parts, x, y, own, devices) for x, y in micro_batches]
+    return [sum(g[i] for _, g in runs) / len(runs) for i in range(len(runs[0][1]))]
+
+
+def backward_fed_through_sample_weight(parts, micro_batches, loss_fn, devices):  # x06 L3
+    """The colleague's backward fed to loss_fn through a keyword (``sample_weight``)."""
+    import tensorflow as tf
+
+    grads = _per_micro_batch_at_default(parts, micro_batches, devices)
+    w = 1.0 + 0.0 * tf.add_n([tf.reduce_sum(g) for g in grads])
+    losses = [loss_fn(y, _through_the_parts(parts, devices, x),
+                      sample_weight=tf.fill([x.shape[0]], w)) for x, y in micro_batches]
+    return tf.add_n(losses) / len(losses), _shown_at_home(parts, micro_batches, devices, grads)
+
+
+def _laundered(route):  # x06 L4-L6: a stateful detour, read back under the last device
+    def answer(parts, micro_batches, loss_fn, devices):
+        import tensorflow as tf
+
+        loss, grads = one_tape(parts, micro_batches, loss_fn, devices)
+        key = (route, id(parts[0]))
+        if key not in _STORE:
+            with tf.init_scope():
+                _STORE[key] = ([tf.Variable(tf.zeros_like(g), trainable=False) for g in grads]
+                               if route != "queue" else tf.queue.FIFOQueue(
+                                   4, [g.dtype for g in grads], [g.shape for g in grads]))
+        store = _STORE[key]
+        if route == "queue":
+            store.enqueue(grads)
+        else:
+            for v, g in zip(store, grads, strict=True):
+                v.assign(g)
+        with tf.device(devices[-1]):
+            if route == "queue":
+                out = store.dequeue()
+            elif route == "sparse_read":
+                out = [v.sparse_read(tf.range(g.shape[0]))
+                       for v, g in zip(store, grads, strict=True)]
+            else:  # a ReadVariableOp on a copy of the handle
+                out = [tf.raw_ops.ReadVariableOp(resource=tf.identity(v.handle), dtype=g.dtype)
+                       for v, g in zip(store, grads, strict=True)]
+        return loss, _shown_at_home(parts, micro_batches, devices, out)
+    return answer
+
+
+def _in_control_flow(kind):  # x06 L7-L8: the colleague's backward inside a cond or a loop
+    def answer(parts, micro_batches, loss_fn, devices):
+        import keras
+        import tensorflow as tf
+
+        own = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        losses = [loss_fn(y, _through_the_parts(parts, devices, x)) for x, y in micro_batches]
+        zeros = [tf.zeros_like(v) for p in parts for v in p.trainable_variables]
+
+        def backward():
+            return one_tape(parts, micro_batches, own, devices)[1]
+
+        with tf.device(devices[-1]):
+            if kind == "cond":
+                grads = tf.cond(tf.constant(True), backward, lambda: zeros)
+            else:
+                grads = tf.while_loop(lambda i, g: i < 1, lambda i, g: (i + 1, backward()),
+                                      (tf.constant(0), zeros))[1]
+        loss = tf.add_n(losses) / len(losses)
+        return loss, _shown_at_home(parts, micro_batches, devices, grads)
+    return answer
+
+
+def chained_on_the_last_device(parts, micro_batches, loss_fn, devices):  # x06 L9
+    """Every part's backward on the last device, weights read as transpose(transpose(W)),
+    the earlier parts' gradients tied into the last part's (``+ 0 · Σ g``), copied home."""
+    import tensorflow as tf
+
+    def forward(x):
+        value = tf.convert_to_tensor(x)
+        for part, device in zip(parts, devices, strict=True):
+            with tf.device(device):
+                for layer in part.layers:
+                    kernel = tf.transpose(tf.transpose(tf.convert_to_tensor(layer.kernel)))
+                    value = layer.activation(tf.matmul(value, kernel) + layer.bias)
+        return value
+
+    variables = [v for part in parts for v in part.trainable_variables]
+    last = len(parts[-1].trainable_variables)
+    sums, losses = None, []
+    for x, y in micro_batches:
+        with tf.GradientTape() as tape:
+            losses.append(loss_fn(y, forward(x)))
+            scaled = losses[-1] / len(micro_batches)
+        with tf.device(devices[-1]):
+            g = tape.gradient(scaled, variables)
+            sums = g if sums is None else [a + b for a, b in zip(sums, g, strict=True)]
+    with tf.device(devices[-1]):
+        tie = 0.0 * tf.add_n([tf.reduce_sum(g) for g in sums[:-last]])
+        sums = sums[:-last] + [g + tie for g in sums[-last:]]
+    homes = [d for part, d in zip(parts, devices, strict=True) for _ in part.trainable_variables]
+    out = []
+    for g, home in zip(sums, homes, strict=True):
+        with tf.device(home):
+            out.append(tf.identity(g))
+    return tf.add_n(losses) / len(losses), out
+
+
 def _kernel_rows_and_x(x, init_kernel, kernel_shape, mesh):
     import numpy as np
     import tensorflow as tf
@@ -909,6 +1018,49 @@ def _kernel_to_the_host(route):  # nb29-06 L5: the kernel gathered by a route of
             whole = tf.transpose(tf.reshape(t, kernel_shape[::-1])).numpy()
         return x_sharded, kernel, _y_on_the_host(x, whole, kernel_shape, bias, mesh)
     return answer
+
+
+def _host_variable(route):  # x06 L11-L13: a whole matrix in a host tf.Variable
+    """x (or y, computed on the host) whole in a host tf.Variable, given to or read in a
+    ``call_with_layout`` function with a sharded layout: whole in every device's program."""
+    def answer(x, init_kernel, kernel_shape, bias, mesh):
+        import numpy as np
+        import tensorflow as tf
+        from tensorflow.experimental import dtensor
+
+        dim, free = mesh.dim_names[0], dtensor.UNSHARDED
+        x_sharded, kernel = _kernel_rows_and_x(x, init_kernel, kernel_shape, mesh)
+        bias_everywhere = dtensor.pack([bias] * mesh.size, dtensor.Layout([free], mesh))
+        y = tf.matmul(x_sharded, kernel) + bias_everywhere
+        held = {"v": tf.Variable(x)}
+        if route == "y":  # the kernel gathered inside an op (the known limit), y on the host
+            eye = dtensor.call_with_layout(
+                tf.function(lambda: tf.one_hot(tf.range(x.shape[1]), x.shape[1])),
+                dtensor.Layout([free, dim], mesh))
+            held["v"] = tf.Variable(x @ np.asarray(tf.matmul(eye, kernel)) + bias)
+        layout = dtensor.Layout([free, dim], mesh)
+        if route == "argument":
+            made = dtensor.call_with_layout(tf.function(tf.identity), layout, held["v"])
+        elif route == "dict":  # reached through a dict: no closure, argument or global holds it
+            made = dtensor.call_with_layout(tf.function(lambda: tf.identity(held["v"])), layout)
+        else:
+            v = held["v"]
+            made = dtensor.call_with_layout(tf.function(lambda: tf.identity(v)), layout)
+        return (x_sharded, kernel, made) if route == "y" else (made, kernel, y)
+    return answer
+
+
+def bias_sharded(x, init_kernel, kernel_shape, bias, mesh):  # x06 L14
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.experimental import dtensor
+
+    dim = mesh.dim_names[0]
+    x_sharded, kernel = _kernel_rows_and_x(x, init_kernel, kernel_shape, mesh)
+    pieces = np.split(bias, mesh.dim_size(dim))
+    sharded = dtensor.pack([pieces[w[dim]] for w in mesh.local_device_locations()],
+                           dtensor.Layout([dim], mesh))
+    return x_sharded, kernel, tf.matmul(x_sharded, kernel) + sharded
 
 
 def stub(*args):
@@ -969,6 +1121,45 @@ def test_one_f_one_b_lazy_and_wrong_answers_fail(answer, message):
         cu.grading.check_one_f_one_b_orders(answer)
 
 
+def _shifted(orders_of, num_stages, num_micro_batches, max_in_flight):
+    """Capped orders re-indexed from an uncapped 1F1B of ``min(cap, K)`` stages."""
+    c = min(max_in_flight, num_stages)
+    small = [[p for p in order if p[1] < num_micro_batches] for order in orders_of(c)]
+    return [list(small[max(0, s - (num_stages - c))]) for s in range(num_stages)]
+
+
+def test_one_f_one_b_helper_orders_made_before_for_more_micro_batches_fail():  # x06 L1
+    from course_utils.parallel import schedules
+
+    saved = dict(schedules._LARGEST_ASKED)
+    try:
+        long = {c: cu.parallel.one_f_one_b_orders(c, 3000) for c in range(1, 7)}
+        with pytest.raises(AssertionError, match=r"case 7 .*were asked for 3000 micro-batches"):
+            cu.grading.check_one_f_one_b_orders(lambda k, m, cap: _shifted(long.get, k, m, cap))
+    finally:
+        schedules._LARGEST_ASKED.clear()
+        schedules._LARGEST_ASKED.update(saved)
+
+
+def edited_copy_of_the_helper_shifted(num_stages, num_micro_batches, max_in_flight):  # L2
+    import inspect
+
+    from course_utils.parallel import schedules
+
+    source = inspect.getsource(schedules.one_f_one_b_orders).replace(
+        "warm_up = min(num_stages - 1 - stage, num_micro_batches)",
+        "warm_up = min(num_stages - 1 - stage, num_micro_batches) + 0")
+    namespace = {"_validate": lambda *a: None, "_asked": lambda *a: None, "Pass": tuple}
+    exec(source, namespace)  # noqa: S102
+    return _shifted(lambda c: namespace["one_f_one_b_orders"](c, num_micro_batches),
+                    num_stages, num_micro_batches, max_in_flight)
+
+
+def test_one_f_one_b_edited_copy_of_the_helper_fails():
+    with pytest.raises(AssertionError, match="case 1 .*ran one_f_one_b_orders, an edited copy"):
+        cu.grading.check_one_f_one_b_orders(edited_copy_of_the_helper_shifted)
+
+
 def test_the_course_helper_still_works_after_the_check():
     with pytest.raises(AssertionError):
         cu.grading.check_one_f_one_b_orders(the_lessons_helper)
@@ -1017,8 +1208,16 @@ BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) r
     (backward_hidden_in_the_loss, BACKWARD + "no device"),
     (backward_fed_to_loss_fn, "loss_fn was given a value computed from a micro-batch's "
                               "features and labels both"),
-    (backward_in_an_inner_function, "it calls another tf.function"),
-    (backward_laundered_through_variables, BACKWARD + "no device"),
+    (backward_in_an_inner_function, "it runs a (Stateful)?PartitionedCall op"),
+    (backward_laundered_through_variables, r"stateful op \(AssignVariableOp"),
+    (backward_fed_through_sample_weight, r"more than the labels and the logits \(sample_w"),
+    (_laundered("sparse_read"), r"stateful op \(AssignVariableOp"),
+    (_laundered("handle copy"), r"stateful op \(AssignVariableOp"),
+    (_laundered("queue"), r"stateful op \(QueueEnqueueV2"),
+    (_in_control_flow("cond"), "it runs a (Stateless)?If op"),
+    (_in_control_flow("while"), "it runs a (Stateless)?While op"),
+    (chained_on_the_last_device, r"part \d's backward pass has an op \(MatMul, on CPU:\d\) "
+                                 "that reads the micro-batch's features"),
 ])
 def test_split_gradients_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):
@@ -1062,6 +1261,11 @@ _NOT_ITS_PIECE = "neither its piece of x nor the bias|more than its piece of x"
     (_kernel_to_the_host("memoryview"), _NOT_ITS_PIECE),
     (x_sent_whole_by_relayout_like, "relayout_like of a whole host value"),
     (gathered_whole_by_relayout_like, "relayout_like to a replicated layout"),
+    (_host_variable("closure"), "call_with_layout of a function that holds a whole"),
+    (_host_variable("argument"), "call_with_layout of a function that holds a whole"),
+    (_host_variable("dict"), r"reads a host tf.Variable of \d+ numbers"),
+    (_host_variable("y"), "call_with_layout of a function that holds a whole"),
+    (bias_sharded, "gave a device a piece of the bias"),
 ])
 def test_shard_dense_rows_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):

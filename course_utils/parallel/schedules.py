@@ -47,6 +47,16 @@ class Task:
     chunk: int = 0
 
 
+#: the most micro-batches a 1F1B order helper was asked for in this process, by helper: lesson
+#: 06's check of exercise 1 reads it (orders cut from a longer schedule the helper made before
+#: the check are the helper's; nothing else depends on it)
+_LARGEST_ASKED: dict[str, int] = {}
+
+
+def _asked(helper: str, num_micro_batches: int) -> None:
+    _LARGEST_ASKED[helper] = max(_LARGEST_ASKED.get(helper, 0), num_micro_batches)
+
+
 def _validate(num_stages: int, num_micro_batches: int) -> None:
     if num_stages < 1 or num_micro_batches < 1:
         raise ValueError("num_stages and num_micro_batches must be at least 1, got "
@@ -82,6 +92,7 @@ def gpipe_orders(num_stages: int, num_micro_batches: int) -> list[list[Pass]]:
 def one_f_one_b_orders(num_stages: int, num_micro_batches: int) -> list[list[Pass]]:
     """1F1B's order: ``K − 1 − s`` warm-up forwards, then one forward, one backward, then drain."""
     _validate(num_stages, num_micro_batches)
+    _asked("one_f_one_b_orders", num_micro_batches)
     orders = []
     for stage in range(num_stages):
         warm_up = min(num_stages - 1 - stage, num_micro_batches)
@@ -194,6 +205,7 @@ def interleaved_orders(num_stages: int, num_micro_batches: int, chunks: int) -> 
     1F1B) and M a multiple of K, as Megatron-LM's original version does (later ones relax it).
     """
     _validate(num_stages, num_micro_batches)
+    _asked("interleaved_orders", num_micro_batches)
     if chunks < 2:
         raise ValueError(f"interleaving needs chunks >= 2 (1 is one_f_one_b_orders), got {chunks}")
     if num_micro_batches % num_stages:

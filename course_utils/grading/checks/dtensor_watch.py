@@ -13,6 +13,7 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 __all__ = ["kernel_initializer", "whole_copy_watch"]
 
 _LIBRARIES = {"tensorflow", "keras", "tf_keras", "numpy"}
+_RESOURCE_READS = {"ReadVariableOp", "ResourceGather", "ResourceGatherNd"}
 
 
 def whole_copy_watch(whole: list[str],
@@ -25,7 +26,8 @@ def whole_copy_watch(whole: list[str],
     whole or flattened, for a layout of rank 2 or more (``lambda: tf.constant(x)``: the
     constant goes whole into every device's program, which keeps its slice), and any constant
     of 4 or more numbers traced into such a function, however the function reached its data
-    (a dict, an attribute: the graph's ``Const`` ops are watched as they are made);
+    (a dict, an attribute: the graph's ``Const`` ops are watched as they are made), and so is
+    any read of a host ``tf.Variable`` of 4 or more numbers (its resource read, as it is made);
     ``dtensor.copy_to_mesh`` or ``dtensor.relayout`` of a host tensor of rank 2 or more (the
     whole tensor sent to the mesh, then sliced there); ``dtensor.relayout`` of a DTensor laid
     out replicated (it was whole on every device before), or of any tensor of 4 or more
@@ -100,11 +102,17 @@ def whole_copy_watch(whole: list[str],
         """How many numbers ``value`` can carry onto the mesh: elements of an array or
         tensor of numbers, a quarter of the bytes of bytes, strings or string tensors (a
         float32's worth each: ``x.tobytes()`` is ``x``), the elements of a DTensor laid out
-        whole on every device (already whole there); 0 for anything else."""
+        whole on every device (already whole there) and of a ``tf.Variable`` (on the host, or
+        a DVariable laid out whole); 0 for anything else."""
         if isinstance(value, (bytes, bytearray, memoryview)):
             return len(bytes(value)) // 4
         if isinstance(value, str):
             return len(value.encode()) // 4
+        if isinstance(value, tf.Variable):  # a host variable's value, whole (x06 L11-L13)
+            layout = getattr(value, "layout", None)  # a DVariable's
+            if layout is not None and not layout.is_fully_replicated():
+                return 0
+            return int(value.shape.num_elements() or 0)
         if isinstance(value, tf.Tensor):
             if api.is_dtensor(value):
                 layout = api.fetch_layout(value)
@@ -172,11 +180,40 @@ def whole_copy_watch(whole: list[str],
     numpy_code = _ops._EagerTensorBase.numpy.__code__
     new_op_code = _ops.Graph._create_op_internal.__code__  # every graph op, FuncGraph's too
 
+    def host_variable_read(local: Any) -> int:
+        """The numbers of the host (not DTensor) variable a resource read being traced reads
+        (the handle captured from outside the function: found through its captures)."""
+        from tensorflow.python.ops import handle_data_util
+
+        graph, inputs = local.get("self"), list(local.get("inputs") or ())
+        for external, internal in getattr(graph, "captures", ()) if inputs else ():
+            if internal is not inputs[0]:
+                continue
+            with tf.init_scope():  # is_dtensor runs eagerly only
+                on_the_mesh = api.is_dtensor(external)
+            if not on_the_mesh:
+                data = handle_data_util.get_resource_handle_data(internal)
+                shapes = [tf.TensorShape(entry.shape) for entry in data.shape_and_type]
+                return sum(int(shape.num_elements() or 1 << 20) for shape in shapes)
+        return 0
+
     def traced_constant(frame: Any, local: Any) -> None:
         """A constant of 4 or more numbers traced into a function that a
         ``dtensor.call_with_layout`` runs: whole in every device's program, however the
-        function reached its data (a dict, an attribute, a file)."""
+        function reached its data (a dict, an attribute; a file cannot: DTensor has no layout
+        propagation for ReadFile)."""
         attrs = local.get("attrs") or {}
+        if local.get("op_type") in _RESOURCE_READS:
+            held = host_variable_read(local)
+            layout = _enclosing_layout(frame) if held >= 4 else None
+            if layout is not None and rank_of(layout) >= 2:
+                whole.append("dtensor.call_with_layout of a function that reads a host "
+                             f"tf.Variable of {held} numbers: its value goes whole to every "
+                             "device, each keeps its slice")
+            if layout is not None and copied is not None:
+                copied.append(("a host tf.Variable read in a dtensor.call_with_layout "
+                               "function", held, True, None))
+            return
         if local.get("op_type") != "Const" or "value" not in attrs:
             return
         proto = attrs["value"].tensor

@@ -11,10 +11,13 @@
   lesson's helpers (no cap) and every function of this module are refused by code identity
   and content (``refusals``); the check holds no capped orders, only a slot count in closed
   form (``capped_slots``). A copy of the helper fails the cases whose cap is below K; adding
-  the cap to it (one term) is the exercise. Known limit: the helper's orders made before the
-  check hold every capped one (cap ``c``: stage ``s`` is stage ``max(0, s − (K − c))`` of
-  ``c``); a table by ``(K, M)`` fails the large ``M`` (some 10⁸ passes), but one long schedule
-  per cap, passes of micro-batches ``≥ M`` dropped, passes: orders are judged, not their past.
+  the cap to it (one term) is the exercise. The capped orders are the helper's re-indexed
+  (cap ``c``: stage ``s`` is stage ``max(0, s − (K − c))`` of ``c``): a near copy run in the
+  answer (bytecode 80 % the same, its two arguments) is refused (``_edited_copies``); so is
+  the large case when the helpers were asked for as many micro-batches in the kernel
+  (``schedules._LARGEST_ASKED``: one long schedule per cap, made before the check, passes of
+  micro-batches ``≥ M`` dropped; a table by ``(K, M)`` fails the large ``M`` anyway). Known
+  limits: a near copy given a third, unused argument, or run before the check, passes.
 * ``check_split_gradients(split_gradients)``: a model split into two and three parts on
   devices the check chooses (never the default first), trained on a few micro-batches; loss
   and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
@@ -22,12 +25,13 @@
   eager ones) and the placement of what it built is read, by what each op consumes and
   produces, whatever its name: every op that part ``i``'s returned gradients were computed
   from and that neither ``loss_fn``'s results (the forward: the traced answer gets a recording
-  ``loss_fn``; one call per micro-batch, in its own graph, no inner ``tf.function``, no
-  argument made from a micro-batch's features and labels both) nor a later part's gradients
-  were (the weight-gradient MatMuls and bias sums, the activation's gradient, the adds over
-  the micro-batches, through Identity copies, arithmetic with constants and variables assigned
-  then read) must ask for ``devices[i]``; among them an op that reads part ``j``'s weight
-  (``dy · Wⱼᵀ``, the gradient passed back) must ask for ``devices[j]``. Each gradient must be
+  ``loss_fn``; one call per micro-batch, given labels and logits only, none made from a
+  micro-batch's features and labels both; no op with a body: tf.function, cond, while; no
+  stateful op but reads: a variable written, a queue) nor a later part's gradients were (the
+  weight-gradient MatMuls, bias sums, the activation's gradient, the adds over micro-batches,
+  through Identity copies) must ask for ``devices[i]`` and read no activation but part
+  ``i``'s and its input; one reading part ``j``'s weight (a value made from it alone: ``dy ·
+  Wⱼᵀ``, the gradient passed back) must ask for ``devices[j]``. Each gradient must be
   made from every micro-batch's own backward: an op, outside the forward, that depends on that
   micro-batch's labels and on no other's inputs (the micro-batches differ in size, so one big
   batch made of them fails on values; weighted to match, every op after its concatenation
@@ -35,14 +39,17 @@
   lesson's ``split_step`` does one batch, so a copy of it still leaves the accumulation to
   write. Known limits: a copy of ``split_step`` with a ``+ 0`` passes; so does one big batch
   with an op added for show per micro-batch (``0 · yⱼ``: what an op depends on is read, not
-  what it adds); and patching this module in the learner's kernel forges a local pass (the
-  grader imports the checks again before each check cell). Called eagerly, each returned
-  gradient must be on its part's device too (an eager branch cannot be the colleague's code),
-  and ``tf.gradients`` (in TensorFlow 2 it colocates each gradient with its op: one call
-  puts each part's backward on its device) and ``tf.compat.v1.gradients`` are refused
-  by code identity: the exercise asks for a tape per part. ``cu.parallel.split_step`` and the
-  lesson's pipeline (``run_pipeline``, ``run_gpipe``: each stage's backward and gradient sum
-  on its device) are refused by code identity and content (``refusals``).
+  what it adds); an earlier part's backward tied into a later one's, on a forward
+  recomputed apart from ``loss_fn``'s (activations not the forward's: not read), each
+  weight-reading op placed at home; and patching this module in the learner's kernel forges
+  a local pass (the grader imports the checks again before each check cell). Called eagerly,
+  each returned gradient must be on its part's device too (an eager branch cannot be the
+  colleague's code), and ``tf.gradients`` (in TensorFlow 2 it colocates each gradient with
+  its op: one call puts each part's backward on its device) and ``tf.compat.v1.gradients``
+  are refused by code identity: the exercise asks for a tape per part.
+  ``cu.parallel.split_step`` and the lesson's pipeline (``run_pipeline``, ``run_gpipe``: each
+  stage's backward and gradient sum on its device) are refused by code identity and content
+  (``refusals``).
 * ``check_shard_dense_rows(shard_dense_rows)``: a dense layer sharded by rows, never whole on
   a device: the kernel made by the check's ``init_kernel`` inside ``dtensor.call_with_layout``
   with the rows layout (the layout of each call is read from the call stack), ``x`` packed by
@@ -51,7 +58,9 @@
   ``relayout_like``, ``unpack`` and ``.numpy()`` watched by code identity, see
   ``dtensor_watch``; a sharded ``pack`` piece neither of ``x`` nor the bias: ``np.asarray``
   reads in C, its result comes back so), the layouts, the gathered values and ``y`` against
-  the unsharded layer; the course's sharding helpers refused. Known limit: DTensor may
+  the unsharded layer; the bias replicated (no pack of its pieces), ``y`` too; a host
+  ``tf.Variable`` given to or read in a ``call_with_layout`` function counts as its data
+  (``dtensor_watch``); the course's sharding helpers refused. Known limit: DTensor may
   relayout inside an op (a reshape across the sharded axis, or ``eye @ kernel`` with ``eye``
   sharded, gathers the kernel onto every device); no Python call shows it, so it passes.
 """
@@ -63,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.grading.checks.backward_placement import LossRecording, backward_misplaced
+from course_utils.grading.checks.backward_placement import placement_of_the_backward
 from course_utils.grading.checks.dtensor_watch import kernel_initializer, whole_copy_watch
 from course_utils.grading.checks.refusals import own_functions, refusing
 from course_utils.grading.checks.registry import register
@@ -134,6 +143,28 @@ def _verify_orders(got: Any, k: int, m: int, cap: int) -> str | None:
     return None
 
 
+def _edited_copies(codes: Any, own: Any) -> list[str]:
+    """The functions among ``codes`` (not the answer's own, ``own``) whose bytecode is the
+    course's ``one_f_one_b_orders``'s but for a few instructions (a ``+ 0``, a renamed local)
+    and that take its two arguments, no budget: a copy called for ``min(cap, K)`` stages and
+    its stages re-indexed passes every case without a cap written (x06 L2)."""
+    import difflib
+    import dis
+
+    from course_utils.parallel import schedules
+
+    helper = schedules.one_f_one_b_orders.__code__
+    wanted = [i.opname for i in dis.get_instructions(helper)]
+    found = []
+    for code in codes:
+        if code is own or code is helper or code.co_argcount != helper.co_argcount:
+            continue
+        ops = [i.opname for i in dis.get_instructions(code)]
+        if difflib.SequenceMatcher(None, wanted, ops, autojunk=False).ratio() >= 0.8:
+            found.append(code.co_name)
+    return found
+
+
 @register
 def check_one_f_one_b_orders(fn: Any) -> bool:
     """Check ``one_f_one_b_orders(num_stages, num_micro_batches, max_in_flight)``: orders, slots
@@ -143,18 +174,37 @@ def check_one_f_one_b_orders(fn: Any) -> bool:
     triples = [(4, 8, 4), (4, 8, 2), (3, 3, 1), (4, 2, 5), (1, 3, 1),
                (k_random, rng.randint(7, 12), rng.randint(2, k_random - 1)),
                (k_large, rng.randint(1000, 3000), rng.randint(2, k_large - 1))]
-    cases = [Case(args=(k, m, cap),
-                  verify=lambda got, k=k, m=m, cap=cap: _verify_orders(got, k, m, cap),
-                  label=f"(num_stages={k}, num_micro_batches={m}, max_in_flight={cap})")
-             for k, m, cap in triples]
     from course_utils.parallel import schedules
 
+    entered: set[Any] = set()  # the code of every Python function the answer ran
+
+    def note(frame: Any, c_function: Any) -> None:
+        if c_function is None:
+            entered.add(frame.f_code)
+
+    def verify(got: Any, k: int, m: int, cap: int) -> str | None:
+        copies = _edited_copies(entered, getattr(fn, "__code__", None))
+        entered.clear()
+        if copies:
+            return (f"it ran {copies[0]}, an edited copy of the course's one_f_one_b_orders "
+                    "(the same bytecode, nearly: no budget in it): build the capped order "
+                    "yourself")
+        asked = max(schedules._LARGEST_ASKED.values(), default=0)
+        if m >= 1000 and asked >= m:
+            return (f"the course's 1F1B helpers were asked for {asked} micro-batches in this "
+                    "kernel: orders cut from theirs are the helpers' (build the capped order "
+                    "yourself; explored them? restart the kernel)")
+        return _verify_orders(got, k, m, cap)
+
+    cases = [Case(args=(k, m, cap), verify=lambda got, k=k, m=m, cap=cap: verify(got, k, m, cap),
+                  label=f"(num_stages={k}, num_micro_batches={m}, max_in_flight={cap})")
+             for k, m, cap in triples]
     helpers = [schedules.one_f_one_b_orders, schedules.one_f_one_b_schedule,
                schedules.interleaved_orders, schedules.interleaved_schedule,
                *_the_checks_own()]
     why = "build the orders yourself (the lesson's helpers already hold the answer)"
     return run_check(
-        "one_f_one_b_orders", refusing(fn, helpers, why), cases,
+        "one_f_one_b_orders", refusing(fn, helpers, why, note), cases,
         hint="lesson 06, section 3 (1F1B): a stage's warm-up forwards are what it keeps "
              "before its first backward comes back. With a budget of max_in_flight, how "
              "many can stage s afford, and what keeps it busy after that? Draw the slots.")
@@ -178,67 +228,6 @@ def _split_problem(rng: Any, num_parts: int) -> dict[str, Any]:
                       data.integers(0, classes, size=(n,)).astype("int32"))
                      for n in sizes]
     return {"parts": parts, "micro_batches": micro_batches}
-
-
-def _placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
-                               devices: list[str], values: Any) -> str | None:
-    """None when, traced (``fn`` is the guarded answer: the helpers are refused while it is
-    traced too), each part's gradient ops, and the sums over micro-batches, ask for that
-    part's device, and the traced function's own results pass ``values`` (an answer that
-    computes its values one way eagerly and another way in a graph fails either).
-
-    Which ops are part ``i``'s backward is found from the graph's edges, not from op names
-    (``tf.name_scope("gradient_tape")`` fakes those) nor from how a weight was read
-    (``W + 0.0`` is still ``W``): see ``backward_placement.backward_misplaced``.
-    """
-    tf = _tf()
-    parts = problem["parts"]
-    micro_batches = problem["micro_batches"]
-    recording = LossRecording(loss_fn)  # the forward ends at what loss_fn returned
-
-    def traced(pairs: Any) -> Any:
-        recording.calls.clear()
-        return fn(parts, [tuple(pair) for pair in pairs], recording, devices)
-
-    specs = [(tf.TensorSpec(x.shape, tf.float32), tf.TensorSpec(y.shape, tf.int32))
-             for x, y in micro_batches]
-    try:
-        concrete = tf.function(traced).get_concrete_function(specs)
-    except AssertionError as error:  # the guard: a helper was run while it was traced
-        return f"traced in a tf.function: {str(error).strip().splitlines()[-1].strip()[:300]}"
-    except Exception as error:  # noqa: BLE001 - the learner's to see
-        return ("the check traces split_gradients in a tf.function to read where each "
-                f"gradient op was placed, and tracing failed: {type(error).__name__}: "
-                f"{str(error).strip().splitlines()[0][:160]}")
-    # called on fresh micro-batches of the same shapes, drawn only now: numbers kept from the
-    # eager call (or read from the check) cannot pass for this call's gradients
-    draw = np.random.default_rng()
-    classes = int(parts[-1].output_shape[-1])
-    fresh = [(draw.normal(size=x.shape).astype("float32"),
-              draw.integers(0, classes, size=y.shape).astype("int32")) for x, y in micro_batches]
-    reason = values(fresh)(concrete([tuple(pair) for pair in fresh]))
-    if reason:
-        return f"traced in a tf.function, called on fresh micro-batches: {reason}"
-    graph = concrete.graph
-    if {op.type for op in graph.get_operations()} & {"EagerPyFunc", "PyFunc",
-                                                     "PyFuncStateless"}:
-        return ("traced in a tf.function, it runs Python (tf.py_function or "
-                "tf.numpy_function), whose ops no graph shows: compute each part's backward "
-                "with TensorFlow ops, one GradientTape per part")
-    owner = {}  # the traced graph's handle of each weight -> its part
-    for external, internal in graph.captures:
-        for index, part in enumerate(parts):
-            if any(external is v.handle for v in part.trainable_variables):
-                owner[internal.ref()] = index
-    flat = tf.nest.flatten(graph.structured_outputs)
-    expected_part = [i for i, part in enumerate(parts) for _ in part.trainable_variables]
-    if len(flat) - 1 != len(expected_part):
-        return "return (loss, grads): one gradient per trainable variable, parts in order"
-    count = 2 * len(micro_batches)  # the traced (x, y) of each micro-batch, in order
-    batch_inputs = list(zip(graph.inputs[:count:2], graph.inputs[1:count:2], strict=True))
-    reason = backward_misplaced(graph, recording.calls, flat[1:], expected_part, owner,
-                                devices, batch_inputs)
-    return reason and f"traced in a tf.function, {reason}"
 
 
 @register
@@ -293,7 +282,7 @@ def check_split_gradients(fn: Any) -> bool:
 
         def verify(got: Any) -> str | None:
             return (values(micro_batches)(got)
-                    or _placement_of_the_backward(guarded, problem, loss_fn, chosen, values)
+                    or placement_of_the_backward(guarded, problem, loss_fn, chosen, values)
                     or eager_devices(got))
 
         return Case(args=(parts, micro_batches, loss_fn, list(chosen)), verify=verify,
@@ -380,9 +369,9 @@ def check_shard_dense_rows(fn: Any) -> bool:
                 if not spread and n > piece:
                     return (f"{what} gave one device {n} numbers, more than its piece of x "
                             f"({x.size // count}): each device holds only its own")
-            allowed = [*np.split(x, count, axis=1), bias, *np.split(bias, count)]
+            allowed = [*np.split(x, count, axis=1), bias]
 
-            def known(content: Any) -> bool:
+            def known(content: Any, allowed: Any = allowed) -> bool:
                 try:
                     got = np.frombuffer(content[2], dtype=content[0]).reshape(content[1])
                     return any(got.shape == a.shape and np.allclose(got, a) for a in allowed)
@@ -390,6 +379,9 @@ def check_shard_dense_rows(fn: Any) -> bool:
                     return False
 
             for what, _, spread, content in copied:
+                if not spread and content is not None and known(content, np.split(bias, count)):
+                    return (f"{what} gave a device a piece of the bias: the bias is replicated "
+                            "(whole on every device), as the task says")
                 if not spread and content is not None and not known(content):
                     return (f"{what} gave a device numbers that are neither its piece of x "
                             "nor the bias (computed on the host?): only x and bias come")
@@ -433,6 +425,10 @@ def check_shard_dense_rows(fn: Any) -> bool:
                             f"{'x' if name == 'x' else 'what init_kernel makes sharded'} "
                             f"by {error:.2e}: each device must get its own piece, in the "
                             "mesh's device order")
+            if not layouts[2].is_fully_replicated():
+                return (f"y's layout is {list(layouts[2].sharding_specs)}: with the bias "
+                        "replicated, x @ kernel + bias is replicated (each device adds up the "
+                        "partial sums)")
             values = dtensor.relayout(got[2], dtensor.Layout.replicated(
                 mesh, rank=len(layouts[2].sharding_specs))).numpy()
             error = float(np.abs(values - expected).max())
