@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import math
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
 import course_utils as cu
 from course_utils.grading.checks import lesson_09
 from course_utils.grading.framework import Case
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
+from catalogue_routes import catalogue_params  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
@@ -172,10 +177,11 @@ def write_report(results, model, global_batch, replicas, budget_bytes, *, noise_
     raise ValueError("nothing fits")
 
 
-def remove_input_bottleneck(records, read, augment, batch_size):
+def remove_input_bottleneck(records, read, keep, augment, batch_size):
     import tensorflow as tf
 
-    return records.map(read).cache().map(augment).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    return (records.filter(keep)  # keep's one draw per record, frozen by the cache
+            .map(read).cache().map(augment).batch(batch_size).prefetch(tf.data.AUTOTUNE))
 
 
 def test_lesson_09_registers_its_checks():
@@ -990,27 +996,90 @@ def test_remove_input_bottleneck_reference_passes(capsys):
 def test_a_vectorised_augment_after_batch_passes():
     """augment mapped over whole batches (tf.data guide, "Vectorizing mapping"): the probe
     counts examples augmented, not calls, so its prefetched batch counts in full."""
-    def vectorised(records, read, augment, batch_size):
+    def vectorised(records, read, keep, augment, batch_size):
         import tensorflow as tf
 
-        return (records.map(read).cache().batch(batch_size).map(augment)
+        return (records.filter(keep).map(read).cache().batch(batch_size).map(augment)
                 .prefetch(tf.data.AUTOTUNE))
 
     assert cu.grading.check_remove_input_bottleneck(vectorised) is True
 
 
-def test_the_slow_pipeline_fails_on_its_reads_before_any_profile():
-    with pytest.raises(AssertionError, match=r"read ran \d+ times for \d+ examples"):
-        cu.grading.check_remove_input_bottleneck(
-            lambda *args, **kwargs: lesson_09.slow_pipeline(*args, **kwargs))
-
-
 def test_caching_after_augmentation_is_named():
-    def cached_noise(records, read, augment, batch_size):
-        return records.map(read).map(augment).cache().batch(batch_size)
+    def cached_noise(records, read, keep, augment, batch_size):
+        return (records.filter(keep).map(read).map(augment).cache()
+                .batch(batch_size))
 
     with pytest.raises(AssertionError, match="same augmentation"):
         cu.grading.check_remove_input_bottleneck(cached_noise)
+
+
+def _lesson_input_pipeline(records, read, keep, augment, batch_size):
+    """Lesson 09's ``input_pipeline`` (cell ``pipeline``) copied, every speed-up on, with the
+    check's read and augment in place of its read and ``to_float``: no hold-out."""
+    import tensorflow as tf
+
+    dataset = records.map(read, num_parallel_calls=tf.data.AUTOTUNE).cache()
+    dataset = dataset.shuffle(4 * batch_size, seed=42)
+    dataset = dataset.map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def _own_split(records, read, keep, augment, batch_size):
+    """keep asked once per record, but every fourth label held out by a rule of the answer's
+    own."""
+    import tensorflow as tf
+
+    def mine(x, y):
+        with tf.control_dependencies([keep(x, y)]):  # asked, its draw not used
+            return tf.cast(y[0], tf.int32) % 4 != 0
+
+    return (records.filter(mine).map(read).cache().map(augment).batch(batch_size)
+            .prefetch(1))
+
+
+def _inverted(records, read, keep, augment, batch_size):
+    """Trains on what keep held out (``~`` on its draw)."""
+    def held(x, y):
+        return ~keep(x, y)
+
+    return (records.filter(held).map(read).cache().map(augment).batch(batch_size)
+            .prefetch(1))
+
+
+_REDRAWN = r"keep ran \d+ times for \d+ records by the end of epoch 2: each call draws afresh"
+_HELD_OUT_TRAINED = r"epoch 1 holds \d+ example\(s\) keep held out"
+
+#: Wrong answers to the hold-out (answer, the words its verdict must contain): each runs the
+#: check up to its first two epochs (no profile); the same words: one route in make test.
+HOLD_OUT_CATALOGUE = {
+    "a constant: the records, batched": (
+        lambda r, read, keep, augment, b: r.batch(b), "keep never ran"),
+    "lesson 09's input_pipeline copied": (_lesson_input_pipeline, "keep never ran"),
+    "the colleague's pipeline unchanged": (
+        lambda *args: lesson_09.slow_pipeline(*args), _REDRAWN),
+    "their fix: lesson 09's order, the filter after the cache": (
+        lambda r, read, keep, augment, b: r.map(read).cache().filter(keep).map(augment)
+        .batch(b).prefetch(1), _REDRAWN),
+    "keep asked twice (two filters)": (
+        lambda r, read, keep, augment, b: r.filter(keep).filter(keep).map(read).cache()
+        .map(augment).batch(b).prefetch(1), r"keep ran \d+ times for \d+ records by the end "
+                                            r"of epoch 1"),
+    "the filter after read, before the cache": (
+        lambda r, read, keep, augment, b: r.map(read).filter(keep).cache().map(augment)
+        .batch(b).prefetch(1), r"read ran on \d+ example\(s\) keep held out"),
+    "the filter and the cache before read": (
+        lambda r, read, keep, augment, b: r.filter(keep).cache().map(read).map(augment)
+        .batch(b).prefetch(1), r"read ran \d+ times for \d+ examples kept"),
+    "keep's draw inverted": (_inverted, _HELD_OUT_TRAINED),
+    "a split of its own (every fourth label)": (_own_split, _HELD_OUT_TRAINED),
+}
+
+
+@pytest.mark.parametrize(("wrong", "message"), catalogue_params(HOLD_OUT_CATALOGUE))
+def test_remove_input_bottleneck_hold_out_catalogue(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_remove_input_bottleneck(wrong)
 
 
 def _noise_of_my_own(features, label):
@@ -1024,7 +1093,7 @@ def _augment_on_part(part):
     each example, its noise given to all of them: each leaves a spread near one augment's."""
     import tensorflow as tf
 
-    def pipeline(records, read, augment, batch_size):
+    def pipeline(records, read, keep, augment, batch_size):
         def some(x, y):
             if part == "examples":
                 return tf.cond(tf.cast(y[0], tf.int32) % 5 != 0, lambda: augment(x, y),
@@ -1032,7 +1101,7 @@ def _augment_on_part(part):
             noisy, _ = augment(x[:24] if part == "features" else x[:1], y)
             return tf.concat([noisy, x[24:]], 0) if part == "features" else x + noisy - x[:1], y
 
-        return records.map(read).cache().map(some).batch(batch_size).prefetch(1)
+        return records.filter(keep).map(read).cache().map(some).batch(batch_size).prefetch(1)
     return pipeline
 
 
@@ -1042,13 +1111,13 @@ def _noise_shared_by_examples(every):
     is one augment's."""
     import tensorflow as tf
 
-    def pipeline(records, read, augment, batch_size):
+    def pipeline(records, read, keep, augment, batch_size):
         def shared(x, y):
             noisy, _ = augment(x, y)
             at = tf.range(tf.shape(x)[0])
             return x + tf.gather(noisy - x, tf.where(at % every == every - 1, at - 1, at)), y
 
-        return records.map(read).cache().batch(batch_size).map(shared).prefetch(1)
+        return records.filter(keep).map(read).cache().batch(batch_size).map(shared).prefetch(1)
     return pipeline
 
 
@@ -1059,7 +1128,7 @@ def _noise_made_of_others(how):
     noise correlates over 0.9."""
     import tensorflow as tf
 
-    def pipeline(records, read, augment, batch_size):
+    def pipeline(records, read, keep, augment, batch_size):
         def made(x, y):
             noisy, _ = augment(x, y)
             noise = noisy - x
@@ -1071,7 +1140,7 @@ def _noise_made_of_others(how):
             odd = (tf.range(tf.shape(x)[0]) % 2 == 1)[:, None]
             return x + tf.where(odd, other, noise), y
 
-        return records.map(read).cache().batch(batch_size).map(made).prefetch(1)
+        return records.filter(keep).map(read).cache().batch(batch_size).map(made).prefetch(1)
     return pipeline
 
 
@@ -1083,19 +1152,23 @@ def _noise_from_the_last_epoch(how):
     """``augment`` on every example each epoch, but the second epoch's noise replaced by the
     first's: negated and scaled by 1.01 (``"negated"``), its two neighbours' mixed, (n_{i-1}
     + n_{i+1}) / √2 (``"mixed"``), or, for the last example only, shifted by 0.06
-    (``"shifted"``), kept in a variable: no two examples' noise of both epochs together
-    correlates over 0.9."""
+    (``"shifted"``), kept in a variable (keep asked of every record while it is built, its
+    draws looked up): no two examples' noise of both epochs together correlates over 0.9."""
     import tensorflow as tf
 
-    def pipeline(records, read, augment, batch_size):
-        n = int(records.cardinality())
+    def pipeline(records, read, keep, augment, batch_size):
+        import numpy as np
+
+        drawn = np.array([bool(keep(x, y)) for x, y in records])  # once per record, now
+        n, chosen = int(drawn.sum()), tf.constant(drawn)  # the examples kept
+        slot = tf.constant(np.cumsum(drawn) - 1, tf.int32)  # a kept example's place
         kept, seen = tf.Variable(tf.zeros((n, 32))), tf.Variable(0, dtype=tf.int64)
 
         def made(x, y):
-            fresh, at = augment(x, y)[0] - x, tf.cast(y[0], tf.int32)
+            fresh, at = augment(x, y)[0] - x, tf.gather(slot, tf.cast(y[0], tf.int32))
             first = (seen.assign_add(1) - 1) // n % 2 == 0
 
-            def keep():
+            def remember():
                 with tf.control_dependencies([kept[at].assign(fresh)]):
                     return tf.identity(fresh)
 
@@ -1105,9 +1178,12 @@ def _noise_from_the_last_epoch(how):
                 if how == "shifted":  # one example only: its last epoch's noise + 0.06
                     return tf.where(at == n - 1, kept[at] + 0.06, fresh)
                 return (kept[(at + 1) % n] + kept[(at - 1) % n]) / 2**0.5
-            return x + tf.cond(first, keep, later), y
+            return x + tf.cond(first, remember, later), y
 
-        return records.map(read).cache().map(made).batch(batch_size).prefetch(1)
+        def ask(x, y):  # the draws made above, looked up
+            return tf.gather(chosen, tf.cast(y[0], tf.int32))
+
+        return records.filter(ask).map(read).cache().map(made).batch(batch_size).prefetch(1)
     return pipeline
 
 
@@ -1118,7 +1194,7 @@ def _not_augments_output(how):
     (``"half"``): one augment's spread, independent noise, fresh each epoch (x09 L10, L12)."""
     import tensorflow as tf
 
-    def pipeline(records, read, augment, batch_size):
+    def pipeline(records, read, keep, augment, batch_size):
         mine = tf.random.Generator.from_seed(1234)
 
         def changed(x, y):
@@ -1129,25 +1205,37 @@ def _not_augments_output(how):
                 return noisy + mine.normal(tf.shape(x), stddev=0.03), y
             return x + (noisy - x) / 2 + mine.normal(tf.shape(x), stddev=0.1 * 0.75**0.5), y
 
-        return records.map(read).cache().map(changed).batch(batch_size).prefetch(1)
+        return records.filter(keep).map(read).cache().map(changed).batch(batch_size).prefetch(1)
     return pipeline
 
 
 _NOT_AUGMENTS = r"of the \d+ examples in epoch 1 are not what augment returned for them"
 
 
-@pytest.mark.parametrize(("wrong", "message"), [
+def _kept(entry):
+    """A wrong answer written as ``(records, read, augment, batch_size)`` given the records
+    keep kept (``records.filter(keep)`` first, the right hold-out): it fails on what it
+    breaks of the rest."""
+    wrong, message = entry
+    if wrong.__code__.co_argcount == 5:
+        return entry
+    return (lambda r, read, keep, augment, b: wrong(r.filter(keep), read, augment, b)), message
+
+
+_BROKEN = [
     (lambda r, read, augment, b: r.cache().map(read).map(augment).batch(b),
      "read each example once"),
-    (lambda r, read, augment, b: r.map(augment).batch(b).prefetch(2), "not the ones read"),
-    (lambda r, read, augment, b: r.map(read, num_parallel_calls=8).map(augment).batch(b)
+    (lambda r, read, augment, b: r.cache().map(augment).batch(b).prefetch(2),
+     "not the ones read"),
+    (lambda r, read, augment, b: r.cache().map(read, num_parallel_calls=8).map(augment).batch(b)
      .prefetch(8), "read each example once"),
     (lambda r, read, augment, b: r.map(read).cache().batch(b), "features come out unchanged"),
     (lambda r, read, augment, b: r.map(read).cache().map(augment).batch(b).repeat(),
      "repeats forever"),
     (lambda r, read, augment, b: r.map(read).cache().map(augment).batch(2 * b),
      "batches have"),
-    (lambda r, read, augment, b: r.take(4).map(read).cache().map(augment).batch(b),
+    (lambda r, read, augment, b: (lambda d: d.concatenate(d.take(1)))(r.map(read).cache())
+     .map(augment).batch(b),
      "does not hold each"),
     (lambda r, read, augment, b: r.map(read).cache().map(_noise_of_my_own).batch(b),
      "augment did not run in the epochs"),
@@ -1201,8 +1289,9 @@ _NOT_AUGMENTS = r"of the \d+ examples in epoch 1 are not what augment returned f
     (_not_augments_output("own"), _NOT_AUGMENTS),
     (_not_augments_output("plus"), _NOT_AUGMENTS),
     (_not_augments_output("half"), _NOT_AUGMENTS),
-], ids=["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
-        "wrong-batch", "drops-examples", "own-noise", "no-prefetch", "vectorised-no-prefetch",
+]
+_BROKEN_IDS = ["cache-before-read", "skips-read", "reads-every-epoch", "no-augment", "infinite",
+        "wrong-batch", "an example twice", "own-noise", "no-prefetch", "vectorised-no-prefetch",
         "the colleague's first try", "the colleague's second try",
         "the second try shuffled", "the second try and augment after the cache",
         "the same, shuffled after the cache", "augment twice after the cache",
@@ -1216,7 +1305,12 @@ _NOT_AUGMENTS = r"of the \d+ examples in epoch 1 are not what augment returned f
         "augment twice per example, no prefetch", "a shifted augment thrown away, no prefetch",
         "a shuffle buffer, no prefetch", "a bigger batch unbatched, no prefetch",
         "augment's output thrown away, noise of its own", "augment's noise plus its own",
-        "half augment's noise, half its own"])
+        "half augment's noise, half its own"]
+
+
+@pytest.mark.parametrize(("wrong", "message"),
+                         catalogue_params(dict(zip(_BROKEN_IDS, map(_kept, _BROKEN),
+                                                   strict=True))))
 def test_remove_input_bottleneck_requirements_each_broken_fail(wrong, message):
     with pytest.raises(AssertionError, match=message):
         cu.grading.check_remove_input_bottleneck(wrong)
@@ -1227,7 +1321,7 @@ def test_stubs_are_not_attempted_and_fail_in_strict_mode(assert_not_attempted):
     def find_bottleneck(events):
         raise NotImplementedError()
 
-    def remove_input_bottleneck(records, read, augment, batch_size):
+    def remove_input_bottleneck(records, read, keep, augment, batch_size):
         raise NotImplementedError()
 
     def write_report(results, model, global_batch, replicas, budget_bytes):
@@ -1245,16 +1339,18 @@ def test_a_low_first_baseline_is_profiled_again(monkeypatch):
     calls = []
     real = lesson_09.slow_pipeline
 
-    def fast_first(records, read, augment, batch_size):  # the first baseline waits for nothing
+    def fast_first(records, read, keep, augment, batch_size):  # the first waits for nothing
         calls.append(1)
         if len(calls) == 1:
-            return remove_input_bottleneck(records, read, augment, batch_size)
-        return real(records, read, augment, batch_size)
+            return remove_input_bottleneck(records, read, keep, augment, batch_size)
+        return real(records, read, keep, augment, batch_size)
 
-    def cache_filled_when_built(records, read, augment, batch_size):  # also right
+    def cache_filled_when_built(records, read, keep, augment, batch_size):  # also right
         import tensorflow as tf
 
-        read_once = records.map(read).cache()
+        kept = tf.constant([bool(keep(*record)) for record in records])  # drawn now, once
+        chosen = records.filter(lambda x, y: kept[tf.cast(y[0], tf.int32)])  # a lookup
+        read_once = chosen.map(read).cache()
         for _ in read_once:  # every read now, none in the epochs
             pass
         return read_once.map(augment).batch(batch_size).prefetch(tf.data.AUTOTUNE)
@@ -1320,21 +1416,21 @@ def test_summed_spans_misread_two_replicas_computing_side_by_side(cases_in_built
 def test_remove_input_bottleneck_refuses_the_course_pipeline():
     """Lesson 01's helper puts read, cache, augment, batch and prefetch in order: the answer
     under another name (fresh read nb29-09)."""
-    def remove_input_bottleneck(records, read, augment, batch_size):
-        return cu.data.make_pipeline(records, batch_size, preprocess=read, augment=augment,
-                                     shuffle_buffer=None)
+    def remove_input_bottleneck(records, read, keep, augment, batch_size):
+        return cu.data.make_pipeline(records.filter(keep), batch_size, preprocess=read,
+                                     augment=augment, shuffle_buffer=None)
 
     with pytest.raises(AssertionError, match="make_pipeline"):
         cu.grading.check_remove_input_bottleneck(remove_input_bottleneck)
 
-    def on_a_tensorflow_thread(records, read, augment, batch_size):  # x09 L11
+    def on_a_tensorflow_thread(records, read, keep, augment, batch_size):  # x09 L11
         import numpy as np
         import tensorflow as tf
 
         out = []
 
         def build(_):
-            out.append(cu.data.make_pipeline(records, batch_size, preprocess=read,
+            out.append(cu.data.make_pipeline(records.filter(keep), batch_size, preprocess=read,
                                              augment=augment, shuffle_buffer=None))
             return np.int64(0)
 

@@ -19,23 +19,24 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   share, "the part over half of them, else ...", two comparisons that skip a pair of parts, a
   reading that ignores the step windows, the ``tf_data`` threads or either kind of collective,
   or reads one step (or a vote) each fails.
-* ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline yields
-  every example once per epoch, in full batches, freshly augmented each epoch (noise on each
-  example's features, not others' copied or mixed in the ways ``pipeline_probe`` names, one
-  augment's spread), and a profile of its second epoch shows the step waiting for input less
-  than ``FAST_INPUT_SHARE`` of the time (up to ``BASELINE_ATTEMPTS`` profiles, the least kept),
-  where the slow pipeline waits more than ``SLOW_INPUT_SHARE`` (the same profiled step),
-  profiled up to ``BASELINE_ATTEMPTS`` times until it does (``slow_baseline``), each retry with
-  the disk's wait doubled. Both read the pipeline on the step's own thread (the distributed
-  iterator's thread can hide a wait as "other"). Before any profile, ``read`` must have run
-  exactly once per example, counted from the call of the
-  learner's function through two epochs (it decodes the stored record, so a pipeline that never
-  reads gets the wrong features), the ``augment`` given must have run while they were read (its
-  generator's state moved), every example yielded must be what a call of it returned, and the
-  pipeline must work ahead by itself: with tf.data's injected prefetch and autotuning off, some
-  example it yields must have been augmented while the consumer waited between batches
-  (``runs_ahead``); where is the learner's (the text says so): a prefetch before ``batch``
-  meets the share too, and "a whole batch ahead" would judge an AUTOTUNE map by the core count.
+* ``check_remove_input_bottleneck(remove_input_bottleneck)``: the learner's pipeline asks the
+  colleague's ``keep`` (a random hold-out, drawn afresh at every call: ``held_out``) once per
+  record, from the call of the learner's function through two epochs, and every epoch yields
+  exactly the examples those draws kept, in full batches; ``read`` ran on no held-out example
+  and once on each kept one (it decodes the stored record, so a pipeline that never reads gets
+  the wrong features); each example freshly augmented each epoch (noise on each example's
+  features, not others' copied or mixed in the ways ``pipeline_probe`` names, one augment's
+  spread), every example yielded what a call of the ``augment`` given returned (its generator's
+  state moved); the pipeline works ahead by itself: with tf.data's injected prefetch and
+  autotuning off, some example it yields was augmented while the consumer waited between
+  batches (``runs_ahead``); and a profile of its second epoch shows the step waiting for input
+  less than ``FAST_INPUT_SHARE`` of the time (up to ``BASELINE_ATTEMPTS`` profiles, the least
+  kept), where the colleague's ``slow_pipeline`` (given ``keep``'s draws as a lookup) waits
+  more than ``SLOW_INPUT_SHARE`` (the same profiled step, up to ``BASELINE_ATTEMPTS`` times
+  until it does, each retry with the disk's wait doubled). Both read the pipeline on the
+  step's own thread (the distributed iterator's thread can hide a wait as "other").
+  ``cu.data.make_pipeline`` is refused, under any name, and on a thread of TensorFlow's
+  (``watched_build``).
 * ``check_write_report(write_report, my_results)``: the learner's report, on their own
   benchmark and on five fresh ones (fresh models, budgets, replica counts and noise; the second
   strategy and precision named differently from case to case): the noise, each choice (the
@@ -89,10 +90,11 @@ _WIDEN = 64  # the heavy step's layers are 64 times wider than the examples
 _BOTTLENECKS = ("input", "compute", "communication")
 
 
-def slow_pipeline(records: Any, read: Callable[..., Any], augment: Callable[..., Any],
-                  batch_size: int) -> Any:
-    """The exercise's input-bound pipeline: read every example every epoch, augment, batch."""
-    return records.map(read).map(augment).batch(batch_size)
+def slow_pipeline(records: Any, read: Callable[..., Any], keep: Callable[..., Any],
+                  augment: Callable[..., Any], batch_size: int) -> Any:
+    """The colleague's input-bound pipeline: read every record every epoch, keep the training
+    examples, augment, batch."""
+    return records.map(read).filter(keep).map(augment).batch(batch_size)
 
 
 # --- a profiled distributed run ----------------------------------------------------------------
@@ -271,90 +273,61 @@ def check_find_bottleneck(fn: Any) -> bool:
 
 @register
 def check_remove_input_bottleneck(fn: Any) -> bool:
-    """Check ``remove_input_bottleneck(records, read, augment, batch_size)``: the same examples,
-    fresh augmentation every epoch, and an input share under ``FAST_INPUT_SHARE``."""
-    from course_utils.profiling import format_breakdown, step_breakdown
+    """Check ``remove_input_bottleneck(records, read, keep, augment, batch_size)``: the examples
+    keep's one draw per record kept, none held out read, fresh augmentation every epoch, and
+    an input share under ``FAST_INPUT_SHARE`` (``held_out.verifier``)."""
+    from course_utils.grading.checks import held_out
+    from course_utils.profiling import step_breakdown
 
     tf = _tf()
     rng = fresh_rng()
     batch_size = rng.choice([8, 16])
-    batches = rng.choice([3, 4])
-    features, labels = _examples(rng, batch_size * batches)
+    features, labels = _examples(rng, batch_size * rng.choice([4, 5]))
     records = tf.data.Dataset.from_tensor_slices(
         (features - pipeline_probe.STORED_OFFSET, labels))
     calls: list[int] = []
+    read_labels: list[int] = []
     augmented: list[Any] = []
+    draws: list[Any] = []
     delay = [READ_SECONDS]  # the disk's wait; the slow baseline's retries make it longer
-    read = pipeline_probe.counting_read(delay, calls)
+    read = pipeline_probe.counting_read(delay, calls, read_labels)
+    keep = held_out.drawing_keep(rng.randint(0, 2**31 - 1), draws)
     augment = pipeline_probe.augment(rng.randint(0, 2**31 - 1), augmented)
-    label = (f"({len(features)} examples, read {READ_SECONDS * 1e3:g} ms each, "
-             f"batch_size={batch_size})")
+    label = (f"({len(features)} records, about {held_out.HOLD_OUT:.0%} held out, read "
+             f"{READ_SECONDS * 1e3:g} ms each, batch_size={batch_size})")
 
-    def profile(dataset: Any) -> Any:  # the second epoch, after a first one that fills caches
-        # distribute=False: the iterator's thread hides a wait as "other" (module docstring)
-        return step_breakdown(_profile(dataset.repeat(2), heavy=3, steps=batches,
-                                       warmup=batches, distribute=False))
+    def profiles(dataset: Any, kept: list[int]) -> tuple[Any, Any]:
+        batches = -(-len(kept) // batch_size)
 
-    tries: list[int] = []
+        def profile(dataset: Any) -> Any:  # the second epoch, after one that fills caches
+            # distribute=False: the iterator's thread hides a wait as "other" (docstring)
+            return step_breakdown(_profile(dataset.repeat(2), heavy=3, steps=batches,
+                                           warmup=batches, distribute=False))
 
-    def slow_profile() -> Any:  # each retry doubles the disk's wait: a busy machine's
-        delay[0] = READ_SECONDS * 2 ** len(tries)  # slower compute cannot hide it
-        tries.append(1)
-        try:
-            return profile(slow_pipeline(records, read, augment, batch_size))
-        finally:
-            delay[0] = READ_SECONDS
+        tries: list[int] = []
+        frozen = held_out.frozen_keep(kept, len(features))  # the draws kept, every epoch
 
-    built, course_pipeline = watched_build(fn, calls, augmented)  # make_pipeline refused
-    def verify(dataset: Any) -> str | None:
-        if course_pipeline() or not isinstance(dataset, tf.data.Dataset):
-            return course_pipeline() or f"returned {type(dataset).__name__}; return a Dataset"
-        if int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
-            return "the dataset repeats forever; return one epoch (the check repeats it)"
-        # reads counted from the learner's call on: a cache filled at build time reads too
-        state = augment.generator.state.numpy().copy()
-        problem = pipeline_probe.elements_problem(dataset, features, batch_size, augmented)
-        untouched = np.array_equal(state, augment.generator.state.numpy())
-        if untouched and (problem is None or problem.startswith(
-                ("both epochs", "part of the noise", "the noise on")) or " are not w" in
-                problem):
-            return ("augment did not run in the epochs, yet the features carry noise: apply "
-                    "the augment you are given in the pipeline, every epoch, not once or yours")
-        if problem:
-            return problem
-        reads = len(calls)
-        if reads != len(features):
-            return (f"read ran {reads} times for {len(features)} examples (building the "
-                    "pipeline and two epochs): "
-                    + ("it never ran; read every example, once" if reads == 0 else
-                       "read each example once, as the exercise asks: what keeps what it "
-                       "returned?" if reads > len(features) else
-                       "some examples were never read"))
-        if not pipeline_probe.runs_ahead(dataset, augment, augmented, batch_size, features):
-            return ("nothing in your pipeline works ahead of the step: after the step takes a "
-                    "batch, nothing is prepared while the step runs (a shuffle buffer or a "
-                    "bigger batch fills inside next()), so augmentation waits for it (the "
-                    "check switches off tf.data's injected prefetch and the distributed "
-                    "iterator's buffer: not yours to rely on). Which "
-                    "tf.data step overlaps preparing with consuming? (lesson 01, section 4)")
-        fast = pipeline_probe.least_input(lambda: profile(dataset))
-        slow = slow_baseline(slow_profile)
-        shares = fast.shares()["input"], slow.shares()["input"]
-        if shares[0] >= FAST_INPUT_SHARE:
-            return (f"the step still waits for input {shares[0]:.0%} of its time (the slow "
-                    f"pipeline {shares[1]:.0%}; under {FAST_INPUT_SHARE:.0%} passes); read ran "
-                    f"{reads} times in two epochs of {len(features)} examples.\n"
-                    f"{format_breakdown(fast)}")
-        print(f"input share of the step: {shares[1]:.0%} slow → {shares[0]:.0%} yours; "
-              f"step {slow.step_s * 1e3:.1f} → {fast.step_s * 1e3:.1f} ms")
-        return None
+        def slow_profile() -> Any:  # each retry doubles the disk's wait: a busy machine's
+            delay[0] = READ_SECONDS * 2 ** len(tries)  # slower compute cannot hide it
+            tries.append(1)
+            try:
+                return profile(slow_pipeline(records, read, frozen, augment, batch_size))
+            finally:
+                delay[0] = READ_SECONDS
 
+        return (pipeline_probe.least_input(lambda: profile(dataset)),
+                slow_baseline(slow_profile))
+
+    built, course_pipeline = watched_build(fn, calls, augmented, draws)  # make_pipeline no
+    verify = held_out.verifier(features, batch_size, (calls, read_labels), augment,
+                               augmented, draws, profiles, course_pipeline)
     return run_check(
         "remove_input_bottleneck", built,
-        [Case(args=(records, read, augment, batch_size), verify=verify, label=label)],
-        hint="lesson 09, section 7 (the ablation) and lesson 01, sections 4 and 5: which of "
-             "your steps gives the same result every epoch, which must differ, and what "
-             "does the step wait for in the second epoch?")
+        [Case(args=(records, read, keep, augment, batch_size), verify=verify, label=label)],
+        hint="lesson 09, sections 7 and 8 (cache() after prefetch) and lesson 01, sections 4 "
+             "and 5: which of your steps must give the same result every epoch, which must "
+             "differ, which can run before read, and what does the step wait for in the "
+             "second epoch?")
 
 
 # --- Exercise 3 · your report, from your run ----------------------------------------------

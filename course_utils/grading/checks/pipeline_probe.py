@@ -40,22 +40,25 @@ NOISE_SPREAD = 0.1
 STORED_OFFSET = 10.0
 
 
-def counting_read(seconds: list[float], calls: list[int]) -> Callable[..., Any]:
+def counting_read(seconds: list[float], calls: list[int],
+                  labels: list[int] | None = None) -> Callable[..., Any]:
     """A "disk" read: waits ``seconds[0]`` per example (read when it runs: the check can make
     its own baseline's disk slower), counts its calls in ``calls`` (each ``True`` when it ran
-    on a thread TensorFlow made: ``watched_build``), and decodes the stored record (adds
-    ``STORED_OFFSET`` back)."""
+    on a thread TensorFlow made: ``watched_build``), the labels it read in ``labels`` (when
+    given), and decodes the stored record (adds ``STORED_OFFSET`` back)."""
     import time
 
     tf = _tf()
 
     def read(features: Any, label: Any) -> tuple[Any, Any]:
-        def wait() -> np.int32:
+        def wait(read_labels: Any) -> np.int32:
             calls.append(_on_a_tensorflow_thread())
+            if labels is not None:
+                labels.extend(np.asarray(read_labels).reshape(-1).astype(int).tolist())
             time.sleep(seconds[0])
             return np.int32(0)
 
-        done = tf.py_function(wait, [], tf.int32)
+        done = tf.py_function(wait, [label], tf.int32)
         with tf.control_dependencies([done]):
             return tf.identity(features) + STORED_OFFSET, tf.identity(label)
 
@@ -183,7 +186,9 @@ def runs_ahead(dataset: Any, augment: Any, calls: list[Any], batch_size: int,
 
 
 def elements_problem(dataset: Any, features: np.ndarray, batch_size: int,
-                     calls: list[Any] | None = None) -> str | None:
+                     calls: list[Any] | None = None,
+                     labels_problem: Callable[[int, np.ndarray], str | None] | None = None
+                     ) -> str | None:
     """What is wrong with two epochs of ``dataset``, or None. Each epoch's noise (what it
     yields minus the examples) is put in the examples' order (by label: a shuffle is the
     learner's to add). Every feature of every example, each epoch, gets noise: no two
@@ -198,19 +203,25 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int,
     first epoch's noise negated makes it -1. Then one
     ``augment`` leaves a spread of 0.1 ± 0.002 (``NOISE_SPREAD``: its deviation), two make it
     0.14. Last, each example's noise must be what a call of ``augment`` (its records in
-    ``calls``, when given) returned for it in that epoch (x09 L10, L12)."""
+    ``calls``, when given) returned for it in that epoch (x09 L10, L12). ``labels_problem(epoch,
+    labels)``, when given, judges each epoch's labels instead of "every example once" (the
+    examples a hold-out keeps: ``held_out``)."""
     n = len(features)
     noise, found = [], []
     for epoch in (1, 2):
         first = len(calls) if calls is not None else 0
         sizes, labels, got = one_epoch(dataset)
         found.append(_augmented(calls[first:], features) if calls is not None else None)
-        if sorted(labels.astype(int).tolist()) != list(range(n)):
+        problem = labels_problem(epoch, labels) if labels_problem else None
+        if problem:
+            return problem
+        if not labels_problem and sorted(labels.astype(int).tolist()) != list(range(n)):
             return (f"epoch {epoch} does not hold each of the {n} examples once "
                     f"({len(labels)} examples, {len(set(labels.tolist()))} different)")
         if sizes[:-1] != [batch_size] * (len(sizes) - 1) or sizes[-1] > batch_size:
             return f"epoch {epoch}'s batches have {sizes} examples; batch_size is {batch_size}"
         order = np.argsort(labels)  # the labels are the examples' indices
+        held = np.sort(labels.astype(int))  # the examples it holds (all, or those kept)
         noise.append((got - features[labels.astype(int)])[order])
     if max(np.abs(n_).max() for n_ in noise) > 1:  # augment's noise has a deviation of 0.1
         return ("the features are not the ones read returns: every example must go through "
@@ -235,12 +246,12 @@ def elements_problem(dataset: Any, features: np.ndarray, batch_size: int,
         return (f"the noise on the features has a spread of {spread:.3f}, where one augment "
                 f"gives {NOISE_SPREAD:g}: apply augment once to every example, each epoch")
     for epoch, (mine, theirs) in enumerate(zip(noise, found, strict=True), 1):
-        wrong = [i for i in range(n) if theirs is not None
-                 and _whose(theirs, i, mine[i]) is None]
+        wrong = [label for at, label in enumerate(held.tolist()) if theirs is not None
+                 and _whose(theirs, label, mine[at]) is None]
         if wrong:
-            return (f"{len(wrong)} of the {n} examples in epoch {epoch} are not what augment "
-                    f"returned for them (example {wrong[0]}: its features minus the example "
-                    "read are not the noise any call of augment drew for it that epoch): "
+            return (f"{len(wrong)} of the {len(held)} examples in epoch {epoch} are not what "
+                    f"augment returned for them (example {wrong[0]}: its features minus the "
+                    "example read are not the noise any call of augment drew for it that epoch): "
                     "yield augment's output as it is, not noise of your own, changed or added")
     return None
 
@@ -386,7 +397,8 @@ def least_input(profile: Callable[[], Any], attempts: int = BASELINE_ATTEMPTS) -
     return best
 
 
-def watched_build(fn: Callable[..., Any], reads: list[bool], augmented: list[Any]
+def watched_build(fn: Callable[..., Any], reads: list[bool], augmented: list[Any],
+                  drawn: list[Any] | None = None
                   ) -> tuple[Callable[..., Any], Callable[[], str | None]]:
     """``fn`` wrapped to watch its calls into ``cu.data.make_pipeline`` (lesson 01's helper,
     which puts read, cache, augment, batch and prefetch in order: the answer under another
@@ -394,10 +406,10 @@ def watched_build(fn: Callable[..., Any], reads: list[bool], augmented: list[Any
     watched: the profiles that follow run unwatched. The guard leaves TensorFlow's threads
     uncounted (a build may read the dataset it is given: the check's own ``read`` and
     ``augment`` run there), so the build counts them itself: every thread state made while it
-    runs must be one of the check's own calls on a thread TensorFlow made (``reads``' and
-    ``augmented``'s records say which); any other Python run there, on a thread the guard
-    cannot watch (a ``tf.py_function`` of the answer's own calling ``make_pipeline``, x09 L11),
-    is refused, as exercises 1 and 3 refuse it."""
+    runs must be one of the check's own calls on a thread TensorFlow made (``reads``',
+    ``augmented``'s and ``drawn``'s records say which: ``held_out``'s ``keep``); any other
+    Python run there, on a thread the guard cannot watch (a ``tf.py_function`` of the answer's
+    own calling ``make_pipeline``, x09 L11), is refused, as exercises 1 and 3 refuse it."""
     from course_utils.data import make_pipeline
     from course_utils.grading.checks import guard_threads
     from course_utils.grading.checks.call_guard import RAW_THREAD, CallsInto, watching_problem
@@ -407,7 +419,8 @@ def watched_build(fn: Callable[..., Any], reads: list[bool], augmented: list[Any
     unexplained: list[int] = []
 
     def own() -> int:  # the check's own calls so far on TensorFlow's threads
-        return sum(map(bool, reads)) + sum(bool(each[-1]) for each in augmented)
+        return sum(map(bool, reads)) + sum(bool(each[-1])
+                                           for each in augmented + (drawn or []))
 
     @functools.wraps(fn)
     def built(*args: Any) -> Any:
@@ -429,7 +442,7 @@ def watched_build(fn: Callable[..., Any], reads: list[bool], augmented: list[Any
                 "yourself")
         if unexplained and unexplained[-1] > 0:
             return (f"{RAW_THREAD}: {unexplained[-1]} time(s) while it built the pipeline, "
-                    "besides the read and augment you are given; build it from tf.data's "
+                    "besides the read, keep and augment you are given; build it from tf.data's "
                     "own steps, in your function")
         return None
 
