@@ -1002,9 +1002,9 @@ TRAIN_WORKER_CATALOGUE = {
         "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
         "worker 1 wrote into checkpoint_dir|a save failed inside checkpoint_dir|the job failed"),
     "every worker also writes a checkpoint of its own into checkpoint_dir": (
-        "    return model.get_weights()\n",
+        "    return model.get_weights(), total / count",
         "    checkpoint.write(f\"{checkpoint_dir}/worker-{resolver.task_id}\")\n"
-        "    return model.get_weights()\n",
+        "    return model.get_weights(), total / count",
         "worker [12] wrote worker-[12]\\S* .*into checkpoint_dir with "
         "tf.train.Checkpoint.write"),
     # r03c L1: the others' saves counted, not what they held
@@ -2368,7 +2368,7 @@ def test_the_held_out_loss_is_judged_from_the_audits_and_names_each_mistake():
 
     def audits(values, passes=None):
         passes = passes or [[(min(8, n - k), 4) for k in range(0, n, 8)] for n in shards]
-        return [{"held_out": v, "returned": "tuple", "forward": [(8, 0), *p]}
+        return [{"held_out": repr(float(v)), "returned": "tuple", "forward": [(8, 0), *p]}
                 for v, p in zip(values, passes, strict=True)]
 
     assert held_out.held_out_problem(job, audits([losses.mean()] * 2), weights) is None

@@ -101,7 +101,7 @@ def held_out_problem(job: dict[str, Any], audits: list[dict[str, Any]],
                     "evaluate each of its own once, after the last step, in batches of at most "
                     f"replica_batch ({batch}): no repeat, no drop_remainder, no fixed count of "
                     "steps (the workers' shards differ)")
-    values = [audit["held_out"] for audit in audits]
+    values = [float(audit["held_out"]) for audit in audits]
     if not np.isfinite(values).all() or np.ptp(values) > 1e-6 * max(1.0, abs(values[0])):
         return (f"the workers returned different held-out losses {values}: each evaluated only "
                 "its own examples; all-reduce the sums of the losses and the counts of the "

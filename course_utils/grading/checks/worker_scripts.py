@@ -199,7 +199,7 @@ def _set_up(out, task, workers, share, data, seed, classes):
     def report(loss, returned):
         \"\"\"Write the audit, then end this worker at once (nothing runs after it).\"\"\"
         try:
-            held_out = to_float(loss)
+            held_out = repr(to_float(loss))     # a text: nan and inf are no literals
         except (TypeError, ValueError):
             held_out = None
         record = {"held_out": held_out, "returned": kind(returned).__name__, "forward": forward,
