@@ -21,9 +21,9 @@ import tensorflow as tf
 
 import course_utils as cu
 from course_utils.grading.checks import (
-    held_out,
     lesson_03,
     resume_inputs,
+    worker_evaluation,
     worker_logs,
     worker_scripts,
 )
@@ -589,10 +589,10 @@ def test_the_reference_weights_follow_the_global_batches():
     keras.utils.set_random_seed(1)
     initial = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
                                 keras.layers.Dense(3)]).get_weights()
-    three = held_out.reference_weights(job, 3, initial=initial)
-    six = held_out.reference_weights(job, 6, initial=initial)
+    three = worker_evaluation.reference_weights(job, 3, initial=initial)
+    six = worker_evaluation.reference_weights(job, 6, initial=initial)
     assert not np.allclose(three[0], six[0])
-    assert np.allclose(held_out.reference_weights(job, 0, initial=initial)[0], initial[0])
+    assert np.allclose(worker_evaluation.reference_weights(job, 0, initial=initial)[0], initial[0])
 
 
 def test_max_difference_takes_a_nan_for_a_difference():
@@ -2320,14 +2320,14 @@ def test_a_failed_job_names_a_model_built_outside_the_strategy(tmp_path):
     alone = {"multi_worker": False, "strategy": "_DefaultDistributionStrategy", "replicas": 1}
     right = {"multi_worker": True, "strategy": "MultiWorkerMirroredStrategy", "replicas": 3}
     (tmp_path / "built-0.json").write_text(json.dumps([right]))
-    assert held_out.failed_build(tmp_path, 3) is None       # worker 1 never built, 2 half
+    assert worker_evaluation.failed_build(tmp_path, 3) is None       # worker 1 never built, 2 half
     (tmp_path / "built-2.json").write_text('[{"multi_wor')
-    assert held_out.failed_build(tmp_path, 3) is None
+    assert worker_evaluation.failed_build(tmp_path, 3) is None
     (tmp_path / "built-2.json").write_text(json.dumps([alone]))
     assert re.match("worker 2 built the model under _DefaultDistributionStrategy, not in the "
-                    "scope", held_out.failed_build(tmp_path, 3))
+                    "scope", worker_evaluation.failed_build(tmp_path, 3))
     (tmp_path / "built-1.json").write_text(json.dumps([right, right]))
-    assert "worker 1 called build_model 2 times" in held_out.failed_build(tmp_path, 3)
+    assert "worker 1 called build_model 2 times" in worker_evaluation.failed_build(tmp_path, 3)
 
 
 def test_a_job_that_failed_as_the_transport_fails_runs_once_more_and_only_that_once():
@@ -2359,11 +2359,11 @@ def test_the_held_out_loss_is_judged_from_the_audits_and_names_each_mistake():
     disagree, the mean of the workers' means and the steps' losses over the global batch are
     each named."""
     rng = np.random.default_rng(5)
-    x_eval, y_eval = held_out.held_out_data(rng, 2, 8, 5, 3)
+    x_eval, y_eval = worker_evaluation.held_out_data(rng, 2, 8, 5, 3)
     assert len(x_eval) == 2 * 8 * (len(x_eval) // 16) + 1          # shards of 1 more, 1 less
     weights = [rng.normal(size=s) for s in [(5, 8), (8,), (8, 3), (3,)]]
     job = {"workers": 2, "steps": 4, "global_batch": 16, "x_eval": x_eval, "y_eval": y_eval}
-    losses = held_out.held_out_loss(job, weights)
+    losses = worker_evaluation.held_out_loss(job, weights)
     shards = [len(losses[worker::2]) for worker in range(2)]
 
     def audits(values, passes=None):
@@ -2371,16 +2371,16 @@ def test_the_held_out_loss_is_judged_from_the_audits_and_names_each_mistake():
         return [{"held_out": repr(float(v)), "returned": "tuple", "forward": [(8, 0), *p]}
                 for v, p in zip(values, passes, strict=True)]
 
-    assert held_out.held_out_problem(job, audits([losses.mean()] * 2), weights) is None
-    assert "returned a list" in held_out.held_out_problem(
+    assert worker_evaluation.held_out_problem(job, audits([losses.mean()] * 2), weights) is None
+    assert "returned a list" in worker_evaluation.held_out_problem(
         job, [{"held_out": None, "returned": "list"}] * 2, weights)
-    assert re.search(r"worker 0 of 2 ran 16 held-out", held_out.held_out_problem(
+    assert re.search(r"worker 0 of 2 ran 16 held-out", worker_evaluation.held_out_problem(
         job, audits([losses.mean()] * 2, [[(8, 4), (8, 4)]] * 2), weights))
-    assert "different held-out losses" in held_out.held_out_problem(
+    assert "different held-out losses" in worker_evaluation.held_out_problem(
         job, audits([losses[0::2].mean(), losses[1::2].mean()]), weights)
     means = np.mean([losses[0::2].mean(), losses[1::2].mean()])
-    assert "the mean of the workers' own means" in held_out.held_out_problem(
+    assert "the mean of the workers' own means" in worker_evaluation.held_out_problem(
         job, audits([means] * 2), weights)
     steps = -(-len(losses) // 16)
-    assert "the last, partial step counted as a full one" in held_out.held_out_problem(
+    assert "the last, partial step counted as a full one" in worker_evaluation.held_out_problem(
         job, audits([losses.sum() / 16 / steps] * 2), weights)

@@ -75,19 +75,19 @@ from course_utils.grading.checks.diagnosis import (  # noqa: F401
     check_diagnose,
 )
 from course_utils.grading.checks.forked_workers import ForkedCluster, once_more_if_transient
-from course_utils.grading.checks.held_out import (
+from course_utils.grading.checks.registry import register
+from course_utils.grading.checks.resume_inputs import (
+    dataset_fn_problem,
+    max_difference,
+    restore_problem,
+)
+from course_utils.grading.checks.worker_evaluation import (
     build_problem,
     failed_build,
     held_out_data,
     held_out_problem,
     optimizer_problem,
     reference_weights,
-)
-from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.resume_inputs import (
-    dataset_fn_problem,
-    max_difference,
-    restore_problem,
 )
 from course_utils.grading.checks.worker_logs import CAUSES, failure_logs
 from course_utils.grading.checks.worker_scripts import (
