@@ -20,7 +20,13 @@ import pytest
 import tensorflow as tf
 
 import course_utils as cu
-from course_utils.grading.checks import lesson_03, resume_inputs, worker_logs, worker_scripts
+from course_utils.grading.checks import (
+    lesson_03,
+    resume_inputs,
+    worker_evaluation,
+    worker_logs,
+    worker_scripts,
+)
 from course_utils.grading.framework import NotAttemptedError, strict_checks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
@@ -73,7 +79,28 @@ def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps, r
             manager.save(checkpoint_number=step)
             if not is_chief:
                 tf.io.gfile.rmtree(write_dir)
-    return model.get_weights()
+    with np.load(data_path) as data:       # the held-out loss: every example once
+        x_eval, y_eval = data["x_eval"], data["y_eval"]
+
+    def eval_fn(context):
+        held_out = tf.data.Dataset.from_tensor_slices((x_eval, y_eval))
+        held_out = held_out.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return held_out.batch(replica_batch)       # no repeat; the last batch partial
+
+    def replica_sums(features, labels):
+        losses = per_example(labels, model(features))
+        return tf.reduce_sum(losses), tf.cast(tf.size(losses), tf.float32)
+
+    @tf.function
+    def eval_step(features, labels):
+        sums = strategy.run(replica_sums, args=(features, labels))
+        return [strategy.reduce("SUM", part, axis=None) for part in sums]
+
+    total = count = 0.0
+    for features, labels in strategy.distribute_datasets_from_function(eval_fn):
+        step_total, step_count = eval_step(features, labels)
+        total, count = total + float(step_total), count + float(step_count)
+    return model.get_weights(), total / count
 
 
 def diagnose(logs):
@@ -562,10 +589,10 @@ def test_the_reference_weights_follow_the_global_batches():
     keras.utils.set_random_seed(1)
     initial = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
                                 keras.layers.Dense(3)]).get_weights()
-    three = worker_scripts.reference_weights(job, 3, initial=initial)
-    six = worker_scripts.reference_weights(job, 6, initial=initial)
+    three = worker_evaluation.reference_weights(job, 3, initial=initial)
+    six = worker_evaluation.reference_weights(job, 6, initial=initial)
     assert not np.allclose(three[0], six[0])
-    assert np.allclose(worker_scripts.reference_weights(job, 0, initial=initial)[0], initial[0])
+    assert np.allclose(worker_evaluation.reference_weights(job, 0, initial=initial)[0], initial[0])
 
 
 def test_max_difference_takes_a_nan_for_a_difference():
@@ -828,8 +855,40 @@ TRAIN_WORKER_CATALOGUE = {
     # It also saves from every worker into one folder: when their writes race (on a busy
     # machine) a worker crashes, a rejection that names the job's failure instead.
     "the broken worker as given": (
-        None, "broken", "backward passes carried|a save failed inside checkpoint_dir|"
-                        "the job failed: worker \\d failed"),
+        None, "broken", "worker 0 of 2 ran \\d+ held-out examples through the trained model"),
+    "the lesson's script copied: no evaluation": (
+        "    return model.get_weights(), total / count", "    return model.get_weights()",
+        "returned a list, not \\(weights, held-out loss\\)"),
+    "a constant loss, nothing evaluated": (
+        "    total = count = 0.0\n",
+        "    return model.get_weights(), 1.1\n    total = count = 0.0\n",
+        "worker 0 of 2 ran \\d+ held-out examples through the trained model"),
+    "the last, partial batch dropped": (
+        "return held_out.batch(replica_batch)",
+        "return held_out.batch(replica_batch, drop_remainder=True)",
+        "worker 0 of 2 ran \\d+ held-out examples through the trained model"),
+    "every worker evaluates every row of its copy": (
+        "        held_out = held_out.shard(context.num_input_pipelines, "
+        "context.input_pipeline_id)\n", "",
+        "worker 0 of 2 ran \\d+ held-out examples through the trained model"),
+    "each worker's own mean, nothing all-reduced": (
+        'return [strategy.reduce("SUM", part, axis=None) for part in sums]',
+        "return [strategy.experimental_local_results(part)[0] for part in sums]",
+        "the workers returned different held-out losses"),
+    "the workers' own means averaged by an all-reduce": (
+        ('return [strategy.reduce("SUM", part, axis=None) for part in sums]',
+         "    return model.get_weights(), total / count"),
+        ("return [strategy.experimental_local_results(part)[0] for part in sums]",
+         "    own_mean = tf.constant(total / count)\n"
+         "    mean = strategy.run(tf.function(\n"
+         '        lambda: tf.distribute.get_replica_context().all_reduce("MEAN", own_mean)))\n'
+         "    return model.get_weights(), float(strategy.experimental_local_results(mean)[0])"),
+        "you returned the mean of the workers' own means"),
+    "each step's loss over the global batch, averaged over the steps": (
+        "total, count = total + float(step_total), count + float(step_count)",
+        "total, count = total + float(step_total) / global_batch, count + 1",
+        "you returned each step's loss over the global batch .* averaged over the steps: "
+        "the last, partial step counted as a full one"),
     "a clone trained outside the strategy on every global batch": (
         None, "whole_batch_clone", "replica context of \\[1\\] replicas"),
     "no strategy at all": (None, "no_strategy", "not in the scope of a tf.distribute.Multi"),
@@ -943,9 +1002,9 @@ TRAIN_WORKER_CATALOGUE = {
         "checkpoint_dir if is_chief else tempfile.mkdtemp()", "checkpoint_dir",
         "worker 1 wrote into checkpoint_dir|a save failed inside checkpoint_dir|the job failed"),
     "every worker also writes a checkpoint of its own into checkpoint_dir": (
-        "    return model.get_weights()\n",
+        "    return model.get_weights(), total / count",
         "    checkpoint.write(f\"{checkpoint_dir}/worker-{resolver.task_id}\")\n"
-        "    return model.get_weights()\n",
+        "    return model.get_weights(), total / count",
         "worker [12] wrote worker-[12]\\S* .*into checkpoint_dir with "
         "tf.train.Checkpoint.write"),
     # r03c L1: the others' saves counted, not what they held
@@ -2261,14 +2320,14 @@ def test_a_failed_job_names_a_model_built_outside_the_strategy(tmp_path):
     alone = {"multi_worker": False, "strategy": "_DefaultDistributionStrategy", "replicas": 1}
     right = {"multi_worker": True, "strategy": "MultiWorkerMirroredStrategy", "replicas": 3}
     (tmp_path / "built-0.json").write_text(json.dumps([right]))
-    assert lesson_03._failed_build(tmp_path, 3) is None       # worker 1 never built, 2 half
+    assert worker_evaluation.failed_build(tmp_path, 3) is None       # worker 1 never built, 2 half
     (tmp_path / "built-2.json").write_text('[{"multi_wor')
-    assert lesson_03._failed_build(tmp_path, 3) is None
+    assert worker_evaluation.failed_build(tmp_path, 3) is None
     (tmp_path / "built-2.json").write_text(json.dumps([alone]))
     assert re.match("worker 2 built the model under _DefaultDistributionStrategy, not in the "
-                    "scope", lesson_03._failed_build(tmp_path, 3))
+                    "scope", worker_evaluation.failed_build(tmp_path, 3))
     (tmp_path / "built-1.json").write_text(json.dumps([right, right]))
-    assert "worker 1 called build_model 2 times" in lesson_03._failed_build(tmp_path, 3)
+    assert "worker 1 called build_model 2 times" in worker_evaluation.failed_build(tmp_path, 3)
 
 
 def test_a_job_that_failed_as_the_transport_fails_runs_once_more_and_only_that_once():
@@ -2293,3 +2352,35 @@ def test_a_job_that_failed_as_the_transport_fails_runs_once_more_and_only_that_o
                                    (("the weights differ",), "the weights differ", 1)]:
         attempt, calls = attempts(*verdicts)
         assert once_more_if_transient(attempt) == result and len(calls) == runs
+
+
+def test_the_held_out_loss_is_judged_from_the_audits_and_names_each_mistake():
+    """Without a cluster: the right loss passes; a worker that ran other rows, workers that
+    disagree, the mean of the workers' means and the steps' losses over the global batch are
+    each named."""
+    rng = np.random.default_rng(5)
+    x_eval, y_eval = worker_evaluation.held_out_data(rng, 2, 8, 5, 3)
+    assert len(x_eval) == 2 * 8 * (len(x_eval) // 16) + 1          # shards of 1 more, 1 less
+    weights = [rng.normal(size=s) for s in [(5, 8), (8,), (8, 3), (3,)]]
+    job = {"workers": 2, "steps": 4, "global_batch": 16, "x_eval": x_eval, "y_eval": y_eval}
+    losses = worker_evaluation.held_out_loss(job, weights)
+    shards = [len(losses[worker::2]) for worker in range(2)]
+
+    def audits(values, passes=None):
+        passes = passes or [[(min(8, n - k), 4) for k in range(0, n, 8)] for n in shards]
+        return [{"held_out": repr(float(v)), "returned": "tuple", "forward": [(8, 0), *p]}
+                for v, p in zip(values, passes, strict=True)]
+
+    assert worker_evaluation.held_out_problem(job, audits([losses.mean()] * 2), weights) is None
+    assert "returned a list" in worker_evaluation.held_out_problem(
+        job, [{"held_out": None, "returned": "list"}] * 2, weights)
+    assert re.search(r"worker 0 of 2 ran 16 held-out", worker_evaluation.held_out_problem(
+        job, audits([losses.mean()] * 2, [[(8, 4), (8, 4)]] * 2), weights))
+    assert "different held-out losses" in worker_evaluation.held_out_problem(
+        job, audits([losses[0::2].mean(), losses[1::2].mean()]), weights)
+    means = np.mean([losses[0::2].mean(), losses[1::2].mean()])
+    assert "the mean of the workers' own means" in worker_evaluation.held_out_problem(
+        job, audits([means] * 2), weights)
+    steps = -(-len(losses) // 16)
+    assert "the last, partial step counted as a full one" in worker_evaluation.held_out_problem(
+        job, audits([losses.sum() / 16 / steps] * 2), weights)

@@ -1,7 +1,7 @@
 """Checks of lesson 03's exercises (multi-worker training), registered by name with ``@register``.
 
-* ``check_train_worker(train_worker)``: runs the learner's worker function (exercise 1 fixes a
-  broken one, given a per-replica batch) on a real localhost cluster of 2 workers, then on
+* ``check_train_worker(train_worker)``: runs the learner's worker function (exercise 1 fixes
+  its held-out evaluation; a per-replica batch) on a real localhost cluster of 2 workers, then on
   one of 3 (fresh data, steps and batch each time; each worker's copy of the data holds only
   its shard, the other rows decoys drawn like the data, so that no worker can train the right
   weights from rows of another, nor tell those rows from its own; ``build_model`` seeded
@@ -14,7 +14,10 @@
   alone wrote into the checkpoint folder (the others saved the same variables into temporary
   folders deleted after each save, none left by the next step; listed after the run, the folder
   holds only what the chief's checkpoints wrote: :mod:`.checkpoint_files`), and the newest
-  checkpoint holds the optimizer's step count and the final weights. The audit lives in the
+  checkpoint holds the optimizer's step count and the final weights; then the held-out loss
+  each worker returned (:mod:`.held_out`: each worker ran exactly its own held-out examples
+  through the trained model, in passes of at most a replica's batch, and all returned the
+  mean over the whole set on one device). The audit lives in the
   closures of the worker script's set-up (no global names it) and is written after the
   learner's function returned, with a secret the set-up read and deleted before that
   function ran; a function that reads frames, closures or the heap is refused up front (by
@@ -55,7 +58,6 @@ per interpreter, not once per worker.
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
 import secrets
@@ -79,13 +81,19 @@ from course_utils.grading.checks.resume_inputs import (
     max_difference,
     restore_problem,
 )
+from course_utils.grading.checks.worker_evaluation import (
+    build_problem,
+    failed_build,
+    held_out_data,
+    held_out_problem,
+    optimizer_problem,
+    reference_weights,
+)
 from course_utils.grading.checks.worker_logs import CAUSES, failure_logs
 from course_utils.grading.checks.worker_scripts import (
     function_source,
     is_stub,
-    optimizer_problem,
     parse_python,
-    reference_weights,
     resume_script,
     train_worker_script,
 )
@@ -124,11 +132,14 @@ def _fresh_job(rng: Any, folder: Path, batches: int | None = None, workers: int 
     y = data.integers(0, classes, size=num_examples).astype("int32")
     if not shards:
         np.savez(folder / "data.npz", x=x, y=y)
+    x_eval, y_eval = held_out_data(data, workers, global_batch // workers, features, classes)
     for worker in range(workers if shards else 0):   # its shard; decoys, drawn alike, elsewhere
-        own = data.normal(size=x.shape).astype("float32")
+        own, own_eval = (data.normal(size=a.shape).astype("float32") for a in (x, x_eval))
         own[worker::workers] = x[worker::workers]
-        np.savez(folder / f"data-{worker}.npz", x=own, y=y)
-    return {"x": x, "y": y, "global_batch": global_batch, "classes": classes,
+        own_eval[worker::workers] = x_eval[worker::workers]
+        np.savez(folder / f"data-{worker}.npz", x=own, y=y, x_eval=own_eval, y_eval=y_eval)
+    return {"x": x, "y": y, "x_eval": x_eval, "y_eval": y_eval,
+            "global_batch": global_batch, "classes": classes,
             "steps": rng.randint(5, 7), "save_every": rng.choice([2, 3]),
             "seed": rng.randint(0, 10_000), "workers": workers}
 
@@ -158,33 +169,6 @@ def _load(path: Path) -> list[np.ndarray]:
 # --- exercise 1: the worker's training part -----------------------------------------------------
 
 
-def _build_problem(builds: dict[int, list[dict[str, Any]]], workers: int) -> str | None:
-    """What is wrong with how the workers built their models (``builds[i]``: worker i's calls
-    of ``build_model``, as it recorded them), or None."""
-    for worker, built in sorted(builds.items()):
-        if len(built) != 1:
-            return (f"worker {worker} called build_model {len(built)} times: build the model "
-                    "once, inside the strategy's scope")
-        if not built[0]["multi_worker"]:
-            return (f"worker {worker} built the model under {built[0]['strategy']}, not in the "
-                    "scope of a tf.distribute.MultiWorkerMirroredStrategy")
-        if built[0]["replicas"] != workers:
-            return (f"worker {worker}'s strategy had {built[0]['replicas']} replicas in sync, "
-                    f"not {workers}: was TF_CONFIG read (the strategy built first)?")
-    return None
-
-
-def _failed_build(out: Path, workers: int) -> str | None:
-    """In a job that failed: what the builds its workers recorded already show, or None."""
-    builds = {}
-    for worker in range(workers):
-        try:
-            builds[worker] = json.loads((out / f"built-{worker}.json").read_text())
-        except (OSError, ValueError):    # it failed before building, or while writing
-            pass
-    return _build_problem(builds, workers)
-
-
 def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     """What is wrong with the finished job in ``folder`` (None when it is right)."""
     tf = _tf()
@@ -202,7 +186,7 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
             return (f"worker {worker}'s audit was not written by the check's set-up: leave the "
                     "check's files alone")
         audits.append(audit)
-    problem = _build_problem(dict(enumerate(audit["built"] for audit in audits)), workers)
+    problem = build_problem(dict(enumerate(audit["built"] for audit in audits)), workers)
     if problem:
         return problem
     share = job["global_batch"] // workers
@@ -283,7 +267,7 @@ def _verify_train_worker(folder: Path, job: dict[str, Any]) -> str | None:
     restored = reference_weights(job, 0, checkpoint=latest)
     if not max_difference(restored, weights[0]) <= 1e-6:
         return "the newest checkpoint does not hold the final weights: save after the last step"
-    return None
+    return held_out_problem(job, audits, weights[0])
 
 
 @register
@@ -324,11 +308,11 @@ def check_train_worker(fn: Any) -> bool:
                 # checkpoint_dir: name that cause, not the crash it led to
                 if f"{folder / 'checkpoints'}{os.sep}" in str(error):
                     # two workers' saves met in checkpoint_dir (one's temporary files gone)
-                    return (_failed_build(folder / "out", workers)
+                    return (failed_build(folder / "out", workers)
                             or "a save failed inside checkpoint_dir: did more than the chief "
                                "write there? Only the chief may; every other worker saves "
                                f"into a temporary folder of its own. The job failed: {error}")
-                return (_failed_build(folder / "out", workers)
+                return (failed_build(folder / "out", workers)
                         or f"the job failed: {error}")
             return _verify_train_worker(folder, job)
 
@@ -338,13 +322,11 @@ def check_train_worker(fn: Any) -> bool:
                   label=f"a fresh job on {workers} workers") for workers in (2, 3)]
     return run_check(name, lambda workers: once_more_if_transient(
                          lambda: run_and_verify(workers)), cases,
-                     hint="compare the broken worker with the lesson's script, parts 1-5: "
-                          "a dataset_fn sharded by its InputContext, the global batch of "
-                          "all replicas (num_replicas_in_sync, not the workers: one replica "
-                          "each here), the step inside strategy.run, the loss divided by it, a "
-                          "CheckpointManager of the model and optimizer writing to "
-                          "checkpoint_dir on the chief only, every save_every steps and after "
-                          "the last step. Section 2.")
+                     hint="keep the lesson's training (section 2, parts 1-5); evaluate each "
+                          "worker's shard of the held-out set once (no repeat, no "
+                          "drop_remainder), sum the losses and count the examples, "
+                          "all-reduce both (strategy.reduce of strategy.run's values) and "
+                          "divide once. Sections 2 and 3.")
 
 
 # --- exercise 3: resume after the job changed shape -------------------------------------------

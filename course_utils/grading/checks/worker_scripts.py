@@ -14,17 +14,13 @@ import textwrap
 import threading
 from typing import Any
 
-import numpy as np
-
 __all__ = [
     "BROKEN_TRAIN_WORKER",
     "LEARNING_RATE",
     "SETUP",
     "function_source",
     "is_stub",
-    "optimizer_problem",
     "parse_python",
-    "reference_weights",
     "resume_script",
     "train_worker_script",
 ]
@@ -35,7 +31,8 @@ LEARNING_RATE = 0.1
 #: What every exercise worker runs before the learner's code: its flags, ``build_model`` (seeded
 #: differently on every worker, so that only the strategy's broadcast makes the initial weights
 #: equal; it records the strategy it was built under and its replica count; a weightless layer
-#: records, in each backward pass, the examples it carried and the replica context it ran in),
+#: records, in each forward pass, the examples it carried and after how many backward passes,
+#: and in each backward pass the examples and the replica context it ran in),
 #: an audit of ``CheckpointManager.save`` (where each worker saved, the prefix each save wrote
 #: and its variables' shapes and sums, after how many backward passes, which folders of its
 #: earlier saves were still there then and in each backward pass), of ``tf.train.Checkpoint``'s
@@ -78,14 +75,14 @@ def _set_up(out, task, workers, share, data, seed, classes):
             ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE, 0
         except (OSError, AttributeError):
             pass
-    built, saves, saved_after, rows, contexts, left, lingering, written, writes, held = (
-        [] for _ in range(10))
+    built, saves, saved_after, rows, contexts, left, lingering, written, writes, held, forward = (
+        [] for _ in range(11))
     exists, abspath, join, write, close, exit_now = (
         os.path.exists, os.path.abspath, os.path.join, os.write, os.close, os._exit)
     replica_context, dependencies = tf.distribute.get_replica_context, tf.control_dependencies
     shape_of, py_function, identity = tf.shape, tf.py_function, tf.identity
     savez, dumps, sort, open_file, load = np.savez, json.dumps, sorted, os.open, np.load
-    get_strategy = tf.distribute.get_strategy
+    get_strategy, to_float, kind = tf.distribute.get_strategy, float, type
     from course_utils.grading.checks.dataset_audit import dataset_auditor   # the check's audit
     multi_worker = tf.distribute.MultiWorkerMirroredStrategy
     set_seed, sequential, layer_input, dense = (keras.utils.set_random_seed, keras.Sequential,
@@ -119,9 +116,14 @@ def _set_up(out, task, workers, share, data, seed, classes):
         lingering.append(sort({d for d in saves if exists(d)}))
         return carried
 
+    def count_forward(carried):           # its examples, after how many backward passes
+        forward.append((int(carried), len(rows)))
+        return carried
+
     @tf.custom_gradient
     def audited(inputs):
-        \"\"\"Identity; its backward pass records the examples it carried and its context.\"\"\"
+        \"\"\"Identity; its forward pass records the examples it carried (and after how many
+        backward passes), its backward pass those and its context.\"\"\"
         def backward(upstream):
             context = replica_context()                       # at trace time
             contexts.append(context.num_replicas_in_sync if context is not None else 0)
@@ -129,7 +131,9 @@ def _set_up(out, task, workers, share, data, seed, classes):
             with dependencies([carried]):
                 return identity(upstream)
 
-        return identity(inputs), backward
+        seen = py_function(count_forward, [shape_of(inputs)[0]], Tout=tf.int32)
+        with dependencies([seen]):
+            return identity(inputs), backward
 
     class Audit(keras.layers.Layer):
         \"\"\"No weights: an audit of the backward passes through the model.\"\"\"
@@ -192,9 +196,14 @@ def _set_up(out, task, workers, share, data, seed, classes):
     tf.data.Dataset.__init__, batches = dataset_auditor(
         tf, np, share, given, tf.data.Dataset.__init__)   # every dataset made from here on
 
-    def report():
+    def report(loss, returned):
         \"\"\"Write the audit, then end this worker at once (nothing runs after it).\"\"\"
-        record = {"secret": secret, "saves": saves, "built": built, "saved_after": saved_after,
+        try:
+            held_out = repr(to_float(loss))     # a text: nan and inf are no literals
+        except (TypeError, ValueError):
+            held_out = None
+        record = {"held_out": held_out, "returned": kind(returned).__name__, "forward": forward,
+                  "secret": secret, "saves": saves, "built": built, "saved_after": saved_after,
                   "rows": rows, "contexts": contexts, "left": left, "batches": batches,
                   "lingering": lingering, "written": written, "writes": writes, "held": held}
         handle = open_file(join(out, f"audit-{task}.txt"), flags)
@@ -217,9 +226,11 @@ def _run(train_worker, build_model=build_model, report=_report, data=_data,
                     _args.save_every),
          weights_file=os.path.join(_args.out, f"weights-{_task}.npz"), savez=np.savez):
     \"\"\"Your function, then the audit: every name bound before your code ran.\"\"\"
-    weights = train_worker(build_model, LEARNING_RATE, data, *arguments)
+    returned = train_worker(build_model, LEARNING_RATE, data, *arguments)
+    pair = isinstance(returned, tuple) and len(returned) == 2
+    weights, loss = returned if pair else (returned, None)
     savez(weights_file, *weights)
-    report()
+    report(loss, returned)
 
 
 _run(train_worker)
@@ -277,20 +288,24 @@ print("done", flush=True)
 '''
 
 
-#: Exercise 1's starting point: a colleague's worker that may run to the end without an
-#: error, or fail when its workers' saves into the same folder collide; either way it
-#: is wrong in five ways (the lesson's script, written from memory, for a per-replica batch).
+#: Exercise 1's starting point: a colleague's worker whose training is the lesson's script
+#: (for a per-replica batch), followed by an evaluation on the held-out set written like its
+#: training step: it runs to the end and returns a loss that is not the held-out mean.
 BROKEN_TRAIN_WORKER = '''\
 def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
                  replica_batch, save_every):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     is_chief = strategy.cluster_resolver.task_id == 0
+    global_batch = replica_batch * strategy.num_replicas_in_sync
     with np.load(data_path) as data:
         x, y = data["x"], data["y"]
+        x_eval, y_eval = data["x_eval"], data["y_eval"]
 
-    def dataset_fn(context):
+    def dataset_fn(context, x=x, y=y):
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
-        return dataset.batch(context.get_per_replica_batch_size(replica_batch))
+        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
+        return dataset.batch(context.get_per_replica_batch_size(global_batch),
+                             drop_remainder=True)
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     with strategy.scope():
@@ -300,9 +315,13 @@ def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                              reduction=None)
 
+    def replica_loss(features, labels):
+        return tf.nn.compute_average_loss(per_example(labels, model(features)),
+                                          global_batch_size=global_batch)
+
     def replica_step(features, labels):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(per_example(labels, model(features)))
+            loss = replica_loss(features, labels)
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         return loss
@@ -313,12 +332,26 @@ def train_worker(build_model, learning_rate, data_path, checkpoint_dir, steps,
                                axis=None)
 
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(checkpoint, checkpoint_dir, max_to_keep=2)
+    write_dir = checkpoint_dir if is_chief else tempfile.mkdtemp()
+    manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=2)
     for step in range(1, steps + 1):
         train_step(iterator)
-        if step % save_every == 0:
+        if step % save_every == 0 or step == steps:
             manager.save(checkpoint_number=step)
-    return model.get_weights()
+            if not is_chief:
+                tf.io.gfile.rmtree(write_dir)
+
+    # the held-out loss of the trained model, the same way
+    @tf.function
+    def eval_step(iterator):
+        return strategy.reduce("SUM", strategy.run(replica_loss, args=next(iterator)),
+                               axis=None)
+
+    evaluation = iter(strategy.distribute_datasets_from_function(
+        lambda context: dataset_fn(context, x_eval, y_eval)))
+    eval_steps = len(x_eval) // global_batch
+    eval_loss = sum(float(eval_step(evaluation)) for _ in range(eval_steps)) / eval_steps
+    return model.get_weights(), eval_loss
 '''
 
 
@@ -389,61 +422,3 @@ def resume_script(restore_latest_source: str, make_dataset_fn_source: str) -> st
     """Exercise 3's worker: the set-up, the learner's two functions, then the whole job."""
     return (SETUP + "\n\n" + restore_latest_source + "\n\n" + make_dataset_fn_source
             + _RESUME_JOB)
-
-
-def reference_weights(job: dict[str, Any], steps: int, *, checkpoint: str | None = None,
-                      initial: list[np.ndarray] | None = None,
-                      batches: list[tuple[int, int]] | None = None) -> list[np.ndarray]:
-    """One device: ``steps`` SGD steps on global batch k = examples [k·B, (k+1)·B) of the data
-    repeated, from ``initial`` weights (or the steps ``batches`` lists, each (first example,
-    size)); or, with ``checkpoint``, the model it holds."""
-    from course_utils.quiet import import_tensorflow
-
-    tf = import_tensorflow()
-    import keras
-
-    x, y = job["x"], job["y"]
-    model = keras.Sequential([keras.Input((x.shape[1],)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Identity(),      # where SETUP's audit layer is
-                              keras.layers.Dense(job["classes"])])
-    if checkpoint is not None:
-        tf.train.Checkpoint(model=model).read(checkpoint).expect_partial()
-        return model.get_weights()
-    if initial is None:
-        raise ValueError("pass the initial weights (or a checkpoint)")
-    model.set_weights(initial)
-    optimizer = keras.optimizers.SGD(LEARNING_RATE)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    if batches is None:
-        batches = [(step * job["global_batch"], job["global_batch"]) for step in range(steps)]
-    for first, batch in batches:
-        rows = (first + np.arange(batch)) % len(x)
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y[rows], model(x[rows]))
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-    return model.get_weights()
-
-
-def optimizer_problem(checkpoint: str, steps: int) -> str | None:
-    """What the optimizer saved in ``checkpoint`` says is wrong: it applied fewer or more than
-    ``steps`` steps, or its learning rate is not ``LEARNING_RATE`` (a per-replica mean loss
-    with the rate divided by the replicas gives plain SGD the same weights, but not the
-    optimizer the exercise asks for: with momentum, Adam or a schedule it trains otherwise)."""
-    from course_utils.quiet import import_tensorflow
-
-    tf = import_tensorflow()
-    reader = tf.train.load_checkpoint(checkpoint)
-    names = [name for name, _ in tf.train.list_variables(checkpoint)]
-    counts = [int(reader.get_tensor(n)) for n in names
-              if n.endswith("iterations/.ATTRIBUTES/VARIABLE_VALUE")]
-    if counts != [steps]:
-        return ("the newest checkpoint holds no optimizer that applied every step: put the "
-                "optimizer in the tf.train.Checkpoint with the model, so a restart resumes it")
-    rates = [float(reader.get_tensor(n)) for n in names
-             if n.endswith("_learning_rate/.ATTRIBUTES/VARIABLE_VALUE")]
-    if len(rates) != 1 or not np.isclose(rates[0], LEARNING_RATE):
-        return (f"the optimizer in the newest checkpoint has learning rate {rates}, not the "
-                f"learning_rate given ({LEARNING_RATE}): keep SGD(learning_rate) and average "
-                "the loss over the global batch (tf.nn.compute_average_loss), as the lesson does")
-    return None
