@@ -23,7 +23,7 @@ from course_utils.grading.checks import file_shards, lesson_02
 from course_utils.grading.framework import NotAttemptedError, strict_checks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
-from catalogue_routes import catalogue_params  # noqa: E402
+from catalogue_routes import FULL_ENV, LEFT_OUT, catalogue_params  # noqa: E402
 
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -64,14 +64,19 @@ def resume_training(directory, build_fresh, strategy, examples, config):
     return model, optimizer
 
 
-def _per_example(labels, logits):
-    return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+def _scored(queries, keys):
+    return tf.matmul(queries, keys, transpose_b=True)
 
 
-def compute_loss(labels, logits, weights):
-    weights = tf.cast(weights, tf.float32)
-    total = tf.distribute.get_replica_context().all_reduce(SUM, tf.reduce_sum(weights))
-    return tf.reduce_sum(weights * _per_example(labels, logits)) / total
+def compute_loss(queries, keys):
+    context = tf.distribute.get_replica_context()
+    every_key = context.all_gather(keys, axis=0)  # replica 0's first
+    counts = context.all_gather(tf.shape(queries)[:1], axis=0)
+    first = tf.reduce_sum(counts[:context.replica_id_in_sync_group])
+    targets = first + tf.range(tf.shape(queries)[0])
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(targets,
+                                                            _scored(queries, every_key))
+    return tf.reduce_sum(losses) / tf.cast(tf.reduce_sum(counts), losses.dtype)
 
 
 def _clipped(gradients, clip_norm, how):
@@ -100,9 +105,10 @@ def _clipped(gradients, clip_norm, how):
 
 def _train_step(loss_fn, reduce_op=SUM, how="global"):
     def distributed_train_step(strategy, model, optimizer, batch, clip_norm):
-        def replica_step(features, labels, weights):
+        def replica_step(query_features, key_features):
             with tf.GradientTape() as tape:
-                loss = loss_fn(labels, model(features, training=True), weights)
+                loss = loss_fn(model(query_features, training=True),
+                               model(key_features, training=True))
             gradients = _clipped(tape.gradient(loss, model.trainable_variables), clip_norm,
                                  how)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
@@ -430,66 +436,99 @@ def test_rewriting_the_checks_copy_is_refused(shared_checkpointed_runs):
         checks.check_resume_training(highest_number_recorded_as_latest)
 
 
-# --- exercise 2: compute_loss (weighted) and distributed_train_step --------------------------
+# --- exercise 2: compute_loss (the whole global batch's negatives) and distributed_train_step
 
 
-def counted_examples(labels, logits, weights):  # the lesson's reduction, weights ignored
-    examples = tf.distribute.get_replica_context().all_reduce(SUM, tf.shape(labels)[0])
-    return tf.nn.compute_average_loss(_per_example(labels, logits), global_batch_size=examples)
+def _losses_over(queries, keys, targets):
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(targets, _scored(queries, keys))
 
 
-def weighted_over_count(labels, logits, weights):  # weights applied, divided by the count
-    examples = tf.distribute.get_replica_context().all_reduce(SUM, tf.shape(labels)[0])
-    return tf.nn.compute_average_loss(_per_example(labels, logits), sample_weight=weights,
-                                      global_batch_size=examples)
+def one_device_loss(queries, keys):  # the notebook's, bound under the answer's name
+    targets = tf.range(tf.shape(queries)[0])
+    return tf.reduce_mean(_losses_over(queries, keys, targets))
 
 
-def local_weights(labels, logits, weights):  # this replica's weights only
-    return tf.reduce_sum(weights * _per_example(labels, logits)) / tf.reduce_sum(weights)
+def colleague_loss(queries, keys):  # the notebook's: the lesson's counted reduction (cell 33)
+    targets = tf.range(tf.shape(queries)[0])
+    pairs = tf.distribute.get_replica_context().all_reduce(SUM, tf.shape(queries)[0])
+    return tf.nn.compute_average_loss(_losses_over(queries, keys, targets),
+                                      global_batch_size=pairs)
 
 
-def keras_object_weighted(labels, logits, weights):
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
-        labels, logits, sample_weight=weights)
+def _gathered(queries, keys, first="counted", divide="pairs", stop=None):
+    """Every key gathered; this replica's targets start at ``first``; the sum divided by
+    ``divide``; ``stop``: which gathered keys carry no gradient."""
+    context = tf.distribute.get_replica_context()
+    every_key = context.all_gather(keys, axis=0)
+    mine = tf.shape(queries)[0]
+    counts = context.all_gather(tf.shape(queries)[:1], axis=0)
+    at = context.replica_id_in_sync_group
+    start = {"counted": tf.reduce_sum(counts[:at]), "zero": 0, "even": at * mine}[first]
+    if stop == "all":
+        every_key = tf.stop_gradient(every_key)
+    elif stop == "others":  # this replica's own keys put back, with their gradient
+        before = tf.stop_gradient(every_key[:start])
+        after = tf.stop_gradient(every_key[start + mine:])
+        every_key = tf.concat([before, keys, after], axis=0)
+    losses = _losses_over(queries, every_key, start + tf.range(mine))
+    total = {"pairs": tf.cast(tf.reduce_sum(counts), losses.dtype),
+             "mine": tf.cast(mine, losses.dtype),
+             "mine x replicas": tf.cast(mine * context.num_replicas_in_sync, losses.dtype)}
+    return tf.reduce_sum(losses) / total[divide]
 
 
-def weighted_mean_per_replica(labels, logits, weights):
-    return tf.reduce_mean(weights * _per_example(labels, logits))
+def every_pair_in_every_replica(queries, keys):
+    """Right: the queries gathered too, the whole batch's loss in each replica, its N-th."""
+    context = tf.distribute.get_replica_context()
+    every_query, every_key = (context.all_gather(t, axis=0) for t in (queries, keys))
+    return one_device_loss(every_query, every_key) / context.num_replicas_in_sync
 
 
-def mean_all_reduce(labels, logits, weights):  # ReduceOp.MEAN: the replicas' average weight
-    total = tf.distribute.get_replica_context().all_reduce(
-        tf.distribute.ReduceOp.MEAN, tf.reduce_sum(weights))
-    return tf.reduce_sum(weights * _per_example(labels, logits)) / total
-
-
-def weight_total_positional(labels, logits, weights):  # the total as a sample weight
-    total = tf.distribute.get_replica_context().all_reduce(SUM, tf.reduce_sum(weights))
-    return tf.nn.compute_average_loss(weights * _per_example(labels, logits), total)
-
-
-def constant_loss(labels, logits, weights):
+def constant_loss(queries, keys):
     return tf.constant(1.0)
 
 
-@pytest.mark.parametrize(("wrong", "says"), [
-    (counted_examples, "compute_loss: case 1 .*differs"),  # outside a strategy already
-    (weighted_over_count, "compute_loss: case 1 .*differs"),
-    (local_weights, r"global batch of \d+\): split over 4 replicas .*weights average"),
-    (keras_object_weighted, "compute_loss: case 1 .*differs"),
-    (weighted_mean_per_replica, "compute_loss: case 1 .*differs"),
-    (mean_all_reduce, r"global batch of \d+\): split over 4 replicas"),
-    (weight_total_positional, "compute_loss: case"),
-    (constant_loss, "compute_loss: case 1"),
-])
+OWN_KEYS = r"global batch of \d+ pairs.*scored against its own replica's keys only"
+ADDS_UP_TO = r"global batch of \d+ pairs.*the replicas' losses add up to [\d.]+; one device"
+SHORT_ADDS_UP = (r"case [34] \(inside 4 replicas, a global batch of \d+ pairs.*the replicas' "
+                 "losses add up to [\\d.]+; one device")
+GRADIENT_ONLY = r"add up to one device's loss \([\d.]+\), but their summed gradient"
+
+LOSS_CATALOGUE = {  # the right loss: test_the_reference_solutions_pass
+    "a constant": (constant_loss, "compute_loss: case 1 .*differs"),
+    "the colleague's loss, as given (the lesson's counted reduction)": (colleague_loss,
+                                                                        OWN_KEYS),
+    "one_device_loss bound as compute_loss": (one_device_loss, ADDS_UP_TO),
+    "every key gathered, the targets from 0": (
+        lambda q, k: _gathered(q, k, first="zero"), ADDS_UP_TO),
+    "every key gathered, the mean of this replica's queries": (
+        lambda q, k: _gathered(q, k, divide="mine"), ADDS_UP_TO),
+    "every key gathered, the targets from replica id x its pairs (an even split)": (
+        lambda q, k: _gathered(q, k, first="even"), SHORT_ADDS_UP),
+    "every key gathered, divided by its pairs x replicas (an even split)": (
+        lambda q, k: _gathered(q, k, divide="mine x replicas"), SHORT_ADDS_UP),
+    "every key gathered under stop_gradient": (lambda q, k: _gathered(q, k, stop="all"),
+                                               GRADIENT_ONLY),
+    "the others' keys under stop_gradient, its own put back": (
+        lambda q, k: _gathered(q, k, stop="others"), GRADIENT_ONLY),
+}
+
+
+@pytest.mark.parametrize(("wrong", "says"), catalogue_params(LOSS_CATALOGUE))
 def test_compute_loss_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):
         checks.check_compute_loss(wrong)
 
 
+@pytest.mark.skipif(os.environ.get(FULL_ENV) != "1", reason=LEFT_OUT)
+def test_the_whole_loss_in_every_replica_passes_too():
+    assert checks.check_compute_loss(every_pair_in_every_replica) is True
+
+
 def _step_without_update(strategy, model, optimizer, batch, clip_norm):  # no training
-    def replica_step(features, labels, weights):
-        return compute_loss(labels, model(features, training=True), weights)
+    def replica_step(query_features, key_features):
+        return compute_loss(model(query_features, training=True),
+                            model(key_features, training=True))
     return strategy.reduce(SUM, strategy.run(replica_step, args=batch), axis=None)
 
 
@@ -498,15 +537,18 @@ def _keras_global_clipnorm(strategy, model, optimizer, batch, clip_norm):
     return _train_step(compute_loss, how=None)(strategy, model, optimizer, batch, clip_norm)
 
 
+def _the_batch_across(strategy, batch):
+    return (tf.concat(strategy.experimental_local_results(t), 0) for t in batch)
+
+
 def _gathered_on_one_device(strategy, model, optimizer, batch, clip_norm):
     """The right update made the wrong way: the global batch gathered and trained in the
     cross-replica context (the model called once in the replicas, for show)."""
-    strategy.run(lambda features, labels, weights: model(features), args=batch)
-    features, labels, weights = (tf.concat(strategy.experimental_local_results(t), 0)
-                                 for t in batch)
+    strategy.run(lambda query_features, key_features: model(query_features), args=batch)
+    query_features, key_features = _the_batch_across(strategy, batch)
     with tf.GradientTape() as tape:
-        losses = _per_example(labels, model(features, training=True))
-        loss = tf.reduce_sum(weights * losses) / tf.reduce_sum(weights)
+        loss = one_device_loss(model(query_features, training=True),
+                               model(key_features, training=True))
     gradients, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
                                           clip_norm)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
@@ -519,41 +561,63 @@ def _constant_loss_step(strategy, model, optimizer, batch, clip_norm):
 
 UPDATE_DIFFERED = "after step 1 .* weights differ from one device"  # the loss of step 1 equal
 
+
+def _through_the_layers(model, inputs):
+    for layer in model.layers[1:]:
+        inputs = layer(inputs)
+    return inputs
+
+
 def _every_replica_the_whole_batch(strategy, model, optimizer, batch, clip_norm,
-                                   through_the_layers=False):
-    """No data parallelism: every replica gathers the global batch, computes the one-device
-    clipped gradient of all of it and applies its N-th: the right weights, N times the work.
-    ``through_the_layers``: the layers called one by one on the gathered batch, and one call
-    of the model on no example per replica (nb33-02's answer: a count at model.call passed)."""
-    def replica_step(x, y, w):
+                                   embed="model"):
+    """No data parallelism: every replica gathers the global batch's features, embeds all of
+    it and applies its N-th of the one-device clipped gradient: the right weights, N times
+    the work. ``embed``: "keys" (the keys' features gathered, its own queries embedded: the
+    gradient needs no gather), "layers" (the layers called one by one; the model on no
+    example), "hand" (the layers' weights run by hand; the model on its slice for show, after
+    the tape) or "hand, on the tape" (that call on the tape, times 0)."""
+    def replica_step(query_features, key_features):
         context = tf.distribute.get_replica_context()
-        xs, ys, ws = (context.all_gather(t, axis=0) for t in (x, y, w))
+        every_query, every_key = (context.all_gather(t, axis=0)
+                                  for t in (query_features, key_features))
         with tf.GradientTape() as tape:
-            if through_the_layers:
-                model(x[:0], training=True)
-                outputs = xs
-                for layer in model.layers[1:]:
-                    outputs = layer(outputs)
+            if embed == "keys":
+                loss = _keys_embedded_here(model, query_features, every_key)
             else:
-                outputs = model(xs, training=True)
-            loss = tf.reduce_sum(ws * _per_example(ys, outputs)) / tf.reduce_sum(ws)
-        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
-                                          clip_norm)
-        share = [g / context.num_replicas_in_sync for g in grads]
-        optimizer.apply_gradients(zip(share, model.trainable_variables, strict=True))
-        return loss
+                run = {"model": lambda t: model(t, training=True),
+                       "layers": lambda t: _through_the_layers(model, t)}.get(
+                    embed, lambda t: _forward_by_hand(model, t))
+                if embed == "layers":
+                    model(query_features[:0], training=True)
+                loss = one_device_loss(run(every_query), run(every_key))
+                if embed == "hand, on the tape":
+                    loss += 0.0 * tf.reduce_sum(model(query_features, training=True))
+        if embed == "hand":
+            model(query_features, training=True)
+        grads = tape.gradient(loss, model.trainable_variables)
+        if embed != "keys":  # the whole batch's loss in every replica: its N-th applied
+            grads = [g / context.num_replicas_in_sync for g in grads]
+        grads = _clipped(grads, clip_norm, "global")
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss / (1 if embed == "keys" else context.num_replicas_in_sync)
 
-    return strategy.reduce("MEAN", strategy.run(replica_step, args=batch), axis=None)
+    return strategy.reduce(SUM, strategy.run(replica_step, args=batch), axis=None)
 
 
-def _every_replica_the_whole_batch_through_the_layers(strategy, model, optimizer, batch,
-                                                      clip_norm):
-    return _every_replica_the_whole_batch(strategy, model, optimizer, batch, clip_norm,
-                                          through_the_layers=True)
+def _keys_embedded_here(model, query_features, every_key_feature):
+    """This replica's share, every key embedded by this replica from the gathered features."""
+    context = tf.distribute.get_replica_context()
+    counts = context.all_gather(tf.shape(query_features)[:1], axis=0)
+    start = tf.reduce_sum(counts[:context.replica_id_in_sync_group])
+    queries = model(query_features, training=True)
+    losses = _losses_over(queries, model(every_key_feature, training=True),
+                          start + tf.range(tf.shape(queries)[0]))
+    return tf.reduce_sum(losses) / tf.cast(tf.reduce_sum(counts), losses.dtype)
 
 
 FLOWS_UNEXPLAINED = ("the backward passes through the model's calls in the replicas do not "
                      "explain")
+FED_TOO_MUCH = r"the replicas together ran the model on \d+ queries and keys"
 
 
 def _forward_by_hand(model, x):
@@ -565,41 +629,16 @@ def _forward_by_hand(model, x):
     return x
 
 
-def _every_replica_the_whole_batch_by_hand(strategy, model, optimizer, batch, clip_norm,
-                                           on_the_tape=False):
-    """r02 L1: every replica gathers the global batch and runs the layers' weights on it by
-    hand, its N-th of the one-device clipped gradient applied; the model called on the
-    replica's own slice for show (after the tape, or ``on_the_tape``, times 0). The count of
-    examples at the first layer sees only the slices: 2 cases passed before the flows."""
-    def replica_step(x, y, w):
-        context = tf.distribute.get_replica_context()
-        xs, ys, ws = (context.all_gather(t, axis=0) for t in (x, y, w))
-        with tf.GradientTape() as tape:
-            loss = (tf.reduce_sum(ws * _per_example(ys, _forward_by_hand(model, xs)))
-                    / tf.reduce_sum(ws))
-            if on_the_tape:
-                loss += 0.0 * tf.reduce_sum(model(x, training=True))
-        if not on_the_tape:
-            model(x, training=True)
-        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
-                                          clip_norm)
-        share = [g / context.num_replicas_in_sync for g in grads]
-        optimizer.apply_gradients(zip(share, model.trainable_variables, strict=True))
-        return loss
-
-    return strategy.reduce("MEAN", strategy.run(replica_step, args=batch), axis=None)
-
-
 def _gathered_by_hand_across_replicas(strategy, model, optimizer, batch, clip_norm):
     """The global batch gathered in the cross-replica context and run through the layers'
     weights by hand there (no model call outside a replica), the model called in each replica
     on its slice for show, the clipped gradient applied across the replicas."""
-    strategy.run(lambda features, labels, weights: model(features, training=True), args=batch)
-    features, labels, weights = (tf.concat(strategy.experimental_local_results(t), 0)
-                                 for t in batch)
+    strategy.run(lambda query_features, key_features: model(query_features, training=True),
+                 args=batch)
+    query_features, key_features = _the_batch_across(strategy, batch)
     with tf.GradientTape() as tape:
-        losses = _per_example(labels, _forward_by_hand(model, features))
-        loss = tf.reduce_sum(weights * losses) / tf.reduce_sum(weights)
+        loss = one_device_loss(_forward_by_hand(model, query_features),
+                               _forward_by_hand(model, key_features))
     gradients, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables),
                                           clip_norm)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
@@ -614,7 +653,6 @@ STEP_CATALOGUE = {
     "the loss, no update": (_step_without_update, UPDATE_DIFFERED),
     "the lesson's step, no clip": (_train_step(compute_loss, how=None),
                                    UPDATE_DIFFERED),
-    "the lesson's loss, weights dropped": (_train_step(counted_examples), "the loss of step 1"),
     "reported with ReduceOp.MEAN": (_train_step(compute_loss, tf.distribute.ReduceOp.MEAN),
                                     "the loss of step 1"),
     "Keras's global_clipnorm": (_keras_global_clipnorm, UPDATE_DIFFERED),
@@ -633,14 +671,15 @@ STEP_CATALOGUE = {
                                                     "outside any replica"),
     "compute_loss not written yet": (_train_step(stub), "write compute_loss first"),
     "every replica gathers and trains the whole global batch": (
-        _every_replica_the_whole_batch, "the replicas together ran the model on \\d+ examples"),
+        _every_replica_the_whole_batch, FED_TOO_MUCH),
+    "every replica gathers the keys' features and embeds them all": (
+        lambda *args: _every_replica_the_whole_batch(*args, embed="keys"), FED_TOO_MUCH),
     "every replica runs the layers on the whole global batch": (
-        _every_replica_the_whole_batch_through_the_layers,
-        "the replicas together ran the model on \\d+ examples"),
+        lambda *args: _every_replica_the_whole_batch(*args, embed="layers"), FED_TOO_MUCH),
     "every replica runs the layers' weights by hand on the whole global batch (r02 L1)": (
-        _every_replica_the_whole_batch_by_hand, FLOWS_UNEXPLAINED),
+        lambda *args: _every_replica_the_whole_batch(*args, embed="hand"), FLOWS_UNEXPLAINED),
     "the same, the model's call on the slice on the tape times 0": (
-        lambda *args: _every_replica_the_whole_batch_by_hand(*args, on_the_tape=True),
+        lambda *args: _every_replica_the_whole_batch(*args, embed="hand, on the tape"),
         FLOWS_UNEXPLAINED),
     "the batch gathered and run by hand across replicas, the model called for show": (
         _gathered_by_hand_across_replicas, FLOWS_UNEXPLAINED),
@@ -658,9 +697,10 @@ def test_distributed_train_step_catalogue_is_rejected(wrong, says):
 def _whole_gradient_shared(strategy, model, optimizer, batch, clip_norm):
     """Right: each replica's gradient all-reduced, the sum clipped, and each replica hands the
     optimizer its N-th (the parts are equal; apply_gradients sums them back)."""
-    def replica_step(features, labels, weights):
+    def replica_step(query_features, key_features):
         with tf.GradientTape() as tape:
-            loss = compute_loss(labels, model(features, training=True), weights)
+            loss = compute_loss(model(query_features, training=True),
+                                model(key_features, training=True))
         context = tf.distribute.get_replica_context()
         whole = context.all_reduce(SUM, tape.gradient(loss, model.trainable_variables))
         clipped, _ = tf.clip_by_global_norm(whole, clip_norm)
@@ -673,9 +713,10 @@ def _whole_gradient_shared(strategy, model, optimizer, batch, clip_norm):
 def _reduced_then_applied_across(strategy, model, optimizer, batch, clip_norm):
     """Right (r02): the replicas' gradients reduced to the cross-replica context, clipped
     there and applied there (Keras all-reduces nothing outside a replica context)."""
-    def replica_step(features, labels, weights):
+    def replica_step(query_features, key_features):
         with tf.GradientTape() as tape:
-            loss = compute_loss(labels, model(features, training=True), weights)
+            loss = compute_loss(model(query_features, training=True),
+                                model(key_features, training=True))
         return loss, tape.gradient(loss, model.trainable_variables)
     losses, gradients = strategy.run(replica_step, args=batch)
     gradients = [strategy.reduce(SUM, g, axis=None) for g in gradients]

@@ -1,13 +1,14 @@
 """Lesson 02's distributed step that clips by the global norm: the check's run and reference.
 
-The step's update must be the gradient of the global batch's weighted mean loss clipped to a
-global norm, as ``tf.clip_by_global_norm`` clips it on one device. Under a strategy each
-replica holds a part of that gradient until the optimizer sums the parts, so a clip inside the
-replica (or Keras's ``global_clipnorm``, which clips before its all-reduce:
-``_backend_apply_gradients`` in keras/src/optimizers/base_optimizer.py, then
-``_all_reduce_sum_gradients`` in keras/src/backend/tensorflow/optimizer.py) clips the part, not
-the gradient. What each replica trained on is seen twice: the examples its first layer ran on
-(counted) and the gradients that flowed back through its Dense calls, which must explain what
+The step's update must be the gradient of the global batch's in-batch softmax loss (each query
+scored against every key of the batch: ``batch_negatives``) clipped to a global norm, as
+``tf.clip_by_global_norm`` clips it on one device. Under a strategy each replica holds a part of
+that gradient until the optimizer sums the parts, so a clip inside the replica (or Keras's
+``global_clipnorm``, which clips before its all-reduce: ``_backend_apply_gradients`` in
+keras/src/optimizers/base_optimizer.py, then ``_all_reduce_sum_gradients`` in
+keras/src/backend/tensorflow/optimizer.py) clips the part, not the gradient. What each replica
+trained on is seen twice: the examples its first layer ran on (counted: each pair's query and
+key once) and the gradients that flowed back through its Dense calls, which must explain what
 the optimizer is handed (:class:`_Flows`). The one-device reference is computed only after the
 learner's step has run: while it runs, nothing in the process holds the expected weights or
 losses.
@@ -18,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.equality import largest_difference
-from course_utils.grading.checks.replicas import per_example_loss
+from course_utils.grading.checks.batch_negatives import pair_loss
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["clip_norm_for", "learner_run", "reference_run", "verifier"]
@@ -29,24 +30,18 @@ LEARNING_RATE = 0.5
 MOMENTUM = 0.9
 
 
-def _weighted_mean(tf: Any, model: Any, batch: Any) -> Any:
-    xb, yb, wb = batch
-    losses = per_example_loss()(yb, model(xb, training=True))
-    return tf.reduce_sum(wb * losses) / tf.reduce_sum(wb)
-
-
 def clip_norm_for(dataset: Any, model: Any) -> float:
     """Half the global norm of the first batch's one-device gradient: the clip binds."""
     tf = _tf()
     with tf.GradientTape() as tape:
-        loss = _weighted_mean(tf, model, next(iter(dataset)))
+        loss = pair_loss(tf, model, next(iter(dataset)))
     norm = float(tf.linalg.global_norm(tape.gradient(loss, model.trainable_variables)))
     return float(f"{norm / 2:.3g}")
 
 
 def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
                   clip_norm: float) -> tuple[list[Any], list[float], list[float]]:
-    """One device, SGD with momentum on the clipped gradient of each batch's weighted mean
+    """One device, SGD with momentum on the clipped gradient of each batch's in-batch softmax
     loss: the weights after each step, the losses and each step's gradient norm unclipped."""
     import keras
 
@@ -59,7 +54,7 @@ def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
     losses, norms, after = [], [], []
     for batch in dataset:
         with tf.GradientTape() as tape:
-            loss = _weighted_mean(tf, reference, batch)
+            loss = pair_loss(tf, reference, batch)
         grads, norm = tf.clip_by_global_norm(
             tape.gradient(loss, reference.trainable_variables), clip_norm)
         optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
@@ -239,20 +234,21 @@ def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip
                     f"{outside} of them outside any replica (the cross-replica context), "
                     f"on {replicas} replicas: the forward pass of each replica's examples "
                     "runs in that replica")
-        if fed > sum(batch_sizes):
-            return (f"the replicas together ran the model on {fed} examples in an epoch of "
-                    f"{sum(batch_sizes)} ({fed / sum(batch_sizes):.3g}×): each replica runs the "
-                    "model once, on its own slice of the global batch (data parallelism: no "
-                    "replica computes the whole batch)")
+        if fed > 2 * sum(batch_sizes):
+            return (f"the replicas together ran the model on {fed} queries and keys in an "
+                    f"epoch of {sum(batch_sizes)} pairs ({fed / (2 * sum(batch_sizes)):.3g}× "
+                    "each query and key once): each replica embeds its own slice of the global "
+                    "batch and no more (data parallelism: no replica computes the whole "
+                    "batch; what the others embedded it can gather)")
         for step, (have, want) in enumerate(zip(losses, ref_losses, strict=True), start=1):
             if not np.isclose(have, want, rtol=1e-4, atol=1e-5):  # the weights before: equal
                 last = " (the short last batch)" if step == len(ref_losses) else ""
                 return (f"the loss of step {step}{last}, a batch of {batch_sizes[step - 1]} "
-                        f"examples, is {have:.6g}; one device gives the weighted mean loss "
+                        f"pairs, is {have:.6g}; one device gives the in-batch softmax loss "
                         f"{want:.6g} ({have / want:.3g}×)")
             worst = largest_difference(got[step - 1], expected[step - 1])
             if worst > 1e-5:
-                return (f"after step {step} (a batch of {batch_sizes[step - 1]} examples) the "
+                return (f"after step {step} (a batch of {batch_sizes[step - 1]} pairs) the "
                         f"weights differ from one device's by up to {worst:.3g}: on one device "
                         f"that step's gradient had a global norm of {norms[step - 1]:.4g} "
                         f"(clip_norm {clip_norm:.4g}). Which gradient did your step clip, by "

@@ -1,5 +1,6 @@
 """Checks of lesson 02's exercises (registered by name with ``@register``): the latest of a
-run's checkpoints restored under another strategy, a weighted loss and the distributed step, a
+run's checkpoints restored under another strategy, an in-batch softmax loss whose negatives are
+the whole global batch and the distributed step that clips it, a
 training loop diagnosed from what it does, a ``dataset_fn`` over files for any number of input
 pipelines (whole files each where there are enough, else every file and a share of its records).
 
@@ -11,12 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_utils.grading.checks import clipped_step, file_shards
+from course_utils.grading.checks import batch_negatives, clipped_step, file_shards
 from course_utils.grading.checks.loops import DIAGNOSES, LoopBox, projecting_data
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.replicas import (
     mirrored_strategy,
-    per_example_loss,
     raises_own_stub,
     small_model,
 )
@@ -34,121 +34,70 @@ __all__ = ["DIAGNOSES", "check_compute_loss", "check_diagnose_loop", "check_dist
            "check_make_files_dataset_fn", "check_resume_training"]
 
 
-# --- Exercise 2 · a weighted loss, right on every batch, and the distributed train step -----
-
-
-def _reference_loss(labels: Any, logits: Any, weights: Any) -> float:
-    """The weighted mean cross-entropy, ``sum(w * loss) / sum(w)``, in float64."""
-    import numpy as np
-
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    per_example = -log_probs[np.arange(len(labels)), labels].astype(np.float64)
-    return float((weights * per_example).sum() / weights.sum())
-
-
-def _weights(np_rng: Any, size: int, replicas: int, batches: list[tuple[int, int]]) -> Any:
-    """Per-example weights (padding zeros among them) that tell the reductions apart on every
-    batch the check feeds: each ``weights[start:stop]`` has a positive sum (else the weighted
-    mean itself is 0 / 0 and a right answer fails: it happened in CI, a short batch of three
-    zeros), a mean far from 1, and unequal weights in the first replica's slice."""
-    import numpy as np
-
-    while True:
-        weights = np_rng.choice([0.0, 0.5, 1.0, 3.0], size=size).astype(np.float32)
-        if all(_tells_apart(weights[start:stop], replicas) for start, stop in batches):
-            return weights
-
-
-def _tells_apart(batch: Any, replicas: int) -> bool:
-    """True when a batch's weights have a positive sum, a mean far from 1 and (with several
-    replicas) unequal weights in the first replica's slice."""
-    import numpy as np
-
-    return bool(batch.sum() > 0 and abs(batch.mean() - 1) > 0.15 and (
-        replicas == 1 or len(set(np.array_split(batch, replicas)[0].tolist())) > 1))
+# --- Exercise 2 · a loss whose negatives are the whole global batch, and the clipped step ----
 
 
 @register
 def check_compute_loss(fn: Any) -> bool:
-    """Check ``compute_loss(labels, logits, weights)``, called inside a replica.
+    """Check ``compute_loss(queries, keys)``, called inside a replica on its embeddings.
 
-    It must be this replica's share of the weighted mean loss over the whole global batch,
-    ``sum(w * loss) / sum(w)`` with both sums over every replica's examples: outside any
-    strategy, the plain weighted mean; under the strategy, summed over the replicas, the
-    one-device weighted mean and its gradient, on a full global batch and on short ones split
-    unevenly. The weights are drawn from 0 (padding), 0.5, 1 and 3, their mean far from 1,
-    so that dividing by the number of examples, or by this replica's weights alone, is told
-    apart.
+    It must be this replica's share of the in-batch softmax loss of the whole global batch
+    (each query scored against every key of the batch, its own the target; the mean over the
+    queries): outside any strategy, that loss; under the strategy, the replicas' losses and
+    gradients summed must be one device's, on a full global batch and on short ones split
+    unevenly (a replica with fewer pairs, or none). The embeddings come from a small model
+    called in the replicas, so that the gradient must reach the replica that embedded each
+    key (``batch_negatives``).
     """
     import numpy as np
 
-    from course_utils.reductions import measure_reductions
-
     tf = _tf()
-    if raises_own_stub(fn, tf.constant([0, 1]), tf.zeros((2, 3)), tf.ones(2)):
+    if raises_own_stub(fn, tf.zeros((2, 3)), tf.zeros((2, 3))):
         not_attempted("compute_loss")
         return False
     strategy = mirrored_strategy()
     replicas = strategy.num_replicas_in_sync
     rng = fresh_rng()
     np_rng = np.random.default_rng(rng.randint(0, 2**31))
-    model, x, y, _, classes = small_model(strategy, rng, "check_compute_loss")
+    model, x, _, _, classes = small_model(strategy, rng, "check_compute_loss")
+    queries, keys = batch_negatives.pair_data(np_rng, x)
     global_batch = rng.choice([4, 8]) * replicas
-    local = rng.randint(4, 12)
-    plain_labels = np_rng.integers(0, classes, size=local).astype(np.int32)
-    plain_logits = np_rng.normal(size=(local, classes)).astype(np.float32)
-    plain_weights = _weights(np_rng, local, 1, [(0, local)])
+    local, dim = rng.randint(4, 12), rng.randint(2, 6)
+    plain_q, plain_k = (np_rng.normal(size=(local, dim)).astype(np.float32) for _ in "qk")
     sizes = (global_batch, replicas + 1, global_batch + 1 - replicas)
-    weights = _weights(np_rng, len(x), replicas, [(0, size) for size in sizes])
 
     def run(kind: str, *args: Any) -> Any:
         if kind == "plain":
             return fn(*args)
         size = args[0]
-        return measure_reductions(strategy, model, {"yours": fn},
-                                  (x[:size], y[:size], weights[:size]),
-                                  per_example_loss())["yours"]
+        return batch_negatives.measure_pairs(strategy, model, fn, queries[:size], keys[:size])
 
-    def verify_split(size: int) -> Any:
-        def verify(measured: Any) -> str | None:
-            if measured.right:
-                return None
-            counted = float(weights[:size].sum()) / size
-            return (f"split over {replicas} replicas as {measured.examples_per_replica}, "
-                    f"the replicas' summed gradient is {measured.gradient_ratio:.4g}× the "
-                    f"one-device gradient of the weighted mean loss over these {size} "
-                    f"examples (and the summed loss {measured.loss_sum_ratio:.4g}×). Their "
-                    f"weights average {counted:.3g}, not 1: divide by the sum of the weights "
-                    "of the whole global batch")
-        return verify
-
-    cases = [Case(args=("plain", tf.constant(plain_labels), tf.constant(plain_logits),
-                        tf.constant(plain_weights)),
-                  expected=_reference_loss(plain_labels, plain_logits, plain_weights),
-                  label=f"(outside any strategy: {local} labels, logits "
-                        f"{plain_logits.shape}, weights {plain_weights.tolist()})")]
-    for size in sizes:
-        cases.append(Case(args=("strategy", size), verify=verify_split(size),
-                          label=f"(inside {replicas} replicas, a global batch of {size})"))
+    cases = [Case(args=("plain", tf.constant(plain_q), tf.constant(plain_k)),
+                  expected=batch_negatives.reference_loss(plain_q, plain_k),
+                  label=f"(outside any strategy: {local} queries and keys of {dim} numbers)")]
+    cases += [Case(args=("strategy", size), verify=batch_negatives.PairMeasurement.verdict,
+                   label=f"(inside {replicas} replicas, a global batch of {size} pairs, "
+                         f"embeddings of {classes} numbers)")
+              for size in sizes]
     return run_check("compute_loss", run, cases, rtol=1e-5, atol=1e-6,
-                     hint="the weighted mean divides by the weights of the whole global "
-                          "batch: which of them can one replica see, and how did the lesson "
-                          "find a number that only all the replicas together know (section "
-                          "5, the last row of the table)?")
+                     hint="which keys does a query on replica 0 need, and which replica holds "
+                          "them? The replica context gathers as well as it reduces, and "
+                          "TensorFlow differentiates through both. Where, in what it "
+                          "gathers, does this replica's first key sit – on a short batch too?")
 
 
 @register
 def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
     """Check ``distributed_train_step(strategy, model, optimizer, batch, clip_norm)``.
 
-    An epoch of weighted global batches ``(features, labels, weights)``, the last one short and
-    split unevenly, under ``cu.make_strategy("mirrored")`` must give the weights (within 1e-5)
-    and losses of SGD (momentum) on one device on each batch's weighted mean loss, its gradient
-    clipped to a global norm of ``clip_norm`` (half the first gradient's norm: the clip binds).
-    Every call of the model runs inside a replica, and the gradients handed to the optimizer
-    are, times one factor, those that flowed back through its calls there (a forward pass from
-    the layers' weights is refused: ``clipped_step``). The reference is made after the step ran.
+    An epoch of global batches of pairs ``(query_features, key_features)``, the last one short
+    and split unevenly, under ``cu.make_strategy("mirrored")`` must give the weights (within
+    1e-5) and losses of SGD (momentum) on one device on each batch's in-batch softmax loss, its
+    gradient clipped to a global norm of ``clip_norm`` (half the first gradient's norm: the
+    clip binds). Every call of the model runs inside a replica, on that replica's pairs only,
+    and the gradients handed to the optimizer are, times one factor, those that flowed back
+    through its calls there (a forward pass from the layers' weights is refused:
+    ``clipped_step``). The reference is made after the step ran.
     """
     import numpy as np
 
@@ -160,13 +109,12 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
     replicas = strategy.num_replicas_in_sync
     rng = fresh_rng()
     np_rng = np.random.default_rng(rng.randint(0, 2**31))
-    model, x, y, features, classes = small_model(strategy, rng, "check_step_initial")
+    model, x, _, features, classes = small_model(strategy, rng, "check_step_initial")
     initial = model.get_weights()
     global_batch = rng.choice([4, 8]) * replicas
     size = global_batch * num_full_batches + replicas + 1  # a short, uneven last batch
-    w = _weights(np_rng, size, replicas, [(start, min(start + global_batch, size))
-                                          for start in range(0, size, global_batch)])
-    dataset = tf.data.Dataset.from_tensor_slices((x[:size], y[:size], w)).batch(global_batch)
+    queries, keys = batch_negatives.pair_data(np_rng, x[:size])
+    dataset = tf.data.Dataset.from_tensor_slices((queries, keys)).batch(global_batch)
     clip_norm = clipped_step.clip_norm_for(dataset, model)
     batch_sizes = [min(global_batch, size - start) for start in range(0, size, global_batch)]
 
@@ -178,7 +126,7 @@ def check_distributed_train_step(fn: Any, num_full_batches: int = 2) -> bool:
     # is: an answer that always rescales to clip_norm fails there)
     notes = {clip_norm: "binds at step 1", 64 * clip_norm: "32× step 1's norm"}
     cases = [Case(args=(strategy, clip), label=f"({len(batch_sizes)} steps on {replicas} "
-                  f"replicas, weighted batches of {batch_sizes} examples, clip_norm={clip:.3g}"
+                  f"replicas, batches of {batch_sizes} pairs, clip_norm={clip:.3g}"
                   f": {note})", verify=clipped_step.verifier(dataset, initial, features,
                                                               classes, clip, replicas,
                                                               batch_sizes))
