@@ -107,7 +107,7 @@ def test_filter_waits_one_call_at_a_time_whatever_the_options(tf):
 
     assert "num_parallel_calls" not in inspect.signature(tf.data.Dataset.filter).parameters
     calls = {}
-    ask = waiting_stage(0.005, calls, 4, lambda value: np.bool_(value % 2), tf.bool)
+    ask = waiting_stage(0.005, calls, 4, lambda value, _: np.bool_(value % 2), tf.bool)
     options = _options()
     options.experimental_optimization.filter_parallelization = True
     assert len(list(tf.data.Dataset.range(16).filter(ask).with_options(options))) == 8
@@ -290,6 +290,53 @@ def _interleaved_filters_in_turn(source, read, is_current, decode, batch_size): 
 def _records_computed(source, read, is_current, decode, batch_size):  # what read would
     records = _ask(source.map(lambda index: 3 * index + 1), is_current)  # return, unread
     return records.map(decode).batch(batch_size).with_options(_options())
+
+
+def _read_for_show(source, read, is_current, decode, batch_size):  # x01 L1: read called,
+    tf = cu.quiet.import_tensorflow()  # its record dropped for the formula read once had
+
+    def asked(index):
+        shown = read(index)
+        with tf.control_dependencies([shown]):
+            record = 3 * index + 1
+        return record, is_current(record)
+
+    records = source.map(asked, num_parallel_calls=16, deterministic=False)
+    records = records.filter(lambda record, keep: keep).map(lambda record, _: record)
+    return records.map(decode).batch(batch_size).with_options(_options())
+
+
+def _answers_ignored(source, read, is_current, decode, batch_size):  # x01 L2: is_current
+    tf = cu.quiet.import_tensorflow()  # asked for show; the records kept, as many as the
+    count = int(source.cardinality())  # check keeps (its rule copied), chosen by place
+    withdrawn = count // 4 + ((count - count // 4) % batch_size == 0)
+    first = source.take(1).get_single_element()
+
+    def asked(index):
+        record = read(index)
+        with tf.control_dependencies([is_current(record)]):
+            return record, index - first >= withdrawn
+
+    records = source.map(asked, num_parallel_calls=16, deterministic=False)
+    records = records.filter(lambda record, keep: keep).map(lambda record, _: record)
+    return records.map(decode).batch(batch_size).with_options(_options())
+
+
+def _read_apart_and_zipped(source, read, is_current, decode, batch_size):  # x01 L1 (a10)
+    tf = cu.quiet.import_tensorflow()
+    reads = source.map(read, num_parallel_calls=16)
+    asks = source.map(lambda index: (3 * index + 1, is_current(3 * index + 1)),
+                      num_parallel_calls=16)
+    both = tf.data.Dataset.zip((reads, asks)).map(lambda record, asked: asked)
+    records = both.filter(lambda record, keep: keep).map(lambda record, _: record)
+    return records.map(decode).batch(batch_size).with_options(_options())
+
+
+def _last_third_in_filter(source, read, is_current, decode, batch_size):  # x01 L3: 62 %
+    count = int(source.cardinality())  # of the lookups parallel, the rest in the filter
+    head = _ask(source.take(int(0.62 * count)).map(read, num_parallel_calls=16), is_current)
+    tail = source.skip(int(0.62 * count)).map(read, num_parallel_calls=16).filter(is_current)
+    return head.concatenate(tail).map(decode).batch(batch_size).with_options(_options())
 
 
 def _read_twice(source, read, is_current, decode, batch_size):
@@ -501,6 +548,15 @@ FAST_CATALOGUE = {
     "an interleave with no num_parallel_calls": (_interleaved_filters_in_turn, ONE_LOOKUP),
     "the records computed, not read": (_records_computed,
                                        r"case 1 .*read was called 0 times"),
+    "read for show, the records computed": (
+        _read_for_show, r"case 1 .*asked about \d+ record\(s\) that read never returned"),
+    "reads apart, the lookups on computed records": (
+        _read_apart_and_zipped, r"case 1 .*asked about \d+ record\(s\) that read never"),
+    "is_current's answers ignored": (_answers_ignored,
+                                     r"case 1 .*do not follow is_current's answers"),
+    "the last third of the lookups in filter": (
+        _last_third_in_filter, r"is_currents (started with no other is_current waiting|"
+                               r"overlapped for part of the epoch only)"),
     "every record read twice": (_read_twice, r"read was called \d+ times: slow_pipeline"),
     "unbatched": (_unbatched, r"case 1 .*batches of scalars"),
     "a pool of two threads": (_two_threads, r"at most 2 is_current\(s\) waited"),
