@@ -889,6 +889,55 @@ def _memo_behind_an_idle_cache(records, decode, crop, featurize, b, buffer):  # 
     return _memo_in_python(records.cache(), decode, crop, featurize, b, buffer)  # records
 
 
+def _scale_probed_once(records, decode, crop, featurize, b, buffer):  # x01 L4: featurize
+    tf = cu.quiet.import_tensorflow()  # run once, on ones: its scale; the features the answer's
+    scale = tf.data.Dataset.from_tensors(tf.ones([1])).map(featurize).cache().repeat()
+    features = tf.data.Dataset.zip((records.map(decode), scale)).map(
+        lambda values, probe: tf.sqrt(values) * probe[0]).cache()
+    return features.shuffle(buffer).map(crop).batch(b)
+
+
+def _scale_read_per_record(records, decode, crop, featurize, b, buffer):  # x01 L4: called
+    tf = cu.quiet.import_tensorflow()  # on every record, only its last value's scale used
+
+    def features(values):
+        return tf.sqrt(values) * featurize(values)[-1] / tf.sqrt(values[-1])
+
+    return records.map(decode).map(features).cache().shuffle(buffer).map(crop).batch(b)
+
+
+def _decoded_for_show(records, decode, crop, featurize, b, buffer):  # x01 L5: decode's
+    tf = cu.quiet.import_tensorflow()  # output dropped, its values typed in
+    length = records.map(decode).element_spec.shape[0]
+
+    def decoded(record):
+        with tf.control_dependencies([decode(record)]):
+            return 100.0 * tf.cast(record, tf.float32) + tf.range(length, dtype=tf.float32)
+
+    return records.map(decoded).map(featurize).cache().shuffle(buffer).map(crop).batch(b)
+
+
+def _memo_in_the_graph(records, decode, crop, featurize, b, buffer):  # x01 L6: a hash table
+    tf = cu.quiet.import_tensorflow()  # remembers; a cache on an idle side branch
+    length = records.map(decode).element_spec.shape[0]
+    table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32,
+                                                    default_value=tf.fill([length], -1.0))
+
+    def remembered(record):
+        found = table.lookup(record)
+
+        def compute():
+            features = featurize(decode(record))
+            with tf.control_dependencies([table.insert(record, features)]):
+                return tf.identity(features)
+
+        return tf.ensure_shape(tf.cond(found[0] < 0, compute, lambda: found), [length])
+
+    main = records.map(remembered)
+    features = main.concatenate(main.take(0).cache())
+    return features.shuffle(buffer).map(crop).batch(b)
+
+
 def _featurized_first_not_cached(records, decode, crop, featurize, b, buffer):
     features = records.map(decode).map(featurize)
     return features.shuffle(buffer).map(crop).batch(b)
@@ -988,6 +1037,13 @@ CACHED_CATALOGUE = {
     "a memo in Python": (_memo_in_python, "holds no tf.data cache"),
     "a memo behind an idle cache": (_memo_behind_an_idle_cache, "calls came from no decode op "
                                                                 "upstream of your pipeline's"),
+    "featurize's scale probed once": (_scale_probed_once, "none that featurize returned"),
+    "featurize's scale read per record": (_scale_read_per_record,
+                                          "none that featurize returned"),
+    "decode called for show": (_decoded_for_show, "of values decode never returned"),
+    "a memo in the graph behind an idle cache": (
+        _memo_in_the_graph, r"decode's calls came from an op that feeds your pipeline's "
+                            "output by a path with no tf.data cache"),
     "featurized first, not cached": (_featurized_first_not_cached, r"decode ran \d+ times in "
                                                                    r"epoch 1 and \d+ times in "
                                                                    "epoch 2"),

@@ -29,10 +29,12 @@
 * ``check_cached_pipeline(cached_pipeline)``: the colleague's pipeline caches after decode and
   before the random crop, as lesson 01's rule says, so featurize (slow, deterministic, value by
   value) runs every epoch. Judged: records decoded and featurized in epoch 1 only (counted,
-  each call by an op upstream of a tf.data cache: a memo in Python is no cache), every element
-  ``featurize(crop(decode(record)))`` (featurized once), crop's windows drawn anew every epoch
-  (replayed from its generator, one a record), every record once per epoch, the order new every
-  epoch and a shuffle with the buffer given (``checks/cached_epochs.py``).
+  each call by an op upstream of a tf.data cache, none by one that reaches the output with no
+  cache between: a memo in Python or in a table is no cache), every element
+  ``featurize(crop(decode(record)))`` (featurized once; every value featurize's own output,
+  of a value decode returned: both mark theirs, drawn per call), crop's windows drawn anew
+  every epoch (replayed from its generator, one a record), every record once per epoch, the
+  order new every epoch and a shuffle with the buffer given (``checks/cached_epochs.py``).
 * ``check_parse_record(parse_record)``: fresh records written to a TFRecord file, parsed inside
   ``map`` – an image stored as its raw bytes (decoded, reshaped, scaled to [0, 1]: the lesson
   parsed a float list), a label and a weight that some records lack (default 1.0), parsed in
