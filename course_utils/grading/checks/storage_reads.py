@@ -38,16 +38,17 @@ def waiting_stage(seconds: float, calls: dict[str, Any], overlapped_from: int,
     """A step's function that waits ``seconds`` in a ``tf.py_function``, then returns
     ``result(value, number)`` as ``dtype``, ``number`` the call's place among the calls
     started since ``calls["started"]`` was last set to 0. Every call adds one to
-    ``calls["count"]``; ``calls["most_at_once"]`` keeps the most calls that waited at the same
-    time, ``calls["overlapped"]`` counts the calls that started with ``overlapped_from`` or more
-    waiting (itself included), ``calls["alone"]`` those that started with no other waiting,
-    ``calls["by"]`` lists the token of the op that made each call
-    (None for an eager call: no op of any dataset's graph), ``calls["ops"]`` every op's token."""
+    ``calls["count"]``; ``calls["most_at_once"]`` keeps the most calls that waited at the
+    same time, ``calls["overlapped"]`` counts the calls that started with
+    ``overlapped_from`` or more waiting (itself included), ``calls["alone"]`` those that
+    started with no other waiting, as the call before them did (one call after another, in
+    turn), ``calls["by"]`` lists the token of the op that made each call (None for an eager
+    call: no op of any dataset's graph), ``calls["ops"]`` every op's token."""
     tf = _tf()
     for key in ("count", "most_at_once", "overlapped", "alone", "started"):
         calls.setdefault(key, 0)
     calls.setdefault("by", [])
-    in_flight = {"now": 0}
+    in_flight = {"now": 0, "alone": False}
     made: list[str | None] = calls.setdefault("ops", [])  # every op's token, in order
     lock = threading.Lock()  # parallel calls run in several tf.data threads
 
@@ -56,7 +57,9 @@ def waiting_stage(seconds: float, calls: dict[str, Any], overlapped_from: int,
             in_flight["now"] += 1
             calls["most_at_once"] = max(calls["most_at_once"], in_flight["now"])
             calls["overlapped"] += in_flight["now"] >= overlapped_from
-            calls["alone"] += in_flight["now"] == 1
+            alone = in_flight["now"] == 1  # and the stage's call before it too: in turn
+            calls["alone"] += alone and in_flight["alone"]
+            in_flight["alone"] = alone
             number = calls["started"]
             calls["started"] += 1
             answer = result(int(value), number)  # decided as the call starts, in its turn
@@ -172,7 +175,7 @@ def overlap_problem(calls: dict[str, Any], name: str, most: int, share: float,
                     advice: str, alone: float = 1.0) -> str | None:
     """Whether ``most`` or more calls of a stage waited at once in the epoch counted,
     ``share`` of them or more started with ``most // 2`` or more waiting, and at most
-    ``alone`` of them started with no other waiting (one at a time)."""
+    ``alone`` of them started with no other waiting, as the one before them had (in turn)."""
     overlapped = calls["most_at_once"]
     started = calls["overlapped"] / max(calls["count"], 1)
     single = calls["alone"] / max(calls["count"], 1)
@@ -187,8 +190,9 @@ def overlap_problem(calls: dict[str, Any], name: str, most: int, share: float,
                 f"part of the epoch only, or too few waited as most of them started (fewer "
                 f"than {least} at a time, or small waves started together)")
     if single > alone:
-        return (f"{single:.0%} of the epoch's {name}s started with no other {name} waiting "
-                f"(at most {alone:.0%} may: the first and last of an epoch; {overlapped} at "
-                f"once at most): part of the epoch still waits one {name} at a time. Which "
-                "step calls them there, and can it call several at once?")
+        return (f"{single:.0%} of the epoch's {name}s started with no other {name} waiting, "
+                f"as the one before them had (one after another, in turn; at most "
+                f"{alone:.0%} may; {overlapped} at once at most): part of the epoch still "
+                f"waits one {name} at a time. Which step calls them there, and can it call "
+                "several at once?")
     return None
