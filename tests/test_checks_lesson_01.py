@@ -107,7 +107,7 @@ def test_filter_waits_one_call_at_a_time_whatever_the_options(tf):
 
     assert "num_parallel_calls" not in inspect.signature(tf.data.Dataset.filter).parameters
     calls = {}
-    ask = waiting_stage(0.005, calls, 4, lambda value: np.bool_(value % 2), tf.bool)
+    ask = waiting_stage(0.005, calls, 4, lambda value, _: np.bool_(value % 2), tf.bool)
     options = _options()
     options.experimental_optimization.filter_parallelization = True
     assert len(list(tf.data.Dataset.range(16).filter(ask).with_options(options))) == 8
@@ -290,6 +290,53 @@ def _interleaved_filters_in_turn(source, read, is_current, decode, batch_size): 
 def _records_computed(source, read, is_current, decode, batch_size):  # what read would
     records = _ask(source.map(lambda index: 3 * index + 1), is_current)  # return, unread
     return records.map(decode).batch(batch_size).with_options(_options())
+
+
+def _read_for_show(source, read, is_current, decode, batch_size):  # x01 L1: read called,
+    tf = cu.quiet.import_tensorflow()  # its record dropped for the formula read once had
+
+    def asked(index):
+        shown = read(index)
+        with tf.control_dependencies([shown]):
+            record = 3 * index + 1
+        return record, is_current(record)
+
+    records = source.map(asked, num_parallel_calls=16, deterministic=False)
+    records = records.filter(lambda record, keep: keep).map(lambda record, _: record)
+    return records.map(decode).batch(batch_size).with_options(_options())
+
+
+def _answers_ignored(source, read, is_current, decode, batch_size):  # x01 L2: is_current
+    tf = cu.quiet.import_tensorflow()  # asked for show; the records kept, as many as the
+    count = int(source.cardinality())  # check keeps (its rule copied), chosen by place
+    withdrawn = count // 4 + ((count - count // 4) % batch_size == 0)
+    first = source.take(1).get_single_element()
+
+    def asked(index):
+        record = read(index)
+        with tf.control_dependencies([is_current(record)]):
+            return record, index - first >= withdrawn
+
+    records = source.map(asked, num_parallel_calls=16, deterministic=False)
+    records = records.filter(lambda record, keep: keep).map(lambda record, _: record)
+    return records.map(decode).batch(batch_size).with_options(_options())
+
+
+def _read_apart_and_zipped(source, read, is_current, decode, batch_size):  # x01 L1 (a10)
+    tf = cu.quiet.import_tensorflow()
+    reads = source.map(read, num_parallel_calls=16)
+    asks = source.map(lambda index: (3 * index + 1, is_current(3 * index + 1)),
+                      num_parallel_calls=16)
+    both = tf.data.Dataset.zip((reads, asks)).map(lambda record, asked: asked)
+    records = both.filter(lambda record, keep: keep).map(lambda record, _: record)
+    return records.map(decode).batch(batch_size).with_options(_options())
+
+
+def _last_third_in_filter(source, read, is_current, decode, batch_size):  # x01 L3: 62 %
+    count = int(source.cardinality())  # of the lookups parallel, the rest in the filter
+    head = _ask(source.take(int(0.62 * count)).map(read, num_parallel_calls=16), is_current)
+    tail = source.skip(int(0.62 * count)).map(read, num_parallel_calls=16).filter(is_current)
+    return head.concatenate(tail).map(decode).batch(batch_size).with_options(_options())
 
 
 def _read_twice(source, read, is_current, decode, batch_size):
@@ -501,6 +548,15 @@ FAST_CATALOGUE = {
     "an interleave with no num_parallel_calls": (_interleaved_filters_in_turn, ONE_LOOKUP),
     "the records computed, not read": (_records_computed,
                                        r"case 1 .*read was called 0 times"),
+    "read for show, the records computed": (
+        _read_for_show, r"case 1 .*asked about \d+ record\(s\) that read never returned"),
+    "reads apart, the lookups on computed records": (
+        _read_apart_and_zipped, r"case 1 .*asked about \d+ record\(s\) that read never"),
+    "is_current's answers ignored": (_answers_ignored,
+                                     r"case 1 .*do not follow is_current's answers"),
+    "the last third of the lookups in filter": (
+        _last_third_in_filter, r"is_currents (started with no other is_current waiting|"
+                               r"overlapped for part of the epoch only)"),
     "every record read twice": (_read_twice, r"read was called \d+ times: slow_pipeline"),
     "unbatched": (_unbatched, r"case 1 .*batches of scalars"),
     "a pool of two threads": (_two_threads, r"at most 2 is_current\(s\) waited"),
@@ -833,6 +889,55 @@ def _memo_behind_an_idle_cache(records, decode, crop, featurize, b, buffer):  # 
     return _memo_in_python(records.cache(), decode, crop, featurize, b, buffer)  # records
 
 
+def _scale_probed_once(records, decode, crop, featurize, b, buffer):  # x01 L4: featurize
+    tf = cu.quiet.import_tensorflow()  # run once, on ones: its scale; the features the answer's
+    scale = tf.data.Dataset.from_tensors(tf.ones([1])).map(featurize).cache().repeat()
+    features = tf.data.Dataset.zip((records.map(decode), scale)).map(
+        lambda values, probe: tf.sqrt(values) * probe[0]).cache()
+    return features.shuffle(buffer).map(crop).batch(b)
+
+
+def _scale_read_per_record(records, decode, crop, featurize, b, buffer):  # x01 L4: called
+    tf = cu.quiet.import_tensorflow()  # on every record, only its last value's scale used
+
+    def features(values):
+        return tf.sqrt(values) * featurize(values)[-1] / tf.sqrt(values[-1])
+
+    return records.map(decode).map(features).cache().shuffle(buffer).map(crop).batch(b)
+
+
+def _decoded_for_show(records, decode, crop, featurize, b, buffer):  # x01 L5: decode's
+    tf = cu.quiet.import_tensorflow()  # output dropped, its values typed in
+    length = records.map(decode).element_spec.shape[0]
+
+    def decoded(record):
+        with tf.control_dependencies([decode(record)]):
+            return 100.0 * tf.cast(record, tf.float32) + tf.range(length, dtype=tf.float32)
+
+    return records.map(decoded).map(featurize).cache().shuffle(buffer).map(crop).batch(b)
+
+
+def _memo_in_the_graph(records, decode, crop, featurize, b, buffer):  # x01 L6: a hash table
+    tf = cu.quiet.import_tensorflow()  # remembers; a cache on an idle side branch
+    length = records.map(decode).element_spec.shape[0]
+    table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.float32,
+                                                    default_value=tf.fill([length], -1.0))
+
+    def remembered(record):
+        found = table.lookup(record)
+
+        def compute():
+            features = featurize(decode(record))
+            with tf.control_dependencies([table.insert(record, features)]):
+                return tf.identity(features)
+
+        return tf.ensure_shape(tf.cond(found[0] < 0, compute, lambda: found), [length])
+
+    main = records.map(remembered)
+    features = main.concatenate(main.take(0).cache())
+    return features.shuffle(buffer).map(crop).batch(b)
+
+
 def _featurized_first_not_cached(records, decode, crop, featurize, b, buffer):
     features = records.map(decode).map(featurize)
     return features.shuffle(buffer).map(crop).batch(b)
@@ -932,6 +1037,13 @@ CACHED_CATALOGUE = {
     "a memo in Python": (_memo_in_python, "holds no tf.data cache"),
     "a memo behind an idle cache": (_memo_behind_an_idle_cache, "calls came from no decode op "
                                                                 "upstream of your pipeline's"),
+    "featurize's scale probed once": (_scale_probed_once, "none that featurize returned"),
+    "featurize's scale read per record": (_scale_read_per_record,
+                                          "none that featurize returned"),
+    "decode called for show": (_decoded_for_show, "of values decode never returned"),
+    "a memo in the graph behind an idle cache": (
+        _memo_in_the_graph, r"decode's calls came from an op that feeds your pipeline's "
+                            "output by a path with no tf.data cache"),
     "featurized first, not cached": (_featurized_first_not_cached, r"decode ran \d+ times in "
                                                                    r"epoch 1 and \d+ times in "
                                                                    "epoch 2"),

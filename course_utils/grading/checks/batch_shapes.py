@@ -208,10 +208,13 @@ def _functions_called(node: Any) -> list[str]:
 _PYTHON_OPS = ("EagerPyFunc", "PyFunc", "PyFuncStateless")
 
 
-def py_function_tokens(dataset: Any, feeding: str | None = None) -> set[str]:
+def py_function_tokens(dataset: Any, feeding: str | None = None,
+                       short_of: str | None = None) -> set[str]:
     """The tokens of the py_function ops ``dataset``'s graph runs, its functions' too; with
     ``feeding`` (a kind of step, e.g. ``"CacheDataset"``), only those of the steps upstream of
-    a step of that kind in the pipeline itself: the work whose results that step receives."""
+    a step of that kind in the pipeline itself: the work whose results that step receives;
+    with ``short_of``, only those of the steps the pipeline's output reaches, upstream, by a
+    path with no step of that kind on it: work whose results no such step keeps."""
     graph = _graph(dataset)
     library = {function.signature.name: function for function in graph.library.function}
     found: dict[str, set[str]] = {}
@@ -231,15 +234,19 @@ def py_function_tokens(dataset: Any, feeding: str | None = None) -> set[str]:
         return found[name]
 
     nodes = {node.name: node for node in graph.node}
-    if feeding is None:
+    if feeding is None and short_of is None:
         starts = list(nodes.values())
     else:
+        inputs = {name.lstrip("^").split(":")[0] for node in graph.node for name in node.input}
         starts, seen = [], set()
-        todo = [node for node in graph.node if node.op.startswith(feeding)]
-        while todo:  # every step upstream of one of the kind asked for
+        todo = ([node for node in graph.node if node.op.startswith(feeding)] if feeding else
+                [node for node in graph.node if node.name not in inputs])  # the output's
+        starts += [] if feeding else todo
+        while todo:  # every step upstream of one of the kind asked for, or short of one
             for name in todo.pop().input:
                 name = name.lstrip("^").split(":")[0]
-                if name in nodes and name not in seen:
+                if (name in nodes and name not in seen
+                        and not (short_of and nodes[name].op.startswith(short_of))):
                     seen.add(name)
                     starts.append(nodes[name])
                     todo.append(nodes[name])

@@ -8,11 +8,13 @@ crop, which only selects values: featurize before the crop and the cache can kee
 
 Judged: every record once per epoch, as ``featurize(crop(decode(record)))`` (its values
 divided by featurize's scale, drawn by the check, and squared give ``100 record + start + j``:
-featurize run once, on a window of consecutive values), decode and featurize counted (each
-record decoded in epoch 1, neither called in epoch 2, each call by an op upstream of a tf.data
-cache), crop's windows drawn anew every epoch
-(replayed from its generator: one a record, the windows the elements hold), and the shuffle's
-reach for the buffer given (``shuffle_order``), every other step keeping the order."""
+featurize run once, on a window of consecutive values; every value one featurize returned, of
+one decode returned: both mark theirs per call), decode and featurize counted (each record
+decoded in epoch 1, neither called in epoch 2, each call by an op upstream of a tf.data cache
+and none by an op that reaches the output by a path with no cache on it), crop's windows
+drawn anew every epoch (replayed from its generator: one a record, the windows the elements
+hold), and the shuffle's reach for the buffer given (``shuffle_order``), every other step
+keeping the order."""
 
 from __future__ import annotations
 
@@ -41,13 +43,18 @@ def cropped_stages(calls: dict[str, Any], seed: int, length: int, width: int, sc
     ``crop`` (a window of ``width`` consecutive values, its start drawn from a generator whose
     state moves on every call) and ``featurize`` (the square root of every value times
     ``scale``, drawn by the check: an answer cannot compute it without featurize). decode and
-    featurize count their calls in ``calls[name]`` and the token of the op that made each in
+    featurize mark every value they return (1 to 8 units in its last place, drawn on each call,
+    kept in ``calls["returned"][name]`` with the value it came from): a value computed
+    otherwise lacks the mark. decode and featurize count their calls in ``calls[name]`` and
+    the token of the op that made each in
     ``calls["by"][name]`` (None: an eager call); ``calls["drawn"](calls["state"]())`` later
     gives the window starts crop drew since."""
     tf = import_tensorflow()
     generator = tf.random.Generator.from_seed(seed, tf.random.Algorithm.PHILOX)
     starts = length - width + 1
     calls.update(decode=0, featurize=0, by={"decode": [], "featurize": []})
+    calls["returned"] = {"decode": {}, "featurize": {}}  # a value's bits -> its input's bits
+    marks = np.random.default_rng(seed + 1)  # a few ulps on every value returned, per call
     calls["state"] = lambda: generator.state.numpy().copy()
 
     def drawn(since: Any) -> Any:  # crop's starts drawn since the state ``since``, again:
@@ -66,7 +73,13 @@ def cropped_stages(calls: dict[str, Any], seed: int, length: int, width: int, sc
         def run(value: Any, op: int) -> Any:
             calls[name] += 1
             calls["by"][name].append(made[op])
-            return work(value.numpy())
+            given = np.asarray(value.numpy(), np.float32)
+            out = np.ascontiguousarray(work(given), np.float32)
+            bits = out.view(np.uint32)  # marked: 1 to 8 units in the last place (not 0.0)
+            bits += (marks.integers(1, 9, size=bits.shape) * (bits != 0)).astype(np.uint32)
+            inputs = np.broadcast_to(given.view(np.uint32), out.shape)
+            calls["returned"][name].update(zip(bits.flat, inputs.flat, strict=True))
+            return out
 
         def stage(value: Any) -> Any:
             op = len(made)
@@ -96,13 +109,33 @@ def _bases(elements: np.ndarray, scale: float, times: int) -> np.ndarray | None:
     for _ in range(times):
         values = (values / scale) ** 2
     whole = np.round(values)
-    if np.abs(values - whole).max() > 0.05 or (np.diff(whole, axis=1) != 1).any():
+    if np.abs(values - whole).max() > 0.2 or (np.diff(whole, axis=1) != 1).any():
         return None
     return whole[:, 0].astype(int)
 
 
+def _marks_problem(elements: np.ndarray, returned: dict[str, dict[Any, Any]]) -> str | None:
+    """Whether every value of ``elements`` is one featurize returned, on a value decode
+    returned (both mark theirs: ``cropped_stages``)."""
+    bits = np.ascontiguousarray(elements, np.float32).view(np.uint32).ravel()
+    featured, decoded = returned["featurize"], returned["decode"]
+    unfeatured = sum(int(value) not in featured for value in bits)
+    if unfeatured:
+        return (f"{unfeatured} of the elements' {bits.size} values are none that featurize "
+                "returned: the check's featurize marks every value it returns (a few units in "
+                "its last place, drawn on each call), so features computed without it, or from "
+                "part of its output, lack the mark: every element must hold featurize's output")
+    undecoded = sum(int(featured[int(value)]) not in decoded for value in bits)
+    if undecoded:
+        return (f"{undecoded} of the elements' {bits.size} values are featurize's, of values "
+                "decode never returned: decode marks its values too (drawn on each call), so "
+                "values typed in lack the mark: featurize decode's output")
+    return None
+
+
 def _windows(epoch: list[np.ndarray], first: int, count: int, batch_size: int, length: int,
-             width: int, scale: float) -> tuple[str | None, Any]:
+             width: int, scale: float, returned: dict[str, dict[Any, Any]]
+             ) -> tuple[str | None, Any]:
     """(a problem, None) or (None, (record positions, window starts)) of one epoch."""
     if any(batch.ndim != 2 or batch.shape[1:] != (width,) for batch in epoch):
         shapes = sorted({batch.shape for batch in epoch})[:3]
@@ -127,7 +160,9 @@ def _windows(epoch: list[np.ndarray], first: int, count: int, batch_size: int, l
         return (f"every record must come once per epoch, cropped ({len(set(records.tolist()))} "
                 f"distinct records of {count}, window starts {sorted(set(starts.tolist()))[:6]})"
                 ), None
-    return None, (records - first, starts)
+    problem = _marks_problem(elements, returned)
+    return (f"the elements are not featurize(crop(decode(record))): {problem}", None) if (
+        problem) else (None, (records - first, starts))
 
 
 def cached_verifier(first: int, count: int, batch_size: int, buffer: int, length: int,
@@ -135,7 +170,8 @@ def cached_verifier(first: int, count: int, batch_size: int, buffer: int, length
                     ) -> Callable[[Any], str | None]:
     """``verify`` of exercise 3 for ``range(first, first + count)`` shuffled with ``buffer``."""
     def epoch_of(dataset: Any) -> tuple[str | None, Any]:
-        return _windows(_batches(dataset), first, count, batch_size, length, width, scale)
+        return _windows(_batches(dataset), first, count, batch_size, length, width, scale,
+                        calls["returned"])
 
     def verify(dataset: Any) -> str | None:
         if not isinstance(dataset, import_tensorflow().data.Dataset):
@@ -183,6 +219,14 @@ def cached_verifier(first: int, count: int, batch_size: int, buffer: int, length
                         f"{name} op upstream of your pipeline's tf.data cache (called in Python, "
                         "or by a map whose results the cache never receives): which step's "
                         "output must the cache keep?")
+        uncached = py_function_tokens(dataset, short_of="CacheDataset")
+        for name in ("decode", "featurize"):
+            bypass = sum(token in uncached for token in calls["by"][name])
+            if bypass:  # a cache on a side branch, and the work remembered in another way
+                return (f"{bypass} of {name}'s calls came from an op that feeds your "
+                        "pipeline's output by a path with no tf.data cache on it (a cache on a "
+                        "side branch, and a memo of your own on the main one?): the elements "
+                        "of epoch 2 must come from the cache")
         drew = [len(starts) for starts in draws]
         if drew == [0, 0]:
             return ("crop never ran in two epochs (its generator drew nothing): the windows are "
