@@ -179,6 +179,15 @@ def _content_problem(got: list[tuple[np.ndarray, np.ndarray]],
     return None
 
 
+def _read_failure(error: BaseException, number: int, note: str = "") -> str:
+    said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
+    detail = re.search(r"\[(When pad_to_bucket_boundary[^\]]*)\]", str(error))
+    return (f"reading the pipeline failed at batch {number}: {type(error).__name__}: "
+            f"{detail.group(1) if detail else said} (some sequences are empty, some of exactly "
+            f"a bucket's length or one longer, some longer than the largest bucket{note}: "
+            "which step of yours meets one?)")
+
+
 def verify(got: Any, tokens: list[np.ndarray], labels: np.ndarray, batch: int,
            buckets: list[int], read: list[int], given: set[str], long_at: int | None) -> str | None:
     """What is wrong with the learner's dataset ``got``, or None; ``read[0]`` counts what the
@@ -221,12 +230,7 @@ def verify(got: Any, tokens: list[np.ndarray], labels: np.ndarray, batch: int,
             step(x, y)
             batches.append((x.numpy(), y.numpy()))
     except (tf.errors.OpError, ValueError, TypeError, AssertionError) as error:
-        said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
-        detail = re.search(r"\[(When pad_to_bucket_boundary[^\]]*)\]", str(error))
-        return (f"reading the pipeline failed at batch {len(batches) + 1}: "
-                f"{type(error).__name__}: {detail.group(1) if detail else said} (some "
-                f"sequences are empty, some of exactly a bucket's length or one longer, some "
-                f"longer than the largest bucket{note}: which step of yours meets one?)")
+        return _read_failure(error, len(batches) + 1, note)
     problem = (_shape_problem(batches, batch, buckets, step.experimental_get_tracing_count())
                or _smallest_problem(batches, buckets, expected))
     if problem:
@@ -258,7 +262,7 @@ def _stream_case(rng: Any, buckets: list[int]) -> Case:
         try:
             x, y = next(iter(got))
         except Exception as error:  # noqa: BLE001 - the learner's to see
-            return f"reading the first batch failed: {type(error).__name__}: {str(error)[:160]}"
+            return _read_failure(error, 1)
         ahead = read[0]  # what the batch holds: judged by the next cases
         if ahead >= _STREAM // 2:
             return (f"your pipeline read {ahead} of {_STREAM} examples before it handed out "
