@@ -137,11 +137,11 @@ def test_refusing_fails_each_way_round_with_its_reason(answer):
 
 
 def test_own_functions_lists_a_check_modules_functions_but_the_named():
-    from course_utils.grading.checks import lesson_05
+    from course_utils.grading.checks import bucket_batches
 
-    names = {f.__name__ for f in own_functions(lesson_05, but=["_raw_dataset"])}
-    assert "_expected_batches" in names and "_sequences" in names
-    assert "_raw_dataset" not in names and "run_check" not in names
+    names = {f.__name__ for f in own_functions(bucket_batches, but=["raw_dataset"])}
+    assert "expected_batches" in names and "_draw" in names
+    assert "raw_dataset" not in names and "graph_numbers" not in names
 
 
 def test_a_raw_thread_started_from_python_fails_the_guard():

@@ -1,26 +1,16 @@
-"""Lesson 05, exercise 1 (a TPU-ready pipeline): what is wrong with one epoch of a learner's
-pipeline: its shapes and dtypes (int32 or int64), the Python its graph runs instead of the
-dataset given (``py_function`` tokens, ``batch_shapes``) or hands on from an iterator, a queue
-or a variable made outside it (any handle its functions capture, a lookup table's too, and the
-files they read: the exercise needs none), an epoch that never ends, its traces, batches and
-reads, and their values; a bound of its own (the largest whole number its graph holds or
-computes from its constants alone: a ``padded_batch``'s ``padded_shapes``, a ``tf.pad``'s
-target, through ``tf.identity``, a power, a ``reduce_max`` or ``tf.strings.to_number``) meets a
-sequence one longer than that bound.
+"""Lesson 05, exercise 1 (buckets): what a learner's pipeline runs besides tf.data steps, read
+from its graph: the Python it runs instead of the dataset given (``py_function`` tokens,
+``batch_shapes``) or hands on from an iterator, a queue or a variable made outside it (any handle
+its functions capture, a lookup table's too, and the files they read: the exercise needs none);
+steps that may hand out elements out of order; and the whole numbers its graph holds or computes
+from its constants alone (a ``padded_batch``'s ``padded_shapes``, a ``tf.pad``'s target, through
+``tf.identity``, a power, a ``reduce_max`` or ``tf.strings.to_number``): ``bucket_batches``
+makes a sequence one token longer than the largest, so that a bound of the pipeline's own
+(padding to it, then cutting) meets it.
 
-The long sequence is made ``2**20`` + 1 tokens at least, whatever the graph holds, so a bound
-the fold cannot see (one worked out in a called ``tf.function``, a ``tf.while_loop`` or a
-``tf.cond``, through a tensor of unknown shape, or from an element's own size times 0) is passed
-as well.
-
-Still passes (the output is a right answer's on every sequence the check can make, or, behind a
-guard, wrong only on lengths between the bound and the guard, which few draws make): a bound of
-``2**20`` tokens or more that the fold cannot see, or one of ``2**24`` or more reached by
-``tf.pad`` (64 MiB a sequence), or one carried as data (an element of another step, a reduction
-over a dataset) or computed through a tensor of more than ``2**16`` numbers, then a cut; and
-behind a guard that cuts only longer sequences, a bound the fold cannot see or one among more
-numbers above ``sequence_length`` than ``past_each_number`` has kept rows (or ``2**24``
-tokens) for."""
+Still passes: a bound the fold cannot see (one worked out in a called ``tf.function``, a
+``tf.while_loop`` or a ``tf.cond``, through a tensor of unknown shape or of more than ``2**16``
+numbers, or carried as data) of ``2**20`` tokens or more, or one of ``2**24`` or more."""
 
 from __future__ import annotations
 
@@ -37,8 +27,7 @@ from course_utils.grading.checks.batch_shapes import (
 )
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["graph_numbers", "order_problem", "past_each_number", "python_problem",
-           "verify_pipeline"]
+__all__ = ["graph_numbers", "order_problem", "python_problem"]
 
 
 #: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
@@ -84,14 +73,6 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
                 "pipeline or a Python thread puts there is work out of this graph's sight. "
                 "Transform `dataset` itself with tf.data steps (section 3)")
     return None
-
-
-#: The longest sequence the check makes to pass a bound of the pipeline's own (64 MiB of
-#: tokens); a ``padded_batch``'s bound of ``_PADDED_LONGEST`` or more (a batch of 16 such
-#: rows: 64 MiB) is named instead. The long sequence is made ``_FLOOR`` + 1 tokens at least,
-#: whatever the graph holds: a bound hidden from the fold (in a called function, a loop, a
-#: ``tf.cond``, or made from an element's own size times 0) is passed all the same.
-_LONGEST, _PADDED_LONGEST, _FLOOR = 2**24, 2**20, 2**20
 
 
 def _flat_scope(function: Any) -> tuple[list[Any], dict[str, str]]:
@@ -224,28 +205,6 @@ def graph_numbers(dataset: Any) -> tuple[set[int], set[int]]:
     return numbers, bounds
 
 
-def past_each_number(dataset: Any, tokens: list[np.ndarray], rows: list[int], low: int) -> None:
-    """Makes non-empty ``rows`` of ``tokens`` (the longest first, each its own tokens repeated)
-    one token longer than each whole number above ``low`` and below ``_LONGEST`` that the
-    dataset's graph holds (``graph_numbers``), the smallest first, while rows and ``_LONGEST``
-    tokens in all last: a bound of the pipeline's own behind a guard that cuts only longer
-    sequences (case 1's long one, say) meets a sequence just past it."""
-    tf = _tf()
-    if not isinstance(dataset, tf.data.Dataset):
-        return
-    try:
-        numbers, _ = graph_numbers(dataset)
-    except Exception:  # noqa: BLE001 - verify_pipeline names a graph it cannot read
-        return
-    rows = sorted((row for row in rows if len(tokens[row])), key=lambda row: -len(tokens[row]))
-    made = 0
-    for row, number in zip(rows, sorted(n for n in numbers if low < n < _LONGEST), strict=False):
-        made += number + 1
-        if made > _LONGEST:
-            return
-        tokens[row] = np.resize(tokens[row], number + 1)
-
-
 def order_problem(dataset: Any) -> str | None:
     """Which steps of the pipeline may hand out elements out of order (``deterministic=False``,
     in a step or in the options), or None: a cheap map mostly keeps the order anyway, so the
@@ -264,99 +223,4 @@ def order_problem(dataset: Any) -> str | None:
     if steps:
         return (f"deterministic=False in your pipeline ({', '.join(steps)}) lets it hand out "
                 "elements in the order they finish, not the order they came: keep the order")
-    return None
-
-
-#: What to do where the batches hold other examples than expected.
-_KEEP = ("keep every example, in order (no shuffle, no filter: an empty sequence becomes a row "
-         "of zeros)")
-
-
-def verify_pipeline(dataset: Any, expected: list[tuple[np.ndarray, np.ndarray]], batch: int,
-                    length: int, read: list[int], given: set[str],
-                    lengthen: Any = None) -> str | None:
-    """What is wrong with one epoch of the learner's ``dataset`` against the ``expected``
-    batches, or None; ``read[0]`` counts the examples the dataset given has handed out, and
-    ``given`` holds its ``py_function`` tokens. Given ``lengthen``, ``lengthen(number)`` makes
-    the given dataset's long sequence (not read yet) longer than ``number`` and returns its new
-    expected batches (None: it is longer already), ``number`` being the larger of ``2**20`` and
-    the largest whole number below ``2**24`` the pipeline's graph holds (``graph_numbers``: a
-    ``padded_batch``'s bound or a ``tf.pad``'s target of its own, a constant or computed from
-    constants): padding to that bound, then cutting, fails on it; a cut first does not."""
-    tf = _tf()
-    if not isinstance(dataset, tf.data.Dataset):
-        return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-    specs = tf.nest.flatten(dataset.element_spec)
-    shapes = [tuple(spec.shape.as_list()) if spec.shape.rank is not None else None
-              for spec in specs]
-    if any(shape is None or None in shape for shape in shapes):
-        return (f"element_spec has unknown dimensions {shapes}: a TPU compiles one program "
-                "for one shape (section 3). Which of your steps leaves a size unknown?")
-    if shapes != [(batch, length), (batch,)]:
-        return f"element shapes are {shapes}, expected [({batch}, {length}), ({batch},)]"
-    kinds = [spec.dtype for spec in specs]
-    if any(kind not in (tf.int32, tf.int64) for kind in kinds):
-        return (f"element dtypes are {[kind.name for kind in kinds]}, expected int32 (int64 "
-                "passes too): keep the token ids and labels integers, as the dataset gives them")
-    python = python_problem(dataset, given) or order_problem(dataset)
-    if python:
-        return python
-    numbers, bounds = graph_numbers(dataset)
-    bound, note = max(bounds | {length}), ""
-    if bound >= _PADDED_LONGEST and lengthen is not None:
-        return (f"your padded_batch pads each row to {bound} tokens, a bound of your own "
-                f"(about {bound // length} times a row of sequence_length): pad to sequence_length "
-                f"({length}) (section 3)")
-    seen = max({number for number in numbers if number < _LONGEST} | {0})
-    own = max(seen, _FLOOR)
-    if own > length and lengthen is not None:
-        longer = lengthen(own)
-        if longer is not None:
-            expected = longer
-            note = f"; the long sequence made {own + 1} tokens" + (
-                "" if own != seen else ", one more than " + (
-                    "your padded_batch's bound" if own == bound else
-                    "the largest number your pipeline's graph holds or computes"))
-    if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
-        return (f"your pipeline never ends (it repeats): the check reads one epoch of "
-                f"{len(expected)} batches; leave repeat() to the training (section 9)")
-
-    @tf.function(jit_compile=True)
-    def step(x: Any, y: Any) -> Any:
-        return tf.reduce_sum(tf.cast(x, tf.float32)) + tf.cast(tf.reduce_sum(y), tf.float32)
-
-    got = []
-    try:  # one batch more than an epoch: a pipeline that never ends is still answered
-        for x, y in dataset.take(len(expected) + 1):
-            step(x, y)
-            got.append((x.numpy(), y.numpy()))
-    except (tf.errors.OpError, ValueError, TypeError, AssertionError) as error:
-        said = str(error).strip().splitlines()[0].split("}}")[-1].strip()[:160]
-        return (f"reading the pipeline failed at batch {len(got) + 1}: {type(error).__name__}: "
-                f"{said} (some sequences are empty, some longer than sequence_length, one of "
-                f"them longer still{note}: which step of yours meets one?)")
-    traces = step.experimental_get_tracing_count()
-    if traces != 1:
-        return f"a compiled step traced {traces} times over one epoch, expected once"
-    if len(got) != len(expected):
-        count = f"more than {len(expected)}" if len(got) > len(expected) else len(got)
-        return (f"the epoch has {count} batches, expected {len(expected)} (n // batch_size)"
-                + ("" if len(got) > len(expected) else f": {_KEEP}"))
-    if read[0] < len(got) * batch:
-        return (f"your {len(got)} batches hold {len(got) * batch} examples, but only {read[0]} "
-                "were read from the dataset given: where do the others come from?")
-    for number, ((x, y), (ex, ey)) in enumerate(zip(got, expected, strict=True), start=1):
-        if not np.array_equal(y, ey):
-            return f"batch {number}'s labels differ: {_KEEP}"
-        if not np.array_equal(x, ex):
-            row = int(np.argmax(np.any(x != ex, axis=1)))
-            if any(np.array_equal(x[row], other) for batch_x, _ in expected
-                   for other in batch_x):
-                return f"batch {number}, row {row} holds another example than expected: {_KEEP}"
-            if not ex[row].any():  # an empty sequence's row, dropped or filled
-                return (f"batch {number}, row {row}: got {x[row].tolist()}, expected a row of "
-                        f"zeros: {_KEEP}")
-            return (f"batch {number}, row {row}: got {x[row].tolist()}, expected "
-                    f"{ex[row].tolist()} (keep the first sequence_length tokens, pad with zeros "
-                    "at the end)")
     return None
