@@ -14,16 +14,109 @@ from course_utils.grading.framework import NotAttemptedError, strict_checks
 pytestmark = pytest.mark.usefixtures("normal_check_mode")
 
 
-def one_f_one_b_orders(num_stages, num_micro_batches, max_in_flight):
+def budgeted_orders(num_stages, num_micro_batches, max_in_flight):  # the solution's
+    forwarded, backwarded = [0] * num_stages, [0] * num_stages
+    orders = [[] for _ in range(num_stages)]
+    while backwarded[0] < num_micro_batches:
+        done_f, done_b = list(forwarded), list(backwarded)  # finished in earlier slots
+        for s in range(num_stages):
+            f, b = done_f[s], done_b[s]
+            if b < f and (s == num_stages - 1 or done_b[s + 1] > b):
+                orders[s].append(("B", b))
+                backwarded[s] += 1
+            elif (f < num_micro_batches and f - b < max_in_flight[s]
+                  and (s == 0 or done_f[s - 1] > f)):
+                orders[s].append(("F", f))
+                forwarded[s] += 1
+    return orders
+
+
+def by_ready_slots(num_stages, num_micro_batches, max_in_flight):  # right: slots of readiness
+    k, m = num_stages, num_micro_batches
+    f_at, b_at = [[] for _ in range(k)], [[] for _ in range(k)]  # slots each pass ran
+    orders, slot = [[] for _ in range(k)], 0
+    while len(b_at[0]) < m:
+        for s in range(k):
+            f, b = len(f_at[s]), len(b_at[s])
+            came_back = f_at[s] if s == k - 1 else b_at[s + 1]  # what B(s, b) waits for
+            if b < f and len(came_back) > b and came_back[b] < slot:
+                b_at[s].append(slot)
+                orders[s].append(("B", b))
+            elif f < m and f - b < max_in_flight[s] and (
+                    s == 0 or (len(f_at[s - 1]) > f and f_at[s - 1][f] < slot)):
+                f_at[s].append(slot)
+                orders[s].append(("F", f))
+        slot += 1
+    return orders
+
+
+def _alternation(num_stages, num_micro_batches, warm_ups):
     orders = []
-    for stage in range(num_stages):
-        warm_up = min(num_stages - 1 - stage, max_in_flight - 1, num_micro_batches)
+    for warm_up in warm_ups:
+        warm_up = min(warm_up, num_micro_batches)
         order = [("F", b) for b in range(warm_up)]
         for b in range(warm_up, num_micro_batches):
             order += [("F", b), ("B", b - warm_up)]
-        order += [("B", b) for b in range(num_micro_batches - warm_up, num_micro_batches)]
-        orders.append(order)
+        orders.append(order + [("B", b) for b in range(num_micro_batches - warm_up,
+                                                       num_micro_batches)])
     return orders
+
+
+def the_lessons_1f1b(num_stages, num_micro_batches, max_in_flight):  # section 3, budgets ignored
+    return _alternation(num_stages, num_micro_batches,
+                        [num_stages - 1 - s for s in range(num_stages)])
+
+
+def each_stages_budget_in_the_warm_up(num_stages, num_micro_batches, max_in_flight):
+    return _alternation(num_stages, num_micro_batches,  # the old exercise, one budget a stage
+                        [min(num_stages - 1 - s, max_in_flight[s] - 1)
+                         for s in range(num_stages)])
+
+
+def smallest_budget_upstream_in_the_warm_up(num_stages, num_micro_batches, max_in_flight):
+    return _alternation(num_stages, num_micro_batches,  # no deadlock, strict alternation
+                        [min(num_stages - 1 - s, min(max_in_flight[:s + 1]) - 1)
+                         for s in range(num_stages)])
+
+
+def _greedy(num_stages, num_micro_batches, budgets, backward_first=True):
+    forwarded, backwarded = [0] * num_stages, [0] * num_stages
+    orders = [[] for _ in range(num_stages)]
+    while backwarded[0] < num_micro_batches:
+        done_f, done_b = list(forwarded), list(backwarded)
+        for s in range(num_stages):
+            f, b = done_f[s], done_b[s]
+            can_b = b < f and (s == num_stages - 1 or done_b[s + 1] > b)
+            can_f = (f < num_micro_batches and f - b < budgets[s]
+                     and (s == 0 or done_f[s - 1] > f))
+            if can_b and (backward_first or not can_f):
+                orders[s].append(("B", b))
+                backwarded[s] += 1
+            elif can_f:
+                orders[s].append(("F", f))
+                forwarded[s] += 1
+    return orders
+
+
+def forward_first(num_stages, num_micro_batches, max_in_flight):
+    return _greedy(num_stages, num_micro_batches, max_in_flight, backward_first=False)
+
+
+def smallest_budget_everywhere(num_stages, num_micro_batches, max_in_flight):
+    return _greedy(num_stages, num_micro_batches, [min(max_in_flight)] * num_stages)
+
+
+def one_over_budget(num_stages, num_micro_batches, max_in_flight):
+    return _greedy(num_stages, num_micro_batches, [c + 1 for c in max_in_flight])
+
+
+def budgets_ignored(num_stages, num_micro_batches, max_in_flight):
+    return _greedy(num_stages, num_micro_batches, [num_micro_batches] * num_stages)
+
+
+def budgets_raised_in_place(num_stages, num_micro_batches, max_in_flight):  # read from input
+    max_in_flight[:] = [num_stages - s for s in range(num_stages)]
+    return budgeted_orders(num_stages, num_micro_batches, max_in_flight)
 
 
 def gpipe_orders(num_stages, num_micro_batches, max_in_flight):
@@ -31,21 +124,13 @@ def gpipe_orders(num_stages, num_micro_batches, max_in_flight):
             + [("B", b) for b in range(num_micro_batches)] for _ in range(num_stages)]
 
 
-def budget_ignored(num_stages, num_micro_batches, max_in_flight):  # the lesson's 1F1B, rewritten
-    return one_f_one_b_orders(num_stages, num_micro_batches, num_stages)
-
-
-def same_warm_up_everywhere(num_stages, num_micro_batches, max_in_flight):
-    return [one_f_one_b_orders(num_stages, num_micro_batches, max_in_flight)[0]] * num_stages
+def one_forward_then_its_backward(num_stages, num_micro_batches, max_in_flight):  # serial
+    return [[(p, b) for b in range(num_micro_batches) for p in "FB"] for _ in range(num_stages)]
 
 
 def backward_first(num_stages, num_micro_batches, max_in_flight):  # B before its F: a deadlock
     return [[("B", 0), ("F", 0)] + [(p, b) for b in range(1, num_micro_batches) for p in "FB"]
             for _ in range(num_stages)]
-
-
-def one_forward_then_its_backward(num_stages, num_micro_batches, max_in_flight):  # serial
-    return [[(p, b) for b in range(num_micro_batches) for p in "FB"] for _ in range(num_stages)]
 
 
 def the_lessons_helper(num_stages, num_micro_batches, max_in_flight):
@@ -66,6 +151,12 @@ def _copy_of_the_schedules_module():
 def exec_copy_of_the_helper(num_stages, num_micro_batches, max_in_flight):
     return _copy_of_the_schedules_module()["one_f_one_b_orders"](num_stages, num_micro_batches)
 
+
+def the_checks_count_recorded(num_stages, num_micro_batches, max_in_flight):
+    from course_utils.grading.checks import budget_orders
+
+    budget_orders.fewest_slots(max_in_flight, num_micro_batches)  # called, to time the answer
+    return budgeted_orders(num_stages, num_micro_batches, max_in_flight)
 
 def _split_once(parts, x, y, loss_fn, devices):  # one micro-batch, each part's backward at home
     import tensorflow as tf
@@ -392,52 +483,6 @@ def one_big_batch_in_shares(parts, micro_batches, loss_fn, devices):
             shared.append(tf.add_n([tf.math.multiply_no_nan(grad, 1 / count)
                                     for _ in range(count)]))  # M ops, not one M times
     return loss, shared
-
-
-def capped_orders(k, m, cap):
-    """The memory-capped 1F1B the check's slot count describes (the test's reference: the
-    package holds no orders): ``min(K − 1 − s, cap − 1, M)`` warm-up forwards."""
-    orders = []
-    for stage in range(k):
-        warm = min(k - 1 - stage, cap - 1, m)
-        order = [("F", b) for b in range(warm)]
-        for b in range(warm, m):
-            order += [("F", b), ("B", b - warm)]
-        orders.append(order + [("B", b) for b in range(m - warm, m)])
-    return orders
-
-
-def test_the_checks_slot_count_is_the_capped_orders_simulated():
-    from course_utils.parallel.schedules import schedule_from_orders
-
-    for k, m, cap in itertools.product(range(1, 7), range(1, 13), range(1, 8)):
-        simulated = max(t.slot for t in schedule_from_orders(capped_orders(k, m, cap))) + 1
-        assert lesson_06.capped_slots(k, m, cap) == simulated, (k, m, cap)
-
-
-def test_the_capped_orders_pass_and_the_check_holds_no_orders():
-    assert cu.grading.check_one_f_one_b_orders(capped_orders) is True
-    assert not [name for name in vars(lesson_06) if "orders" in name and name not in
-                ("check_one_f_one_b_orders", "_verify_orders")]
-
-
-def slot_count_from_the_check(num_stages, num_micro_batches, max_in_flight):
-    return lesson_06.capped_slots(num_stages, num_micro_batches, max_in_flight)
-
-
-def helper_in_a_thread(num_stages, num_micro_batches, max_in_flight):
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:  # started inside the answer: the guard follows it
-        return pool.submit(cu.parallel.one_f_one_b_orders, num_stages,
-                           num_micro_batches).result()
-
-
-def profiler_removed(num_stages, num_micro_batches, max_in_flight):
-    import sys
-
-    getattr(sys, "set" + "profile")(None)
-    return cu.parallel.one_f_one_b_orders(num_stages, num_micro_batches)
 
 
 def relaid_to_replicated_to_compute(x, init_kernel, kernel_shape, bias, mesh):
@@ -1072,8 +1117,44 @@ def test_lesson_06_registers_its_checks():
         assert getattr(cu.grading, name) is getattr(lesson_06, name)
 
 
-def test_one_f_one_b_reference_passes():
-    assert cu.grading.check_one_f_one_b_orders(one_f_one_b_orders) is True
+def _fewest_by_search(budgets, m):
+    """The fewest slots over every order (FIFO per stage, idling allowed): a breadth-first
+    search over each stage's (forwards, backwards) done; the test's reference for the check's
+    count."""
+    k = len(budgets)
+    frontier, goal, slots = {((0, 0),) * k}, ((m, m),) * k, 0
+    while goal not in frontier:
+        reached = set()
+        for state in frontier:
+            moves = []
+            for s, (f, b) in enumerate(state):
+                options = [(f, b)]
+                if f < m and f - b < budgets[s] and (s == 0 or state[s - 1][0] > f):
+                    options.append((f + 1, b))
+                if b < f and (s == k - 1 or state[s + 1][1] > b):
+                    options.append((f, b + 1))
+                moves.append(options)
+            reached.update(itertools.product(*moves))
+        frontier, slots = reached, slots + 1
+    return slots
+
+
+def test_the_checks_count_is_the_fewest_any_orders_take():
+    from course_utils.grading.checks.budget_orders import fewest_slots
+
+    for k in range(1, 4):
+        for budgets in itertools.product(range(1, k + 1), repeat=k):
+            for m in range(1, 6):
+                assert fewest_slots(list(budgets), m) == _fewest_by_search(budgets, m), (
+                    budgets, m)
+    for budgets in ([2, 2, 2, 2], [1, 3, 4, 4], [3, 1, 2, 2], [2, 4, 1, 3]):
+        assert fewest_slots(budgets, 5) == _fewest_by_search(budgets, 5), budgets
+
+
+@pytest.mark.solution_passes
+def test_budgeted_orders_right_answers_pass():
+    assert cu.grading.check_budgeted_orders(budgeted_orders) is True
+    assert cu.grading.check_budgeted_orders(by_ready_slots) is True
 
 
 one_f_one_b_alias = cu.parallel.one_f_one_b_orders  # bound before the check, as in a notebook
@@ -1085,63 +1166,30 @@ def orders_read_from_the_course_schedule(num_stages, num_micro_batches, max_in_f
     return [[(t.phase, t.micro_batch) for t in tasks if t.stage == s] for s in range(num_stages)]
 
 
-# the lesson's orders, computed before the check (the guard sees only what runs during it)
-orders_made_before = {(k, m): cu.parallel.one_f_one_b_orders(k, m)
-                      for k in range(1, 8) for m in range(1, 13)}
+def helper_in_a_thread(num_stages, num_micro_batches, max_in_flight):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:  # started inside the answer: the guard follows it
+        return pool.submit(cu.parallel.one_f_one_b_orders, num_stages,
+                           num_micro_batches).result()
 
 
-def shifted_from_orders_made_before(num_stages, num_micro_batches, max_in_flight):
-    """r06 L1: under cap c, stage s is stage max(0, s - (K - c)) of an uncapped c-stage 1F1B
-    (its warm-up min(K - 1 - s, c - 1)): right orders, no alternation written."""
-    if max_in_flight >= num_stages:
-        return [list(o) for o in orders_made_before[(num_stages, num_micro_batches)]]
-    small = orders_made_before[(max_in_flight, num_micro_batches)]
-    return [list(small[max(0, s - (num_stages - max_in_flight))]) for s in range(num_stages)]
+def profiler_removed(num_stages, num_micro_batches, max_in_flight):
+    import sys
 
-
-@pytest.mark.parametrize(("answer", "message"), [
-    (gpipe_orders, "activations"),
-    (shifted_from_orders_made_before, r"case 7 .*num_micro_batches=\d{4}.* raised KeyError"),
-    (budget_ignored, r"activations .* allowed: min\(K − s, max_in_flight\)"),
-    (same_warm_up_everywhere, "activations|time slots|deadlock"),
-    (backward_first, "deadlock"),
-    (one_forward_then_its_backward, r"time slots; within the same memory .* the capped 1F1B"),
-    (the_lessons_helper, "ran the course's one_f_one_b_orders"),
-    (lambda k, m, cap: one_f_one_b_alias(k, m), "ran the course's one_f_one_b_orders"),
-    (exec_copy_of_the_helper, "ran the course's one_f_one_b_orders"),
-    (orders_read_from_the_course_schedule, "ran the course's one_f_one_b_schedule"),
-    (lambda k, m, cap: [[("F", 0), ("B", 0)]] * k, "exactly once|once for every"),
-    (lambda k, m, cap: None, "one order"),
-    (slot_count_from_the_check, "ran the course's capped_slots"),
-    (profiler_removed, "removed the check's profiler"),
-    (helper_in_a_thread, "ran the course's one_f_one_b_orders"),
-])
-def test_one_f_one_b_lazy_and_wrong_answers_fail(answer, message):
-    with pytest.raises(AssertionError, match=message):
-        cu.grading.check_one_f_one_b_orders(answer)
+    getattr(sys, "set" + "profile")(None)
+    return budgeted_orders(num_stages, num_micro_batches, max_in_flight)
 
 
 def _shifted(orders_of, num_stages, num_micro_batches, max_in_flight):
-    """Capped orders re-indexed from an uncapped 1F1B of ``min(cap, K)`` stages."""
-    c = min(max_in_flight, num_stages)
+    """Orders re-indexed from an uncapped 1F1B of ``min(smallest budget, K)`` stages (the old
+    exercise's loophole)."""
+    c = min(min(max_in_flight), num_stages)
     small = [[p for p in order if p[1] < num_micro_batches] for order in orders_of(c)]
     return [list(small[max(0, s - (num_stages - c))]) for s in range(num_stages)]
 
 
-def test_one_f_one_b_helper_orders_made_before_for_more_micro_batches_fail():  # x06 L1
-    from course_utils.parallel import schedules
-
-    saved = dict(schedules._LARGEST_ASKED)
-    try:
-        long = {c: cu.parallel.one_f_one_b_orders(c, 3000) for c in range(1, 7)}
-        with pytest.raises(AssertionError, match=r"case 7 .*were asked for 3000 micro-batches"):
-            cu.grading.check_one_f_one_b_orders(lambda k, m, cap: _shifted(long.get, k, m, cap))
-    finally:
-        schedules._LARGEST_ASKED.clear()
-        schedules._LARGEST_ASKED.update(saved)
-
-
-def edited_copy_of_the_helper_shifted(num_stages, num_micro_batches, max_in_flight):  # L2
+def edited_copy_of_the_helper_shifted(num_stages, num_micro_batches, max_in_flight):  # x06 L2
     import inspect
 
     from course_utils.parallel import schedules
@@ -1155,15 +1203,55 @@ def edited_copy_of_the_helper_shifted(num_stages, num_micro_batches, max_in_flig
                     num_stages, num_micro_batches, max_in_flight)
 
 
-def test_one_f_one_b_edited_copy_of_the_helper_fails():
-    with pytest.raises(AssertionError, match="case 1 .*ran one_f_one_b_orders, an edited copy"):
-        cu.grading.check_one_f_one_b_orders(edited_copy_of_the_helper_shifted)
+BUDGET = r"stage 0 keeps up to \d+ micro-batches' activations .* its budget max_in_flight\[0\]"
+SLOTS = r"time slots \(bubble .*\); within the same budgets .* the fewest is \d+"
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (lambda k, m, budgets: [[("F", 0), ("B", 0)]] * k, "once for every"),  # a constant
+    (lambda k, m, budgets: None, "one order"),  # the work skipped
+    (the_lessons_1f1b, "case 1 .*" + BUDGET),  # section 3's cell, no budget
+    (each_stages_budget_in_the_warm_up, "case 1 .*deadlock in slot"),  # the old exercise
+    (smallest_budget_upstream_in_the_warm_up, "case 2 .*" + SLOTS),  # strict alternation
+    (forward_first, "case 2 .*" + SLOTS),
+    (smallest_budget_everywhere, "case 3 .*" + SLOTS),
+    (one_over_budget, "case 1 .*" + BUDGET),
+    (budgets_ignored, "case 1 .*" + BUDGET),
+    (budgets_raised_in_place, "case 1 .*" + BUDGET),  # the budgets read back from the input
+    (gpipe_orders, "case 1 .*" + BUDGET),
+    (one_forward_then_its_backward, "case 2 .*" + SLOTS),  # serial: right when budgets are 1
+    (backward_first, "deadlock in slot 0"),
+    (the_lessons_helper, "ran the course's one_f_one_b_orders"),
+    (lambda k, m, budgets: one_f_one_b_alias(k, m), "ran the course's one_f_one_b_orders"),
+    (exec_copy_of_the_helper, "ran the course's one_f_one_b_orders"),
+    (orders_read_from_the_course_schedule, "ran the course's one_f_one_b_schedule"),
+    (the_checks_count_recorded, "ran the course's fewest_slots"),
+    (edited_copy_of_the_helper_shifted, "case 1 .*ran one_f_one_b_orders, an edited copy"),
+    (profiler_removed, "removed the check's profiler"),
+    (helper_in_a_thread, "ran the course's one_f_one_b_orders"),
+])
+def test_budgeted_orders_lazy_and_wrong_answers_fail(answer, message):
+    with pytest.raises(AssertionError, match=message):
+        cu.grading.check_budgeted_orders(answer)
+
+
+def test_budgeted_orders_large_case_fails_when_the_helpers_were_asked_as_many():  # x06 L1
+    from course_utils.parallel import schedules
+
+    saved = dict(schedules._LARGEST_ASKED)
+    try:
+        cu.parallel.one_f_one_b_orders(2, 3000)
+        with pytest.raises(AssertionError, match=r"case 7 .*were asked for 3000 micro-batches"):
+            cu.grading.check_budgeted_orders(budgeted_orders)
+    finally:
+        schedules._LARGEST_ASKED.clear()
+        schedules._LARGEST_ASKED.update(saved)
 
 
 def test_the_course_helper_still_works_after_the_check():
     with pytest.raises(AssertionError):
-        cu.grading.check_one_f_one_b_orders(the_lessons_helper)
-    assert cu.parallel.one_f_one_b_orders(2, 2) == one_f_one_b_orders(2, 2, 2)
+        cu.grading.check_budgeted_orders(the_lessons_helper)
+    assert cu.parallel.one_f_one_b_orders(3, 4) == the_lessons_1f1b(3, 4, None)
 
 
 @pytest.mark.solution_passes
@@ -1272,7 +1360,7 @@ def test_shard_dense_rows_wrong_answers_fail(answer, message):
         cu.grading.check_shard_dense_rows(answer)
 
 
-@pytest.mark.parametrize("name", ["one_f_one_b_orders", "split_gradients", "shard_dense_rows"])
+@pytest.mark.parametrize("name", ["budgeted_orders", "split_gradients", "shard_dense_rows"])
 def test_a_stub_is_not_attempted_and_fails_in_strict_mode(capsys, name):
     check = getattr(cu.grading, f"check_{name}")
     assert check(stub) is False

@@ -1,23 +1,8 @@
 """Checks of lesson 06's exercises (registered by name with ``@register``).
 
-* ``check_one_f_one_b_orders(one_f_one_b_orders)``: the learner's 1F1B order per stage under
-  a memory cap, for fresh ``(K, M, max_in_flight)`` (``M`` below, at and above ``K``, once
-  drawn from 1000-3000; caps below, at and above ``K``). Each stage must run every
-  micro-batch's forward and backward once; the orders are turned into time slots by the
-  course's simulator, which fails on a deadlock; stage ``s`` must never keep more than
-  ``min(K − s, max_in_flight)`` micro-batches' activations, and the schedule must take no
-  more slots than the check's own capped 1F1B (strict alternation after its warm-up: not the
-  fewest slots the budget allows, a greedy backward-first order takes fewer, and passes). The
-  lesson's helpers (no cap) and every function of this module are refused by code identity
-  and content (``refusals``); the check holds no capped orders, only a slot count in closed
-  form (``capped_slots``). A copy of the helper fails the cases whose cap is below K; adding
-  the cap to it (one term) is the exercise. The capped orders are the helper's re-indexed
-  (cap ``c``: stage ``s`` is stage ``max(0, s − (K − c))`` of ``c``): a near copy run in the
-  answer (bytecode 80 % the same, its two arguments) is refused (``_edited_copies``); so is
-  the large case when the helpers were asked for as many micro-batches in the kernel
-  (``schedules._LARGEST_ASKED``: one long schedule per cap, made before the check, passes of
-  micro-batches ``≥ M`` dropped; a table by ``(K, M)`` fails the large ``M`` anyway). Known
-  limits: a near copy given a third, unused argument, or run before the check, passes.
+* ``check_budgeted_orders(budgeted_orders)``: 1F1B orders under a memory budget per stage,
+  on fresh ``(K, M, budgets)``: every pass once, no deadlock, no stage over its budget, no
+  more slots than the fewest the budgets allow. See ``budget_orders``.
 * ``check_split_gradients(split_gradients)``: a model split into two and three parts on
   devices the check chooses (never the default first), trained on a few micro-batches; loss
   and gradients of the micro-batches' mean loss equal to the unsplit model's; then the answer
@@ -79,7 +64,7 @@ from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["check_one_f_one_b_orders", "check_shard_dense_rows", "check_split_gradients"]
+__all__ = ["check_budgeted_orders", "check_shard_dense_rows", "check_split_gradients"]
 
 
 def _devices() -> list[str]:
@@ -101,113 +86,27 @@ def _short(name: str) -> str:
     return name.rsplit("device:", 1)[-1]
 
 
-# --- Exercise 1 · a 1F1B schedule ---------------------------------------------------------------
-
-
-def capped_slots(k: int, m: int, cap: int) -> int:
-    """The time slots of the memory-capped 1F1B (``min(K − 1 − s, cap − 1, M)`` warm-up
-    forwards, then strict alternation) on the course's simulator, in closed form (a count, not
-    the orders: nothing here returns an answer). With ``c = min(cap, K)`` stages' worth of
-    micro-batches in flight, the first ``min(M, c)`` take ``2 (min(M, c) + K − 1)`` slots as
-    in a plain 1F1B, and each further micro-batch waits for a backward to come back:
-    ``2 (K − c + 1)`` slots more (tests/test_checks_lesson_06.py checks the formula against the
-    simulated orders for every K ≤ 6, M ≤ 12, cap ≤ 7)."""
-    c = min(cap, k)
-    return 2 * (min(m, c) + k - 1) + max(0, m - c) * 2 * (k - c + 1)
-
-
-def _verify_orders(got: Any, k: int, m: int, cap: int) -> str | None:
-    from course_utils.parallel.schedules import check_orders, peak_in_flight, schedule_from_orders
-
-    if not isinstance(got, (list, tuple)) or len(got) != k:
-        return f"return one order (a list) per stage: {k} lists, got {type(got).__name__}"
-    try:
-        orders = [[(str(phase), int(b)) for phase, b in order] for order in got]
-        check_orders(orders, m)
-        tasks = schedule_from_orders(orders)
-    except (TypeError, ValueError) as error:
-        return str(error)[:600]  # an order of the large case is some 6000 passes long
-    peaks = peak_in_flight(tasks, k)
-    for stage, peak in enumerate(peaks):
-        allowed = min(k - stage, cap)
-        if peak > allowed:
-            return (f"stage {stage} keeps up to {peak} micro-batches' activations at once "
-                    f"(forwarded, not yet backwarded); allowed: min(K − s, max_in_flight) = "
-                    f"{allowed}. Per stage: {peaks}")
-    slots = max(task.slot for task in tasks) + 1
-    best = capped_slots(k, m, cap)
-    if slots > best:
-        return (f"the orders take {slots} time slots; within the same memory "
-                f"(max_in_flight={cap}) the capped 1F1B (min(K − 1 − s, max_in_flight − 1) "
-                f"warm-up forwards, then alternation) takes {best}")
-    return None
-
-
-def _edited_copies(codes: Any, own: Any) -> list[str]:
-    """The functions among ``codes`` (not the answer's own, ``own``) whose bytecode is the
-    course's ``one_f_one_b_orders``'s but for a few instructions (a ``+ 0``, a renamed local)
-    and that take its two arguments, no budget: a copy called for ``min(cap, K)`` stages and
-    its stages re-indexed passes every case without a cap written (x06 L2)."""
-    import difflib
-    import dis
-
-    from course_utils.parallel import schedules
-
-    helper = schedules.one_f_one_b_orders.__code__
-    wanted = [i.opname for i in dis.get_instructions(helper)]
-    found = []
-    for code in codes:
-        if code is own or code is helper or code.co_argcount != helper.co_argcount:
-            continue
-        ops = [i.opname for i in dis.get_instructions(code)]
-        if difflib.SequenceMatcher(None, wanted, ops, autojunk=False).ratio() >= 0.8:
-            found.append(code.co_name)
-    return found
+# --- Exercise 1 · 1F1B under a memory budget per stage ----------------------------------------
 
 
 @register
-def check_one_f_one_b_orders(fn: Any) -> bool:
-    """Check ``one_f_one_b_orders(num_stages, num_micro_batches, max_in_flight)``: orders, slots
-    and activations, for caps below, at and above the number of stages."""
-    rng = fresh_rng()
-    k_random, k_large = rng.randint(3, 6), rng.randint(3, 6)
-    triples = [(4, 8, 4), (4, 8, 2), (3, 3, 1), (4, 2, 5), (1, 3, 1),
-               (k_random, rng.randint(7, 12), rng.randint(2, k_random - 1)),
-               (k_large, rng.randint(1000, 3000), rng.randint(2, k_large - 1))]
+def check_budgeted_orders(fn: Any) -> bool:
+    """Check ``budgeted_orders(num_stages, num_micro_batches, max_in_flight)``: orders, slots
+    and activations under a budget per stage (``budget_orders``)."""
+    from course_utils.grading.checks import budget_orders
     from course_utils.parallel import schedules
 
-    entered: set[Any] = set()  # the code of every Python function the answer ran
-
-    def note(frame: Any, c_function: Any) -> None:
-        if c_function is None:
-            entered.add(frame.f_code)
-
-    def verify(got: Any, k: int, m: int, cap: int) -> str | None:
-        copies = _edited_copies(entered, getattr(fn, "__code__", None))
-        entered.clear()
-        if copies:
-            return (f"it ran {copies[0]}, an edited copy of the course's one_f_one_b_orders "
-                    "(the same bytecode, nearly: no budget in it): build the capped order "
-                    "yourself")
-        asked = max(schedules._LARGEST_ASKED.values(), default=0)
-        if m >= 1000 and asked >= m:
-            return (f"the course's 1F1B helpers were asked for {asked} micro-batches in this "
-                    "kernel: orders cut from theirs are the helpers' (build the capped order "
-                    "yourself; explored them? restart the kernel)")
-        return _verify_orders(got, k, m, cap)
-
-    cases = [Case(args=(k, m, cap), verify=lambda got, k=k, m=m, cap=cap: verify(got, k, m, cap),
-                  label=f"(num_stages={k}, num_micro_batches={m}, max_in_flight={cap})")
-             for k, m, cap in triples]
+    note, cases = budget_orders.budget_cases(fresh_rng(), fn)
     helpers = [schedules.one_f_one_b_orders, schedules.one_f_one_b_schedule,
                schedules.interleaved_orders, schedules.interleaved_schedule,
-               *_the_checks_own()]
-    why = "build the orders yourself (the lesson's helpers already hold the answer)"
+               *own_functions(budget_orders), *_the_checks_own()]
+    why = "build the orders yourself (the lesson's helpers have no budget)"
     return run_check(
-        "one_f_one_b_orders", refusing(fn, helpers, why, note), cases,
-        hint="lesson 06, section 3 (1F1B): a stage's warm-up forwards are what it keeps "
-             "before its first backward comes back. With a budget of max_in_flight, how "
-             "many can stage s afford, and what keeps it busy after that? Draw the slots.")
+        "budgeted_orders", refusing(fn, helpers, why, note), cases,
+        hint="lesson 06, section 3 (1F1B): a stage keeps what it forwarded until the "
+             "backward comes back. With a budget per stage, what can stage s hold when the "
+             "stage before it holds fewer? Rather than fix each order in advance, decide slot "
+             "by slot what each stage can run.")
 
 
 # --- Exercise 2 · a split model's backward pass, part by part ---------------------------------
