@@ -764,15 +764,9 @@ def test_the_lessons_step_without_the_penalty_is_named():  # section 5's step, c
         cu.grading.check_train_mirrored_with_accumulation(lessons_step)
 
 
-@pytest.mark.parametrize(("mistake", "times", "says"), [
-    ("every micro-batch", lambda g: g, "once per micro-batch, not once per update"),
-    ("unscaled", lambda g: 2, "each replica added the whole penalty.*2× the penalty"),
-    ("both", lambda g: 2 * g, "once per micro-batch on every replica"),
-    ("ignored, every micro-batch applied", None, "match applying every micro-batch"),
-])
-def test_a_penalty_added_the_wrong_number_of_times_is_named(mistake, times, says):
-    # the weights such a loop reaches on 2 replicas (plain SGD with that penalty, cheap: no
-    # strategy); the end-to-end runs of these loops cost 10-18 s each under load
+@functools.cache
+def _penalty_problem():
+    """One problem for the penalty tests below (three groups of 3 and a short one): built once."""
     import random
 
     problem = checks_07._problem(random.Random(7))
@@ -781,9 +775,44 @@ def test_a_penalty_added_the_wrong_number_of_times_is_named(mistake, times, says
     data = np.random.default_rng(7)
     problem["features"] = data.normal(size=(n, problem["features"].shape[1])).astype("float32")
     problem["labels"] = data.integers(0, problem["classes"], size=n).astype("int32")
+    return problem
+
+
+_LARGE_BATCH_WEIGHTS = checks_07._large_batch_weights
+_penalty_weights: dict[tuple, list] = {}
+
+
+def _shared_large_batch_weights(problem, group, penalty_times=lambda g: 1.0):
+    """``checks_07._large_batch_weights`` on the shared problem, each result kept, keyed by
+    its inputs (the group and the penalty's multiple for every batch's micro-batch count)."""
+    if problem is not _penalty_problem():
+        return _LARGE_BATCH_WEIGHTS(problem, group, penalty_times)
+    key = (group, tuple(penalty_times(g) for g in range(1, group + 1)))
+    if key not in _penalty_weights:
+        _penalty_weights[key] = _LARGE_BATCH_WEIGHTS(problem, group, penalty_times)
+    return _penalty_weights[key]
+
+
+@pytest.mark.parametrize(("mistake", "times", "says"), [
+    ("every micro-batch", lambda g: g, "once per micro-batch, not once per update"),
+    ("unscaled", lambda g: 2, "each replica added the whole penalty.*2× the penalty"),
+    ("both", lambda g: 2 * g, "once per micro-batch on every replica"),
+    ("ignored, every micro-batch applied", None, "match applying every micro-batch"),
+])
+def test_a_penalty_added_the_wrong_number_of_times_is_named(mistake, times, says, monkeypatch):
+    # the weights such a loop reaches on 2 replicas (plain SGD with that penalty, cheap: no
+    # strategy); the end-to-end runs of these loops cost 10-18 s each under load. The plain
+    # SGD runs (the same for every mistake) are made once, on one problem, and kept
+    monkeypatch.setattr(checks_07, "_large_batch_weights", _shared_large_batch_weights)
+    problem = _penalty_problem()
     weights = (checks_07._large_batch_weights(problem, problem["steps"], times) if times else
                checks_07._large_batch_weights(problem, 1, lambda g: 0.0))
     assert re.search(says, checks_07._penalty_mistake(problem, weights, 2))
+
+
+def test_the_penalty_once_per_update_is_no_mistake(monkeypatch):
+    monkeypatch.setattr(checks_07, "_large_batch_weights", _shared_large_batch_weights)
+    problem = _penalty_problem()  # the problem of the test above, the mistakes' weights kept
     right = checks_07._large_batch_weights(problem, problem["steps"])
     assert checks_07._penalty_mistake(problem, right, 2) is None
 
