@@ -193,6 +193,35 @@ def test_wrong_training_fails_usefully(keras, mistake, message):
     assert keras.mixed_precision.global_policy().name == "float32"
 
 
+def test_held_out_quality_by_any_batching_is_accepted(keras):
+    """r08 R1: under mixed_bfloat16, predict's batches of 32 and one call on all rows give
+    logits up to ~0.02 apart, so near-tied rows flip; the check must accept either."""
+    import random
+
+    from course_utils.grading.checks import policy_choice
+    from course_utils.grading.checks.overflow import _inputs
+
+    for seed in range(4):
+        x, y, features, classes = _inputs(random.Random(seed), 448)
+        with cu.training.policy_scope("mixed_bfloat16"):
+            model = policy_choice._builder(features, classes, 32, False,
+                                           {"mixed_bfloat16": 0.0}, {}, {"runs": []})()
+        model.compile(optimizer=keras.optimizers.Adam(0.01), loss=(
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True)))
+        model.fit(x[:192], y[:192], batch_size=64, epochs=3, shuffle=False, verbose=0)
+        held_x, held_y = x[192:], y[192:]
+        for batch_size in (1, 32, 64, 100):
+            logits = model.predict(held_x, batch_size=batch_size, verbose=0)
+            loss = float(np.mean(keras.losses.sparse_categorical_crossentropy(
+                held_y, logits, from_logits=True)))
+            accuracy = float(np.mean(np.argmax(logits, -1) == held_y))
+            assert policy_choice._quality_problem("mixed_bfloat16", model, loss, accuracy,
+                                                  held_x, held_y) is None, (seed, batch_size)
+        wrong = policy_choice._quality_problem("mixed_bfloat16", model, loss,
+                                               accuracy + 0.1, held_x, held_y)
+        assert "evaluate the trained model" in wrong
+
+
 def test_the_checks_own_rule_under_the_answers_name_fails():
     from course_utils.grading.checks import policy_choice
 
