@@ -4,15 +4,17 @@
   interleaved epochs, timed, evaluated on held-out data, and the fastest one that keeps
   float32's quality chosen (:mod:`~course_utils.grading.checks.policy_choice`).
 * ``check_loss_scaled_train_step(loss_scaled_train_step)``: steps of a mixed_float16 model with
-  a ``LossScaleOptimizer`` and a global-norm clip (below the gradients' norm, so that it
-  changes the updates) on fresh inputs equal a reference step that clips the UNSCALED
+  a ``LossScaleOptimizer`` and a global-norm clip (amid the applied steps' norms, drawn from
+  a trial run: some steps are clipped, some not, so clipping differs from rescaling every step
+  to the bound) on fresh inputs equal a reference step that clips the UNSCALED
   gradients (weights, loss, norm, loss scale, which steps were skipped), and a batch planted to
   overflow is skipped (weights unchanged, scale halved). The loss is weighted by ``LOSS_WEIGHT``
   (2^-18): its true gradients underflow float16, so a step that never computes them at the loss
   scale differs. The scale starts at the largest power of two at which the first batch's
-  gradients are finite and doubles after every finite step (``GROWTH_STEPS``), so later steps
+  gradients are finite and doubles after ``GROWTH_STEPS`` (2) finite steps, so later steps
   overflow in the backward pass and must be skipped: a step that computes its gradients at a
-  fixed loss scale of its own (the optimizer's scale used only to apply) is applied there.
+  fixed loss scale of its own (the optimizer's scale used only to apply) is applied there, and
+  one that grows the scale itself after every finite step differs in the scale.
 * ``check_first_overflowing_layer(first_overflowing_layer)``: fresh mixed_float16 MLPs whose
   activations grow layer by layer, on batches with two outlier rows scaled so that the same
   model overflows at different layers (or nowhere): the answer depends on the outputs, not on

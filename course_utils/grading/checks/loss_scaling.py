@@ -20,8 +20,9 @@ __all__ = ["GROWTH_STEPS", "LOSS_WEIGHT", "OVERFLOW_FACTOR", "check_loss_scaled_
 #: The planted batch is the inputs times this: float16 activations overflow (max 65504).
 OVERFLOW_FACTOR = 1e6
 #: Exercise 2's loss scale doubles after this many finite steps: from the edge of float16's
-#: range (where the check starts it), some later steps overflow in the backward pass.
-GROWTH_STEPS = 1
+#: range (where the check starts it), some later steps overflow in the backward pass. Not 1:
+#: a step that doubles the scale itself after every finite step misses (r08 L10).
+GROWTH_STEPS = 2
 #: Exercise 2's loss is weighted by this (an auxiliary loss's small weight): its true gradients
 #: lie mostly below float16's smallest normal number, so only a step that computes them at the
 #: loss scale matches the reference; the learning rate is divided by it (updates of usual size).
@@ -60,14 +61,16 @@ def _reference_step(model: Any, optimizer: Any, loss_fn: Any, x: Any, y: Any,
     return loss, norm
 
 
-def _first_norm(model: Any, loss_fn: Any, x: Any, y: Any) -> float:
-    """The global gradient norm of the mean loss on one batch (no update), computed at a loss
-    scale of 1 / LOSS_WEIGHT (unscaled, float16 would flush most of it to zero)."""
-    tf = _tf()
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(loss_fn(y, model(x, training=True))) / LOSS_WEIGHT
-    gradients = tape.gradient(loss, model.trainable_variables)
-    return float(tf.linalg.global_norm(gradients)) * LOSS_WEIGHT
+def _applied_norms(model: Any, optimizer: Any, loss_fn: Any, batches: list[Any]) -> list[float]:
+    """The unscaled gradients' global norms of the steps the reference applies, unclipped (on
+    a copy: ``model`` and ``optimizer`` are the check's spares)."""
+    norms = []
+    for x, y in batches:
+        before = int(optimizer.iterations)
+        _, norm = _reference_step(model, optimizer, loss_fn, x, y, 1e30)
+        if int(optimizer.iterations) > before:
+            norms.append(float(norm))
+    return norms
 
 
 def _weighted_loss(keras: Any) -> Callable[[Any, Any], Any]:
@@ -106,8 +109,9 @@ def _read_after_apply(before: float, after: float) -> Callable[[float, float], s
             return ""
         return (f": the loss scale before this step's apply over the scale after it, "
                 f"2^{math.log2(before):.0f} over 2^{math.log2(after):.0f}. optimizer.apply "
-                "changes optimizer.dynamic_scale (it doubles it after a finite step, "
-                f"dynamic_growth_steps={GROWTH_STEPS}): read the scale before you apply")
+                "changes optimizer.dynamic_scale (it doubles it after "
+                f"dynamic_growth_steps={GROWTH_STEPS} finite steps in a row): read the scale "
+                "before you apply")
 
     return note
 
@@ -128,8 +132,9 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
     x, y, num_features, num_classes = _task(rng, 8 * 32)
     make_model = _model_builder(num_features, num_classes, rng.choice([16, 24, 32]))
     with policy_scope("mixed_float16"):
-        model, reference = make_model(), make_model()
+        model, reference, trial = make_model(), make_model(), make_model()
     reference.set_weights(model.get_weights())
+    trial.set_weights(model.get_weights())
     loss_fn = _weighted_loss(keras)
     planted = rng.randint(2, 5)
     batches = [(tf.constant(x[i * 32:(i + 1) * 32] * (OVERFLOW_FACTOR if i == planted else 1)),
@@ -143,13 +148,19 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
         return keras.optimizers.LossScaleOptimizer(inner, initial_scale=scale,
                                                    dynamic_growth_steps=GROWTH_STEPS)
 
-    opt, reference_opt = optimizer(), optimizer()
+    opt, reference_opt, trial_opt = optimizer(), optimizer(), optimizer()
     opt.build(model.trainable_variables)  # built before the first step, as in lesson 02
     reference_opt.build(reference.trainable_variables)
-    # a bound below the first batch's norm: the clipping changes most steps' updates
-    first_norm = _first_norm(reference, loss_fn, *batches[0])
-    clip_norm = float(f"{rng.uniform(0.3, 0.6) * first_norm:.4g}")
+    trial_opt.build(trial.trainable_variables)
+    # a bound amid the applied steps' norms: some steps are clipped, some not (r08 L9)
+    # (the widest gap between two norms with at least two on each side, at its middle: no
+    # step lies near the bound, where a rounding would decide)
+    norms = sorted(_applied_norms(trial, trial_opt, loss_fn, batches))
+    gap = max(range(1, len(norms) - 2) or range(len(norms) - 1),
+              key=lambda j: norms[j + 1] / norms[j])
+    clip_norm = float(f"{math.sqrt(norms[gap] * norms[gap + 1]):.4g}")
     clipped_steps: list[int] = []
+    unclipped_steps: list[int] = []
     backward_skips: list[int] = []
 
     def compare_step(i: int, returned: Any, applied: bool) -> str | None:
@@ -190,6 +201,8 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
             backward_skips.append(i)
         if expected_applied and expected_norm > clip_norm:
             clipped_steps.append(i)
+        elif expected_applied:
+            unclipped_steps.append(i)
         error = largest_difference(weights_of(model), reference.get_weights())
         if not error < 1e-4:
             return (f"{where}: the weights differ from the reference step's by up to {error:.3g} "
@@ -226,7 +239,8 @@ def check_loss_scaled_train_step(fn: Any) -> bool:
             return f"expected {expected} skipped steps, like the reference, got {skipped}"
         print(f"   {len(batches)} steps equal to the reference (scale "
               f"2^{math.log2(scale):.0f} at the start, "
-              f"clip_norm {clip_norm:g}, {len(clipped_steps)} steps clipped); the planted "
+              f"clip_norm {clip_norm:g}, {len(clipped_steps)} steps clipped, "
+              f"{len(unclipped_steps)} under it); the planted "
               f"overflow at step {planted + 1} was skipped, and so were "
               f"{len(backward_skips)} steps whose gradients overflowed in the backward pass")
         return None
