@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -25,6 +26,7 @@ TEXT_TABLE_CALLS = {"format_table", "to_string", "tabulate", "to_markdown"}
 #: "8,.0f", ">9,", "24s"); a zero fill ("02d", "05.1f") pads numbers, not columns.
 PADDED = re.compile(r"^(.?[<>^=])?[+\- ]?#?(?!0)\d+")
 #: Private modules of TensorFlow and Keras, however they are reached.
+REPO_SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
 PRIVATE_MODULES = re.compile(r"\b(tensorflow\.python|tensorflow\.core|tensorflow\._api|"
                              r"keras\.src|keras\._tf_keras|tf_keras\.src)\b")
 
@@ -181,3 +183,15 @@ def test_notebook_code_lines_fit_the_book_without_scrolling(path):
 def test_a_planted_long_line_fails():
     assert long_code_lines(["x = 1\n" + "y = " + "1 + " * 30 + "1"]) == [
         "cell 0 line 2: 125 characters"]
+
+
+@pytest.mark.parametrize("path", sorted(REPO_SOLUTIONS.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_solution_cells_end_where_nbgrader_ends_them(path):
+    """nbgrader's release keeps a solution cell's trailing newline; our exercise generator does
+    not: a cell ending in one makes the two releases differ (a test of the nbgrader run compares
+    them, at much greater cost)."""
+    notebook = nbformat.read(path, as_version=4)
+    ending = [cell.id for cell in notebook.cells
+              if cell.cell_type == "code" and "### END SOLUTION" in cell.source
+              and cell.source.endswith("\n")]
+    assert not ending, f"{path.name}: cells {ending} end in a newline"
