@@ -11,6 +11,7 @@ import pytest
 
 import course_utils as cu
 from course_utils.grading.checks import lesson_05, settings_rules
+from course_utils.grading.checks.batch_shapes import py_function_tokens
 from course_utils.grading.framework import NotAttemptedError, strict_checks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tools"))
@@ -219,6 +220,96 @@ def _the_checks_batches(dataset, batch_size, bucket_lengths):
         tf.TensorSpec([batch_size, None], tf.int32), tf.TensorSpec([batch_size], tf.int32)))
 
 
+#: Names built at run time: the source scan of frame and closure readers cannot read them.
+_CLOSURE, _CELL = "".join(["__clo", "sure__"]), "".join(["cell_", "contents"])
+
+
+def _generator_state(dataset):
+    """The given dataset's generator state (xf05 L1-L3): a learner's walk from its graph's
+    py_function tokens through TensorFlow's registry and the functions' closures."""
+    from tensorflow.python.ops import script_ops
+
+    def walk(value, depth):
+        for cell in (getattr(value, _CLOSURE, None) or ()) if depth < 5 else ():
+            inner = getattr(cell, _CELL)
+            if getattr(inner, "_generator", None) is not None:
+                return inner
+            found = walk(inner, depth + 1) if callable(inner) else None
+            if found is not None:
+                return found
+        return None
+
+    for token in sorted(py_function_tokens(dataset)):
+        found = walk(script_ops._py_funcs.get(token), 0)
+        if found is not None:
+            return found
+    raise LookupError("no generator")
+
+
+def _generator_cells(dataset):  # the check's tokens list, labels and read counter
+    generator = _generator_state(dataset)._generator
+    return dict(zip(generator.__code__.co_freevars,
+                    (getattr(cell, _CELL) for cell in getattr(generator, _CLOSURE)), strict=True))
+
+
+def _bucketed_in_numpy(tokens, labels, batch_size, bucket_lengths):
+    """A learner's own bucketing in Python: the batches, in the order they fill."""
+    import numpy as np
+
+    longest, waiting, out = max(bucket_lengths), {n: [] for n in bucket_lengths}, []
+    for tokens_, label in zip(tokens, labels, strict=True):
+        cut = tokens_[:longest]
+        n = next(n for n in bucket_lengths if len(cut) <= n)
+        waiting[n].append((np.pad(cut, (0, n - len(cut))), label))
+        if len(waiting[n]) == batch_size:
+            out.append((np.stack([x for x, _ in waiting[n]]),
+                        np.array([y for _, y in waiting[n]], "int32")))
+            waiting[n] = []
+    return out
+
+
+def _served_beside_the_given(dataset, batch_size, made):
+    """Batches worked out when called, served as constants zipped with the given dataset's
+    labels in batches: its reads are counted as they stream."""
+    tf = _tf()
+    served = tf.data.Dataset.from_tensors(made[0])
+    for batch in made[1:]:
+        served = served.concatenate(tf.data.Dataset.from_tensors(batch))
+    return tf.data.Dataset.zip(dataset.map(lambda x, y: y).batch(batch_size), served).map(
+        lambda _, batch: batch)
+
+
+def _bucketed_from_the_generators_list(dataset, batch_size, bucket_lengths):
+    cells = _generator_cells(dataset)  # read without reading the dataset: no count
+    return _served_beside_the_given(dataset, batch_size, _bucketed_in_numpy(
+        list(cells["tokens"]), cells["labels"], batch_size, bucket_lengths))
+
+
+def _read_then_the_count_reset(dataset, batch_size, bucket_lengths):
+    pairs = list(dataset.as_numpy_iterator())
+    _generator_cells(dataset)["read"][0] = 0
+    return _served_beside_the_given(dataset, batch_size, _bucketed_in_numpy(
+        [x for x, _ in pairs], [y for _, y in pairs], batch_size, bucket_lengths))
+
+
+def _a_generator_of_its_own_behind_the_given_ops(dataset, batch_size, bucket_lengths):
+    """The given dataset's generator swapped for one that hands out the sequences bucketed
+    and padded in batch order, read from the check's list as it streams: tf.data batches."""
+    import numpy as np
+
+    state, cells = _generator_state(dataset), _generator_cells(dataset)
+
+    def bucketed():
+        read = cells["read"]
+        for x, y in _bucketed_in_numpy(cells["tokens"], cells["labels"], batch_size,
+                                       bucket_lengths):
+            read[0] += batch_size
+            yield from zip(x, np.asarray(y), strict=True)
+
+    state._generator = bucketed
+    return dataset.batch(batch_size, drop_remainder=True)
+
+
 # the words each rejection's verdict must contain; answers that share them reach one rejection
 # by different routes (make test runs the first of each, make test-grading all)
 SMALLEST = r"case [23] .*which the bucket of length \d+ holds: each sequence goes to the smallest"
@@ -228,6 +319,7 @@ MEETS = r"case \d .*reading the pipeline failed at batch \d+: .*which step of yo
 ORDER = r"case [23] .*though the epoch holds the same: hand out each batch as soon as its bucket"
 PYTHON = r"case [23] .*calls Python"
 GIVEN = r"case [23] .*not made from the one given"
+STALE = r"case [23] .*hold the sequences the dataset held when your function was called"
 MAKE_BUCKETED_CATALOGUE = {
     "group_by_window, searchsorted": (_grouped(_smallest), "PASS"),
     # the lesson's cell, copied: every batch padded to the largest bucket
@@ -268,6 +360,13 @@ MAKE_BUCKETED_CATALOGUE = {
                                        r"case 1 .*read \d+ examples of the dataset when called"),
     "the whole dataset as one ragged batch": (_ragged_whole, "case 1 .*before it handed out"),
     "the check's expected batches": (_the_checks_batches, "ran the course's expected_batches"),
+    # xf05 L1-L3: the check's data reached through the generator's closure
+    "batches worked out from the generator's list when called": (
+        _bucketed_from_the_generators_list, STALE),
+    "read when called, the count reset": (_read_then_the_count_reset, STALE),
+    "a generator of its own behind the given ops": (
+        _a_generator_of_its_own_behind_the_given_ops,
+        "case [23] .*changed the Python behind the dataset given"),
 }
 
 
@@ -741,20 +840,80 @@ def _python_loop(strategy, model, optimizer, global_batch_size):
 
 
 def _retraces(strategy, model, optimizer, global_batch_size):
+    """A tf.function traced once more before it is returned (a warm-up without an iterator):
+    the check's two calls find it traced twice."""
     import tensorflow as tf
 
     inner = make_train_steps(strategy, model, optimizer, global_batch_size)
 
-    class TracesEachCount(tf.types.experimental.PolymorphicFunction):  # planted: 2 traces
+    @tf.function
+    def train_steps(iterator, steps):
+        if iterator is not None:
+            inner(iterator, steps)
+
+    train_steps(None, tf.constant(0))
+    return train_steps
+
+
+def _a_python_loop_saying_it_traced_once(strategy, model, optimizer, global_batch_size):
+    """xf05 L6: a Python loop of one-step calls in a PolymorphicFunction subclass whose trace
+    count says 1."""
+    import tensorflow as tf
+
+    inner = make_train_steps(strategy, model, optimizer, global_batch_size)
+
+    class TracedOnce(tf.types.experimental.PolymorphicFunction):
         def __call__(self, iterator, steps):
-            return inner(iterator, steps)
+            for _ in range(int(steps)):
+                inner(iterator, tf.constant(1))
 
         def experimental_get_tracing_count(self):
-            return 2
+            return 1
 
         function_type = get_concrete_function = None
 
-    return TracesEachCount()
+    return TracedOnce()
+
+
+def _the_layers_on_the_gathered_batch(in_replicas):
+    """xf05 L4, L5: the global batch gathered (in each replica, or outside strategy.run) and
+    trained on by the colleague's loss through the model's layers after the first, beside a
+    call of the model on each replica's rows: the right weights made the wrong way."""
+    import keras
+    import tensorflow as tf
+
+    def make(strategy, model, optimizer, global_batch_size):
+        def trained(x, y, share):
+            with tf.GradientTape() as tape:
+                out = x
+                for layer in model.layers[1:]:
+                    out = layer(out)
+                per_token = keras.losses.sparse_categorical_crossentropy(y, out,
+                                                                         from_logits=True)
+                real = _real(x)
+                loss = tf.reduce_sum(per_token * real) / tf.reduce_sum(real) / share
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+        def replica_step(x, y):
+            context = tf.distribute.get_replica_context()
+            model(x)
+            if in_replicas:
+                trained(context.all_gather(x, 0), context.all_gather(y, 0),
+                        context.num_replicas_in_sync)
+
+        @tf.function
+        def train_steps(iterator, steps):
+            for _ in tf.range(steps):
+                x, y = next(iterator)
+                strategy.run(replica_step, args=(x, y))
+                if not in_replicas:
+                    trained(tf.concat(strategy.experimental_local_results(x), 0),
+                            tf.concat(strategy.experimental_local_results(y), 0), 1)
+
+        return train_steps
+
+    return make
 
 
 def _without_strategy_run(strategy, model, optimizer, global_batch_size):
@@ -834,6 +993,8 @@ def _get_weights_set_on_the_model(strategy, model, optimizer, global_batch_size)
 
 
 DIFFER_1 = r"case 1 \(MirroredStrategy.*the weights differ from one device's"
+GATHERED = (r"case 1 .*the model ran in \S+ context on batches of (\d+) sequences "
+            r"\(of a global \1\)")
 TRAIN_STEPS_CATALOGUE = {
     "tokens counted in cross-replica context": (_counted_in_cross_replica_context, "PASS"),
     # the lesson's recipe, copied: a count known before the step
@@ -854,6 +1015,12 @@ TRAIN_STEPS_CATALOGUE = {
     "one step a call": (_one_step_a_call, "the weights differ from one device's"),
     "a Python loop of calls": (_python_loop, "returned function, expected a tf.function"),
     "a trace per step count": (_retraces, "traced 2 times"),
+    "a Python loop saying it traced once": (_a_python_loop_saying_it_traced_once,
+                                            "returned TracedOnce, expected a tf.function"),
+    "the layers on the batch gathered outside strategy.run": (
+        _the_layers_on_the_gathered_batch(False), GATHERED),
+    "the layers on the batch gathered in each replica": (
+        _the_layers_on_the_gathered_batch(True), GATHERED),
     "no strategy.run": (_without_strategy_run, "(never ran|context).*strategy.run"),
     "the check's training imported": (_the_checks_training_imported,
                                        "ran the course's _one_device_weights"),

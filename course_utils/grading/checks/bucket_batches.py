@@ -8,7 +8,11 @@ the order they came), the rest of each bucket dropped at the end of the epoch
 (``expected_batches``: what ``Dataset.group_by_window`` with a ``padded_batch`` of
 ``drop_remainder=True`` per bucket hands out). The data hold sequences of exactly each bucket's
 length and one token longer, an empty one, and one far longer than the largest bucket, each in a
-batch kept (``cases``). Judged in turn (``verify``): read when called, the element's structure
+batch kept (``cases``); the dataset holds other sequences of the same kind when it is read
+than when the function is called (batches worked out then, from the data reached through the
+generator, are named stale), and the Python behind its ops must be the same objects after the
+call (``static_batches.python_behind``: a generator swapped in fails). Judged in turn
+(``verify``): read when called, the element's structure
 and integer dtypes, the Python or outside state its graph runs (``static_batches``), an
 epoch that never ends, the traces of a ``jit_compile=True`` step over one epoch (at most one per
 bucket: counted, ``experimental_get_tracing_count``), each batch's shape (``batch`` rows, padded
@@ -30,6 +34,7 @@ from course_utils.grading.checks.batch_shapes import py_function_tokens
 from course_utils.grading.checks.static_batches import (
     graph_numbers,
     order_problem,
+    python_behind,
     python_problem,
 )
 from course_utils.grading.framework import Case
@@ -189,10 +194,12 @@ def _read_failure(error: BaseException, number: int, note: str = "") -> str:
 
 
 def verify(got: Any, tokens: list[np.ndarray], labels: np.ndarray, batch: int,
-           buckets: list[int], read: list[int], given: set[str], long_at: int | None) -> str | None:
+           buckets: list[int], read: list[int], given: set[str], long_at: int | None,
+           stale: list[Any] | None = None) -> str | None:
     """What is wrong with the learner's dataset ``got``, or None; ``read[0]`` counts what the
     dataset given handed out, ``given`` holds its ``py_function`` tokens; ``long_at``: the
-    sequence to make longer than the pipeline's own bounds before it is read."""
+    sequence to make longer than the pipeline's own bounds before it is read; ``stale``: the
+    batches of the sequences the dataset held when the function was called (others since)."""
     tf = _tf()
     if read[0]:
         return (f"your function read {read[0]} examples of the dataset when called: a copy of "
@@ -231,6 +238,13 @@ def verify(got: Any, tokens: list[np.ndarray], labels: np.ndarray, batch: int,
             batches.append((x.numpy(), y.numpy()))
     except (tf.errors.OpError, ValueError, TypeError, AssertionError) as error:
         return _read_failure(error, len(batches) + 1, note)
+    if stale and len(batches) == len(stale) and all(
+            np.array_equal(x, sx) and np.array_equal(y, sy)
+            for (x, y), (sx, sy, _) in zip(batches, stale, strict=True)):
+        return ("your batches hold the sequences the dataset held when your function was "
+                "called, not those it hands out when the pipeline reads it (the check changed "
+                "them in between): batches worked out when called, from a copy of the data, "
+                "are not a pipeline that transforms the sequences as they stream (section 3)")
     problem = (_shape_problem(batches, batch, buckets, step.experimental_get_tracing_count())
                or _smallest_problem(batches, buckets, expected))
     if problem:
@@ -284,20 +298,34 @@ def cases(rng: Any) -> list[Case]:
         buckets = sorted(rng.sample(range(3, 40, 3), count))  # at least 3 apart
         buckets = [bucket + rng.randint(0, 1) for bucket in buckets]
         n = batch * count * rng.randint(6, 8)
-        tokens, labels, long_at = _draw(rng, n, batch, buckets)
+        # the dataset holds these when the function is called, the later ones when it is
+        # read: batches worked out when called (from the data reached some other way) are stale
+        tokens, labels, _ = _draw(rng, n, batch, buckets)
+        later, later_labels, long_at = _draw(rng, n, batch, buckets)
         read = [0]
         given = raw_dataset(tokens, labels, read)
         reads = py_function_tokens(given)  # the ops of its generator: what reads it
+        behind = python_behind(given)
 
         def check(got: Any, tokens: Any = tokens, labels: Any = labels, batch: int = batch,
                   buckets: list[int] = buckets, read: list[int] = read, reads: set[str] = reads,
-                  long_at: int | None = long_at if index == 0 else None) -> str | None:
-            return verify(got, tokens, labels, batch, buckets, read, reads, long_at)
+                  long_at: int | None = long_at if index == 0 else None, given: Any = given,
+                  behind: list[Any] = behind, later: Any = later,
+                  later_labels: Any = later_labels) -> str | None:
+            now = python_behind(given)
+            if len(now) != len(behind) or any(
+                    a is not b for a, b in zip(now, behind, strict=True)):
+                return ("your function changed the Python behind the dataset given (its "
+                        "generator, or what it reads): transform `dataset` with tf.data steps, "
+                        "leave it as it is (section 3)")
+            stale = expected_batches(tokens, labels, batch, buckets)
+            tokens[:], labels[:] = later, later_labels  # read when iterated
+            return verify(got, tokens, labels, batch, buckets, read, reads, long_at, stale)
 
         made.append(Case(args=(given, batch, list(buckets)), verify=check, label=(
             f"({n} sequences of 0 to {max(buckets) * 3 // 2} tokens, among them each bucket's "
             f"length and one more, an empty one and one of "
             + ("at least 1048577 tokens (past 2**20 and every number below 2**24 your graph "
-               "holds)" if index == 0 else f"{len(tokens[long_at])} tokens")
+               "holds)" if index == 0 else f"{len(later[long_at])} tokens")
             + f", batch_size={batch}, bucket_lengths={buckets})")))
     return made

@@ -27,7 +27,7 @@ from course_utils.grading.checks.batch_shapes import (
 )
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["graph_numbers", "order_problem", "python_problem"]
+__all__ = ["graph_numbers", "order_problem", "python_behind", "python_problem"]
 
 
 #: Parts of the names of ops that hand on elements made outside the pipeline's graph (an
@@ -73,6 +73,36 @@ def python_problem(dataset: Any, given: set[str]) -> str | None:
                 "pipeline or a Python thread puts there is work out of this graph's sight. "
                 "Transform `dataset` itself with tf.data steps (section 3)")
     return None
+
+
+def python_behind(dataset: Any) -> list[Any]:
+    """The Python objects behind ``dataset``'s ``py_function`` ops, to compare by identity
+    before and after a learner's function ran: each registered function and its code, what
+    its closure holds (a generator's state: its generator, that one's code and closure, the
+    state's class's functions) down to a few levels. A function that swaps any of them (a
+    generator of its own behind the given dataset's ops) changes the list."""
+    from tensorflow.python.ops import script_ops
+
+    found: list[Any] = []
+
+    def walk(value: Any, depth: int) -> None:
+        found.extend((value, getattr(value, "__code__", None)))
+        generator = getattr(value, "_generator", None)
+        if generator is not None:  # from_generator's state: its class's functions too
+            found.extend(vars(type(value)).values())
+            walk(generator, depth + 1)
+        for cell in getattr(value, "__closure__", None) or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            found.append(inner)
+            if depth < 4 and (callable(inner) or hasattr(inner, "_generator")):
+                walk(inner, depth + 1)
+
+    for token in sorted(py_function_tokens(dataset)):
+        walk(script_ops._py_funcs.get(token), 0)
+    return found
 
 
 def _flat_scope(function: Any) -> tuple[list[Any], dict[str, str]]:

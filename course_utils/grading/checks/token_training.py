@@ -9,8 +9,12 @@ hold different numbers of real tokens; the labels at padding are drawn too. One 
 one-device loss ``sum(loss * real) / sum(real)``) are the reference: the mean of the
 replicas' own means, a replica's count times the replicas, a fixed count of sequences or of
 slots (the lesson's ``compute_average_loss(..., global_batch_size)``), each sequence's mean
-averaged, or no mask, all end elsewhere. The model's first layer notes where it was traced
-(replica context, each replica's rows: ``strategy.run``).
+averaged, or no mask, all end elsewhere. Each of the model's layers notes where it was traced
+(replica context, each replica's rows: ``strategy.run``): the global batch gathered and run
+through the layers after the first, beside a call of the model on a replica's rows, is seen.
+Still passes: a forward written by hand from the model's variables (no layer called). The
+function returned must be a ``tf.function`` itself, not a subclass that says how often it
+traced.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ __all__ = ["course_training_files", "noting_kerass_trainer", "train_cases"]
 VOCABULARY = 40  # token ids 1 to 39; 0 is padding
 YOURSELF = "write the training function yourself (cu.Trainer's is the course's answer)"
 #: what runs while the answer's train_steps is traced and run (the check's own wrapper)
-_RUN_BY_TRAINING = ("_train", "_context_watch")
+_RUN_BY_TRAINING = ("_train", "_context_watch", "_note", "_watched")
 
 
 def course_training_files() -> tuple[str, ...]:
@@ -61,15 +65,29 @@ def _context_watch(seen: list[tuple[str, int]]) -> Any:
     """A weightless layer noting, each time it is traced, its context and batch rows."""
     import keras
 
-    tf = _tf()
-
     class ContextWatch(keras.layers.Layer):
         def call(self, inputs: Any) -> Any:
-            seen.append(("cross-replica" if tf.distribute.in_cross_replica_context()
-                         else "replica", inputs.shape[0]))
+            _note(seen, inputs)
             return inputs
 
     return ContextWatch()
+
+
+def _note(seen: list[tuple[str, int]], inputs: Any) -> None:
+    tf = _tf()
+    seen.append(("cross-replica" if tf.distribute.in_cross_replica_context() else "replica",
+                 inputs.shape[0]))
+
+
+def _watched(seen: list[tuple[str, int]], kind: Any, *args: Any) -> Any:
+    """A layer of ``kind`` noting, as the watch does, where it was traced and on which rows: a
+    forward through the model's layers after the first is seen too."""
+    class Watched(kind):
+        def call(self, inputs: Any) -> Any:
+            _note(seen, inputs)
+            return super().call(inputs)
+
+    return Watched(*args)
 
 
 def _model_and_optimizer(strategy: Any, seed: int, length: int, classes: int,
@@ -77,12 +95,12 @@ def _model_and_optimizer(strategy: Any, seed: int, length: int, classes: int,
     """A tagger: each token's embedding, then its class's logits; SGD, built in scope."""
     import keras
 
+    seen = [] if seen is None else seen
     with strategy.scope():
         keras.utils.set_random_seed(seed)
-        model = keras.Sequential([keras.Input((length,), dtype="int32"),
-                                  _context_watch([] if seen is None else seen),
-                                  keras.layers.Embedding(VOCABULARY, 8),
-                                  keras.layers.Dense(classes)])
+        model = keras.Sequential([keras.Input((length,), dtype="int32"), _context_watch(seen),
+                                  _watched(seen, keras.layers.Embedding, VOCABULARY, 8),
+                                  _watched(seen, keras.layers.Dense, classes)])
         optimizer = keras.optimizers.SGD(0.5)
         optimizer.build(model.trainable_variables)
     return model, optimizer
@@ -136,9 +154,9 @@ def _problem(train_steps: Any, run: Any, strategy: Any, name: str, dataset: Any,
              calls: tuple[int, ...], kerass: list[str]) -> str | None:
     """What went wrong while ``train_steps`` was traced and run, before the weights count."""
     tf = _tf()
-    if not isinstance(train_steps, tf.types.experimental.PolymorphicFunction):
+    if type(train_steps) is not type(tf.function(len)):  # not a subclass: its trace count
         return (f"make_train_steps returned {type(train_steps).__name__}, expected a "
-                "tf.function (a compiled function: lesson 05, section 5)")
+                "tf.function (a compiled function: lesson 05, section 5), itself")
     try:  # traced here, not in make_train_steps: refused while it is traced and run
         run(train_steps, strategy, dataset, calls)
     except AssertionError as error:
