@@ -154,6 +154,65 @@ def test_summing_without_dividing_is_named():
         cu.grading.check_train_with_accumulation(without_dividing)
 
 
+def _fed_differently(model, optimizer, loss_fn, features, labels, micro, steps, *, how):
+    """xf07's answers, the right weights but other examples or calls in training mode:
+    "skipped" (L1: a micro-batch of padding only skipped, a forward of zeros, freed by a
+    zero backward, in its place), "zeros" (L2: each micro-batch's padding rows replaced by
+    zeros) or "halves" (L3: micro-batches of half micro_batch_size)."""
+    tf = _tf()
+    variables, size = model.trainable_variables, micro // 2 if how == "halves" else micro
+    for start in range(0, len(labels), micro * steps):
+        stop = min(start + micro * steps, len(labels))
+        real, sums = float(np.sum(labels[start:stop] != -1)), [tf.zeros_like(v) for v in variables]
+        for i in range(start, stop, size):
+            x, y = features[i:i + size], labels[i:i + size]
+            if how == "zeros":
+                x = np.where((y != -1)[:, None], x, 0.0).astype("float32")
+            with tf.GradientTape() as tape:
+                if how == "skipped" and not np.any(y != -1):
+                    out = model(tf.zeros_like(x), training=True)
+                    loss = tf.reduce_sum(out) * 0.0
+                else:
+                    loss = loss_fn(y, model(x, training=True)) * float(np.sum(y != -1)) / real
+            sums = [a + g for a, g in zip(sums, tape.gradient(loss, variables), strict=True)]
+        optimizer.apply_gradients(zip(sums, variables, strict=True))
+
+
+@pytest.mark.parametrize(("how", "says"), [
+    ("skipped", r"case 2 .*not the micro-batches of features you were given, each once"),
+    ("zeros", r"case 1 .*not the micro-batches of features you were given, each once"),
+    ("halves", r"case 1 .*ran (\d+) times in training mode for (?!\1)\d+ micro-batches")])
+def test_other_examples_or_smaller_calls_in_training_mode_are_caught(how, says):
+    with pytest.raises(AssertionError, match=says):
+        cu.grading.check_train_with_accumulation(functools.partial(_fed_differently, how=how))
+
+
+def test_weights_applied_to_the_gradients_after_the_tape_are_named():
+    # xf07 R1, refused and stated in the exercise: each micro-batch's plain mean-loss gradients
+    # weighed by its real examples' share after tape.gradient; equal in value to a forward by
+    # hand after counted passes of the plain loss, which one factor per update keeps out
+    tf = _tf()
+
+    def weighed_after(model, optimizer, loss_fn, features, labels, micro, steps):
+        variables = model.trainable_variables
+        for start in range(0, len(labels), micro * steps):
+            stop = min(start + micro * steps, len(labels))
+            real, sums = float(np.sum(labels[start:stop] != -1)), None
+            for i in range(start, stop, micro):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(labels[i:i + micro], model(features[i:i + micro],
+                                                              training=True))
+                share = float(np.sum(labels[i:i + micro] != -1)) / real
+                grads = [g * share for g in tape.gradient(loss, variables)]
+                sums = grads if sums is None else [a + g for a, g in zip(sums, grads,
+                                                                         strict=True)]
+            optimizer.apply_gradients(zip(sums, variables, strict=True))
+
+    with pytest.raises(AssertionError, match=r"case 1 .*weights are right.*weighed inside its "
+                                             r"tape, in its loss"):
+        cu.grading.check_train_with_accumulation(weighed_after)
+
+
 def test_a_batch_over_the_memory_limit_fails_like_out_of_memory():
     def whole_groups(model, optimizer, loss_fn, features, labels, micro, steps):
         right_loop(model, optimizer, loss_fn, features, labels, micro * steps, 1)

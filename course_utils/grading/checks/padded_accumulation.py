@@ -14,7 +14,10 @@ last short): each update the mean over the real examples of its whole group, whi
 loss / k (and the lesson's eager loop's loss / len(group)) gets wrong as soon as micro-batches
 hold different numbers of real examples; that loop, a mean over every slot (padding counted),
 the two popular wrong loops and a loop that drops the short group are named. Every micro-batch,
-its padding included, went through the limited model once in training mode. The model's
+its padding included, went through the limited model once in training mode: the examples
+counted, the training-mode calls counted (one per micro-batch: no smaller pieces) and the sum of
+their input rows compared with the features' (``fed_in_training``: a skipped micro-batch, or its
+padding cut off, made up by a forward of zeros, differs; xf07 L1-L3). The model's
 layers run only through the limit (``reach_around``: counted, their kernel read only inside
 their own call). ``cu.Trainer`` is refused here and in exercise 4, by file, and the check's own
 loops (``suspect_loops.accumulate``, the references here and in ``lesson_07``) by identity and
@@ -24,7 +27,9 @@ learning rate given (``rate_moves``); ``optimizer.apply`` runs once per group (i
 counted: ``iterations`` counts k applies as one under Keras's option) and no weight changes
 outside it (``UpdatesWatched``: weights trained elsewhere and written in), nor inside it
 (``sgd_steps_off``). Unseen: a hand forward applied after counted calls made the same
-gradients.
+gradients. Refused though right (xf07 R1, stated in the exercise): weights applied to each
+micro-batch's gradients after ``tape.gradient`` (not one factor for the update): accepting them
+would accept a hand forward after counted passes of the plain loss, equal in value.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from course_utils.grading.checks.reach_around import (
     UpdatesWatched,
     applied_from_calls,
     counted_dense,
+    fed_in_training,
     rate_moves,
     reached_around,
     sgd_steps_off,
@@ -231,7 +237,10 @@ def _right_but(problem: dict[str, Any], worst: Any, moved: Any, off: Any, calls:
                 "that flowed back through the model you were given since the update before "
                 f"(left after the best scaling: {float(worst.numpy()):.2g} of their size): "
                 "apply the sum of each micro-batch's gradients through that model, under its "
-                "memory limit (a forward by hand keeps the whole group's activations)")
+                "memory limit (a forward by hand keeps the whole group's activations), each "
+                "micro-batch weighed inside its tape, in its loss: a weight applied to its "
+                "gradients after tape.gradient is not one factor for the whole update, and "
+                "the check cannot tell it from a forward by hand")
     if float(moved.numpy()) > 1e-6 * problem["learning_rate"]:
         return ("the weights are right, but the learning rate was changed at an update: "
                 "weigh the gradients, not the rate (the same weights under plain SGD only: "
@@ -246,6 +255,24 @@ def _right_but(problem: dict[str, Any], worst: Any, moved: Any, off: Any, calls:
                 f"rate times the gradients applied (off by {float(off.numpy()):.2g} of a "
                 "step): leave the optimizer's update as it is (weights trained elsewhere, "
                 "written in?)")
+    return None
+
+
+def _fed_wrongly(problem: dict[str, Any], fed: tuple[int, Any] | None) -> str | None:
+    """Why what went forward in training mode (``fed_in_training``: calls, the sum of their
+    rows) is not the micro-batches of the features, each once; None when it is."""
+    micro, features = problem["micro"], problem["features"]
+    calls, rows = fed if fed is not None else (0, np.zeros(features.shape[1]))
+    if calls != len(features) // micro:
+        return (f"the model you were given ran {calls} times in training mode for "
+                f"{len(features) // micro} micro-batches: run it once on each micro-batch of "
+                "micro_batch_size examples (no smaller pieces, no extra passes)")
+    expected = features.astype(np.float64).sum(axis=0)
+    if np.max(np.abs(rows - expected)) > 1e-6 * max(1.0, float(np.max(np.abs(expected)))):
+        return ("the examples that went forward in training mode are not the micro-batches "
+                "of features you were given, each once (one skipped, even one of padding "
+                "only, its padding cut off, or other examples run in its place?): run every "
+                "micro-batch as it is, padding included")
     return None
 
 
@@ -279,6 +306,8 @@ def _case(problem: dict[str, Any]) -> Case:
             return (f"{trained} examples went forward through the model you were given in "
                     f"training mode (training=True), not {n}: every micro-batch, its padding "
                     "included, goes through that model once, through its memory limit")
+        if (fed := _fed_wrongly(problem, fed_in_training(model))) is not None:
+            return fed
         if not references:
             references.update(_references(problem))
         weights = [np.asarray(w) for w in model.get_weights()]

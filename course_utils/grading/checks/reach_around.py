@@ -23,6 +23,8 @@ update, the gradients it applies with those sums (one factor allowed: a sum divi
 the micro-batches) and empty them: a forward written by hand from the variables, its
 gradients applied while the counted calls' went elsewhere, differs. Still unseen: a hand
 forward whose gradients are applied only after the counted calls computed the same ones.
+A ``flows`` layer also counts its calls in training mode and sums their input rows
+(``fed_in_training``): which examples went forward, not only how many.
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ from typing import Any
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["UpdatesWatched", "WRITTEN_OUTSIDE", "applied_from_calls", "counted_dense",
-           "reached_around", "sgd_steps_off"]
+           "fed_in_training", "reached_around", "sgd_steps_off"]
 
 _COUNTS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _AROUND: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # layer: how
 _INSIDE = threading.local()  # the counted layers whose call is running, in this thread
 _CLASS: list[type] = []
 _FLOWS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # layer: its sums
+_FED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # layer: (calls, sum)
 
 
 def _noted(value: Any, total: Any) -> Any:
@@ -64,7 +67,7 @@ def _counted_class() -> type:
     from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
     class CountedDense(keras.layers.Dense):
-        def call(self, inputs: Any) -> Any:
+        def call(self, inputs: Any, training: Any = None) -> Any:
             inside = _INSIDE.__dict__.setdefault("layers", [])
             inside.append(self)
             try:
@@ -82,8 +85,17 @@ def _counted_class() -> type:
                     if not _FLOWS[self]:  # (weight, the sum of its gradients here)
                         _FLOWS[self] = [(w, tf.Variable(tf.zeros_like(w), trainable=False))
                                         for w in (self.kernel, self.bias)]
+                        _FED[self] = (tf.Variable(0, dtype=tf.int64, trainable=False),
+                                      tf.Variable(tf.zeros([inputs.shape[-1]], tf.float64),
+                                                  trainable=False))
+                    fed = []
+                    if training:  # which examples went forward in training mode, per call
+                        calls, total = _FED[self]
+                        fed = [calls.assign_add(1), total.assign_add(tf.reduce_sum(
+                            tf.cast(inputs, tf.float64), axis=0))]
                     kernel, bias = (_noted(w, total) for w, total in _FLOWS[self])
-                    return self.activation(tf.matmul(tf.identity(inputs), kernel) + bias)
+                    with tf.control_dependencies(fed):
+                        return self.activation(tf.matmul(tf.identity(inputs), kernel) + bias)
             finally:
                 inside.pop()
 
@@ -111,6 +123,17 @@ def counted_dense(units: int, *, flows: bool = False, **kwargs: Any) -> Any:
                                  synchronization=tf.VariableSynchronization.ON_READ,
                                  aggregation=tf.VariableAggregation.SUM)
     return layer
+
+
+def fed_in_training(model: Any) -> tuple[int, Any] | None:
+    """``(calls, the sum of their input rows)``: what went forward in training mode through
+    the first ``flows`` layer of ``model`` (None before its first call): the micro-batches
+    that ran, each once, and no others (a skipped one padded by a dummy forward differs)."""
+    layer = next((layer for layer in model.layers if layer in _FED), None)
+    if layer is None:
+        return None
+    calls, total = _FED[layer]
+    return int(calls.numpy()), total.numpy()
 
 
 def reached_around(model: Any, limited: Any = None, *, through: int | None = None,
