@@ -37,11 +37,14 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   step's own thread (the distributed iterator's thread can hide a wait as "other").
   ``cu.data.make_pipeline`` is refused, under any name, and on a thread of TensorFlow's
   (``watched_build``).
-* ``check_write_report(write_report, my_results)``: the learner's report, on their own
-  benchmark and on five fresh ones (fresh models, budgets, replica counts and noise; the second
-  strategy and precision named differently from case to case): the noise, each choice (the
-  second value only beyond ``1 + 2 × noise``, like for like, precision at the chosen strategy)
-  and its ratio, ``k`` (up to one example per micro-batch) and its total, or ``ValueError``.
+* ``check_write_report(write_report, my_results)``: the learner's report on their own
+  benchmark (every strategy × micro-batch count ``k``, one update of the global batch per
+  call, checked to be that: ``report_cases.own_run_problem``) and on five fresh ones
+  (``report_cases.SCENARIOS``: the memory budget flips the strategy the lesson's order picks,
+  a larger ``k`` than the first that fits is faster, the buffer decides, one step fits, none
+  does), with fresh models, budgets, replica counts and option names: the fastest measured
+  pair whose step fits, its bytes and examples/s, the runner-up, the turns the choice won
+  against it, or ``ValueError``.
 
 Nothing the checks of exercises 1 and 3 hold while the learner's function runs says what it
 should return: each case keeps its inputs and a label that names no answer, in a fresh order
@@ -49,11 +52,8 @@ should return: each case keeps its inputs and a label that names no answer, in a
 ``rule_verdict`` or ``report_reference`` (an answer that walked the stack to the running case
 and read its verify's closure passed before). Exercise 1's guard compares code objects' files:
 any call into ``course_utils/profiling.py`` while the learner's function runs is caught, under
-whatever name it was bound. Exercise 3's guard does the same for the check's own reference,
-``report_cases.report_reference``, and for the lesson's helpers that would make the report's
-decisions (``cu.grid.contradictions``, ``cu.grid.axis_effects``, ``cu.grid.axis_evidence``,
-which shows ``axis_effects``' ratios, ``cu.memory.smallest_accumulation``), by identity or as
-a copy; the exercise's text names all four.
+whatever name it was bound. Exercise 3's guard does the same for the check's own
+reference, ``report_cases.report_reference``, by identity or as a copy.
 """
 
 from __future__ import annotations
@@ -333,39 +333,21 @@ def check_remove_input_bottleneck(fn: Any) -> bool:
 # --- Exercise 3 · your report, from your run ----------------------------------------------
 
 
-#: The lesson's helpers that decide what ``write_report`` must decide itself (finding 10),
-#: and ``axis_evidence``, which computes (``axis_effects``) the ratios it must compute itself.
-_DECIDER_NAMES = {"contradictions", "axis_effects", "axis_evidence", "smallest_accumulation",
-                  "others"}
-
-
-def _decided_by_helpers(called: list[str]) -> str:
-    evidence = any(name.startswith("axis_evidence") for name in called)  # calls axis_effects
-    inside = ("others", "axis_effects") if evidence else ("others",)  # nested: not named
-    named = ", ".join(name for name in called if not name.startswith(inside))
-    return (f"write_report called the lesson's {named}"
-            + (", which calls axis_effects" if evidence else "") + ": decide the choices, "
-            "the ratios and k from the benchmark and cu.memory.step_budget yourself")
-
-
 def _report_cases(my_results: Any) -> list[Any]:
-    """The learner's own benchmark's case (unless ``_FRESH_ONLY``), five fresh ones and the
-    edge cases, in a fresh order; what each tests and its answer are forgotten when this
-    returns (the verdicts count them again after each call: finding L2)."""
-    from course_utils.grading.checks.report_cases import edge_cases, fresh_cases, report_case
-    from course_utils.grid import GridResult
+    """The learner's own benchmark's case (unless ``_FRESH_ONLY``) and one fresh case of each
+    ``report_cases.SCENARIOS``, in a fresh order; what each tests and its answer are
+    forgotten when this returns (the verdicts count them again after each call: finding L2)."""
+    from course_utils.grading.checks.report_cases import fresh_cases, own_case, own_run_problem
 
     rng = fresh_rng()
     cases = []
     if my_results is not _FRESH_ONLY:
-        if not (isinstance(my_results, list) and my_results
-                and all(isinstance(r, GridResult) for r in my_results)):
-            raise AssertionError("check_write_report(write_report, my_results): my_results "
-                                 "must be the list cu.grid.run_grid returned above, got "
-                                 f"{type(my_results).__name__}")
-        cases.append(report_case(rng, my_results, "your own benchmark"))
+        problem = own_run_problem(my_results)
+        if problem:
+            raise AssertionError(f"check_write_report(write_report, my_results): my_results "
+                                 f"{problem}")
+        cases.append(own_case(rng, my_results))
     cases += fresh_cases(rng)
-    cases += edge_cases(cases, rng)
     rng.shuffle(cases)
     return cases
 
@@ -378,38 +360,25 @@ _FRESH_ONLY = object()
 @register
 def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     """Check ``write_report(results, model, global_batch, replicas, budget_bytes)``: on the
-    learner's own benchmark ``my_results`` and on five fresh ones, each choice and each
-    figure it cites as the measurements give them (``report_reference``). Each fresh one
-    draws its noise, and its ratios sit between ``1 + noise`` and ``1 + 3 × noise`` on both
-    sides of the rule's ``1 + 2 × noise`` (``report_cases.SCENARIOS``): a band of 1 or 3
-    times the noise, or a threshold ignoring the noise, picks wrong (one between 1.95 and 2.05
-    times passes). A budget no k fits must raise ``ValueError`` (``report_cases.edge_cases``:
-    the other budgets). ``my_results`` not a non-empty list of ``GridResult`` fails the check."""
+    learner's own benchmark ``my_results`` (a fresh model, replica count and budget) and on a
+    fresh benchmark of each ``report_cases.SCENARIOS``, the report ``report_reference``
+    counts: the fastest measured (strategy, k) whose step fits, its bytes and examples/s, the
+    runner-up and the turns the choice won against it; ``ValueError`` where none fits.
+    ``my_results`` not the benchmark cell's list (``own_run_problem``) fails the check."""
     from course_utils.grading.checks.report_cases import report_reference
 
     peeks_refused("write_report", fn)
     cases = _report_cases(my_results)
-    # the check's own reference, under whatever name it was bound, may not answer; nor may the
-    # lesson's helpers that decide (choices, ratios, k): noise and step_budget are its inputs
-    from course_utils.grid import axis_effects, axis_evidence, contradictions
-    from course_utils.memory import smallest_accumulation
-
-    deciders = (contradictions, axis_effects, axis_evidence, smallest_accumulation)
-    guard = CallsInto(report_reference.__code__, *deciders)
+    guard = CallsInto(report_reference.__code__)  # the check's own reference, under any name
 
     def guarded(verify: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
         def check(got: Any) -> str | None:
             called = guard.take()
             if watching_problem(called):
                 return watching_problem(called)
-            named = [name for name in called if not name.startswith("<")]  # no genexpr
-            helpers = [name for name in named if name.split(" ")[0] in _DECIDER_NAMES]
-            if helpers and len(helpers) == len(named):
-                return _decided_by_helpers(helpers)
             if called:
-                return ("write_report called the check's own reference (report_reference) "
-                        "or code copied from the course's helpers: compute the report from "
-                        "the benchmark yourself")
+                return ("write_report called the check's own reference (report_reference): "
+                        "compute the report from the benchmark yourself")
             reason = verify(got)  # the reference report, counted now
             return watching_problem(guard.take()) or reason  # its calls are the check's
         return check
@@ -418,6 +387,6 @@ def check_write_report(fn: Any, my_results: Any = _FRESH_ONLY) -> bool:
     with guard:
         return run_check(
             "write_report", fn, cases,
-            hint="lesson 09, section 4 (your choices): the message names the field that "
-                 "differs and the right value; the exercise's rules say which results each "
-                 "figure compares. Like with like? Every k dividing the per-replica batch?")
+            hint="lesson 09, sections 3-4 (the benchmark, memory and k): the message names "
+                 "what differs. Does your pair fit on its own strategy's replicas? Is a "
+                 "larger k slower, measured? Which turns were taken together?")

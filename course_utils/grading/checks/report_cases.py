@@ -1,28 +1,38 @@
 """Lesson 09's exercise 3, the report: the reference report and the cases its check runs.
 
-``report_reference(results, model, global_batch, replicas, budget_bytes)`` is the report the
-exercise asks for: the benchmark's noise (``cu.grid.noise``); the strategy, the second value
-only when its examples/s over the first's, like for like at the first precision, exceeds
-``1 + 2 × noise``; the precision by the same rule at the chosen strategy; and the fewest
-micro-batches ``k`` whose ``cu.memory.step_budget`` total fits the budget, with that total.
-``synthetic_results`` makes fresh benchmarks (``SCENARIOS``), ``report_case`` one case with a
-fresh model and a budget that the count without the accumulation buffer gets wrong;
-``edge_cases`` eight more: a budget no ``k`` fits, one only the largest ``k`` fits (on a
-per-replica batch drawn from 1104 to 19992), one whose ``k`` is half the per-replica batch,
-two whose per-replica batch and ``k`` are drawn (``drawn_case``: ``k`` from 65 to 1024, its
-micro-batch from 10 to 128 examples, more examples fitting than that divisor makes), and one
-that ``k`` = 1 fits, 2 does not (the accumulation buffer outweighs what two micro-batches
-save), the largest ``k`` does, one whose ``k`` is the square root of the per-replica batch
-(``square_case``), and one whose ``k`` is its whole part on a batch ``k × (k + 1)``
-(``near_square_case``). Left: a search of the divisors capped at 19992 micro-batches or
-more passes every draw (no answer here is larger), as do the divisors to 1024 then the whole
-batch, and the small k with the batch over every divisor to 128 (no other k, no micro-batch
-here is larger): a bound above every draw is a right answer on these batches.
+The benchmark times one optimizer update of the whole global batch for every strategy and
+every micro-batch count ``k`` (options ``strategy`` and ``accumulation_steps``), in
+interleaved turns (``cu.grid.run_grid``). ``report_reference(results, model, global_batch,
+replicas, budget_bytes)`` is the report the exercise asks for: of the measured pairs whose
+``cu.memory.step_budget`` total fits the budget on their strategy's replica count, the one
+with the most examples per second; its total and its examples/s; the next fastest pair that
+fits (the runner-up); and in how many turns the choice took less time per example than the
+runner-up (the i-th time of every result was taken in the same turn). None fits:
+``ValueError``.
+
+The lesson chose the strategy first (like for like, at one micro-batch: lesson 09 cell 32's
+rule), then the fewest ``k`` that fits. The memory budget is per replica, so one replica
+needs more micro-batches than two, and a micro-batch count has a measured cost: each fresh
+case (``SCENARIOS``) is built so that a shortcut picks another pair:
+
+* ``"memory flips the strategy"``: the first strategy is faster at every equal ``k``, but
+  only fits at a larger ``k`` than the second, where it is slower (the lesson's order, and
+  the fastest pair without the budget, pick wrong);
+* ``"a larger k pays"``: one strategy throughout, whose second fitting ``k`` is faster than
+  its first (the first ``k`` that fits picks wrong);
+* ``"the buffer decides"``: the fastest pair fits only if the accumulation buffer is left
+  out of the count;
+* ``"one fits"``: a budget only the smallest step fits (no runner-up);
+* ``"nothing fits"``: one byte below the smallest step (``ValueError``).
+
+Each case draws its model, option names, ``k`` values, global batch and turn times (the
+second strategy's replica count is 4 in three of them, 2 in two); its label names none of
+the answers. In every case with a runner-up the choice wins between two and four of the
+five turns: a count taken from the medians (all or none) is wrong.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from math import isclose as _isclose  # bound here: a later rebinding does not reach the verdict
 from typing import Any
 
@@ -30,341 +40,283 @@ import numpy as np
 
 from course_utils.grading.framework import Case
 
-__all__ = ["SCENARIOS", "edge_cases", "fresh_cases", "report_case", "report_problem",
-           "report_reference", "synthetic_results", "verify_later"]
+__all__ = ["SCENARIOS", "fresh_cases", "own_case", "own_run_problem", "report_problem",
+           "report_reference", "scenario_case", "step_totals", "synthetic_results",
+           "verify_later"]
+
+#: The options the benchmark varies: the exercise reads them by these names.
+AXES = ("strategy", "accumulation_steps")
+
+
+def step_totals(results: Any, model: Any, global_batch: int,
+                replicas: dict[str, int]) -> dict[tuple[str, int], int]:
+    """``cu.memory.step_budget``'s total for each measured (strategy, k): one replica's step."""
+    from course_utils.memory import step_budget
+
+    return {(r.options["strategy"], r.options["accumulation_steps"]): step_budget(
+        model, global_batch=global_batch, replicas=replicas[r.options["strategy"]],
+        accumulation_steps=r.options["accumulation_steps"]).total for r in results}
 
 
 def report_reference(results: Any, model: Any, global_batch: int,
                      replicas: dict[str, int], budget_bytes: int) -> dict[str, Any]:
-    """The report the exercise asks for (the check's reference): see ``check_write_report``."""
-    from course_utils.grid import noise as grid_noise
-    from course_utils.memory import step_budget
-
-    speed = {(r.options["strategy"], r.options["precision"]): r.examples_per_s
-             for r in results}
-    strategies = list(dict.fromkeys(r.options["strategy"] for r in results))
-    precisions = list(dict.fromkeys(r.options["precision"] for r in results))
-    band = grid_noise(results)
-    ratio_s = speed[strategies[1], precisions[0]] / speed[strategies[0], precisions[0]]
-    strategy = strategies[1] if ratio_s > 1 + 2 * band else strategies[0]
-    ratio_p = speed[strategy, precisions[1]] / speed[strategy, precisions[0]]
-    precision = precisions[1] if ratio_p > 1 + 2 * band else precisions[0]
-    per_replica = global_batch // replicas[strategy]
-    for k in range(1, per_replica + 1):
-        if per_replica % k:
-            continue
-        need = step_budget(model, global_batch=global_batch, replicas=replicas[strategy],
-                           accumulation_steps=k).total
-        if need <= budget_bytes:
-            return {"noise": band,
-                    "strategy": {"choice": strategy, "ratio": ratio_s},
-                    "precision": {"choice": precision, "ratio": ratio_p},
-                    "accumulation_steps": {"choice": k, "step_bytes": need}}
-    raise ValueError(f"not even one example per replica fits {budget_bytes} bytes")
+    """The report the exercise asks for (the check's reference): see the module."""
+    totals = step_totals(results, model, global_batch, replicas)
+    fitting = sorted((r for r in results if totals[tuple(r.options[a] for a in AXES)]
+                      <= budget_bytes), key=lambda r: r.examples_per_s, reverse=True)
+    if not fitting:
+        raise ValueError(f"no measured step fits {budget_bytes} bytes per replica")
+    best = fitting[0]
+    report = {"strategy": best.options["strategy"],
+              "accumulation_steps": best.options["accumulation_steps"],
+              "step_bytes": totals[best.options["strategy"],
+                                   best.options["accumulation_steps"]],
+              "examples_per_s": best.examples_per_s, "runner_up": None, "rounds_won": None}
+    if len(fitting) > 1:
+        other = fitting[1]
+        report["runner_up"] = {axis: other.options[axis] for axis in AXES}
+        report["rounds_won"] = sum(
+            mine / best.examples_per_call < theirs / other.examples_per_call
+            for mine, theirs in zip(best.timing.times, other.timing.times, strict=True))
+    return report
 
 
-def synthetic_results(rng: Any, speeds: dict[tuple[str, str], float],
-                       spread: float) -> list[Any]:
-    """Grid results with the given examples/s, each repetition within ``spread`` of it."""
-    from course_utils.bench import Timing
-    from course_utils.grid import GridResult
-
-    batch = rng.choice([32, 64])
-    results = []
-    for (strategy, precision), per_s in speeds.items():
-        median = batch / per_s
-        # the same spread around every median, in a fresh order: each run's median is exactly
-        # its speed and the noise exactly spread / 2 (the check draws it per benchmark)
-        jitter = [-spread, -spread / 2, spread / 2, spread, 0.0]
-        rng.shuffle(jitter)
-        times = tuple(median * (1 + j) for j in jitter)
-        results.append(GridResult({"strategy": strategy, "precision": precision},
-                                  rng.uniform(0.5, 2.0), Timing(times), batch))
-    return results
-
-
-#: Fresh benchmarks, each as (what it tests, the range its noise is drawn from, and a function
-#: of that noise and two draws: ``inside`` in [1.8, 1.95] and ``beyond`` in [2.05, 2.2], giving
-#: the examples/s of default·f32, default·16-bit, second strategy·f32, second strategy·16-bit).
-#: Speeds are multiplied by a fresh scale; the check draws the second strategy's and the 16-bit
-#: policy's names afresh. Ratios sit on both sides of the rule's ``1 + 2 × noise``, between
-#: ``1 + noise`` and ``1 + 3 × noise``, and a ratio inside the band of a noisy benchmark (at
-#: least 1.072) exceeds one beyond the band of a quiet one (at most 1.044): a band of another
-#: multiple of the noise, or a fixed threshold ignoring it, picks wrong somewhere.
-SCENARIOS = [
-    ("the second strategy far faster; 16-bit just inside the band", (0.04, 0.06),
-     lambda n, inside, beyond: (1.0, 1.0 + inside * n, 1.8, 1.8 * (1 + inside * n))),
-    ("the second strategy just inside the band; 16-bit just beyond it on one device only",
-     (0.01, 0.02), lambda n, inside, beyond: (1.0, 1 + beyond * n, 1 + inside * n,
-                                              1 + inside * n)),
-    ("the second strategy just beyond the band; 16-bit just inside it there", (0.01, 0.06),
-     lambda n, inside, beyond: (1.0, 1.5, 1 + beyond * n,
-                                (1 + beyond * n) * (1 + inside * n))),
-    ("the second strategy slower; 16-bit faster", (0.01, 0.06),
-     lambda n, inside, beyond: (1.0, 1.7, 0.6, 1.0)),
-    ("the second strategy faster only in 16 bits", (0.01, 0.06),
-     lambda n, inside, beyond: (1.0, 1.2, 1.0, 2.0)),
-]
-
-
-# the types a report's values may have: exact types, so that no object of the answer's own
+# the types a report's numbers may have: exact types, so that no object of the answer's own
 # class (an __eq__ that says yes to anything, a __class__ that pretends) decides a comparison
 _NUMBERS = frozenset({int, float} | {t for t in set(np.sctypeDict.values())
                                      if issubclass(t, np.number)})
 
 
-def report_problem(got: Any, want: dict[str, Any]) -> str | None:
+def _same(mine: Any, value: Any) -> bool:
+    if value is None:
+        return mine is None
+    if isinstance(value, str):
+        return type(mine) is str and str.__eq__(mine, value) is True
+    if isinstance(value, dict):
+        return type(mine) is dict and set(mine) == set(value) and all(
+            _same(mine[key], item) for key, item in value.items())
+    if type(mine) not in _NUMBERS:
+        return False  # a str, None, a bool or an object of the answer's own class
+    if isinstance(value, int):
+        return float(mine) == value  # 3.0 for 3 passes
+    return _isclose(float(mine), value, rel_tol=1e-6, abs_tol=1e-8)
+
+
+def report_problem(got: Any, want: dict[str, Any], results: Any, totals: dict[Any, int],
+                   budget_bytes: int) -> str | None:
+    """What differs between ``got`` and the reference ``want``, the choice explained from the
+    measurements (over the budget, or slower than the pair chosen) when it is the choice."""
     if type(got) is not dict:
         return f"returned {type(got).__name__}; return a plain dict like the one described"
-    for key in want:
-        if key not in got:
-            return f"the report has no {key!r} entry (it has {sorted(map(str, got))})"
-    if type(got["noise"]) not in _NUMBERS or not _isclose(
-            float(got["noise"]), want["noise"], rel_tol=1e-6, abs_tol=1e-8):
-        return f"noise: {got['noise']!r}, but this run's is {want['noise']:.6f}"
-    for axis in ("strategy", "precision", "accumulation_steps"):
-        entry = got[axis]
-        if type(entry) is not dict:
-            return f"{axis}: expected a plain dict with its choice and figure, got {entry!r}"
-        for field, value in want[axis].items():
-            mine = entry.get(field)
-            if isinstance(value, str) and field != "ratio":
-                same = type(mine) is str and str.__eq__(mine, value) is True
-            elif type(mine) not in _NUMBERS:
-                same = False  # a str, None or an object of the answer's own class
-            elif isinstance(value, int) and field != "ratio":
-                same = float(mine) == value  # 3.0 for 3 passes, as before
-            else:
-                same = _isclose(float(mine), value, rel_tol=1e-6, abs_tol=1e-8)
-            if not same:
-                source = ("cu.memory.step_budget and the budget" if axis == "accumulation_steps"
-                          else "the measurements")
-                return (f"{axis} {field}: {mine!r}, but {source} say {value!r} "
-                        f"(the whole expected entry: {want[axis]})")
+    missing = [key for key in want if key not in got]
+    if missing:
+        return f"the report has no {missing[0]!r} entry (it has {sorted(map(str, got))})"
+    pair = (got["strategy"], got["accumulation_steps"])
+    chosen = (want["strategy"], want["accumulation_steps"])
+    if not (_same(pair[0], chosen[0]) and _same(pair[1], chosen[1])):
+        speed = {tuple(r.options[a] for a in AXES): r.examples_per_s for r in results}
+        mine = next((key for key in totals if _same(pair[0], key[0])
+                     and _same(pair[1], key[1])), None)
+        if mine is None:
+            why = "which the benchmark did not measure"
+        elif totals[mine] > budget_bytes:
+            why = (f"whose step needs {totals[mine]} bytes per replica, over the budget of "
+                   f"{budget_bytes}")
+        else:
+            why = f"which fits but runs {speed[mine]:.1f} examples/s"
+        return (f"chose {pair!r:.80}, {why}; {chosen} fits ({totals[chosen]} bytes) and "
+                f"runs {speed[chosen]:.1f} examples/s")
+    for key, value in want.items():
+        if not _same(got[key], value):
+            return (f"{key}: {got[key]!r:.120}, but the measurements and the budget say "
+                    f"{value!r}")
     return None
-
-
-def report_case(rng: Any, results: Any, label: str, want_k: int | None = None,
-                second_replicas: int | None = None) -> Case:
-    """A case on ``results`` with a fresh model, fresh replica counts (the second strategy's
-    ``second_replicas`` or 2 or 4) and a budget whose answer is a k > 1 that the count without
-    the accumulation buffer would get wrong, or k = 1. The per-replica batches are multiples
-    of 3, and k = 3 and k = 6 are among the answers: k tried in powers of two skips them, k
-    tried from 1 up to 4 finds none for 6, and k tried without the divisibility asks
-    ``step_budget`` for 5, which divides no per-replica batch here (it raises)."""
-    import keras
-
-    from course_utils.memory import step_budget
-
-    width, classes = rng.choice([16, 24, 32]), rng.choice([5, 10])
-    model = keras.Sequential([keras.Input((rng.choice([32, 48]),)),
-                              keras.layers.Dense(width, activation="relu"),
-                              keras.layers.Dense(width, activation="relu"),
-                              keras.layers.Dense(classes)])
-    first, second = dict.fromkeys(r.options["strategy"] for r in results)
-    replicas = {first: 1, second: second_replicas or rng.choice([2, 4])}  # not assumed
-    # 96 or 192 examples per replica of the second strategy: the activations outweigh the
-    # accumulation buffer, so that each k asked for below is the right answer for some budget;
-    # every k from 1 to 4, and 6, divides the per-replica batch; 5 does not
-    global_batch = rng.choice([96, 192]) * replicas[second]
-    want_k = want_k or rng.choice([1, 2, 3, 4, 6])  # k > 2 needs the buffer counted
-    strategy = report_reference(results, model, global_batch, replicas, 2**40)
-    count = {k: step_budget(model, global_batch=global_batch,
-                            replicas=replicas[strategy["strategy"]["choice"]],
-                            accumulation_steps=k) for k in (1, 2, 3, 4, 6)}
-    if want_k == 1:
-        budget = count[1].total + rng.randint(0, 1000)
-    else:  # fits k, not the k before it; the count without the buffer would pick that one
-        before = count[max(k for k in count if k < want_k)]  # the divisor before it
-        budget = max(count[want_k].total,
-                     before.total - before.accumulation + rng.randint(0, 200))
-        budget = min(budget, before.total - 1)
-    args = (results, model, global_batch, replicas, budget)
-    assert report_reference(*args)["accumulation_steps"]["choice"] == want_k, budget  # own
-    return Case(args=args, verify=verify_later(args),
-                label=f"({label}; global batch {global_batch}, a budget of {budget} bytes)")
 
 
 def verify_later(args: tuple[Any, ...]) -> Any:
     """The case's verdict: the reference report counted from the case's inputs after the
     learner's call returned, never kept where the call could read it (finding L2)."""
-    return lambda got: report_problem(got, report_reference(*args))
+    def verify(got: Any) -> str | None:
+        results, model, global_batch, replicas, budget = args
+        return report_problem(got, report_reference(*args), results,
+                              step_totals(results, model, global_batch, replicas), budget)
+    return verify
 
 
-def nothing_fits_case(case: Case) -> Case:
-    """``case``'s benchmark and model with a budget one byte below the step of one example per
-    replica, which no ``k`` fits: the case asks for ``ValueError``, as the exercise does."""
-    from course_utils.memory import step_budget
-
-    results, model, global_batch, replicas, _ = case.args
-    chosen = report_reference(results, model, global_batch, replicas, 2**40)["strategy"]
-    per_replica = global_batch // replicas[chosen["choice"]]
-    least = step_budget(model, global_batch=global_batch, replicas=replicas[chosen["choice"]],
-                        accumulation_steps=per_replica).total
-    where = case.label.rsplit(", a budget", 1)[0][1:]  # the case's benchmark and batch
+def _raised(args: tuple[Any, ...]) -> Any:
+    """The verdict of a case no step fits: ``ValueError`` raised (a traceback: not made)."""
+    smallest = min(step_totals(*args[:4]).values())
 
     def verify(got: Any) -> str | None:
-        # the exception raised, not an object returned: its own type (not its __class__, which
-        # an answer can fake), and a traceback, which only raising gives it
         if (issubclass(type(got), ValueError)
                 and BaseException.__traceback__.__get__(got) is not None):
             return None
-        return (f"returned {got!r:.160}, but no k fits (one example per replica needs "
-                f"{least} bytes): raise ValueError, as the exercise asks")
-
-    return dataclasses.replace(case, args=(*case.args[:4], least - 1), verify=verify,
-                               raises=ValueError,
-                               label=f"({where}, a budget of {least - 1} bytes)")
+        return (f"returned {got!r:.160}, but no measured step fits (the smallest needs "
+                f"{smallest} bytes): raise ValueError, as the exercise asks")
+    return verify
 
 
-def examples_case(case: Case, examples: int = 1, per_replica: int | None = None) -> Case:
-    """``case`` again (its global batch scaled to ``per_replica`` examples per replica, if
-    given) with a budget that fits a micro-batch of ``examples`` examples per replica and not
-    one of one more (half an example's activations either side; an example's are at least 276
-    bytes here): the answer is the fewest k whose micro-batch holds ``examples`` or fewer. With 1,
-    only the largest k fits (the per-replica batch: 96 to 768 on a case's own, 1104 to 19992
-    where ``edge_cases`` draws it): k tried up to a bound below it finds none. With 2 on a
-    per-replica batch of 192 or more, k is half of it (96 or more): k tried among small
-    divisors, then the whole per-replica batch, answers the whole batch.
-    ``drawn_case`` gives the others."""
-    from course_utils.memory import step_budget
+def _model(rng: Any) -> Any:
+    import keras
 
-    results, model, global_batch, replicas, _ = case.args
-    n = replicas[report_reference(results, model, global_batch, replicas, 2**40)["strategy"][
-        "choice"]]
-    if per_replica is not None:
-        global_batch = per_replica * n
-    per_replica = global_batch // n
-    one = step_budget(model, global_batch=global_batch, replicas=n,
-                      accumulation_steps=per_replica)  # one example per micro-batch (k > 1)
-    budget = one.total + (examples - 1) * one.activations + one.activations // 2
-    args = (results, model, global_batch, replicas, budget)
-    k = next(k for k in range(1, per_replica + 1) if per_replica % k == 0
-            and per_replica // k <= examples)
-    assert report_reference(*args)["accumulation_steps"]["choice"] == k, budget  # own
-    where = case.label.rsplit(", a budget", 1)[0][1:].rsplit("; global batch", 1)[0]
-    return Case(args=args, verify=verify_later(args),  # the label names no answer
-                label=f"({where}; global batch {global_batch}, a budget of {budget} bytes)")
+    width = rng.choice([16, 24, 32])
+    return keras.Sequential([keras.Input((rng.choice([32, 48]),)),
+                             keras.layers.Dense(width, activation="relu"),
+                             keras.layers.Dense(width, activation="relu"),
+                             keras.layers.Dense(rng.choice([5, 10]))])
 
 
-def drawn_case(rng: Any, case: Case) -> Case:
-    """``case`` again with an answer drawn here: ``k`` from 65 to 1024 and its micro-batch
-    ``d`` from 10 to 128 examples, a per-replica batch of ``k × d``, and a budget that fits a
-    micro-batch of ``m`` examples, ``m`` above ``d`` and below the next micro-batch a divisor
-    makes. A list of candidates (the divisors up to ``K``, the batch over each ``j`` up to
-    ``J``) holds the answer only where ``k <= K`` or ``d <= J``: one reaching 64 and the
-    batch over 9 fails every draw, and any list below 1024 and 128 some. ``m`` is at least
-    the batch over ``k - 1``: the k computed from the budget (the batch over ``m``, rounded
-    up) is then below ``k`` and divides nothing (a divisor there would make a micro-batch
-    between ``d`` and ``m``), so ``step_budget`` refuses it."""
-    while True:
-        k, d = rng.randint(65, 1024), rng.randint(10, 128)
-        per_replica = k * d
-        above = next(j for j in range(d + 1, per_replica + 1) if per_replica % j == 0)
-        least = max(d + 1, -(-per_replica // (k - 1)))
-        if least < above:
+def synthetic_results(rng: Any, speeds: dict[tuple[str, int], float], global_batch: int,
+                      spread: float) -> list[Any]:
+    """Grid results with the given examples/s (each median exactly that), one update of
+    ``global_batch`` per call, five turns each within ``spread`` of its median."""
+    from course_utils.bench import Timing
+    from course_utils.grid import GridResult
+
+    results = []
+    for (strategy, k), per_s in speeds.items():
+        jitter = [-spread, -spread / 2, 0.0, spread / 2, spread]
+        rng.shuffle(jitter)
+        median = global_batch / per_s
+        results.append(GridResult({"strategy": strategy, "accumulation_steps": k},
+                                  rng.uniform(0.5, 2.0),
+                                  Timing(tuple(median * (1 + j) for j in jitter)),
+                                  global_batch, global_batch))
+    return results
+
+
+def _flips(rng: Any, names: tuple[str, str], ks: list[int], totals: dict, scale: float):
+    """The first strategy faster at every equal k; the budget: the second's step at k = 1."""
+    speeds = {(names[0], k): 1.2 * 0.8**i for i, k in enumerate(ks)}
+    speeds |= {(names[1], k): 0.8**i for i, k in enumerate(ks)}
+    return speeds, totals[names[1], ks[0]]
+
+
+def _larger_k(rng: Any, names: tuple[str, str], ks: list[int], totals: dict, scale: float):
+    """One strategy faster at every equal k; its second fitting k faster than its first."""
+    budget = totals[names[0], ks[1]]
+    fit = [k for k in ks if totals[names[0], k] <= budget]
+    speeds = {(names[0], k): 0.8 for k in ks} | {(names[0], ks[0]): 1.3}
+    speeds |= {(names[0], fit[0]): 1.0, (names[0], fit[1]): 1.15}
+    return speeds | {(names[1], k): 0.7 * speeds[names[0], k] for k in ks}, budget
+
+
+def _buffer(rng: Any, names: tuple[str, str], ks: list[int], totals: dict, scale: float):
+    """The fastest step over the budget by less than its accumulation buffer."""
+    speeds = {pair: rng.uniform(0.6, 1.0) for pair in totals}
+    speeds[names[1], ks[1]] = 1.3
+    return speeds, totals[names[1], ks[1]] - 1
+
+
+def _one(rng: Any, names: tuple[str, str], ks: list[int], totals: dict, scale: float):
+    return {pair: rng.uniform(0.6, 1.3) for pair in totals}, min(totals.values())
+
+
+def _none(rng: Any, names: tuple[str, str], ks: list[int], totals: dict, scale: float):
+    return {pair: rng.uniform(0.6, 1.3) for pair in totals}, min(totals.values()) - 1
+
+
+#: (what it tests, how it makes the relative speeds and the budget)
+SCENARIOS = [("memory flips the strategy", _flips), ("a larger k pays", _larger_k),
+             ("the buffer decides", _buffer), ("one fits", _one), ("nothing fits", _none)]
+
+
+def _close_runner_up(rng: Any, speeds: dict, args: tuple[Any, ...], spread: float,
+                     global_batch: int) -> list[Any]:
+    """Results whose runner-up is within a few per cent of the choice, and whose choice wins
+    two, three or four of the five turns against it (jitter redrawn until it does)."""
+    results = synthetic_results(rng, speeds, global_batch, spread)
+    try:
+        want = report_reference(results, *args)
+    except ValueError:
+        return results
+    if want["runner_up"] is None:
+        return results
+    best = (want["strategy"], want["accumulation_steps"])
+    other = tuple(want["runner_up"][a] for a in AXES)
+    if speeds[best] / speeds[other] > 1.08:  # raised towards the choice: still below it
+        speeds = speeds | {other: speeds[best] / rng.uniform(1.02, 1.08)}
+    for _ in range(200):
+        results = synthetic_results(rng, speeds, global_batch, spread)
+        if 2 <= report_reference(results, *args)["rounds_won"] <= 4:
             break
-    return examples_case(case, examples=rng.randint(least, above - 1), per_replica=per_replica)
+    return results
 
 
-def square_case(rng: Any, case: Case) -> Case:
-    """``case`` again with a per-replica batch of ``k × k``, ``k`` drawn from 65 to 128, and a
-    budget that fits a micro-batch of ``k`` examples, not of ``k + 1``: the answer is ``k``,
-    the batch's square root. A search of the divisors in pairs (``i`` and the batch over
-    ``i``) whose ``i`` stops short of the root misses it, and only here: the drawn cases make
-    it the answer about once in a thousand checks."""
-    k = rng.randint(65, 128)
-    return examples_case(case, examples=k, per_replica=k * k)
-
-
-def near_square_case(rng: Any, case: Case) -> Case:
-    """``case`` again with a per-replica batch of ``k × (k + 1)``, ``k`` drawn from 65 to 128,
-    and a budget that fits a micro-batch of ``k + 1`` examples, not of ``k + 2``: the answer is
-    ``k``, the whole part of the batch's square root. A search of the divisors in pairs whose
-    ``i`` stops one short of that whole part misses it, though it tries the root of a square
-    batch apart (``square_case``)."""
-    k = rng.randint(65, 128)
-    return examples_case(case, examples=k + 1, per_replica=k * (k + 1))
-
-
-def buffer_case(case: Case) -> Case:
-    """``case`` again, its global batch scaled to a per-replica batch ``P`` (a multiple of 12)
-    too small for splitting to pay: two micro-batches save ``P / 2`` examples' activations,
-    less than the accumulation buffer they add, and one example per micro-batch saves more. A
-    budget between the steps of k = 1 and k = 2 is fitted by k = 1 and by the largest k, not
-    by 2: k tried from the largest down until one does not fit, or a bisection that takes the
-    step to shrink as k grows, misses k = 1."""
+def scenario_case(rng: Any, scenario: Any, number: int = 0) -> Case:
+    """A case of ``scenario`` (a function of ``SCENARIOS``) with its own model, names, ``k``
+    values, replica count (4 for an even ``number``, else 2), global batch and speeds."""
     from course_utils.memory import step_budget
 
-    results, model, global_batch, replicas, _ = case.args
-    n = replicas[report_reference(results, model, global_batch, replicas, 2**40)["strategy"][
-        "choice"]]
-    one = step_budget(model, global_batch=n, replicas=n, accumulation_steps=1)
-    per_example, buffer = one.activations, step_budget(
-        model, global_batch=2 * n, replicas=n, accumulation_steps=2).accumulation
-    # P / 2 < buffer / activations < P - 1 (12.8 to 24.2 here: P is 24 or 36)
-    per_replica = next(p for p in range(12, 1200, 12)
-                       if (p - 1) * per_example > buffer and p * per_example < 2 * buffer)
-    steps = {k: step_budget(model, global_batch=per_replica * n, replicas=n,
-                            accumulation_steps=k).total for k in (1, 2, per_replica)}
-    assert steps[per_replica] < steps[1] < steps[2], steps  # the check's own
-    args = (results, model, per_replica * n, replicas, (steps[1] + steps[2]) // 2)
-    assert report_reference(*args)["accumulation_steps"]["choice"] == 1, args  # own
-    where = case.label.rsplit(", a budget", 1)[0][1:].rsplit("; global batch", 1)[0]
-    return Case(args=args, verify=verify_later(args),
-                label=f"({where}; global batch {args[2]}, a budget of {args[-1]} bytes)")
-
-
-def _per_replica(case: Case) -> int:
-    results, model, global_batch, replicas, _ = case.args
-    chosen = report_reference(results, model, global_batch, replicas, 2**40)["strategy"]
-    return global_batch // replicas[chosen["choice"]]
-
-
-def edge_cases(cases: list[Case], rng: Any) -> list[Case]:
-    """Eight cases more: on the last two fresh benchmarks, a budget no k fits, and one only the
-    largest k (one example per micro-batch) fits, on a per-replica batch drawn from 1104 to
-    19992 (multiples of 12): a search of the divisors capped below that finds none, where the
-    drawn cases (k up to 1024) catch a cap only when they draw a k above it; on the case with
-    the largest per-replica batch (192 or more: some fresh benchmark keeps the first strategy,
-    on one replica), one whose answer is half that batch (two examples per micro-batch); on the
-    third and fifth from last, a per-replica batch and an answer drawn (``drawn_case``); on the
-    fourth from last, a per-replica batch too small for two micro-batches to pay for their
-    buffer, one whose answer is 1 though 2 does not fit and the largest k does
-    (``buffer_case``); on the last, again, a per-replica batch ``k × k`` whose answer is ``k``
-    (``square_case``); on the second from last, one ``k × (k + 1)`` whose answer is ``k``
-    (``near_square_case``)."""
-    per_replica = 12 * rng.randint(92, 1666)  # 1104 to 19992
-    return [nothing_fits_case(cases[-1]), examples_case(cases[-2], per_replica=per_replica),
-            examples_case(max(cases, key=_per_replica), examples=2),
-            drawn_case(rng, cases[-3]), buffer_case(cases[-4]), drawn_case(rng, cases[-5]),
-            square_case(rng, cases[-1]), near_square_case(rng, cases[-2])]
+    names = (rng.choice(["default", "one_device"]),
+             ("mirrored", "multi_worker", "mirrored_2")[number % 3])
+    ks = rng.choice([[1, 2, 4, 8], [1, 2, 3, 6], [1, 3, 6, 12], [1, 2, 4, 6]])
+    replicas = {names[0]: 1, names[1]: (4, 2)[number % 2]}  # both counts in every check
+    global_batch = replicas[names[1]] * 24 * rng.choice([8, 16])
+    model = _model(rng)
+    args = (model, global_batch, replicas)
+    totals = {(s, k): step_budget(model, global_batch=global_batch, replicas=n,
+                                  accumulation_steps=k).total
+              for s, n in replicas.items() for k in ks}
+    scale = rng.uniform(500, 5000)
+    relative, budget = scenario(rng, names, ks, totals, scale)
+    speeds = {pair: scale * value for pair, value in relative.items()}
+    results = _close_runner_up(rng, speeds, (*args, budget), rng.uniform(0.08, 0.12),
+                               global_batch)
+    results = rng.sample(results, len(results))  # read by options, not by place
+    case_args = (results, *args, budget)
+    nothing = scenario is _none
+    return Case(args=case_args, raises=ValueError if nothing else (),
+                verify=_raised(case_args) if nothing else verify_later(case_args),
+                label=f"(a fresh benchmark; {replicas}, global batch {global_batch}, a "
+                      f"budget of {budget} bytes)")
 
 
 def fresh_cases(rng: Any) -> list[Case]:
-    """A case on each of ``SCENARIOS`` (in a fresh order), with its own noise, scale and names
-    of the second strategy and precision; what each tests is forgotten when this returns."""
-    cases = []
-    for number, (_, noise_range, make_speeds) in enumerate(
-            rng.sample(SCENARIOS, len(SCENARIOS))):
-        scale = rng.uniform(500, 5000)
-        noise = round(rng.uniform(*noise_range), 4)  # drawn per benchmark: the band moves
-        speeds = make_speeds(noise, rng.uniform(1.8, 1.95), rng.uniform(2.05, 2.2))
-        # the second value of each axis differs between cases, the first is drawn: names are
-        # read, not assumed (nb31-09 L3-b: "default" and "float32" assumed passed)
-        second = (("mirrored", "multi_worker")[number % 2],
-                  ("mixed_bfloat16", "mixed_float16")[number // 2 % 2])
-        first = (rng.choice(["default", "one_device"]), rng.choice(["float32", "fp32"]))
-        keys = [first, (first[0], second[1]), (second[0], first[1]), second]
-        results = synthetic_results(rng, {key: scale * speed for key, speed
-                                          in zip(keys, speeds, strict=True)},
-                                    spread=2 * noise)
-        # the first values' result first (it defines them), the others in a fresh order:
-        # results are read by their options, not by their place in run_grid's order
-        results = [results[0], *rng.sample(results[1:], len(results) - 1)]
-        cases.append(report_case(rng, results, "a fresh benchmark",
-                                 # k = 4, 3, 6: every divisor, not powers of 2 nor k <= 4
-                                 want_k={0: 4, 1: 3, 2: 6}.get(number),
-                                 # where the second strategy wins: 4 replicas, not 2
-                                 second_replicas=4 if speeds[2] > 1.5 else None))
-    return cases
+    """A case of each of ``SCENARIOS``, in a fresh order; what each tests is forgotten when
+    this returns."""
+    return [scenario_case(rng, scenario, number) for number, (_, scenario)
+            in enumerate(rng.sample(SCENARIOS, len(SCENARIOS)))]
+
+
+def own_run_problem(results: Any) -> str | None:
+    """Why ``results`` is not the exercise's benchmark (``cu.grid.run_grid``'s list over
+    ``strategy`` and ``accumulation_steps``, each call one update of the whole global
+    batch), or None."""
+    from course_utils.grid import GridResult
+
+    if not (isinstance(results, list) and results
+            and all(type(r) is GridResult for r in results)):
+        return f"must be the list cu.grid.run_grid returned above, got {type(results).__name__}"
+    if any(set(r.options) != set(AXES) for r in results):
+        return (f"must vary exactly the options {AXES}, got {dict(results[0].options)}: run the "
+                "benchmark cell as it is")
+    batches = {r.examples_per_call for r in results}
+    if len(batches) != 1:
+        return f"every call must be one update of the same global batch, got {sorted(batches)}"
+    wrong = [r.label() for r in results if not _same(r.output, r.examples_per_call)]
+    if wrong:  # the step's own count of what one call trained on
+        return (f"the steps of {wrong[:3]} did not train on the whole global batch of "
+                f"{results[0].examples_per_call} in one call (their outputs: "
+                f"{[r.output for r in results][:3]}): like for like needs every pair to")
+    if len({len(r.timing.times) for r in results}) != 1:
+        return "every pair must be timed in the same turns"
+    return None
+
+
+def own_case(rng: Any, results: Any) -> Case:
+    """The learner's own benchmark with a fresh model, replica count and a budget that about
+    half the measured steps fit."""
+    global_batch = results[0].examples_per_call
+    names = list(dict.fromkeys(r.options["strategy"] for r in results))
+    ks = {r.options["accumulation_steps"] for r in results}
+    choices = [n for n in (2, 4) if all(global_batch % (n * k) == 0 for k in ks)] or [1]
+    replicas = {name: 1 if i == 0 else rng.choice(choices) for i, name in enumerate(names)}
+    model = _model(rng)
+    totals = sorted(set(step_totals(results, model, global_batch, replicas).values()))
+    budget = totals[len(totals) // 2]
+    args = (results, model, global_batch, replicas, budget)
+    return Case(args=args, verify=verify_later(args),
+                label=f"(your own benchmark; {replicas}, global batch {global_batch}, a "
+                      f"budget of {budget} bytes)")
+
