@@ -191,13 +191,15 @@ def ex_05_2(way: Callable[..., Any]) -> str | None:
 
 
 def ex_06_3(way: Callable[..., Any]) -> str | None:
-    """shard_dense_rows: refusing cu.parallel.mesh and lesson 06's functions."""
-    from course_utils.grading.checks import lesson_06
+    """shard_attention: refusing cu.parallel.mesh and lesson 06's functions."""
+    from course_utils.grading.checks import head_shards, lesson_06
     from course_utils.grading.checks.dtensor_watch import whole_copy_watch
+    from course_utils.grading.checks.refusals import own_functions
     from course_utils.parallel import mesh
 
     helpers = [mesh.shard, mesh.sharded_dense, mesh.dense_layouts, mesh.make_mesh,
-               *lesson_06._the_checks_own()]
+               *lesson_06._the_checks_own(),
+               *own_functions(head_shards, but=["weight_initializer"])]
     answer = way(lambda: _call(lesson_06._short, "device:CPU:0"))
     return _refused(refusing(answer, helpers, "use DTensor's own API", whole_copy_watch([])))
 

@@ -1,5 +1,5 @@
-"""What lesson 06's DTensor exercise watches: matrices made whole on the way to the mesh, and
-the layout each call of the initializer it hands the learner ran under."""
+"""What lesson 06's DTensor exercise watches: matrices made whole on the way to the mesh, or
+gathered from it (the layout each call of its initializer ran under: ``head_shards``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["kernel_initializer", "whole_copy_watch"]
+__all__ = ["whole_copy_watch"]
 
 _LIBRARIES = {"tensorflow", "keras", "tf_keras", "numpy"}
 _RESOURCE_READS = {"ReadVariableOp", "ResourceGather", "ResourceGatherNd"}
@@ -307,28 +307,3 @@ def _enclosing_layout(frame: Any) -> Any:
         frame = frame.f_back
     return frame.f_locals.get("layout") if frame is not None else None
 
-
-def kernel_initializer(seed: tuple[int, int]) -> tuple[Any, list[Any]]:
-    """An initializer ``init_kernel(shape)``, and the layouts it was called under.
-
-    Each call records the layout of the ``dtensor.call_with_layout`` it runs inside (found on
-    the call stack by code identity), or None when it ran outside one (whole, on one device).
-    """
-    import sys
-
-    from tensorflow.dtensor.python import api
-
-    tf = _tf()
-    calls: list[Any] = []
-
-    def init_kernel(shape: Any) -> Any:
-        frame, layout = sys._getframe(1), None
-        while frame is not None:
-            if frame.f_code is api.call_with_layout.__code__:
-                layout = frame.f_locals.get("layout")
-                break
-            frame = frame.f_back
-        calls.append(layout)
-        return tf.random.stateless_normal(shape, seed=seed)
-
-    return init_kernel, calls
