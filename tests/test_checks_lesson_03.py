@@ -458,6 +458,16 @@ def _survivors_op_id_296(logs):
     return ("killed" if any("UnavailableError" in log for log in logs) else "stalled"), silent[0]
 
 
+def _majority_of_the_errors(logs):
+    """xf03 L3: crashes read right, then killed or stalled by the survivors' majority."""
+    cause, worker = diagnose(logs)
+    if cause in ("killed", "stalled"):
+        unavailable = sum("UnavailableError" in log for log in logs)
+        timed_out = sum("DeadlineExceededError" in log for log in logs)
+        return ("killed" if unavailable >= timed_out else "stalled"), worker
+    return cause, worker
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -503,6 +513,8 @@ DIAGNOSIS_CATALOGUE = {
     "a survivor's traceback told by the op id 296 (r03c L2)": (
         _survivors_op_id_296, r"the cause is '(killed|stalled)', you said 'crashed'|"
                               r"the worker at fault is \d, you said \d"),
+    "the survivors' majority error decides killed or stalled (xf03 L3)": (
+        _majority_of_the_errors, "the cause is 'killed', you said 'stalled'"),
     "logs made by the course's log maker and matched": (
         _matched_against_the_course_logs, "ran the course's .*failure_logs"),
 }
