@@ -458,6 +458,16 @@ def _survivors_op_id_296(logs):
     return ("killed" if any("UnavailableError" in log for log in logs) else "stalled"), silent[0]
 
 
+def _majority_of_the_errors(logs):
+    """xf03 L3: crashes read right, then killed or stalled by the survivors' majority."""
+    cause, worker = diagnose(logs)
+    if cause in ("killed", "stalled"):
+        unavailable = sum("UnavailableError" in log for log in logs)
+        timed_out = sum("DeadlineExceededError" in log for log in logs)
+        return ("killed" if unavailable >= timed_out else "stalled"), worker
+    return cause, worker
+
+
 DIAGNOSIS_CATALOGUE = {
     "a constant": (lambda logs: ("killed", 0), "the cause is|the worker at fault"),
     "the cause alone": (lambda logs: "killed", r"return \(cause, worker\)"),
@@ -503,6 +513,8 @@ DIAGNOSIS_CATALOGUE = {
     "a survivor's traceback told by the op id 296 (r03c L2)": (
         _survivors_op_id_296, r"the cause is '(killed|stalled)', you said 'crashed'|"
                               r"the worker at fault is \d, you said \d"),
+    "the survivors' majority error decides killed or stalled (xf03 L3)": (
+        _majority_of_the_errors, "the cause is 'killed', you said 'stalled'"),
     "logs made by the course's log maker and matched": (
         _matched_against_the_course_logs, "ran the course's .*failure_logs"),
 }
@@ -889,6 +901,14 @@ TRAIN_WORKER_CATALOGUE = {
         "total, count = total + float(step_total) / global_batch, count + 1",
         "you returned each step's loss over the global batch .* averaged over the steps: "
         "the last, partial step counted as a full one"),
+    "other rows of the right counts through the model, the loss by hand (xf03 L2)": (
+        "        losses = per_example(labels, model(features))\n",
+        "        model(tf.zeros_like(features))               # the audit's passes: other rows\n"
+        "        kernel, bias, out_kernel, out_bias = model.trainable_variables\n"
+        "        logits = tf.nn.relu(features @ kernel + bias) @ out_kernel + out_bias\n"
+        "        losses = per_example(labels, logits)\n",
+        "worker 0 of 2 ran \\d+ rows through the trained model after the last step, but not "
+        "its own held-out examples"),
     "a clone trained outside the strategy on every global batch": (
         None, "whole_batch_clone", "replica context of \\[1\\] replicas"),
     "no strategy at all": (None, "no_strategy", "not in the scope of a tf.distribute.Multi"),
@@ -2355,27 +2375,39 @@ def test_a_job_that_failed_as_the_transport_fails_runs_once_more_and_only_that_o
 
 
 def test_the_held_out_loss_is_judged_from_the_audits_and_names_each_mistake():
-    """Without a cluster: the right loss passes; a worker that ran other rows, workers that
-    disagree, the mean of the workers' means and the steps' losses over the global batch are
-    each named."""
+    """Without a cluster: the right loss passes; a worker that ran other rows (too few,
+    padded to full batches, or its own count of other rows: xf03 L2), workers that disagree,
+    the mean of the workers' means and the steps' losses over the global batch are each
+    named."""
     rng = np.random.default_rng(5)
     x_eval, y_eval = worker_evaluation.held_out_data(rng, 2, 8, 5, 3)
     assert len(x_eval) == 2 * 8 * (len(x_eval) // 16) + 1          # shards of 1 more, 1 less
     weights = [rng.normal(size=s) for s in [(5, 8), (8,), (8, 3), (3,)]]
     job = {"workers": 2, "steps": 4, "global_batch": 16, "x_eval": x_eval, "y_eval": y_eval}
     losses = worker_evaluation.held_out_loss(job, weights)
-    shards = [len(losses[worker::2]) for worker in range(2)]
+    prints = [list(worker_evaluation.row_prints(x_eval[w::2], weights)) for w in range(2)]
 
     def audits(values, passes=None):
-        passes = passes or [[(min(8, n - k), 4) for k in range(0, n, 8)] for n in shards]
-        return [{"held_out": repr(float(v)), "returned": "tuple", "forward": [(8, 0), *p]}
+        passes = passes or [[(len(p[k:k + 8]), 4, p[k:k + 8]) for k in range(0, len(p), 8)]
+                            for p in prints]
+        return [{"held_out": repr(float(v)), "returned": "tuple",
+                 "forward": [(8, 0, [0.0] * 8), *p]}
                 for v, p in zip(values, passes, strict=True)]
 
     assert worker_evaluation.held_out_problem(job, audits([losses.mean()] * 2), weights) is None
     assert "returned a list" in worker_evaluation.held_out_problem(
         job, [{"held_out": None, "returned": "list"}] * 2, weights)
     assert re.search(r"worker 0 of 2 ran 16 held-out", worker_evaluation.held_out_problem(
-        job, audits([losses.mean()] * 2, [[(8, 4), (8, 4)]] * 2), weights))
+        job, audits([losses.mean()] * 2, [[(8, 4, [0.0] * 8)] * 2] * 2), weights))
+    assert re.search(r"worker 0 of 2 ran 24 held-out.*rows added to fill a batch",
+                     worker_evaluation.held_out_problem(
+                         job, audits([losses.mean()] * 2, [[(8, 4, [0.0] * 8)] * 3] * 2),
+                         weights))
+    other = [[(n, 4, [1.0] * n) for n, _, _ in passes] for passes in
+             [[(len(p[k:k + 8]), 4, None) for k in range(0, len(p), 8)] for p in prints]]
+    assert re.search(r"worker 0 of 2 ran \d+ rows .* but not its own held-out examples",
+                     worker_evaluation.held_out_problem(job, audits([losses.mean()] * 2, other),
+                                                        weights))   # xf03 L2, in brief
     assert "different held-out losses" in worker_evaluation.held_out_problem(
         job, audits([losses[0::2].mean(), losses[1::2].mean()]), weights)
     means = np.mean([losses[0::2].mean(), losses[1::2].mean()])

@@ -39,7 +39,8 @@ def _diagnosis_cases(rng: Any) -> list[Case]:
     culprit's log tells them apart) and two while training: a worker past the first two (its
     peers time out, as for a stall) and the chief in its save (its peers find it gone, as for
     a kill). The errors span kinds the lesson never names: no list of names finds them. Each
-    job draws its own id of the traced step (r03c L2)."""
+    job draws its own id of the traced step (r03c L2). The job whose survivors time out first
+    has 4 workers, 2 of its 3 survivors timed out: a majority (xf03 L3)."""
     early = rng.sample([c for c in CRASHES if c not in ("label", "chief's save")], 2)
     jobs = [(cause, None) for cause in CAUSES if cause not in ("killed", "crashed")]
     jobs += [("killed", reason) for reason in KILLED_REASONS]
@@ -56,7 +57,7 @@ def _diagnosis_cases(rng: Any) -> list[Case]:
         # 3 or 4 workers and a culprit past the first two wherever the cause allows it: no rule
         # that assumes 2 workers, or blames the first log with a traceback, is right by chance
         workers = rng.randint(2, 4) if cause in ("not_in_cluster", "never_started") else (
-            rng.randint(3, 4))
+            4 if when == "some timed out" else rng.randint(3, 4))
         culprit = None if cause == "not_in_cluster" else rng.randrange(workers)
         if when == "worker 0":       # its peers give no heartbeats reason: it runs the
             culprit = 0              # coordination service; any other may come first
@@ -65,7 +66,9 @@ def _diagnosis_cases(rng: Any) -> list[Case]:
             culprit = 0
         elif cause in ("killed", "stalled") or when == "label":
             culprit = rng.randrange(1 if reason == "heartbeats" else 2, workers)
-        timed_out = rng.randint(1, workers - 2) if when == "some timed out" else 0
+        # most survivors time out first (2 of 3), one still names the kill: no majority of
+        # the survivors' errors tells the cause (xf03 L3)
+        timed_out = workers - 2 if when == "some timed out" else 0
         logs = failure_logs(cause, workers, culprit, rng, killed_reason=reason, crash=crash,
                             timed_out=timed_out, op=op)
         cases.append(Case(args=(logs,), expected=(cause, culprit),

@@ -15,13 +15,13 @@
   folders deleted after each save, none left by the next step; listed after the run, the folder
   holds only what the chief's checkpoints wrote: :mod:`.checkpoint_files`), and the newest
   checkpoint holds the optimizer's step count and the final weights; then the held-out loss
-  each worker returned (:mod:`.held_out`: each worker ran exactly its own held-out examples
-  through the trained model, in passes of at most a replica's batch, and all returned the
-  mean over the whole set on one device). The audit lives in the
-  closures of the worker script's set-up (no global names it) and is written after the
-  learner's function returned, with a secret the set-up read and deleted before that
-  function ran; a function that reads frames, closures or the heap is refused up front (by
-  name or string constant, ``getattr(build_model, "__closure__")``).
+  each worker returned (:mod:`.worker_evaluation`: each worker ran exactly its own held-out
+  examples through the trained model (their rows, not only their count), in passes of at
+  most a replica's batch, and all returned the mean over the whole set on one device). The
+  audit lives in the closures of the worker script's set-up (no global names it) and is
+  written after the learner's function returned, with a secret the set-up read and deleted
+  before that function ran; a function that reads frames, closures or the heap is refused up
+  front (by name or string constant, ``getattr(build_model, "__closure__")``).
   Each worker's shard is read into memory and deleted by the set-up, which waits until no
   worker's file is left before the learner's code runs, and hands the function a file with
   no name in any folder (``memfd_create``; a temporary file where there is none).
@@ -36,7 +36,9 @@
   ``examples_done`` of the chief's newest checkpoint (its name holds only the save count),
   trains every step left exactly once, and ends with the weights of an unbroken one-device run.
 
-Still passes: a function reaching the audit by attribute names built at run time (or ctypes),
+Still passes (xf03 L1): workers that combine their sums through files or sockets of their
+own instead of the strategy's collectives: the audit sees what each ran, not how the numbers
+met. Still passes: a function reaching the audit by attribute names built at run time (or ctypes),
 or through a library function that reads a closure's cells for it under a name not scanned
 (``getnamespace``, ``func_dump``, Keras' ``serialize_keras_object`` are; the first tested):
 no scan of code sees every name it builds, the audit must be reachable from what it

@@ -7,7 +7,9 @@ batch more than the others (:func:`held_out_data`), so that a fixed count of ste
 remainder or a mean of the workers' means gives another number than the mean over every
 example. :func:`held_out_problem` reads what the check's set-up recorded in every worker (the
 loss its ``train_worker`` returned; the examples each forward pass of the model carried after
-the last backward pass) and compares the loss with :func:`held_out_loss`, the mean on one
+the last backward pass, and which rows they were, each row's hidden units projected
+(:func:`row_prints`), so that other rows of the right counts through the model are named: xf03
+L2) and compares the loss with :func:`held_out_loss`, the mean on one
 device in float64. Also here: how the workers built their models (:func:`build_problem`), the
 one-device training (:func:`reference_weights`) and what the optimizer saved
 (:func:`optimizer_problem`).
@@ -31,6 +33,7 @@ __all__ = [
     "held_out_problem",
     "optimizer_problem",
     "reference_weights",
+    "row_prints",
 ]
 
 
@@ -70,12 +73,24 @@ def held_out_data(data: np.random.Generator, workers: int, replica_batch: int,
     return x, data.integers(0, classes, size=size).astype("int32")
 
 
+def _hidden(x: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
+    """The rows the audit layer sees: Dense(8, relu) of ``x`` under ``weights``, in float64."""
+    kernel, bias = (np.asarray(w, "float64") for w in weights[:2])
+    return np.maximum(np.asarray(x, "float64") @ kernel + bias, 0.0)
+
+
+def row_prints(x: np.ndarray, weights: list[np.ndarray]) -> np.ndarray:
+    """Each row of ``x`` as SETUP's audit records it in a forward pass: its hidden units
+    projected on sqrt(1 … 8), sorted (so that passes in any order compare)."""
+    hidden = _hidden(x, weights)
+    return np.sort(hidden @ np.sqrt(np.arange(1.0, hidden.shape[1] + 1)))
+
+
 def held_out_loss(job: dict[str, Any], weights: list[np.ndarray]) -> np.ndarray:
     """Each held-out example's cross-entropy under ``weights`` (the exercise's model: Dense(8,
     relu), the audit's identity, Dense(classes)) on one device, in float64."""
-    kernel, bias, out_kernel, out_bias = (np.asarray(w, "float64") for w in weights)
-    hidden = np.maximum(job["x_eval"].astype("float64") @ kernel + bias, 0.0)
-    logits = hidden @ out_kernel + out_bias
+    out_kernel, out_bias = (np.asarray(w, "float64") for w in weights[2:])
+    logits = _hidden(job["x_eval"], weights) @ out_kernel + out_bias
     top = logits.max(axis=1, keepdims=True)
     log_norm = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
     return log_norm - logits[np.arange(len(logits)), job["y_eval"]]
@@ -93,14 +108,25 @@ def held_out_problem(job: dict[str, Any], audits: list[dict[str, Any]],
                     "over the held-out set, a number")
     for worker, audit in enumerate(audits):
         own = len(range(worker, size, workers))
-        passes = [rows for rows, after in audit["forward"] if after == steps and rows]
+        passes = [rows for rows, after, _ in audit["forward"] if after == steps and rows]
         if sum(passes) != own or any(rows > batch for rows in passes):
+            padded = " (rows added to fill a batch count too)" if sum(passes) > own else ""
             return (f"worker {worker} of {workers} ran {sum(passes)} held-out examples through "
                     f"the trained model, in passes of {passes[:6]}; its copy holds {own} of the "
                     f"{size} (examples {worker}, {worker + workers}, …, the others decoys): "
                     "evaluate each of its own once, after the last step, in batches of at most "
                     f"replica_batch ({batch}): no repeat, no drop_remainder, no fixed count of "
-                    "steps (the workers' shards differ)")
+                    f"steps (the workers' shards differ){padded}")
+    for worker, audit in enumerate(audits):     # the rows themselves (xf03 L2)
+        ran = np.sort([v for rows, after, prints in audit["forward"] if after == steps
+                       for v in prints])
+        own = row_prints(job["x_eval"][worker::workers], weights)
+        if not np.allclose(ran, own, rtol=1e-4, atol=1e-4):
+            return (f"worker {worker} of {workers} ran {len(ran)} rows through the trained "
+                    "model after the last step, but not its own held-out examples (what the "
+                    "model's hidden layer saw differs from examples "
+                    f"{worker}, {worker + workers}, … under the final weights): evaluate the "
+                    "trained model on its own examples, not on other rows")
     values = [float(audit["held_out"]) for audit in audits]
     if not np.isfinite(values).all() or np.ptp(values) > 1e-6 * max(1.0, abs(values[0])):
         return (f"the workers returned different held-out losses {values}: each evaluated only "

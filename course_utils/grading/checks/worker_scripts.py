@@ -31,7 +31,8 @@ LEARNING_RATE = 0.1
 #: What every exercise worker runs before the learner's code: its flags, ``build_model`` (seeded
 #: differently on every worker, so that only the strategy's broadcast makes the initial weights
 #: equal; it records the strategy it was built under and its replica count; a weightless layer
-#: records, in each forward pass, the examples it carried and after how many backward passes,
+#: records, in each forward pass, the examples it carried, after how many backward passes, and
+#: each row's hidden units projected on sqrt(1 … 8) (:func:`.worker_evaluation.row_prints`),
 #: and in each backward pass the examples and the replica context it ran in),
 #: an audit of ``CheckpointManager.save`` (where each worker saved, the prefix each save wrote
 #: and its variables' shapes and sums, after how many backward passes, which folders of its
@@ -83,6 +84,7 @@ def _set_up(out, task, workers, share, data, seed, classes):
     shape_of, py_function, identity = tf.shape, tf.py_function, tf.identity
     savez, dumps, sort, open_file, load = np.savez, json.dumps, sorted, os.open, np.load
     get_strategy, to_float, kind = tf.distribute.get_strategy, float, type
+    as_array, square_root, numbers = np.asarray, np.sqrt, np.arange
     from course_utils.grading.checks.dataset_audit import dataset_auditor   # the check's audit
     multi_worker = tf.distribute.MultiWorkerMirroredStrategy
     set_seed, sequential, layer_input, dense = (keras.utils.set_random_seed, keras.Sequential,
@@ -116,9 +118,11 @@ def _set_up(out, task, workers, share, data, seed, classes):
         lingering.append(sort({d for d in saves if exists(d)}))
         return carried
 
-    def count_forward(carried):           # its examples, after how many backward passes
-        forward.append((int(carried), len(rows)))
-        return carried
+    def count_forward(carried):           # its examples, after how many backward passes,
+        values = as_array(carried, "float64")         # each row's hidden units projected
+        weights = square_root(numbers(1.0, values.shape[1] + 1))
+        forward.append((len(values), len(rows), [to_float(v) for v in values @ weights]))
+        return len(values)
 
     @tf.custom_gradient
     def audited(inputs):
@@ -131,7 +135,7 @@ def _set_up(out, task, workers, share, data, seed, classes):
             with dependencies([carried]):
                 return identity(upstream)
 
-        seen = py_function(count_forward, [shape_of(inputs)[0]], Tout=tf.int32)
+        seen = py_function(count_forward, [inputs], Tout=tf.int32)
         with dependencies([seen]):
             return identity(inputs), backward
 
