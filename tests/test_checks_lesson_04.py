@@ -571,7 +571,7 @@ def docstring_recipe(paths, sizes, batch_size, num_workers):  # the notebook's b
                 .interleave(tf.data.TFRecordDataset, cycle_length=2).batch(batch_size))
     return dataset_fn
 
-def lesson_shard_copied(paths, sizes, batch_size, num_workers):  # section 3's shard, of the examples
+def lesson_shard_copied(paths, sizes, batch_size, num_workers):  # section 3's shard
     def dataset_fn():
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         return (tf.data.TFRecordDataset(paths).shard(num_workers, worker)
@@ -627,7 +627,8 @@ def all_files_parsed(paths, sizes, batch_size, num_workers):  # the course's rea
     return lambda: cu.data.read_tfrecord_shards(paths, [1]).repeat().batch(batch_size)
 
 for name, fn in [("right", right), ("sorted_then_dealt", sorted_then_dealt), ("stub", stub),
-                 ("docstring_recipe", docstring_recipe), ("lesson_shard_copied", lesson_shard_copied),
+                 ("docstring_recipe", docstring_recipe),
+                 ("lesson_shard_copied", lesson_shard_copied),
                  ("files_repeated_in_interleave", files_repeated_in_interleave),
                  ("repeat_3_in_interleave", repeat_3_in_interleave),
                  ("no_repeat", no_repeat), ("notebook_num_workers", notebook_num_workers),
