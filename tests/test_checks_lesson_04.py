@@ -535,670 +535,108 @@ for fn in (right, right_with_get, right_in_rounds, stub, captured, lesson_copy,
            forges_around_the_watch):
     print("RUN_STEPS", fn.__name__, verdict(cu.grading.check_run_steps, fn))
 
-# exercise 2: the dataset_fn
-def make(shard=True, shuffle=True, repeat=(), order="shuffle repeat batch", reshuffle=True,
-         drop=False, buffer=1000, decoy=False):
-    def make_dataset_fn(features, labels, size, num_workers):
-        def dataset_fn():
-            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-            data = tf.data.Dataset.from_tensor_slices((features, labels))
-            if shard == "filter":  # by place: a share of a size tf.data cannot tell ahead
-                data = data.enumerate().filter(
-                    lambda i, _: i % num_workers == tf.cast(worker, tf.int64)).map(lambda i, x: x)
-            elif shard:
-                data = data.shard(num_workers, worker)
-            if decoy:  # a tf.random.shuffle of nothing read
-                data = data.map(lambda f, l: (f, l + 0 * tf.random.shuffle(tf.range(1))[0]))
-            for part in order.split():
-                if part == "shuffle" and shuffle:
-                    share = features.shape[0] // num_workers
-                    size_ = {"batches": 3 * size, "half": share // 2,
-                             "three_quarters": 3 * share // 4}.get(buffer, buffer)
-                    data = data.shuffle(size_, seed=tf.cast(worker, tf.int64) + 1,
-                                        reshuffle_each_iteration=reshuffle)
-                elif part == "repeat" and repeat is not None:
-                    data = data.repeat(*repeat)
-                elif part == "batch":
-                    data = data.batch(size, drop_remainder=drop)
-            return data
-        return dataset_fn
-    return make_dataset_fn
+# exercise 2: a dataset_fn over files of unequal sizes
+def owners(sizes, num_workers):  # each file, largest first, to the worker with fewest examples
+    owner, shares = [0] * len(sizes), [0] * num_workers
+    for f in sorted(range(len(sizes)), key=lambda f: -sizes[f]):
+        owner[f] = shares.index(min(shares))
+        shares[owner[f]] += sizes[f]
+    return owner, shares
 
-NUM_WORKERS = 2  # the notebook's constant: this cluster's workers
-
-def notebook_num_workers(features, labels, size, num_workers):  # the argument ignored
-    def dataset_fn():
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensor_slices((features, labels))
-        data = data.shard(NUM_WORKERS, worker).shuffle(1000, seed=tf.cast(worker, tf.int64))
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def shuffle_then_shard(features, labels, size, num_workers):
-    def dataset_fn():  # the same seed on every worker: disjoint shares, but new ones each pass
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(10_000, seed=7)
-        return data.shard(num_workers, worker).repeat().batch(size)
-    return dataset_fn
-
-def labels_replaced(features, labels, size, num_workers):
-    def dataset_fn():  # the features right, every label 0
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensor_slices((features, tf.zeros_like(labels)))
-        seed = tf.cast(worker, tf.int64) + 1
-        data = data.shard(num_workers, worker).shuffle(len(features), seed=seed)
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def shuffled_apart(features, labels, size, num_workers):
-    def dataset_fn():  # features and labels each shuffled, then zipped: pairs broken
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        def shuffled(values, seed):
-            data = tf.data.Dataset.from_tensor_slices(values).shard(num_workers, worker)
-            return data.shuffle(len(features), seed=tf.cast(worker, tf.int64) + seed)
-        return tf.data.Dataset.zip((shuffled(features, 1), shuffled(labels, 2))).repeat().batch(
-            size)
-    return dataset_fn
-
-def two_passes_said_infinite(features, labels, size, num_workers):
-    def dataset_fn():  # runs dry mid-job: the error is the answer's, not the check's cluster
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
-        data = data.shuffle(len(features)).repeat(2).batch(size, drop_remainder=True)
-        return data.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
-    return dataset_fn
-
-def beside_a_full_shuffle(features, labels, size, num_workers):
-    def dataset_fn():  # a 3/4 buffer on the examples, a full one on a branch zipped in and dropped
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
-        data = data.shuffle(3 * (features.shape[0] // num_workers) // 4)
-        beside = tf.data.Dataset.range(1).shuffle(1).repeat()
-        return tf.data.Dataset.zip((data, beside)).map(lambda d, _: d).repeat().batch(size)
-    return dataset_fn
-
-def and_a_one_element_shuffle(features, labels, size, num_workers):
-    def dataset_fn():  # a 3/4 buffer, then a full shuffle of one element (the share batched)
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
-        data = data.shuffle(3 * (features.shape[0] // num_workers) // 4)
-        return data.batch(10_000).shuffle(1).unbatch().repeat().batch(size)
-    return dataset_fn
-
-def full_then_a_small_shuffle(features, labels, size, num_workers):
-    def dataset_fn():  # right: a shuffle after a full one leaves each pass uniformly shuffled
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
-        return data.shuffle(1000).shuffle(4).repeat().batch(size)
-    return dataset_fn
-
-def unbounded_buffer(features, labels, size, num_workers):
-    def dataset_fn():  # right: a buffer_size of UNKNOWN_CARDINALITY holds the whole input
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
-        return data.shuffle(tf.data.UNKNOWN_CARDINALITY).repeat().batch(size)
-    return dataset_fn
-
-def _share_of(features, num_workers):
-    return features.shape[0] // num_workers
-
-def _shard(features, labels, num_workers):
+def own_files(paths, owner):  # this worker's files, chosen on the worker
     worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-    return tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
+    return tf.boolean_mask(tf.constant(paths), tf.constant(owner, tf.int64) == worker)
 
-def chunks_of(k):
-    def make_dataset_fn(features, labels, size, num_workers):
-        def dataset_fn():  # groups of k examples shuffled: they stay together
-            data = _shard(features, labels, num_workers).batch(k).shuffle(1000).unbatch()
-            return data.repeat().batch(size)
-        return dataset_fn
-    return make_dataset_fn
-
-def half_buffer_chunks(features, labels, size, num_workers):
-    def dataset_fn():  # a 3/4 buffer over pairs
-        n = _share_of(features, num_workers)
-        data = _shard(features, labels, num_workers).batch(2).shuffle(3 * n // 8).unbatch()
-        return data.repeat().batch(size)
+def right(paths, sizes, batch_size, num_workers):
+    owner, shares = owners(sizes, num_workers)
+    def dataset_fn():
+        records = tf.data.TFRecordDataset(own_files(paths, owner))
+        return records.shuffle(max(shares)).repeat().batch(batch_size)
     return dataset_fn
 
-def one_short(features, labels, size, num_workers):
-    def dataset_fn():  # a 3/4 buffer over all but one example
-        n, data = _share_of(features, num_workers), _shard(features, labels, num_workers)
-        data = data.take(n - 1).shuffle(3 * n // 4).concatenate(data.skip(n - 1))
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def three_then_stored(features, labels, size, num_workers):
-    def dataset_fn():  # shuffled for three passes, then stored order for good
-        data = _shard(features, labels, num_workers)
-        return data.shuffle(1000).repeat(3).concatenate(data.repeat()).batch(size)
-    return dataset_fn
-
-def three_then_fixed(features, labels, size, num_workers):
-    def dataset_fn():  # shuffled for three passes, then one order for good
-        data = _shard(features, labels, num_workers)
-        fixed = data.shuffle(1000, reshuffle_each_iteration=False).repeat()
-        return data.shuffle(1000).repeat(3).concatenate(fixed).batch(size)
-    return dataset_fn
-
-def many_ways(features, labels, size, num_workers):
-    def dataset_fn():  # a 3/4 buffer zipped with 63 full shuffles of nothing read
-        n = _share_of(features, num_workers)
-        data = _shard(features, labels, num_workers).shuffle(3 * n // 4)
-        decoys = tuple(tf.data.Dataset.range(100).shuffle(100).repeat() for _ in range(63))
-        return tf.data.Dataset.zip((data, *decoys)).map(lambda x, *_: x).repeat().batch(size)
-    return dataset_fn
-
-def shuffled_in_flat_map(features, labels, size, num_workers):
-    def dataset_fn():  # right: the share shuffled inside a flat_map over two keys, one pass each
-        n = _share_of(features, num_workers)
-        keys = tf.data.Dataset.from_tensor_slices([0, 1])
-        data = keys.flat_map(lambda _: _shard(features, labels, num_workers).shuffle(n))
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def share_permuted(features, labels, size, num_workers):
-    def dataset_fn():  # right: the share batched whole, its rows permuted by tf.random.shuffle
-        def permuted(f, l):
-            at = tf.random.shuffle(tf.range(tf.shape(l)[0]))
-            return tf.gather(f, at), tf.gather(l, at)
-        data = _shard(features, labels, num_workers).batch(100_000).map(permuted).unbatch()
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def shuffled_positions(features, labels, size, num_workers):
-    def dataset_fn():  # right: positions shuffled, examples gathered
-        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
-                         tf.int64)
-        places = tf.data.Dataset.range(worker, features.shape[0], num_workers)
-        places = places.shuffle(features.shape[0])
-        data = places.map(lambda i: (tf.gather(features, i), tf.gather(labels, i)))
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def _gathered(features, labels, ids):
-    return ids.map(lambda i: (tf.gather(features, i), tf.gather(labels, i)))
-
-def range_three_then_stored(features, labels, size, num_workers):
-    def dataset_fn():  # ids from a range: shuffled for three passes, then stored order for good
+def sorted_then_dealt(paths, sizes, batch_size, num_workers):  # right: the docstring's recipe,
+    order = sorted(range(len(sizes)), key=lambda f: -sizes[f])  # files sorted by size first
+    def dataset_fn():                                           # and shuffled before repeat
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        ids = tf.data.Dataset.range(features.shape[0]).shard(num_workers, worker)
-        data = _gathered(features, labels, ids)
-        return data.shuffle(1000).repeat(3).concatenate(data.repeat()).batch(size)
+        files = tf.data.Dataset.from_tensor_slices([paths[f] for f in order])
+        return (files.shard(num_workers, worker).shuffle(len(paths)).repeat()
+                .interleave(tf.data.TFRecordDataset, cycle_length=2).batch(batch_size))
     return dataset_fn
 
-def rows_three_then_stored(features, labels, size, num_workers):
-    def dataset_fn():  # rows of tensors: shuffled for three passes, then stored order for good
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensors((features, labels)).unbatch()
-        data = data.shard(num_workers, worker)
-        return data.shuffle(1000).repeat(3).concatenate(data.repeat()).batch(size)
-    return dataset_fn
-
-def fixed_then_a_jitter(features, labels, size, num_workers):
-    def dataset_fn():  # one order for good, jittered each pass by a buffer of 2 (after a filter)
-        data = _shard(features, labels, num_workers)
-        data = data.shuffle(1000, seed=7, reshuffle_each_iteration=False)
-        return data.filter(lambda *_: True).shuffle(2).repeat().batch(size)
-    return dataset_fn
-
-def fixed_then_one_element(features, labels, size, num_workers):
-    def dataset_fn():  # one order for good, then a reshuffle of one element (the share batched)
-        data = _shard(features, labels, num_workers)
-        data = data.shuffle(1000, seed=7, reshuffle_each_iteration=False)
-        return data.batch(10_000).shuffle(1).unbatch().repeat().batch(size)
-    return dataset_fn
-
-def shuffled_ids(features, labels, size, num_workers):
-    def dataset_fn():  # right: ids from a range, sharded, shuffled whole, examples gathered
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        ids = tf.data.Dataset.range(features.shape[0]).shard(num_workers, worker)
-        return _gathered(features, labels, ids.shuffle(10_000)).repeat().batch(size)
-    return dataset_fn
-
-def shuffled_rows(features, labels, size, num_workers):
-    def dataset_fn():  # right: rows of tensors, sharded, shuffled whole
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensors((features, labels)).unbatch()
-        data = data.shard(num_workers, worker).shuffle(features.shape[0])
-        return data.repeat().batch(size, drop_remainder=True)
-    return dataset_fn
-
-def fixed_then_a_full_shuffle(features, labels, size, num_workers):
-    def dataset_fn():  # right: one order for good, then reshuffled whole each pass (after a filter)
-        data = _shard(features, labels, num_workers)
-        data = data.shuffle(1000, seed=7, reshuffle_each_iteration=False)
-        return data.filter(lambda *_: True).shuffle(10_000).repeat().batch(size)
-    return dataset_fn
-
-def counter_three_then_stored(features, labels, size, num_workers):
-    def dataset_fn():  # ids counted (an infinite range, cut): three shuffled passes, then stored
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        ids = tf.data.Dataset.counter().take(features.shape[0]).shard(num_workers, worker)
-        data = _gathered(features, labels, ids)
-        return data.shuffle(1000).repeat(3).concatenate(data.repeat()).batch(size)
-    return dataset_fn
-
-def flat_map_three_then_stored(features, labels, size, num_workers):
-    def dataset_fn():  # slices made inside a flat_map: three shuffled passes, then stored
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensors((features, labels)).flat_map(
-            lambda f, l: tf.data.Dataset.from_tensor_slices((f, l))).shard(num_workers, worker)
-        return data.shuffle(1000).repeat(3).concatenate(data.repeat()).batch(size)
-    return dataset_fn
-
-def fixed_one_batch_reshuffled(features, labels, size, num_workers):
-    def dataset_fn():  # one order for good, its first 6 swapped each pass (one batch, filtered)
-        def swap(f, l):
-            k = tf.shape(l)[0]
-            at = tf.concat([tf.random.shuffle(tf.range(6)), tf.range(6, k)], 0)
-            return tf.gather(f, at), tf.gather(l, at)
-        data = _shard(features, labels, num_workers)
-        data = data.shuffle(10_000, seed=7, reshuffle_each_iteration=False).batch(10_000)
-        data = data.filter(lambda *_: True).shuffle(10_000).map(swap).unbatch()
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def filtered_batches_reshuffled(features, labels, size, num_workers):
-    def dataset_fn():  # batches of a number tf.data cannot tell, shuffled whole, then a batch's
-        data = _shard(features, labels, num_workers).batch(size).filter(lambda *_: True)
-        return data.shuffle(1000).unbatch().shuffle(size).repeat().batch(size)
-    return dataset_fn
-
-def batches_of_batches_unbatched(features, labels, size, num_workers):
-    def dataset_fn():  # batches again out of an unbatch (a number tf.data cannot tell), shuffled
-        data = _shard(features, labels, num_workers).batch(size).batch(1).unbatch()
-        data = data.filter(lambda *_: True).shuffle(1000).unbatch()
-        return data.shuffle(size).repeat().batch(size)
-    return dataset_fn
-
-def reduced_groups(features, labels, size, num_workers):
-    def dataset_fn():  # groups of a batch's size made by a reducer, shuffled whole
-        def add(groups, example):
-            return tuple(tf.concat([g, e[None]], 0) for g, e in zip(groups, example[1]))
-        reducer = tf.data.experimental.Reducer(
-            lambda _: (tf.zeros([0, 2]), tf.zeros([0], labels.dtype)), add, lambda *g: g)
-        data = _shard(features, labels, num_workers).enumerate().apply(
-            tf.data.experimental.group_by_reducer(lambda i, _: i // size, reducer))
-        return data.shuffle(1000).unbatch().shuffle(size).repeat().batch(size)
-    return dataset_fn
-
-def padded_to_a_count(features, labels, size, num_workers):
-    def dataset_fn():  # batches and dummy ones past the share, a known count shuffled whole
-        dummy = tf.data.Dataset.from_tensors((tf.zeros([size, 2]), -tf.ones([size], labels.dtype)))
-        data = _shard(features, labels, num_workers).batch(size).concatenate(
-            dummy.repeat(_share_of(features, num_workers))).shuffle(10_000)
-        data = data.filter(lambda f, l: l[0] >= 0).unbatch()
-        return data.shuffle(size).repeat().batch(size)
-    return dataset_fn
-
-def batches_of_one_group_squeezed(features, labels, size, num_workers):
-    def dataset_fn():  # groups put in batches of one, whose axis a map drops before the shuffle
-        data = _shard(features, labels, num_workers).batch(size).batch(1).unbatch()
-        data = data.batch(1).map(lambda f, l: (f[0], l[0])).shuffle(1000).unbatch()
-        return data.shuffle(size).repeat().batch(size)
-    return dataset_fn
-
-def batches_of_one_rebatched(features, labels, size, num_workers):
-    def dataset_fn():  # batches of one joined again by a rebatch, then shuffled whole
-        data = _shard(features, labels, num_workers).batch(1).rebatch(size)
-        return data.shuffle(1000).unbatch().shuffle(size).repeat().batch(size)
-    return dataset_fn
-
-def batches_of_one_mapped_to_groups(features, labels, size, num_workers):
-    def dataset_fn():  # every size-th batch(1) mapped to the size examples from it on, gathered
-        heads = _shard(features, labels, num_workers).batch(1).shard(size, 0)
-        def group(f, l):  # from the captured tensors: the shapes of a batch of one
-            i = tf.cast(tf.where(tf.reduce_all(features == f[0], axis=1))[0, 0], tf.int32)
-            rows = tf.range(i, tf.shape(features)[0], num_workers)[:size]
-            return tf.gather(features, rows), tf.gather(labels, rows)
-        data = heads.map(group).filter(lambda f, l: True).shuffle(1000)
-        return data.unbatch().shuffle(size).repeat().batch(size)
-    return dataset_fn
-
-def batches_of_one_regrouped_by_a_snapshot(features, labels, size, num_workers):
-    def dataset_fn():  # batch(1)s stored, then read back as groups of size by its reader_func
-        import tempfile
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        path = tf.strings.join([tempfile.mkdtemp(), "/", tf.strings.as_string(worker)])
-        ones = _shard(features, labels, num_workers).batch(1)
-        data = ones.snapshot(path, shard_func=lambda f, l: tf.constant(0, tf.int64),
-                             reader_func=lambda files: files.interleave(
-                                 lambda each: each.unbatch().batch(size), cycle_length=1))
-        return data.shuffle(1000).unbatch().shuffle(size).repeat().batch(size)
-    return dataset_fn
-
-def thirty_two_passes_cached(features, labels, size, num_workers):
-    def dataset_fn():  # 32 fresh passes stored by a cache, replayed from pass 33 on
-        data = _shard(features, labels, num_workers).shuffle(10_000).repeat(32).cache()
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def permuted_by_a_generator(features, labels, size, num_workers):
-    def dataset_fn():  # a new permutation each pass, drawn in Python (a remote worker cannot)
-        import numpy as np
-        def examples():
-            while True:
-                for i in np.random.default_rng().permutation(len(labels)):
-                    yield features[i], labels[i]
-        data = tf.data.Dataset.from_generator(examples, output_signature=(
-            tf.TensorSpec([2], tf.as_dtype(features.dtype)),
-            tf.TensorSpec([], tf.as_dtype(labels.dtype))))
-        return data.batch(size)
-    return dataset_fn
-
-def passes_cached_behind_a_flat_map(features, labels, size, num_workers):
-    def dataset_fn():  # 32 whole shuffles made inside a flat_map, cached, then replayed
-        shard = _shard(features, labels, num_workers)
-        data = tf.data.Dataset.from_tensors(0).flat_map(lambda _: shard.shuffle(10_000))
-        return data.repeat(32).cache().repeat().batch(size)
-    return dataset_fn
-
-def passes_cached_behind_a_sample(features, labels, size, num_workers):
-    def dataset_fn():  # the same, the cache's input read as endless (a dummy never drawn)
-        shard = _shard(features, labels, num_workers)
-        dummy = tf.data.Dataset.from_tensors((features[0], labels[0])).repeat()
-        data = tf.data.Dataset.sample_from_datasets(
-            [shard.shuffle(10_000).repeat(32), dummy], weights=[1.0, 1e-30],
-            stop_on_empty_dataset=True)
-        return data.cache().repeat().batch(size)
-    return dataset_fn
-
-def made_outside_dataset_fn(features, labels, size, num_workers):
-    examples = tf.data.Dataset.from_tensor_slices((features, labels))  # on the coordinator
+def docstring_recipe(paths, sizes, batch_size, num_workers):  # the notebook's broken cell
     def dataset_fn():
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        return examples.shard(num_workers, worker).shuffle(10_000).repeat().batch(size)
+        files = tf.data.Dataset.from_tensor_slices(paths).shard(num_workers, worker)
+        return (files.repeat().shuffle(len(paths))
+                .interleave(tf.data.TFRecordDataset, cycle_length=2).batch(batch_size))
     return dataset_fn
 
-def decorated_dataset_fn_cached(features, labels, size, num_workers):
-    @tf.function
-    def dataset_fn():  # 32 passes cached and replayed, in a dataset_fn made a tf.function
-        data = _shard(features, labels, num_workers).shuffle(10_000).repeat(32).cache()
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def passes_cached_in_a_tf_function(features, labels, size, num_workers):
-    @tf.function
-    def make(worker):  # its steps hidden from dataset_fn's graph
-        shard = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
-        return shard.shuffle(10_000).repeat(32).cache().repeat()
-    def dataset_fn():
-        return make(tf.distribute.coordinator.experimental_get_current_worker_index()).batch(size)
-    return dataset_fn
-
-def passes_cached_in_a_cond(features, labels, size, num_workers):
+def lesson_shard_copied(paths, sizes, batch_size, num_workers):  # section 3's shard
     def dataset_fn():
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        def make():
-            shard = tf.data.Dataset.from_tensor_slices((features, labels))
-            return shard.shard(num_workers, worker).shuffle(10_000).repeat(32).cache().repeat()
-        return tf.cond(worker >= 0, make, make).batch(size)
+        return (tf.data.TFRecordDataset(paths).shard(num_workers, worker)
+                .shuffle(sum(sizes), seed=worker + 1).repeat().batch(batch_size))
     return dataset_fn
 
-def passes_cached_in_a_serialized_graph(features, labels, size, num_workers):
-    def dataset_fn():  # the pipeline written to a graph and rebuilt from it: its steps hidden
-        data = _shard(features, labels, num_workers).shuffle(10_000).repeat(32).cache().repeat()
-        graph = tf.raw_ops.DatasetToGraphV2(input_dataset=data._variant_tensor)
-        return tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=graph),
-                                                 data.element_spec).batch(size)
+def files_repeated_in_interleave(paths, sizes, batch_size, num_workers):  # a rate per file
+    owner, _ = owners(sizes, num_workers)
+    def dataset_fn():
+        files = tf.data.Dataset.from_tensor_slices(own_files(paths, owner))
+        return files.interleave(lambda path: tf.data.TFRecordDataset(path).repeat(),
+                                cycle_length=len(paths)).batch(batch_size)
     return dataset_fn
 
-def passes_cached_as_an_iterators_element(features, labels, size, num_workers):
-    def dataset_fn():  # the dataset read out of a dataset of datasets by an iterator
-        data = _shard(features, labels, num_workers).shuffle(10_000).repeat(32).cache().repeat()
-        return next(iter(tf.data.Dataset.from_tensors(data))).batch(size)
+def repeat_3_in_interleave(paths, sizes, batch_size, num_workers):  # 3 passes, count unknown
+    owner, _ = owners(sizes, num_workers)
+    def dataset_fn():
+        files = tf.data.Dataset.from_tensor_slices(own_files(paths, owner)).repeat(3)
+        return files.interleave(tf.data.TFRecordDataset, cycle_length=2).batch(batch_size)
     return dataset_fn
 
-def passes_cached_in_a_map(features, labels, size, num_workers):
-    def dataset_fn():  # made in a map's function, taken out with get_single_element
-        shard = _shard(features, labels, num_workers)
-        made = tf.data.Dataset.range(1).map(
-            lambda _: shard.shuffle(10_000).repeat(32).cache().repeat()).get_single_element()
-        return made.batch(size)
-    return dataset_fn
+def no_repeat(paths, sizes, batch_size, num_workers):
+    owner, _ = owners(sizes, num_workers)
+    return lambda: tf.data.TFRecordDataset(own_files(paths, owner)).batch(batch_size)
 
-def passes_cached_in_a_flat_maps_function(features, labels, size, num_workers):
-    def dataset_fn():  # the cache inside the function, beside the shuffle it replays
-        shard = _shard(features, labels, num_workers)
-        made = tf.data.Dataset.from_tensors(0).flat_map(
-            lambda _: shard.shuffle(10_000).repeat(32).cache().repeat())
-        return made.repeat().batch(size)
-    return dataset_fn
+def notebook_num_workers(paths, sizes, batch_size, num_workers):  # the argument ignored
+    return right(paths, sizes, batch_size, 2)
 
-def passes_cached_in_a_group_by_window(features, labels, size, num_workers):
-    def dataset_fn():  # the whole pipeline, its cache too, made in group_by_window's reduce_func
+def batch_size_16(paths, sizes, batch_size, num_workers):  # the argument ignored
+    return right(paths, sizes, 16, num_workers)
+
+def through_python(paths, sizes, batch_size, num_workers):  # the right records, via Python
+    inner = right(paths, sizes, batch_size, num_workers)
+    return lambda: inner().map(lambda r: tf.py_function(lambda x: x, [r], tf.string))
+
+def read_on_the_coordinator(paths, sizes, batch_size, num_workers):  # right records, shipped
+    owner, shares = owners(sizes, num_workers)
+    rows = [[r.numpy() for r in tf.data.TFRecordDataset(path)] for path in paths]
+    table = [sum((rows[f] for f in range(len(paths)) if owner[f] == w), [])
+             for w in range(num_workers)]
+    table = [row + [b""] * (max(shares) - len(row)) for row in table]
+    def dataset_fn():
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-
-        def reduce(key, window):
-            return tf.data.Dataset.from_tensor_slices((features, labels)).shard(
-                num_workers, worker).shuffle(10_000).repeat(32).cache().repeat()
-
-        made = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).group_by_window(
-            key_func=lambda key: key, reduce_func=reduce, window_size=1)
-        return made.repeat().batch(size)
+        mine = tf.gather(tf.constant(table), worker)
+        records = tf.data.Dataset.from_tensor_slices(tf.boolean_mask(mine, mine != b""))
+        return records.shuffle(max(shares)).repeat().batch(batch_size)
     return dataset_fn
 
-def passes_replayed_by_a_seeded_flat_map(features, labels, size, num_workers):
-    def dataset_fn():  # a fixed seed, made anew at each call: 32 passes, then the same 32
-        shard = _shard(features, labels, num_workers)
-        made = tf.data.Dataset.range(1).flat_map(
-            lambda _: shard.shuffle(10_000, seed=7).repeat(32))
-        return made.repeat().batch(size)
-    return dataset_fn
+def constant_records(paths, sizes, batch_size, num_workers):
+    return lambda: tf.data.Dataset.from_tensors(b"record").repeat().batch(batch_size)
 
-_SERVICE = {}
+def all_files_parsed(paths, sizes, batch_size, num_workers):  # the course's reader, all files
+    return lambda: cu.data.read_tfrecord_shards(paths, [1]).repeat().batch(batch_size)
 
-
-def passes_cached_behind_the_data_service(features, labels, size, num_workers):
-    def dataset_fn():  # 32 shuffled passes cached, served by a tf.data service of this process
-        if not _SERVICE:
-            service = tf.data.experimental.service
-            _SERVICE["dispatcher"] = service.DispatchServer()
-            _SERVICE["worker"] = service.WorkerServer(service.WorkerConfig(
-                dispatcher_address=_SERVICE["dispatcher"].target.split("://")[1]))
-        inner = _shard(features, labels, num_workers).shuffle(10_000).repeat(32).cache().repeat()
-        return inner.apply(tf.data.experimental.service.distribute(
-            "parallel_epochs", _SERVICE["dispatcher"].target)).batch(size)
-    return dataset_fn
-
-def listed_passes_then_stored(features, labels, size, num_workers):
-    def dataset_fn():  # 32 shuffled passes, then stored order for good from from_list's rows
-        rows = [(features[i], labels[i]) for i in range(int(features.shape[0]))]
-        stored = tf.data.experimental.from_list(rows).shard(
-            num_workers, tf.distribute.coordinator.experimental_get_current_worker_index())
-        shuffled = _shard(features, labels, num_workers).shuffle(10_000).repeat(32)
-        return shuffled.concatenate(stored.repeat()).batch(size)
-    return dataset_fn
-
-def passes_cached_by_a_map_of_datasets(features, labels, size, num_workers):
-    def dataset_fn():  # 32 shuffled passes cached by a map over a dataset of datasets
-        data = tf.data.Dataset.from_tensors(
-            _shard(features, labels, num_workers).shuffle(10_000).repeat(32))
-        made = data.map(lambda each: each.cache().repeat()).flat_map(lambda each: each)
-        return made.repeat().batch(size)
-    return dataset_fn
-
-def shard_index_past_the_workers(features, labels, size, num_workers):
-    def dataset_fn():  # worker + 1: the last worker asks for a shard that does not exist
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensor_slices((features, labels))
-        return data.shard(num_workers, worker + 1).shuffle(10_000).repeat().batch(size)
-    return dataset_fn
-
-def features_with_a_trailing_axis(features, labels, size, num_workers):
-    def dataset_fn():  # features [batch, 2, 1]: its ids are not whole numbers
-        data = _shard(features, labels, num_workers).shuffle(10_000).repeat().batch(size)
-        return data.map(lambda f, l: (f[..., None], l))
-    return dataset_fn
-
-def tail_stored_beside_a_cond(features, labels, size, num_workers):
-    def dataset_fn():  # the last 5 of the share in stored order; a tf.cond draws nothing
-        n = _share_of(features, num_workers)
-        data = _shard(features, labels, num_workers)
-        data = data.take(n - 5).filter(lambda *_: True).shuffle(1000).concatenate(data.skip(n - 5))
-        data = data.map(lambda f, l: tf.cond(l >= 0, lambda: (f, l), lambda: (f, l)))
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def truncated_normal_in_a_cond(features, labels, size, num_workers):
-    def dataset_fn():  # right: the share permuted by argsort of draws made in a tf.cond branch
-        def permute(f, l):
-            k = tf.shape(l)[0]
-            at = tf.cond(k > 1, lambda: tf.argsort(tf.random.truncated_normal([k])),
-                         lambda: tf.range(k))
-            return tf.gather(f, at), tf.gather(l, at)
-        data = _shard(features, labels, num_workers).batch(100_000).map(permute).unbatch()
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def ids_zipped_after(features, labels, size, num_workers):
-    def dataset_fn():  # right: ids from a finite range zipped after the shuffle, then dropped
-        n = _share_of(features, num_workers) + 1
-        data = _shard(features, labels, num_workers).shuffle(10_000)
-        data = tf.data.Dataset.zip((data, tf.data.Dataset.range(n))).map(lambda x, _: x)
-        return data.repeat().batch(size)
-    return dataset_fn
-
-def _shares(features, num_workers):  # each worker's share: its size, its example ids
-    return [list(range(w, features.shape[0], num_workers)) for w in range(num_workers)]
-
-def _padded(rows):  # rows of unequal lengths as one table, and their lengths
-    width = max(len(row) for row in rows)
-    return (tf.constant([row + [0] * (width - len(row)) for row in rows], tf.int32),
-            tf.constant([len(row) for row in rows], tf.int32))
-
-def turned_then_shuffled(features, labels, size, num_workers):
-    def dataset_fn():  # each pass the share rotated, reversed or strided, then a buffer of 8
-        import math
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        shares = _shares(features, num_workers)
-        table, counts = _padded([[a for a in range(1, len(ids)) if math.gcd(a, len(ids)) == 1]
-                                 for ids in shares])
-        units = tf.gather(table, worker)[:tf.gather(counts, worker)]
-        n = tf.constant([len(ids) for ids in shares], tf.int32)[worker]
-        def one_pass(_):
-            a = tf.gather(units, tf.random.uniform([], 0, tf.size(units), tf.int32))
-            at = (a * tf.range(n) + tf.random.uniform([], 0, n, tf.int32)) % n
-            at = at * num_workers + tf.cast(worker, tf.int32)
-            slices = (tf.gather(features, at), tf.gather(labels, at))
-            return tf.data.Dataset.from_tensor_slices(slices).shuffle(8)
-        data = tf.data.Dataset.from_tensors(0).repeat().flat_map(one_pass)
-        return data.apply(tf.data.experimental.assert_cardinality(-1)).batch(size)
-    return dataset_fn
-
-def fixed_then_shuffled(features, labels, size, num_workers):
-    def dataset_fn():  # one arrangement drawn for good, then a buffer of 8 each pass
-        import numpy as np
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        draw = np.random.default_rng()
-        table, counts = _padded([draw.permutation(ids).tolist()
-                                 for ids in _shares(features, num_workers)])
-        at = tf.gather(table, worker)[:tf.gather(counts, worker)]
-        def one_pass(_):
-            slices = (tf.gather(features, at), tf.gather(labels, at))
-            return tf.data.Dataset.from_tensor_slices(slices).shuffle(8)
-        data = tf.data.Dataset.from_tensors(0).repeat().flat_map(one_pass)
-        return data.apply(tf.data.experimental.assert_cardinality(-1)).batch(size)
-    return dataset_fn
-
-def repeat_40_said_infinite(features, labels, size, num_workers):
-    def dataset_fn():  # 40 passes, more than the check reads, said endless: it runs dry later
-        data = _shard(features, labels, num_workers).shuffle(10_000).repeat(40).batch(size)
-        return data.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
-    return dataset_fn
-
-def floor_blocks(features, labels, size, num_workers):
-    def dataset_fn():  # contiguous shares of len // num_workers: the last few never read
-        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
-                         tf.int64)
-        n = features.shape[0] // num_workers
-        data = tf.data.Dataset.from_tensor_slices((features, labels)).skip(worker * n).take(n)
-        return data.shuffle(10_000).repeat().batch(size)
-    return dataset_fn
-
-def notebook_buffer(features, labels, size, num_workers):
-    def dataset_fn():  # the notebook's broken_dataset_fn's shuffle(100) kept: its whole data
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        data = tf.data.Dataset.from_tensor_slices((features, labels)).shard(num_workers, worker)
-        return data.shuffle(100).repeat().batch(size)
-    return dataset_fn
-
-for name, fn in [("right", make()), ("stub", stub),
-                 ("lesson_order", make(order="shuffle batch repeat")),
-                 ("no_repeat", make(repeat=None)), ("repeat_10", make(repeat=(10,))),
-                 ("no_shard", make(shard=False)),
-                 ("no_shuffle", make(shuffle=False, decoy=True)),
-                 ("no_reshuffle", make(reshuffle=False)),
-                 ("repeat_then_shuffle", make(order="repeat shuffle batch")),
-                 ("drop_remainder", make(order="shuffle batch repeat", drop=True)),
-                 ("shuffle_2", make(buffer=2)),
-                 ("filter_shard_three_batches", make(shard="filter", buffer="batches")),
-                 ("shuffle_half_a_share", make(buffer="half")),
-                 ("shuffle_three_quarters", make(buffer="three_quarters", decoy=True)),
-                 ("shuffle_then_shard", shuffle_then_shard),
-                 ("notebook_num_workers", notebook_num_workers),
-                 ("two_passes_said_infinite", two_passes_said_infinite),
-                 ("labels_replaced", labels_replaced), ("shuffled_apart", shuffled_apart),
-                 ("beside_a_full_shuffle", beside_a_full_shuffle),
-                 ("and_a_one_element_shuffle", and_a_one_element_shuffle),
-                 ("full_then_a_small_shuffle", full_then_a_small_shuffle),
-                 ("unbounded_buffer", unbounded_buffer),
-                 ("chunks_of_2", chunks_of(2)), ("chunks_of_4", chunks_of(4)),
-                 ("half_buffer_chunks", half_buffer_chunks), ("one_short", one_short),
-                 ("three_then_stored", three_then_stored),
-                 ("three_then_fixed", three_then_fixed), ("many_ways", many_ways),
-                 ("shuffled_in_flat_map", shuffled_in_flat_map),
-                 ("share_permuted", share_permuted),
-                 ("shuffled_positions", shuffled_positions),
-                 ("range_three_then_stored", range_three_then_stored),
-                 ("rows_three_then_stored", rows_three_then_stored),
-                 ("fixed_then_a_jitter", fixed_then_a_jitter),
-                 ("fixed_then_one_element", fixed_then_one_element),
-                 ("shuffled_ids", shuffled_ids), ("shuffled_rows", shuffled_rows),
-                 ("fixed_then_a_full_shuffle", fixed_then_a_full_shuffle),
-                 ("counter_three_then_stored", counter_three_then_stored),
-                 ("flat_map_three_then_stored", flat_map_three_then_stored),
-                 ("fixed_one_batch_reshuffled", fixed_one_batch_reshuffled),
-                 ("filtered_batches_reshuffled", filtered_batches_reshuffled),
-                 ("batches_of_batches_unbatched", batches_of_batches_unbatched),
-                 ("reduced_groups", reduced_groups), ("padded_to_a_count", padded_to_a_count),
-                 ("batches_of_one_group_squeezed", batches_of_one_group_squeezed),
-                 ("batches_of_one_rebatched", batches_of_one_rebatched),
-                 ("batches_of_one_mapped_to_groups", batches_of_one_mapped_to_groups),
-                 ("batches_of_one_regrouped_by_a_snapshot",
-                  batches_of_one_regrouped_by_a_snapshot),
-                 ("thirty_two_passes_cached", thirty_two_passes_cached),
-                 ("permuted_by_a_generator", permuted_by_a_generator),
-                 ("passes_cached_behind_a_flat_map", passes_cached_behind_a_flat_map),
-                 ("passes_cached_behind_a_sample", passes_cached_behind_a_sample),
-                 ("made_outside_dataset_fn", made_outside_dataset_fn),
-                 ("decorated_dataset_fn_cached", decorated_dataset_fn_cached),
-                 ("passes_cached_in_a_tf_function", passes_cached_in_a_tf_function),
-                 ("passes_cached_in_a_cond", passes_cached_in_a_cond),
-                 ("passes_cached_in_a_serialized_graph", passes_cached_in_a_serialized_graph),
-                 ("passes_cached_as_an_iterators_element",
-                  passes_cached_as_an_iterators_element),
-                 ("passes_cached_in_a_map", passes_cached_in_a_map),
-                 ("passes_cached_in_a_flat_maps_function",
-                  passes_cached_in_a_flat_maps_function),
-                 ("passes_cached_in_a_group_by_window", passes_cached_in_a_group_by_window),
-                 ("passes_replayed_by_a_seeded_flat_map",
-                  passes_replayed_by_a_seeded_flat_map),
-                 ("passes_cached_behind_the_data_service",
-                  passes_cached_behind_the_data_service),
-                 ("listed_passes_then_stored", listed_passes_then_stored),
-                 ("passes_cached_by_a_map_of_datasets", passes_cached_by_a_map_of_datasets),
-                 ("shard_index_past_the_workers", shard_index_past_the_workers),
-                 ("features_with_a_trailing_axis", features_with_a_trailing_axis),
-                 ("tail_stored_beside_a_cond", tail_stored_beside_a_cond),
-                 ("truncated_normal_in_a_cond", truncated_normal_in_a_cond),
-                 ("ids_zipped_after", ids_zipped_after),
-                 ("turned_then_shuffled", turned_then_shuffled),
-                 ("fixed_then_shuffled", fixed_then_shuffled),
-                 ("repeat_40_said_infinite", repeat_40_said_infinite),
-                 ("floor_blocks", floor_blocks), ("notebook_buffer", notebook_buffer)]:
-    print("DATASET", name, verdict(cu.grading.check_make_dataset_fn, fn, name))
+for name, fn in [("right", right), ("sorted_then_dealt", sorted_then_dealt), ("stub", stub),
+                 ("docstring_recipe", docstring_recipe),
+                 ("lesson_shard_copied", lesson_shard_copied),
+                 ("files_repeated_in_interleave", files_repeated_in_interleave),
+                 ("repeat_3_in_interleave", repeat_3_in_interleave),
+                 ("no_repeat", no_repeat), ("notebook_num_workers", notebook_num_workers),
+                 ("batch_size_16", batch_size_16), ("through_python", through_python),
+                 ("read_on_the_coordinator", read_on_the_coordinator),
+                 ("constant_records", constant_records), ("all_files_parsed", all_files_parsed),
+                 ("helper_bound", cu.data.read_tfrecord_shards)]:
+    print("DATASET", name, verdict(cu.grading.check_make_file_dataset_fn, fn, name))
 
 ''' + AVERAGE_ANSWERS + r'''
 import time
@@ -1220,10 +658,6 @@ coordinator.schedule(tf.function(lambda: barrier()))
 coordinator.join()
 print("BARRIER timeouts", alone, int(barrier.timeouts.numpy()))
 '''
-
-
-_ARRANGED = ("fixed arrangement shuffled a little|keeps too much|earlier than where they "
-             "were stored")
 
 
 @pytest.mark.slow
@@ -1262,104 +696,26 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("RUN_STEPS", "forges_the_pipe_log"): "record of your steps was changed",
         ("RUN_STEPS", "forges_around_the_watch"): "bytes the watch never wrote",
         ("DATASET", "right"): "PASS",
+        ("DATASET", "sorted_then_dealt"): "PASS",
         ("DATASET", "stub"): "BLANK",
-        ("DATASET", "lesson_order"): "do not fill its last batch",
+        # the docstring's recipe: the files dealt by index, one worker most of the examples
+        ("DATASET", "docstring_recipe"): "the workers' shares are",
+        # section 3's shard of the examples: every worker reads every file
+        ("DATASET", "lesson_shard_copied"): "was read by workers [0, 1]",
+        # each file repeated inside the interleave: a rate per file, not per example
+        ("DATASET", "files_repeated_in_interleave"): "in passes, each once before any twice",
+        # a count tf.data cannot tell, and no repeat() without a count
+        ("DATASET", "repeat_3_in_interleave"): "no repeat() without a count",
         ("DATASET", "no_repeat"): "never run dry",
-        ("DATASET", "repeat_10"): "whatever the number of steps",
-        ("DATASET", "no_shard"): "same examples",
-        # a tf.random.shuffle of nothing read (a decoy) is no shuffle of the examples
-        ("DATASET", "no_shuffle"): "stored order",
-        ("DATASET", "no_reshuffle"): "same order in every pass",
-        ("DATASET", "repeat_then_shuffle"): "once each|never read",
-        ("DATASET", "drop_remainder"): "once each|never read",
-        ("DATASET", "shuffle_2"): "too small",
-        # a share of a size tf.data cannot tell ahead: its buffer must hold the share (the
-        # graph), or the buffer's reach (a pass's order: at a share of 47, 23 places now and then)
-        ("DATASET", "filter_shard_three_batches"): "cannot tell ahead|too small",
-        ("DATASET", "shuffle_half_a_share"): "too small",
-        # the buffer's reach (a pass's order) or the buffer_size against the share (the graph),
-        # a tf.random.shuffle in a map before it standing for no shuffle
-        ("DATASET", "shuffle_three_quarters"): "too small",
-        ("DATASET", "shuffle_then_shard"): "same examples",
-        ("DATASET", "notebook_num_workers"): "which number of workers",
-        ("DATASET", "two_passes_said_infinite"): "never run dry",
-        ("DATASET", "labels_replaced"): "another example's label",
-        ("DATASET", "shuffled_apart"): "another example's label",
-        # the graph: each way down to the examples needs its own full shuffle (of the share)
-        ("DATASET", "beside_a_full_shuffle"): "too small",
-        ("DATASET", "and_a_one_element_shuffle"): "too small",
-        ("DATASET", "full_then_a_small_shuffle"): "PASS",
-        ("DATASET", "unbounded_buffer"): "PASS",
-        # groups of examples shuffled, a branch unshuffled, a way past the passes read
-        ("DATASET", "chunks_of_2"): "groups of examples",
-        # its passes: 9-18 groups of 4 seldom bring an example half the share earlier in each of
-        # three passes (about 1 check in 170 simulated): the buffer's reach is said first
-        ("DATASET", "chunks_of_4"): "groups of examples|too small",
-        ("DATASET", "half_buffer_chunks"): "too small|groups of examples",
-        ("DATASET", "one_short"): "too small|stored order",
-        ("DATASET", "three_then_stored"): "stored order",
-        ("DATASET", "three_then_fixed"): "same order in every pass|the order of pass",
-        ("DATASET", "many_ways"): "too small",
-        ("DATASET", "shuffled_in_flat_map"): "PASS",
-        ("DATASET", "share_permuted"): "PASS",
-        ("DATASET", "shuffled_positions"): "PASS",
-        ("DATASET", "range_three_then_stored"): "stored order",
-        ("DATASET", "rows_three_then_stored"): "stored order",
-        ("DATASET", "fixed_then_a_jitter"): "same order in every pass|the order of pass",
-        ("DATASET", "fixed_then_one_element"): "same order in every pass",
-        ("DATASET", "shuffled_ids"): "PASS",
-        ("DATASET", "shuffled_rows"): "PASS",
-        ("DATASET", "fixed_then_a_full_shuffle"): "PASS",
-        # each of a drawn number of passes (up to PASSES_READ) read fresh, however it is made
-        ("DATASET", "counter_three_then_stored"): "stored order",
-        ("DATASET", "flat_map_three_then_stored"): "stored order",
-        # (the first passes alike where its two draws of 6 agree: 1 in 720 per worker)
-        ("DATASET", "fixed_one_batch_reshuffled"):
-            "the order of pass|shuffles batches|same order in every pass",
-        # batches (or other groups of examples, however made and whatever their number)
-        # shuffled whole, then a shuffle of a batch's size (its first passes' examples all kept
-        # early now and then: too small); a tf.cond draws nothing, the draws in its branches count
-        ("DATASET", "filtered_batches_reshuffled"): "shuffles batches|too small",
-        ("DATASET", "batches_of_batches_unbatched"): "shuffles batches|too small",
-        ("DATASET", "reduced_groups"): "shuffles batches|too small",
-        ("DATASET", "padded_to_a_count"): "shuffles batches|too small",
-        ("DATASET", "batches_of_one_group_squeezed"): "shuffles batches|too small",
-        ("DATASET", "batches_of_one_rebatched"): "shuffles batches|too small",
-        ("DATASET", "batches_of_one_mapped_to_groups"): "shuffles batches|too small",
-        ("DATASET", "batches_of_one_regrouped_by_a_snapshot"): "shuffles batches|too small",
-        ("DATASET", "thirty_two_passes_cached"): "same order in every pass",
-        ("DATASET", "permuted_by_a_generator"): "calls Python",
-        ("DATASET", "passes_cached_behind_a_flat_map"): "same order in every pass",
-        ("DATASET", "passes_cached_behind_a_sample"): "same order in every pass",
-        ("DATASET", "made_outside_dataset_fn"): "inside dataset_fn",
-        ("DATASET", "decorated_dataset_fn_cached"): "same order in every pass",
-        ("DATASET", "passes_cached_in_a_tf_function"): "tf.function",
-        ("DATASET", "passes_cached_in_a_cond"): "tf.function",
-        ("DATASET", "passes_cached_in_a_serialized_graph"): "serialized graph",
-        ("DATASET", "passes_cached_as_an_iterators_element"): "another dataset's element",
-        ("DATASET", "passes_cached_in_a_map"): "another dataset's element",
-        ("DATASET", "passes_cached_in_a_flat_maps_function"): "same order in every pass",
-        ("DATASET", "passes_cached_in_a_group_by_window"): "same order in every pass",
-        ("DATASET", "passes_replayed_by_a_seeded_flat_map"): "same order in every pass",
-        ("DATASET", "passes_cached_behind_the_data_service"): "tf.data service",
-        ("DATASET", "listed_passes_then_stored"): "stored order",
-        ("DATASET", "passes_cached_by_a_map_of_datasets"): "same order in every pass",
-        ("DATASET", "shard_index_past_the_workers"): "Index must be between",
-        ("DATASET", "features_with_a_trailing_axis"): "yield (features, labels) batches",
-        ("DATASET", "tail_stored_beside_a_cond"): "stored order",
-        ("DATASET", "truncated_normal_in_a_cond"): "PASS",
-        ("DATASET", "ids_zipped_after"): "PASS",
-        # every pass a rotation, reflection or stride of the stored order shuffled a little
-        # (a turn then a buffer of 8 keeps every example below n // 2 places early in a first
-        # pass with chance up to 3%, in all of its first 3 now and then: refused as too small)
-        ("DATASET", "turned_then_shuffled"): _ARRANGED,
-        # every pass one arrangement drawn for good, shuffled a little
-        ("DATASET", "fixed_then_shuffled"): _ARRANGED,
-        # endless by assertion only: its input's count (40 passes) is known
-        ("DATASET", "repeat_40_said_infinite"): "said to be endless",
-        # the examples need not divide evenly: shares of len // num_workers leave some out
-        ("DATASET", "floor_blocks"): "never read",
-        ("DATASET", "notebook_buffer"): "with a buffer of 100",
+        # shares for 2 workers in a job sized for 3: the one to join later has none
+        ("DATASET", "notebook_num_workers"): "which joins later",
+        ("DATASET", "batch_size_16"): "batch_size=",
+        ("DATASET", "through_python"): "calls Python",
+        # the right records, read here and shipped in the graph: no file read on the worker
+        ("DATASET", "read_on_the_coordinator"): "read elsewhere, here on the coordinator",
+        ("DATASET", "constant_records"): "reads no file",
+        ("DATASET", "all_files_parsed"): "batches of records as stored",
+        ("DATASET", "helper_bound"): "the course's own code",
         ("AVERAGE", "stub"): "BLANK",
         ("AVERAGE", "right"): "PASS",
         ("AVERAGE", "right_nested_function"): "PASS",

@@ -9,9 +9,10 @@ cannot start a second in-process cluster) and verifies what the parameter server
   :func:`~course_utils.grading.checks.coordinator_watch.watch` passed in the coordinator's
   place, its record kept by the check), and returns the values the steps computed, in the
   order scheduled;
-* ``check_make_dataset_fn(make_dataset_fn, strategy)``: a ``dataset_fn`` that never runs dry,
-  each worker its own examples, each pass reshuffled over the whole share, every batch full
-  (:mod:`course_utils.grading.checks.per_worker_datasets`, which says what it reads);
+* ``check_make_file_dataset_fn(make_file_dataset_fn, strategy)``: a ``dataset_fn`` over
+  TFRecord files of unequal sizes, each worker reading whole files of its own, the shares within
+  one file of each other, each worker's examples read in passes, never dry, counted from what
+  each worker read (:mod:`course_utils.grading.checks.per_worker_datasets`, which says how);
 * ``check_make_average_update(make_average_update, strategy)``: the ``update(loss)`` it returns
   blends each loss into a moving average on a parameter server (``decay * average + (1 - decay)
   * loss``), the check's own decay, start and losses drawn fresh. Its arithmetic is checked
@@ -41,10 +42,9 @@ from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
 from course_utils.grading.checks.lock_sections import _DEPTH, locked_writes, mutexes_of
 from course_utils.grading.checks.per_worker_datasets import (
     BARRIER_TIMEOUT_S,
-    PASSES_READ,
     _overloaded,
     barrier_fn,
-    check_make_dataset_fn,
+    check_make_file_dataset_fn,
     num_workers_of,
 )
 from course_utils.grading.checks.registry import register
@@ -52,8 +52,8 @@ from course_utils.grading.checks.worker_passes import runs_python
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["BARRIER_TIMEOUT_S", "PASSES_READ", "barrier_fn", "check_make_average_update",
-           "check_make_dataset_fn", "check_run_steps", "num_workers_of"]
+__all__ = ["BARRIER_TIMEOUT_S", "barrier_fn", "check_make_average_update",
+           "check_make_file_dataset_fn", "check_run_steps", "num_workers_of"]
 
 
 @register

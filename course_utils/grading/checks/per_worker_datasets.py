@@ -1,120 +1,59 @@
-"""Lesson 04's exercise 2, ``check_make_dataset_fn(make_dataset_fn, strategy)``, with what the
-checks of lesson 04 share: the workers' count and barrier (lesson 04's module re-exports them).
+"""Lesson 04's exercise 2, ``check_make_file_dataset_fn(make_file_dataset_fn, strategy)``, with
+what the checks of lesson 04 share: the workers' count and barrier (lesson 04's module
+re-exports them).
 
-The check runs the learner's ``dataset_fn`` on the notebook's own ``ParameterServerStrategy``
-and asks for a ``dataset_fn`` of infinite cardinality (read on each worker), each worker its own
-examples (each with its own label), each pass reshuffled over the whole share: read, each of a
-number of passes drawn per case (up to :data:`PASSES_READ`, by another iterator of the worker's
-dataset beside its steps) is a fresh
-order, neither the stored order nor an earlier pass's (places and neighbours in common,
-:data:`~course_utils.grading.checks.worker_passes.SAME_ORDER`), nor, in every pass, the stored
-order rotated, reversed or read at a stride then shuffled a little (how far examples came in the
-best such frame, :func:`~course_utils.grading.checks.worker_passes.turned_reach`), nor, in each of
-the last 4, the order the earlier passes set (each example's mean place) shuffled a little
-(:func:`~course_utils.grading.checks.worker_passes.usual_reach`), nor passes in which a part of
-the share keeps to places of its own (halves shuffled apart then interleaved, a few examples
-kept in stored order: :func:`~course_utils.grading.checks.share_parts.kept_apart`; or parts
-that trade only a pair or two of examples a pass:
-:func:`~course_utils.grading.checks.share_parts.seldom_mixed`), however the dataset is made; and
-in its graph (on each way from the worker's dataset down to a source, a branch of a ``zip`` or a
-``concatenate`` included, that has a shuffle that reshuffles each pass a known number of elements,
-more than one, one of them must hold all its elements in its buffer, and they must be a worker's
-share or more: a full shuffle of another branch, or of fewer elements, does not stand for it; one
-of an unknown number, a ``filter`` shard say, stands for it with a buffer of the share or more; a
-shuffle of groups of examples never does, whatever their number (a batch or window below it with
-no ``unbatch`` nor ``flat_map`` that makes examples again between, but a ``batch(1)`` with no
-rebatch, scan, reducer, group_by_window, zip of two ways through ``batch(1)``s, function that
-reads datasets (a map's, a flat_map's), map (or flat_map of a from_tensors) that computes its
-outputs rather than passing its element's own components on, nor step with a function of another
-kind (a snapshot's ``reader_func``), after it; or elements of a higher rank than an example's,
-however made, but ``[1, ...]``); a way from the examples' slices (``from_list``'s too, or a finite
-``range``, or an ``unbatch`` of tensors) with no shuffle at all (no ``ShuffleDataset``, nor random
-draws in a map's, flat_map's, interleave's or scan's function or the functions it calls:
-``tf.random.shuffle``, ``tf.random.uniform``, not a ``tf.cond``) reads them in stored order –
-unless its only branching steps are zips, ids read beside shuffled examples, say: stored order
-there shows in the passes read –, and a way whose only shuffles that reshuffle are of one element
-(or of an unknown number, with a buffer below the share) while one never reshuffles, the same
-order every pass, whatever passes the check reads, as does one below a ``cache()`` or snapshot (a
-``flat_map`` or ``interleave`` that shuffles included), or below or inside a step whose function
-holds one (``d.cache()`` in a ``map`` or ``flat_map``, or in a ``group_by_window``'s
-``reduce_func``: 32 passes cached so passed 11 of 11, three ways, and 3 of 3; a right ``cache()``
-then ``shuffle`` inside one is refused with them), or a shuffle with a fixed seed inside one
-(``seed=7``, or any once ``tf.random.set_seed`` set one, as the notebook's setup does), made anew
-with it at each call (``flat_map(lambda _: d.shuffle(n, seed=7).repeat(32)).repeat()``: passed 2
-of 2; a right one whose function runs once, its shuffle repeated inside, is refused with it; a
-seed computed from the function's arguments, a counter's, is not read), which replays its first
-passes, or holds every element of an endless input; with more than 62 ways, each such shuffle must
-hold its whole input). Still passes: a shuffle inside a ``flat_map``, an ``interleave`` or any
-function of a step (a ``group_by_window``'s ``reduce_func``) stands for a whole one, and random
-draws in a ``map`` exempt the slices below (a decoy as easily as a whole permutation): there only
-how far examples move is read (a few examples left in stored order below them keep to their
-places, refused by the passes read), a hidden buffer of three quarters of
-the share passes (one just over half is refused now and then); groups made into elements whose
-shapes do not show them (flattened into vectors of an example's rank or of an unknown rank,
-sparse, ragged, serialized, tuples of examples zipped from two ways of the share, datasets of
-them, or ids of groups gathered in a ``map`` or ``flat_map``) count as examples (shapes are all
-the graph tells): groups of a batch's size shuffled whole then ``shuffle(batch_size)`` pass about
-7 in 8 checks simulated, 24 of 33 real runs; and more fresh passes than the check draws, then
-stored order or those passes again (``repeat(32)``), from a source the graph does not list (a
-``counter``, slices made inside a ``flat_map`` or below random draws, a tensor of 32 passes
-unbatched below a shuffle of its one element: 2 of 2): no number of passes read rules out a larger
-one. Refused though right, as groups: elements with a component of a higher rank than an example's
-(its batches' largest, less one), dropped or reshaped after the shuffle (an axis added, an image
-carried), and batches whose rank tf.data cannot tell (the example rank is read from the other
-components), and ``batch(1)``s that a zip or ``enumerate`` joins, a scan numbers, a map computes
-new components of (a cast, an added id), or a snapshot stores, before the shuffle (a map after the
-unbatch instead, or a snapshot of the examples before the shuffle: one after it stores its first
-pass's order for every pass); and a whole ``tf.random.shuffle`` then a smaller shuffle of an
-unknown number (a decoy's random draws look the same); a dataset that calls Python
-(``from_generator``, a permutation drawn in a ``tf.py_function`` or ``tf.numpy_function``):
-refused before any step, since a real job's remote workers cannot run one (it runs only in the
-process of the Python program that made it); and a dataset that comes out of a ``tf.function`` or
-``tf.cond`` (or a loop) that ``dataset_fn`` calls, or is another dataset's element
-(``get_single_element``, an iterator's), rebuilt from a serialized graph (``DatasetFromGraph``) or
-served by the tf.data service (``distribute``), right or not: its steps are not in the graph read
-(32 passes cached and replayed there passed 4 of 4 when it was, 4 of 4 each hidden those ways, 2
-of 2 served), so it must be made in ``dataset_fn`` itself (a ``dataset_fn`` decorated with
-``tf.function`` is traced as its Python function, and read). Passes each another fixed arrangement
-shuffled a little (drawn from a table of orders, one arrangement turned by a random ``roll`` or
-read at a random stride each pass, its blocks in an order drawn each pass, or a stride with a
-buffer of more than a third, up to a half, of the share), and one fixed arrangement behind a
-hidden buffer of half the share (all but about 1 in 100 per worker at 33-35 examples) or a third
-of it, or two ``shuffle(8)`` (now and then): a frame is tried only where it is set apart from the
-passes it judges (rotations, reflections and strides; the earlier passes' order for the last 4),
-as a uniform shuffle too is some arrangement in the frame its own pass sets. And every batch full
-although a worker's share does not fill its last batch; the first case has one example more than
-its workers share evenly (worker 0's share one longer), so that shares of ``len(features) //
-num_workers`` leave some out (and a buffer of that many is one short of worker 0's share); the
-second case is a job sized for one worker more than run (one joins later), so that shards cut by
-the notebook's worker count instead of ``num_workers`` read too much; its shares are of
-105-130 examples, more than the notebook's whole data, so that a buffer copied from the
-notebook (``shuffle(100)``) is refused. A dataset that
-``assert_cardinality(INFINITE_CARDINALITY)`` says is endless over an input tf.data counts
-finite (``repeat(40)``, more passes than the check reads) is refused; over an input of a count
-tf.data cannot tell (a ``filter`` or ``flat_map`` before a ``repeat(40)``) it still passes.
+The exercise: a job's data in TFRecord files of unequal sizes. ``make_file_dataset_fn(paths,
+sizes, batch_size, num_workers)`` returns a ``dataset_fn`` for ``create_per_worker_dataset`` in
+which each worker reads whole files of its own (``Dataset.shard``'s docstring: shard the files
+before reading them, "This avoids reading every file on every worker"), the workers' shares of
+examples within one file of each other (sharding the file list by index, as that docstring's
+recipe does, gives one worker most of the examples: the coordinator hands steps to whichever
+worker is free, so a worker with a small share reads each of its examples many times as often),
+each worker's examples read in passes (every one once before any twice: files interleaved with
+a ``repeat()`` each are read at one rate per file, not per example), and never running dry.
 
+What the check does, each call on fresh files (a fresh directory, sizes drawn, every record a
+random token the check alone knows): it runs the learner's ``dataset_fn`` through the
+notebook's own coordinator (``create_per_worker_dataset``), in rounds of one step per worker (a
+barrier on a parameter server), each step returning the worker's index and the records of its
+batch, then counts what each worker read: which files (a file read by two workers is named),
+each share's examples (from the sizes of the files read; a job sized for one worker more, who
+joins later, has the unread files as that worker's share), every record of a worker's files read
+(at least a pass), each record's reads against the others' of its worker (within 2), the batch
+size, and the dataset's cardinality on the worker (infinite; one ``assert_cardinality`` says is
+endless over a finite input is refused). On the worker, the dataset's graph must hold a
+``TFRecordDataset`` (records read on the coordinator and shipped in the graph are refused) and
+no Python (``from_generator``, ``tf.py_function``: a real job's remote workers cannot run it).
+Not told apart: a dataset that reads every file on every worker and drops the records of other
+workers' files before they come out (the check sees what each worker yields, not the bytes it
+read).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
-from course_utils.grading.checks import worker_passes
-from course_utils.grading.checks.dataset_shuffles import share_message
 from course_utils.grading.checks.registry import register
+from course_utils.grading.checks.worker_passes import (
+    ASSERTED,
+    RunsPython,
+    _asserted_infinite,
+    graph_ops,
+    runs_python,
+    unmade_dataset_message,
+)
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["BARRIER_TIMEOUT_S", "PASSES_READ", "barrier_fn", "check_make_dataset_fn",
-           "num_workers_of"]
+__all__ = ["BARRIER_TIMEOUT_S", "barrier_fn", "check_make_file_dataset_fn", "num_workers_of"]
 
 #: The longest a step waits at the barrier for the other workers (a safety net, never reached
 #: when every worker is alive).
 BARRIER_TIMEOUT_S = 60.0
-#: The most passes over its share another iterator of each worker's dataset reads (a number
-#: from a quarter of it drawn per case): every one must be shuffled anew.
-PASSES_READ = 32
-_WORKER_OFFSET = 1_000_000  # the check's dataset: worker w yields w * offset + position
 
 
 def num_workers_of(strategy: Any) -> int:
@@ -166,54 +105,190 @@ def _overloaded(barrier: Any) -> str:  # the workers never met: a worker starved
             "to judge this answer; run the check again when it is quieter")
 
 
-@register
-def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
-    """Check ``make_dataset_fn(features, labels, batch_size, num_workers)``: a never-ending,
-    per-worker, reshuffled ``dataset_fn`` whose batches are all full."""
+_FINITE = -5  # the cardinality read for a count tf.data cannot tell, below no endless repeat
+
+
+class NotFromFiles(Exception):
+    """A worker's dataset holds no ``TFRecordDataset``: its records were not read there."""
+
+
+class NotRecords(Exception):
+    """A worker's dataset does not yield batches of records (1-D ``tf.string`` tensors)."""
+
+
+def _endless_repeat(graph: Any) -> bool:
+    """Whether ``graph`` or a function it calls (an interleave's, a flat_map's) holds a
+    ``repeat()`` without a count (a count read from no constant counts as one)."""
     tf = _tf()
+    for op in graph.get_operations():
+        if op.type == "RepeatDataset" and tf.get_static_value(op.inputs[1]) in (None, -1):
+            return True
+    for name in {f.name for op in graph.get_operations() for v in op.node_def.attr.values()
+                 for f in [v.func] * v.HasField("func") + list(v.list.func)}:
+        try:
+            function = graph._get_function(name)
+            body = getattr(function, "cached_definition", None) or function.definition
+        except (AttributeError, KeyError, ValueError):
+            continue
+        nodes = {node.name: node for node in body.node_def}
+        for node in body.node_def:
+            if node.op != "RepeatDataset":
+                continue
+            count = nodes.get(node.input[1].split(":")[0])
+            if count is None or count.op != "Const" or int(
+                    tf.make_ndarray(count.attr["value"].tensor)) == -1:
+                return True
+    return False
+
+
+def _reads(strategy: Any, dataset_fn: Any, rounds: int, barrier: Any) -> Any:
+    """Run ``rounds`` rounds of one step per worker on ``dataset_fn``'s per-worker datasets.
+
+    Returns ``(batches, cardinalities, error)``: ``batches[w]`` worker ``w``'s batches (lists of
+    records, bytes) in order, ``cardinalities`` the set of its datasets' cardinalities as made
+    on the workers, ``error`` what ended the job early (None; a ``TimeoutError`` where a worker
+    waited out the barrier or gRPC failed between the in-process tasks: run it again).
+    """
+    tf = _tf()
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    workers = num_workers_of(strategy)
+    timeouts_before = int(barrier.timeouts.numpy())
+    made: dict[str, str] = {}  # the elements of a dataset that yields no records
+
+    def probed_fn() -> Any:
+        dataset = getattr(dataset_fn, "python_function", dataset_fn)()
+        graph = dataset._variant_tensor.graph
+        if runs_python(graph):
+            raise RunsPython("Python")
+        spec = dataset.element_spec
+        if not (isinstance(spec, tf.TensorSpec) and spec.dtype == tf.string
+                and spec.shape.rank == 1):
+            made["spec"] = str(spec)
+            raise NotRecords(made["spec"])
+        if not any(op.type.startswith("TFRecordDataset") for op in graph_ops(graph)):
+            raise NotFromFiles("no TFRecordDataset")
+        cardinality = dataset.cardinality()  # on the worker, as made there
+        if not _endless_repeat(graph):  # a count tf.data cannot tell (-2) is then finite
+            cardinality = tf.where(cardinality == tf.data.UNKNOWN_CARDINALITY,
+                                   tf.constant(_FINITE, tf.int64), cardinality)
+        for asserted in _asserted_infinite(dataset):  # said endless, of a known finite input
+            inner = tf.raw_ops.DatasetCardinality(input_dataset=asserted.inputs[0])
+            cardinality = tf.where(inner >= 0, tf.constant(ASSERTED, tf.int64), cardinality)
+        return dataset.map(lambda records: (records, cardinality))
+
+    try:  # traced here, on the coordinator: what it raises says why (autograph's words aside)
+        iterator = iter(coordinator.create_per_worker_dataset(probed_fn))
+    except NotRecords as failure:
+        raise NotRecords(made.get("spec", "")) from failure
+
+    @tf.function
+    def step(iterator: Any) -> Any:
+        batch = iterator.get_next_as_optional()  # a worker whose data ran out opens the barrier
+        with tf.control_dependencies([barrier(batch.has_value())]):
+            worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+            records, cardinality = tf.cond(
+                batch.has_value(), lambda: batch.get_value(),
+                lambda: (tf.zeros([0], tf.string), tf.constant(-1, tf.int64)))
+            return worker, records, cardinality, batch.has_value()
+
+    remotes = [coordinator.schedule(step, args=(iterator,)) for _ in range(rounds * workers)]
+    try:
+        coordinator.join()
+    except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as error:
+        return None, None, error
+    except tf.errors.OpError as error:
+        if "GRPC error" in str(error) and isinstance(
+                error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
+            return None, None, TimeoutError(f"gRPC failed between the check's tasks: {error}")
+        return None, None, error  # the answer's own dataset failed on a worker
+    fetched = [remote.fetch() for remote in remotes]
+    if not all(bool(has_value) for *_, has_value in fetched):
+        return None, None, tf.errors.OutOfRangeError(None, None, "End of sequence")
+    if int(barrier.timeouts.numpy()) > timeouts_before:
+        return None, None, TimeoutError("a worker waited out the barrier")
+    batches: dict[int, list[list[bytes]]] = {}
+    for worker, records, _, _ in fetched:  # in the order scheduled: each worker's in order
+        batches.setdefault(int(worker), []).append(list(records.tolist()))
+    return batches, {int(cardinality) for _, _, cardinality, _ in fetched}, None
+
+
+def _write_files(root: Path, sizes: list[int], rng: Any) -> tuple[list[str], dict]:
+    """TFRecord files of ``sizes`` records, each a fresh random token; the token -> (file,
+    place) table."""
+    tf = _tf()
+    paths, where = [], {}
+    for number, size in enumerate(sizes):
+        path = str(root / f"part-{number:02d}-{rng.getrandbits(24):06x}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for place in range(size):
+                token = f"{rng.getrandbits(48):012x}".encode()
+                where[token] = (number, place)
+                writer.write(token)
+        paths.append(path)
+    return paths, where
+
+
+def _failed_message(error: Any) -> str | None:
+    """What to say of a job that ended early, or None where it did not."""
+    tf = _tf()
+    if error is None:
+        return None
+    if isinstance(error, (tf.errors.OutOfRangeError, tf.errors.CancelledError)) or (
+            "expected to contain an infinite" in str(error)):
+        return (f"the job ended early with {type(error).__name__}: a worker's dataset ran out "
+                "before the check's steps; a parameter-server dataset must never run dry "
+                "(section 2)")
+    said = [line.strip() for line in str(error).splitlines() if line.strip()
+            and not line.strip().startswith(("Graph execution", "Detected at", "File ", "[["))]
+    return f"a worker's dataset failed: {type(error).__name__}: {(said or [''])[0][:200]}"
+
+
+def _made_message(failure: Exception) -> str | None:
+    """What to say of a ``dataset_fn`` the check could not run on the workers."""
+    if isinstance(failure, NotRecords):
+        return ("the dataset must yield batches of records as stored in the files (1-D "
+                f"tf.string tensors; the step parses them), got elements {failure}")
+    if isinstance(failure, NotFromFiles):
+        return ("a worker's dataset reads no file (no TFRecordDataset in it): its records were "
+                "read elsewhere, here on the coordinator, say, and shipped in its graph. Each "
+                "worker must read its own files")
+    return unmade_dataset_message(failure)
+
+
+@register
+def check_make_file_dataset_fn(fn: Any, strategy: Any) -> bool:
+    """Check ``make_file_dataset_fn(paths, sizes, batch_size, num_workers)``: whole files of its
+    own on each worker, shares within one file of each other, read in passes, never dry."""
     rng = fresh_rng()
     workers = num_workers_of(strategy)
     barrier = barrier_fn(strategy)
+    root = Path(tempfile.mkdtemp(prefix="lesson04_files_"))
 
     def case(sized_for: int) -> Case:
-        """A job sized for ``sized_for`` workers: the running ones, or one more that has not
-        joined yet (its share stays unread), so that only ``num_workers`` tells the shares."""
-        batch_size = rng.choice([8, 12])  # shares of 33-71 (105-130) examples
-        # the job sized for one worker more: shares over 100 (the notebook's whole data), so
-        # that a buffer copied from the notebook (shuffle(100)) does not hold one
-        blocks = (rng.randint(4, 5) if sized_for == workers
-                  else 100 // batch_size + rng.randint(1, 2))
-        per_worker = batch_size * blocks + rng.randint(1, batch_size - 2)
-        # a worker's share does not fill its last batch; with as many workers as run, 1 to
-        # sized_for - 1 examples more, so that shares of len(features) // num_workers leave some
-        # out (worker w's share: every sized_for-th example from w, one more for the first)
-        extra = 0 if sized_for != workers else rng.randint(1, max(1, sized_for - 1))
-        examples = sized_for * per_worker + extra
-        longest = per_worker + (extra > 0)
-        order = list(range(examples))
-        rng.shuffle(order)
-        features = tf.constant([[float(i), rng.random()] for i in order])  # column 0: the id
-        labels = tf.constant([i % 3 for i in order])  # example i's label: i % 3
-        # every worker passes over its share about three times in steps, and another iterator
-        # of its dataset reads a number of passes drawn now (returned by its steps)
-        num_steps = workers * (3 * per_worker // batch_size + 1)
-        passes = rng.randint(PASSES_READ // 4, PASSES_READ)
+        """A job sized for ``sized_for`` workers: the running ones, or one more that joins
+        later (its share stays unread), so that only ``num_workers`` tells the shares."""
+        # file i is large where i % sized_for == 0: sharded by index, worker 0 gets them all
+        sizes = [rng.randint(30, 45) if i % sized_for == 0 else rng.randint(3, 8)
+                 for i in range(3 * sized_for)]
+        folder = root / f"job{sized_for}"
+        folder.mkdir()
+        paths, where = _write_files(folder, sizes, rng)
+        batch_size = rng.choice([6, 8])
+        largest = max(sizes)
+        # a passing share holds at most the mean share and one file: 1.5 passes of it or more
+        rounds = -(-3 * (sum(sizes) // sized_for + largest) // (2 * batch_size))
 
         def verify(dataset_fn: Any) -> str | None:
             if not callable(dataset_fn):
                 return f"return a dataset_fn (a function), got {dataset_fn!r:.80}"
             for _ in range(2):  # again if a busy machine starved a worker past the barrier
                 try:
-                    batches, cardinalities, error, shuffles, long = (
-                        worker_passes.batches_per_worker(
-                            strategy, dataset_fn, num_steps, barrier, passes * longest))
-                except (TypeError, ValueError) as failure:
-                    return ("the dataset must yield (features, labels) batches: "
-                            f"{type(failure).__name__}: {str(failure)[:160]}")
+                    batches, cardinalities, error = _reads(strategy, dataset_fn, rounds,
+                                                           barrier)
                 except Exception as failure:  # Python in it, or a worker could not make it
-                    if worker_passes.unmade_dataset_message(failure) is None:
+                    if _made_message(failure) is None:
                         raise
-                    return worker_passes.unmade_dataset_message(failure)
+                    return _made_message(failure)
                 if not isinstance(error, TimeoutError):
                     break
             else:
@@ -221,91 +296,87 @@ def check_make_dataset_fn(fn: Any, strategy: Any) -> bool:
                     return (f"{str(error)[:300]} (twice: a failure of the check's cluster, "
                             "not of your answer; run the check again)")
                 return _overloaded(barrier)
-            if error is not None and not isinstance(
-                    error, (tf.errors.OutOfRangeError, tf.errors.CancelledError)) and (
-                    "expected to contain an infinite" not in str(error)):
-                said = [line.strip() for line in str(error).splitlines() if line.strip()
-                        and not line.strip().startswith(("Graph execution", "Detected at",
-                                                         "File ", "[["))]
-                return (f"a worker's dataset failed: {type(error).__name__}: "
-                        f"{(said or [''])[0][:200]}")
-            if error is not None:
-                return (f"the job ended early with {type(error).__name__}: a worker's dataset "
-                        f"ran out before {num_steps} steps; a parameter-server dataset must "
-                        "never run dry (section 2)")
-            infinite = int(tf.data.INFINITE_CARDINALITY)
-            unknown = int(tf.data.UNKNOWN_CARDINALITY)
-            if unknown in cardinalities:
-                return ("a worker's dataset has a number of batches tf.data cannot tell ahead "
-                        "(-2, UNKNOWN_CARDINALITY: after a rebatch, flat_map or filter, say): "
-                        "the exercise asks for infinite cardinality, a dataset that never runs "
-                        "dry – a repeat() after that step")
-            if worker_passes.ASSERTED in cardinalities:
-                return ("a worker's dataset is said to be endless (assert_cardinality("
-                        "INFINITE_CARDINALITY)) over a finite input, whose number of elements "
-                        "tf.data counts: it runs dry after them, however many steps remain. "
-                        "What makes a dataset endless? (section 2)")
-            if cardinalities != {infinite}:
-                return (f"each worker's dataset has {sorted(cardinalities)} batches: it must "
-                        "never run dry, whatever the number of steps the coordinator runs")
-            if len(batches) != workers:
-                return f"only workers {sorted(batches)} ran steps; expected {workers}"
-            pairs = [pair for per in batches.values() for b in per for pair in b]
-            if not all(isinstance(v, int) for pair in pairs for v in pair):
-                return ("the dataset must yield (features, labels) batches: features of "
-                        "shape [batch, 2] and labels of shape [batch], as stored; an example "
-                        "read as (column 0 of its features, its label): "
-                        f"{next(p for p in pairs if not all(isinstance(v, int) for v in p))!r:.80}")
-            apart = [(i, label) for i, label in pairs if label != i % 3]
-            if apart:
-                i, label = apart[0]
-                return (f"{len(apart)} of the {len(pairs)} examples read came with another "
-                        f"example's label (e.g. example {i}: label {label}, stored with "
-                        f"{i % 3}): does each example keep its own label through your steps?")
-            batches = {w: [[i for i, _ in b] for b in per] for w, per in batches.items()}
-            sizes = {len(b) for per in batches.values() for b in per}
-            if sizes != {batch_size}:
-                return (f"batches of {sorted(sizes)} examples, every one must hold "
-                        f"{batch_size}: a worker's {per_worker} examples do not fill its "
-                        "last batch. Can a batch of yours span two passes?")
-            seen = {w: {i for b in per for i in b} for w, per in batches.items()}
-            shared = set.intersection(*seen.values())
-            if shared:
-                return (f"the workers read the same examples (e.g. {sorted(shared)[:5]}): "
-                        "each must read its own share (section 3: which worker runs it?)")
-            read = {w: len(ids) for w, ids in seen.items()}
-            if sized_for != workers and set(read.values()) != {per_worker}:
-                return (f"the workers read {read} distinct examples of {examples}; with "
-                        f"num_workers={sized_for} (a job sized for {sized_for} workers, "
-                        f"{workers} of them running) each worker's share is {per_worker}: "
-                        "which number of workers did your shards use?")
-            if sized_for == workers and set.union(*seen.values()) != set(range(examples)):
-                missing = sorted(set(range(examples)) - set.union(*seen.values()))
-                return f"examples {missing[:5]}... were never read by any worker"
-            for w, per in batches.items():
-                stream = [i for b in per for i in b]
-                message = worker_passes.passes_message(w, stream, seen[w], order)
-                if message:
-                    return message
-            for w in sorted(shuffles):
-                message = share_message(w, shuffles[w], len(seen[w]))
-                if message:
-                    return message
-            for w in sorted(batches):  # the passes of another iterator, however it is made
-                message = worker_passes.fresh_passes_message(
-                    w, long.get(w, []), seen[w], order, passes)
-                if message:
-                    return message
-            return None
+            failed = _failed_message(error)
+            if failed:
+                return failed
+            return _read_message(batches, cardinalities, sizes, where, batch_size, sized_for)
 
         late = ("" if sized_for == workers else
                 f": {workers} workers running, one more to join later")
-        return Case(args=(features, labels, batch_size, sized_for), verify=verify,
-                    label=f"({examples} examples, batch_size={batch_size}, "
+        return Case(args=(paths, sizes, batch_size, sized_for), verify=verify,
+                    label=f"(files of {sizes} records, batch_size={batch_size}, "
                           f"num_workers={sized_for}{late})")
 
-    return run_check("make_dataset_fn", fn, [case(workers), case(workers + 1)],
-                     hint="lesson 04, sections 2 and 3 (data for as many steps as the "
-                          "coordinator runs; each worker its own) and lesson 01, section 7 "
-                          "(the order of tf.data's steps): what does each of yours do to a "
-                          "pass?")
+    try:
+        return run_check("make_file_dataset_fn", fn, [case(workers), case(workers + 1)],
+                         hint="lesson 04, sections 2 and 3 (a dataset_fn per worker, made "
+                              "with experimental_get_current_worker_index(), a tensor; data "
+                              "for as many steps as the coordinator runs): which files does "
+                              "each worker read, and how many examples do they hold?")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _read_message(batches: dict, cardinalities: set, sizes: list[int], where: dict,
+                  batch_size: int, sized_for: int) -> str | None:
+    """What differs in what the workers read (None: nothing)."""
+    tf = _tf()
+    if ASSERTED in cardinalities:
+        return ("a worker's dataset is said to be endless (assert_cardinality("
+                "INFINITE_CARDINALITY)) over a finite input, whose number of elements tf.data "
+                "counts: it runs dry after them. What makes a dataset endless? (section 2)")
+    if _FINITE in cardinalities:
+        return ("a worker's dataset has a number of batches tf.data cannot tell (-2, after an "
+                "interleave or filter, say) and no repeat() without a count: it runs dry after "
+                "its last repeat, however many steps remain (section 2)")
+    endless = {int(tf.data.INFINITE_CARDINALITY), int(tf.data.UNKNOWN_CARDINALITY)}
+    if not cardinalities <= endless:
+        return (f"each worker's dataset has {sorted(cardinalities)} batches: it must never run "
+                "dry, whatever the number of steps the coordinator runs (section 2)")
+    records = [r for per in batches.values() for batch in per for r in batch]
+    strange = [r for r in records if r not in where]
+    if strange:
+        return (f"{len(strange)} of the {len(records)} records read are in none of the files "
+                f"(e.g. {strange[0]!r:.40}): yield the records as read, unparsed")
+    sizes_read = Counter(len(batch) for per in batches.values() for batch in per)
+    if max(sizes_read) > batch_size or sizes_read.most_common(1)[0][0] != batch_size:
+        return (f"batches of {dict(sorted(sizes_read.items()))} records (size: count): "
+                f"batch_size={batch_size} asked for")
+    read = {w: Counter(where[r] for batch in per for r in batch) for w, per in batches.items()}
+    files = {w: sorted({f for f, _ in counts}) for w, counts in read.items()}
+    for number, size in enumerate(sizes):
+        readers = [w for w in sorted(files) if number in files[w]]
+        if len(readers) > 1:
+            return (f"file {number} ({size} records) was read by workers {readers}: each file "
+                    "must be read by one worker only (Dataset.shard's docstring: shard the "
+                    "files before reading them, to avoid reading every file on every worker)")
+    shares = {w: sum(sizes[f] for f in files[w]) for w in sorted(files)}
+    unread = [f for f in range(len(sizes)) if not any(f in own for own in files.values())]
+    if len(shares) == sized_for and unread:
+        return (f"files {unread} were never read (the workers read files {files}): every file "
+                "must be some worker's")
+    if len(shares) < sized_for:  # the worker to join later: the files no one read
+        shares[len(shares)] = sum(sizes[f] for f in unread)
+    largest, low, high = max(sizes), min(shares.values()), max(shares.values())
+    if high - low > largest:
+        late = (f" (worker {sized_for - 1}, which joins later: the files no running worker "
+                "read)" if len(batches) < sized_for else "")
+        return (f"the workers' shares are {shares} examples{late}: {high - low} apart, more than "
+                f"the largest file ({largest}). Each worker runs about as many steps (the "
+                "coordinator gives a step to whichever worker is free), so the smallest "
+                f"share's examples are read about {high / max(low, 1):.1f} times as often as the "
+                "largest's. Share the files by their sizes (sizes), not by their number")
+    for w in sorted(read):  # every record of its files, read or not
+        counts = {(f, place): read[w][(f, place)] for f in files[w] for place in range(sizes[f])}
+        few, many = min(counts, key=counts.get), max(counts, key=counts.get)
+        if counts[many] - counts[few] > 2:
+            return (f"worker {w} read record {many[1]} of file {many[0]} ({sizes[many[0]]} "
+                    f"records) {counts[many]} times, record {few[1]} of file {few[0]} "
+                    f"({sizes[few[0]]} records) {counts[few]} times: a worker reads its "
+                    "examples in passes, each once before any twice. Are its files read at one "
+                    "rate each, whatever their sizes, or a pass begun before the last one ended "
+                    "(a shuffle of files after the repeat)?")
+        if counts[few] == 0:
+            return (f"worker {w} read {len(read[w])} distinct records of its files {files[w]} "
+                    f"({shares[w]} records) in more than a pass: each file read whole")
+    return None
