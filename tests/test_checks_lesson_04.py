@@ -1285,41 +1285,6 @@ def test_a_pipe_sent_through_a_copy_of_the_copiers_socket_is_not_taken_for_its_o
     assert len(taken) == 3
 
 
-def test_passes_whose_parts_keep_to_places_of_their_own_are_refused():
-    """Uniform passes join every example to every place; halves shuffled apart and interleaved,
-    or a few examples kept in stored order at each pass's end, keep to places of their own; halves
-    that trade one pair a pass seldom mix (a small spectral gap)."""
-    import numpy as np
-
-    from course_utils.grading.checks import worker_passes
-
-    rng = np.random.default_rng(3)
-    for n in (33, 50, 71):
-        stored = list(range(n))
-        for _ in range(200):
-            uniform = [rng.permutation(n).tolist() for _ in range(8)]
-            assert worker_passes.fresh_passes_message(
-                0, sum(uniform, []), set(stored), stored, 8) is None
-        halves = []
-        for _ in range(8):
-            one = np.empty(n, int)
-            one[0::2] = rng.permutation(np.arange(n - n // 2))
-            one[1::2] = rng.permutation(np.arange(n - n // 2, n))
-            halves.append(one.tolist())
-        tail = [rng.permutation(n - 5).tolist() + stored[n - 5:] for _ in range(8)]
-        for passes, apart in ((halves, n // 2), (tail, 1)):
-            message = worker_passes.fresh_passes_message(
-                0, sum(passes, []), set(stored), stored, 8)
-            assert message and f"{apart} of worker 0's {n} examples took only" in message, (
-                message)
-        swapped = [list(one) for one in halves]  # one pair traded across the halves each pass
-        for one in swapped:
-            i, j = 2 * int(rng.integers(n // 2)), 2 * int(rng.integers(n // 2)) + 1
-            one[i], one[j] = one[j], one[i]
-        message = worker_passes.fresh_passes_message(0, sum(swapped, []), set(stored), stored, 8)
-        assert message and "seldom trade places" in message, message
-
-
 def test_locked_writes_reads_each_answer_of_the_catalogue_from_its_traced_steps():
     """What the check reads in the graphs, whatever the timing (no cluster: a local variable):
     every write under one lock with the reads it is computed from, or one atomic op from no

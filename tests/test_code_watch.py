@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-import course_utils.grading.checks.worker_passes as worker_passes
+import course_utils.grading.checks.dataset_graphs as dataset_graphs
 import course_utils.grading.framework as framework
 from course_utils.grading.checks import registry
 from course_utils.grading.code_watch import course_code_kept
@@ -22,28 +22,28 @@ def _recode():
 
 
 def _method():
-    worker_passes.HiddenDataset.__init__ = lambda self, *args, **kwargs: None
+    dataset_graphs.HiddenDataset.__init__ = lambda self, *args, **kwargs: None
 
 
 def _delete():
-    del worker_passes.fresh_passes_message
+    del dataset_graphs.unmade_dataset_message
 
 
 @pytest.mark.parametrize(("tamper", "named"), [
     (_rebind, "course_utils.grading.framework.compare"),
     (_recode, "course_utils.grading.framework.fresh_rng (its code)"),
-    (_method, "course_utils.grading.checks.worker_passes.HiddenDataset (its members)"),
-    (_delete, "course_utils.grading.checks.worker_passes.fresh_passes_message"),
+    (_method, "course_utils.grading.checks.dataset_graphs.HiddenDataset (its members)"),
+    (_delete, "course_utils.grading.checks.dataset_graphs.unmade_dataset_message"),
 ])
 def test_replaced_course_code_fails_the_check_and_is_put_back(tamper, named):
     before = (framework.compare, framework.fresh_rng.__code__,
-              worker_passes.HiddenDataset.__init__, worker_passes.fresh_passes_message)
+              dataset_graphs.HiddenDataset.__init__, dataset_graphs.unmade_dataset_message)
     with pytest.raises(AssertionError, match="your code replaced the course's own") as error:
         with course_code_kept("some_exercise"):
             tamper()
     assert named in str(error.value)
     assert (framework.compare, framework.fresh_rng.__code__,
-            worker_passes.HiddenDataset.__init__, worker_passes.fresh_passes_message) == before
+            dataset_graphs.HiddenDataset.__init__, dataset_graphs.unmade_dataset_message) == before
 
 
 def test_names_added_and_state_changed_are_no_tampering():
@@ -74,20 +74,20 @@ def test_a_threshold_replaced_and_put_back_before_the_end_is_named():
     """nb32-0A1: a patch that undoes itself before the check ends (a judge switched off, then
     put back by the first call) left nothing to compare; every binding the learner's code
     replaces in a course module while the check runs is noted as it happens."""
-    code = compile("import course_utils.grading.checks.worker_passes as judge\n"
-                   "kept = judge.SAME_ORDER\n"
-                   "judge.SAME_ORDER = 0\n"
-                   "judge.SAME_ORDER = kept\n", "<cell>", "exec")
+    code = compile("import course_utils.grading.checks.dataset_graphs as judge\n"
+                   "kept = judge.ASSERTED\n"
+                   "judge.ASSERTED = 0\n"
+                   "judge.ASSERTED = kept\n", "<cell>", "exec")
     with pytest.raises(AssertionError, match="replaced the course's own course_utils.grading."
-                                             "checks.worker_passes.SAME_ORDER"):
+                                             "checks.dataset_graphs.ASSERTED"):
         with course_code_kept("some_exercise"):
             exec(code, {})
-    assert type(worker_passes) is types.ModuleType  # its class given back
+    assert type(dataset_graphs) is types.ModuleType  # its class given back
 
 
 def test_a_threshold_raised_is_put_back():
-    before = worker_passes.SAME_ORDER
-    with pytest.raises(AssertionError, match="worker_passes.SAME_ORDER"):
+    before = dataset_graphs.ASSERTED
+    with pytest.raises(AssertionError, match="dataset_graphs.ASSERTED"):
         with course_code_kept("some_exercise"):
-            worker_passes.SAME_ORDER = 10**9
-    assert worker_passes.SAME_ORDER == before
+            dataset_graphs.ASSERTED = 10**9
+    assert dataset_graphs.ASSERTED == before

@@ -1,17 +1,17 @@
 """The course's code kept as it was while a learner's function runs inside a check.
 
 An answer runs in the same Python process as the check that judges it, so it could replace a
-judge while it runs: ``import course_utils.grading.checks.worker_passes as wp;
-wp.fresh_passes_message = lambda *a, **k: None`` inside the learner's function passes any
-dataset, and the grader's fresh import of ``course_utils.grading`` before each check cell cannot
-help, because the replacement happens during the check. :func:`course_code_kept` records every
-function, class and constant of the loaded ``course_utils`` modules (the module's name bound to
-them, a function's code and defaults, a class's own names and methods; a number, string or
-tuple a module binds, such as a threshold) before the learner's code runs; after it,
-whatever was rebound, recoded or deleted is put back and the check fails, naming it. Names added
-are not changes (the course imports lazily); a module first imported while the block runs (a
-check's lazy import of its judge) is compared with its source at the end instead, and dropped
-from ``sys.modules`` when it differs, so that the next use imports it afresh. What lies outside
+judge while it runs: ``import course_utils.grading.checks.dataset_graphs as dg; dg.runs_python =
+lambda graph: False`` inside the learner's function passes a dataset that calls Python, and the
+grader's fresh import of ``course_utils.grading`` before each check cell cannot help, because
+the replacement happens during the check. :func:`course_code_kept` records every function, class
+and constant of the loaded ``course_utils`` modules (the module's name bound to them, a
+function's code and defaults, a class's own names and methods; a number, string or tuple a
+module binds, such as a threshold) before the learner's code runs; after it, whatever was
+rebound, recoded or deleted is put back and the check fails, naming it. Names added are not
+changes (the course imports lazily); a module first imported while the block runs (a check's
+lazy import of its judge) is compared with its source at the end instead, and dropped from
+``sys.modules`` when it differs, so that the next use imports it afresh. What lies outside
 ``course_utils`` (NumPy, TensorFlow, Python's built-ins) is not watched: patching Python itself
 is never protected.
 

@@ -39,6 +39,7 @@ import math
 from typing import Any
 
 from course_utils.grading.checks.coordinator_watch import taken_in_order, watch
+from course_utils.grading.checks.dataset_graphs import runs_python
 from course_utils.grading.checks.lock_sections import _DEPTH, locked_writes, mutexes_of
 from course_utils.grading.checks.per_worker_datasets import (
     BARRIER_TIMEOUT_S,
@@ -48,7 +49,6 @@ from course_utils.grading.checks.per_worker_datasets import (
     num_workers_of,
 )
 from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.worker_passes import runs_python
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 

@@ -37,8 +37,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.worker_passes import (
+from course_utils.grading.checks.dataset_graphs import (
     ASSERTED,
     RunsPython,
     _asserted_infinite,
@@ -46,6 +45,7 @@ from course_utils.grading.checks.worker_passes import (
     runs_python,
     unmade_dataset_message,
 )
+from course_utils.grading.checks.registry import register
 from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
