@@ -370,7 +370,7 @@ def check_resume_training(fn: Any) -> bool:
             if applied[0] is None or applied[0] > 1e-3 or applied[1] != more:
                 said = ("no gradient" if applied[0] is None else
                         f"gradients on {applied[1]} of the {more} steps left, "
-                        f"{100 * applied[0]:.2g}% of them unexplained by the backward passes "
+                        f"{100 * applied[0]:.3g}% of them unexplained by the backward passes "
                         "through the model's calls there")
                 return (f"the weights are right, but in `strategy`'s replicas Adam was handed "
                         f"{said}: train in the replicas, each step's update from the gradient "
