@@ -352,6 +352,55 @@ def right_with_extra_calls(directory, build_fresh, strategy, examples, config):
     return model, optimizer
 
 
+def _batched_then_repeated(directory, build_fresh, strategy, examples, config,
+                           drop_remainder=False):
+    """The right checkpoint and steps, on a stream batched before it repeats (r02 L1)."""
+    model, optimizer = _restored(tf.train.latest_checkpoint(directory), build_fresh)
+    done, batch = int(optimizer.iterations.numpy()), _run_batch(config)
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    stream = tf.data.Dataset.from_tensor_slices(examples).batch(
+        batch, drop_remainder=drop_remainder).repeat().skip(done)
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(per_example(y, model(x, training=True)),
+                                              global_batch_size=batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    step = tf.function(lambda b: strategy.run(replica_step, args=b))
+    for b in strategy.experimental_distribute_dataset(stream.take(config["total_steps"] - done)):
+        step(b)
+    return model, optimizer
+
+
+def _trained_elsewhere_then_shown(directory, build_fresh, strategy, examples, config):
+    """Right weights from a copy trained on one device (its Adam state copied back), the
+    returned model called in the replicas on the remaining batches for show (r02 L2)."""
+    model, optimizer = _restored(tf.train.latest_checkpoint(directory), build_fresh)
+    done, batch = int(optimizer.iterations.numpy()), _run_batch(config)
+    if strategy.num_replicas_in_sync == 1:
+        _train_on(strategy, model, optimizer, examples, batch, done,
+                  config["total_steps"] - done)
+        return model, optimizer
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    copied = keras.optimizers.Adam(learning_rate=float(optimizer.learning_rate.numpy()))
+    copied.build(copy.trainable_variables)
+    for mine, theirs in zip(copied.variables, optimizer.variables, strict=True):
+        mine.assign(theirs)
+    _train_on(tf.distribute.get_strategy(), copy, copied, examples, batch, done,
+              config["total_steps"] - done)
+    model.set_weights(copy.get_weights())
+    for mine, theirs in zip(optimizer.variables, copied.variables, strict=True):
+        mine.assign(theirs)
+    stream = tf.data.Dataset.from_tensor_slices(examples).repeat().batch(batch).skip(done)
+    show = tf.function(lambda b: strategy.run(lambda x, y: model(x), args=b))
+    for b in strategy.experimental_distribute_dataset(stream.take(config["total_steps"] - done)):
+        show(b)
+    return model, optimizer
+
+
 _RUNS: dict = {}  # the check's checkpointed runs, by shape: made once for the catalogue
 
 
@@ -367,13 +416,13 @@ def shared_checkpointed_runs(monkeypatch, tmp_path_factory):
 
     made = resume._checkpointed_run
 
-    def shared(context, rng, steps, directory, saved_after, global_batch):
+    def shared(context, rng, steps, directory, saved_after, global_batch, size):
         key = (context.num_replicas_in_sync, type(context).__name__, steps,
-               tuple(sorted(saved_after)), global_batch)
+               tuple(sorted(saved_after)), global_batch, size)
         if key not in _RUNS:
             folder = tmp_path_factory.mktemp("resume_run")
             _RUNS[key] = (folder, made(context, rng, steps, str(folder), saved_after,
-                                       global_batch))
+                                       global_batch, size))
         folder, result = _RUNS[key]
         shutil.copytree(folder, directory, dirs_exist_ok=True)
         return result
@@ -401,6 +450,13 @@ RESUME_CATALOGUE = {
                                      "the model ran in `strategy`'s replicas on 0 examples"),
     "right, the model called once more": (right_with_extra_calls,
                                           r"the model ran on \d+ examples while your"),
+    "the stream batched, then repeated (r02 L1)": (
+        _batched_then_repeated, "not a whole number of the run's global batches"),
+    "the stream batched dropping its remainder, then repeated (r02 L1)": (
+        lambda *args: _batched_then_repeated(*args, drop_remainder=True),
+        r"differ .* from its batch \d+: its first batch crosses the end"),
+    "a copy trained on one device, the model called in the replicas for show (r02 L2)": (
+        _trained_elsewhere_then_shown, "Adam was handed no gradient"),
 }
 
 
@@ -463,7 +519,8 @@ def _gathered(queries, keys, first="counted", divide="pairs", stop=None):
     mine = tf.shape(queries)[0]
     counts = context.all_gather(tf.shape(queries)[:1], axis=0)
     at = context.replica_id_in_sync_group
-    start = {"counted": tf.reduce_sum(counts[:at]), "zero": 0, "even": at * mine}[first]
+    start = {"counted": tf.reduce_sum(counts[:at]), "zero": 0, "even": at * mine,
+             "largest": at * tf.reduce_max(counts)}[first]
     if stop == "all":
         every_key = tf.stop_gradient(every_key)
     elif stop == "others":  # this replica's own keys put back, with their gradient
@@ -482,6 +539,14 @@ def every_pair_in_every_replica(queries, keys):
     context = tf.distribute.get_replica_context()
     every_query, every_key = (context.all_gather(t, axis=0) for t in (queries, keys))
     return one_device_loss(every_query, every_key) / context.num_replicas_in_sync
+
+
+def nan_on_an_empty_replica(queries, keys):
+    """This replica's mean times its share of the pairs: NaN where it has none (r02 L3)."""
+    context = tf.distribute.get_replica_context()
+    counts = context.all_gather(tf.shape(queries)[:1], axis=0)
+    mean = _gathered(queries, keys, divide="mine")
+    return mean * tf.cast(tf.shape(queries)[0] / tf.reduce_sum(counts), mean.dtype)
 
 
 def constant_loss(queries, keys):
@@ -511,6 +576,10 @@ LOSS_CATALOGUE = {  # the right loss: test_the_reference_solutions_pass
                                                GRADIENT_ONLY),
     "the others' keys under stop_gradient, its own put back": (
         lambda q, k: _gathered(q, k, stop="others"), GRADIENT_ONLY),
+    "the mean of its pairs times its share, NaN on an empty replica (r02 L3)": (
+        nan_on_an_empty_replica, "add up to nan"),
+    "every key gathered, the targets from replica id x the largest share (r02 L4)": (
+        lambda q, k: _gathered(q, k, first="largest"), r"case 5 .* split as input pipelines"),
 }
 
 
@@ -553,6 +622,25 @@ def _gathered_on_one_device(strategy, model, optimizer, batch, clip_norm):
                                           clip_norm)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
     return loss
+
+
+def _momentum_by_hand(strategy, model, optimizer, batch, clip_norm):
+    """The right update typed by hand on the optimizer's own momentum slots, its iterations
+    counted by hand: apply_gradients never called (r02 L5)."""
+    def replica_step(query_features, key_features):
+        with tf.GradientTape() as tape:
+            loss = compute_loss(model(query_features, training=True),
+                                model(key_features, training=True))
+        return loss, tape.gradient(loss, model.trainable_variables)
+    losses, gradients = strategy.run(replica_step, args=batch)
+    gradients, _ = tf.clip_by_global_norm(
+        [strategy.reduce(SUM, g, axis=None) for g in gradients], clip_norm)
+    for variable, gradient in zip(model.trainable_variables, gradients, strict=True):
+        velocity = optimizer.momentums[optimizer._get_variable_index(variable)]
+        velocity.assign(velocity * optimizer.momentum - optimizer.learning_rate * gradient)
+        variable.assign_add(velocity)
+    optimizer.iterations.assign_add(1)
+    return strategy.reduce(SUM, losses, axis=None)
 
 
 def _constant_loss_step(strategy, model, optimizer, batch, clip_norm):
@@ -683,6 +771,8 @@ STEP_CATALOGUE = {
         FLOWS_UNEXPLAINED),
     "the batch gathered and run by hand across replicas, the model called for show": (
         _gathered_by_hand_across_replicas, FLOWS_UNEXPLAINED),
+    "SGD with momentum typed by hand, apply_gradients not called (r02 L5)": (
+        _momentum_by_hand, "was handed no gradient"),
 }
 
 

@@ -96,16 +96,24 @@ class PairMeasurement:
         return said
 
 
-def measure_pairs(strategy: Any, model: Any, fn: Any, queries: Any, keys: Any
-                  ) -> PairMeasurement:
+def measure_pairs(strategy: Any, model: Any, fn: Any, queries: Any, keys: Any,
+                  split: tuple[int, ...] | None = None) -> PairMeasurement:
     """``fn(query_embeddings, key_embeddings)`` in every replica on its slice of the global
-    batch of pairs (split as ``experimental_distribute_dataset`` splits it), the model embedding
-    both there; the summed losses and gradients against one device's. The weights are kept."""
+    batch of pairs (split as ``experimental_distribute_dataset`` splits it, or ``split``: the
+    pairs of each replica, in order, as input pipelines of their own may split them), the
+    model embedding both there; the summed losses and gradients against one device's. The
+    weights are kept."""
     import numpy as np
 
     tf = _tf()
-    dataset = tf.data.Dataset.from_tensors((queries, keys))
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    if split is None:
+        batch = next(iter(strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensors((queries, keys)))))
+    else:  # replica 0 may hold fewer than the others, or none (r02 L3, L4)
+        at = np.cumsum((0, *split))
+        batch = strategy.experimental_distribute_values_from_function(
+            lambda context: tuple(tf.constant(part[at[context.replica_id_in_sync_group]:at[
+                context.replica_id_in_sync_group + 1]]) for part in (queries, keys)))
 
     def replica_fn(query_features: Any, key_features: Any) -> Any:
         with tf.GradientTape() as tape:
@@ -116,8 +124,8 @@ def measure_pairs(strategy: Any, model: Any, fn: Any, queries: Any, keys: Any
         return loss, gradients, tf.shape(query_features)[0]
 
     @tf.function
-    def run(iterator: Any) -> Any:
-        loss, gradients, count = strategy.run(replica_fn, args=next(iterator))
+    def run(batch: Any) -> Any:
+        loss, gradients, count = strategy.run(replica_fn, args=batch)
         total = tf.distribute.ReduceOp.SUM
         return (strategy.reduce(total, loss, axis=None),
                 [strategy.reduce(total, g, axis=None) for g in gradients],
@@ -126,7 +134,7 @@ def measure_pairs(strategy: Any, model: Any, fn: Any, queries: Any, keys: Any
     with tf.GradientTape() as tape:
         true_loss = pair_loss(tf, model, (queries, keys))
     true_gradients = tape.gradient(true_loss, model.trainable_variables)
-    loss, gradients, counts = run(iterator)
+    loss, gradients, counts = run(batch)
     counts = tuple(int(c) for c in counts)
     largest = max(float(tf.reduce_max(tf.abs(t))) for t in true_gradients)
     error = max(float(tf.reduce_max(tf.abs(g - t)))

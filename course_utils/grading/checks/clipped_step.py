@@ -9,7 +9,7 @@ keras/src/optimizers/base_optimizer.py, then ``_all_reduce_sum_gradients`` in
 keras/src/backend/tensorflow/optimizer.py) clips the part, not the gradient. What each replica
 trained on is seen twice: the examples its first layer ran on (counted: each pair's query and
 key once) and the gradients that flowed back through its Dense calls, which must explain what
-the optimizer is handed (:class:`_Flows`). The one-device reference is computed only after the
+the optimizer is handed (:class:`Flows`). The one-device reference is computed only after the
 learner's step has run: while it runs, nothing in the process holds the expected weights or
 losses.
 """
@@ -22,7 +22,7 @@ from course_utils.equality import largest_difference
 from course_utils.grading.checks.batch_negatives import pair_loss
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["clip_norm_for", "learner_run", "reference_run", "verifier"]
+__all__ = ["Flows", "clip_norm_for", "learner_run", "reference_run", "verifier"]
 
 LEARNING_RATE = 0.5
 #: The check's optimizer and the reference's: SGD with momentum, whose update from step 2 on
@@ -64,14 +64,15 @@ def reference_run(dataset: Any, initial: list[Any], features: int, classes: int,
     return after, losses, norms
 
 
-class _Flows:
+class Flows:
     """What each replica trained on, as its update shows: the gradients that flow back
     through the model's Dense calls in the replicas (each call's weights noted on the way back,
     summed over the replicas) against the gradients handed to ``optimizer.apply`` (which
     ``apply_gradients`` calls; summed over the replicas, as Keras's ``_all_reduce_sum_gradients``
     sums them, keras/src/backend/tensorflow/optimizer.py lines 141-160, plus any handed over in
     the cross-replica context). Data parallelism: the applied sum is the flowed sum times one
-    factor (the clip's). A forward pass written from the layers' weights flows back through no
+    factor (the clip's; 1 in exercise 1's resumed run, whose calls of ``apply`` in the replicas
+    are counted too). A forward pass written from the layers' weights flows back through no
     call: what it applies is left unexplained (lesson 02's reader: each replica gathered the
     global batch, ran the layers' kernels by hand and called the model on its slice for show)."""
 
@@ -89,6 +90,9 @@ class _Flows:
 
         with strategy.scope():
             self.flowed, self.applied = summed(), summed()
+            self.calls = tf.Variable(0, trainable=False,  # apply's calls in the replicas
+                                     synchronization=tf.VariableSynchronization.ON_READ,
+                                     aggregation=tf.VariableAggregation.SUM)
         self.across = [tf.Variable(tf.zeros(w.shape), trainable=False) for w in self.weights]
         self.tf, self.in_replica = tf, in_replica
         for layer in layers:
@@ -103,6 +107,8 @@ class _Flows:
             added = [to[index[id(v)]].assign_add(tf.convert_to_tensor(g))
                      for g, v in zip(grads, variables, strict=True)
                      if g is not None and id(v) in index]
+            if in_replica():
+                added.append(self.calls.assign_add(1))
             with tf.control_dependencies(added):
                 return apply(grads, trainable_variables)
 
@@ -136,9 +142,10 @@ class _Flows:
 
         return flowing_call
 
-    def unexplained(self) -> float:
+    def unexplained(self) -> float | None:
         """The part of this step's applied gradients (relative to their norm) that no factor
-        times the flowed ones explains; the sums are then emptied."""
+        times the flowed ones explains, None where the optimizer was handed none; the sums are
+        then emptied."""
         import numpy as np
 
         applied = np.concatenate([(a.numpy() + x.numpy()).ravel()
@@ -148,7 +155,7 @@ class _Flows:
             v.assign(self.tf.zeros(v.shape))
         size = float(np.linalg.norm(applied))
         if size == 0.0:
-            return 0.0  # nothing applied: the weights and iterations say so
+            return None  # nothing applied (an update typed by hand: r02 L5)
         square = float(flowed @ flowed)
         scale = float(applied @ flowed) / square if square else 0.0
         return float(np.linalg.norm(applied - scale * flowed)) / size
@@ -156,12 +163,12 @@ class _Flows:
 
 def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], features: int,
                 classes: int, clip_norm: float
-                ) -> tuple[list[Any], list[Any], list[bool], list[int], int, list[float]]:
+                ) -> tuple[list[Any], list[Any], list[bool], list[int], int, list[float | None]]:
     """The learner's step over the epoch in a ``tf.function``, the model and an SGD with
     momentum built in the scope: the weights after each step, the losses, per model call
     whether it ran in a replica, the optimizer's ``iterations`` after each step, the examples
     the first layer ran on in the replicas, and per step the part of the applied gradients
-    that the gradients through the model's calls do not explain (:class:`_Flows`)."""
+    that the gradients through the model's calls do not explain (:class:`Flows`)."""
     import keras
 
     from course_utils.models import mlp
@@ -195,7 +202,7 @@ def learner_run(fn: Any, strategy: Any, dataset: Any, initial: list[Any], featur
             fed.assign_add(tf.cast(tf.shape(args[0])[0], tf.int64))
         return first_call(*args, **kwargs)
 
-    flows = _Flows(tf, strategy, learner, optimizer, in_replica)
+    flows = Flows(tf, strategy, learner, optimizer, in_replica)
     first_call = first.call  # noting the gradients that flow back through it
     learner.call, first.call = recording_call, counting_call
 
@@ -253,6 +260,11 @@ def verifier(dataset: Any, initial: list[Any], features: int, classes: int, clip
                         f"that step's gradient had a global norm of {norms[step - 1]:.4g} "
                         f"(clip_norm {clip_norm:.4g}). Which gradient did your step clip, by "
                         "which norm, and which did the optimizer apply?")
+        if None in unexplained:
+            return (f"the weights are one device's, but at step {unexplained.index(None) + 1} "
+                    "the optimizer you were given was handed no gradient (its apply_gradients "
+                    "not called, in the replicas or across them): apply the update with it, "
+                    "not by hand")
         worst = max(unexplained)
         if worst > 1e-3:
             step = unexplained.index(worst) + 1

@@ -45,9 +45,10 @@ def check_compute_loss(fn: Any) -> bool:
     (each query scored against every key of the batch, its own the target; the mean over the
     queries): outside any strategy, that loss; under the strategy, the replicas' losses and
     gradients summed must be one device's, on a full global batch and on short ones split
-    unevenly (a replica with fewer pairs, or none). The embeddings come from a small model
-    called in the replicas, so that the gradient must reach the replica that embedded each
-    key (``batch_negatives``).
+    unevenly (a replica with fewer pairs, or none: as TensorFlow splits them, and replica 0
+    with none, the others more, as input pipelines of their own may split them). The
+    embeddings come from a small model called in the replicas, so that the gradient must
+    reach the replica that embedded each key (``batch_negatives``).
     """
     import numpy as np
 
@@ -65,12 +66,17 @@ def check_compute_loss(fn: Any) -> bool:
     local, dim = rng.randint(4, 12), rng.randint(2, 6)
     plain_q, plain_k = (np_rng.normal(size=(local, dim)).astype(np.float32) for _ in "qk")
     sizes = (global_batch, replicas + 1, global_batch + 1 - replicas)
+    # as input pipelines of their own may split a batch: replica 0 with none, the others more
+    # (TensorFlow's own splits fill the replicas in order: an empty replica 0, or a start at
+    # the replica's id x the largest share, went unseen at 2 replicas: r02 L3, L4)
+    split = (0, *(rng.randint(2, 4) for _ in range(replicas - 1)))
 
     def run(kind: str, *args: Any) -> Any:
         if kind == "plain":
             return fn(*args)
-        size = args[0]
-        return batch_negatives.measure_pairs(strategy, model, fn, queries[:size], keys[:size])
+        size, by = args[0], args[1] if len(args) > 1 else None
+        return batch_negatives.measure_pairs(strategy, model, fn, queries[:size], keys[:size],
+                                             by)
 
     cases = [Case(args=("plain", tf.constant(plain_q), tf.constant(plain_k)),
                   expected=batch_negatives.reference_loss(plain_q, plain_k),
@@ -79,6 +85,10 @@ def check_compute_loss(fn: Any) -> bool:
                    label=f"(inside {replicas} replicas, a global batch of {size} pairs, "
                          f"embeddings of {classes} numbers)")
               for size in sizes]
+    cases += [Case(args=("strategy", sum(split), split), verify=batch_negatives.PairMeasurement
+                   .verdict, label=f"(inside {replicas} replicas, {sum(split)} pairs split as "
+                                   f"input pipelines of their own may split them: {split})")
+              ] if replicas > 1 else []
     return run_check("compute_loss", run, cases, rtol=1e-5, atol=1e-6,
                      hint="which keys does a query on replica 0 need, and which replica holds "
                           "them? The replica context gathers as well as it reduces, and "

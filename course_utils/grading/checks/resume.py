@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from course_utils.grading.checks.clipped_step import Flows
+from course_utils.grading.checks.folder_copies import copied_by_name, digest
 from course_utils.grading.checks.refusals import refusing
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.replicas import (
@@ -78,19 +80,21 @@ def _adam_pair(context: Any, features: int, classes: int, name: str) -> tuple[An
 
 
 def _checkpointed_run(context: Any, rng: Any, steps: int, directory: str, saved_after: set[int],
-                      global_batch: int) -> tuple[Any, Any, int, int]:
+                      global_batch: int, size: int) -> tuple[Any, Any, int, int]:
     """Train a small model with Adam ``steps`` steps under ``context`` on the stream of
     ``global_batch`` examples, saving a checkpoint after each step in ``saved_after`` (0: before
     the first step).
 
     The checkpoints are written by ``tf.train.CheckpointManager`` into ``directory`` (keys
     ``model`` and ``optimizer``, every one kept), numbered 1, 2, … as they are saved: a
-    checkpoint's number is not its step. Returns the examples and the model's sizes.
+    checkpoint's number is not its step. Returns the first ``size`` examples (those trained
+    on) and the model's sizes.
     """
     tf = _tf()
     import keras
 
     model, x, y, features, classes = small_model(context, rng, "check_saved")
+    x, y = x[:size], y[:size]
     with context.scope():
         optimizer = keras.optimizers.Adam(learning_rate=LEARNING_RATE)
         optimizer.build(model.trainable_variables)
@@ -164,44 +168,24 @@ def continued(state: dict[str, Any], examples: Any, global_batch: int, start: in
     return model.get_weights()
 
 
+def _wrapping_size(rng: Any, done: int, global_batch: int, most: int = 256) -> int:
+    """A number of examples (at most ``most``) whose end falls inside the stream's batch
+    ``done``, the first the resumed run trains on: a stream batched before it repeats
+    (``batch().repeat()``, with or without ``drop_remainder``), or skipped before it repeats,
+    takes other batches there (r02 L1: every global batch divided 256, and no run wrapped)."""
+    start, end = done * global_batch, (done + 1) * global_batch
+    return rng.choice([n for n in range(global_batch + 1, most + 1)
+                       if any(start < m * n < end for m in range(1, end // n + 1))])
+
+
 def _latest_number(directory: str) -> int:
     """The number of the latest checkpoint as the folder's ``checkpoint`` record names it."""
     return int(_tf().train.latest_checkpoint(directory).rsplit("-", 1)[-1])
 
 
-def _digest(directory: str) -> dict[str, str]:
-    """Each file's name and the SHA-256 of its bytes: tells a folder changed."""
-    import hashlib
-    import os
-
-    digest = {}
-    for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name), "rb") as handle:
-            digest[name] = hashlib.sha256(handle.read()).hexdigest()
-    return digest
-
-
-def _copied_by_name(source: str, target: str) -> None:
-    """Copy ``source``'s files into ``target`` one by one in name order, as a folder reaches
-    another machine: each file's times are those of its copy (each later than the one before
-    it in name order), not those of its save."""
-    import os
-    import shutil
-    import time
-
-    last = 0
-    for name in sorted(os.listdir(source)):
-        path = os.path.join(target, name)
-        give_up = time.monotonic() + 0.05  # a file system whose clock moves slower: ties
-        while True:  # until the file system's clock has moved past the previous file's
-            shutil.copyfile(os.path.join(source, name), path)
-            stamp = os.stat(path).st_mtime_ns
-            if stamp > last or time.monotonic() > give_up:
-                break
-            time.sleep(0.001)
-        last = stamp
-
-
+def _in_replica() -> bool:
+    tf = _tf()
+    return tf.distribute.in_cross_replica_context() is False and tf.distribute.has_strategy()
 
 
 def _counting(tf: Any, context: Any, model: Any, anywhere: bool) -> Any:
@@ -265,7 +249,7 @@ def check_resume_training(fn: Any) -> bool:
     rng = fresh_rng()
 
     def run(trained_under_strategy: bool, steps: int, saved_after: set[int], per_replica: int,
-            more: int, rollback: tuple[int, int] | None) -> Any:
+            more: int, rollback: tuple[int, int] | None, done: int) -> Any:
         one_device = tf.distribute.get_strategy()
         trained_in = strategy if trained_under_strategy else one_device
         resumed_in = one_device if trained_under_strategy else strategy
@@ -276,18 +260,19 @@ def check_resume_training(fn: Any) -> bool:
         with (tempfile.TemporaryDirectory(prefix="check_02_", ignore_cleanup_errors=True)
               as saved, tempfile.TemporaryDirectory(prefix="check_02_copy_") as directory,
               tempfile.TemporaryDirectory() as kept):
-            x, y, features, classes = _checkpointed_run(trained_in, rng, steps, saved,
-                                                        saved_after, global_batch)
+            x, y, features, classes = _checkpointed_run(
+                trained_in, rng, steps, saved, saved_after, global_batch,
+                _wrapping_size(rng, done, global_batch))
             if rollback is not None:
                 back_to, more_steps = rollback
                 _rolled_back_run(trained_in, saved, back_to, more_steps, (x, y), global_batch,
                                  features, classes)  # ckpt-(back_to + 1), saved again
-            _copied_by_name(saved, directory)
-            _copied_by_name(saved, kept)
+            copied_by_name(saved, directory)
+            copied_by_name(saved, kept)
             # the run's own folder, whose newest file is the latest, is gone before the call (a
             # fresh read's answer found it in the temporary folder and passed, 1 of 1)
             shutil.rmtree(saved)
-            latest, before = _latest_number(kept), _digest(kept)
+            latest, before = _latest_number(kept), digest(kept)
             config["total_steps"] = total = (
                 int(tf.train.load_checkpoint(os.path.join(kept, f"ckpt-{latest}")).get_tensor(
                     "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) + more)
@@ -296,22 +281,31 @@ def check_resume_training(fn: Any) -> bool:
             def build_fresh() -> tuple[Any, Any]:
                 model, optimizer = _adam_pair(resumed_in, features, classes,
                                               "check_restored")
-                counted[:] = [_counting(tf, resumed_in, model, resumed_in is one_device)]
+                # in the replicas: the gradients handed to Adam there, against those that
+                # flowed back through the model's calls there (r02 L2: a copy trained outside
+                # them, the model called there for show, passed the count of examples)
+                flows = (Flows(tf, resumed_in, model, optimizer, _in_replica)
+                         if resumed_in is strategy else None)
+                counted[:] = [_counting(tf, resumed_in, model, resumed_in is one_device),
+                              flows]
                 fresh[:] = [model, optimizer]
                 return model, optimizer
 
             returned = fn(directory, build_fresh, resumed_in, (x.copy(), y.copy()),
                           dict(config))
-            changed = _digest(kept) != before
+            changed = digest(kept) != before
             on_disk = _states_on_disk(kept, features, classes)
         fed = int(counted[0].numpy()) if counted else 0
+        flows = counted[1] if counted else None
+        applied = (None if flows is None else
+                   (flows.unexplained(), int(flows.calls.numpy()) // replicas))
         return (returned, fresh, fed, changed, on_disk, latest, total, global_batch,
                 resumed_in.num_replicas_in_sync * per_replica, (x, y), features, classes,
-                resumed_in is strategy)
+                resumed_in is strategy, applied)
 
     def verify(result: Any) -> str | None:
         (returned, fresh, fed, changed, on_disk, latest, total, global_batch, theirs,
-         examples, features, classes, resumed_in_replicas) = result
+         examples, features, classes, resumed_in_replicas, applied) = result
         if changed:
             return ("a checkpoint folder other than the one you were given changed while your "
                     "function ran: read only `directory`, write nothing outside it")
@@ -341,8 +335,14 @@ def check_resume_training(fn: Any) -> bool:
                         "(config's per_replica_batch_size × its num_replicas): keep the "
                         "run's global batch, whatever the replicas here (its learning rate "
                         "was set for it)")
+            if fed % global_batch:
+                return (f"the model ran on {fed} examples while your function ran, not a "
+                        f"whole number of the run's global batches of {global_batch}: the "
+                        "run's stream repeats the examples before it batches them "
+                        "(repeat().batch()), so a global batch stays whole where it crosses "
+                        f"the end of the {len(examples[0])} examples")
             steps_worth = fed // global_batch
-            where = "" if fed % global_batch or not fed else next((
+            where = "" if not fed else next((
                 f", as if from ckpt-{number} (step {state['step']})"
                 + (", saved on the steps the run abandoned when it was rolled back"
                    if number > latest else "")
@@ -365,6 +365,17 @@ def check_resume_training(fn: Any) -> bool:
 
         sizes = (features, classes)
         if matches(continued(want, examples, global_batch, done, more, *sizes)):
+            if applied is None:
+                return None
+            if applied[0] is None or applied[0] > 1e-3 or applied[1] != more:
+                said = ("no gradient" if applied[0] is None else
+                        f"gradients on {applied[1]} of the {more} steps left, "
+                        f"{100 * applied[0]:.3g}% of them unexplained by the backward passes "
+                        "through the model's calls there")
+                return (f"the weights are right, but in `strategy`'s replicas Adam was handed "
+                        f"{said}: train in the replicas, each step's update from the gradient "
+                        "of its own examples (not a model trained elsewhere, then called "
+                        "there for show)")
             return None
         end = f"the run continued without a stop, to step {total}"
         if matches(continued(want, examples, global_batch, 0, more, *sizes)):
@@ -378,7 +389,9 @@ def check_resume_training(fn: Any) -> bool:
         far = max(float(np.max(np.abs(a - b))) for a, b in zip(
             weights, continued(want, examples, global_batch, done, more, *sizes),
             strict=True))
-        return f"your weights differ from those of {end} by up to {far:.3g}"
+        return (f"your weights differ from those of {end} by up to {far:.3g} (on the "
+                f"stream repeat().batch({global_batch}) from its batch {done}: its first "
+                f"batch crosses the end of the {len(examples[0])} examples)")
 
     replicas = strategy.num_replicas_in_sync
     long_run, short_run = rng.randint(10, 13), rng.randint(5, 7)
@@ -389,13 +402,16 @@ def check_resume_training(fn: Any) -> bool:
     copied = "the folder copied file by file in name order"
     per_replica = [rng.choice([4, 8]), rng.choice([4, 8]) * replicas]
     more = [rng.randint(2, 3), rng.randint(2, 3)]
+    # the steps done by the latest checkpoint: the last run's, or the rolled-back one's
+    done = [long_run, sorted(every_other)[back_to - 1] + more_steps]
     cases = [Case(args=(True, long_run, set(range(long_run + 1)), per_replica[0], more[0],
-                        None), verify=verify,
+                        None, done[0]), verify=verify,
                   label=f"({long_run} steps on {replicas} replicas × {per_replica[0]} "
                         "examples, a checkpoint before the first and after each: ckpt-1 to "
                         f"ckpt-{long_run + 1}; {copied}; resumed on one device for "
                         f"{more[0]} more steps)"),
-             Case(args=(False, short_run, every_other, per_replica[1], more[1], rollback),
+             Case(args=(False, short_run, every_other, per_replica[1], more[1], rollback,
+                        done[1]),
                   verify=verify,
                   label=f"({short_run} steps on one device × {per_replica[1]} examples, a "
                         f"checkpoint after steps {sorted(every_other)}: ckpt-1 to "
