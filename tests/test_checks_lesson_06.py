@@ -181,8 +181,10 @@ def _split_once(parts, x, y, loss_fn, devices):  # one micro-batch, each part's 
     return loss, grads
 
 
-def accumulated(single, at_home=True, mean=True):
-    """A micro-batch answer from a one-batch one: the gradients summed per part, where asked."""
+def accumulated(single, at_home=True, weigh="examples"):
+    """A micro-batch answer from a one-batch one: each micro-batch's loss and gradients weighted
+    (by its share of the examples, by 1/M, or not at all), the gradients summed per part, where
+    asked."""
     import contextlib
 
     def answer(parts, micro_batches, loss_fn, devices):
@@ -190,27 +192,25 @@ def accumulated(single, at_home=True, mean=True):
 
         owner = [d for part, d in zip(parts, devices, strict=True)
                  for _ in part.trainable_variables]
+        total = sum(int(y.shape[0]) for _, y in micro_batches)
         losses, sums = [], None
         for x, y in micro_batches:
             loss, grads = single(parts, x, y, loss_fn, devices)
-            losses.append(loss)
-            if sums is None:
-                sums = list(grads)
-                continue
+            w = {"examples": int(y.shape[0]) / total, "micro-batches": 1 / len(micro_batches),
+                 "none": 1.0}[weigh]
+            losses.append(loss * w)
+            scaled = []
             for index, (grad, device) in enumerate(zip(grads, owner, strict=True)):
                 with tf.device(device) if at_home else contextlib.nullcontext():
-                    sums[index] = sums[index] + grad
-        scale = len(micro_batches) if mean else 1
-        out = []
-        for grad, device in zip(sums, owner, strict=True):
-            with tf.device(device) if at_home else contextlib.nullcontext():
-                out.append(grad / scale)
-        return tf.add_n(losses) / len(losses), out
+                    scaled.append(grad * w if sums is None else sums[index] + grad * w)
+            sums = scaled
+        return tf.add_n(losses), sums
 
     return answer
 
 
-split_gradients = accumulated(_split_once)
+fixed_part_step = accumulated(_split_once)
+the_lessons_fix_in_a_loop = accumulated(_split_once, weigh="micro-batches")  # the old answer
 
 
 def _one_tape(parts, x, y, loss_fn, devices, backward_device=None, copy=False):
@@ -255,16 +255,22 @@ def one_tape(parts, micro_batches, loss_fn, devices):  # the broken code of the 
 
     variables = [v for part in parts for v in part.trainable_variables]
     with tf.GradientTape() as tape:
-        losses = [loss_fn(y, _through_the_parts(parts, devices, x)) for x, y in micro_batches]
-        loss = tf.add_n(losses) / len(losses)
+        losses = [loss_fn(y, _through_the_parts(parts, devices, x)) * _share(y, micro_batches)
+                  for x, y in micro_batches]
+        loss = tf.add_n(losses)
     return loss, tape.gradient(loss, variables)
+
+
+def _share(y, micro_batches):
+    """Micro-batch ``y``'s share of the batch's examples."""
+    return int(y.shape[0]) / sum(int(b.shape[0]) for _, b in micro_batches)
 
 
 one_tape_copied_with_identity = accumulated(
     lambda *a: _one_tape(*a, backward_device=a[-1][0], copy=True))
 one_tape_on_the_last_device = accumulated(lambda *a: _one_tape(*a, backward_device=a[-1][-1]))
 summed_on_the_default_device = accumulated(_split_once, at_home=False)
-summed_not_averaged = accumulated(_split_once, mean=False)
+summed_not_averaged = accumulated(_split_once, weigh="none")
 
 
 def first_micro_batch_only(parts, micro_batches, loss_fn, devices):
@@ -379,15 +385,13 @@ def backward_in_python(parts, micro_batches, loss_fn, devices):
     part's device: no graph shows where its ops ran."""
     import tensorflow as tf
 
-    count = len(micro_batches)
-
     def part_gradient(i):
         def body(x, y):
             with tf.GradientTape() as tape:
                 value = x
                 for part in parts:
                     value = part(value)
-                loss = loss_fn(y, value) / count
+                loss = loss_fn(y, value) * _share(y, micro_batches)
             return tape.gradient(loss, parts[i].trainable_variables)
         return body
 
@@ -408,7 +412,7 @@ def backward_in_python(parts, micro_batches, loss_fn, devices):
 def wrong_only_when_traced(parts, micro_batches, loss_fn, devices):
     import tensorflow as tf
 
-    answer = split_gradients if tf.executing_eagerly() else summed_not_averaged
+    answer = fixed_part_step if tf.executing_eagerly() else summed_not_averaged
     return answer(parts, micro_batches, loss_fn, devices)
 
 
@@ -427,33 +431,30 @@ with_an_exec_copy_of_the_helper = accumulated(_with_an_exec_copy_of_the_helper)
 
 
 def the_lessons_pipeline(parts, micro_batches, loss_fn, devices):
-    """The lesson's run_gpipe, its loss reweighted from the examples' mean to the micro-batches'
-    mean: each stage's backward and gradient sum on its own device already."""
-    total, count = sum(int(x.shape[0]) for x, _ in micro_batches), len(micro_batches)
-
-    def reweighted(y, logits):
-        return loss_fn(y, logits) * total / (count * int(y.shape[0]))
-
+    """The lesson's run_gpipe: each stage's backward and gradient sum on its own device."""
     run = cu.parallel.run_gpipe(parts, devices, [x for x, _ in micro_batches],
-                                [y for _, y in micro_batches], reweighted, concurrent=False)
+                                [y for _, y in micro_batches], loss_fn, concurrent=False)
     return run.loss, run.grads
 
 
-def mean_of_stacked(parts, micro_batches, loss_fn, devices):  # a right answer, other ops
+def sum_of_stacked_shares(parts, micro_batches, loss_fn, devices):  # right, other ops
     import tensorflow as tf
 
     owner = [d for part, d in zip(parts, devices, strict=True) for _ in part.trainable_variables]
     runs = [_split_once(parts, x, y, loss_fn, devices) for x, y in micro_batches]
+    shares = [_share(y, micro_batches) for _, y in micro_batches]
     grads = []
     for index, device in enumerate(owner):
         with tf.device(device):
-            grads.append(tf.reduce_mean(tf.stack([g[index] for _, g in runs]), axis=0))
-    return tf.reduce_mean(tf.stack([loss for loss, _ in runs])), grads
+            stacked = tf.stack([g[index] * w for (_, g), w in zip(runs, shares, strict=True)])
+            grads.append(tf.reduce_sum(stacked, axis=0))
+    return tf.reduce_sum(tf.stack([loss * w for (loss, _), w in zip(runs, shares,
+                                                                    strict=True)])), grads
 
 
-def one_big_batch(parts, micro_batches, loss_fn, devices, weighted=True):
-    """The micro-batches concatenated and run once, each example weighted so that the loss is
-    the mean of the micro-batches' means: right values, no micro-batch run on its own."""
+def one_big_batch(parts, micro_batches, loss_fn, devices, weighted=False):
+    """The micro-batches concatenated and run once (right values, no micro-batch run on its
+    own); weighted, each example so that the loss is the mean of the micro-batches' means."""
     import tensorflow as tf
 
     x = tf.concat([x for x, _ in micro_batches], 0)
@@ -485,6 +486,126 @@ def one_big_batch_in_shares(parts, micro_batches, loss_fn, devices):
     return loss, shared
 
 
+def _colleague(examples=False, at_home=False, one_at_a_time=False):
+    """The exercise's colleague_part_step, each of its three bugs fixed where asked: each
+    micro-batch weighted by its share of the examples (not 1/M), the gradient passed back
+    computed under the part's device, each micro-batch's backward before the next forward."""
+    def answer(parts, micro_batches, loss_fn, devices):
+        import tensorflow as tf
+
+        sums, losses, runs = [None] * len(parts), [], []
+
+        def backward(taped):
+            upstream = None
+            for i in reversed(range(len(parts))):
+                tape, inp, out = taped[i]
+                with tf.device(devices[i]):
+                    grads = tape.gradient(out, parts[i].trainable_variables,
+                                          output_gradients=upstream)
+                    sums[i] = grads if sums[i] is None else [
+                        s + g for s, g in zip(sums[i], grads, strict=True)]
+                    if at_home:
+                        upstream = tape.gradient(out, inp, output_gradients=upstream)
+                if not at_home:
+                    upstream = tape.gradient(out, inp, output_gradients=upstream)
+
+        for x, y in micro_batches:
+            value, taped = tf.convert_to_tensor(x), []
+            for i, (part, device) in enumerate(zip(parts, devices, strict=True)):
+                with tf.device(device), tf.GradientTape(persistent=True) as tape:
+                    tape.watch(value)
+                    out = part(value)
+                    if i == len(parts) - 1:
+                        weight = (_share(y, micro_batches) if examples
+                                  else 1 / len(micro_batches))
+                        out = loss_fn(y, out) * weight
+                taped.append((tape, value, out))
+                value = out
+            losses.append(value)
+            if one_at_a_time:
+                backward(taped)
+            else:
+                runs.append(taped)
+        for taped in runs:
+            backward(taped)
+        return tf.add_n(losses), [g for part_sums in sums for g in part_sums]
+    return answer
+
+
+colleague_part_step = _colleague()  # the exercise's code, its three bugs
+persistent_tapes_one_at_a_time = _colleague(True, True, True)  # right: each tape let go
+
+
+def _in_order(forwards_first=False, kept=None):
+    """The solution's step, its tapes kept in ``kept`` (persistent), or every micro-batch's
+    forward run before any backward (GPipe's order, with no pipeline to fill)."""
+    def answer(parts, micro_batches, loss_fn, devices):
+        import tensorflow as tf
+
+        sums, losses, runs = [None] * len(parts), [], []
+        for x, y in micro_batches:
+            taped, value = [], tf.convert_to_tensor(x)
+            for i, (part, device) in enumerate(zip(parts, devices, strict=True)):
+                with tf.device(device), tf.GradientTape(persistent=kept is not None) as tape:
+                    tape.watch(value)
+                    out = part(value)
+                    if i == len(parts) - 1:
+                        out = loss_fn(y, out) * _share(y, micro_batches)
+                taped.append((tape, value, out))
+                value = out
+                if kept is not None:
+                    kept.append(tape)
+            losses.append(value)
+            runs.append(taped)
+            if not forwards_first:
+                _backward_in_order(parts, devices, runs.pop(), sums)
+        for taped in runs:
+            _backward_in_order(parts, devices, taped, sums)
+        return tf.add_n(losses), [g for part_sums in sums for g in part_sums]
+    return answer
+
+
+def _backward_in_order(parts, devices, taped, sums):
+    import tensorflow as tf
+
+    upstream = None
+    for i in reversed(range(len(parts))):
+        tape, inp, out = taped[i]
+        with tf.device(devices[i]):
+            *grads, upstream = tape.gradient(out, [*parts[i].trainable_variables, inp],
+                                             output_gradients=upstream)
+            sums[i] = grads if sums[i] is None else [
+                s + g for s, g in zip(sums[i], grads, strict=True)]
+
+
+def all_forwards_first(parts, micro_batches, loss_fn, devices):
+    return _in_order(forwards_first=True)(parts, micro_batches, loss_fn, devices)
+
+
+def persistent_tapes_kept_in_a_list(parts, micro_batches, loss_fn, devices):
+    return _in_order(kept=[])(parts, micro_batches, loss_fn, devices)
+
+
+def one_big_batch_when_eager(parts, micro_batches, loss_fn, devices):
+    """Eagerly the micro-batches run as one batch (right values, every activation at once);
+    traced, the right step."""
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return one_big_batch(parts, micro_batches, loss_fn, devices)
+    return fixed_part_step(parts, micro_batches, loss_fn, devices)
+
+
+def zero_gradients(parts, micro_batches, loss_fn, devices):  # a constant, on the right devices
+    import tensorflow as tf
+
+    grads = []
+    for part, device in zip(parts, devices, strict=True):
+        with tf.device(device):
+            grads += [tf.zeros_like(v) for v in part.trainable_variables]
+    return tf.constant(0.0), grads
+
+
 def backward_on_the_default_device_summed_in_a_tape_scope(parts, micro_batches, loss_fn,
                                                           devices):
     """One tape per micro-batch, its whole backward on the default device; the sums on each
@@ -502,7 +623,7 @@ def backward_on_the_default_device_summed_in_a_tape_scope(parts, micro_batches, 
                     for layer in part.layers:  # weights read through "+ 0.0": no plain read
                         kernel = tf.convert_to_tensor(layer.kernel) + 0.0
                         value = layer.activation(tf.matmul(value, kernel) + layer.bias)
-            loss = loss_fn(y, value) / len(micro_batches)
+            loss = loss_fn(y, value) * _share(y, micro_batches)
         losses.append(loss)
         per_batch.append(tape.gradient(loss, variables))
     out = []
@@ -526,9 +647,9 @@ def colocated_when_traced(parts, micro_batches, loss_fn, devices):  # nb29-06 L1
             with tf.device(device):
                 value = part(value)
         with tf.device(devices[-1]):
-            losses.append(loss_fn(y, value))
+            losses.append(loss_fn(y, value) * _share(y, micro_batches))
     with tf.device(devices[-1]):
-        loss = tf.add_n(losses) / len(losses)
+        loss = tf.add_n(losses)
         return loss, tf.compat.v1.gradients(loss, variables, colocate_gradients_with_ops=True)
 
 
@@ -553,7 +674,7 @@ def the_bug_when_eager(parts, micro_batches, loss_fn, devices):  # nb29-06 L1, e
 
     if tf.executing_eagerly():
         return one_tape(parts, micro_batches, loss_fn, devices)
-    return split_gradients(parts, micro_batches, loss_fn, devices)
+    return fixed_part_step(parts, micro_batches, loss_fn, devices)
 
 
 def _shown_at_home(parts, micro_batches, devices, grads):
@@ -589,9 +710,9 @@ def backward_fed_to_loss_fn(parts, micro_batches, loss_fn, devices):  # L2-1, th
     own = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     _, grads = one_tape(parts, micro_batches, own, devices)
     hidden = 0.0 * tf.add_n([tf.reduce_sum(g) for g in grads])
-    losses = [loss_fn(y, _through_the_parts(parts, devices, x) + hidden)
+    losses = [loss_fn(y, _through_the_parts(parts, devices, x) + hidden) * _share(y, micro_batches)
               for x, y in micro_batches]
-    loss = tf.add_n(losses) / len(losses)
+    loss = tf.add_n(losses)
     return loss, _shown_at_home(parts, micro_batches, devices, grads)
 
 
@@ -632,8 +753,9 @@ def _per_micro_batch_at_default(parts, micro_batches, devices):
     import keras
 
     own = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    runs = [_one_tape(parts, x, y, own, devices) for x, y in micro_batches]
-    return [sum(g[i] for _, g in runs) / len(runs) for i in range(len(runs[0][1]))]
+    runs = [(_one_tape(parts, x, y, own, devices), _share(y, micro_batches))
+            for x, y in micro_batches]
+    return [sum(g[i] * w for (_, g), w in runs) for i in range(len(runs[0][0][1]))]
 
 
 def backward_fed_through_sample_weight(parts, micro_batches, loss_fn, devices):  # x06 L3
@@ -643,8 +765,9 @@ def backward_fed_through_sample_weight(parts, micro_batches, loss_fn, devices): 
     grads = _per_micro_batch_at_default(parts, micro_batches, devices)
     w = 1.0 + 0.0 * tf.add_n([tf.reduce_sum(g) for g in grads])
     losses = [loss_fn(y, _through_the_parts(parts, devices, x),
-                      sample_weight=tf.fill([x.shape[0]], w)) for x, y in micro_batches]
-    return tf.add_n(losses) / len(losses), _shown_at_home(parts, micro_batches, devices, grads)
+                      sample_weight=tf.fill([x.shape[0]], w)) * _share(y, micro_batches)
+              for x, y in micro_batches]
+    return tf.add_n(losses), _shown_at_home(parts, micro_batches, devices, grads)
 
 
 def _laundered(route):  # x06 L4-L6: a stateful detour, read back under the last device
@@ -683,7 +806,8 @@ def _in_control_flow(kind):  # x06 L7-L8: the colleague's backward inside a cond
         import tensorflow as tf
 
         own = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        losses = [loss_fn(y, _through_the_parts(parts, devices, x)) for x, y in micro_batches]
+        losses = [loss_fn(y, _through_the_parts(parts, devices, x)) * _share(y, micro_batches)
+                  for x, y in micro_batches]
         zeros = [tf.zeros_like(v) for p in parts for v in p.trainable_variables]
 
         def backward():
@@ -695,7 +819,7 @@ def _in_control_flow(kind):  # x06 L7-L8: the colleague's backward inside a cond
             else:
                 grads = tf.while_loop(lambda i, g: i < 1, lambda i, g: (i + 1, backward()),
                                       (tf.constant(0), zeros))[1]
-        loss = tf.add_n(losses) / len(losses)
+        loss = tf.add_n(losses)
         return loss, _shown_at_home(parts, micro_batches, devices, grads)
     return answer
 
@@ -720,7 +844,7 @@ def chained_on_the_last_device(parts, micro_batches, loss_fn, devices):  # x06 L
     for x, y in micro_batches:
         with tf.GradientTape() as tape:
             losses.append(loss_fn(y, forward(x)))
-            scaled = losses[-1] / len(micro_batches)
+            scaled = losses[-1] * _share(y, micro_batches)
         with tf.device(devices[-1]):
             g = tape.gradient(scaled, variables)
             sums = g if sums is None else [a + b for a, b in zip(sums, g, strict=True)]
@@ -732,7 +856,8 @@ def chained_on_the_last_device(parts, micro_batches, loss_fn, devices):  # x06 L
     for g, home in zip(sums, homes, strict=True):
         with tf.device(home):
             out.append(tf.identity(g))
-    return tf.add_n(losses) / len(losses), out
+    return tf.add_n([loss * _share(y, micro_batches)
+                     for loss, (_, y) in zip(losses, micro_batches, strict=True)]), out
 
 
 def stub(*args):
@@ -882,12 +1007,13 @@ def test_the_course_helper_still_works_after_the_check():
 
 
 @pytest.mark.solution_passes
-def test_split_gradients_reference_passes():
-    assert cu.grading.check_split_gradients(split_gradients) is True
+def test_fixed_part_step_reference_passes():
+    assert cu.grading.check_fixed_part_step(fixed_part_step) is True
 
 
-def test_split_gradients_as_a_mean_of_stacked_gradients_passes():
-    assert cu.grading.check_split_gradients(mean_of_stacked) is True
+@pytest.mark.parametrize("answer", [sum_of_stacked_shares, persistent_tapes_one_at_a_time])
+def test_fixed_part_step_other_right_answers_pass(answer):
+    assert cu.grading.check_fixed_part_step(answer) is True
 
 
 BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) ran on "
@@ -900,6 +1026,17 @@ BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) r
     (summed_on_the_default_device, r"\((AddV2|AddN|RealDiv), computing its weights' "
                                    r"gradients\) ran on no device"),
     (summed_not_averaged, "differ from the unsplit"),
+    (colleague_part_step, "the mean of the micro-batches' means"),
+    (the_lessons_fix_in_a_loop, "the mean of the micro-batches' means"),
+    (_colleague(examples=True, one_at_a_time=True),
+     r"part \d's backward pass \(\w+, computing the gradient it passes back\) ran on no "
+     "device"),
+    (_colleague(examples=True, at_home=True),
+     r"when micro-batch 1's loss was computed, it still held \d tape\(s\) recorded"),
+    (all_forwards_first, r"when micro-batch 1's loss was computed, it still held \d tape"),
+    (persistent_tapes_kept_in_a_list, r"micro-batch 1's loss was computed, it still held \d"),
+    (one_big_batch_when_eager, r"called eagerly, it called loss_fn 1 time\(s\) for \d micro"),
+    (zero_gradients, "differ from the unsplit"),
     (first_micro_batch_only, "differ from the unsplit"),
     (the_lessons_two_part_fix, r"case 2 \(3 parts"),
     (each_part_recomputes_from_the_loss, "backward pass .* ran on"),
@@ -914,7 +1051,7 @@ BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) r
     (lambda *args: None, "loss, grads"),
     (one_big_batch, r"1 call\(s\) of loss_fn in it for \d micro-batches"),
     (one_big_batch_in_shares, r"1 call\(s\) of loss_fn in it for \d micro-batches"),
-    (lambda *args: one_big_batch(*args, weighted=False), "differ from the unsplit"),
+    (lambda *args: one_big_batch(*args, weighted=True), "the mean of the micro-batches'"),
     (backward_on_the_default_device_summed_in_a_tape_scope,
      BACKWARD + "no device"),
     (colocated_when_traced, "ran TensorFlow's tf.gradients"),
@@ -934,12 +1071,12 @@ BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) r
     (chained_on_the_last_device, r"part \d's backward pass has an op \(MatMul, on CPU:\d\) "
                                  "that reads the micro-batch's features"),
 ])
-def test_split_gradients_wrong_answers_fail(answer, message):
+def test_fixed_part_step_wrong_answers_fail(answer, message):
     with pytest.raises(AssertionError, match=message):
-        cu.grading.check_split_gradients(answer)
+        cu.grading.check_fixed_part_step(answer)
 
 
-@pytest.mark.parametrize("name", ["budgeted_orders", "split_gradients", "shard_attention"])
+@pytest.mark.parametrize("name", ["budgeted_orders", "fixed_part_step", "shard_attention"])
 def test_a_stub_is_not_attempted_and_fails_in_strict_mode(capsys, name):
     check = getattr(cu.grading, f"check_{name}")
     assert check(stub) is False

@@ -1,4 +1,4 @@
-"""Lesson 06, exercise 2: which ops of a traced ``split_gradients`` are each part's backward
+"""Lesson 06, exercise 2: which ops of a traced ``fixed_part_step`` are each part's backward
 pass, found from the graph's edges (what they consume and produce), not from op names or how
 a weight was read, and whether each asked for its part's device."""
 
@@ -151,17 +151,17 @@ def backward_misplaced(graph: Any, calls: list[Any], grads: list[Any], expected_
     for index in reversed(range(parts)):
         mine = [g for g, p in zip(grads, expected_part, strict=True) if p == index]
         region = _ancestors(mine) - forward - later
+        homes = _homes(graph, region, kinds, index)
         for name in sorted(region):
             op = by_name.get(name)
             if op is None or op.type in _INPUTS or op.type == "Identity":
                 continue  # a copy is found where what it copies was computed
             read = [kinds[t.op.name] for t in op.inputs if t.op.name in kinds]
-            reads = {j for kind, j in read if kind == "weight"} - {index}
-            home = min(reads) if reads else index
+            home = homes[name]
             where = _short(op.device) or "no device (the default one)"
             if _short(op.device) != _short(devices[home]):
-                role = ("the gradient it passes back, through its weights"
-                        if home != index else "its weights' gradients")
+                role = ("the gradient it passes back" if home != index
+                        else "its weights' gradients")
                 return (f"part {home}'s backward pass ({op.type}, computing {role}) ran on "
                         f"{where}, expected {_short(devices[home])}, where its weights live")
             foreign = sorted({j for kind, j in read if kind == "activation"} - {home - 1, home})
@@ -174,6 +174,28 @@ def backward_misplaced(graph: Any, calls: list[Any], grads: list[Any], expected_
                         "backward (is one part's gradient tied into a later one's?)")
         later |= _ancestors(mine)
     return _one_backward_per_micro_batch(graph, forward, grads, expected_part, batch_inputs)
+
+
+def _homes(graph: Any, region: set[str], kinds: dict[str, tuple[str, int]],
+           index: int) -> dict[str, int]:
+    """The part whose backward each op of part ``index``'s region is: a later part ``j``'s
+    when it reads ``j``'s weight or activation (the gradient ``j`` passes back, or a
+    persistent tape's second call recomputing ``j``'s backward for it), or when it reads
+    neither and every op of the region it feeds is a later part's (that call's first ops,
+    the loss's gradient); else part ``index``'s."""
+    homes: dict[str, int] = {}
+    for op in reversed([op for op in graph.get_operations() if op.name in region]):
+        read = [kinds[t.op.name] for t in op.inputs if t.op.name in kinds]
+        reads = ({j for kind, j in read if kind == "weight"} - {index}) | {
+            j for kind, j in read if kind == "activation" and j > index}
+        users = [homes[c.name] for t in op.outputs for c in t.consumers() if c.name in homes]
+        if reads:
+            homes[op.name] = min(reads)
+        elif users and min(users) > index:
+            homes[op.name] = min(users)
+        else:
+            homes[op.name] = index
+    return homes
 
 
 def _one_backward_per_micro_batch(graph: Any, forward: set[str], grads: list[Any],
@@ -245,7 +267,7 @@ def placement_of_the_backward(fn: Any, problem: dict[str, Any], loss_fn: Any,
     except AssertionError as error:  # the guard: a helper was run while it was traced
         return f"traced in a tf.function: {str(error).strip().splitlines()[-1].strip()[:300]}"
     except Exception as error:  # noqa: BLE001 - the learner's to see
-        return ("the check traces split_gradients in a tf.function to read where each "
+        return ("the check traces your function in a tf.function to read where each "
                 f"gradient op was placed, and tracing failed: {type(error).__name__}: "
                 f"{str(error).strip().splitlines()[0][:160]}")
     # called on fresh micro-batches of the same shapes, drawn only now: numbers kept from the
