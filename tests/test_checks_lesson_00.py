@@ -724,9 +724,20 @@ def _prefetched_between_the_stages_only(records, read, augment, batch_size):  # 
     return records.batch(batch_size).map(read).prefetch(tf.data.AUTOTUNE).map(augment)  # map
 
 
+def _read_in_parallel_on_sixteen_threads(records, read, augment, batch_size):  # right (xf00
+    import tensorflow as tf  # R1, R2): AUTOTUNE starts at 16 where 16 threads run tf.data (a
+
+    options = tf.data.Options()  # 16-core laptop's default): every batch read before the
+    options.threading.private_threadpool_size = 16  # first augment, unless the check's pool
+    read_ahead = records.batch(batch_size).map(read, num_parallel_calls=tf.data.AUTOTUNE)
+    return read_ahead.map(augment).prefetch(tf.data.AUTOTUNE).with_options(options)  # rules;
+    # and the step's own pull starts a read just before the step: in flight, counted
+
+
 @pytest.mark.parametrize("right", [_prefetched_reads_and_a_cache_file,
                                    _augmented_in_parallel,
-                                   _prefetched_between_the_stages_only])
+                                   _prefetched_between_the_stages_only,
+                                   _read_in_parallel_on_sixteen_threads])
 def test_overlapped_pipeline_passes_right_variants(right, capsys):
     assert cu.grading.check_overlapped_pipeline(right)
     assert "reads overlapped augments in" in capsys.readouterr().out

@@ -38,7 +38,8 @@
   rewrite reaches a ``map`` after ``batch``; the per-record ``map`` directly before ``batch``
   that map_and_batch_fusion would overlap reads a call per record, not the colleague's one per
   batch). The fix: the same batches, in order (in the epoch checked and in the epoch trained
-  on, a fresh call's, as returned: tf.data's options untouched; no ``deterministic=False``),
+  on, a fresh call's, as returned: tf.data's options untouched, its functions run by a pool of 2
+  threads whatever the machine; no ``deterministic=False``),
   each batch read and augmented once while it is iterated, with sizes and waits drawn afresh
   (a batch's reads and the augment each shorter than the step plus the other, together longer
   than the step), and three mechanisms counted in one epoch of 16 ms steps (calls in flight,
