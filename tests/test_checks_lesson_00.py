@@ -336,7 +336,30 @@ def split_cpu_tf_handed_on(num_devices):  # tensorflow itself under another name
     return everything.config.list_logical_devices("CPU")
 
 
+def split_cpu_advises_against_a_restart(num_devices):  # xf00 L1: the word, not the advice
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    try:
+        tf.config.set_logical_device_configuration(  # noqa: F821
+            physical_cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)  # noqa: F821
+    except RuntimeError as error:
+        if len(tf.config.list_logical_devices("CPU")) != num_devices:  # noqa: F821
+            raise RuntimeError(f"{error} (no need to restart the kernel)") from None
+    return [device.name for device in tf.config.list_logical_devices("CPU")]  # noqa: F821
+
+
+def test_the_restart_advice_is_the_advice_not_the_word():
+    from course_utils.grading.checks.restart_advice import says_restart
+
+    assert all(map(says_restart, ["2 exist, 3 asked: restart the kernel, then split first",
+                                  "Please restart your Jupyter kernel.",
+                                  "can't change the devices: restart the kernel"]))
+    assert not any(map(says_restart, ["do not restart anything", "[restarted=False]",
+                                      "error_code=NORESTARTNEEDED", "don't restart the kernel",
+                                      "(no need to restart: just ignore it)"]))
+
+
 SPLIT_CATALOGUE = [
+    (split_cpu_advises_against_a_restart, "must say what to do .*nor advice against it"),
     (split_cpu_forges_the_report, "not run in the fresh process: line \\d+ imports json"),
     (split_cpu_writes_the_pipe, "not run .*imports json"),
     (split_cpu_replaces_the_reader, "not run .*sets the attribute list_logical_devices"),
