@@ -564,6 +564,24 @@ def test_step_cases_accept_no_common_answer():
     # far more than the parts' late wake-ups (15 ms at the least)
     assert min(lesson_00._accepted((i + c) * (1 + fast_copy[0]))[0] - (i + c) * 1e3
                for i in fast_in for c in fast_step) > 15
+    # in the slow case a part derived as the whole step less the other part (never timed
+    # alone) is above its range by 20 ms or more (xf00 L2)
+    for part, other in [(slow_in, slow_step), (slow_step, slow_in)]:
+        assert min((p + slow_copy[0] * (p + o)) * 1e3 - lesson_00._accepted(p)[1]
+                   for p in part for o in other) > 20
+
+
+def _input_as_the_whole_step_less_compute(next_batch, train_step, batch, repeats):  # xf00
+    seconds = {"compute": [], "whole step": []}  # L2: next_batch called alone, never timed
+    for _ in range(repeats):
+        next_batch()
+        for name, call in [("compute", lambda: train_step(batch)),
+                           ("whole step", lambda: train_step(next_batch()))]:
+            start = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - start)
+    medians = {name: float(np.median(values)) for name, values in seconds.items()}
+    return {"input": medians["whole step"] - medians["compute"], **medians}
 
 
 def _in_milliseconds(next_batch, train_step, batch, repeats):
@@ -693,6 +711,7 @@ def _middle_call_only(next_batch, train_step, batch, repeats):
     (_in_blocks, "not timed in turns"),
     (_means, "a median ignores them"),
     (_whole_step_summed, "'whole step' should take about"),
+    (_input_as_the_whole_step_less_compute, "case 2 .*'input' should take about"),
     (_first_call_only, "should take about"),
     (_second_call_only, "one call per part does not"),
     (_fourth_call_only, "one call per part does not"),
