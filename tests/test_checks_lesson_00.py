@@ -336,7 +336,30 @@ def split_cpu_tf_handed_on(num_devices):  # tensorflow itself under another name
     return everything.config.list_logical_devices("CPU")
 
 
+def split_cpu_advises_against_a_restart(num_devices):  # xf00 L1: the word, not the advice
+    physical_cpu = tf.config.list_physical_devices("CPU")[0]  # noqa: F821
+    try:
+        tf.config.set_logical_device_configuration(  # noqa: F821
+            physical_cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)  # noqa: F821
+    except RuntimeError as error:
+        if len(tf.config.list_logical_devices("CPU")) != num_devices:  # noqa: F821
+            raise RuntimeError(f"{error} (no need to restart the kernel)") from None
+    return [device.name for device in tf.config.list_logical_devices("CPU")]  # noqa: F821
+
+
+def test_the_restart_advice_is_the_advice_not_the_word():
+    from course_utils.grading.checks.restart_advice import says_restart
+
+    assert all(map(says_restart, ["2 exist, 3 asked: restart the kernel, then split first",
+                                  "Please restart your Jupyter kernel.",
+                                  "can't change the devices: restart the kernel"]))
+    assert not any(map(says_restart, ["do not restart anything", "[restarted=False]",
+                                      "error_code=NORESTARTNEEDED", "don't restart the kernel",
+                                      "(no need to restart: just ignore it)"]))
+
+
 SPLIT_CATALOGUE = [
+    (split_cpu_advises_against_a_restart, "must say what to do .*nor advice against it"),
     (split_cpu_forges_the_report, "not run in the fresh process: line \\d+ imports json"),
     (split_cpu_writes_the_pipe, "not run .*imports json"),
     (split_cpu_replaces_the_reader, "not run .*sets the attribute list_logical_devices"),
@@ -541,6 +564,24 @@ def test_step_cases_accept_no_common_answer():
     # far more than the parts' late wake-ups (15 ms at the least)
     assert min(lesson_00._accepted((i + c) * (1 + fast_copy[0]))[0] - (i + c) * 1e3
                for i in fast_in for c in fast_step) > 15
+    # in the slow case a part derived as the whole step less the other part (never timed
+    # alone) is above its range by 20 ms or more (xf00 L2)
+    for part, other in [(slow_in, slow_step), (slow_step, slow_in)]:
+        assert min((p + slow_copy[0] * (p + o)) * 1e3 - lesson_00._accepted(p)[1]
+                   for p in part for o in other) > 20
+
+
+def _input_as_the_whole_step_less_compute(next_batch, train_step, batch, repeats):  # xf00
+    seconds = {"compute": [], "whole step": []}  # L2: next_batch called alone, never timed
+    for _ in range(repeats):
+        next_batch()
+        for name, call in [("compute", lambda: train_step(batch)),
+                           ("whole step", lambda: train_step(next_batch()))]:
+            start = time.perf_counter()
+            call()
+            seconds[name].append(time.perf_counter() - start)
+    medians = {name: float(np.median(values)) for name, values in seconds.items()}
+    return {"input": medians["whole step"] - medians["compute"], **medians}
 
 
 def _in_milliseconds(next_batch, train_step, batch, repeats):
@@ -670,6 +711,7 @@ def _middle_call_only(next_batch, train_step, batch, repeats):
     (_in_blocks, "not timed in turns"),
     (_means, "a median ignores them"),
     (_whole_step_summed, "'whole step' should take about"),
+    (_input_as_the_whole_step_less_compute, "case 2 .*'input' should take about"),
     (_first_call_only, "should take about"),
     (_second_call_only, "one call per part does not"),
     (_fourth_call_only, "one call per part does not"),
@@ -724,9 +766,20 @@ def _prefetched_between_the_stages_only(records, read, augment, batch_size):  # 
     return records.batch(batch_size).map(read).prefetch(tf.data.AUTOTUNE).map(augment)  # map
 
 
+def _read_in_parallel_on_sixteen_threads(records, read, augment, batch_size):  # right (xf00
+    import tensorflow as tf  # R1, R2): AUTOTUNE starts at 16 where 16 threads run tf.data (a
+
+    options = tf.data.Options()  # 16-core laptop's default): every batch read before the
+    options.threading.private_threadpool_size = 16  # first augment, unless the check's pool
+    read_ahead = records.batch(batch_size).map(read, num_parallel_calls=tf.data.AUTOTUNE)
+    return read_ahead.map(augment).prefetch(tf.data.AUTOTUNE).with_options(options)  # rules;
+    # and the step's own pull starts a read just before the step: in flight, counted
+
+
 @pytest.mark.parametrize("right", [_prefetched_reads_and_a_cache_file,
                                    _augmented_in_parallel,
-                                   _prefetched_between_the_stages_only])
+                                   _prefetched_between_the_stages_only,
+                                   _read_in_parallel_on_sixteen_threads])
 def test_overlapped_pipeline_passes_right_variants(right, capsys):
     assert cu.grading.check_overlapped_pipeline(right)
     assert "reads overlapped augments in" in capsys.readouterr().out

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from course_utils.child import run_cpu_only, start_cpu_only
+from course_utils.grading.checks.restart_advice import says_restart
 from course_utils.grading.checks.worker_scripts import parse_python
 
 __all__ = ["ALLOWED_TF", "DENIED_BUILTINS", "run_split_answers", "run_split_in_fresh_process",
@@ -398,9 +399,9 @@ def split_verdict(results: list[dict[str, Any]], count: int) -> str | None:
                 f"are fixed, so asking for {count + 1} must raise, not hand back {count}")
     if not asked_more["runtime_error"]:
         return f"{labels[2]} raised {asked_more['error']!r}: raise a RuntimeError"
-    if "restart" not in asked_more["error"].lower():
+    if not says_restart(asked_more["error"]):
         return (f"{labels[2]} raised {asked_more['error']!r}: its message must say what to "
-                "do (restart the kernel)")
+                "do (restart the kernel; not the word alone, nor advice against it)")
     starts = [index for index, result in enumerate(results)  # other fresh processes
               if "op" in result or "split" in result] + [len(results)]
     for start, end in zip(starts, starts[1:], strict=False):
@@ -427,8 +428,7 @@ def _after_a_split_verdict(results: list[dict[str, Any]]) -> str | None:
             return (f"{call} returned {result['returned']} without an error: {made} logical "
                     f"CPUs exist, {asked} asked – count the devices that exist, not "
                     "what your function asked for before or a number you expect")
-        if asked != made and (not result["runtime_error"]
-                              or "restart" not in result["error"].lower()):
+        if asked != made and not (result["runtime_error"] and says_restart(result["error"])):
             return (f"{call} raised {result['error']!r}: raise a RuntimeError that says to "
                     "restart the kernel")
     return None
