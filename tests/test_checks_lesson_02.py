@@ -36,6 +36,11 @@ ITERATIONS = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
 def _train_on(strategy, model, optimizer, examples, global_batch, start, steps):
     """``steps`` steps of the run's loop under ``strategy``, from the stream's batch ``start``."""
     batches = tf.data.Dataset.from_tensor_slices(examples).repeat().batch(global_batch)
+    _train_steps(strategy, model, optimizer, batches.skip(start).take(steps), global_batch)
+
+
+def _train_steps(strategy, model, optimizer, batches, global_batch):
+    """One step of the run's loop under ``strategy`` for each of ``batches``."""
     per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
 
     def replica_step(x, y):
@@ -46,7 +51,7 @@ def _train_on(strategy, model, optimizer, examples, global_batch, start, steps):
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
     step = tf.function(lambda batch: strategy.run(replica_step, args=batch))
-    for batch in strategy.experimental_distribute_dataset(batches.skip(start).take(steps)):
+    for batch in strategy.experimental_distribute_dataset(batches):
         step(batch)
 
 
@@ -357,20 +362,9 @@ def _batched_then_repeated(directory, build_fresh, strategy, examples, config,
     """The right checkpoint and steps, on a stream batched before it repeats (r02 L1)."""
     model, optimizer = _restored(tf.train.latest_checkpoint(directory), build_fresh)
     done, batch = int(optimizer.iterations.numpy()), _run_batch(config)
-    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
     stream = tf.data.Dataset.from_tensor_slices(examples).batch(
         batch, drop_remainder=drop_remainder).repeat().skip(done)
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(per_example(y, model(x, training=True)),
-                                              global_batch_size=batch)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-
-    step = tf.function(lambda b: strategy.run(replica_step, args=b))
-    for b in strategy.experimental_distribute_dataset(stream.take(config["total_steps"] - done)):
-        step(b)
+    _train_steps(strategy, model, optimizer, stream.take(config["total_steps"] - done), batch)
     return model, optimizer
 
 
