@@ -599,137 +599,181 @@ def test_fast_pipeline_stub_is_not_attempted(capsys):
         cu.grading.check_fast_pipeline(stub)
 
 
-# --- shuffled_batches ------------------------------------------------------------------------
+# --- mixed_batches ---------------------------------------------------------------------------
 
 
-def shuffled_batches(blocks, batch_size, buffer, seed):
-    return blocks.unbatch().shuffle(buffer, seed=seed).batch(batch_size)
+def _files(files, seed=None, reshuffle=True):  # the list of files, shuffled whole
+    tf = cu.quiet.import_tensorflow()
+    return tf.data.Dataset.from_tensor_slices(files).shuffle(
+        len(files), seed=seed, reshuffle_each_iteration=reshuffle)
 
 
-def test_reference_shuffled_batches_passes(capsys):
-    assert cu.grading.check_shuffled_batches(shuffled_batches)
-    assert "✅ shuffled_batches: 3 cases passed" in capsys.readouterr().out
+def mixed_batches(files, read_file, batch_size, max_open, max_buffer, seed):  # the solution's
+    examples = _files(files, seed).interleave(read_file, cycle_length=max_open, block_length=1)
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _blocks_shuffled(blocks, batch_size, buffer, seed):  # the broken version, as given
-    return blocks.shuffle(buffer, seed=seed).unbatch().batch(batch_size)
+def test_reference_mixed_batches_passes(capsys):
+    assert cu.grading.check_mixed_batches(mixed_batches)
+    assert "✅ mixed_batches: 2 cases passed" in capsys.readouterr().out
 
 
-def _lesson_cell_copied(blocks, batch_size, buffer, seed):  # batches of blocks
-    return blocks.shuffle(buffer, seed=seed).batch(batch_size)
+def _constant(files, read_file, batch_size, max_open, max_buffer, seed):  # the demo's ids
+    tf = cu.quiet.import_tensorflow()
+    ids = tf.range(480, dtype=tf.int64)
+    return tf.data.Dataset.from_tensor_slices((ids, ids % 4)).batch(batch_size)
 
 
-def _unshuffled(blocks, batch_size, buffer, seed):
-    return blocks.unbatch().batch(batch_size)
+def _broken_given(files, read_file, batch_size, max_open, max_buffer, seed):  # as given
+    tf = cu.quiet.import_tensorflow()
+    examples = tf.data.Dataset.from_tensor_slices(files).flat_map(read_file)
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _small_buffer(blocks, batch_size, buffer, seed):  # a buffer of one batch
-    return blocks.unbatch().shuffle(batch_size, seed=seed).batch(batch_size)
+def _files_one_by_one(files, read_file, batch_size, max_open, max_buffer, seed):  # the list
+    examples = _files(files, seed).flat_map(read_file)  # shuffled, its files read in turn
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _no_seed(blocks, batch_size, buffer, seed):
-    return blocks.unbatch().shuffle(buffer).batch(batch_size)
+def _lesson_cell_copied(files, read_file, batch_size, max_open, max_buffer, seed):  # cell 63:
+    tf = cu.quiet.import_tensorflow()  # a buffer of the whole data, the files one by one
+    examples = tf.data.Dataset.from_tensor_slices(files).flat_map(read_file)
+    return examples.shuffle(10_000, seed=seed).batch(batch_size)
 
 
-def _half_buffer(blocks, batch_size, buffer, seed):  # "half is plenty"
-    return blocks.unbatch().shuffle(buffer // 2, seed=seed).batch(batch_size)
+def _lesson_interleave_copied(files, read_file, batch_size, max_open, max_buffer, seed):
+    examples = _files(files, seed).interleave(  # cell 58: every file at once, in parallel
+        read_file, cycle_length=len(files), num_parallel_calls=len(files))
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _most_of_the_buffer(blocks, batch_size, buffer, seed):  # 70 % of it
-    return blocks.unbatch().shuffle(buffer * 7 // 10, seed=seed).batch(batch_size)
+def _parallel_interleave(files, read_file, batch_size, max_open, max_buffer, seed):
+    examples = _files(files, seed).interleave(  # opens files ahead of its cycle
+        read_file, cycle_length=max_open, num_parallel_calls=max_open)
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _fixed_seed(blocks, batch_size, buffer, seed):  # one seed for every call
-    return blocks.unbatch().shuffle(buffer, seed=42).batch(batch_size)
+def _half_the_files(files, read_file, batch_size, max_open, max_buffer, seed):
+    examples = _files(files, seed).interleave(read_file, cycle_length=max_open // 2)
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _buffer_ignored(blocks, batch_size, buffer, seed):  # "big enough" for any data
-    return blocks.unbatch().shuffle(10_000, seed=seed).batch(batch_size)
+def _files_in_stored_order(files, read_file, batch_size, max_open, max_buffer, seed):
+    tf = cu.quiet.import_tensorflow()
+    names = tf.data.Dataset.from_tensor_slices(files)
+    examples = names.interleave(read_file, cycle_length=max_open)
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _same_order_every_epoch(blocks, batch_size, buffer, seed):
-    return blocks.unbatch().shuffle(buffer, seed=seed, reshuffle_each_iteration=False).batch(
-        batch_size)
+def _files_shuffled_once(files, read_file, batch_size, max_open, max_buffer, seed):
+    names = _files(files, seed, reshuffle=False)
+    examples = names.interleave(read_file, cycle_length=max_open)
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _dropped_last_batch(blocks, batch_size, buffer, seed):
-    return blocks.unbatch().shuffle(buffer, seed=seed).batch(batch_size, drop_remainder=True)
+def _examples_not_shuffled(files, read_file, batch_size, max_open, max_buffer, seed):
+    return _files(files, seed).interleave(read_file, cycle_length=max_open).batch(batch_size)
 
 
-def _one_short(blocks, batch_size, buffer, seed):  # "buffer - 1 is as good"
-    return blocks.unbatch().shuffle(buffer - 1, seed=seed).batch(batch_size)
+def _no_seed(files, read_file, batch_size, max_open, max_buffer, seed):
+    examples = _files(files).interleave(read_file, cycle_length=max_open)
+    return examples.shuffle(max_buffer).batch(batch_size)
 
 
-def _nine_tenths(blocks, batch_size, buffer, seed):  # 90 % of it
-    return blocks.unbatch().shuffle(buffer * 9 // 10, seed=seed).batch(batch_size)
+def _files_seed_fixed(files, read_file, batch_size, max_open, max_buffer, seed):
+    examples = _files(files, 42).interleave(read_file, cycle_length=max_open)
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _blocks_then_examples(blocks, batch_size, buffer, seed):  # half the buffer in blocks,
-    block_size = int(next(iter(blocks)).shape[0])  # half in examples
-    blocks = blocks.shuffle(max(1, buffer // (2 * block_size)), seed=seed)
-    return blocks.unbatch().shuffle(buffer // 2, seed=seed).batch(batch_size)
+def _file_list_buffer_of_two(files, read_file, batch_size, max_open, max_buffer, seed):
+    tf = cu.quiet.import_tensorflow()
+    names = tf.data.Dataset.from_tensor_slices(files).shuffle(2, seed=seed)
+    examples = names.interleave(read_file, cycle_length=max_open)
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _windows_shuffled(blocks, batch_size, buffer, seed):  # fixed windows of the buffer's size,
-    tf = cu.quiet.import_tensorflow()  # each shuffled anew every epoch: no buffer runs over them
-    draws = tf.random.Generator.from_seed(seed)
-    windows = blocks.unbatch().batch(buffer)
-    windows = windows.map(lambda w: tf.gather(w, tf.argsort(draws.uniform(tf.shape(w)))))
+def _gathered_in_numpy(files, read_file, batch_size, max_open, max_buffer, seed):  # the right
+    tf = cu.quiet.import_tensorflow()  # mix made the wrong way: all read at once, in memory
+    pairs = [pair for path in files for pair in read_file(path).as_numpy_iterator()]
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    ids, labels = (np.array([pairs[i][k] for i in order]) for k in (0, 1))
+    return tf.data.Dataset.from_tensor_slices((ids, labels)).batch(batch_size)
+
+
+def _windows_shuffled(files, read_file, batch_size, max_open, max_buffer, seed):  # a window of
+    tf = cu.quiet.import_tensorflow()  # 256 records held and permuted: more than the buffer
+    examples = _files(files, seed).interleave(read_file, cycle_length=max_open)
+    windows = examples.batch(256).map(
+        lambda i, y: tuple(tf.gather(t, tf.random.shuffle(tf.range(tf.shape(i)[0]), seed=seed))
+                           for t in (i, y)))
     return windows.unbatch().batch(batch_size)
 
 
-def _shuffled_once_in_numpy(blocks, batch_size, buffer, seed):  # read from the input, once
-    tf = cu.quiet.import_tensorflow()
-    examples = np.concatenate(list(blocks.as_numpy_iterator()))
-    np.random.default_rng(seed).shuffle(examples)
-    return tf.data.Dataset.from_tensor_slices(examples).batch(batch_size)
+def _read_directly(files, read_file, batch_size, max_open, max_buffer, seed):  # not through
+    tf = cu.quiet.import_tensorflow()  # read_file: the files parsed by a reader of its own
+    spec = {key: tf.io.FixedLenFeature([], tf.int64) for key in ("id", "label")}
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, spec)
+        return example["id"], example["label"]
+
+    examples = _files(files, seed).interleave(
+        lambda path: tf.data.TFRecordDataset(path).map(parse), cycle_length=max_open)
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-def _gathered_then_shuffled(blocks, batch_size, buffer, seed):  # every block read at once, into
-    tf = cu.quiet.import_tensorflow()  # NumPy, then a right shuffle: no unbatch, all in memory
-    examples = np.concatenate(list(blocks.as_numpy_iterator()))
-    return tf.data.Dataset.from_tensor_slices(examples).shuffle(buffer, seed=seed).batch(
-        batch_size)
+def _cached(files, read_file, batch_size, max_open, max_buffer, seed):
+    examples = _files(files, seed).interleave(read_file, cycle_length=max_open).cache()
+    return examples.shuffle(max_buffer, seed=seed).batch(batch_size)
 
 
-@pytest.mark.parametrize(("wrong", "says"), [
-    (_blocks_shuffled, "the blocks were shuffled, not the examples"),
-    (_lesson_cell_copied, "batches of scalars"),
-    (_unshuffled, "the blocks were shuffled, not the examples"),
-    (_small_buffer, "near neighbours|same block"),
-    (_no_seed, "the same seed gave another order"),
-    (_same_order_every_epoch, "two epochs came in the same order"),
-    (_fixed_seed, r"seed=\d+ gave the same order as seed="),
-    (_buffer_ignored, "reaches at most"),
-    (_half_buffer, r"no example came more than \d+ places ahead"),
-    (_most_of_the_buffer, r"no example came more than \d+ places ahead"),
-    (_one_short, r"no example came more than \d+ places ahead of its place in 4 epochs"),
-    (_nine_tenths, r"no example came more than \d+ places ahead of its place in 4 epochs"),
-    (_blocks_then_examples, r"no example came more than \d+ places ahead"),
-    (_windows_shuffled, r"no example came (out )?more than \d+ places (ahead of|after) its "
-                        "place in 4 epochs"),
-    (_dropped_last_batch, "batch sizes differ"),
-    (_shuffled_once_in_numpy, r"read all \d+ blocks while it built its dataset"),
-    (_gathered_then_shuffled, r"your function read all \d+ blocks while it built its dataset, "
-                              "before the check iterated it"),
-])
-def test_shuffled_batches_catalogue_is_rejected_with_its_reason(wrong, says):
+def _repeated(files, read_file, batch_size, max_open, max_buffer, seed):  # two epochs in one
+    return mixed_batches(files, read_file, batch_size, max_open, max_buffer, seed).repeat(2)
+
+
+MIXED_CATALOGUE = {
+    "constant": (_constant, "batch sizes differ|every example must come exactly once"),
+    "broken_given": (_broken_given, "two epochs opened the files in the same order"),
+    "files_shuffled_read_one_by_one": (_files_one_by_one, "the most common label took"),
+    "lesson_cell_copied": (_lesson_cell_copied, "a shuffle buffer of 10000; memory allows"),
+    "lesson_interleave_copied": (_lesson_interleave_copied, r"files were being read at once"),
+    "parallel_interleave": (_parallel_interleave, r"files were being read at once"),
+    "half_the_files": (_half_the_files, r"a batch drew on [\d.]+ files on average"),
+    "files_in_stored_order": (_files_in_stored_order, "two epochs opened the files in the same"),
+    "files_shuffled_once": (_files_shuffled_once, "two epochs opened the files in the same"),
+    "examples_not_shuffled": (_examples_not_shuffled, "in stored order; a shuffle of examples"),
+    "no_seed": (_no_seed, "the same seed gave another order"),
+    "files_seed_fixed": (_files_seed_fixed, r"opened the files in the order seed=\d+ did"),
+    "file_list_buffer_of_two": (_file_list_buffer_of_two,
+                                "close to their stored order|the most common label took"),
+    "gathered_in_numpy": (_gathered_in_numpy, r"read \d+ records while it built its dataset"),
+    "windows_shuffled": (_windows_shuffled, r"read \d+ records before its first batch"),
+    "read_directly": (_read_directly, r"read_file read 0 records in an epoch"),
+    "cached": (_cached, r"your pipeline caches \(cache\(\)\)"),
+    "repeated": (_repeated, "batch sizes differ"),
+    "helper_bound": (cu.data.make_pipeline, "the course's own code"),
+}
+
+
+@pytest.mark.parametrize(("wrong", "says"), catalogue_params(MIXED_CATALOGUE))
+def test_mixed_batches_catalogue_is_rejected_with_its_reason(wrong, says):
     with pytest.raises(AssertionError, match=says):
-        cu.grading.check_shuffled_batches(wrong)
+        cu.grading.check_mixed_batches(wrong)
 
 
-def _global_seed_set(blocks, batch_size, buffer, seed):  # r00 L7: the right order, but the
-    tf = cu.quiet.import_tensorflow()  # process's global seed changed to make it
+def _global_seed_set(files, read_file, batch_size, max_open, max_buffer, seed):  # the right
+    tf = cu.quiet.import_tensorflow()  # pipeline, seeded through the process's global seed
     tf.random.set_seed(seed)
-    return blocks.unbatch().shuffle(buffer).batch(batch_size)
+    examples = _files(files).interleave(read_file, cycle_length=max_open)
+    return examples.shuffle(max_buffer).batch(batch_size)
 
 
-def test_shuffled_batches_that_set_the_global_seed_fail():
+def test_mixed_batches_that_set_the_global_seed_fail():
     tf = cu.quiet.import_tensorflow()
     try:
         with pytest.raises(AssertionError, match=r"changed TensorFlow's global seed \(the "
                                                  r"check read it before and after"):
-            cu.grading.check_shuffled_batches(_global_seed_set)
+            cu.grading.check_mixed_batches(_global_seed_set)
     finally:
         tf.random.set_seed(None)  # unset, as it was: later tests' unseeded ops stay unseeded
 
@@ -750,7 +794,7 @@ def test_buffer_problem_tells_a_buffer_from_a_smaller_one_and_from_windows():
     from course_utils.grading.checks.shuffle_order import buffer_problem
 
     rng = np.random.default_rng(0)
-    n, b = 320, 60  # exercise 2's least favourable draw
+    n, b = 320, 60  # a small, wide buffer: the least favourable draw of the old exercise 2
     assert buffer_problem([_buffer_shuffle(n, b, rng) for _ in range(4)], b, "example") is None
     smaller = [_buffer_shuffle(n, b - 1, rng) for _ in range(4)]
     assert "no example came more than 58 places ahead" in buffer_problem(smaller, b, "example")
@@ -763,16 +807,8 @@ def test_buffer_problem_tells_a_buffer_from_a_smaller_one_and_from_windows():
     assert "places after its place" in buffer_problem(windows, b, "record")
 
 
-def test_lost_or_repeated_examples_are_caught():
-    def repeated(blocks, batch_size, buffer, seed):
-        return shuffled_batches(blocks.take(1).concatenate(blocks), batch_size, buffer, seed)
-
-    with pytest.raises(AssertionError, match="batch sizes differ|exactly once"):
-        cu.grading.check_shuffled_batches(repeated)
-
-
-def test_shuffled_batches_stub_is_not_attempted(capsys):
-    assert cu.grading.check_shuffled_batches(stub) is False
+def test_mixed_batches_stub_is_not_attempted(capsys):
+    assert cu.grading.check_mixed_batches(stub) is False
     assert "not attempted yet" in capsys.readouterr().out
 
 
@@ -780,7 +816,7 @@ def test_lesson_01_registers_its_checks():
     from course_utils.grading import checks
 
     assert checks.check_fast_pipeline is checks_01.check_fast_pipeline
-    assert cu.grading.check_shuffled_batches is checks_01.check_shuffled_batches
+    assert cu.grading.check_mixed_batches is checks_01.check_mixed_batches
 
 
 # --- cached_pipeline -------------------------------------------------------------------------

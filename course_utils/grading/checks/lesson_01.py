@@ -17,15 +17,20 @@
   every map parallel on a private pool) leaves the lookups one at a time, and fails. Then slow
   and fast are timed the same way, in turns, several epochs (×1.3, printed; the counts decide,
   the time is a floor).
-* ``check_shuffled_batches(shuffled_batches)``: examples stored in blocks, shuffled one by one
-  before batching – the blocks read as the dataset is iterated (counted: an answer that reads
-  every block while it builds its dataset, to gather the examples in NumPy, fails), every
-  example once per epoch, right batch sizes, few neighbours from one block inside a batch,
-  the same order for the same seed and a new order every epoch, TensorFlow's global seed
-  unchanged (read back after the calls: an answer that sets it and shuffles unseeded fails); the
-  whole set: one example n/2 ahead; a buffer b < n, over four epochs: some example exactly
-  b - 1 ahead and none further, some b or more late (``checks/shuffle_order.py``: a smaller
-  buffer, or fixed windows of b each shuffled, fail).
+* ``check_mixed_batches(mixed_batches)``: TFRecord files each a run of data sorted by label
+  (fresh ids, 4 or 5 labels, 14 to 18 files of 48 to 60 records), read through the check's
+  ``read_file``, which logs the file of every record it reads (``checks/label_files.py``).
+  Judged: nothing read while the dataset is built (fewer than half), no shuffle buffer over
+  ``max_buffer`` and no cache (read from the serialized graph, the steps' functions too), right
+  batch sizes, every example once per epoch with its label, every record read once per epoch
+  through ``read_file``, at most ``max_open`` files read at once (first record to last: a
+  parallel interleave opens files ahead of its cycle), few records read before the first
+  batch, the files opened in a new order every epoch and another for another seed, the same
+  batches for the same seed, TensorFlow's global seed unchanged; over three epochs the labels
+  mixed about as a uniform shuffle mixes them, each batch drawing on most of ``max_open``
+  files, a file's records out of stored order, the list of files read far from its stored
+  order. The lesson's shuffle (cell 63) over the files read one after another, and its
+  interleave of every file (cell 58), fail.
 * ``check_cached_pipeline(cached_pipeline)``: the colleague's pipeline caches after decode and
   before the random crop, as lesson 01's rule says, so featurize (slow, deterministic, value by
   value) runs every epoch. Judged: records decoded and featurized in epoch 1 only (counted,
@@ -54,6 +59,14 @@ from course_utils.grading.checks.batch_shapes import epoch_seconds, fresh_caches
 from course_utils.grading.checks.batch_shapes import size_problem as _size_problem
 from course_utils.grading.checks.cached_epochs import cached_verifier
 from course_utils.grading.checks.cached_epochs import cropped_stages as _cropped_stages
+from course_utils.grading.checks.label_files import (
+    Epoch,
+    LabelFiles,
+    mix_problem,
+    read_epoch,
+    write_label_files,
+)
+from course_utils.grading.checks.label_files import buffer_problem as label_buffer_problem
 from course_utils.grading.checks.records import (
     RECORD_IMAGE_SHAPE,
     parse_ops_problem,
@@ -62,7 +75,7 @@ from course_utils.grading.checks.records import (
     records,
 )
 from course_utils.grading.checks.registry import register
-from course_utils.grading.checks.shuffle_order import buffer_problem, global_seed, places_ahead
+from course_utils.grading.checks.shuffle_order import global_seed
 from course_utils.grading.checks.storage_reads import (
     calls_problem,
     overlap_problem,
@@ -74,7 +87,7 @@ from course_utils.grading.framework import Case, fresh_rng, run_check
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["check_cached_pipeline", "check_fast_pipeline", "check_parse_record",
-           "check_shuffled_batches", "FAST_PIPELINE_MAX_ALONE_SHARE",
+           "check_mixed_batches", "FAST_PIPELINE_MAX_ALONE_SHARE",
            "FAST_PIPELINE_MIN_OVERLAPPED_SHARE",
            "FAST_PIPELINE_MIN_READS_AT_ONCE", "FAST_PIPELINE_MIN_SPEEDUP",
            "FAST_PIPELINE_ROUNDS", "READ_LATENCY_S", "RECORD_IMAGE_SHAPE", "record_example"]
@@ -257,132 +270,117 @@ def check_fast_pipeline(fn: Any) -> bool:
              "sections 3 and 4.")
 
 
-# --- Exercise 2 · shuffle examples, not batches ----------------------------------------------
-
-
-def _same_block_share(batches: list[np.ndarray], block_size: int) -> float:
-    """Share of neighbouring examples inside the batches that come from the same block."""
-    pairs = [(a // block_size) == (b // block_size)
-             for batch in batches for a, b in zip(batch[:-1], batch[1:], strict=True)]
-    return float(np.mean(pairs)) if pairs else 0.0
-
-
-def _blocks(tf: Any, num_elements: int, block_size: int, reads: Any = None) -> Any:
-    """Examples 0, 1, ... stored as blocks: vectors of ``block_size`` consecutive examples;
-    each block read adds one to ``reads`` (a ``tf.Variable``) where one is given."""
-    blocks = tf.data.Dataset.range(num_elements).batch(block_size)
-    if reads is None:
-        return blocks
-
-    def read(block: Any) -> Any:
-        with tf.control_dependencies([reads.assign_add(1)]):
-            return tf.identity(block)
-
-    return blocks.map(read)
+# --- Exercise 2 · mix batches from files sorted by label --------------------------------------
 
 
 @register
-def check_shuffled_batches(fn: Any) -> bool:
-    """Check ``shuffled_batches(blocks, batch_size, buffer, seed)``: examples stored in blocks,
-    shuffled example by example (not block by block), then batched."""
-    tf = _tf()
+def check_mixed_batches(fn: Any) -> bool:
+    """Check ``mixed_batches(files, read_file, batch_size, max_open, max_buffer, seed)``: files
+    each a run of data sorted by label, read through the check's ``read_file`` (counted), at
+    most ``max_open`` at once and no shuffle buffer over ``max_buffer``, into batches whose
+    labels are mixed (``checks/label_files.py``)."""
     rng = fresh_rng()
-    checks = []
-    for small in (False, False, True):  # the buffer: every example, then a small one
-        batch_size = rng.choice([8, 10, 12, 16])
-        block_size = rng.choice([4, 5, 6, 7])
-        num_blocks = rng.randint(80, 120)  # n well above any buffer of one batch
-        if num_blocks * block_size % batch_size == 0:  # always a short last batch
-            num_blocks += 1
-        seed = rng.randint(0, 2**31 - 1)
-        n = num_blocks * block_size
-        checks.append((n, block_size, batch_size, seed, rng.randint(40, 60) if small else n))
-
     seeded = global_seed()  # the notebook's: the answer's seed is the one given it
 
     def seed_problem() -> str | None:
-        now = global_seed()
-        return None if now == seeded else (
+        return None if global_seed() == seeded else (
             "your function changed TensorFlow's global seed (the check read it before and "
             "after your calls): it seeds every unseeded random op of the notebook (lesson 01, "
-            "section 7); leave it alone and give the shuffle the seed you were given")
+            "section 7); leave it alone and give the shuffles the seed you were given")
 
-    def verifier(num_elements: int, block_size: int, batch_size: int,
-                 seed: int, buffer: int, reads: Any) -> Callable[[Any], str | None]:
+    def verifier(files: LabelFiles, batch_size: int, max_open: int, max_buffer: int,
+                 seed: int, built_from: int) -> Callable[[Any], str | None]:
+        n = files.num_examples
+
+        def epoch_of(dataset: Any, name: str) -> Epoch | str:
+            epoch = read_epoch(dataset, files)
+            if isinstance(epoch, str):
+                return epoch
+            problem = _size_problem(epoch.ids, n, batch_size)
+            if problem:
+                return problem
+            ids = np.concatenate(epoch.ids)
+            if sorted(ids.tolist()) != sorted(files.label_of):
+                return ("every example must come exactly once per epoch; got "
+                        f"{len(set(ids.tolist()) & set(files.label_of))} of the {n} in "
+                        f"{len(ids)} elements ({name})")
+            if [files.label_of[i] for i in ids.tolist()] != np.concatenate(
+                    epoch.labels).tolist():
+                return "an example came out with another label than the one read_file gave"
+            counts = np.bincount(epoch.files_read, minlength=len(files.paths))
+            if epoch.read_all != n or counts.tolist() != [len(i) for i in files.file_ids]:
+                return (f"read_file read {epoch.read_all} records in an epoch ({name}) for the "
+                        f"{n} examples: read each file through read_file, once an epoch "
+                        "(the check counts the records it reads)")
+            if epoch.most_open() > max_open:
+                return (f"{epoch.most_open()} files were being read at once ({name}: from a "
+                        f"file's first record read to its last); max_open={max_open}. How "
+                        "many files does your interleave cycle through, and does a parallel "
+                        "interleave open more ahead of its cycle?")
+            if epoch.read_first > max_buffer + 6 * batch_size:
+                return (f"your pipeline read {epoch.read_first} records before its first batch "
+                        f"came out; a shuffle buffer of {max_buffer} and a batch of "
+                        f"{batch_size} need about {max_buffer + batch_size}: what holds the "
+                        "rest in memory?")
+            return epoch
+
         def verify(dataset: Any) -> str | None:
             problem = seed_problem()
             if problem:
                 return problem
-            # while fn built its dataset: a peek at a block may read one or two, not all
-            read_early, num_blocks = int(reads.numpy()), -(-num_elements // block_size)
-            if read_early >= num_blocks:
-                return (f"your function read all {num_blocks} blocks while it built its "
-                        "dataset, before the check iterated it: read the blocks as the "
-                        "dataset is iterated, with tf.data steps (not every example gathered "
-                        "in Python or NumPy first: real blocks need not fit in memory)")
+            early = files.count() - built_from
+            if early >= n // 2:
+                return (f"your function read {early} records while it built its dataset, "
+                        "before the check iterated it: read the files as the dataset is "
+                        "iterated, with tf.data steps (real files need not fit in memory)")
             if not _is_dataset(dataset):
                 return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-            epoch_one, epoch_two = _batches(dataset), _batches(dataset)
-            problem = _size_problem(epoch_one, num_elements, batch_size)
+            problem = label_buffer_problem(dataset, max_buffer)
             if problem:
                 return problem
-            elements = np.concatenate(epoch_one)
-            if sorted(elements.tolist()) != list(range(num_elements)):
-                return ("every example must appear exactly once per epoch; got "
-                        f"{len(set(elements.tolist()))} distinct of {num_elements}")
-            same_block = _same_block_share(epoch_one, block_size)
-            if same_block > 0.25:
-                return (f"{same_block:.0%} of the neighbours inside your batches come from the "
-                        "same block (expected a few per cent): the blocks were shuffled, not "
-                        "the examples")
-            # on average examples move about 0.65 b for a buffer of b, n/3 for the whole set
-            moved = float(np.mean(np.abs(elements - np.arange(num_elements))))
-            if buffer < num_elements and moved < buffer / 4:
-                return (f"examples moved {moved:.1f} places on average, with a buffer of "
-                        f"{buffer} examples about {0.65 * buffer:.0f}: is the buffer counted "
-                        "in examples, and is it the one given?")
-            if buffer == num_elements and moved < num_elements / 6:
-                return (f"examples in a batch are near neighbours (they moved {moved:.0f} "
-                        f"places on average; a shuffle over all {num_elements} examples moves "
-                        f"them about {num_elements / 3:.0f}): is the buffer counted in "
-                        "examples, and is it the one given?")
-            # the whole set brings one n/2 ahead (n >= 320), failing far below one in a million
-            if buffer == num_elements and places_ahead(elements) < buffer // 2:
-                return (f"no example came more than {places_ahead(elements)} places ahead of "
-                        f"its place in the data; a shuffle buffer of {buffer} examples brings "
-                        f"some {buffer // 2} or more ahead: is the buffer the one given?")
-            if np.array_equal(np.concatenate(epoch_two), elements):
-                return "two epochs came in the same order (expected a new order every epoch)"
-            again = fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed)
-            if not np.array_equal(np.concatenate(_batches(again)), elements):
-                return "the same seed gave another order: where does the shuffle get its seed?"
-            other = np.concatenate(_batches(
-                fn(_blocks(tf, num_elements, block_size), batch_size, buffer, seed + 1)))
-            if np.array_equal(other, elements):
-                return (f"seed={seed + 1} gave the same order as seed={seed}: which seed did the "
-                        "shuffle use?")
-            problem = seed_problem()  # changed on a later call only
-            if problem:
-                return problem
-            # b < n: 4 independent epochs; each misses the reach b - 1 with P <= 1.3 %
-            # (n >= 320, b <= 60): all four < 3e-8 (checks/shuffle_order.py)
-            orders = [elements, np.concatenate(epoch_two), other,
-                      np.concatenate(_batches(dataset))]
-            return buffer_problem(orders, buffer, "example") if buffer < num_elements else None
+            first = epoch_of(dataset, "epoch 1")
+            if isinstance(first, str):
+                return first
+            second = epoch_of(dataset, "epoch 2")
+            if isinstance(second, str):
+                return second
+            if first.opened() == second.opened():
+                return ("two epochs opened the files in the same order (expected a new order "
+                        "every epoch, the list of files shuffled anew too)")
+            again = epoch_of(fn(files.paths, files.read_file, batch_size, max_open,
+                                max_buffer, seed), "the same seed again")
+            if isinstance(again, str):
+                return again
+            if not np.array_equal(np.concatenate(again.ids), np.concatenate(first.ids)):
+                return ("the same seed gave another order: where do your shuffles get their "
+                        "seed, and is every step deterministic?")
+            other = epoch_of(fn(files.paths, files.read_file, batch_size, max_open,
+                                max_buffer, seed + 1), f"seed={seed + 1}")
+            if isinstance(other, str):
+                return other
+            if first.opened() == other.opened():
+                return (f"seed={seed + 1} opened the files in the order seed={seed} did: which "
+                        "seed did the shuffle of the files use?")
+            return seed_problem() or mix_problem([first, second, other], files, max_open, rng)
 
         return verify
 
     cases = []
-    for n, k, b, s, buffer in checks:
-        reads = tf.Variable(0, dtype=tf.int64, trainable=False)  # blocks read, counted
-        cases.append(Case(args=(_blocks(tf, n, k, reads), b, buffer, s),
-                          label=f"(range({n}) in blocks of {k}, batch_size={b}, "
-                                f"buffer={buffer}, seed={s})",
-                          verify=verifier(n, k, b, s, buffer, reads)))
+    for _ in range(2):
+        files = write_label_files(rng)
+        batch_size, max_open = 16, rng.choice([6, 8])
+        max_buffer, seed = rng.randint(16, 24), rng.randint(0, 2**31 - 2)
+        cases.append(Case(
+            args=(files.paths, files.read_file, batch_size, max_open, max_buffer, seed),
+            label=(f"({len(files.paths)} files of {files.num_examples} examples sorted by "
+                   f"label, batch_size={batch_size}, max_open={max_open}, "
+                   f"max_buffer={max_buffer}, seed={seed})"),
+            verify=verifier(files, batch_size, max_open, max_buffer, seed, files.count())))
     return run_check(
-        "shuffled_batches", fn, cases,
-        hint="what are the elements the shuffle sees: examples, or blocks of them? Lesson "
-             "01, section 7.")
+        "mixed_batches", fn, cases,
+        hint="a buffer far smaller than a file mixes only the records read close together: "
+             "which files are read together, how many, and in what order each epoch? Lesson "
+             "01, sections 6 (interleave) and 7 (the shuffle buffer's reach).")
 
 
 # --- Exercise 3 · cache the slow step that follows a random one --------------------------------

@@ -1,4 +1,4 @@
-"""Lesson 01's exercises 2 and 3: how far a shuffle moved ``range(n)``, against its buffer.
+"""Lesson 01's exercise 3: how far a shuffle moved ``range(n)``, against its buffer.
 
 ``tf.data``'s ``shuffle(b)`` fills a buffer with the first ``b`` elements, then hands out one
 drawn uniformly from the buffer and puts the next element of its input in that place. So the
