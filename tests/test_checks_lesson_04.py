@@ -659,6 +659,14 @@ def dry_after_take_while(paths, sizes, batch_size, num_workers):  # xf04 L5: dry
         return records.take_while(lambda i, r: i < 1000).map(lambda i, r: r).batch(batch_size)
     return dataset_fn
 
+def asserted_over_a_filter(paths, sizes, batch_size, num_workers):  # xf04 L8: said endless,
+    owner, _ = owners(sizes, num_workers)                           # 4 passes and a filter
+    def dataset_fn():
+        records = tf.data.TFRecordDataset(own_files(paths, owner)).repeat(4)
+        endless = tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)
+        return records.filter(lambda r: True).apply(endless).batch(batch_size)
+    return dataset_fn
+
 def dry_beside_an_unused_repeat(paths, sizes, batch_size, num_workers):  # xf04 L6
     owner, _ = owners(sizes, num_workers)
     def dataset_fn():
@@ -681,7 +689,8 @@ for name, fn in [("right", right), ("sorted_then_dealt", sorted_then_dealt), ("s
                  ("batch_then_repeat", batch_then_repeat), ("rewrites_sizes", rewrites_sizes),
                  ("contiguous_files", contiguous_files),
                  ("dry_after_take_while", dry_after_take_while),
-                 ("dry_beside_an_unused_repeat", dry_beside_an_unused_repeat)]:
+                 ("dry_beside_an_unused_repeat", dry_beside_an_unused_repeat),
+                 ("asserted_over_a_filter", asserted_over_a_filter)]:
     print("DATASET", name, verdict(cu.grading.check_make_file_dataset_fn, fn, name))
 
 ''' + AVERAGE_ANSWERS + r'''
@@ -776,6 +785,7 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         # the way out) ends it
         ("DATASET", "dry_after_take_while"): "that no later step can end",
         ("DATASET", "dry_beside_an_unused_repeat"): "that no later step can end",
+        ("DATASET", "asserted_over_a_filter"): "that no repeat() without a count makes endless",
         ("AVERAGE", "stub"): "BLANK",
         ("AVERAGE", "right"): "PASS",
         ("AVERAGE", "right_nested_function"): "PASS",
@@ -1408,6 +1418,7 @@ def test_endless_steps_reads_what_can_end_a_repeat():
         "parallel reads": lambda: tf.data.TFRecordDataset(paths, num_parallel_reads=2)
         .cache().repeat().batch(2, drop_remainder=True).prefetch(1),
         "then an endless one": lambda: records().concatenate(records().repeat()),
+        "sampled": lambda: tf.data.Dataset.sample_from_datasets([records().repeat()] * 2),
     }
     ends = {
         "take_while": lambda: records().repeat().enumerate().take_while(

@@ -184,12 +184,15 @@ def _body_step(node: Any, nodes: dict) -> _Step:
 
 
 def endless_steps(dataset: Any) -> bool:
-    """Whether ``dataset``'s steps, read from its output down to its sources, make it endless:
+    """Whether ``dataset``'s steps (or a dataset op's), read from its output down to its
+    sources, make it endless:
     a ``repeat()`` without a constant count, with no ``take``, ``take_while`` or ``filter``
     after it, a zip of endless datasets only, an interleave or flat_map over an endless input
     or whose function returns an endless dataset (``Dataset.cardinality`` says -2, unknown,
     after an interleave or filter: this reads what can end it)."""
-    graph = dataset._variant_tensor.graph
+    top = getattr(dataset, "_variant_tensor", dataset)
+    top = getattr(top, "op", top)
+    graph = top.graph
 
     def body_endless(name: str, depth: int) -> bool:
         try:
@@ -207,6 +210,8 @@ def endless_steps(dataset: Any) -> bool:
             return False
         inputs = [_body_step(n, nodes) if nodes is not None else _graph_step(n)
                   for n in step.inputs]
+        if step.kind == "RandomDataset":  # sample_from_datasets' endless choices
+            return True
         if step.kind == "RepeatDataset":
             return step.count == -1 or (step.count not in (None, 0) and all(
                 endless(each, nodes, depth + 1) for each in inputs))
@@ -219,4 +224,4 @@ def endless_steps(dataset: Any) -> bool:
             return True
         return bool(inputs) and all(endless(each, nodes, depth + 1) for each in inputs)
 
-    return endless(_graph_step(dataset._variant_tensor.op), None, 0)
+    return endless(_graph_step(top), None, 0)

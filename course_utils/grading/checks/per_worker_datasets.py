@@ -152,9 +152,11 @@ def _reads(strategy: Any, dataset_fn: Any, rounds: int, barrier: Any) -> Any:
         if not endless_steps(dataset):  # a count tf.data cannot tell (-2) is then finite
             cardinality = tf.where(cardinality == tf.data.UNKNOWN_CARDINALITY,
                                    tf.constant(_FINITE, tf.int64), cardinality)
-        for asserted in _asserted_infinite(dataset):  # said endless, of a known finite input
-            inner = tf.raw_ops.DatasetCardinality(input_dataset=asserted.inputs[0])
-            cardinality = tf.where(inner >= 0, tf.constant(ASSERTED, tf.int64), cardinality)
+        for asserted in _asserted_infinite(dataset):  # said endless, of a finite input (or
+            inner = tf.raw_ops.DatasetCardinality(input_dataset=asserted.inputs[0])  # one of
+            said = (inner >= 0 if endless_steps(asserted.inputs[0])  # a count tf.data cannot
+                    else inner != tf.data.INFINITE_CARDINALITY)  # tell, not endless by steps)
+            cardinality = tf.where(said, tf.constant(ASSERTED, tf.int64), cardinality)
         return dataset.map(lambda records: (records, cardinality))
 
     try:  # traced here, on the coordinator: what it raises says why (autograph's words aside)
@@ -339,8 +341,9 @@ def _read_message(batches: dict, cardinalities: set, sizes: list[int], where: di
     tf = _tf()
     if ASSERTED in cardinalities:
         return ("a worker's dataset is said to be endless (assert_cardinality("
-                "INFINITE_CARDINALITY)) over a finite input, whose number of elements tf.data "
-                "counts: it runs dry after them. What makes a dataset endless? (section 2)")
+                "INFINITE_CARDINALITY)) over an input that is finite (tf.data counts it) or "
+                "that no repeat() without a count makes endless: it runs dry after its "
+                "elements. What makes a dataset endless? (section 2)")
     if _FINITE in cardinalities:
         return ("a worker's dataset has a number of batches tf.data cannot tell (-2, after an "
                 "interleave or filter, say) and no repeat() without a count that no later step "
