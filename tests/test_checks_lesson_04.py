@@ -626,6 +626,55 @@ def constant_records(paths, sizes, batch_size, num_workers):
 def all_files_parsed(paths, sizes, batch_size, num_workers):  # the course's reader, all files
     return lambda: cu.data.read_tfrecord_shards(paths, [1]).repeat().batch(batch_size)
 
+def reads_all_drops_others(paths, sizes, batch_size, num_workers):  # xf04 L1: every file read
+    owner, shares = owners(sizes, num_workers)                       # on every worker
+    def dataset_fn():
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        files = tf.data.Dataset.from_tensor_slices((paths, tf.constant(owner, tf.int64)))
+        tagged = files.flat_map(lambda p, o: tf.data.TFRecordDataset(p).map(lambda r: (r, o)))
+        mine = tagged.filter(lambda r, o: o == worker).map(lambda r, o: r)
+        return mine.repeat().batch(batch_size)
+    return dataset_fn
+
+def batch_then_repeat(paths, sizes, batch_size, num_workers):  # xf04 L2: a short batch a pass
+    owner, _ = owners(sizes, num_workers)
+    return lambda: tf.data.TFRecordDataset(own_files(paths, owner)).batch(batch_size).repeat()
+
+def rewrites_sizes(paths, sizes, batch_size, num_workers):  # xf04 L3: the check's list changed
+    sizes[:] = [1] * len(sizes)
+    return docstring_recipe(paths, sizes, batch_size, num_workers)
+
+def contiguous_files(paths, sizes, batch_size, num_workers):  # xf04 L4: sizes ignored, blocks
+    per = -(-len(paths) // num_workers)
+    def dataset_fn():
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        mine = tf.data.Dataset.from_tensor_slices(paths).skip(worker * per).take(per)
+        return mine.flat_map(tf.data.TFRecordDataset).repeat().batch(batch_size)
+    return dataset_fn
+
+def dry_after_take_while(paths, sizes, batch_size, num_workers):  # xf04 L5: dry after 1000
+    owner, _ = owners(sizes, num_workers)
+    def dataset_fn():
+        records = tf.data.TFRecordDataset(own_files(paths, owner)).repeat().enumerate()
+        return records.take_while(lambda i, r: i < 1000).map(lambda i, r: r).batch(batch_size)
+    return dataset_fn
+
+def asserted_over_a_filter(paths, sizes, batch_size, num_workers):  # xf04 L8: said endless,
+    owner, _ = owners(sizes, num_workers)                           # 4 passes and a filter
+    def dataset_fn():
+        records = tf.data.TFRecordDataset(own_files(paths, owner)).repeat(4)
+        endless = tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)
+        return records.filter(lambda r: True).apply(endless).batch(batch_size)
+    return dataset_fn
+
+def dry_beside_an_unused_repeat(paths, sizes, batch_size, num_workers):  # xf04 L6
+    owner, _ = owners(sizes, num_workers)
+    def dataset_fn():
+        tf.data.Dataset.range(1).repeat()  # made, never used
+        records = tf.data.TFRecordDataset(own_files(paths, owner)).repeat(4)
+        return records.filter(lambda r: True).batch(batch_size)
+    return dataset_fn
+
 for name, fn in [("right", right), ("sorted_then_dealt", sorted_then_dealt), ("stub", stub),
                  ("docstring_recipe", docstring_recipe),
                  ("lesson_shard_copied", lesson_shard_copied),
@@ -635,7 +684,13 @@ for name, fn in [("right", right), ("sorted_then_dealt", sorted_then_dealt), ("s
                  ("batch_size_16", batch_size_16), ("through_python", through_python),
                  ("read_on_the_coordinator", read_on_the_coordinator),
                  ("constant_records", constant_records), ("all_files_parsed", all_files_parsed),
-                 ("helper_bound", cu.data.read_tfrecord_shards)]:
+                 ("helper_bound", cu.data.read_tfrecord_shards),
+                 ("reads_all_drops_others", reads_all_drops_others),
+                 ("batch_then_repeat", batch_then_repeat), ("rewrites_sizes", rewrites_sizes),
+                 ("contiguous_files", contiguous_files),
+                 ("dry_after_take_while", dry_after_take_while),
+                 ("dry_beside_an_unused_repeat", dry_beside_an_unused_repeat),
+                 ("asserted_over_a_filter", asserted_over_a_filter)]:
     print("DATASET", name, verdict(cu.grading.check_make_file_dataset_fn, fn, name))
 
 ''' + AVERAGE_ANSWERS + r'''
@@ -698,8 +753,10 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "right"): "PASS",
         ("DATASET", "sorted_then_dealt"): "PASS",
         ("DATASET", "stub"): "BLANK",
-        # the docstring's recipe: the files dealt by index, one worker most of the examples
-        ("DATASET", "docstring_recipe"): "the workers' shares are",
+        # the docstring's recipe: the files dealt by index, one worker most of the examples;
+        # its files read at one rate each, a small one left unread in the check's steps in
+        # about 1 run in 10 (xf04: the catalogue's flaky case, 1 failure in 6 runs)
+        ("DATASET", "docstring_recipe"): "the workers' shares are|were never read in",
         # section 3's shard of the examples: every worker reads every file
         ("DATASET", "lesson_shard_copied"): "was read by workers [0, 1]",
         # each file repeated inside the interleave: a rate per file, not per example
@@ -716,6 +773,19 @@ def test_the_checks_pass_the_solutions_and_fail_lazy_and_wrong_answers():
         ("DATASET", "constant_records"): "reads no file",
         ("DATASET", "all_files_parsed"): "batches of records as stored",
         ("DATASET", "helper_bound"): "the course's own code",
+        # xf04: every file read on every worker, the others' records dropped: the files of
+        # the worker that joins later were opened (their access times moved)
+        ("DATASET", "reads_all_drops_others"): "were opened on the running workers",
+        ("DATASET", "batch_then_repeat"): "a batch before the repeat()",
+        # the sizes list rewritten by the answer: the check judges with its own copy
+        ("DATASET", "rewrites_sizes"): "the workers' shares are|were never read in",
+        # sizes ignored, blocks of files: some worker gets two large files, another none
+        ("DATASET", "contiguous_files"): "the workers' shares are|were never read in",
+        # tf.data cannot tell the count (-2); a take_while (a filter and no endless repeat on
+        # the way out) ends it
+        ("DATASET", "dry_after_take_while"): "that no later step can end",
+        ("DATASET", "dry_beside_an_unused_repeat"): "that no later step can end",
+        ("DATASET", "asserted_over_a_filter"): "that no repeat() without a count makes endless",
         ("AVERAGE", "stub"): "BLANK",
         ("AVERAGE", "right"): "PASS",
         ("AVERAGE", "right_nested_function"): "PASS",
@@ -1327,3 +1397,69 @@ def test_locked_writes_reads_each_answer_of_the_catalogue_from_its_traced_steps(
             continue
         assert len(mutexes[0]) == len(mutexes[1]) == 1, (name, mutexes)
         assert (mutexes[0][0] is mutexes[1][0]) == (name != "lock_per_call"), name
+
+
+def test_endless_steps_reads_what_can_end_a_repeat():
+    """What tells an endless dataset where tf.data cannot count it (-2), traced in a function
+    as on a worker; no cluster."""
+    import tensorflow as tf
+
+    from course_utils.grading.checks.dataset_graphs import endless_steps
+
+    paths = ["/nonexistent/a.tfrecord", "/nonexistent/b.tfrecord"]
+    records, files = (lambda: tf.data.TFRecordDataset(paths),
+                      lambda: tf.data.Dataset.from_tensor_slices(paths))
+    endless = {
+        "repeat": lambda: records().shuffle(4).repeat().batch(2),
+        "each file repeated": lambda: files().interleave(
+            lambda p: tf.data.TFRecordDataset(p).repeat(), cycle_length=2).batch(2),
+        "files repeated, interleaved": lambda: files().shuffle(2).repeat().interleave(
+            tf.data.TFRecordDataset, cycle_length=2).batch(2),
+        "parallel reads": lambda: tf.data.TFRecordDataset(paths, num_parallel_reads=2)
+        .cache().repeat().batch(2, drop_remainder=True).prefetch(1),
+        "then an endless one": lambda: records().concatenate(records().repeat()),
+        "sampled": lambda: tf.data.Dataset.sample_from_datasets([records().repeat()] * 2),
+    }
+    ends = {
+        "take_while": lambda: records().repeat().enumerate().take_while(
+            lambda i, r: i < 9).map(lambda i, r: r),
+        "an unused repeat": lambda: (tf.data.Dataset.range(1).repeat(),
+                                     records().repeat(4).filter(lambda r: True))[1],
+        "zip with a finite": lambda: tf.data.Dataset.zip((
+            records().repeat(4).filter(lambda r: True),
+            tf.data.Dataset.from_tensors(0).repeat())).map(lambda r, d: r),
+        "files repeated 3 times": lambda: files().repeat(3).interleave(
+            tf.data.TFRecordDataset, cycle_length=2),
+        "filter after": lambda: records().repeat().filter(lambda r: True),
+        "take_while inside": lambda: files().interleave(lambda p: tf.data.TFRecordDataset(
+            p).repeat().take_while(lambda r: True), cycle_length=2),
+        "take after": lambda: records().repeat().take(1000),
+    }
+    for name, make in [*endless.items(), *ends.items()]:
+        seen = []
+
+        def traced(make=make, seen=seen):  # noqa: B008 - read once, in the trace
+            seen.append(endless_steps(make()))
+            return 0
+
+        tf.function(lambda: traced()).get_concrete_function()
+        assert seen == [name in endless], name
+
+
+def test_file_sizes_defeat_the_splits_that_ignore_them():
+    import random
+
+    from course_utils.grading.checks.per_worker_datasets import _draw_sizes
+
+    rng = random.Random(4)
+    for _ in range(200):
+        for workers in (2, 3):
+            sizes = _draw_sizes(workers, rng)
+            for split in (lambda i, w=workers: i % w, lambda i: i // 3):  # by index, blocks
+                shares = [sum(s for i, s in enumerate(sizes) if split(i) == w)
+                          for w in range(workers)]
+                assert max(shares) - min(shares) > max(sizes), (sizes, shares)
+            shares = [0] * workers  # the greedy split by sizes
+            for size in sorted(sizes, reverse=True):
+                shares[shares.index(min(shares))] += size
+            assert max(shares) - min(shares) <= max(sizes)

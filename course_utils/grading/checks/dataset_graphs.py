@@ -10,8 +10,8 @@ from typing import Any
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["ASSERTED", "HiddenDataset", "RunsPython", "graph_ops", "made_hidden", "runs_python",
-           "unmade_dataset_message"]
+__all__ = ["ASSERTED", "HiddenDataset", "RunsPython", "endless_steps", "graph_ops", "made_hidden",
+           "runs_python", "unmade_dataset_message"]
 
 
 _PYTHON = frozenset(("PyFunc", "PyFuncStateless", "EagerPyFunc"))
@@ -143,3 +143,85 @@ def _asserted_infinite(dataset: Any) -> list[Any]:
             found.append(op)
         todo.extend(tensor.op for tensor in op.inputs if tensor.dtype == tf.variant)
     return found
+
+
+#: Steps after which an endless input may stop yielding (run dry, or wait for ever): a count
+#: (``take``), a condition (``take_while``) or a filter that may keep nothing from then on.
+_MAY_END = ("TakeDataset", "TakeWhileDataset", "FilterDataset")
+_READS_FUNCTION = ("InterleaveDataset", "FlatMapDataset", "ParallelInterleaveDataset",
+                   "LegacyParallelInterleaveDataset")
+
+
+class _Step:  # one dataset step of a graph or of a function body: its type, inputs, count
+    def __init__(self, kind: str, inputs: list[Any], count: Any, functions: list[str]) -> None:
+        self.kind, self.inputs, self.count, self.functions = kind, inputs, count, functions
+
+
+def _graph_step(op: Any) -> _Step:
+    tf = _tf()
+    count = tf.get_static_value(op.inputs[1]) if op.type in ("RepeatDataset",
+                                                              "TakeDataset") else None
+    return _Step(op.type, [t.op for t in op.inputs if t.op.type.endswith(_DATASET_OPS)],
+                 count, [v.func.name for v in op.node_def.attr.values() if v.HasField("func")])
+
+
+def _through(node: Any, nodes: dict) -> Any:  # a function body's Identity: what it passes on
+    while node is not None and node.op in ("Identity", "IdentityN") and node.input:
+        node = nodes.get(node.input[0].split(":")[0])
+    return node
+
+
+def _body_step(node: Any, nodes: dict) -> _Step:
+    tf = _tf()
+    named = [_through(nodes.get(name.split(":")[0]), nodes) for name in node.input
+             if not name.startswith("^")]
+    count = None
+    if node.op in ("RepeatDataset", "TakeDataset") and len(named) > 1 and named[1] is not None \
+            and named[1].op == "Const":
+        count = int(tf.make_ndarray(named[1].attr["value"].tensor))
+    return _Step(node.op, [n for n in named if n is not None and n.op.endswith(_DATASET_OPS)],
+                 count, [v.func.name for v in node.attr.values() if v.HasField("func")])
+
+
+def endless_steps(dataset: Any) -> bool:
+    """Whether ``dataset``'s steps (or a dataset op's), read from its output down to its
+    sources, make it endless:
+    a ``repeat()`` without a constant count, with no ``take``, ``take_while`` or ``filter``
+    after it, a zip of endless datasets only, an interleave or flat_map over an endless input
+    or whose function returns an endless dataset (``Dataset.cardinality`` says -2, unknown,
+    after an interleave or filter: this reads what can end it)."""
+    top = getattr(dataset, "_variant_tensor", dataset)
+    top = getattr(top, "op", top)
+    graph = top.graph
+
+    def body_endless(name: str, depth: int) -> bool:
+        try:
+            function = graph._get_function(name)
+            body = getattr(function, "cached_definition", None) or function.definition
+        except (AttributeError, KeyError, ValueError):
+            return False
+        nodes = {node.name: node for node in body.node_def}
+        outputs = [_through(nodes.get(ret.split(":")[0]), nodes) for ret in body.ret.values()]
+        return any(out is not None and out.op.endswith(_DATASET_OPS) and endless(
+            _body_step(out, nodes), nodes, depth + 1) for out in outputs)
+
+    def endless(step: _Step, nodes: dict | None, depth: int) -> bool:
+        if depth > 64:
+            return False
+        inputs = [_body_step(n, nodes) if nodes is not None else _graph_step(n)
+                  for n in step.inputs]
+        if step.kind == "RandomDataset":  # sample_from_datasets' endless choices
+            return True
+        if step.kind == "RepeatDataset":
+            return step.count == -1 or (step.count not in (None, 0) and all(
+                endless(each, nodes, depth + 1) for each in inputs))
+        if step.kind.startswith(_MAY_END):
+            return step.count == -1 and all(endless(each, nodes, depth + 1) for each in inputs)
+        if step.kind == "ConcatenateDataset":
+            return any(endless(each, nodes, depth + 1) for each in inputs)
+        if step.kind.startswith(_READS_FUNCTION) and any(
+                body_endless(name, depth) for name in step.functions):
+            return True
+        return bool(inputs) and all(endless(each, nodes, depth + 1) for each in inputs)
+
+    return endless(_graph_step(top), None, 0)

@@ -12,25 +12,30 @@ worker is free, so a worker with a small share reads each of its examples many t
 each worker's examples read in passes (every one once before any twice: files interleaved with
 a ``repeat()`` each are read at one rate per file, not per example), and never running dry.
 
-What the check does, each call on fresh files (a fresh directory, sizes drawn, every record a
-random token the check alone knows): it runs the learner's ``dataset_fn`` through the
-notebook's own coordinator (``create_per_worker_dataset``), in rounds of one step per worker (a
-barrier on a parameter server), each step returning the worker's index and the records of its
-batch, then counts what each worker read: which files (a file read by two workers is named),
-each share's examples (from the sizes of the files read; a job sized for one worker more, who
-joins later, has the unread files as that worker's share), every record of a worker's files read
-(at least a pass), each record's reads against the others' of its worker (within 2), the batch
-size, and the dataset's cardinality on the worker (infinite; one ``assert_cardinality`` says is
-endless over a finite input is refused). On the worker, the dataset's graph must hold a
-``TFRecordDataset`` (records read on the coordinator and shipped in the graph are refused) and
-no Python (``from_generator``, ``tf.py_function``: a real job's remote workers cannot run it).
-Not told apart: a dataset that reads every file on every worker and drops the records of other
-workers' files before they come out (the check sees what each worker yields, not the bytes it
-read).
+What the check does, each call on fresh files (a fresh directory, sizes drawn so that neither
+the files dealt by index nor blocks of them even the shares, every record a random token the
+check alone knows; the learner's function gets copies of its lists): it runs the learner's
+``dataset_fn`` through the notebook's own coordinator (``create_per_worker_dataset``), in rounds
+of one step per worker (a barrier on a parameter server), each step returning the worker's index
+and the records of its batch, then counts what each worker read: which files (a file read by two
+workers is named), each share's examples (from the sizes of the files read; a job sized for one
+worker more, who joins later, has the unread files as that worker's share), every record of a
+worker's files read (at least a pass), each record's reads against the others' of its worker
+(within 2), every batch full, and the dataset's cardinality on the worker (infinite; one
+``assert_cardinality`` says is endless over a finite input is refused; where tf.data cannot
+tell, -2, its steps must hold a ``repeat()`` that no later ``take``, ``take_while``, ``filter``
+or zip can end: :func:`~course_utils.grading.checks.dataset_graphs.endless_steps`). On the
+worker, the dataset's graph must hold a ``TFRecordDataset`` (records read on the coordinator and
+shipped in the graph are refused) and no Python (``from_generator``, ``tf.py_function``: a real
+job's remote workers cannot run it). A dataset that reads every file on every worker and drops
+the records of other workers' files is seen in the job sized for a later worker: the files of
+that worker's share, their access times set back before the run, must stay unopened (where the
+file system records reads, relatime; elsewhere not told apart).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections import Counter
@@ -41,6 +46,7 @@ from course_utils.grading.checks.dataset_graphs import (
     ASSERTED,
     RunsPython,
     _asserted_infinite,
+    endless_steps,
     graph_ops,
     runs_python,
     unmade_dataset_message,
@@ -116,31 +122,6 @@ class NotRecords(Exception):
     """A worker's dataset does not yield batches of records (1-D ``tf.string`` tensors)."""
 
 
-def _endless_repeat(graph: Any) -> bool:
-    """Whether ``graph`` or a function it calls (an interleave's, a flat_map's) holds a
-    ``repeat()`` without a count (a count read from no constant counts as one)."""
-    tf = _tf()
-    for op in graph.get_operations():
-        if op.type == "RepeatDataset" and tf.get_static_value(op.inputs[1]) in (None, -1):
-            return True
-    for name in {f.name for op in graph.get_operations() for v in op.node_def.attr.values()
-                 for f in [v.func] * v.HasField("func") + list(v.list.func)}:
-        try:
-            function = graph._get_function(name)
-            body = getattr(function, "cached_definition", None) or function.definition
-        except (AttributeError, KeyError, ValueError):
-            continue
-        nodes = {node.name: node for node in body.node_def}
-        for node in body.node_def:
-            if node.op != "RepeatDataset":
-                continue
-            count = nodes.get(node.input[1].split(":")[0])
-            if count is None or count.op != "Const" or int(
-                    tf.make_ndarray(count.attr["value"].tensor)) == -1:
-                return True
-    return False
-
-
 def _reads(strategy: Any, dataset_fn: Any, rounds: int, barrier: Any) -> Any:
     """Run ``rounds`` rounds of one step per worker on ``dataset_fn``'s per-worker datasets.
 
@@ -168,12 +149,14 @@ def _reads(strategy: Any, dataset_fn: Any, rounds: int, barrier: Any) -> Any:
         if not any(op.type.startswith("TFRecordDataset") for op in graph_ops(graph)):
             raise NotFromFiles("no TFRecordDataset")
         cardinality = dataset.cardinality()  # on the worker, as made there
-        if not _endless_repeat(graph):  # a count tf.data cannot tell (-2) is then finite
+        if not endless_steps(dataset):  # a count tf.data cannot tell (-2) is then finite
             cardinality = tf.where(cardinality == tf.data.UNKNOWN_CARDINALITY,
                                    tf.constant(_FINITE, tf.int64), cardinality)
-        for asserted in _asserted_infinite(dataset):  # said endless, of a known finite input
-            inner = tf.raw_ops.DatasetCardinality(input_dataset=asserted.inputs[0])
-            cardinality = tf.where(inner >= 0, tf.constant(ASSERTED, tf.int64), cardinality)
+        for asserted in _asserted_infinite(dataset):  # said endless, of a finite input (or
+            inner = tf.raw_ops.DatasetCardinality(input_dataset=asserted.inputs[0])  # one of
+            said = (inner >= 0 if endless_steps(asserted.inputs[0])  # a count tf.data cannot
+                    else inner != tf.data.INFINITE_CARDINALITY)  # tell, not endless by steps)
+            cardinality = tf.where(said, tf.constant(ASSERTED, tf.int64), cardinality)
         return dataset.map(lambda records: (records, cardinality))
 
     try:  # traced here, on the coordinator: what it raises says why (autograph's words aside)
@@ -228,6 +211,39 @@ def _write_files(root: Path, sizes: list[int], rng: Any) -> tuple[list[str], dic
     return paths, where
 
 
+def _draw_sizes(workers: int, rng: Any) -> list[int]:
+    """Sizes of ``3 * workers`` files, ``workers`` of them large, placed so that the files dealt
+    by index (``i % workers``) and in blocks of three (``i // 3``) both give some worker two
+    large files and another none: only a split by the sizes evens the shares."""
+    while True:
+        large = set(rng.sample(range(3 * workers), workers))
+        if (len({i % workers for i in large}) < workers
+                and len({i // 3 for i in large}) < workers):
+            return [rng.randint(38, 45) if i in large else rng.randint(3, 6)
+                    for i in range(3 * workers)]
+
+
+def _set_back(path: str) -> None:  # its access time an hour before its change: relatime
+    changed = os.stat(path).st_mtime_ns  # then records the next read
+    os.utime(path, ns=(changed - 3600 * 10**9, changed))
+
+
+def _opened_message(batches: dict, paths: list[str], where: dict, sized_for: int) -> str | None:
+    """What to say where a running worker opened a file of the worker that joins later."""
+    if len(batches) >= sized_for:
+        return None
+    yielded = {where[r][0] for per in batches.values() for batch in per for r in batch}
+    opened = [f for f, path in enumerate(paths) if f not in yielded and (
+        lambda status: status.st_atime_ns >= status.st_mtime_ns)(os.stat(path))]
+    if not opened:
+        return None
+    return (f"files {opened}, the share of the worker that joins later, were opened on the "
+            "running workers (their access times moved), though none of their records came "
+            "out: does each worker read every file and drop the records of the others' "
+            "files? Pick each worker's files before reading them (Dataset.shard's docstring: "
+            "this avoids reading every file on every worker)")
+
+
 def _failed_message(error: Any) -> str | None:
     """What to say of a job that ended early, or None where it did not."""
     tf = _tf()
@@ -267,9 +283,7 @@ def check_make_file_dataset_fn(fn: Any, strategy: Any) -> bool:
     def case(sized_for: int) -> Case:
         """A job sized for ``sized_for`` workers: the running ones, or one more that joins
         later (its share stays unread), so that only ``num_workers`` tells the shares."""
-        # file i is large where i % sized_for == 0: sharded by index, worker 0 gets them all
-        sizes = [rng.randint(30, 45) if i % sized_for == 0 else rng.randint(3, 8)
-                 for i in range(3 * sized_for)]
+        sizes = _draw_sizes(sized_for, rng)
         folder = root / f"job{sized_for}"
         folder.mkdir()
         paths, where = _write_files(folder, sizes, rng)
@@ -281,6 +295,8 @@ def check_make_file_dataset_fn(fn: Any, strategy: Any) -> bool:
         def verify(dataset_fn: Any) -> str | None:
             if not callable(dataset_fn):
                 return f"return a dataset_fn (a function), got {dataset_fn!r:.80}"
+            for path in paths:  # read since (relatime) where a worker opens it: unread kept
+                _set_back(path)
             for _ in range(2):  # again if a busy machine starved a worker past the barrier
                 try:
                     batches, cardinalities, error = _reads(strategy, dataset_fn, rounds,
@@ -299,11 +315,13 @@ def check_make_file_dataset_fn(fn: Any, strategy: Any) -> bool:
             failed = _failed_message(error)
             if failed:
                 return failed
-            return _read_message(batches, cardinalities, sizes, where, batch_size, sized_for)
+            return _read_message(batches, cardinalities, sizes, where, batch_size, sized_for
+                                 ) or _opened_message(batches, paths, where, sized_for)
 
         late = ("" if sized_for == workers else
                 f": {workers} workers running, one more to join later")
-        return Case(args=(paths, sizes, batch_size, sized_for), verify=verify,
+        # copies: an answer that rewrites its lists changes no list the check judges with
+        return Case(args=(list(paths), list(sizes), batch_size, sized_for), verify=verify,
                     label=f"(files of {sizes} records, batch_size={batch_size}, "
                           f"num_workers={sized_for}{late})")
 
@@ -323,12 +341,15 @@ def _read_message(batches: dict, cardinalities: set, sizes: list[int], where: di
     tf = _tf()
     if ASSERTED in cardinalities:
         return ("a worker's dataset is said to be endless (assert_cardinality("
-                "INFINITE_CARDINALITY)) over a finite input, whose number of elements tf.data "
-                "counts: it runs dry after them. What makes a dataset endless? (section 2)")
+                "INFINITE_CARDINALITY)) over an input that is finite (tf.data counts it) or "
+                "that no repeat() without a count makes endless: it runs dry after its "
+                "elements. What makes a dataset endless? (section 2)")
     if _FINITE in cardinalities:
         return ("a worker's dataset has a number of batches tf.data cannot tell (-2, after an "
-                "interleave or filter, say) and no repeat() without a count: it runs dry after "
-                "its last repeat, however many steps remain (section 2)")
+                "interleave or filter, say) and no repeat() without a count that no later step "
+                "can end (a take, take_while or filter after it, a zip with a finite dataset): "
+                "it runs dry (or waits for ever) after its last repeat, however many steps "
+                "remain (section 2)")
     endless = {int(tf.data.INFINITE_CARDINALITY), int(tf.data.UNKNOWN_CARDINALITY)}
     if not cardinalities <= endless:
         return (f"each worker's dataset has {sorted(cardinalities)} batches: it must never run "
@@ -339,9 +360,10 @@ def _read_message(batches: dict, cardinalities: set, sizes: list[int], where: di
         return (f"{len(strange)} of the {len(records)} records read are in none of the files "
                 f"(e.g. {strange[0]!r:.40}): yield the records as read, unparsed")
     sizes_read = Counter(len(batch) for per in batches.values() for batch in per)
-    if max(sizes_read) > batch_size or sizes_read.most_common(1)[0][0] != batch_size:
+    if set(sizes_read) != {batch_size}:  # an endless dataset's batches: every one full
         return (f"batches of {dict(sorted(sizes_read.items()))} records (size: count): "
-                f"batch_size={batch_size} asked for")
+                f"batch_size={batch_size} asked for, every batch (a batch before the repeat() "
+                "ends each pass with a short one: lesson 01)")
     read = {w: Counter(where[r] for batch in per for r in batch) for w, per in batches.items()}
     files = {w: sorted({f for f, _ in counts}) for w, counts in read.items()}
     for number, size in enumerate(sizes):
@@ -353,8 +375,9 @@ def _read_message(batches: dict, cardinalities: set, sizes: list[int], where: di
     shares = {w: sum(sizes[f] for f in files[w]) for w in sorted(files)}
     unread = [f for f in range(len(sizes)) if not any(f in own for own in files.values())]
     if len(shares) == sized_for and unread:
-        return (f"files {unread} were never read (the workers read files {files}): every file "
-                "must be some worker's")
+        return (f"files {unread} were never read in the check's steps, at least 1.5 passes of "
+                f"each share (the workers read files {files}): every file must be some "
+                "worker's, and each worker reads all of its files in every pass")
     if len(shares) < sized_for:  # the worker to join later: the files no one read
         shares[len(shares)] = sum(sizes[f] for f in unread)
     largest, low, high = max(sizes), min(shares.values()), max(shares.values())
