@@ -874,7 +874,10 @@ def test_find_bottleneck_counting_the_pipeline_stages_as_compute_fails(built_tra
                                  if e.get("name", "").startswith("Iterator::"))
         return max(totals, key=totals.get)
 
-    wrong = r"returned 'compute', but this trace is (input|communication)-bound"
+    # part_totals sums input and the all-reduce: a case with twin spans (xf09 L4) may come
+    # first and name input or communication where compute leads
+    wrong = (r"returned 'compute', but this trace is (input|communication)-bound|"
+             r"returned '(input|communication)', but this trace is compute-bound")
     with pytest.raises(AssertionError, match=wrong):
         cu.grading.check_find_bottleneck(stages_as_compute)
 
