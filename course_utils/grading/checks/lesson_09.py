@@ -14,8 +14,10 @@ Both profile real distributed runs here: a ``tf.function`` step under ``Mirrored
   or followed by compute after the last of them; steps that differ (one long input-bound step
   between compute-bound ones); compute through most of each input wait (an edited copy of
   ``step_breakdown``, which gives a shared instant to input, fails) – in a random order, all six
-  orders of the parts. The verdict is the exercise's rule (``profile_traces.rule_verdict``); the
-  learner's function may not call into ``cu.profiling`` (the guard below). A threshold on one
+  orders of the parts; an op running past a step's end, get-next waits before the first
+  step and twin spans of one part (xf09 L2-L4) among them. The verdict is the exercise's
+  rule (``profile_traces.rule_verdict``); the learner's function may not call into
+  ``cu.profiling`` (the guard below). A threshold on one
   share, "the part over half of them, else ...", two comparisons that skip a pair of parts, a
   reading that ignores the step windows, the ``tf_data`` threads or either kind of collective,
   or reads one step (or a vote) each fails.

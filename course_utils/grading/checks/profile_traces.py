@@ -85,7 +85,8 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                     between: float = 0.0,
                     uneven: Mapping[str, float] | None = None,
                     nccl: bool = False, replicas: int = 1, overlap: float = 0.0,
-                    wrappers: bool = False, inline: bool = False) -> list[dict[str, Any]]:
+                    wrappers: bool = False, inline: bool = False, spill: float = 0.0,
+                    waits_outside: float = 0.0, twins: bool = False) -> list[dict[str, Any]]:
     """Events of ``steps`` profiled steps whose time splits into ``parts`` (shares of input,
     compute, communication; the rest is "other"), plus the distractors described above.
 
@@ -94,7 +95,12 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
     of the steps) can name different parts. ``nccl``: the second half of every all-reduce span
     an ``NcclAllReduce`` op, so that a reading which misses either kind of collective loses
     half of the communication. ``overlap``: a compute span on the second replica's thread
-    through that share of every input wait."""
+    through that share of every input wait. ``spill``: a compute op that starts at the end
+    of every step and runs that share of it past its end; ``waits_outside``: get-next waits
+    before the first step (the warm-up's), as a share of the steps' time; ``twins``: the
+    get-next op around every wait, and each all-reduce on the other replica's thread too
+    (xf09: spans not clipped to the steps, get-next counted outside them, and input or the
+    all-reduce summed without a union each passed every case)."""
     for shares in (parts, uneven or {}):
         if sum(shares.values()) > 1 or min(shares.values(), default=0) < 0:
             raise ValueError(f"parts must be non-negative shares summing to at most 1: "
@@ -118,6 +124,11 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                                 rng.choice(_OPS)))
             clock += piece
         clock += 500.0
+    if waits_outside:  # the warm-up waits for its first batches: no step's time
+        for piece in _pieces(rng, waits_outside * sum(step_lengths), 3):
+            events.append(_span("IteratorGetNextOp::DoCompute", clock, piece, _STEP_THREAD))
+            clock += piece + 100.0
+        clock += 500.0
     for number, (length, shares) in enumerate(zip(step_lengths, step_parts, strict=True)):
         start = clock
         events.append(_span(f"train {number}", start, length, _STEP_THREAD, step_num=number, _r=1))
@@ -131,6 +142,9 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                 if kind == "input":
                     events.append(_span("IteratorGetNextOp::DoCompute", clock, piece,
                                         _STEP_THREAD))
+                    if twins:  # the op around it, as real traces have it: the same instants
+                        events.append(_span("IteratorGetNext", clock, piece, _STEP_THREAD,
+                                            "IteratorGetNext:IteratorGetNext"))
                     # a stage the get-next ran, named as in real traces (with a long_name):
                     # a reading that counts it as compute names compute where input leads
                     events.append(_span("Iterator::Prefetch", clock + 0.1 * piece,
@@ -142,13 +156,17 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                         name = rng.choice(_OPS)
                         events.append(_span(name.split(":")[0], clock, overlap * piece,
                                             _REPLICA_THREAD, name))
-                elif kind == "communication" and nccl:
-                    for start_at, name in ((clock, rng.choice(_COLLECTIVES)),
-                                           (clock + piece / 2, _NCCL)):
-                        events.append(_span(name.split(":")[0], start_at, piece / 2,
-                                            _OP_THREAD, name))
+                elif kind == "communication":
+                    halves = ((clock, piece / 2, rng.choice(_COLLECTIVES)),
+                              (clock + piece / 2, piece / 2, _NCCL)) if nccl else (
+                        (clock, piece, rng.choice(_COLLECTIVES)),)
+                    for start_at, dur, name in halves:  # the other replica's inside it
+                        events += [_span(name.split(":")[0], start_at + at * dur, (1 - 2 * at)
+                                         * dur, tid, name)
+                                   for at, tid in ((0, _OP_THREAD), (0.02, _REPLICA_THREAD))
+                                   [:1 + twins]]
                 else:
-                    long_name = rng.choice(_COLLECTIVES if kind == "communication" else _OPS)
+                    long_name = rng.choice(_OPS)
                     halves = kind == "compute" and inline  # the second half on the caller's
                     events += [_span(long_name.split(":")[0], clock + at * piece / 2,
                                      piece / 2 if halves else piece, tid, long_name)
@@ -166,7 +184,11 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
                 events.append(_span(rng.choice(_DATA_OPS).split(":")[0], moment, piece,
                                     _DATA_THREAD, rng.choice(_DATA_OPS)))
                 moment += piece
-        clock = start + length + rng.uniform(200, 800)
+        if spill:  # an op begun at the step's end runs on past it: only its start counts
+            name = rng.choice(_OPS)
+            events.append(_span(name.split(":")[0], start + 0.998 * length,
+                                (0.002 + spill) * length, _OP_THREAD, name))
+        clock = start + (1 + spill) * length + rng.uniform(200, 800)
         if between and number < steps - 1:  # work between this step and the next
             for piece in _pieces(rng, between * length, 4):
                 events.append(_span(rng.choice(_OPS).split(":")[0], clock, piece, _OP_THREAD,
@@ -184,17 +206,17 @@ def synthetic_trace(rng: random.Random, parts: Mapping[str, float], *, steps: in
 BOTTLENECK_CASES = {
     "input is the largest part but under half the step, the pipeline busy in the background": (
         "input", lambda r: (r.uniform(0.38, 0.45), 0.25, r.uniform(0.04, 0.08)), {
-            "background": 0.35, "wrappers": True}),
+            "background": 0.35, "wrappers": True, "spill": 0.3}),
     "compute is the largest part, input waits a third of the step": (
         "compute", lambda r: (r.uniform(0.3, 0.36), r.uniform(0.46, 0.52), 0.05), {
-            "inline": True}),
+            "inline": True, "waits_outside": 0.5}),
     "input leads by a little, under half of the three parts (the all-reduce, then compute, "
     "close behind)": (
         "input", lambda r: (r.uniform(0.30, 0.31), r.uniform(0.24, 0.25), r.uniform(0.26, 0.27)),
         {}),
     "compute leads by a little, input close behind at nearly 40 % of the step": (
         "compute", lambda r: (r.uniform(0.39, 0.40), r.uniform(0.42, 0.43),
-                              r.uniform(0.05, 0.06)), {}),
+                              r.uniform(0.05, 0.06)), {"twins": True}),
     # compute above half of the all-reduce: a reading that drops either kind of collective fails
     "communication-bound: the all-reduce (collective and NCCL ops) takes most of the step": (
         "communication", lambda r: (r.uniform(0.08, 0.12), 0.3, r.uniform(0.45, 0.55)), {
@@ -204,7 +226,7 @@ BOTTLENECK_CASES = {
                                     r.uniform(0.34, 0.35)), {}),
     "compute leads by a little, the all-reduce close behind at 40 % of the step": (
         "compute", lambda r: (r.uniform(0.05, 0.06), r.uniform(0.45, 0.46),
-                              r.uniform(0.40, 0.41)), {"nccl": True}),
+                              r.uniform(0.40, 0.41)), {"nccl": True, "twins": True}),
     # nb31-09 L1-c: one window from the first step's start to the last one's end passed
     "input-bound steps after a long warm-up of compute outside them, and compute between them": (
         "input", lambda r: (r.uniform(0.5, 0.6), 0.2, 0.03), {"outside": 3.0, "between": 1.0}),
