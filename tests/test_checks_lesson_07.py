@@ -1321,6 +1321,64 @@ def test_the_whole_group_around_the_replica_limit_is_caught(reach, says):
         cu.grading.check_train_mirrored_with_accumulation(whole_group)
 
 
+@pytest.mark.parametrize("made", ["by hand", "elsewhere"])
+def test_gradients_not_from_the_replicas_calls_are_caught(made):
+    # xf07b's answers (L1, L2): each micro-batch run through the model given only for its
+    # counters (its gradients thrown away), then the update's gradients made another way: the
+    # whole group forward by hand from model.trainable_variables on one tape, or (w - target)
+    # / rate / replicas, the target from a plain copy trained on whole groups elsewhere
+    tf = _tf()
+    import keras
+
+    def lazy(strategy, model, optimizer, loss_object, micro_batches, steps, batch):
+        variables = model.trainable_variables
+        rate = float(tf.convert_to_tensor(optimizer.learning_rate))
+        inner = next(layer for layer in model.layers if isinstance(layer, keras.Model))
+        copy = keras.Sequential([keras.Input(model.input_shape[1:])] + [keras.layers.Dense(
+            layer.units, activation=layer.activation, kernel_regularizer=layer.kernel_regularizer)
+            for layer in inner.layers if hasattr(layer, "units")])
+        copy.set_weights(model.get_weights())
+        targets, update = [], [0]
+        for x, y in micro_batches.unbatch().batch(batch * steps) if made == "elsewhere" else ():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(loss_object(y, copy(x))) + tf.add_n(copy.losses)
+            for v, g in zip(copy.trainable_variables, tape.gradient(
+                    loss, copy.trainable_variables), strict=True):
+                v.assign_sub(rate * g)
+            targets.append([tf.constant(w) for w in copy.get_weights()])
+
+        def replica_step(*group):
+            done = []
+            for x, _ in group:  # the model given, for its counters only
+                with tf.control_dependencies(done), tf.GradientTape() as throwaway:
+                    out = model(x, training=True)
+                done = [g for g in throwaway.gradient(out, variables) if g is not None]
+            x, y = (tf.concat(part, 0) for part in zip(*group, strict=True))
+            with tf.control_dependencies(done), tf.GradientTape() as tape:
+                k1, b1, k2, b2 = variables  # the model's forward, by hand
+                logits = tf.matmul(tf.tanh(tf.matmul(x, k1) + b1), k2) + b2
+                loss = tf.nn.compute_average_loss(loss_object(y, logits),
+                                                  global_batch_size=len(group) * batch)
+                loss += _penalty(model, tf)
+            grads = tape.gradient(loss, variables)
+            if made == "elsewhere":
+                target = targets[update[0]]
+                grads = [(tf.convert_to_tensor(v) - w) / rate / 2
+                         for v, w in zip(variables, target, strict=True)]
+            optimizer.apply_gradients(zip(grads, variables, strict=True))
+
+        total = int(micro_batches.cardinality())
+        iterator = iter(strategy.experimental_distribute_dataset(micro_batches))
+        for start in range(0, total, steps):  # eager: each update its own target
+            strategy.run(replica_step, args=tuple(
+                next(iterator) for _ in range(min(steps, total - start))))
+            update[0] += 1
+
+    with pytest.raises(AssertionError, match=r"case 1 .*weights are right, but the gradients "
+                                             r"a replica applied .* not those that flowed"):
+        cu.grading.check_train_mirrored_with_accumulation(lazy)
+
+
 @pytest.mark.parametrize(("raise_by", "says"), [
     ("closure", r"out of memory \(simulated\): more than \d+ examples\W{1,2} activations alive on "
                 r"one replica"),

@@ -44,6 +44,7 @@ from course_utils.equality import largest_difference
 from course_utils.grading.checks.memory_budget import check_largest_batch_that_fits
 from course_utils.grading.checks.padded_accumulation import (
     ACCUMULATION_TOLERANCE,
+    FLOW_TOLERANCE,
     _keras,
     _loss_fn,
     _model,
@@ -54,6 +55,7 @@ from course_utils.grading.checks.padded_accumulation import (
 from course_utils.grading.checks.reach_around import (
     WRITTEN_OUTSIDE,
     UpdatesWatched,
+    applied_from_calls,
     reached_around,
 )
 from course_utils.grading.checks.recompute import check_segment_gradients
@@ -161,12 +163,14 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
             "float32")
         problem["labels"] = data.integers(0, problem["classes"], size=n).astype("int32")
         with strategy.scope():
-            model = _model(problem, counted=True)
+            model = _model(problem, counted=True, flows=True)
             # each replica's memory holds one micro-batch's share: accumulating is necessary
             limited, counts = replica_limit(model, problem["micro"] // 2)
             optimizer = keras.optimizers.SGD(learning_rate=problem["learning_rate"])
             optimizer.build(model.trainable_variables)
             watch = UpdatesWatched(optimizer, model)  # each replica's copy of the weights
+            # each replica's applied gradients against what flowed back through its calls
+            worst = applied_from_calls(optimizer, model)
         updates, per_update = 3 + (1 if extra else 0), len(model.trainable_variables)
         micro_batches = tf.data.Dataset.from_tensor_slices(
             (problem["features"], problem["labels"])).batch(problem["micro"])
@@ -201,6 +205,15 @@ def check_train_mirrored_with_accumulation(fn: Any) -> bool:
                         f"{all_reduced / (updates * per_update):.3g} times the gradients per "
                         f"update ({all_reduced} tensors for {updates} updates of {per_update} "
                         "variables): when do your gradients cross the replicas? (section 5)")
+            left = max(float(w.numpy()) for w in strategy.experimental_local_results(worst))
+            if left > FLOW_TOLERANCE:
+                return (f"the weights are right, but the gradients a replica applied at an "
+                        f"update are not those that flowed back through the model you were "
+                        f"given on that replica since the update before, plus the penalty's "
+                        f"(left after the best fit: {left:.2g} of their size): apply the sum "
+                        "of each micro-batch's gradients through that model (a forward by "
+                        "hand from the variables keeps the whole group's activations; "
+                        "gradients made elsewhere are not accumulation)")
             return None
 
         return Case(args=(strategy, limited, optimizer, loss_object, micro_batches,

@@ -61,6 +61,17 @@ def _noted(value: Any, total: Any) -> Any:
     return identity(tf.convert_to_tensor(value))
 
 
+def _local(value: Any) -> Any:
+    """A counter of ``value``'s shape: kept per replica (``ON_READ``, summed when read) under
+    a strategy's scope, so that each replica adds to its own; a plain variable elsewhere."""
+    tf = _tf()
+    if not tf.distribute.has_strategy():
+        return tf.Variable(value, trainable=False)
+    return tf.Variable(value, trainable=False,
+                       synchronization=tf.VariableSynchronization.ON_READ,
+                       aggregation=tf.VariableAggregation.SUM)
+
+
 def _counted_class() -> type:
     tf = _tf()
     import keras
@@ -83,11 +94,11 @@ def _counted_class() -> type:
                     if self not in _FLOWS:
                         return super().call(tf.identity(inputs))
                     if not _FLOWS[self]:  # (weight, the sum of its gradients here)
-                        _FLOWS[self] = [(w, tf.Variable(tf.zeros_like(w), trainable=False))
-                                        for w in (self.kernel, self.bias)]
-                        _FED[self] = (tf.Variable(0, dtype=tf.int64, trainable=False),
-                                      tf.Variable(tf.zeros([inputs.shape[-1]], tf.float64),
-                                                  trainable=False))
+                        with tf.init_scope():  # per replica under a strategy (exercise 4)
+                            _FLOWS[self] = [(w, _local(tf.zeros(w.shape, w.dtype)))
+                                            for w in (self.kernel, self.bias)]
+                            _FED[self] = (_local(tf.constant(0, tf.int64)),
+                                          _local(tf.zeros([inputs.shape[-1]], tf.float64)))
                     fed = []
                     if training:  # which examples went forward in training mode, per call
                         calls, total = _FED[self]
@@ -173,9 +184,12 @@ def applied_from_calls(optimizer: Any, model: Any) -> Any:
     """``worst``, a variable: ``optimizer`` (a Keras optimizer, changed in place) compares, at
     every update, the gradients it applies with ``a·`` the sums that flowed back through
     ``model``'s ``flows`` layers since the last update (``a`` fitted; what is left, relative
-    to the applied gradients' size, raises ``worst``), then empties those sums."""
+    to the applied gradients' size, raises ``worst``), then empties those sums. Where a
+    kernel has a regularizer (exercise 4's L2 penalty, whose gradient ``∝`` the kernel flows
+    through no call), ``b·`` the kernels is fitted too. Under a strategy's scope, each replica
+    compares its own gradients with its own sums (``worst`` per replica: take the largest)."""
     tf = _tf()
-    worst = tf.Variable(0.0, trainable=False)
+    worst = _local(tf.constant(0.0))
     layers = [layer for layer in model.layers if layer in _FLOWS]
     apply = optimizer.apply
 
@@ -191,9 +205,14 @@ def applied_from_calls(optimizer: Any, model: Any) -> Any:
         if len(named) != len(set(named)) or set(named) != set(flowed):
             with tf.control_dependencies([worst.assign(1.0)]):  # a weight twice, or left out
                 return apply(grads, trainable_variables)
-        a, f = (tf.concat(list(side), 0) for side in zip(*pairs, strict=True))
-        scale = tf.math.divide_no_nan(tf.reduce_sum(a * f), tf.reduce_sum(f * f))
-        left = tf.math.divide_no_nan(tf.norm(a - scale * f), tf.norm(a))
+        regularized = {id(w) for layer in layers for w, _ in _FLOWS[layer][:1]
+                       if getattr(layer, "kernel_regularizer", None) is not None}
+        penalty = [tf.reshape(tf.convert_to_tensor(v), [-1]) * float(id(v) in regularized)
+                   for v in variables if id(v) in flowed]
+        left = _left_after_fit(*(tf.cast(tf.concat(list(side), 0), tf.float64) for side in
+                                 zip(*pairs, strict=True)), tf.cast(tf.concat(
+                                     penalty, 0), tf.float64) if regularized else None)
+        left = tf.cast(left, tf.float32)
         with tf.control_dependencies([worst.assign(tf.maximum(worst, left))]):
             emptied = [total.assign(tf.zeros_like(total)) for total in flowed.values()]
         with tf.control_dependencies(emptied):
@@ -201,6 +220,20 @@ def applied_from_calls(optimizer: Any, model: Any) -> Any:
 
     optimizer.apply = compared
     return worst
+
+
+def _left_after_fit(a: Any, f: Any, w: Any = None) -> Any:
+    """What of ``a`` is left, relative to its size, after the best ``s·f`` (and ``t·w``)."""
+    tf = _tf()
+    if w is None:
+        scale = tf.math.divide_no_nan(tf.reduce_sum(a * f), tf.reduce_sum(f * f))
+        return tf.math.divide_no_nan(tf.norm(a - scale * f), tf.norm(a))
+    ff, fw, ww = tf.reduce_sum(f * f), tf.reduce_sum(f * w), tf.reduce_sum(w * w)
+    af, aw = tf.reduce_sum(a * f), tf.reduce_sum(a * w)
+    det = ff * ww - fw * fw  # the normal equations of two coefficients, by Cramer's rule
+    s = tf.math.divide_no_nan(af * ww - aw * fw, det)
+    t = tf.math.divide_no_nan(aw * ff - af * fw, det)
+    return tf.math.divide_no_nan(tf.norm(a - s * f - t * w), tf.norm(a))
 
 
 def sgd_steps_off(optimizer: Any) -> Any:
