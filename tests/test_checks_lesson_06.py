@@ -110,6 +110,12 @@ def one_over_budget(num_stages, num_micro_batches, max_in_flight):
     return _greedy(num_stages, num_micro_batches, [c + 1 for c in max_in_flight])
 
 
+def later_budgets_left_out(num_stages, num_micro_batches, max_in_flight):  # xf06 L1
+    """Only the first three stages' budgets kept: "the stages after follow them"."""
+    return _greedy(num_stages, num_micro_batches,
+                   [c if s < 3 else num_micro_batches for s, c in enumerate(max_in_flight)])
+
+
 def budgets_ignored(num_stages, num_micro_batches, max_in_flight):
     return _greedy(num_stages, num_micro_batches, [num_micro_batches] * num_stages)
 
@@ -899,7 +905,7 @@ def test_the_checks_count_is_the_fewest_any_orders_take():
             for m in range(1, 6):
                 assert fewest_slots(list(budgets), m) == _fewest_by_search(budgets, m), (
                     budgets, m)
-    for budgets in ([2, 2, 2, 2], [1, 3, 4, 4], [3, 1, 2, 2], [2, 4, 1, 3]):
+    for budgets in ([2, 2, 2, 2], [1, 3, 4, 4], [3, 1, 2, 2], [2, 4, 1, 3], [4, 3, 2, 1, 1]):
         assert fewest_slots(budgets, 5) == _fewest_by_search(budgets, 5), budgets
 
 
@@ -969,6 +975,7 @@ SLOTS = r"time slots \(bubble .*\); within the same budgets .* the fewest is \d+
     (smallest_budget_everywhere, "case 3 .*" + SLOTS),
     (one_over_budget, "case 1 .*" + BUDGET),
     (budgets_ignored, "case 1 .*" + BUDGET),
+    (later_budgets_left_out, r"stage [3-5] keeps up to \d+ micro-batches' activations"),
     (budgets_raised_in_place, "case 1 .*" + BUDGET),  # the budgets read back from the input
     (gpipe_orders, "case 1 .*" + BUDGET),
     (one_forward_then_its_backward, "case 2 .*" + SLOTS),  # serial: right when budgets are 1
