@@ -592,6 +592,52 @@ def persistent_tapes_kept_in_a_list(parts, micro_batches, loss_fn, devices):
     return _in_order(kept=[])(parts, micro_batches, loss_fn, devices)
 
 
+class _Stage:  # xf06 L2: a part and the tapes it keeps, by micro-batch, as attributes
+    def __init__(self, part, device):
+        self.part, self.device, self.tapes, self.io = part, device, {}, {}
+
+    def forward(self, j, value, last=None):
+        import tensorflow as tf
+
+        self.tapes[j] = tf.GradientTape()  # no local names it: only the object holds it
+        with tf.device(self.device), self.tapes[j]:
+            self.tapes[j].watch(value)
+            out = self.part(value) if last is None else last(self.part(value))
+        self.io[j] = (value, out)
+        return out
+
+    def backward(self, j, upstream):
+        import tensorflow as tf
+
+        value, out = self.io.pop(j)
+        with tf.device(self.device):
+            return self.tapes.pop(j).gradient(
+                out, [*self.part.trainable_variables, value], output_gradients=upstream)
+
+
+def tapes_kept_by_stage_objects(parts, micro_batches, loss_fn, devices):
+    """Every forward first, each part's tapes kept by an object per part (GPipe's order)."""
+    import tensorflow as tf
+
+    stages = [_Stage(p, d) for p, d in zip(parts, devices, strict=True)]
+    losses, sums = [], [None] * len(parts)
+    for j, (x, y) in enumerate(micro_batches):
+        value = tf.convert_to_tensor(x)
+        for i, stage in enumerate(stages):
+            last = ((lambda out, y=y: loss_fn(y, out) * _share(y, micro_batches))
+                    if i == len(stages) - 1 else None)
+            value = stage.forward(j, value, last)
+        losses.append(value)
+    for j in range(len(micro_batches)):
+        upstream = None
+        for i in reversed(range(len(stages))):
+            *grads, upstream = stages[i].backward(j, upstream)
+            with tf.device(devices[i]):
+                sums[i] = grads if sums[i] is None else [
+                    s + g for s, g in zip(sums[i], grads, strict=True)]
+    return tf.add_n(losses), [g for part_sums in sums for g in part_sums]
+
+
 def one_big_batch_when_eager(parts, micro_batches, loss_fn, devices):
     """Eagerly the micro-batches run as one batch (right values, every activation at once);
     traced, the right step."""
@@ -1042,6 +1088,7 @@ BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) r
      r"when micro-batch 1's loss was computed, it still held \d tape\(s\) recorded"),
     (all_forwards_first, r"when micro-batch 1's loss was computed, it still held \d tape"),
     (persistent_tapes_kept_in_a_list, r"micro-batch 1's loss was computed, it still held \d"),
+    (tapes_kept_by_stage_objects, r"batch 1's loss was computed, it still held \d tape\(s\)"),
     (one_big_batch_when_eager, r"called eagerly, it called loss_fn 1 time\(s\) for \d micro"),
     (zero_gradients, "differ from the unsplit"),
     (first_micro_batch_only, "differ from the unsplit"),
