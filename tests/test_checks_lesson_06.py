@@ -110,6 +110,12 @@ def one_over_budget(num_stages, num_micro_batches, max_in_flight):
     return _greedy(num_stages, num_micro_batches, [c + 1 for c in max_in_flight])
 
 
+def later_budgets_left_out(num_stages, num_micro_batches, max_in_flight):  # xf06 L1
+    """Only the first three stages' budgets kept: "the stages after follow them"."""
+    return _greedy(num_stages, num_micro_batches,
+                   [c if s < 3 else num_micro_batches for s, c in enumerate(max_in_flight)])
+
+
 def budgets_ignored(num_stages, num_micro_batches, max_in_flight):
     return _greedy(num_stages, num_micro_batches, [num_micro_batches] * num_stages)
 
@@ -586,6 +592,52 @@ def persistent_tapes_kept_in_a_list(parts, micro_batches, loss_fn, devices):
     return _in_order(kept=[])(parts, micro_batches, loss_fn, devices)
 
 
+class _Stage:  # xf06 L2: a part and the tapes it keeps, by micro-batch, as attributes
+    def __init__(self, part, device):
+        self.part, self.device, self.tapes, self.io = part, device, {}, {}
+
+    def forward(self, j, value, last=None):
+        import tensorflow as tf
+
+        self.tapes[j] = tf.GradientTape()  # no local names it: only the object holds it
+        with tf.device(self.device), self.tapes[j]:
+            self.tapes[j].watch(value)
+            out = self.part(value) if last is None else last(self.part(value))
+        self.io[j] = (value, out)
+        return out
+
+    def backward(self, j, upstream):
+        import tensorflow as tf
+
+        value, out = self.io.pop(j)
+        with tf.device(self.device):
+            return self.tapes.pop(j).gradient(
+                out, [*self.part.trainable_variables, value], output_gradients=upstream)
+
+
+def tapes_kept_by_stage_objects(parts, micro_batches, loss_fn, devices):
+    """Every forward first, each part's tapes kept by an object per part (GPipe's order)."""
+    import tensorflow as tf
+
+    stages = [_Stage(p, d) for p, d in zip(parts, devices, strict=True)]
+    losses, sums = [], [None] * len(parts)
+    for j, (x, y) in enumerate(micro_batches):
+        value = tf.convert_to_tensor(x)
+        for i, stage in enumerate(stages):
+            last = ((lambda out, y=y: loss_fn(y, out) * _share(y, micro_batches))
+                    if i == len(stages) - 1 else None)
+            value = stage.forward(j, value, last)
+        losses.append(value)
+    for j in range(len(micro_batches)):
+        upstream = None
+        for i in reversed(range(len(stages))):
+            *grads, upstream = stages[i].backward(j, upstream)
+            with tf.device(devices[i]):
+                sums[i] = grads if sums[i] is None else [
+                    s + g for s, g in zip(sums[i], grads, strict=True)]
+    return tf.add_n(losses), [g for part_sums in sums for g in part_sums]
+
+
 def one_big_batch_when_eager(parts, micro_batches, loss_fn, devices):
     """Eagerly the micro-batches run as one batch (right values, every activation at once);
     traced, the right step."""
@@ -899,7 +951,7 @@ def test_the_checks_count_is_the_fewest_any_orders_take():
             for m in range(1, 6):
                 assert fewest_slots(list(budgets), m) == _fewest_by_search(budgets, m), (
                     budgets, m)
-    for budgets in ([2, 2, 2, 2], [1, 3, 4, 4], [3, 1, 2, 2], [2, 4, 1, 3]):
+    for budgets in ([2, 2, 2, 2], [1, 3, 4, 4], [3, 1, 2, 2], [2, 4, 1, 3], [4, 3, 2, 1, 1]):
         assert fewest_slots(budgets, 5) == _fewest_by_search(budgets, 5), budgets
 
 
@@ -969,6 +1021,7 @@ SLOTS = r"time slots \(bubble .*\); within the same budgets .* the fewest is \d+
     (smallest_budget_everywhere, "case 3 .*" + SLOTS),
     (one_over_budget, "case 1 .*" + BUDGET),
     (budgets_ignored, "case 1 .*" + BUDGET),
+    (later_budgets_left_out, r"stage [3-5] keeps up to \d+ micro-batches' activations"),
     (budgets_raised_in_place, "case 1 .*" + BUDGET),  # the budgets read back from the input
     (gpipe_orders, "case 1 .*" + BUDGET),
     (one_forward_then_its_backward, "case 2 .*" + SLOTS),  # serial: right when budgets are 1
@@ -1035,6 +1088,7 @@ BACKWARD = r"part \d's backward pass \(\w+, computing its weights' gradients\) r
      r"when micro-batch 1's loss was computed, it still held \d tape\(s\) recorded"),
     (all_forwards_first, r"when micro-batch 1's loss was computed, it still held \d tape"),
     (persistent_tapes_kept_in_a_list, r"micro-batch 1's loss was computed, it still held \d"),
+    (tapes_kept_by_stage_objects, r"batch 1's loss was computed, it still held \d tape\(s\)"),
     (one_big_batch_when_eager, r"called eagerly, it called loss_fn 1 time\(s\) for \d micro"),
     (zero_gradients, "differ from the unsplit"),
     (first_micro_batch_only, "differ from the unsplit"),

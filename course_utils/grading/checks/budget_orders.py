@@ -101,8 +101,11 @@ def edited_copies(codes: Any, own: Any) -> list[str]:
 def budget_cases(rng: Any, fn: Any) -> tuple[Any, list[Case]]:
     """Fresh ``(K, M, budgets)``: budgets that rise downstream (1, then more), one number
     below ``K − s`` for all, at or above it but the last stage's 1 (the lesson's 1F1B keeps to
-    them), ``M`` below ``K``, one stage, random, and one ``M`` drawn from 1000-3000; each
-    verified by :func:`verify_orders` after the guards. Also returns the profiler hook that
+    them), ``M`` below ``K``, one stage, random, one ``M`` drawn from 1000-3000, and budgets
+    falling along five or six stages (``K − 1 − s``, each below every budget before it and
+    below the ``K − s`` a stage would keep: an answer that leaves any stage's budget out, the
+    last's aside, keeps too much there); each verified by :func:`verify_orders` after the
+    guards. Also returns the profiler hook that
     records what the answer ran (``refusing``'s ``also``)."""
     from course_utils.parallel import schedules
 
@@ -121,6 +124,9 @@ def budget_cases(rng: Any, fn: Any) -> tuple[Any, list[Case]]:
                (k4, rng.randint(7, 12), draw(k4))]
     k_large = rng.randint(3, 5)
     triples.append((k_large, rng.randint(1000, 3000), draw(k_large)))
+    k5 = rng.randint(5, 6)  # falling: every stage but the last below all before it (xf06 L1)
+    triples.append((k5, rng.randint(6, 10), [k5 - 1 - s for s in range(k5 - 1)]
+                    + [rng.randint(1, k5)]))
     entered: set[Any] = set()  # the code of every Python function the answer ran
 
     def verify(got: Any, k: int, m: int, budgets: list[int]) -> str | None:

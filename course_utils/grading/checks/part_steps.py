@@ -13,13 +13,14 @@ last one short, as a dataset's remainder). Judged, in this order:
   backward per micro-batch; its known limits are that module's);
 * called eagerly, each returned gradient on its part's device;
 * what is alive: called eagerly, ``loss_fn`` (a ``TapeWatch``) runs once per micro-batch and,
-  each time, reads which ``GradientTape``\\ s the answer holds (in its frames' locals, through
-  lists, tuples, dicts and sets); a tape held at one call that still holds its recording at
+  each time, reads which ``GradientTape``\\ s the answer made so far (each one noted as it is
+  made: the guard's profiler sees ``GradientTape.__init__`` run, by code identity) and which
+  it holds in its frames' locals; a tape alive at one call that still holds its recording at
   the next (not yet used by ``gradient``, or persistent) keeps an earlier micro-batch's
-  activations alive while the next one runs: the colleague's all-forwards-first (tapes left
-  only in a reference cycle are collected first: garbage is not held). Known limit:
-  a tape kept where no frame of the answer's names it (a global, an attribute) is not seen,
-  nor are activations kept as plain tensors.
+  activations alive while the next one runs: the colleague's all-forwards-first, wherever
+  the tapes are kept (a local, a global, an object's attribute, a closure: xf06 L2; tapes
+  left only in a reference cycle are collected first: garbage is not held). Known limit:
+  activations kept as plain tensors (a forward run again under a tape later) are not seen.
 
 ``tf.gradients``, ``cu.parallel.split_step`` and the lesson's pipelines are refused by code
 identity and content (``refusals``), and so are this module's and lesson 06's functions.
@@ -43,7 +44,7 @@ from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
 __all__ = ["TapeWatch", "check_fixed_part_step"]
 
-_WATCHES = ("_tapes_in", "_recording")  # run inside the answer, by TapeWatch
+_WATCHES = ("_tapes_in", "_recording", "_tape_init")  # run inside the answer, by TapeWatch
 _COURSE = str(Path(__file__).resolve().parent.parent.parent)  # course_utils/
 
 
@@ -60,6 +61,11 @@ def _tapes_in(value: Any, depth: int, found: dict[int, Any], tape_type: type) ->
     elif depth and isinstance(value, dict):
         for item in value.values():
             _tapes_in(item, depth - 1, found, tape_type)
+
+
+def _tape_init() -> Any:
+    """The code of ``tf.GradientTape.__init__``: run once for every tape made."""
+    return _tf().GradientTape.__init__.__code__
 
 
 def _recording(tape: Any) -> bool:
@@ -82,6 +88,15 @@ class TapeWatch:
     def reset(self, active: bool) -> None:
         self.active, self.calls, self.held = active, 0, None
         self.seen: list[Any] = []
+        self.made: list[Any] = []  # a weak reference to each tape made while it is active
+
+    def note(self, frame: Any, c_function: Any) -> None:
+        """The guard's ``also``: a tape made (``GradientTape.__init__`` entered) while
+        active is noted, wherever the answer then keeps it."""
+        if c_function is None and self.active and frame.f_code is _tape_init():
+            tape = frame.f_locals.get("self")
+            if tape is not None:
+                self.made.append(weakref.ref(tape))
 
     def _still(self) -> list[Any]:
         return [t for t in (ref() for ref in self.seen) if t is not None and _recording(t)]
@@ -104,6 +119,9 @@ class TapeWatch:
             if still and self.held is None:
                 self.held = (self.calls, len(still))
             found.update((id(t), t) for t in still)
+            # then every tape made so far that is still alive, wherever it is kept (a global,
+            # an attribute, a closure): taken after the frames' snapshots were refreshed
+            found.update((id(t), t) for t in (ref() for ref in self.made) if t is not None)
             self.seen = [weakref.ref(t) for t in found.values() if _recording(t)]
             self.calls += 1
         return self.loss_fn(y, logits, *args, **kwargs)
@@ -194,10 +212,13 @@ def check_fixed_part_step(fn: Any) -> bool:
                             *own_functions(sys.modules[__name__], but=_WATCHES),
                             *own_functions(backward_placement), *own_functions(lesson_06)],
                        "write the backward pass yourself, one GradientTape per part (the "
-                       "lesson's split_step and run_pipeline already hold it)")
+                       "lesson's split_step and run_pipeline already hold it)",
+                       also=lambda frame, c_function: current[-1].note(frame, c_function))
+    current = [TapeWatch(None)]  # the case's watch: it notes each tape the answer makes
 
     def watched(parts: Any, micro_batches: Any, watch: Any, chosen: Any) -> Any:
         watch.reset(active=True)
+        current.append(watch)
         try:
             return guarded(parts, micro_batches, watch, chosen)
         finally:
