@@ -731,6 +731,57 @@ def _repeated(files, read_file, batch_size, max_open, max_buffer, seed):  # two 
     return mixed_batches(files, read_file, batch_size, max_open, max_buffer, seed).repeat(2)
 
 
+def _window_permuted(files, read_file, batch_size, max_open, max_buffer, seed):  # xf01 L1, L2: 64
+    tf = cu.quiet.import_tensorflow()  # examples held and permuted, under the read-ahead bar
+    examples = _files(files, seed).interleave(read_file, cycle_length=max_open)
+    return examples.batch(64).map(lambda i, y: tuple(
+        tf.gather(t, tf.random.shuffle(tf.range(tf.shape(i)[0]), seed=seed)) for t in (i, y))
+    ).unbatch().batch(batch_size)
+
+
+def _two_buffers(files, read_file, batch_size, max_open, max_buffer, seed):  # xf01 L3
+    examples = _files(files, seed).interleave(read_file, cycle_length=max_open)
+    return examples.shuffle(max_buffer, seed=seed).shuffle(max_buffer, seed=seed + 1).batch(
+        batch_size)
+
+
+def _batches_reversed(files, read_file, batch_size, max_open, max_buffer, seed):  # xf01 L4:
+    tf = cu.quiet.import_tensorflow()  # no shuffle of examples, each batch reversed
+    examples = _files(files, seed).interleave(read_file, cycle_length=max_open)
+    return examples.batch(batch_size).map(lambda i, y: (tf.reverse(i, [0]), tf.reverse(y, [0])))
+
+
+def _files_reversed_in_pairs(files, read_file, batch_size, max_open, max_buffer, seed):
+    tf = cu.quiet.import_tensorflow()  # xf01 L5: each file read as swapped pairs, no shuffle
+    examples = _files(files, seed).interleave(lambda path: read_file(path).batch(2).map(
+        lambda i, y: (tf.reverse(i, [0]), tf.reverse(y, [0]))).unbatch(), cycle_length=max_open)
+    return examples.batch(batch_size)
+
+
+def _not_reshuffled(files, read_file, batch_size, max_open, max_buffer, seed):  # the buffer
+    examples = _files(files, seed).interleave(read_file, cycle_length=max_open)  # draws the
+    return examples.shuffle(max_buffer, seed=seed,  # same places every epoch
+                            reshuffle_each_iteration=False).batch(batch_size)
+
+
+def _kept_aside_read_for_show(files, read_file, batch_size, max_open, max_buffer, seed):
+    tf = cu.quiet.import_tensorflow()  # xf01 L6: every example read at build time by a
+    spec = {key: tf.io.FixedLenFeature([], tf.int64) for key in ("id", "label")}  # reader of
+    kept = np.array([(e["id"], e["label"]) for e in tf.data.TFRecordDataset(files).map(  # its
+        lambda r: tf.io.parse_single_example(r, spec)).as_numpy_iterator()])  # own, uncounted
+    names = _files(files, seed)
+    keys = names.take(1).map(lambda p: tf.strings.to_hash_bucket_fast(p, 2**31 - 1))
+    order = keys.flat_map(lambda k: tf.data.Dataset.from_tensor_slices(tf.gather(
+        kept, tf.random.experimental.stateless_shuffle(tf.range(len(kept)), seed=[k, seed]))))
+    shown = names.interleave(read_file, cycle_length=max_open)  # read_file for show
+    return tf.data.Dataset.zip(order, shown).map(lambda pair, _: (pair[0], pair[1])).batch(
+        batch_size)
+
+
+HELD = r"places before its place in the order read_file read the records"
+ANEW = "as many places from where they were read"
+
+
 MIXED_CATALOGUE = {
     "constant": (_constant, "batch sizes differ|every example must come exactly once"),
     "broken_given": (_broken_given, "two epochs opened the files in the same order"),
@@ -752,6 +803,12 @@ MIXED_CATALOGUE = {
     "cached": (_cached, r"your pipeline caches \(cache\(\)\)"),
     "repeated": (_repeated, "batch sizes differ"),
     "helper_bound": (cu.data.make_pipeline, "the course's own code"),
+    "window_permuted": (_window_permuted, HELD),
+    "two_buffers": (_two_buffers, HELD),
+    "batches_reversed": (_batches_reversed, ANEW),
+    "files_reversed_in_pairs": (_files_reversed_in_pairs, f"{HELD}|same order in epoch 2"),
+    "not_reshuffled": (_not_reshuffled, ANEW),
+    "kept_aside_read_for_show": (_kept_aside_read_for_show, HELD),
 }
 
 

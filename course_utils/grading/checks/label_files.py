@@ -11,7 +11,11 @@ and how many were being read at once (from a file's first record read to its las
 (numpy), the files each batch draws on, how many of a file's neighbours kept their order, and
 how far from its stored order the list of files was read; :func:`buffer_problem` reads every
 shuffle's buffer (and any cache) from the dataset's serialized graph, in the functions its
-steps call too. The thresholds come from 700 to 1,500 simulated draws of the check's cases
+steps call too; :func:`held_problem` knows from the log the order the records were read in
+(a file's records are read in stored order) and counts the examples held at once (one out k
+places before its place in that order was held with k others) and whether epochs 1 and 2
+moved the examples the same way (a fixed reordering; a shuffle drawing anew repeats few).
+The thresholds come from 700 to 1,500 simulated draws of the check's cases
 (numpy: interleave of the shuffled files, a shuffle buffer, three epochs averaged): a right
 answer's label excess at most 0.146 against ``LABEL_EXCESS_MAX``, files per batch at least
 0.84 of ``max_open`` against ``FILES_SHARE_MIN``; one file at a time, the excess at least 0.34;
@@ -33,8 +37,9 @@ import numpy as np
 from course_utils.grading.checks.batch_shapes import _graph
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["FILES_SHARE_MIN", "FILE_ORDER_MAX", "IN_ORDER_MAX", "LABEL_EXCESS_MAX", "Epoch",
-           "LabelFiles", "buffer_problem", "mix_problem", "read_epoch", "write_label_files"]
+__all__ = ["FILES_SHARE_MIN", "FILE_ORDER_MAX", "IN_ORDER_MAX", "LABEL_EXCESS_MAX",
+           "SAME_MOVES_MAX", "SAME_PAIRS_MAX", "Epoch", "LabelFiles", "buffer_problem",
+           "held_problem", "mix_problem", "read_epoch", "write_label_files"]
 
 #: How much more of a batch its most common label may take, on average over the batches of
 #: three epochs, than in a uniform shuffle of the same labels into batches of the same size.
@@ -47,6 +52,15 @@ IN_ORDER_MAX = 0.8
 #: The largest mean rank correlation (three epochs) between the order the files were opened in
 #: and their stored order.
 FILE_ORDER_MAX = 0.75
+#: The largest share of places p at which epochs 1 and 2 put an example read the same number
+#: of places after (or before) p: a shuffle that draws anew repeats about 2 to 4 %
+#: (measured, buffers of 12 to 24), a fixed reordering (each batch reversed, a window
+#: permuted by an op seeded inside a step's function) all of them.
+SAME_MOVES_MAX = 0.5
+#: The largest share of a file's neighbours (record i, record i + 1) whose order out was the
+#: same in epochs 1 and 2: a shuffle that draws anew about 55 % (at most about 70 % where it
+#: keeps 80 % in stored order), every file's records reversed in pairs all of them.
+SAME_PAIRS_MAX = 0.9
 
 
 @dataclass
@@ -126,6 +140,16 @@ class Epoch:
     read_first: int
     read_all: int
     files_read: np.ndarray
+
+    def read_places(self, files: LabelFiles) -> np.ndarray:
+        """For every example out, in order, its place in the order its record was read (a
+        file's records are read in stored order, so the log names each one)."""
+        read = [0] * len(files.paths)
+        place_of = {}
+        for place, f in enumerate(self.files_read.tolist()):
+            place_of[int(files.file_ids[f][read[f]])] = place
+            read[f] += 1
+        return np.array([place_of[i] for i in np.concatenate(self.ids).tolist()])
 
     def opened(self) -> list[int]:
         """The files in the order their first record was read."""
@@ -210,6 +234,47 @@ def mix_problem(epochs: list[Epoch], files: LabelFiles, max_open: int, rng: Any)
         return (f"the files were opened close to their stored order (rank correlation "
                 f"{rho:.2f}, three epochs; a shuffle of the whole list gives about 0): is "
                 "the list of files shuffled, with a buffer that holds all of it?")
+    return _anew_problem(epochs[0], epochs[1], files)
+
+
+def _anew_problem(first: Epoch, second: Epoch, files: LabelFiles) -> str | None:
+    """What shows that epochs 1 and 2 (one dataset) did not shuffle the examples anew."""
+    one, two = (e.read_places(files) - np.arange(files.num_examples) for e in (first, second))
+    same = float(np.mean(one == two))
+    if same > SAME_MOVES_MAX:
+        return (f"{same:.0%} of the examples came out as many places from where they were read "
+                "in epoch 2 as in epoch 1 (a shuffle that draws anew repeats a few in "
+                "a hundred): are the examples shuffled anew every epoch – not a fixed "
+                "reordering, nor a random op seeded inside a step's function, which draws "
+                "the same every epoch, nor reshuffle_each_iteration=False?")
+    order = [{i: p for p, i in enumerate(np.concatenate(e.ids).tolist())}
+             for e in (first, second)]
+    pairs = [[o[a] < o[b] for ids in files.file_ids
+              for a, b in zip(ids[:-1].tolist(), ids[1:].tolist(), strict=True)]
+             for o in order]
+    same = float(np.mean(np.equal(*pairs)))
+    if same > SAME_PAIRS_MAX:
+        return (f"{same:.0%} of a file's neighbouring records came out in the same order in "
+                "epoch 2 as in epoch 1 (a shuffle that draws anew: about half): is "
+                "each file reordered the same way every epoch instead of the examples "
+                "shuffled anew?")
+    return None
+
+
+def held_problem(epochs: dict[str, Epoch], files: LabelFiles, max_buffer: int) -> str | None:
+    """What shows that more than ``max_buffer`` examples were held at once: an example out at
+    place p that was read at place r > p waited with r - p others read before it and not yet
+    out, itself included r - p + 1; a shuffle buffer of b brings at most b - 1 ahead."""
+    moves = {name: e.read_places(files) - np.arange(files.num_examples)
+             for name, e in epochs.items()}
+    for name, moved in moves.items():
+        held = int(np.max(moved)) + 1
+        if held > max_buffer:
+            return (f"an example came out {held - 1} places before its place in the order "
+                    f"read_file read the records ({name}): {held} examples were held at once "
+                    f"(the check knows that order); memory allows max_buffer={max_buffer}: "
+                    "what holds more than the shuffle buffer (a window or batches shuffled, "
+                    "two buffers, examples read and kept aside)?")
     return None
 
 

@@ -62,6 +62,7 @@ from course_utils.grading.checks.cached_epochs import cropped_stages as _cropped
 from course_utils.grading.checks.label_files import (
     Epoch,
     LabelFiles,
+    held_problem,
     mix_problem,
     read_epoch,
     write_label_files,
@@ -77,6 +78,8 @@ from course_utils.grading.checks.records import (
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.shuffle_order import global_seed
 from course_utils.grading.checks.storage_reads import (
+    LOOKUPS_ADVICE,
+    READS_ADVICE,
     calls_problem,
     overlap_problem,
     records_problem,
@@ -121,15 +124,7 @@ FAST_PIPELINE_ROUNDS = 3
 #: Seconds each read, and each lookup, waits in ``check_fast_pipeline`` (a ``time.sleep``
 #: that frees the core).
 READ_LATENCY_S = 0.01
-_READS_ADVICE = ("AUTOTUNE or a fixed number alone stops at one thread per logical CPU this "
-                 "process may use, the size of tf.data's default pool, and a read map that "
-                 "is not parallel waits one read at a time: how many reads run at once, and "
-                 "on how many threads?")
-_LOOKUPS_ADVICE = ("filter calls its predicate one record at a time, whatever the pool or "
-                   "the options say, and filter_parallelization leaves a predicate that "
-                   "waits in Python alone; a loop inside one step's function (tf.map_fn, a "
-                   "while loop) calls it one at a time too: which step that does take "
-                   "num_parallel_calls could ask is_current for it?")
+
 
 
 def _is_dataset(value: Any) -> bool:
@@ -202,28 +197,35 @@ def check_fast_pipeline(fn: Any) -> bool:
     def fast(dataset: Any) -> str | None:
         if not _is_dataset(dataset):
             return f"expected a tf.data.Dataset, got {type(dataset).__name__}"
-        dataset = fresh_caches(dataset)
-        reset()
-        epoch: list[Any] = []
-        epoch_seconds(dataset, epoch)  # the mechanism first: how many calls overlapped
-        problem = counts_problem("while the check counted an epoch")
-        if problem:
-            return problem
-        problem = elements_problem(epoch)
-        if problem:  # the check's second call: its epoch is the one counted
-            return f"in the epoch whose calls were counted (a second call's dataset): {problem}"
-        problem = calls_problem(dataset, stages)
-        if problem:
-            return problem
-        # both stages judged, both named: a step that waits one call at a time also starves
-        # the parallel one beside it, whose count then drops too
-        problems = [overlap_problem(calls, name, FAST_PIPELINE_MIN_READS_AT_ONCE,
-                                    FAST_PIPELINE_MIN_OVERLAPPED_SHARE, advice,
-                                    FAST_PIPELINE_MAX_ALONE_SHARE)
-                    for calls, name, advice in ((lookups, "is_current", _LOOKUPS_ADVICE),
-                                                (reads, "read", _READS_ADVICE))]
-        if any(problems):
-            return "; and ".join(problem for problem in problems if problem)
+        # The mechanism first: calls overlapped. A pool of 8 (the bar) missed it once in 6
+        # epochs on a busy machine (a thread held back): a fresh call's epoch may pass.
+        for tries in (1, 2):
+            dataset = fresh_caches(dataset if tries == 1 else fn(
+                source(), read, is_current, decode, batch_size))
+            reset()
+            epoch: list[Any] = []
+            epoch_seconds(dataset, epoch)
+            problem = counts_problem("while the check counted an epoch")
+            if problem:
+                return problem
+            problem = elements_problem(epoch)
+            if problem:  # the check's second call: its epoch is the one counted
+                return f"in the epoch whose calls were counted (a second call's dataset): {problem}"
+            problem = calls_problem(dataset, stages)
+            if problem:
+                return problem
+            # both stages judged, both named: a step that waits one call at a time also
+            # starves the parallel one beside it, whose count then drops too
+            problems = [overlap_problem(calls, name, FAST_PIPELINE_MIN_READS_AT_ONCE,
+                                        FAST_PIPELINE_MIN_OVERLAPPED_SHARE, advice,
+                                        FAST_PIPELINE_MAX_ALONE_SHARE)
+                        for calls, name, advice in ((lookups, "is_current", LOOKUPS_ADVICE),
+                                                    (reads, "read", READS_ADVICE))]
+            if any(problems) and tries == 2:
+                return "; and ".join(problem for problem in problems if problem) + (
+                    " (in each of two counted epochs)")
+            if not any(problems):
+                break
         overlapped = (reads["most_at_once"], lookups["most_at_once"])
         # Slow and fast timed the same way: fresh pipelines, one epoch each, in turns; every
         # timed epoch of yours must make every call (a pipeline kept from an earlier call
@@ -361,7 +363,9 @@ def check_mixed_batches(fn: Any) -> bool:
             if first.opened() == other.opened():
                 return (f"seed={seed + 1} opened the files in the order seed={seed} did: which "
                         "seed did the shuffle of the files use?")
-            return seed_problem() or mix_problem([first, second, other], files, max_open, rng)
+            return (seed_problem() or held_problem(
+                {"epoch 1": first, "epoch 2": second, f"seed={seed + 1}": other}, files,
+                max_buffer) or mix_problem([first, second, other], files, max_open, rng))
 
         return verify
 

@@ -20,8 +20,19 @@ from course_utils.grading.checks.batch_shapes import (
 )
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["calls_problem", "overlap_problem", "records_problem", "slow_pipeline", "storage",
-           "waiting_stage"]
+__all__ = ["LOOKUPS_ADVICE", "READS_ADVICE", "calls_problem", "overlap_problem",
+           "records_problem", "slow_pipeline", "storage", "waiting_stage"]
+
+#: What check_fast_pipeline tells a pipeline whose reads, or lookups, overlap too little.
+READS_ADVICE = ("AUTOTUNE or a fixed number alone stops at one thread per logical CPU this "
+                "process may use, the size of tf.data's default pool, and a read map that "
+                "is not parallel waits one read at a time: how many reads run at once, and "
+                "on how many threads?")
+LOOKUPS_ADVICE = ("filter calls its predicate one record at a time, whatever the pool or "
+                  "the options say, and filter_parallelization leaves a predicate that "
+                  "waits in Python alone; a loop inside one step's function (tf.map_fn, a "
+                  "while loop) calls it one at a time too: which step that does take "
+                  "num_parallel_calls could ask is_current for it?")
 
 
 def slow_pipeline(source: Any, read: Callable[[Any], Any], is_current: Callable[[Any], Any],
