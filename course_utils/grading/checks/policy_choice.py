@@ -5,12 +5,18 @@ that reads the global dtype policy in force when it is called) and fresh data, t
 training step of a model waits a time the check drew for its policy times a load drawn per
 round (the same for every policy; the last round's is never the median one), and the fastest
 policy's first epoch waits longer, once, while the step is traced. In the "overflow" case the
-model holds values beyond float16's range (a ``Rescaling`` by 2^17 and back: exact in float32
-and bfloat16, ``inf`` in float16) and ``mixed_float16`` is the fastest, ``mixed_bfloat16``
-next; in the "coarse" case its inputs lie about 1024 and its first layer centers them
-(bfloat16's step there is 8: the inputs are lost in the cast, the loss stays finite) and
-``mixed_bfloat16`` is the fastest, float32 next: the fastest policy, the fastest with a
-finite loss and every constant each miss in one.
+model's inputs come 2^12 times too large and its first layer scales them back (``Rescaling``:
+exact in float32 and bfloat16; their cast to float16 is inf from 65520 on) and
+``mixed_float16`` is the fastest: its training inputs stay finite (it trains, its training
+loss keeps float32's), two held-out rows do not, and its held-out loss is ``inf`` or ``nan``
+(a choice by the training loss misses, xf08 L2); in the "coarse" case its inputs lie about
+1020 on a grid of halves and its first layer centers them (exact in float16; bfloat16's step
+there is 4: the inputs are lost in the cast, the loss stays finite) and ``mixed_bfloat16`` is
+the fastest. The next fastest (float32 or the other 16-bit policy, which keeps float32's
+quality there) is drawn so that one case's choice is float32 and the other's a 16-bit
+policy: the fastest policy, the fastest with a finite loss, every constant and the choice by
+the training loss each miss in one; a choice fixed per kind of model (read from its
+``Rescaling`` layer) misses in half the checks (xf08 L3).
 The waits and the step log sit in ``_PACES`` under an opaque key, not in ``make_model``'s
 closure. The model's last layer records every training step (which batch, when it waited, the
 first step's logits) and its ``fit`` records when each call began and returned, so the check
@@ -22,7 +28,9 @@ of the steps alone, of the last or all epochs, the mean or the smallest misses),
 models (the ones trained), their optimizer (exactly ``Adam(0.01)``) and loss, the dtypes and
 the restored global policy; it checks the held-out quality reported for each model against
 its own (within what another batching changes in 16 bits) and expects the fastest policy (by
-its drawn waits, which dwarf the machine's own differences) among those whose reported
+the times reported, each checked against that model's own ``fit`` calls: a stall of the
+machine that reorders two policies moves the answer's choice and the check's alike, xf08 R3;
+the drawn waits dwarf the machine's own differences) among those whose reported
 held-out loss is finite and within the tolerances of float32's.
 """
 
@@ -77,8 +85,8 @@ def _builder(num_features: int, num_classes: int, units: int, kind: str, key: st
              ) -> Callable[[], Any]:
     """An MLP whose training steps wait by the policy in force when it was built and by the
     round, recording each step into ``_PACES[key]["log"]``. ``kind`` "overflow" adds a
-    Rescaling by 2^17 and back before the first layer (inf in float16), "coarse" one that
-    centers inputs that lie about 1024 (where bfloat16's step is 8: the inputs are lost in the
+    Rescaling by 2^-12 first (its inputs cast to float16 are inf past 65504), "coarse" one
+    that centers inputs that lie about 1020 (where bfloat16's step is 4: the inputs are lost in the
     cast that every mixed policy makes, which no graph rewrite removes)."""
     keras = _keras()
     import tensorflow as tf
@@ -117,10 +125,9 @@ def _builder(num_features: int, num_classes: int, units: int, kind: str, key: st
         inputs = keras.Input((num_features,), name="features")
         hidden = inputs
         if kind == "overflow":  # exact in float32 and bfloat16; inf in float16 (section 1)
-            hidden = keras.layers.Rescaling(2.0**17, name="up")(hidden)
-            hidden = keras.layers.Rescaling(2.0**-17, name="down")(hidden)
-        elif kind == "coarse":  # its inputs lie about 1024: cast to bfloat16, in steps of 8
-            hidden = keras.layers.Rescaling(1.0, offset=-1024.0, name="center")(hidden)
+            hidden = keras.layers.Rescaling(2.0**-12, name="down")(hidden)
+        elif kind == "coarse":  # its inputs lie about 1020: cast to bfloat16, in steps of 4
+            hidden = keras.layers.Rescaling(1.0, offset=-1020.0, name="center")(hidden)
         for index in range(2):
             hidden = keras.layers.Dense(units, activation="relu", name=f"dense_{index}")(hidden)
         logits = keras.layers.Dense(num_classes, dtype="float32", name="logits")(hidden)
@@ -305,23 +312,31 @@ class _UnderFoundPolicy:
             raise RuntimeError(f"NotImplementedError from a library call: {error}") from error
 
 
-def _case(rng: Any, kind: str, found: str) -> Case:
-    """``kind`` "overflow": float16 is the fastest and does not train, bfloat16 next, float32
-    last (a machine with both 16-bit paths); "coarse": bfloat16 is the fastest and loses the
-    inputs, float32 next, float16 last (a bfloat16 path, no float16 one). Every constant
-    choice, the fastest, and the fastest with a finite loss each miss in one of them."""
+def _case(rng: Any, kind: str, found: str, float32_next: bool) -> Case:
+    """``kind`` "overflow": float16 is the fastest and overflows on held-out rows; "coarse":
+    bfloat16 is the fastest and loses the inputs. Next comes float32 (``float32_next``) or the
+    other 16-bit policy, which keeps float32's quality there: the choice."""
     from course_utils.grading.checks.overflow import _inputs
 
     train = 3 * BATCH_SIZE + rng.randint(8, BATCH_SIZE - 8)  # 4 steps, the last one short
     x_all, y_all, num_features, num_classes = _inputs(rng, train + 256)
-    # on a grid of sixteenths off the multiples of 1/8: exact in bfloat16, and no sum with 1024
-    # lies halfway between two bfloat16 or float16 numbers (rounded once or twice, the same)
-    x_all = (np.floor(x_all * 8) / 8 + 1 / 16 + (1024 if kind == "coarse" else 0)).astype(
-        np.float32)
+    if kind == "coarse":  # 1020 + k/2, |k| <= 3: exact in float16 (step 0.5), all 1020 in
+        # bfloat16 (step 4; no value halfway between two of its numbers)
+        x_all = (1020 + np.clip(np.round(x_all * 1.5), -3, 3) / 2).astype(np.float32)
+    else:  # on a grid of sixteenths off the multiples of 1/8: exact in bfloat16
+        x_all = (np.floor(x_all * 8) / 8 + 1 / 16).astype(np.float32)
     x, y, held_x, held_y = x_all[:train], y_all[:train], x_all[train:], y_all[train:]
+    if kind == "overflow":  # 2^12 times x (at most 2^15: float16 trains), two held-out rows
+        # 16 times more, past float16's range (its held-out loss inf or nan); a cast, which
+        # no graph rewrite folds away
+        grow = 2.0 ** (12 - max(0, math.ceil(math.log2(float(np.max(np.abs(x_all))) / 8))))
+        x, held_x = x * grow, held_x * grow
+        loud = rng.sample(list(np.flatnonzero(np.max(np.abs(held_x), 1) >= 4096)), 2)
+        held_x[loud] *= 16.0  # 16 * 4096 * |x| >= 65536: inf in float16
     units, steps = rng.choice([16, 24, 32]), -(-train // BATCH_SIZE)
-    order = (["mixed_float16", "mixed_bfloat16", "float32"] if kind == "overflow"
-             else ["mixed_bfloat16", "float32", "mixed_float16"])
+    fastest, other = (("mixed_float16", "mixed_bfloat16") if kind == "overflow"
+                      else ("mixed_bfloat16", "mixed_float16"))
+    order = [fastest, *(["float32", other] if float32_next else [other, "float32"])]
     first = rng.uniform(*FASTEST_WAIT_S)
     second = first * rng.uniform(*NEXT_FACTOR)
     waits = dict(zip(order, (first, second, second * rng.uniform(*LAST_FACTOR)), strict=True))
@@ -358,9 +373,9 @@ def _case(rng: Any, kind: str, found: str) -> Case:
             return problem
         runs, trained = result["runs"], {run["policy"]: run for run in log["runs"]
                                          if run["steps"]}
-        quality = {}
+        quality, seconds = {}, {}
         for policy in POLICIES:
-            reported = float(plain_number(runs[policy]["seconds_per_step"]))
+            reported = seconds[policy] = float(plain_number(runs[policy]["seconds_per_step"]))
             problem = (_timing_problem(policy, trained[policy], reported, steps)
                        or _model_problem(policy, runs[policy]["model"], trained[policy], start))
             if problem:
@@ -371,7 +386,7 @@ def _case(rng: Any, kind: str, found: str) -> Case:
             if problem:
                 return problem
             quality[policy] = (loss, accuracy)  # yours, as close as batching allows to ours
-        want = _expected(quality, waits)
+        want = _expected(quality, seconds)  # yours, checked above (xf08 R3)
         if result["policy"] != want:
             return (f"you chose {result['policy']!r}, but the fastest policy whose held-out "
                     f"quality is within the tolerances of float32's is {want!r} (held-out "
@@ -393,9 +408,11 @@ def check_choose_policy(fn: Any) -> bool:
     keras = _keras()
     before = keras.mixed_precision.global_policy()
     found, kinds = rng.sample(FOUND_POLICIES, 2), rng.sample(["overflow", "coarse"], 2)
+    flip = rng.randrange(2)  # which case's choice is float32 (the other's a 16-bit policy)
     _PACES.clear()  # the last check's cases only (its models may still be read)
     try:
-        cases = [_case(rng, kind, policy) for kind, policy in zip(kinds, found, strict=True)]
+        cases = [_case(rng, kind, policy, (kind == "overflow") == bool(flip))
+                 for kind, policy in zip(kinds, found, strict=True)]
         return run_check("choose_policy", _UnderFoundPolicy(fn), cases, hint=(
             "lesson 08, section 2 (policy_scope), 8 (the same start) and 9 (interleaved "
             "rounds, the first call excluded); section 1 for what float16 and bfloat16 cannot "
