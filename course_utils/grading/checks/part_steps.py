@@ -48,6 +48,13 @@ _WATCHES = ("_tapes_in", "_recording", "_tape_init")  # run inside the answer, b
 _COURSE = str(Path(__file__).resolve().parent.parent.parent)  # course_utils/
 
 
+def _lesson_module_functions() -> list[Any]:
+    """``lesson_06``'s own functions (the module that imports this one, so read from
+    ``sys.modules`` rather than imported: no import circle), refused like this module's."""
+    lesson = sys.modules.get(__name__.rsplit(".", 1)[0] + ".lesson_06")
+    return own_functions(lesson) if lesson is not None else []
+
+
 def _short(name: str) -> str:
     return name.rsplit("device:", 1)[-1]
 
@@ -196,7 +203,7 @@ def check_fixed_part_step(fn: Any) -> bool:
     backward ran, what stays alive."""
     import keras
 
-    from course_utils.grading.checks import backward_placement, lesson_06
+    from course_utils.grading.checks import backward_placement
     from course_utils.parallel import pipeline, placement
 
     tf = _tf()
@@ -210,7 +217,7 @@ def check_fixed_part_step(fn: Any) -> bool:
     guarded = refusing(fn, [placement.split_step, pipeline.run_pipeline, pipeline.run_gpipe,
                             gradients_util._GradientsHelper,
                             *own_functions(sys.modules[__name__], but=_WATCHES),
-                            *own_functions(backward_placement), *own_functions(lesson_06)],
+                            *own_functions(backward_placement), *_lesson_module_functions()],
                        "write the backward pass yourself, one GradientTape per part (the "
                        "lesson's split_step and run_pipeline already hold it)",
                        also=lambda frame, c_function: current[-1].note(frame, c_function))
