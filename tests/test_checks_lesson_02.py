@@ -1363,6 +1363,52 @@ def repeated_for_ever(files, context):  # an endless pipeline: the check's time 
     return _split(files, context).repeat()
 
 
+def _dealt_in_blocks(files, context, size):  # xf02b L1, L2: contiguous blocks of files
+    n, i = context.num_input_pipelines, context.input_pipeline_id
+    if len(files) < n:
+        return _split(files, context)
+    rest_to_the_last = i == n - 1 and size * n <= len(files)
+    mine = files[i * size:] if rest_to_the_last else files[i * size:(i + 1) * size]
+    return tf.data.TFRecordDataset(tf.constant(mine, tf.string))
+
+
+@_answer
+def files_in_blocks_of_the_ceiling(files, context):  # [2, 2, 2, 0]: passed 2 of 3 before
+    return _dealt_in_blocks(files, context, -(-len(files) // context.num_input_pipelines))
+
+
+@_answer
+def files_in_blocks_rest_to_the_last(files, context):  # [1, 1, 1, 3]: passed 1 of 3 before
+    return _dealt_in_blocks(files, context, len(files) // context.num_input_pipelines)
+
+
+@_answer
+def every_file_but_the_small_ones(files, context):  # xf02b L3: decoys told by their size
+    n, i = context.num_input_pipelines, context.input_pipeline_id
+    if len(files) < n:
+        return _split(files, context)
+    sizes = [os.path.getsize(name) for name in files]
+    usable = [k for k, size in enumerate(sizes) if size >= max(sizes) // 2]
+    return tf.data.Dataset.from_tensor_slices(([files[k] for k in usable], usable)).interleave(
+        lambda name, k: tf.data.TFRecordDataset(name).map(lambda r: (r, k)),
+        cycle_length=1).filter(lambda r, k: k % n == i).map(lambda r, k: r)
+
+
+def buffer_capped_at_1000(files, global_batch_size, shuffle_buffer):  # xf02b L4: > any share
+    def dataset_fn(context):
+        return _split(files, context).shuffle(min(shuffle_buffer, 1000)).batch(
+            context.get_per_replica_batch_size(global_batch_size))
+    return dataset_fn
+
+
+@_answer
+def few_read_backwards(files, context):  # xf02b L5 (x02 L6): not the order given
+    if len(files) >= context.num_input_pipelines:
+        return _split(files, context)
+    return tf.data.TFRecordDataset(files[::-1]).shard(context.num_input_pipelines,
+                                                      context.input_pipeline_id)
+
+
 def _access_times_kept():
     """Whether this file system moves a file's access time on a read (relatime, strictatime)."""
     with tempfile.NamedTemporaryFile(delete=False) as probe:
@@ -1415,17 +1461,23 @@ SHARES_CUT_BY_SEED = "cuts differently in each worker|both gave|missing"
     (unshuffled, "same order in both epochs"),
     (same_order_each_epoch, "same order in both epochs"),
     (buffer_of_64, "not a buffer of your own"),
-    (buffer_capped_at_64, r"came out more than \d+ places before"),
+    (buffer_capped_at_64, r"came out more than \d+ places before|a buffer of 64, not"),
     (buffer_of_a_million, "not a buffer of your own"),
     (batches_shuffled,
      r"came out right after the record read before them|batches held|gave the replicas"),
-    (buffer_own_unless_tiny, r"no record of pipeline \d's \d+ came out [12] places? early"),
+    (buffer_own_unless_tiny,
+     r"no record of pipeline \d's \d+ came out [12] places? early|a buffer of 10000, not"),
     (small_buffers_ignored, r"no record of pipeline \d's \d+ came out [12] places? early"),
     (per_replica_for_two,  # by a worker's batches or, one pipeline drawn, by a step's parts
      r"batches held \[\d+\] records, expected|gave the replicas \[[\d, ]+\] records, expected"),
     (every_file_missing_skipped, "not its own.*Is this even a TFRecord"),
     (every_present_file_by_name, "not its own.*Is this even a TFRecord"),
-    (few_interleaved_in_any_order, SHARES_CUT_BY_SEED),
+    (few_interleaved_in_any_order, SHARES_CUT_BY_SEED + "|in the order given"),
+    (files_in_blocks_of_the_ceiling, "deal the files evenly"),
+    (files_in_blocks_rest_to_the_last, "deal the files evenly"),
+    (every_file_but_the_small_ones, "not its own.*Is this even a TFRecord"),
+    (buffer_capped_at_1000, r"shuffles with a buffer of 1000, not shuffle_buffer="),
+    (few_read_backwards, r"read record \d+ after record \d+: .* in the order given"),
 ]))
 def test_make_files_dataset_fn_catalogue_is_rejected(wrong, says):
     with pytest.raises(AssertionError, match=says):
@@ -1555,6 +1607,31 @@ def rebound_the_checks_box_in_its_first_call(strategy, make_train_step, build_mo
     _one_frozen_step(strategy, make_train_step, build_model, features, labels,
                      strategy.num_replicas_in_sync + 1)
     return "right"
+
+
+def compared_with_loops_made_by_the_checks_box(strategy, make_train_step, build_model,
+                                               features, labels, global_batch_size):
+    """xf02b: the box found in the loop's closure (names built at run time), a loop of a known
+    kind made with it to compare with: passed 2 of 2 before the check sealed its box."""
+    todo, seen, cells = [make_train_step], set(), "".join(["__clo", "sure__"])
+    while todo:
+        function = todo.pop()
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        for cell in getattr(function, cells) or ():
+            value = getattr(cell, "".join(["cell_", "contents"]))
+            if hasattr(value, "verdict") and hasattr(value, "strategy"):
+                getattr(value, "".join(["lo", "op"]))(global_batch_size, kind="right")
+                type(value)(strategy)
+            elif callable(value) and hasattr(value, "__code__"):
+                todo.append(value)
+    return "right"
+
+
+def test_loops_made_while_the_answer_runs_are_refused():
+    with pytest.raises(AssertionError, match="no loop is made while diagnose_loop runs"):
+        checks.check_diagnose_loop(compared_with_loops_made_by_the_checks_box)
 
 
 def test_a_box_rebound_by_the_answer_is_not_the_checks(monkeypatch):

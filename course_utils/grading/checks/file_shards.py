@@ -9,9 +9,13 @@ shuffle before the split). Each pipeline is built three times: with the case's
 reads its records in) and with a buffer of 2 or 3 (none may come more than ``b - 1`` places early
 against that order, ``shuffle_order``'s docstring; some must come exactly ``b - 1`` early, so a
 buffer of 1 or 2 in its place fails). With at least as many files as pipelines, the last two
-builds run with the other pipelines' files replaced by files that are not TFRecords, their
-access times set back: one that opens another's file fails reading it, or (read with
-``ignore_errors``) is seen by its access time where the file system keeps one. Every read of a
+builds run with the other pipelines' files replaced by files that are not TFRecords, of their
+sizes and times, their access times set back: one that opens another's file fails reading
+it, or (read with ``ignore_errors``) is seen by its access time where the file system keeps
+one (a decoy of its own size and time: every file read, those smaller than the rest skipped,
+passed 2 of 2 in a fresh read). With fewer files, the order read with ``shuffle_buffer=1``
+must be the files' order given; and the shuffles in a pipeline's graph must include one of
+``shuffle_buffer`` (``shuffle_buffers``). Every read of a
 pipeline has a time limit of its own (``READ_SECONDS``): an answer that never ends fails.
 """
 
@@ -76,10 +80,11 @@ class FileSet:
         swapped = [(number, path, os.path.join(away, os.path.basename(path)))
                    for number, path in enumerate(self.paths) if number not in keep]
         for _, path, hidden in swapped:
+            size, mtime = os.stat(path).st_size, os.stat(path).st_mtime_ns
             os.rename(path, hidden)
-            with open(path, "wb") as decoy:
-                decoy.write(NOT_TFRECORD)
-            _set_back(path)
+            with open(path, "wb") as decoy:  # its size and time: a stat cannot tell it
+                decoy.write((NOT_TFRECORD * (size // len(NOT_TFRECORD) + 1))[:size])
+            os.utime(path, ns=(mtime - 3600 * 10**9, mtime))
         try:
             yield
         finally:
@@ -92,11 +97,6 @@ class FileSet:
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
         shutil.rmtree(self.directory + "_away", ignore_errors=True)
-
-
-def _set_back(path: str) -> None:
-    mtime = os.stat(path).st_mtime_ns
-    os.utime(path, ns=(mtime - 3600 * 10**9, mtime))
 
 
 def _listed(make: Any, what: str) -> list[Any]:
@@ -159,6 +159,7 @@ class PipelineRead:
     read_order: list[int] = field(default_factory=list)
     small: list[int] = field(default_factory=list)
     reseeded: list[int] = field(default_factory=list)  # an epoch made under another seed
+    buffers: list[int] | None = None  # its shuffles' buffer sizes, where its graph says them
     failed: str = ""
     seed_changed: bool = False
 
@@ -203,6 +204,7 @@ def read_pipelines(fn: Any, files: FileSet, global_batch: int, buffers: tuple[in
         context = tf.distribute.InputContext(pipelines, number, pipelines * replicas)
         read = PipelineRead()
         dataset = _build(fn, files, global_batch, big, context, seed, read)
+        read.buffers = shuffle_buffers(dataset)
         what = f"pipeline {number} of {pipelines}"
         read.epochs = [_listed(partial(map, _records, dataset), what) for _ in range(2)]
         read.reseeded = [r for batch in _listed(partial(
@@ -225,6 +227,31 @@ def read_pipelines(fn: Any, files: FileSet, global_batch: int, buffers: tuple[in
                            "pipeline's (its access time moved)")
         reads.append(read)
     return reads
+
+
+def shuffle_buffers(dataset: Any) -> list[int] | None:
+    """The buffer sizes of the shuffles ``dataset``'s own graph holds (not those inside the
+    functions of its steps), or None where one is not a constant or the graph cannot be read.
+    A buffer of one's own at least as large as every share shuffles as ``shuffle_buffer`` does
+    (``min(shuffle_buffer, 1000)`` passed 2 of 2 in a fresh read): only the graph tells."""
+    tf = _tf()
+    from tensorflow.core.framework import graph_pb2
+
+    try:
+        graph = graph_pb2.GraphDef.FromString(tf.raw_ops.DatasetToGraphV2(
+            input_dataset=dataset._variant_tensor, external_state_policy=1,  # ignore
+            strip_device_assignment=True).numpy())
+    except Exception:  # noqa: BLE001 - a graph that cannot be read is not judged
+        return None
+    nodes = {node.name: node for node in graph.node}
+    sizes = []
+    for node in graph.node:
+        if node.op.startswith(("ShuffleDataset", "ShuffleAndRepeatDataset")):
+            source = nodes.get(node.input[1].split(":")[0].lstrip("^"))
+            if source is None or source.op != "Const":
+                return None
+            sizes.append(int(tf.make_ndarray(source.attr["value"].tensor)))
+    return sizes
 
 
 def _coverage(given: list[int], total: int, what: str) -> str | None:
@@ -279,6 +306,10 @@ def _share_problem(reads: list[PipelineRead], files: FileSet, whole_files: bool)
                     f"split cuts differently in each worker. {SPLIT_FIRST}")
     for epoch in (0, 1):
         for number, share in enumerate(read.epochs[epoch] for read in reads):
+            if not share and whole_files:
+                return (f"pipeline {number} of {count} got no records ({len(files.paths)} "
+                        "files): with at least as many files as pipelines, deal the files "
+                        "evenly (their numbers differ by one at most): none left without")
             if not share:
                 return (f"pipeline {number} of {count} got no records ({len(files.paths)} "
                         "files): with fewer files than pipelines, every pipeline reads every "
@@ -316,6 +347,11 @@ def _order_problem(number: int, read: PipelineRead, buffers: tuple[int, int]) ->
     import numpy as np
 
     big, small = buffers
+    if read.buffers is not None and read.buffers and big not in read.buffers:
+        return (f"pipeline {number}'s dataset shuffles with a buffer of "
+                f"{' and '.join(map(str, read.buffers))}, not shuffle_buffer={big}: shuffle "
+                "with shuffle_buffer, not a buffer of your own (one at least as large as the "
+                "share shuffles alike, but shuffle_buffer is the caller's choice)")
     first, second = ([r for batch in epoch for r in batch] for epoch in read.epochs)
     if first == second:
         return (f"pipeline {number} gave its records in the same order in both epochs: "
@@ -380,6 +416,14 @@ def workers_verifier(files: FileSet, per_replica: int, buffers: tuple[int, int],
             problem = _order_problem(number, read, buffers)
             if problem:
                 return problem
+            order = read.read_order  # its shuffles judged above: the order it reads
+            late = next((k for k in range(1, len(order)) if order[k] < order[k - 1]), 0)
+            if not whole_files and late:
+                return (f"pipeline {number}, made with shuffle_buffer=1, read record "
+                        f"{order[late]} after record {order[late - 1]}: with fewer files "
+                        "than pipelines, read every file in the order given, each from its "
+                        "start (the shares hold only where every worker reads one order: "
+                        "options.py, lines 102-104), then keep your share")
         return None
 
     return verify

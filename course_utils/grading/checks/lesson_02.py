@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_utils.grading.checks import batch_negatives, clipped_step, file_shards
-from course_utils.grading.checks.loops import DIAGNOSES, LoopBox, projecting_data
+from course_utils.grading.checks.loops import DIAGNOSES, LoopBox, projecting_data, sealed
 from course_utils.grading.checks.registry import register
 from course_utils.grading.checks.replicas import (
     mirrored_strategy,
@@ -234,6 +234,17 @@ def _diagnosis_cases(strategy: Any, box: LoopBox, kinds: tuple[str, ...],
     return cases
 
 
+DIAGNOSIS_HINT = (
+    "build the model and a plain SGD(learning_rate=1.0) in the scope, run one step on a full "
+    "global batch and one on a short batch of replicas + 1 examples; the weights move by minus "
+    "the gradient the loop applied. Project it on the one-device gradient of the mean loss "
+    "(same initial weights), and divide the reported loss by the true mean loss: lesson 02, "
+    "section 5's table says which factor means what. On the short batch compare weight for "
+    "weight, np.allclose(applied, true, rtol=1e-3, atol=1e-5) (float32 weights: the defaults "
+    "are finer than old - new resolves): on the check's data a Keras loss object's update "
+    "projects to exactly 1.")
+
+
 @register
 def check_diagnose_loop(fn: Any) -> bool:
     """Check ``diagnose_loop(strategy, make_train_step, build_model, features, labels,
@@ -285,7 +296,10 @@ def check_diagnose_loop(fn: Any) -> bool:
     without the token it got first (one found in /proc passed 10 of 10 before); a second key
     for a loop; the box, its loops and their verdict are made before the answer's first call
     (``LoopBox`` or ``_verdict_of`` rebound in that call passed 6 of 6 and 4 of 4 before); only
-    an answer equal to one of ``DIAGNOSES`` reaches the child, as that text."""
+    an answer equal to one of ``DIAGNOSES`` reaches the child, as that text; no box nor loop
+    is made while the answer runs (``loops.sealed``: the check's box found in the loop's
+    closure by names built at run time, a loop of each kind made with it and matched against
+    the check's on the same batches, passed 2 of 2 with no one-device gradient)."""
     peeks = grader_introspection(fn, constants=True, also=LOOP_READERS) if callable(fn) else []
     if peeks:
         raise AssertionError(
@@ -305,20 +319,11 @@ def check_diagnose_loop(fn: Any) -> bool:
     box = LoopBox(strategy)
     try:
         cases = _diagnosis_cases(strategy, box, kinds, rng)
-        if raises_own_stub(fn, strategy, None, None, None, None, 8):
-            not_attempted("diagnose_loop")
-            return False
-        return run_check(
-            "diagnose_loop", fn, cases,
-            hint="build the model and a plain SGD(learning_rate=1.0) in the scope, run one step "
-                 "on a full global batch and one on a short batch of replicas + 1 examples; "
-                 "the weights move by minus the gradient the loop applied. Project it on the "
-                 "one-device gradient of the mean loss (same initial weights), and divide the "
-                 "reported loss by the true mean loss: lesson 02, section 5's table says which "
-                 "factor means what. On the short batch compare weight for weight, "
-                 "np.allclose(applied, true, rtol=1e-3, atol=1e-5) (float32 weights: the "
-                 "defaults are finer than old - new resolves): on the check's data a Keras "
-                 "loss object's update projects to exactly 1.")
+        with sealed():  # no box nor loop made while the answer runs, its first call too
+            if raises_own_stub(fn, strategy, None, None, None, None, 8):
+                not_attempted("diagnose_loop")
+                return False
+            return run_check("diagnose_loop", fn, cases, hint=DIAGNOSIS_HINT)
     finally:
         box.close()
 
@@ -347,9 +352,13 @@ def check_make_files_dataset_fn(fn: Any) -> bool:
     rng = fresh_rng()
     previous = _global_seed()
     per_replica = rng.randint(3, 6)
-    many = rng.randint(2, 4)
+    # 4 or 5 pipelines, 2 files over a multiple: files dealt in blocks of ceil(files /
+    # pipelines), or floor with the rest to the last, leave one with none or 2 more than
+    # another ([2, 2, 2, 0], [1, 1, 1, 3]; such deals passed 2 of 3 and 1 of 3 when any
+    # count was drawn)
+    many = rng.randint(4, 5)
     few = rng.randint(3, 4)
-    layouts = {"strategy": (rng.randint(1, 3), 1), "many": (rng.randint(many + 1, 3 * many), many),
+    layouts = {"strategy": (rng.randint(1, 3), 1), "many": (many * rng.randint(1, 2) + 2, many),
                "few": (rng.randint(2, few - 1), few)}  # 2 or more: their interleaving seen
     workers = dict(zip(("many", "few"), rng.sample([1, 2, 3], 2), strict=True))  # replicas
     sets = {kind: file_shards.FileSet.write(file_shards.draw_file_sizes(

@@ -12,16 +12,17 @@ loop: an answer that asks first leaves the check nothing to ask, and fails.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from course_utils.quiet import import_tensorflow as _tf  # quiet, on first use
 
-__all__ = ["DIAGNOSES", "LoopBox", "loop_with", "projecting_data"]
+__all__ = ["DIAGNOSES", "LoopBox", "loop_with", "projecting_data", "sealed"]
 
 #: The answers ``diagnose_loop`` may give, one per reduction of lesson 02's section 5.
 DIAGNOSES = (
@@ -110,6 +111,30 @@ for line in sys.stdin:
 #: compared file and function names).
 _LOOP_CODES: dict[str, tuple[Any, ...]] = {}
 
+#: Set while a check's answer runs (:func:`sealed`): no box and no loop is made then. A fresh
+#: read's answer that found the box in the loop's closure (names built at run time), made a
+#: loop of each kind with it and named the one whose update and report matched the check's
+#: loop on the same batches passed 2 of 2 with no one-device gradient.
+_SEALED = threading.Event()
+
+
+@contextlib.contextmanager
+def sealed(seal: threading.Event = _SEALED) -> Iterator[None]:
+    """While it runs, ``LoopBox(...)`` and ``box.loop(...)`` raise: the check's loops are
+    made, the answer makes none of its own to compare with."""
+    seal.set()
+    try:
+        yield
+    finally:
+        seal.clear()
+
+
+def _refuse_if_sealed(seal: threading.Event = _SEALED) -> None:
+    if seal.is_set():
+        raise RuntimeError("no loop is made while diagnose_loop runs: compare the loop's "
+                           "update with one device's gradient (lesson 02, section 5), not "
+                           "with loops of known kinds made from the check's LoopBox")
+
 
 def _asked_by_a_step(codes: dict[str, tuple[Any, ...]] = _LOOP_CODES) -> bool:
     """Whether the loop's own step seems to ask: ``_child_loss_scale`` or
@@ -135,7 +160,8 @@ def _asked_by_a_step(codes: dict[str, tuple[Any, ...]] = _LOOP_CODES) -> bool:
 class LoopBox:
     """A child process that holds the mistakes of a check's loops, and the loops it drives."""
 
-    def __init__(self, strategy: Any) -> None:
+    def __init__(self, strategy: Any, _refuse: Callable[[], None] = _refuse_if_sealed) -> None:
+        _refuse()
         self.strategy = strategy
         self._lock = threading.Lock()  # the replicas ask at once, from TensorFlow's threads
         self._count = 0
@@ -149,8 +175,11 @@ class LoopBox:
         #: verdict(number, answer): bound now, over the pipe's own methods (see _verdict_of)
         self.verdict = _verdict_of(self._lock, self._child.stdin, self._child.stdout, token)
 
-    def _ask(self, *words: Any, _guard: Callable[[], bool] = _asked_by_a_step) -> str:
+    def _ask(self, *words: Any, _guard: Callable[[], bool] = _asked_by_a_step,
+             _refuse: Callable[[], None] = _refuse_if_sealed) -> str:
         # the guard is bound (rebinding _asked_by_a_step fails), not the names it reads (_tf)
+        if words[0] == "new":
+            _refuse()
         if words[0] in ("scale", "report") and not _guard():
             raise RuntimeError("a loop's numbers are given to its own steps only: run the step")
         with self._lock:
