@@ -618,15 +618,20 @@ def _gathered_on_one_device(strategy, model, optimizer, batch, clip_norm):
     return loss
 
 
-def _momentum_by_hand(strategy, model, optimizer, batch, clip_norm):
-    """The right update typed by hand on the optimizer's own momentum slots, its iterations
-    counted by hand: apply_gradients never called (r02 L5)."""
+def _replica_losses_and_gradients(strategy, model, batch):
+    """Each replica's pair loss and its gradients, unreduced (``strategy.run``'s results)."""
     def replica_step(query_features, key_features):
         with tf.GradientTape() as tape:
             loss = compute_loss(model(query_features, training=True),
                                 model(key_features, training=True))
         return loss, tape.gradient(loss, model.trainable_variables)
-    losses, gradients = strategy.run(replica_step, args=batch)
+    return strategy.run(replica_step, args=batch)
+
+
+def _momentum_by_hand(strategy, model, optimizer, batch, clip_norm):
+    """The right update typed by hand on the optimizer's own momentum slots, its iterations
+    counted by hand: apply_gradients never called (r02 L5)."""
+    losses, gradients = _replica_losses_and_gradients(strategy, model, batch)
     gradients, _ = tf.clip_by_global_norm(
         [strategy.reduce(SUM, g, axis=None) for g in gradients], clip_norm)
     for variable, gradient in zip(model.trainable_variables, gradients, strict=True):
@@ -797,12 +802,7 @@ def _whole_gradient_shared(strategy, model, optimizer, batch, clip_norm):
 def _reduced_then_applied_across(strategy, model, optimizer, batch, clip_norm):
     """Right (r02): the replicas' gradients reduced to the cross-replica context, clipped
     there and applied there (Keras all-reduces nothing outside a replica context)."""
-    def replica_step(query_features, key_features):
-        with tf.GradientTape() as tape:
-            loss = compute_loss(model(query_features, training=True),
-                                model(key_features, training=True))
-        return loss, tape.gradient(loss, model.trainable_variables)
-    losses, gradients = strategy.run(replica_step, args=batch)
+    losses, gradients = _replica_losses_and_gradients(strategy, model, batch)
     gradients = [strategy.reduce(SUM, g, axis=None) for g in gradients]
     clipped, _ = tf.clip_by_global_norm(gradients, clip_norm)
     optimizer.apply_gradients(zip(clipped, model.trainable_variables, strict=True))
